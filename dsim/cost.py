@@ -1,0 +1,266 @@
+"""Step-cost model: how long one engine step takes.
+
+A profile file (YAML) carries provenance and tables; ``CostModel`` answers
+``step_ms(n_tokens, kv_tokens)`` for a target forward/verify step and ``draft_table_ms`` for the
+drafter, with vLLM's adaptive-verification semantics (design.md 3.5):
+
+- at or below the CUDA-graph capture limit a step of n tokens runs the graph of the next captured
+  size, so cost is a step function: the table value at the smallest profiled size >= n;
+- above the limit steps run without full graphs: linear interpolation between profiled points,
+  last-slope extrapolation past the largest one;
+- the measured curve is made non-decreasing (running maximum) first, as vLLM does.
+
+Preconditions: n_tokens >= 1, kv_tokens >= 0. Postcondition: step_ms is non-decreasing in both.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from dsim.errors import InputError
+
+PROVENANCE_FIELDS = ("kind", "hardware", "gpus_per_replica", "model", "engine", "engine_version",
+                     "date", "method")
+DRAFT_KINDS = ("mtp", "eagle3", "block", "dspark")
+KV_BLOCK_TOKENS = 16
+
+
+def vllm_capture_sizes(max_capture: int = 512) -> list[int]:
+    """vLLM's default CUDA-graph capture sizes: 1, 2, 4, multiples of 8 to 256, of 16 above."""
+    sizes = [1, 2, 4] + list(range(8, 257, 8)) + list(range(272, max_capture + 1, 16))
+    return [s for s in sizes if s <= max_capture]
+
+
+@dataclass(frozen=True)
+class Table:
+    """A cost table: x strictly increasing, ms the cost at each x."""
+    x: np.ndarray
+    ms: np.ndarray
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    provenance: dict
+    kv_cache_gib: float
+    kv_bytes_per_token: float
+    cpu_overhead_ms: float
+    capture_sizes: tuple
+    forward: Table
+    kv_ms_per_ktok: float
+    draft: dict = field(default_factory=dict)      # kind -> Table keyed by request count
+    source_path: str = ""
+    extra: dict = field(default_factory=dict)      # other keys kept for provenance (fit errors...)
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return int(self.provenance.get("gpus_per_replica", 1))
+
+    @property
+    def kv_capacity_blocks(self) -> int:
+        return int(self.kv_cache_gib * 2**30 // (self.kv_bytes_per_token * KV_BLOCK_TOKENS))
+
+    @property
+    def label(self) -> str:
+        """One line saying what this profile is and how it was obtained."""
+        p = self.provenance
+        return (f"{self.name} [{p.get('kind')}] {p.get('model')} on {p.get('hardware')} "
+                f"x{p.get('gpus_per_replica')} ({p.get('method')}, {p.get('date')})")
+
+
+def _table(raw, where: str, xkey: str) -> Table:
+    if not isinstance(raw, dict) or xkey not in raw or "ms" not in raw:
+        raise InputError(f"{where}: needs '{xkey}' and 'ms' lists")
+    try:
+        x = np.asarray(raw[xkey], dtype=np.float64)
+        ms = np.asarray(raw["ms"], dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InputError(f"{where}: '{xkey}' and 'ms' must be lists of numbers") from None
+    if x.ndim != 1 or x.shape != ms.shape or len(x) == 0:
+        raise InputError(f"{where}: '{xkey}' and 'ms' must be non-empty lists of equal length")
+    if np.any(np.diff(x) <= 0):
+        i = int(np.argmax(np.diff(x) <= 0)) + 1
+        raise InputError(f"{where}.{xkey}[{i}]: must be strictly increasing ({x[i-1]:g} then {x[i]:g})")
+    if np.any(~np.isfinite(ms)) or np.any(ms < 0) or np.any(x < 1):
+        raise InputError(f"{where}: costs must be finite and >= 0, sizes >= 1")
+    return Table(x, ms)
+
+
+def profile_from_dict(d: dict, path: str = "<profile>") -> Profile:
+    """Validate a parsed profile; raise InputError naming the file and field on any problem."""
+    if not isinstance(d, dict):
+        raise InputError(f"{path}: not a mapping")
+    for key in ("name", "provenance", "memory", "capture_sizes", "forward", "kv_ms_per_ktok",
+                "cpu_overhead_ms"):
+        if key not in d:
+            raise InputError(f"{path}: missing field '{key}'")
+    prov = d["provenance"]
+    if not isinstance(prov, dict):
+        raise InputError(f"{path}: provenance: must be a mapping")
+    for key in PROVENANCE_FIELDS:
+        if key not in prov:
+            raise InputError(f"{path}: provenance: missing field '{key}'")
+    if prov["kind"] not in ("measured", "analytical", "calibrated"):
+        raise InputError(f"{path}: provenance.kind: must be measured, analytical or calibrated")
+    mem = d["memory"]
+    if not isinstance(mem, dict) or "kv_cache_gib" not in mem or "kv_bytes_per_token" not in mem:
+        raise InputError(f"{path}: memory: needs kv_cache_gib and kv_bytes_per_token")
+    try:
+        caps = [int(c) for c in d["capture_sizes"]]
+    except (TypeError, ValueError):
+        raise InputError(f"{path}: capture_sizes: must be a list of integers") from None
+    if not caps:
+        raise InputError(f"{path}: capture_sizes: empty")
+    for i in range(1, len(caps)):
+        if caps[i] <= caps[i - 1]:
+            raise InputError(f"{path}: capture_sizes[{i}]: must be strictly increasing "
+                             f"({caps[i-1]} then {caps[i]})")
+    fwd = _table(d["forward"], f"{path}: forward", "tokens")
+    missing = sorted(set(caps) - set(fwd.x.astype(int).tolist()))
+    if missing:
+        raise InputError(f"{path}: forward.tokens: capture sizes {missing[:5]} not profiled")
+    draft = {}
+    for kind, raw in (d.get("draft") or {}).items():
+        if kind not in DRAFT_KINDS:
+            raise InputError(f"{path}: draft.{kind}: unknown draft kind (known: {', '.join(DRAFT_KINDS)})")
+        draft[kind] = _table(raw, f"{path}: draft.{kind}", "requests")
+    try:
+        kv_gib = float(mem["kv_cache_gib"])
+        kv_bpt = float(mem["kv_bytes_per_token"])
+        kv_slope = float(d["kv_ms_per_ktok"])
+        cpu = float(d["cpu_overhead_ms"])
+    except (TypeError, ValueError):
+        raise InputError(f"{path}: memory/kv_ms_per_ktok/cpu_overhead_ms must be numbers") from None
+    if kv_gib <= 0 or kv_bpt <= 0:
+        raise InputError(f"{path}: memory: kv_cache_gib and kv_bytes_per_token must be > 0")
+    if kv_slope < 0 or cpu < 0:
+        raise InputError(f"{path}: kv_ms_per_ktok and cpu_overhead_ms must be >= 0")
+    known = {"name", "provenance", "memory", "capture_sizes", "forward", "kv_ms_per_ktok",
+             "cpu_overhead_ms", "draft"}
+    return Profile(name=str(d["name"]), provenance=dict(prov), kv_cache_gib=kv_gib,
+                   kv_bytes_per_token=kv_bpt, cpu_overhead_ms=cpu, capture_sizes=tuple(caps),
+                   forward=fwd, kv_ms_per_ktok=kv_slope, draft=draft, source_path=str(path),
+                   extra={k: v for k, v in d.items() if k not in known})
+
+
+def profile_to_dict(p: Profile) -> dict:
+    d = {"name": p.name, "provenance": dict(p.provenance),
+         "memory": {"kv_cache_gib": float(p.kv_cache_gib),
+                    "kv_bytes_per_token": float(p.kv_bytes_per_token)},
+         "cpu_overhead_ms": float(p.cpu_overhead_ms),
+         "capture_sizes": [int(c) for c in p.capture_sizes],
+         "forward": {"tokens": [int(x) for x in p.forward.x],
+                     "ms": [round(float(v), 5) for v in p.forward.ms]},
+         "kv_ms_per_ktok": float(p.kv_ms_per_ktok)}
+    if p.draft:
+        d["draft"] = {k: {"requests": [int(x) for x in t.x], "ms": [round(float(v), 5) for v in t.ms]}
+                      for k, t in p.draft.items()}
+    d.update(p.extra)
+    return d
+
+
+def save_profile(p: Profile, path) -> None:
+    """Write atomically (temporary name, then rename)."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(yaml.safe_dump(profile_to_dict(p), sort_keys=False, width=120))
+    os.replace(tmp, path)
+
+
+PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
+DEFAULT_PROFILE = "deepseek-v4-class-h200x8"
+
+
+def resolve_profile_path(name_or_path: str) -> Path:
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") and p.exists():
+        return p
+    for cand in sorted(PROFILE_DIR.rglob(f"{name_or_path}.yaml")):
+        return cand
+    known = sorted(q.stem for q in PROFILE_DIR.rglob("*.yaml") if "models" not in q.parts)
+    raise InputError(f"{name_or_path}: profile not found (a .yaml path or one of: {', '.join(known)})")
+
+
+def load_profile(name_or_path: str | None = None) -> Profile:
+    path = resolve_profile_path(name_or_path or DEFAULT_PROFILE)
+    try:
+        d = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise InputError(f"{path}{line}: not valid YAML") from None
+    return profile_from_dict(d, str(path))
+
+
+class CostModel:
+    """Answers "how long does this step take" for one replica.
+
+    step_ms(n_tokens, kv_tokens): target forward of n_tokens tokens reading kv_tokens KV entries,
+    vectorized over numpy arrays. Does not include drafting or CPU scheduling overhead.
+    """
+
+    def __init__(self, profile: Profile, cost_scale: float = 1.0):
+        self.profile = profile
+        x = profile.forward.x
+        ms = np.maximum.accumulate(profile.forward.ms) * cost_scale   # vLLM: force non-decreasing
+        self.limit = int(profile.capture_sizes[-1])
+        self.kv_ms_per_tok = profile.kv_ms_per_ktok * cost_scale / 1000.0
+        self.cpu_overhead_ms = profile.cpu_overhead_ms
+        # Dense lookup up to the limit: the next profiled size at or above n (graph padding).
+        n = np.arange(self.limit + 1)
+        idx = np.searchsorted(x, np.maximum(n, 1), side="left")
+        self._below = ms[np.minimum(idx, len(x) - 1)]
+        # Above the limit: interpolate over points >= limit, extrapolate the last slope.
+        above = x >= self.limit
+        self._ax = x[above]
+        self._ams = ms[above]
+        if len(self._ax) >= 2:
+            self._slope = (self._ams[-1] - self._ams[-2]) / (self._ax[-1] - self._ax[-2])
+        else:   # only the limit point: extrapolate the slope of the last two points overall
+            self._slope = (ms[-1] - ms[-2]) / (x[-1] - x[-2]) if len(x) >= 2 else 0.0
+        self._slope = max(self._slope, 0.0)
+        self._draft = {}
+        for kind, t in profile.draft.items():
+            self._draft[kind] = (t.x, np.maximum.accumulate(t.ms) * cost_scale)
+
+    def forward_ms(self, n_tokens):
+        """Target forward cost of n tokens at zero context (scalar or array)."""
+        n = np.asarray(n_tokens, dtype=np.int64)
+        small = np.minimum(n, self.limit)
+        out = self._below[small]
+        if np.any(n > self.limit):
+            big = n > self.limit
+            nb = n[big] if n.ndim else n
+            val = np.interp(nb, self._ax, self._ams)
+            past = nb > self._ax[-1]
+            val = np.where(past, self._ams[-1] + self._slope * (nb - self._ax[-1]), val)
+            if n.ndim:
+                out = out.copy()
+                out[big] = val
+            else:
+                out = val
+        return out if n.ndim else float(out)
+
+    def step_ms(self, n_tokens, kv_tokens):
+        return self.forward_ms(n_tokens) + self.kv_ms_per_tok * np.asarray(kv_tokens, dtype=np.float64)
+
+    def draft_table_ms(self, kind: str, n_requests: int):
+        """Draft cost from the profile's table for `kind` at n_requests, or None if absent."""
+        t = self._draft.get(kind)
+        if t is None or n_requests <= 0:
+            return None if t is None else 0.0
+        x, ms = t
+        if n_requests <= x[-1]:
+            # Drafter graphs are captured per batch size too: the next profiled size at or above.
+            return float(ms[min(np.searchsorted(x, n_requests, side="left"), len(x) - 1)])
+        slope = (ms[-1] - ms[-2]) / (x[-1] - x[-2]) if len(x) >= 2 else 0.0
+        return float(ms[-1] + max(slope, 0.0) * (n_requests - x[-1]))
+
+
+def with_overrides(p: Profile, **changes) -> Profile:
+    return dataclasses.replace(p, **changes)
