@@ -650,12 +650,13 @@ def _read_jsonl(path: Path, tkey: str, pkey: str, okey: str, hkey: str, *, nativ
     lines_arr = np.asarray(lines)
 
     def num(vals, key, *, time=False):
-        try:
-            a = np.array(vals, dtype=np.float64)
-            badtype = np.array([isinstance(v, bool) for v in vals]) if a.dtype == np.float64 else None
-        except (TypeError, ValueError):
-            a = None
-        if a is None or a.shape != (len(vals),) or (badtype is not None and badtype.any()):
+        a = None
+        if set(map(type, vals)) <= {int, float}:  # no str, bool, None, list
+            try:
+                a = np.array(vals, dtype=np.float64)
+            except (TypeError, ValueError, OverflowError):
+                a = None
+        if a is None or a.shape != (len(vals),):
             for i, v in enumerate(vals):
                 if isinstance(v, bool) or not isinstance(v, (int, float)):
                     raise _err(path, lines_arr[i], key, f"not a number: {v!r}")
