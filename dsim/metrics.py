@@ -1,0 +1,93 @@
+"""Metrics with vLLM's conventions (design.md 3.6).
+
+Per request: TTFT = first token - arrival; TPOT = (E2E - TTFT) / (output tokens - 1);
+E2E = finish - arrival; queue time = first scheduled - arrival; ITL = the gaps between a request's
+streamed chunks (one chunk per engine step per request under speculative decoding).
+ITL samples are kept run-length coded (value, count): inside a decode stretch every request of a
+step gets the same gap.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+PCTS = (50, 90, 99)
+
+
+def dist(values, weights=None) -> dict:
+    """{mean, p50, p90, p99} of values (weighted when weights are given); NaN-free input."""
+    v = np.asarray(values, dtype=np.float64)
+    if len(v) == 0:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    if weights is None:
+        out = {"mean": float(v.mean())}
+        out.update({f"p{p}": float(np.percentile(v, p)) for p in PCTS})
+    else:
+        w = np.asarray(weights, dtype=np.float64)
+        order = np.argsort(v, kind="stable")
+        v, w = v[order], w[order]
+        cw = np.cumsum(w)
+        total = cw[-1]
+        out = {"mean": float((v * w).sum() / total)}
+        for p in PCTS:
+            out[f"p{p}"] = float(v[min(np.searchsorted(cw, p / 100 * total, side="left"), len(v) - 1)])
+    return {k: round(x, 4) for k, x in out.items()}
+
+
+def request_table(reqs, class_names) -> pd.DataFrame:
+    done = ~np.isnan(reqs.finish)
+    ttft = (reqs.first_token - reqs.arrival) * 1e3
+    e2e = (reqs.finish - reqs.arrival) * 1e3
+    out = reqs.output
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(out > 1, (e2e - ttft) / np.maximum(out - 1, 1), np.nan)
+        itl_mean = np.where(reqs.emits > 0, (reqs.finish - reqs.first_token) * 1e3 / np.maximum(reqs.emits, 1), np.nan)
+    return pd.DataFrame({
+        "request": np.arange(reqs.n), "replica": reqs.replica, "class": np.asarray(class_names)[reqs.cls],
+        "arrival_s": reqs.arrival, "prompt_tokens": reqs.prompt, "output_tokens": out,
+        "cached_tokens": reqs.cached_tokens, "queue_ms": (reqs.admit - reqs.arrival) * 1e3,
+        "ttft_ms": ttft, "tpot_ms": tpot, "e2e_ms": e2e, "itl_mean_ms": itl_mean,
+        "itl_max_ms": np.where(reqs.emits > 0, reqs.itl_max, np.nan), "chunks": reqs.emits + done,
+        "preemptions": reqs.preemptions, "completed": done,
+    })
+
+
+def goodput(req: pd.DataFrame, slo: dict | None, duration_s: float) -> float | None:
+    """Completed requests per second meeting every per-request SLO in `slo` ({'ttft_ms': x, ...})."""
+    if not slo or duration_s <= 0:
+        return None
+    ok = req["completed"].to_numpy().copy()
+    for key, limit in slo.items():
+        col = req[key].to_numpy()
+        ok &= np.nan_to_num(col, nan=0.0) <= limit
+    return float(ok.sum() / duration_s)
+
+
+def summarize(req: pd.DataFrame, itl_pairs, n_gpus: int, slo: dict | None = None) -> dict:
+    done = req[req["completed"]]
+    sim_time = float(np.nanmax(req["arrival_s"].to_numpy() + req["e2e_ms"].to_numpy() / 1e3)) if len(done) else 0.0
+    out_tokens = int(done["output_tokens"].sum())
+    tpot = done["tpot_ms"].dropna().to_numpy()
+    if itl_pairs:
+        arr = np.asarray(itl_pairs, dtype=np.float64)
+        itl = dist(arr[:, 0], arr[:, 1])
+    else:
+        itl = dist([])
+    thr = out_tokens / sim_time if sim_time > 0 else 0.0
+    return {
+        "requests_completed": int(len(done)),
+        "requests_total": int(len(req)),
+        "sim_time_s": round(sim_time, 6),
+        "output_tokens": out_tokens,
+        "output_tok_s": round(thr, 4),
+        "output_tok_s_per_gpu": round(thr / n_gpus, 4),
+        "output_tok_s_per_user": round(float(np.mean(1000.0 / tpot)), 4) if len(tpot) else None,
+        "request_throughput": round(len(done) / sim_time, 6) if sim_time > 0 else 0.0,
+        "ttft_ms": dist(done["ttft_ms"]),
+        "tpot_ms": dist(tpot),
+        "itl_ms": itl,
+        "e2e_ms": dist(done["e2e_ms"]),
+        "queue_ms": dist(done["queue_ms"]),
+        "preemptions": int(req["preemptions"].sum()),
+        "goodput_req_s": goodput(req, slo, sim_time),
+    }

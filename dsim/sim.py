@@ -1,0 +1,278 @@
+"""Run one simulation: workload -> cluster (router -> replicas) -> engine steps -> metrics.
+
+``simulate(SimConfig) -> SimResult``; the result carries the JSON summary, the per-request table
+and the per-step table. Deterministic for a given seed: every random draw comes from one
+numpy Generator per replica, seeded from (seed, replica index).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from dsim.cluster import Router
+from dsim.cost import CostModel, Profile
+from dsim.engine import STEP_FIELDS, EngineConfig, Replica, Requests, SpecStats
+from dsim.errors import InputError
+from dsim.metrics import request_table, summarize
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    method: str = "none"             # none | mtp | eagle3 | block | dspark
+    k: int | None = None             # drafts per step (default: 1 for mtp, 7 otherwise)
+    adaptive: bool = False           # dspark: verify windows chosen per step by `policy`
+    policy: str = "vllm"             # vllm | paper | paper-production | sglang | fixed | threshold
+    verify_mode: str = "compact"     # static | compact | cap-accept
+    acceptance: str | None = None    # preset name, file, inline curves or const:P
+    head: str = "model"              # model | perfect | useless
+    head_auc: float = 0.85
+    head_ece: float = 0.01
+    sigma_request: float | None = None
+    sigma_step: float | None = None
+
+
+DEFAULT_ACCEPTANCE = {"mtp": "deepseek-v4", "dspark": "deepseek-v4", "eagle3": "qwen3-4b-fig2",
+                      "block": "qwen3-4b-fig2"}
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    workload: object                   # dsim.workload.Workload
+    profile: Profile
+    nodes: int = 1
+    gpus_per_node: int = 8
+    router: str = "least_outstanding"
+    engine: EngineConfig = EngineConfig()
+    spec: SpecConfig = SpecConfig()
+    seed: int = 0
+    slo: dict | None = None            # per-request SLOs for goodput: {"ttft_ms": x, "tpot_ms": y, "e2e_ms": z}
+    cost_scale: float = 1.0
+
+    @property
+    def replicas_per_node(self) -> int:
+        return max(1, self.gpus_per_node // self.profile.gpus_per_replica)
+
+    @property
+    def n_gpus(self) -> int:
+        return self.nodes * self.replicas_per_node * self.profile.gpus_per_replica
+
+
+@dataclass
+class SimResult:
+    summary: dict
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    shapes: list | None = None
+
+
+class SpecRuntime:
+    """The speculative method, its acceptance model and verify-budget policy, as the engine uses them."""
+
+    def __init__(self, sc: SpecConfig, class_names, seed: int):
+        from dsim import spec as S
+        self.method = S.make_method(sc.method, sc.k, sc.adaptive)
+        self.k = self.method.k
+        self.accepted_prefix = S.accepted_prefix
+        self.acceptance = None
+        self.policy = None
+        self.context = None
+        self.curves = None
+        if self.k == 0:
+            return
+        acc_name = sc.acceptance or DEFAULT_ACCEPTANCE.get(self.method.name, "deepseek-v4")
+        self.curves = S.load_acceptance(acc_name, self.method.name)
+        opts = {}
+        if sc.sigma_request is not None:
+            opts["sigma_request"] = sc.sigma_request
+        if sc.sigma_step is not None:
+            opts["sigma_step"] = sc.sigma_step
+        self.acceptance = S.AcceptanceModel(self.curves, class_names, self.k, head=sc.head,
+                                            head_auc=sc.head_auc, head_ece=sc.head_ece, **opts)
+        if self.method.adaptive:
+            from dsim import policy as P
+            self.policy = P.make_policy(sc.policy)
+            self.context = P.PolicyContext
+
+
+def _check(cfg: SimConfig):
+    if cfg.nodes < 1:
+        raise InputError(f"--nodes: must be >= 1, got {cfg.nodes}")
+    if cfg.gpus_per_node < 1:
+        raise InputError(f"--gpus-per-node: must be >= 1, got {cfg.gpus_per_node}")
+    e = cfg.engine
+    if e.max_num_seqs < 1 or e.max_num_batched_tokens < 1:
+        raise InputError("engine: max_num_seqs and max_num_batched_tokens must be >= 1")
+    if e.verify_mode not in ("static", "compact", "cap-accept"):
+        raise InputError(f"--verify-mode: must be static, compact or cap-accept, got {e.verify_mode!r}")
+    if cfg.profile.gpus_per_replica > cfg.gpus_per_node:
+        raise InputError(f"profile {cfg.profile.name}: needs {cfg.profile.gpus_per_replica} GPUs per replica, "
+                         f"a node has {cfg.gpus_per_node}")
+
+
+def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
+    _check(cfg)
+    t_wall = time.perf_counter()
+    w = cfg.workload
+    spec = SpecRuntime(cfg.spec, w.class_names, cfg.seed)
+    cost = CostModel(cfg.profile, cfg.cost_scale)
+    env = simpy.Environment()
+    reqs = Requests(w, spec.k)
+    n_classes = len(w.class_names)
+    stats = SpecStats(spec.k, n_classes)
+    n_rep = cfg.nodes * cfg.replicas_per_node
+    closed = w.closed_loop_concurrency
+    next_id = [0]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=reqs.n, unit="req", delay=1.0, leave=False, dynamic_ncols=True)
+
+    def on_finish(rid):
+        if bar is not None:
+            bar.update(1)
+        if closed and next_id[0] < reqs.n:      # the user sends its next request now
+            nid = next_id[0]
+            next_id[0] += 1
+            reqs.arrival[nid] = env.now
+            router.dispatch(nid)
+
+    replicas = []
+    for i in range(n_rep):
+        rng = np.random.default_rng([cfg.seed, i])
+        replicas.append(Replica(i, env, reqs, cost, cfg.engine, spec if spec.k else None, rng, stats,
+                                on_finish, w.prefix_hashes, w.prefix_block_tokens))
+    if spec.k:
+        lrng = np.random.default_rng([cfg.seed, 1 << 20])
+        reqs.latent[:] = spec.acceptance.request_latent(lrng, reqs.cls)
+    try:
+        router = Router(cfg.router, replicas, w.session_id, w.prefix_hashes)
+    except ValueError as e:
+        raise InputError(f"--router: {e}") from None
+
+    def arrivals():
+        if closed:
+            for _ in range(min(closed, reqs.n)):
+                nid = next_id[0]
+                next_id[0] += 1
+                reqs.arrival[nid] = 0.0
+                router.dispatch(nid)
+            return
+        times = w.arrival_s
+        for rid in range(reqs.n):
+            t = float(times[rid])
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            reqs.arrival[rid] = t
+            router.dispatch(rid)
+
+    if closed:
+        for _ in arrivals():
+            pass
+    else:
+        env.process(arrivals())
+    env.run()
+    if bar is not None:
+        bar.close()
+    wall = time.perf_counter() - t_wall
+    return _result(cfg, spec, reqs, stats, replicas, wall)
+
+
+def _result(cfg, spec, reqs, stats, replicas, wall) -> SimResult:
+    w = cfg.workload
+    req = request_table(reqs, w.class_names)
+    itl = [p for r in replicas for p in r.itl_vals]
+    steps = pd.DataFrame([s for r in replicas for s in r.steps], columns=list(STEP_FIELDS))
+    summary = summarize(req, itl, cfg.n_gpus, cfg.slo)
+    summary["wall_time_s"] = round(wall, 3)
+    summary["steps"] = int(len(steps))
+    summary["mean_batch_requests"] = round(float(steps["n_requests"].mean()), 3) if len(steps) else 0.0
+    summary.update(_spec_summary(spec, stats, w.class_names))
+    summary["setup"] = {
+        "nodes": cfg.nodes, "gpus_per_node": cfg.gpus_per_node, "replicas": len(replicas),
+        "gpus": cfg.n_gpus, "router": cfg.router, "seed": cfg.seed,
+        "engine": dataclasses.asdict(cfg.engine),
+        "spec": dataclasses.asdict(cfg.spec) | {"k": spec.k},
+        "profile": cfg.profile.label, "profile_kind": cfg.profile.provenance.get("kind"),
+        "workload": w.source, "class_mix_assumed": bool(w.class_mix_assumed),
+        "acceptance_source": (f"{spec.curves.name}: {spec.curves.source}" if spec.curves is not None else None),
+    }
+    shapes = None
+    if cfg.engine.record_shapes:
+        shapes = sorted((x for r in replicas for x in r.shapes), key=lambda x: (x[1], x[0]))
+    return SimResult(summary, req, steps, shapes)
+
+
+def _spec_summary(spec, st: SpecStats, class_names) -> dict:
+    from dsim.spec import head_quality
+    if spec.k == 0 or st.num_drafts == 0:
+        return {"acceptance_length": 1.0, "per_position_acceptance": [], "mean_verify_tokens_per_request": 1.0}
+    K = spec.k
+    acc_total = int(st.accepted_per_pos.sum())
+    per_pos = (st.accepted_per_pos / st.num_drafts).round(4).tolist()
+    by_cls = {}
+    for i, c in enumerate(class_names):
+        if st.cls_rounds[i] > 0:
+            by_cls[c] = {"acceptance_length": round(st.cls_emitted[i] / st.cls_rounds[i], 4),
+                         "mean_verify_tokens_per_request": round(st.cls_verify[i] / st.cls_rounds[i], 4),
+                         "draft_rounds": int(st.cls_rounds[i])}
+    out = {
+        "acceptance_length": round(1 + acc_total / st.num_drafts, 4),
+        "per_position_acceptance": per_pos,
+        "mean_verify_tokens_per_request": round(1 + st.verified_draft_tokens / st.num_drafts, 4),
+        "wasted_verify_tokens": int(st.verified_draft_tokens - acc_total),
+        "per_class": by_cls,
+        "spec_decode_counters": {   # vLLM's /metrics form
+            "num_drafts": int(st.num_drafts), "num_draft_tokens": int(st.num_draft_tokens),
+            "num_accepted_tokens": acc_total,
+            "num_accepted_tokens_per_pos": [int(x) for x in st.accepted_per_pos]},
+    }
+    if st.head_conf and spec.method.name == "dspark":   # only DSpark has a confidence head
+        conf = np.concatenate(st.head_conf).reshape(-1, K)
+        acc = np.concatenate(st.head_acc).reshape(-1, K)
+        reached = np.ones_like(acc)
+        reached[:, 1:] = np.cumprod(acc, axis=1)[:, :-1]     # conditional: previous drafts accepted
+        auc, ece = head_quality(conf, acc, reached)
+        out["head"] = {"mode": spec.acceptance.head, "auc": round(auc, 4), "ece": round(ece, 4),
+                       "target_auc": spec.acceptance.head_auc_target}
+    return out
+
+
+def write_step_log(res: SimResult, path):
+    """JSONL, one object per engine step: {"step", "replica", "t_end_s", "q": query tokens per
+    request, "ctx": KV context per request before the step, "predicted_ms": forward-only cost}.
+    Read by validator.gpu.replay."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        for i, (rep, t, q, ctx, ms) in enumerate(res.shapes or []):
+            f.write(json.dumps({"step": i, "replica": rep, "t_end_s": round(t, 6), "q": q, "ctx": ctx,
+                                "predicted_ms": round(ms, 5)}) + "\n")
+    os.replace(tmp, path)
+
+
+def write_outputs(res: SimResult, out_dir, step_log: str | None = None):
+    """Write summary.json, requests.parquet, steps.parquet atomically (temp dir, then rename)."""
+    out = Path(out_dir)
+    tmp = out.with_name(out.name + ".tmp-dsim")
+    if tmp.exists():
+        import shutil
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    res.requests.to_parquet(tmp / "requests.parquet", index=False)
+    res.steps.to_parquet(tmp / "steps.parquet", index=False)
+    (tmp / "summary.json").write_text(json.dumps(res.summary, indent=2, sort_keys=True) + "\n")
+    if out.exists():
+        import shutil
+        for f in tmp.iterdir():
+            os.replace(f, out / f.name)
+        shutil.rmtree(tmp)
+    else:
+        os.replace(tmp, out)
