@@ -26,9 +26,9 @@ import io
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -457,10 +457,14 @@ class _Cols(dict):
     cls_names (object array), hashes (list), notes (list[str]), lines (callable -> row lines)."""
 
 
-def _read_csv_frame(path: Path, required: Sequence[str]) -> pd.DataFrame:
+def _read_csv_frame(path: Path, required: Sequence[str], optional: Sequence[str] = (),
+                    str_cols: Sequence[str] = ()) -> pd.DataFrame:
+    """Read the wanted columns; numbers are parsed by pandas' C parser (a column with a bad value
+    comes back as strings and is checked row by row by the column helpers)."""
+    strs = set(str_cols)
     try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True,
-                         encoding="utf-8")
+        df = pd.read_csv(path, keep_default_na=False, skipinitialspace=True, encoding="utf-8",
+                         dtype={c: str for c in strs} or None)
     except pd.errors.EmptyDataError:
         raise _err(path, None, None, "empty trace (no header, no rows)") from None
     except pd.errors.ParserError:
@@ -471,7 +475,9 @@ def _read_csv_frame(path: Path, required: Sequence[str]) -> pd.DataFrame:
     df.columns = [str(c).strip() for c in df.columns]
     missing = [c for c in required if c not in df.columns]
     if missing:
-        raise _err(path, 1, None, f"missing column(s) {', '.join(missing)} (header has: {', '.join(df.columns)})")
+        raise _err(path, 1, None, f"missing column(s) {', '.join(missing)} (header has: {_first_line(path)[:120]})")
+    for c in strs & set(df.columns):
+        df[c] = df[c].astype(str)
     if len(df) == 0:
         raise _err(path, None, None, "empty trace (header but no requests)")
     # pandas fills short rows with "" (keep_default_na=False) -> reported as missing values later;
@@ -481,7 +487,7 @@ def _read_csv_frame(path: Path, required: Sequence[str]) -> pd.DataFrame:
 
 def _read_azure(path: Path) -> _Cols:
     req = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-    df = _read_csv_frame(path, req)
+    df = _read_csv_frame(path, req, str_cols=("TIMESTAMP",))
     lines = _lazy(lambda: _csv_data_lines(path))
     ts = pd.to_datetime(df["TIMESTAMP"].str.strip(), format="ISO8601", utc=True, errors="coerce")
     if ts.isna().any():
@@ -499,39 +505,37 @@ def _read_azure(path: Path) -> _Cols:
 
 def _read_burstgpt(path: Path) -> _Cols:
     req = ("Timestamp", "Request tokens", "Response tokens")
-    df = _read_csv_frame(path, req)
+    df = _read_csv_frame(path, req, optional=("Session ID",))
     lines = _lazy(lambda: _csv_data_lines(path))
     tnum = pd.to_numeric(df["Timestamp"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     bad = ~np.isfinite(tnum) | (tnum < 0)
     if bad.any():
         i = int(np.argmax(bad))
         raise _err(path, lines()[i], "Timestamp", f"not a time in seconds >= 0: {df['Timestamp'].iloc[i]!r}")
-    prompt = _int_column(df["Request tokens"], path, "Request tokens", lines)
     output = _int_column(df["Response tokens"], path, "Response tokens", lines, allow_zero=True)
-    session = None
-    if "Session ID" in df.columns:
-        session = _int_column(df["Session ID"], path, "Session ID", lines, allow_zero=True)
-    _check_monotone(tnum, path, "Timestamp", lines, df["Timestamp"].to_numpy())
     keep = output > 0
     notes = []
     dropped = int((~keep).sum())
     if dropped:
+        # failed requests (Response tokens = 0): dropped before any other check of their fields
         notes.append(f"dropped {dropped} failed requests (Response tokens = 0)")
         if not keep.any():
             raise _err(path, None, None, "empty trace: every request failed (Response tokens = 0)")
         all_lines = lines
-
-        def kept_lines():
-            return list(np.asarray(all_lines())[keep])
-
-        lines = _lazy(kept_lines)
-    return _Cols(arrival=tnum[keep], prompt=prompt[keep], output=output[keep],
-                 session=None if session is None else session[keep], lines=lines, notes=notes,
-                 monotone_checked=True)
+        lines = _lazy(lambda: list(np.asarray(all_lines())[keep]))
+        df = df[keep]
+    prompt = _int_column(df["Request tokens"], path, "Request tokens", lines)
+    session = None
+    if "Session ID" in df.columns:
+        session = _int_column(df["Session ID"], path, "Session ID", lines, allow_zero=True)
+    return _Cols(arrival=tnum[keep], prompt=prompt, output=output[keep], session=session,
+                 lines=lines, notes=notes, tfield="Timestamp", raw_t=df["Timestamp"].to_numpy())
 
 
 def _read_native_csv(path: Path) -> _Cols:
-    df = _read_csv_frame(path, ("arrival_s", "prompt_tokens", "output_tokens"))
+    df = _read_csv_frame(path, ("arrival_s", "prompt_tokens", "output_tokens"),
+                         optional=("class", "session_id", "prefix_hashes"),
+                         str_cols=("class", "session_id", "prefix_hashes"))
     lines = _lazy(lambda: _csv_data_lines(path))
     t = pd.to_numeric(df["arrival_s"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     bad = ~np.isfinite(t) | (t < 0)
@@ -849,14 +853,11 @@ def load_workload(path_or_name, fmt: str = "auto", *, mix=None, seed: int = 0, s
     c = _READERS[f](path)
     t = c["arrival"]
     order = None
-    if not c.get("monotone_checked"):
-        if sort:
-            if len(t) > 1 and np.any(np.diff(t) < 0):
-                order = np.argsort(t, kind="stable")
-        else:
-            _check_monotone(t, path, c.get("tfield", "arrival_s"), c["lines"], c.get("raw_t"))
-    elif sort and len(t) > 1 and np.any(np.diff(t) < 0):  # pragma: no cover - checked reader
-        order = np.argsort(t, kind="stable")
+    if sort:
+        if len(t) > 1 and np.any(np.diff(t) < 0):
+            order = np.argsort(t, kind="stable")
+    else:
+        _check_monotone(t, path, c.get("tfield", "arrival_s"), c["lines"], c.get("raw_t"))
     nreq = len(t)
     sel = order if order is not None else slice(None)
     t = t[sel]
