@@ -1,0 +1,213 @@
+"""`dsim validate ...`: drive a real vLLM server, calibrate dsim from it, report prediction error.
+
+Mounted by the main CLI as ``app.add_typer(validator.cli.app, name="validate")``; also runs alone:
+``python -m validator.cli --help``. Bad input or an unreachable server raises dsim.errors.InputError
+(the main CLI prints one line and exits 2; run alone, this module does the same).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from dsim.errors import InputError
+
+app = typer.Typer(help="Validate dsim against a real vLLM server: replay, import, profile, "
+                       "calibrate, check, A/B.", no_args_is_help=True, add_completion=False)
+
+
+def _server(url: str) -> str:
+    url = url.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        url = "http://" + url
+    return url
+
+
+@app.command("run")
+def run_cmd(
+    server: str = typer.Option(..., "--server", help="base URL, e.g. http://127.0.0.1:8000"),
+    out: Path = typer.Option(..., "--out", help="output directory (measurements.jsonl)"),
+    trace: Optional[str] = typer.Option(None, "--trace", help="trace file (dsim-readable, or CSV/JSONL "
+                                        "with prompt_tokens, output_tokens[, arrival_s])"),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", "-c", help="closed loop: C in flight"),
+    rate: Optional[float] = typer.Option(None, "--rate", help="Poisson arrivals, requests/s"),
+    requests: Optional[int] = typer.Option(None, "--requests", "-n", help="number of requests"),
+    input_len: Optional[int] = typer.Option(None, "--input-len", help="fixed prompt length (no trace)"),
+    output_len: Optional[int] = typer.Option(None, "--output-len", help="fixed output length (no trace)"),
+    model: Optional[str] = typer.Option(None, "--model", help="served model name (default: the first)"),
+    prompt_mode: str = typer.Option("ids", "--prompt-mode", help="ids (token ids) or text"),
+    name: str = typer.Option("measurements", "--name", help="file stem inside --out"),
+    seed: int = typer.Option(0, "--seed"),
+    request_timeout: float = typer.Option(600.0, "--request-timeout", help="seconds per request"),
+    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="the server's setting, "
+                                               "recorded for check"),
+    server_flags: Optional[str] = typer.Option(None, "--server-flags", help="how the server was "
+                                               "started, recorded as provenance"),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+):
+    """Replay a workload against an OpenAI-compatible server; write OUT/NAME.jsonl."""
+    from validator import driver, traces
+    if concurrency is not None and rate is not None:
+        raise InputError("--concurrency and --rate: give one, not both")
+    if concurrency is not None and concurrency <= 0:
+        raise InputError("--concurrency: must be > 0")
+    if rate is not None and rate <= 0:
+        raise InputError("--rate: must be > 0")
+    if prompt_mode not in ("ids", "text"):
+        raise InputError("--prompt-mode: ids or text")
+    plan = traces.load(trace, requests, input_len, output_len)
+    extra = {"engine": {"max_num_seqs": max_num_seqs}, "server_flags": server_flags}
+    opts = driver.RunOptions(server=_server(server), model=model, concurrency=concurrency, rate=rate,
+                             seed=seed, prompt_mode=prompt_mode, request_timeout_s=request_timeout,
+                             progress=progress, extra_header=extra)
+    path = Path(out) / f"{name}.jsonl"
+    try:
+        s = driver.run(plan, opts, path)
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted; partial measurements in {path}", err=True)
+        raise typer.Exit(130)
+    _print_run_summary(s, path)
+
+
+def _print_run_summary(s: dict, path) -> None:
+    f = lambda v, fmt="{:.1f}": "-" if v is None else fmt.format(v)   # noqa: E731
+    typer.echo(f"{path}: {s.get('requests_completed', 0)} completed, {s.get('requests_failed', 0)} failed"
+               + (f" {s.get('failure_reasons')}" if s.get("requests_failed") else ""))
+    typer.echo(f"  TTFT p50 {f(s.get('ttft_ms_p50'))} ms, TPOT p50 {f(s.get('tpot_ms_p50'))} ms, "
+               f"ITL p50 {f(s.get('itl_ms_p50'))} ms, E2E p50 {f(s.get('e2e_ms_p50'))} ms, "
+               f"output {f(s.get('output_tok_s'))} tok/s")
+    spec = s.get("spec") or {}
+    if spec.get("acceptance_length"):
+        typer.echo(f"  acceptance length {spec['acceptance_length']:.3f} "
+                   f"(per position {[round(x, 3) for x in spec.get('per_pos_rate') or []]})")
+
+
+@app.command("import-bench")
+def import_bench_cmd(
+    result: Path = typer.Argument(..., help="`vllm bench serve --save-result` JSON"),
+    out: Optional[Path] = typer.Option(None, "--out", help="output .jsonl (default: next to RESULT)"),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", help="if the file does not say"),
+):
+    """Convert a `vllm bench serve` result (with or without --save-detailed) to measurements."""
+    from validator import bench_import
+    dest = out or result.with_suffix(".measurements.jsonl")
+    if dest.suffix != ".jsonl":
+        dest = dest / (result.stem + ".measurements.jsonl")
+    s = bench_import.import_bench(result, dest, concurrency=concurrency)
+    _print_run_summary(s, dest)
+
+
+@app.command("profile-server")
+def profile_server_cmd(
+    server: str = typer.Option(..., "--server"),
+    out: Path = typer.Option(..., "--out", help="profile .yaml to write"),
+    concurrency: List[int] = typer.Option([1, 2, 4, 8], "--concurrency", "-c"),
+    input_len: int = typer.Option(64, "--input-len"),
+    output_len: int = typer.Option(64, "--output-len"),
+    requests_per_level: int = typer.Option(0, "--requests", help="per level (default 2 x C, >= 4)"),
+    model: Optional[str] = typer.Option(None, "--model"),
+    hardware: str = typer.Option("unknown", "--hardware"),
+    server_flags: Optional[str] = typer.Option(None, "--server-flags"),
+    name: Optional[str] = typer.Option(None, "--name"),
+    keep: Optional[Path] = typer.Option(None, "--keep", help="directory to keep each level's measurements"),
+):
+    """Measure a step-cost profile of a live server (concurrency sweep at fixed lengths)."""
+    from validator import profile_server
+    p = profile_server.profile_server(_server(server), out, concurrency, input_len, output_len,
+                                      requests_per_level, model=model, hardware=hardware,
+                                      server_flags=server_flags, name=name, keep_dir=keep)
+    typer.echo(f"wrote {out}: {p.label}")
+
+
+@app.command("calibrate")
+def calibrate_cmd(
+    measurements: List[Path] = typer.Argument(..., help="measurement .jsonl files"),
+    out: Path = typer.Option(..., "--out", help="output directory"),
+    base_profile: Optional[str] = typer.Option(None, "--profile", help="profile to scale (default: "
+                                               "a linear CPU table fitted from the measurements)"),
+    name: str = typer.Option("calibrated", "--name"),
+):
+    """Fit acceptance per position, cost scale and per-step overhead; write profile + acceptance."""
+    from validator import calibrate
+    res = calibrate.calibrate(measurements, out, base_profile=base_profile, name=name)
+    typer.echo(json.dumps(res["report"], indent=1))
+    typer.echo(f"wrote {res['profile_path']} and {res['acceptance_path']}")
+
+
+@app.command("check")
+def check_cmd(
+    measurements: Path = typer.Argument(...),
+    profile: str = typer.Option(..., "--profile"),
+    acceptance: Optional[str] = typer.Option(None, "--acceptance"),
+    out: Optional[Path] = typer.Option(None, "--out", help="directory for check.md / check.json"),
+    tolerance: float = typer.Option(0.25, "--tolerance", help="relative error allowed"),
+    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs"),
+    seed: int = typer.Option(0, "--seed"),
+):
+    """Simulate the measured workload at the same load; print predicted vs measured with errors."""
+    from validator import compare
+    rep = compare.check(measurements, profile, acceptance, tolerance=tolerance,
+                        max_num_seqs=max_num_seqs, seed=seed)
+    md = compare.to_markdown(rep)
+    typer.echo(md)
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "check.md").write_text(md)
+        (out / "check.json").write_text(json.dumps(rep, indent=1))
+    if rep["verdict"] != "pass":
+        raise typer.Exit(1)
+
+
+@app.command("ab")
+def ab_cmd(
+    serve_a: str = typer.Option(..., "--serve-a", help="command that starts server A"),
+    serve_b: str = typer.Option(..., "--serve-b", help="command that starts server B"),
+    out: Path = typer.Option(..., "--out"),
+    url_a: str = typer.Option("http://127.0.0.1:8000", "--url-a"),
+    url_b: Optional[str] = typer.Option(None, "--url-b", help="default: --url-a"),
+    concurrency: List[int] = typer.Option([1, 4], "--concurrency", "-c"),
+    requests: int = typer.Option(16, "--requests", "-n"),
+    input_len: int = typer.Option(64, "--input-len"),
+    output_len: int = typer.Option(64, "--output-len"),
+    trace: Optional[str] = typer.Option(None, "--trace"),
+    profile_a: Optional[str] = typer.Option(None, "--profile-a", help="profile to predict A with"),
+    profile_b: Optional[str] = typer.Option(None, "--profile-b"),
+    acceptance_a: Optional[str] = typer.Option(None, "--acceptance-a"),
+    acceptance_b: Optional[str] = typer.Option(None, "--acceptance-b"),
+    health_timeout: float = typer.Option(180.0, "--health-timeout"),
+):
+    """Start A, replay at each load, stop it; same for B; report measured (and predicted) A vs B."""
+    from validator import ab
+    rep = ab.ab(serve_a, serve_b, out, url_a=_server(url_a), url_b=_server(url_b or url_a),
+                concurrencies=concurrency, requests=requests, input_len=input_len,
+                output_len=output_len, trace=trace, profiles=(profile_a, profile_b),
+                acceptances=(acceptance_a, acceptance_b), health_timeout_s=health_timeout)
+    typer.echo(rep["markdown"])
+
+
+def main(argv=None):
+    """Run alone: InputError -> one line on stderr, exit 2."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except SystemExit:
+        raise
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except Exception as e:     # click usage errors in non-standalone mode
+        import click
+        if isinstance(e, click.exceptions.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        if isinstance(e, click.exceptions.Abort):
+            sys.exit(130)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,370 @@
+"""Replay a workload against an OpenAI-compatible server and record what it observed.
+
+One request = POST /v1/completions, streaming, a prompt of the trace's input length (token ids by
+default: a base token sequence from the server's /tokenize, tiled; or text), max_tokens = the
+trace's output length with ignore_eos, greedy. Per request we record the send time, the first-token
+time, every chunk's time and token count (from ``continuous_usage_stats`` when the server gives
+it, else one token per non-empty chunk), and errors with their reason. /metrics is scraped before
+and after (deltas of counters and histograms) and the running/waiting gauges are sampled during the
+run. Every wait has a timeout; a failing request is recorded and the run goes on.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import numpy as np
+
+from dsim.errors import InputError
+from validator import measure, promtext
+from validator.traces import Plan
+
+# The prompt with partial repeats that gives steady, mid-range ngram acceptance (vllm-cpu.md).
+DEFAULT_BASE_TEXT = "d yd yQ d yd yR d yd yS x = 1; y = 2; x = 1; y = 2; x = 1; y"
+API_KEY_ENVS = ("DSIM_API_KEY", "OPENAI_API_KEY")
+
+
+def api_headers() -> dict:
+    for name in API_KEY_ENVS:
+        key = os.environ.get(name)
+        if key:
+            return {"Authorization": f"Bearer {key}"}
+    return {}
+
+
+@dataclass
+class RunOptions:
+    server: str
+    model: str | None = None
+    concurrency: int | None = None
+    rate: float | None = None
+    seed: int = 0
+    prompt_mode: str = "ids"                # ids | text
+    base_text: str = DEFAULT_BASE_TEXT
+    temperature: float = 0.0
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 60.0            # longest silence inside a stream
+    request_timeout_s: float = 600.0        # whole request
+    gauge_interval_s: float = 0.5
+    progress: bool = True
+    label: str = ""
+    extra_header: dict = field(default_factory=dict)
+
+
+def _now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _short(e: BaseException) -> str:
+    s = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return s[:200]
+
+
+async def _get_json(client, url, timeout=5.0):
+    r = await client.get(url, timeout=timeout)
+    r.raise_for_status()
+    return r.json()
+
+
+async def probe(client: httpx.AsyncClient, server: str) -> dict:
+    """Server facts: reachable (else InputError), model id, version, metrics available."""
+    info = {}
+    try:
+        r = await client.get(f"{server}/v1/models", timeout=5.0)
+    except httpx.HTTPError as e:
+        raise InputError(f"{server}: server not reachable ({type(e).__name__}: {_short(e)})") from None
+    if r.status_code in (401, 403):
+        raise InputError(f"{server}: /v1/models answered {r.status_code} (set DSIM_API_KEY)")
+    try:
+        data = r.json().get("data") or []
+        info["models"] = [m.get("id") for m in data]
+        if data and data[0].get("max_model_len"):
+            info["max_model_len"] = data[0]["max_model_len"]
+    except (ValueError, AttributeError):
+        info["models"] = []
+    try:
+        info["server_version"] = (await _get_json(client, f"{server}/version")).get("version")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        info["server_version"] = None
+    return info
+
+
+async def scrape(client: httpx.AsyncClient, server: str, timeout=5.0):
+    """Parsed /metrics, or (None, reason)."""
+    try:
+        r = await client.get(f"{server}/metrics", timeout=timeout)
+        if r.status_code != 200:
+            return None, f"http_{r.status_code}"
+        p = promtext.parse(r.text)
+        return p, (f"{p.problems} malformed lines" if p.problems else None)
+    except httpx.HTTPError as e:
+        return None, f"{type(e).__name__}: {_short(e)}"
+
+
+async def base_token_ids(client, server, model, text) -> list[int]:
+    try:
+        r = await client.post(f"{server}/tokenize", json={"model": model, "prompt": text,
+                                                         "add_special_tokens": False}, timeout=10.0)
+        if r.status_code == 200:
+            toks = r.json().get("tokens")
+            if toks:
+                return [int(t) for t in toks]
+    except (httpx.HTTPError, ValueError):
+        pass
+    # no /tokenize: bytes of the text offset past typical special ids (still a valid id list)
+    return [32 + (b % 200) for b in text.encode()]
+
+
+def make_prompt(base: list[int], n: int, mode: str, text: str):
+    if mode == "ids":
+        reps = n // len(base) + 1
+        return (base * reps)[:n]
+    # text: about one token per 4 characters when nothing better is known
+    reps = (4 * n) // max(len(text), 1) + 1
+    return (text + " ") * reps if n > 0 else text
+
+
+class _Interrupted(Exception):
+    pass
+
+
+async def _one(client, opts: RunOptions, i: int, prompt, plan: Plan, t0: float, arrival: float,
+               model: str) -> dict:
+    rec = {"type": "request", "i": i, "prompt_tokens": int(plan.prompt_tokens[i]),
+           "max_tokens": int(plan.output_tokens[i]), "arrival_s": arrival, "send_s": None,
+           "first_token_s": None, "end_s": None, "chunks": [], "output_tokens": 0, "ok": False,
+           "error": None, "status": None}
+    body = {"model": model, "prompt": prompt, "max_tokens": int(plan.output_tokens[i]),
+            "ignore_eos": True, "stream": True, "temperature": opts.temperature,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    usage_seen = False
+    last_cum = 0
+    done = False
+    malformed = 0
+    async def _stream():
+        nonlocal usage_seen, last_cum, done, malformed
+        async with client.stream("POST", f"{opts.server}/v1/completions", json=body) as resp:
+            rec["status"] = resp.status_code
+            if resp.status_code >= 400:
+                txt = (await resp.aread())[:300].decode(errors="replace")
+                rec["error"] = f"http_{resp.status_code}: {txt.strip()[:200]}"
+                rec["end_s"] = time.perf_counter() - t0
+                return rec
+            async for line in resp.aiter_lines():
+                now = time.perf_counter() - t0
+                line = line.strip()
+                if not line or line.startswith(":"):
+                    continue
+                if not line.startswith("data:"):
+                    malformed += 1
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    done = True
+                    break
+                try:
+                    ev = json.loads(payload)
+                except json.JSONDecodeError:
+                    malformed += 1
+                    continue
+                if not isinstance(ev, dict):
+                    malformed += 1
+                    continue
+                if "error" in ev and not ev.get("choices"):
+                    rec["error"] = f"server_error: {str(ev['error'])[:200]}"
+                    break
+                usage = ev.get("usage") or None
+                choices = ev.get("choices") or []
+                text = "".join((c.get("text") or "") for c in choices if isinstance(c, dict))
+                ntok = None
+                if usage and isinstance(usage.get("completion_tokens"), int):
+                    cum = usage["completion_tokens"]
+                    if choices:
+                        ntok = cum - last_cum
+                    last_cum = max(last_cum, cum)
+                    usage_seen = True
+                if choices:
+                    if ntok is None:
+                        ntok = 1 if text else 0
+                    if ntok > 0 or text:
+                        rec["chunks"].append([round(now, 6), int(ntok)])
+                        if rec["first_token_s"] is None:
+                            rec["first_token_s"] = now
+
+    rec["send_s"] = time.perf_counter() - t0
+    try:
+        await asyncio.wait_for(_stream(), opts.request_timeout_s)
+        end = time.perf_counter() - t0
+        rec["end_s"] = end
+        ntoks = last_cum if usage_seen else sum(c[1] for c in rec["chunks"])
+        rec["output_tokens"] = int(ntoks)
+        rec["token_counts"] = "usage" if usage_seen else "chunks"
+        if malformed:
+            rec["malformed_events"] = malformed
+        if rec["error"] is None:
+            if not done:
+                rec["error"] = "stream_cut: stream ended without [DONE]"
+            elif rec["first_token_s"] is None:
+                rec["error"] = ("malformed_sse: no parsable token events" if malformed
+                                else "empty: no tokens streamed")
+            else:
+                rec["ok"] = True
+                if rec["output_tokens"] != rec["max_tokens"]:
+                    rec["warning"] = f"output {rec['output_tokens']} tokens != max_tokens {rec['max_tokens']}"
+    except asyncio.TimeoutError:
+        rec["error"] = f"timeout: no answer within {opts.request_timeout_s:g}s"
+    except httpx.ConnectError as e:
+        rec["error"] = f"connect_error: {_short(e)}"
+    except httpx.TimeoutException as e:
+        rec["error"] = f"timeout: {type(e).__name__}"
+    except (httpx.RemoteProtocolError, httpx.ReadError) as e:
+        rec["error"] = f"stream_cut: {type(e).__name__}: {_short(e)}"
+    except httpx.HTTPError as e:
+        rec["error"] = f"http_error: {type(e).__name__}: {_short(e)}"
+    if rec["end_s"] is None:
+        rec["end_s"] = time.perf_counter() - t0
+    if not rec["ok"]:
+        rec["output_tokens"] = int(last_cum if usage_seen else sum(c[1] for c in rec["chunks"]))
+    return rec
+
+
+async def run_async(plan: Plan, opts: RunOptions, out_path) -> dict:
+    headers = api_headers()
+    timeout = httpx.Timeout(connect=opts.connect_timeout_s, read=opts.read_timeout_s,
+                            write=opts.read_timeout_s, pool=opts.request_timeout_s)
+    limits = httpx.Limits(max_connections=max(opts.concurrency or 0, 64) + 4,
+                          max_keepalive_connections=max(opts.concurrency or 0, 64) + 4)
+    async with httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits) as client:
+        info = await probe(client, opts.server)
+        model = opts.model or (info["models"][0] if info.get("models") else None)
+        if not model:
+            raise InputError(f"{opts.server}: no model served (pass --model)")
+        base = await base_token_ids(client, opts.server, model, opts.base_text)
+        before, before_err = await scrape(client, opts.server)
+        spec_before = promtext.spec_stats(before) if before else None
+        n = len(plan)
+        if opts.concurrency:
+            mode, arrivals = "concurrency", np.zeros(n)
+        elif opts.rate:
+            rng = np.random.default_rng(opts.seed)
+            arrivals = np.concatenate([[0.0], np.cumsum(rng.exponential(1.0 / opts.rate, n - 1))])
+            mode = "rate"
+        else:
+            mode, arrivals = "trace", np.asarray(plan.arrival_s, dtype=np.float64)
+        header = {"type": "header", "format": measure.FORMAT, "source": "run", "label": opts.label,
+                  "server": opts.server, "model": model, "server_version": info.get("server_version"),
+                  "date": _now_iso(), "trace": plan.source, "requests": n,
+                  "load": {"mode": mode, "concurrency": opts.concurrency, "rate": opts.rate,
+                           "seed": opts.seed},
+                  "prompt_mode": opts.prompt_mode, "temperature": opts.temperature,
+                  "spec": {"k": spec_before["k"]} if spec_before else None,
+                  "metrics_available": before is not None, "metrics_error": before_err}
+        header.update(opts.extra_header)
+        w = measure.Writer(out_path)
+        w.write(header, sync=True)
+        if before is not None:
+            w.write({"type": "metrics_before", "metrics": promtext.to_jsonable(promtext.interesting(before))})
+
+        bar = None
+        if opts.progress:
+            from tqdm import tqdm
+            bar = tqdm(total=n, desc="requests", unit="req", leave=False, dynamic_ncols=True)
+        t0 = time.perf_counter()
+        counts = {"ok": 0, "failed": 0}
+        gauge_samples = []
+        stop = asyncio.Event()
+
+        async def sampler():
+            async with httpx.AsyncClient(headers=headers, timeout=2.0) as gclient:
+                while not stop.is_set():
+                    p, _ = await scrape(gclient, opts.server, timeout=2.0)
+                    if p is not None:
+                        g = promtext.gauges(p)
+                        if g:
+                            g = {"type": "gauge", "t": round(time.perf_counter() - t0, 4), **g}
+                            gauge_samples.append(g)
+                            w.write(g)
+                    try:
+                        await asyncio.wait_for(stop.wait(), opts.gauge_interval_s)
+                    except asyncio.TimeoutError:
+                        pass
+
+        def finish(rec):
+            w.write(rec)
+            counts["ok" if rec["ok"] else "failed"] += 1
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(failed=counts["failed"], refresh=False)
+
+        async def worker_conc(queue):
+            while True:
+                try:
+                    i = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                prompt = make_prompt(base, int(plan.prompt_tokens[i]), opts.prompt_mode, opts.base_text)
+                finish(await _one(client, opts, i, prompt, plan, t0, time.perf_counter() - t0, model))
+
+        async def timed(i):
+            delay = arrivals[i] - (time.perf_counter() - t0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            prompt = make_prompt(base, int(plan.prompt_tokens[i]), opts.prompt_mode, opts.base_text)
+            finish(await _one(client, opts, i, prompt, plan, t0, float(arrivals[i]), model))
+
+        sampler_task = asyncio.create_task(sampler())
+        interrupted = None
+        try:
+            if mode == "concurrency":
+                q = asyncio.Queue()
+                for i in range(n):
+                    q.put_nowait(i)
+                await asyncio.gather(*(worker_conc(q) for _ in range(min(opts.concurrency, n))))
+            else:
+                await asyncio.gather(*(timed(i) for i in range(n)))
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            interrupted = "interrupted (Ctrl-C)"
+        finally:
+            duration = time.perf_counter() - t0
+            stop.set()
+            try:
+                await asyncio.wait_for(sampler_task, 5.0)
+            except (asyncio.TimeoutError, asyncio.CancelledError, Exception):
+                sampler_task.cancel()
+            if bar is not None:
+                bar.close()
+            after, after_err = await scrape(client, opts.server)
+            summary = {"type": "summary", "duration_s": duration, "interrupted": interrupted is not None,
+                       "interrupt_reason": interrupted, "metrics_after_error": after_err}
+            if before is not None and after is not None:
+                d = promtext.interesting(promtext.delta(before, after))
+                summary["metrics_delta"] = promtext.to_jsonable(d)
+                summary["spec"] = promtext.spec_stats(d)
+                summary["server_histograms"] = {name: promtext.histogram_stats(d, name)
+                                                for name in promtext.HISTOGRAMS
+                                                if promtext.histogram_stats(d, name)}
+            if gauge_samples:
+                run = [g["running"] for g in gauge_samples if "running" in g]
+                wait = [g["waiting"] for g in gauge_samples if "waiting" in g]
+                summary["gauges"] = {"samples": len(gauge_samples),
+                                     "running_mean": float(np.mean(run)) if run else None,
+                                     "running_max": float(np.max(run)) if run else None,
+                                     "waiting_mean": float(np.mean(wait)) if wait else None,
+                                     "waiting_max": float(np.max(wait)) if wait else None}
+            m = measure.read(out_path)    # recompute latency stats from what was written
+            stats = measure.summarize_requests(m.requests)
+            summary.update({k: v for k, v in stats.items() if k not in summary})
+            w.write(summary, sync=True)
+            w.close()
+        if interrupted:
+            raise KeyboardInterrupt
+        return summary
+
+
+def run(plan: Plan, opts: RunOptions, out_path) -> dict:
+    return asyncio.run(run_async(plan, opts, out_path))

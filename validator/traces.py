@@ -1,0 +1,111 @@
+"""The request list a replay sends: (arrival_s, prompt_tokens, output_tokens) per request.
+
+Read from a trace through dsim.workload.load_workload when it is available, else from a small
+native format (CSV or JSONL with columns prompt_tokens/input_tokens, output_tokens and optional
+arrival_s/timestamp), or made up from fixed lengths.
+"""
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dsim.errors import InputError
+
+
+@dataclass
+class Plan:
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    source: str
+
+    def __len__(self):
+        return len(self.prompt_tokens)
+
+    def head(self, n: int | None) -> "Plan":
+        if n is None or n >= len(self):
+            return self
+        return Plan(self.arrival_s[:n], self.prompt_tokens[:n], self.output_tokens[:n], self.source)
+
+
+def fixed(n: int, input_len: int, output_len: int) -> Plan:
+    if n <= 0 or input_len <= 0 or output_len <= 0:
+        raise InputError("--requests, --input-len and --output-len must be > 0")
+    return Plan(np.zeros(n), np.full(n, input_len, dtype=np.int64), np.full(n, output_len, dtype=np.int64),
+                f"fixed:n={n},in={input_len},out={output_len}")
+
+
+def _native(path: Path) -> Plan:
+    rows = []
+    if path.suffix == ".jsonl":
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    raise InputError(f"{path}:{i}: not valid JSON") from None
+    elif path.suffix == ".csv":
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    else:
+        raise InputError(f"{path}: unknown trace format (csv or jsonl, or install dsim.workload)")
+    arr, pin, pout = [], [], []
+    for i, r in enumerate(rows, 1):
+        try:
+            pin.append(int(float(r.get("prompt_tokens") or r.get("input_tokens") or r.get("ContextTokens"))))
+            pout.append(int(float(r.get("output_tokens") or r.get("GeneratedTokens"))))
+            arr.append(float(r.get("arrival_s") or r.get("timestamp") or 0.0))
+        except (TypeError, ValueError):
+            raise InputError(f"{path}:{i + 1}: needs prompt_tokens and output_tokens numbers") from None
+    if not rows:
+        raise InputError(f"{path}: no requests")
+    a = np.asarray(arr, dtype=np.float64)
+    order = np.argsort(a, kind="stable")
+    a = a[order] - a[order][0]
+    return Plan(a, np.asarray(pin, dtype=np.int64)[order], np.asarray(pout, dtype=np.int64)[order], str(path))
+
+
+def load(trace: str | None, n: int | None, input_len: int | None, output_len: int | None) -> Plan:
+    if trace is None:
+        return fixed(n or 32, input_len or 64, output_len or 64)
+    try:
+        from dsim.workload import load_workload     # the project's reader, when it exists
+    except ImportError:
+        load_workload = None
+    if load_workload is not None:
+        try:
+            w = load_workload(trace)
+            plan = Plan(np.asarray(w.arrival_s, dtype=np.float64), np.asarray(w.prompt_tokens),
+                        np.asarray(w.output_tokens), getattr(w, "source", str(trace)))
+            return plan.head(n)
+        except InputError:
+            if not Path(trace).exists():
+                raise
+    p = Path(trace)
+    if not p.exists():
+        raise InputError(f"{trace}: trace not found")
+    return _native(p).head(n)
+
+
+def to_workload(plan_or_requests, concurrency: int | None = None):
+    """A dsim Workload for the simulator (when dsim.workload exists), else the Plan itself."""
+    plan = plan_or_requests
+    try:
+        from dsim.workload import Workload
+    except ImportError:
+        return plan
+    n = len(plan)
+    kwargs = dict(arrival_s=np.asarray(plan.arrival_s, dtype=np.float64),
+                  prompt_tokens=np.asarray(plan.prompt_tokens, dtype=np.int64),
+                  output_tokens=np.asarray(plan.output_tokens, dtype=np.int64),
+                  cls=np.zeros(n, dtype=np.int16), class_names=("default",),
+                  session_id=np.full(n, -1, dtype=np.int64), prefix_hashes=None,
+                  prefix_block_tokens=16, closed_loop_concurrency=concurrency,
+                  source=plan.source, class_mix_assumed=False)
+    import dataclasses
+    names = {f.name for f in dataclasses.fields(Workload)}
+    return Workload(**{k: v for k, v in kwargs.items() if k in names})
