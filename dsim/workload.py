@@ -104,23 +104,21 @@ class Workload:
                 raise ValueError(f"Workload.{name} has {len(getattr(self, name))} rows, expected {n}")
         if self.prefix_hashes is not None and len(self.prefix_hashes) != n:
             raise ValueError("Workload.prefix_hashes length differs from the number of requests")
-        if self.arrival_s.dtype != np.float64 or self.prompt_tokens.dtype != np.int64 \
-                or self.output_tokens.dtype != np.int64 or self.cls.dtype != np.int16 \
-                or self.session_id.dtype != np.int64:
-            raise ValueError("Workload arrays have the wrong dtypes")
+        # own, typed, read-only copies (the caller's arrays are left alone)
+        for name, dt in (("arrival_s", np.float64), ("prompt_tokens", np.int64), ("output_tokens", np.int64),
+                         ("cls", np.int16), ("session_id", np.int64)):
+            a = np.array(getattr(self, name), dtype=dt)
+            a.setflags(write=False)
+            object.__setattr__(self, name, a)
+        object.__setattr__(self, "class_names", tuple(self.class_names))
         if self.arrival_s[0] != 0.0 or (n > 1 and np.any(np.diff(self.arrival_s) < 0)):
             raise ValueError("Workload.arrival_s must be sorted and start at 0")
         if np.any(self.prompt_tokens <= 0) or np.any(self.output_tokens <= 0):
             raise ValueError("Workload token counts must be > 0")
         if np.any(self.cls < 0) or np.any(self.cls >= len(self.class_names)):
             raise ValueError("Workload.cls out of range of class_names")
-        if self.closed_loop_concurrency is not None:
-            if self.closed_loop_concurrency < 1:
-                raise ValueError("closed_loop_concurrency must be >= 1")
-            if np.any(self.arrival_s != 0.0):
-                raise ValueError("a closed-loop workload has all arrival_s == 0")
-        for a in (self.arrival_s, self.prompt_tokens, self.output_tokens, self.cls, self.session_id):
-            a.setflags(write=False)
+        if self.closed_loop_concurrency is not None and self.closed_loop_concurrency < 1:
+            raise ValueError("closed_loop_concurrency must be >= 1")
 
     # -- basic views -------------------------------------------------------------------------
     def __len__(self) -> int:
