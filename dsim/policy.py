@@ -148,7 +148,7 @@ def _objective(S, ctx, cost_fn, n_samp):
     _, cs, npos = _sorted_cumsum(S)
     b = np.arange(R * K + 1)
     tokens = N[:, None] + b[None, :]
-    C = np.asarray(cost_fn(tokens), dtype=np.float64).reshape(tokens.shape)
+    C = np.asarray(cost_fn(tokens.ravel()), dtype=np.float64).reshape(tokens.shape)
     E = n_samp[:, None] + cs
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = E / C

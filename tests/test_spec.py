@@ -1,0 +1,230 @@
+"""Tests for dsim/spec.py: methods, presets, acceptance model, confidence head."""
+
+import json
+
+import numpy as np
+import pytest
+
+from dsim.errors import InputError
+from dsim.spec import (
+    AcceptanceModel,
+    accepted_prefix,
+    chain_tau,
+    head_quality,
+    load_acceptance,
+    make_method,
+    parse_acceptance,
+    preset_names,
+)
+
+CLASSES = ("math", "code", "chat")
+
+
+class FakeCost:
+    def __init__(self, tables=None):
+        self.tables = tables or {}
+
+    def draft_table_ms(self, kind, n):
+        t = self.tables.get(kind)
+        return None if t is None else t * n
+
+    def forward_ms(self, n):
+        return 10.0 + 0.01 * n
+
+
+# ---- methods ---------------------------------------------------------------------------------
+
+
+def test_methods_and_draft_cost_defaults():
+    c = FakeCost()
+    assert make_method("none").k == 0 and make_method("none").draft_ms(c, 8) == 0.0
+    mtp = make_method("mtp")
+    assert mtp.k == 1 and mtp.draft_ms(c, 8) == pytest.approx(0.05 * c.forward_ms(8))
+    e = make_method("eagle3", 5)
+    assert e.draft_ms(c, 8) == pytest.approx(5 * 0.06 * c.forward_ms(8))
+    b = make_method("dflash")
+    assert b.name == "block" and b.draft_ms(c, 8) == pytest.approx(0.12 * c.forward_ms(56))
+    d = make_method("dspark", 7, adaptive=True)
+    assert d.adaptive and d.draft_ms(c, 8) == pytest.approx(1.01 * b.draft_ms(c, 8))
+    assert d.draft_ms(c, 0) == 0.0
+    with pytest.raises(InputError):
+        make_method("eagle3", 7, adaptive=True)
+    with pytest.raises(InputError):
+        make_method("medusa")
+
+
+def test_draft_cost_tables():
+    c = FakeCost({"mtp": 0.1, "eagle3": 0.2, "block": 0.3})
+    assert make_method("mtp", 2).draft_ms(c, 4) == pytest.approx(2 * 0.4)
+    assert make_method("eagle3", 3).draft_ms(c, 4) == pytest.approx(3 * 0.8)
+    assert make_method("block", 7).draft_ms(c, 4) == pytest.approx(1.2)
+    assert make_method("dspark", 7).draft_ms(c, 4) == pytest.approx(1.2 * 1.01)
+    c.tables["dspark"] = 0.5
+    assert make_method("dspark", 7).draft_ms(c, 4) == pytest.approx(2.0)
+
+
+# ---- presets and parsing ---------------------------------------------------------------------
+
+
+def test_presets_load_with_source():
+    names = preset_names()
+    for n in ("qwen3-4b-fig2", "mtp1-deepseek-v3", "deepseek-v4-flash-dspark", "deepseek-v4"):
+        assert n in names
+    for m in ("dspark", "block", "dflash", "eagle3"):
+        c = load_acceptance("qwen3-4b-fig2", m)
+        assert c.source and set(c.classes) == set(CLASSES) and c.k == 7
+    assert load_acceptance("mtp1-deepseek-v3", "mtp").curve("chat", 1)[0] == 0.875
+    with pytest.raises(InputError):
+        load_acceptance("qwen3-4b-fig2", "mtp")
+
+
+# Table 1, Qwen3-4B (DSpark paper): per dataset tau; per-domain means are what Fig. 2 averages.
+TABLE1_QWEN3_4B = {
+    "eagle3": {"math": (5.14, 4.62, 3.92), "code": (3.69, 4.16, 3.77), "chat": (2.39, 2.26, 2.55)},
+    "block": {"math": (5.40, 4.85, 4.15), "code": (4.40, 4.74, 4.18), "chat": (3.07, 2.96, 2.83)},
+    "dspark": {"math": (6.11, 5.70, 4.89), "code": (5.13, 5.38, 4.86), "chat": (3.64, 3.54, 3.29)},
+}
+
+
+@pytest.mark.parametrize("method", ["eagle3", "block", "dspark"])
+def test_fig2_preset_reproduces_table1(method):
+    c = load_acceptance("qwen3-4b-fig2", method)
+    for cls, vals in TABLE1_QWEN3_4B[method].items():
+        assert abs(c.tau(cls, 7) - np.mean(vals)) < 0.1, (method, cls)
+
+
+def test_v4_presets_match_public_rates():
+    a = np.array([0.739, 0.478, 0.261, 0.174, 0.130, 0.087, 0.043])
+    flash = load_acceptance("deepseek-v4-flash-dspark", "dspark")
+    assert np.allclose(np.cumprod(flash.curve("anything", 7)), a, atol=1e-3)
+    v4 = load_acceptance("deepseek-v4", "dspark")
+    mix = np.mean([np.cumprod(v4.curve(c, 7)) for c in CLASSES], axis=0)
+    assert np.allclose(mix, a, atol=2e-3)
+    m = load_acceptance("deepseek-v4", "mtp")
+    assert np.mean([m.curve(c, 1)[0] for c in CLASSES]) == pytest.approx(0.875, abs=2e-3)
+
+
+def test_parse_and_user_files(tmp_path):
+    c = parse_acceptance("math=0.9,0.8,0.7;chat=0.7,0.5")
+    assert c.curve("math", 3).tolist() == [0.9, 0.8, 0.7]
+    assert c.curve("chat", 4).tolist() == [0.7, 0.5, 0.5, 0.5]  # padded with the last value
+    assert np.allclose(c.curve("code", 2), [0.8, 0.65])  # no default: mean of classes
+    assert load_acceptance("const:0.8", "dspark").curve("x", 3).tolist() == [0.8] * 3
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps({"source": "me", "classes": {"default": [0.6, 0.5]}}))
+    assert load_acceptance(str(p), "eagle3").curve("x", 2).tolist() == [0.6, 0.5]
+    for bad in ("math=0.9,x", "const:abc", "nosuchpreset", "math=1.5"):
+        with pytest.raises(InputError):
+            load_acceptance(bad, "dspark")
+
+
+# ---- acceptance model ------------------------------------------------------------------------
+
+
+def _mean_emitted(model, K, n_req=4000, steps=25, seed=0, cls_idx=0):
+    rng = np.random.default_rng(seed)
+    cls = np.full(n_req, cls_idx)
+    lat = model.request_latent(rng, cls)
+    d = model.sample(rng, cls, lat, steps)
+    return (accepted_prefix(d.accept, K) + 1).mean(), d
+
+
+@pytest.mark.parametrize("p,K", [(0.8, 7), (0.6, 4), (0.9, 1)])
+def test_closed_form_constant_p(p, K):
+    m = AcceptanceModel(parse_acceptance(f"const:{p}"), ("default",), K,
+                        sigma_request=0, sigma_step=0, sigma_token=0, head="perfect")
+    mean, _ = _mean_emitted(m, K)
+    assert mean == pytest.approx((1 - p ** (K + 1)) / (1 - p), rel=0.01)
+
+
+def test_mtp1_closed_form():
+    m = AcceptanceModel(parse_acceptance("const:0.9"), ("default",), 1,
+                        sigma_request=0, sigma_step=0, sigma_token=0, head="perfect")
+    mean, _ = _mean_emitted(m, 1, n_req=20000, steps=5)
+    assert mean == pytest.approx(1.9, rel=0.01)
+    assert chain_tau([0.8] * 7) == pytest.approx(4.16, abs=0.01)
+
+
+def test_chain_preserving_latent_keeps_tau_and_conditional_rates():
+    curves = load_acceptance("qwen3-4b-fig2", "dspark")
+    m = AcceptanceModel(curves, CLASSES, 7, head="useless")
+    for ci, cls in enumerate(CLASSES):
+        mean, d = _mean_emitted(m, 7, cls_idx=ci, seed=ci)
+        assert mean == pytest.approx(m.tau[ci], rel=0.01)
+        # conditional acceptance per position, given the prefix was accepted
+        surv = np.cumprod(d.accept, axis=-1)
+        prev = np.concatenate([np.ones_like(surv[..., :1]), surv[..., :-1]], axis=-1)
+        cond = surv.sum((0, 1)) / prev.sum((0, 1))
+        assert np.allclose(cond, curves.curve(cls, 7), rtol=0.01)
+
+
+def test_marginal_preserving_latent():
+    curves = load_acceptance("qwen3-4b-fig2", "block")
+    m = AcceptanceModel(curves, CLASSES, 7, preserve="marginal", head="useless")
+    rng = np.random.default_rng(3)
+    cls = np.arange(6000) % 3
+    d = m.sample(rng, cls, m.request_latent(rng, cls), 20)
+    for ci, c in enumerate(CLASSES):
+        mean = d.p_true[:, cls == ci].mean((0, 1))
+        assert np.allclose(mean, curves.curve(c, 7), rtol=0.01)
+
+
+def test_sample_shapes_dtypes_and_zero_k():
+    m = AcceptanceModel(load_acceptance("deepseek-v4", "dspark"), CLASSES + ("other",), 7)
+    rng = np.random.default_rng(0)
+    cls = np.array([0, 1, 2, 3, 3])
+    d = m.sample(rng, cls, m.request_latent(rng, cls), 3)
+    assert d.p_true.shape == d.accept.shape == d.conf.shape == (3, 5, 7)
+    assert d.p_true.dtype == np.float32 and d.accept.dtype == bool and d.conf.dtype == np.float32
+    assert ((d.conf >= 0) & (d.conf <= 1)).all()
+    # sample of a None method
+    m0 = AcceptanceModel(parse_acceptance("const:0.5"), ("default",), 0)
+    assert m0.sample(rng, np.zeros(4, int), np.zeros(4), 2).accept.shape == (2, 4, 0)
+
+
+def test_accepted_prefix():
+    a = np.array([[True, True, False, True], [True, True, True, True], [False, True, True, True]])
+    assert accepted_prefix(a, np.array([4, 4, 4])).tolist() == [2, 4, 0]
+    assert accepted_prefix(a, np.array([1, 3, 0])).tolist() == [1, 3, 0]
+    assert accepted_prefix(a, 2).tolist() == [2, 2, 0]
+
+
+# ---- confidence head -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", [0.81, 0.90])
+def test_head_auc_hits_target(target):
+    m = AcceptanceModel(load_acceptance("qwen3-4b-fig2", "dspark"), CLASSES, 7, head_auc=target)
+    assert m.head_auc_ceiling > target
+    rng = np.random.default_rng(11)
+    cls = np.arange(3000) % 3
+    d = m.sample(rng, cls, m.request_latent(rng, cls), 8)
+    auc, ece = head_quality(d.conf, d.accept)
+    assert abs(auc - target) < 0.02
+    assert ece < 0.025  # calibrated by default (target 1%)
+
+
+def test_head_modes_ordered_and_ece_target():
+    curves = load_acceptance("qwen3-4b-fig2", "dspark")
+    rng = np.random.default_rng(5)
+    cls = np.arange(3000) % 3
+    out = {}
+    for head in ("perfect", "model", "useless"):
+        m = AcceptanceModel(curves, CLASSES, 7, head=head)
+        d = m.sample(rng, cls, m.request_latent(rng, cls), 6)
+        out[head] = head_quality(d.conf, d.accept)[0]
+    assert out["perfect"] > out["model"] > out["useless"] > 0.5
+    m = AcceptanceModel(curves, CLASSES, 7, head_ece=0.05)
+    d = m.sample(rng, cls, m.request_latent(rng, cls), 6)
+    assert abs(head_quality(d.conf, d.accept)[1] - 0.05) < 0.015
+    # a target above the ceiling: s = 0 and a note
+    m = AcceptanceModel(curves, CLASSES, 7, head_auc=0.999)
+    assert m.head_noise == 0.0 and m.head_notes
+
+
+def test_head_quality_basics():
+    y = np.array([0, 0, 1, 1], dtype=bool)
+    auc, ece = head_quality(np.array([0.1, 0.2, 0.8, 0.9]), y)
+    assert auc == 1.0 and ece == pytest.approx(0.15)
+    assert head_quality(np.full(4, 0.5), y)[0] == 0.5
+    assert np.isnan(head_quality(np.ones(3), np.ones(3, bool))[0])
