@@ -67,7 +67,8 @@ def build_workload(trace: str = "default", fmt: str = "auto", requests: Optional
         w = dataclasses.replace(w, arrival_s=np.cumsum(gaps),
                                 source=w.source + f"; arrivals re-drawn Poisson at {rate:g} req/s (seed {seed})")
     if concurrency is not None:
-        w = dataclasses.replace(w, closed_loop_concurrency=int(concurrency),
+        import numpy as np
+        w = dataclasses.replace(w, closed_loop_concurrency=int(concurrency), arrival_s=np.zeros(len(w.arrival_s)),
                                 source=w.source + f"; closed loop, {concurrency} users")
     return w
 

@@ -115,8 +115,20 @@ class SpecStats:
         self.head_n = 0
 
 
+# Decode-slot columns: the running requests in decode state, in running-queue order.
+_ID, _COMP, _LEFT, _BLK, _CLS, _EMITS = range(6)      # int64 columns of Replica.I
+_LAST, _ITLMAX, _LAT = range(3)                        # float64 columns of Replica.F
+
+
 class Replica:
-    """One engine replica driven by a simpy process."""
+    """One engine replica driven by a simpy process.
+
+    The running queue is (decode slots, in order) + (requests still prefilling, in order): a
+    request only prefills after every older request has, so decodes precede prefills in vLLM's
+    FCFS running queue too. Decode slots are two 2D arrays (int and float columns above) so that a
+    step is a handful of numpy operations whatever the batch size; prefilling requests are a short
+    Python list.
+    """
 
     def __init__(self, idx: int, env: simpy.Environment, reqs: Requests, cost: CostModel,
                  cfg: EngineConfig, spec, rng: np.random.Generator, stats: SpecStats,
@@ -131,27 +143,35 @@ class Replica:
         self.rng = rng
         self.stats = stats
         self.on_finish = on_finish
-        self.running = np.zeros(0, dtype=np.int64)   # request ids in queue order
+        self.I = np.zeros((0, 6), dtype=np.int64)
+        self.F = np.zeros((0, 3), dtype=np.float64)
+        self.pre: list = []                  # request ids prefilling, in queue order
         self.waiting: deque = deque()
+        self.kv_dec = 0                      # sum of the decode slots' KV tokens
         self.free_blocks = cost.profile.kv_capacity_blocks
         self.total_blocks = self.free_blocks
         self.cpu_ms = 0.0 if cfg.async_scheduling else cost.cpu_overhead_ms
+        self.prev_end = -1.0
         self.steps: list = []                # StepRecord tuples
         self.itl_vals: list = []             # (gap_ms, count) pairs: ITL samples, run-length coded
         self.wake = env.event()
-        self.idle = True
         self.prefix_hashes = prefix_hashes
         self.prefix_block_tokens = prefix_block_tokens
         self.prefix_cache: OrderedDict = OrderedDict()
         self.prefix_cap = max(1, self.total_blocks * KV_BLOCK_TOKENS // prefix_block_tokens)
         self.draft_cache: dict = {}
         self.shapes: list | None = [] if cfg.record_shapes else None   # for --step-log
+        self.compact = cfg.verify_mode == "compact"
+        # Forward cost as a Python list up to the capture limit: the hot loop's lookup.
+        self._fwd_arr = cost.forward_ms(np.arange(cost.limit + 1))
+        self._fwd_small = self._fwd_arr.tolist()
+        self._kv_ms = cost.kv_ms_per_tok
         self.proc = env.process(self.loop())
 
     # ---- interface used by the router -------------------------------------------------------
     @property
     def outstanding(self) -> int:
-        return len(self.running) + len(self.waiting)
+        return len(self.I) + len(self.pre) + len(self.waiting)
 
     def submit(self, rid: int):
         self.waiting.append(rid)
@@ -160,6 +180,10 @@ class Replica:
             self.wake.succeed()
 
     # ---- helpers ----------------------------------------------------------------------------
+    def _step_ms(self, n_tokens: int, kv: int) -> float:
+        f = self._fwd_small[n_tokens] if n_tokens <= self.cost.limit else float(self.cost.forward_ms(n_tokens))
+        return f + self._kv_ms * kv
+
     def _draft_ms(self, n: int) -> float:
         if self.K == 0 or n == 0:
             return 0.0
@@ -171,7 +195,8 @@ class Replica:
     def _prefix_hit_tokens(self, rid: int) -> int:
         if not self.cfg.enable_prefix_caching or self.prefix_hashes is None:
             return 0
-        hashes = self.prefix_hashes[rid]
+        # Only full blocks can be shared: the last hash may cover a partial block.
+        hashes = self.prefix_hashes[rid][: int(self.R.prompt[rid]) // self.prefix_block_tokens]
         hit = 0
         for h in hashes:
             h = int(h)
@@ -187,91 +212,107 @@ class Replica:
         # vLLM never serves the whole prompt from cache: the last token is recomputed.
         return int(min(hit * self.prefix_block_tokens, self.R.prompt[rid] - 1))
 
-    def _release(self, rids):
-        self.free_blocks += int(self.R.blocks[rids].sum())
-        self.R.blocks[rids] = 0
-
     # ---- the step loop ----------------------------------------------------------------------
     def loop(self):
         env = self.env
         while True:
-            if len(self.running) == 0 and not self.waiting:
-                self.idle = True
+            if len(self.I) == 0 and not self.pre and not self.waiting:
                 self.wake = env.event()
                 yield self.wake
-                self.idle = False
             if self._window_ok():
                 yield from self._decode_window()
-            else:
-                dur_ms = self._general_step()
-                if dur_ms is None:          # nothing could be scheduled: wait for an event
-                    self.wake = env.event()
-                    yield self.wake
-                    continue
-                yield env.timeout(dur_ms / 1000.0)
-                self._commit_general()
+                continue
+            plan = self._plan_step(False)
+            if plan is None:                 # nothing could be scheduled: wait for an event
+                self.wake = env.event()
+                yield self.wake
+                continue
+            yield env.timeout(plan[-1] / 1000.0)
+            self._commit_step(plan)
 
-    # A general step is computed at its start and committed at its end (its outcome is only
-    # visible then); the pending outcome is kept here between the two.
-    _pending = None
-
-    def _general_step(self):
-        R, cfg, K = self.R, self.cfg, self.K
-        run = self.running
-        budget = cfg.max_num_batched_tokens
-        pending = R.prompt[run] + R.generated[run] - R.computed[run]
-        is_dec = (pending == 1) & (R.generated[run] > 0)
-        dec_ids = run[is_dec]
-        windows = None
-        if K > 0 and len(dec_ids):
-            windows, draws = self._windows(dec_ids, 1, prefill_tokens=int(pending[~is_dec].sum()))
-            wl = windows[0]
-            verify = wl if cfg.verify_mode == "compact" else np.full_like(wl, K)
-            need_dec = 1 + verify
+    def _preempt_tail(self):
+        """Preempt the request at the tail of the running queue (recompute later)."""
+        R = self.R
+        if self.pre:
+            rid = self.pre.pop()
         else:
-            draws = None
-            need_dec = np.ones(len(dec_ids), dtype=np.int64)
-        need = pending.copy()
+            row, frow = self.I[-1], self.F[-1]
+            rid = int(row[_ID])
+            R.generated[rid] = R.output[rid] - row[_LEFT]
+            R.blocks[rid] = row[_BLK]
+            R.emits[rid] = row[_EMITS]
+            R.last_emit[rid] = frow[_LAST]
+            R.itl_max[rid] = frow[_ITLMAX]
+            self.kv_dec -= int(row[_COMP])
+            self.I, self.F = self.I[:-1], self.F[:-1]
+        self.free_blocks += int(R.blocks[rid])
+        R.blocks[rid] = 0
+        R.computed[rid] = 0
+        R.preemptions[rid] += 1
+        self.waiting.appendleft(rid)
+
+    def _plan_step(self, preempted: bool):
+        """Schedule one step (vLLM V1 order). Returns the plan tuple, or None if nothing runs."""
+        R, cfg, K = self.R, self.cfg, self.K
+        I = self.I
+        n_dec = len(I)
+        budget = cfg.max_num_batched_tokens
         thr = cfg.long_prefill_token_threshold
-        if thr > 0:
-            need = np.where(is_dec, need, np.minimum(need, thr))
-        need[is_dec] = need_dec
-        cum = np.cumsum(need)
-        sched = np.minimum(need, np.maximum(budget - (cum - need), 0))
+        windows = draws = q = None
+        cut = False
+        dec_tokens = 0
+        if n_dec:
+            if K:
+                pre_todo = sum(int(R.prompt[r] + R.generated[r] - R.computed[r]) for r in self.pre)
+                windows, draws = self._windows(I, 1, pre_todo)
+                q = 1 + (windows[0] if self.compact else np.full(n_dec, K))
+                dec_tokens = int(q.sum())
+            else:
+                dec_tokens = n_dec
+            if dec_tokens > budget:          # the budget cuts the decode queue (rare)
+                qq = q if q is not None else np.ones(n_dec, dtype=np.int64)
+                cum = np.cumsum(qq)
+                q = np.minimum(qq, np.maximum(budget - (cum - qq), 0))
+                dec_tokens = budget
+                cut = True
+        left = budget - dec_tokens
+        chunks = []
+        for rid in self.pre:
+            todo = int(R.prompt[rid] + R.generated[rid] - R.computed[rid])
+            c = min(todo, left, thr) if thr > 0 else min(todo, left)
+            chunks.append(c)
+            left -= c
         # KV blocks for the scheduled tokens; preempt from the tail when they run out.
-        preempted = False
-        new_blocks = np.maximum(-(-(R.computed[run] + sched) // KV_BLOCK_TOKENS) - R.blocks[run], 0)
-        while int(new_blocks.sum()) > self.free_blocks and len(run):
-            victim = run[-1]
-            self._release(np.array([victim]))
-            R.computed[victim] = 0
-            R.preemptions[victim] += 1
-            self.waiting.appendleft(int(victim))
-            run, sched, need, new_blocks, is_dec = run[:-1], sched[:-1], need[:-1], new_blocks[:-1], is_dec[:-1]
-            if windows is not None:
-                keep = np.isin(dec_ids, run)
-                dec_ids, windows = dec_ids[keep], windows[:, keep]
-                draws = _subset(draws, keep)
-            preempted = True
-        self.running = run
-        nb = new_blocks
-        self.free_blocks -= int(nb.sum())
-        R.blocks[run] += nb
-        used = int(sched.sum())
+        need_blocks = grow = 0
+        if n_dec:
+            need = (I[:, _COMP] + (q if q is not None else 1) + (KV_BLOCK_TOKENS - 1)) // KV_BLOCK_TOKENS
+            grow = int(np.maximum(need - I[:, _BLK], 0).sum())
+        pre_grow = [max(0, -(-(int(R.computed[r]) + c) // KV_BLOCK_TOKENS) - int(R.blocks[r]))
+                    for r, c in zip(self.pre, chunks)]
+        if grow + sum(pre_grow) > self.free_blocks:
+            if n_dec + len(self.pre) <= 1 and not self.waiting and grow + sum(pre_grow) > self.total_blocks:
+                raise RuntimeError("a single request needs more KV blocks than the cache holds")
+            self._preempt_tail()
+            return self._plan_step(True)
+        if n_dec and grow:
+            np.maximum(I[:, _BLK], need, out=I[:, _BLK])
+        self.free_blocks -= grow
+        for r, g in zip(self.pre, pre_grow):
+            R.blocks[r] += g
+        self.free_blocks -= sum(pre_grow)
         # Admission: FCFS while budget, sequence cap and blocks allow (not after a preemption).
-        admitted, admit_sched = [], []
         if not preempted:
-            left = budget - used
-            n_run = len(run)
+            n_run = n_dec + len(self.pre)
             while self.waiting and left > 0 and n_run < cfg.max_num_seqs:
                 rid = self.waiting[0]
-                if R.computed[rid] == 0 and R.generated[rid] == 0 and np.isnan(R.admit[rid]):
+                if R.generated[rid] == 0 and R.computed[rid] == 0 and R.preemptions[rid] == 0:
                     hit = self._prefix_hit_tokens(rid)
                     R.cached_tokens[rid] = hit
                     R.computed[rid] = hit
-                todo = int(R.prompt[rid] + R.generated[rid] - R.computed[rid])
-                chunk = min(todo, left, thr) if thr > 0 else min(todo, left)
-                blocks = -(-(int(R.computed[rid]) + chunk) // KV_BLOCK_TOKENS)
+                comp = int(R.computed[rid])
+                todo = int(R.prompt[rid] + R.generated[rid]) - comp
+                c = min(todo, left, thr) if thr > 0 else min(todo, left)
+                blocks = -(-(comp + c) // KV_BLOCK_TOKENS)
                 if blocks > self.free_blocks:
                     break
                 self.waiting.popleft()
@@ -279,234 +320,287 @@ class Replica:
                 R.blocks[rid] = blocks
                 if np.isnan(R.admit[rid]):
                     R.admit[rid] = self.env.now
-                admitted.append(rid)
-                admit_sched.append(chunk)
-                left -= chunk
+                self.pre.append(rid)
+                chunks.append(c)
+                left -= c
                 n_run += 1
-            if admitted:
-                self.running = run = np.concatenate([run, np.array(admitted, dtype=np.int64)])
-                sched = np.concatenate([sched, np.array(admit_sched, dtype=np.int64)])
-                is_dec = np.concatenate([is_dec, np.zeros(len(admitted), dtype=bool)])
-        n_tokens = int(sched.sum())
+        pre_tokens = sum(chunks)
+        n_tokens = dec_tokens + pre_tokens
         if n_tokens == 0:
-            self._pending = None
             return None
-        kv = int((R.computed[run] + sched).sum())
-        # Which requests sample this step: decodes, and prefills whose chunk ends their prompt.
-        todo_all = R.prompt[run] + R.generated[run] - R.computed[run]
-        samples = (sched > 0) & (sched >= todo_all)
-        n_sample = int(samples.sum())
-        dur = float(self.cost.step_ms(n_tokens, kv)) + self._draft_ms(n_sample) + self.cpu_ms
-        self._pending = (run, sched, is_dec, samples, dec_ids, windows, draws, n_tokens, kv, dur)
-        return dur
+        kv = self.kv_dec + dec_tokens + sum(int(R.computed[r]) + c for r, c in zip(self.pre, chunks))
+        n_sample = (n_dec if not cut else int((q > 0).sum())) + sum(
+            1 for r, c in zip(self.pre, chunks) if c > 0 and c >= R.prompt[r] + R.generated[r] - R.computed[r])
+        fwd = self._step_ms(n_tokens, kv)
+        dur = fwd + self._draft_ms(n_sample) + self.cpu_ms
+        return (n_dec, q, cut, windows, draws, list(self.pre), chunks, n_tokens, pre_tokens, kv, fwd, dur)
 
-    def _windows(self, dec_ids, k, prefill_tokens=0):
-        """Draft draws and verify windows for decode requests dec_ids over k steps."""
+    def _windows(self, I, k, prefill_tokens=0):
+        """Draft draws and verify windows for the decode slots over k steps."""
         R, sp, K = self.R, self.spec, self.K
-        draws = sp.acceptance.sample(self.rng, R.cls[dec_ids], R.latent[dec_ids], k)
+        ids = I[:, _ID]
+        lat = self.F[:, _LAT]
+        draws = sp.acceptance.sample(self.rng, I[:, _CLS], lat, k)
         if sp.method.adaptive:
             conf = draws.conf
-            prev = np.empty_like(conf)
-            prev[0] = R.conf_prev[dec_ids]
-            prev[1:] = conf[:-1]
-            prev2 = np.empty_like(conf)
-            prev2[0] = R.conf_prev2[dec_ids]
-            if k > 1:
-                prev2[1] = R.conf_prev[dec_ids]
-                prev2[2:] = conf[:-2]
-            kv0 = float((R.computed[dec_ids] + 1).sum())
-            cost = self.cost
-            dms = self._draft_ms(len(dec_ids))
-            cpu = self.cpu_ms
-            ctx = sp.context(verify_ms=lambda n: cost.step_ms(n, kv0) + cpu, draft_ms=dms,
-                             n_nondraft=np.full(k, len(dec_ids) + prefill_tokens, dtype=np.int64),
+            cp, cp2 = R.conf_prev[ids], R.conf_prev2[ids]
+            prev = np.concatenate([cp[None], conf[:-1]]) if k > 1 else cp[None]
+            if k == 1:
+                prev2 = cp2[None]
+            else:
+                prev2 = np.concatenate([cp2[None], cp[None], conf[:-2]])
+            kv0 = self.kv_dec + len(I)
+            cost, cpu = self.cost, self.cpu_ms
+            n = len(I)
+            ctx = sp.context(verify_ms=lambda x: cost.step_ms(x, kv0) + cpu, draft_ms=self._draft_ms(n),
+                             n_nondraft=np.full(k, n + prefill_tokens, dtype=np.int64),
                              token_limit=self.cfg.max_num_batched_tokens, k_max=K)
             windows = sp.policy.windows(conf, prev, prev2, ctx).astype(np.int64)
         else:
-            windows = np.full((k, len(dec_ids)), K, dtype=np.int64)
+            windows = np.full((k, len(I)), K, dtype=np.int64)
         return windows, draws
 
-    def _emit(self, ids, emitted, t_end):
-        """Record emission of `emitted` tokens by requests `ids` at time t_end (seconds)."""
-        R = self.R
-        first = R.generated[ids] == 0
-        if first.any():
-            R.first_token[ids[first]] = t_end
-        old = ~first
-        if old.any():
-            oid = ids[old]
-            gaps = (t_end - R.last_emit[oid]) * 1000.0
-            R.itl_max[oid] = np.maximum(R.itl_max[oid], gaps)
-            g0 = gaps[0]
-            if np.all(gaps == g0):
-                self.itl_vals.append((g0, len(gaps)))
-            else:
-                self.itl_vals.extend(zip(gaps.tolist(), [1] * len(gaps)))
-            R.emits[oid] += 1
-        R.last_emit[ids] = t_end
-        R.generated[ids] += emitted
-
-    def _spec_outcome(self, dec_ids, windows, draws, t):
-        """Accepted drafts for step t of a window; updates counters. Returns accepted [R]."""
-        sp, st, K, R = self.spec, self.stats, self.K, self.R
-        wl = windows[t]
-        commit = wl if self.cfg.verify_mode != "static" else np.full_like(wl, K)
-        acc = sp.accepted_prefix(draws.accept[t], commit)
-        st.num_drafts += len(dec_ids)
-        st.num_draft_tokens += len(dec_ids) * K
-        verified = wl if self.cfg.verify_mode == "compact" else np.full_like(wl, K)
-        st.verified_draft_tokens += int(verified.sum())
-        st.accepted_per_pos += np.bincount(np.minimum(acc, K), minlength=K + 1)[::-1].cumsum()[::-1][1:]
-        cls = R.cls[dec_ids]
-        st.cls_rounds += np.bincount(cls, minlength=len(st.cls_rounds))
-        st.cls_emitted += np.bincount(cls, weights=acc + 1, minlength=len(st.cls_rounds))
-        st.cls_verify += np.bincount(cls, weights=1 + verified, minlength=len(st.cls_rounds))
+    def _spec_account(self, I, windows, draws, acc, m):
+        """Counters for steps 0..m-1 of a window of the decode slots I (acc: accepted [m, n])."""
+        st, K, R = self.stats, self.K, self.R
+        n = len(I)
+        verified = windows[:m] if self.compact else np.full((m, n), K)
+        st.num_drafts += m * n
+        st.num_draft_tokens += m * n * K
+        vsum = int(verified.sum())
+        st.verified_draft_tokens += vsum
+        st.accepted_per_pos += np.bincount(acc.ravel(), minlength=K + 1)[::-1].cumsum()[::-1][1:]
+        cls = I[:, _CLS]
+        nc = len(st.cls_rounds)
+        st.cls_rounds += m * np.bincount(cls, minlength=nc)
+        st.cls_emitted += np.bincount(cls, weights=(acc + 1).sum(axis=0), minlength=nc)
+        st.cls_verify += np.bincount(cls, weights=(1 + verified).sum(axis=0), minlength=nc)
         if st.head_n < st.cap:
-            st.head_conf.append(draws.conf[t].ravel())
-            st.head_acc.append(draws.accept[t].ravel())
-            st.head_n += draws.conf[t].size
-        if sp.method.adaptive:
-            R.conf_prev2[dec_ids] = R.conf_prev[dec_ids]
-            R.conf_prev[dec_ids] = draws.conf[t]
-        return acc, int(verified.sum())
+            st.head_conf.append(draws.conf[:m].reshape(-1))
+            st.head_acc.append(draws.accept[:m].reshape(-1))
+            st.head_n += m * n * K
+        if self.spec.method.adaptive:
+            ids = I[:, _ID]
+            R.conf_prev2[ids] = draws.conf[m - 2] if m >= 2 else R.conf_prev[ids]
+            R.conf_prev[ids] = draws.conf[m - 1]
+        return vsum
 
-    def _commit_general(self):
-        p = self._pending
-        self._pending = None
-        run, sched, is_dec, samples, dec_ids, windows, draws, n_tokens, kv, dur = p
-        R, now = self.R, self.env.now
-        # Preemptions can only happen at schedule time, so `run` is still the running set.
-        emitted = samples.astype(np.int64)
-        accepted_total, verify_total = 0, 0
-        dec_mask = is_dec & (sched > 0)
-        if windows is not None and dec_mask.any():
-            # Decodes cut by the token budget verify fewer drafts than planned.
-            win = windows.copy()
-            win[0] = np.minimum(win[0], sched[dec_mask] - 1)
-            acc, verify_total = self._spec_outcome(dec_ids, win, draws, 0)
-            emitted[dec_mask] = acc + 1
-            accepted_total = int(acc.sum())
-        remaining = R.output[run] - R.generated[run]
-        emitted = np.minimum(emitted, remaining)
+    def _commit_step(self, plan):
+        n_dec, q, cut, windows, draws, pre, chunks, n_tokens, pre_tokens, kv, fwd, dur = plan
+        R, K, t = self.R, self.K, self.env.now
+        I, F = self.I, self.F
         if self.shapes is not None:
-            m = sched > 0
-            self.shapes.append((self.idx, now, sched[m].tolist(), R.computed[run][m].tolist(),
-                                float(self.cost.step_ms(n_tokens, kv))))
-        # KV now holds: prefills += chunk; decodes += 1 + accepted.
-        R.computed[run] += np.where(dec_mask, emitted, sched)
-        em_ids = run[emitted > 0]
-        if len(em_ids):
-            self._emit(em_ids, emitted[emitted > 0], now)
-        prefill_tokens = int(sched[~dec_mask].sum())
-        self.steps.append((self.idx, now, dur, int((sched > 0).sum()), int(dec_mask.sum()), n_tokens,
-                           prefill_tokens, verify_total, accepted_total, int(emitted.sum()), kv,
-                           len(self.waiting)))
+            qs = ([] if not n_dec else (q.tolist() if q is not None else [1] * n_dec)) + chunks
+            ctxs = I[:, _COMP].tolist() + [int(R.computed[r]) for r in pre]
+            self.shapes.append((self.idx, t, [x for x in qs if x], [c for x, c in zip(qs, ctxs) if x], fwd))
+        accepted = verified = emitted_total = 0
+        n_dec_run = n_dec
+        if n_dec:
+            if K:
+                commit_w = windows[0] if self.cfg.verify_mode != "static" else np.full(n_dec, K)
+                if cut:
+                    commit_w = np.minimum(commit_w, np.maximum(q - 1, 0))
+                    windows = np.minimum(windows, np.maximum(q - 1, 0)[None])
+                acc = self.spec.accepted_prefix(draws.accept[0], commit_w)
+                verified = self._spec_account(I, windows, draws, acc[None], 1)
+                em = np.minimum(acc + 1, I[:, _LEFT])
+                accepted = int(acc.sum())
+            else:
+                em = 1
+            if cut:
+                em = np.where(q > 0, em, 0)
+                n_dec_run = int((q > 0).sum())
+            I[:, _COMP] += em
+            I[:, _LEFT] -= em
+            emitted_total = int(em.sum()) if K or cut else n_dec
+            self.kv_dec += emitted_total
+            self._itl(I, F, t, dur, None if not cut else q > 0)
+        # Prefills: chunks computed; those that reach the end of their prompt sample a token.
+        moved = []
+        for rid, c in zip(pre, chunks):
+            if c == 0:
+                continue
+            R.computed[rid] += c
+            if R.computed[rid] == R.prompt[rid] + R.generated[rid]:
+                emitted_total += 1
+                g = R.generated[rid]
+                if g == 0:
+                    R.first_token[rid] = t
+                else:                          # resumed after a preemption
+                    gap = (t - R.last_emit[rid]) * 1000.0
+                    self.itl_vals.append((gap, 1))
+                    R.itl_max[rid] = max(R.itl_max[rid], gap)
+                    R.emits[rid] += 1
+                R.generated[rid] = g + 1
+                R.last_emit[rid] = t
+                moved.append(rid)
+        if moved:
+            mv = set(moved)
+            self.pre = [r for r in self.pre if r not in mv]
+            rows, frows = [], []
+            for rid in moved:       # KV now holds the prompt + generated - 1 tokens
+                g = int(R.generated[rid])
+                comp = int(R.prompt[rid]) + g - 1
+                rows.append((rid, comp, int(R.output[rid]) - g, int(R.blocks[rid]), int(R.cls[rid]),
+                             int(R.emits[rid])))
+                frows.append((t, float(R.itl_max[rid]), float(R.latent[rid])))
+                self.kv_dec += comp
+            self.I = I = np.concatenate([I, np.array(rows, dtype=np.int64)])
+            self.F = F = np.concatenate([F, np.array(frows, dtype=np.float64)])
+        self.prev_end = t
+        self.steps.append((self.idx, t, dur, n_dec_run + sum(1 for c in chunks if c), n_dec_run, n_tokens,
+                           pre_tokens, verified, accepted, emitted_total, kv, len(self.waiting)))
         self._finish_done()
 
+    def _itl(self, I, F, t, dur, mask):
+        """ITL samples of the decode slots emitting at t (all of them when mask is None)."""
+        last = F[:, _LAST]
+        if mask is None and last.min() >= self.prev_end:
+            # Everyone emitted at the previous step's end: every gap is this step's duration.
+            self.itl_vals.append((dur, len(F)))
+            np.maximum(F[:, _ITLMAX], dur, out=F[:, _ITLMAX])
+        else:
+            sel = slice(None) if mask is None else mask
+            gaps = (t - last[sel]) * 1000.0
+            self.itl_vals.extend(zip(gaps.tolist(), [1] * len(gaps)))
+            F[sel, _ITLMAX] = np.maximum(F[sel, _ITLMAX], gaps)
+        if mask is None:
+            last[:] = t
+            I[:, _EMITS] += 1
+        else:
+            last[mask] = t
+            I[mask, _EMITS] += 1
+
     def _finish_done(self):
-        R = self.R
-        run = self.running
-        done = R.generated[run] >= R.output[run]
+        I = self.I
+        if not len(I):
+            # A prefill-only request with output 1 finishes at its first token.
+            self._finish_prefill_only()
+            return
+        done = I[:, _LEFT] <= 0
         if done.any():
-            ids = run[done]
-            R.finish[ids] = self.env.now
-            self._release(ids)
-            self.running = run[~done]
+            R, t = self.R, self.env.now
+            rows, frows = I[done], self.F[done]
+            ids = rows[:, _ID]
+            R.finish[ids] = t
+            R.generated[ids] = R.output[ids]
+            R.emits[ids] = rows[:, _EMITS]
+            R.itl_max[ids] = frows[:, _ITLMAX]
+            R.computed[ids] = rows[:, _COMP]
+            self.free_blocks += int(rows[:, _BLK].sum())
+            self.kv_dec -= int(rows[:, _COMP].sum())
+            keep = ~done
+            self.I, self.F = I[keep], self.F[keep]
             for rid in ids.tolist():
                 self.on_finish(rid)
+        self._finish_prefill_only()
+
+    def _finish_prefill_only(self):
+        pass
 
     # ---- decode windows ---------------------------------------------------------------------
     def _window_ok(self) -> bool:
-        run = self.running
-        if len(run) == 0:
+        n = len(self.I)
+        if n == 0 or self.pre:
             return False
-        if self.waiting and len(run) < self.cfg.max_num_seqs:
+        if self.waiting and n < self.cfg.max_num_seqs:
             return False
-        R = self.R
-        if np.any(R.prompt[run] + R.generated[run] - R.computed[run] != 1):
+        if self.F[:, _LAST].min() < self.prev_end:      # someone was skipped last step
             return False
-        return len(run) * (1 + self.K) <= self.cfg.max_num_batched_tokens
+        return n * (1 + self.K) <= self.cfg.max_num_batched_tokens
 
     def _decode_window(self):
         env, R, K, cfg = self.env, self.R, self.K, self.cfg
-        run = self.running
-        n = len(run)
+        I, F = self.I, self.F
+        n = len(I)
+        left = I[:, _LEFT]
         # Steps until the first possible completion bound the window (no draws wasted on them).
-        remaining = R.output[run] - R.generated[run]
-        k = int(min(cfg.max_window, max(1, remaining.min())))
+        k = int(min(cfg.max_window, max(1, left.min())))
         if K > 0:
-            windows, draws = self._windows(run, k)
+            windows, draws = self._windows(I, k)
             commit = windows if cfg.verify_mode != "static" else np.full_like(windows, K)
-            acc = self.spec.accepted_prefix(draws.accept, commit)           # [k, n]
-            verified = windows if cfg.verify_mode == "compact" else np.full_like(windows, K)
+            acc = self.spec.accepted_prefix(draws.accept, commit)            # [k, n]
+            verified = windows if self.compact else np.full_like(windows, K)
             n_tok = n + verified.sum(axis=1)
+            emit = acc + 1
+            cum = np.cumsum(emit, axis=0)                                      # [k, n]
+            done_step = np.flatnonzero((cum >= left[None, :]).any(axis=1))
+            per_step = emit.sum(axis=1)
         else:
-            windows = draws = None
-            acc = np.zeros((k, n), dtype=np.int64)
+            windows = draws = acc = None
             n_tok = np.full(k, n)
-        emit = acc + 1
-        cum = np.cumsum(emit, axis=0)                                     # [k, n]
-        done_at = cum >= remaining[None, :]
-        # KV blocks: lookahead of 1 + K slots per step, as vLLM allocates for the drafts.
-        comp0 = R.computed[run]
-        need_blocks = -(-(comp0[None, :] + np.vstack([np.zeros((1, n), np.int64), cum[:-1]]) + 1 + K)
-                        // KV_BLOCK_TOKENS)
-        extra = np.maximum(need_blocks - R.blocks[run][None, :], 0).sum(axis=1)
-        ok_blocks = extra <= self.free_blocks
-        stop = np.flatnonzero(done_at.any(axis=1))
-        last = int(stop[0]) if len(stop) else k - 1
-        bad = np.flatnonzero(~ok_blocks)
+            done_step = [k - 1] if k >= left.min() else []
+            per_step = np.full(k, n)
+        last = int(done_step[0]) if len(done_step) else k - 1
+        # KV blocks: each step allocates slots for 1 + K tokens ahead, as vLLM does for drafts.
+        grow_at_end = None
+        comp0 = I[:, _COMP]
+        if K > 0:
+            before = np.vstack([np.zeros((1, n), np.int64), cum[:-1]])
+            need = (comp0[None, :] + before + 1 + K + KV_BLOCK_TOKENS - 1) // KV_BLOCK_TOKENS
+            extra = np.maximum(need - I[None, :, _BLK], 0).sum(axis=1)
+        else:
+            steps_ = np.arange(k)[:, None]
+            need = (comp0[None, :] + steps_ + 1 + KV_BLOCK_TOKENS - 1) // KV_BLOCK_TOKENS
+            extra = np.maximum(need - I[None, :, _BLK], 0).sum(axis=1)
+        bad = np.flatnonzero(extra > self.free_blocks)
         if len(bad):
             if bad[0] == 0:      # even one step needs a preemption: take the general path
-                dur = self._general_step()
-                yield env.timeout(dur / 1000.0)
-                self._commit_general()
+                plan = self._plan_step(False)
+                yield env.timeout(plan[-1] / 1000.0)
+                self._commit_step(plan)
                 return
             last = min(last, int(bad[0]) - 1)
-        kv = (comp0.sum() + np.concatenate([[0], cum.sum(axis=1)[:-1]]) + n_tok)
-        dur = self.cost.step_ms(n_tok, kv) + self._draft_ms(n) + self.cpu_ms            # [k]
+        kv = self.kv_dec + np.concatenate([[0], np.cumsum(per_step)[:-1]]) + n_tok
+        if n_tok.max() <= self.cost.limit:
+            fwd = self._fwd_arr[n_tok] + self._kv_ms * kv
+        else:
+            fwd = self.cost.step_ms(n_tok, kv)
+        dur = fwd + self._draft_ms(n) + self.cpu_ms                                # [k]
         t_end = env.now + np.cumsum(dur) / 1000.0
-        # Run until the last step ends or an arrival wakes us; then commit steps that ended
+        # Run until the last step ends or an arrival wakes us; then commit the steps that ended
         # before the wake-up plus the one in flight.
         self.wake = env.event()
-        t0 = env.now
-        yield env.any_of([env.timeout(t_end[last] - t0), self.wake])
+        yield env.any_of([env.timeout(t_end[last] - env.now), self.wake])
         if env.now < t_end[last] - 1e-12:
-            last = int(np.searchsorted(t_end, env.now - 1e-12, side="left"))
-            last = min(last, k - 1)
+            last = min(int(np.searchsorted(t_end, env.now - 1e-12, side="left")), k - 1)
             if t_end[last] > env.now:
                 yield env.timeout(t_end[last] - env.now)
-        # Commit steps 0..last.
-        for t in range(last + 1):
-            if K > 0:
-                a, vt = self._spec_outcome(run, windows, draws, t)
-            else:
-                a, vt = acc[t], 0
-            em = np.minimum(a + 1, R.output[run] - R.generated[run])
-            if self.shapes is not None:
-                q = (1 + windows[t]) if (K > 0 and cfg.verify_mode == "compact") else np.full(n, 1 + K)
-                self.shapes.append((self.idx, float(t_end[t]), q.tolist(), R.computed[run].tolist(),
-                                    float(self.cost.step_ms(n_tok[t], kv[t]))))
-            need = -(-(R.computed[run] + 1 + K) // KV_BLOCK_TOKENS)
-            R.computed[run] += em
-            grow = np.maximum(need - R.blocks[run], 0)
-            self.free_blocks -= int(grow.sum())
-            R.blocks[run] += grow
-            self._emit_at(run, em, float(t_end[t]), float(dur[t]))
-            self.steps.append((self.idx, float(t_end[t]), float(dur[t]), n, n, int(n_tok[t]), 0, int(vt),
-                               int(a.sum()), int(em.sum()), int(kv[t]), len(self.waiting)))
-        self._finish_done()
-
-    def _emit_at(self, ids, emitted, t_end, dur_ms):
-        """Emission inside a window: every request emitted in the previous step too, so each
-        ITL sample equals the step duration except right after a general step."""
-        R = self.R
-        gaps = (t_end - R.last_emit[ids]) * 1000.0
-        R.itl_max[ids] = np.maximum(R.itl_max[ids], gaps)
-        if np.all(np.abs(gaps - dur_ms) < 1e-9):
-            self.itl_vals.append((dur_ms, len(ids)))
+        m = last + 1
+        if self.shapes is not None:
+            for t in range(m):
+                qv = (1 + verified[t]) if K > 0 else np.ones(n, np.int64)
+                ctx = comp0 + (before[t] if K > 0 else t)
+                self.shapes.append((self.idx, float(t_end[t]), qv.tolist(), ctx.tolist(), float(fwd[t])))
+        if K > 0:
+            vt = self.spec and self._spec_account(I, windows, draws, acc[:m], m)
+            ver_steps = verified[:m].sum(axis=1)
+            acc_steps = acc[:m].sum(axis=1)
+            em_total = np.minimum(cum[m - 1], left)
         else:
-            self.itl_vals.extend(zip(gaps.tolist(), [1] * len(gaps)))
-        R.emits[ids] += 1
-        R.last_emit[ids] = t_end
-        R.generated[ids] += emitted
+            em_total = np.full(n, m)
+        I[:, _COMP] += em_total
+        I[:, _LEFT] -= em_total
+        I[:, _EMITS] += m
+        np.maximum(I[:, _BLK], need[m - 1], out=I[:, _BLK])
+        self.free_blocks -= int(extra[m - 1])
+        em_sum = int(em_total.sum())
+        self.kv_dec += em_sum
+        durs = dur[:m].tolist()
+        self.itl_vals.extend((d, n) for d in durs)
+        np.maximum(F[:, _ITLMAX], max(durs), out=F[:, _ITLMAX])
+        F[:, _LAST] = t_end[last]
+        ends = t_end[:m].tolist()
+        ntok = n_tok[:m].tolist()
+        kvl = kv[:m].tolist()
+        ps = per_step[:m].tolist()
+        if K > 0:
+            ps[-1] = em_sum - sum(ps[:-1])            # the final step may be cut by output lengths
+            vs, as_ = ver_steps.tolist(), acc_steps.tolist()
+        else:
+            vs = as_ = [0] * m
+        idx, nw = self.idx, len(self.waiting)
+        self.steps.extend((idx, ends[t], durs[t], n, n, int(ntok[t]), 0, int(vs[t]), int(as_[t]),
+                           int(ps[t]), int(kvl[t]), nw) for t in range(m))
+        self.prev_end = float(t_end[last])
+        self._finish_done()
