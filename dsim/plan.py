@@ -1,0 +1,545 @@
+"""Capacity planning: the fewest nodes that meet an SLA, per speculative method.
+
+``parse_sla("p50=20ms,ttft_p99=2s,min_user_tok_s=40")`` -> list of :class:`SLO`;
+``parse_request_slo("ttft=500ms,tpot=20ms")`` -> per-request SLO dict for goodput;
+``plan(...)`` -> {method: {...}, "assumptions": {...}}.
+
+Load model: the workload's arrival process is fixed (an open-loop trace); N nodes share it
+through the router. A node count passes when, for *every* seed, every SLO metric is within
+target x (1 - margin) (a minimum per-user speed must reach target / (1 - margin)) and every
+request completed; the reported metrics are the worst over the seeds.
+
+Search, per method: exponential (1, 2, 4, ... capped at max_nodes, optionally starting from a
+hint) until a count passes, then bisection between the last failing and the first passing count.
+A node count is first simulated with the first seed only; the other seeds run only if it passes
+(a failing seed decides "fails" whatever the others say, so the answer does not depend on the
+order or on the number of worker processes). Simulations run in a process pool (``jobs``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+
+import numpy as np
+
+from dsim.errors import InputError
+
+METRICS = ("tpot", "ttft", "itl", "e2e")
+METRIC_LABEL = {"tpot": "TPOT (P-token latency)", "ttft": "TTFT", "itl": "ITL", "e2e": "E2E latency",
+                "min_user_tok_s": "per-user speed"}
+
+# Public on-demand / spot H200 quotes used when --price-per-gpu-hour is not given.
+PRICE_ON_DEMAND = 5.49
+PRICE_SPOT = 2.85
+PRICE_DATE = "24 Sep 2026"
+PRICE_SOURCE = (f"public H200 cloud quote, ${PRICE_ON_DEMAND:.2f}/GPU-hour on demand, "
+                f"${PRICE_SPOT:.2f}/GPU-hour spot (dated {PRICE_DATE})")
+
+
+# ---- SLA grammar ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SLO:
+    """One SLA term: metric's pct-th percentile <= target_ms, or mean per-user speed >= target."""
+    metric: str              # tpot | ttft | itl | e2e | min_user_tok_s
+    pct: float | None        # 0 < pct < 100 (None for min_user_tok_s)
+    target: float            # ms for latencies, tok/s for min_user_tok_s
+    text: str                # as written
+
+    @property
+    def key(self) -> str:
+        if self.metric == "min_user_tok_s":
+            return "min_user_tok_s"
+        return f"{self.metric}_p{self.pct:g}"
+
+    @property
+    def unit(self) -> str:
+        return "tok/s" if self.metric == "min_user_tok_s" else "ms"
+
+    @property
+    def is_min(self) -> bool:
+        return self.metric == "min_user_tok_s"
+
+    def limit(self, margin: float) -> float:
+        """The value a simulation must reach to pass, safety margin included."""
+        return self.target / (1.0 - margin) if self.is_min else self.target * (1.0 - margin)
+
+    def ok(self, value, margin: float) -> bool:
+        if value is None or not math.isfinite(value):
+            return False
+        return value >= self.limit(margin) if self.is_min else value <= self.limit(margin)
+
+    def describe(self) -> str:
+        if self.is_min:
+            return f"mean per-user speed >= {self.target:g} tok/s"
+        return f"P{self.pct:g} {self.metric.upper()} <= {_fmt_ms(self.target)}"
+
+
+def _fmt_ms(ms: float) -> str:
+    return f"{ms / 1000:g}s" if ms >= 1000 and ms % 100 == 0 else f"{ms:g}ms"
+
+
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z/]*)\s*$")
+
+
+def parse_duration_ms(value: str, what: str) -> float:
+    """'20ms' -> 20.0, '1.5s' -> 1500.0; a missing or unknown unit is an error."""
+    m = _DURATION.match(value)
+    if not m:
+        raise InputError(f"{what}: {value!r} is not a duration (e.g. 20ms or 1.5s)")
+    num, unit = float(m.group(1)), m.group(2).lower()
+    if not unit:
+        raise InputError(f"{what}: {value!r} has no unit (write ms or s, e.g. {m.group(1)}ms)")
+    if unit not in ("ms", "s"):
+        raise InputError(f"{what}: unknown unit {m.group(2)!r} in {value!r} (ms or s)")
+    ms = num * (1000.0 if unit == "s" else 1.0)
+    if not (ms > 0 and math.isfinite(ms)):
+        raise InputError(f"{what}: {value!r} must be > 0")
+    return ms
+
+
+_TERM = re.compile(r"^(?:([a-z0-9]+)_)?p([0-9]+(?:\.[0-9]+)?)$")
+
+
+def parse_sla(s: str) -> list[SLO]:
+    """Parse ``[metric_]pNN=VALUE`` terms (metric tpot|ttft|itl|e2e, default tpot; VALUE with unit
+    ms or s) and ``min_user_tok_s=VALUE``, comma separated. Raises InputError on bad input."""
+    if s is None or not str(s).strip():
+        raise InputError("--sla: empty SLA (expected e.g. 'p50=20ms' or 'tpot_p99=50ms,ttft_p90=2s')")
+    out: list[SLO] = []
+    seen = set()
+    for raw in str(s).split(","):
+        term = raw.strip()
+        if not term:
+            raise InputError(f"--sla: empty term in {s!r}")
+        if "=" not in term:
+            raise InputError(f"--sla: {term!r} is not NAME=VALUE (e.g. p50=20ms)")
+        name, value = (x.strip() for x in term.split("=", 1))
+        name = name.lower()
+        if name in ("min_user_tok_s", "user_tok_s_min"):
+            v = value.lower().removesuffix("tok/s").strip()
+            try:
+                target = float(v)
+            except ValueError:
+                raise InputError(f"--sla: min_user_tok_s: {value!r} is not a number of tokens/s") from None
+            if not (target > 0 and math.isfinite(target)):
+                raise InputError(f"--sla: min_user_tok_s: must be > 0, got {value!r}")
+            slo = SLO("min_user_tok_s", None, target, term)
+        else:
+            m = _TERM.match(name)
+            if not m:
+                raise InputError(f"--sla: {name!r}: expected [metric_]pNN (metric {', '.join(METRICS)}) "
+                                 f"or min_user_tok_s")
+            metric = m.group(1) or "tpot"
+            if metric not in METRICS:
+                raise InputError(f"--sla: unknown metric {metric!r} in {term!r} (known: {', '.join(METRICS)}, "
+                                 f"min_user_tok_s)")
+            pct = float(m.group(2))
+            if not (0 < pct < 100):
+                raise InputError(f"--sla: percentile p{m.group(2)} in {term!r} is out of range (0 < NN < 100)")
+            if metric == "itl" and pct not in (50.0, 90.0, 99.0):
+                raise InputError(f"--sla: {term!r}: ITL percentiles available are p50, p90, p99")
+            slo = SLO(metric, pct, parse_duration_ms(value, f"--sla: {name}"), term)
+        if slo.key in seen:
+            raise InputError(f"--sla: {slo.key} given twice in {s!r}")
+        seen.add(slo.key)
+        out.append(slo)
+    return out
+
+
+def parse_request_slo(s: str) -> dict:
+    """Per-request SLOs for goodput: 'ttft=500ms,tpot=20ms,e2e=10s' ->
+    {'ttft_ms': 500.0, 'tpot_ms': 20.0, 'e2e_ms': 10000.0}."""
+    if s is None or not str(s).strip():
+        raise InputError("--slo: empty (expected e.g. ttft=500ms,tpot=20ms,e2e=10s)")
+    out = {}
+    for raw in str(s).split(","):
+        term = raw.strip()
+        if "=" not in term:
+            raise InputError(f"--slo: {term!r} is not METRIC=VALUE (e.g. ttft=500ms)")
+        k, v = (x.strip() for x in term.split("=", 1))
+        k = k.lower()
+        if k not in ("ttft", "tpot", "e2e"):
+            raise InputError(f"--slo: unknown metric {k!r} (ttft, tpot, e2e)")
+        if f"{k}_ms" in out:
+            raise InputError(f"--slo: {k} given twice")
+        out[f"{k}_ms"] = parse_duration_ms(v, f"--slo: {k}")
+    return out
+
+
+# ---- one simulation (runs in a worker process) ----------------------------------------------
+
+@dataclass(frozen=True)
+class Point:
+    """Everything one simulation needs; picklable."""
+    workload: object
+    profile: object
+    spec: object
+    nodes: int
+    seed: int
+    gpus_per_node: int = 8
+    router: str = "least_outstanding"
+    engine: object = None
+    tag: object = None          # caller's label, returned unchanged
+
+
+def metric_values(summary: dict, req, slos) -> dict:
+    """Each SLO's measured value from a simulation (request table for arbitrary percentiles)."""
+    done = req[req["completed"]]
+    out = {}
+    for s in slos:
+        if s.metric == "min_user_tok_s":
+            out[s.key] = summary.get("output_tok_s_per_user")
+        elif s.metric == "itl":
+            out[s.key] = summary["itl_ms"].get(f"p{s.pct:g}")
+        else:
+            col = done[f"{s.metric}_ms"].dropna().to_numpy()
+            out[s.key] = float(np.percentile(col, s.pct)) if len(col) else None
+    return out
+
+
+def run_point(p: Point, slos=(), keep: tuple = ()) -> dict:
+    """Simulate one point; return a small picklable dict: the summary, the SLO metric values and,
+    for each column named in `keep`, that column of the completed requests as a numpy array."""
+    from dsim.engine import EngineConfig
+    from dsim.sim import SimConfig, simulate
+    cfg = SimConfig(workload=p.workload, profile=p.profile, nodes=p.nodes, gpus_per_node=p.gpus_per_node,
+                    router=p.router, engine=p.engine or EngineConfig(verify_mode=p.spec.verify_mode),
+                    spec=p.spec, seed=p.seed)
+    res = simulate(cfg)
+    s = res.summary
+    out = {"tag": p.tag, "nodes": p.nodes, "seed": p.seed, "summary": s,
+           "metrics": metric_values(s, res.requests, slos),
+           "complete": s["requests_completed"] == s["requests_total"]}
+    if keep:
+        done = res.requests[res.requests["completed"]]
+        out["columns"] = {c: done[c].to_numpy() for c in keep}
+    return out
+
+
+class Runner:
+    """Runs Points serially (jobs=1) or in a process pool; results never depend on `jobs`."""
+
+    def __init__(self, jobs: int | None = None):
+        self.jobs = max(1, int(jobs or os.cpu_count() or 1))
+        self.pool = None
+
+    def __enter__(self):
+        if self.jobs > 1:
+            self.pool = ProcessPoolExecutor(max_workers=self.jobs)
+        return self
+
+    def __exit__(self, *exc):
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+        return False
+
+    def submit(self, fn, *a, **kw):
+        if self.pool is None:
+            from concurrent.futures import Future
+            f = Future()
+            try:
+                f.set_result(fn(*a, **kw))
+            except BaseException as e:   # noqa: BLE001 - surfaced by .result()
+                f.set_exception(e)
+            return f
+        return self.pool.submit(fn, *a, **kw)
+
+    def map(self, fn, items, **kw):
+        """[fn(x, **kw) for x in items], in order, in parallel."""
+        futs = [self.submit(fn, x, **kw) for x in items]
+        return [f.result() for f in futs]
+
+
+# ---- the search -----------------------------------------------------------------------------
+
+def _passes(r: dict, slos, margin: float) -> bool:
+    return r["complete"] and all(s.ok(r["metrics"].get(s.key), margin) for s in slos)
+
+
+class _Search:
+    """Exponential then bisection search over node counts for one method, driven by results.
+
+    `want()` says which (nodes, seed) simulations it needs next; `feed()` gives it one result.
+    """
+
+    def __init__(self, name, seeds, slos, margin, max_nodes, start=1):
+        self.name, self.seeds, self.slos, self.margin = name, list(seeds), slos, margin
+        self.max_nodes = max_nodes
+        self.results: dict = {}            # (nodes, seed) -> result
+        self.verdict: dict = {}            # nodes -> bool
+        self.lo = 0                        # largest count known to fail
+        self.hi = None                     # smallest count known to pass
+        self.cur = min(max(1, int(start)), max_nodes)
+        self.trail: list = []              # (nodes, passed) in the order decided
+        self.done = False
+        self.best_effort_pending = False
+
+    def _decide(self, n: int):
+        """Verdict for n if enough seeds are in: a failing seed fails it, all passing seeds pass it."""
+        got = [self.results.get((n, s)) for s in self.seeds]
+        for r in got:
+            if r is not None and not _passes(r, self.slos, self.margin):
+                return False
+        if all(r is not None for r in got):
+            return True
+        return None
+
+    def want(self) -> list:
+        if self.done:
+            if self.best_effort_pending:    # unmeetable: every seed at max_nodes, for the report
+                return [(self.max_nodes, s) for s in self.seeds if (self.max_nodes, s) not in self.results]
+            return []
+        n = self.cur
+        first = (n, self.seeds[0])
+        if first not in self.results:
+            return [first]
+        if _passes(self.results[first], self.slos, self.margin):
+            return [(n, s) for s in self.seeds[1:] if (n, s) not in self.results]
+        return []
+
+    def feed(self, n: int, seed: int, r: dict):
+        self.results[(n, seed)] = r
+        if self.done or n != self.cur:
+            return
+        v = self._decide(n)
+        if v is None:
+            return
+        self.verdict[n] = v
+        self.trail.append((n, v))
+        if v:
+            self.hi = n
+        else:
+            self.lo = n
+        if self.hi is None:                           # exponential phase, upwards
+            if n >= self.max_nodes:
+                self.done = True
+                self.best_effort_pending = True
+                return
+            self.cur = min(2 * n, self.max_nodes)
+        elif self.lo == 0:                            # passed from a start hint: halve downwards
+            if self.hi == 1:
+                self.done = True
+            else:
+                self.cur = max(1, self.hi // 2)
+        elif self.hi - self.lo <= 1:
+            self.done = True
+        else:                                         # bisection
+            self.cur = (self.lo + self.hi) // 2
+
+    def outcome(self) -> dict:
+        met = self.hi is not None
+        n = self.hi if met else self.max_nodes
+        rs = [self.results[(n, s)] for s in self.seeds if (n, s) in self.results]
+        return {"met": met, "nodes": n, "results": rs, "trail": self.trail}
+
+
+def search_nodes(points_for, searches: dict, runner: Runner, slos, progress=None) -> dict:
+    """Drive several _Search objects at once over one pool. points_for(name, nodes, seed) -> Point."""
+    pending = {}
+    while True:
+        for name, srch in searches.items():
+            for (n, s) in srch.want():
+                if (name, n, s) not in pending.values():
+                    f = runner.submit(run_point, points_for(name, n, s), slos)
+                    pending[f] = (name, n, s)
+        if not pending:
+            break
+        done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+        # feed in a fixed order so the (deterministic) decisions never depend on timing
+        for f in sorted(done, key=lambda f: pending[f]):
+            name, n, s = pending.pop(f)
+            searches[name].feed(n, s, f.result())
+            if progress:
+                progress(name, n, s, f.result())
+    return {name: srch.outcome() for name, srch in searches.items()}
+
+
+# ---- the plan -------------------------------------------------------------------------------
+
+def method_label(spec) -> str:
+    if spec.method == "mtp":
+        return f"MTP-{spec.k or 1}"
+    if spec.method == "dspark":
+        return "DSpark adaptive" if spec.adaptive else "DSpark fixed"
+    return {"none": "no speculation", "eagle3": "EAGLE-3", "block": "block drafter"}.get(spec.method, spec.method)
+
+
+def _worst(slo: SLO, vals):
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return None
+    return min(vals) if slo.is_min else max(vals)
+
+
+def summarize_method(name, spec, out, slos, margin, gpus_per_node, price, spot_price) -> dict:
+    rs = out["results"]
+    nodes = out["nodes"]
+    gpus = nodes * gpus_per_node
+    metrics = {}
+    for s in slos:
+        vals = [r["metrics"].get(s.key) for r in rs]
+        metrics[s.key] = {"value": _worst(s, vals), "target": s.target, "limit": round(s.limit(margin), 4),
+                          "unit": s.unit, "ok": s.ok(_worst(s, vals), margin),
+                          "seeds": {int(r["seed"]): v for r, v in zip(rs, vals)},
+                          "describe": s.describe()}
+    tok_s = float(np.mean([r["summary"]["output_tok_s"] for r in rs])) if rs else 0.0
+    cost_h = gpus * price
+    per_m = cost_h / (tok_s * 3600) * 1e6 if tok_s > 0 else None
+    s0 = rs[0]["summary"] if rs else {}
+    return {
+        "method": name, "label": method_label(spec), "spec": dataclasses.asdict(spec),
+        "sla_met": out["met"], "nodes": nodes, "gpus": gpus,
+        "metrics": metrics,
+        "output_tok_s": round(tok_s, 3),
+        "output_tok_s_per_gpu": round(tok_s / gpus, 3) if gpus else None,
+        "output_tok_s_per_user": s0.get("output_tok_s_per_user"),
+        "acceptance_length": s0.get("acceptance_length"),
+        "mean_verify_tokens_per_request": s0.get("mean_verify_tokens_per_request"),
+        "cost_per_hour": round(cost_h, 2),
+        "cost_per_hour_spot": round(gpus * spot_price, 2) if spot_price is not None else None,
+        "cost_per_million_output_tokens": round(per_m, 4) if per_m is not None else None,
+        "search": [{"nodes": n, "passed": v} for n, v in out["trail"]],
+        "acceptance_source": (s0.get("setup") or {}).get("acceptance_source"),
+    }
+
+
+def throughput_hint(workload, profile, gpus_per_node) -> int:
+    """A crude lower bound on nodes: none (the search starts at 1). Kept as a hook for callers."""
+    return 1
+
+
+def plan(workloads: dict, profile, specs: dict, slos, *, margin: float = 0.10, max_nodes: int = 64,
+         seeds=(0, 1, 2), gpus_per_node: int = 8, price: float | None = None, jobs: int | None = None,
+         router: str = "least_outstanding", start: dict | None = None, notes: list | None = None,
+         progress=None) -> dict:
+    """Fewest nodes per method meeting every SLO. workloads: seed -> Workload; specs: name -> SpecConfig."""
+    if not slos:
+        raise InputError("--sla: empty SLA")
+    if not (0 <= margin < 1):
+        raise InputError(f"--margin: must be in [0, 1), got {margin:g}")
+    if max_nodes < 1:
+        raise InputError(f"--max-nodes: must be >= 1, got {max_nodes}")
+    seeds = list(seeds)
+    if not seeds:
+        raise InputError("--seeds: no seeds")
+    if len(set(seeds)) != len(seeds):
+        raise InputError(f"--seeds: repeated seed in {seeds}")
+    if gpus_per_node < 1:
+        raise InputError(f"--gpus-per-node: must be >= 1, got {gpus_per_node}")
+    price_given = price is not None
+    if price is None:
+        price = PRICE_ON_DEMAND
+    if price <= 0:
+        raise InputError(f"--price-per-gpu-hour: must be > 0, got {price:g}")
+
+    def point(name, n, s):
+        return Point(workloads[s], profile, specs[name], n, s, gpus_per_node, router, tag=name)
+
+    searches = {name: _Search(name, seeds, slos, margin, max_nodes, (start or {}).get(name, 1))
+                for name in specs}
+    with Runner(jobs) as runner:
+        outs = search_nodes(point, searches, runner, slos, progress)
+    res = {}
+    for name, spec in specs.items():
+        res[name] = summarize_method(name, spec, outs[name], slos, margin, gpus_per_node, price,
+                                     None if price_given else PRICE_SPOT)
+    w0 = workloads[seeds[0]]
+    names = list(specs)
+    comp = None
+    if len(names) >= 2:
+        a, b = res[names[0]], res[names[-1]]
+        comp = {"baseline": names[0], "candidate": names[-1],
+                "nodes_saved": a["nodes"] - b["nodes"],
+                "cost_per_hour_saved": round(a["cost_per_hour"] - b["cost_per_hour"], 2),
+                "percent_saved": round(100.0 * (a["cost_per_hour"] - b["cost_per_hour"]) / a["cost_per_hour"], 1),
+                "both_met": a["sla_met"] and b["sla_met"]}
+    res["comparison"] = comp
+    res["assumptions"] = {
+        "sla": [s.describe() for s in slos],
+        "margin": margin,
+        "margin_rule": "a node count passes only if every latency SLO <= target x (1 - margin) and per-user "
+                       "speed >= target / (1 - margin), for every seed (worst seed counted)",
+        "seeds": seeds,
+        "workload": w0.source,
+        "requests": int(len(w0)),
+        "class_mix_assumed": bool(w0.class_mix_assumed),
+        "class_mix": ("assumed (assigned by a mix, not carried by the trace)" if w0.class_mix_assumed
+                      else "carried by the trace"),
+        "load_model": "open loop: the trace's arrival process is fixed; N nodes share it via the "
+                      f"{router} router",
+        "profile": profile.label,
+        "profile_kind": profile.provenance.get("kind"),
+        "acceptance": {n: res[n]["acceptance_source"] for n in specs},
+        "gpus_per_node": gpus_per_node,
+        "price_per_gpu_hour": price,
+        "price_source": ("given on the command line (--price-per-gpu-hour)" if price_given else PRICE_SOURCE),
+        "price_date": None if price_given else PRICE_DATE,
+        "search": "exponential (1, 2, 4, ...) then bisection over node counts; first seed first, "
+                  "other seeds only where it passes",
+        "max_nodes": max_nodes,
+        "notes": list(notes or []),
+    }
+    return res
+
+
+# ---- printing -------------------------------------------------------------------------------
+
+def format_plan(res: dict, slos, method_names) -> str:
+    lines = []
+    a = res["assumptions"]
+    head = ["method", "nodes", "GPUs"] + [s.key for s in slos] + ["tok/s/GPU", "$/hour", "$/M out tok"]
+    rows = []
+    for name in method_names:
+        r = res[name]
+        nodes = str(r["nodes"]) if r["sla_met"] else f"not met at {r['nodes']}"
+        row = [r["label"], nodes, str(r["gpus"])]
+        for s in slos:
+            m = r["metrics"][s.key]
+            v = m["value"]
+            vs = "n/a" if v is None else f"{v:.2f}"
+            row.append(f"{vs} {'>=' if s.is_min else '<='} {m['limit']:.4g} {'ok' if m['ok'] else 'MISS'}")
+        row += [f"{r['output_tok_s_per_gpu']:.1f}", f"{r['cost_per_hour']:.2f}",
+                "n/a" if r["cost_per_million_output_tokens"] is None else f"{r['cost_per_million_output_tokens']:.3f}"]
+        rows.append(row)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)))
+    lines.append("  ".join("-" * w for w in widths))
+    for r in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+    lines.append("(SLO cells: worst seed's value vs target x (1 - margin); latencies in ms)")
+    c = res.get("comparison")
+    if c:
+        A, B = res[c["baseline"]], res[c["candidate"]]
+        if c["both_met"]:
+            lines.append(f"{B['label']} vs {A['label']}: {c['nodes_saved']:+d} nodes saved "
+                         f"({A['nodes']} -> {B['nodes']}), ${c['cost_per_hour_saved']:.2f}/hour saved "
+                         f"({c['percent_saved']:.1f}%)")
+            if A.get("cost_per_hour_spot") is not None:
+                lines.append(f"  at the spot price ${PRICE_SPOT:.2f}/GPU-h: ${A['cost_per_hour_spot']:.2f}/h -> "
+                             f"${B['cost_per_hour_spot']:.2f}/h")
+        else:
+            lines.append("comparison: not both SLAs met within --max-nodes; savings not computed")
+    lines.append("")
+    lines.append("assumptions:")
+    lines.append(f"  SLA       : {'; '.join(a['sla'])}; margin {a['margin']:.0%} ({a['margin_rule']})")
+    lines.append(f"  seeds     : {', '.join(str(s) for s in a['seeds'])}")
+    lines.append(f"  workload  : {a['workload']} ({a['requests']} requests)")
+    lines.append(f"  load      : {a['load_model']}")
+    lines.append(f"  classes   : {a['class_mix']}")
+    lines.append(f"  profile   : {a['profile']} (kind: {a['profile_kind']})")
+    for n, src in a["acceptance"].items():
+        if src:
+            lines.append(f"  acceptance: {n}: {src if len(src) < 160 else src[:157] + '...'}")
+        else:
+            lines.append(f"  acceptance: {n}: none (no speculation)")
+    lines.append(f"  price     : ${a['price_per_gpu_hour']:.2f}/GPU-hour, {a['gpus_per_node']} GPUs/node; "
+                 f"{a['price_source']}")
+    lines.append(f"  search    : {a['search']}; up to {a['max_nodes']} nodes")
+    for n in a["notes"]:
+        lines.append(f"  note      : {n}")
+    return "\n".join(lines)
