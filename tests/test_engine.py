@@ -1,0 +1,277 @@
+"""Engine and cost model: closed-form cases, staircase semantics, preemption, determinism."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from dsim.cost import CostModel, load_profile, profile_from_dict, vllm_capture_sizes
+from dsim.engine import EngineConfig
+from dsim.errors import InputError
+from dsim.sim import SimConfig, SpecConfig, simulate
+from dsim.workload import Workload
+
+
+def make_profile(forward=None, kv_ms_per_ktok=0.0, cpu=0.0, kv_gib=10.0, gpus=1, caps=None, draft=None):
+    caps = caps or vllm_capture_sizes(512)
+    if forward is None:
+        forward = {"tokens": caps + [1024, 2048, 4096, 8192], "ms": [10.0] * (len(caps) + 4)}
+    d = {"name": "test", "provenance": {"kind": "analytical", "hardware": "test", "gpus_per_replica": gpus,
+                                        "model": "test", "engine": "test", "engine_version": "0",
+                                        "date": "2026-11-29", "method": "hand-made for tests"},
+         "memory": {"kv_cache_gib": kv_gib, "kv_bytes_per_token": 1024.0},
+         "cpu_overhead_ms": cpu, "capture_sizes": caps, "forward": forward, "kv_ms_per_ktok": kv_ms_per_ktok}
+    if draft:
+        d["draft"] = draft
+    return profile_from_dict(d, "test.yaml")
+
+
+def linear_profile(**kw):
+    caps = vllm_capture_sizes(512)
+    toks = caps + [768, 1024, 2048, 4096, 8192]
+    return make_profile(forward={"tokens": toks, "ms": [5.0 + 0.01 * t for t in toks]}, **kw)
+
+
+def wl(prompt, output, arrival=None, cls=None, closed=None):
+    n = len(prompt)
+    return Workload(arrival_s=np.zeros(n) if arrival is None else np.asarray(arrival, float),
+                    prompt_tokens=np.asarray(prompt), output_tokens=np.asarray(output),
+                    cls=np.zeros(n, np.int16) if cls is None else np.asarray(cls, np.int16),
+                    class_names=("math", "code", "chat") if cls is not None else ("chat",),
+                    session_id=np.full(n, -1), closed_loop_concurrency=closed, source="test")
+
+
+def run(w, prof, **kw):
+    return simulate(SimConfig(workload=w, profile=prof, gpus_per_node=prof.gpus_per_replica, **kw))
+
+
+# ---- cost model: vLLM staircase semantics -----------------------------------------------------
+
+def test_staircase_below_limit_uses_next_capture_size():
+    caps = [1, 2, 4, 8, 16, 24, 32]
+    prof = make_profile(caps=caps, forward={"tokens": caps + [48, 64], "ms": [1, 2, 3, 4, 5, 6, 7, 9, 11]})
+    c = CostModel(prof)
+    assert c.forward_ms(9) == 5.0          # a step of 9 tokens runs the 16-token graph
+    assert c.forward_ms(16) == 5.0
+    assert c.forward_ms(17) == 6.0
+    assert c.forward_ms(3) == 3.0
+    assert c.forward_ms(40) == pytest.approx(8.0)     # linear interpolation above the limit (32..48)
+    assert c.forward_ms(80) == pytest.approx(13.0)    # last-slope extrapolation (slope 2/16)
+
+
+def test_running_maximum_makes_cost_non_decreasing():
+    caps = [1, 2, 4, 8]
+    prof = make_profile(caps=caps, forward={"tokens": caps + [16], "ms": [3, 2, 5, 4, 6]})  # jagged
+    c = CostModel(prof)
+    vals = c.forward_ms(np.arange(1, 30))
+    assert np.all(np.diff(vals) >= 0)
+    assert c.forward_ms(2) == 3.0 and c.forward_ms(8) == 5.0
+
+
+def test_context_term_adds_per_kv_token():
+    c = CostModel(make_profile(kv_ms_per_ktok=0.5))
+    assert c.step_ms(8, 4000) == pytest.approx(10.0 + 2.0)
+
+
+def test_profile_validation_errors():
+    base = make_profile()
+    with pytest.raises(InputError, match="capture_sizes\\[2\\]"):
+        make_profile(caps=[1, 4, 2])
+    with pytest.raises(InputError, match="provenance: missing field 'date'"):
+        from dsim.cost import profile_to_dict
+        d = profile_to_dict(base)
+        del d["provenance"]["date"]
+        profile_from_dict(d, "p.yaml")
+    with pytest.raises(InputError, match="missing field 'forward'"):
+        from dsim.cost import profile_to_dict
+        d = profile_to_dict(base)
+        del d["forward"]
+        profile_from_dict(d, "p.yaml")
+
+
+def test_shipped_profiles_load_with_provenance():
+    from dsim.cost import PROFILE_DIR
+    paths = [p for p in PROFILE_DIR.rglob("*.yaml")]
+    assert paths
+    for p in paths:
+        prof = load_profile(str(p))
+        assert prof.provenance["kind"] in ("measured", "analytical", "calibrated")
+        assert prof.kv_capacity_blocks > 0
+
+
+# ---- closed-form engine cases -----------------------------------------------------------------
+
+def test_single_request_ttft_is_prefill_step_and_itl_is_decode_step():
+    prof = linear_profile(cpu=1.5)
+    c = CostModel(prof)
+    res = run(wl([300], [50]), prof)
+    r = res.requests.iloc[0]
+    assert r.ttft_ms == pytest.approx(c.forward_ms(300) + 1.5)
+    assert r.tpot_ms == pytest.approx(c.forward_ms(1) + 1.5)
+    assert res.summary["itl_ms"]["p50"] == pytest.approx(c.forward_ms(1) + 1.5)
+    assert res.summary["itl_ms"]["p99"] == pytest.approx(c.forward_ms(1) + 1.5)
+
+
+def test_async_scheduling_hides_cpu_overhead():
+    prof = linear_profile(cpu=3.0)
+    a = run(wl([300], [20]), prof, engine=EngineConfig(async_scheduling=True))
+    s = run(wl([300], [20]), prof)
+    assert s.requests.tpot_ms[0] - a.requests.tpot_ms[0] == pytest.approx(3.0)
+
+
+def test_prefill_is_chunked_by_token_budget():
+    prof = linear_profile()
+    c = CostModel(prof)
+    res = run(wl([2500], [2]), prof, engine=EngineConfig(max_num_batched_tokens=1000))
+    expect = c.forward_ms(1000) * 2 + c.forward_ms(500)
+    assert res.requests.ttft_ms[0] == pytest.approx(expect)
+
+
+def test_staircase_in_engine_prompt_of_9_costs_16_graph():
+    caps = vllm_capture_sizes(512)
+    toks = caps + [1024]
+    prof = make_profile(forward={"tokens": toks, "ms": [float(t) for t in toks]})
+    res = run(wl([9], [2]), prof)
+    assert res.requests.ttft_ms[0] == pytest.approx(16.0)
+
+
+def test_closed_loop_littles_law():
+    prof = linear_profile(cpu=0.5)
+    rng = np.random.default_rng(1)
+    n = 3000
+    w = wl(rng.integers(50, 400, n), rng.integers(5, 60, n), closed=24)
+    s = run(w, prof).summary
+    x = s["request_throughput"]
+    assert x * s["e2e_ms"]["mean"] / 1000 == pytest.approx(24, rel=0.02)
+
+
+def test_flat_cost_no_wait_when_concurrency_within_max_num_seqs():
+    prof = make_profile()
+    rng = np.random.default_rng(2)
+    w = wl(rng.integers(20, 200, 400), rng.integers(2, 50, 400), closed=16)
+    res = run(w, prof, engine=EngineConfig(max_num_seqs=16))
+    assert res.requests.queue_ms.max() == 0.0
+    assert res.summary["requests_completed"] == 400
+
+
+def test_decode_windows_are_exact():
+    """Simulating decode stretches as windows gives the same result as stepping one by one."""
+    prof = linear_profile(cpu=0.7, kv_ms_per_ktok=0.3)
+    rng = np.random.default_rng(3)
+    n = 300
+    arr = np.cumsum(rng.exponential(0.05, n))
+    w = wl(rng.integers(50, 900, n), rng.integers(1, 120, n), arrival=arr - arr[0])
+    a = run(w, prof, engine=EngineConfig(max_window=1)).requests
+    b = run(w, prof, engine=EngineConfig(max_window=64)).requests
+    for col in ("ttft_ms", "tpot_ms", "e2e_ms", "itl_max_ms"):
+        np.testing.assert_allclose(a[col].to_numpy(), b[col].to_numpy(), rtol=1e-9, atol=1e-6)
+
+
+def test_preemption_under_tiny_kv_cache_loses_no_request():
+    # 1024 B per token, 0.002 GiB -> 131 blocks of 16 tokens = 2096 tokens for 30 long requests.
+    prof = linear_profile(kv_gib=0.002)
+    rng = np.random.default_rng(4)
+    w = wl(rng.integers(100, 300, 30), rng.integers(100, 400, 30))
+    res = run(w, prof)
+    s = res.summary
+    assert s["requests_completed"] == 30
+    assert s["preemptions"] > 0
+    assert (res.requests.output_tokens > 0).all()
+
+
+def test_prefix_caching_reduces_prefill():
+    prof = linear_profile()
+    n = 20
+    hashes = [np.array([1, 2, 3, 4], dtype=np.int64) for _ in range(n)]
+    w = wl([2048] * n, [4] * n, arrival=np.arange(n) * 1.0)
+    w = dataclasses.replace(w, prefix_hashes=hashes, prefix_block_tokens=512)
+    on = run(w, prof, engine=EngineConfig(enable_prefix_caching=True)).requests
+    off = run(w, prof).requests
+    assert on.cached_tokens.iloc[1:].min() == 2047 and off.cached_tokens.max() == 0
+    assert on.ttft_ms.iloc[1:].mean() < off.ttft_ms.iloc[1:].mean()
+
+
+def test_multi_node_routers_complete_everything():
+    prof = linear_profile()
+    rng = np.random.default_rng(5)
+    n = 400
+    arr = np.sort(rng.uniform(0, 20, n))
+    w = wl(rng.integers(50, 500, n), rng.integers(1, 80, n), arrival=arr - arr[0])
+    for router in ("round_robin", "least_outstanding", "affinity"):
+        res = simulate(SimConfig(workload=w, profile=prof, nodes=2, gpus_per_node=2, router=router))
+        assert res.summary["requests_completed"] == n
+        assert res.requests.replica.nunique() == 4
+
+
+def test_determinism_byte_identical_summary():
+    prof = load_profile()
+    from dsim.workload import load_workload
+    w = load_workload("default", n=150)
+    outs = []
+    for _ in range(2):
+        s = simulate(SimConfig(workload=w, profile=prof, spec=SpecConfig("dspark", adaptive=True), seed=7)).summary
+        s.pop("wall_time_s")
+        outs.append(json.dumps(s, sort_keys=True))
+    assert outs[0] == outs[1]
+
+
+# ---- speculative decoding through the engine -----------------------------------------------------
+
+def spec_run(acceptance, method="eagle3", k=7, n=60, out=400, **kw):
+    prof = linear_profile()
+    w = wl([100] * n, [out] * n, closed=8)
+    sc = SpecConfig(method, k=k, acceptance=acceptance, sigma_request=0.0, sigma_step=0.0, **kw)
+    return run(w, prof, spec=sc).summary
+
+
+@pytest.mark.parametrize("p,k", [(0.8, 7), (0.6, 4), (0.9, 1)])
+def test_closed_form_tau_constant_acceptance(p, k):
+    s = spec_run(f"const:{p}", k=k)
+    tau = (1 - p ** (k + 1)) / (1 - p)
+    assert s["acceptance_length"] == pytest.approx(tau, rel=0.01)
+
+
+def test_mtp1_at_p09_gives_1_9():
+    s = spec_run("const:0.9", method="mtp", k=1)
+    assert s["acceptance_length"] == pytest.approx(1.9, rel=0.01)
+    c = s["spec_decode_counters"]
+    assert c["num_draft_tokens"] == c["num_drafts"]
+    assert s["per_position_acceptance"][0] == pytest.approx(0.9, abs=0.01)
+
+
+def staircase_profile():
+    caps = vllm_capture_sizes(512)
+    toks = caps + [768, 1024, 2048, 4096, 8192]
+    # A compute-bound staircase: cost grows with tokens, so verifying everything is not free.
+    return make_profile(forward={"tokens": toks, "ms": [8.0 + 0.06 * t for t in toks]}, kv_ms_per_ktok=0.01,
+                        cpu=1.0)
+
+
+def mixed(n, closed, seed=0):
+    rng = np.random.default_rng(seed)
+    return wl(rng.integers(100, 600, n), rng.integers(50, 200, n), cls=rng.integers(0, 3, n), closed=closed)
+
+
+def test_dspark_adaptive_behaviour_on_staircase():
+    prof = staircase_profile()
+    sc = SpecConfig("dspark", adaptive=True, policy="vllm", acceptance="qwen3-4b-fig2")
+    low = simulate(SimConfig(workload=mixed(12, 1), profile=prof, gpus_per_node=1, spec=sc)).summary
+    high = simulate(SimConfig(workload=mixed(1024, 256), profile=prof, gpus_per_node=1, spec=sc)).summary
+    assert low["mean_verify_tokens_per_request"] >= 7.0          # (nearly) the whole block of 8
+    assert high["mean_verify_tokens_per_request"] < low["mean_verify_tokens_per_request"] - 0.5
+    pc = high["per_class"]
+    assert pc["math"]["mean_verify_tokens_per_request"] > pc["chat"]["mean_verify_tokens_per_request"]
+    assert 0.75 < high["head"]["auc"] < 0.95
+
+
+def test_compact_at_least_static_throughput_at_high_load():
+    prof = staircase_profile()
+    base = dict(method="dspark", adaptive=True, policy="vllm", acceptance="qwen3-4b-fig2")
+    outs = {}
+    for mode in ("compact", "static"):
+        res = simulate(SimConfig(workload=mixed(1024, 256), profile=prof, gpus_per_node=1,
+                                 engine=EngineConfig(verify_mode=mode), spec=SpecConfig(verify_mode=mode, **base)))
+        outs[mode] = res.summary["output_tok_s"]
+    assert outs["compact"] >= outs["static"]
