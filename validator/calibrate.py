@@ -1,0 +1,207 @@
+"""Calibrate dsim from measurements: per-position acceptance, cost scale, per-step CPU overhead.
+
+Acceptance (design.md 3.6). vLLM's counters give, over a run: drafts D (requests that had drafts
+in a step), draft tokens DT, accepted A and accepted per position a_1..a_K. The file written here
+(dsim's acceptance preset schema: ``classes: {default: [p1..pK]}``, conditional per position) is
+normalized per *decode step* S of a request (server ITL-histogram count, else client chunks):
+
+    u_i = a_i / S,  p_1 = u_1,  p_i = u_i / u_(i-1)
+
+so dsim, which drafts K tokens every step, emits the measured tokens per step: tau = 1 + A / S.
+Steps where the proposer had nothing to offer (ngram without a match) count as rejections at
+position 1. The vLLM-convention curve (a_1 / D, a_i / a_(i-1)) is kept as ``per_draft``.
+Caveat: under adaptive verification (or a proposer that offers fewer than K tokens) the
+draft-token counter still counts K per draft, and a position that was trimmed is indistinguishable
+from a rejected one: a_i / a_(i-1) then under-states the true conditional acceptance at later
+positions. We report ``mean_draft_tokens = DT / D`` and flag ``trimmed_drafts`` when it is below
+K; the per-step curve stays right for throughput (it reproduces the emitted tokens), not for the
+drafter's quality.
+
+Cost: step times per running batch from the chunk timelines (stepfit.step_points), in dsim's
+token coordinate n = B (1 + K). With ``--profile BASE`` we fit ``measured = c + s * base(n)``
+(scale s of the cost tables, per-step CPU overhead c); without it a linear CPU table
+``c + b n`` is fitted. Front-end overhead per request (HTTP, detokenization; not an engine
+step) is the median of TTFT minus the predicted first step; it is stored under
+``validator.request_overhead_ms`` for `check`, not used by the simulator core.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from dsim.cost import CostModel, Table, load_profile, save_profile
+from dsim.errors import InputError
+from validator import measure, stepfit
+
+
+def spec_counts(m) -> dict | None:
+    s = m.stats()
+    spec = s.get("spec")
+    if not spec or "accepted_per_pos" not in spec:
+        return None
+    hist = (s.get("server_histograms") or {}).get("vllm:inter_token_latency_seconds") or {}
+    steps = hist.get("count") or s.get("decode_steps") or 0
+    return {"num_drafts": spec["num_drafts"], "num_draft_tokens": spec["num_draft_tokens"],
+            "num_accepted_tokens": spec["num_accepted_tokens"],
+            "accepted_per_pos": list(spec["accepted_per_pos"]), "decode_steps": float(steps),
+            "client_decode_steps": s.get("decode_steps"),
+            "tokens_per_decode_step": s.get("tokens_per_decode_step")}
+
+
+def acceptance_curves(c: dict) -> dict:
+    K = len(c["accepted_per_pos"])
+    a = np.asarray(c["accepted_per_pos"], dtype=float)
+    S, D = c["decode_steps"], c["num_drafts"]
+
+    def chain(first_den):
+        out, prev = [], first_den
+        for i in range(K):
+            out.append(float(a[i] / prev) if prev > 0 else 0.0)
+            prev = a[i]
+        return [round(min(max(x, 0.0), 1.0), 4) for x in out]
+
+    res = {"k": K, "per_step": chain(S), "per_draft": chain(D),
+           "tau_per_step": 1 + float(a.sum()) / S if S else None,
+           "acceptance_length_vllm": 1 + c["num_accepted_tokens"] / D if D else None,
+           "drafted_fraction": D / S if S else None,
+           "mean_draft_tokens": c["num_draft_tokens"] / D if D else None}
+    res["trimmed_drafts"] = bool(res["mean_draft_tokens"] is not None and res["mean_draft_tokens"] < K - 1e-9)
+    return res
+
+
+def _kv_estimate(m, batch: int) -> float:
+    ok = m.ok_requests
+    if not ok:
+        return 0.0
+    ctx = np.mean([r["prompt_tokens"] + 0.5 * r.get("output_tokens", 0) for r in ok])
+    return float(batch * ctx)
+
+
+def calibrate(paths, out_dir, base_profile: str | None = None, name: str = "calibrated",
+              kv_cache_gib: float = 1.0, kv_bytes_per_token: float = 1024.0) -> dict:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ms = [measure.read(p) for p in paths]
+    if not any(m.ok_requests for m in ms):
+        raise InputError("calibrate: no completed requests in the measurements")
+    # ---- acceptance
+    tot = None
+    for m in ms:
+        c = spec_counts(m)
+        if c is None:
+            continue
+        if tot is None:
+            tot = {k: (list(v) if isinstance(v, list) else (v or 0)) for k, v in c.items()}
+        elif len(c["accepted_per_pos"]) == len(tot["accepted_per_pos"]):
+            for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "decode_steps"):
+                tot[k] += c[k]
+            tot["accepted_per_pos"] = [x + y for x, y in zip(tot["accepted_per_pos"], c["accepted_per_pos"])]
+    acc = acceptance_curves(tot) if tot and tot["decode_steps"] else None
+    K = acc["k"] if acc else 0
+    h0 = ms[0].header
+    files = [str(p) for p in paths]
+    acc_path = None
+    if acc:
+        doc = {"name": name,
+               "source": (f"validator calibrate from {', '.join(Path(f).name for f in files)}: vLLM "
+                          f"spec-decode counters (server {h0.get('server_version')}, model {h0.get('model')}), "
+                          "conditional acceptance per position per decode step (steps without drafts "
+                          "count as rejections at position 1), date " + _dt.date.today().isoformat()),
+               "k": K,
+               "classes": {"default": acc["per_step"]},
+               "per_draft": {"default": acc["per_draft"]},
+               "tau_per_step": acc["tau_per_step"],
+               "acceptance_length_vllm": acc["acceptance_length_vllm"],
+               "drafted_fraction": acc["drafted_fraction"],
+               "mean_draft_tokens": acc["mean_draft_tokens"],
+               "trimmed_drafts": acc["trimmed_drafts"],
+               "counters": {k: tot[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens",
+                                               "accepted_per_pos", "decode_steps")},
+               "notes": ("classes.default is per decode step (what dsim needs to emit the measured tokens "
+                         "per step); per_draft is vLLM's convention. Under adaptive verification the "
+                         "draft-token counter counts full K, so trimmed drafts look like rejections: "
+                         "per_draft under-states later positions when trimmed_drafts is true.")}
+        acc_path = out_dir / f"{name}-acceptance.yaml"
+        acc_path.write_text(yaml.safe_dump(doc, sort_keys=False, width=100))
+    # ---- step cost
+    pts = []
+    for m in ms:
+        for p in stepfit.server_points(m, K):
+            pts.append(dict(p, kv=0.0, file=Path(m.path).name))
+    if not pts:
+        raise InputError("calibrate: no step-time samples (need server histograms or requests with "
+                         "several streamed chunks)")
+    y = np.array([p["step_ms"] for p in pts])
+    prov = {"hardware": h0.get("hardware", "unknown"), "model": h0.get("model"), "engine": "vllm",
+            "engine_version": h0.get("server_version"), "date": _dt.date.today().isoformat(),
+            "method": f"validator calibrate: server step times (ITL, prefill histograms) per running "
+                      f"batch, {len(files)} file(s)",
+            "server": h0.get("server"), "server_flags": h0.get("server_flags"), "measurements": files}
+    if base_profile:
+        base = stepfit.zero_block_draft(load_profile(base_profile))
+        cm = CostModel(base)
+        method = __import__("dsim.spec", fromlist=["make_method"]).make_method("block", max(K, 1))
+
+        def base_ms(p):
+            dr = method.draft_ms(cm, int(round(p["b"]))) if K else 0.0
+            return float(cm.step_ms(p["n"], p["kv"])) + dr
+
+        x = np.array([base_ms(p) for p in pts])
+        if len(pts) >= 2 and np.ptp(x) > 1e-9:
+            c, s = stepfit.fit_line(x, y, 1.0 / y ** 2)
+        else:
+            c = base.cpu_overhead_ms
+            s = float(max(np.mean(y - c), 0.0) / np.mean(x)) if np.mean(x) > 0 else 1.0
+        fwd = Table(base.forward.x, base.forward.ms * s)
+        draft = {k: Table(t.x, t.ms * s) for k, t in base.draft.items()}
+        newprov = dict(base.provenance, kind="calibrated", calibrated_from=files,
+                       base_profile=base.name, date=_dt.date.today().isoformat(),
+                       method=prov["method"] + f"; scaled base profile {base.name}")
+        prof = dataclasses.replace(base, name=name, provenance=newprov, forward=fwd, draft=draft,
+                                   kv_ms_per_ktok=base.kv_ms_per_ktok * s, cpu_overhead_ms=float(c),
+                                   extra={k: v for k, v in base.extra.items() if k != "validator"})
+        fit = {"model": "measured = cpu_overhead + scale * (base step + base draft)",
+               "cpu_overhead_ms": c, "scale": s}
+        pred = lambda p: c + s * base_ms(p)                                 # noqa: E731
+    else:
+        fit = stepfit.fit_cost(pts)
+        fit["model"] = "measured = cpu_overhead + ms_per_token * n + ms_per_request * b, n = b (1 + K)"
+        fit["scale"] = 1.0
+        prof = stepfit.linear_profile(name, "calibrated", fit, prov, kv_cache_gib=kv_cache_gib,
+                                      kv_bytes_per_token=kv_bytes_per_token)
+        pred = lambda p: fit["cpu_overhead_ms"] + fit["ms_per_token"] * p["n"] + fit["ms_per_request"] * p["b"]  # noqa: E731
+    for p in pts:
+        p["fit_ms"] = pred(p)
+        p["fit_err"] = (p["fit_ms"] - p["step_ms"]) / p["step_ms"] if p["step_ms"] else None
+    # ---- front-end overhead per request: client TTFT minus the server's TTFT (HTTP, queueing in
+    # the API server, streaming): time no engine step contains
+    over = []
+    for m in ms:
+        st = m.stats()
+        srv = (st.get("server_histograms") or {}).get("vllm:time_to_first_token_seconds") or {}
+        if srv.get("mean") and st.get("ttft_ms_mean") is not None:
+            over.append(st["ttft_ms_mean"] - srv["mean"] * 1e3)
+    overhead = float(max(np.mean(over), 0.0)) if over else 0.0
+    extra = dict(prof.extra)
+    extra["validator"] = {"request_overhead_ms": round(overhead, 4), "spec_k": K,
+                          "spec_emulation": "block" if K else "none",
+                          "fit": fit, "points": [{k: (round(v, 4) if isinstance(v, float) else v)
+                                                  for k, v in p.items()} for p in pts]}
+    prof = dataclasses.replace(prof, extra=extra)
+    prof_path = out_dir / f"{name}-profile.yaml"
+    save_profile(prof, prof_path)
+    load_profile(str(prof_path))      # round-trip check
+    errs = [abs(p["fit_err"]) for p in pts if p["fit_err"] is not None]
+    report = {"profile": str(prof_path), "acceptance": str(acc_path) if acc_path else None,
+              "fit": fit, "fit_max_abs_rel_err": max(errs) if errs else None,
+              "request_overhead_ms": overhead,
+              "points": [{"kind": p["kind"], "batch": round(p["batch"], 3), "n": round(p["n"], 2),
+                          "measured_ms": round(p["step_ms"], 4), "fit_ms": round(p["fit_ms"], 4)} for p in pts],
+              "acceptance_curve": acc}
+    (out_dir / f"{name}-report.json").write_text(__import__("json").dumps(report, indent=1))
+    return {"profile_path": str(prof_path), "acceptance_path": str(acc_path) if acc_path else None,
+            "report": report}

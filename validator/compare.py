@@ -1,0 +1,178 @@
+"""Predicted (dsim) vs measured (real server) for the same workload at the same load.
+
+The measured run's requests (prompt length, output length; arrival times for rate/trace runs, or
+the closed-loop concurrency) become a dsim Workload; dsim simulates it with the given profile and
+acceptance. A speculative server is simulated with the method ``block`` with K = the server's
+number of speculative tokens and zero draft cost (ngram proposes on the CPU inside the step, its
+cost is in cpu_overhead_ms). ``validator.request_overhead_ms`` of a calibrated profile (front-end
+time per request that no engine step contains) is added to each request's TTFT and E2E, and
+closed-loop throughput is scaled by E2E / (E2E + overhead).
+
+Errors are (predicted - measured) / measured. Tolerances (relative): ``tolerance`` (default 0.25)
+for the means and medians of TPOT, ITL and E2E, output throughput and acceptance length; twice that
+for TTFT and the p90/p99 tails. The verdict is ``pass`` when every gated metric is within its
+tolerance.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from dsim.cost import load_profile
+from dsim.errors import InputError
+from validator import measure, stepfit, traces
+
+QUANTS = ("mean", "p50", "p90", "p99")
+LAT = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+CPU_MAX_NUM_SEQS = 128          # vLLM's CPU defaults (design.md 3.7)
+CPU_MAX_BATCHED_TOKENS = 2048
+
+
+def tolerance_for(metric: str, q: str | None, tol: float) -> float:
+    if metric == "ttft_ms" or q in ("p90", "p99"):
+        return 2 * tol
+    return tol
+
+
+def workload_from(m) -> tuple:
+    ok = m.ok_requests
+    reqs = ok if ok else m.requests
+    if not reqs:
+        raise InputError(f"{m.path}: no requests to simulate")
+    load = m.header.get("load") or {}
+    conc = load.get("concurrency") if load.get("mode") == "concurrency" else None
+    reqs = sorted(reqs, key=lambda r: (r.get("arrival_s") or 0.0, r["i"]))
+    arr = np.array([0.0 if conc else float(r.get("arrival_s") or 0.0) for r in reqs])
+    arr = arr - arr.min()
+    pin = np.array([max(int(r.get("prompt_tokens") or 1), 1) for r in reqs], dtype=np.int64)
+    pout = np.array([max(int(r.get("output_tokens") or r.get("max_tokens") or 1), 1) for r in reqs],
+                    dtype=np.int64)
+    plan = traces.Plan(arr, pin, pout, f"measured:{m.path}")
+    return traces.to_workload(plan, conc), conc
+
+
+def simulate_measurement(m, profile, acceptance: str | None, max_num_seqs: int | None = None,
+                         max_num_batched_tokens: int | None = None, seed: int = 0) -> dict:
+    from dsim.sim import EngineConfig, SimConfig, SpecConfig, simulate
+    prof = load_profile(profile) if isinstance(profile, str) else profile
+    w, conc = workload_from(m)
+    k = None
+    if acceptance:
+        import yaml
+        try:
+            doc = yaml.safe_load(open(acceptance)) if acceptance.endswith((".yaml", ".yml")) else None
+        except OSError:
+            doc = None
+        if isinstance(doc, dict) and doc.get("k"):
+            k = int(doc["k"])
+    if k is None:
+        k = ((m.header.get("spec") or {}).get("k")) or (m.stats().get("spec") or {}).get("k") or 0
+    if k:
+        prof = stepfit.zero_block_draft(prof)
+        spec = SpecConfig(method="block", k=int(k), acceptance=acceptance or "const:0.6")
+    else:
+        spec = SpecConfig(method="none")
+    eng = (m.header.get("engine") or {})
+    ecfg = EngineConfig(max_num_seqs=int(max_num_seqs or eng.get("max_num_seqs") or CPU_MAX_NUM_SEQS),
+                        max_num_batched_tokens=int(max_num_batched_tokens or eng.get("max_num_batched_tokens")
+                                                   or CPU_MAX_BATCHED_TOKENS),
+                        async_scheduling=False)
+    cfg = SimConfig(workload=w, profile=prof, nodes=1, gpus_per_node=prof.gpus_per_replica,
+                    router="least_outstanding", engine=ecfg, spec=spec, seed=seed)
+    res = simulate(cfg)
+    s = dict(res.summary)
+    over = float(((prof.extra or {}).get("validator") or {}).get("request_overhead_ms") or 0.0)
+    if over:
+        for key in ("ttft_ms", "e2e_ms"):
+            if isinstance(s.get(key), dict):
+                s[key] = {q: (v + over if isinstance(v, (int, float)) else v) for q, v in s[key].items()}
+        e2e = (res.summary.get("e2e_ms") or {}).get("mean")
+        if conc and e2e:
+            s["output_tok_s"] = s["output_tok_s"] * e2e / (e2e + over)
+        s["request_overhead_ms_added"] = over
+    s["_spec_k"] = k
+    return s
+
+
+def _err(pred, meas):
+    if pred is None or meas is None or not np.isfinite(meas) or meas == 0:
+        return None
+    return (pred - meas) / meas
+
+
+def compare(meas_stats: dict, pred: dict, tol: float = 0.25) -> list[dict]:
+    rows = []
+    for met in LAT:
+        pd_ = pred.get(met) or {}
+        for q in QUANTS:
+            mv = meas_stats.get(f"{met}_{q}")
+            pv = pd_.get(q) if isinstance(pd_, dict) else None
+            e = _err(pv, mv)
+            t = tolerance_for(met, q, tol)
+            rows.append({"metric": f"{met}.{q}", "measured": mv, "predicted": pv, "error": e,
+                         "tolerance": t, "ok": None if e is None else abs(e) <= t})
+    mv, pv = meas_stats.get("output_tok_s"), pred.get("output_tok_s")
+    e = _err(pv, mv)
+    rows.append({"metric": "output_tok_s", "measured": mv, "predicted": pv, "error": e, "tolerance": tol,
+                 "ok": None if e is None else abs(e) <= tol})
+    # acceptance length in dsim's sense: tokens emitted per decode step of a request
+    mv = meas_stats.get("tokens_per_decode_step")
+    spec = meas_stats.get("spec") or {}
+    hist = (meas_stats.get("server_histograms") or {}).get("vllm:inter_token_latency_seconds") or {}
+    if spec.get("num_accepted_tokens") is not None and hist.get("count"):
+        mv = 1 + spec["num_accepted_tokens"] / hist["count"]
+    if pred.get("_spec_k"):
+        pv = pred.get("acceptance_length")
+        e = _err(pv, mv)
+        rows.append({"metric": "acceptance_length", "measured": mv, "predicted": pv, "error": e,
+                     "tolerance": tol, "ok": None if e is None else abs(e) <= tol,
+                     "note": "tokens per decode step (vLLM's 1 + accepted/drafts: "
+                             f"{spec.get('acceptance_length')})"})
+    return rows
+
+
+def check(measurements, profile: str, acceptance: str | None, tolerance: float = 0.25,
+          max_num_seqs: int | None = None, seed: int = 0) -> dict:
+    m = measure.read(measurements)
+    stats = m.stats()
+    pred = simulate_measurement(m, profile, acceptance, max_num_seqs=max_num_seqs, seed=seed)
+    rows = compare(stats, pred, tolerance)
+    gated = [r for r in rows if r["ok"] is not None]
+    verdict = "pass" if gated and all(r["ok"] for r in gated) else "fail"
+    return {"measurements": str(measurements), "profile": str(profile), "acceptance": acceptance,
+            "load": m.header.get("load"), "requests_completed": stats.get("requests_completed"),
+            "requests_failed": stats.get("requests_failed"), "complete": m.complete,
+            "tolerance": tolerance, "rows": rows, "verdict": verdict,
+            "failed_metrics": [r["metric"] for r in gated if not r["ok"]],
+            "predicted_summary": {k: v for k, v in pred.items() if k in
+                                  ("output_tok_s", "acceptance_length", "ttft_ms", "tpot_ms", "itl_ms",
+                                   "e2e_ms", "requests_completed", "steps", "mean_batch_requests")}}
+
+
+def _fmt(v):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def to_markdown(rep: dict) -> str:
+    load = rep.get("load") or {}
+    lines = [f"# dsim check: predicted vs measured",
+             "",
+             f"- measurements: `{rep['measurements']}` ({rep.get('requests_completed')} completed, "
+             f"{rep.get('requests_failed')} failed{'' if rep.get('complete', True) else ', partial run'})",
+             f"- load: {load.get('mode')} (concurrency {load.get('concurrency')}, rate {load.get('rate')})",
+             f"- profile: `{rep['profile']}`; acceptance: `{rep.get('acceptance')}`",
+             f"- tolerance: {rep['tolerance']:.0%} (TTFT and p90/p99: {2 * rep['tolerance']:.0%})",
+             "",
+             "| metric | measured | predicted | error | tolerance | ok |",
+             "|---|---:|---:|---:|---:|:-:|"]
+    for r in rep["rows"]:
+        e = "-" if r["error"] is None else f"{r['error']:+.1%}"
+        ok = "-" if r["ok"] is None else ("yes" if r["ok"] else "NO")
+        lines.append(f"| {r['metric']} | {_fmt(r['measured'])} | {_fmt(r['predicted'])} | {e} | "
+                     f"{r['tolerance']:.0%} | {ok} |")
+    lines += ["", f"**Verdict: {rep['verdict'].upper()}**"
+              + (f" (outside tolerance: {', '.join(rep['failed_metrics'])})" if rep["failed_metrics"] else "")]
+    return "\n".join(lines) + "\n"

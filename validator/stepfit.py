@@ -1,0 +1,159 @@
+"""Engine step times from a replay's chunk timelines, and profile tables fitted to them.
+
+A streamed chunk arrives once per engine step per request (design.md 3.6), so the gap between two
+chunks of one request is one step (or a few, when the front end coalesced outputs). For each gap
+we count the requests in flight at its midpoint (sent, not finished): the running batch B. The
+median gap per B is the step time at that batch (medians drop the steps that also ran a prefill).
+
+Coordinates. dsim schedules ``1 + K`` tokens per decoding request per step (a method with K drafts
+drafts every step), so the tables written here are in dsim's coordinate ``n = B x (1 + K)``: the
+time dsim must charge for a step that it will see as n tokens. (A real ngram proposer drafts only
+when it finds a match; the acceptance file folds the steps without drafts into p1, see
+calibrate.py, so the emitted tokens per step match as well.)
+"""
+from __future__ import annotations
+
+import datetime as _dt
+
+import numpy as np
+
+from dsim.cost import Profile, Table, profile_from_dict
+
+GRID = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
+# draft tables are read as a staircase (next profiled size at or above): every request count
+REQ_GRID = list(range(1, 257)) + [512, 1024, 2048, 4096, 8192]
+
+
+def step_points(m, min_gaps: int = 5) -> list[dict]:
+    """[{batch, step_ms (median gap), gaps, p25, p75}] from one measurement's ok requests."""
+    reqs = [r for r in m.requests if r.get("ok") and r.get("chunks") and r.get("send_s") is not None]
+    if not reqs:
+        return []
+    starts = np.array([r["send_s"] for r in reqs])
+    ends = np.array([r["end_s"] for r in reqs])
+    by_b: dict[int, list] = {}
+    for r in reqs:
+        times = [c[0] for c in r["chunks"] if c[1] > 0]
+        for a, b in zip(times, times[1:]):
+            mid = 0.5 * (a + b)
+            batch = int(np.sum((starts <= mid) & (ends >= mid)))
+            by_b.setdefault(batch, []).append((b - a) * 1e3)
+    out = []
+    for b, gaps in sorted(by_b.items()):
+        if len(gaps) < min_gaps or b < 1:
+            continue
+        g = np.asarray(gaps)
+        out.append({"batch": b, "step_ms": float(np.median(g)), "gaps": int(len(g)),
+                    "p25": float(np.percentile(g, 25)), "p75": float(np.percentile(g, 75))})
+    return out
+
+
+def _inflight_at(reqs, t) -> int:
+    return sum(1 for r in reqs if r["send_s"] < t < r["end_s"])
+
+
+def server_points(m, k: int) -> list[dict]:
+    """Step-time points from the server's own histograms (robust to a CPU-starved client/front end):
+
+    - decode: mean ITL (one sample per request per step) at the mean running batch B seen by the
+      request steps (client in-flight count over chunk gaps): n = B (1 + K), sampling requests B;
+    - prefill: mean request_prefill_time (the step that ran the prompt) at n = prompt + B_o (1 + K),
+      B_o = requests already in flight when it was sent; sampling requests B_o + 1.
+    Falls back to the client per-batch medians (step_points) without server histograms.
+    """
+    s = m.stats()
+    h = s.get("server_histograms") or {}
+    itl = h.get("vllm:inter_token_latency_seconds") or {}
+    pre = h.get("vllm:request_prefill_time_seconds") or {}
+    ok = [r for r in m.ok_requests if r.get("send_s") is not None and r.get("end_s") is not None]
+    pts = []
+    if itl.get("mean") and ok:
+        bs = []
+        for r in ok:
+            times = [c[0] for c in r.get("chunks") or [] if c[1] > 0]
+            bs += [_inflight_at(ok, 0.5 * (a + b)) for a, b in zip(times, times[1:])]
+        bbar = float(np.mean(bs)) if bs else 1.0
+        pts.append({"kind": "decode", "batch": bbar, "n": bbar * (1 + k), "b": bbar,
+                    "step_ms": itl["mean"] * 1e3, "weight": 1.0, "samples": itl.get("count")})
+        if pre.get("mean"):
+            bo = float(np.mean([_inflight_at(ok, r["send_s"]) for r in ok]))
+            pbar = float(np.mean([r["prompt_tokens"] for r in ok]))
+            pts.append({"kind": "prefill", "batch": bo + 1, "n": pbar + bo * (1 + k), "b": bo + 1,
+                        "step_ms": pre["mean"] * 1e3, "weight": 1.0, "samples": pre.get("count")})
+        return pts
+    for p in step_points(m):
+        pts.append({"kind": "decode-client", "batch": p["batch"], "n": p["batch"] * (1 + k),
+                    "b": p["batch"], "step_ms": p["step_ms"], "weight": float(p["gaps"]) ** 0.5,
+                    "samples": p["gaps"]})
+    return pts
+
+
+def fit_cost(points) -> dict:
+    """Non-negative least squares of step_ms = c + t n + d b over the points (relative errors):
+    c per-step CPU overhead, t per scheduled token (forward), d per sampling request (ngram
+    proposal, rejection sampling: CPU work per request). Fewer than 3 distinct points leave it
+    underdetermined; NNLS then keeps the fewest terms (give a profile from profile-server)."""
+    from scipy.optimize import nnls
+    X = np.array([[1.0, p["n"], p["b"]] for p in points])
+    y = np.array([p["step_ms"] for p in points])
+    w = np.array([p.get("weight", 1.0) for p in points]) / np.maximum(y, 1e-9)
+    coef, _ = nnls(X * w[:, None], y * w)
+    c, t, d = (float(v) for v in coef)
+    rank = int(np.linalg.matrix_rank(X)) if len(X) else 0
+    return {"cpu_overhead_ms": c, "ms_per_token": t, "ms_per_request": d, "rank": rank,
+            "determined": rank >= 3}
+
+
+def fit_line(x, y, w=None) -> tuple[float, float]:
+    """Weighted least squares y = a + b x with b >= 0, a >= 0; one point: a = 0 (all slope)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    w = np.ones_like(x) if w is None else np.asarray(w, float)
+    if len(x) == 0:
+        raise ValueError("no points")
+    if len(np.unique(x)) < 2:
+        return 0.0, float(np.average(y / x, weights=w))
+    sw = np.sqrt(w)
+    A = np.stack([np.ones_like(x), x], axis=1) * sw[:, None]
+    (a, b), *_ = np.linalg.lstsq(A, y * sw, rcond=None)
+    if b < 0:
+        a, b = float(np.average(y, weights=w)), 0.0
+    if a < 0:
+        a, b = 0.0, float(np.sum(w * x * y) / np.sum(w * x * x))
+    return float(a), float(b)
+
+
+def linear_profile(name: str, kind: str, fit: dict, provenance: dict,
+                   kv_cache_gib: float = 1.0, kv_bytes_per_token: float = 1024.0,
+                   extra: dict | None = None) -> Profile:
+    """A CPU profile: no CUDA graphs (capture_sizes [1]); forward(n) = ms_per_token x n; the
+    per-request CPU work of speculation (ngram proposal, rejection sampling) goes to the draft
+    table of the emulating method (block) keyed by sampling requests; cpu_overhead_ms per step."""
+    t, d = fit["ms_per_token"], fit["ms_per_request"]
+    d_ = {"name": name,
+          "provenance": {"kind": kind, "hardware": provenance.get("hardware", "unknown"),
+                         "gpus_per_replica": 1, "model": provenance.get("model", "unknown"),
+                         "engine": provenance.get("engine", "vllm"),
+                         "engine_version": provenance.get("engine_version"),
+                         "date": provenance.get("date") or _dt.date.today().isoformat(),
+                         "method": provenance.get("method", ""),
+                         **{k: v for k, v in provenance.items()
+                            if k not in ("hardware", "model", "engine", "engine_version", "date", "method")}},
+          "memory": {"kv_cache_gib": float(kv_cache_gib), "kv_bytes_per_token": float(kv_bytes_per_token)},
+          "cpu_overhead_ms": round(float(fit["cpu_overhead_ms"]), 5),
+          "capture_sizes": [1],
+          "forward": {"tokens": GRID, "ms": [round(t * n, 5) for n in GRID]},
+          "kv_ms_per_ktok": 0.0,
+          "draft": {"block": {"requests": REQ_GRID, "ms": [round(d * n, 5) for n in REQ_GRID]}}}
+    if extra:
+        d_.update(extra)
+    return profile_from_dict(d_, f"<{name}>")
+
+
+def zero_block_draft(p: Profile) -> Profile:
+    """The profile with a zero-cost draft table for 'block' (ngram emulation), if it has none."""
+    import dataclasses
+    if "block" in p.draft:
+        return p
+    draft = dict(p.draft)
+    draft["block"] = Table(np.array([1.0, 2.0]), np.array([0.0, 0.0]))
+    return dataclasses.replace(p, draft=draft)
