@@ -516,7 +516,7 @@ def format_plan(res: dict, slos, method_names) -> str:
     if c:
         A, B = res[c["baseline"]], res[c["candidate"]]
         if c["both_met"]:
-            lines.append(f"{B['label']} vs {A['label']}: {c['nodes_saved']:+d} nodes saved "
+            lines.append(f"{B['label']} vs {A['label']}: {c['nodes_saved']:d} node(s) saved "
                          f"({A['nodes']} -> {B['nodes']}), ${c['cost_per_hour_saved']:.2f}/hour saved "
                          f"({c['percent_saved']:.1f}%)")
             if A.get("cost_per_hour_spot") is not None:

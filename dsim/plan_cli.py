@@ -162,3 +162,44 @@ def _json_default(o):
     if isinstance(o, np.ndarray):
         return o.tolist()
     raise TypeError(f"not JSON serializable: {type(o)}")
+
+
+# ---- sweep ----------------------------------------------------------------------------------
+
+@app.command()
+def sweep(
+    concurrency: str = typer.Option("1,2,4,8,16,32,64,128,256", help="comma-separated concurrency levels"),
+    methods: str = typer.Option("none,mtp,block,dspark", help="methods (none, mtp, mtpK, eagle3, block, dspark, dspark-fixed)"),
+    requests_per_user: int = typer.Option(8, help="requests per point = max(N x C, --min-requests)"),
+    min_requests: int = typer.Option(200),
+    trace: str = typer.Option("default", help="trace path or name (its lengths and classes are used)"),
+    format: str = typer.Option("auto", "--format"),
+    window: Optional[str] = typer.Option(None, help="time window START:END (s)"),
+    mix: Optional[str] = typer.Option(None, help="workload-class mix"),
+    profile: Optional[str] = typer.Option(None, help="profile name or YAML path"),
+    nodes: int = typer.Option(1),
+    gpus_per_node: int = typer.Option(8),
+    seed: int = typer.Option(0),
+    jobs: Optional[int] = typer.Option(None, help="worker processes (default: CPU count)"),
+    out: Path = typer.Option(..., help="output directory: sweep.csv and PNG figures"),
+):
+    """Closed-loop concurrency sweep: throughput per GPU vs per-user speed (frontier), Fig. 8 curves."""
+    def go():
+        from dsim import sweep as S
+        from dsim.cost import load_profile
+        conc = parse_int_list(concurrency, "--concurrency")
+        specs = parse_methods(methods)
+        if min_requests < 1:
+            raise InputError(f"--min-requests: must be >= 1, got {min_requests}")
+        if jobs is not None and jobs < 1:
+            raise InputError(f"--jobs: must be >= 1, got {jobs}")
+        prof = load_profile(profile)
+        base = build_workload(trace, format, None, window, None, None, None, mix, seed)
+        df = S.sweep(base, prof, specs, conc, requests_per_user=requests_per_user, min_requests=min_requests,
+                     nodes=nodes, gpus_per_node=gpus_per_node, seed=seed, jobs=jobs)
+        files = S.write_sweep(df, out)
+        typer.echo(S.format_sweep(df))
+        typer.echo(f"workload: {base.source}")
+        typer.echo(f"profile : {prof.label}")
+        typer.echo("wrote " + ", ".join(str(f) for f in files))
+    run_guarded(go)

@@ -1,0 +1,180 @@
+"""Closed-loop concurrency sweeps: throughput per GPU vs per-user speed, per method.
+
+``sweep(...) -> pandas.DataFrame`` (one row per method x concurrency); ``write_sweep(df, out)``
+writes sweep.csv and the figures:
+
+- frontier.png: output tok/s per GPU vs per-user tok/s (DSpark paper Fig. 7 style);
+- throughput_vs_concurrency.png and verify_vs_concurrency.png (Fig. 8 style);
+- tpot_vs_concurrency.png: P50 (solid) and P99 (dashed) TPOT.
+
+Each point runs C users, each sending its next request when the previous one finishes, for
+max(requests_per_user x C, min_requests) requests (the trace's lengths, repeated in order when
+the trace is shorter). Points run in parallel (dsim.plan.Runner); results do not depend on jobs.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dsim.errors import InputError
+
+DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def closed_loop(base, concurrency: int, n: int):
+    """base's requests (repeated in order up to n) sent by `concurrency` users in a closed loop."""
+    if concurrency < 1:
+        raise InputError(f"--concurrency: must be >= 1, got {concurrency}")
+    idx = np.arange(n) % len(base)
+    reps = "" if n <= len(base) else f", repeated to {n}"
+    return dataclasses.replace(
+        base, arrival_s=np.zeros(n), prompt_tokens=np.array(base.prompt_tokens[idx]),
+        output_tokens=np.array(base.output_tokens[idx]), cls=np.array(base.cls[idx]),
+        session_id=np.array(base.session_id[idx]),
+        prefix_hashes=None if base.prefix_hashes is None else [base.prefix_hashes[i] for i in idx],
+        closed_loop_concurrency=int(concurrency),
+        source=f"{base.source}; first {min(n, len(base))} requests{reps}; closed loop, {concurrency} users")
+
+
+def point_requests(c: int, requests_per_user: int, min_requests: int) -> int:
+    return max(requests_per_user * c, min_requests)
+
+
+def _row(name, spec, c, r) -> dict:
+    from dsim.plan import method_label
+    s = r["summary"]
+    row = {
+        "method": name, "label": method_label(spec), "concurrency": c, "requests": s["requests_total"],
+        "output_tok_s_per_gpu": s["output_tok_s_per_gpu"], "output_tok_s": s["output_tok_s"],
+        "output_tok_s_per_user": s["output_tok_s_per_user"] or 0.0,
+        "tpot_p50_ms": s["tpot_ms"]["p50"], "tpot_p99_ms": s["tpot_ms"]["p99"],
+        "ttft_p50_ms": s["ttft_ms"]["p50"], "ttft_p99_ms": s["ttft_ms"]["p99"],
+        "itl_p50_ms": s["itl_ms"]["p50"],
+        "acceptance_length": s.get("acceptance_length", 1.0),
+        "verify_tokens_per_request": s.get("mean_verify_tokens_per_request", 1.0),
+        "mean_batch_requests": s.get("mean_batch_requests"),
+        "sim_time_s": s["sim_time_s"], "wall_time_s": s["wall_time_s"], "gpus": s["setup"]["gpus"],
+    }
+    for cls, v in (s.get("per_class") or {}).items():
+        row[f"acceptance_length_{cls}"] = v["acceptance_length"]
+        row[f"verify_tokens_{cls}"] = v["mean_verify_tokens_per_request"]
+    return row
+
+
+def sweep(base, profile, specs: dict, concurrency=DEFAULT_CONCURRENCY, *, requests_per_user: int = 8,
+          min_requests: int = 200, nodes: int = 1, gpus_per_node: int = 8, seed: int = 0,
+          jobs: int | None = None, runner=None) -> pd.DataFrame:
+    """One closed-loop simulation per (method, concurrency); rows sorted by method order then C."""
+    from dsim.plan import Point, Runner, run_point
+    if requests_per_user < 1:
+        raise InputError(f"--requests-per-user: must be >= 1, got {requests_per_user}")
+    conc = [int(c) for c in concurrency]
+    if not conc or any(c < 1 for c in conc):
+        raise InputError(f"--concurrency: expected integers >= 1, got {concurrency}")
+    wl = {c: closed_loop(base, c, point_requests(c, requests_per_user, min_requests)) for c in conc}
+    pts = []
+    # biggest points first so that the pool's tail is short
+    for c in sorted(conc, reverse=True):
+        for name, spec in specs.items():
+            pts.append(Point(wl[c], profile, spec, nodes, seed, gpus_per_node, tag=(name, c)))
+    if runner is None:
+        with Runner(jobs) as rn:
+            res = rn.map(run_point, pts)
+    else:
+        res = runner.map(run_point, pts)
+    by = {r["tag"]: r for r in res}
+    rows = [_row(name, spec, c, by[(name, c)]) for name, spec in specs.items() for c in conc]
+    return pd.DataFrame(rows)
+
+
+# ---- figures --------------------------------------------------------------------------------
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+STYLE = {"none": ("#7f7f7f", "o"), "mtp": ("#1f77b4", "s"), "eagle3": ("#9467bd", "^"),
+         "block": ("#ff7f0e", "v"), "dspark": ("#d62728", "D"), "dspark-fixed": ("#e377c2", "P")}
+
+
+def _style(name: str, i: int):
+    base = name.rstrip("0123456789") if name.startswith("mtp") else name
+    col, mk = STYLE.get(base, (f"C{i}", "o"))
+    return col, mk
+
+
+def plot_frontier(df: pd.DataFrame, path, title="Throughput vs per-user speed"):
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    for i, (name, g) in enumerate(df.groupby("method", sort=False)):
+        col, mk = _style(name, i)
+        g = g.sort_values("concurrency")
+        ax.plot(g["output_tok_s_per_user"], g["output_tok_s_per_gpu"], marker=mk, color=col, label=g["label"].iloc[0])
+        for _, r in g.iterrows():
+            ax.annotate(str(int(r["concurrency"])), (r["output_tok_s_per_user"], r["output_tok_s_per_gpu"]),
+                        fontsize=6, xytext=(3, 3), textcoords="offset points", color=col)
+    ax.set_xlabel("per-user speed (output tok/s per user)")
+    ax.set_ylabel("output tok/s per GPU")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_vs_concurrency(df: pd.DataFrame, path, cols, ylabel, title, styles=("-",), labels=None, logy=False):
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for i, (name, g) in enumerate(df.groupby("method", sort=False)):
+        col, mk = _style(name, i)
+        g = g.sort_values("concurrency")
+        for j, c in enumerate(cols):
+            lab = g["label"].iloc[0] + (f" {labels[j]}" if labels else "")
+            ax.plot(g["concurrency"], g[c], marker=mk, color=col, ls=styles[j % len(styles)], label=lab)
+    ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel("concurrency (users)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+FIGURES = ("frontier.png", "throughput_vs_concurrency.png", "verify_vs_concurrency.png", "tpot_vs_concurrency.png")
+
+
+def write_sweep(df: pd.DataFrame, out, prefix: str = "") -> list[Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    csv = out / f"{prefix}sweep.csv"
+    df.to_csv(csv, index=False)
+    plot_frontier(df, out / f"{prefix}frontier.png", "Output throughput per GPU vs per-user speed (closed loop)")
+    plot_vs_concurrency(df, out / f"{prefix}throughput_vs_concurrency.png", ["output_tok_s_per_gpu"],
+                        "output tok/s per GPU", "Throughput per GPU vs concurrency")
+    plot_vs_concurrency(df, out / f"{prefix}verify_vs_concurrency.png", ["verify_tokens_per_request"],
+                        "verified tokens per request per step", "Verify tokens per request vs concurrency")
+    plot_vs_concurrency(df, out / f"{prefix}tpot_vs_concurrency.png", ["tpot_p50_ms", "tpot_p99_ms"],
+                        "TPOT (ms)", "TPOT vs concurrency (P50 solid, P99 dashed)", styles=("-", "--"),
+                        labels=("P50", "P99"))
+    return [csv] + [out / f"{prefix}{f}" for f in FIGURES]
+
+
+def format_sweep(df: pd.DataFrame) -> str:
+    cols = ["label", "concurrency", "output_tok_s_per_gpu", "output_tok_s_per_user", "tpot_p50_ms", "tpot_p99_ms",
+            "ttft_p50_ms", "acceptance_length", "verify_tokens_per_request"]
+    short = {"output_tok_s_per_gpu": "tok/s/GPU", "output_tok_s_per_user": "tok/s/user", "tpot_p50_ms": "TPOT p50",
+             "tpot_p99_ms": "TPOT p99", "ttft_p50_ms": "TTFT p50", "acceptance_length": "accept len",
+             "verify_tokens_per_request": "verify/req", "label": "method", "concurrency": "C"}
+    d = df[cols].rename(columns=short)
+    return d.to_string(index=False, float_format=lambda x: f"{x:.2f}")
