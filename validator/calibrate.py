@@ -81,6 +81,18 @@ def _kv_estimate(m, batch: int) -> float:
     return float(batch * ctx)
 
 
+def request_overhead(ms) -> float:
+    """Front-end time per request that no engine step contains (HTTP, API-server queueing,
+    streaming): mean client TTFT minus the server's mean TTFT, over the measurements."""
+    over = []
+    for m in ms:
+        st = m.stats()
+        srv = (st.get("server_histograms") or {}).get("vllm:time_to_first_token_seconds") or {}
+        if srv.get("mean") and st.get("ttft_ms_mean") is not None:
+            over.append(st["ttft_ms_mean"] - srv["mean"] * 1e3)
+    return float(max(np.mean(over), 0.0)) if over else 0.0
+
+
 def calibrate(paths, out_dir, base_profile: str | None = None, name: str = "calibrated",
               kv_cache_gib: float = 1.0, kv_bytes_per_token: float = 1024.0) -> dict:
     out_dir = Path(out_dir)
@@ -177,15 +189,7 @@ def calibrate(paths, out_dir, base_profile: str | None = None, name: str = "cali
     for p in pts:
         p["fit_ms"] = pred(p)
         p["fit_err"] = (p["fit_ms"] - p["step_ms"]) / p["step_ms"] if p["step_ms"] else None
-    # ---- front-end overhead per request: client TTFT minus the server's TTFT (HTTP, queueing in
-    # the API server, streaming): time no engine step contains
-    over = []
-    for m in ms:
-        st = m.stats()
-        srv = (st.get("server_histograms") or {}).get("vllm:time_to_first_token_seconds") or {}
-        if srv.get("mean") and st.get("ttft_ms_mean") is not None:
-            over.append(st["ttft_ms_mean"] - srv["mean"] * 1e3)
-    overhead = float(max(np.mean(over), 0.0)) if over else 0.0
+    overhead = request_overhead(ms)
     extra = dict(prof.extra)
     extra["validator"] = {"request_overhead_ms": round(overhead, 4), "spec_k": K,
                           "spec_emulation": "block" if K else "none",

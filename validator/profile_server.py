@@ -1,0 +1,76 @@
+"""Measure a step-cost profile of a live server: a concurrency sweep at fixed lengths.
+
+Each level C replays max(4, 2C) requests (or --requests) of fixed input/output length in a closed
+loop of C. Step times come from the server's own histograms over the level (mean ITL: one sample
+per request per step; mean prefill time: the step that ran a prompt) at the running batch seen by
+the requests (stepfit.server_points), so a CPU-starved client does not bias them. A fit of
+``step = cpu_overhead + ms_per_token x n + ms_per_request x b`` (n = b (1 + K), dsim's token
+coordinate; b = sampling requests) over all levels gives a dsim profile (provenance kind
+"measured", server version, model, flags, date) that dsim.cost.load_profile reads.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import tempfile
+from pathlib import Path
+
+import httpx
+
+from dsim.cost import load_profile, save_profile
+from dsim.errors import InputError
+from validator import driver, measure, stepfit, traces
+
+
+def profile_server(server: str, out, concurrencies, input_len: int, output_len: int,
+                   requests_per_level: int = 0, model: str | None = None, hardware: str = "unknown",
+                   server_flags: str | None = None, name: str | None = None, keep_dir=None,
+                   kv_cache_gib: float = 1.0, kv_bytes_per_token: float = 1024.0, progress: bool = False):
+    concurrencies = sorted(set(int(c) for c in concurrencies))
+    if not concurrencies or concurrencies[0] < 1:
+        raise InputError("--concurrency: give levels >= 1")
+    work = Path(keep_dir) if keep_dir else Path(tempfile.mkdtemp(prefix="dsim-profile-"))
+    work.mkdir(parents=True, exist_ok=True)
+    files, ms = [], []
+    for c in concurrencies:
+        n = requests_per_level or max(4, 2 * c)
+        plan = traces.fixed(n, input_len, output_len)
+        opts = driver.RunOptions(server=server, model=model, concurrency=c, progress=progress,
+                                 extra_header={"server_flags": server_flags, "profile_level": c})
+        path = work / f"level-c{c}.jsonl"
+        driver.run(plan, opts, path)
+        m = measure.read(path)
+        if not m.ok_requests:
+            raise InputError(f"{server}: no request completed at concurrency {c} "
+                             f"({m.stats().get('failure_reasons')})")
+        files.append(str(path))
+        ms.append(m)
+    h0 = ms[0].header
+    k = (h0.get("spec") or {}).get("k") or 0
+    pts = []
+    for m, c in zip(ms, concurrencies):
+        for p in stepfit.server_points(m, k):
+            pts.append(dict(p, level=c))
+    if not pts:
+        raise InputError(f"{server}: no step times measured (no /metrics histograms and no chunks)")
+    fit = stepfit.fit_cost(pts)
+    for p in pts:
+        p["fit_ms"] = fit["cpu_overhead_ms"] + fit["ms_per_token"] * p["n"] + fit["ms_per_request"] * p["b"]
+    name = name or f"measured-{h0.get('model')}"
+    prov = {"hardware": hardware, "model": h0.get("model"), "engine": "vllm",
+            "engine_version": h0.get("server_version"), "date": _dt.date.today().isoformat(),
+            "method": (f"validator profile-server: closed-loop concurrency sweep {concurrencies}, "
+                       f"input {input_len}, output {output_len} tokens; step times from server ITL and "
+                       f"prefill histograms; NNLS fit cpu + per-token + per-request"),
+            "server": server, "server_flags": server_flags, "spec_k": k}
+    from validator.calibrate import request_overhead
+    extra = {"validator": {"request_overhead_ms": round(request_overhead(ms), 4), "fit": fit, "spec_k": k, "spec_emulation": "block" if k else "none",
+                           "points": [{kk: (round(v, 4) if isinstance(v, float) else v) for kk, v in p.items()}
+                                      for p in pts],
+                           "levels": files if keep_dir else None}}
+    prof = stepfit.linear_profile(name, "measured", fit, prov, kv_cache_gib=kv_cache_gib,
+                                  kv_bytes_per_token=kv_bytes_per_token, extra=extra)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_profile(prof, out)
+    return load_profile(str(out))
