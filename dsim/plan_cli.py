@@ -203,3 +203,63 @@ def sweep(
         typer.echo(f"profile : {prof.label}")
         typer.echo("wrote " + ", ".join(str(f) for f in files))
     run_guarded(go)
+
+
+# ---- ab -------------------------------------------------------------------------------------
+
+EXAMPLE_AB_COMMAND = "dsim ab --a mtp --b dspark --sla p50=20ms --out reports/example-ab"
+
+
+@app.command()
+def ab(
+    a: str = typer.Option("mtp", "--a", help="method A (baseline)"),
+    b: str = typer.Option("dspark", "--b", help="method B (candidate)"),
+    sla: str = typer.Option("p50=20ms", help="SLA for the node-count comparison (grammar of `dsim plan`)"),
+    trace: str = typer.Option("default", help="trace path or name"),
+    format: str = typer.Option("auto", "--format"),
+    requests: Optional[int] = typer.Option(None, help="first N requests"),
+    window: Optional[str] = typer.Option(None, help="time window START:END (s)"),
+    rate: Optional[float] = typer.Option(None, help="re-draw Poisson arrivals at R req/s (per seed)"),
+    rate_scale: Optional[float] = typer.Option(None, help="scale the trace's arrival rate (0.1-20)"),
+    mix: Optional[str] = typer.Option(None, help="workload-class mix"),
+    profile: Optional[str] = typer.Option(None, help="profile name or YAML path"),
+    scenario: str = typer.Option("default", help="default or measured (see `dsim plan`)"),
+    max_nodes: int = typer.Option(64),
+    seeds: str = typer.Option("0,1,2"),
+    margin: float = typer.Option(0.10),
+    price_per_gpu_hour: Optional[float] = typer.Option(None),
+    gpus_per_node: int = typer.Option(8),
+    concurrency: str = typer.Option("1,4,16,64,128,256", help="sweep concurrency levels"),
+    requests_per_user: int = typer.Option(4, help="sweep: requests per point = max(N x C, --min-requests)"),
+    min_requests: int = typer.Option(100),
+    jobs: Optional[int] = typer.Option(None, help="worker processes (default: CPU count)"),
+    out: Path = typer.Option(..., help="report directory (report.md, report.html, PNGs, plan.json, sweep.csv)"),
+):
+    """Side-by-side report of method A vs B: SLA node counts, latency CDFs, frontier, per class, sensitivity."""
+    def go():
+        from dsim import plan as P
+        from dsim.cost import load_profile
+        from dsim.report import ab_report
+        slos = P.parse_sla(sla)
+        seed_list = parse_seeds(seeds)
+        conc = parse_int_list(concurrency, "--concurrency")
+        if jobs is not None and jobs < 1:
+            raise InputError(f"--jobs: must be >= 1, got {jobs}")
+        prof_name, rs, notes = resolve_scenario(scenario, trace, profile, rate, rate_scale)
+        sa, sb = method_spec(a), method_spec(b)
+        prof = load_profile(prof_name)
+        wls = {s: build_workload(trace, format, requests, window, rate, rs, None, mix, s) for s in seed_list}
+        argv = sys.argv[1:]
+        cmd = ("dsim " + " ".join(_shq(x) for x in argv)) if argv and argv[0] == "ab" else \
+            f"dsim ab --a {a} --b {b} --sla {sla} --out {out}"
+        files = ab_report(wls, prof, sa, sb, slos, out, command=cmd, margin=margin, max_nodes=max_nodes,
+                          seeds=seed_list, gpus_per_node=gpus_per_node, price=price_per_gpu_hour, jobs=jobs,
+                          concurrency=conc, requests_per_user=requests_per_user, min_requests=min_requests,
+                          notes=notes, name_a=a.lower(), name_b=b.lower())
+        typer.echo("wrote " + ", ".join(str(f) for f in files))
+    run_guarded(go)
+
+
+def _shq(s: str) -> str:
+    import shlex
+    return shlex.quote(s)
