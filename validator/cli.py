@@ -191,7 +191,9 @@ def ab_cmd(
 def main(argv=None):
     """Run alone: InputError -> one line on stderr, exit 2."""
     try:
-        app(args=argv, standalone_mode=False)
+        rc = app(args=argv, standalone_mode=False)
+        if isinstance(rc, int) and rc:
+            sys.exit(rc)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -1,0 +1,130 @@
+"""A tiny OpenAI-compatible test server (standard library only) for fault tests and `ab` dry runs.
+
+    python -m validator.fake_server --port 8000 [--mode ok|mixed|500|malformed|cut|hang] [--step-ms 2]
+
+/v1/models, /health, /version, /metrics (vLLM-like counters plus one malformed line) and streaming
+/v1/completions emitting one token per chunk every --step-ms. In ``mixed`` mode the request's
+max_tokens picks the behaviour: max_tokens % 5 == 0 ok, 1 -> HTTP 500, 2 -> malformed SSE
+(events that are not JSON), 3 -> the stream is cut (socket closed, no [DONE]), 4 -> hangs
+(sends headers, then nothing for --hang-s seconds).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+STATE = {"requests": 0, "tokens": 0, "lock": threading.Lock()}
+MODES = ("ok", "500", "malformed", "cut", "hang")
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.0"
+    server_version = "fake-openai/0"
+    cfg: argparse.Namespace = None
+
+    def log_message(self, *a):      # quiet
+        pass
+
+    def _json(self, code, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path == "/health":
+            return self._json(200, {})
+        if self.path == "/version":
+            return self._json(200, {"version": "fake-0"})
+        if self.path == "/v1/models":
+            return self._json(200, {"data": [{"id": "fake", "max_model_len": 4096}]})
+        if self.path == "/metrics":
+            with STATE["lock"]:
+                n, t = STATE["requests"], STATE["tokens"]
+            text = (f"# HELP vllm:request_success_total x\nvllm:request_success_total{{engine=\"0\"}} {n}\n"
+                    f"vllm:generation_tokens_total{{engine=\"0\"}} {t}\n"
+                    f"vllm:num_requests_running{{engine=\"0\"}} 0\n"
+                    "this line is not prometheus {{{\n")
+            body = text.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self._json(404, {"error": "not found"})
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            req = json.loads(self.rfile.read(length) or b"{}")
+        except json.JSONDecodeError:
+            return self._json(400, {"error": "bad json"})
+        if self.path == "/tokenize":
+            return self._json(200, {"tokens": list(range(10, 40))})
+        if self.path != "/v1/completions":
+            return self._json(404, {"error": "not found"})
+        n = int(req.get("max_tokens") or 16)
+        mode = self.cfg.mode
+        if mode == "mixed":
+            mode = MODES[n % 5]
+        if mode == "500":
+            return self._json(500, {"error": "internal error (fake)"})
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        step = self.cfg.step_ms / 1e3
+        try:
+            if mode == "hang":
+                self.wfile.flush()
+                time.sleep(self.cfg.hang_s)
+                return
+            for i in range(n):
+                time.sleep(step)
+                if mode == "malformed":
+                    self.wfile.write(b"data: {not json\n\n")
+                    self.wfile.flush()
+                    continue
+                if mode == "cut" and i == n // 2:
+                    self.wfile.flush()
+                    self.connection.shutdown(2)
+                    return
+                ev = {"choices": [{"index": 0, "text": "x"}],
+                      "usage": {"prompt_tokens": 1, "completion_tokens": i + 1}}
+                self.wfile.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
+                self.wfile.flush()
+            self.wfile.write(b"data: " + json.dumps({"choices": [], "usage": {"completion_tokens": n}}).encode()
+                             + b"\n\ndata: [DONE]\n\n")
+            self.wfile.flush()
+            with STATE["lock"]:
+                STATE["requests"] += 1
+                STATE["tokens"] += n
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            return
+
+
+def serve(port: int, mode: str = "ok", step_ms: float = 2.0, hang_s: float = 30.0, host="127.0.0.1"):
+    cfg = argparse.Namespace(mode=mode, step_ms=step_ms, hang_s=hang_s)
+    handler = type("H", (Handler,), {"cfg": cfg})
+    httpd = ThreadingHTTPServer((host, port), handler)
+    httpd.daemon_threads = True
+    return httpd
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--mode", default="ok", choices=("mixed",) + MODES)
+    ap.add_argument("--step-ms", type=float, default=2.0)
+    ap.add_argument("--hang-s", type=float, default=30.0)
+    a = ap.parse_args()
+    serve(a.port, a.mode, a.step_ms, a.hang_s).serve_forever()
+
+
+if __name__ == "__main__":
+    main()
