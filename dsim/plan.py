@@ -408,15 +408,10 @@ def summarize_method(name, spec, out, slos, margin, gpus_per_node, price, spot_p
     }
 
 
-def throughput_hint(workload, profile, gpus_per_node) -> int:
-    """A crude lower bound on nodes: none (the search starts at 1). Kept as a hook for callers."""
-    return 1
-
-
 def plan(workloads: dict, profile, specs: dict, slos, *, margin: float = 0.10, max_nodes: int = 64,
          seeds=(0, 1, 2), gpus_per_node: int = 8, price: float | None = None, jobs: int | None = None,
          router: str = "least_outstanding", start: dict | None = None, notes: list | None = None,
-         progress=None) -> dict:
+         progress=None, engine=None) -> dict:
     """Fewest nodes per method meeting every SLO. workloads: seed -> Workload; specs: name -> SpecConfig."""
     if not slos:
         raise InputError("--sla: empty SLA")
@@ -438,7 +433,7 @@ def plan(workloads: dict, profile, specs: dict, slos, *, margin: float = 0.10, m
         raise InputError(f"--price-per-gpu-hour: must be > 0, got {price:g}")
 
     def point(name, n, s):
-        return Point(workloads[s], profile, specs[name], n, s, gpus_per_node, router, tag=name)
+        return Point(workloads[s], profile, specs[name], n, s, gpus_per_node, router, engine, tag=name)
 
     searches = {name: _Search(name, seeds, slos, margin, max_nodes, (start or {}).get(name, 1))
                 for name in specs}
