@@ -36,7 +36,6 @@ def main():
         st.sort_stats("cumulative").print_stats(25)
         st.sort_stats("tottime").print_stats(25)
         return
-    cmd = [sys.executable, "-m", "dsim.cli", "plan", "--sla", a.sla, "--trace", a.trace]
     cmd = ["dsim", "plan", "--sla", a.sla, "--trace", a.trace]
     if a.jobs:
         cmd += ["--jobs", str(a.jobs)]

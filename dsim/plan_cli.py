@@ -229,9 +229,9 @@ def ab(
     margin: float = typer.Option(0.10),
     price_per_gpu_hour: Optional[float] = typer.Option(None),
     gpus_per_node: int = typer.Option(8),
-    concurrency: str = typer.Option("1,4,16,64,128,256", help="sweep concurrency levels"),
-    requests_per_user: int = typer.Option(4, help="sweep: requests per point = max(N x C, --min-requests)"),
-    min_requests: int = typer.Option(100),
+    concurrency: str = typer.Option("1,2,4,8,16,32,64,128,256", help="sweep concurrency levels"),
+    requests_per_user: int = typer.Option(8, help="sweep: requests per point = max(N x C, --min-requests)"),
+    min_requests: int = typer.Option(200),
     jobs: Optional[int] = typer.Option(None, help="worker processes (default: CPU count)"),
     out: Path = typer.Option(..., help="report directory (report.md, report.html, PNGs, plan.json, sweep.csv)"),
 ):

@@ -257,6 +257,16 @@ def ab_report(workloads: dict, profile, spec_a, spec_b, slos, out, *, command: s
     piv = df.pivot(index="concurrency", columns="method", values="output_tok_s_per_gpu")
     ratio = (piv[name_b] / piv[name_a])
     bullets.append("Closed-loop throughput per GPU, B / A: " + ", ".join(f"C={c}: {r:.2f}x" for c, r in ratio.items()))
+    loses = []
+    for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        for q in ("p50", "p99"):
+            va, vb = sa[m][q], sb[m][q]
+            if va is not None and vb is not None and vb > va * 1.02:
+                loses.append(f"{m[:-3].upper()} {q} at A's fleet ({vb:.1f} vs {va:.1f} ms)")
+    for c, r in ratio.items():
+        if r < 1:
+            loses.append(f"closed-loop throughput at C={c} ({r:.2f}x)")
+    bullets.append("Where B loses: " + ("; ".join(loses) if loses else "nowhere measured here") + ".")
     d.ul(bullets)
 
     d.h(2, "Node count for the SLA")
@@ -356,8 +366,9 @@ def ab_report(workloads: dict, profile, spec_a, spec_b, slos, out, *, command: s
     ] + [f"Note: {n}" for n in notes]
     d.ul(items)
     d.p("Data: `plan.json` (plan results), `sweep.csv` (sweep points).")
+    root = str(Path(__file__).resolve().parent.parent) + "/"
     md = out / "report.md"
-    md.write_text(d.markdown())
+    md.write_text(d.markdown().replace(root, ""))
     hp = out / "report.html"
-    hp.write_text(d.html(title))
+    hp.write_text(d.html(title).replace(root, ""))
     return [md, hp, out / "plan.json", out / "latency_cdf.png", out / "per_class.png", out / "sensitivity.png"] + files
