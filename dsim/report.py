@@ -8,7 +8,6 @@ images as relative PNG files), the PNG figures, plan.json and sweep.csv into one
 """
 from __future__ import annotations
 
-import dataclasses
 import html
 import json
 from pathlib import Path

@@ -3,7 +3,6 @@ determinism (seeds, jobs), unmeetable SLAs and CLI exit codes."""
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pytest
