@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 
-from dsim.errors import InputError
 
 SENSITIVITY_MIXES = ("math=1", "math=0.75,chat=0.25", "math=0.5,chat=0.5", "math=0.25,chat=0.75", "chat=1")
 
