@@ -166,6 +166,7 @@ class Replica:
         self._fwd_arr = cost.forward_ms(np.arange(cost.limit + 1))
         self._fwd_small = self._fwd_arr.tolist()
         self._kv_ms = cost.kv_ms_per_tok
+        self.next_arrival = lambda: None      # set by the simulation: time of the next open-loop arrival
         self.proc = env.process(self.loop())
 
     # ---- interface used by the router -------------------------------------------------------
@@ -516,6 +517,12 @@ class Replica:
         left = I[:, _LEFT]
         # Steps until the first possible completion bound the window (no draws wasted on them).
         k = int(min(cfg.max_window, max(1, left.min())))
+        # Open loop: no draws past the next known arrival (each step takes at least the forward
+        # of n tokens), since an arrival ends the window anyway.
+        t_next = self.next_arrival()
+        if t_next is not None:
+            floor_ms = self._fwd_small[min(n, self.cost.limit)] + self._draft_ms(n) + self.cpu_ms
+            k = int(min(k, max(1, (t_next - env.now) * 1000.0 // max(floor_ms, 1e-6) + 1)))
         if K > 0:
             windows, draws = self._windows(I, k)
             commit = windows if cfg.verify_mode != "static" else np.full_like(windows, K)

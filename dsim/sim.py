@@ -152,6 +152,14 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
     if spec.k:
         lrng = np.random.default_rng([cfg.seed, 1 << 20])
         reqs.latent[:] = spec.acceptance.request_latent(lrng, reqs.cls)
+    if not closed:
+        times = w.arrival_s
+
+        def next_arrival():
+            i = next_id[0]
+            return float(times[i]) if i < reqs.n else None
+        for r in replicas:
+            r.next_arrival = next_arrival
     try:
         router = Router(cfg.router, replicas, w.session_id, w.prefix_hashes)
     except ValueError as e:
@@ -171,6 +179,7 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
             if t > env.now:
                 yield env.timeout(t - env.now)
             reqs.arrival[rid] = t
+            next_id[0] = rid + 1
             router.dispatch(rid)
 
     if closed:
