@@ -1,0 +1,87 @@
+"""Step replay: run the exact step shapes of a step log on the GPU, compare with predictions.
+
+    python3 -m validator.gpu.replay STEPLOG --model CONFIG --out $OUT/replay.json [--profile P.yaml]
+
+STEPLOG: JSONL, one object per engine step {"step": i, "q": [query tokens per request],
+"ctx": [KV context per request before the step], "predicted_ms": forward-only prediction}.
+Steps of n <= 512 tokens run as a CUDA graph padded to the next capture size (as vLLM does),
+larger ones eagerly. Where predicted_ms is missing and --profile is given, it is computed with
+the profile's staircase (Staircase, a numpy copy of dsim.cost.CostModel.step_ms).
+`STEPLOG` may be 'synthetic': a generated log (plan.synthetic_steplog).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from validator.gpu.plan import (CAPTURE_LIMIT, Staircase, StepShape, concurrency_of, error_summary,
+                                model_dims, padded_tokens, read_steplog, synthetic_steplog,
+                                vllm_capture_sizes, write_text_atomic)
+
+
+def load_or_make_steps(src: str) -> list[dict]:
+    if src == "synthetic":
+        return synthetic_steplog()
+    return read_steplog(src)
+
+
+def replay_steps(model, steps, dims, device, timer, caps, staircase=None, depth_scale=1.0):
+    from validator.gpu import model as M
+    rows = []
+    for st in steps:
+        shape = StepShape(tuple(int(x) for x in st["q"]), tuple(int(x) for x in st["ctx"]))
+        n_pad = padded_tokens(shape.n, caps)
+        m = M.StepMeta(shape, n_pad, dims, device)
+        graph = shape.n <= caps[-1]
+        ms, reps = timer(lambda: model.forward(m), graph=graph)
+        pred = st.get("predicted_ms")
+        if pred is None and staircase is not None:
+            pred = staircase.step_ms(shape.n, shape.kv)
+        rows.append(dict(step=st.get("step"), concurrency=concurrency_of(st), n=shape.n, n_pad=n_pad,
+                         kv=shape.kv, R=shape.requests, graph=graph, mode=m.mode,
+                         overread_tokens=int(m.overread), measured_ms=ms * depth_scale,
+                         predicted_ms=pred))
+    return rows, error_summary(rows)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("steplog")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--profile", default="", help="profile YAML for predictions missing from the log")
+    ap.add_argument("--layers", type=int, default=0)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--pool-gib", type=float, default=24.0)
+    ap.add_argument("--dry-run", action="store_true")
+    a = ap.parse_args(argv)
+    import torch
+    from validator.gpu import model as M
+    from validator.gpu.profile import DRY_CFG, Timer
+    device = torch.device("cpu" if a.dry_run else "cuda")
+    dtype = torch.float32 if a.dry_run else torch.bfloat16
+    cfg = json.loads(Path(a.model).read_text())
+    if a.dry_run:
+        cfg = {**cfg, **DRY_CFG}
+    dims = model_dims(cfg)
+    layers = a.layers or dims["layers"]
+    model = M.Model(cfg, device, dtype, layers=layers, pool_gib=a.pool_gib if not a.dry_run else 0.05)
+    caps = vllm_capture_sizes(CAPTURE_LIMIT)
+    sc = None
+    if a.profile:
+        import yaml
+        p = yaml.safe_load(Path(a.profile).read_text())
+        sc = Staircase(p["forward"]["tokens"], p["forward"]["ms"], p["kv_ms_per_ktok"], p["capture_sizes"][-1])
+    steps = load_or_make_steps(a.steplog)
+    t0 = time.time()
+    rows, summary = replay_steps(model, steps, dims, device, Timer(device, a.reps), caps, sc,
+                                 dims["layers"] / layers)
+    write_text_atomic(a.out, json.dumps(dict(steplog=a.steplog, model=a.model, rows=rows,
+                                             summary=summary), indent=1))
+    print(json.dumps(summary), f"({time.time() - t0:.1f}s)")
+
+
+if __name__ == "__main__":
+    main()
