@@ -215,6 +215,7 @@ class CostModel:
         n = np.arange(self.limit + 1)
         idx = np.searchsorted(x, np.maximum(n, 1), side="left")
         self._below = ms[np.minimum(idx, len(x) - 1)]
+        self._below_list = self._below.tolist()
         # Above the limit: interpolate over points >= limit, extrapolate the last slope.
         above = x >= self.limit
         self._ax = x[above]
@@ -230,21 +231,31 @@ class CostModel:
 
     def forward_ms(self, n_tokens):
         """Target forward cost of n tokens at zero context (scalar or array)."""
+        if isinstance(n_tokens, (int, np.integer)):
+            n = int(n_tokens)
+            if n <= self.limit:
+                return float(self._below_list[n])
+            return float(self._above(np.asarray([n]))[0])
         n = np.asarray(n_tokens, dtype=np.int64)
+        if n.ndim and n.size and n.max() <= self.limit:     # the common case: one table lookup
+            return self._below[n]
         small = np.minimum(n, self.limit)
         out = self._below[small]
         if np.any(n > self.limit):
             big = n > self.limit
             nb = n[big] if n.ndim else n
-            val = np.interp(nb, self._ax, self._ams)
-            past = nb > self._ax[-1]
-            val = np.where(past, self._ams[-1] + self._slope * (nb - self._ax[-1]), val)
+            val = self._above(nb)
             if n.ndim:
                 out = out.copy()
                 out[big] = val
             else:
                 out = val
         return out if n.ndim else float(out)
+
+    def _above(self, n):
+        """Cost above the capture limit: interpolation, then last-slope extrapolation."""
+        val = np.interp(n, self._ax, self._ams)
+        return np.where(n > self._ax[-1], self._ams[-1] + self._slope * (n - self._ax[-1]), val)
 
     def step_ms(self, n_tokens, kv_tokens):
         return self.forward_ms(n_tokens) + self.kv_ms_per_tok * np.asarray(kv_tokens, dtype=np.float64)

@@ -182,7 +182,7 @@ class Replica:
 
     # ---- helpers ----------------------------------------------------------------------------
     def _step_ms(self, n_tokens: int, kv: int) -> float:
-        f = self._fwd_small[n_tokens] if n_tokens <= self.cost.limit else float(self.cost.forward_ms(n_tokens))
+        f = self._fwd_small[n_tokens] if n_tokens <= self.cost.limit else self.cost.forward_ms(n_tokens)
         return f + self._kv_ms * kv
 
     def _draft_ms(self, n: int) -> float:
@@ -344,9 +344,12 @@ class Replica:
         draws = sp.acceptance.sample(self.rng, I[:, _CLS], lat, k)
         if sp.method.adaptive:
             conf = draws.conf
-            cp, cp2 = R.conf_prev[ids], R.conf_prev2[ids]
+            cp = R.conf_prev[ids]
+            cp2 = R.conf_prev2[ids] if getattr(sp.policy, "production", False) else None
             prev = np.concatenate([cp[None], conf[:-1]]) if k > 1 else cp[None]
-            if k == 1:
+            if not getattr(sp.policy, "production", False):
+                prev2 = None               # only the paper's production variant reads it
+            elif k == 1:
                 prev2 = cp2[None]
             else:
                 prev2 = np.concatenate([cp2[None], cp[None], conf[:-2]])

@@ -86,7 +86,9 @@ class PolicyContext:
 
 def survival(conf: np.ndarray) -> np.ndarray:
     """s[..., j] = prod_{i<=j} conf[..., i] (conf clipped to [0, 1])."""
-    return np.cumprod(np.clip(conf, 0.0, 1.0), axis=-1)
+    # np.minimum/np.maximum, not np.clip: this runs every engine step and np.clip's wrapper
+    # costs more than the arithmetic on these small arrays.
+    return np.cumprod(np.minimum(np.maximum(conf, 0.0), 1.0), axis=-1)
 
 
 def _prep(conf, ctx: PolicyContext):
@@ -117,7 +119,7 @@ def _order(S: np.ndarray) -> np.ndarray:
     return np.argsort(-S.reshape(k, -1), axis=1, kind="stable")
 
 
-def _top_b_windows(S: np.ndarray, B: np.ndarray) -> np.ndarray:
+def _top_b_windows(S: np.ndarray, B: np.ndarray, srt: np.ndarray | None = None) -> np.ndarray:
     """Give each step's B slots to its top-B positive scores; returns int64[k, R].
 
     Equivalent to ranking by a stable descending sort (ties go to the earlier grid index, so a
@@ -128,7 +130,8 @@ def _top_b_windows(S: np.ndarray, B: np.ndarray) -> np.ndarray:
     B = np.broadcast_to(np.asarray(B, dtype=np.int64).reshape(-1), (k,))
     if flat.shape[1] == 0:
         return np.zeros((k, R), dtype=np.int64)
-    srt = -np.sort(-flat, axis=1)
+    if srt is None:
+        srt = -np.sort(-flat, axis=1)
     thr = srt[np.arange(k), np.clip(B - 1, 0, flat.shape[1] - 1)][:, None]
     gt = flat > thr
     ties = flat == thr
@@ -138,24 +141,25 @@ def _top_b_windows(S: np.ndarray, B: np.ndarray) -> np.ndarray:
     return sel.reshape(k, R, K).sum(-1).astype(np.int64)
 
 
-def _sorted_cumsum(S: np.ndarray):
+def _sorted_cumsum(S: np.ndarray, srt: np.ndarray | None = None):
     """Per step: scores sorted descending and cs[b] = sum of the top-b (cs[0] = 0)."""
     k = S.shape[0]
-    srt = -np.sort(-S.reshape(k, -1), axis=1)
+    if srt is None:
+        srt = -np.sort(-S.reshape(k, -1), axis=1)
     cs = np.concatenate([np.zeros((k, 1)), np.cumsum(srt, axis=1, dtype=np.float64)], axis=1)
     npos = (srt > 0).sum(1)
     return srt, cs, npos
 
 
 def _max_budget(R: int, K: int, n_nondraft: np.ndarray, token_limit: int) -> np.ndarray:
-    return np.clip(int(token_limit) - n_nondraft, 0, R * K)
+    return np.minimum(np.maximum(int(token_limit) - n_nondraft, 0), R * K)
 
 
-def _objective(S, ctx, cost_fn, n_samp):
+def _objective(S, ctx, cost_fn, n_samp, srt=None):
     """E(b) / C(b) for b = 0..R*K, per step: returns (ratio [k, RK+1], cs, npos, M)."""
     k, R, K = S.shape
     N = _n_nondraft(ctx, k)
-    _, cs, npos = _sorted_cumsum(S)
+    _, cs, npos = _sorted_cumsum(S, srt)
     b = np.arange(R * K + 1)
     tokens = N[:, None] + b[None, :]
     C = np.asarray(cost_fn(tokens.ravel()), dtype=np.float64).reshape(tokens.shape)
@@ -237,8 +241,15 @@ class VllmPolicy(BudgetPolicy):
 
     def windows(self, conf_now, conf_prev=None, conf_prev2=None, ctx=None):
         prev = conf_now if conf_prev is None else conf_prev
-        B = self.budget(prev, ctx)
-        return _top_b_windows(survival(_prep(conf_now, ctx)), B)
+        # One survival and one sort over [previous; current] (this runs every engine step):
+        # the budget reads the first half, the allocation the second.
+        k = np.shape(conf_now)[0]
+        S = survival(_prep(np.concatenate([prev, conf_now]), ctx))
+        srt = -np.sort(-S.reshape(2 * k, -1), axis=1)
+        R = S.shape[1]
+        ratio, cs, npos, M = _objective(S[:k], ctx, self._step_cost(ctx), _n_sampling(ctx, k, R), srt[:k])
+        B = _argmax_budget(ratio, M)
+        return _top_b_windows(S[k:], B, srt[k:])
 
 
 class PaperPolicy(BudgetPolicy):
