@@ -1,8 +1,8 @@
 """Check against the DSpark paper's Fig. 8 (DeepSeek-V4, MTP-1 vs DSpark, closed loop, one node).
 
 Runs the closed-loop sweep with dsim's defaults (MTP-1 with the deepseek-v4 preset's 85-90%
-second-token acceptance; DSpark K = 7 adaptive with the deepseek-v4 preset; default profile and
-trace) and prints, per concurrency, DSpark / MTP-1 output throughput per GPU and the verify tokens
+second-token acceptance; DSpark adaptive with the deepseek-v4 preset, K = 5 as the paper's
+DSpark-5; the preset's equal class mix; default profile and trace) and prints, per concurrency, DSpark / MTP-1 output throughput per GPU and the verify tokens
 per request per step, next to the paper's figures.
 
 Usage: python benchmarks/bench_fig8.py [--concurrency 1,2,...] [--requests-per-user 8] [--jobs N]
@@ -24,6 +24,9 @@ def main():
     ap.add_argument("--requests-per-user", type=int, default=8)
     ap.add_argument("--min-requests", type=int, default=200)
     ap.add_argument("--trace", default="default")
+    ap.add_argument("--k", type=int, default=5, help="DSpark block size (the paper's Fig. 8 runs DSpark-5)")
+    ap.add_argument("--mix", default="math=0.34,code=0.33,chat=0.33",
+                    help="class mix (the deepseek-v4 preset is anchored on an equal mix)")
     ap.add_argument("--profile", default=None)
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--out", default=None)
@@ -32,9 +35,10 @@ def main():
     from dsim.cost import load_profile
     from dsim.sweep import sweep, write_sweep
     conc = [int(x) for x in a.concurrency.split(",")]
-    specs = {"mtp": method_spec("mtp"), "dspark": method_spec("dspark")}
+    from dsim.sim import SpecConfig
+    specs = {"mtp": method_spec("mtp"), "dspark": SpecConfig("dspark", k=a.k, adaptive=True)}
     prof = load_profile(a.profile)
-    base = build_workload(a.trace)
+    base = build_workload(a.trace, mix=a.mix)
     t = time.perf_counter()
     df = sweep(base, prof, specs, conc, requests_per_user=a.requests_per_user, min_requests=a.min_requests,
                jobs=a.jobs)
