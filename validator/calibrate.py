@@ -17,12 +17,17 @@ positions. We report ``mean_draft_tokens = DT / D`` and flag ``trimmed_drafts`` 
 K; the per-step curve stays right for throughput (it reproduces the emitted tokens), not for the
 drafter's quality.
 
-Cost: step times per running batch from the chunk timelines (stepfit.step_points), in dsim's
-token coordinate n = B (1 + K). With ``--profile BASE`` we fit ``measured = c + s * base(n)``
-(scale s of the cost tables, per-step CPU overhead c); without it a linear CPU table
-``c + b n`` is fitted. Front-end overhead per request (HTTP, detokenization; not an engine
-step) is the median of TTFT minus the predicted first step; it is stored under
-``validator.request_overhead_ms`` for `check`, not used by the simulator core.
+Cost: step times from the server's own histograms (stepfit.server_points: mean ITL at the mean
+running batch, mean prefill time at the prompt plus the batch it joined; the client's chunk gaps
+only when the server gives no histograms), in dsim's token coordinate n = B (1 + K). With
+``--profile BASE`` (e.g. from profile-server) we fit ``measured = c + s * base(n, b)`` (scale s
+of the cost tables, per-step CPU overhead c) when there are 3 or more points, else one scale for
+the whole step, overhead included (one run gives two points; two parameters from them are
+ill-conditioned). Without a base profile, ``c + t n + d b`` is fitted by NNLS (stepfit.fit_cost).
+Front-end time per request (HTTP, API-server queueing, streaming; no engine step contains it) is
+the mean client E2E minus the server's mean E2E (``validator.request_overhead_ms``; the same for
+TTFT: ``first_token_overhead_ms``); `check` adds them to the prediction, the simulator core does
+not use them.
 """
 from __future__ import annotations
 
@@ -81,16 +86,27 @@ def _kv_estimate(m, batch: int) -> float:
     return float(batch * ctx)
 
 
-def request_overhead(ms) -> float:
+def request_overheads(ms) -> dict:
     """Front-end time per request that no engine step contains (HTTP, API-server queueing,
-    streaming): mean client TTFT minus the server's mean TTFT, over the measurements."""
-    over = []
+    streaming), over the measurements: ``e2e`` = mean client E2E minus the server's mean E2E
+    (robust to streams delivered in bursts), ``first_token`` = the same for TTFT (capped at e2e)."""
+    e2e, ttft = [], []
     for m in ms:
         st = m.stats()
-        srv = (st.get("server_histograms") or {}).get("vllm:time_to_first_token_seconds") or {}
-        if srv.get("mean") and st.get("ttft_ms_mean") is not None:
-            over.append(st["ttft_ms_mean"] - srv["mean"] * 1e3)
-    return float(max(np.mean(over), 0.0)) if over else 0.0
+        h = st.get("server_histograms") or {}
+        se = (h.get("vllm:e2e_request_latency_seconds") or {}).get("mean")
+        stt = (h.get("vllm:time_to_first_token_seconds") or {}).get("mean")
+        if se and st.get("e2e_ms_mean") is not None:
+            e2e.append(st["e2e_ms_mean"] - se * 1e3)
+        if stt and st.get("ttft_ms_mean") is not None:
+            ttft.append(st["ttft_ms_mean"] - stt * 1e3)
+    oe = float(max(np.mean(e2e), 0.0)) if e2e else 0.0
+    ot = float(min(max(np.mean(ttft), 0.0), oe)) if ttft else 0.0
+    return {"e2e": oe, "first_token": ot}
+
+
+def request_overhead(ms) -> float:
+    return request_overheads(ms)["e2e"]
 
 
 def calibrate(paths, out_dir, base_profile: str | None = None, name: str = "calibrated",
@@ -163,11 +179,17 @@ def calibrate(paths, out_dir, base_profile: str | None = None, name: str = "cali
             return float(cm.step_ms(p["n"], p["kv"])) + dr
 
         x = np.array([base_ms(p) for p in pts])
-        if len(pts) >= 2 and np.ptp(x) > 1e-9:
+        if len(pts) >= 3 and np.ptp(x) > 1e-9:
+            # enough points: overhead and scale separately (relative least squares)
             c, s = stepfit.fit_line(x, y, 1.0 / y ** 2)
+            how = "cpu_overhead and scale fitted separately"
         else:
-            c = base.cpu_overhead_ms
-            s = float(max(np.mean(y - c), 0.0) / np.mean(x)) if np.mean(x) > 0 else 1.0
+            # one run (a decode and a prefill point): two parameters from two noisy points is
+            # ill-conditioned; scale the whole step, overhead included (relative least squares)
+            xt = x + base.cpu_overhead_ms
+            s = float(np.sum(xt * y / y ** 2) / np.sum(xt * xt / y ** 2))
+            c = s * base.cpu_overhead_ms
+            how = "one scale for the whole step (fewer than 3 points)"
         fwd = Table(base.forward.x, base.forward.ms * s)
         draft = {k: Table(t.x, t.ms * s) for k, t in base.draft.items()}
         newprov = dict(base.provenance, kind="calibrated", calibrated_from=files,
@@ -177,7 +199,7 @@ def calibrate(paths, out_dir, base_profile: str | None = None, name: str = "cali
                                    kv_ms_per_ktok=base.kv_ms_per_ktok * s, cpu_overhead_ms=float(c),
                                    extra={k: v for k, v in base.extra.items() if k != "validator"})
         fit = {"model": "measured = cpu_overhead + scale * (base step + base draft)",
-               "cpu_overhead_ms": c, "scale": s}
+               "cpu_overhead_ms": c, "scale": s, "how": how}
         pred = lambda p: c + s * base_ms(p)                                 # noqa: E731
     else:
         fit = stepfit.fit_cost(pts)
@@ -189,9 +211,11 @@ def calibrate(paths, out_dir, base_profile: str | None = None, name: str = "cali
     for p in pts:
         p["fit_ms"] = pred(p)
         p["fit_err"] = (p["fit_ms"] - p["step_ms"]) / p["step_ms"] if p["step_ms"] else None
-    overhead = request_overhead(ms)
+    ovh = request_overheads(ms)
+    overhead = ovh["e2e"]
     extra = dict(prof.extra)
-    extra["validator"] = {"request_overhead_ms": round(overhead, 4), "spec_k": K,
+    extra["validator"] = {"request_overhead_ms": round(overhead, 4),
+                          "first_token_overhead_ms": round(ovh["first_token"], 4), "spec_k": K,
                           "spec_emulation": "block" if K else "none",
                           "fit": fit, "points": [{k: (round(v, 4) if isinstance(v, float) else v)
                                                   for k, v in p.items()} for p in pts]}
@@ -202,7 +226,7 @@ def calibrate(paths, out_dir, base_profile: str | None = None, name: str = "cali
     errs = [abs(p["fit_err"]) for p in pts if p["fit_err"] is not None]
     report = {"profile": str(prof_path), "acceptance": str(acc_path) if acc_path else None,
               "fit": fit, "fit_max_abs_rel_err": max(errs) if errs else None,
-              "request_overhead_ms": overhead,
+              "request_overhead_ms": overhead, "first_token_overhead_ms": ovh["first_token"],
               "points": [{"kind": p["kind"], "batch": round(p["batch"], 3), "n": round(p["n"], 2),
                           "measured_ms": round(p["step_ms"], 4), "fit_ms": round(p["fit_ms"], 4)} for p in pts],
               "acceptance_curve": acc}

@@ -47,6 +47,8 @@ def run_cmd(
     server_flags: Optional[str] = typer.Option(None, "--server-flags", help="how the server was "
                                                "started, recorded as provenance"),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
+    nice: int = typer.Option(-10, "--nice", help="client priority while measuring (needs root; "
+                             "ignored otherwise); 0 leaves it"),
 ):
     """Replay a workload against an OpenAI-compatible server; write OUT/NAME.jsonl."""
     from validator import driver, traces
@@ -62,7 +64,7 @@ def run_cmd(
     extra = {"engine": {"max_num_seqs": max_num_seqs}, "server_flags": server_flags}
     opts = driver.RunOptions(server=_server(server), model=model, concurrency=concurrency, rate=rate,
                              seed=seed, prompt_mode=prompt_mode, request_timeout_s=request_timeout,
-                             progress=progress, extra_header=extra)
+                             progress=progress, extra_header=extra, nice=nice or None)
     path = Path(out) / f"{name}.jsonl"
     try:
         s = driver.run(plan, opts, path)

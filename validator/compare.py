@@ -3,10 +3,13 @@
 The measured run's requests (prompt length, output length; arrival times for rate/trace runs, or
 the closed-loop concurrency) become a dsim Workload; dsim simulates it with the given profile and
 acceptance. A speculative server is simulated with the method ``block`` with K = the server's
-number of speculative tokens and zero draft cost (ngram proposes on the CPU inside the step, its
-cost is in cpu_overhead_ms). ``validator.request_overhead_ms`` of a calibrated profile (front-end
-time per request that no engine step contains) is added to each request's TTFT and E2E, and
-closed-loop throughput is scaled by E2E / (E2E + overhead).
+number of speculative tokens; its draft cost is the profile's ``draft.block`` table (the per-request
+CPU work of ngram proposal and rejection sampling, fitted by profile-server/calibrate; zero when the
+profile has none). ``validator.request_overhead_ms`` / ``first_token_overhead_ms`` of a measured or
+calibrated profile (front-end time per request that no engine step contains) are added to each
+request's E2E / TTFT, and closed-loop throughput is scaled by E2E / (E2E + overhead). Rows
+``server.*`` compare the server's own histogram means with dsim before those overheads: the
+engine-side error, free of HTTP and client noise (reported, not gated).
 
 Errors are (predicted - measured) / measured. Tolerances (relative): ``tolerance`` (default 0.25)
 for the means and medians of TPOT, ITL and E2E, output throughput and acceptance length; twice that
@@ -83,15 +86,18 @@ def simulate_measurement(m, profile, acceptance: str | None, max_num_seqs: int |
                     router="least_outstanding", engine=ecfg, spec=spec, seed=seed)
     res = simulate(cfg)
     s = dict(res.summary)
-    over = float(((prof.extra or {}).get("validator") or {}).get("request_overhead_ms") or 0.0)
-    if over:
-        for key in ("ttft_ms", "e2e_ms"):
+    s["_engine"] = {k: res.summary.get(k) for k in LAT + ("output_tok_s",)}
+    v = (prof.extra or {}).get("validator") or {}
+    over = float(v.get("request_overhead_ms") or 0.0)
+    over_ft = float(v.get("first_token_overhead_ms", over) or 0.0)
+    if over or over_ft:
+        for key, o in (("ttft_ms", over_ft), ("e2e_ms", over)):
             if isinstance(s.get(key), dict):
-                s[key] = {q: (v + over if isinstance(v, (int, float)) else v) for q, v in s[key].items()}
+                s[key] = {q: (x + o if isinstance(x, (int, float)) else x) for q, x in s[key].items()}
         e2e = (res.summary.get("e2e_ms") or {}).get("mean")
         if conc and e2e:
             s["output_tok_s"] = s["output_tok_s"] * e2e / (e2e + over)
-        s["request_overhead_ms_added"] = over
+        s["request_overhead_ms_added"] = {"e2e": over, "ttft": over_ft}
     s["_spec_k"] = k
     return s
 
@@ -117,6 +123,22 @@ def compare(meas_stats: dict, pred: dict, tol: float = 0.25) -> list[dict]:
     e = _err(pv, mv)
     rows.append({"metric": "output_tok_s", "measured": mv, "predicted": pv, "error": e, "tolerance": tol,
                  "ok": None if e is None else abs(e) <= tol})
+    # engine-side: the server's own histograms (means) vs dsim without the front-end overheads
+    h = meas_stats.get("server_histograms") or {}
+    eng = pred.get("_engine") or {}
+    for met, name in (("ttft_ms", "vllm:time_to_first_token_seconds"),
+                      ("tpot_ms", "vllm:request_time_per_output_token_seconds"),
+                      ("itl_ms", "vllm:inter_token_latency_seconds"),
+                      ("e2e_ms", "vllm:e2e_request_latency_seconds")):
+        mv = (h.get(name) or {}).get("mean")
+        pv = (eng.get(met) or {}).get("mean") if isinstance(eng.get(met), dict) else None
+        if mv is None or pv is None:
+            continue
+        mv *= 1e3
+        e = _err(pv, mv)
+        rows.append({"metric": f"server.{met}.mean", "measured": mv, "predicted": pv, "error": e,
+                     "tolerance": None, "ok": None,
+                     "note": "engine side: server histogram mean vs dsim without front-end overhead"})
     # acceptance length in dsim's sense: tokens emitted per decode step of a request
     mv = meas_stats.get("tokens_per_decode_step")
     spec = meas_stats.get("spec") or {}

@@ -50,8 +50,9 @@ class RunOptions:
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 60.0            # longest silence inside a stream
     request_timeout_s: float = 600.0        # whole request
-    gauge_interval_s: float = 0.5
+    gauge_interval_s: float = 0.25
     progress: bool = True
+    nice: int | None = -10                  # client priority while it measures (None: leave it)
     label: str = ""
     extra_header: dict = field(default_factory=dict)
 
@@ -121,12 +122,40 @@ async def base_token_ids(client, server, model, text) -> list[int]:
 
 
 def make_prompt(base: list[int], n: int, mode: str, text: str):
+    """Token ids: the base sequence tiled to n. Text (no /detokenize): about 4 characters a token."""
     if mode == "ids":
         reps = n // len(base) + 1
         return (base * reps)[:n]
-    # text: about one token per 4 characters when nothing better is known
     reps = (4 * n) // max(len(text), 1) + 1
-    return (text + " ") * reps if n > 0 else text
+    return ((text + " ") * reps)[:4 * n]
+
+
+class Prompts:
+    """Prompts by length, cached. Text mode detokenizes the tiled ids through the server's
+    /detokenize so the text tokenizes back to (about) the wanted length; the length the server
+    really saw is recorded per request from its usage (prompt_tokens_server)."""
+
+    def __init__(self, client, server, model, base, mode, text):
+        self.client, self.server, self.model = client, server, model
+        self.base, self.mode, self.text = base, mode, text
+        self.cache = {}
+
+    async def get(self, n: int):
+        if n in self.cache:
+            return self.cache[n]
+        ids = make_prompt(self.base, n, "ids", self.text)
+        p = ids
+        if self.mode == "text":
+            p = make_prompt(self.base, n, "text", self.text)
+            try:
+                r = await self.client.post(f"{self.server}/detokenize",
+                                           json={"model": self.model, "tokens": ids}, timeout=10.0)
+                if r.status_code == 200 and isinstance(r.json().get("prompt"), str):
+                    p = r.json()["prompt"]
+            except (httpx.HTTPError, ValueError):
+                pass
+        self.cache[n] = p
+        return p
 
 
 class _Interrupted(Exception):
@@ -182,6 +211,8 @@ async def _one(client, opts: RunOptions, i: int, prompt, plan: Plan, t0: float, 
                 choices = ev.get("choices") or []
                 text = "".join((c.get("text") or "") for c in choices if isinstance(c, dict))
                 ntok = None
+                if usage and isinstance(usage.get("prompt_tokens"), int):
+                    rec["prompt_tokens_server"] = usage["prompt_tokens"]
                 if usage and isinstance(usage.get("completion_tokens"), int):
                     cum = usage["completion_tokens"]
                     if choices:
@@ -245,6 +276,10 @@ async def run_async(plan: Plan, opts: RunOptions, out_path) -> dict:
         if not model:
             raise InputError(f"{opts.server}: no model served (pass --model)")
         base = await base_token_ids(client, opts.server, model, opts.base_text)
+        prompts = Prompts(client, opts.server, model, base, opts.prompt_mode, opts.base_text)
+        if opts.prompt_mode == "text":      # build the texts before the clock starts
+            for n in sorted(set(int(x) for x in plan.prompt_tokens)):
+                await prompts.get(n)
         before, before_err = await scrape(client, opts.server)
         spec_before = promtext.spec_stats(before) if before else None
         n = len(plan)
@@ -307,14 +342,14 @@ async def run_async(plan: Plan, opts: RunOptions, out_path) -> dict:
                     i = queue.get_nowait()
                 except asyncio.QueueEmpty:
                     return
-                prompt = make_prompt(base, int(plan.prompt_tokens[i]), opts.prompt_mode, opts.base_text)
+                prompt = await prompts.get(int(plan.prompt_tokens[i]))
                 finish(await _one(client, opts, i, prompt, plan, t0, time.perf_counter() - t0, model))
 
         async def timed(i):
             delay = arrivals[i] - (time.perf_counter() - t0)
             if delay > 0:
                 await asyncio.sleep(delay)
-            prompt = make_prompt(base, int(plan.prompt_tokens[i]), opts.prompt_mode, opts.base_text)
+            prompt = await prompts.get(int(plan.prompt_tokens[i]))
             finish(await _one(client, opts, i, prompt, plan, t0, float(arrivals[i]), model))
 
         sampler_task = asyncio.create_task(sampler())
@@ -366,5 +401,29 @@ async def run_async(plan: Plan, opts: RunOptions, out_path) -> dict:
         return summary
 
 
+def _boost(nice: int | None):
+    """Raise this thread's scheduling priority while it timestamps chunks: on a busy machine a
+    client at normal priority is scheduled late and sees streams arrive in bursts (measured on the
+    shared 2-core CI machine: TTFT 150-190 ms and ITL ~0 at nice 0, 13-33 ms and 3-5 ms at -10).
+    Needs CAP_SYS_NICE (root); otherwise nothing changes. Returns (old, achieved)."""
+    if nice is None or not hasattr(os, "setpriority"):
+        return None, None
+    old = os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except OSError:
+        return old, None
+    return old, os.getpriority(os.PRIO_PROCESS, 0)
+
+
 def run(plan: Plan, opts: RunOptions, out_path) -> dict:
-    return asyncio.run(run_async(plan, opts, out_path))
+    old, achieved = _boost(opts.nice)
+    opts.extra_header = dict(opts.extra_header, client_nice=achieved if achieved is not None else old)
+    try:
+        return asyncio.run(run_async(plan, opts, out_path))
+    finally:
+        if achieved is not None:
+            try:
+                os.setpriority(os.PRIO_PROCESS, 0, old)
+            except OSError:
+                pass

@@ -63,8 +63,10 @@ def profile_server(server: str, out, concurrencies, input_len: int, output_len: 
                        f"input {input_len}, output {output_len} tokens; step times from server ITL and "
                        f"prefill histograms; NNLS fit cpu + per-token + per-request"),
             "server": server, "server_flags": server_flags, "spec_k": k}
-    from validator.calibrate import request_overhead
-    extra = {"validator": {"request_overhead_ms": round(request_overhead(ms), 4), "fit": fit, "spec_k": k, "spec_emulation": "block" if k else "none",
+    from validator.calibrate import request_overheads
+    ovh = request_overheads(ms)
+    extra = {"validator": {"request_overhead_ms": round(ovh["e2e"], 4),
+                           "first_token_overhead_ms": round(ovh["first_token"], 4), "fit": fit, "spec_k": k, "spec_emulation": "block" if k else "none",
                            "points": [{kk: (round(v, 4) if isinstance(v, float) else v) for kk, v in p.items()}
                                       for p in pts],
                            "levels": files if keep_dir else None}}
