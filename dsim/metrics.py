@@ -14,6 +14,18 @@ import pandas as pd
 PCTS = (50, 90, 99)
 
 
+def weighted_percentile(values, weights, pct: float):
+    """The pct-th percentile of values each repeated weights times (the lower value at a boundary,
+    as for the run-length coded ITL samples); None when empty."""
+    v = np.asarray(values, dtype=np.float64)
+    if len(v) == 0:
+        return None
+    w = np.asarray(weights, dtype=np.float64)
+    order = np.argsort(v, kind="stable")
+    v, cw = v[order], np.cumsum(w[order])
+    return float(v[min(np.searchsorted(cw, pct / 100 * cw[-1], side="left"), len(v) - 1)])
+
+
 def dist(values, weights=None) -> dict:
     """{mean, p50, p90, p99} of values (weighted when weights are given); NaN-free input."""
     v = np.asarray(values, dtype=np.float64)
@@ -24,13 +36,9 @@ def dist(values, weights=None) -> dict:
         out.update({f"p{p}": float(np.percentile(v, p)) for p in PCTS})
     else:
         w = np.asarray(weights, dtype=np.float64)
-        order = np.argsort(v, kind="stable")
-        v, w = v[order], w[order]
-        cw = np.cumsum(w)
-        total = cw[-1]
-        out = {"mean": float((v * w).sum() / total)}
+        out = {"mean": float((v * w).sum() / w.sum())}
         for p in PCTS:
-            out[f"p{p}"] = float(v[min(np.searchsorted(cw, p / 100 * total, side="left"), len(v) - 1)])
+            out[f"p{p}"] = weighted_percentile(v, w, p)
     return {k: round(x, 4) for k, x in out.items()}
 
 

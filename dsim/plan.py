@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dsim.metrics import weighted_percentile
+
 from dsim.errors import InputError
 
 METRICS = ("tpot", "ttft", "itl", "e2e")
@@ -141,8 +143,6 @@ def parse_sla(s: str) -> list[SLO]:
             pct = float(m.group(2))
             if not (0 < pct < 100):
                 raise InputError(f"--sla: percentile p{m.group(2)} in {term!r} is out of range (0 < NN < 100)")
-            if metric == "itl" and pct not in (50.0, 90.0, 99.0):
-                raise InputError(f"--sla: {term!r}: ITL percentiles available are p50, p90, p99")
             slo = SLO(metric, pct, parse_duration_ms(value, f"--sla: {name}"), term)
         if slo.key in seen:
             raise InputError(f"--sla: {slo.key} given twice in {s!r}")
@@ -187,15 +187,17 @@ class Point:
     tag: object = None          # caller's label, returned unchanged
 
 
-def metric_values(summary: dict, req, slos) -> dict:
-    """Each SLO's measured value from a simulation (request table for arbitrary percentiles)."""
+def metric_values(summary: dict, req, slos, itl=None) -> dict:
+    """Each SLO's measured value from a simulation (request table and the ITL samples
+    (values, counts) for arbitrary percentiles)."""
     done = req[req["completed"]]
     out = {}
     for s in slos:
         if s.metric == "min_user_tok_s":
             out[s.key] = summary.get("output_tok_s_per_user")
         elif s.metric == "itl":
-            out[s.key] = summary["itl_ms"].get(f"p{s.pct:g}")
+            out[s.key] = weighted_percentile(itl[0], itl[1], s.pct) if itl is not None else \
+                summary["itl_ms"].get(f"p{s.pct:g}")
         else:
             col = done[f"{s.metric}_ms"].dropna().to_numpy()
             out[s.key] = float(np.percentile(col, s.pct)) if len(col) else None
@@ -213,7 +215,7 @@ def run_point(p: Point, slos=(), keep: tuple = ()) -> dict:
     res = simulate(cfg)
     s = res.summary
     out = {"tag": p.tag, "nodes": p.nodes, "seed": p.seed, "summary": s,
-           "metrics": metric_values(s, res.requests, slos),
+           "metrics": metric_values(s, res.requests, slos, res.itl),
            "complete": s["requests_completed"] == s["requests_total"]}
     if keep:
         done = res.requests[res.requests["completed"]]

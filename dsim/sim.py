@@ -71,6 +71,7 @@ class SimResult:
     requests: pd.DataFrame
     steps: pd.DataFrame
     shapes: list | None = None
+    itl: tuple | None = None           # ITL samples, run-length coded: (values ms, counts)
 
 
 class SpecRuntime:
@@ -216,7 +217,8 @@ def _result(cfg, spec, reqs, stats, replicas, wall) -> SimResult:
     shapes = None
     if cfg.engine.record_shapes:
         shapes = sorted((x for r in replicas for x in r.shapes), key=lambda x: (x[1], x[0]))
-    return SimResult(summary, req, steps, shapes)
+    arr = np.asarray(itl, dtype=np.float64).reshape(-1, 2)
+    return SimResult(summary, req, steps, shapes, (arr[:, 0], arr[:, 1]))
 
 
 def _spec_summary(spec, st: SpecStats, class_names) -> dict:

@@ -36,7 +36,7 @@ def test_parse_sla_examples():
     ("foo_p50=20ms", "unknown metric"), ("p0=20ms", "out of range"), ("p100=20ms", "out of range"),
     ("p150=1s", "out of range"), ("p50", "NAME=VALUE"), ("p50=20ms,,p90=30ms", "empty term"),
     ("p50=20ms,tpot_p50=30ms", "twice"), ("p50=-3ms", "duration"), ("p50=0ms", "> 0"),
-    ("min_user_tok_s=abc", "number"), ("itl_p75=20ms", "ITL percentiles"), ("x50=20ms", "expected"),
+    ("min_user_tok_s=abc", "number"), ("x50=20ms", "expected"),
 ])
 def test_parse_sla_bad(bad, msg):
     with pytest.raises(InputError, match=msg):
@@ -166,3 +166,21 @@ def test_cli_plan_json_and_unmeetable_exit_1():
                          "--max-nodes", "2", "--methods", "mtp"])
     assert res.exit_code == 1, res.output
     assert "not met at 2" in res.output
+
+
+def test_itl_slo_any_percentile_from_samples():
+    from dsim.metrics import weighted_percentile
+    from dsim.plan import metric_values, parse_sla
+    import numpy as np
+    slos = parse_sla("itl_p75=20ms")
+    vals = np.array([10.0, 30.0, 20.0])
+    counts = np.array([50, 25, 25])
+    assert weighted_percentile(vals, counts, 75) == 20.0
+    assert weighted_percentile(vals, counts, 76) == 30.0
+    out = metric_values({}, _empty_req(), slos, (vals, counts))
+    assert list(out.values()) == [20.0]
+
+
+def _empty_req():
+    import pandas as pd
+    return pd.DataFrame({"completed": [], "ttft_ms": [], "tpot_ms": [], "e2e_ms": []})
