@@ -116,7 +116,7 @@ class SpecStats:
 
 
 # Decode-slot columns: the running requests in decode state, in running-queue order.
-_ID, _COMP, _LEFT, _BLK, _CLS, _EMITS = range(6)      # int64 columns of Replica.I
+_ID, _COMP, _END, _CLS, _EMITS = range(5)      # int64 columns of Replica.I
 _LAST, _ITLMAX, _LAT = range(3)                        # float64 columns of Replica.F
 
 
@@ -143,13 +143,17 @@ class Replica:
         self.rng = rng
         self.stats = stats
         self.on_finish = on_finish
-        self.I = np.zeros((0, 6), dtype=np.int64)
+        self.I = np.zeros((0, 5), dtype=np.int64)
         self.F = np.zeros((0, 3), dtype=np.float64)
         self.pre: list = []                  # request ids prefilling, in queue order
         self.waiting: deque = deque()
         self.kv_dec = 0                      # sum of the decode slots' KV tokens
-        self.free_blocks = cost.profile.kv_capacity_blocks
-        self.total_blocks = self.free_blocks
+        # KV blocks. A decode slot holds ceil((KV tokens + lookahead) / 16) blocks, lookahead = 1 + K
+        # (vLLM allocates slots for the drafts), a function of its KV tokens: the total is
+        # checked against a cheap upper bound from kv_dec and computed exactly only near a full cache.
+        self.total_blocks = cost.profile.kv_capacity_blocks
+        self.pre_blocks = 0                  # blocks held by requests still prefilling
+        self.lookahead = 1 + self.K
         self.cpu_ms = 0.0 if cfg.async_scheduling else cost.cpu_overhead_ms
         self.prev_end = -1.0
         self.steps: list = []                # StepRecord tuples
@@ -236,21 +240,33 @@ class Replica:
         R = self.R
         if self.pre:
             rid = self.pre.pop()
+            self.pre_blocks -= int(R.blocks[rid])
         else:
             row, frow = self.I[-1], self.F[-1]
             rid = int(row[_ID])
-            R.generated[rid] = R.output[rid] - row[_LEFT]
-            R.blocks[rid] = row[_BLK]
+            R.generated[rid] = R.output[rid] - (row[_END] - row[_COMP])
             R.emits[rid] = row[_EMITS]
             R.last_emit[rid] = frow[_LAST]
             R.itl_max[rid] = frow[_ITLMAX]
             self.kv_dec -= int(row[_COMP])
             self.I, self.F = self.I[:-1], self.F[:-1]
-        self.free_blocks += int(R.blocks[rid])
         R.blocks[rid] = 0
         R.computed[rid] = 0
         R.preemptions[rid] += 1
         self.waiting.appendleft(rid)
+
+    def _dec_blocks(self, exact: bool) -> int:
+        """Blocks held by the decode slots: exact, or an upper bound from kv_dec alone
+        (sum of ceil(x_i / 16) <= (sum x_i + 15 n) / 16)."""
+        n, la = len(self.I), self.lookahead
+        if not exact:
+            return (self.kv_dec + n * (la + KV_BLOCK_TOKENS - 1)) // KV_BLOCK_TOKENS
+        return int(((self.I[:, _COMP] + (la + KV_BLOCK_TOKENS - 1)) // KV_BLOCK_TOKENS).sum())
+
+    def _fits(self, blocks: int) -> bool:
+        """Can `blocks` more KV blocks be allocated? (the exact count only when the bound fails)"""
+        free = self.total_blocks - self.pre_blocks
+        return free - self._dec_blocks(False) >= blocks or free - self._dec_blocks(True) >= blocks
 
     def _plan_step(self, preempted: bool):
         """Schedule one step (vLLM V1 order). Returns the plan tuple, or None if nothing runs."""
@@ -284,23 +300,19 @@ class Replica:
             chunks.append(c)
             left -= c
         # KV blocks for the scheduled tokens; preempt from the tail when they run out.
-        need_blocks = grow = 0
-        if n_dec:
-            need = (I[:, _COMP] + (q if q is not None else 1) + (KV_BLOCK_TOKENS - 1)) // KV_BLOCK_TOKENS
-            grow = int(np.maximum(need - I[:, _BLK], 0).sum())
         pre_grow = [max(0, -(-(int(R.computed[r]) + c) // KV_BLOCK_TOKENS) - int(R.blocks[r]))
                     for r, c in zip(self.pre, chunks)]
-        if grow + sum(pre_grow) > self.free_blocks:
-            if n_dec + len(self.pre) <= 1 and not self.waiting and grow + sum(pre_grow) > self.total_blocks:
-                raise RuntimeError("a single request needs more KV blocks than the cache holds")
+        grow = sum(pre_grow)
+        if not self._fits(grow):
+            if n_dec + len(self.pre) <= 1:
+                raise InputError(f"request {int(I[0, _ID]) if n_dec else self.pre[0]}: needs more KV blocks "
+                                 f"than the cache holds ({self.total_blocks} blocks of {KV_BLOCK_TOKENS} tokens; "
+                                 f"profile memory.kv_cache_gib)")
             self._preempt_tail()
             return self._plan_step(True)
-        if n_dec and grow:
-            np.maximum(I[:, _BLK], need, out=I[:, _BLK])
-        self.free_blocks -= grow
         for r, g in zip(self.pre, pre_grow):
             R.blocks[r] += g
-        self.free_blocks -= sum(pre_grow)
+        self.pre_blocks += grow
         # Admission: FCFS while budget, sequence cap and blocks allow (not after a preemption).
         if not preempted:
             n_run = n_dec + len(self.pre)
@@ -314,10 +326,10 @@ class Replica:
                 todo = int(R.prompt[rid] + R.generated[rid]) - comp
                 c = min(todo, left, thr) if thr > 0 else min(todo, left)
                 blocks = -(-(comp + c) // KV_BLOCK_TOKENS)
-                if blocks > self.free_blocks:
+                if not self._fits(blocks):
                     break
                 self.waiting.popleft()
-                self.free_blocks -= blocks
+                self.pre_blocks += blocks
                 R.blocks[rid] = blocks
                 if np.isnan(R.admit[rid]):
                     R.admit[rid] = self.env.now
@@ -407,7 +419,7 @@ class Replica:
                     windows = np.minimum(windows, np.maximum(q - 1, 0)[None])
                 acc = self.spec.accepted_prefix(draws.accept[0], commit_w)
                 verified = self._spec_account(I, windows, draws, acc[None], 1)
-                em = np.minimum(acc + 1, I[:, _LEFT])
+                em = np.minimum(acc + 1, I[:, _END] - I[:, _COMP])
                 accepted = int(acc.sum())
             else:
                 em = 1
@@ -415,7 +427,6 @@ class Replica:
                 em = np.where(q > 0, em, 0)
                 n_dec_run = int((q > 0).sum())
             I[:, _COMP] += em
-            I[:, _LEFT] -= em
             emitted_total = int(em.sum()) if K or cut else n_dec
             self.kv_dec += emitted_total
             self._itl(I, F, t, dur, None if not cut else q > 0)
@@ -443,10 +454,11 @@ class Replica:
             self.pre = [r for r in self.pre if r not in mv]
             rows, frows = [], []
             for rid in moved:       # KV now holds the prompt + generated - 1 tokens
-                g = int(R.generated[rid])
-                comp = int(R.prompt[rid]) + g - 1
-                rows.append((rid, comp, int(R.output[rid]) - g, int(R.blocks[rid]), int(R.cls[rid]),
-                             int(R.emits[rid])))
+                p = int(R.prompt[rid])
+                comp = p + int(R.generated[rid]) - 1
+                rows.append((rid, comp, p + int(R.output[rid]) - 1, int(R.cls[rid]), int(R.emits[rid])))
+                self.pre_blocks -= int(R.blocks[rid])       # now counted from the slot's KV tokens
+                R.blocks[rid] = 0
                 frows.append((t, float(R.itl_max[rid]), float(R.latent[rid])))
                 self.kv_dec += comp
             self.I = I = np.concatenate([I, np.array(rows, dtype=np.int64)])
@@ -478,10 +490,8 @@ class Replica:
     def _finish_done(self):
         I = self.I
         if not len(I):
-            # A prefill-only request with output 1 finishes at its first token.
-            self._finish_prefill_only()
             return
-        done = I[:, _LEFT] <= 0
+        done = I[:, _COMP] >= I[:, _END]
         if done.any():
             R, t = self.R, self.env.now
             rows, frows = I[done], self.F[done]
@@ -491,16 +501,11 @@ class Replica:
             R.emits[ids] = rows[:, _EMITS]
             R.itl_max[ids] = frows[:, _ITLMAX]
             R.computed[ids] = rows[:, _COMP]
-            self.free_blocks += int(rows[:, _BLK].sum())
             self.kv_dec -= int(rows[:, _COMP].sum())
             keep = ~done
             self.I, self.F = I[keep], self.F[keep]
             for rid in ids.tolist():
                 self.on_finish(rid)
-        self._finish_prefill_only()
-
-    def _finish_prefill_only(self):
-        pass
 
     # ---- decode windows ---------------------------------------------------------------------
     def _window_ok(self) -> bool:
@@ -517,7 +522,8 @@ class Replica:
         env, R, K, cfg = self.env, self.R, self.K, self.cfg
         I, F = self.I, self.F
         n = len(I)
-        left = I[:, _LEFT]
+        comp0 = I[:, _COMP]
+        left = I[:, _END] - comp0
         # Steps until the first possible completion bound the window (no draws wasted on them).
         k = int(min(cfg.max_window, max(1, left.min())))
         # Open loop: no draws past the next known arrival (each step takes at least the forward
@@ -542,26 +548,25 @@ class Replica:
             done_step = [k - 1] if k >= left.min() else []
             per_step = np.full(k, n)
         last = int(done_step[0]) if len(done_step) else k - 1
-        # KV blocks: each step allocates slots for 1 + K tokens ahead, as vLLM does for drafts.
-        grow_at_end = None
-        comp0 = I[:, _COMP]
-        if K > 0:
-            before = np.vstack([np.zeros((1, n), np.int64), cum[:-1]])
-            need = (comp0[None, :] + before + 1 + K + KV_BLOCK_TOKENS - 1) // KV_BLOCK_TOKENS
-            extra = np.maximum(need - I[None, :, _BLK], 0).sum(axis=1)
-        else:
-            steps_ = np.arange(k)[:, None]
-            need = (comp0[None, :] + steps_ + 1 + KV_BLOCK_TOKENS - 1) // KV_BLOCK_TOKENS
-            extra = np.maximum(need - I[None, :, _BLK], 0).sum(axis=1)
-        bad = np.flatnonzero(extra > self.free_blocks)
-        if len(bad):
-            if bad[0] == 0:      # even one step needs a preemption: take the general path
-                plan = self._plan_step(False)
-                yield env.timeout(plan[-1] / 1000.0)
-                self._commit_step(plan)
-                return
-            last = min(last, int(bad[0]) - 1)
-        kv = self.kv_dec + np.concatenate([[0], np.cumsum(per_step)[:-1]]) + n_tok
+        # KV tokens at the start of each step; blocks held then (see _dec_blocks): an upper bound
+        # first, the exact count only when the bound says the cache may run out.
+        kv_start = self.kv_dec + np.concatenate([[0], np.cumsum(per_step)[:-1]])
+        avail = self.total_blocks - self.pre_blocks
+        before = None
+        if (kv_start[last] + n * (self.lookahead + KV_BLOCK_TOKENS - 1)) // KV_BLOCK_TOKENS > avail:
+            before = (np.vstack([np.zeros((1, n), np.int64), cum[:-1]]) if K > 0
+                      else np.arange(k)[:, None])
+            used = ((comp0[None, :] + before + (self.lookahead + KV_BLOCK_TOKENS - 1))
+                    // KV_BLOCK_TOKENS).sum(axis=1)
+            bad = np.flatnonzero(used > avail)
+            if len(bad) and bad[0] <= last:
+                if bad[0] == 0:      # even one step needs a preemption: take the general path
+                    plan = self._plan_step(False)
+                    yield env.timeout(plan[-1] / 1000.0)
+                    self._commit_step(plan)
+                    return
+                last = int(bad[0]) - 1
+        kv = kv_start + n_tok
         if n_tok.max() <= self.cost.limit:
             fwd = self._fwd_arr[n_tok] + self._kv_ms * kv
         else:
@@ -580,7 +585,7 @@ class Replica:
         if self.shapes is not None:
             for t in range(m):
                 qv = (1 + verified[t]) if K > 0 else np.ones(n, np.int64)
-                ctx = comp0 + (before[t] if K > 0 else t)
+                ctx = comp0 + ((cum[t - 1] if t else 0) if K > 0 else t)
                 self.shapes.append((self.idx, float(t_end[t]), qv.tolist(), ctx.tolist(), float(fwd[t])))
         if K > 0:
             vt = self.spec and self._spec_account(I, windows, draws, acc[:m], m)
@@ -590,10 +595,7 @@ class Replica:
         else:
             em_total = np.full(n, m)
         I[:, _COMP] += em_total
-        I[:, _LEFT] -= em_total
         I[:, _EMITS] += m
-        np.maximum(I[:, _BLK], need[m - 1], out=I[:, _BLK])
-        self.free_blocks -= int(extra[m - 1])
         em_sum = int(em_total.sum())
         self.kv_dec += em_sum
         durs = dur[:m].tolist()
