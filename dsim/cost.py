@@ -14,6 +14,7 @@ Preconditions: n_tokens >= 1, kv_tokens >= 0. Postcondition: step_ms is non-decr
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import os
 from dataclasses import dataclass, field
@@ -224,7 +225,8 @@ class CostModel:
             self._slope = (self._ams[-1] - self._ams[-2]) / (self._ax[-1] - self._ax[-2])
         else:   # only the limit point: extrapolate the slope of the last two points overall
             self._slope = (ms[-1] - ms[-2]) / (x[-1] - x[-2]) if len(x) >= 2 else 0.0
-        self._slope = max(self._slope, 0.0)
+        self._slope = float(max(self._slope, 0.0))
+        self._ax_list, self._ams_list = self._ax.tolist(), self._ams.tolist()
         self._draft = {}
         for kind, t in profile.draft.items():
             self._draft[kind] = (t.x, np.maximum.accumulate(t.ms) * cost_scale)
@@ -235,7 +237,7 @@ class CostModel:
             n = int(n_tokens)
             if n <= self.limit:
                 return float(self._below_list[n])
-            return float(self._above(np.asarray([n]))[0])
+            return self._above_scalar(n)
         n = np.asarray(n_tokens, dtype=np.int64)
         if n.ndim and n.size and n.max() <= self.limit:     # the common case: one table lookup
             return self._below[n]
@@ -251,6 +253,14 @@ class CostModel:
             else:
                 out = val
         return out if n.ndim else float(out)
+
+    def _above_scalar(self, n: int) -> float:
+        ax, ams = self._ax_list, self._ams_list
+        if n >= ax[-1]:
+            return ams[-1] + self._slope * (n - ax[-1])
+        i = bisect.bisect_right(ax, n)          # ax[i-1] <= n < ax[i]
+        x0, x1 = ax[i - 1], ax[i]
+        return ams[i - 1] + (ams[i] - ams[i - 1]) * (n - x0) / (x1 - x0)
 
     def _above(self, n):
         """Cost above the capture limit: interpolation, then last-slope extrapolation."""

@@ -157,6 +157,7 @@ class Replica:
         self.cpu_ms = 0.0 if cfg.async_scheduling else cost.cpu_overhead_ms
         self.prev_end = -1.0
         self.steps: list = []                # StepRecord tuples
+        self.finished: list = []             # (slot rows, float rows, finish time) to flush
         self.itl_vals: list = []             # (gap_ms, count) pairs: ITL samples, run-length coded
         self.wake = env.event()
         self.prefix_hashes = prefix_hashes
@@ -391,7 +392,7 @@ class Replica:
         st.cls_rounds += m * np.bincount(cls, minlength=nc)
         st.cls_emitted += np.bincount(cls, weights=(acc + 1).sum(axis=0), minlength=nc)
         st.cls_verify += np.bincount(cls, weights=(1 + verified).sum(axis=0), minlength=nc)
-        if st.head_n < st.cap:
+        if st.head_n < st.cap and self.spec.method.name == "dspark":     # only DSpark has a head
             st.head_conf.append(draws.conf[:m].reshape(-1))
             st.head_acc.append(draws.accept[:m].reshape(-1))
             st.head_n += m * n * K
@@ -493,19 +494,26 @@ class Replica:
             return
         done = I[:, _COMP] >= I[:, _END]
         if done.any():
-            R, t = self.R, self.env.now
             rows, frows = I[done], self.F[done]
+            # Per-request results are written to the request table once, at the end (flush).
+            self.finished.append((rows, frows, self.env.now))
+            self.kv_dec -= int(rows[:, _COMP].sum())
+            keep = ~done
+            self.I, self.F = I[keep], self.F[keep]
+            for rid in rows[:, _ID].tolist():
+                self.on_finish(rid)
+
+    def flush(self):
+        """Write the finished requests' results into the shared request table."""
+        R = self.R
+        for rows, frows, t in self.finished:
             ids = rows[:, _ID]
             R.finish[ids] = t
             R.generated[ids] = R.output[ids]
             R.emits[ids] = rows[:, _EMITS]
             R.itl_max[ids] = frows[:, _ITLMAX]
             R.computed[ids] = rows[:, _COMP]
-            self.kv_dec -= int(rows[:, _COMP].sum())
-            keep = ~done
-            self.I, self.F = I[keep], self.F[keep]
-            for rid in ids.tolist():
-                self.on_finish(rid)
+        self.finished = []
 
     # ---- decode windows ---------------------------------------------------------------------
     def _window_ok(self) -> bool:

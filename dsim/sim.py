@@ -95,7 +95,9 @@ class SpecRuntime:
             opts["sigma_request"] = sc.sigma_request
         if sc.sigma_step is not None:
             opts["sigma_step"] = sc.sigma_step
-        self.acceptance = S.AcceptanceModel(self.curves, class_names, self.k, head=sc.head,
+        # Only DSpark has a confidence head; the others skip calibrating one.
+        head = sc.head if self.method.name == "dspark" else "useless"
+        self.acceptance = S.AcceptanceModel(self.curves, class_names, self.k, head=head,
                                             head_auc=sc.head_auc, head_ece=sc.head_ece, **opts)
         if self.method.adaptive:
             from dsim import policy as P
@@ -197,6 +199,8 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
 
 def _result(cfg, spec, reqs, stats, replicas, wall) -> SimResult:
     w = cfg.workload
+    for r in replicas:
+        r.flush()
     req = request_table(reqs, w.class_names)
     itl = [p for r in replicas for p in r.itl_vals]
     steps = pd.DataFrame([s for r in replicas for s in r.steps], columns=list(STEP_FIELDS))

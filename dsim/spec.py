@@ -542,7 +542,7 @@ class AcceptanceModel:
         if self.head == "perfect":
             conf = p.copy()
         elif self.head == "useless":
-            conf = np.broadcast_to(self._Pf[cls], shape).copy()
+            conf = np.broadcast_to(self._Pf[cls], shape)   # read-only view: carries no information
         else:
             if self.head_noise:
                 n_head *= np.float32(self.head_noise)
