@@ -18,6 +18,7 @@ NVLink 1800 GB/s. Efficiency factors are stated defaults until fitted on measure
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ class Efficiency:
     launch_us_per_layer: float = 12.0   # per-layer kernel floor inside a CUDA graph
     allreduce_us: float = 12.0  # one-shot all-reduce latency over NVLink
     source: str = "stated defaults (not fitted)"
+    kv_bw: float | None = None  # achieved fraction of HBM bandwidth on KV reads (None: same as bw)
 
 
 def model_shape(cfg: dict) -> dict:
@@ -100,7 +102,8 @@ def analytical_profile(model_config: str | Path, hardware: str = "H200", gpus: i
                        bytes_per_param: float = 2.0, kv_bytes_per_elem: float = 2.0,
                        mem_util: float = 0.9, max_batched_tokens: int = 8192,
                        cpu_overhead_ms: float = 2.0, eff: Efficiency = Efficiency(),
-                       name: str | None = None, kv_replicated: bool = False) -> Profile:
+                       name: str | None = None, kv_replicated: bool = False,
+                       fit_info: dict | None = None, fit_path: str | None = None) -> Profile:
     """A roofline profile for `model_config` (HF config.json) on `gpus` x `hardware`.
 
     kv_replicated: MLA's latent KV is replicated on every tensor-parallel rank in vLLM, so the
@@ -115,7 +118,7 @@ def analytical_profile(model_config: str | Path, hardware: str = "H200", gpus: i
     fwd = forward_ms(shape, tokens, hw, gpus, bytes_per_param, eff)
     kv_bpt = shape["kv_elems_per_token"] * kv_bytes_per_elem
     kv_read_bpt = kv_bpt / (1 if kv_replicated else gpus)
-    kv_ms_per_ktok = 1000 * kv_read_bpt / (hw["bw"] * eff.bw) * 1e3
+    kv_ms_per_ktok = 1000 * kv_read_bpt / (hw["bw"] * (eff.kv_bw or eff.bw)) * 1e3
     weights_gib = shape["total"] * bytes_per_param / 2**30
     if kv_replicated:
         kv_gib = hw["hbm_gib"] * mem_util - weights_gib / gpus
@@ -146,19 +149,120 @@ def analytical_profile(model_config: str | Path, hardware: str = "H200", gpus: i
                         command=(f"python -m dsim.analytical {model_config} --hardware {hardware} --gpus {gpus} "
                                  f"--bytes-per-param {bytes_per_param:g}"
                                  + (" --kv-replicated" if kv_replicated else "")
+                                 + (f" --fit {fit_path}" if fit_path else "")
+                                 + (f" --name {name}" if name else "")
                                  + f" --launch-us-per-layer {eff.launch_us_per_layer:g}"),
                         hardware_source=hw["source"],
                         assumptions=dict(bytes_per_param=bytes_per_param, kv_bytes_per_elem=kv_bytes_per_elem,
                                          mem_util=mem_util, kv_replicated=kv_replicated,
-                                         eff_bw=eff.bw, eff_flops=eff.flops)),
+                                         eff_bw=eff.bw, eff_flops=eff.flops,
+                                         eff_kv_bw=eff.kv_bw or eff.bw,
+                                         launch_us_per_layer=eff.launch_us_per_layer),
+                        **({"fit": fit_info} if fit_info else {})),
         kv_cache_gib=round(float(kv_gib), 2), kv_bytes_per_token=float(kv_bpt),
         cpu_overhead_ms=cpu_overhead_ms, capture_sizes=tuple(caps),
         forward=Table(tokens, fwd), kv_ms_per_ktok=float(kv_ms_per_ktok), draft=draft)
 
 
+# ---------------------------------------------------------------- fitting on measured profiles
+def _measured_points(config_path, profile: Profile):
+    """(n, F_ms) of a measured profile's forward table."""
+    return np.asarray(profile.forward.x, dtype=float), np.asarray(profile.forward.ms, dtype=float)
+
+
+def _fwd_err(params, items, hw_name="H200"):
+    bw, fl, launch = params
+    eff = Efficiency(bw=bw, flops=fl, launch_us_per_layer=launch)
+    errs = []
+    for cfg, prof in items:
+        shape = model_shape(json.loads(Path(cfg).read_text()))
+        n, ms = _measured_points(cfg, prof)
+        pred = forward_ms(shape, n, HARDWARE[hw_name], 1, 2.0, eff)
+        errs.append((pred - ms) / ms)
+    return np.concatenate(errs)
+
+
+def _kv_eff(cfg, prof, hw_name="H200"):
+    shape = model_shape(json.loads(Path(cfg).read_text()))
+    kv_bpt = shape["kv_elems_per_token"] * 2.0
+    return 1e6 * kv_bpt / (HARDWARE[hw_name]["bw"] * prof.kv_ms_per_ktok)
+
+
+def fit_efficiency(items, hw_name: str = "H200") -> dict:
+    """Fit eff.bw, eff.flops, per-layer launch floor (relative least squares on the forward tables)
+    and the KV-read bandwidth fraction (mean over profiles) to measured single-GPU profiles.
+
+    items: [(model config path, measured Profile)]. Returns the fitted values and their errors.
+    """
+    from scipy.optimize import least_squares
+    r = least_squares(lambda p: _fwd_err(p, items, hw_name), x0=[0.8, 0.6, 40.0],
+                      bounds=([0.05, 0.05, 0.0], [1.0, 1.0, 500.0]))
+    e = np.abs(_fwd_err(r.x, items, hw_name)) * 100
+    kv = [_kv_eff(c, p, hw_name) for c, p in items]
+    return dict(bw=float(r.x[0]), flops=float(r.x[1]), launch_us_per_layer=float(r.x[2]),
+                kv_bw=float(np.mean(kv)), forward_median_abs_pct=float(np.median(e)),
+                forward_p90_abs_pct=float(np.percentile(e, 90)), forward_max_abs_pct=float(e.max()))
+
+
+def evaluate_efficiency(fit: dict, items, hw_name: str = "H200") -> dict:
+    """Errors of fitted efficiencies on (held-out) measured profiles: forward table and KV slope."""
+    e = np.abs(_fwd_err([fit["bw"], fit["flops"], fit["launch_us_per_layer"]], items, hw_name)) * 100
+    kv = [abs(fit["kv_bw"] / _kv_eff(c, p, hw_name) - 1) * 100 for c, p in items]
+    return dict(forward_median_abs_pct=float(np.median(e)), forward_p90_abs_pct=float(np.percentile(e, 90)),
+                forward_max_abs_pct=float(e.max()), kv_slope_abs_pct=[round(float(x), 2) for x in kv])
+
+
+def fit_cli(argv=None):  # pragma: no cover - thin wrapper
+    """python -m dsim.analytical fit --pair CONFIG PROFILE ... --out FIT.json: fit on all pairs and
+    report leave-one-out held-out errors."""
+    import argparse
+    from dsim.cost import load_profile
+    ap = argparse.ArgumentParser(description="Fit analytical efficiencies on measured profiles")
+    ap.add_argument("--pair", nargs=2, action="append", required=True, metavar=("CONFIG", "PROFILE"))
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    items = [(c, load_profile(p)) for c, p in a.pair]
+    full = fit_efficiency(items)
+    held = {}
+    for i, (c, p) in enumerate(items):
+        rest = items[:i] + items[i + 1:]
+        f = fit_efficiency(rest)
+        held[p.provenance.get("model", c)] = dict(
+            trained_on=[q.provenance.get("model") for _, q in rest],
+            fitted=dict((k, round(f[k], 4)) for k in ("bw", "flops", "launch_us_per_layer", "kv_bw")),
+            train=dict((k, round(f[k], 3)) for k in ("forward_median_abs_pct", "forward_p90_abs_pct")),
+            held_out=evaluate_efficiency(f, [(c, p)]))
+    out = dict(hardware="H200", fitted_on=[p.source_path for _, p in items],
+               configs=[c for c, _ in items], efficiency=full, leave_one_out=held,
+               note="forward: relative error of the analytical F(n) against the measured forward table "
+                    "(all capture sizes and tails); kv: KV-read bandwidth fraction from kv_ms_per_ktok")
+    Path(a.out).write_text(json.dumps(out, indent=1))
+    print(json.dumps(out, indent=1))
+
+
+def load_fit(path) -> tuple[Efficiency, dict]:
+    d = json.loads(Path(path).read_text())
+    f = d["efficiency"]
+    held = {k: v["held_out"]["forward_median_abs_pct"] for k, v in d.get("leave_one_out", {}).items()}
+    src = (f"fitted on measured H200 profiles ({', '.join(Path(p).stem for p in d['fitted_on'])}): "
+           f"forward median |err| {f['forward_median_abs_pct']:.1f}% (p90 {f['forward_p90_abs_pct']:.1f}%), "
+           f"leave-one-out held-out median |err| " + ", ".join(f"{k} {v:.1f}%" for k, v in held.items()))
+    eff = Efficiency(bw=f["bw"], flops=f["flops"], launch_us_per_layer=f["launch_us_per_layer"],
+                     kv_bw=f["kv_bw"], source=src)
+    info = dict(file=str(path), bw=round(f["bw"], 4), flops=round(f["flops"], 4),
+                launch_us_per_layer=round(f["launch_us_per_layer"], 2), kv_bw=round(f["kv_bw"], 4),
+                train_forward_median_abs_pct=round(f["forward_median_abs_pct"], 2),
+                train_forward_p90_abs_pct=round(f["forward_p90_abs_pct"], 2),
+                held_out_forward_median_abs_pct={k: round(v, 2) for k, v in held.items()})
+    return eff, info
+
+
 def main():  # pragma: no cover - thin wrapper
     import argparse
+    import sys
     from dsim.cost import save_profile
+    if len(sys.argv) > 1 and sys.argv[1] == "fit":
+        return fit_cli(sys.argv[2:])
     ap = argparse.ArgumentParser(description="Write an analytical (roofline) profile")
     ap.add_argument("config")
     ap.add_argument("--hardware", default="H200", choices=sorted(HARDWARE))
@@ -166,13 +270,22 @@ def main():  # pragma: no cover - thin wrapper
     ap.add_argument("--bytes-per-param", type=float, default=2.0)
     ap.add_argument("--kv-replicated", action="store_true")
     ap.add_argument("--name")
-    ap.add_argument("--launch-us-per-layer", type=float, default=Efficiency.launch_us_per_layer)
+    ap.add_argument("--launch-us-per-layer", type=float, default=None,
+                    help="per-layer floor in us (overrides a fitted value)")
+    ap.add_argument("--fit", help="efficiency fit JSON (python -m dsim.analytical fit ...)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    eff = Efficiency(launch_us_per_layer=a.launch_us_per_layer,
-                     source=f"stated defaults (not fitted), per-layer floor {a.launch_us_per_layer:g} us")
+    fit_info = None
+    if a.fit:
+        eff, fit_info = load_fit(a.fit)
+        if a.launch_us_per_layer is not None:
+            eff = dataclasses.replace(eff, launch_us_per_layer=a.launch_us_per_layer,
+                                      source=eff.source + f"; per-layer floor overridden: {a.launch_us_per_layer:g} us")
+    else:
+        lu = a.launch_us_per_layer if a.launch_us_per_layer is not None else Efficiency.launch_us_per_layer
+        eff = Efficiency(launch_us_per_layer=lu, source=f"stated defaults (not fitted), per-layer floor {lu:g} us")
     p = analytical_profile(a.config, a.hardware, a.gpus, a.bytes_per_param, name=a.name,
-                           kv_replicated=a.kv_replicated, eff=eff)
+                           kv_replicated=a.kv_replicated, eff=eff, fit_info=fit_info, fit_path=a.fit)
     save_profile(p, a.out)
 
 

@@ -1,0 +1,173 @@
+"""CPU tests of the GPU profiler's pure-Python parts, the measured H200 profiles and the analytical
+fit. Torch-dependent checks (attention correctness) skip cleanly where torch is not installed."""
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dsim.analytical import analytical_profile, evaluate_efficiency, load_fit
+from dsim.cost import CostModel, load_profile, vllm_capture_sizes as dsim_caps
+from validator.gpu import plan
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ["llama-3.1-8b", "qwen3-8b", "qwen3-32b"]
+H200 = {m: ROOT / "profiles" / "h200" / f"h200-{m}.yaml" for m in MODELS}
+FIT = ROOT / "profiles" / "analytical" / "h200-fit.json"
+
+
+def test_capture_sizes_match_dsim():
+    assert plan.vllm_capture_sizes() == dsim_caps(512)
+    assert plan.vllm_capture_sizes(256) == dsim_caps(256)
+
+
+def test_tail_sizes():
+    assert plan.tail_sizes(512, 8192) == [768, 1536, 3072, 6144, 8192]
+
+
+def test_median():
+    assert plan.median([3, 1, 2]) == 2
+    assert plan.median([4, 1, 2, 3]) == 2.5
+    with pytest.raises(ValueError):
+        plan.median([])
+
+
+def test_sweep_plan_covers_capture_sizes_and_contexts():
+    p = plan.sweep_plan()
+    table_ns = {s.n for s in p if s.tag == "table"}
+    assert set(plan.vllm_capture_sizes()) <= table_ns
+    ctxs = {max(s.ctx) for s in p if s.tag == "context"}
+    assert {1024, 8192, 32768} <= ctxs | {1024}
+    assert {max(s.q) for s in p if s.tag == "context"} == {1, 2, 4, 8}
+    assert all(s.requests * max(s.ctx) <= 1_200_000 for s in p)
+    assert any(s.tag == "tail-prefill" and s.n == 8192 for s in p)
+
+
+def test_step_shape_kv_and_padding():
+    s = plan.StepShape((1, 3), (10, 20))
+    assert s.n == 4 and s.kv == 34 and s.requests == 2
+    caps = plan.vllm_capture_sizes()
+    assert plan.padded_tokens(3, caps) == 4 and plan.padded_tokens(513, caps) == 513
+    assert plan.padded_tokens(257, caps) == 272
+
+
+def test_fit_recovers_parameters():
+    rng = np.random.default_rng(0)
+    F = {n: 5 + 0.01 * n for n in (1, 2, 4, 8, 16)}
+    pts = []
+    for n, f in F.items():
+        for kv in (1000, 8000, 32000):
+            pts.append(dict(n=n, kv=kv, ms=(f + 0.05 * kv / 1000) * (1 + rng.normal(0, 1e-4)), tag="t"))
+    fit = plan.fit_step_model(pts)
+    assert fit["kv_ms_per_ktok"] == pytest.approx(0.05, rel=1e-2)
+    assert np.allclose(fit["F"], [F[n] for n in fit["tokens"]], rtol=1e-2)
+    assert fit["residual_pct"]["median_abs"] < 0.1
+
+
+def test_forward_table_and_profile_dict_load(tmp_path):
+    caps = plan.vllm_capture_sizes()
+    ns = caps + plan.tail_sizes()
+    fit = dict(tokens=ns, F=[1 + 0.01 * n for n in ns], kv_ms_per_ktok=0.05,
+               residual_pct=dict(median_abs=1.0))
+    prov = dict(kind="measured", hardware="NVIDIA H200", gpus_per_replica=1, model="m", engine="e",
+                engine_version="v", date="2026-11-29", method="test")
+    d = plan.profile_dict(name="t", provenance=prov, kv_cache_gib=60, kv_bytes_per_token=131072,
+                          caps=caps, fit=fit, draft={"mtp": dict(requests=[1, 2], ms=[0.5, 0.6])})
+    f = tmp_path / "t.yaml"
+    f.write_text(plan.dump_yaml(d))
+    p = load_profile(str(f))
+    assert p.kv_ms_per_ktok == 0.05 and "mtp" in p.draft
+    # quick sweeps: missing capture sizes are interpolated and listed
+    fit2 = dict(fit, tokens=[1, 512, 768], F=[1, 6, 8])
+    t = plan.forward_table(fit2, caps)
+    assert set(caps) <= set(t["tokens"]) and 256 in t["interpolated"]
+
+
+def test_staircase_matches_costmodel():
+    p = load_profile(str(H200["llama-3.1-8b"]))
+    cm = CostModel(p)
+    sc = plan.Staircase(p.forward.x, p.forward.ms, p.kv_ms_per_ktok, p.capture_sizes[-1])
+    rng = random.Random(1)
+    for _ in range(200):
+        n, kv = rng.randint(1, 12000), rng.randint(0, 2_000_000)
+        assert sc.step_ms(n, kv) == pytest.approx(float(cm.step_ms(n, kv)), rel=1e-9)
+
+
+def test_synthetic_steplog_and_errors(tmp_path):
+    steps = plan.synthetic_steplog(seed=3)
+    conc = {s["concurrency"] for s in steps}
+    assert conc == {1, 32, 256, "prefill"}
+    for s in steps:
+        assert len(s["q"]) == len(s["ctx"])
+        if s["concurrency"] != "prefill":
+            assert 1 <= min(s["q"]) and max(s["q"]) <= 8 and 500 <= min(s["ctx"]) and max(s["ctx"]) <= 8000
+    f = tmp_path / "log.jsonl"
+    f.write_text("\n".join(json.dumps(s) for s in steps))
+    assert len(plan.read_steplog(f)) == len(steps)
+    rows = [dict(concurrency=1, predicted_ms=10.0, measured_ms=10.0 * (1 + e / 100)) for e in (1, 2, 3)]
+    summ = plan.error_summary(rows)
+    assert summ["1"]["steps"] == 3 and 1.5 < summ["1"]["median_abs_pct"] < 2.5
+
+
+@pytest.mark.parametrize("m", MODELS)
+def test_measured_profiles_load_with_provenance(m):
+    p = load_profile(str(H200[m]))
+    pv = p.provenance
+    assert pv["kind"] == "measured" and "H200" in pv["hardware"]
+    for k in ("driver", "torch", "cuda", "command", "kernels", "attention_check", "date"):
+        assert k in pv, k
+    assert "validator.gpu.profile" in pv["command"]
+    ac = pv["attention_check"]
+    assert ac["check_varlen_verify_rel_err"] < 1e-2 and ac["check_dense_verify_rel_err"] < 1e-2
+    assert ac["bench"]["q8"]["ours_ms"] < ac["bench"]["q8"]["sdpa_enable_gqa_ms"]
+    assert set(p.draft) == {"mtp", "eagle3", "block", "dspark"}
+    assert p.kv_ms_per_ktok > 0 and p.kv_cache_gib > 0
+    assert set(p.capture_sizes) <= set(int(x) for x in p.forward.x)
+    assert "replay_check" in p.extra
+    raw = json.loads((H200[m].parent / f"h200-{m}.raw.json").read_text())
+    assert raw["points"] and raw["replay"]["rows"]
+
+
+def test_analytical_fit_reproduces_measured_within_stated_error():
+    fit = json.loads(FIT.read_text())
+    eff, info = load_fit(FIT)
+    items = [(str(ROOT / "profiles" / "models" / f"{m}.json"), load_profile(str(H200[m]))) for m in MODELS]
+    ev = evaluate_efficiency(fit["efficiency"], items)
+    assert ev["forward_median_abs_pct"] <= fit["efficiency"]["forward_median_abs_pct"] + 0.5
+    assert ev["forward_p90_abs_pct"] <= fit["efficiency"]["forward_p90_abs_pct"] + 0.5
+    for m in MODELS:   # held-out errors are stated too
+        assert fit["leave_one_out"][m]["held_out"]["forward_median_abs_pct"] < 15
+    # the fitted analytical profile of a measured model agrees with it at the staircase points
+    p = analytical_profile(items[0][0], "H200", 1, eff=eff)
+    meas = items[0][1]
+    err = np.abs(np.interp(meas.forward.x, p.forward.x, p.forward.ms) / meas.forward.ms - 1) * 100
+    assert np.median(err) < 15
+
+
+def test_deepseek_profile_regenerated_with_fit():
+    p = load_profile("deepseek-v4-class-h200x8")
+    assert p.provenance["kind"] == "analytical"
+    assert "--fit profiles/analytical/h200-fit.json" in p.provenance["command"]
+    assert "fit" in p.provenance
+
+
+def test_attention_matches_float_reference():
+    torch = pytest.importorskip("torch")
+    from validator.gpu.model import StepMeta, attention, reference_attention
+    dims = dict(heads=8, kv_heads=2, head_dim=16, vocab=100)
+    rng = random.Random(0)
+    q = tuple(rng.randint(1, 8) for _ in range(20))
+    c = tuple(rng.randint(1, 5000) for _ in range(20))
+    shapes = [plan.StepShape((1, 2, 8, 5), (9, 9, 9, 9)), plan.StepShape(q, c),
+              plan.StepShape(q + (40,), c + (12,)), plan.StepShape((40,), (0,))]
+    for shape in shapes:
+        m = StepMeta(shape, shape.n + 3, dims, "cpu")
+        H, kv, d = 8, 2, 16
+        pk, pv = torch.randn(m.region_tokens, kv, d), torch.randn(m.region_tokens, kv, d)
+        x = torch.randn(m.n_pad, H + 2 * kv, d)
+        pk.index_copy_(0, m.slot, x[:, H:H + kv])
+        pv.index_copy_(0, m.slot, x[:, H + kv:])
+        a = attention(x, (pk, pv), m).double()[:m.n]
+        r = reference_attention(x, (pk, pv), m)[:m.n]
+        assert float((a - r).norm() / r.norm()) < 1e-5

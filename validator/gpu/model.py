@@ -1,0 +1,454 @@
+"""Torch executor: decoder layers of an HF-style config with random bf16 weights, a KV pool,
+and serving-engine-like attention. Needs torch and numpy only.
+
+Attention (one step of R requests, request i with s_i new query tokens over ctx_i cached tokens):
+- decode/verify requests (s_i <= 16): the query heads of each KV group are folded into the
+  query-length dimension (queries [R, g*s_max, kv_heads, d] against the cache [R, ctx, kv_heads, d]),
+  so each KV head is read once (design.md 5). The cached prefix is fully visible to every new token:
+  one flash-attention call without a mask returns (out, logsumexp). The new tokens' own keys (causal
+  among the verify tokens) are a small masked score block; both parts are merged exactly by a
+  softmax over [prefix logsumexp, new-token scores]. Requests with unequal contexts use the
+  variable-length flash kernel (cu_seqlens) when R >= 16, else the dense kernel padded to the
+  longest context (timing-only for the shorter ones).
+- prefill chunks (s_i > 16): causal flash attention over [cache, chunk], bottom-right aligned.
+The 1/sqrt(d) scale is applied to q before attention (scale=1 in the kernels).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from validator.gpu.plan import PREFILL_MIN_Q, StepShape, model_dims
+
+VARLEN_MIN_REQUESTS = 16
+KV_CHUNK = 2048          # split-KV chunk for the varlen path
+
+
+# ---------------------------------------------------------------- flash primitives (+ CPU fallbacks)
+def _ref_attn(q, k, v, causal: bool):
+    """fp32 math attention, q [B,Sq,Hq,d], k/v [B,Sk,Hk,d]; bottom-right causal. -> out, lse[B,Hq,Sq]."""
+    B, Sq, Hq, d = q.shape
+    Sk, Hk = k.shape[1], k.shape[2]
+    g = Hq // Hk
+    qf = q.float().permute(0, 2, 1, 3)
+    kf = k.float().permute(0, 2, 1, 3).repeat_interleave(g, 1)
+    vf = v.float().permute(0, 2, 1, 3).repeat_interleave(g, 1)
+    s = qf @ kf.transpose(-1, -2)
+    if causal:
+        i = torch.arange(Sq, device=q.device)[:, None]
+        j = torch.arange(Sk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + (Sk - Sq), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    out = torch.softmax(s, -1) @ vf
+    return out.permute(0, 2, 1, 3).to(q.dtype), lse
+
+
+GQA_NATIVE = True     # set by the GPU probe: flash kernel accepts fewer KV heads than query heads
+
+
+def flash_dense(q, k, v, causal=False):
+    """q [B,Sq,H,d], k/v [B,Sk,Hk,d] -> out [B,Sq,H,d], lse [B,H,Sq] (fp32). Scale 1."""
+    if q.is_cuda:
+        if not GQA_NATIVE and k.shape[2] != q.shape[2]:
+            g = q.shape[2] // k.shape[2]
+            k, v = k.repeat_interleave(g, 2), v.repeat_interleave(g, 2)
+        r = torch.ops.aten._flash_attention_forward(q, k, v, None, None, q.shape[1], k.shape[1],
+                                                    0.0, causal, False, scale=1.0)
+        return r[0], r[1]
+    return _ref_attn(q, k, v, causal)
+
+
+def flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, B):
+    """q [B*max_q, H, d] (every request exactly max_q rows), k/v [sum ctx, H, d] packed.
+    Non-causal. -> out [B, max_q, H, d], lse [B, H, max_q]."""
+    H = q.shape[1]
+    if q.is_cuda:
+        r = torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, False,
+                                                    False, scale=1.0)
+        out, lse = r[0], r[1]
+        if lse.dim() == 2:          # [H, total_q] (unpadded layout)
+            lse = lse.view(H, B, max_q).permute(1, 0, 2)
+        return out.view(B, max_q, H, -1), lse
+    outs, lses = [], []
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for b in range(B):
+        o, l = _ref_attn(q[cq[b]:cq[b + 1]][None], k[ck[b]:ck[b + 1]][None],
+                         v[ck[b]:ck[b + 1]][None], False)
+        outs.append(o[0])
+        lses.append(l[0])
+    return torch.stack(outs), torch.stack(lses)
+
+
+# ---------------------------------------------------------------- step metadata
+class StepMeta:
+    """Static index tensors and views for one step shape (built outside graph capture)."""
+
+    def __init__(self, shape: StepShape, n_pad: int, dims: dict, device, force_mode: str | None = None):
+        self.shape = shape
+        q, ctx = list(shape.q), list(shape.ctx)
+        H, kv, d = dims["heads"], dims["kv_heads"], dims["head_dim"]
+        g = H // kv
+        self.g, self.H, self.kv, self.d = g, H, kv, d
+        dec = [i for i, s in enumerate(q) if s < PREFILL_MIN_Q]
+        pre = [i for i, s in enumerate(q) if s >= PREFILL_MIN_Q]
+        # token order: decode requests first, then prefill requests, then padding
+        order = dec + pre
+        self.q = [q[i] for i in order]
+        self.ctx = [ctx[i] for i in order]
+        self.n = sum(q)
+        self.n_pad = max(n_pad, self.n)
+        self.R_dec = len(dec)
+        self.R_pre = len(pre)
+        starts = np.concatenate([[0], np.cumsum(self.q)]).astype(int)
+        pos = np.concatenate([np.arange(c, c + s) for s, c in zip(self.q, self.ctx)] +
+                             [np.zeros(self.n_pad - self.n, dtype=int)])
+        self.positions = torch.tensor(pos, dtype=torch.long, device=device)
+        self.ids = torch.randint(0, dims["vocab"], (self.n_pad,), device=device)
+        # KV region layout (tokens, per layer): [decode prefixes][prefill caches+chunks][scratch][dummy]
+        slot = np.zeros(self.n_pad, dtype=np.int64)
+        Rd = self.R_dec
+        self.mode = None
+        if Rd:
+            dctx = [max(c, 1) for c in self.ctx[:Rd]]
+            self.s_max = max(self.q[:Rd])
+            uniform = len(set(dctx)) == 1
+            self.mode = force_mode or ("dense" if (Rd < VARLEN_MIN_REQUESTS) else "varlen")
+            if self.mode == "dense":
+                self.ctx_max = max(dctx)
+                dec_tokens = Rd * self.ctx_max
+                self.overread = Rd * self.ctx_max - sum(dctx)
+            else:
+                dec_tokens = sum(dctx)
+                self.overread = 0
+                # split-KV: each request's prefix is cut into chunks of <= KV_CHUNK tokens, one
+                # varlen sequence each (balances CTAs over unequal contexts), merged by logsumexp
+                owner, lens = [], []
+                for r, c in enumerate(dctx):
+                    for a in range(0, c, KV_CHUNK):
+                        owner.append(r)
+                        lens.append(min(KV_CHUNK, c - a))
+                nc = len(owner)
+                rows = g * self.s_max
+                self.n_chunks = nc
+                self.cu_k = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32,
+                                         device=device)
+                self.cu_q = torch.arange(0, nc + 1, dtype=torch.int32, device=device) * rows
+                self.max_k = max(lens)
+                qi = (np.array(owner)[:, None] * rows + np.arange(rows)[None]).reshape(-1)
+                self.chunk_q_idx = torch.tensor(qi, dtype=torch.long, device=device)
+                M_ = max(np.bincount(owner))
+                grid = np.full((Rd, M_), nc, dtype=np.int64)       # nc -> the empty (-inf) chunk
+                cnt = np.zeros(Rd, dtype=int)
+                for ci, r in enumerate(owner):
+                    grid[r, cnt[r]] = ci
+                    cnt[r] += 1
+                self.chunk_grid = torch.tensor(grid.reshape(-1), dtype=torch.long, device=device)
+                self.max_chunks = int(M_)
+            self.dctx = dctx
+            self.uniform = uniform
+        else:
+            dec_tokens, self.overread = 0, 0
+        base = dec_tokens
+        self.pre_regions = []
+        for j in range(self.R_pre):
+            i = Rd + j
+            s, c = self.q[i], self.ctx[i]
+            slot[starts[i]:starts[i + 1]] = base + c + np.arange(s)
+            self.pre_regions.append((base, c, s, int(starts[i])))
+            base += c + s
+        scratch = base
+        ndec_tok = int(starts[Rd]) if Rd else 0
+        slot[:ndec_tok] = scratch + np.arange(ndec_tok)
+        dummy = scratch + ndec_tok
+        slot[self.n:] = dummy
+        self.region_tokens = dummy + 1
+        self.slot = torch.tensor(slot, dtype=torch.long, device=device)
+        if Rd:
+            sm = self.s_max
+            # gather real decode tokens into a padded [Rd, s_max] layout (padding rows -> token 0)
+            pad_idx = np.zeros(Rd * sm, dtype=np.int64)
+            for r in range(Rd):
+                pad_idx[r * sm: r * sm + self.q[r]] = starts[r] + np.arange(self.q[r])
+            self.pad_idx = torch.tensor(pad_idx, dtype=torch.long, device=device)
+            # mask over new-token keys: folded row (t, j) sees new key t' iff t' <= t and t' < s_r
+            t = np.arange(sm)
+            rows_t = np.repeat(t, g)                      # row index t*g + j -> t
+            allowed = (t[None, None, :] <= rows_t[None, :, None]) & \
+                      (t[None, None, :] < np.array(self.q[:Rd])[:, None, None])
+            bias = np.where(allowed, 0.0, -np.inf).astype(np.float32)[:, None]   # [Rd,1,rows,sm]
+            self.bias = torch.tensor(bias, device=device)
+        # unpad: rows of cat([decode padded rows (Rd*s_max), prefill rows]) -> token order, n_pad
+        un = np.zeros(self.n_pad, dtype=np.int64)
+        if Rd:
+            for r in range(Rd):
+                un[starts[r]:starts[r + 1]] = r * self.s_max + np.arange(self.q[r])
+        off = Rd * self.s_max if Rd else 0
+        for (b, c, s, st) in self.pre_regions:
+            un[st:st + s] = off + np.arange(s)
+            off += s
+        self.unpad_idx = torch.tensor(un, dtype=torch.long, device=device)
+        # logits: every decode/verify token, the last token of each prefill chunk, the padding
+        lg = list(range(ndec_tok)) + [st + s - 1 for (b, c, s, st) in self.pre_regions] + \
+            list(range(self.n, self.n_pad))
+        self.logit_idx = torch.tensor(lg, dtype=torch.long, device=device)
+
+
+def attention(qkv_rot, pool_l, m: StepMeta):
+    """qkv_rot [n_pad, H+2kv, d] (q pre-scaled, rope applied); pool_l = (K, V), each [T, kv, d],
+    this layer's region (new K/V already written at m.slot). Returns [n_pad, H*d]."""
+    pk, pv = pool_l
+    H, kv, d, g = m.H, m.kv, m.d, m.g
+    parts = []
+    if m.R_dec:
+        Rd, sm = m.R_dec, m.s_max
+        rows = g * sm
+        Tp = qkv_rot.index_select(0, m.pad_idx).view(Rd, sm, H + 2 * kv, d)
+        qf = Tp[:, :, :H].reshape(Rd, sm, kv, g, d).permute(0, 1, 3, 2, 4).reshape(Rd, rows, kv, d)
+        kn = Tp[:, :, H:H + kv]
+        vn = Tp[:, :, H + kv:]
+        if m.mode == "dense":
+            nt = Rd * m.ctx_max
+            out_p, lse = flash_dense(qf, pk[:nt].view(Rd, m.ctx_max, kv, d),
+                                     pv[:nt].view(Rd, m.ctx_max, kv, d))
+        else:
+            nt = int(sum(m.dctx))
+            qc = qf.reshape(Rd * rows, kv, d).index_select(0, m.chunk_q_idx)
+            oc, lc = flash_varlen(qc, pk[:nt], pv[:nt], m.cu_q, m.cu_k, rows, m.max_k, m.n_chunks)
+            M_ = m.max_chunks
+            lc = torch.cat([lc, torch.full_like(lc[:1], float("-inf"))]).index_select(0, m.chunk_grid)
+            lse = lc.view(Rd, M_, kv, rows).permute(0, 2, 3, 1)                  # [Rd, kv, rows, M]
+            out_p = torch.cat([oc, torch.zeros_like(oc[:1])]).index_select(0, m.chunk_grid)
+            out_p = out_p.view(Rd, M_, rows, kv, d)
+        if m.mode == "dense":
+            lse, M_ = lse.unsqueeze(-1), 1
+            out_p = out_p.unsqueeze(1)
+        # new-token keys: scores [Rd, kv, rows, sm]
+        sc = torch.einsum("brhd,bthd->bhrt", qf, kn).float() + m.bias
+        w = torch.softmax(torch.cat([lse, sc], -1), -1)
+        o = torch.einsum("bhrt,bthd->bhrd", w[..., M_:], vn.float())
+        o = o + torch.einsum("bhrm,bmrhd->bhrd", w[..., :M_].to(out_p.dtype), out_p).float()
+        # unfold rows (t, j) of kv head h -> token t, head h*g + j
+        o = o.view(Rd, kv, sm, g, d).permute(0, 2, 1, 3, 4).reshape(Rd * sm, H * d)
+        parts.append(o.to(qkv_rot.dtype))
+    for (b, c, s, st) in m.pre_regions:
+        q = qkv_rot[st:st + s, :H].unsqueeze(0)
+        o, _ = flash_dense(q, pk[b:b + c + s].unsqueeze(0), pv[b:b + c + s].unsqueeze(0), causal=True)
+        parts.append(o.reshape(s, H * d))
+    allrows = parts[0] if len(parts) == 1 else torch.cat(parts, 0)
+    return allrows.index_select(0, m.unpad_idx)
+
+
+# ---------------------------------------------------------------- model
+def _w(out_f, in_f, device, dtype, gen=None):
+    w = torch.randn(out_f, in_f, device=device, dtype=dtype)
+    return w.mul_(1.0 / math.sqrt(in_f))
+
+
+class Layer:
+    def __init__(self, dims, device, dtype, qkv_in=None):
+        h, H, kv, d, I = dims["hidden"], dims["heads"], dims["kv_heads"], dims["head_dim"], dims["inter"]
+        self.dims = dims
+        self.qkv_in = qkv_in or h
+        self.wqkv = _w((H + 2 * kv) * d, self.qkv_in, device, dtype)
+        scale = 1.0 / math.sqrt(d)
+        self.wqkv[:H * d].mul_(scale)          # fold the softmax scale into q (scale=1 in kernels)
+        self.wo = _w(h, H * d, device, dtype)
+        self.wgu = _w(2 * I, h, device, dtype)
+        self.wd = _w(h, I, device, dtype)
+        self.n1 = torch.ones(self.qkv_in, device=device, dtype=dtype)
+        self.n2 = torch.ones(h, device=device, dtype=dtype)
+        self.qn = torch.ones(d, device=device, dtype=dtype) if dims["qk_norm"] else None
+        self.kn = torch.ones(d, device=device, dtype=dtype) if dims["qk_norm"] else None
+        self.eps = 1e-6
+
+    def __call__(self, hdn, x_in, cos, sin, m: StepMeta, pool_l):
+        """hdn: residual stream [n, h]; x_in: input to the qkv projection (hdn, or a concat)."""
+        H, kv, d = self.dims["heads"], self.dims["kv_heads"], self.dims["head_dim"]
+        n = hdn.shape[0]
+        x = F.rms_norm(x_in, (x_in.shape[-1],), self.n1, self.eps)
+        qkv = (x @ self.wqkv.t()).view(n, H + 2 * kv, d)
+        qk = qkv[:, :H + kv]
+        if self.qn is not None:
+            qk = torch.cat([F.rms_norm(qkv[:, :H], (d,), self.qn, self.eps),
+                            F.rms_norm(qkv[:, H:H + kv], (d,), self.kn, self.eps)], 1)
+        x1, x2 = qk[..., :d // 2], qk[..., d // 2:]
+        rot = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+        qkv_rot = torch.cat([rot, qkv[:, H + kv:]], 1)                     # [n, H+2kv, d]
+        pool_l[0].index_copy_(0, m.slot, qkv_rot[:, H:H + kv])             # write new K/V
+        pool_l[1].index_copy_(0, m.slot, qkv_rot[:, H + kv:])
+        a = attention(qkv_rot, pool_l, m)
+        hdn = hdn + a @ self.wo.t()
+        x = F.rms_norm(hdn, (hdn.shape[-1],), self.n2, self.eps)
+        gu = x @ self.wgu.t()
+        I = gu.shape[-1] // 2
+        return hdn + (F.silu(gu[:, :I]) * gu[:, I:]) @ self.wd.t()
+
+
+class Model:
+    """Target model: embedding, `layers` decoder layers, final norm, LM head; plus KV pool."""
+
+    def __init__(self, cfg: dict, device, dtype=torch.bfloat16, layers: int | None = None,
+                 pool_gib: float = 8.0, seed: int = 0):
+        torch.manual_seed(seed)
+        self.dims = dims = model_dims(cfg)
+        self.device, self.dtype = device, dtype
+        self.n_layers = layers or dims["layers"]
+        h, V, d = dims["hidden"], dims["vocab"], dims["head_dim"]
+        self.emb = torch.randn(V, h, device=device, dtype=dtype)
+        self.layers = [Layer(dims, device, dtype) for _ in range(self.n_layers)]
+        self.norm = torch.ones(h, device=device, dtype=dtype)
+        self.lm_head = _w(V, h, device, dtype)
+        theta = float(cfg.get("rope_theta", 10000.0))
+        self.max_pos = 1 << 17
+        inv = 1.0 / theta ** (torch.arange(0, d // 2, device=device, dtype=torch.float32) * 2 / d)
+        ang = torch.arange(self.max_pos, device=device, dtype=torch.float32)[:, None] * inv[None]
+        self.cos_t, self.sin_t = ang.cos().to(dtype), ang.sin().to(dtype)
+        per_tok = 2 * dims["kv_heads"] * d * torch.finfo(dtype).bits // 8
+        self.pool_tokens = int(pool_gib * 2**30 // per_tok)
+        self.pool_k = torch.randn(self.pool_tokens, dims["kv_heads"], d, device=device, dtype=dtype)
+        self.pool_v = torch.randn(self.pool_tokens, dims["kv_heads"], d, device=device, dtype=dtype)
+
+    def weight_bytes(self, full_depth=True) -> int:
+        L = self.dims["layers"] if full_depth else self.n_layers
+        return (L * self.dims["layer_params"] + 2 * self.dims["vocab"] * self.dims["hidden"]) * 2
+
+    def layer_pool(self, l: int, T: int):
+        """This layer's KV region of T tokens: distinct per layer while the pool allows, else shared."""
+        if T > self.pool_tokens:
+            raise MemoryError(f"step needs {T} KV tokens per layer, pool holds {self.pool_tokens}")
+        slots = max(1, self.pool_tokens // T)
+        off = (l % slots) * T
+        return self.pool_k[off:off + T], self.pool_v[off:off + T]
+
+    def rope(self, m: StepMeta):
+        return (self.cos_t.index_select(0, m.positions)[:, None, :],
+                self.sin_t.index_select(0, m.positions)[:, None, :])
+
+    def forward(self, m: StepMeta):
+        hdn = self.emb.index_select(0, m.ids)
+        cos, sin = self.rope(m)
+        T = m.region_tokens
+        for l, layer in enumerate(self.layers):
+            hdn = layer(hdn, hdn, cos, sin, m, self.layer_pool(l, T))
+        x = F.rms_norm(hdn, (hdn.shape[-1],), self.norm, 1e-6)
+        return x.index_select(0, m.logit_idx) @ self.lm_head.t()
+
+
+class Drafters:
+    """Draft models keyed by kind; each `run(kind, m)` is one draft pass for the StepMeta m."""
+
+    def __init__(self, target: Model, block_layers: int, draft_vocab: int):
+        t = target
+        dims, dev, dt = t.dims, t.device, t.dtype
+        h = dims["hidden"]
+        self.t = t
+        self.mtp_eh = _w(h, 2 * h, dev, dt)
+        self.mtp_layer = Layer(dims, dev, dt)
+        self.e3_fc = _w(h, 3 * h, dev, dt)
+        self.e3_layer = Layer(dims, dev, dt, qkv_in=2 * h)
+        self.e3_head = _w(draft_vocab, h, dev, dt)
+        self.block_layers = [Layer(dims, dev, dt) for _ in range(block_layers)]
+        self.conf_w1 = _w(256, h + 1, dev, dt)
+        self.conf_w2 = _w(1, 256, dev, dt)
+        self.hid3 = None
+
+    def run(self, kind: str, m: StepMeta, K: int = 8):
+        t = self.t
+        h = t.dims["hidden"]
+        n = m.n_pad
+        emb = t.emb.index_select(0, m.ids)
+        cos, sin = t.rope(m)
+        norm = t.norm
+        if kind == "mtp":       # DeepSeek-style MTP: eh_proj(concat(norm(emb), norm(hidden))) -> layer
+            x = torch.cat([F.rms_norm(emb, (h,), norm), F.rms_norm(emb, (h,), norm)], -1) @ self.mtp_eh.t()
+            x = self.mtp_layer(x, x, cos, sin, m, t.layer_pool(0, m.region_tokens))
+            return F.rms_norm(x, (h,), norm) @ t.lm_head.t()
+        if kind == "eagle3":    # EAGLE-3 head step: fc(3 target hiddens), layer on concat(emb, hidden)
+            hid = torch.cat([emb, emb, emb], -1) @ self.e3_fc.t()
+            x = self.e3_layer(hid, torch.cat([emb, hid], -1), cos, sin, m, t.layer_pool(0, m.region_tokens))
+            return F.rms_norm(x, (h,), norm) @ self.e3_head.t()
+        if kind in ("block", "dspark"):   # parallel block pass over R x K tokens
+            x = emb
+            for l, layer in enumerate(self.block_layers):
+                x = layer(x, x, cos, sin, m, t.layer_pool(l, m.region_tokens))
+            logits = F.rms_norm(x, (h,), norm) @ t.lm_head.t()
+            if kind == "dspark":          # small sequential confidence head over the K positions
+                R = n // K
+                hs = x.view(R, K, h)
+                c = torch.zeros(R, 1, device=x.device, dtype=x.dtype)
+                for k in range(K):
+                    z = F.silu(torch.cat([hs[:, k], c], -1) @ self.conf_w1.t())
+                    c = torch.sigmoid(z @ self.conf_w2.t())
+            return logits
+        raise ValueError(kind)
+
+
+# ---------------------------------------------------------------- timing
+def time_fn(fn, reps: int = 5, graph: bool = True, pool=None, warm: int = 2):
+    """Median ms of `reps` runs of fn, captured in a CUDA graph when graph=True (after one eager
+    warm-up run), else eager. Returns (median_ms, all_ms)."""
+    dev = torch.device("cuda")
+    fn()
+    torch.cuda.synchronize()
+    g = None
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            fn()
+        run = g.replay
+    else:
+        run = fn
+    for _ in range(warm):
+        run()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        run()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    del g
+    ts_sorted = sorted(ts)
+    return ts_sorted[len(ts) // 2], ts
+
+
+def reference_attention(qkv_rot, pool_l, m: StepMeta):
+    """float64 per-request reference of `attention` (causal over [cached prefix, new tokens])."""
+    pk, pv = pool_l
+    H, kv, d, g = m.H, m.kv, m.d, m.g
+    x = qkv_rot.double()
+    out = torch.zeros(m.n_pad, H * d, dtype=torch.float64)
+    starts = np.concatenate([[0], np.cumsum(m.q)]).astype(int)
+    koff = 0
+    for r in range(m.R_dec):
+        s, c = m.q[r], m.dctx[r]
+        if m.mode == "dense":
+            kp, vp = pk[r * m.ctx_max: r * m.ctx_max + c], pv[r * m.ctx_max: r * m.ctx_max + c]
+        else:
+            kp, vp = pk[koff:koff + c], pv[koff:koff + c]
+            koff += c
+        rows = slice(starts[r], starts[r + 1])
+        K = torch.cat([kp.double(), x[rows, H:H + kv]], 0)
+        V = torch.cat([vp.double(), x[rows, H + kv:]], 0)
+        out[rows] = _naive(x[rows, :H], K, V, g).reshape(s, H * d)
+    for (b, c, s, st) in m.pre_regions:
+        K, V = pk[b:b + c + s].double(), pv[b:b + c + s].double()
+        out[st:st + s] = _naive(x[st:st + s, :H], K, V, g).reshape(s, H * d)
+    return out
+
+
+def _naive(q, K, V, g):
+    """q [s, H, d] (pre-scaled), K/V [L, kv, d]; token t sees keys 0..L-s+t."""
+    s, L = q.shape[0], K.shape[0]
+    Kr, Vr = K.repeat_interleave(g, 1), V.repeat_interleave(g, 1)        # [L, H, d]
+    sc = torch.einsum("thd,lhd->htl", q, Kr)
+    t = torch.arange(s)[:, None]
+    j = torch.arange(L)[None, :]
+    sc = sc.masked_fill((j > t + L - s)[None], float("-inf"))
+    return torch.einsum("htl,lhd->thd", torch.softmax(sc, -1), Vr)
