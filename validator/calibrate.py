@@ -113,7 +113,14 @@ def calibrate(paths, out_dir, base_profile: str | None = None, name: str = "cali
               kv_cache_gib: float = 1.0, kv_bytes_per_token: float = 1024.0) -> dict:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    ms = [measure.read(p) for p in paths]
+    raw = [measure.read(p) for p in paths]
+    # runs of the same load are pooled (one decode and one prefill point per load)
+    groups: dict = {}
+    for m in raw:
+        key = __import__("json").dumps({k: (m.header.get("load") or {}).get(k)
+                                        for k in ("mode", "concurrency", "rate")}, sort_keys=True)
+        groups.setdefault(key, []).append(m)
+    ms = [measure.pool(g, where="calibrate") for g in groups.values()]
     if not any(m.ok_requests for m in ms):
         raise InputError("calibrate: no completed requests in the measurements")
     # ---- acceptance

@@ -141,7 +141,8 @@ def calibrate_cmd(
 
 @app.command("check")
 def check_cmd(
-    measurements: Path = typer.Argument(...),
+    measurements: List[Path] = typer.Argument(..., help="one run, or several runs of the same load "
+                                              "(pooled: e.g. interleaved with runs of another load)"),
     profile: str = typer.Option(..., "--profile"),
     acceptance: Optional[str] = typer.Option(None, "--acceptance"),
     out: Optional[Path] = typer.Option(None, "--out", help="directory for check.md / check.json"),
@@ -151,7 +152,7 @@ def check_cmd(
 ):
     """Simulate the measured workload at the same load; print predicted vs measured with errors."""
     from validator import compare
-    rep = compare.check(measurements, profile, acceptance, tolerance=tolerance,
+    rep = compare.check([str(p) for p in measurements], profile, acceptance, tolerance=tolerance,
                         max_num_seqs=max_num_seqs, seed=seed)
     md = compare.to_markdown(rep)
     typer.echo(md)

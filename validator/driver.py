@@ -50,7 +50,7 @@ class RunOptions:
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 60.0            # longest silence inside a stream
     request_timeout_s: float = 600.0        # whole request
-    gauge_interval_s: float = 0.25
+    gauge_interval_s: float = 1.0         # at least; see sampler()
     progress: bool = True
     nice: int | None = -10                  # client priority while it measures (None: leave it)
     label: str = ""
@@ -316,18 +316,24 @@ async def run_async(plan: Plan, opts: RunOptions, out_path) -> dict:
 
         async def sampler():
             async with httpx.AsyncClient(headers=headers, timeout=2.0) as gclient:
+                wait = opts.gauge_interval_s
                 while not stop.is_set():
+                    try:        # first sample after one interval, not on top of the first requests
+                        await asyncio.wait_for(stop.wait(), wait)
+                        break
+                    except asyncio.TimeoutError:
+                        pass
+                    t_s = time.perf_counter()
                     p, _ = await scrape(gclient, opts.server, timeout=2.0)
+                    # rendering /metrics costs the API server real CPU (0.1 s and more on a busy
+                    # 2-core machine) and stalls its streams: keep it under ~5% of the front end
+                    wait = max(opts.gauge_interval_s, 20 * (time.perf_counter() - t_s))
                     if p is not None:
                         g = promtext.gauges(p)
                         if g:
                             g = {"type": "gauge", "t": round(time.perf_counter() - t0, 4), **g}
                             gauge_samples.append(g)
                             w.write(g)
-                    try:
-                        await asyncio.wait_for(stop.wait(), opts.gauge_interval_s)
-                    except asyncio.TimeoutError:
-                        pass
 
         def finish(rec):
             w.write(rec)

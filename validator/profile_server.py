@@ -5,8 +5,10 @@ loop of C. Step times come from the server's own histograms over the level (mean
 per request per step; mean prefill time: the step that ran a prompt) at the running batch seen by
 the requests (stepfit.server_points), so a CPU-starved client does not bias them. A fit of
 ``step = cpu_overhead + ms_per_token x n + ms_per_request x b`` (n = b (1 + K), dsim's token
-coordinate; b = sampling requests) over all levels gives a dsim profile (provenance kind
-"measured", server version, model, flags, date) that dsim.cost.load_profile reads.
+coordinate; b = sampling requests) over all levels gives the per-step CPU overhead; the forward
+table runs through the measured decode points (stepfit.measured_profile: step time is not linear
+in the batch on CPU) and the profile (provenance kind "measured", server version, model, flags,
+date) is one dsim.cost.load_profile reads. Predict only within (or near) the swept batch sizes.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ def profile_server(server: str, out, concurrencies, input_len: int, output_len: 
     work.mkdir(parents=True, exist_ok=True)
     files, ms = [], []
     for c in concurrencies:
-        n = requests_per_level or max(4, 2 * c)
+        n = max(requests_per_level or 0, 2 * c, 4)
         plan = traces.fixed(n, input_len, output_len)
         opts = driver.RunOptions(server=server, model=model, concurrency=c, progress=progress,
                                  extra_header={"server_flags": server_flags, "profile_level": c})
@@ -70,8 +72,8 @@ def profile_server(server: str, out, concurrencies, input_len: int, output_len: 
                            "points": [{kk: (round(v, 4) if isinstance(v, float) else v) for kk, v in p.items()}
                                       for p in pts],
                            "levels": files if keep_dir else None}}
-    prof = stepfit.linear_profile(name, "measured", fit, prov, kv_cache_gib=kv_cache_gib,
-                                  kv_bytes_per_token=kv_bytes_per_token, extra=extra)
+    prof = stepfit.measured_profile(name, pts, fit, prov, k, kv_cache_gib=kv_cache_gib,
+                                    kv_bytes_per_token=kv_bytes_per_token, extra=extra)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_profile(prof, out)

@@ -157,3 +157,53 @@ def zero_block_draft(p: Profile) -> Profile:
     draft = dict(p.draft)
     draft["block"] = Table(np.array([1.0, 2.0]), np.array([0.0, 0.0]))
     return dataclasses.replace(p, draft=draft)
+
+
+def measured_profile(name: str, points, fit: dict, provenance: dict, k: int,
+                     kv_cache_gib: float = 1.0, kv_bytes_per_token: float = 1024.0,
+                     extra: dict | None = None) -> Profile:
+    """A CPU profile whose forward table runs through the measured decode points.
+
+    Step time is not linear in the batch on CPU (it flattens as Python overhead is shared), so a
+    global fit misses between and beyond its points; here forward(n) at n = B (1 + K) is the
+    measured decode step minus cpu_overhead_ms, linear between points, last slope beyond (dsim's
+    rule above the capture limit, capture_sizes [1]). Below the first point the fitted per-token
+    slope goes down to n = 1. A prefill point is kept only where it extends the table upwards.
+    The draft table of the emulating method costs zero: the per-request work is in the points.
+    """
+    c = float(fit["cpu_overhead_ms"])
+    dec = sorted((p for p in points if p["kind"].startswith("decode")), key=lambda p: p["n"])
+    if not dec:
+        raise ValueError("no decode points")
+    c = min(c, 0.9 * min(p["step_ms"] for p in dec))
+    table = {}
+    for p in dec:
+        table[max(int(round(p["n"])), 1)] = max(p["step_ms"] - c, 0.0)
+    for p in points:
+        n = int(round(p["n"]))
+        if p["kind"] == "prefill" and n > max(table) and p["step_ms"] - c >= table[max(table)]:
+            table[n] = p["step_ms"] - c
+    xs = sorted(table)
+    slope = fit["ms_per_token"] + fit["ms_per_request"] / (1 + k)
+    if xs[0] > 1:
+        table[1] = max(table[xs[0]] - slope * (xs[0] - 1), 0.0)
+    xs = sorted(table)
+    ms = np.maximum.accumulate([table[x] for x in xs])
+    d_ = {"name": name,
+          "provenance": {"kind": "measured", "hardware": provenance.get("hardware", "unknown"),
+                         "gpus_per_replica": 1, "model": provenance.get("model", "unknown"),
+                         "engine": provenance.get("engine", "vllm"),
+                         "engine_version": provenance.get("engine_version"),
+                         "date": provenance.get("date") or _dt.date.today().isoformat(),
+                         "method": provenance.get("method", ""),
+                         **{kk: v for kk, v in provenance.items()
+                            if kk not in ("hardware", "model", "engine", "engine_version", "date", "method")}},
+          "memory": {"kv_cache_gib": float(kv_cache_gib), "kv_bytes_per_token": float(kv_bytes_per_token)},
+          "cpu_overhead_ms": round(c, 5),
+          "capture_sizes": [1],
+          "forward": {"tokens": xs, "ms": [round(float(v), 5) for v in ms]},
+          "kv_ms_per_ktok": 0.0,
+          "draft": {"block": {"requests": [1, 2], "ms": [0.0, 0.0]}}}
+    if extra:
+        d_.update(extra)
+    return profile_from_dict(d_, f"<{name}>")
