@@ -62,25 +62,31 @@ def flash_dense(q, k, v, causal=False):
     return _ref_attn(q, k, v, causal)
 
 
-def flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, B):
-    """q [B*max_q, H, d] (every request exactly max_q rows), k/v [sum ctx, H, d] packed.
-    Non-causal. -> out [B, max_q, H, d], lse [B, H, max_q]."""
+def flash_varlen_ragged(q, k, v, cu_q, cu_k, max_q, max_k, lens_q):
+    """Variable query rows per sequence (no padding): q [total_q, H, d], k/v packed [sum ctx, H, d].
+    Non-causal. -> out [total_q, H, d], lse [H, total_q] (fp32). lens_q: python list of rows."""
     H = q.shape[1]
     if q.is_cuda:
         r = torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, False,
                                                     False, scale=1.0)
         out, lse = r[0], r[1]
-        if lse.dim() == 2:          # [H, total_q] (unpadded layout)
-            lse = lse.view(H, B, max_q).permute(1, 0, 2)
-        return out.view(B, max_q, H, -1), lse
+        if lse.dim() == 3:          # [B, H, max_q] padded per sequence -> [H, total_q]
+            B = lse.shape[0]
+            idx = torch.tensor(np.concatenate([b * max_q + np.arange(n) for b, n in enumerate(lens_q)]),
+                               dtype=torch.long, device=q.device)
+            lse = lse.permute(1, 0, 2).reshape(H, B * max_q).index_select(1, idx)
+        return out.reshape(-1, H, q.shape[-1]), lse
     outs, lses = [], []
     cq, ck = cu_q.tolist(), cu_k.tolist()
-    for b in range(B):
+    for b in range(len(lens_q)):
         o, l = _ref_attn(q[cq[b]:cq[b + 1]][None], k[ck[b]:ck[b + 1]][None],
                          v[ck[b]:ck[b + 1]][None], False)
         outs.append(o[0])
         lses.append(l[0])
-    return torch.stack(outs), torch.stack(lses)
+    return torch.cat(outs), torch.cat(lses, dim=1)
+
+
+PAD_LSE = -1.0e30     # log-sum-exp of a padding row: finite, so the merge softmax stays finite
 
 
 # ---------------------------------------------------------------- step metadata
@@ -136,10 +142,25 @@ class StepMeta:
                 self.n_chunks = nc
                 self.cu_k = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32,
                                          device=device)
-                self.cu_q = torch.arange(0, nc + 1, dtype=torch.int32, device=device) * rows
                 self.max_k = max(lens)
-                qi = (np.array(owner)[:, None] * rows + np.arange(rows)[None]).reshape(-1)
+                # Each chunk carries only its request's real query rows (g x q_r; folded rows are
+                # t-major, so they are the first g x q_r of the request's padded rows): a mixed
+                # verify batch costs what its tokens cost, as in a serving engine's varlen kernel.
+                rq = [g * self.q[r] for r in owner]
+                self.chunk_rows = rq
+                self.max_q = max(rq)
+                self.cu_q = torch.tensor(np.concatenate([[0], np.cumsum(rq)]), dtype=torch.int32,
+                                         device=device)
+                qi = np.concatenate([r * rows + np.arange(n) for r, n in zip(owner, rq)])
                 self.chunk_q_idx = torch.tensor(qi, dtype=torch.long, device=device)
+                # kernel output rows -> padded [nc, rows] layout (missing rows -> the pad row)
+                total_q = int(sum(rq))
+                sc_idx = np.full((nc, rows), total_q, dtype=np.int64)
+                off = 0
+                for c, n in enumerate(rq):
+                    sc_idx[c, :n] = off + np.arange(n)
+                    off += n
+                self.pad_rows_idx = torch.tensor(sc_idx.reshape(-1), dtype=torch.long, device=device)
                 M_ = max(np.bincount(owner))
                 grid = np.full((Rd, M_), nc, dtype=np.int64)       # nc -> the empty (-inf) chunk
                 cnt = np.zeros(Rd, dtype=int)
@@ -217,7 +238,12 @@ def attention(qkv_rot, pool_l, m: StepMeta):
         else:
             nt = int(sum(m.dctx))
             qc = qf.reshape(Rd * rows, kv, d).index_select(0, m.chunk_q_idx)
-            oc, lc = flash_varlen(qc, pk[:nt], pv[:nt], m.cu_q, m.cu_k, rows, m.max_k, m.n_chunks)
+            oc, lc = flash_varlen_ragged(qc, pk[:nt], pv[:nt], m.cu_q, m.cu_k, m.max_q, m.max_k,
+                                         m.chunk_rows)
+            nc = m.n_chunks
+            oc = torch.cat([oc, torch.zeros_like(oc[:1])]).index_select(0, m.pad_rows_idx).view(nc, rows, kv, d)
+            lc = torch.cat([lc, torch.full_like(lc[:, :1], PAD_LSE)], 1).index_select(1, m.pad_rows_idx)
+            lc = lc.view(kv, nc, rows).permute(1, 0, 2)                                 # [nc, kv, rows]
             M_ = m.max_chunks
             lc = torch.cat([lc, torch.full_like(lc[:1], float("-inf"))]).index_select(0, m.chunk_grid)
             lse = lc.view(Rd, M_, kv, rows).permute(0, 2, 3, 1)                  # [Rd, kv, rows, M]

@@ -1,6 +1,6 @@
 """Step replay: run the exact step shapes of a step log on the GPU, compare with predictions.
 
-    python3 -m validator.gpu.replay STEPLOG --model CONFIG --out $OUT/replay.json [--profile P.yaml]
+    python3 -m validator.gpu.replay STEPLOG [STEPLOG...] --model CONFIG --out $OUT/replay.json [--profile P.yaml]
 
 STEPLOG: JSONL, one object per engine step {"step": i, "q": [query tokens per request],
 "ctx": [KV context per request before the step], "predicted_ms": forward-only prediction}.
@@ -48,7 +48,7 @@ def replay_steps(model, steps, dims, device, timer, caps, staircase=None, depth_
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("steplog")
+    ap.add_argument("steplog", nargs="+")
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--profile", default="", help="profile YAML for predictions missing from the log")
@@ -67,20 +67,22 @@ def main(argv=None):
         cfg = {**cfg, **DRY_CFG}
     dims = model_dims(cfg)
     layers = a.layers or dims["layers"]
-    model = M.Model(cfg, device, dtype, layers=layers, pool_gib=a.pool_gib if not a.dry_run else 0.05)
+    model = M.Model(cfg, device, dtype, layers=layers, pool_gib=a.pool_gib if not a.dry_run else 0.6)
     caps = vllm_capture_sizes(CAPTURE_LIMIT)
     sc = None
     if a.profile:
         import yaml
         p = yaml.safe_load(Path(a.profile).read_text())
         sc = Staircase(p["forward"]["tokens"], p["forward"]["ms"], p["kv_ms_per_ktok"], p["capture_sizes"][-1])
-    steps = load_or_make_steps(a.steplog)
-    t0 = time.time()
-    rows, summary = replay_steps(model, steps, dims, device, Timer(device, a.reps), caps, sc,
-                                 dims["layers"] / layers)
-    write_text_atomic(a.out, json.dumps(dict(steplog=a.steplog, model=a.model, rows=rows,
-                                             summary=summary), indent=1))
-    print(json.dumps(summary), f"({time.time() - t0:.1f}s)")
+    results = {}
+    timer = Timer(device, a.reps)
+    for src in a.steplog:          # one model build, several logs; results written after each
+        t0 = time.time()
+        rows, summary = replay_steps(model, load_or_make_steps(src), dims, device, timer, caps, sc,
+                                     dims["layers"] / layers)
+        results[src] = dict(rows=rows, summary=summary)
+        write_text_atomic(a.out, json.dumps(dict(model=a.model, profile=a.profile, logs=results), indent=1))
+        print(src, json.dumps(summary), f"({time.time() - t0:.1f}s)", flush=True)
 
 
 if __name__ == "__main__":
