@@ -31,7 +31,7 @@ K = 4
 REPORT = ROOT / "reports" / "validator-fidelity.json"
 TOL = 0.25
 PROFILE_LEVELS = [1, 2, 4, 8]
-ATTEMPTS = 2
+ATTEMPTS = 3
 ROUNDS, N2, N6 = 3, 12, 18
 
 
@@ -181,9 +181,12 @@ def test_live_profile_server(measured_profile):
     v = p.extra["validator"]
     assert v["fit"]["determined"] and v["spec_k"] == K
     cm = CostModel(p)
-    for pt in v["points"]:      # the table runs through the measured decode steps
-        if pt["kind"] == "decode":
-            assert cm.step_ms(round(pt["n"]), 0) + p.cpu_overhead_ms == pytest.approx(pt["step_ms"], rel=0.02)
+    dec = [pt for pt in v["points"] if pt["kind"] == "decode"]
+    assert len(dec) == len(PROFILE_LEVELS)
+    for pt in dec:      # the table runs through the measured decode steps (made non-decreasing)
+        assert cm.step_ms(round(pt["n"]), 0) + p.cpu_overhead_ms >= 0.98 * pt["step_ms"]
+    top = max(dec, key=lambda pt: pt["step_ms"])
+    assert cm.step_ms(round(top["n"]), 0) + p.cpu_overhead_ms == pytest.approx(top["step_ms"], rel=0.02)
     assert cm.step_ms(64, 0) >= cm.step_ms(8, 0) > 0
 
 

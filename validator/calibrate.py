@@ -26,8 +26,10 @@ the whole step, overhead included (one run gives two points; two parameters from
 ill-conditioned). Without a base profile, ``c + t n + d b`` is fitted by NNLS (stepfit.fit_cost).
 Front-end time per request (HTTP, API-server queueing, streaming; no engine step contains it) is
 the mean client E2E minus the server's mean E2E (``validator.request_overhead_ms``; the same for
-TTFT: ``first_token_overhead_ms``); `check` adds them to the prediction, the simulator core does
-not use them.
+TTFT: ``first_token_overhead_ms``), also per concurrent stream (``..._per_stream_ms``: one
+API-server process serializes the streams' chunk work, so the delay grows with their number);
+`check` adds them, scaled to the predicted concurrency, to the prediction; the simulator core
+does not use them.
 """
 from __future__ import annotations
 
@@ -102,7 +104,19 @@ def request_overheads(ms) -> dict:
             ttft.append(st["ttft_ms_mean"] - stt * 1e3)
     oe = float(max(np.mean(e2e), 0.0)) if e2e else 0.0
     ot = float(min(max(np.mean(ttft), 0.0), oe)) if ttft else 0.0
-    return {"e2e": oe, "first_token": ot}
+    # One API-server process does the per-chunk work of every stream, so its delay grows with the
+    # number of concurrent streams: per stream = overhead / mean in-flight requests (measured:
+    # about 30-65 ms at C=2, 140-240 ms at C=6 on the 2-core test machine).
+    streams = []
+    for m in ms:
+        ok = m.ok_requests
+        if ok:
+            mids = [0.5 * (r["send_s"] + r["end_s"]) for r in ok]
+            streams.append(float(np.mean([sum(1 for q in ok if q["send_s"] <= t <= q["end_s"])
+                                          for t in mids])))
+    b = float(np.mean(streams)) if streams else 1.0
+    return {"e2e": oe, "first_token": ot, "streams": b,
+            "e2e_per_stream": oe / max(b, 1.0), "first_token_per_stream": ot / max(b, 1.0)}
 
 
 def request_overhead(ms) -> float:
@@ -222,7 +236,11 @@ def calibrate(paths, out_dir, base_profile: str | None = None, name: str = "cali
     overhead = ovh["e2e"]
     extra = dict(prof.extra)
     extra["validator"] = {"request_overhead_ms": round(overhead, 4),
-                          "first_token_overhead_ms": round(ovh["first_token"], 4), "spec_k": K,
+                          "first_token_overhead_ms": round(ovh["first_token"], 4),
+                          "overhead_streams": round(ovh["streams"], 4),
+                          "request_overhead_per_stream_ms": round(ovh["e2e_per_stream"], 4),
+                          "first_token_overhead_per_stream_ms": round(ovh["first_token_per_stream"], 4),
+                          "spec_k": K,
                           "spec_emulation": "block" if K else "none",
                           "fit": fit, "points": [{k: (round(v, 4) if isinstance(v, float) else v)
                                                   for k, v in p.items()} for p in pts]}

@@ -6,8 +6,9 @@ acceptance. A speculative server is simulated with the method ``block`` with K =
 number of speculative tokens; its draft cost is the profile's ``draft.block`` table (the per-request
 CPU work of ngram proposal and rejection sampling, fitted by profile-server/calibrate; zero when the
 profile has none). ``validator.request_overhead_ms`` / ``first_token_overhead_ms`` of a measured or
-calibrated profile (front-end time per request that no engine step contains) are added to each
-request's E2E / TTFT, and closed-loop throughput is scaled by E2E / (E2E + overhead). Rows
+calibrated profile (front-end time per request that no engine step contains; per concurrent
+stream when the profile has ``..._per_stream_ms``, times the predicted concurrency) are added to
+each request's E2E / TTFT, and closed-loop throughput is scaled by E2E / (E2E + overhead). Rows
 ``server.*`` compare the server's own histogram means with dsim before those overheads: the
 engine-side error, free of HTTP and client noise (reported, not gated).
 
@@ -90,6 +91,11 @@ def simulate_measurement(m, profile, acceptance: str | None, max_num_seqs: int |
     v = (prof.extra or {}).get("validator") or {}
     over = float(v.get("request_overhead_ms") or 0.0)
     over_ft = float(v.get("first_token_overhead_ms", over) or 0.0)
+    if v.get("request_overhead_per_stream_ms") is not None:
+        # front-end delay grows with the concurrent streams (one API-server process serves them)
+        streams = _mean_streams(res.requests) or float(conc or 1.0)
+        over = float(v["request_overhead_per_stream_ms"]) * max(streams, 1.0)
+        over_ft = float(v.get("first_token_overhead_per_stream_ms") or 0.0) * max(streams, 1.0)
     if over or over_ft:
         for key, o in (("ttft_ms", over_ft), ("e2e_ms", over)):
             if isinstance(s.get(key), dict):
@@ -100,6 +106,22 @@ def simulate_measurement(m, profile, acceptance: str | None, max_num_seqs: int |
         s["request_overhead_ms_added"] = {"e2e": over, "ttft": over_ft}
     s["_spec_k"] = k
     return s
+
+
+def _mean_streams(req) -> float | None:
+    """Mean number of requests in flight at each request's midpoint (as calibrate measures it)."""
+    try:
+        done = req[req["completed"]]
+        start = done["arrival_s"].to_numpy(dtype=float)
+        end = start + done["e2e_ms"].to_numpy(dtype=float) / 1e3
+    except (KeyError, TypeError, ValueError):
+        return None
+    if len(start) == 0:
+        return None
+    mid = 0.5 * (start + end)
+    s_sorted, e_sorted = np.sort(start), np.sort(end)
+    inflight = np.searchsorted(s_sorted, mid, side="right") - np.searchsorted(e_sorted, mid, side="left")
+    return float(np.mean(inflight))
 
 
 def _err(pred, meas):

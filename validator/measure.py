@@ -13,6 +13,9 @@ JSONL, one object per line, each with a ``type``:
 Lines are flushed as they are written, so an interrupted run leaves a valid partial file: the
 reader recomputes the summary from the request lines when the summary line is missing.
 Times are seconds; summary latencies are milliseconds (vLLM's conventions, design.md 3.6).
+A request whose stream arrived in a burst (most chunk gaps < BURST_GAP_MS) is left out of the
+TTFT/TPOT/ITL statistics (it measures a hold-up between engine and client, not the engine) and
+counted as ``burst_requests``; E2E and throughput use every completed request.
 """
 from __future__ import annotations
 

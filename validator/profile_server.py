@@ -68,7 +68,11 @@ def profile_server(server: str, out, concurrencies, input_len: int, output_len: 
     from validator.calibrate import request_overheads
     ovh = request_overheads(ms)
     extra = {"validator": {"request_overhead_ms": round(ovh["e2e"], 4),
-                           "first_token_overhead_ms": round(ovh["first_token"], 4), "fit": fit, "spec_k": k, "spec_emulation": "block" if k else "none",
+                           "first_token_overhead_ms": round(ovh["first_token"], 4),
+                           "overhead_streams": round(ovh["streams"], 4),
+                           "request_overhead_per_stream_ms": round(ovh["e2e_per_stream"], 4),
+                           "first_token_overhead_per_stream_ms": round(ovh["first_token_per_stream"], 4),
+                           "fit": fit, "spec_k": k, "spec_emulation": "block" if k else "none",
                            "points": [{kk: (round(v, 4) if isinstance(v, float) else v) for kk, v in p.items()}
                                       for p in pts],
                            "levels": files if keep_dir else None}}
