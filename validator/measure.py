@@ -30,7 +30,7 @@ from dsim.errors import InputError
 
 FORMAT = "dsim-measurements/1"
 BURST_GAP_MS = 0.3          # chunk gaps below this are not engine steps
-BURST_FRACTION = 0.5        # a request with at least this share of such gaps was burst-delivered
+BURST_FRACTION = 0.3        # a request with at least this share of such gaps was burst-delivered
 MIN_TIMED = 5               # per-token statistics need at least this many timing-valid requests
 
 

@@ -24,29 +24,15 @@ from dsim.errors import InputError
 from validator import driver, measure, stepfit, traces
 
 
-def profile_server(server: str, out, concurrencies, input_len: int, output_len: int,
-                   requests_per_level: int = 0, model: str | None = None, hardware: str = "unknown",
-                   server_flags: str | None = None, name: str | None = None, keep_dir=None,
-                   kv_cache_gib: float = 1.0, kv_bytes_per_token: float = 1024.0, progress: bool = False):
-    concurrencies = sorted(set(int(c) for c in concurrencies))
-    if not concurrencies or concurrencies[0] < 1:
-        raise InputError("--concurrency: give levels >= 1")
-    work = Path(keep_dir) if keep_dir else Path(tempfile.mkdtemp(prefix="dsim-profile-"))
-    work.mkdir(parents=True, exist_ok=True)
-    files, ms = [], []
-    for c in concurrencies:
-        n = max(requests_per_level or 0, 2 * c, 4)
-        plan = traces.fixed(n, input_len, output_len)
-        opts = driver.RunOptions(server=server, model=model, concurrency=c, progress=progress,
-                                 extra_header={"server_flags": server_flags, "profile_level": c})
-        path = work / f"level-c{c}.jsonl"
-        driver.run(plan, opts, path)
-        m = measure.read(path)
-        if not m.ok_requests:
-            raise InputError(f"{server}: no request completed at concurrency {c} "
-                             f"({m.stats().get('failure_reasons')})")
-        files.append(str(path))
-        ms.append(m)
+def profile_from_measurements(files_by_level: dict, name: str | None = None, hardware: str = "unknown",
+                              server_flags: str | None = None, kv_cache_gib: float = 1.0,
+                              kv_bytes_per_token: float = 1024.0, input_len=None, output_len=None):
+    """The measured profile from closed-loop runs already made, {concurrency: [files...]} (runs
+    of one level are pooled): e.g. levels measured interleaved with the runs to predict."""
+    concurrencies = sorted(files_by_level)
+    ms = [measure.pool([measure.read(f) for f in files_by_level[c]], where="profile") for c in concurrencies]
+    files = [f for c in concurrencies for f in files_by_level[c]]
+    server = ms[0].header.get("server")
     h0 = ms[0].header
     k = (h0.get("spec") or {}).get("k") or 0
     pts = []
@@ -75,9 +61,42 @@ def profile_server(server: str, out, concurrencies, input_len: int, output_len: 
                            "fit": fit, "spec_k": k, "spec_emulation": "block" if k else "none",
                            "points": [{kk: (round(v, 4) if isinstance(v, float) else v) for kk, v in p.items()}
                                       for p in pts],
-                           "levels": files if keep_dir else None}}
+                           "levels": files}}
     prof = stepfit.measured_profile(name, pts, fit, prov, k, kv_cache_gib=kv_cache_gib,
                                     kv_bytes_per_token=kv_bytes_per_token, extra=extra)
+    return prof
+
+
+def profile_server(server: str, out, concurrencies, input_len: int, output_len: int,
+                   requests_per_level: int = 0, model: str | None = None, hardware: str = "unknown",
+                   server_flags: str | None = None, name: str | None = None, keep_dir=None,
+                   kv_cache_gib: float = 1.0, kv_bytes_per_token: float = 1024.0, progress: bool = False):
+    concurrencies = sorted(set(int(c) for c in concurrencies))
+    if not concurrencies or concurrencies[0] < 1:
+        raise InputError("--concurrency: give levels >= 1")
+    work = Path(keep_dir) if keep_dir else Path(tempfile.mkdtemp(prefix="dsim-profile-"))
+    work.mkdir(parents=True, exist_ok=True)
+    files, ms = [], []
+    for c in concurrencies:
+        n = max(requests_per_level or 0, 2 * c, 4)
+        plan = traces.fixed(n, input_len, output_len)
+        opts = driver.RunOptions(server=server, model=model, concurrency=c, progress=progress,
+                                 extra_header={"server_flags": server_flags, "profile_level": c})
+        path = work / f"level-c{c}.jsonl"
+        driver.run(plan, opts, path)
+        m = measure.read(path)
+        if not m.ok_requests:
+            raise InputError(f"{server}: no request completed at concurrency {c} "
+                             f"({m.stats().get('failure_reasons')})")
+        files.append(str(path))
+        ms.append(m)
+    return _save(profile_from_measurements({c: [f] for c, f in zip(concurrencies, files)}, name=name,
+                                           hardware=hardware, server_flags=server_flags,
+                                           kv_cache_gib=kv_cache_gib, kv_bytes_per_token=kv_bytes_per_token,
+                                           input_len=input_len, output_len=output_len), out)
+
+
+def _save(prof, out):
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_profile(prof, out)
