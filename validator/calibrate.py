@@ -123,6 +123,21 @@ def request_overhead(ms) -> float:
     return request_overheads(ms)["e2e"]
 
 
+def overhead_table(ms) -> dict | None:
+    """Front-end overhead per load: {streams, e2e_ms, first_token_ms} sorted by streams, one
+    entry per measurement (a load); `check` interpolates it at the predicted concurrency."""
+    rows = []
+    for m in ms:
+        o = request_overheads([m])
+        if o["e2e"] or o["first_token"]:
+            rows.append((o["streams"], o["e2e"], o["first_token"]))
+    if len(rows) < 2:
+        return None
+    rows.sort()
+    return {"streams": [round(r[0], 4) for r in rows], "e2e_ms": [round(r[1], 4) for r in rows],
+            "first_token_ms": [round(r[2], 4) for r in rows]}
+
+
 def calibrate(paths, out_dir, base_profile: str | None = None, name: str = "calibrated",
               kv_cache_gib: float = 1.0, kv_bytes_per_token: float = 1024.0) -> dict:
     out_dir = Path(out_dir)
@@ -234,6 +249,13 @@ def calibrate(paths, out_dir, base_profile: str | None = None, name: str = "cali
         p["fit_err"] = (p["fit_ms"] - p["step_ms"]) / p["step_ms"] if p["step_ms"] else None
     ovh = request_overheads(ms)
     overhead = ovh["e2e"]
+    # a base profile measured at several loads knows how the front-end delay grows with load;
+    # keep its table (the runs calibrated on here are usually one load)
+    base_table = None
+    if base_profile:
+        base_table = ((load_profile(base_profile).extra or {}).get("validator") or {}).get("overhead_table")
+    if not base_table:
+        base_table = overhead_table(ms)
     extra = dict(prof.extra)
     extra["validator"] = {"request_overhead_ms": round(overhead, 4),
                           "first_token_overhead_ms": round(ovh["first_token"], 4),
@@ -241,6 +263,7 @@ def calibrate(paths, out_dir, base_profile: str | None = None, name: str = "cali
                           "request_overhead_per_stream_ms": round(ovh["e2e_per_stream"], 4),
                           "first_token_overhead_per_stream_ms": round(ovh["first_token_per_stream"], 4),
                           "spec_k": K,
+                          **({"overhead_table": base_table} if base_table else {}),
                           "spec_emulation": "block" if K else "none",
                           "fit": fit, "points": [{k: (round(v, 4) if isinstance(v, float) else v)
                                                   for k, v in p.items()} for p in pts]}

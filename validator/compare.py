@@ -7,7 +7,8 @@ number of speculative tokens; its draft cost is the profile's ``draft.block`` ta
 CPU work of ngram proposal and rejection sampling, fitted by profile-server/calibrate; zero when the
 profile has none). ``validator.request_overhead_ms`` / ``first_token_overhead_ms`` of a measured or
 calibrated profile (front-end time per request that no engine step contains; per concurrent
-stream when the profile has ``..._per_stream_ms``, times the predicted concurrency) are added to
+stream when the profile has ``..._per_stream_ms``, times the predicted concurrency; interpolated
+in ``overhead_table`` when the profile was measured at several loads) are added to
 each request's E2E / TTFT, and closed-loop throughput is scaled by E2E / (E2E + overhead). Rows
 ``server.*`` compare the server's own histogram means with dsim before those overheads: the
 engine-side error, free of HTTP and client noise (reported, not gated).
@@ -91,7 +92,13 @@ def simulate_measurement(m, profile, acceptance: str | None, max_num_seqs: int |
     v = (prof.extra or {}).get("validator") or {}
     over = float(v.get("request_overhead_ms") or 0.0)
     over_ft = float(v.get("first_token_overhead_ms", over) or 0.0)
-    if v.get("request_overhead_per_stream_ms") is not None:
+    table = v.get("overhead_table")
+    if table and len(table.get("streams") or []) >= 2:
+        # measured at several loads: interpolate at the predicted concurrency (ends held)
+        streams = _mean_streams(res.requests) or float(conc or 1.0)
+        over = float(np.interp(streams, table["streams"], table["e2e_ms"]))
+        over_ft = float(np.interp(streams, table["streams"], table["first_token_ms"]))
+    elif v.get("request_overhead_per_stream_ms") is not None:
         # front-end delay grows with the concurrent streams (one API-server process serves them)
         streams = _mean_streams(res.requests) or float(conc or 1.0)
         over = float(v["request_overhead_per_stream_ms"]) * max(streams, 1.0)
