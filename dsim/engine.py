@@ -21,6 +21,7 @@ step is what a one-by-one loop would have produced with the same draws.
 """
 from __future__ import annotations
 
+import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -79,17 +80,22 @@ class Requests:
         self.output = workload.output_tokens.astype(np.int64)
         self.cls = workload.cls.astype(np.int64)
         self.arrival = np.full(n, np.nan)
-        self.admit = np.full(n, np.nan)
+        self.admit = [math.nan] * n
         self.first_token = np.full(n, np.nan)
         self.finish = np.full(n, np.nan)
         self.last_emit = np.zeros(n)
         self.itl_max = np.zeros(n)
         self.emits = np.zeros(n, dtype=np.int64)
-        self.computed = np.zeros(n, dtype=np.int64)
-        self.generated = np.zeros(n, dtype=np.int64)
-        self.blocks = np.zeros(n, dtype=np.int64)
-        self.preemptions = np.zeros(n, dtype=np.int64)
-        self.cached_tokens = np.zeros(n, dtype=np.int64)
+        # Scalar per-request state read and written one request at a time (admission, prefill)
+        # lives in Python lists: indexing a list is several times cheaper than a numpy scalar.
+        self.prompt_l = self.prompt.tolist()
+        self.output_l = self.output.tolist()
+        self.cls_l = self.cls.tolist()
+        self.computed = [0] * n
+        self.generated = [0] * n
+        self.blocks = [0] * n
+        self.preemptions = [0] * n
+        self.cached_tokens = [0] * n
         self.replica = np.full(n, -1, dtype=np.int64)
         self.latent = np.zeros(n)
         kk = max(k, 1)
@@ -148,6 +154,9 @@ class Replica:
         self.pre: list = []                  # request ids prefilling, in queue order
         self.waiting: deque = deque()
         self.kv_dec = 0                      # sum of the decode slots' KV tokens
+        # A lower bound on the tokens any decode slot still has to emit: a slot emits at most
+        # 1 + K per step, so no completion check is needed while it stays positive.
+        self.left_lb = 0
         # KV blocks. A decode slot holds ceil((KV tokens + lookahead) / 16) blocks, lookahead = 1 + K
         # (vLLM allocates slots for the drafts), a function of its KV tokens: the total is
         # checked against a cheap upper bound from kv_dec and computed exactly only near a full cache.
@@ -202,7 +211,7 @@ class Replica:
         if not self.cfg.enable_prefix_caching or self.prefix_hashes is None:
             return 0
         # Only full blocks can be shared: the last hash may cover a partial block.
-        hashes = self.prefix_hashes[rid][: int(self.R.prompt[rid]) // self.prefix_block_tokens]
+        hashes = self.prefix_hashes[rid][: int(self.R.prompt_l[rid]) // self.prefix_block_tokens]
         hit = 0
         for h in hashes:
             h = int(h)
@@ -216,7 +225,7 @@ class Replica:
         while len(self.prefix_cache) > self.prefix_cap:
             self.prefix_cache.popitem(last=False)
         # vLLM never serves the whole prompt from cache: the last token is recomputed.
-        return int(min(hit * self.prefix_block_tokens, self.R.prompt[rid] - 1))
+        return int(min(hit * self.prefix_block_tokens, self.R.prompt_l[rid] - 1))
 
     # ---- the step loop ----------------------------------------------------------------------
     def loop(self):
@@ -245,7 +254,7 @@ class Replica:
         else:
             row, frow = self.I[-1], self.F[-1]
             rid = int(row[_ID])
-            R.generated[rid] = R.output[rid] - (row[_END] - row[_COMP])
+            R.generated[rid] = R.output_l[rid] - int(row[_END] - row[_COMP])
             R.emits[rid] = row[_EMITS]
             R.last_emit[rid] = frow[_LAST]
             R.itl_max[rid] = frow[_ITLMAX]
@@ -281,7 +290,7 @@ class Replica:
         dec_tokens = 0
         if n_dec:
             if K:
-                pre_todo = sum(int(R.prompt[r] + R.generated[r] - R.computed[r]) for r in self.pre)
+                pre_todo = sum(int(R.prompt_l[r] + R.generated[r] - R.computed[r]) for r in self.pre)
                 windows, draws = self._windows(I, 1, pre_todo)
                 q = 1 + (windows[0] if self.compact else np.full(n_dec, K))
                 dec_tokens = int(q.sum())
@@ -296,7 +305,7 @@ class Replica:
         left = budget - dec_tokens
         chunks = []
         for rid in self.pre:
-            todo = int(R.prompt[rid] + R.generated[rid] - R.computed[rid])
+            todo = int(R.prompt_l[rid] + R.generated[rid] - R.computed[rid])
             c = min(todo, left, thr) if thr > 0 else min(todo, left)
             chunks.append(c)
             left -= c
@@ -324,7 +333,7 @@ class Replica:
                     R.cached_tokens[rid] = hit
                     R.computed[rid] = hit
                 comp = int(R.computed[rid])
-                todo = int(R.prompt[rid] + R.generated[rid]) - comp
+                todo = int(R.prompt_l[rid] + R.generated[rid]) - comp
                 c = min(todo, left, thr) if thr > 0 else min(todo, left)
                 blocks = -(-(comp + c) // KV_BLOCK_TOKENS)
                 if not self._fits(blocks):
@@ -332,7 +341,7 @@ class Replica:
                 self.waiting.popleft()
                 self.pre_blocks += blocks
                 R.blocks[rid] = blocks
-                if np.isnan(R.admit[rid]):
+                if math.isnan(R.admit[rid]):
                     R.admit[rid] = self.env.now
                 self.pre.append(rid)
                 chunks.append(c)
@@ -344,7 +353,7 @@ class Replica:
             return None
         kv = self.kv_dec + dec_tokens + sum(int(R.computed[r]) + c for r, c in zip(self.pre, chunks))
         n_sample = (n_dec if not cut else int((q > 0).sum())) + sum(
-            1 for r, c in zip(self.pre, chunks) if c > 0 and c >= R.prompt[r] + R.generated[r] - R.computed[r])
+            1 for r, c in zip(self.pre, chunks) if c > 0 and c >= R.prompt_l[r] + R.generated[r] - R.computed[r])
         fwd = self._step_ms(n_tokens, kv)
         dur = fwd + self._draft_ms(n_sample) + self.cpu_ms
         return (n_dec, q, cut, windows, draws, list(self.pre), chunks, n_tokens, pre_tokens, kv, fwd, dur)
@@ -430,6 +439,7 @@ class Replica:
             I[:, _COMP] += em
             emitted_total = int(em.sum()) if K or cut else n_dec
             self.kv_dec += emitted_total
+            self.left_lb -= 1 + K
             self._itl(I, F, t, dur, None if not cut else q > 0)
         # Prefills: chunks computed; those that reach the end of their prompt sample a token.
         moved = []
@@ -437,7 +447,7 @@ class Replica:
             if c == 0:
                 continue
             R.computed[rid] += c
-            if R.computed[rid] == R.prompt[rid] + R.generated[rid]:
+            if R.computed[rid] == R.prompt_l[rid] + R.generated[rid]:
                 emitted_total += 1
                 g = R.generated[rid]
                 if g == 0:
@@ -455,9 +465,11 @@ class Replica:
             self.pre = [r for r in self.pre if r not in mv]
             rows, frows = [], []
             for rid in moved:       # KV now holds the prompt + generated - 1 tokens
-                p = int(R.prompt[rid])
+                p = int(R.prompt_l[rid])
                 comp = p + int(R.generated[rid]) - 1
-                rows.append((rid, comp, p + int(R.output[rid]) - 1, int(R.cls[rid]), int(R.emits[rid])))
+                end = p + int(R.output_l[rid]) - 1
+                rows.append((rid, comp, end, int(R.cls_l[rid]), int(R.emits[rid])))
+                self.left_lb = min(self.left_lb, end - comp)
                 self.pre_blocks -= int(R.blocks[rid])       # now counted from the slot's KV tokens
                 R.blocks[rid] = 0
                 frows.append((t, float(R.itl_max[rid]), float(R.latent[rid])))
@@ -490,9 +502,10 @@ class Replica:
 
     def _finish_done(self):
         I = self.I
-        if not len(I):
+        if not len(I) or self.left_lb > 0:
             return
-        done = I[:, _COMP] >= I[:, _END]
+        left = I[:, _END] - I[:, _COMP]
+        done = left <= 0
         if done.any():
             rows, frows = I[done], self.F[done]
             # Per-request results are written to the request table once, at the end (flush).
@@ -500,8 +513,10 @@ class Replica:
             self.kv_dec -= int(rows[:, _COMP].sum())
             keep = ~done
             self.I, self.F = I[keep], self.F[keep]
+            left = left[keep]
             for rid in rows[:, _ID].tolist():
                 self.on_finish(rid)
+        self.left_lb = int(left.min()) if len(left) else 0
 
     def flush(self):
         """Write the finished requests' results into the shared request table."""
@@ -509,10 +524,8 @@ class Replica:
         for rows, frows, t in self.finished:
             ids = rows[:, _ID]
             R.finish[ids] = t
-            R.generated[ids] = R.output[ids]
             R.emits[ids] = rows[:, _EMITS]
             R.itl_max[ids] = frows[:, _ITLMAX]
-            R.computed[ids] = rows[:, _COMP]
         self.finished = []
 
     # ---- decode windows ---------------------------------------------------------------------
@@ -604,6 +617,7 @@ class Replica:
             em_total = np.full(n, m)
         I[:, _COMP] += em_total
         I[:, _EMITS] += m
+        self.left_lb -= m * (1 + K)
         em_sum = int(em_total.sum())
         self.kv_dec += em_sum
         durs = dur[:m].tolist()

@@ -53,10 +53,11 @@ def request_table(reqs, class_names) -> pd.DataFrame:
     return pd.DataFrame({
         "request": np.arange(reqs.n), "replica": reqs.replica, "class": np.asarray(class_names)[reqs.cls],
         "arrival_s": reqs.arrival, "prompt_tokens": reqs.prompt, "output_tokens": out,
-        "cached_tokens": reqs.cached_tokens, "queue_ms": (reqs.admit - reqs.arrival) * 1e3,
+        "cached_tokens": np.asarray(reqs.cached_tokens, dtype=np.int64),
+        "queue_ms": (np.asarray(reqs.admit, dtype=np.float64) - reqs.arrival) * 1e3,
         "ttft_ms": ttft, "tpot_ms": tpot, "e2e_ms": e2e, "itl_mean_ms": itl_mean,
         "itl_max_ms": np.where(reqs.emits > 0, reqs.itl_max, np.nan), "chunks": reqs.emits + done,
-        "preemptions": reqs.preemptions, "completed": done,
+        "preemptions": np.asarray(reqs.preemptions, dtype=np.int64), "completed": done,
     })
 
 
