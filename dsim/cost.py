@@ -29,6 +29,7 @@ PROVENANCE_FIELDS = ("kind", "hardware", "gpus_per_replica", "model", "engine", 
                      "date", "method")
 DRAFT_KINDS = ("mtp", "eagle3", "block", "dspark")
 KV_BLOCK_TOKENS = 16
+DENSE_TOKENS = 16384        # forward cost tabulated densely up to this many tokens per step
 
 
 def vllm_capture_sizes(max_capture: int = 512) -> list[int]:
@@ -227,6 +228,11 @@ class CostModel:
             self._slope = (ms[-1] - ms[-2]) / (x[-1] - x[-2]) if len(x) >= 2 else 0.0
         self._slope = float(max(self._slope, 0.0))
         self._ax_list, self._ams_list = self._ax.tolist(), self._ams.tolist()
+        # The whole curve up to a large step as one array: the verify-budget policies evaluate
+        # it at every b in 0..R*K each step.
+        grid = np.arange(DENSE_TOKENS + 1)
+        self._dense = self._below[np.minimum(grid, self.limit)].copy()
+        self._dense[self.limit + 1:] = self._above(grid[self.limit + 1:])
         self._draft = {}
         for kind, t in profile.draft.items():
             self._draft[kind] = (t.x, np.maximum.accumulate(t.ms) * cost_scale)
@@ -239,8 +245,12 @@ class CostModel:
                 return float(self._below_list[n])
             return self._above_scalar(n)
         n = np.asarray(n_tokens, dtype=np.int64)
-        if n.ndim and n.size and n.max() <= self.limit:     # the common case: one table lookup
-            return self._below[n]
+        if n.ndim and n.size:
+            top = n.max()
+            if top <= self.limit:                            # the common case: one table lookup
+                return self._below[n]
+            if top < len(self._dense):                       # within a step's token budget
+                return self._dense[n]
         small = np.minimum(n, self.limit)
         out = self._below[small]
         if np.any(n > self.limit):
