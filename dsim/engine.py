@@ -30,6 +30,7 @@ import numpy as np
 import simpy
 
 from dsim.cost import KV_BLOCK_TOKENS, CostModel
+from dsim.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ class Requests:
         self.generated = [0] * n
         self.blocks = [0] * n
         self.preemptions = [0] * n
+        self.seq = [0] * n                   # admission order on its replica (preemption victims)
         self.cached_tokens = [0] * n
         self.replica = np.full(n, -1, dtype=np.int64)
         self.latent = np.zeros(n)
@@ -152,6 +154,7 @@ class Replica:
         self.I = np.zeros((0, 5), dtype=np.int64)
         self.F = np.zeros((0, 3), dtype=np.float64)
         self.pre: list = []                  # request ids prefilling, in queue order
+        self.admit_seq = 0
         self.waiting: deque = deque()
         self.kv_dec = 0                      # sum of the decode slots' KV tokens
         # A lower bound on the tokens any decode slot still has to emit: a slot emits at most
@@ -208,6 +211,8 @@ class Replica:
         return v
 
     def _prefix_hit_tokens(self, rid: int) -> int:
+        """Tokens of rid's prompt served by the prefix cache: leading full blocks whose hashes
+        some request has already computed on this replica."""
         if not self.cfg.enable_prefix_caching or self.prefix_hashes is None:
             return 0
         # Only full blocks can be shared: the last hash may cover a partial block.
@@ -220,12 +225,21 @@ class Replica:
                 hit += 1
             else:
                 break
-        for h in hashes[hit:]:
-            self.prefix_cache[int(h)] = True
-        while len(self.prefix_cache) > self.prefix_cap:
-            self.prefix_cache.popitem(last=False)
         # vLLM never serves the whole prompt from cache: the last token is recomputed.
         return int(min(hit * self.prefix_block_tokens, self.R.prompt_l[rid] - 1))
+
+    def _prefix_insert(self, rid: int, computed: int):
+        """Register rid's prompt blocks that are now fully computed (and only those)."""
+        hashes = self.prefix_hashes[rid]
+        full = min(computed, int(self.R.prompt_l[rid])) // self.prefix_block_tokens
+        for h in hashes[:full]:
+            h = int(h)
+            if h in self.prefix_cache:
+                self.prefix_cache.move_to_end(h)
+            else:
+                self.prefix_cache[h] = True
+        while len(self.prefix_cache) > self.prefix_cap:
+            self.prefix_cache.popitem(last=False)
 
     # ---- the step loop ----------------------------------------------------------------------
     def loop(self):
@@ -246,20 +260,29 @@ class Replica:
             self._commit_step(plan)
 
     def _preempt_tail(self):
-        """Preempt the request at the tail of the running queue (recompute later)."""
+        """Preempt the request at the tail of the running queue, i.e. the most recently admitted
+        one (recompute later). Prefilling requests are in admission order; with
+        long_prefill_token_threshold a newer short prompt can be decoding while an older long one
+        still prefills, so the decode slots are compared too."""
         R = self.R
-        if self.pre:
+        j = None
+        if len(self.I):
+            seqs = [R.seq[r] for r in self.I[:, _ID].tolist()]
+            j = max(range(len(seqs)), key=seqs.__getitem__)
+        if self.pre and (j is None or R.seq[self.pre[-1]] > seqs[j]):
             rid = self.pre.pop()
             self.pre_blocks -= int(R.blocks[rid])
         else:
-            row, frow = self.I[-1], self.F[-1]
+            row, frow = self.I[j], self.F[j]
             rid = int(row[_ID])
             R.generated[rid] = R.output_l[rid] - int(row[_END] - row[_COMP])
             R.emits[rid] = row[_EMITS]
             R.last_emit[rid] = frow[_LAST]
             R.itl_max[rid] = frow[_ITLMAX]
             self.kv_dec -= int(row[_COMP])
-            self.I, self.F = self.I[:-1], self.F[:-1]
+            keep = np.ones(len(self.I), dtype=bool)
+            keep[j] = False
+            self.I, self.F = self.I[keep], self.F[keep]
         R.blocks[rid] = 0
         R.computed[rid] = 0
         R.preemptions[rid] += 1
@@ -290,8 +313,10 @@ class Replica:
         dec_tokens = 0
         if n_dec:
             if K:
+                # vLLM schedules decodes first with all K drafts, prefills get what is left; the
+                # verify budget then trims drafts inside the decodes' reservation.
                 pre_todo = sum(int(R.prompt_l[r] + R.generated[r] - R.computed[r]) for r in self.pre)
-                windows, draws = self._windows(I, 1, pre_todo)
+                windows, draws = self._windows(I, 1, min(pre_todo, max(budget - n_dec * (1 + K), 0)))
                 q = 1 + (windows[0] if self.compact else np.full(n_dec, K))
                 dec_tokens = int(q.sum())
             else:
@@ -302,7 +327,8 @@ class Replica:
                 q = np.minimum(qq, np.maximum(budget - (cum - qq), 0))
                 dec_tokens = budget
                 cut = True
-        left = budget - dec_tokens
+        # Trimmed drafts do not return their tokens to the prefills (the scheduler reserved 1 + K).
+        left = budget - max(dec_tokens, min(budget, n_dec * (1 + K)))
         chunks = []
         for rid in self.pre:
             todo = int(R.prompt_l[rid] + R.generated[rid] - R.computed[rid])
@@ -328,21 +354,28 @@ class Replica:
             n_run = n_dec + len(self.pre)
             while self.waiting and left > 0 and n_run < cfg.max_num_seqs:
                 rid = self.waiting[0]
-                if R.generated[rid] == 0 and R.computed[rid] == 0 and R.preemptions[rid] == 0:
-                    hit = self._prefix_hit_tokens(rid)
-                    R.cached_tokens[rid] = hit
-                    R.computed[rid] = hit
-                comp = int(R.computed[rid])
+                # (also on re-admission after a preemption: its computed blocks stay cached)
+                hit = self._prefix_hit_tokens(rid) if self.prefix_hashes is not None else 0
+                comp = hit
                 todo = int(R.prompt_l[rid] + R.generated[rid]) - comp
+                need_total = -(-(int(R.prompt_l[rid]) + int(R.output_l[rid]) - 1 + self.lookahead) // KV_BLOCK_TOKENS)
+                if need_total > self.total_blocks:
+                    raise InputError(f"request {rid}: {int(R.prompt_l[rid])} prompt + {int(R.output_l[rid])} output "
+                                     f"tokens need {need_total} KV blocks, the cache holds {self.total_blocks} "
+                                     f"(profile memory.kv_cache_gib)")
                 c = min(todo, left, thr) if thr > 0 else min(todo, left)
                 blocks = -(-(comp + c) // KV_BLOCK_TOKENS)
                 if not self._fits(blocks):
                     break
+                R.cached_tokens[rid] = hit
+                R.computed[rid] = comp
                 self.waiting.popleft()
                 self.pre_blocks += blocks
                 R.blocks[rid] = blocks
                 if math.isnan(R.admit[rid]):
                     R.admit[rid] = self.env.now
+                self.admit_seq += 1
+                R.seq[rid] = self.admit_seq
                 self.pre.append(rid)
                 chunks.append(c)
                 left -= c
@@ -375,22 +408,37 @@ class Replica:
                 prev2 = cp2[None]
             else:
                 prev2 = np.concatenate([cp2[None], cp[None], conf[:-2]])
-            kv0 = self.kv_dec + len(I)
             cost, cpu = self.cost, self.cpu_ms
             n = len(I)
-            ctx = sp.context(verify_ms=lambda x: cost.step_ms(x, kv0) + cpu, draft_ms=self._draft_ms(n),
-                             n_nondraft=np.full(k, n + prefill_tokens, dtype=np.int64),
-                             token_limit=self.cfg.max_num_batched_tokens, k_max=K)
-            windows = sp.policy.windows(conf, prev, prev2, ctx).astype(np.int64)
+            dms = self._draft_ms(n)
+            nnd = np.full(1, n + prefill_tokens, dtype=np.int64)
+            limit = self.cfg.max_num_batched_tokens
+            # Step by step: each budget is priced at its own step's KV context, which depends on
+            # what the window's earlier steps accepted, exactly as when stepping one by one.
+            windows = np.empty((k, n), dtype=np.int64)
+            kv = self.kv_dec + n
+            left = I[:, _END] - I[:, _COMP]
+            static = self.cfg.verify_mode == "static"
+            for t in range(k):
+                ctx = sp.context(verify_ms=lambda x, kv=kv: cost.step_ms(x, kv) + cpu, draft_ms=dms,
+                                 n_nondraft=nnd, token_limit=limit, k_max=K)
+                w = sp.policy.windows(conf[t:t + 1], prev[t:t + 1],
+                                      None if prev2 is None else prev2[t:t + 1], ctx)[0]
+                windows[t] = w
+                if t + 1 < k:
+                    em = np.minimum(sp.accepted_prefix(draws.accept[t], K if static else w) + 1, left)
+                    left = left - em
+                    kv += int(em.sum())
         else:
             windows = np.full((k, len(I)), K, dtype=np.int64)
         return windows, draws
 
-    def _spec_account(self, I, windows, draws, acc, m):
+    def _spec_account(self, I, windows, draws, acc, m, verified=None):
         """Counters for steps 0..m-1 of a window of the decode slots I (acc: accepted [m, n])."""
         st, K, R = self.stats, self.K, self.R
         n = len(I)
-        verified = windows[:m] if self.compact else np.full((m, n), K)
+        if verified is None:
+            verified = windows[:m] if self.compact else np.full((m, n), K)
         st.num_drafts += m * n
         st.num_draft_tokens += m * n * K
         vsum = int(verified.sum())
@@ -428,7 +476,9 @@ class Replica:
                     commit_w = np.minimum(commit_w, np.maximum(q - 1, 0))
                     windows = np.minimum(windows, np.maximum(q - 1, 0)[None])
                 acc = self.spec.accepted_prefix(draws.accept[0], commit_w)
-                verified = self._spec_account(I, windows, draws, acc[None], 1)
+                # a decode cut by the token budget verifies only the drafts it was given
+                ver = np.minimum(K, np.maximum(q - 1, 0))[None] if cut and not self.compact else None
+                verified = self._spec_account(I, windows, draws, acc[None], 1, ver)
                 em = np.minimum(acc + 1, I[:, _END] - I[:, _COMP])
                 accepted = int(acc.sum())
             else:
@@ -447,6 +497,8 @@ class Replica:
             if c == 0:
                 continue
             R.computed[rid] += c
+            if self.cfg.enable_prefix_caching and self.prefix_hashes is not None:
+                self._prefix_insert(rid, R.computed[rid])
             if R.computed[rid] == R.prompt_l[rid] + R.generated[rid]:
                 emitted_total += 1
                 g = R.generated[rid]

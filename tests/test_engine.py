@@ -275,3 +275,71 @@ def test_compact_at_least_static_throughput_at_high_load():
                                  engine=EngineConfig(verify_mode=mode), spec=SpecConfig(verify_mode=mode, **base)))
         outs[mode] = res.summary["output_tok_s"]
     assert outs["compact"] >= outs["static"]
+
+
+# ---- regressions found in review -------------------------------------------------------------
+
+def test_request_larger_than_kv_cache_is_an_input_error():
+    prof = linear_profile(kv_gib=1024 * 16 * 10 / 2**30)      # 10 blocks of 16 tokens
+    with pytest.raises(InputError, match="request 0: .*KV blocks"):
+        run(wl([400], [4]), prof)
+
+
+def test_prefix_cache_hits_only_blocks_already_computed():
+    prof = linear_profile()
+    hashes = [np.arange(8, dtype=np.int64) for _ in range(3)]
+    # Request 1 is admitted while request 0 has computed one 512-token chunk of its prompt (both
+    # prefill side by side in chunks of 512): it hits that one block only. Request 2 arrives after
+    # request 0 computed its prompt: it hits every full block but the last token.
+    w = wl([4096] * 3, [2] * 3, arrival=[0.0, 0.001, 5.0])
+    w = dataclasses.replace(w, prefix_hashes=hashes, prefix_block_tokens=512)
+    eng = EngineConfig(enable_prefix_caching=True, long_prefill_token_threshold=512)
+    r = run(w, prof, engine=eng).requests
+    assert r.cached_tokens[0] == 0
+    assert r.cached_tokens[1] == 512
+    assert r.cached_tokens[2] == 4095
+
+
+def test_preemption_evicts_the_most_recently_admitted():
+    prof = linear_profile(kv_gib=1024 * 16 * 200 / 2**30)      # 200 blocks = 3200 tokens
+    # r0: older long prompt still prefilling in 64-token chunks; r1: newer short prompt decoding.
+    w = wl([3150, 16], [5, 2000])
+    r = run(w, prof, engine=EngineConfig(long_prefill_token_threshold=64, max_num_batched_tokens=256)).requests
+    assert r.preemptions[0] == 0 and r.preemptions[1] >= 1
+    assert r.completed.all()
+
+
+def test_adaptive_policy_windows_are_exact(monkeypatch):
+    """Deterministic draws: an adaptive policy gives the same run with windows of 1 and 64 steps
+    (each step's budget priced at its own KV context)."""
+    import dsim.spec as S
+    orig = S.AcceptanceModel.sample
+
+    def det_sample(self, rng, cls, latent, steps):
+        d = orig(self, rng, cls, latent, steps)
+        P = np.broadcast_to(self._Pf[np.asarray(cls, np.intp)], d.conf.shape).copy()
+        return S.StepDraws(P, P >= 0.5, P)
+    monkeypatch.setattr(S.AcceptanceModel, "sample", det_sample)
+    rng = np.random.default_rng(3)
+    n = 48
+    w = wl(rng.integers(500, 3000, n), rng.integers(100, 300, n), closed=n, cls=rng.integers(0, 3, n))
+    caps = vllm_capture_sizes(512)
+    toks = caps + [768, 1024, 2048, 4096, 8192]
+    prof = make_profile(forward={"tokens": toks, "ms": [5.0 + 0.05 * t for t in toks]}, kv_ms_per_ktok=0.5,
+                        cpu=0.3, kv_gib=50)
+    acc = "math=0.95,0.9,0.85,0.8,0.7,0.6,0.5;code=0.9,0.8,0.7,0.6,0.5,0.4,0.3;chat=0.8,0.6,0.5,0.4,0.3,0.2,0.1"
+    for pol in ("vllm", "paper"):
+        sc = SpecConfig("dspark", adaptive=True, policy=pol, acceptance=acc, head="useless")
+        a = run(w, prof, engine=EngineConfig(max_window=1), spec=sc)
+        b = run(w, prof, engine=EngineConfig(max_window=64), spec=sc)
+        np.testing.assert_allclose(a.requests.e2e_ms, b.requests.e2e_ms, rtol=1e-9)
+        assert a.summary["steps"] == b.summary["steps"]
+
+
+def test_budget_cut_counts_only_drafts_given():
+    prof = linear_profile()
+    sc = SpecConfig("eagle3", k=7, acceptance="const:0.5", sigma_request=0.0, sigma_step=0.0)
+    res = run(wl([10] * 5, [40] * 5), prof, spec=sc,
+              engine=EngineConfig(max_num_batched_tokens=36, verify_mode="static"))
+    st = res.steps[res.steps.prefill_tokens == 0]
+    assert (st.n_tokens == st.n_decode + st.verify_draft_tokens).all()
