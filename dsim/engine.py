@@ -411,24 +411,42 @@ class Replica:
             cost, cpu = self.cost, self.cpu_ms
             n = len(I)
             dms = self._draft_ms(n)
-            nnd = np.full(1, n + prefill_tokens, dtype=np.int64)
             limit = self.cfg.max_num_batched_tokens
-            # Step by step: each budget is priced at its own step's KV context, which depends on
-            # what the window's earlier steps accepted, exactly as when stepping one by one.
-            windows = np.empty((k, n), dtype=np.int64)
-            kv = self.kv_dec + n
-            left = I[:, _END] - I[:, _COMP]
+            # Each step's budget is priced at its own step's KV context, which depends on what the
+            # window's earlier steps accepted. Solve it as a fixed point: price with a guess of the
+            # contexts, derive the contexts those windows produce, repeat until the windows do not
+            # change (then they are exactly what stepping one by one gives); else step by step.
+            kv0 = self.kv_dec + n
+            left0 = I[:, _END] - I[:, _COMP]
             static = self.cfg.verify_mode == "static"
-            for t in range(k):
-                ctx = sp.context(verify_ms=lambda x, kv=kv: cost.step_ms(x, kv) + cpu, draft_ms=dms,
-                                 n_nondraft=nnd, token_limit=limit, k_max=K)
-                w = sp.policy.windows(conf[t:t + 1], prev[t:t + 1],
-                                      None if prev2 is None else prev2[t:t + 1], ctx)[0]
-                windows[t] = w
-                if t + 1 < k:
-                    em = np.minimum(sp.accepted_prefix(draws.accept[t], K if static else w) + 1, left)
-                    left = left - em
-                    kv += int(em.sum())
+            kv_ms = self.cost.kv_ms_per_tok
+
+            def contexts(win):
+                acc = sp.accepted_prefix(draws.accept, K if static else win)         # [k, n]
+                em = np.minimum(np.cumsum(acc + 1, axis=0), left0[None, :])
+                em_step = np.diff(em, axis=0, prepend=0).sum(axis=1)
+                return np.concatenate([[0], np.cumsum(em_step)[:-1]])                 # kv_t - kv0
+
+            def solve(extra, rows=slice(None)):
+                ctx = sp.context(verify_ms=lambda x: cost.step_ms(x, kv0) + cpu, draft_ms=dms,
+                                 n_nondraft=np.full(len(extra), n + prefill_tokens, dtype=np.int64),
+                                 token_limit=limit, k_max=K, step_extra_ms=extra)
+                return sp.policy.windows(conf[rows], prev[rows], None if prev2 is None else prev2[rows],
+                                         ctx).astype(np.int64)
+
+            windows = solve(np.zeros(k))
+            for _ in range(3):
+                if k == 1:
+                    break
+                extra = kv_ms * contexts(windows)
+                nxt = solve(extra)
+                if np.array_equal(nxt, windows):
+                    break
+                windows = nxt
+            else:
+                for t in range(1, k):          # no fixed point: one step at a time
+                    extra = kv_ms * contexts(windows)
+                    windows[t] = solve(extra[t:t + 1], slice(t, t + 1))[0]
         else:
             windows = np.full((k, len(I)), K, dtype=np.int64)
         return windows, draws

@@ -74,6 +74,7 @@ class PolicyContext:
     token_limit: max_num_batched_tokens.
     k_max: largest window allowed (<= K).
     n_sampling: int[k] requests that sample a token this step (R_s); None = R (every decode).
+    step_extra_ms: float[k] cost added to step t whatever its budget (None: nothing).
     """
 
     verify_ms: Callable[[np.ndarray], np.ndarray]
@@ -82,6 +83,7 @@ class PolicyContext:
     token_limit: int
     k_max: int
     n_sampling: np.ndarray | None = None
+    step_extra_ms: np.ndarray | None = None   # float[k] added to every budget's cost of step t
 
 
 def survival(conf: np.ndarray) -> np.ndarray:
@@ -163,6 +165,8 @@ def _objective(S, ctx, cost_fn, n_samp, srt=None):
     b = np.arange(R * K + 1)
     tokens = N[:, None] + b[None, :]
     C = np.asarray(cost_fn(tokens.ravel()), dtype=np.float64).reshape(tokens.shape)
+    if ctx.step_extra_ms is not None:     # e.g. each step's own KV-context term inside a window
+        C = C + np.asarray(ctx.step_extra_ms, dtype=np.float64).reshape(-1, 1)
     E = n_samp[:, None] + cs
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = E / C
