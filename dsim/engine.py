@@ -108,7 +108,7 @@ class Requests:
 class SpecStats:
     """Accumulators for speculative decoding outputs (vLLM counter form and per class)."""
 
-    def __init__(self, k: int, n_classes: int, head_sample_cap: int = 200_000):
+    def __init__(self, k: int, n_classes: int, head_sample_cap: int = 60_000):
         self.k = k
         self.num_drafts = 0
         self.num_draft_tokens = 0           # vLLM counter: full K per draft round
