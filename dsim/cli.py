@@ -122,6 +122,9 @@ def print_summary(s: dict):
         typer.echo(f"acceptance length {s['acceptance_length']:.3f}; per position "
                    + " ".join(f"{x:.3f}" for x in s["per_position_acceptance"])
                    + f"; verify tokens/request/step {s['mean_verify_tokens_per_request']:.2f}")
+        if s.get("verify_utilization") is not None:
+            typer.echo(f"verify utilization {s['verify_utilization']:.3f} (drafts accepted within the chosen "
+                       f"windows / accepted had the full block been verified; DSpark reports 0.88-0.97)")
         for c, v in s.get("per_class", {}).items():
             typer.echo(f"  {c:6} acceptance length {v['acceptance_length']:.3f}, "
                        f"verify tokens {v['mean_verify_tokens_per_request']:.2f}")

@@ -114,6 +114,10 @@ class SpecStats:
         self.num_draft_tokens = 0           # vLLM counter: full K per draft round
         self.verified_draft_tokens = 0      # drafts actually verified (the window)
         self.accepted_per_pos = np.zeros(max(k, 1), dtype=np.int64)
+        # Verify utilization (SGLang/DSpark): drafts accepted within the chosen windows over drafts
+        # the full block would have had accepted, from the same draws.
+        self.accepted_in_window = 0
+        self.accepted_full_block = 0
         self.cls_rounds = np.zeros(n_classes)
         self.cls_emitted = np.zeros(n_classes)
         self.cls_verify = np.zeros(n_classes)
@@ -462,6 +466,9 @@ class Replica:
         vsum = int(verified.sum())
         st.verified_draft_tokens += vsum
         st.accepted_per_pos += np.bincount(acc.ravel(), minlength=K + 1)[::-1].cumsum()[::-1][1:]
+        if self.spec.method.adaptive:
+            st.accepted_in_window += int(acc.sum())
+            st.accepted_full_block += int(self.spec.accepted_prefix(draws.accept[:m], K).sum())
         cls = I[:, _CLS]
         nc = len(st.cls_rounds)
         st.cls_rounds += m * np.bincount(cls, minlength=nc)

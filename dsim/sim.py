@@ -252,6 +252,8 @@ def _spec_summary(spec, st: SpecStats, class_names) -> dict:
         "per_position_acceptance": per_pos,
         "mean_verify_tokens_per_request": round(1 + st.verified_draft_tokens / st.num_drafts, 4),
         "wasted_verify_tokens": int(st.verified_draft_tokens - acc_total),
+        "verify_utilization": (round(st.accepted_in_window / st.accepted_full_block, 4)
+                               if st.accepted_full_block else None),
         "per_class": by_cls,
         "spec_decode_counters": {   # vLLM's /metrics form
             "num_drafts": int(st.num_drafts), "num_draft_tokens": int(st.num_draft_tokens),
