@@ -15,7 +15,6 @@ Preconditions: n_tokens >= 1, kv_tokens >= 0. Postcondition: step_ms is non-decr
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -292,6 +291,3 @@ class CostModel:
         slope = (ms[-1] - ms[-2]) / (x[-1] - x[-2]) if len(x) >= 2 else 0.0
         return float(ms[-1] + max(slope, 0.0) * (n_requests - x[-1]))
 
-
-def with_overrides(p: Profile, **changes) -> Profile:
-    return dataclasses.replace(p, **changes)

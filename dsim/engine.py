@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import numpy as np
 import simpy
@@ -63,12 +62,6 @@ class StepRecord:
 
 
 STEP_FIELDS = tuple(StepRecord.__dataclass_fields__)
-
-
-def _subset(draws, keep):
-    """The draws of the requests selected by `keep` (arrays are [k, R, K])."""
-    return SimpleNamespace(p_true=draws.p_true[:, keep], accept=draws.accept[:, keep],
-                           conf=draws.conf[:, keep])
 
 
 class Requests:
@@ -617,7 +610,7 @@ class Replica:
         return n * (1 + self.K) <= self.cfg.max_num_batched_tokens
 
     def _decode_window(self):
-        env, R, K, cfg = self.env, self.R, self.K, self.cfg
+        env, K, cfg = self.env, self.K, self.cfg
         I, F = self.I, self.F
         n = len(I)
         comp0 = I[:, _COMP]
@@ -686,7 +679,7 @@ class Replica:
                 ctx = comp0 + ((cum[t - 1] if t else 0) if K > 0 else t)
                 self.shapes.append((self.idx, float(t_end[t]), qv.tolist(), ctx.tolist(), float(fwd[t])))
         if K > 0:
-            vt = self.spec and self._spec_account(I, windows, draws, acc[:m], m)
+            self._spec_account(I, windows, draws, acc[:m], m)
             ver_steps = verified[:m].sum(axis=1)
             acc_steps = acc[:m].sum(axis=1)
             em_total = np.minimum(cum[m - 1], left)

@@ -115,12 +115,6 @@ def _cap_fcfs(l: np.ndarray, n_nondraft: np.ndarray, token_limit: int) -> np.nda
     return np.clip(allowed - before, 0, l)
 
 
-def _order(S: np.ndarray) -> np.ndarray:
-    """Stable descending order of scores per step: [k, R*K] indices into the flattened grid."""
-    k = S.shape[0]
-    return np.argsort(-S.reshape(k, -1), axis=1, kind="stable")
-
-
 def _top_b_windows(S: np.ndarray, B: np.ndarray, srt: np.ndarray | None = None) -> np.ndarray:
     """Give each step's B slots to its top-B positive scores; returns int64[k, R].
 

@@ -287,7 +287,7 @@ def ab_report(workloads: dict, profile, spec_a, spec_b, slos, out, *, command: s
     d.p(f"One open-loop run per method at A's planned fleet ({fleet} node(s)), seed {seeds[0]}: both methods see "
         "the same traffic on the same hardware.")
     d.img("latency_cdf.png", "CDF of TTFT and TPOT per request (log x)")
-    d.table(["metric", f"A p50", f"A p99", f"B p50", f"B p99"],
+    d.table(["metric", "A p50", "A p99", "B p50", "B p99"],
             [[m, _f(sa[m]["p50"]), _f(sa[m]["p99"]), _f(sb[m]["p50"]), _f(sb[m]["p99"])]
              for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")])
 

@@ -11,7 +11,7 @@ import gc
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -78,7 +78,8 @@ class SimResult:
 class SpecRuntime:
     """The speculative method, its acceptance model and verify-budget policy, as the engine uses them."""
 
-    def __init__(self, sc: SpecConfig, class_names, seed: int):
+    def __init__(self, sc: SpecConfig, class_names, seed: int, cost: CostModel | None = None,
+                 engine: EngineConfig | None = None, mean_context: float = 0.0):
         from dsim import spec as S
         self.method = S.make_method(sc.method, sc.k, sc.adaptive)
         self.k = self.method.k
@@ -102,7 +103,17 @@ class SpecRuntime:
                                             head_auc=sc.head_auc, head_ece=sc.head_ece, **opts)
         if self.method.adaptive:
             from dsim import policy as P
-            self.policy = P.make_policy(sc.policy)
+            if sc.policy == "sglang" and cost is not None:
+                # SGLang prices a step with an additive table T(R, M) = bias + alpha(R) + theta(M),
+                # built here from the profile; alpha carries the drafter and the context read
+                # of a request at the workload's mean context.
+                eng = engine or EngineConfig()
+                table = P.AdditiveCost.from_cost(cost, self.method, max_requests=eng.max_num_seqs,
+                                                 max_tokens=eng.max_num_batched_tokens,
+                                                 kv_ms_per_request=cost.kv_ms_per_tok * mean_context)
+                self.policy = P.make_policy("sglang", cost=table)
+            else:
+                self.policy = P.make_policy(sc.policy)
             self.context = P.PolicyContext
 
 
@@ -125,8 +136,9 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
     _check(cfg)
     t_wall = time.perf_counter()
     w = cfg.workload
-    spec = SpecRuntime(cfg.spec, w.class_names, cfg.seed)
     cost = CostModel(cfg.profile, cfg.cost_scale)
+    mean_ctx = float(w.prompt_tokens.mean() + w.output_tokens.mean() / 2)
+    spec = SpecRuntime(cfg.spec, w.class_names, cfg.seed, cost, cfg.engine, mean_ctx)
     env = simpy.Environment()
     reqs = Requests(w, spec.k)
     n_classes = len(w.class_names)

@@ -54,7 +54,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -731,7 +731,6 @@ def _ece(conf: np.ndarray, y: np.ndarray, bins: int = 10) -> float:
     if c.size == 0:
         return float("nan")
     b = np.minimum((c * bins).astype(np.int64), bins - 1)
-    n = np.bincount(b, minlength=bins)
     sc = np.bincount(b, weights=c, minlength=bins)
     sy = np.bincount(b, weights=y, minlength=bins)
     return float(np.abs(sc - sy).sum() / c.size)

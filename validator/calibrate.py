@@ -80,14 +80,6 @@ def acceptance_curves(c: dict) -> dict:
     return res
 
 
-def _kv_estimate(m, batch: int) -> float:
-    ok = m.ok_requests
-    if not ok:
-        return 0.0
-    ctx = np.mean([r["prompt_tokens"] + 0.5 * r.get("output_tokens", 0) for r in ok])
-    return float(batch * ctx)
-
-
 def request_overheads(ms) -> dict:
     """Front-end time per request that no engine step contains (HTTP, API-server queueing,
     streaming), over the measurements: ``e2e`` = mean client E2E minus the server's mean E2E
@@ -117,10 +109,6 @@ def request_overheads(ms) -> dict:
     b = float(np.mean(streams)) if streams else 1.0
     return {"e2e": oe, "first_token": ot, "streams": b,
             "e2e_per_stream": oe / max(b, 1.0), "first_token_per_stream": ot / max(b, 1.0)}
-
-
-def request_overhead(ms) -> float:
-    return request_overheads(ms)["e2e"]
 
 
 def overhead_table(ms) -> dict | None:

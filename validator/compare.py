@@ -216,7 +216,7 @@ def _fmt(v):
 
 def to_markdown(rep: dict) -> str:
     load = rep.get("load") or {}
-    lines = [f"# dsim check: predicted vs measured",
+    lines = ["# dsim check: predicted vs measured",
              "",
              f"- measurements: `{rep['measurements']}` ({rep.get('requests_completed')} completed, "
              f"{rep.get('requests_failed')} failed{'' if rep.get('complete', True) else ', partial run'})",

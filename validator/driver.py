@@ -158,10 +158,6 @@ class Prompts:
         return p
 
 
-class _Interrupted(Exception):
-    pass
-
-
 async def _one(client, opts: RunOptions, i: int, prompt, plan: Plan, t0: float, arrival: float,
                model: str) -> dict:
     rec = {"type": "request", "i": i, "prompt_tokens": int(plan.prompt_tokens[i]),

@@ -185,9 +185,6 @@ def summarize_requests(requests: list, header: dict | None = None) -> dict:
         toks = sum(x["n"] for x in lat)
         start = min(r["send_s"] for r in ok)
         end = max(r["end_s"] for r in ok)
-        dur = end - start
-        if header and header.get("duration_s"):
-            dur = header["duration_s"]
         out["output_tokens"] = toks
         out["input_tokens"] = int(sum(int(r.get("prompt_tokens") or 0) for r in ok))
         out["measured_span_s"] = end - start
@@ -198,20 +195,6 @@ def summarize_requests(requests: list, header: dict | None = None) -> dict:
         if chunks:
             out["decode_steps"] = chunks
             out["tokens_per_decode_step"] = sum(x["n"] - 1 for x in lat) / chunks
-    return out
-
-
-def to_dsim_summary(s: dict) -> dict:
-    """Measurement stats in dsim's summary layout: {ttft_ms: {mean,p50,p90,p99}, ...}."""
-    out = {}
-    for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
-        d = {q: s.get(f"{m}_{q}") for q in ("mean", "p50", "p90", "p99")}
-        if any(v is not None for v in d.values()):
-            out[m] = d
-    for k in ("requests_completed", "output_tok_s"):
-        out[k] = s.get(k)
-    spec = s.get("spec") or {}
-    out["acceptance_length"] = spec.get("acceptance_length")
     return out
 
 

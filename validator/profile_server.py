@@ -12,12 +12,10 @@ date) is one dsim.cost.load_profile reads. Predict only within (or near) the swe
 """
 from __future__ import annotations
 
-import asyncio
 import datetime as _dt
 import tempfile
 from pathlib import Path
 
-import httpx
 
 from dsim.cost import load_profile, save_profile
 from dsim.errors import InputError
