@@ -8,7 +8,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -38,6 +38,20 @@ def run_guarded(fn, *a, **kw):
 
 
 # ---- shared option plumbing (used by simulate, plan, sweep, ab) ------------------------------
+
+# Options every workload-driven command takes, declared once.
+TraceOpt = Annotated[str, typer.Option(help="trace path or name (default, azure-conv, azure-code, "
+                                       "mooncake-conversation, mooncake-synthetic, ...)")]
+FormatOpt = Annotated[str, typer.Option("--format", help="auto, azure, mooncake, burstgpt, native-csv, "
+                                        "native-jsonl, native-parquet")]
+RequestsOpt = Annotated[Optional[int], typer.Option(help="first N requests")]
+WindowOpt = Annotated[Optional[str], typer.Option(help="time window START:END (s)")]
+RateOpt = Annotated[Optional[float], typer.Option(help="re-draw Poisson arrivals at R req/s")]
+RateScaleOpt = Annotated[Optional[float], typer.Option(help="scale the trace's arrival rate (0.1-20)")]
+MixOpt = Annotated[Optional[str], typer.Option(help="workload-class mix, e.g. math=0.3,code=0.2,chat=0.5")]
+ProfileOpt = Annotated[Optional[str], typer.Option(help="profile name or YAML path "
+                                                   "(default: deepseek-v4-class-h200x8)")]
+GpusPerNodeOpt = Annotated[int, typer.Option(help="GPUs per node")]
 
 def build_workload(trace: str = "default", fmt: str = "auto", requests: Optional[int] = None,
                    window: Optional[str] = None, rate: Optional[float] = None,
@@ -136,19 +150,18 @@ def print_summary(s: dict):
 
 @app.command()
 def simulate(
-    trace: str = typer.Option("default", help="trace path or name (default, azure-conv, azure-code, "
-                              "mooncake-conversation, mooncake-synthetic)"),
-    format: str = typer.Option("auto", "--format", help="auto, azure, mooncake, burstgpt, native-csv, native-jsonl, native-parquet"),
-    profile: Optional[str] = typer.Option(None, help="profile name or YAML path (default: deepseek-v4-class-h200x8)"),
+    trace: TraceOpt = "default",
+    format: FormatOpt = "auto",
+    profile: ProfileOpt = None,
     nodes: int = typer.Option(1, help="nodes"),
-    gpus_per_node: int = typer.Option(8, help="GPUs per node"),
+    gpus_per_node: GpusPerNodeOpt = 8,
     router: str = typer.Option("least_outstanding", help="round_robin, least_outstanding, affinity"),
     concurrency: Optional[int] = typer.Option(None, help="closed loop: C users"),
-    rate: Optional[float] = typer.Option(None, help="re-draw Poisson arrivals at R req/s"),
-    rate_scale: Optional[float] = typer.Option(None, help="scale the trace's arrival rate (0.1-20)"),
-    requests: Optional[int] = typer.Option(None, help="first N requests"),
-    window: Optional[str] = typer.Option(None, help="time window START:END (s)"),
-    mix: Optional[str] = typer.Option(None, help="workload-class mix, e.g. math=0.3,code=0.2,chat=0.5"),
+    rate: RateOpt = None,
+    rate_scale: RateScaleOpt = None,
+    requests: RequestsOpt = None,
+    window: WindowOpt = None,
+    mix: MixOpt = None,
     method: str = typer.Option("none", help="none, mtp, eagle3, block, dspark"),
     k: Optional[int] = typer.Option(None, "--k", help="drafts per step (default: mtp 1, others 7)"),
     adaptive: Optional[bool] = typer.Option(None, "--adaptive/--no-adaptive", help="dspark: confidence-scheduled verification (default on)"),

@@ -4,17 +4,28 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
-from dsim.cli import app, build_workload, method_spec, run_guarded
+from dsim.cli import (FormatOpt, GpusPerNodeOpt, MixOpt, ProfileOpt, RateOpt, RateScaleOpt, RequestsOpt,
+                      TraceOpt, WindowOpt, app, build_workload, method_spec, run_guarded)
 from dsim.errors import InputError
 
 # The embedded default trace (600 requests, ~6 req/s) is light for an 8-GPU node of a
 # DeepSeek-V4-class model; the default plan scenario replays it at this arrival-rate multiplier
 # so that MTP-1 needs more than one node at p50=20ms. Said in the output when applied.
 DEFAULT_PLAN_RATE_SCALE = 3.0
+
+# Options of the node-count search, shared by plan and ab.
+ScenarioOpt = Annotated[str, typer.Option(help="default (analytical DeepSeek-V4-class profile) or measured "
+                                          "(a measured profile under profiles/h200/)")]
+MaxNodesOpt = Annotated[int, typer.Option(help="largest node count tried")]
+SeedsOpt = Annotated[str, typer.Option(help="seeds; every one is simulated, the worst counts")]
+MarginOpt = Annotated[float, typer.Option(help="safety margin: pass only if every metric is within "
+                                          "target x (1 - margin)")]
+PriceOpt = Annotated[Optional[float], typer.Option(help="$ per GPU-hour (default: a public H200 on-demand "
+                                                   "quote, $5.49, dated 24 Sep 2026)")]
 
 
 def parse_seeds(s: str) -> list[int]:
@@ -94,23 +105,21 @@ def resolve_scenario(scenario: str, trace: str, profile: Optional[str], rate: Op
 def plan(
     sla: str = typer.Option(..., help="SLA: comma-separated [metric_]pNN=VALUE (metric tpot (default), ttft, "
                             "itl, e2e; VALUE with unit ms or s) and min_user_tok_s=VALUE, e.g. p50=20ms,ttft_p99=2s"),
-    trace: str = typer.Option("default", help="trace path or name"),
-    format: str = typer.Option("auto", "--format"),
-    requests: Optional[int] = typer.Option(None, help="first N requests"),
-    window: Optional[str] = typer.Option(None, help="time window START:END (s)"),
-    rate: Optional[float] = typer.Option(None, help="re-draw Poisson arrivals at R req/s (per seed)"),
-    rate_scale: Optional[float] = typer.Option(None, help="scale the trace's arrival rate (0.1-20)"),
-    mix: Optional[str] = typer.Option(None, help="workload-class mix"),
-    profile: Optional[str] = typer.Option(None, help="profile name or YAML path"),
-    scenario: str = typer.Option("default", help="default (analytical DeepSeek-V4-class profile) or measured "
-                                 "(a measured profile under profiles/h200/)"),
+    trace: TraceOpt = "default",
+    format: FormatOpt = "auto",
+    requests: RequestsOpt = None,
+    window: WindowOpt = None,
+    rate: RateOpt = None,
+    rate_scale: RateScaleOpt = None,
+    mix: MixOpt = None,
+    profile: ProfileOpt = None,
+    scenario: ScenarioOpt = "default",
     methods: str = typer.Option("mtp,dspark", help="methods to size (first = baseline, last = candidate)"),
-    max_nodes: int = typer.Option(64, help="largest node count tried"),
-    seeds: str = typer.Option("0,1,2", help="seeds; every one is simulated, the worst counts"),
-    margin: float = typer.Option(0.10, help="safety margin: pass only if every metric is within target x (1 - margin)"),
-    price_per_gpu_hour: Optional[float] = typer.Option(None, help="$ per GPU-hour (default: a public H200 "
-                                                       "on-demand quote, $5.49, dated 24 Sep 2026)"),
-    gpus_per_node: int = typer.Option(8),
+    max_nodes: MaxNodesOpt = 64,
+    seeds: SeedsOpt = "0,1,2",
+    margin: MarginOpt = 0.10,
+    price_per_gpu_hour: PriceOpt = None,
+    gpus_per_node: GpusPerNodeOpt = 8,
     router: str = typer.Option("least_outstanding"),
     jobs: Optional[int] = typer.Option(None, help="worker processes (default: CPU count)"),
     as_json: bool = typer.Option(False, "--json"),
@@ -172,13 +181,13 @@ def sweep(
     methods: str = typer.Option("none,mtp,block,dspark", help="methods (none, mtp, mtpK, eagle3, block, dspark, dspark-fixed)"),
     requests_per_user: int = typer.Option(8, help="requests per point = max(N x C, --min-requests)"),
     min_requests: int = typer.Option(200),
-    trace: str = typer.Option("default", help="trace path or name (its lengths and classes are used)"),
-    format: str = typer.Option("auto", "--format"),
-    window: Optional[str] = typer.Option(None, help="time window START:END (s)"),
-    mix: Optional[str] = typer.Option(None, help="workload-class mix"),
-    profile: Optional[str] = typer.Option(None, help="profile name or YAML path"),
+    trace: TraceOpt = "default",
+    format: FormatOpt = "auto",
+    window: WindowOpt = None,
+    mix: MixOpt = None,
+    profile: ProfileOpt = None,
     nodes: int = typer.Option(1),
-    gpus_per_node: int = typer.Option(8),
+    gpus_per_node: GpusPerNodeOpt = 8,
     seed: int = typer.Option(0),
     jobs: Optional[int] = typer.Option(None, help="worker processes (default: CPU count)"),
     out: Path = typer.Option(..., help="output directory: sweep.csv and PNG figures"),
@@ -215,20 +224,20 @@ def ab(
     a: str = typer.Option("mtp", "--a", help="method A (baseline)"),
     b: str = typer.Option("dspark", "--b", help="method B (candidate)"),
     sla: str = typer.Option("p50=20ms", help="SLA for the node-count comparison (grammar of `dsim plan`)"),
-    trace: str = typer.Option("default", help="trace path or name"),
-    format: str = typer.Option("auto", "--format"),
-    requests: Optional[int] = typer.Option(None, help="first N requests"),
-    window: Optional[str] = typer.Option(None, help="time window START:END (s)"),
-    rate: Optional[float] = typer.Option(None, help="re-draw Poisson arrivals at R req/s (per seed)"),
-    rate_scale: Optional[float] = typer.Option(None, help="scale the trace's arrival rate (0.1-20)"),
-    mix: Optional[str] = typer.Option(None, help="workload-class mix"),
-    profile: Optional[str] = typer.Option(None, help="profile name or YAML path"),
-    scenario: str = typer.Option("default", help="default or measured (see `dsim plan`)"),
-    max_nodes: int = typer.Option(64),
-    seeds: str = typer.Option("0,1,2"),
-    margin: float = typer.Option(0.10),
-    price_per_gpu_hour: Optional[float] = typer.Option(None),
-    gpus_per_node: int = typer.Option(8),
+    trace: TraceOpt = "default",
+    format: FormatOpt = "auto",
+    requests: RequestsOpt = None,
+    window: WindowOpt = None,
+    rate: RateOpt = None,
+    rate_scale: RateScaleOpt = None,
+    mix: MixOpt = None,
+    profile: ProfileOpt = None,
+    scenario: ScenarioOpt = "default",
+    max_nodes: MaxNodesOpt = 64,
+    seeds: SeedsOpt = "0,1,2",
+    margin: MarginOpt = 0.10,
+    price_per_gpu_hour: PriceOpt = None,
+    gpus_per_node: GpusPerNodeOpt = 8,
     concurrency: str = typer.Option("1,2,4,8,16,32,64,128,256", help="sweep concurrency levels"),
     requests_per_user: int = typer.Option(8, help="sweep: requests per point = max(N x C, --min-requests)"),
     min_requests: int = typer.Option(200),
