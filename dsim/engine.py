@@ -30,6 +30,7 @@ import simpy
 
 from dsim.cost import KV_BLOCK_TOKENS, CostModel
 from dsim.errors import InputError
+from dsim.policy import verify_tokens_and_commit
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,7 @@ class Replica:
         self.prefix_cap = max(1, self.total_blocks * KV_BLOCK_TOKENS // prefix_block_tokens)
         self.draft_cache: dict = {}
         self.shapes: list | None = [] if cfg.record_shapes else None   # for --step-log
-        self.compact = cfg.verify_mode == "compact"
+        self.verify_mode = cfg.verify_mode
         # Forward cost as a Python list up to the capture limit: the hot loop's lookup.
         self._fwd_arr = cost.forward_ms(np.arange(cost.limit + 1))
         self._fwd_small = self._fwd_arr.tolist()
@@ -314,7 +315,7 @@ class Replica:
                 # verify budget then trims drafts inside the decodes' reservation.
                 pre_todo = sum(int(R.prompt_l[r] + R.generated[r] - R.computed[r]) for r in self.pre)
                 windows, draws = self._windows(I, 1, min(pre_todo, max(budget - n_dec * (1 + K), 0)))
-                q = 1 + (windows[0] if self.compact else np.full(n_dec, K))
+                q = 1 + verify_tokens_and_commit(self.verify_mode, windows[0], K)[0]
                 dec_tokens = int(q.sum())
             else:
                 dec_tokens = n_dec
@@ -415,11 +416,11 @@ class Replica:
             # change (then they are exactly what stepping one by one gives); else step by step.
             kv0 = self.kv_dec + n
             left0 = I[:, _END] - I[:, _COMP]
-            static = self.cfg.verify_mode == "static"
             kv_ms = self.cost.kv_ms_per_tok
 
             def contexts(win):
-                acc = sp.accepted_prefix(draws.accept, K if static else win)         # [k, n]
+                commit = verify_tokens_and_commit(self.verify_mode, win, K)[1]
+                acc = sp.accepted_prefix(draws.accept, commit)                       # [k, n]
                 em = np.minimum(np.cumsum(acc + 1, axis=0), left0[None, :])
                 em_step = np.diff(em, axis=0, prepend=0).sum(axis=1)
                 return np.concatenate([[0], np.cumsum(em_step)[:-1]])                 # kv_t - kv0
@@ -448,12 +449,11 @@ class Replica:
             windows = np.full((k, len(I)), K, dtype=np.int64)
         return windows, draws
 
-    def _spec_account(self, I, windows, draws, acc, m, verified=None):
-        """Counters for steps 0..m-1 of a window of the decode slots I (acc: accepted [m, n])."""
+    def _spec_account(self, I, draws, acc, verified):
+        """Counters for the first m steps of a window of the decode slots I (acc: accepted drafts,
+        verified: drafts verified, both [m, n])."""
         st, K, R = self.stats, self.K, self.R
-        n = len(I)
-        if verified is None:
-            verified = windows[:m] if self.compact else np.full((m, n), K)
+        m, n = acc.shape
         st.num_drafts += m * n
         st.num_draft_tokens += m * n * K
         vsum = int(verified.sum())
@@ -489,14 +489,12 @@ class Replica:
         n_dec_run = n_dec
         if n_dec:
             if K:
-                commit_w = windows[0] if self.cfg.verify_mode != "static" else np.full(n_dec, K)
-                if cut:
-                    commit_w = np.minimum(commit_w, np.maximum(q - 1, 0))
-                    windows = np.minimum(windows, np.maximum(q - 1, 0)[None])
+                ver, commit_w = verify_tokens_and_commit(self.verify_mode, windows[0], K)
+                if cut:     # a decode cut by the token budget verifies only the drafts it was given
+                    given = np.maximum(q - 1, 0)
+                    ver, commit_w = np.minimum(ver, given), np.minimum(commit_w, given)
                 acc = self.spec.accepted_prefix(draws.accept[0], commit_w)
-                # a decode cut by the token budget verifies only the drafts it was given
-                ver = np.minimum(K, np.maximum(q - 1, 0))[None] if cut and not self.compact else None
-                verified = self._spec_account(I, windows, draws, acc[None], 1, ver)
+                verified = self._spec_account(I, draws, acc[None], ver[None])
                 em = np.minimum(acc + 1, I[:, _END] - I[:, _COMP])
                 accepted = int(acc.sum())
             else:
@@ -625,9 +623,8 @@ class Replica:
             k = int(min(k, max(1, (t_next - env.now) * 1000.0 // max(floor_ms, 1e-6) + 1)))
         if K > 0:
             windows, draws = self._windows(I, k)
-            commit = windows if cfg.verify_mode != "static" else np.full_like(windows, K)
+            verified, commit = verify_tokens_and_commit(self.verify_mode, windows, K)
             acc = self.spec.accepted_prefix(draws.accept, commit)            # [k, n]
-            verified = windows if self.compact else np.full_like(windows, K)
             n_tok = n + verified.sum(axis=1)
             emit = acc + 1
             cum = np.cumsum(emit, axis=0)                                      # [k, n]
@@ -643,7 +640,6 @@ class Replica:
         # first, the exact count only when the bound says the cache may run out.
         kv_start = self.kv_dec + np.concatenate([[0], np.cumsum(per_step)[:-1]])
         avail = self.total_blocks - self.pre_blocks
-        before = None
         if (kv_start[last] + n * (self.lookahead + KV_BLOCK_TOKENS - 1)) // KV_BLOCK_TOKENS > avail:
             before = (np.vstack([np.zeros((1, n), np.int64), cum[:-1]]) if K > 0
                       else np.arange(k)[:, None])
@@ -679,7 +675,7 @@ class Replica:
                 ctx = comp0 + ((cum[t - 1] if t else 0) if K > 0 else t)
                 self.shapes.append((self.idx, float(t_end[t]), qv.tolist(), ctx.tolist(), float(fwd[t])))
         if K > 0:
-            self._spec_account(I, windows, draws, acc[:m], m)
+            self._spec_account(I, draws, acc[:m], verified[:m])
             ver_steps = verified[:m].sum(axis=1)
             acc_steps = acc[:m].sum(axis=1)
             em_total = np.minimum(cum[m - 1], left)

@@ -380,7 +380,7 @@ VERIFY_MODES = ("static", "compact", "cap-accept")
 
 def verify_tokens_and_commit(mode: str, windows, K: int):
     """SGLang verify modes -> (drafts verified per request, commit cap per request), int64 arrays
-    shaped like ``windows``. The step's tokens for a decode are 1 + verified; the request emits
+    shaped like ``windows`` (views of it or of one full array: read-only use). The step's tokens for a decode are 1 + verified; the request emits
     accepted_prefix(accept, commit_cap) + 1 tokens.
 
     static: verify the full block, commit every accepted draft (window ignored);
@@ -390,9 +390,9 @@ def verify_tokens_and_commit(mode: str, windows, K: int):
     w = np.asarray(windows, dtype=np.int64)
     full = np.full_like(w, int(K))
     if mode == "static":
-        return full, full.copy()
+        return full, full
     if mode == "compact":
-        return w.copy(), w.copy()
+        return w, w
     if mode == "cap-accept":
-        return full, w.copy()
+        return full, w
     raise InputError(f"verify mode: expected one of {', '.join(VERIFY_MODES)}, got {mode!r}")
