@@ -129,9 +129,11 @@ _LAST, _ITLMAX, _LAT = range(3)                        # float64 columns of Repl
 class Replica:
     """One engine replica driven by a simpy process.
 
-    The running queue is (decode slots, in order) + (requests still prefilling, in order): a
-    request only prefills after every older request has, so decodes precede prefills in vLLM's
-    FCFS running queue too. Decode slots are two 2D arrays (int and float columns above) so that a
+    The running queue is (decode slots) + (requests still prefilling, in admission order).
+    Decodes are scheduled before prefills, as vLLM's FCFS queue does when older requests are
+    decoding; preemption picks the most recently admitted request by its admission number, since
+    with long_prefill_token_threshold a newer short prompt can decode while an older one still
+    prefills. Decode slots are two 2D arrays (int and float columns above) so that a
     step is a handful of numpy operations whatever the batch size; prefilling requests are a short
     Python list.
     """
@@ -190,6 +192,14 @@ class Replica:
         return len(self.I) + len(self.pre) + len(self.waiting)
 
     def submit(self, rid: int):
+        R = self.R
+        # A request whose whole life cannot fit the KV cache would be preempted forever (vLLM
+        # refuses to start with max_model_len above the cache): say so on arrival.
+        need = -(-(R.prompt_l[rid] + R.output_l[rid] - 1 + self.lookahead) // KV_BLOCK_TOKENS)
+        if need > self.total_blocks:
+            raise InputError(f"request {rid}: {R.prompt_l[rid]} prompt + {R.output_l[rid]} output tokens "
+                             f"need {need} KV blocks, the cache holds {self.total_blocks} "
+                             f"(profile memory.kv_cache_gib)")
         self.waiting.append(rid)
         self.R.replica[rid] = self.idx
         if not self.wake.triggered:
@@ -338,10 +348,8 @@ class Replica:
                     for r, c in zip(self.pre, chunks)]
         grow = sum(pre_grow)
         if not self._fits(grow):
-            if n_dec + len(self.pre) <= 1:
-                raise InputError(f"request {int(I[0, _ID]) if n_dec else self.pre[0]}: needs more KV blocks "
-                                 f"than the cache holds ({self.total_blocks} blocks of {KV_BLOCK_TOKENS} tokens; "
-                                 f"profile memory.kv_cache_gib)")
+            # (a lone request always fits: submit() checked its whole life against the cache)
+            assert n_dec + len(self.pre) > 1, "KV accounting: a lone request does not fit"
             self._preempt_tail()
             return self._plan_step(True)
         for r, g in zip(self.pre, pre_grow):
@@ -353,14 +361,8 @@ class Replica:
             while self.waiting and left > 0 and n_run < cfg.max_num_seqs:
                 rid = self.waiting[0]
                 # (also on re-admission after a preemption: its computed blocks stay cached)
-                hit = self._prefix_hit_tokens(rid) if self.prefix_hashes is not None else 0
-                comp = hit
+                comp = hit = self._prefix_hit_tokens(rid)
                 todo = int(R.prompt_l[rid] + R.generated[rid]) - comp
-                need_total = -(-(int(R.prompt_l[rid]) + int(R.output_l[rid]) - 1 + self.lookahead) // KV_BLOCK_TOKENS)
-                if need_total > self.total_blocks:
-                    raise InputError(f"request {rid}: {int(R.prompt_l[rid])} prompt + {int(R.output_l[rid])} output "
-                                     f"tokens need {need_total} KV blocks, the cache holds {self.total_blocks} "
-                                     f"(profile memory.kv_cache_gib)")
                 c = min(todo, left, thr) if thr > 0 else min(todo, left)
                 blocks = -(-(comp + c) // KV_BLOCK_TOKENS)
                 if not self._fits(blocks):
