@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dsim.sweep import pyplot, save_figure
+
 
 SENSITIVITY_MIXES = ("math=1", "math=0.75,chat=0.25", "math=0.5,chat=0.5", "math=0.25,chat=0.75", "chat=1")
 
@@ -101,15 +103,8 @@ def _inline(text: str) -> str:
     return t
 
 
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
 def _cdf_plot(cols_a, cols_b, la, lb, path):
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, key, name in ((axes[0], "ttft_ms", "TTFT (ms)"), (axes[1], "tpot_ms", "TPOT (ms)")):
         for cols, lab, col in ((cols_a, la, "#1f77b4"), (cols_b, lb, "#d62728")):
@@ -121,13 +116,11 @@ def _cdf_plot(cols_a, cols_b, la, lb, path):
         ax.set_xscale("log")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _class_plot(sa, sb, la, lb, path):
-    plt = _plt()
+    plt = pyplot()
     classes = sorted(set(sa.get("per_class", {})) | set(sb.get("per_class", {})))
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     x = np.arange(len(classes))
@@ -140,13 +133,11 @@ def _class_plot(sa, sb, la, lb, path):
         ax.set_ylabel(name)
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _sens_plot(rows, la, lb, path):
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4))
     x = np.arange(len(rows))
     ax.plot(x, [r["speed_gain_pct"] for r in rows], marker="D", color="#d62728",
@@ -156,9 +147,7 @@ def _sens_plot(rows, la, lb, path):
     ax.axhline(0, color="#888", lw=0.8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _f(x, nd=2):

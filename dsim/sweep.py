@@ -92,11 +92,26 @@ def sweep(base, profile, specs: dict, concurrency=DEFAULT_CONCURRENCY, *, reques
 
 # ---- figures --------------------------------------------------------------------------------
 
-def _plt():
+def pyplot():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
+
+
+def save_figure(fig, path):
+    """Lay out, write as PNG and release the figure (the report's figures use it too)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+
+
+def _label_axes(ax, xlabel, ylabel, title, legend_size):
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_size)
 
 
 STYLE = {"none": ("#7f7f7f", "o"), "mtp": ("#1f77b4", "s"), "eagle3": ("#9467bd", "^"),
@@ -110,7 +125,7 @@ def _style(name: str, i: int):
 
 
 def plot_frontier(df: pd.DataFrame, path, title="Throughput vs per-user speed"):
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
     for i, (name, g) in enumerate(df.groupby("method", sort=False)):
         col, mk = _style(name, i)
@@ -119,18 +134,12 @@ def plot_frontier(df: pd.DataFrame, path, title="Throughput vs per-user speed"):
         for _, r in g.iterrows():
             ax.annotate(str(int(r["concurrency"])), (r["output_tok_s_per_user"], r["output_tok_s_per_gpu"]),
                         fontsize=6, xytext=(3, 3), textcoords="offset points", color=col)
-    ax.set_xlabel("per-user speed (output tok/s per user)")
-    ax.set_ylabel("output tok/s per GPU")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _label_axes(ax, "per-user speed (output tok/s per user)", "output tok/s per GPU", title, 8)
+    save_figure(fig, path)
 
 
 def plot_vs_concurrency(df: pd.DataFrame, path, cols, ylabel, title, styles=("-",), labels=None, logy=False):
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for i, (name, g) in enumerate(df.groupby("method", sort=False)):
         col, mk = _style(name, i)
@@ -141,14 +150,8 @@ def plot_vs_concurrency(df: pd.DataFrame, path, cols, ylabel, title, styles=("-"
     ax.set_xscale("log", base=2)
     if logy:
         ax.set_yscale("log")
-    ax.set_xlabel("concurrency (users)")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _label_axes(ax, "concurrency (users)", ylabel, title, 7)
+    save_figure(fig, path)
 
 
 FIGURES = ("frontier.png", "throughput_vs_concurrency.png", "verify_vs_concurrency.png", "tpot_vs_concurrency.png")

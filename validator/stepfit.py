@@ -129,6 +129,15 @@ def linear_profile(name: str, kind: str, fit: dict, provenance: dict,
     per-request CPU work of speculation (ngram proposal, rejection sampling) goes to the draft
     table of the emulating method (block) keyed by sampling requests; cpu_overhead_ms per step."""
     t, d = fit["ms_per_token"], fit["ms_per_request"]
+    return _cpu_profile(name, kind, provenance, kv_cache_gib, kv_bytes_per_token, float(fit["cpu_overhead_ms"]),
+                        GRID, [t * n for n in GRID], REQ_GRID, [d * n for n in REQ_GRID], extra)
+
+
+def _cpu_profile(name, kind, provenance, kv_cache_gib, kv_bytes_per_token, cpu_overhead_ms,
+                 tokens, ms, draft_requests, draft_ms, extra) -> Profile:
+    """A profile of a CPU server (no CUDA graphs: capture_sizes [1], no context term), its
+    provenance completed with dsim's required fields, and the emulating method's draft table."""
+    known = ("hardware", "model", "engine", "engine_version", "date", "method")
     d_ = {"name": name,
           "provenance": {"kind": kind, "hardware": provenance.get("hardware", "unknown"),
                          "gpus_per_replica": 1, "model": provenance.get("model", "unknown"),
@@ -136,14 +145,13 @@ def linear_profile(name: str, kind: str, fit: dict, provenance: dict,
                          "engine_version": provenance.get("engine_version"),
                          "date": provenance.get("date") or _dt.date.today().isoformat(),
                          "method": provenance.get("method", ""),
-                         **{k: v for k, v in provenance.items()
-                            if k not in ("hardware", "model", "engine", "engine_version", "date", "method")}},
+                         **{k: v for k, v in provenance.items() if k not in known}},
           "memory": {"kv_cache_gib": float(kv_cache_gib), "kv_bytes_per_token": float(kv_bytes_per_token)},
-          "cpu_overhead_ms": round(float(fit["cpu_overhead_ms"]), 5),
+          "cpu_overhead_ms": round(float(cpu_overhead_ms), 5),
           "capture_sizes": [1],
-          "forward": {"tokens": GRID, "ms": [round(t * n, 5) for n in GRID]},
+          "forward": {"tokens": list(tokens), "ms": [round(float(v), 5) for v in ms]},
           "kv_ms_per_ktok": 0.0,
-          "draft": {"block": {"requests": REQ_GRID, "ms": [round(d * n, 5) for n in REQ_GRID]}}}
+          "draft": {"block": {"requests": list(draft_requests), "ms": [round(float(v), 5) for v in draft_ms]}}}
     if extra:
         d_.update(extra)
     return profile_from_dict(d_, f"<{name}>")
@@ -189,21 +197,5 @@ def measured_profile(name: str, points, fit: dict, provenance: dict, k: int,
         table[1] = max(table[xs[0]] - slope * (xs[0] - 1), 0.0)
     xs = sorted(table)
     ms = np.maximum.accumulate([table[x] for x in xs])
-    d_ = {"name": name,
-          "provenance": {"kind": "measured", "hardware": provenance.get("hardware", "unknown"),
-                         "gpus_per_replica": 1, "model": provenance.get("model", "unknown"),
-                         "engine": provenance.get("engine", "vllm"),
-                         "engine_version": provenance.get("engine_version"),
-                         "date": provenance.get("date") or _dt.date.today().isoformat(),
-                         "method": provenance.get("method", ""),
-                         **{kk: v for kk, v in provenance.items()
-                            if kk not in ("hardware", "model", "engine", "engine_version", "date", "method")}},
-          "memory": {"kv_cache_gib": float(kv_cache_gib), "kv_bytes_per_token": float(kv_bytes_per_token)},
-          "cpu_overhead_ms": round(c, 5),
-          "capture_sizes": [1],
-          "forward": {"tokens": xs, "ms": [round(float(v), 5) for v in ms]},
-          "kv_ms_per_ktok": 0.0,
-          "draft": {"block": {"requests": [1, 2], "ms": [0.0, 0.0]}}}
-    if extra:
-        d_.update(extra)
-    return profile_from_dict(d_, f"<{name}>")
+    return _cpu_profile(name, "measured", provenance, kv_cache_gib, kv_bytes_per_token, c, xs, ms,
+                        [1, 2], [0.0, 0.0], extra)
