@@ -1,10 +1,10 @@
 """One engine replica: a continuous-batching scheduler with vLLM V1 semantics (design.md 3.7).
 
 Each step:
-1. running requests first, in queue order: a decode takes 1 + its verify window, a prefill takes
-   what is left of the token budget (chunked prefill), capped by long_prefill_token_threshold;
+1. running requests first: a decode reserves 1 + K tokens and verifies 1 + its window, a prefill
+   takes what is left of the token budget (chunked prefill), capped by long_prefill_token_threshold;
 2. KV blocks (16 tokens) are allocated for the scheduled tokens; when they run out the engine
-   preempts from the tail of the running queue (recompute later) and admits nobody this step;
+   preempts the most recently admitted request (recompute later) and admits nobody this step;
 3. waiting requests are admitted FCFS while the budget, the sequence cap and the KV cache allow;
    prefix-cache hits (full blocks already cached) reduce the tokens to compute;
 4. the step's wall time = cost model (forward of n tokens reading kv tokens) + drafter + CPU
