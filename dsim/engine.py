@@ -319,12 +319,12 @@ class Replica:
         windows = draws = q = None
         cut = False
         dec_tokens = 0
+        todos = [R.prompt_l[r] + R.generated[r] - R.computed[r] for r in self.pre]   # tokens to prefill
         if n_dec:
             if K:
                 # vLLM schedules decodes first with all K drafts, prefills get what is left; the
                 # verify budget then trims drafts inside the decodes' reservation.
-                pre_todo = sum(int(R.prompt_l[r] + R.generated[r] - R.computed[r]) for r in self.pre)
-                windows, draws = self._windows(I, 1, min(pre_todo, max(budget - n_dec * (1 + K), 0)))
+                windows, draws = self._windows(I, 1, min(sum(todos), max(budget - n_dec * (1 + K), 0)))
                 q = 1 + verify_tokens_and_commit(self.verify_mode, windows[0], K)[0]
                 dec_tokens = int(q.sum())
             else:
@@ -338,10 +338,11 @@ class Replica:
         # Trimmed drafts do not return their tokens to the prefills (the scheduler reserved 1 + K).
         left = budget - max(dec_tokens, min(budget, n_dec * (1 + K)))
         chunks = []
-        for rid in self.pre:
-            todo = int(R.prompt_l[rid] + R.generated[rid] - R.computed[rid])
+        n_pre_sample = 0                     # prefills whose chunk ends their prompt sample a token
+        for todo in todos:
             c = min(todo, left, thr) if thr > 0 else min(todo, left)
             chunks.append(c)
+            n_pre_sample += c > 0 and c == todo
             left -= c
         # KV blocks for the scheduled tokens; preempt from the tail when they run out.
         pre_grow = [max(0, -(-(int(R.computed[r]) + c) // KV_BLOCK_TOKENS) - int(R.blocks[r]))
@@ -378,6 +379,7 @@ class Replica:
                 R.seq[rid] = self.admit_seq
                 self.pre.append(rid)
                 chunks.append(c)
+                n_pre_sample += c == todo
                 left -= c
                 n_run += 1
         pre_tokens = sum(chunks)
@@ -385,8 +387,7 @@ class Replica:
         if n_tokens == 0:
             return None
         kv = self.kv_dec + dec_tokens + sum(int(R.computed[r]) + c for r, c in zip(self.pre, chunks))
-        n_sample = (n_dec if not cut else int((q > 0).sum())) + sum(
-            1 for r, c in zip(self.pre, chunks) if c > 0 and c >= R.prompt_l[r] + R.generated[r] - R.computed[r])
+        n_sample = (n_dec if not cut else int((q > 0).sum())) + n_pre_sample
         fwd = self._step_ms(n_tokens, kv)
         dur = fwd + self._draft_ms(n_sample) + self.cpu_ms
         return (n_dec, q, cut, windows, draws, list(self.pre), chunks, n_tokens, pre_tokens, kv, fwd, dur)
