@@ -232,9 +232,15 @@ class CostModel:
         grid = np.arange(DENSE_TOKENS + 1)
         self._dense = self._below[np.minimum(grid, self.limit)].copy()
         self._dense[self.limit + 1:] = self._above(grid[self.limit + 1:])
+        self._dense.flags.writeable = False
         self._draft = {}
         for kind, t in profile.draft.items():
             self._draft[kind] = (t.x, np.maximum.accumulate(t.ms) * cost_scale)
+
+    @property
+    def dense_ms(self) -> np.ndarray:
+        """forward_ms(n) for n = 0..DENSE_TOKENS as one read-only array (index = tokens)."""
+        return self._dense
 
     def forward_ms(self, n_tokens):
         """Target forward cost of n tokens at zero context (scalar or array)."""

@@ -31,6 +31,7 @@ import simpy
 from dsim.cost import KV_BLOCK_TOKENS, CostModel
 from dsim.errors import InputError
 from dsim.policy import verify_tokens_and_commit
+from dsim.spec import DrawStream
 
 
 @dataclass(frozen=True)
@@ -95,8 +96,10 @@ class Requests:
         self.replica = np.full(n, -1, dtype=np.int64)
         self.latent = np.zeros(n)
         kk = max(k, 1)
-        self.conf_prev = np.ones((n, kk), dtype=np.float32)
-        self.conf_prev2 = np.ones((n, kk), dtype=np.float32)
+        # Confidences of each request's previous two draft rounds (what the budget policies read),
+        # position-major [K, n] like the draws: a step gathers and stores [K, R] blocks.
+        self.conf_prev = np.ones((kk, n), dtype=np.float32)
+        self.conf_prev2 = np.ones((kk, n), dtype=np.float32)
 
 
 class SpecStats:
@@ -149,6 +152,7 @@ class Replica:
         self.spec = spec                     # dsim.sim.SpecRuntime (method, acceptance, policy)
         self.K = spec.k if spec is not None else 0
         self.rng = rng
+        self.stream = DrawStream(rng)        # the draws' normals and uniforms, a block at a time
         self.stats = stats
         self.on_finish = on_finish
         self.I = np.zeros((0, 5), dtype=np.int64)
@@ -397,11 +401,11 @@ class Replica:
         R, sp, K = self.R, self.spec, self.K
         ids = I[:, _ID]
         lat = self.F[:, _LAT]
-        draws = sp.acceptance.sample(self.rng, I[:, _CLS], lat, k)
+        draws = sp.acceptance.sample(self.stream, I[:, _CLS], lat, k)
         if sp.method.adaptive:
             conf = draws.conf
-            cp = R.conf_prev[ids]
-            cp2 = R.conf_prev2[ids] if getattr(sp.policy, "production", False) else None
+            cp = R.conf_prev[:, ids].T                       # [R, K] views of [K, R] blocks
+            cp2 = R.conf_prev2[:, ids].T if getattr(sp.policy, "production", False) else None
             prev = np.concatenate([cp[None], conf[:-1]]) if k > 1 else cp[None]
             if not getattr(sp.policy, "production", False):
                 prev2 = None               # only the paper's production variant reads it
@@ -428,14 +432,23 @@ class Replica:
                 em_step = np.diff(em, axis=0, prepend=0).sum(axis=1)
                 return np.concatenate([[0], np.cumsum(em_step)[:-1]])                 # kv_t - kv0
 
+            kv_term = kv_ms * float(kv0)
+            dense = cost.dense_ms
+
+            def verify_ms_range(n0, n1):      # == cost.step_ms(arange(n0, n1), kv0) + cpu
+                if n1 > len(dense):
+                    return cost.step_ms(np.arange(n0, n1), kv0) + cpu
+                return (dense[n0:n1] + kv_term) + cpu
+
             def solve(extra, rows=slice(None)):
                 ctx = sp.context(verify_ms=lambda x: cost.step_ms(x, kv0) + cpu, draft_ms=dms,
                                  n_nondraft=np.full(len(extra), n + prefill_tokens, dtype=np.int64),
-                                 token_limit=limit, k_max=K, step_extra_ms=extra)
+                                 token_limit=limit, k_max=K, step_extra_ms=None if k == 1 else extra,
+                                 verify_ms_range=verify_ms_range)
                 return sp.policy.windows(conf[rows], prev[rows], None if prev2 is None else prev2[rows],
                                          ctx).astype(np.int64)
 
-            windows = solve(np.zeros(k))
+            windows = solve(np.zeros(k))     # (k == 1: no extra term, the one-step path)
             for _ in range(3):
                 if k == 1:
                     break
@@ -452,9 +465,9 @@ class Replica:
             windows = np.full((k, len(I)), K, dtype=np.int64)
         return windows, draws
 
-    def _spec_account(self, I, draws, acc, verified):
+    def _spec_account(self, I, draws, acc, verified, lead):
         """Counters for the first m steps of a window of the decode slots I (acc: accepted drafts,
-        verified: drafts verified, both [m, n])."""
+        verified: drafts verified, lead: drafts the full block would have accepted, all [m, n])."""
         st, K, R = self.stats, self.K, self.R
         m, n = acc.shape
         st.num_drafts += m * n
@@ -464,7 +477,7 @@ class Replica:
         st.accepted_per_pos += np.bincount(acc.ravel(), minlength=K + 1)[::-1].cumsum()[::-1][1:]
         if self.spec.method.adaptive:
             st.accepted_in_window += int(acc.sum())
-            st.accepted_full_block += int(self.spec.accepted_prefix(draws.accept[:m], K).sum())
+            st.accepted_full_block += int(lead.sum())
         cls = I[:, _CLS]
         nc = len(st.cls_rounds)
         st.cls_rounds += m * np.bincount(cls, minlength=nc)
@@ -476,8 +489,9 @@ class Replica:
             st.head_n += m * n * K
         if self.spec.method.adaptive:
             ids = I[:, _ID]
-            R.conf_prev2[ids] = draws.conf[m - 2] if m >= 2 else R.conf_prev[ids]
-            R.conf_prev[ids] = draws.conf[m - 1]
+            if getattr(self.spec.policy, "production", False):      # the only reader of conf_prev2
+                R.conf_prev2[:, ids] = draws.conf[m - 2].T if m >= 2 else R.conf_prev[:, ids]
+            R.conf_prev[:, ids] = draws.conf[m - 1].T
         return vsum
 
     def _commit_step(self, plan):
@@ -496,8 +510,9 @@ class Replica:
                 if cut:     # a decode cut by the token budget verifies only the drafts it was given
                     given = np.maximum(q - 1, 0)
                     ver, commit_w = np.minimum(ver, given), np.minimum(commit_w, given)
-                acc = self.spec.accepted_prefix(draws.accept[0], commit_w)
-                verified = self._spec_account(I, draws, acc[None], ver[None])
+                lead = self.spec.accepted_prefix(draws.accept[0], K)     # the full block's
+                acc = np.minimum(lead, commit_w)
+                verified = self._spec_account(I, draws, acc[None], ver[None], lead[None])
                 em = np.minimum(acc + 1, I[:, _END] - I[:, _COMP])
                 accepted = int(acc.sum())
             else:
@@ -627,7 +642,8 @@ class Replica:
         if K > 0:
             windows, draws = self._windows(I, k)
             verified, commit = verify_tokens_and_commit(self.verify_mode, windows, K)
-            acc = self.spec.accepted_prefix(draws.accept, commit)            # [k, n]
+            lead = self.spec.accepted_prefix(draws.accept, K)                # [k, n]
+            acc = np.minimum(lead, commit)
             n_tok = n + verified.sum(axis=1)
             emit = acc + 1
             cum = np.cumsum(emit, axis=0)                                      # [k, n]
@@ -678,7 +694,7 @@ class Replica:
                 ctx = comp0 + ((cum[t - 1] if t else 0) if K > 0 else t)
                 self.shapes.append((self.idx, float(t_end[t]), qv.tolist(), ctx.tolist(), float(fwd[t])))
         if K > 0:
-            self._spec_account(I, draws, acc[:m], verified[:m])
+            self._spec_account(I, draws, acc[:m], verified[:m], lead[:m])
             ver_steps = verified[:m].sum(axis=1)
             acc_steps = acc[:m].sum(axis=1)
             em_total = np.minimum(cum[m - 1], left)

@@ -75,6 +75,8 @@ class PolicyContext:
     k_max: largest window allowed (<= K).
     n_sampling: int[k] requests that sample a token this step (R_s); None = R (every decode).
     step_extra_ms: float[k] cost added to step t whatever its budget (None: nothing).
+    verify_ms_range: optional (n0, n1) -> verify_ms(np.arange(n0, n1)), the same values from a
+      contiguous table (the engine's dense cost row; saves a gather every step).
     """
 
     verify_ms: Callable[[np.ndarray], np.ndarray]
@@ -84,13 +86,22 @@ class PolicyContext:
     k_max: int
     n_sampling: np.ndarray | None = None
     step_extra_ms: np.ndarray | None = None   # float[k] added to every budget's cost of step t
+    verify_ms_range: Callable[[int, int], np.ndarray] | None = None   # verify_ms(arange(n0, n1))
 
 
 def survival(conf: np.ndarray) -> np.ndarray:
     """s[..., j] = prod_{i<=j} conf[..., i] (conf clipped to [0, 1])."""
     # np.minimum/np.maximum, not np.clip: this runs every engine step and np.clip's wrapper
     # costs more than the arithmetic on these small arrays.
-    return np.cumprod(np.minimum(np.maximum(conf, 0.0), 1.0), axis=-1)
+    s = np.minimum(np.maximum(conf, 0.0), 1.0)
+    K = s.shape[-1]
+    if K > 16:
+        return np.cumprod(s, axis=-1)
+    # A few column products: cumprod along a short last axis runs one inner loop per row,
+    # K - 1 strided multiplies over all rows are several times cheaper (same products, same order).
+    for j in range(1, K):
+        np.multiply(s[..., j - 1], s[..., j], out=s[..., j])
+    return s
 
 
 def _prep(conf, ctx: PolicyContext):
@@ -239,15 +250,55 @@ class VllmPolicy(BudgetPolicy):
 
     def windows(self, conf_now, conf_prev=None, conf_prev2=None, ctx=None):
         prev = conf_now if conf_prev is None else conf_prev
+        k = np.shape(conf_now)[0]
+        if k == 1 and ctx.step_extra_ms is None:
+            return self._one_step(conf_now, prev, ctx)
         # One survival and one sort over [previous; current] (this runs every engine step):
         # the budget reads the first half, the allocation the second.
-        k = np.shape(conf_now)[0]
         S = survival(_prep(np.concatenate([prev, conf_now]), ctx))
         srt = -np.sort(-S.reshape(2 * k, -1), axis=1)
         R = S.shape[1]
         ratio, cs, npos, M = _objective(S[:k], ctx, self._step_cost(ctx), _n_sampling(ctx, k, R), srt[:k])
         B = _argmax_budget(ratio, M)
         return _top_b_windows(S[k:], B, srt[k:])
+
+
+    def _one_step(self, conf_now, conf_prev, ctx):
+        """``windows`` for a single step (the engine's every-step case), with the general path's
+        result: survivals position-major ([K, R] rows, contiguous for the engine's draws), one
+        value sort (the budget's), the allocation by a partition and, unless scores tie at the
+        B-th value, one comparison."""
+        now, prev = np.asarray(conf_now)[0], np.asarray(conf_prev)[0]       # [R, K] each
+        R = now.shape[0]
+        K = min(now.shape[1], int(ctx.k_max))
+        RK = R * K
+        if RK == 0:
+            return np.zeros((1, R), dtype=np.int64)
+        S = np.empty((2, K, R), dtype=np.result_type(now.dtype, prev.dtype, np.float32))
+        np.maximum(prev[:, :K].T, 0.0, out=S[0])
+        np.maximum(now[:, :K].T, 0.0, out=S[1])
+        np.minimum(S, 1.0, out=S)
+        for j in range(1, K):                                   # survival products, in order
+            np.multiply(S[:, j - 1], S[:, j], out=S[:, j])
+        N = int(_n_nondraft(ctx, 1)[0])
+        M = min(max(int(ctx.token_limit) - N, 0), RK)
+        top = np.sort(S[0].reshape(-1))[::-1]                   # the budget's scores, descending
+        cs = np.zeros(M + 1)
+        np.cumsum(top[:M], dtype=np.float64, out=cs[1:])
+        rng_ms = getattr(ctx, "verify_ms_range", None)
+        v = rng_ms(N, N + M + 1) if rng_ms is not None else ctx.verify_ms(np.arange(N, N + M + 1))
+        C = float(ctx.draft_ms) + np.asarray(v, dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = (_n_sampling(ctx, 1, R)[0] + cs) / C
+        B = int(np.argmax(ratio))
+        if B == 0:
+            return np.zeros((1, R), dtype=np.int64)
+        cur = S[1]
+        thr = np.partition(cur.reshape(-1), RK - B)[RK - B]    # the B-th largest current score
+        sel = cur > 0 if thr <= 0 else cur >= thr               # thr <= 0: fewer than B positive
+        if thr > 0 and np.count_nonzero(sel) != B:              # ties at the B-th value: ranks
+            return _top_b_windows(np.ascontiguousarray(cur.T)[None], np.array([B]))
+        return sel.sum(0, dtype=np.int64)[None]
 
 
 class PaperPolicy(BudgetPolicy):

@@ -183,3 +183,26 @@ def test_verify_modes():
     assert v.tolist() == [[7, 7, 7]] and c.tolist() == [[0, 3, 7]]
     with pytest.raises(InputError):
         verify_tokens_and_commit("bogus", w, 7)
+
+
+tie_arrays = st.tuples(st.integers(1, 12), st.integers(1, 7)).flatmap(
+    lambda s: arrays(np.float32, (2,) + s, elements=st.sampled_from([0.0, 0.25, 0.5, 0.9, 1.0])))
+
+
+@settings(max_examples=60, deadline=None)
+@given(conf=st.one_of(tie_arrays, conf_arrays.filter(lambda a: a.shape[0] == 2)),
+       limit=st.integers(0, 60), extra=st.integers(0, 20), k_max=st.integers(1, 7))
+def test_vllm_one_step_path_matches_general_path(conf, limit, extra, k_max):
+    """The engine's every-step path (k = 1: position-major survivals, one sort, a partition)
+    gives exactly the general path's windows, ties and zero scores included."""
+    _, R, K = conf.shape
+    pol = make_policy("vllm")
+    base = dict(verify_ms=stair, draft_ms=1.0, n_nondraft=np.array([R + extra]),
+                token_limit=R + extra + limit, k_max=min(k_max, K))
+    fast = pol.windows(conf[1:], conf[:1], None, PolicyContext(**base))
+    general = pol.windows(conf[1:], conf[:1], None, PolicyContext(**base, step_extra_ms=np.zeros(1)))
+    assert fast.tolist() == general.tolist()
+    # and the engine's range form of the cost gives the same
+    ranged = pol.windows(conf[1:], conf[:1], None, PolicyContext(
+        **base, verify_ms_range=lambda n0, n1: stair(np.arange(n0, n1))))
+    assert ranged.tolist() == general.tolist()
