@@ -96,6 +96,7 @@ class Requests:
         self.replica = np.full(n, -1, dtype=np.int64)
         self.latent = np.zeros(n)
         kk = max(k, 1)
+        self.spec_counts: dict = {}          # rid -> (rounds, accepted, verified) while preempted
         # Confidences of each request's previous two draft rounds (what the budget policies read),
         # position-major [K, n] like the draws: a step gathers and stores [K, R] blocks.
         self.conf_prev = np.ones((kk, n), dtype=np.float32)
@@ -110,7 +111,8 @@ class SpecStats:
         self.num_drafts = 0
         self.num_draft_tokens = 0           # vLLM counter: full K per draft round
         self.verified_draft_tokens = 0      # drafts actually verified (the window)
-        self.accepted_per_pos = np.zeros(max(k, 1), dtype=np.int64)
+        # Histogram of accepted drafts per round (0..K); accepted_per_pos derives from it.
+        self.accepted_hist = np.zeros(max(k, 1) + 1, dtype=np.int64)
         # Verify utilization (SGLang/DSpark): drafts accepted within the chosen windows over drafts
         # the full block would have had accepted, from the same draws.
         self.accepted_in_window = 0
@@ -123,9 +125,19 @@ class SpecStats:
         self.head_acc: list = []
         self.head_n = 0
 
+    @property
+    def accepted_per_pos(self) -> np.ndarray:
+        """vLLM's counter form: rounds that accepted draft position j (1..K) = rounds with more
+        than j - 1 accepted."""
+        return self.accepted_hist[::-1].cumsum()[::-1][1:]
+
 
 # Decode-slot columns: the running requests in decode state, in running-queue order.
 _ID, _COMP, _END, _CLS, _EMITS = range(5)      # int64 columns of Replica.I
+# Per-request speculative counters, summed per class when the request's row is flushed:
+# draft rounds, drafts accepted (within the window), drafts verified.
+_ROUNDS, _ASUM, _VSUM = range(5, 8)
+_NCOL = 8
 _LAST, _ITLMAX, _LAT = range(3)                        # float64 columns of Replica.F
 
 
@@ -155,7 +167,7 @@ class Replica:
         self.stream = DrawStream(rng)        # the draws' normals and uniforms, a block at a time
         self.stats = stats
         self.on_finish = on_finish
-        self.I = np.zeros((0, 5), dtype=np.int64)
+        self.I = np.zeros((0, _NCOL), dtype=np.int64)
         self.F = np.zeros((0, 3), dtype=np.float64)
         self.pre: list = []                  # request ids prefilling, in queue order
         self.admit_seq = 0
@@ -183,6 +195,9 @@ class Replica:
         self.draft_cache: dict = {}
         self.shapes: list | None = [] if cfg.record_shapes else None   # for --step-log
         self.verify_mode = cfg.verify_mode
+        # The verify-budget policy's one-step entry where it has one (vllm), else None.
+        pol = getattr(spec, "policy", None) if spec is not None and spec.method.adaptive else None
+        self._one_step = getattr(pol, "one_step", None)
         # Forward cost as a Python list up to the capture limit: the hot loop's lookup.
         self._fwd_arr = cost.forward_ms(np.arange(cost.limit + 1))
         self._fwd_small = self._fwd_arr.tolist()
@@ -289,6 +304,7 @@ class Replica:
             rid = int(row[_ID])
             R.generated[rid] = R.output_l[rid] - int(row[_END] - row[_COMP])
             R.emits[rid] = row[_EMITS]
+            R.spec_counts[rid] = (int(row[_ROUNDS]), int(row[_ASUM]), int(row[_VSUM]))
             R.last_emit[rid] = frow[_LAST]
             R.itl_max[rid] = frow[_ITLMAX]
             self.kv_dec -= int(row[_COMP])
@@ -402,6 +418,19 @@ class Replica:
         ids = I[:, _ID]
         lat = self.F[:, _LAT]
         draws = sp.acceptance.sample(self.stream, I[:, _CLS], lat, k)
+        if k == 1 and self._one_step is not None:
+            # The every-step case: the policy's one-step entry with the dense cost row.
+            n = len(I)
+            kv_term, cpu, dense = self._kv_ms * float(self.kv_dec + n), self.cpu_ms, self.cost.dense_ms
+            if n + prefill_tokens + n * K < len(dense):
+                def rng_ms(n0, n1):
+                    return (dense[n0:n1] + kv_term) + cpu
+            else:
+                def rng_ms(n0, n1):
+                    return self.cost.step_ms(np.arange(n0, n1), self.kv_dec + n) + cpu
+            w = self._one_step(draws.conf[0], R.conf_prev[:, ids].T, n + prefill_tokens, float(n),
+                               self._draft_ms(n), rng_ms, self.cfg.max_num_batched_tokens, K)
+            return w[None], draws
         if sp.method.adaptive:
             conf = draws.conf
             cp = R.conf_prev[:, ids].T                       # [R, K] views of [K, R] blocks
@@ -474,15 +503,13 @@ class Replica:
         st.num_draft_tokens += m * n * K
         vsum = int(verified.sum())
         st.verified_draft_tokens += vsum
-        st.accepted_per_pos += np.bincount(acc.ravel(), minlength=K + 1)[::-1].cumsum()[::-1][1:]
+        st.accepted_hist += np.bincount(acc.ravel(), minlength=K + 1)
         if self.spec.method.adaptive:
             st.accepted_in_window += int(acc.sum())
             st.accepted_full_block += int(lead.sum())
-        cls = I[:, _CLS]
-        nc = len(st.cls_rounds)
-        st.cls_rounds += m * np.bincount(cls, minlength=nc)
-        st.cls_emitted += np.bincount(cls, weights=(acc + 1).sum(axis=0), minlength=nc)
-        st.cls_verify += np.bincount(cls, weights=(1 + verified).sum(axis=0), minlength=nc)
+        I[:, _ROUNDS] += m                  # per class when the rows are flushed
+        I[:, _ASUM] += acc[0] if m == 1 else acc.sum(axis=0)
+        I[:, _VSUM] += verified[0] if m == 1 else verified.sum(axis=0)
         if st.head_n < st.cap and self.spec.method.name == "dspark":     # only DSpark has a head
             st.head_conf.append(draws.conf[:m].reshape(-1))
             st.head_acc.append(draws.accept[:m].reshape(-1))
@@ -554,7 +581,8 @@ class Replica:
                 p = int(R.prompt_l[rid])
                 comp = p + int(R.generated[rid]) - 1
                 end = p + int(R.output_l[rid]) - 1
-                rows.append((rid, comp, end, int(R.cls_l[rid]), int(R.emits[rid])))
+                sc = R.spec_counts.pop(rid, (0, 0, 0))   # (after a preemption)
+                rows.append((rid, comp, end, int(R.cls_l[rid]), int(R.emits[rid])) + sc)
                 self.left_lb = min(self.left_lb, end - comp)
                 self.pre_blocks -= int(R.blocks[rid])       # now counted from the slot's KV tokens
                 R.blocks[rid] = 0
@@ -605,8 +633,24 @@ class Replica:
         self.left_lb = int(left.min()) if len(left) else 0
 
     def flush(self):
-        """Write the finished requests' results into the shared request table."""
+        """Write the finished requests' results into the shared request table; add every
+        request's speculative counters (finished and still running) to the per-class totals."""
         R = self.R
+        st = self.stats
+        if self.K:
+            parts = [rows for rows, _, _ in self.finished] + [self.I]
+            if R.spec_counts:                 # preempted and not resumed
+                parts.append(np.array([(0, 0, 0, R.cls_l[r], 0) + v for r, v in R.spec_counts.items()],
+                                      dtype=np.int64).reshape(-1, _NCOL))
+                R.spec_counts.clear()
+            allr = np.concatenate(parts)
+            nc = len(st.cls_rounds)
+            cls = allr[:, _CLS]
+            rounds = allr[:, _ROUNDS].astype(np.float64)
+            st.cls_rounds += np.bincount(cls, weights=rounds, minlength=nc)
+            st.cls_emitted += np.bincount(cls, weights=rounds + allr[:, _ASUM], minlength=nc)
+            st.cls_verify += np.bincount(cls, weights=rounds + allr[:, _VSUM], minlength=nc)
+            self.I[:, _ROUNDS:_VSUM + 1] = 0  # counted now
         for rows, frows, t in self.finished:
             ids = rows[:, _ID]
             R.finish[ids] = t

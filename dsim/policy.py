@@ -264,41 +264,51 @@ class VllmPolicy(BudgetPolicy):
 
 
     def _one_step(self, conf_now, conf_prev, ctx):
-        """``windows`` for a single step (the engine's every-step case), with the general path's
-        result: survivals position-major ([K, R] rows, contiguous for the engine's draws), one
-        value sort (the budget's), the allocation by a partition and, unless scores tie at the
-        B-th value, one comparison."""
-        now, prev = np.asarray(conf_now)[0], np.asarray(conf_prev)[0]       # [R, K] each
+        """``windows`` for a single step through ``one_step`` (same result as the general path)."""
+        rng_ms = ctx.verify_ms_range
+        if rng_ms is None:
+            def rng_ms(n0, n1):
+                return ctx.verify_ms(np.arange(n0, n1))
+        return self.one_step(np.asarray(conf_now)[0], np.asarray(conf_prev)[0],
+                             int(_n_nondraft(ctx, 1)[0]), float(_n_sampling(ctx, 1, np.shape(conf_now)[1])[0]),
+                             float(ctx.draft_ms), rng_ms, int(ctx.token_limit), int(ctx.k_max))[None]
+
+    def one_step(self, now, prev, n_nondraft: int, n_sampling: float, draft_ms: float,
+                 verify_ms_range, token_limit: int, k_max: int) -> np.ndarray:
+        """Windows int64[R] of one step from confidences ``now`` / ``prev`` [R, K] and the cost
+        row ``verify_ms_range(n0, n1)`` (= verify_ms at n0..n1-1): the engine's every-step call,
+        without a PolicyContext. Survivals are built position-major ([K, R] rows: contiguous for
+        the engine's draws); one value sort for the budget, a partition for the allocation and,
+        unless scores tie at the B-th value, one comparison."""
         R = now.shape[0]
-        K = min(now.shape[1], int(ctx.k_max))
+        K = min(now.shape[1], k_max)
         RK = R * K
         if RK == 0:
-            return np.zeros((1, R), dtype=np.int64)
+            return np.zeros(R, dtype=np.int64)
         S = np.empty((2, K, R), dtype=np.result_type(now.dtype, prev.dtype, np.float32))
         np.maximum(prev[:, :K].T, 0.0, out=S[0])
         np.maximum(now[:, :K].T, 0.0, out=S[1])
         np.minimum(S, 1.0, out=S)
         for j in range(1, K):                                   # survival products, in order
             np.multiply(S[:, j - 1], S[:, j], out=S[:, j])
-        N = int(_n_nondraft(ctx, 1)[0])
-        M = min(max(int(ctx.token_limit) - N, 0), RK)
+        N = n_nondraft
+        M = min(max(token_limit - N, 0), RK)
         top = np.sort(S[0].reshape(-1))[::-1]                   # the budget's scores, descending
         cs = np.zeros(M + 1)
         np.cumsum(top[:M], dtype=np.float64, out=cs[1:])
-        rng_ms = getattr(ctx, "verify_ms_range", None)
-        v = rng_ms(N, N + M + 1) if rng_ms is not None else ctx.verify_ms(np.arange(N, N + M + 1))
-        C = float(ctx.draft_ms) + np.asarray(v, dtype=np.float64)
+        C = draft_ms + np.asarray(verify_ms_range(N, N + M + 1), dtype=np.float64)
+        cs += n_sampling
         with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = (_n_sampling(ctx, 1, R)[0] + cs) / C
-        B = int(np.argmax(ratio))
+            cs /= C
+        B = int(np.argmax(cs))
         if B == 0:
-            return np.zeros((1, R), dtype=np.int64)
+            return np.zeros(R, dtype=np.int64)
         cur = S[1]
         thr = np.partition(cur.reshape(-1), RK - B)[RK - B]    # the B-th largest current score
         sel = cur > 0 if thr <= 0 else cur >= thr               # thr <= 0: fewer than B positive
         if thr > 0 and np.count_nonzero(sel) != B:              # ties at the B-th value: ranks
-            return _top_b_windows(np.ascontiguousarray(cur.T)[None], np.array([B]))
-        return sel.sum(0, dtype=np.int64)[None]
+            return _top_b_windows(np.ascontiguousarray(cur.T)[None], np.array([B]))[0]
+        return sel.sum(0, dtype=np.int64)
 
 
 class PaperPolicy(BudgetPolicy):
@@ -439,11 +449,11 @@ def verify_tokens_and_commit(mode: str, windows, K: int):
     cap-accept: verify the full block, commit at most the window (acceptance ceiling at full cost).
     """
     w = np.asarray(windows, dtype=np.int64)
-    full = np.full_like(w, int(K))
-    if mode == "static":
-        return full, full
     if mode == "compact":
         return w, w
+    if mode == "static":
+        full = np.full_like(w, int(K))
+        return full, full
     if mode == "cap-accept":
-        return full, w
+        return np.full_like(w, int(K)), w
     raise InputError(f"verify mode: expected one of {', '.join(VERIFY_MODES)}, got {mode!r}")
