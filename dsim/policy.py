@@ -285,7 +285,8 @@ class VllmPolicy(BudgetPolicy):
         RK = R * K
         if RK == 0:
             return np.zeros(R, dtype=np.int64)
-        S = np.empty((2, K, R), dtype=np.result_type(now.dtype, prev.dtype, np.float32))
+        f32 = now.dtype == np.float32 and prev.dtype == np.float32
+        S = np.empty((2, K, R), dtype=np.float32 if f32 else np.float64)
         np.maximum(prev[:, :K].T, 0.0, out=S[0])
         np.maximum(now[:, :K].T, 0.0, out=S[1])
         np.minimum(S, 1.0, out=S)
@@ -298,8 +299,11 @@ class VllmPolicy(BudgetPolicy):
         np.cumsum(top[:M], dtype=np.float64, out=cs[1:])
         C = draft_ms + np.asarray(verify_ms_range(N, N + M + 1), dtype=np.float64)
         cs += n_sampling
-        with np.errstate(divide="ignore", invalid="ignore"):
+        if C[0] > 0:                     # C is non-decreasing: no zero division anywhere
             cs /= C
+        else:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                cs /= C
         B = int(np.argmax(cs))
         if B == 0:
             return np.zeros(R, dtype=np.int64)

@@ -363,15 +363,26 @@ def _is_float(s: str) -> bool:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass
 class StepDraws:
     """One window of draws, arrays [steps, R, K]: true conditional acceptance probability,
     realized per-draft outcomes (independent per draft; the engine applies prefix semantics with
-    ``accepted_prefix``) and the confidence head's output."""
+    ``accepted_prefix``) and the confidence head's output. ``p_true`` is computed on first use
+    from tanh(logit / 2) when the sampler supplies that instead (the engine never reads it)."""
 
-    p_true: np.ndarray
-    accept: np.ndarray
-    conf: np.ndarray
+    __slots__ = ("accept", "conf", "_p", "_th")
+
+    def __init__(self, p_true, accept, conf, tanh_half=None):
+        self._p, self._th = p_true, tanh_half
+        self.accept = accept
+        self.conf = conf
+
+    @property
+    def p_true(self) -> np.ndarray:
+        if self._p is None:
+            p = self._th * np.float32(0.5)
+            p += np.float32(0.5)
+            self._p = p
+        return self._p
 
 
 def _sigmoid(x):
@@ -494,9 +505,10 @@ class AcceptanceModel:
         # stay exactly 0 / 1 (masks below).
         base = _logit(self.P) + self.shift
         self._base = base.astype(np.float32)
-        self._baseT = np.ascontiguousarray(self._base.T)           # [K, C], position-major sampling
+        self._half_baseT = np.ascontiguousarray(0.5 * self._base.T)  # [K, C]: sampling's half-logits
         self._zero = self.P <= 0.0
         self._one = self.P >= 1.0
+        self._degenerate = bool(self._zero.any() or self._one.any())
         self._Pf = self.P.astype(np.float32)
         self._PfT = np.ascontiguousarray(self._Pf.T)
         self.head_noise = 0.0
@@ -543,40 +555,55 @@ class AcceptanceModel:
         st = rng if isinstance(rng, DrawStream) else DrawStream(rng, block=0)
         n = steps * K * R
         shape = (steps, K, R)
-        x = st.normal(n).reshape(shape)
-        x *= np.float32(self.sigma_token)
+        # Half-logits: p = sigmoid(x) = (1 + tanh(x / 2)) / 2, and u < p  <=>  2u - 1 < tanh(x / 2),
+        # so one tanh serves the outcome draw and p_true.
+        h = st.normal(n).reshape(shape)
+        h *= np.float32(0.5 * self.sigma_token)
         if self.sigma_step:
             u = st.normal(steps * R).reshape(steps, 1, R)
-            u *= np.float32(self.sigma_step)
-            x += u
-        off = self._baseT[:, cls]                                  # [K, R]
-        off += np.asarray(latent, dtype=np.float32)
-        x += off
-        p = _sigmoid_f32(x)
-        self._fix_degenerate(p, cls)
-        accept = st.uniform(n).reshape(shape) < p
+            u *= np.float32(0.5 * self.sigma_step)
+            h += u
+        off = self._half_baseT[:, cls]                              # [K, R]
+        off += np.multiply(latent, np.float32(0.5), dtype=np.float32)   # (a new array: latent is the caller's)
+        h += off
+        th = np.tanh(h)
+        degenerate = self._degenerate
+        if degenerate:
+            self._fix_degenerate(th, cls, -1.0)
+        accept = st.signed_uniform(n).reshape(shape) < th
+        p = None
         if self.head == "perfect":
-            conf = p.copy()
+            p = th * np.float32(0.5)
+            p += np.float32(0.5)
+            conf = p
         elif self.head == "useless":
             conf = np.broadcast_to(self._PfT[:, cls], shape)     # read-only view: no information
         else:
+            # logit c = (logit p + s z - b) / T, again through tanh of the half-logit
             if self.head_noise:
-                nh = st.normal(n).reshape(shape)
-                nh *= np.float32(self.head_noise)
-                x += nh
+                y = st.normal(n).reshape(shape)
+                y *= np.float32(0.5 * self.head_noise)
+                y += h
+            else:
+                y = h
             if self.head_bias:
-                x -= np.float32(self.head_bias)
+                y -= np.float32(0.5 * self.head_bias)
             if self.head_temp != 1.0:
-                x *= np.float32(1.0 / self.head_temp)
-            conf = _sigmoid_f32(x)
-            self._fix_degenerate(conf, cls)
-        return StepDraws(p.transpose(0, 2, 1), accept.transpose(0, 2, 1), conf.transpose(0, 2, 1))
+                y *= np.float32(1.0 / self.head_temp)
+            conf = np.tanh(y, out=y)
+            conf *= np.float32(0.5)
+            conf += np.float32(0.5)
+            if degenerate:
+                self._fix_degenerate(conf, cls, 0.0)
+        t = (0, 2, 1)
+        return StepDraws(None if p is None else p.transpose(t), accept.transpose(t), conf.transpose(t),
+                         tanh_half=th.transpose(t))
 
-    def _fix_degenerate(self, arr, cls):
-        """Probabilities of exactly 0 / 1 stay exact (arr is position-major [steps, K, R])."""
-        if self._zero.any() or self._one.any():
-            arr[:, self._zero[cls].T] = 0.0
-            arr[:, self._one[cls].T] = 1.0
+    def _fix_degenerate(self, arr, cls, low: float = 0.0):
+        """Probabilities of exactly 0 / 1 stay exact: arr (position-major [steps, K, R]) is set to
+        ``low`` / 1 there (low = -1 for tanh half-logits, 0 for probabilities)."""
+        arr[:, self._zero[cls].T] = low
+        arr[:, self._one[cls].T] = 1.0
 
     # ---- head calibration -------------------------------------------------------------------
 
@@ -740,6 +767,8 @@ class DrawStream:
         self._ni = 0
         self._uni = np.empty(0, dtype=np.float32)
         self._ui = 0
+        self._sgn = np.empty(0, dtype=np.float32)
+        self._si = 0
 
     def normal(self, n: int) -> np.ndarray:
         if self._ni + n > self._nrm.size:
@@ -749,6 +778,17 @@ class DrawStream:
             self._ni = 0
         out = self._nrm[self._ni:self._ni + n]
         self._ni += n
+        return out
+
+    def signed_uniform(self, n: int) -> np.ndarray:
+        """Uniform on [-1, 1) (2u - 1, transformed a block at a time)."""
+        if self._si + n > self._sgn.size:
+            v = self.rng.random(max(n, self.block), dtype=np.float32)
+            v *= np.float32(2.0)
+            v -= np.float32(1.0)
+            self._sgn, self._si = v, 0
+        out = self._sgn[self._si:self._si + n]
+        self._si += n
         return out
 
     def uniform(self, n: int) -> np.ndarray:
