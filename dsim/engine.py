@@ -537,7 +537,7 @@ class Replica:
                 if cut:     # a decode cut by the token budget verifies only the drafts it was given
                     given = np.maximum(q - 1, 0)
                     ver, commit_w = np.minimum(ver, given), np.minimum(commit_w, given)
-                lead = self.spec.accepted_prefix(draws.accept[0], K)     # the full block's
+                lead = draws.full_block_accepted()[0]                      # the full block's
                 acc = np.minimum(lead, commit_w)
                 verified = self._spec_account(I, draws, acc[None], ver[None], lead[None])
                 em = np.minimum(acc + 1, I[:, _END] - I[:, _COMP])
@@ -686,7 +686,7 @@ class Replica:
         if K > 0:
             windows, draws = self._windows(I, k)
             verified, commit = verify_tokens_and_commit(self.verify_mode, windows, K)
-            lead = self.spec.accepted_prefix(draws.accept, K)                # [k, n]
+            lead = draws.full_block_accepted()                               # [k, n]
             acc = np.minimum(lead, commit)
             n_tok = n + verified.sum(axis=1)
             emit = acc + 1

@@ -369,12 +369,20 @@ class StepDraws:
     ``accepted_prefix``) and the confidence head's output. ``p_true`` is computed on first use
     from tanh(logit / 2) when the sampler supplies that instead (the engine never reads it)."""
 
-    __slots__ = ("accept", "conf", "_p", "_th")
+    __slots__ = ("accept", "conf", "_p", "_th", "_acc_sentinel")
 
-    def __init__(self, p_true, accept, conf, tanh_half=None):
+    def __init__(self, p_true, accept, conf, tanh_half=None, accept_sentinel=None):
         self._p, self._th = p_true, tanh_half
         self.accept = accept
         self.conf = conf
+        # [steps, K + 1, R]: accept position-major plus a row of False (first-failure by argmin)
+        self._acc_sentinel = accept_sentinel
+
+    def full_block_accepted(self) -> np.ndarray:
+        """Leading accepted drafts of the whole block (window K), int64[steps, R]."""
+        if self._acc_sentinel is not None:
+            return np.argmin(self._acc_sentinel, axis=1)
+        return accepted_prefix(self.accept, self.accept.shape[-1])
 
     @property
     def p_true(self) -> np.ndarray:
@@ -570,7 +578,10 @@ class AcceptanceModel:
         degenerate = self._degenerate
         if degenerate:
             self._fix_degenerate(th, cls, -1.0)
-        accept = st.signed_uniform(n).reshape(shape) < th
+        acc_s = np.empty((steps, K + 1, R), dtype=bool)
+        np.less(st.signed_uniform(n).reshape(shape), th, out=acc_s[:, :K])
+        acc_s[:, K] = False
+        accept = acc_s[:, :K]
         p = None
         if self.head == "perfect":
             p = th * np.float32(0.5)
@@ -597,7 +608,7 @@ class AcceptanceModel:
                 self._fix_degenerate(conf, cls, 0.0)
         t = (0, 2, 1)
         return StepDraws(None if p is None else p.transpose(t), accept.transpose(t), conf.transpose(t),
-                         tanh_half=th.transpose(t))
+                         tanh_half=th.transpose(t), accept_sentinel=acc_s)
 
     def _fix_degenerate(self, arr, cls, low: float = 0.0):
         """Probabilities of exactly 0 / 1 stay exact: arr (position-major [steps, K, R]) is set to

@@ -182,6 +182,30 @@ def test_sample_shapes_dtypes_and_zero_k():
     assert m0.sample(rng, np.zeros(4, int), np.zeros(4), 2).accept.shape == (2, 4, 0)
 
 
+def test_draw_stream_layout_and_full_block():
+    """Draws from the engine's DrawStream: the same model as one-off draws (outcome frequencies
+    match p_true), the views' contiguous position-major buffers, and the sentinel-based
+    full-block prefix equal to accepted_prefix(accept, K)."""
+    from dsim.spec import DrawStream
+    m = AcceptanceModel(load_acceptance("deepseek-v4", "dspark"), CLASSES, 7)
+    rng = np.random.default_rng(5)
+    cls = np.arange(300) % 3
+    lat = m.request_latent(rng, cls)
+    lat_before = lat.copy()
+    st = DrawStream(np.random.default_rng(6), block=4096)      # several block refills
+    d = m.sample(st, cls, lat, 40)
+    assert (lat == lat_before).all()                          # the caller's latents untouched
+    assert d.conf[3].T.flags.c_contiguous and d.accept.shape == (40, 300, 7)
+    assert d.full_block_accepted().tolist() == accepted_prefix(d.accept, 7).tolist()
+    # outcomes are Bernoulli(p_true): mean outcome matches mean p_true per position
+    assert np.abs(d.accept.mean((0, 1)) - d.p_true.mean((0, 1))).max() < 0.01
+    # DrawStream blocks are disjoint and deterministic for a seed
+    a, b = DrawStream(np.random.default_rng(1), 64), DrawStream(np.random.default_rng(1), 64)
+    xs = [a.normal(50).copy() for _ in range(5)]
+    assert all((x == b.normal(50)).all() for x in xs)
+    assert abs(np.concatenate(xs).std() - 1) < 0.1
+
+
 def test_accepted_prefix():
     a = np.array([[True, True, False, True], [True, True, True, True], [False, True, True, True]])
     assert accepted_prefix(a, np.array([4, 4, 4])).tolist() == [2, 4, 0]
