@@ -2,6 +2,7 @@
 concurrency 1, 32 and 256).
 
     python benchmarks/make_replay_steplogs.py            # writes validator/gpu/steplogs/*.jsonl
+    python benchmarks/make_replay_steplogs.py --models qwen3-8b --out DIR
 
 For each measured H200 profile and each concurrency: `dsim simulate` closed loop on the default
 (mixed math/code/chat) trace with DSpark adaptive, one GPU per replica, then every k-th of the
@@ -10,6 +11,7 @@ replayer runs these exact shapes on the GPU: python3 -m validator.gpu.replay FIL
 """
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -22,10 +24,14 @@ CONCURRENCY = (1, 32, 256)
 KEEP = 24
 
 
-def main():
-    out = ROOT / "validator" / "gpu" / "steplogs"
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=list(MODELS))
+    ap.add_argument("--out", default=str(ROOT / "validator" / "gpu" / "steplogs"))
+    a = ap.parse_args(argv)
+    out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    for model in MODELS:
+    for model in a.models:
         for c in CONCURRENCY:
             with tempfile.TemporaryDirectory() as td:
                 log = Path(td) / "steps.jsonl"
@@ -43,7 +49,7 @@ def main():
             keep = [dict(r, concurrency=c) for r in mid[::stride][:KEEP]]
             path = out / f"dspark-{model}-c{c}.jsonl"
             path.write_text("".join(json.dumps(r) + "\n" for r in keep))
-            print(path.relative_to(ROOT), len(keep), "steps of", len(rows),
+            print(path, len(keep), "steps of", len(rows),
                   "requests per step", min(len(r["q"]) for r in keep), "-", max(len(r["q"]) for r in keep),
                   "tokens", min(sum(r["q"]) for r in keep), "-", max(sum(r["q"]) for r in keep))
 

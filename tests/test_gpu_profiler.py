@@ -40,8 +40,33 @@ def test_sweep_plan_covers_capture_sizes_and_contexts():
     ctxs = {max(s.ctx) for s in p if s.tag == "context"}
     assert {1024, 8192, 32768} <= ctxs | {1024}
     assert {max(s.q) for s in p if s.tag == "context"} == {1, 2, 4, 8}
-    assert all(s.requests * max(s.ctx) <= 1_200_000 for s in p)
+    assert all(sum(s.ctx) <= 1_200_000 for s in p)      # KV tokens the step needs, within budget
     assert any(s.tag == "tail-prefill" and s.n == 8192 for s in p)
+    # heterogeneous DSpark-like verify steps and chunked-prefill mixes above the capture limit
+    het = [s for s in p if s.tag == "hetero"]
+    assert {s.requests for s in het} >= set(plan.HETERO_REQUESTS)
+    caps, tails = plan.vllm_capture_sizes(), plan.tail_sizes()
+    for s in het:
+        assert 1 <= min(s.q) and max(s.q) <= 8 and len(set(s.ctx)) > 1
+        assert s.n <= caps[-1] or s.n in tails
+    assert all(s.requests <= plan.TAIL_DECODE_MAX_REQUESTS for s in p if s.tag == "tail-decode")
+    mixed = [s for s in p if s.tag == "tail-mixed"]
+    assert sorted(s.n for s in mixed) == tails
+    for s in mixed:
+        assert max(s.q) > plan.PREFILL_MIN_Q and min(s.q) == 3
+        assert all(q <= 1024 for q in s.q) and all(c == 0 for q, c in zip(s.q, s.ctx) if q > 16)
+
+
+def test_hetero_step_hits_target_tokens():
+    import random as _r
+    rng = _r.Random(5)
+    for R, t in ((16, 16), (16, 128), (256, 768), (192, 768), (100, 555)):
+        s = plan.hetero_step(R, rng, target_n=t)
+        assert s.n == t and s.requests == R and 1 <= min(s.q) and max(s.q) <= 8
+        assert 64 <= min(s.ctx) and max(s.ctx) <= 32768
+    with pytest.raises(ValueError):
+        plan.hetero_step(4, rng, target_n=40)
+    assert plan.tail_mixed_step(3072).n == 3072
 
 
 def test_step_shape_kv_and_padding():
@@ -63,6 +88,17 @@ def test_fit_recovers_parameters():
     assert fit["kv_ms_per_ktok"] == pytest.approx(0.05, rel=1e-2)
     assert np.allclose(fit["F"], [F[n] for n in fit["tokens"]], rtol=1e-2)
     assert fit["residual_pct"]["median_abs"] < 0.1
+
+
+def test_fit_leaves_out_single_chunk_prefill_and_reports_it():
+    pts = [dict(n=n, kv=kv, ms=5 + 0.01 * n + 0.05 * kv / 1000, tag="table")
+           for n in (8, 16, 768) for kv in (1000, 9000)]
+    pts.append(dict(n=768, kv=768, ms=100.0, tag="tail-prefill"))       # far off the model
+    fit = plan.fit_step_model(pts)
+    assert fit["kv_ms_per_ktok"] == pytest.approx(0.05, rel=1e-6)
+    assert fit["residual_pct"]["median_abs"] < 1e-6 and "tail-prefill" not in fit["residual_pct"]["by_tag"]
+    (e,) = fit["not_fitted_signed_pct"]["tail-prefill"]
+    assert e == pytest.approx(((5 + 7.68 + 0.0384) / 100 - 1) * 100, abs=0.01)
 
 
 def test_forward_table_and_profile_dict_load(tmp_path):
@@ -161,8 +197,11 @@ def test_attention_matches_float_reference():
     c = tuple(rng.randint(1, 5000) for _ in range(20))
     shapes = [plan.StepShape((1, 2, 8, 5), (9, 9, 9, 9)), plan.StepShape(q, c),
               plan.StepShape(q + (40,), c + (12,)), plan.StepShape((40,), (0,))]
-    for shape in shapes:
-        m = StepMeta(shape, shape.n + 3, dims, "cpu")
+    # the dense path (force_mode) is exact for equal contexts (unequal ones are padded: timing only)
+    dense = plan.StepShape((1, 2, 8, 5, 40), (9, 9, 9, 9, 12))
+    for shape, mode in [(s, None) for s in shapes] + [(shapes[0], "dense"), (dense, "dense")]:
+        m = StepMeta(shape, shape.n + 3, dims, "cpu", force_mode=mode)
+        assert m.mode == (None if not m.R_dec else (mode or "varlen"))
         H, kv, d = 8, 2, 16
         pk, pv = torch.randn(m.region_tokens, kv, d), torch.randn(m.region_tokens, kv, d)
         x = torch.randn(m.n_pad, H + 2 * kv, d)
@@ -171,3 +210,34 @@ def test_attention_matches_float_reference():
         a = attention(x, (pk, pv), m).double()[:m.n]
         r = reference_attention(x, (pk, pv), m)[:m.n]
         assert float((a - r).norm() / r.norm()) < 1e-5
+
+
+def test_ragged_split_kv_attention_exact_for_any_chunk_and_unpadded():
+    """The R >= 16 path: prefixes cut into chunks (any chunk size), each chunk carrying only its
+    request's real folded rows; the merge is exact, nothing is padded to the longest context or the
+    largest window."""
+    torch = pytest.importorskip("torch")
+    from validator.gpu.model import StepMeta, attention, reference_attention
+    H, kv, d = 8, 2, 16
+    g = H // kv
+    dims = dict(heads=H, kv_heads=kv, head_dim=d, vocab=100)
+    rng = random.Random(2)
+    for chunk in (7, 64, 512, 2048):
+        q = tuple(rng.randint(1, 8) for _ in range(17))
+        c = tuple(rng.choice([1, 5, 63, 64, 65, 300, 1500]) for _ in range(17))
+        for shape in (plan.StepShape(q, c), plan.StepShape(q + (33, 20), c + (0, 70))):
+            m = StepMeta(shape, shape.n + 5, dims, "cpu", kv_chunk=chunk)
+            assert m.mode == "varlen"
+            nch = [max(1, int(x / chunk + 0.5)) for x in c]          # balanced: round(ctx / chunk)
+            assert m.n_chunks == sum(nch)
+            assert sum(m.chunk_rows) == sum(g * qi * k for qi, k in zip(q, nch))
+            lens = np.diff(m.cu_k.numpy())
+            assert lens.sum() == sum(c) and lens.max() - 1 <= 1.5 * chunk
+            assert m.n_folded == g * sum(q) and m.overread == 0
+            pk, pv = torch.randn(m.region_tokens, kv, d), torch.randn(m.region_tokens, kv, d)
+            x = torch.randn(m.n_pad, H + 2 * kv, d)
+            pk.index_copy_(0, m.slot, x[:, H:H + kv])
+            pv.index_copy_(0, m.slot, x[:, H + kv:])
+            a = attention(x, (pk, pv), m).double()[:m.n]
+            r = reference_attention(x, (pk, pv), m)[:m.n]
+            assert float((a - r).norm() / r.norm()) < 1e-5, chunk

@@ -3,13 +3,18 @@ and serving-engine-like attention. Needs torch and numpy only.
 
 Attention (one step of R requests, request i with s_i new query tokens over ctx_i cached tokens):
 - decode/verify requests (s_i <= 16): the query heads of each KV group are folded into the
-  query-length dimension (queries [R, g*s_max, kv_heads, d] against the cache [R, ctx, kv_heads, d]),
-  so each KV head is read once (design.md 5). The cached prefix is fully visible to every new token:
-  one flash-attention call without a mask returns (out, logsumexp). The new tokens' own keys (causal
-  among the verify tokens) are a small masked score block; both parts are merged exactly by a
-  softmax over [prefix logsumexp, new-token scores]. Requests with unequal contexts use the
-  variable-length flash kernel (cu_seqlens) when R >= 16, else the dense kernel padded to the
-  longest context (timing-only for the shorter ones).
+  query-length dimension (design.md 5), so each KV head is read once per query block.
+  force_mode='dense': queries [R, g*s_max, kv_heads, d] against the cache [R, ctx_max, kv_heads, d], one
+  flash call without a mask for the cached prefix (-> out, logsumexp), the new tokens' own keys as a
+  small masked score block, merged exactly by a softmax over [prefix logsumexp, new-token scores].
+  Every decode step (ragged split-KV, what FlashDecoding-style serving kernels do; the dense path
+  above is kept as force_mode='dense'): every request's prefix is cut into round(ctx / KV_CHUNK)
+  (at least one) chunks of equal length; one variable-length flash call runs every chunk against only
+  its request's real folded rows (g x s_i, no padding to the step's largest window); a second
+  variable-length call, causal, native GQA, runs each request's new tokens against their own keys;
+  the partial results are merged per query row by logsumexp with scatter/index_add over the real
+  rows only. Work is proportional to KV tokens, chunks and real query rows; nothing is padded to
+  the step's longest context or largest window.
 - prefill chunks (s_i > 16): causal flash attention over [cache, chunk], bottom-right aligned.
 The 1/sqrt(d) scale is applied to q before attention (scale=1 in the kernels).
 """
@@ -24,8 +29,8 @@ import torch.nn.functional as F
 
 from validator.gpu.plan import PREFILL_MIN_Q, StepShape, model_dims
 
-VARLEN_MIN_REQUESTS = 16
-KV_CHUNK = 2048          # split-KV chunk for the varlen path
+VARLEN_MIN_REQUESTS = 1     # ragged split-KV for every decode step (force_mode='dense' for the old path)
+KV_CHUNK = 512           # split-KV chunk of the ragged path (target length; chunks are balanced)
 
 
 # ---------------------------------------------------------------- flash primitives (+ CPU fallbacks)
@@ -62,12 +67,15 @@ def flash_dense(q, k, v, causal=False):
     return _ref_attn(q, k, v, causal)
 
 
-def flash_varlen_ragged(q, k, v, cu_q, cu_k, max_q, max_k, lens_q):
-    """Variable query rows per sequence (no padding): q [total_q, H, d], k/v packed [sum ctx, H, d].
-    Non-causal. -> out [total_q, H, d], lse [H, total_q] (fp32). lens_q: python list of rows."""
+def flash_varlen_ragged(q, k, v, cu_q, cu_k, max_q, max_k, lens_q, causal=False):
+    """Variable query rows per sequence (no padding): q [total_q, Hq, d], k/v packed [total_k, Hk, d]
+    (Hk divides Hq: native GQA). causal: bottom-right aligned per sequence.
+    -> out [total_q, Hq, d], lse [Hq, total_q] (fp32). lens_q: python list of rows per sequence."""
     H = q.shape[1]
     if q.is_cuda:
-        r = torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, False,
+        if not GQA_NATIVE and k.shape[1] != H:
+            k, v = k.repeat_interleave(H // k.shape[1], 1), v.repeat_interleave(H // k.shape[1], 1)
+        r = torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal,
                                                     False, scale=1.0)
         out, lse = r[0], r[1]
         if lse.dim() == 3:          # [B, H, max_q] padded per sequence -> [H, total_q]
@@ -80,20 +88,22 @@ def flash_varlen_ragged(q, k, v, cu_q, cu_k, max_q, max_k, lens_q):
     cq, ck = cu_q.tolist(), cu_k.tolist()
     for b in range(len(lens_q)):
         o, l = _ref_attn(q[cq[b]:cq[b + 1]][None], k[ck[b]:ck[b + 1]][None],
-                         v[ck[b]:ck[b + 1]][None], False)
+                         v[ck[b]:ck[b + 1]][None], causal)
         outs.append(o[0])
         lses.append(l[0])
     return torch.cat(outs), torch.cat(lses, dim=1)
 
 
-PAD_LSE = -1.0e30     # log-sum-exp of a padding row: finite, so the merge softmax stays finite
-
-
 # ---------------------------------------------------------------- step metadata
+def _t(a, device, dtype=torch.long):
+    return torch.tensor(np.asarray(a), dtype=dtype, device=device)
+
+
 class StepMeta:
     """Static index tensors and views for one step shape (built outside graph capture)."""
 
-    def __init__(self, shape: StepShape, n_pad: int, dims: dict, device, force_mode: str | None = None):
+    def __init__(self, shape: StepShape, n_pad: int, dims: dict, device, force_mode: str | None = None,
+                 kv_chunk: int | None = None):
         self.shape = shape
         q, ctx = list(shape.q), list(shape.ctx)
         H, kv, d = dims["heads"], dims["kv_heads"], dims["head_dim"]
@@ -118,10 +128,16 @@ class StepMeta:
         slot = np.zeros(self.n_pad, dtype=np.int64)
         Rd = self.R_dec
         self.mode = None
+        self.overread = 0
+        self.n_chunks = 0
+        dec_tokens = 0
+        ndec_tok = int(starts[Rd]) if Rd else 0
+        self.n_dec = ndec_tok
         if Rd:
             dctx = [max(c, 1) for c in self.ctx[:Rd]]
+            self.dctx = dctx
+            self.uniform = len(set(dctx)) == 1
             self.s_max = max(self.q[:Rd])
-            uniform = len(set(dctx)) == 1
             self.mode = force_mode or ("dense" if (Rd < VARLEN_MIN_REQUESTS) else "varlen")
             if self.mode == "dense":
                 self.ctx_max = max(dctx)
@@ -129,50 +145,7 @@ class StepMeta:
                 self.overread = Rd * self.ctx_max - sum(dctx)
             else:
                 dec_tokens = sum(dctx)
-                self.overread = 0
-                # split-KV: each request's prefix is cut into chunks of <= KV_CHUNK tokens, one
-                # varlen sequence each (balances CTAs over unequal contexts), merged by logsumexp
-                owner, lens = [], []
-                for r, c in enumerate(dctx):
-                    for a in range(0, c, KV_CHUNK):
-                        owner.append(r)
-                        lens.append(min(KV_CHUNK, c - a))
-                nc = len(owner)
-                rows = g * self.s_max
-                self.n_chunks = nc
-                self.cu_k = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32,
-                                         device=device)
-                self.max_k = max(lens)
-                # Each chunk carries only its request's real query rows (g x q_r; folded rows are
-                # t-major, so they are the first g x q_r of the request's padded rows): a mixed
-                # verify batch costs what its tokens cost, as in a serving engine's varlen kernel.
-                rq = [g * self.q[r] for r in owner]
-                self.chunk_rows = rq
-                self.max_q = max(rq)
-                self.cu_q = torch.tensor(np.concatenate([[0], np.cumsum(rq)]), dtype=torch.int32,
-                                         device=device)
-                qi = np.concatenate([r * rows + np.arange(n) for r, n in zip(owner, rq)])
-                self.chunk_q_idx = torch.tensor(qi, dtype=torch.long, device=device)
-                # kernel output rows -> padded [nc, rows] layout (missing rows -> the pad row)
-                total_q = int(sum(rq))
-                sc_idx = np.full((nc, rows), total_q, dtype=np.int64)
-                off = 0
-                for c, n in enumerate(rq):
-                    sc_idx[c, :n] = off + np.arange(n)
-                    off += n
-                self.pad_rows_idx = torch.tensor(sc_idx.reshape(-1), dtype=torch.long, device=device)
-                M_ = max(np.bincount(owner))
-                grid = np.full((Rd, M_), nc, dtype=np.int64)       # nc -> the empty (-inf) chunk
-                cnt = np.zeros(Rd, dtype=int)
-                for ci, r in enumerate(owner):
-                    grid[r, cnt[r]] = ci
-                    cnt[r] += 1
-                self.chunk_grid = torch.tensor(grid.reshape(-1), dtype=torch.long, device=device)
-                self.max_chunks = int(M_)
-            self.dctx = dctx
-            self.uniform = uniform
-        else:
-            dec_tokens, self.overread = 0, 0
+                self._ragged(dctx, starts, g, kv_chunk or KV_CHUNK, device)
         base = dec_tokens
         self.pre_regions = []
         for j in range(self.R_pre):
@@ -182,13 +155,14 @@ class StepMeta:
             self.pre_regions.append((base, c, s, int(starts[i])))
             base += c + s
         scratch = base
-        ndec_tok = int(starts[Rd]) if Rd else 0
-        slot[:ndec_tok] = scratch + np.arange(ndec_tok)
+        self.scratch = scratch
+        slot[:ndec_tok] = scratch + np.arange(ndec_tok)     # new decode K/V: contiguous, token order
         dummy = scratch + ndec_tok
         slot[self.n:] = dummy
         self.region_tokens = dummy + 1
         self.slot = torch.tensor(slot, dtype=torch.long, device=device)
-        if Rd:
+        un = np.zeros(self.n_pad, dtype=np.int64)
+        if self.mode == "dense":
             sm = self.s_max
             # gather real decode tokens into a padded [Rd, s_max] layout (padding rows -> token 0)
             pad_idx = np.zeros(Rd * sm, dtype=np.int64)
@@ -202,12 +176,13 @@ class StepMeta:
                       (t[None, None, :] < np.array(self.q[:Rd])[:, None, None])
             bias = np.where(allowed, 0.0, -np.inf).astype(np.float32)[:, None]   # [Rd,1,rows,sm]
             self.bias = torch.tensor(bias, device=device)
-        # unpad: rows of cat([decode padded rows (Rd*s_max), prefill rows]) -> token order, n_pad
-        un = np.zeros(self.n_pad, dtype=np.int64)
-        if Rd:
             for r in range(Rd):
-                un[starts[r]:starts[r + 1]] = r * self.s_max + np.arange(self.q[r])
-        off = Rd * self.s_max if Rd else 0
+                un[starts[r]:starts[r + 1]] = r * sm + np.arange(self.q[r])
+            off = Rd * sm
+        else:
+            un[:ndec_tok] = np.arange(ndec_tok)           # ragged: decode rows already in token order
+            off = ndec_tok
+        # unpad: rows of cat([decode rows, prefill rows]) -> token order, n_pad
         for (b, c, s, st) in self.pre_regions:
             un[st:st + s] = off + np.arange(s)
             off += s
@@ -217,6 +192,38 @@ class StepMeta:
             list(range(self.n, self.n_pad))
         self.logit_idx = torch.tensor(lg, dtype=torch.long, device=device)
 
+    def _ragged(self, dctx, starts, g, chunk, device):
+        """Split-KV metadata of the ragged path. Folded query rows are token-major: row tok*g + j is
+        query head h*g + j of decode token tok for KV head h; request r owns rows
+        [g*starts[r], g*starts[r+1])."""
+        Rd = len(dctx)
+        self.kv_chunk = chunk
+        owner, lens = [], []
+        for r, c in enumerate(dctx):
+            # balanced split: round(c / chunk) equal parts (>= 1), so the chunk count follows the KV
+            # tokens (about kv / chunk) rather than adding a partial chunk per request
+            k = max(1, int(c / chunk + 0.5))
+            owner += [r] * k
+            lens += [c // k + (1 if i < c % k else 0) for i in range(k)]
+        self.n_chunks = len(owner)
+        self.cu_k = _t(np.concatenate([[0], np.cumsum(lens)]), device, torch.int32)
+        self.max_k = int(max(lens))
+        rq = [g * self.q[r] for r in owner]               # each chunk: its request's real rows only
+        self.chunk_rows = rq
+        self.max_q = int(max(rq))
+        self.cu_q = _t(np.concatenate([[0], np.cumsum(rq)]), device, torch.int32)
+        # query rows of each chunk = their merge targets (folded row index)
+        qi = np.concatenate([np.arange(g * starts[r], g * starts[r + 1]) for r in owner])
+        self.chunk_q_idx = _t(qi, device)
+        self.chunk_q_idx_kv = self.chunk_q_idx.expand(self.kv, -1).contiguous()   # scatter index
+        Qf = g * int(starts[Rd])
+        self.n_folded = Qf
+        # new tokens against their own keys: one sequence per request, causal, native GQA
+        qd = self.q[:Rd]
+        self.new_lens = qd
+        self.cu_new = _t(np.concatenate([[0], np.cumsum(qd)]), device, torch.int32)
+        self.max_new = int(max(qd))
+
 
 def attention(qkv_rot, pool_l, m: StepMeta):
     """qkv_rot [n_pad, H+2kv, d] (q pre-scaled, rope applied); pool_l = (K, V), each [T, kv, d],
@@ -224,41 +231,52 @@ def attention(qkv_rot, pool_l, m: StepMeta):
     pk, pv = pool_l
     H, kv, d, g = m.H, m.kv, m.d, m.g
     parts = []
-    if m.R_dec:
+    if m.R_dec and m.mode == "dense":
         Rd, sm = m.R_dec, m.s_max
         rows = g * sm
         Tp = qkv_rot.index_select(0, m.pad_idx).view(Rd, sm, H + 2 * kv, d)
         qf = Tp[:, :, :H].reshape(Rd, sm, kv, g, d).permute(0, 1, 3, 2, 4).reshape(Rd, rows, kv, d)
         kn = Tp[:, :, H:H + kv]
         vn = Tp[:, :, H + kv:]
-        if m.mode == "dense":
-            nt = Rd * m.ctx_max
-            out_p, lse = flash_dense(qf, pk[:nt].view(Rd, m.ctx_max, kv, d),
-                                     pv[:nt].view(Rd, m.ctx_max, kv, d))
-        else:
-            nt = int(sum(m.dctx))
-            qc = qf.reshape(Rd * rows, kv, d).index_select(0, m.chunk_q_idx)
-            oc, lc = flash_varlen_ragged(qc, pk[:nt], pv[:nt], m.cu_q, m.cu_k, m.max_q, m.max_k,
-                                         m.chunk_rows)
-            nc = m.n_chunks
-            oc = torch.cat([oc, torch.zeros_like(oc[:1])]).index_select(0, m.pad_rows_idx).view(nc, rows, kv, d)
-            lc = torch.cat([lc, torch.full_like(lc[:, :1], PAD_LSE)], 1).index_select(1, m.pad_rows_idx)
-            lc = lc.view(kv, nc, rows).permute(1, 0, 2)                                 # [nc, kv, rows]
-            M_ = m.max_chunks
-            lc = torch.cat([lc, torch.full_like(lc[:1], float("-inf"))]).index_select(0, m.chunk_grid)
-            lse = lc.view(Rd, M_, kv, rows).permute(0, 2, 3, 1)                  # [Rd, kv, rows, M]
-            out_p = torch.cat([oc, torch.zeros_like(oc[:1])]).index_select(0, m.chunk_grid)
-            out_p = out_p.view(Rd, M_, rows, kv, d)
-        if m.mode == "dense":
-            lse, M_ = lse.unsqueeze(-1), 1
-            out_p = out_p.unsqueeze(1)
+        nt = Rd * m.ctx_max
+        out_p, lse = flash_dense(qf, pk[:nt].view(Rd, m.ctx_max, kv, d),
+                                 pv[:nt].view(Rd, m.ctx_max, kv, d))
+        lse, out_p = lse.unsqueeze(-1), out_p.unsqueeze(1)                # one prefix part
         # new-token keys: scores [Rd, kv, rows, sm]
         sc = torch.einsum("brhd,bthd->bhrt", qf, kn).float() + m.bias
         w = torch.softmax(torch.cat([lse, sc], -1), -1)
-        o = torch.einsum("bhrt,bthd->bhrd", w[..., M_:], vn.float())
-        o = o + torch.einsum("bhrm,bmrhd->bhrd", w[..., :M_].to(out_p.dtype), out_p).float()
+        o = torch.einsum("bhrt,bthd->bhrd", w[..., 1:], vn.float())
+        o = o + torch.einsum("bhrm,bmrhd->bhrd", w[..., :1].to(out_p.dtype), out_p).float()
         # unfold rows (t, j) of kv head h -> token t, head h*g + j
         o = o.view(Rd, kv, sm, g, d).permute(0, 2, 1, 3, 4).reshape(Rd * sm, H * d)
+        parts.append(o.to(qkv_rot.dtype))
+    elif m.R_dec:
+        nd, Qf = m.n_dec, m.n_folded
+        qd = qkv_rot[:nd, :H]                                             # [nd, H, d]
+        qf = qd.reshape(nd, kv, g, d).transpose(1, 2).reshape(Qf, kv, d)  # folded, token-major
+        # prefix: every chunk against its request's real rows
+        nt = int(sum(m.dctx))
+        oc, lc = flash_varlen_ragged(qf.index_select(0, m.chunk_q_idx), pk[:nt], pv[:nt], m.cu_q,
+                                     m.cu_k, m.max_q, m.max_k, m.chunk_rows)
+        # new tokens: causal over the request's own new keys (contiguous at m.scratch)
+        kn = pk[m.scratch:m.scratch + nd]
+        vn = pv[m.scratch:m.scratch + nd]
+        on, ln = flash_varlen_ragged(qd.contiguous(), kn, vn, m.cu_new, m.cu_new, m.max_new,
+                                     m.max_new, m.new_lens, causal=True)
+        on = on.reshape(nd, kv, g, d).transpose(1, 2).reshape(Qf, kv, d)
+        ln = ln.reshape(kv, g, nd).transpose(1, 2).reshape(kv, Qf)
+        # exact merge over the real rows: out = sum_p exp(lse_p - M) o_p / sum_p exp(lse_p - M), M the
+        # row max; the new-token part covers every row once, the chunks scatter into their rows
+        ci = m.chunk_q_idx
+        lc, ln = lc.float(), ln.float()
+        mx = ln.scatter_reduce(1, m.chunk_q_idx_kv, lc, "amax", include_self=True)    # [kv, Qf]
+        wc = torch.exp(lc - mx.index_select(1, ci))                                  # [kv, P]
+        wn = torch.exp(ln - mx)                                                      # [kv, Qf]
+        den = wn.index_add(1, ci, wc)
+        num = on * wn.t().unsqueeze(-1)                                              # fp32 [Qf, kv, d]
+        num.index_add_(0, ci, oc * wc.t().unsqueeze(-1))
+        o = num / den.t().unsqueeze(-1)
+        o = o.view(nd, g, kv, d).transpose(1, 2).reshape(nd, H * d)
         parts.append(o.to(qkv_rot.dtype))
     for (b, c, s, st) in m.pre_regions:
         q = qkv_rot[st:st + s, :H].unsqueeze(0)

@@ -103,17 +103,67 @@ def padded_tokens(n: int, caps: list[int]) -> int:
     return n
 
 
+# Verify windows (query tokens per request, 1..8) and contexts of dsim's DSpark steps on the default
+# mixed trace (validator/gpu/steplogs, concurrency 32 and 256, pooled): the heterogeneous shapes the
+# profile must cover. Context: log-normal, median 1050, geometric sd 1.76 (5th-95th pct 430-2730).
+DSPARK_WINDOW_P = (0.156, 0.288, 0.285, 0.131, 0.063, 0.041, 0.025, 0.012)
+HETERO_REQUESTS = (16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
+FIT_EXCLUDE = ("tail-prefill",)   # measured and reported, not fitted (see fit_step_model)
+TAIL_DECODE_MAX_REQUESTS = 256    # pure-decode tail points only up to this many requests (8 tokens each)
+
+
+def hetero_step(R: int, rng: random.Random, ctx_median: float = 1050.0, ctx_gsd: float = 1.76,
+                target_n: int | None = None, tag: str = "hetero") -> StepShape:
+    """A decode/verify step like dsim's DSpark steps: R requests, windows drawn from DSPARK_WINDOW_P,
+    contexts log-normal (clipped to 64..32768). target_n: windows nudged (within 1..8) until the
+    step has exactly that many tokens."""
+    ws = list(range(1, 9))
+    q = rng.choices(ws, weights=DSPARK_WINDOW_P, k=R)
+    if target_n is not None:
+        if not R <= target_n <= 8 * R:
+            raise ValueError(f"target {target_n} tokens not reachable with {R} requests")
+        i = 0
+        while sum(q) != target_n:
+            j = i % R
+            if sum(q) < target_n and q[j] < 8:
+                q[j] += 1
+            elif sum(q) > target_n and q[j] > 1:
+                q[j] -= 1
+            i += 1
+    mu, sg = math.log(ctx_median), math.log(ctx_gsd)
+    ctx = [int(min(32768, max(64, round(rng.lognormvariate(mu, sg))))) for _ in range(R)]
+    return StepShape(tuple(q), tuple(ctx), tag)
+
+
+def tail_mixed_step(n: int, ctx: int = 1024, chunk: int = 1024) -> StepShape:
+    """A chunked-prefill step of n tokens above the capture limit, as dsim's busy steps are: up to 256
+    decode requests with 3-token verify windows at `ctx`, the rest as fresh prefill chunks of at most
+    `chunk` tokens (equal sizes)."""
+    R = min(256, n // 6)
+    rest = n - 3 * R
+    k = max(1, -(-rest // chunk))
+    sizes = [rest // k + (1 if i < rest % k else 0) for i in range(k)]
+    return StepShape(tuple([3] * R + sizes), tuple([ctx] * R + [0] * k), "tail-mixed")
+
+
 def sweep_plan(caps: list[int] | None = None, tails: list[int] | None = None,
                contexts=(1024, 8192, 32768), kv_budget_tokens: int = 1_200_000,
-               quick: bool = False, table_ctx: int = 1024) -> list[StepShape]:
+               quick: bool = False, table_ctx: int = 1024, seed: int = 0) -> list[StepShape]:
     """Profiling sweep.
 
     - table: every capture size n, decode-only at 1K context with 1 query token per request
       (R = n) and 4 per request (R = n / 4), the forward table's support;
     - context: n in (8, 32, 128, 512) x query tokens per request (1, 2, 4, 8) x contexts, within
       the KV budget, for the context term;
-    - tail: sizes above the capture limit (eager), one prefill chunk at zero context and a
-      decode batch of 8 query tokens per request at 1K context.
+    - hetero: DSpark-like decode/verify steps (hetero_step): R = 16..256 requests with mixed windows
+      and log-normal contexts (two draws each, plus long-context draws at median 4K); above the
+      capture limit their windows are nudged to a tail size;
+    - tail: sizes above the capture limit: a decode batch of 8 query tokens per request at 1K
+      context (up to TAIL_DECODE_MAX_REQUESTS requests: larger pure-decode batches are not what
+      dsim's engine runs at the concurrencies of interest, and per-request costs would pull the
+      tail up), a chunked-prefill mix (tail_mixed_step), and one prefill chunk of the whole size at
+      zero context (tail-prefill: measured and reported, not fitted: its attention grows with the
+      square of the chunk, which F(n) + kv cannot express, and dsim's steps split prompts into chunks).
     """
     caps = caps or vllm_capture_sizes()
     tails = tails or tail_sizes(caps[-1])
@@ -132,10 +182,26 @@ def sweep_plan(caps: list[int] | None = None, tails: list[int] | None = None,
             for c in contexts:
                 if R * c <= kv_budget_tokens and not (c == table_ctx and s in (1, 4)):
                     plan.append(uniform_step(R, s, c, "context"))
+    rng = random.Random(seed)
+    scale = table_ctx / 1024.0
+    reqs = HETERO_REQUESTS if not quick else (16, 64)
+    draws = [(1050.0, 2), (4096.0, 1)] if not quick else [(1050.0, 1)]
+    for med, k in draws:
+        for R in reqs:
+            if med > 1050 and R not in (32, 128, 256):
+                continue
+            for _ in range(k):
+                st = hetero_step(R, rng, ctx_median=med * scale)
+                if st.n > caps[-1]:          # above the limit: run exactly at a tail size
+                    t = min([x for x in tails if x >= st.n] or [tails[-1]])
+                    st = hetero_step(R, rng, ctx_median=med * scale, target_n=min(t, 8 * R))
+                if st.kv <= kv_budget_tokens:
+                    plan.append(st)
     for n in (tails if not quick else tails[:2]):
-        plan.append(StepShape((n,), (0,), "tail-prefill"))
-        if n % 8 == 0 and (n // 8) * table_ctx <= kv_budget_tokens:
+        if n % 8 == 0 and n // 8 <= TAIL_DECODE_MAX_REQUESTS and (n // 8) * table_ctx <= kv_budget_tokens:
             plan.append(uniform_step(n // 8, 8, table_ctx, "tail-decode"))
+        plan.append(tail_mixed_step(n, table_ctx, chunk=max(32, table_ctx)))
+        plan.append(StepShape((n,), (0,), "tail-prefill"))
     return plan
 
 
@@ -143,9 +209,13 @@ def sweep_plan(caps: list[int] | None = None, tails: list[int] | None = None,
 def fit_step_model(points: list[dict]) -> dict:
     """Least squares step_ms = F(n) + slope * kv / 1000 with one free F per distinct n.
 
-    points: dicts with n (token count the step ran with, i.e. padded), kv, ms.
+    points: dicts with n (token count the step ran with, i.e. padded), kv, ms; a point whose tag is
+    in FIT_EXCLUDE (or with fit=False) is not fitted, only its residual reported (by_tag).
     Returns {"tokens": [...], "F": [...], "kv_ms_per_ktok": slope, "residual_pct": {...}}.
     """
+    allpts = points
+    points = [p for p in points if p.get("fit", p.get("tag") not in FIT_EXCLUDE)]
+    held = [p for p in allpts if p not in points]
     ns = sorted({int(p["n"]) for p in points})
     idx = {n: i for i, n in enumerate(ns)}
     A = np.zeros((len(points), len(ns) + 1))
@@ -167,11 +237,22 @@ def fit_step_model(points: list[dict]) -> dict:
     by_tag: dict[str, list] = {}
     for p, e in zip(points, rel):
         by_tag.setdefault(p.get("tag", ""), []).append(abs(float(e)))
-    return dict(tokens=ns, F=[float(f) for f in F], kv_ms_per_ktok=slope,
-                residual_pct=dict(median_abs=float(np.median(np.abs(rel))),
-                                  p90_abs=float(np.percentile(np.abs(rel), 90)),
-                                  max_abs=float(np.max(np.abs(rel))),
-                                  by_tag={k: round(median(v), 3) for k, v in by_tag.items()}))
+    signed = {}
+    if held:     # not fitted: signed error of the fitted model (table lookup as in the staircase)
+        Fn = dict(zip(ns, F))
+        for p in held:
+            n = int(p["n"])
+            f = Fn[n] if n in Fn else float(np.interp(n, ns, F))
+            e = (f + slope * p["kv"] / 1000.0 - p["ms"]) / p["ms"] * 100
+            signed.setdefault(p.get("tag", ""), []).append(float(e))
+    out = dict(tokens=ns, F=[float(f) for f in F], kv_ms_per_ktok=slope,
+               residual_pct=dict(median_abs=float(np.median(np.abs(rel))),
+                                 p90_abs=float(np.percentile(np.abs(rel), 90)),
+                                 max_abs=float(np.max(np.abs(rel))),
+                                 by_tag={k: round(median(v), 3) for k, v in by_tag.items()}))
+    if signed:
+        out["not_fitted_signed_pct"] = {k: [round(x, 2) for x in v] for k, v in signed.items()}
+    return out
 
 
 def forward_table(fit: dict, caps: list[int]) -> dict:

@@ -5,8 +5,10 @@
 STEPLOG: JSONL, one object per engine step {"step": i, "q": [query tokens per request],
 "ctx": [KV context per request before the step], "predicted_ms": forward-only prediction}.
 Steps of n <= 512 tokens run as a CUDA graph padded to the next capture size (as vLLM does),
-larger ones eagerly. Where predicted_ms is missing and --profile is given, it is computed with
-the profile's staircase (Staircase, a numpy copy of dsim.cost.CostModel.step_ms).
+larger ones as a CUDA graph of exactly n tokens (--eager-tails: eagerly, which times this Python
+executor's kernel launches rather than the GPU work). Where predicted_ms is missing, or with
+--repredict, and --profile is given, it is computed with the profile's staircase (Staircase, a numpy
+copy of dsim.cost.CostModel.step_ms); the log's own value is kept as predicted_log_ms.
 `STEPLOG` may be 'synthetic': a generated log (plan.synthetic_steplog).
 """
 from __future__ import annotations
@@ -16,7 +18,7 @@ import json
 import time
 from pathlib import Path
 
-from validator.gpu.plan import (CAPTURE_LIMIT, Staircase, StepShape, concurrency_of, error_summary,
+from validator.gpu.plan import (CAPTURE_LIMIT, PREFILL_MIN_Q, Staircase, StepShape, concurrency_of, error_summary,
                                 model_dims, padded_tokens, read_steplog, synthetic_steplog,
                                 vllm_capture_sizes, write_text_atomic)
 
@@ -27,22 +29,26 @@ def load_or_make_steps(src: str) -> list[dict]:
     return read_steplog(src)
 
 
-def replay_steps(model, steps, dims, device, timer, caps, staircase=None, depth_scale=1.0):
+def replay_steps(model, steps, dims, device, timer, caps, staircase=None, depth_scale=1.0,
+                 eager_tails=False, repredict=False):
     from validator.gpu import model as M
     rows = []
     for st in steps:
         shape = StepShape(tuple(int(x) for x in st["q"]), tuple(int(x) for x in st["ctx"]))
         n_pad = padded_tokens(shape.n, caps)
         m = M.StepMeta(shape, n_pad, dims, device)
-        graph = shape.n <= caps[-1]
+        graph = shape.n <= caps[-1] or not eager_tails
         ms, reps = timer(lambda: model.forward(m), graph=graph)
         pred = st.get("predicted_ms")
-        if pred is None and staircase is not None:
+        if (pred is None or repredict) and staircase is not None:
             pred = staircase.step_ms(shape.n, shape.kv)
+        dec = [c for s, c in zip(shape.q, shape.ctx) if s < PREFILL_MIN_Q]
         rows.append(dict(step=st.get("step"), concurrency=concurrency_of(st), n=shape.n, n_pad=n_pad,
                          kv=shape.kv, R=shape.requests, graph=graph, mode=m.mode,
+                         chunks=int(m.n_chunks), ctx_max=max(dec) if dec else 0,
+                         prefill_tokens=sum(s for s in shape.q if s >= PREFILL_MIN_Q),
                          overread_tokens=int(m.overread), measured_ms=ms * depth_scale,
-                         predicted_ms=pred))
+                         predicted_ms=pred, predicted_log_ms=st.get("predicted_ms")))
     return rows, error_summary(rows)
 
 
@@ -54,8 +60,11 @@ def main(argv=None):
     ap.add_argument("--profile", default="", help="profile YAML for predictions missing from the log")
     ap.add_argument("--layers", type=int, default=0)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--warm", type=int, default=2, help="untimed graph replays before timing")
     ap.add_argument("--pool-gib", type=float, default=24.0)
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--repredict", action="store_true", help="predict from --profile even where the log has a value")
+    ap.add_argument("--eager-tails", action="store_true", help="run steps above the capture limit eagerly")
     a = ap.parse_args(argv)
     import torch
     from validator.gpu import model as M
@@ -75,13 +84,20 @@ def main(argv=None):
         p = yaml.safe_load(Path(a.profile).read_text())
         sc = Staircase(p["forward"]["tokens"], p["forward"]["ms"], p["kv_ms_per_ktok"], p["capture_sizes"][-1])
     results = {}
-    timer = Timer(device, a.reps)
+    timer = Timer(device, a.reps, warm=a.warm)
     for src in a.steplog:          # one model build, several logs; results written after each
         t0 = time.time()
-        rows, summary = replay_steps(model, load_or_make_steps(src), dims, device, timer, caps, sc,
-                                     dims["layers"] / layers)
+        steps = load_or_make_steps(src)
+        if a.dry_run:
+            steps = [s for s in steps if sum(s["q"]) <= 600 and len(s["q"]) <= 32][:6]
+            for st in steps:
+                st["ctx"] = [min(c, 200) for c in st["ctx"]]
+        rows, summary = replay_steps(model, steps, dims, device, timer, caps, sc,
+                                     dims["layers"] / layers, eager_tails=a.eager_tails,
+                                     repredict=a.repredict)
         results[src] = dict(rows=rows, summary=summary)
-        write_text_atomic(a.out, json.dumps(dict(model=a.model, profile=a.profile, logs=results), indent=1))
+        write_text_atomic(a.out, json.dumps(dict(model=a.model, profile=a.profile, eager_tails=a.eager_tails,
+                                                 repredict=a.repredict, logs=results), indent=1))
         print(src, json.dumps(summary), f"({time.time() - t0:.1f}s)", flush=True)
 
 
