@@ -279,3 +279,79 @@ def test_traces_native_formats(tmp_path):
     assert p.arrival_s.tolist() == [0.0, 1.0] and p.prompt_tokens.tolist() == [7, 5]
     with pytest.raises(InputError):
         traces.fixed(0, 1, 1)
+
+
+def _measurement(reqs, hist=None, k=4):
+    """A Measurement from request dicts (send, end, prompt, chunk times) and histogram means (s)."""
+    rows = []
+    for i, (send, end, prompt, times) in enumerate(reqs):
+        rows.append({"type": "request", "i": i, "prompt_tokens": prompt, "max_tokens": len(times),
+                     "arrival_s": 0.0, "send_s": send, "first_token_s": times[0], "end_s": end,
+                     "chunks": [[t, 1] for t in times], "output_tokens": len(times), "ok": True,
+                     "error": None, "status": 200})
+    summary = None
+    if hist:
+        summary = {"type": "summary", "server_histograms": {
+            f"vllm:{name}": {"count": 10.0, "mean": v} for name, v in hist.items()}}
+    m = measure.Measurement("mem", {"format": measure.FORMAT, "spec": {"k": k}}, rows, summary=summary)
+    return m
+
+
+def test_engine_steps_rebuild_step_composition_from_chunk_times():
+    from validator import stepfit
+    # step times 10, 15, 20, 25 ms; request 0 prefilled alone at 10, request 1 and 2 together at
+    # 20 (with request 0 decoding); a stalled front end hands steps 20 and 25 of request 0 over
+    # together (one group, split because request 0 appears twice)
+    m = _measurement([(0.0, 0.03, 64, [0.010, 0.0150, 0.0201, 0.02012]),
+                      (0.016, 0.03, 32, [0.02002, 0.02502]),
+                      (0.016, 0.03, 64, [0.02004, 0.02504])])
+    steps = stepfit.engine_steps(m)
+    comp = [(s["prefills"], s["prompt_tokens"], s["decodes"]) for s in steps]
+    assert comp[:2] == [(1, 64, 0), (0, 0, 1)]
+    assert (2, 96, 1) in comp and (0, 0, 1) in comp[2:]
+    assert comp[-1] == (0, 0, 2)
+    assert sum(s["decodes"] for s in steps) == 5 and sum(s["prefills"] for s in steps) == 3
+
+
+def test_server_points_at_the_mean_composition_of_the_sampled_steps():
+    from validator import stepfit
+    # two requests in a wave: both prompts in one step (n = 128), then two decode steps of both
+    m = _measurement([(0.0, 0.02, 64, [0.005, 0.010, 0.015]), (0.0, 0.02, 64, [0.00501, 0.01001, 0.01501])],
+                     hist={"inter_token_latency_seconds": 0.004, "request_prefill_time_seconds": 0.006})
+    pts = {p["kind"]: p for p in stepfit.server_points(m, 4)}
+    assert pts["prefill"]["n"] == pytest.approx(128) and pts["prefill"]["b"] == pytest.approx(2)
+    assert pts["decode"]["n"] == pytest.approx(10) and pts["decode"]["step_ms"] == pytest.approx(4.0)
+    # without chunk timelines: the running-batch estimate
+    m2 = _measurement([(0.0, 0.02, 64, [0.005]), (0.0, 0.02, 64, [0.00501])],
+                      hist={"inter_token_latency_seconds": 0.004})
+    assert [p["kind"] for p in stepfit.server_points(m2, 4)] == ["decode"]
+
+
+def test_front_end_overhead_is_client_time_minus_the_engines_own_time():
+    # client E2E 100 ms, TTFT 20 ms; engine: queue 1 + prefill 5 + decode 74 = 80 ms; the server's
+    # E2E histogram (90 ms, from the API server's arrival) is not used when the parts are there
+    m = _measurement([(0.0, 0.1, 64, [0.02 + 0.08 * j / 9 for j in range(10)])],
+                     hist={"request_queue_time_seconds": 0.001, "request_prefill_time_seconds": 0.005,
+                           "request_decode_time_seconds": 0.074, "e2e_request_latency_seconds": 0.09,
+                           "time_to_first_token_seconds": 0.012})
+    assert calibrate.engine_times(m.stats()) == pytest.approx({"ttft": 6.0, "e2e": 80.0})
+    o = calibrate.request_overheads([m])
+    assert o["e2e"] == pytest.approx(20.0) and o["first_token"] == pytest.approx(14.0)
+    m2 = _measurement([(0.0, 0.1, 64, [0.02 + 0.08 * j / 9 for j in range(10)])],
+                      hist={"e2e_request_latency_seconds": 0.09, "time_to_first_token_seconds": 0.012})
+    assert calibrate.engine_times(m2.stats()) is None
+    assert calibrate.request_overheads([m2])["e2e"] == pytest.approx(10.0)
+
+
+def test_cpu_layout_and_client_pinning(fake, tmp_path):
+    from validator import server as srv
+    assert srv.cpu_layout([3, 1, 2]) == {"engine": [1, 2], "front": [3]}
+    assert srv.cpu_layout([0]) is None
+    cpus = sorted(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    url = fake("ok", 0.5)
+    driver.run(traces.fixed(2, 8, 4), driver.RunOptions(server=url, concurrency=1, progress=False,
+                                                       cpus=cpus[-1:], nice=None), tmp_path / "p.jsonl")
+    m = measure.read(tmp_path / "p.jsonl")
+    assert m.header["client_cpus"] == cpus[-1:] and m.stats()["requests_completed"] == 2
+    assert os.sched_getaffinity(0) == before          # restored after the run

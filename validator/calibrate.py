@@ -17,19 +17,21 @@ positions. We report ``mean_draft_tokens = DT / D`` and flag ``trimmed_drafts`` 
 K; the per-step curve stays right for throughput (it reproduces the emitted tokens), not for the
 drafter's quality.
 
-Cost: step times from the server's own histograms (stepfit.server_points: mean ITL at the mean
-running batch, mean prefill time at the prompt plus the batch it joined; the client's chunk gaps
-only when the server gives no histograms), in dsim's token coordinate n = B (1 + K). With
+Cost: step times from the server's own histograms (stepfit.server_points: mean ITL and mean
+prefill time, each at the mean composition of the steps it sampled, rebuilt from the client's chunk
+times; the client's chunk gaps only when the server gives no histograms), in dsim's token
+coordinate n = prompt tokens + decodes (1 + K). With
 ``--profile BASE`` (e.g. from profile-server) we fit ``measured = c + s * base(n, b)`` (scale s
 of the cost tables, per-step CPU overhead c) when there are 3 or more points, else one scale for
 the whole step, overhead included (one run gives two points; two parameters from them are
 ill-conditioned). Without a base profile, ``c + t n + d b`` is fitted by NNLS (stepfit.fit_cost).
-Front-end time per request (HTTP, API-server queueing, streaming; no engine step contains it) is
-the mean client E2E minus the server's mean E2E (``validator.request_overhead_ms``; the same for
-TTFT: ``first_token_overhead_ms``), also per concurrent stream (``..._per_stream_ms``: one
-API-server process serializes the streams' chunk work, so the delay grows with their number);
-`check` adds them, scaled to the predicted concurrency, to the prediction; the simulator core
-does not use them.
+Front-end time per request (HTTP, the API server's request processing and queueing, the hop to
+the engine, the wait for the running step, streaming; no engine step contains it) is the mean
+client E2E minus the engine's own time, queue + prefill + decode (engine_times;
+``validator.request_overhead_ms``; the same for TTFT: ``first_token_overhead_ms``), also per
+concurrent stream (``..._per_stream_ms``: one API-server process serializes the streams' work, so
+the delay grows with their number); `check` adds them, scaled to the predicted concurrency, to the
+prediction; the simulator core does not use them.
 """
 from __future__ import annotations
 
@@ -80,25 +82,42 @@ def acceptance_curves(c: dict) -> dict:
     return res
 
 
+def engine_times(stats: dict) -> dict | None:
+    """The engine's own part of a request, from the server's histogram means (ms): ``ttft`` =
+    queue + prefill time, ``e2e`` = queue + prefill + decode time (scheduled-to-last-token, what
+    dsim simulates). The server's TTFT and E2E histograms start earlier, when the API server
+    received the request: they also hold its request processing, the hop to the engine process
+    and the wait for the running step to end (several ms at once when a closed loop's requests
+    arrive in a wave), none of which dsim's closed loop contains. None without those histograms."""
+    h = stats.get("server_histograms") or {}
+    q, p, d = ((h.get(f"vllm:request_{k}_time_seconds") or {}).get("mean") for k in ("queue", "prefill", "decode"))
+    if p is None or d is None:
+        return None
+    return {"ttft": ((q or 0.0) + p) * 1e3, "e2e": ((q or 0.0) + p + d) * 1e3}
+
+
 def request_overheads(ms) -> dict:
-    """Front-end time per request that no engine step contains (HTTP, API-server queueing,
-    streaming), over the measurements: ``e2e`` = mean client E2E minus the server's mean E2E
-    (robust to streams delivered in bursts), ``first_token`` = the same for TTFT (capped at e2e)."""
+    """Front-end time per request that no engine step contains (HTTP, API-server request
+    processing and queueing, the hop to the engine, streaming), over the measurements: ``e2e`` =
+    mean client E2E minus the engine's own time (engine_times: queue + prefill + decode; the
+    server's E2E histogram without them), ``first_token`` = the same for TTFT (capped at e2e).
+    Robust to streams delivered in bursts (client E2E is)."""
     e2e, ttft = [], []
     for m in ms:
         st = m.stats()
         h = st.get("server_histograms") or {}
-        se = (h.get("vllm:e2e_request_latency_seconds") or {}).get("mean")
-        stt = (h.get("vllm:time_to_first_token_seconds") or {}).get("mean")
+        eng = engine_times(st)
+        se = eng["e2e"] / 1e3 if eng else (h.get("vllm:e2e_request_latency_seconds") or {}).get("mean")
+        stt = eng["ttft"] / 1e3 if eng else (h.get("vllm:time_to_first_token_seconds") or {}).get("mean")
         if se and st.get("e2e_ms_mean") is not None:
             e2e.append(st["e2e_ms_mean"] - se * 1e3)
         if stt and st.get("ttft_ms_mean") is not None:
             ttft.append(st["ttft_ms_mean"] - stt * 1e3)
     oe = float(max(np.mean(e2e), 0.0)) if e2e else 0.0
     ot = float(min(max(np.mean(ttft), 0.0), oe)) if ttft else 0.0
-    # One API-server process does the per-chunk work of every stream, so its delay grows with the
-    # number of concurrent streams: per stream = overhead / mean in-flight requests (measured:
-    # about 30-65 ms at C=2, 140-240 ms at C=6 on the 2-core test machine).
+    # One API-server process does the work of every stream, so its delay grows with the number of
+    # concurrent streams: per stream = overhead / mean in-flight requests (measured on the 2-core
+    # test machine, placed as in validator/README.md: about 10 ms at C=2, 20 ms at C=6).
     streams = []
     for m in ms:
         ok = m.ok_requests

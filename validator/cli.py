@@ -49,6 +49,8 @@ def run_cmd(
     progress: bool = typer.Option(True, "--progress/--no-progress"),
     nice: int = typer.Option(-10, "--nice", help="client priority while measuring (needs root; "
                              "ignored otherwise); 0 leaves it"),
+    cpus: Optional[str] = typer.Option(None, "--cpus", help="pin the client to these CPUs while "
+                                       "measuring, e.g. 1 or 2,3 (keep it off the model's cores)"),
 ):
     """Replay a workload against an OpenAI-compatible server; write OUT/NAME.jsonl."""
     from validator import driver, traces
@@ -60,11 +62,16 @@ def run_cmd(
         raise InputError("--rate: must be > 0")
     if prompt_mode not in ("ids", "text"):
         raise InputError("--prompt-mode: ids or text")
+    try:
+        cpu_list = [int(c) for c in cpus.split(",")] if cpus else None
+    except ValueError:
+        raise InputError(f"--cpus: comma-separated CPU numbers, got {cpus!r}") from None
     plan = traces.load(trace, requests, input_len, output_len)
     extra = {"engine": {"max_num_seqs": max_num_seqs}, "server_flags": server_flags}
     opts = driver.RunOptions(server=_server(server), model=model, concurrency=concurrency, rate=rate,
                              seed=seed, prompt_mode=prompt_mode, request_timeout_s=request_timeout,
-                             progress=progress, extra_header=extra, nice=nice or None)
+                             progress=progress, extra_header=extra, nice=nice or None,
+                             cpus=cpu_list)
     path = Path(out) / f"{name}.jsonl"
     try:
         s = driver.run(plan, opts, path)

@@ -53,6 +53,7 @@ class RunOptions:
     gauge_interval_s: float = 1.0         # at least; see sampler()
     progress: bool = True
     nice: int | None = -10                  # client priority while it measures (None: leave it)
+    cpus: list | None = None                # pin the client to these CPUs while it measures
     label: str = ""
     extra_header: dict = field(default_factory=dict)
 
@@ -407,23 +408,53 @@ def _boost(nice: int | None):
     """Raise this thread's scheduling priority while it timestamps chunks: on a busy machine a
     client at normal priority is scheduled late and sees streams arrive in bursts (measured on the
     shared 2-core CI machine: TTFT 150-190 ms and ITL ~0 at nice 0, 13-33 ms and 3-5 ms at -10).
-    Needs CAP_SYS_NICE (root); otherwise nothing changes. Returns (old, achieved)."""
+    Under autogroup scheduling a thread's nice only counts inside its session's group, so the
+    group's nice is raised too (and restored after). Needs CAP_SYS_NICE (root); otherwise nothing
+    changes. Returns (old, achieved, old_group)."""
     if nice is None or not hasattr(os, "setpriority"):
-        return None, None
+        return None, None, None
+    from validator import server
     old = os.getpriority(os.PRIO_PROCESS, 0)
     try:
         os.setpriority(os.PRIO_PROCESS, 0, nice)
     except OSError:
-        return old, None
-    return old, os.getpriority(os.PRIO_PROCESS, 0)
+        return old, None, None
+    old_group = server.autogroup_nice()
+    if old_group is not None and nice < old_group:
+        server.set_autogroup_nice(0, nice)
+    else:
+        old_group = None
+    return old, os.getpriority(os.PRIO_PROCESS, 0), old_group
+
+
+def _pin(cpus):
+    """Pin this thread to ``cpus`` (threads it starts inherit it); returns the old set or None."""
+    if not cpus or not hasattr(os, "sched_setaffinity"):
+        return None
+    old = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, set(int(c) for c in cpus))
+    except OSError:
+        return None
+    return old
 
 
 def run(plan: Plan, opts: RunOptions, out_path) -> dict:
-    old, achieved = _boost(opts.nice)
-    opts.extra_header = dict(opts.extra_header, client_nice=achieved if achieved is not None else old)
+    old, achieved, old_group = _boost(opts.nice)
+    old_cpus = _pin(opts.cpus)
+    opts.extra_header = dict(opts.extra_header, client_nice=achieved if achieved is not None else old,
+                             client_cpus=sorted(os.sched_getaffinity(0)) if old_cpus is not None else None)
     try:
         return asyncio.run(run_async(plan, opts, out_path))
     finally:
+        if old_cpus is not None:
+            try:
+                os.sched_setaffinity(0, old_cpus)
+            except OSError:
+                pass
+        if old_group is not None:
+            from validator import server
+            server.set_autogroup_nice(0, old_group)
         if achieved is not None:
             try:
                 os.setpriority(os.PRIO_PROCESS, 0, old)

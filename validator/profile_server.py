@@ -2,8 +2,9 @@
 
 Each level C replays max(4, 2C) requests (or --requests) of fixed input/output length in a closed
 loop of C. Step times come from the server's own histograms over the level (mean ITL: one sample
-per request per step; mean prefill time: the step that ran a prompt) at the running batch seen by
-the requests (stepfit.server_points), so a CPU-starved client does not bias them. A fit of
+per request per step; mean prefill time: the step that ran a prompt), so a CPU-starved client does
+not bias them, each at the mean composition of the steps it sampled, rebuilt from the client's
+chunk times (stepfit.server_points: closed-loop requests start in waves that share steps). A fit of
 ``step = cpu_overhead + ms_per_token x n + ms_per_request x b`` (n = b (1 + K), dsim's token
 coordinate; b = sampling requests) over all levels gives the per-step CPU overhead; the forward
 table runs through the measured decode points (stepfit.measured_profile: step time is not linear

@@ -1,5 +1,20 @@
 """Start and stop a server process: its own process group, /health polling with a timeout, stop by
-PID (SIGTERM to the group, SIGKILL after a grace period). Used by `ab` and the test fixtures."""
+PID (SIGTERM to the group, SIGKILL after a grace period). Used by `ab` and the test fixtures.
+
+Placement on a small machine (cpu_layout, set_affinity, set_autogroup_nice): a vLLM CPU server is
+three processes, the API server (HTTP, detokenizing, streaming), the engine core (scheduler) and
+the worker (the model, its OpenMP threads bound to the cores vLLM picks, one core kept "reserved"
+for the rest). Left alone, the engine core floats over every core, and it busy-polls (sched_yield)
+for the worker's output during each step and for a second after: on the 2-core test machine it
+took 60-75% of a core, ran on the reserved core next to the API server and the client, and their
+streams stalled (half of the C=6 requests delivered in bursts, steps 7-9 ms). Started on the model
+core, with the API server moved to the other one, the engine core's polling only yields to the
+worker it waits for: steps 4-5 ms, no stalls (measured, see validator/README.md).
+
+Under Linux autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``) every session is
+one scheduling group and a process's nice value only counts inside its own group: a server started
+in its own session (as here) at nice -10 still gets only an equal share against another session's
+busy job. ``set_autogroup_nice`` gives the whole group the priority (root)."""
 from __future__ import annotations
 
 import os
@@ -13,20 +28,80 @@ import httpx
 from dsim.errors import InputError
 
 
-def start(cmd, log_path=None, env: dict | None = None, cwd=None) -> subprocess.Popen:
-    """Start ``cmd`` (a shell string or an argv list) in a new session (process group)."""
+def start(cmd, log_path=None, env: dict | None = None, cwd=None, cpus=None) -> subprocess.Popen:
+    """Start ``cmd`` (a shell string or an argv list) in a new session (process group); with
+    ``cpus``, the process (and what it starts) runs on those CPUs only."""
     full_env = dict(os.environ)
     full_env.update(env or {})
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    pre = None
+    if cpus:
+        cpu_set = set(int(c) for c in cpus)
+        pre = lambda: os.sched_setaffinity(0, cpu_set)      # noqa: E731
     try:
         if isinstance(cmd, str):
             return subprocess.Popen(["bash", "-c", "exec " + cmd], stdout=log, stderr=subprocess.STDOUT,
-                                    env=full_env, cwd=cwd, start_new_session=True)
+                                    env=full_env, cwd=cwd, start_new_session=True, preexec_fn=pre)
         return subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=pre)
     finally:
         if log is not subprocess.DEVNULL:
             log.close()
+
+
+def cpu_layout(cpus=None) -> dict | None:
+    """Split the CPUs this process may use: ``engine`` (all but the last: the model's OpenMP threads
+    and vLLM's engine core) and ``front`` (the last: API server and measuring client). None with
+    fewer than 2 CPUs or without affinity control."""
+    if cpus is None:
+        if not hasattr(os, "sched_getaffinity"):
+            return None
+        cpus = os.sched_getaffinity(0)
+    cpus = sorted(int(c) for c in cpus)
+    if len(cpus) < 2:
+        return None
+    return {"engine": cpus[:-1], "front": cpus[-1:]}
+
+
+def set_affinity(pid: int, cpus) -> int:
+    """Move every thread of process ``pid`` to ``cpus``; returns the number of threads moved."""
+    moved = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        tids = [str(pid)]
+    for tid in tids:
+        try:
+            os.sched_setaffinity(int(tid), set(int(c) for c in cpus))
+            moved += 1
+        except OSError:          # a thread that just exited
+            pass
+    return moved
+
+
+def autogroup_nice(pid: int = 0) -> int | None:
+    """The nice value of the autogroup (session scheduling group) of ``pid`` (0: this process), or
+    None when autogroup scheduling is off or unknown here."""
+    try:
+        if open("/proc/sys/kernel/sched_autogroup_enabled").read().strip() != "1":
+            return None
+        txt = open(f"/proc/{pid or 'self'}/autogroup").read()
+        return int(txt.rsplit("nice", 1)[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def set_autogroup_nice(pid: int, nice: int) -> int | None:
+    """Set the nice value of ``pid``'s autogroup (0: this process's); returns the value now in force,
+    or None (autogroup off, or not allowed: a negative value needs root)."""
+    if autogroup_nice(pid) is None:
+        return None
+    try:
+        with open(f"/proc/{pid or 'self'}/autogroup", "w") as f:
+            f.write(str(int(nice)))
+    except OSError:
+        pass
+    return autogroup_nice(pid)
 
 
 def wait_health(url: str, timeout_s: float, proc: subprocess.Popen | None = None,

@@ -52,13 +52,88 @@ def _inflight_at(reqs, t) -> int:
     return sum(1 for r in reqs if r["send_s"] < t < r["end_s"])
 
 
+def engine_steps(m, gap_frac: float = 0.3, min_gap_ms: float = 0.2, max_gap_ms: float = 2.0) -> list[dict] | None:
+    """The engine steps of a replay, reconstructed from the client's chunk times: one engine step
+    streams one chunk to every request it scheduled, so the chunks of one step reach the client
+    within a fraction of a millisecond and consecutive steps are a step time apart. Chunks closer
+    than ``gap_frac`` x the median chunk gap of a request (clamped to [min_gap_ms, max_gap_ms])
+    form one step; a request seen twice in one group (two steps delivered together by a stalled
+    front end) splits it. Per step: ``t`` (s), ``prefills`` (requests whose first token it
+    produced), ``prompt_tokens`` (their prompts), ``decodes`` (requests it gave later tokens).
+    Only the composition is used (durations come from the server's histograms), so front-end delay
+    and jitter do not bias it. None without chunk timelines."""
+    ev = []
+    gaps = []
+    for r in m.ok_requests:
+        times = [c[0] for c in r.get("chunks") or [] if c[1] > 0]
+        if not times:
+            continue
+        gaps += [b - a for a, b in zip(times, times[1:])]
+        ev += [(t, r["i"], j == 0, int(r.get("prompt_tokens") or 0)) for j, t in enumerate(times)]
+    if not ev:
+        return None
+    med = float(np.median(gaps)) * 1e3 if gaps else max_gap_ms / gap_frac
+    thr = min(max(gap_frac * med, min_gap_ms), max_gap_ms) / 1e3
+    ev.sort()
+    groups, cur = [], [ev[0]]
+    for e in ev[1:]:
+        if e[0] - cur[-1][0] > thr:
+            groups.append(cur)
+            cur = [e]
+        else:
+            cur.append(e)
+    groups.append(cur)
+    steps = []
+    for g in groups:
+        seen: dict = {}
+        subs: list = []
+        for e in g:                 # the k-th chunk of a request in the group belongs to sub-step k
+            k = seen.get(e[1], 0)
+            seen[e[1]] = k + 1
+            if k == len(subs):
+                subs.append([])
+            subs[k].append(e)
+        for sub in subs:
+            pre = [e for e in sub if e[2]]
+            steps.append({"t": sub[0][0], "prefills": len(pre), "prompt_tokens": sum(e[3] for e in pre),
+                          "decodes": len(sub) - len(pre)})
+    return steps
+
+
+def _composition_points(m, k: int, itl: dict, pre: dict) -> list[dict] | None:
+    """Decode and prefill points placed at the mean composition of the steps the server's ITL and
+    prefill histograms sampled (engine_steps): an ITL sample is one decoding request in a step, a
+    prefill sample one prompt in a step, and either step may also carry the other kind of work
+    (closed-loop requests start in waves: several prompts share a step). Under a step cost linear
+    in the tokens and requests of the step, the histogram mean is the cost at these mean
+    coordinates: n = prompt tokens + decodes x (1 + K), b = requests in the step."""
+    steps = engine_steps(m)
+    if not steps:
+        return None
+    pts = []
+    for kind, w_key, hist in (("decode", "decodes", itl), ("prefill", "prefills", pre)):
+        if not hist.get("mean"):
+            continue
+        w = np.array([s[w_key] for s in steps], dtype=float)
+        if w.sum() <= 0:
+            continue
+        n = np.array([s["prompt_tokens"] + s["decodes"] * (1 + k) for s in steps], dtype=float)
+        b = np.array([s["prefills"] + s["decodes"] for s in steps], dtype=float)
+        nbar, bbar = float(np.average(n, weights=w)), float(np.average(b, weights=w))
+        pts.append({"kind": kind, "batch": bbar, "n": nbar, "b": bbar, "step_ms": hist["mean"] * 1e3,
+                    "weight": 1.0, "samples": hist.get("count"),
+                    "prefill_share": float(np.average([s["prefills"] > 0 for s in steps], weights=w))})
+    return pts
+
+
 def server_points(m, k: int) -> list[dict]:
     """Step-time points from the server's own histograms (robust to a CPU-starved client/front end):
 
-    - decode: mean ITL (one sample per request per step) at the mean running batch B seen by the
-      request steps (client in-flight count over chunk gaps): n = B (1 + K), sampling requests B;
-    - prefill: mean request_prefill_time (the step that ran the prompt) at n = prompt + B_o (1 + K),
-      B_o = requests already in flight when it was sent; sampling requests B_o + 1.
+    - decode: mean ITL (one sample per request per step), prefill: mean request_prefill_time (the
+      step that ran the prompt), each at the mean composition of the steps it sampled, from the
+      client's chunk times (_composition_points): n = prompt tokens + decodes (1 + K), b = requests;
+    - without chunk timelines: decode at the mean running batch B (n = B (1 + K)), prefill at
+      n = prompt + B_o (1 + K), B_o = requests already in flight when it was sent.
     Falls back to the client per-batch medians (step_points) without server histograms.
     """
     s = m.stats()
@@ -68,6 +143,9 @@ def server_points(m, k: int) -> list[dict]:
     ok = [r for r in m.ok_requests if r.get("send_s") is not None and r.get("end_s") is not None]
     pts = []
     if itl.get("mean") and ok:
+        comp = _composition_points(m, k, itl, pre)
+        if comp:
+            return comp
         bs = []
         for r in ok:
             times = [c[0] for c in r.get("chunks") or [] if c[1] > 0]
