@@ -190,7 +190,7 @@ def test_deepseek_profile_regenerated_with_fit():
 
 def test_attention_matches_float_reference():
     torch = pytest.importorskip("torch")
-    from validator.gpu.model import StepMeta, attention, reference_attention
+    from validator.gpu.model import StepMeta
     dims = dict(heads=8, kv_heads=2, head_dim=16, vocab=100)
     rng = random.Random(0)
     q = tuple(rng.randint(1, 8) for _ in range(20))
@@ -202,14 +202,20 @@ def test_attention_matches_float_reference():
     for shape, mode in [(s, None) for s in shapes] + [(shapes[0], "dense"), (dense, "dense")]:
         m = StepMeta(shape, shape.n + 3, dims, "cpu", force_mode=mode)
         assert m.mode == (None if not m.R_dec else (mode or "varlen"))
-        H, kv, d = 8, 2, 16
-        pk, pv = torch.randn(m.region_tokens, kv, d), torch.randn(m.region_tokens, kv, d)
-        x = torch.randn(m.n_pad, H + 2 * kv, d)
-        pk.index_copy_(0, m.slot, x[:, H:H + kv])
-        pv.index_copy_(0, m.slot, x[:, H + kv:])
-        a = attention(x, (pk, pv), m).double()[:m.n]
-        r = reference_attention(x, (pk, pv), m)[:m.n]
-        assert float((a - r).norm() / r.norm()) < 1e-5
+        assert _attention_rel_error(torch, m, H=8, kv=2, d=16) < 1e-5
+
+
+def _attention_rel_error(torch, m, H, kv, d):
+    """Relative error of the executor's attention against the float64 reference on random
+    q/k/v for step metadata m (the step's new K/V written into the paged pool first)."""
+    from validator.gpu.model import attention, reference_attention
+    pk, pv = torch.randn(m.region_tokens, kv, d), torch.randn(m.region_tokens, kv, d)
+    x = torch.randn(m.n_pad, H + 2 * kv, d)
+    pk.index_copy_(0, m.slot, x[:, H:H + kv])
+    pv.index_copy_(0, m.slot, x[:, H + kv:])
+    a = attention(x, (pk, pv), m).double()[:m.n]
+    r = reference_attention(x, (pk, pv), m)[:m.n]
+    return float((a - r).norm() / r.norm())
 
 
 def test_ragged_split_kv_attention_exact_for_any_chunk_and_unpadded():
@@ -217,7 +223,7 @@ def test_ragged_split_kv_attention_exact_for_any_chunk_and_unpadded():
     request's real folded rows; the merge is exact, nothing is padded to the longest context or the
     largest window."""
     torch = pytest.importorskip("torch")
-    from validator.gpu.model import StepMeta, attention, reference_attention
+    from validator.gpu.model import StepMeta
     H, kv, d = 8, 2, 16
     g = H // kv
     dims = dict(heads=H, kv_heads=kv, head_dim=d, vocab=100)
@@ -234,10 +240,4 @@ def test_ragged_split_kv_attention_exact_for_any_chunk_and_unpadded():
             lens = np.diff(m.cu_k.numpy())
             assert lens.sum() == sum(c) and lens.max() - 1 <= 1.5 * chunk
             assert m.n_folded == g * sum(q) and m.overread == 0
-            pk, pv = torch.randn(m.region_tokens, kv, d), torch.randn(m.region_tokens, kv, d)
-            x = torch.randn(m.n_pad, H + 2 * kv, d)
-            pk.index_copy_(0, m.slot, x[:, H:H + kv])
-            pv.index_copy_(0, m.slot, x[:, H + kv:])
-            a = attention(x, (pk, pv), m).double()[:m.n]
-            r = reference_attention(x, (pk, pv), m)[:m.n]
-            assert float((a - r).norm() / r.norm()) < 1e-5, chunk
+            assert _attention_rel_error(torch, m, H, kv, d) < 1e-5, chunk
