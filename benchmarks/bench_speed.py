@@ -1,10 +1,17 @@
 """Simulated seconds per wall-clock second, one 8-GPU node, closed loop, Azure conv lengths.
 
     python benchmarks/bench_speed.py [--requests-per-user 40]
+    python benchmarks/bench_speed.py --floor      # concurrency 256: none, dspark, dspark floor
 
 Runs the configurations side by side in one process (this machine is shared and noisy: compare
 the ratios, not the absolute figures across runs). Issue targets: >= 1000x real time at
 concurrency 256 with no speculation; dspark adaptive no worse than half of that.
+
+--floor: the engine's own share of a DSpark step. The same DSpark run with the acceptance draws
+and the verify-budget policy's answer replaced by cached arrays (one per batch size), so what is
+timed is scheduling, KV accounting, commit, completions and arrivals; CPU time (process_time),
+three interleaved repetitions. (The cached draws change the run's dynamics a little: compare
+the x-real-time figures, not the step counts.)
 """
 from __future__ import annotations
 
@@ -31,11 +38,50 @@ def one(C, spec, per_user, prof):
             "steps": s["steps"], "us_per_step": round(wall / s["steps"] * 1e6, 1)}
 
 
+def floor(per_user, prof, reps=3):
+    from dsim import policy as P
+    from dsim import spec as S
+    w = load_workload("azure-conv", n=256 * per_user)
+    w = dataclasses.replace(w, closed_loop_concurrency=256, arrival_s=np.zeros(len(w.arrival_s)))
+
+    def run(spec):
+        t = time.process_time()
+        s = simulate(SimConfig(workload=w, profile=prof, spec=spec)).summary
+        return s["sim_time_s"] / (time.process_time() - t)
+
+    orig_sample, orig_one = S.AcceptanceModel.sample, P.VllmPolicy.one_step
+    draws, wins = {}, {}
+
+    def cached_sample(self, rng, cls, latent, steps):
+        key = (len(cls), steps)
+        if key not in draws:
+            draws[key] = orig_sample(self, rng, cls, latent, steps)
+        return draws[key]
+
+    def cached_one_step(self, now, prev, *args):
+        if now.shape[0] not in wins:
+            wins[now.shape[0]] = orig_one(self, now, prev, *args)
+        return wins[now.shape[0]]
+
+    for _ in range(reps):
+        none, dspark = run(SpecConfig()), run(SpecConfig("dspark", adaptive=True))
+        S.AcceptanceModel.sample, P.VllmPolicy.one_step = cached_sample, cached_one_step
+        try:
+            fl = run(SpecConfig("dspark", adaptive=True))
+        finally:
+            S.AcceptanceModel.sample, P.VllmPolicy.one_step = orig_sample, orig_one
+        print(f"C=256 x real time (CPU): none {none:7.1f}  dspark {dspark:6.1f} ({dspark / none:.3f})  "
+              f"dspark engine floor {fl:6.1f} ({fl / none:.3f})", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests-per-user", type=int, default=40)
+    ap.add_argument("--floor", action="store_true", help="the engine-only floor of a DSpark run (see above)")
     a = ap.parse_args()
     prof = load_profile()
+    if a.floor:
+        return floor(a.requests_per_user, prof)
     rows = []
     for C in (64, 256):
         for spec in (SpecConfig(), SpecConfig("mtp"), SpecConfig("dspark", adaptive=True)):
