@@ -232,15 +232,9 @@ class CostModel:
         grid = np.arange(DENSE_TOKENS + 1)
         self._dense = self._below[np.minimum(grid, self.limit)].copy()
         self._dense[self.limit + 1:] = self._above(grid[self.limit + 1:])
-        self._dense.flags.writeable = False
         self._draft = {}
         for kind, t in profile.draft.items():
             self._draft[kind] = (t.x, np.maximum.accumulate(t.ms) * cost_scale)
-
-    @property
-    def dense_ms(self) -> np.ndarray:
-        """forward_ms(n) for n = 0..DENSE_TOKENS as one read-only array (index = tokens)."""
-        return self._dense
 
     def forward_ms(self, n_tokens):
         """Target forward cost of n tokens at zero context (scalar or array)."""
@@ -284,6 +278,13 @@ class CostModel:
 
     def step_ms(self, n_tokens, kv_tokens):
         return self.forward_ms(n_tokens) + self.kv_ms_per_tok * np.asarray(kv_tokens, dtype=np.float64)
+
+    def step_ms_range(self, n0: int, n1: int, kv_tokens) -> np.ndarray:
+        """step_ms(np.arange(n0, n1), kv_tokens), as a slice of the dense table where it reaches
+        (the verify-budget policy prices every budget of a step at once, every step)."""
+        if n1 <= len(self._dense):
+            return self._dense[n0:n1] + self.kv_ms_per_tok * float(kv_tokens)
+        return self.step_ms(np.arange(n0, n1), kv_tokens)
 
     def draft_table_ms(self, kind: str, n_requests: int):
         """Draft cost from the profile's table for `kind` at n_requests, or None if absent."""

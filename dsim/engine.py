@@ -419,17 +419,12 @@ class Replica:
         lat = self.F[:, _LAT]
         draws = sp.acceptance.sample(self.stream, I[:, _CLS], lat, k)
         if k == 1 and self._one_step is not None:
-            # The every-step case: the policy's one-step entry with the dense cost row.
+            # The every-step case: the policy's one-step entry, budgets priced by one cost row.
             n = len(I)
-            kv_term, cpu, dense = self._kv_ms * float(self.kv_dec + n), self.cpu_ms, self.cost.dense_ms
-            if n + prefill_tokens + n * K < len(dense):
-                def rng_ms(n0, n1):
-                    return (dense[n0:n1] + kv_term) + cpu
-            else:
-                def rng_ms(n0, n1):
-                    return self.cost.step_ms(np.arange(n0, n1), self.kv_dec + n) + cpu
+            cost, kv, cpu = self.cost, self.kv_dec + n, self.cpu_ms
             w = self._one_step(draws.conf[0], R.conf_prev[:, ids].T, n + prefill_tokens, float(n),
-                               self._draft_ms(n), rng_ms, self.cfg.max_num_batched_tokens, K)
+                               self._draft_ms(n), lambda n0, n1: cost.step_ms_range(n0, n1, kv) + cpu,
+                               self.cfg.max_num_batched_tokens, K)
             return w[None], draws
         if sp.method.adaptive:
             conf = draws.conf
@@ -461,23 +456,14 @@ class Replica:
                 em_step = np.diff(em, axis=0, prepend=0).sum(axis=1)
                 return np.concatenate([[0], np.cumsum(em_step)[:-1]])                 # kv_t - kv0
 
-            kv_term = kv_ms * float(kv0)
-            dense = cost.dense_ms
-
-            def verify_ms_range(n0, n1):      # == cost.step_ms(arange(n0, n1), kv0) + cpu
-                if n1 > len(dense):
-                    return cost.step_ms(np.arange(n0, n1), kv0) + cpu
-                return (dense[n0:n1] + kv_term) + cpu
-
             def solve(extra, rows=slice(None)):
                 ctx = sp.context(verify_ms=lambda x: cost.step_ms(x, kv0) + cpu, draft_ms=dms,
                                  n_nondraft=np.full(len(extra), n + prefill_tokens, dtype=np.int64),
-                                 token_limit=limit, k_max=K, step_extra_ms=None if k == 1 else extra,
-                                 verify_ms_range=verify_ms_range)
+                                 token_limit=limit, k_max=K, step_extra_ms=extra)
                 return sp.policy.windows(conf[rows], prev[rows], None if prev2 is None else prev2[rows],
                                          ctx).astype(np.int64)
 
-            windows = solve(np.zeros(k))     # (k == 1: no extra term, the one-step path)
+            windows = solve(np.zeros(k))
             for _ in range(3):
                 if k == 1:
                     break

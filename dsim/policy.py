@@ -75,8 +75,6 @@ class PolicyContext:
     k_max: largest window allowed (<= K).
     n_sampling: int[k] requests that sample a token this step (R_s); None = R (every decode).
     step_extra_ms: float[k] cost added to step t whatever its budget (None: nothing).
-    verify_ms_range: optional (n0, n1) -> verify_ms(np.arange(n0, n1)), the same values from a
-      contiguous table (the engine's dense cost row; saves a gather every step).
     """
 
     verify_ms: Callable[[np.ndarray], np.ndarray]
@@ -86,21 +84,24 @@ class PolicyContext:
     k_max: int
     n_sampling: np.ndarray | None = None
     step_extra_ms: np.ndarray | None = None   # float[k] added to every budget's cost of step t
-    verify_ms_range: Callable[[int, int], np.ndarray] | None = None   # verify_ms(arange(n0, n1))
 
 
 def survival(conf: np.ndarray) -> np.ndarray:
     """s[..., j] = prod_{i<=j} conf[..., i] (conf clipped to [0, 1])."""
     # np.minimum/np.maximum, not np.clip: this runs every engine step and np.clip's wrapper
     # costs more than the arithmetic on these small arrays.
-    s = np.minimum(np.maximum(conf, 0.0), 1.0)
-    K = s.shape[-1]
-    if K > 16:
-        return np.cumprod(s, axis=-1)
-    # A few column products: cumprod along a short last axis runs one inner loop per row,
-    # K - 1 strided multiplies over all rows are several times cheaper (same products, same order).
-    for j in range(1, K):
-        np.multiply(s[..., j - 1], s[..., j], out=s[..., j])
+    return _cumprod_inplace(np.minimum(np.maximum(conf, 0.0), 1.0), axis=-1)
+
+
+def _cumprod_inplace(s: np.ndarray, axis: int) -> np.ndarray:
+    """Cumulative product of ``s`` along a short ``axis``, in place (the same products in the same
+    order as np.cumprod): np.cumprod runs one inner loop per row there, K - 1 multiplies over
+    whole slices are several times cheaper at K <= 16."""
+    v = np.moveaxis(s, axis, 0)
+    if v.shape[0] > 16:
+        return np.cumprod(s, axis=axis)
+    for j in range(1, v.shape[0]):
+        np.multiply(v[j - 1], v[j], out=v[j])
     return s
 
 
@@ -265,10 +266,8 @@ class VllmPolicy(BudgetPolicy):
 
     def _one_step(self, conf_now, conf_prev, ctx):
         """``windows`` for a single step through ``one_step`` (same result as the general path)."""
-        rng_ms = ctx.verify_ms_range
-        if rng_ms is None:
-            def rng_ms(n0, n1):
-                return ctx.verify_ms(np.arange(n0, n1))
+        def rng_ms(n0, n1):
+            return ctx.verify_ms(np.arange(n0, n1))
         return self.one_step(np.asarray(conf_now)[0], np.asarray(conf_prev)[0],
                              int(_n_nondraft(ctx, 1)[0]), float(_n_sampling(ctx, 1, np.shape(conf_now)[1])[0]),
                              float(ctx.draft_ms), rng_ms, int(ctx.token_limit), int(ctx.k_max))[None]
@@ -290,8 +289,7 @@ class VllmPolicy(BudgetPolicy):
         np.maximum(prev[:, :K].T, 0.0, out=S[0])
         np.maximum(now[:, :K].T, 0.0, out=S[1])
         np.minimum(S, 1.0, out=S)
-        for j in range(1, K):                                   # survival products, in order
-            np.multiply(S[:, j - 1], S[:, j], out=S[:, j])
+        _cumprod_inplace(S, axis=1)                             # survivals, position-major
         N = n_nondraft
         M = min(max(token_limit - N, 0), RK)
         top = np.sort(S[0].reshape(-1))[::-1]                   # the budget's scores, descending

@@ -655,7 +655,7 @@ class AcceptanceModel:
                 f"for this preset and noise; using s = 0 (c = p_true before temperature)"
             )
         else:
-            # AUC(x + s noise) falls from the ceiling towards 0.5 as s grows: bracket, then Brent.
+            # AUC(x + s noise) falls from the ceiling towards 0.5 as s grows: bracket, then _root.
             def gap(sv):
                 return _auc(x + sv * noise, y) - target
             lo, hi = 0.0, 1.0
@@ -753,15 +753,6 @@ def _platt(z, y, iters: int = 50):
     return max(float(theta[0]), 1e-6), float(theta[1])
 
 
-def _sigmoid_f32(x: np.ndarray) -> np.ndarray:
-    """float32 sigmoid, 0.5 + 0.5 tanh(x / 2) (tanh is vectorized and fast in numpy)."""
-    out = np.multiply(x, np.float32(0.5))
-    np.tanh(out, out=out)
-    out *= np.float32(0.5)
-    out += np.float32(0.5)
-    return out
-
-
 class DrawStream:
     """Standard normals and uniforms (float32) from one Generator, generated in blocks of
     ``block`` values and handed out as fresh, disjoint slices (callers may write into them).
@@ -785,7 +776,7 @@ class DrawStream:
         if self._ni + n > self._nrm.size:
             m = max(n, self.block)
             a, b = _normal_pair(self.rng, ((m + 1) // 2,))
-            self._nrm = np.concatenate([a, b])[:m] if m > 1 else a[:m]
+            self._nrm = np.concatenate([a, b])[:m]
             self._ni = 0
         out = self._nrm[self._ni:self._ni + n]
         self._ni += n

@@ -70,6 +70,17 @@ def test_running_maximum_makes_cost_non_decreasing():
     assert c.forward_ms(2) == 3.0 and c.forward_ms(8) == 5.0
 
 
+def test_step_ms_range_equals_step_ms_on_arange():
+    """The policy's cost row: a slice of the dense table, bit-equal to step_ms on the same tokens,
+    also across the capture limit and past the dense table (where it falls back)."""
+    from dsim.cost import DENSE_TOKENS
+    caps = [1, 2, 4, 8, 16, 24, 32]
+    c = CostModel(make_profile(caps=caps, forward={"tokens": caps + [48, 64], "ms": [1, 2, 3, 4, 5, 6, 7, 9, 11]},
+                               kv_ms_per_ktok=0.37))
+    for n0, n1 in ((1, 30), (20, 200), (DENSE_TOKENS - 5, DENSE_TOKENS + 1), (DENSE_TOKENS - 5, DENSE_TOKENS + 40)):
+        assert c.step_ms_range(n0, n1, 12345).tolist() == c.step_ms(np.arange(n0, n1), 12345).tolist()
+
+
 def test_context_term_adds_per_kv_token():
     c = CostModel(make_profile(kv_ms_per_ktok=0.5))
     assert c.step_ms(8, 4000) == pytest.approx(10.0 + 2.0)

@@ -202,7 +202,7 @@ def test_vllm_one_step_path_matches_general_path(conf, limit, extra, k_max):
     fast = pol.windows(conf[1:], conf[:1], None, PolicyContext(**base))
     general = pol.windows(conf[1:], conf[:1], None, PolicyContext(**base, step_extra_ms=np.zeros(1)))
     assert fast.tolist() == general.tolist()
-    # and the engine's range form of the cost gives the same
-    ranged = pol.windows(conf[1:], conf[:1], None, PolicyContext(
-        **base, verify_ms_range=lambda n0, n1: stair(np.arange(n0, n1))))
-    assert ranged.tolist() == general.tolist()
+    # and the engine's direct call (cost row for budgets 0..M) gives the same
+    direct = pol.one_step(conf[1], conf[0], R + extra, float(R), 1.0,
+                          lambda n0, n1: stair(np.arange(n0, n1)), R + extra + limit, min(k_max, K))
+    assert direct.tolist() == general[0].tolist()
