@@ -35,26 +35,44 @@ def test_median():
 
 def test_sweep_plan_covers_capture_sizes_and_contexts():
     p = plan.sweep_plan()
-    table_ns = {s.n for s in p if s.tag == "table"}
-    assert set(plan.vllm_capture_sizes()) <= table_ns
+    caps, tails = plan.vllm_capture_sizes(), plan.tail_sizes()
+    table = [s for s in p if s.tag == "table"]
+    assert sorted(s.n for s in table) == caps             # one point per capture size
+    for s in table:     # shaped like dsim's DSpark steps at the concurrency that runs n tokens
+        R = plan.table_requests(s.n)
+        assert s.requests == R and 1 <= min(s.q) and max(s.q) <= 8
+        assert (len(set(s.ctx)) == 1) == (R == 1)
+    assert {plan.table_requests(n) for n in (1, 8)} == {1} and plan.table_requests(16) == 4
+    assert {plan.table_requests(n) for n in (32, 168, 256)} == {32} and plan.table_requests(264) == 256
     ctxs = {max(s.ctx) for s in p if s.tag == "context"}
-    assert {1024, 8192, 32768} <= ctxs | {1024}
+    assert {1024, 8192, 32768} <= ctxs
     assert {max(s.q) for s in p if s.tag == "context"} == {1, 2, 4, 8}
     assert all(sum(s.ctx) <= 1_200_000 for s in p)      # KV tokens the step needs, within budget
     assert any(s.tag == "tail-prefill" and s.n == 8192 for s in p)
-    # heterogeneous DSpark-like verify steps and chunked-prefill mixes above the capture limit
+    # held-out heterogeneous DSpark-like verify steps at other request counts
     het = [s for s in p if s.tag == "hetero"]
     assert {s.requests for s in het} >= set(plan.HETERO_REQUESTS)
-    caps, tails = plan.vllm_capture_sizes(), plan.tail_sizes()
     for s in het:
         assert 1 <= min(s.q) and max(s.q) <= 8 and len(set(s.ctx)) > 1
         assert s.n <= caps[-1] or s.n in tails
     assert all(s.requests <= plan.TAIL_DECODE_MAX_REQUESTS for s in p if s.tag == "tail-decode")
     mixed = [s for s in p if s.tag == "tail-mixed"]
-    assert sorted(s.n for s in mixed) == tails
+    assert sorted(s.n for s in mixed) == sorted(tails * 2)      # 256 and 32 decode requests each
     for s in mixed:
-        assert max(s.q) > plan.PREFILL_MIN_Q and min(s.q) == 3
-        assert all(q <= 1024 for q in s.q) and all(c == 0 for q, c in zip(s.q, s.ctx) if q > 16)
+        dec = [q for q in s.q if q <= 16]
+        assert len(dec) in (32, 256) and max(s.q) > plan.PREFILL_MIN_Q and max(dec) <= 8
+        assert all(c == 0 for q, c in zip(s.q, s.ctx) if q > 16)
+
+
+def test_shaped_steps_are_deterministic_and_move_only_in_n():
+    a, b = plan.shaped_step(32, 128, seed=3), plan.shaped_step(32, 168, seed=3)
+    assert a.ctx == b.ctx and a.n == 128 and b.n == 168 and all(x <= y for x, y in zip(a.q, b.q))
+    assert plan.shaped_step(32, 128, seed=3) == a
+    ctx = plan.quantile_contexts(1001, 0)
+    assert sorted(ctx)[500] == round(plan.CTX_MEDIAN) and 64 <= min(ctx) and max(ctx) <= 32768
+    s = plan.dspark_mixed_step(3072, 256, seed=1)
+    assert s.n == 3072 and sum(q for q in s.q if q <= 16) == 768
+    assert all(q >= plan.PREFILL_MIN_Q for q in s.q[256:])
 
 
 def test_hetero_step_hits_target_tokens():
@@ -241,3 +259,90 @@ def test_ragged_split_kv_attention_exact_for_any_chunk_and_unpadded():
             assert lens.sum() == sum(c) and lens.max() - 1 <= 1.5 * chunk
             assert m.n_folded == g * sum(q) and m.overread == 0
             assert _attention_rel_error(torch, m, H, kv, d) < 1e-5, chunk
+
+
+def test_split_plan_continuous_fixed_length_chunks_and_other_policies():
+    """'continuous' (call 8): one chunk length L per step (remainder last), L = max(min_chunk,
+    min(total / chunk-sets filling the SMs, balance x mean context)): the longest chunk is L whatever
+    the context mix, L grows continuously with the KV tokens. 'occupancy' (call 7) and 'fixed'
+    (calls 5-6): balanced parts."""
+    pytest.importorskip("torch")
+    from validator.gpu.model import split_plan
+    sp = dict(policy="continuous", fill=2.0, balance=2.0, min_chunk=64, sms=132)
+    rng = random.Random(0)
+    for R in (1, 7, 32, 256):
+        ctx = [rng.randint(30, 9000) for _ in range(R)]
+        parts = split_plan(ctx, [16] * R, 8, sp)
+        n_t = -(-264 // 8)
+        L = max(64, min(-(-sum(ctx) // n_t), -(-2 * sum(ctx) // R)))
+        assert [sum(p) for p in parts] == ctx
+        assert all(0 < x <= L for p in parts for x in p)
+        assert all(x == L for p in parts for x in p[:-1])
+        if max(ctx) >= L:
+            assert max(x for p in parts for x in p) == L
+    # uniform contexts: chunk count shrinks continuously as R grows (no regime boundary)
+    counts = [sum(len(p) for p in split_plan([1024] * R, [16] * R, 8, sp)) / R for R in (1, 8, 16, 24, 32, 48)]
+    assert counts == sorted(counts, reverse=True) and counts[0] >= 16 and counts[-1] == 1
+    # balance: at R = 256 only requests above 2 x the mean are cut
+    ctx = [1000] * 250 + [9000] * 6
+    mean = sum(ctx) / 256
+    parts = split_plan(ctx, [12] * 256, 8, sp)
+    assert all((len(p) > 1) == (c > 2 * mean) for p, c in zip(parts, ctx))
+    # R = 1: split to fill the SMs, chunks >= min_chunk
+    assert split_plan([3500], [32], 8, sp) == [[107] * 32 + [76]]
+    assert split_plan([100], [4], 8, sp) == [[64, 36]]
+    # call 7's occupancy policy and the calls 5-6 fixed split: balanced parts
+    occ = dict(policy="occupancy", fill=1.0, balance=0.0, min_chunk=128, sms=132)
+    assert [len(p) for p in split_plan([1000], [16], 8, occ)] == [8]
+    assert split_plan([5000] * 32, [16] * 32, 8, occ) == [[5000]] * 32
+    assert split_plan([700, 900], [8, 8], 8, dict(policy="fixed", chunk=512)) == [[700], [450, 450]]
+
+
+@pytest.mark.parametrize("split", [
+    dict(policy="continuous", fill=2.0, balance=2.0, sms=132, min_chunk=64),
+    dict(policy="continuous", fill=1.0, balance=1.5, sms=8, min_chunk=16),
+    dict(policy="continuous", fill=2.0, balance=0.0, sms=4, min_chunk=8, merge="split-only"),
+    dict(policy="occupancy", fill=1.0, balance=0.0, sms=132, min_chunk=128, merge="split-only"),
+    dict(policy="occupancy", fill=3.0, balance=0.0, sms=64, min_chunk=8),
+    dict(policy="occupancy", fill=1.0, balance=1.5, sms=4, min_chunk=8, merge="split-only")])
+def test_folded_split_attention_exact_float64_reference(split):
+    """Folded (KV head x query tokens x group heads in one query block) prefix attention under each
+    split policy (merge always or only when split), and the masked band of new keys, against the
+    float64 reference: exact for unequal contexts, mixed windows, single requests, prefill chunks in
+    the same step."""
+    torch = pytest.importorskip("torch")
+    from validator.gpu.model import StepMeta
+    H, kv, d = 8, 2, 16
+    g = H // kv
+    dims = dict(heads=H, kv_heads=kv, head_dim=d, vocab=100)
+    rng = random.Random(11)
+    q = tuple(rng.randint(1, 8) for _ in range(13))
+    c = tuple(rng.choice([1, 2, 7, 64, 65, 129, 300, 900]) for _ in range(13))
+    shapes = [plan.StepShape(q, c), plan.StepShape(q + (25,), c + (40,)), plan.StepShape((8,), (700,)),
+              plan.StepShape((1,), (1,)), plan.StepShape((1, 1, 1), (50, 3, 400)), plan.StepShape((3, 8), (0, 5))]
+    for shape in shapes:
+        m = StepMeta(shape, shape.n + 4, dims, "cpu", split=split)
+        assert m.mode == "varlen" and m.n_folded == g * sum(x for x in shape.q if x <= 16)
+        lens = np.diff(m.cu_k.numpy())
+        assert lens.sum() == sum(max(x, 1) for x, s in zip(shape.ctx, shape.q) if s <= 16)
+        assert m.n_chunks == sum(m.split_chunks)
+        assert m.split == (m.n_chunks > m.R_dec or split.get("merge", "always") == "always")
+        assert m.merge_rows == (sum(m.chunk_rows) if m.split else 0)
+        for _ in range(2):           # fresh inputs each time
+            err = _attention_rel_error(torch, m, H, kv, d)
+            assert np.isfinite(err) and err < 1e-5, (shape, split)
+
+
+def test_fit_context_series_set_the_slope_only():
+    """SLOPE_ONLY points (uniform context series) get an intercept per (n, R, window): the forward
+    table F(n) comes from the dsim-shaped points alone, the slope from everything."""
+    pts = [dict(n=n, kv=kv, ms=5 + 0.01 * n + 0.05 * kv / 1000, tag="table", R=32, s=4)
+           for n in (128, 256) for kv in (40000,)]
+    for R, s, off in ((128, 1, 1.3), (32, 4, -0.4)):     # other shapes: cost off F(128) by `off`
+        for kv in (1000 * R, 8000 * R):
+            pts.append(dict(n=128, kv=kv, ms=5 + 1.28 + off + 0.05 * kv / 1000, tag="context", R=R, s=s))
+    pts.append(dict(n=512, kv=5000, ms=9.0, tag="context", R=512, s=1))   # lone point: no slope info
+    fit = plan.fit_step_model(pts)
+    assert fit["kv_ms_per_ktok"] == pytest.approx(0.05, rel=1e-6)
+    assert fit["tokens"] == [128, 256] and fit["F"] == pytest.approx([6.28, 7.56], rel=1e-6)
+    assert fit["slope_groups"] == 2 and len(fit["slope_only_signed_pct"]["context"]) == 5

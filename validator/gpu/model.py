@@ -2,19 +2,26 @@
 and serving-engine-like attention. Needs torch and numpy only.
 
 Attention (one step of R requests, request i with s_i new query tokens over ctx_i cached tokens):
-- decode/verify requests (s_i <= 16): the query heads of each KV group are folded into the
-  query-length dimension (design.md 5), so each KV head is read once per query block.
-  force_mode='dense': queries [R, g*s_max, kv_heads, d] against the cache [R, ctx_max, kv_heads, d], one
-  flash call without a mask for the cached prefix (-> out, logsumexp), the new tokens' own keys as a
-  small masked score block, merged exactly by a softmax over [prefix logsumexp, new-token scores].
-  Every decode step (ragged split-KV, what FlashDecoding-style serving kernels do; the dense path
-  above is kept as force_mode='dense'): every request's prefix is cut into round(ctx / KV_CHUNK)
-  (at least one) chunks of equal length; one variable-length flash call runs every chunk against only
-  its request's real folded rows (g x s_i, no padding to the step's largest window); a second
-  variable-length call, causal, native GQA, runs each request's new tokens against their own keys;
-  the partial results are merged per query row by logsumexp with scatter/index_add over the real
-  rows only. Work is proportional to KV tokens, chunks and real query rows; nothing is padded to
-  the step's longest context or largest window.
+- decode/verify requests (s_i <= 16), every batch size (serving-engine style, FlashDecoding-like):
+  the query heads of a KV group AND the request's query tokens are folded into one query block per
+  KV head (g x s_i rows; the flash grid is one CTA per KV head and chunk, not per query head).
+  Prefix: one variable-length flash call, each sequence = one chunk of a request's cached prefix with
+  that request's real folded rows (no padding to the step's longest context or largest window).
+  Split (split_plan, SPLIT; since call 8 'continuous', FlashInfer-like load balancing): one chunk
+  length L per step, L = max(min_chunk, min(total KV / ceil(fill x SMs / kv_heads), balance x mean
+  context)); every request's prefix is cut into L-token chunks plus its remainder, so the longest
+  chunk (the critical path) is L whatever the context mix and L moves continuously with the step's
+  KV tokens and request count (no regime boundary). The chunks are merged exactly by logsumexp
+  (scatter/index_add over their rows) on every step (merge='always'), so the kernel sequence does
+  not change between steps. Call 7's 'occupancy' split (split only while R x kv_heads < fill x SMs,
+  no merge otherwise) and calls 5-6's 'fixed' split are kept as policies. New tokens: each decode token's
+  band of the s_max new keys ending at it (an unfold view of the contiguous new K/V, no copy per
+  request), masked to its own request's earlier new tokens, scores folded per KV head; combined with
+  the prefix part by one softmax over [prefix logsumexp, band scores]. Work is proportional to KV
+  tokens plus per-row terms that do not grow with the context.
+  force_mode='dense' (kept for comparison): the prefix padded to the longest context, one dense
+  flash call, masked new-token scores. kv_chunk=N: the previous fixed split, round(ctx / N) chunks
+  per request (calls 5-6).
 - prefill chunks (s_i > 16): causal flash attention over [cache, chunk], bottom-right aligned.
 The 1/sqrt(d) scale is applied to q before attention (scale=1 in the kernels).
 """
@@ -29,8 +36,55 @@ import torch.nn.functional as F
 
 from validator.gpu.plan import PREFILL_MIN_Q, StepShape, model_dims
 
-VARLEN_MIN_REQUESTS = 1     # ragged split-KV for every decode step (force_mode='dense' for the old path)
-KV_CHUNK = 512           # split-KV chunk of the ragged path (target length; chunks are balanced)
+VARLEN_MIN_REQUESTS = 1     # ragged path for every decode step (force_mode='dense' for the old path)
+KV_CHUNK = 512           # chunk of the previous fixed split (kv_chunk=..., policy 'fixed')
+FLASH_BLOCK_M = 128      # query rows per flash CTA (FA2 forward, head dim 128)
+# Split-KV policy of the ragged path (split_plan). 'continuous' (default since call 8, FlashInfer-like
+# load balancing): one chunk length L for the whole step, L = max(min_chunk, min(L_occ, L_bal)) with
+# L_occ = total KV / ceil(fill x sms / (kv_heads x m-blocks)) (chunk-CTAs about fill the SMs) and
+# L_bal = balance x mean context (no request longer than that sets the critical path); every request is
+# cut into chunks of exactly L tokens plus its remainder, so the longest chunk is L whatever the context
+# mix, and L moves continuously with R and the KV tokens (no regime boundary). merge='always': the
+# logsumexp merge runs even when nothing is split, so the kernel sequence never changes between steps.
+# 'occupancy' (call 7): split only while R x kv_heads x m-blocks < fill x sms, k balanced parts;
+# balance b > 0: when not split, requests longer than b x the mean context are cut into
+# ceil(ctx / (b x mean)) parts. 'fixed' (calls 5-6): round(ctx / chunk) balanced parts.
+# sms is set from the device (profile.py); the GPU probe may pick fill/balance (autotune).
+SPLIT = dict(policy="continuous", fill=2.0, balance=2.0, min_chunk=64, chunk=KV_CHUNK, sms=132,
+             merge="always")
+
+
+def _parts(c: int, k: int) -> list[int]:
+    return [c // k + (1 if i < c % k else 0) for i in range(k)]
+
+
+def split_plan(dctx, rows, kv_heads, split: dict | None = None) -> list[list[int]]:
+    """Chunk lengths per request for the ragged prefix call. dctx: cached tokens per decode request
+    (>= 1); rows: folded query rows per request (g x s_i)."""
+    sp = dict(SPLIT, **(split or {}))
+    if sp["policy"] == "fixed":
+        return [_parts(c, max(1, int(c / sp["chunk"] + 0.5))) for c in dctx]
+    R = len(dctx)
+    mb = max(1, -(-max(rows) // FLASH_BLOCK_M))
+    per = kv_heads * mb                               # CTAs of one unsplit request
+    cap = sp["fill"] * sp["sms"]
+    n_t = -(-int(math.ceil(cap)) // per)              # chunk-sets that fill the SMs
+    b = float(sp.get("balance") or 0.0)
+    if sp["policy"] == "continuous":
+        L = -(-sum(dctx) // n_t)
+        if b > 0:
+            L = min(L, int(math.ceil(b * sum(dctx) / R)))
+        L = max(int(sp["min_chunk"]), L)
+        return [[L] * (c // L) + ([c % L] if c % L else []) for c in dctx]
+    if sp["policy"] != "occupancy":
+        raise ValueError(f"unknown split policy {sp['policy']!r}")
+    if R * per < cap:
+        L = max(int(sp["min_chunk"]), -(-sum(dctx) // n_t))
+        return [_parts(c, max(1, -(-c // L))) for c in dctx]
+    if b > 0:
+        L = max(int(sp["min_chunk"]), int(b * sum(dctx) / R))
+        return [_parts(c, max(1, -(-c // L))) for c in dctx]
+    return [[c] for c in dctx]
 
 
 # ---------------------------------------------------------------- flash primitives (+ CPU fallbacks)
@@ -103,7 +157,7 @@ class StepMeta:
     """Static index tensors and views for one step shape (built outside graph capture)."""
 
     def __init__(self, shape: StepShape, n_pad: int, dims: dict, device, force_mode: str | None = None,
-                 kv_chunk: int | None = None):
+                 kv_chunk: int | None = None, split: dict | None = None):
         self.shape = shape
         q, ctx = list(shape.q), list(shape.ctx)
         H, kv, d = dims["heads"], dims["kv_heads"], dims["head_dim"]
@@ -145,7 +199,10 @@ class StepMeta:
                 self.overread = Rd * self.ctx_max - sum(dctx)
             else:
                 dec_tokens = sum(dctx)
-                self._ragged(dctx, starts, g, kv_chunk or KV_CHUNK, device)
+                sp = dict(split or {})
+                if kv_chunk:
+                    sp.update(policy="fixed", chunk=kv_chunk)
+                self._ragged(dctx, starts, g, sp, device)
         base = dec_tokens
         self.pre_regions = []
         for j in range(self.R_pre):
@@ -154,7 +211,9 @@ class StepMeta:
             slot[starts[i]:starts[i + 1]] = base + c + np.arange(s)
             self.pre_regions.append((base, c, s, int(starts[i])))
             base += c + s
-        scratch = base
+        # s_max - 1 tokens of gap before the new decode K/V: each new token's band window (the s_max
+        # keys ending at it) stays inside the region; the gap's keys are always masked
+        scratch = base + ((self.s_max - 1) if Rd else 0)
         self.scratch = scratch
         slot[:ndec_tok] = scratch + np.arange(ndec_tok)     # new decode K/V: contiguous, token order
         dummy = scratch + ndec_tok
@@ -192,37 +251,43 @@ class StepMeta:
             list(range(self.n, self.n_pad))
         self.logit_idx = torch.tensor(lg, dtype=torch.long, device=device)
 
-    def _ragged(self, dctx, starts, g, chunk, device):
-        """Split-KV metadata of the ragged path. Folded query rows are token-major: row tok*g + j is
-        query head h*g + j of decode token tok for KV head h; request r owns rows
-        [g*starts[r], g*starts[r+1])."""
+    def _ragged(self, dctx, starts, g, split, device):
+        """Metadata of the ragged path. Folded query rows are token-major: row tok*g + j is query head
+        h*g + j of decode token tok for KV head h; request r owns rows [g*starts[r], g*starts[r+1])."""
         Rd = len(dctx)
-        self.kv_chunk = chunk
+        qd = self.q[:Rd]
+        sp = dict(SPLIT, **(split or {}))
+        parts = split_plan(dctx, [g * s for s in qd], self.kv, sp)
+        ks = [len(x) for x in parts]
+        self.split_chunks = ks
+        self.split = any(k > 1 for k in ks) or sp.get("merge") == "always"
         owner, lens = [], []
-        for r, c in enumerate(dctx):
-            # balanced split: round(c / chunk) equal parts (>= 1), so the chunk count follows the KV
-            # tokens (about kv / chunk) rather than adding a partial chunk per request
-            k = max(1, int(c / chunk + 0.5))
-            owner += [r] * k
-            lens += [c // k + (1 if i < c % k else 0) for i in range(k)]
+        for r, ls in enumerate(parts):
+            owner += [r] * len(ls)                        # the request's chunks, in order
+            lens += ls
         self.n_chunks = len(owner)
+        self.kv_chunk = int(max(lens))
         self.cu_k = _t(np.concatenate([[0], np.cumsum(lens)]), device, torch.int32)
         self.max_k = int(max(lens))
         rq = [g * self.q[r] for r in owner]               # each chunk: its request's real rows only
         self.chunk_rows = rq
         self.max_q = int(max(rq))
         self.cu_q = _t(np.concatenate([[0], np.cumsum(rq)]), device, torch.int32)
-        # query rows of each chunk = their merge targets (folded row index)
-        qi = np.concatenate([np.arange(g * starts[r], g * starts[r + 1]) for r in owner])
-        self.chunk_q_idx = _t(qi, device)
-        self.chunk_q_idx_kv = self.chunk_q_idx.expand(self.kv, -1).contiguous()   # scatter index
         Qf = g * int(starts[Rd])
         self.n_folded = Qf
-        # new tokens against their own keys: one sequence per request, causal, native GQA
-        qd = self.q[:Rd]
-        self.new_lens = qd
-        self.cu_new = _t(np.concatenate([[0], np.cumsum(qd)]), device, torch.int32)
-        self.max_new = int(max(qd))
+        self.merge_rows = sum(rq) if self.split else 0
+        if self.split:      # query rows of each chunk = their merge targets (folded row index)
+            qi = np.concatenate([np.arange(g * starts[r], g * starts[r + 1]) for r in owner])
+            self.chunk_q_idx = _t(qi, device)
+            self.chunk_q_idx_kv = self.chunk_q_idx.expand(self.kv, -1).contiguous()   # scatter index
+        # new tokens: band of s_max keys ending at each decode token; key j of token tok's band is new
+        # token tok - s_max + 1 + j, allowed iff it belongs to tok's request (j >= s_max - 1 - t)
+        sm = self.s_max
+        t_in = np.concatenate([np.arange(s) for s in qd])             # position within the request
+        j = np.arange(sm)[None, :]
+        allowed = j >= (sm - 1 - t_in)[:, None]
+        bias = np.where(allowed, 0.0, -np.inf).astype(np.float32)
+        self.band_bias = torch.tensor(bias, device=device).view(len(t_in), 1, 1, sm)
 
 
 def attention(qkv_rot, pool_l, m: StepMeta):
@@ -251,33 +316,35 @@ def attention(qkv_rot, pool_l, m: StepMeta):
         o = o.view(Rd, kv, sm, g, d).permute(0, 2, 1, 3, 4).reshape(Rd * sm, H * d)
         parts.append(o.to(qkv_rot.dtype))
     elif m.R_dec:
-        nd, Qf = m.n_dec, m.n_folded
+        nd, Qf, sm = m.n_dec, m.n_folded, m.s_max
         qd = qkv_rot[:nd, :H]                                             # [nd, H, d]
         qf = qd.reshape(nd, kv, g, d).transpose(1, 2).reshape(Qf, kv, d)  # folded, token-major
-        # prefix: every chunk against its request's real rows
         nt = int(sum(m.dctx))
-        oc, lc = flash_varlen_ragged(qf.index_select(0, m.chunk_q_idx), pk[:nt], pv[:nt], m.cu_q,
-                                     m.cu_k, m.max_q, m.max_k, m.chunk_rows)
-        # new tokens: causal over the request's own new keys (contiguous at m.scratch)
-        kn = pk[m.scratch:m.scratch + nd]
-        vn = pv[m.scratch:m.scratch + nd]
-        on, ln = flash_varlen_ragged(qd.contiguous(), kn, vn, m.cu_new, m.cu_new, m.max_new,
-                                     m.max_new, m.new_lens, causal=True)
-        on = on.reshape(nd, kv, g, d).transpose(1, 2).reshape(Qf, kv, d)
-        ln = ln.reshape(kv, g, nd).transpose(1, 2).reshape(kv, Qf)
-        # exact merge over the real rows: out = sum_p exp(lse_p - M) o_p / sum_p exp(lse_p - M), M the
-        # row max; the new-token part covers every row once, the chunks scatter into their rows
-        ci = m.chunk_q_idx
-        lc, ln = lc.float(), ln.float()
-        mx = ln.scatter_reduce(1, m.chunk_q_idx_kv, lc, "amax", include_self=True)    # [kv, Qf]
-        wc = torch.exp(lc - mx.index_select(1, ci))                                  # [kv, P]
-        wn = torch.exp(ln - mx)                                                      # [kv, Qf]
-        den = wn.index_add(1, ci, wc)
-        num = on * wn.t().unsqueeze(-1)                                              # fp32 [Qf, kv, d]
-        num.index_add_(0, ci, oc * wc.t().unsqueeze(-1))
-        o = num / den.t().unsqueeze(-1)
-        o = o.view(nd, g, kv, d).transpose(1, 2).reshape(nd, H * d)
-        parts.append(o.to(qkv_rot.dtype))
+        if m.split:     # chunks against their request's real rows, exact logsumexp merge per row
+            ci = m.chunk_q_idx
+            oc, lc = flash_varlen_ragged(qf.index_select(0, ci), pk[:nt], pv[:nt], m.cu_q, m.cu_k,
+                                         m.max_q, m.max_k, m.chunk_rows)
+            lc = lc.float()
+            mx = torch.full((kv, Qf), float("-inf"), device=lc.device).scatter_reduce(
+                1, m.chunk_q_idx_kv, lc, "amax", include_self=True)                  # [kv, Qf]
+            wc = torch.exp(lc - mx.index_select(1, ci))                               # [kv, P]
+            den = torch.zeros(kv, Qf, device=lc.device).index_add_(1, ci, wc)
+            op = torch.zeros(Qf, kv, d, device=lc.device).index_add_(0, ci, oc.float() * wc.t().unsqueeze(-1))
+            op = op / den.t().unsqueeze(-1)
+            lp = mx + den.log()
+        else:           # one chunk per request: rows already in folded order, nothing to merge
+            op, lp = flash_varlen_ragged(qf, pk[:nt], pv[:nt], m.cu_q, m.cu_k, m.max_q, m.max_k,
+                                         m.chunk_rows)
+        # new tokens: band windows over the contiguous new K/V (views, no per-request copies)
+        lo = m.scratch - sm + 1
+        kw = pk[lo:m.scratch + nd].unfold(0, sm, 1)                       # [nd, kv, d, sm]
+        vw = pv[lo:m.scratch + nd].unfold(0, sm, 1)
+        sc = torch.matmul(qd.reshape(nd, kv, g, d), kw).float() + m.band_bias  # [nd, kv, g, sm]
+        lp4 = lp.float().view(kv, nd, g).permute(1, 0, 2).unsqueeze(-1)        # [nd, kv, g, 1]
+        w = torch.softmax(torch.cat([lp4, sc], -1), -1)
+        o = torch.matmul(w[..., 1:].to(vw.dtype), vw.transpose(-1, -2)).float()   # [nd, kv, g, d]
+        o = o + w[..., :1] * op.view(nd, g, kv, d).transpose(1, 2).float()
+        parts.append(o.reshape(nd, H * d).to(qkv_rot.dtype))
     for (b, c, s, st) in m.pre_regions:
         q = qkv_rot[st:st + s, :H].unsqueeze(0)
         o, _ = flash_dense(q, pk[b:b + c + s].unsqueeze(0), pv[b:b + c + s].unsqueeze(0), causal=True)

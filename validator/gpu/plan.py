@@ -107,18 +107,41 @@ def padded_tokens(n: int, caps: list[int]) -> int:
 # mixed trace (validator/gpu/steplogs, concurrency 32 and 256, pooled): the heterogeneous shapes the
 # profile must cover. Context: log-normal, median 1050, geometric sd 1.76 (5th-95th pct 430-2730).
 DSPARK_WINDOW_P = (0.156, 0.288, 0.285, 0.131, 0.063, 0.041, 0.025, 0.012)
-HETERO_REQUESTS = (16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
-FIT_EXCLUDE = ("tail-prefill",)   # measured and reported, not fitted (see fit_step_model)
+CTX_MEDIAN, CTX_GSD = 1050.0, 1.76
+# Prompts dsim's chunked prefill puts into busy steps (whole prompts at context 0, several per step):
+# log-normal, median ~850, geometric sd ~1.9 (steplogs, c = 32 and 256)
+PROMPT_MEDIAN, PROMPT_GSD = 850.0, 1.9
+HETERO_REQUESTS = (16, 48, 64, 96, 128, 160, 192)   # held-out DSpark-like checks at other request counts
+# Request counts of the table points (call 8): the concurrencies the step replay checks. A capture size
+# n runs with R = the smallest tier t with t <= n <= 8 t (windows 1..8), else R = n // 4 (n = 16):
+# n <= 8 -> one request (a single user's verify step), 32..256 -> 32, 264..512 -> 256.
+TABLE_TIERS = (1, 32, 256)
+FIT_EXCLUDE = ("tail-prefill", "hetero")   # measured and reported (signed), not fitted
+SLOPE_ONLY = ("context",)   # fitted with their own intercept per (n, R, window): they set the KV slope only
 TAIL_DECODE_MAX_REQUESTS = 256    # pure-decode tail points only up to this many requests (8 tokens each)
 
 
-def hetero_step(R: int, rng: random.Random, ctx_median: float = 1050.0, ctx_gsd: float = 1.76,
-                target_n: int | None = None, tag: str = "hetero") -> StepShape:
-    """A decode/verify step like dsim's DSpark steps: R requests, windows drawn from DSPARK_WINDOW_P,
-    contexts log-normal (clipped to 64..32768). target_n: windows nudged (within 1..8) until the
-    step has exactly that many tokens."""
-    ws = list(range(1, 9))
-    q = rng.choices(ws, weights=DSPARK_WINDOW_P, k=R)
+def table_requests(n: int) -> int:
+    for t in TABLE_TIERS:
+        if t <= n <= 8 * t:
+            return t
+    return max(1, n // 4)
+
+
+def quantile_contexts(R: int, seed: int, median: float = CTX_MEDIAN, gsd: float = CTX_GSD,
+                      lo: int = 64, hi: int = 32768) -> list[int]:
+    """R contexts at the (i + 0.5) / R quantiles of the log-normal (deterministic, representative of
+    the distribution at every R), shuffled with `seed`."""
+    from statistics import NormalDist
+    nd = NormalDist()
+    mu, sg = math.log(median), math.log(gsd)
+    ctx = [int(min(hi, max(lo, round(math.exp(mu + sg * nd.inv_cdf((i + 0.5) / R)))))) for i in range(R)]
+    random.Random(seed).shuffle(ctx)
+    return ctx
+
+
+def _windows(R: int, rng: random.Random, target_n: int | None) -> list[int]:
+    q = rng.choices(range(1, 9), weights=DSPARK_WINDOW_P, k=R)
     if target_n is not None:
         if not R <= target_n <= 8 * R:
             raise ValueError(f"target {target_n} tokens not reachable with {R} requests")
@@ -130,14 +153,31 @@ def hetero_step(R: int, rng: random.Random, ctx_median: float = 1050.0, ctx_gsd:
             elif sum(q) > target_n and q[j] > 1:
                 q[j] -= 1
             i += 1
+    return q
+
+
+def hetero_step(R: int, rng: random.Random, ctx_median: float = CTX_MEDIAN, ctx_gsd: float = CTX_GSD,
+                target_n: int | None = None, tag: str = "hetero") -> StepShape:
+    """A decode/verify step like dsim's DSpark steps: R requests, windows drawn from DSPARK_WINDOW_P,
+    contexts log-normal (clipped to 64..32768). target_n: windows nudged (within 1..8) until the
+    step has exactly that many tokens."""
+    q = _windows(R, rng, target_n)
     mu, sg = math.log(ctx_median), math.log(ctx_gsd)
     ctx = [int(min(32768, max(64, round(rng.lognormvariate(mu, sg))))) for _ in range(R)]
     return StepShape(tuple(q), tuple(ctx), tag)
 
 
+def shaped_step(R: int, n: int, seed: int = 0, ctx_scale: float = 1.0, tag: str = "table") -> StepShape:
+    """A step shaped like dsim's DSpark steps at concurrency R with exactly n tokens: quantile
+    contexts (quantile_contexts) and windows from DSPARK_WINDOW_P nudged to n. The same seed gives the
+    same contexts and base windows at every n, so a table over n moves only in n."""
+    ctx = [max(1, int(c * ctx_scale)) for c in quantile_contexts(R, seed)]
+    return StepShape(tuple(_windows(R, random.Random(seed + 1), n)), tuple(ctx), tag)
+
+
 def tail_mixed_step(n: int, ctx: int = 1024, chunk: int = 1024) -> StepShape:
-    """A chunked-prefill step of n tokens above the capture limit, as dsim's busy steps are: up to 256
-    decode requests with 3-token verify windows at `ctx`, the rest as fresh prefill chunks of at most
+    """A chunked-prefill step of n tokens above the capture limit (calls 5-7 sweep): up to 256 decode
+    requests with 3-token verify windows at `ctx`, the rest as fresh prefill chunks of at most
     `chunk` tokens (equal sizes)."""
     R = min(256, n // 6)
     rest = n - 3 * R
@@ -146,62 +186,83 @@ def tail_mixed_step(n: int, ctx: int = 1024, chunk: int = 1024) -> StepShape:
     return StepShape(tuple([3] * R + sizes), tuple([ctx] * R + [0] * k), "tail-mixed")
 
 
+def dspark_mixed_step(n: int, R: int, seed: int = 0, ctx_scale: float = 1.0, dec_tokens: int | None = None,
+                      tag: str = "tail-mixed") -> StepShape:
+    """A busy DSpark step of n tokens as dsim's chunked prefill builds it: R decode/verify requests
+    shaped as in shaped_step with dec_tokens tokens (default: 3 per request at R >= 256, 5 below, at
+    most n / 2), plus whole prompts at context 0, log-normal sizes (PROMPT_MEDIAN, PROMPT_GSD), the
+    last one cut to fill exactly n."""
+    if dec_tokens is None:
+        dec_tokens = (3 if R >= 256 else 5) * R
+    dec_tokens = max(R, min(dec_tokens, 8 * R, n // 2))
+    d = shaped_step(R, dec_tokens, seed, ctx_scale)
+    sizes = quantile_contexts(16, seed + 7, PROMPT_MEDIAN * ctx_scale, PROMPT_GSD, lo=PREFILL_MIN_Q, hi=8192)
+    rest = n - dec_tokens
+    prompts = []
+    i = 0
+    while rest > 0:
+        p = min(rest, sizes[i % len(sizes)])
+        if rest - p < PREFILL_MIN_Q:
+            p = rest
+        prompts.append(p)
+        rest -= p
+        i += 1
+    return StepShape(d.q + tuple(prompts), d.ctx + (0,) * len(prompts), tag)
+
+
 def sweep_plan(caps: list[int] | None = None, tails: list[int] | None = None,
                contexts=(1024, 8192, 32768), kv_budget_tokens: int = 1_200_000,
                quick: bool = False, table_ctx: int = 1024, seed: int = 0) -> list[StepShape]:
-    """Profiling sweep.
+    """Profiling sweep (call 8: the forward table is measured on steps shaped like the ones dsim runs).
 
-    - table: every capture size n, decode-only at 1K context with 1 query token per request
-      (R = n) and 4 per request (R = n / 4), the forward table's support;
-    - context: n in (8, 32, 128, 512) x query tokens per request (1, 2, 4, 8) x contexts, within
-      the KV budget, for the context term;
-    - hetero: DSpark-like decode/verify steps (hetero_step): R = 16..256 requests with mixed windows
-      and log-normal contexts (two draws each, plus long-context draws at median 4K); above the
-      capture limit their windows are nudged to a tail size;
-    - tail: sizes above the capture limit: a decode batch of 8 query tokens per request at 1K
-      context (up to TAIL_DECODE_MAX_REQUESTS requests: larger pure-decode batches are not what
-      dsim's engine runs at the concurrencies of interest, and per-request costs would pull the
-      tail up), a chunked-prefill mix (tail_mixed_step), and one prefill chunk of the whole size at
-      zero context (tail-prefill: measured and reported, not fitted: its attention grows with the
-      square of the chunk, which F(n) + kv cannot express, and dsim's steps split prompts into chunks).
+    - table: every capture size n, one step shaped like dsim's DSpark steps at the request count
+      table_requests(n): n <= 8 one request with an n-token window at table_ctx (a single user's verify
+      step); above, shaped_step (quantile log-normal contexts, DSpark windows nudged to n), R = 32 up
+      to 256 tokens, 256 above;
+    - context: uniform steps, n in (32, 128, 512) x query tokens per request (1, 2, 4, 8) x contexts,
+      within the KV budget: the KV slope (fitted with an intercept of their own, SLOPE_ONLY);
+    - tail: sizes above the capture limit: a decode/verify step of 256 shaped requests (where n <= 8 x
+      256), busy chunked-prefill steps (dspark_mixed_step) with 256 and with 32 decode requests and
+      whole prompts, and one prefill chunk of the whole size at zero context (tail-prefill: measured
+      and reported, not fitted: its attention grows with the square of the chunk);
+    - hetero: held-out DSpark-like steps at other request counts (HETERO_REQUESTS; plus long contexts,
+      median 4K, at 32, 128 and 256 requests): measured and reported (signed error), not fitted.
     """
     caps = caps or vllm_capture_sizes()
     tails = tails or tail_sizes(caps[-1])
+    scale = table_ctx / 1024.0
     plan: list[StepShape] = []
-    table_caps = caps if not quick else [c for c in caps if c in (1, 2, 4, 8, 64, 256, caps[-1])]
+    table_caps = caps if not quick else [c for c in caps if c in (1, 2, 4, 8, 16, 64, 256, 264, caps[-1])]
     for n in table_caps:
-        plan.append(uniform_step(n, 1, table_ctx, "table"))
-        if n % 4 == 0 and n >= 4:
-            plan.append(uniform_step(n // 4, 4, table_ctx, "table"))
-    ns = (8, 32, 128, 512) if not quick else (8, 64)
+        R = table_requests(n)
+        if R == 1:
+            plan.append(uniform_step(1, n, table_ctx, "table"))
+        else:
+            plan.append(shaped_step(R, n, seed + R, scale))
+    ns = (32, 128, 512) if not quick else (32, 64)
     for n in ns:
         for s in (1, 2, 4, 8):
-            if n % s:
-                continue
             R = n // s
             for c in contexts:
-                if R * c <= kv_budget_tokens and not (c == table_ctx and s in (1, 4)):
+                if R * c <= kv_budget_tokens:
                     plan.append(uniform_step(R, s, c, "context"))
-    rng = random.Random(seed)
-    scale = table_ctx / 1024.0
-    reqs = HETERO_REQUESTS if not quick else (16, 64)
-    draws = [(1050.0, 2), (4096.0, 1)] if not quick else [(1050.0, 1)]
-    for med, k in draws:
-        for R in reqs:
-            if med > 1050 and R not in (32, 128, 256):
-                continue
-            for _ in range(k):
-                st = hetero_step(R, rng, ctx_median=med * scale)
-                if st.n > caps[-1]:          # above the limit: run exactly at a tail size
-                    t = min([x for x in tails if x >= st.n] or [tails[-1]])
-                    st = hetero_step(R, rng, ctx_median=med * scale, target_n=min(t, 8 * R))
-                if st.kv <= kv_budget_tokens:
-                    plan.append(st)
     for n in (tails if not quick else tails[:2]):
-        if n % 8 == 0 and n // 8 <= TAIL_DECODE_MAX_REQUESTS and (n // 8) * table_ctx <= kv_budget_tokens:
-            plan.append(uniform_step(n // 8, 8, table_ctx, "tail-decode"))
-        plan.append(tail_mixed_step(n, table_ctx, chunk=max(32, table_ctx)))
+        if n <= 8 * TAIL_DECODE_MAX_REQUESTS and 256 * 4 * table_ctx <= kv_budget_tokens:
+            plan.append(shaped_step(256, n, seed + 256, scale, "tail-decode"))
+        plan.append(dspark_mixed_step(n, 256, seed + 256, scale))
+        plan.append(dspark_mixed_step(n, 32, seed + 32, scale))
         plan.append(StepShape((n,), (0,), "tail-prefill"))
+    rng = random.Random(seed)
+    reqs = HETERO_REQUESTS if not quick else (16, 64)
+    draws = [(CTX_MEDIAN, reqs)] + ([(4096.0, (32, 128, 256))] if not quick else [])
+    for med, rs in draws:
+        for R in rs:
+            st = hetero_step(R, rng, ctx_median=med * scale)
+            if st.n > caps[-1]:          # above the limit: run exactly at a tail size
+                t = min([x for x in tails if x >= st.n] or [tails[-1]])
+                st = hetero_step(R, rng, ctx_median=med * scale, target_n=min(t, 8 * R))
+            if st.kv <= kv_budget_tokens:
+                plan.append(st)
     return plan
 
 
@@ -210,18 +271,33 @@ def fit_step_model(points: list[dict]) -> dict:
     """Least squares step_ms = F(n) + slope * kv / 1000 with one free F per distinct n.
 
     points: dicts with n (token count the step ran with, i.e. padded), kv, ms; a point whose tag is
-    in FIT_EXCLUDE (or with fit=False) is not fitted, only its residual reported (by_tag).
+    in FIT_EXCLUDE (or with fit=False) is not fitted, only its signed error reported
+    (not_fitted_signed_pct). Points tagged SLOPE_ONLY get an intercept of their own per (n, R, window)
+    group instead of F(n): they set the KV slope (context series of one shape) but not the forward
+    table, which comes from the steps shaped like dsim's (their signed error against F(n) is reported
+    too, under slope_only_signed_pct). Without such tags, plain F(n) + slope.
     Returns {"tokens": [...], "F": [...], "kv_ms_per_ktok": slope, "residual_pct": {...}}.
     """
     allpts = points
     points = [p for p in points if p.get("fit", p.get("tag") not in FIT_EXCLUDE)]
     held = [p for p in allpts if p not in points]
-    ns = sorted({int(p["n"]) for p in points})
+
+    def grp(p):
+        return (int(p["n"]), int(p.get("R", 0)), int(p.get("s", 0))) if p.get("tag") in SLOPE_ONLY else None
+
+    ns = sorted({int(p["n"]) for p in points if grp(p) is None})
+    groups = sorted({grp(p) for p in points if grp(p) is not None})
+    gcount = {g: sum(1 for p in points if grp(p) == g) for g in groups}
+    groups = [g for g in groups if gcount[g] >= 2]           # a lone point carries no slope information
+    slope_pts = [p for p in points if grp(p) is not None]
+    points = [p for p in points if grp(p) is None or grp(p) in groups]
     idx = {n: i for i, n in enumerate(ns)}
-    A = np.zeros((len(points), len(ns) + 1))
+    gidx = {g: len(ns) + i for i, g in enumerate(groups)}
+    A = np.zeros((len(points), len(ns) + len(groups) + 1))
     y = np.zeros(len(points))
     for r, p in enumerate(points):
-        A[r, idx[int(p["n"])]] = 1.0
+        g = grp(p)
+        A[r, idx[int(p["n"])] if g is None else gidx[g]] = 1.0
         A[r, -1] = p["kv"] / 1000.0
         y[r] = p["ms"]
     # relative weighting: every point counts by its relative error
@@ -231,27 +307,48 @@ def fit_step_model(points: list[dict]) -> dict:
     if coef[-1] < 0:   # refit with slope pinned at 0
         coef, *_ = np.linalg.lstsq(A[:, :-1] * w[:, None], y * w, rcond=None)
         coef = np.append(coef, 0.0)
-    F = np.maximum(coef[:-1], 1e-4)
-    pred = A[:, :-1] @ F + slope * A[:, -1]
+    F = np.maximum(coef[:len(ns)], 1e-4)
+    inter = np.append(F, coef[len(ns):-1])
+    pred = A[:, :-1] @ inter + slope * A[:, -1]
     rel = (pred - y) / y * 100
     by_tag: dict[str, list] = {}
     for p, e in zip(points, rel):
         by_tag.setdefault(p.get("tag", ""), []).append(abs(float(e)))
-    signed = {}
-    if held:     # not fitted: signed error of the fitted model (table lookup as in the staircase)
-        Fn = dict(zip(ns, F))
-        for p in held:
+    Fn = dict(zip(ns, F))
+
+    def signed(pts):
+        out = {}
+        for p in pts:
             n = int(p["n"])
             f = Fn[n] if n in Fn else float(np.interp(n, ns, F))
             e = (f + slope * p["kv"] / 1000.0 - p["ms"]) / p["ms"] * 100
-            signed.setdefault(p.get("tag", ""), []).append(float(e))
+            out.setdefault(p.get("tag", ""), []).append(round(float(e), 2))
+        return out
     out = dict(tokens=ns, F=[float(f) for f in F], kv_ms_per_ktok=slope,
                residual_pct=dict(median_abs=float(np.median(np.abs(rel))),
                                  p90_abs=float(np.percentile(np.abs(rel), 90)),
                                  max_abs=float(np.max(np.abs(rel))),
                                  by_tag={k: round(median(v), 3) for k, v in by_tag.items()}))
-    if signed:
-        out["not_fitted_signed_pct"] = {k: [round(x, 2) for x in v] for k, v in signed.items()}
+    if held:     # not fitted: signed error of the fitted model (table lookup as in the staircase)
+        out["not_fitted_signed_pct"] = signed(held)
+    if slope_pts:
+        out["slope_only_signed_pct"] = signed(slope_pts)
+        out["slope_groups"] = len(groups)
+    return out
+
+
+def kv_slope_by_window(points: list[dict], n: int = 128, lo: int = 1024, hi: int = 8192) -> dict:
+    """ms per 1000 KV tokens between uniform points at contexts lo and hi with the same n and window s
+    (one request count R = n / s each): the KV cost's dependence on the verify window."""
+    by = {}
+    for p in points:
+        if int(p["n"]) == n and p.get("tag") in ("table", "context") and p.get("ctx_min", p["ctx"]) == p["ctx"]:
+            by[(int(p["s"]), int(p["ctx"]))] = p
+    out = {}
+    for s in sorted({k[0] for k in by}):
+        a, b = by.get((s, lo)), by.get((s, hi))
+        if a and b and b["kv"] > a["kv"]:
+            out[f"q{s}"] = round((b["ms"] - a["ms"]) / ((b["kv"] - a["kv"]) / 1000.0), 5)
     return out
 
 

@@ -24,7 +24,8 @@ import torch
 from validator.gpu import model as M
 from validator.gpu.plan import (BLOCK_K, BLOCK_LAYERS, CAPTURE_LIMIT, DRAFT_CTX, DRAFT_REQUESTS,
                                 EAGLE3_DRAFT_VOCAB, FIT_EXCLUDE, Staircase, StepShape, dump_yaml,
-                                fit_step_model, hetero_step, model_dims, model_name, padded_tokens,
+                                fit_step_model, hetero_step, kv_slope_by_window, model_dims, model_name, padded_tokens,
+                                shaped_step, TABLE_TIERS,
                                 profile_dict, sweep_plan, tail_sizes, uniform_step, vllm_capture_sizes,
                                 write_text_atomic)
 
@@ -83,18 +84,22 @@ def attention_probe(device, dtype, timer, cfg_dims, bench=True) -> dict:
         "varlen_verify_prefill": StepShape(tuple(int(x) for x in rng.integers(1, 9, 17)) + (40,),
                                            tuple(int(x) for x in rng.integers(1, 3000, 17)) + (700,)),
         "prefill_ctx": StepShape((2, 4, 64), (150, 150, 128)),
+        "single_split": StepShape((8,), (3500,)),
     }
+    splits = {"varlen_verify_forced_split": dict(policy="continuous", fill=8.0, min_chunk=64, balance=1.0)}
+    cases["varlen_verify_forced_split"] = cases["varlen_verify"]
     for name, shape in cases.items():
         for attempt in range(2):
             try:
-                m = M.StepMeta(shape, shape.n, dims, device)
+                m = M.StepMeta(shape, shape.n, dims, device, split=splits.get(name))
                 pk = torch.randn(m.region_tokens, kv, d, device=device, dtype=dtype)
                 pv = torch.randn(m.region_tokens, kv, d, device=device, dtype=dtype)
                 x = torch.randn(m.n_pad, H + 2 * kv, d, device=device, dtype=dtype) * 0.3
                 pk.index_copy_(0, m.slot, x[:, H:H + kv])
                 pv.index_copy_(0, m.slot, x[:, H + kv:])
                 a = M.attention(x, (pk, pv), m).double().cpu()
-                r = M.reference_attention(x.cpu(), (pk.cpu(), pv.cpu()), M.StepMeta(shape, shape.n, dims, "cpu"))
+                r = M.reference_attention(x.cpu(), (pk.cpu(), pv.cpu()), M.StepMeta(shape, shape.n, dims, "cpu",
+                                                                                      split=splits.get(name)))
                 out[f"check_{name}_rel_err"] = float((a - r).norm() / r.norm())
                 break
             except RuntimeError as e:
@@ -108,7 +113,7 @@ def attention_probe(device, dtype, timer, cfg_dims, bench=True) -> dict:
     if not bench:
         return out
     R, L = (256, 8192) if device.type == "cuda" else (4, 256)
-    pk = torch.randn(R * L + R * 8 + 1, kv, d, device=device, dtype=dtype)
+    pk = torch.randn(R * L + R * 8 + 16, kv, d, device=device, dtype=dtype)   # + band gap (s_max - 1)
     pv = torch.randn_like(pk)
     floor_bytes = 2 * R * L * kv * d * 2
     res = {}
@@ -157,13 +162,161 @@ def attention_probe(device, dtype, timer, cfg_dims, bench=True) -> dict:
         het[f"R{R}"] = row
         log(f"  attention hetero vs uniform R={R}: {json.dumps(row)}")
     res["hetero_vs_uniform"] = het
+    # KV cost per 1000 tokens (attention alone, one layer) by verify window at R = 32: q-independent
+    # if the folded query block and the split keep per-row work out of the KV term
+    R32, (c_lo, c_hi) = (32, (1024, 8192)) if device.type == "cuda" else (8, (32, 256))
+    slope = {}
+    for s in (1, 2, 4, 8):
+        t = {}
+        for c in (c_lo, c_hi):
+            m = M.StepMeta(uniform_step(R32, s, c), R32 * s, dims, device)
+            pk = torch.randn(m.region_tokens, kv, d, device=device, dtype=dtype)
+            pv = torch.randn_like(pk)
+            x = torch.randn(m.n_pad, H + 2 * kv, d, device=device, dtype=dtype)
+            t[c], _ = timer(lambda: M.attention(x, (pk, pv), m))
+            del pk, pv
+        slope[f"q{s}"] = round((t[c_hi] - t[c_lo]) / (R32 * (c_hi - c_lo) / 1000), 6)
+    res["kv_us_per_ktok_by_q_R32"] = {k: round(v * 1e3, 4) for k, v in slope.items()}
+    log(f"  attention KV us per 1000 tokens by window (R={R32}, one layer): {res['kv_us_per_ktok_by_q_R32']}")
     res["requests"], res["context"] = R, L
     out["bench"] = res
     torch.cuda.empty_cache() if device.type == "cuda" else None
     return out
 
 
+SPLIT_CANDIDATES = {        # continuous split variants the probe times (the first wins near-ties)
+    "cont-f2-b2": dict(policy="continuous", fill=2.0, balance=2.0, merge="always"),
+    "cont-f1-b2": dict(policy="continuous", fill=1.0, balance=2.0, merge="always"),
+    "cont-f4-b2": dict(policy="continuous", fill=4.0, balance=2.0, merge="always"),
+    "cont-f2-b1.5": dict(policy="continuous", fill=2.0, balance=1.5, merge="always"),
+    "cont-f2-b3": dict(policy="continuous", fill=2.0, balance=3.0, merge="always"),
+}
+SPLIT_REFERENCE = {         # timed for the record: call 7's occupancy split, calls 5-6's fixed split
+    "occ-f2": dict(policy="occupancy", fill=2.0, balance=0.0, merge="split-only"),
+    "fixed512": dict(policy="fixed", chunk=512, merge="always"),
+}
+LINEARITY_WEIGHT = 1.0      # score = mean relative time + this x mean |hetero / uniform - 1|
+
+
+def parse_split(text: str) -> dict | None:
+    """'auto' -> None (tuned by the probe); 'continuous|occupancy[:fill=F,balance=B,min_chunk=N,
+    merge=always|split-only]'; 'fixed[:N]'."""
+    if text == "auto":
+        return None
+    pol, _, rest = text.partition(":")
+    if pol == "fixed":
+        return dict(policy="fixed", chunk=int(rest or M.KV_CHUNK))
+    if pol not in ("occupancy", "continuous"):
+        raise ValueError(f"unknown split policy {text!r}")
+    d = dict(policy=pol)
+    for kv in filter(None, rest.split(",")):
+        k, _, v = kv.partition("=")
+        d[k] = float(v) if k in ("fill", "balance") else (v if k == "merge" else int(v))
+    return d
+
+
+def split_tune(device, dtype, timer, cfg_dims, reps_in_graph: int = 8) -> dict:
+    """Times the decode attention alone (reps_in_graph back-to-back calls per graph, like layers) on
+    DSpark-like steps at concurrency 1, 32 and 256 and on uniform steps with the same requests and KV
+    tokens, for each split variant. Score: mean time relative to the best variant per case, plus
+    LINEARITY_WEIGHT x mean |hetero / uniform - 1| at 32 and 256 requests (a KV-linear cost is what
+    dsim's F(n) + kv model can follow); lowest wins, within 2 % the first variant is kept. Returns
+    the record; the caller applies `chosen`."""
+    H, kv, d = cfg_dims["heads"], cfg_dims["kv_heads"], cfg_dims["head_dim"]
+    dims = dict(heads=H, kv_heads=kv, head_dim=d, vocab=100)
+    cuda = device.type == "cuda"
+    rng = random.Random(3)
+    sc = 1.0 if cuda else 0.06
+    R2 = 256 if cuda else 64
+
+    def uni(sh):
+        return uniform_step(sh.requests, max(1, round(sh.n / sh.requests)), max(1, round(sum(sh.ctx) / sh.requests)))
+    c32, c256 = shaped_step(32, 160, 5, sc), shaped_step(R2, 3 * R2, 6, sc)
+    cases = {
+        "c1_q4_ctx1200": StepShape((4,), (int(1200 * sc),)),
+        "c1_q8_ctx3500": StepShape((8,), (int(3500 * sc),)),
+        "c32": c32, "c32_uniform": uni(c32),
+        "c32_long": hetero_step(32, rng, ctx_median=4096.0 * sc),
+        "c256": c256, "c256_uniform": uni(c256),
+    }
+    pairs = (("c32", "c32_uniform"), ("c256", "c256_uniform"))
+    variants = {**SPLIT_CANDIDATES, **SPLIT_REFERENCE}
+    res = {}
+    for cname, sh in cases.items():
+        row = {}
+        pk = pv = None
+        for vname, sp in variants.items():
+            m = M.StepMeta(sh, sh.n, dims, device, split=sp)
+            if pk is None or pk.shape[0] < m.region_tokens:
+                pk = torch.randn(m.region_tokens, kv, d, device=device, dtype=dtype)
+                pv = torch.randn_like(pk)
+            x = torch.randn(m.n_pad, H + 2 * kv, d, device=device, dtype=dtype)
+
+            def fn():
+                for _ in range(reps_in_graph):
+                    M.attention(x, (pk, pv), m)
+            ms, _ = timer(fn)
+            row[vname] = dict(us_per_call=round(ms * 1e3 / reps_in_graph, 2), chunks=m.n_chunks,
+                              max_chunk=m.max_k, merge_rows=m.merge_rows)
+        res[cname] = dict(n=sh.n, R=sh.requests, kv=sh.kv, ctx_max=max(sh.ctx), variants=row)
+        del pk, pv
+        log(f"  split tune {cname} (R={sh.requests} n={sh.n} kv={sh.kv}): " +
+            ", ".join(f"{v}:{r['us_per_call']}us/{r['chunks']}ch/L{r['max_chunk']}" for v, r in row.items()))
+    timed = [c for c in res if not c.endswith("_uniform")]
+    ratio = {v: {a: round(res[a]["variants"][v]["us_per_call"] / res[b]["variants"][v]["us_per_call"], 4)
+                 for a, b in pairs} for v in variants}
+    score = {v: float(np.mean([res[c]["variants"][v]["us_per_call"] /
+                               min(res[c]["variants"][u]["us_per_call"] for u in SPLIT_CANDIDATES)
+                               for c in timed]) + LINEARITY_WEIGHT * float(np.mean([abs(r - 1) for r in ratio[v].values()])))
+             for v in variants}
+    first = next(iter(SPLIT_CANDIDATES))
+    best = min(SPLIT_CANDIDATES, key=lambda v: score[v])
+    chosen = first if score[first] <= score[best] * 1.02 else best
+    out = dict(cases=res, hetero_over_uniform=ratio, score={k: round(v, 4) for k, v in score.items()},
+               chosen=chosen, split=dict(M.SPLIT, **SPLIT_CANDIDATES[chosen]), reps_in_graph=reps_in_graph,
+               linearity_weight=LINEARITY_WEIGHT)
+    log(f"  split tune hetero/uniform {json.dumps(ratio)}")
+    log(f"  split tune scores {out['score']} -> {chosen}")
+    if cuda:
+        torch.cuda.empty_cache()
+    return out
+
+
 # ---------------------------------------------------------------- per-model profiling
+RECHECK_N = (1, 2, 4, 8, 128, 168, 512)   # table sizes re-timed before each replayed log
+
+
+def recheck(model, points, shapes, dims, device, timer, caps, depth_scale, src, args) -> list:
+    """Re-time the sweep's table points at RECHECK_N (identical shapes, same process) and report the
+    drift from the sweep's value: separates a measurement offset from a model error."""
+    out = []
+    for p, shape in zip(points, shapes):
+        if p["tag"] != "table" or p["n"] not in RECHECK_N:
+            continue
+        m = M.StepMeta(shape, padded_tokens(shape.n, caps), dims, device)
+        ms, _ = timer(lambda: model.forward(m))
+        ms *= depth_scale
+        out.append(dict(before=Path(src).name, n=p["n"], R=p["R"], s=p["s"], ctx=p["ctx"],
+                        sweep_ms=round(p["ms"], 4), now_ms=round(ms, 4),
+                        drift_pct=round((ms / p["ms"] - 1) * 100, 2)))
+    clk = sm_clock_mhz(device)
+    for r in out:
+        r["sm_clock_mhz"] = clk
+    log(f"  recheck before {Path(src).name} (SM clock {clk} MHz): " + ", ".join(
+        f"n{r['n']}R{r['R']}s{r['s']}c{r['ctx']}:{r['drift_pct']:+.1f}%" for r in out))
+    return out
+
+
+def sm_clock_mhz(device):
+    """Current SM clock (NVML through torch), None where unavailable."""
+    if device.type != "cuda":
+        return None
+    try:
+        return int(torch.cuda.clock_rate(0))
+    except Exception:   # pragma: no cover
+        return None
+
+
 def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dict:
     cfg = json.loads(Path(cfg_path).read_text())
     name = model_name(cfg, cfg_path)
@@ -187,7 +340,7 @@ def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dic
     else:
         plan = sweep_plan(caps, tails, kv_budget_tokens=int(model.pool_tokens * 0.95), quick=args.quick)
     depth_scale = dims["layers"] / layers
-    points = []
+    points, shapes = [], []
     t0 = time.time()
     for i, shape in enumerate(plan):
         if args.dry_run and shape.n > 1536:
@@ -201,12 +354,15 @@ def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dic
                  mode=m.mode, ms=ms * depth_scale, reps=[round(r, 4) for r in reps],
                  fit=shape.tag not in FIT_EXCLUDE)
         points.append(p)
+        shapes.append(shape)
         if i % 20 == 0 or shape.tag != "table":
             log(f"  {shape.tag:12s} n={n_pad:5d} R={shape.requests:4d} s={max(shape.q)} ctx={max(shape.ctx):6d} "
                 f"kv={shape.kv:8d} {'graph' if graph else 'eager'} {m.mode or 'prefill'}: {ms:8.3f} ms")
-    log(f"[{name}] sweep {len(points)} points in {time.time() - t0:.1f}s")
+    log(f"[{name}] sweep {len(points)} points in {time.time() - t0:.1f}s (SM clock now {sm_clock_mhz(device)} MHz)")
     fit = fit_step_model(points)
     log(f"[{name}] fit: kv_ms_per_ktok={fit['kv_ms_per_ktok']:.5f} residuals {fit['residual_pct']}")
+    fit["kv_ms_per_ktok_by_window_n128"] = kv_slope_by_window(points)
+    log(f"[{name}] KV ms per 1000 tokens by window (n=128, 1K->8K): {fit['kv_ms_per_ktok_by_window_n128']}")
     # drafts
     draft = {}
     t0 = time.time()
@@ -240,22 +396,30 @@ def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dic
                 + f"{layers} of {dims['layers']} layers measured"
                 + (f" and scaled x{depth_scale:g} to full depth" if depth_scale != 1 else " (full depth)")
                 + "; LM head on every decode/verify token and the last token of each prefill chunk; "
-                  "sweep: uniform decode tables, context points, DSpark-like heterogeneous verify steps "
-                  "(mixed windows 1..8, log-normal contexts), chunked-prefill mixes above the limit; "
+                  "sweep (call 8): the forward table on steps shaped like dsim's DSpark steps at the "
+                  f"concurrency that runs n tokens (request tiers {list(TABLE_TIERS)}: n <= 8 one request "
+                  "with an n-token verify window at 1K context, 16 < n <= 256 32 requests, 256 < n <= 512 "
+                  "256 requests, windows 1..8 from dsim's DSpark mix, contexts at the quantiles of dsim's "
+                  "log-normal context mix), tails as 256-request verify steps and busy chunked-prefill "
+                  "steps (256 or 32 verify requests + whole prompts); uniform context series (n 32/128/512 x "
+                  "windows 1/2/4/8 x 1K/8K/32K) fitted with an intercept of their own (KV slope only); "
                   "fit step_ms = F(n) + kv_ms_per_ktok * kv/1000 (relative least squares, one F per n; "
-                  f"tags {list(FIT_EXCLUDE)} measured but not fitted)"),
+                  f"tags {list(FIT_EXCLUDE)} measured and reported, not fitted)"),
         command=cmd, driver=info["driver"], gpu_memory_gib=info["mem_gib"], cuda=info["cuda"],
         torch=info["torch"],
         kernels=dict(
             linears="torch matmul (cuBLAS) bf16, fused QKV and gate/up projections",
             norms="torch.nn.functional.rms_norm", rope="eager torch (neox rotate-half)",
-            attention_decode=("folded GQA: query heads of a KV group folded into the query-length dim. "
-                              "R < 16: dense aten._flash_attention_forward over the prefix padded to the "
-                              "longest context + masked new-token scores, logsumexp merge. R >= 16: ragged "
-                              f"split-KV: prefixes cut into {M.KV_CHUNK}-token chunks, one varlen flash call "
-                              "with each chunk's real query rows only, one causal varlen flash call (native "
-                              "GQA) for the new tokens, exact logsumexp merge by scatter_reduce/index_add "
-                              "over real rows (no padding to the longest context or largest window)"),
+            attention_decode=("folded GQA x query tokens: the query heads of a KV group and the request's "
+                              "new tokens folded into one query block per KV head (one CTA per KV head and "
+                              "chunk). Prefix: one aten._flash_attention_forward varlen call, each sequence a "
+                              "chunk of a request's prefix with its real rows only; continuous split "
+                              f"(FlashInfer-like load balancing, {json.dumps(M.SPLIT)}): one chunk length L "
+                              "per step, L = max(min_chunk, min(total KV / ceil(fill x SMs / kv_heads), "
+                              "balance x mean context)), every request cut into L-token chunks plus its "
+                              "remainder; exact logsumexp merge (scatter_reduce / index_add over the real rows, "
+                              "run on every step). New tokens: masked band of the step's new keys (unfold "
+                              "view), scores folded per KV head, one softmax with the prefix logsumexp"),
             attention_prefill="aten._flash_attention_forward causal (bottom-right) over [cache, chunk]"
                               + ("" if M.GQA_NATIVE else ", KV heads expanded"),
             kv_write="index_copy_ into a KV pool (distinct region per layer while it fits)"),
@@ -284,34 +448,56 @@ def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dic
         write_text_atomic(out / f"{args.prefix}-{name}.raw.json", json.dumps(raw, default=str))
 
     save()          # the profile first; replay results are added after each log
+    if args.steplog_cmd:     # dsim writes its step logs from the profile just saved (CPU, subprocess)
+        cmd = args.steplog_cmd.format(profile=str((out / f"{args.prefix}-{name}.yaml").resolve()), model=name)
+        t0 = time.time()
+        r = subprocess.run(cmd, shell=True, capture_output=True, text=True)
+        log(r.stdout.strip()[-2000:])
+        if r.returncode:
+            log(r.stderr.strip()[-3000:])
+            raise RuntimeError(f"step-log command failed ({r.returncode}): {cmd}")
+        log(f"[{name}] step logs in {time.time() - t0:.1f}s")
     if args.replay:
         from validator.gpu.plan import error_summary
         from validator.gpu.replay import replay_steps, load_or_make_steps
         sc = Staircase(prof["forward"]["tokens"], prof["forward"]["ms"], prof["kv_ms_per_ktok"], caps[-1])
-        rtimer = Timer(device, args.replay_reps, warm=1)
-        all_rows, per_log = [], {}
+        rtimer = Timer(device, args.replay_reps, warm=1)     # tails (large steps); graph sizes: the sweep's timer
+        all_rows, per_log, results = [], {}, {}
         for src in args.replay:
             src = src.replace("{model}", name)
             steps = load_or_make_steps(src)
-            for st in steps:        # predictions from the profile just measured
-                st.pop("predicted_ms", None)
+            if not args.log_predictions:
+                for st in steps:        # predictions from the profile just measured
+                    st.pop("predicted_ms", None)
             if args.dry_run:
                 steps = [s for s in steps if sum(s["q"]) <= 600 and len(s["q"]) <= 32][:12]
                 for st in steps:
                     st["ctx"] = [min(c, 200) for c in st["ctx"]]
+            if args.recheck:        # the profile's table points again, in this process, right before
+                raw.setdefault("recheck", []).extend(recheck(model, points, shapes, dims, device, timer, caps,
+                                                             depth_scale, src, args))
             t0 = time.time()
-            rows, summary = replay_steps(model, steps, dims, device, rtimer, caps, sc, depth_scale,
-                                         eager_tails=args.eager_tails)
+            rows, summary = replay_steps(model, steps, dims, device, timer, caps, sc, depth_scale,
+                                         eager_tails=args.eager_tails, big_timer=rtimer)
             for r in rows:
-                r["log"] = src
+                r["log"] = Path(src).name
             all_rows += rows
-            per_log[src] = summary
+            per_log[Path(src).name] = summary
+            results[src] = dict(rows=rows, summary=summary)
             raw["replay"] = dict(rows=all_rows, summary=error_summary(all_rows), logs=per_log)
-            prof["replay_check"] = dict(steplogs=list(per_log), summary=per_log,
-                                        note="predicted from this profile's staircase (forward only), "
-                                             "measured by replaying the exact step shapes on the same "
-                                             "executor")
+            prof["replay_check"] = dict(
+                steplogs=list(per_log), summary=per_log,
+                note=("step logs written by dsim simulate with this profile (predicted_ms: dsim's own "
+                      "forward-only cost), replayed in the profiling process right after the sweep "
+                      "(same model, same timer for steps <= the capture limit)") if args.log_predictions
+                else ("predicted from this profile's staircase (forward only), measured by replaying "
+                      "the exact step shapes on the same executor"))
             save()
+            if args.replay_out:
+                write_text_atomic(Path(args.replay_out) / f"replay-{name}.json", json.dumps(dict(
+                    model=cfg_path, profile=f"{args.prefix}-{name}.yaml", in_process=True,
+                    eager_tails=args.eager_tails, log_predictions=args.log_predictions, split=M.SPLIT,
+                    logs=results), indent=1))
             log(f"[{name}] replay {src} ({time.time() - t0:.1f}s): {json.dumps(summary)}")
     del model, drafters
     if device.type == "cuda":
@@ -336,6 +522,17 @@ def main(argv=None):
     ap.add_argument("--eager-tails", action="store_true",
                     help="run steps above the capture limit eagerly (default: captured, unpadded)")
     ap.add_argument("--no-attn-bench", action="store_true")
+    ap.add_argument("--split", default="auto",
+                    help="decode split-KV policy: auto (timed by the probe), occupancy[:fill=F,balance=B,"
+                         "min_chunk=N] or fixed[:N] (the calls 5-6 split)")
+    ap.add_argument("--steplog-cmd", default="",
+                    help="shell command run after the profile is written ({profile}: its path, {model}: "
+                         "the model name), e.g. dsim writing step logs from it; then --replay runs")
+    ap.add_argument("--log-predictions", action="store_true",
+                    help="replay: keep the step logs' own predicted_ms (dsim's) instead of the staircase")
+    ap.add_argument("--recheck", action="store_true",
+                    help="replay: re-time the sweep's points of n <= 8 before each log (drift report)")
+    ap.add_argument("--replay-out", default="", help="folder for replay-<model>.json (rows per log)")
     args = ap.parse_args(argv)
     device = torch.device("cpu" if args.dry_run else "cuda")
     dtype = torch.float32 if args.dry_run else torch.bfloat16
@@ -348,8 +545,21 @@ def main(argv=None):
     cfg0 = json.loads(Path(args.model[0]).read_text())
     if args.dry_run:
         cfg0 = {**cfg0, **DRY_CFG}
+    if device.type == "cuda":
+        M.SPLIT["sms"] = int(info.get("sms", M.SPLIT["sms"]))
+    t0 = time.time()
+    sp = parse_split(args.split)
+    tune = None
+    if sp is None:
+        tune = split_tune(device, dtype, timer, model_dims(cfg0))
+        sp = SPLIT_CANDIDATES[tune["chosen"]]
+    M.SPLIT.update(sp)
+    log(f"split policy ({time.time() - t0:.1f}s): {json.dumps(M.SPLIT)}")
     t0 = time.time()
     probe = attention_probe(device, dtype, timer, model_dims(cfg0), bench=not args.no_attn_bench)
+    probe["split"] = dict(M.SPLIT)
+    if tune:
+        probe["split_tune"] = tune
     log(f"attention probe ({time.time() - t0:.1f}s): {json.dumps(probe)}")
     for path in args.model:
         t0 = time.time()

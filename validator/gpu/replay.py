@@ -30,7 +30,8 @@ def load_or_make_steps(src: str) -> list[dict]:
 
 
 def replay_steps(model, steps, dims, device, timer, caps, staircase=None, depth_scale=1.0,
-                 eager_tails=False, repredict=False):
+                 eager_tails=False, repredict=False, big_timer=None):
+    """big_timer (optional): timer for steps above the capture limit (fewer reps for the long ones)."""
     from validator.gpu import model as M
     rows = []
     for st in steps:
@@ -38,14 +39,16 @@ def replay_steps(model, steps, dims, device, timer, caps, staircase=None, depth_
         n_pad = padded_tokens(shape.n, caps)
         m = M.StepMeta(shape, n_pad, dims, device)
         graph = shape.n <= caps[-1] or not eager_tails
-        ms, reps = timer(lambda: model.forward(m), graph=graph)
+        tm = big_timer if (big_timer is not None and shape.n > caps[-1]) else timer
+        ms, reps = tm(lambda: model.forward(m), graph=graph)
         pred = st.get("predicted_ms")
         if (pred is None or repredict) and staircase is not None:
             pred = staircase.step_ms(shape.n, shape.kv)
         dec = [c for s, c in zip(shape.q, shape.ctx) if s < PREFILL_MIN_Q]
         rows.append(dict(step=st.get("step"), concurrency=concurrency_of(st), n=shape.n, n_pad=n_pad,
                          kv=shape.kv, R=shape.requests, graph=graph, mode=m.mode,
-                         chunks=int(m.n_chunks), ctx_max=max(dec) if dec else 0,
+                         chunks=int(m.n_chunks), merge_rows=int(getattr(m, "merge_rows", 0)),
+                         ctx_max=max(dec) if dec else 0,
                          prefill_tokens=sum(s for s in shape.q if s >= PREFILL_MIN_Q),
                          overread_tokens=int(m.overread), measured_ms=ms * depth_scale,
                          predicted_ms=pred, predicted_log_ms=st.get("predicted_ms")))
@@ -65,11 +68,25 @@ def main(argv=None):
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--repredict", action="store_true", help="predict from --profile even where the log has a value")
     ap.add_argument("--eager-tails", action="store_true", help="run steps above the capture limit eagerly")
+    ap.add_argument("--split", default="",
+                    help="decode split-KV policy (profile.py --split syntax; 'auto' is not timed here); "
+                         "default: the split recorded in --profile's provenance, else the executor's default")
     a = ap.parse_args(argv)
     import torch
     from validator.gpu import model as M
-    from validator.gpu.profile import DRY_CFG, Timer
+    from validator.gpu.profile import DRY_CFG, Timer, parse_split
     device = torch.device("cpu" if a.dry_run else "cuda")
+    if device.type == "cuda":
+        M.SPLIT["sms"] = torch.cuda.get_device_properties(0).multi_processor_count
+    if a.split:
+        M.SPLIT.update(parse_split(a.split) or {})
+    elif a.profile:
+        import yaml
+        rec = (yaml.safe_load(Path(a.profile).read_text()).get("provenance", {})
+               .get("attention_check", {}).get("split"))
+        if rec:
+            M.SPLIT.update({k: v for k, v in rec.items() if k != "sms"})
+    print(f"split: {json.dumps(M.SPLIT)}", flush=True)
     dtype = torch.float32 if a.dry_run else torch.bfloat16
     cfg = json.loads(Path(a.model).read_text())
     if a.dry_run:
