@@ -169,6 +169,14 @@ class Replica:
         self.on_finish = on_finish
         self.I = np.zeros((0, _NCOL), dtype=np.int64)
         self.F = np.zeros((0, 3), dtype=np.float64)
+        # Confidences of the decode slots' previous (and, for the paper's production policy, the
+        # one before) draft rounds, position-major [K, slots] and aligned with I's rows: the
+        # budget policies read them every step, so they follow the slots instead of being gathered
+        # from and scattered to the request table (which keeps them only across a preemption).
+        self._track_conf = bool(self.K) and spec.method.adaptive
+        self._track_conf2 = self._track_conf and getattr(spec.policy, "production", False)
+        self.CP = np.ones((max(self.K, 1), 0), dtype=np.float32)
+        self.CP2 = self.CP
         self.pre: list = []                  # request ids prefilling, in queue order
         self.admit_seq = 0
         self.waiting: deque = deque()
@@ -311,6 +319,12 @@ class Replica:
             keep = np.ones(len(self.I), dtype=bool)
             keep[j] = False
             self.I, self.F = self.I[keep], self.F[keep]
+            if self._track_conf:
+                R.conf_prev[:, rid] = self.CP[:, j]
+                self.CP = self.CP[:, keep]
+                if self._track_conf2:
+                    R.conf_prev2[:, rid] = self.CP2[:, j]
+                    self.CP2 = self.CP2[:, keep]
         R.blocks[rid] = 0
         R.computed[rid] = 0
         R.preemptions[rid] += 1
@@ -414,22 +428,21 @@ class Replica:
 
     def _windows(self, I, k, prefill_tokens=0):
         """Draft draws and verify windows for the decode slots over k steps."""
-        R, sp, K = self.R, self.spec, self.K
-        ids = I[:, _ID]
+        sp, K = self.spec, self.K
         lat = self.F[:, _LAT]
         draws = sp.acceptance.sample(self.stream, I[:, _CLS], lat, k)
         if k == 1 and self._one_step is not None:
             # The every-step case: the policy's one-step entry, budgets priced by one cost row.
             n = len(I)
             cost, kv, cpu = self.cost, self.kv_dec + n, self.cpu_ms
-            w = self._one_step(draws.conf[0], R.conf_prev[:, ids].T, n + prefill_tokens, float(n),
+            w = self._one_step(draws.conf[0], self.CP.T, n + prefill_tokens, float(n),
                                self._draft_ms(n), lambda n0, n1: cost.step_ms_range(n0, n1, kv) + cpu,
-                               self.cfg.max_num_batched_tokens, K)
+                               self.cfg.max_num_batched_tokens, K, in_unit=True)
             return w[None], draws
         if sp.method.adaptive:
             conf = draws.conf
-            cp = R.conf_prev[:, ids].T                       # [R, K] views of [K, R] blocks
-            cp2 = R.conf_prev2[:, ids].T if getattr(sp.policy, "production", False) else None
+            cp = self.CP.T                                   # [R, K] views of [K, R] blocks
+            cp2 = self.CP2.T if self._track_conf2 else None
             prev = np.concatenate([cp[None], conf[:-1]]) if k > 1 else cp[None]
             if not getattr(sp.policy, "production", False):
                 prev2 = None               # only the paper's production variant reads it
@@ -483,7 +496,7 @@ class Replica:
     def _spec_account(self, I, draws, acc, verified, lead):
         """Counters for the first m steps of a window of the decode slots I (acc: accepted drafts,
         verified: drafts verified, lead: drafts the full block would have accepted, all [m, n])."""
-        st, K, R = self.stats, self.K, self.R
+        st, K = self.stats, self.K
         m, n = acc.shape
         st.num_drafts += m * n
         st.num_draft_tokens += m * n * K
@@ -500,11 +513,10 @@ class Replica:
             st.head_conf.append(draws.conf[:m].reshape(-1))
             st.head_acc.append(draws.accept[:m].reshape(-1))
             st.head_n += m * n * K
-        if self.spec.method.adaptive:
-            ids = I[:, _ID]
-            if getattr(self.spec.policy, "production", False):      # the only reader of conf_prev2
-                R.conf_prev2[:, ids] = draws.conf[m - 2].T if m >= 2 else R.conf_prev[:, ids]
-            R.conf_prev[:, ids] = draws.conf[m - 1].T
+        if self._track_conf:                # views of the draws' position-major [K, R] blocks
+            if self._track_conf2:                                   # the only reader of CP2
+                self.CP2 = draws.conf[m - 2].T if m >= 2 else self.CP
+            self.CP = draws.conf[m - 1].T
         return vsum
 
     def _commit_step(self, plan):
@@ -576,6 +588,10 @@ class Replica:
                 self.kv_dec += comp
             self.I = I = np.concatenate([I, np.array(rows, dtype=np.int64)])
             self.F = F = np.concatenate([F, np.array(frows, dtype=np.float64)])
+            if self._track_conf:            # new requests: ones; resumed ones: their saved rounds
+                self.CP = np.concatenate([self.CP, R.conf_prev[:, moved]], axis=1)
+                if self._track_conf2:
+                    self.CP2 = np.concatenate([self.CP2, R.conf_prev2[:, moved]], axis=1)
         self.prev_end = t
         self.steps.append((self.idx, t, dur, n_dec_run + sum(1 for c in chunks if c), n_dec_run, n_tokens,
                            pre_tokens, verified, accepted, emitted_total, kv, len(self.waiting)))
@@ -613,6 +629,10 @@ class Replica:
             self.kv_dec -= int(rows[:, _COMP].sum())
             keep = ~done
             self.I, self.F = I[keep], self.F[keep]
+            if self._track_conf:
+                self.CP = self.CP[:, keep]
+                if self._track_conf2:
+                    self.CP2 = self.CP2[:, keep]
             left = left[keep]
             for rid in rows[:, _ID].tolist():
                 self.on_finish(rid)
