@@ -49,27 +49,27 @@ def floor(per_user, prof, reps=3):
         s = simulate(SimConfig(workload=w, profile=prof, spec=spec)).summary
         return s["sim_time_s"] / (time.process_time() - t)
 
-    orig_sample, orig_one = S.AcceptanceModel.sample, P.VllmPolicy.one_step
+    orig_sample, orig_one = S.AcceptanceModel.sample_slots, P.VllmPolicy.one_step
     draws, wins = {}, {}
 
-    def cached_sample(self, rng, cls, latent, steps):
-        key = (len(cls), steps)
+    def cached_sample(self, st, off, steps):
+        key = (off.shape[1], steps)
         if key not in draws:
-            draws[key] = orig_sample(self, rng, cls, latent, steps)
+            draws[key] = orig_sample(self, st, off, steps)
         return draws[key]
 
-    def cached_one_step(self, now, prev, *args):
+    def cached_one_step(self, now, prev, *args, **kw):
         if now.shape[0] not in wins:
-            wins[now.shape[0]] = orig_one(self, now, prev, *args)
+            wins[now.shape[0]] = orig_one(self, now, prev, *args, **kw)
         return wins[now.shape[0]]
 
     for _ in range(reps):
         none, dspark = run(SpecConfig()), run(SpecConfig("dspark", adaptive=True))
-        S.AcceptanceModel.sample, P.VllmPolicy.one_step = cached_sample, cached_one_step
+        S.AcceptanceModel.sample_slots, P.VllmPolicy.one_step = cached_sample, cached_one_step
         try:
             fl = run(SpecConfig("dspark", adaptive=True))
         finally:
-            S.AcceptanceModel.sample, P.VllmPolicy.one_step = orig_sample, orig_one
+            S.AcceptanceModel.sample_slots, P.VllmPolicy.one_step = orig_sample, orig_one
         print(f"C=256 x real time (CPU): none {none:7.1f}  dspark {dspark:6.1f} ({dspark / none:.3f})  "
               f"dspark engine floor {fl:6.1f} ({fl / none:.3f})", flush=True)
 

@@ -95,12 +95,11 @@ class Requests:
         self.cached_tokens = [0] * n
         self.replica = np.full(n, -1, dtype=np.int64)
         self.latent = np.zeros(n)
-        kk = max(k, 1)
         self.spec_counts: dict = {}          # rid -> (rounds, accepted, verified) while preempted
-        # Confidences of each request's previous two draft rounds (what the budget policies read),
-        # position-major [K, n] like the draws: a step gathers and stores [K, R] blocks.
-        self.conf_prev = np.ones((kk, n), dtype=np.float32)
-        self.conf_prev2 = np.ones((kk, n), dtype=np.float32)
+        # Per request, the float32 rows its decode slot carries (Replica.X; built by the first
+        # replica): acceptance-model slot offsets, then the confidences of its previous draft
+        # rounds (ones before its first; written back here when it is preempted).
+        self.slot_rows: np.ndarray | None = None
 
 
 class SpecStats:
@@ -138,7 +137,7 @@ _ID, _COMP, _END, _CLS, _EMITS = range(5)      # int64 columns of Replica.I
 # draft rounds, drafts accepted (within the window), drafts verified.
 _ROUNDS, _ASUM, _VSUM = range(5, 8)
 _NCOL = 8
-_LAST, _ITLMAX, _LAT = range(3)                        # float64 columns of Replica.F
+_LAST, _ITLMAX = range(2)                              # float64 columns of Replica.F
 
 
 class Replica:
@@ -168,15 +167,23 @@ class Replica:
         self.stats = stats
         self.on_finish = on_finish
         self.I = np.zeros((0, _NCOL), dtype=np.int64)
-        self.F = np.zeros((0, 3), dtype=np.float64)
-        # Confidences of the decode slots' previous (and, for the paper's production policy, the
-        # one before) draft rounds, position-major [K, slots] and aligned with I's rows: the
-        # budget policies read them every step, so they follow the slots instead of being gathered
-        # from and scattered to the request table (which keeps them only across a preemption).
-        self._track_conf = bool(self.K) and spec.method.adaptive
-        self._track_conf2 = self._track_conf and getattr(spec.policy, "production", False)
-        self.CP = np.ones((max(self.K, 1), 0), dtype=np.float32)
-        self.CP2 = self.CP
+        self.F = np.zeros((0, 2), dtype=np.float64)
+        # Per decode slot, float32 rows aligned with I's rows (position-major [rows, slots]): the
+        # acceptance model's slot offsets (what is fixed for a request while it decodes), then
+        # the confidences of the previous draft round and, for the paper's production policy, of
+        # the one before. Read every step, so they follow the slots instead of being gathered
+        # from the request table (which keeps the confidences only across a preemption).
+        K = self.K
+        off = spec.acceptance.slot_offsets(reqs.cls, reqs.latent) if K else np.zeros((0, reqs.n), np.float32)
+        self._off_rows = len(off)
+        track = bool(K) and spec.method.adaptive
+        track2 = track and getattr(spec.policy, "production", False)
+        self._cp = slice(self._off_rows, self._off_rows + K) if track else None
+        self._cp2 = slice(self._off_rows + K, self._off_rows + 2 * K) if track2 else None
+        rows = self._off_rows + K * (track + track2)
+        if K and (reqs.slot_rows is None or len(reqs.slot_rows) != rows):
+            reqs.slot_rows = np.concatenate([off, np.ones((rows - len(off), reqs.n), dtype=np.float32)])
+        self.X = np.zeros((rows, 0), dtype=np.float32)
         self.pre: list = []                  # request ids prefilling, in queue order
         self.admit_seq = 0
         self.waiting: deque = deque()
@@ -319,12 +326,9 @@ class Replica:
             keep = np.ones(len(self.I), dtype=bool)
             keep[j] = False
             self.I, self.F = self.I[keep], self.F[keep]
-            if self._track_conf:
-                R.conf_prev[:, rid] = self.CP[:, j]
-                self.CP = self.CP[:, keep]
-                if self._track_conf2:
-                    R.conf_prev2[:, rid] = self.CP2[:, j]
-                    self.CP2 = self.CP2[:, keep]
+            if self.K:
+                R.slot_rows[:, rid] = self.X[:, j]    # its confidences, kept for its resumption
+                self.X = self.X[:, keep]
         R.blocks[rid] = 0
         R.computed[rid] = 0
         R.preemptions[rid] += 1
@@ -429,20 +433,19 @@ class Replica:
     def _windows(self, I, k, prefill_tokens=0):
         """Draft draws and verify windows for the decode slots over k steps."""
         sp, K = self.spec, self.K
-        lat = self.F[:, _LAT]
-        draws = sp.acceptance.sample(self.stream, I[:, _CLS], lat, k)
+        draws = sp.acceptance.sample_slots(self.stream, self.X[:self._off_rows], k)
         if k == 1 and self._one_step is not None:
             # The every-step case: the policy's one-step entry, budgets priced by one cost row.
             n = len(I)
             cost, kv, cpu = self.cost, self.kv_dec + n, self.cpu_ms
-            w = self._one_step(draws.conf[0], self.CP.T, n + prefill_tokens, float(n),
+            w = self._one_step(draws.conf[0], self.X[self._cp].T, n + prefill_tokens, float(n),
                                self._draft_ms(n), lambda n0, n1: cost.step_ms_range(n0, n1, kv) + cpu,
                                self.cfg.max_num_batched_tokens, K, in_unit=True)
             return w[None], draws
         if sp.method.adaptive:
             conf = draws.conf
-            cp = self.CP.T                                   # [R, K] views of [K, R] blocks
-            cp2 = self.CP2.T if self._track_conf2 else None
+            cp = self.X[self._cp].T                          # [R, K] views of [K, R] blocks
+            cp2 = self.X[self._cp2].T if self._cp2 is not None else None
             prev = np.concatenate([cp[None], conf[:-1]]) if k > 1 else cp[None]
             if not getattr(sp.policy, "production", False):
                 prev2 = None               # only the paper's production variant reads it
@@ -513,10 +516,10 @@ class Replica:
             st.head_conf.append(draws.conf[:m].reshape(-1))
             st.head_acc.append(draws.accept[:m].reshape(-1))
             st.head_n += m * n * K
-        if self._track_conf:                # views of the draws' position-major [K, R] blocks
-            if self._track_conf2:                                   # the only reader of CP2
-                self.CP2 = draws.conf[m - 2].T if m >= 2 else self.CP
-            self.CP = draws.conf[m - 1].T
+        if self._cp is not None:
+            if self._cp2 is not None:                          # (the production policy's)
+                self.X[self._cp2] = draws.conf[m - 2].T if m >= 2 else self.X[self._cp]
+            self.X[self._cp] = draws.conf[m - 1].T
         return vsum
 
     def _commit_step(self, plan):
@@ -584,14 +587,12 @@ class Replica:
                 self.left_lb = min(self.left_lb, end - comp)
                 self.pre_blocks -= int(R.blocks[rid])       # now counted from the slot's KV tokens
                 R.blocks[rid] = 0
-                frows.append((t, float(R.itl_max[rid]), float(R.latent[rid])))
+                frows.append((t, float(R.itl_max[rid])))
                 self.kv_dec += comp
             self.I = I = np.concatenate([I, np.array(rows, dtype=np.int64)])
             self.F = F = np.concatenate([F, np.array(frows, dtype=np.float64)])
-            if self._track_conf:            # new requests: ones; resumed ones: their saved rounds
-                self.CP = np.concatenate([self.CP, R.conf_prev[:, moved]], axis=1)
-                if self._track_conf2:
-                    self.CP2 = np.concatenate([self.CP2, R.conf_prev2[:, moved]], axis=1)
+            if K:
+                self.X = np.concatenate([self.X, R.slot_rows[:, moved]], axis=1)
         self.prev_end = t
         self.steps.append((self.idx, t, dur, n_dec_run + sum(1 for c in chunks if c), n_dec_run, n_tokens,
                            pre_tokens, verified, accepted, emitted_total, kv, len(self.waiting)))
@@ -629,10 +630,8 @@ class Replica:
             self.kv_dec -= int(rows[:, _COMP].sum())
             keep = ~done
             self.I, self.F = I[keep], self.F[keep]
-            if self._track_conf:
-                self.CP = self.CP[:, keep]
-                if self._track_conf2:
-                    self.CP2 = self.CP2[:, keep]
+            if self.K:
+                self.X = self.X[:, keep]
             left = left[keep]
             for rid in rows[:, _ID].tolist():
                 self.on_finish(rid)

@@ -328,13 +328,13 @@ def test_adaptive_policy_windows_are_exact(monkeypatch):
     """Deterministic draws: an adaptive policy gives the same run with windows of 1 and 64 steps
     (each step's budget priced at its own KV context)."""
     import dsim.spec as S
-    orig = S.AcceptanceModel.sample
+    orig = S.AcceptanceModel.sample_slots
 
-    def det_sample(self, rng, cls, latent, steps):
-        d = orig(self, rng, cls, latent, steps)
-        P = np.broadcast_to(self._Pf[np.asarray(cls, np.intp)], d.conf.shape).copy()
+    def det_sample(self, st, off, steps):
+        d = orig(self, st, off, steps)
+        P = np.broadcast_to(off[self.k:].T, d.conf.shape).copy()  # the useless head's rows: P[c, k]
         return S.StepDraws(P, P >= 0.5, P)
-    monkeypatch.setattr(S.AcceptanceModel, "sample", det_sample)
+    monkeypatch.setattr(S.AcceptanceModel, "sample_slots", det_sample)
     rng = np.random.default_rng(3)
     n = 48
     w = wl(rng.integers(500, 3000, n), rng.integers(100, 300, n), closed=n, cls=rng.integers(0, 3, n))
