@@ -110,8 +110,10 @@ class SpecStats:
         self.num_drafts = 0
         self.num_draft_tokens = 0           # vLLM counter: full K per draft round
         self.verified_draft_tokens = 0      # drafts actually verified (the window)
-        # Histogram of accepted drafts per round (0..K); accepted_per_pos derives from it.
-        self.accepted_hist = np.zeros(max(k, 1) + 1, dtype=np.int64)
+        # Histogram of accepted drafts per round (0..K); accepted_per_pos derives from it. Rounds
+        # are buffered and counted 64 steps at a time (one bincount instead of one a step).
+        self._hist = np.zeros(max(k, 1) + 1, dtype=np.int64)
+        self._acc_buf: list = []
         # Verify utilization (SGLang/DSpark): drafts accepted within the chosen windows over drafts
         # the full block would have had accepted, from the same draws.
         self.accepted_in_window = 0
@@ -123,6 +125,22 @@ class SpecStats:
         self.head_conf: list = []
         self.head_acc: list = []
         self.head_n = 0
+
+    def add_accepted(self, acc: np.ndarray):
+        """Accepted drafts of some rounds (any shape; the caller does not modify it later)."""
+        self._acc_buf.append(acc.reshape(-1))
+        if len(self._acc_buf) >= 64:
+            self._count()
+
+    def _count(self):
+        if self._acc_buf:
+            self._hist += np.bincount(np.concatenate(self._acc_buf), minlength=len(self._hist))
+            self._acc_buf = []
+
+    @property
+    def accepted_hist(self) -> np.ndarray:
+        self._count()
+        return self._hist
 
     @property
     def accepted_per_pos(self) -> np.ndarray:
@@ -354,7 +372,7 @@ class Replica:
         n_dec = len(I)
         budget = cfg.max_num_batched_tokens
         thr = cfg.long_prefill_token_threshold
-        windows = draws = q = None
+        vc = draws = q = None
         cut = False
         dec_tokens = 0
         todos = [R.prompt_l[r] + R.generated[r] - R.computed[r] for r in self.pre]   # tokens to prefill
@@ -363,12 +381,12 @@ class Replica:
                 # vLLM schedules decodes first with all K drafts, prefills get what is left; the
                 # verify budget then trims drafts inside the decodes' reservation.
                 windows, draws = self._windows(I, 1, min(sum(todos), max(budget - n_dec * (1 + K), 0)))
-                q = 1 + verify_tokens_and_commit(self.verify_mode, windows[0], K)[0]
-                dec_tokens = int(q.sum())
+                vc = verify_tokens_and_commit(self.verify_mode, windows[0], K)   # (verified, commit cap)
+                dec_tokens = n_dec + int(np.add.reduce(vc[0]))
             else:
                 dec_tokens = n_dec
             if dec_tokens > budget:          # the budget cuts the decode queue (rare)
-                qq = q if q is not None else np.ones(n_dec, dtype=np.int64)
+                qq = 1 + vc[0] if K else np.ones(n_dec, dtype=np.int64)
                 cum = np.cumsum(qq)
                 q = np.minimum(qq, np.maximum(budget - (cum - qq), 0))
                 dec_tokens = budget
@@ -428,7 +446,8 @@ class Replica:
         n_sample = (n_dec if not cut else int((q > 0).sum())) + n_pre_sample
         fwd = self._step_ms(n_tokens, kv)
         dur = fwd + self._draft_ms(n_sample) + self.cpu_ms
-        return (n_dec, q, cut, windows, draws, list(self.pre), chunks, n_tokens, pre_tokens, kv, fwd, dur)
+        # q: tokens per decode slot, only when the budget cut the queue (else 1 + verified)
+        return (n_dec, q, cut, vc, draws, list(self.pre), chunks, n_tokens, pre_tokens, kv, fwd, dur)
 
     def _windows(self, I, k, prefill_tokens=0):
         """Draft draws and verify windows for the decode slots over k steps."""
@@ -498,20 +517,24 @@ class Replica:
 
     def _spec_account(self, I, draws, acc, verified, lead):
         """Counters for the first m steps of a window of the decode slots I (acc: accepted drafts,
-        verified: drafts verified, lead: drafts the full block would have accepted, all [m, n])."""
+        verified: drafts verified, lead: drafts the full block would have accepted, all [m, n],
+        or [n] for one step). Returns (verified, accepted) drafts in total."""
         st, K = self.stats, self.K
-        m, n = acc.shape
+        one = acc.ndim == 1
+        m, n = (1, len(acc)) if one else acc.shape
         st.num_drafts += m * n
         st.num_draft_tokens += m * n * K
-        vsum = int(verified.sum())
+        acc_r = acc if one else np.add.reduce(acc, axis=0)
+        ver_r = verified if one else np.add.reduce(verified, axis=0)
+        vsum, asum = int(np.add.reduce(ver_r)), int(np.add.reduce(acc_r))
         st.verified_draft_tokens += vsum
-        st.accepted_hist += np.bincount(acc.ravel(), minlength=K + 1)
+        st.add_accepted(acc)
         if self.spec.method.adaptive:
-            st.accepted_in_window += int(acc.sum())
-            st.accepted_full_block += int(lead.sum())
+            st.accepted_in_window += asum
+            st.accepted_full_block += int(np.add.reduce(lead, axis=None))
         I[:, _ROUNDS] += m                  # per class when the rows are flushed
-        I[:, _ASUM] += acc[0] if m == 1 else acc.sum(axis=0)
-        I[:, _VSUM] += verified[0] if m == 1 else verified.sum(axis=0)
+        I[:, _ASUM] += acc_r
+        I[:, _VSUM] += ver_r
         if st.head_n < st.cap and self.spec.method.name == "dspark":     # only DSpark has a head
             st.head_conf.append(draws.conf[:m].reshape(-1))
             st.head_acc.append(draws.accept[:m].reshape(-1))
@@ -520,29 +543,29 @@ class Replica:
             if self._cp2 is not None:                          # (the production policy's)
                 self.X[self._cp2] = draws.conf[m - 2].T if m >= 2 else self.X[self._cp]
             self.X[self._cp] = draws.conf[m - 1].T
-        return vsum
+        return vsum, asum
 
     def _commit_step(self, plan):
-        n_dec, q, cut, windows, draws, pre, chunks, n_tokens, pre_tokens, kv, fwd, dur = plan
+        n_dec, q, cut, vc, draws, pre, chunks, n_tokens, pre_tokens, kv, fwd, dur = plan
         R, K, t = self.R, self.K, self.env.now
         I, F = self.I, self.F
         if self.shapes is not None:
-            qs = ([] if not n_dec else (q.tolist() if q is not None else [1] * n_dec)) + chunks
+            qd = q if q is not None else (1 + vc[0] if K else None)
+            qs = ([] if not n_dec else (qd.tolist() if qd is not None else [1] * n_dec)) + chunks
             ctxs = I[:, _COMP].tolist() + [int(R.computed[r]) for r in pre]
             self.shapes.append((self.idx, t, [x for x in qs if x], [c for x, c in zip(qs, ctxs) if x], fwd))
         accepted = verified = emitted_total = 0
         n_dec_run = n_dec
         if n_dec:
             if K:
-                ver, commit_w = verify_tokens_and_commit(self.verify_mode, windows[0], K)
+                ver, commit_w = vc
                 if cut:     # a decode cut by the token budget verifies only the drafts it was given
                     given = np.maximum(q - 1, 0)
                     ver, commit_w = np.minimum(ver, given), np.minimum(commit_w, given)
-                lead = draws.full_block_accepted()[0]                      # the full block's
+                lead = draws.full_block_accepted_first()                   # the full block's
                 acc = np.minimum(lead, commit_w)
-                verified = self._spec_account(I, draws, acc[None], ver[None], lead[None])
+                verified, accepted = self._spec_account(I, draws, acc, ver, lead)
                 em = np.minimum(acc + 1, I[:, _END] - I[:, _COMP])
-                accepted = int(acc.sum())
             else:
                 em = 1
             if cut:

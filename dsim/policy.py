@@ -288,41 +288,49 @@ class VllmPolicy(BudgetPolicy):
         if RK == 0:
             return np.zeros(R, dtype=np.int64)
         f32 = now.dtype == np.float32 and prev.dtype == np.float32
-        S = np.empty((2, K, R), dtype=np.float32 if f32 else np.float64)
+        # [K, 2, R]: position j's previous and current scores side by side, so the survival
+        # products run over contiguous [2, R] blocks (numpy's per-call cost dominates here).
+        S = np.empty((K, 2, R), dtype=np.float32 if f32 else np.float64)
         if in_unit:                                             # the caller guarantees [0, 1]
-            S[0] = prev[:, :K].T
-            S[1] = now[:, :K].T
+            S[:, 0] = prev[:, :K].T
+            S[:, 1] = now[:, :K].T
         else:
-            np.maximum(prev[:, :K].T, 0.0, out=S[0])
-            np.maximum(now[:, :K].T, 0.0, out=S[1])
+            np.maximum(prev[:, :K].T, 0.0, out=S[:, 0])
+            np.maximum(now[:, :K].T, 0.0, out=S[:, 1])
             np.minimum(S, 1.0, out=S)
-        for j in range(1, K):                                   # survivals, position-major
-            np.multiply(S[:, j - 1], S[:, j], out=S[:, j])
+        for j in range(1, K):                                   # survivals
+            np.multiply(S[j - 1], S[j], out=S[j])
         N = n_nondraft
         M = min(max(token_limit - N, 0), RK)
         # The budget's scores in descending order, as an ascending sort of their negatives (a
         # contiguous cumulative sum; negation is exact, so the partial sums are the same).
-        neg = np.negative(S[0].reshape(-1))
+        neg = np.negative(S[:, 0]).reshape(-1)
         neg.sort()
         cs = np.zeros(M + 1)
-        np.cumsum(neg[:M], dtype=np.float64, out=cs[1:])
+        top = cs[1:]
+        top[:] = neg[:M]                                        # (float64 before summing)
+        top.cumsum(out=top)
         np.negative(cs, out=cs)
-        C = draft_ms + np.asarray(verify_ms_range(N, N + M + 1), dtype=np.float64)
+        C = np.asarray(verify_ms_range(N, N + M + 1), dtype=np.float64)
+        if draft_ms:
+            C = C + draft_ms
         cs += n_sampling
         if C[0] > 0:                     # C is non-decreasing: no zero division anywhere
             cs /= C
         else:
             with np.errstate(divide="ignore", invalid="ignore"):
                 cs /= C
-        B = int(np.argmax(cs))
+        B = int(cs.argmax())
         if B == 0:
             return np.zeros(R, dtype=np.int64)
-        cur = S[1]
-        thr = np.partition(cur.reshape(-1), RK - B)[RK - B]    # the B-th largest current score
+        cur = S[:, 1]
+        flat = cur.flatten()                                    # (always a copy: partitioned in place)
+        flat.partition(RK - B)
+        thr = flat[RK - B]                                      # the B-th largest current score
         sel = cur > 0 if thr <= 0 else cur >= thr               # thr <= 0: fewer than B positive
         if thr > 0 and np.count_nonzero(sel) != B:              # ties at the B-th value: ranks
             return _top_b_windows(np.ascontiguousarray(cur.T)[None], np.array([B]))[0]
-        return sel.sum(0, dtype=np.int64)
+        return np.add.reduce(sel, axis=0, dtype=np.int64)
 
 
 class PaperPolicy(BudgetPolicy):

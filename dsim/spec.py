@@ -383,8 +383,14 @@ class StepDraws:
     def full_block_accepted(self) -> np.ndarray:
         """Leading accepted drafts of the whole block (window K), int64[steps, R]."""
         if self._acc_sentinel is not None:
-            return np.argmin(self._acc_sentinel, axis=1)
+            return self._acc_sentinel.argmin(axis=1)
         return accepted_prefix(self.accept, self.accept.shape[-1])
+
+    def full_block_accepted_first(self) -> np.ndarray:
+        """``full_block_accepted()[0]``: the first step's, int64[R]."""
+        if self._acc_sentinel is not None:
+            return self._acc_sentinel[0].argmin(axis=0)
+        return accepted_prefix(self.accept[0], self.accept.shape[-1])
 
     @property
     def p_true(self) -> np.ndarray:
