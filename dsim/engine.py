@@ -231,6 +231,7 @@ class Replica:
         # The verify-budget policy's one-step entry where it has one (vllm), else None.
         pol = getattr(spec, "policy", None) if spec is not None and spec.method.adaptive else None
         self._one_step = getattr(pol, "one_step", None)
+        self._adaptive = pol is not None
         # Forward cost as a Python list up to the capture limit: the hot loop's lookup.
         self._fwd_arr = cost.forward_ms(np.arange(cost.limit + 1))
         self._fwd_small = self._fwd_arr.tolist()
@@ -457,8 +458,9 @@ class Replica:
             # The every-step case: the policy's one-step entry, budgets priced by one cost row.
             n = len(I)
             cost, kv, cpu = self.cost, self.kv_dec + n, self.cpu_ms
+            extra = cpu + self._draft_ms(n)
             w = self._one_step(draws.conf[0], self.X[self._cp].T, n + prefill_tokens, float(n),
-                               self._draft_ms(n), lambda n0, n1: cost.step_ms_range(n0, n1, kv) + cpu,
+                               0.0, lambda n0, n1: cost.step_ms_range(n0, n1, kv, extra),
                                self.cfg.max_num_batched_tokens, K, in_unit=True)
             return w[None], draws
         if sp.method.adaptive:
@@ -550,7 +552,7 @@ class Replica:
         R, K, t = self.R, self.K, self.env.now
         I, F = self.I, self.F
         if self.shapes is not None:
-            qd = q if q is not None else (1 + vc[0] if K else None)
+            qd = q if q is not None else (1 + vc[0] if vc is not None else None)
             qs = ([] if not n_dec else (qd.tolist() if qd is not None else [1] * n_dec)) + chunks
             ctxs = I[:, _COMP].tolist() + [int(R.computed[r]) for r in pre]
             self.shapes.append((self.idx, t, [x for x in qs if x], [c for x, c in zip(qs, ctxs) if x], fwd))
@@ -694,6 +696,11 @@ class Replica:
         if self.waiting and n < self.cfg.max_num_seqs:
             return False
         if self.F[:, _LAST].min() < self.prev_end:      # someone was skipped last step
+            return False
+        # An adaptive window prices every step's budget at once (a fixed point over k steps):
+        # worth it only when no request can finish for a few steps (at most 1 + K tokens a step);
+        # under load, where one finishes nearly every step, single steps are cheaper.
+        if self._adaptive and self.left_lb < 4 * (1 + self.K):
             return False
         return n * (1 + self.K) <= self.cfg.max_num_batched_tokens
 
