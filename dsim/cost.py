@@ -236,6 +236,13 @@ class CostModel:
         for kind, t in profile.draft.items():
             self._draft[kind] = (t.x, np.maximum.accumulate(t.ms) * cost_scale)
 
+    @property
+    def forward_dense(self) -> np.ndarray:
+        """forward_ms(0..DENSE_TOKENS) as one read-only array (what the array path returns)."""
+        v = self._dense.view()
+        v.flags.writeable = False
+        return v
+
     def forward_ms(self, n_tokens):
         """Target forward cost of n tokens at zero context (scalar or array)."""
         if isinstance(n_tokens, (int, np.integer)):

@@ -217,6 +217,7 @@ class Replica:
         self.lookahead = 1 + self.K
         self.cpu_ms = 0.0 if cfg.async_scheduling else cost.cpu_overhead_ms
         self.prev_end = -1.0
+        self._last_is_prev_end = True        # every decode slot last emitted at prev_end (see _itl)
         self.steps: list = []                # StepRecord tuples
         self.finished: list = []             # (slot rows, float rows, finish time) to flush
         self.itl_vals: list = []             # (gap_ms, count) pairs: ITL samples, run-length coded
@@ -235,6 +236,7 @@ class Replica:
         # Forward cost as a Python list up to the capture limit: the hot loop's lookup.
         self._fwd_arr = cost.forward_ms(np.arange(cost.limit + 1))
         self._fwd_small = self._fwd_arr.tolist()
+        self._fwd_list = cost.forward_dense.tolist()  # every step size up to DENSE_TOKENS
         self._kv_ms = cost.kv_ms_per_tok
         self.next_arrival = lambda: None      # set by the simulation: time of the next open-loop arrival
         self.proc = env.process(self.loop())
@@ -260,7 +262,8 @@ class Replica:
 
     # ---- helpers ----------------------------------------------------------------------------
     def _step_ms(self, n_tokens: int, kv: int) -> float:
-        f = self._fwd_small[n_tokens] if n_tokens <= self.cost.limit else self.cost.forward_ms(n_tokens)
+        fl = self._fwd_list
+        f = fl[n_tokens] if n_tokens < len(fl) else self.cost.forward_ms(n_tokens)
         return f + self._kv_ms * kv
 
     def _draft_ms(self, n: int) -> float:
@@ -339,7 +342,7 @@ class Replica:
             R.generated[rid] = R.output_l[rid] - int(row[_END] - row[_COMP])
             R.emits[rid] = row[_EMITS]
             R.spec_counts[rid] = (int(row[_ROUNDS]), int(row[_ASUM]), int(row[_VSUM]))
-            R.last_emit[rid] = frow[_LAST]
+            R.last_emit[rid] = self.prev_end if self._last_is_prev_end else frow[_LAST]
             R.itl_max[rid] = frow[_ITLMAX]
             self.kv_dec -= int(row[_COMP])
             keep = np.ones(len(self.I), dtype=bool)
@@ -624,31 +627,35 @@ class Replica:
         self._finish_done()
 
     def _itl(self, I, F, t, dur, mask):
-        """ITL samples of the decode slots emitting at t (all of them when mask is None)."""
-        last = F[:, _LAST]
-        if mask is None and last.min() >= self.prev_end:
+        """ITL samples of the decode slots emitting at t (all of them when mask is None).
+
+        While ``_last_is_prev_end`` holds, every slot's last emission is ``prev_end`` and
+        F[:, _LAST] is not kept up to date (it is written only when that stops holding)."""
+        if mask is None and self._last_is_prev_end:
             # Everyone emitted at the previous step's end: every gap is this step's duration.
             self.itl_vals.append((dur, len(F)))
             np.maximum(F[:, _ITLMAX], dur, out=F[:, _ITLMAX])
-        else:
-            sel = slice(None) if mask is None else mask
-            gaps = (t - last[sel]) * 1000.0
-            self.itl_vals.extend(zip(gaps.tolist(), [1] * len(gaps)))
-            F[sel, _ITLMAX] = np.maximum(F[sel, _ITLMAX], gaps)
-        if mask is None:
-            last[:] = t
             I[:, _EMITS] += 1
-        else:
-            last[mask] = t
-            I[mask, _EMITS] += 1
+            return
+        last = F[:, _LAST]
+        if self._last_is_prev_end:
+            last[:] = self.prev_end
+        sel = slice(None) if mask is None else mask
+        gaps = (t - last[sel]) * 1000.0
+        self.itl_vals.extend(zip(gaps.tolist(), [1] * len(gaps)))
+        F[sel, _ITLMAX] = np.maximum(F[sel, _ITLMAX], gaps)
+        last[sel] = t
+        I[sel, _EMITS] += 1
+        self._last_is_prev_end = mask is None
 
     def _finish_done(self):
         I = self.I
         if not len(I) or self.left_lb > 0:
             return
         left = I[:, _END] - I[:, _COMP]
-        done = left <= 0
-        if done.any():
+        lmin = int(np.minimum.reduce(left))
+        if lmin <= 0:
+            done = left <= 0
             rows, frows = I[done], self.F[done]
             # Per-request results are written to the request table once, at the end (flush).
             self.finished.append((rows, frows, self.env.now))
@@ -660,7 +667,8 @@ class Replica:
             left = left[keep]
             for rid in rows[:, _ID].tolist():
                 self.on_finish(rid)
-        self.left_lb = int(left.min()) if len(left) else 0
+            lmin = int(np.minimum.reduce(left)) if len(left) else 0
+        self.left_lb = lmin
 
     def flush(self):
         """Write the finished requests' results into the shared request table; add every
@@ -695,8 +703,8 @@ class Replica:
             return False
         if self.waiting and n < self.cfg.max_num_seqs:
             return False
-        if self.F[:, _LAST].min() < self.prev_end:      # someone was skipped last step
-            return False
+        if not self._last_is_prev_end and self.F[:, _LAST].min() < self.prev_end:
+            return False                                 # someone was skipped last step
         # An adaptive window prices every step's budget at once (a fixed point over k steps):
         # worth it only when no request can finish for a few steps (at most 1 + K tokens a step);
         # under load, where one finishes nearly every step, single steps are cheaper.
@@ -787,7 +795,7 @@ class Replica:
         durs = dur[:m].tolist()
         self.itl_vals.extend((d, n) for d in durs)
         np.maximum(F[:, _ITLMAX], max(durs), out=F[:, _ITLMAX])
-        F[:, _LAST] = t_end[last]
+        self._last_is_prev_end = True                    # (prev_end = t_end[last] below)
         ends = t_end[:m].tolist()
         ntok = n_tok[:m].tolist()
         kvl = kv[:m].tolist()
