@@ -236,6 +236,13 @@ class CostModel:
         for kind, t in profile.draft.items():
             self._draft[kind] = (t.x, np.maximum.accumulate(t.ms) * cost_scale)
 
+    @property
+    def forward_dense(self) -> np.ndarray:
+        """forward_ms(0..DENSE_TOKENS) as one read-only array (what the array path returns)."""
+        v = self._dense.view()
+        v.flags.writeable = False
+        return v
+
     def forward_ms(self, n_tokens):
         """Target forward cost of n tokens at zero context (scalar or array)."""
         if isinstance(n_tokens, (int, np.integer)):
@@ -279,12 +286,15 @@ class CostModel:
     def step_ms(self, n_tokens, kv_tokens):
         return self.forward_ms(n_tokens) + self.kv_ms_per_tok * np.asarray(kv_tokens, dtype=np.float64)
 
-    def step_ms_range(self, n0: int, n1: int, kv_tokens) -> np.ndarray:
-        """step_ms(np.arange(n0, n1), kv_tokens), as a slice of the dense table where it reaches
-        (the verify-budget policy prices every budget of a step at once, every step)."""
+    def step_ms_range(self, n0: int, n1: int, kv_tokens, extra_ms: float = 0.0) -> np.ndarray:
+        """step_ms(np.arange(n0, n1), kv_tokens) + extra_ms, as a slice of the dense table where
+        it reaches (the verify-budget policy prices every budget of a step at once, every step)."""
         if n1 <= len(self._dense):
-            return self._dense[n0:n1] + self.kv_ms_per_tok * float(kv_tokens)
-        return self.step_ms(np.arange(n0, n1), kv_tokens)
+            return self._dense[n0:n1] + (self.kv_ms_per_tok * float(kv_tokens) + extra_ms)
+        out = self.step_ms(np.arange(n0, n1), kv_tokens)
+        if extra_ms:
+            out += extra_ms
+        return out
 
     def draft_table_ms(self, kind: str, n_requests: int):
         """Draft cost from the profile's table for `kind` at n_requests, or None if absent."""

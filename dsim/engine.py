@@ -95,12 +95,11 @@ class Requests:
         self.cached_tokens = [0] * n
         self.replica = np.full(n, -1, dtype=np.int64)
         self.latent = np.zeros(n)
-        kk = max(k, 1)
         self.spec_counts: dict = {}          # rid -> (rounds, accepted, verified) while preempted
-        # Confidences of each request's previous two draft rounds (what the budget policies read),
-        # position-major [K, n] like the draws: a step gathers and stores [K, R] blocks.
-        self.conf_prev = np.ones((kk, n), dtype=np.float32)
-        self.conf_prev2 = np.ones((kk, n), dtype=np.float32)
+        # Per request, the float32 rows its decode slot carries (Replica.X; built by the first
+        # replica): acceptance-model slot offsets, then the confidences of its previous draft
+        # rounds (ones before its first; written back here when it is preempted).
+        self.slot_rows: np.ndarray | None = None
 
 
 class SpecStats:
@@ -111,8 +110,10 @@ class SpecStats:
         self.num_drafts = 0
         self.num_draft_tokens = 0           # vLLM counter: full K per draft round
         self.verified_draft_tokens = 0      # drafts actually verified (the window)
-        # Histogram of accepted drafts per round (0..K); accepted_per_pos derives from it.
-        self.accepted_hist = np.zeros(max(k, 1) + 1, dtype=np.int64)
+        # Histogram of accepted drafts per round (0..K); accepted_per_pos derives from it. Rounds
+        # are buffered and counted 64 steps at a time (one bincount instead of one a step).
+        self._hist = np.zeros(max(k, 1) + 1, dtype=np.int64)
+        self._acc_buf: list = []
         # Verify utilization (SGLang/DSpark): drafts accepted within the chosen windows over drafts
         # the full block would have had accepted, from the same draws.
         self.accepted_in_window = 0
@@ -124,6 +125,22 @@ class SpecStats:
         self.head_conf: list = []
         self.head_acc: list = []
         self.head_n = 0
+
+    def add_accepted(self, acc: np.ndarray):
+        """Accepted drafts of some rounds (any shape; the caller does not modify it later)."""
+        self._acc_buf.append(acc.reshape(-1))
+        if len(self._acc_buf) >= 64:
+            self._count()
+
+    def _count(self):
+        if self._acc_buf:
+            self._hist += np.bincount(np.concatenate(self._acc_buf), minlength=len(self._hist))
+            self._acc_buf = []
+
+    @property
+    def accepted_hist(self) -> np.ndarray:
+        self._count()
+        return self._hist
 
     @property
     def accepted_per_pos(self) -> np.ndarray:
@@ -138,7 +155,7 @@ _ID, _COMP, _END, _CLS, _EMITS = range(5)      # int64 columns of Replica.I
 # draft rounds, drafts accepted (within the window), drafts verified.
 _ROUNDS, _ASUM, _VSUM = range(5, 8)
 _NCOL = 8
-_LAST, _ITLMAX, _LAT = range(3)                        # float64 columns of Replica.F
+_LAST, _ITLMAX = range(2)                              # float64 columns of Replica.F
 
 
 class Replica:
@@ -168,7 +185,23 @@ class Replica:
         self.stats = stats
         self.on_finish = on_finish
         self.I = np.zeros((0, _NCOL), dtype=np.int64)
-        self.F = np.zeros((0, 3), dtype=np.float64)
+        self.F = np.zeros((0, 2), dtype=np.float64)
+        # Per decode slot, float32 rows aligned with I's rows (position-major [rows, slots]): the
+        # acceptance model's slot offsets (what is fixed for a request while it decodes), then
+        # the confidences of the previous draft round and, for the paper's production policy, of
+        # the one before. Read every step, so they follow the slots instead of being gathered
+        # from the request table (which keeps the confidences only across a preemption).
+        K = self.K
+        off = spec.acceptance.slot_offsets(reqs.cls, reqs.latent) if K else np.zeros((0, reqs.n), np.float32)
+        self._off_rows = len(off)
+        track = bool(K) and spec.method.adaptive
+        track2 = track and getattr(spec.policy, "production", False)
+        self._cp = slice(self._off_rows, self._off_rows + K) if track else None
+        self._cp2 = slice(self._off_rows + K, self._off_rows + 2 * K) if track2 else None
+        rows = self._off_rows + K * (track + track2)
+        if K and (reqs.slot_rows is None or len(reqs.slot_rows) != rows):
+            reqs.slot_rows = np.concatenate([off, np.ones((rows - len(off), reqs.n), dtype=np.float32)])
+        self.X = np.zeros((rows, 0), dtype=np.float32)
         self.pre: list = []                  # request ids prefilling, in queue order
         self.admit_seq = 0
         self.waiting: deque = deque()
@@ -184,6 +217,7 @@ class Replica:
         self.lookahead = 1 + self.K
         self.cpu_ms = 0.0 if cfg.async_scheduling else cost.cpu_overhead_ms
         self.prev_end = -1.0
+        self._last_is_prev_end = True        # every decode slot last emitted at prev_end (see _itl)
         self.steps: list = []                # StepRecord tuples
         self.finished: list = []             # (slot rows, float rows, finish time) to flush
         self.itl_vals: list = []             # (gap_ms, count) pairs: ITL samples, run-length coded
@@ -198,9 +232,11 @@ class Replica:
         # The verify-budget policy's one-step entry where it has one (vllm), else None.
         pol = getattr(spec, "policy", None) if spec is not None and spec.method.adaptive else None
         self._one_step = getattr(pol, "one_step", None)
+        self._adaptive = pol is not None
         # Forward cost as a Python list up to the capture limit: the hot loop's lookup.
         self._fwd_arr = cost.forward_ms(np.arange(cost.limit + 1))
         self._fwd_small = self._fwd_arr.tolist()
+        self._fwd_list = cost.forward_dense.tolist()  # every step size up to DENSE_TOKENS
         self._kv_ms = cost.kv_ms_per_tok
         self.next_arrival = lambda: None      # set by the simulation: time of the next open-loop arrival
         self.proc = env.process(self.loop())
@@ -226,7 +262,8 @@ class Replica:
 
     # ---- helpers ----------------------------------------------------------------------------
     def _step_ms(self, n_tokens: int, kv: int) -> float:
-        f = self._fwd_small[n_tokens] if n_tokens <= self.cost.limit else self.cost.forward_ms(n_tokens)
+        fl = self._fwd_list
+        f = fl[n_tokens] if n_tokens < len(fl) else self.cost.forward_ms(n_tokens)
         return f + self._kv_ms * kv
 
     def _draft_ms(self, n: int) -> float:
@@ -305,12 +342,15 @@ class Replica:
             R.generated[rid] = R.output_l[rid] - int(row[_END] - row[_COMP])
             R.emits[rid] = row[_EMITS]
             R.spec_counts[rid] = (int(row[_ROUNDS]), int(row[_ASUM]), int(row[_VSUM]))
-            R.last_emit[rid] = frow[_LAST]
+            R.last_emit[rid] = self.prev_end if self._last_is_prev_end else frow[_LAST]
             R.itl_max[rid] = frow[_ITLMAX]
             self.kv_dec -= int(row[_COMP])
             keep = np.ones(len(self.I), dtype=bool)
             keep[j] = False
             self.I, self.F = self.I[keep], self.F[keep]
+            if self.K:
+                R.slot_rows[:, rid] = self.X[:, j]    # its confidences, kept for its resumption
+                self.X = self.X[:, keep]
         R.blocks[rid] = 0
         R.computed[rid] = 0
         R.preemptions[rid] += 1
@@ -336,7 +376,7 @@ class Replica:
         n_dec = len(I)
         budget = cfg.max_num_batched_tokens
         thr = cfg.long_prefill_token_threshold
-        windows = draws = q = None
+        vc = draws = q = None
         cut = False
         dec_tokens = 0
         todos = [R.prompt_l[r] + R.generated[r] - R.computed[r] for r in self.pre]   # tokens to prefill
@@ -345,12 +385,12 @@ class Replica:
                 # vLLM schedules decodes first with all K drafts, prefills get what is left; the
                 # verify budget then trims drafts inside the decodes' reservation.
                 windows, draws = self._windows(I, 1, min(sum(todos), max(budget - n_dec * (1 + K), 0)))
-                q = 1 + verify_tokens_and_commit(self.verify_mode, windows[0], K)[0]
-                dec_tokens = int(q.sum())
+                vc = verify_tokens_and_commit(self.verify_mode, windows[0], K)   # (verified, commit cap)
+                dec_tokens = n_dec + int(np.add.reduce(vc[0]))
             else:
                 dec_tokens = n_dec
             if dec_tokens > budget:          # the budget cuts the decode queue (rare)
-                qq = q if q is not None else np.ones(n_dec, dtype=np.int64)
+                qq = 1 + vc[0] if K else np.ones(n_dec, dtype=np.int64)
                 cum = np.cumsum(qq)
                 q = np.minimum(qq, np.maximum(budget - (cum - qq), 0))
                 dec_tokens = budget
@@ -410,26 +450,26 @@ class Replica:
         n_sample = (n_dec if not cut else int((q > 0).sum())) + n_pre_sample
         fwd = self._step_ms(n_tokens, kv)
         dur = fwd + self._draft_ms(n_sample) + self.cpu_ms
-        return (n_dec, q, cut, windows, draws, list(self.pre), chunks, n_tokens, pre_tokens, kv, fwd, dur)
+        # q: tokens per decode slot, only when the budget cut the queue (else 1 + verified)
+        return (n_dec, q, cut, vc, draws, list(self.pre), chunks, n_tokens, pre_tokens, kv, fwd, dur)
 
     def _windows(self, I, k, prefill_tokens=0):
         """Draft draws and verify windows for the decode slots over k steps."""
-        R, sp, K = self.R, self.spec, self.K
-        ids = I[:, _ID]
-        lat = self.F[:, _LAT]
-        draws = sp.acceptance.sample(self.stream, I[:, _CLS], lat, k)
+        sp, K = self.spec, self.K
+        draws = sp.acceptance.sample_slots(self.stream, self.X[:self._off_rows], k)
         if k == 1 and self._one_step is not None:
             # The every-step case: the policy's one-step entry, budgets priced by one cost row.
             n = len(I)
             cost, kv, cpu = self.cost, self.kv_dec + n, self.cpu_ms
-            w = self._one_step(draws.conf[0], R.conf_prev[:, ids].T, n + prefill_tokens, float(n),
-                               self._draft_ms(n), lambda n0, n1: cost.step_ms_range(n0, n1, kv) + cpu,
-                               self.cfg.max_num_batched_tokens, K)
+            extra = cpu + self._draft_ms(n)
+            w = self._one_step(draws.conf[0], self.X[self._cp].T, n + prefill_tokens, float(n),
+                               0.0, lambda n0, n1: cost.step_ms_range(n0, n1, kv, extra),
+                               self.cfg.max_num_batched_tokens, K, in_unit=True)
             return w[None], draws
         if sp.method.adaptive:
             conf = draws.conf
-            cp = R.conf_prev[:, ids].T                       # [R, K] views of [K, R] blocks
-            cp2 = R.conf_prev2[:, ids].T if getattr(sp.policy, "production", False) else None
+            cp = self.X[self._cp].T                          # [R, K] views of [K, R] blocks
+            cp2 = self.X[self._cp2].T if self._cp2 is not None else None
             prev = np.concatenate([cp[None], conf[:-1]]) if k > 1 else cp[None]
             if not getattr(sp.policy, "production", False):
                 prev2 = None               # only the paper's production variant reads it
@@ -482,52 +522,55 @@ class Replica:
 
     def _spec_account(self, I, draws, acc, verified, lead):
         """Counters for the first m steps of a window of the decode slots I (acc: accepted drafts,
-        verified: drafts verified, lead: drafts the full block would have accepted, all [m, n])."""
-        st, K, R = self.stats, self.K, self.R
-        m, n = acc.shape
+        verified: drafts verified, lead: drafts the full block would have accepted, all [m, n],
+        or [n] for one step). Returns (verified, accepted) drafts in total."""
+        st, K = self.stats, self.K
+        one = acc.ndim == 1
+        m, n = (1, len(acc)) if one else acc.shape
         st.num_drafts += m * n
         st.num_draft_tokens += m * n * K
-        vsum = int(verified.sum())
+        acc_r = acc if one else np.add.reduce(acc, axis=0)
+        ver_r = verified if one else np.add.reduce(verified, axis=0)
+        vsum, asum = int(np.add.reduce(ver_r)), int(np.add.reduce(acc_r))
         st.verified_draft_tokens += vsum
-        st.accepted_hist += np.bincount(acc.ravel(), minlength=K + 1)
+        st.add_accepted(acc)
         if self.spec.method.adaptive:
-            st.accepted_in_window += int(acc.sum())
-            st.accepted_full_block += int(lead.sum())
+            st.accepted_in_window += asum
+            st.accepted_full_block += int(np.add.reduce(lead, axis=None))
         I[:, _ROUNDS] += m                  # per class when the rows are flushed
-        I[:, _ASUM] += acc[0] if m == 1 else acc.sum(axis=0)
-        I[:, _VSUM] += verified[0] if m == 1 else verified.sum(axis=0)
+        I[:, _ASUM] += acc_r
+        I[:, _VSUM] += ver_r
         if st.head_n < st.cap and self.spec.method.name == "dspark":     # only DSpark has a head
             st.head_conf.append(draws.conf[:m].reshape(-1))
             st.head_acc.append(draws.accept[:m].reshape(-1))
             st.head_n += m * n * K
-        if self.spec.method.adaptive:
-            ids = I[:, _ID]
-            if getattr(self.spec.policy, "production", False):      # the only reader of conf_prev2
-                R.conf_prev2[:, ids] = draws.conf[m - 2].T if m >= 2 else R.conf_prev[:, ids]
-            R.conf_prev[:, ids] = draws.conf[m - 1].T
-        return vsum
+        if self._cp is not None:
+            if self._cp2 is not None:                          # (the production policy's)
+                self.X[self._cp2] = draws.conf[m - 2].T if m >= 2 else self.X[self._cp]
+            self.X[self._cp] = draws.conf[m - 1].T
+        return vsum, asum
 
     def _commit_step(self, plan):
-        n_dec, q, cut, windows, draws, pre, chunks, n_tokens, pre_tokens, kv, fwd, dur = plan
+        n_dec, q, cut, vc, draws, pre, chunks, n_tokens, pre_tokens, kv, fwd, dur = plan
         R, K, t = self.R, self.K, self.env.now
         I, F = self.I, self.F
         if self.shapes is not None:
-            qs = ([] if not n_dec else (q.tolist() if q is not None else [1] * n_dec)) + chunks
+            qd = q if q is not None else (1 + vc[0] if vc is not None else None)
+            qs = ([] if not n_dec else (qd.tolist() if qd is not None else [1] * n_dec)) + chunks
             ctxs = I[:, _COMP].tolist() + [int(R.computed[r]) for r in pre]
             self.shapes.append((self.idx, t, [x for x in qs if x], [c for x, c in zip(qs, ctxs) if x], fwd))
         accepted = verified = emitted_total = 0
         n_dec_run = n_dec
         if n_dec:
             if K:
-                ver, commit_w = verify_tokens_and_commit(self.verify_mode, windows[0], K)
+                ver, commit_w = vc
                 if cut:     # a decode cut by the token budget verifies only the drafts it was given
                     given = np.maximum(q - 1, 0)
                     ver, commit_w = np.minimum(ver, given), np.minimum(commit_w, given)
-                lead = draws.full_block_accepted()[0]                      # the full block's
+                lead = draws.full_block_accepted_first()                   # the full block's
                 acc = np.minimum(lead, commit_w)
-                verified = self._spec_account(I, draws, acc[None], ver[None], lead[None])
+                verified, accepted = self._spec_account(I, draws, acc, ver, lead)
                 em = np.minimum(acc + 1, I[:, _END] - I[:, _COMP])
-                accepted = int(acc.sum())
             else:
                 em = 1
             if cut:
@@ -572,51 +615,60 @@ class Replica:
                 self.left_lb = min(self.left_lb, end - comp)
                 self.pre_blocks -= int(R.blocks[rid])       # now counted from the slot's KV tokens
                 R.blocks[rid] = 0
-                frows.append((t, float(R.itl_max[rid]), float(R.latent[rid])))
+                frows.append((t, float(R.itl_max[rid])))
                 self.kv_dec += comp
             self.I = I = np.concatenate([I, np.array(rows, dtype=np.int64)])
             self.F = F = np.concatenate([F, np.array(frows, dtype=np.float64)])
+            if K:
+                self.X = np.concatenate([self.X, R.slot_rows[:, moved]], axis=1)
         self.prev_end = t
         self.steps.append((self.idx, t, dur, n_dec_run + sum(1 for c in chunks if c), n_dec_run, n_tokens,
                            pre_tokens, verified, accepted, emitted_total, kv, len(self.waiting)))
         self._finish_done()
 
     def _itl(self, I, F, t, dur, mask):
-        """ITL samples of the decode slots emitting at t (all of them when mask is None)."""
-        last = F[:, _LAST]
-        if mask is None and last.min() >= self.prev_end:
+        """ITL samples of the decode slots emitting at t (all of them when mask is None).
+
+        While ``_last_is_prev_end`` holds, every slot's last emission is ``prev_end`` and
+        F[:, _LAST] is not kept up to date (it is written only when that stops holding)."""
+        if mask is None and self._last_is_prev_end:
             # Everyone emitted at the previous step's end: every gap is this step's duration.
             self.itl_vals.append((dur, len(F)))
             np.maximum(F[:, _ITLMAX], dur, out=F[:, _ITLMAX])
-        else:
-            sel = slice(None) if mask is None else mask
-            gaps = (t - last[sel]) * 1000.0
-            self.itl_vals.extend(zip(gaps.tolist(), [1] * len(gaps)))
-            F[sel, _ITLMAX] = np.maximum(F[sel, _ITLMAX], gaps)
-        if mask is None:
-            last[:] = t
             I[:, _EMITS] += 1
-        else:
-            last[mask] = t
-            I[mask, _EMITS] += 1
+            return
+        last = F[:, _LAST]
+        if self._last_is_prev_end:
+            last[:] = self.prev_end
+        sel = slice(None) if mask is None else mask
+        gaps = (t - last[sel]) * 1000.0
+        self.itl_vals.extend(zip(gaps.tolist(), [1] * len(gaps)))
+        F[sel, _ITLMAX] = np.maximum(F[sel, _ITLMAX], gaps)
+        last[sel] = t
+        I[sel, _EMITS] += 1
+        self._last_is_prev_end = mask is None
 
     def _finish_done(self):
         I = self.I
         if not len(I) or self.left_lb > 0:
             return
         left = I[:, _END] - I[:, _COMP]
-        done = left <= 0
-        if done.any():
+        lmin = int(np.minimum.reduce(left))
+        if lmin <= 0:
+            done = left <= 0
             rows, frows = I[done], self.F[done]
             # Per-request results are written to the request table once, at the end (flush).
             self.finished.append((rows, frows, self.env.now))
             self.kv_dec -= int(rows[:, _COMP].sum())
             keep = ~done
             self.I, self.F = I[keep], self.F[keep]
+            if self.K:
+                self.X = self.X[:, keep]
             left = left[keep]
             for rid in rows[:, _ID].tolist():
                 self.on_finish(rid)
-        self.left_lb = int(left.min()) if len(left) else 0
+            lmin = int(np.minimum.reduce(left)) if len(left) else 0
+        self.left_lb = lmin
 
     def flush(self):
         """Write the finished requests' results into the shared request table; add every
@@ -651,7 +703,12 @@ class Replica:
             return False
         if self.waiting and n < self.cfg.max_num_seqs:
             return False
-        if self.F[:, _LAST].min() < self.prev_end:      # someone was skipped last step
+        if not self._last_is_prev_end and self.F[:, _LAST].min() < self.prev_end:
+            return False                                 # someone was skipped last step
+        # An adaptive window prices every step's budget at once (a fixed point over k steps):
+        # worth it only when no request can finish for a few steps (at most 1 + K tokens a step);
+        # under load, where one finishes nearly every step, single steps are cheaper.
+        if self._adaptive and self.left_lb < 4 * (1 + self.K):
             return False
         return n * (1 + self.K) <= self.cfg.max_num_batched_tokens
 
@@ -738,7 +795,7 @@ class Replica:
         durs = dur[:m].tolist()
         self.itl_vals.extend((d, n) for d in durs)
         np.maximum(F[:, _ITLMAX], max(durs), out=F[:, _ITLMAX])
-        F[:, _LAST] = t_end[last]
+        self._last_is_prev_end = True                    # (prev_end = t_end[last] below)
         ends = t_end[:m].tolist()
         ntok = n_tok[:m].tolist()
         kvl = kv[:m].tolist()

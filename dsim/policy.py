@@ -97,11 +97,13 @@ def _cumprod_inplace(s: np.ndarray, axis: int) -> np.ndarray:
     """Cumulative product of ``s`` along a short ``axis``, in place (the same products in the same
     order as np.cumprod): np.cumprod runs one inner loop per row there, K - 1 multiplies over
     whole slices are several times cheaper at K <= 16."""
-    v = np.moveaxis(s, axis, 0)
-    if v.shape[0] > 16:
+    axis %= s.ndim
+    n = s.shape[axis]
+    if n > 16:
         return np.cumprod(s, axis=axis)
-    for j in range(1, v.shape[0]):
-        np.multiply(v[j - 1], v[j], out=v[j])
+    lead = (slice(None),) * axis          # basic indexing: np.moveaxis costs more than a multiply here
+    for j in range(1, n):
+        np.multiply(s[lead + (j - 1,)], s[lead + (j,)], out=s[lead + (j,)])
     return s
 
 
@@ -273,44 +275,62 @@ class VllmPolicy(BudgetPolicy):
                              float(ctx.draft_ms), rng_ms, int(ctx.token_limit), int(ctx.k_max))[None]
 
     def one_step(self, now, prev, n_nondraft: int, n_sampling: float, draft_ms: float,
-                 verify_ms_range, token_limit: int, k_max: int) -> np.ndarray:
+                 verify_ms_range, token_limit: int, k_max: int, in_unit: bool = False) -> np.ndarray:
         """Windows int64[R] of one step from confidences ``now`` / ``prev`` [R, K] and the cost
         row ``verify_ms_range(n0, n1)`` (= verify_ms at n0..n1-1): the engine's every-step call,
         without a PolicyContext. Survivals are built position-major ([K, R] rows: contiguous for
         the engine's draws); one value sort for the budget, a partition for the allocation and,
-        unless scores tie at the B-th value, one comparison."""
+        unless scores tie at the B-th value, one comparison. ``in_unit``: the caller guarantees
+        every confidence is in [0, 1] (no clipping; the engine's sampled heads are)."""
         R = now.shape[0]
         K = min(now.shape[1], k_max)
         RK = R * K
         if RK == 0:
             return np.zeros(R, dtype=np.int64)
         f32 = now.dtype == np.float32 and prev.dtype == np.float32
-        S = np.empty((2, K, R), dtype=np.float32 if f32 else np.float64)
-        np.maximum(prev[:, :K].T, 0.0, out=S[0])
-        np.maximum(now[:, :K].T, 0.0, out=S[1])
-        np.minimum(S, 1.0, out=S)
-        _cumprod_inplace(S, axis=1)                             # survivals, position-major
+        # [K, 2, R]: position j's previous and current scores side by side, so the survival
+        # products run over contiguous [2, R] blocks (numpy's per-call cost dominates here).
+        S = np.empty((K, 2, R), dtype=np.float32 if f32 else np.float64)
+        if in_unit:                                             # the caller guarantees [0, 1]
+            S[:, 0] = prev[:, :K].T
+            S[:, 1] = now[:, :K].T
+        else:
+            np.maximum(prev[:, :K].T, 0.0, out=S[:, 0])
+            np.maximum(now[:, :K].T, 0.0, out=S[:, 1])
+            np.minimum(S, 1.0, out=S)
+        for j in range(1, K):                                   # survivals
+            np.multiply(S[j - 1], S[j], out=S[j])
         N = n_nondraft
         M = min(max(token_limit - N, 0), RK)
-        top = np.sort(S[0].reshape(-1))[::-1]                   # the budget's scores, descending
+        # The budget's scores in descending order, as an ascending sort of their negatives (a
+        # contiguous cumulative sum; negation is exact, so the partial sums are the same).
+        neg = np.negative(S[:, 0]).reshape(-1)
+        neg.sort()
         cs = np.zeros(M + 1)
-        np.cumsum(top[:M], dtype=np.float64, out=cs[1:])
-        C = draft_ms + np.asarray(verify_ms_range(N, N + M + 1), dtype=np.float64)
+        top = cs[1:]
+        top[:] = neg[:M]                                        # (float64 before summing)
+        top.cumsum(out=top)
+        np.negative(cs, out=cs)
+        C = np.asarray(verify_ms_range(N, N + M + 1), dtype=np.float64)
+        if draft_ms:
+            C = C + draft_ms
         cs += n_sampling
         if C[0] > 0:                     # C is non-decreasing: no zero division anywhere
             cs /= C
         else:
             with np.errstate(divide="ignore", invalid="ignore"):
                 cs /= C
-        B = int(np.argmax(cs))
+        B = int(cs.argmax())
         if B == 0:
             return np.zeros(R, dtype=np.int64)
-        cur = S[1]
-        thr = np.partition(cur.reshape(-1), RK - B)[RK - B]    # the B-th largest current score
+        cur = S[:, 1]
+        flat = cur.flatten()                                    # (always a copy: partitioned in place)
+        flat.partition(RK - B)
+        thr = flat[RK - B]                                      # the B-th largest current score
         sel = cur > 0 if thr <= 0 else cur >= thr               # thr <= 0: fewer than B positive
         if thr > 0 and np.count_nonzero(sel) != B:              # ties at the B-th value: ranks
             return _top_b_windows(np.ascontiguousarray(cur.T)[None], np.array([B]))[0]
-        return sel.sum(0, dtype=np.int64)
+        return np.add.reduce(sel, axis=0, dtype=np.int64)
 
 
 class PaperPolicy(BudgetPolicy):

@@ -160,14 +160,14 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
             reqs.arrival[nid] = env.now
             router.dispatch(nid)
 
+    if spec.k:                                  # (before the replicas: they read the latents)
+        lrng = np.random.default_rng([cfg.seed, 1 << 20])
+        reqs.latent[:] = spec.acceptance.request_latent(lrng, reqs.cls)
     replicas = []
     for i in range(n_rep):
         rng = np.random.default_rng([cfg.seed, i])
         replicas.append(Replica(i, env, reqs, cost, cfg.engine, spec if spec.k else None, rng, stats,
                                 on_finish, w.prefix_hashes, w.prefix_block_tokens))
-    if spec.k:
-        lrng = np.random.default_rng([cfg.seed, 1 << 20])
-        reqs.latent[:] = spec.acceptance.request_latent(lrng, reqs.cls)
     if not closed:
         times = w.arrival_s
 
