@@ -35,9 +35,20 @@ from dsim.sim import SimConfig, SpecConfig, simulate
 from dsim.workload import load_workload
 
 
-def one(C, spec, per_user, prof):
+def closed_loop(C, per_user):
     w = load_workload("azure-conv", n=C * per_user)
-    w = dataclasses.replace(w, closed_loop_concurrency=C, arrival_s=np.zeros(len(w.arrival_s)))
+    return dataclasses.replace(w, closed_loop_concurrency=C, arrival_s=np.zeros(len(w.arrival_s)))
+
+
+def cpu_speed(w, prof, spec):
+    """(x real time in CPU time, steps, simulated s) of one run."""
+    t = time.process_time()
+    s = simulate(SimConfig(workload=w, profile=prof, spec=spec)).summary
+    return s["sim_time_s"] / (time.process_time() - t), s["steps"], s["sim_time_s"]
+
+
+def one(C, spec, per_user, prof):
+    w = closed_loop(C, per_user)
     t = time.perf_counter()
     s = simulate(SimConfig(workload=w, profile=prof, spec=spec)).summary
     wall = time.perf_counter() - t
@@ -56,17 +67,11 @@ def warm_up(prof) -> float:
 
 
 def ratio(per_user, prof, reps=3):
-    w = load_workload("azure-conv", n=256 * per_user)
-    w = dataclasses.replace(w, closed_loop_concurrency=256, arrival_s=np.zeros(len(w.arrival_s)))
-
-    def run(spec):
-        t = time.process_time()
-        s = simulate(SimConfig(workload=w, profile=prof, spec=spec)).summary
-        return s["sim_time_s"] / (time.process_time() - t), s["steps"], s["sim_time_s"]
-
+    w = closed_loop(256, per_user)
     rs = []
     for _ in range(reps):
-        (a, _, _), (b, steps, sim_s) = run(SpecConfig()), run(SpecConfig("dspark", adaptive=True))
+        a = cpu_speed(w, prof, SpecConfig())[0]
+        b, steps, sim_s = cpu_speed(w, prof, SpecConfig("dspark", adaptive=True))
         rs.append(b / a)
         print(f"C=256 x real time (CPU): none {a:7.1f}  dspark {b:6.1f} ({sim_s / b / steps * 1e6:.0f} us/step)"
               f"  ratio {b / a:.3f}", flush=True)
@@ -76,13 +81,10 @@ def ratio(per_user, prof, reps=3):
 def floor(per_user, prof, reps=3):
     from dsim import policy as P
     from dsim import spec as S
-    w = load_workload("azure-conv", n=256 * per_user)
-    w = dataclasses.replace(w, closed_loop_concurrency=256, arrival_s=np.zeros(len(w.arrival_s)))
+    w = closed_loop(256, per_user)
 
     def run(spec):
-        t = time.process_time()
-        s = simulate(SimConfig(workload=w, profile=prof, spec=spec)).summary
-        return s["sim_time_s"] / (time.process_time() - t)
+        return cpu_speed(w, prof, spec)[0]
 
     orig_sample, orig_one = S.AcceptanceModel.sample_slots, P.VllmPolicy.one_step
     draws, wins = {}, {}
