@@ -300,6 +300,8 @@ def test_split_plan_continuous_fixed_length_chunks_and_other_policies():
 
 @pytest.mark.parametrize("split", [
     dict(policy="continuous", fill=2.0, balance=2.0, sms=132, min_chunk=64),
+    dict(policy="continuous", fill=2.0, balance=2.0, sms=132, min_chunk=64, merge_impl="atomic"),
+    dict(policy="continuous", fill=4.0, balance=1.5, sms=16, min_chunk=8, merge_impl="dense"),
     dict(policy="continuous", fill=1.0, balance=1.5, sms=8, min_chunk=16),
     dict(policy="continuous", fill=2.0, balance=0.0, sms=4, min_chunk=8, merge="split-only"),
     dict(policy="occupancy", fill=1.0, balance=0.0, sms=132, min_chunk=128, merge="split-only"),
@@ -309,7 +311,7 @@ def test_folded_split_attention_exact_float64_reference(split):
     """Folded (KV head x query tokens x group heads in one query block) prefix attention under each
     split policy (merge always or only when split), and the masked band of new keys, against the
     float64 reference: exact for unequal contexts, mixed windows, single requests, prefill chunks in
-    the same step."""
+    the same step; both merges (dense slot grid, atomic scatter)."""
     torch = pytest.importorskip("torch")
     from validator.gpu.model import StepMeta
     H, kv, d = 8, 2, 16
@@ -328,6 +330,9 @@ def test_folded_split_attention_exact_float64_reference(split):
         assert m.n_chunks == sum(m.split_chunks)
         assert m.split == (m.n_chunks > m.R_dec or split.get("merge", "always") == "always")
         assert m.merge_rows == (sum(m.chunk_rows) if m.split else 0)
+        if m.split:     # dense merge grid: every (slot, row) written at most once
+            idx = m.slot_row_idx.numpy()
+            assert len(set(idx.tolist())) == len(idx) and idx.max() < m.k_max * m.n_folded
         for _ in range(2):           # fresh inputs each time
             err = _attention_rel_error(torch, m, H, kv, d)
             assert np.isfinite(err) and err < 1e-5, (shape, split)

@@ -11,9 +11,10 @@ Attention (one step of R requests, request i with s_i new query tokens over ctx_
   length L per step, L = max(min_chunk, min(total KV / ceil(fill x SMs / kv_heads), balance x mean
   context)); every request's prefix is cut into L-token chunks plus its remainder, so the longest
   chunk (the critical path) is L whatever the context mix and L moves continuously with the step's
-  KV tokens and request count (no regime boundary). The chunks are merged exactly by logsumexp
-  (scatter/index_add over their rows) on every step (merge='always'), so the kernel sequence does
-  not change between steps. Call 7's 'occupancy' split (split only while R x kv_heads < fill x SMs,
+  KV tokens and request count (no regime boundary). The chunks are merged exactly by logsumexp on
+  every step (merge='always'), so the kernel sequence does not change between steps: chunk j of a
+  request goes to slot j of a [max chunks, rows] grid and one reduction over the slots combines them
+  (merge_impl='dense', no atomics, since call 10; 'atomic': scatter_reduce/index_add over the rows). Call 7's 'occupancy' split (split only while R x kv_heads < fill x SMs,
   no merge otherwise) and calls 5-6's 'fixed' split are kept as policies. New tokens: each decode token's
   band of the s_max new keys ending at it (an unfold view of the contiguous new K/V, no copy per
   request), masked to its own request's earlier new tokens, scores folded per KV head; combined with
@@ -46,12 +47,15 @@ FLASH_BLOCK_M = 128      # query rows per flash CTA (FA2 forward, head dim 128)
 # cut into chunks of exactly L tokens plus its remainder, so the longest chunk is L whatever the context
 # mix, and L moves continuously with R and the KV tokens (no regime boundary). merge='always': the
 # logsumexp merge runs even when nothing is split, so the kernel sequence never changes between steps.
+# merge_impl='dense' (call 10): chunk j of a request goes to slot j of a [max chunks, rows] grid and
+# one reduction over the slots merges them (no atomics; FlashDecoding's combine); 'atomic' (call 8):
+# scatter_reduce / index_add onto the rows (contended when many chunks share a row, e.g. R = 1).
 # 'occupancy' (call 7): split only while R x kv_heads x m-blocks < fill x sms, k balanced parts;
 # balance b > 0: when not split, requests longer than b x the mean context are cut into
 # ceil(ctx / (b x mean)) parts. 'fixed' (calls 5-6): round(ctx / chunk) balanced parts.
 # sms is set from the device (profile.py); the GPU probe may pick fill/balance (autotune).
 SPLIT = dict(policy="continuous", fill=2.0, balance=2.0, min_chunk=64, chunk=KV_CHUNK, sms=132,
-             merge="always")
+             merge="always", merge_impl="dense")
 
 
 def _parts(c: int, k: int) -> list[int]:
@@ -276,10 +280,17 @@ class StepMeta:
         Qf = g * int(starts[Rd])
         self.n_folded = Qf
         self.merge_rows = sum(rq) if self.split else 0
+        self.merge_impl = sp.get("merge_impl", "dense")
+        self.k_max = int(max(ks))
         if self.split:      # query rows of each chunk = their merge targets (folded row index)
             qi = np.concatenate([np.arange(g * starts[r], g * starts[r + 1]) for r in owner])
             self.chunk_q_idx = _t(qi, device)
             self.chunk_q_idx_kv = self.chunk_q_idx.expand(self.kv, -1).contiguous()   # scatter index
+            # dense merge: chunk j of a request writes its rows to slot j of a [k_max, Qf] grid (every
+            # (slot, row) written at most once: no atomics), then one reduction over the slots
+            slot = np.concatenate([np.full(g * self.q[r], j) for r, j in
+                                   zip(owner, np.concatenate([np.arange(k) for k in ks]))])
+            self.slot_row_idx = _t(slot * Qf + qi, device)
         # new tokens: band of s_max keys ending at each decode token; key j of token tok's band is new
         # token tok - s_max + 1 + j, allowed iff it belongs to tok's request (j >= s_max - 1 - t)
         sm = self.s_max
@@ -325,12 +336,23 @@ def attention(qkv_rot, pool_l, m: StepMeta):
             oc, lc = flash_varlen_ragged(qf.index_select(0, ci), pk[:nt], pv[:nt], m.cu_q, m.cu_k,
                                          m.max_q, m.max_k, m.chunk_rows)
             lc = lc.float()
-            mx = torch.full((kv, Qf), float("-inf"), device=lc.device).scatter_reduce(
-                1, m.chunk_q_idx_kv, lc, "amax", include_self=True)                  # [kv, Qf]
-            wc = torch.exp(lc - mx.index_select(1, ci))                               # [kv, P]
-            den = torch.zeros(kv, Qf, device=lc.device).index_add_(1, ci, wc)
-            op = torch.zeros(Qf, kv, d, device=lc.device).index_add_(0, ci, oc.float() * wc.t().unsqueeze(-1))
-            op = op / den.t().unsqueeze(-1)
+            if m.merge_impl == "dense":     # slot grid, reduction over slots (FlashDecoding's combine)
+                K = m.k_max
+                lg = torch.full((kv, K * Qf), float("-inf"), device=lc.device).index_copy_(
+                    1, m.slot_row_idx, lc).view(kv, K, Qf)
+                og = torch.zeros(K * Qf, kv, d, device=lc.device, dtype=oc.dtype).index_copy_(
+                    0, m.slot_row_idx, oc).view(K, Qf, kv, d)
+                mx = lg.amax(1)                                                       # [kv, Qf]
+                wg = torch.exp(lg - mx.unsqueeze(1))                                  # [kv, K, Qf]
+                den = wg.sum(1)
+                op = (og.float() * wg.permute(1, 2, 0).unsqueeze(-1)).sum(0) / den.t().unsqueeze(-1)
+            else:                           # 'atomic' (call 8): scatter_reduce / index_add over rows
+                mx = torch.full((kv, Qf), float("-inf"), device=lc.device).scatter_reduce(
+                    1, m.chunk_q_idx_kv, lc, "amax", include_self=True)              # [kv, Qf]
+                wc = torch.exp(lc - mx.index_select(1, ci))                           # [kv, P]
+                den = torch.zeros(kv, Qf, device=lc.device).index_add_(1, ci, wc)
+                op = torch.zeros(Qf, kv, d, device=lc.device).index_add_(0, ci, oc.float() * wc.t().unsqueeze(-1))
+                op = op / den.t().unsqueeze(-1)
             lp = mx + den.log()
         else:           # one chunk per request: rows already in folded order, nothing to merge
             op, lp = flash_varlen_ragged(qf, pk[:nt], pv[:nt], m.cu_q, m.cu_k, m.max_q, m.max_k,

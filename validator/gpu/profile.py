@@ -185,22 +185,22 @@ def attention_probe(device, dtype, timer, cfg_dims, bench=True) -> dict:
 
 
 SPLIT_CANDIDATES = {        # continuous split variants the probe times (the first wins near-ties)
-    "cont-f2-b2": dict(policy="continuous", fill=2.0, balance=2.0, merge="always"),
-    "cont-f1-b2": dict(policy="continuous", fill=1.0, balance=2.0, merge="always"),
-    "cont-f4-b2": dict(policy="continuous", fill=4.0, balance=2.0, merge="always"),
-    "cont-f2-b1.5": dict(policy="continuous", fill=2.0, balance=1.5, merge="always"),
-    "cont-f2-b3": dict(policy="continuous", fill=2.0, balance=3.0, merge="always"),
+    "cont-f2-b2": dict(policy="continuous", fill=2.0, balance=2.0, merge="always", merge_impl="dense"),
+    "cont-f2-b2-atomic": dict(policy="continuous", fill=2.0, balance=2.0, merge="always", merge_impl="atomic"),
+    "cont-f1-b2": dict(policy="continuous", fill=1.0, balance=2.0, merge="always", merge_impl="dense"),
+    "cont-f4-b2": dict(policy="continuous", fill=4.0, balance=2.0, merge="always", merge_impl="dense"),
+    "cont-f2-b1.5": dict(policy="continuous", fill=2.0, balance=1.5, merge="always", merge_impl="dense"),
 }
 SPLIT_REFERENCE = {         # timed for the record: call 7's occupancy split, calls 5-6's fixed split
-    "occ-f2": dict(policy="occupancy", fill=2.0, balance=0.0, merge="split-only"),
-    "fixed512": dict(policy="fixed", chunk=512, merge="always"),
+    "occ-f2": dict(policy="occupancy", fill=2.0, balance=0.0, merge="split-only", merge_impl="atomic"),
+    "fixed512": dict(policy="fixed", chunk=512, merge="always", merge_impl="atomic"),
 }
 LINEARITY_WEIGHT = 1.0      # score = mean relative time + this x mean |hetero / uniform - 1|
 
 
 def parse_split(text: str) -> dict | None:
     """'auto' -> None (tuned by the probe); 'continuous|occupancy[:fill=F,balance=B,min_chunk=N,
-    merge=always|split-only]'; 'fixed[:N]'."""
+    merge=always|split-only,merge_impl=dense|atomic]'; 'fixed[:N]'."""
     if text == "auto":
         return None
     pol, _, rest = text.partition(":")
@@ -211,7 +211,7 @@ def parse_split(text: str) -> dict | None:
     d = dict(policy=pol)
     for kv in filter(None, rest.split(",")):
         k, _, v = kv.partition("=")
-        d[k] = float(v) if k in ("fill", "balance") else (v if k == "merge" else int(v))
+        d[k] = float(v) if k in ("fill", "balance") else (v if k in ("merge", "merge_impl") else int(v))
     return d
 
 
@@ -417,8 +417,9 @@ def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dic
                               f"(FlashInfer-like load balancing, {json.dumps(M.SPLIT)}): one chunk length L "
                               "per step, L = max(min_chunk, min(total KV / ceil(fill x SMs / kv_heads), "
                               "balance x mean context)), every request cut into L-token chunks plus its "
-                              "remainder; exact logsumexp merge (scatter_reduce / index_add over the real rows, "
-                              "run on every step). New tokens: masked band of the step's new keys (unfold "
+                              "remainder; exact logsumexp merge on every step (merge_impl dense: chunk j of a "
+                              "request into slot j of a [max chunks, rows] grid, one reduction over the slots, "
+                              "no atomics; atomic: scatter_reduce / index_add over the rows). New tokens: masked band of the step's new keys (unfold "
                               "view), scores folded per KV head, one softmax with the prefix logsumexp"),
             attention_prefill="aten._flash_attention_forward causal (bottom-right) over [cache, chunk]"
                               + ("" if M.GQA_NATIVE else ", KV heads expanded"),

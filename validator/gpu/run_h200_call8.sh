@@ -1,5 +1,5 @@
 #!/bin/bash
-# One device call (call 8), per model (qwen3-8b, llama-3.1-8b, then qwen3-32b if time is left; MODELS
+# One device call (calls 8 and 10), per model (qwen3-8b, llama-3.1-8b, then qwen3-32b if time is left; MODELS
 # overrides): ONE process profiles the model with the folded executor with the continuous split (split policy
 # timed by the probe), has dsim write its DSpark step logs from the profile just saved (--steplog-cmd:
 # dsim at HEAD from .dsimhead, `git archive HEAD dsim profiles traces benchmarks pyproject.toml`, simpy
