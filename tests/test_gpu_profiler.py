@@ -351,3 +351,23 @@ def test_fit_context_series_set_the_slope_only():
     assert fit["kv_ms_per_ktok"] == pytest.approx(0.05, rel=1e-6)
     assert fit["tokens"] == [128, 256] and fit["F"] == pytest.approx([6.28, 7.56], rel=1e-6)
     assert fit["slope_groups"] == 2 and len(fit["slope_only_signed_pct"]["context"]) == 5
+
+
+def test_committed_steplogs_carry_dsims_predictions_and_replays_meet_the_target():
+    """The committed DSpark step logs (validator/gpu/steplogs) carry dsim's own forward-only cost from
+    the committed H200 profiles (CostModel.step_ms of the step's tokens and KV, KV after the step's new
+    tokens), and the committed in-process replay of them (validator/gpu/results, device call 10) is at
+    or under 3 % median absolute error at concurrency 1, 32 and 256 for every shipped model."""
+    gpu = ROOT / "validator" / "gpu"
+    for m in MODELS:
+        cm = CostModel(load_profile(str(H200[m])))
+        for c in (1, 32, 256):
+            steps = plan.read_steplog(gpu / "steplogs" / f"dspark-{m}-c{c}.jsonl")
+            assert len(steps) == 24 and all(s["concurrency"] == c for s in steps)
+            for s in steps:
+                shape = plan.StepShape(tuple(s["q"]), tuple(s["ctx"]))
+                assert s["predicted_ms"] == pytest.approx(cm.step_ms(shape.n, shape.kv), rel=1e-4)
+        res = json.loads((gpu / "results" / f"replay-{m}.json").read_text())
+        cells = {Path(k).name: v["summary"] for k, v in res["logs"].items()}
+        for c in (1, 32, 256):
+            assert cells[f"dspark-{m}-c{c}.jsonl"][str(c)]["median_abs_pct"] <= 3.0
