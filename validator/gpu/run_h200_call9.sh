@@ -6,20 +6,9 @@
 # llama-3.1-8b) into a separate folder (run-to-run spread of the figures; not committed as profiles).
 # Results are bundled into $OUT/bundle.tar after each stage; the log is $OUT/log.txt.
 # EXTRA=--dry-run runs it on the CPU. BUDGET: seconds the whole command may take.
-set -o pipefail
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/out}
-ST=${STAGE:-/tmp/stage}
-LOG=$OUT/log.txt
 BUDGET=${BUDGET:-540}
-mkdir -p "$OUT" "$ST/standalone" "$ST/repeat/profiles" "$ST/repeat/steplogs" "$ST/repeat/results"
-bundle() { tar -cf "$OUT/bundle.tar" -C "$ST" . ; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  >>"$LOG" 2>&1 || { echo "simpy install failed"; exit 1; }
-(while sleep 20; do bundle; done) &
-BUNDLER=$!
-trap 'kill $BUNDLER 2>/dev/null; bundle' EXIT
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader | tee -a "$LOG"
+STAGE_DIRS="standalone repeat/profiles repeat/steplogs repeat/results"
+source "$(dirname "$0")/device_setup.sh"
 SL=validator/gpu/steplogs
 for m in ${MODELS:-qwen3-8b llama-3.1-8b qwen3-32b}; do
   t0=$SECONDS
@@ -29,16 +18,11 @@ for m in ${MODELS:-qwen3-8b llama-3.1-8b qwen3-32b}; do
   bundle
   echo "== standalone $m in $((SECONDS - t0)) s (total $SECONDS s)"
 done
-DSIM_DIR=$(pwd)/.dsimhead
 m=${REPEAT:-llama-3.1-8b}
 left=$((BUDGET - SECONDS))
 if [ $left -lt ${NEED_REPEAT:-110} ]; then echo "== skip repeat $m: $left s left" | tee -a "$LOG"; exit 0; fi
 t0=$SECONDS
-timeout $((left - 3)) python3 -m validator.gpu.profile --model "profiles/models/$m.json" --out "$ST/repeat/profiles" \
-  --reps 5 --split auto --log-predictions --recheck --replay-out "$ST/repeat/results" \
-  --steplog-cmd "cp {profile} $DSIM_DIR/profiles/h200/ && cd $DSIM_DIR && PYTHONPATH=/tmp/site python3 benchmarks/make_replay_steplogs.py --models {model} --out $ST/repeat/steplogs" \
-  --replay "$ST/repeat/steplogs/dspark-{model}-c1.jsonl" --replay "$ST/repeat/steplogs/dspark-{model}-c32.jsonl" \
-  --replay "$ST/repeat/steplogs/dspark-{model}-c256.jsonl" $EXTRA >>"$LOG" 2>&1
+profile_replay "$m" "$ST/repeat" 5 $((left - 3))
 rc=$?
 grep -E "^\[$m\] (sweep|fit|replay)|split tune scores|recheck" "$LOG" | tail -12 | cut -c1-330
 echo "== repeat $m rc=$rc in $((SECONDS - t0)) s (total $SECONDS s)"

@@ -5,19 +5,8 @@
 # pyproject.toml`, simpy from .whl; carry both), and replay them (predictions: dsim's own, in the logs).
 # Everything is bundled into $OUT/bundle.tar after each stage (profiles/, steplogs/, results/); the
 # log is $OUT/log.txt. EXTRA=--dry-run runs it on the CPU.
-set -o pipefail
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/out}
-ST=${STAGE:-/tmp/stage}
-LOG=$OUT/log.txt
-mkdir -p "$OUT" "$ST/profiles" "$ST/steplogs" "$ST/results"
-bundle() { tar -cf "$OUT/bundle.tar" -C "$ST" . ; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  >>"$LOG" 2>&1 || { echo "simpy install failed"; exit 1; }
-(while sleep 20; do bundle; done) &     # partial results come back even if the call is cut short
-BUNDLER=$!
-trap 'kill $BUNDLER 2>/dev/null; bundle' EXIT
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader | tee -a "$LOG"
+STAGE_DIRS="profiles steplogs results"
+source "$(dirname "$0")/device_setup.sh"
 for m in ${MODELS:-qwen3-8b llama-3.1-8b qwen3-32b}; do
   t0=$SECONDS
   python3 -m validator.gpu.profile --model "profiles/models/$m.json" --out "$ST/profiles" $EXTRA >>"$LOG" 2>&1 \
