@@ -179,8 +179,11 @@ def test_live_import_bench(live, tmp_path):
     m = measure.read(tmp_path / "b.jsonl")
     assert len(m.requests) == 8 and s["requests_completed"] == 8
     raw = json.loads(src.read_text())
-    assert s["ttft_ms_mean"] == pytest.approx(raw["mean_ttft_ms"], rel=1e-6)
-    assert s["tpot_ms_mean"] == pytest.approx(raw["mean_tpot_ms"], rel=1e-3)
+    # the bench averages every request; measure's headline TTFT/TPOT leave out streams delivered in
+    # a burst (a busy client machine), reported over all requests as *_all when there are any
+    every = "_all" if s.get("burst_requests") else ""
+    assert s[f"ttft_ms{every}_mean"] == pytest.approx(raw["mean_ttft_ms"], rel=1e-6)
+    assert s[f"tpot_ms{every}_mean"] == pytest.approx(raw["mean_tpot_ms"], rel=1e-3)
     assert s["e2e_ms_mean"] == pytest.approx(raw["mean_e2el_ms"], rel=1e-6)
     assert all(sum(c[1] for c in r["chunks"]) == r["output_tokens"] for r in m.requests)
     assert s["bench_reported"]["e2e_ms_p90"] == raw["p90_e2el_ms"]
