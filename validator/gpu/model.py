@@ -29,7 +29,6 @@ The 1/sqrt(d) scale is applied to q before attention (scale=1 in the kernels).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -524,7 +523,6 @@ class Drafters:
 def time_fn(fn, reps: int = 5, graph: bool = True, pool=None, warm: int = 2):
     """Median ms of `reps` runs of fn, captured in a CUDA graph when graph=True (after one eager
     warm-up run), else eager. Returns (median_ms, all_ms)."""
-    dev = torch.device("cuda")
     fn()
     torch.cuda.synchronize()
     g = None
