@@ -1,8 +1,15 @@
-"""Offline check (no GPU): would a per-decode-token term in the step-cost model fix the busy-step
-error of the replay? Refits each committed H200 profile's sweep (its fitted points only) as
-F(n) + slope x kv + a x decode_tokens and re-predicts the committed replay rows (in-process and
-fresh-process) with n - prefill_tokens decode tokens. Prints median |error| % per concurrency:
-committed predictions, the refit without the term, the refit with it. See NOTES.md.
+"""Offline check (no GPU): which step-cost terms would fix the busy-step error of the replay?
+
+Refits each committed H200 profile's sweep as F(n) + slope x kv + extra terms and re-predicts the
+committed replay rows (in-process, call 10, and fresh-process, call 11) on the committed step logs:
+- "+dec": a x decode tokens (tokens of requests with a window of at most 8; the table, context and
+  hetero points are all decode);
+- "+dec+pre": also beta x sum over prefill chunks of q (c + q / 2) / 1e6 (a chunk's causal
+  attention: q new tokens over c cached ones), fitted without and with the single-chunk
+  tail-prefill points (not fitted by the committed model).
+Prints median |error| % per concurrency for the committed predictions and each refit (the refit
+uses one F per swept n and interpolates between them, so "refit" alone differs a little from the
+committed staircase at 32). See NOTES.md.
 
     python3 -m validator.gpu.decode_term_lead
 """
@@ -17,64 +24,77 @@ from validator.gpu import plan as P
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ("llama-3.1-8b", "qwen3-8b", "qwen3-32b")
+WINDOW_MAX = 8                      # dsim's verify windows are at most 1 + K = 8 tokens
 
 
-def decode_tokens(points: list[dict]) -> None:
-    """Set p['n_dec'] from the sweep's seeded shapes (tails); table/context/hetero steps are all decode."""
-    shapes = P.sweep_plan(kv_budget_tokens=10**9)
-    key = {(s.tag, s.n, s.requests): s for s in shapes if s.tag in ("tail-mixed", "tail-decode")}
+def step_terms(q, ctx) -> tuple[float, float]:
+    """(decode tokens, prefill causal-attention work in 1e6 token pairs) of one step."""
+    dec = sum(x for x in q if x <= WINDOW_MAX)
+    pre = sum(x * (c + x / 2) for x, c in zip(q, ctx) if x > WINDOW_MAX) / 1e6
+    return dec, pre
+
+
+def sweep_terms(points: list[dict]) -> None:
+    """Set p['dec'], p['pre'] from the sweep's seeded shapes (tails); other points are all decode."""
+    shapes = {(s.tag, s.n, s.requests): s for s in P.sweep_plan(kv_budget_tokens=10**9) if s.tag.startswith("tail")}
     for p in points:
-        if p["tag"] in ("tail-mixed", "tail-decode"):
-            s = key[(p["tag"], p["n_real"], p["R"])]
-            p["n_dec"] = sum(q for q, c in zip(s.q, s.ctx) if c > 0)
+        if p["tag"].startswith("tail"):
+            s = shapes[(p["tag"], p["n_real"], p["R"])]
+            p["dec"], p["pre"] = step_terms(s.q, s.ctx)
         else:
-            p["n_dec"] = 0 if p["tag"] == "tail-prefill" else p["n_real"]
+            p["dec"], p["pre"] = p["n_real"], 0.0
 
 
-def fit(points: list[dict], with_dec: bool):
+def fit(points: list[dict], terms: tuple[str, ...]):
     """Weighted least squares as plan.fit_step_model (one F per n, slope-only context groups)."""
     ns = sorted({int(p["n"]) for p in points if p["tag"] not in P.SLOPE_ONLY})
     gs = sorted({(int(p["n"]), int(p["R"]), int(p["s"])) for p in points if p["tag"] in P.SLOPE_ONLY})
-    A = np.zeros((len(points), len(ns) + len(gs) + 1 + with_dec))
+    base = len(ns) + len(gs)
+    A = np.zeros((len(points), base + 1 + len(terms)))
     for r, p in enumerate(points):
         g = (int(p["n"]), int(p["R"]), int(p["s"])) if p["tag"] in P.SLOPE_ONLY else None
         A[r, ns.index(int(p["n"])) if g is None else len(ns) + gs.index(g)] = 1.0
-        A[r, len(ns) + len(gs)] = p["kv"] / 1000.0
-        if with_dec:
-            A[r, -1] = p["n_dec"] / 1000.0
+        A[r, base] = p["kv"] / 1000.0
+        for j, t in enumerate(terms):
+            A[r, base + 1 + j] = p[t] / (1000.0 if t == "dec" else 1.0)
     y = np.array([p["ms"] for p in points])
-    w = 1.0 / y
-    coef, *_ = np.linalg.lstsq(A * w[:, None], y * w, rcond=None)
-    return np.array(ns), coef[:len(ns)], coef[len(ns) + len(gs)], (coef[-1] if with_dec else 0.0)
+    coef, *_ = np.linalg.lstsq(A / y[:, None], np.ones(len(y)), rcond=None)   # relative weights
+    return dict(ns=np.array(ns), F=coef[:len(ns)], slope=coef[base],
+                coef=dict(zip(terms, coef[base + 1:])))
 
 
-def predict(model, row) -> float:
-    ns, F, slope, a = model
+def predict(model, row, log_step) -> float:
+    ns, F = model["ns"], model["F"]
     n = row["n_pad"]
     f = F[np.searchsorted(ns, n)] if n in ns else float(np.interp(n, ns, F))
-    return f + slope * row["kv"] / 1000.0 + a * (row["n"] - row["prefill_tokens"]) / 1000.0
+    dec, pre = step_terms(log_step["q"], log_step["ctx"])
+    c = model["coef"]
+    return f + model["slope"] * row["kv"] / 1000.0 + c.get("dec", 0.0) * dec / 1000.0 + c.get("pre", 0.0) * pre
 
 
 def main():
     for m in MODELS:
-        raw = json.loads((ROOT / f"profiles/h200/h200-{m}.raw.json").read_text())
-        pts = raw["points"]
-        decode_tokens(pts)
+        pts = json.loads((ROOT / f"profiles/h200/h200-{m}.raw.json").read_text())["points"]
+        sweep_terms(pts)
         fitted = [p for p in pts if p.get("fit", True)]
-        base, dec = fit(fitted, False), fit(fitted, True)
+        with_prefill = fitted + [p for p in pts if p["tag"] == "tail-prefill"]
+        models = {"refit": fit(fitted, ()), "+dec": fit(fitted, ("dec",)),
+                  "+dec+pre": fit(fitted, ("dec", "pre")),
+                  "+dec+pre (tail-prefill fitted)": fit(with_prefill, ("dec", "pre"))}
+        print(f"{m}: " + "; ".join(f"{k}: " + ", ".join(f"{t} {v:.3g}" for t, v in mo["coef"].items())
+                                   for k, mo in models.items() if mo["coef"]))
         for kind in ("replay", "standalone-replay"):
             d = json.loads((ROOT / f"validator/gpu/results/{kind}-{m}.json").read_text())
-            cells = []
-            for v in d["logs"].values():
+            for name, v in d["logs"].items():
                 rows = v["rows"] if isinstance(v, dict) else v
+                logs = {r["step"]: r for r in map(json.loads, open(ROOT / "validator/gpu/steplogs" / Path(name).name))}
                 meas = np.array([r["measured_ms"] for r in rows])
 
                 def med(pred):
                     return float(np.median(np.abs(np.asarray(pred) - meas) / meas * 100))
-                cells.append(f"c={rows[0]['concurrency']}: {med([r['predicted_ms'] for r in rows]):.2f} / "
-                             f"{med([predict(base, r) for r in rows]):.2f} / {med([predict(dec, r) for r in rows]):.2f}")
-            print(f"{m} {kind:17s} committed / refit / +decode term: " + "  ".join(cells)
-                  + f"  (a = {dec[3]:.2f} ms per 1000 decode tokens)")
+                cells = [f"committed {med([r['predicted_ms'] for r in rows]):.2f}"]
+                cells += [f"{k} {med([predict(mo, r, logs[r['step']]) for r in rows]):.2f}" for k, mo in models.items()]
+                print(f"  {kind:17s} c={rows[0]['concurrency']:<3}: " + " | ".join(cells))
 
 
 if __name__ == "__main__":
