@@ -10,6 +10,13 @@ drafter, with vLLM's adaptive-verification semantics (design.md 3.5):
   last-slope extrapolation past the largest one;
 - the measured curve is made non-decreasing (running maximum) first, as vLLM does.
 
+The table is priced for decode/verify tokens (every one gets an LM-head row). A profile may add
+two per-step terms for prefill chunks (``prefill_terms``, fitted on measured steps that mix
+decodes and prompts): a prompt token costs ``discount_ms_per_ktok`` / 1000 less (no LM-head row, no
+decode-path per-row work), and a chunk of q tokens over c cached ones adds its causal attention,
+``attention_ms_per_mpair`` per million query-key pairs q (c + q / 2). ``prefill_ms(chunks)`` gives
+that per-step correction; both are 0 unless the profile says otherwise.
+
 Preconditions: n_tokens >= 1, kv_tokens >= 0. Postcondition: step_ms is non-decreasing in both.
 """
 from __future__ import annotations
@@ -55,6 +62,8 @@ class Profile:
     forward: Table
     kv_ms_per_ktok: float
     draft: dict = field(default_factory=dict)      # kind -> Table keyed by request count
+    prefill_discount_ms_per_ktok: float = 0.0      # prefill_terms.discount_ms_per_ktok (see module doc)
+    prefill_attn_ms_per_mpair: float = 0.0         # prefill_terms.attention_ms_per_mpair
     source_path: str = ""
     extra: dict = field(default_factory=dict)      # other keys kept for provenance (fit errors...)
 
@@ -141,12 +150,38 @@ def profile_from_dict(d: dict, path: str = "<profile>") -> Profile:
         raise InputError(f"{path}: memory: kv_cache_gib and kv_bytes_per_token must be > 0")
     if kv_slope < 0 or cpu < 0:
         raise InputError(f"{path}: kv_ms_per_ktok and cpu_overhead_ms must be >= 0")
+    disc, attn = _prefill_terms(d.get("prefill_terms"), path)
+    # A prompt token's discount cannot exceed what the table charges a token: at every size the
+    # forward cost must cover n discounted tokens (else a prefill step would cost less than nothing).
+    bad = np.flatnonzero(fwd.ms < disc * fwd.x / 1000.0 - 1e-9)
+    if len(bad):
+        i = int(bad[0])
+        raise InputError(f"{path}: prefill_terms.discount_ms_per_ktok {disc:g}: exceeds forward.ms[{i}] "
+                         f"= {fwd.ms[i]:g} ms for {int(fwd.x[i])} tokens (inconsistent profile)")
     known = {"name", "provenance", "memory", "capture_sizes", "forward", "kv_ms_per_ktok",
-             "cpu_overhead_ms", "draft"}
+             "cpu_overhead_ms", "draft", "prefill_terms"}
     return Profile(name=str(d["name"]), provenance=dict(prov), kv_cache_gib=kv_gib,
                    kv_bytes_per_token=kv_bpt, cpu_overhead_ms=cpu, capture_sizes=tuple(caps),
-                   forward=fwd, kv_ms_per_ktok=kv_slope, draft=draft, source_path=str(path),
-                   extra={k: v for k, v in d.items() if k not in known})
+                   forward=fwd, kv_ms_per_ktok=kv_slope, draft=draft,
+                   prefill_discount_ms_per_ktok=disc, prefill_attn_ms_per_mpair=attn,
+                   source_path=str(path), extra={k: v for k, v in d.items() if k not in known})
+
+
+def _prefill_terms(raw, path) -> tuple[float, float]:
+    if raw is None:
+        return 0.0, 0.0
+    if not isinstance(raw, dict) or set(raw) - {"discount_ms_per_ktok", "attention_ms_per_mpair", "fitted_on"}:
+        raise InputError(f"{path}: prefill_terms: a mapping of discount_ms_per_ktok and attention_ms_per_mpair")
+    out = []
+    for key in ("discount_ms_per_ktok", "attention_ms_per_mpair"):
+        try:
+            v = float(raw.get(key, 0.0))
+        except (TypeError, ValueError):
+            raise InputError(f"{path}: prefill_terms.{key}: must be a number") from None
+        if not (np.isfinite(v) and v >= 0):
+            raise InputError(f"{path}: prefill_terms.{key}: must be finite and >= 0, got {v}")
+        out.append(v)
+    return out[0], out[1]
 
 
 def profile_to_dict(p: Profile) -> dict:
@@ -158,6 +193,9 @@ def profile_to_dict(p: Profile) -> dict:
          "forward": {"tokens": [int(x) for x in p.forward.x],
                      "ms": [round(float(v), 5) for v in p.forward.ms]},
          "kv_ms_per_ktok": float(p.kv_ms_per_ktok)}
+    if p.prefill_discount_ms_per_ktok or p.prefill_attn_ms_per_mpair:
+        d["prefill_terms"] = {"discount_ms_per_ktok": float(p.prefill_discount_ms_per_ktok),
+                              "attention_ms_per_mpair": float(p.prefill_attn_ms_per_mpair)}
     if p.draft:
         d["draft"] = {k: {"requests": [int(x) for x in t.x], "ms": [round(float(v), 5) for v in t.ms]}
                       for k, t in p.draft.items()}
@@ -202,7 +240,8 @@ class CostModel:
     """Answers "how long does this step take" for one replica.
 
     step_ms(n_tokens, kv_tokens): target forward of n_tokens tokens reading kv_tokens KV entries,
-    vectorized over numpy arrays. Does not include drafting or CPU scheduling overhead.
+    vectorized over numpy arrays, every token priced as a decode/verify token; a step with prefill
+    chunks adds ``prefill_ms(chunks)``. Does not include drafting or CPU scheduling overhead.
     """
 
     def __init__(self, profile: Profile, cost_scale: float = 1.0):
@@ -212,6 +251,9 @@ class CostModel:
         self.limit = int(profile.capture_sizes[-1])
         self.kv_ms_per_tok = profile.kv_ms_per_ktok * cost_scale / 1000.0
         self.cpu_overhead_ms = profile.cpu_overhead_ms
+        self.prefill_discount_ms_per_tok = profile.prefill_discount_ms_per_ktok * cost_scale / 1000.0
+        self.prefill_attn_ms_per_pair = profile.prefill_attn_ms_per_mpair * cost_scale / 1e6
+        self.has_prefill_terms = bool(self.prefill_discount_ms_per_tok or self.prefill_attn_ms_per_pair)
         # Dense lookup up to the limit: the next profiled size at or above n (graph padding).
         n = np.arange(self.limit + 1)
         idx = np.searchsorted(x, np.maximum(n, 1), side="left")
@@ -235,6 +277,16 @@ class CostModel:
         self._draft = {}
         for kind, t in profile.draft.items():
             self._draft[kind] = (t.x, np.maximum.accumulate(t.ms) * cost_scale)
+
+    def prefill_ms(self, chunks) -> float:
+        """What a step's prefill chunks add to step_ms (which prices every token as a decode
+        token): for each (q, c), q new prompt tokens over c cached ones, -discount x q + attention
+        x q (c + q / 2). 0 without prefill terms. Postcondition: step_ms + prefill_ms >= 0 for the
+        chunks of any step (the profile's tables cover the discount: profile_from_dict)."""
+        if not self.has_prefill_terms:
+            return 0.0
+        d, a = self.prefill_discount_ms_per_tok, self.prefill_attn_ms_per_pair
+        return sum(q * (a * (c + 0.5 * q) - d) for q, c in chunks)
 
     @property
     def forward_dense(self) -> np.ndarray:

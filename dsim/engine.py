@@ -384,7 +384,8 @@ class Replica:
             if K:
                 # vLLM schedules decodes first with all K drafts, prefills get what is left; the
                 # verify budget then trims drafts inside the decodes' reservation.
-                windows, draws = self._windows(I, 1, min(sum(todos), max(budget - n_dec * (1 + K), 0)))
+                pre_est = min(sum(todos), max(budget - n_dec * (1 + K), 0))
+                windows, draws = self._windows(I, 1, pre_est, self._prefill_estimate_ms(todos, pre_est))
                 vc = verify_tokens_and_commit(self.verify_mode, windows[0], K)   # (verified, commit cap)
                 dec_tokens = n_dec + int(np.add.reduce(vc[0]))
             else:
@@ -449,19 +450,37 @@ class Replica:
         kv = self.kv_dec + dec_tokens + sum(int(R.computed[r]) + c for r, c in zip(self.pre, chunks))
         n_sample = (n_dec if not cut else int((q > 0).sum())) + n_pre_sample
         fwd = self._step_ms(n_tokens, kv)
+        if pre_tokens and self.cost.has_prefill_terms:
+            fwd += self.cost.prefill_ms((c, R.computed[r]) for r, c in zip(self.pre, chunks) if c)
         dur = fwd + self._draft_ms(n_sample) + self.cpu_ms
         # q: tokens per decode slot, only when the budget cut the queue (else 1 + verified)
         return (n_dec, q, cut, vc, draws, list(self.pre), chunks, n_tokens, pre_tokens, kv, fwd, dur)
 
-    def _windows(self, I, k, prefill_tokens=0):
-        """Draft draws and verify windows for the decode slots over k steps."""
+    def _prefill_estimate_ms(self, todos, tokens: int) -> float:
+        """The prefill chunks' cost correction (CostModel.prefill_ms) for the `tokens` prefill
+        tokens the verify budget is priced with: the queued prefills in order, as scheduled."""
+        if not tokens or not self.cost.has_prefill_terms:
+            return 0.0
+        est = []
+        for r, todo in zip(self.pre, todos):
+            c = min(todo, tokens)
+            if c:
+                est.append((c, self.R.computed[r]))
+            tokens -= c
+            if not tokens:
+                break
+        return self.cost.prefill_ms(est)
+
+    def _windows(self, I, k, prefill_tokens=0, prefill_ms=0.0):
+        """Draft draws and verify windows for the decode slots over k steps (prefill_tokens and
+        prefill_ms: the step's prefill tokens and their cost correction, for the budget's price)."""
         sp, K = self.spec, self.K
         draws = sp.acceptance.sample_slots(self.stream, self.X[:self._off_rows], k)
         if k == 1 and self._one_step is not None:
             # The every-step case: the policy's one-step entry, budgets priced by one cost row.
             n = len(I)
             cost, kv, cpu = self.cost, self.kv_dec + n, self.cpu_ms
-            extra = cpu + self._draft_ms(n)
+            extra = cpu + self._draft_ms(n) + prefill_ms
             w = self._one_step(draws.conf[0], self.X[self._cp].T, n + prefill_tokens, float(n),
                                0.0, lambda n0, n1: cost.step_ms_range(n0, n1, kv, extra),
                                self.cfg.max_num_batched_tokens, K, in_unit=True)

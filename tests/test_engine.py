@@ -14,7 +14,8 @@ from dsim.sim import SimConfig, SpecConfig, simulate
 from dsim.workload import Workload
 
 
-def make_profile(forward=None, kv_ms_per_ktok=0.0, cpu=0.0, kv_gib=10.0, gpus=1, caps=None, draft=None):
+def make_profile(forward=None, kv_ms_per_ktok=0.0, cpu=0.0, kv_gib=10.0, gpus=1, caps=None, draft=None,
+                 prefill_terms=None):
     caps = caps or vllm_capture_sizes(512)
     if forward is None:
         forward = {"tokens": caps + [1024, 2048, 4096, 8192], "ms": [10.0] * (len(caps) + 4)}
@@ -25,6 +26,8 @@ def make_profile(forward=None, kv_ms_per_ktok=0.0, cpu=0.0, kv_gib=10.0, gpus=1,
          "cpu_overhead_ms": cpu, "capture_sizes": caps, "forward": forward, "kv_ms_per_ktok": kv_ms_per_ktok}
     if draft:
         d["draft"] = draft
+    if prefill_terms is not None:
+        d["prefill_terms"] = prefill_terms
     return profile_from_dict(d, "test.yaml")
 
 
@@ -82,6 +85,35 @@ def test_step_ms_range_equals_step_ms_on_arange():
         # the engine folds its per-step constants (CPU overhead, draft) into the same row
         np.testing.assert_allclose(c.step_ms_range(n0, n1, 12345, 2.5),
                                    c.step_ms(np.arange(n0, n1), 12345) + 2.5, rtol=1e-12)
+
+
+def test_prefill_terms_price_each_chunk_and_are_checked_on_load():
+    """A step's cost is the decode-priced table + KV term + for each prefill chunk of q tokens over c
+    cached ones: -discount q + attention q (c + q / 2) (closed form through the engine: one request,
+    a 1500-token prompt in 512-token chunks, then decodes); a profile whose discount the table
+    cannot pay for, or a negative term, is refused with the file and field named."""
+    terms = {"discount_ms_per_ktok": 4.0, "attention_ms_per_mpair": 2.0}
+    prof = linear_profile(kv_ms_per_ktok=0.5, prefill_terms=terms)
+    c = CostModel(prof)
+    assert c.prefill_ms([(512, 0), (476, 1024)]) == pytest.approx(
+        512 * (2e-6 * 256 - 4e-3) + 476 * (2e-6 * (1024 + 238) - 4e-3))
+    assert CostModel(linear_profile()).prefill_ms([(512, 0)]) == 0.0
+    r = run(wl([1500], [3]), prof, engine=EngineConfig(long_prefill_token_threshold=512))
+    st = r.steps
+    pre = st[st.prefill_tokens > 0]
+    assert pre.prefill_tokens.tolist() == [512, 512, 476]
+    for (_, row), ctx in zip(pre.iterrows(), (0, 512, 1024)):
+        q = row.prefill_tokens
+        want = float(c.step_ms(q, ctx + q)) + c.prefill_ms([(q, ctx)])
+        assert row.duration_ms == pytest.approx(want, rel=1e-9)
+    dec = st[st.prefill_tokens == 0]
+    assert len(dec) and (dec.duration_ms == [float(c.step_ms(1, k)) for k in dec.kv_tokens]).all()
+    with pytest.raises(InputError, match="prefill_terms.discount_ms_per_ktok 20: exceeds forward.ms"):
+        linear_profile(prefill_terms={"discount_ms_per_ktok": 20.0})
+    with pytest.raises(InputError, match="prefill_terms.attention_ms_per_mpair: must be finite and >= 0"):
+        linear_profile(prefill_terms={"attention_ms_per_mpair": -1})
+    with pytest.raises(InputError, match="prefill_terms: a mapping"):
+        linear_profile(prefill_terms={"discount": 1})
 
 
 def test_context_term_adds_per_kv_token():

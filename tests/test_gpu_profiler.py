@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from dsim.analytical import analytical_profile, evaluate_efficiency, load_fit
 from dsim.cost import CostModel, load_profile, vllm_capture_sizes as dsim_caps
@@ -117,6 +118,45 @@ def test_fit_leaves_out_single_chunk_prefill_and_reports_it():
     assert fit["residual_pct"]["median_abs"] < 1e-6 and "tail-prefill" not in fit["residual_pct"]["by_tag"]
     (e,) = fit["not_fitted_signed_pct"]["tail-prefill"]
     assert e == pytest.approx(((5 + 7.68 + 0.0384) / 100 - 1) * 100, abs=0.01)
+
+
+def test_fit_prefill_terms_recovers_a_known_model_and_prices_the_table_for_decode_tokens(tmp_path):
+    """Points from step = F(n) + slope kv + a decode + beta pairs (step_terms of real shapes: table
+    steps, busy steps of decodes plus prompts, single prompt chunks): the fit recovers slope, a and
+    beta, fits the tail-prefill points, and its table is F(n) + a n, so that dsim's CostModel
+    (table + prefill_ms) gives back every point."""
+    from dsim.cost import CostModel
+    a, beta, slope = 8.0, 1.5, 0.05                     # ms per 1000 decode tokens, per 1e6 pairs, per 1000 KV
+    shapes = [plan.uniform_step(1, 4, 1024, "table"), plan.uniform_step(8, 2, 900, "table"),
+              plan.uniform_step(16, 4, 700, "table"), plan.uniform_step(64, 8, 600, "table")]
+    shapes += [plan.uniform_step(16, 2, c, "context") for c in (512, 4096)]
+    for n in (768, 1536):
+        shapes += [plan.dspark_mixed_step(n, 256, 1), plan.dspark_mixed_step(n, 32, 2),
+                   plan.StepShape((n,), (0,), "tail-prefill")]
+    caps = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+    pts = []
+    for sh in shapes:
+        dec, pre = plan.step_terms(sh.q, sh.ctx)
+        n = plan.padded_tokens(sh.n, caps)
+        ms = 2 + 0.004 * n + slope * sh.kv / 1000 + a * dec / 1000 + beta * pre
+        pts.append(dict(tag=sh.tag, n=n, n_real=sh.n, kv=sh.kv, R=sh.requests, s=max(sh.q), dec=dec, pre=pre, ms=ms))
+    fit = plan.fit_step_model(pts)
+    assert fit["kv_ms_per_ktok"] == pytest.approx(slope, rel=1e-6)
+    assert fit["prefill_terms"]["discount_ms_per_ktok"] == pytest.approx(a, rel=1e-4)
+    assert fit["prefill_terms"]["attention_ms_per_mpair"] == pytest.approx(beta, rel=1e-4)
+    assert "tail-prefill" in fit["residual_pct"]["by_tag"] and fit["residual_pct"]["max_abs"] < 1e-4
+    prov = dict(kind="measured", hardware="NVIDIA H200", gpus_per_replica=1, model="m", engine="e",
+                engine_version="v", date="2026-11-29", method="test")
+    f = tmp_path / "t.yaml"
+    f.write_text(plan.dump_yaml(plan.profile_dict(name="t", provenance=prov, kv_cache_gib=60,
+                                                  kv_bytes_per_token=131072, caps=caps, fit=fit, draft={})))
+    cm = CostModel(load_profile(str(f)))
+    sc = plan.Staircase.from_profile(yaml.safe_load(f.read_text()))
+    for sh, p in zip(shapes, pts):
+        chunks = [(q, c) for q, c in zip(sh.q, sh.ctx) if q >= plan.PREFILL_MIN_Q]
+        got = float(cm.step_ms(sh.n, sh.kv)) + cm.prefill_ms(chunks)
+        assert got == pytest.approx(p["ms"], rel=1e-4), sh.tag
+        assert sc.step_ms_shape(sh) == pytest.approx(got, rel=1e-9)
 
 
 def test_forward_table_and_profile_dict_load(tmp_path):
@@ -355,19 +395,54 @@ def test_fit_context_series_set_the_slope_only():
 
 def test_committed_steplogs_carry_dsims_predictions_and_replays_meet_the_target():
     """The committed DSpark step logs (validator/gpu/steplogs) carry dsim's own forward-only cost from
-    the committed H200 profiles (CostModel.step_ms of the step's tokens and KV, KV after the step's new
-    tokens), and the committed in-process replay of them (validator/gpu/results, device call 10) is at
-    or under 3 % median absolute error at concurrency 1, 32 and 256 for every shipped model."""
+    the committed H200 profiles (CostModel.step_ms of the step's tokens and KV after its new tokens,
+    plus CostModel.prefill_ms of its prefill chunks; the validator's Staircase gives the same), and
+    their replay in fresh `python3 -m validator.gpu.replay` processes (validator/gpu/results, device
+    call 12) is at or under 3 % median absolute error at concurrency 1, 32 and 256 for every shipped
+    model."""
     gpu = ROOT / "validator" / "gpu"
     for m in MODELS:
         cm = CostModel(load_profile(str(H200[m])))
+        assert cm.has_prefill_terms
+        sc = plan.Staircase.from_profile(yaml.safe_load(H200[m].read_text()))
         for c in (1, 32, 256):
             steps = plan.read_steplog(gpu / "steplogs" / f"dspark-{m}-c{c}.jsonl")
             assert len(steps) == 24 and all(s["concurrency"] == c for s in steps)
             for s in steps:
                 shape = plan.StepShape(tuple(s["q"]), tuple(s["ctx"]))
-                assert s["predicted_ms"] == pytest.approx(cm.step_ms(shape.n, shape.kv), rel=1e-4)
-        res = json.loads((gpu / "results" / f"replay-{m}.json").read_text())
+                chunks = [(q, x) for q, x in zip(shape.q, shape.ctx) if q >= plan.PREFILL_MIN_Q]
+                want = float(cm.step_ms(shape.n, shape.kv)) + cm.prefill_ms(chunks)
+                assert s["predicted_ms"] == pytest.approx(want, rel=1e-4)
+                assert sc.step_ms_shape(shape) == pytest.approx(want, rel=1e-6)
+        res = json.loads((gpu / "results" / f"standalone-replay-{m}.json").read_text())
         cells = {Path(k).name: v["summary"] for k, v in res["logs"].items()}
         for c in (1, 32, 256):
             assert cells[f"dspark-{m}-c{c}.jsonl"][str(c)]["median_abs_pct"] <= 3.0
+
+
+def test_refit_reproduces_the_committed_profile_from_its_raw_points(tmp_path):
+    """validator.gpu.refit on a committed profile's raw points, stripped of their decode tokens and
+    prefill pairs (as raw files from before the prefill terms are): the terms come back from the
+    sweep's seeded shapes and the refit gives the committed forward table, KV slope and
+    prefill_terms; the rewritten YAML loads, keeps its measured draft tables and says what was redone."""
+    import shutil
+    from validator.gpu import refit as RF
+    m = "qwen3-8b"
+    src = ROOT / "profiles" / "h200"
+    for suffix in (".yaml", ".raw.json"):
+        shutil.copy(src / f"h200-{m}{suffix}", tmp_path / f"h200-{m}{suffix}")
+    raw_path = tmp_path / f"h200-{m}.raw.json"
+    raw = json.loads(raw_path.read_text())
+    for p in raw["points"]:
+        p.pop("dec", None), p.pop("pre", None)
+        if p["tag"] == "tail-prefill":
+            p["fit"] = False                                   # as call 10 recorded it
+    raw_path.write_text(json.dumps(raw))
+    assert RF.main([str(raw_path)]) == 0
+    new, ref = load_profile(str(tmp_path / f"h200-{m}.yaml")), load_profile(str(H200[m]))
+    assert new.prefill_discount_ms_per_ktok == pytest.approx(ref.prefill_discount_ms_per_ktok, rel=1e-6)
+    assert new.prefill_attn_ms_per_mpair == pytest.approx(ref.prefill_attn_ms_per_mpair, rel=1e-6)
+    assert new.kv_ms_per_ktok == pytest.approx(ref.kv_ms_per_ktok, rel=1e-6)
+    assert np.allclose(new.forward.ms, ref.forward.ms, rtol=1e-6) and set(new.draft) == set(ref.draft)
+    assert "refit" in new.provenance and new.provenance["refit"]["command"].startswith("python3 -m validator.gpu.refit")
+    assert RF.main([str(tmp_path / "missing.raw.json")]) == 2

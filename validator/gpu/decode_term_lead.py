@@ -1,7 +1,8 @@
 """Offline check (no GPU): which step-cost terms would fix the busy-step error of the replay?
 
-Refits each committed H200 profile's sweep as F(n) + slope x kv + extra terms and re-predicts the
-committed replay rows (in-process, call 10, and fresh-process, call 11) on the committed step logs:
+Refits each H200 profile's measured sweep points as F(n) + slope x kv + extra terms and re-predicts
+the replay rows of calls 10 (in-process) and 11 (fresh process) on the step logs they replayed
+(archived in validator/gpu/call10-11/; the analysis behind the prefill terms, see NOTES.md):
 - "+dec": a x decode tokens (tokens of requests with a window of at most 8; the table, context and
   hetero points are all decode);
 - "+dec+pre": also beta x sum over prefill chunks of q (c + q / 2) / 1e6 (a chunk's causal
@@ -24,6 +25,7 @@ from validator.gpu import plan as P
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ("llama-3.1-8b", "qwen3-8b", "qwen3-32b")
+ARCHIVE = ROOT / "validator" / "gpu" / "call10-11"
 WINDOW_MAX = 8                      # dsim's verify windows are at most 1 + K = 8 tokens
 
 
@@ -76,7 +78,7 @@ def main():
     for m in MODELS:
         pts = json.loads((ROOT / f"profiles/h200/h200-{m}.raw.json").read_text())["points"]
         sweep_terms(pts)
-        fitted = [p for p in pts if p.get("fit", True)]
+        fitted = [p for p in pts if p["tag"] not in ("hetero", "tail-prefill")]     # call 10's fitted set
         with_prefill = fitted + [p for p in pts if p["tag"] == "tail-prefill"]
         models = {"refit": fit(fitted, ()), "+dec": fit(fitted, ("dec",)),
                   "+dec+pre": fit(fitted, ("dec", "pre")),
@@ -84,10 +86,10 @@ def main():
         print(f"{m}: " + "; ".join(f"{k}: " + ", ".join(f"{t} {v:.3g}" for t, v in mo["coef"].items())
                                    for k, mo in models.items() if mo["coef"]))
         for kind in ("replay", "standalone-replay"):
-            d = json.loads((ROOT / f"validator/gpu/results/{kind}-{m}.json").read_text())
+            d = json.loads((ARCHIVE / "results" / f"{kind}-{m}.json").read_text())
             for name, v in d["logs"].items():
                 rows = v["rows"] if isinstance(v, dict) else v
-                logs = {r["step"]: r for r in map(json.loads, open(ROOT / "validator/gpu/steplogs" / Path(name).name))}
+                logs = {r["step"]: r for r in map(json.loads, open(ARCHIVE / "steplogs" / Path(name).name))}
                 meas = np.array([r["measured_ms"] for r in rows])
 
                 def med(pred):

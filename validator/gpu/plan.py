@@ -116,7 +116,7 @@ HETERO_REQUESTS = (16, 48, 64, 96, 128, 160, 192)   # held-out DSpark-like check
 # n runs with R = the smallest tier t with t <= n <= 8 t (windows 1..8), else R = n // 4 (n = 16):
 # n <= 8 -> one request (a single user's verify step), 32..256 -> 32, 264..512 -> 256.
 TABLE_TIERS = (1, 32, 256)
-FIT_EXCLUDE = ("tail-prefill", "hetero")   # measured and reported (signed), not fitted
+FIT_EXCLUDE = ("hetero",)   # measured and reported (signed), not fitted
 SLOPE_ONLY = ("context",)   # fitted with their own intercept per (n, R, window): they set the KV slope only
 TAIL_DECODE_MAX_REQUESTS = 256    # pure-decode tail points only up to this many requests (8 tokens each)
 
@@ -267,19 +267,40 @@ def sweep_plan(caps: list[int] | None = None, tails: list[int] | None = None,
 
 
 # ---------------------------------------------------------------- fit
+def step_terms(q, ctx) -> tuple[int, float]:
+    """(decode/verify tokens, prefill query-key pairs / 1e6) of a step shape: requests with fewer
+    than PREFILL_MIN_Q query tokens are decodes; a prefill chunk of q tokens over c cached ones has
+    q (c + q / 2) causal-attention pairs (dsim.cost.CostModel.prefill_ms)."""
+    dec = sum(int(x) for x in q if x < PREFILL_MIN_Q)
+    pairs = sum(x * (c + 0.5 * x) for x, c in zip(q, ctx) if x >= PREFILL_MIN_Q) / 1e6
+    return dec, float(pairs)
+
+
 def fit_step_model(points: list[dict]) -> dict:
-    """Least squares step_ms = F(n) + slope * kv / 1000 with one free F per distinct n.
+    """Least squares step_ms = F(n) + slope * kv / 1000 (+ prefill terms), one free F per distinct n.
 
     points: dicts with n (token count the step ran with, i.e. padded), kv, ms; a point whose tag is
-    in FIT_EXCLUDE (or with fit=False) is not fitted, only its signed error reported
+    in FIT_EXCLUDE (or with fit=False; tail-prefill without the prefill terms) is not fitted, only its
+    signed error reported
     (not_fitted_signed_pct). Points tagged SLOPE_ONLY get an intercept of their own per (n, R, window)
     group instead of F(n): they set the KV slope (context series of one shape) but not the forward
     table, which comes from the steps shaped like dsim's (their signed error against F(n) is reported
-    too, under slope_only_signed_pct). Without such tags, plain F(n) + slope.
-    Returns {"tokens": [...], "F": [...], "kv_ms_per_ktok": slope, "residual_pct": {...}}.
+    too, under slope_only_signed_pct).
+    When every point carries n_real, dec (decode tokens) and pre (prefill pairs / 1e6, step_terms),
+    the model also has a x decode tokens and beta x pre (session 3: decode tokens cost more than
+    prompt tokens, an LM-head row each plus per-row attention work; a prefill chunk pays its causal
+    attention). The table is then priced for decode tokens, F(n) + a n, as dsim's cost model wants
+    it (dsim.cost: a prompt token costs a less and a chunk adds beta x its pairs), and the result
+    has prefill_terms = {discount_ms_per_ktok: a, attention_ms_per_mpair: beta}. A coefficient
+    that fits negative is pinned at 0.
+    Returns {"tokens": [...], "F": [...], "kv_ms_per_ktok": slope, "residual_pct": {...}, ...}.
     """
     allpts = points
-    points = [p for p in points if p.get("fit", p.get("tag") not in FIT_EXCLUDE)]
+    terms = ["dec", "pre"] if all("dec" in p and "pre" in p and "n_real" in p for p in allpts) else []
+    # without the prefill terms a single whole-size prompt chunk is off the model (its attention
+    # grows with the square of the chunk): measured and reported, not fitted
+    excl = FIT_EXCLUDE if terms else FIT_EXCLUDE + ("tail-prefill",)
+    points = [p for p in points if p.get("fit", True) and p.get("tag") not in excl]
     held = [p for p in allpts if p not in points]
 
     def grp(p):
@@ -293,23 +314,35 @@ def fit_step_model(points: list[dict]) -> dict:
     points = [p for p in points if grp(p) is None or grp(p) in groups]
     idx = {n: i for i, n in enumerate(ns)}
     gidx = {g: len(ns) + i for i, g in enumerate(groups)}
-    A = np.zeros((len(points), len(ns) + len(groups) + 1))
-    y = np.zeros(len(points))
-    for r, p in enumerate(points):
+    base = len(ns) + len(groups)
+
+    def row(p):
+        r = np.zeros(base + 1 + len(terms))
         g = grp(p)
-        A[r, idx[int(p["n"])] if g is None else gidx[g]] = 1.0
-        A[r, -1] = p["kv"] / 1000.0
-        y[r] = p["ms"]
-    # relative weighting: every point counts by its relative error
-    w = 1.0 / np.maximum(y, 1e-6)
-    coef, *_ = np.linalg.lstsq(A * w[:, None], y * w, rcond=None)
-    slope = max(float(coef[-1]), 0.0)
-    if coef[-1] < 0:   # refit with slope pinned at 0
-        coef, *_ = np.linalg.lstsq(A[:, :-1] * w[:, None], y * w, rcond=None)
-        coef = np.append(coef, 0.0)
+        if g is None or g in gidx:
+            r[idx[int(p["n"])] if g is None else gidx[g]] = 1.0
+        r[base] = p["kv"] / 1000.0
+        for j, t in enumerate(terms):
+            r[base + 1 + j] = p["dec"] / 1000.0 if t == "dec" else p["pre"]
+        return r
+
+    A = np.array([row(p) for p in points])
+    y = np.array([float(p["ms"]) for p in points])
+    w = 1.0 / np.maximum(y, 1e-6)          # relative weighting: every point counts by its relative error
+    cols = list(range(A.shape[1]))
+    while True:                            # pin a negative KV slope or prefill term at 0
+        coef_c, *_ = np.linalg.lstsq(A[:, cols] * w[:, None], y * w, rcond=None)
+        coef = np.zeros(A.shape[1])
+        coef[cols] = coef_c
+        neg = [c for c in cols if c >= base and coef[c] < 0]
+        if not neg:
+            break
+        cols.remove(min(neg, key=lambda c: coef[c]))
+    slope = float(coef[base])
+    extra = dict(zip(terms, coef[base + 1:]))
+    a = float(extra.get("dec", 0.0))               # ms per 1000 decode tokens
     F = np.maximum(coef[:len(ns)], 1e-4)
-    inter = np.append(F, coef[len(ns):-1])
-    pred = A[:, :-1] @ inter + slope * A[:, -1]
+    pred = A @ np.concatenate([F, coef[len(ns):]])
     rel = (pred - y) / y * 100
     by_tag: dict[str, list] = {}
     for p, e in zip(points, rel):
@@ -321,19 +354,26 @@ def fit_step_model(points: list[dict]) -> dict:
         for p in pts:
             n = int(p["n"])
             f = Fn[n] if n in Fn else float(np.interp(n, ns, F))
-            e = (f + slope * p["kv"] / 1000.0 - p["ms"]) / p["ms"] * 100
-            out.setdefault(p.get("tag", ""), []).append(round(float(e), 2))
+            e = f + slope * p["kv"] / 1000.0
+            if terms:
+                e += a * p["dec"] / 1000.0 + float(extra["pre"]) * p["pre"]
+            out.setdefault(p.get("tag", ""), []).append(round(float((e - p["ms"]) / p["ms"] * 100), 2))
         return out
-    out = dict(tokens=ns, F=[float(f) for f in F], kv_ms_per_ktok=slope,
+    # the table as dsim reads it: every token priced as a decode token
+    table = [float(f + a * n / 1000.0) for n, f in zip(ns, F)]
+    out = dict(tokens=ns, F=table, kv_ms_per_ktok=slope,
                residual_pct=dict(median_abs=float(np.median(np.abs(rel))),
                                  p90_abs=float(np.percentile(np.abs(rel), 90)),
                                  max_abs=float(np.max(np.abs(rel))),
                                  by_tag={k: round(median(v), 3) for k, v in by_tag.items()}))
+    if terms:
+        out["prefill_terms"] = {"discount_ms_per_ktok": round(a, 6),
+                                "attention_ms_per_mpair": round(float(extra["pre"]), 6)}
     if held:     # not fitted: signed error of the fitted model (table lookup as in the staircase)
         out["not_fitted_signed_pct"] = signed(held)
     if slope_pts:
         out["slope_only_signed_pct"] = signed(slope_pts)
-        out["slope_groups"] = len(groups)
+    out["slope_groups"] = len(groups)
     return out
 
 
@@ -367,9 +407,19 @@ def forward_table(fit: dict, caps: list[int]) -> dict:
 
 
 class Staircase:
-    """Tiny numpy re-implementation of dsim.cost.CostModel.step_ms (vLLM staircase semantics)."""
+    """Tiny numpy re-implementation of dsim.cost.CostModel.step_ms (vLLM staircase semantics), with
+    its prefill terms (CostModel.prefill_ms) for a step given as a shape (step_ms_shape)."""
 
-    def __init__(self, tokens, ms, kv_ms_per_ktok, limit):
+    @classmethod
+    def from_profile(cls, p: dict) -> "Staircase":
+        """From a parsed profile YAML (dict)."""
+        pt = p.get("prefill_terms") or {}
+        return cls(p["forward"]["tokens"], p["forward"]["ms"], p["kv_ms_per_ktok"], p["capture_sizes"][-1],
+                   pt.get("discount_ms_per_ktok", 0.0), pt.get("attention_ms_per_mpair", 0.0))
+
+    def __init__(self, tokens, ms, kv_ms_per_ktok, limit, discount_ms_per_ktok=0.0, attention_ms_per_mpair=0.0):
+        self.discount = float(discount_ms_per_ktok) / 1000.0
+        self.attention = float(attention_ms_per_mpair) / 1e6
         self.x = np.asarray(tokens, dtype=float)
         self.ms = np.maximum.accumulate(np.asarray(ms, dtype=float))
         self.limit = int(limit)
@@ -393,6 +443,12 @@ class Staircase:
     def step_ms(self, n: int, kv: int) -> float:
         return self.forward_ms(n) + self.kv * kv
 
+    def step_ms_shape(self, shape: "StepShape") -> float:
+        """step_ms plus the prefill terms of the shape's prefill chunks (q >= PREFILL_MIN_Q)."""
+        pre = sum(q * (self.attention * (c + 0.5 * q) - self.discount)
+                  for q, c in zip(shape.q, shape.ctx) if q >= PREFILL_MIN_Q)
+        return self.step_ms(shape.n, shape.kv) + pre
+
 
 # ---------------------------------------------------------------- profile dict / files
 def profile_dict(*, name, provenance, kv_cache_gib, kv_bytes_per_token, caps, fit, draft,
@@ -404,6 +460,8 @@ def profile_dict(*, name, provenance, kv_cache_gib, kv_bytes_per_token, caps, fi
          "capture_sizes": [int(c) for c in caps],
          "forward": forward_table(fit, caps),
          "kv_ms_per_ktok": round(float(fit["kv_ms_per_ktok"]), 6)}
+    if fit.get("prefill_terms"):
+        d["prefill_terms"] = dict(fit["prefill_terms"])
     if draft:
         d["draft"] = {k: {"requests": [int(r) for r in v["requests"]],
                           "ms": [round(float(m), 5) for m in v["ms"]]} for k, v in draft.items()}

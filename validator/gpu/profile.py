@@ -26,7 +26,7 @@ from validator.gpu.plan import (BLOCK_K, BLOCK_LAYERS, CAPTURE_LIMIT, DRAFT_CTX,
                                 EAGLE3_DRAFT_VOCAB, FIT_EXCLUDE, Staircase, StepShape, dump_yaml,
                                 fit_step_model, hetero_step, kv_slope_by_window, model_dims, model_name, padded_tokens,
                                 shaped_step, TABLE_TIERS,
-                                profile_dict, sweep_plan, tail_sizes, uniform_step, vllm_capture_sizes,
+                                profile_dict, step_terms, sweep_plan, tail_sizes, uniform_step, vllm_capture_sizes,
                                 write_text_atomic)
 
 DRY_CFG = dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
@@ -349,10 +349,11 @@ def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dic
         m = M.StepMeta(shape, n_pad, dims, device)
         graph = n_pad <= CAPTURE_LIMIT or not args.eager_tails
         ms, reps = timer(lambda: model.forward(m), graph=graph)
+        dec, pre = step_terms(shape.q, shape.ctx)
         p = dict(tag=shape.tag, n=n_pad, n_real=shape.n, kv=shape.kv, R=shape.requests, s=max(shape.q),
                  ctx=max(shape.ctx), ctx_min=min(shape.ctx), chunks=int(m.n_chunks), graph=graph,
                  mode=m.mode, ms=ms * depth_scale, reps=[round(r, 4) for r in reps],
-                 fit=shape.tag not in FIT_EXCLUDE)
+                 fit=shape.tag not in FIT_EXCLUDE, dec=dec, pre=round(pre, 6))
         points.append(p)
         shapes.append(shape)
         if i % 20 == 0 or shape.tag != "table":
@@ -403,7 +404,10 @@ def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dic
                   "log-normal context mix), tails as 256-request verify steps and busy chunked-prefill "
                   "steps (256 or 32 verify requests + whole prompts); uniform context series (n 32/128/512 x "
                   "windows 1/2/4/8 x 1K/8K/32K) fitted with an intercept of their own (KV slope only); "
-                  "fit step_ms = F(n) + kv_ms_per_ktok * kv/1000 (relative least squares, one F per n; "
+                  "fit step_ms = F(n) + kv_ms_per_ktok * kv/1000 + a * decode tokens/1000 + beta * prefill "
+                  "pairs/1e6 (relative least squares, one F per n; a prefill chunk of q tokens over c cached "
+                  "has q (c + q/2) causal-attention pairs); the forward table is priced for decode tokens, "
+                  "F(n) + a n/1000, and a, beta are the profile's prefill_terms (discount, attention); "
                   f"tags {list(FIT_EXCLUDE)} measured and reported, not fitted)"),
         command=cmd, driver=info["driver"], gpu_memory_gib=info["mem_gib"], cuda=info["cuda"],
         torch=info["torch"],
@@ -461,7 +465,7 @@ def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dic
     if args.replay:
         from validator.gpu.plan import error_summary
         from validator.gpu.replay import replay_steps, load_or_make_steps
-        sc = Staircase(prof["forward"]["tokens"], prof["forward"]["ms"], prof["kv_ms_per_ktok"], caps[-1])
+        sc = Staircase.from_profile(prof)
         rtimer = Timer(device, args.replay_reps, warm=1)     # tails (large steps); graph sizes: the sweep's timer
         all_rows, per_log, results = [], {}, {}
         for src in args.replay:

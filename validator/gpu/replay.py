@@ -7,8 +7,9 @@ STEPLOG: JSONL, one object per engine step {"step": i, "q": [query tokens per re
 Steps of n <= 512 tokens run as a CUDA graph padded to the next capture size (as vLLM does),
 larger ones as a CUDA graph of exactly n tokens (--eager-tails: eagerly, which times this Python
 executor's kernel launches rather than the GPU work). Where predicted_ms is missing, or with
---repredict, and --profile is given, it is computed with the profile's staircase (Staircase, a numpy
-copy of dsim.cost.CostModel.step_ms); the log's own value is kept as predicted_log_ms.
+--repredict, and --profile is given, it is computed with the profile's staircase (Staircase.step_ms_shape,
+a numpy copy of dsim.cost.CostModel.step_ms plus prefill_ms for the shape's prefill chunks); the log's
+own value is kept as predicted_log_ms.
 `STEPLOG` may be 'synthetic': a generated log (plan.synthetic_steplog).
 """
 from __future__ import annotations
@@ -43,7 +44,7 @@ def replay_steps(model, steps, dims, device, timer, caps, staircase=None, depth_
         ms, reps = tm(lambda: model.forward(m), graph=graph)
         pred = st.get("predicted_ms")
         if (pred is None or repredict) and staircase is not None:
-            pred = staircase.step_ms(shape.n, shape.kv)
+            pred = staircase.step_ms_shape(shape)
         dec = [c for s, c in zip(shape.q, shape.ctx) if s < PREFILL_MIN_Q]
         rows.append(dict(step=st.get("step"), concurrency=concurrency_of(st), n=shape.n, n_pad=n_pad,
                          kv=shape.kv, R=shape.requests, graph=graph, mode=m.mode,
@@ -99,7 +100,7 @@ def main(argv=None):
     if a.profile:
         import yaml
         p = yaml.safe_load(Path(a.profile).read_text())
-        sc = Staircase(p["forward"]["tokens"], p["forward"]["ms"], p["kv_ms_per_ktok"], p["capture_sizes"][-1])
+        sc = Staircase.from_profile(p)
     results = {}
     timer = Timer(device, a.reps, warm=a.warm)
     for src in a.steplog:          # one model build, several logs; results written after each
