@@ -268,6 +268,13 @@ class CostModel:
         else:   # only the limit point: extrapolate the slope of the last two points overall
             self._slope = (ms[-1] - ms[-2]) / (x[-1] - x[-2]) if len(x) >= 2 else 0.0
         self._slope = float(max(self._slope, 0.0))
+        if self.prefill_discount_ms_per_tok > self._slope + 1e-12:
+            # past the table the last slope is extrapolated: it must also pay for a prompt token's
+            # discount, else a large prefill step would cost less than nothing
+            raise InputError(f"{profile.source_path or profile.name}: prefill_terms.discount_ms_per_ktok "
+                             f"{profile.prefill_discount_ms_per_ktok:g}: exceeds the forward table's last slope "
+                             f"({self._slope / cost_scale * 1000:g} ms per 1000 tokens, extrapolated past "
+                             f"{int(x[-1])} tokens) (inconsistent profile)")
         self._ax_list, self._ams_list = self._ax.tolist(), self._ams.tolist()
         # The whole curve up to a large step as one array: the verify-budget policies evaluate
         # it at every b in 0..R*K each step.

@@ -384,8 +384,8 @@ class Replica:
             if K:
                 # vLLM schedules decodes first with all K drafts, prefills get what is left; the
                 # verify budget then trims drafts inside the decodes' reservation.
-                pre_est = min(sum(todos), max(budget - n_dec * (1 + K), 0))
-                windows, draws = self._windows(I, 1, pre_est, self._prefill_estimate_ms(todos, pre_est))
+                pre_est, pre_ms = self._prefill_estimate(todos, max(budget - n_dec * (1 + K), 0))
+                windows, draws = self._windows(I, 1, pre_est, pre_ms)
                 vc = verify_tokens_and_commit(self.verify_mode, windows[0], K)   # (verified, commit cap)
                 dec_tokens = n_dec + int(np.add.reduce(vc[0]))
             else:
@@ -456,20 +456,21 @@ class Replica:
         # q: tokens per decode slot, only when the budget cut the queue (else 1 + verified)
         return (n_dec, q, cut, vc, draws, list(self.pre), chunks, n_tokens, pre_tokens, kv, fwd, dur)
 
-    def _prefill_estimate_ms(self, todos, tokens: int) -> float:
-        """The prefill chunks' cost correction (CostModel.prefill_ms) for the `tokens` prefill
-        tokens the verify budget is priced with: the queued prefills in order, as scheduled."""
-        if not tokens or not self.cost.has_prefill_terms:
-            return 0.0
-        est = []
+    def _prefill_estimate(self, todos, left: int) -> tuple[int, float]:
+        """The prefill tokens the verify budget is priced with, and their cost correction
+        (CostModel.prefill_ms): the queued prefills in order, chunked as _plan_step will chunk them
+        in the `left` tokens the decodes' reservation leaves (new admissions not included)."""
+        thr = self.cfg.long_prefill_token_threshold
+        total, est = 0, []
         for r, todo in zip(self.pre, todos):
-            c = min(todo, tokens)
+            c = min(todo, left, thr) if thr > 0 else min(todo, left)
             if c:
                 est.append((c, self.R.computed[r]))
-            tokens -= c
-            if not tokens:
+            total += c
+            left -= c
+            if not left:
                 break
-        return self.cost.prefill_ms(est)
+        return total, (self.cost.prefill_ms(est) if est and self.cost.has_prefill_terms else 0.0)
 
     def _windows(self, I, k, prefill_tokens=0, prefill_ms=0.0):
         """Draft draws and verify windows for the decode slots over k steps (prefill_tokens and
@@ -522,18 +523,19 @@ class Replica:
                 return sp.policy.windows(conf[rows], prev[rows], None if prev2 is None else prev2[rows],
                                          ctx).astype(np.int64)
 
-            windows = solve(np.zeros(k))
+            base = np.full(k, prefill_ms)          # (prefill chunks: single steps only)
+            windows = solve(base)
             for _ in range(3):
                 if k == 1:
                     break
-                extra = kv_ms * contexts(windows)
+                extra = base + kv_ms * contexts(windows)
                 nxt = solve(extra)
                 if np.array_equal(nxt, windows):
                     break
                 windows = nxt
             else:
                 for t in range(1, k):          # no fixed point: one step at a time
-                    extra = kv_ms * contexts(windows)
+                    extra = base + kv_ms * contexts(windows)
                     windows[t] = solve(extra[t:t + 1], slice(t, t + 1))[0]
         else:
             windows = np.full((k, len(I)), K, dtype=np.int64)

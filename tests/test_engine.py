@@ -114,6 +114,34 @@ def test_prefill_terms_price_each_chunk_and_are_checked_on_load():
         linear_profile(prefill_terms={"attention_ms_per_mpair": -1})
     with pytest.raises(InputError, match="prefill_terms: a mapping"):
         linear_profile(prefill_terms={"discount": 1})
+    # past the table the last slope (here 0.01 ms a token) must pay for the discount too
+    caps = vllm_capture_sizes(512)
+    flat = make_profile(forward={"tokens": caps + [1024, 2048], "ms": [30.0] * len(caps) + [30.5, 31.0]},
+                        prefill_terms={"discount_ms_per_ktok": 5.0})
+    with pytest.raises(InputError, match="exceeds the forward table's last slope"):
+        CostModel(flat)
+
+
+def test_prefill_terms_reach_every_budget_policy(monkeypatch):
+    """The verify budget is priced with the step's prefill correction whatever the policy: the
+    general path (paper, paper-production) gets it as step_extra_ms, the vllm one-step entry in its
+    cost row (the same step priced the same way)."""
+    import dsim.policy as P
+    seen = []
+    orig = P.PaperPolicy.windows
+
+    def spy(self, conf_now, conf_prev=None, conf_prev2=None, ctx=None):
+        seen.append(float(np.asarray(ctx.step_extra_ms)[0]))
+        return orig(self, conf_now, conf_prev, conf_prev2, ctx)
+    monkeypatch.setattr(P.PaperPolicy, "windows", spy)
+    prof = linear_profile(kv_ms_per_ktok=0.5, prefill_terms={"discount_ms_per_ktok": 4.0, "attention_ms_per_mpair": 2.0})
+    w = wl([200, 3000, 3000], [400, 50, 50], arrival=[0.0, 0.5, 1.0])
+    for pol in ("paper", "paper-production"):
+        seen.clear()
+        # 512-token chunks: the long prompts are still prefilling while the first request decodes
+        run(w, prof, spec=SpecConfig("dspark", adaptive=True, policy=pol),
+            engine=EngineConfig(long_prefill_token_threshold=512))
+        assert any(x != 0.0 for x in seen) and all(x == 0.0 or abs(x) > 1e-6 for x in seen)
 
 
 def test_context_term_adds_per_kv_token():

@@ -219,7 +219,10 @@ def calibrate(paths, out_dir, base_profile: str | None = None, name: str = "cali
 
         def base_ms(p):
             dr = method.draft_ms(cm, int(round(p["b"]))) if K else 0.0
-            return float(cm.step_ms(p["n"], p["kv"])) + dr
+            pre = 0.0
+            if p.get("kind") == "prefill":     # one prompt of n - (b - 1)(1 + K) tokens at context 0
+                pre = cm.prefill_ms([(p["n"] - (p["b"] - 1) * (1 + K), 0.0)])
+            return float(cm.step_ms(p["n"], p["kv"])) + pre + dr
 
         x = np.array([base_ms(p) for p in pts])
         if len(pts) >= 3 and np.ptp(x) > 1e-9:
@@ -240,8 +243,10 @@ def calibrate(paths, out_dir, base_profile: str | None = None, name: str = "cali
                        method=prov["method"] + f"; scaled base profile {base.name}")
         prof = dataclasses.replace(base, name=name, provenance=newprov, forward=fwd, draft=draft,
                                    kv_ms_per_ktok=base.kv_ms_per_ktok * s, cpu_overhead_ms=float(c),
+                                   prefill_discount_ms_per_ktok=base.prefill_discount_ms_per_ktok * s,
+                                   prefill_attn_ms_per_mpair=base.prefill_attn_ms_per_mpair * s,
                                    extra={k: v for k, v in base.extra.items() if k != "validator"})
-        fit = {"model": "measured = cpu_overhead + scale * (base step + base draft)",
+        fit = {"model": "measured = cpu_overhead + scale * (base step + base prefill terms + base draft)",
                "cpu_overhead_ms": c, "scale": s, "how": how}
         pred = lambda p: c + s * base_ms(p)                                 # noqa: E731
     else:

@@ -35,8 +35,9 @@ def point_terms(points: list[dict]) -> None:
                 tails = {(s.tag, s.n, s.requests): s for s in P.sweep_plan(kv_budget_tokens=10**9)
                          if s.tag.startswith("tail")}
             s = tails.get((p["tag"], p["n_real"], p["R"]))
-            if s is None:
-                raise InputError(f"point {p['tag']} n={p['n_real']} R={p['R']}: not in the sweep plan")
+            if s is None or s.kv != p["kv"]:            # (the plan changed since the sweep)
+                raise InputError(f"point {p['tag']} n={p['n_real']} R={p['R']} kv={p['kv']}: not in the "
+                                 "current sweep plan")
             p["dec"], p["pre"] = P.step_terms(s.q, s.ctx)
         elif int(p.get("s", 1)) < P.PREFILL_MIN_Q:         # table, context, hetero: decode/verify only
             p["dec"], p["pre"] = int(p["n_real"]), 0.0
