@@ -446,3 +446,15 @@ def test_refit_reproduces_the_committed_profile_from_its_raw_points(tmp_path):
     assert np.allclose(new.forward.ms, ref.forward.ms, rtol=1e-6) and set(new.draft) == set(ref.draft)
     assert "refit" in new.provenance and new.provenance["refit"]["command"].startswith("python3 -m validator.gpu.refit")
     assert RF.main([str(tmp_path / "missing.raw.json")]) == 2
+
+
+def test_dsim_validate_gpu_commands_pass_through():
+    """`dsim validate profile-gpu / replay-gpu / refit-gpu` run the validator.gpu modules with their
+    own arguments: help passes through, a bad input is one line and exit code 2."""
+    import subprocess
+    import sys
+    base = [sys.executable, "-m", "dsim", "validate"]
+    r = subprocess.run(base + ["replay-gpu", "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "--repredict" in r.stdout
+    r = subprocess.run(base + ["refit-gpu", "nowhere.raw.json"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip() == "error: nowhere.raw.json: file not found"

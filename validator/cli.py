@@ -198,6 +198,43 @@ def ab_cmd(
     typer.echo(rep["markdown"])
 
 
+# ---- the GPU profiler (validator/gpu): its own argparse CLIs, passed through -------------------
+_PASS = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
+def _gpu_main(module: str, args: list) -> None:
+    import importlib
+    try:
+        mod = importlib.import_module(f"validator.gpu.{module}")
+    except ImportError as e:      # torch is an optional extra (pyproject: dsim[gpu])
+        raise InputError(f"validator.gpu.{module}: needs {e.name or 'torch'} "
+                         "(pip install 'dsim[gpu]'; on the GPU machine: python3 -m validator.gpu.{module})") from None
+    rc = mod.main(list(args))
+    if isinstance(rc, int) and rc:
+        raise typer.Exit(rc)
+
+
+@app.command("profile-gpu", context_settings=_PASS, add_help_option=False)
+def profile_gpu_cmd(ctx: typer.Context):
+    """Measure step costs of a model on a GPU (CUDA graphs at vLLM's capture sizes) and write an
+    H200-style profile: `python3 -m validator.gpu.profile` (its arguments; --help lists them)."""
+    _gpu_main("profile", ctx.args)
+
+
+@app.command("replay-gpu", context_settings=_PASS, add_help_option=False)
+def replay_gpu_cmd(ctx: typer.Context):
+    """Run the exact step shapes of dsim step logs on a GPU and compare with the predictions:
+    `python3 -m validator.gpu.replay` (its arguments; --help lists them)."""
+    _gpu_main("replay", ctx.args)
+
+
+@app.command("refit-gpu", context_settings=_PASS, add_help_option=False)
+def refit_gpu_cmd(ctx: typer.Context):
+    """Refit measured GPU profiles from their raw points with the current step model (no GPU):
+    `python3 -m validator.gpu.refit RAW.json ...`."""
+    _gpu_main("refit", ctx.args)
+
+
 def main(argv=None):
     """Run alone: InputError -> one line on stderr, exit 2."""
     try:
