@@ -216,11 +216,15 @@ DEFAULT_PROFILE = "deepseek-v4-class-h200x8"
 
 
 def resolve_profile_path(name_or_path: str) -> Path:
+    """A YAML path, a shipped profile's name, or a model name (llama-3.1-8b, qwen3-8b, ...): the
+    measured H200 profile of that model where one exists, else its analytical one (the fallback)."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") and p.exists():
         return p
-    for cand in sorted(PROFILE_DIR.rglob(f"{name_or_path}.yaml")):
-        return cand
+    for stem in (name_or_path, f"h200-{name_or_path}", f"analytical-{name_or_path}-h200x1"):
+        for cand in sorted(PROFILE_DIR.rglob(f"{stem}.yaml")):
+            if "models" not in cand.parts:
+                return cand
     known = sorted(q.stem for q in PROFILE_DIR.rglob("*.yaml") if "models" not in q.parts)
     raise InputError(f"{name_or_path}: profile not found (a .yaml path or one of: {', '.join(known)})")
 

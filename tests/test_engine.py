@@ -122,6 +122,16 @@ def test_prefill_terms_price_each_chunk_and_are_checked_on_load():
         CostModel(flat)
 
 
+def test_profile_by_model_name_prefers_the_measured_one():
+    """A model name resolves to its measured H200 profile; the analytical one is the fallback."""
+    from dsim.cost import resolve_profile_path
+    assert resolve_profile_path("qwen3-8b").name == "h200-qwen3-8b.yaml"
+    assert load_profile("llama-3.1-8b").provenance["kind"] == "measured"
+    assert resolve_profile_path("analytical-qwen3-8b-h200x1").parent.name == "analytical"
+    with pytest.raises(InputError, match="no-such-model: profile not found"):
+        resolve_profile_path("no-such-model")
+
+
 def test_prefill_terms_reach_every_budget_policy(monkeypatch):
     """The verify budget is priced with the step's prefill correction whatever the policy: the
     general path (paper, paper-production) gets it as step_extra_ms, the vllm one-step entry in its

@@ -23,6 +23,11 @@ import yaml
 from dsim.errors import InputError
 from validator.gpu import plan as P
 
+# appended to provenance.method (the line dsim prints for a profile): what the fit is now
+REFIT_NOTE = ("; refit {date} (python3 -m validator.gpu.refit): step_ms = F(n) + kv term + a * decode tokens "
+              "+ beta * prefill pairs, the table priced for decode tokens and (a, beta) as prefill_terms, "
+              "tail-prefill points fitted")
+
 
 def point_terms(points: list[dict]) -> None:
     """dec / pre for points without them (raw files from before session 3)."""
@@ -63,6 +68,9 @@ def refit(raw_path: Path, command: str) -> dict:
     for k, v in prof.items():                 # measured extras (replay_check ...) stay
         new.setdefault(k, v)
     new["provenance"] = dict(prof["provenance"])
+    note = REFIT_NOTE.format(date=dt.date.today().isoformat())
+    if note not in new["provenance"].get("method", ""):
+        new["provenance"]["method"] = new["provenance"].get("method", "") + note
     new["provenance"]["refit"] = dict(
         date=dt.date.today().isoformat(), command=command,
         what=("forward table, KV slope and prefill_terms refitted from the same measured points with "
