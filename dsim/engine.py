@@ -233,10 +233,8 @@ class Replica:
         pol = getattr(spec, "policy", None) if spec is not None and spec.method.adaptive else None
         self._one_step = getattr(pol, "one_step", None)
         self._adaptive = pol is not None
-        # Forward cost as a Python list up to the capture limit: the hot loop's lookup.
-        self._fwd_arr = cost.forward_ms(np.arange(cost.limit + 1))
-        self._fwd_small = self._fwd_arr.tolist()
-        self._fwd_list = cost.forward_dense.tolist()  # every step size up to DENSE_TOKENS
+        # Forward cost of every step size up to DENSE_TOKENS as a Python list: the hot loop's lookup.
+        self._fwd_list = cost.forward_dense.tolist()
         self._kv_ms = cost.kv_ms_per_tok
         self.next_arrival = lambda: None      # set by the simulation: time of the next open-loop arrival
         self.proc = env.process(self.loop())
@@ -379,13 +377,21 @@ class Replica:
         vc = draws = q = None
         cut = False
         dec_tokens = 0
-        todos = [R.prompt_l[r] + R.generated[r] - R.computed[r] for r in self.pre]   # tokens to prefill
+        # vLLM schedules decodes first, each reserving 1 + K tokens (drafts the verify budget trims
+        # do not return theirs), and the running prefills take what is left, in queue order.
+        left = max(budget - n_dec * (1 + K), 0)
+        chunks = []
+        n_pre_sample = 0                     # prefills whose chunk ends their prompt sample a token
+        for r in self.pre:
+            todo = R.prompt_l[r] + R.generated[r] - R.computed[r]
+            c = min(todo, left, thr) if thr > 0 else min(todo, left)
+            chunks.append(c)
+            n_pre_sample += c > 0 and c == todo
+            left -= c
         if n_dec:
             if K:
-                # vLLM schedules decodes first with all K drafts, prefills get what is left; the
-                # verify budget then trims drafts inside the decodes' reservation.
-                pre_est, pre_ms = self._prefill_estimate(todos, max(budget - n_dec * (1 + K), 0))
-                windows, draws = self._windows(I, 1, pre_est, pre_ms)
+                # the verify budget, priced with those prefill chunks
+                windows, draws = self._windows(I, 1, sum(chunks), self._prefill_ms(chunks))
                 vc = verify_tokens_and_commit(self.verify_mode, windows[0], K)   # (verified, commit cap)
                 dec_tokens = n_dec + int(np.add.reduce(vc[0]))
             else:
@@ -396,15 +402,6 @@ class Replica:
                 q = np.minimum(qq, np.maximum(budget - (cum - qq), 0))
                 dec_tokens = budget
                 cut = True
-        # Trimmed drafts do not return their tokens to the prefills (the scheduler reserved 1 + K).
-        left = budget - max(dec_tokens, min(budget, n_dec * (1 + K)))
-        chunks = []
-        n_pre_sample = 0                     # prefills whose chunk ends their prompt sample a token
-        for todo in todos:
-            c = min(todo, left, thr) if thr > 0 else min(todo, left)
-            chunks.append(c)
-            n_pre_sample += c > 0 and c == todo
-            left -= c
         # KV blocks for the scheduled tokens; preempt from the tail when they run out.
         pre_grow = [max(0, -(-(int(R.computed[r]) + c) // KV_BLOCK_TOKENS) - int(R.blocks[r]))
                     for r, c in zip(self.pre, chunks)]
@@ -449,28 +446,16 @@ class Replica:
             return None
         kv = self.kv_dec + dec_tokens + sum(int(R.computed[r]) + c for r, c in zip(self.pre, chunks))
         n_sample = (n_dec if not cut else int((q > 0).sum())) + n_pre_sample
-        fwd = self._step_ms(n_tokens, kv)
-        if pre_tokens and self.cost.has_prefill_terms:
-            fwd += self.cost.prefill_ms((c, R.computed[r]) for r, c in zip(self.pre, chunks) if c)
+        fwd = self._step_ms(n_tokens, kv) + self._prefill_ms(chunks)
         dur = fwd + self._draft_ms(n_sample) + self.cpu_ms
         # q: tokens per decode slot, only when the budget cut the queue (else 1 + verified)
         return (n_dec, q, cut, vc, draws, list(self.pre), chunks, n_tokens, pre_tokens, kv, fwd, dur)
 
-    def _prefill_estimate(self, todos, left: int) -> tuple[int, float]:
-        """The prefill tokens the verify budget is priced with, and their cost correction
-        (CostModel.prefill_ms): the queued prefills in order, chunked as _plan_step will chunk them
-        in the `left` tokens the decodes' reservation leaves (new admissions not included)."""
-        thr = self.cfg.long_prefill_token_threshold
-        total, est = 0, []
-        for r, todo in zip(self.pre, todos):
-            c = min(todo, left, thr) if thr > 0 else min(todo, left)
-            if c:
-                est.append((c, self.R.computed[r]))
-            total += c
-            left -= c
-            if not left:
-                break
-        return total, (self.cost.prefill_ms(est) if est and self.cost.has_prefill_terms else 0.0)
+    def _prefill_ms(self, chunks) -> float:
+        """The cost correction (CostModel.prefill_ms) of the prefill chunks of self.pre."""
+        if not self.cost.has_prefill_terms:
+            return 0.0
+        return self.cost.prefill_ms((c, self.R.computed[r]) for r, c in zip(self.pre, chunks) if c)
 
     def _windows(self, I, k, prefill_tokens=0, prefill_ms=0.0):
         """Draft draws and verify windows for the decode slots over k steps (prefill_tokens and
@@ -491,7 +476,7 @@ class Replica:
             cp = self.X[self._cp].T                          # [R, K] views of [K, R] blocks
             cp2 = self.X[self._cp2].T if self._cp2 is not None else None
             prev = np.concatenate([cp[None], conf[:-1]]) if k > 1 else cp[None]
-            if not getattr(sp.policy, "production", False):
+            if cp2 is None:
                 prev2 = None               # only the paper's production variant reads it
             elif k == 1:
                 prev2 = cp2[None]
@@ -555,7 +540,7 @@ class Replica:
         vsum, asum = int(np.add.reduce(ver_r)), int(np.add.reduce(acc_r))
         st.verified_draft_tokens += vsum
         st.add_accepted(acc)
-        if self.spec.method.adaptive:
+        if self._adaptive:
             st.accepted_in_window += asum
             st.accepted_full_block += int(np.add.reduce(lead, axis=None))
         I[:, _ROUNDS] += m                  # per class when the rows are flushed
@@ -745,7 +730,7 @@ class Replica:
         # of n tokens), since an arrival ends the window anyway.
         t_next = self.next_arrival()
         if t_next is not None:
-            floor_ms = self._fwd_small[min(n, self.cost.limit)] + self._draft_ms(n) + self.cpu_ms
+            floor_ms = self._fwd_list[min(n, self.cost.limit)] + self._draft_ms(n) + self.cpu_ms
             k = int(min(k, max(1, (t_next - env.now) * 1000.0 // max(floor_ms, 1e-6) + 1)))
         if K > 0:
             windows, draws = self._windows(I, k)
@@ -781,10 +766,7 @@ class Replica:
                     return
                 last = int(bad[0]) - 1
         kv = kv_start + n_tok
-        if n_tok.max() <= self.cost.limit:
-            fwd = self._fwd_arr[n_tok] + self._kv_ms * kv
-        else:
-            fwd = self.cost.step_ms(n_tok, kv)
+        fwd = self.cost.step_ms(n_tok, kv)
         dur = fwd + self._draft_ms(n) + self.cpu_ms                                # [k]
         t_end = env.now + np.cumsum(dur) / 1000.0
         # Run until the last step ends or an arrival wakes us; then commit the steps that ended
