@@ -170,7 +170,7 @@ def profile_from_dict(d: dict, path: str = "<profile>") -> Profile:
 def _prefill_terms(raw, path) -> tuple[float, float]:
     if raw is None:
         return 0.0, 0.0
-    if not isinstance(raw, dict) or set(raw) - {"discount_ms_per_ktok", "attention_ms_per_mpair", "fitted_on"}:
+    if not isinstance(raw, dict) or set(raw) - {"discount_ms_per_ktok", "attention_ms_per_mpair"}:
         raise InputError(f"{path}: prefill_terms: a mapping of discount_ms_per_ktok and attention_ms_per_mpair")
     out = []
     for key in ("discount_ms_per_ktok", "attention_ms_per_mpair"):
@@ -293,7 +293,8 @@ class CostModel:
         """What a step's prefill chunks add to step_ms (which prices every token as a decode
         token): for each (q, c), q new prompt tokens over c cached ones, -discount x q + attention
         x q (c + q / 2). 0 without prefill terms. Postcondition: step_ms + prefill_ms >= 0 for the
-        chunks of any step (the profile's tables cover the discount: profile_from_dict)."""
+        chunks of any step (the table covers the discount at every profiled size, checked by
+        profile_from_dict, and past the table its last slope does, checked here on construction)."""
         if not self.has_prefill_terms:
             return 0.0
         d, a = self.prefill_discount_ms_per_tok, self.prefill_attn_ms_per_pair

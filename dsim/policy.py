@@ -463,8 +463,8 @@ VERIFY_MODES = ("static", "compact", "cap-accept")
 
 def verify_tokens_and_commit(mode: str, windows, K: int):
     """SGLang verify modes -> (drafts verified per request, commit cap per request), int64 arrays
-    shaped like ``windows`` (views of it or of one full array: read-only use). The step's tokens for a decode are 1 + verified; the request emits
-    accepted_prefix(accept, commit_cap) + 1 tokens.
+    shaped like ``windows`` (views of it or of one full array: read-only use). The step's tokens
+    for a decode are 1 + verified; the request emits accepted_prefix(accept, commit_cap) + 1 tokens.
 
     static: verify the full block, commit every accepted draft (window ignored);
     compact: verify only the window, commit within it (the real gain);

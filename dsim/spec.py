@@ -588,12 +588,12 @@ class AcceptanceModel:
         cls = np.asarray(cls, dtype=np.intp)
         if self.head == "useless":
             out = np.empty((2 * self.k, cls.shape[0]), dtype=np.float32)
-            out[:self.k] = self.slot_offsets_model(cls, latent)
+            out[:self.k] = self._slot_offsets_model(cls, latent)
             out[self.k:] = self._PfT[:, cls]
             return out
-        return self.slot_offsets_model(cls, latent)
+        return self._slot_offsets_model(cls, latent)
 
-    def slot_offsets_model(self, cls, latent) -> np.ndarray:
+    def _slot_offsets_model(self, cls, latent) -> np.ndarray:
         off = self._half_baseT[:, cls]                              # [K, R], a new array
         off += np.multiply(latent, np.float32(0.5), dtype=np.float32)
         if self.head_temp != 1.0:
@@ -815,10 +815,10 @@ class DrawStream:
     The engine draws a few thousand values per step; generating (and transforming) them a block
     at a time moves the per-call cost of the generator and of the transcendentals off the step
     loop. 2^14 values a block: small enough for each pass over a block to stay in cache (about
-    9 ns per value for the engine's three streams, against 20 ns at 2^18 on this machine kind). ``take(key, n, make)`` serves n values of the stream ``key``, whose blocks
-    ``make(rng, m)`` builds (an array whose last axis has length m); ``normal`` is one
-    such stream. Deterministic for a given Generator state and sequence of requests.
-    ``block=0``: exactly what is asked (one-off callers)."""
+    9 ns per value for the engine's three streams, against 20 ns at 2^18 on this machine kind).
+    ``take(key, n, make)`` serves n values of the stream ``key``, whose blocks ``make(rng, m)``
+    builds (an array whose last axis has length m). Deterministic for a given Generator state and
+    sequence of requests. ``block=0``: exactly what is asked (one-off callers)."""
 
     def __init__(self, rng: np.random.Generator, block: int = 1 << 14):
         self.rng = rng
@@ -832,10 +832,6 @@ class DrawStream:
         i = b[1]
         b[1] = i + n
         return b[0][..., i:i + n]
-
-    def normal(self, n: int) -> np.ndarray:
-        return self.take("normal", n, _normal_block)
-
 
 
 def _normal_block(rng: np.random.Generator, m: int) -> np.ndarray:
