@@ -321,6 +321,9 @@ def test_server_points_at_the_mean_composition_of_the_sampled_steps():
     pts = {p["kind"]: p for p in stepfit.server_points(m, 4)}
     assert pts["prefill"]["n"] == pytest.approx(128) and pts["prefill"]["b"] == pytest.approx(2)
     assert pts["decode"]["n"] == pytest.approx(10) and pts["decode"]["step_ms"] == pytest.approx(4.0)
+    # the prompts they carry, for a base profile's prefill terms: both 64-token prompts share the step
+    assert (pts["prefill"]["prompt_tokens"], pts["prefill"]["prefills"]) == (pytest.approx(128), pytest.approx(2))
+    assert pts["decode"]["prompt_tokens"] == pytest.approx(0)
     # without chunk timelines: the running-batch estimate
     m2 = _measurement([(0.0, 0.02, 64, [0.005]), (0.0, 0.02, 64, [0.00501])],
                       hist={"inter_token_latency_seconds": 0.004})

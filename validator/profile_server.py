@@ -52,12 +52,13 @@ def profile_from_measurements(files_by_level: dict, name: str | None = None, har
             "server": server, "server_flags": server_flags, "spec_k": k}
     from validator.calibrate import overhead_table, request_overheads
     ovh = request_overheads(ms)
+    table = overhead_table(ms)
     extra = {"validator": {"request_overhead_ms": round(ovh["e2e"], 4),
                            "first_token_overhead_ms": round(ovh["first_token"], 4),
                            "overhead_streams": round(ovh["streams"], 4),
                            "request_overhead_per_stream_ms": round(ovh["e2e_per_stream"], 4),
                            "first_token_overhead_per_stream_ms": round(ovh["first_token_per_stream"], 4),
-                           **({"overhead_table": overhead_table(ms)} if overhead_table(ms) else {}),
+                           **({"overhead_table": table} if table else {}),
                            "fit": fit, "spec_k": k, "spec_emulation": "block" if k else "none",
                            "points": [{kk: (round(v, 4) if isinstance(v, float) else v) for kk, v in p.items()}
                                       for p in pts],

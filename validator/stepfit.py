@@ -120,7 +120,10 @@ def _composition_points(m, k: int, itl: dict, pre: dict) -> list[dict] | None:
         n = np.array([s["prompt_tokens"] + s["decodes"] * (1 + k) for s in steps], dtype=float)
         b = np.array([s["prefills"] + s["decodes"] for s in steps], dtype=float)
         nbar, bbar = float(np.average(n, weights=w)), float(np.average(b, weights=w))
+        prompt = float(np.average([s["prompt_tokens"] for s in steps], weights=w))
+        prefills = float(np.average([s["prefills"] for s in steps], weights=w))
         pts.append({"kind": kind, "batch": bbar, "n": nbar, "b": bbar, "step_ms": hist["mean"] * 1e3,
+                    "prompt_tokens": prompt, "prefills": prefills,
                     "weight": 1.0, "samples": hist.get("count"),
                     "prefill_share": float(np.average([s["prefills"] > 0 for s in steps], weights=w))})
     return pts
@@ -157,6 +160,7 @@ def server_points(m, k: int) -> list[dict]:
             bo = float(np.mean([_inflight_at(ok, r["send_s"]) for r in ok]))
             pbar = float(np.mean([r["prompt_tokens"] for r in ok]))
             pts.append({"kind": "prefill", "batch": bo + 1, "n": pbar + bo * (1 + k), "b": bo + 1,
+                        "prompt_tokens": pbar, "prefills": 1.0,
                         "step_ms": pre["mean"] * 1e3, "weight": 1.0, "samples": pre.get("count")})
         return pts
     for p in step_points(m):

@@ -7,7 +7,7 @@ the replay rows of calls 10 (in-process) and 11 (fresh process) on the step logs
   hetero points are all decode);
 - "+dec+pre": also beta x sum over prefill chunks of q (c + q / 2) / 1e6 (a chunk's causal
   attention: q new tokens over c cached ones), fitted without and with the single-chunk
-  tail-prefill points (not fitted by the committed model).
+  tail-prefill points (not fitted by the call-10 model).
 Prints median |error| % per concurrency for the committed predictions and each refit (the refit
 uses one F per swept n and interpolates between them, so "refit" alone differs a little from the
 committed staircase at 32). See NOTES.md.
@@ -22,33 +22,16 @@ from pathlib import Path
 import numpy as np
 
 from validator.gpu import plan as P
+from validator.gpu.refit import point_terms
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ("llama-3.1-8b", "qwen3-8b", "qwen3-32b")
 ARCHIVE = ROOT / "validator" / "gpu" / "call10-11"
-WINDOW_MAX = 8                      # dsim's verify windows are at most 1 + K = 8 tokens
-
-
-def step_terms(q, ctx) -> tuple[float, float]:
-    """(decode tokens, prefill causal-attention work in 1e6 token pairs) of one step."""
-    dec = sum(x for x in q if x <= WINDOW_MAX)
-    pre = sum(x * (c + x / 2) for x, c in zip(q, ctx) if x > WINDOW_MAX) / 1e6
-    return dec, pre
-
-
-def sweep_terms(points: list[dict]) -> None:
-    """Set p['dec'], p['pre'] from the sweep's seeded shapes (tails); other points are all decode."""
-    shapes = {(s.tag, s.n, s.requests): s for s in P.sweep_plan(kv_budget_tokens=10**9) if s.tag.startswith("tail")}
-    for p in points:
-        if p["tag"].startswith("tail"):
-            s = shapes[(p["tag"], p["n_real"], p["R"])]
-            p["dec"], p["pre"] = step_terms(s.q, s.ctx)
-        else:
-            p["dec"], p["pre"] = p["n_real"], 0.0
 
 
 def fit(points: list[dict], terms: tuple[str, ...]):
-    """Weighted least squares as plan.fit_step_model (one F per n, slope-only context groups)."""
+    """Weighted least squares as plan.fit_step_model (one F per n, slope-only context groups),
+    without its pinning of negative terms: the variants as the NOTES table reports them."""
     ns = sorted({int(p["n"]) for p in points if p["tag"] not in P.SLOPE_ONLY})
     gs = sorted({(int(p["n"]), int(p["R"]), int(p["s"])) for p in points if p["tag"] in P.SLOPE_ONLY})
     base = len(ns) + len(gs)
@@ -69,7 +52,7 @@ def predict(model, row, log_step) -> float:
     ns, F = model["ns"], model["F"]
     n = row["n_pad"]
     f = F[np.searchsorted(ns, n)] if n in ns else float(np.interp(n, ns, F))
-    dec, pre = step_terms(log_step["q"], log_step["ctx"])
+    dec, pre = P.step_terms(log_step["q"], log_step["ctx"])
     c = model["coef"]
     return f + model["slope"] * row["kv"] / 1000.0 + c.get("dec", 0.0) * dec / 1000.0 + c.get("pre", 0.0) * pre
 
@@ -77,7 +60,7 @@ def predict(model, row, log_step) -> float:
 def main():
     for m in MODELS:
         pts = json.loads((ROOT / f"profiles/h200/h200-{m}.raw.json").read_text())["points"]
-        sweep_terms(pts)
+        point_terms(pts)          # (the committed raw files carry them; older ones get them here)
         fitted = [p for p in pts if p["tag"] not in ("hetero", "tail-prefill")]     # call 10's fitted set
         with_prefill = fitted + [p for p in pts if p["tag"] == "tail-prefill"]
         models = {"refit": fit(fitted, ()), "+dec": fit(fitted, ("dec",)),

@@ -36,7 +36,6 @@ import torch.nn.functional as F
 
 from validator.gpu.plan import PREFILL_MIN_Q, StepShape, model_dims
 
-VARLEN_MIN_REQUESTS = 1     # ragged path for every decode step (force_mode='dense' for the old path)
 KV_CHUNK = 512           # chunk of the previous fixed split (kv_chunk=..., policy 'fixed')
 FLASH_BLOCK_M = 128      # query rows per flash CTA (FA2 forward, head dim 128)
 # Split-KV policy of the ragged path (split_plan). 'continuous' (default since call 8, FlashInfer-like
@@ -187,15 +186,15 @@ class StepMeta:
         self.mode = None
         self.overread = 0
         self.n_chunks = 0
+        self.merge_rows = 0
         dec_tokens = 0
         ndec_tok = int(starts[Rd]) if Rd else 0
         self.n_dec = ndec_tok
         if Rd:
             dctx = [max(c, 1) for c in self.ctx[:Rd]]
             self.dctx = dctx
-            self.uniform = len(set(dctx)) == 1
             self.s_max = max(self.q[:Rd])
-            self.mode = force_mode or ("dense" if (Rd < VARLEN_MIN_REQUESTS) else "varlen")
+            self.mode = force_mode or "varlen"     # ragged for every decode step; 'dense': the old path
             if self.mode == "dense":
                 self.ctx_max = max(dctx)
                 dec_tokens = Rd * self.ctx_max
@@ -269,7 +268,6 @@ class StepMeta:
             owner += [r] * len(ls)                        # the request's chunks, in order
             lens += ls
         self.n_chunks = len(owner)
-        self.kv_chunk = int(max(lens))
         self.cu_k = _t(np.concatenate([[0], np.cumsum(lens)]), device, torch.int32)
         self.max_k = int(max(lens))
         rq = [g * self.q[r] for r in owner]               # each chunk: its request's real rows only

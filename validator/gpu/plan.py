@@ -175,17 +175,6 @@ def shaped_step(R: int, n: int, seed: int = 0, ctx_scale: float = 1.0, tag: str 
     return StepShape(tuple(_windows(R, random.Random(seed + 1), n)), tuple(ctx), tag)
 
 
-def tail_mixed_step(n: int, ctx: int = 1024, chunk: int = 1024) -> StepShape:
-    """A chunked-prefill step of n tokens above the capture limit (calls 5-7 sweep): up to 256 decode
-    requests with 3-token verify windows at `ctx`, the rest as fresh prefill chunks of at most
-    `chunk` tokens (equal sizes)."""
-    R = min(256, n // 6)
-    rest = n - 3 * R
-    k = max(1, -(-rest // chunk))
-    sizes = [rest // k + (1 if i < rest % k else 0) for i in range(k)]
-    return StepShape(tuple([3] * R + sizes), tuple([ctx] * R + [0] * k), "tail-mixed")
-
-
 def dspark_mixed_step(n: int, R: int, seed: int = 0, ctx_scale: float = 1.0, dec_tokens: int | None = None,
                       tag: str = "tail-mixed") -> StepShape:
     """A busy DSpark step of n tokens as dsim's chunked prefill builds it: R decode/verify requests
@@ -223,8 +212,9 @@ def sweep_plan(caps: list[int] | None = None, tails: list[int] | None = None,
       within the KV budget: the KV slope (fitted with an intercept of their own, SLOPE_ONLY);
     - tail: sizes above the capture limit: a decode/verify step of 256 shaped requests (where n <= 8 x
       256), busy chunked-prefill steps (dspark_mixed_step) with 256 and with 32 decode requests and
-      whole prompts, and one prefill chunk of the whole size at zero context (tail-prefill: measured
-      and reported, not fitted: its attention grows with the square of the chunk);
+      whole prompts, and one prefill chunk of the whole size at zero context (tail-prefill: fitted
+      with the prefill terms, whose causal-attention term covers its square growth; measured and
+      reported but not fitted without them);
     - hetero: held-out DSpark-like steps at other request counts (HETERO_REQUESTS; plus long contexts,
       median 4K, at 32, 128 and 256 requests): measured and reported (signed error), not fitted.
     """
@@ -247,8 +237,9 @@ def sweep_plan(caps: list[int] | None = None, tails: list[int] | None = None,
                 if R * c <= kv_budget_tokens:
                     plan.append(uniform_step(R, s, c, "context"))
     for n in (tails if not quick else tails[:2]):
-        if n <= 8 * TAIL_DECODE_MAX_REQUESTS and 256 * 4 * table_ctx <= kv_budget_tokens:
-            plan.append(shaped_step(256, n, seed + 256, scale, "tail-decode"))
+        R = TAIL_DECODE_MAX_REQUESTS
+        if n <= 8 * R and R * 4 * table_ctx <= kv_budget_tokens:
+            plan.append(shaped_step(R, n, seed + R, scale, "tail-decode"))
         plan.append(dspark_mixed_step(n, 256, seed + 256, scale))
         plan.append(dspark_mixed_step(n, 32, seed + 32, scale))
         plan.append(StepShape((n,), (0,), "tail-prefill"))

@@ -23,7 +23,7 @@ import torch
 
 from validator.gpu import model as M
 from validator.gpu.plan import (BLOCK_K, BLOCK_LAYERS, CAPTURE_LIMIT, DRAFT_CTX, DRAFT_REQUESTS,
-                                EAGLE3_DRAFT_VOCAB, FIT_EXCLUDE, Staircase, StepShape, dump_yaml,
+                                EAGLE3_DRAFT_VOCAB, error_summary, FIT_EXCLUDE, Staircase, StepShape, dump_yaml,
                                 fit_step_model, hetero_step, kv_slope_by_window, model_dims, model_name, padded_tokens,
                                 shaped_step, TABLE_TIERS,
                                 profile_dict, step_terms, sweep_plan, tail_sizes, uniform_step, vllm_capture_sizes,
@@ -286,7 +286,7 @@ def split_tune(device, dtype, timer, cfg_dims, reps_in_graph: int = 8) -> dict:
 RECHECK_N = (1, 2, 4, 8, 128, 168, 512)   # table sizes re-timed before each replayed log
 
 
-def recheck(model, points, shapes, dims, device, timer, caps, depth_scale, src, args) -> list:
+def recheck(model, points, shapes, dims, device, timer, caps, depth_scale, src) -> list:
     """Re-time the sweep's table points at RECHECK_N (identical shapes, same process) and report the
     drift from the sweep's value: separates a measurement offset from a model error."""
     out = []
@@ -463,8 +463,7 @@ def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dic
             raise RuntimeError(f"step-log command failed ({r.returncode}): {cmd}")
         log(f"[{name}] step logs in {time.time() - t0:.1f}s")
     if args.replay:
-        from validator.gpu.plan import error_summary
-        from validator.gpu.replay import replay_steps, load_or_make_steps
+        from validator.gpu.replay import dry_run_steps, load_or_make_steps, replay_steps
         sc = Staircase.from_profile(prof)
         rtimer = Timer(device, args.replay_reps, warm=1)     # tails (large steps); graph sizes: the sweep's timer
         all_rows, per_log, results = [], {}, {}
@@ -475,12 +474,10 @@ def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dic
                 for st in steps:        # predictions from the profile just measured
                     st.pop("predicted_ms", None)
             if args.dry_run:
-                steps = [s for s in steps if sum(s["q"]) <= 600 and len(s["q"]) <= 32][:12]
-                for st in steps:
-                    st["ctx"] = [min(c, 200) for c in st["ctx"]]
+                steps = dry_run_steps(steps, 12)
             if args.recheck:        # the profile's table points again, in this process, right before
                 raw.setdefault("recheck", []).extend(recheck(model, points, shapes, dims, device, timer, caps,
-                                                             depth_scale, src, args))
+                                                             depth_scale, src))
             t0 = time.time()
             rows, summary = replay_steps(model, steps, dims, device, timer, caps, sc, depth_scale,
                                          eager_tails=args.eager_tails, big_timer=rtimer)
@@ -536,7 +533,7 @@ def main(argv=None):
     ap.add_argument("--log-predictions", action="store_true",
                     help="replay: keep the step logs' own predicted_ms (dsim's) instead of the staircase")
     ap.add_argument("--recheck", action="store_true",
-                    help="replay: re-time the sweep's points of n <= 8 before each log (drift report)")
+                    help="replay: re-time the sweep's table points at RECHECK_N before each log (drift report)")
     ap.add_argument("--replay-out", default="", help="folder for replay-<model>.json (rows per log)")
     args = ap.parse_args(argv)
     device = torch.device("cpu" if args.dry_run else "cuda")

@@ -62,16 +62,19 @@ def refit(raw_path: Path, command: str) -> dict:
     fit = P.fit_step_model(pts)
     fit["kv_ms_per_ktok_by_window_n128"] = P.kv_slope_by_window(pts)
     old = {"kv_ms_per_ktok": prof["kv_ms_per_ktok"], "fit": prof.get("fit")}
-    new = P.profile_dict(name=prof["name"], provenance=prof["provenance"], kv_cache_gib=prof["memory"]["kv_cache_gib"],
+    prov = dict(prof["provenance"])
+    new = P.profile_dict(name=prof["name"], provenance=prov, kv_cache_gib=prof["memory"]["kv_cache_gib"],
                          kv_bytes_per_token=prof["memory"]["kv_bytes_per_token"], caps=prof["capture_sizes"],
                          fit=fit, draft=prof.get("draft") or {}, cpu_overhead_ms=prof["cpu_overhead_ms"])
     for k, v in prof.items():                 # measured extras (replay_check ...) stay
         new.setdefault(k, v)
-    new["provenance"] = dict(prof["provenance"])
-    note = REFIT_NOTE.format(date=dt.date.today().isoformat())
-    if note not in new["provenance"].get("method", ""):
-        new["provenance"]["method"] = new["provenance"].get("method", "") + note
-    new["provenance"]["refit"] = dict(
+    # the method line says what the fit is now: an earlier refit's note (any date) is replaced
+    method = prov.get("method", "")
+    mark = REFIT_NOTE.split("{date}")[0]
+    if mark in method:
+        method = method[:method.index(mark)]
+    prov["method"] = method + REFIT_NOTE.format(date=dt.date.today().isoformat())
+    prov["refit"] = dict(
         date=dt.date.today().isoformat(), command=command,
         what=("forward table, KV slope and prefill_terms refitted from the same measured points with "
               "decode tokens and prefill causal-attention pairs as terms (plan.fit_step_model); the "

@@ -30,6 +30,15 @@ def load_or_make_steps(src: str) -> list[dict]:
     return read_steplog(src)
 
 
+def dry_run_steps(steps: list[dict], k: int) -> list[dict]:
+    """The first k small steps (<= 600 tokens, <= 32 requests), contexts capped at 200: what a CPU
+    dry run can execute."""
+    steps = [s for s in steps if sum(s["q"]) <= 600 and len(s["q"]) <= 32][:k]
+    for st in steps:
+        st["ctx"] = [min(c, 200) for c in st["ctx"]]
+    return steps
+
+
 def replay_steps(model, steps, dims, device, timer, caps, staircase=None, depth_scale=1.0,
                  eager_tails=False, repredict=False, big_timer=None):
     """big_timer (optional): timer for steps above the capture limit (fewer reps for the long ones)."""
@@ -48,7 +57,7 @@ def replay_steps(model, steps, dims, device, timer, caps, staircase=None, depth_
         dec = [c for s, c in zip(shape.q, shape.ctx) if s < PREFILL_MIN_Q]
         rows.append(dict(step=st.get("step"), concurrency=concurrency_of(st), n=shape.n, n_pad=n_pad,
                          kv=shape.kv, R=shape.requests, graph=graph, mode=m.mode,
-                         chunks=int(m.n_chunks), merge_rows=int(getattr(m, "merge_rows", 0)),
+                         chunks=int(m.n_chunks), merge_rows=int(m.merge_rows),
                          ctx_max=max(dec) if dec else 0,
                          prefill_tokens=sum(s for s in shape.q if s >= PREFILL_MIN_Q),
                          overread_tokens=int(m.overread), measured_ms=ms * depth_scale,
@@ -107,9 +116,7 @@ def main(argv=None):
         t0 = time.time()
         steps = load_or_make_steps(src)
         if a.dry_run:
-            steps = [s for s in steps if sum(s["q"]) <= 600 and len(s["q"]) <= 32][:6]
-            for st in steps:
-                st["ctx"] = [min(c, 200) for c in st["ctx"]]
+            steps = dry_run_steps(steps, 6)
         rows, summary = replay_steps(model, steps, dims, device, timer, caps, sc,
                                      dims["layers"] / layers, eager_tails=a.eager_tails,
                                      repredict=a.repredict)
