@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -286,31 +285,35 @@ def _spec_summary(spec, st: SpecStats, class_names) -> dict:
 def write_step_log(res: SimResult, path):
     """JSONL, one object per engine step: {"step", "replica", "t_end_s", "q": query tokens per
     request, "ctx": KV context per request before the step, "predicted_ms": forward-only cost}.
-    Read by validator.gpu.replay."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
+    Read by validator.gpu.replay. Written whole or not at all (dsim.outputs.staged_file)."""
+    from dsim.outputs import staged_file
+    with staged_file(path, "--step-log") as tmp:
+        write_step_log_file(res, tmp)
+
+
+def write_step_log_file(res: SimResult, path) -> None:
+    """The step log written straight to ``path`` (a staged file: see write_step_log)."""
+    with open(path, "w") as f:
         for i, (rep, t, q, ctx, ms) in enumerate(res.shapes or []):
             f.write(json.dumps({"step": i, "replica": rep, "t_end_s": round(t, 6), "q": q, "ctx": ctx,
                                 "predicted_ms": round(ms, 5)}) + "\n")
-    os.replace(tmp, path)
 
 
-def write_outputs(res: SimResult, out_dir, step_log: str | None = None):
-    """Write summary.json, requests.parquet, steps.parquet atomically (temp dir, then rename)."""
-    out = Path(out_dir)
-    tmp = out.with_name(out.name + ".tmp-dsim")
-    if tmp.exists():
-        import shutil
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    res.requests.to_parquet(tmp / "requests.parquet", index=False)
-    res.steps.to_parquet(tmp / "steps.parquet", index=False)
-    (tmp / "summary.json").write_text(json.dumps(res.summary, indent=2, sort_keys=True) + "\n")
-    if out.exists():
-        import shutil
-        for f in tmp.iterdir():
-            os.replace(f, out / f.name)
-        shutil.rmtree(tmp)
-    else:
-        os.replace(tmp, out)
+OUTPUT_FILES = ("requests.parquet", "steps.parquet", "summary.json")
+
+
+def write_outputs(res: SimResult, out_dir) -> list[Path]:
+    """Write summary.json, requests.parquet, steps.parquet into ``out_dir``, all or nothing
+    (dsim.outputs.staged_dir: a temporary sibling, renamed into place at the end)."""
+    from dsim.outputs import staged_dir
+    with staged_dir(out_dir) as tmp:
+        write_output_files(res, tmp)
+    return [Path(out_dir) / f for f in OUTPUT_FILES]
+
+
+def write_output_files(res: SimResult, d) -> None:
+    """The three output files written straight into directory ``d`` (a staged one)."""
+    d = Path(d)
+    res.requests.to_parquet(d / "requests.parquet", index=False)
+    res.steps.to_parquet(d / "steps.parquet", index=False)
+    (d / "summary.json").write_text(json.dumps(res.summary, indent=2, sort_keys=True) + "\n")
