@@ -4,8 +4,10 @@ Every command turns bad input (InputError) into one line on stderr and exit code
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -61,8 +63,10 @@ def build_workload(trace: str = "default", fmt: str = "auto", requests: Optional
     from dsim import workload as W
     if requests is not None and requests < 1:
         raise InputError(f"--requests: must be >= 1, got {requests}")
-    if rate is not None and rate <= 0:
-        raise InputError(f"--rate: must be > 0, got {rate}")
+    if rate is not None and not (math.isfinite(rate) and rate > 0):
+        raise InputError(f"--rate: must be a finite number > 0, got {rate}")
+    if seed < 0:
+        raise InputError(f"--seed: must be >= 0, got {seed}")
     if concurrency is not None and concurrency < 1:
         raise InputError(f"--concurrency: must be >= 1, got {concurrency}")
     win = None
@@ -97,7 +101,9 @@ def spec_config(method: str, k: Optional[int], adaptive: Optional[bool], policy:
 
 
 def method_spec(token: str, **common):
-    """Parse a method token of --methods: none, mtp, mtp3, eagle3, block, dspark, dspark-fixed."""
+    """Parse a method token of --methods (or of the flag ``what``): none, mtp, mtp3, eagle3,
+    block, dspark, dspark-fixed."""
+    what = common.pop("what", "--methods")
     from dsim.sim import SpecConfig
     t = token.strip().lower()
     k = None
@@ -109,8 +115,44 @@ def method_spec(token: str, **common):
     elif t == "dspark-fixed":
         t = "dspark"
     if t not in ("none", "mtp", "eagle3", "block", "dspark"):
-        raise InputError(f"--methods: unknown method {token!r} (none, mtp, mtpK, eagle3, block, dspark, dspark-fixed)")
+        raise InputError(f"{what}: unknown method {token!r} (none, mtp, mtpK, eagle3, block, dspark, dspark-fixed)")
     return SpecConfig(method=t, k=k, adaptive=adaptive, **common)
+
+
+POLICY_NAMES = ("vllm", "paper", "paper-production", "sglang", "fixed", "threshold")
+
+
+def check_mix(mix: Optional[str], acceptance: Optional[str] = None, method: Optional[str] = None) -> None:
+    """--mix names classes the acceptance curves know: math, code, chat, or those of the
+    --acceptance given."""
+    if mix is None:
+        return
+    from dsim.workload import DEFAULT_CLASSES, parse_mix
+    shares = parse_mix(mix)
+    known = set(DEFAULT_CLASSES)
+    if acceptance:
+        from dsim.spec import load_acceptance
+        known |= set(load_acceptance(acceptance, method).classes)
+    unknown = [c for c in shares if c not in known]
+    if unknown:
+        raise InputError(f"--mix: unknown class {unknown[0]!r} (known: {', '.join(sorted(known))})")
+
+
+def check_int(value, what: str, lo: int, hi: Optional[int] = None) -> None:
+    if value is None:
+        return
+    if value < lo or (hi is not None and value > hi):
+        rng = f">= {lo}" if hi is None else f"in {lo}..{hi}"
+        raise InputError(f"{what}: must be {rng}, got {value}")
+
+
+def check_out_targets(out: Optional[Path], step_log: Optional[Path] = None) -> None:
+    """Fail before a run when its outputs could not be written."""
+    from dsim.outputs import check_dir_target, check_file_target
+    if out is not None:
+        check_dir_target(out, "--out")
+    if step_log is not None:
+        check_file_target(step_log, "--step-log")
 
 
 def print_summary(s: dict):
@@ -172,12 +214,14 @@ def simulate(
     head_auc: float = typer.Option(0.85, help="target ROC-AUC of the confidence head"),
     max_num_seqs: int = typer.Option(1024),
     max_num_batched_tokens: int = typer.Option(8192),
+    max_model_len: Optional[int] = typer.Option(None, help="longest prompt + output a request may have "
+                                                "(default: the profile's max_model_len, else none)"),
     prefix_caching: bool = typer.Option(False, "--prefix-caching/--no-prefix-caching"),
     async_scheduling: bool = typer.Option(False, "--async-scheduling/--no-async-scheduling"),
     slo: Optional[str] = typer.Option(None, help="per-request SLOs for goodput, e.g. ttft=500ms,tpot=20ms"),
     seed: int = typer.Option(0),
-    out: Optional[Path] = typer.Option(None, help="write summary.json, requests.parquet, steps.parquet here"),
-    step_log: Optional[Path] = typer.Option(None, help="write a step-shape log (JSONL) for GPU replay"),
+    out: Optional[str] = typer.Option(None, help="write summary.json, requests.parquet, steps.parquet here"),
+    step_log: Optional[str] = typer.Option(None, help="write a step-shape log (JSONL) for GPU replay"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as one JSON object"),
     quiet: bool = typer.Option(False, "--quiet"),
 ):
@@ -185,9 +229,25 @@ def simulate(
     def go():
         from dsim.cost import load_profile
         from dsim.engine import EngineConfig
-        from dsim.sim import SimConfig, simulate as run, write_outputs, write_step_log
+        from dsim.outputs import staged_dir, staged_file
+        from dsim.sim import (MAX_GPUS_PER_NODE, MAX_NODES, SimConfig, simulate as run, write_output_files,
+                              write_step_log_file)
+        check_int(nodes, "--nodes", 1, MAX_NODES)
+        check_int(gpus_per_node, "--gpus-per-node", 1, MAX_GPUS_PER_NODE)
+        check_int(seed, "--seed", 0)
+        check_int(max_model_len, "--max-model-len", 1)
+        if policy.strip().lower() not in POLICY_NAMES:
+            raise InputError(f"--policy: unknown policy {policy!r} (choose from {', '.join(POLICY_NAMES)})")
+        acc_method = None if method.strip().lower() == "none" else method
+        if acceptance is not None:
+            from dsim.spec import load_acceptance
+            load_acceptance(acceptance, acc_method)
+        check_mix(mix, acceptance, acc_method)
+        check_out_targets(out, step_log)
         w = build_workload(trace, format, requests, window, rate, rate_scale, concurrency, mix, seed)
         prof = load_profile(profile)
+        if max_model_len is not None:
+            prof = dataclasses.replace(prof, max_model_len=max_model_len)
         sc = spec_config(method, k, adaptive, policy, verify_mode, acceptance, head, head_auc)
         ec = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                           enable_prefix_caching=prefix_caching, async_scheduling=async_scheduling,
@@ -199,11 +259,14 @@ def simulate(
         cfg = SimConfig(workload=w, profile=prof, nodes=nodes, gpus_per_node=gpus_per_node, router=router,
                         engine=ec, spec=sc, seed=seed, slo=slo_d)
         show = not quiet and not as_json and sys.stderr.isatty()
-        res = run(cfg, progress=show)
-        if out is not None:
-            write_outputs(res, out)
-        if step_log is not None:
-            write_step_log(res, step_log)
+        with contextlib.ExitStack() as stage:     # both outputs, whole, or neither
+            out_dir = stage.enter_context(staged_dir(out)) if out is not None else None
+            log_file = stage.enter_context(staged_file(step_log, "--step-log")) if step_log is not None else None
+            res = run(cfg, progress=show)
+            if out_dir is not None:
+                write_output_files(res, out_dir)
+            if log_file is not None:
+                write_step_log_file(res, log_file)
         if as_json:
             typer.echo(json.dumps(res.summary, sort_keys=True))
         elif not quiet:

@@ -124,6 +124,11 @@ def check_dir_target(target, what: str = "--out") -> Path:
     p = _check_path(target, what)
     if p.exists() and not p.is_dir():
         raise InputError(f"{what}: {p}: exists and is not a directory")
+    if p.is_dir() and not os.access(p, os.W_OK | os.X_OK):
+        raise InputError(f"{what}: {p}: directory not writable")
+    anc = _existing_ancestor(p)
+    if not p.is_dir() and (not anc.is_dir() or not os.access(anc, os.W_OK | os.X_OK)):
+        raise InputError(f"{what}: {p}: cannot create it ({anc} is not a writable directory)")
     return p
 
 
@@ -136,6 +141,8 @@ def check_file_target(target, what: str) -> Path:
         raise InputError(f"{what}: {p}: directory {p.absolute().parent} does not exist")
     if p.exists() and not os.access(p, os.W_OK):
         raise InputError(f"{what}: {p}: not writable")
+    if not os.access(p.absolute().parent, os.W_OK | os.X_OK):
+        raise InputError(f"{what}: {p}: directory {p.absolute().parent} not writable")
     return p
 
 

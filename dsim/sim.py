@@ -116,19 +116,55 @@ class SpecRuntime:
             self.context = P.PolicyContext
 
 
+MAX_NODES = 4096            # the largest fleets of the public serving reports are ~1000 nodes
+MAX_GPUS_PER_NODE = 72      # an NVL72 rack is the largest one-node NVLink domain sold
+MAX_NUM_SEQS = 1 << 20
+MAX_NUM_BATCHED_TOKENS = 1 << 24
+
+
 def _check(cfg: SimConfig):
-    if cfg.nodes < 1:
-        raise InputError(f"--nodes: must be >= 1, got {cfg.nodes}")
-    if cfg.gpus_per_node < 1:
-        raise InputError(f"--gpus-per-node: must be >= 1, got {cfg.gpus_per_node}")
+    """Bad settings fail here, before any replica or array is allocated."""
+    def int_in(v, lo, hi, what):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
+            raise InputError(f"{what}: must be an integer in {lo}..{hi}, got {v}")
+    int_in(cfg.nodes, 1, MAX_NODES, "--nodes")
+    int_in(cfg.gpus_per_node, 1, MAX_GPUS_PER_NODE, "--gpus-per-node")
+    int_in(cfg.seed, 0, 2**63 - 1, "--seed")
     e = cfg.engine
-    if e.max_num_seqs < 1 or e.max_num_batched_tokens < 1:
-        raise InputError("engine: max_num_seqs and max_num_batched_tokens must be >= 1")
+    int_in(e.max_num_seqs, 1, MAX_NUM_SEQS, "--max-num-seqs")
+    int_in(e.max_num_batched_tokens, 1, MAX_NUM_BATCHED_TOKENS, "--max-num-batched-tokens")
     if e.verify_mode not in ("static", "compact", "cap-accept"):
         raise InputError(f"--verify-mode: must be static, compact or cap-accept, got {e.verify_mode!r}")
     if cfg.profile.gpus_per_replica > cfg.gpus_per_node:
         raise InputError(f"profile {cfg.profile.name}: needs {cfg.profile.gpus_per_replica} GPUs per replica, "
                          f"a node has {cfg.gpus_per_node}")
+    check_requests_fit(cfg.workload, cfg.profile, cfg.spec)
+
+
+def check_requests_fit(w, profile: Profile, spec: SpecConfig | None = None) -> None:
+    """Every request fits the model: prompt + output within the profile's max_model_len (vLLM
+    rejects a longer request), and its whole life within one replica's KV cache (it would be
+    preempted forever). The first one that does not is named by its trace file and line."""
+    from dsim.cost import KV_BLOCK_TOKENS
+    total = np.asarray(w.prompt_tokens, dtype=np.int64) + np.asarray(w.output_tokens, dtype=np.int64)
+    lim = profile.max_model_len
+    if lim is not None and total.max() > lim:
+        i = int(np.argmax(total > lim))
+        raise InputError(f"{w.where(i)}: {int(w.prompt_tokens[i])} prompt + {int(w.output_tokens[i])} output "
+                         f"tokens exceed the model's context, max_model_len {lim} (profile {profile.name}; "
+                         "--max-model-len)")
+    k = 0
+    if spec is not None and spec.method != "none":
+        from dsim import spec as S
+        k = S.make_method(spec.method, spec.k, spec.adaptive).k
+    # as the engine counts: a decode slot holds ceil((KV tokens + 1 + K) / block) blocks
+    need = -(-(total - 1 + 1 + k) // KV_BLOCK_TOKENS)
+    cap = profile.kv_capacity_blocks
+    if need.max() > cap:
+        i = int(np.argmax(need > cap))
+        raise InputError(f"{w.where(i)}: {int(w.prompt_tokens[i])} prompt + {int(w.output_tokens[i])} output "
+                         f"tokens need {int(need[i])} KV blocks, the cache holds {cap} "
+                         f"(profile {profile.name}: memory.kv_cache_gib)")
 
 
 def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
