@@ -194,3 +194,14 @@ def final_path(stage: Path, target, path) -> Path:
 def debris(parent) -> list[Path]:
     """Staging leftovers in a directory (for tests and diagnostics)."""
     return sorted(Path(parent).glob(f".*{TMP_SUFFIX}"))
+
+
+def rewrite_paths(stage: Path, target, suffixes=(".md", ".json", ".yaml", ".html")) -> None:
+    """Text files under ``stage`` that name the staging directory name ``target`` instead (a
+    report that lists the files it wrote, before they are moved into place)."""
+    old, new = str(Path(stage)), str(Path(target))
+    for f in Path(stage).rglob("*"):
+        if f.is_file() and f.suffix in suffixes:
+            text = f.read_text(encoding="utf-8", errors="surrogateescape")
+            if old in text:
+                f.write_text(text.replace(old, new), encoding="utf-8", errors="surrogateescape")
