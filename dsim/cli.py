@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import math
 import sys
@@ -289,9 +290,40 @@ def _mount_subcommands():
 _mount_subcommands()
 
 
-def main():
+def _one_line(msg: str) -> str:
+    return "; ".join(x.strip() for x in str(msg).splitlines() if x.strip())
+
+
+def main(argv=None):
+    """The console entry point. Bad input of any kind (an InputError, a flag click cannot parse,
+    a file the OS refuses) is one line on stderr and exit code 2; Ctrl-C is exit code 130."""
+    try:        # typer carries its own copy of click; its exceptions are what it raises
+        from typer._click import exceptions as cx
+    except ImportError:     # pragma: no cover - typer versions built on the click package
+        from click import exceptions as cx
     try:
-        app(standalone_mode=True)
+        rc = app(args=argv, standalone_mode=False)
     except InputError as e:   # raised outside a guarded command body
-        typer.echo(f"dsim: error: {e}", err=True)
+        typer.echo(f"dsim: error: {_one_line(e)}", err=True)
         sys.exit(2)
+    except getattr(cx, "NoArgsIsHelpError", ()) as e:      # `dsim` alone: the help
+        typer.echo(e.ctx.get_help() if e.ctx is not None else e.format_message(), err=True)
+        sys.exit(2)
+    except cx.UsageError as e:
+        where = f"{e.ctx.command_path}: " if e.ctx is not None else ""
+        typer.echo(f"dsim: error: {where}{_one_line(e.format_message())} (see --help)", err=True)
+        sys.exit(2)
+    except cx.ClickException as e:
+        typer.echo(f"dsim: error: {_one_line(e.format_message())}", err=True)
+        sys.exit(e.exit_code)
+    except cx.Abort:
+        typer.echo("dsim: interrupted", err=True)
+        sys.exit(130)
+    except OSError as e:
+        if e.errno == errno.EPIPE:       # output piped into a closed reader (head): not an error
+            sys.exit(1)
+        what = f"{e.filename}: " if e.filename else ""
+        typer.echo(f"dsim: error: {what}{e.strerror or e}", err=True)
+        sys.exit(2)
+    if isinstance(rc, int) and rc:
+        sys.exit(rc)
