@@ -83,6 +83,9 @@ def build_workload(trace: str = "default", fmt: str = "auto", requests: Optional
         rng = np.random.default_rng([seed, 7])
         gaps = rng.exponential(1.0 / rate, len(w.arrival_s))
         gaps[0] = 0.0
+        if np.cumsum(gaps)[-1] > W.MAX_SPAN_S:
+            raise InputError(f"--rate: {rate:g} req/s spreads {len(gaps)} requests over more than "
+                             f"{W.MAX_SPAN_S:g} s")
         w = dataclasses.replace(w, arrival_s=np.cumsum(gaps),
                                 source=w.source + f"; arrivals re-drawn Poisson at {rate:g} req/s (seed {seed})")
     if concurrency is not None:
@@ -239,11 +242,14 @@ def simulate(
         check_int(max_model_len, "--max-model-len", 1)
         if policy.strip().lower() not in POLICY_NAMES:
             raise InputError(f"--policy: unknown policy {policy!r} (choose from {', '.join(POLICY_NAMES)})")
-        acc_method = None if method.strip().lower() == "none" else method
+        drafts = method.strip().lower() != "none"       # acceptance curves are read only with drafts
         if acceptance is not None:
             from dsim.spec import load_acceptance
-            load_acceptance(acceptance, acc_method)
-        check_mix(mix, acceptance, acc_method)
+            if not acceptance.strip():
+                raise InputError("--acceptance: empty (a preset name, a file, const:P or class=p1,p2,...)")
+            if drafts:
+                load_acceptance(acceptance, method)
+        check_mix(mix, acceptance if drafts else None, method)
         check_out_targets(out, step_log)
         w = build_workload(trace, format, requests, window, rate, rate_scale, concurrency, mix, seed)
         prof = load_profile(profile)

@@ -153,7 +153,7 @@ def test_sigint_during_simulate_leaves_no_target_and_no_debris(tmp_path):
 
 def test_sigint_during_sweep_leaves_no_target_and_no_debris(tmp_path):
     rc, err = _sigint_when_staging(["sweep", "--concurrency", "1,2,4,8,16,32", "--methods", "none,mtp,dspark",
-                                    "--jobs", "1", "--out", tmp_path / "sw"], tmp_path)
+                                    "--jobs", "2", "--out", tmp_path / "sw"], tmp_path)
     assert rc == 130, err
     assert tree(tmp_path) == set()
 
