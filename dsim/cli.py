@@ -322,7 +322,7 @@ def main(argv=None):
     except cx.ClickException as e:
         typer.echo(f"dsim: error: {_one_line(e.format_message())}", err=True)
         sys.exit(e.exit_code)
-    except cx.Abort:
+    except typer.Abort:
         typer.echo("dsim: interrupted", err=True)
         sys.exit(130)
     except OSError as e:
