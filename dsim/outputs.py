@@ -87,7 +87,7 @@ def _signals_held() -> Iterator[None]:
         yield
         return
     pending: list[int] = []
-    old = {}
+    old: dict = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
             old[sig] = signal.signal(sig, lambda s, f: pending.append(s))
@@ -98,14 +98,14 @@ def _signals_held() -> Iterator[None]:
     finally:
         for sig, h in old.items():
             signal.signal(sig, h)
-        for sig in pending:
-            h = old.get(sig)
+        for got in pending:
+            h = old.get(signal.Signals(got))
             if callable(h):
-                h(sig, None)
-            elif sig == signal.SIGINT:
+                h(got, None)
+            elif got == signal.SIGINT:
                 raise KeyboardInterrupt
             else:
-                os.kill(os.getpid(), sig)
+                os.kill(os.getpid(), got)
 
 
 def _merge_into(src: Path, dst: Path) -> None:

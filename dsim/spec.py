@@ -51,7 +51,6 @@ information).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass

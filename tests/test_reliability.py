@@ -514,3 +514,31 @@ def test_measurement_writer_is_never_left_header_only(tmp_path):
     w.write({"type": "header", "format": measure.FORMAT, "x": math.nan})
     w.close()
     assert json.loads((tmp_path / "m.jsonl").read_text())["x"] is None
+
+
+def test_final_renames_hold_off_ctrl_c():
+    from dsim.outputs import _signals_held
+    reached = False
+    with pytest.raises(KeyboardInterrupt):
+        with _signals_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            reached = True            # the renames run to the end, then Ctrl-C is delivered
+    assert reached
+
+
+@pytest.mark.parametrize("args", [
+    ["ab", "--out", "{f}"],
+    ["validate", "ab", "--serve-a", "true", "--serve-b", "true", "--out", "{f}"],
+    ["validate", "profile-server", "--server", "http://127.0.0.1:9", "--out", "{d}"],
+    ["validate", "run", "--server", "http://127.0.0.1:9", "--out", "{f}", "-n", "2", "--input-len", "2",
+     "--output-len", "2"],
+    ["validate", "calibrate", "{f}", "--out", "{f}"],
+])
+def test_other_commands_refuse_a_bad_out_before_running(tmp_path, args):
+    f = tmp_path / "file.txt"
+    f.write_text("x")
+    d = tmp_path / "dir"
+    d.mkdir()
+    args = [a.format(f=f, d=d) for a in args]
+    assert_rejected(*args, needles=["--out"], watch=tmp_path)
