@@ -339,7 +339,7 @@ def _from_mapping(doc, where_: str, method: str | None, marks=None) -> Acceptanc
             v = [v]
         if not isinstance(v, list) or not v:
             raise InputError(f"{d.at(*ckeys, c)}: expected a non-empty list of probabilities, got {plain(v)}")
-        curves[str(c)] = tuple(_probability(x, d.at(*ckeys, c, i)) for i, x in enumerate(v))
+        curves[str(c)] = tuple(Sch.number(x, d, *ckeys, c, i, lo=0.0, hi=1.0) for i, x in enumerate(v))
     return AcceptanceCurves(curves, source=src, name=name, method=mname)
 
 

@@ -306,3 +306,27 @@ def test_plan_and_sweep_list_flags(tmp_path_factory, conc, seeds, sla):
         lines = [x for x in err.splitlines() if x.strip()]
         assert len(lines) == 1 and "Traceback" not in err, (args, err)
     assert tree(d) == set()
+
+
+@FAST
+@given(rows=st.one_of(ROWS, GOOD_ROWS), jsonl=st.booleans())
+def test_validator_trace_reader(tmp_path_factory, rows, jsonl):
+    """The replay's reader (dsim's, else its own lenient one for input_tokens columns)."""
+    from validator import traces
+    d = tmp_path_factory.mktemp("vt")
+    if jsonl:
+        p = d / "t.jsonl"
+        p.write_text("".join(json.dumps({"timestamp": a, "input_tokens": b, "output_tokens": c}) + "\n"
+                             for a, b, c in rows), encoding="utf-8", errors="surrogatepass")
+    else:
+        p = d / "t.csv"
+        p.write_text("timestamp,input_tokens,output_tokens\n"
+                     + "".join(f"{_cell(a)},{_cell(b)},{_cell(c)}\n" for a, b, c in rows),
+                     encoding="utf-8", errors="surrogatepass")
+    try:
+        plan = traces.load(str(p), None, None, None)
+    except InputError as e:
+        check_one_line(e, p)
+        return
+    assert np.all(plan.prompt_tokens >= 1) and np.all(plan.output_tokens >= 1)
+    assert np.all(np.isfinite(plan.arrival_s)) and plan.arrival_s[0] == 0
