@@ -155,7 +155,7 @@ FIELDS = [("name",), ("provenance",), ("provenance", "kind"), ("provenance", "gp
 
 
 @FAST
-@given(edits=st.lists(st.tuples(st.sampled_from(FIELDS), NASTY), min_size=1, max_size=3),
+@given(edits=st.lists(st.tuples(st.sampled_from(FIELDS), NASTY), min_size=0, max_size=3),
        drop=st.booleans())
 def test_profile_loader(tmp_path_factory, edits, drop):
     from dsim.cost import CostModel, load_profile
