@@ -285,7 +285,7 @@ def parse_mix(spec) -> dict[str, float]:
         except (TypeError, ValueError):
             raise InputError(f"mix: {k}: share {v!r} is not a number") from None
         if not math.isfinite(f) or f < 0:
-            raise InputError(f"mix: {k}: share {v!r} must be >= 0")
+            raise InputError(f"mix: {k}: share {v!r} must be a finite number >= 0")
         out[k] = f
     if not out:
         raise InputError("mix: no classes given")
