@@ -9,7 +9,9 @@ import dataclasses
 import errno
 import json
 import math
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -300,6 +302,30 @@ def _one_line(msg: str) -> str:
     return "; ".join(x.strip() for x in str(msg).splitlines() if x.strip())
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main process so that staged outputs are cleaned up on the way out."""
+
+
+def _exit_on_sigterm():
+    """SIGTERM (``timeout``, a scheduler) unwinds like Ctrl-C: the `with` blocks that stage
+    outputs remove them. Worker processes forked later keep the default behaviour."""
+    import os
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    pid = os.getpid()
+
+    def handler(sig, frame):
+        if os.getpid() != pid:          # a forked worker: die as SIGTERM would have it
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise _Terminated()
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except (ValueError, OSError):       # pragma: no cover
+        return None
+
+
 def main(argv=None):
     """The console entry point. Bad input of any kind (an InputError, a flag click cannot parse,
     a file the OS refuses) is one line on stderr and exit code 2; Ctrl-C is exit code 130."""
@@ -307,8 +333,12 @@ def main(argv=None):
         from typer._click import exceptions as cx
     except ImportError:     # pragma: no cover - typer versions built on the click package
         from click import exceptions as cx
+    old_term = _exit_on_sigterm()
     try:
         rc = app(args=argv, standalone_mode=False)
+    except _Terminated:
+        typer.echo("dsim: terminated", err=True)
+        sys.exit(143)
     except InputError as e:   # raised outside a guarded command body
         typer.echo(f"dsim: error: {_one_line(e)}", err=True)
         sys.exit(2)
@@ -331,5 +361,8 @@ def main(argv=None):
         what = f"{e.filename}: " if e.filename else ""
         typer.echo(f"dsim: error: {what}{e.strerror or e}", err=True)
         sys.exit(2)
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
     if isinstance(rc, int) and rc:
         sys.exit(rc)

@@ -126,7 +126,7 @@ def test_simulate_out_and_step_log_written_together(tmp_path):
     assert tree(tmp_path) == {"o", "o/requests.parquet", "o/steps.parquet", "o/summary.json", "s.jsonl"}
 
 
-def _sigint_when_staging(cmd, parent: Path, timeout=120):
+def _sigint_when_staging(cmd, parent: Path, timeout=120, sig=signal.SIGINT):
     """Start cmd, wait until its staging directory exists (the run is under way), send SIGINT."""
     from dsim.outputs import debris
     p = subprocess.Popen([sys.executable, "-m", "dsim", *map(str, cmd)], cwd=ROOT, stdout=subprocess.PIPE,
@@ -136,7 +136,7 @@ def _sigint_when_staging(cmd, parent: Path, timeout=120):
         time.sleep(0.05)
     assert p.poll() is None, "finished before it could be interrupted: " + p.stderr.read()[-500:]
     time.sleep(0.3)
-    p.send_signal(signal.SIGINT)
+    p.send_signal(sig)
     _, err = p.communicate(timeout=60)
     return p.returncode, err
 
@@ -148,6 +148,16 @@ def test_sigint_during_simulate_leaves_no_target_and_no_debris(tmp_path):
     rc, err = _sigint_when_staging(["simulate", "--trace", trace, "--method", "dspark", "--quiet",
                                     "--out", work / "o", "--step-log", work / "s.jsonl"], work)
     assert rc == 130, err
+    assert tree(work) == set()
+
+
+def test_sigterm_during_simulate_leaves_no_target_and_no_debris(tmp_path):
+    trace = native_csv(tmp_path, [(i * 0.01, 200, 400) for i in range(6000)])
+    work = tmp_path / "work"
+    work.mkdir()
+    rc, err = _sigint_when_staging(["simulate", "--trace", trace, "--method", "dspark", "--quiet",
+                                    "--out", work / "o"], work, sig=signal.SIGTERM)
+    assert rc == 143, err
     assert tree(work) == set()
 
 

@@ -391,8 +391,9 @@ async def run_async(plan: Plan, opts: RunOptions, out_path) -> dict:
             else:
                 await asyncio.gather(*(timed(i) for i in range(n)))
             finished = True
-        except (asyncio.CancelledError, KeyboardInterrupt):
+        except (asyncio.CancelledError, KeyboardInterrupt) as e:
             interrupted = "interrupted (Ctrl-C)"
+            stopped_by = e          # re-raised as it came: asyncio turns a cancel by Ctrl-C into KeyboardInterrupt
         finally:
             duration = time.perf_counter() - t0
             stop.set()
@@ -429,7 +430,7 @@ async def run_async(plan: Plan, opts: RunOptions, out_path) -> dict:
                 w.write(summary, sync=True)
                 w.close()
         if interrupted:
-            raise KeyboardInterrupt
+            raise stopped_by
         return summary
 
 
