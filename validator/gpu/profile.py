@@ -21,39 +21,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dsim.errors import InputError
 from validator.gpu import model as M
-from validator.gpu.plan import (BLOCK_K, BLOCK_LAYERS, CAPTURE_LIMIT, DRAFT_CTX, DRAFT_REQUESTS,
-                                EAGLE3_DRAFT_VOCAB, error_summary, FIT_EXCLUDE, Staircase, StepShape, dump_yaml,
-                                fit_step_model, hetero_step, kv_slope_by_window, model_dims, model_name, padded_tokens,
-                                shaped_step, TABLE_TIERS,
-                                profile_dict, step_terms, sweep_plan, tail_sizes, uniform_step, vllm_capture_sizes,
-                                write_text_atomic)
-
-DRY_CFG = dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-               intermediate_size=256, vocab_size=1000, num_hidden_layers=2)
-
+from validator.gpu.model import Timer, parse_split
+from validator.gpu.plan import (BLOCK_K, BLOCK_LAYERS, CAPTURE_LIMIT, DRAFT_CTX, DRAFT_REQUESTS, DRY_CFG,
+                                EAGLE3_DRAFT_VOCAB, FIT_EXCLUDE, TABLE_TIERS, StepShape, cost_model, dump_yaml,
+                                error_summary, fit_step_model, hetero_step, kv_slope_by_window, model_dims,
+                                model_name, padded_tokens, profile_dict, shaped_step, step_terms, sweep_plan,
+                                tail_sizes, uniform_step, vllm_capture_sizes, write_text_atomic)
+from validator.gpu.replay import dry_run_steps, load_or_make_steps, replay_steps
 
 def log(*a):
     print(*a, flush=True)
-
-
-class Timer:
-    def __init__(self, device, reps, warm=2):
-        self.cuda = device.type == "cuda"
-        self.reps = reps
-        self.warm = warm
-        self.pool = None   # private pool per graph, freed with the graph
-
-    def __call__(self, fn, graph=True):
-        if self.cuda:
-            return M.time_fn(fn, reps=self.reps, graph=graph, pool=self.pool, warm=self.warm)
-        fn()
-        ts = []
-        for _ in range(self.reps):
-            t0 = time.perf_counter()
-            fn()
-            ts.append((time.perf_counter() - t0) * 1e3)
-        return sorted(ts)[len(ts) // 2], ts
 
 
 def gpu_info(device) -> dict:
@@ -131,7 +110,7 @@ def attention_probe(device, dtype, timer, cfg_dims, bench=True) -> dict:
         res[f"q{s}"] = dict(ours_ms=round(ms, 4), sdpa_enable_gqa_ms=sd if isinstance(sd, str) else round(sd, 4),
                             mode=m.mode)
         log(f"  attention R={R} L={L} q={s}: ours {ms:.3f} ms, sdpa enable_gqa {sd} ms")
-    del pk, pv
+    pk = pv = None
     if device.type == "cuda":
         a = torch.empty(2**30, dtype=torch.uint8, device=device)
         b = torch.empty_like(a)
@@ -157,7 +136,7 @@ def attention_probe(device, dtype, timer, cfg_dims, bench=True) -> dict:
             x = torch.randn(m.n_pad, H + 2 * kv, d, device=device, dtype=dtype)
             ms, _ = timer(lambda: M.attention(x, (pk, pv), m))
             row[lab] = dict(ms=round(ms, 4), n=sh.n, kv=sh.kv, ctx_max=max(sh.ctx), chunks=m.n_chunks)
-            del pk, pv
+            pk = pv = None
         row["hetero_over_uniform"] = round(row["hetero"]["ms"] / row["uniform"]["ms"], 3)
         het[f"R{R}"] = row
         log(f"  attention hetero vs uniform R={R}: {json.dumps(row)}")
@@ -174,7 +153,7 @@ def attention_probe(device, dtype, timer, cfg_dims, bench=True) -> dict:
             pv = torch.randn_like(pk)
             x = torch.randn(m.n_pad, H + 2 * kv, d, device=device, dtype=dtype)
             t[c], _ = timer(lambda: M.attention(x, (pk, pv), m))
-            del pk, pv
+            pk = pv = None
         slope[f"q{s}"] = round((t[c_hi] - t[c_lo]) / (R32 * (c_hi - c_lo) / 1000), 6)
     res["kv_us_per_ktok_by_q_R32"] = {k: round(v * 1e3, 4) for k, v in slope.items()}
     log(f"  attention KV us per 1000 tokens by window (R={R32}, one layer): {res['kv_us_per_ktok_by_q_R32']}")
@@ -184,35 +163,13 @@ def attention_probe(device, dtype, timer, cfg_dims, bench=True) -> dict:
     return out
 
 
-SPLIT_CANDIDATES = {        # continuous split variants the probe times (the first wins near-ties)
-    "cont-f2-b2": dict(policy="continuous", fill=2.0, balance=2.0, merge="always", merge_impl="dense"),
-    "cont-f2-b2-atomic": dict(policy="continuous", fill=2.0, balance=2.0, merge="always", merge_impl="atomic"),
-    "cont-f1-b2": dict(policy="continuous", fill=1.0, balance=2.0, merge="always", merge_impl="dense"),
-    "cont-f4-b2": dict(policy="continuous", fill=4.0, balance=2.0, merge="always", merge_impl="dense"),
-    "cont-f2-b1.5": dict(policy="continuous", fill=2.0, balance=1.5, merge="always", merge_impl="dense"),
-}
-SPLIT_REFERENCE = {         # timed for the record: call 7's occupancy split, calls 5-6's fixed split
-    "occ-f2": dict(policy="occupancy", fill=2.0, balance=0.0, merge="split-only", merge_impl="atomic"),
-    "fixed512": dict(policy="fixed", chunk=512, merge="always", merge_impl="atomic"),
+SPLIT_CANDIDATES = {        # split settings the probe times (the first wins near-ties)
+    "cont-f2-b2": dict(fill=2.0, balance=2.0),
+    "cont-f1-b2": dict(fill=1.0, balance=2.0),
+    "cont-f4-b2": dict(fill=4.0, balance=2.0),
+    "cont-f2-b1.5": dict(fill=2.0, balance=1.5),
 }
 LINEARITY_WEIGHT = 1.0      # score = mean relative time + this x mean |hetero / uniform - 1|
-
-
-def parse_split(text: str) -> dict | None:
-    """'auto' -> None (tuned by the probe); 'continuous|occupancy[:fill=F,balance=B,min_chunk=N,
-    merge=always|split-only,merge_impl=dense|atomic]'; 'fixed[:N]'."""
-    if text == "auto":
-        return None
-    pol, _, rest = text.partition(":")
-    if pol == "fixed":
-        return dict(policy="fixed", chunk=int(rest or M.KV_CHUNK))
-    if pol not in ("occupancy", "continuous"):
-        raise ValueError(f"unknown split policy {text!r}")
-    d = dict(policy=pol)
-    for kv in filter(None, rest.split(",")):
-        k, _, v = kv.partition("=")
-        d[k] = float(v) if k in ("fill", "balance") else (v if k in ("merge", "merge_impl") else int(v))
-    return d
 
 
 def split_tune(device, dtype, timer, cfg_dims, reps_in_graph: int = 8) -> dict:
@@ -240,7 +197,7 @@ def split_tune(device, dtype, timer, cfg_dims, reps_in_graph: int = 8) -> dict:
         "c256": c256, "c256_uniform": uni(c256),
     }
     pairs = (("c32", "c32_uniform"), ("c256", "c256_uniform"))
-    variants = {**SPLIT_CANDIDATES, **SPLIT_REFERENCE}
+    variants = SPLIT_CANDIDATES
     res = {}
     for cname, sh in cases.items():
         row = {}
@@ -259,7 +216,7 @@ def split_tune(device, dtype, timer, cfg_dims, reps_in_graph: int = 8) -> dict:
             row[vname] = dict(us_per_call=round(ms * 1e3 / reps_in_graph, 2), chunks=m.n_chunks,
                               max_chunk=m.max_k, merge_rows=m.merge_rows)
         res[cname] = dict(n=sh.n, R=sh.requests, kv=sh.kv, ctx_max=max(sh.ctx), variants=row)
-        del pk, pv
+        pk = pv = None
         log(f"  split tune {cname} (R={sh.requests} n={sh.n} kv={sh.kv}): " +
             ", ".join(f"{v}:{r['us_per_call']}us/{r['chunks']}ch/L{r['max_chunk']}" for v, r in row.items()))
     timed = [c for c in res if not c.endswith("_uniform")]
@@ -397,7 +354,7 @@ def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dic
                 + f"{layers} of {dims['layers']} layers measured"
                 + (f" and scaled x{depth_scale:g} to full depth" if depth_scale != 1 else " (full depth)")
                 + "; LM head on every decode/verify token and the last token of each prefill chunk; "
-                  "sweep (call 8): the forward table on steps shaped like dsim's DSpark steps at the "
+                  "sweep: the forward table on steps shaped like dsim's DSpark steps at the "
                   f"concurrency that runs n tokens (request tiers {list(TABLE_TIERS)}: n <= 8 one request "
                   "with an n-token verify window at 1K context, 16 < n <= 256 32 requests, 256 < n <= 512 "
                   "256 requests, windows 1..8 from dsim's DSpark mix, contexts at the quantiles of dsim's "
@@ -421,9 +378,9 @@ def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dic
                               f"(FlashInfer-like load balancing, {json.dumps(M.SPLIT)}): one chunk length L "
                               "per step, L = max(min_chunk, min(total KV / ceil(fill x SMs / kv_heads), "
                               "balance x mean context)), every request cut into L-token chunks plus its "
-                              "remainder; exact logsumexp merge on every step (merge_impl dense: chunk j of a "
-                              "request into slot j of a [max chunks, rows] grid, one reduction over the slots, "
-                              "no atomics; atomic: scatter_reduce / index_add over the rows). New tokens: masked band of the step's new keys (unfold "
+                              "remainder; exact logsumexp merge on every step (chunk j of a request into slot j "
+                              "of a [max chunks, rows] grid, one reduction over the slots, no atomics). New "
+                              "tokens: masked band of the step's new keys (unfold "
                               "view), scores folded per KV head, one softmax with the prefix logsumexp"),
             attention_prefill="aten._flash_attention_forward causal (bottom-right) over [cache, chunk]"
                               + ("" if M.GQA_NATIVE else ", KV heads expanded"),
@@ -463,8 +420,13 @@ def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dic
             raise RuntimeError(f"step-log command failed ({r.returncode}): {cmd}")
         log(f"[{name}] step logs in {time.time() - t0:.1f}s")
     if args.replay:
-        from validator.gpu.replay import dry_run_steps, load_or_make_steps, replay_steps
-        sc = Staircase.from_profile(prof)
+        try:
+            cost = cost_model(prof)
+        except InputError as e:     # dsim refuses an inconsistent profile; a dry run's fit is noise
+            if not args.dry_run:
+                raise
+            log(f"  dry run: {e}; replay predicted without the prefill terms")
+            cost = cost_model({k: v for k, v in prof.items() if k != "prefill_terms"})
         rtimer = Timer(device, args.replay_reps, warm=1)     # tails (large steps); graph sizes: the sweep's timer
         all_rows, per_log, results = [], {}, {}
         for src in args.replay:
@@ -479,7 +441,7 @@ def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dic
                 raw.setdefault("recheck", []).extend(recheck(model, points, shapes, dims, device, timer, caps,
                                                              depth_scale, src))
             t0 = time.time()
-            rows, summary = replay_steps(model, steps, dims, device, timer, caps, sc, depth_scale,
+            rows, summary = replay_steps(model, steps, dims, device, timer, caps, cost, depth_scale,
                                          eager_tails=args.eager_tails, big_timer=rtimer)
             for r in rows:
                 r["log"] = Path(src).name
@@ -501,7 +463,7 @@ def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dic
                     eager_tails=args.eager_tails, log_predictions=args.log_predictions, split=M.SPLIT,
                     logs=results), indent=1))
             log(f"[{name}] replay {src} ({time.time() - t0:.1f}s): {json.dumps(summary)}")
-    del model, drafters
+    model = drafters = None
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return prof
@@ -525,8 +487,8 @@ def main(argv=None):
                     help="run steps above the capture limit eagerly (default: captured, unpadded)")
     ap.add_argument("--no-attn-bench", action="store_true")
     ap.add_argument("--split", default="auto",
-                    help="decode split-KV policy: auto (timed by the probe), occupancy[:fill=F,balance=B,"
-                         "min_chunk=N] or fixed[:N] (the calls 5-6 split)")
+                    help="decode split-KV settings: auto (timed by the probe) or "
+                         "continuous[:fill=F,balance=B,min_chunk=N]")
     ap.add_argument("--steplog-cmd", default="",
                     help="shell command run after the profile is written ({profile}: its path, {model}: "
                          "the model name), e.g. dsim writing step logs from it; then --replay runs")
@@ -555,7 +517,7 @@ def main(argv=None):
     if sp is None:
         tune = split_tune(device, dtype, timer, model_dims(cfg0))
         sp = SPLIT_CANDIDATES[tune["chosen"]]
-    M.SPLIT.update(sp)
+    M.SPLIT.update(M.split_settings(sp))
     log(f"split policy ({time.time() - t0:.1f}s): {json.dumps(M.SPLIT)}")
     t0 = time.time()
     probe = attention_probe(device, dtype, timer, model_dims(cfg0), bench=not args.no_attn_bench)

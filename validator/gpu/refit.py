@@ -30,7 +30,7 @@ REFIT_NOTE = ("; refit {date} (python3 -m validator.gpu.refit): step_ms = F(n) +
 
 
 def point_terms(points: list[dict]) -> None:
-    """dec / pre for points without them (raw files from before session 3)."""
+    """dec / pre for points without them (raw files written before the prefill terms existed)."""
     tails = None
     for p in points:
         if "dec" in p and "pre" in p:
