@@ -1,4 +1,5 @@
-"""`dsim plan`, `dsim sweep`, `dsim ab`: registered on dsim.cli's typer app (imported at its bottom)."""
+"""`dsim plan`, `dsim sweep`, `dsim ab`: registered on dsim.cli's typer app (dsim.entry imports this
+module; dsim.cli does not)."""
 from __future__ import annotations
 
 import json
@@ -9,8 +10,9 @@ from typing import Annotated, Optional
 import typer
 
 from dsim.cli import (FormatOpt, GpusPerNodeOpt, MixOpt, ProfileOpt, RateOpt, RateScaleOpt, RequestsOpt,
-                      TraceOpt, WindowOpt, app, build_workload, method_spec, run_guarded)
+                      TraceOpt, WindowOpt, app, run_guarded)
 from dsim.errors import InputError
+from dsim.scenario import build_workload, method_spec
 
 # The embedded default trace (600 requests, ~6 req/s) is light for an 8-GPU node of a
 # DeepSeek-V4-class model; the default plan scenario replays it at this arrival-rate multiplier
