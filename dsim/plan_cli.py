@@ -9,8 +9,19 @@ from typing import Annotated, Optional
 
 import typer
 
-from dsim.cli import (FormatOpt, GpusPerNodeOpt, MixOpt, ProfileOpt, RateOpt, RateScaleOpt, RequestsOpt,
-                      TraceOpt, WindowOpt, app, run_guarded)
+from dsim.cli import (
+    FormatOpt,
+    GpusPerNodeOpt,
+    MixOpt,
+    ProfileOpt,
+    RateOpt,
+    RateScaleOpt,
+    RequestsOpt,
+    TraceOpt,
+    WindowOpt,
+    app,
+    run_guarded,
+)
 from dsim.errors import InputError
 from dsim.scenario import build_workload, method_spec
 
@@ -67,6 +78,7 @@ def parse_int_list(s: str, what: str) -> list[int]:
 def measured_profile_path() -> Path | None:
     """A measured profile under profiles/h200/ (another engineer produces them), if any."""
     import yaml
+
     from dsim.cost import PROFILE_DIR
     d = Path(PROFILE_DIR) / "h200"
     if not d.is_dir():

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -108,7 +109,8 @@ def _ref_attn(q, k, v, causal: bool):
 GQA_NATIVE = True     # set by the GPU probe: flash kernel accepts fewer KV heads than query heads
 
 
-def flash_dense(q, k, v, causal=False):
+def flash_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """q [B,Sq,H,d], k/v [B,Sk,Hk,d] -> out [B,Sq,H,d], lse [B,H,Sq] (fp32). Scale 1."""
     if q.is_cuda:
         if not GQA_NATIVE and k.shape[2] != q.shape[2]:
@@ -120,7 +122,9 @@ def flash_dense(q, k, v, causal=False):
     return _ref_attn(q, k, v, causal)
 
 
-def flash_varlen_ragged(q, k, v, cu_q, cu_k, max_q, max_k, lens_q, causal=False):
+def flash_varlen_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
+                        cu_k: torch.Tensor, max_q: int, max_k: int, lens_q: list[int],
+                        causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Variable query rows per sequence (no padding): q [total_q, Hq, d], k/v packed [total_k, Hk, d]
     (Hk divides Hq: native GQA). causal: bottom-right aligned per sequence.
     -> out [total_q, Hq, d], lse [Hq, total_q] (fp32). lens_q: python list of rows per sequence."""
@@ -213,7 +217,7 @@ class StepMeta:
         un[:ndec_tok] = np.arange(ndec_tok)               # decode rows already in token order
         off = ndec_tok
         # unpad: rows of cat([decode rows, prefill rows]) -> token order, n_pad
-        for (b, c, s, st) in self.pre_regions:
+        for (_, _, s, st) in self.pre_regions:
             un[st:st + s] = off + np.arange(s)
             off += s
         self.unpad_idx = torch.tensor(un, dtype=torch.long, device=device)
@@ -263,7 +267,7 @@ class StepMeta:
         self.band_bias = torch.tensor(bias, device=device).view(len(t_in), 1, 1, sm)
 
 
-def attention(qkv_rot, pool_l, m: StepMeta):
+def attention(qkv_rot: torch.Tensor, pool_l: tuple[torch.Tensor, torch.Tensor], m: StepMeta) -> torch.Tensor:
     """qkv_rot [n_pad, H+2kv, d] (q pre-scaled, rope applied); pool_l = (K, V), each [T, kv, d],
     this layer's region (new K/V already written at m.slot). Returns [n_pad, H*d]."""
     pk, pv = pool_l
@@ -314,7 +318,7 @@ def _w(out_f: int, in_f: int, device: Any, dtype: torch.dtype) -> torch.Tensor:
 
 
 class Layer:
-    def __init__(self, dims, device, dtype, qkv_in=None):
+    def __init__(self, dims: dict, device: Any, dtype: torch.dtype, qkv_in: int | None = None):
         h, H, kv, d, I = dims["hidden"], dims["heads"], dims["kv_heads"], dims["head_dim"], dims["inter"]
         self.dims = dims
         self.qkv_in = qkv_in or h
@@ -330,7 +334,8 @@ class Layer:
         self.kn = torch.ones(d, device=device, dtype=dtype) if dims["qk_norm"] else None
         self.eps = 1e-6
 
-    def __call__(self, hdn, x_in, cos, sin, m: StepMeta, pool_l):
+    def __call__(self, hdn: torch.Tensor, x_in: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 m: StepMeta, pool_l: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """hdn: residual stream [n, h]; x_in: input to the qkv projection (hdn, or a concat)."""
         H, kv, d = self.dims["heads"], self.dims["kv_heads"], self.dims["head_dim"]
         n = hdn.shape[0]
@@ -356,7 +361,7 @@ class Layer:
 class Model:
     """Target model: embedding, `layers` decoder layers, final norm, LM head; plus KV pool."""
 
-    def __init__(self, cfg: dict, device, dtype=torch.bfloat16, layers: int | None = None,
+    def __init__(self, cfg: dict, device: Any, dtype: torch.dtype = torch.bfloat16, layers: int | None = None,
                  pool_gib: float = 8.0, seed: int = 0):
         torch.manual_seed(seed)
         self.dims = dims = model_dims(cfg)
@@ -377,11 +382,11 @@ class Model:
         self.pool_k = torch.randn(self.pool_tokens, dims["kv_heads"], d, device=device, dtype=dtype)
         self.pool_v = torch.randn(self.pool_tokens, dims["kv_heads"], d, device=device, dtype=dtype)
 
-    def weight_bytes(self, full_depth=True) -> int:
+    def weight_bytes(self, full_depth: bool = True) -> int:
         L = self.dims["layers"] if full_depth else self.n_layers
         return (L * self.dims["layer_params"] + 2 * self.dims["vocab"] * self.dims["hidden"]) * 2
 
-    def layer_pool(self, l: int, T: int):
+    def layer_pool(self, l: int, T: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This layer's KV region of T tokens: distinct per layer while the pool allows, else shared."""
         if T > self.pool_tokens:
             raise MemoryError(f"step needs {T} KV tokens per layer, pool holds {self.pool_tokens}")
@@ -389,11 +394,11 @@ class Model:
         off = (l % slots) * T
         return self.pool_k[off:off + T], self.pool_v[off:off + T]
 
-    def rope(self, m: StepMeta):
+    def rope(self, m: StepMeta) -> tuple[torch.Tensor, torch.Tensor]:
         return (self.cos_t.index_select(0, m.positions)[:, None, :],
                 self.sin_t.index_select(0, m.positions)[:, None, :])
 
-    def forward(self, m: StepMeta):
+    def forward(self, m: StepMeta) -> torch.Tensor:
         hdn = self.emb.index_select(0, m.ids)
         cos, sin = self.rope(m)
         T = m.region_tokens
@@ -421,7 +426,7 @@ class Drafters:
         self.conf_w2 = _w(1, 256, dev, dt)
         self.hid3 = None
 
-    def run(self, kind: str, m: StepMeta, K: int = 8):
+    def run(self, kind: str, m: StepMeta, K: int = 8) -> torch.Tensor:
         t = self.t
         h = t.dims["hidden"]
         n = m.n_pad
@@ -453,7 +458,8 @@ class Drafters:
 
 
 # ---------------------------------------------------------------- timing
-def time_fn(fn, reps: int = 5, graph: bool = True, pool=None, warm: int = 2):
+def time_fn(fn: Callable[[], Any], reps: int = 5, graph: bool = True, pool: Any = None,
+            warm: int = 2) -> tuple[float, list[float]]:
     """Median ms of `reps` runs of fn, captured in a CUDA graph when graph=True (after one eager
     warm-up run), else eager. Returns (median_ms, all_ms)."""
     fn()
@@ -503,7 +509,8 @@ class Timer:
         return sorted(ts)[len(ts) // 2], ts
 
 
-def reference_attention(qkv_rot, pool_l, m: StepMeta):
+def reference_attention(qkv_rot: torch.Tensor, pool_l: tuple[torch.Tensor, torch.Tensor],
+                        m: StepMeta) -> torch.Tensor:
     """float64 per-request reference of `attention` (causal over [cached prefix, new tokens])."""
     pk, pv = pool_l
     H, kv, d, g = m.H, m.kv, m.d, m.g

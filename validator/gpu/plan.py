@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def tail_sizes(limit: int = CAPTURE_LIMIT, max_tokens: int = MAX_BATCHED_TOKENS)
     return out
 
 
-def median(xs) -> float:
+def median(xs: Iterable[float]) -> float:
     xs = sorted(float(x) for x in xs)
     if not xs:
         raise ValueError("median of nothing")
@@ -199,7 +200,7 @@ def dspark_mixed_step(n: int, R: int, seed: int = 0, ctx_scale: float = 1.0, dec
 
 
 def sweep_plan(caps: list[int] | None = None, tails: list[int] | None = None,
-               contexts=(1024, 8192, 32768), kv_budget_tokens: int = 1_200_000,
+               contexts: Sequence[int] = (1024, 8192, 32768), kv_budget_tokens: int = 1_200_000,
                quick: bool = False, table_ctx: int = 1024, seed: int = 0) -> list[StepShape]:
     """Profiling sweep (the forward table is measured on steps shaped like the ones dsim runs).
 
@@ -257,7 +258,7 @@ def sweep_plan(caps: list[int] | None = None, tails: list[int] | None = None,
 
 
 # ---------------------------------------------------------------- fit
-def step_terms(q, ctx) -> tuple[int, float]:
+def step_terms(q: Sequence[int], ctx: Sequence[int]) -> tuple[int, float]:
     """(decode/verify tokens, prefill query-key pairs / 1e6) of a step shape: requests with fewer
     than PREFILL_MIN_Q query tokens are decodes; a prefill chunk of q tokens over c cached ones has
     q (c + q / 2) causal-attention pairs (dsim.cost.CostModel.prefill_ms)."""
@@ -409,8 +410,9 @@ def predicted_step_ms(cost: CostModel, shape: StepShape) -> float:
 
 
 # ---------------------------------------------------------------- profile dict / files
-def profile_dict(*, name, provenance, kv_cache_gib, kv_bytes_per_token, caps, fit, draft,
-                 cpu_overhead_ms=1.5, extra=None) -> dict:
+def profile_dict(*, name: str, provenance: dict, kv_cache_gib: float, kv_bytes_per_token: float,
+                 caps: list[int], fit: dict, draft: dict, cpu_overhead_ms: float = 1.5,
+                 extra: dict | None = None) -> dict:
     d = {"name": name, "provenance": provenance,
          "memory": {"kv_cache_gib": round(float(kv_cache_gib), 2),
                     "kv_bytes_per_token": float(kv_bytes_per_token)},
@@ -439,7 +441,7 @@ def dump_yaml(d: dict) -> str:
         return json.dumps(d, indent=1)
 
 
-def write_text_atomic(path, text: str) -> None:
+def write_text_atomic(path: str | Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -448,7 +450,7 @@ def write_text_atomic(path, text: str) -> None:
 
 
 # ---------------------------------------------------------------- synthetic step logs
-def synthetic_steplog(seed: int = 0, concurrencies=(1, 32, 256), steps_each: int = 30,
+def synthetic_steplog(seed: int = 0, concurrencies: Sequence[int] = (1, 32, 256), steps_each: int = 30,
                       prefill_steps: int = 6, ctx_lo: int = 500, ctx_hi: int = 8000) -> list[dict]:
     """Realistic decode/verify batches: per request 1..8 query tokens (speculative verify windows,
     weighted towards small windows), contexts uniform in [ctx_lo, ctx_hi]; plus prefill chunks
@@ -473,7 +475,7 @@ def synthetic_steplog(seed: int = 0, concurrencies=(1, 32, 256), steps_each: int
     return out
 
 
-def read_steplog(path) -> list[dict]:
+def read_steplog(path: str | Path) -> list[dict]:
     steps = []
     for ln, line in enumerate(Path(path).read_text().splitlines(), 1):
         line = line.strip()
@@ -499,7 +501,7 @@ def error_summary(rows: list[dict], key: str = "concurrency") -> dict:
                     p90_abs_pct=round(float(np.percentile(v, 90)), 3)) for g, v in groups.items()}
 
 
-def concurrency_of(step: dict):
+def concurrency_of(step: dict) -> int | str:
     c = step.get("concurrency")
     if c is not None:
         return c

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,18 +25,43 @@ import torch
 from dsim.errors import InputError
 from validator.gpu import model as M
 from validator.gpu.model import Timer, parse_split
-from validator.gpu.plan import (BLOCK_K, BLOCK_LAYERS, CAPTURE_LIMIT, DRAFT_CTX, DRAFT_REQUESTS, DRY_CFG,
-                                EAGLE3_DRAFT_VOCAB, FIT_EXCLUDE, TABLE_TIERS, StepShape, cost_model, dump_yaml,
-                                error_summary, fit_step_model, hetero_step, kv_slope_by_window, model_dims,
-                                model_name, padded_tokens, profile_dict, shaped_step, step_terms, sweep_plan,
-                                tail_sizes, uniform_step, vllm_capture_sizes, write_text_atomic)
+from validator.gpu.plan import (
+    BLOCK_K,
+    BLOCK_LAYERS,
+    CAPTURE_LIMIT,
+    DRAFT_CTX,
+    DRAFT_REQUESTS,
+    DRY_CFG,
+    EAGLE3_DRAFT_VOCAB,
+    FIT_EXCLUDE,
+    TABLE_TIERS,
+    StepShape,
+    cost_model,
+    dump_yaml,
+    error_summary,
+    fit_step_model,
+    hetero_step,
+    kv_slope_by_window,
+    model_dims,
+    model_name,
+    padded_tokens,
+    profile_dict,
+    shaped_step,
+    step_terms,
+    sweep_plan,
+    tail_sizes,
+    uniform_step,
+    vllm_capture_sizes,
+    write_text_atomic,
+)
 from validator.gpu.replay import dry_run_steps, load_or_make_steps, replay_steps
 
-def log(*a):
+
+def log(*a: Any) -> None:
     print(*a, flush=True)
 
 
-def gpu_info(device) -> dict:
+def gpu_info(device: torch.device) -> dict:
     if device.type != "cuda":
         return dict(gpu="cpu (dry run)", driver="n/a", torch=str(torch.__version__), cuda="n/a", mem_gib=16.0)
     p = torch.cuda.get_device_properties(0)
@@ -49,10 +75,13 @@ def gpu_info(device) -> dict:
 
 
 # ---------------------------------------------------------------- attention probe
-def attention_probe(device, dtype, timer, cfg_dims, bench=True) -> dict:
+def attention_probe(device: torch.device, dtype: torch.dtype, timer: Timer, cfg_dims: dict,
+                    bench: bool = True) -> dict:
     """Correctness of the GPU attention paths against a float64 reference, and the attention time
     at q = 1, 2, 4, 8 at 8K context (256 requests) vs SDPA enable_gqa and the KV-read floor."""
-    out = {}
+    out: dict[str, Any] = {}
+    pk: Any
+    pv: Any
     H, kv, d = cfg_dims["heads"], cfg_dims["kv_heads"], cfg_dims["head_dim"]
     dims = dict(heads=H, kv_heads=kv, head_dim=d, vocab=100)
     rng = np.random.default_rng(0)
@@ -95,7 +124,7 @@ def attention_probe(device, dtype, timer, cfg_dims, bench=True) -> dict:
     pk = torch.randn(R * L + R * 8 + 16, kv, d, device=device, dtype=dtype)   # + band gap (s_max - 1)
     pv = torch.randn_like(pk)
     floor_bytes = 2 * R * L * kv * d * 2
-    res = {}
+    res: dict[str, Any] = {}
     for s in (1, 2, 4, 8):
         m = M.StepMeta(uniform_step(R, s, L), R * s, dims, device)
         x = torch.randn(m.n_pad, H + 2 * kv, d, device=device, dtype=dtype)
@@ -103,6 +132,7 @@ def attention_probe(device, dtype, timer, cfg_dims, bench=True) -> dict:
         q4 = torch.randn(R, H, s, d, device=device, dtype=dtype)
         k4 = pk[:R * L].view(R, L, kv, d).transpose(1, 2)
         v4 = pv[:R * L].view(R, L, kv, d).transpose(1, 2)
+        sd: float | str
         try:
             sd, _ = timer(lambda: torch.nn.functional.scaled_dot_product_attention(q4, k4, v4, enable_gqa=True))
         except Exception as e:
@@ -172,13 +202,16 @@ SPLIT_CANDIDATES = {        # split settings the probe times (the first wins nea
 LINEARITY_WEIGHT = 1.0      # score = mean relative time + this x mean |hetero / uniform - 1|
 
 
-def split_tune(device, dtype, timer, cfg_dims, reps_in_graph: int = 8) -> dict:
+def split_tune(device: torch.device, dtype: torch.dtype, timer: Timer, cfg_dims: dict,
+               reps_in_graph: int = 8) -> dict:
     """Times the decode attention alone (reps_in_graph back-to-back calls per graph, like layers) on
     DSpark-like steps at concurrency 1, 32 and 256 and on uniform steps with the same requests and KV
     tokens, for each split variant. Score: mean time relative to the best variant per case, plus
     LINEARITY_WEIGHT x mean |hetero / uniform - 1| at 32 and 256 requests (a KV-linear cost is what
     dsim's F(n) + kv model can follow); lowest wins, within 2 % the first variant is kept. Returns
     the record; the caller applies `chosen`."""
+    pk: Any
+    pv: Any
     H, kv, d = cfg_dims["heads"], cfg_dims["kv_heads"], cfg_dims["head_dim"]
     dims = dict(heads=H, kv_heads=kv, head_dim=d, vocab=100)
     cuda = device.type == "cuda"
@@ -198,7 +231,7 @@ def split_tune(device, dtype, timer, cfg_dims, reps_in_graph: int = 8) -> dict:
     }
     pairs = (("c32", "c32_uniform"), ("c256", "c256_uniform"))
     variants = SPLIT_CANDIDATES
-    res = {}
+    res: dict[str, Any] = {}
     for cname, sh in cases.items():
         row = {}
         pk = pv = None
@@ -243,7 +276,8 @@ def split_tune(device, dtype, timer, cfg_dims, reps_in_graph: int = 8) -> dict:
 RECHECK_N = (1, 2, 4, 8, 128, 168, 512)   # table sizes re-timed before each replayed log
 
 
-def recheck(model, points, shapes, dims, device, timer, caps, depth_scale, src) -> list:
+def recheck(model: M.Model, points: list[dict], shapes: list[StepShape], dims: dict, device: torch.device,
+            timer: Timer, caps: list[int], depth_scale: float, src: str) -> list:
     """Re-time the sweep's table points at RECHECK_N (identical shapes, same process) and report the
     drift from the sweep's value: separates a measurement offset from a model error."""
     out = []
@@ -264,7 +298,7 @@ def recheck(model, points, shapes, dims, device, timer, caps, depth_scale, src) 
     return out
 
 
-def sm_clock_mhz(device):
+def sm_clock_mhz(device: torch.device) -> int | None:
     """Current SM clock (NVML through torch), None where unavailable."""
     if device.type != "cuda":
         return None
@@ -274,7 +308,8 @@ def sm_clock_mhz(device):
         return None
 
 
-def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dict:
+def profile_model(cfg_path: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype,
+                  info: dict, timer: Timer, probe: dict) -> dict:
     cfg = json.loads(Path(cfg_path).read_text())
     name = model_name(cfg, cfg_path)
     if args.dry_run:
@@ -283,8 +318,8 @@ def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dic
     layers = args.layers or dims["layers"]
     t0 = time.time()
     pool_gib = args.pool_gib if not args.dry_run else 0.05
-    model = M.Model(cfg, device, dtype, layers=layers, pool_gib=pool_gib)
-    drafters = M.Drafters(model, BLOCK_LAYERS, EAGLE3_DRAFT_VOCAB if not args.dry_run else 500)
+    model: Any = M.Model(cfg, device, dtype, layers=layers, pool_gib=pool_gib)
+    drafters: Any = M.Drafters(model, BLOCK_LAYERS, EAGLE3_DRAFT_VOCAB if not args.dry_run else 500)
     if device.type == "cuda":
         torch.cuda.synchronize()
     log(f"[{name}] built {layers}/{dims['layers']} layers in {time.time() - t0:.1f}s, "
@@ -402,10 +437,10 @@ def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dic
         prov["dry_run"] = True
     prof = profile_dict(name=f"{args.prefix}-{name}", provenance=prov, kv_cache_gib=kv_cache_gib,
                         kv_bytes_per_token=dims["kv_bytes_per_token"], caps=caps, fit=fit, draft=draft)
-    raw = dict(model=name, points=points, fit=fit, attention_check=probe, info=info)
+    raw: dict[str, Any] = dict(model=name, points=points, fit=fit, attention_check=probe, info=info)
     out = Path(args.out)
 
-    def save():
+    def save() -> None:
         write_text_atomic(out / f"{args.prefix}-{name}.yaml", dump_yaml(prof))
         write_text_atomic(out / f"{args.prefix}-{name}.raw.json", json.dumps(raw, default=str))
 
@@ -413,11 +448,11 @@ def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dic
     if args.steplog_cmd:     # dsim writes its step logs from the profile just saved (CPU, subprocess)
         cmd = args.steplog_cmd.format(profile=str((out / f"{args.prefix}-{name}.yaml").resolve()), model=name)
         t0 = time.time()
-        r = subprocess.run(cmd, shell=True, capture_output=True, text=True)
-        log(r.stdout.strip()[-2000:])
-        if r.returncode:
-            log(r.stderr.strip()[-3000:])
-            raise RuntimeError(f"step-log command failed ({r.returncode}): {cmd}")
+        proc = subprocess.run(cmd, shell=True, capture_output=True, text=True)
+        log(proc.stdout.strip()[-2000:])
+        if proc.returncode:
+            log(proc.stderr.strip()[-3000:])
+            raise RuntimeError(f"step-log command failed ({proc.returncode}): {cmd}")
         log(f"[{name}] step logs in {time.time() - t0:.1f}s")
     if args.replay:
         try:
@@ -469,7 +504,7 @@ def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dic
     return prof
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", action="append", required=True, help="HF-style config.json (repeatable)")
     ap.add_argument("--out", required=True, help="output folder")

@@ -88,7 +88,7 @@ def refit(raw_path: Path, command: str) -> dict:
     return fit
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("raw", nargs="+")
     a = ap.parse_args(argv)

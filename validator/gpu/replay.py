@@ -17,14 +17,27 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from dsim.cost import CostModel
-
-from validator.gpu.plan import (CAPTURE_LIMIT, DRY_CFG, PREFILL_MIN_Q, StepShape, concurrency_of, cost_model,
-                                error_summary, model_dims, padded_tokens, predicted_step_ms, read_steplog,
-                                synthetic_steplog, vllm_capture_sizes, write_text_atomic)
+from validator.gpu.plan import (
+    CAPTURE_LIMIT,
+    DRY_CFG,
+    PREFILL_MIN_Q,
+    StepShape,
+    concurrency_of,
+    cost_model,
+    error_summary,
+    model_dims,
+    padded_tokens,
+    predicted_step_ms,
+    read_steplog,
+    synthetic_steplog,
+    vllm_capture_sizes,
+    write_text_atomic,
+)
 
 
 def load_or_make_steps(src: str) -> list[dict]:
@@ -73,7 +86,7 @@ def replay_steps(model: Any, steps: list[dict], dims: dict, device: Any, timer: 
     return rows, error_summary(rows)
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("steplog", nargs="+")
     ap.add_argument("--model", required=True)
@@ -91,6 +104,7 @@ def main(argv=None):
                          "default: the split recorded in --profile's provenance, else the executor's default")
     a = ap.parse_args(argv)
     import torch
+
     from validator.gpu import model as M
     from validator.gpu.model import Timer, parse_split
     device = torch.device("cpu" if a.dry_run else "cuda")
