@@ -211,7 +211,15 @@ def save_profile(p: Profile, path) -> None:
     os.replace(tmp, path)
 
 
-PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
+def _profile_dir() -> Path:
+    """profiles/ of the source checkout dsim runs from, else the copy installed as dsim/profiles."""
+    here = Path(__file__).resolve().parent
+    if (here.parent / "pyproject.toml").is_file() and (here.parent / "profiles").is_dir():
+        return here.parent / "profiles"
+    return here / "profiles"
+
+
+PROFILE_DIR = _profile_dir()
 DEFAULT_PROFILE = "deepseek-v4-class-h200x8"
 
 
