@@ -104,7 +104,7 @@ def padded_tokens(n: int, caps: list[int]) -> int:
 
 
 # Verify windows (query tokens per request, 1..8) and contexts of dsim's DSpark steps on the default
-# mixed trace (validator/gpu/steplogs, concurrency 32 and 256, pooled): the heterogeneous shapes the
+# mixed trace (profiles/h200/steplogs, concurrency 32 and 256, pooled): the heterogeneous shapes the
 # profile must cover. Context: log-normal, median 1050, geometric sd 1.76 (5th-95th pct 430-2730).
 DSPARK_WINDOW_P = (0.156, 0.288, 0.285, 0.131, 0.063, 0.041, 0.025, 0.012)
 CTX_MEDIAN, CTX_GSD = 1050.0, 1.76
