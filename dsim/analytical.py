@@ -166,7 +166,7 @@ def analytical_profile(model_config: str | Path, hardware: str = "H200", gpus: i
 
 
 # ---------------------------------------------------------------- fitting on measured profiles
-def _measured_points(config_path, profile: Profile):
+def _measured_points(profile: Profile) -> tuple[np.ndarray, np.ndarray]:
     """(n, F_ms) of a measured profile's forward table."""
     return np.asarray(profile.forward.x, dtype=float), np.asarray(profile.forward.ms, dtype=float)
 
@@ -177,7 +177,7 @@ def _fwd_err(params, items, hw_name="H200"):
     errs = []
     for cfg, prof in items:
         shape = model_shape(json.loads(Path(cfg).read_text()))
-        n, ms = _measured_points(cfg, prof)
+        n, ms = _measured_points(prof)
         pred = forward_ms(shape, n, HARDWARE[hw_name], 1, 2.0, eff)
         errs.append((pred - ms) / ms)
     return np.concatenate(errs)
