@@ -26,6 +26,12 @@ MarginOpt = Annotated[float, typer.Option(help="safety margin: pass only if ever
                                           "target x (1 - margin)")]
 PriceOpt = Annotated[Optional[float], typer.Option(help="$ per GPU-hour (default: a public H200 on-demand "
                                                    "quote, $5.49, dated 24 Sep 2026)")]
+# Where the simulations run (plan, sweep, ab): dsim.executor.
+ExecutorOpt = Annotated[str, typer.Option("--executor", help="local (worker processes) or ray (Ray tasks; "
+                                          "pip install -e '.[ray]')")]
+RayAddressOpt = Annotated[Optional[str], typer.Option("--ray-address", help="--executor ray: the cluster to "
+                                                      "join (HOST:PORT, ray://HOST:PORT or auto; default: "
+                                                      "$RAY_ADDRESS, else a local Ray started for the run)")]
 
 
 def parse_seeds(s: str) -> list[int]:
@@ -123,6 +129,8 @@ def plan(
     router: str = typer.Option("least_outstanding"),
     jobs: Optional[int] = typer.Option(None, help="worker processes (default: CPU count)"),
     as_json: bool = typer.Option(False, "--json"),
+    executor: ExecutorOpt = "local",
+    ray_address: RayAddressOpt = None,
 ):
     """Fewest nodes per method that meet an SLA on a fixed open-loop trace, and what they cost.
 
@@ -130,15 +138,20 @@ def plan(
     (the table says "not met at N nodes" and shows the best reached); 2 for bad input.
     """
     rc = run_guarded(_plan, sla, trace, format, requests, window, rate, rate_scale, mix, profile, scenario,
-                     methods, max_nodes, seeds, margin, price_per_gpu_hour, gpus_per_node, router, jobs, as_json)
+                     methods, max_nodes, seeds, margin, price_per_gpu_hour, gpus_per_node, router, jobs, as_json,
+                     executor, ray_address)
     if rc:
         raise typer.Exit(rc)
 
 
 def _plan(sla, trace, format, requests, window, rate, rate_scale, mix, profile, scenario, methods,
-          max_nodes, seeds, margin, price, gpus_per_node, router, jobs, as_json):
+          max_nodes, seeds, margin, price, gpus_per_node, router, jobs, as_json, executor="local",
+          ray_address=None):
     from dsim import plan as P
     from dsim.cost import load_profile
+    from dsim.executor import check_executor
+    from dsim.progress import Progress
+    check_executor(executor, ray_address)
     slos = P.parse_sla(sla)
     seed_list = parse_seeds(seeds)
     if jobs is not None and jobs < 1:
@@ -147,16 +160,10 @@ def _plan(sla, trace, format, requests, window, rate, rate_scale, mix, profile, 
     specs = parse_methods(methods)
     prof = load_profile(profile)
     wls = {s: build_workload(trace, format, requests, window, rate, rate_scale, None, mix, s) for s in seed_list}
-    show = not as_json and sys.stderr.isatty()
-
-    def progress(name, n, s, r):
-        if show:
-            typer.echo(f"  {name}: {n} node(s), seed {s}: "
-                       + ", ".join(f"{k}={v:.2f}" for k, v in r["metrics"].items() if v is not None), err=True)
-
-    res = P.plan(wls, prof, specs, slos, margin=margin, max_nodes=max_nodes, seeds=seed_list,
-                 gpus_per_node=gpus_per_node, price=price, jobs=jobs, router=router, notes=notes,
-                 progress=progress)
+    with Progress("plan") as bar:
+        res = P.plan(wls, prof, specs, slos, margin=margin, max_nodes=max_nodes, seeds=seed_list,
+                     gpus_per_node=gpus_per_node, price=price, jobs=jobs, router=router, notes=notes,
+                     executor=executor, ray_address=ray_address, progress_bar=bar)
     if as_json:
         typer.echo(json.dumps(res, sort_keys=True, default=_json_default))
     else:
@@ -191,11 +198,16 @@ def sweep(
     seed: int = typer.Option(0),
     jobs: Optional[int] = typer.Option(None, help="worker processes (default: CPU count)"),
     out: Path = typer.Option(..., help="output directory: sweep.csv and PNG figures"),
+    executor: ExecutorOpt = "local",
+    ray_address: RayAddressOpt = None,
 ):
     """Closed-loop concurrency sweep: throughput per GPU vs per-user speed (frontier), Fig. 8 curves."""
     def go():
         from dsim import sweep as S
         from dsim.cost import load_profile
+        from dsim.executor import check_executor
+        from dsim.progress import Progress
+        check_executor(executor, ray_address)
         conc = parse_int_list(concurrency, "--concurrency")
         specs = parse_methods(methods)
         if min_requests < 1:
@@ -204,8 +216,10 @@ def sweep(
             raise InputError(f"--jobs: must be >= 1, got {jobs}")
         prof = load_profile(profile)
         base = build_workload(trace, format, None, window, None, None, None, mix, seed)
-        df = S.sweep(base, prof, specs, conc, requests_per_user=requests_per_user, min_requests=min_requests,
-                     nodes=nodes, gpus_per_node=gpus_per_node, seed=seed, jobs=jobs)
+        with Progress("sweep") as bar:
+            df = S.sweep(base, prof, specs, conc, requests_per_user=requests_per_user, min_requests=min_requests,
+                         nodes=nodes, gpus_per_node=gpus_per_node, seed=seed, jobs=jobs, executor=executor,
+                         ray_address=ray_address, progress_bar=bar)
         files = S.write_sweep(df, out)
         typer.echo(S.format_sweep(df))
         typer.echo(f"workload: {base.source}")
@@ -243,12 +257,17 @@ def ab(
     min_requests: int = typer.Option(200),
     jobs: Optional[int] = typer.Option(None, help="worker processes (default: CPU count)"),
     out: Path = typer.Option(..., help="report directory (report.md, report.html, PNGs, plan.json, sweep.csv)"),
+    executor: ExecutorOpt = "local",
+    ray_address: RayAddressOpt = None,
 ):
     """Side-by-side report of method A vs B: SLA node counts, latency CDFs, frontier, per class, sensitivity."""
     def go():
         from dsim import plan as P
         from dsim.cost import load_profile
+        from dsim.executor import check_executor
+        from dsim.progress import Progress
         from dsim.report import ab_report
+        check_executor(executor, ray_address)
         slos = P.parse_sla(sla)
         seed_list = parse_seeds(seeds)
         conc = parse_int_list(concurrency, "--concurrency")
@@ -261,10 +280,12 @@ def ab(
         argv = sys.argv[1:]
         cmd = ("dsim " + " ".join(_shq(x) for x in argv)) if argv and argv[0] == "ab" else \
             f"dsim ab --a {a} --b {b} --sla {sla} --out {out}"
-        files = ab_report(wls, prof, sa, sb, slos, out, command=cmd, margin=margin, max_nodes=max_nodes,
-                          seeds=seed_list, gpus_per_node=gpus_per_node, price=price_per_gpu_hour, jobs=jobs,
-                          concurrency=conc, requests_per_user=requests_per_user, min_requests=min_requests,
-                          notes=notes, name_a=a.lower(), name_b=b.lower())
+        with Progress("ab") as bar:
+            files = ab_report(wls, prof, sa, sb, slos, out, command=cmd, margin=margin, max_nodes=max_nodes,
+                              seeds=seed_list, gpus_per_node=gpus_per_node, price=price_per_gpu_hour, jobs=jobs,
+                              concurrency=conc, requests_per_user=requests_per_user, min_requests=min_requests,
+                              notes=notes, name_a=a.lower(), name_b=b.lower(), executor=executor,
+                              ray_address=ray_address, progress_bar=bar)
         typer.echo("wrote " + ", ".join(str(f) for f in files))
     run_guarded(go)
 

@@ -156,8 +156,10 @@ def _f(x, nd=2):
 
 def ab_report(workloads: dict, profile, spec_a, spec_b, slos, out, *, command: str, margin=0.10, max_nodes=64,
               seeds=(0, 1, 2), gpus_per_node=8, price=None, jobs=None, concurrency=(1, 4, 16, 64, 128, 256),
-              requests_per_user=4, min_requests=100, mixes=SENSITIVITY_MIXES, notes=(), name_a="a", name_b="b"):
-    """Run everything and write the report into `out`; returns the list of files written."""
+              requests_per_user=4, min_requests=100, mixes=SENSITIVITY_MIXES, notes=(), name_a="a", name_b="b",
+              executor="local", ray_address=None, progress_bar=None):
+    """Run everything and write the report into `out`; returns the list of files written.
+    executor / ray_address: where the simulations run (dsim.executor); progress_bar: dsim.progress."""
     from dsim import plan as P
     from dsim import sweep as S
     from dsim.workload import assign_classes
@@ -171,11 +173,14 @@ def ab_report(workloads: dict, profile, spec_a, spec_b, slos, out, *, command: s
     if la == lb:
         la, lb = f"A: {la}", f"B: {lb}"
     w0 = workloads[seeds[0]]
-    with P.Runner(jobs) as runner:
+    searches = {n: P._Search(n, seeds, slos, margin, max_nodes) for n in specs}
+    if progress_bar is not None:   # the bar's total: the plan's bound, then the runs after the plan
+        progress_bar.ahead(search=sum(srch.remaining() for srch in searches.values()),
+                           report=len(specs) * (1 + len(mixes) + len(list(concurrency))))
+    with P.Runner(jobs, executor, ray_address, progress_bar) as runner:
         # 1. the plan
         def point(name, n, s):
             return P.Point(workloads[s], profile, specs[name], n, s, gpus_per_node, tag=name)
-        searches = {n: P._Search(n, seeds, slos, margin, max_nodes) for n in specs}
         outs = P.search_nodes(point, searches, runner, slos)
         pres = {}
         price_given = price is not None
@@ -185,6 +190,7 @@ def ab_report(workloads: dict, profile, spec_a, spec_b, slos, out, *, command: s
                                          None if price_given else P.PRICE_SPOT)
         fleet = pres[name_a]["nodes"]
         # 2. open-loop runs at A's fleet (CDFs, per class); 3. sweep; 4. sensitivity: submitted together
+        runner.claim = "report"                        # the runs declared ahead above, submitted from here on
         keep = ("ttft_ms", "tpot_ms", "class")
         f_ol = {n: runner.submit(P.run_point, P.Point(w0, profile, specs[n], fleet, seeds[0], gpus_per_node, tag=n),
                                  slos, keep) for n in specs}
@@ -198,6 +204,7 @@ def ab_report(workloads: dict, profile, spec_a, spec_b, slos, out, *, command: s
                      min_requests=min_requests, gpus_per_node=gpus_per_node, seed=seeds[0], runner=runner)
         ol = {n: f.result() for n, f in f_ol.items()}
         mixr = {k: f.result() for k, f in f_mix.items()}
+        runner.claim = None
 
     # ---- files ----
     files = S.write_sweep(df, out)
