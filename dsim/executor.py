@@ -172,6 +172,49 @@ def _packable(v) -> bool:
     return _shippable(v) and all(f.init for f in dataclasses.fields(v))
 
 
+def _join_failure(e: BaseException, log: str) -> str:
+    """Why ray.init could not join, in one line (its own message is only 'Failed to connect')."""
+    text = log
+    while e is not None:
+        text += "\n" + str(e)
+        last = e
+        e = e.__cause__
+    if "InvalidAuthToken" in text or "AuthenticationError" in text:
+        return ("the cluster uses token authentication and this process has no valid token (set "
+                "RAY_AUTH_MODE=token and the cluster's token, e.g. RAY_AUTH_TOKEN)")
+    lines = [x.strip() for x in str(last).strip().splitlines() if x.strip()]
+    line = lines[-1] if lines else type(last).__name__
+    return line if len(line) <= 240 else line[:237] + "..."
+
+
+class _Captured:
+    """What a block wrote to file descriptor 2 (read when the block ends)."""
+    text = ""
+
+    def getvalue(self) -> str:
+        return self.text
+
+
+@contextlib.contextmanager
+def _stderr_captured():
+    """File descriptor 2 into a temporary file for the block (native code's logs included)."""
+    import sys
+    import tempfile
+    out = _Captured()
+    with tempfile.TemporaryFile() as f:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(f.fileno(), 2)
+        try:
+            yield out
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            f.seek(0)
+            out.text = f.read().decode(errors="replace")
+
+
 @contextlib.contextmanager
 def _sigint_held():
     """SIGINT blocked while a local Ray starts: its processes inherit the blocked signal, so Ctrl-C
@@ -213,10 +256,11 @@ class RayExecutor:
             else:
                 probe_address(a)
                 try:
-                    ray.init(address=a, **quiet)
+                    with _stderr_captured() as log:     # Ray's C++ client logs each retry to fd 2
+                        ray.init(address=a, **quiet)
                 except (ConnectionError, RuntimeError, ValueError) as e:
-                    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                    raise InputError(f"--ray-address: cannot join the Ray cluster at {a}: {first}") from None
+                    why = _join_failure(e, log.getvalue())
+                    raise InputError(f"--ray-address: cannot join the Ray cluster at {a}: {why}") from None
                 self.address = a
             self.owned = True
         self._task = ray.remote(num_cpus=1, max_retries=0)(_ray_call)
