@@ -99,6 +99,17 @@ def test_ab_ray_matches_local(ray_cluster, tmp_path):
     assert md_l == md_r.replace(" --executor ray", "")
 
 
+def test_plan_joins_the_cluster_named_by_ray_address(ray_cluster):
+    """A second process joins the test's cluster through RAY_ADDRESS and gets the local result."""
+    addr = ray_cluster.get_runtime_context().gcs_address
+    env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_ADDRESS=addr, RAY_AUTH_MODE="token")
+    p = subprocess.run([sys.executable, "-m", "dsim"] + PLAN_ARGS + ["--executor", "ray"], cwd=ROOT, env=env,
+                       capture_output=True, timeout=300)
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    assert p.stderr == b""
+    assert p.stdout.decode() == invoke(PLAN_ARGS).stdout
+
+
 def test_ray_ships_workload_and_profile_once(ray_cluster):
     from dsim.cli import build_workload, method_spec
     from dsim.cost import load_profile
