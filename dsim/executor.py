@@ -12,6 +12,8 @@ Ray specifics:
   ``RAY_ADDRESS`` environment variable, else a local Ray started for the run (``jobs`` CPUs, all
   by default) and stopped at the end; a Ray already initialised in this process is used as it is
   and left running;
+- a joined cluster gets this dsim package with the job (Ray's runtime_env py_modules), so its
+  workers run the driver's code; the nodes need dsim's dependencies (numpy, pandas, ...) and ray;
 - large arguments are shipped once: a dataclass argument (a simulation point) is sent field by
   field, and every field that is itself a dataclass (the workload, the profile, the method's
   configuration) is put into the object store once per object; the tasks take the references;
@@ -172,6 +174,13 @@ def _packable(v) -> bool:
     return _shippable(v) and all(f.init for f in dataclasses.fields(v))
 
 
+def _package_dir() -> str:
+    """This dsim package's directory: shipped to a joined cluster (runtime_env py_modules) so its
+    workers run the driver's code, whatever the nodes have installed."""
+    from pathlib import Path
+    return str(Path(__file__).resolve().parent)
+
+
 def _join_failure(e: BaseException, log: str) -> str:
     """Why ray.init could not join, in one line (its own message is only 'Failed to connect')."""
     text = log
@@ -257,7 +266,7 @@ class RayExecutor:
                 probe_address(a)
                 try:
                     with _stderr_captured() as log:     # Ray's C++ client logs each retry to fd 2
-                        ray.init(address=a, **quiet)
+                        ray.init(address=a, runtime_env={"py_modules": [_package_dir()]}, **quiet)
                 except (ConnectionError, RuntimeError, ValueError) as e:
                     why = _join_failure(e, log.getvalue())
                     raise InputError(f"--ray-address: cannot join the Ray cluster at {a}: {why}") from None

@@ -110,6 +110,25 @@ def test_plan_joins_the_cluster_named_by_ray_address(ray_cluster):
     assert p.stdout.decode() == invoke(PLAN_ARGS).stdout
 
 
+def test_joined_cluster_runs_the_drivers_dsim(ray_cluster, tmp_path):
+    """Joining ships the driver's dsim package to the cluster: its workers import that copy."""
+    addr = ray_cluster.get_runtime_context().gcs_address
+    script = (
+        "import dsim.executor as E\n"
+        "def where():\n"
+        "    import dsim\n"
+        "    return dsim.__file__\n"
+        f"ex = E.RayExecutor(2, {addr!r})\n"
+        "print(ex.submit(where).result())\n"
+        "ex.close()\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_AUTH_MODE="token")
+    env.pop("RAY_ADDRESS", None)
+    p = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, timeout=300)
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    where = p.stdout.decode().strip()
+    assert where.endswith("dsim/__init__.py") and not where.startswith(str(ROOT)), where
+
+
 def test_ray_ships_workload_and_profile_once(ray_cluster):
     from dsim.cli import build_workload, method_spec
     from dsim.cost import load_profile
