@@ -13,7 +13,8 @@ Search, per method: exponential (1, 2, 4, ... capped at max_nodes, optionally st
 hint) until a count passes, then bisection between the last failing and the first passing count.
 A node count is first simulated with the first seed only; the other seeds run only if it passes
 (a failing seed decides "fails" whatever the others say, so the answer does not depend on the
-order or on the number of worker processes). Simulations run in a process pool (``jobs``).
+order, on the number of worker processes or on the executor). Simulations run in a process pool
+(``jobs``) or as Ray tasks (``executor="ray"``, dsim.executor).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import dataclasses
 import math
 import os
 import re
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
 
 import numpy as np
@@ -224,36 +225,47 @@ def run_point(p: Point, slos=(), keep: tuple = ()) -> dict:
 
 
 class Runner:
-    """Runs Points serially (jobs=1) or in a process pool; results never depend on `jobs`."""
+    """Runs Points through an executor (dsim.executor): local processes (serial when jobs=1) or
+    Ray tasks. Results never depend on the executor or on `jobs`. A `progress` (dsim.progress)
+    counts every submitted call and its completion."""
 
-    def __init__(self, jobs: int | None = None):
+    def __init__(self, jobs: int | None = None, executor: str = "local", address: str | None = None,
+                 progress=None):
         self.jobs = max(1, int(jobs or os.cpu_count() or 1))
-        self.pool = None
+        self.kind = executor
+        self.address = address
+        self.progress = progress
+        self.claim = None          # the progress key that submissions were declared under (ahead)
+        self.executor = None
 
     def __enter__(self):
-        if self.jobs > 1:
-            self.pool = ProcessPoolExecutor(max_workers=self.jobs)
+        from dsim.executor import make_executor
+        self.executor = make_executor(self.kind, self.jobs, self.address)
         return self
 
-    def __exit__(self, *exc):
-        if self.pool is not None:
-            self.pool.shutdown(cancel_futures=True)
+    def __exit__(self, exc_type, *exc):
+        # after an error or Ctrl-C: cancel what has not run yet (Ray: cancel the tasks, then shut down)
+        if self.executor is not None:
+            self.executor.close(cancel=exc_type is not None)
+            self.executor = None
         return False
 
     def submit(self, fn, *a, **kw):
-        if self.pool is None:
-            from concurrent.futures import Future
-            f = Future()
-            try:
-                f.set_result(fn(*a, **kw))
-            except BaseException as e:   # noqa: BLE001 - surfaced by .result()
-                f.set_exception(e)
-            return f
-        return self.pool.submit(fn, *a, **kw)
+        f = self.executor.submit(fn, *a, **kw)
+        return f if self.progress is None else self.progress.track(f, self.claim)
 
     def map(self, fn, items, **kw):
         """[fn(x, **kw) for x in items], in order, in parallel."""
-        futs = [self.submit(fn, x, **kw) for x in items]
+        items = list(items)
+        own = self.progress is not None and self.claim is None
+        if own:                    # the whole batch counts towards the bar's total from the start
+            self.progress.ahead(map=len(items))
+            self.claim = "map"
+        try:
+            futs = [self.submit(fn, x, **kw) for x in items]
+        finally:
+            if own:
+                self.claim = None
         return [f.result() for f in futs]
 
 
@@ -333,6 +345,39 @@ class _Search:
         else:                                         # bisection
             self.cur = (self.lo + self.hi) // 2
 
+    def remaining(self) -> int:
+        """At most how many simulations not yet in `results` this search may still ask for (for the
+        progress bar's total): the current count's missing seeds, then every count the exponential
+        and bisection phases could still visit, each with every seed."""
+        ns = len(self.seeds)
+        if self.done:
+            return len(self.want())
+        left = sum((self.cur, s) not in self.results for s in self.seeds)
+        if self.hi is None:
+            # the current count passes: halving down (nothing failed yet) or bisecting below it;
+            # it fails: doubling up to max_nodes, then bisecting one gap (at most max_nodes / 2)
+            ups, n = 0, self.cur
+            while n < self.max_nodes:
+                n = min(2 * n, self.max_nodes)
+                ups += 1
+            below = (2 * math.ceil(math.log2(self.cur)) if self.lo == 0
+                     else math.ceil(math.log2(self.cur - self.lo)))
+            counts = max(below, ups + math.ceil(math.log2(max(1, self.max_nodes // 2))))
+            best_effort = ns - 1                    # max_nodes failed on its first seed: the rest
+        elif self.lo == 0:                          # halving down from a start hint, then bisecting
+            counts = 2 * math.ceil(math.log2(max(1, self.hi)))
+            best_effort = 0
+        else:
+            counts = max(0, math.ceil(math.log2(self.hi - self.lo)) - 1)
+            best_effort = 0
+        return left + counts * ns + best_effort
+
+    def describe(self) -> str:
+        """The search's state in a few words: the count being tried, or the answer."""
+        if self.done:
+            return f"{self.name} {self.hi} node(s)" if self.hi is not None else f"{self.name} not met"
+        return f"{self.name} trying {self.cur} node(s)"
+
     def outcome(self) -> dict:
         met = self.hi is not None
         n = self.hi if met else self.max_nodes
@@ -341,14 +386,24 @@ class _Search:
 
 
 def search_nodes(points_for, searches: dict, runner: Runner, slos, progress=None) -> dict:
-    """Drive several _Search objects at once over one pool. points_for(name, nodes, seed) -> Point."""
+    """Drive several _Search objects at once over one runner. points_for(name, nodes, seed) -> Point.
+    `progress`: a callable (name, nodes, seed, result) called per result; the runner's progress
+    bar (if any) gets the searches' remaining work and their current node counts."""
     pending = {}
+    bar = runner.progress
+    if bar is not None:        # declared before the first submissions, so the total never dips
+        bar.ahead(search=sum(srch.remaining() for srch in searches.values()))
     while True:
         for name, srch in searches.items():
             for (n, s) in srch.want():
                 if (name, n, s) not in pending.values():
                     f = runner.submit(run_point, points_for(name, n, s), slos)
                     pending[f] = (name, n, s)
+        if bar is not None:
+            bar.ahead(search=sum(max(0, srch.remaining() - sum(1 for (m, n, _s) in pending.values()
+                                                                  if m == name and n == srch.cur))
+                                    for name, srch in searches.items()))
+            bar.note(", ".join(srch.describe() for srch in searches.values()))
         if not pending:
             break
         done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
@@ -413,8 +468,11 @@ def summarize_method(name, spec, out, slos, margin, gpus_per_node, price, spot_p
 def plan(workloads: dict, profile, specs: dict, slos, *, margin: float = 0.10, max_nodes: int = 64,
          seeds=(0, 1, 2), gpus_per_node: int = 8, price: float | None = None, jobs: int | None = None,
          router: str = "least_outstanding", start: dict | None = None, notes: list | None = None,
-         progress=None, engine=None) -> dict:
-    """Fewest nodes per method meeting every SLO. workloads: seed -> Workload; specs: name -> SpecConfig."""
+         progress=None, engine=None, executor: str = "local", ray_address: str | None = None,
+         progress_bar=None) -> dict:
+    """Fewest nodes per method meeting every SLO. workloads: seed -> Workload; specs: name -> SpecConfig.
+    executor: 'local' (processes) or 'ray' (tasks; ray_address as in dsim.executor); progress: a
+    callable per result; progress_bar: a dsim.progress.Progress."""
     if not slos:
         raise InputError("--sla: empty SLA")
     if not (0 <= margin < 1):
@@ -439,7 +497,7 @@ def plan(workloads: dict, profile, specs: dict, slos, *, margin: float = 0.10, m
 
     searches = {name: _Search(name, seeds, slos, margin, max_nodes, (start or {}).get(name, 1))
                 for name in specs}
-    with Runner(jobs) as runner:
+    with Runner(jobs, executor, ray_address, progress_bar) as runner:
         outs = search_nodes(point, searches, runner, slos, progress)
     res = {}
     for name, spec in specs.items():

@@ -42,6 +42,12 @@ MarginOpt = Annotated[float, typer.Option(help="safety margin: pass only if ever
                                           "target x (1 - margin)")]
 PriceOpt = Annotated[Optional[float], typer.Option(help="$ per GPU-hour (default: a public H200 on-demand "
                                                    "quote, $5.49, dated 24 Sep 2026)")]
+# Where the simulations run (plan, sweep, ab): dsim.executor.
+ExecutorOpt = Annotated[str, typer.Option("--executor", help="local (worker processes) or ray (Ray tasks; "
+                                          "pip install -e '.[ray]')")]
+RayAddressOpt = Annotated[Optional[str], typer.Option("--ray-address", help="--executor ray: the cluster to "
+                                                      "join (HOST:PORT, ray://HOST:PORT or auto; default: "
+                                                      "$RAY_ADDRESS, else a local Ray started for the run)")]
 
 
 def _int_items(s: str, what: str) -> list[int]:
@@ -185,6 +191,8 @@ def plan(
     router: str = typer.Option("least_outstanding"),
     jobs: Optional[int] = typer.Option(None, help="worker processes (default: CPU count)"),
     as_json: bool = typer.Option(False, "--json"),
+    executor: ExecutorOpt = "local",
+    ray_address: RayAddressOpt = None,
 ):
     """Fewest nodes per method that meet an SLA on a fixed open-loop trace, and what they cost.
 
@@ -192,15 +200,20 @@ def plan(
     (the table says "not met at N nodes" and shows the best reached); 2 for bad input.
     """
     rc = run_guarded(_plan, sla, trace, format, requests, window, rate, rate_scale, mix, profile, scenario,
-                     methods, max_nodes, seeds, margin, price_per_gpu_hour, gpus_per_node, router, jobs, as_json)
+                     methods, max_nodes, seeds, margin, price_per_gpu_hour, gpus_per_node, router, jobs, as_json,
+                     executor, ray_address)
     if rc:
         raise typer.Exit(rc)
 
 
 def _plan(sla, trace, format, requests, window, rate, rate_scale, mix, profile, scenario, methods,
-          max_nodes, seeds, margin, price, gpus_per_node, router, jobs, as_json):
+          max_nodes, seeds, margin, price, gpus_per_node, router, jobs, as_json, executor="local",
+          ray_address=None):
     from dsim import plan as P
     from dsim.cost import load_profile
+    from dsim.executor import check_executor
+    from dsim.progress import Progress
+    check_executor(executor, ray_address)
     slos = P.parse_sla(sla)
     seed_list = parse_seeds(seeds)
     check_common(max_nodes=max_nodes, gpus_per_node=gpus_per_node, jobs=jobs)
@@ -210,16 +223,10 @@ def _plan(sla, trace, format, requests, window, rate, rate_scale, mix, profile, 
     prof = load_profile(profile)
     wls = {s: build_workload(trace, format, requests, window, rate, rate_scale, None, mix, s) for s in seed_list}
     check_fit(wls.values(), prof, specs.values(), gpus_per_node, price)
-    show = not as_json and sys.stderr.isatty()
-
-    def progress(name, n, s, r):
-        if show:
-            typer.echo(f"  {name}: {n} node(s), seed {s}: "
-                       + ", ".join(f"{k}={v:.2f}" for k, v in r["metrics"].items() if v is not None), err=True)
-
-    res = P.plan(wls, prof, specs, slos, margin=margin, max_nodes=max_nodes, seeds=seed_list,
-                 gpus_per_node=gpus_per_node, price=price, jobs=jobs, router=router, notes=notes,
-                 progress=progress)
+    with Progress("plan") as bar:
+        res = P.plan(wls, prof, specs, slos, margin=margin, max_nodes=max_nodes, seeds=seed_list,
+                     gpus_per_node=gpus_per_node, price=price, jobs=jobs, router=router, notes=notes,
+                     executor=executor, ray_address=ray_address, progress_bar=bar)
     if as_json:
         typer.echo(json.dumps(res, sort_keys=True, default=_json_default))
     else:
@@ -254,12 +261,17 @@ def sweep(
     seed: int = typer.Option(0),
     jobs: Optional[int] = typer.Option(None, help="worker processes (default: CPU count)"),
     out: str = typer.Option(..., help="output directory: sweep.csv and PNG figures"),
+    executor: ExecutorOpt = "local",
+    ray_address: RayAddressOpt = None,
 ):
     """Closed-loop concurrency sweep: throughput per GPU vs per-user speed (frontier), Fig. 8 curves."""
     def go():
         from dsim import sweep as S
         from dsim.cost import load_profile
+        from dsim.executor import check_executor
         from dsim.outputs import final_path, staged_dir
+        from dsim.progress import Progress
+        check_executor(executor, ray_address)
         conc = parse_int_list(concurrency, "--concurrency")
         specs = parse_methods(methods)
         check_int(min_requests, "--min-requests", 1, 10_000_000)
@@ -271,8 +283,10 @@ def sweep(
         base = build_workload(trace, format, None, window, None, None, None, mix, seed)
         check_fit([base], prof, specs.values(), gpus_per_node)
         with staged_dir(out) as tmp:
-            df = S.sweep(base, prof, specs, conc, requests_per_user=requests_per_user, min_requests=min_requests,
-                         nodes=nodes, gpus_per_node=gpus_per_node, seed=seed, jobs=jobs)
+            with Progress("sweep") as bar:
+                df = S.sweep(base, prof, specs, conc, requests_per_user=requests_per_user,
+                             min_requests=min_requests, nodes=nodes, gpus_per_node=gpus_per_node, seed=seed,
+                             jobs=jobs, executor=executor, ray_address=ray_address, progress_bar=bar)
             files = [final_path(tmp, out, f) for f in S.write_sweep(df, tmp)]
         typer.echo(S.format_sweep(df))
         typer.echo(f"workload: {base.source}")
@@ -310,13 +324,18 @@ def ab(
     min_requests: int = typer.Option(200),
     jobs: Optional[int] = typer.Option(None, help="worker processes (default: CPU count)"),
     out: str = typer.Option(..., help="report directory (report.md, report.html, PNGs, plan.json, sweep.csv)"),
+    executor: ExecutorOpt = "local",
+    ray_address: RayAddressOpt = None,
 ):
     """Side-by-side report of method A vs B: SLA node counts, latency CDFs, frontier, per class, sensitivity."""
     def go():
         from dsim import plan as P
         from dsim.cost import load_profile
+        from dsim.executor import check_executor
         from dsim.outputs import final_path, staged_dir
+        from dsim.progress import Progress
         from dsim.report import ab_report
+        check_executor(executor, ray_address)
         slos = P.parse_sla(sla)
         seed_list = parse_seeds(seeds)
         conc = parse_int_list(concurrency, "--concurrency")
@@ -334,10 +353,12 @@ def ab(
         cmd = ("dsim " + " ".join(_shq(x) for x in argv)) if argv and argv[0] == "ab" else \
             f"dsim ab --a {a} --b {b} --sla {sla} --out {out}"
         with staged_dir(out) as tmp:
-            files = ab_report(wls, prof, sa, sb, slos, tmp, command=cmd, margin=margin, max_nodes=max_nodes,
-                              seeds=seed_list, gpus_per_node=gpus_per_node, price=price_per_gpu_hour, jobs=jobs,
-                              concurrency=conc, requests_per_user=requests_per_user, min_requests=min_requests,
-                              notes=notes, name_a=a.lower(), name_b=b.lower())
+            with Progress("ab") as bar:
+                files = ab_report(wls, prof, sa, sb, slos, tmp, command=cmd, margin=margin, max_nodes=max_nodes,
+                                  seeds=seed_list, gpus_per_node=gpus_per_node, price=price_per_gpu_hour, jobs=jobs,
+                                  concurrency=conc, requests_per_user=requests_per_user, min_requests=min_requests,
+                                  notes=notes, name_a=a.lower(), name_b=b.lower(), executor=executor,
+                                  ray_address=ray_address, progress_bar=bar)
             files = [final_path(tmp, out, f) for f in files]
         typer.echo("wrote " + ", ".join(str(f) for f in files))
     run_guarded(go)

@@ -164,8 +164,10 @@ def ab_report(workloads: dict, profile: Profile, spec_a: SpecConfig, spec_b: Spe
               seeds: Sequence[int] = (0, 1, 2), gpus_per_node: int = 8, price: float | None = None,
               jobs: int | None = None, concurrency: Sequence[int] = (1, 4, 16, 64, 128, 256),
               requests_per_user: int = 4, min_requests: int = 100, mixes: Any = SENSITIVITY_MIXES,
-              notes: Sequence[str] = (), name_a: str = "a", name_b: str = "b") -> list[Path]:
-    """Run everything and write the report into `out`; returns the list of files written."""
+              notes: Sequence[str] = (), name_a: str = "a", name_b: str = "b",
+              executor: str = "local", ray_address: str | None = None, progress_bar: Any = None) -> list[Path]:
+    """Run everything and write the report into `out`; returns the list of files written.
+    executor / ray_address: where the simulations run (dsim.executor); progress_bar: dsim.progress."""
     from dsim import plan as P
     from dsim import sweep as S
     from dsim.workload import assign_classes
@@ -179,11 +181,14 @@ def ab_report(workloads: dict, profile: Profile, spec_a: SpecConfig, spec_b: Spe
     if la == lb:
         la, lb = f"A: {la}", f"B: {lb}"
     w0 = workloads[seeds[0]]
-    with P.Runner(jobs) as runner:
+    searches = {n: P._Search(n, seeds, slos, margin, max_nodes) for n in specs}
+    if progress_bar is not None:   # the bar's total: the plan's bound, then the runs after the plan
+        progress_bar.ahead(search=sum(srch.remaining() for srch in searches.values()),
+                           report=len(specs) * (1 + len(mixes) + len(list(concurrency))))
+    with P.Runner(jobs, executor, ray_address, progress_bar) as runner:
         # 1. the plan
         def point(name, n, s):
             return P.Point(workloads[s], profile, specs[name], n, s, gpus_per_node, tag=name)
-        searches = {n: P._Search(n, seeds, slos, margin, max_nodes) for n in specs}
         outs = P.search_nodes(point, searches, runner, slos)
         pres = {}
         price_given = price is not None
@@ -193,6 +198,7 @@ def ab_report(workloads: dict, profile: Profile, spec_a: SpecConfig, spec_b: Spe
                                          None if price_given else P.PRICE_SPOT)
         fleet = pres[name_a]["nodes"]
         # 2. open-loop runs at A's fleet (CDFs, per class); 3. sweep; 4. sensitivity: submitted together
+        runner.claim = "report"                        # the runs declared ahead above, submitted from here on
         keep = ("ttft_ms", "tpot_ms", "class")
         f_ol = {n: runner.submit(P.run_point, P.Point(w0, profile, specs[n], fleet, seeds[0], gpus_per_node, tag=n),
                                  slos, keep) for n in specs}
@@ -206,6 +212,7 @@ def ab_report(workloads: dict, profile: Profile, spec_a: SpecConfig, spec_b: Spe
                      min_requests=min_requests, gpus_per_node=gpus_per_node, seed=seeds[0], runner=runner)
         ol = {n: f.result() for n, f in f_ol.items()}
         mixr = {k: f.result() for k, f in f_mix.items()}
+        runner.claim = None
 
     # ---- files ----
     files = S.write_sweep(df, out)

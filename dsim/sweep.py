@@ -9,7 +9,8 @@ writes sweep.csv and the figures:
 
 Each point runs C users, each sending its next request when the previous one finishes, for
 max(requests_per_user x C, min_requests) requests (the trace's lengths, repeated in order when
-the trace is shorter). Points run in parallel (dsim.plan.Runner); results do not depend on jobs.
+the trace is shorter). Points run in parallel (dsim.plan.Runner: local processes or Ray tasks); results do not depend
+on jobs or the executor.
 """
 from __future__ import annotations
 
@@ -73,8 +74,10 @@ def _row(name, spec, c, r) -> dict:
 
 def sweep(base: Workload, profile: Profile, specs: dict, concurrency: Sequence[int] = DEFAULT_CONCURRENCY, *,
           requests_per_user: int = 8, min_requests: int = 200, nodes: int = 1, gpus_per_node: int = 8,
-          seed: int = 0, jobs: int | None = None, runner: Any = None) -> pd.DataFrame:
-    """One closed-loop simulation per (method, concurrency); rows sorted by method order then C."""
+          seed: int = 0, jobs: int | None = None, runner: Any = None, executor: str = "local",
+          ray_address: str | None = None, progress_bar: Any = None) -> pd.DataFrame:
+    """One closed-loop simulation per (method, concurrency); rows sorted by method order then C.
+    runner: a dsim.plan.Runner to use (else one is made from jobs, executor and ray_address)."""
     from dsim.plan import Point, Runner, run_point
     if requests_per_user < 1:
         raise InputError(f"--requests-per-user: must be >= 1, got {requests_per_user}")
@@ -88,7 +91,7 @@ def sweep(base: Workload, profile: Profile, specs: dict, concurrency: Sequence[i
         for name, spec in specs.items():
             pts.append(Point(wl[c], profile, spec, nodes, seed, gpus_per_node, tag=(name, c)))
     if runner is None:
-        with Runner(jobs) as rn:
+        with Runner(jobs, executor, ray_address, progress_bar) as rn:
             res = rn.map(run_point, pts)
     else:
         res = runner.map(run_point, pts)
