@@ -576,16 +576,21 @@ def _strip_model(key: tuple) -> tuple:
     return tuple(x for x in key if not (isinstance(x, tuple) and x[0] == "model"))
 
 
-def compare_tables(b: dict, a: dict) -> Comparison:
+def compare_tables(b: dict, a: dict, configs: dict[str, dict] | None = None) -> Comparison:
     """Table (b) against table (a), shape by shape: ratio b/a and per-kind |b/a - 1|.
 
     A shape is comparable when both tables price the same record key and cost the same work: an attention
     record whose "includes" differ between the tables (AIC's attention modules include the projections) is
-    listed as not comparable rather than compared."""
+    is compared against (a)'s attention core plus (a)'s projection GEMMs at batch x q tokens (kind "+proj")
+    when (a) has them all, else listed as not comparable. configs: model name -> Hugging Face config (the
+    projection shapes); default: model_config(name)."""
     a_by = {}
     for r in _records(a, "a"):
         a_by[record_key(r)] = r
         a_by.setdefault(_strip_model(record_key(r)), r)   # a measured table may not name the model
+    a_gemms = {(r.get("dtype"), r.get("m"), r.get("n"), r.get("k")): float(r["ms"])
+               for r in _records(a, "a") if r["op"] == "gemm"}
+    configs = dict(configs or {})
     shapes, skipped, matched_a = [], [], set()
     only_b = 0
     for r in _records(b, "b"):
@@ -596,13 +601,20 @@ def compare_tables(b: dict, a: dict) -> Comparison:
             continue
         matched_a.add(id(ra))
         kind = _kind_label(r)
-        if sorted(r.get("includes") or []) != sorted(ra.get("includes") or []) and r["op"] == "attn":
-            skipped.append((kind, key, f"includes differ: b {r.get('includes')} vs a {ra.get('includes')}"))
-            continue
-        if not (ra["ms"] > 0 and r["ms"] > 0):
+        a_ms = float(ra["ms"])
+        if r["op"] == "attn" and sorted(r.get("includes") or []) != sorted(ra.get("includes") or []):
+            added = _projections_from(r, ra, a_gemms, configs) if not ra.get("includes") else None
+            if added is None:
+                why = (f"includes differ: b {r.get('includes')} vs a {ra.get('includes')}, "
+                       "and (a) lacks the projection GEMMs to add")
+                skipped.append((kind, key, why))
+                continue
+            a_ms += added
+            kind += "+proj"
+        if not (a_ms > 0 and r["ms"] > 0):
             skipped.append((kind, key, "non-positive ms"))
             continue
-        shapes.append(ComparedShape(kind, key, float(ra["ms"]), float(r["ms"])))
+        shapes.append(ComparedShape(kind, key, a_ms, float(r["ms"])))
     kinds = []
     for kind in sorted({s.kind for s in shapes}):
         sel = [s for s in shapes if s.kind == kind]
@@ -610,11 +622,35 @@ def compare_tables(b: dict, a: dict) -> Comparison:
         kinds.append(KindSummary(kind, len(sel), statistics.median(errs), float(np.quantile(errs, 0.9)),
                                  statistics.median(s.ratio for s in sel)))
     only_a = len({id(r) for r in a_by.values()} - matched_a)
-    return Comparison(b.get("name", "b"), a.get("name", "a"), shapes, kinds, skipped, only_a, only_b)
+    return Comparison(str(b.get("name", "b")), str(a.get("name", "a")), shapes, kinds, skipped, only_a, only_b)
+
+
+def _projections_from(rb: dict, ra: dict, a_gemms: dict, configs: dict) -> float | None:
+    """(a)'s cost of the projection GEMMs that (b)'s attention record includes, or None if (a) lacks one."""
+    model = rb.get("model") or ("deepseek-v3" if rb.get("kind") == "mla" else None)
+    if model is None:
+        return None
+    if model not in configs:
+        try:
+            configs[model] = model_config(model)
+        except InputError:
+            return None
+    c = configs[model]
+    tp = max(1, c["num_attention_heads"] // int(rb["heads"]))
+    m = int(rb["batch"]) * int(rb["q"])
+    total = 0.0
+    for dtype, n, k in attn_projection_gemms(c, rb["kind"] if rb["kind"] != "v4_swa" else "v4_hca", tp):
+        ms = a_gemms.get((dtype, m, n, k))
+        if ms is None and dtype == "fp8":
+            ms = a_gemms.get(("bf16", m, n, k))
+        if ms is None:
+            return None
+        total += ms
+    return total
 
 
 def _records(table: dict, which: str) -> list[dict]:
-    recs = table.get("records")
+    recs = table.get("records") if isinstance(table, dict) else None
     if not isinstance(recs, list):
         raise InputError(f"table {which}: no \"records\" list")
     for i, r in enumerate(recs):
@@ -659,11 +695,35 @@ def comparison_json(c: Comparison) -> dict:
 
 
 def model_config(model: str) -> dict:
-    """The model's Hugging Face config as packaged with AIC (public config.json of the named checkpoint)."""
+    """The model's public Hugging Face config: the repository's profiles/models copy, else AIC's packaged one."""
     if model not in MODELS:
         raise InputError(f"--model: {model!r} is not one of {', '.join(MODELS)}")
+    ours = Path(__file__).resolve().parents[1] / "profiles" / "models" / f"{model}.json"
+    if ours.is_file():
+        return json.loads(ours.read_text())
     path = aic_root() / "model_configs" / f"{MODELS[model][0]}_config.json"
     return json.loads(path.read_text())
+
+
+def attn_projection_gemms(c: dict, kind: str, tp: int) -> list[tuple[str, int, int]]:
+    """The (dtype, n, k) projection GEMMs per GPU of one attention layer (what AIC's attention modules
+    include beyond the KERNEL_OPS attention core), attention sharded over tp GPUs."""
+    h, heads = c["hidden_size"], c["num_attention_heads"]
+    if kind == "mla":
+        ql, kvl, nope, rope, vd = (c["q_lora_rank"], c["kv_lora_rank"], c["qk_nope_head_dim"],
+                                   c["qk_rope_head_dim"], c["v_head_dim"])
+        return [("fp8", ql + kvl + rope, h),               # fused q_a + kv_a (replicated)
+                ("fp8", heads * (nope + rope) // tp, ql),  # q_b
+                ("fp8", h, heads * vd // tp)]              # o_proj (kv_b is absorbed into the MLA core)
+    hd, ql, ol, og = c["head_dim"], c["q_lora_rank"], c["o_lora_rank"], c["o_groups"]
+    out = [("fp8", ql + hd, h),                          # fused q_a + kv projection (replicated)
+           ("fp8", heads * hd // tp, ql),                # q_b
+           ("fp8", max(1, og // tp) * ol, heads * hd // og),   # grouped o_a: groups/tp groups of this shape
+           ("fp8", h, max(1, og // tp) * ol)]            # o_b
+    if kind == "v4_csa":
+        out += [("fp8", c["index_n_heads"] * c["index_head_dim"], ql),   # indexer q_b
+                ("bf16", c["index_n_heads"], h)]                         # indexer head weights
+    return out
 
 
 def grid_records(model: str, topology: str, system: str, cfg: dict | None = None) -> list[dict]:
@@ -684,19 +744,11 @@ def grid_records(model: str, topology: str, system: str, cfg: dict | None = None
     v4 = "compress_ratios" in c
     gemms: list[tuple[str, int, int]] = []   # (dtype, n, k) per GPU
     if v4:
-        hd, ql, ol, og = c["head_dim"], c["q_lora_rank"], c["o_lora_rank"], c["o_groups"]
-        ih, ihd = c["index_n_heads"], c["index_head_dim"]
-        gemms += [("fp8", ql + hd, h),                    # fused q_a + kv projection (replicated)
-                  ("fp8", heads * hd // tp, ql),          # q_b
-                  ("fp8", og * ol // tp, heads * hd // og),   # grouped o_a, one group's shape x groups/tp
-                  ("fp8", h, og * ol // tp),              # o_b
-                  ("fp8", ih * ihd, ql),                  # indexer q_b
-                  ("bf16", ih, h)]                        # indexer head weights
+        gemms += attn_projection_gemms(c, "v4_csa", tp)
     else:
-        ql, kvl, nope, rope, vd = (c["q_lora_rank"], c["kv_lora_rank"], c["qk_nope_head_dim"],
-                                   c["qk_rope_head_dim"], c["v_head_dim"])
-        gemms += [("fp8", ql + kvl + rope, h), ("fp8", heads * (nope + rope) // tp, ql),
-                  ("fp8", heads * (nope + vd) // tp, kvl), ("fp8", h, heads * vd // tp)]
+        gemms += attn_projection_gemms(c, "mla", tp)
+        # kv_b unabsorbed (prefill path)
+        gemms += [("fp8", heads * (c["qk_nope_head_dim"] + c["v_head_dim"]) // tp, c["kv_lora_rank"])]
         dense_inter = c.get("intermediate_size")
         if dense_inter:
             gemms += [("fp8", 2 * dense_inter // tp, h), ("fp8", h, dense_inter // tp)]
