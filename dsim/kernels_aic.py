@@ -73,9 +73,14 @@ TOPOLOGIES = ("dp8-ep8", "tp8-ep8")
 GEMM_MODES = {"bf16": "bfloat16", "fp8": "fp8_block", "fp4": "nvfp4"}
 MOE_MODES = {"bf16": ("bfloat16",), "fp8": ("fp8_block",),
              # MXFP4 weights / MXFP8 activations is the released DeepSeek-V4 expert format; NVFP4 otherwise
-             "fp4": ("w4a8_mxfp4_mxfp8", "nvfp4")}
-ATTN_INCLUDES = ["q_proj", "kv_proj", "o_proj", "kv_compressor", "indexer_topk", "attention", "kv_cache_write"]
-MLA_INCLUDES = ["q_proj", "kv_proj", "o_proj", "attention", "kv_cache_write"]
+             "fp4": ("w4a8_mxfp4_mxfp8", "nvfp4"),
+             "w4a16": ("w4a16_mxfp4", "w4a16_nvfp4")}
+# what AIC's attention modules include beyond the attention core, in the composer's part names (dsim.compose
+# layer_ops): the composer does not price these parts again when a table's attention records include them
+ATTN_INCLUDES = ["q_proj", "kv_proj", "o_proj", "compressor", "indexer_proj"]
+MLA_INCLUDES = ["q_proj", "kv_proj", "mla_absorb", "o_proj"]
+# bytes per token of the composer's a2a records: FP8 dispatch, BF16 combine
+A2A_BYTES_PER_ELEMENT = {"a2a_dispatch": 1, "a2a_combine": 2}
 
 # the fallback grid (KERNEL_OPS.md) until the composer lists its records
 GRID_TOKENS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 4096, 8192,
@@ -92,7 +97,7 @@ KEY_FIELDS = {
     "moe": ("dtype", "tokens", "hidden", "inter", "topk", "experts", "ep", "distribution"),
     "attn": ("kind", "phase", "batch", "q", "kv", "heads", "model"),
     "mhc": ("tokens", "hidden", "hc_mult"),
-    "comm": ("kind", "gpus", "bytes", "scope"),
+    "comm": ("kind", "gpus", "bytes", "scope", "hidden", "topk", "experts"),
     "elementwise": ("bytes",),
     "layer": ("model", "topology", "tokens", "batch", "q", "kv"),
 }
@@ -193,6 +198,7 @@ class AicTables:
         self._dbs: dict[tuple[str, str], Any] = {}
         self._grids: dict[tuple, GridTable] = {}
         self.files_read: set[str] = set()
+        self.model: str | None = None   # the model of the records being priced (attention, a2a shapes)
 
     # -- raw access
     def rel(self, family: str, backend: str, version: str, name: str) -> str:
@@ -277,10 +283,10 @@ class AicTables:
             return self._mla(r)
         if kind not in ("v4_csa", "v4_hca", "v4_swa"):
             raise InputError(f"attn record: kind {kind!r} is not v4_csa, v4_hca, v4_swa or mla")
-        model = r.get("model")
+        model = r.get("model") or self.model or infer_model(kind, int(r.get("heads", 0)))
         if model not in ("deepseek-v4-flash", "deepseek-v4-pro"):
-            raise InputError(f"attn record {kind}: needs \"model\" deepseek-v4-flash or deepseek-v4-pro "
-                             f"(the table includes the model's projections), got {model!r}")
+            raise InputError(f"attn record {kind} with {r.get('heads')} heads: needs --model deepseek-v4-flash or "
+                             f"deepseek-v4-pro (the table includes the model's projections), got {model!r}")
         tag = MODELS[model][1]
         b_, q, kv, heads = _ints(r, "batch", "q", "kv", "heads")
         phase = r.get("phase", "decode")
@@ -303,7 +309,7 @@ class AicTables:
                 grid = self._grid((rel, tag, heads), sel, ("batch", "q", "kv"), ("batch_size", "isl", "step"),
                                   (False, False, True))
                 ms, clamped = grid((b_, q, kv))
-            extra: dict = {"includes": ATTN_INCLUDES, "model_rows": min(set(sel.model)),
+            extra: dict = {"includes": ATTN_INCLUDES, "rows of": min(set(sel.model)),
                            "kernel": min(set(sel.kernel_source))}
             if kind == "v4_swa":
                 extra["note"] = "no sliding-window-only table: priced as an HCA layer (AIC's own approximation)"
@@ -372,7 +378,7 @@ class AicTables:
                 ms, c = self._grid((rel, h, hc, site_op), part, ("tokens",), ("num_tokens",), (False,))((t,))
                 total += ms
                 clamped += [f"{site_op}:{x}" for x in c]
-            extra: dict = {"includes": ["mhc_pre", "mhc_post"], "sites": 2}
+            extra: dict = {"note": "mHC pre + post kernels at both sites of the layer"}
             if clamped:
                 extra["clamped"] = clamped
             return Priced(total, self.label(b, v), [rel], extra)
@@ -428,10 +434,16 @@ class AicTables:
                          "a2a_dispatch or a2a_combine")
 
     def _a2a(self, r: dict, kind: str, g: int, nbytes: int) -> Priced:
-        h, topk, e = _ints(r, "hidden", "topk", "experts")
+        if all(k in r for k in ("hidden", "topk", "experts")):
+            h, topk, e = _ints(r, "hidden", "topk", "experts")
+        elif self.model is not None:
+            c = model_config(self.model)
+            h, topk, e = c["hidden_size"], c["num_experts_per_tok"], c["n_routed_experts"]
+        else:
+            raise InputError(f"{kind} record: needs hidden/topk/experts or --model (the DeepEP table is per shape)")
         phase = "dispatch" if kind == "a2a_dispatch" else "combine"
-        # tokens per rank: from the record, else from bytes (dispatch sends bf16 hidden states per token)
-        tokens = int(r["tokens"]) if "tokens" in r else max(1, round(nbytes / (h * 2)))
+        # tokens per rank: from the record, else from bytes (the composer's FP8 dispatch / BF16 combine)
+        tokens = int(r["tokens"]) if "tokens" in r else max(1, round(nbytes / (h * A2A_BYTES_PER_ELEMENT[kind])))
         mode = r.get("a2a_backend") or ("deepep_ll" if tokens <= 256 else "deepep_ht")
         for b, v in self.candidates():
             name = "moe_a2a_perf.parquet"
@@ -446,7 +458,7 @@ class AicTables:
             self._read(rel)
             us, clamped = self._grid((rel, g, h, topk, e, mode, phase), sel, ("tokens",), ("num_tokens",),
                                      (False,))((tokens,))
-            extra = {"kernel": mode, "tokens_per_rank": tokens}
+            extra = {"kernel": mode, "tokens per rank": tokens, "shape": f"hidden {h} top-{topk} of {e}"}
             if clamped:
                 extra["clamped"] = clamped
             return Priced(us / 1000.0, self.label(b, v), [rel], extra)   # the a2a table is in microseconds
@@ -471,6 +483,16 @@ class _NoTable(Exception):
     """The tables hold nothing for this record (it goes to "unpriced", with the reason)."""
 
 
+def infer_model(kind: str, heads: int) -> str | None:
+    """The shipped model an attention record belongs to, from its kind and heads per GPU (TP 1 or 8)."""
+    if kind == "mla":
+        return "deepseek-v3"
+    for name, total in (("deepseek-v4-flash", 64), ("deepseek-v4-pro", 128)):
+        if heads in (total, total // 8):
+            return name
+    return None
+
+
 def _lookup(table: dict, r: dict, key: str):
     if r.get(key) not in table:
         raise InputError(f"{r.get('op')} record: {key} {r.get(key)!r} is not one of {', '.join(table)}")
@@ -492,16 +514,19 @@ def _version_key(v: str) -> tuple:
 
 
 def price_records(records: list[dict], system: str, backend: str = "vllm", version: str = "0.24.0",
-                  model: str | None = None) -> dict:
-    """Price op records from one system's AIC tables -> {"records": [...], "unpriced": [...], "files": [...]}."""
-    tables = AicTables(system, backend, version)
+                  model: str | None = None, tables: AicTables | None = None) -> dict:
+    """Price op records from one system's AIC tables -> {"records": [...], "unpriced": [...], "files": [...]}.
+
+    A priced record is the input record plus "ms", "backend" (the engine whose table answered), "note" (the
+    table file and how it was read) and, for attention modules, "includes" (the composer's parts the record
+    already covers). model: the model of the records (attention and a2a shapes), else inferred from heads."""
+    tables = tables or AicTables(system, backend, version)
+    tables.model = model
     priced, unpriced, seen = [], [], set()
     for i, r in enumerate(records):
         if not isinstance(r, dict) or "op" not in r:
             raise InputError(f"ops[{i}]: not an op record (an object with \"op\")")
-        rec = {k: v for k, v in r.items() if k != "ms"}
-        if model is not None and rec.get("op") == "attn" and "model" not in rec and rec.get("kind") != "mla":
-            rec["model"] = model
+        rec = {k: v for k, v in r.items() if k not in ("ms", "backend", "note", "includes")}
         key = record_key(rec)
         if key in seen:
             continue
@@ -511,8 +536,12 @@ def price_records(records: list[dict], system: str, backend: str = "vllm", versi
         except _NoTable as e:
             unpriced.append({**rec, "reason": str(e)})
             continue
-        out = {**rec, "ms": round(p.ms, 6), "backend": p.backend, "table": p.tables[0]}
-        out.update(p.extra)
+        extra = dict(p.extra)
+        includes = extra.pop("includes", None)
+        note = [f"table {p.tables[0]}"] + [v if k == "note" else f"{k} {v}" for k, v in extra.items()]
+        out = {**rec, "ms": round(p.ms, 6), "backend": p.backend, "note": "; ".join(str(x) for x in note)}
+        if includes:
+            out["includes"] = list(includes)
         priced.append(out)
     return {"records": priced, "unpriced": unpriced, "files": sorted(tables.files_read)}
 
@@ -576,21 +605,19 @@ def _strip_model(key: tuple) -> tuple:
     return tuple(x for x in key if not (isinstance(x, tuple) and x[0] == "model"))
 
 
-def compare_tables(b: dict, a: dict, configs: dict[str, dict] | None = None) -> Comparison:
+def compare_tables(b: dict, a: dict) -> Comparison:
     """Table (b) against table (a), shape by shape: ratio b/a and per-kind |b/a - 1|.
 
     A shape is comparable when both tables price the same record key and cost the same work: an attention
     record whose "includes" differ between the tables (AIC's attention modules include the projections) is
-    is compared against (a)'s attention core plus (a)'s projection GEMMs at batch x q tokens (kind "+proj")
-    when (a) has them all, else listed as not comparable. configs: model name -> Hugging Face config (the
-    projection shapes); default: model_config(name)."""
+    is compared against (a)'s attention core plus (a)'s own records of the included parts (the composer's
+    projection GEMMs of one such layer at batch x q tokens; kind "+proj") when (a) has them all, else listed
+    as not comparable."""
     a_by = {}
     for r in _records(a, "a"):
         a_by[record_key(r)] = r
         a_by.setdefault(_strip_model(record_key(r)), r)   # a measured table may not name the model
-    a_gemms = {(r.get("dtype"), r.get("m"), r.get("n"), r.get("k")): float(r["ms"])
-               for r in _records(a, "a") if r["op"] == "gemm"}
-    configs = dict(configs or {})
+    hardware = "b300" if "B300" in str((a.get("provenance") or {}).get("hardware", "")) else "h200"
     shapes, skipped, matched_a = [], [], set()
     only_b = 0
     for r in _records(b, "b"):
@@ -603,7 +630,7 @@ def compare_tables(b: dict, a: dict, configs: dict[str, dict] | None = None) -> 
         kind = _kind_label(r)
         a_ms = float(ra["ms"])
         if r["op"] == "attn" and sorted(r.get("includes") or []) != sorted(ra.get("includes") or []):
-            added = _projections_from(r, ra, a_gemms, configs) if not ra.get("includes") else None
+            added = _projections_from(r, a_by, hardware) if not ra.get("includes") else None
             if added is None:
                 why = (f"includes differ: b {r.get('includes')} vs a {ra.get('includes')}, "
                        "and (a) lacks the projection GEMMs to add")
@@ -625,27 +652,42 @@ def compare_tables(b: dict, a: dict, configs: dict[str, dict] | None = None) -> 
     return Comparison(str(b.get("name", "b")), str(a.get("name", "a")), shapes, kinds, skipped, only_a, only_b)
 
 
-def _projections_from(rb: dict, ra: dict, a_gemms: dict, configs: dict) -> float | None:
-    """(a)'s cost of the projection GEMMs that (b)'s attention record includes, or None if (a) lacks one."""
-    model = rb.get("model") or ("deepseek-v3" if rb.get("kind") == "mla" else None)
-    if model is None:
+def projection_records(rb: dict, hardware: str = "h200") -> list[tuple[dict, float]] | None:
+    """The composer's GEMM records (with their counts) of the parts that attention record rb includes, for one
+    layer of its kind: dsim.compose.layer_ops over that single layer. None when the model is not known."""
+    from dsim.compose import layer_ops, parse_topology
+    from dsim.models import load_model
+    name = rb.get("model") or infer_model(str(rb.get("kind")), int(rb.get("heads", 0)))
+    if name is None:
         return None
-    if model not in configs:
-        try:
-            configs[model] = model_config(model)
-        except InputError:
-            return None
-    c = configs[model]
-    tp = max(1, c["num_attention_heads"] // int(rb["heads"]))
-    m = int(rb["batch"]) * int(rb["q"])
+    try:
+        model = load_model(name)
+    except InputError:
+        return None
+    heads = int(rb["heads"])
+    if heads <= 0 or model.heads % heads or rb["kind"] not in model.attn_kinds:
+        return None
+    tp = model.heads // heads
+    topo = parse_topology(f"tp{tp}-ep8" if tp > 1 else "dp8-ep8")
+    layer = model.attn_kinds.index(rb["kind"])
+    b, q = int(rb["batch"]), int(rb["q"])
+    ops = layer_ops(model, topo, hardware, b * q, phase=rb.get("phase", "decode"), batch=b, q=q,
+                    kv=int(rb["kv"]), layers=[layer])
+    parts = set(rb.get("includes") or ())
+    return [(op.rec, op.count) for op in ops if op.part in parts and op.rec["op"] == "gemm"]
+
+
+def _projections_from(rb: dict, a_by: dict, hardware: str) -> float | None:
+    """(a)'s cost of the projection GEMMs that (b)'s attention record includes, or None if (a) lacks one."""
+    recs = projection_records(rb, hardware)
+    if not recs:
+        return None
     total = 0.0
-    for dtype, n, k in attn_projection_gemms(c, rb["kind"] if rb["kind"] != "v4_swa" else "v4_hca", tp):
-        ms = a_gemms.get((dtype, m, n, k))
-        if ms is None and dtype == "fp8":
-            ms = a_gemms.get(("bf16", m, n, k))
-        if ms is None:
+    for rec, count in recs:
+        ra = a_by.get(record_key(rec))
+        if ra is None:
             return None
-        total += ms
+        total += count * float(ra["ms"])
     return total
 
 
@@ -705,83 +747,51 @@ def model_config(model: str) -> dict:
     return json.loads(path.read_text())
 
 
-def attn_projection_gemms(c: dict, kind: str, tp: int) -> list[tuple[str, int, int]]:
-    """The (dtype, n, k) projection GEMMs per GPU of one attention layer (what AIC's attention modules
-    include beyond the KERNEL_OPS attention core), attention sharded over tp GPUs."""
-    h, heads = c["hidden_size"], c["num_attention_heads"]
-    if kind == "mla":
-        ql, kvl, nope, rope, vd = (c["q_lora_rank"], c["kv_lora_rank"], c["qk_nope_head_dim"],
-                                   c["qk_rope_head_dim"], c["v_head_dim"])
-        return [("fp8", ql + kvl + rope, h),               # fused q_a + kv_a (replicated)
-                ("fp8", heads * (nope + rope) // tp, ql),  # q_b
-                ("fp8", h, heads * vd // tp)]              # o_proj (kv_b is absorbed into the MLA core)
-    hd, ql, ol, og = c["head_dim"], c["q_lora_rank"], c["o_lora_rank"], c["o_groups"]
-    out = [("fp8", ql + hd, h),                          # fused q_a + kv projection (replicated)
-           ("fp8", heads * hd // tp, ql),                # q_b
-           ("fp8", max(1, og // tp) * ol, heads * hd // og),   # grouped o_a: groups/tp groups of this shape
-           ("fp8", h, max(1, og // tp) * ol)]            # o_b
-    if kind == "v4_csa":
-        out += [("fp8", c["index_n_heads"] * c["index_head_dim"], ql),   # indexer q_b
-                ("bf16", c["index_n_heads"], h)]                         # indexer head weights
-    return out
+HARDWARE_OF = {"b300_sxm": "b300", "h200_sxm": "h200"}
 
 
-def grid_records(model: str, topology: str, system: str, cfg: dict | None = None) -> list[dict]:
-    """Op records on the fixed grid for one model and topology (the shapes of the model's layers).
+def composer_records(model: str, topology: str, system: str, expert_dtype: str | None = None) -> list[dict]:
+    """The records the composer looks up for a model, topology and system (dsim.compose required-ops)."""
+    import dataclasses
 
-    tp8-ep8: attention and shared expert sharded over 8 GPUs, routed experts over 8 (all-reduce after
-    attention and after the MoE). dp8-ep8: attention and shared expert whole on each GPU, 8 data-parallel
-    ranks whose tokens meet in the experts (DeepEP dispatch / combine)."""
+    from dsim.compose import parse_topology, required_ops
+    from dsim.models import load_model
+    m = load_model(model)
+    if expert_dtype:
+        m = dataclasses.replace(m, expert_dtype=expert_dtype)
+    return required_ops(m, parse_topology(topology), HARDWARE_OF[system])
+
+
+def grid_records(model: str, topology: str, system: str, required: list[dict] | None = None) -> list[dict]:
+    """Op records on the fixed grid (KERNEL_OPS.md's fallback grid) over the shapes the composer needs for one
+    model and topology: every GEMM (n, k) at the grid's m (fp8 shapes also in bf16), the routed experts in
+    fp8 and bf16 (and the composer's dtype) at the grid's tokens, each attention kind at the grid's batch x q
+    x kv, mHC, and the topology's collectives at the grid's tokens. For comparisons and for interpolation
+    beyond the composer's own points."""
     if topology not in TOPOLOGIES:
         raise InputError(f"--topology: {topology!r} is not one of {', '.join(TOPOLOGIES)}")
-    c = cfg if cfg is not None else model_config(model)
-    tp = 8 if topology == "tp8-ep8" else 1
-    ep = 8
-    h, heads, vocab = c["hidden_size"], c["num_attention_heads"], c["vocab_size"]
-    inter, e, topk = c["moe_intermediate_size"], c["n_routed_experts"], c["num_experts_per_tok"]
-    shared = c.get("n_shared_experts", 1) * inter
+    req = required if required is not None else composer_records(model, topology, system)
     recs: list[dict] = []
-    v4 = "compress_ratios" in c
-    gemms: list[tuple[str, int, int]] = []   # (dtype, n, k) per GPU
-    if v4:
-        gemms += attn_projection_gemms(c, "v4_csa", tp)
-    else:
-        gemms += attn_projection_gemms(c, "mla", tp)
-        # kv_b unabsorbed (prefill path)
-        gemms += [("fp8", heads * (c["qk_nope_head_dim"] + c["v_head_dim"]) // tp, c["kv_lora_rank"])]
-        dense_inter = c.get("intermediate_size")
-        if dense_inter:
-            gemms += [("fp8", 2 * dense_inter // tp, h), ("fp8", h, dense_inter // tp)]
-    gemms += [("fp8", 2 * shared // tp, h), ("fp8", h, shared // tp),   # shared expert
-              ("bf16", e, h),                                           # router
-              ("bf16", vocab // tp, h)]                                 # lm_head
-    seen = set()
-    for dtype, n, k in gemms:
-        for d in ((dtype, "bf16") if dtype == "fp8" else (dtype,)):
-            if (d, n, k) in seen:
-                continue
-            seen.add((d, n, k))
-            recs += [{"op": "gemm", "dtype": d, "m": m, "n": n, "k": k} for m in GRID_TOKENS]
-    moe_dtypes = ["fp8", "bf16"] + (["fp4"] if system.startswith("b") else [])
-    recs += [{"op": "moe", "dtype": d, "tokens": t, "hidden": h, "inter": inter, "topk": topk, "experts": e,
-              "ep": ep} for d in moe_dtypes for t in GRID_TOKENS]
-    kinds = (["v4_csa", "v4_hca"] + (["v4_swa"] if 0 in c["compress_ratios"] else [])) if v4 else ["mla"]
-    local_heads = heads // tp
-    for kind in kinds:
-        extra = {"model": model} if v4 else {}
-        recs += [{"op": "attn", "kind": kind, "phase": "decode", "batch": bb, "q": q, "kv": kv,
-                  "heads": local_heads, **extra} for bb in GRID_BATCH for q in GRID_Q_DECODE for kv in GRID_KV]
-        recs += [{"op": "attn", "kind": kind, "phase": "prefill", "batch": bb, "q": q, "kv": kv,
-                  "heads": local_heads, **extra} for bb in GRID_BATCH_PREFILL for q in GRID_Q_PREFILL
-                 for kv in (0,) + GRID_KV]
-    if v4:
-        recs += [{"op": "mhc", "tokens": t, "hidden": h, "hc_mult": c["hc_mult"]} for t in GRID_TOKENS]
-    if tp > 1:
-        recs += [{"op": "comm", "kind": "all_reduce", "gpus": tp, "bytes": t * h * 2} for t in GRID_TOKENS]
-    else:
-        for kind in ("a2a_dispatch", "a2a_combine"):
-            recs += [{"op": "comm", "kind": kind, "gpus": ep, "bytes": t * h * 2, "tokens": t, "hidden": h,
-                      "topk": topk, "experts": e} for t in GRID_TOKENS]
+    gemms = sorted({(r["dtype"], r["n"], r["k"]) for r in req if r["op"] == "gemm"})
+    gemms = sorted(set(gemms) | {("bf16", n, k) for d, n, k in gemms if d == "fp8"})
+    recs += [{"op": "gemm", "dtype": d, "m": m, "n": n, "k": k} for d, n, k in gemms for m in GRID_TOKENS]
+    for shape in sorted({tuple((k, r[k]) for k in ("hidden", "inter", "topk", "experts", "ep"))
+                         for r in req if r["op"] == "moe"}):
+        dtypes = sorted({"fp8", "bf16"} | {r["dtype"] for r in req if r["op"] == "moe"})
+        recs += [{"op": "moe", "dtype": d, "tokens": t, **dict(shape)} for d in dtypes for t in GRID_TOKENS]
+    for kind, heads in sorted({(r["kind"], r["heads"]) for r in req if r["op"] == "attn"}):
+        recs += [{"op": "attn", "kind": kind, "phase": "decode", "batch": bb, "q": q, "kv": kv, "heads": heads}
+                 for bb in GRID_BATCH for q in GRID_Q_DECODE for kv in GRID_KV]
+        recs += [{"op": "attn", "kind": kind, "phase": "prefill", "batch": bb, "q": q, "kv": kv, "heads": heads}
+                 for bb in GRID_BATCH_PREFILL for q in GRID_Q_PREFILL for kv in (0,) + GRID_KV]
+    for h, hc in sorted({(r["hidden"], r["hc_mult"]) for r in req if r["op"] == "mhc"}):
+        recs += [{"op": "mhc", "tokens": t, "hidden": h, "hc_mult": hc} for t in GRID_TOKENS]
+    hidden = next((r["hidden"] for r in req if r["op"] == "moe"), None)
+    for kind, gpus in sorted({(r["kind"], r["gpus"]) for r in req if r["op"] == "comm"}):
+        per_token = {"all_reduce": 2, **A2A_BYTES_PER_ELEMENT}.get(kind)
+        if per_token is None or hidden is None:
+            continue
+        recs += [{"op": "comm", "kind": kind, "gpus": gpus, "bytes": t * hidden * per_token} for t in GRID_TOKENS]
     return recs
 
 
@@ -860,8 +870,7 @@ def _ops_from(path: str) -> list[dict]:
 
 
 def _cmd_grid(a) -> None:
-    recs = grid_records(a.model, a.topology, a.system)
-    print(json.dumps(recs, indent=0))
+    print(json.dumps(grid_records(a.model, a.topology, a.system), indent=0))
 
 
 def _cmd_price(a) -> None:
@@ -877,18 +886,56 @@ def _cmd_price(a) -> None:
     print(f"{a.out}: {len(priced['records'])} records priced, {len(priced['unpriced'])} unpriced")
 
 
+#: (model, topology, expert dtype or None = the composer's default) per system in the shipped tables
+SHIPPED_CASES = {
+    "b300_sxm": [(m, t, None) for m in ("deepseek-v4-flash", "deepseek-v4-pro", "deepseek-v3") for t in TOPOLOGIES],
+    "h200_sxm": [(m, t, None) for m in ("deepseek-v4-flash", "deepseek-v4-pro", "deepseek-v3") for t in TOPOLOGIES]
+    + [("deepseek-v4-pro", "tp8-ep8", "w4a16")],
+}
+
+
+def build_table(system: str, backend: str = "vllm", version: str = "0.24.0",
+                cases: list[tuple[str, str, str | None]] | None = None) -> dict:
+    """Price the composer's records (required-ops) and the fixed grid for every shipped case of one system.
+
+    A record key priced differently for two models (possible only for collectives whose record carries no
+    model shape: an a2a of equal bytes) keeps the first model's price and is counted in provenance; every a2a
+    record also has a twin carrying its shape (hidden, topk, experts), which never clashes."""
+    tables = AicTables(system, backend, version)
+    merged: dict[tuple, dict] = {}
+    unpriced: dict[tuple, dict] = {}
+    clashes = 0
+    for model, topo, edt in cases or SHIPPED_CASES[system]:
+        req = composer_records(model, topo, system, edt)
+        got = price_records(req + grid_records(model, topo, system, req), system, backend, version, model, tables)
+        c = model_config(model)
+        shape = {"hidden": c["hidden_size"], "topk": c["num_experts_per_tok"], "experts": c["n_routed_experts"]}
+        twins = [{**r, **shape} for r in got["records"]
+                 if r["op"] == "comm" and r["kind"].startswith("a2a") and "hidden" not in r]
+        for r in got["records"] + twins:
+            k = record_key(r)
+            if k in merged:
+                clashes += merged[k]["ms"] != r["ms"]
+                continue
+            merged[k] = r
+        for u in got["unpriced"]:
+            unpriced.setdefault(record_key(u), u)
+    cases_txt = ", ".join(f"{m} {t}" + (f" ({e} experts)" if e else "") for m, t, e in cases or SHIPPED_CASES[system])
+    return {"records": list(merged.values()),
+            "unpriced": [u for k, u in unpriced.items() if k not in merged],
+            "files": sorted(tables.files_read), "clashes": clashes, "cases": cases_txt}
+
+
 def _cmd_build(a) -> None:
-    recs: list[dict] = []
-    for model in a.models:
-        for topo in TOPOLOGIES:
-            recs += grid_records(model, topo, a.system)
-    priced = price_records(recs, a.system, a.backend, a.version)
-    cmd = (f"python3 -m dsim.kernels_aic build --system {a.system} --backend {a.backend} --version {a.version} "
-           f"--models {' '.join(a.models)} --out {a.out}")
-    what = (f"records on the fixed grid (dsim.kernels_aic.grid_records) for {', '.join(a.models)} x "
-            f"{', '.join(TOPOLOGIES)}")
+    priced = build_table(a.system, a.backend, a.version)
+    cmd = f"python3 -m dsim.kernels_aic build --system {a.system} --backend {a.backend} --version {a.version} " \
+          f"--out {a.out}"
+    what = (f"the composer's records (dsim.compose required-ops) and the fixed grid over their shapes for "
+            f"{priced['cases']}; {priced['clashes']} record keys priced differently for two models kept the "
+            "first")
     _write_json(a.out, kernel_table(Path(a.out).stem, a.system, a.backend, a.version, priced, cmd, what))
-    print(f"{a.out}: {len(priced['records'])} records priced, {len(priced['unpriced'])} unpriced")
+    print(f"{a.out}: {len(priced['records'])} records priced, {len(priced['unpriced'])} unpriced, "
+          f"{priced['clashes']} clashes")
 
 
 def _cmd_compare(a) -> None:
@@ -918,8 +965,6 @@ def main(argv: list[str] | None = None) -> int:
     bd.add_argument("--system", required=True, choices=sorted(SYSTEMS))
     bd.add_argument("--backend", default="vllm")
     bd.add_argument("--version", default="0.24.0")
-    bd.add_argument("--models", nargs="+", default=["deepseek-v4-flash", "deepseek-v4-pro", "deepseek-v3"],
-                    choices=sorted(MODELS))
     bd.add_argument("--out", required=True)
     c = sub.add_parser("compare", help="ratio (b)/(a) of two kernel tables, shape by shape")
     c.add_argument("b", help="kernel table (b), e.g. profiles/kernels/h200-aic-vllm.json")
