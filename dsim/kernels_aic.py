@@ -533,6 +533,8 @@ def price_records(records: list[dict], system: str, backend: str = "vllm", versi
         seen.add(key)
         try:
             p = tables.price(rec)
+        except InputError as e:
+            raise InputError(f"ops[{i}]: {e}") from None
         except _NoTable as e:
             unpriced.append({**rec, "reason": str(e)})
             continue
@@ -715,10 +717,11 @@ def format_comparison(c: Comparison, shapes: bool = True) -> str:
         lines.append(f"{k.kind:<26} {k.shapes:>6} {k.median_abs_error:>11.1%} {k.p90_abs_error:>9.1%} "
                      f"{k.median_ratio:>11.3f}")
     lines.append(f"{'all':<26} {len(c.shapes):>6} {c.median_abs_error:>11.1%}   (target: median <= 10%)")
-    for kind, key, why in c.not_comparable[:20]:
-        lines.append(f"not comparable: {kind} {dict(key[1:])}: {why}")
-    if len(c.not_comparable) > 20:
-        lines.append(f"not comparable: ... {len(c.not_comparable) - 20} more")
+    groups: dict[tuple[str, str], int] = {}
+    for kind, _key, why in c.not_comparable:
+        groups[(kind, why)] = groups.get((kind, why), 0) + 1
+    for (kind, why), n in sorted(groups.items()):
+        lines.append(f"not comparable: {kind}: {n} shapes: {why}")
     return "\n".join(lines)
 
 
@@ -726,9 +729,11 @@ def comparison_json(c: Comparison) -> dict:
     return {
         "b": c.b_name, "a": c.a_name, "median_abs_error": c.median_abs_error,
         "kinds": [k.__dict__ for k in c.kinds],
-        "shapes": [{"kind": s.kind, **dict(s.key[1:]), "a_ms": s.a_ms, "b_ms": s.b_ms, "ratio": s.ratio}
+        "shapes": [{"kind": s.kind, **{f: v for f, v in s.key[1:] if v is not None}, "a_ms": s.a_ms,
+                    "b_ms": s.b_ms, "ratio": s.ratio}
                    for s in c.shapes],
-        "not_comparable": [{"kind": k, **dict(key[1:]), "why": w} for k, key, w in c.not_comparable],
+        "not_comparable": [{"kind": k, **{f: v for f, v in key[1:] if v is not None}, "why": w}
+                           for k, key, w in c.not_comparable],
         "only_in_a": c.only_in_a, "only_in_b": c.only_in_b,
     }
 
