@@ -943,6 +943,19 @@ def _cmd_build(a) -> None:
           f"{priced['clashes']} clashes")
 
 
+def comparison_summary(c: Comparison, command: str = "") -> dict:
+    """The compact error record a profile built from (b) carries in provenance (compose --table-error)."""
+    return {
+        "against": c.a_name, "table": c.b_name, "date": _dt.date.today().isoformat(), "command": command,
+        "shapes": len(c.shapes), "median_abs_error": round(c.median_abs_error, 4),
+        "median_ratio_b_over_a": round(statistics.median(s.ratio for s in c.shapes), 4) if c.shapes else None,
+        "by_kind": {k.kind: {"shapes": k.shapes, "median_abs_error": round(k.median_abs_error, 4),
+                             "p90_abs_error": round(k.p90_abs_error, 4), "median_ratio": round(k.median_ratio, 4)}
+                    for k in c.kinds},
+        "not_comparable": len(c.not_comparable),
+    }
+
+
 def _cmd_compare(a) -> None:
     b = _load_json(a.b, "kernel table (b)")
     t = _load_json(a.a, "kernel table (a)")
@@ -950,6 +963,9 @@ def _cmd_compare(a) -> None:
     print(format_comparison(c, shapes=not a.summary))
     if a.json:
         _write_json(a.json, comparison_json(c))
+    if a.error_summary:
+        cmd = f"python3 -m dsim.kernels_aic compare {a.b} {a.a} --error-summary {a.error_summary}"
+        _write_json(a.error_summary, comparison_summary(c, cmd))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -976,6 +992,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("a", help="kernel table (a), e.g. profiles/kernels/h200-torch.json")
     c.add_argument("--summary", action="store_true", help="per-kind summary only")
     c.add_argument("--json", help="also write the comparison as JSON here")
+    c.add_argument("--error-summary", help="also write the per-kind error summary here (for compose --table-error)")
     an = sub.add_parser("anchors", help="AIC's end-to-end estimates for the public anchor points")
     an.add_argument("--out", default="profiles/kernels/aic-anchors.json")
     a = ap.parse_args(argv)

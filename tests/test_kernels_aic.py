@@ -124,12 +124,17 @@ def test_compare_cli_text_json_and_errors(tmp_path):
     pa.write_text(json.dumps(a))
     pb.write_text(json.dumps(b))
     run = [sys.executable, "-m", "dsim.kernels_aic", "compare"]
-    out = subprocess.run(run + [str(pb), str(pa), "--json", str(pj)], capture_output=True, text=True, cwd=ROOT, check=False)
+    ps = tmp_path / "err.json"
+    out = subprocess.run(run + [str(pb), str(pa), "--json", str(pj), "--error-summary", str(ps)],
+                         capture_output=True, text=True, cwd=ROOT, check=False)
     assert out.returncode == 0, out.stderr
     assert "gemm:fp8" in out.stdout and "20.0%" in out.stdout
     got = json.loads(pj.read_text())
     assert got["median_abs_error"] == pytest.approx(0.2)
     assert [round(s["ratio"], 9) for s in got["shapes"]] == [1.2, 1.2, 1.2]
+    summary = json.loads(ps.read_text())
+    assert summary["median_abs_error"] == pytest.approx(0.2) and summary["by_kind"]["gemm:fp8"]["shapes"] == 3
+    assert summary["against"] == "a" and summary["command"].startswith("python3 -m dsim.kernels_aic compare")
     bad = tmp_path / "bad.json"
     for text, what in (("{not json", "not JSON"), (json.dumps({"records": [{"op": "gemm"}]}), "numeric \"ms\""),
                        (json.dumps([1, 2]), "no \"records\"")):
