@@ -330,15 +330,19 @@ class AicTables:
             if df is None:
                 continue
             sel = df[(df.num_heads == heads) & (df.gemm_type == "fp8_block")]
-            kv_dtypes = sorted(set(sel.kv_cache_dtype))
-            if not kv_dtypes:
+            if sel.empty:
                 continue
-            kv_dtype = "fp8" if "fp8" in kv_dtypes else kv_dtypes[0]
-            sel = sel[sel.kv_cache_dtype == kv_dtype]
-            # the kernel vLLM picks by default where the table holds several
-            kernel = next((k for k in ("FLASHMLA", "FLASHINFER_MLA", "FLASH_ATTN_MLA", "FLASH_ATTN")
-                           if (sel.kernel_source == k).any()), min(set(sel.kernel_source)))
-            sel = sel[sel.kernel_source == kernel]
+            # the slice (kernel, KV dtype) whose rows reach the query on the main axis; among those FP8 KV and
+            # the kernel vLLM picks by default first (the slices cover different ranges: on the H200 the
+            # FLASHMLA context rows stop at 128 tokens, FLASH_ATTN's prefill rows reach 32768)
+            axis, need = ("step", kv) if phase == "decode" else ("isl", q + kv)
+            pref = ("FLASHMLA", "FLASHINFER_MLA", "FLASH_ATTN_MLA", "FLASH_ATTN")
+            slices = sorted({(k, d) for k, d in zip(sel.kernel_source, sel.kv_cache_dtype)},
+                            key=lambda kd: (kd[1] != "fp8", pref.index(kd[0]) if kd[0] in pref else len(pref)))
+            reach = {kd: sel[(sel.kernel_source == kd[0]) & (sel.kv_cache_dtype == kd[1])][axis].max()
+                     for kd in slices}
+            kernel, kv_dtype = next((kd for kd in slices if reach[kd] >= need), max(slices, key=lambda kd: reach[kd]))
+            sel = sel[(sel.kernel_source == kernel) & (sel.kv_cache_dtype == kv_dtype)]
             rel = self.rel("mla", b, v, name)
             self._read(rel)
             extra: dict = {"includes": MLA_INCLUDES, "kv_cache_dtype": kv_dtype, "kernel": kernel}
@@ -354,7 +358,15 @@ class AicTables:
                                   (False, False))
                 ms, clamped = grid((b_, q))
                 if kv > 0:
-                    extra["note"] = "context MLA table has no cached-prefix axis: kv ignored (under-counts)"
+                    # no cached-prefix axis in the table: add the prefix's causal pairs q x kv at the per-pair
+                    # cost fitted on the slice's one-request rows (latency = a + b x isl + c x isl^2 / 2)
+                    one = sel[sel.batch_size == 1].groupby("isl")["latency"].median()
+                    x = one.index.to_numpy(dtype=float)
+                    c_pair = float(np.linalg.lstsq(np.stack([np.ones_like(x), x, x * x / 2], axis=1),
+                                                   one.to_numpy(dtype=float), rcond=None)[0][2])
+                    ms += b_ * max(c_pair, 0.0) * q * kv
+                    extra["note"] = (f"cached prefix: + batch x q x kv x {max(c_pair, 0.0):.3e} ms per pair "
+                                     "(fitted on the prefix-free context rows)")
             if clamped:
                 extra["clamped"] = clamped
             return Priced(ms, self.label(b, v), [rel], extra)
@@ -729,10 +741,10 @@ def comparison_json(c: Comparison) -> dict:
     return {
         "b": c.b_name, "a": c.a_name, "median_abs_error": c.median_abs_error,
         "kinds": [k.__dict__ for k in c.kinds],
-        "shapes": [{"kind": s.kind, **{f: v for f, v in s.key[1:] if v is not None}, "a_ms": s.a_ms,
-                    "b_ms": s.b_ms, "ratio": s.ratio}
+        "shapes": [{"label": s.kind, "op": s.key[0], **{f: v for f, v in s.key[1:] if v is not None},
+                    "a_ms": s.a_ms, "b_ms": s.b_ms, "ratio": s.ratio}
                    for s in c.shapes],
-        "not_comparable": [{"kind": k, **{f: v for f, v in key[1:] if v is not None}, "why": w}
+        "not_comparable": [{"label": k, "op": key[0], **{f: v for f, v in key[1:] if v is not None}, "why": w}
                            for k, key, w in c.not_comparable],
         "only_in_a": c.only_in_a, "only_in_b": c.only_in_b,
     }
@@ -943,10 +955,15 @@ def _cmd_build(a) -> None:
           f"{priced['clashes']} clashes")
 
 
-def comparison_summary(c: Comparison, command: str = "") -> dict:
+def comparison_summary(c: Comparison, command: str = "", a_provenance: dict | None = None) -> dict:
     """The compact error record a profile built from (b) carries in provenance (compose --table-error)."""
+    ap = a_provenance or {}
     return {
         "against": c.a_name, "table": c.b_name, "date": _dt.date.today().isoformat(), "command": command,
+        "against_provenance": {k: ap[k] for k in ("kind", "hardware", "engine", "engine_version", "date", "command")
+                               if k in ap},
+        "error": "median |b/a - 1| over the shapes both tables price; attention modules of (b) against (a)'s "
+                 "attention core plus (a)'s projection GEMMs",
         "shapes": len(c.shapes), "median_abs_error": round(c.median_abs_error, 4),
         "median_ratio_b_over_a": round(statistics.median(s.ratio for s in c.shapes), 4) if c.shapes else None,
         "by_kind": {k.kind: {"shapes": k.shapes, "median_abs_error": round(k.median_abs_error, 4),
@@ -965,7 +982,7 @@ def _cmd_compare(a) -> None:
         _write_json(a.json, comparison_json(c))
     if a.error_summary:
         cmd = f"python3 -m dsim.kernels_aic compare {a.b} {a.a} --error-summary {a.error_summary}"
-        _write_json(a.error_summary, comparison_summary(c, cmd))
+        _write_json(a.error_summary, comparison_summary(c, cmd, t.get("provenance") if isinstance(t, dict) else None))
 
 
 def main(argv: list[str] | None = None) -> int:

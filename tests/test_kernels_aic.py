@@ -229,6 +229,13 @@ def test_shipped_decode_attention_is_flat_in_context_and_grows_with_batch():
     hca = lambda b, kv: at[("v4_hca", 64, b, 1, kv)]
     assert hca(1, 32768) / hca(1, 512) < 1.3
     assert hca(256, 2048) > hca(1, 2048)
+    pre = {(r["kind"], r["heads"], r["batch"], r["q"], r["kv"]): r["ms"]
+           for r in t["records"] if r["op"] == "attn" and r["phase"] == "prefill"}
+    # a prompt chunk after a cached prefix costs more the longer the prefix (MLA: the fitted per-pair term; V4
+    # CSA up to 8192: AIC's own rows at a ~63k-token prefix are below those at 4096, the sparse top-k caps it)
+    for kind, heads, kvs in (("mla", 16, (0, 2048, 8192, 32768)), ("v4_csa", 64, (0, 2048, 8192))):
+        chunk = [pre[(kind, heads, 1, 2048, kv)] for kv in kvs]
+        assert chunk == sorted(chunk) and chunk[-1] > chunk[0]
     mla = lambda b, kv: at[("mla", 16, b, 1, kv)]
     assert mla(64, 32768) / mla(64, 512) > 2.0
 
@@ -331,3 +338,16 @@ def test_anchor_v4_pro_batch_1_is_aics_figure():
     # most of it is the eager host floor of vLLM's fp8_block rows on the shared expert
     shared = got["shared_expert_fp8_gemm_ms_per_step"]
     assert shared["vllm 0.24.0"] > 20 * shared["sglang 0.5.14"]
+
+
+def test_shipped_error_summary_is_a_compose_table_error():
+    err = json.loads((ROOT / "profiles" / "kernels" / "h200-aic-vllm-error.json").read_text())
+    assert err["table"] == "h200-aic-vllm" and err["against"] == "h200-torch"
+    assert err["against_provenance"]["kind"] == "measured"
+    assert err["shapes"] == sum(k["shapes"] for k in err["by_kind"].values())
+    assert 0 <= err["median_abs_error"] and all(0 < k["median_ratio"] for k in err["by_kind"].values())
+    torch_table = ROOT / "profiles" / "kernels" / "h200-torch.json"
+    if torch_table.is_file():   # with the measured table present, the summary is what compare says now
+        c = ka.compare_tables(json.loads((ROOT / "profiles" / "kernels" / "h200-aic-vllm.json").read_text()),
+                              json.loads(torch_table.read_text()))
+        assert len(c.shapes) == err["shapes"] and round(c.median_abs_error, 4) == err["median_abs_error"]
