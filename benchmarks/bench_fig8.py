@@ -31,7 +31,7 @@ def main():
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    from dsim.cli import build_workload, method_spec
+    from dsim.scenario import build_workload, method_spec
     from dsim.cost import load_profile
     from dsim.sweep import sweep, write_sweep
     conc = [int(x) for x in a.concurrency.split(",")]
