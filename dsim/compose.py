@@ -204,7 +204,8 @@ def layer_ops(model: MoEModel, topo: Topology, hardware: str, n: int, *, phase: 
         ops.append(_op("moe_experts", routed, op="moe", dtype=edt, tokens=int(T), hidden=h, inter=model.moe_inter,
                        topk=model.topk, experts=model.experts, ep=topo.ep))
         if topo.attn_dp > 1:
-            scope = {"scope": "inter_node"} if topo.nodes > 1 else {}
+            scope: dict = {"scope": "inter_node"} if topo.nodes > 1 else {}
+            scope.update(hidden=h, topk=model.topk, experts=model.experts)   # the shape the message carries
             ops.append(_op("comm", routed, op="comm", kind="a2a_dispatch", gpus=topo.ep, bytes=int(n * h * 1), **scope))
             ops.append(_op("comm", routed, op="comm", kind="a2a_combine", gpus=topo.ep, bytes=int(n * h * 2), **scope))
         elif tp > 1:

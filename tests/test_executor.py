@@ -27,7 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from dsim.cli import app
+from dsim.entry import app
 from dsim.errors import InputError
 from dsim.plan import _Search, parse_sla
 
@@ -130,7 +130,7 @@ def test_joined_cluster_runs_the_drivers_dsim(ray_cluster, tmp_path):
 
 
 def test_ray_ships_workload_and_profile_once(ray_cluster):
-    from dsim.cli import build_workload, method_spec
+    from dsim.scenario import build_workload, method_spec
     from dsim.cost import load_profile
     from dsim.executor import RayExecutor
     from dsim.plan import Point, run_point
