@@ -5,7 +5,7 @@ only near the load it suits (a long K at low load, a short one at high load), wh
 verification stays at or above every fixed K from concurrency 1 to 256 per GPU, and its verify
 budget per request falls as load grows.
 
-Concurrency is per GPU: a node of G GPUs in C users per GPU runs C x G users (with data-parallel
+Concurrency is per GPU (``--per-node``: per node): a node of G GPUs in C users per GPU runs C x G users (with data-parallel
 attention each GPU is an engine replica; with TP attention a replica spans several GPUs).
 
 Usage: python benchmarks/bench_fixed_vs_adaptive.py --profile NAME [--concurrency 1,4,16,64,256]
@@ -22,7 +22,9 @@ FIXED_K = (1, 3, 5, 7)
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", required=True)
-    ap.add_argument("--concurrency", default="1,4,16,64,256", help="users per GPU")
+    ap.add_argument("--concurrency", default="1,4,16,64,256", help="users per GPU (or per node with --per-node)")
+    ap.add_argument("--per-node", action="store_true",
+                    help="concurrency counts users per node (the seeds' axis for a TP8 replica) instead of per GPU")
     ap.add_argument("--requests-per-user", type=int, default=6)
     ap.add_argument("--min-requests", type=int, default=160)
     ap.add_argument("--trace", default="default")
@@ -39,7 +41,7 @@ def main() -> None:
 
     prof = load_profile(a.profile)
     per_gpu = [int(x) for x in a.concurrency.split(",")]
-    node_c = [c * a.gpus_per_node for c in per_gpu]
+    node_c = per_gpu if a.per_node else [c * a.gpus_per_node for c in per_gpu]
     specs = {"none": SpecConfig("none", acceptance=a.acceptance)}
     for k in FIXED_K:
         specs[f"K={k}"] = SpecConfig("dspark", k=k, adaptive=False, acceptance=a.acceptance)
@@ -56,7 +58,7 @@ def main() -> None:
     print(f"profile: {prof.label}")
     print(f"workload: {base.source}; {a.requests_per_user} requests per user (min {a.min_requests})")
     sep = " | " if a.markdown else " "
-    head = ["C/GPU"] + [f"{c} tok/s/GPU" for c in cols] + ["best fixed", "adaptive / best fixed",
+    head = ["C/node" if a.per_node else "C/GPU"] + [f"{c} tok/s/GPU" for c in cols] + ["best fixed", "adaptive / best fixed",
                                                            "adaptive verify/req", "adaptive tok/s/user"]
     if a.markdown:
         print("| " + " | ".join(head) + " |")
