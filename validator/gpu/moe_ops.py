@@ -227,10 +227,11 @@ def kernels() -> dict:
         # against keys [ks, ke) of its key list (index list row, or a contiguous range of the KV pool).
         p = tl.program_id(0)
         dvb = tl.program_id(1)
-        rb = tl.load(WORK + p * 4)
+        rb = tl.load(WORK + p * 4).to(tl.int64)
         ks = tl.load(WORK + p * 4 + 1)
         ke = tl.load(WORK + p * 4 + 2)
-        kb = tl.load(WORK + p * 4 + 3)
+        kb = tl.load(WORK + p * 4 + 3).to(tl.int64)
+        p64 = p.to(tl.int64)
         offs_h = tl.arange(0, BLOCK_H)
         offs_d = tl.arange(0, D_MAIN)
         offs_v = dvb * BLOCK_DV + tl.arange(0, BLOCK_DV)
@@ -247,7 +248,7 @@ def kernels() -> dict:
             pos = start + tl.arange(0, BLOCK_N)
             inb = pos < ke
             if USE_IDX:
-                row = tl.load(IDX + kb * stride_idx + pos, mask=inb, other=-1)
+                row = tl.load(IDX + kb * stride_idx + pos, mask=inb, other=-1).to(tl.int64)
                 valid = row >= 0
                 row = tl.where(valid, row, 0)
             else:
@@ -286,10 +287,10 @@ def kernels() -> dict:
             out = acc / l_safe[:, None]
             tl.store(O + rb * stride_o + offs_h[:, None] * D_MAIN + offs_v[None, :], out.to(O.dtype.element_ty))
         else:
-            tl.store(PACC + p * (BLOCK_H * D_MAIN) + offs_h[:, None] * D_MAIN + offs_v[None, :], acc)
+            tl.store(PACC + p64 * (BLOCK_H * D_MAIN) + offs_h[:, None] * D_MAIN + offs_v[None, :], acc)
             if dvb == 0:
-                tl.store(PM + p * BLOCK_H + offs_h, m_i)
-                tl.store(PL + p * BLOCK_H + offs_h, l_i)
+                tl.store(PM + p64 * BLOCK_H + offs_h, m_i)
+                tl.store(PL + p64 * BLOCK_H + offs_h, l_i)
 
     @triton.jit
     def indexer_kernel(QI, WI, KI, GROUPS, NVIS, OUT, l_max, stride_out,
@@ -298,9 +299,9 @@ def kernels() -> dict:
         # compressed index keys: logit = sum_h w[h] * relu(q_h . k); the key block is loaded once per group.
         g = tl.program_id(0)
         nb = tl.program_id(1)
-        tok0 = tl.load(GROUPS + g * 4)
+        tok0 = tl.load(GROUPS + g * 4).to(tl.int64)
         ntok = tl.load(GROUPS + g * 4 + 1)
-        kbase = tl.load(GROUPS + g * 4 + 2)
+        kbase = tl.load(GROUPS + g * 4 + 2).to(tl.int64)
         kmax = tl.load(GROUPS + g * 4 + 3)
         cols = nb * BLOCK_N + tl.arange(0, BLOCK_N)
         kval = cols < kmax
@@ -323,7 +324,7 @@ def kernels() -> dict:
     def sinkhorn_kernel(X, Y, T, iters, eps, M: tl.constexpr, BT: tl.constexpr):
         # Sinkhorn normalisation of per-token M x M mixing logits (exp, then alternate row / column sums).
         pid = tl.program_id(0)
-        t = pid * BT + tl.arange(0, BT)
+        t = (pid * BT + tl.arange(0, BT)).to(tl.int64)
         mask = t < T
         offs = t[:, None] * (M * M) + tl.arange(0, M * M)[None, :]
         x = tl.load(X + offs, mask=mask[:, None], other=0.0).to(tl.float32)
@@ -335,20 +336,21 @@ def kernels() -> dict:
         tl.store(Y + offs, tl.reshape(x3, (BT, M * M)).to(Y.dtype.element_ty), mask=mask[:, None])
 
     @triton.jit
-    def act_quant_kernel(X, XQ, S, n, k, stride_x, G: tl.constexpr, BT: tl.constexpr):
+    def act_quant_kernel(X, XQ, S, n, n_pad, k, stride_x, G: tl.constexpr, BT: tl.constexpr):
         # Per-token-group (1 x G) e4m3 quantisation of activations; scales stored [k / G, n] so that their
         # transpose is the outer-dim-major [n, k / G] layout the block-scaled matmul reads.
         pt = tl.program_id(0)
         pg = tl.program_id(1)
-        rows = pt * BT + tl.arange(0, BT)
+        rows = (pt * BT + tl.arange(0, BT)).to(tl.int64)
         cols = pg * G + tl.arange(0, G)
         m = rows < n
         x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=m[:, None], other=0.0).to(tl.float32)
         amax = tl.maximum(tl.max(tl.abs(x), 1), 1e-4)
         sc = amax / 448.0
         xq = x / sc[:, None]
-        tl.store(XQ + rows[:, None] * k + cols[None, :], xq.to(XQ.dtype.element_ty), mask=m[:, None])
-        tl.store(S + pg * n + rows, sc, mask=m)
+        mp = rows < n_pad
+        tl.store(XQ + rows[:, None] * k + cols[None, :], xq.to(XQ.dtype.element_ty), mask=mp[:, None])
+        tl.store(S + pg * n_pad + rows, sc, mask=mp)
 
     _K.update(attn=attn_kernel, indexer=indexer_kernel, sinkhorn=sinkhorn_kernel, act_quant=act_quant_kernel)
     return _K
@@ -866,7 +868,7 @@ def _fp8_gemm_fn(a, w, mode):
         from torch.nn.functional import ScalingType, SwizzleType
         sa = torch.rand(k // 128, m, device=dev).add_(0.5).t()          # [m, k/128] outer-dim-major
         L4 = -(-(k // 128) // 4) * 4
-        sb = torch.rand(n // 128, L4, device=dev).add_(0.5).t()         # [L4, n/128]
+        sb = torch.rand(-(-n // 128), L4, device=dev).add_(0.5).t()     # [L4, ceil(n/128)]
         return lambda: F.scaled_mm(a, b, sa, ScalingType.BlockWise1x128, sb, ScalingType.BlockWise128x128,
                                    SwizzleType.NO_SWIZZLE, SwizzleType.NO_SWIZZLE, None, torch.bfloat16)
     if mode == "row":
@@ -900,6 +902,17 @@ def detect_fp8(device) -> dict:
             elif not torch.isfinite(out).all():
                 raise RuntimeError("non-finite output")
             FP8["gemm_mode"] = mode
+            if mode == "block":
+                global M_ALIGN
+                for al in (1, 4, 8, 16):
+                    try:
+                        _fp8_gemm_fn(a[:al + 1 if al > 1 else 3], w, mode)()
+                        torch.cuda.synchronize()
+                        M_ALIGN = al
+                        break
+                    except Exception:   # noqa: BLE001
+                        continue
+                FP8["m_align"] = M_ALIGN
             break
         except Exception as e:   # noqa: BLE001 - any failure means: try the next mode
             errors[mode] = f"{type(e).__name__}: {str(e)[:160]}"
@@ -931,14 +944,18 @@ def detect_fp8(device) -> dict:
     return FP8
 
 
-def act_quant(x, xq=None, s=None):
-    """x [n, k] -> (e4m3 [n, k], scales [n, k / 128] outer-dim-major) by the Triton kernel."""
+M_ALIGN = 16      # rows of an fp8 block-scaled product are padded to this (checked on the GPU)
+
+
+def act_quant(x):
+    """x [n, k] -> (e4m3 [n_pad, k], scales [n_pad, k / 128] outer-dim-major), n_pad = n rounded up to
+    M_ALIGN (padding rows zero), by one Triton kernel."""
     import torch
     n, k = x.shape
-    if xq is None:
-        xq = torch.empty(n, k, device=x.device, dtype=torch.float8_e4m3fn)
-        s = torch.empty(k // 128, n, device=x.device, dtype=torch.float32)
-    kernels()["act_quant"][(triton_cdiv(n, 32), k // 128)](x, xq, s, n, k, x.stride(0), G=128, BT=32)
+    n_pad = -(-n // M_ALIGN) * M_ALIGN
+    xq = torch.empty(n_pad, k, device=x.device, dtype=torch.float8_e4m3fn)
+    s = torch.empty(k // 128, n_pad, device=x.device, dtype=torch.float32)
+    kernels()["act_quant"][(triton_cdiv(n_pad, 32), k // 128)](x, xq, s, n, n_pad, k, x.stride(0), G=128, BT=32)
     return xq, s.t()
 
 
@@ -979,8 +996,9 @@ class Linear:
         import torch.nn.functional as F
         from torch.nn.functional import ScalingType, SwizzleType
         xq, sa = act_quant(x)
-        return F.scaled_mm(xq, self.w.t(), sa, ScalingType.BlockWise1x128, self.sb, ScalingType.BlockWise128x128,
-                           SwizzleType.NO_SWIZZLE, SwizzleType.NO_SWIZZLE, None, torch.bfloat16)
+        y = F.scaled_mm(xq, self.w.t(), sa, ScalingType.BlockWise1x128, self.sb, ScalingType.BlockWise128x128,
+                        SwizzleType.NO_SWIZZLE, SwizzleType.NO_SWIZZLE, None, torch.bfloat16)
+        return y[: x.shape[0]] if y.shape[0] != x.shape[0] else y
 
     @property
     def nbytes(self) -> int:
@@ -1007,27 +1025,36 @@ class GemmOp:
         return self.fn()
 
 
-def uniform_routing_counts(tokens: int, topk: int, experts: int, ep: int, seed: int = 0) -> np.ndarray:
-    """Rows per local expert of EP rank 0 when `tokens` tokens each pick `topk` distinct experts uniformly."""
+def uniform_routing_counts(tokens: int, topk: int, experts: int, ep: int, seed: int = 0, rank: str = "mean",
+                           expert_bytes: float = 3 * 4096 * 2048, row_us: float = 0.0) -> np.ndarray:
+    """Rows per local expert of one EP rank when `tokens` tokens each pick `topk` distinct experts uniformly
+    (seeded). rank: "mean" = the rank whose load is nearest the mean over ranks (a typical rank: the kernel
+    table's record), "max" = the most loaded rank (what a lockstep step waits for: the shard executor). Load =
+    max(distinct experts x expert bytes / 4 TB/s, rows x row_us)."""
     rng = np.random.default_rng(seed)
     e_local = experts // ep
-    counts = np.zeros(e_local, dtype=np.int64)
+    counts = np.zeros(experts, dtype=np.int64)
     for s in range(0, tokens, 4096):
         t = min(4096, tokens - s)
         pick = np.argpartition(rng.random((t, experts)), topk, axis=1)[:, :topk]
-        counts += np.bincount(pick[pick < e_local], minlength=e_local)
-    return counts
+        counts += np.bincount(pick.ravel(), minlength=experts)
+    per = counts.reshape(ep, e_local)
+    load = np.maximum((per > 0).sum(1) * expert_bytes / 4e12 * 1e6, per.sum(1) * row_us) + 1e-9 * per.sum(1)
+    r = int(np.argmax(load)) if rank == "max" else int(np.argmin(np.abs(load - load.mean())))
+    return per[r]
 
 
 class MoEOp:
     """Routed experts of one EP rank (see module doc). fp4 runs as fp8. `weights` (from another MoEOp of the
     same dims) are reused: the shard executor keeps one set per layer and re-routes per step."""
 
-    def __init__(self, rec: dict, device, dtype, seed=0, weights: "MoEOp | None" = None):
+    def __init__(self, rec: dict, device, dtype, seed=0, weights: "MoEOp | None" = None, rank: str = "mean"):
         import torch
         H, I, E, P = rec["hidden"], rec["inter"], rec["experts"], rec["ep"]
         El = E // P
-        counts = uniform_routing_counts(rec["tokens"], rec["topk"], E, P, seed)
+        # row cost for the load proxy: 3 GEMMs of H x I per row at ~600 dense fp8 TFLOP/s
+        counts = uniform_routing_counts(rec["tokens"], rec["topk"], E, P, seed, rank, 3 * H * I,
+                                        2 * 3 * H * I / 600e12 * 1e6)
         self.rows = int(counts.sum())
         R = max(self.rows, 1)
         self.limit = rec.get("swiglu_limit", 10.0)
@@ -1262,6 +1289,12 @@ CFG_FOR_KIND = {"v4_csa": "deepseek-v4-flash", "v4_hca": "deepseek-v4-flash", "v
                 "mla": "deepseek-v3"}
 
 
+def v4_model_for(rec: dict) -> str:
+    """Attention records carry no model name: 16 or 128 local heads (V4-Pro under TP8 / DP) are priced with
+    V4-Pro's config (top-1024 indexer), every other head count with V4-Flash's (top-512)."""
+    return "deepseek-v4-pro" if rec.get("heads") in (16, 128) else "deepseek-v4-flash"
+
+
 def build_op(rec: dict, device, dtype, i: int = 0, tune=None):
     op = rec["op"]
     if op == "gemm":
@@ -1273,7 +1306,7 @@ def build_op(rec: dict, device, dtype, i: int = 0, tune=None):
     if op == "elementwise":
         return ElementwiseOp(rec, device, dtype)
     if op == "attn":
-        model = rec.get("model", CFG_FOR_KIND[rec["kind"]])
+        model = rec.get("model", v4_model_for(rec) if rec["kind"].startswith("v4") else CFG_FOR_KIND[rec["kind"]])
         cfg = _dry_cfg(rec["kind"]) if model == "__dry__" else load_config(model)
         core = attn_core(rec, cfg, 1, device, dtype, seed=i, tune=tune)
         return core.run
@@ -1304,6 +1337,9 @@ def price_record(rec: dict, device, dtype, tune=None, max_bytes: int = 48 * 2**3
     if op == "comm":
         out["skipped"] = "communication is not measurable on one GPU"
         return out
+    if rec.get("dtype") == "w4a16":
+        out["skipped"] = "w4a16 (4-bit weight, bf16 math) kernels are not implemented here"
+        return out
     fp = op_footprint(rec)
     if fp > max_bytes:
         out["skipped"] = f"footprint {fp / 2**30:.1f} GiB over the {max_bytes / 2**30:.0f} GiB limit"
@@ -1318,10 +1354,13 @@ def price_record(rec: dict, device, dtype, tune=None, max_bytes: int = 48 * 2**3
         torch.cuda.empty_cache()
         return out
     out["ms"] = round(ms, 5)
+    notes = []
     if rec.get("dtype") == "fp4":
-        out["ran_as"] = "fp8"
+        notes.append("fp4 experts run as fp8 (no FP4 tensor cores on Hopper)")
     if info.get("spread", 0) > 0.1:
-        out["spread"] = round(info["spread"], 3)
+        notes.append(f"repeat spread {info['spread']:.2f}")
+    if notes:
+        out["note"] = "; ".join(notes)
     return out
 
 
@@ -1408,7 +1447,7 @@ def check_kernels(device, dtype, small: bool = False) -> dict:
         detect_fp8(device)
         x = torch.randn(100, 4096, device=device, dtype=dtype)
         xq, sa = act_quant(x)
-        deq = xq.float() * sa.repeat_interleave(128, 1)
+        deq = (xq.float() * sa.repeat_interleave(128, 1))[:100]
         out["act_quant"] = float(((deq - x.float()).norm() / x.float().norm()).item())
         lin = Linear(1024, 4096, True, device, dtype)
         if lin.fp8:
@@ -1477,13 +1516,13 @@ def price_main(a) -> int:
     if device.type == "cuda":
         global SMS
         SMS = info["sms"]
-        info["copy_tb_s"] = round(copy_bandwidth(device), 3)
         fp8 = detect_fp8(device)
         info["fp8"] = {k: v for k, v in fp8.items()}
         info["tune"] = tune_attention(device, dtype)
+        info["copy_tb_s"] = round(copy_bandwidth(device), 3)      # after the tuning warmed the clocks
         print(json.dumps(info), flush=True)
     tune = {"attn": dict(ATTN_TUNE), "indexer": dict(INDEXER_TUNE)}
-    order = sorted(range(len(ops)), key=lambda i: _priority(ops[i]))
+    order = list(range(len(ops))) if a.keep_order else sorted(range(len(ops)), key=lambda i: _priority(ops[i]))
     priced: dict[int, dict] = {}
     last_write = time.time()
     for n_done, i in enumerate(order):
@@ -1517,7 +1556,8 @@ def _priority(rec: dict) -> tuple:
 
 
 def _write_table(a, ops, priced, info, t0) -> None:
-    records = [priced[i] for i in sorted(priced)]
+    records = [priced[i] for i in sorted(priced) if "ms" in priced[i]]
+    skipped = [priced[i] for i in sorted(priced) if "ms" not in priced[i]]
     fp8 = info.get("fp8", {})
     mode = fp8.get("gemm_mode")
     fp8_line = {"block": "fp8 GEMMs with DeepSeek's block scales (1x128 activation groups, 128x128 weight "
@@ -1537,7 +1577,8 @@ def _write_table(a, ops, priced, info, t0) -> None:
                        "as in the module docstring (projection GEMMs excluded); comm not measured"),
             "command": "python3 -m validator.gpu.moe_ops price --ops OPS.json --out profiles/kernels/h200-torch.json",
             "source": "own measurement",
-            "gpu": info, "records_requested": len(ops), "records_priced": sum(1 for r in records if "ms" in r),
+            "gpu": info, "records_requested": len(ops), "records_priced": len(records),
+            "records_skipped": skipped, "records_not_reached": len(ops) - len(priced),
             "wall_s": round(time.time() - t0, 1)}
     write_json_atomic(a.out, {"name": a.name, "provenance": prov, "records": records})
 
@@ -1592,6 +1633,7 @@ def main(argv=None) -> int:
     p.add_argument("--budget-s", type=float, default=420.0, help="stop starting new records after this")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes (Triton interpreter)")
     p.add_argument("--verbose", action="store_true")
+    p.add_argument("--keep-order", action="store_true", help="price in file order (default: cheap ops first)")
     c = sub.add_parser("check", help="kernel correctness against float64")
     c.add_argument("--dry-run", action="store_true")
     a = ap.parse_args(argv)

@@ -40,29 +40,15 @@ PREFILL_Q = 64
 
 
 # ------------------------------------------------------------------ step -> one GPU's share
-def assign_dp(q: list[int], ctx: list[int], ranks: int) -> list[list[int]]:
-    """Requests (indices) per attention-DP rank: largest first onto the least-loaded rank (tokens, then KV)."""
-    order = sorted(range(len(q)), key=lambda i: (-q[i], -ctx[i], i))
-    load = [(0, 0)] * ranks
-    out: list[list[int]] = [[] for _ in range(ranks)]
-    for i in order:
-        r = min(range(ranks), key=lambda j: (load[j], j))
-        out[r].append(i)
-        load[r] = (load[r][0] + q[i], load[r][1] + ctx[i])
-    return out
-
-
 def shard_of(step: dict, topo: O.Topology) -> tuple[list[int], list[int], int]:
-    """(query tokens, contexts) of the requests this GPU's attention runs, and the step's total tokens."""
+    """(query tokens, contexts) of the requests this GPU's attention runs, and the tokens entering the experts.
+    A step log of a dp<G> profile is one attention rank's (dsim's replica is one GPU): the other G - 1 ranks
+    step in lockstep with similar batches, so G x n tokens reach the experts (the composer's assumption).
+    A tp<G> log is the replica's: every rank holds all its tokens."""
     q = [int(x) for x in step["q"]]
     c = [int(x) for x in step["ctx"]]
-    total = sum(q)
-    if topo.attn == "dp" and topo.gpus > 1:
-        parts = assign_dp(q, c, topo.gpus)
-        best = max(parts, key=lambda p: (sum(q[i] for i in p), sum(c[i] for i in p)))
-        best = sorted(best)
-        return [q[i] for i in best], [c[i] for i in best], total
-    return q, c, total
+    n = sum(q)
+    return q, c, n * (topo.gpus if topo.attn == "dp" else 1)
 
 
 def logit_rows(q: list[int]) -> np.ndarray:
@@ -85,7 +71,8 @@ class V4Layer:
         self.wq_b = L(H * D, d["q_lora"], True, device, dtype)
         self.wkv = L(D, h, True, device, dtype)
         G = d["o_groups"]
-        self.wo_a = torch.randn(G, H * D // G, d["o_lora"], device=device, dtype=dtype) * (H * D // G) ** -0.5
+        # grouped low-rank output projection: one (heads / G x D -> o_lora) matrix per group of heads
+        self.wo_a = [L(d["o_lora"], H * D // G, True, device, dtype) for _ in range(G)]
         self.wo_b = L(h, G * d["o_lora"], True, device, dtype)
         ratio = {"v4_csa": 4, "v4_hca": 128, "v4_swa": 0}[kind]
         self.comp = L(2 * O.compressor_width(ratio) * D, h, True, device, dtype) if ratio else None
@@ -232,7 +219,7 @@ class Shard:
             cores[k] = O.V4Core(k, d, q_lens, ctx_lens, dev, dt, seed, tune)
         moe_rec = dict(tokens=total, hidden=h, inter=d["inter"], topk=d["topk_experts"], experts=d["experts"],
                        ep=d["ep"], dtype="fp8", swiglu_limit=d["swiglu_limit"])
-        moes = [O.MoEOp(moe_rec, dev, dt, seed, weights=lay.moe_w) for lay in self.layers]
+        moes = [O.MoEOp(moe_rec, dev, dt, seed + i, weights=lay.moe_w, rank="max") for i, lay in enumerate(self.layers)]
         X = torch.randn(N, M, h, device=dev, dtype=dt)
         res = torch.empty(N, M * M, device=dev, dtype=torch.float32)
         rows = torch.as_tensor(logit_rows(q_lens), device=dev)
@@ -255,8 +242,8 @@ class Shard:
                     o = core.run(q, kv, cs, iq, iw, ist)
                 else:
                     o = core.run(q, kv, cs)
-                og = o.reshape(N, G, H * D // G).transpose(0, 1)
-                oa = torch.bmm(og, lay.wo_a).transpose(0, 1).reshape(N, G * d["o_lora"])
+                og = o.reshape(N, G, H * D // G)
+                oa = torch.cat([lay.wo_a[i](og[:, i]) for i in range(G)], 1)
                 y = lay.wo_b(oa)
                 self._mhc_post(X, y, h_post, res)
                 x_in, h_post = self._mhc_pre(X, lay.phi[1], res)
@@ -283,8 +270,8 @@ class Shard:
         core = O.MLACore(d, q_lens, ctx_lens, dev, dt, seed, tune)
         moe_rec = dict(tokens=total, hidden=h, inter=d["inter"], topk=d["topk_experts"], experts=d["experts"],
                        ep=d["ep"], dtype="fp8", swiglu_limit=0.0)
-        moes = [O.MoEOp(moe_rec, dev, dt, seed, weights=lay.moe_w) if not lay.dense else None
-                for lay in self.layers]
+        moes = [O.MoEOp(moe_rec, dev, dt, seed + i, weights=lay.moe_w, rank="max") if not lay.dense else None
+                for i, lay in enumerate(self.layers)]
         x = torch.randn(N, h, device=dev, dtype=dt)
         rows = torch.as_tensor(logit_rows(q_lens), device=dev)
         qabs = torch.empty(N, H, dl + dr, device=dev, dtype=dt)
