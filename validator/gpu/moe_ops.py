@@ -74,8 +74,8 @@ class Topology:
     ep: int
 
     @staticmethod
-    def parse(s: str) -> "Topology":
-        parts = dict((p[:2], int(p[2:])) for p in s.split("-"))
+    def parse(s: str) -> Topology:
+        parts = {p[:2]: int(p[2:]) for p in s.split("-")}
         if "ep" not in parts or not ({"dp", "tp"} & set(parts)):
             raise SystemExit(f"error: topology {s!r}: expected dp<N>-ep<M> or tp<N>-ep<M>")
         attn = "dp" if "dp" in parts else "tp"
@@ -369,8 +369,8 @@ def _next_pow2(x: int) -> int:
 @dataclass
 class WorkPlan:
     """Static launch metadata of one attention call: work items (row block, key start, key end, key base)."""
-    work: "object"       # int32 tensor [P, 4]
-    wmap: "object"       # int64 tensor [P]: output row block of each work item
+    work: object       # int32 tensor [P, 4]
+    wmap: object       # int64 tensor [P]: output row block of each work item
     n_work: int
     n_rb: int
     final: bool
@@ -850,7 +850,6 @@ FP8 = {"gemm_mode": None, "grouped_mode": None, "grouped_layout": None, "grouped
 
 
 def _quant_rowwise(x, dtype_fp8):
-    import torch
     amax = x.float().abs().amax(-1, keepdim=True).clamp(min=1e-4)
     s = amax / FP8_MAX
     return (x.float() / s).to(dtype_fp8), s.squeeze(-1).float()
@@ -1048,7 +1047,7 @@ class MoEOp:
     """Routed experts of one EP rank (see module doc). fp4 runs as fp8. `weights` (from another MoEOp of the
     same dims) are reused: the shard executor keeps one set per layer and re-routes per step."""
 
-    def __init__(self, rec: dict, device, dtype, seed=0, weights: "MoEOp | None" = None, rank: str = "mean"):
+    def __init__(self, rec: dict, device, dtype, seed=0, weights: MoEOp | None = None, rank: str = "mean"):
         import torch
         H, I, E, P = rec["hidden"], rec["inter"], rec["experts"], rec["ep"]
         El = E // P
@@ -1384,8 +1383,8 @@ def tune_attention(device, dtype) -> dict:
         try:
             t = 0.0
             for r in recs:
-                ms, _ = time_instances(lambda i: attn_core(r, cfg, 1, device, dtype, i,
-                                                           {"attn": c}).run, device, 1, reps=3)
+                ms, _ = time_instances(lambda i, r=r, c=c: attn_core(r, cfg, 1, device, dtype, i,
+                                                                     {"attn": c}).run, device, 1, reps=3)
                 t += ms
             res[json.dumps(c)] = round(t, 4)
             if t < best_t:
@@ -1400,9 +1399,9 @@ def tune_attention(device, dtype) -> dict:
               dict(block_n=64, tq=4, num_warps=4), dict(block_n=32, tq=8, num_warps=4)]:
         try:
             core = attn_core(rec, cfg, 1, device, dtype, 0, {"indexer": c})
-            fn = lambda c=c, core=core: indexer_logits(core.idx_q, core.idx_w, core.idx_pool, core.groups,  # noqa: E731
+            fn = lambda c=c, core=core: indexer_logits(core.idx_q, core.idx_w, core.idx_pool, core.groups,
                                                         core.nvis, core.l_max, core.logits, c)
-            ms, _ = time_instances(lambda i: fn, device, 1, reps=3)
+            ms, _ = time_instances(lambda i, fn=fn: fn, device, 1, reps=3)
             ires[json.dumps(c)] = round(ms, 4)
             if ms < ibt:
                 ibest, ibt = c, ms
@@ -1488,7 +1487,7 @@ def copy_bandwidth(device) -> float:
         return 0.0
     x = torch.empty(2 * 2**30, dtype=torch.uint8, device=device)
     y = torch.empty_like(x)
-    ms, _ = time_instances(lambda i: (lambda: y.copy_(x)), device, 1, reps=5)
+    ms, _ = time_instances(lambda i, x=x, y=y: (lambda: y.copy_(x)), device, 1, reps=5)
     del x, y
     return 2 * 2 * 2**30 / (ms * 1e-3) / 1e12
 
