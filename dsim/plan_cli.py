@@ -26,6 +26,12 @@ MarginOpt = Annotated[float, typer.Option(help="safety margin: pass only if ever
                                           "target x (1 - margin)")]
 PriceOpt = Annotated[Optional[float], typer.Option(help="$ per GPU-hour (default: a public H200 on-demand "
                                                    "quote, $5.49, dated 24 Sep 2026)")]
+# The paper's comparison (dsim.frontier), printed and plotted by sweep and ab.
+UserSlaOpt = Annotated[Optional[str], typer.Option(help="per-user speed SLAs (tok/s/user) for the throughput "
+                                                   "gain, e.g. 80,120 (default: the DSpark paper's anchors "
+                                                   "for the model: V4-Pro 35,50, otherwise V4-Flash's 80,120)")]
+PerGpuOpt = Annotated[bool, typer.Option("--per-gpu", help="--concurrency values are per GPU (the DSpark "
+                                         "paper's Fig. 8 axis), multiplied by the fleet's GPUs")]
 
 
 def parse_seeds(s: str) -> list[int]:
@@ -191,27 +197,53 @@ def sweep(
     seed: int = typer.Option(0),
     jobs: Optional[int] = typer.Option(None, help="worker processes (default: CPU count)"),
     out: Path = typer.Option(..., help="output directory: sweep.csv and PNG figures"),
+    user_sla: UserSlaOpt = None,
+    per_gpu: PerGpuOpt = False,
 ):
     """Closed-loop concurrency sweep: throughput per GPU vs per-user speed (frontier), Fig. 8 curves."""
     def go():
+        from dsim import frontier as F
         from dsim import sweep as S
         from dsim.cost import load_profile
         conc = parse_int_list(concurrency, "--concurrency")
         specs = parse_methods(methods)
+        slas = F.parse_user_sla(user_sla) if user_sla is not None else None
         if min_requests < 1:
             raise InputError(f"--min-requests: must be >= 1, got {min_requests}")
         if jobs is not None and jobs < 1:
             raise InputError(f"--jobs: must be >= 1, got {jobs}")
         prof = load_profile(profile)
+        if per_gpu:
+            conc = F.concurrency_from_per_gpu(conc, prof, nodes, gpus_per_node)
         base = build_workload(trace, format, None, window, None, None, None, mix, seed)
         df = S.sweep(base, prof, specs, conc, requests_per_user=requests_per_user, min_requests=min_requests,
                      nodes=nodes, gpus_per_node=gpus_per_node, seed=seed, jobs=jobs)
         files = S.write_sweep(df, out)
         typer.echo(S.format_sweep(df))
+        files += _paper_comparison(df, list(specs), slas, prof, out)
         typer.echo(f"workload: {base.source}")
         typer.echo(f"profile : {prof.label}")
         typer.echo("wrote " + ", ".join(str(f) for f in files))
     run_guarded(go)
+
+
+def user_slas(slas, prof):
+    """(SLA anchors, where they come from) for a profile: given, or the paper's for its model."""
+    from dsim import frontier as F
+    if slas is not None:
+        return tuple(slas), "given with --user-sla"
+    return F.default_user_sla(prof.provenance.get("model"))
+
+
+def _paper_comparison(df, methods, slas, prof, out) -> list:
+    from dsim import frontier as F
+    pair = F.pick_pair(methods)
+    if pair is None:
+        return []
+    anchors, src = user_slas(slas, prof)
+    c = F.paper_comparison(df, pair[0], pair[1], anchors, src)
+    typer.echo(F.format_comparison(c))
+    return F.plot_comparison(df, c, out)
 
 
 # ---- ab -------------------------------------------------------------------------------------
@@ -243,20 +275,26 @@ def ab(
     min_requests: int = typer.Option(200),
     jobs: Optional[int] = typer.Option(None, help="worker processes (default: CPU count)"),
     out: Path = typer.Option(..., help="report directory (report.md, report.html, PNGs, plan.json, sweep.csv)"),
+    user_sla: UserSlaOpt = None,
+    per_gpu: PerGpuOpt = False,
 ):
     """Side-by-side report of method A vs B: SLA node counts, latency CDFs, frontier, per class, sensitivity."""
     def go():
+        from dsim import frontier as F
         from dsim import plan as P
         from dsim.cost import load_profile
         from dsim.report import ab_report
         slos = P.parse_sla(sla)
         seed_list = parse_seeds(seeds)
         conc = parse_int_list(concurrency, "--concurrency")
+        slas_u = F.parse_user_sla(user_sla) if user_sla is not None else None
         if jobs is not None and jobs < 1:
             raise InputError(f"--jobs: must be >= 1, got {jobs}")
         prof_name, rs, notes = resolve_scenario(scenario, trace, profile, rate, rate_scale)
         sa, sb = method_spec(a), method_spec(b)
         prof = load_profile(prof_name)
+        if per_gpu:
+            conc = F.concurrency_from_per_gpu(conc, prof, 1, gpus_per_node)
         wls = {s: build_workload(trace, format, requests, window, rate, rs, None, mix, s) for s in seed_list}
         argv = sys.argv[1:]
         cmd = ("dsim " + " ".join(_shq(x) for x in argv)) if argv and argv[0] == "ab" else \
@@ -264,7 +302,7 @@ def ab(
         files = ab_report(wls, prof, sa, sb, slos, out, command=cmd, margin=margin, max_nodes=max_nodes,
                           seeds=seed_list, gpus_per_node=gpus_per_node, price=price_per_gpu_hour, jobs=jobs,
                           concurrency=conc, requests_per_user=requests_per_user, min_requests=min_requests,
-                          notes=notes, name_a=a.lower(), name_b=b.lower())
+                          notes=notes, name_a=a.lower(), name_b=b.lower(), user_sla=slas_u)
         typer.echo("wrote " + ", ".join(str(f) for f in files))
     run_guarded(go)
 
