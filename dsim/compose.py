@@ -1,0 +1,510 @@
+"""Step-cost composer: a dsim profile for a MoE model under a deployment topology, from kernel tables.
+
+One engine step on one GPU is decomposed into kernel ops (``step_ops``), each op is priced by a
+kernel source (a measured/published ``KernelTable``, the ``Roofline`` for what a table lacks),
+and the sum becomes the profile's forward table at vLLM's CUDA-graph capture sizes (the
+staircase) plus tail sizes, its context slope, prefill terms and draft tables.
+
+Topologies (``Topology``; a node of ``gpus`` GPUs):
+- ``tpN-epN``: attention tensor-parallel over N GPUs (query heads split, the single-head / latent
+  KV cache replicated on every rank, as vLLM does for MLA), experts split over the same N GPUs;
+  all-reduce after attention and after the MoE. One engine replica = N GPUs.
+- ``dpN-epN``: attention data-parallel (each GPU an attention rank with its own requests and its
+  own KV cache: one engine replica per GPU), experts split over the N GPUs, tokens exchanged by
+  all-to-all dispatch/combine (DeepEP-style; DeepSeek-V3 report, Sec. 3.4, decodes this way).
+  Assumption: the N ranks step in lockstep with similar batches (their MoE and all-to-all join
+  every rank's tokens), so a rank with n tokens is priced as N x n tokens entering the experts.
+
+Step of n tokens per GPU (every token priced as a decode/verify token with an LM-head row):
+    F(n) = sum over ops of count x ms(op) + layers x graph gap (+ eager overhead above the
+    capture limit); routed experts wait for the most loaded EP rank (``moe_lockstep_factor``:
+    expected max over ranks of a roofline load proxy under uniform top-k routing, Monte Carlo
+    with a fixed seed; the router's systematic skew is assumed removed by EPLB-style redundant
+    experts).
+Context: attention cores priced at two contexts give the KV slope (ms per 1000 KV tokens);
+prefill chunks: the attention-core cost of prompt chunks beyond the decode-priced part is fitted
+as ms per million query-key pairs q (c + q / 2), the LM-head rows they skip as the discount.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from dsim.cost import Profile, Table, save_profile, vllm_capture_sizes
+from dsim.errors import InputError
+from dsim.kernels import HARDWARE, KernelTable, Roofline, load_kernel_table
+from dsim.models import MoEModel, load_model
+
+KV_LO, KV_HI = 1024, 16384          # contexts the KV slope is measured between
+SLOPE_BATCH = 64                    # requests at which the slope is taken
+PREFILL_Q = (512, 2048, 8192)       # prompt-chunk lengths the prefill terms are fitted on
+PREFILL_KV = (0, 8192, 32768)       # cached context before the chunk
+DRAFT_REQUESTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+TAIL_TOKENS = (768, 1024, 1536, 2048, 4096, 8192, 16384)
+GRAPH_GAP_US_PER_LAYER = 4.0        # gaps between kernels inside a CUDA graph, per layer (stated)
+EAGER_US_PER_LAYER = 25.0           # above the capture limit: piecewise graphs, attention eager (stated)
+ACTIVATION_RESERVE_GB = 6.0         # activations, graphs, workspace per GPU (stated, vLLM-like)
+MEM_UTIL = 0.9                      # vLLM gpu_memory_utilization default
+GPUS_PER_NODE = 8
+
+
+@dataclass(frozen=True)
+class Topology:
+    name: str
+    attn_tp: int
+    attn_dp: int
+    ep: int
+
+    @property
+    def gpus(self) -> int:
+        return self.attn_tp * self.attn_dp
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.attn_tp
+
+    @property
+    def nodes(self) -> int:
+        """8-GPU nodes one expert-parallel group spans."""
+        return max(1, -(-self.gpus // GPUS_PER_NODE))
+
+    def describe(self) -> str:
+        span = f" across {self.nodes} nodes" if self.nodes > 1 else ""
+        if self.attn_dp > 1:
+            rep = "one GPU" if self.attn_tp == 1 else f"{self.attn_tp} GPUs (tensor-parallel attention)"
+            return (f"data-parallel attention over {self.attn_dp} ranks of {rep}, each an engine replica with its "
+                    f"own KV cache; experts over EP{self.ep}{span}, all-to-all dispatch/combine")
+        return (f"tensor-parallel attention over {self.attn_tp} GPUs (KV cache replicated per rank), experts over "
+                f"EP{self.ep}, all-reduce after attention and MoE")
+
+
+def parse_topology(s: str) -> Topology:
+    """``tpA-epN``, ``dpB-epN`` or ``tpA-dpB-epN`` with A x B = N (attention TP inside each DP rank)."""
+    t = str(s).strip().lower()
+    parts = t.split("-")
+    try:
+        vals = {p[:2]: int(p[2:]) for p in parts}
+        if len(vals) != len(parts) or set(vals) - {"tp", "dp", "ep"} or "ep" not in vals or len(parts) < 2:
+            raise ValueError
+        tp, dp, ep = vals.get("tp", 1), vals.get("dp", 1), vals["ep"]
+        if min(tp, dp, ep) < 1 or tp * dp != ep:
+            raise ValueError
+    except ValueError:
+        raise InputError(f"topology {s!r}: expected tpN-epN, dpN-epN or tpA-dpB-epN with A x B = N "
+                         "(e.g. tp8-ep8, dp8-ep8, tp2-dp8-ep16)") from None
+    return Topology(t, tp, dp, ep)
+
+
+@dataclass(frozen=True)
+class Op:
+    """One kernel op of a step: ``record`` (the kernel-table key), ``part`` (which piece of the
+    model it is, e.g. q_proj, attn_core, moe_experts), ``count`` (how many times per step)."""
+    record: tuple
+    part: str
+    count: float
+
+    @property
+    def rec(self) -> dict:
+        return dict(self.record)
+
+
+def _op(part: str, count: float, **rec) -> Op:
+    return Op(tuple(sorted(rec.items())), part, float(count))
+
+
+def _dtypes(model: MoEModel, hardware: str) -> tuple[str, str]:
+    """(dense GEMM dtype, expert dtype) as served on `hardware`: block-scaled FP8 for the dense
+    weights (as released); FP4 experts natively on Blackwell, the FP8-expert variant on Hopper
+    (no FP4 tensor cores there)."""
+    expert = model.expert_dtype
+    if expert == "fp4" and HARDWARE[hardware]["fp4"] is None:
+        expert = "fp8"
+    return "fp8", expert
+
+
+def attn_record(model: MoEModel, topo: Topology, kind: str, phase: str, batch: int, q: int, kv: int) -> dict:
+    heads = model.heads // topo.attn_tp
+    r = dict(op="attn", kind=kind, phase=phase, batch=int(batch), q=int(q), kv=int(kv), heads=int(heads))
+    return r
+
+
+def layer_ops(model: MoEModel, topo: Topology, hardware: str, n: int, *, phase: str = "decode",
+              batch: int | None = None, q: int = 1, kv: int = KV_LO, layers=None) -> list[Op]:
+    """Ops of the decoder layers (all of them, or the indices in `layers`) for n tokens on one GPU."""
+    dt, edt = _dtypes(model, hardware)
+    tp = topo.attn_tp
+    h = model.hidden
+    B = batch if batch is not None else max(1, n // q)
+    idx = range(model.layers) if layers is None else layers
+    kinds: dict = {}
+    moe_count = dense_count = 0
+    for i in idx:
+        kinds[model.attn_kinds[i]] = kinds.get(model.attn_kinds[i], 0) + 1
+        if model.moe_layer[i]:
+            moe_count += 1
+        else:
+            dense_count += 1
+    L = sum(kinds.values())
+    ops: list[Op] = []
+    ops.append(_op("norms", L, op="elementwise", bytes=int(n * h * 2 * 2 * 2 * max(1, model.hc_mult // 2))))
+    if model.family == "deepseek_v4":
+        ops.append(_op("mhc", L, op="mhc", tokens=int(n), hidden=h, hc_mult=model.hc_mult))
+        ops.append(_op("q_proj", L, op="gemm", dtype=dt, m=int(n), n=model.q_lora_rank, k=h))
+        ops.append(_op("q_proj", L, op="gemm", dtype=dt, m=int(n), n=model.heads // tp * model.head_dim,
+                       k=model.q_lora_rank))
+        ops.append(_op("kv_proj", L, op="gemm", dtype=dt, m=int(n), n=model.head_dim, k=h))
+        og = max(1, model.o_groups // tp)
+        ops.append(_op("o_proj", L, op="gemm", dtype=dt, m=int(n * og), n=model.o_lora_rank,
+                       k=model.heads * model.head_dim // model.o_groups))
+        ops.append(_op("o_proj", L, op="gemm", dtype=dt, m=int(n), n=h, k=og * model.o_lora_rank))
+        n_comp = kinds.get("v4_csa", 0) + kinds.get("v4_hca", 0)
+        if n_comp:
+            ops.append(_op("compressor", n_comp, op="gemm", dtype=dt, m=int(n), n=2 * model.head_dim, k=h))
+        if kinds.get("v4_csa"):
+            ops.append(_op("indexer_proj", kinds["v4_csa"], op="gemm", dtype=dt, m=int(n),
+                           n=model.index_heads * model.index_dim, k=model.q_lora_rank))
+            ops.append(_op("indexer_proj", kinds["v4_csa"], op="gemm", dtype=dt, m=int(n),
+                           n=model.index_dim + model.index_heads, k=h))
+    else:
+        hl = model.heads // tp
+        ops.append(_op("q_proj", L, op="gemm", dtype=dt, m=int(n), n=model.q_lora_rank, k=h))
+        ops.append(_op("q_proj", L, op="gemm", dtype=dt, m=int(n), n=hl * model.head_dim, k=model.q_lora_rank))
+        ops.append(_op("kv_proj", L, op="gemm", dtype=dt, m=int(n), n=model.kv_lora_rank + model.rope_dim, k=h))
+        ops.append(_op("mla_absorb", L, op="gemm", dtype="bf16", m=int(n * hl), n=model.kv_lora_rank,
+                       k=model.nope_dim))
+        ops.append(_op("mla_absorb", L, op="gemm", dtype="bf16", m=int(n * hl), n=model.v_head_dim,
+                       k=model.kv_lora_rank))
+        ops.append(_op("o_proj", L, op="gemm", dtype=dt, m=int(n), n=h, k=hl * model.v_head_dim))
+    for kind, c in kinds.items():
+        ops.append(_op("attn_core", c, **attn_record(model, topo, kind, phase, B, q, kv)))
+    if tp > 1:
+        ops.append(_op("comm", L, op="comm", kind="all_reduce", gpus=tp, bytes=int(n * h * 2)))
+    if dense_count:
+        ops.append(_op("dense_mlp", dense_count, op="gemm", dtype=dt, m=int(n), n=2 * model.dense_inter // tp, k=h))
+        ops.append(_op("dense_mlp", dense_count, op="gemm", dtype=dt, m=int(n), n=h, k=model.dense_inter // tp))
+    if moe_count:
+        routed = moe_count
+        learned = moe_count - (min(model.hash_layers, moe_count) if layers is None else
+                               sum(1 for i in idx if i < model.hash_layers))
+        if learned:
+            ops.append(_op("router", learned, op="gemm", dtype="bf16", m=int(n), n=model.experts, k=h))
+        if model.shared_experts:
+            si = model.shared_experts * model.moe_inter // tp
+            ops.append(_op("shared_expert", moe_count, op="gemm", dtype=dt, m=int(n), n=2 * si, k=h))
+            ops.append(_op("shared_expert", moe_count, op="gemm", dtype=dt, m=int(n), n=h, k=si))
+        T = n * topo.attn_dp
+        ops.append(_op("moe_experts", routed, op="moe", dtype=edt, tokens=int(T), hidden=h, inter=model.moe_inter,
+                       topk=model.topk, experts=model.experts, ep=topo.ep))
+        if topo.attn_dp > 1:
+            scope = {"scope": "inter_node"} if topo.nodes > 1 else {}
+            ops.append(_op("comm", routed, op="comm", kind="a2a_dispatch", gpus=topo.ep, bytes=int(n * h * 1), **scope))
+            ops.append(_op("comm", routed, op="comm", kind="a2a_combine", gpus=topo.ep, bytes=int(n * h * 2), **scope))
+        elif tp > 1:
+            ops.append(_op("comm", routed, op="comm", kind="all_reduce", gpus=tp, bytes=int(n * h * 2)))
+    return ops
+
+
+def step_ops(model: MoEModel, topo: Topology, hardware: str, n: int, **kw) -> list[Op]:
+    """All ops of one target forward of n tokens on one GPU: embedding, the decoder layers, the
+    final norm and the LM head (vocabulary split over the TP ranks, logits gathered)."""
+    ops = [_op("embedding", 1, op="elementwise", bytes=int(n * model.hidden * 2 * 2))]
+    ops += layer_ops(model, topo, hardware, n, **kw)
+    ops.append(_op("lm_head", 1, op="gemm", dtype="bf16", m=int(n), n=model.vocab // topo.attn_tp, k=model.hidden))
+    if topo.attn_tp > 1:
+        ops.append(_op("comm", 1, op="comm", kind="all_gather", gpus=topo.attn_tp,
+                       bytes=int(n * model.vocab // topo.attn_tp * 4)))
+    return ops
+
+
+def draft_ops(model: MoEModel, topo: Topology, hardware: str, kind: str, R: int, block: int) -> list[Op]:
+    """Draft ops for R requests. mtp: the MTP module (one decoder layer + a projection of
+    [hidden, embedding]) over R tokens, then the LM head. dspark: the parallel backbone — three
+    MoE layers with sliding-window attention and hyper-connections (DSpark paper, Sec. 5.1) — over
+    the R x block positions, the LM head over them; the tiny sequential head is the 1% the engine
+    adds. eagle3: one decoder layer + LM head over R tokens per sequential draft step."""
+    last = model.layers - 1
+    if kind in ("mtp", "eagle3"):
+        ops = layer_ops(model, topo, hardware, R, layers=[last])
+        ops.append(_op("mtp_proj", 1, op="gemm", dtype="fp8", m=int(R), n=model.hidden, k=2 * model.hidden))
+        ops.append(_op("lm_head", 1, op="gemm", dtype="bf16", m=int(R), n=model.vocab // topo.attn_tp,
+                       k=model.hidden))
+        return ops
+    n = R * block
+    swa = [i for i, k in enumerate(model.attn_kinds) if k in ("v4_swa", "mla")][:1] or [last]
+    ops = []
+    for _ in range(3):
+        ops += layer_ops(model, topo, hardware, n, layers=swa, batch=R, q=block)
+    ops.append(_op("lm_head", 1, op="gemm", dtype="bf16", m=int(n), n=model.vocab // topo.attn_tp, k=model.hidden))
+    return ops
+
+
+# ---------------------------------------------------------------------------------------- pricing
+class Pricer:
+    """Prices ops from a kernel table, falling back to the roofline; counts what fell back."""
+
+    def __init__(self, table: KernelTable | None, roofline: Roofline):
+        self.table, self.roofline = table, roofline
+        self.skip = {p for op in ("attn", "moe") for p in (table.includes(op) if table else set())}
+        self.priced: dict = {}
+        self.fallback: dict = {}
+
+    def ms(self, op: Op) -> float:
+        if op.part in self.skip:
+            return 0.0
+        rec = op.rec
+        v = self.table.ms(rec) if self.table is not None else None
+        bucket = self.priced if v is not None else self.fallback
+        bucket[rec["op"]] = bucket.get(rec["op"], 0) + 1
+        if v is None:
+            v = self.roofline.ms(rec)
+        return float(v)
+
+    def total(self, ops: list[Op]) -> float:
+        return sum(op.count * self.ms(op) for op in ops)
+
+
+@lru_cache(maxsize=4096)
+def moe_lockstep_factor(tokens: int, topk: int, experts: int, ep: int, expert_bytes: float,
+                        row_flop_s: float, bw: float, trials: int = 64) -> float:
+    """E[max over EP ranks] / E[one rank] of a rank's expert time proxy under uniform top-k routing:
+    max(distinct local experts x expert bytes / BW, rows x FLOPs per row / peak). A step waits for
+    its slowest rank; at small batches the experts touched differ from rank to rank. Monte Carlo,
+    fixed seed (deterministic); each token's k experts distinct."""
+    if ep <= 1 or tokens <= 0:
+        return 1.0
+    rng = np.random.default_rng(12345 + tokens)
+    local = experts // ep
+    mx = mean = 0.0
+    for _ in range(trials):
+        if tokens <= 256:      # exact: k distinct experts per token
+            choice = np.argpartition(rng.random((tokens, experts)), topk, axis=1)[:, :topk]
+        else:                  # large batches: with replacement (the difference is k/E per token)
+            choice = rng.integers(0, experts, size=(tokens, topk))
+        counts = np.bincount(choice.ravel(), minlength=experts).reshape(ep, local)
+        active = (counts > 0).sum(axis=1)
+        rows = counts.sum(axis=1)
+        proxy = np.maximum(active * expert_bytes / bw, rows * row_flop_s)
+        mx += proxy.max()
+        mean += proxy.mean()
+    return float(mx / mean) if mean > 0 else 1.0
+
+
+def _moe_factor(model: MoEModel, topo: Topology, hardware: str, op: Op, roof: Roofline) -> float:
+    r = op.rec
+    hw = HARDWARE[hardware]
+    wb = {"fp8": 1.0, "fp4": 0.53}.get(r["dtype"], 2.0)
+    peak = (hw["fp4"] or hw["fp8"]) if r["dtype"] == "fp4" else hw["fp8"]
+    T = min(int(r["tokens"]), 16384)
+    return moe_lockstep_factor(T, model.topk, model.experts, topo.ep, 3.0 * model.hidden * model.moe_inter * wb,
+                               2.0 * 3 * model.hidden * model.moe_inter / (peak * roof.eff_flops),
+                               hw["bw"] * roof.eff_bw)
+
+
+def priced_total(model, topo, hardware, ops, pricer: Pricer) -> float:
+    t = 0.0
+    for op in ops:
+        v = op.count * pricer.ms(op)
+        if op.part == "moe_experts":
+            v *= _moe_factor(model, topo, hardware, op, pricer.roofline)
+        t += v
+    return t
+
+
+def forward_ms(model, topo, hardware, n: int, pricer: Pricer, limit: int, *, kv: int = KV_LO) -> float:
+    t = priced_total(model, topo, hardware, step_ops(model, topo, hardware, n, kv=kv), pricer)
+    t += model.layers * GRAPH_GAP_US_PER_LAYER * 1e-3
+    if n > limit:
+        t += model.layers * EAGER_US_PER_LAYER * 1e-3
+    return t
+
+
+def _attn_only(model, topo, hardware, pricer, *, phase, batch, q, kv) -> float:
+    ops = [op for op in layer_ops(model, topo, hardware, batch * q, phase=phase, batch=batch, q=q, kv=kv)
+           if op.part == "attn_core"]
+    return priced_total(model, topo, hardware, ops, pricer)
+
+
+def kv_capacity(model: MoEModel, topo: Topology, hardware: str, max_num_seqs: int) -> tuple[float, dict]:
+    """(KV-cache GiB per replica, memory breakdown per GPU in GB). Weights per GPU: attention and
+    embeddings replicated per DP rank (split over TP ranks), experts split over EP ranks; the
+    sliding windows of max_num_seqs requests reserved."""
+    pb = model.param_bytes()
+    hw = HARDWARE[hardware]
+    e_scale = 1.0
+    if model.expert_dtype == "fp4" and hw["fp4"] is None:
+        e_scale = 1.0 / 0.53                    # FP8 experts on Hopper
+    per_gpu = dict(attention=pb["attention"] / topo.attn_tp, dense_and_shared=pb["shared_and_dense"] / topo.attn_tp,
+                   router=pb["router"], embeddings=pb["embeddings"] / topo.attn_tp,
+                   routed_experts=pb["routed_experts"] * e_scale / topo.ep, mtp=pb["mtp"] / topo.ep)
+    weights_gb = sum(per_gpu.values()) / 1e9
+    windows_gb = max_num_seqs * model.kv_bytes_per_request() / 1e9
+    free_gb = hw["hbm_gb"] * MEM_UTIL - weights_gb - ACTIVATION_RESERVE_GB - windows_gb
+    mem = {k: round(v / 1e9, 2) for k, v in per_gpu.items()}
+    mem.update(weights_total=round(weights_gb, 2), activation_reserve=ACTIVATION_RESERVE_GB,
+               sliding_windows=round(windows_gb, 2), kv_cache=round(free_gb, 2))
+    if free_gb <= 1.0:
+        raise InputError(f"{model.name}: weights ({weights_gb:.0f} GB per GPU) leave no KV cache on "
+                         f"{topo.name} x {hw['name']} ({hw['hbm_gb']:.0f} GB); use more GPUs (e.g. dp16-ep16) or FP4 experts")
+    return free_gb * 1e9 / 2**30, mem
+
+
+def compose_profile(model: MoEModel, topo: Topology, hardware: str, table: KernelTable | None = None,
+                    *, name: str | None = None, max_capture: int | None = None, draft_block: int = 7,
+                    max_num_seqs: int = 1024, cpu_overhead_ms: float = 2.0, roofline: Roofline | None = None,
+                    table_error: dict | None = None, command: str = "") -> Profile:
+    """Build the profile (see the module doc). `table_error`: the measured error of this table
+    against our own measurements on comparable hardware, carried into provenance."""
+    roof = roofline or Roofline(hardware=hardware)
+    pricer = Pricer(table, roof)
+    if max_capture is None:
+        max_capture = 1024 if hardware == "b300" else 512    # vLLM: 1024 on data-center Blackwell
+    caps = vllm_capture_sizes(max_capture)
+    tokens = caps + [t for t in TAIL_TOKENS if t > caps[-1]]
+    limit = caps[-1]
+    fwd = np.array([forward_ms(model, topo, hardware, n, pricer, limit) for n in tokens])
+    # KV slope: attention cores at two contexts, per KV token of the batch
+    lo = _attn_only(model, topo, hardware, pricer, phase="decode", batch=SLOPE_BATCH, q=1, kv=KV_LO)
+    hi = _attn_only(model, topo, hardware, pricer, phase="decode", batch=SLOPE_BATCH, q=1, kv=KV_HI)
+    slope_ms_per_tok = max(0.0, (hi - lo) / (SLOPE_BATCH * (KV_HI - KV_LO)))
+    # the table was priced at KV_LO context per token: take that context's share out (zero-context table)
+    fwd = np.maximum(fwd - slope_ms_per_tok * np.array(tokens) * KV_LO, 1e-3)
+    fwd = np.maximum.accumulate(fwd)
+    # prefill terms: a chunk's attention core beyond its decode-priced share, per million pairs
+    per_tok = _attn_only(model, topo, hardware, pricer, phase="decode", batch=SLOPE_BATCH, q=1, kv=KV_LO) / SLOPE_BATCH
+    xs, ys = [], []
+    for qn in PREFILL_Q:
+        for c in PREFILL_KV:
+            t = _attn_only(model, topo, hardware, pricer, phase="prefill", batch=1, q=qn, kv=c)
+            xs.append(qn * (c + qn / 2) / 1e6)
+            ys.append(t - qn * (per_tok - slope_ms_per_tok * KV_LO) - slope_ms_per_tok * c)
+    xs_a, ys_a = np.array(xs), np.array(ys)
+    attn_mpair = max(0.0, float(xs_a @ ys_a / (xs_a @ xs_a)))
+    resid = ys_a - attn_mpair * xs_a
+    lm = [pricer.ms(_op("lm_head", 1, op="gemm", dtype="bf16", m=m, n=model.vocab // topo.attn_tp, k=model.hidden))
+          for m in (8192, 16384)]
+    discount = max(0.0, (lm[1] - lm[0]) / 8192 * 1000)
+    last_slope = (fwd[-1] - fwd[-2]) / (tokens[-1] - tokens[-2]) * 1000
+    discount = min(discount, 0.9 * last_slope)
+    draft = {}
+    for kind in ("mtp", "eagle3", "dspark"):
+        ms = [priced_total(model, topo, hardware, draft_ops(model, topo, hardware, kind, R, draft_block), pricer)
+              + (3 if kind == "dspark" else 1) * GRAPH_GAP_US_PER_LAYER * 1e-3 for R in DRAFT_REQUESTS]
+        draft[kind] = Table(np.array(DRAFT_REQUESTS, dtype=float), np.maximum.accumulate(np.array(ms)))
+    draft["block"] = draft["dspark"]
+    kv_gib, mem = kv_capacity(model, topo, hardware, max_num_seqs)
+    hw = HARDWARE[hardware]
+    if table is not None:
+        kind = "measured" if table.provenance.get("kind") == "measured" else "analytical"
+        src = (f"kernel table {table.name} ({table.provenance.get('kind')}: {table.provenance.get('method', '')}; "
+               f"{table.provenance.get('engine', '')} {table.provenance.get('engine_version', '')})")
+    else:
+        kind, src = "analytical", "roofline only (no kernel table)"
+    fell = sum(pricer.fallback.values())
+    tot = fell + sum(pricer.priced.values())
+    method = (f"composed per kernel op from {src}; {fell} of {tot} op lookups fell back to the roofline "
+              f"({', '.join(sorted(pricer.fallback)) or 'none'}); {topo.describe()}")
+    prov = dict(kind=kind, hardware=f"{topo.gpus} x {hw['name']}", gpus_per_replica=topo.gpus_per_replica,
+                model=model.name, engine="vLLM-like (CUDA graphs at vLLM's capture sizes, chunked prefill)",
+                engine_version="n/a", date=str(_dt.date.today()), method=method,
+                command=command or f"python3 -m dsim.compose profile --model {model.name} --topology {topo.name} "
+                                   f"--hardware {hardware}" + (f" --kernels {table.name}" if table else ""),
+                topology=dict(name=topo.name, gpus_per_node=topo.gpus, attn_tp=topo.attn_tp, attn_dp=topo.attn_dp,
+                              ep=topo.ep),
+                model_source=model.source, hardware_source=hw["source"],
+                assumptions=dict(
+                    expert_dtype=_dtypes(model, hardware)[1], dense_dtype="fp8 block-scaled",
+                    lockstep="DP ranks step together with similar batches; experts wait for the slowest EP rank "
+                             "(uniform top-k routing, EPLB-balanced)" if topo.attn_dp > 1 else
+                             "TP ranks hold the same tokens; experts wait for the slowest EP rank",
+                    graph_gap_us_per_layer=GRAPH_GAP_US_PER_LAYER, eager_us_per_layer=EAGER_US_PER_LAYER,
+                    activation_reserve_gb=ACTIVATION_RESERVE_GB, gpu_memory_utilization=MEM_UTIL,
+                    kv_layout="V4: compressed entries FP8 + bf16 rope, indexer keys FP8; MLA: bf16 latent",
+                    max_num_seqs_windows_reserved=max_num_seqs, draft_block=draft_block,
+                    roofline=roof.provenance["method"]),
+                memory_per_gpu_gb=mem,
+                prefill_fit=dict(points=len(xs), residual_ms_max=round(float(np.abs(resid).max()), 4)))
+    if table is not None:
+        prov["kernel_table"] = dict(name=table.name, file=table.source_path.split("profiles/")[-1],
+                                    provenance=table.provenance)
+    if table_error:
+        prov["kernel_table_error"] = table_error
+    return Profile(
+        name=name or f"{model.name}-{hardware}-{topo.name}",
+        provenance=prov,
+        kv_cache_gib=round(float(kv_gib), 2), kv_bytes_per_token=float(model.kv_bytes_per_token()),
+        cpu_overhead_ms=cpu_overhead_ms, capture_sizes=tuple(caps),
+        forward=Table(np.array(tokens, dtype=float), fwd), kv_ms_per_ktok=float(slope_ms_per_tok * 1000),
+        draft=draft, prefill_discount_ms_per_ktok=float(discount), prefill_attn_ms_per_mpair=attn_mpair)
+
+
+def required_ops(model: MoEModel, topo: Topology, hardware: str, max_capture: int | None = None,
+                 draft_block: int = 7) -> list[dict]:
+    """Every op record compose_profile looks up (without 'ms'), deduplicated, sorted."""
+    if max_capture is None:
+        max_capture = 1024 if hardware == "b300" else 512
+    caps = vllm_capture_sizes(max_capture)
+    tokens = caps + [t for t in TAIL_TOKENS if t > caps[-1]]
+    ops: list[Op] = []
+    for n in tokens:
+        ops += step_ops(model, topo, hardware, n)
+    for kv in (KV_LO, KV_HI):
+        ops += [o for o in layer_ops(model, topo, hardware, SLOPE_BATCH, batch=SLOPE_BATCH, q=1, kv=kv)
+                if o.part == "attn_core"]
+    for qn in PREFILL_Q:
+        for c in PREFILL_KV:
+            ops += [o for o in layer_ops(model, topo, hardware, qn, phase="prefill", batch=1, q=qn, kv=c)
+                    if o.part == "attn_core"]
+    for m in (8192, 16384):
+        ops.append(_op("lm_head", 1, op="gemm", dtype="bf16", m=m, n=model.vocab // topo.attn_tp, k=model.hidden))
+    for kind in ("mtp", "eagle3", "dspark"):
+        for R in DRAFT_REQUESTS:
+            ops += draft_ops(model, topo, hardware, kind, R, draft_block)
+    seen = {op.record for op in ops}
+    return sorted((dict(r) for r in seen), key=lambda r: json.dumps(r, sort_keys=True))
+
+
+# ---------------------------------------------------------------------------------------- CLI
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m dsim.compose", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("required-ops", "profile"):
+        p = sub.add_parser(name)
+        p.add_argument("--model", required=True)
+        p.add_argument("--topology", required=True)
+        p.add_argument("--hardware", required=True, choices=sorted(HARDWARE))
+        p.add_argument("--max-capture", type=int, default=None)
+        p.add_argument("--draft-block", type=int, default=7)
+    prof = sub.choices["profile"]
+    prof.add_argument("--kernels", default=None, help="kernel table (profiles/kernels/NAME.json); roofline if absent")
+    prof.add_argument("--name", default=None)
+    prof.add_argument("--out", required=True)
+    prof.add_argument("--table-error", default=None, help="JSON file: the table's measured error (carried into provenance)")
+    a = ap.parse_args(argv)
+    try:
+        model = load_model(a.model)
+        topo = parse_topology(a.topology)
+        if a.cmd == "required-ops":
+            json.dump(required_ops(model, topo, a.hardware, a.max_capture, a.draft_block), sys.stdout, indent=0)
+            sys.stdout.write("\n")
+            return 0
+        table = load_kernel_table(a.kernels) if a.kernels else None
+        err = json.loads(open(a.table_error).read()) if a.table_error else None
+        cmd = "python3 -m dsim.compose " + " ".join(argv if argv is not None else sys.argv[1:])
+        prof_ = compose_profile(model, topo, a.hardware, table, name=a.name, max_capture=a.max_capture,
+                                draft_block=a.draft_block, table_error=err, command=cmd)
+        save_profile(prof_, a.out)
+        print(f"wrote {a.out}: {prof_.label}")
+        return 0
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The MoE step-cost composer: model decomposition, kernel tables, topologies, composed profiles."""
+import json
+
+import numpy as np
+import pytest
+
+from dsim.compose import (Pricer, compose_profile, kv_capacity, layer_ops, moe_lockstep_factor, parse_topology,
+                          required_ops, step_ops)
+from dsim.cost import CostModel
+from dsim.errors import InputError
+from dsim.kernels import HARDWARE, KernelTable, Roofline, load_kernel_table
+from dsim.models import load_model
+
+
+@pytest.mark.parametrize("name,total_b,active_b", [
+    # public parameter counts (without the MTP module): DeepSeek-V3 671B / 37B (technical report);
+    # DeepSeek-V4-Flash 284B / 13B, V4-Pro 1.6T / 49B (model cards)
+    ("deepseek-v3", 671, 37), ("deepseek-v4-flash", 284, 13), ("deepseek-v4-pro", 1600, 49)])
+def test_parameter_counts_match_public_figures(name, total_b, active_b):
+    c = load_model(name).param_count()
+    assert (c["total"] - c["mtp"]) / 1e9 == pytest.approx(total_b, rel=0.03)
+    assert c["active"] / 1e9 == pytest.approx(active_b, rel=0.06)
+
+
+def test_v4_layer_kinds_and_kv_per_token():
+    m = load_model("deepseek-v4-flash")
+    assert m.layers == 43 and len(m.attn_kinds) == 43
+    assert m.attn_kinds.count("v4_csa") == 21 and m.attn_kinds.count("v4_hca") == 20
+    # closed form: per CSA layer (448 + 128) / 4 + 128 / 4 bytes, per HCA layer 576 / 128
+    assert m.kv_bytes_per_token() == pytest.approx(21 * (576 / 4 + 32) + 20 * 576 / 128)
+    assert m.kv_bytes_per_request() == 43 * 128 * 576
+    v3 = load_model("deepseek-v3")
+    assert v3.kv_bytes_per_token() == 61 * 576 * 2
+
+
+def test_topology_grammar():
+    t = parse_topology("dp8-ep8")
+    assert (t.attn_dp, t.attn_tp, t.gpus, t.gpus_per_replica) == (8, 1, 8, 1)
+    t = parse_topology("TP8-EP8")
+    assert (t.attn_dp, t.attn_tp, t.gpus_per_replica) == (1, 8, 8)
+    t = parse_topology("tp2-dp8-ep16")
+    assert (t.attn_tp, t.attn_dp, t.gpus, t.gpus_per_replica, t.nodes) == (2, 8, 16, 2, 2)
+    for bad in ("tp8", "dp8-ep4", "xx8-ep8", "dp0-ep0", "", "tp2-dp2-ep8"):
+        with pytest.raises(InputError):
+            parse_topology(bad)
+
+
+def test_roofline_gemm_closed_form():
+    r = Roofline(hardware="h200", kernel_floor_us=0.0)
+    m, n, k = 16384, 8192, 8192                       # compute bound
+    want = 2 * m * n * k / (HARDWARE["h200"]["fp8"] * r.eff_flops) * 1e3
+    assert r.ms(dict(op="gemm", dtype="fp8", m=m, n=n, k=k)) == pytest.approx(want)
+    m = 1                                             # weight-read bound
+    want = (m * k + k * n + m * n * 2) / (HARDWARE["h200"]["bw"] * r.eff_bw) * 1e3
+    assert r.ms(dict(op="gemm", dtype="fp8", m=m, n=n, k=k)) == pytest.approx(want)
+
+
+def test_kernel_table_exact_and_loglog_interpolation(tmp_path):
+    recs = [dict(op="gemm", dtype="fp8", m=m, n=64, k=64, ms=0.01 * m ** 0.5) for m in (1, 4, 16, 64)]
+    t = KernelTable("t", {"kind": "measured"}, recs)
+    assert t.ms(dict(op="gemm", dtype="fp8", m=16, n=64, k=64)) == pytest.approx(0.04)
+    assert t.ms(dict(op="gemm", dtype="fp8", m=8, n=64, k=64)) == pytest.approx(0.01 * 8 ** 0.5)   # power law exact
+    assert t.ms(dict(op="gemm", dtype="fp8", m=128, n=64, k=64)) is None                            # no extrapolation
+    assert t.ms(dict(op="gemm", dtype="bf16", m=8, n=64, k=64)) is None
+    p = tmp_path / "k.json"
+    p.write_text(json.dumps({"name": "k", "provenance": {}, "records": [dict(op="gemm", m=1, ms=float("nan"))]}))
+    with pytest.raises(InputError, match=r"records\[0\]\.ms"):
+        load_kernel_table(str(p))
+
+
+def test_required_ops_cover_every_lookup():
+    """A table priced on exactly required_ops answers every lookup (no roofline fallback) and,
+    priced with the roofline's own numbers, composes the same profile as the roofline alone."""
+    model, topo = load_model("deepseek-v4-flash"), parse_topology("dp8-ep8")
+    roof = Roofline(hardware="h200")
+    recs = [dict(r, ms=roof.ms(r)) for r in required_ops(model, topo, "h200")]
+    table = KernelTable("roof-as-table", {"kind": "measured", "method": "test"}, recs)
+    a = compose_profile(model, topo, "h200", None)
+    b = compose_profile(model, topo, "h200", table)
+    assert "0 of" in b.provenance["method"]
+    np.testing.assert_allclose(a.forward.ms, b.forward.ms, rtol=1e-9)
+    assert a.kv_ms_per_ktok == pytest.approx(b.kv_ms_per_ktok)
+    for k in a.draft:
+        np.testing.assert_allclose(a.draft[k].ms, b.draft[k].ms, rtol=1e-9)
+
+
+@pytest.mark.parametrize("model,topo,hw", [("deepseek-v4-flash", "dp8-ep8", "h200"),
+                                           ("deepseek-v4-flash", "tp8-ep8", "h200"),
+                                           ("deepseek-v4-pro", "dp8-ep8", "b300"),
+                                           ("deepseek-v3", "tp8-ep8", "h200")])
+def test_composed_profiles_are_valid_and_monotone(model, topo, hw):
+    p = compose_profile(load_model(model), parse_topology(topo), hw)
+    c = CostModel(p)
+    n = np.arange(1, 16384)
+    f = c.forward_ms(n)
+    assert np.all(np.diff(f) >= 0) and f[0] > 0
+    assert p.gpus_per_replica == parse_topology(topo).gpus_per_replica
+    assert p.kv_cache_gib > 0 and p.provenance["memory_per_gpu_gb"]["kv_cache"] > 0
+    # more tokens per step cost more per step but less per token (batching amortizes weight reads)
+    assert c.forward_ms(256) / 256 < c.forward_ms(1)
+
+
+def test_pro_fp8_does_not_fit_one_h200_node():
+    # V4-Pro with FP8 experts (Hopper) is ~1.6 TB of weights: 8 x 141 GB cannot hold it
+    with pytest.raises(InputError, match="no KV cache"):
+        kv_capacity(load_model("deepseek-v4-pro"), parse_topology("dp8-ep8"), "h200", 1024)
+    with pytest.raises(InputError, match="no KV cache"):      # attention replicated on 16 ranks: still too much
+        kv_capacity(load_model("deepseek-v4-pro"), parse_topology("dp16-ep16"), "h200", 1024)
+    gib, mem = kv_capacity(load_model("deepseek-v4-pro"), parse_topology("tp2-dp8-ep16"), "h200", 1024)
+    assert gib > 0 and mem["routed_experts"] == pytest.approx(1547.4 / 16, rel=0.01)
+
+
+def test_lockstep_factor_properties():
+    args = (48e6, 1e-7, 4e12)
+    small = moe_lockstep_factor(1, 6, 256, 8, *args)
+    big = moe_lockstep_factor(4096, 6, 256, 8, *args)
+    assert small > 1.5          # 6 experts over 8 ranks: some rank holds 2+, others none
+    assert 1.0 <= big < 1.15    # large batches balance out
+    assert moe_lockstep_factor(64, 6, 256, 1, *args) == 1.0
+    assert moe_lockstep_factor(64, 6, 256, 8, *args) == moe_lockstep_factor(64, 6, 256, 8, *args)
+
+
+def test_dp_moe_sees_every_rank_tokens_tp_does_not():
+    m = load_model("deepseek-v4-flash")
+    dp = [o for o in layer_ops(m, parse_topology("dp8-ep8"), "h200", 32) if o.part == "moe_experts"][0]
+    tp = [o for o in layer_ops(m, parse_topology("tp8-ep8"), "h200", 32) if o.part == "moe_experts"][0]
+    assert dp.rec["tokens"] == 256 and tp.rec["tokens"] == 32
+    parts = {o.part for o in step_ops(m, parse_topology("dp8-ep8"), "h200", 32)}
+    assert {"attn_core", "moe_experts", "comm", "lm_head", "mhc", "indexer_proj"} <= parts
+
+
+def test_table_includes_skip_double_counting():
+    m, t = load_model("deepseek-v4-flash"), parse_topology("dp8-ep8")
+    recs = [dict(op="attn", kind="v4_csa", phase="decode", batch=1, q=1, kv=1024, heads=64, ms=1.0,
+                 includes=["q_proj", "kv_proj"])]
+    pr = Pricer(KernelTable("x", {}, recs), Roofline())
+    q_ops = [o for o in step_ops(m, t, "h200", 1) if o.part in ("q_proj", "kv_proj")]
+    assert q_ops and all(pr.ms(o) == 0.0 for o in q_ops)
