@@ -28,6 +28,7 @@ as ms per million query-key pairs q (c + q / 2), the LM-head rows they skip as t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import sys
@@ -38,7 +39,7 @@ import numpy as np
 
 from dsim.cost import Profile, Table, save_profile, vllm_capture_sizes
 from dsim.errors import InputError
-from dsim.kernels import HARDWARE, KernelTable, Roofline, load_kernel_table
+from dsim.kernels import HARDWARE, MATH_DTYPE, WEIGHT_BYTES, KernelTable, Roofline, load_kernel_table
 from dsim.models import MoEModel, load_model
 
 KV_LO, KV_HI = 1024, 16384          # contexts the KV slope is measured between
@@ -121,7 +122,8 @@ def _op(part: str, count: float, **rec) -> Op:
 def _dtypes(model: MoEModel, hardware: str) -> tuple[str, str]:
     """(dense GEMM dtype, expert dtype) as served on `hardware`: block-scaled FP8 for the dense
     weights (as released); FP4 experts natively on Blackwell, the FP8-expert variant on Hopper
-    (no FP4 tensor cores there)."""
+    (no FP4 tensor cores there) unless the model was given w4a16 experts (4-bit weights, bf16
+    math: Hopper's way to serve the FP4 checkpoint itself)."""
     expert = model.expert_dtype
     if expert == "fp4" and HARDWARE[hardware]["fp4"] is None:
         expert = "fp8"
@@ -298,8 +300,8 @@ def moe_lockstep_factor(tokens: int, topk: int, experts: int, ep: int, expert_by
 def _moe_factor(model: MoEModel, topo: Topology, hardware: str, op: Op, roof: Roofline) -> float:
     r = op.rec
     hw = HARDWARE[hardware]
-    wb = {"fp8": 1.0, "fp4": 0.53}.get(r["dtype"], 2.0)
-    peak = (hw["fp4"] or hw["fp8"]) if r["dtype"] == "fp4" else hw["fp8"]
+    wb = WEIGHT_BYTES.get(r["dtype"], 2.0)
+    peak = {"fp4": hw["fp4"] or hw["fp8"], "fp8": hw["fp8"]}.get(MATH_DTYPE.get(r["dtype"], "bf16"), hw["bf16"])
     T = min(int(r["tokens"]), 16384)
     return moe_lockstep_factor(T, model.topk, model.experts, topo.ep, 3.0 * model.hidden * model.moe_inter * wb,
                                2.0 * 3 * model.hidden * model.moe_inter / (peak * roof.eff_flops),
@@ -336,9 +338,9 @@ def kv_capacity(model: MoEModel, topo: Topology, hardware: str, max_num_seqs: in
     sliding windows of max_num_seqs requests reserved."""
     pb = model.param_bytes()
     hw = HARDWARE[hardware]
-    e_scale = 1.0
-    if model.expert_dtype == "fp4" and hw["fp4"] is None:
-        e_scale = 1.0 / 0.53                    # FP8 experts on Hopper
+    # param_bytes counts experts as released (fp4: 0.53 B); rescale to the dtype actually served
+    released = WEIGHT_BYTES["fp4"] if model.expert_dtype in ("fp4", "w4a16") else WEIGHT_BYTES["fp8"]
+    e_scale = WEIGHT_BYTES[_dtypes(model, hardware)[1]] / released
     per_gpu = dict(attention=pb["attention"] / topo.attn_tp, dense_and_shared=pb["shared_and_dense"] / topo.attn_tp,
                    router=pb["router"], embeddings=pb["embeddings"] / topo.attn_tp,
                    routed_experts=pb["routed_experts"] * e_scale / topo.ep, mtp=pb["mtp"] / topo.ep)
@@ -480,6 +482,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--hardware", required=True, choices=sorted(HARDWARE))
         p.add_argument("--max-capture", type=int, default=None)
         p.add_argument("--draft-block", type=int, default=7)
+        p.add_argument("--expert-dtype", choices=("fp8", "fp4", "w4a16"), default=None,
+                       help="serve the routed experts in this dtype (default: as released where the hardware runs "
+                            "it natively, else the FP8-expert variant)")
     prof = sub.choices["profile"]
     prof.add_argument("--kernels", default=None, help="kernel table (profiles/kernels/NAME.json); roofline if absent")
     prof.add_argument("--name", default=None)
@@ -488,6 +493,11 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         model = load_model(a.model)
+        if a.expert_dtype:
+            if a.expert_dtype == "fp4" and HARDWARE[a.hardware]["fp4"] is None:
+                raise InputError(f"--expert-dtype fp4: {HARDWARE[a.hardware]['name']} has no FP4 tensor cores "
+                                 "(use w4a16 or fp8)")
+            model = dataclasses.replace(model, expert_dtype=a.expert_dtype)
         topo = parse_topology(a.topology)
         if a.cmd == "required-ops":
             json.dump(required_ops(model, topo, a.hardware, a.max_capture, a.draft_block), sys.stdout, indent=0)

@@ -34,6 +34,12 @@ def record_key(rec: dict, drop: str | None = None) -> tuple:
     return tuple(sorted((k, v) for k, v in rec.items() if k not in _META and k != drop))
 
 
+#: weight bytes per parameter and the math each dtype runs on. fp4: NVFP4/MXFP4 (4-bit values +
+#: block scales, ~0.53 byte), native on Blackwell; w4a16: 4-bit weights dequantized to bf16 math
+#: (Marlin-style kernels, how Hopper serves FP4 checkpoints).
+WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.53, "w4a16": 0.53}
+MATH_DTYPE = {"bf16": "bf16", "fp8": "fp8", "fp4": "fp4", "w4a16": "bf16"}
+
 #: public hardware figures (vendor datasheets): HBM bandwidth, dense matrix peaks, NVLink per GPU
 HARDWARE = {
     "h200": dict(name="NVIDIA H200 SXM", hbm_gb=141.0, bw=4.8e12, bf16=989e12, fp8=1979e12, fp4=None,
@@ -72,9 +78,10 @@ class Roofline:
 
     def _peak(self, dtype: str) -> float:
         hw = self.hw
-        if dtype == "fp4":
-            return hw["fp4"] or hw["fp8"]          # Hopper has no FP4 tensor cores: FP8 math
-        return hw["fp8"] if dtype == "fp8" else hw["bf16"]
+        math_ = MATH_DTYPE.get(dtype, "bf16")
+        if math_ == "fp4":
+            return hw["fp4"] or hw["fp8"]
+        return hw["fp8"] if math_ == "fp8" else hw["bf16"]
 
     def _t(self, flops: float, nbytes: float, dtype: str = "bf16") -> float:
         t = max(flops / (self._peak(dtype) * self.eff_flops), nbytes / (self.hw["bw"] * self.eff_bw))
@@ -83,8 +90,8 @@ class Roofline:
     def ms(self, r: dict) -> float:
         op = r["op"]
         if op == "gemm":
-            wb = {"fp8": 1.0, "fp4": 0.53}.get(r["dtype"], 2.0)
-            ab = 1.0 if r["dtype"] in ("fp8", "fp4") else 2.0
+            wb = WEIGHT_BYTES.get(r["dtype"], 2.0)
+            ab = 1.0 if MATH_DTYPE.get(r["dtype"]) in ("fp8", "fp4") else 2.0
             m, n, k = r["m"], r["n"], r["k"]
             return self._t(2.0 * m * n * k, m * k * ab + k * n * wb + m * n * 2.0, r["dtype"])
         if op == "moe":
@@ -92,7 +99,7 @@ class Roofline:
             local = E / P
             active = local * (1.0 - (1.0 - k / E) ** T)           # distinct local experts touched
             assigned = T * k / P                                   # (token, expert) rows on this rank
-            wb = {"fp8": 1.0, "fp4": 0.53}.get(r["dtype"], 2.0)
+            wb = WEIGHT_BYTES.get(r["dtype"], 2.0)
             nbytes = active * 3 * H * inter * wb + assigned * (H * 3 + inter * 2)
             return self._t(2.0 * assigned * 3 * H * inter, nbytes, r["dtype"]) + 2 * self.kernel_floor_us * 1e-3
         if op == "attn":

@@ -120,7 +120,7 @@ class MoEModel:
     def param_bytes(self) -> dict:
         """Weight bytes by part, as released: non-expert weights FP8 (1 byte), experts per
         expert_dtype (fp4: 0.5 byte + block scales, counted as 0.53), embeddings/LM head bf16."""
-        e_bytes = 0.53 if self.expert_dtype == "fp4" else 1.0
+        e_bytes = 0.53 if self.expert_dtype in ("fp4", "w4a16") else 1.0
         attn = sum(self.attn_params(k) for k in self.attn_kinds)
         n_moe = sum(self.moe_layer)
         n_dense = self.layers - n_moe
