@@ -151,15 +151,18 @@ def case_rows(r):
     c = r["comp"]
     df = r["df"]
     rows, verdicts = [], {}
+    key = r.setdefault("key_metrics", {})
     for i, (s, g) in enumerate(zip(c.slas, c.throughput_at_sla)):
         note = g.note
         rows.append([f"throughput gain at {s:g} tok/s/user", _pct(P["thr_gain"][i]), _pct(g.gain),
                      f"MTP-1 {_num(g.a.value)} / DSpark {_num(g.b.value)} tok/s/GPU (paper "
                      f"{P['fig7']['mtp_thr'][i]} / {P['fig7']['dspark_thr'][i]})" + (f"; {note}" if note else "")])
+        key[f"thr_gain_{i}"] = g.gain
         if i == 0:
             verdicts["throughput gain at the moderate SLA within 10 points"] = (
                 g.a.ok and g.b.ok and abs(g.gain - P["thr_gain"][0]) <= THR_TOLERANCE)
     for i, (s, g) in enumerate(zip(c.slas, c.at_sla)):
+        key[f"speed_gain_{i}"] = g.gain
         rows.append([f"per-user gain at MTP-1's throughput at {s:g} tok/s/user", _pct(P["speed_gain_at_sla"][i]),
                      _pct(g.gain), f"at {_num(g.anchor)} tok/s/GPU: MTP-1 {_num(g.a.value, 1)} / DSpark "
                      f"{_num(g.b.value, 1)} tok/s/user (paper DSpark {P['fig7']['dspark_speed'][i]})"
@@ -174,6 +177,7 @@ def case_rows(r):
         if ok_pts:
             gmin, gmax = min(g for _, g in ok_pts), max(g for _, g in ok_pts)
             rng = f"{_pct(gmin)} to {_pct(gmax)}"
+            key["matched"] = rng
             verdicts["per-user gain at matched throughput within the paper's band"] = (
                 len(ok_pts) == len(ts) and gmin >= lo_band - 1e-9 and gmax <= hi_band + 1e-9)
         else:
@@ -210,6 +214,8 @@ def case_rows(r):
                      f"{ds.loc[x, 'output_tok_s_per_gpu']:.0f} (paper {_num(pm_)} / {_num(pd_)}); running "
                      f"{running:.1f} per GPU; step-time ratio D/M dsim {sim_step:.2f}, paper-implied "
                      f"{_num(paper_step, 2)}"])
+        key.setdefault("fig8", {})[x] = (ds.loc[x, "output_tok_s_per_gpu"] / mt.loc[x, "output_tok_s_per_gpu"],
+                                         ds.loc[x, "verify_tokens_per_request"], pd_ / pm_ if pd_ and pm_ else None, pb)
         if x <= P["moderate_c"] and x >= 10:
             budget_mod.append(ds.loc[x, "verify_tokens_per_request"])
     if budget_mod:
@@ -219,11 +225,47 @@ def case_rows(r):
     return rows, verdicts
 
 
-def markdown(results, args, cmd) -> str:
-    out = ["# DSpark paper Sec. 5.4 vs dsim", "", f"Command: `{cmd}`", ""]
+FIG8_SUMMARY_C = (20, 100, 200)
+
+
+def summary_table(results) -> list[str]:
+    """One row per case: the headline numbers next to the paper's."""
+    out = ["| case | thr. gain, moderate SLA | thr. gain, strict SLA | per-user gain at MTP-1's thr. (moderate / strict) "
+           "| per-user gain over that span | Fig. 8 DSpark/MTP-1 thr. at C/GPU 20 / 100 / 200 | verify budget at "
+           "C/GPU 20 / 100 / 200 | targets met |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
         P = PAPER[r["key"]]
-        rows, verdicts = case_rows(r)
+        k = r["key_metrics"]
+        f8 = k.get("fig8", {})
+
+        def at(c, j, nd=2, suffix=""):
+            v = f8.get(c)
+            return "n/a" if v is None or v[j] is None else f"{v[j]:.{nd}f}{suffix}"
+        met = sum(bool(v) for v in r["verdicts"].values())
+        out.append(
+            f"| {r['profile'].name}, {r['trace']}, {r['variant']} (paper: {P['model']}) "
+            f"| {_pct(k.get('thr_gain_0'))} ({_pct(P['thr_gain'][0])}) | {_pct(k.get('thr_gain_1'))} ({_pct(P['thr_gain'][1])}) "
+            f"| {_pct(k.get('speed_gain_0'))} / {_pct(k.get('speed_gain_1'))} ({_pct(P['speed_gain_at_sla'][0])} / "
+            f"{_pct(P['speed_gain_at_sla'][1])}) | {k.get('matched', 'n/a')} ({_pct(P['matched_band'][0])} to "
+            f"{_pct(P['matched_band'][1])}) "
+            f"| {' / '.join(at(c, 0, 2, 'x') for c in FIG8_SUMMARY_C)} ({' / '.join(at(c, 2, 2, 'x') for c in FIG8_SUMMARY_C)}) "
+            f"| {' / '.join(at(c, 1) for c in FIG8_SUMMARY_C)} ({' / '.join(at(c, 3) for c in FIG8_SUMMARY_C)}) "
+            f"| {met} of {len(r['verdicts'])} |")
+    return out
+
+
+def markdown(results, args, cmd) -> str:
+    out = ["# DSpark paper Sec. 5.4 vs dsim", "", f"Command: `{cmd}`", "",
+           "Paper values in parentheses. Targets: throughput gain at the moderate SLA within 10 points; per-user "
+           "gain within the paper's band over the throughput span between MTP-1's throughput at the two SLAs; "
+           "DSpark verify budget 4-6 tokens per request for C/GPU 10 to the paper's moderate load, falling with "
+           "load; MTP-1 at 2.", ""]
+    for r in results:
+        r["rows"], r["verdicts"] = case_rows(r)
+    out += summary_table(results) + [""]
+    for r in results:
+        P = PAPER[r["key"]]
+        rows, verdicts = r["rows"], r["verdicts"]
         out += [f"## {r['profile'].name}, {r['trace']}, {r['variant']} (compared with the paper's {P['model']})", "",
                 f"Profile: {r['profile'].label}", "", f"Workload: {r['workload']}", "",
                 f"Acceptance: {args.acceptance or 'deepseek-v4'} (equal-mix tau: DSpark-5 {r['tau_preset'][0]:.2f}, "
