@@ -8,9 +8,14 @@ comparison against the paper's numbers:
 * throughput gain at the moderate and strict per-user SLAs (Flash 80 / 120, Pro 35 / 50 tok/s/user);
 * per-user speed gain at matched throughput: at MTP-1's throughput at each SLA (the paper's
   dashed lines) and its range over the throughput span between them (the paper's "60-85%");
-* Fig. 8: throughput per GPU and the DSpark/MTP-1 ratio at equal concurrency per GPU, and the
+* load-matched SLAs: each SLA moved to dsim's MTP-1 speed at the load where the paper's MTP-1
+  meets it (Fig. 8), which separates the gains from the profile's absolute speed level;
+* Fig. 8 at the paper's load points: throughput per GPU of both methods, their ratio and the
   verify budget (verified tokens per request per step; MTP-1 = 2) against the paper's fitted lines;
-* the step-time ratio the paper's Fig. 8 implies for the preset (see below) next to dsim's.
+  the load is the paper's C = throughput per GPU / per-user speed (requests in decode per GPU;
+  its Fig. 7 points satisfy it), dsim's curves read at that C by log-log interpolation (dsim's
+  nominal closed-loop users also count requests awaiting a first token and the run's ramp/drain);
+* the step-time ratio the paper's Fig. 8 implies with dsim's acceptance lengths, next to dsim's.
 
 Implied step-time ratio: in a decode-dominated closed loop a request's speed is (tokens emitted
 per step) / (step time), so at equal concurrency t_DSpark / t_MTP = (tau_D / tau_M) / (v_D / v_M).
@@ -50,6 +55,9 @@ PAPER = {
         "matched_band": (0.60, 0.85),
         "fig7": {"mtp_thr": (10600, 1500), "dspark_thr": (16100, 11500), "dspark_speed": (128, 222)},
         "moderate_c": 200,                         # "fewer than 200 concurrent requests"
+        # per-GPU load at which the paper's MTP-1 runs at each SLA (Fig. 8 fitted line, speed =
+        # throughput / concurrency): 80 tok/s/user near 137, 120 near 20
+        "sla_load": (137, 20),
         "fig8_c": (10, 20, 50, 100, 150, 200),
         "fig8_dspark": (2150, 3900, 7740, 11800, 14290, 16120),
         "fig8_mtp": (1340, 2400, 5090, 8780, 11620, 13810),
@@ -63,6 +71,7 @@ PAPER = {
         "matched_band": (0.57, 0.78),
         "fig7": {"mtp_thr": (3750, 850), "dspark_thr": (5700, 4200), "dspark_speed": (55, 89)},
         "moderate_c": 150,
+        "sla_load": (119, 43),                     # 35 tok/s/user near 119, 50 near 43
         "fig8_c": (10, 20, 50, 100, 150, 200),
         "fig8_dspark": (1050, 1700, 3090, 4590, 5580, 6270),
         "fig8_mtp": (630, 1170, 2380, 3740, 4780, 5540),
@@ -112,8 +121,10 @@ def run_case(profile_name, trace, per_gpu, args, decode_only_=False):
     key = paper_for(prof.provenance.get("model"))
     P = PAPER[key]
     conc = concurrency_from_per_gpu(per_gpu, prof, 1, args.gpus_per_node)
-    specs = {"mtp": SpecConfig("mtp", k=1, acceptance=args.acceptance),
-             "dspark": SpecConfig("dspark", k=5, adaptive=True, acceptance=args.acceptance)}
+    acc_m = getattr(args, "acceptance_mtp", None) or args.acceptance
+    acc_d = getattr(args, "acceptance_dspark", None) or args.acceptance
+    specs = {"mtp": SpecConfig("mtp", k=1, acceptance=acc_m),
+             "dspark": SpecConfig("dspark", k=5, adaptive=True, acceptance=acc_d)}
     base = build_workload(trace, mix=args.mix)
     if decode_only_:
         base = decode_only(base)
@@ -125,12 +136,13 @@ def run_case(profile_name, trace, per_gpu, args, decode_only_=False):
     if args.csv_dir:
         write_sweep(df, Path(args.csv_dir) / f"{prof.name}-{Path(trace).stem}-{variant}", prefix="")
     comp = paper_comparison(df, "mtp", "dspark", P["sla"], f"the DSpark paper's {P['model']} anchors")
-    acc = load_acceptance(args.acceptance or "deepseek-v4", "dspark")
+    classes = ("math", "code", "chat")
+    tau_d = np.mean([load_acceptance(acc_d or "deepseek-v4", "dspark").tau(c, 5) for c in classes])
+    tau_m = np.mean([load_acceptance(acc_m or "deepseek-v4", "mtp").tau(c, 1) for c in classes])
     return {"profile": prof, "key": key, "trace": trace, "variant": variant, "workload": base.source,
             "df": df, "comp": comp, "wall_s": wall,
-            "tau_preset": (np.mean([acc.tau(c, 5) for c in ("math", "code", "chat")]),
-                           np.mean([load_acceptance(args.acceptance or "deepseek-v4", "mtp").tau(c, 1)
-                                    for c in ("math", "code", "chat")]))}
+            "acceptance": f"MTP-1 {acc_m or 'deepseek-v4'}, DSpark {acc_d or 'deepseek-v4'}",
+            "tau_preset": (tau_d, tau_m)}
 
 
 def _pct(g):
@@ -191,37 +203,56 @@ def case_rows(r):
     rows.append([f"per-user gain at matched throughput ({span})", f"{_pct(lo_band)} to {_pct(hi_band)}", rng,
                  f"over all shared throughput ({_num(m.throughput_lo)}-{_num(m.throughput_hi)} tok/s/GPU): "
                  f"{_pct(m.gain_min)} to {_pct(m.gain_max)}"])
-    # Fig. 8
-    mt = df[df.method == "mtp"].set_index("concurrency_per_gpu")
-    ds = df[df.method == "dspark"].set_index("concurrency_per_gpu")
-    cg = sorted(set(mt.index) & set(ds.index))
-    gpr = r["profile"].gpus_per_replica
+    # The paper's load axis: requests in decode per GPU, C = throughput per GPU / per-user speed
+    # (its Fig. 7 points satisfy it). dsim's nominal closed-loop C also counts users waiting for a
+    # first token and the run's ramp and drain, so dsim's curves are read at this C.
+    mtc = df[df.method == "mtp"].copy()
+    dsc = df[df.method == "dspark"].copy()
+    for g in (mtc, dsc):
+        g["c_decode"] = g["output_tok_s_per_gpu"] / g["output_tok_s_per_user"]
+        g.sort_values("c_decode", inplace=True)
+
+    def at_load(g, col, c):
+        return _interp_loglog(c, list(g["c_decode"]), list(g[col]))
+    # Load-matched anchors: the SLA placed where dsim's MTP-1 runs at the load at which the
+    # paper's MTP-1 meets it; separates the gains from the profile's absolute speed level.
+    anchors = [at_load(mtc, "output_tok_s_per_user", cl) for cl in P["sla_load"]]
+    if all(v is not None for v in anchors):
+        from dsim.frontier import paper_comparison
+        cl = paper_comparison(df, "mtp", "dspark", anchors, "load-matched")
+        for i, (s_, g, gs) in enumerate(zip(cl.slas, cl.throughput_at_sla, cl.at_sla)):
+            key[f"lm_thr_gain_{i}"], key[f"lm_speed_gain_{i}"] = g.gain, gs.gain
+            rows.append([f"load-matched SLA {i + 1}: {s_:.0f} tok/s/user (dsim's MTP-1 at C/GPU {P['sla_load'][i]}, "
+                         f"where the paper's meets {P['sla'][i]:g}): throughput gain; per-user gain at MTP-1's throughput",
+                         f"{_pct(P['thr_gain'][i])}; {_pct(P['speed_gain_at_sla'][i])}",
+                         f"{_pct(g.gain)}; {_pct(gs.gain)}", "; ".join(x for x in (g.note, gs.note) if x)])
+    else:
+        rows.append(["load-matched SLAs", "", "n/a", f"dsim's sweep does not span C/GPU {P['sla_load']} for MTP-1"])
+    # Fig. 8 at the paper's load points
     budget_mod = []
-    for x in cg:
-        pd_ = _interp_loglog(x, P["fig8_c"], P["fig8_dspark"])
-        pm_ = _interp_loglog(x, P["fig8_c"], P["fig8_mtp"])
-        pb = _interp_loglog(x, P["fig8_c"], P["fig8_budget"])
-        tau_d, tau_m = ds.loc[x, "acceptance_length"], mt.loc[x, "acceptance_length"]
-        vd, vm = ds.loc[x, "output_tok_s_per_user"], mt.loc[x, "output_tok_s_per_user"]
-        sim_step = (tau_d / vd) / (tau_m / vm) if vd and vm else float("nan")
-        paper_step = (tau_d / tau_m) / (pd_ / pm_) if pd_ and pm_ else None
-        running = ds.loc[x, "mean_batch_requests"] / gpr if ds.loc[x, "mean_batch_requests"] else float("nan")
+    for x, pd_, pm_, pb in zip(P["fig8_c"], P["fig8_dspark"], P["fig8_mtp"], P["fig8_budget"]):
+        td, tm = at_load(dsc, "output_tok_s_per_gpu", x), at_load(mtc, "output_tok_s_per_gpu", x)
+        bd = at_load(dsc, "verify_tokens_per_request", x)
+        vd, vm = at_load(dsc, "output_tok_s_per_user", x), at_load(mtc, "output_tok_s_per_user", x)
+        ad, am = at_load(dsc, "acceptance_length", x), at_load(mtc, "acceptance_length", x)
+        if None in (td, tm, bd, vd, vm, ad, am):
+            rows.append([f"C = {x:g} per GPU: DSpark / MTP-1 throughput; DSpark verify budget",
+                         f"{pd_ / pm_:.2f}x; {_num(pb, 2)}", "n/a", "outside dsim's sweep"])
+            key.setdefault("fig8", {})[x] = (None, None, pd_ / pm_, pb)
+            continue
+        sim_step = (ad / vd) / (am / vm)
+        paper_step = (ad / am) / (pd_ / pm_)
         rows.append([f"C = {x:g} per GPU: DSpark / MTP-1 throughput; DSpark verify budget",
-                     (f"{pd_ / pm_:.2f}x; {_num(pb, 2)}" if pd_ and pm_ else f"n/a; {_num(pb, 2)}"),
-                     f"{ds.loc[x, 'output_tok_s_per_gpu'] / mt.loc[x, 'output_tok_s_per_gpu']:.2f}x; "
-                     f"{ds.loc[x, 'verify_tokens_per_request']:.2f}",
-                     f"tok/s/GPU MTP-1 {mt.loc[x, 'output_tok_s_per_gpu']:.0f} / DSpark "
-                     f"{ds.loc[x, 'output_tok_s_per_gpu']:.0f} (paper {_num(pm_)} / {_num(pd_)}); running "
-                     f"{running:.1f} per GPU; step-time ratio D/M dsim {sim_step:.2f}, paper-implied "
-                     f"{_num(paper_step, 2)}"])
-        key.setdefault("fig8", {})[x] = (ds.loc[x, "output_tok_s_per_gpu"] / mt.loc[x, "output_tok_s_per_gpu"],
-                                         ds.loc[x, "verify_tokens_per_request"], pd_ / pm_ if pd_ and pm_ else None, pb)
-        if x <= P["moderate_c"] and x >= 10:
-            budget_mod.append(ds.loc[x, "verify_tokens_per_request"])
+                     f"{pd_ / pm_:.2f}x; {_num(pb, 2)}", f"{td / tm:.2f}x; {bd:.2f}",
+                     f"tok/s/GPU MTP-1 {tm:.0f} / DSpark {td:.0f} (paper {pm_} / {pd_}); step-time ratio "
+                     f"DSpark / MTP-1: dsim {sim_step:.2f}, the paper's with dsim's acceptance lengths {paper_step:.2f}"])
+        key.setdefault("fig8", {})[x] = (td / tm, bd, pd_ / pm_, pb)
+        if 10 <= x <= P["moderate_c"]:
+            budget_mod.append(bd)
     if budget_mod:
         verdicts["verify budget 4-6 at moderate load"] = all(BUDGET_BAND[0] <= b <= BUDGET_BAND[1] for b in budget_mod)
         verdicts["verify budget falling with load"] = bool(budget_mod[-1] < budget_mod[0] - 0.2)
-    verdicts["MTP-1 verifies 2"] = bool(np.allclose(mt["verify_tokens_per_request"], MTP_VERIFY))
+    verdicts["MTP-1 verifies 2"] = bool(np.allclose(mtc["verify_tokens_per_request"], MTP_VERIFY))
     return rows, verdicts
 
 
@@ -231,8 +262,8 @@ FIG8_SUMMARY_C = (20, 100, 200)
 def summary_table(results) -> list[str]:
     """One row per case: the headline numbers next to the paper's."""
     out = ["| case | thr. gain, moderate SLA | thr. gain, strict SLA | per-user gain at MTP-1's thr. (moderate / strict) "
-           "| per-user gain over that span | Fig. 8 DSpark/MTP-1 thr. at C/GPU 20 / 100 / 200 | verify budget at "
-           "C/GPU 20 / 100 / 200 | targets met |", "|---|---|---|---|---|---|---|---|"]
+           "| per-user gain over that span | load-matched SLAs: thr. gain; per-user gain | Fig. 8 DSpark/MTP-1 thr. at C/GPU 20 / 100 / 200 | verify budget at "
+           "C/GPU 20 / 100 / 200 | targets met |", "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         P = PAPER[r["key"]]
         k = r["key_metrics"]
@@ -248,6 +279,8 @@ def summary_table(results) -> list[str]:
             f"| {_pct(k.get('speed_gain_0'))} / {_pct(k.get('speed_gain_1'))} ({_pct(P['speed_gain_at_sla'][0])} / "
             f"{_pct(P['speed_gain_at_sla'][1])}) | {k.get('matched', 'n/a')} ({_pct(P['matched_band'][0])} to "
             f"{_pct(P['matched_band'][1])}) "
+            f"| {_pct(k.get('lm_thr_gain_0'))}, {_pct(k.get('lm_thr_gain_1'))}; {_pct(k.get('lm_speed_gain_0'))}, "
+            f"{_pct(k.get('lm_speed_gain_1'))} "
             f"| {' / '.join(at(c, 0, 2, 'x') for c in FIG8_SUMMARY_C)} ({' / '.join(at(c, 2, 2, 'x') for c in FIG8_SUMMARY_C)}) "
             f"| {' / '.join(at(c, 1) for c in FIG8_SUMMARY_C)} ({' / '.join(at(c, 3) for c in FIG8_SUMMARY_C)}) "
             f"| {met} of {len(r['verdicts'])} |")
@@ -268,7 +301,7 @@ def markdown(results, args, cmd) -> str:
         rows, verdicts = r["rows"], r["verdicts"]
         out += [f"## {r['profile'].name}, {r['trace']}, {r['variant']} (compared with the paper's {P['model']})", "",
                 f"Profile: {r['profile'].label}", "", f"Workload: {r['workload']}", "",
-                f"Acceptance: {args.acceptance or 'deepseek-v4'} (equal-mix tau: DSpark-5 {r['tau_preset'][0]:.2f}, "
+                f"Acceptance: {r['acceptance']} (equal-mix tau: DSpark-5 {r['tau_preset'][0]:.2f}, "
                 f"MTP-1 {r['tau_preset'][1]:.2f}); sweep wall time {r['wall_s']:.0f} s", "",
                 "| quantity | paper | dsim | detail |", "|---|---|---|---|"]
         out += ["| " + " | ".join(str(x).replace("|", "/") for x in row) + " |" for row in rows]
@@ -282,13 +315,15 @@ def main(argv=None):
     ap.add_argument("--trace", default="default,azure-conv", help="comma-separated traces")
     ap.add_argument("--variants", default="colocated,decode-only",
                     help="colocated (prefill on the decode GPUs) and/or decode-only (prefill disaggregated)")
-    ap.add_argument("--per-gpu", default="1,2,5,10,20,50,100,150,200,300",
+    ap.add_argument("--per-gpu", default="1,2,5,10,20,50,100,150,200,300,400",
                     help="concurrency levels per GPU (the paper's Fig. 8 axis)")
     ap.add_argument("--requests-per-user", type=int, default=4)
     ap.add_argument("--min-requests", type=int, default=200)
     ap.add_argument("--gpus-per-node", type=int, default=8)
     ap.add_argument("--mix", default=None, help="class mix for traces without classes (default: dsim's)")
     ap.add_argument("--acceptance", default=None, help="acceptance preset for both methods (default: deepseek-v4)")
+    ap.add_argument("--acceptance-mtp", default=None, help="MTP-1's preset only (overrides --acceptance)")
+    ap.add_argument("--acceptance-dspark", default=None, help="DSpark's preset only (overrides --acceptance)")
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--csv-dir", default=None, help="also write each sweep (sweep.csv and figures) here")
     ap.add_argument("--out", default=None, help="write the markdown table here")
