@@ -206,11 +206,11 @@ def case_rows(r):
     # The paper's load axis: requests in decode per GPU, C = throughput per GPU / per-user speed
     # (its Fig. 7 points satisfy it). dsim's nominal closed-loop C also counts users waiting for a
     # first token and the run's ramp and drain, so dsim's curves are read at this C.
-    mtc = df[df.method == "mtp"].copy()
-    dsc = df[df.method == "dspark"].copy()
-    for g in (mtc, dsc):
+    def by_load(m):
+        g = df[df.method == m].copy()
         g["c_decode"] = g["output_tok_s_per_gpu"] / g["output_tok_s_per_user"]
-        g.sort_values("c_decode", inplace=True)
+        return g.sort_values("c_decode")
+    mtc, dsc = by_load("mtp"), by_load("dspark")
 
     def at_load(g, col, c):
         return _interp_loglog(c, list(g["c_decode"]), list(g[col]))
@@ -296,6 +296,7 @@ def markdown(results, args, cmd) -> str:
     for r in results:
         r["rows"], r["verdicts"] = case_rows(r)
     out += summary_table(results) + [""]
+    out.append("")
     for r in results:
         P = PAPER[r["key"]]
         rows, verdicts = r["rows"], r["verdicts"]
@@ -306,7 +307,15 @@ def markdown(results, args, cmd) -> str:
                 "| quantity | paper | dsim | detail |", "|---|---|---|---|"]
         out += ["| " + " | ".join(str(x).replace("|", "/") for x in row) + " |" for row in rows]
         out += ["", "Targets: " + "; ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in verdicts.items()), ""]
-    return "\n".join(out) + "\n"
+    text = "\n".join(out) + "\n"
+    # no machine paths in a written table: the repository root and the trace directory by name
+    import os
+    root = str(Path(__file__).resolve().parent.parent) + "/"
+    text = text.replace(root, "")
+    for d in (os.environ.get("DSIM_TRACE_DIR"), os.path.normpath(os.path.join(root, "..", "shared", "traces"))):
+        if d:
+            text = text.replace(d.rstrip("/") + "/", "$DSIM_TRACE_DIR/")
+    return text
 
 
 def main(argv=None):
