@@ -4,9 +4,14 @@ Every command turns bad input (InputError) into one line on stderr and exit code
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
+import math
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -61,8 +66,10 @@ def build_workload(trace: str = "default", fmt: str = "auto", requests: Optional
     from dsim import workload as W
     if requests is not None and requests < 1:
         raise InputError(f"--requests: must be >= 1, got {requests}")
-    if rate is not None and rate <= 0:
-        raise InputError(f"--rate: must be > 0, got {rate}")
+    if rate is not None and not (math.isfinite(rate) and rate > 0):
+        raise InputError(f"--rate: must be a finite number > 0, got {rate}")
+    if seed < 0:
+        raise InputError(f"--seed: must be >= 0, got {seed}")
     if concurrency is not None and concurrency < 1:
         raise InputError(f"--concurrency: must be >= 1, got {concurrency}")
     win = None
@@ -78,6 +85,9 @@ def build_workload(trace: str = "default", fmt: str = "auto", requests: Optional
         rng = np.random.default_rng([seed, 7])
         gaps = rng.exponential(1.0 / rate, len(w.arrival_s))
         gaps[0] = 0.0
+        if np.cumsum(gaps)[-1] > W.MAX_SPAN_S:
+            raise InputError(f"--rate: {rate:g} req/s spreads {len(gaps)} requests over more than "
+                             f"{W.MAX_SPAN_S:g} s")
         w = dataclasses.replace(w, arrival_s=np.cumsum(gaps),
                                 source=w.source + f"; arrivals re-drawn Poisson at {rate:g} req/s (seed {seed})")
     if concurrency is not None:
@@ -97,7 +107,9 @@ def spec_config(method: str, k: Optional[int], adaptive: Optional[bool], policy:
 
 
 def method_spec(token: str, **common):
-    """Parse a method token of --methods: none, mtp, mtp3, eagle3, block, dspark, dspark-fixed."""
+    """Parse a method token of --methods (or of the flag ``what``): none, mtp, mtp3, eagle3,
+    block, dspark, dspark-fixed."""
+    what = common.pop("what", "--methods")
     from dsim.sim import SpecConfig
     t = token.strip().lower()
     k = None
@@ -109,8 +121,44 @@ def method_spec(token: str, **common):
     elif t == "dspark-fixed":
         t = "dspark"
     if t not in ("none", "mtp", "eagle3", "block", "dspark"):
-        raise InputError(f"--methods: unknown method {token!r} (none, mtp, mtpK, eagle3, block, dspark, dspark-fixed)")
+        raise InputError(f"{what}: unknown method {token!r} (none, mtp, mtpK, eagle3, block, dspark, dspark-fixed)")
     return SpecConfig(method=t, k=k, adaptive=adaptive, **common)
+
+
+POLICY_NAMES = ("vllm", "paper", "paper-production", "sglang", "fixed", "threshold")
+
+
+def check_mix(mix: Optional[str], acceptance: Optional[str] = None, method: Optional[str] = None) -> None:
+    """--mix names classes the acceptance curves know: math, code, chat, or those of the
+    --acceptance given."""
+    if mix is None:
+        return
+    from dsim.workload import DEFAULT_CLASSES, parse_mix
+    shares = parse_mix(mix)
+    known = set(DEFAULT_CLASSES)
+    if acceptance:
+        from dsim.spec import load_acceptance
+        known |= set(load_acceptance(acceptance, method).classes)
+    unknown = [c for c in shares if c not in known]
+    if unknown:
+        raise InputError(f"--mix: unknown class {unknown[0]!r} (known: {', '.join(sorted(known))})")
+
+
+def check_int(value, what: str, lo: int, hi: Optional[int] = None) -> None:
+    if value is None:
+        return
+    if value < lo or (hi is not None and value > hi):
+        rng = f">= {lo}" if hi is None else f"in {lo}..{hi}"
+        raise InputError(f"{what}: must be {rng}, got {value}")
+
+
+def check_out_targets(out: Optional[Path], step_log: Optional[Path] = None) -> None:
+    """Fail before a run when its outputs could not be written."""
+    from dsim.outputs import check_dir_target, check_file_target
+    if out is not None:
+        check_dir_target(out, "--out")
+    if step_log is not None:
+        check_file_target(step_log, "--step-log")
 
 
 def print_summary(s: dict):
@@ -172,12 +220,14 @@ def simulate(
     head_auc: float = typer.Option(0.85, help="target ROC-AUC of the confidence head"),
     max_num_seqs: int = typer.Option(1024),
     max_num_batched_tokens: int = typer.Option(8192),
+    max_model_len: Optional[int] = typer.Option(None, help="longest prompt + output a request may have "
+                                                "(default: the profile's max_model_len, else none)"),
     prefix_caching: bool = typer.Option(False, "--prefix-caching/--no-prefix-caching"),
     async_scheduling: bool = typer.Option(False, "--async-scheduling/--no-async-scheduling"),
     slo: Optional[str] = typer.Option(None, help="per-request SLOs for goodput, e.g. ttft=500ms,tpot=20ms"),
     seed: int = typer.Option(0),
-    out: Optional[Path] = typer.Option(None, help="write summary.json, requests.parquet, steps.parquet here"),
-    step_log: Optional[Path] = typer.Option(None, help="write a step-shape log (JSONL) for GPU replay"),
+    out: Optional[str] = typer.Option(None, help="write summary.json, requests.parquet, steps.parquet here"),
+    step_log: Optional[str] = typer.Option(None, help="write a step-shape log (JSONL) for GPU replay"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as one JSON object"),
     quiet: bool = typer.Option(False, "--quiet"),
 ):
@@ -185,9 +235,28 @@ def simulate(
     def go():
         from dsim.cost import load_profile
         from dsim.engine import EngineConfig
-        from dsim.sim import SimConfig, simulate as run, write_outputs, write_step_log
+        from dsim.outputs import staged_dir, staged_file
+        from dsim.sim import (MAX_GPUS_PER_NODE, MAX_NODES, SimConfig, simulate as run, write_output_files,
+                              write_step_log_file)
+        check_int(nodes, "--nodes", 1, MAX_NODES)
+        check_int(gpus_per_node, "--gpus-per-node", 1, MAX_GPUS_PER_NODE)
+        check_int(seed, "--seed", 0)
+        check_int(max_model_len, "--max-model-len", 1)
+        if policy.strip().lower() not in POLICY_NAMES:
+            raise InputError(f"--policy: unknown policy {policy!r} (choose from {', '.join(POLICY_NAMES)})")
+        drafts = method.strip().lower() != "none"       # acceptance curves are read only with drafts
+        if acceptance is not None:
+            from dsim.spec import load_acceptance
+            if not acceptance.strip():
+                raise InputError("--acceptance: empty (a preset name, a file, const:P or class=p1,p2,...)")
+            if drafts:
+                load_acceptance(acceptance, method)
+        check_mix(mix, acceptance if drafts else None, method)
+        check_out_targets(out, step_log)
         w = build_workload(trace, format, requests, window, rate, rate_scale, concurrency, mix, seed)
         prof = load_profile(profile)
+        if max_model_len is not None:
+            prof = dataclasses.replace(prof, max_model_len=max_model_len)
         sc = spec_config(method, k, adaptive, policy, verify_mode, acceptance, head, head_auc)
         ec = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                           enable_prefix_caching=prefix_caching, async_scheduling=async_scheduling,
@@ -199,11 +268,14 @@ def simulate(
         cfg = SimConfig(workload=w, profile=prof, nodes=nodes, gpus_per_node=gpus_per_node, router=router,
                         engine=ec, spec=sc, seed=seed, slo=slo_d)
         show = not quiet and not as_json and sys.stderr.isatty()
-        res = run(cfg, progress=show)
-        if out is not None:
-            write_outputs(res, out)
-        if step_log is not None:
-            write_step_log(res, step_log)
+        with contextlib.ExitStack() as stage:     # both outputs, whole, or neither
+            out_dir = stage.enter_context(staged_dir(out)) if out is not None else None
+            log_file = stage.enter_context(staged_file(step_log, "--step-log")) if step_log is not None else None
+            res = run(cfg, progress=show)
+            if out_dir is not None:
+                write_output_files(res, out_dir)
+            if log_file is not None:
+                write_step_log_file(res, log_file)
         if as_json:
             typer.echo(json.dumps(res.summary, sort_keys=True))
         elif not quiet:
@@ -226,9 +298,71 @@ def _mount_subcommands():
 _mount_subcommands()
 
 
-def main():
+def _one_line(msg: str) -> str:
+    return "; ".join(x.strip() for x in str(msg).splitlines() if x.strip())
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main process so that staged outputs are cleaned up on the way out."""
+
+
+def _exit_on_sigterm():
+    """SIGTERM (``timeout``, a scheduler) unwinds like Ctrl-C: the `with` blocks that stage
+    outputs remove them. Worker processes forked later keep the default behaviour."""
+    import os
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    pid = os.getpid()
+
+    def handler(sig, frame):
+        if os.getpid() != pid:          # a forked worker: die as SIGTERM would have it
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise _Terminated()
     try:
-        app(standalone_mode=True)
+        return signal.signal(signal.SIGTERM, handler)
+    except (ValueError, OSError):       # pragma: no cover
+        return None
+
+
+def main(argv=None):
+    """The console entry point. Bad input of any kind (an InputError, a flag click cannot parse,
+    a file the OS refuses) is one line on stderr and exit code 2; Ctrl-C is exit code 130."""
+    try:        # typer carries its own copy of click; its exceptions are what it raises
+        from typer._click import exceptions as cx
+    except ImportError:     # pragma: no cover - typer versions built on the click package
+        from click import exceptions as cx
+    old_term = _exit_on_sigterm()
+    try:
+        rc = app(args=argv, standalone_mode=False)
+    except _Terminated:
+        typer.echo("dsim: terminated", err=True)
+        sys.exit(143)
     except InputError as e:   # raised outside a guarded command body
-        typer.echo(f"dsim: error: {e}", err=True)
+        typer.echo(f"dsim: error: {_one_line(e)}", err=True)
         sys.exit(2)
+    except getattr(cx, "NoArgsIsHelpError", ()) as e:      # `dsim` alone: the help
+        typer.echo(e.ctx.get_help() if e.ctx is not None else e.format_message(), err=True)
+        sys.exit(2)
+    except cx.UsageError as e:
+        where = f"{e.ctx.command_path}: " if e.ctx is not None else ""
+        typer.echo(f"dsim: error: {where}{_one_line(e.format_message())} (see --help)", err=True)
+        sys.exit(2)
+    except cx.ClickException as e:
+        typer.echo(f"dsim: error: {_one_line(e.format_message())}", err=True)
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        typer.echo("dsim: interrupted", err=True)
+        sys.exit(130)
+    except OSError as e:
+        if e.errno == errno.EPIPE:       # output piped into a closed reader (head): not an error
+            sys.exit(1)
+        what = f"{e.filename}: " if e.filename else ""
+        typer.echo(f"dsim: error: {what}{e.strerror or e}", err=True)
+        sys.exit(2)
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+    if isinstance(rc, int) and rc:
+        sys.exit(rc)

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from dsim.errors import InputError
+from dsim.errors import InputError, plain
 
 PROVENANCE_FIELDS = ("kind", "hardware", "gpus_per_replica", "model", "engine", "engine_version",
                      "date", "method")
@@ -66,6 +66,7 @@ class Profile:
     prefill_attn_ms_per_mpair: float = 0.0         # prefill_terms.attention_ms_per_mpair
     source_path: str = ""
     extra: dict = field(default_factory=dict)      # other keys kept for provenance (fit errors...)
+    max_model_len: int | None = None               # longest prompt + output (None: not limited)
 
     @property
     def gpus_per_replica(self) -> int:
@@ -83,105 +84,92 @@ class Profile:
                 f"x{p.get('gpus_per_replica')} ({p.get('method')}, {p.get('date')})")
 
 
-def _table(raw, where: str, xkey: str) -> Table:
-    if not isinstance(raw, dict) or xkey not in raw or "ms" not in raw:
-        raise InputError(f"{where}: needs '{xkey}' and 'ms' lists")
-    try:
-        x = np.asarray(raw[xkey], dtype=np.float64)
-        ms = np.asarray(raw["ms"], dtype=np.float64)
-    except (TypeError, ValueError):
-        raise InputError(f"{where}: '{xkey}' and 'ms' must be lists of numbers") from None
-    if x.ndim != 1 or x.shape != ms.shape or len(x) == 0:
-        raise InputError(f"{where}: '{xkey}' and 'ms' must be non-empty lists of equal length")
-    if np.any(np.diff(x) <= 0):
-        i = int(np.argmax(np.diff(x) <= 0)) + 1
-        raise InputError(f"{where}.{xkey}[{i}]: must be strictly increasing ({x[i-1]:g} then {x[i]:g})")
-    if np.any(~np.isfinite(ms)) or np.any(ms < 0) or np.any(x < 1):
-        raise InputError(f"{where}: costs must be finite and >= 0, sizes >= 1")
-    return Table(x, ms)
+MAX_STEP_TOKENS = 10_000_000     # a table's token / request sizes
+MAX_COST_MS = 1e6                # any one cost (ms): more is not a step of an engine
+MAX_KV_CACHE_GIB = 1e6           # a replica's KV cache (a PiB)
+MAX_GPUS_PER_REPLICA = 4096
+MAX_MODEL_LEN = 100_000_000
 
 
-def profile_from_dict(d: dict, path: str = "<profile>") -> Profile:
-    """Validate a parsed profile; raise InputError naming the file and field on any problem."""
+def _table(raw, doc, keys: tuple, xkey: str) -> Table:
+    from dsim import schema as S
+    S.mapping(raw, doc, *keys, required=(xkey, "ms"))
+    x = S.number_list(raw[xkey], doc, *keys, xkey, lo=1, hi=MAX_STEP_TOKENS, ints=True, increasing=True)
+    ms = S.number_list(raw["ms"], doc, *keys, "ms", lo=0, hi=MAX_COST_MS)
+    if len(x) != len(ms):
+        raise InputError(f"{doc.at(*keys, 'ms')}: has {len(ms)} values, {xkey} has {len(x)} "
+                         "(one cost per size)")
+    return Table(np.asarray(x, dtype=np.float64), np.asarray(ms, dtype=np.float64))
+
+
+def profile_from_dict(d: dict, path: str = "<profile>", doc=None) -> Profile:
+    """Validate a parsed profile; raise InputError naming the file, line (when ``doc`` carries
+    the file's line marks, as load_profile's does), field and bad value, one field at a time."""
+    from dsim import schema as S
+    doc = doc if doc is not None else S.Doc(str(path))
     if not isinstance(d, dict):
-        raise InputError(f"{path}: not a mapping")
+        raise InputError(f"{doc.at()}: not a mapping (a profile has name, provenance, memory, ...)")
     for key in ("name", "provenance", "memory", "capture_sizes", "forward", "kv_ms_per_ktok",
                 "cpu_overhead_ms"):
         if key not in d:
-            raise InputError(f"{path}: missing field '{key}'")
-    prov = d["provenance"]
-    if not isinstance(prov, dict):
-        raise InputError(f"{path}: provenance: must be a mapping")
-    for key in PROVENANCE_FIELDS:
-        if key not in prov:
-            raise InputError(f"{path}: provenance: missing field '{key}'")
+            raise InputError(f"{doc.at()}: missing field '{key}'")
+    name = S.text(d["name"], doc, "name")
+    prov = S.mapping(d["provenance"], doc, "provenance", required=PROVENANCE_FIELDS)
     if prov["kind"] not in ("measured", "analytical", "calibrated"):
-        raise InputError(f"{path}: provenance.kind: must be measured, analytical or calibrated")
-    mem = d["memory"]
-    if not isinstance(mem, dict) or "kv_cache_gib" not in mem or "kv_bytes_per_token" not in mem:
-        raise InputError(f"{path}: memory: needs kv_cache_gib and kv_bytes_per_token")
-    try:
-        caps = [int(c) for c in d["capture_sizes"]]
-    except (TypeError, ValueError):
-        raise InputError(f"{path}: capture_sizes: must be a list of integers") from None
-    if not caps:
-        raise InputError(f"{path}: capture_sizes: empty")
-    for i in range(1, len(caps)):
-        if caps[i] <= caps[i - 1]:
-            raise InputError(f"{path}: capture_sizes[{i}]: must be strictly increasing "
-                             f"({caps[i-1]} then {caps[i]})")
-    fwd = _table(d["forward"], f"{path}: forward", "tokens")
+        raise InputError(f"{doc.at('provenance', 'kind')}: must be measured, analytical or calibrated, "
+                         f"got {plain(prov['kind'])}")
+    gpr = S.integer(prov["gpus_per_replica"], doc, "provenance", "gpus_per_replica", lo=1, hi=MAX_GPUS_PER_REPLICA)
+    prov = dict(prov, gpus_per_replica=gpr)
+    mem = S.mapping(d["memory"], doc, "memory", required=("kv_cache_gib", "kv_bytes_per_token"))
+    kv_gib = S.number(mem["kv_cache_gib"], doc, "memory", "kv_cache_gib", lo=0, lo_open=True, hi=MAX_KV_CACHE_GIB)
+    kv_bpt = S.number(mem["kv_bytes_per_token"], doc, "memory", "kv_bytes_per_token", lo=1)
+    caps = S.number_list(d["capture_sizes"], doc, "capture_sizes", lo=1, hi=MAX_STEP_TOKENS, ints=True,
+                         increasing=True)
+    fwd = _table(d["forward"], doc, ("forward",), "tokens")
     missing = sorted(set(caps) - set(fwd.x.astype(int).tolist()))
     if missing:
-        raise InputError(f"{path}: forward.tokens: capture sizes {missing[:5]} not profiled")
+        raise InputError(f"{doc.at('forward', 'tokens')}: capture sizes {missing[:5]} not profiled")
     draft = {}
-    for kind, raw in (d.get("draft") or {}).items():
-        if kind not in DRAFT_KINDS:
-            raise InputError(f"{path}: draft.{kind}: unknown draft kind (known: {', '.join(DRAFT_KINDS)})")
-        draft[kind] = _table(raw, f"{path}: draft.{kind}", "requests")
-    try:
-        kv_gib = float(mem["kv_cache_gib"])
-        kv_bpt = float(mem["kv_bytes_per_token"])
-        kv_slope = float(d["kv_ms_per_ktok"])
-        cpu = float(d["cpu_overhead_ms"])
-    except (TypeError, ValueError):
-        raise InputError(f"{path}: memory/kv_ms_per_ktok/cpu_overhead_ms must be numbers") from None
-    if kv_gib <= 0 or kv_bpt <= 0:
-        raise InputError(f"{path}: memory: kv_cache_gib and kv_bytes_per_token must be > 0")
-    if kv_slope < 0 or cpu < 0:
-        raise InputError(f"{path}: kv_ms_per_ktok and cpu_overhead_ms must be >= 0")
-    disc, attn = _prefill_terms(d.get("prefill_terms"), path)
+    raw_draft = d.get("draft")
+    if raw_draft is not None:
+        S.mapping(raw_draft, doc, "draft")
+        for kind, raw in raw_draft.items():
+            if kind not in DRAFT_KINDS:
+                raise InputError(f"{doc.at('draft', kind)}: unknown draft kind (known: {', '.join(DRAFT_KINDS)})")
+            draft[kind] = _table(raw, doc, ("draft", kind), "requests")
+    kv_slope = S.number(d["kv_ms_per_ktok"], doc, "kv_ms_per_ktok", lo=0, hi=MAX_COST_MS)
+    cpu = S.number(d["cpu_overhead_ms"], doc, "cpu_overhead_ms", lo=0, hi=MAX_COST_MS)
+    max_len = None
+    if d.get("max_model_len") is not None:
+        max_len = S.integer(d["max_model_len"], doc, "max_model_len", lo=1, hi=MAX_MODEL_LEN)
+    elif prov.get("max_model_len") is not None:
+        max_len = S.integer(prov["max_model_len"], doc, "provenance", "max_model_len", lo=1, hi=MAX_MODEL_LEN)
+    disc, attn = _prefill_terms(d.get("prefill_terms"), doc)
     # A prompt token's discount cannot exceed what the table charges a token: at every size the
     # forward cost must cover n discounted tokens (else a prefill step would cost less than nothing).
     bad = np.flatnonzero(fwd.ms < disc * fwd.x / 1000.0 - 1e-9)
     if len(bad):
         i = int(bad[0])
-        raise InputError(f"{path}: prefill_terms.discount_ms_per_ktok {disc:g}: exceeds forward.ms[{i}] "
+        raise InputError(f"{doc.at('prefill_terms', 'discount_ms_per_ktok')} {disc:g}: exceeds forward.ms[{i}] "
                          f"= {fwd.ms[i]:g} ms for {int(fwd.x[i])} tokens (inconsistent profile)")
     known = {"name", "provenance", "memory", "capture_sizes", "forward", "kv_ms_per_ktok",
-             "cpu_overhead_ms", "draft", "prefill_terms"}
-    return Profile(name=str(d["name"]), provenance=dict(prov), kv_cache_gib=kv_gib,
+             "cpu_overhead_ms", "draft", "prefill_terms", "max_model_len"}
+    return Profile(name=name, provenance=prov, kv_cache_gib=kv_gib,
                    kv_bytes_per_token=kv_bpt, cpu_overhead_ms=cpu, capture_sizes=tuple(caps),
                    forward=fwd, kv_ms_per_ktok=kv_slope, draft=draft,
                    prefill_discount_ms_per_ktok=disc, prefill_attn_ms_per_mpair=attn,
-                   source_path=str(path), extra={k: v for k, v in d.items() if k not in known})
+                   source_path=str(path), extra={k: v for k, v in d.items() if k not in known},
+                   max_model_len=max_len)
 
 
-def _prefill_terms(raw, path) -> tuple[float, float]:
+def _prefill_terms(raw, doc) -> tuple[float, float]:
+    from dsim import schema as S
     if raw is None:
         return 0.0, 0.0
     if not isinstance(raw, dict) or set(raw) - {"discount_ms_per_ktok", "attention_ms_per_mpair"}:
-        raise InputError(f"{path}: prefill_terms: a mapping of discount_ms_per_ktok and attention_ms_per_mpair")
-    out = []
-    for key in ("discount_ms_per_ktok", "attention_ms_per_mpair"):
-        try:
-            v = float(raw.get(key, 0.0))
-        except (TypeError, ValueError):
-            raise InputError(f"{path}: prefill_terms.{key}: must be a number") from None
-        if not (np.isfinite(v) and v >= 0):
-            raise InputError(f"{path}: prefill_terms.{key}: must be finite and >= 0, got {v}")
-        out.append(v)
-    return out[0], out[1]
+        raise InputError(f"{doc.at('prefill_terms')}: a mapping of discount_ms_per_ktok and attention_ms_per_mpair")
+    return tuple(S.number(raw.get(key, 0.0), doc, "prefill_terms", key, lo=0, hi=MAX_COST_MS)
+                 for key in ("discount_ms_per_ktok", "attention_ms_per_mpair"))
 
 
 def profile_to_dict(p: Profile) -> dict:
@@ -193,6 +181,8 @@ def profile_to_dict(p: Profile) -> dict:
          "forward": {"tokens": [int(x) for x in p.forward.x],
                      "ms": [round(float(v), 5) for v in p.forward.ms]},
          "kv_ms_per_ktok": float(p.kv_ms_per_ktok)}
+    if p.max_model_len is not None:
+        d["max_model_len"] = int(p.max_model_len)
     if p.prefill_discount_ms_per_ktok or p.prefill_attn_ms_per_mpair:
         d["prefill_terms"] = {"discount_ms_per_ktok": float(p.prefill_discount_ms_per_ktok),
                               "attention_ms_per_mpair": float(p.prefill_attn_ms_per_mpair)}
@@ -218,26 +208,33 @@ DEFAULT_PROFILE = "deepseek-v4-class-h200x8"
 def resolve_profile_path(name_or_path: str) -> Path:
     """A YAML path, a shipped profile's name, or a model name (llama-3.1-8b, qwen3-8b, ...): the
     measured H200 profile of that model where one exists, else its analytical one (the fallback)."""
-    p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") and p.exists():
+    s = str(name_or_path)
+    if not s.strip():
+        raise InputError("--profile: empty (a profile name or a .yaml path)")
+    p = Path(s).expanduser()
+    pathlike = p.suffix.lower() in (".yaml", ".yml", ".json") or "/" in s or "\\" in s
+    if not pathlike:
+        for stem in (s, f"h200-{s}", f"analytical-{s}-h200x1"):
+            for cand in sorted(PROFILE_DIR.rglob(f"{stem}.yaml")):
+                if "models" not in cand.parts:
+                    return cand
+    if p.is_dir():
+        raise InputError(f"{p}: is a directory, not a profile file")
+    if p.is_file():
         return p
-    for stem in (name_or_path, f"h200-{name_or_path}", f"analytical-{name_or_path}-h200x1"):
-        for cand in sorted(PROFILE_DIR.rglob(f"{stem}.yaml")):
-            if "models" not in cand.parts:
-                return cand
+    if pathlike:
+        raise InputError(f"{p}: profile file not found")
     known = sorted(q.stem for q in PROFILE_DIR.rglob("*.yaml") if "models" not in q.parts)
-    raise InputError(f"{name_or_path}: profile not found (a .yaml path or one of: {', '.join(known)})")
+    raise InputError(f"{s}: profile not found (a .yaml path or one of: {', '.join(known)})")
 
 
 def load_profile(name_or_path: str | None = None) -> Profile:
-    path = resolve_profile_path(name_or_path or DEFAULT_PROFILE)
-    try:
-        d = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise InputError(f"{path}{line}: not valid YAML") from None
-    return profile_from_dict(d, str(path))
+    """A validated profile by name or path; its max_model_len defaults to the profile's
+    provenance.max_model_len, else none (requests limited by the KV cache only)."""
+    from dsim import schema as S
+    path = resolve_profile_path(DEFAULT_PROFILE if name_or_path is None else name_or_path)
+    d, doc = S.read_document(path, kind="json" if path.suffix.lower() == ".json" else "yaml")
+    return profile_from_dict(d, str(path), doc)
 
 
 class CostModel:

@@ -17,3 +17,33 @@ def where(path, line=None, field=None) -> str:
     if field is not None:
         out += f": {field}"
     return out
+
+
+def plain(v) -> str:
+    """A value as a user wrote it, for messages: numbers without numpy's repr (np.int64(-5) ->
+    -5), strings quoted with unprintable characters escaped, long text cut."""
+    if hasattr(v, "item") and callable(v.item) and getattr(v, "ndim", 1) == 0:
+        v = v.item()
+    if isinstance(v, bool) or v is None:
+        return str(v).lower() if isinstance(v, bool) else "null"
+    if isinstance(v, float):
+        return f"{v:g}" if v == v and abs(v) != float("inf") else str(v)
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, (bytes, bytearray)):
+        v = bytes(v).decode("utf-8", "replace")
+    if isinstance(v, str):
+        return shown(v)
+    return shown(str(v), quote=False)
+
+
+def shown(text: str, limit: int = 60, quote: bool = True) -> str:
+    """``text`` quoted, control and non-ASCII-printable characters escaped, cut at ``limit``."""
+    out = []
+    for ch in text[:limit]:
+        if ch.isprintable() and ch != "\ufffd":
+            out.append(ch)
+        else:
+            out.append(ascii(ch)[1:-1])
+    s = "".join(out) + ("..." if len(text) > limit else "")
+    return f"'{s}'" if quote else s

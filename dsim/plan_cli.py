@@ -9,7 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from dsim.cli import (FormatOpt, GpusPerNodeOpt, MixOpt, ProfileOpt, RateOpt, RateScaleOpt, RequestsOpt,
-                      TraceOpt, WindowOpt, app, build_workload, method_spec, run_guarded)
+                      TraceOpt, WindowOpt, app, build_workload, check_int, check_mix, check_out_targets,
+                      method_spec, run_guarded)
 from dsim.errors import InputError
 
 # The embedded default trace (600 requests, ~6 req/s) is light for an 8-GPU node of a
@@ -34,13 +35,30 @@ PerGpuOpt = Annotated[bool, typer.Option("--per-gpu", help="--concurrency values
                                          "paper's Fig. 8 axis), multiplied by the fleet's GPUs")]
 
 
-def parse_seeds(s: str) -> list[int]:
+def _int_items(s: str, what: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]; an empty item (1,,2) or a non-integer is an error."""
+    parts = [x.strip() for x in s.split(",")]
+    if parts and parts[-1] == "" and len(parts) > 1:      # a trailing comma is harmless
+        parts = parts[:-1]
+    if not s.strip():
+        raise InputError(f"{what}: no values given")
     try:
-        out = [int(x) for x in s.split(",") if x.strip()]
+        out = []
+        for x in parts:
+            if not x:
+                raise InputError(f"{what}: empty item in {s!r}")
+            out.append(int(x))
     except ValueError:
-        raise InputError(f"--seeds: expected comma-separated integers, got {s!r}") from None
+        raise InputError(f"{what}: expected comma-separated integers, got {s!r}") from None
+    return out
+
+
+def parse_seeds(s: str) -> list[int]:
+    out = _int_items(s, "--seeds")
     if not out:
         raise InputError("--seeds: no seeds given")
+    if any(x < 0 for x in out):
+        raise InputError(f"--seeds: must be >= 0, got {s!r}")
     if len(set(out)) != len(out):
         raise InputError(f"--seeds: repeated seed in {s!r}")
     return out
@@ -58,14 +76,41 @@ def parse_methods(s: str, **common) -> dict:
     return out
 
 
-def parse_int_list(s: str, what: str) -> list[int]:
-    try:
-        out = [int(x) for x in s.split(",") if x.strip()]
-    except ValueError:
-        raise InputError(f"{what}: expected comma-separated integers, got {s!r}") from None
-    if not out or any(x < 1 for x in out):
-        raise InputError(f"{what}: expected integers >= 1, got {s!r}")
+MAX_CONCURRENCY = 1 << 16
+
+
+def parse_int_list(s: str, what: str, hi: int = MAX_CONCURRENCY) -> list[int]:
+    out = _int_items(s, what)
+    if not out or any(x < 1 or x > hi for x in out):
+        raise InputError(f"{what}: expected integers in 1..{hi}, got {s!r}")
+    if len(set(out)) != len(out):
+        raise InputError(f"{what}: repeated value in {s!r}")
     return out
+
+
+def check_common(*, nodes=None, max_nodes=None, gpus_per_node=None, seed=None, jobs=None) -> None:
+    """Bounds of the flags plan, sweep and ab share (before anything runs)."""
+    from dsim.sim import MAX_GPUS_PER_NODE, MAX_NODES
+    check_int(nodes, "--nodes", 1, MAX_NODES)
+    check_int(max_nodes, "--max-nodes", 1, MAX_NODES)
+    check_int(gpus_per_node, "--gpus-per-node", 1, MAX_GPUS_PER_NODE)
+    check_int(seed, "--seed", 0)
+    check_int(jobs, "--jobs", 1, 1024)
+
+
+def check_fit(workloads, profile, specs, gpus_per_node: int, price: float | None = None) -> None:
+    """The profile fits a node and every request fits its context and KV cache, for every
+    method (fail fast, before the worker processes start)."""
+    import math
+    from dsim.sim import check_requests_fit
+    if profile.gpus_per_replica > gpus_per_node:
+        raise InputError(f"profile {profile.name}: needs {profile.gpus_per_replica} GPUs per replica, "
+                         f"a node has {gpus_per_node} (--gpus-per-node)")
+    if price is not None and not (math.isfinite(price) and price > 0):
+        raise InputError(f"--price-per-gpu-hour: must be a finite number > 0, got {price}")
+    for w in workloads:
+        for sp in specs:
+            check_requests_fit(w, profile, sp)
 
 
 def measured_profile_path() -> Path | None:
@@ -147,12 +192,13 @@ def _plan(sla, trace, format, requests, window, rate, rate_scale, mix, profile, 
     from dsim.cost import load_profile
     slos = P.parse_sla(sla)
     seed_list = parse_seeds(seeds)
-    if jobs is not None and jobs < 1:
-        raise InputError(f"--jobs: must be >= 1, got {jobs}")
+    check_common(max_nodes=max_nodes, gpus_per_node=gpus_per_node, jobs=jobs)
+    check_mix(mix)
     profile, rate_scale, notes = resolve_scenario(scenario, trace, profile, rate, rate_scale)
     specs = parse_methods(methods)
     prof = load_profile(profile)
     wls = {s: build_workload(trace, format, requests, window, rate, rate_scale, None, mix, s) for s in seed_list}
+    check_fit(wls.values(), prof, specs.values(), gpus_per_node, price)
     show = not as_json and sys.stderr.isatty()
 
     def progress(name, n, s, r):
@@ -196,7 +242,7 @@ def sweep(
     gpus_per_node: GpusPerNodeOpt = 8,
     seed: int = typer.Option(0),
     jobs: Optional[int] = typer.Option(None, help="worker processes (default: CPU count)"),
-    out: Path = typer.Option(..., help="output directory: sweep.csv and PNG figures"),
+    out: str = typer.Option(..., help="output directory: sweep.csv and PNG figures"),
     user_sla: UserSlaOpt = None,
     per_gpu: PerGpuOpt = False,
 ):
@@ -205,22 +251,29 @@ def sweep(
         from dsim import frontier as F
         from dsim import sweep as S
         from dsim.cost import load_profile
+        from dsim.outputs import final_path, staged_dir
         conc = parse_int_list(concurrency, "--concurrency")
         specs = parse_methods(methods)
         slas = F.parse_user_sla(user_sla) if user_sla is not None else None
-        if min_requests < 1:
-            raise InputError(f"--min-requests: must be >= 1, got {min_requests}")
-        if jobs is not None and jobs < 1:
-            raise InputError(f"--jobs: must be >= 1, got {jobs}")
+        check_int(min_requests, "--min-requests", 1, 10_000_000)
+        check_int(requests_per_user, "--requests-per-user", 1, 1_000_000)
+        check_common(nodes=nodes, gpus_per_node=gpus_per_node, seed=seed, jobs=jobs)
+        check_mix(mix)
+        check_out_targets(out)
         prof = load_profile(profile)
         if per_gpu:
             conc = F.concurrency_from_per_gpu(conc, prof, nodes, gpus_per_node)
         base = build_workload(trace, format, None, window, None, None, None, mix, seed)
-        df = S.sweep(base, prof, specs, conc, requests_per_user=requests_per_user, min_requests=min_requests,
-                     nodes=nodes, gpus_per_node=gpus_per_node, seed=seed, jobs=jobs)
-        files = S.write_sweep(df, out)
+        check_fit([base], prof, specs.values(), gpus_per_node)
+        with staged_dir(out) as tmp:
+            df = S.sweep(base, prof, specs, conc, requests_per_user=requests_per_user, min_requests=min_requests,
+                         nodes=nodes, gpus_per_node=gpus_per_node, seed=seed, jobs=jobs)
+            written = S.write_sweep(df, tmp)
+            comp_text, comp_files = _paper_comparison(df, list(specs), slas, prof, tmp)
+            files = [final_path(tmp, out, f) for f in written + comp_files]
         typer.echo(S.format_sweep(df))
-        files += _paper_comparison(df, list(specs), slas, prof, out)
+        if comp_text:
+            typer.echo(comp_text)
         typer.echo(f"workload: {base.source}")
         typer.echo(f"profile : {prof.label}")
         typer.echo("wrote " + ", ".join(str(f) for f in files))
@@ -235,15 +288,15 @@ def user_slas(slas, prof):
     return F.default_user_sla(prof.provenance.get("model"))
 
 
-def _paper_comparison(df, methods, slas, prof, out) -> list:
+def _paper_comparison(df, methods, slas, prof, out) -> tuple[str, list]:
+    """(printed comparison, figure files) for the pair the paper compares; ("", []) for one method."""
     from dsim import frontier as F
     pair = F.pick_pair(methods)
     if pair is None:
-        return []
+        return "", []
     anchors, src = user_slas(slas, prof)
     c = F.paper_comparison(df, pair[0], pair[1], anchors, src)
-    typer.echo(F.format_comparison(c))
-    return F.plot_comparison(df, c, out)
+    return F.format_comparison(c), F.plot_comparison(df, c, out)
 
 
 # ---- ab -------------------------------------------------------------------------------------
@@ -274,7 +327,7 @@ def ab(
     requests_per_user: int = typer.Option(8, help="sweep: requests per point = max(N x C, --min-requests)"),
     min_requests: int = typer.Option(200),
     jobs: Optional[int] = typer.Option(None, help="worker processes (default: CPU count)"),
-    out: Path = typer.Option(..., help="report directory (report.md, report.html, PNGs, plan.json, sweep.csv)"),
+    out: str = typer.Option(..., help="report directory (report.md, report.html, PNGs, plan.json, sweep.csv)"),
     user_sla: UserSlaOpt = None,
     per_gpu: PerGpuOpt = False,
 ):
@@ -284,25 +337,32 @@ def ab(
         from dsim import plan as P
         from dsim.cost import load_profile
         from dsim.report import ab_report
+        from dsim.outputs import final_path, staged_dir
         slos = P.parse_sla(sla)
         seed_list = parse_seeds(seeds)
         conc = parse_int_list(concurrency, "--concurrency")
         slas_u = F.parse_user_sla(user_sla) if user_sla is not None else None
-        if jobs is not None and jobs < 1:
-            raise InputError(f"--jobs: must be >= 1, got {jobs}")
+        check_int(min_requests, "--min-requests", 1, 10_000_000)
+        check_int(requests_per_user, "--requests-per-user", 1, 1_000_000)
+        check_common(max_nodes=max_nodes, gpus_per_node=gpus_per_node, jobs=jobs)
+        check_mix(mix)
+        check_out_targets(out)
         prof_name, rs, notes = resolve_scenario(scenario, trace, profile, rate, rate_scale)
-        sa, sb = method_spec(a), method_spec(b)
+        sa, sb = method_spec(a, what="--a"), method_spec(b, what="--b")
         prof = load_profile(prof_name)
         if per_gpu:
             conc = F.concurrency_from_per_gpu(conc, prof, 1, gpus_per_node)
         wls = {s: build_workload(trace, format, requests, window, rate, rs, None, mix, s) for s in seed_list}
+        check_fit(wls.values(), prof, (sa, sb), gpus_per_node, price_per_gpu_hour)
         argv = sys.argv[1:]
         cmd = ("dsim " + " ".join(_shq(x) for x in argv)) if argv and argv[0] == "ab" else \
             f"dsim ab --a {a} --b {b} --sla {sla} --out {out}"
-        files = ab_report(wls, prof, sa, sb, slos, out, command=cmd, margin=margin, max_nodes=max_nodes,
-                          seeds=seed_list, gpus_per_node=gpus_per_node, price=price_per_gpu_hour, jobs=jobs,
-                          concurrency=conc, requests_per_user=requests_per_user, min_requests=min_requests,
-                          notes=notes, name_a=a.lower(), name_b=b.lower(), user_sla=slas_u)
+        with staged_dir(out) as tmp:
+            files = ab_report(wls, prof, sa, sb, slos, tmp, command=cmd, margin=margin, max_nodes=max_nodes,
+                              seeds=seed_list, gpus_per_node=gpus_per_node, price=price_per_gpu_hour, jobs=jobs,
+                              concurrency=conc, requests_per_user=requests_per_user, min_requests=min_requests,
+                              notes=notes, name_a=a.lower(), name_b=b.lower(), user_sla=slas_u)
+            files = [final_path(tmp, out, f) for f in files]
         typer.echo("wrote " + ", ".join(str(f) for f in files))
     run_guarded(go)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,19 +116,55 @@ class SpecRuntime:
             self.context = P.PolicyContext
 
 
+MAX_NODES = 4096            # the largest fleets of the public serving reports are ~1000 nodes
+MAX_GPUS_PER_NODE = 72      # an NVL72 rack is the largest one-node NVLink domain sold
+MAX_NUM_SEQS = 1 << 20
+MAX_NUM_BATCHED_TOKENS = 1 << 24
+
+
 def _check(cfg: SimConfig):
-    if cfg.nodes < 1:
-        raise InputError(f"--nodes: must be >= 1, got {cfg.nodes}")
-    if cfg.gpus_per_node < 1:
-        raise InputError(f"--gpus-per-node: must be >= 1, got {cfg.gpus_per_node}")
+    """Bad settings fail here, before any replica or array is allocated."""
+    def int_in(v, lo, hi, what):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
+            raise InputError(f"{what}: must be an integer in {lo}..{hi}, got {v}")
+    int_in(cfg.nodes, 1, MAX_NODES, "--nodes")
+    int_in(cfg.gpus_per_node, 1, MAX_GPUS_PER_NODE, "--gpus-per-node")
+    int_in(cfg.seed, 0, 2**63 - 1, "--seed")
     e = cfg.engine
-    if e.max_num_seqs < 1 or e.max_num_batched_tokens < 1:
-        raise InputError("engine: max_num_seqs and max_num_batched_tokens must be >= 1")
+    int_in(e.max_num_seqs, 1, MAX_NUM_SEQS, "--max-num-seqs")
+    int_in(e.max_num_batched_tokens, 1, MAX_NUM_BATCHED_TOKENS, "--max-num-batched-tokens")
     if e.verify_mode not in ("static", "compact", "cap-accept"):
         raise InputError(f"--verify-mode: must be static, compact or cap-accept, got {e.verify_mode!r}")
     if cfg.profile.gpus_per_replica > cfg.gpus_per_node:
         raise InputError(f"profile {cfg.profile.name}: needs {cfg.profile.gpus_per_replica} GPUs per replica, "
                          f"a node has {cfg.gpus_per_node}")
+    check_requests_fit(cfg.workload, cfg.profile, cfg.spec)
+
+
+def check_requests_fit(w, profile: Profile, spec: SpecConfig | None = None) -> None:
+    """Every request fits the model: prompt + output within the profile's max_model_len (vLLM
+    rejects a longer request), and its whole life within one replica's KV cache (it would be
+    preempted forever). The first one that does not is named by its trace file and line."""
+    from dsim.cost import KV_BLOCK_TOKENS
+    total = np.asarray(w.prompt_tokens, dtype=np.int64) + np.asarray(w.output_tokens, dtype=np.int64)
+    lim = profile.max_model_len
+    if lim is not None and total.max() > lim:
+        i = int(np.argmax(total > lim))
+        raise InputError(f"{w.where(i)}: {int(w.prompt_tokens[i])} prompt + {int(w.output_tokens[i])} output "
+                         f"tokens exceed the model's context, max_model_len {lim} (profile {profile.name}; "
+                         "--max-model-len)")
+    k = 0
+    if spec is not None and spec.method != "none":
+        from dsim import spec as S
+        k = S.make_method(spec.method, spec.k, spec.adaptive).k
+    # as the engine counts: a decode slot holds ceil((KV tokens + 1 + K) / block) blocks
+    need = -(-(total - 1 + 1 + k) // KV_BLOCK_TOKENS)
+    cap = profile.kv_capacity_blocks
+    if need.max() > cap:
+        i = int(np.argmax(need > cap))
+        raise InputError(f"{w.where(i)}: {int(w.prompt_tokens[i])} prompt + {int(w.output_tokens[i])} output "
+                         f"tokens need {int(need[i])} KV blocks, the cache holds {cap} "
+                         f"(profile {profile.name}: memory.kv_cache_gib)")
 
 
 def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
@@ -286,31 +321,35 @@ def _spec_summary(spec, st: SpecStats, class_names) -> dict:
 def write_step_log(res: SimResult, path):
     """JSONL, one object per engine step: {"step", "replica", "t_end_s", "q": query tokens per
     request, "ctx": KV context per request before the step, "predicted_ms": forward-only cost}.
-    Read by validator.gpu.replay."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
+    Read by validator.gpu.replay. Written whole or not at all (dsim.outputs.staged_file)."""
+    from dsim.outputs import staged_file
+    with staged_file(path, "--step-log") as tmp:
+        write_step_log_file(res, tmp)
+
+
+def write_step_log_file(res: SimResult, path) -> None:
+    """The step log written straight to ``path`` (a staged file: see write_step_log)."""
+    with open(path, "w") as f:
         for i, (rep, t, q, ctx, ms) in enumerate(res.shapes or []):
             f.write(json.dumps({"step": i, "replica": rep, "t_end_s": round(t, 6), "q": q, "ctx": ctx,
                                 "predicted_ms": round(ms, 5)}) + "\n")
-    os.replace(tmp, path)
 
 
-def write_outputs(res: SimResult, out_dir, step_log: str | None = None):
-    """Write summary.json, requests.parquet, steps.parquet atomically (temp dir, then rename)."""
-    out = Path(out_dir)
-    tmp = out.with_name(out.name + ".tmp-dsim")
-    if tmp.exists():
-        import shutil
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    res.requests.to_parquet(tmp / "requests.parquet", index=False)
-    res.steps.to_parquet(tmp / "steps.parquet", index=False)
-    (tmp / "summary.json").write_text(json.dumps(res.summary, indent=2, sort_keys=True) + "\n")
-    if out.exists():
-        import shutil
-        for f in tmp.iterdir():
-            os.replace(f, out / f.name)
-        shutil.rmtree(tmp)
-    else:
-        os.replace(tmp, out)
+OUTPUT_FILES = ("requests.parquet", "steps.parquet", "summary.json")
+
+
+def write_outputs(res: SimResult, out_dir) -> list[Path]:
+    """Write summary.json, requests.parquet, steps.parquet into ``out_dir``, all or nothing
+    (dsim.outputs.staged_dir: a temporary sibling, renamed into place at the end)."""
+    from dsim.outputs import staged_dir
+    with staged_dir(out_dir) as tmp:
+        write_output_files(res, tmp)
+    return [Path(out_dir) / f for f in OUTPUT_FILES]
+
+
+def write_output_files(res: SimResult, d) -> None:
+    """The three output files written straight into directory ``d`` (a staged one)."""
+    d = Path(d)
+    res.requests.to_parquet(d / "requests.parquet", index=False)
+    res.steps.to_parquet(d / "steps.parquet", index=False)
+    (d / "summary.json").write_text(json.dumps(res.summary, indent=2, sort_keys=True) + "\n")

@@ -51,7 +51,6 @@ information).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -250,15 +249,30 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
+def _probability(v, what: str) -> float:
+    """A probability as written by the user: a finite number in [0, 1] (not a string or bool)."""
+    from dsim.errors import plain
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise InputError(f"{what}: must be a probability (a number in [0, 1]), got {plain(v)}")
+    f = float(v)
+    if not (math.isfinite(f) and 0.0 <= f <= 1.0):
+        raise InputError(f"{what}: must be in [0, 1], got {plain(v)}")
+    return f
+
+
 def parse_acceptance(arg: str) -> AcceptanceCurves:
     """Inline curves: ``const:P`` (one constant p, class default, one position: padded to any K),
     ``"math=0.9,0.8,0.7;chat=0.7,0.5"`` (per class, ``;``-separated) or ``"0.9,0.8"`` (default)."""
+    from dsim.errors import shown
     s = str(arg).strip()
+    if not s:
+        raise InputError("--acceptance: empty (a preset name, a file, const:P or class=p1,p2,...)")
     if s.lower().startswith("const:"):
         try:
             p = float(s[6:])
         except ValueError:
-            raise InputError(f"acceptance: const:P needs a number, got {s!r}") from None
+            raise InputError(f"--acceptance: const:P needs a number, got {shown(s)}") from None
+        p = _probability(p, f"--acceptance: {shown(s)}")
         return AcceptanceCurves({"default": (p,)}, source=f"constant p = {p} (user)", name=s)
     curves = {}
     for part in [x for x in s.split(";") if x.strip()]:
@@ -270,50 +284,62 @@ def parse_acceptance(arg: str) -> AcceptanceCurves:
         try:
             curve = tuple(float(x) for x in vals.split(",") if x.strip())
         except ValueError:
-            raise InputError(f"acceptance: {part!r}: expected comma-separated probabilities") from None
+            raise InputError(f"--acceptance: {shown(part)}: expected comma-separated probabilities") from None
         if not cls or not curve:
-            raise InputError(f"acceptance: {part!r}: expected class=p1,p2,...")
-        curves[cls] = curve
+            raise InputError(f"--acceptance: {shown(part)}: expected class=p1,p2,...")
+        if cls in curves:
+            raise InputError(f"--acceptance: class {shown(cls)} given twice")
+        curves[cls] = tuple(_probability(x, f"--acceptance: {cls}[{i}]") for i, x in enumerate(curve))
     if not curves:
-        raise InputError(f"acceptance: empty curve string {arg!r}")
+        raise InputError(f"--acceptance: empty curve string {shown(s)}")
     return AcceptanceCurves(curves, source=f"user curves {s!r}", name=s)
 
 
-def _from_mapping(doc, where_: str, method: str | None) -> AcceptanceCurves:
+def _from_mapping(doc, where_: str, method: str | None, marks=None) -> AcceptanceCurves:
+    """Curves from a parsed preset; errors name the file (``where_``) and, with ``marks`` (a
+    dsim.schema.Doc), the line of the bad field."""
+    from dsim import schema as Sch
+    from dsim.errors import plain
+    d = marks if marks is not None else Sch.Doc(where_)
     if not isinstance(doc, dict):
-        raise InputError(f"{where_}: expected a mapping with 'classes' or 'methods'")
-    src = str(doc.get("source", "")).strip()
+        raise InputError(f"{d.at()}: expected a mapping with 'classes' or 'methods'")
+    src = str(doc.get("source", "") or "").strip()
     name = str(doc.get("name", where_))
     if "methods" in doc:
-        methods = doc["methods"] or {}
+        methods = doc["methods"]
+        if not isinstance(methods, dict) or not methods:
+            raise InputError(f"{d.at('methods')}: expected a mapping method -> {{classes: ...}}")
         key = None
         if method is not None:
             m = _ALIASES.get(str(method).lower(), str(method).lower())
             key = m if m in methods else None
             if key is None:
                 raise InputError(
-                    f"{where_}: methods: no curve for method {method!r} (has {', '.join(methods)})"
+                    f"{d.at('methods')}: no curve for method {method!r} (has {', '.join(map(str, methods))})"
                 )
         elif len(methods) == 1:
             key = next(iter(methods))
         else:
-            raise InputError(f"{where_}: methods: several methods ({', '.join(methods)}); name one")
-        block = methods[key] or {}
+            raise InputError(f"{d.at('methods')}: several methods ({', '.join(map(str, methods))}); name one")
+        block = methods[key]
+        if not isinstance(block, dict):
+            raise InputError(f"{d.at('methods', key)}: expected a mapping with 'classes', got {plain(block)}")
         classes = block.get("classes")
+        ckeys = ("methods", key, "classes")
         mname = key
     else:
         classes = doc.get("classes")
+        ckeys = ("classes",)
         mname = method
     if not isinstance(classes, dict) or not classes:
-        raise InputError(f"{where_}: classes: expected a mapping class -> [p1, p2, ...]")
+        raise InputError(f"{d.at(*ckeys)}: expected a mapping class -> [p1, p2, ...]")
     curves = {}
     for c, v in classes.items():
-        if isinstance(v, (int, float)):
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
             v = [v]
-        try:
-            curves[str(c)] = tuple(float(x) for x in v)
-        except (TypeError, ValueError):
-            raise InputError(f"{where_}: classes: {c}: expected a list of probabilities") from None
+        if not isinstance(v, list) or not v:
+            raise InputError(f"{d.at(*ckeys, c)}: expected a non-empty list of probabilities, got {plain(v)}")
+        curves[str(c)] = tuple(Sch.number(x, d, *ckeys, c, i, lo=0.0, hi=1.0) for i, x in enumerate(v))
     return AcceptanceCurves(curves, source=src, name=name, method=mname)
 
 
@@ -322,11 +348,17 @@ def load_acceptance(name_or_path: str, method: str | None = None) -> AcceptanceC
     (``preset_names()``), a ``.yaml``/``.yml``/``.json`` file with the preset schema, or an inline
     string (``parse_acceptance``). A file with ``methods:`` must have the method; a file with
     top-level ``classes:`` or an inline string applies to any method."""
+    from dsim import schema as Sch
+    from dsim.errors import shown
     s = str(name_or_path).strip()
-    preset = PRESET_DIR / f"{s}.yaml"
+    if not s:
+        raise InputError("--acceptance: empty (a preset name, a file, const:P or class=p1,p2,...)")
+    preset = PRESET_DIR / f"{s}.yaml" if "/" not in s and "\\" not in s else None
     path = None
-    if preset.is_file():
+    if preset is not None and preset.is_file():
         path = preset
+    elif os.path.isdir(s):
+        raise InputError(f"{s}: is a directory, not an acceptance file")
     elif os.path.isfile(s):
         path = Path(s)
     elif s.lower().endswith((".yaml", ".yml", ".json")):
@@ -335,19 +367,10 @@ def load_acceptance(name_or_path: str, method: str | None = None) -> AcceptanceC
         if s.lower().startswith("const:") or "=" in s or "," in s or _is_float(s):
             return parse_acceptance(s)
         raise InputError(
-            f"acceptance: {s!r} is not a preset ({', '.join(preset_names())}), a file, const:P or class=p1,p2"
+            f"--acceptance: {shown(s)} is not a preset ({', '.join(preset_names())}), a file, const:P or class=p1,p2"
         )
-    text = path.read_text()
-    try:
-        if path.suffix.lower() == ".json":
-            doc = json.loads(text)
-        else:
-            import yaml
-
-            doc = yaml.safe_load(text)
-    except Exception as e:  # noqa: BLE001 - parser errors become one-line input errors
-        raise InputError(f"{path}: cannot parse: {e}".splitlines()[0]) from None
-    return _from_mapping(doc, str(path), method)
+    doc, marks = Sch.read_document(path, kind="json" if path.suffix.lower() == ".json" else "yaml")
+    return _from_mapping(doc, str(path), method, marks)
 
 
 def _is_float(s: str) -> bool:

@@ -35,6 +35,7 @@ def closed_loop(base, concurrency: int, n: int):
         output_tokens=np.array(base.output_tokens[idx]), cls=np.array(base.cls[idx]),
         session_id=np.array(base.session_id[idx]),
         prefix_hashes=None if base.prefix_hashes is None else [base.prefix_hashes[i] for i in idx],
+        rows=None if base.rows is None else np.array(base.rows[idx]),
         closed_loop_concurrency=int(concurrency),
         source=f"{base.source}; first {min(n, len(base))} requests{reps}; closed loop, {concurrency} users")
 

@@ -33,7 +33,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from .errors import InputError, where
+from .errors import InputError, plain, shown, where
 
 __all__ = [
     "Workload",
@@ -60,6 +60,11 @@ DEFAULT_CLASSES: tuple[str, ...] = ("math", "code", "chat")
 MOONCAKE_BLOCK_TOKENS = 512
 FORMATS = ("azure", "mooncake", "burstgpt", "native-csv", "native-jsonl", "native-parquet")
 RATE_SCALE_RANGE = (0.1, 20.0)
+#: Largest token count accepted for one request's prompt or output: well above any model's
+#: context (the largest public ones are ~10M tokens); beyond it a value is a corrupt row.
+MAX_TOKENS = 16_777_216
+#: Longest span of arrival times accepted (about 31 years): a later arrival is a corrupt row.
+MAX_SPAN_S = 1e9
 
 #: Public trace names -> file name in the trace directory (DSIM_TRACE_DIR or ../shared/traces).
 TRACE_FILES: dict[str, str] = {
@@ -94,11 +99,15 @@ class Workload:
     closed_loop_concurrency: int | None = None
     source: str = ""
     class_mix_assumed: bool = False
+    rows: np.ndarray | None = None  # int64, each request's data row in the trace file (0-based)
+    locator: "RowLocator | None" = None  # data row -> "path:line" (for error messages)
 
     def __post_init__(self):
         n = len(self.arrival_s)
         if n == 0:
             raise InputError(f"{self.source or 'workload'}: empty workload (no requests)")
+        if self.rows is not None and len(self.rows) != n:
+            raise ValueError(f"Workload.rows has {len(self.rows)} rows, expected {n}")
         for name in ("prompt_tokens", "output_tokens", "cls", "session_id"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"Workload.{name} has {len(getattr(self, name))} rows, expected {n}")
@@ -136,6 +145,13 @@ class Workload:
     def class_labels(self) -> np.ndarray:
         """Class name per request (object array)."""
         return np.asarray(self.class_names, dtype=object)[self.cls]
+
+    def where(self, i: int) -> str:
+        """Where request i came from: ``path:line`` (``path:row N`` for Parquet) of its trace
+        row, or ``request N`` (1-based) for a generated workload."""
+        if self.locator is not None and self.rows is not None:
+            return self.locator(int(self.rows[i]))
+        return f"request {int(i) + 1}"
 
     def describe(self) -> dict:
         """Shape summary (rates, length means/percentiles, class shares)."""
@@ -190,6 +206,7 @@ def _take(w: Workload, idx: np.ndarray, *, rezero: bool, source: str) -> Workloa
         cls=np.array(w.cls[idx]),
         session_id=np.array(w.session_id[idx]),
         prefix_hashes=None if w.prefix_hashes is None else [w.prefix_hashes[i] for i in np.arange(len(w))[idx]],
+        rows=None if w.rows is None else np.array(w.rows[idx]),
         source=source,
     )
 
@@ -268,7 +285,7 @@ def parse_mix(spec) -> dict[str, float]:
         except (TypeError, ValueError):
             raise InputError(f"mix: {k}: share {v!r} is not a number") from None
         if not math.isfinite(f) or f < 0:
-            raise InputError(f"mix: {k}: share {v!r} must be >= 0")
+            raise InputError(f"mix: {k}: share {v!r} must be a finite number >= 0")
         out[k] = f
     if not out:
         raise InputError("mix: no classes given")
@@ -364,6 +381,28 @@ def resolve_trace(path_or_name) -> tuple[Path, str | None]:
 # --------------------------------------------------------------------------------------------
 
 
+class RowLocator:
+    """Maps a trace's data row (0-based) to ``path:line`` as an editor numbers lines (CSV: the
+    header is line 1, blank lines counted; JSONL: the record's line; Parquet: ``row N``). CSV
+    line numbers are found by a scan on first use only (error paths); picklable (the scan's
+    result is not carried along)."""
+
+    def __init__(self, path, kind: str, lines=None):
+        self.path, self.kind = str(path), kind
+        self._lines = None if lines is None else np.asarray(lines)
+
+    def __call__(self, row: int) -> str:
+        if self.kind == "parquet":
+            return f"{self.path}: row {row + 1}"
+        if self._lines is None:
+            self._lines = np.asarray(_csv_data_lines(Path(self.path)))
+        return f"{self.path}:{int(self._lines[row])}"
+
+    def __getstate__(self):
+        return {"path": self.path, "kind": self.kind,
+                "_lines": self._lines if self.kind == "lines" else None}
+
+
 def _err(path, line, fieldname, problem) -> InputError:
     return InputError(f"{where(path, line, fieldname)}: {problem}")
 
@@ -372,7 +411,7 @@ def _csv_data_lines(path: Path) -> list[int]:
     """Physical 1-based line number of each data row of a CSV (header skipped), as pandas
     counts rows (blank lines skipped). Only used on the error path."""
     lines = []
-    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+    with open(path, newline="", encoding="utf-8-sig", errors="replace") as f:
         r = csv.reader(f)
         first = True
         start = 1
@@ -390,7 +429,7 @@ def _csv_data_lines(path: Path) -> list[int]:
 
 def _csv_scan_shape(path: Path) -> None:
     """Find the first row whose field count differs from the header and raise for it."""
-    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+    with open(path, newline="", encoding="utf-8-sig", errors="replace") as f:
         r = csv.reader(f)
         header = None
         start = 1
@@ -417,7 +456,8 @@ def _int_column(values: pd.Series, path, fieldname: str, lines, *, allow_zero=Fa
     bad_num = ~np.isfinite(a)
     bad_int = ~bad_num & (a != np.round(a))
     bad_val = ~bad_num & ~bad_int & ((a < 0) if allow_zero else (a <= 0))
-    bad = bad_num | bad_int | bad_val
+    bad_big = ~bad_num & ~bad_int & ~bad_val & (a > (np.iinfo(np.int64).max / 2 if allow_zero else MAX_TOKENS))
+    bad = bad_num | bad_int | bad_val | bad_big
     if bad.any():
         i = int(np.argmax(bad))
         raw = values.iloc[i]
@@ -425,11 +465,14 @@ def _int_column(values: pd.Series, path, fieldname: str, lines, *, allow_zero=Fa
         if bad_num[i]:
             if raw is None or (isinstance(raw, float) and np.isnan(raw)) or (isinstance(raw, str) and not raw.strip()):
                 raise _err(path, line, fieldname, "missing value")
-            raise _err(path, line, fieldname, f"not a number: {raw!r}")
+            raise _err(path, line, fieldname, f"not a number: {plain(raw)}")
         if bad_int[i]:
-            raise _err(path, line, fieldname, f"not an integer: {raw!r}")
-        raise _err(path, line, fieldname, f"must be > 0, got {raw!r}" if not allow_zero
-                   else f"must be >= 0, got {raw!r}")
+            raise _err(path, line, fieldname, f"not an integer: {plain(raw)}")
+        if bad_big[i]:
+            raise _err(path, line, fieldname, f"{plain(raw)} is too large (at most {MAX_TOKENS} tokens)"
+                       if not allow_zero else f"{plain(raw)} is too large")
+        raise _err(path, line, fieldname, f"must be > 0, got {plain(raw)}" if not allow_zero
+                   else f"must be >= 0, got {plain(raw)}")
     return a.astype(np.int64)
 
 
@@ -439,10 +482,10 @@ def _check_monotone(t: np.ndarray, path, fieldname, lines, raw=None) -> None:
         if back.any():
             i = int(np.argmax(back)) + 1
             ln = lines() if callable(lines) else lines
-            shown = (lambda j: repr(raw[j])) if raw is not None else (lambda j: f"{t[j]:g}")
+            val = (lambda j: plain(raw[j])) if raw is not None else (lambda j: f"{t[j]:g}")
             raise _err(path, ln[i], fieldname,
-                       f"timestamp goes back in time: {shown(i)} is before {shown(i - 1)} on line {ln[i - 1]}"
-                       " (timestamps must be non-decreasing; pass sort=True to sort)")
+                       f"timestamp goes back in time: {val(i)} is before {val(i - 1)} on line {ln[i - 1]}"
+                       " (timestamps must be non-decreasing: sort the trace by time)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -461,7 +504,7 @@ def _read_csv_frame(path: Path, required: Sequence[str], optional: Sequence[str]
     comes back as strings and is checked row by row by the column helpers)."""
     strs = set(str_cols)
     try:
-        df = pd.read_csv(path, keep_default_na=False, skipinitialspace=True, encoding="utf-8",
+        df = pd.read_csv(path, keep_default_na=False, skipinitialspace=True, encoding="utf-8-sig",
                          dtype={c: str for c in strs} or None)
     except pd.errors.EmptyDataError:
         raise _err(path, None, None, "empty trace (no header, no rows)") from None
@@ -492,7 +535,7 @@ def _read_azure(path: Path) -> _Cols:
         i = int(np.argmax(ts.isna().to_numpy()))
         raw = df["TIMESTAMP"].iloc[i]
         raise _err(path, lines()[i], "TIMESTAMP",
-                   "missing value" if not raw.strip() else f"not a timestamp: {raw!r}")
+                   "missing value" if not raw.strip() else f"not a timestamp: {plain(raw)}")
     ns = ts.dt.tz_convert(None).to_numpy().astype("datetime64[ns]").view(np.int64)
     t = ((ns - ns[0]) / 1e9).astype(np.float64)  # relative first: keeps sub-microsecond precision
     return _Cols(arrival=t, notes=[f"t0={ts.iloc[0].isoformat()}"], raw_t=df["TIMESTAMP"].to_numpy(), tfield="TIMESTAMP",
@@ -509,7 +552,7 @@ def _read_burstgpt(path: Path) -> _Cols:
     bad = ~np.isfinite(tnum) | (tnum < 0)
     if bad.any():
         i = int(np.argmax(bad))
-        raise _err(path, lines()[i], "Timestamp", f"not a time in seconds >= 0: {df['Timestamp'].iloc[i]!r}")
+        raise _err(path, lines()[i], "Timestamp", f"not a time in seconds >= 0: {plain(df['Timestamp'].iloc[i])}")
     output = _int_column(df["Response tokens"], path, "Response tokens", lines, allow_zero=True)
     keep = output > 0
     notes = []
@@ -527,7 +570,8 @@ def _read_burstgpt(path: Path) -> _Cols:
     if "Session ID" in df.columns:
         session = _int_column(df["Session ID"], path, "Session ID", lines, allow_zero=True)
     return _Cols(arrival=tnum[keep], prompt=prompt, output=output[keep], session=session,
-                 lines=lines, notes=notes, tfield="Timestamp", raw_t=df["Timestamp"].to_numpy())
+                 lines=lines, notes=notes, tfield="Timestamp", raw_t=df["Timestamp"].to_numpy(),
+                 data_rows=np.flatnonzero(keep))
 
 
 def _read_native_csv(path: Path) -> _Cols:
@@ -541,7 +585,7 @@ def _read_native_csv(path: Path) -> _Cols:
         i = int(np.argmax(bad))
         raw = df["arrival_s"].iloc[i]
         raise _err(path, lines()[i], "arrival_s",
-                   "missing value" if not str(raw).strip() else f"not a time in seconds >= 0: {raw!r}")
+                   "missing value" if not str(raw).strip() else f"not a time in seconds >= 0: {plain(raw)}")
     out = _Cols(arrival=t, prompt=_int_column(df["prompt_tokens"], path, "prompt_tokens", lines),
                 output=_int_column(df["output_tokens"], path, "output_tokens", lines),
                 lines=lines, notes=[])
@@ -590,7 +634,7 @@ def _is_int(v) -> bool:
 def _jsonl_records(path: Path):
     """Yield (line_number, dict) for each non-blank line, raising InputError for bad JSON."""
     try:
-        f = open(path, encoding="utf-8")
+        f = open(path, encoding="utf-8-sig")
     except OSError as e:
         raise _err(path, None, None, f"cannot read ({e.strerror})") from None
     with f:
@@ -638,13 +682,13 @@ def _read_jsonl(path: Path, tkey: str, pkey: str, okey: str, hkey: str, *, nativ
             c = rec.get("class")
             if c is not None:
                 if not isinstance(c, str) or not c.strip():
-                    raise _err(path, ln, "class", f"expected a class name, got {c!r}")
+                    raise _err(path, ln, "class", f"expected a class name, got {plain(c)}")
                 has_c = True
             cl.append(c)
             s = rec.get("session_id", -1)
             if s != -1:
                 if not _is_int(s) or isinstance(s, bool):
-                    raise _err(path, ln, "session_id", f"not an integer: {s!r}")
+                    raise _err(path, ln, "session_id", f"not an integer: {plain(s)}")
                 has_s = True
             se.append(s)
     if not lines:
@@ -661,20 +705,27 @@ def _read_jsonl(path: Path, tkey: str, pkey: str, okey: str, hkey: str, *, nativ
         if a is None or a.shape != (len(vals),):
             for i, v in enumerate(vals):
                 if isinstance(v, bool) or not isinstance(v, (int, float)):
-                    raise _err(path, lines_arr[i], key, f"not a number: {v!r}")
+                    raise _err(path, lines_arr[i], key, f"not a number: {plain(v)}")
+                try:
+                    float(v)
+                except OverflowError:
+                    raise _err(path, lines_arr[i], key, f"{plain(v)} is too large") from None
             raise _err(path, None, key, "not a number")  # pragma: no cover
-        bad = ~np.isfinite(a) | ((a < 0) if time else (a <= 0) | (a != np.round(a)))
+        big = MAX_TOKENS if not time else np.inf
+        bad = ~np.isfinite(a) | ((a < 0) if time else (a <= 0) | (a != np.round(a)) | (a > big))
         if bad.any():
             i = int(np.argmax(bad))
             v = vals[i]
             if not np.isfinite(a[i]):
-                prob = f"not a number: {v!r}"
+                prob = f"not a number: {plain(v)}"
             elif time:
-                prob = f"must be >= 0, got {v!r}"
+                prob = f"must be >= 0, got {plain(v)}"
             elif a[i] <= 0:
-                prob = f"must be > 0, got {v!r}"
+                prob = f"must be > 0, got {plain(v)}"
+            elif a[i] != np.round(a[i]):
+                prob = f"not an integer: {plain(v)}"
             else:
-                prob = f"not an integer: {v!r}"
+                prob = f"{plain(v)} is too large (at most {MAX_TOKENS} tokens)"
             raise _err(path, lines_arr[i], key, prob)
         return a
 
@@ -716,11 +767,21 @@ def _read_native_parquet(path: Path) -> _Cols:
         raise _err(path, None, None, "empty trace (no requests)")
     rows = np.arange(1, len(df) + 1)
     lines = [f"row {i}" for i in rows]
+    for col in ("arrival_s", "prompt_tokens", "output_tokens", "session_id"):
+        # Parquet columns are typed: numbers stored as strings (or booleans) are a broken writer,
+        # as in JSONL, not something to coerce
+        if col in df.columns and df[col].dtype.kind not in "iuf":
+            vals = df[col].tolist()
+            i = next((j for j, v in enumerate(vals)
+                      if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)))), None)
+            if i is None:           # numbers with nulls: checked below as missing values
+                continue
+            raise _err(path, lines[i], col, f"not a number: {plain(vals[i])} (column type {df[col].dtype})")
     t = pd.to_numeric(df["arrival_s"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     bad = ~np.isfinite(t) | (t < 0)
     if bad.any():
         i = int(np.argmax(bad))
-        raise _err(path, lines[i], "arrival_s", f"not a time in seconds >= 0: {df['arrival_s'].iloc[i]!r}")
+        raise _err(path, lines[i], "arrival_s", f"not a time in seconds >= 0: {plain(df['arrival_s'].iloc[i])}")
     out = _Cols(arrival=t, prompt=_int_column(df["prompt_tokens"], path, "prompt_tokens", lines),
                 output=_int_column(df["output_tokens"], path, "output_tokens", lines), lines=lines, notes=[])
     if "session_id" in df.columns:
@@ -755,7 +816,7 @@ _READERS = {
 
 def _first_line(path: Path) -> str:
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
+        with open(path, encoding="utf-8-sig", errors="replace") as f:
             for text in f:
                 if text.strip():
                     return text.strip()
@@ -764,16 +825,33 @@ def _first_line(path: Path) -> str:
     raise _err(path, None, None, "empty trace (empty file)")
 
 
+def _check_text(path: Path, head_bytes: bytes) -> None:
+    """A trace read as text must be text: NUL bytes or invalid UTF-8 at the start mean binary
+    data (say so instead of echoing it)."""
+    nul = head_bytes.find(b"\0")
+    if nul >= 0:
+        raise _err(path, None, None, f"not a text trace (binary data: NUL byte at byte {nul})")
+    try:
+        head_bytes.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.start < len(head_bytes) - 4:          # not just a character cut at the 4 KiB edge
+            raise _err(path, None, None, f"not a UTF-8 text trace ({e.reason} at byte {e.start})") from None
+
+
 def detect_format(path) -> str:
     """Detect the trace format from the extension and the header / first record."""
     path = Path(path)
     ext = "".join(path.suffixes[-1:]).lower()
     if ext in (".parquet", ".pq"):
         return "native-parquet"
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic == b"PAR1":
+    try:
+        with open(path, "rb") as f:
+            head_bytes = f.read(4096)
+    except OSError as e:
+        raise _err(path, None, None, f"cannot read ({e.strerror})") from None
+    if head_bytes[:4] == b"PAR1":
         return "native-parquet"
+    _check_text(path, head_bytes)
     first = _first_line(path)
     if ext in (".jsonl", ".json", ".ndjson") or first.startswith("{"):
         try:
@@ -794,7 +872,7 @@ def detect_format(path) -> str:
         return "burstgpt"
     if "arrival_s" in cols or "prompt_tokens" in cols:
         return "native-csv"
-    raise _err(path, 1, None, f"unknown format: header {first[:80]!r} matches no known trace "
+    raise _err(path, 1, None, f"unknown format: header {shown(first, 80)} matches no known trace "
                               f"(formats: {', '.join(FORMATS)})")
 
 
@@ -861,6 +939,13 @@ def load_workload(path_or_name, fmt: str = "auto", *, mix=None, seed: int = 0, s
     t = t[sel]
     t0 = float(t[0])
     arrival = (t - t0).astype(np.float64)
+    if arrival[-1] > MAX_SPAN_S:
+        i = int(np.argmax(arrival > MAX_SPAN_S))
+        j = int(order[i]) if order is not None else i
+        ln = c["lines"]() if callable(c["lines"]) else c["lines"]
+        raise _err(path, ln[j], c.get("tfield", "arrival_s"),
+                   f"arrives {arrival[i]:.3g} s after the first request (more than {MAX_SPAN_S:g} s: "
+                   "not a trace's time)")
     session = c.get("session")
     session = np.full(nreq, -1, np.int64) if session is None else np.asarray(session, np.int64)[sel]
     hashes = c.get("hashes")
@@ -888,10 +973,19 @@ def load_workload(path_or_name, fmt: str = "auto", *, mix=None, seed: int = 0, s
         names = ("chat",)
         cls = np.zeros(nreq, np.int16)
         assumed = True
+    data_rows = c.get("data_rows")
+    rows = (np.arange(nreq, dtype=np.int64) if data_rows is None else np.asarray(data_rows, np.int64))[sel]
+    if f == "native-parquet":
+        locator = RowLocator(path, "parquet")
+    elif f in ("native-jsonl", "mooncake"):
+        locator = RowLocator(path, "lines", c["lines"])
+    else:
+        locator = RowLocator(path, "csv")
     w = Workload(arrival_s=arrival, prompt_tokens=c["prompt"][sel], output_tokens=c["output"][sel],
                  cls=cls, class_names=names, session_id=session, prefix_hashes=hashes,
                  prefix_block_tokens=pbt, closed_loop_concurrency=None,
-                 source=f"{label} ({', '.join(notes)})", class_mix_assumed=assumed)
+                 source=f"{label} ({', '.join(notes)})", class_mix_assumed=assumed,
+                 rows=rows, locator=locator)
     if cls_raw is None or mix is not None:
         m = parse_mix(mix) if mix is not None else _default_mix_for(f, path, name)
         w = assign_classes(w, m, seed)

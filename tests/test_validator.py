@@ -233,7 +233,7 @@ def test_server_killed_mid_run_keeps_data(tmp_path):
     assert m.complete and len(m.requests) == 40
 
 
-def test_interrupted_run_leaves_valid_partial_file(fake, tmp_path):
+def test_interrupted_run_writes_nothing(fake, tmp_path):
     url = fake("ok", step_ms=5.0)
     out = tmp_path / "out"
     p = subprocess.Popen([sys.executable, "-m", "validator.cli", "run", "--server", url, "--out", str(out),
@@ -243,9 +243,9 @@ def test_interrupted_run_leaves_valid_partial_file(fake, tmp_path):
     p.send_signal(2)       # Ctrl-C
     _, err = p.communicate(timeout=30)
     assert p.returncode == 130, err
-    m = measure.read(out / "measurements.jsonl")
-    assert m.complete and m.summary["interrupted"]
-    assert 0 < len(m.requests) < 200
+    assert "nothing written" in err
+    # all or nothing: no --out directory, no staging debris next to it
+    assert sorted(x.name for x in tmp_path.iterdir()) == []
 
 
 def test_ab_with_fake_servers(tmp_path):

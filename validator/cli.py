@@ -7,6 +7,7 @@ Mounted by the main CLI as ``app.add_typer(validator.cli.app, name="validate")``
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -14,6 +15,7 @@ from typing import List, Optional
 import typer
 
 from dsim.errors import InputError
+from dsim.outputs import final_path, rewrite_paths, staged_dir, staged_file
 
 app = typer.Typer(help="Validate dsim against a real vLLM server: replay, import, profile, "
                        "calibrate, check, A/B.", no_args_is_help=True, add_completion=False)
@@ -29,7 +31,7 @@ def _server(url: str) -> str:
 @app.command("run")
 def run_cmd(
     server: str = typer.Option(..., "--server", help="base URL, e.g. http://127.0.0.1:8000"),
-    out: Path = typer.Option(..., "--out", help="output directory (measurements.jsonl)"),
+    out: str = typer.Option(..., "--out", help="output directory (measurements.jsonl)"),
     trace: Optional[str] = typer.Option(None, "--trace", help="trace file (dsim-readable, or CSV/JSONL "
                                         "with prompt_tokens, output_tokens[, arrival_s])"),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", "-c", help="closed loop: C in flight"),
@@ -58,8 +60,18 @@ def run_cmd(
         raise InputError("--concurrency and --rate: give one, not both")
     if concurrency is not None and concurrency <= 0:
         raise InputError("--concurrency: must be > 0")
-    if rate is not None and rate <= 0:
-        raise InputError("--rate: must be > 0")
+    if rate is not None and not (math.isfinite(rate) and rate > 0):
+        raise InputError(f"--rate: must be a finite number > 0, got {rate}")
+    for flag, v in (("--requests", requests), ("--input-len", input_len), ("--output-len", output_len),
+                    ("--max-num-seqs", max_num_seqs)):
+        if v is not None and v < 1:
+            raise InputError(f"{flag}: must be >= 1, got {v}")
+    if seed < 0:
+        raise InputError(f"--seed: must be >= 0, got {seed}")
+    if not (math.isfinite(request_timeout) and request_timeout > 0):
+        raise InputError(f"--request-timeout: must be a finite number of seconds > 0, got {request_timeout}")
+    if not name.strip() or "/" in name or "\\" in name or name in (".", ".."):
+        raise InputError(f"--name: a file stem without '/', got {name!r}")
     if prompt_mode not in ("ids", "text"):
         raise InputError("--prompt-mode: ids or text")
     try:
@@ -74,11 +86,23 @@ def run_cmd(
                              cpus=cpu_list)
     path = Path(out) / f"{name}.jsonl"
     try:
-        s = driver.run(plan, opts, path)
+        with staged_dir(out) as stage:
+            s = driver.run(plan, opts, stage / f"{name}.jsonl")
     except KeyboardInterrupt:
-        typer.echo(f"interrupted; partial measurements in {path}", err=True)
+        typer.echo(f"interrupted; nothing written ({out} left as it was)", err=True)
         raise typer.Exit(130)
     _print_run_summary(s, path)
+    _fail_on_no_success(s)
+
+
+def _fail_on_no_success(s: dict) -> None:
+    """Failed requests are said on stderr; a run where none succeeded exits 1."""
+    failed, done = s.get("requests_failed", 0), s.get("requests_completed", 0)
+    if failed:
+        typer.echo(f"warning: {failed} of {failed + done} requests failed ({s.get('failure_reasons')})", err=True)
+    if not done:
+        typer.echo("error: no request succeeded", err=True)
+        raise typer.Exit(1)
 
 
 def _print_run_summary(s: dict, path) -> None:
@@ -97,22 +121,29 @@ def _print_run_summary(s: dict, path) -> None:
 @app.command("import-bench")
 def import_bench_cmd(
     result: Path = typer.Argument(..., help="`vllm bench serve --save-result` JSON"),
-    out: Optional[Path] = typer.Option(None, "--out", help="output .jsonl (default: next to RESULT)"),
+    out: Optional[str] = typer.Option(None, "--out", help="output .jsonl (default: next to RESULT)"),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", help="if the file does not say"),
 ):
     """Convert a `vllm bench serve` result (with or without --save-detailed) to measurements."""
     from validator import bench_import
-    dest = out or result.with_suffix(".measurements.jsonl")
+    if result.is_dir():
+        raise InputError(f"{result}: is a directory, not a `vllm bench serve` result file")
+    if concurrency is not None and concurrency < 1:
+        raise InputError(f"--concurrency: must be >= 1, got {concurrency}")
+    if out is not None and not out.strip():
+        raise InputError("--out: empty path")
+    dest = Path(out) if out else result.with_suffix(".measurements.jsonl")
     if dest.suffix != ".jsonl":
         dest = dest / (result.stem + ".measurements.jsonl")
-    s = bench_import.import_bench(result, dest, concurrency=concurrency)
+    with staged_file(dest, "--out") as stage:
+        s = bench_import.import_bench(result, stage, concurrency=concurrency)
     _print_run_summary(s, dest)
 
 
 @app.command("profile-server")
 def profile_server_cmd(
     server: str = typer.Option(..., "--server"),
-    out: Path = typer.Option(..., "--out", help="profile .yaml to write"),
+    out: str = typer.Option(..., "--out", help="profile .yaml to write"),
     concurrency: List[int] = typer.Option([1, 2, 4, 8], "--concurrency", "-c"),
     input_len: int = typer.Option(64, "--input-len"),
     output_len: int = typer.Option(64, "--output-len"),
@@ -125,25 +156,37 @@ def profile_server_cmd(
 ):
     """Measure a step-cost profile of a live server (concurrency sweep at fixed lengths)."""
     from validator import profile_server
-    p = profile_server.profile_server(_server(server), out, concurrency, input_len, output_len,
-                                      requests_per_level, model=model, hardware=hardware,
-                                      server_flags=server_flags, name=name, keep_dir=keep)
+    for flag, v in (("--input-len", input_len), ("--output-len", output_len)):
+        if v < 1:
+            raise InputError(f"{flag}: must be >= 1, got {v}")
+    if requests_per_level < 0:
+        raise InputError(f"--requests: must be >= 0, got {requests_per_level}")
+    with staged_file(out, "--out") as stage:
+        p = profile_server.profile_server(_server(server), stage, concurrency, input_len, output_len,
+                                          requests_per_level, model=model, hardware=hardware,
+                                          server_flags=server_flags, name=name, keep_dir=keep)
     typer.echo(f"wrote {out}: {p.label}")
 
 
 @app.command("calibrate")
 def calibrate_cmd(
     measurements: List[Path] = typer.Argument(..., help="measurement .jsonl files"),
-    out: Path = typer.Option(..., "--out", help="output directory"),
+    out: str = typer.Option(..., "--out", help="output directory"),
     base_profile: Optional[str] = typer.Option(None, "--profile", help="profile to scale (default: "
                                                "a linear CPU table fitted from the measurements)"),
     name: str = typer.Option("calibrated", "--name"),
 ):
     """Fit acceptance per position, cost scale and per-step overhead; write profile + acceptance."""
     from validator import calibrate
-    res = calibrate.calibrate(measurements, out, base_profile=base_profile, name=name)
-    typer.echo(json.dumps(res["report"], indent=1))
-    typer.echo(f"wrote {res['profile_path']} and {res['acceptance_path']}")
+    if not name.strip() or "/" in name or "\\" in name:
+        raise InputError(f"--name: a file stem without '/', got {name!r}")
+    with staged_dir(out) as stage:
+        res = calibrate.calibrate(measurements, stage, base_profile=base_profile, name=name)
+        rewrite_paths(stage, out)
+    text = json.dumps(res["report"], indent=1).replace(str(stage), str(out))
+    typer.echo(text)
+    typer.echo(f"wrote {final_path(stage, out, res['profile_path'])}"
+               + (f" and {final_path(stage, out, res['acceptance_path'])}" if res["acceptance_path"] else ""))
 
 
 @app.command("check")
@@ -152,21 +195,33 @@ def check_cmd(
                                               "(pooled: e.g. interleaved with runs of another load)"),
     profile: str = typer.Option(..., "--profile"),
     acceptance: Optional[str] = typer.Option(None, "--acceptance"),
-    out: Optional[Path] = typer.Option(None, "--out", help="directory for check.md / check.json"),
+    out: Optional[str] = typer.Option(None, "--out", help="directory for check.md / check.json"),
     tolerance: float = typer.Option(0.25, "--tolerance", help="relative error allowed"),
     max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs"),
     seed: int = typer.Option(0, "--seed"),
 ):
     """Simulate the measured workload at the same load; print predicted vs measured with errors."""
     from validator import compare
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise InputError(f"--tolerance: must be a finite number >= 0, got {tolerance}")
+    if seed < 0:
+        raise InputError(f"--seed: must be >= 0, got {seed}")
+    if max_num_seqs is not None and max_num_seqs < 1:
+        raise InputError(f"--max-num-seqs: must be >= 1, got {max_num_seqs}")
+    for p in measurements:
+        if p.is_dir():
+            raise InputError(f"{p}: is a directory, not a measurement file")
+    if out is not None:
+        from dsim.outputs import check_dir_target
+        check_dir_target(out, "--out")
     rep = compare.check([str(p) for p in measurements], profile, acceptance, tolerance=tolerance,
                         max_num_seqs=max_num_seqs, seed=seed)
     md = compare.to_markdown(rep)
     typer.echo(md)
-    if out:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "check.md").write_text(md)
-        (out / "check.json").write_text(json.dumps(rep, indent=1))
+    if out is not None:
+        with staged_dir(out) as stage:
+            (stage / "check.md").write_text(md)
+            (stage / "check.json").write_text(json.dumps(rep, indent=1))
     if rep["verdict"] != "pass":
         raise typer.Exit(1)
 
@@ -175,7 +230,7 @@ def check_cmd(
 def ab_cmd(
     serve_a: str = typer.Option(..., "--serve-a", help="command that starts server A"),
     serve_b: str = typer.Option(..., "--serve-b", help="command that starts server B"),
-    out: Path = typer.Option(..., "--out"),
+    out: str = typer.Option(..., "--out"),
     url_a: str = typer.Option("http://127.0.0.1:8000", "--url-a"),
     url_b: Optional[str] = typer.Option(None, "--url-b", help="default: --url-a"),
     concurrency: List[int] = typer.Option([1, 4], "--concurrency", "-c"),
@@ -191,11 +246,18 @@ def ab_cmd(
 ):
     """Start A, replay at each load, stop it; same for B; report measured (and predicted) A vs B."""
     from validator import ab
-    rep = ab.ab(serve_a, serve_b, out, url_a=_server(url_a), url_b=_server(url_b or url_a),
-                concurrencies=concurrency, requests=requests, input_len=input_len,
-                output_len=output_len, trace=trace, profiles=(profile_a, profile_b),
-                acceptances=(acceptance_a, acceptance_b), health_timeout_s=health_timeout)
-    typer.echo(rep["markdown"])
+    if any(c < 1 for c in concurrency):
+        raise InputError(f"--concurrency: levels must be >= 1, got {list(concurrency)}")
+    for flag, v in (("--requests", requests), ("--input-len", input_len), ("--output-len", output_len)):
+        if v < 1:
+            raise InputError(f"{flag}: must be >= 1, got {v}")
+    with staged_dir(out) as stage:
+        rep = ab.ab(serve_a, serve_b, stage, url_a=_server(url_a), url_b=_server(url_b or url_a),
+                    concurrencies=concurrency, requests=requests, input_len=input_len,
+                    output_len=output_len, trace=trace, profiles=(profile_a, profile_b),
+                    acceptances=(acceptance_a, acceptance_b), health_timeout_s=health_timeout)
+        rewrite_paths(stage, out)
+    typer.echo(rep["markdown"].replace(str(stage), str(out)))
 
 
 # ---- the GPU profiler (validator/gpu): its own argparse CLIs, passed through -------------------

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
-from dsim.errors import InputError
+from dsim.errors import InputError, plain
 from validator import measure, promtext
 from validator.traces import Plan
 
@@ -159,6 +159,23 @@ class Prompts:
         return p
 
 
+def _bad_usage(usage: dict, last_cum: int) -> str | None:
+    """Why a server's usage counts cannot be trusted (None if they can): counts must be
+    integers >= 0, and the cumulative completion count cannot go down within a stream."""
+    for key in ("prompt_tokens", "completion_tokens"):
+        v = usage.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int):
+            return f"{key} is not an integer: {plain(v)}"
+        if v < 0:
+            return f"{key} is negative: {v}"
+    cum = usage.get("completion_tokens")
+    if cum is not None and cum < last_cum:
+        return f"completion_tokens went down from {last_cum} to {cum}"
+    return None
+
+
 async def _one(client, opts: RunOptions, i: int, prompt, plan: Plan, t0: float, arrival: float,
                model: str) -> dict:
     rec = {"type": "request", "i": i, "prompt_tokens": int(plan.prompt_tokens[i]),
@@ -208,9 +225,16 @@ async def _one(client, opts: RunOptions, i: int, prompt, plan: Plan, t0: float, 
                 choices = ev.get("choices") or []
                 text = "".join((c.get("text") or "") for c in choices if isinstance(c, dict))
                 ntok = None
-                if usage and isinstance(usage.get("prompt_tokens"), int):
+                if usage is not None and not isinstance(usage, dict):
+                    rec["error"] = f"bad_usage: usage is not an object: {plain(usage)}"
+                    break
+                bad = _bad_usage(usage, last_cum) if usage else None
+                if bad:
+                    rec["error"] = f"bad_usage: {bad}"
+                    break
+                if usage and usage.get("prompt_tokens") is not None:
                     rec["prompt_tokens_server"] = usage["prompt_tokens"]
-                if usage and isinstance(usage.get("completion_tokens"), int):
+                if usage and usage.get("completion_tokens") is not None:
                     cum = usage["completion_tokens"]
                     if choices:
                         ntok = cum - last_cum
@@ -357,6 +381,7 @@ async def run_async(plan: Plan, opts: RunOptions, out_path) -> dict:
 
         sampler_task = asyncio.create_task(sampler())
         interrupted = None
+        finished = False
         try:
             if mode == "concurrency":
                 q = asyncio.Queue()
@@ -365,8 +390,10 @@ async def run_async(plan: Plan, opts: RunOptions, out_path) -> dict:
                 await asyncio.gather(*(worker_conc(q) for _ in range(min(opts.concurrency, n))))
             else:
                 await asyncio.gather(*(timed(i) for i in range(n)))
-        except (asyncio.CancelledError, KeyboardInterrupt):
+            finished = True
+        except (asyncio.CancelledError, KeyboardInterrupt) as e:
             interrupted = "interrupted (Ctrl-C)"
+            stopped_by = e          # re-raised as it came: asyncio turns a cancel by Ctrl-C into KeyboardInterrupt
         finally:
             duration = time.perf_counter() - t0
             stop.set()
@@ -394,13 +421,16 @@ async def run_async(plan: Plan, opts: RunOptions, out_path) -> dict:
                                      "running_max": float(np.max(run)) if run else None,
                                      "waiting_mean": float(np.mean(wait)) if wait else None,
                                      "waiting_max": float(np.max(wait)) if wait else None}
-            m = measure.read(out_path)    # recompute latency stats from what was written
-            stats = measure.summarize_requests(m.requests)
-            summary.update({k: v for k, v in stats.items() if k not in summary})
-            w.write(summary, sync=True)
-            w.close()
+            if not finished:
+                w.discard()               # all or nothing: an interrupted run writes no file
+            else:
+                m = measure.read(w.write_path)    # recompute latency stats from what was written
+                stats = measure.summarize_requests(m.requests)
+                summary.update({k: v for k, v in stats.items() if k not in summary})
+                w.write(summary, sync=True)
+                w.close()
         if interrupted:
-            raise KeyboardInterrupt
+            raise stopped_by
         return summary
 
 

@@ -1,12 +1,15 @@
 """A tiny OpenAI-compatible test server (standard library only) for fault tests and `ab` dry runs.
 
-    python -m validator.fake_server --port 8000 [--mode ok|mixed|500|malformed|cut|hang] [--step-ms 2]
+    python -m validator.fake_server --port 8000 [--mode ok|mixed|500|malformed|cut|hang|neg-usage|
+        str-usage|nan-usage] [--metrics ok|nan|negative] [--step-ms 2]
 
 /v1/models, /health, /version, /metrics (vLLM-like counters plus one malformed line) and streaming
 /v1/completions emitting one token per chunk every --step-ms. In ``mixed`` mode the request's
 max_tokens picks the behaviour: max_tokens % 5 == 0 ok, 1 -> HTTP 500, 2 -> malformed SSE
 (events that are not JSON), 3 -> the stream is cut (socket closed, no [DONE]), 4 -> hangs
-(sends headers, then nothing for --hang-s seconds).
+(sends headers, then nothing for --hang-s seconds). Bad data, for the client's checks: ``neg-usage``
+streams a negative completion_tokens count, ``str-usage`` a string one, ``nan-usage`` a NaN one;
+``--metrics nan`` / ``negative`` put a NaN / negative counter sample in /metrics.
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 STATE = {"requests": 0, "tokens": 0, "lock": threading.Lock()}
 MODES = ("ok", "500", "malformed", "cut", "hang")
+BAD_USAGE = {"neg-usage": -3, "str-usage": "seven", "nan-usage": float("nan")}
+METRICS = ("ok", "nan", "negative")
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -50,6 +55,10 @@ class Handler(BaseHTTPRequestHandler):
                     f"vllm:generation_tokens_total{{engine=\"0\"}} {t}\n"
                     f"vllm:num_requests_running{{engine=\"0\"}} 0\n"
                     "this line is not prometheus {{{\n")
+            if self.cfg.metrics == "nan":
+                text += "vllm:spec_decode_num_drafts_total{engine=\"0\"} NaN\n"
+            elif self.cfg.metrics == "negative":
+                text += "vllm:spec_decode_num_drafts_total{engine=\"0\"} -5\n"
             body = text.encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain")
@@ -96,6 +105,8 @@ class Handler(BaseHTTPRequestHandler):
                     return
                 ev = {"choices": [{"index": 0, "text": "x"}],
                       "usage": {"prompt_tokens": 1, "completion_tokens": i + 1}}
+                if mode in BAD_USAGE and i == n // 2:
+                    ev["usage"]["completion_tokens"] = BAD_USAGE[mode]
                 self.wfile.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
                 self.wfile.flush()
             self.wfile.write(b"data: " + json.dumps({"choices": [], "usage": {"completion_tokens": n}}).encode()
@@ -108,8 +119,9 @@ class Handler(BaseHTTPRequestHandler):
             return
 
 
-def serve(port: int, mode: str = "ok", step_ms: float = 2.0, hang_s: float = 30.0, host="127.0.0.1"):
-    cfg = argparse.Namespace(mode=mode, step_ms=step_ms, hang_s=hang_s)
+def serve(port: int, mode: str = "ok", step_ms: float = 2.0, hang_s: float = 30.0, host="127.0.0.1",
+          metrics: str = "ok"):
+    cfg = argparse.Namespace(mode=mode, step_ms=step_ms, hang_s=hang_s, metrics=metrics)
     handler = type("H", (Handler,), {"cfg": cfg})
     httpd = ThreadingHTTPServer((host, port), handler)
     httpd.daemon_threads = True
@@ -119,11 +131,12 @@ def serve(port: int, mode: str = "ok", step_ms: float = 2.0, hang_s: float = 30.
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--mode", default="ok", choices=("mixed",) + MODES)
+    ap.add_argument("--mode", default="ok", choices=("mixed",) + MODES + tuple(BAD_USAGE))
+    ap.add_argument("--metrics", default="ok", choices=METRICS)
     ap.add_argument("--step-ms", type=float, default=2.0)
     ap.add_argument("--hang-s", type=float, default=30.0)
     a = ap.parse_args()
-    serve(a.port, a.mode, a.step_ms, a.hang_s).serve_forever()
+    serve(a.port, a.mode, a.step_ms, a.hang_s, metrics=a.metrics).serve_forever()
 
 
 if __name__ == "__main__":

@@ -20,13 +20,14 @@ counted as ``burst_requests``; E2E and throughput use every completed request.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from dsim.errors import InputError
+from dsim.errors import InputError, plain
 
 FORMAT = "dsim-measurements/1"
 BURST_GAP_MS = 0.3          # chunk gaps below this are not engine steps
@@ -35,25 +36,62 @@ MIN_TIMED = 5               # per-token statistics need at least this many timin
 
 
 class Writer:
-    """Appends JSON lines and flushes each one (fsync on header and summary)."""
+    """Appends JSON lines to a temporary sibling of ``path`` and flushes each one (fsync on header
+    and summary); ``close()`` renames it onto ``path`` (so a measurement file is never seen
+    half-written, nor header-only), ``discard()`` removes it. ``write_path`` is where the lines
+    are while the run goes on. Values that JSON cannot carry (NaN, infinities) are written as
+    null."""
 
     def __init__(self, path):
         self.path = Path(path)
+        if self.path.is_dir():
+            raise InputError(f"{self.path}: is a directory, not a measurement file")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "w", encoding="utf-8")
+        self.write_path = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp-dsim")
+        self._f = open(self.write_path, "w", encoding="utf-8")
+        self.lines = 0
 
     def write(self, obj: dict, sync: bool = False) -> None:
         if self._f.closed:
             return
-        self._f.write(json.dumps(obj, separators=(",", ":"), allow_nan=False, default=_default) + "\n")
+        try:
+            text = json.dumps(obj, separators=(",", ":"), allow_nan=False, default=_default)
+        except ValueError:          # a NaN or infinity somewhere (e.g. a server's metric)
+            text = json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False, default=_default)
+        self._f.write(text + "\n")
         self._f.flush()
+        self.lines += 1
         if sync:
             os.fsync(self._f.fileno())
 
     def close(self) -> None:
+        """Commit: the file appears at ``path`` whole."""
         if not self._f.closed:
             self._f.flush()
+            os.fsync(self._f.fileno())
             self._f.close()
+            os.replace(self.write_path, self.path)
+
+    def discard(self) -> None:
+        """Nothing written: the temporary file is removed."""
+        if not self._f.closed:
+            self._f.close()
+        try:
+            self.write_path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def _finite(o):
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if isinstance(o, (np.floating,)) and not np.isfinite(o):
+        return None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    return o
 
 
 def _default(o):
@@ -93,37 +131,109 @@ class Measurement:
         return s
 
 
+def _time(v, where: str, key: str, required: bool):
+    if v is None:
+        if required:
+            raise InputError(f"{where}: {key}: missing (a completed request has send, first-token and end times)")
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise InputError(f"{where}: {key}: not a time in seconds: {plain(v)}")
+    if v < 0:
+        raise InputError(f"{where}: {key}: negative time {plain(v)} s")
+    return float(v)
+
+
+def _count(v, where: str, key: str):
+    if v is None:
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v != int(v) or v < 0:
+        raise InputError(f"{where}: {key}: not a token count >= 0: {plain(v)}")
+
+
+def check_request(r: dict, where: str) -> None:
+    """A request line is well-formed: times finite, >= 0 and in order for a completed request,
+    token counts non-negative integers, chunks [time, tokens] pairs."""
+    ok = r.get("ok")
+    if not isinstance(ok, bool):
+        raise InputError(f"{where}: ok: expected true or false, got {plain(ok)}")
+    for key in ("prompt_tokens", "max_tokens", "output_tokens"):
+        _count(r.get(key), where, key)
+    _time(r.get("arrival_s"), where, "arrival_s", False)
+    send = _time(r.get("send_s"), where, "send_s", ok)
+    first = _time(r.get("first_token_s"), where, "first_token_s", ok)
+    end = _time(r.get("end_s"), where, "end_s", ok)
+    if ok:
+        if first < send - 1e-9:
+            raise InputError(f"{where}: first_token_s: {plain(first)} is before send_s {plain(send)}")
+        if end < first - 1e-9:
+            raise InputError(f"{where}: end_s: {plain(end)} is before first_token_s {plain(first)}")
+    chunks = r.get("chunks")
+    if chunks is not None:
+        if not isinstance(chunks, list):
+            raise InputError(f"{where}: chunks: expected a list of [time, tokens], got {plain(chunks)}")
+        for j, c in enumerate(chunks):
+            if not isinstance(c, list) or len(c) != 2:
+                raise InputError(f"{where}: chunks[{j}]: expected [time, tokens], got {plain(c)}")
+            _time(c[0], where, f"chunks[{j}]", True)
+            _count(c[1], where, f"chunks[{j}]")
+    itls = r.get("itls_ms")
+    if itls is not None:
+        if not isinstance(itls, list):
+            raise InputError(f"{where}: itls_ms: expected a list of milliseconds, got {plain(itls)}")
+        for j, g in enumerate(itls):
+            _time(g, where, f"itls_ms[{j}]", True)
+
+
 def read(path) -> Measurement:
+    """Read and check a measurement file. A malformed line is an error naming it, except a torn
+    last line of a run that was killed before its summary (tolerated, counted as torn_lines)."""
     path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, not a measurement file")
     if not path.exists():
         raise InputError(f"{path}: measurement file not found")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not a UTF-8 text file ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror or e})") from None
     header, requests, gauges, before, summary = None, [], [], None, None
     bad = 0
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
+    rows = [(i, ln) for i, ln in enumerate(text.splitlines(), 1) if ln.strip()]
+    for idx, (lineno, line) in enumerate(rows):
+        where = f"{path}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as e:
+            if idx == len(rows) - 1 and summary is None and header is not None:
                 bad += 1          # a torn last line from a killed writer
                 continue
-            t = obj.get("type")
-            if t == "header":
-                header = obj
-            elif t == "request":
-                requests.append(obj)
-            elif t == "gauge":
-                gauges.append(obj)
-            elif t == "metrics_before":
-                before = obj.get("metrics")
-            elif t == "summary":
-                summary = obj
+            raise InputError(f"{where}: malformed line ({getattr(e, 'msg', 'nested too deeply')})") from None
+        if not isinstance(obj, dict):
+            raise InputError(f"{where}: malformed line (expected a JSON object)")
+        t = obj.get("type")
+        if header is None and t != "header":
+            raise InputError(f"{where}: not a dsim measurement file (the first line is not a header)")
+        if t == "header":
+            if header is not None:
+                raise InputError(f"{where}: a second header line")
+            header = obj
+            if header.get("format") != FORMAT:
+                raise InputError(f"{where}: format: expected {FORMAT}, got {plain(header.get('format'))}")
+        elif t == "request":
+            check_request(obj, where)
+            requests.append(obj)
+        elif t == "gauge":
+            gauges.append(obj)
+        elif t == "metrics_before":
+            before = obj.get("metrics")
+        elif t == "summary":
+            summary = obj
+        else:
+            raise InputError(f"{where}: type: unknown line type {plain(t)}")
     if header is None:
         raise InputError(f"{path}:1: not a dsim measurement file (no header line)")
-    if header.get("format") != FORMAT:
-        raise InputError(f"{path}:1: format: expected {FORMAT}, got {header.get('format')!r}")
     m = Measurement(str(path), header, requests, gauges, before, summary, complete=summary is not None)
     m.header["torn_lines"] = bad
     return m

@@ -1,7 +1,7 @@
 """Prometheus text-format parsing and before/after deltas for a vLLM server's /metrics.
 
-``parse(text) -> {name: {labels_key: value}}`` tolerates malformed lines (they are counted in
-``problems``, never raised). ``delta(before, after)`` gives counter/histogram increments.
+``parse(text) -> {name: {labels_key: value}}`` tolerates malformed lines and garbage samples (NaN,
+infinite, negative counters): they are dropped and counted in ``problems``, never raised. ``delta(before, after)`` gives counter/histogram increments.
 ``spec_stats(delta)`` and ``histogram_stats(delta, name)`` interpret vLLM's metrics (design.md 3.6):
 
 - ``vllm:spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``,
@@ -41,6 +41,11 @@ def parse(text: str) -> Parsed:
         try:
             v = float(value)
         except ValueError:
+            out.problems += 1
+            continue
+        # a NaN or infinite sample, or a counter below zero, is garbage from the server: dropped
+        # (counted) so that deltas and rates stay numbers
+        if not math.isfinite(v) or (v < 0 and name.endswith(("_total", "_bucket", "_sum", "_count"))):
             out.problems += 1
             continue
         key = tuple(sorted((k, val) for k, val in _LABEL.findall(labels or "")

@@ -53,14 +53,37 @@ def _native(path: Path) -> Plan:
             rows = list(csv.DictReader(f))
     else:
         raise InputError(f"{path}: unknown trace format (csv or jsonl, or install dsim.workload)")
+    from dsim.errors import plain
+    from dsim.workload import MAX_SPAN_S, MAX_TOKENS
     arr, pin, pout = [], [], []
     for i, r in enumerate(rows, 1):
-        try:
-            pin.append(int(float(r.get("prompt_tokens") or r.get("input_tokens") or r.get("ContextTokens"))))
-            pout.append(int(float(r.get("output_tokens") or r.get("GeneratedTokens"))))
-            arr.append(float(r.get("arrival_s") or r.get("timestamp") or 0.0))
-        except (TypeError, ValueError):
-            raise InputError(f"{path}:{i + 1}: needs prompt_tokens and output_tokens numbers") from None
+        line = i if path.suffix == ".jsonl" else i + 1
+        if not isinstance(r, dict):
+            raise InputError(f"{path}:{line}: expected an object with prompt_tokens and output_tokens")
+
+        def field(*names):
+            for k in names:
+                if r.get(k) not in (None, ""):
+                    return k, r[k]
+            return names[0], None
+        vals = []
+        for names, lo, hi in ((("prompt_tokens", "input_tokens", "ContextTokens"), 1, MAX_TOKENS),
+                              (("output_tokens", "GeneratedTokens"), 1, MAX_TOKENS),
+                              (("arrival_s", "timestamp"), 0, MAX_SPAN_S)):
+            key, v = field(*names)
+            if v is None and key == "arrival_s":
+                v = 0.0
+            try:
+                x = float(v) if not isinstance(v, bool) else float("nan")
+            except (TypeError, ValueError):
+                raise InputError(f"{path}:{line}: {key}: not a number: {plain(v)}") from None
+            if not (np.isfinite(x) and lo <= x <= hi) or (key != "arrival_s" and x != int(x)):
+                raise InputError(f"{path}:{line}: {key}: must be {'an integer ' if key != 'arrival_s' else ''}"
+                                 f"in [{lo}, {hi:g}], got {plain(v)}")
+            vals.append(x)
+        pin.append(int(vals[0]))
+        pout.append(int(vals[1]))
+        arr.append(vals[2])
     if not rows:
         raise InputError(f"{path}: no requests")
     a = np.asarray(arr, dtype=np.float64)

@@ -1,0 +1,207 @@
+"""All-or-nothing outputs: every command that writes files writes them through here.
+
+``staged_dir(target)`` yields a temporary directory next to where ``target`` will live; the
+command writes its files there, and only when the ``with`` block ends normally are they moved
+into ``target`` (a rename: a new target appears whole; into an existing directory each file is
+renamed in, with SIGINT/SIGTERM held off until the last one is in). On any exception, including
+KeyboardInterrupt, the temporary directory is removed and ``target`` is left as it was.
+``staged_file(path)`` does the same for a single file.
+
+Both check the target up front (before a long run starts): an empty path, an existing target
+of the wrong kind (a file where a directory is wanted or the reverse), or a place that cannot be
+written raise InputError naming the option and the path.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+import threading
+from pathlib import Path
+from typing import Iterator
+
+from dsim.errors import InputError
+
+TMP_SUFFIX = ".tmp-dsim"
+
+
+def _existing_ancestor(p: Path) -> Path:
+    """The nearest directory at or above p's parent that exists (where staging can happen)."""
+    q = p.absolute().parent
+    while not q.exists():
+        if q.parent == q:
+            break
+        q = q.parent
+    return q
+
+
+def _check_path(target, what: str) -> Path:
+    if target is None or str(target).strip() == "":
+        raise InputError(f"{what}: empty path")
+    s = str(target)
+    if "\0" in s:
+        raise InputError(f"{what}: path contains a NUL byte")
+    return Path(s).expanduser()
+
+
+def _make_stage(p: Path, what: str, kind: str) -> tuple[Path, Path]:
+    """(ancestor, staging path) for target p; raises InputError if nothing can be written there."""
+    anc = _existing_ancestor(p)
+    if not anc.is_dir():
+        raise InputError(f"{what}: {p}: {anc} is not a directory")
+    try:
+        if kind == "dir":
+            stage = Path(tempfile.mkdtemp(prefix=f".{p.name}.", suffix=TMP_SUFFIX, dir=anc))
+        else:
+            fd, name = tempfile.mkstemp(prefix=f".{p.name}.", suffix=TMP_SUFFIX, dir=anc)
+            os.close(fd)
+            stage = Path(name)
+    except OSError as e:
+        raise InputError(f"{what}: {p}: cannot write in {anc} ({e.strerror or e})") from None
+    # mkdtemp/mkstemp make private (0700/0600) entries: give the result the usual permissions
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        os.chmod(stage, (0o777 if kind == "dir" else 0o666) & ~umask)
+    except OSError:     # pragma: no cover
+        pass
+    return anc, stage
+
+
+def _remove(path: Path) -> None:
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Defer SIGINT/SIGTERM while the final renames run (then deliver them)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    old: dict = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            old[sig] = signal.signal(sig, lambda s, f: pending.append(s))
+        except (ValueError, OSError):     # pragma: no cover - not settable here
+            pass
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+        for got in pending:
+            h = old.get(signal.Signals(got))
+            if callable(h):
+                h(got, None)
+            elif got == signal.SIGINT:
+                raise KeyboardInterrupt
+            else:
+                os.kill(os.getpid(), got)
+
+
+def _merge_into(src: Path, dst: Path) -> None:
+    for f in sorted(src.iterdir()):
+        d = dst / f.name
+        if f.is_dir() and d.is_dir():
+            _merge_into(f, d)
+        else:
+            if d.is_dir() and not f.is_dir():
+                shutil.rmtree(d)
+            os.replace(f, d)
+
+
+def check_dir_target(target, what: str = "--out") -> Path:
+    """Path of a directory to be written: InputError if empty or an existing non-directory."""
+    p = _check_path(target, what)
+    if p.exists() and not p.is_dir():
+        raise InputError(f"{what}: {p}: exists and is not a directory")
+    if p.is_dir() and not os.access(p, os.W_OK | os.X_OK):
+        raise InputError(f"{what}: {p}: directory not writable")
+    anc = _existing_ancestor(p)
+    if not p.is_dir() and (not anc.is_dir() or not os.access(anc, os.W_OK | os.X_OK)):
+        raise InputError(f"{what}: {p}: cannot create it ({anc} is not a writable directory)")
+    return p
+
+
+def check_file_target(target, what: str) -> Path:
+    """Path of a file to be written: InputError if empty, a directory, or its directory is missing."""
+    p = _check_path(target, what)
+    if p.is_dir():
+        raise InputError(f"{what}: {p}: is a directory, not a file")
+    if not p.absolute().parent.is_dir():
+        raise InputError(f"{what}: {p}: directory {p.absolute().parent} does not exist")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise InputError(f"{what}: {p}: not writable")
+    if not os.access(p.absolute().parent, os.W_OK | os.X_OK):
+        raise InputError(f"{what}: {p}: directory {p.absolute().parent} not writable")
+    return p
+
+
+@contextlib.contextmanager
+def staged_dir(target, what: str = "--out") -> Iterator[Path]:
+    """Yield a temporary directory; on success its files end up in ``target`` (created with its
+    parents if missing), on any exception nothing is left behind."""
+    p = check_dir_target(target, what)
+    _, stage = _make_stage(p, what, "dir")
+    try:
+        yield stage
+        with _signals_held():
+            try:
+                if p.is_dir():
+                    _merge_into(stage, p)
+                else:
+                    p.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(stage, p)
+            except OSError as e:
+                raise InputError(f"{what}: {p}: cannot write ({e.strerror or e})") from None
+    finally:
+        if stage.exists():
+            _remove(stage)
+
+
+@contextlib.contextmanager
+def staged_file(target, what: str) -> Iterator[Path]:
+    """Yield a temporary file path next to ``target``; renamed onto it on success, removed on
+    any exception."""
+    p = check_file_target(target, what)
+    _, stage = _make_stage(p, what, "file")
+    try:
+        yield stage
+        with _signals_held():
+            try:
+                os.replace(stage, p)
+            except OSError as e:
+                raise InputError(f"{what}: {p}: cannot write ({e.strerror or e})") from None
+    finally:
+        if stage.exists():
+            _remove(stage)
+
+
+def final_path(stage: Path, target, path) -> Path:
+    """Where a file written under ``stage`` will be once committed to ``target``."""
+    return Path(target) / Path(path).relative_to(stage)
+
+
+def debris(parent) -> list[Path]:
+    """Staging leftovers in a directory (for tests and diagnostics)."""
+    return sorted(Path(parent).glob(f".*{TMP_SUFFIX}"))
+
+
+def rewrite_paths(stage: Path, target, suffixes=(".md", ".json", ".yaml", ".html")) -> None:
+    """Text files under ``stage`` that name the staging directory name ``target`` instead (a
+    report that lists the files it wrote, before they are moved into place)."""
+    old, new = str(Path(stage)), str(Path(target))
+    for f in Path(stage).rglob("*"):
+        if f.is_file() and f.suffix in suffixes:
+            text = f.read_text(encoding="utf-8", errors="surrogateescape")
+            if old in text:
+                f.write_text(text.replace(old, new), encoding="utf-8", errors="surrogateescape")

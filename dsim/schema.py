@@ -1,0 +1,179 @@
+"""One schema check for the files users hand dsim: profiles and acceptance presets.
+
+``read_document(path)`` parses a YAML or JSON file and keeps, for every mapping key and list
+item, the line it was written on (YAML node marks), so that a bad field is reported as
+``path:line: field.path: problem, got VALUE``. The check helpers (``number``, ``integer``,
+``increasing_ints``, ...) take a ``Doc`` location and raise InputError for the first bad field,
+one field at a time, with the value in plain form.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dsim.errors import InputError, plain
+
+MAX_DEPTH = 64          # deeper nesting is not a profile or preset (and would exhaust the parser)
+
+
+@dataclass(frozen=True)
+class Doc:
+    """Where values of a parsed file came from: path and line per key path."""
+    path: str
+    lines: dict = field(default_factory=dict)     # tuple key path -> 1-based line
+
+    def at(self, *keys) -> str:
+        """``path:line: a.b[2]`` for the key path (the nearest line known)."""
+        line = None
+        for n in range(len(keys), -1, -1):
+            line = self.lines.get(tuple(keys[:n]))
+            if line is not None:
+                break
+        name = ""
+        for k in keys:
+            name += f"[{k}]" if isinstance(k, int) else (f".{k}" if name else str(k))
+        out = self.path + (f":{line}" if line is not None else "")
+        return f"{out}: {name}" if name else out
+
+
+def _depth_ok(text: str) -> None:
+    depth = best = 0
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+            best = max(best, depth)
+        elif ch in "]}":
+            depth -= 1
+    if best > MAX_DEPTH:
+        raise InputError(f"nested {best} levels deep (at most {MAX_DEPTH})")
+
+
+def _node_lines(node, prefix=(), out=None, depth=0) -> dict:
+    import yaml
+    out = {} if out is None else out
+    if depth > MAX_DEPTH:
+        raise InputError(f"nested more than {MAX_DEPTH} levels deep")
+    out.setdefault(prefix, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            key = k.value if isinstance(k, yaml.ScalarNode) else None
+            if key is None:
+                continue
+            out[prefix + (key,)] = k.start_mark.line + 1
+            _node_lines(v, prefix + (key,), out, depth + 1)
+            out[prefix + (key,)] = k.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            _node_lines(v, prefix + (i,), out, depth + 1)
+    return out
+
+
+def read_document(path, *, kind: str = "yaml") -> tuple[object, Doc]:
+    """(parsed document, Doc with line marks). kind: 'yaml' or 'json'. Raises InputError for an
+    unreadable file, a parse error (with its line), or nesting beyond MAX_DEPTH."""
+    import yaml
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except IsADirectoryError:
+        raise InputError(f"{p}: is a directory, not a file") from None
+    except OSError as e:
+        raise InputError(f"{p}: cannot read ({e.strerror or e})") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{p}: not a UTF-8 text file ({e.reason} at byte {e.start})") from None
+    if "\0" in text:
+        raise InputError(f"{p}: not a text file (NUL byte at character {text.index(chr(0))})")
+    try:
+        _depth_ok(text)
+    except InputError as e:
+        raise InputError(f"{p}: {e}") from None
+    try:
+        if kind == "json":
+            try:
+                doc = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise InputError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
+            return doc, Doc(str(p))
+        try:
+            node = yaml.compose(text, Loader=yaml.SafeLoader)
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            line = f":{mark.line + 1}" if mark is not None else ""
+            prob = getattr(e, "problem", None) or "syntax error"
+            raise InputError(f"{p}{line}: not valid YAML ({prob})") from None
+        lines = _node_lines(node) if node is not None else {}
+        return doc, Doc(str(p), lines)
+    except RecursionError:
+        raise InputError(f"{p}: nested too deeply") from None
+
+
+# ---- checks ----------------------------------------------------------------------------------
+
+def _bad(doc: Doc, keys, problem: str, value=None, show=True) -> InputError:
+    tail = f", got {plain(value)}" if show else ""
+    return InputError(f"{doc.at(*keys)}: {problem}{tail}")
+
+
+def mapping(v, doc: Doc, *keys, required=()) -> dict:
+    if not isinstance(v, dict):
+        raise _bad(doc, keys, "must be a mapping", v if not isinstance(v, (list, tuple)) else "a list")
+    for k in required:
+        if k not in v:
+            raise InputError(f"{doc.at(*keys)}: missing field '{k}'" if keys else f"{doc.at()}: missing field '{k}'")
+    return v
+
+
+def number(v, doc: Doc, *keys, lo=None, lo_open=False, hi=None) -> float:
+    """A finite real number (not a string or boolean) within [lo, hi] (lo excluded if lo_open)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _bad(doc, keys, "must be a number", v)
+    try:
+        f = float(v)
+    except OverflowError:
+        raise _bad(doc, keys, "is too large", v) from None
+    if not math.isfinite(f):
+        raise _bad(doc, keys, "must be finite", v)
+    if lo is not None and (f <= lo if lo_open else f < lo):
+        raise _bad(doc, keys, f"must be {'>' if lo_open else '>='} {lo:g}", v)
+    if hi is not None and f > hi:
+        raise _bad(doc, keys, f"must be <= {hi:g}", v)
+    return f
+
+
+def integer(v, doc: Doc, *keys, lo=None, hi=None) -> int:
+    """An integer (an integral float like 8.0 is accepted; 8.5, '8', true are not)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _bad(doc, keys, "must be an integer", v)
+    if isinstance(v, float) and not (math.isfinite(v) and v.is_integer()):
+        raise _bad(doc, keys, "must be an integer", v)
+    i = int(v)
+    if lo is not None and i < lo:
+        raise _bad(doc, keys, f"must be >= {lo}", v)
+    if hi is not None and i > hi:
+        raise _bad(doc, keys, f"must be <= {hi}", v)
+    return i
+
+
+def number_list(v, doc: Doc, *keys, lo=None, hi=None, ints=False, increasing=False) -> list:
+    """A non-empty list of numbers (integers if ints), each checked, strictly increasing if asked."""
+    if not isinstance(v, list):
+        raise _bad(doc, keys, "must be a list", v)
+    if not v:
+        raise _bad(doc, keys, "must not be empty", show=False)
+    out = []
+    for i, x in enumerate(v):
+        out.append(integer(x, doc, *keys, i, lo=lo, hi=hi) if ints else number(x, doc, *keys, i, lo=lo, hi=hi))
+        if increasing and i and out[i] <= out[i - 1]:
+            raise _bad(doc, (*keys, i), f"must be strictly increasing (after {plain(out[i - 1])})", x)
+    return out
+
+
+def text(v, doc: Doc, *keys) -> str:
+    if isinstance(v, bool) or not isinstance(v, (str, int, float)) or (isinstance(v, str) and not v.strip()):
+        raise _bad(doc, keys, "must be a non-empty string", v)
+    return str(v)

@@ -1,0 +1,332 @@
+"""Fuzzing the error contract (hypothesis): whatever a trace, profile, acceptance preset, SLA
+string or flag holds, dsim either runs (and what it returns is valid) or refuses with one
+InputError line that names the file (exit 2 from the CLI, nothing written). Example counts are
+small so that the whole module stays fast on a 2-core CI machine."""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cli_contract import run_cli, tree
+from dsim.errors import InputError
+
+# DSIM_FUZZ_SCALE=20 multiplies the example counts for a deeper run by hand
+_SCALE = max(1, int(os.environ.get("DSIM_FUZZ_SCALE", "1")))
+FAST = settings(max_examples=25 * _SCALE, deadline=None, suppress_health_check=list(HealthCheck))
+CLI = settings(max_examples=12 * _SCALE, deadline=None, suppress_health_check=list(HealthCheck))
+
+# values a hostile or broken writer puts in a numeric field
+NASTY_NUMBERS = st.one_of(
+    st.integers(min_value=-5, max_value=5000),
+    st.sampled_from([0, -1, 2**63 - 1, 2**64, 10**30, 1e23, 1e300, -1e300, 0.5, 2.5, 1e-300]),
+    st.floats(allow_nan=True, allow_infinity=True),
+)
+NASTY_TEXT = st.one_of(st.sampled_from(["", " ", "nan", "NaN", "inf", "-inf", "1e5", "0x10", "12abc", "None",
+                                        "\x00", "\ufeff1", "１２"]),
+                       st.text(max_size=8))
+NASTY = st.one_of(NASTY_NUMBERS, NASTY_TEXT, st.none(), st.booleans(),
+                  st.lists(st.integers(-3, 3), max_size=3))
+
+
+def check_one_line(e: InputError, path) -> None:
+    msg = str(e)
+    assert "\n" not in msg.strip(), msg
+    assert str(path) in msg, msg
+    assert "np.int" not in msg and "np.float" not in msg, msg
+
+
+def check_workload(w) -> None:
+    assert len(w) >= 1
+    assert np.all(np.isfinite(w.arrival_s)) and w.arrival_s[0] == 0 and np.all(np.diff(w.arrival_s) >= 0)
+    assert np.all(w.prompt_tokens >= 1) and np.all(w.output_tokens >= 1)
+    from dsim.workload import MAX_SPAN_S, MAX_TOKENS
+    assert w.prompt_tokens.max() <= MAX_TOKENS and w.output_tokens.max() <= MAX_TOKENS
+    assert w.arrival_s[-1] <= MAX_SPAN_S
+
+
+def load_or_refuse(path, fmt="auto"):
+    from dsim.workload import load_workload
+    try:
+        w = load_workload(str(path), fmt)
+    except InputError as e:
+        check_one_line(e, path)
+        return None
+    check_workload(w)
+    return w
+
+
+def _cell(v) -> str:
+    return "" if v is None else str(v)
+
+
+# ---- trace readers ---------------------------------------------------------------------------
+
+ROWS = st.lists(st.tuples(NASTY, NASTY, NASTY), min_size=1, max_size=5)
+GOOD_ROWS = st.lists(st.tuples(st.floats(0, 1e4), st.integers(1, 10**5), st.integers(1, 10**5)),
+                     min_size=1, max_size=5)
+
+
+@FAST
+@given(rows=st.one_of(ROWS, GOOD_ROWS), extra=st.sampled_from(["", ",", "\n\n", ",x"]))
+def test_native_csv(tmp_path_factory, rows, extra):
+    p = tmp_path_factory.mktemp("csv") / "t.csv"
+    p.write_text("arrival_s,prompt_tokens,output_tokens\n"
+                 + "".join(f"{_cell(a)},{_cell(b)},{_cell(c)}\n" for a, b, c in rows) + extra,
+                 encoding="utf-8", errors="surrogatepass")
+    load_or_refuse(p, "native-csv")
+
+
+@FAST
+@given(rows=st.one_of(ROWS, GOOD_ROWS), bom=st.booleans(), mooncake=st.booleans())
+def test_jsonl_native_and_mooncake(tmp_path_factory, rows, bom, mooncake):
+    keys = ("timestamp", "input_length", "output_length") if mooncake else ("arrival_s", "prompt_tokens", "output_tokens")
+    p = tmp_path_factory.mktemp("jsonl") / "t.jsonl"
+    text = "".join(json.dumps(dict(zip(keys, r))) + "\n" for r in rows)
+    p.write_bytes((b"\xef\xbb\xbf" if bom else b"") + text.encode("utf-8", "surrogatepass"))
+    load_or_refuse(p)
+
+
+@FAST
+@given(rows=st.one_of(ROWS, GOOD_ROWS))
+def test_parquet(tmp_path_factory, rows):
+    p = tmp_path_factory.mktemp("pq") / "t.parquet"
+    cols = list(zip(*rows))
+    df = pd.DataFrame({"arrival_s": list(cols[0]), "prompt_tokens": list(cols[1]), "output_tokens": list(cols[2])})
+    try:
+        df.to_parquet(p)
+    except Exception:       # noqa: BLE001 - a mix pyarrow cannot store is not a trace
+        return
+    load_or_refuse(p)
+
+
+@FAST
+@given(rows=st.lists(st.tuples(st.one_of(st.sampled_from(["2023-11-16 18:15:46.6805900", "2023-11-16T18:15:47Z",
+                                                          "2024-05-10 00:00:00+02:00", "yesterday", ""]),
+                                         NASTY_TEXT),
+                               NASTY, NASTY), min_size=1, max_size=4))
+def test_azure(tmp_path_factory, rows):
+    p = tmp_path_factory.mktemp("az") / "a.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                 + "".join(f"{_cell(a)},{_cell(b)},{_cell(c)}\n" for a, b, c in rows),
+                 encoding="utf-8", errors="surrogatepass")
+    load_or_refuse(p, "azure")
+
+
+@FAST
+@given(rows=st.lists(st.tuples(NASTY, NASTY, NASTY), min_size=1, max_size=4))
+def test_burstgpt(tmp_path_factory, rows):
+    p = tmp_path_factory.mktemp("bg") / "b.csv"
+    p.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                 + "".join(f"{_cell(a)},ChatGPT,{_cell(b)},{_cell(c)},0,Conversation log\n" for a, b, c in rows),
+                 encoding="utf-8", errors="surrogatepass")
+    load_or_refuse(p, "burstgpt")
+
+
+@FAST
+@given(data=st.binary(min_size=1, max_size=300), ext=st.sampled_from([".csv", ".jsonl", ".bin", ".parquet"]))
+def test_random_bytes(tmp_path_factory, data, ext):
+    p = tmp_path_factory.mktemp("bytes") / f"t{ext}"
+    p.write_bytes(data)
+    load_or_refuse(p)
+
+
+# ---- profiles ----------------------------------------------------------------------------------
+
+def _base_profile() -> dict:
+    from dsim.cost import resolve_profile_path
+    return yaml.safe_load(resolve_profile_path("h200-llama-3.1-8b").read_text())
+
+
+BASE = _base_profile()
+FIELDS = [("name",), ("provenance",), ("provenance", "kind"), ("provenance", "gpus_per_replica"),
+          ("memory",), ("memory", "kv_cache_gib"), ("memory", "kv_bytes_per_token"), ("cpu_overhead_ms",),
+          ("kv_ms_per_ktok",), ("capture_sizes",), ("capture_sizes", 0), ("capture_sizes", 3), ("forward",),
+          ("forward", "tokens"), ("forward", "tokens", 2), ("forward", "ms"), ("forward", "ms", 5),
+          ("prefill_terms",), ("prefill_terms", "discount_ms_per_ktok"), ("max_model_len",), ("draft",)]
+
+
+@FAST
+@given(edits=st.lists(st.tuples(st.sampled_from(FIELDS), NASTY), min_size=0, max_size=3),
+       drop=st.booleans())
+def test_profile_loader(tmp_path_factory, edits, drop):
+    from dsim.cost import CostModel, load_profile
+    d = copy.deepcopy(BASE)
+    for path, value in edits:
+        node = d
+        try:
+            for k in path[:-1]:
+                node = node[k]
+            if drop and isinstance(node, dict):
+                node.pop(path[-1], None)
+            else:
+                node[path[-1]] = value
+        except (KeyError, IndexError, TypeError):
+            continue
+    p = tmp_path_factory.mktemp("prof") / "p.yaml"
+    p.write_text(yaml.safe_dump(d, sort_keys=False, allow_unicode=True))
+    try:
+        prof = load_profile(str(p))
+    except InputError as e:
+        check_one_line(e, p)
+        return
+    # what loads is usable: finite numbers, positive sizes, a cost model that prices a step
+    assert prof.gpus_per_replica >= 1 and prof.kv_capacity_blocks >= 0
+    assert all(math.isfinite(x) for x in (prof.cpu_overhead_ms, prof.kv_ms_per_ktok, prof.kv_cache_gib))
+    assert list(prof.capture_sizes) == sorted(set(prof.capture_sizes))
+    try:
+        c = CostModel(prof)
+    except InputError as e:          # inconsistent prefill terms are refused here too
+        check_one_line(e, p)
+        return
+    assert math.isfinite(float(c.step_ms(64, 10_000)))
+
+
+# ---- acceptance presets ------------------------------------------------------------------------
+
+CURVE = st.one_of(st.lists(st.one_of(st.floats(-0.5, 1.5), NASTY), max_size=4), NASTY)
+
+
+@FAST
+@given(classes=st.dictionaries(st.sampled_from(["math", "code", "chat", "default", "x"]), CURVE, max_size=3),
+       methods=st.booleans(), method=st.sampled_from([None, "mtp", "dspark"]))
+def test_acceptance_loader(tmp_path_factory, classes, methods, method):
+    from dsim.spec import load_acceptance
+    doc = {"name": "fuzz", "source": "fuzz", **({"methods": {"mtp": {"classes": classes}}} if methods
+                                                 else {"classes": classes})}
+    p = tmp_path_factory.mktemp("acc") / "a.yaml"
+    p.write_text(yaml.safe_dump(doc, allow_unicode=True))
+    try:
+        cur = load_acceptance(str(p), method)
+    except InputError as e:
+        check_one_line(e, p)
+        return
+    for c in cur.classes:
+        v = cur.curve(c, 4)
+        assert np.all((v >= 0) & (v <= 1))
+
+
+@FAST
+@given(s=st.text(alphabet="0123456789.,;=:-abcdefghmnpst ", max_size=24))
+def test_inline_acceptance(s):
+    from dsim.spec import parse_acceptance
+    try:
+        cur = parse_acceptance(s)
+    except InputError as e:
+        assert "\n" not in str(e)
+        return
+    for c in cur.classes:
+        assert np.all((cur.curve(c, 3) >= 0) & (cur.curve(c, 3) <= 1))
+
+
+# ---- the SLA grammar ---------------------------------------------------------------------------
+
+SLA_PIECES = st.sampled_from(["p50", "p99", "p0", "p100", "tpot_p90", "ttft_p99", "e2e_p50", "itl_p50", "x_p50",
+                              "min_user_tok_s", "=", "20ms", "2s", "-1ms", "0ms", "nan", "infms", "1e400ms", "20",
+                              ",", ",,", " ", "ms", "s"])
+
+
+@FAST
+@given(parts=st.lists(SLA_PIECES, max_size=8))
+def test_sla_grammar(parts):
+    from dsim.plan import parse_request_slo, parse_sla
+    s = "".join(parts)
+    for parse in (parse_sla, parse_request_slo):
+        try:
+            out = parse(s)
+        except InputError as e:
+            assert "\n" not in str(e)
+            continue
+        vals = [x.target for x in out] if isinstance(out, list) else list(out.values())
+        assert vals and all(math.isfinite(v) and v > 0 for v in vals), (s, out)
+
+
+# ---- CLI flags ---------------------------------------------------------------------------------
+
+FLAG_VALUES = {
+    "--nodes": st.sampled_from(["1", "2", "0", "-1", "4097", "1000000", "x", ""]),
+    "--gpus-per-node": st.sampled_from(["8", "1", "0", "73", "1000", "8.5"]),
+    "--seed": st.sampled_from(["0", "7", "-1", "2", "1e3"]),
+    "--rate": st.sampled_from(["5", "0.5", "0", "-2", "nan", "inf", "1e-300", "x"]),
+    "--rate-scale": st.sampled_from(["1", "0.1", "20", "21", "nan", "-1"]),
+    "--mix": st.sampled_from(["math=1", "math=0.5,chat=0.5", "alien=1", "math=0.7", "math=1,math=0", "=1", ""]),
+    "--concurrency": st.sampled_from(["2", "0", "-3", "x"]),
+    "--window": st.sampled_from(["0:50", "10:5", "nan:5", "0:inf", "a:b", "5"]),
+    "--max-model-len": st.sampled_from(["100000", "10", "0", "-5"]),
+    "--acceptance": st.sampled_from(["deepseek-v4", "", "const:0.7", "const:2", "math=0.9,1.2", "nope"]),
+    "--policy": st.sampled_from(["vllm", "paper-production", "bogus", ""]),
+    "--profile": st.sampled_from(["llama-3.1-8b", "", "nope", "/tmp", "profiles/nothing.yaml"]),
+}
+
+
+@CLI
+@given(flags=st.dictionaries(st.sampled_from(sorted(FLAG_VALUES)), st.just(None), min_size=1, max_size=3)
+       .flatmap(lambda d: st.fixed_dictionaries({k: FLAG_VALUES[k] for k in d})),
+       method=st.sampled_from(["none", "mtp"]))
+def test_simulate_flags(tmp_path_factory, flags, method):
+    d = tmp_path_factory.mktemp("cli")
+    out = d / "o"
+    args = ["simulate", "--requests", "5", "--quiet", "--method", method, "--out", str(out)]
+    for k, v in flags.items():
+        args += [k, v]
+    rc, stdout, err = run_cli(*args)
+    if rc == 0:
+        # a valid run: its files are whole, its numbers are numbers (no NaN / Infinity)
+        s = json.loads((out / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in summary"))
+        assert s["requests_completed"] == s["requests_total"] >= 1
+        assert tree(d) == {"o", "o/requests.parquet", "o/steps.parquet", "o/summary.json"}
+    else:
+        assert rc == 2, (args, rc, err)
+        lines = [x for x in err.splitlines() if x.strip()]
+        assert len(lines) == 1 and "Traceback" not in err, (args, err)
+        assert tree(d) == set(), (args, sorted(tree(d)))
+
+
+@CLI
+@given(conc=st.sampled_from(["1,2", "1,,2", ",", "", "0,1", "1,1", "2,x", "70000", " 1 , 2 "]),
+       seeds=st.sampled_from(["0", "0,1", "-1", "0,0", "", "a"]),
+       sla=st.sampled_from(["p50=20ms", "p50=", "p101=2ms", "ttft_p99=2s,tpot_p50=30ms", "p50=-5ms"]))
+def test_plan_and_sweep_list_flags(tmp_path_factory, conc, seeds, sla):
+    d = tmp_path_factory.mktemp("lists")
+    # only the parse matters here: a bad list is refused before anything runs, a good one is
+    # stopped by a bad trace right after (exit 2, one line)
+    bad_trace = d / "missing.csv"
+    for args in (["sweep", "--concurrency", conc, "--methods", "none", "--trace", str(bad_trace), "--out", str(d / "o")],
+                 ["plan", "--sla", sla, "--seeds", seeds, "--trace", str(bad_trace)]):
+        rc, _, err = run_cli(*args)
+        assert rc == 2, (args, err)
+        lines = [x for x in err.splitlines() if x.strip()]
+        assert len(lines) == 1 and "Traceback" not in err, (args, err)
+    assert tree(d) == set()
+
+
+@FAST
+@given(rows=st.one_of(ROWS, GOOD_ROWS), jsonl=st.booleans())
+def test_validator_trace_reader(tmp_path_factory, rows, jsonl):
+    """The replay's reader (dsim's, else its own lenient one for input_tokens columns)."""
+    from validator import traces
+    d = tmp_path_factory.mktemp("vt")
+    if jsonl:
+        p = d / "t.jsonl"
+        p.write_text("".join(json.dumps({"timestamp": a, "input_tokens": b, "output_tokens": c}) + "\n"
+                             for a, b, c in rows), encoding="utf-8", errors="surrogatepass")
+    else:
+        p = d / "t.csv"
+        p.write_text("timestamp,input_tokens,output_tokens\n"
+                     + "".join(f"{_cell(a)},{_cell(b)},{_cell(c)}\n" for a, b, c in rows),
+                     encoding="utf-8", errors="surrogatepass")
+    try:
+        plan = traces.load(str(p), None, None, None)
+    except InputError as e:
+        check_one_line(e, p)
+        return
+    assert np.all(plan.prompt_tokens >= 1) and np.all(plan.output_tokens >= 1)
+    assert np.all(np.isfinite(plan.arrival_s)) and plan.arrival_s[0] == 0

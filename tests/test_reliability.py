@@ -1,0 +1,554 @@
+"""Every bad input and fault gets the README's answer: one line naming file / line or key / field
+and the bad value, exit code 2, nothing written, no staging debris; outputs appear whole or not at
+all (also under Ctrl-C); the validator says how many requests failed and refuses garbage."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from cli_contract import assert_one_line, assert_rejected, is_root, run_cli, tree
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ("--requests", "30", "--quiet")          # a run that takes well under a second
+
+
+def profile_dict(name: str = "h200-llama-3.1-8b") -> dict:
+    from dsim.cost import resolve_profile_path
+    return yaml.safe_load(resolve_profile_path(name).read_text())
+
+
+def write_profile(tmp_path, d, name="p.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(d, sort_keys=False, width=1000))
+    return p
+
+
+def native_csv(tmp_path, rows, name="t.csv") -> Path:
+    p = tmp_path / name
+    p.write_text("arrival_s,prompt_tokens,output_tokens\n" + "".join(f"{a},{b},{c}\n" for a, b, c in rows))
+    return p
+
+
+# ---- outputs -------------------------------------------------------------------------------
+
+def test_staged_dir_all_or_nothing(tmp_path):
+    from dsim.errors import InputError
+    from dsim.outputs import debris, staged_dir
+    target = tmp_path / "a" / "b"
+    with pytest.raises(KeyboardInterrupt):
+        with staged_dir(target) as d:
+            (d / "x.txt").write_text("half")
+            raise KeyboardInterrupt
+    assert not (tmp_path / "a").exists() and debris(tmp_path) == []
+    with staged_dir(target) as d:
+        (d / "x.txt").write_text("whole")
+    assert (target / "x.txt").read_text() == "whole"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o777 & ~umask      # not mkdtemp's private 0700
+    # into an existing directory: its other files stay, ours are replaced
+    (target / "keep.txt").write_text("mine")
+    with staged_dir(target) as d:
+        (d / "x.txt").write_text("again")
+    assert (target / "x.txt").read_text() == "again" and (target / "keep.txt").read_text() == "mine"
+    assert debris(target.parent) == []
+    f = tmp_path / "file"
+    f.write_text("")
+    with pytest.raises(InputError, match="exists and is not a directory"):
+        with staged_dir(f):
+            pass
+    with pytest.raises(InputError, match="empty path"):
+        with staged_dir(""):
+            pass
+
+
+def test_simulate_write_phase_interrupted_leaves_nothing(tmp_path, monkeypatch):
+    from dsim import sim
+    out = tmp_path / "o"
+
+    def boom(res, d):
+        (Path(d) / "requests.parquet").write_bytes(b"PAR1 partial")
+        raise KeyboardInterrupt
+    monkeypatch.setattr(sim, "write_output_files", boom)
+    rc, _, err = run_cli("simulate", *SMALL, "--out", out)
+    assert rc == 130, err
+    assert tree(tmp_path) == set()
+
+
+@pytest.mark.parametrize("target,needle", [("", "empty path"), ("/proc/x", "/proc/x")])
+def test_out_that_cannot_be_written(tmp_path, target, needle):
+    assert_rejected("simulate", *SMALL, "--out", target, needles=["--out", needle], watch=tmp_path)
+
+
+def test_out_is_an_existing_file(tmp_path):
+    f = tmp_path / "f.txt"
+    f.write_text("x")
+    assert_rejected("simulate", *SMALL, "--out", f, needles=["--out", "not a directory"], watch=tmp_path)
+    assert_rejected("sweep", "--concurrency", "1", "--methods", "none", "--out", f,
+                    needles=["--out", "not a directory"], watch=tmp_path)
+    assert f.read_text() == "x"
+
+
+@pytest.mark.skipif(is_root(), reason="root writes into read-only directories")
+def test_out_read_only_directory(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        assert_rejected("simulate", *SMALL, "--out", ro / "o", needles=["--out"], watch=tmp_path)
+        assert_rejected("simulate", *SMALL, "--out", ro, needles=["--out", "not writable"], watch=tmp_path)
+    finally:
+        ro.chmod(0o755)
+
+
+def test_step_log_in_missing_directory_fails_before_anything_is_written(tmp_path):
+    assert_rejected("simulate", *SMALL, "--out", tmp_path / "o", "--step-log", tmp_path / "nodir" / "s.jsonl",
+                    needles=["--step-log", "nodir"], watch=tmp_path)
+
+
+def test_simulate_out_and_step_log_written_together(tmp_path):
+    rc, _, err = run_cli("simulate", *SMALL, "--method", "mtp", "--out", tmp_path / "o",
+                         "--step-log", tmp_path / "s.jsonl")
+    assert rc == 0, err
+    assert tree(tmp_path) == {"o", "o/requests.parquet", "o/steps.parquet", "o/summary.json", "s.jsonl"}
+
+
+def _sigint_when_staging(cmd, parent: Path, timeout=120, sig=signal.SIGINT):
+    """Start cmd, wait until its staging directory exists (the run is under way), send SIGINT."""
+    from dsim.outputs import debris
+    p = subprocess.Popen([sys.executable, "-m", "dsim", *map(str, cmd)], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    t0 = time.time()
+    while not debris(parent) and p.poll() is None and time.time() - t0 < timeout:
+        time.sleep(0.05)
+    assert p.poll() is None, "finished before it could be interrupted: " + p.stderr.read()[-500:]
+    time.sleep(0.3)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=60)
+    return p.returncode, err
+
+
+def test_sigint_during_simulate_leaves_no_target_and_no_debris(tmp_path):
+    trace = native_csv(tmp_path, [(i * 0.01, 200, 400) for i in range(6000)])
+    work = tmp_path / "work"
+    work.mkdir()
+    rc, err = _sigint_when_staging(["simulate", "--trace", trace, "--method", "dspark", "--quiet",
+                                    "--out", work / "o", "--step-log", work / "s.jsonl"], work)
+    assert rc == 130, err
+    assert tree(work) == set()
+
+
+def test_sigterm_during_simulate_leaves_no_target_and_no_debris(tmp_path):
+    trace = native_csv(tmp_path, [(i * 0.01, 200, 400) for i in range(6000)])
+    work = tmp_path / "work"
+    work.mkdir()
+    rc, err = _sigint_when_staging(["simulate", "--trace", trace, "--method", "dspark", "--quiet",
+                                    "--out", work / "o"], work, sig=signal.SIGTERM)
+    assert rc == 143, err
+    assert tree(work) == set()
+
+
+def test_sigint_during_sweep_leaves_no_target_and_no_debris(tmp_path):
+    rc, err = _sigint_when_staging(["sweep", "--concurrency", "1,2,4,8,16,32", "--methods", "none,mtp,dspark",
+                                    "--jobs", "2", "--out", tmp_path / "sw"], tmp_path)
+    assert rc == 130, err
+    assert tree(tmp_path) == set()
+
+
+# ---- flags ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args,needles", [
+    (["simulate", "--seed", "-1"], ["--seed", "-1"]),
+    (["plan", "--sla", "p50=20ms", "--seeds", "-1"], ["--seeds"]),
+    (["sweep", "--seed", "-1", "--out", "X"], ["--seed"]),
+    (["simulate", "--rate", "nan"], ["--rate", "nan"]),
+    (["simulate", "--rate", "inf"], ["--rate"]),
+    (["simulate", "--nodes", "1000000"], ["--nodes", "4096"]),
+    (["simulate", "--gpus-per-node", "1000"], ["--gpus-per-node", "72"]),
+    (["plan", "--sla", "p50=20ms", "--max-nodes", "1000000"], ["--max-nodes"]),
+    (["simulate", "--mix", "alien=1"], ["--mix", "alien"]),
+    (["simulate", "--acceptance", "", "--method", "mtp"], ["--acceptance", "empty"]),
+    (["simulate", "--profile", ""], ["--profile", "empty"]),
+    (["sweep", "--concurrency", "1,,2", "--out", "X"], ["--concurrency", "1,,2"]),
+    (["simulate", "--policy", "bogus", "--method", "dspark"], ["--policy", "paper-production"]),
+    (["ab", "--a", "bogus", "--out", "X"], ["--a", "bogus"]),
+    (["simulate", "--nodes", "abc"], ["--nodes"]),
+    (["simulate", "--no-such-flag"], ["--no-such-flag"]),
+    (["simulate", "--max-model-len", "0"], ["--max-model-len"]),
+    (["validate", "check", "M.jsonl", "--profile", "llama-3.1-8b", "--tolerance", "-1"], ["--tolerance"]),
+])
+def test_nonsense_flags(tmp_path, monkeypatch, args, needles):
+    monkeypatch.chdir(tmp_path)
+    assert_rejected(*args, *(SMALL if args[0] == "simulate" else ()), needles=needles, watch=tmp_path)
+
+
+def test_huge_fleet_fails_fast_before_allocating(tmp_path):
+    t0 = time.perf_counter()
+    assert_rejected("simulate", "--nodes", "1000000", needles=["--nodes"])
+    assert time.perf_counter() - t0 < 5
+
+
+def test_max_model_len_flag_and_profile_field(tmp_path):
+    trace = native_csv(tmp_path, [(0, 100, 50), (1, 5000, 100), (2, 10, 10)])
+    assert_rejected("simulate", "--trace", trace, "--quiet", "--max-model-len", "4096",
+                    needles=[f"{trace}:3", "5000 prompt + 100 output", "max_model_len 4096"], watch=tmp_path)
+    d = profile_dict()
+    d["max_model_len"] = 4096
+    prof = write_profile(tmp_path, d)
+    assert_rejected("simulate", "--trace", trace, "--profile", prof, "--quiet", needles=[f"{trace}:3"],
+                    watch=tmp_path)
+    # the plan checks it up front too, naming the line
+    assert_rejected("plan", "--sla", "p50=20ms", "--trace", trace, "--profile", prof, "--seeds", "0",
+                    "--methods", "mtp", needles=[f"{trace}:3"])
+    rc, _, err = run_cli("simulate", "--trace", trace, "--quiet", "--max-model-len", "8192")
+    assert rc == 0, err
+    from dsim.cost import load_profile
+    d2 = profile_dict()
+    d2["provenance"]["max_model_len"] = 2048
+    assert load_profile(str(write_profile(tmp_path, d2, "q.yaml"))).max_model_len == 2048
+    assert load_profile("h200-llama-3.1-8b").max_model_len is None
+
+
+def test_kv_capacity_error_names_file_and_line(tmp_path):
+    d = profile_dict()
+    d["memory"]["kv_cache_gib"] = 0.01
+    prof = write_profile(tmp_path, d)
+    trace = native_csv(tmp_path, [(0, 10, 10), (1, 60000, 100)])
+    line = assert_rejected("simulate", "--trace", trace, "--profile", prof, "--quiet",
+                           needles=[f"{trace}:3", "KV blocks", "kv_cache_gib"])
+    assert "request 1" not in line
+
+
+# ---- traces --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rows,needles", [
+    ([(0, 5, 9223372036854775807)], [":2", "output_tokens", "9223372036854775807", "too large"]),
+    ([(0, 5, "1e23")], [":2", "output_tokens", "too large"]),
+    ([(0, 5, 5), ("1e300", 5, 5)], [":3", "arrival_s"]),
+    ([(0, -5, 5)], [":2", "prompt_tokens", "-5"]),
+])
+def test_bad_trace_values(tmp_path, rows, needles):
+    trace = native_csv(tmp_path, rows)
+    line = assert_rejected("simulate", "--trace", trace, "--out", tmp_path / "o", needles=[str(trace), *needles],
+                           watch=tmp_path)
+    assert "sort=True" not in line
+
+
+def test_trace_time_going_back_hint_is_no_python_argument(tmp_path):
+    trace = native_csv(tmp_path, [(5, 5, 5), (1, 5, 5)])
+    line = assert_rejected("simulate", "--trace", trace, needles=[f"{trace}:3"])
+    assert "sort=True" not in line
+
+
+def test_jsonl_with_bom_is_read(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_bytes(b'\xef\xbb\xbf{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 3}\n'
+                  b'{"arrival_s": 1, "prompt_tokens": 6, "output_tokens": 4}\n')
+    rc, out, err = run_cli("simulate", "--trace", p, "--json")
+    assert rc == 0, err
+    assert json.loads(out)["requests_completed"] == 2
+
+
+def test_binary_garbage_is_not_echoed(tmp_path):
+    p = tmp_path / "g.bin"
+    p.write_bytes(bytes(range(256)) * 4)
+    line = assert_rejected("simulate", "--trace", p, needles=[str(p), "binary"])
+    assert all(ch.isprintable() for ch in line)
+    q = tmp_path / "g.csv"
+    q.write_bytes(b"\x81\x82\x83\xfe\xff,\x90\n1,2\n")
+    line = assert_rejected("simulate", "--trace", q, needles=[str(q)])
+    assert all(ch.isprintable() for ch in line)
+
+
+def test_parquet_string_token_counts_rejected(tmp_path):
+    p = tmp_path / "t.parquet"
+    pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_tokens": ["5", "6"], "output_tokens": [3, 4]}).to_parquet(p)
+    assert_rejected("simulate", "--trace", p, needles=[str(p), "row 1", "prompt_tokens", "'5'"])
+
+
+def test_numpy_values_shown_plain(tmp_path):
+    p = tmp_path / "t.parquet"
+    pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_tokens": np.array([5, -5]),
+                  "output_tokens": [3, 4]}).to_parquet(p)
+    line = assert_rejected("simulate", "--trace", p, needles=["row 2", "prompt_tokens", "-5"])
+    assert "np." not in line and "int64" not in line
+
+
+# ---- profiles and presets ------------------------------------------------------------------
+
+@pytest.mark.parametrize("path,value,needles", [
+    (("memory", "kv_cache_gib"), float("nan"), ["memory.kv_cache_gib", "finite"]),
+    (("memory", "kv_cache_gib"), float("inf"), ["memory.kv_cache_gib", "finite"]),
+    (("cpu_overhead_ms",), float("nan"), ["cpu_overhead_ms", "finite"]),
+    (("cpu_overhead_ms",), float("inf"), ["cpu_overhead_ms"]),
+    (("kv_ms_per_ktok",), float("nan"), ["kv_ms_per_ktok"]),
+    (("kv_ms_per_ktok",), "fast", ["kv_ms_per_ktok", "'fast'"]),
+    (("provenance", "gpus_per_replica"), "eight", ["provenance.gpus_per_replica", "'eight'"]),
+    (("provenance", "gpus_per_replica"), 0, ["provenance.gpus_per_replica", ">= 1"]),
+    (("provenance", "gpus_per_replica"), -2, ["provenance.gpus_per_replica", "-2"]),
+    (("provenance", "gpus_per_replica"), 1.5, ["provenance.gpus_per_replica", "integer"]),
+    (("capture_sizes",), "124", ["capture_sizes", "list"]),
+    (("capture_sizes",), [1, 2.5, 4], ["capture_sizes[1]", "integer", "2.5"]),
+    (("capture_sizes",), [1, 8, 4], ["capture_sizes[2]", "increasing"]),
+    (("capture_sizes",), [], ["capture_sizes", "empty"]),
+    (("forward", "ms"), [1.0] * 3, ["forward.ms", "3 values"]),
+    (("max_model_len",), 0, ["max_model_len"]),
+])
+def test_bad_profile_field_named_with_line(tmp_path, path, value, needles):
+    d = profile_dict()
+    node = d
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = value
+    prof = write_profile(tmp_path, d)
+    line = assert_rejected("simulate", *SMALL, "--profile", prof, "--out", tmp_path / "o",
+                           needles=[f"{prof}:", *needles], watch=tmp_path)
+    # the line number points at the field in the file
+    n = int(line.split(f"{prof}:")[1].split(":")[0])
+    text = prof.read_text().splitlines()[n - 1]
+    assert path[-1] in text or text.lstrip().startswith("-"), (n, text)
+
+
+def test_bad_profile_under_plan_is_one_line(tmp_path):
+    d = profile_dict()
+    d["provenance"]["gpus_per_replica"] = "eight"
+    prof = write_profile(tmp_path, d)
+    line = assert_rejected("plan", "--sla", "p50=20ms", "--profile", prof, needles=["gpus_per_replica"])
+    assert "RemoteTraceback" not in line
+
+
+def test_deeply_nested_profile(tmp_path):
+    p = tmp_path / "deep.yaml"
+    p.write_text("name: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    assert_rejected("simulate", *SMALL, "--profile", p, needles=[str(p), "nested"])
+
+
+@pytest.mark.parametrize("make,needles", [
+    (lambda t: t, ["is a directory"]),
+    (lambda t: t / "missing.yaml", ["not found"]),
+])
+def test_profile_missing_or_directory(tmp_path, make, needles):
+    assert_rejected("simulate", *SMALL, "--profile", make(tmp_path), needles=needles)
+
+
+def test_acceptance_file_errors_name_the_file_and_line(tmp_path):
+    p = tmp_path / "acc.yaml"
+    p.write_text("name: mine\nclasses:\n  chat: [0.9, 1.7, 0.5]\n")
+    assert_rejected("simulate", *SMALL, "--method", "mtp", "--acceptance", p,
+                    needles=[f"{p}:3", "classes.chat[1]", "1.7"])
+    p.write_text("name: mine\nclasses:\n  chat: [0.9, .nan]\n")
+    assert_rejected("simulate", *SMALL, "--method", "mtp", "--acceptance", p, needles=[f"{p}:3", "nan"])
+    p.write_text("name: mine\nclasses:\n  chat: ['high']\n")
+    assert_rejected("simulate", *SMALL, "--method", "mtp", "--acceptance", p, needles=[str(p), "'high'"])
+
+
+def test_mix_may_name_the_classes_of_the_acceptance_given(tmp_path):
+    p = tmp_path / "acc.yaml"
+    p.write_text("classes:\n  agent: [0.8, 0.6]\n")
+    rc, _, err = run_cli("simulate", *SMALL, "--method", "mtp", "--acceptance", p, "--mix", "agent=1")
+    assert rc == 0, err
+
+
+# ---- validator -----------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def fake():
+    from validator import fake_server
+    servers = []
+
+    def start(mode="ok", metrics="ok"):
+        port = free_port()
+        httpd = fake_server.serve(port, mode, 1.0, metrics=metrics)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        servers.append(httpd)
+        return f"http://127.0.0.1:{port}"
+    yield start
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+RUN = ("-n", "4", "--input-len", "4", "--output-len", "8", "-c", "2", "--no-progress", "--nice", "0")
+
+
+@pytest.mark.parametrize("mode,reason", [("neg-usage", "negative"), ("str-usage", "not an integer"),
+                                         ("nan-usage", "not an integer")])
+def test_run_bad_usage_counts_fail_requests_and_exit_1(fake, tmp_path, mode, reason):
+    from validator import measure
+    url = fake(mode)
+    rc, out, err = run_cli("validate", "run", "--server", url, "--out", tmp_path / "o", *RUN)
+    assert rc == 1, (out, err)
+    assert "4 of 4 requests failed" in err and "no request succeeded" in err
+    m = measure.read(tmp_path / "o" / "measurements.jsonl")
+    assert not m.ok_requests and all(reason in r["error"] and r["error"].startswith("bad_usage")
+                                     for r in m.requests)
+
+
+@pytest.mark.parametrize("metrics", ["nan", "negative"])
+def test_run_with_garbage_metrics_samples(fake, tmp_path, metrics):
+    from validator import measure
+    url = fake("ok", metrics)
+    rc, out, err = run_cli("validate", "run", "--server", url, "--out", tmp_path / "o", *RUN)
+    assert rc == 0, (out, err)
+    m = measure.read(tmp_path / "o" / "measurements.jsonl")
+    assert len(m.ok_requests) == 4 and m.summary is not None
+
+
+def test_run_mixed_failures_are_counted(fake, tmp_path):
+    url = fake("mixed")
+    rc, out, err = run_cli("validate", "run", "--server", url, "--out", tmp_path / "o", "-n", "10",
+                           "--input-len", "4", "--output-len", "5", "-c", "2", "--no-progress", "--nice", "0",
+                           "--request-timeout", "3")
+    assert rc == 0, err       # some succeeded (max_tokens 5: mode ok)
+    assert "requests failed" not in err
+
+
+def measurement_file(path: Path, requests: list, summary=True) -> Path:
+    from validator import measure
+    lines = [{"type": "header", "format": measure.FORMAT, "source": "run", "model": "m", "requests": len(requests),
+              "load": {"mode": "concurrency", "concurrency": 1, "rate": None}, "engine": {"max_num_seqs": 4}}]
+    lines += [{"type": "request", "i": i, **r} for i, r in enumerate(requests)]
+    if summary:
+        lines.append({"type": "summary", "interrupted": False})
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+def ok_request(send=0.0, first=0.05, end=0.2, n=8):
+    return {"prompt_tokens": 4, "max_tokens": n, "arrival_s": send, "send_s": send, "first_token_s": first,
+            "end_s": end, "chunks": [[first, 1]] + [[first + 0.02 * k, 1] for k in range(1, n)],
+            "output_tokens": n, "ok": True, "error": None}
+
+
+def test_check_negative_times_exit_2(tmp_path):
+    m = measurement_file(tmp_path / "m.jsonl", [ok_request(), ok_request(send=-1.0, first=-0.9, end=-0.5)])
+    assert_rejected("validate", "check", m, "--profile", "llama-3.1-8b", "--out", tmp_path / "c",
+                    needles=[f"{m}:3", "arrival_s", "negative"], watch=tmp_path)
+
+
+def test_check_malformed_middle_line_is_an_error(tmp_path):
+    m = measurement_file(tmp_path / "m.jsonl", [ok_request(), ok_request()])
+    lines = m.read_text().splitlines()
+    lines[1] = lines[1][:-7]              # a torn line in the middle
+    m.write_text("\n".join(lines) + "\n")
+    assert_rejected("validate", "check", m, "--profile", "llama-3.1-8b", needles=[f"{m}:2", "malformed"])
+
+
+def test_torn_last_line_of_a_killed_run_is_tolerated(tmp_path):
+    from validator import measure
+    m = measurement_file(tmp_path / "m.jsonl", [ok_request()], summary=False)
+    m.write_text(m.read_text() + '{"type": "requ')
+    assert measure.read(m).header["torn_lines"] == 1
+
+
+def test_check_and_import_bench_on_a_directory(tmp_path):
+    assert_rejected("validate", "check", tmp_path, "--profile", "llama-3.1-8b", needles=[str(tmp_path), "directory"])
+    assert_rejected("validate", "import-bench", tmp_path, needles=[str(tmp_path), "directory"], watch=tmp_path)
+
+
+def bench_file(tmp_path, **over) -> Path:
+    d = {"date": "20261201", "backend": "vllm", "model_id": "m", "num_prompts": 3, "request_rate": "inf",
+         "max_concurrency": 2, "completed": 3, "failed": 0, "duration": 1.0, "mean_ttft_ms": 50.0,
+         "median_ttft_ms": 50.0, "mean_tpot_ms": 10.0, "output_throughput": 30.0,
+         "ttfts": [0.05, 0.06, 0.05], "itls": [[0.01] * 7] * 3, "latencies": [0.2, 0.21, 0.2],
+         "input_lens": [4, 4, 4], "output_lens": [8, 8, 8], "errors": ["", "", ""]}
+    d.update(over)
+    p = tmp_path / "bench.json"
+    p.write_text(json.dumps(d))
+    return p
+
+
+@pytest.mark.parametrize("over,needles", [
+    ({"ttfts": "fast"}, ["ttfts", "'fast'"]),
+    ({"itls": "x"}, ["itls"]),
+    ({"itls": [[0.01, "a"]] * 3}, ["itls[0][1]", "'a'"]),
+    ({"input_lens": ["4", "4", "4"]}, ["input_lens[0]", "'4'"]),
+    ({"request_rate": "fast"}, ["request_rate", "'fast'"]),
+    ({"mean_ttft_ms": float("nan")}, ["mean_ttft_ms", "nan"]),
+    ({"latencies": [0.2, -0.21, 0.2]}, ["latencies[1]", "-0.21"]),
+    ({"ttfts": [0.05, -1.0, 0.05]}, ["ttfts[1]"]),
+    ({"max_concurrency": "lots"}, ["max_concurrency", "'lots'"]),
+    ({"output_lens": [8, 8]}, ["output_lens", "2 values"]),
+])
+def test_import_bench_rejects_bad_values_and_writes_nothing(tmp_path, over, needles):
+    src = bench_file(tmp_path, **over)
+    assert_rejected("validate", "import-bench", src, "--out", tmp_path / "m.jsonl",
+                    needles=[str(src), *needles], watch=tmp_path)
+
+
+def test_import_bench_good_file(tmp_path):
+    from validator import measure
+    src = bench_file(tmp_path)
+    rc, _, err = run_cli("validate", "import-bench", src, "--out", tmp_path / "m.jsonl")
+    assert rc == 0, err
+    m = measure.read(tmp_path / "m.jsonl")
+    assert len(m.ok_requests) == 3 and m.complete
+    assert tree(tmp_path) == {"bench.json", "m.jsonl"}
+
+
+def test_failing_calibrate_leaves_no_out(tmp_path):
+    m = measurement_file(tmp_path / "m.jsonl", [dict(ok_request(), ok=False, error="http_500: x")])
+    rc, _, err = run_cli("validate", "calibrate", m, "--out", tmp_path / "cal")
+    assert rc == 2, err
+    assert_one_line(err)
+    assert tree(tmp_path) == {"m.jsonl"}
+
+
+def test_measurement_writer_is_never_left_header_only(tmp_path):
+    from validator import measure
+    w = measure.Writer(tmp_path / "m.jsonl")
+    w.write({"type": "header", "format": measure.FORMAT}, sync=True)
+    assert not (tmp_path / "m.jsonl").exists()
+    w.discard()
+    assert tree(tmp_path) == set()
+    w = measure.Writer(tmp_path / "m.jsonl")
+    w.write({"type": "header", "format": measure.FORMAT, "x": math.nan})
+    w.close()
+    assert json.loads((tmp_path / "m.jsonl").read_text())["x"] is None
+
+
+def test_final_renames_hold_off_ctrl_c():
+    from dsim.outputs import _signals_held
+    reached = False
+    with pytest.raises(KeyboardInterrupt):
+        with _signals_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            reached = True            # the renames run to the end, then Ctrl-C is delivered
+    assert reached
+
+
+@pytest.mark.parametrize("args", [
+    ["ab", "--out", "{f}"],
+    ["validate", "ab", "--serve-a", "true", "--serve-b", "true", "--out", "{f}"],
+    ["validate", "profile-server", "--server", "http://127.0.0.1:9", "--out", "{d}"],
+    ["validate", "run", "--server", "http://127.0.0.1:9", "--out", "{f}", "-n", "2", "--input-len", "2",
+     "--output-len", "2"],
+    ["validate", "calibrate", "{f}", "--out", "{f}"],
+])
+def test_other_commands_refuse_a_bad_out_before_running(tmp_path, args):
+    f = tmp_path / "file.txt"
+    f.write_text("x")
+    d = tmp_path / "dir"
+    d.mkdir()
+    args = [a.format(f=f, d=d) for a in args]
+    assert_rejected(*args, needles=["--out"], watch=tmp_path)
