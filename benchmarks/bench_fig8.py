@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import bench_paper as B  # noqa: E402
+import bench_paper as B
 
 
 def main(argv=None):

@@ -146,7 +146,7 @@ def run_case(profile_name, trace, per_gpu, args, decode_only_=False):
 
 
 def _pct(g):
-    if g is None or g != g:
+    if g is None or math.isnan(g):
         return "n/a"
     if g == float("inf"):
         return "unbounded"
@@ -154,7 +154,7 @@ def _pct(g):
 
 
 def _num(v, nd=0):
-    return "n/a" if v is None or v != v else f"{v:.{nd}f}"
+    return "n/a" if v is None or math.isnan(v) else f"{v:.{nd}f}"
 
 
 def case_rows(r):
@@ -180,7 +180,7 @@ def case_rows(r):
                      f"{_num(g.b.value, 1)} tok/s/user (paper DSpark {P['fig7']['dspark_speed'][i]})"
                      + (f"; {g.note}" if g.note else "")])
     # the paper's range: over the throughput span between MTP-1's throughput at the two anchors
-    ta = [g.anchor for g in c.at_sla if g.anchor == g.anchor]
+    ta = [g.anchor for g in c.at_sla if not math.isnan(g.anchor)]
     lo_band, hi_band = P["matched_band"]
     if len(ta) == 2 and all(g.a.ok and g.b.ok for g in c.at_sla):
         ts = np.geomspace(min(ta), max(ta), 40)
@@ -269,7 +269,7 @@ def summary_table(results) -> list[str]:
         k = r["key_metrics"]
         f8 = k.get("fig8", {})
 
-        def at(c, j, nd=2, suffix=""):
+        def at(c, j, nd=2, suffix="", f8=f8):
             v = f8.get(c)
             return "n/a" if v is None or v[j] is None else f"{v[j]:.{nd}f}{suffix}"
         met = sum(bool(v) for v in r["verdicts"].values())

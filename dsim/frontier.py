@@ -26,9 +26,9 @@ dashed lines of Fig. 7); ``Comparison.at_sla`` carries those as well.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -63,7 +63,7 @@ class Frontier:
     label: str = ""
 
     @classmethod
-    def from_points(cls, user_tok_s: Sequence[float], gpu_tok_s: Sequence[float], label: str = "") -> "Frontier":
+    def from_points(cls, user_tok_s: Sequence[float], gpu_tok_s: Sequence[float], label: str = "") -> Frontier:
         x = np.asarray(user_tok_s, dtype=np.float64)
         y = np.asarray(gpu_tok_s, dtype=np.float64)
         if x.shape != y.shape or x.ndim != 1:
@@ -255,7 +255,7 @@ def paper_comparison(df, a: str, b: str, slas: Sequence[float] | None = None, sl
 
 
 def _pct(g: float) -> str:
-    if g != g:
+    if math.isnan(g):
         return "n/a"
     if g == float("inf"):
         return "unbounded"
@@ -275,7 +275,7 @@ def comparison_rows(c: Comparison) -> list[list[str]]:
         rows.append([f"throughput per GPU at {s:g} tok/s/user", _v(g.a), _v(g.b), _pct(g.gain), g.note])
     for s, g in zip(c.slas, c.at_sla):
         what = (f"per-user speed at {g.anchor:.0f} tok/s/GPU (A's throughput at {s:g} tok/s/user)"
-                if g.anchor == g.anchor else f"per-user speed at A's throughput at {s:g} tok/s/user")
+                if not math.isnan(g.anchor) else f"per-user speed at A's throughput at {s:g} tok/s/user")
         rows.append([what, _v(g.a, 1), _v(g.b, 1), _pct(g.gain), g.note])
     m = c.matched
     if m.empty:

@@ -10,8 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsim.errors import InputError
-from dsim.frontier import (Frontier, default_user_sla, matched_throughput_gains, paper_comparison,
-                           parse_user_sla, speed_gain_at_throughput, throughput_gain_at_sla)
+from dsim.frontier import (
+    Frontier,
+    default_user_sla,
+    matched_throughput_gains,
+    paper_comparison,
+    parse_user_sla,
+    speed_gain_at_throughput,
+    throughput_gain_at_sla,
+)
 
 
 def power_law(c, s, xs):
