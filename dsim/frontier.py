@@ -75,7 +75,9 @@ class Frontier:
         # Pareto: walk by speed descending, keep a point only if its throughput beats every
         # faster point's (ties in speed: the higher throughput first).
         order = np.lexsort((-y, -x))
-        keep_x, keep_y, best = [], [], -np.inf
+        keep_x: list[float] = []
+        keep_y: list[float] = []
+        best = -np.inf
         for i in order:
             if y[i] > best:
                 if keep_x and x[i] == keep_x[-1]:
