@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--markdown", action="store_true")
     a = ap.parse_args()
-    from dsim.cli import build_workload
+    from dsim.scenario import build_workload
     from dsim.cost import load_profile
     from dsim.sim import SpecConfig
     from dsim.sweep import sweep

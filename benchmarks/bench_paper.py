@@ -111,7 +111,7 @@ def decode_only(w):
 
 
 def run_case(profile_name, trace, per_gpu, args, decode_only_=False):
-    from dsim.cli import build_workload
+    from dsim.scenario import build_workload
     from dsim.cost import load_profile
     from dsim.frontier import concurrency_from_per_gpu, paper_comparison
     from dsim.sim import SpecConfig

@@ -23,7 +23,7 @@ def main():
     if a.profile:
         import cProfile
         import pstats
-        from dsim.cli import build_workload
+        from dsim.scenario import build_workload
         from dsim.cost import load_profile
         from dsim.plan import parse_sla, plan
         from dsim.plan_cli import parse_methods

@@ -5,7 +5,7 @@
     python benchmarks/bench_speed.py --floor      # concurrency 256: none, dspark, dspark floor
 
 Runs the configurations side by side in one process (this machine is shared and noisy: compare
-the ratios, not the absolute figures across runs). Issue targets: >= 1000x real time at
+the ratios, not the absolute figures across runs). Targets: >= 1000x real time at
 concurrency 256 with no speculation; dspark adaptive no worse than half of that.
 
 Each figure is a run's steady speed: a tiny run of every configuration first pays the one-time

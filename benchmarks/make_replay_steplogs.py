@@ -1,8 +1,8 @@
-"""Step logs of mixed DSpark workloads for the GPU step replay (issue: median error <= 3% at
-concurrency 1, 32 and 256).
+"""Step logs of mixed DSpark workloads for the GPU step replay (target: median error <= 3% at
+concurrency 1, 32 and 256; docs/gpu-profiling.md).
 
-    python benchmarks/make_replay_steplogs.py            # writes validator/gpu/steplogs/*.jsonl
-    python benchmarks/make_replay_steplogs.py --models qwen3-8b --out DIR
+    python benchmarks/make_replay_steplogs.py            # writes profiles/h200/steplogs/*.jsonl
+    python benchmarks/make_replay_steplogs.py --models qwen3-8b --profile PATH.yaml --out DIR
 
 For each measured H200 profile and each concurrency: `dsim simulate` closed loop on the default
 (mixed math/code/chat) trace with DSpark adaptive, one GPU per replica, then every k-th of the
@@ -27,7 +27,9 @@ KEEP = 24
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=list(MODELS))
-    ap.add_argument("--out", default=str(ROOT / "validator" / "gpu" / "steplogs"))
+    ap.add_argument("--out", default=str(ROOT / "profiles" / "h200" / "steplogs"))
+    ap.add_argument("--profile", default="h200-{model}",
+                    help="profile name or YAML path dsim simulates with ({model}: the model name)")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -35,7 +37,7 @@ def main(argv=None):
         for c in CONCURRENCY:
             with tempfile.TemporaryDirectory() as td:
                 log = Path(td) / "steps.jsonl"
-                cmd = [sys.executable, "-m", "dsim", "simulate", "--profile", f"h200-{model}", "--gpus-per-node", "1",
+                cmd = [sys.executable, "-m", "dsim", "simulate", "--profile", a.profile.replace("{model}", model), "--gpus-per-node", "1",
                        "--method", "dspark", "--concurrency", str(c), "--requests", str(max(8 * c, 40)),
                        "--seed", "0", "--quiet", "--step-log", str(log)]
                 subprocess.run(cmd, check=True, cwd=ROOT)

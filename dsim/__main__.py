@@ -1,3 +1,3 @@
-from dsim.cli import main
+from dsim.entry import main
 
 main()

@@ -23,12 +23,13 @@ import datetime as _dt
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from dsim.cost import Profile, Table, vllm_capture_sizes
 
-HARDWARE = {
+HARDWARE: dict[str, dict[str, Any]] = {
     "H200": dict(name="NVIDIA H200 SXM", hbm_gib=141 * 1e9 / 2**30, bw=4.8e12, bf16=989e12, fp8=1979e12,
                  link=900e9, source="NVIDIA H200 datasheet"),
     "B300": dict(name="NVIDIA B300", hbm_gib=288 * 1e9 / 2**30, bw=8.0e12, bf16=2250e12, fp8=4500e12,
@@ -165,7 +166,7 @@ def analytical_profile(model_config: str | Path, hardware: str = "H200", gpus: i
 
 
 # ---------------------------------------------------------------- fitting on measured profiles
-def _measured_points(config_path, profile: Profile):
+def _measured_points(profile: Profile) -> tuple[np.ndarray, np.ndarray]:
     """(n, F_ms) of a measured profile's forward table."""
     return np.asarray(profile.forward.x, dtype=float), np.asarray(profile.forward.ms, dtype=float)
 
@@ -176,7 +177,7 @@ def _fwd_err(params, items, hw_name="H200"):
     errs = []
     for cfg, prof in items:
         shape = model_shape(json.loads(Path(cfg).read_text()))
-        n, ms = _measured_points(cfg, prof)
+        n, ms = _measured_points(prof)
         pred = forward_ms(shape, n, HARDWARE[hw_name], 1, 2.0, eff)
         errs.append((pred - ms) / ms)
     return np.concatenate(errs)
@@ -188,7 +189,7 @@ def _kv_eff(cfg, prof, hw_name="H200"):
     return 1e6 * kv_bpt / (HARDWARE[hw_name]["bw"] * prof.kv_ms_per_ktok)
 
 
-def fit_efficiency(items, hw_name: str = "H200") -> dict:
+def fit_efficiency(items: list[tuple[str, Profile]], hw_name: str = "H200") -> dict:
     """Fit eff.bw, eff.flops, per-layer launch floor (relative least squares on the forward tables)
     and the KV-read bandwidth fraction (mean over profiles) to measured single-GPU profiles.
 
@@ -204,7 +205,7 @@ def fit_efficiency(items, hw_name: str = "H200") -> dict:
                 forward_p90_abs_pct=float(np.percentile(e, 90)), forward_max_abs_pct=float(e.max()))
 
 
-def evaluate_efficiency(fit: dict, items, hw_name: str = "H200") -> dict:
+def evaluate_efficiency(fit: dict, items: list[tuple[str, Profile]], hw_name: str = "H200") -> dict:
     """Errors of fitted efficiencies on (held-out) measured profiles: forward table and KV slope."""
     e = np.abs(_fwd_err([fit["bw"], fit["flops"], fit["launch_us_per_layer"]], items, hw_name)) * 100
     kv = [abs(fit["kv_bw"] / _kv_eff(c, p, hw_name) - 1) * 100 for c, p in items]
@@ -212,10 +213,11 @@ def evaluate_efficiency(fit: dict, items, hw_name: str = "H200") -> dict:
                 forward_max_abs_pct=float(e.max()), kv_slope_abs_pct=[round(float(x), 2) for x in kv])
 
 
-def fit_cli(argv=None):  # pragma: no cover - thin wrapper
+def fit_cli(argv: list[str] | None = None) -> None:  # pragma: no cover - thin wrapper
     """python -m dsim.analytical fit --pair CONFIG PROFILE ... --out FIT.json: fit on all pairs and
     report leave-one-out held-out errors."""
     import argparse
+
     from dsim.cost import load_profile
     ap = argparse.ArgumentParser(description="Fit analytical efficiencies on measured profiles")
     ap.add_argument("--pair", nargs=2, action="append", required=True, metavar=("CONFIG", "PROFILE"))
@@ -240,7 +242,8 @@ def fit_cli(argv=None):  # pragma: no cover - thin wrapper
     print(json.dumps(out, indent=1))
 
 
-def load_fit(path) -> tuple[Efficiency, dict]:
+def load_fit(path: str | Path) -> tuple[Efficiency, dict]:
+    """The efficiencies of a fit file (python -m dsim.analytical fit) and what it says about itself."""
     d = json.loads(Path(path).read_text())
     f = d["efficiency"]
     held = {k: v["held_out"]["forward_median_abs_pct"] for k, v in d.get("leave_one_out", {}).items()}
@@ -257,9 +260,10 @@ def load_fit(path) -> tuple[Efficiency, dict]:
     return eff, info
 
 
-def main():  # pragma: no cover - thin wrapper
+def main() -> None:  # pragma: no cover - thin wrapper
     import argparse
     import sys
+
     from dsim.cost import save_profile
     if len(sys.argv) > 1 and sys.argv[1] == "fit":
         return fit_cli(sys.argv[2:])

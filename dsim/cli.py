@@ -1,4 +1,6 @@
-"""The `dsim` command line (typer).
+"""The `dsim` command line (typer): the app, the options the workload-driven commands share, and
+`dsim simulate`. The planning commands (dsim.plan_cli) and plugged-in command groups (dsim.entry)
+register themselves on `app`; this module imports neither.
 
 Every command turns bad input (InputError) into one line on stderr and exit code 2.
 """
@@ -8,7 +10,6 @@ import contextlib
 import dataclasses
 import errno
 import json
-import math
 import signal
 import sys
 import threading
@@ -18,6 +19,7 @@ from typing import Annotated, Optional
 import typer
 
 from dsim.errors import InputError
+from dsim.scenario import build_workload, spec_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None,
@@ -57,73 +59,6 @@ MixOpt = Annotated[Optional[str], typer.Option(help="workload-class mix, e.g. ma
 ProfileOpt = Annotated[Optional[str], typer.Option(help="profile name or YAML path "
                                                    "(default: deepseek-v4-class-h200x8)")]
 GpusPerNodeOpt = Annotated[int, typer.Option(help="GPUs per node")]
-
-def build_workload(trace: str = "default", fmt: str = "auto", requests: Optional[int] = None,
-                   window: Optional[str] = None, rate: Optional[float] = None,
-                   rate_scale: Optional[float] = None, concurrency: Optional[int] = None,
-                   mix: Optional[str] = None, seed: int = 0):
-    """The workload a command runs: a trace (or 'default'), sliced and re-timed as asked."""
-    from dsim import workload as W
-    if requests is not None and requests < 1:
-        raise InputError(f"--requests: must be >= 1, got {requests}")
-    if rate is not None and not (math.isfinite(rate) and rate > 0):
-        raise InputError(f"--rate: must be a finite number > 0, got {rate}")
-    if seed < 0:
-        raise InputError(f"--seed: must be >= 0, got {seed}")
-    if concurrency is not None and concurrency < 1:
-        raise InputError(f"--concurrency: must be >= 1, got {concurrency}")
-    win = None
-    if window:
-        try:
-            a, b = (float(x) for x in window.split(":"))
-        except ValueError:
-            raise InputError(f"--window: expected START:END in seconds, got {window!r}") from None
-        win = (a, b)
-    w = W.load_workload(trace, fmt, mix=mix, seed=seed, n=requests, window=win, rate_scale=rate_scale)
-    if rate is not None:
-        import numpy as np
-        rng = np.random.default_rng([seed, 7])
-        gaps = rng.exponential(1.0 / rate, len(w.arrival_s))
-        gaps[0] = 0.0
-        if np.cumsum(gaps)[-1] > W.MAX_SPAN_S:
-            raise InputError(f"--rate: {rate:g} req/s spreads {len(gaps)} requests over more than "
-                             f"{W.MAX_SPAN_S:g} s")
-        w = dataclasses.replace(w, arrival_s=np.cumsum(gaps),
-                                source=w.source + f"; arrivals re-drawn Poisson at {rate:g} req/s (seed {seed})")
-    if concurrency is not None:
-        import numpy as np
-        w = dataclasses.replace(w, closed_loop_concurrency=int(concurrency), arrival_s=np.zeros(len(w.arrival_s)),
-                                source=w.source + f"; closed loop, {concurrency} users")
-    return w
-
-
-def spec_config(method: str, k: Optional[int], adaptive: Optional[bool], policy: str,
-                verify_mode: str, acceptance: Optional[str], head: str, head_auc: float):
-    from dsim.sim import SpecConfig
-    if adaptive is None:
-        adaptive = method == "dspark"
-    return SpecConfig(method=method, k=k, adaptive=adaptive, policy=policy, verify_mode=verify_mode,
-                      acceptance=acceptance, head=head, head_auc=head_auc)
-
-
-def method_spec(token: str, **common):
-    """Parse a method token of --methods (or of the flag ``what``): none, mtp, mtp3, eagle3,
-    block, dspark, dspark-fixed."""
-    what = common.pop("what", "--methods")
-    from dsim.sim import SpecConfig
-    t = token.strip().lower()
-    k = None
-    adaptive = False
-    if t.startswith("mtp") and t[3:].isdigit():
-        t, k = "mtp", int(t[3:])
-    if t in ("dspark", "dspark-adaptive"):
-        t, adaptive = "dspark", True
-    elif t == "dspark-fixed":
-        t = "dspark"
-    if t not in ("none", "mtp", "eagle3", "block", "dspark"):
-        raise InputError(f"{what}: unknown method {token!r} (none, mtp, mtpK, eagle3, block, dspark, dspark-fixed)")
-    return SpecConfig(method=t, k=k, adaptive=adaptive, **common)
-
 
 POLICY_NAMES = ("vllm", "paper", "paper-production", "sglang", "fixed", "threshold")
 
@@ -281,21 +216,6 @@ def simulate(
         elif not quiet:
             print_summary(res.summary)
     run_guarded(go)
-
-
-def _mount_subcommands():
-    try:
-        from dsim import plan_cli  # noqa: F401  (registers plan, sweep, ab on `app`)
-    except ImportError:
-        pass
-    try:
-        from validator.cli import app as validate_app
-        app.add_typer(validate_app, name="validate", help="Drive a real vLLM server / GPU: measure, calibrate, compare.")
-    except ImportError:
-        pass
-
-
-_mount_subcommands()
 
 
 def _one_line(msg: str) -> str:

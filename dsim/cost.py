@@ -2,7 +2,7 @@
 
 A profile file (YAML) carries provenance and tables; ``CostModel`` answers
 ``step_ms(n_tokens, kv_tokens)`` for a target forward/verify step and ``draft_table_ms`` for the
-drafter, with vLLM's adaptive-verification semantics (design.md 3.5):
+drafter, with vLLM's adaptive-verification semantics (docs/semantics.md §5):
 
 - at or below the CUDA-graph capture limit a step of n tokens runs the graph of the next captured
   size, so cost is a step function: the table value at the smallest profiled size >= n;
@@ -201,7 +201,15 @@ def save_profile(p: Profile, path) -> None:
     os.replace(tmp, path)
 
 
-PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
+def _profile_dir() -> Path:
+    """profiles/ of the source checkout dsim runs from, else the copy installed as dsim/profiles."""
+    here = Path(__file__).resolve().parent
+    if (here.parent / "pyproject.toml").is_file() and (here.parent / "profiles").is_dir():
+        return here.parent / "profiles"
+    return here / "profiles"
+
+
+PROFILE_DIR = _profile_dir()
 DEFAULT_PROFILE = "deepseek-v4-class-h200x8"
 
 

@@ -18,6 +18,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dsim.errors import InputError
 
@@ -41,7 +42,7 @@ WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.53, "w4a16": 0.53}
 MATH_DTYPE = {"bf16": "bf16", "fp8": "fp8", "fp4": "fp4", "w4a16": "bf16"}
 
 #: public hardware figures (vendor datasheets): HBM bandwidth, dense matrix peaks, NVLink per GPU
-HARDWARE = {
+HARDWARE: dict[str, dict[str, Any]] = {
     "h200": dict(name="NVIDIA H200 SXM", hbm_gb=141.0, bw=4.8e12, bf16=989e12, fp8=1979e12, fp4=None,
                  link=450e9, net=50e9, source="NVIDIA H200 datasheet (4.8 TB/s, 989/1979 TFLOP/s dense bf16/fp8, "
                                     "NVLink 900 GB/s bidirectional; 400 Gb/s InfiniBand per GPU between nodes)"),

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dsim.errors import InputError
 
@@ -185,7 +186,7 @@ def model_from_config(cfg: dict, name: str, where: str = "<config>") -> MoEModel
     fam = cfg.get("model_type")
     try:
         L = int(cfg["num_hidden_layers"])
-        common = dict(name=name, hidden=int(cfg["hidden_size"]), layers=L, vocab=int(cfg["vocab_size"]),
+        common: dict[str, Any] = dict(name=name, hidden=int(cfg["hidden_size"]), layers=L, vocab=int(cfg["vocab_size"]),
                       heads=int(cfg["num_attention_heads"]), q_lora_rank=int(cfg["q_lora_rank"]),
                       experts=int(cfg["n_routed_experts"]), topk=int(cfg["num_experts_per_tok"]),
                       moe_inter=int(cfg["moe_intermediate_size"]),

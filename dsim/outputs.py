@@ -19,8 +19,8 @@ import shutil
 import signal
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from dsim.errors import InputError
 

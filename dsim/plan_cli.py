@@ -1,4 +1,5 @@
-"""`dsim plan`, `dsim sweep`, `dsim ab`: registered on dsim.cli's typer app (imported at its bottom)."""
+"""`dsim plan`, `dsim sweep`, `dsim ab`: registered on dsim.cli's typer app (dsim.entry imports this
+module; dsim.cli does not)."""
 from __future__ import annotations
 
 import json
@@ -8,10 +9,24 @@ from typing import Annotated, Optional
 
 import typer
 
-from dsim.cli import (FormatOpt, GpusPerNodeOpt, MixOpt, ProfileOpt, RateOpt, RateScaleOpt, RequestsOpt,
-                      TraceOpt, WindowOpt, app, build_workload, check_int, check_mix, check_out_targets,
-                      method_spec, run_guarded)
+from dsim.cli import (
+    FormatOpt,
+    GpusPerNodeOpt,
+    MixOpt,
+    ProfileOpt,
+    RateOpt,
+    RateScaleOpt,
+    RequestsOpt,
+    TraceOpt,
+    WindowOpt,
+    app,
+    check_int,
+    check_mix,
+    check_out_targets,
+    run_guarded,
+)
 from dsim.errors import InputError
+from dsim.scenario import build_workload, method_spec
 
 # The embedded default trace (600 requests, ~6 req/s) is light for an 8-GPU node of a
 # DeepSeek-V4-class model; the default plan scenario replays it at this arrival-rate multiplier
@@ -102,6 +117,7 @@ def check_fit(workloads, profile, specs, gpus_per_node: int, price: float | None
     """The profile fits a node and every request fits its context and KV cache, for every
     method (fail fast, before the worker processes start)."""
     import math
+
     from dsim.sim import check_requests_fit
     if profile.gpus_per_replica > gpus_per_node:
         raise InputError(f"profile {profile.name}: needs {profile.gpus_per_replica} GPUs per replica, "
@@ -116,6 +132,7 @@ def check_fit(workloads, profile, specs, gpus_per_node: int, price: float | None
 def measured_profile_path() -> Path | None:
     """A measured profile under profiles/h200/ (another engineer produces them), if any."""
     import yaml
+
     from dsim.cost import PROFILE_DIR
     d = Path(PROFILE_DIR) / "h200"
     if not d.is_dir():
@@ -336,8 +353,8 @@ def ab(
         from dsim import frontier as F
         from dsim import plan as P
         from dsim.cost import load_profile
-        from dsim.report import ab_report
         from dsim.outputs import final_path, staged_dir
+        from dsim.report import ab_report
         slos = P.parse_sla(sla)
         seed_list = parse_seeds(seeds)
         conc = parse_int_list(concurrency, "--concurrency")

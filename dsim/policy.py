@@ -16,7 +16,7 @@ sort of -s over the (request, position) grid in row-major order, so equal scores
 order inside a request and a request's chosen slots are a prefix. Drafts with s = 0 are never
 chosen by the cost-aware policies (zero expected gain).
 
-Policies (design.md 3.4):
+Policies (docs/semantics.md §4):
 
 * ``fixed``: verify all K (trimmed from the tail of the queue, FCFS, only if the token limit binds).
 * ``threshold`` (``tau=0.3``): verify while s_{r,j} >= tau (static confidence threshold).

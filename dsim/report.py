@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dsim.sweep import pyplot, save_figure
 
+if TYPE_CHECKING:
+    from dsim.cost import Profile
+    from dsim.sim import SpecConfig
 
 SENSITIVITY_MIXES = ("math=1", "math=0.75,chat=0.25", "math=0.5,chat=0.5", "math=0.25,chat=0.75", "chat=1")
 
@@ -31,25 +36,25 @@ overflow-x:auto;white-space:pre-wrap}img{max-width:100%;border:1px solid #eee;ma
 class Doc:
     """Blocks rendered to both Markdown and HTML."""
 
-    def __init__(self):
-        self.blocks = []
+    def __init__(self) -> None:
+        self.blocks: list[tuple] = []
 
-    def h(self, level, text):
+    def h(self, level: int, text: str) -> None:
         self.blocks.append(("h", level, text))
 
-    def p(self, text):
+    def p(self, text: str) -> None:
         self.blocks.append(("p", text))
 
-    def code(self, text):
+    def code(self, text: str) -> None:
         self.blocks.append(("pre", text))
 
-    def table(self, header, rows):
+    def table(self, header: list[str], rows: list[list]) -> None:
         self.blocks.append(("table", [str(h) for h in header], [[str(c) for c in r] for r in rows]))
 
-    def img(self, path, caption):
+    def img(self, path: str, caption: str) -> None:
         self.blocks.append(("img", path, caption))
 
-    def ul(self, items):
+    def ul(self, items: list[str]) -> None:
         self.blocks.append(("ul", list(items)))
 
     def markdown(self) -> str:
@@ -70,7 +75,7 @@ class Doc:
                 out.append("\n".join(f"- {x}" for x in b[1]))
         return "\n\n".join(out) + "\n"
 
-    def html(self, title) -> str:
+    def html(self, title: str) -> str:
         e = html.escape
         out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(title)}</title>"
                f"<style>{CSS}</style></head><body>"]
@@ -154,10 +159,13 @@ def _f(x, nd=2):
     return "n/a" if x is None or (isinstance(x, float) and not np.isfinite(x)) else f"{x:.{nd}f}"
 
 
-def ab_report(workloads: dict, profile, spec_a, spec_b, slos, out, *, command: str, margin=0.10, max_nodes=64,
-              seeds=(0, 1, 2), gpus_per_node=8, price=None, jobs=None, concurrency=(1, 4, 16, 64, 128, 256),
-              requests_per_user=4, min_requests=100, mixes=SENSITIVITY_MIXES, notes=(), name_a="a", name_b="b",
-              user_sla=None):
+def ab_report(workloads: dict, profile: Profile, spec_a: SpecConfig, spec_b: SpecConfig, slos: dict,
+              out: str | Path, *, command: str, margin: float = 0.10, max_nodes: int = 64,
+              seeds: Sequence[int] = (0, 1, 2), gpus_per_node: int = 8, price: float | None = None,
+              jobs: int | None = None, concurrency: Sequence[int] = (1, 4, 16, 64, 128, 256),
+              requests_per_user: int = 4, min_requests: int = 100, mixes: Any = SENSITIVITY_MIXES,
+              notes: Sequence[str] = (), name_a: str = "a", name_b: str = "b",
+              user_sla: Sequence[float] | None = None) -> list[Path]:
     """Run everything and write the report into `out`; returns the list of files written."""
     from dsim import plan as P
     from dsim import sweep as S

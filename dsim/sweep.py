@@ -14,17 +14,23 @@ the trace is shorter). Points run in parallel (dsim.plan.Runner); results do not
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from dsim.errors import InputError
 
+if TYPE_CHECKING:
+    from dsim.cost import Profile
+    from dsim.workload import Workload
+
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
-def closed_loop(base, concurrency: int, n: int):
+def closed_loop(base: Workload, concurrency: int, n: int) -> Workload:
     """base's requests (repeated in order up to n) sent by `concurrency` users in a closed loop."""
     if concurrency < 1:
         raise InputError(f"--concurrency: must be >= 1, got {concurrency}")
@@ -70,9 +76,9 @@ def _row(name, spec, c, r) -> dict:
     return row
 
 
-def sweep(base, profile, specs: dict, concurrency=DEFAULT_CONCURRENCY, *, requests_per_user: int = 8,
-          min_requests: int = 200, nodes: int = 1, gpus_per_node: int = 8, seed: int = 0,
-          jobs: int | None = None, runner=None) -> pd.DataFrame:
+def sweep(base: Workload, profile: Profile, specs: dict, concurrency: Sequence[int] = DEFAULT_CONCURRENCY, *,
+          requests_per_user: int = 8, min_requests: int = 200, nodes: int = 1, gpus_per_node: int = 8,
+          seed: int = 0, jobs: int | None = None, runner: Any = None) -> pd.DataFrame:
     """One closed-loop simulation per (method, concurrency); rows sorted by method order then C."""
     from dsim.plan import Point, Runner, run_point
     if requests_per_user < 1:
@@ -98,14 +104,15 @@ def sweep(base, profile, specs: dict, concurrency=DEFAULT_CONCURRENCY, *, reques
 
 # ---- figures --------------------------------------------------------------------------------
 
-def pyplot():
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend (files only, no display)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
 
 
-def save_figure(fig, path):
+def save_figure(fig: Any, path: str | Path) -> None:
     """Lay out, write as PNG and release the figure (the report's figures use it too)."""
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -130,7 +137,7 @@ def _style(name: str, i: int):
     return col, mk
 
 
-def plot_frontier(df: pd.DataFrame, path, title="Throughput vs per-user speed"):
+def plot_frontier(df: pd.DataFrame, path: str | Path, title: str = "Throughput vs per-user speed") -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
     for i, (name, g) in enumerate(df.groupby("method", sort=False)):
@@ -144,7 +151,9 @@ def plot_frontier(df: pd.DataFrame, path, title="Throughput vs per-user speed"):
     save_figure(fig, path)
 
 
-def plot_vs_concurrency(df: pd.DataFrame, path, cols, ylabel, title, styles=("-",), labels=None, logy=False):
+def plot_vs_concurrency(df: pd.DataFrame, path: str | Path, cols: Sequence[str], ylabel: str, title: str,
+                        styles: Sequence[str] = ("-",), labels: Sequence[str] | None = None,
+                        logy: bool = False) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for i, (name, g) in enumerate(df.groupby("method", sort=False)):
@@ -163,7 +172,7 @@ def plot_vs_concurrency(df: pd.DataFrame, path, cols, ylabel, title, styles=("-"
 FIGURES = ("frontier.png", "throughput_vs_concurrency.png", "verify_vs_concurrency.png", "tpot_vs_concurrency.png")
 
 
-def write_sweep(df: pd.DataFrame, out, prefix: str = "") -> list[Path]:
+def write_sweep(df: pd.DataFrame, out: str | Path, prefix: str = "") -> list[Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     csv = out / f"{prefix}sweep.csv"

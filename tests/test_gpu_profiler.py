@@ -9,18 +9,15 @@ import pytest
 import yaml
 
 from dsim.analytical import analytical_profile, evaluate_efficiency, load_fit
-from dsim.cost import CostModel, load_profile, vllm_capture_sizes as dsim_caps
+from dsim.cost import CostModel, load_profile
 from validator.gpu import plan
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ["llama-3.1-8b", "qwen3-8b", "qwen3-32b"]
 H200 = {m: ROOT / "profiles" / "h200" / f"h200-{m}.yaml" for m in MODELS}
 FIT = ROOT / "profiles" / "analytical" / "h200-fit.json"
-
-
-def test_capture_sizes_match_dsim():
-    assert plan.vllm_capture_sizes() == dsim_caps(512)
-    assert plan.vllm_capture_sizes(256) == dsim_caps(256)
+STEPLOGS = ROOT / "profiles" / "h200" / "steplogs"
+REPLAYS = ROOT / "profiles" / "h200" / "replay"
 
 
 def test_tail_sizes():
@@ -149,13 +146,9 @@ def test_fit_prefill_terms_recovers_a_known_model_and_prices_the_table_for_decod
     f = tmp_path / "t.yaml"
     f.write_text(plan.dump_yaml(plan.profile_dict(name="t", provenance=prov, kv_cache_gib=60,
                                                   kv_bytes_per_token=131072, caps=caps, fit=fit, draft={})))
-    cm = CostModel(load_profile(str(f)))
-    sc = plan.Staircase.from_profile(yaml.safe_load(f.read_text()))
+    cm = plan.cost_model(yaml.safe_load(f.read_text()))
     for sh, p in zip(shapes, pts):
-        chunks = [(q, c) for q, c in zip(sh.q, sh.ctx) if q >= plan.PREFILL_MIN_Q]
-        got = float(cm.step_ms(sh.n, sh.kv)) + cm.prefill_ms(chunks)
-        assert got == pytest.approx(p["ms"], rel=1e-4), sh.tag
-        assert sc.step_ms_shape(sh) == pytest.approx(got, rel=1e-9)
+        assert plan.predicted_step_ms(cm, sh) == pytest.approx(p["ms"], rel=1e-4), sh.tag
 
 
 def test_forward_table_and_profile_dict_load(tmp_path):
@@ -175,16 +168,6 @@ def test_forward_table_and_profile_dict_load(tmp_path):
     fit2 = dict(fit, tokens=[1, 512, 768], F=[1, 6, 8])
     t = plan.forward_table(fit2, caps)
     assert set(caps) <= set(t["tokens"]) and 256 in t["interpolated"]
-
-
-def test_staircase_matches_costmodel():
-    p = load_profile(str(H200["llama-3.1-8b"]))
-    cm = CostModel(p)
-    sc = plan.Staircase(p.forward.x, p.forward.ms, p.kv_ms_per_ktok, p.capture_sizes[-1])
-    rng = random.Random(1)
-    for _ in range(200):
-        n, kv = rng.randint(1, 12000), rng.randint(0, 2_000_000)
-        assert sc.step_ms(n, kv) == pytest.approx(float(cm.step_ms(n, kv)), rel=1e-9)
 
 
 def test_synthetic_steplog_and_errors(tmp_path):
@@ -253,12 +236,11 @@ def test_attention_matches_float_reference():
     q = tuple(rng.randint(1, 8) for _ in range(20))
     c = tuple(rng.randint(1, 5000) for _ in range(20))
     shapes = [plan.StepShape((1, 2, 8, 5), (9, 9, 9, 9)), plan.StepShape(q, c),
-              plan.StepShape(q + (40,), c + (12,)), plan.StepShape((40,), (0,))]
-    # the dense path (force_mode) is exact for equal contexts (unequal ones are padded: timing only)
-    dense = plan.StepShape((1, 2, 8, 5, 40), (9, 9, 9, 9, 12))
-    for shape, mode in [(s, None) for s in shapes] + [(shapes[0], "dense"), (dense, "dense")]:
-        m = StepMeta(shape, shape.n + 3, dims, "cpu", force_mode=mode)
-        assert m.mode == (None if not m.R_dec else (mode or "varlen"))
+              plan.StepShape(q + (40,), c + (12,)), plan.StepShape((40,), (0,)),
+              plan.StepShape((1, 2, 8, 5, 40), (9, 9, 9, 9, 12))]
+    for shape in shapes:
+        m = StepMeta(shape, shape.n + 3, dims, "cpu")
+        assert m.mode == (None if not m.R_dec else "varlen")
         assert _attention_rel_error(torch, m, H=8, kv=2, d=16) < 1e-5
 
 
@@ -276,38 +258,39 @@ def _attention_rel_error(torch, m, H, kv, d):
 
 
 def test_ragged_split_kv_attention_exact_for_any_chunk_and_unpadded():
-    """The ragged path (every R): prefixes cut into chunks (any chunk size), each chunk carrying only its
-    request's real folded rows; the merge is exact, nothing is padded to the longest context or the
-    largest window."""
+    """The ragged path (every R): prefixes cut into chunks (any chunk length), each chunk carrying only
+    its request's real folded rows; the merge is exact, nothing is padded to the longest context or
+    the largest window."""
     torch = pytest.importorskip("torch")
-    from validator.gpu.model import StepMeta
+    from validator.gpu.model import StepMeta, split_plan
     H, kv, d = 8, 2, 16
     g = H // kv
     dims = dict(heads=H, kv_heads=kv, head_dim=d, vocab=100)
     rng = random.Random(2)
-    for chunk in (7, 64, 512, 2048):
+    for min_chunk in (7, 64, 512, 2048):
+        split = dict(fill=64.0, balance=0.0, min_chunk=min_chunk, sms=132)
         q = tuple(rng.randint(1, 8) for _ in range(17))
         c = tuple(rng.choice([1, 5, 63, 64, 65, 300, 1500]) for _ in range(17))
         for shape in (plan.StepShape(q, c), plan.StepShape(q + (33, 20), c + (0, 70))):
-            m = StepMeta(shape, shape.n + 5, dims, "cpu", kv_chunk=chunk)
+            m = StepMeta(shape, shape.n + 5, dims, "cpu", split=split)
             assert m.mode == "varlen"
-            nch = [max(1, int(x / chunk + 0.5)) for x in c]          # balanced: round(ctx / chunk)
+            nch = [len(p) for p in split_plan(list(c), [g * x for x in q], kv, split)]
             assert m.n_chunks == sum(nch)
             assert sum(m.chunk_rows) == sum(g * qi * k for qi, k in zip(q, nch))
             lens = np.diff(m.cu_k.numpy())
-            assert lens.sum() == sum(c) and lens.max() - 1 <= 1.5 * chunk
-            assert m.n_folded == g * sum(q) and m.overread == 0
-            assert _attention_rel_error(torch, m, H, kv, d) < 1e-5, chunk
+            assert lens.sum() == sum(c) and lens.max() >= min(min_chunk, max(c))
+            assert m.n_folded == g * sum(q)
+            assert _attention_rel_error(torch, m, H, kv, d) < 1e-5, min_chunk
 
 
-def test_split_plan_continuous_fixed_length_chunks_and_other_policies():
-    """'continuous' (call 8): one chunk length L per step (remainder last), L = max(min_chunk,
-    min(total / chunk-sets filling the SMs, balance x mean context)): the longest chunk is L whatever
-    the context mix, L grows continuously with the KV tokens. 'occupancy' (call 7) and 'fixed'
-    (calls 5-6): balanced parts."""
+def test_split_plan_fixed_length_chunks():
+    """One chunk length L per step (remainder last), L = max(min_chunk, min(total / chunk-sets
+    filling the SMs, balance x mean context)): the longest chunk is L whatever the context mix, L
+    grows continuously with the KV tokens. Only this split (with the merge on every step) exists:
+    other policies in a record are refused."""
     pytest.importorskip("torch")
-    from validator.gpu.model import split_plan
-    sp = dict(policy="continuous", fill=2.0, balance=2.0, min_chunk=64, sms=132)
+    from validator.gpu.model import parse_split, split_plan, split_settings
+    sp = dict(fill=2.0, balance=2.0, min_chunk=64, sms=132)
     rng = random.Random(0)
     for R in (1, 7, 32, 256):
         ctx = [rng.randint(30, 9000) for _ in range(R)]
@@ -330,27 +313,29 @@ def test_split_plan_continuous_fixed_length_chunks_and_other_policies():
     # R = 1: split to fill the SMs, chunks >= min_chunk
     assert split_plan([3500], [32], 8, sp) == [[107] * 32 + [76]]
     assert split_plan([100], [4], 8, sp) == [[64, 36]]
-    # call 7's occupancy policy and the calls 5-6 fixed split: balanced parts
-    occ = dict(policy="occupancy", fill=1.0, balance=0.0, min_chunk=128, sms=132)
-    assert [len(p) for p in split_plan([1000], [16], 8, occ)] == [8]
-    assert split_plan([5000] * 32, [16] * 32, 8, occ) == [[5000]] * 32
-    assert split_plan([700, 900], [8, 8], 8, dict(policy="fixed", chunk=512)) == [[700], [450, 450]]
+    # the shipped profiles' record is accepted; another policy or merge is refused
+    rec = load_profile(str(H200["qwen3-8b"])).provenance["attention_check"]["split"]
+    assert split_settings(rec) == dict(fill=2.0, balance=2.0, min_chunk=64, sms=132)
+    for bad in (dict(policy="occupancy"), dict(merge="split-only"), dict(merge_impl="atomic")):
+        with pytest.raises(ValueError):
+            split_settings(bad)
+    assert parse_split("auto") is None
+    assert parse_split("continuous:fill=4,min_chunk=32") == dict(fill=4.0, min_chunk=32)
+    with pytest.raises(ValueError):
+        parse_split("fixed:512")
 
 
 @pytest.mark.parametrize("split", [
-    dict(policy="continuous", fill=2.0, balance=2.0, sms=132, min_chunk=64),
-    dict(policy="continuous", fill=2.0, balance=2.0, sms=132, min_chunk=64, merge_impl="atomic"),
-    dict(policy="continuous", fill=4.0, balance=1.5, sms=16, min_chunk=8, merge_impl="dense"),
-    dict(policy="continuous", fill=1.0, balance=1.5, sms=8, min_chunk=16),
-    dict(policy="continuous", fill=2.0, balance=0.0, sms=4, min_chunk=8, merge="split-only"),
-    dict(policy="occupancy", fill=1.0, balance=0.0, sms=132, min_chunk=128, merge="split-only"),
-    dict(policy="occupancy", fill=3.0, balance=0.0, sms=64, min_chunk=8),
-    dict(policy="occupancy", fill=1.0, balance=1.5, sms=4, min_chunk=8, merge="split-only")])
+    dict(fill=2.0, balance=2.0, sms=132, min_chunk=64),
+    dict(fill=4.0, balance=1.5, sms=16, min_chunk=8),
+    dict(fill=1.0, balance=1.5, sms=8, min_chunk=16),
+    dict(fill=2.0, balance=0.0, sms=4, min_chunk=8),
+    dict(fill=3.0, balance=0.0, sms=64, min_chunk=8)])
 def test_folded_split_attention_exact_float64_reference(split):
-    """Folded (KV head x query tokens x group heads in one query block) prefix attention under each
-    split policy (merge always or only when split), and the masked band of new keys, against the
+    """Folded (KV head x query tokens x group heads in one query block) prefix attention under
+    several split settings, merged on the slot grid, and the masked band of new keys, against the
     float64 reference: exact for unequal contexts, mixed windows, single requests, prefill chunks in
-    the same step; both merges (dense slot grid, atomic scatter)."""
+    the same step."""
     torch = pytest.importorskip("torch")
     from validator.gpu.model import StepMeta
     H, kv, d = 8, 2, 16
@@ -366,12 +351,9 @@ def test_folded_split_attention_exact_float64_reference(split):
         assert m.mode == "varlen" and m.n_folded == g * sum(x for x in shape.q if x <= 16)
         lens = np.diff(m.cu_k.numpy())
         assert lens.sum() == sum(max(x, 1) for x, s in zip(shape.ctx, shape.q) if s <= 16)
-        assert m.n_chunks == sum(m.split_chunks)
-        assert m.split == (m.n_chunks > m.R_dec or split.get("merge", "always") == "always")
-        assert m.merge_rows == (sum(m.chunk_rows) if m.split else 0)
-        if m.split:     # dense merge grid: every (slot, row) written at most once
-            idx = m.slot_row_idx.numpy()
-            assert len(set(idx.tolist())) == len(idx) and idx.max() < m.k_max * m.n_folded
+        assert m.n_chunks == sum(m.split_chunks) and m.merge_rows == sum(m.chunk_rows)
+        idx = m.slot_row_idx.numpy()     # merge grid: every (slot, row) written at most once
+        assert len(set(idx.tolist())) == len(idx) and idx.max() < m.k_max * m.n_folded
         for _ in range(2):           # fresh inputs each time
             err = _attention_rel_error(torch, m, H, kv, d)
             assert np.isfinite(err) and err < 1e-5, (shape, split)
@@ -393,31 +375,29 @@ def test_fit_context_series_set_the_slope_only():
 
 
 def test_committed_steplogs_carry_dsims_predictions_and_replays_meet_the_target():
-    """The committed DSpark step logs (validator/gpu/steplogs) carry dsim's own forward-only cost from
+    """The committed DSpark step logs (profiles/h200/steplogs) carry dsim's own forward-only cost from
     the committed H200 profiles (CostModel.step_ms of the step's tokens and KV after its new tokens,
-    plus CostModel.prefill_ms of its prefill chunks; the validator's Staircase gives the same), and
-    their replay in fresh `python3 -m validator.gpu.replay` processes (validator/gpu/results, device
-    call 12) is at or under 3 % median absolute error at concurrency 1, 32 and 256 for every shipped
-    model."""
-    gpu = ROOT / "validator" / "gpu"
+    plus CostModel.prefill_ms of its prefill chunks, as plan.predicted_step_ms computes it), and their
+    replay in fresh `python3 -m validator.gpu.replay` processes (profiles/h200/replay) is at or under
+    3 % median absolute error at concurrency 1, 32 and 256 for every shipped model."""
     for m in MODELS:
         cm = CostModel(load_profile(str(H200[m])))
         assert cm.has_prefill_terms
-        sc = plan.Staircase.from_profile(yaml.safe_load(H200[m].read_text()))
         for c in (1, 32, 256):
-            steps = plan.read_steplog(gpu / "steplogs" / f"dspark-{m}-c{c}.jsonl")
+            steps = plan.read_steplog(STEPLOGS / f"dspark-{m}-c{c}.jsonl")
             assert len(steps) == 24 and all(s["concurrency"] == c for s in steps)
             for s in steps:
                 shape = plan.StepShape(tuple(s["q"]), tuple(s["ctx"]))
                 chunks = [(q, x) for q, x in zip(shape.q, shape.ctx) if q >= plan.PREFILL_MIN_Q]
                 want = float(cm.step_ms(shape.n, shape.kv)) + cm.prefill_ms(chunks)
                 assert s["predicted_ms"] == pytest.approx(want, rel=1e-4)
-                assert sc.step_ms_shape(shape) == pytest.approx(want, rel=1e-6)
-        res = json.loads((gpu / "results" / f"standalone-replay-{m}.json").read_text())
+                assert plan.predicted_step_ms(cm, shape) == pytest.approx(want, rel=1e-9)
+        res = json.loads((REPLAYS / f"replay-{m}.json").read_text())
         for k, v in res["logs"].items():
             # the replayed rows are these logs' steps with their predictions, and the error is
             # recomputed from the rows (not read from the stored summary)
-            logged = {s["step"]: s["predicted_ms"] for s in plan.read_steplog(gpu / "steplogs" / Path(k).name)}
+            assert (ROOT / k).is_file(), k
+            logged = {s["step"]: s["predicted_ms"] for s in plan.read_steplog(ROOT / k)}
             assert sorted(r["step"] for r in v["rows"]) == sorted(logged)
             assert all(r["predicted_ms"] == logged[r["step"]] for r in v["rows"])
             c = v["rows"][0]["concurrency"]
@@ -441,7 +421,7 @@ def test_refit_reproduces_the_committed_profile_from_its_raw_points(tmp_path, mo
     for p in raw["points"]:
         p.pop("dec", None), p.pop("pre", None)
         if p["tag"] == "tail-prefill":
-            p["fit"] = False                                   # as call 10 recorded it
+            p["fit"] = False                     # as the sweep recorded it before the prefill terms
     raw_path.write_text(json.dumps(raw))
     assert RF.main([str(raw_path)]) == 0
     new, ref = load_profile(str(tmp_path / f"h200-{m}.yaml")), load_profile(str(H200[m]))
@@ -474,3 +454,17 @@ def test_dsim_validate_gpu_commands_pass_through():
     assert r.returncode == 0 and "--repredict" in r.stdout
     r = subprocess.run(base + ["refit-gpu", "nowhere.raw.json"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.strip() == "error: nowhere.raw.json: file not found"
+
+
+def test_torch_free_parts_import_without_torch():
+    """plan, replay and refit import without torch (the fit, the predictions and the CLI's --help run
+    on a CPU machine), and the profiler's modules import each other in one direction only."""
+    import subprocess
+    import sys
+    code = ("import sys; import validator.gpu.plan, validator.gpu.replay, validator.gpu.refit; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    src = {m: (ROOT / "validator" / "gpu" / f"{m}.py").read_text() for m in ("plan", "model", "replay")}
+    assert "validator.gpu.profile" not in src["replay"] and "validator.gpu.replay" not in src["model"]
+    assert "import torch" not in src["plan"]

@@ -124,7 +124,7 @@ def test_plan_unmeetable_reports_best():
 # ---- determinism ----------------------------------------------------------------------------
 
 def _small_plan(jobs):
-    from dsim.cli import build_workload, method_spec
+    from dsim.scenario import build_workload, method_spec
     from dsim.cost import load_profile
     wls = {s: build_workload("default", requests=150, rate_scale=4.0, seed=s) for s in (0, 1)}
     specs = {"mtp": method_spec("mtp"), "dspark": method_spec("dspark")}
@@ -140,7 +140,7 @@ def test_plan_deterministic_across_jobs():
 # ---- CLI ------------------------------------------------------------------------------------
 
 def test_cli_bad_input_exit_2():
-    from dsim.cli import app
+    from dsim.entry import app
     r = CliRunner()
     for args in (["plan", "--sla", "p50=20"], ["plan", "--sla", "foo_p50=2ms"], ["plan", "--sla", "p100=2ms"],
                  ["plan", "--sla", ""], ["plan", "--sla", "p50=20ms", "--seeds", "a"],
@@ -152,7 +152,7 @@ def test_cli_bad_input_exit_2():
 
 
 def test_cli_plan_json_and_unmeetable_exit_1():
-    from dsim.cli import app
+    from dsim.entry import app
     r = CliRunner()
     res = r.invoke(app, ["plan", "--sla", "p50=20ms", "--requests", "80", "--seeds", "0", "--jobs", "1", "--json"])
     assert res.exit_code == 0, res.output

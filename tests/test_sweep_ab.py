@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 from typer.testing import CliRunner
 
-from dsim.cli import app
+from dsim.entry import app
 from dsim.sweep import FIGURES, closed_loop
 
 
@@ -18,7 +18,7 @@ def _nonempty_png(path):
 
 
 def test_closed_loop_repeats_short_traces():
-    from dsim.cli import build_workload
+    from dsim.scenario import build_workload
     base = build_workload("default", requests=10)
     w = closed_loop(base, 4, 25)
     assert len(w) == 25 and w.closed_loop_concurrency == 4 and not np.any(w.arrival_s)

@@ -34,7 +34,7 @@ PROFILE_LEVELS = [1, 2, 4, 8]
 ATTEMPTS = 3
 ROUNDS, N2, N6 = 6, 12, 18
 MAX_BURST_SHARE = 0.5
-# p50 TPOT and output tok/s at C=6 are gated at TOL (the 25%). DSIM_FIDELITY_GATE=X gates at
+# p50 TPOT and output tok/s at C=6 are gated at TOL (the 25% fidelity target). DSIM_FIDELITY_GATE=X gates at
 # X instead (e.g. 0.6 on a machine whose CPUs cannot be given to the server, see validator/README.md).
 GATE = float(os.environ.get("DSIM_FIDELITY_GATE") or TOL)
 

@@ -1,8 +1,9 @@
 """`dsim validate ...`: drive a real vLLM server, calibrate dsim from it, report prediction error.
 
-Mounted by the main CLI as ``app.add_typer(validator.cli.app, name="validate")``; also runs alone:
-``python -m validator.cli --help``. Bad input or an unreachable server raises dsim.errors.InputError
-(the main CLI prints one line and exits 2; run alone, this module does the same).
+Plugged into dsim's command line through the `dsim.commands` entry point (``mount``, declared in
+pyproject.toml; dsim.entry mounts it); also runs alone: ``python -m validator.cli --help``. Bad
+input or an unreachable server raises dsim.errors.InputError (the main CLI prints one line and
+exits 2; run alone, this module does the same).
 """
 from __future__ import annotations
 
@@ -295,6 +296,11 @@ def refit_gpu_cmd(ctx: typer.Context):
     """Refit measured GPU profiles from their raw points with the current step model (no GPU):
     `python3 -m validator.gpu.refit RAW.json ...`."""
     _gpu_main("refit", ctx.args)
+
+
+def mount(root: typer.Typer) -> None:
+    """Entry point of the `dsim.commands` group: `dsim validate ...` on dsim's command line."""
+    root.add_typer(app, name="validate", help="Drive a real vLLM server / GPU: measure, calibrate, compare.")
 
 
 def main(argv=None):

@@ -29,7 +29,7 @@ from validator import measure, stepfit, traces
 
 QUANTS = ("mean", "p50", "p90", "p99")
 LAT = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
-CPU_MAX_NUM_SEQS = 128          # vLLM's CPU defaults (design.md 3.7)
+CPU_MAX_NUM_SEQS = 128          # vLLM's CPU defaults (docs/semantics.md §7)
 CPU_MAX_BATCHED_TOKENS = 2048
 
 

@@ -61,7 +61,7 @@ def _native(path: Path) -> Plan:
         if not isinstance(r, dict):
             raise InputError(f"{path}:{line}: expected an object with prompt_tokens and output_tokens")
 
-        def field(*names):
+        def field(*names, r=r):
             for k in names:
                 if r.get(k) not in (None, ""):
                     return k, r[k]

@@ -7,28 +7,26 @@ Attention (one step of R requests, request i with s_i new query tokens over ctx_
   KV head (g x s_i rows; the flash grid is one CTA per KV head and chunk, not per query head).
   Prefix: one variable-length flash call, each sequence = one chunk of a request's cached prefix with
   that request's real folded rows (no padding to the step's longest context or largest window).
-  Split (split_plan, SPLIT; since call 8 'continuous', FlashInfer-like load balancing): one chunk
-  length L per step, L = max(min_chunk, min(total KV / ceil(fill x SMs / kv_heads), balance x mean
-  context)); every request's prefix is cut into L-token chunks plus its remainder, so the longest
-  chunk (the critical path) is L whatever the context mix and L moves continuously with the step's
-  KV tokens and request count (no regime boundary). The chunks are merged exactly by logsumexp on
-  every step (merge='always'), so the kernel sequence does not change between steps: chunk j of a
-  request goes to slot j of a [max chunks, rows] grid and one reduction over the slots combines them
-  (merge_impl='dense', no atomics, since call 10; 'atomic': scatter_reduce/index_add over the rows). Call 7's 'occupancy' split (split only while R x kv_heads < fill x SMs,
-  no merge otherwise) and calls 5-6's 'fixed' split are kept as policies. New tokens: each decode token's
-  band of the s_max new keys ending at it (an unfold view of the contiguous new K/V, no copy per
-  request), masked to its own request's earlier new tokens, scores folded per KV head; combined with
-  the prefix part by one softmax over [prefix logsumexp, band scores]. Work is proportional to KV
-  tokens plus per-row terms that do not grow with the context.
-  force_mode='dense' (kept for comparison): the prefix padded to the longest context, one dense
-  flash call, masked new-token scores. kv_chunk=N: the previous fixed split, round(ctx / N) chunks
-  per request (calls 5-6).
+  Split-KV (split_plan, FlashInfer-like load balancing): one chunk length L per step,
+  L = max(min_chunk, min(total KV / ceil(fill x SMs / kv_heads), balance x mean context)); every
+  request's prefix is cut into L-token chunks plus its remainder, so the longest chunk (the critical
+  path) is L whatever the context mix, and L moves continuously with the step's KV tokens and request
+  count (no regime boundary). The chunks are merged exactly by logsumexp on every step, so the kernel
+  sequence does not change between steps: chunk j of a request goes to slot j of a [max chunks, rows]
+  grid and one reduction over the slots combines them (FlashDecoding's combine, no atomics).
+  New tokens: each decode token's band of the s_max new keys ending at it (an unfold view of the
+  contiguous new K/V, no copy per request), masked to its own request's earlier new tokens, scores
+  folded per KV head; combined with the prefix part by one softmax over [prefix logsumexp, band
+  scores]. Work is proportional to KV tokens plus per-row terms that do not grow with the context.
 - prefill chunks (s_i > 16): causal flash attention over [cache, chunk], bottom-right aligned.
 The 1/sqrt(d) scale is applied to q before attention (scale=1 in the kernels).
 """
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,57 +34,57 @@ import torch.nn.functional as F
 
 from validator.gpu.plan import PREFILL_MIN_Q, StepShape, model_dims
 
-KV_CHUNK = 512           # chunk of the previous fixed split (kv_chunk=..., policy 'fixed')
 FLASH_BLOCK_M = 128      # query rows per flash CTA (FA2 forward, head dim 128)
-# Split-KV policy of the ragged path (split_plan). 'continuous' (default since call 8, FlashInfer-like
-# load balancing): one chunk length L for the whole step, L = max(min_chunk, min(L_occ, L_bal)) with
-# L_occ = total KV / ceil(fill x sms / (kv_heads x m-blocks)) (chunk-CTAs about fill the SMs) and
-# L_bal = balance x mean context (no request longer than that sets the critical path); every request is
-# cut into chunks of exactly L tokens plus its remainder, so the longest chunk is L whatever the context
-# mix, and L moves continuously with R and the KV tokens (no regime boundary). merge='always': the
-# logsumexp merge runs even when nothing is split, so the kernel sequence never changes between steps.
-# merge_impl='dense' (call 10): chunk j of a request goes to slot j of a [max chunks, rows] grid and
-# one reduction over the slots merges them (no atomics; FlashDecoding's combine); 'atomic' (call 8):
-# scatter_reduce / index_add onto the rows (contended when many chunks share a row, e.g. R = 1).
-# 'occupancy' (call 7): split only while R x kv_heads x m-blocks < fill x sms, k balanced parts;
-# balance b > 0: when not split, requests longer than b x the mean context are cut into
-# ceil(ctx / (b x mean)) parts. 'fixed' (calls 5-6): round(ctx / chunk) balanced parts.
-# sms is set from the device (profile.py); the GPU probe may pick fill/balance (autotune).
-SPLIT = dict(policy="continuous", fill=2.0, balance=2.0, min_chunk=64, chunk=KV_CHUNK, sms=132,
-             merge="always", merge_impl="dense")
+# Split-KV of the ragged path (split_plan): L_occ = total KV / ceil(fill x sms / (kv_heads x m-blocks))
+# makes the chunk-CTAs about fill the SMs, L_bal = balance x mean context keeps any request longer
+# than that off the critical path, min_chunk bounds the merge work. sms is set from the device
+# (profile.py); the profiler's probe may pick fill / balance (split_tune).
+SPLIT: dict[str, Any] = dict(policy="continuous", fill=2.0, balance=2.0, min_chunk=64, sms=132)
+SPLIT_KEYS = ("fill", "balance", "min_chunk", "sms")
 
 
-def _parts(c: int, k: int) -> list[int]:
-    return [c // k + (1 if i < c % k else 0) for i in range(k)]
+def split_settings(record: dict | None) -> dict:
+    """The split settings of a record (a profile's provenance.attention_check.split, a --split
+    option): fill, balance, min_chunk (sms where given). Only the continuous split with the exact
+    logsumexp merge on every step (merge 'always', 'dense' slot grid) is implemented."""
+    rec = dict(record or {})
+    if rec.get("policy", "continuous") != "continuous" or rec.get("merge", "always") != "always" \
+            or rec.get("merge_impl", "dense") != "dense":
+        raise ValueError(f"split {rec}: only the continuous split with the dense merge on every step is implemented")
+    return {k: rec[k] for k in SPLIT_KEYS if k in rec}
 
 
-def split_plan(dctx, rows, kv_heads, split: dict | None = None) -> list[list[int]]:
+def split_plan(dctx: list[int], rows: list[int], kv_heads: int, split: dict | None = None) -> list[list[int]]:
     """Chunk lengths per request for the ragged prefix call. dctx: cached tokens per decode request
     (>= 1); rows: folded query rows per request (g x s_i)."""
-    sp = dict(SPLIT, **(split or {}))
-    if sp["policy"] == "fixed":
-        return [_parts(c, max(1, int(c / sp["chunk"] + 0.5))) for c in dctx]
+    sp = dict(SPLIT, **split_settings(split))
     R = len(dctx)
     mb = max(1, -(-max(rows) // FLASH_BLOCK_M))
     per = kv_heads * mb                               # CTAs of one unsplit request
     cap = sp["fill"] * sp["sms"]
     n_t = -(-int(math.ceil(cap)) // per)              # chunk-sets that fill the SMs
     b = float(sp.get("balance") or 0.0)
-    if sp["policy"] == "continuous":
-        L = -(-sum(dctx) // n_t)
-        if b > 0:
-            L = min(L, int(math.ceil(b * sum(dctx) / R)))
-        L = max(int(sp["min_chunk"]), L)
-        return [[L] * (c // L) + ([c % L] if c % L else []) for c in dctx]
-    if sp["policy"] != "occupancy":
-        raise ValueError(f"unknown split policy {sp['policy']!r}")
-    if R * per < cap:
-        L = max(int(sp["min_chunk"]), -(-sum(dctx) // n_t))
-        return [_parts(c, max(1, -(-c // L))) for c in dctx]
+    L = -(-sum(dctx) // n_t)
     if b > 0:
-        L = max(int(sp["min_chunk"]), int(b * sum(dctx) / R))
-        return [_parts(c, max(1, -(-c // L))) for c in dctx]
-    return [[c] for c in dctx]
+        L = min(L, int(math.ceil(b * sum(dctx) / R)))
+    L = max(int(sp["min_chunk"]), L)
+    return [[L] * (c // L) + ([c % L] if c % L else []) for c in dctx]
+
+
+def parse_split(text: str) -> dict | None:
+    """'auto' -> None (tuned by the probe); 'continuous[:fill=F,balance=B,min_chunk=N]'."""
+    if text == "auto":
+        return None
+    pol, _, rest = text.partition(":")
+    if pol != "continuous":
+        raise ValueError(f"unknown split policy {text!r} (auto or continuous[:fill=F,balance=B,min_chunk=N])")
+    d: dict = {}
+    for kv in filter(None, rest.split(",")):
+        k, _, v = kv.partition("=")
+        if k not in ("fill", "balance", "min_chunk"):
+            raise ValueError(f"--split: unknown setting {k!r} (fill, balance, min_chunk)")
+        d[k] = int(v) if k == "min_chunk" else float(v)
+    return d
 
 
 # ---------------------------------------------------------------- flash primitives (+ CPU fallbacks)
@@ -111,7 +109,8 @@ def _ref_attn(q, k, v, causal: bool):
 GQA_NATIVE = True     # set by the GPU probe: flash kernel accepts fewer KV heads than query heads
 
 
-def flash_dense(q, k, v, causal=False):
+def flash_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """q [B,Sq,H,d], k/v [B,Sk,Hk,d] -> out [B,Sq,H,d], lse [B,H,Sq] (fp32). Scale 1."""
     if q.is_cuda:
         if not GQA_NATIVE and k.shape[2] != q.shape[2]:
@@ -123,7 +122,9 @@ def flash_dense(q, k, v, causal=False):
     return _ref_attn(q, k, v, causal)
 
 
-def flash_varlen_ragged(q, k, v, cu_q, cu_k, max_q, max_k, lens_q, causal=False):
+def flash_varlen_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
+                        cu_k: torch.Tensor, max_q: int, max_k: int, lens_q: list[int],
+                        causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Variable query rows per sequence (no padding): q [total_q, Hq, d], k/v packed [total_k, Hk, d]
     (Hk divides Hq: native GQA). causal: bottom-right aligned per sequence.
     -> out [total_q, Hq, d], lse [Hq, total_q] (fp32). lens_q: python list of rows per sequence."""
@@ -158,8 +159,7 @@ def _t(a, device, dtype=torch.long):
 class StepMeta:
     """Static index tensors and views for one step shape (built outside graph capture)."""
 
-    def __init__(self, shape: StepShape, n_pad: int, dims: dict, device, force_mode: str | None = None,
-                 kv_chunk: int | None = None, split: dict | None = None):
+    def __init__(self, shape: StepShape, n_pad: int, dims: dict, device: Any, split: dict | None = None):
         self.shape = shape
         q, ctx = list(shape.q), list(shape.ctx)
         H, kv, d = dims["heads"], dims["kv_heads"], dims["head_dim"]
@@ -183,8 +183,7 @@ class StepMeta:
         # KV region layout (tokens, per layer): [decode prefixes][prefill caches+chunks][scratch][dummy]
         slot = np.zeros(self.n_pad, dtype=np.int64)
         Rd = self.R_dec
-        self.mode = None
-        self.overread = 0
+        self.mode: str | None = None      # 'varlen' where the step has decode/verify requests
         self.n_chunks = 0
         self.merge_rows = 0
         dec_tokens = 0
@@ -194,17 +193,9 @@ class StepMeta:
             dctx = [max(c, 1) for c in self.ctx[:Rd]]
             self.dctx = dctx
             self.s_max = max(self.q[:Rd])
-            self.mode = force_mode or "varlen"     # ragged for every decode step; 'dense': the old path
-            if self.mode == "dense":
-                self.ctx_max = max(dctx)
-                dec_tokens = Rd * self.ctx_max
-                self.overread = Rd * self.ctx_max - sum(dctx)
-            else:
-                dec_tokens = sum(dctx)
-                sp = dict(split or {})
-                if kv_chunk:
-                    sp.update(policy="fixed", chunk=kv_chunk)
-                self._ragged(dctx, starts, g, sp, device)
+            self.mode = "varlen"
+            dec_tokens = sum(dctx)
+            self._ragged(dctx, starts, g, split, device)
         base = dec_tokens
         self.pre_regions = []
         for j in range(self.R_pre):
@@ -223,28 +214,10 @@ class StepMeta:
         self.region_tokens = dummy + 1
         self.slot = torch.tensor(slot, dtype=torch.long, device=device)
         un = np.zeros(self.n_pad, dtype=np.int64)
-        if self.mode == "dense":
-            sm = self.s_max
-            # gather real decode tokens into a padded [Rd, s_max] layout (padding rows -> token 0)
-            pad_idx = np.zeros(Rd * sm, dtype=np.int64)
-            for r in range(Rd):
-                pad_idx[r * sm: r * sm + self.q[r]] = starts[r] + np.arange(self.q[r])
-            self.pad_idx = torch.tensor(pad_idx, dtype=torch.long, device=device)
-            # mask over new-token keys: folded row (t, j) sees new key t' iff t' <= t and t' < s_r
-            t = np.arange(sm)
-            rows_t = np.repeat(t, g)                      # row index t*g + j -> t
-            allowed = (t[None, None, :] <= rows_t[None, :, None]) & \
-                      (t[None, None, :] < np.array(self.q[:Rd])[:, None, None])
-            bias = np.where(allowed, 0.0, -np.inf).astype(np.float32)[:, None]   # [Rd,1,rows,sm]
-            self.bias = torch.tensor(bias, device=device)
-            for r in range(Rd):
-                un[starts[r]:starts[r + 1]] = r * sm + np.arange(self.q[r])
-            off = Rd * sm
-        else:
-            un[:ndec_tok] = np.arange(ndec_tok)           # ragged: decode rows already in token order
-            off = ndec_tok
+        un[:ndec_tok] = np.arange(ndec_tok)               # decode rows already in token order
+        off = ndec_tok
         # unpad: rows of cat([decode rows, prefill rows]) -> token order, n_pad
-        for (b, c, s, st) in self.pre_regions:
+        for (_, _, s, st) in self.pre_regions:
             un[st:st + s] = off + np.arange(s)
             off += s
         self.unpad_idx = torch.tensor(un, dtype=torch.long, device=device)
@@ -253,16 +226,14 @@ class StepMeta:
             list(range(self.n, self.n_pad))
         self.logit_idx = torch.tensor(lg, dtype=torch.long, device=device)
 
-    def _ragged(self, dctx, starts, g, split, device):
+    def _ragged(self, dctx: list[int], starts: np.ndarray, g: int, split: dict | None, device: Any) -> None:
         """Metadata of the ragged path. Folded query rows are token-major: row tok*g + j is query head
         h*g + j of decode token tok for KV head h; request r owns rows [g*starts[r], g*starts[r+1])."""
         Rd = len(dctx)
         qd = self.q[:Rd]
-        sp = dict(SPLIT, **(split or {}))
-        parts = split_plan(dctx, [g * s for s in qd], self.kv, sp)
+        parts = split_plan(dctx, [g * s for s in qd], self.kv, split)
         ks = [len(x) for x in parts]
         self.split_chunks = ks
-        self.split = any(k > 1 for k in ks) or sp.get("merge") == "always"
         owner, lens = [], []
         for r, ls in enumerate(parts):
             owner += [r] * len(ls)                        # the request's chunks, in order
@@ -276,18 +247,16 @@ class StepMeta:
         self.cu_q = _t(np.concatenate([[0], np.cumsum(rq)]), device, torch.int32)
         Qf = g * int(starts[Rd])
         self.n_folded = Qf
-        self.merge_rows = sum(rq) if self.split else 0
-        self.merge_impl = sp.get("merge_impl", "dense")
+        self.merge_rows = sum(rq)       # merged on every step: the kernel sequence never changes
         self.k_max = int(max(ks))
-        if self.split:      # query rows of each chunk = their merge targets (folded row index)
-            qi = np.concatenate([np.arange(g * starts[r], g * starts[r + 1]) for r in owner])
-            self.chunk_q_idx = _t(qi, device)
-            self.chunk_q_idx_kv = self.chunk_q_idx.expand(self.kv, -1).contiguous()   # scatter index
-            # dense merge: chunk j of a request writes its rows to slot j of a [k_max, Qf] grid (every
-            # (slot, row) written at most once: no atomics), then one reduction over the slots
-            slot = np.concatenate([np.full(g * self.q[r], j) for r, j in
-                                   zip(owner, np.concatenate([np.arange(k) for k in ks]))])
-            self.slot_row_idx = _t(slot * Qf + qi, device)
+        # query rows of each chunk = their merge targets (folded row index); chunk j of a request
+        # writes its rows to slot j of a [k_max, Qf] grid (every (slot, row) written at most once:
+        # no atomics), then one reduction over the slots
+        qi = np.concatenate([np.arange(g * starts[r], g * starts[r + 1]) for r in owner])
+        self.chunk_q_idx = _t(qi, device)
+        slot = np.concatenate([np.full(g * self.q[r], j) for r, j in
+                               zip(owner, np.concatenate([np.arange(k) for k in ks]))])
+        self.slot_row_idx = _t(slot * Qf + qi, device)
         # new tokens: band of s_max keys ending at each decode token; key j of token tok's band is new
         # token tok - s_max + 1 + j, allowed iff it belongs to tok's request (j >= s_max - 1 - t)
         sm = self.s_max
@@ -298,62 +267,32 @@ class StepMeta:
         self.band_bias = torch.tensor(bias, device=device).view(len(t_in), 1, 1, sm)
 
 
-def attention(qkv_rot, pool_l, m: StepMeta):
+def attention(qkv_rot: torch.Tensor, pool_l: tuple[torch.Tensor, torch.Tensor], m: StepMeta) -> torch.Tensor:
     """qkv_rot [n_pad, H+2kv, d] (q pre-scaled, rope applied); pool_l = (K, V), each [T, kv, d],
     this layer's region (new K/V already written at m.slot). Returns [n_pad, H*d]."""
     pk, pv = pool_l
     H, kv, d, g = m.H, m.kv, m.d, m.g
     parts = []
-    if m.R_dec and m.mode == "dense":
-        Rd, sm = m.R_dec, m.s_max
-        rows = g * sm
-        Tp = qkv_rot.index_select(0, m.pad_idx).view(Rd, sm, H + 2 * kv, d)
-        qf = Tp[:, :, :H].reshape(Rd, sm, kv, g, d).permute(0, 1, 3, 2, 4).reshape(Rd, rows, kv, d)
-        kn = Tp[:, :, H:H + kv]
-        vn = Tp[:, :, H + kv:]
-        nt = Rd * m.ctx_max
-        out_p, lse = flash_dense(qf, pk[:nt].view(Rd, m.ctx_max, kv, d),
-                                 pv[:nt].view(Rd, m.ctx_max, kv, d))
-        lse, out_p = lse.unsqueeze(-1), out_p.unsqueeze(1)                # one prefix part
-        # new-token keys: scores [Rd, kv, rows, sm]
-        sc = torch.einsum("brhd,bthd->bhrt", qf, kn).float() + m.bias
-        w = torch.softmax(torch.cat([lse, sc], -1), -1)
-        o = torch.einsum("bhrt,bthd->bhrd", w[..., 1:], vn.float())
-        o = o + torch.einsum("bhrm,bmrhd->bhrd", w[..., :1].to(out_p.dtype), out_p).float()
-        # unfold rows (t, j) of kv head h -> token t, head h*g + j
-        o = o.view(Rd, kv, sm, g, d).permute(0, 2, 1, 3, 4).reshape(Rd * sm, H * d)
-        parts.append(o.to(qkv_rot.dtype))
-    elif m.R_dec:
+    if m.R_dec:
         nd, Qf, sm = m.n_dec, m.n_folded, m.s_max
         qd = qkv_rot[:nd, :H]                                             # [nd, H, d]
         qf = qd.reshape(nd, kv, g, d).transpose(1, 2).reshape(Qf, kv, d)  # folded, token-major
         nt = int(sum(m.dctx))
-        if m.split:     # chunks against their request's real rows, exact logsumexp merge per row
-            ci = m.chunk_q_idx
-            oc, lc = flash_varlen_ragged(qf.index_select(0, ci), pk[:nt], pv[:nt], m.cu_q, m.cu_k,
-                                         m.max_q, m.max_k, m.chunk_rows)
-            lc = lc.float()
-            if m.merge_impl == "dense":     # slot grid, reduction over slots (FlashDecoding's combine)
-                K = m.k_max
-                lg = torch.full((kv, K * Qf), float("-inf"), device=lc.device).index_copy_(
-                    1, m.slot_row_idx, lc).view(kv, K, Qf)
-                og = torch.zeros(K * Qf, kv, d, device=lc.device, dtype=oc.dtype).index_copy_(
-                    0, m.slot_row_idx, oc).view(K, Qf, kv, d)
-                mx = lg.amax(1)                                                       # [kv, Qf]
-                wg = torch.exp(lg - mx.unsqueeze(1))                                  # [kv, K, Qf]
-                den = wg.sum(1)
-                op = (og.float() * wg.permute(1, 2, 0).unsqueeze(-1)).sum(0) / den.t().unsqueeze(-1)
-            else:                           # 'atomic' (call 8): scatter_reduce / index_add over rows
-                mx = torch.full((kv, Qf), float("-inf"), device=lc.device).scatter_reduce(
-                    1, m.chunk_q_idx_kv, lc, "amax", include_self=True)              # [kv, Qf]
-                wc = torch.exp(lc - mx.index_select(1, ci))                           # [kv, P]
-                den = torch.zeros(kv, Qf, device=lc.device).index_add_(1, ci, wc)
-                op = torch.zeros(Qf, kv, d, device=lc.device).index_add_(0, ci, oc.float() * wc.t().unsqueeze(-1))
-                op = op / den.t().unsqueeze(-1)
-            lp = mx + den.log()
-        else:           # one chunk per request: rows already in folded order, nothing to merge
-            op, lp = flash_varlen_ragged(qf, pk[:nt], pv[:nt], m.cu_q, m.cu_k, m.max_q, m.max_k,
-                                         m.chunk_rows)
+        # chunks against their request's real rows, exact logsumexp merge per row over a slot grid
+        ci = m.chunk_q_idx
+        oc, lc = flash_varlen_ragged(qf.index_select(0, ci), pk[:nt], pv[:nt], m.cu_q, m.cu_k,
+                                     m.max_q, m.max_k, m.chunk_rows)
+        lc = lc.float()
+        K = m.k_max
+        lg = torch.full((kv, K * Qf), float("-inf"), device=lc.device).index_copy_(
+            1, m.slot_row_idx, lc).view(kv, K, Qf)
+        og = torch.zeros(K * Qf, kv, d, device=lc.device, dtype=oc.dtype).index_copy_(
+            0, m.slot_row_idx, oc).view(K, Qf, kv, d)
+        mx = lg.amax(1)                                                           # [kv, Qf]
+        wg = torch.exp(lg - mx.unsqueeze(1))                                      # [kv, K, Qf]
+        den = wg.sum(1)
+        op = (og.float() * wg.permute(1, 2, 0).unsqueeze(-1)).sum(0) / den.t().unsqueeze(-1)
+        lp = mx + den.log()
         # new tokens: band windows over the contiguous new K/V (views, no per-request copies)
         lo = m.scratch - sm + 1
         kw = pk[lo:m.scratch + nd].unfold(0, sm, 1)                       # [nd, kv, d, sm]
@@ -373,13 +312,13 @@ def attention(qkv_rot, pool_l, m: StepMeta):
 
 
 # ---------------------------------------------------------------- model
-def _w(out_f, in_f, device, dtype, gen=None):
+def _w(out_f: int, in_f: int, device: Any, dtype: torch.dtype) -> torch.Tensor:
     w = torch.randn(out_f, in_f, device=device, dtype=dtype)
     return w.mul_(1.0 / math.sqrt(in_f))
 
 
 class Layer:
-    def __init__(self, dims, device, dtype, qkv_in=None):
+    def __init__(self, dims: dict, device: Any, dtype: torch.dtype, qkv_in: int | None = None):
         h, H, kv, d, I = dims["hidden"], dims["heads"], dims["kv_heads"], dims["head_dim"], dims["inter"]
         self.dims = dims
         self.qkv_in = qkv_in or h
@@ -395,7 +334,8 @@ class Layer:
         self.kn = torch.ones(d, device=device, dtype=dtype) if dims["qk_norm"] else None
         self.eps = 1e-6
 
-    def __call__(self, hdn, x_in, cos, sin, m: StepMeta, pool_l):
+    def __call__(self, hdn: torch.Tensor, x_in: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 m: StepMeta, pool_l: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """hdn: residual stream [n, h]; x_in: input to the qkv projection (hdn, or a concat)."""
         H, kv, d = self.dims["heads"], self.dims["kv_heads"], self.dims["head_dim"]
         n = hdn.shape[0]
@@ -421,7 +361,7 @@ class Layer:
 class Model:
     """Target model: embedding, `layers` decoder layers, final norm, LM head; plus KV pool."""
 
-    def __init__(self, cfg: dict, device, dtype=torch.bfloat16, layers: int | None = None,
+    def __init__(self, cfg: dict, device: Any, dtype: torch.dtype = torch.bfloat16, layers: int | None = None,
                  pool_gib: float = 8.0, seed: int = 0):
         torch.manual_seed(seed)
         self.dims = dims = model_dims(cfg)
@@ -442,11 +382,11 @@ class Model:
         self.pool_k = torch.randn(self.pool_tokens, dims["kv_heads"], d, device=device, dtype=dtype)
         self.pool_v = torch.randn(self.pool_tokens, dims["kv_heads"], d, device=device, dtype=dtype)
 
-    def weight_bytes(self, full_depth=True) -> int:
+    def weight_bytes(self, full_depth: bool = True) -> int:
         L = self.dims["layers"] if full_depth else self.n_layers
         return (L * self.dims["layer_params"] + 2 * self.dims["vocab"] * self.dims["hidden"]) * 2
 
-    def layer_pool(self, l: int, T: int):
+    def layer_pool(self, l: int, T: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This layer's KV region of T tokens: distinct per layer while the pool allows, else shared."""
         if T > self.pool_tokens:
             raise MemoryError(f"step needs {T} KV tokens per layer, pool holds {self.pool_tokens}")
@@ -454,11 +394,11 @@ class Model:
         off = (l % slots) * T
         return self.pool_k[off:off + T], self.pool_v[off:off + T]
 
-    def rope(self, m: StepMeta):
+    def rope(self, m: StepMeta) -> tuple[torch.Tensor, torch.Tensor]:
         return (self.cos_t.index_select(0, m.positions)[:, None, :],
                 self.sin_t.index_select(0, m.positions)[:, None, :])
 
-    def forward(self, m: StepMeta):
+    def forward(self, m: StepMeta) -> torch.Tensor:
         hdn = self.emb.index_select(0, m.ids)
         cos, sin = self.rope(m)
         T = m.region_tokens
@@ -486,7 +426,7 @@ class Drafters:
         self.conf_w2 = _w(1, 256, dev, dt)
         self.hid3 = None
 
-    def run(self, kind: str, m: StepMeta, K: int = 8):
+    def run(self, kind: str, m: StepMeta, K: int = 8) -> torch.Tensor:
         t = self.t
         h = t.dims["hidden"]
         n = m.n_pad
@@ -518,7 +458,8 @@ class Drafters:
 
 
 # ---------------------------------------------------------------- timing
-def time_fn(fn, reps: int = 5, graph: bool = True, pool=None, warm: int = 2):
+def time_fn(fn: Callable[[], Any], reps: int = 5, graph: bool = True, pool: Any = None,
+            warm: int = 2) -> tuple[float, list[float]]:
     """Median ms of `reps` runs of fn, captured in a CUDA graph when graph=True (after one eager
     warm-up run), else eager. Returns (median_ms, all_ms)."""
     fn()
@@ -547,7 +488,29 @@ def time_fn(fn, reps: int = 5, graph: bool = True, pool=None, warm: int = 2):
     return ts_sorted[len(ts) // 2], ts
 
 
-def reference_attention(qkv_rot, pool_l, m: StepMeta):
+class Timer:
+    """Median ms of a step function: CUDA events (and graphs) on the GPU, perf_counter on the CPU."""
+
+    def __init__(self, device: Any, reps: int, warm: int = 2):
+        self.cuda = device.type == "cuda"
+        self.reps = reps
+        self.warm = warm
+        self.pool = None   # private pool per graph, freed with the graph
+
+    def __call__(self, fn: Callable[[], Any], graph: bool = True) -> tuple[float, list[float]]:
+        if self.cuda:
+            return time_fn(fn, reps=self.reps, graph=graph, pool=self.pool, warm=self.warm)
+        fn()
+        ts = []
+        for _ in range(self.reps):
+            t0 = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t0) * 1e3)
+        return sorted(ts)[len(ts) // 2], ts
+
+
+def reference_attention(qkv_rot: torch.Tensor, pool_l: tuple[torch.Tensor, torch.Tensor],
+                        m: StepMeta) -> torch.Tensor:
     """float64 per-request reference of `attention` (causal over [cached prefix, new tokens])."""
     pk, pv = pool_l
     H, kv, d, g = m.H, m.kv, m.d, m.g
@@ -557,11 +520,8 @@ def reference_attention(qkv_rot, pool_l, m: StepMeta):
     koff = 0
     for r in range(m.R_dec):
         s, c = m.q[r], m.dctx[r]
-        if m.mode == "dense":
-            kp, vp = pk[r * m.ctx_max: r * m.ctx_max + c], pv[r * m.ctx_max: r * m.ctx_max + c]
-        else:
-            kp, vp = pk[koff:koff + c], pv[koff:koff + c]
-            koff += c
+        kp, vp = pk[koff:koff + c], pv[koff:koff + c]
+        koff += c
         rows = slice(starts[r], starts[r + 1])
         K = torch.cat([kp.double(), x[rows, H:H + kv]], 0)
         V = torch.cat([vp.double(), x[rows, H + kv:]], 0)

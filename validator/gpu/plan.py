@@ -1,19 +1,25 @@
-"""Pure-Python parts of the GPU profiler: sweep plan, fit, tables, profile dicts, step logs.
+"""Torch-free parts of the GPU profiler: sweep plan, fit, tables, profile dicts, step logs, and
+the step prediction from a profile (dsim's own cost model, dsim.cost.CostModel).
 
-Imports only the standard library and numpy (yaml if present), so it runs on the lent GPU machine
-(torch + numpy, no dsim dependencies) and in CPU tests. Nothing here imports dsim.
+Imports the standard library, numpy, yaml and dsim.cost (no torch), so it runs in CPU tests too.
 """
 from __future__ import annotations
 
 import json
 import math
 import random
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from dsim.cost import CostModel, profile_from_dict, vllm_capture_sizes
+
 MAX_BATCHED_TOKENS = 8192
+# a tiny model for --dry-run (CPU, float32): checks the pipeline, its numbers mean nothing
+DRY_CFG = dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+               intermediate_size=256, vocab_size=1000, num_hidden_layers=2)
 CAPTURE_LIMIT = 512
 PREFILL_MIN_Q = 17          # a request with more query tokens than 16 is a prefill chunk
 DRAFT_REQUESTS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
@@ -21,12 +27,6 @@ DRAFT_CTX = 1024            # context the draft tables are measured at (stated, 
 BLOCK_K = 8                 # block drafter: tokens drafted in parallel per request
 BLOCK_LAYERS = 3            # block drafter depth
 EAGLE3_DRAFT_VOCAB = 32000  # EAGLE-3 heads use a reduced draft vocabulary
-
-
-def vllm_capture_sizes(max_capture: int = CAPTURE_LIMIT) -> list[int]:
-    """vLLM's default CUDA-graph capture sizes (same rule as dsim.cost.vllm_capture_sizes)."""
-    sizes = [1, 2, 4] + list(range(8, 257, 8)) + list(range(272, max_capture + 1, 16))
-    return [s for s in sizes if s <= max_capture]
 
 
 def tail_sizes(limit: int = CAPTURE_LIMIT, max_tokens: int = MAX_BATCHED_TOKENS) -> list[int]:
@@ -39,7 +39,7 @@ def tail_sizes(limit: int = CAPTURE_LIMIT, max_tokens: int = MAX_BATCHED_TOKENS)
     return out
 
 
-def median(xs) -> float:
+def median(xs: Iterable[float]) -> float:
     xs = sorted(float(x) for x in xs)
     if not xs:
         raise ValueError("median of nothing")
@@ -104,7 +104,7 @@ def padded_tokens(n: int, caps: list[int]) -> int:
 
 
 # Verify windows (query tokens per request, 1..8) and contexts of dsim's DSpark steps on the default
-# mixed trace (validator/gpu/steplogs, concurrency 32 and 256, pooled): the heterogeneous shapes the
+# mixed trace (profiles/h200/steplogs, concurrency 32 and 256, pooled): the heterogeneous shapes the
 # profile must cover. Context: log-normal, median 1050, geometric sd 1.76 (5th-95th pct 430-2730).
 DSPARK_WINDOW_P = (0.156, 0.288, 0.285, 0.131, 0.063, 0.041, 0.025, 0.012)
 CTX_MEDIAN, CTX_GSD = 1050.0, 1.76
@@ -112,7 +112,7 @@ CTX_MEDIAN, CTX_GSD = 1050.0, 1.76
 # log-normal, median ~850, geometric sd ~1.9 (steplogs, c = 32 and 256)
 PROMPT_MEDIAN, PROMPT_GSD = 850.0, 1.9
 HETERO_REQUESTS = (16, 48, 64, 96, 128, 160, 192)   # held-out DSpark-like checks at other request counts
-# Request counts of the table points (call 8): the concurrencies the step replay checks. A capture size
+# Request counts of the table points: the concurrencies the step replay checks. A capture size
 # n runs with R = the smallest tier t with t <= n <= 8 t (windows 1..8), else R = n // 4 (n = 16):
 # n <= 8 -> one request (a single user's verify step), 32..256 -> 32, 264..512 -> 256.
 TABLE_TIERS = (1, 32, 256)
@@ -200,9 +200,9 @@ def dspark_mixed_step(n: int, R: int, seed: int = 0, ctx_scale: float = 1.0, dec
 
 
 def sweep_plan(caps: list[int] | None = None, tails: list[int] | None = None,
-               contexts=(1024, 8192, 32768), kv_budget_tokens: int = 1_200_000,
+               contexts: Sequence[int] = (1024, 8192, 32768), kv_budget_tokens: int = 1_200_000,
                quick: bool = False, table_ctx: int = 1024, seed: int = 0) -> list[StepShape]:
-    """Profiling sweep (call 8: the forward table is measured on steps shaped like the ones dsim runs).
+    """Profiling sweep (the forward table is measured on steps shaped like the ones dsim runs).
 
     - table: every capture size n, one step shaped like dsim's DSpark steps at the request count
       table_requests(n): n <= 8 one request with an n-token window at table_ctx (a single user's verify
@@ -258,7 +258,7 @@ def sweep_plan(caps: list[int] | None = None, tails: list[int] | None = None,
 
 
 # ---------------------------------------------------------------- fit
-def step_terms(q, ctx) -> tuple[int, float]:
+def step_terms(q: Sequence[int], ctx: Sequence[int]) -> tuple[int, float]:
     """(decode/verify tokens, prefill query-key pairs / 1e6) of a step shape: requests with fewer
     than PREFILL_MIN_Q query tokens are decodes; a prefill chunk of q tokens over c cached ones has
     q (c + q / 2) causal-attention pairs (dsim.cost.CostModel.prefill_ms)."""
@@ -278,8 +278,8 @@ def fit_step_model(points: list[dict]) -> dict:
     table, which comes from the steps shaped like dsim's (their signed error against F(n) is reported
     too, under slope_only_signed_pct).
     When every point carries n_real, dec (decode tokens) and pre (prefill pairs / 1e6, step_terms),
-    the model also has a x decode tokens and beta x pre (session 3: decode tokens cost more than
-    prompt tokens, an LM-head row each plus per-row attention work; a prefill chunk pays its causal
+    the model also has a x decode tokens and beta x pre (decode tokens cost more than prompt
+    tokens, an LM-head row each plus per-row attention work; a prefill chunk pays its causal
     attention). The table is then priced for decode tokens, F(n) + a n, as dsim's cost model wants
     it (dsim.cost: a prompt token costs a less and a chunk adds beta x its pairs), and the result
     has prefill_terms = {discount_ms_per_ktok: a, attention_ms_per_mpair: beta}. A coefficient
@@ -360,7 +360,7 @@ def fit_step_model(points: list[dict]) -> dict:
     if terms:
         out["prefill_terms"] = {"discount_ms_per_ktok": round(a, 6),
                                 "attention_ms_per_mpair": round(float(extra["pre"]), 6)}
-    if held:     # not fitted: signed error of the fitted model (table lookup as in the staircase)
+    if held:     # not fitted: signed error of the fitted model (interpolated between fitted sizes)
         out["not_fitted_signed_pct"] = signed(held)
     if slope_pts:
         out["slope_only_signed_pct"] = signed(slope_pts)
@@ -397,53 +397,22 @@ def forward_table(fit: dict, caps: list[int]) -> dict:
     return d
 
 
-class Staircase:
-    """Tiny numpy re-implementation of dsim.cost.CostModel.step_ms (vLLM staircase semantics), with
-    its prefill terms (CostModel.prefill_ms) for a step given as a shape (step_ms_shape)."""
+def cost_model(profile: dict, where: str = "<profile>") -> CostModel:
+    """dsim's cost model of a profile given as a parsed YAML dict."""
+    return CostModel(profile_from_dict(profile, where))
 
-    @classmethod
-    def from_profile(cls, p: dict) -> "Staircase":
-        """From a parsed profile YAML (dict)."""
-        pt = p.get("prefill_terms") or {}
-        return cls(p["forward"]["tokens"], p["forward"]["ms"], p["kv_ms_per_ktok"], p["capture_sizes"][-1],
-                   pt.get("discount_ms_per_ktok", 0.0), pt.get("attention_ms_per_mpair", 0.0))
 
-    def __init__(self, tokens, ms, kv_ms_per_ktok, limit, discount_ms_per_ktok=0.0, attention_ms_per_mpair=0.0):
-        self.discount = float(discount_ms_per_ktok) / 1000.0
-        self.attention = float(attention_ms_per_mpair) / 1e6
-        self.x = np.asarray(tokens, dtype=float)
-        self.ms = np.maximum.accumulate(np.asarray(ms, dtype=float))
-        self.limit = int(limit)
-        self.kv = kv_ms_per_ktok / 1000.0
-        ab = self.x >= self.limit
-        self.ax, self.ams = self.x[ab], self.ms[ab]
-        if len(self.ax) >= 2:
-            s = (self.ams[-1] - self.ams[-2]) / (self.ax[-1] - self.ax[-2])
-        else:
-            s = (self.ms[-1] - self.ms[-2]) / (self.x[-1] - self.x[-2]) if len(self.x) >= 2 else 0.0
-        self.slope = max(s, 0.0)
-
-    def forward_ms(self, n: int) -> float:
-        if n <= self.limit:
-            i = min(int(np.searchsorted(self.x, max(n, 1), side="left")), len(self.x) - 1)
-            return float(self.ms[i])
-        if n > self.ax[-1]:
-            return float(self.ams[-1] + self.slope * (n - self.ax[-1]))
-        return float(np.interp(n, self.ax, self.ams))
-
-    def step_ms(self, n: int, kv: int) -> float:
-        return self.forward_ms(n) + self.kv * kv
-
-    def step_ms_shape(self, shape: "StepShape") -> float:
-        """step_ms plus the prefill terms of the shape's prefill chunks (q >= PREFILL_MIN_Q)."""
-        pre = sum(q * (self.attention * (c + 0.5 * q) - self.discount)
-                  for q, c in zip(shape.q, shape.ctx) if q >= PREFILL_MIN_Q)
-        return self.step_ms(shape.n, shape.kv) + pre
+def predicted_step_ms(cost: CostModel, shape: StepShape) -> float:
+    """dsim's forward-only cost of a step shape: CostModel.step_ms of its tokens and KV after its new
+    tokens, plus CostModel.prefill_ms of its prefill chunks (q >= PREFILL_MIN_Q)."""
+    chunks = [(q, c) for q, c in zip(shape.q, shape.ctx) if q >= PREFILL_MIN_Q]
+    return float(cost.step_ms(shape.n, shape.kv)) + float(cost.prefill_ms(chunks))
 
 
 # ---------------------------------------------------------------- profile dict / files
-def profile_dict(*, name, provenance, kv_cache_gib, kv_bytes_per_token, caps, fit, draft,
-                 cpu_overhead_ms=1.5, extra=None) -> dict:
+def profile_dict(*, name: str, provenance: dict, kv_cache_gib: float, kv_bytes_per_token: float,
+                 caps: list[int], fit: dict, draft: dict, cpu_overhead_ms: float = 1.5,
+                 extra: dict | None = None) -> dict:
     d = {"name": name, "provenance": provenance,
          "memory": {"kv_cache_gib": round(float(kv_cache_gib), 2),
                     "kv_bytes_per_token": float(kv_bytes_per_token)},
@@ -472,7 +441,7 @@ def dump_yaml(d: dict) -> str:
         return json.dumps(d, indent=1)
 
 
-def write_text_atomic(path, text: str) -> None:
+def write_text_atomic(path: str | Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -481,7 +450,7 @@ def write_text_atomic(path, text: str) -> None:
 
 
 # ---------------------------------------------------------------- synthetic step logs
-def synthetic_steplog(seed: int = 0, concurrencies=(1, 32, 256), steps_each: int = 30,
+def synthetic_steplog(seed: int = 0, concurrencies: Sequence[int] = (1, 32, 256), steps_each: int = 30,
                       prefill_steps: int = 6, ctx_lo: int = 500, ctx_hi: int = 8000) -> list[dict]:
     """Realistic decode/verify batches: per request 1..8 query tokens (speculative verify windows,
     weighted towards small windows), contexts uniform in [ctx_lo, ctx_hi]; plus prefill chunks
@@ -506,7 +475,7 @@ def synthetic_steplog(seed: int = 0, concurrencies=(1, 32, 256), steps_each: int
     return out
 
 
-def read_steplog(path) -> list[dict]:
+def read_steplog(path: str | Path) -> list[dict]:
     steps = []
     for ln, line in enumerate(Path(path).read_text().splitlines(), 1):
         line = line.strip()
@@ -532,7 +501,7 @@ def error_summary(rows: list[dict], key: str = "concurrency") -> dict:
                     p90_abs_pct=round(float(np.percentile(v, 90)), 3)) for g, v in groups.items()}
 
 
-def concurrency_of(step: dict):
+def concurrency_of(step: dict) -> int | str:
     c = step.get("concurrency")
     if c is not None:
         return c

@@ -17,46 +17,51 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from dsim.errors import InputError
 from validator.gpu import model as M
-from validator.gpu.plan import (BLOCK_K, BLOCK_LAYERS, CAPTURE_LIMIT, DRAFT_CTX, DRAFT_REQUESTS,
-                                EAGLE3_DRAFT_VOCAB, error_summary, FIT_EXCLUDE, Staircase, StepShape, dump_yaml,
-                                fit_step_model, hetero_step, kv_slope_by_window, model_dims, model_name, padded_tokens,
-                                shaped_step, TABLE_TIERS,
-                                profile_dict, step_terms, sweep_plan, tail_sizes, uniform_step, vllm_capture_sizes,
-                                write_text_atomic)
+from validator.gpu.model import Timer, parse_split
+from validator.gpu.plan import (
+    BLOCK_K,
+    BLOCK_LAYERS,
+    CAPTURE_LIMIT,
+    DRAFT_CTX,
+    DRAFT_REQUESTS,
+    DRY_CFG,
+    EAGLE3_DRAFT_VOCAB,
+    FIT_EXCLUDE,
+    TABLE_TIERS,
+    StepShape,
+    cost_model,
+    dump_yaml,
+    error_summary,
+    fit_step_model,
+    hetero_step,
+    kv_slope_by_window,
+    model_dims,
+    model_name,
+    padded_tokens,
+    profile_dict,
+    shaped_step,
+    step_terms,
+    sweep_plan,
+    tail_sizes,
+    uniform_step,
+    vllm_capture_sizes,
+    write_text_atomic,
+)
+from validator.gpu.replay import dry_run_steps, load_or_make_steps, replay_steps
 
-DRY_CFG = dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-               intermediate_size=256, vocab_size=1000, num_hidden_layers=2)
 
-
-def log(*a):
+def log(*a: Any) -> None:
     print(*a, flush=True)
 
 
-class Timer:
-    def __init__(self, device, reps, warm=2):
-        self.cuda = device.type == "cuda"
-        self.reps = reps
-        self.warm = warm
-        self.pool = None   # private pool per graph, freed with the graph
-
-    def __call__(self, fn, graph=True):
-        if self.cuda:
-            return M.time_fn(fn, reps=self.reps, graph=graph, pool=self.pool, warm=self.warm)
-        fn()
-        ts = []
-        for _ in range(self.reps):
-            t0 = time.perf_counter()
-            fn()
-            ts.append((time.perf_counter() - t0) * 1e3)
-        return sorted(ts)[len(ts) // 2], ts
-
-
-def gpu_info(device) -> dict:
+def gpu_info(device: torch.device) -> dict:
     if device.type != "cuda":
         return dict(gpu="cpu (dry run)", driver="n/a", torch=str(torch.__version__), cuda="n/a", mem_gib=16.0)
     p = torch.cuda.get_device_properties(0)
@@ -70,10 +75,13 @@ def gpu_info(device) -> dict:
 
 
 # ---------------------------------------------------------------- attention probe
-def attention_probe(device, dtype, timer, cfg_dims, bench=True) -> dict:
+def attention_probe(device: torch.device, dtype: torch.dtype, timer: Timer, cfg_dims: dict,
+                    bench: bool = True) -> dict:
     """Correctness of the GPU attention paths against a float64 reference, and the attention time
     at q = 1, 2, 4, 8 at 8K context (256 requests) vs SDPA enable_gqa and the KV-read floor."""
-    out = {}
+    out: dict[str, Any] = {}
+    pk: Any
+    pv: Any
     H, kv, d = cfg_dims["heads"], cfg_dims["kv_heads"], cfg_dims["head_dim"]
     dims = dict(heads=H, kv_heads=kv, head_dim=d, vocab=100)
     rng = np.random.default_rng(0)
@@ -116,7 +124,7 @@ def attention_probe(device, dtype, timer, cfg_dims, bench=True) -> dict:
     pk = torch.randn(R * L + R * 8 + 16, kv, d, device=device, dtype=dtype)   # + band gap (s_max - 1)
     pv = torch.randn_like(pk)
     floor_bytes = 2 * R * L * kv * d * 2
-    res = {}
+    res: dict[str, Any] = {}
     for s in (1, 2, 4, 8):
         m = M.StepMeta(uniform_step(R, s, L), R * s, dims, device)
         x = torch.randn(m.n_pad, H + 2 * kv, d, device=device, dtype=dtype)
@@ -124,6 +132,7 @@ def attention_probe(device, dtype, timer, cfg_dims, bench=True) -> dict:
         q4 = torch.randn(R, H, s, d, device=device, dtype=dtype)
         k4 = pk[:R * L].view(R, L, kv, d).transpose(1, 2)
         v4 = pv[:R * L].view(R, L, kv, d).transpose(1, 2)
+        sd: float | str
         try:
             sd, _ = timer(lambda: torch.nn.functional.scaled_dot_product_attention(q4, k4, v4, enable_gqa=True))
         except Exception as e:
@@ -131,7 +140,7 @@ def attention_probe(device, dtype, timer, cfg_dims, bench=True) -> dict:
         res[f"q{s}"] = dict(ours_ms=round(ms, 4), sdpa_enable_gqa_ms=sd if isinstance(sd, str) else round(sd, 4),
                             mode=m.mode)
         log(f"  attention R={R} L={L} q={s}: ours {ms:.3f} ms, sdpa enable_gqa {sd} ms")
-    del pk, pv
+    pk = pv = None
     if device.type == "cuda":
         a = torch.empty(2**30, dtype=torch.uint8, device=device)
         b = torch.empty_like(a)
@@ -157,7 +166,7 @@ def attention_probe(device, dtype, timer, cfg_dims, bench=True) -> dict:
             x = torch.randn(m.n_pad, H + 2 * kv, d, device=device, dtype=dtype)
             ms, _ = timer(lambda: M.attention(x, (pk, pv), m))
             row[lab] = dict(ms=round(ms, 4), n=sh.n, kv=sh.kv, ctx_max=max(sh.ctx), chunks=m.n_chunks)
-            del pk, pv
+            pk = pv = None
         row["hetero_over_uniform"] = round(row["hetero"]["ms"] / row["uniform"]["ms"], 3)
         het[f"R{R}"] = row
         log(f"  attention hetero vs uniform R={R}: {json.dumps(row)}")
@@ -174,7 +183,7 @@ def attention_probe(device, dtype, timer, cfg_dims, bench=True) -> dict:
             pv = torch.randn_like(pk)
             x = torch.randn(m.n_pad, H + 2 * kv, d, device=device, dtype=dtype)
             t[c], _ = timer(lambda: M.attention(x, (pk, pv), m))
-            del pk, pv
+            pk = pv = None
         slope[f"q{s}"] = round((t[c_hi] - t[c_lo]) / (R32 * (c_hi - c_lo) / 1000), 6)
     res["kv_us_per_ktok_by_q_R32"] = {k: round(v * 1e3, 4) for k, v in slope.items()}
     log(f"  attention KV us per 1000 tokens by window (R={R32}, one layer): {res['kv_us_per_ktok_by_q_R32']}")
@@ -184,44 +193,25 @@ def attention_probe(device, dtype, timer, cfg_dims, bench=True) -> dict:
     return out
 
 
-SPLIT_CANDIDATES = {        # continuous split variants the probe times (the first wins near-ties)
-    "cont-f2-b2": dict(policy="continuous", fill=2.0, balance=2.0, merge="always", merge_impl="dense"),
-    "cont-f2-b2-atomic": dict(policy="continuous", fill=2.0, balance=2.0, merge="always", merge_impl="atomic"),
-    "cont-f1-b2": dict(policy="continuous", fill=1.0, balance=2.0, merge="always", merge_impl="dense"),
-    "cont-f4-b2": dict(policy="continuous", fill=4.0, balance=2.0, merge="always", merge_impl="dense"),
-    "cont-f2-b1.5": dict(policy="continuous", fill=2.0, balance=1.5, merge="always", merge_impl="dense"),
-}
-SPLIT_REFERENCE = {         # timed for the record: call 7's occupancy split, calls 5-6's fixed split
-    "occ-f2": dict(policy="occupancy", fill=2.0, balance=0.0, merge="split-only", merge_impl="atomic"),
-    "fixed512": dict(policy="fixed", chunk=512, merge="always", merge_impl="atomic"),
+SPLIT_CANDIDATES = {        # split settings the probe times (the first wins near-ties)
+    "cont-f2-b2": dict(fill=2.0, balance=2.0),
+    "cont-f1-b2": dict(fill=1.0, balance=2.0),
+    "cont-f4-b2": dict(fill=4.0, balance=2.0),
+    "cont-f2-b1.5": dict(fill=2.0, balance=1.5),
 }
 LINEARITY_WEIGHT = 1.0      # score = mean relative time + this x mean |hetero / uniform - 1|
 
 
-def parse_split(text: str) -> dict | None:
-    """'auto' -> None (tuned by the probe); 'continuous|occupancy[:fill=F,balance=B,min_chunk=N,
-    merge=always|split-only,merge_impl=dense|atomic]'; 'fixed[:N]'."""
-    if text == "auto":
-        return None
-    pol, _, rest = text.partition(":")
-    if pol == "fixed":
-        return dict(policy="fixed", chunk=int(rest or M.KV_CHUNK))
-    if pol not in ("occupancy", "continuous"):
-        raise ValueError(f"unknown split policy {text!r}")
-    d = dict(policy=pol)
-    for kv in filter(None, rest.split(",")):
-        k, _, v = kv.partition("=")
-        d[k] = float(v) if k in ("fill", "balance") else (v if k in ("merge", "merge_impl") else int(v))
-    return d
-
-
-def split_tune(device, dtype, timer, cfg_dims, reps_in_graph: int = 8) -> dict:
+def split_tune(device: torch.device, dtype: torch.dtype, timer: Timer, cfg_dims: dict,
+               reps_in_graph: int = 8) -> dict:
     """Times the decode attention alone (reps_in_graph back-to-back calls per graph, like layers) on
     DSpark-like steps at concurrency 1, 32 and 256 and on uniform steps with the same requests and KV
     tokens, for each split variant. Score: mean time relative to the best variant per case, plus
     LINEARITY_WEIGHT x mean |hetero / uniform - 1| at 32 and 256 requests (a KV-linear cost is what
     dsim's F(n) + kv model can follow); lowest wins, within 2 % the first variant is kept. Returns
     the record; the caller applies `chosen`."""
+    pk: Any
+    pv: Any
     H, kv, d = cfg_dims["heads"], cfg_dims["kv_heads"], cfg_dims["head_dim"]
     dims = dict(heads=H, kv_heads=kv, head_dim=d, vocab=100)
     cuda = device.type == "cuda"
@@ -240,8 +230,8 @@ def split_tune(device, dtype, timer, cfg_dims, reps_in_graph: int = 8) -> dict:
         "c256": c256, "c256_uniform": uni(c256),
     }
     pairs = (("c32", "c32_uniform"), ("c256", "c256_uniform"))
-    variants = {**SPLIT_CANDIDATES, **SPLIT_REFERENCE}
-    res = {}
+    variants = SPLIT_CANDIDATES
+    res: dict[str, Any] = {}
     for cname, sh in cases.items():
         row = {}
         pk = pv = None
@@ -259,7 +249,7 @@ def split_tune(device, dtype, timer, cfg_dims, reps_in_graph: int = 8) -> dict:
             row[vname] = dict(us_per_call=round(ms * 1e3 / reps_in_graph, 2), chunks=m.n_chunks,
                               max_chunk=m.max_k, merge_rows=m.merge_rows)
         res[cname] = dict(n=sh.n, R=sh.requests, kv=sh.kv, ctx_max=max(sh.ctx), variants=row)
-        del pk, pv
+        pk = pv = None
         log(f"  split tune {cname} (R={sh.requests} n={sh.n} kv={sh.kv}): " +
             ", ".join(f"{v}:{r['us_per_call']}us/{r['chunks']}ch/L{r['max_chunk']}" for v, r in row.items()))
     timed = [c for c in res if not c.endswith("_uniform")]
@@ -286,7 +276,8 @@ def split_tune(device, dtype, timer, cfg_dims, reps_in_graph: int = 8) -> dict:
 RECHECK_N = (1, 2, 4, 8, 128, 168, 512)   # table sizes re-timed before each replayed log
 
 
-def recheck(model, points, shapes, dims, device, timer, caps, depth_scale, src) -> list:
+def recheck(model: M.Model, points: list[dict], shapes: list[StepShape], dims: dict, device: torch.device,
+            timer: Timer, caps: list[int], depth_scale: float, src: str) -> list:
     """Re-time the sweep's table points at RECHECK_N (identical shapes, same process) and report the
     drift from the sweep's value: separates a measurement offset from a model error."""
     out = []
@@ -307,7 +298,7 @@ def recheck(model, points, shapes, dims, device, timer, caps, depth_scale, src) 
     return out
 
 
-def sm_clock_mhz(device):
+def sm_clock_mhz(device: torch.device) -> int | None:
     """Current SM clock (NVML through torch), None where unavailable."""
     if device.type != "cuda":
         return None
@@ -317,7 +308,8 @@ def sm_clock_mhz(device):
         return None
 
 
-def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dict:
+def profile_model(cfg_path: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype,
+                  info: dict, timer: Timer, probe: dict) -> dict:
     cfg = json.loads(Path(cfg_path).read_text())
     name = model_name(cfg, cfg_path)
     if args.dry_run:
@@ -326,8 +318,8 @@ def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dic
     layers = args.layers or dims["layers"]
     t0 = time.time()
     pool_gib = args.pool_gib if not args.dry_run else 0.05
-    model = M.Model(cfg, device, dtype, layers=layers, pool_gib=pool_gib)
-    drafters = M.Drafters(model, BLOCK_LAYERS, EAGLE3_DRAFT_VOCAB if not args.dry_run else 500)
+    model: Any = M.Model(cfg, device, dtype, layers=layers, pool_gib=pool_gib)
+    drafters: Any = M.Drafters(model, BLOCK_LAYERS, EAGLE3_DRAFT_VOCAB if not args.dry_run else 500)
     if device.type == "cuda":
         torch.cuda.synchronize()
     log(f"[{name}] built {layers}/{dims['layers']} layers in {time.time() - t0:.1f}s, "
@@ -397,7 +389,7 @@ def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dic
                 + f"{layers} of {dims['layers']} layers measured"
                 + (f" and scaled x{depth_scale:g} to full depth" if depth_scale != 1 else " (full depth)")
                 + "; LM head on every decode/verify token and the last token of each prefill chunk; "
-                  "sweep (call 8): the forward table on steps shaped like dsim's DSpark steps at the "
+                  "sweep: the forward table on steps shaped like dsim's DSpark steps at the "
                   f"concurrency that runs n tokens (request tiers {list(TABLE_TIERS)}: n <= 8 one request "
                   "with an n-token verify window at 1K context, 16 < n <= 256 32 requests, 256 < n <= 512 "
                   "256 requests, windows 1..8 from dsim's DSpark mix, contexts at the quantiles of dsim's "
@@ -421,9 +413,9 @@ def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dic
                               f"(FlashInfer-like load balancing, {json.dumps(M.SPLIT)}): one chunk length L "
                               "per step, L = max(min_chunk, min(total KV / ceil(fill x SMs / kv_heads), "
                               "balance x mean context)), every request cut into L-token chunks plus its "
-                              "remainder; exact logsumexp merge on every step (merge_impl dense: chunk j of a "
-                              "request into slot j of a [max chunks, rows] grid, one reduction over the slots, "
-                              "no atomics; atomic: scatter_reduce / index_add over the rows). New tokens: masked band of the step's new keys (unfold "
+                              "remainder; exact logsumexp merge on every step (chunk j of a request into slot j "
+                              "of a [max chunks, rows] grid, one reduction over the slots, no atomics). New "
+                              "tokens: masked band of the step's new keys (unfold "
                               "view), scores folded per KV head, one softmax with the prefix logsumexp"),
             attention_prefill="aten._flash_attention_forward causal (bottom-right) over [cache, chunk]"
                               + ("" if M.GQA_NATIVE else ", KV heads expanded"),
@@ -445,10 +437,16 @@ def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dic
         prov["dry_run"] = True
     prof = profile_dict(name=f"{args.prefix}-{name}", provenance=prov, kv_cache_gib=kv_cache_gib,
                         kv_bytes_per_token=dims["kv_bytes_per_token"], caps=caps, fit=fit, draft=draft)
-    raw = dict(model=name, points=points, fit=fit, attention_check=probe, info=info)
+    if args.dry_run:         # the tiny CPU model's fit need not make a profile dsim accepts
+        try:
+            cost_model(prof)
+        except InputError as e:
+            log(f"  dry run: {e}; prefill_terms left out")
+            prof.pop("prefill_terms", None)
+    raw: dict[str, Any] = dict(model=name, points=points, fit=fit, attention_check=probe, info=info)
     out = Path(args.out)
 
-    def save():
+    def save() -> None:
         write_text_atomic(out / f"{args.prefix}-{name}.yaml", dump_yaml(prof))
         write_text_atomic(out / f"{args.prefix}-{name}.raw.json", json.dumps(raw, default=str))
 
@@ -456,15 +454,14 @@ def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dic
     if args.steplog_cmd:     # dsim writes its step logs from the profile just saved (CPU, subprocess)
         cmd = args.steplog_cmd.format(profile=str((out / f"{args.prefix}-{name}.yaml").resolve()), model=name)
         t0 = time.time()
-        r = subprocess.run(cmd, shell=True, capture_output=True, text=True)
-        log(r.stdout.strip()[-2000:])
-        if r.returncode:
-            log(r.stderr.strip()[-3000:])
-            raise RuntimeError(f"step-log command failed ({r.returncode}): {cmd}")
+        proc = subprocess.run(cmd, shell=True, capture_output=True, text=True)
+        log(proc.stdout.strip()[-2000:])
+        if proc.returncode:
+            log(proc.stderr.strip()[-3000:])
+            raise RuntimeError(f"step-log command failed ({proc.returncode}): {cmd}")
         log(f"[{name}] step logs in {time.time() - t0:.1f}s")
     if args.replay:
-        from validator.gpu.replay import dry_run_steps, load_or_make_steps, replay_steps
-        sc = Staircase.from_profile(prof)
+        cost = cost_model(prof)
         rtimer = Timer(device, args.replay_reps, warm=1)     # tails (large steps); graph sizes: the sweep's timer
         all_rows, per_log, results = [], {}, {}
         for src in args.replay:
@@ -479,7 +476,7 @@ def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dic
                 raw.setdefault("recheck", []).extend(recheck(model, points, shapes, dims, device, timer, caps,
                                                              depth_scale, src))
             t0 = time.time()
-            rows, summary = replay_steps(model, steps, dims, device, timer, caps, sc, depth_scale,
+            rows, summary = replay_steps(model, steps, dims, device, timer, caps, cost, depth_scale,
                                          eager_tails=args.eager_tails, big_timer=rtimer)
             for r in rows:
                 r["log"] = Path(src).name
@@ -501,13 +498,13 @@ def profile_model(cfg_path: str, args, device, dtype, info, timer, probe) -> dic
                     eager_tails=args.eager_tails, log_predictions=args.log_predictions, split=M.SPLIT,
                     logs=results), indent=1))
             log(f"[{name}] replay {src} ({time.time() - t0:.1f}s): {json.dumps(summary)}")
-    del model, drafters
+    model = drafters = None
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return prof
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", action="append", required=True, help="HF-style config.json (repeatable)")
     ap.add_argument("--out", required=True, help="output folder")
@@ -525,8 +522,8 @@ def main(argv=None):
                     help="run steps above the capture limit eagerly (default: captured, unpadded)")
     ap.add_argument("--no-attn-bench", action="store_true")
     ap.add_argument("--split", default="auto",
-                    help="decode split-KV policy: auto (timed by the probe), occupancy[:fill=F,balance=B,"
-                         "min_chunk=N] or fixed[:N] (the calls 5-6 split)")
+                    help="decode split-KV settings: auto (timed by the probe) or "
+                         "continuous[:fill=F,balance=B,min_chunk=N]")
     ap.add_argument("--steplog-cmd", default="",
                     help="shell command run after the profile is written ({profile}: its path, {model}: "
                          "the model name), e.g. dsim writing step logs from it; then --replay runs")
@@ -555,7 +552,7 @@ def main(argv=None):
     if sp is None:
         tune = split_tune(device, dtype, timer, model_dims(cfg0))
         sp = SPLIT_CANDIDATES[tune["chosen"]]
-    M.SPLIT.update(sp)
+    M.SPLIT.update(M.split_settings(sp))
     log(f"split policy ({time.time() - t0:.1f}s): {json.dumps(M.SPLIT)}")
     t0 = time.time()
     probe = attention_probe(device, dtype, timer, model_dims(cfg0), bench=not args.no_attn_bench)

@@ -30,7 +30,7 @@ REFIT_NOTE = ("; refit {date} (python3 -m validator.gpu.refit): step_ms = F(n) +
 
 
 def point_terms(points: list[dict]) -> None:
-    """dec / pre for points without them (raw files from before session 3)."""
+    """dec / pre for points without them (raw files written before the prefill terms existed)."""
     tails = None
     for p in points:
         if "dec" in p and "pre" in p:
@@ -88,7 +88,7 @@ def refit(raw_path: Path, command: str) -> dict:
     return fit
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("raw", nargs="+")
     a = ap.parse_args(argv)

@@ -7,8 +7,8 @@ STEPLOG: JSONL, one object per engine step {"step": i, "q": [query tokens per re
 Steps of n <= 512 tokens run as a CUDA graph padded to the next capture size (as vLLM does),
 larger ones as a CUDA graph of exactly n tokens (--eager-tails: eagerly, which times this Python
 executor's kernel launches rather than the GPU work). Where predicted_ms is missing, or with
---repredict, and --profile is given, it is computed with the profile's staircase (Staircase.step_ms_shape,
-a numpy copy of dsim.cost.CostModel.step_ms plus prefill_ms for the shape's prefill chunks); the log's
+--repredict, and --profile is given, it is computed with dsim's cost model of the profile
+(plan.predicted_step_ms: CostModel.step_ms plus prefill_ms for the shape's prefill chunks); the log's
 own value is kept as predicted_log_ms.
 `STEPLOG` may be 'synthetic': a generated log (plan.synthetic_steplog).
 """
@@ -17,14 +17,31 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from validator.gpu.plan import (CAPTURE_LIMIT, PREFILL_MIN_Q, Staircase, StepShape, concurrency_of, error_summary,
-                                model_dims, padded_tokens, read_steplog, synthetic_steplog,
-                                vllm_capture_sizes, write_text_atomic)
+from dsim.cost import CostModel
+from validator.gpu.plan import (
+    CAPTURE_LIMIT,
+    DRY_CFG,
+    PREFILL_MIN_Q,
+    StepShape,
+    concurrency_of,
+    cost_model,
+    error_summary,
+    model_dims,
+    padded_tokens,
+    predicted_step_ms,
+    read_steplog,
+    synthetic_steplog,
+    vllm_capture_sizes,
+    write_text_atomic,
+)
 
 
 def load_or_make_steps(src: str) -> list[dict]:
+    """A step log's steps, or a generated log for 'synthetic'."""
     if src == "synthetic":
         return synthetic_steplog()
     return read_steplog(src)
@@ -39,9 +56,13 @@ def dry_run_steps(steps: list[dict], k: int) -> list[dict]:
     return steps
 
 
-def replay_steps(model, steps, dims, device, timer, caps, staircase=None, depth_scale=1.0,
-                 eager_tails=False, repredict=False, big_timer=None):
-    """big_timer (optional): timer for steps above the capture limit (fewer reps for the long ones)."""
+def replay_steps(model: Any, steps: list[dict], dims: dict, device: Any, timer: Callable, caps: list[int],
+                 cost: CostModel | None = None, depth_scale: float = 1.0, eager_tails: bool = False,
+                 repredict: bool = False, big_timer: Callable | None = None) -> tuple[list[dict], dict]:
+    """Time each step's exact shape on the executor; rows with measured and predicted ms, and their
+    error summary. cost: dsim's cost model of the profile, for predictions the log lacks (or all of
+    them with repredict); big_timer (optional): timer for steps above the capture limit (fewer reps
+    for the long ones)."""
     from validator.gpu import model as M
     rows = []
     for st in steps:
@@ -52,20 +73,20 @@ def replay_steps(model, steps, dims, device, timer, caps, staircase=None, depth_
         tm = big_timer if (big_timer is not None and shape.n > caps[-1]) else timer
         ms, reps = tm(lambda: model.forward(m), graph=graph)
         pred = st.get("predicted_ms")
-        if (pred is None or repredict) and staircase is not None:
-            pred = staircase.step_ms_shape(shape)
+        if (pred is None or repredict) and cost is not None:
+            pred = predicted_step_ms(cost, shape)
         dec = [c for s, c in zip(shape.q, shape.ctx) if s < PREFILL_MIN_Q]
         rows.append(dict(step=st.get("step"), concurrency=concurrency_of(st), n=shape.n, n_pad=n_pad,
                          kv=shape.kv, R=shape.requests, graph=graph, mode=m.mode,
                          chunks=int(m.n_chunks), merge_rows=int(m.merge_rows),
                          ctx_max=max(dec) if dec else 0,
                          prefill_tokens=sum(s for s in shape.q if s >= PREFILL_MIN_Q),
-                         overread_tokens=int(m.overread), measured_ms=ms * depth_scale,
+                         measured_ms=ms * depth_scale,
                          predicted_ms=pred, predicted_log_ms=st.get("predicted_ms")))
     return rows, error_summary(rows)
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("steplog", nargs="+")
     ap.add_argument("--model", required=True)
@@ -83,19 +104,20 @@ def main(argv=None):
                          "default: the split recorded in --profile's provenance, else the executor's default")
     a = ap.parse_args(argv)
     import torch
+
     from validator.gpu import model as M
-    from validator.gpu.profile import DRY_CFG, Timer, parse_split
+    from validator.gpu.model import Timer, parse_split
     device = torch.device("cpu" if a.dry_run else "cuda")
     if device.type == "cuda":
         M.SPLIT["sms"] = torch.cuda.get_device_properties(0).multi_processor_count
     if a.split:
-        M.SPLIT.update(parse_split(a.split) or {})
+        M.SPLIT.update(M.split_settings(parse_split(a.split)))
     elif a.profile:
         import yaml
         rec = (yaml.safe_load(Path(a.profile).read_text()).get("provenance", {})
                .get("attention_check", {}).get("split"))
         if rec:
-            M.SPLIT.update({k: v for k, v in rec.items() if k != "sms"})
+            M.SPLIT.update({k: v for k, v in M.split_settings(rec).items() if k != "sms"})
     print(f"split: {json.dumps(M.SPLIT)}", flush=True)
     dtype = torch.float32 if a.dry_run else torch.bfloat16
     cfg = json.loads(Path(a.model).read_text())
@@ -109,7 +131,7 @@ def main(argv=None):
     if a.profile:
         import yaml
         p = yaml.safe_load(Path(a.profile).read_text())
-        sc = Staircase.from_profile(p)
+        sc = cost_model(p, a.profile)
     results = {}
     timer = Timer(device, a.reps, warm=a.warm)
     for src in a.steplog:          # one model build, several logs; results written after each

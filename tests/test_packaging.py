@@ -1,0 +1,163 @@
+"""The product as shipped: the installed wheel runs on its own (profiles, presets and the default
+trace inside the package), the module graph has no import cycles and dsim never imports the
+validator, and the tree speaks of itself (no history words, no citation of files outside it)."""
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """module -> the dsim / validator modules it imports (anywhere in the file, lazy imports too)."""
+    files = {}
+    for pkg in ("dsim", "validator"):
+        for p in (ROOT / pkg).rglob("*.py"):
+            name = ".".join(p.relative_to(ROOT).with_suffix("").parts)
+            files[name.removesuffix(".__init__")] = p
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    for m, p in files.items():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Import):
+                graph[m] |= {a.name for a in node.names if a.name in files}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for a in node.names:
+                    full = f"{node.module}.{a.name}"
+                    if full in files:
+                        graph[m].add(full)
+                    elif node.module in files:
+                        graph[m].add(node.module)
+    for m in graph:
+        graph[m].discard(m)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles_and_dsim_does_not_import_the_validator():
+    graph = _module_graph()
+    assert {"dsim.cli", "dsim.plan_cli", "dsim.entry", "validator.gpu.profile"} <= set(graph)
+    assert _cycles(graph) == []
+    upward = sorted((m, d) for m, deps in graph.items() if m.startswith("dsim") for d in deps
+                    if d.startswith("validator"))
+    assert upward == []
+    # the graph would show a cycle (the check can fail)
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
+
+
+HISTORY = re.compile(r"\bsessions? \d|\bcalls? \d+\b|\bissues? \d+|issue #\d|device call|design\.md|work period",
+                     re.IGNORECASE)
+
+
+def test_the_tree_speaks_of_itself():
+    """No session / call / issue numbers, no device-call diary, no citation of the design brief (a
+    file outside the repository) in code, docs, tests or file names."""
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if listed.returncode:
+        pytest.skip("not a git checkout")
+    hits = []
+    for name in listed.stdout.splitlines():
+        path = ROOT / name
+        if HISTORY.search(name):
+            hits.append(f"{name}: file name")
+        if path.suffix in (".png", ".parquet", ".jsonl") or "tokenizer" in name or not path.is_file() \
+                or path == Path(__file__).resolve():         # this file names the patterns
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        hits += [f"{name}:{i}: {line.strip()[:100]}" for i, line in enumerate(text.splitlines(), 1)
+                 if HISTORY.search(line)]
+    assert hits == []
+    assert HISTORY.search("see device call 12") and not HISTORY.search("session_id, 8 calls per graph")
+
+
+@pytest.mark.packaging
+def test_wheel_installs_into_a_fresh_venv_and_simulates(tmp_path):
+    """A non-editable wheel, installed into a new virtual environment outside the checkout, runs
+    `dsim simulate --requests 20` on its packaged default profile and trace, finds a measured
+    profile by model name and mounts `dsim validate` through its entry point."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for d in ("dsim", "validator", "profiles", "traces"):
+        shutil.copytree(ROOT / d, src / d, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for f in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / f, src / f)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DSIM_TRACE_DIR")}
+    wheels = tmp_path / "wheels"
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                        "-w", str(wheels), str(src)], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (wheel,) = wheels.glob("dsim-*.whl")
+    import zipfile
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for need in ("dsim/profiles/analytical/deepseek-v4-class-h200x8.yaml", "dsim/profiles/h200/h200-qwen3-8b.yaml",
+                 "dsim/profiles/models/qwen3-8b.json", "dsim/presets/deepseek-v4.yaml", "dsim/data/default.jsonl",
+                 "validator/gpu/plan.py"):
+        assert need in names, need
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=300)
+    py = venv / "bin" / "python"
+    r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = tmp_path / "elsewhere"          # not the checkout: nothing of it on sys.path
+    run.mkdir()
+    r = subprocess.run([str(py), "-c", "import dsim, dsim.cost as c; print(dsim.__file__); print(c.PROFILE_DIR)"],
+                       cwd=run, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    where, profiles = r.stdout.split()
+    assert Path(where).is_relative_to(venv) and Path(profiles).is_relative_to(venv)
+    dsim = str(venv / "bin" / "dsim")
+    r = subprocess.run([dsim, "simulate", "--requests", "20"], cwd=run, capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "completed 20/20 requests" in r.stdout and "deepseek-v4-class-h200x8" in r.stdout
+    r = subprocess.run([dsim, "simulate", "--requests", "20", "--profile", "qwen3-8b", "--gpus-per-node", "1",
+                        "--method", "dspark", "--json"], cwd=run, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert '"requests_completed": 20' in r.stdout and "h200-qwen3-8b" in r.stdout
+    r = subprocess.run([dsim, "validate", "--help"], cwd=run, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0 and "calibrate" in r.stdout, r.stderr[-2000:]
