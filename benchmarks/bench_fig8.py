@@ -1,72 +1,59 @@
-"""Check against the DSpark paper's Fig. 8 (DeepSeek-V4, MTP-1 vs DSpark, closed loop, one node).
+"""The DSpark paper's Fig. 8 alone: throughput per GPU and verify budget vs concurrency per GPU.
 
-Runs the closed-loop sweep with dsim's defaults (MTP-1 with the deepseek-v4 preset's 85-90%
-second-token acceptance; DSpark adaptive with the deepseek-v4 preset, K = 5 as the paper's
-DSpark-5; the preset's equal class mix; default profile and trace) and prints, per concurrency, DSpark / MTP-1 output throughput per GPU and the verify tokens
-per request per step, next to the paper's figures.
+MTP-1 vs DSpark-5 adaptive (the deepseek-v4 acceptance preset for both), closed loop, at
+per-GPU concurrency levels on the paper's axis; prints per level dsim's and the paper's
+throughput per GPU (the paper's fitted lines, read from the figure), their DSpark / MTP-1 ratio,
+and DSpark's verify tokens per request (MTP-1: 2). The full Sec. 5.4 comparison (Fig. 7's
+frontier gains as well) is benchmarks/bench_paper.py; this is its Fig. 8 part on one case.
 
-Usage: python benchmarks/bench_fig8.py [--concurrency 1,2,...] [--requests-per-user 8] [--jobs N]
-       [--out DIR (writes sweep.csv and the figures)]
+Usage: python benchmarks/bench_fig8.py [--profile NAME] [--trace default] [--decode-only]
+       [--per-gpu 10,20,50,100,150,200] [--requests-per-user 4] [--jobs N]
 """
 from __future__ import annotations
 
 import argparse
-import time
+import sys
+from pathlib import Path
 
-# DSpark paper Fig. 8 (DeepSeek-V4-Flash), read off the figure (approximate).
-PAPER_RATIO = {32: 1.6, 128: 1.3, 200: 1.2}
-PAPER_VERIFY = "DSpark about 5 at low load falling to about 3.5 near 200; MTP-1 2"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import bench_paper as B
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--concurrency", default="1,2,4,8,16,32,64,128,200,256")
-    ap.add_argument("--requests-per-user", type=int, default=8)
-    ap.add_argument("--min-requests", type=int, default=200)
-    ap.add_argument("--trace", default="default")
-    ap.add_argument("--k", type=int, default=5, help="DSpark block size (the paper's Fig. 8 runs DSpark-5)")
-    ap.add_argument("--mix", default="math=0.34,code=0.33,chat=0.33",
-                    help="class mix (the deepseek-v4 preset is anchored on an equal mix)")
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default=None)
+    ap.add_argument("--trace", default="default")
+    ap.add_argument("--decode-only", action="store_true", help="prefill off the decode GPUs (see bench_paper)")
+    ap.add_argument("--per-gpu", default="10,20,50,100,150,200")
+    ap.add_argument("--requests-per-user", type=int, default=4)
+    ap.add_argument("--min-requests", type=int, default=200)
+    ap.add_argument("--gpus-per-node", type=int, default=8)
+    ap.add_argument("--mix", default=None)
+    ap.add_argument("--acceptance", default=None)
     ap.add_argument("--jobs", type=int, default=None)
-    ap.add_argument("--out", default=None)
-    a = ap.parse_args()
-    from dsim.scenario import build_workload, method_spec
-    from dsim.cost import load_profile
-    from dsim.sweep import sweep, write_sweep
-    conc = [int(x) for x in a.concurrency.split(",")]
-    from dsim.sim import SpecConfig
-    specs = {"mtp": method_spec("mtp"), "dspark": SpecConfig("dspark", k=a.k, adaptive=True)}
-    prof = load_profile(a.profile)
-    base = build_workload(a.trace, mix=a.mix)
-    t = time.perf_counter()
-    df = sweep(base, prof, specs, conc, requests_per_user=a.requests_per_user, min_requests=a.min_requests,
-               jobs=a.jobs)
-    dt = time.perf_counter() - t
-    if a.out:
-        write_sweep(df, a.out)
-    m = df[df.method == "mtp"].set_index("concurrency")
-    d = df[df.method == "dspark"].set_index("concurrency")
-    print(f"profile: {prof.label}")
-    print(f"workload: {base.source}")
-    print(f"{'C':>5} {'MTP-1 tok/s/GPU':>16} {'DSpark tok/s/GPU':>17} {'ratio':>7} {'paper':>6} "
-          f"{'DSpark verify':>14} {'MTP verify':>11} {'DSpark accept':>14}")
-    ratios = {}
-    for c in conc:
-        r = d.loc[c, "output_tok_s_per_gpu"] / m.loc[c, "output_tok_s_per_gpu"]
-        ratios[c] = r
-        paper = f"{PAPER_RATIO[c]:.1f}x" if c in PAPER_RATIO else ""
-        print(f"{c:>5} {m.loc[c, 'output_tok_s_per_gpu']:>16.1f} {d.loc[c, 'output_tok_s_per_gpu']:>17.1f} "
-              f"{r:>6.2f}x {paper:>6} {d.loc[c, 'verify_tokens_per_request']:>14.2f} "
-              f"{m.loc[c, 'verify_tokens_per_request']:>11.2f} {d.loc[c, 'acceptance_length']:>14.2f}")
-    print(f"paper verify budget: {PAPER_VERIFY}")
-    above = all(r > 1 for r in ratios.values())
-    hi = [c for c in conc if c >= 32]
-    shrinking = all(ratios[x] >= ratios[y] - 0.02 for x, y in zip(hi, hi[1:]))
-    vd = [d.loc[c, "verify_tokens_per_request"] for c in conc]
-    print(f"shape: ratio > 1 everywhere: {above}; ratio non-increasing from C=32: {shrinking}; "
-          f"DSpark verify/request first {vd[0]:.2f} -> last {vd[-1]:.2f} (paper ~5 -> ~3.5)")
-    print(f"sweep took {dt:.1f} s")
+    a = ap.parse_args(argv)
+    a.csv_dir = None
+    r = B.run_case(a.profile, a.trace, [int(x) for x in a.per_gpu.split(",")], a, decode_only_=a.decode_only)
+    P = B.PAPER[r["key"]]
+    df = r["df"]
+    mt = df[df.method == "mtp"].set_index("concurrency_per_gpu")
+    ds = df[df.method == "dspark"].set_index("concurrency_per_gpu")
+    print(f"profile : {r['profile'].label}")
+    print(f"workload: {r['workload']}")
+    print(f"paper   : {P['model']}, Fig. 8 fitted lines")
+    print(f"{'C/GPU':>6} {'MTP-1 tok/s/GPU':>16} {'paper':>7} {'DSpark tok/s/GPU':>17} {'paper':>7} "
+          f"{'ratio':>6} {'paper':>6} {'DSpark verify':>14} {'paper':>6} {'MTP verify':>11}")
+    for c in sorted(set(mt.index) & set(ds.index)):
+        pm = B._interp_loglog(c, P["fig8_c"], P["fig8_mtp"])
+        pd_ = B._interp_loglog(c, P["fig8_c"], P["fig8_dspark"])
+        pb = B._interp_loglog(c, P["fig8_c"], P["fig8_budget"])
+        m, d = mt.loc[c, "output_tok_s_per_gpu"], ds.loc[c, "output_tok_s_per_gpu"]
+        print(f"{c:>6g} {m:>16.0f} {B._num(pm):>7} {d:>17.0f} {B._num(pd_):>7} {d / m:>5.2f}x "
+              f"{(f'{pd_ / pm:.2f}x' if pm and pd_ else 'n/a'):>6} {ds.loc[c, 'verify_tokens_per_request']:>14.2f} "
+              f"{B._num(pb, 2):>6} {mt.loc[c, 'verify_tokens_per_request']:>11.2f}")
+    print(f"sweep took {r['wall_s']:.1f} s")
 
 
 if __name__ == "__main__":

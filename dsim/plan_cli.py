@@ -48,6 +48,12 @@ ExecutorOpt = Annotated[str, typer.Option("--executor", help="local (worker proc
 RayAddressOpt = Annotated[Optional[str], typer.Option("--ray-address", help="--executor ray: the cluster to "
                                                       "join (HOST:PORT, ray://HOST:PORT or auto; default: "
                                                       "$RAY_ADDRESS, else a local Ray started for the run)")]
+# The paper's comparison (dsim.frontier), printed and plotted by sweep and ab.
+UserSlaOpt = Annotated[Optional[str], typer.Option(help="per-user speed SLAs (tok/s/user) for the throughput "
+                                                   "gain, e.g. 80,120 (default: the DSpark paper's anchors "
+                                                   "for the model: V4-Pro 35,50, otherwise V4-Flash's 80,120)")]
+PerGpuOpt = Annotated[bool, typer.Option("--per-gpu", help="--concurrency values are per GPU (the DSpark "
+                                         "paper's Fig. 8 axis), multiplied by the fleet's GPUs")]
 
 
 def _int_items(s: str, what: str) -> list[int]:
@@ -263,9 +269,12 @@ def sweep(
     out: str = typer.Option(..., help="output directory: sweep.csv and PNG figures"),
     executor: ExecutorOpt = "local",
     ray_address: RayAddressOpt = None,
+    user_sla: UserSlaOpt = None,
+    per_gpu: PerGpuOpt = False,
 ):
     """Closed-loop concurrency sweep: throughput per GPU vs per-user speed (frontier), Fig. 8 curves."""
     def go():
+        from dsim import frontier as F
         from dsim import sweep as S
         from dsim.cost import load_profile
         from dsim.executor import check_executor
@@ -274,12 +283,15 @@ def sweep(
         check_executor(executor, ray_address)
         conc = parse_int_list(concurrency, "--concurrency")
         specs = parse_methods(methods)
+        slas = F.parse_user_sla(user_sla) if user_sla is not None else None
         check_int(min_requests, "--min-requests", 1, 10_000_000)
         check_int(requests_per_user, "--requests-per-user", 1, 1_000_000)
         check_common(nodes=nodes, gpus_per_node=gpus_per_node, seed=seed, jobs=jobs)
         check_mix(mix)
         check_out_targets(out)
         prof = load_profile(profile)
+        if per_gpu:
+            conc = F.concurrency_from_per_gpu(conc, prof, nodes, gpus_per_node)
         base = build_workload(trace, format, None, window, None, None, None, mix, seed)
         check_fit([base], prof, specs.values(), gpus_per_node)
         with staged_dir(out) as tmp:
@@ -287,12 +299,35 @@ def sweep(
                 df = S.sweep(base, prof, specs, conc, requests_per_user=requests_per_user,
                              min_requests=min_requests, nodes=nodes, gpus_per_node=gpus_per_node, seed=seed,
                              jobs=jobs, executor=executor, ray_address=ray_address, progress_bar=bar)
-            files = [final_path(tmp, out, f) for f in S.write_sweep(df, tmp)]
+            written = S.write_sweep(df, tmp)
+            comp_text, comp_files = _paper_comparison(df, list(specs), slas, prof, tmp)
+            files = [final_path(tmp, out, f) for f in written + comp_files]
         typer.echo(S.format_sweep(df))
+        if comp_text:
+            typer.echo(comp_text)
         typer.echo(f"workload: {base.source}")
         typer.echo(f"profile : {prof.label}")
         typer.echo("wrote " + ", ".join(str(f) for f in files))
     run_guarded(go)
+
+
+def user_slas(slas, prof):
+    """(SLA anchors, where they come from) for a profile: given, or the paper's for its model."""
+    from dsim import frontier as F
+    if slas is not None:
+        return tuple(slas), "given with --user-sla"
+    return F.default_user_sla(prof.provenance.get("model"))
+
+
+def _paper_comparison(df, methods, slas, prof, out) -> tuple[str, list]:
+    """(printed comparison, figure files) for the pair the paper compares; ("", []) for one method."""
+    from dsim import frontier as F
+    pair = F.pick_pair(methods)
+    if pair is None:
+        return "", []
+    anchors, src = user_slas(slas, prof)
+    c = F.paper_comparison(df, pair[0], pair[1], anchors, src)
+    return F.format_comparison(c), F.plot_comparison(df, c, out)
 
 
 # ---- ab -------------------------------------------------------------------------------------
@@ -326,9 +361,12 @@ def ab(
     out: str = typer.Option(..., help="report directory (report.md, report.html, PNGs, plan.json, sweep.csv)"),
     executor: ExecutorOpt = "local",
     ray_address: RayAddressOpt = None,
+    user_sla: UserSlaOpt = None,
+    per_gpu: PerGpuOpt = False,
 ):
     """Side-by-side report of method A vs B: SLA node counts, latency CDFs, frontier, per class, sensitivity."""
     def go():
+        from dsim import frontier as F
         from dsim import plan as P
         from dsim.cost import load_profile
         from dsim.executor import check_executor
@@ -339,6 +377,7 @@ def ab(
         slos = P.parse_sla(sla)
         seed_list = parse_seeds(seeds)
         conc = parse_int_list(concurrency, "--concurrency")
+        slas_u = F.parse_user_sla(user_sla) if user_sla is not None else None
         check_int(min_requests, "--min-requests", 1, 10_000_000)
         check_int(requests_per_user, "--requests-per-user", 1, 1_000_000)
         check_common(max_nodes=max_nodes, gpus_per_node=gpus_per_node, jobs=jobs)
@@ -347,6 +386,8 @@ def ab(
         prof_name, rs, notes = resolve_scenario(scenario, trace, profile, rate, rate_scale)
         sa, sb = method_spec(a, what="--a"), method_spec(b, what="--b")
         prof = load_profile(prof_name)
+        if per_gpu:
+            conc = F.concurrency_from_per_gpu(conc, prof, 1, gpus_per_node)
         wls = {s: build_workload(trace, format, requests, window, rate, rs, None, mix, s) for s in seed_list}
         check_fit(wls.values(), prof, (sa, sb), gpus_per_node, price_per_gpu_hour)
         argv = sys.argv[1:]
@@ -358,7 +399,8 @@ def ab(
                                   seeds=seed_list, gpus_per_node=gpus_per_node, price=price_per_gpu_hour, jobs=jobs,
                                   concurrency=conc, requests_per_user=requests_per_user, min_requests=min_requests,
                                   notes=notes, name_a=a.lower(), name_b=b.lower(), executor=executor,
-                                  ray_address=ray_address, progress_bar=bar)
+                                  ray_address=ray_address, progress_bar=bar,
+                                  user_sla=slas_u)
             files = [final_path(tmp, out, f) for f in files]
         typer.echo("wrote " + ", ".join(str(f) for f in files))
     run_guarded(go)

@@ -66,6 +66,11 @@ def _row(name, spec, c, r) -> dict:
         "mean_batch_requests": s.get("mean_batch_requests"),
         "sim_time_s": s["sim_time_s"], "wall_time_s": s["wall_time_s"], "gpus": s["setup"]["gpus"],
     }
+    # the paper's load axis is per GPU; a node holds nodes x replicas x GPUs per replica
+    setup = s["setup"]
+    row["concurrency_per_gpu"] = c / max(1, setup["gpus"])
+    row["concurrency_per_node"] = c / max(1, setup["nodes"])
+    row["concurrency_per_replica"] = c / max(1, setup["replicas"])
     for cls, v in (s.get("per_class") or {}).items():
         row[f"acceptance_length_{cls}"] = v["acceptance_length"]
         row[f"verify_tokens_{cls}"] = v["mean_verify_tokens_per_request"]
@@ -192,5 +197,8 @@ def format_sweep(df: pd.DataFrame) -> str:
     short = {"output_tok_s_per_gpu": "tok/s/GPU", "output_tok_s_per_user": "tok/s/user", "tpot_p50_ms": "TPOT p50",
              "tpot_p99_ms": "TPOT p99", "ttft_p50_ms": "TTFT p50", "acceptance_length": "accept len",
              "verify_tokens_per_request": "verify/req", "label": "method", "concurrency": "C"}
+    if "concurrency_per_gpu" in df.columns:
+        cols.insert(2, "concurrency_per_gpu")
+        short["concurrency_per_gpu"] = "C/GPU"
     d = df[cols].rename(columns=short)
     return d.to_string(index=False, float_format=lambda x: f"{x:.2f}")

@@ -97,11 +97,7 @@ def test_v4_presets_match_public_rates():
     a = np.array([0.739, 0.478, 0.261, 0.174, 0.130, 0.087, 0.043])
     flash = load_acceptance("deepseek-v4-flash-dspark", "dspark")
     assert np.allclose(np.cumprod(flash.curve("anything", 7)), a, atol=1e-3)
-    v4 = load_acceptance("deepseek-v4", "dspark")
-    mix = np.mean([np.cumprod(v4.curve(c, 7)) for c in CLASSES], axis=0)
-    assert np.allclose(mix, a, atol=2e-3)
-    m = load_acceptance("deepseek-v4", "mtp")
-    assert np.mean([m.curve(c, 1)[0] for c in CLASSES]) == pytest.approx(0.875, abs=2e-3)
+    # the deepseek-v4 preset's derivation is checked in tests/test_presets.py
 
 
 def test_parse_and_user_files(tmp_path):

@@ -1399,8 +1399,9 @@ def tune_attention(device, dtype) -> dict:
               dict(block_n=64, tq=4, num_warps=4), dict(block_n=32, tq=8, num_warps=4)]:
         try:
             core = attn_core(rec, cfg, 1, device, dtype, 0, {"indexer": c})
-            fn = lambda c=c, core=core: indexer_logits(core.idx_q, core.idx_w, core.idx_pool, core.groups,
-                                                        core.nvis, core.l_max, core.logits, c)
+            def fn(c=c, core=core):
+                return indexer_logits(core.idx_q, core.idx_w, core.idx_pool, core.groups, core.nvis, core.l_max,
+                                      core.logits, c)
             ms, _ = time_instances(lambda i, fn=fn: fn, device, 1, reps=3)
             ires[json.dumps(c)] = round(ms, 4)
             if ms < ibt:

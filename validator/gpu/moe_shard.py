@@ -384,7 +384,7 @@ def read_steplog(path: str) -> list[dict]:
         try:
             st = json.loads(line)
         except json.JSONDecodeError as e:
-            raise SystemExit(f"error: {path}:{ln}: not JSON ({e.msg})")
+            raise SystemExit(f"error: {path}:{ln}: not JSON ({e.msg})") from None
         if not isinstance(st, dict) or not isinstance(st.get("q"), list) or not isinstance(st.get("ctx"), list) \
                 or len(st["q"]) != len(st["ctx"]) or not st["q"]:
             raise SystemExit(f"error: {path}:{ln}: a step needs equal-length non-empty 'q' and 'ctx' lists")
