@@ -191,7 +191,7 @@ def simulate(
         sc = spec_config(method, k, adaptive, policy, verify_mode, acceptance, head, head_auc)
         ec = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                           enable_prefix_caching=prefix_caching, async_scheduling=async_scheduling,
-                          verify_mode=verify_mode, record_shapes=step_log is not None)
+                          record_shapes=step_log is not None)
         slo_d = None
         if slo:
             from dsim.plan import parse_request_slo
