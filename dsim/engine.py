@@ -239,6 +239,7 @@ class Replica:
         # context emitted before them (0 for a policy whose cost table fixes the context).
         self._ctx_ms_per_tok = cost.kv_ms_per_tok if pol is not None and pol.prices_context else 0.0
         self._no_row = np.zeros(1)
+        self._no_steps = np.zeros((0, 0), dtype=np.int64)
         cap = 16
         self.n = 0                           # live decode slots
         self._I = np.zeros((cap, NCOL), dtype=np.int64)
@@ -540,10 +541,12 @@ class Replica:
         return conf, lead, verified, cap
 
     # ---- commit: one path for single steps and decode windows ---------------------------------
-    def _commit_decodes(self, m: int, verified, cap, lead, conf, given) -> DecodeOutcome:
+    def _commit_decodes(self, m: int, verified, cap, lead, conf, given, itl_ms: float = -1.0) -> DecodeOutcome:
         """Commit m steps of the decode slots (the compiled dsim.kernels_step.commit_decodes),
-        then the speculative counters, the confidence history and the head's samples. ITL and
-        emission counts are the caller's (they depend on which slots emitted)."""
+        then the speculative counters, the confidence history and the head's samples. With
+        itl_ms >= 0 (every slot emitted at the previous step's end and emits in each step, the
+        largest gap itl_ms) also the slots' emission counts and largest ITL; else those are the
+        caller's (see _itl)."""
         n, K = self.n, self.K
         if not K:
             verified = cap = lead = np.zeros((m, n), dtype=np.int64)
@@ -556,8 +559,8 @@ class Replica:
         sa = np.empty(m, dtype=np.int64)
         se = np.empty(m, dtype=np.int64)
         st = self.stats
-        vt, at, lt, et, min_left = KS.commit_decodes(self._I, n, m, K, verified, cap, lead, given,
-                                                     st.accepted_hist, em, ver_r, acc_r, sv, sa, se)
+        vt, at, lt, et, min_left = KS.commit_decodes(self._I, self._F, n, m, K, verified, cap, lead, given,
+                                                     st.accepted_hist, itl_ms, em, ver_r, acc_r, sv, sa, se)
         if K:
             st.num_drafts += m * n
             st.num_draft_tokens += m * n * K
@@ -592,14 +595,19 @@ class Replica:
         verified = accepted = emitted_total = 0
         n_dec_run = n_dec
         if n_dec:
-            out = self._commit_decodes(1, plan.verified, plan.commit_cap, plan.lead, plan.conf, given)
+            fast = given is None and self._last_is_prev_end      # every gap is this step's duration
+            out = self._commit_decodes(1, plan.verified, plan.commit_cap, plan.lead, plan.conf, given,
+                                       plan.duration_ms if fast else -1.0)
             verified, accepted, emitted_total = int(out.step_verified[0]), int(out.step_accepted[0]), \
                 int(out.step_emitted[0])
-            mask = None
-            if given is not None:
-                mask = given > 0
-                n_dec_run = int(np.count_nonzero(mask))
-            self._itl(self.I, self.F, t, plan.duration_ms, mask)
+            if fast:
+                self.itl_vals.append((plan.duration_ms, n_dec))
+            else:
+                mask = None
+                if given is not None:
+                    mask = given > 0
+                    n_dec_run = int(np.count_nonzero(mask))
+                self._itl(self.I, self.F, t, plan.duration_ms, mask)
         # Prefills: chunks computed; those that reach the end of their prompt sample a token.
         moved = []
         for rid, c in zip(plan.prefill_ids, chunks):
@@ -727,83 +735,65 @@ class Replica:
     def _decode_window(self):
         env, K, cfg = self.env, self.K, self.cfg
         n = self.n
-        I, F = self.I, self.F
-        comp0 = I[:, COMP].copy()
-        left = I[:, END] - comp0
+        left_min = int(self.left_lb) if self.left_lb > 0 else int((self.I[:, END] - self.I[:, COMP]).min())
         # Steps until the first possible completion bound the window (no draws wasted on them).
-        k = int(min(cfg.max_window, max(1, left.min())))
+        k = int(min(cfg.max_window, max(1, left_min)))
         # Open loop: no draws past the next known arrival (each step takes at least the forward
         # of n tokens), since an arrival ends the window anyway.
         t_next = self.next_arrival()
+        dms = self._draft_ms(n)
         if t_next is not None:
-            floor_ms = self.cost.forward_ms(n) + self._draft_ms(n) + self.cpu_ms
+            floor_ms = self.cost.forward_ms(n) + dms + self.cpu_ms
             k = int(min(k, max(1, (t_next - env.now) * 1000.0 // max(floor_ms, 1e-6) + 1)))
         if K > 0:
             conf, lead, verified, cap = self._draft_and_verify(k)
-            acc = np.minimum(lead, cap)
-            n_tok = n + verified.sum(axis=1)
-            emit = acc + 1
-            cum = np.cumsum(emit, axis=0)                                      # [k, n]
-            done_step = np.flatnonzero((cum >= left[None, :]).any(axis=1))
-            per_step = emit.sum(axis=1)
         else:
-            conf = lead = verified = cap = None
-            n_tok = np.full(k, n)
-            done_step = [k - 1] if k >= left.min() else []
-            per_step = np.full(k, n)
-        last = int(done_step[0]) if len(done_step) else k - 1
-        # KV tokens at the start of each step; blocks held then (see _dec_blocks): an upper bound
-        # first, the exact count only when the bound says the cache may run out.
-        kv_start = self.kv_dec + np.concatenate([[0], np.cumsum(per_step)[:-1]])
-        avail = self.total_blocks - self.pre_blocks
-        if (kv_start[last] + n * (self.lookahead + KV_BLOCK_TOKENS - 1)) // KV_BLOCK_TOKENS > avail:
-            before = (np.vstack([np.zeros((1, n), np.int64), cum[:-1]]) if K > 0
-                      else np.arange(k)[:, None])
-            used = ((comp0[None, :] + before + (self.lookahead + KV_BLOCK_TOKENS - 1))
-                    // KV_BLOCK_TOKENS).sum(axis=1)
-            bad = np.flatnonzero(used > avail)
-            if len(bad) and bad[0] <= last:
-                if bad[0] == 0:      # even one step needs a preemption: take the general path
-                    plan = self._plan_step(False)
-                    yield env.timeout(plan.duration_ms / 1000.0)
-                    self._commit_step(plan)
-                    return
-                last = int(bad[0]) - 1
-        kv = kv_start + n_tok
+            conf = None
+            lead = verified = cap = self._no_steps
+        n_tok = np.empty(k, dtype=np.int64)
+        per_step = np.empty(k, dtype=np.int64)
+        kv = np.empty(k, dtype=np.int64)
+        comp0 = self.I[:, COMP].copy() if self.shapes is not None else None
+        last, general = KS.window_steps(self._I, n, K, k, lead, cap, verified, self.kv_dec,
+                                        self.total_blocks - self.pre_blocks, self.lookahead, n_tok, per_step, kv)
+        if general:                  # even one step needs a preemption: take the general path
+            plan = self._plan_step(False)
+            yield env.timeout(plan.duration_ms / 1000.0)
+            self._commit_step(plan)
+            return
         fwd = self.cost.step_ms(n_tok, kv)
-        dur = fwd + self._draft_ms(n) + self.cpu_ms                                # [k]
+        dur = fwd + (dms + self.cpu_ms)                                     # [k]
         t_end = env.now + np.cumsum(dur) / 1000.0
         # Run until the last step ends or an arrival wakes us; then commit the steps that ended
-        # before the wake-up plus the one in flight.
-        self.wake = env.event()
-        yield env.any_of([env.timeout(t_end[last] - env.now), self.wake])
+        # before the wake-up plus the one in flight. (The timeout triggers the wake event: one
+        # event to wait on, cheaper than a condition over two.)
+        self.wake = wake = env.event()
+        env.timeout(t_end[last] - env.now).callbacks.append(lambda _: None if wake.triggered else wake.succeed())
+        yield wake
         if env.now < t_end[last] - 1e-12:
             last = min(int(np.searchsorted(t_end, env.now - 1e-12, side="left")), k - 1)
             if t_end[last] > env.now:
                 yield env.timeout(t_end[last] - env.now)
         m = last + 1
         if self.shapes is not None:
+            cum = np.zeros(n, np.int64)
             for t in range(m):
                 qv = (1 + verified[t]) if K > 0 else np.ones(n, np.int64)
-                ctx = comp0 + ((cum[t - 1] if t else 0) if K > 0 else t)
-                self.shapes.append((self.idx, float(t_end[t]), qv.tolist(), ctx.tolist(), float(fwd[t])))
-        if K > 0:
-            out = self._commit_decodes(m, verified[:m], cap[:m], lead[:m], conf[:m], None)
-        else:
-            out = self._commit_decodes(m, None, None, None, None, None)
-        I = self.I
-        I[:, EMITS] += m
+                self.shapes.append((self.idx, float(t_end[t]), qv.tolist(), (comp0 + cum).tolist(), float(fwd[t])))
+                cum += (np.minimum(lead[t], cap[t]) + 1) if K > 0 else 1
         durs = dur[:m].tolist()
+        if K > 0:
+            out = self._commit_decodes(m, verified[:m], cap[:m], lead[:m], conf[:m], None, max(durs))
+        else:
+            out = self._commit_decodes(m, None, None, None, None, None, max(durs))
         self.itl_vals.extend((d, n) for d in durs)
-        F = self.F
-        np.maximum(F[:, _ITLMAX], max(durs), out=F[:, _ITLMAX])
         self._last_is_prev_end = True                    # (prev_end = t_end[last] below)
         ends = t_end[:m].tolist()
         ntok = n_tok[:m].tolist()
         kvl = kv[:m].tolist()
         ps, vs, as_ = out.step_emitted.tolist(), out.step_verified.tolist(), out.step_accepted.tolist()
         idx, nw = self.idx, len(self.waiting)
-        self.steps.extend((idx, ends[t], durs[t], n, n, int(ntok[t]), 0, vs[t], as_[t], ps[t], int(kvl[t]), nw)
+        self.steps.extend((idx, ends[t], durs[t], n, n, ntok[t], 0, vs[t], as_[t], ps[t], kvl[t], nw)
                           for t in range(m))
-        self.prev_end = float(t_end[last])
+        self.prev_end = ends[-1]
         self._finish_done()

@@ -520,8 +520,8 @@ def verify_arrays(mode, win, K, verified, cap):
 
 
 @njit(cache=True)
-def commit_decodes(I, n, m, K, verified, cap, lead, given, hist, em, ver_r, acc_r, step_ver, step_acc,
-                   step_emit):
+def commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, em, ver_r, acc_r, step_ver,
+                   step_acc, step_emit):
     """Commit m steps of the first n decode slots: per slot and step, accepted = min(full-block
     lead, commit cap) (a decode cut by the token budget, given[r] >= 0 tokens, verifies and commits
     at most given - 1 drafts and emits nothing when given = 0), emitted = accepted + 1, the slot's
@@ -529,7 +529,10 @@ def commit_decodes(I, n, m, K, verified, cap, lead, given, hist, em, ver_r, acc_
     ASUM, VSUM) and the accepted-drafts histogram; writes per slot em[r] (tokens committed),
     ver_r[r] and acc_r[r] (drafts verified and accepted over the m steps) and per step
     the verified, accepted and emitted totals (the last step's emitted net of output caps).
-    Returns (verified, accepted, full-block accepted, emitted, min remaining output)."""
+    With ``itl_ms`` >= 0 (every slot emitted at the previous step's end and emits each of these
+    steps, the largest gap being itl_ms) also each slot's emission count (EMITS += m) and largest
+    ITL (F[r, 1]). Returns (verified, accepted, full-block accepted, emitted, min remaining
+    output)."""
     vtot = 0
     atot = 0
     ltot = 0
@@ -578,6 +581,10 @@ def commit_decodes(I, n, m, K, verified, cap, lead, given, hist, em, ver_r, acc_
             I[r, ASUM] += a_sum
             I[r, VSUM] += v_sum
         I[r, COMP] += e
+        if itl_ms >= 0.0:
+            I[r, EMITS] += m
+            if F[r, 1] < itl_ms:
+                F[r, 1] = itl_ms
         vtot += v_sum
         atot += a_sum
         lr = left - e
@@ -648,3 +655,60 @@ def plan_decodes(key, I, X, n, K, steps, head, tok_scale, step_scale, head_scale
     else:
         win[:, :] = K
     verify_arrays(mode, win, K, verified, cap)
+
+
+@njit(cache=True)
+def window_steps(I, n, K, k, lead, cap, verified, kv_dec, avail_blocks, lookahead, n_tok, per_step, kv):
+    """The shape of a k-step decode window of the first n slots (lead, commit cap, verified
+    [k, n]; ignored when K = 0, one token a step): per step its tokens n_tok, tokens emitted
+    per_step (before output caps) and KV tokens read kv (at its start plus its own tokens).
+    Returns (last, general): the last step to run (the first step where some slot may finish,
+    or the step before the KV cache runs out), and whether even the first step needs a
+    preemption (then the caller takes the general path)."""
+    left = np.empty(n, np.int64)
+    cum = np.zeros(n, np.int64)
+    for r in range(n):
+        left[r] = I[r, END] - I[r, COMP]
+    last = k - 1
+    found = False
+    kv_start = kv_dec
+    for t in range(k):
+        tok = n
+        ps = 0
+        for r in range(n):
+            if K > 0:
+                c = cap[t, r]
+                a = lead[t, r] if lead[t, r] < c else c
+                tok += verified[t, r]
+                e = a + 1
+            else:
+                e = 1
+            cum[r] += e
+            ps += e
+            if not found and cum[r] >= left[r]:
+                found = True
+                last = t
+        n_tok[t] = tok
+        per_step[t] = ps
+        kv[t] = kv_start + tok
+        kv_start += ps
+    # blocks held at the start of each step: an upper bound first, exact only near a full cache
+    ks = kv[last] - n_tok[last]
+    if (ks + n * (lookahead + 15)) // 16 > avail_blocks:
+        before = np.zeros(n, np.int64)
+        for t in range(last + 1):
+            used = 0
+            for r in range(n):
+                used += (I[r, COMP] + before[r] + lookahead + 15) // 16
+            if used > avail_blocks:
+                if t == 0:
+                    return 0, True
+                return t - 1, False
+            for r in range(n):
+                if K > 0:
+                    c = cap[t, r]
+                    a = lead[t, r] if lead[t, r] < c else c
+                    before[r] += a + 1
+                else:
+                    before[r] += 1
+    return last, False

@@ -59,7 +59,7 @@ DEFAULT_MIX: dict[str, float] = {"chat": 0.6, "code": 0.2, "math": 0.2}
 DEFAULT_CLASSES: tuple[str, ...] = ("math", "code", "chat")
 MOONCAKE_BLOCK_TOKENS = 512
 FORMATS = ("azure", "mooncake", "burstgpt", "native-csv", "native-jsonl", "native-parquet")
-RATE_SCALE_RANGE = (0.1, 20.0)
+RATE_SCALE_RANGE = (0.1, 100.0)
 
 #: Public trace names -> file name in the trace directory (DSIM_TRACE_DIR or ../shared/traces).
 TRACE_FILES: dict[str, str] = {
@@ -219,7 +219,7 @@ def time_window(w: Workload, t0: float, t1: float) -> Workload:
 
 
 def scale_rate(w: Workload, x: float) -> Workload:
-    """Arrival rate times ``x`` (arrival times divided by x); 0.1 <= x <= 20."""
+    """Arrival rate times ``x`` (arrival times divided by x); 0.1 <= x <= 100."""
     lo, hi = RATE_SCALE_RANGE
     try:
         x = float(x)
