@@ -343,6 +343,13 @@ class CostModel:
     def step_ms(self, n_tokens, kv_tokens):
         return self.forward_ms(n_tokens) + self.kv_ms_per_tok * np.asarray(kv_tokens, dtype=np.float64)
 
+    def forward_table(self) -> np.ndarray:
+        """forward_ms(n) for n = 0..DENSE_TOKENS as one read-only float64 array (the dense lookup
+        compiled code reads; non-decreasing). Past its end call forward_ms."""
+        v = self._dense.view()
+        v.flags.writeable = False
+        return v
+
     def step_ms_one(self, n_tokens: int, kv_tokens: int) -> float:
         """step_ms for one step (Python scalars: the scheduler's every-step call)."""
         n = int(n_tokens)

@@ -240,6 +240,8 @@ class Replica:
         self._ctx_ms_per_tok = cost.kv_ms_per_tok if pol is not None and pol.prices_context else 0.0
         self._no_row = np.zeros(1)
         self._no_steps = np.zeros((0, 0), dtype=np.int64)
+        self._no_cut = np.full(16, -1, dtype=np.int64)           # decode_given of an uncut step
+        self._fwd = cost.forward_table()
         cap = 16
         self.n = 0                           # live decode slots
         self._I = np.zeros((cap, NCOL), dtype=np.int64)
@@ -296,10 +298,16 @@ class Replica:
             x = np.zeros((len(self._X), cap), dtype=np.float32)
             x[:, :n] = self._X[:, :n]
             self._X = x
-        self._I[n:n + m] = rows
-        self._F[n:n + m] = frows
-        if self.K:
-            self._X[:, n:n + m] = self.R.slot_rows[:, cols]
+        if m == 1:
+            self._I[n] = rows[0]
+            self._F[n] = frows[0]
+            if self.K:
+                self._X[:, n] = self.R.slot_rows[:, cols[0]]
+        else:
+            self._I[n:n + m] = rows
+            self._F[n:n + m] = frows
+            if self.K:
+                self._X[:, n:n + m] = self.R.slot_rows[:, cols]
         self.n = n + m
 
     def _remove_slot(self, j: int):
@@ -524,9 +532,7 @@ class Replica:
         (conf [steps, K, n], lead, verified, commit cap [steps, n])."""
         n, K = self.n, self.K
         conf = np.empty((steps, K, n), dtype=np.float32)
-        lead = np.empty((steps, n), dtype=np.int64)
-        verified = np.empty((steps, n), dtype=np.int64)
-        cap = np.empty((steps, n), dtype=np.int64)
+        lead, verified, cap = np.empty((3, steps, n), dtype=np.int64)
         limit = self.cfg.max_num_batched_tokens
         N = n + prefill_tokens
         if self._adaptive:
@@ -549,15 +555,13 @@ class Replica:
         caller's (see _itl)."""
         n, K = self.n, self.K
         if not K:
-            verified = cap = lead = np.zeros((m, n), dtype=np.int64)
+            verified = cap = lead = self._no_steps       # (the kernel reads none without drafts)
         if given is None:
-            given = np.full(n, -1, dtype=np.int64)
-        em = np.empty(n, dtype=np.int64)
-        ver_r = np.empty(n, dtype=np.int64)
-        acc_r = np.empty(n, dtype=np.int64)
-        sv = np.empty(m, dtype=np.int64)
-        sa = np.empty(m, dtype=np.int64)
-        se = np.empty(m, dtype=np.int64)
+            if len(self._no_cut) < n:
+                self._no_cut = np.full(len(self._I), -1, dtype=np.int64)
+            given = self._no_cut
+        em, ver_r, acc_r = np.empty((3, n), dtype=np.int64)
+        sv, sa, se = np.empty((3, m), dtype=np.int64)
         st = self.stats
         vt, at, lt, et, min_left = KS.commit_decodes(self._I, self._F, n, m, K, verified, cap, lead, given,
                                                      st.accepted_hist, itl_ms, em, ver_r, acc_r, sv, sa, se)
@@ -750,20 +754,23 @@ class Replica:
         else:
             conf = None
             lead = verified = cap = self._no_steps
-        n_tok = np.empty(k, dtype=np.int64)
-        per_step = np.empty(k, dtype=np.int64)
-        kv = np.empty(k, dtype=np.int64)
+        n_tok, per_step, kv = np.empty((3, k), dtype=np.int64)
+        fwd, dur, t_end = np.empty((3, k))
         comp0 = self.I[:, COMP].copy() if self.shapes is not None else None
-        last, general = KS.window_steps(self._I, n, K, k, lead, cap, verified, self.kv_dec,
-                                        self.total_blocks - self.pre_blocks, self.lookahead, n_tok, per_step, kv)
+        fixed_ms = dms + self.cpu_ms
+        last, general, past = KS.window_steps(self._I, n, K, k, lead, cap, verified, self.kv_dec,
+                                              self.total_blocks - self.pre_blocks, self.lookahead, self._fwd,
+                                              self.cost.kv_ms_per_tok, fixed_ms, env.now, n_tok, per_step, kv,
+                                              fwd, dur, t_end)
         if general:                  # even one step needs a preemption: take the general path
             plan = self._plan_step(False)
             yield env.timeout(plan.duration_ms / 1000.0)
             self._commit_step(plan)
             return
-        fwd = self.cost.step_ms(n_tok, kv)
-        dur = fwd + (dms + self.cpu_ms)                                     # [k]
-        t_end = env.now + np.cumsum(dur) / 1000.0
+        if past:                     # steps past the dense table: the cost model prices them
+            fwd[:] = self.cost.step_ms(n_tok, kv)
+            dur[:] = fwd + fixed_ms
+            t_end[:] = env.now + np.cumsum(dur) / 1000.0
         # Run until the last step ends or an arrival wakes us; then commit the steps that ended
         # before the wake-up plus the one in flight. (The timeout triggers the wake event: one
         # event to wait on, cheaper than a condition over two.)

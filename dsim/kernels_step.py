@@ -117,10 +117,16 @@ _KN, _WN, _FN = _zig_tables()
 _ZIG_R = 3.442619855899
 
 
-@njit(cache=True)
-def _normal_tail(s, j, iz, kn, wn, fn):
+@njit(cache=True, inline="always")
+def normal(s):
+    """A standard normal: the ziggurat (layer index and value from disjoint bits of one draw;
+    a rejected draw is redrawn, as in Marsaglia and Tsang's nfix)."""
     while True:
-        x = j * wn[iz]
+        r = next_u64(s)
+        iz = int(r & uint64(127))
+        j = float(np.int64(r >> uint64(32)) - 2147483648)
+        if abs(j) < _KN[iz]:
+            return j * _WN[iz]
         if iz == 0:                      # the base strip's tail beyond r
             while True:
                 x = -math.log(_uniform_open(s)) / _ZIG_R
@@ -128,24 +134,9 @@ def _normal_tail(s, j, iz, kn, wn, fn):
                 if y + y >= x * x:
                     break
             return _ZIG_R + x if j > 0 else -_ZIG_R - x
-        if fn[iz] + _uniform_open(s) * (fn[iz - 1] - fn[iz]) < math.exp(-0.5 * x * x):
+        x = j * _WN[iz]
+        if _FN[iz] + _uniform_open(s) * (_FN[iz - 1] - _FN[iz]) < math.exp(-0.5 * x * x):
             return x
-        r = next_u64(s)
-        iz = int(r & uint64(127))
-        j = float(np.int64(r >> uint64(32)) - 2147483648)
-        if abs(j) < kn[iz]:
-            return j * wn[iz]
-
-
-@njit(cache=True, inline="always")
-def normal(s):
-    """A standard normal (ziggurat; layer index and value from disjoint bits of one draw)."""
-    r = next_u64(s)
-    iz = int(r & uint64(127))
-    j = float(np.int64(r >> uint64(32)) - 2147483648)
-    if abs(j) < _KN[iz]:
-        return j * _WN[iz]
-    return _normal_tail(s, j, iz, _KN, _WN, _FN)
 
 
 @njit(cache=True)
@@ -214,28 +205,30 @@ def draw_slots(key, I, X, n, K, steps, head, tok_scale, step_scale, head_scale, 
 @njit(cache=True)
 def _sort_desc(v, out):
     """out = v sorted descending (float32, non-negative finite values): LSD radix sort on the
-    bit patterns (non-negative floats order as their bits), three 11-bit passes."""
+    bit patterns (non-negative floats order as their bits), four 8-bit passes (a pass whose
+    digit is the same for every value is skipped)."""
     n = v.shape[0]
-    if n <= 64:
+    if n <= 32:
         tmp = np.sort(v)
         for i in range(n):
             out[i] = tmp[n - 1 - i]
         return
-    bits = v.view(np.uint32)
-    a = bits.copy()
+    a = v.view(np.uint32).copy()
     b = np.empty_like(a)
-    cnt = np.zeros(2048, np.int64)
-    for shift in (0, 11, 22):
+    cnt = np.zeros(256, np.int64)
+    for shift in (0, 8, 16, 24):
         cnt[:] = 0
         for i in range(n):
-            cnt[(a[i] >> shift) & 2047] += 1
+            cnt[(a[i] >> shift) & 255] += 1
+        if cnt[(a[0] >> shift) & 255] == n:
+            continue
         tot = 0
-        for d in range(2048):
+        for d in range(256):
             c = cnt[d]
             cnt[d] = tot
             tot += c
         for i in range(n):
-            d = (a[i] >> shift) & 2047
+            d = (a[i] >> shift) & 255
             b[cnt[d]] = a[i]
             cnt[d] += 1
         a, b = b, a
@@ -522,7 +515,8 @@ def verify_arrays(mode, win, K, verified, cap):
 @njit(cache=True)
 def commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, em, ver_r, acc_r, step_ver,
                    step_acc, step_emit):
-    """Commit m steps of the first n decode slots: per slot and step, accepted = min(full-block
+    """Commit m steps of the first n decode slots (verified, cap, lead [m, n]; not read when K = 0):
+    per slot and step, accepted = min(full-block
     lead, commit cap) (a decode cut by the token budget, given[r] >= 0 tokens, verifies and commits
     at most given - 1 drafts and emits nothing when given = 0), emitted = accepted + 1, the slot's
     total capped by its remaining output. Updates I's COMP and speculative counters (ROUNDS,
@@ -549,15 +543,20 @@ def commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, em, 
         v_sum = 0
         g = given[r]
         for t in range(m):
-            v = verified[t, r]
-            c = cap[t, r]
+            if K > 0:
+                v = verified[t, r]
+                c = cap[t, r]
+                ld = lead[t, r]
+            else:
+                v = 0
+                c = 0
+                ld = 0
             if g >= 0:
                 gg = g - 1 if g > 0 else 0
                 if v > gg:
                     v = gg
                 if c > gg:
                     c = gg
-            ld = lead[t, r]
             a = ld if ld < c else c
             if K > 0:
                 hist[a] += 1
@@ -658,10 +657,13 @@ def plan_decodes(key, I, X, n, K, steps, head, tok_scale, step_scale, head_scale
 
 
 @njit(cache=True)
-def window_steps(I, n, K, k, lead, cap, verified, kv_dec, avail_blocks, lookahead, n_tok, per_step, kv):
+def window_steps(I, n, K, k, lead, cap, verified, kv_dec, avail_blocks, lookahead, fwd_table, kv_ms_per_tok,
+                 fixed_ms, t0_s, n_tok, per_step, kv, fwd, dur, t_end):
     """The shape of a k-step decode window of the first n slots (lead, commit cap, verified
     [k, n]; ignored when K = 0, one token a step): per step its tokens n_tok, tokens emitted
-    per_step (before output caps) and KV tokens read kv (at its start plus its own tokens).
+    per_step (before output caps), KV tokens read kv (at its start plus its own tokens), the
+    forward fwd = fwd_table[n_tok] + kv_ms_per_tok x kv (ms; -1 where n_tok is past the table:
+    the caller prices those), dur = fwd + fixed_ms and the end times t_end (s, from t0_s).
     Returns (last, general): the last step to run (the first step where some slot may finish,
     or the step before the KV cache runs out), and whether even the first step needs a
     preemption (then the caller takes the general path)."""
@@ -692,6 +694,17 @@ def window_steps(I, n, K, k, lead, cap, verified, kv_dec, avail_blocks, lookahea
         per_step[t] = ps
         kv[t] = kv_start + tok
         kv_start += ps
+    past = False
+    acc_ms = 0.0
+    for t in range(k):
+        if n_tok[t] < fwd_table.shape[0]:
+            fwd[t] = fwd_table[n_tok[t]] + kv_ms_per_tok * kv[t]
+            dur[t] = fwd[t] + fixed_ms
+            acc_ms += dur[t]
+            t_end[t] = t0_s + acc_ms / 1000.0
+        else:
+            past = True
+            fwd[t] = -1.0
     # blocks held at the start of each step: an upper bound first, exact only near a full cache
     ks = kv[last] - n_tok[last]
     if (ks + n * (lookahead + 15)) // 16 > avail_blocks:
@@ -702,8 +715,8 @@ def window_steps(I, n, K, k, lead, cap, verified, kv_dec, avail_blocks, lookahea
                 used += (I[r, COMP] + before[r] + lookahead + 15) // 16
             if used > avail_blocks:
                 if t == 0:
-                    return 0, True
-                return t - 1, False
+                    return 0, True, past
+                return t - 1, False, past
             for r in range(n):
                 if K > 0:
                     c = cap[t, r]
@@ -711,4 +724,4 @@ def window_steps(I, n, K, k, lead, cap, verified, kv_dec, avail_blocks, lookahea
                     before[r] += a + 1
                 else:
                     before[r] += 1
-    return last, False
+    return last, False, past
