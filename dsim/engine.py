@@ -12,12 +12,16 @@ Each step:
 5. prefills that finish their prompt sample one token; decodes emit accepted + 1 tokens.
 
 State is arrays over requests (global per-request table) and the running batch; nothing is a
-Python object per request or per token.
+Python object per request or per token. The step's numeric work (draws, verify windows, verify
+modes, commit and accounting) runs in the compiled kernels of dsim.kernels_step. A step is
+planned as a ``StepPlan`` and its decodes committed as a ``DecodeOutcome``, by one commit path
+(``_commit_decodes``) shared by single steps and decode windows.
 
 Decode-only stretches (nothing to admit, no prefill running) are simulated as a *window* of up to
 ``max_window`` steps at once ([k, R] arrays), then committed up to the first event (a completion,
-a KV shortage, a wake-up by an arrival); later draws are discarded. This is exact: every committed
-step is what a one-by-one loop would have produced with the same draws.
+a KV shortage, a wake-up by an arrival); later steps are dropped. This is exact: a request's draws
+come from its own stream per draft round, so every committed step is what a one-by-one loop
+produces (tested for every method and policy).
 """
 from __future__ import annotations
 

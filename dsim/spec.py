@@ -7,7 +7,11 @@ Public API (see docs/architecture.md, "Spec interface"):
   YAML/JSON files, ``const:P`` or an inline ``"math=0.9,0.8;chat=0.7"`` string);
   ``parse_acceptance(arg)`` for the inline forms.
 * ``AcceptanceModel(curves, class_names, k, ...)``: ``request_latent(rng, cls)``,
-  ``sample(rng, cls, latent, steps) -> StepDraws`` ([steps, R, K] arrays).
+  ``sample(rng, cls, latent, steps) -> StepDraws`` ([steps, R, K] arrays, the engine's compiled
+  sampler dsim.kernels_step.draw_slots), ``kernel_params()``.
+* ``SpecConfig`` (what the user asks for; the one home of ``verify_mode``) and
+  ``SpecRuntime.build(config, class_names, cost, ...)`` (method, acceptance model, budget policy,
+  verify mode: what an engine replica uses).
 * ``accepted_prefix(accept, window)``: leading accepted drafts inside the verify window.
 * ``head_quality(conf, accept, mask=None) -> (auc, ece)``.
 
