@@ -54,7 +54,7 @@ FormatOpt = Annotated[str, typer.Option("--format", help="auto, azure, mooncake,
 RequestsOpt = Annotated[Optional[int], typer.Option(help="first N requests")]
 WindowOpt = Annotated[Optional[str], typer.Option(help="time window START:END (s)")]
 RateOpt = Annotated[Optional[float], typer.Option(help="re-draw Poisson arrivals at R req/s")]
-RateScaleOpt = Annotated[Optional[float], typer.Option(help="scale the trace's arrival rate (0.1-20)")]
+RateScaleOpt = Annotated[Optional[float], typer.Option(help="scale the trace's arrival rate (0.1-100)")]
 MixOpt = Annotated[Optional[str], typer.Option(help="workload-class mix, e.g. math=0.3,code=0.2,chat=0.5")]
 ProfileOpt = Annotated[Optional[str], typer.Option(help="profile name or YAML path "
                                                    "(default: deepseek-v4-class-h200x8)")]
@@ -195,7 +195,7 @@ def simulate(
         sc = spec_config(method, k, adaptive, policy, verify_mode, acceptance, head, head_auc)
         ec = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                           enable_prefix_caching=prefix_caching, async_scheduling=async_scheduling,
-                          verify_mode=verify_mode, record_shapes=step_log is not None)
+                          record_shapes=step_log is not None)
         slo_d = None
         if slo:
             from dsim.plan import parse_request_slo

@@ -305,13 +305,6 @@ class CostModel:
         d, a = self.prefill_discount_ms_per_tok, self.prefill_attn_ms_per_pair
         return sum(q * (a * (c + 0.5 * q) - d) for q, c in chunks)
 
-    @property
-    def forward_dense(self) -> np.ndarray:
-        """forward_ms(0..DENSE_TOKENS) as one read-only array (what the array path returns)."""
-        v = self._dense.view()
-        v.flags.writeable = False
-        return v
-
     def forward_ms(self, n_tokens):
         """Target forward cost of n tokens at zero context (scalar or array)."""
         if isinstance(n_tokens, (int, np.integer)):
@@ -355,9 +348,24 @@ class CostModel:
     def step_ms(self, n_tokens, kv_tokens):
         return self.forward_ms(n_tokens) + self.kv_ms_per_tok * np.asarray(kv_tokens, dtype=np.float64)
 
-    def step_ms_range(self, n0: int, n1: int, kv_tokens, extra_ms: float = 0.0) -> np.ndarray:
-        """step_ms(np.arange(n0, n1), kv_tokens) + extra_ms, as a slice of the dense table where
-        it reaches (the verify-budget policy prices every budget of a step at once, every step)."""
+    def forward_table(self) -> np.ndarray:
+        """forward_ms(n) for n = 0..DENSE_TOKENS as one read-only float64 array (the dense lookup
+        compiled code reads; non-decreasing). Past its end call forward_ms."""
+        v = self._dense.view()
+        v.flags.writeable = False
+        return v
+
+    def step_ms_one(self, n_tokens: int, kv_tokens: int) -> float:
+        """step_ms for one step (Python scalars: the scheduler's every-step call)."""
+        n = int(n_tokens)
+        f = self._below_list[n] if n <= self.limit else self._above_scalar(n)
+        return f + self.kv_ms_per_tok * kv_tokens
+
+    def step_cost_row(self, n0: int, n1: int, kv_tokens, extra_ms: float = 0.0) -> np.ndarray:
+        """The dense step-cost row the verify-budget policies price budgets with: float64[n1 - n0],
+        element i = forward_ms(n0 + i) + kv_ms_per_tok x kv_tokens + extra_ms (a new array).
+        Preconditions: 0 <= n0 <= n1. Postcondition: non-decreasing (the forward table is forced
+        non-decreasing on load), and equal to step_ms(np.arange(n0, n1), kv_tokens) + extra_ms."""
         if n1 <= len(self._dense):
             return self._dense[n0:n1] + (self.kv_ms_per_tok * float(kv_tokens) + extra_ms)
         out = self.step_ms(np.arange(n0, n1), kv_tokens)

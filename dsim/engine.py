@@ -12,12 +12,16 @@ Each step:
 5. prefills that finish their prompt sample one token; decodes emit accepted + 1 tokens.
 
 State is arrays over requests (global per-request table) and the running batch; nothing is a
-Python object per request or per token.
+Python object per request or per token. The step's numeric work (draws, verify windows, verify
+modes, commit and accounting) runs in the compiled kernels of dsim.kernels_step. A step is
+planned as a ``StepPlan`` and its decodes committed as a ``DecodeOutcome``, by one commit path
+(``_commit_decodes``) shared by single steps and decode windows.
 
 Decode-only stretches (nothing to admit, no prefill running) are simulated as a *window* of up to
 ``max_window`` steps at once ([k, R] arrays), then committed up to the first event (a completion,
-a KV shortage, a wake-up by an arrival); later draws are discarded. This is exact: every committed
-step is what a one-by-one loop would have produced with the same draws.
+a KV shortage, a wake-up by an arrival); later steps are dropped. This is exact: a request's draws
+come from its own stream per draft round, so every committed step is what a one-by-one loop
+produces (tested for every method and policy).
 """
 from __future__ import annotations
 
@@ -28,10 +32,11 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
+from dsim import kernels_step as KS
 from dsim.cost import KV_BLOCK_TOKENS, CostModel
 from dsim.errors import InputError
-from dsim.policy import verify_tokens_and_commit
-from dsim.spec import DrawStream
+from dsim.kernels_step import ASUM, CLS, COMP, EMITS, END, ID, NCOL, ROUNDS, VSUM
+from dsim.spec import SpecRuntime
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,6 @@ class EngineConfig:
     enable_prefix_caching: bool = False
     async_scheduling: bool = False           # overlap CPU scheduling with the GPU step
     max_window: int = 32                     # decode steps simulated at once
-    verify_mode: str = "compact"             # SGLang verify modes: static | compact | cap-accept
     record_shapes: bool = False              # keep each step's (query tokens, context) per request
 
 
@@ -66,10 +70,65 @@ class StepRecord:
 STEP_FIELDS = tuple(StepRecord.__dataclass_fields__)
 
 
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """What the scheduler planned for one step.
+
+    The first ``n_decode`` decode slots decode (each 1 + its verified drafts, or ``decode_given``
+    tokens where the token budget cut the queue); with drafts, their draws and verify windows
+    are ``conf`` [1, K, n] (confidences), ``lead`` [1, n] (leading accepted drafts of the full
+    block), ``verified`` and ``commit_cap`` [1, n] (the verify mode's drafts verified and commit
+    cap). The running prefills ``prefill_ids`` compute ``prefill_chunks`` tokens. ``kv_tokens``:
+    KV entries the forward reads; ``forward_ms``: the target forward; ``duration_ms``: the
+    step's wall time (forward + drafter + CPU overhead)."""
+    n_decode: int
+    decode_given: np.ndarray | None
+    conf: np.ndarray | None
+    lead: np.ndarray | None
+    verified: np.ndarray | None
+    commit_cap: np.ndarray | None
+    prefill_ids: list
+    prefill_chunks: list
+    n_tokens: int
+    prefill_tokens: int
+    kv_tokens: int
+    forward_ms: float
+    duration_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeOutcome:
+    """What ``steps`` steps produced for the decode slots (in slot order): per request the drafts
+    drafted (``drafted`` each step), verified, accepted (inside the commit cap) and committed
+    tokens (accepted + 1 a step, capped by the request's remaining output; 0 for a decode the
+    budget gave no token), and per step the totals (``step_emitted``: committed tokens)."""
+    steps: int
+    drafted: int
+    verified: np.ndarray
+    accepted: np.ndarray
+    committed: np.ndarray
+    step_verified: np.ndarray
+    step_accepted: np.ndarray
+    step_emitted: np.ndarray
+    full_block_accepted: int
+
+    @property
+    def total_verified(self) -> int:
+        return int(self.step_verified.sum())
+
+    @property
+    def total_accepted(self) -> int:
+        return int(self.step_accepted.sum())
+
+    @property
+    def total_committed(self) -> int:
+        return int(self.step_emitted.sum())
+
+
 class Requests:
     """Global per-request state arrays shared by all replicas of one simulation."""
 
-    def __init__(self, workload, k: int):
+    def __init__(self, workload):
         n = len(workload.prompt_tokens)
         self.n = n
         self.prompt = workload.prompt_tokens.astype(np.int64)
@@ -110,10 +169,9 @@ class SpecStats:
         self.num_drafts = 0
         self.num_draft_tokens = 0           # vLLM counter: full K per draft round
         self.verified_draft_tokens = 0      # drafts actually verified (the window)
-        # Histogram of accepted drafts per round (0..K); accepted_per_pos derives from it. Rounds
-        # are buffered and counted 64 steps at a time (one bincount instead of one a step).
-        self._hist = np.zeros(max(k, 1) + 1, dtype=np.int64)
-        self._acc_buf: list = []
+        # Histogram of accepted drafts per round (0..K), counted by the commit kernel;
+        # accepted_per_pos derives from it.
+        self.accepted_hist = np.zeros(max(k, 1) + 1, dtype=np.int64)
         # Verify utilization (SGLang/DSpark): drafts accepted within the chosen windows over drafts
         # the full block would have had accepted, from the same draws.
         self.accepted_in_window = 0
@@ -126,22 +184,6 @@ class SpecStats:
         self.head_acc: list = []
         self.head_n = 0
 
-    def add_accepted(self, acc: np.ndarray):
-        """Accepted drafts of some rounds (any shape; the caller does not modify it later)."""
-        self._acc_buf.append(acc.reshape(-1))
-        if len(self._acc_buf) >= 64:
-            self._count()
-
-    def _count(self):
-        if self._acc_buf:
-            self._hist += np.bincount(np.concatenate(self._acc_buf), minlength=len(self._hist))
-            self._acc_buf = []
-
-    @property
-    def accepted_hist(self) -> np.ndarray:
-        self._count()
-        return self._hist
-
     @property
     def accepted_per_pos(self) -> np.ndarray:
         """vLLM's counter form: rounds that accepted draft position j (1..K) = rounds with more
@@ -149,12 +191,6 @@ class SpecStats:
         return self.accepted_hist[::-1].cumsum()[::-1][1:]
 
 
-# Decode-slot columns: the running requests in decode state, in running-queue order.
-_ID, _COMP, _END, _CLS, _EMITS = range(5)      # int64 columns of Replica.I
-# Per-request speculative counters, summed per class when the request's row is flushed:
-# draft rounds, drafts accepted (within the window), drafts verified.
-_ROUNDS, _ASUM, _VSUM = range(5, 8)
-_NCOL = 8
 _LAST, _ITLMAX = range(2)                              # float64 columns of Replica.F
 
 
@@ -165,60 +201,73 @@ class Replica:
     Decodes are scheduled before prefills, as vLLM's FCFS queue does when older requests are
     decoding; preemption picks the most recently admitted request by its admission number, since
     with long_prefill_token_threshold a newer short prompt can decode while an older one still
-    prefills. Decode slots are two 2D arrays (int and float columns above) so that a
-    step is a handful of numpy operations whatever the batch size; prefilling requests are a short
-    Python list.
+    prefills. Decode slots are buffers with room for ``capacity`` slots, the first ``n`` live:
+    the int table ``_I`` [capacity, NCOL] (columns in dsim.kernels_step), the float table ``_F``
+    (last emission, largest ITL) and the float32 rows ``_X`` [rows, capacity] (position-major:
+    the acceptance model's slot offsets, then the confidences of the previous draft round and,
+    where the budget policy reads them, of the one before). The compiled kernels work on these
+    buffers in place; prefilling requests are a short Python list.
     """
 
     def __init__(self, idx: int, env: simpy.Environment, reqs: Requests, cost: CostModel,
-                 cfg: EngineConfig, spec, rng: np.random.Generator, stats: SpecStats,
-                 on_finish, prefix_hashes=None, prefix_block_tokens: int = 512):
+                 cfg: EngineConfig, spec: SpecRuntime | None, stats: SpecStats, on_finish,
+                 draw_key: int = 0, prefix_hashes=None, prefix_block_tokens: int = 512):
         self.idx = idx
         self.env = env
         self.R = reqs
         self.cost = cost
         self.cfg = cfg
-        self.spec = spec                     # dsim.sim.SpecRuntime (method, acceptance, policy)
-        self.K = spec.k if spec is not None else 0
-        self.rng = rng
-        self.stream = DrawStream(rng)        # the draws' normals and uniforms, a block at a time
+        self.spec = spec
+        K = self.K = spec.k if spec is not None else 0
+        self.key = int(draw_key)            # the draws' run key (dsim.kernels_step)
         self.stats = stats
         self.on_finish = on_finish
-        self.I = np.zeros((0, _NCOL), dtype=np.int64)
-        self.F = np.zeros((0, 2), dtype=np.float64)
-        # Per decode slot, float32 rows aligned with I's rows (position-major [rows, slots]): the
-        # acceptance model's slot offsets (what is fixed for a request while it decodes), then
-        # the confidences of the previous draft round and, for the paper's production policy, of
-        # the one before. Read every step, so they follow the slots instead of being gathered
-        # from the request table (which keeps the confidences only across a preemption).
-        K = self.K
-        off = spec.acceptance.slot_offsets(reqs.cls, reqs.latent) if K else np.zeros((0, reqs.n), np.float32)
+        pol = spec.policy if K else None
+        self._adaptive = pol is not None
+        self._has_head = bool(K) and spec.method.has_head
+        acc = spec.acceptance if K else None
+        off = acc.slot_offsets(reqs.cls, reqs.latent) if K else np.zeros((0, reqs.n), np.float32)
         self._off_rows = len(off)
-        track = bool(K) and spec.method.adaptive
-        track2 = track and getattr(spec.policy, "production", False)
-        self._cp = slice(self._off_rows, self._off_rows + K) if track else None
-        self._cp2 = slice(self._off_rows + K, self._off_rows + 2 * K) if track2 else None
+        track = self._adaptive and (pol.reads_prev or pol.reads_prev2)
+        track2 = self._adaptive and pol.reads_prev2
+        self._cp = self._off_rows if track else -1
+        self._cp2 = self._off_rows + K if track2 else -1
         rows = self._off_rows + K * (track + track2)
         if K and (reqs.slot_rows is None or len(reqs.slot_rows) != rows):
             reqs.slot_rows = np.concatenate([off, np.ones((rows - len(off), reqs.n), dtype=np.float32)])
-        self.X = np.zeros((rows, 0), dtype=np.float32)
+        self._draw = acc.kernel_params() if K else None
+        self._pcode = pol.code if pol is not None else -1
+        self._ptau = float(pol.tau) if pol is not None else 0.0
+        self._mode = KS.VERIFY_CODES[spec.verify_mode] if K else KS.COMPACT
+        # A window's later steps read more KV: their budgets' cost rises by this per token of
+        # context emitted before them (0 for a policy whose cost table fixes the context).
+        self._ctx_ms_per_tok = cost.kv_ms_per_tok if pol is not None and pol.prices_context else 0.0
+        self._no_row = np.zeros(1)
+        self._no_steps = np.zeros((0, 0), dtype=np.int64)
+        self._no_cut = np.full(16, -1, dtype=np.int64)           # decode_given of an uncut step
+        self._fwd = cost.forward_table()
+        cap = 16
+        self.n = 0                           # live decode slots
+        self._I = np.zeros((cap, NCOL), dtype=np.int64)
+        self._F = np.zeros((cap, 2), dtype=np.float64)
+        self._X = np.zeros((rows, cap), dtype=np.float32)
         self.pre: list = []                  # request ids prefilling, in queue order
         self.admit_seq = 0
         self.waiting: deque = deque()
         self.kv_dec = 0                      # sum of the decode slots' KV tokens
-        # A lower bound on the tokens any decode slot still has to emit: a slot emits at most
-        # 1 + K per step, so no completion check is needed while it stays positive.
+        # The smallest output any decode slot still has to emit (exact after each commit, a
+        # lower bound after admissions): no completion check is needed while it stays positive.
         self.left_lb = 0
         # KV blocks. A decode slot holds ceil((KV tokens + lookahead) / 16) blocks, lookahead = 1 + K
         # (vLLM allocates slots for the drafts), a function of its KV tokens: the total is
         # checked against a cheap upper bound from kv_dec and computed exactly only near a full cache.
         self.total_blocks = cost.profile.kv_capacity_blocks
         self.pre_blocks = 0                  # blocks held by requests still prefilling
-        self.lookahead = 1 + self.K
+        self.lookahead = 1 + K
         self.cpu_ms = 0.0 if cfg.async_scheduling else cost.cpu_overhead_ms
         self.prev_end = -1.0
         self._last_is_prev_end = True        # every decode slot last emitted at prev_end (see _itl)
-        self.steps: list = []                # StepRecord tuples
+        self.steps: list = []                # rows of the step table (STEP_FIELDS order)
         self.finished: list = []             # (slot rows, float rows, finish time) to flush
         self.itl_vals: list = []             # (gap_ms, count) pairs: ITL samples, run-length coded
         self.wake = env.event()
@@ -228,21 +277,55 @@ class Replica:
         self.prefix_cap = max(1, self.total_blocks * KV_BLOCK_TOKENS // prefix_block_tokens)
         self.draft_cache: dict = {}
         self.shapes: list | None = [] if cfg.record_shapes else None   # for --step-log
-        self.verify_mode = cfg.verify_mode
-        # The verify-budget policy's one-step entry where it has one (vllm), else None.
-        pol = getattr(spec, "policy", None) if spec is not None and spec.method.adaptive else None
-        self._one_step = getattr(pol, "one_step", None)
-        self._adaptive = pol is not None
-        # Forward cost of every step size up to DENSE_TOKENS as a Python list: the hot loop's lookup.
-        self._fwd_list = cost.forward_dense.tolist()
-        self._kv_ms = cost.kv_ms_per_tok
         self.next_arrival = lambda: None      # set by the simulation: time of the next open-loop arrival
         self.proc = env.process(self.loop())
+
+    # ---- decode-slot buffers ----------------------------------------------------------------
+    @property
+    def I(self) -> np.ndarray:  # noqa: E743 - the decode-slot matrix, named as in the engine doc
+        return self._I[:self.n]
+
+    @property
+    def F(self) -> np.ndarray:
+        return self._F[:self.n]
+
+    def _append_slots(self, rows: list, frows: list, cols: list):
+        m = len(rows)
+        n = self.n
+        if n + m > len(self._I):
+            cap = max(2 * len(self._I), n + m)
+            for name in ("_I", "_F"):
+                old = getattr(self, name)
+                new = np.zeros((cap, old.shape[1]), dtype=old.dtype)
+                new[:n] = old[:n]
+                setattr(self, name, new)
+            x = np.zeros((len(self._X), cap), dtype=np.float32)
+            x[:, :n] = self._X[:, :n]
+            self._X = x
+        if m == 1:
+            self._I[n] = rows[0]
+            self._F[n] = frows[0]
+            if self.K:
+                self._X[:, n] = self.R.slot_rows[:, cols[0]]
+        else:
+            self._I[n:n + m] = rows
+            self._F[n:n + m] = frows
+            if self.K:
+                self._X[:, n:n + m] = self.R.slot_rows[:, cols]
+        self.n = n + m
+
+    def _remove_slot(self, j: int):
+        n = self.n
+        self._I[j:n - 1] = self._I[j + 1:n]
+        self._F[j:n - 1] = self._F[j + 1:n]
+        if self.K:
+            self._X[:, j:n - 1] = self._X[:, j + 1:n]
+        self.n = n - 1
 
     # ---- interface used by the router -------------------------------------------------------
     @property
     def outstanding(self) -> int:
-        return len(self.I) + len(self.pre) + len(self.waiting)
+        return self.n + len(self.pre) + len(self.waiting)
 
     def submit(self, rid: int):
         R = self.R
@@ -259,11 +342,6 @@ class Replica:
             self.wake.succeed()
 
     # ---- helpers ----------------------------------------------------------------------------
-    def _step_ms(self, n_tokens: int, kv: int) -> float:
-        fl = self._fwd_list
-        f = fl[n_tokens] if n_tokens < len(fl) else self.cost.forward_ms(n_tokens)
-        return f + self._kv_ms * kv
-
     def _draft_ms(self, n: int) -> float:
         if self.K == 0 or n == 0:
             return 0.0
@@ -307,7 +385,7 @@ class Replica:
     def loop(self):
         env = self.env
         while True:
-            if len(self.I) == 0 and not self.pre and not self.waiting:
+            if self.n == 0 and not self.pre and not self.waiting:
                 self.wake = env.event()
                 yield self.wake
             if self._window_ok():
@@ -318,7 +396,7 @@ class Replica:
                 self.wake = env.event()
                 yield self.wake
                 continue
-            yield env.timeout(plan[-1] / 1000.0)
+            yield env.timeout(plan.duration_ms / 1000.0)
             self._commit_step(plan)
 
     def _preempt_tail(self):
@@ -328,27 +406,24 @@ class Replica:
         still prefills, so the decode slots are compared too."""
         R = self.R
         j = None
-        if len(self.I):
-            seqs = [R.seq[r] for r in self.I[:, _ID].tolist()]
+        if self.n:
+            seqs = [R.seq[r] for r in self.I[:, ID].tolist()]
             j = max(range(len(seqs)), key=seqs.__getitem__)
         if self.pre and (j is None or R.seq[self.pre[-1]] > seqs[j]):
             rid = self.pre.pop()
             self.pre_blocks -= int(R.blocks[rid])
         else:
-            row, frow = self.I[j], self.F[j]
-            rid = int(row[_ID])
-            R.generated[rid] = R.output_l[rid] - int(row[_END] - row[_COMP])
-            R.emits[rid] = row[_EMITS]
-            R.spec_counts[rid] = (int(row[_ROUNDS]), int(row[_ASUM]), int(row[_VSUM]))
+            row, frow = self._I[j].copy(), self._F[j].copy()
+            rid = int(row[ID])
+            R.generated[rid] = R.output_l[rid] - int(row[END] - row[COMP])
+            R.emits[rid] = row[EMITS]
+            R.spec_counts[rid] = (int(row[ROUNDS]), int(row[ASUM]), int(row[VSUM]))
             R.last_emit[rid] = self.prev_end if self._last_is_prev_end else frow[_LAST]
             R.itl_max[rid] = frow[_ITLMAX]
-            self.kv_dec -= int(row[_COMP])
-            keep = np.ones(len(self.I), dtype=bool)
-            keep[j] = False
-            self.I, self.F = self.I[keep], self.F[keep]
+            self.kv_dec -= int(row[COMP])
             if self.K:
-                R.slot_rows[:, rid] = self.X[:, j]    # its confidences, kept for its resumption
-                self.X = self.X[:, keep]
+                R.slot_rows[:, rid] = self._X[:, j]    # its confidences, kept for its resumption
+            self._remove_slot(j)
         R.blocks[rid] = 0
         R.computed[rid] = 0
         R.preemptions[rid] += 1
@@ -357,25 +432,23 @@ class Replica:
     def _dec_blocks(self, exact: bool) -> int:
         """Blocks held by the decode slots: exact, or an upper bound from kv_dec alone
         (sum of ceil(x_i / 16) <= (sum x_i + 15 n) / 16)."""
-        n, la = len(self.I), self.lookahead
+        n, la = self.n, self.lookahead
         if not exact:
             return (self.kv_dec + n * (la + KV_BLOCK_TOKENS - 1)) // KV_BLOCK_TOKENS
-        return int(((self.I[:, _COMP] + (la + KV_BLOCK_TOKENS - 1)) // KV_BLOCK_TOKENS).sum())
+        return int(((self.I[:, COMP] + (la + KV_BLOCK_TOKENS - 1)) // KV_BLOCK_TOKENS).sum())
 
     def _fits(self, blocks: int) -> bool:
         """Can `blocks` more KV blocks be allocated? (the exact count only when the bound fails)"""
         free = self.total_blocks - self.pre_blocks
         return free - self._dec_blocks(False) >= blocks or free - self._dec_blocks(True) >= blocks
 
-    def _plan_step(self, preempted: bool):
-        """Schedule one step (vLLM V1 order). Returns the plan tuple, or None if nothing runs."""
+    def _plan_step(self, preempted: bool) -> StepPlan | None:
+        """Schedule one step (vLLM V1 order), or None if nothing runs."""
         R, cfg, K = self.R, self.cfg, self.K
-        I = self.I
-        n_dec = len(I)
+        n_dec = self.n
         budget = cfg.max_num_batched_tokens
         thr = cfg.long_prefill_token_threshold
-        vc = draws = q = None
-        cut = False
+        conf = lead = verified = cap = given = None
         dec_tokens = 0
         # vLLM schedules decodes first, each reserving 1 + K tokens (drafts the verify budget trims
         # do not return theirs), and the running prefills take what is left, in queue order.
@@ -391,17 +464,15 @@ class Replica:
         if n_dec:
             if K:
                 # the verify budget, priced with those prefill chunks
-                windows, draws = self._windows(I, 1, sum(chunks), self._prefill_ms(chunks))
-                vc = verify_tokens_and_commit(self.verify_mode, windows[0], K)   # (verified, commit cap)
-                dec_tokens = n_dec + int(np.add.reduce(vc[0]))
+                conf, lead, verified, cap = self._draft_and_verify(1, sum(chunks), self._prefill_ms(chunks))
+                dec_tokens = n_dec + int(verified.sum())
             else:
                 dec_tokens = n_dec
             if dec_tokens > budget:          # the budget cuts the decode queue (rare)
-                qq = 1 + vc[0] if K else np.ones(n_dec, dtype=np.int64)
+                qq = 1 + verified[0] if K else np.ones(n_dec, dtype=np.int64)
                 cum = np.cumsum(qq)
-                q = np.minimum(qq, np.maximum(budget - (cum - qq), 0))
+                given = np.minimum(qq, np.maximum(budget - (cum - qq), 0))
                 dec_tokens = budget
-                cut = True
         # KV blocks for the scheduled tokens; preempt from the tail when they run out.
         pre_grow = [max(0, -(-(int(R.computed[r]) + c) // KV_BLOCK_TOKENS) - int(R.blocks[r]))
                     for r, c in zip(self.pre, chunks)]
@@ -445,11 +516,11 @@ class Replica:
         if n_tokens == 0:
             return None
         kv = self.kv_dec + dec_tokens + sum(int(R.computed[r]) + c for r, c in zip(self.pre, chunks))
-        n_sample = (n_dec if not cut else int((q > 0).sum())) + n_pre_sample
-        fwd = self._step_ms(n_tokens, kv) + self._prefill_ms(chunks)
+        n_sample = (n_dec if given is None else int(np.count_nonzero(given))) + n_pre_sample
+        fwd = self.cost.step_ms_one(n_tokens, kv) + self._prefill_ms(chunks)
         dur = fwd + self._draft_ms(n_sample) + self.cpu_ms
-        # q: tokens per decode slot, only when the budget cut the queue (else 1 + verified)
-        return (n_dec, q, cut, vc, draws, list(self.pre), chunks, n_tokens, pre_tokens, kv, fwd, dur)
+        return StepPlan(n_dec, given, conf, lead, verified, cap, list(self.pre), chunks, n_tokens, pre_tokens,
+                        kv, fwd, dur)
 
     def _prefill_ms(self, chunks) -> float:
         """The cost correction (CostModel.prefill_ms) of the prefill chunks of self.pre."""
@@ -457,139 +528,97 @@ class Replica:
             return 0.0
         return self.cost.prefill_ms((c, self.R.computed[r]) for r, c in zip(self.pre, chunks) if c)
 
-    def _windows(self, I, k, prefill_tokens=0, prefill_ms=0.0):
-        """Draft draws and verify windows for the decode slots over k steps (prefill_tokens and
-        prefill_ms: the step's prefill tokens and their cost correction, for the budget's price)."""
-        sp, K = self.spec, self.K
-        draws = sp.acceptance.sample_slots(self.stream, self.X[:self._off_rows], k)
-        if k == 1 and self._one_step is not None:
-            # The every-step case: the policy's one-step entry, budgets priced by one cost row.
-            n = len(I)
-            cost, kv, cpu = self.cost, self.kv_dec + n, self.cpu_ms
-            extra = cpu + self._draft_ms(n) + prefill_ms
-            w = self._one_step(draws.conf[0], self.X[self._cp].T, n + prefill_tokens, float(n),
-                               0.0, lambda n0, n1: cost.step_ms_range(n0, n1, kv, extra),
-                               self.cfg.max_num_batched_tokens, K, in_unit=True)
-            return w[None], draws
-        if sp.method.adaptive:
-            conf = draws.conf
-            cp = self.X[self._cp].T                          # [R, K] views of [K, R] blocks
-            cp2 = self.X[self._cp2].T if self._cp2 is not None else None
-            prev = np.concatenate([cp[None], conf[:-1]]) if k > 1 else cp[None]
-            if cp2 is None:
-                prev2 = None               # only the paper's production variant reads it
-            elif k == 1:
-                prev2 = cp2[None]
-            else:
-                prev2 = np.concatenate([cp2[None], cp[None], conf[:-2]])
-            cost, cpu = self.cost, self.cpu_ms
-            n = len(I)
-            dms = self._draft_ms(n)
-            limit = self.cfg.max_num_batched_tokens
-            # Each step's budget is priced at its own step's KV context, which depends on what the
-            # window's earlier steps accepted. Solve it as a fixed point: price with a guess of the
-            # contexts, derive the contexts those windows produce, repeat until the windows do not
-            # change (then they are exactly what stepping one by one gives); else step by step.
-            kv0 = self.kv_dec + n
-            left0 = I[:, _END] - I[:, _COMP]
-            kv_ms = self.cost.kv_ms_per_tok
-
-            def contexts(win):
-                commit = verify_tokens_and_commit(self.verify_mode, win, K)[1]
-                acc = sp.accepted_prefix(draws.accept, commit)                       # [k, n]
-                em = np.minimum(np.cumsum(acc + 1, axis=0), left0[None, :])
-                em_step = np.diff(em, axis=0, prepend=0).sum(axis=1)
-                return np.concatenate([[0], np.cumsum(em_step)[:-1]])                 # kv_t - kv0
-
-            def solve(extra, rows=slice(None)):
-                ctx = sp.context(verify_ms=lambda x: cost.step_ms(x, kv0) + cpu, draft_ms=dms,
-                                 n_nondraft=np.full(len(extra), n + prefill_tokens, dtype=np.int64),
-                                 token_limit=limit, k_max=K, step_extra_ms=extra)
-                return sp.policy.windows(conf[rows], prev[rows], None if prev2 is None else prev2[rows],
-                                         ctx).astype(np.int64)
-
-            base = np.full(k, prefill_ms)          # (prefill chunks: single steps only)
-            windows = solve(base)
-            for _ in range(3):
-                if k == 1:
-                    break
-                extra = base + kv_ms * contexts(windows)
-                nxt = solve(extra)
-                if np.array_equal(nxt, windows):
-                    break
-                windows = nxt
-            else:
-                for t in range(1, k):          # no fixed point: one step at a time
-                    extra = base + kv_ms * contexts(windows)
-                    windows[t] = solve(extra[t:t + 1], slice(t, t + 1))[0]
-        else:
-            windows = np.full((k, len(I)), K, dtype=np.int64)
-        return windows, draws
-
-    def _spec_account(self, I, draws, acc, verified, lead):
-        """Counters for the first m steps of a window of the decode slots I (acc: accepted drafts,
-        verified: drafts verified, lead: drafts the full block would have accepted, all [m, n],
-        or [n] for one step). Returns (verified, accepted) drafts in total."""
-        st, K = self.stats, self.K
-        one = acc.ndim == 1
-        m, n = (1, len(acc)) if one else acc.shape
-        st.num_drafts += m * n
-        st.num_draft_tokens += m * n * K
-        acc_r = acc if one else np.add.reduce(acc, axis=0)
-        ver_r = verified if one else np.add.reduce(verified, axis=0)
-        vsum, asum = int(np.add.reduce(ver_r)), int(np.add.reduce(acc_r))
-        st.verified_draft_tokens += vsum
-        st.add_accepted(acc)
+    def _draft_and_verify(self, steps: int, prefill_tokens: int = 0, prefill_ms: float = 0.0):
+        """Draws and verify windows of the decode slots over ``steps`` steps (the compiled
+        dsim.kernels_step.plan_decodes). Adaptive: each step's budgets priced by one cost row,
+        the cost of n + prefill_tokens + b tokens at the slots' KV context, drafter and CPU
+        overhead included, plus prefill_ms (the step's prefill correction). Returns
+        (conf [steps, K, n], lead, verified, commit cap [steps, n])."""
+        n, K = self.n, self.K
+        conf = np.empty((steps, K, n), dtype=np.float32)
+        lead, verified, cap = np.empty((3, steps, n), dtype=np.int64)
+        limit = self.cfg.max_num_batched_tokens
+        N = n + prefill_tokens
         if self._adaptive:
-            st.accepted_in_window += asum
-            st.accepted_full_block += int(np.add.reduce(lead, axis=None))
-        I[:, _ROUNDS] += m                  # per class when the rows are flushed
-        I[:, _ASUM] += acc_r
-        I[:, _VSUM] += ver_r
-        if st.head_n < st.cap and self.spec.method.name == "dspark":     # only DSpark has a head
-            st.head_conf.append(draws.conf[:m].reshape(-1))
-            st.head_acc.append(draws.accept[:m].reshape(-1))
-            st.head_n += m * n * K
-        if self._cp is not None:
-            if self._cp2 is not None:                          # (the production policy's)
-                self.X[self._cp2] = draws.conf[m - 2].T if m >= 2 else self.X[self._cp]
-            self.X[self._cp] = draws.conf[m - 1].T
-        return vsum, asum
+            M = min(max(limit - N, 0), n * K)
+            row = self.cost.step_cost_row(N, N + M + 1, self.kv_dec + n, self.cpu_ms + self._draft_ms(n))
+            row = self.spec.policy.cost_row(n, N, N + M + 1, row)
+        else:
+            row = self._no_row
+        KS.plan_decodes(self.key, self._I, self._X, n, K, steps, *self._draw, self._adaptive, self._pcode,
+                        self._ptau, self._cp if self._cp >= 0 else 0, self._cp2, row, float(prefill_ms),
+                        self._ctx_ms_per_tok, N, limit, self._mode, conf, lead, verified, cap)
+        return conf, lead, verified, cap
 
-    def _commit_step(self, plan):
-        n_dec, q, cut, vc, draws, pre, chunks, n_tokens, pre_tokens, kv, fwd, dur = plan
-        R, K, t = self.R, self.K, self.env.now
-        I, F = self.I, self.F
+    # ---- commit: one path for single steps and decode windows ---------------------------------
+    def _commit_decodes(self, m: int, verified, cap, lead, conf, given, itl_ms: float = -1.0) -> DecodeOutcome:
+        """Commit m steps of the decode slots (the compiled dsim.kernels_step.commit_decodes),
+        then the speculative counters, the confidence history and the head's samples. With
+        itl_ms >= 0 (every slot emitted at the previous step's end and emits in each step, the
+        largest gap itl_ms) also the slots' emission counts and largest ITL; else those are the
+        caller's (see _itl)."""
+        n, K = self.n, self.K
+        if not K:
+            verified = cap = lead = self._no_steps       # (the kernel reads none without drafts)
+        if given is None:
+            if len(self._no_cut) < n:
+                self._no_cut = np.full(len(self._I), -1, dtype=np.int64)
+            given = self._no_cut
+        em, ver_r, acc_r = np.empty((3, n), dtype=np.int64)
+        sv, sa, se = np.empty((3, m), dtype=np.int64)
+        st = self.stats
+        vt, at, lt, et, min_left = KS.commit_decodes(self._I, self._F, n, m, K, verified, cap, lead, given,
+                                                     st.accepted_hist, itl_ms, em, ver_r, acc_r, sv, sa, se)
+        if K:
+            st.num_drafts += m * n
+            st.num_draft_tokens += m * n * K
+            st.verified_draft_tokens += vt
+            if self._adaptive:
+                st.accepted_in_window += at
+                st.accepted_full_block += lt
+            if self._has_head and st.head_n < st.cap:
+                st.head_conf.append(conf[:m].transpose(0, 2, 1).reshape(-1))
+                st.head_acc.append((np.arange(K)[None, None, :] < lead[:m, :, None]).reshape(-1))
+                st.head_n += m * n * K
+            if self._cp >= 0:
+                X, cp = self._X, self._cp
+                if self._cp2 >= 0:                        # (the production policy's)
+                    X[self._cp2:self._cp2 + K, :n] = conf[m - 2] if m >= 2 else X[cp:cp + K, :n]
+                X[cp:cp + K, :n] = conf[m - 1]
+        self.kv_dec += et
+        self.left_lb = int(min_left)
+        return DecodeOutcome(m, K, ver_r, acc_r, em, sv, sa, se, int(lt))
+
+    def _commit_step(self, plan: StepPlan):
+        R, t = self.R, self.env.now
+        n_dec = plan.n_decode
+        given = plan.decode_given
+        chunks = plan.prefill_chunks
         if self.shapes is not None:
-            qd = q if q is not None else (1 + vc[0] if vc is not None else None)
+            qd = given if given is not None else (1 + plan.verified[0] if self.K and n_dec else None)
             qs = ([] if not n_dec else (qd.tolist() if qd is not None else [1] * n_dec)) + chunks
-            ctxs = I[:, _COMP].tolist() + [int(R.computed[r]) for r in pre]
-            self.shapes.append((self.idx, t, [x for x in qs if x], [c for x, c in zip(qs, ctxs) if x], fwd))
-        accepted = verified = emitted_total = 0
+            ctxs = self.I[:, COMP].tolist() + [int(R.computed[r]) for r in plan.prefill_ids]
+            self.shapes.append((self.idx, t, [x for x in qs if x], [c for x, c in zip(qs, ctxs) if x],
+                                plan.forward_ms))
+        verified = accepted = emitted_total = 0
         n_dec_run = n_dec
         if n_dec:
-            if K:
-                ver, commit_w = vc
-                if cut:     # a decode cut by the token budget verifies only the drafts it was given
-                    given = np.maximum(q - 1, 0)
-                    ver, commit_w = np.minimum(ver, given), np.minimum(commit_w, given)
-                lead = draws.full_block_accepted_first()                   # the full block's
-                acc = np.minimum(lead, commit_w)
-                verified, accepted = self._spec_account(I, draws, acc, ver, lead)
-                em = np.minimum(acc + 1, I[:, _END] - I[:, _COMP])
+            fast = given is None and self._last_is_prev_end      # every gap is this step's duration
+            out = self._commit_decodes(1, plan.verified, plan.commit_cap, plan.lead, plan.conf, given,
+                                       plan.duration_ms if fast else -1.0)
+            verified, accepted, emitted_total = int(out.step_verified[0]), int(out.step_accepted[0]), \
+                int(out.step_emitted[0])
+            if fast:
+                self.itl_vals.append((plan.duration_ms, n_dec))
             else:
-                em = 1
-            if cut:
-                em = np.where(q > 0, em, 0)
-                n_dec_run = int((q > 0).sum())
-            I[:, _COMP] += em
-            emitted_total = int(em.sum()) if K or cut else n_dec
-            self.kv_dec += emitted_total
-            self.left_lb -= 1 + K
-            self._itl(I, F, t, dur, None if not cut else q > 0)
+                mask = None
+                if given is not None:
+                    mask = given > 0
+                    n_dec_run = int(np.count_nonzero(mask))
+                self._itl(self.I, self.F, t, plan.duration_ms, mask)
         # Prefills: chunks computed; those that reach the end of their prompt sample a token.
         moved = []
-        for rid, c in zip(pre, chunks):
+        for rid, c in zip(plan.prefill_ids, chunks):
             if c == 0:
                 continue
             R.computed[rid] += c
@@ -623,13 +652,11 @@ class Replica:
                 R.blocks[rid] = 0
                 frows.append((t, float(R.itl_max[rid])))
                 self.kv_dec += comp
-            self.I = I = np.concatenate([I, np.array(rows, dtype=np.int64)])
-            self.F = F = np.concatenate([F, np.array(frows, dtype=np.float64)])
-            if K:
-                self.X = np.concatenate([self.X, R.slot_rows[:, moved]], axis=1)
+            self._append_slots(rows, frows, moved)
         self.prev_end = t
-        self.steps.append((self.idx, t, dur, n_dec_run + sum(1 for c in chunks if c), n_dec_run, n_tokens,
-                           pre_tokens, verified, accepted, emitted_total, kv, len(self.waiting)))
+        self.steps.append((self.idx, t, plan.duration_ms, n_dec_run + sum(1 for c in chunks if c), n_dec_run,
+                           plan.n_tokens, plan.prefill_tokens, verified, accepted, emitted_total, plan.kv_tokens,
+                           len(self.waiting)))
         self._finish_done()
 
     def _itl(self, I, F, t, dur, mask):
@@ -641,7 +668,7 @@ class Replica:
             # Everyone emitted at the previous step's end: every gap is this step's duration.
             self.itl_vals.append((dur, len(F)))
             np.maximum(F[:, _ITLMAX], dur, out=F[:, _ITLMAX])
-            I[:, _EMITS] += 1
+            I[:, EMITS] += 1
             return
         last = F[:, _LAST]
         if self._last_is_prev_end:
@@ -651,30 +678,25 @@ class Replica:
         self.itl_vals.extend(zip(gaps.tolist(), [1] * len(gaps)))
         F[sel, _ITLMAX] = np.maximum(F[sel, _ITLMAX], gaps)
         last[sel] = t
-        I[sel, _EMITS] += 1
+        I[sel, EMITS] += 1
         self._last_is_prev_end = mask is None
 
     def _finish_done(self):
-        I = self.I
-        if not len(I) or self.left_lb > 0:
+        if not self.n or self.left_lb > 0:
             return
-        left = I[:, _END] - I[:, _COMP]
-        lmin = int(np.minimum.reduce(left))
-        if lmin <= 0:
-            done = left <= 0
-            rows, frows = I[done], self.F[done]
+        n = self.n
+        done_I = np.empty((n, NCOL), dtype=np.int64)
+        done_F = np.empty((n, 2), dtype=np.float64)
+        w, d, min_left = KS.remove_done(self._I, self._F, self._X, n, done_I, done_F)
+        self.n = w
+        self.left_lb = int(min_left)
+        if d:
+            rows, frows = done_I[:d], done_F[:d]
             # Per-request results are written to the request table once, at the end (flush).
             self.finished.append((rows, frows, self.env.now))
-            self.kv_dec -= int(rows[:, _COMP].sum())
-            keep = ~done
-            self.I, self.F = I[keep], self.F[keep]
-            if self.K:
-                self.X = self.X[:, keep]
-            left = left[keep]
-            for rid in rows[:, _ID].tolist():
+            self.kv_dec -= int(rows[:, COMP].sum())
+            for rid in rows[:, ID].tolist():
                 self.on_finish(rid)
-            lmin = int(np.minimum.reduce(left)) if len(left) else 0
-        self.left_lb = lmin
 
     def flush(self):
         """Write the finished requests' results into the shared request table; add every
@@ -685,26 +707,26 @@ class Replica:
             parts = [rows for rows, _, _ in self.finished] + [self.I]
             if R.spec_counts:                 # preempted and not resumed
                 parts.append(np.array([(0, 0, 0, R.cls_l[r], 0) + v for r, v in R.spec_counts.items()],
-                                      dtype=np.int64).reshape(-1, _NCOL))
+                                      dtype=np.int64).reshape(-1, NCOL))
                 R.spec_counts.clear()
             allr = np.concatenate(parts)
             nc = len(st.cls_rounds)
-            cls = allr[:, _CLS]
-            rounds = allr[:, _ROUNDS].astype(np.float64)
+            cls = allr[:, CLS]
+            rounds = allr[:, ROUNDS].astype(np.float64)
             st.cls_rounds += np.bincount(cls, weights=rounds, minlength=nc)
-            st.cls_emitted += np.bincount(cls, weights=rounds + allr[:, _ASUM], minlength=nc)
-            st.cls_verify += np.bincount(cls, weights=rounds + allr[:, _VSUM], minlength=nc)
-            self.I[:, _ROUNDS:_VSUM + 1] = 0  # counted now
+            st.cls_emitted += np.bincount(cls, weights=rounds + allr[:, ASUM], minlength=nc)
+            st.cls_verify += np.bincount(cls, weights=rounds + allr[:, VSUM], minlength=nc)
+            self.I[:, ROUNDS:VSUM + 1] = 0  # counted now
         for rows, frows, t in self.finished:
-            ids = rows[:, _ID]
+            ids = rows[:, ID]
             R.finish[ids] = t
-            R.emits[ids] = rows[:, _EMITS]
+            R.emits[ids] = rows[:, EMITS]
             R.itl_max[ids] = frows[:, _ITLMAX]
         self.finished = []
 
     # ---- decode windows ---------------------------------------------------------------------
     def _window_ok(self) -> bool:
-        n = len(self.I)
+        n = self.n
         if n == 0 or self.pre:
             return False
         if self.waiting and n < self.cfg.max_num_seqs:
@@ -720,96 +742,69 @@ class Replica:
 
     def _decode_window(self):
         env, K, cfg = self.env, self.K, self.cfg
-        I, F = self.I, self.F
-        n = len(I)
-        comp0 = I[:, _COMP]
-        left = I[:, _END] - comp0
+        n = self.n
+        left_min = int(self.left_lb) if self.left_lb > 0 else int((self.I[:, END] - self.I[:, COMP]).min())
         # Steps until the first possible completion bound the window (no draws wasted on them).
-        k = int(min(cfg.max_window, max(1, left.min())))
+        k = int(min(cfg.max_window, max(1, left_min)))
         # Open loop: no draws past the next known arrival (each step takes at least the forward
         # of n tokens), since an arrival ends the window anyway.
         t_next = self.next_arrival()
+        dms = self._draft_ms(n)
         if t_next is not None:
-            floor_ms = self._fwd_list[min(n, self.cost.limit)] + self._draft_ms(n) + self.cpu_ms
+            floor_ms = self.cost.forward_ms(n) + dms + self.cpu_ms
             k = int(min(k, max(1, (t_next - env.now) * 1000.0 // max(floor_ms, 1e-6) + 1)))
         if K > 0:
-            windows, draws = self._windows(I, k)
-            verified, commit = verify_tokens_and_commit(self.verify_mode, windows, K)
-            lead = draws.full_block_accepted()                               # [k, n]
-            acc = np.minimum(lead, commit)
-            n_tok = n + verified.sum(axis=1)
-            emit = acc + 1
-            cum = np.cumsum(emit, axis=0)                                      # [k, n]
-            done_step = np.flatnonzero((cum >= left[None, :]).any(axis=1))
-            per_step = emit.sum(axis=1)
+            conf, lead, verified, cap = self._draft_and_verify(k)
         else:
-            windows = draws = acc = None
-            n_tok = np.full(k, n)
-            done_step = [k - 1] if k >= left.min() else []
-            per_step = np.full(k, n)
-        last = int(done_step[0]) if len(done_step) else k - 1
-        # KV tokens at the start of each step; blocks held then (see _dec_blocks): an upper bound
-        # first, the exact count only when the bound says the cache may run out.
-        kv_start = self.kv_dec + np.concatenate([[0], np.cumsum(per_step)[:-1]])
-        avail = self.total_blocks - self.pre_blocks
-        if (kv_start[last] + n * (self.lookahead + KV_BLOCK_TOKENS - 1)) // KV_BLOCK_TOKENS > avail:
-            before = (np.vstack([np.zeros((1, n), np.int64), cum[:-1]]) if K > 0
-                      else np.arange(k)[:, None])
-            used = ((comp0[None, :] + before + (self.lookahead + KV_BLOCK_TOKENS - 1))
-                    // KV_BLOCK_TOKENS).sum(axis=1)
-            bad = np.flatnonzero(used > avail)
-            if len(bad) and bad[0] <= last:
-                if bad[0] == 0:      # even one step needs a preemption: take the general path
-                    plan = self._plan_step(False)
-                    yield env.timeout(plan[-1] / 1000.0)
-                    self._commit_step(plan)
-                    return
-                last = int(bad[0]) - 1
-        kv = kv_start + n_tok
-        fwd = self.cost.step_ms(n_tok, kv)
-        dur = fwd + self._draft_ms(n) + self.cpu_ms                                # [k]
-        t_end = env.now + np.cumsum(dur) / 1000.0
+            conf = None
+            lead = verified = cap = self._no_steps
+        n_tok, per_step, kv = np.empty((3, k), dtype=np.int64)
+        fwd, dur, t_end = np.empty((3, k))
+        comp0 = self.I[:, COMP].copy() if self.shapes is not None else None
+        fixed_ms = dms + self.cpu_ms
+        last, general, past = KS.window_steps(self._I, n, K, k, lead, cap, verified, self.kv_dec,
+                                              self.total_blocks - self.pre_blocks, self.lookahead, self._fwd,
+                                              self.cost.kv_ms_per_tok, fixed_ms, env.now, n_tok, per_step, kv,
+                                              fwd, dur, t_end)
+        if general:                  # even one step needs a preemption: take the general path
+            plan = self._plan_step(False)
+            yield env.timeout(plan.duration_ms / 1000.0)
+            self._commit_step(plan)
+            return
+        if past:                     # steps past the dense table: the cost model prices them
+            fwd[:] = self.cost.step_ms(n_tok, kv)
+            dur[:] = fwd + fixed_ms
+            t_end[:] = env.now + np.cumsum(dur) / 1000.0
         # Run until the last step ends or an arrival wakes us; then commit the steps that ended
-        # before the wake-up plus the one in flight.
-        self.wake = env.event()
-        yield env.any_of([env.timeout(t_end[last] - env.now), self.wake])
+        # before the wake-up plus the one in flight. (The timeout triggers the wake event: one
+        # event to wait on, cheaper than a condition over two.)
+        self.wake = wake = env.event()
+        env.timeout(t_end[last] - env.now).callbacks.append(lambda _: None if wake.triggered else wake.succeed())
+        yield wake
         if env.now < t_end[last] - 1e-12:
             last = min(int(np.searchsorted(t_end, env.now - 1e-12, side="left")), k - 1)
             if t_end[last] > env.now:
                 yield env.timeout(t_end[last] - env.now)
         m = last + 1
         if self.shapes is not None:
+            cum = np.zeros(n, np.int64)
             for t in range(m):
                 qv = (1 + verified[t]) if K > 0 else np.ones(n, np.int64)
-                ctx = comp0 + ((cum[t - 1] if t else 0) if K > 0 else t)
-                self.shapes.append((self.idx, float(t_end[t]), qv.tolist(), ctx.tolist(), float(fwd[t])))
-        if K > 0:
-            self._spec_account(I, draws, acc[:m], verified[:m], lead[:m])
-            ver_steps = verified[:m].sum(axis=1)
-            acc_steps = acc[:m].sum(axis=1)
-            em_total = np.minimum(cum[m - 1], left)
-        else:
-            em_total = np.full(n, m)
-        I[:, _COMP] += em_total
-        I[:, _EMITS] += m
-        self.left_lb -= m * (1 + K)
-        em_sum = int(em_total.sum())
-        self.kv_dec += em_sum
+                self.shapes.append((self.idx, float(t_end[t]), qv.tolist(), (comp0 + cum).tolist(), float(fwd[t])))
+                cum += (np.minimum(lead[t], cap[t]) + 1) if K > 0 else 1
         durs = dur[:m].tolist()
+        if K > 0:
+            out = self._commit_decodes(m, verified[:m], cap[:m], lead[:m], conf[:m], None, max(durs))
+        else:
+            out = self._commit_decodes(m, None, None, None, None, None, max(durs))
         self.itl_vals.extend((d, n) for d in durs)
-        np.maximum(F[:, _ITLMAX], max(durs), out=F[:, _ITLMAX])
         self._last_is_prev_end = True                    # (prev_end = t_end[last] below)
         ends = t_end[:m].tolist()
         ntok = n_tok[:m].tolist()
         kvl = kv[:m].tolist()
-        ps = per_step[:m].tolist()
-        if K > 0:
-            ps[-1] = em_sum - sum(ps[:-1])            # the final step may be cut by output lengths
-            vs, as_ = ver_steps.tolist(), acc_steps.tolist()
-        else:
-            vs = as_ = [0] * m
+        ps, vs, as_ = out.step_emitted.tolist(), out.step_verified.tolist(), out.step_accepted.tolist()
         idx, nw = self.idx, len(self.waiting)
-        self.steps.extend((idx, ends[t], durs[t], n, n, int(ntok[t]), 0, int(vs[t]), int(as_[t]),
-                           int(ps[t]), int(kvl[t]), nw) for t in range(m))
-        self.prev_end = float(t_end[last])
+        self.steps.extend((idx, ends[t], durs[t], n, n, ntok[t], 0, vs[t], as_[t], ps[t], kvl[t], nw)
+                          for t in range(m))
+        self.prev_end = ends[-1]
         self._finish_done()

@@ -211,7 +211,7 @@ def run_point(p: Point, slos=(), keep: tuple = ()) -> dict:
     from dsim.engine import EngineConfig
     from dsim.sim import SimConfig, simulate
     cfg = SimConfig(workload=p.workload, profile=p.profile, nodes=p.nodes, gpus_per_node=p.gpus_per_node,
-                    router=p.router, engine=p.engine or EngineConfig(verify_mode=p.spec.verify_mode),
+                    router=p.router, engine=p.engine or EngineConfig(),
                     spec=p.spec, seed=p.seed)
     res = simulate(cfg)
     s = res.summary

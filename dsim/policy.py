@@ -44,6 +44,7 @@ from typing import Callable
 
 import numpy as np
 
+from dsim import kernels_step as K_
 from dsim.errors import InputError
 
 __all__ = [
@@ -107,86 +108,11 @@ def _cumprod_inplace(s: np.ndarray, axis: int) -> np.ndarray:
     return s
 
 
-def _prep(conf, ctx: PolicyContext):
-    conf = np.asarray(conf)
-    if conf.ndim != 3:
-        raise ValueError(f"conf must be [k, R, K], got shape {conf.shape}")
-    K = min(conf.shape[2], int(ctx.k_max))
-    return conf[:, :, :K]
-
-
 def _n_nondraft(ctx, k):
     n = np.asarray(ctx.n_nondraft, dtype=np.int64).reshape(-1)
     if n.size == 1 and k != 1:
         n = np.full(k, int(n[0]), dtype=np.int64)
     return n
-
-
-def _cap_fcfs(l: np.ndarray, n_nondraft: np.ndarray, token_limit: int) -> np.ndarray:
-    """Trim windows in queue order so sum_r l + N <= limit (earlier requests keep theirs)."""
-    allowed = np.maximum(int(token_limit) - n_nondraft, 0)[:, None]
-    before = np.cumsum(l, axis=1) - l
-    return np.clip(allowed - before, 0, l)
-
-
-def _top_b_windows(S: np.ndarray, B: np.ndarray, srt: np.ndarray | None = None) -> np.ndarray:
-    """Give each step's B slots to its top-B positive scores; returns int64[k, R].
-
-    Equivalent to ranking by a stable descending sort (ties go to the earlier grid index, so a
-    request's slots stay a prefix), but found through the B-th largest value: a value sort and a
-    few comparisons instead of an argsort and a scatter (this runs every engine step)."""
-    k, R, K = S.shape
-    flat = S.reshape(k, -1)
-    B = np.broadcast_to(np.asarray(B, dtype=np.int64).reshape(-1), (k,))
-    if flat.shape[1] == 0:
-        return np.zeros((k, R), dtype=np.int64)
-    if srt is None:
-        srt = -np.sort(-flat, axis=1)
-    thr = srt[np.arange(k), np.clip(B - 1, 0, flat.shape[1] - 1)][:, None]
-    gt = flat > thr
-    ties = flat == thr
-    need = (B - gt.sum(1))[:, None]
-    sel = gt | (ties & (np.cumsum(ties, axis=1) <= need))
-    sel &= (flat > 0) & (B > 0)[:, None]
-    return sel.reshape(k, R, K).sum(-1).astype(np.int64)
-
-
-def _sorted_cumsum(S: np.ndarray, srt: np.ndarray | None = None):
-    """Per step: scores sorted descending and cs[b] = sum of the top-b (cs[0] = 0)."""
-    k = S.shape[0]
-    if srt is None:
-        srt = -np.sort(-S.reshape(k, -1), axis=1)
-    cs = np.concatenate([np.zeros((k, 1)), np.cumsum(srt, axis=1, dtype=np.float64)], axis=1)
-    npos = (srt > 0).sum(1)
-    return srt, cs, npos
-
-
-def _max_budget(R: int, K: int, n_nondraft: np.ndarray, token_limit: int) -> np.ndarray:
-    return np.minimum(np.maximum(int(token_limit) - n_nondraft, 0), R * K)
-
-
-def _objective(S, ctx, cost_fn, n_samp, srt=None):
-    """E(b) / C(b) for b = 0..R*K, per step: returns (ratio [k, RK+1], cs, npos, M)."""
-    k, R, K = S.shape
-    N = _n_nondraft(ctx, k)
-    _, cs, npos = _sorted_cumsum(S, srt)
-    b = np.arange(R * K + 1)
-    tokens = N[:, None] + b[None, :]
-    C = np.asarray(cost_fn(tokens.ravel()), dtype=np.float64).reshape(tokens.shape)
-    if ctx.step_extra_ms is not None:     # e.g. each step's own KV-context term inside a window
-        C = C + np.asarray(ctx.step_extra_ms, dtype=np.float64).reshape(-1, 1)
-    E = n_samp[:, None] + cs
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = E / C
-    M = _max_budget(R, K, N, ctx.token_limit)
-    return ratio, cs, npos, M
-
-
-def _argmax_budget(ratio, limit):
-    """Global argmax over b in 0..limit (first maximum); -inf outside."""
-    b = np.arange(ratio.shape[1])
-    r = np.where(b[None, :] <= limit[:, None], ratio, -np.inf)
-    return np.argmax(r, axis=1)
 
 
 def _n_sampling(ctx, k, R):
@@ -196,173 +122,105 @@ def _n_sampling(ctx, k, R):
     return np.full(k, float(n[0])) if n.size == 1 and k != 1 else n
 
 
+def _position_major(conf) -> np.ndarray:
+    """[k, R, K] confidences as the kernels' float32 [k, K, R] (contiguous)."""
+    return np.ascontiguousarray(np.asarray(conf, dtype=np.float32).transpose(0, 2, 1))
+
+
 class BudgetPolicy:
-    """Base class. ``windows(conf_now, conf_prev=None, conf_prev2=None, ctx) -> int64[k, R]``."""
+    """A verify-budget policy. Declared interface (what the engine reads):
+
+    * ``name``: the policy's name; ``code``: its compiled kernel (dsim.kernels_step codes);
+    * ``reads_prev`` / ``reads_prev2``: the budget reads the confidences of one / two steps earlier
+      (the engine keeps those rows per decode slot only when asked);
+    * ``tau``: the threshold policy's survival threshold (0 for the others);
+    * ``samples_all``: E(b) counts every scheduled request as sampling (the paper's tau* = R + ...)
+      instead of ``PolicyContext.n_sampling``;
+    * ``cost_row(n_requests, n0, n1, engine_row)``: the step cost of n0..n1-1 tokens the policy
+      prices budgets with; ``engine_row`` is the engine's (the cost model's step cost, drafter
+      and CPU overhead included), returned as is unless the policy has its own table;
+    * ``prices_context``: the cost row depends on the step's KV context (inside a decode window
+      each step's row is then shifted by its own context's cost; a table priced at a fixed
+      context is not);
+    * ``windows(conf_now, conf_prev, conf_prev2, ctx) -> int64[k, R]``.
+    """
 
     name = "base"
+    code = -1
+    reads_prev = False
+    reads_prev2 = False
+    samples_all = False
+    prices_context = True
+    tau = 0.0
 
-    def windows(self, conf_now, conf_prev=None, conf_prev2=None, ctx: PolicyContext | None = None):
-        raise NotImplementedError
+    def cost_row(self, n_requests: int, n0: int, n1: int, engine_row: np.ndarray) -> np.ndarray:
+        return engine_row
 
-    def _step_cost(self, ctx):
+    def windows(self, conf_now, conf_prev=None, conf_prev2=None, ctx: PolicyContext | None = None) -> np.ndarray:
+        """Windows of k steps from [k, R, K] confidences (float32; other float types are cast):
+        the compiled kernel ``dsim.kernels_step.policy_windows`` on each step's cost row
+        draft_ms + verify_ms(N + b) (the policy's own table where it has one), b = 0..R x K."""
+        now = np.asarray(conf_now)
+        if now.ndim != 3:
+            raise ValueError(f"conf must be [k, R, K], got shape {now.shape}")
+        k, R, K = now.shape
+        prev = now if conf_prev is None else conf_prev
+        old = prev if conf_prev2 is None else conf_prev2
+        N = _n_nondraft(ctx, k)
+        kk = min(K, int(ctx.k_max))
+        b = np.arange(R * max(kk, 0) + 1)
+        tokens = N[:, None] + b[None, :]
         d = float(ctx.draft_ms)
-        return lambda t: d + np.asarray(ctx.verify_ms(np.asarray(t)), dtype=np.float64)
+        rows = np.stack([np.asarray(self.cost_row(R, int(n), int(n) + len(b),
+                                                  d + np.asarray(ctx.verify_ms(t), dtype=np.float64)),
+                                    dtype=np.float64) for n, t in zip(N, tokens)])
+        extra = (np.zeros(k) if ctx.step_extra_ms is None
+                 else np.asarray(ctx.step_extra_ms, dtype=np.float64).reshape(-1))
+        n_samp = np.full(k, float(R)) if self.samples_all else _n_sampling(ctx, k, R)
+        out = np.zeros((k, R), dtype=np.int64)
+        K_.policy_windows(self.code, float(self.tau), _position_major(now), _position_major(prev),
+                          _position_major(old), rows, extra, n_samp, N, int(ctx.token_limit), int(ctx.k_max), out)
+        return out
 
 
 class FixedPolicy(BudgetPolicy):
     """Verify all K drafts (fixed block), FCFS-trimmed only if the token limit binds."""
 
     name = "fixed"
-
-    def windows(self, conf_now, conf_prev=None, conf_prev2=None, ctx=None):
-        c = _prep(conf_now, ctx)
-        k, R, K = c.shape
-        l = np.full((k, R), K, dtype=np.int64)
-        return _cap_fcfs(l, _n_nondraft(ctx, k), ctx.token_limit)
+    code = K_.FIXED
 
 
 class ThresholdPolicy(BudgetPolicy):
     """Verify while survival >= tau (default 0.3), FCFS-trimmed to the token limit."""
 
     name = "threshold"
+    code = K_.THRESHOLD
 
     def __init__(self, tau: float = 0.3):
         if not (0.0 <= tau <= 1.0):
             raise InputError(f"policy threshold: tau must be in [0, 1], got {tau}")
         self.tau = float(tau)
 
-    def windows(self, conf_now, conf_prev=None, conf_prev2=None, ctx=None):
-        c = _prep(conf_now, ctx)
-        k = c.shape[0]
-        l = (survival(c) >= self.tau).sum(-1).astype(np.int64)
-        return _cap_fcfs(l, _n_nondraft(ctx, k), ctx.token_limit)
-
 
 class VllmPolicy(BudgetPolicy):
     """vLLM 0.33 adaptive verification (budget from the previous step's confidences)."""
 
     name = "vllm"
-
-    def budget(self, conf_prev, ctx):
-        """B per step (int64[k]) from ``conf_prev``: global argmax of E(b)/C(b), b in 0..M."""
-        c = _prep(conf_prev, ctx)
-        k, R, K = c.shape
-        S = survival(c)
-        ratio, cs, npos, M = _objective(S, ctx, self._step_cost(ctx), _n_sampling(ctx, k, R))
-        return _argmax_budget(ratio, M)
-
-    def windows(self, conf_now, conf_prev=None, conf_prev2=None, ctx=None):
-        prev = conf_now if conf_prev is None else conf_prev
-        k = np.shape(conf_now)[0]
-        if k == 1 and ctx.step_extra_ms is None:
-            return self._one_step(conf_now, prev, ctx)
-        # One survival and one sort over [previous; current] (this runs every engine step):
-        # the budget reads the first half, the allocation the second.
-        S = survival(_prep(np.concatenate([prev, conf_now]), ctx))
-        srt = -np.sort(-S.reshape(2 * k, -1), axis=1)
-        R = S.shape[1]
-        ratio, cs, npos, M = _objective(S[:k], ctx, self._step_cost(ctx), _n_sampling(ctx, k, R), srt[:k])
-        B = _argmax_budget(ratio, M)
-        return _top_b_windows(S[k:], B, srt[k:])
-
-
-    def _one_step(self, conf_now, conf_prev, ctx):
-        """``windows`` for a single step through ``one_step`` (same result as the general path)."""
-        def rng_ms(n0, n1):
-            return ctx.verify_ms(np.arange(n0, n1))
-        return self.one_step(np.asarray(conf_now)[0], np.asarray(conf_prev)[0],
-                             int(_n_nondraft(ctx, 1)[0]), float(_n_sampling(ctx, 1, np.shape(conf_now)[1])[0]),
-                             float(ctx.draft_ms), rng_ms, int(ctx.token_limit), int(ctx.k_max))[None]
-
-    def one_step(self, now, prev, n_nondraft: int, n_sampling: float, draft_ms: float,
-                 verify_ms_range, token_limit: int, k_max: int, in_unit: bool = False) -> np.ndarray:
-        """Windows int64[R] of one step from confidences ``now`` / ``prev`` [R, K] and the cost
-        row ``verify_ms_range(n0, n1)`` (= verify_ms at n0..n1-1): the engine's every-step call,
-        without a PolicyContext. Survivals are built position-major ([K, R] rows: contiguous for
-        the engine's draws); one value sort for the budget, a partition for the allocation and,
-        unless scores tie at the B-th value, one comparison. ``in_unit``: the caller guarantees
-        every confidence is in [0, 1] (no clipping; the engine's sampled heads are)."""
-        R = now.shape[0]
-        K = min(now.shape[1], k_max)
-        RK = R * K
-        if RK == 0:
-            return np.zeros(R, dtype=np.int64)
-        f32 = now.dtype == np.float32 and prev.dtype == np.float32
-        # [K, 2, R]: position j's previous and current scores side by side, so the survival
-        # products run over contiguous [2, R] blocks (numpy's per-call cost dominates here).
-        S = np.empty((K, 2, R), dtype=np.float32 if f32 else np.float64)
-        if in_unit:                                             # the caller guarantees [0, 1]
-            S[:, 0] = prev[:, :K].T
-            S[:, 1] = now[:, :K].T
-        else:
-            np.maximum(prev[:, :K].T, 0.0, out=S[:, 0])
-            np.maximum(now[:, :K].T, 0.0, out=S[:, 1])
-            np.minimum(S, 1.0, out=S)
-        for j in range(1, K):                                   # survivals
-            np.multiply(S[j - 1], S[j], out=S[j])
-        N = n_nondraft
-        M = min(max(token_limit - N, 0), RK)
-        # The budget's scores in descending order, as an ascending sort of their negatives (a
-        # contiguous cumulative sum; negation is exact, so the partial sums are the same).
-        neg = np.negative(S[:, 0]).reshape(-1)
-        neg.sort()
-        cs = np.zeros(M + 1)
-        top = cs[1:]
-        top[:] = neg[:M]                                        # (float64 before summing)
-        top.cumsum(out=top)
-        np.negative(cs, out=cs)
-        C = np.asarray(verify_ms_range(N, N + M + 1), dtype=np.float64)
-        if draft_ms:
-            C = C + draft_ms
-        cs += n_sampling
-        if C[0] > 0:                     # C is non-decreasing: no zero division anywhere
-            cs /= C
-        else:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                cs /= C
-        B = int(cs.argmax())
-        if B == 0:
-            return np.zeros(R, dtype=np.int64)
-        cur = S[:, 1]
-        flat = cur.flatten()                                    # (always a copy: partitioned in place)
-        flat.partition(RK - B)
-        thr = flat[RK - B]                                      # the B-th largest current score
-        sel = cur > 0 if thr <= 0 else cur >= thr               # thr <= 0: fewer than B positive
-        if thr > 0 and np.count_nonzero(sel) != B:              # ties at the B-th value: ranks
-            return _top_b_windows(np.ascontiguousarray(cur.T)[None], np.array([B]))[0]
-        return np.add.reduce(sel, axis=0, dtype=np.int64)
+    code = K_.VLLM
+    reads_prev = True
 
 
 class PaperPolicy(BudgetPolicy):
-    """DSpark Algorithm 1 (early stop) or its section 5.2 production form."""
+    """DSpark Algorithm 1 (early stop) or its section 5.2 production form (budget from the
+    confidences two steps old, no early stop)."""
 
     name = "paper"
+    samples_all = True
 
     def __init__(self, production: bool = False):
         self.production = bool(production)
-
-    def budget(self, conf, ctx, early_stop: bool):
-        c = _prep(conf, ctx)
-        k, R, K = c.shape
-        S = survival(c)
-        ratio, cs, npos, M = _objective(S, ctx, self._step_cost(ctx), np.full(k, float(R)))
-        limit = np.minimum(M, npos)  # candidate space: a_{r,j} > 0
-        if not early_stop:
-            return _argmax_budget(ratio, limit)
-        # Admit while Theta strictly rises: B = number of leading strict increases.
-        rises = np.diff(ratio, axis=1) > 0
-        b = np.arange(rises.shape[1])
-        rises &= b[None, :] < limit[:, None]
-        stop = np.where(rises.all(1), rises.shape[1], np.argmin(rises, axis=1))
-        return np.minimum(stop, limit)
-
-    def windows(self, conf_now, conf_prev=None, conf_prev2=None, ctx=None):
-        if self.production:
-            old = conf_prev2 if conf_prev2 is not None else (conf_prev if conf_prev is not None else conf_now)
-            B = self.budget(old, ctx, early_stop=False)
-        else:
-            B = self.budget(conf_now, ctx, early_stop=True)
-        return _top_b_windows(survival(_prep(conf_now, ctx)), B)
+        self.code = K_.PAPER_PRODUCTION if self.production else K_.PAPER
+        self.reads_prev2 = self.production
 
 
 @dataclass(frozen=True)
@@ -414,25 +272,17 @@ class SglangPolicy(BudgetPolicy):
     """Same E/C objective on the current confidences, additive cost table (see AdditiveCost)."""
 
     name = "sglang"
+    code = K_.SGLANG
 
     def __init__(self, cost: AdditiveCost | None = None):
         self.cost = cost
+        self.prices_context = cost is None
 
-    def budget(self, conf, ctx):
-        c = _prep(conf, ctx)
-        k, R, K = c.shape
-        S = survival(c)
+    def cost_row(self, n_requests: int, n0: int, n1: int, engine_row: np.ndarray) -> np.ndarray:
+        """T(R, M) for M = n0..n1-1 from the additive table (the engine's row without one)."""
         if self.cost is None:
-            fn = self._step_cost(ctx)
-        else:
-            tab = self.cost
-            fn = lambda t: tab(R, t)  # noqa: E731
-        ratio, cs, npos, M = _objective(S, ctx, fn, _n_sampling(ctx, k, R))
-        return _argmax_budget(ratio, np.minimum(M, npos))
-
-    def windows(self, conf_now, conf_prev=None, conf_prev2=None, ctx=None):
-        B = self.budget(conf_now, ctx)
-        return _top_b_windows(survival(_prep(conf_now, ctx)), B)
+            return engine_row
+        return np.asarray(self.cost(n_requests, np.arange(n0, n1)), dtype=np.float64)
 
 
 POLICIES = {

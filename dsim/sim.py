@@ -1,8 +1,9 @@
 """Run one simulation: workload -> cluster (router -> replicas) -> engine steps -> metrics.
 
 ``simulate(SimConfig) -> SimResult``; the result carries the JSON summary, the per-request table
-and the per-step table. Deterministic for a given seed: every random draw comes from one
-numpy Generator per replica, seeded from (seed, replica index).
+and the per-step table. Deterministic for a given seed: the request latents come from a numpy Generator seeded
+from the seed, the draft draws from the run key derived from it (one counter-based stream per
+request and draft round, dsim.kernels_step).
 """
 from __future__ import annotations
 
@@ -21,26 +22,11 @@ from dsim.cluster import Router
 from dsim.cost import CostModel, Profile
 from dsim.engine import STEP_FIELDS, EngineConfig, Replica, Requests, SpecStats
 from dsim.errors import InputError
+from dsim.kernels_step import run_key
 from dsim.metrics import request_table, summarize
+from dsim.spec import SpecConfig, SpecRuntime
 
-
-@dataclass(frozen=True)
-class SpecConfig:
-    method: str = "none"             # none | mtp | eagle3 | block | dspark
-    k: int | None = None             # drafts per step (default: 1 for mtp, 7 otherwise)
-    adaptive: bool = False           # dspark: verify windows chosen per step by `policy`
-    policy: str = "vllm"             # vllm | paper | paper-production | sglang | fixed | threshold
-    verify_mode: str = "compact"     # static | compact | cap-accept
-    acceptance: str | None = None    # preset name, file, inline curves or const:P
-    head: str = "model"              # model | perfect | useless
-    head_auc: float = 0.85
-    head_ece: float = 0.01
-    sigma_request: float | None = None
-    sigma_step: float | None = None
-
-
-DEFAULT_ACCEPTANCE = {"mtp": "deepseek-v4", "dspark": "deepseek-v4", "eagle3": "qwen3-4b-fig2",
-                      "block": "qwen3-4b-fig2"}
+__all__ = ["SimConfig", "SimResult", "SpecConfig", "simulate", "write_outputs", "write_step_log"]
 
 
 @dataclass(frozen=True)
@@ -74,48 +60,6 @@ class SimResult:
     itl: tuple | None = None           # ITL samples, run-length coded: (values ms, counts)
 
 
-class SpecRuntime:
-    """The speculative method, its acceptance model and verify-budget policy, as the engine uses them."""
-
-    def __init__(self, sc: SpecConfig, class_names, seed: int, cost: CostModel | None = None,
-                 engine: EngineConfig | None = None, mean_context: float = 0.0):
-        from dsim import spec as S
-        self.method = S.make_method(sc.method, sc.k, sc.adaptive)
-        self.k = self.method.k
-        self.accepted_prefix = S.accepted_prefix
-        self.acceptance = None
-        self.policy = None
-        self.context = None
-        self.curves = None
-        if self.k == 0:
-            return
-        acc_name = sc.acceptance or DEFAULT_ACCEPTANCE.get(self.method.name, "deepseek-v4")
-        self.curves = S.load_acceptance(acc_name, self.method.name)
-        opts = {}
-        if sc.sigma_request is not None:
-            opts["sigma_request"] = sc.sigma_request
-        if sc.sigma_step is not None:
-            opts["sigma_step"] = sc.sigma_step
-        # Only DSpark has a confidence head; the others skip calibrating one.
-        head = sc.head if self.method.name == "dspark" else "useless"
-        self.acceptance = S.AcceptanceModel(self.curves, class_names, self.k, head=head,
-                                            head_auc=sc.head_auc, head_ece=sc.head_ece, **opts)
-        if self.method.adaptive:
-            from dsim import policy as P
-            if sc.policy == "sglang" and cost is not None:
-                # SGLang prices a step with an additive table T(R, M) = bias + alpha(R) + theta(M),
-                # built here from the profile; alpha carries the drafter and the context read
-                # of a request at the workload's mean context.
-                eng = engine or EngineConfig()
-                table = P.AdditiveCost.from_cost(cost, self.method, max_requests=eng.max_num_seqs,
-                                                 max_tokens=eng.max_num_batched_tokens,
-                                                 kv_ms_per_request=cost.kv_ms_per_tok * mean_context)
-                self.policy = P.make_policy("sglang", cost=table)
-            else:
-                self.policy = P.make_policy(sc.policy)
-            self.context = P.PolicyContext
-
-
 MAX_NODES = 4096            # the largest fleets of the public serving reports are ~1000 nodes
 MAX_GPUS_PER_NODE = 72      # an NVL72 rack is the largest one-node NVLink domain sold
 MAX_NUM_SEQS = 1 << 20
@@ -133,8 +77,6 @@ def _check(cfg: SimConfig):
     e = cfg.engine
     int_in(e.max_num_seqs, 1, MAX_NUM_SEQS, "--max-num-seqs")
     int_in(e.max_num_batched_tokens, 1, MAX_NUM_BATCHED_TOKENS, "--max-num-batched-tokens")
-    if e.verify_mode not in ("static", "compact", "cap-accept"):
-        raise InputError(f"--verify-mode: must be static, compact or cap-accept, got {e.verify_mode!r}")
     if cfg.profile.gpus_per_replica > cfg.gpus_per_node:
         raise InputError(f"profile {cfg.profile.name}: needs {cfg.profile.gpus_per_replica} GPUs per replica, "
                          f"a node has {cfg.gpus_per_node}")
@@ -173,9 +115,10 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
     w = cfg.workload
     cost = CostModel(cfg.profile, cfg.cost_scale)
     mean_ctx = float(w.prompt_tokens.mean() + w.output_tokens.mean() / 2)
-    spec = SpecRuntime(cfg.spec, w.class_names, cfg.seed, cost, cfg.engine, mean_ctx)
+    spec = SpecRuntime.build(cfg.spec, w.class_names, cost, max_num_seqs=cfg.engine.max_num_seqs,
+                             max_num_batched_tokens=cfg.engine.max_num_batched_tokens, mean_context=mean_ctx)
     env = simpy.Environment()
-    reqs = Requests(w, spec.k)
+    reqs = Requests(w)
     n_classes = len(w.class_names)
     stats = SpecStats(spec.k, n_classes)
     n_rep = cfg.nodes * cfg.replicas_per_node
@@ -198,11 +141,11 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
     if spec.k:                                  # (before the replicas: they read the latents)
         lrng = np.random.default_rng([cfg.seed, 1 << 20])
         reqs.latent[:] = spec.acceptance.request_latent(lrng, reqs.cls)
-    replicas = []
-    for i in range(n_rep):
-        rng = np.random.default_rng([cfg.seed, i])
-        replicas.append(Replica(i, env, reqs, cost, cfg.engine, spec if spec.k else None, rng, stats,
-                                on_finish, w.prefix_hashes, w.prefix_block_tokens))
+    # Every draw comes from the run's key: a request's draft round i has its own stream
+    # (dsim.kernels_step), whichever replica runs it.
+    key = run_key(cfg.seed)
+    replicas = [Replica(i, env, reqs, cost, cfg.engine, spec if spec.k else None, stats, on_finish, key,
+                        w.prefix_hashes, w.prefix_block_tokens) for i in range(n_rep)]
     if not closed:
         times = w.arrival_s
 
@@ -307,7 +250,7 @@ def _spec_summary(spec, st: SpecStats, class_names) -> dict:
             "num_accepted_tokens": acc_total,
             "num_accepted_tokens_per_pos": [int(x) for x in st.accepted_per_pos]},
     }
-    if st.head_conf and spec.method.name == "dspark":   # only DSpark has a confidence head
+    if st.head_conf and spec.method.has_head:
         conf = np.concatenate(st.head_conf).reshape(-1, K)
         acc = np.concatenate(st.head_acc).reshape(-1, K)
         reached = np.ones_like(acc)

@@ -7,7 +7,11 @@ Public API (see docs/architecture.md, "Spec interface"):
   YAML/JSON files, ``const:P`` or an inline ``"math=0.9,0.8;chat=0.7"`` string);
   ``parse_acceptance(arg)`` for the inline forms.
 * ``AcceptanceModel(curves, class_names, k, ...)``: ``request_latent(rng, cls)``,
-  ``sample(rng, cls, latent, steps) -> StepDraws`` ([steps, R, K] arrays).
+  ``sample(rng, cls, latent, steps) -> StepDraws`` ([steps, R, K] arrays, the engine's compiled
+  sampler dsim.kernels_step.draw_slots), ``kernel_params()``.
+* ``SpecConfig`` (what the user asks for; the one home of ``verify_mode``) and
+  ``SpecRuntime.build(config, class_names, cost, ...)`` (method, acceptance model, budget policy,
+  verify mode: what an engine replica uses).
 * ``accepted_prefix(accept, window)``: leading accepted drafts inside the verify window.
 * ``head_quality(conf, accept, mask=None) -> (auc, ece)``.
 
@@ -71,7 +75,8 @@ __all__ = [
     "preset_names",
     "AcceptanceModel",
     "StepDraws",
-    "DrawStream",
+    "SpecConfig",
+    "SpecRuntime",
     "accepted_prefix",
     "head_quality",
     "chain_tau",
@@ -121,6 +126,17 @@ class SpecMethod:
     name: str
     k: int
     adaptive: bool = False
+
+    @property
+    def drafts(self) -> bool:
+        """The method drafts tokens (every method but none)."""
+        return self.k > 0
+
+    @property
+    def has_head(self) -> bool:
+        """The method's drafter carries a confidence head (DSpark only): its confidences are
+        sampled by the head model and scored (AUC, ECE); the others use the class curve."""
+        return self.name == "dspark"
 
     def draft_ms(self, cost, n_requests: int) -> float:
         """Draft time (ms) for one step with ``n_requests`` decoding requests.
@@ -174,9 +190,10 @@ def make_method(name: str, k: int | None = None, adaptive: bool = False) -> Spec
     kk = _DEFAULT_K[key] if k is None else int(k)
     if kk < 1 or kk > 16:
         raise InputError(f"method: k must be in 1..16 for {key}, got {k}")
-    if adaptive and key != "dspark":
+    m = SpecMethod(key, kk, bool(adaptive))
+    if adaptive and not m.has_head:
         raise InputError(f"method: adaptive verification needs a confidence head (dspark), not {key}")
-    return SpecMethod(key, kk, bool(adaptive))
+    return m
 
 
 # --------------------------------------------------------------------------------------------
@@ -386,43 +403,19 @@ def _is_float(s: str) -> bool:
 # --------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
 class StepDraws:
-    """One window of draws, arrays [steps, R, K]: true conditional acceptance probability,
-    realized per-draft outcomes (independent per draft; the engine applies prefix semantics with
-    ``accepted_prefix``) and the confidence head's output. ``p_true`` is computed on first use
-    from ``half_logit`` = logit(p_true) / 2 (times ``half_logit_scale``) when the sampler
-    supplies that instead (the engine never reads it)."""
+    """One window of draws, arrays [steps, R, K]: the true conditional acceptance probability,
+    the realized per-draft outcomes (independent per draft; prefix semantics are applied with
+    ``accepted_prefix``) and the confidence head's output."""
 
-    __slots__ = ("accept", "conf", "_p", "_h", "_hs", "_acc_sentinel")
-
-    def __init__(self, p_true, accept, conf, half_logit=None, accept_sentinel=None,
-                 half_logit_scale: float = 1.0):
-        self._p, self._h, self._hs = p_true, half_logit, half_logit_scale
-        self.accept = accept
-        self.conf = conf
-        # [steps, K + 1, R]: accept position-major plus a row of False (first-failure by argmin)
-        self._acc_sentinel = accept_sentinel
+    p_true: np.ndarray
+    accept: np.ndarray
+    conf: np.ndarray
 
     def full_block_accepted(self) -> np.ndarray:
         """Leading accepted drafts of the whole block (window K), int64[steps, R]."""
-        if self._acc_sentinel is not None:
-            return self._acc_sentinel.argmin(axis=1)
         return accepted_prefix(self.accept, self.accept.shape[-1])
-
-    def full_block_accepted_first(self) -> np.ndarray:
-        """``full_block_accepted()[0]``: the first step's, int64[R]."""
-        if self._acc_sentinel is not None:
-            return self._acc_sentinel[0].argmin(axis=0)
-        return accepted_prefix(self.accept[0], self.accept.shape[-1])
-
-    @property
-    def p_true(self) -> np.ndarray:
-        if self._p is None:
-            p = np.tanh(self._h * np.float32(self._hs))      # p = (1 + tanh(logit / 2)) / 2
-            p *= np.float32(0.5)
-            p += np.float32(0.5)
-            self._p = p
-        return self._p
 
 
 def _sigmoid(x):
@@ -592,14 +585,36 @@ class AcceptanceModel:
         x += self._base[cls] + np.asarray(latent, dtype=np.float32)[:, None]
         return x
 
-    def sample(self, rng, cls, latent, steps: int) -> StepDraws:
+    def kernel_params(self) -> tuple:
+        """The draws' parameters as dsim.kernels_step.draw_slots takes them: (head code,
+        sigma_token / (2T), sigma_step / (2T), s / (2T), b / (2T), T)."""
+        from dsim import kernels_step as KS
+        t = self.head_temp
+        return (KS.HEAD_CODES[self.head], 0.5 * self.sigma_token / t, 0.5 * self.sigma_step / t,
+                0.5 * self.head_noise / t, 0.5 * self.head_bias / t, t)
+
+    def sample(self, rng: np.random.Generator, cls, latent, steps: int) -> StepDraws:
         """Draw ``steps`` consecutive steps for R requests (class indices ``cls`` int[R], latents
-        from ``request_latent``); ``rng`` a Generator or a DrawStream (the engine's, cheaper per
-        call). Returns StepDraws of logical shape [steps, R, K] (float32/bool/float32); see
-        ``sample_slots``."""
+        from ``request_latent``; the run key from ``rng``) with the engine's compiled sampler
+        (dsim.kernels_step.draw_slots, every position's outcome drawn). Returns StepDraws of shape
+        [steps, R, K] (float32 / bool / float32)."""
+        from dsim import kernels_step as KS
         cls = np.asarray(cls, dtype=np.intp)
-        st = rng if isinstance(rng, DrawStream) else DrawStream(rng, block=0)
-        return self.sample_slots(st, self.slot_offsets(cls, latent), steps)
+        R, K, steps = int(cls.shape[0]), self.k, int(steps)
+        if K == 0 or R == 0 or steps == 0:
+            z = np.zeros((steps, R, K), dtype=np.float32)
+            return StepDraws(z, np.zeros((steps, R, K), dtype=bool), z.copy())
+        off = np.ascontiguousarray(self.slot_offsets(cls, latent))
+        slots = np.zeros((R, KS.NCOL), dtype=np.int64)
+        slots[:, KS.ID] = np.arange(R)
+        conf = np.empty((steps, K, R), dtype=np.float32)
+        p = np.empty((steps, K, R), dtype=np.float32)
+        acc = np.empty((steps, K, R), dtype=bool)
+        lead = np.empty((steps, R), dtype=np.int64)
+        key = int(rng.integers(0, 2**63))
+        KS.draw_slots(key, slots, off, R, K, steps, *self.kernel_params(), True, conf, lead, acc, p)
+        t = (0, 2, 1)
+        return StepDraws(p.transpose(t), acc.transpose(t), conf.transpose(t))
 
     def slot_offsets(self, cls, latent) -> np.ndarray:
         """What is fixed for a request while it decodes, position-major float32 [K, R]: its half
@@ -607,7 +622,7 @@ class AcceptanceModel:
         temperature T (the scale the sampler works in); +-inf where P is exactly 1 / 0, which
         makes those drafts always / never accepted with confidence exactly 1 / 0. With the
         "useless" head, K more rows: the class curve P[c, k] (its confidences). The engine keeps
-        these per decode slot and passes them to ``sample_slots`` every step."""
+        these per decode slot and passes them to the compiled sampler every step."""
         cls = np.asarray(cls, dtype=np.intp)
         if self.head == "useless":
             out = np.empty((2 * self.k, cls.shape[0]), dtype=np.float32)
@@ -625,74 +640,6 @@ class AcceptanceModel:
             off[self._zero[cls].T] = -np.inf
             off[self._one[cls].T] = np.inf
         return off
-
-    def sample_slots(self, st: "DrawStream", off: np.ndarray, steps: int) -> StepDraws:
-        """``steps`` steps of draws for the slots whose ``slot_offsets`` are ``off`` [K, R].
-
-        Works on the half-logit scaled by 1/T, g = (logit p_true / 2) / T: p = sigmoid(x) =
-        (1 + tanh(x / 2)) / 2, so the outcome u < p is atanh(2u - 1) / T < g, and the head's
-        confidence is (1 + tanh(g + (s z - b) / (2T))) / 2. The noise terms (sigma_token z,
-        atanh(2u - 1), s z - b, all scaled) come pre-transformed from ``st`` a block at a time,
-        so a step is a few array operations whatever R (the per-call overhead, not the
-        arithmetic, is what costs at these sizes). The arrays are transposed views of
-        position-major [steps, K, R] buffers: per-position work over the batch runs along
-        contiguous rows, and ``draws.conf[t].T`` is a contiguous [K, R] array."""
-        steps = int(steps)
-        R = off.shape[-1]
-        K = self.k
-        if K == 0 or R == 0 or steps == 0:
-            z = np.zeros((steps, R, K), dtype=np.float32)
-            return StepDraws(z, np.zeros((steps, R, K), dtype=bool), z.copy())
-        n = steps * K * R
-        shape = (steps, K, R)
-        blk = st.take(self, n, self._token_block)                     # [3, n]: g noise, threshold, head noise
-        g = blk[0].reshape(shape)
-        if self.sigma_step:
-            g += st.take((self, "step"), steps * R, self._step_block).reshape(steps, 1, R)
-        g += off[:K]
-        acc_s = np.empty((steps, K + 1, R), dtype=bool)
-        np.less(blk[1].reshape(shape), g, out=acc_s[:, :K])
-        acc_s[:, K] = False
-        accept = acc_s[:, :K]
-        p = None
-        if self.head == "model":
-            conf = blk[2].reshape(shape)
-            conf += g
-            np.tanh(conf, out=conf)
-            conf *= np.float32(0.5)
-            conf += np.float32(0.5)
-        elif self.head == "perfect":                                  # T = 1 here
-            conf = p = np.tanh(g)
-            p *= np.float32(0.5)
-            p += np.float32(0.5)
-        else:
-            conf = np.broadcast_to(off[K:], shape)                   # read-only view: no information
-        t = (0, 2, 1)
-        return StepDraws(None if p is None else p.transpose(t), accept.transpose(t), conf.transpose(t),
-                         half_logit=g.transpose(t), accept_sentinel=acc_s,
-                         half_logit_scale=self.head_temp)
-
-    def _token_block(self, rng: np.random.Generator, m: int) -> np.ndarray:
-        """[3, m] float32: sigma_token z1 / (2T), atanh(2u - 1) / T, (s z2 - b) / (2T)."""
-        inv_t = 1.0 / self.head_temp
-        out = np.empty((3, m), dtype=np.float32)
-        a, b = _normal_pair(rng, (m,))
-        np.multiply(a, np.float32(0.5 * self.sigma_token * inv_t), out=out[0])
-        u = rng.random(m, dtype=np.float32)
-        u *= np.float32(2.0)
-        u -= np.float32(1.0)
-        with np.errstate(divide="ignore"):                 # u = 0: atanh(-1) = -inf, never accepted
-            np.arctanh(u, out=out[1])
-        out[1] *= np.float32(inv_t)
-        np.multiply(b, np.float32(0.5 * self.head_noise * inv_t), out=out[2])
-        out[2] -= np.float32(0.5 * self.head_bias * inv_t)
-        return out
-
-    def _step_block(self, rng: np.random.Generator, m: int) -> np.ndarray:
-        """float32[m]: the per-step shared noise sigma_step z / (2T)."""
-        z = _normal_block(rng, m)
-        z *= np.float32(0.5 * self.sigma_step / self.head_temp)
-        return z
 
     # ---- head calibration -------------------------------------------------------------------
 
@@ -831,56 +778,6 @@ def _platt(z, y, iters: int = 50):
     return max(float(theta[0]), 1e-6), float(theta[1])
 
 
-class DrawStream:
-    """Random draws (float32) from one Generator, generated in blocks of ``block`` values and
-    handed out as fresh, disjoint slices (callers may write into them).
-
-    The engine draws a few thousand values per step; generating (and transforming) them a block
-    at a time moves the per-call cost of the generator and of the transcendentals off the step
-    loop. 2^14 values a block: small enough for each pass over a block to stay in cache (about
-    9 ns per value for the engine's three streams, against 20 ns at 2^18 on this machine kind).
-    ``take(key, n, make)`` serves n values of the stream ``key``, whose blocks ``make(rng, m)``
-    builds (an array whose last axis has length m). Deterministic for a given Generator state and
-    sequence of requests. ``block=0``: exactly what is asked (one-off callers)."""
-
-    def __init__(self, rng: np.random.Generator, block: int = 1 << 14):
-        self.rng = rng
-        self.block = int(block)
-        self._bufs: dict = {}                # key -> [block array, next index]
-
-    def take(self, key, n: int, make) -> np.ndarray:
-        b = self._bufs.get(key)
-        if b is None or b[1] + n > b[0].shape[-1]:
-            b = self._bufs[key] = [make(self.rng, max(n, self.block)), 0]
-        i = b[1]
-        b[1] = i + n
-        return b[0][..., i:i + n]
-
-
-def _normal_block(rng: np.random.Generator, m: int) -> np.ndarray:
-    a, b = _normal_pair(rng, ((m + 1) // 2,))
-    return np.concatenate([a, b])[:m]
-
-
-def _normal_pair(rng: np.random.Generator, shape):
-    """Two independent float32 standard-normal arrays of ``shape`` by Box-Muller (one log/sqrt
-    per pair; about 2x faster than two ``standard_normal`` calls at these sizes)."""
-    n = int(np.prod(shape))
-    u = rng.random(2 * n, dtype=np.float32)
-    r = u[:n]
-    np.negative(r, out=r)
-    np.log1p(r, out=r)  # log(1 - u), u in [0, 1): finite
-    r *= np.float32(-2.0)
-    np.sqrt(r, out=r)
-    th = u[n:]
-    th *= np.float32(2.0 * np.pi)
-    a = np.cos(th)
-    np.sin(th, out=th)
-    a *= r
-    th *= r
-    return a.reshape(shape), th.reshape(shape)
-
-
 # --------------------------------------------------------------------------------------------
 # Helpers the engine calls
 # --------------------------------------------------------------------------------------------
@@ -936,3 +833,84 @@ def head_quality(conf, accept, mask=None) -> tuple[float, float]:
         m = np.asarray(mask, dtype=bool)
         conf, accept = conf[m], accept[m]
     return _auc(conf, accept), _ece(conf, accept)
+
+
+# --------------------------------------------------------------------------------------------
+# The speculative runtime an engine replica uses
+# --------------------------------------------------------------------------------------------
+
+VERIFY_MODES = ("static", "compact", "cap-accept")
+DEFAULT_ACCEPTANCE = {"mtp": "deepseek-v4", "dspark": "deepseek-v4", "eagle3": "qwen3-4b-fig2",
+                      "block": "qwen3-4b-fig2"}
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """What the user asks for: the method, its verify policy and mode, the acceptance curves and
+    the confidence head's quality. ``verify_mode`` (SGLang's static | compact | cap-accept) lives
+    here only: the engine reads it from the runtime built from this."""
+
+    method: str = "none"             # none | mtp | eagle3 | block | dspark
+    k: int | None = None             # drafts per step (default: 1 for mtp, 7 otherwise)
+    adaptive: bool = False           # dspark: verify windows chosen per step by `policy`
+    policy: str = "vllm"             # vllm | paper | paper-production | sglang | fixed | threshold
+    verify_mode: str = "compact"     # static | compact | cap-accept
+    acceptance: str | None = None    # preset name, file, inline curves or const:P
+    head: str = "model"              # model | perfect | useless
+    head_auc: float = 0.85
+    head_ece: float = 0.01
+    sigma_request: float | None = None
+    sigma_step: float | None = None
+
+
+@dataclass(frozen=True)
+class SpecRuntime:
+    """The speculative method, its acceptance model, verify-budget policy and verify mode, as an
+    engine replica uses them. ``acceptance``, ``curves`` are None without drafts; ``policy`` is
+    None unless the method is adaptive. Build with ``SpecRuntime.build``."""
+
+    method: SpecMethod
+    verify_mode: str
+    acceptance: "AcceptanceModel | None" = None
+    curves: AcceptanceCurves | None = None
+    policy: object | None = None                # dsim.policy.BudgetPolicy
+
+    @property
+    def k(self) -> int:
+        return self.method.k
+
+    @classmethod
+    def build(cls, sc: SpecConfig, class_names: Sequence[str], cost=None, *, max_num_seqs: int = 1024,
+              max_num_batched_tokens: int = 8192, mean_context: float = 0.0) -> "SpecRuntime":
+        """From a SpecConfig for a workload's classes. ``cost`` (a CostModel) prices SGLang's
+        additive table, built for ``max_num_seqs`` requests, ``max_num_batched_tokens`` tokens and
+        a request's context read at ``mean_context`` tokens."""
+        from dsim import policy as P
+        if sc.verify_mode not in VERIFY_MODES:
+            raise InputError(f"--verify-mode: must be static, compact or cap-accept, got {sc.verify_mode!r}")
+        method = make_method(sc.method, sc.k, sc.adaptive)
+        if not method.drafts:
+            return cls(method, sc.verify_mode)
+        curves = load_acceptance(sc.acceptance or DEFAULT_ACCEPTANCE.get(method.name, "deepseek-v4"), method.name)
+        opts = {}
+        if sc.sigma_request is not None:
+            opts["sigma_request"] = sc.sigma_request
+        if sc.sigma_step is not None:
+            opts["sigma_step"] = sc.sigma_step
+        # Only a method with a confidence head calibrates one; the others use the class curve.
+        head = sc.head if method.has_head else "useless"
+        acceptance = AcceptanceModel(curves, class_names, method.k, head=head, head_auc=sc.head_auc,
+                                     head_ece=sc.head_ece, **opts)
+        policy = None
+        if method.adaptive:
+            if sc.policy == "sglang" and cost is not None:
+                # SGLang prices a step with an additive table T(R, M) = bias + alpha(R) + theta(M),
+                # built here from the profile; alpha carries the drafter and the context read
+                # of a request at the workload's mean context.
+                table = P.AdditiveCost.from_cost(cost, method, max_requests=max_num_seqs,
+                                                 max_tokens=max_num_batched_tokens,
+                                                 kv_ms_per_request=cost.kv_ms_per_tok * mean_context)
+                policy = P.make_policy("sglang", cost=table)
+            else:
+                policy = P.make_policy(sc.policy)
+        return cls(method, sc.verify_mode, acceptance, curves, policy)

@@ -59,7 +59,7 @@ DEFAULT_MIX: dict[str, float] = {"chat": 0.6, "code": 0.2, "math": 0.2}
 DEFAULT_CLASSES: tuple[str, ...] = ("math", "code", "chat")
 MOONCAKE_BLOCK_TOKENS = 512
 FORMATS = ("azure", "mooncake", "burstgpt", "native-csv", "native-jsonl", "native-parquet")
-RATE_SCALE_RANGE = (0.1, 20.0)
+RATE_SCALE_RANGE = (0.1, 100.0)
 #: Largest token count accepted for one request's prompt or output: well above any model's
 #: context (the largest public ones are ~10M tokens); beyond it a value is a corrupt row.
 MAX_TOKENS = 16_777_216
@@ -236,7 +236,7 @@ def time_window(w: Workload, t0: float, t1: float) -> Workload:
 
 
 def scale_rate(w: Workload, x: float) -> Workload:
-    """Arrival rate times ``x`` (arrival times divided by x); 0.1 <= x <= 20."""
+    """Arrival rate times ``x`` (arrival times divided by x); 0.1 <= x <= 100."""
     lo, hi = RATE_SCALE_RANGE
     try:
         x = float(x)
@@ -449,14 +449,17 @@ def _csv_scan_shape(path: Path) -> None:
             raise _err(path, start, None, f"malformed CSV ({e})") from None
 
 
-def _int_column(values: pd.Series, path, fieldname: str, lines, *, allow_zero=False) -> np.ndarray:
-    """Strings/numbers -> int64, with the first bad row reported by line."""
+def _int_column(values: pd.Series, path, fieldname: str, lines, *, allow_zero=False,
+                tokens: bool | None = None) -> np.ndarray:
+    """Strings/numbers -> int64, with the first bad row reported by line. tokens: a token count
+    (bounded by MAX_TOKENS); by default every column that must be > 0."""
+    tokens = (not allow_zero) if tokens is None else tokens
     num = pd.to_numeric(values, errors="coerce")
     a = num.to_numpy(dtype=np.float64, na_value=np.nan)
     bad_num = ~np.isfinite(a)
     bad_int = ~bad_num & (a != np.round(a))
     bad_val = ~bad_num & ~bad_int & ((a < 0) if allow_zero else (a <= 0))
-    bad_big = ~bad_num & ~bad_int & ~bad_val & (a > (np.iinfo(np.int64).max / 2 if allow_zero else MAX_TOKENS))
+    bad_big = ~bad_num & ~bad_int & ~bad_val & (a > (MAX_TOKENS if tokens else np.iinfo(np.int64).max / 2))
     bad = bad_num | bad_int | bad_val | bad_big
     if bad.any():
         i = int(np.argmax(bad))
@@ -470,7 +473,7 @@ def _int_column(values: pd.Series, path, fieldname: str, lines, *, allow_zero=Fa
             raise _err(path, line, fieldname, f"not an integer: {plain(raw)}")
         if bad_big[i]:
             raise _err(path, line, fieldname, f"{plain(raw)} is too large (at most {MAX_TOKENS} tokens)"
-                       if not allow_zero else f"{plain(raw)} is too large")
+                       if tokens else f"{plain(raw)} is too large")
         raise _err(path, line, fieldname, f"must be > 0, got {plain(raw)}" if not allow_zero
                    else f"must be >= 0, got {plain(raw)}")
     return a.astype(np.int64)
@@ -553,7 +556,7 @@ def _read_burstgpt(path: Path) -> _Cols:
     if bad.any():
         i = int(np.argmax(bad))
         raise _err(path, lines()[i], "Timestamp", f"not a time in seconds >= 0: {plain(df['Timestamp'].iloc[i])}")
-    output = _int_column(df["Response tokens"], path, "Response tokens", lines, allow_zero=True)
+    output = _int_column(df["Response tokens"], path, "Response tokens", lines, allow_zero=True, tokens=True)
     keep = output > 0
     notes = []
     dropped = int((~keep).sum())

@@ -74,7 +74,7 @@ def test_bad_trace_one_line_exit_2_nothing_written(tmp_path, name, content, need
 @pytest.mark.parametrize("args,needle", [
     (["--nodes", "0"], "--nodes"),
     (["--rate", "-1"], "--rate"),
-    (["--rate-scale", "50"], "rate"),
+    (["--rate-scale", "500"], "rate"),
     (["--method", "bogus"], "bogus"),
     (["--profile", "nope"], "nope"),
     (["--verify-mode", "bad"], "verify-mode"),

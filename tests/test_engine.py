@@ -73,7 +73,7 @@ def test_running_maximum_makes_cost_non_decreasing():
     assert c.forward_ms(2) == 3.0 and c.forward_ms(8) == 5.0
 
 
-def test_step_ms_range_equals_step_ms_on_arange():
+def test_step_cost_row_equals_step_ms_on_arange():
     """The policy's cost row: a slice of the dense table, bit-equal to step_ms on the same tokens,
     also across the capture limit and past the dense table (where it falls back)."""
     from dsim.cost import DENSE_TOKENS
@@ -81,9 +81,9 @@ def test_step_ms_range_equals_step_ms_on_arange():
     c = CostModel(make_profile(caps=caps, forward={"tokens": caps + [48, 64], "ms": [1, 2, 3, 4, 5, 6, 7, 9, 11]},
                                kv_ms_per_ktok=0.37))
     for n0, n1 in ((1, 30), (20, 200), (DENSE_TOKENS - 5, DENSE_TOKENS + 1), (DENSE_TOKENS - 5, DENSE_TOKENS + 40)):
-        assert c.step_ms_range(n0, n1, 12345).tolist() == c.step_ms(np.arange(n0, n1), 12345).tolist()
+        assert c.step_cost_row(n0, n1, 12345).tolist() == c.step_ms(np.arange(n0, n1), 12345).tolist()
         # the engine folds its per-step constants (CPU overhead, draft) into the same row
-        np.testing.assert_allclose(c.step_ms_range(n0, n1, 12345, 2.5),
+        np.testing.assert_allclose(c.step_cost_row(n0, n1, 12345, 2.5),
                                    c.step_ms(np.arange(n0, n1), 12345) + 2.5, rtol=1e-12)
 
 
@@ -134,31 +134,31 @@ def test_profile_by_model_name_prefers_the_measured_one():
 
 def test_prefill_terms_reach_every_budget_policy(monkeypatch):
     """The verify budget is priced with the step's prefill correction whatever the policy: the
-    general path (paper, paper-production) gets it as step_extra_ms, the vllm one-step entry in its
-    cost row (the same step priced the same way)."""
-    import dsim.policy as P
+    compiled step (dsim.kernels_step.plan_decodes) gets it as the extra cost of every budget."""
+    import dsim.kernels_step as KS
     seen, priced = [], []
-    orig, orig_pre = P.PaperPolicy.windows, CostModel.prefill_ms
+    orig, orig_pre = KS.plan_decodes, CostModel.prefill_ms
 
-    def spy(self, conf_now, conf_prev=None, conf_prev2=None, ctx=None):
-        seen.append(float(np.asarray(ctx.step_extra_ms)[0]))
-        return orig(self, conf_now, conf_prev, conf_prev2, ctx)
+    def spy(*args):
+        if args[12]:                                   # adaptive: (..., row, base_extra, ...)
+            seen.append(float(args[18]))
+        return orig(*args)
 
     def spy_pre(self, chunks):
         v = orig_pre(self, chunks)
         priced.append(v)
         return v
-    monkeypatch.setattr(P.PaperPolicy, "windows", spy)
+    monkeypatch.setattr(KS, "plan_decodes", spy)
     monkeypatch.setattr(CostModel, "prefill_ms", spy_pre)
     prof = linear_profile(kv_ms_per_ktok=0.5, prefill_terms={"discount_ms_per_ktok": 4.0, "attention_ms_per_mpair": 2.0})
     w = wl([200, 3000, 3000], [400, 50, 50], arrival=[0.0, 0.5, 1.0])
-    for pol in ("paper", "paper-production"):
+    for pol in ("vllm", "paper", "paper-production", "sglang", "threshold", "fixed"):
         seen.clear()
         # 512-token chunks: the long prompts are still prefilling while the first request decodes
         run(w, prof, spec=SpecConfig("dspark", adaptive=True, policy=pol),
             engine=EngineConfig(long_prefill_token_threshold=512))
         # the budget's extra cost is 0 or a prefill correction the cost model computed that step
-        assert any(x != 0.0 for x in seen) and all(x == 0.0 or x in priced for x in seen)
+        assert any(x != 0.0 for x in seen) and all(x == 0.0 or x in priced for x in seen), pol
 
 
 def test_context_term_adds_per_kv_token():
@@ -369,7 +369,7 @@ def test_compact_at_least_static_throughput_at_high_load():
     outs = {}
     for mode in ("compact", "static"):
         res = simulate(SimConfig(workload=mixed(1024, 256), profile=prof, gpus_per_node=1,
-                                 engine=EngineConfig(verify_mode=mode), spec=SpecConfig(verify_mode=mode, **base)))
+                                 spec=SpecConfig(verify_mode=mode, **base)))
         outs[mode] = res.summary["output_tok_s"]
     assert outs["compact"] >= outs["static"]
 
@@ -406,17 +406,11 @@ def test_preemption_evicts_the_most_recently_admitted():
     assert r.completed.all()
 
 
-def test_adaptive_policy_windows_are_exact(monkeypatch):
-    """Deterministic draws: an adaptive policy gives the same run with windows of 1 and 64 steps
-    (each step's budget priced at its own KV context)."""
-    import dsim.spec as S
-    orig = S.AcceptanceModel.sample_slots
-
-    def det_sample(self, st, off, steps):
-        d = orig(self, st, off, steps)
-        P = np.broadcast_to(off[self.k:].T, d.conf.shape).copy()  # the useless head's rows: P[c, k]
-        return S.StepDraws(P, P >= 0.5, P)
-    monkeypatch.setattr(S.AcceptanceModel, "sample_slots", det_sample)
+@pytest.mark.parametrize("pol", ["vllm", "paper", "paper-production", "sglang", "threshold", "fixed"])
+def test_adaptive_policy_windows_are_exact(pol):
+    """A request's draws are its own (per request and draft round), so an adaptive run gives
+    the same result with windows of 1 and 64 steps: each step's budget in a window is priced at
+    its own KV context (the fixed point), whatever the policy."""
     rng = np.random.default_rng(3)
     n = 48
     w = wl(rng.integers(500, 3000, n), rng.integers(100, 300, n), closed=n, cls=rng.integers(0, 3, n))
@@ -425,18 +419,33 @@ def test_adaptive_policy_windows_are_exact(monkeypatch):
     prof = make_profile(forward={"tokens": toks, "ms": [5.0 + 0.05 * t for t in toks]}, kv_ms_per_ktok=0.5,
                         cpu=0.3, kv_gib=50)
     acc = "math=0.95,0.9,0.85,0.8,0.7,0.6,0.5;code=0.9,0.8,0.7,0.6,0.5,0.4,0.3;chat=0.8,0.6,0.5,0.4,0.3,0.2,0.1"
-    for pol in ("vllm", "paper"):
-        sc = SpecConfig("dspark", adaptive=True, policy=pol, acceptance=acc, head="useless")
+    sc = SpecConfig("dspark", adaptive=True, policy=pol, acceptance=acc)
+    a = run(w, prof, engine=EngineConfig(max_window=1), spec=sc)
+    b = run(w, prof, engine=EngineConfig(max_window=64), spec=sc)
+    np.testing.assert_allclose(a.requests.e2e_ms, b.requests.e2e_ms, rtol=1e-9)
+    assert a.summary["steps"] == b.summary["steps"]
+    for key in ("acceptance_length", "mean_verify_tokens_per_request", "verify_utilization", "head"):
+        assert a.summary[key] == b.summary[key]
+
+
+def test_speculative_decode_windows_are_exact():
+    """The same for fixed blocks (MTP, EAGLE-3, DSpark without adaptation) on an open-loop trace."""
+    prof = linear_profile(cpu=0.7, kv_ms_per_ktok=0.3)
+    rng = np.random.default_rng(8)
+    n = 200
+    arr = np.cumsum(rng.exponential(0.05, n))
+    w = wl(rng.integers(50, 900, n), rng.integers(1, 120, n), arrival=arr - arr[0], cls=rng.integers(0, 3, n))
+    for sc in (SpecConfig("mtp"), SpecConfig("eagle3"), SpecConfig("dspark")):
         a = run(w, prof, engine=EngineConfig(max_window=1), spec=sc)
         b = run(w, prof, engine=EngineConfig(max_window=64), spec=sc)
         np.testing.assert_allclose(a.requests.e2e_ms, b.requests.e2e_ms, rtol=1e-9)
-        assert a.summary["steps"] == b.summary["steps"]
+        assert a.summary["acceptance_length"] == b.summary["acceptance_length"]
 
 
 def test_budget_cut_counts_only_drafts_given():
     prof = linear_profile()
-    sc = SpecConfig("eagle3", k=7, acceptance="const:0.5", sigma_request=0.0, sigma_step=0.0)
-    res = run(wl([10] * 5, [40] * 5), prof, spec=sc,
-              engine=EngineConfig(max_num_batched_tokens=36, verify_mode="static"))
+    sc = SpecConfig("eagle3", k=7, acceptance="const:0.5", sigma_request=0.0, sigma_step=0.0,
+                    verify_mode="static")
+    res = run(wl([10] * 5, [40] * 5), prof, spec=sc, engine=EngineConfig(max_num_batched_tokens=36))
     st = res.steps[res.steps.prefill_tokens == 0]
     assert (st.n_tokens == st.n_decode + st.verify_draft_tokens).all()

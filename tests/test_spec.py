@@ -178,29 +178,83 @@ def test_sample_shapes_dtypes_and_zero_k():
     assert m0.sample(rng, np.zeros(4, int), np.zeros(4), 2).accept.shape == (2, 4, 0)
 
 
-def test_draw_stream_layout_and_full_block():
-    """Draws from the engine's DrawStream: the same model as one-off draws (outcome frequencies
-    match p_true), the views' contiguous position-major buffers, and the sentinel-based
-    full-block prefix equal to accepted_prefix(accept, K)."""
-    from dsim.spec import DrawStream
-    m = AcceptanceModel(load_acceptance("deepseek-v4", "dspark"), CLASSES, 7)
-    rng = np.random.default_rng(5)
-    cls = np.arange(300) % 3
+def _engine_draws(m, cls, lat, steps, key=7, ids=None, rounds=0):
+    """The engine's compiled draws (dsim.kernels_step.draw_slots, outcomes only while the prefix
+    holds): conf [steps, K, R], lead [steps, R]."""
+    from dsim import kernels_step as KS
+    R, K = len(cls), m.k
+    slots = np.zeros((R, KS.NCOL), dtype=np.int64)
+    slots[:, KS.ID] = np.arange(R) if ids is None else ids
+    slots[:, KS.ROUNDS] = rounds
+    off = np.ascontiguousarray(m.slot_offsets(cls, lat))
+    conf = np.empty((steps, K, R), np.float32)
+    lead = np.empty((steps, R), np.int64)
+    KS.draw_slots(key, slots, off, R, K, steps, *m.kernel_params(), False, conf, lead,
+                  np.zeros((0, 0, 0), bool), np.zeros((0, 0, 0), np.float32))
+    return conf, lead
+
+
+@pytest.mark.parametrize("head", ["model", "perfect", "useless"])
+def test_compiled_draws_match_the_numpy_reference_distribution(head):
+    """The compiled sampler (full outcomes, and the engine's prefix-only form) against the numpy
+    reference sampler on the same model and latents, fixed seeds: per position, a two-sample KS
+    test on the confidences; a chi-square test on the accepted-prefix length (0..K)."""
+    from scipy import stats
+
+    from reference_draws import RefSampler
+    m = AcceptanceModel(load_acceptance("deepseek-v4", "dspark"), CLASSES, 7, head=head)
+    rng = np.random.default_rng(21)
+    cls = np.arange(3000) % 3
     lat = m.request_latent(rng, cls)
-    lat_before = lat.copy()
-    st = DrawStream(np.random.default_rng(6), block=4096)      # several block refills
-    d = m.sample(st, cls, lat, 40)
-    assert (lat == lat_before).all()                          # the caller's latents untouched
-    assert d.conf[3].T.flags.c_contiguous and d.accept.shape == (40, 300, 7)
-    assert d.full_block_accepted().tolist() == accepted_prefix(d.accept, 7).tolist()
-    # outcomes are Bernoulli(p_true): mean outcome matches mean p_true per position
-    assert np.abs(d.accept.mean((0, 1)) - d.p_true.mean((0, 1))).max() < 0.01
-    # DrawStream blocks are disjoint and deterministic for a seed
-    from dsim.spec import _normal_block
-    a, b = DrawStream(np.random.default_rng(1), 64), DrawStream(np.random.default_rng(1), 64)
-    xs = [a.take("z", 50, _normal_block).copy() for _ in range(5)]
-    assert all((x == b.take("z", 50, _normal_block)).all() for x in xs)
-    assert abs(np.concatenate(xs).std() - 1) < 0.1
+    ref = RefSampler(m).sample(np.random.default_rng(22), cls, lat, 6)
+    new = m.sample(np.random.default_rng(23), cls, lat, 6)
+    conf_e, lead_e = _engine_draws(m, cls, lat, 6)
+    lead_r = accepted_prefix(ref.accept, 7).ravel()
+    for lead in (accepted_prefix(new.accept, 7).ravel(), lead_e.ravel()):
+        table = np.array([np.bincount(lead_r, minlength=8), np.bincount(lead, minlength=8)])
+        table = table[:, table.sum(0) > 0]
+        assert stats.chi2_contingency(table).pvalue > 1e-3
+    if head == "useless":                       # the class curve, exactly
+        assert np.array_equal(new.conf, ref.conf) and np.array_equal(conf_e.transpose(0, 2, 1), ref.conf)
+        return
+    for j in range(7):
+        a = ref.conf[..., j].ravel()
+        assert stats.ks_2samp(a, new.conf[..., j].ravel()).pvalue > 1e-3
+        assert stats.ks_2samp(a, conf_e[:, j].ravel()).pvalue > 1e-3
+        assert stats.ks_2samp(ref.p_true[..., j].ravel(), new.p_true[..., j].ravel()).pvalue > 1e-3
+    # outcomes are Bernoulli(p_true) position by position
+    assert np.abs(new.accept.mean((0, 1)) - new.p_true.mean((0, 1))).max() < 0.01
+
+
+def test_compiled_draws_are_per_request_round_streams():
+    """A request's draws depend on (run key, request, draft round) only: not on the other slots,
+    their order or how many steps are drawn at once; another key or round draws anew."""
+    m = AcceptanceModel(load_acceptance("deepseek-v4", "dspark"), CLASSES, 7)
+    rng = np.random.default_rng(2)
+    cls = np.arange(10) % 3
+    lat = m.request_latent(rng, cls)
+    conf, lead = _engine_draws(m, cls, lat, 4)
+    sub = [7, 2, 5]
+    conf2, lead2 = _engine_draws(m, cls[sub], lat[sub], 2, ids=np.array(sub), rounds=2)
+    assert np.array_equal(conf2, conf[2:, :, sub]) and np.array_equal(lead2, lead[2:, sub])
+    again, _ = _engine_draws(m, cls, lat, 4)
+    assert np.array_equal(again, conf)
+    other, _ = _engine_draws(m, cls, lat, 4, key=8)
+    assert not np.array_equal(other, conf)
+
+
+def test_compiled_normals_and_uniforms():
+    """The ziggurat normals and the uniforms of the compiled streams (KS tests, fixed keys)."""
+    from scipy import stats
+
+    from dsim import kernels_step as KS
+    z = np.empty(200_000)
+    KS.fill_normal(KS.run_key(0), z)
+    assert stats.kstest(z, "norm").pvalue > 1e-3
+    assert abs((np.abs(z) > 3.0).mean() - 2 * stats.norm.sf(3.0)) < 5e-4     # the tails too
+    u = np.empty(200_000)
+    KS.fill_uniform(KS.run_key(1), u)
+    assert stats.kstest(u, "uniform").pvalue > 1e-3 and u.min() >= 0.0 and u.max() < 1.0
 
 
 def test_accepted_prefix():

@@ -213,7 +213,7 @@ def test_slicing_and_rate_scale():
     s = w.scale_rate(2.0)
     assert np.allclose(s.arrival_s, w.arrival_s / 2) and "rate x2" in s.source
     assert np.array_equal(s.prompt_tokens, w.prompt_tokens)
-    for bad in (0.05, 25, -1):
+    for bad in (0.05, 250, -1):
         with pytest.raises(InputError, match="out of range"):
             w.scale_rate(bad)
     with pytest.raises(InputError):

@@ -1,0 +1,727 @@
+"""The engine step's compiled kernels (numba, nopython, cached on disk).
+
+What runs here, over the decode slots' struct-of-arrays state (the engine's ``Replica`` buffers):
+
+* random numbers: one counter-based SplitMix64 stream per (request, draft round); standard
+  normals by the ziggurat method (Marsaglia and Tsang, "The Ziggurat Method for Generating
+  Random Variables", J. Stat. Softw. 2000, 128 layers), uniforms from the top 53 bits;
+* the acceptance model's draws (``draw_slots``): per slot and step the half logit
+  g = sigma_token z / (2T) + sigma_step u / (2T) + offset, the outcome u < sigmoid(2 g T) and the
+  confidence sigmoid(2 (g + (s z' - b) / (2T))), the quantities of ``dsim.spec.AcceptanceModel``;
+* the verify-budget policies (``step_windows``: fixed, threshold, vllm, paper, paper-production,
+  sglang) on one cost row per step, with the same operations in the same order as the numpy
+  definitions documented in ``dsim.policy`` (so the windows are identical, ties included);
+* the SGLang verify modes and the fixed point that prices a decode window's budgets at each
+  step's own KV context (``window_windows``);
+* the commit of decode slots (``commit_decodes``: accepted, emitted tokens, speculative counters,
+  the accepted-drafts histogram) and the order-preserving removal of finished slots.
+
+Layouts: confidences and offsets are position-major ``[K, R]`` (a request is a column); the int
+slot table is ``[capacity, NCOL]`` with the column indices below. Every kernel takes whole buffers
+plus the live count, so each compiles once per process type signature (and is cached on disk).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, uint64
+
+# Decode-slot columns of the int table (Replica.I).
+ID, COMP, END, CLS, EMITS, ROUNDS, ASUM, VSUM = range(8)
+NCOL = 8
+# Policy codes.
+FIXED, THRESHOLD, VLLM, PAPER, PAPER_PRODUCTION, SGLANG = range(6)
+POLICY_CODES = {"fixed": FIXED, "threshold": THRESHOLD, "vllm": VLLM, "paper": PAPER,
+                "paper-production": PAPER_PRODUCTION, "sglang": SGLANG}
+# Verify modes (SGLang).
+STATIC, COMPACT, CAP_ACCEPT = range(3)
+VERIFY_CODES = {"static": STATIC, "compact": COMPACT, "cap-accept": CAP_ACCEPT}
+# Confidence heads.
+HEAD_MODEL, HEAD_PERFECT, HEAD_USELESS = range(3)
+HEAD_CODES = {"model": HEAD_MODEL, "perfect": HEAD_PERFECT, "useless": HEAD_USELESS}
+
+
+# ---- random numbers ---------------------------------------------------------------------------
+# Counter-based streams: the draws of request r's draft round i come from a SplitMix64 sequence
+# (Steele, Lea and Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014) seeded
+# by a hash of (run key, r, i). A request's draws therefore do not depend on how its rounds are
+# batched (single steps or decode windows, which replica, who else is running): windows are
+# exact, and a re-planned step (after a preemption) sees the same draws.
+
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def run_key(seed: int, salt: int = 0) -> int:
+    """The uint64 key of a run's draws (from its seed)."""
+    return int(np.random.default_rng([int(seed), 0xD5, int(salt)]).integers(0, 2**63))
+
+
+@njit(cache=True, inline="always")
+def _mix64(z):
+    z = (z ^ (z >> uint64(30))) * uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> uint64(27))) * uint64(0x94D049BB133111EB)
+    return z ^ (z >> uint64(31))
+
+
+@njit(cache=True, inline="always")
+def stream_seed(key, rid, rnd):
+    """The SplitMix64 state of request rid's draft round rnd."""
+    h = _mix64(uint64(key) + uint64(rid) * uint64(_GOLDEN))
+    return _mix64(h ^ (uint64(rnd) * uint64(0xD1B54A32D192ED03) + uint64(1)))
+
+
+@njit(cache=True, inline="always")
+def next_u64(s):
+    s[0] += uint64(_GOLDEN)
+    return _mix64(s[0])
+
+
+@njit(cache=True, inline="always")
+def uniform(s):
+    """float64 in [0, 1): the top 53 bits."""
+    return float(next_u64(s) >> uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+@njit(cache=True, inline="always")
+def _uniform_open(s):
+    """float64 in (0, 1) (for logarithms)."""
+    return (float(next_u64(s) >> uint64(11)) + 0.5) * (1.0 / 9007199254740992.0)
+
+
+def _zig_tables():
+    # Marsaglia & Tsang (2000), 128 layers: r = 3.442619855899, v = 9.91256303526217e-3.
+    m1 = 2147483648.0
+    dn = tn = 3.442619855899
+    vn = 9.91256303526217e-3
+    kn = np.zeros(128)
+    wn = np.zeros(128)
+    fn = np.zeros(128)
+    q = vn / math.exp(-0.5 * dn * dn)
+    kn[0] = math.floor((dn / q) * m1)
+    kn[1] = 0.0
+    wn[0] = q / m1
+    wn[127] = dn / m1
+    fn[0] = 1.0
+    fn[127] = math.exp(-0.5 * dn * dn)
+    for i in range(126, 0, -1):
+        dn = math.sqrt(-2.0 * math.log(vn / dn + math.exp(-0.5 * dn * dn)))
+        kn[i + 1] = math.floor((dn / tn) * m1)
+        tn = dn
+        fn[i] = math.exp(-0.5 * dn * dn)
+        wn[i] = dn / m1
+    return kn, wn, fn
+
+
+_KN, _WN, _FN = _zig_tables()
+_ZIG_R = 3.442619855899
+
+
+@njit(cache=True, inline="always")
+def normal(s):
+    """A standard normal: the ziggurat (layer index and value from disjoint bits of one draw;
+    a rejected draw is redrawn, as in Marsaglia and Tsang's nfix)."""
+    while True:
+        r = next_u64(s)
+        iz = int(r & uint64(127))
+        j = float(np.int64(r >> uint64(32)) - 2147483648)
+        if abs(j) < _KN[iz]:
+            return j * _WN[iz]
+        if iz == 0:                      # the base strip's tail beyond r
+            while True:
+                x = -math.log(_uniform_open(s)) / _ZIG_R
+                y = -math.log(_uniform_open(s))
+                if y + y >= x * x:
+                    break
+            return _ZIG_R + x if j > 0 else -_ZIG_R - x
+        x = j * _WN[iz]
+        if _FN[iz] + _uniform_open(s) * (_FN[iz - 1] - _FN[iz]) < math.exp(-0.5 * x * x):
+            return x
+
+
+@njit(cache=True)
+def fill_normal(key, out):
+    s = np.empty(1, np.uint64)
+    s[0] = stream_seed(key, 0, 0)
+    for i in range(out.shape[0]):
+        out[i] = normal(s)
+
+
+@njit(cache=True)
+def fill_uniform(key, out):
+    s = np.empty(1, np.uint64)
+    s[0] = stream_seed(key, 0, 0)
+    for i in range(out.shape[0]):
+        out[i] = uniform(s)
+
+
+# ---- the acceptance model's draws -------------------------------------------------------------
+
+@njit(cache=True)
+def draw_slots(key, I, X, n, K, steps, head, tok_scale, step_scale, head_scale, head_shift, temp, full,
+               conf, lead, accept, p_true):
+    """``steps`` steps of draws for the first n slots whose offsets are X[0:K, :n] (the class
+    curve's confidences in X[K:2K] for the useless head); slot r is request I[r, ID] at draft
+    round I[r, ROUNDS] + t in step t. Writes conf[t, j, r] (float32) and lead[t, r] (leading
+    accepted drafts of the full block); with ``full`` also every position's outcome
+    accept[t, j, r] and p_true[t, j, r] (else an outcome is drawn only while the prefix holds:
+    later ones are never observed)."""
+    s = np.empty(1, np.uint64)
+    for t in range(steps):
+        for r in range(n):
+            s[0] = stream_seed(key, I[r, ID], I[r, ROUNDS] + t)
+            su = step_scale * normal(s) if step_scale != 0.0 else 0.0
+            alive = True
+            nacc = 0
+            for j in range(K):
+                if head == HEAD_USELESS and not alive and not full:
+                    conf[t, j, r] = X[K + j, r]
+                    continue
+                off = X[j, r]
+                g = tok_scale * normal(s) + su + off
+                if head == HEAD_MODEL:
+                    y = g + (head_scale * normal(s) - head_shift)
+                    conf[t, j, r] = 1.0 / (1.0 + math.exp(-2.0 * y))
+                elif head == HEAD_PERFECT:
+                    conf[t, j, r] = 1.0 / (1.0 + math.exp(-2.0 * g))
+                else:
+                    conf[t, j, r] = X[K + j, r]
+                if alive or full:
+                    p = 1.0 / (1.0 + math.exp(-2.0 * g * temp))
+                    a = uniform(s) < p
+                    if full:
+                        accept[t, j, r] = a
+                        p_true[t, j, r] = p
+                    if alive:
+                        if a:
+                            nacc += 1
+                        else:
+                            alive = False
+            lead[t, r] = nacc
+
+
+# ---- verify-budget policies -------------------------------------------------------------------
+
+@njit(cache=True)
+def _sort_desc(v, out):
+    """out = v sorted descending (float32, non-negative finite values): LSD radix sort on the
+    bit patterns (non-negative floats order as their bits), four 8-bit passes (a pass whose
+    digit is the same for every value is skipped)."""
+    n = v.shape[0]
+    if n <= 32:
+        tmp = np.sort(v)
+        for i in range(n):
+            out[i] = tmp[n - 1 - i]
+        return
+    a = v.view(np.uint32).copy()
+    b = np.empty_like(a)
+    cnt = np.zeros(256, np.int64)
+    for shift in (0, 8, 16, 24):
+        cnt[:] = 0
+        for i in range(n):
+            cnt[(a[i] >> shift) & 255] += 1
+        if cnt[(a[0] >> shift) & 255] == n:
+            continue
+        tot = 0
+        for d in range(256):
+            c = cnt[d]
+            cnt[d] = tot
+            tot += c
+        for i in range(n):
+            d = (a[i] >> shift) & 255
+            b[cnt[d]] = a[i]
+            cnt[d] += 1
+        a, b = b, a
+    fa = a.view(np.float32)
+    for i in range(n):
+        out[i] = fa[n - 1 - i]
+
+
+@njit(cache=True)
+def _survival(c, K, R, S):
+    """S[j, r] = prod_{i<=j} clip(c[i, r], 0, 1) in float32 (the reference's order); +0.0 for
+    non-positive values (a clipped -0.0 sorts with the zeros)."""
+    for r in range(R):
+        acc = np.float32(1.0)
+        for j in range(K):
+            x = c[j, r]
+            if not x > 0:
+                x = np.float32(0.0)
+            elif x > 1:
+                x = np.float32(1.0)
+            if j == 0:
+                acc = np.float32(x)
+            else:
+                acc = np.float32(acc * x)
+            S[j, r] = acc
+
+
+@njit(cache=True)
+def _flat_rk(S, K, R, flat):
+    """The request-major flattening (index r * K + j) of S[K, R]."""
+    for r in range(R):
+        for j in range(K):
+            flat[r * K + j] = S[j, r]
+
+
+@njit(cache=True)
+def _ratio_argmax(srt, RK, n_samp, row, extra, limit):
+    """argmax over b in 0..limit of (n_samp + top-b sum) / (row[b] + extra), the first maximum
+    (a NaN counts as the maximum, as np.argmax does)."""
+    cs = 0.0
+    best = -np.inf
+    bi = 0
+    for b in range(limit + 1):
+        if b > 0:
+            cs += np.float64(srt[b - 1])
+        r = (n_samp + cs) / (row[b] + extra)
+        if np.isnan(r):
+            return b
+        if r > best:
+            best = r
+            bi = b
+    return bi
+
+
+@njit(cache=True)
+def _early_stop(srt, n_samp, row, extra, limit):
+    """DSpark Algorithm 1: B = the number of leading strict rises of Theta(b), at most limit."""
+    cs = np.float64(srt[0]) if limit > 0 else 0.0
+    prev = n_samp / (row[0] + extra)
+    for b in range(limit):
+        cur = (n_samp + cs) / (row[b + 1] + extra)
+        if not (cur - prev > 0):
+            return b
+        prev = cur
+        if b + 1 < limit:
+            cs += np.float64(srt[b + 1])
+    return limit
+
+
+@njit(cache=True)
+def _top_b(flat, srt, B, K, R, out):
+    """The B slots to the top-B positive scores (stable: ties to the earlier request-major index,
+    so a request's slots are a prefix); out[r] = slots of request r."""
+    RK = K * R
+    for r in range(R):
+        out[r] = 0
+    if B <= 0 or RK == 0:
+        return
+    bb = B - 1 if B - 1 < RK - 1 else RK - 1
+    thr = srt[bb]
+    ngt = 0
+    for i in range(RK):
+        if flat[i] > thr:
+            ngt += 1
+    need = B - ngt
+    ties = 0
+    for i in range(RK):
+        v = flat[i]
+        if v > thr:
+            sel = True
+        elif v == thr:
+            ties += 1
+            sel = ties <= need
+        else:
+            sel = False
+        if sel and v > 0:
+            out[i // K] += 1
+
+
+@njit(cache=True)
+def _cap_fcfs(out, R, allowed):
+    before = 0
+    for r in range(R):
+        l = out[r]
+        v = allowed - before
+        if v < 0:
+            v = 0
+        if v > l:
+            v = l
+        out[r] = v
+        before += l
+
+
+@njit(cache=True)
+def step_windows(code, tau, now, prev, old, row, extra, n_samp, n_nondraft, token_limit, k_max, out):
+    """One step's verify windows (out int64[R]) from confidences [K, R]: ``now`` (being verified),
+    ``prev`` (one step earlier: vllm's budget) and ``old`` (two steps earlier: paper-production's).
+    ``row[b]``: the step's cost of n_nondraft + b tokens for b = 0..M (M = min(max(token_limit -
+    n_nondraft, 0), R x K)), ``extra`` added to every budget; ``n_samp``: E(b)'s sampling requests.
+    Postconditions: 0 <= out <= min(K, k_max); sum(out) + n_nondraft <= token_limit."""
+    Kfull, R = now.shape
+    K = Kfull if Kfull < k_max else k_max
+    if K < 0:
+        K = 0
+    RK = R * K
+    allowed = token_limit - n_nondraft
+    if allowed < 0:
+        allowed = 0
+    M = allowed if allowed < RK else RK
+    if code == FIXED or code == THRESHOLD:
+        if code == FIXED:
+            for r in range(R):
+                out[r] = K
+        else:
+            S = np.empty((K, R), np.float32)
+            _survival(now, K, R, S)
+            t32 = np.float32(tau)
+            for r in range(R):
+                c = 0
+                for j in range(K):
+                    if S[j, r] >= t32:
+                        c += 1
+                out[r] = c
+        _cap_fcfs(out, R, allowed)
+        return
+    S = np.empty((K, R), np.float32)
+    flat = np.empty(RK, np.float32)
+    srt = np.empty(RK, np.float32)
+    if code == VLLM or code == PAPER_PRODUCTION:
+        src = prev if code == VLLM else old
+        _survival(src, K, R, S)
+        _flat_rk(S, K, R, flat)
+        _sort_desc(flat, srt)
+        if code == VLLM:
+            B = _ratio_argmax(srt, RK, n_samp, row, extra, M)
+        else:
+            npos = 0
+            for i in range(RK):
+                if srt[i] > 0:
+                    npos += 1
+            B = _ratio_argmax(srt, RK, n_samp, row, extra, M if M < npos else npos)
+        _survival(now, K, R, S)
+        _flat_rk(S, K, R, flat)
+        _sort_desc(flat, srt)
+        _top_b(flat, srt, B, K, R, out)
+        return
+    _survival(now, K, R, S)
+    _flat_rk(S, K, R, flat)
+    _sort_desc(flat, srt)
+    npos = 0
+    for i in range(RK):
+        if srt[i] > 0:
+            npos += 1
+    limit = M if M < npos else npos
+    if code == PAPER:
+        B = _early_stop(srt, n_samp, row, extra, limit)
+    else:                                    # SGLANG
+        B = _ratio_argmax(srt, RK, n_samp, row, extra, limit)
+    _top_b(flat, srt, B, K, R, out)
+
+
+@njit(cache=True)
+def policy_windows(code, tau, now, prev, old, rows, extra, n_samp, n_nondraft, token_limit, k_max, out):
+    """``step_windows`` for k steps: now/prev/old [k, K, R], rows [k or 1, L], extra, n_samp,
+    n_nondraft [k]; out int64[k, R]."""
+    k = now.shape[0]
+    for t in range(k):
+        rt = t if rows.shape[0] > 1 else 0
+        step_windows(code, tau, now[t], prev[t], old[t], rows[rt], extra[t], n_samp[t], n_nondraft[t],
+                     token_limit, k_max, out[t])
+
+
+@njit(cache=True)
+def verify_commit(mode, w, K):
+    """SGLang verify modes: (drafts verified, commit cap) of a window w."""
+    if mode == COMPACT:
+        return w, w
+    if mode == STATIC:
+        return K, K
+    return K, w                               # CAP_ACCEPT
+
+
+# ---- decode windows: budgets priced at each step's own KV context -----------------------------
+
+@njit(cache=True)
+def _window_contexts(win, lead, left0, mode, K, k, n, ctx):
+    """ctx[t] = KV tokens the window's earlier steps emitted before step t (windows ``win``)."""
+    em_prev = np.zeros(n, np.int64)
+    cum = np.zeros(n, np.int64)
+    tot = 0
+    for t in range(k):
+        ctx[t] = tot
+        step = 0
+        for r in range(n):
+            _, cap = verify_commit(mode, win[t, r], K)
+            a = lead[t, r] if lead[t, r] < cap else cap
+            cum[r] += a + 1
+            e = cum[r] if cum[r] < left0[r] else left0[r]
+            step += e - em_prev[r]
+            em_prev[r] = e
+        tot += step
+
+
+@njit(cache=True)
+def window_windows(code, tau, conf, X, cp, cp2, n, row, base_extra, kv_ms_per_tok, n_samp, n_nondraft,
+                   token_limit, K, lead, left0, mode, out):
+    """Verify windows out[k, n] of a k-step decode window. Step t's budget is priced at its own
+    KV context, which depends on what the earlier steps accepted: a fixed point (price with a
+    guess of the contexts, derive the contexts those windows produce, up to three rounds until
+    the windows do not change), else step by step in order (each step then priced exactly).
+    The confidences one and two steps back are conf[t-1], conf[t-2], before the window the slots'
+    history rows X[cp:cp+K] and X[cp2:cp2+K] (cp2 < 0: not kept, the policy does not read it)."""
+    k = conf.shape[0]
+    prev_hist = X[cp:cp + K, :n]
+    old_hist = X[cp2:cp2 + K, :n] if cp2 >= 0 else prev_hist
+    ctx = np.zeros(k, np.int64)
+
+    def solve_step(t, extra, dst):
+        p = prev_hist if t == 0 else conf[t - 1]
+        if t == 0:
+            o = old_hist
+        elif t == 1:
+            o = prev_hist
+        else:
+            o = conf[t - 2]
+        if cp2 < 0:
+            o = p
+        step_windows(code, tau, conf[t], p, o, row, extra, n_samp, n_nondraft, token_limit, K, dst)
+
+    for t in range(k):
+        solve_step(t, base_extra, out[t])
+    if k == 1:
+        return
+    nxt = np.empty_like(out)
+    for _ in range(3):
+        _window_contexts(out, lead, left0, mode, K, k, n, ctx)
+        for t in range(k):
+            solve_step(t, base_extra + kv_ms_per_tok * ctx[t], nxt[t])
+        same = True
+        for t in range(k):
+            for r in range(n):
+                if nxt[t, r] != out[t, r]:
+                    same = False
+        out[:, :] = nxt
+        if same:
+            return
+    for t in range(1, k):                    # no fixed point: one step at a time
+        _window_contexts(out, lead, left0, mode, K, k, n, ctx)
+        solve_step(t, base_extra + kv_ms_per_tok * ctx[t], out[t])
+
+
+# ---- commit -----------------------------------------------------------------------------------
+
+@njit(cache=True)
+def verify_arrays(mode, win, K, verified, cap):
+    """verify_commit over an int64 array (any shape flattened alike)."""
+    w = win.ravel()
+    v = verified.ravel()
+    c = cap.ravel()
+    for i in range(w.shape[0]):
+        v[i], c[i] = verify_commit(mode, w[i], K)
+
+
+@njit(cache=True)
+def commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, em, ver_r, acc_r, step_ver,
+                   step_acc, step_emit):
+    """Commit m steps of the first n decode slots (verified, cap, lead [m, n]; not read when K = 0):
+    per slot and step, accepted = min(full-block
+    lead, commit cap) (a decode cut by the token budget, given[r] >= 0 tokens, verifies and commits
+    at most given - 1 drafts and emits nothing when given = 0), emitted = accepted + 1, the slot's
+    total capped by its remaining output. Updates I's COMP and speculative counters (ROUNDS,
+    ASUM, VSUM) and the accepted-drafts histogram; writes per slot em[r] (tokens committed),
+    ver_r[r] and acc_r[r] (drafts verified and accepted over the m steps) and per step
+    the verified, accepted and emitted totals (the last step's emitted net of output caps).
+    With ``itl_ms`` >= 0 (every slot emitted at the previous step's end and emits each of these
+    steps, the largest gap being itl_ms) also each slot's emission count (EMITS += m) and largest
+    ITL (F[r, 1]). Returns (verified, accepted, full-block accepted, emitted, min remaining
+    output)."""
+    vtot = 0
+    atot = 0
+    ltot = 0
+    etot = 0
+    for t in range(m):
+        step_ver[t] = 0
+        step_acc[t] = 0
+        step_emit[t] = 0
+    min_left = np.int64(1) << 62
+    for r in range(n):
+        left = I[r, END] - I[r, COMP]
+        e = 0
+        a_sum = 0
+        v_sum = 0
+        g = given[r]
+        for t in range(m):
+            if K > 0:
+                v = verified[t, r]
+                c = cap[t, r]
+                ld = lead[t, r]
+            else:
+                v = 0
+                c = 0
+                ld = 0
+            if g >= 0:
+                gg = g - 1 if g > 0 else 0
+                if v > gg:
+                    v = gg
+                if c > gg:
+                    c = gg
+            a = ld if ld < c else c
+            if K > 0:
+                hist[a] += 1
+            a_sum += a
+            v_sum += v
+            ltot += ld
+            step_ver[t] += v
+            step_acc[t] += a
+            if g != 0:
+                e += a + 1
+                if t < m - 1:
+                    step_emit[t] += a + 1
+        if e > left:
+            e = left
+        em[r] = e
+        ver_r[r] = v_sum
+        acc_r[r] = a_sum
+        etot += e
+        if K > 0:
+            I[r, ROUNDS] += m
+            I[r, ASUM] += a_sum
+            I[r, VSUM] += v_sum
+        I[r, COMP] += e
+        if itl_ms >= 0.0:
+            I[r, EMITS] += m
+            if F[r, 1] < itl_ms:
+                F[r, 1] = itl_ms
+        vtot += v_sum
+        atot += a_sum
+        lr = left - e
+        if lr < min_left:
+            min_left = lr
+    prior = 0
+    for t in range(m - 1):
+        prior += step_emit[t]
+    step_emit[m - 1] = etot - prior
+    if n == 0:
+        min_left = 0
+    return vtot, atot, ltot, etot, min_left
+
+
+@njit(cache=True)
+def remove_done(I, F, X, n, done_I, done_F):
+    """Remove the slots with nothing left to emit (COMP >= END), keeping the others' order in
+    place; their rows go to done_I / done_F (in slot order). Returns (slots kept, slots removed,
+    smallest remaining output among the kept)."""
+    w = 0
+    d = 0
+    min_left = np.int64(1) << 62
+    rows = X.shape[0]
+    for r in range(n):
+        left = I[r, END] - I[r, COMP]
+        if left <= 0:
+            for c in range(NCOL):
+                done_I[d, c] = I[r, c]
+            done_F[d, 0] = F[r, 0]
+            done_F[d, 1] = F[r, 1]
+            d += 1
+        else:
+            if w != r:
+                for c in range(NCOL):
+                    I[w, c] = I[r, c]
+                F[w, 0] = F[r, 0]
+                F[w, 1] = F[r, 1]
+                for q in range(rows):
+                    X[q, w] = X[q, r]
+            if left < min_left:
+                min_left = left
+            w += 1
+    if w == 0:
+        min_left = 0
+    return w, d, min_left
+
+
+# ---- one step (or window) of the decode slots: draws, verify windows, verify modes ------------
+
+@njit(cache=True)
+def plan_decodes(key, I, X, n, K, steps, head, tok_scale, step_scale, head_scale, head_shift, temp,
+                 adaptive, code, tau, cp, cp2, row, base_extra, kv_ms_per_tok, n_nondraft, token_limit,
+                 mode, conf, lead, verified, cap):
+    """Draws (``draw_slots``) and verify windows of ``steps`` steps of the first n decode slots:
+    adaptive, the budget policy ``code`` on the cost row ``row`` (``window_windows``); else the
+    full block. Writes conf [steps, K, n], lead, verified and commit cap [steps, n]."""
+    nothing_b = np.zeros((0, 0, 0), np.bool_)
+    nothing_f = np.zeros((0, 0, 0), np.float32)
+    draw_slots(key, I, X, n, K, steps, head, tok_scale, step_scale, head_scale, head_shift, temp, False,
+               conf, lead, nothing_b, nothing_f)
+    win = np.empty((steps, n), np.int64)
+    if adaptive:
+        left0 = np.empty(n, np.int64)
+        for r in range(n):
+            left0[r] = I[r, END] - I[r, COMP]
+        window_windows(code, tau, conf, X, cp, cp2, n, row, base_extra, kv_ms_per_tok, float(n), n_nondraft,
+                       token_limit, K, lead, left0, mode, win)
+    else:
+        win[:, :] = K
+    verify_arrays(mode, win, K, verified, cap)
+
+
+@njit(cache=True)
+def window_steps(I, n, K, k, lead, cap, verified, kv_dec, avail_blocks, lookahead, fwd_table, kv_ms_per_tok,
+                 fixed_ms, t0_s, n_tok, per_step, kv, fwd, dur, t_end):
+    """The shape of a k-step decode window of the first n slots (lead, commit cap, verified
+    [k, n]; ignored when K = 0, one token a step): per step its tokens n_tok, tokens emitted
+    per_step (before output caps), KV tokens read kv (at its start plus its own tokens), the
+    forward fwd = fwd_table[n_tok] + kv_ms_per_tok x kv (ms; -1 where n_tok is past the table:
+    the caller prices those), dur = fwd + fixed_ms and the end times t_end (s, from t0_s).
+    Returns (last, general): the last step to run (the first step where some slot may finish,
+    or the step before the KV cache runs out), and whether even the first step needs a
+    preemption (then the caller takes the general path)."""
+    left = np.empty(n, np.int64)
+    cum = np.zeros(n, np.int64)
+    for r in range(n):
+        left[r] = I[r, END] - I[r, COMP]
+    last = k - 1
+    found = False
+    kv_start = kv_dec
+    for t in range(k):
+        tok = n
+        ps = 0
+        for r in range(n):
+            if K > 0:
+                c = cap[t, r]
+                a = lead[t, r] if lead[t, r] < c else c
+                tok += verified[t, r]
+                e = a + 1
+            else:
+                e = 1
+            cum[r] += e
+            ps += e
+            if not found and cum[r] >= left[r]:
+                found = True
+                last = t
+        n_tok[t] = tok
+        per_step[t] = ps
+        kv[t] = kv_start + tok
+        kv_start += ps
+    past = False
+    acc_ms = 0.0
+    for t in range(k):
+        if n_tok[t] < fwd_table.shape[0]:
+            fwd[t] = fwd_table[n_tok[t]] + kv_ms_per_tok * kv[t]
+            dur[t] = fwd[t] + fixed_ms
+            acc_ms += dur[t]
+            t_end[t] = t0_s + acc_ms / 1000.0
+        else:
+            past = True
+            fwd[t] = -1.0
+    # blocks held at the start of each step: an upper bound first, exact only near a full cache
+    ks = kv[last] - n_tok[last]
+    if (ks + n * (lookahead + 15)) // 16 > avail_blocks:
+        before = np.zeros(n, np.int64)
+        for t in range(last + 1):
+            used = 0
+            for r in range(n):
+                used += (I[r, COMP] + before[r] + lookahead + 15) // 16
+            if used > avail_blocks:
+                if t == 0:
+                    return 0, True, past
+                return t - 1, False, past
+            for r in range(n):
+                if K > 0:
+                    c = cap[t, r]
+                    a = lead[t, r] if lead[t, r] < c else c
+                    before[r] += a + 1
+                else:
+                    before[r] += 1
+    return last, False, past
