@@ -34,8 +34,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--markdown", action="store_true")
     a = ap.parse_args()
-    from dsim.scenario import build_workload
     from dsim.cost import load_profile
+    from dsim.scenario import build_workload
     from dsim.sim import SpecConfig
     from dsim.sweep import sweep
 

@@ -111,9 +111,9 @@ def decode_only(w):
 
 
 def run_case(profile_name, trace, per_gpu, args, decode_only_=False):
-    from dsim.scenario import build_workload
     from dsim.cost import load_profile
     from dsim.frontier import concurrency_from_per_gpu, paper_comparison
+    from dsim.scenario import build_workload
     from dsim.sim import SpecConfig
     from dsim.spec import load_acceptance
     from dsim.sweep import sweep, write_sweep

@@ -57,7 +57,7 @@ RateOpt = Annotated[Optional[float], typer.Option(help="re-draw Poisson arrivals
 RateScaleOpt = Annotated[Optional[float], typer.Option(help="scale the trace's arrival rate (0.1-100)")]
 MixOpt = Annotated[Optional[str], typer.Option(help="workload-class mix, e.g. math=0.3,code=0.2,chat=0.5")]
 ProfileOpt = Annotated[Optional[str], typer.Option(help="profile name or YAML path "
-                                                   "(default: deepseek-v4-class-h200x8)")]
+                                                   "(default: deepseek-v4-flash-h200-dp8-ep8)")]
 GpusPerNodeOpt = Annotated[int, typer.Option(help="GPUs per node")]
 
 POLICY_NAMES = ("vllm", "paper", "paper-production", "sglang", "fixed", "threshold")

@@ -249,19 +249,41 @@ def draft_ops(model: MoEModel, topo: Topology, hardware: str, kind: str, R: int,
 
 # ---------------------------------------------------------------------------------------- pricing
 class Pricer:
-    """Prices ops from a kernel table, falling back to the roofline; counts what fell back."""
+    """Prices ops from kernel tables in order of preference (the first that answers), falling back
+    to the roofline; counts what each source priced. `zero_ops`: op kinds priced at 0 (a one-GPU
+    shard check excludes communication). Parts that the preferred attention table's records
+    include (e.g. projections inside an attention module) are not priced again."""
 
-    def __init__(self, table: KernelTable | None, roofline: Roofline):
-        self.table, self.roofline = table, roofline
-        self.skip = {p for op in ("attn", "moe") for p in (table.includes(op) if table else set())}
+    def __init__(self, table: KernelTable | list[KernelTable] | None, roofline: Roofline,
+                 zero_ops: frozenset = frozenset(), prefer: dict | None = None):
+        self.tables = [t for t in (table if isinstance(table, list) else [table]) if t is not None]
+        # prefer: op kind -> table name asked first for that kind (e.g. mhc from an engine's table)
+        self.order = {op: [t for t in self.tables if t.name == name] + [t for t in self.tables if t.name != name]
+                      for op, name in (prefer or {}).items()}
+        for op, name in (prefer or {}).items():
+            if name not in {t.name for t in self.tables}:
+                raise InputError(f"--prefer {op}={name}: {name} is not one of the kernel tables given")
+        self.table = self.tables[0] if self.tables else None
+        self.roofline = roofline
+        self.zero_ops = set(zero_ops)
+        attn_table = next((t for t in self.tables if any(r["op"] == "attn" for r in t.records)), None)
+        self.skip = attn_table.includes("attn") | attn_table.includes("moe") if attn_table else set()
         self.priced: dict = {}
         self.fallback: dict = {}
+        self.by_table: dict = {}
 
     def ms(self, op: Op) -> float:
         if op.part in self.skip:
             return 0.0
         rec = op.rec
-        v = self.table.ms(rec) if self.table is not None else None
+        if rec["op"] in self.zero_ops:
+            return 0.0
+        v = None
+        for t in self.order.get(rec["op"], self.tables):
+            v = t.ms(rec)
+            if v is not None:
+                self.by_table[t.name] = self.by_table.get(t.name, 0) + 1
+                break
         bucket = self.priced if v is not None else self.fallback
         bucket[rec["op"]] = bucket.get(rec["op"], 0) + 1
         if v is None:
@@ -270,6 +292,70 @@ class Pricer:
 
     def total(self, ops: list[Op]) -> float:
         return sum(op.count * self.ms(op) for op in ops)
+
+
+@dataclass(frozen=True)
+class LayerGlue:
+    """What a layer costs beyond the sum of its priced kernels (activation quantization, small
+    norms and elementwise kernels, launch gaps): a + b x tokens per layer, fitted on whole-layer
+    measurements ("layer" records of our shard executor) against the composer's own sum."""
+    a_ms: float = 0.0
+    b_ms_per_tok: float = 0.0
+    fit: dict | None = None
+
+    def ms(self, n: float) -> float:
+        return self.a_ms + self.b_ms_per_tok * n
+
+
+def composed_layer_ms(model: MoEModel, topo: Topology, hardware: str, rec: dict, pricer: Pricer) -> float:
+    """The composer's sum for one decoder layer of a measured "layer" record's kind and shape."""
+    kind = rec.get("attn_kind")
+    # V3's layers are MLA with a dense MLP (mla_dense, the first layers) or with MoE (mla_moe)
+    idx = [i for i, k in enumerate(model.attn_kinds)
+           if (k == kind and kind != "mla") or (kind == "mla_dense" and not model.moe_layer[i])
+           or (kind in ("mla", "mla_moe") and k == "mla" and model.moe_layer[i])]
+    if not idx:
+        raise InputError(f"layer record: no layer of kind {kind!r} in {model.name}")
+    q, B = int(rec["q"]), int(rec["batch"])
+    phase = "prefill" if q >= 256 else "decode"
+    ops = layer_ops(model, topo, hardware, B * q, phase=phase, batch=B, q=q, kv=int(rec["kv"]), layers=[idx[0]])
+    ops = [o for o in ops if o.part != "comm"]
+    return priced_total(model, topo, hardware, ops, pricer) + GRAPH_GAP_US_PER_LAYER * 1e-3
+
+
+def fit_layer_glue(model: MoEModel, topo: Topology, hardware: str, pricer: Pricer, records: list[dict],
+                   source: str = "") -> LayerGlue:
+    """Least squares a + b x tokens on the measured-minus-composed residual of every other layer
+    record (even positions: fit); the odd positions are the check, reported with the fit."""
+    rows = [r for r in records if r.get("op") == "layer" and r.get("model") == model.name
+            and r.get("topology") == topo.name]
+    if len(rows) < 4:
+        raise InputError(f"{source or 'layer records'}: {len(rows)} layer records for {model.name} {topo.name} "
+                         "(at least 4 needed to fit and check)")
+    comp = np.array([composed_layer_ms(model, topo, hardware, r, pricer) for r in rows])
+    meas = np.array([float(r["ms"]) for r in rows])
+    tok = np.array([float(r["batch"]) * float(r["q"]) for r in rows])
+    fit_i, chk_i = np.arange(0, len(rows), 2), np.arange(1, len(rows), 2)
+    A = np.stack([np.ones(len(fit_i)), tok[fit_i]], axis=1)
+    (a, b), *_ = np.linalg.lstsq(A, meas[fit_i] - comp[fit_i], rcond=None)
+    a, b = max(float(a), 0.0), max(float(b), 0.0)
+
+    def err(ix, with_glue):
+        pred = comp[ix] + (a + b * tok[ix] if with_glue else 0.0)
+        return np.abs(pred / meas[ix] - 1.0) * 100
+
+    fit = dict(source=source, records=len(rows), fit_records=len(fit_i), check_records=len(chk_i),
+               a_ms=round(a, 5), b_ms_per_ktok=round(b * 1000, 5),
+               check_median_abs_pct_without=round(float(np.median(err(chk_i, False))), 2),
+               check_median_abs_pct=round(float(np.median(err(chk_i, True))), 2),
+               check_p90_abs_pct=round(float(np.percentile(err(chk_i, True), 90)), 2),
+               fit_median_abs_pct=round(float(np.median(err(fit_i, True))), 2))
+    if np.median(err(chk_i, True)) >= np.median(err(chk_i, False)):
+        # the glue does not improve the held-out records: not applied
+        fit.update(applied=False, a_ms=0.0, b_ms_per_ktok=0.0)
+        return LayerGlue(0.0, 0.0, fit)
+    fit["applied"] = True
+    return LayerGlue(a, b, fit)
 
 
 @lru_cache(maxsize=4096)
@@ -319,9 +405,10 @@ def priced_total(model, topo, hardware, ops, pricer: Pricer) -> float:
     return t
 
 
-def forward_ms(model, topo, hardware, n: int, pricer: Pricer, limit: int, *, kv: int = KV_LO) -> float:
+def forward_ms(model, topo, hardware, n: int, pricer: Pricer, limit: int, *, kv: int = KV_LO,
+               glue: LayerGlue = LayerGlue()) -> float:
     t = priced_total(model, topo, hardware, step_ops(model, topo, hardware, n, kv=kv), pricer)
-    t += model.layers * GRAPH_GAP_US_PER_LAYER * 1e-3
+    t += model.layers * (GRAPH_GAP_US_PER_LAYER * 1e-3 + glue.ms(n))
     if n > limit:
         t += model.layers * EAGER_US_PER_LAYER * 1e-3
     return t
@@ -357,20 +444,29 @@ def kv_capacity(model: MoEModel, topo: Topology, hardware: str, max_num_seqs: in
     return free_gb * 1e9 / 2**30, mem
 
 
-def compose_profile(model: MoEModel, topo: Topology, hardware: str, table: KernelTable | None = None,
+def compose_profile(model: MoEModel, topo: Topology, hardware: str,
+                    table: KernelTable | list[KernelTable] | None = None,
                     *, name: str | None = None, max_capture: int | None = None, draft_block: int = 7,
                     max_num_seqs: int = 1024, cpu_overhead_ms: float = 2.0, roofline: Roofline | None = None,
-                    table_error: dict | None = None, command: str = "") -> Profile:
-    """Build the profile (see the module doc). `table_error`: the measured error of this table
-    against our own measurements on comparable hardware, carried into provenance."""
+                    table_error: dict | None = None, command: str = "", zero_ops: frozenset = frozenset(),
+                    layer_records: list[dict] | None = None, layer_source: str = "",
+                    prefer: dict | None = None) -> Profile:
+    """Build the profile (see the module doc). `table`: one kernel table or several in order of
+    preference. `table_error`: the measured error of the (first) table against our own
+    measurements on comparable hardware, carried into provenance. `zero_ops`: op kinds priced at
+    0 (e.g. comm, for a one-GPU shard check). `layer_records`: whole-layer measurements the
+    per-layer glue is fitted on (see LayerGlue)."""
     roof = roofline or Roofline(hardware=hardware)
-    pricer = Pricer(table, roof)
+    pricer = Pricer(table, roof, frozenset(zero_ops), prefer)
+    tables = pricer.tables
+    table = tables[0] if tables else None
+    glue = fit_layer_glue(model, topo, hardware, pricer, layer_records, layer_source) if layer_records else LayerGlue()
     if max_capture is None:
         max_capture = 1024 if hardware == "b300" else 512    # vLLM: 1024 on data-center Blackwell
     caps = vllm_capture_sizes(max_capture)
     tokens = caps + [t for t in TAIL_TOKENS if t > caps[-1]]
     limit = caps[-1]
-    fwd = np.array([forward_ms(model, topo, hardware, n, pricer, limit) for n in tokens])
+    fwd = np.array([forward_ms(model, topo, hardware, n, pricer, limit, glue=glue) for n in tokens])
     # KV slope: attention cores at two contexts, per KV token of the batch
     lo = _attn_only(model, topo, hardware, pricer, phase="decode", batch=SLOPE_BATCH, q=1, kv=KV_LO)
     hi = _attn_only(model, topo, hardware, pricer, phase="decode", batch=SLOPE_BATCH, q=1, kv=KV_HI)
@@ -397,15 +493,25 @@ def compose_profile(model: MoEModel, topo: Topology, hardware: str, table: Kerne
     draft = {}
     for kind in ("mtp", "eagle3", "dspark"):
         ms = [priced_total(model, topo, hardware, draft_ops(model, topo, hardware, kind, R, draft_block), pricer)
-              + (3 if kind == "dspark" else 1) * GRAPH_GAP_US_PER_LAYER * 1e-3 for R in DRAFT_REQUESTS]
+              + (3 if kind == "dspark" else 1) * (GRAPH_GAP_US_PER_LAYER * 1e-3
+                                                  + glue.ms(R * (draft_block if kind == "dspark" else 1)))
+              for R in DRAFT_REQUESTS]
         draft[kind] = Table(np.array(DRAFT_REQUESTS, dtype=float), np.maximum.accumulate(np.array(ms)))
     draft["block"] = draft["dspark"]
     kv_gib, mem = kv_capacity(model, topo, hardware, max_num_seqs)
     hw = HARDWARE[hardware]
     if table is not None:
-        kind = "measured" if table.provenance.get("kind") == "measured" else "analytical"
+        # kernel times measured (our own or published silicon tables): a measured profile, composed
+        kind = "measured" if table.provenance.get("kind") in ("measured", "silicon-table") else "analytical"
         src = (f"kernel table {table.name} ({table.provenance.get('kind')}: {table.provenance.get('method', '')}; "
                f"{table.provenance.get('engine', '')} {table.provenance.get('engine_version', '')})")
+        if len(tables) > 1:
+            src += "; where it has no record: " + ", ".join(t.name for t in tables[1:])
+        src += f"; lookups per table {dict(sorted(pricer.by_table.items()))}"
+        if prefer:
+            src += "; " + ", ".join(f"{op} from {name} first" for op, name in sorted(prefer.items()))
+        if zero_ops:
+            src += f"; {', '.join(sorted(zero_ops))} priced at 0 (one-GPU shard check)"
     else:
         kind, src = "analytical", "roofline only (no kernel table)"
     fell = sum(pricer.fallback.values())
@@ -435,6 +541,10 @@ def compose_profile(model: MoEModel, topo: Topology, hardware: str, table: Kerne
     if table is not None:
         prov["kernel_table"] = dict(name=table.name, file=table.source_path.split("profiles/")[-1],
                                     provenance=table.provenance)
+        if len(tables) > 1:
+            prov["kernel_table_fallbacks"] = [dict(name=t.name, provenance=t.provenance) for t in tables[1:]]
+    if glue.fit:
+        prov["layer_glue"] = glue.fit
     if table_error:
         prov["kernel_table_error"] = table_error
     return Profile(
@@ -487,7 +597,12 @@ def main(argv: list[str] | None = None) -> int:
                        help="serve the routed experts in this dtype (default: as released where the hardware runs "
                             "it natively, else the FP8-expert variant)")
     prof = sub.choices["profile"]
-    prof.add_argument("--kernels", default=None, help="kernel table (profiles/kernels/NAME.json); roofline if absent")
+    prof.add_argument("--kernels", default=None, help="kernel table(s), comma-separated in order of preference "
+                                                      "(profiles/kernels/NAME.json); roofline if absent")
+    prof.add_argument("--prefer", default="", help="op=TABLE,...: the table asked first for that op kind")
+    prof.add_argument("--zero-ops", default="", help="op kinds priced at 0, e.g. comm (a one-GPU shard check)")
+    prof.add_argument("--layer-records", default=None,
+                      help="JSON of measured 'layer' records: fit the per-layer glue on them (half fit, half check)")
     prof.add_argument("--name", default=None)
     prof.add_argument("--out", required=True)
     prof.add_argument("--table-error", default=None, help="JSON file: the table's measured error (carried into provenance)")
@@ -504,11 +619,23 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(required_ops(model, topo, a.hardware, a.max_capture, a.draft_block), sys.stdout, indent=0)
             sys.stdout.write("\n")
             return 0
-        table = load_kernel_table(a.kernels) if a.kernels else None
+        table = [load_kernel_table(k.strip()) for k in a.kernels.split(",") if k.strip()] if a.kernels else None
+        zero = frozenset(x.strip() for x in a.zero_ops.split(",") if x.strip())
+        prefer = {}
+        for item in (x.strip() for x in a.prefer.split(",") if x.strip()):
+            op, eq, tname = item.partition("=")
+            if not eq:
+                raise InputError(f"--prefer {item!r}: expected OP=TABLE, e.g. mhc=h200-aic-vllm")
+            prefer[op.strip()] = tname.strip()
+        layer_recs = None
+        if a.layer_records:
+            d = json.loads(open(a.layer_records).read())
+            layer_recs = d["records"] if isinstance(d, dict) else d
         err = json.loads(open(a.table_error).read()) if a.table_error else None
         cmd = "python3 -m dsim.compose " + " ".join(argv if argv is not None else sys.argv[1:])
         prof_ = compose_profile(model, topo, a.hardware, table, name=a.name, max_capture=a.max_capture,
-                                draft_block=a.draft_block, table_error=err, command=cmd)
+                                draft_block=a.draft_block, table_error=err, command=cmd, zero_ops=zero,
+                                layer_records=layer_recs, layer_source=a.layer_records or "", prefer=prefer)
         save_profile(prof_, a.out)
         print(f"wrote {a.out}: {prof_.label}")
         return 0

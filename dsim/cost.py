@@ -210,7 +210,7 @@ def _profile_dir() -> Path:
 
 
 PROFILE_DIR = _profile_dir()
-DEFAULT_PROFILE = "deepseek-v4-class-h200x8"
+DEFAULT_PROFILE = "deepseek-v4-flash-h200-dp8-ep8"
 
 
 def resolve_profile_path(name_or_path: str) -> Path:

@@ -31,7 +31,7 @@ from dsim.scenario import build_workload, method_spec
 # The embedded default trace (600 requests, ~6 req/s) is light for an 8-GPU node of a
 # DeepSeek-V4-class model; the default plan scenario replays it at this arrival-rate multiplier
 # so that MTP-1 needs more than one node at p50=20ms. Said in the output when applied.
-DEFAULT_PLAN_RATE_SCALE = 3.0
+DEFAULT_PLAN_RATE_SCALE = 20.0
 
 # Options of the node-count search, shared by plan and ab.
 ScenarioOpt = Annotated[str, typer.Option(help="default (analytical DeepSeek-V4-class profile) or measured "

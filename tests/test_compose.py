@@ -136,3 +136,38 @@ def test_table_includes_skip_double_counting():
     pr = Pricer(KernelTable("x", {}, recs), Roofline())
     q_ops = [o for o in step_ops(m, t, "h200", 1) if o.part in ("q_proj", "kv_proj")]
     assert q_ops and all(pr.ms(o) == 0.0 for o in q_ops)
+
+
+def test_tables_in_order_of_preference_and_zero_ops():
+    m, t = load_model("deepseek-v4-flash"), parse_topology("dp8-ep8")
+    rec = dict(op="mhc", tokens=8, hidden=4096, hc_mult=4)
+    a = KernelTable("a", {"kind": "measured"}, [dict(rec, ms=1.0)])
+    b = KernelTable("b", {"kind": "measured"}, [dict(rec, ms=2.0)])
+    op = [o for o in step_ops(m, t, "h200", 8) if o.part == "mhc"][0]
+    assert Pricer([a, b], Roofline()).ms(op) == 1.0
+    assert Pricer([a, b], Roofline(), prefer={"mhc": "b"}).ms(op) == 2.0
+    comm = [o for o in step_ops(m, t, "h200", 8) if o.part == "comm"][0]
+    assert Pricer([a], Roofline(), frozenset({"comm"})).ms(comm) == 0.0
+    with pytest.raises(InputError, match="not one of the kernel tables"):
+        Pricer([a], Roofline(), prefer={"mhc": "zz"})
+
+
+def test_layer_glue_recovers_a_known_offset():
+    """Layer records made as the composer's own sum + 0.1 ms + 0.2 ms per 1000 tokens: the fit
+    recovers both, and the held-out half is then exact."""
+    from dsim.compose import composed_layer_ms, fit_layer_glue
+    m, t = load_model("deepseek-v4-flash"), parse_topology("dp8-ep8")
+    pr = Pricer(None, Roofline())
+    recs = []
+    for kind in ("v4_csa", "v4_hca"):
+        for B, q, kv in ((1, 1, 2048), (8, 4, 8192), (32, 2, 8192), (64, 4, 4096), (256, 1, 2048), (1, 2048, 0)):
+            r = dict(op="layer", model=m.name, topology=t.name, attn_kind=kind, batch=B, q=q, kv=kv)
+            r["ms"] = composed_layer_ms(m, t, "h200", r, pr) + 0.1 + 0.0002 * B * q
+            recs.append(r)
+    g = fit_layer_glue(m, t, "h200", pr, recs)
+    assert g.a_ms == pytest.approx(0.1, abs=1e-6) and g.b_ms_per_tok == pytest.approx(0.0002, rel=1e-4)
+    assert g.fit["applied"] and g.fit["check_median_abs_pct"] < 1e-3
+    p = compose_profile(m, t, "h200", None, layer_records=recs)
+    q = compose_profile(m, t, "h200", None)
+    # every layer of a 1-token step pays the glue
+    assert CostModel(p).forward_ms(1) - CostModel(q).forward_ms(1) == pytest.approx(m.layers * (0.1 + 0.0002), rel=1e-3)

@@ -154,7 +154,7 @@ def test_wheel_installs_into_a_fresh_venv_and_simulates(tmp_path):
     r = subprocess.run([dsim, "simulate", "--requests", "20"], cwd=run, capture_output=True, text=True,
                        timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "completed 20/20 requests" in r.stdout and "deepseek-v4-class-h200x8" in r.stdout
+    assert "completed 20/20 requests" in r.stdout and "deepseek-v4-flash-h200-dp8-ep8" in r.stdout
     r = subprocess.run([dsim, "simulate", "--requests", "20", "--profile", "qwen3-8b", "--gpus-per-node", "1",
                         "--method", "dspark", "--json"], cwd=run, capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
