@@ -16,6 +16,7 @@ Hardware figures (vendor datasheets): H200 SXM 4.8 TB/s HBM3e, 989 TFLOP/s dense
 1979 TFLOP/s dense fp8, NVLink 900 GB/s; B300: 8 TB/s, 2250 TFLOP/s dense bf16 (fp8 4500),
 NVLink 1800 GB/s. Efficiency factors are stated defaults until fitted on measured profiles.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,18 +31,32 @@ import numpy as np
 from dsim.cost import Profile, Table, vllm_capture_sizes
 
 HARDWARE: dict[str, dict[str, Any]] = {
-    "H200": dict(name="NVIDIA H200 SXM", hbm_gib=141 * 1e9 / 2**30, bw=4.8e12, bf16=989e12, fp8=1979e12,
-                 link=900e9, source="NVIDIA H200 datasheet"),
-    "B300": dict(name="NVIDIA B300", hbm_gib=288 * 1e9 / 2**30, bw=8.0e12, bf16=2250e12, fp8=4500e12,
-                 link=1800e9, source="NVIDIA Blackwell Ultra datasheet"),
+    "H200": dict(
+        name="NVIDIA H200 SXM",
+        hbm_gib=141 * 1e9 / 2**30,
+        bw=4.8e12,
+        bf16=989e12,
+        fp8=1979e12,
+        link=900e9,
+        source="NVIDIA H200 datasheet",
+    ),
+    "B300": dict(
+        name="NVIDIA B300",
+        hbm_gib=288 * 1e9 / 2**30,
+        bw=8.0e12,
+        bf16=2250e12,
+        fp8=4500e12,
+        link=1800e9,
+        source="NVIDIA Blackwell Ultra datasheet",
+    ),
 }
 
 
 @dataclass(frozen=True)
 class Efficiency:
-    bw: float = 0.75            # achieved fraction of HBM bandwidth on weight/KV reads
-    flops: float = 0.6          # achieved fraction of dense matrix peak
-    launch_us_per_layer: float = 12.0   # per-layer kernel floor inside a CUDA graph
+    bw: float = 0.75  # achieved fraction of HBM bandwidth on weight/KV reads
+    flops: float = 0.6  # achieved fraction of dense matrix peak
+    launch_us_per_layer: float = 12.0  # per-layer kernel floor inside a CUDA graph
     allreduce_us: float = 12.0  # one-shot all-reduce latency over NVLink
     source: str = "stated defaults (not fitted)"
     kv_bw: float | None = None  # achieved fraction of HBM bandwidth on KV reads (None: same as bw)
@@ -52,14 +67,17 @@ def model_shape(cfg: dict) -> dict:
     h = cfg["hidden_size"]
     L = cfg["num_hidden_layers"]
     V = cfg["vocab_size"]
-    if "kv_lora_rank" in cfg:          # DeepSeek MLA
+    if "kv_lora_rank" in cfg:  # DeepSeek MLA
         nh = cfg["num_attention_heads"]
         qk = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
-        attn = (h * cfg["q_lora_rank"] + cfg["q_lora_rank"] * nh * qk
-                + h * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"])
-                + cfg["kv_lora_rank"] * nh * (cfg["qk_nope_head_dim"] + cfg["v_head_dim"])
-                + nh * cfg["v_head_dim"] * h)
-        kv_per_tok_layer = cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]   # latent, not per head
+        attn = (
+            h * cfg["q_lora_rank"]
+            + cfg["q_lora_rank"] * nh * qk
+            + h * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"])
+            + cfg["kv_lora_rank"] * nh * (cfg["qk_nope_head_dim"] + cfg["v_head_dim"])
+            + nh * cfg["v_head_dim"] * h
+        )
+        kv_per_tok_layer = cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]  # latent, not per head
     else:
         nh = cfg["num_attention_heads"]
         nkv = cfg.get("num_key_value_heads", nh)
@@ -78,13 +96,21 @@ def model_shape(cfg: dict) -> dict:
     else:
         moe_layers, expert, topk = 0, 0, 0
         dense = L * (attn + 3 * h * cfg["intermediate_size"]) + 2 * V * h
-    return dict(hidden=h, layers=L, dense=dense, moe_layers=moe_layers, experts=E, expert=expert,
-                topk=topk, total=dense + moe_layers * E * expert,
-                active=dense + moe_layers * topk * expert, kv_elems_per_token=L * kv_per_tok_layer)
+    return dict(
+        hidden=h,
+        layers=L,
+        dense=dense,
+        moe_layers=moe_layers,
+        experts=E,
+        expert=expert,
+        topk=topk,
+        total=dense + moe_layers * E * expert,
+        active=dense + moe_layers * topk * expert,
+        kv_elems_per_token=L * kv_per_tok_layer,
+    )
 
 
-def forward_ms(shape: dict, n: np.ndarray, hw: dict, gpus: int, bytes_per_param: float,
-               eff: Efficiency) -> np.ndarray:
+def forward_ms(shape: dict, n: np.ndarray, hw: dict, gpus: int, bytes_per_param: float, eff: Efficiency) -> np.ndarray:
     n = np.asarray(n, dtype=np.float64)
     weight_bytes = shape["dense"] * bytes_per_param
     if shape["experts"]:
@@ -99,12 +125,21 @@ def forward_ms(shape: dict, n: np.ndarray, hw: dict, gpus: int, bytes_per_param:
     return t * 1e3
 
 
-def analytical_profile(model_config: str | Path, hardware: str = "H200", gpus: int = 1,
-                       bytes_per_param: float = 2.0, kv_bytes_per_elem: float = 2.0,
-                       mem_util: float = 0.9, max_batched_tokens: int = 8192,
-                       cpu_overhead_ms: float = 2.0, eff: Efficiency = Efficiency(),
-                       name: str | None = None, kv_replicated: bool = False,
-                       fit_info: dict | None = None, fit_path: str | None = None) -> Profile:
+def analytical_profile(
+    model_config: str | Path,
+    hardware: str = "H200",
+    gpus: int = 1,
+    bytes_per_param: float = 2.0,
+    kv_bytes_per_elem: float = 2.0,
+    mem_util: float = 0.9,
+    max_batched_tokens: int = 8192,
+    cpu_overhead_ms: float = 2.0,
+    eff: Efficiency = Efficiency(),
+    name: str | None = None,
+    kv_replicated: bool = False,
+    fit_info: dict | None = None,
+    fit_path: str | None = None,
+) -> Profile:
     """A roofline profile for `model_config` (HF config.json) on `gpus` x `hardware`.
 
     kv_replicated: MLA's latent KV is replicated on every tensor-parallel rank in vLLM, so the
@@ -136,33 +171,55 @@ def analytical_profile(model_config: str | Path, hardware: str = "H200", gpus: i
     draft = {
         "mtp": Table(reqs, per_layer * 1.0 + lm_head),
         "eagle3": Table(reqs, per_layer * 1.0 + lm_head),
-        "block": Table(reqs, forward_ms(shape, reqs * 8, hw, gpus, bytes_per_param, eff) / shape["layers"] * 3 + lm_head),
+        "block": Table(
+            reqs, forward_ms(shape, reqs * 8, hw, gpus, bytes_per_param, eff) / shape["layers"] * 3 + lm_head
+        ),
     }
     draft["dspark"] = Table(reqs, draft["block"].ms * 1.01)
     model_name = cfg.get("_name") or Path(model_config).stem
     return Profile(
         name=name or f"analytical-{model_name}-{hardware.lower()}x{gpus}",
-        provenance=dict(kind="analytical", hardware=f"{gpus} x {hw['name']}", gpus_per_replica=gpus,
-                        model=model_name, engine="vLLM-like (CUDA graphs, chunked prefill)",
-                        engine_version="n/a", date=str(_dt.date(2026, 11, 29)),
-                        method=("roofline from the model config: weight/KV bytes over HBM bandwidth, "
-                                "FLOPs over matrix peak, NVLink all-reduce; efficiencies: " + eff.source),
-                        command=(f"python -m dsim.analytical {model_config} --hardware {hardware} --gpus {gpus} "
-                                 f"--bytes-per-param {bytes_per_param:g}"
-                                 + (" --kv-replicated" if kv_replicated else "")
-                                 + (f" --fit {fit_path}" if fit_path else "")
-                                 + (f" --name {name}" if name else "")
-                                 + f" --launch-us-per-layer {eff.launch_us_per_layer:g}"),
-                        hardware_source=hw["source"],
-                        assumptions=dict(bytes_per_param=bytes_per_param, kv_bytes_per_elem=kv_bytes_per_elem,
-                                         mem_util=mem_util, kv_replicated=kv_replicated,
-                                         eff_bw=eff.bw, eff_flops=eff.flops,
-                                         eff_kv_bw=eff.kv_bw or eff.bw,
-                                         launch_us_per_layer=eff.launch_us_per_layer),
-                        **({"fit": fit_info} if fit_info else {})),
-        kv_cache_gib=round(float(kv_gib), 2), kv_bytes_per_token=float(kv_bpt),
-        cpu_overhead_ms=cpu_overhead_ms, capture_sizes=tuple(caps),
-        forward=Table(tokens, fwd), kv_ms_per_ktok=float(kv_ms_per_ktok), draft=draft)
+        provenance=dict(
+            kind="analytical",
+            hardware=f"{gpus} x {hw['name']}",
+            gpus_per_replica=gpus,
+            model=model_name,
+            engine="vLLM-like (CUDA graphs, chunked prefill)",
+            engine_version="n/a",
+            date=str(_dt.date(2026, 11, 29)),
+            method=(
+                "roofline from the model config: weight/KV bytes over HBM bandwidth, "
+                "FLOPs over matrix peak, NVLink all-reduce; efficiencies: " + eff.source
+            ),
+            command=(
+                f"python -m dsim.analytical {model_config} --hardware {hardware} --gpus {gpus} "
+                f"--bytes-per-param {bytes_per_param:g}"
+                + (" --kv-replicated" if kv_replicated else "")
+                + (f" --fit {fit_path}" if fit_path else "")
+                + (f" --name {name}" if name else "")
+                + f" --launch-us-per-layer {eff.launch_us_per_layer:g}"
+            ),
+            hardware_source=hw["source"],
+            assumptions=dict(
+                bytes_per_param=bytes_per_param,
+                kv_bytes_per_elem=kv_bytes_per_elem,
+                mem_util=mem_util,
+                kv_replicated=kv_replicated,
+                eff_bw=eff.bw,
+                eff_flops=eff.flops,
+                eff_kv_bw=eff.kv_bw or eff.bw,
+                launch_us_per_layer=eff.launch_us_per_layer,
+            ),
+            **({"fit": fit_info} if fit_info else {}),
+        ),
+        kv_cache_gib=round(float(kv_gib), 2),
+        kv_bytes_per_token=float(kv_bpt),
+        cpu_overhead_ms=cpu_overhead_ms,
+        capture_sizes=tuple(caps),
+        forward=Table(tokens, fwd),
+        kv_ms_per_ktok=float(kv_ms_per_ktok),
+        draft=draft,
+    )
 
 
 # ---------------------------------------------------------------- fitting on measured profiles
@@ -196,21 +253,33 @@ def fit_efficiency(items: list[tuple[str, Profile]], hw_name: str = "H200") -> d
     items: [(model config path, measured Profile)]. Returns the fitted values and their errors.
     """
     from scipy.optimize import least_squares
-    r = least_squares(lambda p: _fwd_err(p, items, hw_name), x0=[0.8, 0.6, 40.0],
-                      bounds=([0.05, 0.05, 0.0], [1.0, 1.0, 500.0]))
+
+    r = least_squares(
+        lambda p: _fwd_err(p, items, hw_name), x0=[0.8, 0.6, 40.0], bounds=([0.05, 0.05, 0.0], [1.0, 1.0, 500.0])
+    )
     e = np.abs(_fwd_err(r.x, items, hw_name)) * 100
     kv = [_kv_eff(c, p, hw_name) for c, p in items]
-    return dict(bw=float(r.x[0]), flops=float(r.x[1]), launch_us_per_layer=float(r.x[2]),
-                kv_bw=float(np.mean(kv)), forward_median_abs_pct=float(np.median(e)),
-                forward_p90_abs_pct=float(np.percentile(e, 90)), forward_max_abs_pct=float(e.max()))
+    return dict(
+        bw=float(r.x[0]),
+        flops=float(r.x[1]),
+        launch_us_per_layer=float(r.x[2]),
+        kv_bw=float(np.mean(kv)),
+        forward_median_abs_pct=float(np.median(e)),
+        forward_p90_abs_pct=float(np.percentile(e, 90)),
+        forward_max_abs_pct=float(e.max()),
+    )
 
 
 def evaluate_efficiency(fit: dict, items: list[tuple[str, Profile]], hw_name: str = "H200") -> dict:
     """Errors of fitted efficiencies on (held-out) measured profiles: forward table and KV slope."""
     e = np.abs(_fwd_err([fit["bw"], fit["flops"], fit["launch_us_per_layer"]], items, hw_name)) * 100
     kv = [abs(fit["kv_bw"] / _kv_eff(c, p, hw_name) - 1) * 100 for c, p in items]
-    return dict(forward_median_abs_pct=float(np.median(e)), forward_p90_abs_pct=float(np.percentile(e, 90)),
-                forward_max_abs_pct=float(e.max()), kv_slope_abs_pct=[round(float(x), 2) for x in kv])
+    return dict(
+        forward_median_abs_pct=float(np.median(e)),
+        forward_p90_abs_pct=float(np.percentile(e, 90)),
+        forward_max_abs_pct=float(e.max()),
+        kv_slope_abs_pct=[round(float(x), 2) for x in kv],
+    )
 
 
 def fit_cli(argv: list[str] | None = None) -> None:  # pragma: no cover - thin wrapper
@@ -219,6 +288,7 @@ def fit_cli(argv: list[str] | None = None) -> None:  # pragma: no cover - thin w
     import argparse
 
     from dsim.cost import load_profile
+
     ap = argparse.ArgumentParser(description="Fit analytical efficiencies on measured profiles")
     ap.add_argument("--pair", nargs=2, action="append", required=True, metavar=("CONFIG", "PROFILE"))
     ap.add_argument("--out", required=True)
@@ -227,17 +297,23 @@ def fit_cli(argv: list[str] | None = None) -> None:  # pragma: no cover - thin w
     full = fit_efficiency(items)
     held = {}
     for i, (c, p) in enumerate(items):
-        rest = items[:i] + items[i + 1:]
+        rest = items[:i] + items[i + 1 :]
         f = fit_efficiency(rest)
         held[p.provenance.get("model", c)] = dict(
             trained_on=[q.provenance.get("model") for _, q in rest],
             fitted=dict((k, round(f[k], 4)) for k in ("bw", "flops", "launch_us_per_layer", "kv_bw")),
             train=dict((k, round(f[k], 3)) for k in ("forward_median_abs_pct", "forward_p90_abs_pct")),
-            held_out=evaluate_efficiency(f, [(c, p)]))
-    out = dict(hardware="H200", fitted_on=[p.source_path for _, p in items],
-               configs=[c for c, _ in items], efficiency=full, leave_one_out=held,
-               note="forward: relative error of the analytical F(n) against the measured forward table "
-                    "(all capture sizes and tails); kv: KV-read bandwidth fraction from kv_ms_per_ktok")
+            held_out=evaluate_efficiency(f, [(c, p)]),
+        )
+    out = dict(
+        hardware="H200",
+        fitted_on=[p.source_path for _, p in items],
+        configs=[c for c, _ in items],
+        efficiency=full,
+        leave_one_out=held,
+        note="forward: relative error of the analytical F(n) against the measured forward table "
+        "(all capture sizes and tails); kv: KV-read bandwidth fraction from kv_ms_per_ktok",
+    )
     Path(a.out).write_text(json.dumps(out, indent=1))
     print(json.dumps(out, indent=1))
 
@@ -247,16 +323,24 @@ def load_fit(path: str | Path) -> tuple[Efficiency, dict]:
     d = json.loads(Path(path).read_text())
     f = d["efficiency"]
     held = {k: v["held_out"]["forward_median_abs_pct"] for k, v in d.get("leave_one_out", {}).items()}
-    src = (f"fitted on measured H200 profiles ({', '.join(Path(p).stem for p in d['fitted_on'])}): "
-           f"forward median |err| {f['forward_median_abs_pct']:.1f}% (p90 {f['forward_p90_abs_pct']:.1f}%), "
-           f"leave-one-out held-out median |err| " + ", ".join(f"{k} {v:.1f}%" for k, v in held.items()))
-    eff = Efficiency(bw=f["bw"], flops=f["flops"], launch_us_per_layer=f["launch_us_per_layer"],
-                     kv_bw=f["kv_bw"], source=src)
-    info = dict(file=str(path), bw=round(f["bw"], 4), flops=round(f["flops"], 4),
-                launch_us_per_layer=round(f["launch_us_per_layer"], 2), kv_bw=round(f["kv_bw"], 4),
-                train_forward_median_abs_pct=round(f["forward_median_abs_pct"], 2),
-                train_forward_p90_abs_pct=round(f["forward_p90_abs_pct"], 2),
-                held_out_forward_median_abs_pct={k: round(v, 2) for k, v in held.items()})
+    src = (
+        f"fitted on measured H200 profiles ({', '.join(Path(p).stem for p in d['fitted_on'])}): "
+        f"forward median |err| {f['forward_median_abs_pct']:.1f}% (p90 {f['forward_p90_abs_pct']:.1f}%), "
+        f"leave-one-out held-out median |err| " + ", ".join(f"{k} {v:.1f}%" for k, v in held.items())
+    )
+    eff = Efficiency(
+        bw=f["bw"], flops=f["flops"], launch_us_per_layer=f["launch_us_per_layer"], kv_bw=f["kv_bw"], source=src
+    )
+    info = dict(
+        file=str(path),
+        bw=round(f["bw"], 4),
+        flops=round(f["flops"], 4),
+        launch_us_per_layer=round(f["launch_us_per_layer"], 2),
+        kv_bw=round(f["kv_bw"], 4),
+        train_forward_median_abs_pct=round(f["forward_median_abs_pct"], 2),
+        train_forward_p90_abs_pct=round(f["forward_p90_abs_pct"], 2),
+        held_out_forward_median_abs_pct={k: round(v, 2) for k, v in held.items()},
+    )
     return eff, info
 
 
@@ -265,6 +349,7 @@ def main() -> None:  # pragma: no cover - thin wrapper
     import sys
 
     from dsim.cost import save_profile
+
     if len(sys.argv) > 1 and sys.argv[1] == "fit":
         return fit_cli(sys.argv[2:])
     ap = argparse.ArgumentParser(description="Write an analytical (roofline) profile")
@@ -274,8 +359,9 @@ def main() -> None:  # pragma: no cover - thin wrapper
     ap.add_argument("--bytes-per-param", type=float, default=2.0)
     ap.add_argument("--kv-replicated", action="store_true")
     ap.add_argument("--name")
-    ap.add_argument("--launch-us-per-layer", type=float, default=None,
-                    help="per-layer floor in us (overrides a fitted value)")
+    ap.add_argument(
+        "--launch-us-per-layer", type=float, default=None, help="per-layer floor in us (overrides a fitted value)"
+    )
     ap.add_argument("--fit", help="efficiency fit JSON (python -m dsim.analytical fit ...)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
@@ -283,13 +369,25 @@ def main() -> None:  # pragma: no cover - thin wrapper
     if a.fit:
         eff, fit_info = load_fit(a.fit)
         if a.launch_us_per_layer is not None:
-            eff = dataclasses.replace(eff, launch_us_per_layer=a.launch_us_per_layer,
-                                      source=eff.source + f"; per-layer floor overridden: {a.launch_us_per_layer:g} us")
+            eff = dataclasses.replace(
+                eff,
+                launch_us_per_layer=a.launch_us_per_layer,
+                source=eff.source + f"; per-layer floor overridden: {a.launch_us_per_layer:g} us",
+            )
     else:
         lu = a.launch_us_per_layer if a.launch_us_per_layer is not None else Efficiency.launch_us_per_layer
         eff = Efficiency(launch_us_per_layer=lu, source=f"stated defaults (not fitted), per-layer floor {lu:g} us")
-    p = analytical_profile(a.config, a.hardware, a.gpus, a.bytes_per_param, name=a.name,
-                           kv_replicated=a.kv_replicated, eff=eff, fit_info=fit_info, fit_path=a.fit)
+    p = analytical_profile(
+        a.config,
+        a.hardware,
+        a.gpus,
+        a.bytes_per_param,
+        name=a.name,
+        kv_replicated=a.kv_replicated,
+        eff=eff,
+        fit_info=fit_info,
+        fit_path=a.fit,
+    )
     save_profile(p, a.out)
 
 

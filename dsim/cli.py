@@ -4,6 +4,7 @@ register themselves on `app`; this module imports neither.
 
 Every command turns bad input (InputError) into one line on stderr and exit code 2.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -21,10 +22,13 @@ import typer
 from dsim.errors import InputError
 from dsim.scenario import build_workload, spec_config
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  rich_markup_mode=None,
-                  help="dsim: size LLM serving fleets that run speculative decoding (MTP, EAGLE-3, "
-                       "block drafters, DSpark).")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    help="dsim: size LLM serving fleets that run speculative decoding (MTP, EAGLE-3, block drafters, DSpark).",
+)
 
 
 @app.callback()
@@ -47,17 +51,23 @@ def run_guarded(fn, *a, **kw):
 # ---- shared option plumbing (used by simulate, plan, sweep, ab) ------------------------------
 
 # Options every workload-driven command takes, declared once.
-TraceOpt = Annotated[str, typer.Option(help="trace path or name (default, azure-conv, azure-code, "
-                                       "mooncake-conversation, mooncake-synthetic, ...)")]
-FormatOpt = Annotated[str, typer.Option("--format", help="auto, azure, mooncake, burstgpt, native-csv, "
-                                        "native-jsonl, native-parquet")]
+TraceOpt = Annotated[
+    str,
+    typer.Option(
+        help="trace path or name (default, azure-conv, azure-code, mooncake-conversation, mooncake-synthetic, ...)"
+    ),
+]
+FormatOpt = Annotated[
+    str, typer.Option("--format", help="auto, azure, mooncake, burstgpt, native-csv, native-jsonl, native-parquet")
+]
 RequestsOpt = Annotated[Optional[int], typer.Option(help="first N requests")]
 WindowOpt = Annotated[Optional[str], typer.Option(help="time window START:END (s)")]
 RateOpt = Annotated[Optional[float], typer.Option(help="re-draw Poisson arrivals at R req/s")]
 RateScaleOpt = Annotated[Optional[float], typer.Option(help="scale the trace's arrival rate (0.1-100)")]
 MixOpt = Annotated[Optional[str], typer.Option(help="workload-class mix, e.g. math=0.3,code=0.2,chat=0.5")]
-ProfileOpt = Annotated[Optional[str], typer.Option(help="profile name or YAML path "
-                                                   "(default: deepseek-v4-flash-h200-dp8-ep8)")]
+ProfileOpt = Annotated[
+    Optional[str], typer.Option(help="profile name or YAML path (default: deepseek-v4-flash-h200-dp8-ep8)")
+]
 GpusPerNodeOpt = Annotated[int, typer.Option(help="GPUs per node")]
 
 POLICY_NAMES = ("vllm", "paper", "paper-production", "sglang", "fixed", "threshold")
@@ -69,10 +79,12 @@ def check_mix(mix: Optional[str], acceptance: Optional[str] = None, method: Opti
     if mix is None:
         return
     from dsim.workload import DEFAULT_CLASSES, parse_mix
+
     shares = parse_mix(mix)
     known = set(DEFAULT_CLASSES)
     if acceptance:
         from dsim.spec import load_acceptance
+
         known |= set(load_acceptance(acceptance, method).classes)
     unknown = [c for c in shares if c not in known]
     if unknown:
@@ -90,6 +102,7 @@ def check_int(value, what: str, lo: int, hi: Optional[int] = None) -> None:
 def check_out_targets(out: Optional[Path], step_log: Optional[Path] = None) -> None:
     """Fail before a run when its outputs could not be written."""
     from dsim.outputs import check_dir_target, check_file_target
+
     if out is not None:
         check_dir_target(out, "--out")
     if step_log is not None:
@@ -100,36 +113,51 @@ def print_summary(s: dict):
     typer.echo(f"workload : {s['setup']['workload']}")
     typer.echo(f"profile  : {s['setup']['profile']}")
     if s["setup"].get("acceptance_source"):
-        src = s['setup']['acceptance_source']
+        src = s["setup"]["acceptance_source"]
         typer.echo(f"acceptance: {src if len(src) < 200 else src[:197] + '...'}")
     if s["setup"]["class_mix_assumed"]:
         typer.echo("classes  : workload-class mix is an assumption (the trace carries no classes)")
-    typer.echo(f"cluster  : {s['setup']['nodes']} node(s), {s['setup']['replicas']} replica(s), "
-               f"{s['setup']['gpus']} GPUs; method {s['setup']['spec']['method']} k={s['setup']['spec']['k']}")
-    typer.echo(f"completed {s['requests_completed']}/{s['requests_total']} requests in {s['sim_time_s']:.1f} s "
-               f"simulated ({s['wall_time_s']:.2f} s wall, {s['steps']} steps)")
-    typer.echo(f"output   : {s['output_tok_s']:.1f} tok/s, {s['output_tok_s_per_gpu']:.1f} tok/s/GPU, "
-               f"{s['output_tok_s_per_user'] or 0:.1f} tok/s per user")
+    typer.echo(
+        f"cluster  : {s['setup']['nodes']} node(s), {s['setup']['replicas']} replica(s), "
+        f"{s['setup']['gpus']} GPUs; method {s['setup']['spec']['method']} k={s['setup']['spec']['k']}"
+    )
+    typer.echo(
+        f"completed {s['requests_completed']}/{s['requests_total']} requests in {s['sim_time_s']:.1f} s "
+        f"simulated ({s['wall_time_s']:.2f} s wall, {s['steps']} steps)"
+    )
+    typer.echo(
+        f"output   : {s['output_tok_s']:.1f} tok/s, {s['output_tok_s_per_gpu']:.1f} tok/s/GPU, "
+        f"{s['output_tok_s_per_user'] or 0:.1f} tok/s per user"
+    )
     typer.echo(f"{'metric':8} {'mean':>10} {'p50':>10} {'p90':>10} {'p99':>10}  (ms)")
     for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         d = s[m]
-        typer.echo(f"{m[:-3]:8} " + " ".join(f"{(d[k] if d[k] is not None else float('nan')):10.2f}"
-                                           for k in ("mean", "p50", "p90", "p99")))
+        typer.echo(
+            f"{m[:-3]:8} "
+            + " ".join(f"{(d[k] if d[k] is not None else float('nan')):10.2f}" for k in ("mean", "p50", "p90", "p99"))
+        )
     if s.get("per_position_acceptance"):
-        typer.echo(f"acceptance length {s['acceptance_length']:.3f}; per position "
-                   + " ".join(f"{x:.3f}" for x in s["per_position_acceptance"])
-                   + f"; verify tokens/request/step {s['mean_verify_tokens_per_request']:.2f}")
+        typer.echo(
+            f"acceptance length {s['acceptance_length']:.3f}; per position "
+            + " ".join(f"{x:.3f}" for x in s["per_position_acceptance"])
+            + f"; verify tokens/request/step {s['mean_verify_tokens_per_request']:.2f}"
+        )
         if s.get("verify_utilization") is not None:
-            typer.echo(f"verify utilization {s['verify_utilization']:.3f} (drafts accepted within the chosen "
-                       f"windows / accepted had the full block been verified; DSpark reports 0.88-0.97)")
+            typer.echo(
+                f"verify utilization {s['verify_utilization']:.3f} (drafts accepted within the chosen "
+                f"windows / accepted had the full block been verified; DSpark reports 0.88-0.97)"
+            )
         for c, v in s.get("per_class", {}).items():
-            typer.echo(f"  {c:6} acceptance length {v['acceptance_length']:.3f}, "
-                       f"verify tokens {v['mean_verify_tokens_per_request']:.2f}")
+            typer.echo(
+                f"  {c:6} acceptance length {v['acceptance_length']:.3f}, "
+                f"verify tokens {v['mean_verify_tokens_per_request']:.2f}"
+            )
         if "head" in s:
             typer.echo(f"confidence head ({s['head']['mode']}): AUC {s['head']['auc']:.3f}, ECE {s['head']['ece']:.3f}")
 
 
 # ---- simulate -------------------------------------------------------------------------------
+
 
 @app.command()
 def simulate(
@@ -147,16 +175,21 @@ def simulate(
     mix: MixOpt = None,
     method: str = typer.Option("none", help="none, mtp, eagle3, block, dspark"),
     k: Optional[int] = typer.Option(None, "--k", help="drafts per step (default: mtp 1, others 7)"),
-    adaptive: Optional[bool] = typer.Option(None, "--adaptive/--no-adaptive", help="dspark: confidence-scheduled verification (default on)"),
-    policy: str = typer.Option("vllm", help="verify-budget policy: vllm, paper, paper-production, sglang, fixed, threshold"),
+    adaptive: Optional[bool] = typer.Option(
+        None, "--adaptive/--no-adaptive", help="dspark: confidence-scheduled verification (default on)"
+    ),
+    policy: str = typer.Option(
+        "vllm", help="verify-budget policy: vllm, paper, paper-production, sglang, fixed, threshold"
+    ),
     verify_mode: str = typer.Option("compact", help="static, compact, cap-accept"),
     acceptance: Optional[str] = typer.Option(None, help="acceptance preset, file, 'math=0.9,0.8;chat=0.7' or const:P"),
     head: str = typer.Option("model", help="confidence head: model, perfect, useless"),
     head_auc: float = typer.Option(0.85, help="target ROC-AUC of the confidence head"),
     max_num_seqs: int = typer.Option(1024),
     max_num_batched_tokens: int = typer.Option(8192),
-    max_model_len: Optional[int] = typer.Option(None, help="longest prompt + output a request may have "
-                                                "(default: the profile's max_model_len, else none)"),
+    max_model_len: Optional[int] = typer.Option(
+        None, help="longest prompt + output a request may have (default: the profile's max_model_len, else none)"
+    ),
     prefix_caching: bool = typer.Option(False, "--prefix-caching/--no-prefix-caching"),
     async_scheduling: bool = typer.Option(False, "--async-scheduling/--no-async-scheduling"),
     slo: Optional[str] = typer.Option(None, help="per-request SLOs for goodput, e.g. ttft=500ms,tpot=20ms"),
@@ -167,21 +200,32 @@ def simulate(
     quiet: bool = typer.Option(False, "--quiet"),
 ):
     """Replay a trace through a modeled vLLM-style engine and report what a real server would show."""
+
     def go():
         from dsim.cost import load_profile
         from dsim.engine import EngineConfig
         from dsim.outputs import staged_dir, staged_file
-        from dsim.sim import (MAX_GPUS_PER_NODE, MAX_NODES, SimConfig, simulate as run, write_output_files,
-                              write_step_log_file)
+        from dsim.sim import (
+            MAX_GPUS_PER_NODE,
+            MAX_NODES,
+            SimConfig,
+            write_output_files,
+            write_step_log_file,
+        )
+        from dsim.sim import (
+            simulate as run,
+        )
+
         check_int(nodes, "--nodes", 1, MAX_NODES)
         check_int(gpus_per_node, "--gpus-per-node", 1, MAX_GPUS_PER_NODE)
         check_int(seed, "--seed", 0)
         check_int(max_model_len, "--max-model-len", 1)
         if policy.strip().lower() not in POLICY_NAMES:
             raise InputError(f"--policy: unknown policy {policy!r} (choose from {', '.join(POLICY_NAMES)})")
-        drafts = method.strip().lower() != "none"       # acceptance curves are read only with drafts
+        drafts = method.strip().lower() != "none"  # acceptance curves are read only with drafts
         if acceptance is not None:
             from dsim.spec import load_acceptance
+
             if not acceptance.strip():
                 raise InputError("--acceptance: empty (a preset name, a file, const:P or class=p1,p2,...)")
             if drafts:
@@ -193,17 +237,31 @@ def simulate(
         if max_model_len is not None:
             prof = dataclasses.replace(prof, max_model_len=max_model_len)
         sc = spec_config(method, k, adaptive, policy, verify_mode, acceptance, head, head_auc)
-        ec = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                          enable_prefix_caching=prefix_caching, async_scheduling=async_scheduling,
-                          record_shapes=step_log is not None)
+        ec = EngineConfig(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_prefix_caching=prefix_caching,
+            async_scheduling=async_scheduling,
+            record_shapes=step_log is not None,
+        )
         slo_d = None
         if slo:
             from dsim.plan import parse_request_slo
+
             slo_d = parse_request_slo(slo)
-        cfg = SimConfig(workload=w, profile=prof, nodes=nodes, gpus_per_node=gpus_per_node, router=router,
-                        engine=ec, spec=sc, seed=seed, slo=slo_d)
+        cfg = SimConfig(
+            workload=w,
+            profile=prof,
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            router=router,
+            engine=ec,
+            spec=sc,
+            seed=seed,
+            slo=slo_d,
+        )
         show = not quiet and not as_json and sys.stderr.isatty()
-        with contextlib.ExitStack() as stage:     # both outputs, whole, or neither
+        with contextlib.ExitStack() as stage:  # both outputs, whole, or neither
             out_dir = stage.enter_context(staged_dir(out)) if out is not None else None
             log_file = stage.enter_context(staged_file(step_log, "--step-log")) if step_log is not None else None
             res = run(cfg, progress=show)
@@ -215,6 +273,7 @@ def simulate(
             typer.echo(json.dumps(res.summary, sort_keys=True))
         elif not quiet:
             print_summary(res.summary)
+
     run_guarded(go)
 
 
@@ -230,28 +289,30 @@ def _exit_on_sigterm():
     """SIGTERM (``timeout``, a scheduler) unwinds like Ctrl-C: the `with` blocks that stage
     outputs remove them. Worker processes forked later keep the default behaviour."""
     import os
+
     if threading.current_thread() is not threading.main_thread():
         return None
     pid = os.getpid()
 
     def handler(sig, frame):
-        if os.getpid() != pid:          # a forked worker: die as SIGTERM would have it
+        if os.getpid() != pid:  # a forked worker: die as SIGTERM would have it
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
         raise _Terminated()
+
     try:
         return signal.signal(signal.SIGTERM, handler)
-    except (ValueError, OSError):       # pragma: no cover
+    except (ValueError, OSError):  # pragma: no cover
         return None
 
 
 def main(argv=None):
     """The console entry point. Bad input of any kind (an InputError, a flag click cannot parse,
     a file the OS refuses) is one line on stderr and exit code 2; Ctrl-C is exit code 130."""
-    try:        # typer carries its own copy of click; its exceptions are what it raises
+    try:  # typer carries its own copy of click; its exceptions are what it raises
         from typer._click import exceptions as cx
-    except ImportError:     # pragma: no cover - typer versions built on the click package
+    except ImportError:  # pragma: no cover - typer versions built on the click package
         from click import exceptions as cx
     old_term = _exit_on_sigterm()
     try:
@@ -259,10 +320,10 @@ def main(argv=None):
     except _Terminated:
         typer.echo("dsim: terminated", err=True)
         sys.exit(143)
-    except InputError as e:   # raised outside a guarded command body
+    except InputError as e:  # raised outside a guarded command body
         typer.echo(f"dsim: error: {_one_line(e)}", err=True)
         sys.exit(2)
-    except getattr(cx, "NoArgsIsHelpError", ()) as e:      # `dsim` alone: the help
+    except getattr(cx, "NoArgsIsHelpError", ()) as e:  # `dsim` alone: the help
         typer.echo(e.ctx.get_help() if e.ctx is not None else e.format_message(), err=True)
         sys.exit(2)
     except cx.UsageError as e:
@@ -276,7 +337,7 @@ def main(argv=None):
         typer.echo("dsim: interrupted", err=True)
         sys.exit(130)
     except OSError as e:
-        if e.errno == errno.EPIPE:       # output piped into a closed reader (head): not an error
+        if e.errno == errno.EPIPE:  # output piped into a closed reader (head): not an error
             sys.exit(1)
         what = f"{e.filename}: " if e.filename else ""
         typer.echo(f"dsim: error: {what}{e.strerror or e}", err=True)

@@ -6,6 +6,7 @@ A router answers one question: "which replica takes this request". Policies:
 - affinity: the same session (or, lacking one, the same first prefix block) goes to the same
   replica, so that its prefix cache hits; new keys go to the least outstanding replica.
 """
+
 from __future__ import annotations
 
 ROUTERS = ("round_robin", "least_outstanding", "affinity")

@@ -25,6 +25,7 @@ Context: attention cores priced at two contexts give the KV slope (ms per 1000 K
 prefill chunks: the attention-core cost of prompt chunks beyond the decode-priced part is fitted
 as ms per million query-key pairs q (c + q / 2), the LM-head rows they skip as the discount.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,16 +43,16 @@ from dsim.errors import InputError
 from dsim.kernels import HARDWARE, MATH_DTYPE, WEIGHT_BYTES, KernelTable, Roofline, load_kernel_table
 from dsim.models import MoEModel, load_model
 
-KV_LO, KV_HI = 1024, 16384          # contexts the KV slope is measured between
-SLOPE_BATCH = 64                    # requests at which the slope is taken
-PREFILL_Q = (512, 2048, 8192)       # prompt-chunk lengths the prefill terms are fitted on
-PREFILL_KV = (0, 8192, 32768)       # cached context before the chunk
+KV_LO, KV_HI = 1024, 16384  # contexts the KV slope is measured between
+SLOPE_BATCH = 64  # requests at which the slope is taken
+PREFILL_Q = (512, 2048, 8192)  # prompt-chunk lengths the prefill terms are fitted on
+PREFILL_KV = (0, 8192, 32768)  # cached context before the chunk
 DRAFT_REQUESTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 TAIL_TOKENS = (768, 1024, 1536, 2048, 4096, 8192, 16384)
-GRAPH_GAP_US_PER_LAYER = 4.0        # gaps between kernels inside a CUDA graph, per layer (stated)
-EAGER_US_PER_LAYER = 25.0           # above the capture limit: piecewise graphs, attention eager (stated)
-ACTIVATION_RESERVE_GB = 6.0         # activations, graphs, workspace per GPU (stated, vLLM-like)
-MEM_UTIL = 0.9                      # vLLM gpu_memory_utilization default
+GRAPH_GAP_US_PER_LAYER = 4.0  # gaps between kernels inside a CUDA graph, per layer (stated)
+EAGER_US_PER_LAYER = 25.0  # above the capture limit: piecewise graphs, attention eager (stated)
+ACTIVATION_RESERVE_GB = 6.0  # activations, graphs, workspace per GPU (stated, vLLM-like)
+MEM_UTIL = 0.9  # vLLM gpu_memory_utilization default
 GPUS_PER_NODE = 8
 
 
@@ -79,10 +80,14 @@ class Topology:
         span = f" across {self.nodes} nodes" if self.nodes > 1 else ""
         if self.attn_dp > 1:
             rep = "one GPU" if self.attn_tp == 1 else f"{self.attn_tp} GPUs (tensor-parallel attention)"
-            return (f"data-parallel attention over {self.attn_dp} ranks of {rep}, each an engine replica with its "
-                    f"own KV cache; experts over EP{self.ep}{span}, all-to-all dispatch/combine")
-        return (f"tensor-parallel attention over {self.attn_tp} GPUs (KV cache replicated per rank), experts over "
-                f"EP{self.ep}, all-reduce after attention and MoE")
+            return (
+                f"data-parallel attention over {self.attn_dp} ranks of {rep}, each an engine replica with its "
+                f"own KV cache; experts over EP{self.ep}{span}, all-to-all dispatch/combine"
+            )
+        return (
+            f"tensor-parallel attention over {self.attn_tp} GPUs (KV cache replicated per rank), experts over "
+            f"EP{self.ep}, all-reduce after attention and MoE"
+        )
 
 
 def parse_topology(s: str) -> Topology:
@@ -97,8 +102,10 @@ def parse_topology(s: str) -> Topology:
         if min(tp, dp, ep) < 1 or tp * dp != ep:
             raise ValueError
     except ValueError:
-        raise InputError(f"topology {s!r}: expected tpN-epN, dpN-epN or tpA-dpB-epN with A x B = N "
-                         "(e.g. tp8-ep8, dp8-ep8, tp2-dp8-ep16)") from None
+        raise InputError(
+            f"topology {s!r}: expected tpN-epN, dpN-epN or tpA-dpB-epN with A x B = N "
+            "(e.g. tp8-ep8, dp8-ep8, tp2-dp8-ep16)"
+        ) from None
     return Topology(t, tp, dp, ep)
 
 
@@ -106,6 +113,7 @@ def parse_topology(s: str) -> Topology:
 class Op:
     """One kernel op of a step: ``record`` (the kernel-table key), ``part`` (which piece of the
     model it is, e.g. q_proj, attn_core, moe_experts), ``count`` (how many times per step)."""
+
     record: tuple
     part: str
     count: float
@@ -136,8 +144,18 @@ def attn_record(model: MoEModel, topo: Topology, kind: str, phase: str, batch: i
     return r
 
 
-def layer_ops(model: MoEModel, topo: Topology, hardware: str, n: int, *, phase: str = "decode",
-              batch: int | None = None, q: int = 1, kv: int = KV_LO, layers=None) -> list[Op]:
+def layer_ops(
+    model: MoEModel,
+    topo: Topology,
+    hardware: str,
+    n: int,
+    *,
+    phase: str = "decode",
+    batch: int | None = None,
+    q: int = 1,
+    kv: int = KV_LO,
+    layers=None,
+) -> list[Op]:
     """Ops of the decoder layers (all of them, or the indices in `layers`) for n tokens on one GPU."""
     dt, edt = _dtypes(model, hardware)
     tp = topo.attn_tp
@@ -158,30 +176,58 @@ def layer_ops(model: MoEModel, topo: Topology, hardware: str, n: int, *, phase: 
     if model.family == "deepseek_v4":
         ops.append(_op("mhc", L, op="mhc", tokens=int(n), hidden=h, hc_mult=model.hc_mult))
         ops.append(_op("q_proj", L, op="gemm", dtype=dt, m=int(n), n=model.q_lora_rank, k=h))
-        ops.append(_op("q_proj", L, op="gemm", dtype=dt, m=int(n), n=model.heads // tp * model.head_dim,
-                       k=model.q_lora_rank))
+        ops.append(
+            _op("q_proj", L, op="gemm", dtype=dt, m=int(n), n=model.heads // tp * model.head_dim, k=model.q_lora_rank)
+        )
         ops.append(_op("kv_proj", L, op="gemm", dtype=dt, m=int(n), n=model.head_dim, k=h))
         og = max(1, model.o_groups // tp)
-        ops.append(_op("o_proj", L, op="gemm", dtype=dt, m=int(n * og), n=model.o_lora_rank,
-                       k=model.heads * model.head_dim // model.o_groups))
+        ops.append(
+            _op(
+                "o_proj",
+                L,
+                op="gemm",
+                dtype=dt,
+                m=int(n * og),
+                n=model.o_lora_rank,
+                k=model.heads * model.head_dim // model.o_groups,
+            )
+        )
         ops.append(_op("o_proj", L, op="gemm", dtype=dt, m=int(n), n=h, k=og * model.o_lora_rank))
         n_comp = kinds.get("v4_csa", 0) + kinds.get("v4_hca", 0)
         if n_comp:
             ops.append(_op("compressor", n_comp, op="gemm", dtype=dt, m=int(n), n=2 * model.head_dim, k=h))
         if kinds.get("v4_csa"):
-            ops.append(_op("indexer_proj", kinds["v4_csa"], op="gemm", dtype=dt, m=int(n),
-                           n=model.index_heads * model.index_dim, k=model.q_lora_rank))
-            ops.append(_op("indexer_proj", kinds["v4_csa"], op="gemm", dtype=dt, m=int(n),
-                           n=model.index_dim + model.index_heads, k=h))
+            ops.append(
+                _op(
+                    "indexer_proj",
+                    kinds["v4_csa"],
+                    op="gemm",
+                    dtype=dt,
+                    m=int(n),
+                    n=model.index_heads * model.index_dim,
+                    k=model.q_lora_rank,
+                )
+            )
+            ops.append(
+                _op(
+                    "indexer_proj",
+                    kinds["v4_csa"],
+                    op="gemm",
+                    dtype=dt,
+                    m=int(n),
+                    n=model.index_dim + model.index_heads,
+                    k=h,
+                )
+            )
     else:
         hl = model.heads // tp
         ops.append(_op("q_proj", L, op="gemm", dtype=dt, m=int(n), n=model.q_lora_rank, k=h))
         ops.append(_op("q_proj", L, op="gemm", dtype=dt, m=int(n), n=hl * model.head_dim, k=model.q_lora_rank))
         ops.append(_op("kv_proj", L, op="gemm", dtype=dt, m=int(n), n=model.kv_lora_rank + model.rope_dim, k=h))
-        ops.append(_op("mla_absorb", L, op="gemm", dtype="bf16", m=int(n * hl), n=model.kv_lora_rank,
-                       k=model.nope_dim))
-        ops.append(_op("mla_absorb", L, op="gemm", dtype="bf16", m=int(n * hl), n=model.v_head_dim,
-                       k=model.kv_lora_rank))
+        ops.append(_op("mla_absorb", L, op="gemm", dtype="bf16", m=int(n * hl), n=model.kv_lora_rank, k=model.nope_dim))
+        ops.append(
+            _op("mla_absorb", L, op="gemm", dtype="bf16", m=int(n * hl), n=model.v_head_dim, k=model.kv_lora_rank)
+        )
         ops.append(_op("o_proj", L, op="gemm", dtype=dt, m=int(n), n=h, k=hl * model.v_head_dim))
     for kind, c in kinds.items():
         ops.append(_op("attn_core", c, **attn_record(model, topo, kind, phase, B, q, kv)))
@@ -192,8 +238,9 @@ def layer_ops(model: MoEModel, topo: Topology, hardware: str, n: int, *, phase: 
         ops.append(_op("dense_mlp", dense_count, op="gemm", dtype=dt, m=int(n), n=h, k=model.dense_inter // tp))
     if moe_count:
         routed = moe_count
-        learned = moe_count - (min(model.hash_layers, moe_count) if layers is None else
-                               sum(1 for i in idx if i < model.hash_layers))
+        learned = moe_count - (
+            min(model.hash_layers, moe_count) if layers is None else sum(1 for i in idx if i < model.hash_layers)
+        )
         if learned:
             ops.append(_op("router", learned, op="gemm", dtype="bf16", m=int(n), n=model.experts, k=h))
         if model.shared_experts:
@@ -201,11 +248,23 @@ def layer_ops(model: MoEModel, topo: Topology, hardware: str, n: int, *, phase: 
             ops.append(_op("shared_expert", moe_count, op="gemm", dtype=dt, m=int(n), n=2 * si, k=h))
             ops.append(_op("shared_expert", moe_count, op="gemm", dtype=dt, m=int(n), n=h, k=si))
         T = n * topo.attn_dp
-        ops.append(_op("moe_experts", routed, op="moe", dtype=edt, tokens=int(T), hidden=h, inter=model.moe_inter,
-                       topk=model.topk, experts=model.experts, ep=topo.ep))
+        ops.append(
+            _op(
+                "moe_experts",
+                routed,
+                op="moe",
+                dtype=edt,
+                tokens=int(T),
+                hidden=h,
+                inter=model.moe_inter,
+                topk=model.topk,
+                experts=model.experts,
+                ep=topo.ep,
+            )
+        )
         if topo.attn_dp > 1:
             scope: dict = {"scope": "inter_node"} if topo.nodes > 1 else {}
-            scope.update(hidden=h, topk=model.topk, experts=model.experts)   # the shape the message carries
+            scope.update(hidden=h, topk=model.topk, experts=model.experts)  # the shape the message carries
             ops.append(_op("comm", routed, op="comm", kind="a2a_dispatch", gpus=topo.ep, bytes=int(n * h * 1), **scope))
             ops.append(_op("comm", routed, op="comm", kind="a2a_combine", gpus=topo.ep, bytes=int(n * h * 2), **scope))
         elif tp > 1:
@@ -220,8 +279,16 @@ def step_ops(model: MoEModel, topo: Topology, hardware: str, n: int, **kw) -> li
     ops += layer_ops(model, topo, hardware, n, **kw)
     ops.append(_op("lm_head", 1, op="gemm", dtype="bf16", m=int(n), n=model.vocab // topo.attn_tp, k=model.hidden))
     if topo.attn_tp > 1:
-        ops.append(_op("comm", 1, op="comm", kind="all_gather", gpus=topo.attn_tp,
-                       bytes=int(n * model.vocab // topo.attn_tp * 4)))
+        ops.append(
+            _op(
+                "comm",
+                1,
+                op="comm",
+                kind="all_gather",
+                gpus=topo.attn_tp,
+                bytes=int(n * model.vocab // topo.attn_tp * 4),
+            )
+        )
     return ops
 
 
@@ -235,8 +302,7 @@ def draft_ops(model: MoEModel, topo: Topology, hardware: str, kind: str, R: int,
     if kind in ("mtp", "eagle3"):
         ops = layer_ops(model, topo, hardware, R, layers=[last])
         ops.append(_op("mtp_proj", 1, op="gemm", dtype="fp8", m=int(R), n=model.hidden, k=2 * model.hidden))
-        ops.append(_op("lm_head", 1, op="gemm", dtype="bf16", m=int(R), n=model.vocab // topo.attn_tp,
-                       k=model.hidden))
+        ops.append(_op("lm_head", 1, op="gemm", dtype="bf16", m=int(R), n=model.vocab // topo.attn_tp, k=model.hidden))
         return ops
     n = R * block
     swa = [i for i, k in enumerate(model.attn_kinds) if k in ("v4_swa", "mla")][:1] or [last]
@@ -254,12 +320,19 @@ class Pricer:
     shard check excludes communication). Parts that the preferred attention table's records
     include (e.g. projections inside an attention module) are not priced again."""
 
-    def __init__(self, table: KernelTable | list[KernelTable] | None, roofline: Roofline,
-                 zero_ops: frozenset = frozenset(), prefer: dict | None = None):
+    def __init__(
+        self,
+        table: KernelTable | list[KernelTable] | None,
+        roofline: Roofline,
+        zero_ops: frozenset = frozenset(),
+        prefer: dict | None = None,
+    ):
         self.tables = [t for t in (table if isinstance(table, list) else [table]) if t is not None]
         # prefer: op kind -> table name asked first for that kind (e.g. mhc from an engine's table)
-        self.order = {op: [t for t in self.tables if t.name == name] + [t for t in self.tables if t.name != name]
-                      for op, name in (prefer or {}).items()}
+        self.order = {
+            op: [t for t in self.tables if t.name == name] + [t for t in self.tables if t.name != name]
+            for op, name in (prefer or {}).items()
+        }
         for op, name in (prefer or {}).items():
             if name not in {t.name for t in self.tables}:
                 raise InputError(f"--prefer {op}={name}: {name} is not one of the kernel tables given")
@@ -299,6 +372,7 @@ class LayerGlue:
     """What a layer costs beyond the sum of its priced kernels (activation quantization, small
     norms and elementwise kernels, launch gaps): a + b x tokens per layer, fitted on whole-layer
     measurements ("layer" records of our shard executor) against the composer's own sum."""
+
     a_ms: float = 0.0
     b_ms_per_tok: float = 0.0
     fit: dict | None = None
@@ -311,9 +385,13 @@ def composed_layer_ms(model: MoEModel, topo: Topology, hardware: str, rec: dict,
     """The composer's sum for one decoder layer of a measured "layer" record's kind and shape."""
     kind = rec.get("attn_kind")
     # V3's layers are MLA with a dense MLP (mla_dense, the first layers) or with MoE (mla_moe)
-    idx = [i for i, k in enumerate(model.attn_kinds)
-           if (k == kind and kind != "mla") or (kind == "mla_dense" and not model.moe_layer[i])
-           or (kind in ("mla", "mla_moe") and k == "mla" and model.moe_layer[i])]
+    idx = [
+        i
+        for i, k in enumerate(model.attn_kinds)
+        if (k == kind and kind != "mla")
+        or (kind == "mla_dense" and not model.moe_layer[i])
+        or (kind in ("mla", "mla_moe") and k == "mla" and model.moe_layer[i])
+    ]
     if not idx:
         raise InputError(f"layer record: no layer of kind {kind!r} in {model.name}")
     q, B = int(rec["q"]), int(rec["batch"])
@@ -323,15 +401,19 @@ def composed_layer_ms(model: MoEModel, topo: Topology, hardware: str, rec: dict,
     return priced_total(model, topo, hardware, ops, pricer) + GRAPH_GAP_US_PER_LAYER * 1e-3
 
 
-def fit_layer_glue(model: MoEModel, topo: Topology, hardware: str, pricer: Pricer, records: list[dict],
-                   source: str = "") -> LayerGlue:
+def fit_layer_glue(
+    model: MoEModel, topo: Topology, hardware: str, pricer: Pricer, records: list[dict], source: str = ""
+) -> LayerGlue:
     """Least squares a + b x tokens on the measured-minus-composed residual of every other layer
     record (even positions: fit); the odd positions are the check, reported with the fit."""
-    rows = [r for r in records if r.get("op") == "layer" and r.get("model") == model.name
-            and r.get("topology") == topo.name]
+    rows = [
+        r for r in records if r.get("op") == "layer" and r.get("model") == model.name and r.get("topology") == topo.name
+    ]
     if len(rows) < 4:
-        raise InputError(f"{source or 'layer records'}: {len(rows)} layer records for {model.name} {topo.name} "
-                         "(at least 4 needed to fit and check)")
+        raise InputError(
+            f"{source or 'layer records'}: {len(rows)} layer records for {model.name} {topo.name} "
+            "(at least 4 needed to fit and check)"
+        )
     comp = np.array([composed_layer_ms(model, topo, hardware, r, pricer) for r in rows])
     meas = np.array([float(r["ms"]) for r in rows])
     tok = np.array([float(r["batch"]) * float(r["q"]) for r in rows])
@@ -344,12 +426,18 @@ def fit_layer_glue(model: MoEModel, topo: Topology, hardware: str, pricer: Price
         pred = comp[ix] + (a + b * tok[ix] if with_glue else 0.0)
         return np.abs(pred / meas[ix] - 1.0) * 100
 
-    fit = dict(source=source, records=len(rows), fit_records=len(fit_i), check_records=len(chk_i),
-               a_ms=round(a, 5), b_ms_per_ktok=round(b * 1000, 5),
-               check_median_abs_pct_without=round(float(np.median(err(chk_i, False))), 2),
-               check_median_abs_pct=round(float(np.median(err(chk_i, True))), 2),
-               check_p90_abs_pct=round(float(np.percentile(err(chk_i, True), 90)), 2),
-               fit_median_abs_pct=round(float(np.median(err(fit_i, True))), 2))
+    fit = dict(
+        source=source,
+        records=len(rows),
+        fit_records=len(fit_i),
+        check_records=len(chk_i),
+        a_ms=round(a, 5),
+        b_ms_per_ktok=round(b * 1000, 5),
+        check_median_abs_pct_without=round(float(np.median(err(chk_i, False))), 2),
+        check_median_abs_pct=round(float(np.median(err(chk_i, True))), 2),
+        check_p90_abs_pct=round(float(np.percentile(err(chk_i, True), 90)), 2),
+        fit_median_abs_pct=round(float(np.median(err(fit_i, True))), 2),
+    )
     if np.median(err(chk_i, True)) >= np.median(err(chk_i, False)):
         # the glue does not improve the held-out records: not applied
         fit.update(applied=False, a_ms=0.0, b_ms_per_ktok=0.0)
@@ -359,8 +447,9 @@ def fit_layer_glue(model: MoEModel, topo: Topology, hardware: str, pricer: Price
 
 
 @lru_cache(maxsize=4096)
-def moe_lockstep_factor(tokens: int, topk: int, experts: int, ep: int, expert_bytes: float,
-                        row_flop_s: float, bw: float, trials: int = 64) -> float:
+def moe_lockstep_factor(
+    tokens: int, topk: int, experts: int, ep: int, expert_bytes: float, row_flop_s: float, bw: float, trials: int = 64
+) -> float:
     """E[max over EP ranks] / E[one rank] of a rank's expert time proxy under uniform top-k routing:
     max(distinct local experts x expert bytes / BW, rows x FLOPs per row / peak). A step waits for
     its slowest rank; at small batches the experts touched differ from rank to rank. Monte Carlo,
@@ -371,9 +460,9 @@ def moe_lockstep_factor(tokens: int, topk: int, experts: int, ep: int, expert_by
     local = experts // ep
     mx = mean = 0.0
     for _ in range(trials):
-        if tokens <= 256:      # exact: k distinct experts per token
+        if tokens <= 256:  # exact: k distinct experts per token
             choice = np.argpartition(rng.random((tokens, experts)), topk, axis=1)[:, :topk]
-        else:                  # large batches: with replacement (the difference is k/E per token)
+        else:  # large batches: with replacement (the difference is k/E per token)
             choice = rng.integers(0, experts, size=(tokens, topk))
         counts = np.bincount(choice.ravel(), minlength=experts).reshape(ep, local)
         active = (counts > 0).sum(axis=1)
@@ -390,9 +479,15 @@ def _moe_factor(model: MoEModel, topo: Topology, hardware: str, op: Op, roof: Ro
     wb = WEIGHT_BYTES.get(r["dtype"], 2.0)
     peak = {"fp4": hw["fp4"] or hw["fp8"], "fp8": hw["fp8"]}.get(MATH_DTYPE.get(r["dtype"], "bf16"), hw["bf16"])
     T = min(int(r["tokens"]), 16384)
-    return moe_lockstep_factor(T, model.topk, model.experts, topo.ep, 3.0 * model.hidden * model.moe_inter * wb,
-                               2.0 * 3 * model.hidden * model.moe_inter / (peak * roof.eff_flops),
-                               hw["bw"] * roof.eff_bw)
+    return moe_lockstep_factor(
+        T,
+        model.topk,
+        model.experts,
+        topo.ep,
+        3.0 * model.hidden * model.moe_inter * wb,
+        2.0 * 3 * model.hidden * model.moe_inter / (peak * roof.eff_flops),
+        hw["bw"] * roof.eff_bw,
+    )
 
 
 def priced_total(model, topo, hardware, ops, pricer: Pricer) -> float:
@@ -405,8 +500,9 @@ def priced_total(model, topo, hardware, ops, pricer: Pricer) -> float:
     return t
 
 
-def forward_ms(model, topo, hardware, n: int, pricer: Pricer, limit: int, *, kv: int = KV_LO,
-               glue: LayerGlue = LayerGlue()) -> float:
+def forward_ms(
+    model, topo, hardware, n: int, pricer: Pricer, limit: int, *, kv: int = KV_LO, glue: LayerGlue = LayerGlue()
+) -> float:
     t = priced_total(model, topo, hardware, step_ops(model, topo, hardware, n, kv=kv), pricer)
     t += model.layers * (GRAPH_GAP_US_PER_LAYER * 1e-3 + glue.ms(n))
     if n > limit:
@@ -415,8 +511,11 @@ def forward_ms(model, topo, hardware, n: int, pricer: Pricer, limit: int, *, kv:
 
 
 def _attn_only(model, topo, hardware, pricer, *, phase, batch, q, kv) -> float:
-    ops = [op for op in layer_ops(model, topo, hardware, batch * q, phase=phase, batch=batch, q=q, kv=kv)
-           if op.part == "attn_core"]
+    ops = [
+        op
+        for op in layer_ops(model, topo, hardware, batch * q, phase=phase, batch=batch, q=q, kv=kv)
+        if op.part == "attn_core"
+    ]
     return priced_total(model, topo, hardware, ops, pricer)
 
 
@@ -429,28 +528,51 @@ def kv_capacity(model: MoEModel, topo: Topology, hardware: str, max_num_seqs: in
     # param_bytes counts experts as released (fp4: 0.53 B); rescale to the dtype actually served
     released = WEIGHT_BYTES["fp4"] if model.expert_dtype in ("fp4", "w4a16") else WEIGHT_BYTES["fp8"]
     e_scale = WEIGHT_BYTES[_dtypes(model, hardware)[1]] / released
-    per_gpu = dict(attention=pb["attention"] / topo.attn_tp, dense_and_shared=pb["shared_and_dense"] / topo.attn_tp,
-                   router=pb["router"], embeddings=pb["embeddings"] / topo.attn_tp,
-                   routed_experts=pb["routed_experts"] * e_scale / topo.ep, mtp=pb["mtp"] / topo.ep)
+    per_gpu = dict(
+        attention=pb["attention"] / topo.attn_tp,
+        dense_and_shared=pb["shared_and_dense"] / topo.attn_tp,
+        router=pb["router"],
+        embeddings=pb["embeddings"] / topo.attn_tp,
+        routed_experts=pb["routed_experts"] * e_scale / topo.ep,
+        mtp=pb["mtp"] / topo.ep,
+    )
     weights_gb = sum(per_gpu.values()) / 1e9
     windows_gb = max_num_seqs * model.kv_bytes_per_request() / 1e9
     free_gb = hw["hbm_gb"] * MEM_UTIL - weights_gb - ACTIVATION_RESERVE_GB - windows_gb
     mem = {k: round(v / 1e9, 2) for k, v in per_gpu.items()}
-    mem.update(weights_total=round(weights_gb, 2), activation_reserve=ACTIVATION_RESERVE_GB,
-               sliding_windows=round(windows_gb, 2), kv_cache=round(free_gb, 2))
+    mem.update(
+        weights_total=round(weights_gb, 2),
+        activation_reserve=ACTIVATION_RESERVE_GB,
+        sliding_windows=round(windows_gb, 2),
+        kv_cache=round(free_gb, 2),
+    )
     if free_gb <= 1.0:
-        raise InputError(f"{model.name}: weights ({weights_gb:.0f} GB per GPU) leave no KV cache on "
-                         f"{topo.name} x {hw['name']} ({hw['hbm_gb']:.0f} GB); use more GPUs (e.g. dp16-ep16) or FP4 experts")
+        raise InputError(
+            f"{model.name}: weights ({weights_gb:.0f} GB per GPU) leave no KV cache on "
+            f"{topo.name} x {hw['name']} ({hw['hbm_gb']:.0f} GB); use more GPUs (e.g. dp16-ep16) or FP4 experts"
+        )
     return free_gb * 1e9 / 2**30, mem
 
 
-def compose_profile(model: MoEModel, topo: Topology, hardware: str,
-                    table: KernelTable | list[KernelTable] | None = None,
-                    *, name: str | None = None, max_capture: int | None = None, draft_block: int = 7,
-                    max_num_seqs: int = 1024, cpu_overhead_ms: float = 2.0, roofline: Roofline | None = None,
-                    table_error: dict | None = None, command: str = "", zero_ops: frozenset = frozenset(),
-                    layer_records: list[dict] | None = None, layer_source: str = "",
-                    prefer: dict | None = None) -> Profile:
+def compose_profile(
+    model: MoEModel,
+    topo: Topology,
+    hardware: str,
+    table: KernelTable | list[KernelTable] | None = None,
+    *,
+    name: str | None = None,
+    max_capture: int | None = None,
+    draft_block: int = 7,
+    max_num_seqs: int = 1024,
+    cpu_overhead_ms: float = 2.0,
+    roofline: Roofline | None = None,
+    table_error: dict | None = None,
+    command: str = "",
+    zero_ops: frozenset = frozenset(),
+    layer_records: list[dict] | None = None,
+    layer_source: str = "",
+    prefer: dict | None = None,
+) -> Profile:
     """Build the profile (see the module doc). `table`: one kernel table or several in order of
     preference. `table_error`: the measured error of the (first) table against our own
     measurements on comparable hardware, carried into provenance. `zero_ops`: op kinds priced at
@@ -462,7 +584,7 @@ def compose_profile(model: MoEModel, topo: Topology, hardware: str,
     table = tables[0] if tables else None
     glue = fit_layer_glue(model, topo, hardware, pricer, layer_records, layer_source) if layer_records else LayerGlue()
     if max_capture is None:
-        max_capture = 1024 if hardware == "b300" else 512    # vLLM: 1024 on data-center Blackwell
+        max_capture = 1024 if hardware == "b300" else 512  # vLLM: 1024 on data-center Blackwell
     caps = vllm_capture_sizes(max_capture)
     tokens = caps + [t for t in TAIL_TOKENS if t > caps[-1]]
     limit = caps[-1]
@@ -485,17 +607,21 @@ def compose_profile(model: MoEModel, topo: Topology, hardware: str,
     xs_a, ys_a = np.array(xs), np.array(ys)
     attn_mpair = max(0.0, float(xs_a @ ys_a / (xs_a @ xs_a)))
     resid = ys_a - attn_mpair * xs_a
-    lm = [pricer.ms(_op("lm_head", 1, op="gemm", dtype="bf16", m=m, n=model.vocab // topo.attn_tp, k=model.hidden))
-          for m in (8192, 16384)]
+    lm = [
+        pricer.ms(_op("lm_head", 1, op="gemm", dtype="bf16", m=m, n=model.vocab // topo.attn_tp, k=model.hidden))
+        for m in (8192, 16384)
+    ]
     discount = max(0.0, (lm[1] - lm[0]) / 8192 * 1000)
     last_slope = (fwd[-1] - fwd[-2]) / (tokens[-1] - tokens[-2]) * 1000
     discount = min(discount, 0.9 * last_slope)
     draft = {}
     for kind in ("mtp", "eagle3", "dspark"):
-        ms = [priced_total(model, topo, hardware, draft_ops(model, topo, hardware, kind, R, draft_block), pricer)
-              + (3 if kind == "dspark" else 1) * (GRAPH_GAP_US_PER_LAYER * 1e-3
-                                                  + glue.ms(R * (draft_block if kind == "dspark" else 1)))
-              for R in DRAFT_REQUESTS]
+        ms = [
+            priced_total(model, topo, hardware, draft_ops(model, topo, hardware, kind, R, draft_block), pricer)
+            + (3 if kind == "dspark" else 1)
+            * (GRAPH_GAP_US_PER_LAYER * 1e-3 + glue.ms(R * (draft_block if kind == "dspark" else 1)))
+            for R in DRAFT_REQUESTS
+        ]
         draft[kind] = Table(np.array(DRAFT_REQUESTS, dtype=float), np.maximum.accumulate(np.array(ms)))
     draft["block"] = draft["dspark"]
     kv_gib, mem = kv_capacity(model, topo, hardware, max_num_seqs)
@@ -503,8 +629,10 @@ def compose_profile(model: MoEModel, topo: Topology, hardware: str,
     if table is not None:
         # kernel times measured (our own or published silicon tables): a measured profile, composed
         kind = "measured" if table.provenance.get("kind") in ("measured", "silicon-table") else "analytical"
-        src = (f"kernel table {table.name} ({table.provenance.get('kind')}: {table.provenance.get('method', '')}; "
-               f"{table.provenance.get('engine', '')} {table.provenance.get('engine_version', '')})")
+        src = (
+            f"kernel table {table.name} ({table.provenance.get('kind')}: {table.provenance.get('method', '')}; "
+            f"{table.provenance.get('engine', '')} {table.provenance.get('engine_version', '')})"
+        )
         if len(tables) > 1:
             src += "; where it has no record: " + ", ".join(t.name for t in tables[1:])
         src += f"; lookups per table {dict(sorted(pricer.by_table.items()))}"
@@ -516,31 +644,48 @@ def compose_profile(model: MoEModel, topo: Topology, hardware: str,
         kind, src = "analytical", "roofline only (no kernel table)"
     fell = sum(pricer.fallback.values())
     tot = fell + sum(pricer.priced.values())
-    method = (f"composed per kernel op from {src}; {fell} of {tot} op lookups fell back to the roofline "
-              f"({', '.join(sorted(pricer.fallback)) or 'none'}); {topo.describe()}")
-    prov = dict(kind=kind, hardware=f"{topo.gpus} x {hw['name']}", gpus_per_replica=topo.gpus_per_replica,
-                model=model.name, engine="vLLM-like (CUDA graphs at vLLM's capture sizes, chunked prefill)",
-                engine_version="n/a", date=str(_dt.date.today()), method=method,
-                command=command or f"python3 -m dsim.compose profile --model {model.name} --topology {topo.name} "
-                                   f"--hardware {hardware}" + (f" --kernels {table.name}" if table else ""),
-                topology=dict(name=topo.name, gpus_per_node=topo.gpus, attn_tp=topo.attn_tp, attn_dp=topo.attn_dp,
-                              ep=topo.ep),
-                model_source=model.source, hardware_source=hw["source"],
-                assumptions=dict(
-                    expert_dtype=_dtypes(model, hardware)[1], dense_dtype="fp8 block-scaled",
-                    lockstep="DP ranks step together with similar batches; experts wait for the slowest EP rank "
-                             "(uniform top-k routing, EPLB-balanced)" if topo.attn_dp > 1 else
-                             "TP ranks hold the same tokens; experts wait for the slowest EP rank",
-                    graph_gap_us_per_layer=GRAPH_GAP_US_PER_LAYER, eager_us_per_layer=EAGER_US_PER_LAYER,
-                    activation_reserve_gb=ACTIVATION_RESERVE_GB, gpu_memory_utilization=MEM_UTIL,
-                    kv_layout="V4: compressed entries FP8 + bf16 rope, indexer keys FP8; MLA: bf16 latent",
-                    max_num_seqs_windows_reserved=max_num_seqs, draft_block=draft_block,
-                    roofline=roof.provenance["method"]),
-                memory_per_gpu_gb=mem,
-                prefill_fit=dict(points=len(xs), residual_ms_max=round(float(np.abs(resid).max()), 4)))
+    method = (
+        f"composed per kernel op from {src}; {fell} of {tot} op lookups fell back to the roofline "
+        f"({', '.join(sorted(pricer.fallback)) or 'none'}); {topo.describe()}"
+    )
+    prov = dict(
+        kind=kind,
+        hardware=f"{topo.gpus} x {hw['name']}",
+        gpus_per_replica=topo.gpus_per_replica,
+        model=model.name,
+        engine="vLLM-like (CUDA graphs at vLLM's capture sizes, chunked prefill)",
+        engine_version="n/a",
+        date=str(_dt.date.today()),
+        method=method,
+        command=command
+        or f"python3 -m dsim.compose profile --model {model.name} --topology {topo.name} --hardware {hardware}"
+        + (f" --kernels {table.name}" if table else ""),
+        topology=dict(name=topo.name, gpus_per_node=topo.gpus, attn_tp=topo.attn_tp, attn_dp=topo.attn_dp, ep=topo.ep),
+        model_source=model.source,
+        hardware_source=hw["source"],
+        assumptions=dict(
+            expert_dtype=_dtypes(model, hardware)[1],
+            dense_dtype="fp8 block-scaled",
+            lockstep="DP ranks step together with similar batches; experts wait for the slowest EP rank "
+            "(uniform top-k routing, EPLB-balanced)"
+            if topo.attn_dp > 1
+            else "TP ranks hold the same tokens; experts wait for the slowest EP rank",
+            graph_gap_us_per_layer=GRAPH_GAP_US_PER_LAYER,
+            eager_us_per_layer=EAGER_US_PER_LAYER,
+            activation_reserve_gb=ACTIVATION_RESERVE_GB,
+            gpu_memory_utilization=MEM_UTIL,
+            kv_layout="V4: compressed entries FP8 + bf16 rope, indexer keys FP8; MLA: bf16 latent",
+            max_num_seqs_windows_reserved=max_num_seqs,
+            draft_block=draft_block,
+            roofline=roof.provenance["method"],
+        ),
+        memory_per_gpu_gb=mem,
+        prefill_fit=dict(points=len(xs), residual_ms_max=round(float(np.abs(resid).max()), 4)),
+    )
     if table is not None:
-        prov["kernel_table"] = dict(name=table.name, file=table.source_path.split("profiles/")[-1],
-                                    provenance=table.provenance)
+        prov["kernel_table"] = dict(
+            name=table.name, file=table.source_path.split("profiles/")[-1], provenance=table.provenance
+        )
         if len(tables) > 1:
             prov["kernel_table_fallbacks"] = [dict(name=t.name, provenance=t.provenance) for t in tables[1:]]
     if glue.fit:
@@ -550,14 +695,21 @@ def compose_profile(model: MoEModel, topo: Topology, hardware: str,
     return Profile(
         name=name or f"{model.name}-{hardware}-{topo.name}",
         provenance=prov,
-        kv_cache_gib=round(float(kv_gib), 2), kv_bytes_per_token=float(model.kv_bytes_per_token()),
-        cpu_overhead_ms=cpu_overhead_ms, capture_sizes=tuple(caps),
-        forward=Table(np.array(tokens, dtype=float), fwd), kv_ms_per_ktok=float(slope_ms_per_tok * 1000),
-        draft=draft, prefill_discount_ms_per_ktok=float(discount), prefill_attn_ms_per_mpair=attn_mpair)
+        kv_cache_gib=round(float(kv_gib), 2),
+        kv_bytes_per_token=float(model.kv_bytes_per_token()),
+        cpu_overhead_ms=cpu_overhead_ms,
+        capture_sizes=tuple(caps),
+        forward=Table(np.array(tokens, dtype=float), fwd),
+        kv_ms_per_ktok=float(slope_ms_per_tok * 1000),
+        draft=draft,
+        prefill_discount_ms_per_ktok=float(discount),
+        prefill_attn_ms_per_mpair=attn_mpair,
+    )
 
 
-def required_ops(model: MoEModel, topo: Topology, hardware: str, max_capture: int | None = None,
-                 draft_block: int = 7) -> list[dict]:
+def required_ops(
+    model: MoEModel, topo: Topology, hardware: str, max_capture: int | None = None, draft_block: int = 7
+) -> list[dict]:
     """Every op record compose_profile looks up (without 'ms'), deduplicated, sorted."""
     if max_capture is None:
         max_capture = 1024 if hardware == "b300" else 512
@@ -567,12 +719,18 @@ def required_ops(model: MoEModel, topo: Topology, hardware: str, max_capture: in
     for n in tokens:
         ops += step_ops(model, topo, hardware, n)
     for kv in (KV_LO, KV_HI):
-        ops += [o for o in layer_ops(model, topo, hardware, SLOPE_BATCH, batch=SLOPE_BATCH, q=1, kv=kv)
-                if o.part == "attn_core"]
+        ops += [
+            o
+            for o in layer_ops(model, topo, hardware, SLOPE_BATCH, batch=SLOPE_BATCH, q=1, kv=kv)
+            if o.part == "attn_core"
+        ]
     for qn in PREFILL_Q:
         for c in PREFILL_KV:
-            ops += [o for o in layer_ops(model, topo, hardware, qn, phase="prefill", batch=1, q=qn, kv=c)
-                    if o.part == "attn_core"]
+            ops += [
+                o
+                for o in layer_ops(model, topo, hardware, qn, phase="prefill", batch=1, q=qn, kv=c)
+                if o.part == "attn_core"
+            ]
     for m in (8192, 16384):
         ops.append(_op("lm_head", 1, op="gemm", dtype="bf16", m=m, n=model.vocab // topo.attn_tp, k=model.hidden))
     for kind in ("mtp", "eagle3", "dspark"):
@@ -593,26 +751,39 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--hardware", required=True, choices=sorted(HARDWARE))
         p.add_argument("--max-capture", type=int, default=None)
         p.add_argument("--draft-block", type=int, default=7)
-        p.add_argument("--expert-dtype", choices=("fp8", "fp4", "w4a16"), default=None,
-                       help="serve the routed experts in this dtype (default: as released where the hardware runs "
-                            "it natively, else the FP8-expert variant)")
+        p.add_argument(
+            "--expert-dtype",
+            choices=("fp8", "fp4", "w4a16"),
+            default=None,
+            help="serve the routed experts in this dtype (default: as released where the hardware runs "
+            "it natively, else the FP8-expert variant)",
+        )
     prof = sub.choices["profile"]
-    prof.add_argument("--kernels", default=None, help="kernel table(s), comma-separated in order of preference "
-                                                      "(profiles/kernels/NAME.json); roofline if absent")
+    prof.add_argument(
+        "--kernels",
+        default=None,
+        help="kernel table(s), comma-separated in order of preference (profiles/kernels/NAME.json); roofline if absent",
+    )
     prof.add_argument("--prefer", default="", help="op=TABLE,...: the table asked first for that op kind")
     prof.add_argument("--zero-ops", default="", help="op kinds priced at 0, e.g. comm (a one-GPU shard check)")
-    prof.add_argument("--layer-records", default=None,
-                      help="JSON of measured 'layer' records: fit the per-layer glue on them (half fit, half check)")
+    prof.add_argument(
+        "--layer-records",
+        default=None,
+        help="JSON of measured 'layer' records: fit the per-layer glue on them (half fit, half check)",
+    )
     prof.add_argument("--name", default=None)
     prof.add_argument("--out", required=True)
-    prof.add_argument("--table-error", default=None, help="JSON file: the table's measured error (carried into provenance)")
+    prof.add_argument(
+        "--table-error", default=None, help="JSON file: the table's measured error (carried into provenance)"
+    )
     a = ap.parse_args(argv)
     try:
         model = load_model(a.model)
         if a.expert_dtype:
             if a.expert_dtype == "fp4" and HARDWARE[a.hardware]["fp4"] is None:
-                raise InputError(f"--expert-dtype fp4: {HARDWARE[a.hardware]['name']} has no FP4 tensor cores "
-                                 "(use w4a16 or fp8)")
+                raise InputError(
+                    f"--expert-dtype fp4: {HARDWARE[a.hardware]['name']} has no FP4 tensor cores (use w4a16 or fp8)"
+                )
             model = dataclasses.replace(model, expert_dtype=a.expert_dtype)
         topo = parse_topology(a.topology)
         if a.cmd == "required-ops":
@@ -633,9 +804,21 @@ def main(argv: list[str] | None = None) -> int:
             layer_recs = d["records"] if isinstance(d, dict) else d
         err = json.loads(open(a.table_error).read()) if a.table_error else None
         cmd = "python3 -m dsim.compose " + " ".join(argv if argv is not None else sys.argv[1:])
-        prof_ = compose_profile(model, topo, a.hardware, table, name=a.name, max_capture=a.max_capture,
-                                draft_block=a.draft_block, table_error=err, command=cmd, zero_ops=zero,
-                                layer_records=layer_recs, layer_source=a.layer_records or "", prefer=prefer)
+        prof_ = compose_profile(
+            model,
+            topo,
+            a.hardware,
+            table,
+            name=a.name,
+            max_capture=a.max_capture,
+            draft_block=a.draft_block,
+            table_error=err,
+            command=cmd,
+            zero_ops=zero,
+            layer_records=layer_recs,
+            layer_source=a.layer_records or "",
+            prefer=prefer,
+        )
         save_profile(prof_, a.out)
         print(f"wrote {a.out}: {prof_.label}")
         return 0

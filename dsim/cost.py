@@ -19,6 +19,7 @@ that per-step correction; both are 0 unless the profile says otherwise.
 
 Preconditions: n_tokens >= 1, kv_tokens >= 0. Postcondition: step_ms is non-decreasing in both.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -31,11 +32,10 @@ import yaml
 
 from dsim.errors import InputError, plain
 
-PROVENANCE_FIELDS = ("kind", "hardware", "gpus_per_replica", "model", "engine", "engine_version",
-                     "date", "method")
+PROVENANCE_FIELDS = ("kind", "hardware", "gpus_per_replica", "model", "engine", "engine_version", "date", "method")
 DRAFT_KINDS = ("mtp", "eagle3", "block", "dspark")
 KV_BLOCK_TOKENS = 16
-DENSE_TOKENS = 16384        # forward cost tabulated densely up to this many tokens per step
+DENSE_TOKENS = 16384  # forward cost tabulated densely up to this many tokens per step
 
 
 def vllm_capture_sizes(max_capture: int = 512) -> list[int]:
@@ -47,6 +47,7 @@ def vllm_capture_sizes(max_capture: int = 512) -> list[int]:
 @dataclass(frozen=True)
 class Table:
     """A cost table: x strictly increasing, ms the cost at each x."""
+
     x: np.ndarray
     ms: np.ndarray
 
@@ -61,12 +62,12 @@ class Profile:
     capture_sizes: tuple
     forward: Table
     kv_ms_per_ktok: float
-    draft: dict = field(default_factory=dict)      # kind -> Table keyed by request count
-    prefill_discount_ms_per_ktok: float = 0.0      # prefill_terms.discount_ms_per_ktok (see module doc)
-    prefill_attn_ms_per_mpair: float = 0.0         # prefill_terms.attention_ms_per_mpair
+    draft: dict = field(default_factory=dict)  # kind -> Table keyed by request count
+    prefill_discount_ms_per_ktok: float = 0.0  # prefill_terms.discount_ms_per_ktok (see module doc)
+    prefill_attn_ms_per_mpair: float = 0.0  # prefill_terms.attention_ms_per_mpair
     source_path: str = ""
-    extra: dict = field(default_factory=dict)      # other keys kept for provenance (fit errors...)
-    max_model_len: int | None = None               # longest prompt + output (None: not limited)
+    extra: dict = field(default_factory=dict)  # other keys kept for provenance (fit errors...)
+    max_model_len: int | None = None  # longest prompt + output (None: not limited)
 
     @property
     def gpus_per_replica(self) -> int:
@@ -80,25 +81,27 @@ class Profile:
     def label(self) -> str:
         """One line saying what this profile is and how it was obtained."""
         p = self.provenance
-        return (f"{self.name} [{p.get('kind')}] {p.get('model')} on {p.get('hardware')} "
-                f"x{p.get('gpus_per_replica')} ({p.get('method')}, {p.get('date')})")
+        return (
+            f"{self.name} [{p.get('kind')}] {p.get('model')} on {p.get('hardware')} "
+            f"x{p.get('gpus_per_replica')} ({p.get('method')}, {p.get('date')})"
+        )
 
 
-MAX_STEP_TOKENS = 10_000_000     # a table's token / request sizes
-MAX_COST_MS = 1e6                # any one cost (ms): more is not a step of an engine
-MAX_KV_CACHE_GIB = 1e6           # a replica's KV cache (a PiB)
+MAX_STEP_TOKENS = 10_000_000  # a table's token / request sizes
+MAX_COST_MS = 1e6  # any one cost (ms): more is not a step of an engine
+MAX_KV_CACHE_GIB = 1e6  # a replica's KV cache (a PiB)
 MAX_GPUS_PER_REPLICA = 4096
 MAX_MODEL_LEN = 100_000_000
 
 
 def _table(raw, doc, keys: tuple, xkey: str) -> Table:
     from dsim import schema as S
+
     S.mapping(raw, doc, *keys, required=(xkey, "ms"))
     x = S.number_list(raw[xkey], doc, *keys, xkey, lo=1, hi=MAX_STEP_TOKENS, ints=True, increasing=True)
     ms = S.number_list(raw["ms"], doc, *keys, "ms", lo=0, hi=MAX_COST_MS)
     if len(x) != len(ms):
-        raise InputError(f"{doc.at(*keys, 'ms')}: has {len(ms)} values, {xkey} has {len(x)} "
-                         "(one cost per size)")
+        raise InputError(f"{doc.at(*keys, 'ms')}: has {len(ms)} values, {xkey} has {len(x)} (one cost per size)")
     return Table(np.asarray(x, dtype=np.float64), np.asarray(ms, dtype=np.float64))
 
 
@@ -106,25 +109,25 @@ def profile_from_dict(d: dict, path: str = "<profile>", doc=None) -> Profile:
     """Validate a parsed profile; raise InputError naming the file, line (when ``doc`` carries
     the file's line marks, as load_profile's does), field and bad value, one field at a time."""
     from dsim import schema as S
+
     doc = doc if doc is not None else S.Doc(str(path))
     if not isinstance(d, dict):
         raise InputError(f"{doc.at()}: not a mapping (a profile has name, provenance, memory, ...)")
-    for key in ("name", "provenance", "memory", "capture_sizes", "forward", "kv_ms_per_ktok",
-                "cpu_overhead_ms"):
+    for key in ("name", "provenance", "memory", "capture_sizes", "forward", "kv_ms_per_ktok", "cpu_overhead_ms"):
         if key not in d:
             raise InputError(f"{doc.at()}: missing field '{key}'")
     name = S.text(d["name"], doc, "name")
     prov = S.mapping(d["provenance"], doc, "provenance", required=PROVENANCE_FIELDS)
     if prov["kind"] not in ("measured", "analytical", "calibrated"):
-        raise InputError(f"{doc.at('provenance', 'kind')}: must be measured, analytical or calibrated, "
-                         f"got {plain(prov['kind'])}")
+        raise InputError(
+            f"{doc.at('provenance', 'kind')}: must be measured, analytical or calibrated, got {plain(prov['kind'])}"
+        )
     gpr = S.integer(prov["gpus_per_replica"], doc, "provenance", "gpus_per_replica", lo=1, hi=MAX_GPUS_PER_REPLICA)
     prov = dict(prov, gpus_per_replica=gpr)
     mem = S.mapping(d["memory"], doc, "memory", required=("kv_cache_gib", "kv_bytes_per_token"))
     kv_gib = S.number(mem["kv_cache_gib"], doc, "memory", "kv_cache_gib", lo=0, lo_open=True, hi=MAX_KV_CACHE_GIB)
     kv_bpt = S.number(mem["kv_bytes_per_token"], doc, "memory", "kv_bytes_per_token", lo=1)
-    caps = S.number_list(d["capture_sizes"], doc, "capture_sizes", lo=1, hi=MAX_STEP_TOKENS, ints=True,
-                         increasing=True)
+    caps = S.number_list(d["capture_sizes"], doc, "capture_sizes", lo=1, hi=MAX_STEP_TOKENS, ints=True, increasing=True)
     fwd = _table(d["forward"], doc, ("forward",), "tokens")
     missing = sorted(set(caps) - set(fwd.x.astype(int).tolist()))
     if missing:
@@ -150,45 +153,74 @@ def profile_from_dict(d: dict, path: str = "<profile>", doc=None) -> Profile:
     bad = np.flatnonzero(fwd.ms < disc * fwd.x / 1000.0 - 1e-9)
     if len(bad):
         i = int(bad[0])
-        raise InputError(f"{doc.at('prefill_terms', 'discount_ms_per_ktok')} {disc:g}: exceeds forward.ms[{i}] "
-                         f"= {fwd.ms[i]:g} ms for {int(fwd.x[i])} tokens (inconsistent profile)")
-    known = {"name", "provenance", "memory", "capture_sizes", "forward", "kv_ms_per_ktok",
-             "cpu_overhead_ms", "draft", "prefill_terms", "max_model_len"}
-    return Profile(name=name, provenance=prov, kv_cache_gib=kv_gib,
-                   kv_bytes_per_token=kv_bpt, cpu_overhead_ms=cpu, capture_sizes=tuple(caps),
-                   forward=fwd, kv_ms_per_ktok=kv_slope, draft=draft,
-                   prefill_discount_ms_per_ktok=disc, prefill_attn_ms_per_mpair=attn,
-                   source_path=str(path), extra={k: v for k, v in d.items() if k not in known},
-                   max_model_len=max_len)
+        raise InputError(
+            f"{doc.at('prefill_terms', 'discount_ms_per_ktok')} {disc:g}: exceeds forward.ms[{i}] "
+            f"= {fwd.ms[i]:g} ms for {int(fwd.x[i])} tokens (inconsistent profile)"
+        )
+    known = {
+        "name",
+        "provenance",
+        "memory",
+        "capture_sizes",
+        "forward",
+        "kv_ms_per_ktok",
+        "cpu_overhead_ms",
+        "draft",
+        "prefill_terms",
+        "max_model_len",
+    }
+    return Profile(
+        name=name,
+        provenance=prov,
+        kv_cache_gib=kv_gib,
+        kv_bytes_per_token=kv_bpt,
+        cpu_overhead_ms=cpu,
+        capture_sizes=tuple(caps),
+        forward=fwd,
+        kv_ms_per_ktok=kv_slope,
+        draft=draft,
+        prefill_discount_ms_per_ktok=disc,
+        prefill_attn_ms_per_mpair=attn,
+        source_path=str(path),
+        extra={k: v for k, v in d.items() if k not in known},
+        max_model_len=max_len,
+    )
 
 
 def _prefill_terms(raw, doc) -> tuple[float, float]:
     from dsim import schema as S
+
     if raw is None:
         return 0.0, 0.0
     if not isinstance(raw, dict) or set(raw) - {"discount_ms_per_ktok", "attention_ms_per_mpair"}:
         raise InputError(f"{doc.at('prefill_terms')}: a mapping of discount_ms_per_ktok and attention_ms_per_mpair")
-    return tuple(S.number(raw.get(key, 0.0), doc, "prefill_terms", key, lo=0, hi=MAX_COST_MS)
-                 for key in ("discount_ms_per_ktok", "attention_ms_per_mpair"))
+    return tuple(
+        S.number(raw.get(key, 0.0), doc, "prefill_terms", key, lo=0, hi=MAX_COST_MS)
+        for key in ("discount_ms_per_ktok", "attention_ms_per_mpair")
+    )
 
 
 def profile_to_dict(p: Profile) -> dict:
-    d = {"name": p.name, "provenance": dict(p.provenance),
-         "memory": {"kv_cache_gib": float(p.kv_cache_gib),
-                    "kv_bytes_per_token": float(p.kv_bytes_per_token)},
-         "cpu_overhead_ms": float(p.cpu_overhead_ms),
-         "capture_sizes": [int(c) for c in p.capture_sizes],
-         "forward": {"tokens": [int(x) for x in p.forward.x],
-                     "ms": [round(float(v), 5) for v in p.forward.ms]},
-         "kv_ms_per_ktok": float(p.kv_ms_per_ktok)}
+    d = {
+        "name": p.name,
+        "provenance": dict(p.provenance),
+        "memory": {"kv_cache_gib": float(p.kv_cache_gib), "kv_bytes_per_token": float(p.kv_bytes_per_token)},
+        "cpu_overhead_ms": float(p.cpu_overhead_ms),
+        "capture_sizes": [int(c) for c in p.capture_sizes],
+        "forward": {"tokens": [int(x) for x in p.forward.x], "ms": [round(float(v), 5) for v in p.forward.ms]},
+        "kv_ms_per_ktok": float(p.kv_ms_per_ktok),
+    }
     if p.max_model_len is not None:
         d["max_model_len"] = int(p.max_model_len)
     if p.prefill_discount_ms_per_ktok or p.prefill_attn_ms_per_mpair:
-        d["prefill_terms"] = {"discount_ms_per_ktok": float(p.prefill_discount_ms_per_ktok),
-                              "attention_ms_per_mpair": float(p.prefill_attn_ms_per_mpair)}
+        d["prefill_terms"] = {
+            "discount_ms_per_ktok": float(p.prefill_discount_ms_per_ktok),
+            "attention_ms_per_mpair": float(p.prefill_attn_ms_per_mpair),
+        }
     if p.draft:
-        d["draft"] = {k: {"requests": [int(x) for x in t.x], "ms": [round(float(v), 5) for v in t.ms]}
-                      for k, t in p.draft.items()}
+        d["draft"] = {
+            k: {"requests": [int(x) for x in t.x], "ms": [round(float(v), 5) for v in t.ms]} for k, t in p.draft.items()
+        }
     d.update(p.extra)
     return d
 
@@ -240,6 +272,7 @@ def load_profile(name_or_path: str | None = None) -> Profile:
     """A validated profile by name or path; its max_model_len defaults to the profile's
     provenance.max_model_len, else none (requests limited by the KV cache only)."""
     from dsim import schema as S
+
     path = resolve_profile_path(DEFAULT_PROFILE if name_or_path is None else name_or_path)
     d, doc = S.read_document(path, kind="json" if path.suffix.lower() == ".json" else "yaml")
     return profile_from_dict(d, str(path), doc)
@@ -256,7 +289,7 @@ class CostModel:
     def __init__(self, profile: Profile, cost_scale: float = 1.0):
         self.profile = profile
         x = profile.forward.x
-        ms = np.maximum.accumulate(profile.forward.ms) * cost_scale   # vLLM: force non-decreasing
+        ms = np.maximum.accumulate(profile.forward.ms) * cost_scale  # vLLM: force non-decreasing
         self.limit = int(profile.capture_sizes[-1])
         self.kv_ms_per_tok = profile.kv_ms_per_ktok * cost_scale / 1000.0
         self.cpu_overhead_ms = profile.cpu_overhead_ms
@@ -274,22 +307,24 @@ class CostModel:
         self._ams = ms[above]
         if len(self._ax) >= 2:
             self._slope = (self._ams[-1] - self._ams[-2]) / (self._ax[-1] - self._ax[-2])
-        else:   # only the limit point: extrapolate the slope of the last two points overall
+        else:  # only the limit point: extrapolate the slope of the last two points overall
             self._slope = (ms[-1] - ms[-2]) / (x[-1] - x[-2]) if len(x) >= 2 else 0.0
         self._slope = float(max(self._slope, 0.0))
         if self.prefill_discount_ms_per_tok > self._slope + 1e-12:
             # past the table the last slope is extrapolated: it must also pay for a prompt token's
             # discount, else a large prefill step would cost less than nothing
-            raise InputError(f"{profile.source_path or profile.name}: prefill_terms.discount_ms_per_ktok "
-                             f"{profile.prefill_discount_ms_per_ktok:g}: exceeds the forward table's last slope "
-                             f"({self._slope / cost_scale * 1000:g} ms per 1000 tokens, extrapolated past "
-                             f"{int(x[-1])} tokens) (inconsistent profile)")
+            raise InputError(
+                f"{profile.source_path or profile.name}: prefill_terms.discount_ms_per_ktok "
+                f"{profile.prefill_discount_ms_per_ktok:g}: exceeds the forward table's last slope "
+                f"({self._slope / cost_scale * 1000:g} ms per 1000 tokens, extrapolated past "
+                f"{int(x[-1])} tokens) (inconsistent profile)"
+            )
         self._ax_list, self._ams_list = self._ax.tolist(), self._ams.tolist()
         # The whole curve up to a large step as one array: the verify-budget policies evaluate
         # it at every b in 0..R*K each step.
         grid = np.arange(DENSE_TOKENS + 1)
         self._dense = self._below[np.minimum(grid, self.limit)].copy()
-        self._dense[self.limit + 1:] = self._above(grid[self.limit + 1:])
+        self._dense[self.limit + 1 :] = self._above(grid[self.limit + 1 :])
         self._draft = {}
         for kind, t in profile.draft.items():
             self._draft[kind] = (t.x, np.maximum.accumulate(t.ms) * cost_scale)
@@ -315,9 +350,9 @@ class CostModel:
         n = np.asarray(n_tokens, dtype=np.int64)
         if n.ndim and n.size:
             top = n.max()
-            if top <= self.limit:                            # the common case: one table lookup
+            if top <= self.limit:  # the common case: one table lookup
                 return self._below[n]
-            if top < len(self._dense):                       # within a step's token budget
+            if top < len(self._dense):  # within a step's token budget
                 return self._dense[n]
         small = np.minimum(n, self.limit)
         out = self._below[small]
@@ -336,7 +371,7 @@ class CostModel:
         ax, ams = self._ax_list, self._ams_list
         if n >= ax[-1]:
             return ams[-1] + self._slope * (n - ax[-1])
-        i = bisect.bisect_right(ax, n)          # ax[i-1] <= n < ax[i]
+        i = bisect.bisect_right(ax, n)  # ax[i-1] <= n < ax[i]
         x0, x1 = ax[i - 1], ax[i]
         return ams[i - 1] + (ams[i] - ams[i - 1]) * (n - x0) / (x1 - x0)
 
@@ -384,4 +419,3 @@ class CostModel:
             return float(ms[min(np.searchsorted(x, n_requests, side="left"), len(x) - 1)])
         slope = (ms[-1] - ms[-2]) / (x[-1] - x[-2]) if len(x) >= 2 else 0.0
         return float(ms[-1] + max(slope, 0.0) * (n_requests - x[-1]))
-

@@ -23,6 +23,7 @@ a KV shortage, a wake-up by an arrival); later steps are dropped. This is exact:
 come from its own stream per draft round, so every committed step is what a one-by-one loop
 produces (tested for every method and policy).
 """
+
 from __future__ import annotations
 
 import math
@@ -41,24 +42,25 @@ from dsim.spec import SpecRuntime
 
 @dataclass(frozen=True)
 class EngineConfig:
-    max_num_seqs: int = 1024                 # vLLM default on H100/H200-class GPUs
-    max_num_batched_tokens: int = 8192       # vLLM default on H100/H200-class GPUs
-    long_prefill_token_threshold: int = 0    # 0: off
+    max_num_seqs: int = 1024  # vLLM default on H100/H200-class GPUs
+    max_num_batched_tokens: int = 8192  # vLLM default on H100/H200-class GPUs
+    long_prefill_token_threshold: int = 0  # 0: off
     enable_prefix_caching: bool = False
-    async_scheduling: bool = False           # overlap CPU scheduling with the GPU step
-    max_window: int = 32                     # decode steps simulated at once
-    record_shapes: bool = False              # keep each step's (query tokens, context) per request
+    async_scheduling: bool = False  # overlap CPU scheduling with the GPU step
+    max_window: int = 32  # decode steps simulated at once
+    record_shapes: bool = False  # keep each step's (query tokens, context) per request
 
 
 @dataclass(frozen=True)
 class StepRecord:
     """What one engine step produced (the per-step table has one row of these per step)."""
+
     replica: int
     t_end_s: float
     duration_ms: float
-    n_requests: int          # scheduled requests
-    n_decode: int            # requests verifying/decoding
-    n_tokens: int            # tokens in the target forward
+    n_requests: int  # scheduled requests
+    n_decode: int  # requests verifying/decoding
+    n_tokens: int  # tokens in the target forward
     prefill_tokens: int
     verify_draft_tokens: int  # draft tokens verified
     accepted_tokens: int
@@ -81,6 +83,7 @@ class StepPlan:
     cap). The running prefills ``prefill_ids`` compute ``prefill_chunks`` tokens. ``kv_tokens``:
     KV entries the forward reads; ``forward_ms``: the target forward; ``duration_ms``: the
     step's wall time (forward + drafter + CPU overhead)."""
+
     n_decode: int
     decode_given: np.ndarray | None
     conf: np.ndarray | None
@@ -102,6 +105,7 @@ class DecodeOutcome:
     drafted (``drafted`` each step), verified, accepted (inside the commit cap) and committed
     tokens (accepted + 1 a step, capped by the request's remaining output; 0 for a decode the
     budget gave no token), and per step the totals (``step_emitted``: committed tokens)."""
+
     steps: int
     drafted: int
     verified: np.ndarray
@@ -150,11 +154,11 @@ class Requests:
         self.generated = [0] * n
         self.blocks = [0] * n
         self.preemptions = [0] * n
-        self.seq = [0] * n                   # admission order on its replica (preemption victims)
+        self.seq = [0] * n  # admission order on its replica (preemption victims)
         self.cached_tokens = [0] * n
         self.replica = np.full(n, -1, dtype=np.int64)
         self.latent = np.zeros(n)
-        self.spec_counts: dict = {}          # rid -> (rounds, accepted, verified) while preempted
+        self.spec_counts: dict = {}  # rid -> (rounds, accepted, verified) while preempted
         # Per request, the float32 rows its decode slot carries (Replica.X; built by the first
         # replica): acceptance-model slot offsets, then the confidences of its previous draft
         # rounds (ones before its first; written back here when it is preempted).
@@ -167,8 +171,8 @@ class SpecStats:
     def __init__(self, k: int, n_classes: int, head_sample_cap: int = 60_000):
         self.k = k
         self.num_drafts = 0
-        self.num_draft_tokens = 0           # vLLM counter: full K per draft round
-        self.verified_draft_tokens = 0      # drafts actually verified (the window)
+        self.num_draft_tokens = 0  # vLLM counter: full K per draft round
+        self.verified_draft_tokens = 0  # drafts actually verified (the window)
         # Histogram of accepted drafts per round (0..K), counted by the commit kernel;
         # accepted_per_pos derives from it.
         self.accepted_hist = np.zeros(max(k, 1) + 1, dtype=np.int64)
@@ -191,7 +195,7 @@ class SpecStats:
         return self.accepted_hist[::-1].cumsum()[::-1][1:]
 
 
-_LAST, _ITLMAX = range(2)                              # float64 columns of Replica.F
+_LAST, _ITLMAX = range(2)  # float64 columns of Replica.F
 
 
 class Replica:
@@ -209,9 +213,20 @@ class Replica:
     buffers in place; prefilling requests are a short Python list.
     """
 
-    def __init__(self, idx: int, env: simpy.Environment, reqs: Requests, cost: CostModel,
-                 cfg: EngineConfig, spec: SpecRuntime | None, stats: SpecStats, on_finish,
-                 draw_key: int = 0, prefix_hashes=None, prefix_block_tokens: int = 512):
+    def __init__(
+        self,
+        idx: int,
+        env: simpy.Environment,
+        reqs: Requests,
+        cost: CostModel,
+        cfg: EngineConfig,
+        spec: SpecRuntime | None,
+        stats: SpecStats,
+        on_finish,
+        draw_key: int = 0,
+        prefix_hashes=None,
+        prefix_block_tokens: int = 512,
+    ):
         self.idx = idx
         self.env = env
         self.R = reqs
@@ -219,7 +234,7 @@ class Replica:
         self.cfg = cfg
         self.spec = spec
         K = self.K = spec.k if spec is not None else 0
-        self.key = int(draw_key)            # the draws' run key (dsim.kernels_step)
+        self.key = int(draw_key)  # the draws' run key (dsim.kernels_step)
         self.stats = stats
         self.on_finish = on_finish
         pol = spec.policy if K else None
@@ -244,17 +259,17 @@ class Replica:
         self._ctx_ms_per_tok = cost.kv_ms_per_tok if pol is not None and pol.prices_context else 0.0
         self._no_row = np.zeros(1)
         self._no_steps = np.zeros((0, 0), dtype=np.int64)
-        self._no_cut = np.full(16, -1, dtype=np.int64)           # decode_given of an uncut step
+        self._no_cut = np.full(16, -1, dtype=np.int64)  # decode_given of an uncut step
         self._fwd = cost.forward_table()
         cap = 16
-        self.n = 0                           # live decode slots
+        self.n = 0  # live decode slots
         self._I = np.zeros((cap, NCOL), dtype=np.int64)
         self._F = np.zeros((cap, 2), dtype=np.float64)
         self._X = np.zeros((rows, cap), dtype=np.float32)
-        self.pre: list = []                  # request ids prefilling, in queue order
+        self.pre: list = []  # request ids prefilling, in queue order
         self.admit_seq = 0
         self.waiting: deque = deque()
-        self.kv_dec = 0                      # sum of the decode slots' KV tokens
+        self.kv_dec = 0  # sum of the decode slots' KV tokens
         # The smallest output any decode slot still has to emit (exact after each commit, a
         # lower bound after admissions): no completion check is needed while it stays positive.
         self.left_lb = 0
@@ -262,32 +277,32 @@ class Replica:
         # (vLLM allocates slots for the drafts), a function of its KV tokens: the total is
         # checked against a cheap upper bound from kv_dec and computed exactly only near a full cache.
         self.total_blocks = cost.profile.kv_capacity_blocks
-        self.pre_blocks = 0                  # blocks held by requests still prefilling
+        self.pre_blocks = 0  # blocks held by requests still prefilling
         self.lookahead = 1 + K
         self.cpu_ms = 0.0 if cfg.async_scheduling else cost.cpu_overhead_ms
         self.prev_end = -1.0
-        self._last_is_prev_end = True        # every decode slot last emitted at prev_end (see _itl)
-        self.steps: list = []                # rows of the step table (STEP_FIELDS order)
-        self.finished: list = []             # (slot rows, float rows, finish time) to flush
-        self.itl_vals: list = []             # (gap_ms, count) pairs: ITL samples, run-length coded
+        self._last_is_prev_end = True  # every decode slot last emitted at prev_end (see _itl)
+        self.steps: list = []  # rows of the step table (STEP_FIELDS order)
+        self.finished: list = []  # (slot rows, float rows, finish time) to flush
+        self.itl_vals: list = []  # (gap_ms, count) pairs: ITL samples, run-length coded
         self.wake = env.event()
         self.prefix_hashes = prefix_hashes
         self.prefix_block_tokens = prefix_block_tokens
         self.prefix_cache: OrderedDict = OrderedDict()
         self.prefix_cap = max(1, self.total_blocks * KV_BLOCK_TOKENS // prefix_block_tokens)
         self.draft_cache: dict = {}
-        self.shapes: list | None = [] if cfg.record_shapes else None   # for --step-log
-        self.next_arrival = lambda: None      # set by the simulation: time of the next open-loop arrival
+        self.shapes: list | None = [] if cfg.record_shapes else None  # for --step-log
+        self.next_arrival = lambda: None  # set by the simulation: time of the next open-loop arrival
         self.proc = env.process(self.loop())
 
     # ---- decode-slot buffers ----------------------------------------------------------------
     @property
     def I(self) -> np.ndarray:  # noqa: E743 - the decode-slot matrix, named as in the engine doc
-        return self._I[:self.n]
+        return self._I[: self.n]
 
     @property
     def F(self) -> np.ndarray:
-        return self._F[:self.n]
+        return self._F[: self.n]
 
     def _append_slots(self, rows: list, frows: list, cols: list):
         m = len(rows)
@@ -308,18 +323,18 @@ class Replica:
             if self.K:
                 self._X[:, n] = self.R.slot_rows[:, cols[0]]
         else:
-            self._I[n:n + m] = rows
-            self._F[n:n + m] = frows
+            self._I[n : n + m] = rows
+            self._F[n : n + m] = frows
             if self.K:
-                self._X[:, n:n + m] = self.R.slot_rows[:, cols]
+                self._X[:, n : n + m] = self.R.slot_rows[:, cols]
         self.n = n + m
 
     def _remove_slot(self, j: int):
         n = self.n
-        self._I[j:n - 1] = self._I[j + 1:n]
-        self._F[j:n - 1] = self._F[j + 1:n]
+        self._I[j : n - 1] = self._I[j + 1 : n]
+        self._F[j : n - 1] = self._F[j + 1 : n]
         if self.K:
-            self._X[:, j:n - 1] = self._X[:, j + 1:n]
+            self._X[:, j : n - 1] = self._X[:, j + 1 : n]
         self.n = n - 1
 
     # ---- interface used by the router -------------------------------------------------------
@@ -333,9 +348,11 @@ class Replica:
         # refuses to start with max_model_len above the cache): say so on arrival.
         need = -(-(R.prompt_l[rid] + R.output_l[rid] - 1 + self.lookahead) // KV_BLOCK_TOKENS)
         if need > self.total_blocks:
-            raise InputError(f"request {rid}: {R.prompt_l[rid]} prompt + {R.output_l[rid]} output tokens "
-                             f"need {need} KV blocks, the cache holds {self.total_blocks} "
-                             f"(profile memory.kv_cache_gib)")
+            raise InputError(
+                f"request {rid}: {R.prompt_l[rid]} prompt + {R.output_l[rid]} output tokens "
+                f"need {need} KV blocks, the cache holds {self.total_blocks} "
+                f"(profile memory.kv_cache_gib)"
+            )
         self.waiting.append(rid)
         self.R.replica[rid] = self.idx
         if not self.wake.triggered:
@@ -392,7 +409,7 @@ class Replica:
                 yield from self._decode_window()
                 continue
             plan = self._plan_step(False)
-            if plan is None:                 # nothing could be scheduled: wait for an event
+            if plan is None:  # nothing could be scheduled: wait for an event
                 self.wake = env.event()
                 yield self.wake
                 continue
@@ -422,7 +439,7 @@ class Replica:
             R.itl_max[rid] = frow[_ITLMAX]
             self.kv_dec -= int(row[COMP])
             if self.K:
-                R.slot_rows[:, rid] = self._X[:, j]    # its confidences, kept for its resumption
+                R.slot_rows[:, rid] = self._X[:, j]  # its confidences, kept for its resumption
             self._remove_slot(j)
         R.blocks[rid] = 0
         R.computed[rid] = 0
@@ -454,7 +471,7 @@ class Replica:
         # do not return theirs), and the running prefills take what is left, in queue order.
         left = max(budget - n_dec * (1 + K), 0)
         chunks = []
-        n_pre_sample = 0                     # prefills whose chunk ends their prompt sample a token
+        n_pre_sample = 0  # prefills whose chunk ends their prompt sample a token
         for r in self.pre:
             todo = R.prompt_l[r] + R.generated[r] - R.computed[r]
             c = min(todo, left, thr) if thr > 0 else min(todo, left)
@@ -468,14 +485,15 @@ class Replica:
                 dec_tokens = n_dec + int(verified.sum())
             else:
                 dec_tokens = n_dec
-            if dec_tokens > budget:          # the budget cuts the decode queue (rare)
+            if dec_tokens > budget:  # the budget cuts the decode queue (rare)
                 qq = 1 + verified[0] if K else np.ones(n_dec, dtype=np.int64)
                 cum = np.cumsum(qq)
                 given = np.minimum(qq, np.maximum(budget - (cum - qq), 0))
                 dec_tokens = budget
         # KV blocks for the scheduled tokens; preempt from the tail when they run out.
-        pre_grow = [max(0, -(-(int(R.computed[r]) + c) // KV_BLOCK_TOKENS) - int(R.blocks[r]))
-                    for r, c in zip(self.pre, chunks)]
+        pre_grow = [
+            max(0, -(-(int(R.computed[r]) + c) // KV_BLOCK_TOKENS) - int(R.blocks[r])) for r, c in zip(self.pre, chunks)
+        ]
         grow = sum(pre_grow)
         if not self._fits(grow):
             # (a lone request always fits: submit() checked its whole life against the cache)
@@ -519,8 +537,9 @@ class Replica:
         n_sample = (n_dec if given is None else int(np.count_nonzero(given))) + n_pre_sample
         fwd = self.cost.step_ms_one(n_tokens, kv) + self._prefill_ms(chunks)
         dur = fwd + self._draft_ms(n_sample) + self.cpu_ms
-        return StepPlan(n_dec, given, conf, lead, verified, cap, list(self.pre), chunks, n_tokens, pre_tokens,
-                        kv, fwd, dur)
+        return StepPlan(
+            n_dec, given, conf, lead, verified, cap, list(self.pre), chunks, n_tokens, pre_tokens, kv, fwd, dur
+        )
 
     def _prefill_ms(self, chunks) -> float:
         """The cost correction (CostModel.prefill_ms) of the prefill chunks of self.pre."""
@@ -545,9 +564,30 @@ class Replica:
             row = self.spec.policy.cost_row(n, N, N + M + 1, row)
         else:
             row = self._no_row
-        KS.plan_decodes(self.key, self._I, self._X, n, K, steps, *self._draw, self._adaptive, self._pcode,
-                        self._ptau, self._cp if self._cp >= 0 else 0, self._cp2, row, float(prefill_ms),
-                        self._ctx_ms_per_tok, N, limit, self._mode, conf, lead, verified, cap)
+        KS.plan_decodes(
+            self.key,
+            self._I,
+            self._X,
+            n,
+            K,
+            steps,
+            *self._draw,
+            self._adaptive,
+            self._pcode,
+            self._ptau,
+            self._cp if self._cp >= 0 else 0,
+            self._cp2,
+            row,
+            float(prefill_ms),
+            self._ctx_ms_per_tok,
+            N,
+            limit,
+            self._mode,
+            conf,
+            lead,
+            verified,
+            cap,
+        )
         return conf, lead, verified, cap
 
     # ---- commit: one path for single steps and decode windows ---------------------------------
@@ -559,7 +599,7 @@ class Replica:
         caller's (see _itl)."""
         n, K = self.n, self.K
         if not K:
-            verified = cap = lead = self._no_steps       # (the kernel reads none without drafts)
+            verified = cap = lead = self._no_steps  # (the kernel reads none without drafts)
         if given is None:
             if len(self._no_cut) < n:
                 self._no_cut = np.full(len(self._I), -1, dtype=np.int64)
@@ -567,8 +607,25 @@ class Replica:
         em, ver_r, acc_r = np.empty((3, n), dtype=np.int64)
         sv, sa, se = np.empty((3, m), dtype=np.int64)
         st = self.stats
-        vt, at, lt, et, min_left = KS.commit_decodes(self._I, self._F, n, m, K, verified, cap, lead, given,
-                                                     st.accepted_hist, itl_ms, em, ver_r, acc_r, sv, sa, se)
+        vt, at, lt, et, min_left = KS.commit_decodes(
+            self._I,
+            self._F,
+            n,
+            m,
+            K,
+            verified,
+            cap,
+            lead,
+            given,
+            st.accepted_hist,
+            itl_ms,
+            em,
+            ver_r,
+            acc_r,
+            sv,
+            sa,
+            se,
+        )
         if K:
             st.num_drafts += m * n
             st.num_draft_tokens += m * n * K
@@ -582,9 +639,9 @@ class Replica:
                 st.head_n += m * n * K
             if self._cp >= 0:
                 X, cp = self._X, self._cp
-                if self._cp2 >= 0:                        # (the production policy's)
-                    X[self._cp2:self._cp2 + K, :n] = conf[m - 2] if m >= 2 else X[cp:cp + K, :n]
-                X[cp:cp + K, :n] = conf[m - 1]
+                if self._cp2 >= 0:  # (the production policy's)
+                    X[self._cp2 : self._cp2 + K, :n] = conf[m - 2] if m >= 2 else X[cp : cp + K, :n]
+                X[cp : cp + K, :n] = conf[m - 1]
         self.kv_dec += et
         self.left_lb = int(min_left)
         return DecodeOutcome(m, K, ver_r, acc_r, em, sv, sa, se, int(lt))
@@ -598,16 +655,19 @@ class Replica:
             qd = given if given is not None else (1 + plan.verified[0] if self.K and n_dec else None)
             qs = ([] if not n_dec else (qd.tolist() if qd is not None else [1] * n_dec)) + chunks
             ctxs = self.I[:, COMP].tolist() + [int(R.computed[r]) for r in plan.prefill_ids]
-            self.shapes.append((self.idx, t, [x for x in qs if x], [c for x, c in zip(qs, ctxs) if x],
-                                plan.forward_ms))
+            self.shapes.append((self.idx, t, [x for x in qs if x], [c for x, c in zip(qs, ctxs) if x], plan.forward_ms))
         verified = accepted = emitted_total = 0
         n_dec_run = n_dec
         if n_dec:
-            fast = given is None and self._last_is_prev_end      # every gap is this step's duration
-            out = self._commit_decodes(1, plan.verified, plan.commit_cap, plan.lead, plan.conf, given,
-                                       plan.duration_ms if fast else -1.0)
-            verified, accepted, emitted_total = int(out.step_verified[0]), int(out.step_accepted[0]), \
-                int(out.step_emitted[0])
+            fast = given is None and self._last_is_prev_end  # every gap is this step's duration
+            out = self._commit_decodes(
+                1, plan.verified, plan.commit_cap, plan.lead, plan.conf, given, plan.duration_ms if fast else -1.0
+            )
+            verified, accepted, emitted_total = (
+                int(out.step_verified[0]),
+                int(out.step_accepted[0]),
+                int(out.step_emitted[0]),
+            )
             if fast:
                 self.itl_vals.append((plan.duration_ms, n_dec))
             else:
@@ -629,7 +689,7 @@ class Replica:
                 g = R.generated[rid]
                 if g == 0:
                     R.first_token[rid] = t
-                else:                          # resumed after a preemption
+                else:  # resumed after a preemption
                     gap = (t - R.last_emit[rid]) * 1000.0
                     self.itl_vals.append((gap, 1))
                     R.itl_max[rid] = max(R.itl_max[rid], gap)
@@ -641,22 +701,35 @@ class Replica:
             mv = set(moved)
             self.pre = [r for r in self.pre if r not in mv]
             rows, frows = [], []
-            for rid in moved:       # KV now holds the prompt + generated - 1 tokens
+            for rid in moved:  # KV now holds the prompt + generated - 1 tokens
                 p = int(R.prompt_l[rid])
                 comp = p + int(R.generated[rid]) - 1
                 end = p + int(R.output_l[rid]) - 1
-                sc = R.spec_counts.pop(rid, (0, 0, 0))   # (after a preemption)
+                sc = R.spec_counts.pop(rid, (0, 0, 0))  # (after a preemption)
                 rows.append((rid, comp, end, int(R.cls_l[rid]), int(R.emits[rid])) + sc)
                 self.left_lb = min(self.left_lb, end - comp)
-                self.pre_blocks -= int(R.blocks[rid])       # now counted from the slot's KV tokens
+                self.pre_blocks -= int(R.blocks[rid])  # now counted from the slot's KV tokens
                 R.blocks[rid] = 0
                 frows.append((t, float(R.itl_max[rid])))
                 self.kv_dec += comp
             self._append_slots(rows, frows, moved)
         self.prev_end = t
-        self.steps.append((self.idx, t, plan.duration_ms, n_dec_run + sum(1 for c in chunks if c), n_dec_run,
-                           plan.n_tokens, plan.prefill_tokens, verified, accepted, emitted_total, plan.kv_tokens,
-                           len(self.waiting)))
+        self.steps.append(
+            (
+                self.idx,
+                t,
+                plan.duration_ms,
+                n_dec_run + sum(1 for c in chunks if c),
+                n_dec_run,
+                plan.n_tokens,
+                plan.prefill_tokens,
+                verified,
+                accepted,
+                emitted_total,
+                plan.kv_tokens,
+                len(self.waiting),
+            )
+        )
         self._finish_done()
 
     def _itl(self, I, F, t, dur, mask):
@@ -705,9 +778,12 @@ class Replica:
         st = self.stats
         if self.K:
             parts = [rows for rows, _, _ in self.finished] + [self.I]
-            if R.spec_counts:                 # preempted and not resumed
-                parts.append(np.array([(0, 0, 0, R.cls_l[r], 0) + v for r, v in R.spec_counts.items()],
-                                      dtype=np.int64).reshape(-1, NCOL))
+            if R.spec_counts:  # preempted and not resumed
+                parts.append(
+                    np.array([(0, 0, 0, R.cls_l[r], 0) + v for r, v in R.spec_counts.items()], dtype=np.int64).reshape(
+                        -1, NCOL
+                    )
+                )
                 R.spec_counts.clear()
             allr = np.concatenate(parts)
             nc = len(st.cls_rounds)
@@ -716,7 +792,7 @@ class Replica:
             st.cls_rounds += np.bincount(cls, weights=rounds, minlength=nc)
             st.cls_emitted += np.bincount(cls, weights=rounds + allr[:, ASUM], minlength=nc)
             st.cls_verify += np.bincount(cls, weights=rounds + allr[:, VSUM], minlength=nc)
-            self.I[:, ROUNDS:VSUM + 1] = 0  # counted now
+            self.I[:, ROUNDS : VSUM + 1] = 0  # counted now
         for rows, frows, t in self.finished:
             ids = rows[:, ID]
             R.finish[ids] = t
@@ -732,7 +808,7 @@ class Replica:
         if self.waiting and n < self.cfg.max_num_seqs:
             return False
         if not self._last_is_prev_end and self.F[:, _LAST].min() < self.prev_end:
-            return False                                 # someone was skipped last step
+            return False  # someone was skipped last step
         # An adaptive window prices every step's budget at once (a fixed point over k steps):
         # worth it only when no request can finish for a few steps (at most 1 + K tokens a step);
         # under load, where one finishes nearly every step, single steps are cheaper.
@@ -762,16 +838,34 @@ class Replica:
         fwd, dur, t_end = np.empty((3, k))
         comp0 = self.I[:, COMP].copy() if self.shapes is not None else None
         fixed_ms = dms + self.cpu_ms
-        last, general, past = KS.window_steps(self._I, n, K, k, lead, cap, verified, self.kv_dec,
-                                              self.total_blocks - self.pre_blocks, self.lookahead, self._fwd,
-                                              self.cost.kv_ms_per_tok, fixed_ms, env.now, n_tok, per_step, kv,
-                                              fwd, dur, t_end)
-        if general:                  # even one step needs a preemption: take the general path
+        last, general, past = KS.window_steps(
+            self._I,
+            n,
+            K,
+            k,
+            lead,
+            cap,
+            verified,
+            self.kv_dec,
+            self.total_blocks - self.pre_blocks,
+            self.lookahead,
+            self._fwd,
+            self.cost.kv_ms_per_tok,
+            fixed_ms,
+            env.now,
+            n_tok,
+            per_step,
+            kv,
+            fwd,
+            dur,
+            t_end,
+        )
+        if general:  # even one step needs a preemption: take the general path
             plan = self._plan_step(False)
             yield env.timeout(plan.duration_ms / 1000.0)
             self._commit_step(plan)
             return
-        if past:                     # steps past the dense table: the cost model prices them
+        if past:  # steps past the dense table: the cost model prices them
             fwd[:] = self.cost.step_ms(n_tok, kv)
             dur[:] = fwd + fixed_ms
             t_end[:] = env.now + np.cumsum(dur) / 1000.0
@@ -798,13 +892,12 @@ class Replica:
         else:
             out = self._commit_decodes(m, None, None, None, None, None, max(durs))
         self.itl_vals.extend((d, n) for d in durs)
-        self._last_is_prev_end = True                    # (prev_end = t_end[last] below)
+        self._last_is_prev_end = True  # (prev_end = t_end[last] below)
         ends = t_end[:m].tolist()
         ntok = n_tok[:m].tolist()
         kvl = kv[:m].tolist()
         ps, vs, as_ = out.step_emitted.tolist(), out.step_verified.tolist(), out.step_accepted.tolist()
         idx, nw = self.idx, len(self.waiting)
-        self.steps.extend((idx, ends[t], durs[t], n, n, ntok[t], 0, vs[t], as_[t], ps[t], kvl[t], nw)
-                          for t in range(m))
+        self.steps.extend((idx, ends[t], durs[t], n, n, ntok[t], 0, vs[t], as_[t], ps[t], kvl[t], nw) for t in range(m))
         self.prev_end = ends[-1]
         self._finish_done()

@@ -8,6 +8,7 @@ metadata; a source checkout (dsim imported from a tree that holds its pyproject.
 PYTHONPATH pointing at it) also reads the declarations of that pyproject, so it behaves as it
 would installed.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -31,7 +32,7 @@ def _checkout_plugins() -> dict[str, str]:
         return {}
     try:
         import tomllib
-    except ImportError:       # Python 3.10: installed metadata only
+    except ImportError:  # Python 3.10: installed metadata only
         return {}
     try:
         project = tomllib.loads(pyproject.read_text()).get("project", {})

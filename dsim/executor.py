@@ -20,6 +20,7 @@ Ray specifics:
 - a cluster that cannot be reached, or ray not installed, is an InputError (one line, exit 2);
 - closing after an error or Ctrl-C cancels every unfinished task before shutting Ray down.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -52,6 +53,7 @@ class Executor(Protocol):
 
 # ---- local ------------------------------------------------------------------------------------
 
+
 class LocalExecutor:
     """Inline (jobs=1) or a process pool of `jobs` workers."""
 
@@ -67,7 +69,7 @@ class LocalExecutor:
             f.set_result(fn(*args, **kwargs))
         except KeyboardInterrupt:
             raise
-        except BaseException as e:   # noqa: BLE001 - surfaced by .result()
+        except BaseException as e:  # noqa: BLE001 - surfaced by .result()
             f.set_exception(e)
         return f
 
@@ -78,6 +80,7 @@ class LocalExecutor:
 
 
 # ---- ray --------------------------------------------------------------------------------------
+
 
 def import_ray():
     """The ray module, or an InputError saying how to install it."""
@@ -143,12 +146,14 @@ def check_executor(kind: str, address: str | None = None) -> None:
 class _Ref:
     """Placeholder in a packed argument: the index of an object-store reference among the
     task's positional arguments (Ray resolves those before the task runs)."""
+
     index: int
 
 
 @dataclasses.dataclass(frozen=True)
 class _Packed:
     """A dataclass argument sent field by field."""
+
     cls: type
     fields: dict
 
@@ -178,6 +183,7 @@ def _package_dir() -> str:
     """This dsim package's directory: shipped to a joined cluster (runtime_env py_modules) so its
     workers run the driver's code, whatever the nodes have installed."""
     from pathlib import Path
+
     return str(Path(__file__).resolve().parent)
 
 
@@ -191,8 +197,10 @@ def _join_failure(e: BaseException, log: str) -> str:
         last = cur
         cur = cur.__cause__
     if "InvalidAuthToken" in text or "AuthenticationError" in text:
-        return ("the cluster uses token authentication and this process has no valid token (set "
-                "RAY_AUTH_MODE=token and the cluster's token, e.g. RAY_AUTH_TOKEN)")
+        return (
+            "the cluster uses token authentication and this process has no valid token (set "
+            "RAY_AUTH_MODE=token and the cluster's token, e.g. RAY_AUTH_TOKEN)"
+        )
     lines = [x.strip() for x in str(last).strip().splitlines() if x.strip()]
     line = lines[-1] if lines else type(last).__name__
     return line if len(line) <= 240 else line[:237] + "..."
@@ -200,6 +208,7 @@ def _join_failure(e: BaseException, log: str) -> str:
 
 class _Captured:
     """What a block wrote to file descriptor 2 (read when the block ends)."""
+
     text = ""
 
     def getvalue(self) -> str:
@@ -211,6 +220,7 @@ def _stderr_captured():
     """File descriptor 2 into a temporary file for the block (native code's logs included)."""
     import sys
     import tempfile
+
     out = _Captured()
     with tempfile.TemporaryFile() as f:
         sys.stderr.flush()
@@ -248,9 +258,9 @@ class RayExecutor:
     def __init__(self, jobs: int | None, address: str | None = None):
         ray = import_ray()
         self.ray = ray
-        self.owned = False             # we connected (local Ray started, or a cluster joined)
+        self.owned = False  # we connected (local Ray started, or a cluster joined)
         self.started_local = False
-        if ray.is_initialized():       # the caller's Ray (e.g. a test's local cluster)
+        if ray.is_initialized():  # the caller's Ray (e.g. a test's local cluster)
             self.address = "already initialised in this process"
         else:
             a = resolve_address(address)
@@ -267,7 +277,7 @@ class RayExecutor:
             else:
                 probe_address(a)
                 try:
-                    with _stderr_captured() as log:     # Ray's C++ client logs each retry to fd 2
+                    with _stderr_captured() as log:  # Ray's C++ client logs each retry to fd 2
                         ray.init(address=a, runtime_env={"py_modules": [_package_dir()]}, **quiet)
                 except (ConnectionError, RuntimeError, ValueError) as e:
                     why = _join_failure(e, log.getvalue())
@@ -275,8 +285,8 @@ class RayExecutor:
                 self.address = a
             self.owned = True
         self._task = ray.remote(num_cpus=1, max_retries=0)(_ray_call)
-        self._store: dict[int, tuple[object, object]] = {}     # id(obj) -> (obj, ref): kept alive
-        self._pending: dict[object, Future] = {}               # ref -> future, unfinished tasks
+        self._store: dict[int, tuple[object, object]] = {}  # id(obj) -> (obj, ref): kept alive
+        self._pending: dict[object, Future] = {}  # ref -> future, unfinished tasks
         self._lock = threading.Lock()
 
     def _put(self, obj, refs: list) -> _Ref:
@@ -289,8 +299,14 @@ class RayExecutor:
 
     def _pack(self, x, refs: list):
         if _packable(x):
-            return _Packed(type(x), {f.name: (self._put(v, refs) if _shippable(v) else v)
-                                     for f in dataclasses.fields(x) for v in (getattr(x, f.name),)})
+            return _Packed(
+                type(x),
+                {
+                    f.name: (self._put(v, refs) if _shippable(v) else v)
+                    for f in dataclasses.fields(x)
+                    for v in (getattr(x, f.name),)
+                },
+            )
         return x
 
     def submit(self, fn: Callable, *args: Any, **kwargs: Any) -> Future:
@@ -327,7 +343,7 @@ class RayExecutor:
             for ref, fut in pending:
                 try:
                     ray.cancel(ref, force=True)
-                except Exception:   # noqa: BLE001, S110 - finished meanwhile, or the cluster is gone
+                except Exception:  # noqa: BLE001, S110 - finished meanwhile, or the cluster is gone
                     pass
                 fut.cancel()
         self._store.clear()

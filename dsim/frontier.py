@@ -23,6 +23,7 @@ y = output tok/s per GPU), one per load level. From them:
 The paper constructs its matched-throughput gains at A's throughput at each SLA anchor (the
 dashed lines of Fig. 7); ``Comparison.at_sla`` carries those as well.
 """
+
 from __future__ import annotations
 
 import math
@@ -143,19 +144,34 @@ def _gain(anchor: float, va: Value, vb: Value, what: str, la: str, lb: str) -> G
     if vb.bound == "none":
         return Gain(anchor, va, vb, -1.0, f"{lb} does not reach {what}")
     g = vb.value / va.value - 1.0
-    notes = [f"{lab} value is a lower bound (beyond its highest sampled load)"
-             for lab, v in ((la, va), (lb, vb)) if v.bound == "lower"]
+    notes = [
+        f"{lab} value is a lower bound (beyond its highest sampled load)"
+        for lab, v in ((la, va), (lb, vb))
+        if v.bound == "lower"
+    ]
     return Gain(anchor, va, vb, g, "; ".join(notes))
 
 
 def throughput_gain_at_sla(a: Frontier, b: Frontier, sla_user_tok_s: float) -> Gain:
-    return _gain(sla_user_tok_s, a.throughput_at(sla_user_tok_s), b.throughput_at(sla_user_tok_s),
-                 f"{sla_user_tok_s:g} tok/s/user", a.label or "A", b.label or "B")
+    return _gain(
+        sla_user_tok_s,
+        a.throughput_at(sla_user_tok_s),
+        b.throughput_at(sla_user_tok_s),
+        f"{sla_user_tok_s:g} tok/s/user",
+        a.label or "A",
+        b.label or "B",
+    )
 
 
 def speed_gain_at_throughput(a: Frontier, b: Frontier, gpu_tok_s: float) -> Gain:
-    return _gain(gpu_tok_s, a.speed_at(gpu_tok_s), b.speed_at(gpu_tok_s),
-                 f"{gpu_tok_s:.0f} tok/s/GPU", a.label or "A", b.label or "B")
+    return _gain(
+        gpu_tok_s,
+        a.speed_at(gpu_tok_s),
+        b.speed_at(gpu_tok_s),
+        f"{gpu_tok_s:.0f} tok/s/GPU",
+        a.label or "A",
+        b.label or "B",
+    )
 
 
 @dataclass(frozen=True)
@@ -166,9 +182,9 @@ class MatchedRange:
     throughput_hi: float
     gain_min: float
     gain_max: float
-    gain_at_lo: float        # at the low-throughput (low-load) end
-    gain_at_hi: float        # at the high-throughput end
-    grid: tuple = ()         # (throughput, gain) samples
+    gain_at_lo: float  # at the low-throughput (low-load) end
+    gain_at_hi: float  # at the high-throughput end
+    grid: tuple = ()  # (throughput, gain) samples
 
     @property
     def empty(self) -> bool:
@@ -183,11 +199,19 @@ def matched_throughput_gains(a: Frontier, b: Frontier, n: int = 64) -> MatchedRa
         return MatchedRange(lo, hi, nan, nan, nan, nan)
     ts = np.geomspace(lo, hi, n) if hi > lo else np.array([lo])
     g = np.array([b.speed_at(t).value / a.speed_at(t).value - 1.0 for t in ts])
-    return MatchedRange(float(lo), float(hi), float(g.min()), float(g.max()), float(g[0]), float(g[-1]),
-                        tuple(zip(ts.tolist(), g.tolist())))
+    return MatchedRange(
+        float(lo),
+        float(hi),
+        float(g.min()),
+        float(g.max()),
+        float(g[0]),
+        float(g[-1]),
+        tuple(zip(ts.tolist(), g.tolist())),
+    )
 
 
 # ---- one sweep table -> the paper's comparison ----------------------------------------------
+
 
 def default_user_sla(model: str | None) -> tuple[tuple[float, ...], str]:
     """The paper's SLA anchors for a model name: V4-Pro's for a Pro model, V4-Flash's otherwise
@@ -221,8 +245,8 @@ class Comparison:
     frontier_b: Frontier
     slas: tuple
     sla_source: str
-    throughput_at_sla: tuple          # Gain per SLA (throughput per GPU)
-    at_sla: tuple                     # Gain per SLA: per-user speed at A's throughput at that SLA
+    throughput_at_sla: tuple  # Gain per SLA (throughput per GPU)
+    at_sla: tuple  # Gain per SLA: per-user speed at A's throughput at that SLA
     matched: MatchedRange
     verify: tuple = field(default=())  # (concurrency per GPU, A verify/req, B verify/req)
 
@@ -244,16 +268,27 @@ def paper_comparison(df, a: str, b: str, slas: Sequence[float] | None = None, sl
         if ta.ok:
             at.append(speed_gain_at_throughput(fa, fb, ta.value))
         else:
-            at.append(Gain(float("nan"), ta, Value(float("nan"), "none"), float("nan"),
-                           f"{la} has no in-span throughput at {s:g} tok/s/user"))
+            at.append(
+                Gain(
+                    float("nan"),
+                    ta,
+                    Value(float("nan"), "none"),
+                    float("nan"),
+                    f"{la} has no in-span throughput at {s:g} tok/s/user",
+                )
+            )
     cg = "concurrency_per_gpu" if "concurrency_per_gpu" in df.columns else "concurrency"
     va = ga.set_index("concurrency")
     vb = gb.set_index("concurrency")
-    verify = tuple((float(va.loc[c, cg]), float(va.loc[c, "verify_tokens_per_request"]),
-                    float(vb.loc[c, "verify_tokens_per_request"]))
-                   for c in sorted(set(va.index) & set(vb.index)))
-    return Comparison(a, b, la, lb, fa, fb, slas, sla_source, thr, tuple(at), matched_throughput_gains(fa, fb),
-                      verify)
+    verify = tuple(
+        (
+            float(va.loc[c, cg]),
+            float(va.loc[c, "verify_tokens_per_request"]),
+            float(vb.loc[c, "verify_tokens_per_request"]),
+        )
+        for c in sorted(set(va.index) & set(vb.index))
+    )
+    return Comparison(a, b, la, lb, fa, fb, slas, sla_source, thr, tuple(at), matched_throughput_gains(fa, fb), verify)
 
 
 def _pct(g: float) -> str:
@@ -276,29 +311,44 @@ def comparison_rows(c: Comparison) -> list[list[str]]:
     for s, g in zip(c.slas, c.throughput_at_sla):
         rows.append([f"throughput per GPU at {s:g} tok/s/user", _v(g.a), _v(g.b), _pct(g.gain), g.note])
     for s, g in zip(c.slas, c.at_sla):
-        what = (f"per-user speed at {g.anchor:.0f} tok/s/GPU (A's throughput at {s:g} tok/s/user)"
-                if not math.isnan(g.anchor) else f"per-user speed at A's throughput at {s:g} tok/s/user")
+        what = (
+            f"per-user speed at {g.anchor:.0f} tok/s/GPU (A's throughput at {s:g} tok/s/user)"
+            if not math.isnan(g.anchor)
+            else f"per-user speed at A's throughput at {s:g} tok/s/user"
+        )
         rows.append([what, _v(g.a, 1), _v(g.b, 1), _pct(g.gain), g.note])
     m = c.matched
     if m.empty:
-        rows.append(["per-user speed gain at matched throughput", "", "", "n/a", "the frontiers share no throughput span"])
+        rows.append(
+            ["per-user speed gain at matched throughput", "", "", "n/a", "the frontiers share no throughput span"]
+        )
     else:
-        rows.append([f"per-user speed gain at matched throughput, {m.throughput_lo:.0f}-{m.throughput_hi:.0f} tok/s/GPU",
-                     "", "", f"{_pct(m.gain_min)} to {_pct(m.gain_max)}",
-                     f"low-load end {_pct(m.gain_at_lo)}, high-load end {_pct(m.gain_at_hi)}"])
+        rows.append(
+            [
+                f"per-user speed gain at matched throughput, {m.throughput_lo:.0f}-{m.throughput_hi:.0f} tok/s/GPU",
+                "",
+                "",
+                f"{_pct(m.gain_min)} to {_pct(m.gain_max)}",
+                f"low-load end {_pct(m.gain_at_lo)}, high-load end {_pct(m.gain_at_hi)}",
+            ]
+        )
     return rows
 
 
 def format_comparison(c: Comparison) -> str:
-    lines = [f"Paper comparison (DSpark paper Sec. 5.4): A = {c.label_a}, B = {c.label_b}; "
-             f"frontier: Pareto points, piecewise-linear in log-log; SLA anchors {', '.join(f'{s:g}' for s in c.slas)} "
-             f"tok/s/user ({c.sla_source or 'given'})"]
+    lines = [
+        f"Paper comparison (DSpark paper Sec. 5.4): A = {c.label_a}, B = {c.label_b}; "
+        f"frontier: Pareto points, piecewise-linear in log-log; SLA anchors {', '.join(f'{s:g}' for s in c.slas)} "
+        f"tok/s/user ({c.sla_source or 'given'})"
+    ]
     w = max(len(r[0]) for r in comparison_rows(c))
     for r in comparison_rows(c):
         lines.append(f"  {r[0]:<{w}}  A {r[1]:>10}  B {r[2]:>10}  gain {r[3]:>12}" + (f"  ({r[4]})" if r[4] else ""))
     if c.verify:
-        lines.append("  verify tokens per request (concurrency per GPU: A / B): "
-                     + ", ".join(f"{cg:g}: {va:.2f} / {vb:.2f}" for cg, va, vb in c.verify))
+        lines.append(
+            "  verify tokens per request (concurrency per GPU: A / B): "
+            + ", ".join(f"{cg:g}: {va:.2f} / {vb:.2f}" for cg, va, vb in c.verify)
+        )
     return "\n".join(lines)
 
 
@@ -307,6 +357,7 @@ def plot_comparison(df, c: Comparison, out, prefix: str = "") -> list[Path]:
     paper_load.png (Fig. 8 style: throughput per GPU and verify tokens per request vs
     concurrency per GPU)."""
     from dsim.sweep import pyplot, save_figure
+
     plt = pyplot()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -321,13 +372,19 @@ def plot_comparison(df, c: Comparison, out, prefix: str = "") -> list[Path]:
         ax.axvline(s, color="#444", ls="--", lw=0.8)
         if g.a.ok and g.b.ok:
             ax.plot([s, s], [g.a.value, g.b.value], "o-", color="#333", ms=4)
-            ax.annotate(f"{_pct(g.gain)} throughput", (s, g.b.value), xytext=(4, 4), textcoords="offset points",
-                        fontsize=7)
+            ax.annotate(
+                f"{_pct(g.gain)} throughput", (s, g.b.value), xytext=(4, 4), textcoords="offset points", fontsize=7
+            )
     for g in c.at_sla:
         if g.a.ok and g.b.ok:
             ax.plot([g.a.value, g.b.value], [g.anchor, g.anchor], "o--", color="#333", ms=4)
-            ax.annotate(f"{_pct(g.gain)} per-user speed", (g.b.value, g.anchor), xytext=(4, -10),
-                        textcoords="offset points", fontsize=7)
+            ax.annotate(
+                f"{_pct(g.gain)} per-user speed",
+                (g.b.value, g.anchor),
+                xytext=(4, -10),
+                textcoords="offset points",
+                fontsize=7,
+            )
     ax.set_xlabel("per-user speed (output tok/s per user)")
     ax.set_ylabel("output tok/s per GPU")
     ax.set_title("Throughput per GPU vs per-user speed (DSpark paper Fig. 7 style)", fontsize=10)

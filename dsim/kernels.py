@@ -12,6 +12,7 @@ A ``KernelSource`` answers ``ms(record) -> float | None``. Two kinds:
 - ``Roofline``: max(FLOPs / (peak x eff), bytes / (HBM BW x eff)) + a per-kernel floor, for any
   record; the fallback for ops a table lacks (the composer counts and reports those).
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,7 @@ from dsim.errors import InputError
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "profiles" / "kernels"
 
 #: the size axis each op interpolates along
-SIZE_AXIS = {"gemm": "m", "moe": "tokens", "attn": "batch", "mhc": "tokens", "comm": "bytes",
-             "elementwise": "bytes"}
+SIZE_AXIS = {"gemm": "m", "moe": "tokens", "attn": "batch", "mhc": "tokens", "comm": "bytes", "elementwise": "bytes"}
 OPS = tuple(SIZE_AXIS)
 _META = {"ms", "op", "includes", "backend", "note", "distribution"}
 
@@ -43,12 +43,30 @@ MATH_DTYPE = {"bf16": "bf16", "fp8": "fp8", "fp4": "fp4", "w4a16": "bf16"}
 
 #: public hardware figures (vendor datasheets): HBM bandwidth, dense matrix peaks, NVLink per GPU
 HARDWARE: dict[str, dict[str, Any]] = {
-    "h200": dict(name="NVIDIA H200 SXM", hbm_gb=141.0, bw=4.8e12, bf16=989e12, fp8=1979e12, fp4=None,
-                 link=450e9, net=50e9, source="NVIDIA H200 datasheet (4.8 TB/s, 989/1979 TFLOP/s dense bf16/fp8, "
-                                    "NVLink 900 GB/s bidirectional; 400 Gb/s InfiniBand per GPU between nodes)"),
-    "b300": dict(name="NVIDIA B300 SXM", hbm_gb=288.0, bw=8.0e12, bf16=2250e12, fp8=4500e12, fp4=13500e12,
-                 link=900e9, net=100e9, source="NVIDIA Blackwell Ultra datasheet (8 TB/s, 2.25/4.5 PFLOP/s dense "
-                                    "bf16/fp8, 13.5 dense fp4 (NVFP4), NVLink 5 1.8 TB/s bidirectional; 800 Gb/s per GPU between nodes)"),
+    "h200": dict(
+        name="NVIDIA H200 SXM",
+        hbm_gb=141.0,
+        bw=4.8e12,
+        bf16=989e12,
+        fp8=1979e12,
+        fp4=None,
+        link=450e9,
+        net=50e9,
+        source="NVIDIA H200 datasheet (4.8 TB/s, 989/1979 TFLOP/s dense bf16/fp8, "
+        "NVLink 900 GB/s bidirectional; 400 Gb/s InfiniBand per GPU between nodes)",
+    ),
+    "b300": dict(
+        name="NVIDIA B300 SXM",
+        hbm_gb=288.0,
+        bw=8.0e12,
+        bf16=2250e12,
+        fp8=4500e12,
+        fp4=13500e12,
+        link=900e9,
+        net=100e9,
+        source="NVIDIA Blackwell Ultra datasheet (8 TB/s, 2.25/4.5 PFLOP/s dense "
+        "bf16/fp8, 13.5 dense fp4 (NVFP4), NVLink 5 1.8 TB/s bidirectional; 800 Gb/s per GPU between nodes)",
+    ),
 }
 
 
@@ -72,10 +90,16 @@ class Roofline:
 
     @property
     def provenance(self) -> dict:
-        return dict(kind="analytical", hardware=self.hw["name"], source=self.hw["source"],
-                    method=(f"roofline: HBM x {self.eff_bw}, matrix peak x {self.eff_flops} (fitted on the "
-                            f"measured dense H200 profiles), {self.kernel_floor_us} us per kernel, "
-                            f"{self.comm_latency_us} us + bytes / (NVLink x {self.comm_eff}) per collective"))
+        return dict(
+            kind="analytical",
+            hardware=self.hw["name"],
+            source=self.hw["source"],
+            method=(
+                f"roofline: HBM x {self.eff_bw}, matrix peak x {self.eff_flops} (fitted on the "
+                f"measured dense H200 profiles), {self.kernel_floor_us} us per kernel, "
+                f"{self.comm_latency_us} us + bytes / (NVLink x {self.comm_eff}) per collective"
+            ),
+        )
 
     def _peak(self, dtype: str) -> float:
         hw = self.hw
@@ -98,8 +122,8 @@ class Roofline:
         if op == "moe":
             T, H, inter, k, E, P = (r[x] for x in ("tokens", "hidden", "inter", "topk", "experts", "ep"))
             local = E / P
-            active = local * (1.0 - (1.0 - k / E) ** T)           # distinct local experts touched
-            assigned = T * k / P                                   # (token, expert) rows on this rank
+            active = local * (1.0 - (1.0 - k / E) ** T)  # distinct local experts touched
+            assigned = T * k / P  # (token, expert) rows on this rank
             wb = WEIGHT_BYTES.get(r["dtype"], 2.0)
             nbytes = active * 3 * H * inter * wb + assigned * (H * 3 + inter * 2)
             return self._t(2.0 * assigned * 3 * H * inter, nbytes, r["dtype"]) + 2 * self.kernel_floor_us * 1e-3
@@ -119,7 +143,7 @@ class Roofline:
                 moved = 2.0 * (G - 1) / G * nbytes
             elif r["kind"] in ("all_gather", "reduce_scatter"):
                 moved = (G - 1) * nbytes
-            else:                                                  # a2a: top-k copies, deduplicated per rank
+            else:  # a2a: top-k copies, deduplicated per rank
                 moved = nbytes * G * (1.0 - (1.0 - 1.0 / G) ** r.get("topk", 6)) * (G - 1) / G
             return (self.comm_latency_us * 1e-6 + moved / link) * 1e3
         raise InputError(f"kernel op: unknown op {op!r} (known: {', '.join(OPS)})")
@@ -220,5 +244,6 @@ def load_kernel_table(name_or_path: str) -> KernelTable:
             raise InputError(f"{p}: records[{i}].ms: must be a finite number >= 0, got {ms!r}")
         if SIZE_AXIS[r["op"]] not in r:
             raise InputError(f"{p}: records[{i}]: {r['op']} record without '{SIZE_AXIS[r['op']]}'")
-    return KernelTable(name=str(d.get("name", p.stem)), provenance=d["provenance"], records=d["records"],
-                       source_path=str(p))
+    return KernelTable(
+        name=str(d.get("name", p.stem)), provenance=d["provenance"], records=d["records"], source_path=str(p)
+    )

@@ -71,10 +71,13 @@ TOPOLOGIES = ("dp8-ep8", "tp8-ep8")
 
 # record dtype -> AIC quant mode
 GEMM_MODES = {"bf16": "bfloat16", "fp8": "fp8_block", "fp4": "nvfp4"}
-MOE_MODES = {"bf16": ("bfloat16",), "fp8": ("fp8_block",),
-             # MXFP4 weights / MXFP8 activations is the released DeepSeek-V4 expert format; NVFP4 otherwise
-             "fp4": ("w4a8_mxfp4_mxfp8", "nvfp4"),
-             "w4a16": ("w4a16_mxfp4", "w4a16_nvfp4")}
+MOE_MODES = {
+    "bf16": ("bfloat16",),
+    "fp8": ("fp8_block",),
+    # MXFP4 weights / MXFP8 activations is the released DeepSeek-V4 expert format; NVFP4 otherwise
+    "fp4": ("w4a8_mxfp4_mxfp8", "nvfp4"),
+    "w4a16": ("w4a16_mxfp4", "w4a16_nvfp4"),
+}
 # what AIC's attention modules include beyond the attention core, in the composer's part names (dsim.compose
 # layer_ops): the composer does not price these parts again when a table's attention records include them
 ATTN_INCLUDES = ["q_proj", "kv_proj", "o_proj", "compressor", "indexer_proj"]
@@ -83,8 +86,7 @@ MLA_INCLUDES = ["q_proj", "kv_proj", "mla_absorb", "o_proj"]
 A2A_BYTES_PER_ELEMENT = {"a2a_dispatch": 1, "a2a_combine": 2}
 
 # the fallback grid (KERNEL_OPS.md) until the composer lists its records
-GRID_TOKENS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 4096, 8192,
-               16384)
+GRID_TOKENS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 4096, 8192, 16384)
 GRID_BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 GRID_Q_DECODE = (1, 2, 4, 6, 8)
 GRID_Q_PREFILL = (256, 1024, 2048, 8192)
@@ -136,8 +138,8 @@ class GridTable:
     an axis is clamped to that range; the record then carries "clamped" with the axis names."""
 
     names: tuple[str, ...]
-    points: np.ndarray          # [n, d] raw axis values
-    ms: np.ndarray              # [n]
+    points: np.ndarray  # [n, d] raw axis values
+    ms: np.ndarray  # [n]
     plus_one: tuple[bool, ...]  # axis uses log2(1 + x)
     _lin: Any = None
     _near: Any = None
@@ -163,11 +165,12 @@ class GridTable:
             order = np.argsort(x[:, 0])
             return float(np.interp(xq[0, 0], x[order, 0], self.ms[order])), clamped
         from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
+
         if self._lin is None:
             self._lin = LinearNDInterpolator(x, self.ms)
             self._near = NearestNDInterpolator(x, self.ms)
         v = float(self._lin(xq)[0])
-        if not math.isfinite(v):   # inside the box but outside the hull (a corner not measured, e.g. OOM)
+        if not math.isfinite(v):  # inside the box but outside the hull (a corner not measured, e.g. OOM)
             v = float(self._near(xq)[0])
             clamped.append("hull")
         return v, clamped
@@ -198,7 +201,7 @@ class AicTables:
         self._dbs: dict[tuple[str, str], Any] = {}
         self._grids: dict[tuple, GridTable] = {}
         self.files_read: set[str] = set()
-        self.model: str | None = None   # the model of the records being priced (attention, a2a shapes)
+        self.model: str | None = None  # the model of the records being priced (attention, a2a shapes)
 
     # -- raw access
     def rel(self, family: str, backend: str, version: str, name: str) -> str:
@@ -206,6 +209,7 @@ class AicTables:
 
     def frame(self, family: str, backend: str, version: str, name: str):
         import pandas as pd
+
         rel = self.rel(family, backend, version, name)
         if rel not in self._frames:
             path = self.data / family / backend / version / name
@@ -217,6 +221,7 @@ class AicTables:
         if key not in self._dbs:
             _aic()
             from aiconfigurator_core.sdk.perf_database import get_database
+
             self._dbs[key] = get_database(self.system, backend, version)
         return self._dbs[key]
 
@@ -233,6 +238,7 @@ class AicTables:
     def gemm(self, r: dict) -> Priced:
         import aiconfigurator_core.sdk.operations as ops
         from aiconfigurator_core.sdk import common
+
         mode = _lookup(GEMM_MODES, r, "dtype")
         m, n, k = _ints(r, "m", "n", "k")
         extra: dict = {"quant_mode": mode}
@@ -240,8 +246,10 @@ class AicTables:
         if mode == "fp8_block" and self.backend == "vllm":
             # vLLM 0.24.0's fp8_block GEMM rows were collected without CUDA graphs (host floor in every row)
             cands = [FALLBACK_BACKEND]
-            extra["note"] = ("vllm 0.24.0 fp8_block gemm rows are eager (collector disables CUDA graphs for "
-                             "fp8_block); priced from sglang's DeepGEMM fp8_block table")
+            extra["note"] = (
+                "vllm 0.24.0 fp8_block gemm rows are eager (collector disables CUDA graphs for "
+                "fp8_block); priced from sglang's DeepGEMM fp8_block table"
+            )
         for b, v in cands:
             df = self.frame("gemm", b, v, "gemm_perf.parquet")
             if df is None or not (df.gemm_dtype == mode).any():
@@ -255,6 +263,7 @@ class AicTables:
     def moe(self, r: dict) -> Priced:
         import aiconfigurator_core.sdk.operations as ops
         from aiconfigurator_core.sdk import common
+
         modes = _lookup(MOE_MODES, r, "dtype")
         t, h, inter, topk, e, ep = _ints(r, "tokens", "hidden", "inter", "topk", "experts", "ep")
         dist = r.get("distribution", "uniform")
@@ -263,8 +272,15 @@ class AicTables:
             df = self.frame("moe", b, v, "moe_perf.parquet")
             if df is None:
                 continue
-            sel = df[(df.hidden_size == h) & (df.inter_size == inter) & (df.topk == topk) & (df.num_experts == e)
-                     & (df.moe_ep_size == ep) & (df.moe_tp_size == 1) & (df.distribution == table_dist)]
+            sel = df[
+                (df.hidden_size == h)
+                & (df.inter_size == inter)
+                & (df.topk == topk)
+                & (df.num_experts == e)
+                & (df.moe_ep_size == ep)
+                & (df.moe_tp_size == 1)
+                & (df.distribution == table_dist)
+            ]
             for mode in modes:
                 if not (sel.moe_dtype == mode).any():
                     continue
@@ -272,10 +288,16 @@ class AicTables:
                 op = ops.MoE("moe", 1, h, inter, topk, e, 1, ep, common.MoEQuantMode[mode], table_dist, 1)
                 ms = float(op._engine_query(self.db(b, v), x=t))
                 ks = sorted(set(sel[sel.moe_dtype == mode].kernel_source))
-                return Priced(ms, self.label(b, v), [self.rel("moe", b, v, "moe_perf.parquet")],
-                              {"quant_mode": mode, "routing": table_dist, "kernel": ks[0]})
-        raise _NoTable(f"no moe table for hidden {h} inter {inter} top-{topk} of {e} experts at ep {ep}, "
-                       f"{'/'.join(modes)}, {table_dist}")
+                return Priced(
+                    ms,
+                    self.label(b, v),
+                    [self.rel("moe", b, v, "moe_perf.parquet")],
+                    {"quant_mode": mode, "routing": table_dist, "kernel": ks[0]},
+                )
+        raise _NoTable(
+            f"no moe table for hidden {h} inter {inter} top-{topk} of {e} experts at ep {ep}, "
+            f"{'/'.join(modes)}, {table_dist}"
+        )
 
     def attn(self, r: dict) -> Priced:
         kind = r.get("kind")
@@ -285,8 +307,10 @@ class AicTables:
             raise InputError(f"attn record: kind {kind!r} is not v4_csa, v4_hca, v4_swa or mla")
         model = r.get("model") or self.model or infer_model(kind, int(r.get("heads", 0)))
         if model not in ("deepseek-v4-flash", "deepseek-v4-pro"):
-            raise InputError(f"attn record {kind} with {r.get('heads')} heads: needs --model deepseek-v4-flash or "
-                             f"deepseek-v4-pro (the table includes the model's projections), got {model!r}")
+            raise InputError(
+                f"attn record {kind} with {r.get('heads')} heads: needs --model deepseek-v4-flash or "
+                f"deepseek-v4-pro (the table includes the model's projections), got {model!r}"
+            )
         tag = MODELS[model][1]
         b_, q, kv, heads = _ints(r, "batch", "q", "kv", "heads")
         phase = r.get("phase", "decode")
@@ -306,16 +330,21 @@ class AicTables:
                 grid = self._grid((rel, tag, heads), sel, ("batch", "kv"), ("batch_size", "step"), (False, True))
                 ms, clamped = grid((b_, kv))
             else:
-                grid = self._grid((rel, tag, heads), sel, ("batch", "q", "kv"), ("batch_size", "isl", "step"),
-                                  (False, False, True))
+                grid = self._grid(
+                    (rel, tag, heads), sel, ("batch", "q", "kv"), ("batch_size", "isl", "step"), (False, False, True)
+                )
                 ms, clamped = grid((b_, q, kv))
-            extra: dict = {"includes": ATTN_INCLUDES, "rows of": min(set(sel.model)),
-                           "kernel": min(set(sel.kernel_source))}
+            extra: dict = {
+                "includes": ATTN_INCLUDES,
+                "rows of": min(set(sel.model)),
+                "kernel": min(set(sel.kernel_source)),
+            }
             if kind == "v4_swa":
                 extra["note"] = "no sliding-window-only table: priced as an HCA layer (AIC's own approximation)"
             if phase == "decode" and q > 1:
                 extra["note"] = (extra.get("note", "") + "; " if "note" in extra else "") + (
-                    "q > 1 priced from the context-module table (q new tokens after kv cached ones)")
+                    "q > 1 priced from the context-module table (q new tokens after kv cached ones)"
+                )
             if clamped:
                 extra["clamped"] = clamped
             return Priced(ms, self.label(b, v), [rel], extra)
@@ -337,36 +366,46 @@ class AicTables:
             # FLASHMLA context rows stop at 128 tokens, FLASH_ATTN's prefill rows reach 32768)
             axis, need = ("step", kv) if phase == "decode" else ("isl", q + kv)
             pref = ("FLASHMLA", "FLASHINFER_MLA", "FLASH_ATTN_MLA", "FLASH_ATTN")
-            slices = sorted({(k, d) for k, d in zip(sel.kernel_source, sel.kv_cache_dtype)},
-                            key=lambda kd: (kd[1] != "fp8", pref.index(kd[0]) if kd[0] in pref else len(pref)))
-            reach = {kd: sel[(sel.kernel_source == kd[0]) & (sel.kv_cache_dtype == kd[1])][axis].max()
-                     for kd in slices}
+            slices = sorted(
+                {(k, d) for k, d in zip(sel.kernel_source, sel.kv_cache_dtype)},
+                key=lambda kd: (kd[1] != "fp8", pref.index(kd[0]) if kd[0] in pref else len(pref)),
+            )
+            reach = {kd: sel[(sel.kernel_source == kd[0]) & (sel.kv_cache_dtype == kd[1])][axis].max() for kd in slices}
             kernel, kv_dtype = next((kd for kd in slices if reach[kd] >= need), max(slices, key=lambda kd: reach[kd]))
             sel = sel[(sel.kernel_source == kernel) & (sel.kv_cache_dtype == kv_dtype)]
             rel = self.rel("mla", b, v, name)
             self._read(rel)
             extra: dict = {"includes": MLA_INCLUDES, "kv_cache_dtype": kv_dtype, "kernel": kernel}
             if phase == "decode":
-                grid = self._grid((rel, kernel, kv_dtype, heads), sel, ("batch", "kv"), ("batch_size", "step"),
-                                  (False, True))
+                grid = self._grid(
+                    (rel, kernel, kv_dtype, heads), sel, ("batch", "kv"), ("batch_size", "step"), (False, True)
+                )
                 ms, clamped = grid((b_ * q, kv))
                 if q > 1:
-                    extra["note"] = ("no multi-token MLA decode table: q > 1 priced as batch x q single-token "
-                                     "decodes over the whole context (AIC's convention; over-counts KV reads)")
+                    extra["note"] = (
+                        "no multi-token MLA decode table: q > 1 priced as batch x q single-token "
+                        "decodes over the whole context (AIC's convention; over-counts KV reads)"
+                    )
             else:
-                grid = self._grid((rel, kernel, kv_dtype, heads), sel, ("batch", "q"), ("batch_size", "isl"),
-                                  (False, False))
+                grid = self._grid(
+                    (rel, kernel, kv_dtype, heads), sel, ("batch", "q"), ("batch_size", "isl"), (False, False)
+                )
                 ms, clamped = grid((b_, q))
                 if kv > 0:
                     # no cached-prefix axis in the table: add the prefix's causal pairs q x kv at the per-pair
                     # cost fitted on the slice's one-request rows (latency = a + b x isl + c x isl^2 / 2)
                     one = sel[sel.batch_size == 1].groupby("isl")["latency"].median()
                     x = one.index.to_numpy(dtype=float)
-                    c_pair = float(np.linalg.lstsq(np.stack([np.ones_like(x), x, x * x / 2], axis=1),
-                                                   one.to_numpy(dtype=float), rcond=None)[0][2])
+                    c_pair = float(
+                        np.linalg.lstsq(
+                            np.stack([np.ones_like(x), x, x * x / 2], axis=1), one.to_numpy(dtype=float), rcond=None
+                        )[0][2]
+                    )
                     ms += b_ * max(c_pair, 0.0) * q * kv
-                    extra["note"] = (f"cached prefix: + batch x q x kv x {max(c_pair, 0.0):.3e} ms per pair "
-                                     "(fitted on the prefix-free context rows)")
+                    extra["note"] = (
+                        f"cached prefix: + batch x q x kv x {max(c_pair, 0.0):.3e} ms per pair "
+                        "(fitted on the prefix-free context rows)"
+                    )
             if clamped:
                 extra["clamped"] = clamped
             return Priced(ms, self.label(b, v), [rel], extra)
@@ -414,8 +453,7 @@ class AicTables:
                     continue
                 rel = self.rel("comm", b, v, name)
                 self._read(rel)
-                ms, clamped = self._grid((rel, g, "ar"), sel, ("elements",), ("message_size",), (False,))(
-                    (nbytes / 2,))
+                ms, clamped = self._grid((rel, g, "ar"), sel, ("elements",), ("message_size",), (False,))((nbytes / 2,))
                 extra = {"kernel": min(set(sel.kernel_source)), "dtype": "bf16"}
                 if clamped:
                     extra["clamped"] = clamped
@@ -423,8 +461,11 @@ class AicTables:
             raise _NoTable(f"no custom all-reduce table for {g} GPUs")
         if kind in ("all_gather", "reduce_scatter"):
             nccl_dir = self.data / "comm" / "nccl"
-            versions = sorted((p.name for p in nccl_dir.iterdir() if (p / "nccl_perf.parquet").is_file()),
-                              key=_version_key) if nccl_dir.is_dir() else []
+            versions = (
+                sorted((p.name for p in nccl_dir.iterdir() if (p / "nccl_perf.parquet").is_file()), key=_version_key)
+                if nccl_dir.is_dir()
+                else []
+            )
             if not versions:
                 raise _NoTable("no nccl table")
             v = versions[-1]
@@ -435,15 +476,19 @@ class AicTables:
             rel = self.rel("comm", "nccl", v, "nccl_perf.parquet")
             self._read(rel)
             ms, clamped = self._grid((rel, kind, g), sel, ("elements",), ("message_size",), (False,))((nbytes / 2,))
-            extra = {"kernel": f"nccl {v} (nccl-tests)", "dtype": "bf16",
-                     "bytes_meaning": "nccl-tests size: the gathered (all_gather) / input (reduce_scatter) buffer"}
+            extra = {
+                "kernel": f"nccl {v} (nccl-tests)",
+                "dtype": "bf16",
+                "bytes_meaning": "nccl-tests size: the gathered (all_gather) / input (reduce_scatter) buffer",
+            }
             if clamped:
                 extra["clamped"] = clamped
             return Priced(ms, f"nccl {v}", [rel], extra)
         if kind in ("a2a_dispatch", "a2a_combine"):
             return self._a2a(r, kind, g, nbytes)
-        raise InputError(f"comm record: kind {kind!r} is not all_reduce, all_gather, reduce_scatter, "
-                         "a2a_dispatch or a2a_combine")
+        raise InputError(
+            f"comm record: kind {kind!r} is not all_reduce, all_gather, reduce_scatter, a2a_dispatch or a2a_combine"
+        )
 
     def _a2a(self, r: dict, kind: str, g: int, nbytes: int) -> Priced:
         if all(k in r for k in ("hidden", "topk", "experts")):
@@ -462,25 +507,34 @@ class AicTables:
             df = self.frame("comm", b, v, name)
             if df is None:
                 continue
-            sel = df[(df.ep_size == g) & (df.hidden_size == h) & (df.topk == topk) & (df.num_experts == e)
-                     & (df.comm_backend == mode) & (df.phase == phase) & (df.node_num == 1)]
+            sel = df[
+                (df.ep_size == g)
+                & (df.hidden_size == h)
+                & (df.topk == topk)
+                & (df.num_experts == e)
+                & (df.comm_backend == mode)
+                & (df.phase == phase)
+                & (df.node_num == 1)
+            ]
             if sel.empty:
                 continue
             rel = self.rel("comm", b, v, name)
             self._read(rel)
-            us, clamped = self._grid((rel, g, h, topk, e, mode, phase), sel, ("tokens",), ("num_tokens",),
-                                     (False,))((tokens,))
+            us, clamped = self._grid((rel, g, h, topk, e, mode, phase), sel, ("tokens",), ("num_tokens",), (False,))(
+                (tokens,)
+            )
             extra = {"kernel": mode, "tokens per rank": tokens, "shape": f"hidden {h} top-{topk} of {e}"}
             if clamped:
                 extra["clamped"] = clamped
-            return Priced(us / 1000.0, self.label(b, v), [rel], extra)   # the a2a table is in microseconds
+            return Priced(us / 1000.0, self.label(b, v), [rel], extra)  # the a2a table is in microseconds
         raise _NoTable(f"no DeepEP {mode} {phase} table for ep {g}, hidden {h}, top-{topk} of {e}")
 
     def _grid(self, key: tuple, sel, names: tuple, cols: tuple, plus_one: tuple) -> GridTable:
         if key not in self._grids:
             agg = sel.groupby(list(cols), as_index=False)["latency"].median()
-            self._grids[key] = GridTable(names, agg[list(cols)].to_numpy(dtype=float),
-                                         agg["latency"].to_numpy(dtype=float), plus_one)
+            self._grids[key] = GridTable(
+                names, agg[list(cols)].to_numpy(dtype=float), agg["latency"].to_numpy(dtype=float), plus_one
+            )
         return self._grids[key]
 
     def price(self, r: dict) -> Priced:
@@ -525,8 +579,14 @@ def _version_key(v: str) -> tuple:
     return tuple(int(p) if p.isdigit() else 0 for p in v.replace("-", ".").split("."))
 
 
-def price_records(records: list[dict], system: str, backend: str = "vllm", version: str = "0.24.0",
-                  model: str | None = None, tables: AicTables | None = None) -> dict:
+def price_records(
+    records: list[dict],
+    system: str,
+    backend: str = "vllm",
+    version: str = "0.24.0",
+    model: str | None = None,
+    tables: AicTables | None = None,
+) -> dict:
     """Price op records from one system's AIC tables -> {"records": [...], "unpriced": [...], "files": [...]}.
 
     A priced record is the input record plus "ms", "backend" (the engine whose table answered), "note" (the
@@ -537,7 +597,7 @@ def price_records(records: list[dict], system: str, backend: str = "vllm", versi
     priced, unpriced, seen = [], [], set()
     for i, r in enumerate(records):
         if not isinstance(r, dict) or "op" not in r:
-            raise InputError(f"ops[{i}]: not an op record (an object with \"op\")")
+            raise InputError(f'ops[{i}]: not an op record (an object with "op")')
         rec = {k: v for k, v in r.items() if k not in ("ms", "backend", "note", "includes")}
         key = record_key(rec)
         if key in seen:
@@ -605,7 +665,7 @@ class Comparison:
     a_name: str
     shapes: list[ComparedShape]
     kinds: list[KindSummary]
-    not_comparable: list[tuple[str, tuple, str]]   # (kind, key, why)
+    not_comparable: list[tuple[str, tuple, str]]  # (kind, key, why)
     only_in_a: int
     only_in_b: int
 
@@ -630,7 +690,7 @@ def compare_tables(b: dict, a: dict) -> Comparison:
     a_by = {}
     for r in _records(a, "a"):
         a_by[record_key(r)] = r
-        a_by.setdefault(_strip_model(record_key(r)), r)   # a measured table may not name the model
+        a_by.setdefault(_strip_model(record_key(r)), r)  # a measured table may not name the model
     hardware = "b300" if "B300" in str((a.get("provenance") or {}).get("hardware", "")) else "h200"
     shapes, skipped, matched_a = [], [], set()
     only_b = 0
@@ -646,8 +706,10 @@ def compare_tables(b: dict, a: dict) -> Comparison:
         if r["op"] == "attn" and sorted(r.get("includes") or []) != sorted(ra.get("includes") or []):
             added = _projections_from(r, a_by, hardware) if not ra.get("includes") else None
             if added is None:
-                why = (f"includes differ: b {r.get('includes')} vs a {ra.get('includes')}, "
-                       "and (a) lacks the projection GEMMs to add")
+                why = (
+                    f"includes differ: b {r.get('includes')} vs a {ra.get('includes')}, "
+                    "and (a) lacks the projection GEMMs to add"
+                )
                 skipped.append((kind, key, why))
                 continue
             a_ms += added
@@ -660,8 +722,15 @@ def compare_tables(b: dict, a: dict) -> Comparison:
     for kind in sorted({s.kind for s in shapes}):
         sel = [s for s in shapes if s.kind == kind]
         errs = sorted(abs(s.ratio - 1) for s in sel)
-        kinds.append(KindSummary(kind, len(sel), statistics.median(errs), float(np.quantile(errs, 0.9)),
-                                 statistics.median(s.ratio for s in sel)))
+        kinds.append(
+            KindSummary(
+                kind,
+                len(sel),
+                statistics.median(errs),
+                float(np.quantile(errs, 0.9)),
+                statistics.median(s.ratio for s in sel),
+            )
+        )
     only_a = len({id(r) for r in a_by.values()} - matched_a)
     return Comparison(str(b.get("name", "b")), str(a.get("name", "a")), shapes, kinds, skipped, only_a, only_b)
 
@@ -671,6 +740,7 @@ def projection_records(rb: dict, hardware: str = "h200") -> list[tuple[dict, flo
     layer of its kind: dsim.compose.layer_ops over that single layer. None when the model is not known."""
     from dsim.compose import layer_ops, parse_topology
     from dsim.models import load_model
+
     name = rb.get("model") or infer_model(str(rb.get("kind")), int(rb.get("heads", 0)))
     if name is None:
         return None
@@ -685,8 +755,9 @@ def projection_records(rb: dict, hardware: str = "h200") -> list[tuple[dict, flo
     topo = parse_topology(f"tp{tp}-ep8" if tp > 1 else "dp8-ep8")
     layer = model.attn_kinds.index(rb["kind"])
     b, q = int(rb["batch"]), int(rb["q"])
-    ops = layer_ops(model, topo, hardware, b * q, phase=rb.get("phase", "decode"), batch=b, q=q,
-                    kv=int(rb["kv"]), layers=[layer])
+    ops = layer_ops(
+        model, topo, hardware, b * q, phase=rb.get("phase", "decode"), batch=b, q=q, kv=int(rb["kv"]), layers=[layer]
+    )
     parts = set(rb.get("includes") or ())
     return [(op.rec, op.count) for op in ops if op.part in parts and op.rec["op"] == "gemm"]
 
@@ -708,16 +779,18 @@ def _projections_from(rb: dict, a_by: dict, hardware: str) -> float | None:
 def _records(table: dict, which: str) -> list[dict]:
     recs = table.get("records") if isinstance(table, dict) else None
     if not isinstance(recs, list):
-        raise InputError(f"table {which}: no \"records\" list")
+        raise InputError(f'table {which}: no "records" list')
     for i, r in enumerate(recs):
         if not isinstance(r, dict) or "op" not in r or not isinstance(r.get("ms"), (int, float)):
-            raise InputError(f"table {which}: records[{i}]: needs \"op\" and a numeric \"ms\"")
+            raise InputError(f'table {which}: records[{i}]: needs "op" and a numeric "ms"')
     return recs
 
 
 def format_comparison(c: Comparison, shapes: bool = True) -> str:
-    head = (f"(b) {c.b_name} against (a) {c.a_name}: {len(c.shapes)} shapes compared, "
-            f"{len(c.not_comparable)} not comparable, {c.only_in_b} only in (b), {c.only_in_a} only in (a)")
+    head = (
+        f"(b) {c.b_name} against (a) {c.a_name}: {len(c.shapes)} shapes compared, "
+        f"{len(c.not_comparable)} not comparable, {c.only_in_b} only in (b), {c.only_in_a} only in (a)"
+    )
     lines = [head]
     if shapes:
         lines.append(f"{'kind':<26} {'shape':<64} {'a_ms':>10} {'b_ms':>10} {'b/a':>7}")
@@ -726,8 +799,9 @@ def format_comparison(c: Comparison, shapes: bool = True) -> str:
             lines.append(f"{s.kind:<26} {shape[:64]:<64} {s.a_ms:>10.4f} {s.b_ms:>10.4f} {s.ratio:>7.3f}")
     lines.append(f"{'kind':<26} {'shapes':>6} {'median|err|':>12} {'p90|err|':>10} {'median b/a':>11}")
     for k in c.kinds:
-        lines.append(f"{k.kind:<26} {k.shapes:>6} {k.median_abs_error:>11.1%} {k.p90_abs_error:>9.1%} "
-                     f"{k.median_ratio:>11.3f}")
+        lines.append(
+            f"{k.kind:<26} {k.shapes:>6} {k.median_abs_error:>11.1%} {k.p90_abs_error:>9.1%} {k.median_ratio:>11.3f}"
+        )
     lines.append(f"{'all':<26} {len(c.shapes):>6} {c.median_abs_error:>11.1%}   (target: median <= 10%)")
     groups: dict[tuple[str, str], int] = {}
     for kind, _key, why in c.not_comparable:
@@ -739,14 +813,27 @@ def format_comparison(c: Comparison, shapes: bool = True) -> str:
 
 def comparison_json(c: Comparison) -> dict:
     return {
-        "b": c.b_name, "a": c.a_name, "median_abs_error": c.median_abs_error,
+        "b": c.b_name,
+        "a": c.a_name,
+        "median_abs_error": c.median_abs_error,
         "kinds": [k.__dict__ for k in c.kinds],
-        "shapes": [{"label": s.kind, "op": s.key[0], **{f: v for f, v in s.key[1:] if v is not None},
-                    "a_ms": s.a_ms, "b_ms": s.b_ms, "ratio": s.ratio}
-                   for s in c.shapes],
-        "not_comparable": [{"label": k, "op": key[0], **{f: v for f, v in key[1:] if v is not None}, "why": w}
-                           for k, key, w in c.not_comparable],
-        "only_in_a": c.only_in_a, "only_in_b": c.only_in_b,
+        "shapes": [
+            {
+                "label": s.kind,
+                "op": s.key[0],
+                **{f: v for f, v in s.key[1:] if v is not None},
+                "a_ms": s.a_ms,
+                "b_ms": s.b_ms,
+                "ratio": s.ratio,
+            }
+            for s in c.shapes
+        ],
+        "not_comparable": [
+            {"label": k, "op": key[0], **{f: v for f, v in key[1:] if v is not None}, "why": w}
+            for k, key, w in c.not_comparable
+        ],
+        "only_in_a": c.only_in_a,
+        "only_in_b": c.only_in_b,
     }
 
 
@@ -773,6 +860,7 @@ def composer_records(model: str, topology: str, system: str, expert_dtype: str |
 
     from dsim.compose import parse_topology, required_ops
     from dsim.models import load_model
+
     m = load_model(model)
     if expert_dtype:
         m = dataclasses.replace(m, expert_dtype=expert_dtype)
@@ -792,15 +880,24 @@ def grid_records(model: str, topology: str, system: str, required: list[dict] | 
     gemms = sorted({(r["dtype"], r["n"], r["k"]) for r in req if r["op"] == "gemm"})
     gemms = sorted(set(gemms) | {("bf16", n, k) for d, n, k in gemms if d == "fp8"})
     recs += [{"op": "gemm", "dtype": d, "m": m, "n": n, "k": k} for d, n, k in gemms for m in GRID_TOKENS]
-    for shape in sorted({tuple((k, r[k]) for k in ("hidden", "inter", "topk", "experts", "ep"))
-                         for r in req if r["op"] == "moe"}):
+    for shape in sorted(
+        {tuple((k, r[k]) for k in ("hidden", "inter", "topk", "experts", "ep")) for r in req if r["op"] == "moe"}
+    ):
         dtypes = sorted({"fp8", "bf16"} | {r["dtype"] for r in req if r["op"] == "moe"})
         recs += [{"op": "moe", "dtype": d, "tokens": t, **dict(shape)} for d in dtypes for t in GRID_TOKENS]
     for kind, heads in sorted({(r["kind"], r["heads"]) for r in req if r["op"] == "attn"}):
-        recs += [{"op": "attn", "kind": kind, "phase": "decode", "batch": bb, "q": q, "kv": kv, "heads": heads}
-                 for bb in GRID_BATCH for q in GRID_Q_DECODE for kv in GRID_KV]
-        recs += [{"op": "attn", "kind": kind, "phase": "prefill", "batch": bb, "q": q, "kv": kv, "heads": heads}
-                 for bb in GRID_BATCH_PREFILL for q in GRID_Q_PREFILL for kv in (0,) + GRID_KV]
+        recs += [
+            {"op": "attn", "kind": kind, "phase": "decode", "batch": bb, "q": q, "kv": kv, "heads": heads}
+            for bb in GRID_BATCH
+            for q in GRID_Q_DECODE
+            for kv in GRID_KV
+        ]
+        recs += [
+            {"op": "attn", "kind": kind, "phase": "prefill", "batch": bb, "q": q, "kv": kv, "heads": heads}
+            for bb in GRID_BATCH_PREFILL
+            for q in GRID_Q_PREFILL
+            for kv in (0,) + GRID_KV
+        ]
     for h, hc in sorted({(r["hidden"], r["hc_mult"]) for r in req if r["op"] == "mhc"}):
         recs += [{"op": "mhc", "tokens": t, "hidden": h, "hc_mult": hc} for t in GRID_TOKENS]
     hidden = next((r["hidden"] for r in req if r["op"] == "moe"), None)
@@ -815,8 +912,7 @@ def grid_records(model: str, topology: str, system: str, required: list[dict] | 
 # ---- files --------------------------------------------------------------------------------------------------
 
 
-def kernel_table(name: str, system: str, backend: str, version: str, priced: dict, command: str,
-                 what: str) -> dict:
+def kernel_table(name: str, system: str, backend: str, version: str, priced: dict, command: str, what: str) -> dict:
     return {
         "name": name,
         "provenance": {
@@ -825,12 +921,16 @@ def kernel_table(name: str, system: str, backend: str, version: str, priced: dic
             "engine": f"{backend} (SGLang {FALLBACK_BACKEND[1]} where a record says so)",
             "engine_version": version,
             "date": _dt.date.today().isoformat(),
-            "method": (f"{AIC_PACKAGE}=={AIC_VERSION} system {system}: per-kernel tables read as data "
-                       "(AIC's own interpolation for gemm/moe, log-space linear interpolation of the module "
-                       "tables for attention/mhc/comm); " + what),
+            "method": (
+                f"{AIC_PACKAGE}=={AIC_VERSION} system {system}: per-kernel tables read as data "
+                "(AIC's own interpolation for gemm/moe, log-space linear interpolation of the module "
+                "tables for attention/mhc/comm); " + what
+            ),
             "command": command,
-            "source": (f"NVIDIA AIConfigurator ({AIC_PACKAGE} {AIC_VERSION} on PyPI, Apache-2.0), measured "
-                       "tables under aiconfigurator_core/systems/data"),
+            "source": (
+                f"NVIDIA AIConfigurator ({AIC_PACKAGE} {AIC_VERSION} on PyPI, Apache-2.0), measured "
+                "tables under aiconfigurator_core/systems/data"
+            ),
             "package": f"{AIC_PACKAGE}=={AIC_VERSION}",
             "system": system,
             "backend": f"{backend} {version}",
@@ -872,14 +972,14 @@ def _write_json(path: str, obj: Any) -> None:
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_suffix(p.suffix + ".tmp")
     tmp.write_text(text)
-    os.replace(tmp, p)   # nothing half-written
+    os.replace(tmp, p)  # nothing half-written
 
 
 def _ops_from(path: str) -> list[dict]:
     obj = _load_json(path, "op records")
     recs = obj.get("records", obj.get("ops")) if isinstance(obj, dict) else obj
     if not isinstance(recs, list):
-        raise InputError(f"{path}: expected a list of op records (or an object with \"records\")")
+        raise InputError(f'{path}: expected a list of op records (or an object with "records")')
     return recs
 
 
@@ -896,9 +996,17 @@ def _cmd_price(a) -> None:
         recs += _ops_from(p)
     priced = price_records(recs, a.system, a.backend, a.version, a.model)
     name = Path(a.out).stem
-    cmd = " ".join(["python3 -m dsim.kernels_aic price", f"--system {a.system}", f"--backend {a.backend}",
-                    f"--version {a.version}"] + [f"--ops {p}" for p in a.ops]
-                   + ([f"--model {a.model}"] if a.model else []) + [f"--out {a.out}"])
+    cmd = " ".join(
+        [
+            "python3 -m dsim.kernels_aic price",
+            f"--system {a.system}",
+            f"--backend {a.backend}",
+            f"--version {a.version}",
+        ]
+        + [f"--ops {p}" for p in a.ops]
+        + ([f"--model {a.model}"] if a.model else [])
+        + [f"--out {a.out}"]
+    )
     _write_json(a.out, kernel_table(name, a.system, a.backend, a.version, priced, cmd, "records from --ops"))
     print(f"{a.out}: {len(priced['records'])} records priced, {len(priced['unpriced'])} unpriced")
 
@@ -911,8 +1019,9 @@ SHIPPED_CASES: dict[str, list[tuple[str, str, str | None]]] = {
 }
 
 
-def build_table(system: str, backend: str = "vllm", version: str = "0.24.0",
-                cases: list[tuple[str, str, str | None]] | None = None) -> dict:
+def build_table(
+    system: str, backend: str = "vllm", version: str = "0.24.0", cases: list[tuple[str, str, str | None]] | None = None
+) -> dict:
     """Price the composer's records (required-ops) and the fixed grid for every shipped case of one system.
 
     A record key priced differently for two models (possible only for collectives whose record carries no
@@ -927,8 +1036,11 @@ def build_table(system: str, backend: str = "vllm", version: str = "0.24.0",
         got = price_records(req + grid_records(model, topo, system, req), system, backend, version, model, tables)
         c = model_config(model)
         shape = {"hidden": c["hidden_size"], "topk": c["num_experts_per_tok"], "experts": c["n_routed_experts"]}
-        twins = [{**r, **shape} for r in got["records"]
-                 if r["op"] == "comm" and r["kind"].startswith("a2a") and "hidden" not in r]
+        twins = [
+            {**r, **shape}
+            for r in got["records"]
+            if r["op"] == "comm" and r["kind"].startswith("a2a") and "hidden" not in r
+        ]
         for r in got["records"] + twins:
             k = record_key(r)
             if k in merged:
@@ -938,37 +1050,58 @@ def build_table(system: str, backend: str = "vllm", version: str = "0.24.0",
         for u in got["unpriced"]:
             unpriced.setdefault(record_key(u), u)
     cases_txt = ", ".join(f"{m} {t}" + (f" ({e} experts)" if e else "") for m, t, e in cases or SHIPPED_CASES[system])
-    return {"records": list(merged.values()),
-            "unpriced": [u for k, u in unpriced.items() if k not in merged],
-            "files": sorted(tables.files_read), "clashes": clashes, "cases": cases_txt}
+    return {
+        "records": list(merged.values()),
+        "unpriced": [u for k, u in unpriced.items() if k not in merged],
+        "files": sorted(tables.files_read),
+        "clashes": clashes,
+        "cases": cases_txt,
+    }
 
 
 def _cmd_build(a) -> None:
     priced = build_table(a.system, a.backend, a.version)
-    cmd = f"python3 -m dsim.kernels_aic build --system {a.system} --backend {a.backend} --version {a.version} " \
-          f"--out {a.out}"
-    what = (f"the composer's records (dsim.compose required-ops) and the fixed grid over their shapes for "
-            f"{priced['cases']}; {priced['clashes']} record keys priced differently for two models kept the "
-            "first")
+    cmd = (
+        f"python3 -m dsim.kernels_aic build --system {a.system} --backend {a.backend} --version {a.version} "
+        f"--out {a.out}"
+    )
+    what = (
+        f"the composer's records (dsim.compose required-ops) and the fixed grid over their shapes for "
+        f"{priced['cases']}; {priced['clashes']} record keys priced differently for two models kept the "
+        "first"
+    )
     _write_json(a.out, kernel_table(Path(a.out).stem, a.system, a.backend, a.version, priced, cmd, what))
-    print(f"{a.out}: {len(priced['records'])} records priced, {len(priced['unpriced'])} unpriced, "
-          f"{priced['clashes']} clashes")
+    print(
+        f"{a.out}: {len(priced['records'])} records priced, {len(priced['unpriced'])} unpriced, "
+        f"{priced['clashes']} clashes"
+    )
 
 
 def comparison_summary(c: Comparison, command: str = "", a_provenance: dict | None = None) -> dict:
     """The compact error record a profile built from (b) carries in provenance (compose --table-error)."""
     ap = a_provenance or {}
     return {
-        "against": c.a_name, "table": c.b_name, "date": _dt.date.today().isoformat(), "command": command,
-        "against_provenance": {k: ap[k] for k in ("kind", "hardware", "engine", "engine_version", "date", "command")
-                               if k in ap},
+        "against": c.a_name,
+        "table": c.b_name,
+        "date": _dt.date.today().isoformat(),
+        "command": command,
+        "against_provenance": {
+            k: ap[k] for k in ("kind", "hardware", "engine", "engine_version", "date", "command") if k in ap
+        },
         "error": "median |b/a - 1| over the shapes both tables price; attention modules of (b) against (a)'s "
-                 "attention core plus (a)'s projection GEMMs",
-        "shapes": len(c.shapes), "median_abs_error": round(c.median_abs_error, 4),
+        "attention core plus (a)'s projection GEMMs",
+        "shapes": len(c.shapes),
+        "median_abs_error": round(c.median_abs_error, 4),
         "median_ratio_b_over_a": round(statistics.median(s.ratio for s in c.shapes), 4) if c.shapes else None,
-        "by_kind": {k.kind: {"shapes": k.shapes, "median_abs_error": round(k.median_abs_error, 4),
-                             "p90_abs_error": round(k.p90_abs_error, 4), "median_ratio": round(k.median_ratio, 4)}
-                    for k in c.kinds},
+        "by_kind": {
+            k.kind: {
+                "shapes": k.shapes,
+                "median_abs_error": round(k.median_abs_error, 4),
+                "p90_abs_error": round(k.p90_abs_error, 4),
+                "median_ratio": round(k.median_ratio, 4),
+            }
+            for k in c.kinds
+        },
         "not_comparable": len(c.not_comparable),
     }
 
@@ -1014,8 +1147,9 @@ def main(argv: list[str] | None = None) -> int:
     an.add_argument("--out", default="profiles/kernels/aic-anchors.json")
     a = ap.parse_args(argv)
     try:
-        {"grid": _cmd_grid, "price": _cmd_price, "build": _cmd_build, "compare": _cmd_compare,
-         "anchors": _cmd_anchors}[a.cmd](a)
+        {"grid": _cmd_grid, "price": _cmd_price, "build": _cmd_build, "compare": _cmd_compare, "anchors": _cmd_anchors}[
+            a.cmd
+        ](a)
     except InputError as e:
         print(f"dsim.kernels_aic: error: {e}", file=sys.stderr)
         return 2
@@ -1039,18 +1173,62 @@ class Anchor:
     osl: int
     tp: int
     ep: int
-    quoted_ms: float   # the figure as first read from AIC (rounded)
+    quoted_ms: float  # the figure as first read from AIC (rounded)
 
 
 ANCHORS = (
-    Anchor("DeepSeek-V4-Pro, 8 x B300, TP8 + EP8, vLLM, decode batch 1", "b300_sxm", "vllm", "0.24.0",
-           "deepseek-ai/DeepSeek-V4-Pro", 1, 1024, 128, 8, 8, 36.8),
-    Anchor("DeepSeek-V4-Pro, 8 x B300, TP8 + EP8, vLLM, decode batch 8", "b300_sxm", "vllm", "0.24.0",
-           "deepseek-ai/DeepSeek-V4-Pro", 8, 1024, 128, 8, 8, 27.9),
-    Anchor("DeepSeek-V3 FP8, 8 x H200, TP8 + EP8, vLLM, decode 256 requests", "h200_sxm", "vllm", "0.24.0",
-           "deepseek-ai/DeepSeek-V3", 256, 1024, 128, 8, 8, 46.0),
-    Anchor("DeepSeek-V3 FP8, 8 x H200, TP8 + EP8, vLLM, decode 512 requests", "h200_sxm", "vllm", "0.24.0",
-           "deepseek-ai/DeepSeek-V3", 512, 1024, 128, 8, 8, 62.0),
+    Anchor(
+        "DeepSeek-V4-Pro, 8 x B300, TP8 + EP8, vLLM, decode batch 1",
+        "b300_sxm",
+        "vllm",
+        "0.24.0",
+        "deepseek-ai/DeepSeek-V4-Pro",
+        1,
+        1024,
+        128,
+        8,
+        8,
+        36.8,
+    ),
+    Anchor(
+        "DeepSeek-V4-Pro, 8 x B300, TP8 + EP8, vLLM, decode batch 8",
+        "b300_sxm",
+        "vllm",
+        "0.24.0",
+        "deepseek-ai/DeepSeek-V4-Pro",
+        8,
+        1024,
+        128,
+        8,
+        8,
+        27.9,
+    ),
+    Anchor(
+        "DeepSeek-V3 FP8, 8 x H200, TP8 + EP8, vLLM, decode 256 requests",
+        "h200_sxm",
+        "vllm",
+        "0.24.0",
+        "deepseek-ai/DeepSeek-V3",
+        256,
+        1024,
+        128,
+        8,
+        8,
+        46.0,
+    ),
+    Anchor(
+        "DeepSeek-V3 FP8, 8 x H200, TP8 + EP8, vLLM, decode 512 requests",
+        "h200_sxm",
+        "vllm",
+        "0.24.0",
+        "deepseek-ai/DeepSeek-V3",
+        512,
+        1024,
+        128,
+        8,
+        8,
+        62.0,
+    ),
 )
 
 
@@ -1063,22 +1241,32 @@ def run_anchor(an: Anchor) -> dict:
     from aiconfigurator_core.sdk.config import ModelConfig, RuntimeConfig
     from aiconfigurator_core.sdk.models import get_model
     from aiconfigurator_core.sdk.perf_database import get_database
+
     logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
     db = get_database(an.system, an.backend, an.version)
-    model = get_model(an.model_path, ModelConfig(tp_size=an.tp, moe_tp_size=1, moe_ep_size=an.ep,
-                                                attention_dp_size=1), an.backend)
+    model = get_model(
+        an.model_path, ModelConfig(tp_size=an.tp, moe_tp_size=1, moe_ep_size=an.ep, attention_dp_size=1), an.backend
+    )
     summary = get_backend(an.backend).run_static(
-        model, db, RuntimeConfig(batch_size=an.batch, beam_width=1, isl=an.isl, osl=an.osl), mode="static_gen")
+        model, db, RuntimeConfig(batch_size=an.batch, beam_width=1, isl=an.isl, osl=an.osl), mode="static_gen"
+    )
     row = summary.get_summary_df().iloc[0].to_dict()
-    steps = an.osl - 1   # AIC's TPOT: generation latency over the osl - 1 decode steps after the first token
+    steps = an.osl - 1  # AIC's TPOT: generation latency over the osl - 1 decode steps after the first token
     per_op = {k: round(v / steps, 3) for k, v in summary.get_generation_latency_dict().items() if v}
     shared = _shared_expert_gemm_check(an)
     return {
         "shared_expert_fp8_gemm_ms_per_step": shared,
-        "name": an.name, "system": an.system, "engine": f"{an.backend} {an.version}", "model": an.model_path,
-        "parallel": row["parallel"], "batch": an.batch, "isl": an.isl, "osl": an.osl,
+        "name": an.name,
+        "system": an.system,
+        "engine": f"{an.backend} {an.version}",
+        "model": an.model_path,
+        "parallel": row["parallel"],
+        "batch": an.batch,
+        "isl": an.isl,
+        "osl": an.osl,
         "quant": {"gemm": row["gemm"], "moe": row["moe"], "kvcache": row["kvcache"], "fmha": row["fmha"]},
-        "step_ms": round(float(row["tpot"]), 3), "quoted_ms": an.quoted_ms,
+        "step_ms": round(float(row["tpot"]), 3),
+        "quoted_ms": an.quoted_ms,
         "tokens_per_s_per_gpu": round(float(row["tokens/s/gpu"]), 2),
         "step_ms_by_op": per_op,
         "moe_workload_distribution": "power_law_1.01 (AIC's default for DeepSeek models)",
@@ -1091,6 +1279,7 @@ def _shared_expert_gemm_check(an: Anchor) -> dict:
     import aiconfigurator_core.sdk.operations as ops
     from aiconfigurator_core.sdk import common
     from aiconfigurator_core.sdk.perf_database import get_database
+
     name = next(k for k, (stem, _) in MODELS.items() if stem.split("--")[1] == an.model_path.split("/")[1])
     c = model_config(name)
     h, inter = c["hidden_size"], c["moe_intermediate_size"] * c.get("n_shared_experts", 1)
@@ -1098,8 +1287,10 @@ def _shared_expert_gemm_check(an: Anchor) -> dict:
     out = {"moe_layers": layers}
     for b, v in ((an.backend, an.version), FALLBACK_BACKEND):
         db = get_database(an.system, b, v)
-        per_layer = sum(float(ops.GEMM("g", 1, n, k, common.GEMMQuantMode.fp8_block)._engine_query(db, x=an.batch))
-                        for n, k in ((2 * inter // an.tp, h), (h, inter // an.tp)))
+        per_layer = sum(
+            float(ops.GEMM("g", 1, n, k, common.GEMMQuantMode.fp8_block)._engine_query(db, x=an.batch))
+            for n, k in ((2 * inter // an.tp, h), (h, inter // an.tp))
+        )
         out[f"{b} {v}"] = round(per_layer * layers, 3)
     return out
 
@@ -1110,12 +1301,16 @@ def _cmd_anchors(a) -> None:
     out = {
         "name": "aic-anchors",
         "provenance": {
-            "kind": "silicon-table-estimate", "date": _dt.date.today().isoformat(),
-            "method": ("AIConfigurator's own end-to-end static decode estimate: aiconfigurator_core.sdk "
-                       "get_model + get_backend(...).run_static(mode='static_gen') with ModelConfig(tp_size, "
-                       "moe_tp_size=1, moe_ep_size, attention_dp_size=1) and RuntimeConfig(batch_size, isl, osl), "
-                       "AIC's default quantization for each checkpoint; step_ms is AIC's TPOT"),
-            "command": cmd, "package": f"{AIC_PACKAGE}=={AIC_VERSION}",
+            "kind": "silicon-table-estimate",
+            "date": _dt.date.today().isoformat(),
+            "method": (
+                "AIConfigurator's own end-to-end static decode estimate: aiconfigurator_core.sdk "
+                "get_model + get_backend(...).run_static(mode='static_gen') with ModelConfig(tp_size, "
+                "moe_tp_size=1, moe_ep_size, attention_dp_size=1) and RuntimeConfig(batch_size, isl, osl), "
+                "AIC's default quantization for each checkpoint; step_ms is AIC's TPOT"
+            ),
+            "command": cmd,
+            "package": f"{AIC_PACKAGE}=={AIC_VERSION}",
             "source": f"NVIDIA AIConfigurator ({AIC_PACKAGE} {AIC_VERSION}, Apache-2.0)",
         },
         "anchors": anchors,

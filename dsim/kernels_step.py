@@ -20,6 +20,7 @@ Layouts: confidences and offsets are position-major ``[K, R]`` (a request is a c
 slot table is ``[capacity, NCOL]`` with the column indices below. Every kernel takes whole buffers
 plus the live count, so each compiles once per process type signature (and is cached on disk).
 """
+
 from __future__ import annotations
 
 import math
@@ -32,8 +33,14 @@ ID, COMP, END, CLS, EMITS, ROUNDS, ASUM, VSUM = range(8)
 NCOL = 8
 # Policy codes.
 FIXED, THRESHOLD, VLLM, PAPER, PAPER_PRODUCTION, SGLANG = range(6)
-POLICY_CODES = {"fixed": FIXED, "threshold": THRESHOLD, "vllm": VLLM, "paper": PAPER,
-                "paper-production": PAPER_PRODUCTION, "sglang": SGLANG}
+POLICY_CODES = {
+    "fixed": FIXED,
+    "threshold": THRESHOLD,
+    "vllm": VLLM,
+    "paper": PAPER,
+    "paper-production": PAPER_PRODUCTION,
+    "sglang": SGLANG,
+}
 # Verify modes (SGLang).
 STATIC, COMPACT, CAP_ACCEPT = range(3)
 VERIFY_CODES = {"static": STATIC, "compact": COMPACT, "cap-accept": CAP_ACCEPT}
@@ -127,7 +134,7 @@ def normal(s):
         j = float(np.int64(r >> uint64(32)) - 2147483648)
         if abs(j) < _KN[iz]:
             return j * _WN[iz]
-        if iz == 0:                      # the base strip's tail beyond r
+        if iz == 0:  # the base strip's tail beyond r
             while True:
                 x = -math.log(_uniform_open(s)) / _ZIG_R
                 y = -math.log(_uniform_open(s))
@@ -157,9 +164,11 @@ def fill_uniform(key, out):
 
 # ---- the acceptance model's draws -------------------------------------------------------------
 
+
 @njit(cache=True)
-def draw_slots(key, I, X, n, K, steps, head, tok_scale, step_scale, head_scale, head_shift, temp, full,
-               conf, lead, accept, p_true):
+def draw_slots(
+    key, I, X, n, K, steps, head, tok_scale, step_scale, head_scale, head_shift, temp, full, conf, lead, accept, p_true
+):
     """``steps`` steps of draws for the first n slots whose offsets are X[0:K, :n] (the class
     curve's confidences in X[K:2K] for the useless head); slot r is request I[r, ID] at draft
     round I[r, ROUNDS] + t in step t. Writes conf[t, j, r] (float32) and lead[t, r] (leading
@@ -201,6 +210,7 @@ def draw_slots(key, I, X, n, K, steps, head, tok_scale, step_scale, head_scale, 
 
 
 # ---- verify-budget policies -------------------------------------------------------------------
+
 
 @njit(cache=True)
 def _sort_desc(v, out):
@@ -405,7 +415,7 @@ def step_windows(code, tau, now, prev, old, row, extra, n_samp, n_nondraft, toke
     limit = M if M < npos else npos
     if code == PAPER:
         B = _early_stop(srt, n_samp, row, extra, limit)
-    else:                                    # SGLANG
+    else:  # SGLANG
         B = _ratio_argmax(srt, RK, n_samp, row, extra, limit)
     _top_b(flat, srt, B, K, R, out)
 
@@ -417,8 +427,9 @@ def policy_windows(code, tau, now, prev, old, rows, extra, n_samp, n_nondraft, t
     k = now.shape[0]
     for t in range(k):
         rt = t if rows.shape[0] > 1 else 0
-        step_windows(code, tau, now[t], prev[t], old[t], rows[rt], extra[t], n_samp[t], n_nondraft[t],
-                     token_limit, k_max, out[t])
+        step_windows(
+            code, tau, now[t], prev[t], old[t], rows[rt], extra[t], n_samp[t], n_nondraft[t], token_limit, k_max, out[t]
+        )
 
 
 @njit(cache=True)
@@ -428,10 +439,11 @@ def verify_commit(mode, w, K):
         return w, w
     if mode == STATIC:
         return K, K
-    return K, w                               # CAP_ACCEPT
+    return K, w  # CAP_ACCEPT
 
 
 # ---- decode windows: budgets priced at each step's own KV context -----------------------------
+
 
 @njit(cache=True)
 def _window_contexts(win, lead, left0, mode, K, k, n, ctx):
@@ -453,8 +465,26 @@ def _window_contexts(win, lead, left0, mode, K, k, n, ctx):
 
 
 @njit(cache=True)
-def window_windows(code, tau, conf, X, cp, cp2, n, row, base_extra, kv_ms_per_tok, n_samp, n_nondraft,
-                   token_limit, K, lead, left0, mode, out):
+def window_windows(
+    code,
+    tau,
+    conf,
+    X,
+    cp,
+    cp2,
+    n,
+    row,
+    base_extra,
+    kv_ms_per_tok,
+    n_samp,
+    n_nondraft,
+    token_limit,
+    K,
+    lead,
+    left0,
+    mode,
+    out,
+):
     """Verify windows out[k, n] of a k-step decode window. Step t's budget is priced at its own
     KV context, which depends on what the earlier steps accepted: a fixed point (price with a
     guess of the contexts, derive the contexts those windows produce, up to three rounds until
@@ -462,8 +492,8 @@ def window_windows(code, tau, conf, X, cp, cp2, n, row, base_extra, kv_ms_per_to
     The confidences one and two steps back are conf[t-1], conf[t-2], before the window the slots'
     history rows X[cp:cp+K] and X[cp2:cp2+K] (cp2 < 0: not kept, the policy does not read it)."""
     k = conf.shape[0]
-    prev_hist = X[cp:cp + K, :n]
-    old_hist = X[cp2:cp2 + K, :n] if cp2 >= 0 else prev_hist
+    prev_hist = X[cp : cp + K, :n]
+    old_hist = X[cp2 : cp2 + K, :n] if cp2 >= 0 else prev_hist
     ctx = np.zeros(k, np.int64)
 
     def solve_step(t, extra, dst):
@@ -495,12 +525,13 @@ def window_windows(code, tau, conf, X, cp, cp2, n, row, base_extra, kv_ms_per_to
         out[:, :] = nxt
         if same:
             return
-    for t in range(1, k):                    # no fixed point: one step at a time
+    for t in range(1, k):  # no fixed point: one step at a time
         _window_contexts(out, lead, left0, mode, K, k, n, ctx)
         solve_step(t, base_extra + kv_ms_per_tok * ctx[t], out[t])
 
 
 # ---- commit -----------------------------------------------------------------------------------
+
 
 @njit(cache=True)
 def verify_arrays(mode, win, K, verified, cap):
@@ -513,8 +544,9 @@ def verify_arrays(mode, win, K, verified, cap):
 
 
 @njit(cache=True)
-def commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, em, ver_r, acc_r, step_ver,
-                   step_acc, step_emit):
+def commit_decodes(
+    I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, em, ver_r, acc_r, step_ver, step_acc, step_emit
+):
     """Commit m steps of the first n decode slots (verified, cap, lead [m, n]; not read when K = 0):
     per slot and step, accepted = min(full-block
     lead, commit cap) (a decode cut by the token budget, given[r] >= 0 tokens, verifies and commits
@@ -633,32 +665,114 @@ def remove_done(I, F, X, n, done_I, done_F):
 
 # ---- one step (or window) of the decode slots: draws, verify windows, verify modes ------------
 
+
 @njit(cache=True)
-def plan_decodes(key, I, X, n, K, steps, head, tok_scale, step_scale, head_scale, head_shift, temp,
-                 adaptive, code, tau, cp, cp2, row, base_extra, kv_ms_per_tok, n_nondraft, token_limit,
-                 mode, conf, lead, verified, cap):
+def plan_decodes(
+    key,
+    I,
+    X,
+    n,
+    K,
+    steps,
+    head,
+    tok_scale,
+    step_scale,
+    head_scale,
+    head_shift,
+    temp,
+    adaptive,
+    code,
+    tau,
+    cp,
+    cp2,
+    row,
+    base_extra,
+    kv_ms_per_tok,
+    n_nondraft,
+    token_limit,
+    mode,
+    conf,
+    lead,
+    verified,
+    cap,
+):
     """Draws (``draw_slots``) and verify windows of ``steps`` steps of the first n decode slots:
     adaptive, the budget policy ``code`` on the cost row ``row`` (``window_windows``); else the
     full block. Writes conf [steps, K, n], lead, verified and commit cap [steps, n]."""
     nothing_b = np.zeros((0, 0, 0), np.bool_)
     nothing_f = np.zeros((0, 0, 0), np.float32)
-    draw_slots(key, I, X, n, K, steps, head, tok_scale, step_scale, head_scale, head_shift, temp, False,
-               conf, lead, nothing_b, nothing_f)
+    draw_slots(
+        key,
+        I,
+        X,
+        n,
+        K,
+        steps,
+        head,
+        tok_scale,
+        step_scale,
+        head_scale,
+        head_shift,
+        temp,
+        False,
+        conf,
+        lead,
+        nothing_b,
+        nothing_f,
+    )
     win = np.empty((steps, n), np.int64)
     if adaptive:
         left0 = np.empty(n, np.int64)
         for r in range(n):
             left0[r] = I[r, END] - I[r, COMP]
-        window_windows(code, tau, conf, X, cp, cp2, n, row, base_extra, kv_ms_per_tok, float(n), n_nondraft,
-                       token_limit, K, lead, left0, mode, win)
+        window_windows(
+            code,
+            tau,
+            conf,
+            X,
+            cp,
+            cp2,
+            n,
+            row,
+            base_extra,
+            kv_ms_per_tok,
+            float(n),
+            n_nondraft,
+            token_limit,
+            K,
+            lead,
+            left0,
+            mode,
+            win,
+        )
     else:
         win[:, :] = K
     verify_arrays(mode, win, K, verified, cap)
 
 
 @njit(cache=True)
-def window_steps(I, n, K, k, lead, cap, verified, kv_dec, avail_blocks, lookahead, fwd_table, kv_ms_per_tok,
-                 fixed_ms, t0_s, n_tok, per_step, kv, fwd, dur, t_end):
+def window_steps(
+    I,
+    n,
+    K,
+    k,
+    lead,
+    cap,
+    verified,
+    kv_dec,
+    avail_blocks,
+    lookahead,
+    fwd_table,
+    kv_ms_per_tok,
+    fixed_ms,
+    t0_s,
+    n_tok,
+    per_step,
+    kv,
+    fwd,
+    dur,
+    t_end,
+):
     """The shape of a k-step decode window of the first n slots (lead, commit cap, verified
     [k, n]; ignored when K = 0, one token a step): per step its tokens n_tok, tokens emitted
     per_step (before output caps), KV tokens read kv (at its start plus its own tokens), the

@@ -6,6 +6,7 @@ streamed chunks (one chunk per engine step per request under speculative decodin
 ITL samples are kept run-length coded (value, count): inside a decode stretch every request of a
 step gets the same gap.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -50,15 +51,26 @@ def request_table(reqs, class_names) -> pd.DataFrame:
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(out > 1, (e2e - ttft) / np.maximum(out - 1, 1), np.nan)
         itl_mean = np.where(reqs.emits > 0, (reqs.finish - reqs.first_token) * 1e3 / np.maximum(reqs.emits, 1), np.nan)
-    return pd.DataFrame({
-        "request": np.arange(reqs.n), "replica": reqs.replica, "class": np.asarray(class_names)[reqs.cls],
-        "arrival_s": reqs.arrival, "prompt_tokens": reqs.prompt, "output_tokens": out,
-        "cached_tokens": np.asarray(reqs.cached_tokens, dtype=np.int64),
-        "queue_ms": (np.asarray(reqs.admit, dtype=np.float64) - reqs.arrival) * 1e3,
-        "ttft_ms": ttft, "tpot_ms": tpot, "e2e_ms": e2e, "itl_mean_ms": itl_mean,
-        "itl_max_ms": np.where(reqs.emits > 0, reqs.itl_max, np.nan), "chunks": reqs.emits + done,
-        "preemptions": np.asarray(reqs.preemptions, dtype=np.int64), "completed": done,
-    })
+    return pd.DataFrame(
+        {
+            "request": np.arange(reqs.n),
+            "replica": reqs.replica,
+            "class": np.asarray(class_names)[reqs.cls],
+            "arrival_s": reqs.arrival,
+            "prompt_tokens": reqs.prompt,
+            "output_tokens": out,
+            "cached_tokens": np.asarray(reqs.cached_tokens, dtype=np.int64),
+            "queue_ms": (np.asarray(reqs.admit, dtype=np.float64) - reqs.arrival) * 1e3,
+            "ttft_ms": ttft,
+            "tpot_ms": tpot,
+            "e2e_ms": e2e,
+            "itl_mean_ms": itl_mean,
+            "itl_max_ms": np.where(reqs.emits > 0, reqs.itl_max, np.nan),
+            "chunks": reqs.emits + done,
+            "preemptions": np.asarray(reqs.preemptions, dtype=np.int64),
+            "completed": done,
+        }
+    )
 
 
 def goodput(req: pd.DataFrame, slo: dict | None, duration_s: float) -> float | None:

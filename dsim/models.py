@@ -25,6 +25,7 @@ KV cache per token of context (what decides how many requests a GPU holds):
   V4 stated in the profile). The sliding window adds a constant ``sliding_window`` raw entries per
   request and layer, independent of context.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,21 +44,21 @@ ATTN_KINDS = ("mla", "v4_swa", "v4_csa", "v4_hca")
 @dataclass(frozen=True)
 class MoEModel:
     name: str
-    family: str                     # deepseek_v3 | deepseek_v4
+    family: str  # deepseek_v3 | deepseek_v4
     hidden: int
     layers: int
     vocab: int
-    heads: int                      # query heads
-    head_dim: int                   # V4: the shared KV head's width; V3: qk nope + rope
+    heads: int  # query heads
+    head_dim: int  # V4: the shared KV head's width; V3: qk nope + rope
     q_lora_rank: int
-    attn_kinds: tuple[str, ...]     # per decoder layer
-    moe_layer: tuple[bool, ...]     # per decoder layer: MoE (True) or dense MLP
+    attn_kinds: tuple[str, ...]  # per decoder layer
+    moe_layer: tuple[bool, ...]  # per decoder layer: MoE (True) or dense MLP
     experts: int
     topk: int
     moe_inter: int
     shared_experts: int
-    dense_inter: int                # dense-MLP layers' intermediate size (V3's first layers)
-    expert_dtype: str               # fp8 | fp4 as released
+    dense_inter: int  # dense-MLP layers' intermediate size (V3's first layers)
+    expert_dtype: str  # fp8 | fp4 as released
     mtp_layers: int
     source: str
     # V3 MLA
@@ -83,17 +84,25 @@ class MoEModel:
         h = self.hidden
         if self.family == "deepseek_v3":
             qk = self.nope_dim + self.rope_dim
-            return (h * self.q_lora_rank + self.q_lora_rank * self.heads * qk
-                    + h * (self.kv_lora_rank + self.rope_dim)
-                    + self.kv_lora_rank * self.heads * (self.nope_dim + self.v_head_dim)
-                    + self.heads * self.v_head_dim * h)
+            return (
+                h * self.q_lora_rank
+                + self.q_lora_rank * self.heads * qk
+                + h * (self.kv_lora_rank + self.rope_dim)
+                + self.kv_lora_rank * self.heads * (self.nope_dim + self.v_head_dim)
+                + self.heads * self.v_head_dim * h
+            )
         # q: h -> q_lora -> heads x head_dim; one shared KV head; output: each of o_groups groups of
         # heads projects its heads x head_dim / o_groups inputs to o_lora_rank, then o_groups x
         # o_lora_rank -> h
-        p = (h * self.q_lora_rank + self.q_lora_rank * self.heads * self.head_dim + h * self.head_dim
-             + self.heads * self.head_dim * self.o_lora_rank + self.o_groups * self.o_lora_rank * h)
+        p = (
+            h * self.q_lora_rank
+            + self.q_lora_rank * self.heads * self.head_dim
+            + h * self.head_dim
+            + self.heads * self.head_dim * self.o_lora_rank
+            + self.o_groups * self.o_lora_rank * h
+        )
         if kind in ("v4_csa", "v4_hca"):
-            p += h * 2 * self.head_dim                      # the compressor's KV and gate projections
+            p += h * 2 * self.head_dim  # the compressor's KV and gate projections
         if kind == "v4_csa":
             p += self.q_lora_rank * self.index_heads * self.index_dim + h * self.index_dim + h * self.index_heads
         return p
@@ -112,8 +121,11 @@ class MoEModel:
         routed = n_moe * self.experts * self.expert_params
         router = n_moe * self.hidden * self.experts
         embed = 2 * self.vocab * self.hidden
-        mtp = self.mtp_layers * (self.attn_params(self.mtp_attn_kind) + (self.experts + self.shared_experts)
-                                 * self.expert_params + 2 * self.hidden * self.hidden)
+        mtp = self.mtp_layers * (
+            self.attn_params(self.mtp_attn_kind)
+            + (self.experts + self.shared_experts) * self.expert_params
+            + 2 * self.hidden * self.hidden
+        )
         total = attn + dense + shared + routed + router + embed + mtp
         active = attn + dense + shared + router + embed + n_moe * self.topk * self.expert_params
         return dict(total=total, active=active, routed_experts=routed, mtp=mtp)
@@ -130,22 +142,32 @@ class MoEModel:
         routed = n_moe * self.experts * self.expert_params
         router = n_moe * self.hidden * self.experts
         embed = 2 * self.vocab * self.hidden
-        mtp = self.mtp_layers * (self.attn_params(self.mtp_attn_kind) + self.experts * self.expert_params
-                                 + self.shared_experts * self.expert_params + 2 * self.hidden * self.hidden)
-        return dict(attention=attn * 1.0, shared_and_dense=(shared + dense_mlp) * 1.0, router=router * 2.0,
-                    routed_experts=routed * e_bytes, embeddings=embed * 2.0, mtp=mtp * 1.0)
+        mtp = self.mtp_layers * (
+            self.attn_params(self.mtp_attn_kind)
+            + self.experts * self.expert_params
+            + self.shared_experts * self.expert_params
+            + 2 * self.hidden * self.hidden
+        )
+        return dict(
+            attention=attn * 1.0,
+            shared_and_dense=(shared + dense_mlp) * 1.0,
+            router=router * 2.0,
+            routed_experts=routed * e_bytes,
+            embeddings=embed * 2.0,
+            mtp=mtp * 1.0,
+        )
 
     def kv_bytes_per_token(self) -> float:
         """KV-cache bytes per token of context, summed over the decoder layers."""
         if self.family == "deepseek_v3":
             return self.layers * (self.kv_lora_rank + self.rope_dim) * 2.0
-        entry = (self.head_dim - self.rope_dim) * 1.0 + self.rope_dim * 2.0       # FP8 + bf16 rope
+        entry = (self.head_dim - self.rope_dim) * 1.0 + self.rope_dim * 2.0  # FP8 + bf16 rope
         total = 0.0
         for r in self.compress_ratios[: self.layers]:
             if r:
                 total += entry / r
                 if r == 4:
-                    total += self.index_dim * 1.0 / r                           # FP8 indexer keys
+                    total += self.index_dim * 1.0 / r  # FP8 indexer keys
         return total
 
     def kv_bytes_per_request(self) -> float:
@@ -186,21 +208,36 @@ def model_from_config(cfg: dict, name: str, where: str = "<config>") -> MoEModel
     fam = cfg.get("model_type")
     try:
         L = int(cfg["num_hidden_layers"])
-        common: dict[str, Any] = dict(name=name, hidden=int(cfg["hidden_size"]), layers=L, vocab=int(cfg["vocab_size"]),
-                      heads=int(cfg["num_attention_heads"]), q_lora_rank=int(cfg["q_lora_rank"]),
-                      experts=int(cfg["n_routed_experts"]), topk=int(cfg["num_experts_per_tok"]),
-                      moe_inter=int(cfg["moe_intermediate_size"]),
-                      shared_experts=int(cfg.get("n_shared_experts", 0)),
-                      mtp_layers=int(cfg.get("num_nextn_predict_layers", 0)),
-                      source=str(cfg.get("source") or cfg.get("_source") or where))
+        common: dict[str, Any] = dict(
+            name=name,
+            hidden=int(cfg["hidden_size"]),
+            layers=L,
+            vocab=int(cfg["vocab_size"]),
+            heads=int(cfg["num_attention_heads"]),
+            q_lora_rank=int(cfg["q_lora_rank"]),
+            experts=int(cfg["n_routed_experts"]),
+            topk=int(cfg["num_experts_per_tok"]),
+            moe_inter=int(cfg["moe_intermediate_size"]),
+            shared_experts=int(cfg.get("n_shared_experts", 0)),
+            mtp_layers=int(cfg.get("num_nextn_predict_layers", 0)),
+            source=str(cfg.get("source") or cfg.get("_source") or where),
+        )
         if fam == "deepseek_v3":
             k_dense = int(cfg.get("first_k_dense_replace", 0))
-            return MoEModel(family=fam, head_dim=int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"]),
-                            attn_kinds=("mla",) * L, moe_layer=tuple(i >= k_dense for i in range(L)),
-                            dense_inter=int(cfg["intermediate_size"]), expert_dtype="fp8",
-                            kv_lora_rank=int(cfg["kv_lora_rank"]), rope_dim=int(cfg["qk_rope_head_dim"]),
-                            nope_dim=int(cfg["qk_nope_head_dim"]), v_head_dim=int(cfg["v_head_dim"]),
-                            mtp_attn_kind="mla", **common)
+            return MoEModel(
+                family=fam,
+                head_dim=int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"]),
+                attn_kinds=("mla",) * L,
+                moe_layer=tuple(i >= k_dense for i in range(L)),
+                dense_inter=int(cfg["intermediate_size"]),
+                expert_dtype="fp8",
+                kv_lora_rank=int(cfg["kv_lora_rank"]),
+                rope_dim=int(cfg["qk_rope_head_dim"]),
+                nope_dim=int(cfg["qk_nope_head_dim"]),
+                v_head_dim=int(cfg["v_head_dim"]),
+                mtp_attn_kind="mla",
+                **common,
+            )
         if fam == "deepseek_v4":
             ratios = tuple(int(r) for r in cfg["compress_ratios"])
             if len(ratios) < L:
@@ -210,15 +247,26 @@ def model_from_config(cfg: dict, name: str, where: str = "<config>") -> MoEModel
             if bad:
                 raise InputError(f"{where}: compress_ratios: unknown ratio {bad[0]} (known: 0, 4, 128)")
             mtp_kind = kind[ratios[L]] if len(ratios) > L else "v4_swa"
-            return MoEModel(family=fam, head_dim=int(cfg["head_dim"]),
-                            attn_kinds=tuple(kind[r] for r in ratios[:L]), moe_layer=(True,) * L,
-                            dense_inter=0, expert_dtype=str(cfg.get("expert_dtype", "fp8")),
-                            rope_dim=int(cfg["qk_rope_head_dim"]), o_groups=int(cfg["o_groups"]),
-                            o_lora_rank=int(cfg["o_lora_rank"]), sliding_window=int(cfg["sliding_window"]),
-                            index_heads=int(cfg["index_n_heads"]), index_dim=int(cfg["index_head_dim"]),
-                            index_topk=int(cfg["index_topk"]), compress_ratios=ratios,
-                            hc_mult=int(cfg.get("hc_mult", 1)), hash_layers=int(cfg.get("num_hash_layers", 0)),
-                            mtp_attn_kind=mtp_kind, **common)
+            return MoEModel(
+                family=fam,
+                head_dim=int(cfg["head_dim"]),
+                attn_kinds=tuple(kind[r] for r in ratios[:L]),
+                moe_layer=(True,) * L,
+                dense_inter=0,
+                expert_dtype=str(cfg.get("expert_dtype", "fp8")),
+                rope_dim=int(cfg["qk_rope_head_dim"]),
+                o_groups=int(cfg["o_groups"]),
+                o_lora_rank=int(cfg["o_lora_rank"]),
+                sliding_window=int(cfg["sliding_window"]),
+                index_heads=int(cfg["index_n_heads"]),
+                index_dim=int(cfg["index_head_dim"]),
+                index_topk=int(cfg["index_topk"]),
+                compress_ratios=ratios,
+                hc_mult=int(cfg.get("hc_mult", 1)),
+                hash_layers=int(cfg.get("num_hash_layers", 0)),
+                mtp_attn_kind=mtp_kind,
+                **common,
+            )
     except KeyError as e:
         raise InputError(f"{where}: missing key {e.args[0]!r}") from None
     except (TypeError, ValueError):

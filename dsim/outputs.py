@@ -11,6 +11,7 @@ Both check the target up front (before a long run starts): an empty path, an exi
 of the wrong kind (a file where a directory is wanted or the reverse), or a place that cannot be
 written raise InputError naming the option and the path.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -65,7 +66,7 @@ def _make_stage(p: Path, what: str, kind: str) -> tuple[Path, Path]:
     os.umask(umask)
     try:
         os.chmod(stage, (0o777 if kind == "dir" else 0o666) & ~umask)
-    except OSError:     # pragma: no cover
+    except OSError:  # pragma: no cover
         pass
     return anc, stage
 
@@ -91,7 +92,7 @@ def _signals_held() -> Iterator[None]:
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
             old[sig] = signal.signal(sig, lambda s, f: pending.append(s))
-        except (ValueError, OSError):     # pragma: no cover - not settable here
+        except (ValueError, OSError):  # pragma: no cover - not settable here
             pass
     try:
         yield

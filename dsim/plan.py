@@ -16,6 +16,7 @@ A node count is first simulated with the first seed only; the other seeds run on
 order, on the number of worker processes or on the executor). Simulations run in a process pool
 (``jobs``) or as Ray tasks (``executor="ray"``, dsim.executor).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,31 +28,39 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dsim.errors import InputError
 from dsim.metrics import weighted_percentile
 
-from dsim.errors import InputError
-
 METRICS = ("tpot", "ttft", "itl", "e2e")
-METRIC_LABEL = {"tpot": "TPOT (P-token latency)", "ttft": "TTFT", "itl": "ITL", "e2e": "E2E latency",
-                "min_user_tok_s": "per-user speed"}
+METRIC_LABEL = {
+    "tpot": "TPOT (P-token latency)",
+    "ttft": "TTFT",
+    "itl": "ITL",
+    "e2e": "E2E latency",
+    "min_user_tok_s": "per-user speed",
+}
 
 # Public on-demand / spot H200 quotes used when --price-per-gpu-hour is not given.
 PRICE_ON_DEMAND = 5.49
 PRICE_SPOT = 2.85
 PRICE_DATE = "24 Sep 2026"
-PRICE_SOURCE = (f"public H200 cloud quote, ${PRICE_ON_DEMAND:.2f}/GPU-hour on demand, "
-                f"${PRICE_SPOT:.2f}/GPU-hour spot (dated {PRICE_DATE})")
+PRICE_SOURCE = (
+    f"public H200 cloud quote, ${PRICE_ON_DEMAND:.2f}/GPU-hour on demand, "
+    f"${PRICE_SPOT:.2f}/GPU-hour spot (dated {PRICE_DATE})"
+)
 
 
 # ---- SLA grammar ----------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class SLO:
     """One SLA term: metric's pct-th percentile <= target_ms, or mean per-user speed >= target."""
-    metric: str              # tpot | ttft | itl | e2e | min_user_tok_s
-    pct: float | None        # 0 < pct < 100 (None for min_user_tok_s)
-    target: float            # ms for latencies, tok/s for min_user_tok_s
-    text: str                # as written
+
+    metric: str  # tpot | ttft | itl | e2e | min_user_tok_s
+    pct: float | None  # 0 < pct < 100 (None for min_user_tok_s)
+    target: float  # ms for latencies, tok/s for min_user_tok_s
+    text: str  # as written
 
     @property
     def key(self) -> str:
@@ -135,12 +144,14 @@ def parse_sla(s: str) -> list[SLO]:
         else:
             m = _TERM.match(name)
             if not m:
-                raise InputError(f"--sla: {name!r}: expected [metric_]pNN (metric {', '.join(METRICS)}) "
-                                 f"or min_user_tok_s")
+                raise InputError(
+                    f"--sla: {name!r}: expected [metric_]pNN (metric {', '.join(METRICS)}) or min_user_tok_s"
+                )
             metric = m.group(1) or "tpot"
             if metric not in METRICS:
-                raise InputError(f"--sla: unknown metric {metric!r} in {term!r} (known: {', '.join(METRICS)}, "
-                                 f"min_user_tok_s)")
+                raise InputError(
+                    f"--sla: unknown metric {metric!r} in {term!r} (known: {', '.join(METRICS)}, min_user_tok_s)"
+                )
             pct = float(m.group(2))
             if not (0 < pct < 100):
                 raise InputError(f"--sla: percentile p{m.group(2)} in {term!r} is out of range (0 < NN < 100)")
@@ -174,9 +185,11 @@ def parse_request_slo(s: str) -> dict:
 
 # ---- one simulation (runs in a worker process) ----------------------------------------------
 
+
 @dataclass(frozen=True)
 class Point:
     """Everything one simulation needs; picklable."""
+
     workload: object
     profile: object
     spec: object
@@ -185,7 +198,7 @@ class Point:
     gpus_per_node: int = 8
     router: str = "least_outstanding"
     engine: object = None
-    tag: object = None          # caller's label, returned unchanged
+    tag: object = None  # caller's label, returned unchanged
 
 
 def metric_values(summary: dict, req, slos, itl=None) -> dict:
@@ -197,8 +210,9 @@ def metric_values(summary: dict, req, slos, itl=None) -> dict:
         if s.metric == "min_user_tok_s":
             out[s.key] = summary.get("output_tok_s_per_user")
         elif s.metric == "itl":
-            out[s.key] = weighted_percentile(itl[0], itl[1], s.pct) if itl is not None else \
-                summary["itl_ms"].get(f"p{s.pct:g}")
+            out[s.key] = (
+                weighted_percentile(itl[0], itl[1], s.pct) if itl is not None else summary["itl_ms"].get(f"p{s.pct:g}")
+            )
         else:
             col = done[f"{s.metric}_ms"].dropna().to_numpy()
             out[s.key] = float(np.percentile(col, s.pct)) if len(col) else None
@@ -210,14 +224,27 @@ def run_point(p: Point, slos=(), keep: tuple = ()) -> dict:
     for each column named in `keep`, that column of the completed requests as a numpy array."""
     from dsim.engine import EngineConfig
     from dsim.sim import SimConfig, simulate
-    cfg = SimConfig(workload=p.workload, profile=p.profile, nodes=p.nodes, gpus_per_node=p.gpus_per_node,
-                    router=p.router, engine=p.engine or EngineConfig(),
-                    spec=p.spec, seed=p.seed)
+
+    cfg = SimConfig(
+        workload=p.workload,
+        profile=p.profile,
+        nodes=p.nodes,
+        gpus_per_node=p.gpus_per_node,
+        router=p.router,
+        engine=p.engine or EngineConfig(),
+        spec=p.spec,
+        seed=p.seed,
+    )
     res = simulate(cfg)
     s = res.summary
-    out = {"tag": p.tag, "nodes": p.nodes, "seed": p.seed, "summary": s,
-           "metrics": metric_values(s, res.requests, slos, res.itl),
-           "complete": s["requests_completed"] == s["requests_total"]}
+    out = {
+        "tag": p.tag,
+        "nodes": p.nodes,
+        "seed": p.seed,
+        "summary": s,
+        "metrics": metric_values(s, res.requests, slos, res.itl),
+        "complete": s["requests_completed"] == s["requests_total"],
+    }
     if keep:
         done = res.requests[res.requests["completed"]]
         out["columns"] = {c: done[c].to_numpy() for c in keep}
@@ -229,17 +256,17 @@ class Runner:
     Ray tasks. Results never depend on the executor or on `jobs`. A `progress` (dsim.progress)
     counts every submitted call and its completion."""
 
-    def __init__(self, jobs: int | None = None, executor: str = "local", address: str | None = None,
-                 progress=None):
+    def __init__(self, jobs: int | None = None, executor: str = "local", address: str | None = None, progress=None):
         self.jobs = max(1, int(jobs or os.cpu_count() or 1))
         self.kind = executor
         self.address = address
         self.progress = progress
-        self.claim = None          # the progress key that submissions were declared under (ahead)
+        self.claim = None  # the progress key that submissions were declared under (ahead)
         self.executor = None
 
     def __enter__(self):
         from dsim.executor import make_executor
+
         self.executor = make_executor(self.kind, self.jobs, self.address)
         return self
 
@@ -258,7 +285,7 @@ class Runner:
         """[fn(x, **kw) for x in items], in order, in parallel."""
         items = list(items)
         own = self.progress is not None and self.claim is None
-        if own:                    # the whole batch counts towards the bar's total from the start
+        if own:  # the whole batch counts towards the bar's total from the start
             self.progress.ahead(map=len(items))
             self.claim = "map"
         try:
@@ -270,6 +297,7 @@ class Runner:
 
 
 # ---- the search -----------------------------------------------------------------------------
+
 
 def _passes(r: dict, slos, margin: float) -> bool:
     return r["complete"] and all(s.ok(r["metrics"].get(s.key), margin) for s in slos)
@@ -284,12 +312,12 @@ class _Search:
     def __init__(self, name, seeds, slos, margin, max_nodes, start=1):
         self.name, self.seeds, self.slos, self.margin = name, list(seeds), slos, margin
         self.max_nodes = max_nodes
-        self.results: dict = {}            # (nodes, seed) -> result
-        self.verdict: dict = {}            # nodes -> bool
-        self.lo = 0                        # largest count known to fail
-        self.hi = None                     # smallest count known to pass
+        self.results: dict = {}  # (nodes, seed) -> result
+        self.verdict: dict = {}  # nodes -> bool
+        self.lo = 0  # largest count known to fail
+        self.hi = None  # smallest count known to pass
         self.cur = min(max(1, int(start)), max_nodes)
-        self.trail: list = []              # (nodes, passed) in the order decided
+        self.trail: list = []  # (nodes, passed) in the order decided
         self.done = False
         self.best_effort_pending = False
 
@@ -305,7 +333,7 @@ class _Search:
 
     def want(self) -> list:
         if self.done:
-            if self.best_effort_pending:    # unmeetable: every seed at max_nodes, for the report
+            if self.best_effort_pending:  # unmeetable: every seed at max_nodes, for the report
                 return [(self.max_nodes, s) for s in self.seeds if (self.max_nodes, s) not in self.results]
             return []
         n = self.cur
@@ -329,20 +357,20 @@ class _Search:
             self.hi = n
         else:
             self.lo = n
-        if self.hi is None:                           # exponential phase, upwards
+        if self.hi is None:  # exponential phase, upwards
             if n >= self.max_nodes:
                 self.done = True
                 self.best_effort_pending = True
                 return
             self.cur = min(2 * n, self.max_nodes)
-        elif self.lo == 0:                            # passed from a start hint: halve downwards
+        elif self.lo == 0:  # passed from a start hint: halve downwards
             if self.hi == 1:
                 self.done = True
             else:
                 self.cur = max(1, self.hi // 2)
         elif self.hi - self.lo <= 1:
             self.done = True
-        else:                                         # bisection
+        else:  # bisection
             self.cur = (self.lo + self.hi) // 2
 
     def remaining(self) -> int:
@@ -360,11 +388,10 @@ class _Search:
             while n < self.max_nodes:
                 n = min(2 * n, self.max_nodes)
                 ups += 1
-            below = (2 * math.ceil(math.log2(self.cur)) if self.lo == 0
-                     else math.ceil(math.log2(self.cur - self.lo)))
+            below = 2 * math.ceil(math.log2(self.cur)) if self.lo == 0 else math.ceil(math.log2(self.cur - self.lo))
             counts = max(below, ups + math.ceil(math.log2(max(1, self.max_nodes // 2))))
-            best_effort = ns - 1                    # max_nodes failed on its first seed: the rest
-        elif self.lo == 0:                          # halving down from a start hint, then bisecting
+            best_effort = ns - 1  # max_nodes failed on its first seed: the rest
+        elif self.lo == 0:  # halving down from a start hint, then bisecting
             counts = 2 * math.ceil(math.log2(max(1, self.hi)))
             best_effort = 0
         else:
@@ -391,18 +418,21 @@ def search_nodes(points_for, searches: dict, runner: Runner, slos, progress=None
     bar (if any) gets the searches' remaining work and their current node counts."""
     pending = {}
     bar = runner.progress
-    if bar is not None:        # declared before the first submissions, so the total never dips
+    if bar is not None:  # declared before the first submissions, so the total never dips
         bar.ahead(search=sum(srch.remaining() for srch in searches.values()))
     while True:
         for name, srch in searches.items():
-            for (n, s) in srch.want():
+            for n, s in srch.want():
                 if (name, n, s) not in pending.values():
                     f = runner.submit(run_point, points_for(name, n, s), slos)
                     pending[f] = (name, n, s)
         if bar is not None:
-            bar.ahead(search=sum(max(0, srch.remaining() - sum(1 for (m, n, _s) in pending.values()
-                                                                  if m == name and n == srch.cur))
-                                    for name, srch in searches.items()))
+            bar.ahead(
+                search=sum(
+                    max(0, srch.remaining() - sum(1 for (m, n, _s) in pending.values() if m == name and n == srch.cur))
+                    for name, srch in searches.items()
+                )
+            )
             bar.note(", ".join(srch.describe() for srch in searches.values()))
         if not pending:
             break
@@ -417,6 +447,7 @@ def search_nodes(points_for, searches: dict, runner: Runner, slos, progress=None
 
 
 # ---- the plan -------------------------------------------------------------------------------
+
 
 def method_label(spec) -> str:
     if spec.method == "mtp":
@@ -440,17 +471,26 @@ def summarize_method(name, spec, out, slos, margin, gpus_per_node, price, spot_p
     metrics = {}
     for s in slos:
         vals = [r["metrics"].get(s.key) for r in rs]
-        metrics[s.key] = {"value": _worst(s, vals), "target": s.target, "limit": round(s.limit(margin), 4),
-                          "unit": s.unit, "ok": s.ok(_worst(s, vals), margin),
-                          "seeds": {int(r["seed"]): v for r, v in zip(rs, vals)},
-                          "describe": s.describe()}
+        metrics[s.key] = {
+            "value": _worst(s, vals),
+            "target": s.target,
+            "limit": round(s.limit(margin), 4),
+            "unit": s.unit,
+            "ok": s.ok(_worst(s, vals), margin),
+            "seeds": {int(r["seed"]): v for r, v in zip(rs, vals)},
+            "describe": s.describe(),
+        }
     tok_s = float(np.mean([r["summary"]["output_tok_s"] for r in rs])) if rs else 0.0
     cost_h = gpus * price
     per_m = cost_h / (tok_s * 3600) * 1e6 if tok_s > 0 else None
     s0 = rs[0]["summary"] if rs else {}
     return {
-        "method": name, "label": method_label(spec), "spec": dataclasses.asdict(spec),
-        "sla_met": out["met"], "nodes": nodes, "gpus": gpus,
+        "method": name,
+        "label": method_label(spec),
+        "spec": dataclasses.asdict(spec),
+        "sla_met": out["met"],
+        "nodes": nodes,
+        "gpus": gpus,
         "metrics": metrics,
         "output_tok_s": round(tok_s, 3),
         "output_tok_s_per_gpu": round(tok_s / gpus, 3) if gpus else None,
@@ -465,11 +505,27 @@ def summarize_method(name, spec, out, slos, margin, gpus_per_node, price, spot_p
     }
 
 
-def plan(workloads: dict, profile, specs: dict, slos, *, margin: float = 0.10, max_nodes: int = 64,
-         seeds=(0, 1, 2), gpus_per_node: int = 8, price: float | None = None, jobs: int | None = None,
-         router: str = "least_outstanding", start: dict | None = None, notes: list | None = None,
-         progress=None, engine=None, executor: str = "local", ray_address: str | None = None,
-         progress_bar=None) -> dict:
+def plan(
+    workloads: dict,
+    profile,
+    specs: dict,
+    slos,
+    *,
+    margin: float = 0.10,
+    max_nodes: int = 64,
+    seeds=(0, 1, 2),
+    gpus_per_node: int = 8,
+    price: float | None = None,
+    jobs: int | None = None,
+    router: str = "least_outstanding",
+    start: dict | None = None,
+    notes: list | None = None,
+    progress=None,
+    engine=None,
+    executor: str = "local",
+    ray_address: str | None = None,
+    progress_bar=None,
+) -> dict:
     """Fewest nodes per method meeting every SLO. workloads: seed -> Workload; specs: name -> SpecConfig.
     executor: 'local' (processes) or 'ray' (tasks; ray_address as in dsim.executor); progress: a
     callable per result; progress_bar: a dsim.progress.Progress."""
@@ -495,38 +551,41 @@ def plan(workloads: dict, profile, specs: dict, slos, *, margin: float = 0.10, m
     def point(name, n, s):
         return Point(workloads[s], profile, specs[name], n, s, gpus_per_node, router, engine, tag=name)
 
-    searches = {name: _Search(name, seeds, slos, margin, max_nodes, (start or {}).get(name, 1))
-                for name in specs}
+    searches = {name: _Search(name, seeds, slos, margin, max_nodes, (start or {}).get(name, 1)) for name in specs}
     with Runner(jobs, executor, ray_address, progress_bar) as runner:
         outs = search_nodes(point, searches, runner, slos, progress)
     res = {}
     for name, spec in specs.items():
-        res[name] = summarize_method(name, spec, outs[name], slos, margin, gpus_per_node, price,
-                                     None if price_given else PRICE_SPOT)
+        res[name] = summarize_method(
+            name, spec, outs[name], slos, margin, gpus_per_node, price, None if price_given else PRICE_SPOT
+        )
     w0 = workloads[seeds[0]]
     names = list(specs)
     comp = None
     if len(names) >= 2:
         a, b = res[names[0]], res[names[-1]]
-        comp = {"baseline": names[0], "candidate": names[-1],
-                "nodes_saved": a["nodes"] - b["nodes"],
-                "cost_per_hour_saved": round(a["cost_per_hour"] - b["cost_per_hour"], 2),
-                "percent_saved": round(100.0 * (a["cost_per_hour"] - b["cost_per_hour"]) / a["cost_per_hour"], 1),
-                "both_met": a["sla_met"] and b["sla_met"]}
+        comp = {
+            "baseline": names[0],
+            "candidate": names[-1],
+            "nodes_saved": a["nodes"] - b["nodes"],
+            "cost_per_hour_saved": round(a["cost_per_hour"] - b["cost_per_hour"], 2),
+            "percent_saved": round(100.0 * (a["cost_per_hour"] - b["cost_per_hour"]) / a["cost_per_hour"], 1),
+            "both_met": a["sla_met"] and b["sla_met"],
+        }
     res["comparison"] = comp
     res["assumptions"] = {
         "sla": [s.describe() for s in slos],
         "margin": margin,
         "margin_rule": "a node count passes only if every latency SLO <= target x (1 - margin) and per-user "
-                       "speed >= target / (1 - margin), for every seed (worst seed counted)",
+        "speed >= target / (1 - margin), for every seed (worst seed counted)",
         "seeds": seeds,
         "workload": w0.source,
         "requests": int(len(w0)),
         "class_mix_assumed": bool(w0.class_mix_assumed),
-        "class_mix": ("assumed (assigned by a mix, not carried by the trace)" if w0.class_mix_assumed
-                      else "carried by the trace"),
-        "load_model": "open loop: the trace's arrival process is fixed; N nodes share it via the "
-                      f"{router} router",
+        "class_mix": (
+            "assumed (assigned by a mix, not carried by the trace)" if w0.class_mix_assumed else "carried by the trace"
+        ),
+        "load_model": f"open loop: the trace's arrival process is fixed; N nodes share it via the {router} router",
         "profile": profile.label,
         "profile_kind": profile.provenance.get("kind"),
         "acceptance": {n: res[n]["acceptance_source"] for n in specs},
@@ -535,7 +594,7 @@ def plan(workloads: dict, profile, specs: dict, slos, *, margin: float = 0.10, m
         "price_source": ("given on the command line (--price-per-gpu-hour)" if price_given else PRICE_SOURCE),
         "price_date": None if price_given else PRICE_DATE,
         "search": "exponential (1, 2, 4, ...) then bisection over node counts; first seed first, "
-                  "other seeds only where it passes",
+        "other seeds only where it passes",
         "max_nodes": max_nodes,
         "notes": list(notes or []),
     }
@@ -543,6 +602,7 @@ def plan(workloads: dict, profile, specs: dict, slos, *, margin: float = 0.10, m
 
 
 # ---- printing -------------------------------------------------------------------------------
+
 
 def format_plan(res: dict, slos, method_names) -> str:
     lines = []
@@ -558,8 +618,11 @@ def format_plan(res: dict, slos, method_names) -> str:
             v = m["value"]
             vs = "n/a" if v is None else f"{v:.2f}"
             row.append(f"{vs} {'>=' if s.is_min else '<='} {m['limit']:.4g} {'ok' if m['ok'] else 'MISS'}")
-        row += [f"{r['output_tok_s_per_gpu']:.1f}", f"{r['cost_per_hour']:.2f}",
-                "n/a" if r["cost_per_million_output_tokens"] is None else f"{r['cost_per_million_output_tokens']:.3f}"]
+        row += [
+            f"{r['output_tok_s_per_gpu']:.1f}",
+            f"{r['cost_per_hour']:.2f}",
+            "n/a" if r["cost_per_million_output_tokens"] is None else f"{r['cost_per_million_output_tokens']:.3f}",
+        ]
         rows.append(row)
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)))
@@ -571,12 +634,16 @@ def format_plan(res: dict, slos, method_names) -> str:
     if c:
         A, B = res[c["baseline"]], res[c["candidate"]]
         if c["both_met"]:
-            lines.append(f"{B['label']} vs {A['label']}: {c['nodes_saved']:d} node(s) saved "
-                         f"({A['nodes']} -> {B['nodes']}), ${c['cost_per_hour_saved']:.2f}/hour saved "
-                         f"({c['percent_saved']:.1f}%)")
+            lines.append(
+                f"{B['label']} vs {A['label']}: {c['nodes_saved']:d} node(s) saved "
+                f"({A['nodes']} -> {B['nodes']}), ${c['cost_per_hour_saved']:.2f}/hour saved "
+                f"({c['percent_saved']:.1f}%)"
+            )
             if A.get("cost_per_hour_spot") is not None:
-                lines.append(f"  at the spot price ${PRICE_SPOT:.2f}/GPU-h: ${A['cost_per_hour_spot']:.2f}/h -> "
-                             f"${B['cost_per_hour_spot']:.2f}/h")
+                lines.append(
+                    f"  at the spot price ${PRICE_SPOT:.2f}/GPU-h: ${A['cost_per_hour_spot']:.2f}/h -> "
+                    f"${B['cost_per_hour_spot']:.2f}/h"
+                )
         else:
             lines.append("comparison: not both SLAs met within --max-nodes; savings not computed")
     lines.append("")
@@ -592,8 +659,9 @@ def format_plan(res: dict, slos, method_names) -> str:
             lines.append(f"  acceptance: {n}: {src if len(src) < 160 else src[:157] + '...'}")
         else:
             lines.append(f"  acceptance: {n}: none (no speculation)")
-    lines.append(f"  price     : ${a['price_per_gpu_hour']:.2f}/GPU-hour, {a['gpus_per_node']} GPUs/node; "
-                 f"{a['price_source']}")
+    lines.append(
+        f"  price     : ${a['price_per_gpu_hour']:.2f}/GPU-hour, {a['gpus_per_node']} GPUs/node; {a['price_source']}"
+    )
     lines.append(f"  search    : {a['search']}; up to {a['max_nodes']} nodes")
     for n in a["notes"]:
         lines.append(f"  note      : {n}")

@@ -1,5 +1,6 @@
 """`dsim plan`, `dsim sweep`, `dsim ab`: registered on dsim.cli's typer app (dsim.entry imports this
 module; dsim.cli does not)."""
+
 from __future__ import annotations
 
 import json
@@ -34,32 +35,56 @@ from dsim.scenario import build_workload, method_spec
 DEFAULT_PLAN_RATE_SCALE = 20.0
 
 # Options of the node-count search, shared by plan and ab.
-ScenarioOpt = Annotated[str, typer.Option(help="default (analytical DeepSeek-V4-class profile) or measured "
-                                          "(a measured profile under profiles/h200/)")]
+ScenarioOpt = Annotated[
+    str,
+    typer.Option(
+        help="default (analytical DeepSeek-V4-class profile) or measured (a measured profile under profiles/h200/)"
+    ),
+]
 MaxNodesOpt = Annotated[int, typer.Option(help="largest node count tried")]
 SeedsOpt = Annotated[str, typer.Option(help="seeds; every one is simulated, the worst counts")]
-MarginOpt = Annotated[float, typer.Option(help="safety margin: pass only if every metric is within "
-                                          "target x (1 - margin)")]
-PriceOpt = Annotated[Optional[float], typer.Option(help="$ per GPU-hour (default: a public H200 on-demand "
-                                                   "quote, $5.49, dated 24 Sep 2026)")]
+MarginOpt = Annotated[
+    float, typer.Option(help="safety margin: pass only if every metric is within target x (1 - margin)")
+]
+PriceOpt = Annotated[
+    Optional[float],
+    typer.Option(help="$ per GPU-hour (default: a public H200 on-demand quote, $5.49, dated 24 Sep 2026)"),
+]
 # Where the simulations run (plan, sweep, ab): dsim.executor.
-ExecutorOpt = Annotated[str, typer.Option("--executor", help="local (worker processes) or ray (Ray tasks; "
-                                          "pip install -e '.[ray]')")]
-RayAddressOpt = Annotated[Optional[str], typer.Option("--ray-address", help="--executor ray: the cluster to "
-                                                      "join (HOST:PORT, ray://HOST:PORT or auto; default: "
-                                                      "$RAY_ADDRESS, else a local Ray started for the run)")]
+ExecutorOpt = Annotated[
+    str, typer.Option("--executor", help="local (worker processes) or ray (Ray tasks; pip install -e '.[ray]')")
+]
+RayAddressOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--ray-address",
+        help="--executor ray: the cluster to "
+        "join (HOST:PORT, ray://HOST:PORT or auto; default: "
+        "$RAY_ADDRESS, else a local Ray started for the run)",
+    ),
+]
 # The paper's comparison (dsim.frontier), printed and plotted by sweep and ab.
-UserSlaOpt = Annotated[Optional[str], typer.Option(help="per-user speed SLAs (tok/s/user) for the throughput "
-                                                   "gain, e.g. 80,120 (default: the DSpark paper's anchors "
-                                                   "for the model: V4-Pro 35,50, otherwise V4-Flash's 80,120)")]
-PerGpuOpt = Annotated[bool, typer.Option("--per-gpu", help="--concurrency values are per GPU (the DSpark "
-                                         "paper's Fig. 8 axis), multiplied by the fleet's GPUs")]
+UserSlaOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        help="per-user speed SLAs (tok/s/user) for the throughput "
+        "gain, e.g. 80,120 (default: the DSpark paper's anchors "
+        "for the model: V4-Pro 35,50, otherwise V4-Flash's 80,120)"
+    ),
+]
+PerGpuOpt = Annotated[
+    bool,
+    typer.Option(
+        "--per-gpu",
+        help="--concurrency values are per GPU (the DSpark paper's Fig. 8 axis), multiplied by the fleet's GPUs",
+    ),
+]
 
 
 def _int_items(s: str, what: str) -> list[int]:
     """'1,2,4' -> [1, 2, 4]; an empty item (1,,2) or a non-integer is an error."""
     parts = [x.strip() for x in s.split(",")]
-    if parts and parts[-1] == "" and len(parts) > 1:      # a trailing comma is harmless
+    if parts and parts[-1] == "" and len(parts) > 1:  # a trailing comma is harmless
         parts = parts[:-1]
     if not s.strip():
         raise InputError(f"{what}: no values given")
@@ -112,6 +137,7 @@ def parse_int_list(s: str, what: str, hi: int = MAX_CONCURRENCY) -> list[int]:
 def check_common(*, nodes=None, max_nodes=None, gpus_per_node=None, seed=None, jobs=None) -> None:
     """Bounds of the flags plan, sweep and ab share (before anything runs)."""
     from dsim.sim import MAX_GPUS_PER_NODE, MAX_NODES
+
     check_int(nodes, "--nodes", 1, MAX_NODES)
     check_int(max_nodes, "--max-nodes", 1, MAX_NODES)
     check_int(gpus_per_node, "--gpus-per-node", 1, MAX_GPUS_PER_NODE)
@@ -125,9 +151,12 @@ def check_fit(workloads, profile, specs, gpus_per_node: int, price: float | None
     import math
 
     from dsim.sim import check_requests_fit
+
     if profile.gpus_per_replica > gpus_per_node:
-        raise InputError(f"profile {profile.name}: needs {profile.gpus_per_replica} GPUs per replica, "
-                         f"a node has {gpus_per_node} (--gpus-per-node)")
+        raise InputError(
+            f"profile {profile.name}: needs {profile.gpus_per_replica} GPUs per replica, "
+            f"a node has {gpus_per_node} (--gpus-per-node)"
+        )
     if price is not None and not (math.isfinite(price) and price > 0):
         raise InputError(f"--price-per-gpu-hour: must be a finite number > 0, got {price}")
     for w in workloads:
@@ -140,21 +169,23 @@ def measured_profile_path() -> Path | None:
     import yaml
 
     from dsim.cost import PROFILE_DIR
+
     d = Path(PROFILE_DIR) / "h200"
     if not d.is_dir():
         return None
     for p in sorted(d.glob("*.yaml")):
         try:
             prov = (yaml.safe_load(p.read_text()) or {}).get("provenance") or {}
-        except Exception:   # noqa: BLE001 - a broken file is simply not offered
+        except Exception:  # noqa: BLE001 - a broken file is simply not offered
             continue
         if prov.get("kind") == "measured":
             return p
     return None
 
 
-def resolve_scenario(scenario: str, trace: str, profile: Optional[str], rate: Optional[float],
-                     rate_scale: Optional[float]):
+def resolve_scenario(
+    scenario: str, trace: str, profile: Optional[str], rate: Optional[float], rate_scale: Optional[float]
+):
     """(profile name/path, rate_scale, notes) for a scenario: 'default' or 'measured'."""
     notes = []
     if scenario not in ("default", "measured"):
@@ -168,17 +199,23 @@ def resolve_scenario(scenario: str, trace: str, profile: Optional[str], rate: Op
             notes.append(f"scenario 'measured': profile {p}")
     elif trace == "default" and rate is None and rate_scale is None and profile is None:
         rate_scale = DEFAULT_PLAN_RATE_SCALE
-        notes.append(f"default scenario: the embedded default trace replayed at {DEFAULT_PLAN_RATE_SCALE:g}x its "
-                     f"arrival rate (--rate-scale {DEFAULT_PLAN_RATE_SCALE:g}) so one 8-GPU node is not enough")
+        notes.append(
+            f"default scenario: the embedded default trace replayed at {DEFAULT_PLAN_RATE_SCALE:g}x its "
+            f"arrival rate (--rate-scale {DEFAULT_PLAN_RATE_SCALE:g}) so one 8-GPU node is not enough"
+        )
     return profile, rate_scale, notes
 
 
 # ---- plan -----------------------------------------------------------------------------------
 
+
 @app.command()
 def plan(
-    sla: str = typer.Option(..., help="SLA: comma-separated [metric_]pNN=VALUE (metric tpot (default), ttft, "
-                            "itl, e2e; VALUE with unit ms or s) and min_user_tok_s=VALUE, e.g. p50=20ms,ttft_p99=2s"),
+    sla: str = typer.Option(
+        ...,
+        help="SLA: comma-separated [metric_]pNN=VALUE (metric tpot (default), ttft, "
+        "itl, e2e; VALUE with unit ms or s) and min_user_tok_s=VALUE, e.g. p50=20ms,ttft_p99=2s",
+    ),
     trace: TraceOpt = "default",
     format: FormatOpt = "auto",
     requests: RequestsOpt = None,
@@ -205,20 +242,62 @@ def plan(
     Exit codes: 0 when every method met the SLA within --max-nodes; 1 when some method could not
     (the table says "not met at N nodes" and shows the best reached); 2 for bad input.
     """
-    rc = run_guarded(_plan, sla, trace, format, requests, window, rate, rate_scale, mix, profile, scenario,
-                     methods, max_nodes, seeds, margin, price_per_gpu_hour, gpus_per_node, router, jobs, as_json,
-                     executor, ray_address)
+    rc = run_guarded(
+        _plan,
+        sla,
+        trace,
+        format,
+        requests,
+        window,
+        rate,
+        rate_scale,
+        mix,
+        profile,
+        scenario,
+        methods,
+        max_nodes,
+        seeds,
+        margin,
+        price_per_gpu_hour,
+        gpus_per_node,
+        router,
+        jobs,
+        as_json,
+        executor,
+        ray_address,
+    )
     if rc:
         raise typer.Exit(rc)
 
 
-def _plan(sla, trace, format, requests, window, rate, rate_scale, mix, profile, scenario, methods,
-          max_nodes, seeds, margin, price, gpus_per_node, router, jobs, as_json, executor="local",
-          ray_address=None):
+def _plan(
+    sla,
+    trace,
+    format,
+    requests,
+    window,
+    rate,
+    rate_scale,
+    mix,
+    profile,
+    scenario,
+    methods,
+    max_nodes,
+    seeds,
+    margin,
+    price,
+    gpus_per_node,
+    router,
+    jobs,
+    as_json,
+    executor="local",
+    ray_address=None,
+):
     from dsim import plan as P
     from dsim.cost import load_profile
     from dsim.executor import check_executor
     from dsim.progress import Progress
+
     check_executor(executor, ray_address)
     slos = P.parse_sla(sla)
     seed_list = parse_seeds(seeds)
@@ -230,9 +309,23 @@ def _plan(sla, trace, format, requests, window, rate, rate_scale, mix, profile, 
     wls = {s: build_workload(trace, format, requests, window, rate, rate_scale, None, mix, s) for s in seed_list}
     check_fit(wls.values(), prof, specs.values(), gpus_per_node, price)
     with Progress("plan") as bar:
-        res = P.plan(wls, prof, specs, slos, margin=margin, max_nodes=max_nodes, seeds=seed_list,
-                     gpus_per_node=gpus_per_node, price=price, jobs=jobs, router=router, notes=notes,
-                     executor=executor, ray_address=ray_address, progress_bar=bar)
+        res = P.plan(
+            wls,
+            prof,
+            specs,
+            slos,
+            margin=margin,
+            max_nodes=max_nodes,
+            seeds=seed_list,
+            gpus_per_node=gpus_per_node,
+            price=price,
+            jobs=jobs,
+            router=router,
+            notes=notes,
+            executor=executor,
+            ray_address=ray_address,
+            progress_bar=bar,
+        )
     if as_json:
         typer.echo(json.dumps(res, sort_keys=True, default=_json_default))
     else:
@@ -242,6 +335,7 @@ def _plan(sla, trace, format, requests, window, rate, rate_scale, mix, profile, 
 
 def _json_default(o):
     import numpy as np
+
     if isinstance(o, np.generic):
         return o.item()
     if isinstance(o, np.ndarray):
@@ -251,10 +345,13 @@ def _json_default(o):
 
 # ---- sweep ----------------------------------------------------------------------------------
 
+
 @app.command()
 def sweep(
     concurrency: str = typer.Option("1,2,4,8,16,32,64,128,256", help="comma-separated concurrency levels"),
-    methods: str = typer.Option("none,mtp,block,dspark", help="methods (none, mtp, mtpK, eagle3, block, dspark, dspark-fixed)"),
+    methods: str = typer.Option(
+        "none,mtp,block,dspark", help="methods (none, mtp, mtpK, eagle3, block, dspark, dspark-fixed)"
+    ),
     requests_per_user: int = typer.Option(8, help="requests per point = max(N x C, --min-requests)"),
     min_requests: int = typer.Option(200),
     trace: TraceOpt = "default",
@@ -273,6 +370,7 @@ def sweep(
     per_gpu: PerGpuOpt = False,
 ):
     """Closed-loop concurrency sweep: throughput per GPU vs per-user speed (frontier), Fig. 8 curves."""
+
     def go():
         from dsim import frontier as F
         from dsim import sweep as S
@@ -280,6 +378,7 @@ def sweep(
         from dsim.executor import check_executor
         from dsim.outputs import final_path, staged_dir
         from dsim.progress import Progress
+
         check_executor(executor, ray_address)
         conc = parse_int_list(concurrency, "--concurrency")
         specs = parse_methods(methods)
@@ -296,9 +395,21 @@ def sweep(
         check_fit([base], prof, specs.values(), gpus_per_node)
         with staged_dir(out) as tmp:
             with Progress("sweep") as bar:
-                df = S.sweep(base, prof, specs, conc, requests_per_user=requests_per_user,
-                             min_requests=min_requests, nodes=nodes, gpus_per_node=gpus_per_node, seed=seed,
-                             jobs=jobs, executor=executor, ray_address=ray_address, progress_bar=bar)
+                df = S.sweep(
+                    base,
+                    prof,
+                    specs,
+                    conc,
+                    requests_per_user=requests_per_user,
+                    min_requests=min_requests,
+                    nodes=nodes,
+                    gpus_per_node=gpus_per_node,
+                    seed=seed,
+                    jobs=jobs,
+                    executor=executor,
+                    ray_address=ray_address,
+                    progress_bar=bar,
+                )
             written = S.write_sweep(df, tmp)
             comp_text, comp_files = _paper_comparison(df, list(specs), slas, prof, tmp)
             files = [final_path(tmp, out, f) for f in written + comp_files]
@@ -308,12 +419,14 @@ def sweep(
         typer.echo(f"workload: {base.source}")
         typer.echo(f"profile : {prof.label}")
         typer.echo("wrote " + ", ".join(str(f) for f in files))
+
     run_guarded(go)
 
 
 def user_slas(slas, prof):
     """(SLA anchors, where they come from) for a profile: given, or the paper's for its model."""
     from dsim import frontier as F
+
     if slas is not None:
         return tuple(slas), "given with --user-sla"
     return F.default_user_sla(prof.provenance.get("model"))
@@ -322,6 +435,7 @@ def user_slas(slas, prof):
 def _paper_comparison(df, methods, slas, prof, out) -> tuple[str, list]:
     """(printed comparison, figure files) for the pair the paper compares; ("", []) for one method."""
     from dsim import frontier as F
+
     pair = F.pick_pair(methods)
     if pair is None:
         return "", []
@@ -365,6 +479,7 @@ def ab(
     per_gpu: PerGpuOpt = False,
 ):
     """Side-by-side report of method A vs B: SLA node counts, latency CDFs, frontier, per class, sensitivity."""
+
     def go():
         from dsim import frontier as F
         from dsim import plan as P
@@ -373,6 +488,7 @@ def ab(
         from dsim.outputs import final_path, staged_dir
         from dsim.progress import Progress
         from dsim.report import ab_report
+
         check_executor(executor, ray_address)
         slos = P.parse_sla(sla)
         seed_list = parse_seeds(seeds)
@@ -391,21 +507,45 @@ def ab(
         wls = {s: build_workload(trace, format, requests, window, rate, rs, None, mix, s) for s in seed_list}
         check_fit(wls.values(), prof, (sa, sb), gpus_per_node, price_per_gpu_hour)
         argv = sys.argv[1:]
-        cmd = ("dsim " + " ".join(_shq(x) for x in argv)) if argv and argv[0] == "ab" else \
-            f"dsim ab --a {a} --b {b} --sla {sla} --out {out}"
+        cmd = (
+            ("dsim " + " ".join(_shq(x) for x in argv))
+            if argv and argv[0] == "ab"
+            else f"dsim ab --a {a} --b {b} --sla {sla} --out {out}"
+        )
         with staged_dir(out) as tmp:
             with Progress("ab") as bar:
-                files = ab_report(wls, prof, sa, sb, slos, tmp, command=cmd, margin=margin, max_nodes=max_nodes,
-                                  seeds=seed_list, gpus_per_node=gpus_per_node, price=price_per_gpu_hour, jobs=jobs,
-                                  concurrency=conc, requests_per_user=requests_per_user, min_requests=min_requests,
-                                  notes=notes, name_a=a.lower(), name_b=b.lower(), executor=executor,
-                                  ray_address=ray_address, progress_bar=bar,
-                                  user_sla=slas_u)
+                files = ab_report(
+                    wls,
+                    prof,
+                    sa,
+                    sb,
+                    slos,
+                    tmp,
+                    command=cmd,
+                    margin=margin,
+                    max_nodes=max_nodes,
+                    seeds=seed_list,
+                    gpus_per_node=gpus_per_node,
+                    price=price_per_gpu_hour,
+                    jobs=jobs,
+                    concurrency=conc,
+                    requests_per_user=requests_per_user,
+                    min_requests=min_requests,
+                    notes=notes,
+                    name_a=a.lower(),
+                    name_b=b.lower(),
+                    executor=executor,
+                    ray_address=ray_address,
+                    progress_bar=bar,
+                    user_sla=slas_u,
+                )
             files = [final_path(tmp, out, f) for f in files]
         typer.echo("wrote " + ", ".join(str(f) for f in files))
+
     run_guarded(go)
 
 
 def _shq(s: str) -> str:
     import shlex
+
     return shlex.quote(s)

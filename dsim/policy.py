@@ -39,8 +39,8 @@ Policies (docs/semantics.md §4):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -84,7 +84,7 @@ class PolicyContext:
     token_limit: int
     k_max: int
     n_sampling: np.ndarray | None = None
-    step_extra_ms: np.ndarray | None = None   # float[k] added to every budget's cost of step t
+    step_extra_ms: np.ndarray | None = None  # float[k] added to every budget's cost of step t
 
 
 def survival(conf: np.ndarray) -> np.ndarray:
@@ -102,7 +102,7 @@ def _cumprod_inplace(s: np.ndarray, axis: int) -> np.ndarray:
     n = s.shape[axis]
     if n > 16:
         return np.cumprod(s, axis=axis)
-    lead = (slice(None),) * axis          # basic indexing: np.moveaxis costs more than a multiply here
+    lead = (slice(None),) * axis  # basic indexing: np.moveaxis costs more than a multiply here
     for j in range(1, n):
         np.multiply(s[lead + (j - 1,)], s[lead + (j,)], out=s[lead + (j,)])
     return s
@@ -171,15 +171,34 @@ class BudgetPolicy:
         b = np.arange(R * max(kk, 0) + 1)
         tokens = N[:, None] + b[None, :]
         d = float(ctx.draft_ms)
-        rows = np.stack([np.asarray(self.cost_row(R, int(n), int(n) + len(b),
-                                                  d + np.asarray(ctx.verify_ms(t), dtype=np.float64)),
-                                    dtype=np.float64) for n, t in zip(N, tokens)])
-        extra = (np.zeros(k) if ctx.step_extra_ms is None
-                 else np.asarray(ctx.step_extra_ms, dtype=np.float64).reshape(-1))
+        rows = np.stack(
+            [
+                np.asarray(
+                    self.cost_row(R, int(n), int(n) + len(b), d + np.asarray(ctx.verify_ms(t), dtype=np.float64)),
+                    dtype=np.float64,
+                )
+                for n, t in zip(N, tokens)
+            ]
+        )
+        extra = (
+            np.zeros(k) if ctx.step_extra_ms is None else np.asarray(ctx.step_extra_ms, dtype=np.float64).reshape(-1)
+        )
         n_samp = np.full(k, float(R)) if self.samples_all else _n_sampling(ctx, k, R)
         out = np.zeros((k, R), dtype=np.int64)
-        K_.policy_windows(self.code, float(self.tau), _position_major(now), _position_major(prev),
-                          _position_major(old), rows, extra, n_samp, N, int(ctx.token_limit), int(ctx.k_max), out)
+        K_.policy_windows(
+            self.code,
+            float(self.tau),
+            _position_major(now),
+            _position_major(prev),
+            _position_major(old),
+            rows,
+            extra,
+            n_samp,
+            N,
+            int(ctx.token_limit),
+            int(ctx.k_max),
+            out,
+        )
         return out
 
 
@@ -235,15 +254,12 @@ class AdditiveCost:
     theta_ms: tuple
 
     def __call__(self, R, M):
-        return (
-            self.bias
-            + np.interp(R, self.alpha_r, self.alpha_ms)
-            + np.interp(M, self.theta_m, self.theta_ms)
-        )
+        return self.bias + np.interp(R, self.alpha_r, self.alpha_ms) + np.interp(M, self.theta_m, self.theta_ms)
 
     @classmethod
-    def from_cost(cls, cost, method=None, max_requests: int = 1024, max_tokens: int = 8192,
-                  kv_ms_per_request: float = 0.0):
+    def from_cost(
+        cls, cost, method=None, max_requests: int = 1024, max_tokens: int = 8192, kv_ms_per_request: float = 0.0
+    ):
         """Build the tables from a duck-typed CostModel: bias = per-step CPU overhead
         (``cost.cpu_overhead_ms`` or ``cost.profile.cpu_overhead_ms``, else 0); theta(M) =
         ``cost.forward_ms(M)`` sampled at 1..16, every 16 to 512, then doubling to max_tokens

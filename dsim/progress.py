@@ -6,6 +6,7 @@ for, which shrinks as verdicts come in. Completions are counted as they happen (
 done callbacks, which may run on other threads), so the bar moves for out-of-order results too.
 When the stream is not a terminal nothing is created and nothing is written.
 """
+
 from __future__ import annotations
 
 import sys
@@ -35,9 +36,16 @@ class Progress:
         self.bar = None
         if enabled:
             from tqdm import tqdm
-            self.bar = tqdm(total=0, desc=desc, unit=unit, file=stream, leave=False, dynamic_ncols=True,
-                            bar_format="{desc}: {n_fmt}/{total_fmt} {unit}s |{bar}| {elapsed}<{remaining}"
-                                       "{postfix}")
+
+            self.bar = tqdm(
+                total=0,
+                desc=desc,
+                unit=unit,
+                file=stream,
+                leave=False,
+                dynamic_ncols=True,
+                bar_format="{desc}: {n_fmt}/{total_fmt} {unit}s |{bar}| {elapsed}<{remaining}{postfix}",
+            )
 
     @property
     def total(self) -> int:
@@ -94,4 +102,3 @@ class Progress:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-

@@ -1,6 +1,7 @@
 """What a command runs: the workload (a trace, sliced and re-timed) and the speculative-decoding
 method specs, built from plain values. Library code shared by the command line (dsim.cli,
 dsim.plan_cli), the benchmarks and the tests; bad values raise InputError naming the option."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -9,17 +10,24 @@ from typing import TYPE_CHECKING, Any
 
 from dsim.errors import InputError
 
-if TYPE_CHECKING:      # imported where used: the command line starts without pandas and simpy
+if TYPE_CHECKING:  # imported where used: the command line starts without pandas and simpy
     from dsim.sim import SpecConfig
     from dsim.workload import Workload
 
 METHODS = ("none", "mtp", "eagle3", "block", "dspark")
 
 
-def build_workload(trace: str = "default", fmt: str = "auto", requests: int | None = None,
-                   window: str | None = None, rate: float | None = None,
-                   rate_scale: float | None = None, concurrency: int | None = None,
-                   mix: str | None = None, seed: int = 0) -> Workload:
+def build_workload(
+    trace: str = "default",
+    fmt: str = "auto",
+    requests: int | None = None,
+    window: str | None = None,
+    rate: float | None = None,
+    rate_scale: float | None = None,
+    concurrency: int | None = None,
+    mix: str | None = None,
+    seed: int = 0,
+) -> Workload:
     """The workload a command runs: a trace (or 'default'), sliced and re-timed as asked.
 
     requests: the first N requests; window: 'START:END' in seconds; rate: Poisson arrivals re-drawn
@@ -44,30 +52,54 @@ def build_workload(trace: str = "default", fmt: str = "auto", requests: int | No
     import numpy as np
 
     from dsim.workload import MAX_SPAN_S, load_workload
+
     w = load_workload(trace, fmt, mix=mix, seed=seed, n=requests, window=win, rate_scale=rate_scale)
     if rate is not None:
         rng = np.random.default_rng([seed, 7])
         gaps = rng.exponential(1.0 / rate, len(w.arrival_s))
         gaps[0] = 0.0
         if np.cumsum(gaps)[-1] > MAX_SPAN_S:
-            raise InputError(f"--rate: {rate:g} req/s spreads {len(gaps)} requests over more than "
-                             f"{MAX_SPAN_S:g} s")
-        w = dataclasses.replace(w, arrival_s=np.cumsum(gaps),
-                                source=w.source + f"; arrivals re-drawn Poisson at {rate:g} req/s (seed {seed})")
+            raise InputError(f"--rate: {rate:g} req/s spreads {len(gaps)} requests over more than {MAX_SPAN_S:g} s")
+        w = dataclasses.replace(
+            w,
+            arrival_s=np.cumsum(gaps),
+            source=w.source + f"; arrivals re-drawn Poisson at {rate:g} req/s (seed {seed})",
+        )
     if concurrency is not None:
-        w = dataclasses.replace(w, closed_loop_concurrency=int(concurrency), arrival_s=np.zeros(len(w.arrival_s)),
-                                source=w.source + f"; closed loop, {concurrency} users")
+        w = dataclasses.replace(
+            w,
+            closed_loop_concurrency=int(concurrency),
+            arrival_s=np.zeros(len(w.arrival_s)),
+            source=w.source + f"; closed loop, {concurrency} users",
+        )
     return w
 
 
-def spec_config(method: str, k: int | None, adaptive: bool | None, policy: str, verify_mode: str,
-                acceptance: str | None, head: str, head_auc: float) -> SpecConfig:
+def spec_config(
+    method: str,
+    k: int | None,
+    adaptive: bool | None,
+    policy: str,
+    verify_mode: str,
+    acceptance: str | None,
+    head: str,
+    head_auc: float,
+) -> SpecConfig:
     """The spec config of `dsim simulate`'s options; adaptive defaults to on for dspark only."""
     from dsim.sim import SpecConfig
+
     if adaptive is None:
         adaptive = method == "dspark"
-    return SpecConfig(method=method, k=k, adaptive=adaptive, policy=policy, verify_mode=verify_mode,
-                      acceptance=acceptance, head=head, head_auc=head_auc)
+    return SpecConfig(
+        method=method,
+        k=k,
+        adaptive=adaptive,
+        policy=policy,
+        verify_mode=verify_mode,
+        acceptance=acceptance,
+        head=head,
+        head_auc=head_auc,
+    )
 
 
 def method_spec(token: str, **common: Any) -> SpecConfig:
@@ -75,6 +107,7 @@ def method_spec(token: str, **common: Any) -> SpecConfig:
     block, dspark (adaptive), dspark-fixed; common: the other SpecConfig fields."""
     what = common.pop("what", "--methods")
     from dsim.sim import SpecConfig
+
     t = token.strip().lower()
     k = None
     adaptive = False

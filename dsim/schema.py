@@ -6,6 +6,7 @@ item, the line it was written on (YAML node marks), so that a bad field is repor
 ``increasing_ints``, ...) take a ``Doc`` location and raise InputError for the first bad field,
 one field at a time, with the value in plain form.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,14 +16,15 @@ from pathlib import Path
 
 from dsim.errors import InputError, plain
 
-MAX_DEPTH = 64          # deeper nesting is not a profile or preset (and would exhaust the parser)
+MAX_DEPTH = 64  # deeper nesting is not a profile or preset (and would exhaust the parser)
 
 
 @dataclass(frozen=True)
 class Doc:
     """Where values of a parsed file came from: path and line per key path."""
+
     path: str
-    lines: dict = field(default_factory=dict)     # tuple key path -> 1-based line
+    lines: dict = field(default_factory=dict)  # tuple key path -> 1-based line
 
     def at(self, *keys) -> str:
         """``path:line: a.b[2]`` for the key path (the nearest line known)."""
@@ -52,6 +54,7 @@ def _depth_ok(text: str) -> None:
 
 def _node_lines(node, prefix=(), out=None, depth=0) -> dict:
     import yaml
+
     out = {} if out is None else out
     if depth > MAX_DEPTH:
         raise InputError(f"nested more than {MAX_DEPTH} levels deep")
@@ -74,6 +77,7 @@ def read_document(path, *, kind: str = "yaml") -> tuple[object, Doc]:
     """(parsed document, Doc with line marks). kind: 'yaml' or 'json'. Raises InputError for an
     unreadable file, a parse error (with its line), or nesting beyond MAX_DEPTH."""
     import yaml
+
     p = Path(path)
     try:
         raw = p.read_bytes()
@@ -113,6 +117,7 @@ def read_document(path, *, kind: str = "yaml") -> tuple[object, Doc]:
 
 
 # ---- checks ----------------------------------------------------------------------------------
+
 
 def _bad(doc: Doc, keys, problem: str, value=None, show=True) -> InputError:
     tail = f", got {plain(value)}" if show else ""

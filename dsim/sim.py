@@ -5,6 +5,7 @@ and the per-step table. Deterministic for a given seed: the request latents come
 from the seed, the draft draws from the run key derived from it (one counter-based stream per
 request and draft round, dsim.kernels_step).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,7 +32,7 @@ __all__ = ["SimConfig", "SimResult", "SpecConfig", "simulate", "write_outputs", 
 
 @dataclass(frozen=True)
 class SimConfig:
-    workload: object                   # dsim.workload.Workload
+    workload: object  # dsim.workload.Workload
     profile: Profile
     nodes: int = 1
     gpus_per_node: int = 8
@@ -39,7 +40,7 @@ class SimConfig:
     engine: EngineConfig = EngineConfig()
     spec: SpecConfig = SpecConfig()
     seed: int = 0
-    slo: dict | None = None            # per-request SLOs for goodput: {"ttft_ms": x, "tpot_ms": y, "e2e_ms": z}
+    slo: dict | None = None  # per-request SLOs for goodput: {"ttft_ms": x, "tpot_ms": y, "e2e_ms": z}
     cost_scale: float = 1.0
 
     @property
@@ -57,20 +58,22 @@ class SimResult:
     requests: pd.DataFrame
     steps: pd.DataFrame
     shapes: list | None = None
-    itl: tuple | None = None           # ITL samples, run-length coded: (values ms, counts)
+    itl: tuple | None = None  # ITL samples, run-length coded: (values ms, counts)
 
 
-MAX_NODES = 4096            # the largest fleets of the public serving reports are ~1000 nodes
-MAX_GPUS_PER_NODE = 72      # an NVL72 rack is the largest one-node NVLink domain sold
+MAX_NODES = 4096  # the largest fleets of the public serving reports are ~1000 nodes
+MAX_GPUS_PER_NODE = 72  # an NVL72 rack is the largest one-node NVLink domain sold
 MAX_NUM_SEQS = 1 << 20
 MAX_NUM_BATCHED_TOKENS = 1 << 24
 
 
 def _check(cfg: SimConfig):
     """Bad settings fail here, before any replica or array is allocated."""
+
     def int_in(v, lo, hi, what):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
             raise InputError(f"{what}: must be an integer in {lo}..{hi}, got {v}")
+
     int_in(cfg.nodes, 1, MAX_NODES, "--nodes")
     int_in(cfg.gpus_per_node, 1, MAX_GPUS_PER_NODE, "--gpus-per-node")
     int_in(cfg.seed, 0, 2**63 - 1, "--seed")
@@ -78,8 +81,10 @@ def _check(cfg: SimConfig):
     int_in(e.max_num_seqs, 1, MAX_NUM_SEQS, "--max-num-seqs")
     int_in(e.max_num_batched_tokens, 1, MAX_NUM_BATCHED_TOKENS, "--max-num-batched-tokens")
     if cfg.profile.gpus_per_replica > cfg.gpus_per_node:
-        raise InputError(f"profile {cfg.profile.name}: needs {cfg.profile.gpus_per_replica} GPUs per replica, "
-                         f"a node has {cfg.gpus_per_node}")
+        raise InputError(
+            f"profile {cfg.profile.name}: needs {cfg.profile.gpus_per_replica} GPUs per replica, "
+            f"a node has {cfg.gpus_per_node}"
+        )
     check_requests_fit(cfg.workload, cfg.profile, cfg.spec)
 
 
@@ -88,25 +93,31 @@ def check_requests_fit(w, profile: Profile, spec: SpecConfig | None = None) -> N
     rejects a longer request), and its whole life within one replica's KV cache (it would be
     preempted forever). The first one that does not is named by its trace file and line."""
     from dsim.cost import KV_BLOCK_TOKENS
+
     total = np.asarray(w.prompt_tokens, dtype=np.int64) + np.asarray(w.output_tokens, dtype=np.int64)
     lim = profile.max_model_len
     if lim is not None and total.max() > lim:
         i = int(np.argmax(total > lim))
-        raise InputError(f"{w.where(i)}: {int(w.prompt_tokens[i])} prompt + {int(w.output_tokens[i])} output "
-                         f"tokens exceed the model's context, max_model_len {lim} (profile {profile.name}; "
-                         "--max-model-len)")
+        raise InputError(
+            f"{w.where(i)}: {int(w.prompt_tokens[i])} prompt + {int(w.output_tokens[i])} output "
+            f"tokens exceed the model's context, max_model_len {lim} (profile {profile.name}; "
+            "--max-model-len)"
+        )
     k = 0
     if spec is not None and spec.method != "none":
         from dsim import spec as S
+
         k = S.make_method(spec.method, spec.k, spec.adaptive).k
     # as the engine counts: a decode slot holds ceil((KV tokens + 1 + K) / block) blocks
     need = -(-(total - 1 + 1 + k) // KV_BLOCK_TOKENS)
     cap = profile.kv_capacity_blocks
     if need.max() > cap:
         i = int(np.argmax(need > cap))
-        raise InputError(f"{w.where(i)}: {int(w.prompt_tokens[i])} prompt + {int(w.output_tokens[i])} output "
-                         f"tokens need {int(need[i])} KV blocks, the cache holds {cap} "
-                         f"(profile {profile.name}: memory.kv_cache_gib)")
+        raise InputError(
+            f"{w.where(i)}: {int(w.prompt_tokens[i])} prompt + {int(w.output_tokens[i])} output "
+            f"tokens need {int(need[i])} KV blocks, the cache holds {cap} "
+            f"(profile {profile.name}: memory.kv_cache_gib)"
+        )
 
 
 def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
@@ -115,8 +126,14 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
     w = cfg.workload
     cost = CostModel(cfg.profile, cfg.cost_scale)
     mean_ctx = float(w.prompt_tokens.mean() + w.output_tokens.mean() / 2)
-    spec = SpecRuntime.build(cfg.spec, w.class_names, cost, max_num_seqs=cfg.engine.max_num_seqs,
-                             max_num_batched_tokens=cfg.engine.max_num_batched_tokens, mean_context=mean_ctx)
+    spec = SpecRuntime.build(
+        cfg.spec,
+        w.class_names,
+        cost,
+        max_num_seqs=cfg.engine.max_num_seqs,
+        max_num_batched_tokens=cfg.engine.max_num_batched_tokens,
+        mean_context=mean_ctx,
+    )
     env = simpy.Environment()
     reqs = Requests(w)
     n_classes = len(w.class_names)
@@ -127,31 +144,47 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
     bar = None
     if progress:
         from tqdm import tqdm
+
         bar = tqdm(total=reqs.n, unit="req", delay=1.0, leave=False, dynamic_ncols=True)
 
     def on_finish(rid):
         if bar is not None:
             bar.update(1)
-        if closed and next_id[0] < reqs.n:      # the user sends its next request now
+        if closed and next_id[0] < reqs.n:  # the user sends its next request now
             nid = next_id[0]
             next_id[0] += 1
             reqs.arrival[nid] = env.now
             router.dispatch(nid)
 
-    if spec.k:                                  # (before the replicas: they read the latents)
+    if spec.k:  # (before the replicas: they read the latents)
         lrng = np.random.default_rng([cfg.seed, 1 << 20])
         reqs.latent[:] = spec.acceptance.request_latent(lrng, reqs.cls)
     # Every draw comes from the run's key: a request's draft round i has its own stream
     # (dsim.kernels_step), whichever replica runs it.
     key = run_key(cfg.seed)
-    replicas = [Replica(i, env, reqs, cost, cfg.engine, spec if spec.k else None, stats, on_finish, key,
-                        w.prefix_hashes, w.prefix_block_tokens) for i in range(n_rep)]
+    replicas = [
+        Replica(
+            i,
+            env,
+            reqs,
+            cost,
+            cfg.engine,
+            spec if spec.k else None,
+            stats,
+            on_finish,
+            key,
+            w.prefix_hashes,
+            w.prefix_block_tokens,
+        )
+        for i in range(n_rep)
+    ]
     if not closed:
         times = w.arrival_s
 
         def next_arrival():
             i = next_id[0]
             return float(times[i]) if i < reqs.n else None
+
         for r in replicas:
             r.next_arrival = next_arrival
     try:
@@ -209,12 +242,18 @@ def _result(cfg, spec, reqs, stats, replicas, wall) -> SimResult:
     summary["mean_batch_requests"] = round(float(steps["n_requests"].mean()), 3) if len(steps) else 0.0
     summary.update(_spec_summary(spec, stats, w.class_names))
     summary["setup"] = {
-        "nodes": cfg.nodes, "gpus_per_node": cfg.gpus_per_node, "replicas": len(replicas),
-        "gpus": cfg.n_gpus, "router": cfg.router, "seed": cfg.seed,
+        "nodes": cfg.nodes,
+        "gpus_per_node": cfg.gpus_per_node,
+        "replicas": len(replicas),
+        "gpus": cfg.n_gpus,
+        "router": cfg.router,
+        "seed": cfg.seed,
         "engine": dataclasses.asdict(cfg.engine),
         "spec": dataclasses.asdict(cfg.spec) | {"k": spec.k},
-        "profile": cfg.profile.label, "profile_kind": cfg.profile.provenance.get("kind"),
-        "workload": w.source, "class_mix_assumed": bool(w.class_mix_assumed),
+        "profile": cfg.profile.label,
+        "profile_kind": cfg.profile.provenance.get("kind"),
+        "workload": w.source,
+        "class_mix_assumed": bool(w.class_mix_assumed),
         "acceptance_source": (f"{spec.curves.name}: {spec.curves.source}" if spec.curves is not None else None),
     }
     shapes = None
@@ -226,6 +265,7 @@ def _result(cfg, spec, reqs, stats, replicas, wall) -> SimResult:
 
 def _spec_summary(spec, st: SpecStats, class_names) -> dict:
     from dsim.spec import head_quality
+
     if spec.k == 0 or st.num_drafts == 0:
         return {"acceptance_length": 1.0, "per_position_acceptance": [], "mean_verify_tokens_per_request": 1.0}
     K = spec.k
@@ -234,30 +274,39 @@ def _spec_summary(spec, st: SpecStats, class_names) -> dict:
     by_cls = {}
     for i, c in enumerate(class_names):
         if st.cls_rounds[i] > 0:
-            by_cls[c] = {"acceptance_length": round(st.cls_emitted[i] / st.cls_rounds[i], 4),
-                         "mean_verify_tokens_per_request": round(st.cls_verify[i] / st.cls_rounds[i], 4),
-                         "draft_rounds": int(st.cls_rounds[i])}
+            by_cls[c] = {
+                "acceptance_length": round(st.cls_emitted[i] / st.cls_rounds[i], 4),
+                "mean_verify_tokens_per_request": round(st.cls_verify[i] / st.cls_rounds[i], 4),
+                "draft_rounds": int(st.cls_rounds[i]),
+            }
     out = {
         "acceptance_length": round(1 + acc_total / st.num_drafts, 4),
         "per_position_acceptance": per_pos,
         "mean_verify_tokens_per_request": round(1 + st.verified_draft_tokens / st.num_drafts, 4),
         "wasted_verify_tokens": int(st.verified_draft_tokens - acc_total),
-        "verify_utilization": (round(st.accepted_in_window / st.accepted_full_block, 4)
-                               if st.accepted_full_block else None),
+        "verify_utilization": (
+            round(st.accepted_in_window / st.accepted_full_block, 4) if st.accepted_full_block else None
+        ),
         "per_class": by_cls,
-        "spec_decode_counters": {   # vLLM's /metrics form
-            "num_drafts": int(st.num_drafts), "num_draft_tokens": int(st.num_draft_tokens),
+        "spec_decode_counters": {  # vLLM's /metrics form
+            "num_drafts": int(st.num_drafts),
+            "num_draft_tokens": int(st.num_draft_tokens),
             "num_accepted_tokens": acc_total,
-            "num_accepted_tokens_per_pos": [int(x) for x in st.accepted_per_pos]},
+            "num_accepted_tokens_per_pos": [int(x) for x in st.accepted_per_pos],
+        },
     }
     if st.head_conf and spec.method.has_head:
         conf = np.concatenate(st.head_conf).reshape(-1, K)
         acc = np.concatenate(st.head_acc).reshape(-1, K)
         reached = np.ones_like(acc)
-        reached[:, 1:] = np.cumprod(acc, axis=1)[:, :-1]     # conditional: previous drafts accepted
+        reached[:, 1:] = np.cumprod(acc, axis=1)[:, :-1]  # conditional: previous drafts accepted
         auc, ece = head_quality(conf, acc, reached)
-        out["head"] = {"mode": spec.acceptance.head, "auc": round(auc, 4), "ece": round(ece, 4),
-                       "target_auc": spec.acceptance.head_auc_target}
+        out["head"] = {
+            "mode": spec.acceptance.head,
+            "auc": round(auc, 4),
+            "ece": round(ece, 4),
+            "target_auc": spec.acceptance.head_auc_target,
+        }
     return out
 
 
@@ -266,6 +315,7 @@ def write_step_log(res: SimResult, path):
     request, "ctx": KV context per request before the step, "predicted_ms": forward-only cost}.
     Read by validator.gpu.replay. Written whole or not at all (dsim.outputs.staged_file)."""
     from dsim.outputs import staged_file
+
     with staged_file(path, "--step-log") as tmp:
         write_step_log_file(res, tmp)
 
@@ -274,8 +324,19 @@ def write_step_log_file(res: SimResult, path) -> None:
     """The step log written straight to ``path`` (a staged file: see write_step_log)."""
     with open(path, "w") as f:
         for i, (rep, t, q, ctx, ms) in enumerate(res.shapes or []):
-            f.write(json.dumps({"step": i, "replica": rep, "t_end_s": round(t, 6), "q": q, "ctx": ctx,
-                                "predicted_ms": round(ms, 5)}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "step": i,
+                        "replica": rep,
+                        "t_end_s": round(t, 6),
+                        "q": q,
+                        "ctx": ctx,
+                        "predicted_ms": round(ms, 5),
+                    }
+                )
+                + "\n"
+            )
 
 
 OUTPUT_FILES = ("requests.parquet", "steps.parquet", "summary.json")
@@ -285,6 +346,7 @@ def write_outputs(res: SimResult, out_dir) -> list[Path]:
     """Write summary.json, requests.parquet, steps.parquet into ``out_dir``, all or nothing
     (dsim.outputs.staged_dir: a temporary sibling, renamed into place at the end)."""
     from dsim.outputs import staged_dir
+
     with staged_dir(out_dir) as tmp:
         write_output_files(res, tmp)
     return [Path(out_dir) / f for f in OUTPUT_FILES]

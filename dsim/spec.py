@@ -57,9 +57,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -269,6 +269,7 @@ def preset_names() -> list[str]:
 def _probability(v, what: str) -> float:
     """A probability as written by the user: a finite number in [0, 1] (not a string or bool)."""
     from dsim.errors import plain
+
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise InputError(f"{what}: must be a probability (a number in [0, 1]), got {plain(v)}")
     f = float(v)
@@ -281,6 +282,7 @@ def parse_acceptance(arg: str) -> AcceptanceCurves:
     """Inline curves: ``const:P`` (one constant p, class default, one position: padded to any K),
     ``"math=0.9,0.8,0.7;chat=0.7,0.5"`` (per class, ``;``-separated) or ``"0.9,0.8"`` (default)."""
     from dsim.errors import shown
+
     s = str(arg).strip()
     if not s:
         raise InputError("--acceptance: empty (a preset name, a file, const:P or class=p1,p2,...)")
@@ -317,6 +319,7 @@ def _from_mapping(doc, where_: str, method: str | None, marks=None) -> Acceptanc
     dsim.schema.Doc), the line of the bad field."""
     from dsim import schema as Sch
     from dsim.errors import plain
+
     d = marks if marks is not None else Sch.Doc(where_)
     if not isinstance(doc, dict):
         raise InputError(f"{d.at()}: expected a mapping with 'classes' or 'methods'")
@@ -367,6 +370,7 @@ def load_acceptance(name_or_path: str, method: str | None = None) -> AcceptanceC
     top-level ``classes:`` or an inline string applies to any method."""
     from dsim import schema as Sch
     from dsim.errors import shown
+
     s = str(name_or_path).strip()
     if not s:
         raise InputError("--acceptance: empty (a preset name, a file, const:P or class=p1,p2,...)")
@@ -481,7 +485,8 @@ def _shifts(P: np.ndarray, s_shared: float, s_token: float, preserve: str) -> np
     target = np.cumprod(P, axis=1)
 
     for k in range(K):
-        def f(sh, k=k):
+
+        def f(sh, k=k, surv=surv):
             x = (L[:, k] + sh)[:, None, None] + g[None, :, None] + s_token * _GH_X[None, None, :]
             fk = (_sigmoid(x) * _GH_W).sum(-1)  # [C, G]
             return (surv * fk * _GH_W).sum(-1)
@@ -589,9 +594,16 @@ class AcceptanceModel:
         """The draws' parameters as dsim.kernels_step.draw_slots takes them: (head code,
         sigma_token / (2T), sigma_step / (2T), s / (2T), b / (2T), T)."""
         from dsim import kernels_step as KS
+
         t = self.head_temp
-        return (KS.HEAD_CODES[self.head], 0.5 * self.sigma_token / t, 0.5 * self.sigma_step / t,
-                0.5 * self.head_noise / t, 0.5 * self.head_bias / t, t)
+        return (
+            KS.HEAD_CODES[self.head],
+            0.5 * self.sigma_token / t,
+            0.5 * self.sigma_step / t,
+            0.5 * self.head_noise / t,
+            0.5 * self.head_bias / t,
+            t,
+        )
 
     def sample(self, rng: np.random.Generator, cls, latent, steps: int) -> StepDraws:
         """Draw ``steps`` consecutive steps for R requests (class indices ``cls`` int[R], latents
@@ -599,6 +611,7 @@ class AcceptanceModel:
         (dsim.kernels_step.draw_slots, every position's outcome drawn). Returns StepDraws of shape
         [steps, R, K] (float32 / bool / float32)."""
         from dsim import kernels_step as KS
+
         cls = np.asarray(cls, dtype=np.intp)
         R, K, steps = int(cls.shape[0]), self.k, int(steps)
         if K == 0 or R == 0 or steps == 0:
@@ -626,13 +639,13 @@ class AcceptanceModel:
         cls = np.asarray(cls, dtype=np.intp)
         if self.head == "useless":
             out = np.empty((2 * self.k, cls.shape[0]), dtype=np.float32)
-            out[:self.k] = self._slot_offsets_model(cls, latent)
-            out[self.k:] = self._PfT[:, cls]
+            out[: self.k] = self._slot_offsets_model(cls, latent)
+            out[self.k :] = self._PfT[:, cls]
             return out
         return self._slot_offsets_model(cls, latent)
 
     def _slot_offsets_model(self, cls, latent) -> np.ndarray:
-        off = self._half_baseT[:, cls]                              # [K, R], a new array
+        off = self._half_baseT[:, cls]  # [K, R], a new array
         off += np.multiply(latent, np.float32(0.5), dtype=np.float32)
         if self.head_temp != 1.0:
             off *= np.float32(1.0 / self.head_temp)
@@ -644,15 +657,33 @@ class AcceptanceModel:
     # ---- head calibration -------------------------------------------------------------------
 
     def _calibrate_head(self, seed: int, n_req: int):
-        key = (seed, n_req, self.P.tobytes(), self.P.shape, self.sigma_request, self.sigma_step,
-               self.sigma_token, self.preserve, self.head, self.head_auc_target, self.head_ece_target)
+        key = (
+            seed,
+            n_req,
+            self.P.tobytes(),
+            self.P.shape,
+            self.sigma_request,
+            self.sigma_step,
+            self.sigma_token,
+            self.preserve,
+            self.head,
+            self.head_auc_target,
+            self.head_ece_target,
+        )
         hit = _HEAD_CACHE.get(key)
         if hit is None:
             hit = _HEAD_CACHE[key] = self._fit_head(seed, n_req)
             while len(_HEAD_CACHE) > 64:
                 _HEAD_CACHE.pop(next(iter(_HEAD_CACHE)))
-        (self.head_noise, self.head_bias, self.head_temp, self.head_auc_ceiling,
-         self.head_auc_achieved, self.head_ece_achieved, notes) = hit
+        (
+            self.head_noise,
+            self.head_bias,
+            self.head_temp,
+            self.head_auc_ceiling,
+            self.head_auc_achieved,
+            self.head_ece_achieved,
+            notes,
+        ) = hit
         self.head_notes.extend(notes)
 
     def _fit_head(self, seed: int, n_req: int) -> tuple:
@@ -683,6 +714,7 @@ class AcceptanceModel:
             # AUC(x + s noise) falls from the ceiling towards 0.5 as s grows: bracket, then _root.
             def gap(sv):
                 return _auc(x + sv * noise, y) - target
+
             lo, hi = 0.0, 1.0
             while gap(hi) > 0 and hi < 1e4:
                 lo, hi = hi, hi * 2.0
@@ -701,6 +733,7 @@ class AcceptanceModel:
 
             def ece_gap(tv):
                 return _ece(_sigmoid((z - b) / tv), y) - self.head_ece_target
+
             if ece_gap(lo) < 0:
                 T = lo
                 notes.append(f"head-ece {self.head_ece_target} not reachable; T = {lo:.3g}")
@@ -840,8 +873,12 @@ def head_quality(conf, accept, mask=None) -> tuple[float, float]:
 # --------------------------------------------------------------------------------------------
 
 VERIFY_MODES = ("static", "compact", "cap-accept")
-DEFAULT_ACCEPTANCE = {"mtp": "deepseek-v4", "dspark": "deepseek-v4", "eagle3": "qwen3-4b-fig2",
-                      "block": "qwen3-4b-fig2"}
+DEFAULT_ACCEPTANCE = {
+    "mtp": "deepseek-v4",
+    "dspark": "deepseek-v4",
+    "eagle3": "qwen3-4b-fig2",
+    "block": "qwen3-4b-fig2",
+}
 
 
 @dataclass(frozen=True)
@@ -850,13 +887,13 @@ class SpecConfig:
     the confidence head's quality. ``verify_mode`` (SGLang's static | compact | cap-accept) lives
     here only: the engine reads it from the runtime built from this."""
 
-    method: str = "none"             # none | mtp | eagle3 | block | dspark
-    k: int | None = None             # drafts per step (default: 1 for mtp, 7 otherwise)
-    adaptive: bool = False           # dspark: verify windows chosen per step by `policy`
-    policy: str = "vllm"             # vllm | paper | paper-production | sglang | fixed | threshold
-    verify_mode: str = "compact"     # static | compact | cap-accept
-    acceptance: str | None = None    # preset name, file, inline curves or const:P
-    head: str = "model"              # model | perfect | useless
+    method: str = "none"  # none | mtp | eagle3 | block | dspark
+    k: int | None = None  # drafts per step (default: 1 for mtp, 7 otherwise)
+    adaptive: bool = False  # dspark: verify windows chosen per step by `policy`
+    policy: str = "vllm"  # vllm | paper | paper-production | sglang | fixed | threshold
+    verify_mode: str = "compact"  # static | compact | cap-accept
+    acceptance: str | None = None  # preset name, file, inline curves or const:P
+    head: str = "model"  # model | perfect | useless
     head_auc: float = 0.85
     head_ece: float = 0.01
     sigma_request: float | None = None
@@ -871,21 +908,30 @@ class SpecRuntime:
 
     method: SpecMethod
     verify_mode: str
-    acceptance: "AcceptanceModel | None" = None
+    acceptance: AcceptanceModel | None = None
     curves: AcceptanceCurves | None = None
-    policy: object | None = None                # dsim.policy.BudgetPolicy
+    policy: object | None = None  # dsim.policy.BudgetPolicy
 
     @property
     def k(self) -> int:
         return self.method.k
 
     @classmethod
-    def build(cls, sc: SpecConfig, class_names: Sequence[str], cost=None, *, max_num_seqs: int = 1024,
-              max_num_batched_tokens: int = 8192, mean_context: float = 0.0) -> "SpecRuntime":
+    def build(
+        cls,
+        sc: SpecConfig,
+        class_names: Sequence[str],
+        cost=None,
+        *,
+        max_num_seqs: int = 1024,
+        max_num_batched_tokens: int = 8192,
+        mean_context: float = 0.0,
+    ) -> SpecRuntime:
         """From a SpecConfig for a workload's classes. ``cost`` (a CostModel) prices SGLang's
         additive table, built for ``max_num_seqs`` requests, ``max_num_batched_tokens`` tokens and
         a request's context read at ``mean_context`` tokens."""
         from dsim import policy as P
+
         if sc.verify_mode not in VERIFY_MODES:
             raise InputError(f"--verify-mode: must be static, compact or cap-accept, got {sc.verify_mode!r}")
         method = make_method(sc.method, sc.k, sc.adaptive)
@@ -899,17 +945,22 @@ class SpecRuntime:
             opts["sigma_step"] = sc.sigma_step
         # Only a method with a confidence head calibrates one; the others use the class curve.
         head = sc.head if method.has_head else "useless"
-        acceptance = AcceptanceModel(curves, class_names, method.k, head=head, head_auc=sc.head_auc,
-                                     head_ece=sc.head_ece, **opts)
+        acceptance = AcceptanceModel(
+            curves, class_names, method.k, head=head, head_auc=sc.head_auc, head_ece=sc.head_ece, **opts
+        )
         policy = None
         if method.adaptive:
             if sc.policy == "sglang" and cost is not None:
                 # SGLang prices a step with an additive table T(R, M) = bias + alpha(R) + theta(M),
                 # built here from the profile; alpha carries the drafter and the context read
                 # of a request at the workload's mean context.
-                table = P.AdditiveCost.from_cost(cost, method, max_requests=max_num_seqs,
-                                                 max_tokens=max_num_batched_tokens,
-                                                 kv_ms_per_request=cost.kv_ms_per_tok * mean_context)
+                table = P.AdditiveCost.from_cost(
+                    cost,
+                    method,
+                    max_requests=max_num_seqs,
+                    max_tokens=max_num_batched_tokens,
+                    kv_ms_per_request=cost.kv_ms_per_tok * mean_context,
+                )
                 policy = P.make_policy("sglang", cost=table)
             else:
                 policy = P.make_policy(sc.policy)

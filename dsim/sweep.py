@@ -12,6 +12,7 @@ max(requests_per_user x C, min_requests) requests (the trace's lengths, repeated
 the trace is shorter). Points run in parallel (dsim.plan.Runner: local processes or Ray tasks); results do not depend
 on jobs or the executor.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,13 +39,17 @@ def closed_loop(base: Workload, concurrency: int, n: int) -> Workload:
     idx = np.arange(n) % len(base)
     reps = "" if n <= len(base) else f", repeated to {n}"
     return dataclasses.replace(
-        base, arrival_s=np.zeros(n), prompt_tokens=np.array(base.prompt_tokens[idx]),
-        output_tokens=np.array(base.output_tokens[idx]), cls=np.array(base.cls[idx]),
+        base,
+        arrival_s=np.zeros(n),
+        prompt_tokens=np.array(base.prompt_tokens[idx]),
+        output_tokens=np.array(base.output_tokens[idx]),
+        cls=np.array(base.cls[idx]),
         session_id=np.array(base.session_id[idx]),
         prefix_hashes=None if base.prefix_hashes is None else [base.prefix_hashes[i] for i in idx],
         rows=None if base.rows is None else np.array(base.rows[idx]),
         closed_loop_concurrency=int(concurrency),
-        source=f"{base.source}; first {min(n, len(base))} requests{reps}; closed loop, {concurrency} users")
+        source=f"{base.source}; first {min(n, len(base))} requests{reps}; closed loop, {concurrency} users",
+    )
 
 
 def point_requests(c: int, requests_per_user: int, min_requests: int) -> int:
@@ -53,18 +58,27 @@ def point_requests(c: int, requests_per_user: int, min_requests: int) -> int:
 
 def _row(name, spec, c, r) -> dict:
     from dsim.plan import method_label
+
     s = r["summary"]
     row = {
-        "method": name, "label": method_label(spec), "concurrency": c, "requests": s["requests_total"],
-        "output_tok_s_per_gpu": s["output_tok_s_per_gpu"], "output_tok_s": s["output_tok_s"],
+        "method": name,
+        "label": method_label(spec),
+        "concurrency": c,
+        "requests": s["requests_total"],
+        "output_tok_s_per_gpu": s["output_tok_s_per_gpu"],
+        "output_tok_s": s["output_tok_s"],
         "output_tok_s_per_user": s["output_tok_s_per_user"] or 0.0,
-        "tpot_p50_ms": s["tpot_ms"]["p50"], "tpot_p99_ms": s["tpot_ms"]["p99"],
-        "ttft_p50_ms": s["ttft_ms"]["p50"], "ttft_p99_ms": s["ttft_ms"]["p99"],
+        "tpot_p50_ms": s["tpot_ms"]["p50"],
+        "tpot_p99_ms": s["tpot_ms"]["p99"],
+        "ttft_p50_ms": s["ttft_ms"]["p50"],
+        "ttft_p99_ms": s["ttft_ms"]["p99"],
         "itl_p50_ms": s["itl_ms"]["p50"],
         "acceptance_length": s.get("acceptance_length", 1.0),
         "verify_tokens_per_request": s.get("mean_verify_tokens_per_request", 1.0),
         "mean_batch_requests": s.get("mean_batch_requests"),
-        "sim_time_s": s["sim_time_s"], "wall_time_s": s["wall_time_s"], "gpus": s["setup"]["gpus"],
+        "sim_time_s": s["sim_time_s"],
+        "wall_time_s": s["wall_time_s"],
+        "gpus": s["setup"]["gpus"],
     }
     # the paper's load axis is per GPU; a node holds nodes x replicas x GPUs per replica
     setup = s["setup"]
@@ -77,13 +91,27 @@ def _row(name, spec, c, r) -> dict:
     return row
 
 
-def sweep(base: Workload, profile: Profile, specs: dict, concurrency: Sequence[int] = DEFAULT_CONCURRENCY, *,
-          requests_per_user: int = 8, min_requests: int = 200, nodes: int = 1, gpus_per_node: int = 8,
-          seed: int = 0, jobs: int | None = None, runner: Any = None, executor: str = "local",
-          ray_address: str | None = None, progress_bar: Any = None) -> pd.DataFrame:
+def sweep(
+    base: Workload,
+    profile: Profile,
+    specs: dict,
+    concurrency: Sequence[int] = DEFAULT_CONCURRENCY,
+    *,
+    requests_per_user: int = 8,
+    min_requests: int = 200,
+    nodes: int = 1,
+    gpus_per_node: int = 8,
+    seed: int = 0,
+    jobs: int | None = None,
+    runner: Any = None,
+    executor: str = "local",
+    ray_address: str | None = None,
+    progress_bar: Any = None,
+) -> pd.DataFrame:
     """One closed-loop simulation per (method, concurrency); rows sorted by method order then C.
     runner: a dsim.plan.Runner to use (else one is made from jobs, executor and ray_address)."""
     from dsim.plan import Point, Runner, run_point
+
     if requests_per_user < 1:
         raise InputError(f"--requests-per-user: must be >= 1, got {requests_per_user}")
     conc = [int(c) for c in concurrency]
@@ -107,11 +135,14 @@ def sweep(base: Workload, profile: Profile, specs: dict, concurrency: Sequence[i
 
 # ---- figures --------------------------------------------------------------------------------
 
+
 def pyplot() -> Any:
     """matplotlib.pyplot on the Agg backend (files only, no display)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -130,8 +161,14 @@ def _label_axes(ax, xlabel, ylabel, title, legend_size):
     ax.legend(fontsize=legend_size)
 
 
-STYLE = {"none": ("#7f7f7f", "o"), "mtp": ("#1f77b4", "s"), "eagle3": ("#9467bd", "^"),
-         "block": ("#ff7f0e", "v"), "dspark": ("#d62728", "D"), "dspark-fixed": ("#e377c2", "P")}
+STYLE = {
+    "none": ("#7f7f7f", "o"),
+    "mtp": ("#1f77b4", "s"),
+    "eagle3": ("#9467bd", "^"),
+    "block": ("#ff7f0e", "v"),
+    "dspark": ("#d62728", "D"),
+    "dspark-fixed": ("#e377c2", "P"),
+}
 
 
 def _style(name: str, i: int):
@@ -148,15 +185,28 @@ def plot_frontier(df: pd.DataFrame, path: str | Path, title: str = "Throughput v
         g = g.sort_values("concurrency")
         ax.plot(g["output_tok_s_per_user"], g["output_tok_s_per_gpu"], marker=mk, color=col, label=g["label"].iloc[0])
         for _, r in g.iterrows():
-            ax.annotate(str(int(r["concurrency"])), (r["output_tok_s_per_user"], r["output_tok_s_per_gpu"]),
-                        fontsize=6, xytext=(3, 3), textcoords="offset points", color=col)
+            ax.annotate(
+                str(int(r["concurrency"])),
+                (r["output_tok_s_per_user"], r["output_tok_s_per_gpu"]),
+                fontsize=6,
+                xytext=(3, 3),
+                textcoords="offset points",
+                color=col,
+            )
     _label_axes(ax, "per-user speed (output tok/s per user)", "output tok/s per GPU", title, 8)
     save_figure(fig, path)
 
 
-def plot_vs_concurrency(df: pd.DataFrame, path: str | Path, cols: Sequence[str], ylabel: str, title: str,
-                        styles: Sequence[str] = ("-",), labels: Sequence[str] | None = None,
-                        logy: bool = False) -> None:
+def plot_vs_concurrency(
+    df: pd.DataFrame,
+    path: str | Path,
+    cols: Sequence[str],
+    ylabel: str,
+    title: str,
+    styles: Sequence[str] = ("-",),
+    labels: Sequence[str] | None = None,
+    logy: bool = False,
+) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for i, (name, g) in enumerate(df.groupby("method", sort=False)):
@@ -181,22 +231,55 @@ def write_sweep(df: pd.DataFrame, out: str | Path, prefix: str = "") -> list[Pat
     csv = out / f"{prefix}sweep.csv"
     df.to_csv(csv, index=False)
     plot_frontier(df, out / f"{prefix}frontier.png", "Output throughput per GPU vs per-user speed (closed loop)")
-    plot_vs_concurrency(df, out / f"{prefix}throughput_vs_concurrency.png", ["output_tok_s_per_gpu"],
-                        "output tok/s per GPU", "Throughput per GPU vs concurrency")
-    plot_vs_concurrency(df, out / f"{prefix}verify_vs_concurrency.png", ["verify_tokens_per_request"],
-                        "verified tokens per request per step", "Verify tokens per request vs concurrency")
-    plot_vs_concurrency(df, out / f"{prefix}tpot_vs_concurrency.png", ["tpot_p50_ms", "tpot_p99_ms"],
-                        "TPOT (ms)", "TPOT vs concurrency (P50 solid, P99 dashed)", styles=("-", "--"),
-                        labels=("P50", "P99"))
+    plot_vs_concurrency(
+        df,
+        out / f"{prefix}throughput_vs_concurrency.png",
+        ["output_tok_s_per_gpu"],
+        "output tok/s per GPU",
+        "Throughput per GPU vs concurrency",
+    )
+    plot_vs_concurrency(
+        df,
+        out / f"{prefix}verify_vs_concurrency.png",
+        ["verify_tokens_per_request"],
+        "verified tokens per request per step",
+        "Verify tokens per request vs concurrency",
+    )
+    plot_vs_concurrency(
+        df,
+        out / f"{prefix}tpot_vs_concurrency.png",
+        ["tpot_p50_ms", "tpot_p99_ms"],
+        "TPOT (ms)",
+        "TPOT vs concurrency (P50 solid, P99 dashed)",
+        styles=("-", "--"),
+        labels=("P50", "P99"),
+    )
     return [csv] + [out / f"{prefix}{f}" for f in FIGURES]
 
 
 def format_sweep(df: pd.DataFrame) -> str:
-    cols = ["label", "concurrency", "output_tok_s_per_gpu", "output_tok_s_per_user", "tpot_p50_ms", "tpot_p99_ms",
-            "ttft_p50_ms", "acceptance_length", "verify_tokens_per_request"]
-    short = {"output_tok_s_per_gpu": "tok/s/GPU", "output_tok_s_per_user": "tok/s/user", "tpot_p50_ms": "TPOT p50",
-             "tpot_p99_ms": "TPOT p99", "ttft_p50_ms": "TTFT p50", "acceptance_length": "accept len",
-             "verify_tokens_per_request": "verify/req", "label": "method", "concurrency": "C"}
+    cols = [
+        "label",
+        "concurrency",
+        "output_tok_s_per_gpu",
+        "output_tok_s_per_user",
+        "tpot_p50_ms",
+        "tpot_p99_ms",
+        "ttft_p50_ms",
+        "acceptance_length",
+        "verify_tokens_per_request",
+    ]
+    short = {
+        "output_tok_s_per_gpu": "tok/s/GPU",
+        "output_tok_s_per_user": "tok/s/user",
+        "tpot_p50_ms": "TPOT p50",
+        "tpot_p99_ms": "TPOT p99",
+        "ttft_p50_ms": "TTFT p50",
+        "acceptance_length": "accept len",
+        "verify_tokens_per_request": "verify/req",
+        "label": "method",
+        "concurrency": "C",
+    }
     if "concurrency_per_gpu" in df.columns:
         cols.insert(2, "concurrency_per_gpu")
         short["concurrency_per_gpu"] = "C/GPU"

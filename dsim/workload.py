@@ -26,9 +26,9 @@ import io
 import json
 import math
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -100,7 +100,7 @@ class Workload:
     source: str = ""
     class_mix_assumed: bool = False
     rows: np.ndarray | None = None  # int64, each request's data row in the trace file (0-based)
-    locator: "RowLocator | None" = None  # data row -> "path:line" (for error messages)
+    locator: RowLocator | None = None  # data row -> "path:line" (for error messages)
 
     def __post_init__(self):
         n = len(self.arrival_s)
@@ -114,8 +114,13 @@ class Workload:
         if self.prefix_hashes is not None and len(self.prefix_hashes) != n:
             raise ValueError("Workload.prefix_hashes length differs from the number of requests")
         # own, typed, read-only copies (the caller's arrays are left alone)
-        for name, dt in (("arrival_s", np.float64), ("prompt_tokens", np.int64), ("output_tokens", np.int64),
-                         ("cls", np.int16), ("session_id", np.int64)):
+        for name, dt in (
+            ("arrival_s", np.float64),
+            ("prompt_tokens", np.int64),
+            ("output_tokens", np.int64),
+            ("cls", np.int16),
+            ("session_id", np.int64),
+        ):
             a = np.array(getattr(self, name), dtype=dt)
             a.setflags(write=False)
             object.__setattr__(self, name, a)
@@ -176,16 +181,16 @@ class Workload:
         return out
 
     # -- slicing (thin wrappers over the module functions) -----------------------------------
-    def head(self, n: int) -> "Workload":
+    def head(self, n: int) -> Workload:
         return head(self, n)
 
-    def window(self, t0: float, t1: float) -> "Workload":
+    def window(self, t0: float, t1: float) -> Workload:
         return time_window(self, t0, t1)
 
-    def scale_rate(self, x: float) -> "Workload":
+    def scale_rate(self, x: float) -> Workload:
         return scale_rate(self, x)
 
-    def with_classes(self, mix, seed: int = 0) -> "Workload":
+    def with_classes(self, mix, seed: int = 0) -> Workload:
         return assign_classes(self, mix, seed)
 
     def save(self, path, fmt: str = "auto") -> Path:
@@ -314,7 +319,10 @@ def assign_classes(w: Workload, mix, seed: int = 0) -> Workload:
     mix = parse_mix(mix)
     cls = _mix_classes(len(w), mix, seed)
     return dataclasses.replace(
-        w, cls=cls, class_names=tuple(mix), class_mix_assumed=True,
+        w,
+        cls=cls,
+        class_names=tuple(mix),
+        class_mix_assumed=True,
         source=f"{w.source}; classes assumed: mix {_fmt_mix(mix)} seed={seed}",
     )
 
@@ -368,8 +376,10 @@ def resolve_trace(path_or_name) -> tuple[Path, str | None]:
         d = _trace_dir()
         q = d / TRACE_FILES[s]
         if not q.is_file():
-            raise InputError(f"{q}: trace {s!r} not found (set DSIM_TRACE_DIR to the folder holding "
-                             f"{TRACE_FILES[s]}; see traces/README.md for downloads)")
+            raise InputError(
+                f"{q}: trace {s!r} not found (set DSIM_TRACE_DIR to the folder holding "
+                f"{TRACE_FILES[s]}; see traces/README.md for downloads)"
+            )
         return q, s
     if any(ch in s for ch in "/\\.") or not s:
         raise InputError(f"{s}: no such file")
@@ -399,8 +409,7 @@ class RowLocator:
         return f"{self.path}:{int(self._lines[row])}"
 
     def __getstate__(self):
-        return {"path": self.path, "kind": self.kind,
-                "_lines": self._lines if self.kind == "lines" else None}
+        return {"path": self.path, "kind": self.kind, "_lines": self._lines if self.kind == "lines" else None}
 
 
 def _err(path, line, fieldname, problem) -> InputError:
@@ -443,14 +452,14 @@ def _csv_scan_shape(path: Path) -> None:
                     header = row
                     continue
                 if len(row) != len(header):
-                    raise _err(path, line, None,
-                               f"malformed row: {len(row)} fields, header has {len(header)}")
+                    raise _err(path, line, None, f"malformed row: {len(row)} fields, header has {len(header)}")
         except csv.Error as e:
             raise _err(path, start, None, f"malformed CSV ({e})") from None
 
 
-def _int_column(values: pd.Series, path, fieldname: str, lines, *, allow_zero=False,
-                tokens: bool | None = None) -> np.ndarray:
+def _int_column(
+    values: pd.Series, path, fieldname: str, lines, *, allow_zero=False, tokens: bool | None = None
+) -> np.ndarray:
     """Strings/numbers -> int64, with the first bad row reported by line. tokens: a token count
     (bounded by MAX_TOKENS); by default every column that must be > 0."""
     tokens = (not allow_zero) if tokens is None else tokens
@@ -472,10 +481,18 @@ def _int_column(values: pd.Series, path, fieldname: str, lines, *, allow_zero=Fa
         if bad_int[i]:
             raise _err(path, line, fieldname, f"not an integer: {plain(raw)}")
         if bad_big[i]:
-            raise _err(path, line, fieldname, f"{plain(raw)} is too large (at most {MAX_TOKENS} tokens)"
-                       if tokens else f"{plain(raw)} is too large")
-        raise _err(path, line, fieldname, f"must be > 0, got {plain(raw)}" if not allow_zero
-                   else f"must be >= 0, got {plain(raw)}")
+            raise _err(
+                path,
+                line,
+                fieldname,
+                f"{plain(raw)} is too large (at most {MAX_TOKENS} tokens)" if tokens else f"{plain(raw)} is too large",
+            )
+        raise _err(
+            path,
+            line,
+            fieldname,
+            f"must be > 0, got {plain(raw)}" if not allow_zero else f"must be >= 0, got {plain(raw)}",
+        )
     return a.astype(np.int64)
 
 
@@ -486,9 +503,13 @@ def _check_monotone(t: np.ndarray, path, fieldname, lines, raw=None) -> None:
             i = int(np.argmax(back)) + 1
             ln = lines() if callable(lines) else lines
             val = (lambda j: plain(raw[j])) if raw is not None else (lambda j: f"{t[j]:g}")
-            raise _err(path, ln[i], fieldname,
-                       f"timestamp goes back in time: {val(i)} is before {val(i - 1)} on line {ln[i - 1]}"
-                       " (timestamps must be non-decreasing: sort the trace by time)")
+            raise _err(
+                path,
+                ln[i],
+                fieldname,
+                f"timestamp goes back in time: {val(i)} is before {val(i - 1)} on line {ln[i - 1]}"
+                " (timestamps must be non-decreasing: sort the trace by time)",
+            )
 
 
 # --------------------------------------------------------------------------------------------
@@ -501,14 +522,20 @@ class _Cols(dict):
     cls_names (object array), hashes (list), notes (list[str]), lines (callable -> row lines)."""
 
 
-def _read_csv_frame(path: Path, required: Sequence[str], optional: Sequence[str] = (),
-                    str_cols: Sequence[str] = ()) -> pd.DataFrame:
+def _read_csv_frame(
+    path: Path, required: Sequence[str], optional: Sequence[str] = (), str_cols: Sequence[str] = ()
+) -> pd.DataFrame:
     """Read the wanted columns; numbers are parsed by pandas' C parser (a column with a bad value
     comes back as strings and is checked row by row by the column helpers)."""
     strs = set(str_cols)
     try:
-        df = pd.read_csv(path, keep_default_na=False, skipinitialspace=True, encoding="utf-8-sig",
-                         dtype={c: str for c in strs} or None)
+        df = pd.read_csv(
+            path,
+            keep_default_na=False,
+            skipinitialspace=True,
+            encoding="utf-8-sig",
+            dtype={c: str for c in strs} or None,
+        )
     except pd.errors.EmptyDataError:
         raise _err(path, None, None, "empty trace (no header, no rows)") from None
     except pd.errors.ParserError:
@@ -537,14 +564,20 @@ def _read_azure(path: Path) -> _Cols:
     if ts.isna().any():
         i = int(np.argmax(ts.isna().to_numpy()))
         raw = df["TIMESTAMP"].iloc[i]
-        raise _err(path, lines()[i], "TIMESTAMP",
-                   "missing value" if not raw.strip() else f"not a timestamp: {plain(raw)}")
+        raise _err(
+            path, lines()[i], "TIMESTAMP", "missing value" if not raw.strip() else f"not a timestamp: {plain(raw)}"
+        )
     ns = ts.dt.tz_convert(None).to_numpy().astype("datetime64[ns]").view(np.int64)
     t = ((ns - ns[0]) / 1e9).astype(np.float64)  # relative first: keeps sub-microsecond precision
-    return _Cols(arrival=t, notes=[f"t0={ts.iloc[0].isoformat()}"], raw_t=df["TIMESTAMP"].to_numpy(), tfield="TIMESTAMP",
-                 prompt=_int_column(df["ContextTokens"], path, "ContextTokens", lines),
-                 output=_int_column(df["GeneratedTokens"], path, "GeneratedTokens", lines),
-                 lines=lines)
+    return _Cols(
+        arrival=t,
+        notes=[f"t0={ts.iloc[0].isoformat()}"],
+        raw_t=df["TIMESTAMP"].to_numpy(),
+        tfield="TIMESTAMP",
+        prompt=_int_column(df["ContextTokens"], path, "ContextTokens", lines),
+        output=_int_column(df["GeneratedTokens"], path, "GeneratedTokens", lines),
+        lines=lines,
+    )
 
 
 def _read_burstgpt(path: Path) -> _Cols:
@@ -572,26 +605,45 @@ def _read_burstgpt(path: Path) -> _Cols:
     session = None
     if "Session ID" in df.columns:
         session = _int_column(df["Session ID"], path, "Session ID", lines, allow_zero=True)
-    return _Cols(arrival=tnum[keep], prompt=prompt, output=output[keep], session=session,
-                 lines=lines, notes=notes, tfield="Timestamp", raw_t=df["Timestamp"].to_numpy(),
-                 data_rows=np.flatnonzero(keep))
+    return _Cols(
+        arrival=tnum[keep],
+        prompt=prompt,
+        output=output[keep],
+        session=session,
+        lines=lines,
+        notes=notes,
+        tfield="Timestamp",
+        raw_t=df["Timestamp"].to_numpy(),
+        data_rows=np.flatnonzero(keep),
+    )
 
 
 def _read_native_csv(path: Path) -> _Cols:
-    df = _read_csv_frame(path, ("arrival_s", "prompt_tokens", "output_tokens"),
-                         optional=("class", "session_id", "prefix_hashes"),
-                         str_cols=("class", "session_id", "prefix_hashes"))
+    df = _read_csv_frame(
+        path,
+        ("arrival_s", "prompt_tokens", "output_tokens"),
+        optional=("class", "session_id", "prefix_hashes"),
+        str_cols=("class", "session_id", "prefix_hashes"),
+    )
     lines = _lazy(lambda: _csv_data_lines(path))
     t = pd.to_numeric(df["arrival_s"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     bad = ~np.isfinite(t) | (t < 0)
     if bad.any():
         i = int(np.argmax(bad))
         raw = df["arrival_s"].iloc[i]
-        raise _err(path, lines()[i], "arrival_s",
-                   "missing value" if not str(raw).strip() else f"not a time in seconds >= 0: {plain(raw)}")
-    out = _Cols(arrival=t, prompt=_int_column(df["prompt_tokens"], path, "prompt_tokens", lines),
-                output=_int_column(df["output_tokens"], path, "output_tokens", lines),
-                lines=lines, notes=[])
+        raise _err(
+            path,
+            lines()[i],
+            "arrival_s",
+            "missing value" if not str(raw).strip() else f"not a time in seconds >= 0: {plain(raw)}",
+        )
+    out = _Cols(
+        arrival=t,
+        prompt=_int_column(df["prompt_tokens"], path, "prompt_tokens", lines),
+        output=_int_column(df["output_tokens"], path, "output_tokens", lines),
+        lines=lines,
+        notes=[],
+    )
     if "session_id" in df.columns:
         s = df["session_id"].str.strip()
         s = s.where(s != "", "-1")
@@ -613,8 +665,9 @@ def _read_native_csv(path: Path) -> _Cols:
             try:
                 hashes.append(np.array(s.split(), dtype=np.int64) if s else np.zeros(0, np.int64))
             except (ValueError, OverflowError):
-                raise _err(path, lines()[i], "prefix_hashes",
-                           f"expected space-separated integers, got {s[:40]!r}") from None
+                raise _err(
+                    path, lines()[i], "prefix_hashes", f"expected space-separated integers, got {s[:40]!r}"
+                ) from None
         out["hashes"] = hashes
     return out
 
@@ -733,8 +786,14 @@ def _read_jsonl(path: Path, tkey: str, pkey: str, okey: str, hkey: str, *, nativ
         return a
 
     t = num(ts, tkey, time=True)
-    out = _Cols(arrival=t, prompt=num(ps, pkey).astype(np.int64), output=num(os_, okey).astype(np.int64),
-                lines=lines_arr, notes=[], tfield=tkey)
+    out = _Cols(
+        arrival=t,
+        prompt=num(ps, pkey).astype(np.int64),
+        output=num(os_, okey).astype(np.int64),
+        lines=lines_arr,
+        notes=[],
+        tfield=tkey,
+    )
     if has_h:
         out["hashes"] = [h if h is not None else np.zeros(0, np.int64) for h in hs]
     if has_c:
@@ -775,9 +834,15 @@ def _read_native_parquet(path: Path) -> _Cols:
         # as in JSONL, not something to coerce
         if col in df.columns and df[col].dtype.kind not in "iuf":
             vals = df[col].tolist()
-            i = next((j for j, v in enumerate(vals)
-                      if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)))), None)
-            if i is None:           # numbers with nulls: checked below as missing values
+            i = next(
+                (
+                    j
+                    for j, v in enumerate(vals)
+                    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)))
+                ),
+                None,
+            )
+            if i is None:  # numbers with nulls: checked below as missing values
                 continue
             raise _err(path, lines[i], col, f"not a number: {plain(vals[i])} (column type {df[col].dtype})")
     t = pd.to_numeric(df["arrival_s"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
@@ -785,8 +850,13 @@ def _read_native_parquet(path: Path) -> _Cols:
     if bad.any():
         i = int(np.argmax(bad))
         raise _err(path, lines[i], "arrival_s", f"not a time in seconds >= 0: {plain(df['arrival_s'].iloc[i])}")
-    out = _Cols(arrival=t, prompt=_int_column(df["prompt_tokens"], path, "prompt_tokens", lines),
-                output=_int_column(df["output_tokens"], path, "output_tokens", lines), lines=lines, notes=[])
+    out = _Cols(
+        arrival=t,
+        prompt=_int_column(df["prompt_tokens"], path, "prompt_tokens", lines),
+        output=_int_column(df["output_tokens"], path, "output_tokens", lines),
+        lines=lines,
+        notes=[],
+    )
     if "session_id" in df.columns:
         s = pd.to_numeric(df["session_id"], errors="coerce").fillna(-1).to_numpy()
         out["session"] = s.astype(np.int64)
@@ -797,8 +867,9 @@ def _read_native_parquet(path: Path) -> _Cols:
             raise _err(path, lines[i], "class", "missing value")
         out["cls_names"] = c.astype(str).str.strip().to_numpy(dtype=object)
     if "prefix_hashes" in df.columns:
-        out["hashes"] = [np.zeros(0, np.int64) if h is None else np.asarray(h, dtype=np.int64)
-                         for h in df["prefix_hashes"].tolist()]
+        out["hashes"] = [
+            np.zeros(0, np.int64) if h is None else np.asarray(h, dtype=np.int64) for h in df["prefix_hashes"].tolist()
+        ]
     return out
 
 
@@ -837,7 +908,7 @@ def _check_text(path: Path, head_bytes: bytes) -> None:
     try:
         head_bytes.decode("utf-8")
     except UnicodeDecodeError as e:
-        if e.start < len(head_bytes) - 4:          # not just a character cut at the 4 KiB edge
+        if e.start < len(head_bytes) - 4:  # not just a character cut at the 4 KiB edge
             raise _err(path, None, None, f"not a UTF-8 text trace ({e.reason} at byte {e.start})") from None
 
 
@@ -866,8 +937,12 @@ def detect_format(path) -> str:
                 return "native-jsonl"
             if "input_length" in rec or ("timestamp" in rec and "output_length" in rec):
                 return "mooncake"
-        raise _err(path, 1, None, "unknown format: JSON record with neither arrival_s (native) nor "
-                                  "input_length/output_length (Mooncake)")
+        raise _err(
+            path,
+            1,
+            None,
+            "unknown format: JSON record with neither arrival_s (native) nor input_length/output_length (Mooncake)",
+        )
     cols = [c.strip().strip('"') for c in next(csv.reader([first]))]
     if "ContextTokens" in cols or "GeneratedTokens" in cols or "TIMESTAMP" in cols:
         return "azure"
@@ -875,12 +950,23 @@ def detect_format(path) -> str:
         return "burstgpt"
     if "arrival_s" in cols or "prompt_tokens" in cols:
         return "native-csv"
-    raise _err(path, 1, None, f"unknown format: header {shown(first, 80)} matches no known trace "
-                              f"(formats: {', '.join(FORMATS)})")
+    raise _err(
+        path,
+        1,
+        None,
+        f"unknown format: header {shown(first, 80)} matches no known trace (formats: {', '.join(FORMATS)})",
+    )
 
 
-_FMT_ALIASES = {"native": None, "csv": "native-csv", "jsonl": "native-jsonl", "parquet": "native-parquet",
-                "azure2023": "azure", "azure2024": "azure", "bursty": "burstgpt"}
+_FMT_ALIASES = {
+    "native": None,
+    "csv": "native-csv",
+    "jsonl": "native-jsonl",
+    "parquet": "native-parquet",
+    "azure2023": "azure",
+    "azure2024": "azure",
+    "bursty": "burstgpt",
+}
 
 
 def _norm_fmt(fmt: str, path: Path) -> str:
@@ -889,8 +975,13 @@ def _norm_fmt(fmt: str, path: Path) -> str:
         return detect_format(path)
     if f == "native":
         ext = path.suffix.lower()
-        f = {".csv": "native-csv", ".jsonl": "native-jsonl", ".json": "native-jsonl",
-             ".parquet": "native-parquet", ".pq": "native-parquet"}.get(ext, "")
+        f = {
+            ".csv": "native-csv",
+            ".jsonl": "native-jsonl",
+            ".json": "native-jsonl",
+            ".parquet": "native-parquet",
+            ".pq": "native-parquet",
+        }.get(ext, "")
         if not f:
             raise _err(path, None, None, f"unknown format: native file needs .csv/.jsonl/.parquet, got {ext!r}")
         return f
@@ -911,9 +1002,18 @@ def _default_mix_for(fmt: str, path: Path, name: str | None) -> dict[str, float]
     return dict(DEFAULT_MIX)
 
 
-def load_workload(path_or_name, fmt: str = "auto", *, mix=None, seed: int = 0, sort: bool = False,
-                  prefix_block_tokens: int | None = None, n: int | None = None,
-                  window: tuple[float, float] | None = None, rate_scale: float | None = None) -> Workload:
+def load_workload(
+    path_or_name,
+    fmt: str = "auto",
+    *,
+    mix=None,
+    seed: int = 0,
+    sort: bool = False,
+    prefix_block_tokens: int | None = None,
+    n: int | None = None,
+    window: tuple[float, float] | None = None,
+    rate_scale: float | None = None,
+) -> Workload:
     """Load a trace by path or name ("default", "azure-conv", "azure-code",
     "mooncake-conversation", "mooncake-synthetic", ...).
 
@@ -946,9 +1046,12 @@ def load_workload(path_or_name, fmt: str = "auto", *, mix=None, seed: int = 0, s
         i = int(np.argmax(arrival > MAX_SPAN_S))
         j = int(order[i]) if order is not None else i
         ln = c["lines"]() if callable(c["lines"]) else c["lines"]
-        raise _err(path, ln[j], c.get("tfield", "arrival_s"),
-                   f"arrives {arrival[i]:.3g} s after the first request (more than {MAX_SPAN_S:g} s: "
-                   "not a trace's time)")
+        raise _err(
+            path,
+            ln[j],
+            c.get("tfield", "arrival_s"),
+            f"arrives {arrival[i]:.3g} s after the first request (more than {MAX_SPAN_S:g} s: not a trace's time)",
+        )
     session = c.get("session")
     session = np.full(nreq, -1, np.int64) if session is None else np.asarray(session, np.int64)[sel]
     hashes = c.get("hashes")
@@ -984,17 +1087,28 @@ def load_workload(path_or_name, fmt: str = "auto", *, mix=None, seed: int = 0, s
         locator = RowLocator(path, "lines", c["lines"])
     else:
         locator = RowLocator(path, "csv")
-    w = Workload(arrival_s=arrival, prompt_tokens=c["prompt"][sel], output_tokens=c["output"][sel],
-                 cls=cls, class_names=names, session_id=session, prefix_hashes=hashes,
-                 prefix_block_tokens=pbt, closed_loop_concurrency=None,
-                 source=f"{label} ({', '.join(notes)})", class_mix_assumed=assumed,
-                 rows=rows, locator=locator)
+    w = Workload(
+        arrival_s=arrival,
+        prompt_tokens=c["prompt"][sel],
+        output_tokens=c["output"][sel],
+        cls=cls,
+        class_names=names,
+        session_id=session,
+        prefix_hashes=hashes,
+        prefix_block_tokens=pbt,
+        closed_loop_concurrency=None,
+        source=f"{label} ({', '.join(notes)})",
+        class_mix_assumed=assumed,
+        rows=rows,
+        locator=locator,
+    )
     if cls_raw is None or mix is not None:
         m = parse_mix(mix) if mix is not None else _default_mix_for(f, path, name)
         w = assign_classes(w, m, seed)
         if mix is None:
-            w = dataclasses.replace(w, source=w.source.replace("classes assumed: mix",
-                                                              "classes assumed (per-trace default): mix"))
+            w = dataclasses.replace(
+                w, source=w.source.replace("classes assumed: mix", "classes assumed (per-trace default): mix")
+            )
     if window is not None:
         w = time_window(w, *window)
     if n is not None:
@@ -1015,8 +1129,13 @@ def save_workload(w: Workload, path, fmt: str = "auto", *, time_decimals: int = 
     path = Path(path)
     f = str(fmt).lower()
     if f in ("auto", "native"):
-        f = {".csv": "native-csv", ".jsonl": "native-jsonl", ".json": "native-jsonl",
-             ".parquet": "native-parquet", ".pq": "native-parquet"}.get(path.suffix.lower(), "")
+        f = {
+            ".csv": "native-csv",
+            ".jsonl": "native-jsonl",
+            ".json": "native-jsonl",
+            ".parquet": "native-parquet",
+            ".pq": "native-parquet",
+        }.get(path.suffix.lower(), "")
     f = _FMT_ALIASES.get(f, f)
     if f not in ("native-csv", "native-jsonl", "native-parquet"):
         raise InputError(f"{path}: cannot write format {fmt!r} (use .csv, .jsonl or .parquet)")
@@ -1026,8 +1145,12 @@ def save_workload(w: Workload, path, fmt: str = "auto", *, time_decimals: int = 
     if f == "native-jsonl":
         buf = io.StringIO()
         for i in range(len(w)):
-            rec = {"arrival_s": float(arr[i]), "prompt_tokens": int(w.prompt_tokens[i]),
-                   "output_tokens": int(w.output_tokens[i]), "class": str(labels[i])}
+            rec = {
+                "arrival_s": float(arr[i]),
+                "prompt_tokens": int(w.prompt_tokens[i]),
+                "output_tokens": int(w.output_tokens[i]),
+                "class": str(labels[i]),
+            }
             if w.session_id[i] >= 0:
                 rec["session_id"] = int(w.session_id[i])
             if w.prefix_hashes is not None:
@@ -1035,8 +1158,12 @@ def save_workload(w: Workload, path, fmt: str = "auto", *, time_decimals: int = 
             buf.write(json.dumps(rec, separators=(", ", ": ")) + "\n")
         path.write_text(buf.getvalue(), encoding="utf-8", newline="\n")
         return path
-    cols = {"arrival_s": arr, "prompt_tokens": w.prompt_tokens, "output_tokens": w.output_tokens,
-            "class": labels.astype(str)}
+    cols = {
+        "arrival_s": arr,
+        "prompt_tokens": w.prompt_tokens,
+        "output_tokens": w.output_tokens,
+        "class": labels.astype(str),
+    }
     if has_s:
         cols["session_id"] = w.session_id
     if f == "native-csv":
@@ -1095,10 +1222,19 @@ def _draw_lengths(spec, n: int, rng: np.random.Generator) -> np.ndarray:
     return np.maximum(np.rint(x), 1).astype(np.int64)
 
 
-def synthesize(n_requests: int | None = None, duration_s: float | None = None, *, rate: float | None = None,
-               arrival: str = "poisson", burstiness_cv: float | None = None, concurrency: int | None = None,
-               prompt_len: str = "lognormal:1100,0.6", output_len: str = "lognormal:210,0.8",
-               mix=None, seed: int = 0) -> Workload:
+def synthesize(
+    n_requests: int | None = None,
+    duration_s: float | None = None,
+    *,
+    rate: float | None = None,
+    arrival: str = "poisson",
+    burstiness_cv: float | None = None,
+    concurrency: int | None = None,
+    prompt_len: str = "lognormal:1100,0.6",
+    output_len: str = "lognormal:210,0.8",
+    mix=None,
+    seed: int = 0,
+) -> Workload:
     """Generate a workload.
 
     Open loop: ``rate`` requests/s with ``arrival`` "poisson" (exponential gaps) or "gamma"
@@ -1181,10 +1317,16 @@ def synthesize(n_requests: int | None = None, duration_s: float | None = None, *
             idx = r_trace.integers(0, len(t), size=n)
             prompt, output = t.prompt_tokens[idx].copy(), t.output_tokens[idx].copy()
         else:
-            prompt = (tr(ps[1]).prompt_tokens[r_trace.integers(0, len(tr(ps[1])), size=n)].copy()
-                      if ps[0] == "trace" else None)
-            output = (tr(os_[1]).output_tokens[r_trace.integers(0, len(tr(os_[1])), size=n)].copy()
-                      if os_[0] == "trace" else None)
+            prompt = (
+                tr(ps[1]).prompt_tokens[r_trace.integers(0, len(tr(ps[1])), size=n)].copy()
+                if ps[0] == "trace"
+                else None
+            )
+            output = (
+                tr(os_[1]).output_tokens[r_trace.integers(0, len(tr(os_[1])), size=n)].copy()
+                if os_[0] == "trace"
+                else None
+            )
             if prompt is None:
                 prompt = _draw_lengths(ps, n, r_len)
             if output is None:
@@ -1194,11 +1336,18 @@ def synthesize(n_requests: int | None = None, duration_s: float | None = None, *
         output = _draw_lengths(os_, n, r_len)
     desc.append(f"prompt_len={prompt_len}, output_len={output_len}, seed={seed}")
     m = parse_mix(mix if mix is not None else DEFAULT_MIX)
-    w = Workload(arrival_s=arr.astype(np.float64), prompt_tokens=prompt.astype(np.int64),
-                 output_tokens=output.astype(np.int64), cls=np.zeros(n, np.int16), class_names=("chat",),
-                 session_id=np.full(n, -1, np.int64), prefix_hashes=None,
-                 closed_loop_concurrency=None if concurrency is None else int(concurrency),
-                 source="synthetic: " + ", ".join(desc), class_mix_assumed=True)
+    w = Workload(
+        arrival_s=arr.astype(np.float64),
+        prompt_tokens=prompt.astype(np.int64),
+        output_tokens=output.astype(np.int64),
+        cls=np.zeros(n, np.int16),
+        class_names=("chat",),
+        session_id=np.full(n, -1, np.int64),
+        prefix_hashes=None,
+        closed_loop_concurrency=None if concurrency is None else int(concurrency),
+        source="synthetic: " + ", ".join(desc),
+        class_mix_assumed=True,
+    )
     return assign_classes(w, m, seed)
 
 
@@ -1207,8 +1356,15 @@ def synthesize(n_requests: int | None = None, duration_s: float | None = None, *
 # --------------------------------------------------------------------------------------------
 
 #: Exactly how traces/default.jsonl was made (tests regenerate it and compare bytes).
-DEFAULT_SPEC = dict(n_requests=600, rate=6.0, arrival="poisson", prompt_len="lognormal:1100,0.6",
-                    output_len="lognormal:210,0.8", mix="math=0.3,code=0.2,chat=0.5", seed=20250101)
+DEFAULT_SPEC = dict(
+    n_requests=600,
+    rate=6.0,
+    arrival="poisson",
+    prompt_len="lognormal:1100,0.6",
+    output_len="lognormal:210,0.8",
+    mix="math=0.3,code=0.2,chat=0.5",
+    seed=20250101,
+)
 
 
 def make_default(path=None) -> Path:

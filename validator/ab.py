@@ -1,5 +1,6 @@
 """A/B on real servers: start A, replay the workload at each load, stop it; the same for B; report
 measured A vs B (and predicted, when profiles are given) in Markdown and JSON."""
+
 from __future__ import annotations
 
 import json
@@ -7,8 +8,12 @@ from pathlib import Path
 
 from validator import compare, driver, measure, server, traces
 
-KEYS = (("tpot_ms_p50", "TPOT p50 ms"), ("ttft_ms_p50", "TTFT p50 ms"), ("e2e_ms_p50", "E2E p50 ms"),
-        ("output_tok_s", "output tok/s"))
+KEYS = (
+    ("tpot_ms_p50", "TPOT p50 ms"),
+    ("ttft_ms_p50", "TTFT p50 ms"),
+    ("e2e_ms_p50", "E2E p50 ms"),
+    ("output_tok_s", "output tok/s"),
+)
 
 
 def _side(tag, cmd, url, out: Path, plan, concurrencies, health_timeout_s, request_timeout_s) -> dict:
@@ -19,9 +24,13 @@ def _side(tag, cmd, url, out: Path, plan, concurrencies, health_timeout_s, reque
         server.wait_health(url, health_timeout_s, proc, log)
         for c in concurrencies:
             path = out / f"{tag}-c{c}.jsonl"
-            opts = driver.RunOptions(server=url, concurrency=c, progress=False,
-                                     request_timeout_s=request_timeout_s,
-                                     extra_header={"server_flags": cmd, "ab_side": tag})
+            opts = driver.RunOptions(
+                server=url,
+                concurrency=c,
+                progress=False,
+                request_timeout_s=request_timeout_s,
+                extra_header={"server_flags": cmd, "ab_side": tag},
+            )
             driver.run(plan, opts, path)
             files[c] = str(path)
     finally:
@@ -29,14 +38,29 @@ def _side(tag, cmd, url, out: Path, plan, concurrencies, health_timeout_s, reque
     return files
 
 
-def ab(serve_a: str, serve_b: str, out, url_a: str, url_b: str, concurrencies, requests: int,
-       input_len: int, output_len: int, trace=None, profiles=(None, None), acceptances=(None, None),
-       health_timeout_s: float = 180.0, request_timeout_s: float = 120.0) -> dict:
+def ab(
+    serve_a: str,
+    serve_b: str,
+    out,
+    url_a: str,
+    url_b: str,
+    concurrencies,
+    requests: int,
+    input_len: int,
+    output_len: int,
+    trace=None,
+    profiles=(None, None),
+    acceptances=(None, None),
+    health_timeout_s: float = 180.0,
+    request_timeout_s: float = 120.0,
+) -> dict:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     plan = traces.load(trace, requests, input_len, output_len)
-    sides = {"A": _side("A", serve_a, url_a, out, plan, concurrencies, health_timeout_s, request_timeout_s),
-             "B": _side("B", serve_b, url_b, out, plan, concurrencies, health_timeout_s, request_timeout_s)}
+    sides = {
+        "A": _side("A", serve_a, url_a, out, plan, concurrencies, health_timeout_s, request_timeout_s),
+        "B": _side("B", serve_b, url_b, out, plan, concurrencies, health_timeout_s, request_timeout_s),
+    }
     rows = []
     for c in concurrencies:
         row = {"concurrency": c}
@@ -48,14 +72,21 @@ def ab(serve_a: str, serve_b: str, out, url_a: str, url_b: str, concurrencies, r
             row[tag]["acceptance_length"] = (s.get("spec") or {}).get("acceptance_length")
             if prof:
                 p = compare.simulate_measurement(m, prof, acc)
-                row[tag + "_pred"] = {"tpot_ms_p50": (p.get("tpot_ms") or {}).get("p50"),
-                                      "ttft_ms_p50": (p.get("ttft_ms") or {}).get("p50"),
-                                      "e2e_ms_p50": (p.get("e2e_ms") or {}).get("p50"),
-                                      "output_tok_s": p.get("output_tok_s")}
+                row[tag + "_pred"] = {
+                    "tpot_ms_p50": (p.get("tpot_ms") or {}).get("p50"),
+                    "ttft_ms_p50": (p.get("ttft_ms") or {}).get("p50"),
+                    "e2e_ms_p50": (p.get("e2e_ms") or {}).get("p50"),
+                    "output_tok_s": p.get("output_tok_s"),
+                }
         rows.append(row)
-    md = ["# A/B on real servers: measured" + (" vs predicted" if any(profiles) else ""), "",
-          f"- A: `{serve_a}`", f"- B: `{serve_b}`",
-          f"- workload: {plan.source}, {len(plan)} requests per load, closed loop", ""]
+    md = [
+        "# A/B on real servers: measured" + (" vs predicted" if any(profiles) else ""),
+        "",
+        f"- A: `{serve_a}`",
+        f"- B: `{serve_b}`",
+        f"- workload: {plan.source}, {len(plan)} requests per load, closed loop",
+        "",
+    ]
     hdr = "| concurrency | metric | A | B | B/A |" + (" A pred | B pred | B/A pred |" if any(profiles) else "")
     md += [hdr, "|" + "---|" * (hdr.count("|") - 1)]
     for row in rows:
@@ -68,8 +99,14 @@ def ab(serve_a: str, serve_b: str, out, url_a: str, url_b: str, concurrencies, r
                 pr = (pb / pa) if pa and pb else None
                 line += f" {compare._fmt(pa)} | {compare._fmt(pb)} | {compare._fmt(pr)} |"
             md.append(line)
-    rep = {"serve_a": serve_a, "serve_b": serve_b, "concurrencies": list(concurrencies),
-           "workload": plan.source, "rows": rows, "files": sides}
+    rep = {
+        "serve_a": serve_a,
+        "serve_b": serve_b,
+        "concurrencies": list(concurrencies),
+        "workload": plan.source,
+        "rows": rows,
+        "files": sides,
+    }
     text = "\n".join(md) + "\n"
     (out / "ab.md").write_text(text)
     (out / "ab.json").write_text(json.dumps(rep, indent=1, default=str))

@@ -7,6 +7,7 @@ folded back into one chunk so that ITL keeps its meaning (one sample per engine 
 Without --save-detailed only the aggregate keys exist; they go to the summary line (mean, median ->
 p50, p90/p99 when present), with no request lines.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,10 +31,16 @@ def _aggregate(d: dict) -> dict:
         for q in ("50", "90", "99"):
             if f"p{q}_{src}_ms" in d:
                 out[f"{dst}_p{q}"] = d[f"p{q}_{src}_ms"]
-    for src, dst in (("completed", "requests_completed"), ("failed", "requests_failed"),
-                     ("output_throughput", "output_tok_s"), ("request_throughput", "request_s"),
-                     ("duration", "duration_s"), ("total_output_tokens", "output_tokens"),
-                     ("total_input_tokens", "input_tokens"), ("request_goodput", "request_goodput")):
+    for src, dst in (
+        ("completed", "requests_completed"),
+        ("failed", "requests_failed"),
+        ("output_throughput", "output_tok_s"),
+        ("request_throughput", "request_s"),
+        ("duration", "duration_s"),
+        ("total_output_tokens", "output_tokens"),
+        ("total_input_tokens", "input_tokens"),
+        ("request_goodput", "request_goodput"),
+    ):
         if d.get(src) is not None:
             out[dst] = d[src]
     spec = {}
@@ -58,8 +65,7 @@ def _requests(d: dict, merge_gap_s: float) -> list:
     if not isinstance(ttfts, list):
         return []
     n = len(ttfts)
-    get = lambda k, default=None: d.get(k) if isinstance(d.get(k), list) and len(d[k]) == n \
-        else [default] * n                                                       # noqa: E731
+    get = lambda k, default=None: d.get(k) if isinstance(d.get(k), list) and len(d[k]) == n else [default] * n  # noqa: E731
     itls, lats, ins, outs = get("itls", []), get("latencies"), get("input_lens", 0), get("output_lens", 0)
     starts, errors = get("start_times"), get("errors", "")
     have_start = all(s is not None for s in starts)
@@ -72,10 +78,22 @@ def _requests(d: dict, merge_gap_s: float) -> list:
         send = float(starts[i]) - t_min
         err = errors[i] or ""
         ok = (not err) and ttfts[i] is not None and lats[i] is not None and (outs[i] or 0) > 0
-        rec = {"type": "request", "i": i, "prompt_tokens": int(ins[i] or 0), "max_tokens": int(outs[i] or 0),
-               "arrival_s": send, "send_s": send, "first_token_s": None, "end_s": None, "chunks": [],
-               "output_tokens": int(outs[i] or 0), "ok": bool(ok), "error": (err[:200] or None) if not ok
-               else None, "status": None, "token_counts": "bench"}
+        rec = {
+            "type": "request",
+            "i": i,
+            "prompt_tokens": int(ins[i] or 0),
+            "max_tokens": int(outs[i] or 0),
+            "arrival_s": send,
+            "send_s": send,
+            "first_token_s": None,
+            "end_s": None,
+            "chunks": [],
+            "output_tokens": int(outs[i] or 0),
+            "ok": bool(ok),
+            "error": (err[:200] or None) if not ok else None,
+            "status": None,
+            "token_counts": "bench",
+        }
         if ok:
             ft = send + float(ttfts[i])
             rec["first_token_s"] = ft
@@ -105,12 +123,32 @@ def _requests(d: dict, merge_gap_s: float) -> list:
 
 
 _AGGREGATE_KEYS = tuple(f"{a}_{m}_ms" for m in _METRICS for a in ("mean", "median", "std", "p50", "p90", "p99")) + (
-    "completed", "failed", "output_throughput", "request_throughput", "duration", "total_output_tokens",
-    "total_input_tokens", "request_goodput", "total_token_throughput", "num_prompts",
-    "spec_decode_acceptance_length", "spec_decode_acceptance_rate", "spec_decode_num_drafts",
-    "spec_decode_draft_tokens", "spec_decode_accepted_tokens")
-_COUNT_KEYS = ("completed", "failed", "total_output_tokens", "total_input_tokens", "num_prompts",
-               "spec_decode_num_drafts", "spec_decode_draft_tokens", "spec_decode_accepted_tokens")
+    "completed",
+    "failed",
+    "output_throughput",
+    "request_throughput",
+    "duration",
+    "total_output_tokens",
+    "total_input_tokens",
+    "request_goodput",
+    "total_token_throughput",
+    "num_prompts",
+    "spec_decode_acceptance_length",
+    "spec_decode_acceptance_rate",
+    "spec_decode_num_drafts",
+    "spec_decode_draft_tokens",
+    "spec_decode_accepted_tokens",
+)
+_COUNT_KEYS = (
+    "completed",
+    "failed",
+    "total_output_tokens",
+    "total_input_tokens",
+    "num_prompts",
+    "spec_decode_num_drafts",
+    "spec_decode_draft_tokens",
+    "spec_decode_accepted_tokens",
+)
 
 
 def _num(v, where: str, *, integer: bool = False, allow_none: bool = True) -> float | int | None:
@@ -155,8 +193,15 @@ def _check(d: dict, src) -> None:
     if not isinstance(ttfts, list):
         raise InputError(f"{src}: ttfts: expected a list of seconds, got {plain(ttfts)}")
     n = len(ttfts)
-    for key, kind in (("ttfts", "time"), ("latencies", "time"), ("start_times", "time"),
-                      ("input_lens", "count"), ("output_lens", "count"), ("itls", "gaps"), ("errors", "text")):
+    for key, kind in (
+        ("ttfts", "time"),
+        ("latencies", "time"),
+        ("start_times", "time"),
+        ("input_lens", "count"),
+        ("output_lens", "count"),
+        ("itls", "gaps"),
+        ("errors", "text"),
+    ):
         v = d.get(key)
         if v is None:
             continue
@@ -201,23 +246,33 @@ def import_bench(src, dest, concurrency: int | None = None, merge_gap_s: float =
     except RecursionError:
         raise InputError(f"{src}: not a `vllm bench serve` result file (nested too deeply)") from None
     if not isinstance(d, dict) or not any(k in d for k in ("completed", "mean_ttft_ms", "ttfts")):
-        raise InputError(f"{src}: not a `vllm bench serve --save-result` file "
-                         "(no completed / mean_ttft_ms / ttfts keys)")
+        raise InputError(
+            f"{src}: not a `vllm bench serve --save-result` file (no completed / mean_ttft_ms / ttfts keys)"
+        )
     _check(d, src)
     conc = concurrency or d.get("max_concurrency")
     rate = d.get("request_rate")
     rate = None if rate in (None, "inf", "Infinity", float("inf")) else float(rate)
     mode = "concurrency" if conc else ("rate" if rate else "unknown")
-    header = {"type": "header", "format": measure.FORMAT, "source": "vllm-bench", "label": d.get("label") or "",
-              "server": d.get("base_url") or d.get("endpoint_type"), "model": d.get("model_id"),
-              "server_version": d.get("vllm_version"), "date": d.get("date"),
-              "trace": f"vllm bench serve ({src.name})", "requests": d.get("num_prompts"),
-              "load": {"mode": mode, "concurrency": conc, "rate": rate, "burstiness": d.get("burstiness")},
-              "detailed": isinstance(d.get("ttfts"), list), "imported_from": str(src),
-              "engine": {"max_num_seqs": None}}
+    header = {
+        "type": "header",
+        "format": measure.FORMAT,
+        "source": "vllm-bench",
+        "label": d.get("label") or "",
+        "server": d.get("base_url") or d.get("endpoint_type"),
+        "model": d.get("model_id"),
+        "server_version": d.get("vllm_version"),
+        "date": d.get("date"),
+        "trace": f"vllm bench serve ({src.name})",
+        "requests": d.get("num_prompts"),
+        "load": {"mode": mode, "concurrency": conc, "rate": rate, "burstiness": d.get("burstiness")},
+        "detailed": isinstance(d.get("ttfts"), list),
+        "imported_from": str(src),
+        "engine": {"max_num_seqs": None},
+    }
     reqs = _requests(d, merge_gap_s)
     agg = _aggregate(d)
-    w = measure.Writer(dest)      # the file appears whole, at close (never header-only)
+    w = measure.Writer(dest)  # the file appears whole, at close (never header-only)
     try:
         w.write(header, sync=True)
         for r in reqs:
@@ -226,7 +281,7 @@ def import_bench(src, dest, concurrency: int | None = None, merge_gap_s: float =
         summary = {"type": "summary", "interrupted": False}
         if reqs:
             summary.update(measure.summarize_requests(reqs))
-            summary["bench_reported"] = agg      # the bench's own numbers, kept for comparison
+            summary["bench_reported"] = agg  # the bench's own numbers, kept for comparison
             if "duration_s" in agg:
                 summary["duration_s"] = agg["duration_s"]
             if "spec" in agg:

@@ -33,6 +33,7 @@ concurrent stream (``..._per_stream_ms``: one API-server process serializes the 
 the delay grows with their number); `check` adds them, scaled to the predicted concurrency, to the
 prediction; the simulator core does not use them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,11 +55,15 @@ def spec_counts(m) -> dict | None:
         return None
     hist = (s.get("server_histograms") or {}).get("vllm:inter_token_latency_seconds") or {}
     steps = hist.get("count") or s.get("decode_steps") or 0
-    return {"num_drafts": spec["num_drafts"], "num_draft_tokens": spec["num_draft_tokens"],
-            "num_accepted_tokens": spec["num_accepted_tokens"],
-            "accepted_per_pos": list(spec["accepted_per_pos"]), "decode_steps": float(steps),
-            "client_decode_steps": s.get("decode_steps"),
-            "tokens_per_decode_step": s.get("tokens_per_decode_step")}
+    return {
+        "num_drafts": spec["num_drafts"],
+        "num_draft_tokens": spec["num_draft_tokens"],
+        "num_accepted_tokens": spec["num_accepted_tokens"],
+        "accepted_per_pos": list(spec["accepted_per_pos"]),
+        "decode_steps": float(steps),
+        "client_decode_steps": s.get("decode_steps"),
+        "tokens_per_decode_step": s.get("tokens_per_decode_step"),
+    }
 
 
 def acceptance_curves(c: dict) -> dict:
@@ -73,11 +78,15 @@ def acceptance_curves(c: dict) -> dict:
             prev = a[i]
         return [round(min(max(x, 0.0), 1.0), 4) for x in out]
 
-    res = {"k": K, "per_step": chain(S), "per_draft": chain(D),
-           "tau_per_step": 1 + float(a.sum()) / S if S else None,
-           "acceptance_length_vllm": 1 + c["num_accepted_tokens"] / D if D else None,
-           "drafted_fraction": D / S if S else None,
-           "mean_draft_tokens": c["num_draft_tokens"] / D if D else None}
+    res = {
+        "k": K,
+        "per_step": chain(S),
+        "per_draft": chain(D),
+        "tau_per_step": 1 + float(a.sum()) / S if S else None,
+        "acceptance_length_vllm": 1 + c["num_accepted_tokens"] / D if D else None,
+        "drafted_fraction": D / S if S else None,
+        "mean_draft_tokens": c["num_draft_tokens"] / D if D else None,
+    }
     res["trimmed_drafts"] = bool(res["mean_draft_tokens"] is not None and res["mean_draft_tokens"] < K - 1e-9)
     return res
 
@@ -123,11 +132,15 @@ def request_overheads(ms) -> dict:
         ok = m.ok_requests
         if ok:
             mids = [0.5 * (r["send_s"] + r["end_s"]) for r in ok]
-            streams.append(float(np.mean([sum(1 for q in ok if q["send_s"] <= t <= q["end_s"])
-                                          for t in mids])))
+            streams.append(float(np.mean([sum(1 for q in ok if q["send_s"] <= t <= q["end_s"]) for t in mids])))
     b = float(np.mean(streams)) if streams else 1.0
-    return {"e2e": oe, "first_token": ot, "streams": b,
-            "e2e_per_stream": oe / max(b, 1.0), "first_token_per_stream": ot / max(b, 1.0)}
+    return {
+        "e2e": oe,
+        "first_token": ot,
+        "streams": b,
+        "e2e_per_stream": oe / max(b, 1.0),
+        "first_token_per_stream": ot / max(b, 1.0),
+    }
 
 
 def overhead_table(ms) -> dict | None:
@@ -141,20 +154,30 @@ def overhead_table(ms) -> dict | None:
     if len(rows) < 2:
         return None
     rows.sort()
-    return {"streams": [round(r[0], 4) for r in rows], "e2e_ms": [round(r[1], 4) for r in rows],
-            "first_token_ms": [round(r[2], 4) for r in rows]}
+    return {
+        "streams": [round(r[0], 4) for r in rows],
+        "e2e_ms": [round(r[1], 4) for r in rows],
+        "first_token_ms": [round(r[2], 4) for r in rows],
+    }
 
 
-def calibrate(paths, out_dir, base_profile: str | None = None, name: str = "calibrated",
-              kv_cache_gib: float = 1.0, kv_bytes_per_token: float = 1024.0) -> dict:
+def calibrate(
+    paths,
+    out_dir,
+    base_profile: str | None = None,
+    name: str = "calibrated",
+    kv_cache_gib: float = 1.0,
+    kv_bytes_per_token: float = 1024.0,
+) -> dict:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     raw = [measure.read(p) for p in paths]
     # runs of the same load are pooled (one decode and one prefill point per load)
     groups: dict = {}
     for m in raw:
-        key = __import__("json").dumps({k: (m.header.get("load") or {}).get(k)
-                                        for k in ("mode", "concurrency", "rate")}, sort_keys=True)
+        key = __import__("json").dumps(
+            {k: (m.header.get("load") or {}).get(k) for k in ("mode", "concurrency", "rate")}, sort_keys=True
+        )
         groups.setdefault(key, []).append(m)
     ms = [measure.pool(g, where="calibrate") for g in groups.values()]
     if not any(m.ok_requests for m in ms):
@@ -177,25 +200,33 @@ def calibrate(paths, out_dir, base_profile: str | None = None, name: str = "cali
     files = [str(p) for p in paths]
     acc_path = None
     if acc:
-        doc = {"name": name,
-               "source": (f"validator calibrate from {', '.join(Path(f).name for f in files)}: vLLM "
-                          f"spec-decode counters (server {h0.get('server_version')}, model {h0.get('model')}), "
-                          "conditional acceptance per position per decode step (steps without drafts "
-                          "count as rejections at position 1), date " + _dt.date.today().isoformat()),
-               "k": K,
-               "classes": {"default": acc["per_step"]},
-               "per_draft": {"default": acc["per_draft"]},
-               "tau_per_step": acc["tau_per_step"],
-               "acceptance_length_vllm": acc["acceptance_length_vllm"],
-               "drafted_fraction": acc["drafted_fraction"],
-               "mean_draft_tokens": acc["mean_draft_tokens"],
-               "trimmed_drafts": acc["trimmed_drafts"],
-               "counters": {k: tot[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens",
-                                               "accepted_per_pos", "decode_steps")},
-               "notes": ("classes.default is per decode step (what dsim needs to emit the measured tokens "
-                         "per step); per_draft is vLLM's convention. Under adaptive verification the "
-                         "draft-token counter counts full K, so trimmed drafts look like rejections: "
-                         "per_draft under-states later positions when trimmed_drafts is true.")}
+        doc = {
+            "name": name,
+            "source": (
+                f"validator calibrate from {', '.join(Path(f).name for f in files)}: vLLM "
+                f"spec-decode counters (server {h0.get('server_version')}, model {h0.get('model')}), "
+                "conditional acceptance per position per decode step (steps without drafts "
+                "count as rejections at position 1), date " + _dt.date.today().isoformat()
+            ),
+            "k": K,
+            "classes": {"default": acc["per_step"]},
+            "per_draft": {"default": acc["per_draft"]},
+            "tau_per_step": acc["tau_per_step"],
+            "acceptance_length_vllm": acc["acceptance_length_vllm"],
+            "drafted_fraction": acc["drafted_fraction"],
+            "mean_draft_tokens": acc["mean_draft_tokens"],
+            "trimmed_drafts": acc["trimmed_drafts"],
+            "counters": {
+                k: tot[k]
+                for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos", "decode_steps")
+            },
+            "notes": (
+                "classes.default is per decode step (what dsim needs to emit the measured tokens "
+                "per step); per_draft is vLLM's convention. Under adaptive verification the "
+                "draft-token counter counts full K, so trimmed drafts look like rejections: "
+                "per_draft under-states later positions when trimmed_drafts is true."
+            ),
+        }
         acc_path = out_dir / f"{name}-acceptance.yaml"
         acc_path.write_text(yaml.safe_dump(doc, sort_keys=False, width=100))
     # ---- step cost
@@ -204,14 +235,22 @@ def calibrate(paths, out_dir, base_profile: str | None = None, name: str = "cali
         for p in stepfit.server_points(m, K):
             pts.append(dict(p, kv=0.0, file=Path(m.path).name))
     if not pts:
-        raise InputError("calibrate: no step-time samples (need server histograms or requests with "
-                         "several streamed chunks)")
+        raise InputError(
+            "calibrate: no step-time samples (need server histograms or requests with several streamed chunks)"
+        )
     y = np.array([p["step_ms"] for p in pts])
-    prov = {"hardware": h0.get("hardware", "unknown"), "model": h0.get("model"), "engine": "vllm",
-            "engine_version": h0.get("server_version"), "date": _dt.date.today().isoformat(),
-            "method": f"validator calibrate: server step times (ITL, prefill histograms) per running "
-                      f"batch, {len(files)} file(s)",
-            "server": h0.get("server"), "server_flags": h0.get("server_flags"), "measurements": files}
+    prov = {
+        "hardware": h0.get("hardware", "unknown"),
+        "model": h0.get("model"),
+        "engine": "vllm",
+        "engine_version": h0.get("server_version"),
+        "date": _dt.date.today().isoformat(),
+        "method": f"validator calibrate: server step times (ITL, prefill histograms) per running "
+        f"batch, {len(files)} file(s)",
+        "server": h0.get("server"),
+        "server_flags": h0.get("server_flags"),
+        "measurements": files,
+    }
     if base_profile:
         base = stepfit.zero_block_draft(load_profile(base_profile))
         cm = CostModel(base)
@@ -229,34 +268,51 @@ def calibrate(paths, out_dir, base_profile: str | None = None, name: str = "cali
         x = np.array([base_ms(p) for p in pts])
         if len(pts) >= 3 and np.ptp(x) > 1e-9:
             # enough points: overhead and scale separately (relative least squares)
-            c, s = stepfit.fit_line(x, y, 1.0 / y ** 2)
+            c, s = stepfit.fit_line(x, y, 1.0 / y**2)
             how = "cpu_overhead and scale fitted separately"
         else:
             # one run (a decode and a prefill point): two parameters from two noisy points is
             # ill-conditioned; scale the whole step, overhead included (relative least squares)
             xt = x + base.cpu_overhead_ms
-            s = float(np.sum(xt * y / y ** 2) / np.sum(xt * xt / y ** 2))
+            s = float(np.sum(xt * y / y**2) / np.sum(xt * xt / y**2))
             c = s * base.cpu_overhead_ms
             how = "one scale for the whole step (fewer than 3 points)"
         fwd = Table(base.forward.x, base.forward.ms * s)
         draft = {k: Table(t.x, t.ms * s) for k, t in base.draft.items()}
-        newprov = dict(base.provenance, kind="calibrated", calibrated_from=files,
-                       base_profile=base.name, date=_dt.date.today().isoformat(),
-                       method=prov["method"] + f"; scaled base profile {base.name}")
-        prof = dataclasses.replace(base, name=name, provenance=newprov, forward=fwd, draft=draft,
-                                   kv_ms_per_ktok=base.kv_ms_per_ktok * s, cpu_overhead_ms=float(c),
-                                   prefill_discount_ms_per_ktok=base.prefill_discount_ms_per_ktok * s,
-                                   prefill_attn_ms_per_mpair=base.prefill_attn_ms_per_mpair * s,
-                                   extra={k: v for k, v in base.extra.items() if k != "validator"})
-        fit = {"model": "measured = cpu_overhead + scale * (base step + base prefill terms + base draft)",
-               "cpu_overhead_ms": c, "scale": s, "how": how}
-        pred = lambda p: c + s * base_ms(p)                                 # noqa: E731
+        newprov = dict(
+            base.provenance,
+            kind="calibrated",
+            calibrated_from=files,
+            base_profile=base.name,
+            date=_dt.date.today().isoformat(),
+            method=prov["method"] + f"; scaled base profile {base.name}",
+        )
+        prof = dataclasses.replace(
+            base,
+            name=name,
+            provenance=newprov,
+            forward=fwd,
+            draft=draft,
+            kv_ms_per_ktok=base.kv_ms_per_ktok * s,
+            cpu_overhead_ms=float(c),
+            prefill_discount_ms_per_ktok=base.prefill_discount_ms_per_ktok * s,
+            prefill_attn_ms_per_mpair=base.prefill_attn_ms_per_mpair * s,
+            extra={k: v for k, v in base.extra.items() if k != "validator"},
+        )
+        fit = {
+            "model": "measured = cpu_overhead + scale * (base step + base prefill terms + base draft)",
+            "cpu_overhead_ms": c,
+            "scale": s,
+            "how": how,
+        }
+        pred = lambda p: c + s * base_ms(p)  # noqa: E731
     else:
         fit = stepfit.fit_cost(pts)
         fit["model"] = "measured = cpu_overhead + ms_per_token * n + ms_per_request * b, n = b (1 + K)"
         fit["scale"] = 1.0
-        prof = stepfit.linear_profile(name, "calibrated", fit, prov, kv_cache_gib=kv_cache_gib,
-                                      kv_bytes_per_token=kv_bytes_per_token)
+        prof = stepfit.linear_profile(
+            name, "calibrated", fit, prov, kv_cache_gib=kv_cache_gib, kv_bytes_per_token=kv_bytes_per_token
+        )
         pred = lambda p: fit["cpu_overhead_ms"] + fit["ms_per_token"] * p["n"] + fit["ms_per_request"] * p["b"]  # noqa: E731
     for p in pts:
         p["fit_ms"] = pred(p)
@@ -271,27 +327,41 @@ def calibrate(paths, out_dir, base_profile: str | None = None, name: str = "cali
     if not base_table:
         base_table = overhead_table(ms)
     extra = dict(prof.extra)
-    extra["validator"] = {"request_overhead_ms": round(overhead, 4),
-                          "first_token_overhead_ms": round(ovh["first_token"], 4),
-                          "overhead_streams": round(ovh["streams"], 4),
-                          "request_overhead_per_stream_ms": round(ovh["e2e_per_stream"], 4),
-                          "first_token_overhead_per_stream_ms": round(ovh["first_token_per_stream"], 4),
-                          "spec_k": K,
-                          **({"overhead_table": base_table} if base_table else {}),
-                          "spec_emulation": "block" if K else "none",
-                          "fit": fit, "points": [{k: (round(v, 4) if isinstance(v, float) else v)
-                                                  for k, v in p.items()} for p in pts]}
+    extra["validator"] = {
+        "request_overhead_ms": round(overhead, 4),
+        "first_token_overhead_ms": round(ovh["first_token"], 4),
+        "overhead_streams": round(ovh["streams"], 4),
+        "request_overhead_per_stream_ms": round(ovh["e2e_per_stream"], 4),
+        "first_token_overhead_per_stream_ms": round(ovh["first_token_per_stream"], 4),
+        "spec_k": K,
+        **({"overhead_table": base_table} if base_table else {}),
+        "spec_emulation": "block" if K else "none",
+        "fit": fit,
+        "points": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in p.items()} for p in pts],
+    }
     prof = dataclasses.replace(prof, extra=extra)
     prof_path = out_dir / f"{name}-profile.yaml"
     save_profile(prof, prof_path)
-    load_profile(str(prof_path))      # round-trip check
+    load_profile(str(prof_path))  # round-trip check
     errs = [abs(p["fit_err"]) for p in pts if p["fit_err"] is not None]
-    report = {"profile": str(prof_path), "acceptance": str(acc_path) if acc_path else None,
-              "fit": fit, "fit_max_abs_rel_err": max(errs) if errs else None,
-              "request_overhead_ms": overhead, "first_token_overhead_ms": ovh["first_token"],
-              "points": [{"kind": p["kind"], "batch": round(p["batch"], 3), "n": round(p["n"], 2),
-                          "measured_ms": round(p["step_ms"], 4), "fit_ms": round(p["fit_ms"], 4)} for p in pts],
-              "acceptance_curve": acc}
+    report = {
+        "profile": str(prof_path),
+        "acceptance": str(acc_path) if acc_path else None,
+        "fit": fit,
+        "fit_max_abs_rel_err": max(errs) if errs else None,
+        "request_overhead_ms": overhead,
+        "first_token_overhead_ms": ovh["first_token"],
+        "points": [
+            {
+                "kind": p["kind"],
+                "batch": round(p["batch"], 3),
+                "n": round(p["n"], 2),
+                "measured_ms": round(p["step_ms"], 4),
+                "fit_ms": round(p["fit_ms"], 4),
+            }
+            for p in pts
+        ],
+        "acceptance_curve": acc,
+    }
     (out_dir / f"{name}-report.json").write_text(__import__("json").dumps(report, indent=1))
-    return {"profile_path": str(prof_path), "acceptance_path": str(acc_path) if acc_path else None,
-            "report": report}
+    return {"profile_path": str(prof_path), "acceptance_path": str(acc_path) if acc_path else None, "report": report}

@@ -5,6 +5,7 @@ pyproject.toml; dsim.entry mounts it); also runs alone: ``python -m validator.cl
 input or an unreachable server raises dsim.errors.InputError (the main CLI prints one line and
 exits 2; run alone, this module does the same).
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,11 @@ import typer
 from dsim.errors import InputError
 from dsim.outputs import final_path, rewrite_paths, staged_dir, staged_file
 
-app = typer.Typer(help="Validate dsim against a real vLLM server: replay, import, profile, "
-                       "calibrate, check, A/B.", no_args_is_help=True, add_completion=False)
+app = typer.Typer(
+    help="Validate dsim against a real vLLM server: replay, import, profile, calibrate, check, A/B.",
+    no_args_is_help=True,
+    add_completion=False,
+)
 
 
 def _server(url: str) -> str:
@@ -33,8 +37,9 @@ def _server(url: str) -> str:
 def run_cmd(
     server: str = typer.Option(..., "--server", help="base URL, e.g. http://127.0.0.1:8000"),
     out: str = typer.Option(..., "--out", help="output directory (measurements.jsonl)"),
-    trace: Optional[str] = typer.Option(None, "--trace", help="trace file (dsim-readable, or CSV/JSONL "
-                                        "with prompt_tokens, output_tokens[, arrival_s])"),
+    trace: Optional[str] = typer.Option(
+        None, "--trace", help="trace file (dsim-readable, or CSV/JSONL with prompt_tokens, output_tokens[, arrival_s])"
+    ),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", "-c", help="closed loop: C in flight"),
     rate: Optional[float] = typer.Option(None, "--rate", help="Poisson arrivals, requests/s"),
     requests: Optional[int] = typer.Option(None, "--requests", "-n", help="number of requests"),
@@ -45,26 +50,35 @@ def run_cmd(
     name: str = typer.Option("measurements", "--name", help="file stem inside --out"),
     seed: int = typer.Option(0, "--seed"),
     request_timeout: float = typer.Option(600.0, "--request-timeout", help="seconds per request"),
-    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="the server's setting, "
-                                               "recorded for check"),
-    server_flags: Optional[str] = typer.Option(None, "--server-flags", help="how the server was "
-                                               "started, recorded as provenance"),
+    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="the server's setting, recorded for check"),
+    server_flags: Optional[str] = typer.Option(
+        None, "--server-flags", help="how the server was started, recorded as provenance"
+    ),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
-    nice: int = typer.Option(-10, "--nice", help="client priority while measuring (needs root; "
-                             "ignored otherwise); 0 leaves it"),
-    cpus: Optional[str] = typer.Option(None, "--cpus", help="pin the client to these CPUs while "
-                                       "measuring, e.g. 1 or 2,3 (keep it off the model's cores)"),
+    nice: int = typer.Option(
+        -10, "--nice", help="client priority while measuring (needs root; ignored otherwise); 0 leaves it"
+    ),
+    cpus: Optional[str] = typer.Option(
+        None,
+        "--cpus",
+        help="pin the client to these CPUs while measuring, e.g. 1 or 2,3 (keep it off the model's cores)",
+    ),
 ):
     """Replay a workload against an OpenAI-compatible server; write OUT/NAME.jsonl."""
     from validator import driver, traces
+
     if concurrency is not None and rate is not None:
         raise InputError("--concurrency and --rate: give one, not both")
     if concurrency is not None and concurrency <= 0:
         raise InputError("--concurrency: must be > 0")
     if rate is not None and not (math.isfinite(rate) and rate > 0):
         raise InputError(f"--rate: must be a finite number > 0, got {rate}")
-    for flag, v in (("--requests", requests), ("--input-len", input_len), ("--output-len", output_len),
-                    ("--max-num-seqs", max_num_seqs)):
+    for flag, v in (
+        ("--requests", requests),
+        ("--input-len", input_len),
+        ("--output-len", output_len),
+        ("--max-num-seqs", max_num_seqs),
+    ):
         if v is not None and v < 1:
             raise InputError(f"{flag}: must be >= 1, got {v}")
     if seed < 0:
@@ -81,17 +95,26 @@ def run_cmd(
         raise InputError(f"--cpus: comma-separated CPU numbers, got {cpus!r}") from None
     plan = traces.load(trace, requests, input_len, output_len)
     extra = {"engine": {"max_num_seqs": max_num_seqs}, "server_flags": server_flags}
-    opts = driver.RunOptions(server=_server(server), model=model, concurrency=concurrency, rate=rate,
-                             seed=seed, prompt_mode=prompt_mode, request_timeout_s=request_timeout,
-                             progress=progress, extra_header=extra, nice=nice or None,
-                             cpus=cpu_list)
+    opts = driver.RunOptions(
+        server=_server(server),
+        model=model,
+        concurrency=concurrency,
+        rate=rate,
+        seed=seed,
+        prompt_mode=prompt_mode,
+        request_timeout_s=request_timeout,
+        progress=progress,
+        extra_header=extra,
+        nice=nice or None,
+        cpus=cpu_list,
+    )
     path = Path(out) / f"{name}.jsonl"
     try:
         with staged_dir(out) as stage:
             s = driver.run(plan, opts, stage / f"{name}.jsonl")
     except KeyboardInterrupt:
         typer.echo(f"interrupted; nothing written ({out} left as it was)", err=True)
-        raise typer.Exit(130)
+        raise typer.Exit(130) from None
     _print_run_summary(s, path)
     _fail_on_no_success(s)
 
@@ -107,16 +130,22 @@ def _fail_on_no_success(s: dict) -> None:
 
 
 def _print_run_summary(s: dict, path) -> None:
-    f = lambda v, fmt="{:.1f}": "-" if v is None else fmt.format(v)   # noqa: E731
-    typer.echo(f"{path}: {s.get('requests_completed', 0)} completed, {s.get('requests_failed', 0)} failed"
-               + (f" {s.get('failure_reasons')}" if s.get("requests_failed") else ""))
-    typer.echo(f"  TTFT p50 {f(s.get('ttft_ms_p50'))} ms, TPOT p50 {f(s.get('tpot_ms_p50'))} ms, "
-               f"ITL p50 {f(s.get('itl_ms_p50'))} ms, E2E p50 {f(s.get('e2e_ms_p50'))} ms, "
-               f"output {f(s.get('output_tok_s'))} tok/s")
+    f = lambda v, fmt="{:.1f}": "-" if v is None else fmt.format(v)  # noqa: E731
+    typer.echo(
+        f"{path}: {s.get('requests_completed', 0)} completed, {s.get('requests_failed', 0)} failed"
+        + (f" {s.get('failure_reasons')}" if s.get("requests_failed") else "")
+    )
+    typer.echo(
+        f"  TTFT p50 {f(s.get('ttft_ms_p50'))} ms, TPOT p50 {f(s.get('tpot_ms_p50'))} ms, "
+        f"ITL p50 {f(s.get('itl_ms_p50'))} ms, E2E p50 {f(s.get('e2e_ms_p50'))} ms, "
+        f"output {f(s.get('output_tok_s'))} tok/s"
+    )
     spec = s.get("spec") or {}
     if spec.get("acceptance_length"):
-        typer.echo(f"  acceptance length {spec['acceptance_length']:.3f} "
-                   f"(per position {[round(x, 3) for x in spec.get('per_pos_rate') or []]})")
+        typer.echo(
+            f"  acceptance length {spec['acceptance_length']:.3f} "
+            f"(per position {[round(x, 3) for x in spec.get('per_pos_rate') or []]})"
+        )
 
 
 @app.command("import-bench")
@@ -127,6 +156,7 @@ def import_bench_cmd(
 ):
     """Convert a `vllm bench serve` result (with or without --save-detailed) to measurements."""
     from validator import bench_import
+
     if result.is_dir():
         raise InputError(f"{result}: is a directory, not a `vllm bench serve` result file")
     if concurrency is not None and concurrency < 1:
@@ -157,15 +187,26 @@ def profile_server_cmd(
 ):
     """Measure a step-cost profile of a live server (concurrency sweep at fixed lengths)."""
     from validator import profile_server
+
     for flag, v in (("--input-len", input_len), ("--output-len", output_len)):
         if v < 1:
             raise InputError(f"{flag}: must be >= 1, got {v}")
     if requests_per_level < 0:
         raise InputError(f"--requests: must be >= 0, got {requests_per_level}")
     with staged_file(out, "--out") as stage:
-        p = profile_server.profile_server(_server(server), stage, concurrency, input_len, output_len,
-                                          requests_per_level, model=model, hardware=hardware,
-                                          server_flags=server_flags, name=name, keep_dir=keep)
+        p = profile_server.profile_server(
+            _server(server),
+            stage,
+            concurrency,
+            input_len,
+            output_len,
+            requests_per_level,
+            model=model,
+            hardware=hardware,
+            server_flags=server_flags,
+            name=name,
+            keep_dir=keep,
+        )
     typer.echo(f"wrote {out}: {p.label}")
 
 
@@ -173,12 +214,14 @@ def profile_server_cmd(
 def calibrate_cmd(
     measurements: List[Path] = typer.Argument(..., help="measurement .jsonl files"),
     out: str = typer.Option(..., "--out", help="output directory"),
-    base_profile: Optional[str] = typer.Option(None, "--profile", help="profile to scale (default: "
-                                               "a linear CPU table fitted from the measurements)"),
+    base_profile: Optional[str] = typer.Option(
+        None, "--profile", help="profile to scale (default: a linear CPU table fitted from the measurements)"
+    ),
     name: str = typer.Option("calibrated", "--name"),
 ):
     """Fit acceptance per position, cost scale and per-step overhead; write profile + acceptance."""
     from validator import calibrate
+
     if not name.strip() or "/" in name or "\\" in name:
         raise InputError(f"--name: a file stem without '/', got {name!r}")
     with staged_dir(out) as stage:
@@ -186,14 +229,17 @@ def calibrate_cmd(
         rewrite_paths(stage, out)
     text = json.dumps(res["report"], indent=1).replace(str(stage), str(out))
     typer.echo(text)
-    typer.echo(f"wrote {final_path(stage, out, res['profile_path'])}"
-               + (f" and {final_path(stage, out, res['acceptance_path'])}" if res["acceptance_path"] else ""))
+    typer.echo(
+        f"wrote {final_path(stage, out, res['profile_path'])}"
+        + (f" and {final_path(stage, out, res['acceptance_path'])}" if res["acceptance_path"] else "")
+    )
 
 
 @app.command("check")
 def check_cmd(
-    measurements: List[Path] = typer.Argument(..., help="one run, or several runs of the same load "
-                                              "(pooled: e.g. interleaved with runs of another load)"),
+    measurements: List[Path] = typer.Argument(
+        ..., help="one run, or several runs of the same load (pooled: e.g. interleaved with runs of another load)"
+    ),
     profile: str = typer.Option(..., "--profile"),
     acceptance: Optional[str] = typer.Option(None, "--acceptance"),
     out: Optional[str] = typer.Option(None, "--out", help="directory for check.md / check.json"),
@@ -203,6 +249,7 @@ def check_cmd(
 ):
     """Simulate the measured workload at the same load; print predicted vs measured with errors."""
     from validator import compare
+
     if not (math.isfinite(tolerance) and tolerance >= 0):
         raise InputError(f"--tolerance: must be a finite number >= 0, got {tolerance}")
     if seed < 0:
@@ -214,9 +261,11 @@ def check_cmd(
             raise InputError(f"{p}: is a directory, not a measurement file")
     if out is not None:
         from dsim.outputs import check_dir_target
+
         check_dir_target(out, "--out")
-    rep = compare.check([str(p) for p in measurements], profile, acceptance, tolerance=tolerance,
-                        max_num_seqs=max_num_seqs, seed=seed)
+    rep = compare.check(
+        [str(p) for p in measurements], profile, acceptance, tolerance=tolerance, max_num_seqs=max_num_seqs, seed=seed
+    )
     md = compare.to_markdown(rep)
     typer.echo(md)
     if out is not None:
@@ -247,16 +296,28 @@ def ab_cmd(
 ):
     """Start A, replay at each load, stop it; same for B; report measured (and predicted) A vs B."""
     from validator import ab
+
     if any(c < 1 for c in concurrency):
         raise InputError(f"--concurrency: levels must be >= 1, got {list(concurrency)}")
     for flag, v in (("--requests", requests), ("--input-len", input_len), ("--output-len", output_len)):
         if v < 1:
             raise InputError(f"{flag}: must be >= 1, got {v}")
     with staged_dir(out) as stage:
-        rep = ab.ab(serve_a, serve_b, stage, url_a=_server(url_a), url_b=_server(url_b or url_a),
-                    concurrencies=concurrency, requests=requests, input_len=input_len,
-                    output_len=output_len, trace=trace, profiles=(profile_a, profile_b),
-                    acceptances=(acceptance_a, acceptance_b), health_timeout_s=health_timeout)
+        rep = ab.ab(
+            serve_a,
+            serve_b,
+            stage,
+            url_a=_server(url_a),
+            url_b=_server(url_b or url_a),
+            concurrencies=concurrency,
+            requests=requests,
+            input_len=input_len,
+            output_len=output_len,
+            trace=trace,
+            profiles=(profile_a, profile_b),
+            acceptances=(acceptance_a, acceptance_b),
+            health_timeout_s=health_timeout,
+        )
         rewrite_paths(stage, out)
     typer.echo(rep["markdown"].replace(str(stage), str(out)))
 
@@ -267,11 +328,14 @@ _PASS = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_
 
 def _gpu_main(module: str, args: list) -> None:
     import importlib
+
     try:
         mod = importlib.import_module(f"validator.gpu.{module}")
-    except ImportError as e:      # torch is an optional extra (pyproject: dsim[gpu])
-        raise InputError(f"validator.gpu.{module}: needs {e.name or 'torch'} "
-                         "(pip install 'dsim[gpu]'; on the GPU machine: python3 -m validator.gpu.{module})") from None
+    except ImportError as e:  # torch is an optional extra (pyproject: dsim[gpu])
+        raise InputError(
+            f"validator.gpu.{module}: needs {e.name or 'torch'} "
+            "(pip install 'dsim[gpu]'; on the GPU machine: python3 -m validator.gpu.{module})"
+        ) from None
     rc = mod.main(list(args))
     if isinstance(rc, int) and rc:
         raise typer.Exit(rc)
@@ -316,8 +380,9 @@ def main(argv=None):
         raise
     except typer.Exit as e:
         sys.exit(e.exit_code)
-    except Exception as e:     # click usage errors in non-standalone mode
+    except Exception as e:  # click usage errors in non-standalone mode
         import click
+
         if isinstance(e, click.exceptions.ClickException):
             e.show()
             sys.exit(e.exit_code)

@@ -19,6 +19,7 @@ for the means and medians of TPOT, ITL and E2E, output throughput and acceptance
 for TTFT and the p90 tails; p99 is reported, not gated. The verdict is ``pass`` when every gated metric is within its
 tolerance.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -29,7 +30,7 @@ from validator import measure, stepfit, traces
 
 QUANTS = ("mean", "p50", "p90", "p99")
 LAT = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
-CPU_MAX_NUM_SEQS = 128          # vLLM's CPU defaults (docs/semantics.md §7)
+CPU_MAX_NUM_SEQS = 128  # vLLM's CPU defaults (docs/semantics.md §7)
 CPU_MAX_BATCHED_TOKENS = 2048
 
 
@@ -53,20 +54,27 @@ def workload_from(m) -> tuple:
     arr = np.array([0.0 if conc else float(r.get("arrival_s") or 0.0) for r in reqs])
     arr = arr - arr.min()
     pin = np.array([max(int(r.get("prompt_tokens") or 1), 1) for r in reqs], dtype=np.int64)
-    pout = np.array([max(int(r.get("output_tokens") or r.get("max_tokens") or 1), 1) for r in reqs],
-                    dtype=np.int64)
+    pout = np.array([max(int(r.get("output_tokens") or r.get("max_tokens") or 1), 1) for r in reqs], dtype=np.int64)
     plan = traces.Plan(arr, pin, pout, f"measured:{m.path}")
     return traces.to_workload(plan, conc), conc
 
 
-def simulate_measurement(m, profile, acceptance: str | None, max_num_seqs: int | None = None,
-                         max_num_batched_tokens: int | None = None, seed: int = 0) -> dict:
+def simulate_measurement(
+    m,
+    profile,
+    acceptance: str | None,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    seed: int = 0,
+) -> dict:
     from dsim.sim import EngineConfig, SimConfig, SpecConfig, simulate
+
     prof = load_profile(profile) if isinstance(profile, str) else profile
     w, conc = workload_from(m)
     k = None
     if acceptance:
         import yaml
+
         try:
             doc = yaml.safe_load(open(acceptance)) if acceptance.endswith((".yaml", ".yml")) else None
         except OSError:
@@ -80,13 +88,24 @@ def simulate_measurement(m, profile, acceptance: str | None, max_num_seqs: int |
         spec = SpecConfig(method="block", k=int(k), acceptance=acceptance or "const:0.6")
     else:
         spec = SpecConfig(method="none")
-    eng = (m.header.get("engine") or {})
-    ecfg = EngineConfig(max_num_seqs=int(max_num_seqs or eng.get("max_num_seqs") or CPU_MAX_NUM_SEQS),
-                        max_num_batched_tokens=int(max_num_batched_tokens or eng.get("max_num_batched_tokens")
-                                                   or CPU_MAX_BATCHED_TOKENS),
-                        async_scheduling=False)
-    cfg = SimConfig(workload=w, profile=prof, nodes=1, gpus_per_node=prof.gpus_per_replica,
-                    router="least_outstanding", engine=ecfg, spec=spec, seed=seed)
+    eng = m.header.get("engine") or {}
+    ecfg = EngineConfig(
+        max_num_seqs=int(max_num_seqs or eng.get("max_num_seqs") or CPU_MAX_NUM_SEQS),
+        max_num_batched_tokens=int(
+            max_num_batched_tokens or eng.get("max_num_batched_tokens") or CPU_MAX_BATCHED_TOKENS
+        ),
+        async_scheduling=False,
+    )
+    cfg = SimConfig(
+        workload=w,
+        profile=prof,
+        nodes=1,
+        gpus_per_node=prof.gpus_per_replica,
+        router="least_outstanding",
+        engine=ecfg,
+        spec=spec,
+        seed=seed,
+    )
     res = simulate(cfg)
     s = dict(res.summary)
     s["_engine"] = {k: res.summary.get(k) for k in LAT + ("output_tok_s",)}
@@ -147,23 +166,42 @@ def compare(meas_stats: dict, pred: dict, tol: float = 0.25) -> list[dict]:
             pv = pd_.get(q) if isinstance(pd_, dict) else None
             e = _err(pv, mv)
             t = tolerance_for(met, q, tol)
-            rows.append({"metric": f"{met}.{q}", "measured": mv, "predicted": pv, "error": e,
-                         "tolerance": t, "ok": None if e is None or t is None else abs(e) <= t})
+            rows.append(
+                {
+                    "metric": f"{met}.{q}",
+                    "measured": mv,
+                    "predicted": pv,
+                    "error": e,
+                    "tolerance": t,
+                    "ok": None if e is None or t is None else abs(e) <= t,
+                }
+            )
     mv, pv = meas_stats.get("output_tok_s"), pred.get("output_tok_s")
     e = _err(pv, mv)
-    rows.append({"metric": "output_tok_s", "measured": mv, "predicted": pv, "error": e, "tolerance": tol,
-                 "ok": None if e is None else abs(e) <= tol})
+    rows.append(
+        {
+            "metric": "output_tok_s",
+            "measured": mv,
+            "predicted": pv,
+            "error": e,
+            "tolerance": tol,
+            "ok": None if e is None else abs(e) <= tol,
+        }
+    )
     # engine-side: the server's own histograms (means) vs dsim without the front-end overheads;
     # TTFT and E2E as the engine's own part (queue + prefill [+ decode]: calibrate.engine_times),
     # the server's TTFT/E2E histograms also hold the API server's time before the engine
     from validator.calibrate import engine_times
+
     h = meas_stats.get("server_histograms") or {}
     eng = pred.get("_engine") or {}
     own = engine_times(meas_stats)
-    for met, name in (("ttft_ms", "vllm:time_to_first_token_seconds"),
-                      ("tpot_ms", "vllm:request_time_per_output_token_seconds"),
-                      ("itl_ms", "vllm:inter_token_latency_seconds"),
-                      ("e2e_ms", "vllm:e2e_request_latency_seconds")):
+    for met, name in (
+        ("ttft_ms", "vllm:time_to_first_token_seconds"),
+        ("tpot_ms", "vllm:request_time_per_output_token_seconds"),
+        ("itl_ms", "vllm:inter_token_latency_seconds"),
+        ("e2e_ms", "vllm:e2e_request_latency_seconds"),
+    ):
         mv = (h.get(name) or {}).get("mean")
         pv = (eng.get(met) or {}).get("mean") if isinstance(eng.get(met), dict) else None
         if mv is None or pv is None:
@@ -172,11 +210,23 @@ def compare(meas_stats: dict, pred: dict, tol: float = 0.25) -> list[dict]:
         note = "engine side: server histogram mean vs dsim without front-end overhead"
         if own and met in ("ttft_ms", "e2e_ms"):
             mv = own["ttft" if met == "ttft_ms" else "e2e"]
-            note = ("engine side: queue + prefill" + (" + decode" if met == "e2e_ms" else "")
-                    + " histogram means vs dsim without front-end overhead")
+            note = (
+                "engine side: queue + prefill"
+                + (" + decode" if met == "e2e_ms" else "")
+                + " histogram means vs dsim without front-end overhead"
+            )
         e = _err(pv, mv)
-        rows.append({"metric": f"server.{met}.mean", "measured": mv, "predicted": pv, "error": e,
-                     "tolerance": None, "ok": None, "note": note})
+        rows.append(
+            {
+                "metric": f"server.{met}.mean",
+                "measured": mv,
+                "predicted": pv,
+                "error": e,
+                "tolerance": None,
+                "ok": None,
+                "note": note,
+            }
+        )
     # acceptance length in dsim's sense: tokens emitted per decode step of a request
     mv = meas_stats.get("tokens_per_decode_step")
     spec = meas_stats.get("spec") or {}
@@ -186,17 +236,33 @@ def compare(meas_stats: dict, pred: dict, tol: float = 0.25) -> list[dict]:
     if pred.get("_spec_k"):
         pv = pred.get("acceptance_length")
         e = _err(pv, mv)
-        rows.append({"metric": "acceptance_length", "measured": mv, "predicted": pv, "error": e,
-                     "tolerance": tol, "ok": None if e is None else abs(e) <= tol,
-                     "note": "tokens per decode step (vLLM's 1 + accepted/drafts: "
-                             f"{spec.get('acceptance_length')})"})
+        rows.append(
+            {
+                "metric": "acceptance_length",
+                "measured": mv,
+                "predicted": pv,
+                "error": e,
+                "tolerance": tol,
+                "ok": None if e is None else abs(e) <= tol,
+                "note": f"tokens per decode step (vLLM's 1 + accepted/drafts: {spec.get('acceptance_length')})",
+            }
+        )
     return rows
 
 
-def check(measurements, profile: str, acceptance: str | None, tolerance: float = 0.25,
-          max_num_seqs: int | None = None, seed: int = 0) -> dict:
-    paths = [measurements] if isinstance(measurements, (str, bytes)) or not hasattr(measurements, "__iter__") \
+def check(
+    measurements,
+    profile: str,
+    acceptance: str | None,
+    tolerance: float = 0.25,
+    max_num_seqs: int | None = None,
+    seed: int = 0,
+) -> dict:
+    paths = (
+        [measurements]
+        if isinstance(measurements, (str, bytes)) or not hasattr(measurements, "__iter__")
         else list(measurements)
+    )
     m = measure.pool([measure.read(p) for p in paths], where="check")
     measurements = m.path
     stats = m.stats()
@@ -204,15 +270,37 @@ def check(measurements, profile: str, acceptance: str | None, tolerance: float =
     rows = compare(stats, pred, tolerance)
     gated = [r for r in rows if r["ok"] is not None]
     verdict = "pass" if gated and all(r["ok"] for r in gated) else "fail"
-    return {"measurements": str(measurements), "profile": str(profile), "acceptance": acceptance,
-            "load": m.header.get("load"), "requests_completed": stats.get("requests_completed"),
-            "requests_failed": stats.get("requests_failed"), "complete": m.complete,
-            "burst_requests": stats.get("burst_requests"), "timing_requests": stats.get("timing_requests"),
-            "tolerance": tolerance, "rows": rows, "verdict": verdict,
-            "failed_metrics": [r["metric"] for r in gated if not r["ok"]],
-            "predicted_summary": {k: v for k, v in pred.items() if k in
-                                  ("output_tok_s", "acceptance_length", "ttft_ms", "tpot_ms", "itl_ms",
-                                   "e2e_ms", "requests_completed", "steps", "mean_batch_requests")}}
+    return {
+        "measurements": str(measurements),
+        "profile": str(profile),
+        "acceptance": acceptance,
+        "load": m.header.get("load"),
+        "requests_completed": stats.get("requests_completed"),
+        "requests_failed": stats.get("requests_failed"),
+        "complete": m.complete,
+        "burst_requests": stats.get("burst_requests"),
+        "timing_requests": stats.get("timing_requests"),
+        "tolerance": tolerance,
+        "rows": rows,
+        "verdict": verdict,
+        "failed_metrics": [r["metric"] for r in gated if not r["ok"]],
+        "predicted_summary": {
+            k: v
+            for k, v in pred.items()
+            if k
+            in (
+                "output_tok_s",
+                "acceptance_length",
+                "ttft_ms",
+                "tpot_ms",
+                "itl_ms",
+                "e2e_ms",
+                "requests_completed",
+                "steps",
+                "mean_batch_requests",
+            )
+        },
+    }
 
 
 def _fmt(v):
@@ -225,23 +313,28 @@ def _fmt(v):
 
 def to_markdown(rep: dict) -> str:
     load = rep.get("load") or {}
-    lines = ["# dsim check: predicted vs measured",
-             "",
-             f"- measurements: `{rep['measurements']}` ({rep.get('requests_completed')} completed, "
-             f"{rep.get('requests_failed')} failed{'' if rep.get('complete', True) else ', partial run'})",
-             f"- streams delivered in bursts (no per-token timing; left out of TTFT/TPOT/ITL, kept in "
-             f"E2E and throughput): {rep.get('burst_requests') or 0} of {rep.get('requests_completed')}",
-             f"- load: {load.get('mode')} (concurrency {load.get('concurrency')}, rate {load.get('rate')})",
-             f"- profile: `{rep['profile']}`; acceptance: `{rep.get('acceptance')}`",
-             f"- tolerance: {rep['tolerance']:.0%} (TTFT and p90: {2 * rep['tolerance']:.0%}; p99 not gated)",
-             "",
-             "| metric | measured | predicted | error | tolerance | ok |",
-             "|---|---:|---:|---:|---:|:-:|"]
+    lines = [
+        "# dsim check: predicted vs measured",
+        "",
+        f"- measurements: `{rep['measurements']}` ({rep.get('requests_completed')} completed, "
+        f"{rep.get('requests_failed')} failed{'' if rep.get('complete', True) else ', partial run'})",
+        f"- streams delivered in bursts (no per-token timing; left out of TTFT/TPOT/ITL, kept in "
+        f"E2E and throughput): {rep.get('burst_requests') or 0} of {rep.get('requests_completed')}",
+        f"- load: {load.get('mode')} (concurrency {load.get('concurrency')}, rate {load.get('rate')})",
+        f"- profile: `{rep['profile']}`; acceptance: `{rep.get('acceptance')}`",
+        f"- tolerance: {rep['tolerance']:.0%} (TTFT and p90: {2 * rep['tolerance']:.0%}; p99 not gated)",
+        "",
+        "| metric | measured | predicted | error | tolerance | ok |",
+        "|---|---:|---:|---:|---:|:-:|",
+    ]
     for r in rep["rows"]:
         e = "-" if r["error"] is None else f"{r['error']:+.1%}"
         ok = "-" if r["ok"] is None else ("yes" if r["ok"] else "NO")
         t = "-" if r["tolerance"] is None else f"{r['tolerance']:.0%}"
         lines.append(f"| {r['metric']} | {_fmt(r['measured'])} | {_fmt(r['predicted'])} | {e} | {t} | {ok} |")
-    lines += ["", f"**Verdict: {rep['verdict'].upper()}**"
-              + (f" (outside tolerance: {', '.join(rep['failed_metrics'])})" if rep["failed_metrics"] else "")]
+    lines += [
+        "",
+        f"**Verdict: {rep['verdict'].upper()}**"
+        + (f" (outside tolerance: {', '.join(rep['failed_metrics'])})" if rep["failed_metrics"] else ""),
+    ]
     return "\n".join(lines) + "\n"

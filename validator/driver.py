@@ -8,6 +8,7 @@ it, else one token per non-empty chunk), and errors with their reason. /metrics 
 and after (deltas of counters and histograms) and the running/waiting gauges are sampled during the
 run. Every wait has a timeout; a failing request is recorded and the run goes on.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -44,16 +45,16 @@ class RunOptions:
     concurrency: int | None = None
     rate: float | None = None
     seed: int = 0
-    prompt_mode: str = "ids"                # ids | text
+    prompt_mode: str = "ids"  # ids | text
     base_text: str = DEFAULT_BASE_TEXT
     temperature: float = 0.0
     connect_timeout_s: float = 5.0
-    read_timeout_s: float = 60.0            # longest silence inside a stream
-    request_timeout_s: float = 600.0        # whole request
-    gauge_interval_s: float = 1.0         # at least; see sampler()
+    read_timeout_s: float = 60.0  # longest silence inside a stream
+    request_timeout_s: float = 600.0  # whole request
+    gauge_interval_s: float = 1.0  # at least; see sampler()
     progress: bool = True
-    nice: int | None = -10                  # client priority while it measures (None: leave it)
-    cpus: list | None = None                # pin the client to these CPUs while it measures
+    nice: int | None = -10  # client priority while it measures (None: leave it)
+    cpus: list | None = None  # pin the client to these CPUs while it measures
     label: str = ""
     extra_header: dict = field(default_factory=dict)
 
@@ -110,8 +111,9 @@ async def scrape(client: httpx.AsyncClient, server: str, timeout=5.0):
 
 async def base_token_ids(client, server, model, text) -> list[int]:
     try:
-        r = await client.post(f"{server}/tokenize", json={"model": model, "prompt": text,
-                                                         "add_special_tokens": False}, timeout=10.0)
+        r = await client.post(
+            f"{server}/tokenize", json={"model": model, "prompt": text, "add_special_tokens": False}, timeout=10.0
+        )
         if r.status_code == 200:
             toks = r.json().get("tokens")
             if toks:
@@ -128,7 +130,7 @@ def make_prompt(base: list[int], n: int, mode: str, text: str):
         reps = n // len(base) + 1
         return (base * reps)[:n]
     reps = (4 * n) // max(len(text), 1) + 1
-    return ((text + " ") * reps)[:4 * n]
+    return ((text + " ") * reps)[: 4 * n]
 
 
 class Prompts:
@@ -149,8 +151,9 @@ class Prompts:
         if self.mode == "text":
             p = make_prompt(self.base, n, "text", self.text)
             try:
-                r = await self.client.post(f"{self.server}/detokenize",
-                                           json={"model": self.model, "tokens": ids}, timeout=10.0)
+                r = await self.client.post(
+                    f"{self.server}/detokenize", json={"model": self.model, "tokens": ids}, timeout=10.0
+                )
                 if r.status_code == 200 and isinstance(r.json().get("prompt"), str):
                     p = r.json()["prompt"]
             except (httpx.HTTPError, ValueError):
@@ -176,19 +179,36 @@ def _bad_usage(usage: dict, last_cum: int) -> str | None:
     return None
 
 
-async def _one(client, opts: RunOptions, i: int, prompt, plan: Plan, t0: float, arrival: float,
-               model: str) -> dict:
-    rec = {"type": "request", "i": i, "prompt_tokens": int(plan.prompt_tokens[i]),
-           "max_tokens": int(plan.output_tokens[i]), "arrival_s": arrival, "send_s": None,
-           "first_token_s": None, "end_s": None, "chunks": [], "output_tokens": 0, "ok": False,
-           "error": None, "status": None}
-    body = {"model": model, "prompt": prompt, "max_tokens": int(plan.output_tokens[i]),
-            "ignore_eos": True, "stream": True, "temperature": opts.temperature,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+async def _one(client, opts: RunOptions, i: int, prompt, plan: Plan, t0: float, arrival: float, model: str) -> dict:
+    rec = {
+        "type": "request",
+        "i": i,
+        "prompt_tokens": int(plan.prompt_tokens[i]),
+        "max_tokens": int(plan.output_tokens[i]),
+        "arrival_s": arrival,
+        "send_s": None,
+        "first_token_s": None,
+        "end_s": None,
+        "chunks": [],
+        "output_tokens": 0,
+        "ok": False,
+        "error": None,
+        "status": None,
+    }
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": int(plan.output_tokens[i]),
+        "ignore_eos": True,
+        "stream": True,
+        "temperature": opts.temperature,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
     usage_seen = False
     last_cum = 0
     done = False
     malformed = 0
+
     async def _stream():
         nonlocal usage_seen, last_cum, done, malformed
         async with client.stream("POST", f"{opts.server}/v1/completions", json=body) as resp:
@@ -262,8 +282,7 @@ async def _one(client, opts: RunOptions, i: int, prompt, plan: Plan, t0: float, 
             if not done:
                 rec["error"] = "stream_cut: stream ended without [DONE]"
             elif rec["first_token_s"] is None:
-                rec["error"] = ("malformed_sse: no parsable token events" if malformed
-                                else "empty: no tokens streamed")
+                rec["error"] = "malformed_sse: no parsable token events" if malformed else "empty: no tokens streamed"
             else:
                 rec["ok"] = True
                 if rec["output_tokens"] != rec["max_tokens"]:
@@ -287,10 +306,12 @@ async def _one(client, opts: RunOptions, i: int, prompt, plan: Plan, t0: float, 
 
 async def run_async(plan: Plan, opts: RunOptions, out_path) -> dict:
     headers = api_headers()
-    timeout = httpx.Timeout(connect=opts.connect_timeout_s, read=opts.read_timeout_s,
-                            write=opts.read_timeout_s, pool=opts.request_timeout_s)
-    limits = httpx.Limits(max_connections=max(opts.concurrency or 0, 64) + 4,
-                          max_keepalive_connections=max(opts.concurrency or 0, 64) + 4)
+    timeout = httpx.Timeout(
+        connect=opts.connect_timeout_s, read=opts.read_timeout_s, write=opts.read_timeout_s, pool=opts.request_timeout_s
+    )
+    limits = httpx.Limits(
+        max_connections=max(opts.concurrency or 0, 64) + 4, max_keepalive_connections=max(opts.concurrency or 0, 64) + 4
+    )
     async with httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits) as client:
         info = await probe(client, opts.server)
         model = opts.model or (info["models"][0] if info.get("models") else None)
@@ -298,7 +319,7 @@ async def run_async(plan: Plan, opts: RunOptions, out_path) -> dict:
             raise InputError(f"{opts.server}: no model served (pass --model)")
         base = await base_token_ids(client, opts.server, model, opts.base_text)
         prompts = Prompts(client, opts.server, model, base, opts.prompt_mode, opts.base_text)
-        if opts.prompt_mode == "text":      # build the texts before the clock starts
+        if opts.prompt_mode == "text":  # build the texts before the clock starts
             for n in sorted(set(int(x) for x in plan.prompt_tokens)):
                 await prompts.get(n)
         before, before_err = await scrape(client, opts.server)
@@ -312,14 +333,24 @@ async def run_async(plan: Plan, opts: RunOptions, out_path) -> dict:
             mode = "rate"
         else:
             mode, arrivals = "trace", np.asarray(plan.arrival_s, dtype=np.float64)
-        header = {"type": "header", "format": measure.FORMAT, "source": "run", "label": opts.label,
-                  "server": opts.server, "model": model, "server_version": info.get("server_version"),
-                  "date": _now_iso(), "trace": plan.source, "requests": n,
-                  "load": {"mode": mode, "concurrency": opts.concurrency, "rate": opts.rate,
-                           "seed": opts.seed},
-                  "prompt_mode": opts.prompt_mode, "temperature": opts.temperature,
-                  "spec": {"k": spec_before["k"]} if spec_before else None,
-                  "metrics_available": before is not None, "metrics_error": before_err}
+        header = {
+            "type": "header",
+            "format": measure.FORMAT,
+            "source": "run",
+            "label": opts.label,
+            "server": opts.server,
+            "model": model,
+            "server_version": info.get("server_version"),
+            "date": _now_iso(),
+            "trace": plan.source,
+            "requests": n,
+            "load": {"mode": mode, "concurrency": opts.concurrency, "rate": opts.rate, "seed": opts.seed},
+            "prompt_mode": opts.prompt_mode,
+            "temperature": opts.temperature,
+            "spec": {"k": spec_before["k"]} if spec_before else None,
+            "metrics_available": before is not None,
+            "metrics_error": before_err,
+        }
         header.update(opts.extra_header)
         w = measure.Writer(out_path)
         w.write(header, sync=True)
@@ -329,6 +360,7 @@ async def run_async(plan: Plan, opts: RunOptions, out_path) -> dict:
         bar = None
         if opts.progress:
             from tqdm import tqdm
+
             bar = tqdm(total=n, desc="requests", unit="req", leave=False, dynamic_ncols=True)
         t0 = time.perf_counter()
         counts = {"ok": 0, "failed": 0}
@@ -339,7 +371,7 @@ async def run_async(plan: Plan, opts: RunOptions, out_path) -> dict:
             async with httpx.AsyncClient(headers=headers, timeout=2.0) as gclient:
                 wait = opts.gauge_interval_s
                 while not stop.is_set():
-                    try:        # first sample after one interval, not on top of the first requests
+                    try:  # first sample after one interval, not on top of the first requests
                         await asyncio.wait_for(stop.wait(), wait)
                         break
                     except asyncio.TimeoutError:
@@ -393,7 +425,7 @@ async def run_async(plan: Plan, opts: RunOptions, out_path) -> dict:
             finished = True
         except (asyncio.CancelledError, KeyboardInterrupt) as e:
             interrupted = "interrupted (Ctrl-C)"
-            stopped_by = e          # re-raised as it came: asyncio turns a cancel by Ctrl-C into KeyboardInterrupt
+            stopped_by = e  # re-raised as it came: asyncio turns a cancel by Ctrl-C into KeyboardInterrupt
         finally:
             duration = time.perf_counter() - t0
             stop.set()
@@ -404,27 +436,36 @@ async def run_async(plan: Plan, opts: RunOptions, out_path) -> dict:
             if bar is not None:
                 bar.close()
             after, after_err = await scrape(client, opts.server)
-            summary = {"type": "summary", "duration_s": duration, "interrupted": interrupted is not None,
-                       "interrupt_reason": interrupted, "metrics_after_error": after_err}
+            summary = {
+                "type": "summary",
+                "duration_s": duration,
+                "interrupted": interrupted is not None,
+                "interrupt_reason": interrupted,
+                "metrics_after_error": after_err,
+            }
             if before is not None and after is not None:
                 d = promtext.interesting(promtext.delta(before, after))
                 summary["metrics_delta"] = promtext.to_jsonable(d)
                 summary["spec"] = promtext.spec_stats(d)
-                summary["server_histograms"] = {name: promtext.histogram_stats(d, name)
-                                                for name in promtext.HISTOGRAMS
-                                                if promtext.histogram_stats(d, name)}
+                summary["server_histograms"] = {
+                    name: promtext.histogram_stats(d, name)
+                    for name in promtext.HISTOGRAMS
+                    if promtext.histogram_stats(d, name)
+                }
             if gauge_samples:
                 run = [g["running"] for g in gauge_samples if "running" in g]
                 wait = [g["waiting"] for g in gauge_samples if "waiting" in g]
-                summary["gauges"] = {"samples": len(gauge_samples),
-                                     "running_mean": float(np.mean(run)) if run else None,
-                                     "running_max": float(np.max(run)) if run else None,
-                                     "waiting_mean": float(np.mean(wait)) if wait else None,
-                                     "waiting_max": float(np.max(wait)) if wait else None}
+                summary["gauges"] = {
+                    "samples": len(gauge_samples),
+                    "running_mean": float(np.mean(run)) if run else None,
+                    "running_max": float(np.max(run)) if run else None,
+                    "waiting_mean": float(np.mean(wait)) if wait else None,
+                    "waiting_max": float(np.max(wait)) if wait else None,
+                }
             if not finished:
-                w.discard()               # all or nothing: an interrupted run writes no file
+                w.discard()  # all or nothing: an interrupted run writes no file
             else:
-                m = measure.read(w.write_path)    # recompute latency stats from what was written
+                m = measure.read(w.write_path)  # recompute latency stats from what was written
                 stats = measure.summarize_requests(m.requests)
                 summary.update({k: v for k, v in stats.items() if k not in summary})
                 w.write(summary, sync=True)
@@ -444,6 +485,7 @@ def _boost(nice: int | None):
     if nice is None or not hasattr(os, "setpriority"):
         return None, None, None
     from validator import server
+
     old = os.getpriority(os.PRIO_PROCESS, 0)
     try:
         os.setpriority(os.PRIO_PROCESS, 0, nice)
@@ -472,8 +514,11 @@ def _pin(cpus):
 def run(plan: Plan, opts: RunOptions, out_path) -> dict:
     old, achieved, old_group = _boost(opts.nice)
     old_cpus = _pin(opts.cpus)
-    opts.extra_header = dict(opts.extra_header, client_nice=achieved if achieved is not None else old,
-                             client_cpus=sorted(os.sched_getaffinity(0)) if old_cpus is not None else None)
+    opts.extra_header = dict(
+        opts.extra_header,
+        client_nice=achieved if achieved is not None else old,
+        client_cpus=sorted(os.sched_getaffinity(0)) if old_cpus is not None else None,
+    )
     try:
         return asyncio.run(run_async(plan, opts, out_path))
     finally:
@@ -484,6 +529,7 @@ def run(plan: Plan, opts: RunOptions, out_path) -> dict:
                 pass
         if old_group is not None:
             from validator import server
+
             server.set_autogroup_nice(0, old_group)
         if achieved is not None:
             try:

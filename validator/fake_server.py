@@ -11,6 +11,7 @@ max_tokens picks the behaviour: max_tokens % 5 == 0 ok, 1 -> HTTP 500, 2 -> malf
 streams a negative completion_tokens count, ``str-usage`` a string one, ``nan-usage`` a NaN one;
 ``--metrics nan`` / ``negative`` put a NaN / negative counter sample in /metrics.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,7 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "fake-openai/0"
     cfg: argparse.Namespace = None
 
-    def log_message(self, *a):      # quiet
+    def log_message(self, *a):  # quiet
         pass
 
     def _json(self, code, obj):
@@ -51,14 +52,16 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/metrics":
             with STATE["lock"]:
                 n, t = STATE["requests"], STATE["tokens"]
-            text = (f"# HELP vllm:request_success_total x\nvllm:request_success_total{{engine=\"0\"}} {n}\n"
-                    f"vllm:generation_tokens_total{{engine=\"0\"}} {t}\n"
-                    f"vllm:num_requests_running{{engine=\"0\"}} 0\n"
-                    "this line is not prometheus {{{\n")
+            text = (
+                f'# HELP vllm:request_success_total x\nvllm:request_success_total{{engine="0"}} {n}\n'
+                f'vllm:generation_tokens_total{{engine="0"}} {t}\n'
+                f'vllm:num_requests_running{{engine="0"}} 0\n'
+                "this line is not prometheus {{{\n"
+            )
             if self.cfg.metrics == "nan":
-                text += "vllm:spec_decode_num_drafts_total{engine=\"0\"} NaN\n"
+                text += 'vllm:spec_decode_num_drafts_total{engine="0"} NaN\n'
             elif self.cfg.metrics == "negative":
-                text += "vllm:spec_decode_num_drafts_total{engine=\"0\"} -5\n"
+                text += 'vllm:spec_decode_num_drafts_total{engine="0"} -5\n'
             body = text.encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain")
@@ -103,14 +106,16 @@ class Handler(BaseHTTPRequestHandler):
                     self.wfile.flush()
                     self.connection.shutdown(2)
                     return
-                ev = {"choices": [{"index": 0, "text": "x"}],
-                      "usage": {"prompt_tokens": 1, "completion_tokens": i + 1}}
+                ev = {"choices": [{"index": 0, "text": "x"}], "usage": {"prompt_tokens": 1, "completion_tokens": i + 1}}
                 if mode in BAD_USAGE and i == n // 2:
                     ev["usage"]["completion_tokens"] = BAD_USAGE[mode]
                 self.wfile.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
                 self.wfile.flush()
-            self.wfile.write(b"data: " + json.dumps({"choices": [], "usage": {"completion_tokens": n}}).encode()
-                             + b"\n\ndata: [DONE]\n\n")
+            self.wfile.write(
+                b"data: "
+                + json.dumps({"choices": [], "usage": {"completion_tokens": n}}).encode()
+                + b"\n\ndata: [DONE]\n\n"
+            )
             self.wfile.flush()
             with STATE["lock"]:
                 STATE["requests"] += 1
@@ -119,8 +124,9 @@ class Handler(BaseHTTPRequestHandler):
             return
 
 
-def serve(port: int, mode: str = "ok", step_ms: float = 2.0, hang_s: float = 30.0, host="127.0.0.1",
-          metrics: str = "ok"):
+def serve(
+    port: int, mode: str = "ok", step_ms: float = 2.0, hang_s: float = 30.0, host="127.0.0.1", metrics: str = "ok"
+):
     cfg = argparse.Namespace(mode=mode, step_ms=step_ms, hang_s=hang_s, metrics=metrics)
     handler = type("H", (Handler,), {"cfg": cfg})
     httpd = ThreadingHTTPServer((host, port), handler)

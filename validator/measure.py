@@ -17,6 +17,7 @@ A request whose stream arrived in a burst (most chunk gaps < BURST_GAP_MS) is le
 TTFT/TPOT/ITL statistics (it measures a hold-up between engine and client, not the engine) and
 counted as ``burst_requests``; E2E and throughput use every completed request.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,9 +31,9 @@ import numpy as np
 from dsim.errors import InputError, plain
 
 FORMAT = "dsim-measurements/1"
-BURST_GAP_MS = 0.3          # chunk gaps below this are not engine steps
-BURST_FRACTION = 0.3        # a request with at least this share of such gaps was burst-delivered
-MIN_TIMED = 5               # per-token statistics need at least this many timing-valid requests
+BURST_GAP_MS = 0.3  # chunk gaps below this are not engine steps
+BURST_FRACTION = 0.3  # a request with at least this share of such gaps was burst-delivered
+MIN_TIMED = 5  # per-token statistics need at least this many timing-valid requests
 
 
 class Writer:
@@ -56,7 +57,7 @@ class Writer:
             return
         try:
             text = json.dumps(obj, separators=(",", ":"), allow_nan=False, default=_default)
-        except ValueError:          # a NaN or infinity somewhere (e.g. a server's metric)
+        except ValueError:  # a NaN or infinity somewhere (e.g. a server's metric)
             text = json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False, default=_default)
         self._f.write(text + "\n")
         self._f.flush()
@@ -109,7 +110,7 @@ class Measurement:
     requests: list
     gauges: list = field(default_factory=list)
     metrics_before: dict | None = None
-    summary: dict | None = None       # the stored summary line, or None (interrupted run)
+    summary: dict | None = None  # the stored summary line, or None (interrupted run)
     complete: bool = True
 
     @property
@@ -120,8 +121,15 @@ class Measurement:
         """The summary: the stored one (authoritative for metric deltas) over recomputed stats."""
         s = summarize_requests(self.requests)
         if self.summary:
-            for k in ("metrics_delta", "spec", "server_histograms", "duration_s", "gauges",
-                      "interrupted", "interrupt_reason"):
+            for k in (
+                "metrics_delta",
+                "spec",
+                "server_histograms",
+                "duration_s",
+                "gauges",
+                "interrupted",
+                "interrupt_reason",
+            ):
                 if k in self.summary:
                     s[k] = self.summary[k]
             # an imported bench result carries its own aggregate numbers
@@ -207,7 +215,7 @@ def read(path) -> Measurement:
             obj = json.loads(line)
         except (json.JSONDecodeError, RecursionError) as e:
             if idx == len(rows) - 1 and summary is None and header is not None:
-                bad += 1          # a torn last line from a killed writer
+                bad += 1  # a torn last line from a killed writer
                 continue
             raise InputError(f"{where}: malformed line ({getattr(e, 'msg', 'nested too deeply')})") from None
         if not isinstance(obj, dict):
@@ -243,8 +251,12 @@ def _pct(a, prefix: str) -> dict:
     a = np.asarray(a, dtype=np.float64)
     if a.size == 0:
         return {}
-    return {f"{prefix}_mean": float(a.mean()), f"{prefix}_p50": float(np.percentile(a, 50)),
-            f"{prefix}_p90": float(np.percentile(a, 90)), f"{prefix}_p99": float(np.percentile(a, 99))}
+    return {
+        f"{prefix}_mean": float(a.mean()),
+        f"{prefix}_p50": float(np.percentile(a, 50)),
+        f"{prefix}_p90": float(np.percentile(a, 90)),
+        f"{prefix}_p99": float(np.percentile(a, 99)),
+    }
 
 
 def request_latencies(r: dict) -> dict | None:
@@ -256,7 +268,7 @@ def request_latencies(r: dict) -> dict | None:
     e2e = (r["end_s"] - send) * 1e3
     n = int(r.get("output_tokens") or 0)
     tpot = (e2e - ttft) / (n - 1) if n > 1 else None
-    if r.get("itls_ms") is not None:        # imported bench result
+    if r.get("itls_ms") is not None:  # imported bench result
         itls = list(r["itls_ms"])
     else:
         times = [c[0] for c in r.get("chunks") or [] if c[1] > 0]
@@ -276,8 +288,12 @@ def summarize_requests(requests: list) -> dict:
         key = (r.get("error") or "unknown").split(":")[0]
         reasons[key] = reasons.get(key, 0) + 1
     lat = [x for x in (request_latencies(r) for r in ok) if x]
-    out = {"requests_sent": len(requests), "requests_completed": len(ok),
-           "requests_failed": len(failed), "failure_reasons": reasons}
+    out = {
+        "requests_sent": len(requests),
+        "requests_completed": len(ok),
+        "requests_failed": len(failed),
+        "failure_reasons": reasons,
+    }
     if lat:
         timed = [x for x in lat if not x["burst"]]
         out["burst_requests"] = len(lat) - len(timed)
@@ -313,10 +329,13 @@ def pool(ms: list, where: str = "measurements") -> Measurement:
     segment starts where the previous one ended), metric deltas summed. For interleaved runs
     (A B A B ...) that expose both loads to the same background noise."""
     from validator import promtext
+
     if len(ms) == 1:
         return ms[0]
-    loads = {json.dumps({k: (m.header.get("load") or {}).get(k) for k in ("mode", "concurrency", "rate")},
-                        sort_keys=True) for m in ms}
+    loads = {
+        json.dumps({k: (m.header.get("load") or {}).get(k) for k in ("mode", "concurrency", "rate")}, sort_keys=True)
+        for m in ms
+    }
     if len(loads) > 1:
         raise InputError(f"{where}: pooled measurements must share one load (got {sorted(loads)})")
     reqs, offset, total = [], 0.0, {}
@@ -343,12 +362,17 @@ def pool(ms: list, where: str = "measurements") -> Measurement:
             for k, v in series.items():
                 tgt[k] = tgt.get(k, 0.0) + v
     header = dict(ms[0].header, pooled_from=[m.path for m in ms], requests=len(reqs))
-    summary = {"type": "summary", "duration_s": dur, "interrupted": any((m.summary or {}).get("interrupted")
-                                                                        for m in ms)}
+    summary = {
+        "type": "summary",
+        "duration_s": dur,
+        "interrupted": any((m.summary or {}).get("interrupted") for m in ms),
+    }
     if total:
         summary["metrics_delta"] = promtext.to_jsonable(total)
         summary["spec"] = promtext.spec_stats(total)
-        summary["server_histograms"] = {n: promtext.histogram_stats(total, n) for n in promtext.HISTOGRAMS
-                                        if promtext.histogram_stats(total, n)}
-    return Measurement("+".join(m.path for m in ms), header, reqs, [], None, summary,
-                       complete=all(m.complete for m in ms))
+        summary["server_histograms"] = {
+            n: promtext.histogram_stats(total, n) for n in promtext.HISTOGRAMS if promtext.histogram_stats(total, n)
+        }
+    return Measurement(
+        "+".join(m.path for m in ms), header, reqs, [], None, summary, complete=all(m.complete for m in ms)
+    )

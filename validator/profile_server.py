@@ -11,21 +11,28 @@ table runs through the measured decode points (stepfit.measured_profile: step ti
 in the batch on CPU) and the profile (provenance kind "measured", server version, model, flags,
 date) is one dsim.cost.load_profile reads. Predict only within (or near) the swept batch sizes.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
 import tempfile
 from pathlib import Path
 
-
 from dsim.cost import load_profile, save_profile
 from dsim.errors import InputError
 from validator import driver, measure, stepfit, traces
 
 
-def profile_from_measurements(files_by_level: dict, name: str | None = None, hardware: str = "unknown",
-                              server_flags: str | None = None, kv_cache_gib: float = 1.0,
-                              kv_bytes_per_token: float = 1024.0, input_len=None, output_len=None):
+def profile_from_measurements(
+    files_by_level: dict,
+    name: str | None = None,
+    hardware: str = "unknown",
+    server_flags: str | None = None,
+    kv_cache_gib: float = 1.0,
+    kv_bytes_per_token: float = 1024.0,
+    input_len=None,
+    output_len=None,
+):
     """The measured profile from closed-loop runs already made, {concurrency: [files...]} (runs
     of one level are pooled): e.g. levels measured interleaved with the runs to predict."""
     concurrencies = sorted(files_by_level)
@@ -44,34 +51,62 @@ def profile_from_measurements(files_by_level: dict, name: str | None = None, har
     for p in pts:
         p["fit_ms"] = fit["cpu_overhead_ms"] + fit["ms_per_token"] * p["n"] + fit["ms_per_request"] * p["b"]
     name = name or f"measured-{h0.get('model')}"
-    prov = {"hardware": hardware, "model": h0.get("model"), "engine": "vllm",
-            "engine_version": h0.get("server_version"), "date": _dt.date.today().isoformat(),
-            "method": (f"validator profile-server: closed-loop concurrency sweep {concurrencies}, "
-                       f"input {input_len}, output {output_len} tokens; step times from server ITL and "
-                       f"prefill histograms; NNLS fit cpu + per-token + per-request"),
-            "server": server, "server_flags": server_flags, "spec_k": k}
+    prov = {
+        "hardware": hardware,
+        "model": h0.get("model"),
+        "engine": "vllm",
+        "engine_version": h0.get("server_version"),
+        "date": _dt.date.today().isoformat(),
+        "method": (
+            f"validator profile-server: closed-loop concurrency sweep {concurrencies}, "
+            f"input {input_len}, output {output_len} tokens; step times from server ITL and "
+            f"prefill histograms; NNLS fit cpu + per-token + per-request"
+        ),
+        "server": server,
+        "server_flags": server_flags,
+        "spec_k": k,
+    }
     from validator.calibrate import overhead_table, request_overheads
+
     ovh = request_overheads(ms)
     table = overhead_table(ms)
-    extra = {"validator": {"request_overhead_ms": round(ovh["e2e"], 4),
-                           "first_token_overhead_ms": round(ovh["first_token"], 4),
-                           "overhead_streams": round(ovh["streams"], 4),
-                           "request_overhead_per_stream_ms": round(ovh["e2e_per_stream"], 4),
-                           "first_token_overhead_per_stream_ms": round(ovh["first_token_per_stream"], 4),
-                           **({"overhead_table": table} if table else {}),
-                           "fit": fit, "spec_k": k, "spec_emulation": "block" if k else "none",
-                           "points": [{kk: (round(v, 4) if isinstance(v, float) else v) for kk, v in p.items()}
-                                      for p in pts],
-                           "levels": files}}
-    prof = stepfit.measured_profile(name, pts, fit, prov, k, kv_cache_gib=kv_cache_gib,
-                                    kv_bytes_per_token=kv_bytes_per_token, extra=extra)
+    extra = {
+        "validator": {
+            "request_overhead_ms": round(ovh["e2e"], 4),
+            "first_token_overhead_ms": round(ovh["first_token"], 4),
+            "overhead_streams": round(ovh["streams"], 4),
+            "request_overhead_per_stream_ms": round(ovh["e2e_per_stream"], 4),
+            "first_token_overhead_per_stream_ms": round(ovh["first_token_per_stream"], 4),
+            **({"overhead_table": table} if table else {}),
+            "fit": fit,
+            "spec_k": k,
+            "spec_emulation": "block" if k else "none",
+            "points": [{kk: (round(v, 4) if isinstance(v, float) else v) for kk, v in p.items()} for p in pts],
+            "levels": files,
+        }
+    }
+    prof = stepfit.measured_profile(
+        name, pts, fit, prov, k, kv_cache_gib=kv_cache_gib, kv_bytes_per_token=kv_bytes_per_token, extra=extra
+    )
     return prof
 
 
-def profile_server(server: str, out, concurrencies, input_len: int, output_len: int,
-                   requests_per_level: int = 0, model: str | None = None, hardware: str = "unknown",
-                   server_flags: str | None = None, name: str | None = None, keep_dir=None,
-                   kv_cache_gib: float = 1.0, kv_bytes_per_token: float = 1024.0, progress: bool = False):
+def profile_server(
+    server: str,
+    out,
+    concurrencies,
+    input_len: int,
+    output_len: int,
+    requests_per_level: int = 0,
+    model: str | None = None,
+    hardware: str = "unknown",
+    server_flags: str | None = None,
+    name: str | None = None,
+    keep_dir=None,
+    kv_cache_gib: float = 1.0,
+    kv_bytes_per_token: float = 1024.0,
+    progress: bool = False,
+):
     concurrencies = sorted(set(int(c) for c in concurrencies))
     if not concurrencies or concurrencies[0] < 1:
         raise InputError("--concurrency: give levels >= 1")
@@ -81,20 +116,33 @@ def profile_server(server: str, out, concurrencies, input_len: int, output_len: 
     for c in concurrencies:
         n = max(requests_per_level or 0, 2 * c, 4)
         plan = traces.fixed(n, input_len, output_len)
-        opts = driver.RunOptions(server=server, model=model, concurrency=c, progress=progress,
-                                 extra_header={"server_flags": server_flags, "profile_level": c})
+        opts = driver.RunOptions(
+            server=server,
+            model=model,
+            concurrency=c,
+            progress=progress,
+            extra_header={"server_flags": server_flags, "profile_level": c},
+        )
         path = work / f"level-c{c}.jsonl"
         driver.run(plan, opts, path)
         m = measure.read(path)
         if not m.ok_requests:
-            raise InputError(f"{server}: no request completed at concurrency {c} "
-                             f"({m.stats().get('failure_reasons')})")
+            raise InputError(f"{server}: no request completed at concurrency {c} ({m.stats().get('failure_reasons')})")
         files.append(str(path))
         ms.append(m)
-    return _save(profile_from_measurements({c: [f] for c, f in zip(concurrencies, files)}, name=name,
-                                           hardware=hardware, server_flags=server_flags,
-                                           kv_cache_gib=kv_cache_gib, kv_bytes_per_token=kv_bytes_per_token,
-                                           input_len=input_len, output_len=output_len), out)
+    return _save(
+        profile_from_measurements(
+            {c: [f] for c, f in zip(concurrencies, files)},
+            name=name,
+            hardware=hardware,
+            server_flags=server_flags,
+            kv_cache_gib=kv_cache_gib,
+            kv_bytes_per_token=kv_bytes_per_token,
+            input_len=input_len,
+            output_len=output_len,
+        ),
+        out,
+    )
 
 
 def _save(prof, out):

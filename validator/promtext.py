@@ -8,12 +8,13 @@ infinite, negative counters): they are dropped and counted in ``problems``, neve
   ``..._num_accepted_tokens_total``, ``..._num_accepted_tokens_per_pos_total{position=i}``;
 - histograms ``_bucket``/``_sum``/``_count``; gauges such as ``vllm:num_requests_running``.
 """
+
 from __future__ import annotations
 
 import math
 import re
 
-_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?\s*$')
+_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?\s*$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 SPEC_PREFIX = "vllm:spec_decode_"
@@ -23,6 +24,7 @@ _DROP_LABELS = {"engine", "model_name"}
 
 class Parsed(dict):
     """name -> {label tuple -> float}; ``problems`` counts unparsable lines."""
+
     problems: int = 0
 
 
@@ -48,10 +50,9 @@ def parse(text: str) -> Parsed:
         if not math.isfinite(v) or (v < 0 and name.endswith(("_total", "_bucket", "_sum", "_count"))):
             out.problems += 1
             continue
-        key = tuple(sorted((k, val) for k, val in _LABEL.findall(labels or "")
-                           if k not in _DROP_LABELS))
+        key = tuple(sorted((k, val) for k, val in _LABEL.findall(labels or "") if k not in _DROP_LABELS))
         series = out.setdefault(name, {})
-        series[key] = series.get(key, 0.0) + v      # sum over dropped labels (several engines)
+        series[key] = series.get(key, 0.0) + v  # sum over dropped labels (several engines)
     return out
 
 
@@ -71,8 +72,9 @@ def delta(before: dict, after: dict) -> dict:
     """
     out = {}
     for name, series in after.items():
-        if not (name.endswith("_total") or name.endswith("_bucket") or name.endswith("_sum")
-                or name.endswith("_count")):
+        if not (
+            name.endswith("_total") or name.endswith("_bucket") or name.endswith("_sum") or name.endswith("_count")
+        ):
             continue
         b = before.get(name, {})
         d = {}
@@ -97,8 +99,13 @@ def spec_stats(d: dict) -> dict | None:
             per_pos[int(pos)] = per_pos.get(int(pos), 0.0) + v
     k_max = (max(per_pos) + 1) if per_pos else 0
     per_pos_list = [per_pos.get(i, 0.0) for i in range(k_max)]
-    out = {"num_drafts": drafts, "num_draft_tokens": draft_tokens, "num_accepted_tokens": accepted,
-           "accepted_per_pos": per_pos_list, "k": k_max}
+    out = {
+        "num_drafts": drafts,
+        "num_draft_tokens": draft_tokens,
+        "num_accepted_tokens": accepted,
+        "accepted_per_pos": per_pos_list,
+        "k": k_max,
+    }
     if drafts > 0:
         out["acceptance_length"] = 1.0 + accepted / drafts
         out["acceptance_rate"] = accepted / draft_tokens if draft_tokens else None
@@ -143,9 +150,11 @@ def histogram_stats(d: dict, name: str) -> dict | None:
 def gauges(p: dict) -> dict:
     """The run-time gauges worth sampling during a run."""
     out = {}
-    for key, name in (("running", "vllm:num_requests_running"),
-                      ("waiting", "vllm:num_requests_waiting"),
-                      ("kv_cache_usage", "vllm:kv_cache_usage_perc")):
+    for key, name in (
+        ("running", "vllm:num_requests_running"),
+        ("waiting", "vllm:num_requests_waiting"),
+        ("kv_cache_usage", "vllm:kv_cache_usage_perc"),
+    ):
         v = value(p, name)
         if v is not None:
             out[key] = v
@@ -168,10 +177,16 @@ def from_jsonable(j: dict) -> dict:
     return out
 
 
-HISTOGRAMS = ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
-              "vllm:request_time_per_output_token_seconds", "vllm:e2e_request_latency_seconds",
-              "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
-              "vllm:request_decode_time_seconds", "vllm:iteration_tokens_total")
+HISTOGRAMS = (
+    "vllm:time_to_first_token_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:request_time_per_output_token_seconds",
+    "vllm:e2e_request_latency_seconds",
+    "vllm:request_queue_time_seconds",
+    "vllm:request_prefill_time_seconds",
+    "vllm:request_decode_time_seconds",
+    "vllm:iteration_tokens_total",
+)
 
 
 def interesting(d: dict) -> dict:

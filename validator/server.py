@@ -15,6 +15,7 @@ Under Linux autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``) 
 one scheduling group and a process's nice value only counts inside its own group: a server started
 in its own session (as here) at nice -10 still gets only an equal share against another session's
 busy job. ``set_autogroup_nice`` gives the whole group the priority (root)."""
+
 from __future__ import annotations
 
 import os
@@ -37,13 +38,27 @@ def start(cmd, log_path=None, env: dict | None = None, cwd=None, cpus=None) -> s
     pre = None
     if cpus:
         cpu_set = set(int(c) for c in cpus)
-        pre = lambda: os.sched_setaffinity(0, cpu_set)      # noqa: E731
+        pre = lambda: os.sched_setaffinity(0, cpu_set)  # noqa: E731
     try:
         if isinstance(cmd, str):
-            return subprocess.Popen(["bash", "-c", "exec " + cmd], stdout=log, stderr=subprocess.STDOUT,
-                                    env=full_env, cwd=cwd, start_new_session=True, preexec_fn=pre)
-        return subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd,
-                                start_new_session=True, preexec_fn=pre)
+            return subprocess.Popen(
+                ["bash", "-c", "exec " + cmd],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                cwd=cwd,
+                start_new_session=True,
+                preexec_fn=pre,
+            )
+        return subprocess.Popen(
+            list(cmd),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=pre,
+        )
     finally:
         if log is not subprocess.DEVNULL:
             log.close()
@@ -74,7 +89,7 @@ def set_affinity(pid: int, cpus) -> int:
         try:
             os.sched_setaffinity(int(tid), set(int(c) for c in cpus))
             moved += 1
-        except OSError:          # a thread that just exited
+        except OSError:  # a thread that just exited
             pass
     return moved
 
@@ -104,8 +119,7 @@ def set_autogroup_nice(pid: int, nice: int) -> int | None:
     return autogroup_nice(pid)
 
 
-def wait_health(url: str, timeout_s: float, proc: subprocess.Popen | None = None,
-                log_path=None) -> float:
+def wait_health(url: str, timeout_s: float, proc: subprocess.Popen | None = None, log_path=None) -> float:
     """Poll URL/health until 200; InputError on timeout or when the process exits first."""
     t0 = time.monotonic()
     while True:
@@ -113,8 +127,10 @@ def wait_health(url: str, timeout_s: float, proc: subprocess.Popen | None = None
             tail = ""
             if log_path and Path(log_path).exists():
                 tail = Path(log_path).read_text(errors="replace")[-600:].strip().replace("\n", " | ")
-            raise InputError(f"server exited with code {proc.returncode} before {url}/health answered"
-                             + (f": ...{tail}" if tail else ""))
+            raise InputError(
+                f"server exited with code {proc.returncode} before {url}/health answered"
+                + (f": ...{tail}" if tail else "")
+            )
         try:
             r = httpx.get(f"{url}/health", timeout=2.0)
             if r.status_code == 200:
@@ -143,7 +159,7 @@ def stop(proc: subprocess.Popen, grace_s: float = 20.0) -> int | None:
             except ProcessLookupError:
                 pass
             proc.wait(timeout=10)
-    else:   # the leader is gone; children may remain in its group
+    else:  # the leader is gone; children may remain in its group
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

@@ -11,6 +11,7 @@ time dsim must charge for a step that it will see as n tokens. (A real ngram pro
 when it finds a match; the acceptance file folds the steps without drafts into p1, see
 calibrate.py, so the emitted tokens per step match as well.)
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -43,8 +44,15 @@ def step_points(m, min_gaps: int = 5) -> list[dict]:
         if len(gaps) < min_gaps or b < 1:
             continue
         g = np.asarray(gaps)
-        out.append({"batch": b, "step_ms": float(np.median(g)), "gaps": int(len(g)),
-                    "p25": float(np.percentile(g, 25)), "p75": float(np.percentile(g, 75))})
+        out.append(
+            {
+                "batch": b,
+                "step_ms": float(np.median(g)),
+                "gaps": int(len(g)),
+                "p25": float(np.percentile(g, 25)),
+                "p75": float(np.percentile(g, 75)),
+            }
+        )
     return out
 
 
@@ -87,7 +95,7 @@ def engine_steps(m, gap_frac: float = 0.3, min_gap_ms: float = 0.2, max_gap_ms: 
     for g in groups:
         seen: dict = {}
         subs: list = []
-        for e in g:                 # the k-th chunk of a request in the group belongs to sub-step k
+        for e in g:  # the k-th chunk of a request in the group belongs to sub-step k
             k = seen.get(e[1], 0)
             seen[e[1]] = k + 1
             if k == len(subs):
@@ -95,8 +103,14 @@ def engine_steps(m, gap_frac: float = 0.3, min_gap_ms: float = 0.2, max_gap_ms: 
             subs[k].append(e)
         for sub in subs:
             pre = [e for e in sub if e[2]]
-            steps.append({"t": sub[0][0], "prefills": len(pre), "prompt_tokens": sum(e[3] for e in pre),
-                          "decodes": len(sub) - len(pre)})
+            steps.append(
+                {
+                    "t": sub[0][0],
+                    "prefills": len(pre),
+                    "prompt_tokens": sum(e[3] for e in pre),
+                    "decodes": len(sub) - len(pre),
+                }
+            )
     return steps
 
 
@@ -122,10 +136,20 @@ def _composition_points(m, k: int, itl: dict, pre: dict) -> list[dict] | None:
         nbar, bbar = float(np.average(n, weights=w)), float(np.average(b, weights=w))
         prompt = float(np.average([s["prompt_tokens"] for s in steps], weights=w))
         prefills = float(np.average([s["prefills"] for s in steps], weights=w))
-        pts.append({"kind": kind, "batch": bbar, "n": nbar, "b": bbar, "step_ms": hist["mean"] * 1e3,
-                    "prompt_tokens": prompt, "prefills": prefills,
-                    "weight": 1.0, "samples": hist.get("count"),
-                    "prefill_share": float(np.average([s["prefills"] > 0 for s in steps], weights=w))})
+        pts.append(
+            {
+                "kind": kind,
+                "batch": bbar,
+                "n": nbar,
+                "b": bbar,
+                "step_ms": hist["mean"] * 1e3,
+                "prompt_tokens": prompt,
+                "prefills": prefills,
+                "weight": 1.0,
+                "samples": hist.get("count"),
+                "prefill_share": float(np.average([s["prefills"] > 0 for s in steps], weights=w)),
+            }
+        )
     return pts
 
 
@@ -154,19 +178,46 @@ def server_points(m, k: int) -> list[dict]:
             times = [c[0] for c in r.get("chunks") or [] if c[1] > 0]
             bs += [_inflight_at(ok, 0.5 * (a + b)) for a, b in zip(times, times[1:])]
         bbar = float(np.mean(bs)) if bs else 1.0
-        pts.append({"kind": "decode", "batch": bbar, "n": bbar * (1 + k), "b": bbar,
-                    "step_ms": itl["mean"] * 1e3, "weight": 1.0, "samples": itl.get("count")})
+        pts.append(
+            {
+                "kind": "decode",
+                "batch": bbar,
+                "n": bbar * (1 + k),
+                "b": bbar,
+                "step_ms": itl["mean"] * 1e3,
+                "weight": 1.0,
+                "samples": itl.get("count"),
+            }
+        )
         if pre.get("mean"):
             bo = float(np.mean([_inflight_at(ok, r["send_s"]) for r in ok]))
             pbar = float(np.mean([r["prompt_tokens"] for r in ok]))
-            pts.append({"kind": "prefill", "batch": bo + 1, "n": pbar + bo * (1 + k), "b": bo + 1,
-                        "prompt_tokens": pbar, "prefills": 1.0,
-                        "step_ms": pre["mean"] * 1e3, "weight": 1.0, "samples": pre.get("count")})
+            pts.append(
+                {
+                    "kind": "prefill",
+                    "batch": bo + 1,
+                    "n": pbar + bo * (1 + k),
+                    "b": bo + 1,
+                    "prompt_tokens": pbar,
+                    "prefills": 1.0,
+                    "step_ms": pre["mean"] * 1e3,
+                    "weight": 1.0,
+                    "samples": pre.get("count"),
+                }
+            )
         return pts
     for p in step_points(m):
-        pts.append({"kind": "decode-client", "batch": p["batch"], "n": p["batch"] * (1 + k),
-                    "b": p["batch"], "step_ms": p["step_ms"], "weight": float(p["gaps"]) ** 0.5,
-                    "samples": p["gaps"]})
+        pts.append(
+            {
+                "kind": "decode-client",
+                "batch": p["batch"],
+                "n": p["batch"] * (1 + k),
+                "b": p["batch"],
+                "step_ms": p["step_ms"],
+                "weight": float(p["gaps"]) ** 0.5,
+                "samples": p["gaps"],
+            }
+        )
     return pts
 
 
@@ -176,14 +227,14 @@ def fit_cost(points) -> dict:
     proposal, rejection sampling: CPU work per request). Fewer than 3 distinct points leave it
     underdetermined; NNLS then keeps the fewest terms (give a profile from profile-server)."""
     from scipy.optimize import nnls
+
     X = np.array([[1.0, p["n"], p["b"]] for p in points])
     y = np.array([p["step_ms"] for p in points])
     w = np.array([p.get("weight", 1.0) for p in points]) / np.maximum(y, 1e-9)
     coef, _ = nnls(X * w[:, None], y * w)
     c, t, d = (float(v) for v in coef)
     rank = int(np.linalg.matrix_rank(X)) if len(X) else 0
-    return {"cpu_overhead_ms": c, "ms_per_token": t, "ms_per_request": d, "rank": rank,
-            "determined": rank >= 3}
+    return {"cpu_overhead_ms": c, "ms_per_token": t, "ms_per_request": d, "rank": rank, "determined": rank >= 3}
 
 
 def fit_line(x, y, w=None) -> tuple[float, float]:
@@ -204,36 +255,70 @@ def fit_line(x, y, w=None) -> tuple[float, float]:
     return float(a), float(b)
 
 
-def linear_profile(name: str, kind: str, fit: dict, provenance: dict,
-                   kv_cache_gib: float = 1.0, kv_bytes_per_token: float = 1024.0,
-                   extra: dict | None = None) -> Profile:
+def linear_profile(
+    name: str,
+    kind: str,
+    fit: dict,
+    provenance: dict,
+    kv_cache_gib: float = 1.0,
+    kv_bytes_per_token: float = 1024.0,
+    extra: dict | None = None,
+) -> Profile:
     """A CPU profile: no CUDA graphs (capture_sizes [1]); forward(n) = ms_per_token x n; the
     per-request CPU work of speculation (ngram proposal, rejection sampling) goes to the draft
     table of the emulating method (block) keyed by sampling requests; cpu_overhead_ms per step."""
     t, d = fit["ms_per_token"], fit["ms_per_request"]
-    return _cpu_profile(name, kind, provenance, kv_cache_gib, kv_bytes_per_token, float(fit["cpu_overhead_ms"]),
-                        GRID, [t * n for n in GRID], REQ_GRID, [d * n for n in REQ_GRID], extra)
+    return _cpu_profile(
+        name,
+        kind,
+        provenance,
+        kv_cache_gib,
+        kv_bytes_per_token,
+        float(fit["cpu_overhead_ms"]),
+        GRID,
+        [t * n for n in GRID],
+        REQ_GRID,
+        [d * n for n in REQ_GRID],
+        extra,
+    )
 
 
-def _cpu_profile(name, kind, provenance, kv_cache_gib, kv_bytes_per_token, cpu_overhead_ms,
-                 tokens, ms, draft_requests, draft_ms, extra) -> Profile:
+def _cpu_profile(
+    name,
+    kind,
+    provenance,
+    kv_cache_gib,
+    kv_bytes_per_token,
+    cpu_overhead_ms,
+    tokens,
+    ms,
+    draft_requests,
+    draft_ms,
+    extra,
+) -> Profile:
     """A profile of a CPU server (no CUDA graphs: capture_sizes [1], no context term), its
     provenance completed with dsim's required fields, and the emulating method's draft table."""
     known = ("hardware", "model", "engine", "engine_version", "date", "method")
-    d_ = {"name": name,
-          "provenance": {"kind": kind, "hardware": provenance.get("hardware", "unknown"),
-                         "gpus_per_replica": 1, "model": provenance.get("model", "unknown"),
-                         "engine": provenance.get("engine", "vllm"),
-                         "engine_version": provenance.get("engine_version"),
-                         "date": provenance.get("date") or _dt.date.today().isoformat(),
-                         "method": provenance.get("method", ""),
-                         **{k: v for k, v in provenance.items() if k not in known}},
-          "memory": {"kv_cache_gib": float(kv_cache_gib), "kv_bytes_per_token": float(kv_bytes_per_token)},
-          "cpu_overhead_ms": round(float(cpu_overhead_ms), 5),
-          "capture_sizes": [1],
-          "forward": {"tokens": list(tokens), "ms": [round(float(v), 5) for v in ms]},
-          "kv_ms_per_ktok": 0.0,
-          "draft": {"block": {"requests": list(draft_requests), "ms": [round(float(v), 5) for v in draft_ms]}}}
+    d_ = {
+        "name": name,
+        "provenance": {
+            "kind": kind,
+            "hardware": provenance.get("hardware", "unknown"),
+            "gpus_per_replica": 1,
+            "model": provenance.get("model", "unknown"),
+            "engine": provenance.get("engine", "vllm"),
+            "engine_version": provenance.get("engine_version"),
+            "date": provenance.get("date") or _dt.date.today().isoformat(),
+            "method": provenance.get("method", ""),
+            **{k: v for k, v in provenance.items() if k not in known},
+        },
+        "memory": {"kv_cache_gib": float(kv_cache_gib), "kv_bytes_per_token": float(kv_bytes_per_token)},
+        "cpu_overhead_ms": round(float(cpu_overhead_ms), 5),
+        "capture_sizes": [1],
+        "forward": {"tokens": list(tokens), "ms": [round(float(v), 5) for v in ms]},
+        "kv_ms_per_ktok": 0.0,
+        "draft": {"block": {"requests": list(draft_requests), "ms": [round(float(v), 5) for v in draft_ms]}},
+    }
     if extra:
         d_.update(extra)
     return profile_from_dict(d_, f"<{name}>")
@@ -242,6 +327,7 @@ def _cpu_profile(name, kind, provenance, kv_cache_gib, kv_bytes_per_token, cpu_o
 def zero_block_draft(p: Profile) -> Profile:
     """The profile with a zero-cost draft table for 'block' (ngram emulation), if it has none."""
     import dataclasses
+
     if "block" in p.draft:
         return p
     draft = dict(p.draft)
@@ -249,9 +335,16 @@ def zero_block_draft(p: Profile) -> Profile:
     return dataclasses.replace(p, draft=draft)
 
 
-def measured_profile(name: str, points, fit: dict, provenance: dict, k: int,
-                     kv_cache_gib: float = 1.0, kv_bytes_per_token: float = 1024.0,
-                     extra: dict | None = None) -> Profile:
+def measured_profile(
+    name: str,
+    points,
+    fit: dict,
+    provenance: dict,
+    k: int,
+    kv_cache_gib: float = 1.0,
+    kv_bytes_per_token: float = 1024.0,
+    extra: dict | None = None,
+) -> Profile:
     """A CPU profile whose forward table runs through the measured decode points.
 
     Step time is not linear in the batch on CPU (it flattens as Python overhead is shared), so a
@@ -279,5 +372,6 @@ def measured_profile(name: str, points, fit: dict, provenance: dict, k: int,
         table[1] = max(table[xs[0]] - slope * (xs[0] - 1), 0.0)
     xs = sorted(table)
     ms = np.maximum.accumulate([table[x] for x in xs])
-    return _cpu_profile(name, "measured", provenance, kv_cache_gib, kv_bytes_per_token, c, xs, ms,
-                        [1, 2], [0.0, 0.0], extra)
+    return _cpu_profile(
+        name, "measured", provenance, kv_cache_gib, kv_bytes_per_token, c, xs, ms, [1, 2], [0.0, 0.0], extra
+    )

@@ -4,6 +4,7 @@ Read from a trace through dsim.workload.load_workload when it is available, else
 native format (CSV or JSONL with columns prompt_tokens/input_tokens, output_tokens and optional
 arrival_s/timestamp), or made up from fixed lengths.
 """
+
 from __future__ import annotations
 
 import csv
@@ -26,7 +27,7 @@ class Plan:
     def __len__(self):
         return len(self.prompt_tokens)
 
-    def head(self, n: int | None) -> "Plan":
+    def head(self, n: int | None) -> Plan:
         if n is None or n >= len(self):
             return self
         return Plan(self.arrival_s[:n], self.prompt_tokens[:n], self.output_tokens[:n], self.source)
@@ -35,8 +36,12 @@ class Plan:
 def fixed(n: int, input_len: int, output_len: int) -> Plan:
     if n <= 0 or input_len <= 0 or output_len <= 0:
         raise InputError("--requests, --input-len and --output-len must be > 0")
-    return Plan(np.zeros(n), np.full(n, input_len, dtype=np.int64), np.full(n, output_len, dtype=np.int64),
-                f"fixed:n={n},in={input_len},out={output_len}")
+    return Plan(
+        np.zeros(n),
+        np.full(n, input_len, dtype=np.int64),
+        np.full(n, output_len, dtype=np.int64),
+        f"fixed:n={n},in={input_len},out={output_len}",
+    )
 
 
 def _native(path: Path) -> Plan:
@@ -55,6 +60,7 @@ def _native(path: Path) -> Plan:
         raise InputError(f"{path}: unknown trace format (csv or jsonl, or install dsim.workload)")
     from dsim.errors import plain
     from dsim.workload import MAX_SPAN_S, MAX_TOKENS
+
     arr, pin, pout = [], [], []
     for i, r in enumerate(rows, 1):
         line = i if path.suffix == ".jsonl" else i + 1
@@ -66,10 +72,13 @@ def _native(path: Path) -> Plan:
                 if r.get(k) not in (None, ""):
                     return k, r[k]
             return names[0], None
+
         vals = []
-        for names, lo, hi in ((("prompt_tokens", "input_tokens", "ContextTokens"), 1, MAX_TOKENS),
-                              (("output_tokens", "GeneratedTokens"), 1, MAX_TOKENS),
-                              (("arrival_s", "timestamp"), 0, MAX_SPAN_S)):
+        for names, lo, hi in (
+            (("prompt_tokens", "input_tokens", "ContextTokens"), 1, MAX_TOKENS),
+            (("output_tokens", "GeneratedTokens"), 1, MAX_TOKENS),
+            (("arrival_s", "timestamp"), 0, MAX_SPAN_S),
+        ):
             key, v = field(*names)
             if v is None and key == "arrival_s":
                 v = 0.0
@@ -78,8 +87,10 @@ def _native(path: Path) -> Plan:
             except (TypeError, ValueError):
                 raise InputError(f"{path}:{line}: {key}: not a number: {plain(v)}") from None
             if not (np.isfinite(x) and lo <= x <= hi) or (key != "arrival_s" and x != int(x)):
-                raise InputError(f"{path}:{line}: {key}: must be {'an integer ' if key != 'arrival_s' else ''}"
-                                 f"in [{lo}, {hi:g}], got {plain(v)}")
+                raise InputError(
+                    f"{path}:{line}: {key}: must be {'an integer ' if key != 'arrival_s' else ''}"
+                    f"in [{lo}, {hi:g}], got {plain(v)}"
+                )
             vals.append(x)
         pin.append(int(vals[0]))
         pout.append(int(vals[1]))
@@ -96,14 +107,18 @@ def load(trace: str | None, n: int | None, input_len: int | None, output_len: in
     if trace is None:
         return fixed(n or 32, input_len or 64, output_len or 64)
     try:
-        from dsim.workload import load_workload     # the project's reader, when it exists
+        from dsim.workload import load_workload  # the project's reader, when it exists
     except ImportError:
         load_workload = None
     if load_workload is not None:
         try:
             w = load_workload(trace)
-            plan = Plan(np.asarray(w.arrival_s, dtype=np.float64), np.asarray(w.prompt_tokens),
-                        np.asarray(w.output_tokens), getattr(w, "source", str(trace)))
+            plan = Plan(
+                np.asarray(w.arrival_s, dtype=np.float64),
+                np.asarray(w.prompt_tokens),
+                np.asarray(w.output_tokens),
+                getattr(w, "source", str(trace)),
+            )
             return plan.head(n)
         except InputError:
             if not Path(trace).exists():
@@ -122,13 +137,20 @@ def to_workload(plan_or_requests, concurrency: int | None = None):
     except ImportError:
         return plan
     n = len(plan)
-    kwargs = dict(arrival_s=np.asarray(plan.arrival_s, dtype=np.float64),
-                  prompt_tokens=np.asarray(plan.prompt_tokens, dtype=np.int64),
-                  output_tokens=np.asarray(plan.output_tokens, dtype=np.int64),
-                  cls=np.zeros(n, dtype=np.int16), class_names=("default",),
-                  session_id=np.full(n, -1, dtype=np.int64), prefix_hashes=None,
-                  prefix_block_tokens=16, closed_loop_concurrency=concurrency,
-                  source=plan.source, class_mix_assumed=False)
+    kwargs = dict(
+        arrival_s=np.asarray(plan.arrival_s, dtype=np.float64),
+        prompt_tokens=np.asarray(plan.prompt_tokens, dtype=np.int64),
+        output_tokens=np.asarray(plan.output_tokens, dtype=np.int64),
+        cls=np.zeros(n, dtype=np.int16),
+        class_names=("default",),
+        session_id=np.full(n, -1, dtype=np.int64),
+        prefix_hashes=None,
+        prefix_block_tokens=16,
+        closed_loop_concurrency=concurrency,
+        source=plan.source,
+        class_mix_assumed=False,
+    )
     import dataclasses
+
     names = {f.name for f in dataclasses.fields(Workload)}
     return Workload(**{k: v for k, v in kwargs.items() if k in names})

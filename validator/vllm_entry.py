@@ -10,6 +10,7 @@ calls vLLM's CLI main. Usage, with the vLLM venv's python:
 
 The ``__main__`` guard matters: vLLM's child processes re-import this module.
 """
+
 import importlib.metadata as _md
 
 _orig_version = _md.version

@@ -21,6 +21,7 @@ Attention (one step of R requests, request i with s_i new query tokens over ctx_
 - prefill chunks (s_i > 16): causal flash attention over [cache, chunk], bottom-right aligned.
 The 1/sqrt(d) scale is applied to q before attention (scale=1 in the kernels).
 """
+
 from __future__ import annotations
 
 import math
@@ -34,7 +35,7 @@ import torch.nn.functional as F
 
 from validator.gpu.plan import PREFILL_MIN_Q, StepShape, model_dims
 
-FLASH_BLOCK_M = 128      # query rows per flash CTA (FA2 forward, head dim 128)
+FLASH_BLOCK_M = 128  # query rows per flash CTA (FA2 forward, head dim 128)
 # Split-KV of the ragged path (split_plan): L_occ = total KV / ceil(fill x sms / (kv_heads x m-blocks))
 # makes the chunk-CTAs about fill the SMs, L_bal = balance x mean context keeps any request longer
 # than that off the critical path, min_chunk bounds the merge work. sms is set from the device
@@ -48,8 +49,11 @@ def split_settings(record: dict | None) -> dict:
     option): fill, balance, min_chunk (sms where given). Only the continuous split with the exact
     logsumexp merge on every step (merge 'always', 'dense' slot grid) is implemented."""
     rec = dict(record or {})
-    if rec.get("policy", "continuous") != "continuous" or rec.get("merge", "always") != "always" \
-            or rec.get("merge_impl", "dense") != "dense":
+    if (
+        rec.get("policy", "continuous") != "continuous"
+        or rec.get("merge", "always") != "always"
+        or rec.get("merge_impl", "dense") != "dense"
+    ):
         raise ValueError(f"split {rec}: only the continuous split with the dense merge on every step is implemented")
     return {k: rec[k] for k in SPLIT_KEYS if k in rec}
 
@@ -60,9 +64,9 @@ def split_plan(dctx: list[int], rows: list[int], kv_heads: int, split: dict | No
     sp = dict(SPLIT, **split_settings(split))
     R = len(dctx)
     mb = max(1, -(-max(rows) // FLASH_BLOCK_M))
-    per = kv_heads * mb                               # CTAs of one unsplit request
+    per = kv_heads * mb  # CTAs of one unsplit request
     cap = sp["fill"] * sp["sms"]
-    n_t = -(-int(math.ceil(cap)) // per)              # chunk-sets that fill the SMs
+    n_t = -(-int(math.ceil(cap)) // per)  # chunk-sets that fill the SMs
     b = float(sp.get("balance") or 0.0)
     L = -(-sum(dctx) // n_t)
     if b > 0:
@@ -106,25 +110,35 @@ def _ref_attn(q, k, v, causal: bool):
     return out.permute(0, 2, 1, 3).to(q.dtype), lse
 
 
-GQA_NATIVE = True     # set by the GPU probe: flash kernel accepts fewer KV heads than query heads
+GQA_NATIVE = True  # set by the GPU probe: flash kernel accepts fewer KV heads than query heads
 
 
-def flash_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def flash_dense(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """q [B,Sq,H,d], k/v [B,Sk,Hk,d] -> out [B,Sq,H,d], lse [B,H,Sq] (fp32). Scale 1."""
     if q.is_cuda:
         if not GQA_NATIVE and k.shape[2] != q.shape[2]:
             g = q.shape[2] // k.shape[2]
             k, v = k.repeat_interleave(g, 2), v.repeat_interleave(g, 2)
-        r = torch.ops.aten._flash_attention_forward(q, k, v, None, None, q.shape[1], k.shape[1],
-                                                    0.0, causal, False, scale=1.0)
+        r = torch.ops.aten._flash_attention_forward(
+            q, k, v, None, None, q.shape[1], k.shape[1], 0.0, causal, False, scale=1.0
+        )
         return r[0], r[1]
     return _ref_attn(q, k, v, causal)
 
 
-def flash_varlen_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
-                        cu_k: torch.Tensor, max_q: int, max_k: int, lens_q: list[int],
-                        causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def flash_varlen_ragged(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    lens_q: list[int],
+    causal: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Variable query rows per sequence (no padding): q [total_q, Hq, d], k/v packed [total_k, Hk, d]
     (Hk divides Hq: native GQA). causal: bottom-right aligned per sequence.
     -> out [total_q, Hq, d], lse [Hq, total_q] (fp32). lens_q: python list of rows per sequence."""
@@ -132,20 +146,21 @@ def flash_varlen_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q:
     if q.is_cuda:
         if not GQA_NATIVE and k.shape[1] != H:
             k, v = k.repeat_interleave(H // k.shape[1], 1), v.repeat_interleave(H // k.shape[1], 1)
-        r = torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal,
-                                                    False, scale=1.0)
+        r = torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, False, scale=1.0)
         out, lse = r[0], r[1]
-        if lse.dim() == 3:          # [B, H, max_q] padded per sequence -> [H, total_q]
+        if lse.dim() == 3:  # [B, H, max_q] padded per sequence -> [H, total_q]
             B = lse.shape[0]
-            idx = torch.tensor(np.concatenate([b * max_q + np.arange(n) for b, n in enumerate(lens_q)]),
-                               dtype=torch.long, device=q.device)
+            idx = torch.tensor(
+                np.concatenate([b * max_q + np.arange(n) for b, n in enumerate(lens_q)]),
+                dtype=torch.long,
+                device=q.device,
+            )
             lse = lse.permute(1, 0, 2).reshape(H, B * max_q).index_select(1, idx)
         return out.reshape(-1, H, q.shape[-1]), lse
     outs, lses = [], []
     cq, ck = cu_q.tolist(), cu_k.tolist()
     for b in range(len(lens_q)):
-        o, l = _ref_attn(q[cq[b]:cq[b + 1]][None], k[ck[b]:ck[b + 1]][None],
-                         v[ck[b]:ck[b + 1]][None], causal)
+        o, l = _ref_attn(q[cq[b] : cq[b + 1]][None], k[ck[b] : ck[b + 1]][None], v[ck[b] : ck[b + 1]][None], causal)
         outs.append(o[0])
         lses.append(l[0])
     return torch.cat(outs), torch.cat(lses, dim=1)
@@ -176,14 +191,15 @@ class StepMeta:
         self.R_dec = len(dec)
         self.R_pre = len(pre)
         starts = np.concatenate([[0], np.cumsum(self.q)]).astype(int)
-        pos = np.concatenate([np.arange(c, c + s) for s, c in zip(self.q, self.ctx)] +
-                             [np.zeros(self.n_pad - self.n, dtype=int)])
+        pos = np.concatenate(
+            [np.arange(c, c + s) for s, c in zip(self.q, self.ctx)] + [np.zeros(self.n_pad - self.n, dtype=int)]
+        )
         self.positions = torch.tensor(pos, dtype=torch.long, device=device)
         self.ids = torch.randint(0, dims["vocab"], (self.n_pad,), device=device)
         # KV region layout (tokens, per layer): [decode prefixes][prefill caches+chunks][scratch][dummy]
         slot = np.zeros(self.n_pad, dtype=np.int64)
         Rd = self.R_dec
-        self.mode: str | None = None      # 'varlen' where the step has decode/verify requests
+        self.mode: str | None = None  # 'varlen' where the step has decode/verify requests
         self.n_chunks = 0
         self.merge_rows = 0
         dec_tokens = 0
@@ -201,29 +217,30 @@ class StepMeta:
         for j in range(self.R_pre):
             i = Rd + j
             s, c = self.q[i], self.ctx[i]
-            slot[starts[i]:starts[i + 1]] = base + c + np.arange(s)
+            slot[starts[i] : starts[i + 1]] = base + c + np.arange(s)
             self.pre_regions.append((base, c, s, int(starts[i])))
             base += c + s
         # s_max - 1 tokens of gap before the new decode K/V: each new token's band window (the s_max
         # keys ending at it) stays inside the region; the gap's keys are always masked
         scratch = base + ((self.s_max - 1) if Rd else 0)
         self.scratch = scratch
-        slot[:ndec_tok] = scratch + np.arange(ndec_tok)     # new decode K/V: contiguous, token order
+        slot[:ndec_tok] = scratch + np.arange(ndec_tok)  # new decode K/V: contiguous, token order
         dummy = scratch + ndec_tok
-        slot[self.n:] = dummy
+        slot[self.n :] = dummy
         self.region_tokens = dummy + 1
         self.slot = torch.tensor(slot, dtype=torch.long, device=device)
         un = np.zeros(self.n_pad, dtype=np.int64)
-        un[:ndec_tok] = np.arange(ndec_tok)               # decode rows already in token order
+        un[:ndec_tok] = np.arange(ndec_tok)  # decode rows already in token order
         off = ndec_tok
         # unpad: rows of cat([decode rows, prefill rows]) -> token order, n_pad
-        for (_, _, s, st) in self.pre_regions:
-            un[st:st + s] = off + np.arange(s)
+        for _, _, s, st in self.pre_regions:
+            un[st : st + s] = off + np.arange(s)
             off += s
         self.unpad_idx = torch.tensor(un, dtype=torch.long, device=device)
         # logits: every decode/verify token, the last token of each prefill chunk, the padding
-        lg = list(range(ndec_tok)) + [st + s - 1 for (b, c, s, st) in self.pre_regions] + \
-            list(range(self.n, self.n_pad))
+        lg = (
+            list(range(ndec_tok)) + [st + s - 1 for (b, c, s, st) in self.pre_regions] + list(range(self.n, self.n_pad))
+        )
         self.logit_idx = torch.tensor(lg, dtype=torch.long, device=device)
 
     def _ragged(self, dctx: list[int], starts: np.ndarray, g: int, split: dict | None, device: Any) -> None:
@@ -236,31 +253,32 @@ class StepMeta:
         self.split_chunks = ks
         owner, lens = [], []
         for r, ls in enumerate(parts):
-            owner += [r] * len(ls)                        # the request's chunks, in order
+            owner += [r] * len(ls)  # the request's chunks, in order
             lens += ls
         self.n_chunks = len(owner)
         self.cu_k = _t(np.concatenate([[0], np.cumsum(lens)]), device, torch.int32)
         self.max_k = int(max(lens))
-        rq = [g * self.q[r] for r in owner]               # each chunk: its request's real rows only
+        rq = [g * self.q[r] for r in owner]  # each chunk: its request's real rows only
         self.chunk_rows = rq
         self.max_q = int(max(rq))
         self.cu_q = _t(np.concatenate([[0], np.cumsum(rq)]), device, torch.int32)
         Qf = g * int(starts[Rd])
         self.n_folded = Qf
-        self.merge_rows = sum(rq)       # merged on every step: the kernel sequence never changes
+        self.merge_rows = sum(rq)  # merged on every step: the kernel sequence never changes
         self.k_max = int(max(ks))
         # query rows of each chunk = their merge targets (folded row index); chunk j of a request
         # writes its rows to slot j of a [k_max, Qf] grid (every (slot, row) written at most once:
         # no atomics), then one reduction over the slots
         qi = np.concatenate([np.arange(g * starts[r], g * starts[r + 1]) for r in owner])
         self.chunk_q_idx = _t(qi, device)
-        slot = np.concatenate([np.full(g * self.q[r], j) for r, j in
-                               zip(owner, np.concatenate([np.arange(k) for k in ks]))])
+        slot = np.concatenate(
+            [np.full(g * self.q[r], j) for r, j in zip(owner, np.concatenate([np.arange(k) for k in ks]))]
+        )
         self.slot_row_idx = _t(slot * Qf + qi, device)
         # new tokens: band of s_max keys ending at each decode token; key j of token tok's band is new
         # token tok - s_max + 1 + j, allowed iff it belongs to tok's request (j >= s_max - 1 - t)
         sm = self.s_max
-        t_in = np.concatenate([np.arange(s) for s in qd])             # position within the request
+        t_in = np.concatenate([np.arange(s) for s in qd])  # position within the request
         j = np.arange(sm)[None, :]
         allowed = j >= (sm - 1 - t_in)[:, None]
         bias = np.where(allowed, 0.0, -np.inf).astype(np.float32)
@@ -275,37 +293,42 @@ def attention(qkv_rot: torch.Tensor, pool_l: tuple[torch.Tensor, torch.Tensor], 
     parts = []
     if m.R_dec:
         nd, Qf, sm = m.n_dec, m.n_folded, m.s_max
-        qd = qkv_rot[:nd, :H]                                             # [nd, H, d]
+        qd = qkv_rot[:nd, :H]  # [nd, H, d]
         qf = qd.reshape(nd, kv, g, d).transpose(1, 2).reshape(Qf, kv, d)  # folded, token-major
         nt = int(sum(m.dctx))
         # chunks against their request's real rows, exact logsumexp merge per row over a slot grid
         ci = m.chunk_q_idx
-        oc, lc = flash_varlen_ragged(qf.index_select(0, ci), pk[:nt], pv[:nt], m.cu_q, m.cu_k,
-                                     m.max_q, m.max_k, m.chunk_rows)
+        oc, lc = flash_varlen_ragged(
+            qf.index_select(0, ci), pk[:nt], pv[:nt], m.cu_q, m.cu_k, m.max_q, m.max_k, m.chunk_rows
+        )
         lc = lc.float()
         K = m.k_max
-        lg = torch.full((kv, K * Qf), float("-inf"), device=lc.device).index_copy_(
-            1, m.slot_row_idx, lc).view(kv, K, Qf)
-        og = torch.zeros(K * Qf, kv, d, device=lc.device, dtype=oc.dtype).index_copy_(
-            0, m.slot_row_idx, oc).view(K, Qf, kv, d)
-        mx = lg.amax(1)                                                           # [kv, Qf]
-        wg = torch.exp(lg - mx.unsqueeze(1))                                      # [kv, K, Qf]
+        lg = (
+            torch.full((kv, K * Qf), float("-inf"), device=lc.device).index_copy_(1, m.slot_row_idx, lc).view(kv, K, Qf)
+        )
+        og = (
+            torch.zeros(K * Qf, kv, d, device=lc.device, dtype=oc.dtype)
+            .index_copy_(0, m.slot_row_idx, oc)
+            .view(K, Qf, kv, d)
+        )
+        mx = lg.amax(1)  # [kv, Qf]
+        wg = torch.exp(lg - mx.unsqueeze(1))  # [kv, K, Qf]
         den = wg.sum(1)
         op = (og.float() * wg.permute(1, 2, 0).unsqueeze(-1)).sum(0) / den.t().unsqueeze(-1)
         lp = mx + den.log()
         # new tokens: band windows over the contiguous new K/V (views, no per-request copies)
         lo = m.scratch - sm + 1
-        kw = pk[lo:m.scratch + nd].unfold(0, sm, 1)                       # [nd, kv, d, sm]
-        vw = pv[lo:m.scratch + nd].unfold(0, sm, 1)
+        kw = pk[lo : m.scratch + nd].unfold(0, sm, 1)  # [nd, kv, d, sm]
+        vw = pv[lo : m.scratch + nd].unfold(0, sm, 1)
         sc = torch.matmul(qd.reshape(nd, kv, g, d), kw).float() + m.band_bias  # [nd, kv, g, sm]
-        lp4 = lp.float().view(kv, nd, g).permute(1, 0, 2).unsqueeze(-1)        # [nd, kv, g, 1]
+        lp4 = lp.float().view(kv, nd, g).permute(1, 0, 2).unsqueeze(-1)  # [nd, kv, g, 1]
         w = torch.softmax(torch.cat([lp4, sc], -1), -1)
-        o = torch.matmul(w[..., 1:].to(vw.dtype), vw.transpose(-1, -2)).float()   # [nd, kv, g, d]
+        o = torch.matmul(w[..., 1:].to(vw.dtype), vw.transpose(-1, -2)).float()  # [nd, kv, g, d]
         o = o + w[..., :1] * op.view(nd, g, kv, d).transpose(1, 2).float()
         parts.append(o.reshape(nd, H * d).to(qkv_rot.dtype))
-    for (b, c, s, st) in m.pre_regions:
-        q = qkv_rot[st:st + s, :H].unsqueeze(0)
-        o, _ = flash_dense(q, pk[b:b + c + s].unsqueeze(0), pv[b:b + c + s].unsqueeze(0), causal=True)
+    for b, c, s, st in m.pre_regions:
+        q = qkv_rot[st : st + s, :H].unsqueeze(0)
+        o, _ = flash_dense(q, pk[b : b + c + s].unsqueeze(0), pv[b : b + c + s].unsqueeze(0), causal=True)
         parts.append(o.reshape(s, H * d))
     allrows = parts[0] if len(parts) == 1 else torch.cat(parts, 0)
     return allrows.index_select(0, m.unpad_idx)
@@ -324,7 +347,7 @@ class Layer:
         self.qkv_in = qkv_in or h
         self.wqkv = _w((H + 2 * kv) * d, self.qkv_in, device, dtype)
         scale = 1.0 / math.sqrt(d)
-        self.wqkv[:H * d].mul_(scale)          # fold the softmax scale into q (scale=1 in kernels)
+        self.wqkv[: H * d].mul_(scale)  # fold the softmax scale into q (scale=1 in kernels)
         self.wo = _w(h, H * d, device, dtype)
         self.wgu = _w(2 * I, h, device, dtype)
         self.wd = _w(h, I, device, dtype)
@@ -334,22 +357,34 @@ class Layer:
         self.kn = torch.ones(d, device=device, dtype=dtype) if dims["qk_norm"] else None
         self.eps = 1e-6
 
-    def __call__(self, hdn: torch.Tensor, x_in: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 m: StepMeta, pool_l: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def __call__(
+        self,
+        hdn: torch.Tensor,
+        x_in: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        m: StepMeta,
+        pool_l: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
         """hdn: residual stream [n, h]; x_in: input to the qkv projection (hdn, or a concat)."""
         H, kv, d = self.dims["heads"], self.dims["kv_heads"], self.dims["head_dim"]
         n = hdn.shape[0]
         x = F.rms_norm(x_in, (x_in.shape[-1],), self.n1, self.eps)
         qkv = (x @ self.wqkv.t()).view(n, H + 2 * kv, d)
-        qk = qkv[:, :H + kv]
+        qk = qkv[:, : H + kv]
         if self.qn is not None:
-            qk = torch.cat([F.rms_norm(qkv[:, :H], (d,), self.qn, self.eps),
-                            F.rms_norm(qkv[:, H:H + kv], (d,), self.kn, self.eps)], 1)
-        x1, x2 = qk[..., :d // 2], qk[..., d // 2:]
+            qk = torch.cat(
+                [
+                    F.rms_norm(qkv[:, :H], (d,), self.qn, self.eps),
+                    F.rms_norm(qkv[:, H : H + kv], (d,), self.kn, self.eps),
+                ],
+                1,
+            )
+        x1, x2 = qk[..., : d // 2], qk[..., d // 2 :]
         rot = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
-        qkv_rot = torch.cat([rot, qkv[:, H + kv:]], 1)                     # [n, H+2kv, d]
-        pool_l[0].index_copy_(0, m.slot, qkv_rot[:, H:H + kv])             # write new K/V
-        pool_l[1].index_copy_(0, m.slot, qkv_rot[:, H + kv:])
+        qkv_rot = torch.cat([rot, qkv[:, H + kv :]], 1)  # [n, H+2kv, d]
+        pool_l[0].index_copy_(0, m.slot, qkv_rot[:, H : H + kv])  # write new K/V
+        pool_l[1].index_copy_(0, m.slot, qkv_rot[:, H + kv :])
         a = attention(qkv_rot, pool_l, m)
         hdn = hdn + a @ self.wo.t()
         x = F.rms_norm(hdn, (hdn.shape[-1],), self.n2, self.eps)
@@ -361,8 +396,15 @@ class Layer:
 class Model:
     """Target model: embedding, `layers` decoder layers, final norm, LM head; plus KV pool."""
 
-    def __init__(self, cfg: dict, device: Any, dtype: torch.dtype = torch.bfloat16, layers: int | None = None,
-                 pool_gib: float = 8.0, seed: int = 0):
+    def __init__(
+        self,
+        cfg: dict,
+        device: Any,
+        dtype: torch.dtype = torch.bfloat16,
+        layers: int | None = None,
+        pool_gib: float = 8.0,
+        seed: int = 0,
+    ):
         torch.manual_seed(seed)
         self.dims = dims = model_dims(cfg)
         self.device, self.dtype = device, dtype
@@ -392,11 +434,13 @@ class Model:
             raise MemoryError(f"step needs {T} KV tokens per layer, pool holds {self.pool_tokens}")
         slots = max(1, self.pool_tokens // T)
         off = (l % slots) * T
-        return self.pool_k[off:off + T], self.pool_v[off:off + T]
+        return self.pool_k[off : off + T], self.pool_v[off : off + T]
 
     def rope(self, m: StepMeta) -> tuple[torch.Tensor, torch.Tensor]:
-        return (self.cos_t.index_select(0, m.positions)[:, None, :],
-                self.sin_t.index_select(0, m.positions)[:, None, :])
+        return (
+            self.cos_t.index_select(0, m.positions)[:, None, :],
+            self.sin_t.index_select(0, m.positions)[:, None, :],
+        )
 
     def forward(self, m: StepMeta) -> torch.Tensor:
         hdn = self.emb.index_select(0, m.ids)
@@ -433,20 +477,20 @@ class Drafters:
         emb = t.emb.index_select(0, m.ids)
         cos, sin = t.rope(m)
         norm = t.norm
-        if kind == "mtp":       # DeepSeek-style MTP: eh_proj(concat(norm(emb), norm(hidden))) -> layer
+        if kind == "mtp":  # DeepSeek-style MTP: eh_proj(concat(norm(emb), norm(hidden))) -> layer
             x = torch.cat([F.rms_norm(emb, (h,), norm), F.rms_norm(emb, (h,), norm)], -1) @ self.mtp_eh.t()
             x = self.mtp_layer(x, x, cos, sin, m, t.layer_pool(0, m.region_tokens))
             return F.rms_norm(x, (h,), norm) @ t.lm_head.t()
-        if kind == "eagle3":    # EAGLE-3 head step: fc(3 target hiddens), layer on concat(emb, hidden)
+        if kind == "eagle3":  # EAGLE-3 head step: fc(3 target hiddens), layer on concat(emb, hidden)
             hid = torch.cat([emb, emb, emb], -1) @ self.e3_fc.t()
             x = self.e3_layer(hid, torch.cat([emb, hid], -1), cos, sin, m, t.layer_pool(0, m.region_tokens))
             return F.rms_norm(x, (h,), norm) @ self.e3_head.t()
-        if kind in ("block", "dspark"):   # parallel block pass over R x K tokens
+        if kind in ("block", "dspark"):  # parallel block pass over R x K tokens
             x = emb
             for l, layer in enumerate(self.block_layers):
                 x = layer(x, x, cos, sin, m, t.layer_pool(l, m.region_tokens))
             logits = F.rms_norm(x, (h,), norm) @ t.lm_head.t()
-            if kind == "dspark":          # small sequential confidence head over the K positions
+            if kind == "dspark":  # small sequential confidence head over the K positions
                 R = n // K
                 hs = x.view(R, K, h)
                 c = torch.zeros(R, 1, device=x.device, dtype=x.dtype)
@@ -458,8 +502,9 @@ class Drafters:
 
 
 # ---------------------------------------------------------------- timing
-def time_fn(fn: Callable[[], Any], reps: int = 5, graph: bool = True, pool: Any = None,
-            warm: int = 2) -> tuple[float, list[float]]:
+def time_fn(
+    fn: Callable[[], Any], reps: int = 5, graph: bool = True, pool: Any = None, warm: int = 2
+) -> tuple[float, list[float]]:
     """Median ms of `reps` runs of fn, captured in a CUDA graph when graph=True (after one eager
     warm-up run), else eager. Returns (median_ms, all_ms)."""
     fn()
@@ -495,7 +540,7 @@ class Timer:
         self.cuda = device.type == "cuda"
         self.reps = reps
         self.warm = warm
-        self.pool = None   # private pool per graph, freed with the graph
+        self.pool = None  # private pool per graph, freed with the graph
 
     def __call__(self, fn: Callable[[], Any], graph: bool = True) -> tuple[float, list[float]]:
         if self.cuda:
@@ -509,8 +554,7 @@ class Timer:
         return sorted(ts)[len(ts) // 2], ts
 
 
-def reference_attention(qkv_rot: torch.Tensor, pool_l: tuple[torch.Tensor, torch.Tensor],
-                        m: StepMeta) -> torch.Tensor:
+def reference_attention(qkv_rot: torch.Tensor, pool_l: tuple[torch.Tensor, torch.Tensor], m: StepMeta) -> torch.Tensor:
     """float64 per-request reference of `attention` (causal over [cached prefix, new tokens])."""
     pk, pv = pool_l
     H, kv, d, g = m.H, m.kv, m.d, m.g
@@ -520,22 +564,22 @@ def reference_attention(qkv_rot: torch.Tensor, pool_l: tuple[torch.Tensor, torch
     koff = 0
     for r in range(m.R_dec):
         s, c = m.q[r], m.dctx[r]
-        kp, vp = pk[koff:koff + c], pv[koff:koff + c]
+        kp, vp = pk[koff : koff + c], pv[koff : koff + c]
         koff += c
         rows = slice(starts[r], starts[r + 1])
-        K = torch.cat([kp.double(), x[rows, H:H + kv]], 0)
-        V = torch.cat([vp.double(), x[rows, H + kv:]], 0)
+        K = torch.cat([kp.double(), x[rows, H : H + kv]], 0)
+        V = torch.cat([vp.double(), x[rows, H + kv :]], 0)
         out[rows] = _naive(x[rows, :H], K, V, g).reshape(s, H * d)
-    for (b, c, s, st) in m.pre_regions:
-        K, V = pk[b:b + c + s].double(), pv[b:b + c + s].double()
-        out[st:st + s] = _naive(x[st:st + s, :H], K, V, g).reshape(s, H * d)
+    for b, c, s, st in m.pre_regions:
+        K, V = pk[b : b + c + s].double(), pv[b : b + c + s].double()
+        out[st : st + s] = _naive(x[st : st + s, :H], K, V, g).reshape(s, H * d)
     return out
 
 
 def _naive(q, K, V, g):
     """q [s, H, d] (pre-scaled), K/V [L, kv, d]; token t sees keys 0..L-s+t."""
     s, L = q.shape[0], K.shape[0]
-    Kr, Vr = K.repeat_interleave(g, 1), V.repeat_interleave(g, 1)        # [L, H, d]
+    Kr, Vr = K.repeat_interleave(g, 1), V.repeat_interleave(g, 1)  # [L, H, d]
     sc = torch.einsum("thd,lhd->htl", q, Kr)
     t = torch.arange(s)[:, None]
     j = torch.arange(L)[None, :]

@@ -30,6 +30,7 @@ Kernels (what a serving engine runs, as far as torch 2.11 + Triton allow on Hopp
   stream sum; post: stream mix + output broadcast).
 torch is imported only inside functions: dsim never needs it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,7 +70,8 @@ def load_config(name_or_path: str) -> dict:
 @dataclass(frozen=True)
 class Topology:
     """One GPU of a node: attention data-parallel (dp) or tensor-parallel (tp) over `gpus`, experts over `ep`."""
-    attn: str          # "dp" | "tp"
+
+    attn: str  # "dp" | "tp"
     gpus: int
     ep: int
 
@@ -91,24 +93,49 @@ def is_v4(cfg: dict) -> bool:
 
 
 def v4_dims(cfg: dict, tp: int = 1) -> dict:
-    return dict(hidden=cfg["hidden_size"], heads=cfg["num_attention_heads"] // tp, head_dim=cfg["head_dim"],
-                rope_dim=cfg["qk_rope_head_dim"], window=cfg["sliding_window"], index_heads=cfg["index_n_heads"],
-                index_dim=cfg["index_head_dim"], topk=cfg["index_topk"], q_lora=cfg["q_lora_rank"],
-                o_lora=cfg["o_lora_rank"], o_groups=max(1, cfg["o_groups"] // tp), hc_mult=cfg["hc_mult"],
-                hc_iters=cfg["hc_sinkhorn_iters"], inter=cfg["moe_intermediate_size"],
-                experts=cfg["n_routed_experts"], topk_experts=cfg["num_experts_per_tok"],
-                shared=cfg.get("n_shared_experts", 0), vocab=cfg["vocab_size"],
-                layers=cfg["num_hidden_layers"], ratios=list(cfg["compress_ratios"][:cfg["num_hidden_layers"]]),
-                swiglu_limit=cfg.get("swiglu_limit", 0.0))
+    return dict(
+        hidden=cfg["hidden_size"],
+        heads=cfg["num_attention_heads"] // tp,
+        head_dim=cfg["head_dim"],
+        rope_dim=cfg["qk_rope_head_dim"],
+        window=cfg["sliding_window"],
+        index_heads=cfg["index_n_heads"],
+        index_dim=cfg["index_head_dim"],
+        topk=cfg["index_topk"],
+        q_lora=cfg["q_lora_rank"],
+        o_lora=cfg["o_lora_rank"],
+        o_groups=max(1, cfg["o_groups"] // tp),
+        hc_mult=cfg["hc_mult"],
+        hc_iters=cfg["hc_sinkhorn_iters"],
+        inter=cfg["moe_intermediate_size"],
+        experts=cfg["n_routed_experts"],
+        topk_experts=cfg["num_experts_per_tok"],
+        shared=cfg.get("n_shared_experts", 0),
+        vocab=cfg["vocab_size"],
+        layers=cfg["num_hidden_layers"],
+        ratios=list(cfg["compress_ratios"][: cfg["num_hidden_layers"]]),
+        swiglu_limit=cfg.get("swiglu_limit", 0.0),
+    )
 
 
 def mla_dims(cfg: dict, tp: int = 1) -> dict:
-    return dict(hidden=cfg["hidden_size"], heads=cfg["num_attention_heads"] // tp, kv_lora=cfg["kv_lora_rank"],
-                rope_dim=cfg["qk_rope_head_dim"], nope_dim=cfg["qk_nope_head_dim"], v_dim=cfg["v_head_dim"],
-                q_lora=cfg["q_lora_rank"], inter=cfg["moe_intermediate_size"], dense_inter=cfg["intermediate_size"],
-                experts=cfg["n_routed_experts"], topk_experts=cfg["num_experts_per_tok"],
-                shared=cfg.get("n_shared_experts", 0), vocab=cfg["vocab_size"], layers=cfg["num_hidden_layers"],
-                dense_layers=cfg.get("first_k_dense_replace", 0))
+    return dict(
+        hidden=cfg["hidden_size"],
+        heads=cfg["num_attention_heads"] // tp,
+        kv_lora=cfg["kv_lora_rank"],
+        rope_dim=cfg["qk_rope_head_dim"],
+        nope_dim=cfg["qk_nope_head_dim"],
+        v_dim=cfg["v_head_dim"],
+        q_lora=cfg["q_lora_rank"],
+        inter=cfg["moe_intermediate_size"],
+        dense_inter=cfg["intermediate_size"],
+        experts=cfg["n_routed_experts"],
+        topk_experts=cfg["num_experts_per_tok"],
+        shared=cfg.get("n_shared_experts", 0),
+        vocab=cfg["vocab_size"],
+        layers=cfg["num_hidden_layers"],
+        dense_layers=cfg.get("first_k_dense_replace", 0),
+    )
 
 
 def compressor_width(ratio: int) -> int:
@@ -125,29 +152,40 @@ def layer_gemms(cfg: dict, topo: Topology) -> list[tuple[str, int, int]]:
     if is_v4(cfg):
         d = v4_dims(cfg, tp)
         h, D = d["hidden"], d["head_dim"]
-        out += [("wq_a", d["q_lora"], h), ("wq_b", d["heads"] * D, d["q_lora"]), ("wkv", D, h),
-                (f"wo_a_x{d['o_groups']}", d["o_lora"], d["heads"] * D // d["o_groups"]),
-                ("wo_b", h, d["o_groups"] * d["o_lora"]),
-                ("compressor_r4", 2 * compressor_width(4) * D, h), ("compressor_r128", 2 * D, h),
-                ("indexer_wq", d["index_heads"] * d["index_dim"], d["q_lora"]),
-                ("indexer_weights", d["index_heads"], h),
-                ("indexer_compressor", 2 * compressor_width(4) * d["index_dim"], h),
-                ("router", d["experts"], h),
-                ("shared_gate_up", 2 * d["inter"] * d["shared"] // tp, h),
-                ("shared_down", h, d["inter"] * d["shared"] // tp),
-                ("mhc_mix", 2 * d["hc_mult"] + d["hc_mult"] ** 2, d["hc_mult"] * h),
-                ("lm_head", d["vocab"] // tp, h)]
+        out += [
+            ("wq_a", d["q_lora"], h),
+            ("wq_b", d["heads"] * D, d["q_lora"]),
+            ("wkv", D, h),
+            (f"wo_a_x{d['o_groups']}", d["o_lora"], d["heads"] * D // d["o_groups"]),
+            ("wo_b", h, d["o_groups"] * d["o_lora"]),
+            ("compressor_r4", 2 * compressor_width(4) * D, h),
+            ("compressor_r128", 2 * D, h),
+            ("indexer_wq", d["index_heads"] * d["index_dim"], d["q_lora"]),
+            ("indexer_weights", d["index_heads"], h),
+            ("indexer_compressor", 2 * compressor_width(4) * d["index_dim"], h),
+            ("router", d["experts"], h),
+            ("shared_gate_up", 2 * d["inter"] * d["shared"] // tp, h),
+            ("shared_down", h, d["inter"] * d["shared"] // tp),
+            ("mhc_mix", 2 * d["hc_mult"] + d["hc_mult"] ** 2, d["hc_mult"] * h),
+            ("lm_head", d["vocab"] // tp, h),
+        ]
     else:
         d = mla_dims(cfg, tp)
         h = d["hidden"]
-        out += [("q_a", d["q_lora"], h), ("q_b", d["heads"] * (d["nope_dim"] + d["rope_dim"]), d["q_lora"]),
-                ("kv_a", d["kv_lora"] + d["rope_dim"], h),
-                (f"w_uk_x{d['heads']}", d["kv_lora"], d["nope_dim"]), (f"w_uv_x{d['heads']}", d["v_dim"], d["kv_lora"]),
-                ("o_proj", h, d["heads"] * d["v_dim"]), ("router", d["experts"], h),
-                ("shared_gate_up", 2 * d["inter"] * d["shared"] // tp, h),
-                ("shared_down", h, d["inter"] * d["shared"] // tp),
-                ("dense_gate_up", 2 * d["dense_inter"] // tp, h), ("dense_down", h, d["dense_inter"] // tp),
-                ("lm_head", d["vocab"] // tp, h)]
+        out += [
+            ("q_a", d["q_lora"], h),
+            ("q_b", d["heads"] * (d["nope_dim"] + d["rope_dim"]), d["q_lora"]),
+            ("kv_a", d["kv_lora"] + d["rope_dim"], h),
+            (f"w_uk_x{d['heads']}", d["kv_lora"], d["nope_dim"]),
+            (f"w_uv_x{d['heads']}", d["v_dim"], d["kv_lora"]),
+            ("o_proj", h, d["heads"] * d["v_dim"]),
+            ("router", d["experts"], h),
+            ("shared_gate_up", 2 * d["inter"] * d["shared"] // tp, h),
+            ("shared_down", h, d["inter"] * d["shared"] // tp),
+            ("dense_gate_up", 2 * d["dense_inter"] // tp, h),
+            ("dense_down", h, d["dense_inter"] // tp),
+            ("lm_head", d["vocab"] // tp, h),
+        ]
     return out
 
 
@@ -183,9 +221,20 @@ def fallback_grid(specs: list[tuple[str, str]], quick: bool = False) -> list[dic
             hidden, inter = d["hidden"], d["inter"]
         for dt in moe_dt + (["bf16"] if not quick else []):
             for t in ms:
-                tokens = t * topo.gpus if topo.attn == "dp" else t   # DP: every rank sends its own tokens
-                add(dict(op="moe", dtype=dt, tokens=tokens, hidden=hidden, inter=inter, topk=d["topk_experts"],
-                         experts=d["experts"], ep=topo.ep, distribution="uniform"))
+                tokens = t * topo.gpus if topo.attn == "dp" else t  # DP: every rank sends its own tokens
+                add(
+                    dict(
+                        op="moe",
+                        dtype=dt,
+                        tokens=tokens,
+                        hidden=hidden,
+                        inter=inter,
+                        topk=d["topk_experts"],
+                        experts=d["experts"],
+                        ep=topo.ep,
+                        distribution="uniform",
+                    )
+                )
         heads = d["heads"]
         batches = ATTN_BATCH[::2] + [ATTN_BATCH[-1]] if quick else ATTN_BATCH
         qd = [1, 2, 4, 8] if quick else ATTN_Q_DECODE
@@ -218,11 +267,33 @@ def kernels() -> dict:
     import triton.language as tl
 
     @triton.jit
-    def attn_kernel(Q, KV, IDX, WORK, ROWLIM, SINK, O, PACC, PM, PL, scale,
-                    stride_q, stride_kv, stride_idx, stride_o, n_sink,
-                    D_MAIN: tl.constexpr, D_EXTRA: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_DV: tl.constexpr,
-                    BLOCK_N: tl.constexpr, USE_IDX: tl.constexpr, USE_ROWLIM: tl.constexpr,
-                    FINAL: tl.constexpr, HAS_SINK: tl.constexpr):
+    def attn_kernel(
+        Q,
+        KV,
+        IDX,
+        WORK,
+        ROWLIM,
+        SINK,
+        O,
+        PACC,
+        PM,
+        PL,
+        scale,
+        stride_q,
+        stride_kv,
+        stride_idx,
+        stride_o,
+        n_sink,
+        D_MAIN: tl.constexpr,
+        D_EXTRA: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+        BLOCK_DV: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        USE_IDX: tl.constexpr,
+        USE_ROWLIM: tl.constexpr,
+        FINAL: tl.constexpr,
+        HAS_SINK: tl.constexpr,
+    ):
         # One work item: a tile of BLOCK_H query rows (heads of one token, or tokens x heads of one request)
         # against keys [ks, ke) of its key list (index list row, or a contiguous range of the KV pool).
         p = tl.program_id(0)
@@ -293,8 +364,20 @@ def kernels() -> dict:
                 tl.store(PL + p64 * BLOCK_H + offs_h, l_i)
 
     @triton.jit
-    def indexer_kernel(QI, WI, KI, GROUPS, NVIS, OUT, l_max, stride_out,
-                       HI: tl.constexpr, DI: tl.constexpr, BLOCK_N: tl.constexpr, TQ: tl.constexpr):
+    def indexer_kernel(
+        QI,
+        WI,
+        KI,
+        GROUPS,
+        NVIS,
+        OUT,
+        l_max,
+        stride_out,
+        HI: tl.constexpr,
+        DI: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        TQ: tl.constexpr,
+    ):
         # Lightning-indexer logits for up to TQ consecutive tokens of one request against one block of its
         # compressed index keys: logit = sum_h w[h] * relu(q_h . k); the key block is loaded once per group.
         g = tl.program_id(0)
@@ -369,19 +452,22 @@ def _next_pow2(x: int) -> int:
 @dataclass
 class WorkPlan:
     """Static launch metadata of one attention call: work items (row block, key start, key end, key base)."""
-    work: object       # int32 tensor [P, 4]
-    wmap: object       # int64 tensor [P]: output row block of each work item
+
+    work: object  # int32 tensor [P, 4]
+    wmap: object  # int64 tensor [P]: output row block of each work item
     n_work: int
     n_rb: int
     final: bool
 
 
-def plan_work(key_counts: np.ndarray, key_bases: np.ndarray, dv_blocks: int, device, block_n: int,
-              sms: int | None = None) -> WorkPlan:
+def plan_work(
+    key_counts: np.ndarray, key_bases: np.ndarray, dv_blocks: int, device, block_n: int, sms: int | None = None
+) -> WorkPlan:
     """Split each row block's key list so the launch fills the GPU (FlashDecoding-style): no split when the
     row blocks alone give >= 2 programs per SM; else chunks of equal length (a multiple of block_n, >= 2 blocks)
     chosen from the total key count."""
     import torch
+
     sms = sms or SMS
     n_rb = len(key_counts)
     target = 2 * sms
@@ -401,16 +487,33 @@ def plan_work(key_counts: np.ndarray, key_bases: np.ndarray, dv_blocks: int, dev
                 rows.append((i, s, min(c, s + chunk), int(key_bases[i])))
     arr = np.asarray(rows, dtype=np.int32).reshape(-1, 4)
     final = len(rows) == n_rb
-    return WorkPlan(torch.as_tensor(arr, device=device), torch.as_tensor(arr[:, 0].astype(np.int64), device=device),
-                    len(rows), n_rb, final)
+    return WorkPlan(
+        torch.as_tensor(arr, device=device),
+        torch.as_tensor(arr[:, 0].astype(np.int64), device=device),
+        len(rows),
+        n_rb,
+        final,
+    )
 
 
 class AttnLauncher:
     """Runs attn_kernel for one static WorkPlan; output [n_rb, block_h, d_main] (dtype of q)."""
 
-    def __init__(self, plan: WorkPlan, block_h: int, d_main: int, d_extra: int, use_idx: bool, use_rowlim: bool,
-                 sink, device, dtype, tune: dict | None = None):
+    def __init__(
+        self,
+        plan: WorkPlan,
+        block_h: int,
+        d_main: int,
+        d_extra: int,
+        use_idx: bool,
+        use_rowlim: bool,
+        sink,
+        device,
+        dtype,
+        tune: dict | None = None,
+    ):
         import torch
+
         self.t = dict(ATTN_TUNE, **(tune or {}))
         self.plan, self.bh, self.dm, self.de = plan, block_h, d_main, d_extra
         self.use_idx, self.use_rowlim, self.sink = use_idx, use_rowlim, sink
@@ -428,19 +531,41 @@ class AttnLauncher:
 
     def __call__(self, q, kv, idx=None, rowlim=None):
         import torch
+
         K = kernels()
         P = self.plan
         scale = 1.0 / math.sqrt(self.dm + self.de)
         sink = self.sink if self.sink is not None else self.dummy
         idx_t = idx if idx is not None else self.dummy
         K["attn"][(P.n_work, self.dvb)](
-            q, kv, idx_t, P.work, rowlim if rowlim is not None else self.dummy, sink, self.out,
-            self.pacc, self.pm, self.pl, scale,
-            q.stride(0), kv.stride(0), idx.stride(0) if idx is not None else 0, self.out.stride(0),
+            q,
+            kv,
+            idx_t,
+            P.work,
+            rowlim if rowlim is not None else self.dummy,
+            sink,
+            self.out,
+            self.pacc,
+            self.pm,
+            self.pl,
+            scale,
+            q.stride(0),
+            kv.stride(0),
+            idx.stride(0) if idx is not None else 0,
+            self.out.stride(0),
             self.sink.numel() if self.sink is not None else 0,
-            D_MAIN=self.dm, D_EXTRA=self.de, BLOCK_H=self.bh, BLOCK_DV=self.bdv, BLOCK_N=self.t["block_n"],
-            USE_IDX=self.use_idx, USE_ROWLIM=self.use_rowlim, FINAL=P.final, HAS_SINK=self.sink is not None,
-            num_warps=self.t["num_warps"], num_stages=self.t["num_stages"])
+            D_MAIN=self.dm,
+            D_EXTRA=self.de,
+            BLOCK_H=self.bh,
+            BLOCK_DV=self.bdv,
+            BLOCK_N=self.t["block_n"],
+            USE_IDX=self.use_idx,
+            USE_ROWLIM=self.use_rowlim,
+            FINAL=P.final,
+            HAS_SINK=self.sink is not None,
+            num_warps=self.t["num_warps"],
+            num_stages=self.t["num_stages"],
+        )
         if P.final:
             return self.out
         # logsumexp combine over the split work items of each row block (FlashDecoding's combine)
@@ -468,8 +593,20 @@ def indexer_logits(q_idx, w_idx, idx_pool, groups, nvis, l_max: int, out, tune: 
     G = groups.shape[0]
     bn = t["block_n"]
     K["indexer"][(G, triton_cdiv(l_max, bn))](
-        q_idx, w_idx, idx_pool, groups, nvis, out, l_max, out.stride(0),
-        HI=q_idx.shape[1], DI=q_idx.shape[2], BLOCK_N=bn, TQ=t["tq"], num_warps=t["num_warps"])
+        q_idx,
+        w_idx,
+        idx_pool,
+        groups,
+        nvis,
+        out,
+        l_max,
+        out.stride(0),
+        HI=q_idx.shape[1],
+        DI=q_idx.shape[2],
+        BLOCK_N=bn,
+        TQ=t["tq"],
+        num_warps=t["num_warps"],
+    )
     return out
 
 
@@ -481,9 +618,9 @@ def triton_cdiv(a: int, b: int) -> int:
 def _rope_inplace(x, cos, sin):
     """Rotate-half RoPE on the last 2 x cos.shape[-1] dims of x [n, d] (in place)."""
     r = cos.shape[-1]
-    a = x[:, -2 * r:-r].clone()
+    a = x[:, -2 * r : -r].clone()
     b = x[:, -r:]
-    x[:, -2 * r:-r] = a * cos - b * sin
+    x[:, -2 * r : -r] = a * cos - b * sin
     x[:, -r:] = b * cos + a * sin
     return x
 
@@ -497,9 +634,9 @@ class V4Core:
     (float32), idx_state [N, 2 x cw x DI]. run() writes the caches, pools completed compressor blocks into the
     compressed caches, scores and selects (CSA), and attends; returns [N, heads, D]."""
 
-    def __init__(self, kind: str, dims: dict, q_lens, ctx_lens, device, dtype, seed: int = 0,
-                 tune: dict | None = None):
+    def __init__(self, kind: str, dims: dict, q_lens, ctx_lens, device, dtype, seed: int = 0, tune: dict | None = None):
         import torch
+
         self.kind = kind
         self.ratio = {"v4_csa": 4, "v4_hca": 128, "v4_swa": 0}[kind]
         self.device, self.dtype = device, dtype
@@ -537,7 +674,7 @@ class V4Core:
         if m:
             cw = compressor_width(m)
             self.cw = cw
-            Wc = m * cw                       # tokens pooled into one entry (two blocks when overlapping)
+            Wc = m * cw  # tokens pooled into one entry (two blocks when overlapping)
             s0 = np.maximum(0, (ca // m) * m - m * (cw - 1))
             sslot = ca + qa - s0
             base_s = np.cumsum(sslot) - sslot
@@ -590,8 +727,9 @@ class V4Core:
             klen = np.full(N, self.k_sel + W)
         elif m:
             Lmax = max(1, int(nvis.max()))
-            comp = np.where(np.arange(Lmax)[None, :] < nvis[:, None],
-                            base_c[tok_req][:, None] + np.arange(Lmax)[None, :], -1)
+            comp = np.where(
+                np.arange(Lmax)[None, :] < nvis[:, None], base_c[tok_req][:, None] + np.arange(Lmax)[None, :], -1
+            )
             self.idx_buf = torch.as_tensor(np.concatenate([comp, win], 1).astype(np.int32), device=device)
             klen = np.full(N, Lmax + W)
         else:
@@ -624,13 +762,14 @@ class V4Core:
     def _compress(self, state, ape, norm_w, dest_pool, d):
         import torch
         import torch.nn.functional as F
-        S = state[self.src]                                          # [n_new, Wc, 2 cw d]
+
+        S = state[self.src]  # [n_new, Wc, 2 cw d]
         m, cw = self.ratio, self.cw
         if cw == 2:
-            kvs = torch.cat([S[:, :m, 0:d], S[:, m:, d:2 * d]], 1)
-            gts = torch.cat([S[:, :m, 2 * d:3 * d], S[:, m:, 3 * d:4 * d]], 1)
+            kvs = torch.cat([S[:, :m, 0:d], S[:, m:, d : 2 * d]], 1)
+            gts = torch.cat([S[:, :m, 2 * d : 3 * d], S[:, m:, 3 * d : 4 * d]], 1)
         else:
-            kvs, gts = S[:, :, :d], S[:, :, d:2 * d]
+            kvs, gts = S[:, :, :d], S[:, :, d : 2 * d]
         gts = gts.float() + ape[None]
         gts = gts.masked_fill(~self.src_valid[..., None], float("-inf"))
         ent = (torch.softmax(gts, 1) * kvs.float()).sum(1)
@@ -641,6 +780,7 @@ class V4Core:
     def run(self, q=None, kv=None, comp_state=None, idx_q=None, idx_w=None, idx_state=None):
         """The core on the given projection outputs (default: the core's own random inputs)."""
         import torch
+
         q = self.q if q is None else q
         self.pool.index_copy_(0, self.kv_dest, self.kv if kv is None else kv)
         if self.ratio:
@@ -652,21 +792,30 @@ class V4Core:
                 if self.kind == "v4_csa":
                     self._compress(self.istate, self.iape, self.inorm_w, self.idx_pool, self.DI)
         if self.kind == "v4_csa":
-            indexer_logits(self.idx_q if idx_q is None else idx_q, self.idx_w if idx_w is None else idx_w,
-                           self.idx_pool, self.groups, self.nvis, self.l_max, self.logits, self.itune)
+            indexer_logits(
+                self.idx_q if idx_q is None else idx_q,
+                self.idx_w if idx_w is None else idx_w,
+                self.idx_pool,
+                self.groups,
+                self.nvis,
+                self.l_max,
+                self.logits,
+                self.itune,
+            )
             vals, sel = torch.topk(self.logits, self.k_sel, dim=1, sorted=False)
             sel = torch.where(torch.isinf(vals), torch.full_like(sel, -1), sel + self.tok_cbase)
-            self.idx_buf[:, :self.k_sel].copy_(sel)
-            self.idx_buf[:, self.k_sel:].copy_(self.win)
+            self.idx_buf[:, : self.k_sel].copy_(sel)
+            self.idx_buf[:, self.k_sel :].copy_(self.win)
         if self.qpad is not None:
-            self.qpad[:, :self.H].copy_(q)
+            self.qpad[:, : self.H].copy_(q)
             q = self.qpad
         out = self.launch(q, self.pool, self.idx_buf)
-        return out[:, :self.H] if self.bh != self.H else out
+        return out[:, : self.H] if self.bh != self.H else out
 
     def reference(self):
         """float64 attention over the same key lists (after run(): the caches and idx_buf as run left them)."""
         import torch
+
         q = self.q.double()
         pool = self.pool.double()
         idx = self.idx_buf.long().cpu()
@@ -684,6 +833,7 @@ class V4Core:
     def reference_logits(self):
         """float64 indexer logits (CSA), -inf past each token's visible entries."""
         import torch
+
         qa = self.idx_q.double()
         kp = self.idx_pool.double()
         out = torch.full((self.N, self.l_max), float("-inf"), dtype=torch.float64, device=qa.device)
@@ -692,7 +842,7 @@ class V4Core:
         for t in range(self.N):
             n = int(nv[t])
             if n:
-                k = kp[int(cb[t]):int(cb[t]) + n]
+                k = kp[int(cb[t]) : int(cb[t]) + n]
                 out[t, :n] = (torch.relu(qa[t] @ k.T) * self.idx_w[t].double()[:, None]).sum(0)
         return out
 
@@ -710,6 +860,7 @@ class MLACore:
 
     def __init__(self, dims: dict, q_lens, ctx_lens, device, dtype, seed=0, tune: dict | None = None):
         import torch
+
         H, DL, DR = dims["heads"], dims["kv_lora"], dims["rope_dim"]
         self.H, self.DL, self.DR = H, DL, DR
         self.dn, self.dv = dims["nope_dim"], dims["v_dim"]
@@ -765,8 +916,8 @@ class MLACore:
         # prefill chunks: expansion weights and varlen metadata
         if len(self.pre_reqs):
             pr = self.pre_reqs
-            self.w_uk = rnd(DL, H * self.dn, scale=DL ** -0.5)
-            self.w_uv = rnd(DL, H * self.dv, scale=DL ** -0.5)
+            self.w_uk = rnd(DL, H * self.dn, scale=DL**-0.5)
+            self.w_uv = rnd(DL, H * self.dv, scale=DL**-0.5)
             kv_rows = np.concatenate([base[r] + np.arange(tot[r]) for r in pr])
             q_rows = np.concatenate([tok0[r] + np.arange(qa[r]) for r in pr])
             self.pre_kv_rows = torch.as_tensor(kv_rows, device=device)
@@ -782,6 +933,7 @@ class MLACore:
         """q [N, H, 576] absorbed queries, latent [N, 576] new cache rows, q_full [N, H, 192] (prefill rows
         are taken from it); defaults: the core's own random inputs."""
         import torch
+
         self.pool.index_copy_(0, self.dest, self.latent if latent is None else latent)
         q = self.q if q is None else q
         if len(self.dec_reqs):
@@ -791,22 +943,23 @@ class MLACore:
             of = o.reshape(self.n_rb * self.bh, self.DL).index_select(0, self.dst_rows)
             self.out.view(self.N * self.H, self.DL).index_copy_(0, self.src_rows, of)
         if len(self.pre_reqs):
-            lat = self.pool.index_select(0, self.pre_kv_rows)            # [Tk, 576]
+            lat = self.pool.index_select(0, self.pre_kv_rows)  # [Tk, 576]
             Tk = lat.shape[0]
-            k_nope = (lat[:, :self.DL] @ self.w_uk).view(Tk, self.H, self.dn)
-            v = (lat[:, :self.DL] @ self.w_uv).view(Tk, self.H, self.dv)
-            k = torch.cat([k_nope, lat[:, None, self.DL:].expand(Tk, self.H, self.DR)], -1)
+            k_nope = (lat[:, : self.DL] @ self.w_uk).view(Tk, self.H, self.dn)
+            v = (lat[:, : self.DL] @ self.w_uv).view(Tk, self.H, self.dv)
+            k = torch.cat([k_nope, lat[:, None, self.DL :].expand(Tk, self.H, self.DR)], -1)
             dq = self.dn + self.DR
             vp = torch.nn.functional.pad(v, (0, dq - self.dv))
             qp = self.q_full if q_full is None else q_full.index_select(0, self.pre_q_rows)
             o = _flash_varlen(qp, k, vp, self.cu_q, self.cu_k, self.max_q, self.max_k, self.pre_lens)
             # back to latent space is W_UV^T in the engine's absorbed path; here the per-head values stay
             # [Nq, H, dv] and are written into the first dv dims of the output row (cost of the write only)
-            self.out[self.pre_q_rows, :, :self.dv] = o[..., :self.dv]
+            self.out[self.pre_q_rows, :, : self.dv] = o[..., : self.dv]
         return self.out
 
     def reference_decode(self):
         import torch
+
         out = torch.zeros(self.N, self.H, self.DL, dtype=torch.float64, device=self.pool.device)
         pool = self.pool.double()
         q = self.q.double()
@@ -819,24 +972,26 @@ class MLACore:
         for s_row, d_row in zip(src, dst):
             rb, i = divmod(int(d_row), self.bh)
             n = int(lim[rb, i])
-            k = pool[kb[rb]:kb[rb] + n]
+            k = pool[kb[rb] : kb[rb] + n]
             t, h = divmod(int(s_row), self.H)
             p = torch.softmax((q[t, h] @ k.T) * sc, 0)
-            out[t, h] = p @ k[:, :self.DL]
+            out[t, h] = p @ k[:, : self.DL]
         return out
 
 
 def _flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, lens):
     """Causal (bottom-right) varlen attention; flash kernel on CUDA, a float reference on the CPU."""
     import torch
+
     if q.is_cuda:
-        r = torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False,
-                                                    scale=1.0 / math.sqrt(q.shape[-1]))
+        r = torch.ops.aten._flash_attention_forward(
+            q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False, scale=1.0 / math.sqrt(q.shape[-1])
+        )
         return r[0]
     outs = []
     cq, ck = cu_q.tolist(), cu_k.tolist()
     for b in range(len(cq) - 1):
-        qb, kb, vb = q[cq[b]:cq[b + 1]].float(), k[ck[b]:ck[b + 1]].float(), v[ck[b]:ck[b + 1]].float()
+        qb, kb, vb = q[cq[b] : cq[b + 1]].float(), k[ck[b] : ck[b + 1]].float(), v[ck[b] : ck[b + 1]].float()
         s = torch.einsum("qhd,khd->hqk", qb, kb) / math.sqrt(q.shape[-1])
         nq, nk = qb.shape[0], kb.shape[0]
         mask = torch.arange(nk)[None, :] <= (torch.arange(nq)[:, None] + nk - nq)
@@ -858,18 +1013,30 @@ def _quant_rowwise(x, dtype_fp8):
 def _fp8_gemm_fn(a, w, mode):
     """a [m,k] e4m3, w [n,k] e4m3 -> bf16 [m,n] in `mode` ('block' | 'row' | 'tensor'); returns a closure."""
     import torch
+
     m, k = a.shape
     n = w.shape[0]
-    b = w.t()                                  # [k, n] column-major
+    b = w.t()  # [k, n] column-major
     dev = a.device
     if mode == "block":
         import torch.nn.functional as F
         from torch.nn.functional import ScalingType, SwizzleType
-        sa = torch.rand(k // 128, m, device=dev).add_(0.5).t()          # [m, k/128] outer-dim-major
+
+        sa = torch.rand(k // 128, m, device=dev).add_(0.5).t()  # [m, k/128] outer-dim-major
         L4 = -(-(k // 128) // 4) * 4
-        sb = torch.rand(-(-n // 128), L4, device=dev).add_(0.5).t()     # [L4, ceil(n/128)]
-        return lambda: F.scaled_mm(a, b, sa, ScalingType.BlockWise1x128, sb, ScalingType.BlockWise128x128,
-                                   SwizzleType.NO_SWIZZLE, SwizzleType.NO_SWIZZLE, None, torch.bfloat16)
+        sb = torch.rand(-(-n // 128), L4, device=dev).add_(0.5).t()  # [L4, ceil(n/128)]
+        return lambda: F.scaled_mm(
+            a,
+            b,
+            sa,
+            ScalingType.BlockWise1x128,
+            sb,
+            ScalingType.BlockWise128x128,
+            SwizzleType.NO_SWIZZLE,
+            SwizzleType.NO_SWIZZLE,
+            None,
+            torch.bfloat16,
+        )
     if mode == "row":
         sa = torch.rand(m, 1, device=dev).add_(0.5)
         sb = torch.rand(1, n, device=dev).add_(0.5)
@@ -882,13 +1049,14 @@ def _fp8_gemm_fn(a, w, mode):
 def detect_fp8(device) -> dict:
     """Find the finest FP8 scaling this torch build runs (checked on a small product against bf16)."""
     import torch
+
     if FP8["gemm_mode"] is not None:
         return FP8
     f8 = torch.float8_e4m3fn
     m, n, k = 256, 512, 512
     a = torch.randn(m, k, device=device).to(f8)
     w = torch.randn(n, k, device=device).to(f8)
-    ref = (a.float() @ w.float().t())
+    ref = a.float() @ w.float().t()
     errors = {}
     for mode in ("block", "row", "tensor"):
         try:
@@ -905,15 +1073,15 @@ def detect_fp8(device) -> dict:
                 global M_ALIGN
                 for al in (1, 4, 8, 16):
                     try:
-                        _fp8_gemm_fn(a[:al + 1 if al > 1 else 3], w, mode)()
+                        _fp8_gemm_fn(a[: al + 1 if al > 1 else 3], w, mode)()
                         torch.cuda.synchronize()
                         M_ALIGN = al
                         break
-                    except Exception:   # noqa: BLE001
+                    except Exception:  # noqa: BLE001
                         continue
                 FP8["m_align"] = M_ALIGN
             break
-        except Exception as e:   # noqa: BLE001 - any failure means: try the next mode
+        except Exception as e:  # noqa: BLE001 - any failure means: try the next mode
             errors[mode] = f"{type(e).__name__}: {str(e)[:160]}"
     FP8["gemm_errors"] = errors
     # grouped GEMMs: bf16 torch._grouped_mm and row-scaled fp8 torch._scaled_grouped_mm, layout probed
@@ -921,7 +1089,7 @@ def detect_fp8(device) -> dict:
     offs = torch.tensor(np.cumsum(rows).astype(np.int32), device=device)
     x = torch.randn(sum(rows), k, device=device, dtype=torch.bfloat16)
     wg = torch.randn(G, n, k, device=device, dtype=torch.bfloat16)
-    ref = torch.cat([x[o - r:o].float() @ wg[i].float().t() for i, (r, o) in enumerate(zip(rows, np.cumsum(rows)))])
+    ref = torch.cat([x[o - r : o].float() @ wg[i].float().t() for i, (r, o) in enumerate(zip(rows, np.cumsum(rows)))])
     for lay in ("nk_t", "nk"):
         try:
             bmat = wg.transpose(-2, -1) if lay == "nk_t" else wg
@@ -929,7 +1097,7 @@ def detect_fp8(device) -> dict:
             if ((out - ref).norm() / ref.norm()).item() < 2e-2:
                 FP8["grouped_bf16"] = lay
                 break
-        except Exception as e:   # noqa: BLE001
+        except Exception as e:  # noqa: BLE001
             errors[f"grouped_bf16_{lay}"] = f"{type(e).__name__}: {str(e)[:160]}"
     try:
         xq, sx = _quant_rowwise(x, f8)
@@ -938,18 +1106,19 @@ def detect_fp8(device) -> dict:
         out = torch._scaled_grouped_mm(xq, wq.transpose(-2, -1), sx, sw, offs=offs, out_dtype=torch.bfloat16).float()
         if ((out - ref).norm() / ref.norm()).item() < 6e-2:
             FP8["grouped_mode"] = "row"
-    except Exception as e:   # noqa: BLE001
+    except Exception as e:  # noqa: BLE001
         errors["grouped_fp8"] = f"{type(e).__name__}: {str(e)[:160]}"
     return FP8
 
 
-M_ALIGN = 16      # rows of an fp8 block-scaled product are padded to this (checked on the GPU)
+M_ALIGN = 16  # rows of an fp8 block-scaled product are padded to this (checked on the GPU)
 
 
 def act_quant(x):
     """x [n, k] -> (e4m3 [n_pad, k], scales [n_pad, k / 128] outer-dim-major), n_pad = n rounded up to
     M_ALIGN (padding rows zero), by one Triton kernel."""
     import torch
+
     n, k = x.shape
     n_pad = -(-n // M_ALIGN) * M_ALIGN
     xq = torch.empty(n_pad, k, device=x.device, dtype=torch.float8_e4m3fn)
@@ -964,6 +1133,7 @@ class Linear:
 
     def __init__(self, n: int, k: int, fp8: bool, device, dtype):
         import torch
+
         self.n, self.k = n, k
         mode = FP8.get("gemm_mode")
         self.mode = mode if (fp8 and device.type == "cuda" and mode in ("block", "row") and k % 128 == 0) else None
@@ -971,15 +1141,15 @@ class Linear:
             self.w = (torch.randn(n, k, device=device) * 0.5).to(torch.float8_e4m3fn)
             if self.mode == "block":
                 L4 = -(-(k // 128) // 4) * 4
-                self.sb = (torch.rand(-(-n // 128), L4, device=device) * k ** -0.5).t()
+                self.sb = (torch.rand(-(-n // 128), L4, device=device) * k**-0.5).t()
             else:
-                self.sb = torch.rand(1, n, device=device) * k ** -0.5
+                self.sb = torch.rand(1, n, device=device) * k**-0.5
             try:
                 self(torch.randn(3, k, device=device, dtype=torch.bfloat16))
-            except Exception:   # noqa: BLE001 - this shape does not run in fp8 here: bf16
+            except Exception:  # noqa: BLE001 - this shape does not run in fp8 here: bf16
                 self.mode = None
         if not self.mode:
-            self.w = torch.randn(n, k, device=device, dtype=dtype) * k ** -0.5
+            self.w = torch.randn(n, k, device=device, dtype=dtype) * k**-0.5
 
     @property
     def fp8(self) -> bool:
@@ -989,14 +1159,26 @@ class Linear:
         if not self.mode:
             return x @ self.w.t()
         import torch
+
         if self.mode == "row":
             xq, sa = _quant_rowwise(x, torch.float8_e4m3fn)
             return torch._scaled_mm(xq, self.w.t(), scale_a=sa[:, None], scale_b=self.sb, out_dtype=torch.bfloat16)
         import torch.nn.functional as F
         from torch.nn.functional import ScalingType, SwizzleType
+
         xq, sa = act_quant(x)
-        y = F.scaled_mm(xq, self.w.t(), sa, ScalingType.BlockWise1x128, self.sb, ScalingType.BlockWise128x128,
-                        SwizzleType.NO_SWIZZLE, SwizzleType.NO_SWIZZLE, None, torch.bfloat16)
+        y = F.scaled_mm(
+            xq,
+            self.w.t(),
+            sa,
+            ScalingType.BlockWise1x128,
+            self.sb,
+            ScalingType.BlockWise128x128,
+            SwizzleType.NO_SWIZZLE,
+            SwizzleType.NO_SWIZZLE,
+            None,
+            torch.bfloat16,
+        )
         return y[: x.shape[0]] if y.shape[0] != x.shape[0] else y
 
     @property
@@ -1007,6 +1189,7 @@ class Linear:
 class GemmOp:
     def __init__(self, rec: dict, device, dtype):
         import torch
+
         m, n, k = rec["m"], rec["n"], rec["k"]
         self.bytes = (m * k + n * k) * (1 if rec["dtype"] == "fp8" else 2) + m * n * 2
         if rec["dtype"] == "fp8" and device.type == "cuda":
@@ -1017,15 +1200,23 @@ class GemmOp:
             self.fn = _fp8_gemm_fn(a, w, mode)
         else:
             a = torch.randn(m, k, device=device, dtype=dtype)
-            w = torch.randn(n, k, device=device, dtype=dtype) * k ** -0.5
+            w = torch.randn(n, k, device=device, dtype=dtype) * k**-0.5
             self.fn = lambda: a @ w.t()
 
     def __call__(self):
         return self.fn()
 
 
-def uniform_routing_counts(tokens: int, topk: int, experts: int, ep: int, seed: int = 0, rank: str = "mean",
-                           expert_bytes: float = 3 * 4096 * 2048, row_us: float = 0.0) -> np.ndarray:
+def uniform_routing_counts(
+    tokens: int,
+    topk: int,
+    experts: int,
+    ep: int,
+    seed: int = 0,
+    rank: str = "mean",
+    expert_bytes: float = 3 * 4096 * 2048,
+    row_us: float = 0.0,
+) -> np.ndarray:
     """Rows per local expert of one EP rank when `tokens` tokens each pick `topk` distinct experts uniformly
     (seeded). rank: "mean" = the rank whose load is nearest the mean over ranks (a typical rank: the kernel
     table's record), "max" = the most loaded rank (what a lockstep step waits for: the shard executor). Load =
@@ -1049,11 +1240,13 @@ class MoEOp:
 
     def __init__(self, rec: dict, device, dtype, seed=0, weights: MoEOp | None = None, rank: str = "mean"):
         import torch
+
         H, I, E, P = rec["hidden"], rec["inter"], rec["experts"], rec["ep"]
         El = E // P
         # row cost for the load proxy: 3 GEMMs of H x I per row at ~600 dense fp8 TFLOP/s
-        counts = uniform_routing_counts(rec["tokens"], rec["topk"], E, P, seed, rank, 3 * H * I,
-                                        2 * 3 * H * I / 600e12 * 1e6)
+        counts = uniform_routing_counts(
+            rec["tokens"], rec["topk"], E, P, seed, rank, 3 * H * I, 2 * 3 * H * I / 600e12 * 1e6
+        )
         self.rows = int(counts.sum())
         R = max(self.rows, 1)
         self.limit = rec.get("swiglu_limit", 10.0)
@@ -1074,16 +1267,16 @@ class MoEOp:
             else:
                 self.w13 = (torch.randn(El, 2 * I, H, device=device) * 0.5).to(f8)
                 self.w2 = (torch.randn(El, H, I, device=device) * 0.5).to(f8)
-                self.s13 = torch.rand(El, 2 * I, device=device) * H ** -0.5
-                self.s2 = torch.rand(El, H, device=device) * I ** -0.5
+                self.s13 = torch.rand(El, 2 * I, device=device) * H**-0.5
+                self.s2 = torch.rand(El, H, device=device) * I**-0.5
             self.mode = "fp8_grouped_row" if cap.get("grouped_mode") == "row" else "fp8_loop_row"
         else:
             self.x = torch.randn(R, H, device=device, dtype=dtype)
             if weights is not None:
                 self.w13, self.w2 = weights.w13, weights.w2
             else:
-                self.w13 = torch.randn(El, 2 * I, H, device=device, dtype=dtype) * H ** -0.5
-                self.w2 = torch.randn(El, H, I, device=device, dtype=dtype) * I ** -0.5
+                self.w13 = torch.randn(El, 2 * I, H, device=device, dtype=dtype) * H**-0.5
+                self.w2 = torch.randn(El, H, I, device=device, dtype=dtype) * I**-0.5
             if device.type == "cuda" and cap.get("grouped_bf16"):
                 self.mode = "bf16_grouped"
             else:
@@ -1095,6 +1288,7 @@ class MoEOp:
 
     def _act(self, h):
         import torch
+
         I = h.shape[-1] // 2
         gate, up = h[:, :I].float(), h[:, I:].float()
         if self.limit:
@@ -1104,35 +1298,46 @@ class MoEOp:
 
     def _loop(self, x, w, scale_x=None, scale_w=None):
         import torch
+
         outs, o = [], 0
         for e, c in enumerate(self.counts):
             c = int(c)
             if c:
                 if scale_x is not None:
-                    outs.append(torch._scaled_mm(x[o:o + c], w[e].t(), scale_a=scale_x[o:o + c, None],
-                                                 scale_b=scale_w[e][None, :], out_dtype=torch.bfloat16))
+                    outs.append(
+                        torch._scaled_mm(
+                            x[o : o + c],
+                            w[e].t(),
+                            scale_a=scale_x[o : o + c, None],
+                            scale_b=scale_w[e][None, :],
+                            out_dtype=torch.bfloat16,
+                        )
+                    )
                 else:
-                    outs.append(x[o:o + c] @ w[e].t())
+                    outs.append(x[o : o + c] @ w[e].t())
             o += c
         return torch.cat(outs) if outs else x.new_zeros(0, w.shape[1])
 
     def __call__(self):
         import torch
+
         if self.rows == 0:
             return self.out
-        x = self.x.index_select(0, self.perm)          # arrival order -> expert order
+        x = self.x.index_select(0, self.perm)  # arrival order -> expert order
         if self.mode.startswith("fp8"):
             sx = self.sx.index_select(0, self.perm)
             if self.mode == "fp8_grouped_row":
-                h = torch._scaled_grouped_mm(x, self.w13.transpose(-2, -1), sx, self.s13, offs=self.offs,
-                                             out_dtype=torch.bfloat16)
+                h = torch._scaled_grouped_mm(
+                    x, self.w13.transpose(-2, -1), sx, self.s13, offs=self.offs, out_dtype=torch.bfloat16
+                )
             else:
                 h = self._loop(x, self.w13, sx, self.s13)
             a = self._act(h)
             aq, sa = _quant_rowwise(a, torch.float8_e4m3fn)
             if self.mode == "fp8_grouped_row":
-                y = torch._scaled_grouped_mm(aq, self.w2.transpose(-2, -1), sa, self.s2, offs=self.offs,
-                                             out_dtype=torch.bfloat16)
+                y = torch._scaled_grouped_mm(
+                    aq, self.w2.transpose(-2, -1), sa, self.s2, offs=self.offs, out_dtype=torch.bfloat16
+                )
             else:
                 y = self._loop(aq, self.w2, sa, self.s2)
         else:
@@ -1157,6 +1362,7 @@ class MHCOp:
 
     def __init__(self, rec: dict, device, dtype, iters: int = 20):
         import torch
+
         T, H, M = rec["tokens"], rec["hidden"], rec["hc_mult"]
         self.T, self.H, self.M, self.iters = T, H, M, iters
         self.X = torch.randn(T, M, H, device=device, dtype=dtype)
@@ -1167,18 +1373,21 @@ class MHCOp:
 
     def site(self):
         import torch
+
         T, M, H = self.T, self.M, self.H
         flat = self.X.reshape(T, M * H)
         flat = torch.nn.functional.rms_norm(flat, (M * H,), eps=1e-6)
-        mix = (flat @ self.phi).float()                                    # [T, 2M + M^2]
+        mix = (flat @ self.phi).float()  # [T, 2M + M^2]
         h_pre = torch.sigmoid(mix[:, :M])
-        h_post = 2 * torch.sigmoid(mix[:, M:2 * M])
+        h_post = 2 * torch.sigmoid(mix[:, M : 2 * M])
         K = kernels()
-        lg = mix[:, 2 * M:].contiguous()
+        lg = mix[:, 2 * M :].contiguous()
         K["sinkhorn"][(triton_cdiv(T, 64),)](lg, self.res, T, self.iters, 1e-6, M=M, BT=64)
-        x_in = (self.X.float() * h_pre[..., None]).sum(1).to(self.X.dtype)   # the sublayer's input
-        out = self.y                                                       # stands for the sublayer's output
-        Xn = torch.bmm(self.res.view(T, M, M).to(self.X.dtype), self.X) + (h_post[..., None] * out[:, None].float()).to(self.X.dtype)
+        x_in = (self.X.float() * h_pre[..., None]).sum(1).to(self.X.dtype)  # the sublayer's input
+        out = self.y  # stands for the sublayer's output
+        Xn = torch.bmm(self.res.view(T, M, M).to(self.X.dtype), self.X) + (h_post[..., None] * out[:, None].float()).to(
+            self.X.dtype
+        )
         self.X.copy_(Xn)
         return x_in
 
@@ -1190,13 +1399,15 @@ class MHCOp:
 class ElementwiseOp:
     def __init__(self, rec: dict, device, dtype):
         import torch
-        n = max(1, rec["bytes"] // 4)          # bf16: read n x 2 bytes, write n x 2 bytes
+
+        n = max(1, rec["bytes"] // 4)  # bf16: read n x 2 bytes, write n x 2 bytes
         self.x = torch.randn(n, device=device, dtype=dtype)
         self.y = torch.empty_like(self.x)
         self.bytes = rec["bytes"]
 
     def __call__(self):
         import torch
+
         return torch.mul(self.x, 1.0009765625, out=self.y)
 
 
@@ -1205,6 +1416,7 @@ def time_instances(make, device, n_inst: int, reps: int = 7, target_ms: float = 
     """Median GPU ms of one op instance: n_inst instances (rotating input sets) captured in one CUDA graph,
     replayed `inner` times per timed interval (interval >= target_ms), median over `reps` intervals."""
     import torch
+
     if device.type != "cuda":
         n_inst = 1
     insts = [make(i) for i in range(n_inst)]
@@ -1243,8 +1455,9 @@ def time_instances(make, device, n_inst: int, reps: int = 7, target_ms: float = 
         b.synchronize()
         ts.append(a.elapsed_time(b) / inner / n_inst)
     del g
-    return float(np.median(ts)), dict(graph=True, instances=n_inst, inner=inner,
-                                      spread=float((max(ts) - min(ts)) / max(np.median(ts), 1e-9)))
+    return float(np.median(ts)), dict(
+        graph=True, instances=n_inst, inner=inner, spread=float((max(ts) - min(ts)) / max(np.median(ts), 1e-9))
+    )
 
 
 def n_instances(footprint_bytes: int, limit_bytes: int = 6 * 2**30) -> int:
@@ -1284,8 +1497,12 @@ def attn_cache_bytes(rec: dict, cfg: dict) -> int:
 
 
 # ------------------------------------------------------------------ pricing
-CFG_FOR_KIND = {"v4_csa": "deepseek-v4-flash", "v4_hca": "deepseek-v4-flash", "v4_swa": "deepseek-v4-flash",
-                "mla": "deepseek-v3"}
+CFG_FOR_KIND = {
+    "v4_csa": "deepseek-v4-flash",
+    "v4_hca": "deepseek-v4-flash",
+    "v4_swa": "deepseek-v4-flash",
+    "mla": "deepseek-v3",
+}
 
 
 def v4_model_for(rec: dict) -> str:
@@ -1331,6 +1548,7 @@ def op_footprint(rec: dict) -> int:
 def price_record(rec: dict, device, dtype, tune=None, max_bytes: int = 48 * 2**30) -> dict:
     """The record with "ms" (or "skipped": reason)."""
     import torch
+
     out = dict(rec)
     op = rec["op"]
     if op == "comm":
@@ -1367,56 +1585,74 @@ def tune_attention(device, dtype) -> dict:
     """Pick the attention and indexer launch parameters on the GPU from a few candidates, timed on two V4 CSA
     decode shapes (B 64 x q 2 x 8K and B 4 x q 8 x 32K); the first that compiles and is fastest wins."""
     import torch
+
     if device.type != "cuda":
         return {"attn": dict(ATTN_TUNE), "indexer": dict(INDEXER_TUNE)}
     cfg = load_config("deepseek-v4-flash")
-    cands = [dict(block_n=32, block_dv=256, num_warps=8, num_stages=2),
-             dict(block_n=32, block_dv=512, num_warps=8, num_stages=1),
-             dict(block_n=16, block_dv=512, num_warps=8, num_stages=2),
-             dict(block_n=64, block_dv=128, num_warps=8, num_stages=2),
-             dict(block_n=32, block_dv=128, num_warps=4, num_stages=2)]
-    recs = [dict(op="attn", kind="v4_csa", phase="decode", batch=64, q=2, kv=8192, heads=64),
-            dict(op="attn", kind="v4_swa", phase="decode", batch=256, q=4, kv=2048, heads=64)]
+    cands = [
+        dict(block_n=32, block_dv=256, num_warps=8, num_stages=2),
+        dict(block_n=32, block_dv=512, num_warps=8, num_stages=1),
+        dict(block_n=16, block_dv=512, num_warps=8, num_stages=2),
+        dict(block_n=64, block_dv=128, num_warps=8, num_stages=2),
+        dict(block_n=32, block_dv=128, num_warps=4, num_stages=2),
+    ]
+    recs = [
+        dict(op="attn", kind="v4_csa", phase="decode", batch=64, q=2, kv=8192, heads=64),
+        dict(op="attn", kind="v4_swa", phase="decode", batch=256, q=4, kv=2048, heads=64),
+    ]
     res = {}
     best, best_t = None, float("inf")
     for c in cands:
         try:
             t = 0.0
             for r in recs:
-                ms, _ = time_instances(lambda i, r=r, c=c: attn_core(r, cfg, 1, device, dtype, i,
-                                                                     {"attn": c}).run, device, 1, reps=3)
+                ms, _ = time_instances(
+                    lambda i, r=r, c=c: attn_core(r, cfg, 1, device, dtype, i, {"attn": c}).run, device, 1, reps=3
+                )
                 t += ms
             res[json.dumps(c)] = round(t, 4)
             if t < best_t:
                 best, best_t = c, t
-        except Exception as e:   # noqa: BLE001 - a candidate that fails to compile is skipped
+        except Exception as e:  # noqa: BLE001 - a candidate that fails to compile is skipped
             res[json.dumps(c)] = f"{type(e).__name__}: {str(e)[:120]}"
     ATTN_TUNE.update(best or {})
     ires = {}
     ibest, ibt = None, float("inf")
     rec = dict(op="attn", kind="v4_csa", phase="decode", batch=32, q=4, kv=32768, heads=64)
-    for c in [dict(block_n=64, tq=8, num_warps=4), dict(block_n=128, tq=8, num_warps=8),
-              dict(block_n=64, tq=4, num_warps=4), dict(block_n=32, tq=8, num_warps=4)]:
+    for c in [
+        dict(block_n=64, tq=8, num_warps=4),
+        dict(block_n=128, tq=8, num_warps=8),
+        dict(block_n=64, tq=4, num_warps=4),
+        dict(block_n=32, tq=8, num_warps=4),
+    ]:
         try:
             core = attn_core(rec, cfg, 1, device, dtype, 0, {"indexer": c})
+
             def fn(c=c, core=core):
-                return indexer_logits(core.idx_q, core.idx_w, core.idx_pool, core.groups, core.nvis, core.l_max,
-                                      core.logits, c)
+                return indexer_logits(
+                    core.idx_q, core.idx_w, core.idx_pool, core.groups, core.nvis, core.l_max, core.logits, c
+                )
+
             ms, _ = time_instances(lambda i, fn=fn: fn, device, 1, reps=3)
             ires[json.dumps(c)] = round(ms, 4)
             if ms < ibt:
                 ibest, ibt = c, ms
-        except Exception as e:   # noqa: BLE001
+        except Exception as e:  # noqa: BLE001
             ires[json.dumps(c)] = f"{type(e).__name__}: {str(e)[:120]}"
     INDEXER_TUNE.update(ibest or {})
     torch.cuda.empty_cache()
-    return {"attn": dict(ATTN_TUNE), "indexer": dict(INDEXER_TUNE), "attn_candidates_ms": res,
-            "indexer_candidates_ms": ires}
+    return {
+        "attn": dict(ATTN_TUNE),
+        "indexer": dict(INDEXER_TUNE),
+        "attn_candidates_ms": res,
+        "indexer_candidates_ms": ires,
+    }
 
 
 def check_kernels(device, dtype, small: bool = False) -> dict:
     """Relative error of the Triton attention / indexer (and the MLA path) against float64 references."""
     import torch
+
     cfgv = load_config("deepseek-v4-flash")
     cfgm = load_config("deepseek-v3")
     out = {}
@@ -1441,8 +1677,9 @@ def check_kernels(device, dtype, small: bool = False) -> dict:
                 rl = core.reference_logits()
                 fin = torch.isfinite(rl)
                 same_inf = bool((torch.isfinite(lg) == fin).all())
-                out[f"{kind}_{si}_logits"] = float(((lg[fin] - rl[fin]).norm() / rl[fin].norm()).item()) \
-                    if same_inf else float("inf")
+                out[f"{kind}_{si}_logits"] = (
+                    float(((lg[fin] - rl[fin]).norm() / rl[fin].norm()).item()) if same_inf else float("inf")
+                )
     if device.type == "cuda":
         detect_fp8(device)
         x = torch.randn(100, 4096, device=device, dtype=dtype)
@@ -1475,26 +1712,34 @@ def write_json_atomic(path: str | Path, obj) -> None:
 
 def gpu_line(device) -> dict:
     import torch
+
     if device.type != "cuda":
         return dict(gpu="cpu (dry run)", torch=torch.__version__)
     p = torch.cuda.get_device_properties(0)
-    return dict(gpu=torch.cuda.get_device_name(0), torch=torch.__version__, cuda=torch.version.cuda,
-                sms=p.multi_processor_count, mem_gib=round(p.total_memory / 2**30, 1))
+    return dict(
+        gpu=torch.cuda.get_device_name(0),
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        sms=p.multi_processor_count,
+        mem_gib=round(p.total_memory / 2**30, 1),
+    )
 
 
 def copy_bandwidth(device) -> float:
     import torch
+
     if device.type != "cuda":
         return 0.0
     x = torch.empty(2 * 2**30, dtype=torch.uint8, device=device)
     y = torch.empty_like(x)
-    ms, _ = time_instances(lambda i, x=x, y=y: (lambda: y.copy_(x)), device, 1, reps=5)
+    ms, _ = time_instances(lambda i, x=x, y=y: lambda: y.copy_(x), device, 1, reps=5)
     del x, y
     return 2 * 2 * 2**30 / (ms * 1e-3) / 1e12
 
 
 def price_main(a) -> int:
     import torch
+
     if a.dry_run:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     device = torch.device("cpu" if a.dry_run else "cuda")
@@ -1519,7 +1764,7 @@ def price_main(a) -> int:
         fp8 = detect_fp8(device)
         info["fp8"] = {k: v for k, v in fp8.items()}
         info["tune"] = tune_attention(device, dtype)
-        info["copy_tb_s"] = round(copy_bandwidth(device), 3)      # after the tuning warmed the clocks
+        info["copy_tb_s"] = round(copy_bandwidth(device), 3)  # after the tuning warmed the clocks
         print(json.dumps(info), flush=True)
     tune = {"attn": dict(ATTN_TUNE), "indexer": dict(INDEXER_TUNE)}
     order = list(range(len(ops))) if a.keep_order else sorted(range(len(ops)), key=lambda i: _priority(ops[i]))
@@ -1531,7 +1776,7 @@ def price_main(a) -> int:
         rec = {k: v for k, v in ops[i].items() if k != "ms"}
         try:
             priced[i] = price_record(rec, device, dtype, tune)
-        except Exception as e:   # noqa: BLE001 - one failing record must not lose the table
+        except Exception as e:  # noqa: BLE001 - one failing record must not lose the table
             priced[i] = dict(rec, skipped=f"{type(e).__name__}: {str(e)[:200]}")
         if time.time() - last_write > 20 or n_done == len(order) - 1:
             _write_table(a, ops, priced, info, t0)
@@ -1540,8 +1785,11 @@ def price_main(a) -> int:
             print(json.dumps(priced[i]), flush=True)
     _write_table(a, ops, priced, info, t0)
     n_ms = sum(1 for r in priced.values() if "ms" in r)
-    print(f"priced {n_ms} of {len(ops)} records ({len(priced) - n_ms} skipped, {len(ops) - len(priced)} not reached) "
-          f"in {time.time() - t0:.0f}s -> {a.out}", flush=True)
+    print(
+        f"priced {n_ms} of {len(ops)} records ({len(priced) - n_ms} skipped, {len(ops) - len(priced)} not reached) "
+        f"in {time.time() - t0:.0f}s -> {a.out}",
+        flush=True,
+    )
     return 0
 
 
@@ -1560,26 +1808,43 @@ def _write_table(a, ops, priced, info, t0) -> None:
     skipped = [priced[i] for i in sorted(priced) if "ms" not in priced[i]]
     fp8 = info.get("fp8", {})
     mode = fp8.get("gemm_mode")
-    fp8_line = {"block": "fp8 GEMMs with DeepSeek's block scales (1x128 activation groups, 128x128 weight "
-                         "blocks) through torch.nn.functional.scaled_mm",
-                "row": "fp8 GEMMs with per-row / per-column scales (this torch build has no block-scaled "
-                       "FP8 matmul on this GPU)",
-                "tensor": "fp8 GEMMs with per-tensor scales"}.get(mode, "fp8 mode: dry run")
-    grouped = ("fp8 MoE: torch._scaled_grouped_mm with per-row / per-column scales"
-               if fp8.get("grouped_mode") == "row" else "fp8 MoE: a loop of per-expert scaled GEMMs")
-    prov = {"kind": "measured", "hardware": "NVIDIA H200 SXM" if "H200" in info.get("gpu", "") else info.get("gpu"),
-            "engine": "torch + Triton (validator/gpu/moe_ops.py)", "engine_version": f"torch {info.get('torch')}",
-            "date": time.strftime("%Y-%m-%d", time.gmtime()),
-            "method": ("CUDA-graph replay of each op (several instances over rotating inputs, >= 2 x L2 where "
-                       "memory allows), median of 7 timed intervals; random bf16/fp8 data; " + fp8_line + "; "
-                       + grouped + "; fp4 experts run as fp8 (no FP4 tensor cores on Hopper); MoE routing "
-                       "uniform (each token picks top-k distinct experts uniformly; seeded); attention cores "
-                       "as in the module docstring (projection GEMMs excluded); comm not measured"),
-            "command": "python3 -m validator.gpu.moe_ops price --ops OPS.json --out profiles/kernels/h200-torch.json",
-            "source": "own measurement",
-            "gpu": info, "records_requested": len(ops), "records_priced": len(records),
-            "records_skipped": skipped, "records_not_reached": len(ops) - len(priced),
-            "wall_s": round(time.time() - t0, 1)}
+    fp8_line = {
+        "block": "fp8 GEMMs with DeepSeek's block scales (1x128 activation groups, 128x128 weight "
+        "blocks) through torch.nn.functional.scaled_mm",
+        "row": "fp8 GEMMs with per-row / per-column scales (this torch build has no block-scaled "
+        "FP8 matmul on this GPU)",
+        "tensor": "fp8 GEMMs with per-tensor scales",
+    }.get(mode, "fp8 mode: dry run")
+    grouped = (
+        "fp8 MoE: torch._scaled_grouped_mm with per-row / per-column scales"
+        if fp8.get("grouped_mode") == "row"
+        else "fp8 MoE: a loop of per-expert scaled GEMMs"
+    )
+    prov = {
+        "kind": "measured",
+        "hardware": "NVIDIA H200 SXM" if "H200" in info.get("gpu", "") else info.get("gpu"),
+        "engine": "torch + Triton (validator/gpu/moe_ops.py)",
+        "engine_version": f"torch {info.get('torch')}",
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "method": (
+            "CUDA-graph replay of each op (several instances over rotating inputs, >= 2 x L2 where "
+            "memory allows), median of 7 timed intervals; random bf16/fp8 data; "
+            + fp8_line
+            + "; "
+            + grouped
+            + "; fp4 experts run as fp8 (no FP4 tensor cores on Hopper); MoE routing "
+            "uniform (each token picks top-k distinct experts uniformly; seeded); attention cores "
+            "as in the module docstring (projection GEMMs excluded); comm not measured"
+        ),
+        "command": "python3 -m validator.gpu.moe_ops price --ops OPS.json --out profiles/kernels/h200-torch.json",
+        "source": "own measurement",
+        "gpu": info,
+        "records_requested": len(ops),
+        "records_priced": len(records),
+        "records_skipped": skipped,
+        "records_not_reached": len(ops) - len(priced),
+        "wall_s": round(time.time() - t0, 1),
+    }
     write_json_atomic(a.out, {"name": a.name, "provenance": prov, "records": records})
 
 
@@ -1598,8 +1863,13 @@ def dry_run_records(ops: list[dict]) -> list[dict]:
         elif r["op"] == "moe":
             r.update(tokens=min(r["tokens"], 16), hidden=128, inter=64, experts=16, ep=4)
         elif r["op"] == "attn":
-            r.update(batch=min(r["batch"], 2), q=min(r["q"], 80), kv=min(r["kv"], 600), model="__dry__",
-                     heads=16 if r["kind"] != "mla" else 4)
+            r.update(
+                batch=min(r["batch"], 2),
+                q=min(r["q"], 80),
+                kv=min(r["kv"], 600),
+                model="__dry__",
+                heads=16 if r["kind"] != "mla" else 4,
+            )
         elif r["op"] == "mhc":
             r.update(tokens=min(r["tokens"], 8), hidden=64)
         elif r["op"] == "elementwise":
@@ -1612,18 +1882,31 @@ def _dry_cfg(kind: str) -> dict:
     """A shrunken config (same structure, small dims) for CPU dry runs."""
     base = load_config("deepseek-v3" if kind == "mla" else "deepseek-v4-flash")
     if kind == "mla":
-        return dict(base, num_attention_heads=4, kv_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=16,
-                    v_head_dim=16)
-    return dict(base, num_attention_heads=16, head_dim=64, qk_rope_head_dim=16, sliding_window=8,
-                index_n_heads=16, index_head_dim=32, index_topk=8)
+        return dict(
+            base, num_attention_heads=4, kv_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16
+        )
+    return dict(
+        base,
+        num_attention_heads=16,
+        head_dim=64,
+        qk_rope_head_dim=16,
+        sliding_window=8,
+        index_n_heads=16,
+        index_head_dim=32,
+        index_topk=8,
+    )
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("grid", help="write the fallback op grid")
-    g.add_argument("--spec", action="append", default=[],
-                   help="MODEL:TOPOLOGY (default deepseek-v4-flash:dp8-ep8 and deepseek-v3:tp8-ep8)")
+    g.add_argument(
+        "--spec",
+        action="append",
+        default=[],
+        help="MODEL:TOPOLOGY (default deepseek-v4-flash:dp8-ep8 and deepseek-v3:tp8-ep8)",
+    )
     g.add_argument("--quick", action="store_true", help="a thinned grid")
     g.add_argument("--out", default="-")
     p = sub.add_parser("price", help="price op records on this GPU")
@@ -1654,6 +1937,7 @@ def main(argv=None) -> int:
     if a.cmd == "price":
         return price_main(a)
     import torch
+
     if a.dry_run:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     dev = torch.device("cpu" if a.dry_run else "cuda")

@@ -22,6 +22,7 @@ Step logs: JSONL, one object per engine step {"q": [query tokens per request], "
 request], "predicted_ms": ..., optionally "predicted_shard_ms" (the per-GPU compute prediction, communication
 excluded: preferred when present), "concurrency"}. A request with q > 64 tokens is a prefill chunk.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,12 +67,13 @@ class GroupedProj:
 
     def __init__(self, G: int, n_out: int, k: int, device, dtype):
         import torch
+
         self.G, self.n_out, self.k = G, n_out, k
         self.fp8 = False
         self.align = 1
         if device.type == "cuda" and O.FP8.get("grouped_mode") == "row":
             self.w = (torch.randn(G, n_out, k, device=device) * 0.5).to(torch.float8_e4m3fn)
-            self.sw = torch.rand(G, n_out, device=device) * k ** -0.5
+            self.sw = torch.rand(G, n_out, device=device) * k**-0.5
             self.fp8 = True
             for al in (1, 16):
                 try:
@@ -79,20 +81,21 @@ class GroupedProj:
                     self(torch.randn(3, G, k, device=device, dtype=torch.bfloat16))
                     torch.cuda.synchronize()
                     break
-                except Exception:   # noqa: BLE001 - try the next alignment, then bf16
+                except Exception:  # noqa: BLE001 - try the next alignment, then bf16
                     self.align = 0
             if not self.align:
                 self.fp8 = False
         if not self.fp8:
-            self.w = torch.randn(G, k, n_out, device=device, dtype=dtype) * k ** -0.5
+            self.w = torch.randn(G, k, n_out, device=device, dtype=dtype) * k**-0.5
 
     def __call__(self, x):
         """x [N, G, k] -> [N, G x n_out]."""
         import torch
+
         N = x.shape[0]
         if not self.fp8:
             return torch.bmm(x.transpose(0, 1), self.w).transpose(0, 1).reshape(N, -1)
-        xg = x.transpose(0, 1)                                         # [G, N, k]
+        xg = x.transpose(0, 1)  # [G, N, k]
         if self.align > 1 and N % self.align:
             xg = torch.nn.functional.pad(xg, (0, 0, 0, self.align - N % self.align))
         amax = xg.abs().amax(-1).float().clamp(min=1e-4)
@@ -105,6 +108,7 @@ class GroupedProj:
 class V4Layer:
     def __init__(self, d: dict, kind: str, device, dtype, tp: int):
         import torch
+
         L = O.Linear
         h, D, H = d["hidden"], d["head_dim"], d["heads"]
         self.kind, self.d = kind, d
@@ -122,20 +126,31 @@ class V4Layer:
             self.iw = L(d["index_heads"], h, False, device, dtype)
             self.icomp = L(2 * O.compressor_width(4) * d["index_dim"], h, True, device, dtype)
         M = d["hc_mult"]
-        self.phi = [torch.randn(M * h, 2 * M + M * M, device=device, dtype=dtype) * (M * h) ** -0.5
-                    for _ in range(2)]
-        self.router = torch.randn(d["experts"], h, device=device, dtype=dtype) * h ** -0.5
+        self.phi = [torch.randn(M * h, 2 * M + M * M, device=device, dtype=dtype) * (M * h) ** -0.5 for _ in range(2)]
+        self.router = torch.randn(d["experts"], h, device=device, dtype=dtype) * h**-0.5
         si = d["inter"] * d["shared"] // tp
         self.sh_gu = L(2 * si, h, True, device, dtype)
         self.sh_down = L(h, si, True, device, dtype)
         self.norms = torch.ones(4, max(h, d["q_lora"]), device=device, dtype=dtype)
-        self.moe_w = O.MoEOp(dict(tokens=1, hidden=h, inter=d["inter"], topk=d["topk_experts"],
-                                  experts=d["experts"], ep=d["ep"], dtype="fp8"), device, dtype)
+        self.moe_w = O.MoEOp(
+            dict(
+                tokens=1,
+                hidden=h,
+                inter=d["inter"],
+                topk=d["topk_experts"],
+                experts=d["experts"],
+                ep=d["ep"],
+                dtype="fp8",
+            ),
+            device,
+            dtype,
+        )
 
 
 class V3Layer:
     def __init__(self, d: dict, dense: bool, device, dtype):
         import torch
+
         L = O.Linear
         h, H = d["hidden"], d["heads"]
         self.dense = dense
@@ -151,16 +166,28 @@ class V3Layer:
             self.gu = L(2 * d["dense_inter"] // tp, h, True, device, dtype)
             self.down = L(h, d["dense_inter"] // tp, True, device, dtype)
         else:
-            self.router = torch.randn(d["experts"], h, device=device, dtype=dtype) * h ** -0.5
+            self.router = torch.randn(d["experts"], h, device=device, dtype=dtype) * h**-0.5
             si = d["inter"] * d["shared"] // tp
             self.sh_gu = L(2 * si, h, True, device, dtype)
             self.sh_down = L(h, si, True, device, dtype)
-            self.moe_w = O.MoEOp(dict(tokens=1, hidden=h, inter=d["inter"], topk=d["topk_experts"],
-                                      experts=d["experts"], ep=d["ep"], dtype="fp8"), device, dtype)
+            self.moe_w = O.MoEOp(
+                dict(
+                    tokens=1,
+                    hidden=h,
+                    inter=d["inter"],
+                    topk=d["topk_experts"],
+                    experts=d["experts"],
+                    ep=d["ep"],
+                    dtype="fp8",
+                ),
+                device,
+                dtype,
+            )
 
 
 def _swiglu(h, limit=10.0):
     import torch
+
     i = h.shape[-1] // 2
     g, u = h[:, :i].float(), h[:, i:].float()
     if limit:
@@ -170,6 +197,7 @@ def _swiglu(h, limit=10.0):
 
 def _rms(x, w):
     import torch
+
     return torch.nn.functional.rms_norm(x, (x.shape[-1],), w[: x.shape[-1]], 1e-6)
 
 
@@ -180,6 +208,7 @@ class Shard:
 
     def __init__(self, model: str, topo: O.Topology, device, dtype, layers: int = 0, dry: bool = False):
         import torch
+
         self.cfg = O._dry_cfg("mla" if "v3" in model else "v4") if dry else O.load_config(model)
         self.v4 = O.is_v4(self.cfg)
         self.topo, self.device, self.dtype = topo, device, dtype
@@ -187,8 +216,17 @@ class Shard:
         if self.v4:
             d = O.v4_dims(self.cfg, tp)
             if dry:
-                d.update(hidden=256, q_lora=128, o_lora=64, inter=64, experts=16, vocab=512,
-                         head_dim=64, heads=16 // tp or 1, o_groups=2)
+                d.update(
+                    hidden=256,
+                    q_lora=128,
+                    o_lora=64,
+                    inter=64,
+                    experts=16,
+                    vocab=512,
+                    head_dim=64,
+                    heads=16 // tp or 1,
+                    o_groups=2,
+                )
             d["ep"] = topo.ep
             self.d = d
             ratios = d["ratios"]
@@ -211,19 +249,25 @@ class Shard:
             self.full_layers = d["layers"]
         self.depth_scale = self.full_layers / len(self.layers)
         h = self.d["hidden"]
-        self.lm_head = torch.randn(self.d["vocab"] // tp, h, device=device, dtype=dtype) * h ** -0.5
+        self.lm_head = torch.randn(self.d["vocab"] // tp, h, device=device, dtype=dtype) * h**-0.5
         self.final_norm = torch.ones(h, device=device, dtype=dtype)
 
     def weight_bytes(self) -> int:
         import torch
+
         tot = 0
         seen = set()
         for lay in self.layers:
             for v in vars(lay).values():
                 objs = v if isinstance(v, list) else [v]
                 for o in objs:
-                    ts = [o] if isinstance(o, torch.Tensor) else [getattr(o, a) for a in ("w", "w13", "w2")
-                                                                  if isinstance(getattr(o, a, None), torch.Tensor)]
+                    ts = (
+                        [o]
+                        if isinstance(o, torch.Tensor)
+                        else [
+                            getattr(o, a) for a in ("w", "w13", "w2") if isinstance(getattr(o, a, None), torch.Tensor)
+                        ]
+                    )
                     for t in ts:
                         if t.data_ptr() not in seen:
                             seen.add(t.data_ptr())
@@ -233,24 +277,27 @@ class Shard:
     # -------------------------------------------------------------- V4
     def _mhc_pre(self, X, phi, res):
         import torch
+
         T, M, h = X.shape
         flat = torch.nn.functional.rms_norm(X.reshape(T, M * h), (M * h,), eps=1e-6)
         mix = (flat @ phi).float()
         h_pre = torch.sigmoid(mix[:, :M])
-        h_post = 2 * torch.sigmoid(mix[:, M:2 * M])
-        lg = mix[:, 2 * M:].contiguous()
+        h_post = 2 * torch.sigmoid(mix[:, M : 2 * M])
+        lg = mix[:, 2 * M :].contiguous()
         O.kernels()["sinkhorn"][(O.triton_cdiv(T, 64),)](lg, res, T, self.d["hc_iters"], 1e-6, M=M, BT=64)
         x_in = (X.float() * h_pre[..., None]).sum(1).to(X.dtype)
         return x_in, h_post
 
     def _mhc_post(self, X, y, h_post, res):
         import torch
+
         T, M, _ = X.shape
         Xn = torch.bmm(res.view(T, M, M).to(X.dtype), X) + (h_post[..., None] * y[:, None].float()).to(X.dtype)
         X.copy_(Xn)
 
     def _v4_step(self, q_lens, ctx_lens, total, seed):
         import torch
+
         d, dev, dt = self.d, self.device, self.dtype
         N = int(sum(q_lens))
         h, D, H, M = d["hidden"], d["head_dim"], d["heads"], d["hc_mult"]
@@ -258,8 +305,16 @@ class Shard:
         cores = {}
         for k in sorted(set(self.kinds)):
             cores[k] = O.V4Core(k, d, q_lens, ctx_lens, dev, dt, seed, tune)
-        moe_rec = dict(tokens=total, hidden=h, inter=d["inter"], topk=d["topk_experts"], experts=d["experts"],
-                       ep=d["ep"], dtype="fp8", swiglu_limit=d["swiglu_limit"])
+        moe_rec = dict(
+            tokens=total,
+            hidden=h,
+            inter=d["inter"],
+            topk=d["topk_experts"],
+            experts=d["experts"],
+            ep=d["ep"],
+            dtype="fp8",
+            swiglu_limit=d["swiglu_limit"],
+        )
         moes = [O.MoEOp(moe_rec, dev, dt, seed + i, weights=lay.moe_w, rank="max") for i, lay in enumerate(self.layers)]
         X = torch.randn(N, M, h, device=dev, dtype=dt)
         res = torch.empty(N, M * M, device=dev, dtype=torch.float32)
@@ -291,7 +346,7 @@ class Shard:
                 logits = xn @ lay.router.t()
                 sc = torch.sqrt(torch.nn.functional.softplus(logits.float()))
                 torch.topk(sc, d["topk_experts"], dim=-1)
-                moe()                                   # routed experts on the rows dispatched to this rank
+                moe()  # routed experts on the rows dispatched to this rank
                 y = lay.sh_down(_swiglu(lay.sh_gu(xn), d["swiglu_limit"]))
                 self._mhc_post(X, y, h_post, res)
             xf = _rms(X.sum(1), self.final_norm)
@@ -302,16 +357,27 @@ class Shard:
     # -------------------------------------------------------------- V3
     def _v3_step(self, q_lens, ctx_lens, total, seed):
         import torch
+
         d, dev, dt = self.d, self.device, self.dtype
         N = int(sum(q_lens))
         h, H = d["hidden"], d["heads"]
         dn, dr, dl = d["nope_dim"], d["rope_dim"], d["kv_lora"]
         tune = {"attn": dict(O.ATTN_TUNE)}
         core = O.MLACore(d, q_lens, ctx_lens, dev, dt, seed, tune)
-        moe_rec = dict(tokens=total, hidden=h, inter=d["inter"], topk=d["topk_experts"], experts=d["experts"],
-                       ep=d["ep"], dtype="fp8", swiglu_limit=0.0)
-        moes = [O.MoEOp(moe_rec, dev, dt, seed + i, weights=lay.moe_w, rank="max") if not lay.dense else None
-                for i, lay in enumerate(self.layers)]
+        moe_rec = dict(
+            tokens=total,
+            hidden=h,
+            inter=d["inter"],
+            topk=d["topk_experts"],
+            experts=d["experts"],
+            ep=d["ep"],
+            dtype="fp8",
+            swiglu_limit=0.0,
+        )
+        moes = [
+            O.MoEOp(moe_rec, dev, dt, seed + i, weights=lay.moe_w, rank="max") if not lay.dense else None
+            for i, lay in enumerate(self.layers)
+        ]
         x = torch.randn(N, h, device=dev, dtype=dt)
         rows = torch.as_tensor(logit_rows(q_lens), device=dev)
         qabs = torch.empty(N, H, dl + dr, device=dev, dtype=dt)
@@ -323,10 +389,10 @@ class Shard:
                 qa = _rms(lay.q_a(xn), lay.norms[1])
                 q = lay.q_b(qa).view(N, H, dn + dr)
                 lat = lay.kv_a(xn)
-                qn = torch.bmm(q[..., :dn].transpose(0, 1), lay.w_uk)          # [H, N, dl]
+                qn = torch.bmm(q[..., :dn].transpose(0, 1), lay.w_uk)  # [H, N, dl]
                 qabs[..., :dl].copy_(qn.transpose(0, 1))
                 qabs[..., dl:].copy_(q[..., dn:])
-                o = core.run(qabs, lat, q)                                    # [N, H, dl]
+                o = core.run(qabs, lat, q)  # [N, H, dl]
                 ov = torch.bmm(o.transpose(0, 1), lay.w_uv).transpose(0, 1).reshape(N, H * d["v_dim"])
                 x.add_(lay.o_proj(ov))
                 xn = _rms(x, lay.norms[2])
@@ -349,6 +415,7 @@ class Shard:
 def time_step(fn, device, reps: int = 5, warm: int = 2) -> tuple[float, list[float]]:
     """Median ms of the step as one CUDA graph (CPU: eager wall time)."""
     import torch
+
     if device.type != "cuda":
         fn()
         t0 = time.perf_counter()
@@ -385,22 +452,38 @@ def read_steplog(path: str) -> list[dict]:
             st = json.loads(line)
         except json.JSONDecodeError as e:
             raise SystemExit(f"error: {path}:{ln}: not JSON ({e.msg})") from None
-        if not isinstance(st, dict) or not isinstance(st.get("q"), list) or not isinstance(st.get("ctx"), list) \
-                or len(st["q"]) != len(st["ctx"]) or not st["q"]:
+        if (
+            not isinstance(st, dict)
+            or not isinstance(st.get("q"), list)
+            or not isinstance(st.get("ctx"), list)
+            or len(st["q"]) != len(st["ctx"])
+            or not st["q"]
+        ):
             raise SystemExit(f"error: {path}:{ln}: a step needs equal-length non-empty 'q' and 'ctx' lists")
         steps.append(st)
     return steps
 
 
 def error_summary(rows: list[dict]) -> dict:
-    errs = [abs(r["measured_ms"] - r["predicted_ms"]) / r["measured_ms"] * 100 for r in rows
-            if r.get("predicted_ms") is not None and r["measured_ms"] > 0]
-    signed = [(r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"] * 100 for r in rows
-              if r.get("predicted_ms") is not None and r["measured_ms"] > 0]
+    errs = [
+        abs(r["measured_ms"] - r["predicted_ms"]) / r["measured_ms"] * 100
+        for r in rows
+        if r.get("predicted_ms") is not None and r["measured_ms"] > 0
+    ]
+    signed = [
+        (r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"] * 100
+        for r in rows
+        if r.get("predicted_ms") is not None and r["measured_ms"] > 0
+    ]
     if not errs:
         return dict(steps=len(rows), compared=0)
-    return dict(steps=len(rows), compared=len(errs), median_abs_pct=round(float(np.median(errs)), 2),
-                p90_abs_pct=round(float(np.percentile(errs, 90)), 2), mean_signed_pct=round(float(np.mean(signed)), 2))
+    return dict(
+        steps=len(rows),
+        compared=len(errs),
+        median_abs_pct=round(float(np.median(errs)), 2),
+        p90_abs_pct=round(float(np.percentile(errs, 90)), 2),
+        mean_signed_pct=round(float(np.mean(signed)), 2),
+    )
 
 
 def replay(shard: Shard, steps: list[dict], device, reps: int, dry: bool) -> tuple[list[dict], dict]:
@@ -415,21 +498,45 @@ def replay(shard: Shard, steps: list[dict], device, reps: int, dry: bool) -> tup
         ms, ts = time_step(fn, device, reps)
         ms *= shard.depth_scale
         pred = st.get("predicted_shard_ms", st.get("predicted_ms"))
-        rows.append(dict(step=st.get("step", i), concurrency=st.get("concurrency"), requests=len(st["q"]),
-                         tokens=sum(int(x) for x in st["q"]), shard_requests=len(ql), shard_tokens=sum(ql),
-                         shard_kv=sum(cl), moe_tokens=total, measured_ms=round(ms, 4),
-                         predicted_ms=pred, predicted_key="predicted_shard_ms" if "predicted_shard_ms" in st
-                         else "predicted_ms", spread=round((max(ts) - min(ts)) / max(ms, 1e-9), 4) if ts else None))
+        rows.append(
+            dict(
+                step=st.get("step", i),
+                concurrency=st.get("concurrency"),
+                requests=len(st["q"]),
+                tokens=sum(int(x) for x in st["q"]),
+                shard_requests=len(ql),
+                shard_tokens=sum(ql),
+                shard_kv=sum(cl),
+                moe_tokens=total,
+                measured_ms=round(ms, 4),
+                predicted_ms=pred,
+                predicted_key="predicted_shard_ms" if "predicted_shard_ms" in st else "predicted_ms",
+                spread=round((max(ts) - min(ts)) / max(ms, 1e-9), 4) if ts else None,
+            )
+        )
         del fn
         if device.type == "cuda":
             import torch
+
             torch.cuda.empty_cache()
     return rows, error_summary(rows)
 
 
 LAYER_SHAPES = [  # (batch, q, kv): decode/verify per attention rank, then prefill chunks
-    (1, 1, 2048), (1, 8, 8192), (8, 4, 8192), (32, 1, 8192), (32, 4, 8192), (32, 8, 32768), (64, 2, 8192),
-    (128, 4, 4096), (256, 1, 2048), (256, 4, 8192), (1, 2048, 0), (1, 8192, 8192), (2, 1024, 32768)]
+    (1, 1, 2048),
+    (1, 8, 8192),
+    (8, 4, 8192),
+    (32, 1, 8192),
+    (32, 4, 8192),
+    (32, 8, 32768),
+    (64, 2, 8192),
+    (128, 4, 4096),
+    (256, 1, 2048),
+    (256, 4, 8192),
+    (1, 2048, 0),
+    (1, 8192, 8192),
+    (2, 1024, 32768),
+]
 
 
 def layer_records(shard: Shard, device, reps: int, dry: bool, shapes=None, on_record=None) -> list[dict]:
@@ -439,7 +546,7 @@ def layer_records(shard: Shard, device, reps: int, dry: bool, shapes=None, on_re
     model = shard.cfg.get("_name", "")
     topo = f"{shard.topo.attn}{shard.topo.gpus}-ep{shard.topo.ep}"
     all_layers, all_kinds = shard.layers, shard.kinds
-    for b, q, kv in (shapes or LAYER_SHAPES):
+    for b, q, kv in shapes or LAYER_SHAPES:
         if dry:
             b, q, kv = min(b, 2), min(q, 80), min(kv, 300)
         for kind in sorted(set(all_kinds)):
@@ -453,9 +560,22 @@ def layer_records(shard: Shard, device, reps: int, dry: bool, shapes=None, on_re
                 # subtract the per-step tail (final norm + LM head) measured alone: layers only
                 shard.layers, shard.kinds = [], []
                 tail, _ = time_step(shard.step([q] * b, [kv] * b, total), device, reps)
-                recs.append(dict(op="layer", model=model, topology=topo, attn_kind=kind, tokens=b * q, batch=b,
-                                 q=q, kv=kv, moe_tokens=total, layers_timed=len(sel),
-                                 ms=round((ms - tail) / len(sel), 5), step_tail_ms=round(tail, 5)))
+                recs.append(
+                    dict(
+                        op="layer",
+                        model=model,
+                        topology=topo,
+                        attn_kind=kind,
+                        tokens=b * q,
+                        batch=b,
+                        q=q,
+                        kv=kv,
+                        moe_tokens=total,
+                        layers_timed=len(sel),
+                        ms=round((ms - tail) / len(sel), 5),
+                        step_tail_ms=round(tail, 5),
+                    )
+                )
                 if on_record is not None:
                     on_record(recs)
             finally:
@@ -466,6 +586,7 @@ def layer_records(shard: Shard, device, reps: int, dry: bool, shapes=None, on_re
 
 def _setup(a):
     import torch
+
     if a.dry_run:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     device = torch.device("cpu" if a.dry_run else "cuda")
@@ -492,8 +613,12 @@ def main(argv=None) -> int:
         p.add_argument("--out", required=True)
         p.add_argument("--model", default="deepseek-v4-flash")
         p.add_argument("--topology", default="")
-        p.add_argument("--layers", type=int, default=0, help="layers run (0: all; fewer: spread over the depth, "
-                                                             "time scaled to full depth)")
+        p.add_argument(
+            "--layers",
+            type=int,
+            default=0,
+            help="layers run (0: all; fewer: spread over the depth, time scaled to full depth)",
+        )
         p.add_argument("--reps", type=int, default=5)
         p.add_argument("--max-steps", type=int, default=0)
         p.add_argument("--tune", default="", help="JSON launch parameters (moe_ops price's provenance.gpu.tune)")
@@ -510,12 +635,19 @@ def main(argv=None) -> int:
             logs[src] = read_steplog(src)
     device, shard = _setup(a)
     info = O.gpu_line(device)
-    info.update(model=a.model, topology=a.topology, layers_run=len(shard.layers), full_layers=shard.full_layers,
-                weight_gib=round(shard.weight_bytes() / 2**30, 2), fp8=dict(O.FP8), tune=dict(attn=O.ATTN_TUNE,
-                                                                                       indexer=O.INDEXER_TUNE))
+    info.update(
+        model=a.model,
+        topology=a.topology,
+        layers_run=len(shard.layers),
+        full_layers=shard.full_layers,
+        weight_gib=round(shard.weight_bytes() / 2**30, 2),
+        fp8=dict(O.FP8),
+        tune=dict(attn=O.ATTN_TUNE, indexer=O.INDEXER_TUNE),
+    )
     print(json.dumps(info), flush=True)
     out = dict(info=info)
     if a.cmd == "layers":
+
         def save(recs):
             out["records"] = recs
             O.write_json_atomic(a.out, out)

@@ -3,6 +3,7 @@ the step prediction from a profile (dsim's own cost model, dsim.cost.CostModel).
 
 Imports the standard library, numpy, yaml and dsim.cost (no torch), so it runs in CPU tests too.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,14 +19,21 @@ from dsim.cost import CostModel, profile_from_dict, vllm_capture_sizes
 
 MAX_BATCHED_TOKENS = 8192
 # a tiny model for --dry-run (CPU, float32): checks the pipeline, its numbers mean nothing
-DRY_CFG = dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-               intermediate_size=256, vocab_size=1000, num_hidden_layers=2)
+DRY_CFG = dict(
+    hidden_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    intermediate_size=256,
+    vocab_size=1000,
+    num_hidden_layers=2,
+)
 CAPTURE_LIMIT = 512
-PREFILL_MIN_Q = 17          # a request with more query tokens than 16 is a prefill chunk
+PREFILL_MIN_Q = 17  # a request with more query tokens than 16 is a prefill chunk
 DRAFT_REQUESTS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
-DRAFT_CTX = 1024            # context the draft tables are measured at (stated, not modelled)
-BLOCK_K = 8                 # block drafter: tokens drafted in parallel per request
-BLOCK_LAYERS = 3            # block drafter depth
+DRAFT_CTX = 1024  # context the draft tables are measured at (stated, not modelled)
+BLOCK_K = 8  # block drafter: tokens drafted in parallel per request
+BLOCK_LAYERS = 3  # block drafter depth
 EAGLE3_DRAFT_VOCAB = 32000  # EAGLE-3 heads use a reduced draft vocabulary
 
 
@@ -58,11 +66,20 @@ def model_dims(cfg: dict) -> dict:
     V = int(cfg["vocab_size"])
     qk_norm = cfg.get("model_type", "").startswith("qwen3")
     layer_params = h * (nh + 2 * nkv) * hd + nh * hd * h + 3 * h * inter + 2 * h
-    return dict(hidden=h, heads=nh, kv_heads=nkv, head_dim=hd, layers=L, inter=inter, vocab=V,
-                qk_norm=qk_norm, layer_params=layer_params,
-                params=L * layer_params + 2 * V * h + h,
-                kv_bytes_per_token=L * 2 * nkv * hd * 2,
-                kv_bytes_per_token_layer=2 * nkv * hd * 2)
+    return dict(
+        hidden=h,
+        heads=nh,
+        kv_heads=nkv,
+        head_dim=hd,
+        layers=L,
+        inter=inter,
+        vocab=V,
+        qk_norm=qk_norm,
+        layer_params=layer_params,
+        params=L * layer_params + 2 * V * h + h,
+        kv_bytes_per_token=L * 2 * nkv * hd * 2,
+        kv_bytes_per_token_layer=2 * nkv * hd * 2,
+    )
 
 
 def model_name(cfg: dict, path: str = "") -> str:
@@ -73,6 +90,7 @@ def model_name(cfg: dict, path: str = "") -> str:
 @dataclass(frozen=True)
 class StepShape:
     """One engine step: per request, query tokens and KV context before the step."""
+
     q: tuple
     ctx: tuple
     tag: str = ""
@@ -111,14 +129,14 @@ CTX_MEDIAN, CTX_GSD = 1050.0, 1.76
 # Prompts dsim's chunked prefill puts into busy steps (whole prompts at context 0, several per step):
 # log-normal, median ~850, geometric sd ~1.9 (steplogs, c = 32 and 256)
 PROMPT_MEDIAN, PROMPT_GSD = 850.0, 1.9
-HETERO_REQUESTS = (16, 48, 64, 96, 128, 160, 192)   # held-out DSpark-like checks at other request counts
+HETERO_REQUESTS = (16, 48, 64, 96, 128, 160, 192)  # held-out DSpark-like checks at other request counts
 # Request counts of the table points: the concurrencies the step replay checks. A capture size
 # n runs with R = the smallest tier t with t <= n <= 8 t (windows 1..8), else R = n // 4 (n = 16):
 # n <= 8 -> one request (a single user's verify step), 32..256 -> 32, 264..512 -> 256.
 TABLE_TIERS = (1, 32, 256)
-FIT_EXCLUDE = ("hetero",)   # measured and reported (signed), not fitted
-SLOPE_ONLY = ("context",)   # fitted with their own intercept per (n, R, window): they set the KV slope only
-TAIL_DECODE_MAX_REQUESTS = 256    # pure-decode tail points only up to this many requests (8 tokens each)
+FIT_EXCLUDE = ("hetero",)  # measured and reported (signed), not fitted
+SLOPE_ONLY = ("context",)  # fitted with their own intercept per (n, R, window): they set the KV slope only
+TAIL_DECODE_MAX_REQUESTS = 256  # pure-decode tail points only up to this many requests (8 tokens each)
 
 
 def table_requests(n: int) -> int:
@@ -128,11 +146,13 @@ def table_requests(n: int) -> int:
     return max(1, n // 4)
 
 
-def quantile_contexts(R: int, seed: int, median: float = CTX_MEDIAN, gsd: float = CTX_GSD,
-                      lo: int = 64, hi: int = 32768) -> list[int]:
+def quantile_contexts(
+    R: int, seed: int, median: float = CTX_MEDIAN, gsd: float = CTX_GSD, lo: int = 64, hi: int = 32768
+) -> list[int]:
     """R contexts at the (i + 0.5) / R quantiles of the log-normal (deterministic, representative of
     the distribution at every R), shuffled with `seed`."""
     from statistics import NormalDist
+
     nd = NormalDist()
     mu, sg = math.log(median), math.log(gsd)
     ctx = [int(min(hi, max(lo, round(math.exp(mu + sg * nd.inv_cdf((i + 0.5) / R)))))) for i in range(R)]
@@ -156,8 +176,14 @@ def _windows(R: int, rng: random.Random, target_n: int | None) -> list[int]:
     return q
 
 
-def hetero_step(R: int, rng: random.Random, ctx_median: float = CTX_MEDIAN, ctx_gsd: float = CTX_GSD,
-                target_n: int | None = None, tag: str = "hetero") -> StepShape:
+def hetero_step(
+    R: int,
+    rng: random.Random,
+    ctx_median: float = CTX_MEDIAN,
+    ctx_gsd: float = CTX_GSD,
+    target_n: int | None = None,
+    tag: str = "hetero",
+) -> StepShape:
     """A decode/verify step like dsim's DSpark steps: R requests, windows drawn from DSPARK_WINDOW_P,
     contexts log-normal (clipped to 64..32768). target_n: windows nudged (within 1..8) until the
     step has exactly that many tokens."""
@@ -175,8 +201,9 @@ def shaped_step(R: int, n: int, seed: int = 0, ctx_scale: float = 1.0, tag: str 
     return StepShape(tuple(_windows(R, random.Random(seed + 1), n)), tuple(ctx), tag)
 
 
-def dspark_mixed_step(n: int, R: int, seed: int = 0, ctx_scale: float = 1.0, dec_tokens: int | None = None,
-                      tag: str = "tail-mixed") -> StepShape:
+def dspark_mixed_step(
+    n: int, R: int, seed: int = 0, ctx_scale: float = 1.0, dec_tokens: int | None = None, tag: str = "tail-mixed"
+) -> StepShape:
     """A busy DSpark step of n tokens as dsim's chunked prefill builds it: R decode/verify requests
     shaped as in shaped_step with dec_tokens tokens (default: 3 per request at R >= 256, 5 below, at
     most n / 2), plus whole prompts at context 0, log-normal sizes (PROMPT_MEDIAN, PROMPT_GSD), the
@@ -199,9 +226,15 @@ def dspark_mixed_step(n: int, R: int, seed: int = 0, ctx_scale: float = 1.0, dec
     return StepShape(d.q + tuple(prompts), d.ctx + (0,) * len(prompts), tag)
 
 
-def sweep_plan(caps: list[int] | None = None, tails: list[int] | None = None,
-               contexts: Sequence[int] = (1024, 8192, 32768), kv_budget_tokens: int = 1_200_000,
-               quick: bool = False, table_ctx: int = 1024, seed: int = 0) -> list[StepShape]:
+def sweep_plan(
+    caps: list[int] | None = None,
+    tails: list[int] | None = None,
+    contexts: Sequence[int] = (1024, 8192, 32768),
+    kv_budget_tokens: int = 1_200_000,
+    quick: bool = False,
+    table_ctx: int = 1024,
+    seed: int = 0,
+) -> list[StepShape]:
     """Profiling sweep (the forward table is measured on steps shaped like the ones dsim runs).
 
     - table: every capture size n, one step shaped like dsim's DSpark steps at the request count
@@ -236,7 +269,7 @@ def sweep_plan(caps: list[int] | None = None, tails: list[int] | None = None,
             for c in contexts:
                 if R * c <= kv_budget_tokens:
                     plan.append(uniform_step(R, s, c, "context"))
-    for n in (tails if not quick else tails[:2]):
+    for n in tails if not quick else tails[:2]:
         R = TAIL_DECODE_MAX_REQUESTS
         if n <= 8 * R and R * 4 * table_ctx <= kv_budget_tokens:
             plan.append(shaped_step(R, n, seed + R, scale, "tail-decode"))
@@ -249,7 +282,7 @@ def sweep_plan(caps: list[int] | None = None, tails: list[int] | None = None,
     for med, rs in draws:
         for R in rs:
             st = hetero_step(R, rng, ctx_median=med * scale)
-            if st.n > caps[-1]:          # above the limit: run exactly at a tail size
+            if st.n > caps[-1]:  # above the limit: run exactly at a tail size
                 t = min([x for x in tails if x >= st.n] or [tails[-1]])
                 st = hetero_step(R, rng, ctx_median=med * scale, target_n=min(t, 8 * R))
             if st.kv <= kv_budget_tokens:
@@ -300,7 +333,7 @@ def fit_step_model(points: list[dict]) -> dict:
     ns = sorted({int(p["n"]) for p in points if grp(p) is None})
     groups = sorted({grp(p) for p in points if grp(p) is not None})
     gcount = {g: sum(1 for p in points if grp(p) == g) for g in groups}
-    groups = [g for g in groups if gcount[g] >= 2]           # a lone point carries no slope information
+    groups = [g for g in groups if gcount[g] >= 2]  # a lone point carries no slope information
     slope_pts = [p for p in points if grp(p) is not None]
     points = [p for p in points if grp(p) is None or grp(p) in groups]
     idx = {n: i for i, n in enumerate(ns)}
@@ -319,9 +352,9 @@ def fit_step_model(points: list[dict]) -> dict:
 
     A = np.array([row(p) for p in points])
     y = np.array([float(p["ms"]) for p in points])
-    w = 1.0 / np.maximum(y, 1e-6)          # relative weighting: every point counts by its relative error
+    w = 1.0 / np.maximum(y, 1e-6)  # relative weighting: every point counts by its relative error
     cols = list(range(A.shape[1]))
-    while True:                            # pin a negative KV slope or prefill term at 0
+    while True:  # pin a negative KV slope or prefill term at 0
         coef_c, *_ = np.linalg.lstsq(A[:, cols] * w[:, None], y * w, rcond=None)
         coef = np.zeros(A.shape[1])
         coef[cols] = coef_c
@@ -330,10 +363,10 @@ def fit_step_model(points: list[dict]) -> dict:
             break
         cols.remove(min(neg, key=lambda c: coef[c]))
     slope = float(coef[base])
-    extra = dict(zip(terms, coef[base + 1:]))
-    a = float(extra.get("dec", 0.0))               # ms per 1000 decode tokens
-    F = np.maximum(coef[:len(ns)], 1e-4)
-    pred = A @ np.concatenate([F, coef[len(ns):]])
+    extra = dict(zip(terms, coef[base + 1 :]))
+    a = float(extra.get("dec", 0.0))  # ms per 1000 decode tokens
+    F = np.maximum(coef[: len(ns)], 1e-4)
+    pred = A @ np.concatenate([F, coef[len(ns) :]])
     rel = (pred - y) / y * 100
     by_tag: dict[str, list] = {}
     for p, e in zip(points, rel):
@@ -350,17 +383,26 @@ def fit_step_model(points: list[dict]) -> dict:
                 e += a * p["dec"] / 1000.0 + float(extra["pre"]) * p["pre"]
             out.setdefault(p.get("tag", ""), []).append(round(float((e - p["ms"]) / p["ms"] * 100), 2))
         return out
+
     # the table as dsim reads it: every token priced as a decode token
     table = [float(f + a * n / 1000.0) for n, f in zip(ns, F)]
-    out = dict(tokens=ns, F=table, kv_ms_per_ktok=slope,
-               residual_pct=dict(median_abs=float(np.median(np.abs(rel))),
-                                 p90_abs=float(np.percentile(np.abs(rel), 90)),
-                                 max_abs=float(np.max(np.abs(rel))),
-                                 by_tag={k: round(median(v), 3) for k, v in by_tag.items()}))
+    out = dict(
+        tokens=ns,
+        F=table,
+        kv_ms_per_ktok=slope,
+        residual_pct=dict(
+            median_abs=float(np.median(np.abs(rel))),
+            p90_abs=float(np.percentile(np.abs(rel), 90)),
+            max_abs=float(np.max(np.abs(rel))),
+            by_tag={k: round(median(v), 3) for k, v in by_tag.items()},
+        ),
+    )
     if terms:
-        out["prefill_terms"] = {"discount_ms_per_ktok": round(a, 6),
-                                "attention_ms_per_mpair": round(float(extra["pre"]), 6)}
-    if held:     # not fitted: signed error of the fitted model (interpolated between fitted sizes)
+        out["prefill_terms"] = {
+            "discount_ms_per_ktok": round(a, 6),
+            "attention_ms_per_mpair": round(float(extra["pre"]), 6),
+        }
+    if held:  # not fitted: signed error of the fitted model (interpolated between fitted sizes)
         out["not_fitted_signed_pct"] = signed(held)
     if slope_pts:
         out["slope_only_signed_pct"] = signed(slope_pts)
@@ -410,21 +452,34 @@ def predicted_step_ms(cost: CostModel, shape: StepShape) -> float:
 
 
 # ---------------------------------------------------------------- profile dict / files
-def profile_dict(*, name: str, provenance: dict, kv_cache_gib: float, kv_bytes_per_token: float,
-                 caps: list[int], fit: dict, draft: dict, cpu_overhead_ms: float = 1.5,
-                 extra: dict | None = None) -> dict:
-    d = {"name": name, "provenance": provenance,
-         "memory": {"kv_cache_gib": round(float(kv_cache_gib), 2),
-                    "kv_bytes_per_token": float(kv_bytes_per_token)},
-         "cpu_overhead_ms": float(cpu_overhead_ms),
-         "capture_sizes": [int(c) for c in caps],
-         "forward": forward_table(fit, caps),
-         "kv_ms_per_ktok": round(float(fit["kv_ms_per_ktok"]), 6)}
+def profile_dict(
+    *,
+    name: str,
+    provenance: dict,
+    kv_cache_gib: float,
+    kv_bytes_per_token: float,
+    caps: list[int],
+    fit: dict,
+    draft: dict,
+    cpu_overhead_ms: float = 1.5,
+    extra: dict | None = None,
+) -> dict:
+    d = {
+        "name": name,
+        "provenance": provenance,
+        "memory": {"kv_cache_gib": round(float(kv_cache_gib), 2), "kv_bytes_per_token": float(kv_bytes_per_token)},
+        "cpu_overhead_ms": float(cpu_overhead_ms),
+        "capture_sizes": [int(c) for c in caps],
+        "forward": forward_table(fit, caps),
+        "kv_ms_per_ktok": round(float(fit["kv_ms_per_ktok"]), 6),
+    }
     if fit.get("prefill_terms"):
         d["prefill_terms"] = dict(fit["prefill_terms"])
     if draft:
-        d["draft"] = {k: {"requests": [int(r) for r in v["requests"]],
-                          "ms": [round(float(m), 5) for m in v["ms"]]} for k, v in draft.items()}
+        d["draft"] = {
+            k: {"requests": [int(r) for r in v["requests"]], "ms": [round(float(m), 5) for m in v["ms"]]}
+            for k, v in draft.items()
+        }
     d["fit"] = {"residual_pct": fit["residual_pct"]}
     if extra:
         d.update(extra)
@@ -436,8 +491,9 @@ def dump_yaml(d: dict) -> str:
     d = json.loads(json.dumps(d, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
     try:
         import yaml
+
         return yaml.safe_dump(d, sort_keys=False, width=120)
-    except ImportError:   # pragma: no cover
+    except ImportError:  # pragma: no cover
         return json.dumps(d, indent=1)
 
 
@@ -450,8 +506,14 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 
 
 # ---------------------------------------------------------------- synthetic step logs
-def synthetic_steplog(seed: int = 0, concurrencies: Sequence[int] = (1, 32, 256), steps_each: int = 30,
-                      prefill_steps: int = 6, ctx_lo: int = 500, ctx_hi: int = 8000) -> list[dict]:
+def synthetic_steplog(
+    seed: int = 0,
+    concurrencies: Sequence[int] = (1, 32, 256),
+    steps_each: int = 30,
+    prefill_steps: int = 6,
+    ctx_lo: int = 500,
+    ctx_hi: int = 8000,
+) -> list[dict]:
     """Realistic decode/verify batches: per request 1..8 query tokens (speculative verify windows,
     weighted towards small windows), contexts uniform in [ctx_lo, ctx_hi]; plus prefill chunks
     (alone and mixed with decodes, chunked-prefill style). predicted_ms left None."""
@@ -497,8 +559,10 @@ def error_summary(rows: list[dict], key: str = "concurrency") -> dict:
         e = abs(r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"] * 100
         groups.setdefault(str(r.get(key, "all")), []).append(e)
         groups.setdefault("all", []).append(e)
-    return {g: dict(steps=len(v), median_abs_pct=round(median(v), 3),
-                    p90_abs_pct=round(float(np.percentile(v, 90)), 3)) for g, v in groups.items()}
+    return {
+        g: dict(steps=len(v), median_abs_pct=round(median(v), 3), p90_abs_pct=round(float(np.percentile(v, 90)), 3))
+        for g, v in groups.items()
+    }
 
 
 def concurrency_of(step: dict) -> int | str:

@@ -6,6 +6,7 @@
 Needs torch + numpy (yaml optional). --dry-run runs a tiny model on the CPU (float32) with a small
 sweep: it checks the whole pipeline, its numbers mean nothing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,17 +67,30 @@ def gpu_info(device: torch.device) -> dict:
         return dict(gpu="cpu (dry run)", driver="n/a", torch=str(torch.__version__), cuda="n/a", mem_gib=16.0)
     p = torch.cuda.get_device_properties(0)
     try:
-        drv = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
-    except Exception as e:   # pragma: no cover
+        drv = (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
+            .stdout.strip()
+            .splitlines()[0]
+        )
+    except Exception as e:  # pragma: no cover
         drv = f"unknown ({e})"
-    return dict(gpu=torch.cuda.get_device_name(0), driver=drv, torch=torch.__version__,
-                cuda=torch.version.cuda, mem_gib=round(p.total_memory / 2**30, 2), sms=p.multi_processor_count)
+    return dict(
+        gpu=torch.cuda.get_device_name(0),
+        driver=drv,
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        mem_gib=round(p.total_memory / 2**30, 2),
+        sms=p.multi_processor_count,
+    )
 
 
 # ---------------------------------------------------------------- attention probe
-def attention_probe(device: torch.device, dtype: torch.dtype, timer: Timer, cfg_dims: dict,
-                    bench: bool = True) -> dict:
+def attention_probe(device: torch.device, dtype: torch.dtype, timer: Timer, cfg_dims: dict, bench: bool = True) -> dict:
     """Correctness of the GPU attention paths against a float64 reference, and the attention time
     at q = 1, 2, 4, 8 at 8K context (256 requests) vs SDPA enable_gqa and the KV-read floor."""
     out: dict[str, Any] = {}
@@ -87,10 +101,13 @@ def attention_probe(device: torch.device, dtype: torch.dtype, timer: Timer, cfg_
     rng = np.random.default_rng(0)
     cases = {
         "dense_verify": StepShape((1, 3, 8, 5), (300, 300, 300, 300)),
-        "varlen_verify": StepShape(tuple(int(x) for x in rng.integers(1, 9, 20)),
-                                   tuple(int(x) for x in rng.integers(50, 5000, 20))),
-        "varlen_verify_prefill": StepShape(tuple(int(x) for x in rng.integers(1, 9, 17)) + (40,),
-                                           tuple(int(x) for x in rng.integers(1, 3000, 17)) + (700,)),
+        "varlen_verify": StepShape(
+            tuple(int(x) for x in rng.integers(1, 9, 20)), tuple(int(x) for x in rng.integers(50, 5000, 20))
+        ),
+        "varlen_verify_prefill": StepShape(
+            tuple(int(x) for x in rng.integers(1, 9, 17)) + (40,),
+            tuple(int(x) for x in rng.integers(1, 3000, 17)) + (700,),
+        ),
         "prefill_ctx": StepShape((2, 4, 64), (150, 150, 128)),
         "single_split": StepShape((8,), (3500,)),
     }
@@ -103,11 +120,12 @@ def attention_probe(device: torch.device, dtype: torch.dtype, timer: Timer, cfg_
                 pk = torch.randn(m.region_tokens, kv, d, device=device, dtype=dtype)
                 pv = torch.randn(m.region_tokens, kv, d, device=device, dtype=dtype)
                 x = torch.randn(m.n_pad, H + 2 * kv, d, device=device, dtype=dtype) * 0.3
-                pk.index_copy_(0, m.slot, x[:, H:H + kv])
-                pv.index_copy_(0, m.slot, x[:, H + kv:])
+                pk.index_copy_(0, m.slot, x[:, H : H + kv])
+                pv.index_copy_(0, m.slot, x[:, H + kv :])
                 a = M.attention(x, (pk, pv), m).double().cpu()
-                r = M.reference_attention(x.cpu(), (pk.cpu(), pv.cpu()), M.StepMeta(shape, shape.n, dims, "cpu",
-                                                                                      split=splits.get(name)))
+                r = M.reference_attention(
+                    x.cpu(), (pk.cpu(), pv.cpu()), M.StepMeta(shape, shape.n, dims, "cpu", split=splits.get(name))
+                )
                 out[f"check_{name}_rel_err"] = float((a - r).norm() / r.norm())
                 break
             except RuntimeError as e:
@@ -121,7 +139,7 @@ def attention_probe(device: torch.device, dtype: torch.dtype, timer: Timer, cfg_
     if not bench:
         return out
     R, L = (256, 8192) if device.type == "cuda" else (4, 256)
-    pk = torch.randn(R * L + R * 8 + 16, kv, d, device=device, dtype=dtype)   # + band gap (s_max - 1)
+    pk = torch.randn(R * L + R * 8 + 16, kv, d, device=device, dtype=dtype)  # + band gap (s_max - 1)
     pv = torch.randn_like(pk)
     floor_bytes = 2 * R * L * kv * d * 2
     res: dict[str, Any] = {}
@@ -130,15 +148,16 @@ def attention_probe(device: torch.device, dtype: torch.dtype, timer: Timer, cfg_
         x = torch.randn(m.n_pad, H + 2 * kv, d, device=device, dtype=dtype)
         ms, _ = timer(lambda: M.attention(x, (pk, pv), m))
         q4 = torch.randn(R, H, s, d, device=device, dtype=dtype)
-        k4 = pk[:R * L].view(R, L, kv, d).transpose(1, 2)
-        v4 = pv[:R * L].view(R, L, kv, d).transpose(1, 2)
+        k4 = pk[: R * L].view(R, L, kv, d).transpose(1, 2)
+        v4 = pv[: R * L].view(R, L, kv, d).transpose(1, 2)
         sd: float | str
         try:
             sd, _ = timer(lambda: torch.nn.functional.scaled_dot_product_attention(q4, k4, v4, enable_gqa=True))
         except Exception as e:
             sd = f"failed: {str(e)[:80]}"
-        res[f"q{s}"] = dict(ours_ms=round(ms, 4), sdpa_enable_gqa_ms=sd if isinstance(sd, str) else round(sd, 4),
-                            mode=m.mode)
+        res[f"q{s}"] = dict(
+            ours_ms=round(ms, 4), sdpa_enable_gqa_ms=sd if isinstance(sd, str) else round(sd, 4), mode=m.mode
+        )
         log(f"  attention R={R} L={L} q={s}: ours {ms:.3f} ms, sdpa enable_gqa {sd} ms")
     pk = pv = None
     if device.type == "cuda":
@@ -154,7 +173,7 @@ def attention_probe(device: torch.device, dtype: torch.dtype, timer: Timer, cfg_
     # with attention cost proportional to KV read, the two should cost about the same
     rng2 = random.Random(7)
     het = {}
-    for R in ((32, 256) if device.type == "cuda" else (16,)):
+    for R in (32, 256) if device.type == "cuda" else (16,):
         hs = hetero_step(R, rng2, ctx_median=1050.0 if device.type == "cuda" else 60.0)
         cm = max(1, round((hs.kv - hs.n) / R))
         us = uniform_step(R, max(1, round(hs.n / R)), cm)
@@ -193,17 +212,16 @@ def attention_probe(device: torch.device, dtype: torch.dtype, timer: Timer, cfg_
     return out
 
 
-SPLIT_CANDIDATES = {        # split settings the probe times (the first wins near-ties)
+SPLIT_CANDIDATES = {  # split settings the probe times (the first wins near-ties)
     "cont-f2-b2": dict(fill=2.0, balance=2.0),
     "cont-f1-b2": dict(fill=1.0, balance=2.0),
     "cont-f4-b2": dict(fill=4.0, balance=2.0),
     "cont-f2-b1.5": dict(fill=2.0, balance=1.5),
 }
-LINEARITY_WEIGHT = 1.0      # score = mean relative time + this x mean |hetero / uniform - 1|
+LINEARITY_WEIGHT = 1.0  # score = mean relative time + this x mean |hetero / uniform - 1|
 
 
-def split_tune(device: torch.device, dtype: torch.dtype, timer: Timer, cfg_dims: dict,
-               reps_in_graph: int = 8) -> dict:
+def split_tune(device: torch.device, dtype: torch.dtype, timer: Timer, cfg_dims: dict, reps_in_graph: int = 8) -> dict:
     """Times the decode attention alone (reps_in_graph back-to-back calls per graph, like layers) on
     DSpark-like steps at concurrency 1, 32 and 256 and on uniform steps with the same requests and KV
     tokens, for each split variant. Score: mean time relative to the best variant per case, plus
@@ -221,13 +239,16 @@ def split_tune(device: torch.device, dtype: torch.dtype, timer: Timer, cfg_dims:
 
     def uni(sh):
         return uniform_step(sh.requests, max(1, round(sh.n / sh.requests)), max(1, round(sum(sh.ctx) / sh.requests)))
+
     c32, c256 = shaped_step(32, 160, 5, sc), shaped_step(R2, 3 * R2, 6, sc)
     cases = {
         "c1_q4_ctx1200": StepShape((4,), (int(1200 * sc),)),
         "c1_q8_ctx3500": StepShape((8,), (int(3500 * sc),)),
-        "c32": c32, "c32_uniform": uni(c32),
+        "c32": c32,
+        "c32_uniform": uni(c32),
         "c32_long": hetero_step(32, rng, ctx_median=4096.0 * sc),
-        "c256": c256, "c256_uniform": uni(c256),
+        "c256": c256,
+        "c256_uniform": uni(c256),
     }
     pairs = (("c32", "c32_uniform"), ("c256", "c256_uniform"))
     variants = SPLIT_CANDIDATES
@@ -245,26 +266,50 @@ def split_tune(device: torch.device, dtype: torch.dtype, timer: Timer, cfg_dims:
             def fn():
                 for _ in range(reps_in_graph):
                     M.attention(x, (pk, pv), m)
+
             ms, _ = timer(fn)
-            row[vname] = dict(us_per_call=round(ms * 1e3 / reps_in_graph, 2), chunks=m.n_chunks,
-                              max_chunk=m.max_k, merge_rows=m.merge_rows)
+            row[vname] = dict(
+                us_per_call=round(ms * 1e3 / reps_in_graph, 2),
+                chunks=m.n_chunks,
+                max_chunk=m.max_k,
+                merge_rows=m.merge_rows,
+            )
         res[cname] = dict(n=sh.n, R=sh.requests, kv=sh.kv, ctx_max=max(sh.ctx), variants=row)
         pk = pv = None
-        log(f"  split tune {cname} (R={sh.requests} n={sh.n} kv={sh.kv}): " +
-            ", ".join(f"{v}:{r['us_per_call']}us/{r['chunks']}ch/L{r['max_chunk']}" for v, r in row.items()))
+        log(
+            f"  split tune {cname} (R={sh.requests} n={sh.n} kv={sh.kv}): "
+            + ", ".join(f"{v}:{r['us_per_call']}us/{r['chunks']}ch/L{r['max_chunk']}" for v, r in row.items())
+        )
     timed = [c for c in res if not c.endswith("_uniform")]
-    ratio = {v: {a: round(res[a]["variants"][v]["us_per_call"] / res[b]["variants"][v]["us_per_call"], 4)
-                 for a, b in pairs} for v in variants}
-    score = {v: float(np.mean([res[c]["variants"][v]["us_per_call"] /
-                               min(res[c]["variants"][u]["us_per_call"] for u in SPLIT_CANDIDATES)
-                               for c in timed]) + LINEARITY_WEIGHT * float(np.mean([abs(r - 1) for r in ratio[v].values()])))
-             for v in variants}
+    ratio = {
+        v: {a: round(res[a]["variants"][v]["us_per_call"] / res[b]["variants"][v]["us_per_call"], 4) for a, b in pairs}
+        for v in variants
+    }
+    score = {
+        v: float(
+            np.mean(
+                [
+                    res[c]["variants"][v]["us_per_call"]
+                    / min(res[c]["variants"][u]["us_per_call"] for u in SPLIT_CANDIDATES)
+                    for c in timed
+                ]
+            )
+            + LINEARITY_WEIGHT * float(np.mean([abs(r - 1) for r in ratio[v].values()]))
+        )
+        for v in variants
+    }
     first = next(iter(SPLIT_CANDIDATES))
     best = min(SPLIT_CANDIDATES, key=lambda v: score[v])
     chosen = first if score[first] <= score[best] * 1.02 else best
-    out = dict(cases=res, hetero_over_uniform=ratio, score={k: round(v, 4) for k, v in score.items()},
-               chosen=chosen, split=dict(M.SPLIT, **SPLIT_CANDIDATES[chosen]), reps_in_graph=reps_in_graph,
-               linearity_weight=LINEARITY_WEIGHT)
+    out = dict(
+        cases=res,
+        hetero_over_uniform=ratio,
+        score={k: round(v, 4) for k, v in score.items()},
+        chosen=chosen,
+        split=dict(M.SPLIT, **SPLIT_CANDIDATES[chosen]),
+        reps_in_graph=reps_in_graph,
+        linearity_weight=LINEARITY_WEIGHT,
+    )
     log(f"  split tune hetero/uniform {json.dumps(ratio)}")
     log(f"  split tune scores {out['score']} -> {chosen}")
     if cuda:
@@ -273,11 +318,20 @@ def split_tune(device: torch.device, dtype: torch.dtype, timer: Timer, cfg_dims:
 
 
 # ---------------------------------------------------------------- per-model profiling
-RECHECK_N = (1, 2, 4, 8, 128, 168, 512)   # table sizes re-timed before each replayed log
+RECHECK_N = (1, 2, 4, 8, 128, 168, 512)  # table sizes re-timed before each replayed log
 
 
-def recheck(model: M.Model, points: list[dict], shapes: list[StepShape], dims: dict, device: torch.device,
-            timer: Timer, caps: list[int], depth_scale: float, src: str) -> list:
+def recheck(
+    model: M.Model,
+    points: list[dict],
+    shapes: list[StepShape],
+    dims: dict,
+    device: torch.device,
+    timer: Timer,
+    caps: list[int],
+    depth_scale: float,
+    src: str,
+) -> list:
     """Re-time the sweep's table points at RECHECK_N (identical shapes, same process) and report the
     drift from the sweep's value: separates a measurement offset from a model error."""
     out = []
@@ -287,14 +341,25 @@ def recheck(model: M.Model, points: list[dict], shapes: list[StepShape], dims: d
         m = M.StepMeta(shape, padded_tokens(shape.n, caps), dims, device)
         ms, _ = timer(lambda: model.forward(m))
         ms *= depth_scale
-        out.append(dict(before=Path(src).name, n=p["n"], R=p["R"], s=p["s"], ctx=p["ctx"],
-                        sweep_ms=round(p["ms"], 4), now_ms=round(ms, 4),
-                        drift_pct=round((ms / p["ms"] - 1) * 100, 2)))
+        out.append(
+            dict(
+                before=Path(src).name,
+                n=p["n"],
+                R=p["R"],
+                s=p["s"],
+                ctx=p["ctx"],
+                sweep_ms=round(p["ms"], 4),
+                now_ms=round(ms, 4),
+                drift_pct=round((ms / p["ms"] - 1) * 100, 2),
+            )
+        )
     clk = sm_clock_mhz(device)
     for r in out:
         r["sm_clock_mhz"] = clk
-    log(f"  recheck before {Path(src).name} (SM clock {clk} MHz): " + ", ".join(
-        f"n{r['n']}R{r['R']}s{r['s']}c{r['ctx']}:{r['drift_pct']:+.1f}%" for r in out))
+    log(
+        f"  recheck before {Path(src).name} (SM clock {clk} MHz): "
+        + ", ".join(f"n{r['n']}R{r['R']}s{r['s']}c{r['ctx']}:{r['drift_pct']:+.1f}%" for r in out)
+    )
     return out
 
 
@@ -304,12 +369,19 @@ def sm_clock_mhz(device: torch.device) -> int | None:
         return None
     try:
         return int(torch.cuda.clock_rate(0))
-    except Exception:   # pragma: no cover
+    except Exception:  # pragma: no cover
         return None
 
 
-def profile_model(cfg_path: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype,
-                  info: dict, timer: Timer, probe: dict) -> dict:
+def profile_model(
+    cfg_path: str,
+    args: argparse.Namespace,
+    device: torch.device,
+    dtype: torch.dtype,
+    info: dict,
+    timer: Timer,
+    probe: dict,
+) -> dict:
     cfg = json.loads(Path(cfg_path).read_text())
     name = model_name(cfg, cfg_path)
     if args.dry_run:
@@ -322,13 +394,14 @@ def profile_model(cfg_path: str, args: argparse.Namespace, device: torch.device,
     drafters: Any = M.Drafters(model, BLOCK_LAYERS, EAGLE3_DRAFT_VOCAB if not args.dry_run else 500)
     if device.type == "cuda":
         torch.cuda.synchronize()
-    log(f"[{name}] built {layers}/{dims['layers']} layers in {time.time() - t0:.1f}s, "
-        f"pool {model.pool_tokens} tokens/layer-region")
+    log(
+        f"[{name}] built {layers}/{dims['layers']} layers in {time.time() - t0:.1f}s, "
+        f"pool {model.pool_tokens} tokens/layer-region"
+    )
     caps = vllm_capture_sizes(CAPTURE_LIMIT)
     tails = tail_sizes(CAPTURE_LIMIT)
     if args.dry_run:
-        plan = sweep_plan(caps, tails, contexts=(64, 256), kv_budget_tokens=20000, quick=True,
-                          table_ctx=32)
+        plan = sweep_plan(caps, tails, contexts=(64, 256), kv_budget_tokens=20000, quick=True, table_ctx=32)
     else:
         plan = sweep_plan(caps, tails, kv_budget_tokens=int(model.pool_tokens * 0.95), quick=args.quick)
     depth_scale = dims["layers"] / layers
@@ -342,15 +415,31 @@ def profile_model(cfg_path: str, args: argparse.Namespace, device: torch.device,
         graph = n_pad <= CAPTURE_LIMIT or not args.eager_tails
         ms, reps = timer(lambda: model.forward(m), graph=graph)
         dec, pre = step_terms(shape.q, shape.ctx)
-        p = dict(tag=shape.tag, n=n_pad, n_real=shape.n, kv=shape.kv, R=shape.requests, s=max(shape.q),
-                 ctx=max(shape.ctx), ctx_min=min(shape.ctx), chunks=int(m.n_chunks), graph=graph,
-                 mode=m.mode, ms=ms * depth_scale, reps=[round(r, 4) for r in reps],
-                 fit=shape.tag not in FIT_EXCLUDE, dec=dec, pre=round(pre, 6))
+        p = dict(
+            tag=shape.tag,
+            n=n_pad,
+            n_real=shape.n,
+            kv=shape.kv,
+            R=shape.requests,
+            s=max(shape.q),
+            ctx=max(shape.ctx),
+            ctx_min=min(shape.ctx),
+            chunks=int(m.n_chunks),
+            graph=graph,
+            mode=m.mode,
+            ms=ms * depth_scale,
+            reps=[round(r, 4) for r in reps],
+            fit=shape.tag not in FIT_EXCLUDE,
+            dec=dec,
+            pre=round(pre, 6),
+        )
         points.append(p)
         shapes.append(shape)
         if i % 20 == 0 or shape.tag != "table":
-            log(f"  {shape.tag:12s} n={n_pad:5d} R={shape.requests:4d} s={max(shape.q)} ctx={max(shape.ctx):6d} "
-                f"kv={shape.kv:8d} {'graph' if graph else 'eager'} {m.mode or 'prefill'}: {ms:8.3f} ms")
+            log(
+                f"  {shape.tag:12s} n={n_pad:5d} R={shape.requests:4d} s={max(shape.q)} ctx={max(shape.ctx):6d} "
+                f"kv={shape.kv:8d} {'graph' if graph else 'eager'} {m.mode or 'prefill'}: {ms:8.3f} ms"
+            )
     log(f"[{name}] sweep {len(points)} points in {time.time() - t0:.1f}s (SM clock now {sm_clock_mhz(device)} MHz)")
     fit = fit_step_model(points)
     log(f"[{name}] fit: kv_ms_per_ktok={fit['kv_ms_per_ktok']:.5f} residuals {fit['residual_pct']}")
@@ -374,70 +463,97 @@ def profile_model(cfg_path: str, args: argparse.Namespace, device: torch.device,
     kv_cache_gib = 0.9 * info["mem_gib"] - weights_gib
     cmd = "python3 -m validator.gpu.profile " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     prov = dict(
-        kind="measured", hardware=info["gpu"], gpus_per_replica=1, model=name,
+        kind="measured",
+        hardware=info["gpu"],
+        gpus_per_replica=1,
+        model=name,
         engine="dsim validator/gpu executor: PyTorch eager decoder layers under CUDA graphs "
-               "(vLLM-like capture sizes and padding" + (", eager tails" if args.eager_tails else
-                                                         ", tails captured unpadded") + "), random bf16 weights",
+        "(vLLM-like capture sizes and padding"
+        + (", eager tails" if args.eager_tails else ", tails captured unpadded")
+        + "), random bf16 weights",
         engine_version=f"torch {info['torch']}, CUDA {info['cuda']}",
         date=str(dt.date.today()),
-        method=(f"one forward step of n tokens over R requests, {args.reps} replays, median; "
-                f"CUDA graphs at vLLM capture sizes (<= {CAPTURE_LIMIT}, steps padded to the next size); "
-                + (f"eager tails {tails}; " if args.eager_tails else
-                   f"steps above the limit (tails {tails}) also captured, unpadded, so they time the GPU "
-                   "work and not this Python executor's kernel launches (~50 per layer, CPU-bound up to "
-                   "~1500 tokens eagerly; a serving engine's compiled path is GPU-bound there); ")
-                + f"{layers} of {dims['layers']} layers measured"
-                + (f" and scaled x{depth_scale:g} to full depth" if depth_scale != 1 else " (full depth)")
-                + "; LM head on every decode/verify token and the last token of each prefill chunk; "
-                  "sweep: the forward table on steps shaped like dsim's DSpark steps at the "
-                  f"concurrency that runs n tokens (request tiers {list(TABLE_TIERS)}: n <= 8 one request "
-                  "with an n-token verify window at 1K context, 16 < n <= 256 32 requests, 256 < n <= 512 "
-                  "256 requests, windows 1..8 from dsim's DSpark mix, contexts at the quantiles of dsim's "
-                  "log-normal context mix), tails as 256-request verify steps and busy chunked-prefill "
-                  "steps (256 or 32 verify requests + whole prompts); uniform context series (n 32/128/512 x "
-                  "windows 1/2/4/8 x 1K/8K/32K) fitted with an intercept of their own (KV slope only); "
-                  "fit step_ms = F(n) + kv_ms_per_ktok * kv/1000 + a * decode tokens/1000 + beta * prefill "
-                  "pairs/1e6 (relative least squares, one F per n; a prefill chunk of q tokens over c cached "
-                  "has q (c + q/2) causal-attention pairs); the forward table is priced for decode tokens, "
-                  "F(n) + a n/1000, and a, beta are the profile's prefill_terms (discount, attention); "
-                  f"tags {list(FIT_EXCLUDE)} measured and reported, not fitted)"),
-        command=cmd, driver=info["driver"], gpu_memory_gib=info["mem_gib"], cuda=info["cuda"],
+        method=(
+            f"one forward step of n tokens over R requests, {args.reps} replays, median; "
+            f"CUDA graphs at vLLM capture sizes (<= {CAPTURE_LIMIT}, steps padded to the next size); "
+            + (
+                f"eager tails {tails}; "
+                if args.eager_tails
+                else f"steps above the limit (tails {tails}) also captured, unpadded, so they time the GPU "
+                "work and not this Python executor's kernel launches (~50 per layer, CPU-bound up to "
+                "~1500 tokens eagerly; a serving engine's compiled path is GPU-bound there); "
+            )
+            + f"{layers} of {dims['layers']} layers measured"
+            + (f" and scaled x{depth_scale:g} to full depth" if depth_scale != 1 else " (full depth)")
+            + "; LM head on every decode/verify token and the last token of each prefill chunk; "
+            "sweep: the forward table on steps shaped like dsim's DSpark steps at the "
+            f"concurrency that runs n tokens (request tiers {list(TABLE_TIERS)}: n <= 8 one request "
+            "with an n-token verify window at 1K context, 16 < n <= 256 32 requests, 256 < n <= 512 "
+            "256 requests, windows 1..8 from dsim's DSpark mix, contexts at the quantiles of dsim's "
+            "log-normal context mix), tails as 256-request verify steps and busy chunked-prefill "
+            "steps (256 or 32 verify requests + whole prompts); uniform context series (n 32/128/512 x "
+            "windows 1/2/4/8 x 1K/8K/32K) fitted with an intercept of their own (KV slope only); "
+            "fit step_ms = F(n) + kv_ms_per_ktok * kv/1000 + a * decode tokens/1000 + beta * prefill "
+            "pairs/1e6 (relative least squares, one F per n; a prefill chunk of q tokens over c cached "
+            "has q (c + q/2) causal-attention pairs); the forward table is priced for decode tokens, "
+            "F(n) + a n/1000, and a, beta are the profile's prefill_terms (discount, attention); "
+            f"tags {list(FIT_EXCLUDE)} measured and reported, not fitted)"
+        ),
+        command=cmd,
+        driver=info["driver"],
+        gpu_memory_gib=info["mem_gib"],
+        cuda=info["cuda"],
         torch=info["torch"],
         kernels=dict(
             linears="torch matmul (cuBLAS) bf16, fused QKV and gate/up projections",
-            norms="torch.nn.functional.rms_norm", rope="eager torch (neox rotate-half)",
-            attention_decode=("folded GQA x query tokens: the query heads of a KV group and the request's "
-                              "new tokens folded into one query block per KV head (one CTA per KV head and "
-                              "chunk). Prefix: one aten._flash_attention_forward varlen call, each sequence a "
-                              "chunk of a request's prefix with its real rows only; continuous split "
-                              f"(FlashInfer-like load balancing, {json.dumps(M.SPLIT)}): one chunk length L "
-                              "per step, L = max(min_chunk, min(total KV / ceil(fill x SMs / kv_heads), "
-                              "balance x mean context)), every request cut into L-token chunks plus its "
-                              "remainder; exact logsumexp merge on every step (chunk j of a request into slot j "
-                              "of a [max chunks, rows] grid, one reduction over the slots, no atomics). New "
-                              "tokens: masked band of the step's new keys (unfold "
-                              "view), scores folded per KV head, one softmax with the prefix logsumexp"),
+            norms="torch.nn.functional.rms_norm",
+            rope="eager torch (neox rotate-half)",
+            attention_decode=(
+                "folded GQA x query tokens: the query heads of a KV group and the request's "
+                "new tokens folded into one query block per KV head (one CTA per KV head and "
+                "chunk). Prefix: one aten._flash_attention_forward varlen call, each sequence a "
+                "chunk of a request's prefix with its real rows only; continuous split "
+                f"(FlashInfer-like load balancing, {json.dumps(M.SPLIT)}): one chunk length L "
+                "per step, L = max(min_chunk, min(total KV / ceil(fill x SMs / kv_heads), "
+                "balance x mean context)), every request cut into L-token chunks plus its "
+                "remainder; exact logsumexp merge on every step (chunk j of a request into slot j "
+                "of a [max chunks, rows] grid, one reduction over the slots, no atomics). New "
+                "tokens: masked band of the step's new keys (unfold "
+                "view), scores folded per KV head, one softmax with the prefix logsumexp"
+            ),
             attention_prefill="aten._flash_attention_forward causal (bottom-right) over [cache, chunk]"
-                              + ("" if M.GQA_NATIVE else ", KV heads expanded"),
-            kv_write="index_copy_ into a KV pool (distinct region per layer while it fits)"),
+            + ("" if M.GQA_NATIVE else ", KV heads expanded"),
+            kv_write="index_copy_ into a KV pool (distinct region per layer while it fits)",
+        ),
         attention_check=probe,
         draft_method=dict(
             mtp="eh_proj(2h->h) + one decoder layer + full LM head, 1 token per request",
             eagle3=f"fc(3h->h) + one decoder layer on concat(emb, hidden) + LM head over a "
-                   f"{EAGLE3_DRAFT_VOCAB}-token draft vocab; one sequential step (K steps = K x)",
+            f"{EAGLE3_DRAFT_VOCAB}-token draft vocab; one sequential step (K steps = K x)",
             block=f"{BLOCK_LAYERS} decoder layers + LM head over R x {BLOCK_K} tokens in one pass",
             dspark=f"block pass + {BLOCK_K} sequential steps of a confidence head (h+1 -> 256 -> 1)",
-            context=DRAFT_CTX, graphs="CUDA graph per request count"),
-        assumptions=dict(cpu_overhead_ms="1.5 stated, not measured",
-                         kv_cache="0.9 x GPU memory - weights (bf16, incl. embedding and LM head)",
-                         excluded="sampling / rejection sampling, scheduler CPU time, tensor parallelism"),
+            context=DRAFT_CTX,
+            graphs="CUDA graph per request count",
+        ),
+        assumptions=dict(
+            cpu_overhead_ms="1.5 stated, not measured",
+            kv_cache="0.9 x GPU memory - weights (bf16, incl. embedding and LM head)",
+            excluded="sampling / rejection sampling, scheduler CPU time, tensor parallelism",
+        ),
     )
     if args.dry_run:
         prov["kind"] = "measured"
         prov["dry_run"] = True
-    prof = profile_dict(name=f"{args.prefix}-{name}", provenance=prov, kv_cache_gib=kv_cache_gib,
-                        kv_bytes_per_token=dims["kv_bytes_per_token"], caps=caps, fit=fit, draft=draft)
-    if args.dry_run:         # the tiny CPU model's fit need not make a profile dsim accepts
+    prof = profile_dict(
+        name=f"{args.prefix}-{name}",
+        provenance=prov,
+        kv_cache_gib=kv_cache_gib,
+        kv_bytes_per_token=dims["kv_bytes_per_token"],
+        caps=caps,
+        fit=fit,
+        draft=draft,
+    )
+    if args.dry_run:  # the tiny CPU model's fit need not make a profile dsim accepts
         try:
             cost_model(prof)
         except InputError as e:
@@ -450,8 +566,8 @@ def profile_model(cfg_path: str, args: argparse.Namespace, device: torch.device,
         write_text_atomic(out / f"{args.prefix}-{name}.yaml", dump_yaml(prof))
         write_text_atomic(out / f"{args.prefix}-{name}.raw.json", json.dumps(raw, default=str))
 
-    save()          # the profile first; replay results are added after each log
-    if args.steplog_cmd:     # dsim writes its step logs from the profile just saved (CPU, subprocess)
+    save()  # the profile first; replay results are added after each log
+    if args.steplog_cmd:  # dsim writes its step logs from the profile just saved (CPU, subprocess)
         cmd = args.steplog_cmd.format(profile=str((out / f"{args.prefix}-{name}.yaml").resolve()), model=name)
         t0 = time.time()
         proc = subprocess.run(cmd, shell=True, capture_output=True, text=True)
@@ -462,22 +578,33 @@ def profile_model(cfg_path: str, args: argparse.Namespace, device: torch.device,
         log(f"[{name}] step logs in {time.time() - t0:.1f}s")
     if args.replay:
         cost = cost_model(prof)
-        rtimer = Timer(device, args.replay_reps, warm=1)     # tails (large steps); graph sizes: the sweep's timer
+        rtimer = Timer(device, args.replay_reps, warm=1)  # tails (large steps); graph sizes: the sweep's timer
         all_rows, per_log, results = [], {}, {}
         for src in args.replay:
             src = src.replace("{model}", name)
             steps = load_or_make_steps(src)
             if not args.log_predictions:
-                for st in steps:        # predictions from the profile just measured
+                for st in steps:  # predictions from the profile just measured
                     st.pop("predicted_ms", None)
             if args.dry_run:
                 steps = dry_run_steps(steps, 12)
-            if args.recheck:        # the profile's table points again, in this process, right before
-                raw.setdefault("recheck", []).extend(recheck(model, points, shapes, dims, device, timer, caps,
-                                                             depth_scale, src))
+            if args.recheck:  # the profile's table points again, in this process, right before
+                raw.setdefault("recheck", []).extend(
+                    recheck(model, points, shapes, dims, device, timer, caps, depth_scale, src)
+                )
             t0 = time.time()
-            rows, summary = replay_steps(model, steps, dims, device, timer, caps, cost, depth_scale,
-                                         eager_tails=args.eager_tails, big_timer=rtimer)
+            rows, summary = replay_steps(
+                model,
+                steps,
+                dims,
+                device,
+                timer,
+                caps,
+                cost,
+                depth_scale,
+                eager_tails=args.eager_tails,
+                big_timer=rtimer,
+            )
             for r in rows:
                 r["log"] = Path(src).name
             all_rows += rows
@@ -485,18 +612,36 @@ def profile_model(cfg_path: str, args: argparse.Namespace, device: torch.device,
             results[src] = dict(rows=rows, summary=summary)
             raw["replay"] = dict(rows=all_rows, summary=error_summary(all_rows), logs=per_log)
             prof["replay_check"] = dict(
-                steplogs=list(per_log), summary=per_log,
-                note=("step logs written by dsim simulate with this profile (predicted_ms: dsim's own "
-                      "forward-only cost), replayed in the profiling process right after the sweep "
-                      "(same model, same timer for steps <= the capture limit)") if args.log_predictions
-                else ("predicted from this profile's staircase (forward only), measured by replaying "
-                      "the exact step shapes on the same executor"))
+                steplogs=list(per_log),
+                summary=per_log,
+                note=(
+                    "step logs written by dsim simulate with this profile (predicted_ms: dsim's own "
+                    "forward-only cost), replayed in the profiling process right after the sweep "
+                    "(same model, same timer for steps <= the capture limit)"
+                )
+                if args.log_predictions
+                else (
+                    "predicted from this profile's staircase (forward only), measured by replaying "
+                    "the exact step shapes on the same executor"
+                ),
+            )
             save()
             if args.replay_out:
-                write_text_atomic(Path(args.replay_out) / f"replay-{name}.json", json.dumps(dict(
-                    model=cfg_path, profile=f"{args.prefix}-{name}.yaml", in_process=True,
-                    eager_tails=args.eager_tails, log_predictions=args.log_predictions, split=M.SPLIT,
-                    logs=results), indent=1))
+                write_text_atomic(
+                    Path(args.replay_out) / f"replay-{name}.json",
+                    json.dumps(
+                        dict(
+                            model=cfg_path,
+                            profile=f"{args.prefix}-{name}.yaml",
+                            in_process=True,
+                            eager_tails=args.eager_tails,
+                            log_predictions=args.log_predictions,
+                            split=M.SPLIT,
+                            logs=results,
+                        ),
+                        indent=1,
+                    ),
+                )
             log(f"[{name}] replay {src} ({time.time() - t0:.1f}s): {json.dumps(summary)}")
     model = drafters = None
     if device.type == "cuda":
@@ -514,23 +659,41 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pool-gib", type=float, default=24.0)
     ap.add_argument("--quick", action="store_true", help="reduced sweep")
     ap.add_argument("--dry-run", action="store_true", help="tiny model on the CPU")
-    ap.add_argument("--replay", action="append", default=[],
-                    help="'synthetic' or a step log (JSONL) to replay after profiling, predictions from the "
-                         "new profile; '{model}' is replaced by the model name (repeatable)")
+    ap.add_argument(
+        "--replay",
+        action="append",
+        default=[],
+        help="'synthetic' or a step log (JSONL) to replay after profiling, predictions from the "
+        "new profile; '{model}' is replaced by the model name (repeatable)",
+    )
     ap.add_argument("--replay-reps", type=int, default=3, help="timed replays per replayed step (median)")
-    ap.add_argument("--eager-tails", action="store_true",
-                    help="run steps above the capture limit eagerly (default: captured, unpadded)")
+    ap.add_argument(
+        "--eager-tails",
+        action="store_true",
+        help="run steps above the capture limit eagerly (default: captured, unpadded)",
+    )
     ap.add_argument("--no-attn-bench", action="store_true")
-    ap.add_argument("--split", default="auto",
-                    help="decode split-KV settings: auto (timed by the probe) or "
-                         "continuous[:fill=F,balance=B,min_chunk=N]")
-    ap.add_argument("--steplog-cmd", default="",
-                    help="shell command run after the profile is written ({profile}: its path, {model}: "
-                         "the model name), e.g. dsim writing step logs from it; then --replay runs")
-    ap.add_argument("--log-predictions", action="store_true",
-                    help="replay: keep the step logs' own predicted_ms (dsim's) instead of the staircase")
-    ap.add_argument("--recheck", action="store_true",
-                    help="replay: re-time the sweep's table points at RECHECK_N before each log (drift report)")
+    ap.add_argument(
+        "--split",
+        default="auto",
+        help="decode split-KV settings: auto (timed by the probe) or continuous[:fill=F,balance=B,min_chunk=N]",
+    )
+    ap.add_argument(
+        "--steplog-cmd",
+        default="",
+        help="shell command run after the profile is written ({profile}: its path, {model}: "
+        "the model name), e.g. dsim writing step logs from it; then --replay runs",
+    )
+    ap.add_argument(
+        "--log-predictions",
+        action="store_true",
+        help="replay: keep the step logs' own predicted_ms (dsim's) instead of the staircase",
+    )
+    ap.add_argument(
+        "--recheck",
+        action="store_true",
+        help="replay: re-time the sweep's table points at RECHECK_N before each log (drift report)",
+    )
     ap.add_argument("--replay-out", default="", help="folder for replay-<model>.json (rows per log)")
     args = ap.parse_args(argv)
     device = torch.device("cpu" if args.dry_run else "cuda")

@@ -10,6 +10,7 @@ slope, prefill_terms and fit residuals; everything measured (draft tables, prove
 kept, and provenance.refit says what was redone, when and with which command. RAW is rewritten
 with the points' terms and the new fit. Files are replaced atomically.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,9 +25,11 @@ from dsim.errors import InputError
 from validator.gpu import plan as P
 
 # appended to provenance.method (the line dsim prints for a profile): what the fit is now
-REFIT_NOTE = ("; refit {date} (python3 -m validator.gpu.refit): step_ms = F(n) + kv term + a * decode tokens "
-              "+ beta * prefill pairs, the table priced for decode tokens and (a, beta) as prefill_terms, "
-              "tail-prefill points fitted")
+REFIT_NOTE = (
+    "; refit {date} (python3 -m validator.gpu.refit): step_ms = F(n) + kv term + a * decode tokens "
+    "+ beta * prefill pairs, the table priced for decode tokens and (a, beta) as prefill_terms, "
+    "tail-prefill points fitted"
+)
 
 
 def point_terms(points: list[dict]) -> None:
@@ -37,14 +40,18 @@ def point_terms(points: list[dict]) -> None:
             continue
         if p["tag"].startswith("tail"):
             if tails is None:
-                tails = {(s.tag, s.n, s.requests): s for s in P.sweep_plan(kv_budget_tokens=10**9)
-                         if s.tag.startswith("tail")}
+                tails = {
+                    (s.tag, s.n, s.requests): s
+                    for s in P.sweep_plan(kv_budget_tokens=10**9)
+                    if s.tag.startswith("tail")
+                }
             s = tails.get((p["tag"], p["n_real"], p["R"]))
-            if s is None or s.kv != p["kv"]:            # (the plan changed since the sweep)
-                raise InputError(f"point {p['tag']} n={p['n_real']} R={p['R']} kv={p['kv']}: not in the "
-                                 "current sweep plan")
+            if s is None or s.kv != p["kv"]:  # (the plan changed since the sweep)
+                raise InputError(
+                    f"point {p['tag']} n={p['n_real']} R={p['R']} kv={p['kv']}: not in the current sweep plan"
+                )
             p["dec"], p["pre"] = P.step_terms(s.q, s.ctx)
-        elif int(p.get("s", 1)) < P.PREFILL_MIN_Q:         # table, context, hetero: decode/verify only
+        elif int(p.get("s", 1)) < P.PREFILL_MIN_Q:  # table, context, hetero: decode/verify only
             p["dec"], p["pre"] = int(p["n_real"]), 0.0
         else:
             raise InputError(f"point {p['tag']} n={p['n_real']}: a prefill-sized window outside the tails")
@@ -63,25 +70,35 @@ def refit(raw_path: Path, command: str) -> dict:
     fit["kv_ms_per_ktok_by_window_n128"] = P.kv_slope_by_window(pts)
     old = {"kv_ms_per_ktok": prof["kv_ms_per_ktok"], "fit": prof.get("fit")}
     prov = dict(prof["provenance"])
-    new = P.profile_dict(name=prof["name"], provenance=prov, kv_cache_gib=prof["memory"]["kv_cache_gib"],
-                         kv_bytes_per_token=prof["memory"]["kv_bytes_per_token"], caps=prof["capture_sizes"],
-                         fit=fit, draft=prof.get("draft") or {}, cpu_overhead_ms=prof["cpu_overhead_ms"])
-    for k, v in prof.items():                 # measured extras (replay_check ...) stay
+    new = P.profile_dict(
+        name=prof["name"],
+        provenance=prov,
+        kv_cache_gib=prof["memory"]["kv_cache_gib"],
+        kv_bytes_per_token=prof["memory"]["kv_bytes_per_token"],
+        caps=prof["capture_sizes"],
+        fit=fit,
+        draft=prof.get("draft") or {},
+        cpu_overhead_ms=prof["cpu_overhead_ms"],
+    )
+    for k, v in prof.items():  # measured extras (replay_check ...) stay
         new.setdefault(k, v)
     # the method line says what the fit is now: an earlier refit's note (any date) is replaced
     method = prov.get("method", "")
     mark = REFIT_NOTE.split("{date}")[0]
     if mark in method:
-        method = method[:method.index(mark)]
+        method = method[: method.index(mark)]
     prov["method"] = method + REFIT_NOTE.format(date=dt.date.today().isoformat())
     prov["refit"] = dict(
-        date=dt.date.today().isoformat(), command=command,
-        what=("forward table, KV slope and prefill_terms refitted from the same measured points with "
-              "decode tokens and prefill causal-attention pairs as terms (plan.fit_step_model); the "
-              "single-chunk tail-prefill points are now fitted; draft tables, checks and the replay_check "
-              "(made with the previous fit) unchanged"),
-        previous=dict(kv_ms_per_ktok=old["kv_ms_per_ktok"],
-                      residual_pct=(old["fit"] or {}).get("residual_pct")))
+        date=dt.date.today().isoformat(),
+        command=command,
+        what=(
+            "forward table, KV slope and prefill_terms refitted from the same measured points with "
+            "decode tokens and prefill causal-attention pairs as terms (plan.fit_step_model); the "
+            "single-chunk tail-prefill points are now fitted; draft tables, checks and the replay_check "
+            "(made with the previous fit) unchanged"
+        ),
+        previous=dict(kv_ms_per_ktok=old["kv_ms_per_ktok"], residual_pct=(old["fit"] or {}).get("residual_pct")),
+    )
     raw["fit"] = fit
     P.write_text_atomic(yaml_path, P.dump_yaml(new))
     P.write_text_atomic(raw_path, json.dumps(raw, default=str))
@@ -99,8 +116,10 @@ def main(argv: list[str] | None = None) -> int:
             if not path.exists():
                 raise InputError(f"{r}: file not found")
             fit = refit(path, command)
-            print(f"{path.name}: kv {fit['kv_ms_per_ktok']:.5f} ms/ktok, prefill_terms {fit.get('prefill_terms')}, "
-                  f"residuals {json.dumps(fit['residual_pct']['by_tag'])}")
+            print(
+                f"{path.name}: kv {fit['kv_ms_per_ktok']:.5f} ms/ktok, prefill_terms {fit.get('prefill_terms')}, "
+                f"residuals {json.dumps(fit['residual_pct']['by_tag'])}"
+            )
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ executor's kernel launches rather than the GPU work). Where predicted_ms is miss
 own value is kept as predicted_log_ms.
 `STEPLOG` may be 'synthetic': a generated log (plan.synthetic_steplog).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,14 +57,25 @@ def dry_run_steps(steps: list[dict], k: int) -> list[dict]:
     return steps
 
 
-def replay_steps(model: Any, steps: list[dict], dims: dict, device: Any, timer: Callable, caps: list[int],
-                 cost: CostModel | None = None, depth_scale: float = 1.0, eager_tails: bool = False,
-                 repredict: bool = False, big_timer: Callable | None = None) -> tuple[list[dict], dict]:
+def replay_steps(
+    model: Any,
+    steps: list[dict],
+    dims: dict,
+    device: Any,
+    timer: Callable,
+    caps: list[int],
+    cost: CostModel | None = None,
+    depth_scale: float = 1.0,
+    eager_tails: bool = False,
+    repredict: bool = False,
+    big_timer: Callable | None = None,
+) -> tuple[list[dict], dict]:
     """Time each step's exact shape on the executor; rows with measured and predicted ms, and their
     error summary. cost: dsim's cost model of the profile, for predictions the log lacks (or all of
     them with repredict); big_timer (optional): timer for steps above the capture limit (fewer reps
     for the long ones)."""
     from validator.gpu import model as M
+
     rows = []
     for st in steps:
         shape = StepShape(tuple(int(x) for x in st["q"]), tuple(int(x) for x in st["ctx"]))
@@ -76,13 +88,25 @@ def replay_steps(model: Any, steps: list[dict], dims: dict, device: Any, timer: 
         if (pred is None or repredict) and cost is not None:
             pred = predicted_step_ms(cost, shape)
         dec = [c for s, c in zip(shape.q, shape.ctx) if s < PREFILL_MIN_Q]
-        rows.append(dict(step=st.get("step"), concurrency=concurrency_of(st), n=shape.n, n_pad=n_pad,
-                         kv=shape.kv, R=shape.requests, graph=graph, mode=m.mode,
-                         chunks=int(m.n_chunks), merge_rows=int(m.merge_rows),
-                         ctx_max=max(dec) if dec else 0,
-                         prefill_tokens=sum(s for s in shape.q if s >= PREFILL_MIN_Q),
-                         measured_ms=ms * depth_scale,
-                         predicted_ms=pred, predicted_log_ms=st.get("predicted_ms")))
+        rows.append(
+            dict(
+                step=st.get("step"),
+                concurrency=concurrency_of(st),
+                n=shape.n,
+                n_pad=n_pad,
+                kv=shape.kv,
+                R=shape.requests,
+                graph=graph,
+                mode=m.mode,
+                chunks=int(m.n_chunks),
+                merge_rows=int(m.merge_rows),
+                ctx_max=max(dec) if dec else 0,
+                prefill_tokens=sum(s for s in shape.q if s >= PREFILL_MIN_Q),
+                measured_ms=ms * depth_scale,
+                predicted_ms=pred,
+                predicted_log_ms=st.get("predicted_ms"),
+            )
+        )
     return rows, error_summary(rows)
 
 
@@ -99,14 +123,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--repredict", action="store_true", help="predict from --profile even where the log has a value")
     ap.add_argument("--eager-tails", action="store_true", help="run steps above the capture limit eagerly")
-    ap.add_argument("--split", default="",
-                    help="decode split-KV policy (profile.py --split syntax; 'auto' is not timed here); "
-                         "default: the split recorded in --profile's provenance, else the executor's default")
+    ap.add_argument(
+        "--split",
+        default="",
+        help="decode split-KV policy (profile.py --split syntax; 'auto' is not timed here); "
+        "default: the split recorded in --profile's provenance, else the executor's default",
+    )
     a = ap.parse_args(argv)
     import torch
 
     from validator.gpu import model as M
     from validator.gpu.model import Timer, parse_split
+
     device = torch.device("cpu" if a.dry_run else "cuda")
     if device.type == "cuda":
         M.SPLIT["sms"] = torch.cuda.get_device_properties(0).multi_processor_count
@@ -114,8 +142,8 @@ def main(argv: list[str] | None = None) -> None:
         M.SPLIT.update(M.split_settings(parse_split(a.split)))
     elif a.profile:
         import yaml
-        rec = (yaml.safe_load(Path(a.profile).read_text()).get("provenance", {})
-               .get("attention_check", {}).get("split"))
+
+        rec = yaml.safe_load(Path(a.profile).read_text()).get("provenance", {}).get("attention_check", {}).get("split")
         if rec:
             M.SPLIT.update({k: v for k, v in M.split_settings(rec).items() if k != "sms"})
     print(f"split: {json.dumps(M.SPLIT)}", flush=True)
@@ -130,21 +158,36 @@ def main(argv: list[str] | None = None) -> None:
     sc = None
     if a.profile:
         import yaml
+
         p = yaml.safe_load(Path(a.profile).read_text())
         sc = cost_model(p, a.profile)
     results = {}
     timer = Timer(device, a.reps, warm=a.warm)
-    for src in a.steplog:          # one model build, several logs; results written after each
+    for src in a.steplog:  # one model build, several logs; results written after each
         t0 = time.time()
         steps = load_or_make_steps(src)
         if a.dry_run:
             steps = dry_run_steps(steps, 6)
-        rows, summary = replay_steps(model, steps, dims, device, timer, caps, sc,
-                                     dims["layers"] / layers, eager_tails=a.eager_tails,
-                                     repredict=a.repredict)
+        rows, summary = replay_steps(
+            model,
+            steps,
+            dims,
+            device,
+            timer,
+            caps,
+            sc,
+            dims["layers"] / layers,
+            eager_tails=a.eager_tails,
+            repredict=a.repredict,
+        )
         results[src] = dict(rows=rows, summary=summary)
-        write_text_atomic(a.out, json.dumps(dict(model=a.model, profile=a.profile, eager_tails=a.eager_tails,
-                                                 repredict=a.repredict, logs=results), indent=1))
+        write_text_atomic(
+            a.out,
+            json.dumps(
+                dict(model=a.model, profile=a.profile, eager_tails=a.eager_tails, repredict=a.repredict, logs=results),
+                indent=1,
+            ),
+        )
         print(src, json.dumps(summary), f"({time.time() - t0:.1f}s)", flush=True)
 
 

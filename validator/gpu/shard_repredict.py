@@ -8,6 +8,7 @@ engine does) and reports |predicted - measured| / measured per log.
 
     python3 -m validator.gpu.shard_repredict PROFILE REPLAY.json STEPLOG_DIR [--out FILE.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,9 +44,12 @@ def repredict(profile: str, replay: dict, steplog_dir: Path) -> dict:
             pred = float(cost.step_ms(n, kv)) + float(cost.prefill_ms(chunks))
             signed.append((pred - r["measured_ms"]) / r["measured_ms"] * 100)
         e = np.abs(signed)
-        out[Path(name).name] = dict(steps=len(signed), median_abs_pct=round(float(np.median(e)), 2),
-                                    p90_abs_pct=round(float(np.percentile(e, 90)), 2),
-                                    signed_mean_pct=round(float(np.mean(signed)), 2))
+        out[Path(name).name] = dict(
+            steps=len(signed),
+            median_abs_pct=round(float(np.median(e)), 2),
+            p90_abs_pct=round(float(np.percentile(e, 90)), 2),
+            signed_mean_pct=round(float(np.mean(signed)), 2),
+        )
     return out
 
 
@@ -57,8 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     try:
-        res = dict(profile=a.profile, replay=a.replay, logs=repredict(a.profile, json.loads(Path(a.replay).read_text()),
-                                                                   Path(a.steplogs)))
+        res = dict(
+            profile=a.profile,
+            replay=a.replay,
+            logs=repredict(a.profile, json.loads(Path(a.replay).read_text()), Path(a.steplogs)),
+        )
     except (InputError, OSError, KeyError, json.JSONDecodeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
