@@ -25,7 +25,7 @@ from dsim.cost import load_profile
 from dsim.sim import SimConfig, SpecConfig, simulate
 from dsim.workload import load_workload
 t1 = time.perf_counter()
-prof = load_profile(None)
+prof = load_profile("deepseek-v4-class-h200x8")  # the profile docs/performance.md figures use
 tiny = load_workload("azure-conv", n=16)
 for sc in (SpecConfig("mtp"), SpecConfig("dspark", adaptive=True)):
     simulate(SimConfig(workload=tiny, profile=prof, spec=sc))
@@ -53,7 +53,7 @@ def main():
     if a.breakdown:
         subprocess.run([sys.executable, "-c", BREAKDOWN], check=True)
         return
-    cmd = [sys.executable, "-m", "dsim", "plan", "--sla", a.sla, "--trace", a.trace]
+    cmd = [sys.executable, "-m", "dsim", "plan", "--sla", a.sla, "--trace", a.trace, "--profile", "deepseek-v4-class-h200x8"]
     if a.jobs:
         cmd += ["--jobs", str(a.jobs)]
     t = time.perf_counter()

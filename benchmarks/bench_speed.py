@@ -39,7 +39,7 @@ from dsim.sim import SimConfig, SpecConfig, simulate
 from dsim.workload import load_workload
 C, per_user = {C}, {per_user}
 spec = {spec}
-prof = load_profile(None)
+prof = load_profile("deepseek-v4-class-h200x8")  # the profile docs/performance.md figures use
 simulate(SimConfig(workload=load_workload("azure-conv", n=16), profile=prof, spec=spec))
 w = load_workload("azure-conv", n=C * per_user)
 w = dataclasses.replace(w, closed_loop_concurrency=C, arrival_s=np.zeros(len(w.arrival_s)))
