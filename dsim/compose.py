@@ -35,6 +35,7 @@ import json
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -42,6 +43,9 @@ from dsim.cost import Profile, Table, save_profile, vllm_capture_sizes
 from dsim.errors import InputError
 from dsim.kernels import HARDWARE, MATH_DTYPE, WEIGHT_BYTES, KernelTable, Roofline, load_kernel_table
 from dsim.models import MoEModel, load_model
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
 
 KV_LO, KV_HI = 1024, 16384  # contexts the KV slope is measured between
 SLOPE_BATCH = 64  # requests at which the slope is taken
@@ -154,7 +158,7 @@ def layer_ops(
     batch: int | None = None,
     q: int = 1,
     kv: int = KV_LO,
-    layers=None,
+    layers: Sequence[int] | None = None,
 ) -> list[Op]:
     """Ops of the decoder layers (all of them, or the indices in `layers`) for n tokens on one GPU."""
     dt, edt = _dtypes(model, hardware)
@@ -272,7 +276,7 @@ def layer_ops(
     return ops
 
 
-def step_ops(model: MoEModel, topo: Topology, hardware: str, n: int, **kw) -> list[Op]:
+def step_ops(model: MoEModel, topo: Topology, hardware: str, n: int, **kw: Any) -> list[Op]:
     """All ops of one target forward of n tokens on one GPU: embedding, the decoder layers, the
     final norm and the LM head (vocabulary split over the TP ranks, logits gathered)."""
     ops = [_op("embedding", 1, op="elementwise", bytes=int(n * model.hidden * 2 * 2))]
@@ -422,7 +426,7 @@ def fit_layer_glue(
     (a, b), *_ = np.linalg.lstsq(A, meas[fit_i] - comp[fit_i], rcond=None)
     a, b = max(float(a), 0.0), max(float(b), 0.0)
 
-    def err(ix, with_glue):
+    def err(ix: np.ndarray, with_glue: bool) -> np.ndarray:
         pred = comp[ix] + (a + b * tok[ix] if with_glue else 0.0)
         return np.abs(pred / meas[ix] - 1.0) * 100
 
@@ -490,7 +494,7 @@ def _moe_factor(model: MoEModel, topo: Topology, hardware: str, op: Op, roof: Ro
     )
 
 
-def priced_total(model, topo, hardware, ops, pricer: Pricer) -> float:
+def priced_total(model: MoEModel, topo: Topology, hardware: str, ops: Iterable[Op], pricer: Pricer) -> float:
     t = 0.0
     for op in ops:
         v = op.count * pricer.ms(op)
@@ -501,7 +505,15 @@ def priced_total(model, topo, hardware, ops, pricer: Pricer) -> float:
 
 
 def forward_ms(
-    model, topo, hardware, n: int, pricer: Pricer, limit: int, *, kv: int = KV_LO, glue: LayerGlue = LayerGlue()
+    model: MoEModel,
+    topo: Topology,
+    hardware: str,
+    n: int,
+    pricer: Pricer,
+    limit: int,
+    *,
+    kv: int = KV_LO,
+    glue: LayerGlue = LayerGlue(),
 ) -> float:
     t = priced_total(model, topo, hardware, step_ops(model, topo, hardware, n, kv=kv), pricer)
     t += model.layers * (GRAPH_GAP_US_PER_LAYER * 1e-3 + glue.ms(n))

@@ -26,11 +26,15 @@ import bisect
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
 
 from dsim.errors import InputError, plain
+
+if TYPE_CHECKING:
+    from dsim.schema import Doc
 
 PROVENANCE_FIELDS = ("kind", "hardware", "gpus_per_replica", "model", "engine", "engine_version", "date", "method")
 DRAFT_KINDS = ("mtp", "eagle3", "block", "dspark")
@@ -105,7 +109,7 @@ def _table(raw, doc, keys: tuple, xkey: str) -> Table:
     return Table(np.asarray(x, dtype=np.float64), np.asarray(ms, dtype=np.float64))
 
 
-def profile_from_dict(d: dict, path: str = "<profile>", doc=None) -> Profile:
+def profile_from_dict(d: dict, path: str = "<profile>", doc: Doc | None = None) -> Profile:
     """Validate a parsed profile; raise InputError naming the file, line (when ``doc`` carries
     the file's line marks, as load_profile's does), field and bad value, one field at a time."""
     from dsim import schema as S
@@ -225,7 +229,7 @@ def profile_to_dict(p: Profile) -> dict:
     return d
 
 
-def save_profile(p: Profile, path) -> None:
+def save_profile(p: Profile, path: str | Path) -> None:
     """Write atomically (temporary name, then rename)."""
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -329,7 +333,7 @@ class CostModel:
         for kind, t in profile.draft.items():
             self._draft[kind] = (t.x, np.maximum.accumulate(t.ms) * cost_scale)
 
-    def prefill_ms(self, chunks) -> float:
+    def prefill_ms(self, chunks: Any) -> float:
         """What a step's prefill chunks add to step_ms (which prices every token as a decode
         token): for each (q, c), q new prompt tokens over c cached ones, -discount x q + attention
         x q (c + q / 2). 0 without prefill terms. Postcondition: step_ms + prefill_ms >= 0 for the
@@ -340,7 +344,7 @@ class CostModel:
         d, a = self.prefill_discount_ms_per_tok, self.prefill_attn_ms_per_pair
         return sum(q * (a * (c + 0.5 * q) - d) for q, c in chunks)
 
-    def forward_ms(self, n_tokens):
+    def forward_ms(self, n_tokens: Any) -> Any:
         """Target forward cost of n tokens at zero context (scalar or array)."""
         if isinstance(n_tokens, (int, np.integer)):
             n = int(n_tokens)
@@ -380,7 +384,7 @@ class CostModel:
         val = np.interp(n, self._ax, self._ams)
         return np.where(n > self._ax[-1], self._ams[-1] + self._slope * (n - self._ax[-1]), val)
 
-    def step_ms(self, n_tokens, kv_tokens):
+    def step_ms(self, n_tokens: Any, kv_tokens: Any) -> Any:
         return self.forward_ms(n_tokens) + self.kv_ms_per_tok * np.asarray(kv_tokens, dtype=np.float64)
 
     def forward_table(self) -> np.ndarray:
@@ -396,7 +400,7 @@ class CostModel:
         f = self._below_list[n] if n <= self.limit else self._above_scalar(n)
         return f + self.kv_ms_per_tok * kv_tokens
 
-    def step_cost_row(self, n0: int, n1: int, kv_tokens, extra_ms: float = 0.0) -> np.ndarray:
+    def step_cost_row(self, n0: int, n1: int, kv_tokens: Any, extra_ms: float = 0.0) -> np.ndarray:
         """The dense step-cost row the verify-budget policies price budgets with: float64[n1 - n0],
         element i = forward_ms(n0 + i) + kv_ms_per_tok x kv_tokens + extra_ms (a new array).
         Preconditions: 0 <= n0 <= n1. Postcondition: non-decreasing (the forward table is forced
@@ -408,7 +412,7 @@ class CostModel:
             out += extra_ms
         return out
 
-    def draft_table_ms(self, kind: str, n_requests: int):
+    def draft_table_ms(self, kind: str, n_requests: int) -> float | None:
         """Draft cost from the profile's table for `kind` at n_requests, or None if absent."""
         t = self._draft.get(kind)
         if t is None or n_requests <= 0:

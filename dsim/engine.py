@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import simpy
@@ -38,6 +39,9 @@ from dsim.cost import KV_BLOCK_TOKENS, CostModel
 from dsim.errors import InputError
 from dsim.kernels_step import ASUM, CLS, COMP, EMITS, END, ID, NCOL, ROUNDS, VSUM
 from dsim.spec import SpecRuntime
+
+if TYPE_CHECKING:
+    from collections.abc import Generator
 
 
 @dataclass(frozen=True)
@@ -342,7 +346,7 @@ class Replica:
     def outstanding(self) -> int:
         return self.n + len(self.pre) + len(self.waiting)
 
-    def submit(self, rid: int):
+    def submit(self, rid: int) -> None:
         R = self.R
         # A request whose whole life cannot fit the KV cache would be preempted forever (vLLM
         # refuses to start with max_model_len above the cache): say so on arrival.
@@ -399,7 +403,7 @@ class Replica:
             self.prefix_cache.popitem(last=False)
 
     # ---- the step loop ----------------------------------------------------------------------
-    def loop(self):
+    def loop(self) -> Generator[Any, Any, None]:
         env = self.env
         while True:
             if self.n == 0 and not self.pre and not self.waiting:
@@ -771,7 +775,7 @@ class Replica:
             for rid in rows[:, ID].tolist():
                 self.on_finish(rid)
 
-    def flush(self):
+    def flush(self) -> None:
         """Write the finished requests' results into the shared request table; add every
         request's speculative counters (finished and still running) to the per-class totals."""
         R = self.R

@@ -4,12 +4,16 @@ The CLI turns an InputError into a single line on stderr and exit code 2 (no tra
 Messages name what and where: ``path:line: field: problem``.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 
 class InputError(Exception):
     """Bad input from the user: a malformed trace, profile, SLA string or flag."""
 
 
-def where(path, line=None, field=None) -> str:
+def where(path: object, line: int | None = None, field: str | None = None) -> str:
     """Format a location prefix ``path:line: field:`` for an InputError message."""
     out = str(path)
     if line is not None:
@@ -19,7 +23,7 @@ def where(path, line=None, field=None) -> str:
     return out
 
 
-def plain(v) -> str:
+def plain(v: Any) -> str:
     """A value as a user wrote it, for messages: numbers without numpy's repr (np.int64(-5) ->
     -5), strings quoted with unprintable characters escaped, long text cut."""
     if hasattr(v, "item") and callable(v.item) and getattr(v, "ndim", 1) == 0:

@@ -30,10 +30,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dsim.errors import InputError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from dsim.cost import Profile
 
 # The paper's SLA anchors (tok/s/user), Sec. 5.4: V4-Flash 80 (moderate) and 120 (strict),
 # V4-Pro 35 and 50.
@@ -251,7 +257,9 @@ class Comparison:
     verify: tuple = field(default=())  # (concurrency per GPU, A verify/req, B verify/req)
 
 
-def paper_comparison(df, a: str, b: str, slas: Sequence[float] | None = None, sla_source: str = "") -> Comparison:
+def paper_comparison(
+    df: pd.DataFrame, a: str, b: str, slas: Sequence[float] | None = None, sla_source: str = ""
+) -> Comparison:
     """The comparison for methods ``a`` (baseline) and ``b`` of a sweep table (dsim.sweep)."""
     for m in (a, b):
         if m not in set(df["method"]):
@@ -352,7 +360,7 @@ def format_comparison(c: Comparison) -> str:
     return "\n".join(lines)
 
 
-def plot_comparison(df, c: Comparison, out, prefix: str = "") -> list[Path]:
+def plot_comparison(df: pd.DataFrame, c: Comparison, out: str | Path, prefix: str = "") -> list[Path]:
     """paper_frontier.png (Fig. 7 style: both frontiers, the SLA anchors and gains) and
     paper_load.png (Fig. 8 style: throughput per GPU and verify tokens per request vs
     concurrency per GPU)."""
@@ -411,14 +419,14 @@ def plot_comparison(df, c: Comparison, out, prefix: str = "") -> list[Path]:
     return [p1, p2]
 
 
-def fleet_gpus(profile, nodes: int, gpus_per_node: int) -> int:
+def fleet_gpus(profile: Profile, nodes: int, gpus_per_node: int) -> int:
     """GPUs a fleet of ``nodes`` nodes runs on: whole replicas of the profile's GPUs per replica
     (at least one replica per node), as dsim.sim counts them."""
     gpr = max(1, int(profile.gpus_per_replica))
     return int(nodes) * max(1, int(gpus_per_node) // gpr) * gpr
 
 
-def concurrency_from_per_gpu(per_gpu: Sequence[int], profile, nodes: int, gpus_per_node: int) -> list[int]:
+def concurrency_from_per_gpu(per_gpu: Sequence[int], profile: Profile, nodes: int, gpus_per_node: int) -> list[int]:
     """Total closed-loop users for per-GPU concurrency levels (the paper's Fig. 8 axis)."""
     g = fleet_gpus(profile, nodes, gpus_per_node)
     return [int(c) * g for c in per_gpu]

@@ -207,7 +207,7 @@ class AicTables:
     def rel(self, family: str, backend: str, version: str, name: str) -> str:
         return f"{self.system}/{family}/{backend}/{version}/{name}"
 
-    def frame(self, family: str, backend: str, version: str, name: str):
+    def frame(self, family: str, backend: str, version: str, name: str) -> Any:
         import pandas as pd
 
         rel = self.rel(family, backend, version, name)
@@ -216,7 +216,7 @@ class AicTables:
             self._frames[rel] = pd.read_parquet(path) if path.is_file() else None
         return self._frames[rel]
 
-    def db(self, backend: str, version: str):
+    def db(self, backend: str, version: str) -> Any:
         key = (backend, version)
         if key not in self._dbs:
             _aic()

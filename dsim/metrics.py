@@ -9,13 +9,20 @@ step gets the same gap.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from dsim.engine import Requests
 
 PCTS = (50, 90, 99)
 
 
-def weighted_percentile(values, weights, pct: float):
+def weighted_percentile(values: Any, weights: Any, pct: float) -> Any:
     """The pct-th percentile of values each repeated weights times (the lower value at a boundary,
     as for the run-length coded ITL samples); None when empty."""
     v = np.asarray(values, dtype=np.float64)
@@ -27,7 +34,7 @@ def weighted_percentile(values, weights, pct: float):
     return float(v[min(np.searchsorted(cw, pct / 100 * cw[-1], side="left"), len(v) - 1)])
 
 
-def dist(values, weights=None) -> dict:
+def dist(values: Any, weights: Any = None) -> dict:
     """{mean, p50, p90, p99} of values (weighted when weights are given); NaN-free input."""
     v = np.asarray(values, dtype=np.float64)
     if len(v) == 0:
@@ -43,7 +50,7 @@ def dist(values, weights=None) -> dict:
     return {k: round(x, 4) for k, x in out.items()}
 
 
-def request_table(reqs, class_names) -> pd.DataFrame:
+def request_table(reqs: Requests, class_names: Sequence[str]) -> pd.DataFrame:
     done = ~np.isnan(reqs.finish)
     ttft = (reqs.first_token - reqs.arrival) * 1e3
     e2e = (reqs.finish - reqs.arrival) * 1e3
@@ -84,7 +91,7 @@ def goodput(req: pd.DataFrame, slo: dict | None, duration_s: float) -> float | N
     return float(ok.sum() / duration_s)
 
 
-def summarize(req: pd.DataFrame, itl_pairs, n_gpus: int, slo: dict | None = None) -> dict:
+def summarize(req: pd.DataFrame, itl_pairs: Any, n_gpus: int, slo: dict | None = None) -> dict:
     done = req[req["completed"]]
     sim_time = float(np.nanmax(req["arrival_s"].to_numpy() + req["e2e_ms"].to_numpy() / 1e3)) if len(done) else 0.0
     out_tokens = int(done["output_tokens"].sum())

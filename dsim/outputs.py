@@ -120,7 +120,7 @@ def _merge_into(src: Path, dst: Path) -> None:
             os.replace(f, d)
 
 
-def check_dir_target(target, what: str = "--out") -> Path:
+def check_dir_target(target: str | Path, what: str = "--out") -> Path:
     """Path of a directory to be written: InputError if empty or an existing non-directory."""
     p = _check_path(target, what)
     if p.exists() and not p.is_dir():
@@ -133,7 +133,7 @@ def check_dir_target(target, what: str = "--out") -> Path:
     return p
 
 
-def check_file_target(target, what: str) -> Path:
+def check_file_target(target: str | Path, what: str) -> Path:
     """Path of a file to be written: InputError if empty, a directory, or its directory is missing."""
     p = _check_path(target, what)
     if p.is_dir():
@@ -148,7 +148,7 @@ def check_file_target(target, what: str) -> Path:
 
 
 @contextlib.contextmanager
-def staged_dir(target, what: str = "--out") -> Iterator[Path]:
+def staged_dir(target: str | Path, what: str = "--out") -> Iterator[Path]:
     """Yield a temporary directory; on success its files end up in ``target`` (created with its
     parents if missing), on any exception nothing is left behind."""
     p = check_dir_target(target, what)
@@ -170,7 +170,7 @@ def staged_dir(target, what: str = "--out") -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def staged_file(target, what: str) -> Iterator[Path]:
+def staged_file(target: str | Path, what: str) -> Iterator[Path]:
     """Yield a temporary file path next to ``target``; renamed onto it on success, removed on
     any exception."""
     p = check_file_target(target, what)
@@ -187,17 +187,19 @@ def staged_file(target, what: str) -> Iterator[Path]:
             _remove(stage)
 
 
-def final_path(stage: Path, target, path) -> Path:
+def final_path(stage: Path, target: str | Path, path: str | Path) -> Path:
     """Where a file written under ``stage`` will be once committed to ``target``."""
     return Path(target) / Path(path).relative_to(stage)
 
 
-def debris(parent) -> list[Path]:
+def debris(parent: str | Path) -> list[Path]:
     """Staging leftovers in a directory (for tests and diagnostics)."""
     return sorted(Path(parent).glob(f".*{TMP_SUFFIX}"))
 
 
-def rewrite_paths(stage: Path, target, suffixes=(".md", ".json", ".yaml", ".html")) -> None:
+def rewrite_paths(
+    stage: Path, target: str | Path, suffixes: tuple[str, ...] = (".md", ".json", ".yaml", ".html")
+) -> None:
     """Text files under ``stage`` that name the staging directory name ``target`` instead (a
     report that lists the files it wrote, before they are moved into place)."""
     old, new = str(Path(stage)), str(Path(target))

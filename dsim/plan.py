@@ -25,11 +25,20 @@ import os
 import re
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dsim.errors import InputError
 from dsim.metrics import weighted_percentile
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
+    from concurrent.futures import Future
+
+    import pandas as pd
+
+    from dsim.spec import SpecConfig
 
 METRICS = ("tpot", "ttft", "itl", "e2e")
 METRIC_LABEL = {
@@ -80,7 +89,7 @@ class SLO:
         """The value a simulation must reach to pass, safety margin included."""
         return self.target / (1.0 - margin) if self.is_min else self.target * (1.0 - margin)
 
-    def ok(self, value, margin: float) -> bool:
+    def ok(self, value: float | None, margin: float) -> bool:
         if value is None or not math.isfinite(value):
             return False
         return value >= self.limit(margin) if self.is_min else value <= self.limit(margin)
@@ -201,7 +210,7 @@ class Point:
     tag: object = None  # caller's label, returned unchanged
 
 
-def metric_values(summary: dict, req, slos, itl=None) -> dict:
+def metric_values(summary: dict, req: pd.DataFrame, slos: Iterable[SLO], itl: Any = None) -> dict:
     """Each SLO's measured value from a simulation (request table and the ITL samples
     (values, counts) for arbitrary percentiles)."""
     done = req[req["completed"]]
@@ -219,7 +228,7 @@ def metric_values(summary: dict, req, slos, itl=None) -> dict:
     return out
 
 
-def run_point(p: Point, slos=(), keep: tuple = ()) -> dict:
+def run_point(p: Point, slos: Iterable[SLO] = (), keep: tuple = ()) -> dict:
     """Simulate one point; return a small picklable dict: the summary, the SLO metric values and,
     for each column named in `keep`, that column of the completed requests as a numpy array."""
     from dsim.engine import EngineConfig
@@ -277,11 +286,11 @@ class Runner:
             self.executor = None
         return False
 
-    def submit(self, fn, *a, **kw):
+    def submit(self, fn: Callable[..., Any], *a: Any, **kw: Any) -> Future:
         f = self.executor.submit(fn, *a, **kw)
         return f if self.progress is None else self.progress.track(f, self.claim)
 
-    def map(self, fn, items, **kw):
+    def map(self, fn: Callable[..., Any], items: Iterable[Any], **kw: Any) -> list:
         """[fn(x, **kw) for x in items], in order, in parallel."""
         items = list(items)
         own = self.progress is not None and self.claim is None
@@ -344,7 +353,7 @@ class _Search:
             return [(n, s) for s in self.seeds[1:] if (n, s) not in self.results]
         return []
 
-    def feed(self, n: int, seed: int, r: dict):
+    def feed(self, n: int, seed: int, r: dict) -> None:
         self.results[(n, seed)] = r
         if self.done or n != self.cur:
             return
@@ -412,7 +421,13 @@ class _Search:
         return {"met": met, "nodes": n, "results": rs, "trail": self.trail}
 
 
-def search_nodes(points_for, searches: dict, runner: Runner, slos, progress=None) -> dict:
+def search_nodes(
+    points_for: Callable[..., Point],
+    searches: dict,
+    runner: Runner,
+    slos: Iterable[SLO],
+    progress: Callable[..., Any] | None = None,
+) -> dict:
     """Drive several _Search objects at once over one runner. points_for(name, nodes, seed) -> Point.
     `progress`: a callable (name, nodes, seed, result) called per result; the runner's progress
     bar (if any) gets the searches' remaining work and their current node counts."""
@@ -449,7 +464,7 @@ def search_nodes(points_for, searches: dict, runner: Runner, slos, progress=None
 # ---- the plan -------------------------------------------------------------------------------
 
 
-def method_label(spec) -> str:
+def method_label(spec: SpecConfig) -> str:
     if spec.method == "mtp":
         return f"MTP-{spec.k or 1}"
     if spec.method == "dspark":
@@ -464,7 +479,16 @@ def _worst(slo: SLO, vals):
     return min(vals) if slo.is_min else max(vals)
 
 
-def summarize_method(name, spec, out, slos, margin, gpus_per_node, price, spot_price) -> dict:
+def summarize_method(
+    name: str,
+    spec: SpecConfig,
+    out: dict,
+    slos: Iterable[SLO],
+    margin: float,
+    gpus_per_node: int,
+    price: float | None,
+    spot_price: float | None,
+) -> dict:
     rs = out["results"]
     nodes = out["nodes"]
     gpus = nodes * gpus_per_node
@@ -507,24 +531,24 @@ def summarize_method(name, spec, out, slos, margin, gpus_per_node, price, spot_p
 
 def plan(
     workloads: dict,
-    profile,
+    profile: Any,
     specs: dict,
-    slos,
+    slos: Iterable[SLO],
     *,
     margin: float = 0.10,
     max_nodes: int = 64,
-    seeds=(0, 1, 2),
+    seeds: Sequence[int] = (0, 1, 2),
     gpus_per_node: int = 8,
     price: float | None = None,
     jobs: int | None = None,
     router: str = "least_outstanding",
     start: dict | None = None,
     notes: list | None = None,
-    progress=None,
-    engine=None,
+    progress: Callable[..., Any] | None = None,
+    engine: Any = None,
     executor: str = "local",
     ray_address: str | None = None,
-    progress_bar=None,
+    progress_bar: Any = None,
 ) -> dict:
     """Fewest nodes per method meeting every SLO. workloads: seed -> Workload; specs: name -> SpecConfig.
     executor: 'local' (processes) or 'ray' (tasks; ray_address as in dsim.executor); progress: a
@@ -548,7 +572,7 @@ def plan(
     if price <= 0:
         raise InputError(f"--price-per-gpu-hour: must be > 0, got {price:g}")
 
-    def point(name, n, s):
+    def point(name: str, n: int, s: int) -> Point:
         return Point(workloads[s], profile, specs[name], n, s, gpus_per_node, router, engine, tag=name)
 
     searches = {name: _Search(name, seeds, slos, margin, max_nodes, (start or {}).get(name, 1)) for name in specs}
@@ -604,7 +628,7 @@ def plan(
 # ---- printing -------------------------------------------------------------------------------
 
 
-def format_plan(res: dict, slos, method_names) -> str:
+def format_plan(res: dict, slos: Iterable[SLO], method_names: Iterable[str]) -> str:
     lines = []
     a = res["assumptions"]
     head = ["method", "nodes", "GPUs"] + [s.key for s in slos] + ["tok/s/GPU", "$/hour", "$/M out tok"]

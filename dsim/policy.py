@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -156,7 +157,13 @@ class BudgetPolicy:
     def cost_row(self, n_requests: int, n0: int, n1: int, engine_row: np.ndarray) -> np.ndarray:
         return engine_row
 
-    def windows(self, conf_now, conf_prev=None, conf_prev2=None, ctx: PolicyContext | None = None) -> np.ndarray:
+    def windows(
+        self,
+        conf_now: np.ndarray,
+        conf_prev: np.ndarray | None = None,
+        conf_prev2: np.ndarray | None = None,
+        ctx: PolicyContext | None = None,
+    ) -> np.ndarray:
         """Windows of k steps from [k, R, K] confidences (float32; other float types are cast):
         the compiled kernel ``dsim.kernels_step.policy_windows`` on each step's cost row
         draft_ms + verify_ms(N + b) (the policy's own table where it has one), b = 0..R x K."""
@@ -258,8 +265,13 @@ class AdditiveCost:
 
     @classmethod
     def from_cost(
-        cls, cost, method=None, max_requests: int = 1024, max_tokens: int = 8192, kv_ms_per_request: float = 0.0
-    ):
+        cls,
+        cost: Any,
+        method: Any = None,
+        max_requests: int = 1024,
+        max_tokens: int = 8192,
+        kv_ms_per_request: float = 0.0,
+    ) -> AdditiveCost:
         """Build the tables from a duck-typed CostModel: bias = per-step CPU overhead
         (``cost.cpu_overhead_ms`` or ``cost.profile.cpu_overhead_ms``, else 0); theta(M) =
         ``cost.forward_ms(M)`` sampled at 1..16, every 16 to 512, then doubling to max_tokens
@@ -310,7 +322,7 @@ POLICIES = {
 }
 
 
-def make_policy(name: str, **opts) -> BudgetPolicy:
+def make_policy(name: str, **opts: Any) -> BudgetPolicy:
     """``fixed``; ``threshold`` (tau=0.3); ``vllm``; ``paper`` (production=False);
     ``sglang`` (cost=AdditiveCost or None). Unknown options raise InputError."""
     key = str(name).strip().lower()
@@ -327,7 +339,7 @@ def make_policy(name: str, **opts) -> BudgetPolicy:
 VERIFY_MODES = ("static", "compact", "cap-accept")
 
 
-def verify_tokens_and_commit(mode: str, windows, K: int):
+def verify_tokens_and_commit(mode: str, windows: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarray]:
     """SGLang verify modes -> (drafts verified per request, commit cap per request), int64 arrays
     shaped like ``windows`` (views of it or of one full array: read-only use). The step's tokens
     for a decode are 1 + verified; the request emits accepted_prefix(accept, commit_cap) + 1 tokens.

@@ -233,7 +233,7 @@ def ab_report(
         )
     with P.Runner(jobs, executor, ray_address, progress_bar) as runner:
         # 1. the plan
-        def point(name, n, s):
+        def point(name: str, n: int, s: int) -> P.Point:
             return P.Point(workloads[s], profile, specs[name], n, s, gpus_per_node, tag=name)
 
         outs = P.search_nodes(point, searches, runner, slos)
@@ -370,7 +370,7 @@ def ab_report(
         rows.append(row)
     d.table(head, rows)
 
-    def trail(r):
+    def trail(r: dict) -> str:
         return ", ".join(f"{x['nodes']}:" + ("pass" if x["passed"] else "fail") for x in r["search"])
 
     d.p(

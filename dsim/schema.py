@@ -13,8 +13,12 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from dsim.errors import InputError, plain
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 MAX_DEPTH = 64  # deeper nesting is not a profile or preset (and would exhaust the parser)
 
@@ -26,7 +30,7 @@ class Doc:
     path: str
     lines: dict = field(default_factory=dict)  # tuple key path -> 1-based line
 
-    def at(self, *keys) -> str:
+    def at(self, *keys: str | int) -> str:
         """``path:line: a.b[2]`` for the key path (the nearest line known)."""
         line = None
         for n in range(len(keys), -1, -1):
@@ -73,7 +77,7 @@ def _node_lines(node, prefix=(), out=None, depth=0) -> dict:
     return out
 
 
-def read_document(path, *, kind: str = "yaml") -> tuple[object, Doc]:
+def read_document(path: str | Path, *, kind: str = "yaml") -> tuple[object, Doc]:
     """(parsed document, Doc with line marks). kind: 'yaml' or 'json'. Raises InputError for an
     unreadable file, a parse error (with its line), or nesting beyond MAX_DEPTH."""
     import yaml
@@ -124,7 +128,7 @@ def _bad(doc: Doc, keys, problem: str, value=None, show=True) -> InputError:
     return InputError(f"{doc.at(*keys)}: {problem}{tail}")
 
 
-def mapping(v, doc: Doc, *keys, required=()) -> dict:
+def mapping(v: Any, doc: Doc, *keys: str | int, required: Iterable[str] = ()) -> dict:
     if not isinstance(v, dict):
         raise _bad(doc, keys, "must be a mapping", v if not isinstance(v, (list, tuple)) else "a list")
     for k in required:
@@ -133,7 +137,9 @@ def mapping(v, doc: Doc, *keys, required=()) -> dict:
     return v
 
 
-def number(v, doc: Doc, *keys, lo=None, lo_open=False, hi=None) -> float:
+def number(
+    v: Any, doc: Doc, *keys: str | int, lo: float | None = None, lo_open: bool = False, hi: float | None = None
+) -> float:
     """A finite real number (not a string or boolean) within [lo, hi] (lo excluded if lo_open)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise _bad(doc, keys, "must be a number", v)
@@ -150,7 +156,7 @@ def number(v, doc: Doc, *keys, lo=None, lo_open=False, hi=None) -> float:
     return f
 
 
-def integer(v, doc: Doc, *keys, lo=None, hi=None) -> int:
+def integer(v: Any, doc: Doc, *keys: str | int, lo: float | None = None, hi: float | None = None) -> int:
     """An integer (an integral float like 8.0 is accepted; 8.5, '8', true are not)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise _bad(doc, keys, "must be an integer", v)
@@ -164,7 +170,15 @@ def integer(v, doc: Doc, *keys, lo=None, hi=None) -> int:
     return i
 
 
-def number_list(v, doc: Doc, *keys, lo=None, hi=None, ints=False, increasing=False) -> list:
+def number_list(
+    v: Any,
+    doc: Doc,
+    *keys: str | int,
+    lo: float | None = None,
+    hi: float | None = None,
+    ints: bool = False,
+    increasing: bool = False,
+) -> list:
     """A non-empty list of numbers (integers if ints), each checked, strictly increasing if asked."""
     if not isinstance(v, list):
         raise _bad(doc, keys, "must be a list", v)
@@ -178,7 +192,7 @@ def number_list(v, doc: Doc, *keys, lo=None, hi=None, ints=False, increasing=Fal
     return out
 
 
-def text(v, doc: Doc, *keys) -> str:
+def text(v: Any, doc: Doc, *keys: str | int) -> str:
     if isinstance(v, bool) or not isinstance(v, (str, int, float)) or (isinstance(v, str) and not v.strip()):
         raise _bad(doc, keys, "must be a non-empty string", v)
     return str(v)

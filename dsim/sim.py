@@ -14,6 +14,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -26,6 +27,11 @@ from dsim.errors import InputError
 from dsim.kernels_step import run_key
 from dsim.metrics import request_table, summarize
 from dsim.spec import SpecConfig, SpecRuntime
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from dsim.workload import Workload
 
 __all__ = ["SimConfig", "SimResult", "SpecConfig", "simulate", "write_outputs", "write_step_log"]
 
@@ -70,7 +76,7 @@ MAX_NUM_BATCHED_TOKENS = 1 << 24
 def _check(cfg: SimConfig):
     """Bad settings fail here, before any replica or array is allocated."""
 
-    def int_in(v, lo, hi, what):
+    def int_in(v: Any, lo: int, hi: int, what: str) -> None:
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
             raise InputError(f"{what}: must be an integer in {lo}..{hi}, got {v}")
 
@@ -88,7 +94,7 @@ def _check(cfg: SimConfig):
     check_requests_fit(cfg.workload, cfg.profile, cfg.spec)
 
 
-def check_requests_fit(w, profile: Profile, spec: SpecConfig | None = None) -> None:
+def check_requests_fit(w: Workload, profile: Profile, spec: SpecConfig | None = None) -> None:
     """Every request fits the model: prompt + output within the profile's max_model_len (vLLM
     rejects a longer request), and its whole life within one replica's KV cache (it would be
     preempted forever). The first one that does not is named by its trace file and line."""
@@ -147,7 +153,7 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
 
         bar = tqdm(total=reqs.n, unit="req", delay=1.0, leave=False, dynamic_ncols=True)
 
-    def on_finish(rid):
+    def on_finish(rid: int) -> None:
         if bar is not None:
             bar.update(1)
         if closed and next_id[0] < reqs.n:  # the user sends its next request now
@@ -181,7 +187,7 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
     if not closed:
         times = w.arrival_s
 
-        def next_arrival():
+        def next_arrival() -> float | None:
             i = next_id[0]
             return float(times[i]) if i < reqs.n else None
 
@@ -192,7 +198,7 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
     except ValueError as e:
         raise InputError(f"--router: {e}") from None
 
-    def arrivals():
+    def arrivals() -> Iterator[Any]:
         if closed:
             for _ in range(min(closed, reqs.n)):
                 nid = next_id[0]
@@ -310,7 +316,7 @@ def _spec_summary(spec, st: SpecStats, class_names) -> dict:
     return out
 
 
-def write_step_log(res: SimResult, path):
+def write_step_log(res: SimResult, path: str | Path) -> None:
     """JSONL, one object per engine step: {"step", "replica", "t_end_s", "q": query tokens per
     request, "ctx": KV context per request before the step, "predicted_ms": forward-only cost}.
     Read by validator.gpu.replay. Written whole or not at all (dsim.outputs.staged_file)."""
@@ -320,7 +326,7 @@ def write_step_log(res: SimResult, path):
         write_step_log_file(res, tmp)
 
 
-def write_step_log_file(res: SimResult, path) -> None:
+def write_step_log_file(res: SimResult, path: str | Path) -> None:
     """The step log written straight to ``path`` (a staged file: see write_step_log)."""
     with open(path, "w") as f:
         for i, (rep, t, q, ctx, ms) in enumerate(res.shapes or []):
@@ -342,7 +348,7 @@ def write_step_log_file(res: SimResult, path) -> None:
 OUTPUT_FILES = ("requests.parquet", "steps.parquet", "summary.json")
 
 
-def write_outputs(res: SimResult, out_dir) -> list[Path]:
+def write_outputs(res: SimResult, out_dir: str | Path) -> list[Path]:
     """Write summary.json, requests.parquet, steps.parquet into ``out_dir``, all or nothing
     (dsim.outputs.staged_dir: a temporary sibling, renamed into place at the end)."""
     from dsim.outputs import staged_dir
@@ -352,7 +358,7 @@ def write_outputs(res: SimResult, out_dir) -> list[Path]:
     return [Path(out_dir) / f for f in OUTPUT_FILES]
 
 
-def write_output_files(res: SimResult, d) -> None:
+def write_output_files(res: SimResult, d: str | Path) -> None:
     """The three output files written straight into directory ``d`` (a staged one)."""
     d = Path(d)
     res.requests.to_parquet(d / "requests.parquet", index=False)

@@ -60,6 +60,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -138,7 +139,7 @@ class SpecMethod:
         sampled by the head model and scored (AUC, ECE); the others use the class curve."""
         return self.name == "dspark"
 
-    def draft_ms(self, cost, n_requests: int) -> float:
+    def draft_ms(self, cost: Any, n_requests: int) -> float:
         """Draft time (ms) for one step with ``n_requests`` decoding requests.
 
         ``cost`` is duck-typed: ``cost.draft_table_ms(kind, n) -> float | None`` (profiled table,
@@ -152,7 +153,7 @@ class SpecMethod:
             return 0.0
         table = getattr(cost, "draft_table_ms", None)
 
-        def tab(kind):
+        def tab(kind: str) -> float | None:
             return None if table is None else table(kind, n)
 
         k = self.k
@@ -256,7 +257,7 @@ def _pad(v, k: int) -> np.ndarray:
     return np.concatenate([v, np.full(k - len(v), v[-1])])
 
 
-def chain_tau(p) -> float:
+def chain_tau(p: Any) -> float:
     """tau = 1 + sum_k prod_{j<=k} p_j (docs/semantics.md §1; DSpark paper section 3)."""
     p = np.asarray(p, dtype=np.float64)
     return float(1.0 + np.cumprod(p).sum())
@@ -470,7 +471,7 @@ def _shifts(P: np.ndarray, s_shared: float, s_token: float, preserve: str) -> np
     if preserve == "marginal":
         s_tot = math.hypot(s_shared, s_token)
 
-        def f(shift):  # E[sigmoid(L + shift + s_tot Z)]
+        def f(shift: np.ndarray) -> np.ndarray:  # E[sigmoid(L + shift + s_tot Z)]
             x = (L + shift)[..., None] + s_tot * _GH_X
             return (_sigmoid(x) * _GH_W).sum(-1)
 
@@ -486,7 +487,7 @@ def _shifts(P: np.ndarray, s_shared: float, s_token: float, preserve: str) -> np
 
     for k in range(K):
 
-        def f(sh, k=k, surv=surv):
+        def f(sh: np.ndarray, k: int = k, surv: np.ndarray = surv) -> np.ndarray:
             x = (L[:, k] + sh)[:, None, None] + g[None, :, None] + s_token * _GH_X[None, None, :]
             fk = (_sigmoid(x) * _GH_W).sum(-1)  # [C, G]
             return (surv * fk * _GH_W).sum(-1)
@@ -605,7 +606,7 @@ class AcceptanceModel:
             t,
         )
 
-    def sample(self, rng: np.random.Generator, cls, latent, steps: int) -> StepDraws:
+    def sample(self, rng: np.random.Generator, cls: np.ndarray, latent: np.ndarray, steps: int) -> StepDraws:
         """Draw ``steps`` consecutive steps for R requests (class indices ``cls`` int[R], latents
         from ``request_latent``; the run key from ``rng``) with the engine's compiled sampler
         (dsim.kernels_step.draw_slots, every position's outcome drawn). Returns StepDraws of shape
@@ -629,7 +630,7 @@ class AcceptanceModel:
         t = (0, 2, 1)
         return StepDraws(p.transpose(t), acc.transpose(t), conf.transpose(t))
 
-    def slot_offsets(self, cls, latent) -> np.ndarray:
+    def slot_offsets(self, cls: np.ndarray, latent: np.ndarray) -> np.ndarray:
         """What is fixed for a request while it decodes, position-major float32 [K, R]: its half
         logit before noise, (logit P[c, k] + shift[c, k] + latent_r) / 2, divided by the head's
         temperature T (the scale the sampler works in); +-inf where P is exactly 1 / 0, which
@@ -712,7 +713,7 @@ class AcceptanceModel:
             )
         else:
             # AUC(x + s noise) falls from the ceiling towards 0.5 as s grows: bracket, then _root.
-            def gap(sv):
+            def gap(sv: float) -> float:
                 return _auc(x + sv * noise, y) - target
 
             lo, hi = 0.0, 1.0
@@ -731,7 +732,7 @@ class AcceptanceModel:
             # overconfident side (smaller T, sharper), as raw heads are
             lo = 0.02 * T_cal
 
-            def ece_gap(tv):
+            def ece_gap(tv: float) -> float:
                 return _ece(_sigmoid((z - b) / tv), y) - self.head_ece_target
 
             if ece_gap(lo) < 0:
@@ -786,7 +787,7 @@ def _platt(z, y, iters: int = 50):
     ybar = min(max(y.mean(), 1e-6), 1 - 1e-6)
     theta = np.array([0.0, math.log(ybar / (1 - ybar))])
 
-    def nll(t):
+    def nll(t: np.ndarray) -> float:
         u = t[0] * z + t[1]
         return float((np.logaddexp(0.0, u) - y * u).sum())
 
@@ -816,7 +817,7 @@ def _platt(z, y, iters: int = 50):
 # --------------------------------------------------------------------------------------------
 
 
-def accepted_prefix(accept: np.ndarray, window) -> np.ndarray:
+def accepted_prefix(accept: np.ndarray, window: int | np.ndarray) -> np.ndarray:
     """Number of leading True in ``accept[..., :window]`` (lossless prefix acceptance inside the
     verify window). ``accept`` bool[..., K], ``window`` int broadcastable to accept[..., 0]."""
     accept = np.asarray(accept, dtype=bool)
@@ -856,7 +857,7 @@ def _ece(conf: np.ndarray, y: np.ndarray, bins: int = 10) -> float:
     return float(np.abs(sc - sy).sum() / c.size)
 
 
-def head_quality(conf, accept, mask=None) -> tuple[float, float]:
+def head_quality(conf: np.ndarray, accept: np.ndarray, mask: np.ndarray | None = None) -> tuple[float, float]:
     """(ROC-AUC, ECE) of confidences against per-draft accept outcomes; ``mask`` (bool, same
     shape) selects the drafts to score (e.g. only verified ones). AUC is NaN when only one
     outcome occurs; ECE uses 10 equal-width bins."""
@@ -921,7 +922,7 @@ class SpecRuntime:
         cls,
         sc: SpecConfig,
         class_names: Sequence[str],
-        cost=None,
+        cost: Any = None,
         *,
         max_num_seqs: int = 1024,
         max_num_batched_tokens: int = 8192,

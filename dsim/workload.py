@@ -29,6 +29,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -190,10 +191,10 @@ class Workload:
     def scale_rate(self, x: float) -> Workload:
         return scale_rate(self, x)
 
-    def with_classes(self, mix, seed: int = 0) -> Workload:
+    def with_classes(self, mix: Any, seed: int = 0) -> Workload:
         return assign_classes(self, mix, seed)
 
-    def save(self, path, fmt: str = "auto") -> Path:
+    def save(self, path: str | Path, fmt: str = "auto") -> Path:
         return save_workload(self, path, fmt)
 
 
@@ -263,7 +264,7 @@ def _fmt_mix(mix: Mapping[str, float]) -> str:
     return ",".join(f"{k}={v:g}" for k, v in mix.items())
 
 
-def parse_mix(spec) -> dict[str, float]:
+def parse_mix(spec: Any) -> dict[str, float]:
     """Parse ``"math=0.3,code=0.2,chat=0.5"`` (or check a dict). Shares must sum to 1 (1e-6)."""
     if isinstance(spec, Mapping):
         items = [(str(k), v) for k, v in spec.items()]
@@ -314,7 +315,7 @@ def _mix_classes(n: int, mix: Mapping[str, float], seed: int) -> np.ndarray:
     return labels[rng.permutation(n)].astype(np.int16)
 
 
-def assign_classes(w: Workload, mix, seed: int = 0) -> Workload:
+def assign_classes(w: Workload, mix: Any, seed: int = 0) -> Workload:
     """Assign classes by a mix (exact shares up to rounding, seeded order); flags it assumed."""
     mix = parse_mix(mix)
     cls = _mix_classes(len(w), mix, seed)
@@ -364,7 +365,7 @@ def trace_names() -> list[str]:
     return ["default", *TRACE_FILES]
 
 
-def resolve_trace(path_or_name) -> tuple[Path, str | None]:
+def resolve_trace(path_or_name: str | Path) -> tuple[Path, str | None]:
     """Map a path or a trace name to (path, name or None)."""
     s = str(path_or_name)
     p = Path(s).expanduser()
@@ -675,7 +676,7 @@ def _read_native_csv(path: Path) -> _Cols:
 def _lazy(fn):
     cache = []
 
-    def get():
+    def get() -> Any:
         if not cache:
             cache.append(fn())
         return cache[0]
@@ -751,7 +752,7 @@ def _read_jsonl(path: Path, tkey: str, pkey: str, okey: str, hkey: str, *, nativ
         raise _err(path, None, None, "empty trace (no requests)")
     lines_arr = np.asarray(lines)
 
-    def num(vals, key, *, time=False):
+    def num(vals: Any, key: str, *, time: bool = False) -> np.ndarray:
         a = None
         if set(map(type, vals)) <= {int, float}:  # no str, bool, None, list
             try:
@@ -912,7 +913,7 @@ def _check_text(path: Path, head_bytes: bytes) -> None:
             raise _err(path, None, None, f"not a UTF-8 text trace ({e.reason} at byte {e.start})") from None
 
 
-def detect_format(path) -> str:
+def detect_format(path: str | Path) -> str:
     """Detect the trace format from the extension and the header / first record."""
     path = Path(path)
     ext = "".join(path.suffixes[-1:]).lower()
@@ -1003,10 +1004,10 @@ def _default_mix_for(fmt: str, path: Path, name: str | None) -> dict[str, float]
 
 
 def load_workload(
-    path_or_name,
+    path_or_name: str | Path,
     fmt: str = "auto",
     *,
-    mix=None,
+    mix: Any = None,
     seed: int = 0,
     sort: bool = False,
     prefix_block_tokens: int | None = None,
@@ -1118,7 +1119,7 @@ def load_workload(
     return w
 
 
-def save_workload(w: Workload, path, fmt: str = "auto", *, time_decimals: int = 6) -> Path:
+def save_workload(w: Workload, path: str | Path, fmt: str = "auto", *, time_decimals: int = 6) -> Path:
     """Write a workload in dsim's native format (CSV, JSONL or Parquet, by extension or fmt).
 
     Arrival times are rounded to ``time_decimals`` (microseconds by default); classes are
@@ -1232,7 +1233,7 @@ def synthesize(
     concurrency: int | None = None,
     prompt_len: str = "lognormal:1100,0.6",
     output_len: str = "lognormal:210,0.8",
-    mix=None,
+    mix: Any = None,
     seed: int = 0,
 ) -> Workload:
     """Generate a workload.
@@ -1280,7 +1281,7 @@ def synthesize(
                 raise InputError(f"synthesize: burstiness_cv must be in [0.05, 20], got {cv!r}")
             shape = 1.0 / (cv * cv)
 
-        def gaps(k):
+        def gaps(k: int) -> np.ndarray:
             if arrival == "poisson":
                 return r_arr.exponential(1.0 / rate, size=k)
             return r_arr.gamma(shape, 1.0 / (rate * shape), size=k)
@@ -1307,7 +1308,7 @@ def synthesize(
     if ps[0] == "trace" or os_[0] == "trace":
         cache = {}
 
-        def tr(name):
+        def tr(name: str) -> Workload:
             if name not in cache:
                 cache[name] = load_workload(name)
             return cache[name]
@@ -1367,7 +1368,7 @@ DEFAULT_SPEC = dict(
 )
 
 
-def make_default(path=None) -> Path:
+def make_default(path: str | Path | None = None) -> Path:
     """Regenerate traces/default.jsonl: ``python -c "from dsim.workload import make_default; make_default()"``."""
     w = synthesize(**DEFAULT_SPEC)
     return save_workload(w, path or (_repo_root() / "traces" / "default.jsonl"), "native-jsonl")

@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import yaml
@@ -47,8 +48,11 @@ from dsim.cost import CostModel, Table, load_profile, save_profile
 from dsim.errors import InputError
 from validator import measure, stepfit
 
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
 
-def spec_counts(m) -> dict | None:
+
+def spec_counts(m: measure.Measurement) -> dict | None:
     s = m.stats()
     spec = s.get("spec")
     if not spec or "accepted_per_pos" not in spec:
@@ -71,7 +75,7 @@ def acceptance_curves(c: dict) -> dict:
     a = np.asarray(c["accepted_per_pos"], dtype=float)
     S, D = c["decode_steps"], c["num_drafts"]
 
-    def chain(first_den):
+    def chain(first_den: float) -> list[float]:
         out, prev = [], first_den
         for i in range(K):
             out.append(float(a[i] / prev) if prev > 0 else 0.0)
@@ -105,7 +109,7 @@ def engine_times(stats: dict) -> dict | None:
     return {"ttft": ((q or 0.0) + p) * 1e3, "e2e": ((q or 0.0) + p + d) * 1e3}
 
 
-def request_overheads(ms) -> dict:
+def request_overheads(ms: Sequence[measure.Measurement]) -> dict:
     """Front-end time per request that no engine step contains (HTTP, API-server request
     processing and queueing, the hop to the engine, streaming), over the measurements: ``e2e`` =
     mean client E2E minus the engine's own time (engine_times: queue + prefill + decode; the
@@ -143,7 +147,7 @@ def request_overheads(ms) -> dict:
     }
 
 
-def overhead_table(ms) -> dict | None:
+def overhead_table(ms: Sequence[measure.Measurement]) -> dict | None:
     """Front-end overhead per load: {streams, e2e_ms, first_token_ms} sorted by streams, one
     entry per measurement (a load); `check` interpolates it at the predicted concurrency."""
     rows = []
@@ -162,8 +166,8 @@ def overhead_table(ms) -> dict | None:
 
 
 def calibrate(
-    paths,
-    out_dir,
+    paths: Iterable[str | Path],
+    out_dir: str | Path,
     base_profile: str | None = None,
     name: str = "calibrated",
     kv_cache_gib: float = 1.0,
@@ -256,7 +260,7 @@ def calibrate(
         cm = CostModel(base)
         method = __import__("dsim.spec", fromlist=["make_method"]).make_method("block", max(K, 1))
 
-        def base_ms(p):
+        def base_ms(p: dict) -> float:
             dr = method.draft_ms(cm, int(round(p["b"]))) if K else 0.0
             # the point's prompts (mean composition: `prefills` prompts sharing `prompt_tokens`,
             # at context 0) priced with the base profile's prefill terms, if it has them

@@ -22,11 +22,16 @@ tolerance.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from dsim.cost import load_profile
 from dsim.errors import InputError
 from validator import measure, stepfit, traces
+
+if TYPE_CHECKING:
+    from dsim.cost import Profile
 
 QUANTS = ("mean", "p50", "p90", "p99")
 LAT = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
@@ -43,7 +48,7 @@ def tolerance_for(metric: str, q: str | None, tol: float) -> float | None:
     return tol
 
 
-def workload_from(m) -> tuple:
+def workload_from(m: measure.Measurement) -> tuple:
     ok = m.ok_requests
     reqs = ok if ok else m.requests
     if not reqs:
@@ -60,8 +65,8 @@ def workload_from(m) -> tuple:
 
 
 def simulate_measurement(
-    m,
-    profile,
+    m: measure.Measurement,
+    profile: str | Profile,
     acceptance: str | None,
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
@@ -251,7 +256,7 @@ def compare(meas_stats: dict, pred: dict, tol: float = 0.25) -> list[dict]:
 
 
 def check(
-    measurements,
+    measurements: Any,
     profile: str,
     acceptance: str | None,
     tolerance: float = 0.25,

@@ -17,6 +17,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
@@ -24,6 +25,9 @@ import numpy as np
 from dsim.errors import InputError, plain
 from validator import measure, promtext
 from validator.traces import Plan
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 # The prompt with partial repeats that gives steady, mid-range ngram acceptance (vllm-cpu.md).
 DEFAULT_BASE_TEXT = "d yd yQ d yd yR d yd yS x = 1; y = 2; x = 1; y = 2; x = 1; y"
@@ -97,7 +101,7 @@ async def probe(client: httpx.AsyncClient, server: str) -> dict:
     return info
 
 
-async def scrape(client: httpx.AsyncClient, server: str, timeout=5.0):
+async def scrape(client: httpx.AsyncClient, server: str, timeout: float = 5.0) -> tuple[Any, str | None]:
     """Parsed /metrics, or (None, reason)."""
     try:
         r = await client.get(f"{server}/metrics", timeout=timeout)
@@ -109,7 +113,7 @@ async def scrape(client: httpx.AsyncClient, server: str, timeout=5.0):
         return None, f"{type(e).__name__}: {_short(e)}"
 
 
-async def base_token_ids(client, server, model, text) -> list[int]:
+async def base_token_ids(client: httpx.AsyncClient, server: str, model: str, text: str) -> list[int]:
     try:
         r = await client.post(
             f"{server}/tokenize", json={"model": model, "prompt": text, "add_special_tokens": False}, timeout=10.0
@@ -124,7 +128,7 @@ async def base_token_ids(client, server, model, text) -> list[int]:
     return [32 + (b % 200) for b in text.encode()]
 
 
-def make_prompt(base: list[int], n: int, mode: str, text: str):
+def make_prompt(base: list[int], n: int, mode: str, text: str) -> list[int] | str:
     """Token ids: the base sequence tiled to n. Text (no /detokenize): about 4 characters a token."""
     if mode == "ids":
         reps = n // len(base) + 1
@@ -143,7 +147,7 @@ class Prompts:
         self.base, self.mode, self.text = base, mode, text
         self.cache = {}
 
-    async def get(self, n: int):
+    async def get(self, n: int) -> list[int] | str:
         if n in self.cache:
             return self.cache[n]
         ids = make_prompt(self.base, n, "ids", self.text)
@@ -304,7 +308,7 @@ async def _one(client, opts: RunOptions, i: int, prompt, plan: Plan, t0: float, 
     return rec
 
 
-async def run_async(plan: Plan, opts: RunOptions, out_path) -> dict:
+async def run_async(plan: Plan, opts: RunOptions, out_path: str | Path) -> dict:
     headers = api_headers()
     timeout = httpx.Timeout(
         connect=opts.connect_timeout_s, read=opts.read_timeout_s, write=opts.read_timeout_s, pool=opts.request_timeout_s
@@ -367,7 +371,7 @@ async def run_async(plan: Plan, opts: RunOptions, out_path) -> dict:
         gauge_samples = []
         stop = asyncio.Event()
 
-        async def sampler():
+        async def sampler() -> None:
             async with httpx.AsyncClient(headers=headers, timeout=2.0) as gclient:
                 wait = opts.gauge_interval_s
                 while not stop.is_set():
@@ -388,14 +392,14 @@ async def run_async(plan: Plan, opts: RunOptions, out_path) -> dict:
                             gauge_samples.append(g)
                             w.write(g)
 
-        def finish(rec):
+        def finish(rec: dict) -> None:
             w.write(rec)
             counts["ok" if rec["ok"] else "failed"] += 1
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(failed=counts["failed"], refresh=False)
 
-        async def worker_conc(queue):
+        async def worker_conc(queue: asyncio.Queue) -> None:
             while True:
                 try:
                     i = queue.get_nowait()
@@ -404,7 +408,7 @@ async def run_async(plan: Plan, opts: RunOptions, out_path) -> dict:
                 prompt = await prompts.get(int(plan.prompt_tokens[i]))
                 finish(await _one(client, opts, i, prompt, plan, t0, time.perf_counter() - t0, model))
 
-        async def timed(i):
+        async def timed(i: int) -> None:
             delay = arrivals[i] - (time.perf_counter() - t0)
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -511,7 +515,7 @@ def _pin(cpus):
     return old
 
 
-def run(plan: Plan, opts: RunOptions, out_path) -> dict:
+def run(plan: Plan, opts: RunOptions, out_path: str | Path) -> dict:
     old, achieved, old_group = _boost(opts.nice)
     old_cpus = _pin(opts.cpus)
     opts.extra_header = dict(

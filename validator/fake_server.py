@@ -19,6 +19,7 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 STATE = {"requests": 0, "tokens": 0, "lock": threading.Lock()}
 MODES = ("ok", "500", "malformed", "cut", "hang")
@@ -31,7 +32,7 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "fake-openai/0"
     cfg: argparse.Namespace = None
 
-    def log_message(self, *a):  # quiet
+    def log_message(self, *a: Any) -> None:  # quiet
         pass
 
     def _json(self, code, obj):
@@ -42,7 +43,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_GET(self):
+    def do_GET(self) -> None:
         if self.path == "/health":
             return self._json(200, {})
         if self.path == "/version":
@@ -71,7 +72,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         self._json(404, {"error": "not found"})
 
-    def do_POST(self):
+    def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         try:
             req = json.loads(self.rfile.read(length) or b"{}")
@@ -125,8 +126,13 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def serve(
-    port: int, mode: str = "ok", step_ms: float = 2.0, hang_s: float = 30.0, host="127.0.0.1", metrics: str = "ok"
-):
+    port: int,
+    mode: str = "ok",
+    step_ms: float = 2.0,
+    hang_s: float = 30.0,
+    host: str = "127.0.0.1",
+    metrics: str = "ok",
+) -> ThreadingHTTPServer:
     cfg = argparse.Namespace(mode=mode, step_ms=step_ms, hang_s=hang_s, metrics=metrics)
     handler = type("H", (Handler,), {"cfg": cfg})
     httpd = ThreadingHTTPServer((host, port), handler)
@@ -134,7 +140,7 @@ def serve(
     return httpd
 
 
-def main():
+def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--mode", default="ok", choices=("mixed",) + MODES + tuple(BAD_USAGE))

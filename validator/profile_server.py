@@ -17,10 +17,16 @@ from __future__ import annotations
 import datetime as _dt
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dsim.cost import load_profile, save_profile
 from dsim.errors import InputError
 from validator import driver, measure, stepfit, traces
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from dsim.cost import Profile
 
 
 def profile_from_measurements(
@@ -30,9 +36,9 @@ def profile_from_measurements(
     server_flags: str | None = None,
     kv_cache_gib: float = 1.0,
     kv_bytes_per_token: float = 1024.0,
-    input_len=None,
-    output_len=None,
-):
+    input_len: int | None = None,
+    output_len: int | None = None,
+) -> Profile:
     """The measured profile from closed-loop runs already made, {concurrency: [files...]} (runs
     of one level are pooled): e.g. levels measured interleaved with the runs to predict."""
     concurrencies = sorted(files_by_level)
@@ -93,8 +99,8 @@ def profile_from_measurements(
 
 def profile_server(
     server: str,
-    out,
-    concurrencies,
+    out: str | Path,
+    concurrencies: Iterable[int],
     input_len: int,
     output_len: int,
     requests_per_level: int = 0,
@@ -102,11 +108,11 @@ def profile_server(
     hardware: str = "unknown",
     server_flags: str | None = None,
     name: str | None = None,
-    keep_dir=None,
+    keep_dir: str | Path | None = None,
     kv_cache_gib: float = 1.0,
     kv_bytes_per_token: float = 1024.0,
     progress: bool = False,
-):
+) -> Profile:
     concurrencies = sorted(set(int(c) for c in concurrencies))
     if not concurrencies or concurrencies[0] < 1:
         raise InputError("--concurrency: give levels >= 1")

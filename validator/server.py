@@ -23,13 +23,23 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
 from dsim.errors import InputError
 
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
 
-def start(cmd, log_path=None, env: dict | None = None, cwd=None, cpus=None) -> subprocess.Popen:
+
+def start(
+    cmd: str | Sequence[str],
+    log_path: str | Path | None = None,
+    env: dict | None = None,
+    cwd: str | Path | None = None,
+    cpus: Iterable[int] | None = None,
+) -> subprocess.Popen:
     """Start ``cmd`` (a shell string or an argv list) in a new session (process group); with
     ``cpus``, the process (and what it starts) runs on those CPUs only."""
     full_env = dict(os.environ)
@@ -64,7 +74,7 @@ def start(cmd, log_path=None, env: dict | None = None, cwd=None, cpus=None) -> s
             log.close()
 
 
-def cpu_layout(cpus=None) -> dict | None:
+def cpu_layout(cpus: Iterable[int] | None = None) -> dict | None:
     """Split the CPUs this process may use: ``engine`` (all but the last: the model's OpenMP threads
     and vLLM's engine core) and ``front`` (the last: API server and measuring client). None with
     fewer than 2 CPUs or without affinity control."""
@@ -78,7 +88,7 @@ def cpu_layout(cpus=None) -> dict | None:
     return {"engine": cpus[:-1], "front": cpus[-1:]}
 
 
-def set_affinity(pid: int, cpus) -> int:
+def set_affinity(pid: int, cpus: Iterable[int]) -> int:
     """Move every thread of process ``pid`` to ``cpus``; returns the number of threads moved."""
     moved = 0
     try:
@@ -119,7 +129,9 @@ def set_autogroup_nice(pid: int, nice: int) -> int | None:
     return autogroup_nice(pid)
 
 
-def wait_health(url: str, timeout_s: float, proc: subprocess.Popen | None = None, log_path=None) -> float:
+def wait_health(
+    url: str, timeout_s: float, proc: subprocess.Popen | None = None, log_path: str | Path | None = None
+) -> float:
     """Poll URL/health until 200; InputError on timeout or when the process exits first."""
     t0 = time.monotonic()
     while True:

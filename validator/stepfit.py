@@ -15,17 +15,23 @@ calibrate.py, so the emitted tokens per step match as well.)
 from __future__ import annotations
 
 import datetime as _dt
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dsim.cost import Profile, Table, profile_from_dict
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+
+    from validator.measure import Measurement
 
 GRID = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
 # draft tables are read as a staircase (next profiled size at or above): every request count
 REQ_GRID = list(range(1, 257)) + [512, 1024, 2048, 4096, 8192]
 
 
-def step_points(m, min_gaps: int = 5) -> list[dict]:
+def step_points(m: Measurement, min_gaps: int = 5) -> list[dict]:
     """[{batch, step_ms (median gap), gaps, p25, p75}] from one measurement's ok requests."""
     reqs = [r for r in m.requests if r.get("ok") and r.get("chunks") and r.get("send_s") is not None]
     if not reqs:
@@ -60,7 +66,9 @@ def _inflight_at(reqs, t) -> int:
     return sum(1 for r in reqs if r["send_s"] < t < r["end_s"])
 
 
-def engine_steps(m, gap_frac: float = 0.3, min_gap_ms: float = 0.2, max_gap_ms: float = 2.0) -> list[dict] | None:
+def engine_steps(
+    m: Measurement, gap_frac: float = 0.3, min_gap_ms: float = 0.2, max_gap_ms: float = 2.0
+) -> list[dict] | None:
     """The engine steps of a replay, reconstructed from the client's chunk times: one engine step
     streams one chunk to every request it scheduled, so the chunks of one step reach the client
     within a fraction of a millisecond and consecutive steps are a step time apart. Chunks closer
@@ -153,7 +161,7 @@ def _composition_points(m, k: int, itl: dict, pre: dict) -> list[dict] | None:
     return pts
 
 
-def server_points(m, k: int) -> list[dict]:
+def server_points(m: Measurement, k: int) -> list[dict]:
     """Step-time points from the server's own histograms (robust to a CPU-starved client/front end):
 
     - decode: mean ITL (one sample per request per step), prefill: mean request_prefill_time (the
@@ -221,7 +229,7 @@ def server_points(m, k: int) -> list[dict]:
     return pts
 
 
-def fit_cost(points) -> dict:
+def fit_cost(points: list[dict]) -> dict:
     """Non-negative least squares of step_ms = c + t n + d b over the points (relative errors):
     c per-step CPU overhead, t per scheduled token (forward), d per sampling request (ngram
     proposal, rejection sampling: CPU work per request). Fewer than 3 distinct points leave it
@@ -237,7 +245,7 @@ def fit_cost(points) -> dict:
     return {"cpu_overhead_ms": c, "ms_per_token": t, "ms_per_request": d, "rank": rank, "determined": rank >= 3}
 
 
-def fit_line(x, y, w=None) -> tuple[float, float]:
+def fit_line(x: ArrayLike, y: ArrayLike, w: ArrayLike | None = None) -> tuple[float, float]:
     """Weighted least squares y = a + b x with b >= 0, a >= 0; one point: a = 0 (all slope)."""
     x, y = np.asarray(x, float), np.asarray(y, float)
     w = np.ones_like(x) if w is None else np.asarray(w, float)
@@ -337,7 +345,7 @@ def zero_block_draft(p: Profile) -> Profile:
 
 def measured_profile(
     name: str,
-    points,
+    points: list[dict],
     fit: dict,
     provenance: dict,
     k: int,

@@ -11,10 +11,14 @@ import csv
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dsim.errors import InputError
+
+if TYPE_CHECKING:
+    from dsim.workload import Workload
 
 
 @dataclass
@@ -67,7 +71,7 @@ def _native(path: Path) -> Plan:
         if not isinstance(r, dict):
             raise InputError(f"{path}:{line}: expected an object with prompt_tokens and output_tokens")
 
-        def field(*names, r=r):
+        def field(*names: str, r: dict = r) -> tuple[str, Any]:
             for k in names:
                 if r.get(k) not in (None, ""):
                     return k, r[k]
@@ -129,7 +133,7 @@ def load(trace: str | None, n: int | None, input_len: int | None, output_len: in
     return _native(p).head(n)
 
 
-def to_workload(plan_or_requests, concurrency: int | None = None):
+def to_workload(plan_or_requests: Plan, concurrency: int | None = None) -> Workload | Plan:
     """A dsim Workload for the simulator (when dsim.workload exists), else the Plan itself."""
     plan = plan_or_requests
     try:

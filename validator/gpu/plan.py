@@ -12,6 +12,7 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -327,7 +328,7 @@ def fit_step_model(points: list[dict]) -> dict:
     points = [p for p in points if p.get("fit", True) and p.get("tag") not in excl]
     held = [p for p in allpts if p not in points]
 
-    def grp(p):
+    def grp(p: dict) -> Any:
         return (int(p["n"]), int(p.get("R", 0)), int(p.get("s", 0))) if p.get("tag") in SLOPE_ONLY else None
 
     ns = sorted({int(p["n"]) for p in points if grp(p) is None})
@@ -340,7 +341,7 @@ def fit_step_model(points: list[dict]) -> dict:
     gidx = {g: len(ns) + i for i, g in enumerate(groups)}
     base = len(ns) + len(groups)
 
-    def row(p):
+    def row(p: dict) -> np.ndarray:
         r = np.zeros(base + 1 + len(terms))
         g = grp(p)
         if g is None or g in gidx:
@@ -373,8 +374,8 @@ def fit_step_model(points: list[dict]) -> dict:
         by_tag.setdefault(p.get("tag", ""), []).append(abs(float(e)))
     Fn = dict(zip(ns, F))
 
-    def signed(pts):
-        out = {}
+    def signed(pts: Iterable[dict]) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {}
         for p in pts:
             n = int(p["n"])
             f = Fn[n] if n in Fn else float(np.interp(n, ns, F))
