@@ -333,7 +333,8 @@ def main(argv=None):
     except cx.ClickException as e:
         typer.echo(f"dsim: error: {_one_line(e.format_message())}", err=True)
         sys.exit(e.exit_code)
-    except typer.Abort:
+    except (typer.Abort, KeyboardInterrupt):
+        # (standalone_mode=False: a Ctrl-C outside click's own handling arrives as KeyboardInterrupt)
         typer.echo("dsim: interrupted", err=True)
         sys.exit(130)
     except OSError as e:
