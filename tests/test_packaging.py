@@ -86,7 +86,7 @@ def test_no_import_cycles_and_dsim_does_not_import_the_validator():
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
 
 
-# numbered work periods and run-diary phrases, and the design brief's file name (written as parts
+# history markers (numbered stints, run-diary phrases) and the design brief's file name (written as parts
 # so that this file itself holds none of them)
 _PARTS = [("sess", r"ions? \d"), ("cal", r"ls? \d+\b"), ("iss", r"ues? \d+"), ("iss", r"ue #\d"),
           ("dev", r"ice cal" + "l"), ("des", r"ign\.md"), ("wor", r"k period")]
@@ -94,7 +94,7 @@ HISTORY = re.compile("|".join(rf"\b{a}{b}" for a, b in _PARTS), re.IGNORECASE)
 
 
 def test_the_tree_speaks_of_itself():
-    """No numbered work periods, no run diary, no citation of the design brief (a file outside
+    """No history markers, no run diary, no citation of the design brief (a file outside
     the repository) in code, docs, tests or file names: the tree states its current state."""
     listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
     if listed.returncode:
