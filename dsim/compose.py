@@ -22,8 +22,9 @@ Step of n tokens per GPU (every token priced as a decode/verify token with an LM
     with a fixed seed; the router's systematic skew is assumed removed by EPLB-style redundant
     experts).
 Context: attention cores priced at two contexts give the KV slope (ms per 1000 KV tokens);
-prefill chunks: the attention-core cost of prompt chunks beyond the decode-priced part is fitted
-as ms per million query-key pairs q (c + q / 2), the LM-head rows they skip as the discount.
+prefill chunks: the attention-core cost of prompt chunks beyond the decode-priced part, less the
+LM-head rows they skip, is fitted as ms per million query-key pairs q (c + q / 2) minus a discount
+per prompt token (non-negative least squares).
 """
 
 from __future__ import annotations
@@ -636,24 +637,31 @@ def compose_profile(
     reqs = np.array([-(-n // max(1, min(fq, n))) for n in tokens])
     fwd = np.maximum(fwd - slope_ms_per_tok * reqs * KV_LO, 1e-3)
     fwd = np.maximum.accumulate(fwd)
-    # prefill terms: a chunk's attention core beyond its decode-priced share, per million pairs
-    per_tok = _attn_only(model, topo, hardware, pricer, phase="decode", batch=SLOPE_BATCH, q=1, kv=KV_LO) / SLOPE_BATCH
-    xs, ys = [], []
-    for qn in PREFILL_Q:
-        for c in PREFILL_KV:
-            t = _attn_only(model, topo, hardware, pricer, phase="prefill", batch=1, q=qn, kv=c)
-            xs.append(qn * (c + qn / 2) / 1e6)
-            ys.append(t - qn * (per_tok - slope_ms_per_tok * KV_LO) - slope_ms_per_tok * c)
-    xs_a, ys_a = np.array(xs), np.array(ys)
-    attn_mpair = max(0.0, float(xs_a @ ys_a / (xs_a @ xs_a)))
-    resid = ys_a - attn_mpair * xs_a
+    # prefill terms: what a prompt chunk of q tokens over c cached costs beyond the q decode tokens the
+    # forward table priced it as (q one-token requests at zero context plus the KV slope), less the
+    # LM-head rows it skips; fitted as attention x q (c + q / 2) - discount x q (both >= 0, NNLS)
+    from scipy.optimize import nnls
+
     lm = [
         pricer.ms(_op("lm_head", 1, op="gemm", dtype="bf16", m=m, n=model.vocab // topo.attn_tp, k=model.hidden))
         for m in (8192, 16384)
     ]
-    discount = max(0.0, (lm[1] - lm[0]) / 8192 * 1000)
+    lm_per_tok = max(0.0, (lm[1] - lm[0]) / 8192)
+    xs, qs, ys = [], [], []
+    for qn in PREFILL_Q:
+        decode_share = _attn_only(model, topo, hardware, pricer, phase="decode", batch=qn, q=1, kv=KV_LO)
+        decode_share -= slope_ms_per_tok * qn * KV_LO
+        for c in PREFILL_KV:
+            t = _attn_only(model, topo, hardware, pricer, phase="prefill", batch=1, q=qn, kv=c)
+            xs.append(qn * (c + qn / 2) / 1e6)
+            qs.append(qn / 1000)
+            ys.append(t - decode_share - slope_ms_per_tok * c - qn * lm_per_tok)
+    xs_a, qs_a, ys_a = np.array(xs), np.array(qs), np.array(ys)
+    (attn_mpair, discount), _ = nnls(np.stack([xs_a, -qs_a], axis=1), ys_a)
+    attn_mpair, discount = float(attn_mpair), float(discount)
     last_slope = (fwd[-1] - fwd[-2]) / (tokens[-1] - tokens[-2]) * 1000
     discount = min(discount, 0.9 * last_slope)
+    resid = ys_a - attn_mpair * xs_a + discount * qs_a
     draft = {}
     for kind in ("mtp", "eagle3", "dspark"):
         ms = [
