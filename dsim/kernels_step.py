@@ -78,22 +78,42 @@ def stream_seed(key, rid, rnd):
     return _mix64(h ^ (uint64(rnd) * uint64(0xD1B54A32D192ED03) + uint64(1)))
 
 
+# The generators pass their state by value (state in, (state, value) out) so that compiled loops
+# keep it in a register; ``next_u64``, ``uniform`` and ``normal`` are the same streams on a
+# one-element state array (the statistical tests' interface).
+
+
+@njit(cache=True, inline="always")
+def _next_v(s):
+    s = s + uint64(_GOLDEN)
+    return s, _mix64(s)
+
+
+@njit(cache=True, inline="always")
+def _uniform_v(s):
+    """float64 in [0, 1): the top 53 bits."""
+    s, r = _next_v(s)
+    return s, float(r >> uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+@njit(cache=True, inline="always")
+def _uniform_open_v(s):
+    """float64 in (0, 1) (for logarithms)."""
+    s, r = _next_v(s)
+    return s, (float(r >> uint64(11)) + 0.5) * (1.0 / 9007199254740992.0)
+
+
 @njit(cache=True, inline="always")
 def next_u64(s):
-    s[0] += uint64(_GOLDEN)
-    return _mix64(s[0])
+    s[0], r = _next_v(s[0])
+    return r
 
 
 @njit(cache=True, inline="always")
 def uniform(s):
     """float64 in [0, 1): the top 53 bits."""
-    return float(next_u64(s) >> uint64(11)) * (1.0 / 9007199254740992.0)
-
-
-@njit(cache=True, inline="always")
-def _uniform_open(s):
-    """float64 in (0, 1) (for logarithms)."""
-    return (float(next_u64(s) >> uint64(11)) + 0.5) * (1.0 / 9007199254740992.0)
+    s[0], u = _uniform_v(s[0])
+    return u
 
 
 def _zig_tables():
@@ -125,25 +145,35 @@ _ZIG_R = 3.442619855899
 
 
 @njit(cache=True, inline="always")
-def normal(s):
+def _normal_v(s):
     """A standard normal: the ziggurat (layer index and value from disjoint bits of one draw;
     a rejected draw is redrawn, as in Marsaglia and Tsang's nfix)."""
     while True:
-        r = next_u64(s)
+        s, r = _next_v(s)
         iz = int(r & uint64(127))
         j = float(np.int64(r >> uint64(32)) - 2147483648)
         if abs(j) < _KN[iz]:
-            return j * _WN[iz]
+            return s, j * _WN[iz]
         if iz == 0:  # the base strip's tail beyond r
             while True:
-                x = -math.log(_uniform_open(s)) / _ZIG_R
-                y = -math.log(_uniform_open(s))
+                s, u1 = _uniform_open_v(s)
+                x = -math.log(u1) / _ZIG_R
+                s, u2 = _uniform_open_v(s)
+                y = -math.log(u2)
                 if y + y >= x * x:
                     break
-            return _ZIG_R + x if j > 0 else -_ZIG_R - x
+            return s, (_ZIG_R + x if j > 0 else -_ZIG_R - x)
         x = j * _WN[iz]
-        if _FN[iz] + _uniform_open(s) * (_FN[iz - 1] - _FN[iz]) < math.exp(-0.5 * x * x):
-            return x
+        s, u = _uniform_open_v(s)
+        if _FN[iz] + u * (_FN[iz - 1] - _FN[iz]) < math.exp(-0.5 * x * x):
+            return s, x
+
+
+@njit(cache=True, inline="always")
+def normal(s):
+    """A standard normal (``_normal_v``) from the one-element state array s."""
+    s[0], x = _normal_v(s[0])
+    return x
 
 
 @njit(cache=True)
@@ -175,11 +205,13 @@ def draw_slots(
     accepted drafts of the full block); with ``full`` also every position's outcome
     accept[t, j, r] and p_true[t, j, r] (else an outcome is drawn only while the prefix holds:
     later ones are never observed)."""
-    s = np.empty(1, np.uint64)
     for t in range(steps):
         for r in range(n):
-            s[0] = stream_seed(key, I[r, ID], I[r, ROUNDS] + t)
-            su = step_scale * normal(s) if step_scale != 0.0 else 0.0
+            s = stream_seed(key, I[r, ID], I[r, ROUNDS] + t)
+            su = 0.0
+            if step_scale != 0.0:
+                s, z = _normal_v(s)
+                su = step_scale * z
             alive = True
             nacc = 0
             for j in range(K):
@@ -187,9 +219,11 @@ def draw_slots(
                     conf[t, j, r] = X[K + j, r]
                     continue
                 off = X[j, r]
-                g = tok_scale * normal(s) + su + off
+                s, z = _normal_v(s)
+                g = tok_scale * z + su + off
                 if head == HEAD_MODEL:
-                    y = g + (head_scale * normal(s) - head_shift)
+                    s, z2 = _normal_v(s)
+                    y = g + (head_scale * z2 - head_shift)
                     conf[t, j, r] = 1.0 / (1.0 + math.exp(-2.0 * y))
                 elif head == HEAD_PERFECT:
                     conf[t, j, r] = 1.0 / (1.0 + math.exp(-2.0 * g))
@@ -197,7 +231,8 @@ def draw_slots(
                     conf[t, j, r] = X[K + j, r]
                 if alive or full:
                     p = 1.0 / (1.0 + math.exp(-2.0 * g * temp))
-                    a = uniform(s) < p
+                    s, u = _uniform_v(s)
+                    a = u < p
                     if full:
                         accept[t, j, r] = a
                         p_true[t, j, r] = p
