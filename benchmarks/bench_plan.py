@@ -2,20 +2,32 @@
 the time goes.
 
     python benchmarks/bench_plan.py [--sla p50=20ms] [--jobs N]
+    python benchmarks/bench_plan.py --base 7c6f020 --reps 3   # side by side with another commit
+    python benchmarks/bench_plan.py --profile default          # the plan's default profile
     python benchmarks/bench_plan.py --breakdown     # process start, kernels, workload, each simulation
 
 Target (docs/performance.md): <= 20 s wall on a 2-core machine. --breakdown times, in one fresh
 process: importing dsim, the first use of the compiled kernels (loaded from numba's on-disk cache;
 compiled on a first run ever), loading the workload of each seed, and the six simulations the
 plan's search runs at one node (CPU time each), so the plan's wall time can be read against them.
+``--base`` runs the same command with another commit's code (a ``git worktree`` under the system
+temp directory, as bench_speed does), alternating, ``--reps`` times each, and prints the medians
+and their ratio: on a shared machine the ratio is the figure to read. ``--profile`` names the
+profile (default: the pinned analytical one the recorded figures use; ``default``: the plan's own
+default profile).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 BREAKDOWN = r"""
 import time
@@ -49,22 +61,43 @@ def main():
     ap.add_argument("--trace", default="azure-conv")
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--breakdown", action="store_true", help="where the time goes (see above)")
+    ap.add_argument("--profile", default="deepseek-v4-class-h200x8", help="profile name, or 'default'")
+    ap.add_argument("--base", default=None, help="a git commit to run side by side")
+    ap.add_argument("--reps", type=int, default=1)
     a = ap.parse_args()
     if a.breakdown:
         subprocess.run([sys.executable, "-c", BREAKDOWN], check=True)
         return
-    cmd = [sys.executable, "-m", "dsim", "plan", "--sla", a.sla, "--trace", a.trace, "--profile", "deepseek-v4-class-h200x8"]
+    cmd = [sys.executable, "-m", "dsim", "plan", "--sla", a.sla, "--trace", a.trace]
+    if a.profile != "default":
+        cmd += ["--profile", a.profile]
     if a.jobs:
         cmd += ["--jobs", str(a.jobs)]
-    t = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    dt = time.perf_counter() - t
-    print(r.stdout)
-    if r.returncode not in (0, 1):
-        print(r.stderr, file=sys.stderr)
-    print(f"bench_plan: `dsim plan --sla {a.sla} --trace {a.trace}` took {dt:.1f} s wall on {os.cpu_count()} "
-          f"CPU(s) (target <= 20 s); exit code {r.returncode}")
+    trees = {"this": ROOT}
+    if a.base:
+        from bench_speed import base_tree
 
+        trees["base"] = base_tree(a.base)
+    walls: dict = {name: [] for name in trees}
+    for rep in range(a.reps):
+        for name, tree in trees.items():
+            env = dict(os.environ, PYTHONPATH=str(tree))
+            env.setdefault("DSIM_TRACE_DIR", str((ROOT / ".." / "shared" / "traces").resolve()))
+            t = time.perf_counter()
+            r = subprocess.run(cmd, capture_output=True, text=True, cwd=str(tree), env=env)
+            dt = time.perf_counter() - t
+            if r.returncode not in (0, 1):
+                raise SystemExit(f"bench_plan: {tree}: exit {r.returncode}: {r.stderr.strip().splitlines()[-1:]}")
+            if rep == 0 and name == "this":
+                print(r.stdout)
+            walls[name].append(dt)
+            print(f"rep {rep + 1} {name:5} {dt:6.1f} s wall (exit code {r.returncode})", flush=True)
+    shown = " ".join(cmd[3:])
+    med = {name: statistics.median(v) for name, v in walls.items()}
+    print(f"bench_plan: `dsim {shown}`: {med['this']:.1f} s wall (median of {a.reps}) on {os.cpu_count()} "
+          f"CPU(s) (target <= 20 s)")
+    if a.base:
+        print(f"bench_plan: base {a.base}: {med['base']:.1f} s; this / base wall time: {med['this'] / med['base']:.2f}")
 
 if __name__ == "__main__":
     main()

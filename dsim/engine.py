@@ -638,9 +638,12 @@ class Replica:
                 st.accepted_in_window += at
                 st.accepted_full_block += lt
             if self._has_head and st.head_n < st.cap:
-                st.head_conf.append(conf[:m].transpose(0, 2, 1).reshape(-1))
-                st.head_acc.append((np.arange(K)[None, None, :] < lead[:m, :, None]).reshape(-1))
-                st.head_n += m * n * K
+                # the first draft rounds up to the cap, in step order: the same samples whether
+                # the steps ran one by one or as windows
+                q = min(m * n, -(-(st.cap - st.head_n) // K)) * K
+                st.head_conf.append(conf[:m].transpose(0, 2, 1).reshape(-1)[:q])
+                st.head_acc.append((np.arange(K)[None, None, :] < lead[:m, :, None]).reshape(-1)[:q])
+                st.head_n += q
             if self._cp >= 0:
                 X, cp = self._X, self._cp
                 if self._cp2 >= 0:  # (the production policy's)
@@ -813,11 +816,6 @@ class Replica:
             return False
         if not self._last_is_prev_end and self.F[:, _LAST].min() < self.prev_end:
             return False  # someone was skipped last step
-        # An adaptive window prices every step's budget at once (a fixed point over k steps):
-        # worth it only when no request can finish for a few steps (at most 1 + K tokens a step);
-        # under load, where one finishes nearly every step, single steps are cheaper.
-        if self._adaptive and self.left_lb < 4 * (1 + self.K):
-            return False
         return n * (1 + self.K) <= self.cfg.max_num_batched_tokens
 
     def _decode_window(self):
@@ -825,7 +823,10 @@ class Replica:
         n = self.n
         left_min = int(self.left_lb) if self.left_lb > 0 else int((self.I[:, END] - self.I[:, COMP]).min())
         # Steps until the first possible completion bound the window (no draws wasted on them).
-        k = int(min(cfg.max_window, max(1, left_min)))
+        # An adaptive window's draws and budget fixed point cost grow with its length, and a
+        # request emits about 3 tokens a step at DSpark's acceptance: a third of that bound is
+        # about where the first completion lands.
+        k = int(min(cfg.max_window, max(1, left_min // 3 if self._adaptive else left_min)))
         # Open loop: no draws past the next known arrival (each step takes at least the forward
         # of n tokens), since an arrival ends the window anyway.
         t_next = self.next_arrival()

@@ -78,22 +78,42 @@ def stream_seed(key, rid, rnd):
     return _mix64(h ^ (uint64(rnd) * uint64(0xD1B54A32D192ED03) + uint64(1)))
 
 
+# The generators pass their state by value (state in, (state, value) out) so that compiled loops
+# keep it in a register; ``next_u64``, ``uniform`` and ``normal`` are the same streams on a
+# one-element state array (the statistical tests' interface).
+
+
+@njit(cache=True, inline="always")
+def _next_v(s):
+    s = s + uint64(_GOLDEN)
+    return s, _mix64(s)
+
+
+@njit(cache=True, inline="always")
+def _uniform_v(s):
+    """float64 in [0, 1): the top 53 bits."""
+    s, r = _next_v(s)
+    return s, float(r >> uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+@njit(cache=True, inline="always")
+def _uniform_open_v(s):
+    """float64 in (0, 1) (for logarithms)."""
+    s, r = _next_v(s)
+    return s, (float(r >> uint64(11)) + 0.5) * (1.0 / 9007199254740992.0)
+
+
 @njit(cache=True, inline="always")
 def next_u64(s):
-    s[0] += uint64(_GOLDEN)
-    return _mix64(s[0])
+    s[0], r = _next_v(s[0])
+    return r
 
 
 @njit(cache=True, inline="always")
 def uniform(s):
     """float64 in [0, 1): the top 53 bits."""
-    return float(next_u64(s) >> uint64(11)) * (1.0 / 9007199254740992.0)
-
-
-@njit(cache=True, inline="always")
-def _uniform_open(s):
-    """float64 in (0, 1) (for logarithms)."""
-    return (float(next_u64(s) >> uint64(11)) + 0.5) * (1.0 / 9007199254740992.0)
+    s[0], u = _uniform_v(s[0])
+    return u
 
 
 def _zig_tables():
@@ -125,25 +145,35 @@ _ZIG_R = 3.442619855899
 
 
 @njit(cache=True, inline="always")
-def normal(s):
+def _normal_v(s):
     """A standard normal: the ziggurat (layer index and value from disjoint bits of one draw;
     a rejected draw is redrawn, as in Marsaglia and Tsang's nfix)."""
     while True:
-        r = next_u64(s)
+        s, r = _next_v(s)
         iz = int(r & uint64(127))
         j = float(np.int64(r >> uint64(32)) - 2147483648)
         if abs(j) < _KN[iz]:
-            return j * _WN[iz]
+            return s, j * _WN[iz]
         if iz == 0:  # the base strip's tail beyond r
             while True:
-                x = -math.log(_uniform_open(s)) / _ZIG_R
-                y = -math.log(_uniform_open(s))
+                s, u1 = _uniform_open_v(s)
+                x = -math.log(u1) / _ZIG_R
+                s, u2 = _uniform_open_v(s)
+                y = -math.log(u2)
                 if y + y >= x * x:
                     break
-            return _ZIG_R + x if j > 0 else -_ZIG_R - x
+            return s, (_ZIG_R + x if j > 0 else -_ZIG_R - x)
         x = j * _WN[iz]
-        if _FN[iz] + _uniform_open(s) * (_FN[iz - 1] - _FN[iz]) < math.exp(-0.5 * x * x):
-            return x
+        s, u = _uniform_open_v(s)
+        if _FN[iz] + u * (_FN[iz - 1] - _FN[iz]) < math.exp(-0.5 * x * x):
+            return s, x
+
+
+@njit(cache=True, inline="always")
+def normal(s):
+    """A standard normal (``_normal_v``) from the one-element state array s."""
+    s[0], x = _normal_v(s[0])
+    return x
 
 
 @njit(cache=True)
@@ -175,11 +205,13 @@ def draw_slots(
     accepted drafts of the full block); with ``full`` also every position's outcome
     accept[t, j, r] and p_true[t, j, r] (else an outcome is drawn only while the prefix holds:
     later ones are never observed)."""
-    s = np.empty(1, np.uint64)
     for t in range(steps):
         for r in range(n):
-            s[0] = stream_seed(key, I[r, ID], I[r, ROUNDS] + t)
-            su = step_scale * normal(s) if step_scale != 0.0 else 0.0
+            s = stream_seed(key, I[r, ID], I[r, ROUNDS] + t)
+            su = 0.0
+            if step_scale != 0.0:
+                s, z = _normal_v(s)
+                su = step_scale * z
             alive = True
             nacc = 0
             for j in range(K):
@@ -187,9 +219,11 @@ def draw_slots(
                     conf[t, j, r] = X[K + j, r]
                     continue
                 off = X[j, r]
-                g = tok_scale * normal(s) + su + off
+                s, z = _normal_v(s)
+                g = tok_scale * z + su + off
                 if head == HEAD_MODEL:
-                    y = g + (head_scale * normal(s) - head_shift)
+                    s, z2 = _normal_v(s)
+                    y = g + (head_scale * z2 - head_shift)
                     conf[t, j, r] = 1.0 / (1.0 + math.exp(-2.0 * y))
                 elif head == HEAD_PERFECT:
                     conf[t, j, r] = 1.0 / (1.0 + math.exp(-2.0 * g))
@@ -197,7 +231,8 @@ def draw_slots(
                     conf[t, j, r] = X[K + j, r]
                 if alive or full:
                     p = 1.0 / (1.0 + math.exp(-2.0 * g * temp))
-                    a = uniform(s) < p
+                    s, u = _uniform_v(s)
+                    a = u < p
                     if full:
                         accept[t, j, r] = a
                         p_true[t, j, r] = p
@@ -215,8 +250,9 @@ def draw_slots(
 @njit(cache=True)
 def _sort_desc(v, out):
     """out = v sorted descending (float32, non-negative finite values): LSD radix sort on the
-    bit patterns (non-negative floats order as their bits), four 8-bit passes (a pass whose
-    digit is the same for every value is skipped)."""
+    bit patterns (non-negative floats order as their bits). Small arrays: four 8-bit passes;
+    from 512 values on, three 11-bit passes with the three digit histograms counted in one
+    read. A pass whose digit is the same for every value is skipped."""
     n = v.shape[0]
     if n <= 32:
         tmp = np.sort(v)
@@ -225,26 +261,97 @@ def _sort_desc(v, out):
         return
     a = v.view(np.uint32).copy()
     b = np.empty_like(a)
-    cnt = np.zeros(256, np.int64)
-    for shift in (0, 8, 16, 24):
-        cnt[:] = 0
+    if n >= 512:
+        cnt3 = np.zeros((3, 2048), np.int64)
         for i in range(n):
-            cnt[(a[i] >> shift) & 255] += 1
-        if cnt[(a[0] >> shift) & 255] == n:
-            continue
-        tot = 0
-        for d in range(256):
-            c = cnt[d]
-            cnt[d] = tot
-            tot += c
-        for i in range(n):
-            d = (a[i] >> shift) & 255
-            b[cnt[d]] = a[i]
-            cnt[d] += 1
-        a, b = b, a
+            x = a[i]
+            cnt3[0, x & np.uint32(2047)] += 1
+            cnt3[1, (x >> np.uint32(11)) & np.uint32(2047)] += 1
+            cnt3[2, x >> np.uint32(22)] += 1
+        for p in range(3):
+            sh = np.uint32(11 * p)
+            cnt = cnt3[p]
+            if cnt[(a[0] >> sh) & np.uint32(2047)] == n:
+                continue
+            tot = 0
+            for d in range(2048):
+                c = cnt[d]
+                cnt[d] = tot
+                tot += c
+            for i in range(n):
+                x = a[i]
+                d = (x >> sh) & np.uint32(2047)
+                b[cnt[d]] = x
+                cnt[d] += 1
+            a, b = b, a
+    else:
+        cnt = np.zeros(256, np.int64)
+        for p in range(4):
+            sh = np.uint32(8 * p)
+            cnt[:] = 0
+            for i in range(n):
+                cnt[(a[i] >> sh) & np.uint32(255)] += 1
+            if cnt[(a[0] >> sh) & np.uint32(255)] == n:
+                continue
+            tot = 0
+            for d in range(256):
+                c = cnt[d]
+                cnt[d] = tot
+                tot += c
+            for i in range(n):
+                x = a[i]
+                d = (x >> sh) & np.uint32(255)
+                b[cnt[d]] = x
+                cnt[d] += 1
+            a, b = b, a
     fa = a.view(np.float32)
     for i in range(n):
         out[i] = fa[n - 1 - i]
+
+
+@njit(cache=True)
+def _kth_largest(v, k):
+    """The value at index k (0-based) of v sorted descending, without sorting (quickselect on a
+    copy, median-of-three pivots, three-way partition): the same value a full sort puts there."""
+    a = v.copy()
+    lo = 0
+    hi = a.shape[0] - 1
+    while True:
+        if hi - lo < 16:
+            sub = np.sort(a[lo : hi + 1])  # ascending
+            return sub[hi - k]
+        mid = (lo + hi) // 2
+        x, y, z = a[lo], a[mid], a[hi]
+        if x < y:
+            x, y = y, x
+        if y < z:
+            y, z = z, y
+            if x < y:
+                x, y = y, x
+        piv = y  # the median of the three
+        # descending three-way partition: [lo, lt) > piv, [lt, gt] == piv, (gt, hi] < piv
+        lt = lo
+        gt = hi
+        i = lo
+        while i <= gt:
+            e = a[i]
+            if e > piv:
+                a[i] = a[lt]
+                a[lt] = e
+                lt += 1
+                i += 1
+            elif e < piv:
+                a[i] = a[gt]
+                a[gt] = e
+                gt -= 1
+            else:
+                i += 1
+        if k < lt:
+            hi = lt - 1
+        elif k > gt:
+            lo = gt + 1
+        else:
+            return piv
 
 
 @njit(cache=True)
@@ -311,14 +418,15 @@ def _early_stop(srt, n_samp, row, extra, limit):
 @njit(cache=True)
 def _top_b(flat, srt, B, K, R, out):
     """The B slots to the top-B positive scores (stable: ties to the earlier request-major index,
-    so a request's slots are a prefix); out[r] = slots of request r."""
+    so a request's slots are a prefix); out[r] = slots of request r. ``srt``: flat sorted
+    descending, or an empty array (then the B-th largest score is selected from flat)."""
     RK = K * R
     for r in range(R):
         out[r] = 0
     if B <= 0 or RK == 0:
         return
     bb = B - 1 if B - 1 < RK - 1 else RK - 1
-    thr = srt[bb]
+    thr = srt[bb] if srt.shape[0] == RK else _kth_largest(flat, bb)
     ngt = 0
     for i in range(RK):
         if flat[i] > thr:
@@ -353,6 +461,66 @@ def _cap_fcfs(out, R, allowed):
 
 
 @njit(cache=True)
+def _scores(c, K, R, flat, srt):
+    """The request-major survival scores of confidences c [>=K, R] (flat) and, where srt is
+    not empty, the same sorted descending."""
+    S = np.empty((K, R), np.float32)
+    _survival(c, K, R, S)
+    _flat_rk(S, K, R, flat)
+    if srt.shape[0] == flat.shape[0]:
+        _sort_desc(flat, srt)
+
+
+@njit(cache=True)
+def _windows_scored(code, tau, flat, srt, src_srt, row, extra, n_samp, n_nondraft, token_limit, K, R, out):
+    """One step's verify windows from the scores already computed: ``flat`` (request-major
+    survival of the confidences being verified), ``srt`` (flat sorted descending; may be empty
+    for vllm and paper-production, which only need its B-th largest value) and ``src_srt``
+    (sorted survival of the confidences vllm / paper-production budget from). K: positions in
+    use (min(K, k_max))."""
+    RK = R * K
+    allowed = token_limit - n_nondraft
+    if allowed < 0:
+        allowed = 0
+    M = allowed if allowed < RK else RK
+    if code == FIXED or code == THRESHOLD:
+        if code == FIXED:
+            for r in range(R):
+                out[r] = K
+        else:
+            t32 = np.float32(tau)
+            for r in range(R):
+                c = 0
+                for j in range(K):
+                    if flat[r * K + j] >= t32:
+                        c += 1
+                out[r] = c
+        _cap_fcfs(out, R, allowed)
+        return
+    if code == VLLM or code == PAPER_PRODUCTION:
+        if code == VLLM:
+            B = _ratio_argmax(src_srt, RK, n_samp, row, extra, M)
+        else:
+            npos = 0
+            for i in range(RK):
+                if src_srt[i] > 0:
+                    npos += 1
+            B = _ratio_argmax(src_srt, RK, n_samp, row, extra, M if M < npos else npos)
+        _top_b(flat, srt, B, K, R, out)
+        return
+    npos = 0
+    for i in range(RK):
+        if srt[i] > 0:
+            npos += 1
+    limit = M if M < npos else npos
+    if code == PAPER:
+        B = _early_stop(srt, n_samp, row, extra, limit)
+    else:  # SGLANG
+        B = _ratio_argmax(srt, RK, n_samp, row, extra, limit)
+    _top_b(flat, srt, B, K, R, out)
+
+
+@njit(cache=True)
 def step_windows(code, tau, now, prev, old, row, extra, n_samp, n_nondraft, token_limit, k_max, out):
     """One step's verify windows (out int64[R]) from confidences [K, R]: ``now`` (being verified),
     ``prev`` (one step earlier: vllm's budget) and ``old`` (two steps earlier: paper-production's).
@@ -364,60 +532,25 @@ def step_windows(code, tau, now, prev, old, row, extra, n_samp, n_nondraft, toke
     if K < 0:
         K = 0
     RK = R * K
-    allowed = token_limit - n_nondraft
-    if allowed < 0:
-        allowed = 0
-    M = allowed if allowed < RK else RK
-    if code == FIXED or code == THRESHOLD:
-        if code == FIXED:
-            for r in range(R):
-                out[r] = K
-        else:
-            S = np.empty((K, R), np.float32)
-            _survival(now, K, R, S)
-            t32 = np.float32(tau)
-            for r in range(R):
-                c = 0
-                for j in range(K):
-                    if S[j, r] >= t32:
-                        c += 1
-                out[r] = c
-        _cap_fcfs(out, R, allowed)
-        return
-    S = np.empty((K, R), np.float32)
     flat = np.empty(RK, np.float32)
-    srt = np.empty(RK, np.float32)
-    if code == VLLM or code == PAPER_PRODUCTION:
-        src = prev if code == VLLM else old
-        _survival(src, K, R, S)
-        _flat_rk(S, K, R, flat)
-        _sort_desc(flat, srt)
-        if code == VLLM:
-            B = _ratio_argmax(srt, RK, n_samp, row, extra, M)
-        else:
-            npos = 0
-            for i in range(RK):
-                if srt[i] > 0:
-                    npos += 1
-            B = _ratio_argmax(srt, RK, n_samp, row, extra, M if M < npos else npos)
-        _survival(now, K, R, S)
-        _flat_rk(S, K, R, flat)
-        _sort_desc(flat, srt)
-        _top_b(flat, srt, B, K, R, out)
+    none = np.empty(0, np.float32)
+    if code == FIXED:
+        _windows_scored(code, tau, flat, none, none, row, extra, n_samp, n_nondraft, token_limit, K, R, out)
         return
-    _survival(now, K, R, S)
-    _flat_rk(S, K, R, flat)
-    _sort_desc(flat, srt)
-    npos = 0
-    for i in range(RK):
-        if srt[i] > 0:
-            npos += 1
-    limit = M if M < npos else npos
-    if code == PAPER:
-        B = _early_stop(srt, n_samp, row, extra, limit)
-    else:  # SGLANG
-        B = _ratio_argmax(srt, RK, n_samp, row, extra, limit)
-    _top_b(flat, srt, B, K, R, out)
+    if code == THRESHOLD:
+        _scores(now, K, R, flat, none)
+        _windows_scored(code, tau, flat, none, none, row, extra, n_samp, n_nondraft, token_limit, K, R, out)
+        return
+    if code == VLLM or code == PAPER_PRODUCTION:
+        src_flat = np.empty(RK, np.float32)
+        src_srt = np.empty(RK, np.float32)
+        _scores(prev if code == VLLM else old, K, R, src_flat, src_srt)
+        _scores(now, K, R, flat, none)  # (top-B by selection: no sort)
+        _windows_scored(code, tau, flat, none, src_srt, row, extra, n_samp, n_nondraft, token_limit, K, R, out)
+        return
+    srt = np.empty(RK, np.float32)
+    _scores(now, K, R, flat, srt)
+    _windows_scored(code, tau, flat, srt, none, row, extra, n_samp, n_nondraft, token_limit, K, R, out)
 
 
 @njit(cache=True)
@@ -495,23 +628,46 @@ def window_windows(
     prev_hist = X[cp : cp + K, :n]
     old_hist = X[cp2 : cp2 + K, :n] if cp2 >= 0 else prev_hist
     ctx = np.zeros(k, np.int64)
+    if code == FIXED or code == THRESHOLD or k == 1:
+        # (fixed and threshold windows do not depend on the cost: no fixed point to find)
+        for t in range(k):
+            p = prev_hist if t == 0 else conf[t - 1]
+            if t == 0:
+                o = old_hist
+            elif t == 1:
+                o = prev_hist
+            else:
+                o = conf[t - 2]
+            if cp2 < 0:
+                o = p
+            step_windows(code, tau, conf[t], p, o, row, base_extra, n_samp, n_nondraft, token_limit, K, out[t])
+        return
+    # Every step's scores (and their order) depend only on the draws: computed once, read by
+    # every round of the fixed point. Row t + 2 is step t's; rows 0 and 1 the history's (two and
+    # one step before the window).
+    RK = n * K
+    flat = np.empty((k + 2, RK), np.float32)
+    srt = np.empty((k + 2, RK), np.float32)
+    none = np.empty(0, np.float32)
+    for t in range(k):
+        _scores(conf[t], K, n, flat[t + 2], srt[t + 2])
+    back = 0  # how many steps back the budget's confidences are (vllm 1, paper-production 2)
+    if code == VLLM or (code == PAPER_PRODUCTION and cp2 < 0):
+        back = 1
+        _scores(prev_hist, K, n, flat[1], srt[1])
+    elif code == PAPER_PRODUCTION:
+        back = 2
+        _scores(old_hist, K, n, flat[0], srt[0])
+        _scores(prev_hist, K, n, flat[1], srt[1])
 
     def solve_step(t, extra, dst):
-        p = prev_hist if t == 0 else conf[t - 1]
-        if t == 0:
-            o = old_hist
-        elif t == 1:
-            o = prev_hist
-        else:
-            o = conf[t - 2]
-        if cp2 < 0:
-            o = p
-        step_windows(code, tau, conf[t], p, o, row, extra, n_samp, n_nondraft, token_limit, K, dst)
+        s_src = srt[t + 2 - back] if back else none
+        _windows_scored(
+            code, tau, flat[t + 2], srt[t + 2], s_src, row, extra, n_samp, n_nondraft, token_limit, K, n, dst
+        )
 
     for t in range(k):
         solve_step(t, base_extra, out[t])
-    if k == 1:
-        return
     nxt = np.empty_like(out)
     for _ in range(3):
         _window_contexts(out, lead, left0, mode, K, k, n, ctx)

@@ -224,3 +224,25 @@ def test_compiled_policies_equal_the_numpy_reference(now, seed, limit, extra, k_
         got = pol.windows(now, prev, old, PolicyContext(**args))
         want = ref.windows(now, prev, old, RP.PolicyContext(**args))
         assert got.tolist() == want.tolist(), name
+
+
+score_arrays = st.integers(0, 3000).flatmap(
+    lambda n: arrays(np.float32, n, elements=st.one_of(st.sampled_from([0.0, 0.125, 0.5, 1.0]), st.floats(0, 1, width=32)))
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(v=score_arrays, seed=st.integers(0, 2**16))
+def test_compiled_sort_and_selection_equal_numpy(v, seed):
+    """The policies' descending radix sort (both digit widths: below and from 512 scores) is
+    numpy's sort reversed, and the selection of the b-th largest score is the sorted array's
+    element b, ties and zeros included."""
+    from dsim import kernels_step as KS
+
+    out = np.empty_like(v)
+    KS._sort_desc(v, out)
+    assert out.tobytes() == np.sort(v)[::-1].tobytes()
+    if len(v):
+        b = int(np.random.default_rng(seed).integers(0, len(v)))
+        assert KS._kth_largest(v, b) == out[b]
+        assert KS._kth_largest(v, 0) == out[0] and KS._kth_largest(v, len(v) - 1) == out[-1]
