@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from dsim.errors import InputError
 
 if TYPE_CHECKING:  # imported where used: the command line starts without pandas and simpy
+    from dsim.engine import EngineConfig
     from dsim.sim import SpecConfig
     from dsim.workload import Workload
 
@@ -40,7 +41,9 @@ def disaggregation(
     }
 
 
-def engine_config(disaggregated: bool, remote_prefill_ms: float = 0.0, remote_prefill_ms_per_ktok: float = 0.0):
+def engine_config(
+    disaggregated: bool, remote_prefill_ms: float = 0.0, remote_prefill_ms_per_ktok: float = 0.0
+) -> EngineConfig | None:
     """The EngineConfig of plan / sweep / ab: vLLM's defaults, disaggregated as asked; None for
     the default engine (so that every point runs with the callers' default)."""
     fields = disaggregation(disaggregated, remote_prefill_ms, remote_prefill_ms_per_ktok)
