@@ -49,6 +49,7 @@ def main(argv=None):
     if a.scan:
         return scan(a.profile, [int(x) for x in a.scan.split(",")])
     a.csv_dir = None
+    a.no_static = True
     r = B.run_case(a.profile, a.trace, [int(x) for x in a.per_gpu.split(",")], a,
                     variant="disaggregated" if a.disaggregated else "colocated")
     P = B.PAPER[r["key"]]

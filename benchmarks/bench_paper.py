@@ -127,6 +127,8 @@ def run_case(profile_name, trace, per_gpu, args, variant="colocated"):
     acc_d = getattr(args, "acceptance_dspark", None) or args.acceptance
     specs = {"mtp": SpecConfig("mtp", k=1, acceptance=acc_m),
              "dspark": SpecConfig("dspark", k=5, adaptive=True, acceptance=acc_d)}
+    if not getattr(args, "no_static", False):  # the paper's remark on static multi-token drafting (Sec. 5.4)
+        specs["static"] = SpecConfig("dspark", k=5, adaptive=False, acceptance=acc_d)
     base = build_workload(trace, mix=args.mix)
     t0 = time.perf_counter()
     df = sweep(base, prof, specs, conc, requests_per_user=args.requests_per_user,
@@ -257,10 +259,22 @@ def case_rows(r):
         verdicts["verify budget falling with load"] = bool(
             budget_mod[-1] < budget_mod[0] - 0.2 and max(rises, default=0.0) <= BUDGET_RISE_TOLERANCE)
     verdicts["MTP-1 verifies 2"] = bool(np.allclose(mtc["verify_tokens_per_request"], MTP_VERIFY))
+    # Sec. 5.4: a static multi-token drafter "strictly degrades aggregate throughput under high
+    # concurrency" (against MTP-1); a check, not one of the targets
+    if (df.method == "static").any():
+        stc = by_load("static")
+        vals = []
+        for x in STATIC_C:
+            ts_, tm_ = at_load(stc, "output_tok_s_per_gpu", x), at_load(mtc, "output_tok_s_per_gpu", x)
+            vals.append("n/a" if None in (ts_, tm_) else f"{ts_ / tm_:.2f}x")
+        key["static"] = vals
+        rows.append([f"static DSpark-5 (every draft verified) / MTP-1 throughput at C/GPU {' / '.join(map(str, STATIC_C))}",
+                     "below 1 under high concurrency", " / ".join(vals), "Sec. 5.4's remark on static MTP-3/5"])
     return rows, verdicts
 
 
 FIG8_SUMMARY_C = (20, 100, 200)
+STATIC_C = (20, 100, 200)
 BUDGET_SUMMARY_C = (20, 50, 100, 150, 200)
 
 
@@ -268,7 +282,8 @@ def summary_table(results) -> list[str]:
     """One row per case: the headline numbers next to the paper's."""
     out = ["| case | thr. gain, moderate SLA | thr. gain, strict SLA | per-user gain at MTP-1's thr. (moderate / strict) "
            "| per-user gain over that span | load-matched SLAs: thr. gain; per-user gain | Fig. 8 DSpark/MTP-1 thr. at C/GPU 20 / 100 / 200 | verify budget at "
-           "C/GPU 20 / 50 / 100 / 150 / 200 | targets met |", "|---|---|---|---|---|---|---|---|---|"]
+           "C/GPU 20 / 50 / 100 / 150 / 200 | static DSpark-5 / MTP-1 thr. at C/GPU 20 / 100 / 200 | targets met |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         P = PAPER[r["key"]]
         k = r["key_metrics"]
@@ -288,6 +303,7 @@ def summary_table(results) -> list[str]:
             f"{_pct(k.get('lm_speed_gain_1'))} "
             f"| {' / '.join(at(c, 0, 2, 'x') for c in FIG8_SUMMARY_C)} ({' / '.join(at(c, 2, 2, 'x') for c in FIG8_SUMMARY_C)}) "
             f"| {' / '.join(at(c, 1) for c in BUDGET_SUMMARY_C)} ({' / '.join(at(c, 3) for c in BUDGET_SUMMARY_C)}) "
+            f"| {' / '.join(k.get('static', ['n/a']))} (below 1 at high load) "
             f"| {met} of {len(r['verdicts'])} |")
     return out
 
@@ -343,6 +359,8 @@ def main(argv=None):
     ap.add_argument("--acceptance", default=None, help="acceptance preset for both methods (default: deepseek-v4)")
     ap.add_argument("--acceptance-mtp", default=None, help="MTP-1's preset only (overrides --acceptance)")
     ap.add_argument("--acceptance-dspark", default=None, help="DSpark's preset only (overrides --acceptance)")
+    ap.add_argument("--no-static", action="store_true",
+                    help="skip the static DSpark-5 sweep (the paper's remark on static multi-token drafting)")
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--csv-dir", default=None, help="also write each sweep (sweep.csv and figures) here")
     ap.add_argument("--out", default=None, help="write the markdown table here")
