@@ -233,15 +233,18 @@ def test_cli_simulate_and_sweep_run_disaggregated(tmp_path):
     "cmd",
     [
         ["simulate"],
-        ["sweep", "--out", "/tmp/dsim-never-written"],
+        ["sweep", "--out", "OUT"],
         ["plan", "--sla", "p50=20ms"],
-        ["ab", "--out", "/tmp/dsim-never-written"],
+        ["ab", "--out", "OUT"],
     ],
 )
-def test_cli_delay_without_disaggregated_is_exit_2(cmd):
+def test_cli_delay_without_disaggregated_is_exit_2(cmd, tmp_path):
     from typer.testing import CliRunner
 
     from dsim.entry import app
 
-    res = CliRunner().invoke(app, [*cmd, "--remote-prefill-ms", "5"])
+    out = tmp_path / "out"
+    args = [str(out) if a == "OUT" else a for a in cmd]
+    res = CliRunner().invoke(app, [*args, "--remote-prefill-ms", "5"])
     assert res.exit_code == 2 and "--disaggregated" in res.output, res.output
+    assert not out.exists()  # nothing half-written
