@@ -8,7 +8,8 @@ frontier gains as well) is benchmarks/bench_paper.py; this is its Fig. 8 part on
 
 With --scan N,N,...: the verify budget against the step-cost curve instead. One decode instance
 (one replica) runs exactly N requests at a time (N users, 1100-token prompts already prefilled,
-400 output tokens each, the deepseek-v4 classes drawn equally), DSpark-5 adaptive; printed per N:
+400 output tokens each, the deepseek-v4 classes drawn equally), DSpark-5 adaptive on bench_paper's
+engine (scheduling overlapped, policy paper-production); printed per N:
 the verify tokens per request, the tokens per step they make, the profile's forward time there
 and its marginal cost per token (the slope over +-32 tokens), which is what the budget policy
 weighs an extra verified draft against.
@@ -88,8 +89,8 @@ def scan(profile, batches):
                      cls=(np.arange(n) % 3).astype(np.int16), class_names=("math", "code", "chat"),
                      session_id=np.full(n, -1), closed_loop_concurrency=None, source="scan")
         s = simulate(SimConfig(workload=w, profile=prof, gpus_per_node=prof.gpus_per_replica,
-                               engine=EngineConfig(kv_role="kv_consumer"),
-                               spec=SpecConfig("dspark", k=5, adaptive=True))).summary
+                               engine=EngineConfig(kv_role="kv_consumer", async_scheduling=True),
+                               spec=SpecConfig("dspark", k=5, adaptive=True, policy="paper-production"))).summary
         v = s["mean_verify_tokens_per_request"]
         t = int(round(n * v))
         slope = (c.forward_ms(t + 32) - c.forward_ms(max(t - 32, 1))) / (t + 32 - max(t - 32, 1)) * 1000
