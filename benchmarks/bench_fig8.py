@@ -14,9 +14,15 @@ the verify tokens per request, the tokens per step they make, the profile's forw
 and its marginal cost per token (the slope over +-32 tokens), which is what the budget policy
 weighs an extra verified draft against.
 
+With --breakdown T,T,...: where a composed dp8-ep8 forward of T tokens goes, per part of the
+model (routed experts with their lockstep factor, all-to-all, attention, ...), priced by
+dsim.compose from the kernel tables of --kernels for --model on --hardware.
+
 Usage: python benchmarks/bench_fig8.py [--profile NAME] [--trace default] [--disaggregated]
        [--per-gpu 10,20,50,100,150,200] [--requests-per-user 4] [--jobs N]
        python benchmarks/bench_fig8.py [--profile NAME] --scan 10,20,50,100,150,200
+       python benchmarks/bench_fig8.py --breakdown 1,40,200,400 [--model deepseek-v4-flash]
+              [--hardware h200] [--kernels h200-aic-vllm,h200-torch] [--topology dp8-ep8]
 """
 from __future__ import annotations
 
@@ -46,7 +52,14 @@ def main(argv=None):
     ap.add_argument("--acceptance", default=None)
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--scan", default=None, help="running batch sizes per decode instance (see above)")
+    ap.add_argument("--breakdown", default=None, help="forward sizes in tokens (see above)")
+    ap.add_argument("--model", default="deepseek-v4-flash")
+    ap.add_argument("--hardware", default="h200")
+    ap.add_argument("--kernels", default="h200-aic-vllm,h200-torch")
+    ap.add_argument("--topology", default="dp8-ep8")
     a = ap.parse_args(argv)
+    if a.breakdown:
+        return breakdown(a.model, a.hardware, a.kernels, a.topology, [int(x) for x in a.breakdown.split(",")])
     if a.scan:
         return scan(a.profile, [int(x) for x in a.scan.split(",")])
     a.csv_dir = None
@@ -71,6 +84,30 @@ def main(argv=None):
               f"{(f'{pd_ / pm:.2f}x' if pm and pd_ else 'n/a'):>6} {ds.loc[c, 'verify_tokens_per_request']:>14.2f} "
               f"{B._num(pb, 2):>6} {mt.loc[c, 'verify_tokens_per_request']:>11.2f}")
     print(f"sweep took {r['wall_s']:.1f} s")
+
+
+def breakdown(model_name, hardware, kernels, topology, sizes):
+    from collections import defaultdict
+
+    from dsim import compose as C
+    model = C.load_model(model_name)
+    topo = C.parse_topology(topology)
+    pricer = C.Pricer([C.load_kernel_table(k.strip()) for k in kernels.split(",") if k.strip()],
+                      C.Roofline(hardware=hardware))
+    print(f"{model_name} {topology} on {hardware}, kernels {kernels}; {model.layers} layers; ms per forward")
+    for n in sizes:
+        parts = defaultdict(float)
+        for op in C.step_ops(model, topo, hardware, n):
+            v = op.count * pricer.ms(op)
+            if op.part == "moe_experts":  # the slowest EP rank's experts (the composer's factor)
+                v *= C._moe_factor(model, topo, hardware, op, pricer.roofline)
+            parts[op.part] += v
+        gaps = model.layers * C.GRAPH_GAP_US_PER_LAYER * 1e-3
+        total = sum(parts.values()) + gaps
+        main = sorted(parts.items(), key=lambda kv: -kv[1])
+        shown = ", ".join(f"{k} {v:.1f} ({100 * v / total:.0f}%)" for k, v in main[:4])
+        rest = total - sum(v for _, v in main[:4])
+        print(f"{n:>6} tokens: {total:6.1f} ms = {shown}, rest {rest:.1f}")
 
 
 def scan(profile, batches):
