@@ -8,7 +8,7 @@ budget per request falls as load grows.
 Concurrency is per GPU (``--per-node``: per node): a node of G GPUs in C users per GPU runs C x G users (with data-parallel
 attention each GPU is an engine replica; with TP attention a replica spans several GPUs).
 
-Usage: python benchmarks/bench_fixed_vs_adaptive.py --profile NAME [--concurrency 1,4,16,64,256]
+Usage: python benchmarks/bench_fixed_vs_adaptive.py --profile NAME [--concurrency 1,4,16,64,128,256,384]
        [--requests-per-user 6] [--trace default] [--jobs N] [--markdown]
 """
 from __future__ import annotations
@@ -22,7 +22,8 @@ FIXED_K = (1, 3, 5, 7)
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", required=True)
-    ap.add_argument("--concurrency", default="1,4,16,64,256", help="users per GPU (or per node with --per-node)")
+    ap.add_argument("--concurrency", default="1,4,16,64,128,256,384",
+                    help="users per GPU (or per node with --per-node); the DSpark paper's loads reach a few hundred per GPU")
     ap.add_argument("--per-node", action="store_true",
                     help="concurrency counts users per node (the seeds' axis for a TP8 replica) instead of per GPU")
     ap.add_argument("--requests-per-user", type=int, default=6)

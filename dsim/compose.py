@@ -22,8 +22,9 @@ Step of n tokens per GPU (every token priced as a decode/verify token with an LM
     with a fixed seed; the router's systematic skew is assumed removed by EPLB-style redundant
     experts).
 Context: attention cores priced at two contexts give the KV slope (ms per 1000 KV tokens);
-prefill chunks: the attention-core cost of prompt chunks beyond the decode-priced part is fitted
-as ms per million query-key pairs q (c + q / 2), the LM-head rows they skip as the discount.
+prefill chunks: the attention-core cost of prompt chunks beyond the decode-priced part, less the
+LM-head rows they skip, is fitted as ms per million query-key pairs q (c + q / 2) minus a discount
+per prompt token (non-negative least squares).
 """
 
 from __future__ import annotations
@@ -128,6 +129,8 @@ class Op:
 
 
 def _op(part: str, count: float, **rec) -> Op:
+    if rec.get("groups") == 1:  # one product: a plain GEMM record
+        del rec["groups"]
     return Op(tuple(sorted(rec.items())), part, float(count))
 
 
@@ -184,6 +187,9 @@ def layer_ops(
             _op("q_proj", L, op="gemm", dtype=dt, m=int(n), n=model.heads // tp * model.head_dim, k=model.q_lora_rank)
         )
         ops.append(_op("kv_proj", L, op="gemm", dtype=dt, m=int(n), n=model.head_dim, k=h))
+        # grouped low-rank output projection (wo_a): og local groups, each [n, heads/o_groups x head_dim] x
+        # [.., o_lora]; engines run it as one batched GEMM (DeepSeek's reference einsum "tgd,grd->tgr";
+        # vLLM marks wo_a is_bmm over the local groups), then wo_b over the concatenated groups
         og = max(1, model.o_groups // tp)
         ops.append(
             _op(
@@ -191,20 +197,28 @@ def layer_ops(
                 L,
                 op="gemm",
                 dtype=dt,
-                m=int(n * og),
+                m=int(n),
                 n=model.o_lora_rank,
                 k=model.heads * model.head_dim // model.o_groups,
+                groups=og,
             )
         )
         ops.append(_op("o_proj", L, op="gemm", dtype=dt, m=int(n), n=h, k=og * model.o_lora_rank))
-        n_comp = kinds.get("v4_csa", 0) + kinds.get("v4_hca", 0)
-        if n_comp:
-            ops.append(_op("compressor", n_comp, op="gemm", dtype=dt, m=int(n), n=2 * model.head_dim, k=h))
+        # compressor: fused wkv + wgate, each coff x head_dim wide (coff = 2 at ratio 4, overlapping blocks;
+        # 1 at ratio 128), bf16 weights in the released checkpoint (not FP8-quantized)
+        for kind, coff in (("v4_csa", 2), ("v4_hca", 1)):
+            if kinds.get(kind):
+                ops.append(
+                    _op("compressor", kinds[kind], op="gemm", dtype="bf16", m=int(n), n=2 * coff * model.head_dim, k=h)
+                )
         if kinds.get("v4_csa"):
+            c = kinds["v4_csa"]
+            # lightning indexer: wq_b (q_lora -> index heads x index dim, FP8), the per-head weights
+            # (hidden -> index heads, bf16) and its own ratio-4 compressor (hidden -> 2 x 2 x index dim, bf16)
             ops.append(
                 _op(
                     "indexer_proj",
-                    kinds["v4_csa"],
+                    c,
                     op="gemm",
                     dtype=dt,
                     m=int(n),
@@ -212,25 +226,20 @@ def layer_ops(
                     k=model.q_lora_rank,
                 )
             )
-            ops.append(
-                _op(
-                    "indexer_proj",
-                    kinds["v4_csa"],
-                    op="gemm",
-                    dtype=dt,
-                    m=int(n),
-                    n=model.index_dim + model.index_heads,
-                    k=h,
-                )
-            )
+            ops.append(_op("indexer_proj", c, op="gemm", dtype="bf16", m=int(n), n=model.index_heads, k=h))
+            ops.append(_op("indexer_proj", c, op="gemm", dtype="bf16", m=int(n), n=4 * model.index_dim, k=h))
     else:
         hl = model.heads // tp
         ops.append(_op("q_proj", L, op="gemm", dtype=dt, m=int(n), n=model.q_lora_rank, k=h))
         ops.append(_op("q_proj", L, op="gemm", dtype=dt, m=int(n), n=hl * model.head_dim, k=model.q_lora_rank))
         ops.append(_op("kv_proj", L, op="gemm", dtype=dt, m=int(n), n=model.kv_lora_rank + model.rope_dim, k=h))
-        ops.append(_op("mla_absorb", L, op="gemm", dtype="bf16", m=int(n * hl), n=model.kv_lora_rank, k=model.nope_dim))
+        # absorbed MLA: q_nope x W_UK and the latent output x W_UV per local head, one batched GEMM each
+        # (vLLM's MLA backends run torch.bmm over the heads: hl products of m = n tokens, all heads' weights)
         ops.append(
-            _op("mla_absorb", L, op="gemm", dtype="bf16", m=int(n * hl), n=model.v_head_dim, k=model.kv_lora_rank)
+            _op("mla_absorb", L, op="gemm", dtype="bf16", m=int(n), n=model.kv_lora_rank, k=model.nope_dim, groups=hl)
+        )
+        ops.append(
+            _op("mla_absorb", L, op="gemm", dtype="bf16", m=int(n), n=model.v_head_dim, k=model.kv_lora_rank, groups=hl)
         )
         ops.append(_op("o_proj", L, op="gemm", dtype=dt, m=int(n), n=h, k=hl * model.v_head_dim))
     for kind, c in kinds.items():
@@ -348,6 +357,7 @@ class Pricer:
         self.priced: dict = {}
         self.fallback: dict = {}
         self.by_table: dict = {}
+        self.grouped_as_single: dict = {}
 
     def ms(self, op: Op) -> float:
         if op.part in self.skip:
@@ -355,17 +365,29 @@ class Pricer:
         rec = op.rec
         if rec["op"] in self.zero_ops:
             return 0.0
-        v = None
-        for t in self.order.get(rec["op"], self.tables):
-            v = t.ms(rec)
+        v = self._lookup(rec)
+        if v is None and rec["op"] == "gemm" and rec.get("groups", 1) > 1:
+            # a table without batched-GEMM records: the single GEMM of the same FLOPs, weight and
+            # activation bytes in one launch ([m, groups x k] x [groups x k, n]; only its output is
+            # groups times smaller)
+            eq = {k: v for k, v in rec.items() if k != "groups"}
+            eq["k"] = int(rec["k"]) * int(rec["groups"])
+            v = self._lookup(eq)
             if v is not None:
-                self.by_table[t.name] = self.by_table.get(t.name, 0) + 1
-                break
+                self.grouped_as_single[rec["op"]] = self.grouped_as_single.get(rec["op"], 0) + 1
         bucket = self.priced if v is not None else self.fallback
         bucket[rec["op"]] = bucket.get(rec["op"], 0) + 1
         if v is None:
             v = self.roofline.ms(rec)
         return float(v)
+
+    def _lookup(self, rec: dict) -> float | None:
+        for t in self.order.get(rec["op"], self.tables):
+            v = t.ms(rec)
+            if v is not None:
+                self.by_table[t.name] = self.by_table.get(t.name, 0) + 1
+                return v
+        return None
 
     def total(self, ops: list[Op]) -> float:
         return sum(op.count * self.ms(op) for op in ops)
@@ -514,8 +536,12 @@ def forward_ms(
     *,
     kv: int = KV_LO,
     glue: LayerGlue = LayerGlue(),
+    q: int = 1,
 ) -> float:
-    t = priced_total(model, topo, hardware, step_ops(model, topo, hardware, n, kv=kv), pricer)
+    """One target forward of n tokens, as ceil(n / q) requests of q query tokens each at kv context."""
+    qq = max(1, min(int(q), int(n)))
+    ops = step_ops(model, topo, hardware, n, kv=kv, q=qq, batch=-(-int(n) // qq))
+    t = priced_total(model, topo, hardware, ops, pricer)
     t += model.layers * (GRAPH_GAP_US_PER_LAYER * 1e-3 + glue.ms(n))
     if n > limit:
         t += model.layers * EAGER_US_PER_LAYER * 1e-3
@@ -584,6 +610,7 @@ def compose_profile(
     layer_records: list[dict] | None = None,
     layer_source: str = "",
     prefer: dict | None = None,
+    forward_q: int = 1,
 ) -> Profile:
     """Build the profile (see the module doc). `table`: one kernel table or several in order of
     preference. `table_error`: the measured error of the (first) table against our own
@@ -600,32 +627,41 @@ def compose_profile(
     caps = vllm_capture_sizes(max_capture)
     tokens = caps + [t for t in TAIL_TOKENS if t > caps[-1]]
     limit = caps[-1]
-    fwd = np.array([forward_ms(model, topo, hardware, n, pricer, limit, glue=glue) for n in tokens])
-    # KV slope: attention cores at two contexts, per KV token of the batch
-    lo = _attn_only(model, topo, hardware, pricer, phase="decode", batch=SLOPE_BATCH, q=1, kv=KV_LO)
-    hi = _attn_only(model, topo, hardware, pricer, phase="decode", batch=SLOPE_BATCH, q=1, kv=KV_HI)
+    fq = max(1, int(forward_q))
+    fwd = np.array([forward_ms(model, topo, hardware, n, pricer, limit, glue=glue, q=fq) for n in tokens])
+    # KV slope: attention cores of SLOPE_BATCH requests of fq query tokens at two contexts, per KV token
+    lo = _attn_only(model, topo, hardware, pricer, phase="decode", batch=SLOPE_BATCH, q=fq, kv=KV_LO)
+    hi = _attn_only(model, topo, hardware, pricer, phase="decode", batch=SLOPE_BATCH, q=fq, kv=KV_HI)
     slope_ms_per_tok = max(0.0, (hi - lo) / (SLOPE_BATCH * (KV_HI - KV_LO)))
-    # the table was priced at KV_LO context per token: take that context's share out (zero-context table)
-    fwd = np.maximum(fwd - slope_ms_per_tok * np.array(tokens) * KV_LO, 1e-3)
+    # the table was priced at KV_LO context per request: take that context's share out (zero-context table)
+    reqs = np.array([-(-n // max(1, min(fq, n))) for n in tokens])
+    fwd = np.maximum(fwd - slope_ms_per_tok * reqs * KV_LO, 1e-3)
     fwd = np.maximum.accumulate(fwd)
-    # prefill terms: a chunk's attention core beyond its decode-priced share, per million pairs
-    per_tok = _attn_only(model, topo, hardware, pricer, phase="decode", batch=SLOPE_BATCH, q=1, kv=KV_LO) / SLOPE_BATCH
-    xs, ys = [], []
-    for qn in PREFILL_Q:
-        for c in PREFILL_KV:
-            t = _attn_only(model, topo, hardware, pricer, phase="prefill", batch=1, q=qn, kv=c)
-            xs.append(qn * (c + qn / 2) / 1e6)
-            ys.append(t - qn * (per_tok - slope_ms_per_tok * KV_LO) - slope_ms_per_tok * c)
-    xs_a, ys_a = np.array(xs), np.array(ys)
-    attn_mpair = max(0.0, float(xs_a @ ys_a / (xs_a @ xs_a)))
-    resid = ys_a - attn_mpair * xs_a
+    # prefill terms: what a prompt chunk of q tokens over c cached costs beyond the q decode tokens the
+    # forward table priced it as (q one-token requests at zero context plus the KV slope), less the
+    # LM-head rows it skips; fitted as attention x q (c + q / 2) - discount x q (both >= 0, NNLS)
+    from scipy.optimize import nnls
+
     lm = [
         pricer.ms(_op("lm_head", 1, op="gemm", dtype="bf16", m=m, n=model.vocab // topo.attn_tp, k=model.hidden))
         for m in (8192, 16384)
     ]
-    discount = max(0.0, (lm[1] - lm[0]) / 8192 * 1000)
+    lm_per_tok = max(0.0, (lm[1] - lm[0]) / 8192)
+    xs, qs, ys = [], [], []
+    for qn in PREFILL_Q:
+        decode_share = _attn_only(model, topo, hardware, pricer, phase="decode", batch=qn, q=1, kv=KV_LO)
+        decode_share -= slope_ms_per_tok * qn * KV_LO
+        for c in PREFILL_KV:
+            t = _attn_only(model, topo, hardware, pricer, phase="prefill", batch=1, q=qn, kv=c)
+            xs.append(qn * (c + qn / 2) / 1e6)
+            qs.append(qn / 1000)
+            ys.append(t - decode_share - slope_ms_per_tok * c - qn * lm_per_tok)
+    xs_a, qs_a, ys_a = np.array(xs), np.array(qs), np.array(ys)
+    (attn_mpair, discount), _ = nnls(np.stack([xs_a, -qs_a], axis=1), ys_a)
+    attn_mpair, discount = float(attn_mpair), float(discount)
     last_slope = (fwd[-1] - fwd[-2]) / (tokens[-1] - tokens[-2]) * 1000
     discount = min(discount, 0.9 * last_slope)
+    resid = ys_a - attn_mpair * xs_a + discount * qs_a
     draft = {}
     for kind in ("mtp", "eagle3", "dspark"):
         ms = [
@@ -652,6 +688,11 @@ def compose_profile(
             src += "; " + ", ".join(f"{op} from {name} first" for op, name in sorted(prefer.items()))
         if zero_ops:
             src += f"; {', '.join(sorted(zero_ops))} priced at 0 (one-GPU shard check)"
+        if pricer.grouped_as_single:
+            src += (
+                f"; {sum(pricer.grouped_as_single.values())} batched-GEMM lookups priced as the single GEMM of "
+                "the same FLOPs and bytes (no batched record in the tables)"
+            )
     else:
         kind, src = "analytical", "roofline only (no kernel table)"
     fell = sum(pricer.fallback.values())
@@ -689,6 +730,7 @@ def compose_profile(
             kv_layout="V4: compressed entries FP8 + bf16 rope, indexer keys FP8; MLA: bf16 latent",
             max_num_seqs_windows_reserved=max_num_seqs,
             draft_block=draft_block,
+            forward_table=f"steps priced as requests of {max(1, int(forward_q))} query token(s) each",
             roofline=roof.provenance["method"],
         ),
         memory_per_gpu_gb=mem,
@@ -720,7 +762,12 @@ def compose_profile(
 
 
 def required_ops(
-    model: MoEModel, topo: Topology, hardware: str, max_capture: int | None = None, draft_block: int = 7
+    model: MoEModel,
+    topo: Topology,
+    hardware: str,
+    max_capture: int | None = None,
+    draft_block: int = 7,
+    forward_q: int = 1,
 ) -> list[dict]:
     """Every op record compose_profile looks up (without 'ms'), deduplicated, sorted."""
     if max_capture is None:
@@ -728,12 +775,14 @@ def required_ops(
     caps = vllm_capture_sizes(max_capture)
     tokens = caps + [t for t in TAIL_TOKENS if t > caps[-1]]
     ops: list[Op] = []
+    fq = max(1, int(forward_q))
     for n in tokens:
-        ops += step_ops(model, topo, hardware, n)
+        qq = min(fq, n)
+        ops += step_ops(model, topo, hardware, n, q=qq, batch=-(-n // qq))
     for kv in (KV_LO, KV_HI):
         ops += [
             o
-            for o in layer_ops(model, topo, hardware, SLOPE_BATCH, batch=SLOPE_BATCH, q=1, kv=kv)
+            for o in layer_ops(model, topo, hardware, SLOPE_BATCH * fq, batch=SLOPE_BATCH, q=fq, kv=kv)
             if o.part == "attn_core"
         ]
     for qn in PREFILL_Q:
@@ -763,6 +812,12 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--hardware", required=True, choices=sorted(HARDWARE))
         p.add_argument("--max-capture", type=int, default=None)
         p.add_argument("--draft-block", type=int, default=7)
+        p.add_argument(
+            "--forward-q",
+            type=int,
+            default=1,
+            help="price the forward table as requests of this many query tokens each (default 1: decode tokens)",
+        )
         p.add_argument(
             "--expert-dtype",
             choices=("fp8", "fp4", "w4a16"),
@@ -799,7 +854,9 @@ def main(argv: list[str] | None = None) -> int:
             model = dataclasses.replace(model, expert_dtype=a.expert_dtype)
         topo = parse_topology(a.topology)
         if a.cmd == "required-ops":
-            json.dump(required_ops(model, topo, a.hardware, a.max_capture, a.draft_block), sys.stdout, indent=0)
+            json.dump(
+                required_ops(model, topo, a.hardware, a.max_capture, a.draft_block, a.forward_q), sys.stdout, indent=0
+            )
             sys.stdout.write("\n")
             return 0
         table = [load_kernel_table(k.strip()) for k in a.kernels.split(",") if k.strip()] if a.kernels else None
@@ -830,6 +887,7 @@ def main(argv: list[str] | None = None) -> int:
             layer_records=layer_recs,
             layer_source=a.layer_records or "",
             prefer=prefer,
+            forward_q=a.forward_q,
         )
         save_profile(prof_, a.out)
         print(f"wrote {a.out}: {prof_.label}")

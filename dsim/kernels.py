@@ -1,7 +1,8 @@
 """Kernel tables: what one GPU kernel (an "op record") costs, from a measured or published table.
 
 An op record is a dict naming the op and its shape (the vocabulary is in docs/architecture.md,
-"Kernel-op records"): ``gemm`` (dtype, m, n, k), ``moe`` (routed-expert FFN of one EP rank: dtype,
+"Kernel-op records"): ``gemm`` (dtype, m, n, k [, groups: that many independent products of that
+shape in one launch, a batched GEMM]), ``moe`` (routed-expert FFN of one EP rank: dtype,
 tokens over the EP group, hidden, inter, topk, experts, ep), ``attn`` (attention core: kind,
 phase, batch, q, kv, heads), ``mhc``, ``comm`` (kind, gpus, bytes), ``elementwise`` (bytes).
 
@@ -28,6 +29,8 @@ KERNEL_DIR = Path(__file__).resolve().parent.parent / "profiles" / "kernels"
 #: the size axis each op interpolates along
 SIZE_AXIS = {"gemm": "m", "moe": "tokens", "attn": "batch", "mhc": "tokens", "comm": "bytes", "elementwise": "bytes"}
 OPS = tuple(SIZE_AXIS)
+#: further axes an op interpolates along (linearly) where no series along its size axis matches
+SECOND_AXES = {"attn": ("kv", "q")}
 _META = {"ms", "op", "includes", "backend", "note", "distribution"}
 
 
@@ -117,8 +120,8 @@ class Roofline:
         if op == "gemm":
             wb = WEIGHT_BYTES.get(r["dtype"], 2.0)
             ab = 1.0 if MATH_DTYPE.get(r["dtype"]) in ("fp8", "fp4") else 2.0
-            m, n, k = r["m"], r["n"], r["k"]
-            return self._t(2.0 * m * n * k, m * k * ab + k * n * wb + m * n * 2.0, r["dtype"])
+            m, n, k, g = r["m"], r["n"], r["k"], r.get("groups", 1)
+            return self._t(2.0 * g * m * n * k, g * (m * k * ab + k * n * wb + m * n * 2.0), r["dtype"])
         if op == "moe":
             T, H, inter, k, E, P = (r[x] for x in ("tokens", "hidden", "inter", "topk", "experts", "ep"))
             local = E / P
@@ -185,16 +188,45 @@ class KernelTable:
     source_path: str = ""
     _exact: dict = field(default_factory=dict, repr=False)
     _series: dict = field(default_factory=dict, repr=False)
+    _axis_values: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         for r in self.records:
             self._exact[(r["op"],) + record_key(r)] = float(r["ms"])
             ax = SIZE_AXIS[r["op"]]
             self._series.setdefault((r["op"],) + record_key(r, drop=ax), []).append((float(r[ax]), float(r["ms"])))
+            for ax in SECOND_AXES.get(r["op"], ()):
+                # values of a second axis present for records equal in every key but it and the size axis
+                k = {kk: vv for kk, vv in r.items() if kk != SIZE_AXIS[r["op"]] and kk not in SECOND_AXES[r["op"]]}
+                self._axis_values.setdefault((r["op"], ax) + record_key(k), set()).add(float(r[ax]))
         for v in self._series.values():
             v.sort()
 
     def ms(self, r: dict) -> float | None:
+        return self._resolve(r, SECOND_AXES.get(r["op"], ()))
+
+    def _resolve(self, r: dict, axes: tuple) -> float | None:
+        v = self._along_size(r)
+        if v is not None or not axes:
+            return v
+        # an attention core at a context (or query length) the table has no series for: linear in
+        # that axis between the two nearest values that it has (attention cost is affine in the keys
+        # read), each of them resolved the same way along the remaining axes
+        for i, ax in enumerate(axes):
+            kr = {kk: vv for kk, vv in r.items() if kk != SIZE_AXIS[r["op"]] and kk not in SECOND_AXES[r["op"]]}
+            vals = self._axis_values.get((r["op"], ax) + record_key(kr), ())
+            x = float(r[ax])
+            rest = axes[:i] + axes[i + 1 :]
+            below = ((v_, self._resolve({**r, ax: int(v_)}, rest)) for v_ in sorted(vals, reverse=True) if v_ < x)
+            lo = next(((v_, y) for v_, y in below if y is not None), None)
+            above = ((v_, self._resolve({**r, ax: int(v_)}, rest)) for v_ in sorted(vals) if v_ > x)
+            hi = next(((v_, y) for v_, y in above if y is not None), None) if lo else None
+            if lo and hi:
+                (x0, y0), (x1, y1) = lo, hi
+                return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        return None
+
+    def _along_size(self, r: dict) -> float | None:
         hit = self._exact.get((r["op"],) + record_key(r))
         if hit is not None:
             return hit

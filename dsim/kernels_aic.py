@@ -95,7 +95,7 @@ GRID_KV = (512, 2048, 8192, 32768, 131072)
 
 # fields that identify a record's shape (everything else is the price or its annotations)
 KEY_FIELDS = {
-    "gemm": ("dtype", "m", "n", "k"),
+    "gemm": ("dtype", "m", "n", "k", "groups"),
     "moe": ("dtype", "tokens", "hidden", "inter", "topk", "experts", "ep", "distribution"),
     "attn": ("kind", "phase", "batch", "q", "kv", "heads", "model"),
     "mhc": ("tokens", "hidden", "hc_mult"),
@@ -103,7 +103,7 @@ KEY_FIELDS = {
     "elementwise": ("bytes",),
     "layer": ("model", "topology", "tokens", "batch", "q", "kv"),
 }
-KEY_DEFAULTS = {"distribution": "uniform", "scope": "intra_node"}
+KEY_DEFAULTS = {"distribution": "uniform", "scope": "intra_node", "groups": 1}
 
 
 # ---- the optional dependency ---------------------------------------------------------------------------------
@@ -242,6 +242,12 @@ class AicTables:
         mode = _lookup(GEMM_MODES, r, "dtype")
         m, n, k = _ints(r, "m", "n", "k")
         extra: dict = {"quant_mode": mode}
+        g = int(r.get("groups", 1))
+        if g > 1:
+            # AIC has no batched-GEMM table: the single GEMM of the same FLOPs, weight and activation
+            # bytes in one launch ([m, g x k] x [g x k, n])
+            k *= g
+            extra["grouped"] = f"{g} products priced as one GEMM of k = {k}"
         cands = self.candidates()
         if mode == "fp8_block" and self.backend == "vllm":
             # vLLM 0.24.0's fp8_block GEMM rows were collected without CUDA graphs (host floor in every row)
@@ -877,9 +883,13 @@ def grid_records(model: str, topology: str, system: str, required: list[dict] | 
         raise InputError(f"--topology: {topology!r} is not one of {', '.join(TOPOLOGIES)}")
     req = required if required is not None else composer_records(model, topology, system)
     recs: list[dict] = []
-    gemms = sorted({(r["dtype"], r["n"], r["k"]) for r in req if r["op"] == "gemm"})
-    gemms = sorted(set(gemms) | {("bf16", n, k) for d, n, k in gemms if d == "fp8"})
-    recs += [{"op": "gemm", "dtype": d, "m": m, "n": n, "k": k} for d, n, k in gemms for m in GRID_TOKENS]
+    gemms = sorted({(r["dtype"], r["n"], r["k"], r.get("groups", 1)) for r in req if r["op"] == "gemm"})
+    gemms = sorted(set(gemms) | {("bf16", n, k, g) for d, n, k, g in gemms if d == "fp8"})
+    recs += [
+        {"op": "gemm", "dtype": d, "m": m, "n": n, "k": k, **({"groups": g} if g > 1 else {})}
+        for d, n, k, g in gemms
+        for m in GRID_TOKENS
+    ]
     for shape in sorted(
         {tuple((k, r[k]) for k in ("hidden", "inter", "topk", "experts", "ep")) for r in req if r["op"] == "moe"}
     ):

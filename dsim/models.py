@@ -102,9 +102,12 @@ class MoEModel:
             + self.o_groups * self.o_lora_rank * h
         )
         if kind in ("v4_csa", "v4_hca"):
-            p += h * 2 * self.head_dim  # the compressor's KV and gate projections
+            # the compressor's KV and gate projections, each coff x head_dim wide: coff = 2 at ratio 4
+            # (overlapping blocks), 1 at ratio 128
+            p += h * 2 * (2 if kind == "v4_csa" else 1) * self.head_dim
         if kind == "v4_csa":
-            p += self.q_lora_rank * self.index_heads * self.index_dim + h * self.index_dim + h * self.index_heads
+            # the lightning indexer: query projection, per-head weights, its own ratio-4 compressor
+            p += self.q_lora_rank * self.index_heads * self.index_dim + h * self.index_heads + h * 4 * self.index_dim
         return p
 
     @property

@@ -4,8 +4,16 @@ import json
 import numpy as np
 import pytest
 
-from dsim.compose import (Pricer, compose_profile, kv_capacity, layer_ops, moe_lockstep_factor, parse_topology,
-                          required_ops, step_ops)
+from dsim.compose import (
+    Pricer,
+    compose_profile,
+    kv_capacity,
+    layer_ops,
+    moe_lockstep_factor,
+    parse_topology,
+    required_ops,
+    step_ops,
+)
 from dsim.cost import CostModel
 from dsim.errors import InputError
 from dsim.kernels import HARDWARE, KernelTable, Roofline, load_kernel_table
@@ -171,3 +179,81 @@ def test_layer_glue_recovers_a_known_offset():
     q = compose_profile(m, t, "h200", None)
     # every layer of a 1-token step pays the glue
     assert CostModel(p).forward_ms(1) - CostModel(q).forward_ms(1) == pytest.approx(m.layers * (0.1 + 0.0002), rel=1e-3)
+
+
+ATTN_PARTS = ("q_proj", "kv_proj", "o_proj", "compressor", "indexer_proj", "mla_absorb")
+
+
+@pytest.mark.parametrize("model,kind", [("deepseek-v4-flash", "v4_csa"), ("deepseek-v4-flash", "v4_hca"),
+                                        ("deepseek-v4-flash", "v4_swa"), ("deepseek-v4-pro", "v4_csa"),
+                                        ("deepseek-v3", "mla")])
+def test_layer_projections_read_every_attention_weight_once(model, kind):
+    """The projection GEMMs of one layer (groups x n x k per record) are exactly the attention block's
+    parameters of the public config (one GPU holding all heads: data-parallel attention)."""
+    m = load_model(model)
+    i = m.attn_kinds.index(kind)
+    ops = [o for o in layer_ops(m, parse_topology("dp8-ep8"), "h200", 16, layers=[i]) if o.part in ATTN_PARTS]
+    weights = sum(o.count * o.rec.get("groups", 1) * o.rec["n"] * o.rec["k"] for o in ops)
+    assert weights == m.attn_params(kind)
+    assert all(o.rec["m"] == 16 for o in ops)  # every product runs on the step's 16 tokens
+
+
+def test_v4_flash_projection_shapes_closed_form():
+    """V4-Flash (hidden 4096, 64 heads x 512, q_lora 1024, o_lora 1024, 8 output groups, indexer 64 x 128):
+    the grouped output projection is 8 products [n, 4096] x [4096, 1024] in one launch, then [n, 8192] x
+    [8192, 4096]; the compressor is 2 x 2 x 512 wide on ratio-4 layers and 2 x 512 on ratio-128 layers
+    (bf16); the indexer's projections are 1024 -> 8192 (fp8), 4096 -> 64 and 4096 -> 512 (bf16)."""
+    m, n = load_model("deepseek-v4-flash"), 32
+    ops = layer_ops(m, parse_topology("dp8-ep8"), "h200", n)
+    got = sorted((o.part, o.count, o.rec["dtype"], o.rec["n"], o.rec["k"], o.rec.get("groups", 1))
+                 for o in ops if o.part in ("o_proj", "compressor", "indexer_proj"))
+    assert got == sorted([
+        ("o_proj", 43, "fp8", 1024, 4096, 8), ("o_proj", 43, "fp8", 4096, 8192, 1),
+        ("compressor", 21, "bf16", 2048, 4096, 1), ("compressor", 20, "bf16", 1024, 4096, 1),
+        ("indexer_proj", 21, "fp8", 8192, 1024, 1), ("indexer_proj", 21, "bf16", 64, 4096, 1),
+        ("indexer_proj", 21, "bf16", 512, 4096, 1)])
+    # under TP8 each rank holds one output group: a plain GEMM
+    tp = [o for o in layer_ops(m, parse_topology("tp8-ep8"), "h200", n) if o.part == "o_proj"]
+    assert sorted((o.rec["n"], o.rec["k"], o.rec.get("groups", 1)) for o in tp) == [(1024, 4096, 1), (4096, 1024, 1)]
+
+
+def test_v3_absorb_is_batched_over_local_heads():
+    """V3 under TP8: 16 local heads; W_UK and W_UV as one batched GEMM each of 16 products on m = n tokens
+    (not one GEMM of m = 16 n reading one head's weights): FLOPs 2 x n x 16 x 128 x 512 each."""
+    m, n = load_model("deepseek-v3"), 8
+    ab = [o for o in layer_ops(m, parse_topology("tp8-ep8"), "h200", n) if o.part == "mla_absorb"]
+    assert sorted((o.rec["m"], o.rec["n"], o.rec["k"], o.rec["groups"]) for o in ab) == [(8, 128, 512, 16),
+                                                                                      (8, 512, 128, 16)]
+    r = Roofline(hardware="h200", kernel_floor_us=0.0)
+    hw = HARDWARE["h200"]
+    for m_ in (1, 65536):
+        rec = dict(ab[0].rec, m=m_)
+        flops = 2 * m_ * 16 * rec["n"] * rec["k"]
+        nbytes = 16 * (m_ * rec["k"] * 2 + rec["k"] * rec["n"] * 2 + m_ * rec["n"] * 2)  # all 16 heads' weights
+        want = max(flops / (hw["bf16"] * r.eff_flops), nbytes / (hw["bw"] * r.eff_bw)) * 1e3
+        assert r.ms(rec) == pytest.approx(want)
+
+
+def test_batched_gemm_without_a_table_record_is_priced_as_its_single_gemm():
+    g = dict(op="gemm", dtype="fp8", m=8, n=1024, k=4096, groups=8)
+    single = [dict(op="gemm", dtype="fp8", m=m, n=1024, k=32768, ms=0.01 * m) for m in (1, 16)]
+    pr = Pricer(KernelTable("s", {"kind": "measured"}, single), Roofline())
+    from dsim.compose import _op
+    assert pr.ms(_op("o_proj", 1, **g)) == pytest.approx(0.08)
+    assert pr.grouped_as_single == {"gemm": 1} and not pr.fallback
+    both = KernelTable("b", {"kind": "measured"}, single + [dict(g, ms=0.5)])
+    assert Pricer(both, Roofline()).ms(_op("o_proj", 1, **g)) == 0.5   # a measured batched record wins
+
+
+def test_attention_interpolates_along_context_and_query_length():
+    """Attention records at kv 2048 / 8192 and q 2 / 4: a core at kv 4096 is linear in the context between
+    them, at q 3 linear in the query tokens; exact where the table has the record."""
+    recs = [dict(op="attn", kind="v4_csa", phase="decode", batch=b, q=q, kv=kv, heads=64,
+                 ms=0.1 + 0.001 * b + 1e-5 * kv * q) for b in (1, 64) for q in (2, 4) for kv in (2048, 8192)]
+    t = KernelTable("a", {"kind": "measured"}, recs)
+    base = dict(op="attn", kind="v4_csa", phase="decode", heads=64)
+    assert t.ms(dict(base, batch=64, q=2, kv=4096)) == pytest.approx(0.1 + 0.064 + 1e-5 * 4096 * 2)
+    assert t.ms(dict(base, batch=64, q=3, kv=2048)) == pytest.approx(0.1 + 0.064 + 1e-5 * 2048 * 3)
+    assert t.ms(dict(base, batch=64, q=3, kv=5120)) == pytest.approx(0.1 + 0.064 + 1e-5 * 5120 * 3)
+    assert t.ms(dict(base, batch=64, q=2, kv=16384)) is None       # no extrapolation
+    assert t.ms(dict(base, batch=64, q=4, kv=8192)) == recs[-1]["ms"]

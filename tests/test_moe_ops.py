@@ -186,3 +186,16 @@ def test_committed_kernel_table_loads_in_the_composer():
     assert all(r["ms"] > 0 for r in t.records)
     ops = {r["op"] for r in t.records}
     assert {"gemm", "moe", "attn", "mhc", "elementwise"} <= ops
+
+
+def test_batched_gemm_record_runs_each_group_on_its_own_input():
+    """A gemm record with groups: `groups` independent [m, k] x [k, n] products of one launch (bf16
+    torch.bmm; GroupedProj's fallback on the CPU), each group its own input slice and weights."""
+    op = O.GemmOp(dict(op="gemm", dtype="bf16", m=5, n=12, k=8, groups=3), CPU, torch.float64)
+    y = op()
+    assert tuple(y.shape) == (3, 5, 12)
+    gp = O.GroupedProj(3, 12, 8, CPU, torch.float64)
+    x = torch.randn(5, 3, 8, dtype=torch.float64)
+    want = torch.cat([x[:, g] @ gp.w[g] for g in range(3)], dim=1)
+    assert torch.allclose(gp(x), want)
+    assert O.op_footprint(dict(op="gemm", dtype="bf16", m=5, n=12, k=8, groups=3)) == 3 * ((5 * 8 + 12 * 8) * 2 + 5 * 12 * 2)

@@ -1186,11 +1186,70 @@ class Linear:
         return self.w.numel() * self.w.element_size()
 
 
+class GroupedProj:
+    """G independent projections (x_g [N, K] -> [N, n_out]) in one launch: a batched e4m3 GEMM with per-row /
+    per-column scales (torch._scaled_grouped_mm, 3D x 3D) where it runs here, else a bf16 batched GEMM."""
+
+    def __init__(self, G: int, n_out: int, k: int, device, dtype):
+        import torch
+
+        self.G, self.n_out, self.k = G, n_out, k
+        self.fp8 = False
+        self.align = 1
+        if device.type == "cuda" and FP8.get("grouped_mode") == "row":
+            self.w = (torch.randn(G, n_out, k, device=device) * 0.5).to(torch.float8_e4m3fn)
+            self.sw = torch.rand(G, n_out, device=device) * k**-0.5
+            self.fp8 = True
+            for al in (1, 16):
+                try:
+                    self.align = al
+                    self(torch.randn(3, G, k, device=device, dtype=torch.bfloat16))
+                    torch.cuda.synchronize()
+                    break
+                except Exception:  # noqa: BLE001 - try the next alignment, then bf16
+                    self.align = 0
+            if not self.align:
+                self.fp8 = False
+        if not self.fp8:
+            self.w = torch.randn(G, k, n_out, device=device, dtype=dtype) * k**-0.5
+
+    def __call__(self, x):
+        """x [N, G, k] -> [N, G x n_out]."""
+        import torch
+
+        N = x.shape[0]
+        if not self.fp8:
+            return torch.bmm(x.transpose(0, 1), self.w).transpose(0, 1).reshape(N, -1)
+        xg = x.transpose(0, 1)  # [G, N, k]
+        if self.align > 1 and N % self.align:
+            xg = torch.nn.functional.pad(xg, (0, 0, 0, self.align - N % self.align))
+        amax = xg.abs().amax(-1).float().clamp(min=1e-4)
+        sa = amax / FP8_MAX
+        xq = (xg / sa[..., None].to(xg.dtype)).to(torch.float8_e4m3fn)
+        y = torch._scaled_grouped_mm(xq, self.w.transpose(-2, -1), sa, self.sw, out_dtype=torch.bfloat16)
+        return y[:, :N].transpose(0, 1).reshape(N, -1)
+
+
 class GemmOp:
     def __init__(self, rec: dict, device, dtype):
         import torch
 
         m, n, k = rec["m"], rec["n"], rec["k"]
+        g = int(rec.get("groups", 1))
+        if g > 1:
+            # a batched GEMM (groups independent products in one launch), as the shard executor runs the
+            # V4 grouped output projection (fp8: GroupedProj, its activation quantization included) and
+            # MLA's per-head absorb products (bf16: torch.bmm)
+            x = torch.randn(m, g, k, device=device, dtype=dtype)
+            if rec["dtype"] == "fp8":
+                gp = GroupedProj(g, n, k, device, dtype)
+                self.fn = lambda: gp(x)
+            else:
+                w = torch.randn(g, k, n, device=device, dtype=dtype) * k**-0.5
+                xt = x.transpose(0, 1)
+                self.fn = lambda: torch.bmm(xt, w)
+            self.bytes = g * ((m * k + n * k) * (1 if rec["dtype"] == "fp8" else 2) + m * n * 2)
+            return
         self.bytes = (m * k + n * k) * (1 if rec["dtype"] == "fp8" else 2) + m * n * 2
         if rec["dtype"] == "fp8" and device.type == "cuda":
             mode = detect_fp8(device)["gemm_mode"]
@@ -1533,7 +1592,8 @@ def op_footprint(rec: dict) -> int:
     op = rec["op"]
     if op == "gemm":
         b = 1 if rec["dtype"] == "fp8" else 2
-        return (rec["m"] * rec["k"] + rec["n"] * rec["k"]) * b + rec["m"] * rec["n"] * 2
+        g = int(rec.get("groups", 1))
+        return g * ((rec["m"] * rec["k"] + rec["n"] * rec["k"]) * b + rec["m"] * rec["n"] * 2)
     if op == "moe":
         return 3 * rec["hidden"] * rec["inter"] * rec["experts"] // rec["ep"]
     if op == "mhc":

@@ -61,50 +61,6 @@ def logit_rows(q: list[int]) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ weights
-class GroupedProj:
-    """G independent projections (x_g [N, K] -> [N, n_out]) in one launch: a batched e4m3 GEMM with per-row /
-    per-column scales (torch._scaled_grouped_mm, 3D x 3D) where it runs here, else a bf16 batched GEMM."""
-
-    def __init__(self, G: int, n_out: int, k: int, device, dtype):
-        import torch
-
-        self.G, self.n_out, self.k = G, n_out, k
-        self.fp8 = False
-        self.align = 1
-        if device.type == "cuda" and O.FP8.get("grouped_mode") == "row":
-            self.w = (torch.randn(G, n_out, k, device=device) * 0.5).to(torch.float8_e4m3fn)
-            self.sw = torch.rand(G, n_out, device=device) * k**-0.5
-            self.fp8 = True
-            for al in (1, 16):
-                try:
-                    self.align = al
-                    self(torch.randn(3, G, k, device=device, dtype=torch.bfloat16))
-                    torch.cuda.synchronize()
-                    break
-                except Exception:  # noqa: BLE001 - try the next alignment, then bf16
-                    self.align = 0
-            if not self.align:
-                self.fp8 = False
-        if not self.fp8:
-            self.w = torch.randn(G, k, n_out, device=device, dtype=dtype) * k**-0.5
-
-    def __call__(self, x):
-        """x [N, G, k] -> [N, G x n_out]."""
-        import torch
-
-        N = x.shape[0]
-        if not self.fp8:
-            return torch.bmm(x.transpose(0, 1), self.w).transpose(0, 1).reshape(N, -1)
-        xg = x.transpose(0, 1)  # [G, N, k]
-        if self.align > 1 and N % self.align:
-            xg = torch.nn.functional.pad(xg, (0, 0, 0, self.align - N % self.align))
-        amax = xg.abs().amax(-1).float().clamp(min=1e-4)
-        sa = amax / O.FP8_MAX
-        xq = (xg / sa[..., None].to(xg.dtype)).to(torch.float8_e4m3fn)
-        y = torch._scaled_grouped_mm(xq, self.w.transpose(-2, -1), sa, self.sw, out_dtype=torch.bfloat16)
-        return y[:, :N].transpose(0, 1).reshape(N, -1)
-
-
 class V4Layer:
     def __init__(self, d: dict, kind: str, device, dtype, tp: int):
         import torch
@@ -117,14 +73,15 @@ class V4Layer:
         self.wkv = L(D, h, True, device, dtype)
         G = d["o_groups"]
         # grouped low-rank output projection: one (heads / G x D -> o_lora) matrix per group of heads
-        self.wo_a = GroupedProj(G, d["o_lora"], H * D // G, device, dtype)
+        self.wo_a = O.GroupedProj(G, d["o_lora"], H * D // G, device, dtype)
         self.wo_b = L(h, G * d["o_lora"], True, device, dtype)
         ratio = {"v4_csa": 4, "v4_hca": 128, "v4_swa": 0}[kind]
-        self.comp = L(2 * O.compressor_width(ratio) * D, h, True, device, dtype) if ratio else None
+        # the compressors' fused wkv + wgate are bf16 in the released checkpoint (not FP8-quantized)
+        self.comp = L(2 * O.compressor_width(ratio) * D, h, False, device, dtype) if ratio else None
         if kind == "v4_csa":
             self.iq = L(d["index_heads"] * d["index_dim"], d["q_lora"], True, device, dtype)
             self.iw = L(d["index_heads"], h, False, device, dtype)
-            self.icomp = L(2 * O.compressor_width(4) * d["index_dim"], h, True, device, dtype)
+            self.icomp = L(2 * O.compressor_width(4) * d["index_dim"], h, False, device, dtype)
         M = d["hc_mult"]
         self.phi = [torch.randn(M * h, 2 * M + M * M, device=device, dtype=dtype) * (M * h) ** -0.5 for _ in range(2)]
         self.router = torch.randn(d["experts"], h, device=device, dtype=dtype) * h**-0.5

@@ -1,0 +1,65 @@
+"""Step logs for the MoE shard replay: dsim's own DSpark steps on a composed shard-check profile.
+
+    python3 -m validator.gpu.moe_steplogs --profile SHARD_CHECK.yaml --out DIR [--prefix dspark-v4f]
+
+One attention rank (dsim's replica of a dp profile is one GPU): `dsim simulate --gpus-per-node 1
+--method dspark` closed loop at concurrency 1, 32 and 256 on the default trace, and 32 users on
+mooncake-conversation (long contexts, 1K-90K tokens); of the steady-state steps (running at least
+0.9 C requests, past the first eighth of them) every k-th is kept, 16 per file. The shard executor
+(`python3 -m validator.gpu.moe_shard replay`) runs these exact shapes; `validator.gpu.shard_repredict`
+prices them again with any profile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+WORKLOADS = (
+    ("c1", "default", 1),
+    ("c32", "default", 32),
+    ("c256", "default", 256),
+    ("long", "mooncake-conversation", 32),
+)
+KEEP = 16
+
+
+def steplog(profile: str, trace: str, concurrency: int, seed: int = 0) -> list[dict]:
+    with tempfile.TemporaryDirectory() as td:
+        log = Path(td) / "steps.jsonl"
+        cmd = [
+            sys.executable, "-m", "dsim", "simulate", "--profile", profile, "--trace", trace,
+            "--gpus-per-node", "1", "--method", "dspark", "--concurrency", str(concurrency),
+            "--requests", str(max(8 * concurrency, 40)), "--seed", str(seed), "--quiet", "--step-log", str(log),
+        ]  # fmt: skip
+        subprocess.run(cmd, check=True)
+        rows = [json.loads(x) for x in log.read_text().splitlines()]
+    full = min(concurrency, max(len(r["q"]) for r in rows))
+    mid = [r for r in rows if len(r["q"]) >= 0.9 * full]
+    mid = mid[len(mid) // 8 :]
+    stride = max(1, len(mid) // KEEP)
+    return [dict(r, concurrency=concurrency, trace=trace) for r in mid[::stride][:KEEP]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m validator.gpu.moe_steplogs", description=__doc__.split("\n")[0])
+    ap.add_argument("--profile", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--prefix", default="dspark-v4f")
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for tag, trace, c in WORKLOADS:
+        keep = steplog(a.profile, trace, c)
+        path = out / f"{a.prefix}-{tag}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in keep))
+        print(path, len(keep), "steps; tokens", min(sum(r["q"]) for r in keep), "-", max(sum(r["q"]) for r in keep))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
