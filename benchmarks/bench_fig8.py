@@ -6,8 +6,23 @@ throughput per GPU (the paper's fitted lines, read from the figure), their DSpar
 and DSpark's verify tokens per request (MTP-1: 2). The full Sec. 5.4 comparison (Fig. 7's
 frontier gains as well) is benchmarks/bench_paper.py; this is its Fig. 8 part on one case.
 
-Usage: python benchmarks/bench_fig8.py [--profile NAME] [--trace default] [--decode-only]
+With --scan N,N,...: the verify budget against the step-cost curve instead. One decode instance
+(one replica) runs exactly N requests at a time (N users, 1100-token prompts already prefilled,
+400 output tokens each, the deepseek-v4 classes drawn equally), DSpark-5 adaptive on bench_paper's
+engine (scheduling overlapped, policy paper-production); printed per N:
+the verify tokens per request, the tokens per step they make, the profile's forward time there
+and its marginal cost per token (the slope over +-32 tokens), which is what the budget policy
+weighs an extra verified draft against.
+
+With --breakdown T,T,...: where a composed dp8-ep8 forward of T tokens goes, per part of the
+model (routed experts with their lockstep factor, all-to-all, attention, ...), priced by
+dsim.compose from the kernel tables of --kernels for --model on --hardware.
+
+Usage: python benchmarks/bench_fig8.py [--profile NAME] [--trace default] [--disaggregated]
        [--per-gpu 10,20,50,100,150,200] [--requests-per-user 4] [--jobs N]
+       python benchmarks/bench_fig8.py [--profile NAME] --scan 10,20,50,100,150,200
+       python benchmarks/bench_fig8.py --breakdown 1,40,200,400 [--model deepseek-v4-flash]
+              [--hardware h200] [--kernels h200-aic-vllm,h200-torch] [--topology dp8-ep8]
 """
 from __future__ import annotations
 
@@ -25,7 +40,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default=None)
     ap.add_argument("--trace", default="default")
-    ap.add_argument("--decode-only", action="store_true", help="prefill off the decode GPUs (see bench_paper)")
+    ap.add_argument("--disaggregated", action="store_true",
+                    help="decode instances of a prefill/decode-disaggregated deployment (see bench_paper)")
+    ap.add_argument("--remote-prefill-ms", type=float, default=0.0)
+    ap.add_argument("--remote-prefill-ms-per-ktok", type=float, default=0.0)
     ap.add_argument("--per-gpu", default="10,20,50,100,150,200")
     ap.add_argument("--requests-per-user", type=int, default=4)
     ap.add_argument("--min-requests", type=int, default=200)
@@ -33,9 +51,21 @@ def main(argv=None):
     ap.add_argument("--mix", default=None)
     ap.add_argument("--acceptance", default=None)
     ap.add_argument("--jobs", type=int, default=None)
+    ap.add_argument("--scan", default=None, help="running batch sizes per decode instance (see above)")
+    ap.add_argument("--breakdown", default=None, help="forward sizes in tokens (see above)")
+    ap.add_argument("--model", default="deepseek-v4-flash")
+    ap.add_argument("--hardware", default="h200")
+    ap.add_argument("--kernels", default="h200-aic-vllm,h200-torch")
+    ap.add_argument("--topology", default="dp8-ep8")
     a = ap.parse_args(argv)
+    if a.breakdown:
+        return breakdown(a.model, a.hardware, a.kernels, a.topology, [int(x) for x in a.breakdown.split(",")])
+    if a.scan:
+        return scan(a.profile, [int(x) for x in a.scan.split(",")])
     a.csv_dir = None
-    r = B.run_case(a.profile, a.trace, [int(x) for x in a.per_gpu.split(",")], a, decode_only_=a.decode_only)
+    a.no_static = True
+    r = B.run_case(a.profile, a.trace, [int(x) for x in a.per_gpu.split(",")], a,
+                    variant="disaggregated" if a.disaggregated else "colocated")
     P = B.PAPER[r["key"]]
     df = r["df"]
     mt = df[df.method == "mtp"].set_index("concurrency_per_gpu")
@@ -54,6 +84,54 @@ def main(argv=None):
               f"{(f'{pd_ / pm:.2f}x' if pm and pd_ else 'n/a'):>6} {ds.loc[c, 'verify_tokens_per_request']:>14.2f} "
               f"{B._num(pb, 2):>6} {mt.loc[c, 'verify_tokens_per_request']:>11.2f}")
     print(f"sweep took {r['wall_s']:.1f} s")
+
+
+def breakdown(model_name, hardware, kernels, topology, sizes):
+    from collections import defaultdict
+
+    from dsim import compose as C
+    model = C.load_model(model_name)
+    topo = C.parse_topology(topology)
+    pricer = C.Pricer([C.load_kernel_table(k.strip()) for k in kernels.split(",") if k.strip()],
+                      C.Roofline(hardware=hardware))
+    print(f"{model_name} {topology} on {hardware}, kernels {kernels}; {model.layers} layers; ms per forward")
+    for n in sizes:
+        parts = defaultdict(float)
+        for op in C.step_ops(model, topo, hardware, n):
+            v = op.count * pricer.ms(op)
+            if op.part == "moe_experts":  # the slowest EP rank's experts (the composer's factor)
+                v *= C._moe_factor(model, topo, hardware, op, pricer.roofline)
+            parts[op.part] += v
+        gaps = model.layers * C.GRAPH_GAP_US_PER_LAYER * 1e-3
+        total = sum(parts.values()) + gaps
+        main = sorted(parts.items(), key=lambda kv: -kv[1])
+        shown = ", ".join(f"{k} {v:.1f} ({100 * v / total:.0f}%)" for k, v in main[:4])
+        rest = total - sum(v for _, v in main[:4])
+        print(f"{n:>6} tokens: {total:6.1f} ms = {shown}, rest {rest:.1f}")
+
+
+def scan(profile, batches):
+    import numpy as np
+
+    from dsim.cost import CostModel, load_profile
+    from dsim.engine import EngineConfig
+    from dsim.sim import SimConfig, SpecConfig, simulate
+    from dsim.workload import Workload
+    prof = load_profile(profile)
+    c = CostModel(prof)
+    print(f"profile : {prof.label}")
+    print(f"{'N':>5} {'verify/request':>15} {'tokens/step':>12} {'forward ms':>11} {'marginal us/token':>18} {'tau':>5}")
+    for n in batches:
+        w = Workload(arrival_s=np.zeros(n), prompt_tokens=np.full(n, 1100), output_tokens=np.full(n, 400),
+                     cls=(np.arange(n) % 3).astype(np.int16), class_names=("math", "code", "chat"),
+                     session_id=np.full(n, -1), closed_loop_concurrency=None, source="scan")
+        s = simulate(SimConfig(workload=w, profile=prof, gpus_per_node=prof.gpus_per_replica,
+                               engine=EngineConfig(kv_role="kv_consumer", async_scheduling=True),
+                               spec=SpecConfig("dspark", k=5, adaptive=True, policy="paper-production"))).summary
+        v = s["mean_verify_tokens_per_request"]
+        t = int(round(n * v))
+        slope = (c.forward_ms(t + 32) - c.forward_ms(max(t - 32, 1))) / (t + 32 - max(t - 32, 1)) * 1000
+        print(f"{n:>5} {v:>15.2f} {t:>12} {c.forward_ms(t):>11.1f} {slope:>18.0f} {s['acceptance_length']:>5.2f}")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """The DSpark paper's production results (Sec. 5.4, Fig. 7-8) side by side with dsim's.
 
-For each profile and trace: a closed-loop sweep of MTP-1 and DSpark-5 adaptive (gamma = 5, the
-paper's production setting) at per-GPU concurrency levels covering the paper's Fig. 8 axis, the
-same acceptance preset for every point (deepseek-v4 unless --acceptance), then dsim.frontier's
-comparison against the paper's numbers:
+For each profile and trace: a closed-loop sweep of MTP-1, DSpark-5 adaptive (gamma = 5, the
+paper's production setting) and static DSpark-5 at per-GPU concurrency levels covering the
+paper's Fig. 8 axis, the same acceptance preset for every point (deepseek-v4 unless
+--acceptance), on the engine the paper describes (Sec. 5.2: scheduling overlapped with the GPU
+step, DSpark's budget from the production scheduler, policy paper-production), colocated and/or
+on disaggregated decode instances; then dsim.frontier's comparison against the paper's numbers:
 
 * throughput gain at the moderate and strict per-user SLAs (Flash 80 / 120, Pro 35 / 50 tok/s/user);
 * per-user speed gain at matched throughput: at MTP-1's throughput at each SLA (the paper's
@@ -80,7 +82,8 @@ PAPER = {
 }
 MTP_VERIFY = 2.0
 BUDGET_BAND = (4.0, 6.0)
-THR_TOLERANCE = 0.10                               # the issue's target: within 10 points
+THR_TOLERANCE = 0.10                               # the target: within 10 points
+BUDGET_RISE_TOLERANCE = 0.15                       # tokens: a rise between load points above this is not "falling"
 
 
 def paper_for(model: str | None) -> str:
@@ -95,22 +98,27 @@ def _interp_loglog(x, xs, ys):
     return float(np.exp(np.interp(math.log(x), np.log(xs), np.log(ys))))
 
 
-DECODE_ONLY_PROMPT_TOKENS = 16
+VARIANTS = ("colocated", "disaggregated")
 
 
-def decode_only(w):
-    """The trace with every prompt cut to a few tokens: prefill leaves the decode GPUs, as in
-    DeepSeek's prefill/decode-disaggregated serving (DeepSeek-V3 report, Sec. 3.4: prefilling and
-    decoding run on separate deployments), whose decode instances the paper's telemetry measures.
-    An approximation: the context each decode step reads is then the generated tokens only (V4's
-    sliding-window + compressed attention makes that read small either way) and KV capacity is
-    not binding."""
-    import dataclasses
-    return dataclasses.replace(w, prompt_tokens=np.full(len(w), DECODE_ONLY_PROMPT_TOKENS, dtype=w.prompt_tokens.dtype),
-                               source=w.source + f"; prompts cut to {DECODE_ONLY_PROMPT_TOKENS} tokens (decode only)")
+def engine_for(variant, args):
+    """The production engine the paper describes (Sec. 5.2): scheduling overlapped with the GPU
+    step (zero-overhead scheduling, "fully hides scheduling latency"), so async scheduling is on
+    unless --sync-scheduling. colocated: prefill runs on the decode GPUs (vLLM's default engine);
+    disaggregated: the GPUs are decode instances of a prefill/decode-disaggregated deployment
+    (DeepSeek-V3 report, Sec. 3.4; the paper's telemetry measures such decode instances):
+    prompts' KV arrives computed (dsim.engine.EngineConfig.kv_role), with the stated prefill +
+    transfer delay (0 by default; it moves TTFT only, which no figure here reads)."""
+    from dsim.engine import EngineConfig
+    asyn = not getattr(args, "sync_scheduling", False)
+    if variant == "colocated":
+        return EngineConfig(async_scheduling=asyn)
+    return EngineConfig(kv_role="kv_consumer", async_scheduling=asyn,
+                        remote_prefill_ms=getattr(args, "remote_prefill_ms", 0.0),
+                        remote_prefill_ms_per_ktok=getattr(args, "remote_prefill_ms_per_ktok", 0.0))
 
 
-def run_case(profile_name, trace, per_gpu, args, decode_only_=False):
+def run_case(profile_name, trace, per_gpu, args, variant="colocated"):
     from dsim.cost import load_profile
     from dsim.frontier import concurrency_from_per_gpu, paper_comparison
     from dsim.scenario import build_workload
@@ -123,16 +131,17 @@ def run_case(profile_name, trace, per_gpu, args, decode_only_=False):
     conc = concurrency_from_per_gpu(per_gpu, prof, 1, args.gpus_per_node)
     acc_m = getattr(args, "acceptance_mtp", None) or args.acceptance
     acc_d = getattr(args, "acceptance_dspark", None) or args.acceptance
+    pol = getattr(args, "policy", None) or "paper-production"
     specs = {"mtp": SpecConfig("mtp", k=1, acceptance=acc_m),
-             "dspark": SpecConfig("dspark", k=5, adaptive=True, acceptance=acc_d)}
+             "dspark": SpecConfig("dspark", k=5, adaptive=True, acceptance=acc_d, policy=pol)}
+    if not getattr(args, "no_static", False):  # the paper's remark on static multi-token drafting (Sec. 5.4)
+        specs["static"] = SpecConfig("dspark", k=5, adaptive=False, acceptance=acc_d)
     base = build_workload(trace, mix=args.mix)
-    if decode_only_:
-        base = decode_only(base)
     t0 = time.perf_counter()
     df = sweep(base, prof, specs, conc, requests_per_user=args.requests_per_user,
-               min_requests=args.min_requests, gpus_per_node=args.gpus_per_node, jobs=args.jobs)
+               min_requests=args.min_requests, gpus_per_node=args.gpus_per_node, jobs=args.jobs,
+               engine=engine_for(variant, args))
     wall = time.perf_counter() - t0
-    variant = "decode-only" if decode_only_ else "colocated"
     if args.csv_dir:
         write_sweep(df, Path(args.csv_dir) / f"{prof.name}-{Path(trace).stem}-{variant}", prefix="")
     comp = paper_comparison(df, "mtp", "dspark", P["sla"], f"the DSpark paper's {P['model']} anchors")
@@ -142,6 +151,8 @@ def run_case(profile_name, trace, per_gpu, args, decode_only_=False):
     return {"profile": prof, "key": key, "trace": trace, "variant": variant, "workload": base.source,
             "df": df, "comp": comp, "wall_s": wall,
             "acceptance": f"MTP-1 {acc_m or 'deepseek-v4'}, DSpark {acc_d or 'deepseek-v4'}",
+            "engine": (f"{variant}; scheduling {'synchronous' if getattr(args, 'sync_scheduling', False) else 'overlapped (async)'}; "
+                       f"DSpark policy {pol}"),
             "tau_preset": (tau_d, tau_m)}
 
 
@@ -251,19 +262,37 @@ def case_rows(r):
             budget_mod.append(bd)
     if budget_mod:
         verdicts["verify budget 4-6 at moderate load"] = all(BUDGET_BAND[0] <= b <= BUDGET_BAND[1] for b in budget_mod)
-        verdicts["verify budget falling with load"] = bool(budget_mod[-1] < budget_mod[0] - 0.2)
+        # "falls smoothly" (the paper's fitted line): lower at the moderate load than at low load,
+        # and no rise between the paper's load points beyond reading noise
+        rises = [b - a for a, b in zip(budget_mod, budget_mod[1:])]
+        verdicts["verify budget falling with load"] = bool(
+            budget_mod[-1] < budget_mod[0] - 0.2 and max(rises, default=0.0) <= BUDGET_RISE_TOLERANCE)
     verdicts["MTP-1 verifies 2"] = bool(np.allclose(mtc["verify_tokens_per_request"], MTP_VERIFY))
+    # Sec. 5.4: a static multi-token drafter "strictly degrades aggregate throughput under high
+    # concurrency" (against MTP-1); a check, not one of the targets
+    if (df.method == "static").any():
+        stc = by_load("static")
+        vals = []
+        for x in STATIC_C:
+            ts_, tm_ = at_load(stc, "output_tok_s_per_gpu", x), at_load(mtc, "output_tok_s_per_gpu", x)
+            vals.append("n/a" if None in (ts_, tm_) else f"{ts_ / tm_:.2f}x")
+        key["static"] = vals
+        rows.append([f"static DSpark-5 (every draft verified) / MTP-1 throughput at C/GPU {' / '.join(map(str, STATIC_C))}",
+                     "below 1 under high concurrency", " / ".join(vals), "Sec. 5.4's remark on static MTP-3/5"])
     return rows, verdicts
 
 
 FIG8_SUMMARY_C = (20, 100, 200)
+STATIC_C = (20, 100, 200)
+BUDGET_SUMMARY_C = (20, 50, 100, 150, 200)
 
 
 def summary_table(results) -> list[str]:
     """One row per case: the headline numbers next to the paper's."""
     out = ["| case | thr. gain, moderate SLA | thr. gain, strict SLA | per-user gain at MTP-1's thr. (moderate / strict) "
            "| per-user gain over that span | load-matched SLAs: thr. gain; per-user gain | Fig. 8 DSpark/MTP-1 thr. at C/GPU 20 / 100 / 200 | verify budget at "
-           "C/GPU 20 / 100 / 200 | targets met |", "|---|---|---|---|---|---|---|---|---|"]
+           "C/GPU 20 / 50 / 100 / 150 / 200 | static DSpark-5 / MTP-1 thr. at C/GPU 20 / 100 / 200 | targets met |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         P = PAPER[r["key"]]
         k = r["key_metrics"]
@@ -282,7 +311,8 @@ def summary_table(results) -> list[str]:
             f"| {_pct(k.get('lm_thr_gain_0'))}, {_pct(k.get('lm_thr_gain_1'))}; {_pct(k.get('lm_speed_gain_0'))}, "
             f"{_pct(k.get('lm_speed_gain_1'))} "
             f"| {' / '.join(at(c, 0, 2, 'x') for c in FIG8_SUMMARY_C)} ({' / '.join(at(c, 2, 2, 'x') for c in FIG8_SUMMARY_C)}) "
-            f"| {' / '.join(at(c, 1) for c in FIG8_SUMMARY_C)} ({' / '.join(at(c, 3) for c in FIG8_SUMMARY_C)}) "
+            f"| {' / '.join(at(c, 1) for c in BUDGET_SUMMARY_C)} ({' / '.join(at(c, 3) for c in BUDGET_SUMMARY_C)}) "
+            f"| {' / '.join(k.get('static', ['n/a']))} (below 1 at high load) "
             f"| {met} of {len(r['verdicts'])} |")
     return out
 
@@ -301,7 +331,7 @@ def markdown(results, args, cmd) -> str:
         P = PAPER[r["key"]]
         rows, verdicts = r["rows"], r["verdicts"]
         out += [f"## {r['profile'].name}, {r['trace']}, {r['variant']} (compared with the paper's {P['model']})", "",
-                f"Profile: {r['profile'].label}", "", f"Workload: {r['workload']}", "",
+                f"Profile: {r['profile'].label}", "", f"Workload: {r['workload']}", "", f"Engine: {r['engine']}", "",
                 f"Acceptance: {r['acceptance']} (equal-mix tau: DSpark-5 {r['tau_preset'][0]:.2f}, "
                 f"MTP-1 {r['tau_preset'][1]:.2f}); sweep wall time {r['wall_s']:.0f} s", "",
                 "| quantity | paper | dsim | detail |", "|---|---|---|---|"]
@@ -322,8 +352,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default=None, help="comma-separated profile names/paths (default: dsim's default)")
     ap.add_argument("--trace", default="default,azure-conv", help="comma-separated traces")
-    ap.add_argument("--variants", default="colocated,decode-only",
-                    help="colocated (prefill on the decode GPUs) and/or decode-only (prefill disaggregated)")
+    ap.add_argument("--variants", default="colocated,disaggregated",
+                    help="colocated (prefill on the decode GPUs) and/or disaggregated (decode instances, "
+                         "prompts' KV transferred)")
+    ap.add_argument("--remote-prefill-ms", type=float, default=0.0,
+                    help="disaggregated: assumed prefill + KV transfer delay per request (moves TTFT only)")
+    ap.add_argument("--remote-prefill-ms-per-ktok", type=float, default=0.0,
+                    help="disaggregated: assumed further delay per 1000 prompt tokens")
     ap.add_argument("--per-gpu", default="1,2,5,10,20,50,100,150,200,300,400",
                     help="concurrency levels per GPU (the paper's Fig. 8 axis)")
     ap.add_argument("--requests-per-user", type=int, default=4)
@@ -333,6 +368,12 @@ def main(argv=None):
     ap.add_argument("--acceptance", default=None, help="acceptance preset for both methods (default: deepseek-v4)")
     ap.add_argument("--acceptance-mtp", default=None, help="MTP-1's preset only (overrides --acceptance)")
     ap.add_argument("--acceptance-dspark", default=None, help="DSpark's preset only (overrides --acceptance)")
+    ap.add_argument("--policy", default="paper-production",
+                    help="DSpark's verify-budget policy (default: the paper's production scheduler, Sec. 5.2)")
+    ap.add_argument("--sync-scheduling", action="store_true",
+                    help="pay the per-step CPU overhead (default: overlapped, as the paper's engine does)")
+    ap.add_argument("--no-static", action="store_true",
+                    help="skip the static DSpark-5 sweep (the paper's remark on static multi-token drafting)")
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--csv-dir", default=None, help="also write each sweep (sweep.csv and figures) here")
     ap.add_argument("--out", default=None, help="write the markdown table here")
@@ -341,12 +382,12 @@ def main(argv=None):
     profiles = a.profile.split(",") if a.profile else [None]
     results = []
     variants = [v.strip() for v in a.variants.split(",") if v.strip()]
-    if not variants or any(v not in ("colocated", "decode-only") for v in variants):
-        ap.error(f"--variants: colocated and/or decode-only, got {a.variants!r}")
+    if not variants or any(v not in VARIANTS for v in variants):
+        ap.error(f"--variants: colocated and/or disaggregated, got {a.variants!r}")
     for p in profiles:
         for t in a.trace.split(","):
             for v in variants:
-                r = run_case(p, t, per_gpu, a, decode_only_=v == "decode-only")
+                r = run_case(p, t, per_gpu, a, variant=v)
                 results.append(r)
                 print(f"done: {r['profile'].name} on {t}, {v}, in {r['wall_s']:.0f} s", file=sys.stderr)
     cmd = "python benchmarks/bench_paper.py " + " ".join(argv if argv is not None else sys.argv[1:])

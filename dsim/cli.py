@@ -20,7 +20,7 @@ from typing import Annotated, Optional
 import typer
 
 from dsim.errors import InputError
-from dsim.scenario import build_workload, spec_config
+from dsim.scenario import build_workload, disaggregation, spec_config
 
 app = typer.Typer(
     add_completion=False,
@@ -69,6 +69,22 @@ ProfileOpt = Annotated[
     Optional[str], typer.Option(help="profile name or YAML path (default: deepseek-v4-flash-h200-dp8-ep8)")
 ]
 GpusPerNodeOpt = Annotated[int, typer.Option(help="GPUs per node")]
+# Prefill/decode disaggregation (dsim.engine.EngineConfig.kv_role)
+DisaggregatedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--disaggregated",
+        help="simulate decode instances of a prefill/decode-disaggregated deployment (vLLM kv_role "
+        "kv_consumer): prompts' KV arrives computed, only decode runs on these GPUs",
+    ),
+]
+RemotePrefillMsOpt = Annotated[
+    float,
+    typer.Option(help="--disaggregated: assumed delay per request on the prefill instance and the KV transfer (ms)"),
+]
+RemotePrefillPerKtokOpt = Annotated[
+    float, typer.Option(help="--disaggregated: assumed further delay per 1000 prompt tokens (ms)")
+]
 
 POLICY_NAMES = ("vllm", "paper", "paper-production", "sglang", "fixed", "threshold")
 
@@ -121,6 +137,13 @@ def print_summary(s: dict):
         f"cluster  : {s['setup']['nodes']} node(s), {s['setup']['replicas']} replica(s), "
         f"{s['setup']['gpus']} GPUs; method {s['setup']['spec']['method']} k={s['setup']['spec']['k']}"
     )
+    eng = s["setup"].get("engine") or {}
+    if eng.get("kv_role") == "kv_consumer":
+        typer.echo(
+            "engine   : disaggregated decode instances (kv_role kv_consumer): prompts' KV arrives computed; "
+            f"assumed prefill + transfer delay {eng['remote_prefill_ms']:g} ms + "
+            f"{eng['remote_prefill_ms_per_ktok']:g} ms per 1000 prompt tokens, in TTFT"
+        )
     typer.echo(
         f"completed {s['requests_completed']}/{s['requests_total']} requests in {s['sim_time_s']:.1f} s "
         f"simulated ({s['wall_time_s']:.2f} s wall, {s['steps']} steps)"
@@ -192,6 +215,9 @@ def simulate(
     ),
     prefix_caching: bool = typer.Option(False, "--prefix-caching/--no-prefix-caching"),
     async_scheduling: bool = typer.Option(False, "--async-scheduling/--no-async-scheduling"),
+    disaggregated: DisaggregatedOpt = False,
+    remote_prefill_ms: RemotePrefillMsOpt = 0.0,
+    remote_prefill_ms_per_ktok: RemotePrefillPerKtokOpt = 0.0,
     slo: Optional[str] = typer.Option(None, help="per-request SLOs for goodput, e.g. ttft=500ms,tpot=20ms"),
     seed: int = typer.Option(0),
     out: Optional[str] = typer.Option(None, help="write summary.json, requests.parquet, steps.parquet here"),
@@ -243,6 +269,7 @@ def simulate(
             enable_prefix_caching=prefix_caching,
             async_scheduling=async_scheduling,
             record_shapes=step_log is not None,
+            **disaggregation(disaggregated, remote_prefill_ms, remote_prefill_ms_per_ktok),
         )
         slo_d = None
         if slo:

@@ -53,6 +53,22 @@ class EngineConfig:
     async_scheduling: bool = False  # overlap CPU scheduling with the GPU step
     max_window: int = 32  # decode steps simulated at once
     record_shapes: bool = False  # keep each step's (query tokens, context) per request
+    # Prefill/decode disaggregation, in vLLM's words (kv_transfer_config.kv_role; DeepSeek-V3
+    # report Sec. 3.4). None: prefill runs on these GPUs. "kv_consumer": a decode instance; a
+    # request arrives with its prompt's KV computed elsewhere and transferred, so its first step
+    # computes only the last prompt token (as vLLM's scheduler does on a full external KV hit, to
+    # sample the first output token) while attention reads, and KV blocks hold, the whole prompt.
+    # Before it reaches the decode instance a request spends remote_prefill_ms + its prompt's
+    # thousands of tokens x remote_prefill_ms_per_ktok on the prefill instance and the transfer
+    # (an assumption, 0 by default; no queueing there: the prefill fleet is taken as sized for the
+    # load). TTFT stays first token - arrival at the service, so it includes that delay.
+    kv_role: str | None = None
+    remote_prefill_ms: float = 0.0
+    remote_prefill_ms_per_ktok: float = 0.0
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.kv_role == "kv_consumer"
 
 
 @dataclass(frozen=True)
@@ -273,6 +289,8 @@ class Replica:
         self.pre: list = []  # request ids prefilling, in queue order
         self.admit_seq = 0
         self.waiting: deque = deque()
+        self.in_transit = 0  # disaggregated: requests still on the prefill instance or in transfer
+        self._kv_consumer = cfg.disaggregated
         self.kv_dec = 0  # sum of the decode slots' KV tokens
         # The smallest output any decode slot still has to emit (exact after each commit, a
         # lower bound after admissions): no completion check is needed while it stays positive.
@@ -344,7 +362,7 @@ class Replica:
     # ---- interface used by the router -------------------------------------------------------
     @property
     def outstanding(self) -> int:
-        return self.n + len(self.pre) + len(self.waiting)
+        return self.n + len(self.pre) + len(self.waiting) + self.in_transit
 
     def submit(self, rid: int) -> None:
         R = self.R
@@ -357,8 +375,19 @@ class Replica:
                 f"need {need} KV blocks, the cache holds {self.total_blocks} "
                 f"(profile memory.kv_cache_gib)"
             )
-        self.waiting.append(rid)
         self.R.replica[rid] = self.idx
+        cfg = self.cfg
+        if self._kv_consumer and (cfg.remote_prefill_ms > 0 or cfg.remote_prefill_ms_per_ktok > 0):
+            delay_ms = cfg.remote_prefill_ms + cfg.remote_prefill_ms_per_ktok * R.prompt_l[rid] / 1000.0
+            self.in_transit += 1
+            self.env.timeout(delay_ms / 1000.0).callbacks.append(lambda _, rid=rid: self._arrive(rid, True))
+            return
+        self._arrive(rid, False)
+
+    def _arrive(self, rid: int, transit: bool) -> None:
+        """rid joins the waiting queue (for a decode instance: its prompt's KV has arrived)."""
+        self.in_transit -= transit
+        self.waiting.append(rid)
         if not self.wake.triggered:
             self.wake.succeed()
 
@@ -514,6 +543,10 @@ class Replica:
                 rid = self.waiting[0]
                 # (also on re-admission after a preemption: its computed blocks stay cached)
                 comp = hit = self._prefix_hit_tokens(rid)
+                if self._kv_consumer and R.generated[rid] == 0:
+                    # the prompt's KV came from the prefill instance: only its last token is
+                    # computed here (a request preempted after its first token recomputes locally)
+                    comp = max(comp, R.prompt_l[rid] - 1)
                 todo = int(R.prompt_l[rid] + R.generated[rid]) - comp
                 c = min(todo, left, thr) if thr > 0 else min(todo, left)
                 blocks = -(-(comp + c) // KV_BLOCK_TOKENS)

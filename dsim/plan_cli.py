@@ -11,12 +11,15 @@ from typing import Annotated, Optional
 import typer
 
 from dsim.cli import (
+    DisaggregatedOpt,
     FormatOpt,
     GpusPerNodeOpt,
     MixOpt,
     ProfileOpt,
     RateOpt,
     RateScaleOpt,
+    RemotePrefillMsOpt,
+    RemotePrefillPerKtokOpt,
     RequestsOpt,
     TraceOpt,
     WindowOpt,
@@ -27,7 +30,7 @@ from dsim.cli import (
     run_guarded,
 )
 from dsim.errors import InputError
-from dsim.scenario import build_workload, method_spec
+from dsim.scenario import build_workload, engine_config, method_spec
 
 # The embedded default trace (600 requests, ~6 req/s) is light for an 8-GPU node of a
 # DeepSeek-V4-class model; the default plan scenario replays it at this arrival-rate multiplier
@@ -206,6 +209,18 @@ def resolve_scenario(
     return profile, rate_scale, notes
 
 
+def engine_notes(eng) -> list:
+    """What the engine mode assumes, for the printed output (nothing for the default engine)."""
+    if eng is None or not eng.disaggregated:
+        return []
+    return [
+        "decode instances of a prefill/decode-disaggregated deployment (kv_role kv_consumer): prompts' KV "
+        "arrives computed, each request's first step computes its last prompt token; assumed prefill + "
+        f"transfer delay {eng.remote_prefill_ms:g} ms + {eng.remote_prefill_ms_per_ktok:g} ms per 1000 prompt "
+        "tokens, counted in TTFT"
+    ]
+
+
 # ---- plan -----------------------------------------------------------------------------------
 
 
@@ -236,6 +251,9 @@ def plan(
     as_json: bool = typer.Option(False, "--json"),
     executor: ExecutorOpt = "local",
     ray_address: RayAddressOpt = None,
+    disaggregated: DisaggregatedOpt = False,
+    remote_prefill_ms: RemotePrefillMsOpt = 0.0,
+    remote_prefill_ms_per_ktok: RemotePrefillPerKtokOpt = 0.0,
 ):
     """Fewest nodes per method that meet an SLA on a fixed open-loop trace, and what they cost.
 
@@ -265,6 +283,7 @@ def plan(
         as_json,
         executor,
         ray_address,
+        (disaggregated, remote_prefill_ms, remote_prefill_ms_per_ktok),
     )
     if rc:
         raise typer.Exit(rc)
@@ -292,6 +311,7 @@ def _plan(
     as_json,
     executor="local",
     ray_address=None,
+    disagg=(False, 0.0, 0.0),
 ):
     from dsim import plan as P
     from dsim.cost import load_profile
@@ -301,9 +321,11 @@ def _plan(
     check_executor(executor, ray_address)
     slos = P.parse_sla(sla)
     seed_list = parse_seeds(seeds)
+    eng = engine_config(*disagg)
     check_common(max_nodes=max_nodes, gpus_per_node=gpus_per_node, jobs=jobs)
     check_mix(mix)
     profile, rate_scale, notes = resolve_scenario(scenario, trace, profile, rate, rate_scale)
+    notes += engine_notes(eng)
     specs = parse_methods(methods)
     prof = load_profile(profile)
     wls = {s: build_workload(trace, format, requests, window, rate, rate_scale, None, mix, s) for s in seed_list}
@@ -325,6 +347,7 @@ def _plan(
             executor=executor,
             ray_address=ray_address,
             progress_bar=bar,
+            engine=eng,
         )
     if as_json:
         typer.echo(json.dumps(res, sort_keys=True, default=_json_default))
@@ -368,6 +391,9 @@ def sweep(
     ray_address: RayAddressOpt = None,
     user_sla: UserSlaOpt = None,
     per_gpu: PerGpuOpt = False,
+    disaggregated: DisaggregatedOpt = False,
+    remote_prefill_ms: RemotePrefillMsOpt = 0.0,
+    remote_prefill_ms_per_ktok: RemotePrefillPerKtokOpt = 0.0,
 ):
     """Closed-loop concurrency sweep: throughput per GPU vs per-user speed (frontier), Fig. 8 curves."""
 
@@ -382,6 +408,7 @@ def sweep(
         check_executor(executor, ray_address)
         conc = parse_int_list(concurrency, "--concurrency")
         specs = parse_methods(methods)
+        eng = engine_config(disaggregated, remote_prefill_ms, remote_prefill_ms_per_ktok)
         slas = F.parse_user_sla(user_sla) if user_sla is not None else None
         check_int(min_requests, "--min-requests", 1, 10_000_000)
         check_int(requests_per_user, "--requests-per-user", 1, 1_000_000)
@@ -409,6 +436,7 @@ def sweep(
                     executor=executor,
                     ray_address=ray_address,
                     progress_bar=bar,
+                    engine=eng,
                 )
             written = S.write_sweep(df, tmp)
             comp_text, comp_files = _paper_comparison(df, list(specs), slas, prof, tmp)
@@ -418,6 +446,8 @@ def sweep(
             typer.echo(comp_text)
         typer.echo(f"workload: {base.source}")
         typer.echo(f"profile : {prof.label}")
+        for line in engine_notes(eng):
+            typer.echo(f"engine  : {line}")
         typer.echo("wrote " + ", ".join(str(f) for f in files))
 
     run_guarded(go)
@@ -477,6 +507,9 @@ def ab(
     ray_address: RayAddressOpt = None,
     user_sla: UserSlaOpt = None,
     per_gpu: PerGpuOpt = False,
+    disaggregated: DisaggregatedOpt = False,
+    remote_prefill_ms: RemotePrefillMsOpt = 0.0,
+    remote_prefill_ms_per_ktok: RemotePrefillPerKtokOpt = 0.0,
 ):
     """Side-by-side report of method A vs B: SLA node counts, latency CDFs, frontier, per class, sensitivity."""
 
@@ -494,12 +527,14 @@ def ab(
         seed_list = parse_seeds(seeds)
         conc = parse_int_list(concurrency, "--concurrency")
         slas_u = F.parse_user_sla(user_sla) if user_sla is not None else None
+        eng = engine_config(disaggregated, remote_prefill_ms, remote_prefill_ms_per_ktok)
         check_int(min_requests, "--min-requests", 1, 10_000_000)
         check_int(requests_per_user, "--requests-per-user", 1, 1_000_000)
         check_common(max_nodes=max_nodes, gpus_per_node=gpus_per_node, jobs=jobs)
         check_mix(mix)
         check_out_targets(out)
         prof_name, rs, notes = resolve_scenario(scenario, trace, profile, rate, rate_scale)
+        notes += engine_notes(eng)
         sa, sb = method_spec(a, what="--a"), method_spec(b, what="--b")
         prof = load_profile(prof_name)
         if per_gpu:
@@ -538,6 +573,7 @@ def ab(
                     ray_address=ray_address,
                     progress_bar=bar,
                     user_sla=slas_u,
+                    engine=eng,
                 )
             files = [final_path(tmp, out, f) for f in files]
         typer.echo("wrote " + ", ".join(str(f) for f in files))

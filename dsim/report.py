@@ -208,9 +208,11 @@ def ab_report(
     ray_address: str | None = None,
     progress_bar: Any = None,
     user_sla: Sequence[float] | None = None,
+    engine: Any = None,
 ) -> list[Path]:
     """Run everything and write the report into `out`; returns the list of files written.
-    executor / ray_address: where the simulations run (dsim.executor); progress_bar: dsim.progress."""
+    executor / ray_address: where the simulations run (dsim.executor); progress_bar: dsim.progress;
+    engine: a dsim.engine.EngineConfig for every run (default: vLLM's defaults)."""
     from dsim import plan as P
     from dsim import sweep as S
     from dsim.workload import assign_classes
@@ -234,7 +236,7 @@ def ab_report(
     with P.Runner(jobs, executor, ray_address, progress_bar) as runner:
         # 1. the plan
         def point(name: str, n: int, s: int) -> P.Point:
-            return P.Point(workloads[s], profile, specs[name], n, s, gpus_per_node, tag=name)
+            return P.Point(workloads[s], profile, specs[name], n, s, gpus_per_node, engine=engine, tag=name)
 
         outs = P.search_nodes(point, searches, runner, slos)
         pres = {}
@@ -256,7 +258,10 @@ def ab_report(
         keep = ("ttft_ms", "tpot_ms", "class")
         f_ol = {
             n: runner.submit(
-                P.run_point, P.Point(w0, profile, specs[n], fleet, seeds[0], gpus_per_node, tag=n), slos, keep
+                P.run_point,
+                P.Point(w0, profile, specs[n], fleet, seeds[0], gpus_per_node, engine=engine, tag=n),
+                slos,
+                keep,
             )
             for n in specs
         }
@@ -265,7 +270,9 @@ def ab_report(
             wm = assign_classes(w0, m, seeds[0])
             for n in specs:
                 f_mix[(m, n)] = runner.submit(
-                    P.run_point, P.Point(wm, profile, specs[n], fleet, seeds[0], gpus_per_node, tag=(m, n)), slos
+                    P.run_point,
+                    P.Point(wm, profile, specs[n], fleet, seeds[0], gpus_per_node, engine=engine, tag=(m, n)),
+                    slos,
                 )
         df = S.sweep(
             w0,
@@ -277,6 +284,7 @@ def ab_report(
             gpus_per_node=gpus_per_node,
             seed=seeds[0],
             runner=runner,
+            engine=engine,
         )
         ol = {n: f.result() for n, f in f_ol.items()}
         mixr = {k: f.result() for k, f in f_mix.items()}

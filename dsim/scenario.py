@@ -11,10 +11,47 @@ from typing import TYPE_CHECKING, Any
 from dsim.errors import InputError
 
 if TYPE_CHECKING:  # imported where used: the command line starts without pandas and simpy
+    from dsim.engine import EngineConfig
     from dsim.sim import SpecConfig
     from dsim.workload import Workload
 
 METHODS = ("none", "mtp", "eagle3", "block", "dspark")
+
+
+def disaggregation(
+    disaggregated: bool, remote_prefill_ms: float = 0.0, remote_prefill_ms_per_ktok: float = 0.0
+) -> dict:
+    """The EngineConfig fields of --disaggregated and its delays (dsim.engine.EngineConfig.kv_role):
+    {} for a colocated engine. A delay without --disaggregated, or a negative or non-finite one,
+    is an InputError."""
+    for v, what in (
+        (remote_prefill_ms, "--remote-prefill-ms"),
+        (remote_prefill_ms_per_ktok, "--remote-prefill-ms-per-ktok"),
+    ):
+        if not (math.isfinite(v) and v >= 0):
+            raise InputError(f"{what}: must be a finite number of ms >= 0, got {v}")
+        if v and not disaggregated:
+            raise InputError(f"{what}: applies only with --disaggregated")
+    if not disaggregated:
+        return {}
+    return {
+        "kv_role": "kv_consumer",
+        "remote_prefill_ms": float(remote_prefill_ms),
+        "remote_prefill_ms_per_ktok": float(remote_prefill_ms_per_ktok),
+    }
+
+
+def engine_config(
+    disaggregated: bool, remote_prefill_ms: float = 0.0, remote_prefill_ms_per_ktok: float = 0.0
+) -> EngineConfig | None:
+    """The EngineConfig of plan / sweep / ab: vLLM's defaults, disaggregated as asked; None for
+    the default engine (so that every point runs with the callers' default)."""
+    fields = disaggregation(disaggregated, remote_prefill_ms, remote_prefill_ms_per_ktok)
+    if not fields:
+        return None
+    from dsim.engine import EngineConfig
+
+    return EngineConfig(**fields)
 
 
 def build_workload(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,8 @@ MAX_NODES = 4096  # the largest fleets of the public serving reports are ~1000 n
 MAX_GPUS_PER_NODE = 72  # an NVL72 rack is the largest one-node NVLink domain sold
 MAX_NUM_SEQS = 1 << 20
 MAX_NUM_BATCHED_TOKENS = 1 << 24
+KV_ROLES = (None, "kv_consumer")  # colocated prefill; a disaggregated decode instance
+MAX_REMOTE_PREFILL_MS = 3.6e6  # an hour: anything longer is a unit mistake
 
 
 def _check(cfg: SimConfig):
@@ -86,6 +89,20 @@ def _check(cfg: SimConfig):
     e = cfg.engine
     int_in(e.max_num_seqs, 1, MAX_NUM_SEQS, "--max-num-seqs")
     int_in(e.max_num_batched_tokens, 1, MAX_NUM_BATCHED_TOKENS, "--max-num-batched-tokens")
+    if e.kv_role not in KV_ROLES:
+        raise InputError(f"kv_role: must be one of {', '.join(map(str, KV_ROLES))}, got {e.kv_role!r}")
+    for v, what in (
+        (e.remote_prefill_ms, "--remote-prefill-ms"),
+        (e.remote_prefill_ms_per_ktok, "--remote-prefill-ms-per-ktok"),
+    ):
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, (int, float))
+            or not (math.isfinite(v) and 0 <= v <= MAX_REMOTE_PREFILL_MS)
+        ):
+            raise InputError(f"{what}: must be a number in 0..{MAX_REMOTE_PREFILL_MS:g} ms, got {v}")
+        if v and not e.disaggregated:
+            raise InputError(f"{what}: applies to a disaggregated decode instance only (--disaggregated)")
     if cfg.profile.gpus_per_replica > cfg.gpus_per_node:
         raise InputError(
             f"profile {cfg.profile.name}: needs {cfg.profile.gpus_per_replica} GPUs per replica, "
