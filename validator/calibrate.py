@@ -47,7 +47,7 @@ import yaml
 
 from dsim.cost import CostModel, Table, load_profile, save_profile
 from dsim.errors import InputError
-from validator import measure, stepfit
+from validator import acceptance, measure, noise, stepfit
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -166,6 +166,11 @@ def overhead_table(ms: Sequence[measure.Measurement]) -> dict | None:
     }
 
 
+def _mean_output(ms: Sequence[measure.Measurement]) -> float | None:
+    n = [r.get("output_tokens") or 0 for m in ms for r in m.ok_requests]
+    return round(float(np.mean(n)), 3) if n else None
+
+
 def shape_of(m: measure.Measurement) -> tuple:
     """(mean prompt tokens, mean max tokens) of a run's requests, rounded: its shape."""
     reqs = m.requests
@@ -236,6 +241,11 @@ def calibrate(
             "drafted_fraction": acc["drafted_fraction"],
             "mean_draft_tokens": acc["mean_draft_tokens"],
             "trimmed_drafts": acc["trimmed_drafts"],
+            # tokens per step along the output (chunk streams) and whether identical requests did
+            # identical things: validator.acceptance
+            "by_output_position": acceptance.output_position_table(raw),
+            "calibrated_output_tokens": _mean_output(raw),
+            **(acceptance.determinism(raw) or {"deterministic": False}),
             "counters": {
                 k: tot[k]
                 for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos", "decode_steps")
@@ -323,6 +333,7 @@ def calibrate(
             cpu_overhead_ms=float(c),
             prefill_discount_ms_per_ktok=base.prefill_discount_ms_per_ktok * s,
             prefill_attn_ms_per_mpair=base.prefill_attn_ms_per_mpair * s,
+            prefill_ms_per_chunk=base.prefill_ms_per_chunk * s,
             extra={k: v for k, v in base.extra.items() if k != "validator"},
         )
         fit = {
@@ -347,6 +358,7 @@ def calibrate(
             fit["cpu_overhead_ms"]
             + fit["ms_per_token"] * p["n"]
             + fit["ms_per_request"] * p["b"]
+            + fit["ms_per_prefill"] * (p.get("prefills") or 0.0)
             + fit["kv_ms_per_ktok"] * p.get("kv", 0.0) / 1000.0
         )
     for p in pts:
@@ -372,6 +384,22 @@ def calibrate(
         **({"overhead_table": base_table} if base_table else {}),
         "spec_emulation": "block" if K else "none",
         "fit": fit,
+        # step-time variability, measured on the calibration runs: `check` draws each simulated
+        # request's TPOT factor from tpot_dispersion (validator.noise.apply_dispersion)
+        **(
+            {
+                "tpot_dispersion": dict(
+                    disp, source=f"per-request TPOT / run median TPOT of {', '.join(Path(f).name for f in files)}"
+                )
+            }
+            if (disp := noise.tpot_dispersion(raw))
+            else {}
+        ),
+        **(
+            {"step_time": dict(st, source="server ITL histogram of the calibration runs")}
+            if (st := noise.step_time_distribution(ms[0].stats())) and len(ms) == 1
+            else {}
+        ),
         "points": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in p.items()} for p in pts],
     }
     prof = dataclasses.replace(prof, extra=extra)

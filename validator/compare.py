@@ -114,7 +114,12 @@ def simulate_measurement(
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
     seed: int = 0,
+    dispersion: bool = True,
 ) -> dict:
+    """dsim's prediction for the measured workload. The acceptance file's output-position table
+    adapts its curve to the workload's output length, a deterministic drafter is simulated without
+    acceptance noise, and the profile's measured TPOT dispersion (``dispersion``) gives the
+    requests their jitter; ``_notes`` says which applied."""
     from dsim.sim import EngineConfig, SimConfig, SpecConfig, simulate
 
     prof = load_profile(profile) if isinstance(profile, str) else profile
@@ -132,9 +137,19 @@ def simulate_measurement(
             k = int(doc["k"])
     if k is None:
         k = ((m.header.get("spec") or {}).get("k")) or (m.stats().get("spec") or {}).get("k") or 0
+    notes: list = []
     if k:
         prof = stepfit.zero_block_draft(prof)
-        spec = SpecConfig(method="block", k=int(k), acceptance=acceptance or "const:0.6")
+        acc_arg = acceptance or "const:0.6"
+        sigma: dict[str, Any] = {}
+        if isinstance(doc, dict):
+            acc_arg = _acceptance_for(doc, w, acc_arg, notes)
+            if doc.get("deterministic"):
+                # identical requests did identical things on the server: no per-request or
+                # per-step acceptance noise (validator.acceptance)
+                sigma = {"sigma_request": 0.0, "sigma_step": 0.0}
+                notes.append("deterministic drafting: sigma_request = sigma_step = 0")
+        spec = SpecConfig(method="block", k=int(k), acceptance=acc_arg, **sigma)
     else:
         spec = SpecConfig(method="none")
     eng = m.header.get("engine") or {}
@@ -157,8 +172,17 @@ def simulate_measurement(
     )
     res = simulate(cfg)
     s = dict(res.summary)
-    s["_engine"] = {k: res.summary.get(k) for k in LAT + ("output_tok_s",)}
     v = (prof.extra or {}).get("validator") or {}
+    if v.get("tpot_dispersion") and dispersion:
+        # step-time variability: each request's TPOT drawn from the measured dispersion
+        from dsim.metrics import dist
+
+        req = noise.apply_dispersion(res.requests, v["tpot_dispersion"], seed)
+        done = req[req["completed"]]
+        s["tpot_ms"], s["e2e_ms"] = dist(done["tpot_ms"].dropna()), dist(done["e2e_ms"])
+        notes.append("TPOT per request drawn from the measured dispersion (validator.noise.apply_dispersion)")
+    s["_engine"] = {k: s.get(k) for k in LAT + ("output_tok_s",)}
+    s["_notes"] = notes
     over = float(v.get("request_overhead_ms") or 0.0)
     over_ft = float(v.get("first_token_overhead_ms", over) or 0.0)
     table = v.get("overhead_table")
@@ -183,6 +207,22 @@ def simulate_measurement(
     s["_spec_k"] = k
     s["_drafted_fraction"] = doc.get("drafted_fraction") if isinstance(doc, dict) else None
     return s
+
+
+def _acceptance_for(doc: dict, w, acc_arg: str, notes: list) -> str:
+    """The calibrated curve adapted to the workload's mean output length (its output-position
+    table, validator.acceptance.curve_for_output); ``acc_arg`` unchanged without a table."""
+    from validator import acceptance as A
+
+    table, cal_len = doc.get("by_output_position"), doc.get("calibrated_output_tokens")
+    curve = ((doc.get("classes") or {}).get("default")) or None
+    if not (table and cal_len and curve):
+        return acc_arg
+    target = float(np.mean(w.output_tokens))
+    new = A.curve_for_output(curve, table, cal_len, target)
+    if abs(target - cal_len) > 0.5:
+        notes.append(f"acceptance curve for output {target:.0f} tokens (calibrated at {cal_len:.0f}): {new}")
+    return "default=" + ",".join(f"{x:.6f}" for x in new)
 
 
 def _mean_streams(req) -> float | None:

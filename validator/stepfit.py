@@ -235,11 +235,12 @@ def server_points(m: Measurement, k: int) -> list[dict]:
     return pts
 
 
-TERMS = ("cpu_overhead_ms", "ms_per_token", "ms_per_request", "kv_ms_per_ktok")
+TERMS = ("cpu_overhead_ms", "ms_per_token", "ms_per_request", "ms_per_prefill", "kv_ms_per_ktok")
 # What to measure when a term cannot be told apart from the others (profile-server --shape).
 _HOW = {
     "ms_per_token": "vary the tokens per step at a fixed number of requests (e.g. --shape 256:16, a longer prompt)",
     "ms_per_request": "vary the requests per step at fixed tokens (several concurrencies and a longer prompt)",
+    "ms_per_prefill": "points whose steps carry prompts and points whose steps do not (prefill and decode points)",
     "kv_ms_per_ktok": "vary the context at a fixed batch (e.g. --shape 256:128, a longer prompt and output)",
     "cpu_overhead_ms": "points at more than one step size",
 }
@@ -247,7 +248,9 @@ COLLINEAR = 0.05  # a term whose column is within 5% of the others' span is not 
 
 
 def _columns(points: list[dict]) -> np.ndarray:
-    return np.array([[1.0, p["n"], p["b"], p.get("kv", 0.0) / 1000.0] for p in points], dtype=float)
+    return np.array(
+        [[1.0, p["n"], p["b"], p.get("prefills", 0.0) or 0.0, p.get("kv", 0.0) / 1000.0] for p in points], dtype=float
+    )
 
 
 def identifiable(X: np.ndarray, keep: list[int], j: int) -> float:
@@ -266,10 +269,11 @@ def identifiable(X: np.ndarray, keep: list[int], j: int) -> float:
 
 
 def fit_cost(points: list[dict], terms: tuple = TERMS) -> dict:
-    """Non-negative least squares of step_ms = c + t n + d b + kv x context/1000 over the points
-    (relative errors): c per-step CPU overhead, t per scheduled token (forward), d per sampling
-    request (ngram proposal, rejection sampling: CPU work per request), kv per thousand context
-    tokens read. A term the points cannot tell apart from the others (its column within 5% of
+    """Non-negative least squares of step_ms = c + t n + d b + e prefills + kv x context/1000 over
+    the points (relative errors): c per-step CPU overhead, t per scheduled token (forward), d per
+    sampling request (ngram proposal, rejection sampling: CPU work per request), e per prompt in
+    the step (work that does not scale with its tokens: on the CPU test server a prefill step
+    tracked its prompts more than its tokens), kv per thousand context tokens read. A term the points cannot tell apart from the others (its column within 5% of
     their span: e.g. a concurrency sweep at one shape raises tokens and requests together) is
     left out (0) with a warning saying what to measure; ``determined`` is true when all the
     asked terms were identified. Residuals per point are in ``residuals`` (relative)."""
@@ -364,6 +368,7 @@ def linear_profile(
         [d * n for n in REQ_GRID],
         extra,
         kv_ms_per_ktok=float(fit.get("kv_ms_per_ktok") or 0.0),
+        prefill_ms_per_chunk=float(fit.get("ms_per_prefill") or 0.0),
     )
 
 
@@ -380,6 +385,7 @@ def _cpu_profile(
     draft_ms,
     extra,
     kv_ms_per_ktok: float = 0.0,
+    prefill_ms_per_chunk: float = 0.0,
 ) -> Profile:
     """A profile of a CPU server (no CUDA graphs: capture_sizes [1]), its provenance completed with
     dsim's required fields, and the emulating method's draft table."""
@@ -404,6 +410,8 @@ def _cpu_profile(
         "kv_ms_per_ktok": round(float(kv_ms_per_ktok), 6),
         "draft": {"block": {"requests": list(draft_requests), "ms": [round(float(v), 5) for v in draft_ms]}},
     }
+    if prefill_ms_per_chunk:
+        d_["prefill_terms"] = {"ms_per_chunk": round(float(prefill_ms_per_chunk), 5)}
     if extra:
         d_.update(extra)
     return profile_from_dict(d_, f"<{name}>")
@@ -444,6 +452,7 @@ def measured_profile(
     """
     c = float(fit["cpu_overhead_ms"])
     d = float(fit.get("ms_per_request") or 0.0)
+    e = float(fit.get("ms_per_prefill") or 0.0)
     kv = float(fit.get("kv_ms_per_ktok") or 0.0) / 1000.0
     dec = sorted((p for p in points if p["kind"].startswith("decode")), key=lambda p: p["n"])
     if not dec:
@@ -451,7 +460,7 @@ def measured_profile(
     c = min(c, 0.9 * min(p["step_ms"] for p in dec))
 
     def own(p: dict) -> float:  # the point's forward part: step minus overhead, requests, context
-        return max(p["step_ms"] - c - d * p["b"] - kv * p.get("kv", 0.0), 0.0)
+        return max(p["step_ms"] - c - d * p["b"] - e * (p.get("prefills") or 0.0) - kv * p.get("kv", 0.0), 0.0)
 
     acc: dict = {}
     for p in dec:
@@ -480,4 +489,5 @@ def measured_profile(
         [d * r for r in REQ_GRID],
         extra,
         kv_ms_per_ktok=kv * 1000.0,
+        prefill_ms_per_chunk=e,
     )
