@@ -14,8 +14,10 @@ The table is priced for decode/verify tokens (every one gets an LM-head row). A 
 two per-step terms for prefill chunks (``prefill_terms``, fitted on measured steps that mix
 decodes and prompts): a prompt token costs ``discount_ms_per_ktok`` / 1000 less (no LM-head row, no
 decode-path per-row work), and a chunk of q tokens over c cached ones adds its causal attention,
-``attention_ms_per_mpair`` per million query-key pairs q (c + q / 2). ``prefill_ms(chunks)`` gives
-that per-step correction; both are 0 unless the profile says otherwise.
+``attention_ms_per_mpair`` per million query-key pairs q (c + q / 2), and each chunk adds
+``ms_per_chunk`` (work per prompt in a step that does not scale with its tokens, measured on CPU
+servers). ``prefill_ms(chunks)`` gives that per-step correction; all are 0 unless the profile says
+otherwise.
 
 Preconditions: n_tokens >= 1, kv_tokens >= 0. Postcondition: step_ms is non-decreasing in both.
 """
@@ -69,6 +71,7 @@ class Profile:
     draft: dict = field(default_factory=dict)  # kind -> Table keyed by request count
     prefill_discount_ms_per_ktok: float = 0.0  # prefill_terms.discount_ms_per_ktok (see module doc)
     prefill_attn_ms_per_mpair: float = 0.0  # prefill_terms.attention_ms_per_mpair
+    prefill_ms_per_chunk: float = 0.0  # prefill_terms.ms_per_chunk
     source_path: str = ""
     extra: dict = field(default_factory=dict)  # other keys kept for provenance (fit errors...)
     max_model_len: int | None = None  # longest prompt + output (None: not limited)
@@ -151,7 +154,7 @@ def profile_from_dict(d: dict, path: str = "<profile>", doc: Doc | None = None) 
         max_len = S.integer(d["max_model_len"], doc, "max_model_len", lo=1, hi=MAX_MODEL_LEN)
     elif prov.get("max_model_len") is not None:
         max_len = S.integer(prov["max_model_len"], doc, "provenance", "max_model_len", lo=1, hi=MAX_MODEL_LEN)
-    disc, attn = _prefill_terms(d.get("prefill_terms"), doc)
+    disc, attn, per_chunk = _prefill_terms(d.get("prefill_terms"), doc)
     # A prompt token's discount cannot exceed what the table charges a token: at every size the
     # forward cost must cover n discounted tokens (else a prefill step would cost less than nothing).
     bad = np.flatnonzero(fwd.ms < disc * fwd.x / 1000.0 - 1e-9)
@@ -185,23 +188,27 @@ def profile_from_dict(d: dict, path: str = "<profile>", doc: Doc | None = None) 
         draft=draft,
         prefill_discount_ms_per_ktok=disc,
         prefill_attn_ms_per_mpair=attn,
+        prefill_ms_per_chunk=per_chunk,
         source_path=str(path),
         extra={k: v for k, v in d.items() if k not in known},
         max_model_len=max_len,
     )
 
 
-def _prefill_terms(raw, doc) -> tuple[float, float]:
+PREFILL_KEYS = ("discount_ms_per_ktok", "attention_ms_per_mpair", "ms_per_chunk")
+
+
+def _prefill_terms(raw, doc) -> tuple[float, float, float]:
     from dsim import schema as S
 
     if raw is None:
-        return 0.0, 0.0
-    if not isinstance(raw, dict) or set(raw) - {"discount_ms_per_ktok", "attention_ms_per_mpair"}:
-        raise InputError(f"{doc.at('prefill_terms')}: a mapping of discount_ms_per_ktok and attention_ms_per_mpair")
-    return tuple(
-        S.number(raw.get(key, 0.0), doc, "prefill_terms", key, lo=0, hi=MAX_COST_MS)
-        for key in ("discount_ms_per_ktok", "attention_ms_per_mpair")
+        return 0.0, 0.0, 0.0
+    if not isinstance(raw, dict) or set(raw) - set(PREFILL_KEYS):
+        raise InputError(f"{doc.at('prefill_terms')}: a mapping of {', '.join(PREFILL_KEYS)}")
+    disc, attn, chunk = (
+        S.number(raw.get(key, 0.0), doc, "prefill_terms", key, lo=0, hi=MAX_COST_MS) for key in PREFILL_KEYS
     )
+    return disc, attn, chunk
 
 
 def profile_to_dict(p: Profile) -> dict:
@@ -216,11 +223,13 @@ def profile_to_dict(p: Profile) -> dict:
     }
     if p.max_model_len is not None:
         d["max_model_len"] = int(p.max_model_len)
-    if p.prefill_discount_ms_per_ktok or p.prefill_attn_ms_per_mpair:
+    if p.prefill_discount_ms_per_ktok or p.prefill_attn_ms_per_mpair or p.prefill_ms_per_chunk:
         d["prefill_terms"] = {
             "discount_ms_per_ktok": float(p.prefill_discount_ms_per_ktok),
             "attention_ms_per_mpair": float(p.prefill_attn_ms_per_mpair),
         }
+        if p.prefill_ms_per_chunk:
+            d["prefill_terms"]["ms_per_chunk"] = float(p.prefill_ms_per_chunk)
     if p.draft:
         d["draft"] = {
             k: {"requests": [int(x) for x in t.x], "ms": [round(float(v), 5) for v in t.ms]} for k, t in p.draft.items()
@@ -299,7 +308,10 @@ class CostModel:
         self.cpu_overhead_ms = profile.cpu_overhead_ms
         self.prefill_discount_ms_per_tok = profile.prefill_discount_ms_per_ktok * cost_scale / 1000.0
         self.prefill_attn_ms_per_pair = profile.prefill_attn_ms_per_mpair * cost_scale / 1e6
-        self.has_prefill_terms = bool(self.prefill_discount_ms_per_tok or self.prefill_attn_ms_per_pair)
+        self.prefill_ms_per_chunk = profile.prefill_ms_per_chunk * cost_scale
+        self.has_prefill_terms = bool(
+            self.prefill_discount_ms_per_tok or self.prefill_attn_ms_per_pair or self.prefill_ms_per_chunk
+        )
         # Dense lookup up to the limit: the next profiled size at or above n (graph padding).
         n = np.arange(self.limit + 1)
         idx = np.searchsorted(x, np.maximum(n, 1), side="left")
@@ -336,13 +348,13 @@ class CostModel:
     def prefill_ms(self, chunks: Any) -> float:
         """What a step's prefill chunks add to step_ms (which prices every token as a decode
         token): for each (q, c), q new prompt tokens over c cached ones, -discount x q + attention
-        x q (c + q / 2). 0 without prefill terms. Postcondition: step_ms + prefill_ms >= 0 for the
+        x q (c + q / 2) + ms_per_chunk. 0 without prefill terms. Postcondition: step_ms + prefill_ms >= 0 for the
         chunks of any step (the table covers the discount at every profiled size, checked by
         profile_from_dict, and past the table its last slope does, checked here on construction)."""
         if not self.has_prefill_terms:
             return 0.0
-        d, a = self.prefill_discount_ms_per_tok, self.prefill_attn_ms_per_pair
-        return sum(q * (a * (c + 0.5 * q) - d) for q, c in chunks)
+        d, a, e = self.prefill_discount_ms_per_tok, self.prefill_attn_ms_per_pair, self.prefill_ms_per_chunk
+        return sum(q * (a * (c + 0.5 * q) - d) + e for q, c in chunks)
 
     def forward_ms(self, n_tokens: Any) -> Any:
         """Target forward cost of n tokens at zero context (scalar or array)."""

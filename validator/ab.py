@@ -3,10 +3,11 @@ measured A vs B (and predicted, when profiles are given) in Markdown and JSON.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
-from validator import compare, driver, measure, server, traces
+from validator import compare, driver, launch, measure, server, traces
 
 KEYS = (
     ("tpot_ms_p50", "TPOT p50 ms"),
@@ -17,11 +18,11 @@ KEYS = (
 
 
 def _side(tag, cmd, url, out: Path, plan, concurrencies, health_timeout_s, request_timeout_s) -> dict:
-    log = out / f"server-{tag}.log"
-    proc = server.start(cmd, log_path=log)
+    """One side: ``cmd`` a shell command (started in its own process group, ``url`` polled) or a
+    launch.ServerSpec (started managed: placement, warm-up; its log kept as server-TAG.log)."""
     files = {}
-    try:
-        server.wait_health(url, health_timeout_s, proc, log)
+
+    def measure_all(url, flags, cpus):
         for c in concurrencies:
             path = out / f"{tag}-c{c}.jsonl"
             opts = driver.RunOptions(
@@ -29,13 +30,32 @@ def _side(tag, cmd, url, out: Path, plan, concurrencies, health_timeout_s, reque
                 concurrency=c,
                 progress=False,
                 request_timeout_s=request_timeout_s,
-                extra_header={"server_flags": cmd, "ab_side": tag},
+                cpus=cpus,
+                extra_header={"server_flags": flags, "ab_side": tag},
             )
             driver.run(plan, opts, path)
             files[c] = str(path)
+
+    if isinstance(cmd, launch.ServerSpec):
+        spec = dataclasses.replace(cmd, log_dir=str(out / f"server-{tag}"))
+        with launch.managed(spec) as run:
+            assert run is not None
+            measure_all(run.url, run.flags, run.front_cpus)
+        return files
+    log = out / f"server-{tag}.log"
+    proc = server.start(cmd, log_path=log)
+    try:
+        server.wait_health(url, health_timeout_s, proc, log)
+        measure_all(url, cmd, None)
     finally:
         server.stop(proc)
     return files
+
+
+def _label(side) -> str:
+    if isinstance(side, launch.ServerSpec):
+        return f"{side.engine} {side.model or side.command} " + " ".join(side.vllm_args)
+    return str(side)
 
 
 def ab(
@@ -82,8 +102,8 @@ def ab(
     md = [
         "# A/B on real servers: measured" + (" vs predicted" if any(profiles) else ""),
         "",
-        f"- A: `{serve_a}`",
-        f"- B: `{serve_b}`",
+        f"- A: `{_label(serve_a)}`",
+        f"- B: `{_label(serve_b)}`",
         f"- workload: {plan.source}, {len(plan)} requests per load, closed loop",
         "",
     ]
@@ -100,8 +120,8 @@ def ab(
                 line += f" {compare._fmt(pa)} | {compare._fmt(pb)} | {compare._fmt(pr)} |"
             md.append(line)
     rep = {
-        "serve_a": serve_a,
-        "serve_b": serve_b,
+        "serve_a": _label(serve_a),
+        "serve_b": _label(serve_b),
         "concurrencies": list(concurrencies),
         "workload": plan.source,
         "rows": rows,

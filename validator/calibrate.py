@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,7 +47,7 @@ import yaml
 
 from dsim.cost import CostModel, Table, load_profile, save_profile
 from dsim.errors import InputError
-from validator import measure, stepfit
+from validator import acceptance, measure, noise, stepfit
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -165,6 +166,28 @@ def overhead_table(ms: Sequence[measure.Measurement]) -> dict | None:
     }
 
 
+def _mean_output(ms: Sequence[measure.Measurement]) -> float | None:
+    n = [r.get("output_tokens") or 0 for m in ms for r in m.ok_requests]
+    return round(float(np.mean(n)), 3) if n else None
+
+
+def shape_of(m: measure.Measurement) -> tuple:
+    """(mean prompt tokens, mean max tokens) of a run's requests, rounded: its shape."""
+    reqs = m.requests
+    if not reqs:
+        return (None, None)
+    return (
+        round(float(np.mean([r.get("prompt_tokens") or 0 for r in reqs]))),
+        round(float(np.mean([r.get("max_tokens") or r.get("output_tokens") or 0 for r in reqs]))),
+    )
+
+
+def group_key(m: measure.Measurement) -> str:
+    """Runs with one key are pooled: same load (mode, concurrency, rate) and shape."""
+    load = {k: (m.header.get("load") or {}).get(k) for k in ("mode", "concurrency", "rate")}
+    return json.dumps(dict(load, shape=list(shape_of(m))), sort_keys=True)
+
+
 def calibrate(
     paths: Iterable[str | Path],
     out_dir: str | Path,
@@ -176,13 +199,11 @@ def calibrate(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     raw = [measure.read(p) for p in paths]
-    # runs of the same load are pooled (one decode and one prefill point per load)
+    # runs of the same load and shape are pooled (one decode and one prefill point per group);
+    # several loads and shapes give several points, fitted together
     groups: dict = {}
     for m in raw:
-        key = __import__("json").dumps(
-            {k: (m.header.get("load") or {}).get(k) for k in ("mode", "concurrency", "rate")}, sort_keys=True
-        )
-        groups.setdefault(key, []).append(m)
+        groups.setdefault(group_key(m), []).append(m)
     ms = [measure.pool(g, where="calibrate") for g in groups.values()]
     if not any(m.ok_requests for m in ms):
         raise InputError("calibrate: no completed requests in the measurements")
@@ -220,6 +241,11 @@ def calibrate(
             "drafted_fraction": acc["drafted_fraction"],
             "mean_draft_tokens": acc["mean_draft_tokens"],
             "trimmed_drafts": acc["trimmed_drafts"],
+            # tokens per step along the output (chunk streams) and whether identical requests did
+            # identical things: validator.acceptance
+            "by_output_position": acceptance.output_position_table(raw),
+            "calibrated_output_tokens": _mean_output(raw),
+            **(acceptance.determinism(raw) or {"deterministic": False}),
             "counters": {
                 k: tot[k]
                 for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos", "decode_steps")
@@ -237,12 +263,13 @@ def calibrate(
     pts = []
     for m in ms:
         for p in stepfit.server_points(m, K):
-            pts.append(dict(p, kv=0.0, file=Path(m.path).name))
+            pts.append(dict(p, kv=p.get("kv", 0.0), file=Path(m.path).name, group=group_key(m)))
     if not pts:
         raise InputError(
             "calibrate: no step-time samples (need server histograms or requests with several streamed chunks)"
         )
     y = np.array([p["step_ms"] for p in pts])
+    warnings: list = []
     prov = {
         "hardware": h0.get("hardware", "unknown"),
         "model": h0.get("model"),
@@ -275,6 +302,11 @@ def calibrate(
             c, s = stepfit.fit_line(x, y, 1.0 / y**2)
             how = "cpu_overhead and scale fitted separately"
         else:
+            warnings.append(
+                f"{len(pts)} step point(s) from {len(ms)} load/shape group(s): overhead and scale cannot be "
+                "told apart, so one scale is fitted for the whole step (overhead included); calibrate on "
+                "runs of two or more loads or shapes to fit them separately"
+            )
             # one run (a decode and a prefill point): two parameters from two noisy points is
             # ill-conditioned; scale the whole step, overhead included (relative least squares)
             xt = x + base.cpu_overhead_ms
@@ -301,6 +333,7 @@ def calibrate(
             cpu_overhead_ms=float(c),
             prefill_discount_ms_per_ktok=base.prefill_discount_ms_per_ktok * s,
             prefill_attn_ms_per_mpair=base.prefill_attn_ms_per_mpair * s,
+            prefill_ms_per_chunk=base.prefill_ms_per_chunk * s,
             extra={k: v for k, v in base.extra.items() if k != "validator"},
         )
         fit = {
@@ -312,12 +345,22 @@ def calibrate(
         pred = lambda p: c + s * base_ms(p)  # noqa: E731
     else:
         fit = stepfit.fit_cost(pts)
-        fit["model"] = "measured = cpu_overhead + ms_per_token * n + ms_per_request * b, n = b (1 + K)"
+        warnings += fit["warnings"]
+        fit["model"] = (
+            "measured = cpu_overhead + ms_per_token * n + ms_per_request * b + kv_ms_per_ktok * context / 1000, "
+            "n = prompt tokens + decodes (1 + K)"
+        )
         fit["scale"] = 1.0
         prof = stepfit.linear_profile(
             name, "calibrated", fit, prov, kv_cache_gib=kv_cache_gib, kv_bytes_per_token=kv_bytes_per_token
         )
-        pred = lambda p: fit["cpu_overhead_ms"] + fit["ms_per_token"] * p["n"] + fit["ms_per_request"] * p["b"]  # noqa: E731
+        pred = lambda p: (  # noqa: E731
+            fit["cpu_overhead_ms"]
+            + fit["ms_per_token"] * p["n"]
+            + fit["ms_per_request"] * p["b"]
+            + fit["ms_per_prefill"] * (p.get("prefills") or 0.0)
+            + fit["kv_ms_per_ktok"] * p.get("kv", 0.0) / 1000.0
+        )
     for p in pts:
         p["fit_ms"] = pred(p)
         p["fit_err"] = (p["fit_ms"] - p["step_ms"]) / p["step_ms"] if p["step_ms"] else None
@@ -341,6 +384,22 @@ def calibrate(
         **({"overhead_table": base_table} if base_table else {}),
         "spec_emulation": "block" if K else "none",
         "fit": fit,
+        # step-time variability, measured on the calibration runs: `check` draws each simulated
+        # request's TPOT factor from tpot_dispersion (validator.noise.apply_dispersion)
+        **(
+            {
+                "tpot_dispersion": dict(
+                    disp, source=f"per-request TPOT / run median TPOT of {', '.join(Path(f).name for f in files)}"
+                )
+            }
+            if (disp := noise.tpot_dispersion(raw))
+            else {}
+        ),
+        **(
+            {"step_time": dict(st, source="server ITL histogram of the calibration runs")}
+            if (st := noise.step_time_distribution(ms[0].stats())) and len(ms) == 1
+            else {}
+        ),
         "points": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in p.items()} for p in pts],
     }
     prof = dataclasses.replace(prof, extra=extra)
@@ -353,6 +412,8 @@ def calibrate(
         "acceptance": str(acc_path) if acc_path else None,
         "fit": fit,
         "fit_max_abs_rel_err": max(errs) if errs else None,
+        "groups": len(ms),
+        "warnings": warnings,
         "request_overhead_ms": overhead,
         "first_token_overhead_ms": ovh["first_token"],
         "points": [
@@ -360,12 +421,15 @@ def calibrate(
                 "kind": p["kind"],
                 "batch": round(p["batch"], 3),
                 "n": round(p["n"], 2),
+                "context": round(p.get("kv", 0.0), 1),
                 "measured_ms": round(p["step_ms"], 4),
                 "fit_ms": round(p["fit_ms"], 4),
+                "residual": round(p["fit_err"], 4) if p["fit_err"] is not None else None,
+                "group": p.get("group"),
             }
             for p in pts
         ],
         "acceptance_curve": acc,
     }
-    (out_dir / f"{name}-report.json").write_text(__import__("json").dumps(report, indent=1))
+    (out_dir / f"{name}-report.json").write_text(json.dumps(report, indent=1))
     return {"profile_path": str(prof_path), "acceptance_path": str(acc_path) if acc_path else None, "report": report}

