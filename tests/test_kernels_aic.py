@@ -89,8 +89,9 @@ def test_compare_adds_projection_gemms_when_b_includes_them():
     rec = {"op": "attn", "kind": "v4_csa", "phase": "decode", "batch": 4, "q": 2, "kv": 8192, "heads": 8}
     proj = ka.projection_records(dict(rec, includes=ka.ATTN_INCLUDES))
     parts = {r["n"] for r, _ in proj}
-    # q_a, q_b, kv, o_a, o_b, compressor, two indexer projections of V4-Flash at TP8 (public config)
-    assert {1024, 64 * 512 // 8, 512, 4096, 2 * 512, 64 * 128, 128 + 64} <= parts
+    # q_a, q_b, kv, o_a (one output group per rank at TP8), o_b, the ratio-4 compressor (2 x 2 x 512), the
+    # indexer's q, per-head weights and its own compressor (4 x 128) of V4-Flash at TP8 (public config)
+    assert {1024, 64 * 512 // 8, 512, 4096, 2 * 2 * 512, 64 * 128, 64, 4 * 128} <= parts
     assert all(r["op"] == "gemm" and c == 1 for r, c in proj)
     a_recs = [dict(rec, ms=0.05)] + [dict(r, ms=0.01 * (i + 1)) for i, (r, _) in enumerate(proj)]
     b = table("b", [dict(rec, includes=ka.ATTN_INCLUDES, ms=0.42)])
