@@ -171,8 +171,10 @@ def _decode_features(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slo
         k = (max(c[i], 1) + L - 1) // L
         n_chunks += k
         kmax = max(kmax, k)
-    waves = -(-(per * n_chunks) // slots)
-    return waves * L * slots / per / 1000.0, per * n_chunks / 1000.0, kmax * g * qsum * kv_heads / 1e6
+    # the SMs' busy time: the KV read spread over every slot, or one chunk's length where the
+    # chunks are too few to keep the slots busy (the critical path), whichever is longer
+    cap_tok = max(tot, L * slots / per)
+    return cap_tok / 1000.0, per * n_chunks / 1000.0, kmax * g * qsum * kv_heads / 1e6
 
 
 def prefill_pairs(q: int, c: int, a: AttentionTerms) -> float:

@@ -1,6 +1,12 @@
 """Refit a measured H200 profile from its raw sweep points with the current step model (no GPU).
 
     python3 -m validator.gpu.refit profiles/h200/h200-qwen3-8b.raw.json [more.raw.json ...]
+    python3 -m validator.gpu.refit RAW [RAW ...] --context ctx-<model>.json [--context ...]
+    python3 -m validator.gpu.refit --repredict REPLAY.json PROFILE.yaml OUT.json
+
+With --context (context sweeps, scripts/context_sweep.py) the fit adds the per-request attention
+terms (format 2: refit_attention); --repredict predicts a replay's measured rows again from a
+profile (repredict).
 
 For each RAW (written by `python3 -m validator.gpu.profile`), points that predate the prefill terms
 get their decode tokens and prefill pairs from the sweep's seeded shapes (plan.sweep_plan: tail
@@ -276,17 +282,25 @@ def refit(raw_path: Path, command: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("raw", nargs="+")
+    ap.add_argument("raw", nargs="*")
     ap.add_argument(
         "--context",
         action="append",
         default=[],
         help="context sweep JSON (scripts/context_sweep.py): refit with the attention terms",
     )
+    ap.add_argument(
+        "--repredict",
+        nargs=3,
+        action="append",
+        default=[],
+        metavar=("REPLAY", "PROFILE", "OUT"),
+        help="predict a replay's rows again from PROFILE (shapes from its step logs), write OUT",
+    )
     a = ap.parse_args(argv)
     command = "python3 -m validator.gpu.refit " + " ".join(a.raw + [f"--context {c}" for c in a.context])
     try:
-        for r in a.raw + a.context:
+        for r in a.raw + a.context + [x for t in a.repredict for x in t[:2]]:
             if not Path(r).exists():
                 raise InputError(f"{r}: file not found")
         for r in a.raw:
@@ -294,8 +308,13 @@ def main(argv: list[str] | None = None) -> int:
             fit = refit_attention(path, a.context, command) if a.context else refit(path, command)
             print(
                 f"{path.name}: kv {fit['kv_ms_per_ktok']:.5f} ms/ktok, prefill_terms {fit.get('prefill_terms')}, "
-                f"residuals {json.dumps(fit['residual_pct']['by_tag'])}"
+                f"attention {fit.get('attention')}, residuals {json.dumps(fit['residual_pct']['by_tag'])}"
             )
+        for rep, prof, out in a.repredict:
+            res = repredict(Path(rep), Path(prof))
+            P.write_text_atomic(out, json.dumps(dict(replay=Path(rep).name, profile=prof, logs=res), indent=1))
+            for log, r in res.items():
+                print(f"{log}: {json.dumps(r['summary'].get('all'))}")
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

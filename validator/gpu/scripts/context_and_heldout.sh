@@ -14,7 +14,7 @@
 #   MODELS  in order (default: llama-3.1-8b qwen3-14b qwen3-8b qwen3-32b)
 #   CASES   held-out logs (default: mooncake-c16 mooncake-c96 azure-conv-c64 azure-code-c8)
 #   PROFILE_MODEL  profile this model first with validator.gpu.profile (its default-c1/c32/c256 logs
-#           are replayed too), e.g. qwen3-14b   EXEC  1 runs the executor check after qwen3-8b
+#           are replayed too), e.g. qwen3-14b   EXEC  1 runs the executor check after EXEC_AFTER (qwen3-8b)
 #   DEADLINE seconds (default 560)   EXTRA  e.g. --dry-run
 set -o pipefail
 cd "$(dirname "$0")/../../.."
@@ -63,7 +63,7 @@ for m in ${MODELS:-llama-3.1-8b qwen3-14b qwen3-8b qwen3-32b}; do
   else
     measure "$m" "${CASES:-$HELDOUT}"
   fi
-  if [ "$m" = qwen3-8b ] && [ "${EXEC:-1}" = 1 ]; then
+  if [ "$m" = "${EXEC_AFTER:-qwen3-8b}" ] && [ "${EXEC:-1}" = 1 ]; then
     job "${EXEC_T:-100}" python3 validator/gpu/scripts/executor_check.py --model profiles/models/llama-3.1-8b.json \
       --out "$RES/executor-llama-3.1-8b.json" $EXTRA
   fi
