@@ -411,7 +411,7 @@ class Model:
         self.n_layers = layers or dims["layers"]
         h, V, d = dims["hidden"], dims["vocab"], dims["head_dim"]
         self.emb = torch.randn(V, h, device=device, dtype=dtype)
-        self.layers = [Layer(dims, device, dtype) for _ in range(self.n_layers)]
+        self.layers: list[Any] = [Layer(dims, device, dtype) for _ in range(self.n_layers)]
         self.norm = torch.ones(h, device=device, dtype=dtype)
         self.lm_head = _w(V, h, device, dtype)
         theta = float(cfg.get("rope_theta", 10000.0))
@@ -622,7 +622,6 @@ def compile_dense(model: Model, mode: str | None = None) -> None:
         _COMPILED["pre"] = torch.compile(_pre_attention, dynamic=True, mode=mode)
         _COMPILED["post"] = torch.compile(_post_attention, dynamic=True, mode=mode)
     model.layers = [_CompiledLayer(layer, _COMPILED["pre"], _COMPILED["post"]) for layer in model.layers]
-    model.compiled = True
 
 
 class _CompiledLayer:

@@ -39,10 +39,14 @@ def main(argv: list[str] | None = None) -> None:
         head = t.gemm(dict(dtype="bf16", m=n, n=V, k=h)).ms
         aic = L * layer + head
         e, c = meas.get(("eager", n)), meas.get(("compiled", n))
-        rec = dict(n=n, aic_gemm_ms=round(aic, 3), eager_ms=round(e["ms"], 3) if e else None,
-                   compiled_ms=round(c["ms"], 3) if c else None,
-                   eager_kernels_per_layer=e["kernels_per_layer"] if e else None,
-                   compiled_kernels_per_layer=c["kernels_per_layer"] if c else None)
+        rec = dict(
+            n=n,
+            aic_gemm_ms=round(aic, 3),
+            eager_ms=round(e["ms"], 3) if e else None,
+            compiled_ms=round(c["ms"], 3) if c else None,
+            eager_kernels_per_layer=e["kernels_per_layer"] if e else None,
+            compiled_kernels_per_layer=c["kernels_per_layer"] if c else None,
+        )
         out.append(rec)
         print(json.dumps(rec))
 

@@ -13,6 +13,7 @@ profile's own sweep: they tie this run to the sweep's absolute level (drift).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         n_pad = P.padded_tokens(shape.n, caps)
         m = M.StepMeta(shape, n_pad, dims, device)
         tm = big if shape.n > caps[-1] else timer
-        ms, reps = tm(lambda m=m: model.forward(m), graph=True)
+        ms, reps = tm(functools.partial(model.forward, m), graph=True)
         dec, pre = P.step_terms(shape.q, shape.ctx)
         points.append(
             dict(

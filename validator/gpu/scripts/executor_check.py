@@ -12,6 +12,7 @@ SIZES, each captured as a CUDA graph (Timer). Writes one JSON record per (varian
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
             M.compile_dense(model)
         for kind, shape in steps:
             m = M.StepMeta(shape, P.padded_tokens(shape.n, caps), dims, device)
-            ms, reps = timer(lambda m=m: model.forward(m), graph=device.type == "cuda")
+            ms, reps = timer(functools.partial(model.forward, m), graph=device.type == "cuda")
             kpl = M.kernels_per_layer(model, m) if device.type == "cuda" else None
             rows.append(
                 dict(

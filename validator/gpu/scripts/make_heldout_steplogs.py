@@ -24,9 +24,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[3]
-CASES = {
+CASES: dict[str, dict[str, Any]] = {
     "mooncake-c16": dict(
         trace="mooncake-conversation", c=16, method="dspark", requests=160, prefix=True, pool=16, keep=12
     ),
