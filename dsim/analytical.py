@@ -8,6 +8,17 @@ replica of g GPUs (tensor parallel):
     t_comm    = 2 x layers x (allreduce latency + n x hidden x 2 B / link BW)      (g > 1)
     F(n)      = max(t_weights, t_flops) + t_comm + layers x launch floor
 
+The embedding is a gather of n rows: it is neither read whole nor multiplied, so its V x h
+parameters count in neither term (the LM head's do).
+
+Fitted profiles (H200, from the measured ones) are format 2 and carry prefill terms and the
+per-request attention terms (dsim.cost): a prompt token costs ``decode_row_ns`` x layers x hidden
+less than a decode token (its LM-head row and per-row decode work), a million wave-counted prefill
+pairs cost 4 x heads x head_dim x layers x 1e6 FLOPs at ``attn_flops`` of the matrix peak, KV
+reads cost their bytes at ``kv_bw`` of the bandwidth (as the wave term: a lone long context is
+priced by its critical path) and the split-KV merge ``merge_ns`` x layers x head_dim per grid
+cell; occupancies and split settings are the measured executor's.
+
 MoE: the routed experts touched by n tokens with top-k routing over E experts are
 E x (1 - (1 - k/E)^n) per layer (uniform routing), so weight bytes grow with the batch until
 every expert is read once. KV read cost: kv bytes per token / (BW x eff_bw) per token.
@@ -60,6 +71,10 @@ class Efficiency:
     allreduce_us: float = 12.0  # one-shot all-reduce latency over NVLink
     source: str = "stated defaults (not fitted)"
     kv_bw: float | None = None  # achieved fraction of HBM bandwidth on KV reads (None: same as bw)
+    # format-2 terms (None: a format-1 profile without prefill or attention terms)
+    decode_row_ns: float | None = None  # a decode token's extra cost per (layer x hidden unit), ns
+    attn_flops: float | None = None  # fraction of matrix peak on prefill attention
+    merge_ns: float | None = None  # split-KV merge per grid cell per (layer x head_dim), ns
 
 
 def model_shape(cfg: dict) -> dict:
@@ -107,18 +122,19 @@ def model_shape(cfg: dict) -> dict:
         total=dense + moe_layers * E * expert,
         active=dense + moe_layers * topk * expert,
         kv_elems_per_token=L * kv_per_tok_layer,
+        embedding=V * h,
     )
 
 
 def forward_ms(shape: dict, n: np.ndarray, hw: dict, gpus: int, bytes_per_param: float, eff: Efficiency) -> np.ndarray:
     n = np.asarray(n, dtype=np.float64)
-    weight_bytes = shape["dense"] * bytes_per_param
+    weight_bytes = (shape["dense"] - shape.get("embedding", 0)) * bytes_per_param
     if shape["experts"]:
         touched = shape["experts"] * (1 - (1 - shape["topk"] / shape["experts"]) ** n)
         weight_bytes = weight_bytes + shape["moe_layers"] * touched * shape["expert"] * bytes_per_param
     peak = hw["fp8"] if bytes_per_param <= 1 else hw["bf16"]
     t_w = weight_bytes / gpus / (hw["bw"] * eff.bw)
-    t_f = 2 * shape["active"] * n / gpus / (peak * eff.flops)
+    t_f = 2 * (shape["active"] - shape.get("embedding", 0)) * n / gpus / (peak * eff.flops)
     t = np.maximum(t_w, t_f) + shape["layers"] * eff.launch_us_per_layer * 1e-6
     if gpus > 1:
         t = t + 2 * shape["layers"] * (eff.allreduce_us * 1e-6 + n * shape["hidden"] * 2 / hw["link"])
@@ -177,6 +193,10 @@ def analytical_profile(
     }
     draft["dspark"] = Table(reqs, draft["block"].ms * 1.01)
     model_name = cfg.get("_name") or Path(model_config).stem
+    fmt2: dict[str, Any] = {}
+    if eff.decode_row_ns is not None and gpus == 1 and "kv_lora_rank" not in cfg:
+        fmt2 = _format2_terms(cfg, shape, hw, eff, kv_read_bpt)
+        kv_ms_per_ktok = 0.0  # the KV read is the attention section's wave term
     return Profile(
         name=name or f"analytical-{model_name}-{hardware.lower()}x{gpus}",
         provenance=dict(
@@ -219,6 +239,40 @@ def analytical_profile(
         forward=Table(tokens, fwd),
         kv_ms_per_ktok=float(kv_ms_per_ktok),
         draft=draft,
+        **fmt2,
+    )
+
+
+# The split-KV settings and occupancies of the measured executor (validator/gpu, docs/gpu-profiling.md)
+EXECUTOR_SPLIT: dict[str, Any] = dict(
+    fill=2.0, balance=2.0, min_chunk=64, block_rows=128, decode_ctas_per_sm=1, prefill_ctas_per_sm=1
+)
+H200_SMS = 132
+
+
+def _format2_terms(cfg: dict, shape: dict, hw: dict, eff: Efficiency, kv_read_bpt: float) -> dict:
+    """Prefill terms and the attention section of a one-GPU profile (module doc)."""
+    from dsim.cost import AttentionTerms
+
+    H = int(cfg["num_attention_heads"])
+    kvh = int(cfg.get("num_key_value_heads", H))
+    d = int(cfg.get("head_dim") or cfg["hidden_size"] // H)
+    L = shape["layers"]
+    assert eff.decode_row_ns is not None and eff.attn_flops is not None and eff.merge_ns is not None
+    attn = AttentionTerms(
+        query_heads=H,
+        kv_heads=kvh,
+        sms=H200_SMS,
+        wave_ms_per_ktok=float(1000 * kv_read_bpt / (hw["bw"] * (eff.kv_bw or eff.bw)) * 1e3),
+        chunk_ms_per_kcta=0.0,
+        merge_ms_per_mcell=float(eff.merge_ns * L * d * 1e6 / 1e6),
+        prefill_ms_per_mpair=float(4 * H * d * L * 1e6 / (hw["bf16"] * eff.attn_flops) * 1e3),
+        **EXECUTOR_SPLIT,
+    )
+    return dict(
+        format_version=2,
+        attention=attn,
+        prefill_discount_ms_per_ktok=float(eff.decode_row_ns * L * shape["hidden"] * 1000 / 1e6),
     )
 
 
@@ -243,7 +297,30 @@ def _fwd_err(params, items, hw_name="H200"):
 def _kv_eff(cfg, prof, hw_name="H200"):
     shape = model_shape(json.loads(Path(cfg).read_text()))
     kv_bpt = shape["kv_elems_per_token"] * 2.0
-    return 1e6 * kv_bpt / (HARDWARE[hw_name]["bw"] * prof.kv_ms_per_ktok)
+    a = prof.attention
+    kv_ms = prof.kv_ms_per_ktok + (a.wave_ms_per_ktok if a is not None else 0.0)
+    return 1e6 * kv_bpt / (HARDWARE[hw_name]["bw"] * kv_ms)
+
+
+def _format2_eff(items: list[tuple[str, Profile]], hw_name: str = "H200") -> dict:
+    """decode_row_ns, attn_flops, merge_ns: means over the measured format-2 profiles of the
+    ratio of each fitted coefficient to its model-size factor (module doc); {} if none has them."""
+    rows, fl, mg = [], [], []
+    for c, prof in items:
+        a = prof.attention
+        if a is None:
+            continue
+        cfg = json.loads(Path(c).read_text())
+        sh = model_shape(cfg)
+        L, h = sh["layers"], sh["hidden"]
+        d = int(cfg.get("head_dim") or h // cfg["num_attention_heads"])
+        rows.append(prof.prefill_discount_ms_per_ktok * 1e6 / 1000 / (L * h))
+        if a.prefill_ms_per_mpair > 0:
+            fl.append(4 * a.query_heads * d * L * 1e6 / (HARDWARE[hw_name]["bf16"] * a.prefill_ms_per_mpair * 1e-3))
+        mg.append(a.merge_ms_per_mcell / (L * d))
+    if not rows:
+        return {}
+    return dict(decode_row_ns=float(np.mean(rows)), attn_flops=float(np.mean(fl)), merge_ns=float(np.mean(mg)))
 
 
 def fit_efficiency(items: list[tuple[str, Profile]], hw_name: str = "H200") -> dict:
@@ -260,6 +337,7 @@ def fit_efficiency(items: list[tuple[str, Profile]], hw_name: str = "H200") -> d
     e = np.abs(_fwd_err(r.x, items, hw_name)) * 100
     kv = [_kv_eff(c, p, hw_name) for c, p in items]
     return dict(
+        **_format2_eff(items, hw_name),
         bw=float(r.x[0]),
         flops=float(r.x[1]),
         launch_us_per_layer=float(r.x[2]),
@@ -301,7 +379,11 @@ def fit_cli(argv: list[str] | None = None) -> None:  # pragma: no cover - thin w
         f = fit_efficiency(rest)
         held[p.provenance.get("model", c)] = dict(
             trained_on=[q.provenance.get("model") for _, q in rest],
-            fitted=dict((k, round(f[k], 4)) for k in ("bw", "flops", "launch_us_per_layer", "kv_bw")),
+            fitted=dict(
+                (k, round(f[k], 4))
+                for k in ("bw", "flops", "launch_us_per_layer", "kv_bw", "decode_row_ns", "attn_flops", "merge_ns")
+                if k in f
+            ),
             train=dict((k, round(f[k], 3)) for k in ("forward_median_abs_pct", "forward_p90_abs_pct")),
             held_out=evaluate_efficiency(f, [(c, p)]),
         )
@@ -329,7 +411,14 @@ def load_fit(path: str | Path) -> tuple[Efficiency, dict]:
         f"leave-one-out held-out median |err| " + ", ".join(f"{k} {v:.1f}%" for k, v in held.items())
     )
     eff = Efficiency(
-        bw=f["bw"], flops=f["flops"], launch_us_per_layer=f["launch_us_per_layer"], kv_bw=f["kv_bw"], source=src
+        bw=f["bw"],
+        flops=f["flops"],
+        launch_us_per_layer=f["launch_us_per_layer"],
+        kv_bw=f["kv_bw"],
+        source=src,
+        decode_row_ns=f.get("decode_row_ns"),
+        attn_flops=f.get("attn_flops"),
+        merge_ns=f.get("merge_ns"),
     )
     info = dict(
         file=str(path),

@@ -20,11 +20,28 @@ servers). ``prefill_ms(chunks)`` gives that per-step correction; all are 0 unles
 otherwise.
 
 Preconditions: n_tokens >= 1, kv_tokens >= 0. Postcondition: step_ms is non-decreasing in both.
+
+Profile format 2 (``format_version: 2``) adds ``attention``: terms that see each request's context
+and query length, for the split-KV decode attention and the causal prefill attention of the
+executor the profile was measured on (``AttentionTerms``). Decode: every request's cached prefix
+is cut into chunks of one length L per step (FlashInfer-like load balancing, ``split_chunk_tokens``);
+the chunk CTAs (KV heads x query blocks x chunks) run in waves over the SMs, so a step pays
+``wave_ms_per_ktok`` per 1000 tokens of wave capacity (waves x L x CTAs per wave / CTAs per
+chunk, equal to the KV read when the chunks pack the waves exactly, more when one long context
+leaves SMs idle), ``chunk_ms_per_kcta`` per 1000 chunk CTAs and ``merge_ms_per_mcell`` per million
+cells of the logsumexp merge grid (most chunks of one request x folded query rows x KV heads).
+Prefill: a chunk of q tokens over c cached ones runs ceil(q / block rows) x query heads CTAs,
+each over its keys, in waves: its pairs are counted per wave (``prefill_pairs``), so a short
+chunk over a long prefix (few CTAs, long keys) is priced by its critical path, not by its FLOPs.
+``CostModel.context_ms(q, ctx)`` gives the decode terms (added to step_ms by the engine);
+``prefill_ms`` prices the prefill chunks with the wave-counted pairs. A format-1 profile has no
+``attention``: context_ms is 0 and prefill_ms is as above (results unchanged).
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +51,16 @@ import numpy as np
 import yaml
 
 from dsim.errors import InputError, plain
+
+try:  # the compiled per-request pass; plain Python where numba is absent (the GPU profiler's hosts)
+    from numba import njit as _nb_njit
+
+    _njit = _nb_njit(cache=True)
+except ImportError:  # pragma: no cover
+
+    def _njit(f):
+        return f
+
 
 if TYPE_CHECKING:
     from dsim.schema import Doc
@@ -59,6 +86,111 @@ class Table:
 
 
 @dataclass(frozen=True)
+class AttentionTerms:
+    """A profile's per-request attention terms (format 2; see the module doc). The split and
+    occupancy fields describe the measured executor's kernels; the *_ms fields are fitted."""
+
+    query_heads: int
+    kv_heads: int
+    sms: int  # streaming multiprocessors of the GPU
+    fill: float  # split-KV: chunk CTAs aimed at fill x SMs
+    balance: float  # split-KV: no chunk longer than balance x mean context (0: off)
+    min_chunk: int  # split-KV: shortest chunk (tokens)
+    block_rows: int  # query rows per attention CTA
+    decode_ctas_per_sm: int  # decode chunk CTAs resident per SM (one wave = SMs x this)
+    prefill_ctas_per_sm: int  # prefill CTAs resident per SM
+    wave_ms_per_ktok: float
+    chunk_ms_per_kcta: float
+    merge_ms_per_mcell: float
+    prefill_ms_per_mpair: float  # per million wave-counted prefill pairs (replaces attention_ms_per_mpair)
+
+    @property
+    def group(self) -> int:
+        return max(1, self.query_heads // self.kv_heads)
+
+
+ATTENTION_SPLIT_FIELDS = ("query_heads", "kv_heads", "sms", "fill", "balance", "min_chunk", "block_rows")
+ATTENTION_OCC_FIELDS = ("decode_ctas_per_sm", "prefill_ctas_per_sm")
+ATTENTION_COEF_FIELDS = ("wave_ms_per_ktok", "chunk_ms_per_kcta", "merge_ms_per_mcell", "prefill_ms_per_mpair")
+FORMAT_VERSIONS = (1, 2)
+
+
+def split_chunk_tokens(ctx: np.ndarray, rows_max: int, a: AttentionTerms) -> int:
+    """The chunk length L of one decode step (ctx: cached tokens per decode request, >= 1 each;
+    rows_max: the most folded query rows of a request, group x query tokens):
+    L = max(min_chunk, min(ceil(total / ceil(ceil(fill x SMs) / CTAs per chunk)), ceil(balance x mean))).
+    Precondition: len(ctx) >= 1."""
+    per = a.kv_heads * max(1, -(-rows_max // a.block_rows))
+    n_t = -(-math.ceil(a.fill * a.sms) // per)
+    tot = int(ctx.sum())
+    L = -(-tot // n_t)
+    if a.balance > 0:
+        L = min(L, math.ceil(a.balance * tot / len(ctx)))
+    return max(int(a.min_chunk), int(L))
+
+
+def decode_features(q: Any, ctx: Any, a: AttentionTerms) -> tuple[float, float, float]:
+    """(wave capacity in 1000 tokens, chunk CTAs / 1000, merge-grid cells / 1e6) of one step's
+    decode requests: q query tokens and ctx cached tokens per request (equal-length integer
+    sequences, q >= 1, ctx >= 0; a context of 0 is read as 1, as the executor does). (0, 0, 0)
+    for no requests. One pass over the requests (compiled where numba is installed)."""
+    q = np.asarray(q, dtype=np.int64)
+    c = np.asarray(ctx, dtype=np.int64)
+    if not q.size:
+        return 0.0, 0.0, 0.0
+    return _decode_features(
+        q,
+        c,
+        a.group,
+        a.kv_heads,
+        a.block_rows,
+        math.ceil(a.fill * a.sms),
+        float(a.balance),
+        a.min_chunk,
+        a.sms * a.decode_ctas_per_sm,
+    )
+
+
+@_njit
+def _decode_features(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots):  # pragma: no cover - compiled
+    R = len(q)
+    qmax = 0
+    qsum = 0
+    tot = 0
+    for i in range(R):
+        qmax = max(qmax, q[i])
+        qsum += q[i]
+        tot += max(c[i], 1)
+    per = kv_heads * max(1, -(-(g * qmax) // block_rows))
+    n_t = -(-cap // per)
+    L = -(-tot // n_t)
+    if balance > 0:
+        L = min(L, int(math.ceil(balance * tot / R)))
+    L = max(min_chunk, L)
+    n_chunks = 0
+    kmax = 0
+    for i in range(R):
+        k = (max(c[i], 1) + L - 1) // L
+        n_chunks += k
+        kmax = max(kmax, k)
+    # the SMs' busy time: the KV read spread over every slot, or one chunk's length where the
+    # chunks are too few to keep the slots busy (the critical path), whichever is longer
+    cap_tok = max(tot, L * slots / per)
+    return cap_tok / 1000.0, per * n_chunks / 1000.0, kmax * g * qsum * kv_heads / 1e6
+
+
+def prefill_pairs(q: int, c: int, a: AttentionTerms) -> float:
+    """Wave-counted causal pairs / 1e6 of one prefill chunk of q tokens over c cached ones: the
+    ceil(q / block rows) x query heads CTAs run in waves of SMs x prefill CTAs per SM, each wave
+    priced as full; equal to the chunk's pairs q (c + q / 2) (block-rounded) when the CTAs fill
+    the waves exactly."""
+    qb = -(-int(q) // a.block_rows)
+    slots = a.sms * a.prefill_ctas_per_sm
+    waves = -(-(qb * a.query_heads) // slots)
+    return waves * slots / a.query_heads * a.block_rows * (c + 0.5 * q) / 1e6
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     provenance: dict
@@ -75,6 +207,8 @@ class Profile:
     source_path: str = ""
     extra: dict = field(default_factory=dict)  # other keys kept for provenance (fit errors...)
     max_model_len: int | None = None  # longest prompt + output (None: not limited)
+    format_version: int = 1
+    attention: AttentionTerms | None = None  # format 2: per-request attention terms
 
     @property
     def gpus_per_replica(self) -> int:
@@ -155,6 +289,14 @@ def profile_from_dict(d: dict, path: str = "<profile>", doc: Doc | None = None) 
     elif prov.get("max_model_len") is not None:
         max_len = S.integer(prov["max_model_len"], doc, "provenance", "max_model_len", lo=1, hi=MAX_MODEL_LEN)
     disc, attn, per_chunk = _prefill_terms(d.get("prefill_terms"), doc)
+    version = 1
+    if d.get("format_version") is not None:
+        version = S.integer(d["format_version"], doc, "format_version", lo=1, hi=max(FORMAT_VERSIONS))
+    attention = None
+    if d.get("attention") is not None:
+        if version < 2:
+            raise InputError(f"{doc.at('attention')}: needs format_version: 2")
+        attention = _attention_terms(d["attention"], doc)
     # A prompt token's discount cannot exceed what the table charges a token: at every size the
     # forward cost must cover n discounted tokens (else a prefill step would cost less than nothing).
     bad = np.flatnonzero(fwd.ms < disc * fwd.x / 1000.0 - 1e-9)
@@ -175,6 +317,8 @@ def profile_from_dict(d: dict, path: str = "<profile>", doc: Doc | None = None) 
         "draft",
         "prefill_terms",
         "max_model_len",
+        "format_version",
+        "attention",
     }
     return Profile(
         name=name,
@@ -192,7 +336,29 @@ def profile_from_dict(d: dict, path: str = "<profile>", doc: Doc | None = None) 
         source_path=str(path),
         extra={k: v for k, v in d.items() if k not in known},
         max_model_len=max_len,
+        format_version=version,
+        attention=attention,
     )
+
+
+def _attention_terms(raw: Any, doc: Any) -> AttentionTerms:
+    from dsim import schema as S
+
+    fields = ATTENTION_SPLIT_FIELDS + ATTENTION_OCC_FIELDS + ATTENTION_COEF_FIELDS
+    S.mapping(raw, doc, "attention", required=fields)
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise InputError(f"{doc.at('attention', unknown[0])}: unknown field (known: {', '.join(fields)})")
+    v: dict[str, Any] = {}
+    for k in ("query_heads", "kv_heads", "sms", "min_chunk", "block_rows") + ATTENTION_OCC_FIELDS:
+        v[k] = S.integer(raw[k], doc, "attention", k, lo=1, hi=1 << 20)
+    v["fill"] = S.number(raw["fill"], doc, "attention", "fill", lo=0, lo_open=True, hi=1e3)
+    v["balance"] = S.number(raw["balance"], doc, "attention", "balance", lo=0, hi=1e3)
+    for k in ATTENTION_COEF_FIELDS:
+        v[k] = S.number(raw[k], doc, "attention", k, lo=0, hi=MAX_COST_MS)
+    if v["query_heads"] % v["kv_heads"]:
+        raise InputError(f"{doc.at('attention', 'kv_heads')}: {v['kv_heads']} does not divide query_heads")
+    return AttentionTerms(**v)
 
 
 PREFILL_KEYS = ("discount_ms_per_ktok", "attention_ms_per_mpair", "ms_per_chunk")
@@ -230,6 +396,11 @@ def profile_to_dict(p: Profile) -> dict:
         }
         if p.prefill_ms_per_chunk:
             d["prefill_terms"]["ms_per_chunk"] = float(p.prefill_ms_per_chunk)
+    if p.format_version != 1:
+        d["format_version"] = int(p.format_version)
+    if p.attention is not None:
+        d["attention"] = {k: getattr(p.attention, k) for k in ATTENTION_SPLIT_FIELDS + ATTENTION_OCC_FIELDS}
+        d["attention"].update({k: float(getattr(p.attention, k)) for k in ATTENTION_COEF_FIELDS})
     if p.draft:
         d["draft"] = {
             k: {"requests": [int(x) for x in t.x], "ms": [round(float(v), 5) for v in t.ms]} for k, t in p.draft.items()
@@ -309,8 +480,21 @@ class CostModel:
         self.prefill_discount_ms_per_tok = profile.prefill_discount_ms_per_ktok * cost_scale / 1000.0
         self.prefill_attn_ms_per_pair = profile.prefill_attn_ms_per_mpair * cost_scale / 1e6
         self.prefill_ms_per_chunk = profile.prefill_ms_per_chunk * cost_scale
+        self.attention = a = profile.attention
+        self.has_context_terms = a is not None and bool(
+            a.wave_ms_per_ktok or a.chunk_ms_per_kcta or a.merge_ms_per_mcell
+        )
+        self._ctx_coef = (
+            (a.wave_ms_per_ktok * cost_scale, a.chunk_ms_per_kcta * cost_scale, a.merge_ms_per_mcell * cost_scale)
+            if a is not None
+            else (0.0, 0.0, 0.0)
+        )
+        self._wpair_ms = a.prefill_ms_per_mpair * cost_scale if a is not None else 0.0
         self.has_prefill_terms = bool(
-            self.prefill_discount_ms_per_tok or self.prefill_attn_ms_per_pair or self.prefill_ms_per_chunk
+            self.prefill_discount_ms_per_tok
+            or self.prefill_attn_ms_per_pair
+            or self.prefill_ms_per_chunk
+            or self._wpair_ms
         )
         # Dense lookup up to the limit: the next profiled size at or above n (graph padding).
         n = np.arange(self.limit + 1)
@@ -354,7 +538,23 @@ class CostModel:
         if not self.has_prefill_terms:
             return 0.0
         d, a, e = self.prefill_discount_ms_per_tok, self.prefill_attn_ms_per_pair, self.prefill_ms_per_chunk
-        return sum(q * (a * (c + 0.5 * q) - d) + e for q, c in chunks)
+        if self.attention is None:
+            return sum(q * (a * (c + 0.5 * q) - d) + e for q, c in chunks)
+        w, at = self._wpair_ms, self.attention
+        return sum(q * (a * (c + 0.5 * q) - d) + e + w * prefill_pairs(q, c, at) for q, c in chunks)
+
+    def context_ms(self, q: Any, ctx: Any) -> float:
+        """What a step's decode/verify requests' unequal contexts add to step_ms (which prices
+        attention by total KV alone): the split-KV wave, chunk and merge terms of the profile's
+        ``attention`` (module doc). q: query tokens per decode request (>= 1), ctx: its cached
+        tokens before the step (>= 0), equal-length integer sequences; prefill chunks are priced
+        by prefill_ms, not here. Postcondition: >= 0; exactly 0 for a profile without the terms
+        (format 1), so results made from such profiles do not change."""
+        if not self.has_context_terms or not len(q):
+            return 0.0
+        wave, chunks, merge = decode_features(q, ctx, self.attention)
+        cw, cc, cm = self._ctx_coef
+        return cw * wave + cc * chunks + cm * merge
 
     def forward_ms(self, n_tokens: Any) -> Any:
         """Target forward cost of n tokens at zero context (scalar or array)."""

@@ -572,7 +572,7 @@ class Replica:
             return None
         kv = self.kv_dec + dec_tokens + sum(int(R.computed[r]) + c for r, c in zip(self.pre, chunks))
         n_sample = (n_dec if given is None else int(np.count_nonzero(given))) + n_pre_sample
-        fwd = self.cost.step_ms_one(n_tokens, kv) + self._prefill_ms(chunks)
+        fwd = self.cost.step_ms_one(n_tokens, kv) + self._prefill_ms(chunks) + self._context_ms(given, verified)
         dur = fwd + self._draft_ms(n_sample) + self.cpu_ms
         return StepPlan(
             n_dec, given, conf, lead, verified, cap, list(self.pre), chunks, n_tokens, pre_tokens, kv, fwd, dur
@@ -583,6 +583,17 @@ class Replica:
         if not self.cost.has_prefill_terms:
             return 0.0
         return self.cost.prefill_ms((c, self.R.computed[r]) for r, c in zip(self.pre, chunks) if c)
+
+    def _context_ms(self, given, verified) -> float:
+        """CostModel.context_ms of the decode slots this step (their windows: the budget's cut
+        `given`, else 1 + verified[0]); 0 for profiles without per-request attention terms."""
+        if not self.cost.has_context_terms or not self.n:
+            return 0.0
+        ctx = self.I[:, COMP]
+        if given is not None:
+            run = given > 0
+            return self.cost.context_ms(given[run], ctx[run])
+        return self.cost.context_ms(1 + verified[0] if self.K else np.ones(self.n, np.int64), ctx)
 
     def _draft_and_verify(self, steps: int, prefill_tokens: int = 0, prefill_ms: float = 0.0):
         """Draws and verify windows of the decode slots over ``steps`` steps (the compiled
@@ -875,7 +886,8 @@ class Replica:
         n_tok, per_step, kv = np.empty((3, k), dtype=np.int64)
         fwd, dur, t_end = np.empty((3, k))
         comp0 = self.I[:, COMP].copy() if self.shapes is not None else None
-        fixed_ms = dms + self.cpu_ms
+        ctx_ms = self._context_ms(None, verified)  # (the window's first step's; contexts grow little in it)
+        fixed_ms = dms + self.cpu_ms + ctx_ms
         last, general, past = KS.window_steps(
             self._I,
             n,
@@ -922,7 +934,9 @@ class Replica:
             cum = np.zeros(n, np.int64)
             for t in range(m):
                 qv = (1 + verified[t]) if K > 0 else np.ones(n, np.int64)
-                self.shapes.append((self.idx, float(t_end[t]), qv.tolist(), (comp0 + cum).tolist(), float(fwd[t])))
+                self.shapes.append(
+                    (self.idx, float(t_end[t]), qv.tolist(), (comp0 + cum).tolist(), float(fwd[t] + ctx_ms))
+                )
                 cum += (np.minimum(lead[t], cap[t]) + 1) if K > 0 else 1
         durs = dur[:m].tolist()
         if K > 0:

@@ -411,7 +411,7 @@ class Model:
         self.n_layers = layers or dims["layers"]
         h, V, d = dims["hidden"], dims["vocab"], dims["head_dim"]
         self.emb = torch.randn(V, h, device=device, dtype=dtype)
-        self.layers = [Layer(dims, device, dtype) for _ in range(self.n_layers)]
+        self.layers: list[Any] = [Layer(dims, device, dtype) for _ in range(self.n_layers)]
         self.norm = torch.ones(h, device=device, dtype=dtype)
         self.lm_head = _w(V, h, device, dtype)
         theta = float(cfg.get("rope_theta", 10000.0))
@@ -585,3 +585,69 @@ def _naive(q, K, V, g):
     j = torch.arange(L)[None, :]
     sc = sc.masked_fill((j > t + L - s)[None], float("-inf"))
     return torch.einsum("htl,lhd->thd", torch.softmax(sc, -1), Vr)
+
+
+# ---------------------------------------------------------------- compiled dense path
+def _pre_attention(x_in, n1, wqkv, qn, kn, cos, sin, H: int, kv: int, d: int, eps: float):
+    """rms_norm, fused QKV projection, per-head q/k norms (Qwen3), rotate-half RoPE: one function
+    for torch.compile to fuse (the norms and RoPE become a few Triton kernels around the GEMM)."""
+    n = x_in.shape[0]
+    x = F.rms_norm(x_in, (x_in.shape[-1],), n1, eps)
+    qkv = (x @ wqkv.t()).view(n, H + 2 * kv, d)
+    qk = qkv[:, : H + kv]
+    if qn is not None:
+        qk = torch.cat([F.rms_norm(qkv[:, :H], (d,), qn, eps), F.rms_norm(qkv[:, H : H + kv], (d,), kn, eps)], 1)
+    x1, x2 = qk[..., : d // 2], qk[..., d // 2 :]
+    rot = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+    return torch.cat([rot, qkv[:, H + kv :]], 1)
+
+
+def _post_attention(hdn, a, wo, n2, wgu, wd, eps: float):
+    """Output projection, residual, rms_norm, gate/up projection, SiLU x up, down projection."""
+    hdn = hdn + a @ wo.t()
+    x = F.rms_norm(hdn, (hdn.shape[-1],), n2, eps)
+    gu = x @ wgu.t()
+    inter = gu.shape[-1] // 2
+    return hdn + (F.silu(gu[:, :inter]) * gu[:, inter:]) @ wd.t()
+
+
+_COMPILED: dict[str, Any] = {}
+
+
+def compile_dense(model: Model, mode: str | None = None) -> None:
+    """Run every layer's dense parts (everything but attention and the KV write) through
+    torch.compile (dynamic token count: one compilation serves every step size); attention stays
+    the split-KV path above. The step is still captured whole as a CUDA graph by Timer."""
+    if not _COMPILED:
+        _COMPILED["pre"] = torch.compile(_pre_attention, dynamic=True, mode=mode)
+        _COMPILED["post"] = torch.compile(_post_attention, dynamic=True, mode=mode)
+    model.layers = [_CompiledLayer(layer, _COMPILED["pre"], _COMPILED["post"]) for layer in model.layers]
+
+
+class _CompiledLayer:
+    """A Layer whose dense parts run through the compiled functions (same weights)."""
+
+    def __init__(self, layer: Layer, pre: Callable, post: Callable):
+        self.layer, self.pre, self.post = layer, pre, post
+
+    def __call__(self, hdn, x_in, cos, sin, m: StepMeta, pool_l):
+        ly = self.layer
+        H, kv, d = ly.dims["heads"], ly.dims["kv_heads"], ly.dims["head_dim"]
+        qkv_rot = self.pre(x_in, ly.n1, ly.wqkv, ly.qn, ly.kn, cos, sin, H, kv, d, ly.eps)
+        pool_l[0].index_copy_(0, m.slot, qkv_rot[:, H : H + kv])
+        pool_l[1].index_copy_(0, m.slot, qkv_rot[:, H + kv :])
+        return self.post(hdn, attention(qkv_rot, pool_l, m), ly.wo, ly.n2, ly.wgu, ly.wd, ly.eps)
+
+
+def kernels_per_layer(model: Model, m: StepMeta) -> float:
+    """GPU kernels one forward of StepMeta m launches, per decoder layer (torch.profiler count of
+    device kernels, embedding and LM head included, divided by the layer count)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model.forward(m)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        model.forward(m)
+        torch.cuda.synchronize()
+    n = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return n / model.n_layers

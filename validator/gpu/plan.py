@@ -301,7 +301,45 @@ def step_terms(q: Sequence[int], ctx: Sequence[int]) -> tuple[int, float]:
     return dec, float(pairs)
 
 
-def fit_step_model(points: list[dict]) -> dict:
+ATTENTION_TERMS = ("dec", "wpre", "wave", "chunks", "merge")
+
+
+def attention_structure(dims: dict, split: dict, decode_ctas_per_sm: int, prefill_ctas_per_sm: int) -> Any:
+    """dsim.cost.AttentionTerms of the executor's kernels for a model (coefficients 0): heads,
+    split-KV settings (model.SPLIT keys), FLASH_BLOCK_M query rows per CTA, the occupancies given."""
+    from dsim.cost import AttentionTerms
+
+    return AttentionTerms(
+        query_heads=int(dims["heads"]),
+        kv_heads=int(dims["kv_heads"]),
+        sms=int(split.get("sms", 132)),
+        fill=float(split["fill"]),
+        balance=float(split.get("balance") or 0.0),
+        min_chunk=int(split["min_chunk"]),
+        block_rows=128,
+        decode_ctas_per_sm=int(decode_ctas_per_sm),
+        prefill_ctas_per_sm=int(prefill_ctas_per_sm),
+        wave_ms_per_ktok=0.0,
+        chunk_ms_per_kcta=0.0,
+        merge_ms_per_mcell=0.0,
+        prefill_ms_per_mpair=0.0,
+    )
+
+
+def attention_features(q: Sequence[int], ctx: Sequence[int], a: Any) -> dict:
+    """The attention features of a step shape (dsim.cost.decode_features over its decode requests,
+    q < PREFILL_MIN_Q; dsim.cost.prefill_pairs summed over its prefill chunks): wave, chunks, merge,
+    wpre."""
+    from dsim.cost import decode_features, prefill_pairs
+
+    dq = [int(x) for x in q if x < PREFILL_MIN_Q]
+    dc = [int(c) for x, c in zip(q, ctx) if x < PREFILL_MIN_Q]
+    wave, chunks, merge = decode_features(dq, dc, a) if dq else (0.0, 0.0, 0.0)
+    wpre = sum(prefill_pairs(int(x), int(c), a) for x, c in zip(q, ctx) if x >= PREFILL_MIN_Q)
+    return dict(wave=wave, chunks=chunks, merge=merge, wpre=float(wpre))
+
+
+def fit_step_model(points: list[dict], attention: Any = None) -> dict:
     """Least squares step_ms = F(n) + slope * kv / 1000 (+ prefill terms), one free F per distinct n.
 
     points: dicts with n (token count the step ran with, i.e. padded), kv, ms; a point whose tag is
@@ -322,6 +360,15 @@ def fit_step_model(points: list[dict]) -> dict:
     """
     allpts = points
     terms = ["dec", "pre"] if all("dec" in p and "pre" in p and "n_real" in p for p in allpts) else []
+    if attention is not None:  # per-request attention terms: every point needs its shape
+        missing = [p.get("tag") for p in allpts if "shape_q" not in p or "shape_ctx" not in p]
+        if missing:
+            raise ValueError(
+                f"fit with attention terms: {len(missing)} points without shape_q/shape_ctx (e.g. {missing[0]})"
+            )
+        for p in allpts:
+            p.update(attention_features(p["shape_q"], p["shape_ctx"], attention))
+        terms = list(ATTENTION_TERMS)
     # without the prefill terms a single whole-size prompt chunk is off the model (its attention
     # grows with the square of the chunk): measured and reported, not fitted
     excl = FIT_EXCLUDE if terms else FIT_EXCLUDE + ("tail-prefill",)
@@ -348,7 +395,7 @@ def fit_step_model(points: list[dict]) -> dict:
             r[idx[int(p["n"])] if g is None else gidx[g]] = 1.0
         r[base] = p["kv"] / 1000.0
         for j, t in enumerate(terms):
-            r[base + 1 + j] = p["dec"] / 1000.0 if t == "dec" else p["pre"]
+            r[base + 1 + j] = p["dec"] / 1000.0 if t == "dec" else p[t]
         return r
 
     A = np.array([row(p) for p in points])
@@ -380,8 +427,8 @@ def fit_step_model(points: list[dict]) -> dict:
             n = int(p["n"])
             f = Fn[n] if n in Fn else float(np.interp(n, ns, F))
             e = f + slope * p["kv"] / 1000.0
-            if terms:
-                e += a * p["dec"] / 1000.0 + float(extra["pre"]) * p["pre"]
+            for t in terms:
+                e += float(extra[t]) * (p[t] / 1000.0 if t == "dec" else p[t])
             out.setdefault(p.get("tag", ""), []).append(round(float((e - p["ms"]) / p["ms"] * 100), 2))
         return out
 
@@ -401,8 +448,29 @@ def fit_step_model(points: list[dict]) -> dict:
     if terms:
         out["prefill_terms"] = {
             "discount_ms_per_ktok": round(a, 6),
-            "attention_ms_per_mpair": round(float(extra["pre"]), 6),
+            "attention_ms_per_mpair": round(float(extra.get("pre", 0.0)), 6),
         }
+    if attention is not None:
+        out["attention"] = dict(
+            {
+                k: getattr(attention, k)
+                for k in (
+                    "query_heads",
+                    "kv_heads",
+                    "sms",
+                    "fill",
+                    "balance",
+                    "min_chunk",
+                    "block_rows",
+                    "decode_ctas_per_sm",
+                    "prefill_ctas_per_sm",
+                )
+            },
+            wave_ms_per_ktok=round(float(extra["wave"]), 6),
+            chunk_ms_per_kcta=round(float(extra["chunks"]), 6),
+            merge_ms_per_mcell=round(float(extra["merge"]), 6),
+            prefill_ms_per_mpair=round(float(extra["wpre"]), 6),
+        )
     if held:  # not fitted: signed error of the fitted model (interpolated between fitted sizes)
         out["not_fitted_signed_pct"] = signed(held)
     if slope_pts:
@@ -447,9 +515,13 @@ def cost_model(profile: dict, where: str = "<profile>") -> CostModel:
 
 def predicted_step_ms(cost: CostModel, shape: StepShape) -> float:
     """dsim's forward-only cost of a step shape: CostModel.step_ms of its tokens and KV after its new
-    tokens, plus CostModel.prefill_ms of its prefill chunks (q >= PREFILL_MIN_Q)."""
+    tokens, plus CostModel.prefill_ms of its prefill chunks (q >= PREFILL_MIN_Q) and
+    CostModel.context_ms of its decode/verify requests (0 for a profile without attention terms)."""
     chunks = [(q, c) for q, c in zip(shape.q, shape.ctx) if q >= PREFILL_MIN_Q]
-    return float(cost.step_ms(shape.n, shape.kv)) + float(cost.prefill_ms(chunks))
+    dq = [q for q in shape.q if q < PREFILL_MIN_Q]
+    dc = [c for q, c in zip(shape.q, shape.ctx) if q < PREFILL_MIN_Q]
+    ctx_ms = cost.context_ms(dq, dc) if dq else 0.0
+    return float(cost.step_ms(shape.n, shape.kv)) + float(cost.prefill_ms(chunks)) + float(ctx_ms)
 
 
 # ---------------------------------------------------------------- profile dict / files
@@ -476,6 +548,9 @@ def profile_dict(
     }
     if fit.get("prefill_terms"):
         d["prefill_terms"] = dict(fit["prefill_terms"])
+    if fit.get("attention"):
+        d["format_version"] = 2
+        d["attention"] = dict(fit["attention"])
     if draft:
         d["draft"] = {
             k: {"requests": [int(r) for r in v["requests"]], "ms": [round(float(m), 5) for m in v["ms"]]}
@@ -573,3 +648,76 @@ def concurrency_of(step: dict) -> int | str:
     if max(step["q"]) >= PREFILL_MIN_Q:
         return "prefill"
     return len(step["q"])
+
+
+# ---------------------------------------------------------------- context sweep (unequal contexts)
+# Context spreads of the context sweep: the same request count and total KV, contexts spread as
+# uniform, dsim's DSpark mix (log-normal gsd 1.76), a wide log-normal (gsd 3) and a heavy tail like
+# Mooncake's conversation trace (input p50 6.9K, p99 85K tokens; one request near the 122K maximum).
+CONTEXT_SPREADS = ("uniform", "gsd1.76", "gsd3", "heavy")
+LONG_PREFIX_CACHED = (0, 16384, 65536, 122880)  # cached tokens under one prefill chunk
+LONG_PREFIX_CHUNKS = (512, 2048, 8192)
+
+
+def spread_contexts(R: int, mean: int, spread: str, seed: int = 0) -> list[int]:
+    """R contexts with mean about `mean` (sum exactly R x mean), spread as CONTEXT_SPREADS names."""
+    if spread == "uniform":
+        raw = [1.0] * R
+    elif spread.startswith("gsd"):
+        raw = [float(c) for c in quantile_contexts(R, seed, 1000.0, float(spread[3:]), lo=1, hi=10**9)]
+    elif spread == "heavy":  # one request near 122K tokens, the rest log-normal (gsd 2.5)
+        raw = [float(c) for c in quantile_contexts(R, seed, 1000.0, 2.5, lo=1, hi=10**9)]
+    else:
+        raise ValueError(f"unknown spread {spread!r} ({', '.join(CONTEXT_SPREADS)})")
+    total = R * mean
+    if spread == "heavy" and R > 1:
+        top = min(122880, total // 2)
+        rest = [x * (total - top) / sum(raw[1:]) for x in raw[1:]]
+        ctx = [top] + [max(16, int(round(x))) for x in rest]
+    else:
+        ctx = [max(16, int(round(x * total / sum(raw)))) for x in raw]
+    random.Random(seed + 3).shuffle(ctx)
+    return ctx
+
+
+def context_sweep_plan(kv_budget_tokens: int = 4_000_000, seed: int = 0, quick: bool = False) -> list[StepShape]:
+    """Steps that tell unequal contexts and long cached prefixes apart from total KV alone:
+
+    - spread: decode/verify steps of R requests (16, 96, 256) at a mean context (4K, 12K) with every
+      spread in CONTEXT_SPREADS (same windows, same total KV within a group), plus window-1 steps
+      (no drafter) at 16 and 96 requests, 12K mean;
+    - longpre: one prefill chunk of q tokens (LONG_PREFIX_CHUNKS) over c cached tokens
+      (LONG_PREFIX_CACHED), and busy steps mixing heavy-tailed decodes with a chunk over a long prefix.
+    Steps over kv_budget_tokens are left out.
+    """
+    plan: list[StepShape] = []
+    groups = [(16, 4096), (16, 12288), (96, 4096), (96, 12288), (256, 4096)]
+    if quick:
+        groups = [(4, 256), (16, 128)]
+    for R, mean in groups:
+        q = tuple(_windows(R, random.Random(seed + R), None))
+        for sp in CONTEXT_SPREADS:
+            st = StepShape(q, tuple(spread_contexts(R, mean, sp, seed + R)), f"spread-{sp}")
+            if st.kv <= kv_budget_tokens:
+                plan.append(st)
+    for R in (16, 96) if not quick else (4,):
+        mean = 12288 if not quick else 256
+        for sp in ("uniform", "heavy"):
+            st = StepShape((1,) * R, tuple(spread_contexts(R, mean, sp, seed + R)), f"spread-{sp}")
+            if st.kv <= kv_budget_tokens:
+                plan.append(st)
+    cached = LONG_PREFIX_CACHED if not quick else (0, 256)
+    chunks = LONG_PREFIX_CHUNKS if not quick else (32, 128)
+    for c in cached:
+        for qn in chunks:
+            plan.append(StepShape((qn,), (c,), "longpre"))
+    mixes = [(16, 2048, 32768), (96, 4096, 65536)] if not quick else [(4, 64, 256)]
+    for R, qn, c in mixes:
+        d = StepShape(
+            tuple(_windows(R, random.Random(seed + R), None)),
+            tuple(spread_contexts(R, 8192 if not quick else 128, "heavy", seed)),
+        )
+        st = StepShape(d.q + (qn,), d.ctx + (c,), "longpre-mixed")
+        if st.kv <= kv_budget_tokens:
+            plan.append(st)
+    return plan

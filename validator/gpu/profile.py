@@ -432,6 +432,8 @@ def profile_model(
             fit=shape.tag not in FIT_EXCLUDE,
             dec=dec,
             pre=round(pre, 6),
+            shape_q=list(shape.q),
+            shape_ctx=list(shape.ctx),
         )
         points.append(p)
         shapes.append(shape)

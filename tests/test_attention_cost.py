@@ -1,0 +1,198 @@
+"""The per-request attention terms of format-2 profiles (dsim.cost.AttentionTerms): closed forms,
+properties against the GPU executor's own split plan, format compatibility (format-1 profiles load
+and price exactly as before) and the engine's use of them (its recorded step costs equal the cost
+interface's on the same shapes)."""
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dsim import cost as C
+from dsim.errors import InputError
+from validator.gpu import plan
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = sorted(p for p in (ROOT / "profiles").rglob("*.yaml") if "models" not in p.parts)
+
+A = C.AttentionTerms(
+    query_heads=32,
+    kv_heads=8,
+    sms=132,
+    fill=2.0,
+    balance=2.0,
+    min_chunk=64,
+    block_rows=128,
+    decode_ctas_per_sm=2,
+    prefill_ctas_per_sm=2,
+    wave_ms_per_ktok=0.01,
+    chunk_ms_per_kcta=0.3,
+    merge_ms_per_mcell=0.5,
+    prefill_ms_per_mpair=1.4,
+)
+
+
+def v2(profile_path: Path, a: C.AttentionTerms = A) -> dict:
+    d = yaml.safe_load(profile_path.read_text())
+    d["format_version"] = 2
+    d["attention"] = {f.name: getattr(a, f.name) for f in dataclasses.fields(a)}
+    return d
+
+
+def test_decode_features_closed_form():
+    # 33 requests of 1024 tokens, one query token: L = 1024 (33 chunk sets fill 2 x 132 SMs with
+    # 8 KV heads), one chunk each, 264 CTAs = one wave of 2 x 132: capacity = the KV read exactly
+    wave, ctas, merge = C.decode_features([1] * 33, [1024] * 33, A)
+    assert wave == pytest.approx(33 * 1024 / 1000)
+    assert ctas == pytest.approx(264 / 1000)
+    assert merge == pytest.approx(1 * 4 * 33 * 8 / 1e6)
+    # one request 32x longer than the rest (same total): the same KV read, more chunks for one
+    # request, so a deeper merge grid
+    ctx = [1024 * 17] + [1024 // 2] * 32
+    wave2, ctas2, merge2 = C.decode_features([1] * 33, ctx, A)
+    assert sum(ctx) == 33 * 1024 and wave2 == pytest.approx(wave) and merge2 == pytest.approx(17 * merge)
+    # too little work to fill the SMs: one chunk's length (here min_chunk) is the critical path
+    big = dataclasses.replace(A, min_chunk=4096)
+    assert C.decode_features([1, 1], [100, 100], big)[0] == pytest.approx(4096 * 264 / 8 / 1000)
+    assert C.decode_features([], [], A) == (0.0, 0.0, 0.0)
+
+
+def test_prefill_pairs_closed_form():
+    # 8192 tokens at context 0: 64 query blocks x 32 heads = 2048 CTAs, 8 waves of 264 (2112 slots)
+    assert C.prefill_pairs(8192, 0, A) == pytest.approx(8 * 264 / 32 * 128 * 4096 / 1e6)
+    # 512 tokens over a 122880-token prefix: 128 CTAs, one partly filled wave priced whole
+    p = C.prefill_pairs(512, 122880, A)
+    assert p == pytest.approx(264 / 32 * 128 * (122880 + 256) / 1e6)
+    assert p > 512 * (122880 + 256) / 1e6 * 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 8), st.integers(0, 130_000)), min_size=1, max_size=300),
+    st.sampled_from([1, 2, 4]),
+)
+def test_decode_features_match_the_executors_split(reqs, occ):
+    """The chunk count and longest split the cost model sees are the executor's (model.split_plan),
+    and the wave capacity covers the KV read (waves are priced whole)."""
+    M = pytest.importorskip("validator.gpu.model")
+    q = [r[0] for r in reqs]
+    ctx = [r[1] for r in reqs]
+    a = dataclasses.replace(A, decode_ctas_per_sm=occ)
+    parts = M.split_plan([max(c, 1) for c in ctx], [a.group * x for x in q], a.kv_heads, dict(M.SPLIT, sms=a.sms))
+    wave, ctas, merge = C.decode_features(q, ctx, a)
+    assert ctas * 1000 == pytest.approx(a.kv_heads * sum(len(p) for p in parts))
+    assert merge * 1e6 == pytest.approx(max(len(p) for p in parts) * a.group * sum(q) * a.kv_heads)
+    assert wave * 1000 >= sum(max(c, 1) for c in ctx) - 1e-6
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 16384), st.integers(0, 200_000))
+def test_prefill_pairs_cover_the_causal_pairs(q, c):
+    qb = math.ceil(q / 128) * 128
+    assert C.prefill_pairs(q, c, A) >= qb * (c + 0.5 * q) / 1e6 - 1e-9
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_format_1_profiles_price_as_before(path):
+    """A profile without attention terms: context_ms is 0, prefill_ms the pairs formula, and the
+    written dict carries no format-2 keys (round trip unchanged)."""
+    p = C.load_profile(str(path))
+    cm = C.CostModel(p)
+    if p.attention is not None:
+        pytest.skip("a format-2 profile")
+    assert p.format_version == 1 and not cm.has_context_terms
+    assert cm.context_ms([1, 4, 8], [100, 50_000, 120_000]) == 0.0
+    chunks = [(512, 0), (2048, 65536)]
+    d, a = p.prefill_discount_ms_per_ktok / 1000, p.prefill_attn_ms_per_mpair / 1e6
+    assert cm.prefill_ms(chunks) == pytest.approx(sum(q * (a * (c + q / 2) - d) for q, c in chunks))
+    out = C.profile_to_dict(p)
+    assert "format_version" not in out and "attention" not in out
+
+
+def test_format_2_round_trip_and_errors(tmp_path):
+    base = ROOT / "profiles" / "h200" / "h200-llama-3.1-8b.yaml"
+    d = v2(base)
+    p = C.profile_from_dict(d, "x.yaml")
+    assert p.format_version == 2 and p.attention == A
+    again = C.profile_from_dict(C.profile_to_dict(p), "y.yaml")
+    assert again.attention == A and again.format_version == 2
+    bad = v2(base)
+    bad.pop("format_version")
+    with pytest.raises(InputError, match="format_version: 2"):
+        C.profile_from_dict(bad, "x.yaml")
+    bad = v2(base)
+    bad["attention"]["warp_speed"] = 1
+    with pytest.raises(InputError, match="warp_speed"):
+        C.profile_from_dict(bad, "x.yaml")
+    bad = v2(base)
+    bad["attention"]["kv_heads"] = 5
+    with pytest.raises(InputError, match="does not divide"):
+        C.profile_from_dict(bad, "x.yaml")
+    bad = v2(base)
+    bad["format_version"] = 3
+    with pytest.raises(InputError, match="format_version"):
+        C.profile_from_dict(bad, "x.yaml")
+
+
+def test_format_2_prices_unequal_contexts_and_long_prefixes_higher():
+    cm = C.CostModel(C.profile_from_dict(v2(ROOT / "profiles" / "h200" / "h200-llama-3.1-8b.yaml"), "x.yaml"))
+    uni = cm.context_ms([4] * 16, [12288] * 16)
+    heavy = cm.context_ms([4] * 16, [98304] + [6553] * 15)
+    assert heavy > uni > 0
+    # prefill: the same pairs cost more as one short chunk over a long prefix than as a long chunk
+    assert cm.prefill_ms([(512, 122880)]) > 0
+    assert cm.context_ms([], []) == 0.0
+
+
+def _simulate(profile, method="dspark", prefix=False, requests=60, concurrency=16):
+    from dsim.engine import EngineConfig
+    from dsim.sim import SimConfig, SpecConfig, simulate
+    from dsim.workload import load_workload
+
+    w = load_workload("azure-conv", n=requests)
+    w = dataclasses.replace(w, closed_loop_concurrency=concurrency, arrival_s=np.zeros(len(w.arrival_s)))
+    eng = dataclasses.replace(EngineConfig(), record_shapes=True, enable_prefix_caching=prefix)
+    spec = SpecConfig(method) if method != "none" else SpecConfig()
+    return simulate(SimConfig(workload=w, profile=profile, spec=spec, engine=eng, gpus_per_node=1))
+
+
+def test_engine_zero_terms_change_nothing():
+    base = dataclasses.replace(
+        C.load_profile("h200-llama-3.1-8b"), format_version=1, attention=None, prefill_attn_ms_per_mpair=1.4
+    )
+    zero = dataclasses.replace(
+        A, wave_ms_per_ktok=0.0, chunk_ms_per_kcta=0.0, merge_ms_per_mcell=0.0, prefill_ms_per_mpair=0.0
+    )
+    p2 = dataclasses.replace(base, format_version=2, attention=zero)
+    a, b = _simulate(base), _simulate(p2)
+    assert {k: v for k, v in a.summary.items() if k != "wall_time_s"} == {
+        k: v for k, v in b.summary.items() if k != "wall_time_s"
+    }
+    assert a.shapes == b.shapes
+
+
+@pytest.mark.parametrize("method", ["dspark", "none"])
+def test_engine_step_costs_are_the_cost_interfaces(method):
+    """Every recorded step's forward cost is the cost model's on the recorded shape (single steps
+    exactly; decode windows price their contexts at the window's first step, within 1%)."""
+    base = C.load_profile("h200-llama-3.1-8b")
+    p2 = dataclasses.replace(base, format_version=2, attention=A)
+    res = _simulate(p2, method=method)
+    cm = C.CostModel(p2)
+    cm1 = C.CostModel(dataclasses.replace(base, format_version=1, attention=None))
+    errs, extra = [], []
+    for _rep, _t, q, ctx, ms in res.shapes:
+        shape = plan.StepShape(tuple(q), tuple(ctx))
+        pred = plan.predicted_step_ms(cm, shape)
+        errs.append(abs(pred - ms) / pred)
+        extra.append(pred - plan.predicted_step_ms(cm1, shape))
+    errs = np.asarray(errs)
+    assert len(errs) > 50
+    assert np.count_nonzero(errs < 1e-9) >= 5 and errs.max() < 0.01
+    # the terms (all positive here) make every step dearer than the profile without them
+    assert min(extra) >= -1e-9 and np.mean(extra) > 0
