@@ -44,6 +44,17 @@ SPLIT: dict[str, Any] = dict(policy="continuous", fill=2.0, balance=2.0, min_chu
 SPLIT_KEYS = ("fill", "balance", "min_chunk", "sms")
 
 
+def executor_device(dry_run: bool) -> tuple[torch.device, torch.dtype]:
+    """The executor's device and dtype: the CPU in float32 for a dry run, else the GPU in bf16
+    with reduced-precision bf16 reductions (as vLLM's GEMMs run) and the split planner set to the
+    GPU's SM count."""
+    if dry_run:
+        return torch.device("cpu"), torch.float32
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
+    SPLIT["sms"] = torch.cuda.get_device_properties(0).multi_processor_count
+    return torch.device("cuda"), torch.bfloat16
+
+
 def split_settings(record: dict | None) -> dict:
     """The split settings of a record (a profile's provenance.attention_check.split, a --split
     option): fill, balance, min_chunk (sms where given). Only the continuous split with the exact

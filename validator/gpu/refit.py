@@ -39,6 +39,26 @@ REFIT_NOTE = (
 )
 
 
+def _refitted_profile(prof: dict, prov: dict, fit: dict) -> dict:
+    """prof rewritten around a new fit: its memory, capture sizes, drafter and CPU overhead kept,
+    and its measured extras (replay_check ...) carried over."""
+    from validator.gpu import plan as P
+
+    new = P.profile_dict(
+        name=prof["name"],
+        provenance=prov,
+        kv_cache_gib=prof["memory"]["kv_cache_gib"],
+        kv_bytes_per_token=prof["memory"]["kv_bytes_per_token"],
+        caps=prof["capture_sizes"],
+        fit=fit,
+        draft=prof.get("draft") or {},
+        cpu_overhead_ms=prof["cpu_overhead_ms"],
+    )
+    for k, v in prof.items():
+        new.setdefault(k, v)
+    return new
+
+
 def point_terms(points: list[dict]) -> None:
     """dec / pre for points without them (raw files written before the prefill terms existed)."""
     tails = None
@@ -166,18 +186,7 @@ def refit_attention(raw_path: Path, ctx_paths: list[str], command: str) -> dict:
     fit["occupancy_tried"] = tried
     fit["anchor_drift"] = drift(pts, ctx)
     prov = dict(prof["provenance"])
-    new = P.profile_dict(
-        name=prof["name"],
-        provenance=prov,
-        kv_cache_gib=prof["memory"]["kv_cache_gib"],
-        kv_bytes_per_token=prof["memory"]["kv_bytes_per_token"],
-        caps=prof["capture_sizes"],
-        fit=fit,
-        draft=prof.get("draft") or {},
-        cpu_overhead_ms=prof["cpu_overhead_ms"],
-    )
-    for k, v in prof.items():
-        new.setdefault(k, v)
+    new = _refitted_profile(prof, prov, fit)
     method = prov.get("method", "")
     mark = ATTENTION_NOTE.split("{date}")[0]
     if mark in method:
@@ -245,18 +254,7 @@ def refit(raw_path: Path, command: str) -> dict:
     fit["kv_ms_per_ktok_by_window_n128"] = P.kv_slope_by_window(pts)
     old = {"kv_ms_per_ktok": prof["kv_ms_per_ktok"], "fit": prof.get("fit")}
     prov = dict(prof["provenance"])
-    new = P.profile_dict(
-        name=prof["name"],
-        provenance=prov,
-        kv_cache_gib=prof["memory"]["kv_cache_gib"],
-        kv_bytes_per_token=prof["memory"]["kv_bytes_per_token"],
-        caps=prof["capture_sizes"],
-        fit=fit,
-        draft=prof.get("draft") or {},
-        cpu_overhead_ms=prof["cpu_overhead_ms"],
-    )
-    for k, v in prof.items():  # measured extras (replay_check ...) stay
-        new.setdefault(k, v)
+    new = _refitted_profile(prof, prov, fit)
     # the method line says what the fit is now: an earlier refit's note (any date) is replaced
     method = prov.get("method", "")
     mark = REFIT_NOTE.split("{date}")[0]

@@ -34,17 +34,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pool-gib", type=float, default=24.0)
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args(argv)
-    import torch
     import yaml
 
     from validator.gpu import model as M
     from validator.gpu import plan as P
 
-    device = torch.device("cpu" if a.dry_run else "cuda")
-    dtype = torch.float32 if a.dry_run else torch.bfloat16
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
-        M.SPLIT["sms"] = torch.cuda.get_device_properties(0).multi_processor_count
+    device, dtype = M.executor_device(a.dry_run)
     if a.profile:
         rec = yaml.safe_load(Path(a.profile).read_text()).get("provenance", {}).get("attention_check", {}).get("split")
         if rec:

@@ -31,16 +31,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args(argv)
-    import torch
 
     from validator.gpu import model as M
     from validator.gpu import plan as P
 
-    device = torch.device("cpu" if a.dry_run else "cuda")
-    dtype = torch.float32 if a.dry_run else torch.bfloat16
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
-        M.SPLIT["sms"] = torch.cuda.get_device_properties(0).multi_processor_count
+    device, dtype = M.executor_device(a.dry_run)
     cfg = json.loads(Path(a.model).read_text())
     if a.dry_run:
         cfg = {**cfg, **P.DRY_CFG}
