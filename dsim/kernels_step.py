@@ -247,6 +247,22 @@ def draw_slots(
 # ---- verify-budget policies -------------------------------------------------------------------
 
 
+@njit(cache=True, inline="always")
+def _radix_scatter(a, b, cnt, sh, mask, n):
+    """One LSD pass: cnt (the digit histogram of a[:n]) turned into start offsets, then a[:n]
+    scattered stably into b by digit (a >> sh) & mask."""
+    tot = 0
+    for d in range(cnt.shape[0]):
+        c = cnt[d]
+        cnt[d] = tot
+        tot += c
+    for i in range(n):
+        x = a[i]
+        d = (x >> sh) & mask
+        b[cnt[d]] = x
+        cnt[d] += 1
+
+
 @njit(cache=True)
 def _sort_desc(v, out):
     """out = v sorted descending (float32, non-negative finite values): LSD radix sort on the
@@ -273,16 +289,7 @@ def _sort_desc(v, out):
             cnt = cnt3[p]
             if cnt[(a[0] >> sh) & np.uint32(2047)] == n:
                 continue
-            tot = 0
-            for d in range(2048):
-                c = cnt[d]
-                cnt[d] = tot
-                tot += c
-            for i in range(n):
-                x = a[i]
-                d = (x >> sh) & np.uint32(2047)
-                b[cnt[d]] = x
-                cnt[d] += 1
+            _radix_scatter(a, b, cnt, sh, np.uint32(2047), n)
             a, b = b, a
     else:
         cnt = np.zeros(256, np.int64)
@@ -293,16 +300,7 @@ def _sort_desc(v, out):
                 cnt[(a[i] >> sh) & np.uint32(255)] += 1
             if cnt[(a[0] >> sh) & np.uint32(255)] == n:
                 continue
-            tot = 0
-            for d in range(256):
-                c = cnt[d]
-                cnt[d] = tot
-                tot += c
-            for i in range(n):
-                x = a[i]
-                d = (x >> sh) & np.uint32(255)
-                b[cnt[d]] = x
-                cnt[d] += 1
+            _radix_scatter(a, b, cnt, sh, np.uint32(255), n)
             a, b = b, a
     fa = a.view(np.float32)
     for i in range(n):
