@@ -61,6 +61,20 @@ def logit_rows(q: list[int]) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ weights
+def _moe_weights(layer, d: dict, tp: int, device, dtype) -> None:
+    """A MoE layer's router, shared expert (tensor-parallel over tp) and this rank's routed experts
+    (FP8), set on `layer` (the same for V4 and V3 layers)."""
+    import torch
+
+    h = d["hidden"]
+    layer.router = torch.randn(d["experts"], h, device=device, dtype=dtype) * h**-0.5
+    si = d["inter"] * d["shared"] // tp
+    layer.sh_gu = O.Linear(2 * si, h, True, device, dtype)
+    layer.sh_down = O.Linear(h, si, True, device, dtype)
+    moe = dict(tokens=1, hidden=h, inter=d["inter"], topk=d["topk_experts"], experts=d["experts"], ep=d["ep"])
+    layer.moe_w = O.MoEOp(dict(moe, dtype="fp8"), device, dtype)
+
+
 class V4Layer:
     def __init__(self, d: dict, kind: str, device, dtype, tp: int):
         import torch
@@ -84,24 +98,8 @@ class V4Layer:
             self.icomp = L(2 * O.compressor_width(4) * d["index_dim"], h, False, device, dtype)
         M = d["hc_mult"]
         self.phi = [torch.randn(M * h, 2 * M + M * M, device=device, dtype=dtype) * (M * h) ** -0.5 for _ in range(2)]
-        self.router = torch.randn(d["experts"], h, device=device, dtype=dtype) * h**-0.5
-        si = d["inter"] * d["shared"] // tp
-        self.sh_gu = L(2 * si, h, True, device, dtype)
-        self.sh_down = L(h, si, True, device, dtype)
         self.norms = torch.ones(4, max(h, d["q_lora"]), device=device, dtype=dtype)
-        self.moe_w = O.MoEOp(
-            dict(
-                tokens=1,
-                hidden=h,
-                inter=d["inter"],
-                topk=d["topk_experts"],
-                experts=d["experts"],
-                ep=d["ep"],
-                dtype="fp8",
-            ),
-            device,
-            dtype,
-        )
+        _moe_weights(self, d, tp, device, dtype)
 
 
 class V3Layer:
@@ -123,23 +121,7 @@ class V3Layer:
             self.gu = L(2 * d["dense_inter"] // tp, h, True, device, dtype)
             self.down = L(h, d["dense_inter"] // tp, True, device, dtype)
         else:
-            self.router = torch.randn(d["experts"], h, device=device, dtype=dtype) * h**-0.5
-            si = d["inter"] * d["shared"] // tp
-            self.sh_gu = L(2 * si, h, True, device, dtype)
-            self.sh_down = L(h, si, True, device, dtype)
-            self.moe_w = O.MoEOp(
-                dict(
-                    tokens=1,
-                    hidden=h,
-                    inter=d["inter"],
-                    topk=d["topk_experts"],
-                    experts=d["experts"],
-                    ep=d["ep"],
-                    dtype="fp8",
-                ),
-                device,
-                dtype,
-            )
+            _moe_weights(self, d, tp, device, dtype)
 
 
 def _swiglu(h, limit=10.0):
