@@ -20,7 +20,7 @@ from typing import Annotated, Optional
 import typer
 
 from dsim.errors import InputError
-from dsim.scenario import build_workload, disaggregation, spec_config
+from dsim.scenario import build_workload, disaggregation, disaggregation_note, spec_config
 
 app = typer.Typer(
     add_completion=False,
@@ -139,11 +139,7 @@ def print_summary(s: dict):
     )
     eng = s["setup"].get("engine") or {}
     if eng.get("kv_role") == "kv_consumer":
-        typer.echo(
-            "engine   : disaggregated decode instances (kv_role kv_consumer): prompts' KV arrives computed; "
-            f"assumed prefill + transfer delay {eng['remote_prefill_ms']:g} ms + "
-            f"{eng['remote_prefill_ms_per_ktok']:g} ms per 1000 prompt tokens, in TTFT"
-        )
+        typer.echo("engine   : " + disaggregation_note(eng["remote_prefill_ms"], eng["remote_prefill_ms_per_ktok"]))
     typer.echo(
         f"completed {s['requests_completed']}/{s['requests_total']} requests in {s['sim_time_s']:.1f} s "
         f"simulated ({s['wall_time_s']:.2f} s wall, {s['steps']} steps)"

@@ -213,12 +213,9 @@ def engine_notes(eng) -> list:
     """What the engine mode assumes, for the printed output (nothing for the default engine)."""
     if eng is None or not eng.disaggregated:
         return []
-    return [
-        "decode instances of a prefill/decode-disaggregated deployment (kv_role kv_consumer): prompts' KV "
-        "arrives computed, each request's first step computes its last prompt token; assumed prefill + "
-        f"transfer delay {eng.remote_prefill_ms:g} ms + {eng.remote_prefill_ms_per_ktok:g} ms per 1000 prompt "
-        "tokens, counted in TTFT"
-    ]
+    from dsim.scenario import disaggregation_note
+
+    return [disaggregation_note(eng.remote_prefill_ms, eng.remote_prefill_ms_per_ktok)]
 
 
 # ---- plan -----------------------------------------------------------------------------------

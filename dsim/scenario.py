@@ -41,6 +41,16 @@ def disaggregation(
     }
 
 
+def disaggregation_note(remote_prefill_ms: float, remote_prefill_ms_per_ktok: float) -> str:
+    """The printed assumption of a disaggregated run (one wording for simulate, plan, sweep, ab)."""
+    return (
+        "decode instances of a prefill/decode-disaggregated deployment (kv_role kv_consumer): prompts' KV "
+        "arrives computed, each request's first step computes its last prompt token; assumed prefill + "
+        f"transfer delay {remote_prefill_ms:g} ms + {remote_prefill_ms_per_ktok:g} ms per 1000 prompt "
+        "tokens, counted in TTFT"
+    )
+
+
 def engine_config(
     disaggregated: bool, remote_prefill_ms: float = 0.0, remote_prefill_ms_per_ktok: float = 0.0
 ) -> EngineConfig | None:
