@@ -15,12 +15,15 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from dsim.errors import InputError
 from dsim.scenario import build_workload, disaggregation, disaggregation_note, spec_config
+
+if TYPE_CHECKING:
+    from dsim.engine import EngineConfig
 
 app = typer.Typer(
     add_completion=False,
@@ -125,7 +128,8 @@ def check_out_targets(out: Optional[Path], step_log: Optional[Path] = None) -> N
         check_file_target(step_log, "--step-log")
 
 
-def print_summary(s: dict):
+def print_summary(s: dict, engine: EngineConfig) -> None:
+    """The human-readable summary of one simulation run with this engine configuration."""
     typer.echo(f"workload : {s['setup']['workload']}")
     typer.echo(f"profile  : {s['setup']['profile']}")
     if s["setup"].get("acceptance_source"):
@@ -137,9 +141,8 @@ def print_summary(s: dict):
         f"cluster  : {s['setup']['nodes']} node(s), {s['setup']['replicas']} replica(s), "
         f"{s['setup']['gpus']} GPUs; method {s['setup']['spec']['method']} k={s['setup']['spec']['k']}"
     )
-    eng = s["setup"].get("engine") or {}
-    if eng.get("kv_role") == "kv_consumer":
-        typer.echo("engine   : " + disaggregation_note(eng["remote_prefill_ms"], eng["remote_prefill_ms_per_ktok"]))
+    if engine.disaggregated:
+        typer.echo("engine   : " + disaggregation_note(engine.remote_prefill_ms, engine.remote_prefill_ms_per_ktok))
     typer.echo(
         f"completed {s['requests_completed']}/{s['requests_total']} requests in {s['sim_time_s']:.1f} s "
         f"simulated ({s['wall_time_s']:.2f} s wall, {s['steps']} steps)"
@@ -295,7 +298,7 @@ def simulate(
         if as_json:
             typer.echo(json.dumps(res.summary, sort_keys=True))
         elif not quiet:
-            print_summary(res.summary)
+            print_summary(res.summary, ec)
 
     run_guarded(go)
 

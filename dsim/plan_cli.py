@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -41,7 +42,8 @@ DEFAULT_PLAN_RATE_SCALE = 20.0
 ScenarioOpt = Annotated[
     str,
     typer.Option(
-        help="default (analytical DeepSeek-V4-class profile) or measured (a measured profile under profiles/h200/)"
+        help="default (the default profile, DeepSeek-V4-Flash on 8 x H200, and the default trace at "
+        "20x its rate) or measured (the first measured profile under profiles/h200/)"
     ),
 ]
 MaxNodesOpt = Annotated[int, typer.Option(help="largest node count tried")]
@@ -168,7 +170,7 @@ def check_fit(workloads, profile, specs, gpus_per_node: int, price: float | None
 
 
 def measured_profile_path() -> Path | None:
-    """A measured profile under profiles/h200/ (another engineer produces them), if any."""
+    """The first measured profile under profiles/h200/ (by file name), if any."""
     import yaml
 
     from dsim.cost import PROFILE_DIR
@@ -257,100 +259,88 @@ def plan(
     Exit codes: 0 when every method met the SLA within --max-nodes; 1 when some method could not
     (the table says "not met at N nodes" and shows the best reached); 2 for bad input.
     """
-    rc = run_guarded(
-        _plan,
-        sla,
-        trace,
-        format,
-        requests,
-        window,
-        rate,
-        rate_scale,
-        mix,
-        profile,
-        scenario,
-        methods,
-        max_nodes,
-        seeds,
-        margin,
-        price_per_gpu_hour,
-        gpus_per_node,
-        router,
-        jobs,
-        as_json,
-        executor,
-        ray_address,
-        (disaggregated, remote_prefill_ms, remote_prefill_ms_per_ktok),
-    )
+
+    def go():
+        from dsim import plan as P
+        from dsim.progress import Progress
+
+        setup = _search_setup(
+            sla=sla,
+            seeds=seeds,
+            workload=dict(trace=trace, fmt=format, requests=requests, window=window, rate=rate, mix=mix),
+            rate_scale=rate_scale,
+            profile=profile,
+            scenario=scenario,
+            checks=dict(max_nodes=max_nodes, gpus_per_node=gpus_per_node, jobs=jobs),
+            executor=executor,
+            ray_address=ray_address,
+            engine=engine_config(disaggregated, remote_prefill_ms, remote_prefill_ms_per_ktok),
+        )
+        specs = parse_methods(methods)
+        check_fit(setup.workloads.values(), setup.profile, specs.values(), gpus_per_node, price_per_gpu_hour)
+        with Progress("plan") as bar:
+            res = P.plan(
+                setup.workloads,
+                setup.profile,
+                specs,
+                setup.slos,
+                margin=margin,
+                max_nodes=max_nodes,
+                seeds=setup.seeds,
+                gpus_per_node=gpus_per_node,
+                price=price_per_gpu_hour,
+                jobs=jobs,
+                router=router,
+                notes=setup.notes,
+                executor=executor,
+                ray_address=ray_address,
+                progress_bar=bar,
+                engine=setup.engine,
+            )
+        if as_json:
+            typer.echo(json.dumps(res, sort_keys=True, default=_json_default))
+        else:
+            typer.echo(P.format_plan(res, setup.slos, list(specs)))
+        return 0 if all(res[n]["sla_met"] for n in specs) else 1
+
+    rc = run_guarded(go)
     if rc:
         raise typer.Exit(rc)
 
 
-def _plan(
-    sla,
-    trace,
-    format,
-    requests,
-    window,
-    rate,
-    rate_scale,
-    mix,
-    profile,
-    scenario,
-    methods,
-    max_nodes,
-    seeds,
-    margin,
-    price,
-    gpus_per_node,
-    router,
-    jobs,
-    as_json,
-    executor="local",
-    ray_address=None,
-    disagg=(False, 0.0, 0.0),
-):
+@dataclass(frozen=True)
+class SearchSetup:
+    """What plan and ab share before the node-count search: the parsed SLA and seeds, the engine
+    mode, the profile and one workload per seed (the scenario resolved), and the printed notes."""
+
+    slos: list
+    seeds: list[int]
+    engine: Any  # EngineConfig, or None for the default engine
+    profile: Any  # dsim.cost.Profile
+    workloads: dict
+    notes: list[str]
+
+
+def _search_setup(
+    *, sla, seeds, workload: dict, rate_scale, profile, scenario, checks: dict, executor, ray_address, engine
+) -> SearchSetup:
+    """Validate the node-count search's shared flags (an InputError names the flag) and build its
+    inputs. workload: build_workload's trace, fmt, requests, window, rate and mix; checks:
+    check_common's max_nodes, gpus_per_node and jobs."""
     from dsim import plan as P
     from dsim.cost import load_profile
     from dsim.executor import check_executor
-    from dsim.progress import Progress
 
     check_executor(executor, ray_address)
     slos = P.parse_sla(sla)
     seed_list = parse_seeds(seeds)
-    eng = engine_config(*disagg)
-    check_common(max_nodes=max_nodes, gpus_per_node=gpus_per_node, jobs=jobs)
-    check_mix(mix)
-    profile, rate_scale, notes = resolve_scenario(scenario, trace, profile, rate, rate_scale)
-    notes += engine_notes(eng)
-    specs = parse_methods(methods)
-    prof = load_profile(profile)
-    wls = {s: build_workload(trace, format, requests, window, rate, rate_scale, None, mix, s) for s in seed_list}
-    check_fit(wls.values(), prof, specs.values(), gpus_per_node, price)
-    with Progress("plan") as bar:
-        res = P.plan(
-            wls,
-            prof,
-            specs,
-            slos,
-            margin=margin,
-            max_nodes=max_nodes,
-            seeds=seed_list,
-            gpus_per_node=gpus_per_node,
-            price=price,
-            jobs=jobs,
-            router=router,
-            notes=notes,
-            executor=executor,
-            ray_address=ray_address,
-            progress_bar=bar,
-            engine=eng,
-        )
-    if as_json:
-        typer.echo(json.dumps(res, sort_keys=True, default=_json_default))
-    else:
-        typer.echo(P.format_plan(res, slos, list(specs)))
-    return 0 if all(res[n]["sla_met"] for n in specs) else 1
+    check_common(**checks)
+    check_mix(workload["mix"])
+    prof_name, rs, notes = resolve_scenario(scenario, workload["trace"], profile, workload["rate"], rate_scale)
+    notes += engine_notes(engine)
+    prof = load_profile(prof_name)
+    wls = {s: build_workload(**workload, rate_scale=rs, seed=s) for s in seed_list}
+    return SearchSetup(slos=slos, seeds=seed_list, engine=engine, profile=prof, workloads=wls, notes=notes)
 
 
 def _json_default(o):
@@ -512,32 +502,31 @@ def ab(
 
     def go():
         from dsim import frontier as F
-        from dsim import plan as P
-        from dsim.cost import load_profile
-        from dsim.executor import check_executor
         from dsim.outputs import final_path, staged_dir
         from dsim.progress import Progress
         from dsim.report import ab_report
 
-        check_executor(executor, ray_address)
-        slos = P.parse_sla(sla)
-        seed_list = parse_seeds(seeds)
         conc = parse_int_list(concurrency, "--concurrency")
         slas_u = F.parse_user_sla(user_sla) if user_sla is not None else None
-        eng = engine_config(disaggregated, remote_prefill_ms, remote_prefill_ms_per_ktok)
         check_int(min_requests, "--min-requests", 1, 10_000_000)
         check_int(requests_per_user, "--requests-per-user", 1, 1_000_000)
-        check_common(max_nodes=max_nodes, gpus_per_node=gpus_per_node, jobs=jobs)
-        check_mix(mix)
         check_out_targets(out)
-        prof_name, rs, notes = resolve_scenario(scenario, trace, profile, rate, rate_scale)
-        notes += engine_notes(eng)
+        setup = _search_setup(
+            sla=sla,
+            seeds=seeds,
+            workload=dict(trace=trace, fmt=format, requests=requests, window=window, rate=rate, mix=mix),
+            rate_scale=rate_scale,
+            profile=profile,
+            scenario=scenario,
+            checks=dict(max_nodes=max_nodes, gpus_per_node=gpus_per_node, jobs=jobs),
+            executor=executor,
+            ray_address=ray_address,
+            engine=engine_config(disaggregated, remote_prefill_ms, remote_prefill_ms_per_ktok),
+        )
         sa, sb = method_spec(a, what="--a"), method_spec(b, what="--b")
-        prof = load_profile(prof_name)
         if per_gpu:
-            conc = F.concurrency_from_per_gpu(conc, prof, 1, gpus_per_node)
-        wls = {s: build_workload(trace, format, requests, window, rate, rs, None, mix, s) for s in seed_list}
-        check_fit(wls.values(), prof, (sa, sb), gpus_per_node, price_per_gpu_hour)
+            conc = F.concurrency_from_per_gpu(conc, setup.profile, 1, gpus_per_node)
+        check_fit(setup.workloads.values(), setup.profile, (sa, sb), gpus_per_node, price_per_gpu_hour)
         argv = sys.argv[1:]
         cmd = (
             ("dsim " + " ".join(_shq(x) for x in argv))
@@ -547,30 +536,30 @@ def ab(
         with staged_dir(out) as tmp:
             with Progress("ab") as bar:
                 files = ab_report(
-                    wls,
-                    prof,
+                    setup.workloads,
+                    setup.profile,
                     sa,
                     sb,
-                    slos,
+                    setup.slos,
                     tmp,
                     command=cmd,
                     margin=margin,
                     max_nodes=max_nodes,
-                    seeds=seed_list,
+                    seeds=setup.seeds,
                     gpus_per_node=gpus_per_node,
                     price=price_per_gpu_hour,
                     jobs=jobs,
                     concurrency=conc,
                     requests_per_user=requests_per_user,
                     min_requests=min_requests,
-                    notes=notes,
+                    notes=setup.notes,
                     name_a=a.lower(),
                     name_b=b.lower(),
                     executor=executor,
                     ray_address=ray_address,
                     progress_bar=bar,
                     user_sla=slas_u,
-                    engine=eng,
+                    engine=setup.engine,
                 )
             files = [final_path(tmp, out, f) for f in files]
         typer.echo("wrote " + ", ".join(str(f) for f in files))
