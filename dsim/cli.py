@@ -372,5 +372,7 @@ def main(argv=None):
     finally:
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
+    if rc == 130:  # typer turns a KeyboardInterrupt inside a command into a silent return of 130
+        typer.echo("dsim: interrupted", err=True)
     if isinstance(rc, int) and rc:
         sys.exit(rc)

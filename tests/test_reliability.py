@@ -158,6 +158,7 @@ def test_sigint_during_simulate_leaves_no_target_and_no_debris(tmp_path):
     work.mkdir()
     rc, err = _sigint_when_staging([*args, "--out", work / "o", "--step-log", work / "s.jsonl"], work)
     assert rc == 130, err
+    assert err.strip().splitlines()[-1] == "dsim: interrupted", err  # one line, no traceback
     assert tree(work) == set()
 
 
