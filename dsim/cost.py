@@ -152,6 +152,14 @@ def decode_features(q: Any, ctx: Any, a: AttentionTerms) -> tuple[float, float, 
 
 
 @_njit
+def decode_features_ms(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots, cw, cc, cm):  # pragma: no cover
+    """CostModel.context_ms of the first len(q) entries, from CostModel.context_args (compiled:
+    callable from compiled code, as a decode window's kernel does once per step)."""
+    wave, chunks, merge = _decode_features(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots)
+    return cw * wave + cc * chunks + cm * merge
+
+
+@_njit
 def _decode_features(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots):  # pragma: no cover - compiled
     R = len(q)
     qmax = 0
@@ -555,6 +563,29 @@ class CostModel:
         wave, chunks, merge = decode_features(q, ctx, self.attention)
         cw, cc, cm = self._ctx_coef
         return cw * wave + cc * chunks + cm * merge
+
+    def context_args(self) -> tuple:
+        """context_ms's parameters as plain numbers, for compiled callers of decode_features_ms
+        (a decode window prices each of its steps with them): (on, group, kv_heads, block_rows,
+        CTA cap, balance, min_chunk, chunk slots, wave, chunk and merge coefficients); ``on`` is
+        False, and the rest placeholders, for a profile without the terms."""
+        a = self.attention
+        if not self.has_context_terms:
+            return (False, 1, 1, 1, 1, 0.0, 1, 1, 0.0, 0.0, 0.0)
+        cw, cc, cm = self._ctx_coef
+        return (
+            True,
+            a.group,
+            a.kv_heads,
+            a.block_rows,
+            math.ceil(a.fill * a.sms),
+            float(a.balance),
+            a.min_chunk,
+            a.sms * a.decode_ctas_per_sm,
+            float(cw),
+            float(cc),
+            float(cm),
+        )
 
     def forward_ms(self, n_tokens: Any) -> Any:
         """Target forward cost of n tokens at zero context (scalar or array)."""

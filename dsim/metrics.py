@@ -96,7 +96,7 @@ def summarize(req: pd.DataFrame, itl_pairs: Any, n_gpus: int, slo: dict | None =
     sim_time = float(np.nanmax(req["arrival_s"].to_numpy() + req["e2e_ms"].to_numpy() / 1e3)) if len(done) else 0.0
     out_tokens = int(done["output_tokens"].sum())
     tpot = done["tpot_ms"].dropna().to_numpy()
-    if itl_pairs:
+    if len(itl_pairs):
         arr = np.asarray(itl_pairs, dtype=np.float64)
         itl = dist(arr[:, 0], arr[:, 1])
     else:
