@@ -238,7 +238,7 @@ class Columns:
 
     __slots__ = ("a", "n")
 
-    def __init__(self, ncol: int, cap: int = 1024):
+    def __init__(self, ncol: int, cap: int = 64):
         self.a = np.empty((cap, ncol), dtype=np.float64)
         self.n = 0
 
@@ -326,6 +326,12 @@ class Replica:
         self._no_row = np.zeros(1)
         self._no_steps = np.zeros((0, 0), dtype=np.int64)
         self._no_cut = np.full(16, -1, dtype=np.int64)  # decode_given of an uncut step
+        # Outputs of the commit and removal kernels, reused from step to step (per slot, sized
+        # with the slot buffers; per step, sized to the longest commit so far).
+        self._slot_out = np.empty((3, 16), dtype=np.int64)
+        self._step_out = np.empty((3, 1), dtype=np.int64)
+        self._done_I = np.empty((16, NCOL), dtype=np.int64)
+        self._done_F = np.empty((16, 2), dtype=np.float64)
         self._fwd = cost.forward_table()
         self._ctx_args = cost.context_args()
         cap = 16
@@ -702,8 +708,13 @@ class Replica:
             if len(self._no_cut) < n:
                 self._no_cut = np.full(len(self._I), -1, dtype=np.int64)
             given = self._no_cut
-        em, ver_r, acc_r = np.empty((3, n), dtype=np.int64)
-        sv, sa, se = np.empty((3, m), dtype=np.int64)
+        if self._slot_out.shape[1] < n:
+            self._slot_out = np.empty((3, len(self._I)), dtype=np.int64)
+        if self._step_out.shape[1] < m:
+            self._step_out = np.empty((3, m), dtype=np.int64)
+        # (views of the reused buffers: the outcome is read before the next commit)
+        em, ver_r, acc_r = self._slot_out[:, :n]
+        sv, sa, se = self._step_out[:, :m]
         st = self.stats
         vt, at, lt, et, min_left = KS.commit_decodes(
             self._I,
@@ -862,16 +873,17 @@ class Replica:
         if not self.n or self.left_lb > 0:
             return
         n = self.n
-        done_I = np.empty((n, NCOL), dtype=np.int64)
-        done_F = np.empty((n, 2), dtype=np.float64)
-        w, d, min_left = KS.remove_done(self._I, self._F, self._X, n, done_I, done_F)
+        if len(self._done_I) < n:
+            self._done_I = np.empty((len(self._I), NCOL), dtype=np.int64)
+            self._done_F = np.empty((len(self._I), 2), dtype=np.float64)
+        w, d, min_left, done_kv = KS.remove_done(self._I, self._F, self._X, n, self._done_I, self._done_F)
         self.n = w
         self.left_lb = int(min_left)
         if d:
-            rows, frows = done_I[:d], done_F[:d]
+            rows, frows = self._done_I[:d].copy(), self._done_F[:d].copy()
             # Per-request results are written to the request table once, at the end (flush).
             self.finished.append((rows, frows, self.env.now))
-            self.kv_dec -= int(rows[:, COMP].sum())
+            self.kv_dec -= done_kv
             for rid in rows[:, ID].tolist():
                 self.on_finish(rid)
 

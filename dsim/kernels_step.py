@@ -790,9 +790,10 @@ def commit_decodes(
 def remove_done(I, F, X, n, done_I, done_F):
     """Remove the slots with nothing left to emit (COMP >= END), keeping the others' order in
     place; their rows go to done_I / done_F (in slot order). Returns (slots kept, slots removed,
-    smallest remaining output among the kept)."""
+    smallest remaining output among the kept, KV tokens of the removed)."""
     w = 0
     d = 0
+    done_kv = 0
     min_left = np.int64(1) << 62
     rows = X.shape[0]
     for r in range(n):
@@ -802,6 +803,7 @@ def remove_done(I, F, X, n, done_I, done_F):
                 done_I[d, c] = I[r, c]
             done_F[d, 0] = F[r, 0]
             done_F[d, 1] = F[r, 1]
+            done_kv += I[r, COMP]
             d += 1
         else:
             if w != r:
@@ -816,7 +818,7 @@ def remove_done(I, F, X, n, done_I, done_F):
             w += 1
     if w == 0:
         min_left = 0
-    return w, d, min_left
+    return w, d, min_left, done_kv
 
 
 # ---- one step (or window) of the decode slots: draws, verify windows, verify modes ------------
