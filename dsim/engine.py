@@ -18,7 +18,7 @@ planned as a ``StepPlan`` and its decodes committed as a ``DecodeOutcome``, by o
 (``_commit_decodes``) shared by single steps and decode windows.
 
 Decode-only stretches (nothing to admit, no prefill running) are simulated as a *window* of up to
-``max_window`` steps at once ([k, R] arrays), then committed up to the first event (a completion,
+``max_window`` steps (and ``WINDOW_SLOTS`` slots x steps) at once ([k, R] arrays), then committed up to the first event (a completion,
 a KV shortage, a wake-up by an arrival); later steps are dropped. This is exact: a request's draws
 come from its own stream per draft round, so every committed step is what a one-by-one loop
 produces (tested for every method and policy).
