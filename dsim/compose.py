@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dsim.cost import Profile, Table, save_profile, vllm_capture_sizes
+from dsim.cost import Profile, RequestAttention, Table, save_profile, vllm_capture_sizes
 from dsim.errors import InputError
 from dsim.kernels import HARDWARE, MATH_DTYPE, WEIGHT_BYTES, KernelTable, Roofline, load_kernel_table
 from dsim.models import MoEModel, load_model
@@ -59,6 +59,13 @@ EAGER_US_PER_LAYER = 25.0  # above the capture limit: piecewise graphs, attentio
 ACTIVATION_RESERVE_GB = 6.0  # activations, graphs, workspace per GPU (stated, vLLM-like)
 MEM_UTIL = 0.9  # vLLM gpu_memory_utilization default
 GPUS_PER_NODE = 8
+# the per-request attention table (profile format 3): batch at vLLM's capture sizes to 512, the query
+# tokens of decode / verify windows, contexts where the kernel tables hold attention series
+REQ_BATCH_MAX = 512
+REQ_Q = (1, 2, 4, 6, 8)
+REQ_CTX = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+REQ_CTX_GRID = (512, 2048, 8192, 32768, 131072)  # of them, the kernel-op grid's contexts (KERNEL_OPS)
+VLLM_MOE_DP_CHUNK = 256  # vLLM's VLLM_MOE_DP_CHUNK_SIZE default (tokens per DP rank per MoE chunk)
 
 
 @dataclass(frozen=True)
@@ -162,8 +169,12 @@ def layer_ops(
     q: int = 1,
     kv: int = KV_LO,
     layers: Sequence[int] | None = None,
+    moe_chunk: int = 0,
 ) -> list[Op]:
-    """Ops of the decoder layers (all of them, or the indices in `layers`) for n tokens on one GPU."""
+    """Ops of the decoder layers (all of them, or the indices in `layers`) for n tokens on one GPU.
+    moe_chunk > 0 (data-parallel attention only): the MoE block (shared and routed experts,
+    dispatch, combine) runs in chunks of at most that many tokens per rank, as vLLM's chunking MoE
+    runner does with the DeepEP low-latency kernels (VLLM_MOE_DP_CHUNK_SIZE, default 256)."""
     dt, edt = _dtypes(model, hardware)
     tp = topo.attn_tp
     h = model.hidden
@@ -250,38 +261,49 @@ def layer_ops(
         ops.append(_op("dense_mlp", dense_count, op="gemm", dtype=dt, m=int(n), n=2 * model.dense_inter // tp, k=h))
         ops.append(_op("dense_mlp", dense_count, op="gemm", dtype=dt, m=int(n), n=h, k=model.dense_inter // tp))
     if moe_count:
-        routed = moe_count
         learned = moe_count - (
             min(model.hash_layers, moe_count) if layers is None else sum(1 for i in idx if i < model.hash_layers)
         )
         if learned:
             ops.append(_op("router", learned, op="gemm", dtype="bf16", m=int(n), n=model.experts, k=h))
-        if model.shared_experts:
-            si = model.shared_experts * model.moe_inter // tp
-            ops.append(_op("shared_expert", moe_count, op="gemm", dtype=dt, m=int(n), n=2 * si, k=h))
-            ops.append(_op("shared_expert", moe_count, op="gemm", dtype=dt, m=int(n), n=h, k=si))
-        T = n * topo.attn_dp
-        ops.append(
-            _op(
-                "moe_experts",
-                routed,
-                op="moe",
-                dtype=edt,
-                tokens=int(T),
-                hidden=h,
-                inter=model.moe_inter,
-                topk=model.topk,
-                experts=model.experts,
-                ep=topo.ep,
-            )
+        C = int(moe_chunk) if topo.attn_dp > 1 and moe_chunk and n > moe_chunk else 0
+        pieces = [(n, 1)] if not C else [(C, n // C)] + ([(n % C, 1)] if n % C else [])
+        for m_tok, times in pieces:
+            ops += _moe_block_ops(model, topo, dt, edt, m_tok, moe_count * times)
+    return ops
+
+
+def _moe_block_ops(model: MoEModel, topo: Topology, dt: str, edt: str, n: int, count: float) -> list[Op]:
+    """The MoE block of `count` layer passes over n tokens per rank: shared expert, the routed
+    experts of the EP group's tokens (n x DP ranks), dispatch / combine or the TP all-reduce."""
+    h, tp = model.hidden, topo.attn_tp
+    ops: list[Op] = []
+    if model.shared_experts:
+        si = model.shared_experts * model.moe_inter // tp
+        ops.append(_op("shared_expert", count, op="gemm", dtype=dt, m=int(n), n=2 * si, k=h))
+        ops.append(_op("shared_expert", count, op="gemm", dtype=dt, m=int(n), n=h, k=si))
+    T = n * topo.attn_dp
+    ops.append(
+        _op(
+            "moe_experts",
+            count,
+            op="moe",
+            dtype=edt,
+            tokens=int(T),
+            hidden=h,
+            inter=model.moe_inter,
+            topk=model.topk,
+            experts=model.experts,
+            ep=topo.ep,
         )
-        if topo.attn_dp > 1:
-            scope: dict = {"scope": "inter_node"} if topo.nodes > 1 else {}
-            scope.update(hidden=h, topk=model.topk, experts=model.experts)  # the shape the message carries
-            ops.append(_op("comm", routed, op="comm", kind="a2a_dispatch", gpus=topo.ep, bytes=int(n * h * 1), **scope))
-            ops.append(_op("comm", routed, op="comm", kind="a2a_combine", gpus=topo.ep, bytes=int(n * h * 2), **scope))
-        elif tp > 1:
-            ops.append(_op("comm", routed, op="comm", kind="all_reduce", gpus=tp, bytes=int(n * h * 2)))
+    )
+    if topo.attn_dp > 1:
+        scope: dict = {"scope": "inter_node"} if topo.nodes > 1 else {}
+        scope.update(hidden=h, topk=model.topk, experts=model.experts)  # the shape the message carries
+        ops.append(_op("comm", count, op="comm", kind="a2a_dispatch", gpus=topo.ep, bytes=int(n * h * 1), **scope))
+        ops.append(_op("comm", count, op="comm", kind="a2a_combine", gpus=topo.ep, bytes=int(n * h * 2), **scope))
+    elif tp > 1:
+        ops.append(_op("comm", count, op="comm", kind="all_reduce", gpus=tp, bytes=int(n * h * 2)))
     return ops
 
 
@@ -305,7 +327,9 @@ def step_ops(model: MoEModel, topo: Topology, hardware: str, n: int, **kw: Any) 
     return ops
 
 
-def draft_ops(model: MoEModel, topo: Topology, hardware: str, kind: str, R: int, block: int) -> list[Op]:
+def draft_ops(
+    model: MoEModel, topo: Topology, hardware: str, kind: str, R: int, block: int, moe_chunk: int = 0
+) -> list[Op]:
     """Draft ops for R requests. mtp: the MTP module (one decoder layer + a projection of
     [hidden, embedding]) over R tokens, then the LM head. dspark: the parallel backbone — three
     MoE layers with sliding-window attention and hyper-connections (DSpark paper, Sec. 5.1) — over
@@ -313,7 +337,7 @@ def draft_ops(model: MoEModel, topo: Topology, hardware: str, kind: str, R: int,
     adds. eagle3: one decoder layer + LM head over R tokens per sequential draft step."""
     last = model.layers - 1
     if kind in ("mtp", "eagle3"):
-        ops = layer_ops(model, topo, hardware, R, layers=[last])
+        ops = layer_ops(model, topo, hardware, R, layers=[last], moe_chunk=moe_chunk)
         ops.append(_op("mtp_proj", 1, op="gemm", dtype="fp8", m=int(R), n=model.hidden, k=2 * model.hidden))
         ops.append(_op("lm_head", 1, op="gemm", dtype="bf16", m=int(R), n=model.vocab // topo.attn_tp, k=model.hidden))
         return ops
@@ -321,7 +345,7 @@ def draft_ops(model: MoEModel, topo: Topology, hardware: str, kind: str, R: int,
     swa = [i for i, k in enumerate(model.attn_kinds) if k in ("v4_swa", "mla")][:1] or [last]
     ops = []
     for _ in range(3):
-        ops += layer_ops(model, topo, hardware, n, layers=swa, batch=R, q=block)
+        ops += layer_ops(model, topo, hardware, n, layers=swa, batch=R, q=block, moe_chunk=moe_chunk)
     ops.append(_op("lm_head", 1, op="gemm", dtype="bf16", m=int(n), n=model.vocab // topo.attn_tp, k=model.hidden))
     return ops
 
@@ -537,10 +561,11 @@ def forward_ms(
     kv: int = KV_LO,
     glue: LayerGlue = LayerGlue(),
     q: int = 1,
+    moe_chunk: int = 0,
 ) -> float:
     """One target forward of n tokens, as ceil(n / q) requests of q query tokens each at kv context."""
     qq = max(1, min(int(q), int(n)))
-    ops = step_ops(model, topo, hardware, n, kv=kv, q=qq, batch=-(-int(n) // qq))
+    ops = step_ops(model, topo, hardware, n, kv=kv, q=qq, batch=-(-int(n) // qq), moe_chunk=moe_chunk)
     t = priced_total(model, topo, hardware, ops, pricer)
     t += model.layers * (GRAPH_GAP_US_PER_LAYER * 1e-3 + glue.ms(n))
     if n > limit:
@@ -555,6 +580,45 @@ def _attn_only(model, topo, hardware, pricer, *, phase, batch, q, kv) -> float:
         if op.part == "attn_core"
     ]
     return priced_total(model, topo, hardware, ops, pricer)
+
+
+def request_attention_table(
+    model: MoEModel,
+    topo: Topology,
+    hardware: str,
+    pricer: Pricer,
+    tokens: Sequence[int],
+    forward_q: int,
+    slope_ms_per_tok: float,
+) -> RequestAttention:
+    """The format-3 per-request attention table: the attention cores (all layers) of a step of B
+    requests each of q query tokens over ctx cached ones, on the grid (capture sizes to
+    REQ_BATCH_MAX) x REQ_Q x REQ_CTX, and the share of each forward-table size that is attention
+    (as compose_profile priced it: requests of forward_q tokens at KV_LO, less the KV slope there)."""
+    batch = vllm_capture_sizes(REQ_BATCH_MAX)
+    tab = np.array(
+        [
+            [
+                [_attn_only(model, topo, hardware, pricer, phase="decode", batch=B, q=q, kv=c) for c in REQ_CTX]
+                for q in REQ_Q
+            ]
+            for B in batch
+        ]
+    )
+    share = []
+    for n in tokens:
+        qq = max(1, min(int(forward_q), int(n)))
+        B = -(-int(n) // qq)
+        a = _attn_only(model, topo, hardware, pricer, phase="decode", batch=B, q=qq, kv=KV_LO)
+        share.append(max(0.0, a - slope_ms_per_tok * B * KV_LO))
+    return RequestAttention(
+        np.array(batch, dtype=np.int64),
+        np.array(REQ_Q, dtype=np.int64),
+        np.array(REQ_CTX, dtype=np.int64),
+        tab,
+        np.array(share),
+        source="attention cores of the kernel tables at each (batch, q, ctx), summed over the layers",
+    )
 
 
 def kv_capacity(model: MoEModel, topo: Topology, hardware: str, max_num_seqs: int) -> tuple[float, dict]:
@@ -611,12 +675,16 @@ def compose_profile(
     layer_source: str = "",
     prefer: dict | None = None,
     forward_q: int = 1,
+    moe_dp_chunk: int | None = None,
+    request_attention: bool = True,
 ) -> Profile:
     """Build the profile (see the module doc). `table`: one kernel table or several in order of
     preference. `table_error`: the measured error of the (first) table against our own
     measurements on comparable hardware, carried into provenance. `zero_ops`: op kinds priced at
     0 (e.g. comm, for a one-GPU shard check). `layer_records`: whole-layer measurements the
-    per-layer glue is fitted on (see LayerGlue)."""
+    per-layer glue is fitted on (see LayerGlue). `moe_dp_chunk`: tokens per rank per MoE chunk on
+    data-parallel topologies (None: vLLM's default, 256; 0: one pass, as our shard executor runs).
+    `request_attention`: add the format-3 per-request attention table (dsim.cost module doc)."""
     roof = roofline or Roofline(hardware=hardware)
     pricer = Pricer(table, roof, frozenset(zero_ops), prefer)
     tables = pricer.tables
@@ -628,7 +696,10 @@ def compose_profile(
     tokens = caps + [t for t in TAIL_TOKENS if t > caps[-1]]
     limit = caps[-1]
     fq = max(1, int(forward_q))
-    fwd = np.array([forward_ms(model, topo, hardware, n, pricer, limit, glue=glue, q=fq) for n in tokens])
+    chunk = (VLLM_MOE_DP_CHUNK if moe_dp_chunk is None else max(0, int(moe_dp_chunk))) if topo.attn_dp > 1 else 0
+    fwd = np.array(
+        [forward_ms(model, topo, hardware, n, pricer, limit, glue=glue, q=fq, moe_chunk=chunk) for n in tokens]
+    )
     # KV slope: attention cores of SLOPE_BATCH requests of fq query tokens at two contexts, per KV token
     lo = _attn_only(model, topo, hardware, pricer, phase="decode", batch=SLOPE_BATCH, q=fq, kv=KV_LO)
     hi = _attn_only(model, topo, hardware, pricer, phase="decode", batch=SLOPE_BATCH, q=fq, kv=KV_HI)
@@ -665,18 +736,25 @@ def compose_profile(
     draft = {}
     for kind in ("mtp", "eagle3", "dspark"):
         ms = [
-            priced_total(model, topo, hardware, draft_ops(model, topo, hardware, kind, R, draft_block), pricer)
+            priced_total(model, topo, hardware, draft_ops(model, topo, hardware, kind, R, draft_block, chunk), pricer)
             + (3 if kind == "dspark" else 1)
             * (GRAPH_GAP_US_PER_LAYER * 1e-3 + glue.ms(R * (draft_block if kind == "dspark" else 1)))
             for R in DRAFT_REQUESTS
         ]
         draft[kind] = Table(np.array(DRAFT_REQUESTS, dtype=float), np.maximum.accumulate(np.array(ms)))
     draft["block"] = draft["dspark"]
+    req_attn = (
+        request_attention_table(model, topo, hardware, pricer, tokens, fq, slope_ms_per_tok)
+        if request_attention
+        else None
+    )
     kv_gib, mem = kv_capacity(model, topo, hardware, max_num_seqs)
     hw = HARDWARE[hardware]
     if table is not None:
-        # kernel times measured (our own or published silicon tables): a measured profile, composed
-        kind = "measured" if table.provenance.get("kind") in ("measured", "silicon-table") else "analytical"
+        # kernel times measured: by us (a measured profile) or read from published silicon tables (a
+        # silicon-table profile), after the table asked first
+        tk = table.provenance.get("kind")
+        kind = tk if tk in ("measured", "silicon-table") else "analytical"
         src = (
             f"kernel table {table.name} ({table.provenance.get('kind')}: {table.provenance.get('method', '')}; "
             f"{table.provenance.get('engine', '')} {table.provenance.get('engine_version', '')})"
@@ -730,7 +808,18 @@ def compose_profile(
             kv_layout="V4: compressed entries FP8 + bf16 rope, indexer keys FP8; MLA: bf16 latent",
             max_num_seqs_windows_reserved=max_num_seqs,
             draft_block=draft_block,
-            forward_table=f"steps priced as requests of {max(1, int(forward_q))} query token(s) each",
+            forward_table=f"steps priced as requests of {max(1, int(forward_q))} query token(s) each"
+            + (
+                "; decode/verify attention priced per request from request_attention (format 3)"
+                if request_attention
+                else ""
+            ),
+            moe_dp_chunk=(
+                f"the MoE block (experts, dispatch, combine) in chunks of {chunk} tokens per DP rank, as vLLM's "
+                "chunking MoE runner with the DeepEP low-latency kernels (VLLM_MOE_DP_CHUNK_SIZE)"
+                if chunk
+                else "one MoE pass per step"
+            ),
             roofline=roof.provenance["method"],
         ),
         memory_per_gpu_gb=mem,
@@ -758,6 +847,8 @@ def compose_profile(
         draft=draft,
         prefill_discount_ms_per_ktok=float(discount),
         prefill_attn_ms_per_mpair=attn_mpair,
+        format_version=3 if req_attn is not None else 1,
+        request_attention=req_attn,
     )
 
 
@@ -768,17 +859,28 @@ def required_ops(
     max_capture: int | None = None,
     draft_block: int = 7,
     forward_q: int = 1,
+    moe_dp_chunk: int | None = None,
 ) -> list[dict]:
-    """Every op record compose_profile looks up (without 'ms'), deduplicated, sorted."""
+    """Every op record compose_profile looks up (without 'ms'), deduplicated, sorted; of the per-request
+    attention table, its points on the kernel-op grid (the rest interpolate between them)."""
     if max_capture is None:
         max_capture = 1024 if hardware == "b300" else 512
     caps = vllm_capture_sizes(max_capture)
     tokens = caps + [t for t in TAIL_TOKENS if t > caps[-1]]
     ops: list[Op] = []
     fq = max(1, int(forward_q))
+    chunk = (VLLM_MOE_DP_CHUNK if moe_dp_chunk is None else max(0, int(moe_dp_chunk))) if topo.attn_dp > 1 else 0
     for n in tokens:
         qq = min(fq, n)
         ops += step_ops(model, topo, hardware, n, q=qq, batch=-(-n // qq))
+        if chunk:
+            ops += step_ops(model, topo, hardware, n, q=qq, batch=-(-n // qq), moe_chunk=chunk)
+    # the per-request attention table at the fixed grid's points (batch powers of two, REQ_CTX_GRID);
+    # its other points interpolate along the attention series a table holds there
+    for B in (b for b in vllm_capture_sizes(REQ_BATCH_MAX) if b & (b - 1) == 0):
+        for q in REQ_Q:
+            for c in REQ_CTX_GRID:
+                ops += [o for o in layer_ops(model, topo, hardware, B * q, batch=B, q=q, kv=c) if o.part == "attn_core"]
     for kv in (KV_LO, KV_HI):
         ops += [
             o
@@ -796,7 +898,7 @@ def required_ops(
         ops.append(_op("lm_head", 1, op="gemm", dtype="bf16", m=m, n=model.vocab // topo.attn_tp, k=model.hidden))
     for kind in ("mtp", "eagle3", "dspark"):
         for R in DRAFT_REQUESTS:
-            ops += draft_ops(model, topo, hardware, kind, R, draft_block)
+            ops += draft_ops(model, topo, hardware, kind, R, draft_block, chunk)
     seen = {op.record for op in ops}
     return sorted((dict(r) for r in seen), key=lambda r: json.dumps(r, sort_keys=True))
 
@@ -819,6 +921,13 @@ def main(argv: list[str] | None = None) -> int:
             help="price the forward table as requests of this many query tokens each (default 1: decode tokens)",
         )
         p.add_argument(
+            "--moe-dp-chunk",
+            type=int,
+            default=None,
+            help="data-parallel topologies: run the MoE block in chunks of this many tokens per rank "
+            f"(default {VLLM_MOE_DP_CHUNK}, vLLM's VLLM_MOE_DP_CHUNK_SIZE; 0: one pass, as the shard executor)",
+        )
+        p.add_argument(
             "--expert-dtype",
             choices=("fp8", "fp4", "w4a16"),
             default=None,
@@ -838,6 +947,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="JSON of measured 'layer' records: fit the per-layer glue on them (half fit, half check)",
     )
+    prof.add_argument(
+        "--no-request-attention",
+        action="store_true",
+        help="leave out the per-request attention table (profile format 3): attention priced by total tokens and KV",
+    )
     prof.add_argument("--name", default=None)
     prof.add_argument("--out", required=True)
     prof.add_argument(
@@ -855,7 +969,9 @@ def main(argv: list[str] | None = None) -> int:
         topo = parse_topology(a.topology)
         if a.cmd == "required-ops":
             json.dump(
-                required_ops(model, topo, a.hardware, a.max_capture, a.draft_block, a.forward_q), sys.stdout, indent=0
+                required_ops(model, topo, a.hardware, a.max_capture, a.draft_block, a.forward_q, a.moe_dp_chunk),
+                sys.stdout,
+                indent=0,
             )
             sys.stdout.write("\n")
             return 0
@@ -888,6 +1004,8 @@ def main(argv: list[str] | None = None) -> int:
             layer_source=a.layer_records or "",
             prefer=prefer,
             forward_q=a.forward_q,
+            moe_dp_chunk=a.moe_dp_chunk,
+            request_attention=not a.no_request_attention,
         )
         save_profile(prof_, a.out)
         print(f"wrote {a.out}: {prof_.label}")

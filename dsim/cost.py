@@ -36,6 +36,20 @@ chunk over a long prefix (few CTAs, long keys) is priced by its critical path, n
 ``CostModel.context_ms(q, ctx)`` gives the decode terms (added to step_ms by the engine);
 ``prefill_ms`` prices the prefill chunks with the wave-counted pairs. A format-1 profile has no
 ``attention``: context_ms is 0 and prefill_ms is as above (results unchanged).
+
+Profile format 3 (``format_version: 3``) adds ``request_attention`` (``RequestAttention``), for
+attention whose cost is not a function of the step's total tokens and KV (DeepSeek-V4's sliding
+window + compressed/sparse attention, MLA): ``step_ms`` of a batch of B requests each of q query
+tokens over ctx cached ones, tabulated over B, q and ctx, and ``forward_share_ms``, the part of
+each forward-table entry that is this attention priced as one-token requests (at zero context:
+the KV slope prices the rest). A step's decode requests (q_i, ctx_i), R of them, cost
+(1 / R) sum_i step_ms(R, q_i, ctx_i) (exact for equal requests; linear in B, q and ctx between
+table points; past the last B the per-request cost of the last B; contexts below the first
+point priced at it, above the last along the last segment), and context_ms returns that minus
+what step_ms already charged for them: forward_share at the padded sum of q_i and the KV slope
+of their sum_i (ctx_i + q_i) tokens. So a step of one request verifying 8 tokens and one of 8
+one-token requests cost what their attention costs, not alike. The result can be negative;
+step_ms + context_ms stays >= the forward table's non-attention part (>= 0).
 """
 
 from __future__ import annotations
@@ -67,6 +81,9 @@ if TYPE_CHECKING:
 
 PROVENANCE_FIELDS = ("kind", "hardware", "gpus_per_replica", "model", "engine", "engine_version", "date", "method")
 DRAFT_KINDS = ("mtp", "eagle3", "block", "dspark")
+# measured: our own measurements; silicon-table: composed from published per-kernel silicon tables
+# (e.g. NVIDIA AIConfigurator's); analytical: a roofline model; calibrated: fitted to measured runs
+PROFILE_KINDS = ("measured", "silicon-table", "analytical", "calibrated")
 KV_BLOCK_TOKENS = 16
 DENSE_TOKENS = 16384  # forward cost tabulated densely up to this many tokens per step
 
@@ -112,7 +129,7 @@ class AttentionTerms:
 ATTENTION_SPLIT_FIELDS = ("query_heads", "kv_heads", "sms", "fill", "balance", "min_chunk", "block_rows")
 ATTENTION_OCC_FIELDS = ("decode_ctas_per_sm", "prefill_ctas_per_sm")
 ATTENTION_COEF_FIELDS = ("wave_ms_per_ktok", "chunk_ms_per_kcta", "merge_ms_per_mcell", "prefill_ms_per_mpair")
-FORMAT_VERSIONS = (1, 2)
+FORMAT_VERSIONS = (1, 2, 3)
 
 
 def split_chunk_tokens(ctx: np.ndarray, rows_max: int, a: AttentionTerms) -> int:
@@ -149,6 +166,14 @@ def decode_features(q: Any, ctx: Any, a: AttentionTerms) -> tuple[float, float, 
         a.min_chunk,
         a.sms * a.decode_ctas_per_sm,
     )
+
+
+@_njit
+def decode_features_ms(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots, cw, cc, cm):  # pragma: no cover
+    """CostModel.context_ms of the first len(q) entries, from CostModel.context_args (compiled:
+    callable from compiled code, as a decode window's kernel does once per step)."""
+    wave, chunks, merge = _decode_features(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots)
+    return cw * wave + cc * chunks + cm * merge
 
 
 @_njit
@@ -191,6 +216,71 @@ def prefill_pairs(q: int, c: int, a: AttentionTerms) -> float:
 
 
 @dataclass(frozen=True)
+class RequestAttention:
+    """A profile's per-request attention table (format 3; see the module doc). step_ms[b, j, k]:
+    the attention of one step of batch[b] requests, each q[j] query tokens over ctx[k] cached ones
+    (all layers, ms); forward_share_ms[i]: that attention as priced inside forward.ms[i]."""
+
+    batch: np.ndarray  # int64, strictly increasing, >= 1
+    q: np.ndarray  # int64, strictly increasing, >= 1
+    ctx: np.ndarray  # int64, strictly increasing, >= 0
+    step_ms: np.ndarray  # float64 [len(batch), len(q), len(ctx)]
+    forward_share_ms: np.ndarray  # float64, one per forward-table size
+    source: str = ""  # how the table was made
+
+
+def request_attention_ms(q: Any, ctx: Any, ra: RequestAttention) -> float:
+    """(1 / R) sum_i step_ms(R, q_i, ctx_i) of R decode requests (module doc). q >= 1, ctx >= 0,
+    equal-length integer sequences; 0 for none. One compiled pass over the requests."""
+    qa = np.asarray(q, dtype=np.int64)
+    if not qa.size:
+        return 0.0
+    return float(_request_attention(qa, np.asarray(ctx, dtype=np.int64), ra.batch, ra.q, ra.ctx, ra.step_ms))
+
+
+@_njit
+def _bracket(x, v):  # pragma: no cover - compiled
+    """(i0, i1, weight of i1) of v on increasing x: clamped below, extrapolated past the end."""
+    n = len(x)
+    if n == 1 or v <= x[0]:
+        return 0, 0, 0.0
+    if v >= x[n - 1]:
+        return n - 2, n - 1, (v - x[n - 2]) / (x[n - 1] - x[n - 2])
+    i = 1
+    while x[i] < v:
+        i += 1
+    return i - 1, i, (v - x[i - 1]) / (x[i] - x[i - 1])
+
+
+@_njit
+def _bilinear(tab, b, j0, j1, wq, k0, k1, wc):  # pragma: no cover - compiled
+    lo = tab[b, j0, k0] + (tab[b, j0, k1] - tab[b, j0, k0]) * wc
+    hi = tab[b, j1, k0] + (tab[b, j1, k1] - tab[b, j1, k0]) * wc
+    return lo + (hi - lo) * wq
+
+
+@_njit
+def _request_attention(q, c, bx, qx, cx, tab):  # pragma: no cover - compiled
+    R = len(q)
+    nb = len(bx)
+    scale = 1.0
+    if R >= bx[nb - 1]:  # past the table: the last batch's per-request cost
+        b0, b1, wb = nb - 1, nb - 1, 0.0
+        scale = R / bx[nb - 1]
+    else:
+        b0, b1, wb = _bracket(bx, R)
+    tot = 0.0
+    for i in range(R):
+        j0, j1, wq = _bracket(qx, q[i])
+        k0, k1, wc = _bracket(cx, c[i])
+        v = (1.0 - wb) * _bilinear(tab, b0, j0, j1, wq, k0, k1, wc)
+        if wb > 0.0:
+            v += wb * _bilinear(tab, b1, j0, j1, wq, k0, k1, wc)
+        tot += max(v, 0.0)
+    return tot * scale / R
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     provenance: dict
@@ -209,6 +299,7 @@ class Profile:
     max_model_len: int | None = None  # longest prompt + output (None: not limited)
     format_version: int = 1
     attention: AttentionTerms | None = None  # format 2: per-request attention terms
+    request_attention: RequestAttention | None = None  # format 3: per-request attention table
 
     @property
     def gpus_per_replica(self) -> int:
@@ -259,9 +350,10 @@ def profile_from_dict(d: dict, path: str = "<profile>", doc: Doc | None = None) 
             raise InputError(f"{doc.at()}: missing field '{key}'")
     name = S.text(d["name"], doc, "name")
     prov = S.mapping(d["provenance"], doc, "provenance", required=PROVENANCE_FIELDS)
-    if prov["kind"] not in ("measured", "analytical", "calibrated"):
+    if prov["kind"] not in PROFILE_KINDS:
         raise InputError(
-            f"{doc.at('provenance', 'kind')}: must be measured, analytical or calibrated, got {plain(prov['kind'])}"
+            f"{doc.at('provenance', 'kind')}: must be {', '.join(PROFILE_KINDS[:-1])} or {PROFILE_KINDS[-1]}, "
+            f"got {plain(prov['kind'])}"
         )
     gpr = S.integer(prov["gpus_per_replica"], doc, "provenance", "gpus_per_replica", lo=1, hi=MAX_GPUS_PER_REPLICA)
     prov = dict(prov, gpus_per_replica=gpr)
@@ -297,6 +389,11 @@ def profile_from_dict(d: dict, path: str = "<profile>", doc: Doc | None = None) 
         if version < 2:
             raise InputError(f"{doc.at('attention')}: needs format_version: 2")
         attention = _attention_terms(d["attention"], doc)
+    request_attention = None
+    if d.get("request_attention") is not None:
+        if version < 3:
+            raise InputError(f"{doc.at('request_attention')}: needs format_version: 3")
+        request_attention = _request_attention_table(d["request_attention"], doc, len(fwd.x))
     # A prompt token's discount cannot exceed what the table charges a token: at every size the
     # forward cost must cover n discounted tokens (else a prefill step would cost less than nothing).
     bad = np.flatnonzero(fwd.ms < disc * fwd.x / 1000.0 - 1e-9)
@@ -319,6 +416,7 @@ def profile_from_dict(d: dict, path: str = "<profile>", doc: Doc | None = None) 
         "max_model_len",
         "format_version",
         "attention",
+        "request_attention",
     }
     return Profile(
         name=name,
@@ -338,6 +436,51 @@ def profile_from_dict(d: dict, path: str = "<profile>", doc: Doc | None = None) 
         max_model_len=max_len,
         format_version=version,
         attention=attention,
+        request_attention=request_attention,
+    )
+
+
+REQUEST_ATTENTION_KEYS = ("batch", "q", "ctx", "step_ms", "forward_share_ms")
+
+
+def _request_attention_table(raw: Any, doc: Any, n_forward: int) -> RequestAttention:
+    from dsim import schema as S
+
+    S.mapping(raw, doc, "request_attention", required=REQUEST_ATTENTION_KEYS)
+    unknown = sorted(set(raw) - set(REQUEST_ATTENTION_KEYS) - {"source"})
+    if unknown:
+        raise InputError(
+            f"{doc.at('request_attention', unknown[0])}: unknown field (known: {', '.join(REQUEST_ATTENTION_KEYS)}, source)"
+        )
+    axes = {}
+    for k, lo in (("batch", 1), ("q", 1), ("ctx", 0)):
+        axes[k] = np.asarray(
+            S.number_list(raw[k], doc, "request_attention", k, lo=lo, hi=MAX_MODEL_LEN, ints=True, increasing=True),
+            dtype=np.int64,
+        )
+    shape = (len(axes["batch"]), len(axes["q"]), len(axes["ctx"]))
+    rows = raw["step_ms"]
+    if not isinstance(rows, list) or len(rows) != shape[0]:
+        raise InputError(f"{doc.at('request_attention', 'step_ms')}: {shape[0]} rows (one per batch) of q x ctx costs")
+    tab = np.empty(shape)
+    for b, row in enumerate(rows):
+        if not isinstance(row, list) or len(row) != shape[1]:
+            raise InputError(f"{doc.at('request_attention', 'step_ms', b)}: {shape[1]} rows (one per q) of ctx costs")
+        for j, cell in enumerate(row):
+            v = S.number_list(cell, doc, "request_attention", "step_ms", b, j, lo=0, hi=MAX_COST_MS)
+            if len(v) != shape[2]:
+                raise InputError(
+                    f"{doc.at('request_attention', 'step_ms', b, j)}: has {len(v)} values, ctx has {shape[2]}"
+                )
+            tab[b, j] = v
+    share = S.number_list(raw["forward_share_ms"], doc, "request_attention", "forward_share_ms", lo=0, hi=MAX_COST_MS)
+    if len(share) != n_forward:
+        raise InputError(
+            f"{doc.at('request_attention', 'forward_share_ms')}: has {len(share)} values, forward.tokens has {n_forward}"
+        )
+    src = raw.get("source", "")
+    return RequestAttention(
+        axes["batch"], axes["q"], axes["ctx"], tab, np.asarray(share, dtype=np.float64), str(src) if src else ""
     )
 
 
@@ -401,6 +544,17 @@ def profile_to_dict(p: Profile) -> dict:
     if p.attention is not None:
         d["attention"] = {k: getattr(p.attention, k) for k in ATTENTION_SPLIT_FIELDS + ATTENTION_OCC_FIELDS}
         d["attention"].update({k: float(getattr(p.attention, k)) for k in ATTENTION_COEF_FIELDS})
+    if p.request_attention is not None:
+        ra = p.request_attention
+        d["request_attention"] = {
+            "batch": [int(x) for x in ra.batch],
+            "q": [int(x) for x in ra.q],
+            "ctx": [int(x) for x in ra.ctx],
+            "step_ms": [[[round(float(v), 5) for v in cell] for cell in row] for row in ra.step_ms],
+            "forward_share_ms": [round(float(v), 5) for v in ra.forward_share_ms],
+        }
+        if ra.source:
+            d["request_attention"]["source"] = ra.source
     if p.draft:
         d["draft"] = {
             k: {"requests": [int(x) for x in t.x], "ms": [round(float(v), 5) for v in t.ms]} for k, t in p.draft.items()
@@ -481,9 +635,9 @@ class CostModel:
         self.prefill_attn_ms_per_pair = profile.prefill_attn_ms_per_mpair * cost_scale / 1e6
         self.prefill_ms_per_chunk = profile.prefill_ms_per_chunk * cost_scale
         self.attention = a = profile.attention
-        self.has_context_terms = a is not None and bool(
-            a.wave_ms_per_ktok or a.chunk_ms_per_kcta or a.merge_ms_per_mcell
-        )
+        self._split_kv_terms = a is not None and bool(a.wave_ms_per_ktok or a.chunk_ms_per_kcta or a.merge_ms_per_mcell)
+        self.request_attention = ra = profile.request_attention
+        self.has_context_terms = self._split_kv_terms or ra is not None
         self._ctx_coef = (
             (a.wave_ms_per_ktok * cost_scale, a.chunk_ms_per_kcta * cost_scale, a.merge_ms_per_mcell * cost_scale)
             if a is not None
@@ -520,6 +674,13 @@ class CostModel:
                 f"{int(x[-1])} tokens) (inconsistent profile)"
             )
         self._ax_list, self._ams_list = self._ax.tolist(), self._ams.tolist()
+        if ra is not None:
+            # format 3: the step's own attention replaces the share the forward table priced it at, looked
+            # up at the size forward_ms looks up (the next profiled size to the limit, interpolated above)
+            self._ra_tab = np.ascontiguousarray(ra.step_ms * cost_scale)
+            share = ra.forward_share_ms * cost_scale
+            self._share_below = share[np.minimum(idx, len(x) - 1)].tolist()
+            self._share_ax, self._share_ams = x[above], share[above]
         # The whole curve up to a large step as one array: the verify-budget policies evaluate
         # it at every b in 0..R*K each step.
         grid = np.arange(DENSE_TOKENS + 1)
@@ -548,13 +709,60 @@ class CostModel:
         attention by total KV alone): the split-KV wave, chunk and merge terms of the profile's
         ``attention`` (module doc). q: query tokens per decode request (>= 1), ctx: its cached
         tokens before the step (>= 0), equal-length integer sequences; prefill chunks are priced
-        by prefill_ms, not here. Postcondition: >= 0; exactly 0 for a profile without the terms
+        by prefill_ms, not here. With a format-3 ``request_attention`` table it also replaces the
+        attention that step_ms priced for these requests (their forward-table share and KV slope)
+        by their own (module doc): that part may be negative, step_ms + context_ms stays >= 0.
+        Postcondition: >= 0 without a request table; exactly 0 for a profile without the terms
         (format 1), so results made from such profiles do not change."""
         if not self.has_context_terms or not len(q):
             return 0.0
-        wave, chunks, merge = decode_features(q, ctx, self.attention)
+        out = 0.0
+        if self._split_kv_terms:
+            wave, chunks, merge = decode_features(q, ctx, self.attention)
+            cw, cc, cm = self._ctx_coef
+            out = cw * wave + cc * chunks + cm * merge
+        ra = self.request_attention
+        if ra is not None:
+            qa = np.asarray(q, dtype=np.int64)
+            ca = np.asarray(ctx, dtype=np.int64)
+            n = int(qa.sum())
+            own = _request_attention(qa, ca, ra.batch, ra.q, ra.ctx, self._ra_tab)
+            out += own - self._forward_share(n) - self.kv_ms_per_tok * (int(ca.sum()) + n)
+        return out
+
+    def _forward_share(self, n: int) -> float:
+        """The attention share of forward_ms(n) (format 3; module doc)."""
+        if n <= self.limit:
+            return float(self._share_below[max(n, 1)])
+        ax, ams = self._share_ax, self._share_ams
+        if len(ax) < 2:
+            return float(ams[-1]) * n / float(ax[-1])
+        if n >= ax[-1]:
+            return float(ams[-1] + (ams[-1] - ams[-2]) / (ax[-1] - ax[-2]) * (n - ax[-1]))
+        return float(np.interp(n, ax, ams))
+
+    def context_args(self) -> tuple:
+        """context_ms's parameters as plain numbers, for compiled callers of decode_features_ms
+        (a decode window prices each of its steps with them): (on, group, kv_heads, block_rows,
+        CTA cap, balance, min_chunk, chunk slots, wave, chunk and merge coefficients); ``on`` is
+        False, and the rest placeholders, for a profile without the terms."""
+        a = self.attention
+        if not self.has_context_terms:
+            return (False, 1, 1, 1, 1, 0.0, 1, 1, 0.0, 0.0, 0.0)
         cw, cc, cm = self._ctx_coef
-        return cw * wave + cc * chunks + cm * merge
+        return (
+            True,
+            a.group,
+            a.kv_heads,
+            a.block_rows,
+            math.ceil(a.fill * a.sms),
+            float(a.balance),
+            a.min_chunk,
+            a.sms * a.decode_ctas_per_sm,
+            float(cw),
+            float(cc),
+            float(cm),
+        )
 
     def forward_ms(self, n_tokens: Any) -> Any:
         """Target forward cost of n tokens at zero context (scalar or array)."""

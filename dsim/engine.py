@@ -18,7 +18,7 @@ planned as a ``StepPlan`` and its decodes committed as a ``DecodeOutcome``, by o
 (``_commit_decodes``) shared by single steps and decode windows.
 
 Decode-only stretches (nothing to admit, no prefill running) are simulated as a *window* of up to
-``max_window`` steps at once ([k, R] arrays), then committed up to the first event (a completion,
+``max_window`` steps (and ``WINDOW_SLOTS`` slots x steps) at once ([k, R] arrays), then committed up to the first event (a completion,
 a KV shortage, a wake-up by an arrival); later steps are dropped. This is exact: a request's draws
 come from its own stream per draft round, so every committed step is what a one-by-one loop
 produces (tested for every method and policy).
@@ -51,7 +51,7 @@ class EngineConfig:
     long_prefill_token_threshold: int = 0  # 0: off
     enable_prefix_caching: bool = False
     async_scheduling: bool = False  # overlap CPU scheduling with the GPU step
-    max_window: int = 32  # decode steps simulated at once
+    max_window: int = 256  # decode steps simulated at once, at most (see WINDOW_SLOTS)
     record_shapes: bool = False  # keep each step's (query tokens, context) per request
     # Prefill/decode disaggregation, in vLLM's words (kv_transfer_config.kv_role; DeepSeek-V3
     # report Sec. 3.4). None: prefill runs on these GPUs. "kv_consumer": a decode instance; a
@@ -90,6 +90,7 @@ class StepRecord:
 
 
 STEP_FIELDS = tuple(StepRecord.__dataclass_fields__)
+STEP_FLOAT_FIELDS = tuple(f for f, t in StepRecord.__annotations__.items() if t == "float")  # others: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,9 +205,13 @@ class SpecStats:
         self.cls_emitted = np.zeros(n_classes)
         self.cls_verify = np.zeros(n_classes)
         self.cap = head_sample_cap
+        # The head's sample: each replica's first draft rounds in its own step order, up to an
+        # equal share of the cap (set by the simulation: cap / replicas), so the sample does not
+        # depend on how the replicas' steps interleave (window lengths); gathered replica by
+        # replica at the end (head_conf, head_acc).
+        self.replica_cap = head_sample_cap
         self.head_conf: list = []
         self.head_acc: list = []
-        self.head_n = 0
 
     @property
     def accepted_per_pos(self) -> np.ndarray:
@@ -216,6 +221,47 @@ class SpecStats:
 
 
 _LAST, _ITLMAX = range(2)  # float64 columns of Replica.F
+
+# Decode-window length. A window is at most max_window steps and WINDOW_SLOTS decode slots x
+# steps (its draws' arrays); an open-loop window stops drawing at the next arrival only where it
+# would draw more than CHEAP_WINDOW_SLOTS slots x steps: an arrival cuts short the window of the
+# one replica it is routed to, and below that many slots the draws it wastes cost less than the
+# extra windows (a few tens of microseconds of Python each) that stopping at every arrival in the
+# fleet makes.
+WINDOW_SLOTS = 8192
+CHEAP_WINDOW_SLOTS = 256
+
+
+class Columns:
+    """Rows of float64 columns appended in place (the step table, the ITL samples): one growing
+    array instead of a Python tuple per row."""
+
+    __slots__ = ("a", "n")
+
+    def __init__(self, ncol: int, cap: int = 64):
+        self.a = np.empty((cap, ncol), dtype=np.float64)
+        self.n = 0
+
+    def reserve(self, m: int) -> int:
+        """The index of the first of m new rows (written by the caller)."""
+        i = self.n
+        if i + m > len(self.a):
+            new = np.empty((max(2 * len(self.a), i + m), self.a.shape[1]), dtype=np.float64)
+            new[:i] = self.a[:i]
+            self.a = new
+        self.n = i + m
+        return i
+
+    def append(self, row) -> None:
+        i = self.n
+        if i == len(self.a):
+            self.reserve(1)
+        else:
+            self.n = i + 1
+        self.a[i] = row
+
+    def rows(self) -> np.ndarray:
+        return self.a[: self.n]
 
 
 class Replica:
@@ -280,7 +326,14 @@ class Replica:
         self._no_row = np.zeros(1)
         self._no_steps = np.zeros((0, 0), dtype=np.int64)
         self._no_cut = np.full(16, -1, dtype=np.int64)  # decode_given of an uncut step
+        # Outputs of the commit and removal kernels, reused from step to step (per slot, sized
+        # with the slot buffers; per step, sized to the longest commit so far).
+        self._slot_out = np.empty((3, 16), dtype=np.int64)
+        self._step_out = np.empty((3, 1), dtype=np.int64)
+        self._done_I = np.empty((16, NCOL), dtype=np.int64)
+        self._done_F = np.empty((16, 2), dtype=np.float64)
         self._fwd = cost.forward_table()
+        self._ctx_args = cost.context_args()
         cap = 16
         self.n = 0  # live decode slots
         self._I = np.zeros((cap, NCOL), dtype=np.int64)
@@ -304,9 +357,12 @@ class Replica:
         self.cpu_ms = 0.0 if cfg.async_scheduling else cost.cpu_overhead_ms
         self.prev_end = -1.0
         self._last_is_prev_end = True  # every decode slot last emitted at prev_end (see _itl)
-        self.steps: list = []  # rows of the step table (STEP_FIELDS order)
+        self.steps = Columns(len(STEP_FIELDS))  # the step table's rows (STEP_FIELDS order)
         self.finished: list = []  # (slot rows, float rows, finish time) to flush
-        self.itl_vals: list = []  # (gap_ms, count) pairs: ITL samples, run-length coded
+        self.head_conf: list = []  # the head's sample from this replica (SpecStats.replica_cap)
+        self.head_acc: list = []
+        self.head_n = 0
+        self.itl_vals = Columns(2)  # (gap_ms, count) rows: ITL samples, run-length coded
         self.wake = env.event()
         self.prefix_hashes = prefix_hashes
         self.prefix_block_tokens = prefix_block_tokens
@@ -652,8 +708,13 @@ class Replica:
             if len(self._no_cut) < n:
                 self._no_cut = np.full(len(self._I), -1, dtype=np.int64)
             given = self._no_cut
-        em, ver_r, acc_r = np.empty((3, n), dtype=np.int64)
-        sv, sa, se = np.empty((3, m), dtype=np.int64)
+        if self._slot_out.shape[1] < n:
+            self._slot_out = np.empty((3, len(self._I)), dtype=np.int64)
+        if self._step_out.shape[1] < m:
+            self._step_out = np.empty((3, m), dtype=np.int64)
+        # (views of the reused buffers: the outcome is read before the next commit)
+        em, ver_r, acc_r = self._slot_out[:, :n]
+        sv, sa, se = self._step_out[:, :m]
         st = self.stats
         vt, at, lt, et, min_left = KS.commit_decodes(
             self._I,
@@ -681,13 +742,13 @@ class Replica:
             if self._adaptive:
                 st.accepted_in_window += at
                 st.accepted_full_block += lt
-            if self._has_head and st.head_n < st.cap:
-                # the first draft rounds up to the cap, in step order: the same samples whether
-                # the steps ran one by one or as windows
-                q = min(m * n, -(-(st.cap - st.head_n) // K)) * K
-                st.head_conf.append(conf[:m].transpose(0, 2, 1).reshape(-1)[:q])
-                st.head_acc.append((np.arange(K)[None, None, :] < lead[:m, :, None]).reshape(-1)[:q])
-                st.head_n += q
+            if self._has_head and self.head_n < st.replica_cap:
+                # this replica's first draft rounds up to its share of the cap, in step order:
+                # the same samples whether the steps ran one by one or as windows
+                q = min(m * n, -(-(st.replica_cap - self.head_n) // K)) * K
+                self.head_conf.append(conf[:m].transpose(0, 2, 1).reshape(-1)[:q])
+                self.head_acc.append((np.arange(K)[None, None, :] < lead[:m, :, None]).reshape(-1)[:q])
+                self.head_n += q
             if self._cp >= 0:
                 X, cp = self._X, self._cp
                 if self._cp2 >= 0:  # (the production policy's)
@@ -799,7 +860,10 @@ class Replica:
             last[:] = self.prev_end
         sel = slice(None) if mask is None else mask
         gaps = (t - last[sel]) * 1000.0
-        self.itl_vals.extend(zip(gaps.tolist(), [1] * len(gaps)))
+        v = self.itl_vals
+        i = v.reserve(len(gaps))
+        v.a[i : i + len(gaps), 0] = gaps
+        v.a[i : i + len(gaps), 1] = 1.0
         F[sel, _ITLMAX] = np.maximum(F[sel, _ITLMAX], gaps)
         last[sel] = t
         I[sel, EMITS] += 1
@@ -809,16 +873,17 @@ class Replica:
         if not self.n or self.left_lb > 0:
             return
         n = self.n
-        done_I = np.empty((n, NCOL), dtype=np.int64)
-        done_F = np.empty((n, 2), dtype=np.float64)
-        w, d, min_left = KS.remove_done(self._I, self._F, self._X, n, done_I, done_F)
+        if len(self._done_I) < n:
+            self._done_I = np.empty((len(self._I), NCOL), dtype=np.int64)
+            self._done_F = np.empty((len(self._I), 2), dtype=np.float64)
+        w, d, min_left, done_kv = KS.remove_done(self._I, self._F, self._X, n, self._done_I, self._done_F)
         self.n = w
         self.left_lb = int(min_left)
         if d:
-            rows, frows = done_I[:d], done_F[:d]
+            rows, frows = self._done_I[:d].copy(), self._done_F[:d].copy()
             # Per-request results are written to the request table once, at the end (flush).
             self.finished.append((rows, frows, self.env.now))
-            self.kv_dec -= int(rows[:, COMP].sum())
+            self.kv_dec -= done_kv
             for rid in rows[:, ID].tolist():
                 self.on_finish(rid)
 
@@ -870,24 +935,26 @@ class Replica:
         # An adaptive window's draws and budget fixed point cost grow with its length, and a
         # request emits about 3 tokens a step at DSpark's acceptance: a third of that bound is
         # about where the first completion lands.
-        k = int(min(cfg.max_window, max(1, left_min // 3 if self._adaptive else left_min)))
+        k = min(cfg.max_window, WINDOW_SLOTS // n, left_min // 3 if self._adaptive else left_min)
+        k = max(1, int(k))
         # Open loop: no draws past the next known arrival (each step takes at least the forward
-        # of n tokens), since an arrival ends the window anyway.
-        t_next = self.next_arrival()
+        # of n tokens), where an arrival cutting the window short would waste many draws.
         dms = self._draft_ms(n)
-        if t_next is not None:
-            floor_ms = self.cost.forward_ms(n) + dms + self.cpu_ms
-            k = int(min(k, max(1, (t_next - env.now) * 1000.0 // max(floor_ms, 1e-6) + 1)))
+        if k * n > CHEAP_WINDOW_SLOTS:
+            t_next = self.next_arrival()
+            if t_next is not None:
+                floor_ms = self.cost.forward_ms(n) + dms + self.cpu_ms
+                k_arr = (t_next - env.now) * 1000.0 // max(floor_ms, 1e-6) + 1
+                k = int(min(k, max(k_arr, CHEAP_WINDOW_SLOTS // n, 1)))
         if K > 0:
             conf, lead, verified, cap = self._draft_and_verify(k)
         else:
             conf = None
             lead = verified = cap = self._no_steps
         n_tok, per_step, kv = np.empty((3, k), dtype=np.int64)
-        fwd, dur, t_end = np.empty((3, k))
+        fwd, ctx_ms, dur, t_end = np.empty((4, k))
         comp0 = self.I[:, COMP].copy() if self.shapes is not None else None
-        ctx_ms = self._context_ms(None, verified)  # (the window's first step's; contexts grow little in it)
-        fixed_ms = dms + self.cpu_ms + ctx_ms
+        fixed_ms = dms + self.cpu_ms
         last, general, past = KS.window_steps(
             self._I,
             n,
@@ -902,11 +969,13 @@ class Replica:
             self._fwd,
             self.cost.kv_ms_per_tok,
             fixed_ms,
+            *self._ctx_args,
             env.now,
             n_tok,
             per_step,
             kv,
             fwd,
+            ctx_ms,
             dur,
             t_end,
         )
@@ -917,7 +986,7 @@ class Replica:
             return
         if past:  # steps past the dense table: the cost model prices them
             fwd[:] = self.cost.step_ms(n_tok, kv)
-            dur[:] = fwd + fixed_ms
+            dur[:] = fwd + ctx_ms + fixed_ms
             t_end[:] = env.now + np.cumsum(dur) / 1000.0
         # Run until the last step ends or an arrival wakes us; then commit the steps that ended
         # before the wake-up plus the one in flight. (The timeout triggers the wake event: one
@@ -935,21 +1004,24 @@ class Replica:
             for t in range(m):
                 qv = (1 + verified[t]) if K > 0 else np.ones(n, np.int64)
                 self.shapes.append(
-                    (self.idx, float(t_end[t]), qv.tolist(), (comp0 + cum).tolist(), float(fwd[t] + ctx_ms))
+                    (self.idx, float(t_end[t]), qv.tolist(), (comp0 + cum).tolist(), float(fwd[t] + ctx_ms[t]))
                 )
                 cum += (np.minimum(lead[t], cap[t]) + 1) if K > 0 else 1
-        durs = dur[:m].tolist()
+        dmax = float(dur[:m].max())
         if K > 0:
-            out = self._commit_decodes(m, verified[:m], cap[:m], lead[:m], conf[:m], None, max(durs))
+            out = self._commit_decodes(m, verified[:m], cap[:m], lead[:m], conf[:m], None, dmax)
         else:
-            out = self._commit_decodes(m, None, None, None, None, None, max(durs))
-        self.itl_vals.extend((d, n) for d in durs)
+            out = self._commit_decodes(m, None, None, None, None, None, dmax)
+        v = self.itl_vals
+        i = v.reserve(m)
+        v.a[i : i + m, 0] = dur[:m]
+        v.a[i : i + m, 1] = n
         self._last_is_prev_end = True  # (prev_end = t_end[last] below)
-        ends = t_end[:m].tolist()
-        ntok = n_tok[:m].tolist()
-        kvl = kv[:m].tolist()
-        ps, vs, as_ = out.step_emitted.tolist(), out.step_verified.tolist(), out.step_accepted.tolist()
-        idx, nw = self.idx, len(self.waiting)
-        self.steps.extend((idx, ends[t], durs[t], n, n, ntok[t], 0, vs[t], as_[t], ps[t], kvl[t], nw) for t in range(m))
-        self.prev_end = ends[-1]
+        st = self.steps
+        i = st.reserve(m)  # (before reading st.a: reserving may move it)
+        KS.window_rows(
+            st.a, i, m, self.idx, n, len(self.waiting), t_end, dur, n_tok, kv,
+            out.step_verified, out.step_accepted, out.step_emitted,
+        )
+        self.prev_end = float(t_end[last])
         self._finish_done()

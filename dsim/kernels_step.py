@@ -28,6 +28,8 @@ import math
 import numpy as np
 from numba import njit, uint64
 
+from dsim.cost import decode_features_ms
+
 # Decode-slot columns of the int table (Replica.I).
 ID, COMP, END, CLS, EMITS, ROUNDS, ASUM, VSUM = range(8)
 NCOL = 8
@@ -788,9 +790,10 @@ def commit_decodes(
 def remove_done(I, F, X, n, done_I, done_F):
     """Remove the slots with nothing left to emit (COMP >= END), keeping the others' order in
     place; their rows go to done_I / done_F (in slot order). Returns (slots kept, slots removed,
-    smallest remaining output among the kept)."""
+    smallest remaining output among the kept, KV tokens of the removed)."""
     w = 0
     d = 0
+    done_kv = 0
     min_left = np.int64(1) << 62
     rows = X.shape[0]
     for r in range(n):
@@ -800,6 +803,7 @@ def remove_done(I, F, X, n, done_I, done_F):
                 done_I[d, c] = I[r, c]
             done_F[d, 0] = F[r, 0]
             done_F[d, 1] = F[r, 1]
+            done_kv += I[r, COMP]
             d += 1
         else:
             if w != r:
@@ -814,7 +818,7 @@ def remove_done(I, F, X, n, done_I, done_F):
             w += 1
     if w == 0:
         min_left = 0
-    return w, d, min_left
+    return w, d, min_left, done_kv
 
 
 # ---- one step (or window) of the decode slots: draws, verify windows, verify modes ------------
@@ -919,11 +923,23 @@ def window_steps(
     fwd_table,
     kv_ms_per_tok,
     fixed_ms,
+    ctx_on,
+    ctx_g,
+    ctx_kv_heads,
+    ctx_block_rows,
+    ctx_cap,
+    ctx_balance,
+    ctx_min_chunk,
+    ctx_slots,
+    ctx_cw,
+    ctx_cc,
+    ctx_cm,
     t0_s,
     n_tok,
     per_step,
     kv,
     fwd,
+    ctx_ms,
     dur,
     t_end,
 ):
@@ -931,7 +947,9 @@ def window_steps(
     [k, n]; ignored when K = 0, one token a step): per step its tokens n_tok, tokens emitted
     per_step (before output caps), KV tokens read kv (at its start plus its own tokens), the
     forward fwd = fwd_table[n_tok] + kv_ms_per_tok x kv (ms; -1 where n_tok is past the table:
-    the caller prices those), dur = fwd + fixed_ms and the end times t_end (s, from t0_s).
+    the caller prices those), with ctx_on the per-request attention terms ctx_ms of each step
+    (dsim.cost.decode_features_ms at the step's own windows and contexts; else 0),
+    dur = fwd + ctx_ms + fixed_ms and the end times t_end (s, from t0_s).
     Returns (last, general): the last step to run (the first step where some slot may finish,
     or the step before the KV cache runs out), and whether even the first step needs a
     preemption (then the caller takes the general path)."""
@@ -942,9 +960,21 @@ def window_steps(
     last = k - 1
     found = False
     kv_start = kv_dec
+    qb = np.empty(n if ctx_on else 0, np.int64)
+    cb = np.empty(n if ctx_on else 0, np.int64)
     for t in range(k):
         tok = n
         ps = 0
+        if ctx_on:
+            for r in range(n):
+                qb[r] = 1 + verified[t, r] if K > 0 else 1
+                cb[r] = I[r, COMP] + cum[r]
+            ctx_ms[t] = decode_features_ms(
+                qb, cb, ctx_g, ctx_kv_heads, ctx_block_rows, ctx_cap, ctx_balance, ctx_min_chunk, ctx_slots,
+                ctx_cw, ctx_cc, ctx_cm,
+            )
+        else:
+            ctx_ms[t] = 0.0
         for r in range(n):
             if K > 0:
                 c = cap[t, r]
@@ -967,7 +997,7 @@ def window_steps(
     for t in range(k):
         if n_tok[t] < fwd_table.shape[0]:
             fwd[t] = fwd_table[n_tok[t]] + kv_ms_per_tok * kv[t]
-            dur[t] = fwd[t] + fixed_ms
+            dur[t] = fwd[t] + ctx_ms[t] + fixed_ms
             acc_ms += dur[t]
             t_end[t] = t0_s + acc_ms / 1000.0
         else:
@@ -993,3 +1023,23 @@ def window_steps(
                 else:
                     before[r] += 1
     return last, False, past
+
+
+@njit(cache=True)
+def window_rows(S, i, m, replica, n, n_waiting, t_end, dur, n_tok, kv, verified, accepted, emitted):
+    """The step-table rows (dsim.engine.STEP_FIELDS order) of a decode window's m committed steps,
+    written into S from row i: n slots decoding, no prefill, n_waiting requests waiting."""
+    for t in range(m):
+        j = i + t
+        S[j, 0] = replica
+        S[j, 1] = t_end[t]
+        S[j, 2] = dur[t]
+        S[j, 3] = n
+        S[j, 4] = n
+        S[j, 5] = n_tok[t]
+        S[j, 6] = 0
+        S[j, 7] = verified[t]
+        S[j, 8] = accepted[t]
+        S[j, 9] = emitted[t]
+        S[j, 10] = kv[t]
+        S[j, 11] = n_waiting

@@ -23,7 +23,7 @@ import simpy
 
 from dsim.cluster import Router
 from dsim.cost import CostModel, Profile
-from dsim.engine import STEP_FIELDS, EngineConfig, Replica, Requests, SpecStats
+from dsim.engine import STEP_FIELDS, STEP_FLOAT_FIELDS, EngineConfig, Replica, Requests, SpecStats
 from dsim.errors import InputError
 from dsim.kernels_step import run_key
 from dsim.metrics import request_table, summarize
@@ -162,6 +162,7 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
     n_classes = len(w.class_names)
     stats = SpecStats(spec.k, n_classes)
     n_rep = cfg.nodes * cfg.replicas_per_node
+    stats.replica_cap = -(-stats.cap // n_rep)
     closed = w.closed_loop_concurrency
     next_id = [0]
     bar = None
@@ -256,10 +257,15 @@ def _result(cfg, spec, reqs, stats, replicas, wall) -> SimResult:
     w = cfg.workload
     for r in replicas:
         r.flush()
+    stats.head_conf = [x for r in replicas for x in r.head_conf]
+    stats.head_acc = [x for r in replicas for x in r.head_acc]
     req = request_table(reqs, w.class_names)
-    itl = [p for r in replicas for p in r.itl_vals]
-    steps = pd.DataFrame([s for r in replicas for s in r.steps], columns=list(STEP_FIELDS))
-    summary = summarize(req, itl, cfg.n_gpus, cfg.slo)
+    arr = np.concatenate([r.itl_vals.rows() for r in replicas])
+    rows = np.concatenate([r.steps.rows() for r in replicas])
+    steps = pd.DataFrame(
+        {f: rows[:, j] if f in STEP_FLOAT_FIELDS else rows[:, j].astype(np.int64) for j, f in enumerate(STEP_FIELDS)}
+    )
+    summary = summarize(req, arr, cfg.n_gpus, cfg.slo)
     summary["wall_time_s"] = round(wall, 3)
     summary["steps"] = int(len(steps))
     summary["mean_batch_requests"] = round(float(steps["n_requests"].mean()), 3) if len(steps) else 0.0
@@ -282,7 +288,6 @@ def _result(cfg, spec, reqs, stats, replicas, wall) -> SimResult:
     shapes = None
     if cfg.engine.record_shapes:
         shapes = sorted((x for r in replicas for x in r.shapes), key=lambda x: (x[1], x[0]))
-    arr = np.asarray(itl, dtype=np.float64).reshape(-1, 2)
     return SimResult(summary, req, steps, shapes, (arr[:, 0], arr[:, 1]))
 
 

@@ -257,3 +257,128 @@ def test_attention_interpolates_along_context_and_query_length():
     assert t.ms(dict(base, batch=64, q=3, kv=5120)) == pytest.approx(0.1 + 0.064 + 1e-5 * 5120 * 3)
     assert t.ms(dict(base, batch=64, q=2, kv=16384)) is None       # no extrapolation
     assert t.ms(dict(base, batch=64, q=4, kv=8192)) == recs[-1]["ms"]
+
+
+# ------------------------------------------------------------- per-request attention (profile format 3)
+def _format3_profile():
+    """A composed V4-Flash dp8-ep8 profile from the roofline: every number below follows from it."""
+    return compose_profile(load_model("deepseek-v4-flash"), parse_topology("dp8-ep8"), "h200", None)
+
+
+def test_format3_profile_round_trips_and_is_validated(tmp_path):
+    from dsim.cost import load_profile, save_profile
+
+    p = _format3_profile()
+    assert p.format_version == 3 and p.request_attention is not None
+    path = tmp_path / "p.yaml"
+    save_profile(p, path)
+    q = load_profile(str(path))
+    np.testing.assert_allclose(q.request_attention.step_ms, p.request_attention.step_ms, rtol=1e-4, atol=1e-5)
+    assert list(q.request_attention.ctx) == list(p.request_attention.ctx)
+    import yaml
+
+    d = yaml.safe_load(path.read_text())
+    bad = dict(d, format_version=2)
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(InputError, match="request_attention: needs format_version: 3"):
+        load_profile(str(path))
+    bad = dict(d)
+    bad["request_attention"] = dict(d["request_attention"], forward_share_ms=d["request_attention"]["forward_share_ms"][:-1])
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(InputError, match="forward_share_ms: has"):
+        load_profile(str(path))
+    bad["request_attention"] = dict(d["request_attention"], step_ms=d["request_attention"]["step_ms"][1:])
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(InputError, match="step_ms"):
+        load_profile(str(path))
+
+
+def test_context_ms_prices_each_requests_own_attention():
+    """Equal requests: step_ms + context_ms = the table's non-attention part + the tabulated
+    attention of that batch shape, exactly, at table points; so one request verifying 8 tokens
+    costs what the table says for (1, 8, ctx), not what 8 one-token requests cost."""
+    p = _format3_profile()
+    c = CostModel(p)
+    ra = p.request_attention
+    b = {int(x): i for i, x in enumerate(ra.batch)}
+    j = {int(x): i for i, x in enumerate(ra.q)}
+    k = {int(x): i for i, x in enumerate(ra.ctx)}
+    fx = [int(x) for x in p.forward.x]
+    for R, q, ctx in ((1, 8, 2048), (8, 1, 2048), (32, 4, 8192), (256, 2, 32768), (64, 8, 131072)):
+        n = R * q
+        base = c.step_ms(n, R * (ctx + q)) + c.context_ms(np.full(R, q), np.full(R, ctx))
+        i = fx.index(min(x for x in fx if x >= n))  # the forward size the step is looked up at
+        nonattn = np.maximum.accumulate(p.forward.ms)[i] - ra.forward_share_ms[i]
+        assert base == pytest.approx(nonattn + ra.step_ms[b[R], j[q], k[ctx]], rel=1e-9, abs=1e-9)
+    # one request verifying 8 tokens vs 8 one-token requests: the table's shapes, not one total
+    one8 = c.step_ms(8, 8 + 2048) + c.context_ms([8], [2048])
+    eight1 = c.step_ms(8, 8 * 2049) + c.context_ms([1] * 8, [2048] * 8)
+    assert one8 - eight1 == pytest.approx(ra.step_ms[b[1], j[8], k[2048]] - ra.step_ms[b[8], j[1], k[2048]], abs=1e-9)
+
+
+def test_context_ms_mixed_batch_is_the_mean_of_equal_batches():
+    c = CostModel(_format3_profile())
+    q = np.array([1, 8, 3, 8, 5, 2, 7, 1])
+    ctx = np.array([600, 5000, 100, 90000, 2048, 300000, 7000, 0])
+    n, kv = int(q.sum()), int((q + ctx).sum())
+    own = c.context_ms(q, ctx) + c._forward_share(n) + c.kv_ms_per_tok * kv
+    each = [c.context_ms(np.full(8, a), np.full(8, b)) + c._forward_share(8 * a) + c.kv_ms_per_tok * 8 * (a + b)
+            for a, b in zip(q, ctx)]
+    assert own == pytest.approx(np.mean(each), rel=1e-9)
+    # the step never costs less than the forward table's non-attention part
+    for R in (1, 7, 100, 700):
+        qq, cc = np.ones(R, np.int64), np.zeros(R, np.int64)
+        assert c.step_ms(R, R) + c.context_ms(qq, cc) > 0
+
+
+def test_request_attention_grows_with_context_and_query_tokens():
+    ra = _format3_profile().request_attention
+    assert (np.diff(ra.step_ms, axis=2) >= -1e-12).all()   # roofline attention: non-decreasing in ctx
+    assert (np.diff(ra.step_ms, axis=1) >= -1e-12).all()   # and in query tokens per request
+
+
+def test_moe_dp_chunking_prices_vllm_chunks():
+    """vLLM's chunking MoE runner (DeepEP low-latency kernels): n tokens per rank run the MoE block
+    in ceil(n / 256) chunks; each op of the block is priced per chunk."""
+    m, t = load_model("deepseek-v4-flash"), parse_topology("dp8-ep8")
+    one = {o.record: o.count for o in layer_ops(m, t, "h200", 600) if o.part in ("moe_experts", "comm")}
+    ch = [o for o in layer_ops(m, t, "h200", 600, moe_chunk=256) if o.part in ("moe_experts", "comm")]
+    toks = sorted({(o.rec["tokens"], o.count) for o in ch if o.part == "moe_experts"})
+    moe_layers = sum(m.moe_layer)
+    assert toks == [(88 * 8, moe_layers), (256 * 8, 2 * moe_layers)]
+    assert sum(o.count for o in ch if o.rec.get("kind") == "a2a_dispatch") == 3 * moe_layers
+    assert sum(c for r, c in one.items() if dict(r).get("kind") == "a2a_dispatch") == moe_layers
+    # at or below the chunk, and on tensor-parallel attention, one pass
+    assert layer_ops(m, t, "h200", 256, moe_chunk=256) == layer_ops(m, t, "h200", 256)
+    tp = parse_topology("tp8-ep8")
+    assert layer_ops(m, tp, "h200", 600, moe_chunk=256) == layer_ops(m, tp, "h200", 600)
+    # the composed profile says which it used
+    p = compose_profile(m, t, "h200", None)
+    assert "chunks of 256 tokens" in p.provenance["assumptions"]["moe_dp_chunk"]
+    q = compose_profile(m, t, "h200", None, moe_dp_chunk=0, request_attention=False)
+    assert q.format_version == 1 and q.request_attention is None
+    assert q.provenance["assumptions"]["moe_dp_chunk"] == "one MoE pass per step"
+    fq, fp = CostModel(q).forward_ms(512), CostModel(p).forward_ms(512)
+    assert CostModel(q).forward_ms(256) == pytest.approx(CostModel(p).forward_ms(256))
+    assert fp > fq  # two chunks read the experts' weights twice
+
+
+def test_profile_kind_follows_the_first_kernel_table(tmp_path):
+    """A profile composed from published silicon tables says so (kind silicon-table), one from our
+    own measurements says measured; both load, and an unknown kind is refused."""
+    from dsim.cost import load_profile, save_profile
+
+    m, t = load_model("deepseek-v4-flash"), parse_topology("dp8-ep8")
+    recs = [dict(op="gemm", dtype="fp8", m=1, n=512, k=4096, ms=0.01)]
+    for kind in ("silicon-table", "measured"):
+        p = compose_profile(m, t, "h200", KernelTable("k", {"kind": kind, "method": "x"}, recs), request_attention=False)
+        assert p.provenance["kind"] == kind
+        save_profile(p, tmp_path / "p.yaml")
+        assert load_profile(str(tmp_path / "p.yaml")).provenance["kind"] == kind
+    import yaml
+
+    d = yaml.safe_load((tmp_path / "p.yaml").read_text())
+    d["provenance"]["kind"] = "guessed"
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(d))
+    with pytest.raises(InputError, match="provenance.kind.*silicon-table"):
+        load_profile(str(tmp_path / "p.yaml"))

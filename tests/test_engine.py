@@ -188,7 +188,7 @@ def test_shipped_profiles_load_with_provenance():
     assert paths
     for p in paths:
         prof = load_profile(str(p))
-        assert prof.provenance["kind"] in ("measured", "analytical", "calibrated")
+        assert prof.provenance["kind"] in ("measured", "silicon-table", "analytical", "calibrated")
         assert prof.kv_capacity_blocks > 0
 
 
@@ -440,6 +440,45 @@ def test_speculative_decode_windows_are_exact():
         b = run(w, prof, engine=EngineConfig(max_window=64), spec=sc)
         np.testing.assert_allclose(a.requests.e2e_ms, b.requests.e2e_ms, rtol=1e-9)
         assert a.summary["acceptance_length"] == b.summary["acceptance_length"]
+
+
+def test_format_2_decode_windows_are_exact():
+    """A format-2 profile's per-request attention terms (CostModel.context_ms) are priced at
+    each step of a decode window with its own windows and contexts, as stepping one by one does:
+    windows of 1 and 256 steps give the same run, on several replicas of an open-loop trace."""
+    from dsim.cost import AttentionTerms
+
+    terms = AttentionTerms(query_heads=32, kv_heads=8, sms=132, fill=2.0, balance=2.0, min_chunk=64,
+                           block_rows=128, decode_ctas_per_sm=2, prefill_ctas_per_sm=2, wave_ms_per_ktok=0.01,
+                           chunk_ms_per_kcta=0.3, merge_ms_per_mcell=0.5, prefill_ms_per_mpair=1.4)
+    prof = dataclasses.replace(linear_profile(cpu=0.7, kv_ms_per_ktok=0.3), format_version=2, attention=terms)
+    assert CostModel(prof).has_context_terms
+    rng = np.random.default_rng(11)
+    n = 240
+    arr = np.cumsum(rng.exponential(0.02, n))
+    w = wl(rng.integers(50, 3000, n), rng.integers(1, 300, n), arrival=arr - arr[0], cls=rng.integers(0, 3, n))
+    for sc in (SpecConfig(), SpecConfig("dspark", adaptive=True)):
+        a, b = (simulate(SimConfig(workload=w, profile=prof, gpus_per_node=4, spec=sc,
+                                   engine=EngineConfig(max_window=mw))) for mw in (1, 256))
+        np.testing.assert_allclose(a.requests.e2e_ms, b.requests.e2e_ms, rtol=1e-9)
+        np.testing.assert_allclose(a.steps.duration_ms, b.steps.duration_ms, rtol=1e-9)
+        assert a.summary["steps"] == b.summary["steps"] > n
+
+
+def test_head_sample_does_not_depend_on_window_lengths():
+    """The head's quality is measured on each replica's first draft rounds (an equal share of the
+    sample cap, in its own step order), so it is the same whether steps run one by one or as
+    windows, however the replicas' steps interleave."""
+    prof = linear_profile(cpu=0.7, kv_ms_per_ktok=0.3)
+    rng = np.random.default_rng(12)
+    n = 300
+    arr = np.cumsum(rng.exponential(0.01, n))
+    w = wl(rng.integers(50, 900, n), rng.integers(20, 300, n), arrival=arr - arr[0], cls=rng.integers(0, 3, n))
+    sc = SpecConfig("dspark", adaptive=True)
+    a, b = (simulate(SimConfig(workload=w, profile=prof, gpus_per_node=4, spec=sc,
+                               engine=EngineConfig(max_window=mw))).summary for mw in (1, 256))
+    assert a["setup"]["replicas"] == 4
+    assert a["head"] == b["head"] and a["acceptance_length"] == b["acceptance_length"]
 
 
 def test_budget_cut_counts_only_drafts_given():

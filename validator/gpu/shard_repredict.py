@@ -3,8 +3,8 @@
 A shard replay (``python3 -m validator.gpu.moe_shard replay``) records, for every step of a dsim
 step log, the measured per-GPU step time. The shapes stay what they were; only the prediction
 changes when the composer or its kernel table changes. This prices each logged step with a
-profile (CostModel.step_ms of its tokens and KV plus prefill_ms of its prompt chunks, as the
-engine does) and reports |predicted - measured| / measured per log.
+profile (CostModel.step_ms of its tokens and KV, prefill_ms of its prompt chunks and context_ms
+of its decode/verify requests, as the engine does) and reports |predicted - measured| / measured per log.
 
     python3 -m validator.gpu.shard_repredict PROFILE REPLAY.json STEPLOG_DIR [--out FILE.json]
 """
@@ -41,7 +41,10 @@ def repredict(profile: str, replay: dict, steplog_dir: Path) -> dict:
             n = int(sum(st["q"]))
             kv = int(sum(st["ctx"])) + n
             chunks = [(q, c) for q, c in zip(st["q"], st["ctx"]) if q >= PREFILL_MIN_Q]
+            dec = [(q, c) for q, c in zip(st["q"], st["ctx"]) if q < PREFILL_MIN_Q]
             pred = float(cost.step_ms(n, kv)) + float(cost.prefill_ms(chunks))
+            if dec:  # the decode/verify requests' own attention (profile format 2/3), as the engine adds it
+                pred += float(cost.context_ms([q for q, _ in dec], [c for _, c in dec]))
             signed.append((pred - r["measured_ms"]) / r["measured_ms"] * 100)
         e = np.abs(signed)
         out[Path(name).name] = dict(
