@@ -19,7 +19,7 @@ model (routed experts with their lockstep factor, all-to-all, attention, ...), p
 dsim.compose from the kernel tables of --kernels for --model on --hardware.
 
 Usage: python benchmarks/bench_fig8.py [--profile NAME] [--trace default] [--disaggregated]
-       [--per-gpu 10,20,50,100,150,200] [--requests-per-user 4] [--jobs N]
+       [--per-gpu 10,20,50,100,150,200] [--requests-per-user 16] [--jobs N]
        python benchmarks/bench_fig8.py [--profile NAME] --scan 10,20,50,100,150,200
        python benchmarks/bench_fig8.py --breakdown 1,40,200,400 [--model deepseek-v4-flash]
               [--hardware h200] [--kernels h200-aic-vllm,h200-torch] [--topology dp8-ep8]
@@ -38,14 +38,14 @@ import bench_paper as B
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", default=None)
+    ap.add_argument("--profile", default=B.PAPER_PROFILES[0], help="default: the paper scenario's V4-Flash profile")
     ap.add_argument("--trace", default="default")
     ap.add_argument("--disaggregated", action="store_true",
                     help="decode instances of a prefill/decode-disaggregated deployment (see bench_paper)")
     ap.add_argument("--remote-prefill-ms", type=float, default=0.0)
     ap.add_argument("--remote-prefill-ms-per-ktok", type=float, default=0.0)
     ap.add_argument("--per-gpu", default="10,20,50,100,150,200")
-    ap.add_argument("--requests-per-user", type=int, default=4)
+    ap.add_argument("--requests-per-user", type=int, default=16)
     ap.add_argument("--min-requests", type=int, default=200)
     ap.add_argument("--gpus-per-node", type=int, default=8)
     ap.add_argument("--mix", default=None)

@@ -573,6 +573,193 @@ def forward_ms(
     return t
 
 
+# ---------------------------------------------------------------------------------------- two-batch overlap
+# DeepSeek-V3 report Sec. 3.4 (decoding: two micro-batches, the attention of one overlapped with
+# the dispatch + MoE + combine of the other; DeepEP's low-latency all-to-all) and vLLM's dual
+# batch overlap (`--enable-dbo`, docs/design/dbo.md: DP + EP deployments only). vLLM splits a step
+# into two micro-batches only from `dbo_decode_token_threshold` tokens per rank (ParallelConfig
+# default 32 for decode-only batches; 512, `dbo_prefill_token_threshold`, once a prefill is in it).
+OVERLAPS = ("none", "dbo")
+DBO_DECODE_TOKEN_THRESHOLD = 32
+A2A_KINDS = ("a2a_dispatch", "a2a_combine")
+
+
+@dataclass(frozen=True)
+class MicroBatchLayer:
+    """One decoder layer of one micro-batch, in the pieces vLLM's DBO schedule interleaves (ms):
+    attention side (projections, core attention, router; vLLM's A0 + A1), routed experts (MLP),
+    shared expert (S), dispatch (D) and combine (C)."""
+
+    attention_ms: float
+    experts_ms: float
+    shared_ms: float
+    dispatch_ms: float
+    combine_ms: float
+
+
+def micro_batch_layer(
+    model: MoEModel,
+    topo: Topology,
+    hardware: str,
+    n: int,
+    pricer: Pricer,
+    layer: int,
+    *,
+    q: int = 1,
+    kv: int = KV_LO,
+    moe_chunk: int = 0,
+) -> MicroBatchLayer:
+    """The pieces of decoder layer `layer` for a micro-batch of n tokens (ceil(n / q) requests), its
+    MoE block in chunks of moe_chunk tokens (0: one pass)."""
+    qq = max(1, min(int(q), int(n)))
+    parts = dict(attention=0.0, experts=0.0, shared=0.0, dispatch=0.0, combine=0.0)
+    for op in layer_ops(
+        model, topo, hardware, n, kv=kv, q=qq, batch=-(-int(n) // qq), layers=[layer], moe_chunk=moe_chunk
+    ):
+        v = priced_total(model, topo, hardware, [op], pricer)
+        kind = op.rec.get("kind")
+        if op.part == "moe_experts":
+            parts["experts"] += v
+        elif op.part == "shared_expert":
+            parts["shared"] += v
+        elif op.part == "comm" and kind in A2A_KINDS:
+            parts["dispatch" if kind == "a2a_dispatch" else "combine"] += v
+        else:
+            parts["attention"] += v
+    return MicroBatchLayer(*(parts[k] for k in ("attention", "experts", "shared", "dispatch", "combine")))
+
+
+def dbo_layer_ms(mb0: MicroBatchLayer, mb1: MicroBatchLayer) -> float:
+    """One layer of two micro-batches on vLLM's DBO schedule (docs/design/dbo.md): compute stream
+    A(0) | MLP(1) | S(1) MLP(0) | S(0) A(1), communication stream D(1) | D(0) | C(1) | C(0), each
+    stage as long as the longer of its two streams (communication assumed not to slow the
+    compute it overlaps: DeepEP's low-latency kernels move data without the compute's SMs).
+    Without all-to-all (a dense layer, TP attention) the two micro-batches run back to back."""
+    if not (mb0.dispatch_ms or mb0.combine_ms or mb1.dispatch_ms or mb1.combine_ms):
+        return sum(m.attention_ms + m.experts_ms + m.shared_ms for m in (mb0, mb1))
+    return (
+        max(mb0.attention_ms, mb1.dispatch_ms)
+        + max(mb1.experts_ms, mb0.dispatch_ms)
+        + max(mb1.shared_ms + mb0.experts_ms, mb1.combine_ms)
+        + max(mb0.shared_ms + mb1.attention_ms, mb0.combine_ms)
+    )
+
+
+def forward_ms_dbo(
+    model: MoEModel,
+    topo: Topology,
+    hardware: str,
+    n: int,
+    pricer: Pricer,
+    limit: int,
+    *,
+    kv: int = KV_LO,
+    glue: LayerGlue = LayerGlue(),
+    q: int = 1,
+    threshold: int = DBO_DECODE_TOKEN_THRESHOLD,
+    moe_chunk: int = 0,
+) -> float:
+    """One target forward of n tokens per rank with two-batch overlap: below `threshold` tokens
+    the step is not split (forward_ms); from it, every decoder layer runs as two micro-batches of
+    ceil(n / 2) and floor(n / 2) tokens (each micro-batch's experts read their weights again, each
+    launches its own kernels: graph gaps and layer glue per micro-batch), interleaved as
+    dbo_layer_ms; the embedding and LM head run once over all n tokens. Only data-parallel
+    attention with expert parallelism has all-to-all to hide (vLLM: DP + EP only)."""
+    if n < threshold or topo.attn_dp <= 1 or n < 2:
+        return forward_ms(model, topo, hardware, n, pricer, limit, kv=kv, glue=glue, q=q, moe_chunk=moe_chunk)
+    halves = (-(-int(n) // 2), int(n) // 2)
+    # layers of one kind price alike: one micro-batch record per (attention kind, MoE, hash-routed)
+    groups: dict = {}
+    for i in range(model.layers):
+        key = (model.attn_kinds[i], model.moe_layer[i], i < model.hash_layers)
+        groups.setdefault(key, [i, 0])[1] += 1
+    t = 0.0
+    for first, count in groups.values():
+        mbs = [
+            micro_batch_layer(model, topo, hardware, h, pricer, first, q=q, kv=kv, moe_chunk=moe_chunk) for h in halves
+        ]
+        t += count * dbo_layer_ms(mbs[0], mbs[1])
+    qq = max(1, min(int(q), int(n)))
+    bw = -(-int(n) // qq)
+    in_layers = set(layer_ops(model, topo, hardware, n, kv=kv, q=qq, batch=bw))
+    rest = [op for op in step_ops(model, topo, hardware, n, kv=kv, q=qq, batch=bw) if op not in in_layers]
+    t += priced_total(model, topo, hardware, rest, pricer)
+    t += model.layers * sum(GRAPH_GAP_US_PER_LAYER * 1e-3 + glue.ms(h) for h in halves)
+    if n > limit:
+        t += model.layers * EAGER_US_PER_LAYER * 1e-3
+    return t
+
+
+def parse_dbo_threshold(value: int | str) -> int | str:
+    """--dbo-threshold: a token count >= 1 or 'auto' (see overlapped_forward)."""
+    if str(value).strip().lower() == "auto":
+        return "auto"
+    try:
+        t = int(str(value).strip())
+    except ValueError:
+        t = 0
+    if t < 1:
+        raise InputError(f"--dbo-threshold: expected a token count >= 1 or 'auto', got {value!r}")
+    return t
+
+
+def overlapped_forward(
+    model: MoEModel,
+    topo: Topology,
+    hardware: str,
+    tokens: Sequence[int],
+    plain_ms: np.ndarray,
+    pricer: Pricer,
+    limit: int,
+    glue: LayerGlue,
+    q: int,
+    threshold: int | str,
+    *,
+    moe_chunk: int = 0,
+) -> tuple[np.ndarray, str]:
+    """The forward table with two-batch overlap from `threshold` tokens per rank on, and the
+    provenance line saying so. threshold 'auto': the smallest CUDA-graph size from which the split
+    step is no slower than the unsplit one at every larger graph size (the engine's one threshold
+    set where splitting pays on this cost curve); none such: never split."""
+    if topo.attn_dp <= 1:
+        raise InputError(
+            f"--overlap dbo: topology {topo.name} has no all-to-all to hide (two-batch overlap needs "
+            "data-parallel attention with expert parallelism, e.g. dp8-ep8)"
+        )
+    split = np.array(
+        [
+            forward_ms_dbo(model, topo, hardware, n, pricer, limit, glue=glue, q=q, threshold=1, moe_chunk=moe_chunk)
+            for n in tokens
+        ]
+    )
+    if threshold == "auto":
+        # over the decode range (the CUDA-graph sizes): one threshold, as vLLM has
+        graphs = [i for i, n in enumerate(tokens) if n <= limit]
+        pays = split[graphs] <= plain_ms[graphs]
+        start = next((j for j in range(len(graphs)) if pays[j:].all()), None)
+        t = int(tokens[graphs[start]]) if start is not None else None
+        how = "auto: the smallest CUDA-graph size from which the split step is no slower at every larger one"
+    else:
+        t, how = (
+            int(threshold),
+            "vLLM's dbo_decode_token_threshold default" if threshold == DBO_DECODE_TOKEN_THRESHOLD else "given",
+        )
+    if t is None:
+        return (
+            plain_ms,
+            "two-batch overlap asked, never split (the split step is slower at the largest CUDA-graph size)",
+        )
+    use = np.array([n >= t and n >= 2 for n in tokens])
+    out = np.where(use, split, plain_ms)
+    note = (
+        f"two-batch overlap (DeepSeek-V3 report Sec. 3.4; vLLM --enable-dbo) from {t} tokens per rank ({how}): "
+        "each layer as two micro-batches on vLLM's DBO schedule, dispatch/combine of one hidden behind the "
+        "attention, experts and shared expert of the other (no slowdown of the overlapped compute assumed), "
+        "experts' weights read per micro-batch; drafter steps not split"
+    )
+    return out, note
+
+
 def _attn_only(model, topo, hardware, pricer, *, phase, batch, q, kv) -> float:
     ops = [
         op
@@ -677,6 +864,8 @@ def compose_profile(
     forward_q: int = 1,
     moe_dp_chunk: int | None = None,
     request_attention: bool = True,
+    overlap: str = "none",
+    dbo_threshold: int | str = DBO_DECODE_TOKEN_THRESHOLD,
 ) -> Profile:
     """Build the profile (see the module doc). `table`: one kernel table or several in order of
     preference. `table_error`: the measured error of the (first) table against our own
@@ -700,6 +889,11 @@ def compose_profile(
     fwd = np.array(
         [forward_ms(model, topo, hardware, n, pricer, limit, glue=glue, q=fq, moe_chunk=chunk) for n in tokens]
     )
+    overlap_note = None
+    if overlap != "none":
+        fwd, overlap_note = overlapped_forward(
+            model, topo, hardware, tokens, fwd, pricer, limit, glue, fq, dbo_threshold, moe_chunk=chunk
+        )
     # KV slope: attention cores of SLOPE_BATCH requests of fq query tokens at two contexts, per KV token
     lo = _attn_only(model, topo, hardware, pricer, phase="decode", batch=SLOPE_BATCH, q=fq, kv=KV_LO)
     hi = _attn_only(model, topo, hardware, pricer, phase="decode", batch=SLOPE_BATCH, q=fq, kv=KV_HI)
@@ -820,6 +1014,7 @@ def compose_profile(
                 if chunk
                 else "one MoE pass per step"
             ),
+            overlap=overlap_note or "none: every op of a step in sequence (all-to-all exposed)",
             roofline=roof.provenance["method"],
         ),
         memory_per_gpu_gb=mem,
@@ -860,6 +1055,7 @@ def required_ops(
     draft_block: int = 7,
     forward_q: int = 1,
     moe_dp_chunk: int | None = None,
+    overlap: str = "none",
 ) -> list[dict]:
     """Every op record compose_profile looks up (without 'ms'), deduplicated, sorted; of the per-request
     attention table, its points on the kernel-op grid (the rest interpolate between them)."""
@@ -875,6 +1071,10 @@ def required_ops(
         ops += step_ops(model, topo, hardware, n, q=qq, batch=-(-n // qq))
         if chunk:
             ops += step_ops(model, topo, hardware, n, q=qq, batch=-(-n // qq), moe_chunk=chunk)
+        if overlap != "none" and n >= 2:  # the two micro-batches' layers
+            for h in {-(-n // 2), n // 2}:
+                qh = min(fq, h)
+                ops += layer_ops(model, topo, hardware, h, q=qh, batch=-(-h // qh), moe_chunk=chunk)
     # the per-request attention table at the fixed grid's points (batch powers of two, REQ_CTX_GRID);
     # its other points interpolate along the attention series a table holds there
     for B in (b for b in vllm_capture_sizes(REQ_BATCH_MAX) if b & (b - 1) == 0):
@@ -928,6 +1128,19 @@ def main(argv: list[str] | None = None) -> int:
             f"(default {VLLM_MOE_DP_CHUNK}, vLLM's VLLM_MOE_DP_CHUNK_SIZE; 0: one pass, as the shard executor)",
         )
         p.add_argument(
+            "--overlap",
+            choices=OVERLAPS,
+            default="none",
+            help="dbo: two-batch overlap, the all-to-all of one micro-batch hidden behind the other's compute "
+            "(DeepSeek-V3 report Sec. 3.4; vLLM --enable-dbo); DP + EP topologies only",
+        )
+        p.add_argument(
+            "--dbo-threshold",
+            default=str(DBO_DECODE_TOKEN_THRESHOLD),
+            help="with --overlap dbo: split steps of at least this many tokens per rank (default 32, vLLM's "
+            "dbo_decode_token_threshold), or 'auto' (from where splitting is no slower)",
+        )
+        p.add_argument(
             "--expert-dtype",
             choices=("fp8", "fp4", "w4a16"),
             default=None,
@@ -969,7 +1182,16 @@ def main(argv: list[str] | None = None) -> int:
         topo = parse_topology(a.topology)
         if a.cmd == "required-ops":
             json.dump(
-                required_ops(model, topo, a.hardware, a.max_capture, a.draft_block, a.forward_q, a.moe_dp_chunk),
+                required_ops(
+                    model,
+                    topo,
+                    a.hardware,
+                    a.max_capture,
+                    a.draft_block,
+                    a.forward_q,
+                    moe_dp_chunk=a.moe_dp_chunk,
+                    overlap=a.overlap,
+                ),
                 sys.stdout,
                 indent=0,
             )
@@ -1006,6 +1228,8 @@ def main(argv: list[str] | None = None) -> int:
             forward_q=a.forward_q,
             moe_dp_chunk=a.moe_dp_chunk,
             request_attention=not a.no_request_attention,
+            overlap=a.overlap,
+            dbo_threshold=parse_dbo_threshold(a.dbo_threshold),
         )
         save_profile(prof_, a.out)
         print(f"wrote {a.out}: {prof_.label}")

@@ -433,11 +433,13 @@ def concurrency_from_per_gpu(per_gpu: Sequence[int], profile: Profile, nodes: in
 
 
 def pick_pair(methods: Sequence[str]) -> tuple[str, str] | None:
-    """The pair the paper compares in a sweep's methods: MTP-1 (baseline) and DSpark when both
-    run, else the first and the last method; None for a single method."""
+    """The pair the paper compares in a sweep's methods: MTP-1 (baseline) and DSpark (adaptive
+    first: dspark, dspark5, ...; else a fixed one) when both run, else the first and the last
+    method; None for a single method."""
     ms = list(methods)
     if len(ms) < 2:
         return None
     a = "mtp" if "mtp" in ms else ms[0]
-    b = next((m for m in ms if m.startswith("dspark")), ms[-1])
+    ds = [m for m in ms if m.startswith("dspark")]
+    b = next((m for m in ds if not m.endswith("-fixed")), ds[0] if ds else ms[-1])
     return (a, b) if a != b else (ms[0], ms[-1])

@@ -151,7 +151,10 @@ def spec_config(
 
 def method_spec(token: str, **common: Any) -> SpecConfig:
     """A method token of --methods (or of the flag ``what``): none, mtp, mtpK (K drafts), eagle3,
-    block, dspark (adaptive), dspark-fixed; common: the other SpecConfig fields."""
+    block, dspark (adaptive), dspark-fixed, dsparkK / dsparkK-fixed (a block of K, e.g. dspark5:
+    the DSpark paper's production gamma = 5); common: the other SpecConfig fields."""
+    import re
+
     what = common.pop("what", "--methods")
     from dsim.sim import SpecConfig
 
@@ -160,10 +163,18 @@ def method_spec(token: str, **common: Any) -> SpecConfig:
     adaptive = False
     if t.startswith("mtp") and t[3:].isdigit():
         t, k = "mtp", int(t[3:])
+    m = re.fullmatch(r"dspark(\d+)(-fixed|-adaptive)?", t)
+    if m:
+        t, k = "dspark" + (m.group(2) or ""), int(m.group(1))
+    if k is not None and k < 1:
+        raise InputError(f"{what}: {token!r}: the number of drafts must be >= 1")
     if t in ("dspark", "dspark-adaptive"):
         t, adaptive = "dspark", True
     elif t == "dspark-fixed":
         t = "dspark"
     if t not in METHODS:
-        raise InputError(f"{what}: unknown method {token!r} (none, mtp, mtpK, eagle3, block, dspark, dspark-fixed)")
+        raise InputError(
+            f"{what}: unknown method {token!r} (none, mtp, mtpK, eagle3, block, dspark, dspark-fixed, dsparkK, "
+            "dsparkK-fixed)"
+        )
     return SpecConfig(method=t, k=k, adaptive=adaptive, **common)

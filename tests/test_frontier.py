@@ -150,7 +150,7 @@ def test_user_sla_parsing_and_defaults():
 def test_sweep_per_gpu_prints_and_plots_the_comparison(tmp_path):
     from typer.testing import CliRunner
 
-    from dsim.cli import app
+    from dsim.entry import app
     out = tmp_path / "sw"
     res = CliRunner().invoke(app, ["sweep", "--concurrency", "1,4", "--per-gpu", "--methods", "mtp,dspark",
                                    "--min-requests", "16", "--requests-per-user", "1", "--jobs", "1",
@@ -172,7 +172,7 @@ def test_sweep_per_gpu_prints_and_plots_the_comparison(tmp_path):
 def test_ab_report_has_the_paper_comparison(tmp_path):
     from typer.testing import CliRunner
 
-    from dsim.cli import app
+    from dsim.entry import app
     out = tmp_path / "ab"
     res = CliRunner().invoke(app, ["ab", "--a", "mtp", "--b", "dspark", "--sla", "p50=20ms", "--requests", "40",
                                    "--seeds", "0", "--concurrency", "1,4", "--min-requests", "12",
@@ -182,3 +182,42 @@ def test_ab_report_has_the_paper_comparison(tmp_path):
     assert "The DSpark paper's comparison" in md and "paper_frontier.png" in md and "paper_load.png" in md
     assert "throughput per GPU at 80 tok/s/user" in md          # the V4-Flash anchors by default
     assert "concurrency per GPU" in md
+
+
+def test_pick_pair_and_dspark_block_tokens():
+    from dsim.frontier import pick_pair
+    from dsim.scenario import method_spec
+    assert pick_pair(["none", "mtp", "dspark5-fixed", "dspark5"]) == ("mtp", "dspark5")
+    assert pick_pair(["mtp", "dspark-fixed"]) == ("mtp", "dspark-fixed")
+    assert pick_pair(["mtp", "block"]) == ("mtp", "block")
+    assert pick_pair(["mtp"]) is None
+    s = method_spec("dspark5")
+    assert (s.method, s.k, s.adaptive) == ("dspark", 5, True)
+    s = method_spec("DSpark7-fixed")
+    assert (s.method, s.k, s.adaptive) == ("dspark", 7, False)
+    for bad in ("dspark0", "dspark5-x", "dsparkx"):
+        with pytest.raises(InputError):
+            method_spec(bad)
+
+
+def test_sweep_on_the_paper_scenario_end_to_end(tmp_path):
+    """The paper's deployment (V4-Flash dp8-ep8 with two-batch overlap, decode instances, load per
+    GPU, DSpark-5): the sweep prints the comparison with the paper's V4-Flash anchors and draws it."""
+    from typer.testing import CliRunner
+
+    from dsim.entry import app
+    out = tmp_path / "sw"
+    res = CliRunner().invoke(app, ["sweep", "--profile", "deepseek-v4-flash-h200-dp8-ep8-dbo", "--per-gpu",
+                                   "--concurrency", "2,20", "--methods", "mtp,dspark5", "--disaggregated",
+                                   "--min-requests", "16", "--requests-per-user", "1", "--jobs", "1",
+                                   "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    df = pd.read_csv(out / "sweep.csv")
+    assert sorted(set(df["concurrency_per_gpu"])) == [2.0, 20.0] and sorted(set(df["concurrency"])) == [16, 160]
+    ds = df[df.method == "dspark5"]
+    assert (ds["verify_tokens_per_request"] > 2.0).all() and (ds["verify_tokens_per_request"] <= 6.0).all()
+    assert np.allclose(df[df.method == "mtp"]["verify_tokens_per_request"], 2.0)
+    assert "throughput per GPU at 80 tok/s/user" in res.output and "matched throughput" in res.output
+    assert "verify tokens per request" in res.output and "kv_consumer" in res.output
+    for f in ("paper_frontier.png", "paper_load.png"):
+        assert (out / f).is_file()

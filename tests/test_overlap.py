@@ -1,0 +1,135 @@
+"""Two-batch overlap in the step-cost composer (dsim.compose --overlap dbo): vLLM's DBO schedule
+of two micro-batches per layer, its threshold, and the composed profile's table."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dsim.compose import (
+    DBO_DECODE_TOKEN_THRESHOLD,
+    MicroBatchLayer,
+    Pricer,
+    compose_profile,
+    dbo_layer_ms,
+    forward_ms,
+    forward_ms_dbo,
+    main,
+    micro_batch_layer,
+    parse_dbo_threshold,
+    parse_topology,
+    required_ops,
+)
+from dsim.errors import InputError
+from dsim.kernels import KernelTable, Roofline
+from dsim.models import load_model
+
+FLASH = load_model("deepseek-v4-flash")
+DP8 = parse_topology("dp8-ep8")
+
+
+def _pricer(zero=frozenset()):
+    return Pricer(None, Roofline(hardware="h200"), frozenset(zero))
+
+
+def test_schedule_closed_form():
+    # vLLM's schedule: max(A0, D1) + max(M1, D0) + max(S1 + M0, C1) + max(S0 + A1, C0)
+    mb = MicroBatchLayer(attention_ms=3.0, experts_ms=2.0, shared_ms=1.0, dispatch_ms=2.5, combine_ms=4.0)
+    assert dbo_layer_ms(mb, mb) == pytest.approx(3.0 + 2.5 + 4.0 + 4.0)
+    # communication fully hidden: the two micro-batches' compute back to back
+    small = MicroBatchLayer(3.0, 2.0, 1.0, 0.5, 0.5)
+    assert dbo_layer_ms(small, small) == pytest.approx(2 * (3.0 + 2.0 + 1.0))
+    # compute fully hidden behind communication
+    comm = MicroBatchLayer(0.1, 0.1, 0.0, 5.0, 6.0)
+    assert dbo_layer_ms(comm, comm) == pytest.approx(2 * (5.0 + 6.0))
+    # no all-to-all (a dense layer): back to back
+    dense = MicroBatchLayer(3.0, 0.0, 2.0, 0.0, 0.0)
+    assert dbo_layer_ms(dense, dense) == pytest.approx(10.0)
+
+
+_ms = st.floats(min_value=0.0, max_value=50.0, allow_nan=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.tuples(_ms, _ms, _ms, _ms, _ms), st.tuples(_ms, _ms, _ms, _ms, _ms))
+def test_overlap_between_max_and_sum_of_streams(a, b):
+    m0, m1 = MicroBatchLayer(*a), MicroBatchLayer(*b)
+    compute = sum(m.attention_ms + m.experts_ms + m.shared_ms for m in (m0, m1))
+    comm = sum(m.dispatch_ms + m.combine_ms for m in (m0, m1))
+    t = dbo_layer_ms(m0, m1)
+    assert max(compute, comm) - 1e-9 <= t <= compute + comm + 1e-9
+
+
+def test_micro_batch_pieces_add_up_to_the_layer():
+    """The five pieces of a micro-batch layer are the layer's whole priced cost."""
+    from dsim.compose import layer_ops, priced_total
+
+    p = _pricer()
+    for layer in (0, 5, FLASH.layers - 1):
+        mb = micro_batch_layer(FLASH, DP8, "h200", 100, p, layer)
+        whole = priced_total(FLASH, DP8, "h200", layer_ops(FLASH, DP8, "h200", 100, layers=[layer]), p)
+        assert mb.attention_ms + mb.experts_ms + mb.shared_ms + mb.dispatch_ms + mb.combine_ms == pytest.approx(whole)
+        assert min(mb.experts_ms, mb.dispatch_ms, mb.combine_ms, mb.attention_ms) > 0
+
+
+def test_threshold_and_topology():
+    p = _pricer()
+    # below vLLM's decode threshold (32 tokens per rank) the step is not split
+    for n in (1, 16, DBO_DECODE_TOKEN_THRESHOLD - 1):
+        assert forward_ms_dbo(FLASH, DP8, "h200", n, p, 512) == forward_ms(FLASH, DP8, "h200", n, p, 512)
+    assert forward_ms_dbo(FLASH, DP8, "h200", 64, p, 512) != forward_ms(FLASH, DP8, "h200", 64, p, 512)
+    # tensor-parallel attention has no all-to-all: never split
+    tp8 = parse_topology("tp8-ep8")
+    assert forward_ms_dbo(FLASH, tp8, "h200", 400, p, 512) == forward_ms(FLASH, tp8, "h200", 400, p, 512)
+
+
+def test_nothing_to_hide_costs_more_than_not_splitting():
+    """Communication priced at 0: splitting only reads the experts' weights twice and launches twice."""
+    p = _pricer({"comm"})
+    for n in (64, 256, 1024):
+        assert forward_ms_dbo(FLASH, DP8, "h200", n, p, 512) > forward_ms(FLASH, DP8, "h200", n, p, 512)
+
+
+def test_composed_profile_with_overlap():
+    a = compose_profile(FLASH, DP8, "h200", None, draft_block=5)
+    b = compose_profile(FLASH, DP8, "h200", None, draft_block=5, overlap="dbo")
+    x = a.forward.x
+    below = x < DBO_DECODE_TOKEN_THRESHOLD
+    np.testing.assert_allclose(a.forward.ms[below], b.forward.ms[below])
+    assert not np.allclose(a.forward.ms[~below], b.forward.ms[~below])
+    assert "two-batch overlap" in b.provenance["assumptions"]["overlap"]
+    assert "from 32 tokens" in b.provenance["assumptions"]["overlap"]
+    assert a.provenance["assumptions"]["overlap"].startswith("none")
+    for k in a.draft:  # drafter steps are not split
+        np.testing.assert_allclose(a.draft[k].ms, b.draft[k].ms)
+    # auto: one threshold over the CUDA-graph sizes, never slower than not splitting from it on
+    c = compose_profile(FLASH, DP8, "h200", None, draft_block=5, overlap="dbo", dbo_threshold="auto")
+    note = c.provenance["assumptions"]["overlap"]
+    graphs = x <= 512
+    assert np.all(c.forward.ms[graphs] <= a.forward.ms[graphs] + 1e-9)
+    if "never split" not in note:
+        t = int(note.split(" from ")[1].split()[0])
+        np.testing.assert_allclose(c.forward.ms[x < t], a.forward.ms[x < t])
+
+
+def test_required_ops_cover_the_micro_batches():
+    roof = Roofline(hardware="h200")
+    recs = [dict(r, ms=roof.ms(r)) for r in required_ops(FLASH, DP8, "h200", overlap="dbo")]
+    table = KernelTable("roof-as-table", {"kind": "measured", "method": "test"}, recs)
+    b = compose_profile(FLASH, DP8, "h200", table, overlap="dbo")
+    assert "0 of" in b.provenance["method"]
+    a = compose_profile(FLASH, DP8, "h200", None, overlap="dbo")
+    np.testing.assert_allclose(a.forward.ms, b.forward.ms, rtol=1e-9)
+
+
+def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
+    out = tmp_path / "p.yaml"
+    base = ["profile", "--model", "deepseek-v4-flash", "--hardware", "h200", "--out", str(out)]
+    assert main(base + ["--topology", "tp8-ep8", "--overlap", "dbo"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --overlap dbo") and "\n" not in err and not out.exists()
+    assert main(base + ["--topology", "dp8-ep8", "--overlap", "dbo", "--dbo-threshold", "0"]) == 2
+    assert "--dbo-threshold" in capsys.readouterr().err and not out.exists()
+    assert parse_dbo_threshold("auto") == "auto" and parse_dbo_threshold("48") == 48
+    for bad in ("x", "-1", "0", "2.5"):
+        with pytest.raises(InputError):
+            parse_dbo_threshold(bad)
