@@ -177,6 +177,30 @@ def decode_features_ms(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, s
 
 
 @_njit
+def context_ms_compiled(
+    q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots, cw, cc, cm, ra_on, rb, rq, rc, rtab, rshare, kv_slope
+):  # pragma: no cover - compiled
+    """CostModel.context_ms of the first len(q) decode requests, from CostModel.context_args past
+    its ``on`` flag (compiled: callable from compiled code, as a decode window's kernel does once
+    per step): the split-KV terms plus, for a format-3 table, the requests' own attention less
+    the forward table's share and the KV slope's. Precondition: len(q) >= 1; a step of more tokens
+    than the dense table's share extrapolates its last slope."""
+    out = 0.0
+    if cw != 0.0 or cc != 0.0 or cm != 0.0:
+        out = decode_features_ms(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots, cw, cc, cm)
+    if ra_on:
+        n = 0
+        ctx = 0
+        for i in range(len(q)):
+            n += q[i]
+            ctx += c[i]
+        m = len(rshare)
+        share = rshare[n] if n < m else rshare[m - 1] + (rshare[m - 1] - rshare[m - 2]) * (n - m + 1)
+        out += _request_attention(q, c, rb, rq, rc, rtab) - share - kv_slope * (ctx + n)
+    return out
+
+
+@_njit
 def _decode_features(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots):  # pragma: no cover - compiled
     R = len(q)
     qmax = 0
@@ -213,6 +237,11 @@ def prefill_pairs(q: int, c: int, a: AttentionTerms) -> float:
     slots = a.sms * a.prefill_ctas_per_sm
     waves = -(-(qb * a.query_heads) // slots)
     return waves * slots / a.query_heads * a.block_rows * (c + 0.5 * q) / 1e6
+
+
+_NO_I64 = np.zeros(1, dtype=np.int64)  # placeholders of context_args without a format-3 table
+_NO_F64 = np.zeros(2, dtype=np.float64)
+_NO_TAB = np.zeros((1, 1, 1), dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -638,6 +667,7 @@ class CostModel:
         self._split_kv_terms = a is not None and bool(a.wave_ms_per_ktok or a.chunk_ms_per_kcta or a.merge_ms_per_mcell)
         self.request_attention = ra = profile.request_attention
         self.has_context_terms = self._split_kv_terms or ra is not None
+        self._context_args: tuple | None = None
         self._ctx_coef = (
             (a.wave_ms_per_ktok * cost_scale, a.chunk_ms_per_kcta * cost_scale, a.merge_ms_per_mcell * cost_scale)
             if a is not None
@@ -742,27 +772,43 @@ class CostModel:
         return float(np.interp(n, ax, ams))
 
     def context_args(self) -> tuple:
-        """context_ms's parameters as plain numbers, for compiled callers of decode_features_ms
-        (a decode window prices each of its steps with them): (on, group, kv_heads, block_rows,
-        CTA cap, balance, min_chunk, chunk slots, wave, chunk and merge coefficients); ``on`` is
-        False, and the rest placeholders, for a profile without the terms."""
+        """context_ms's parameters as plain numbers and arrays, for compiled callers of
+        context_ms_compiled (a decode window prices each of its steps with them): (on, group,
+        kv_heads, block_rows, CTA cap, balance, min_chunk, chunk slots, wave, chunk and merge
+        coefficients: the split-KV terms, or placeholders with zero coefficients where the profile
+        has none; then the format-3 table: on, batch, q, ctx, step costs, the forward table's
+        attention share at every step size up to the dense table's end, and the KV slope).
+        ``on`` is False for a profile without context terms. Built once per cost model (every
+        replica of a simulation shares it)."""
+        if self._context_args is None:
+            self._context_args = self._build_context_args()
+        return self._context_args
+
+    def _build_context_args(self) -> tuple:
         a = self.attention
-        if not self.has_context_terms:
-            return (False, 1, 1, 1, 1, 0.0, 1, 1, 0.0, 0.0, 0.0)
-        cw, cc, cm = self._ctx_coef
-        return (
-            True,
-            a.group,
-            a.kv_heads,
-            a.block_rows,
-            math.ceil(a.fill * a.sms),
-            float(a.balance),
-            a.min_chunk,
-            a.sms * a.decode_ctas_per_sm,
-            float(cw),
-            float(cc),
-            float(cm),
-        )
+        if self._split_kv_terms:
+            cw, cc, cm = self._ctx_coef
+            split = (
+                a.group,
+                a.kv_heads,
+                a.block_rows,
+                math.ceil(a.fill * a.sms),
+                float(a.balance),
+                a.min_chunk,
+                a.sms * a.decode_ctas_per_sm,
+                float(cw),
+                float(cc),
+                float(cm),
+            )
+        else:
+            split = (1, 1, 1, 1, 0.0, 1, 1, 0.0, 0.0, 0.0)
+        ra = self.request_attention
+        if ra is None:
+            table = (False, _NO_I64, _NO_I64, _NO_I64, _NO_TAB, _NO_F64, 0.0)
+        else:
+            share = np.array([self._forward_share(n) for n in range(len(self._dense))], dtype=np.float64)
+            table = (True, ra.batch, ra.q, ra.ctx, self._ra_tab, share, float(self.kv_ms_per_tok))
+        return (bool(self.has_context_terms), *split, *table)
 
     def forward_ms(self, n_tokens: Any) -> Any:
         """Target forward cost of n tokens at zero context (scalar or array)."""

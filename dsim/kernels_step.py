@@ -28,7 +28,7 @@ import math
 import numpy as np
 from numba import njit, uint64
 
-from dsim.cost import decode_features_ms
+from dsim.cost import context_ms_compiled
 
 # Decode-slot columns of the int table (Replica.I).
 ID, COMP, END, CLS, EMITS, ROUNDS, ASUM, VSUM = range(8)
@@ -934,6 +934,13 @@ def window_steps(
     ctx_cw,
     ctx_cc,
     ctx_cm,
+    ra_on,
+    ra_batch,
+    ra_q,
+    ra_ctx,
+    ra_tab,
+    ra_share,
+    ra_kv_slope,
     t0_s,
     n_tok,
     per_step,
@@ -948,7 +955,7 @@ def window_steps(
     per_step (before output caps), KV tokens read kv (at its start plus its own tokens), the
     forward fwd = fwd_table[n_tok] + kv_ms_per_tok x kv (ms; -1 where n_tok is past the table:
     the caller prices those), with ctx_on the per-request attention terms ctx_ms of each step
-    (dsim.cost.decode_features_ms at the step's own windows and contexts; else 0),
+    (dsim.cost.context_ms_compiled at the step's own windows and contexts; else 0),
     dur = fwd + ctx_ms + fixed_ms and the end times t_end (s, from t0_s).
     Returns (last, general): the last step to run (the first step where some slot may finish,
     or the step before the KV cache runs out), and whether even the first step needs a
@@ -969,9 +976,26 @@ def window_steps(
             for r in range(n):
                 qb[r] = 1 + verified[t, r] if K > 0 else 1
                 cb[r] = I[r, COMP] + cum[r]
-            ctx_ms[t] = decode_features_ms(
-                qb, cb, ctx_g, ctx_kv_heads, ctx_block_rows, ctx_cap, ctx_balance, ctx_min_chunk, ctx_slots,
-                ctx_cw, ctx_cc, ctx_cm,
+            ctx_ms[t] = context_ms_compiled(
+                qb,
+                cb,
+                ctx_g,
+                ctx_kv_heads,
+                ctx_block_rows,
+                ctx_cap,
+                ctx_balance,
+                ctx_min_chunk,
+                ctx_slots,
+                ctx_cw,
+                ctx_cc,
+                ctx_cm,
+                ra_on,
+                ra_batch,
+                ra_q,
+                ra_ctx,
+                ra_tab,
+                ra_share,
+                ra_kv_slope,
             )
         else:
             ctx_ms[t] = 0.0
