@@ -33,6 +33,12 @@ cells of the logsumexp merge grid (most chunks of one request x folded query row
 Prefill: a chunk of q tokens over c cached ones runs ceil(q / block rows) x query heads CTAs,
 each over its keys, in waves: its pairs are counted per wave (``prefill_pairs``), so a short
 chunk over a long prefix (few CTAs, long keys) is priced by its critical path, not by its FLOPs.
+Two optional decode terms (0 where absent): ``ms_per_request`` per decode/verify request, and
+``tail_ms_per_ktok`` per 1000 tokens of the longest chunk the step has (min(L, longest context))
+times the chunk-CTA slots over one chunk's CTAs: the chunk CTAs are unequal when the contexts are,
+and a list schedule over the slots ends up to one longest CTA after the mean load (Graham's
+bound), which a KV term alone cannot see (sixteen 12K contexts cost less than the same KV with
+one 98K among them even when both are cut into equal L-token chunks).
 ``CostModel.context_ms(q, ctx)`` gives the decode terms (added to step_ms by the engine);
 ``prefill_ms`` prices the prefill chunks with the wave-counted pairs. A format-1 profile has no
 ``attention``: context_ms is 0 and prefill_ms is as above (results unchanged).
@@ -103,6 +109,10 @@ class AttentionTerms:
     chunk_ms_per_kcta: float
     merge_ms_per_mcell: float
     prefill_ms_per_mpair: float  # per million wave-counted prefill pairs (replaces attention_ms_per_mpair)
+    # optional (0 where a profile does not give them): work per decode/verify request that neither
+    # its tokens nor its context carry, and the schedule's tail (the longest chunk over the slots)
+    ms_per_request: float = 0.0
+    tail_ms_per_ktok: float = 0.0
 
     @property
     def group(self) -> int:
@@ -112,6 +122,7 @@ class AttentionTerms:
 ATTENTION_SPLIT_FIELDS = ("query_heads", "kv_heads", "sms", "fill", "balance", "min_chunk", "block_rows")
 ATTENTION_OCC_FIELDS = ("decode_ctas_per_sm", "prefill_ctas_per_sm")
 ATTENTION_COEF_FIELDS = ("wave_ms_per_ktok", "chunk_ms_per_kcta", "merge_ms_per_mcell", "prefill_ms_per_mpair")
+ATTENTION_OPTIONAL_FIELDS = ("ms_per_request", "tail_ms_per_ktok")
 FORMAT_VERSIONS = (1, 2)
 
 
@@ -134,10 +145,23 @@ def decode_features(q: Any, ctx: Any, a: AttentionTerms) -> tuple[float, float, 
     decode requests: q query tokens and ctx cached tokens per request (equal-length integer
     sequences, q >= 1, ctx >= 0; a context of 0 is read as 1, as the executor does). (0, 0, 0)
     for no requests. One pass over the requests (compiled where numba is installed)."""
+    return step_features(q, ctx, a)[:3]
+
+
+def request_features(q: Any, ctx: Any, a: AttentionTerms) -> tuple[float, float]:
+    """(decode/verify requests, schedule tail in 1000 tokens) of one step's decode requests (as
+    decode_features): the tail is the longest chunk the step has, min(L, longest context), times
+    the chunk-CTA slots (SMs x decode CTAs per SM) over one chunk's CTAs (KV heads x query
+    blocks). (0, 0) for no requests."""
+    return step_features(q, ctx, a)[3:]
+
+
+def step_features(q: Any, ctx: Any, a: AttentionTerms) -> tuple[float, float, float, float, float]:
+    """decode_features + request_features of one step from one compiled pass."""
     q = np.asarray(q, dtype=np.int64)
     c = np.asarray(ctx, dtype=np.int64)
     if not q.size:
-        return 0.0, 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0, 0.0
     return _decode_features(
         q,
         c,
@@ -157,10 +181,12 @@ def _decode_features(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slo
     qmax = 0
     qsum = 0
     tot = 0
+    cmax = 1
     for i in range(R):
         qmax = max(qmax, q[i])
         qsum += q[i]
         tot += max(c[i], 1)
+        cmax = max(cmax, c[i])
     per = kv_heads * max(1, -(-(g * qmax) // block_rows))
     n_t = -(-cap // per)
     L = -(-tot // n_t)
@@ -176,7 +202,8 @@ def _decode_features(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slo
     # the SMs' busy time: the KV read spread over every slot, or one chunk's length where the
     # chunks are too few to keep the slots busy (the critical path), whichever is longer
     cap_tok = max(tot, L * slots / per)
-    return cap_tok / 1000.0, per * n_chunks / 1000.0, kmax * g * qsum * kv_heads / 1e6
+    tail = min(L, cmax) * slots / per  # the longest chunk present, over every slot
+    return cap_tok / 1000.0, per * n_chunks / 1000.0, kmax * g * qsum * kv_heads / 1e6, float(R), tail / 1000.0
 
 
 def prefill_pairs(q: int, c: int, a: AttentionTerms) -> float:
@@ -346,6 +373,7 @@ def _attention_terms(raw: Any, doc: Any) -> AttentionTerms:
 
     fields = ATTENTION_SPLIT_FIELDS + ATTENTION_OCC_FIELDS + ATTENTION_COEF_FIELDS
     S.mapping(raw, doc, "attention", required=fields)
+    fields = fields + ATTENTION_OPTIONAL_FIELDS
     unknown = sorted(set(raw) - set(fields))
     if unknown:
         raise InputError(f"{doc.at('attention', unknown[0])}: unknown field (known: {', '.join(fields)})")
@@ -356,6 +384,9 @@ def _attention_terms(raw: Any, doc: Any) -> AttentionTerms:
     v["balance"] = S.number(raw["balance"], doc, "attention", "balance", lo=0, hi=1e3)
     for k in ATTENTION_COEF_FIELDS:
         v[k] = S.number(raw[k], doc, "attention", k, lo=0, hi=MAX_COST_MS)
+    for k in ATTENTION_OPTIONAL_FIELDS:
+        if k in raw:
+            v[k] = S.number(raw[k], doc, "attention", k, lo=0, hi=MAX_COST_MS)
     if v["query_heads"] % v["kv_heads"]:
         raise InputError(f"{doc.at('attention', 'kv_heads')}: {v['kv_heads']} does not divide query_heads")
     return AttentionTerms(**v)
@@ -401,6 +432,9 @@ def profile_to_dict(p: Profile) -> dict:
     if p.attention is not None:
         d["attention"] = {k: getattr(p.attention, k) for k in ATTENTION_SPLIT_FIELDS + ATTENTION_OCC_FIELDS}
         d["attention"].update({k: float(getattr(p.attention, k)) for k in ATTENTION_COEF_FIELDS})
+        d["attention"].update(
+            {k: float(getattr(p.attention, k)) for k in ATTENTION_OPTIONAL_FIELDS if getattr(p.attention, k)}
+        )
     if p.draft:
         d["draft"] = {
             k: {"requests": [int(x) for x in t.x], "ms": [round(float(v), 5) for v in t.ms]} for k, t in p.draft.items()
@@ -482,7 +516,10 @@ class CostModel:
         self.prefill_ms_per_chunk = profile.prefill_ms_per_chunk * cost_scale
         self.attention = a = profile.attention
         self.has_context_terms = a is not None and bool(
-            a.wave_ms_per_ktok or a.chunk_ms_per_kcta or a.merge_ms_per_mcell
+            a.wave_ms_per_ktok or a.chunk_ms_per_kcta or a.merge_ms_per_mcell or a.ms_per_request or a.tail_ms_per_ktok
+        )
+        self._req_coef = (
+            (a.ms_per_request * cost_scale, a.tail_ms_per_ktok * cost_scale) if a is not None else (0.0, 0.0)
         )
         self._ctx_coef = (
             (a.wave_ms_per_ktok * cost_scale, a.chunk_ms_per_kcta * cost_scale, a.merge_ms_per_mcell * cost_scale)
@@ -552,9 +589,10 @@ class CostModel:
         (format 1), so results made from such profiles do not change."""
         if not self.has_context_terms or not len(q):
             return 0.0
-        wave, chunks, merge = decode_features(q, ctx, self.attention)
+        wave, chunks, merge, reqs, tail = step_features(q, ctx, self.attention)
         cw, cc, cm = self._ctx_coef
-        return cw * wave + cc * chunks + cm * merge
+        cr, ct = self._req_coef
+        return cw * wave + cc * chunks + cm * merge + cr * reqs + ct * tail
 
     def forward_ms(self, n_tokens: Any) -> Any:
         """Target forward cost of n tokens at zero context (scalar or array)."""
