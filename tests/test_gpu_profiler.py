@@ -472,7 +472,7 @@ def test_committed_replays_meet_the_targets_with_the_committed_profiles():
 
 
 def test_request_grid_replays_and_check_logs_meet_the_targets():
-    """The replays of the request-grid session (profiles/h200/replay/check-<model>.json: Azure conv
+    """The replays of the request-grid run (profiles/h200/replay/check-<model>.json: Azure conv
     at c32 / c128, logs made after the request terms were designed and never fitted; for Qwen3-32B
     also its held-out Mooncake c16 / c96 and Azure conv c64 / code c8 logs), predicted from the
     committed profiles: median at or under 4 % on every log, under 3 % on Qwen3-32B's held-out ones,
