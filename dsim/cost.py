@@ -37,8 +37,8 @@ Two optional decode terms (0 where absent): ``ms_per_request`` per decode/verify
 ``tail_ms_per_ktok`` per 1000 tokens of the longest chunk the step has (min(L, longest context))
 times the chunk-CTA slots over one chunk's CTAs: the chunk CTAs are unequal when the contexts are,
 and a list schedule over the slots ends up to one longest CTA after the mean load (Graham's
-bound), which a KV term alone cannot see (sixteen 12K contexts cost less than the same KV with
-one 98K among them even when both are cut into equal L-token chunks).
+bound), which a KV term alone cannot see (on the H200 executor, 96 contexts of 12K, each one whole
+chunk, took 13 % less than the same KV spread log-normally, whose longest chunks are L = 24.6K).
 ``CostModel.context_ms(q, ctx)`` gives the decode terms (added to step_ms by the engine);
 ``prefill_ms`` prices the prefill chunks with the wave-counted pairs. A format-1 profile has no
 ``attention``: context_ms is 0 and prefill_ms is as above (results unchanged).
