@@ -33,6 +33,12 @@ cells of the logsumexp merge grid (most chunks of one request x folded query row
 Prefill: a chunk of q tokens over c cached ones runs ceil(q / block rows) x query heads CTAs,
 each over its keys, in waves: its pairs are counted per wave (``prefill_pairs``), so a short
 chunk over a long prefix (few CTAs, long keys) is priced by its critical path, not by its FLOPs.
+Two optional decode terms (0 where absent): ``ms_per_request`` per decode/verify request, and
+``tail_ms_per_ktok`` per 1000 tokens of the longest chunk the step has (min(L, longest context))
+times the chunk-CTA slots over one chunk's CTAs: the chunk CTAs are unequal when the contexts are,
+and a list schedule over the slots ends up to one longest CTA after the mean load (Graham's
+bound), which a KV term alone cannot see (on the H200 executor, 96 contexts of 12K, each one whole
+chunk, took 13 % less than the same KV spread log-normally, whose longest chunks are L = 24.6K).
 ``CostModel.context_ms(q, ctx)`` gives the decode terms (added to step_ms by the engine);
 ``prefill_ms`` prices the prefill chunks with the wave-counted pairs. A format-1 profile has no
 ``attention``: context_ms is 0 and prefill_ms is as above (results unchanged).
@@ -120,6 +126,10 @@ class AttentionTerms:
     chunk_ms_per_kcta: float
     merge_ms_per_mcell: float
     prefill_ms_per_mpair: float  # per million wave-counted prefill pairs (replaces attention_ms_per_mpair)
+    # optional (0 where a profile does not give them): work per decode/verify request that neither
+    # its tokens nor its context carry, and the schedule's tail (the longest chunk over the slots)
+    ms_per_request: float = 0.0
+    tail_ms_per_ktok: float = 0.0
 
     @property
     def group(self) -> int:
@@ -129,6 +139,7 @@ class AttentionTerms:
 ATTENTION_SPLIT_FIELDS = ("query_heads", "kv_heads", "sms", "fill", "balance", "min_chunk", "block_rows")
 ATTENTION_OCC_FIELDS = ("decode_ctas_per_sm", "prefill_ctas_per_sm")
 ATTENTION_COEF_FIELDS = ("wave_ms_per_ktok", "chunk_ms_per_kcta", "merge_ms_per_mcell", "prefill_ms_per_mpair")
+ATTENTION_OPTIONAL_FIELDS = ("ms_per_request", "tail_ms_per_ktok")
 FORMAT_VERSIONS = (1, 2, 3)
 
 
@@ -151,10 +162,23 @@ def decode_features(q: Any, ctx: Any, a: AttentionTerms) -> tuple[float, float, 
     decode requests: q query tokens and ctx cached tokens per request (equal-length integer
     sequences, q >= 1, ctx >= 0; a context of 0 is read as 1, as the executor does). (0, 0, 0)
     for no requests. One pass over the requests (compiled where numba is installed)."""
+    return step_features(q, ctx, a)[:3]
+
+
+def request_features(q: Any, ctx: Any, a: AttentionTerms) -> tuple[float, float]:
+    """(decode/verify requests, schedule tail in 1000 tokens) of one step's decode requests (as
+    decode_features): the tail is the longest chunk the step has, min(L, longest context), times
+    the chunk-CTA slots (SMs x decode CTAs per SM) over one chunk's CTAs (KV heads x query
+    blocks). (0, 0) for no requests."""
+    return step_features(q, ctx, a)[3:]
+
+
+def step_features(q: Any, ctx: Any, a: AttentionTerms) -> tuple[float, float, float, float, float]:
+    """decode_features + request_features of one step from one compiled pass."""
     q = np.asarray(q, dtype=np.int64)
     c = np.asarray(ctx, dtype=np.int64)
     if not q.size:
-        return 0.0, 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0, 0.0
     return _decode_features(
         q,
         c,
@@ -169,16 +193,38 @@ def decode_features(q: Any, ctx: Any, a: AttentionTerms) -> tuple[float, float, 
 
 
 @_njit
-def decode_features_ms(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots, cw, cc, cm):  # pragma: no cover
-    """CostModel.context_ms of the first len(q) entries, from CostModel.context_args (compiled:
-    callable from compiled code, as a decode window's kernel does once per step)."""
-    wave, chunks, merge = _decode_features(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots)
-    return cw * wave + cc * chunks + cm * merge
+def decode_features_ms(
+    q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots, cw, cc, cm, cr, ct
+):  # pragma: no cover - compiled
+    """The split-KV terms of CostModel.context_ms of the first len(q) entries, from
+    CostModel.context_args (compiled: callable from compiled code)."""
+    wave, chunks, merge, reqs, tail = _decode_features(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots)
+    return cw * wave + cc * chunks + cm * merge + cr * reqs + ct * tail
 
 
 @_njit
 def context_ms_compiled(
-    q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots, cw, cc, cm, ra_on, rb, rq, rc, rtab, rshare, kv_slope
+    q,
+    c,
+    g,
+    kv_heads,
+    block_rows,
+    cap,
+    balance,
+    min_chunk,
+    slots,
+    cw,
+    cc,
+    cm,
+    cr,
+    ct,
+    ra_on,
+    rb,
+    rq,
+    rc,
+    rtab,
+    rshare,
+    kv_slope,
 ):  # pragma: no cover - compiled
     """CostModel.context_ms of the first len(q) decode requests, from CostModel.context_args past
     its ``on`` flag (compiled: callable from compiled code, as a decode window's kernel does once
@@ -186,8 +232,8 @@ def context_ms_compiled(
     the forward table's share and the KV slope's. Precondition: len(q) >= 1; a step of more tokens
     than the dense table's share extrapolates its last slope."""
     out = 0.0
-    if cw != 0.0 or cc != 0.0 or cm != 0.0:
-        out = decode_features_ms(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots, cw, cc, cm)
+    if cw != 0.0 or cc != 0.0 or cm != 0.0 or cr != 0.0 or ct != 0.0:
+        out = decode_features_ms(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots, cw, cc, cm, cr, ct)
     if ra_on:
         n = 0
         ctx = 0
@@ -206,10 +252,12 @@ def _decode_features(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slo
     qmax = 0
     qsum = 0
     tot = 0
+    cmax = 1
     for i in range(R):
         qmax = max(qmax, q[i])
         qsum += q[i]
         tot += max(c[i], 1)
+        cmax = max(cmax, c[i])
     per = kv_heads * max(1, -(-(g * qmax) // block_rows))
     n_t = -(-cap // per)
     L = -(-tot // n_t)
@@ -225,7 +273,8 @@ def _decode_features(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slo
     # the SMs' busy time: the KV read spread over every slot, or one chunk's length where the
     # chunks are too few to keep the slots busy (the critical path), whichever is longer
     cap_tok = max(tot, L * slots / per)
-    return cap_tok / 1000.0, per * n_chunks / 1000.0, kmax * g * qsum * kv_heads / 1e6
+    tail = min(L, cmax) * slots / per  # the longest chunk present, over every slot
+    return cap_tok / 1000.0, per * n_chunks / 1000.0, kmax * g * qsum * kv_heads / 1e6, float(R), tail / 1000.0
 
 
 def prefill_pairs(q: int, c: int, a: AttentionTerms) -> float:
@@ -518,6 +567,7 @@ def _attention_terms(raw: Any, doc: Any) -> AttentionTerms:
 
     fields = ATTENTION_SPLIT_FIELDS + ATTENTION_OCC_FIELDS + ATTENTION_COEF_FIELDS
     S.mapping(raw, doc, "attention", required=fields)
+    fields = fields + ATTENTION_OPTIONAL_FIELDS
     unknown = sorted(set(raw) - set(fields))
     if unknown:
         raise InputError(f"{doc.at('attention', unknown[0])}: unknown field (known: {', '.join(fields)})")
@@ -528,6 +578,9 @@ def _attention_terms(raw: Any, doc: Any) -> AttentionTerms:
     v["balance"] = S.number(raw["balance"], doc, "attention", "balance", lo=0, hi=1e3)
     for k in ATTENTION_COEF_FIELDS:
         v[k] = S.number(raw[k], doc, "attention", k, lo=0, hi=MAX_COST_MS)
+    for k in ATTENTION_OPTIONAL_FIELDS:
+        if k in raw:
+            v[k] = S.number(raw[k], doc, "attention", k, lo=0, hi=MAX_COST_MS)
     if v["query_heads"] % v["kv_heads"]:
         raise InputError(f"{doc.at('attention', 'kv_heads')}: {v['kv_heads']} does not divide query_heads")
     return AttentionTerms(**v)
@@ -573,6 +626,9 @@ def profile_to_dict(p: Profile) -> dict:
     if p.attention is not None:
         d["attention"] = {k: getattr(p.attention, k) for k in ATTENTION_SPLIT_FIELDS + ATTENTION_OCC_FIELDS}
         d["attention"].update({k: float(getattr(p.attention, k)) for k in ATTENTION_COEF_FIELDS})
+        d["attention"].update(
+            {k: float(getattr(p.attention, k)) for k in ATTENTION_OPTIONAL_FIELDS if getattr(p.attention, k)}
+        )
     if p.request_attention is not None:
         ra = p.request_attention
         d["request_attention"] = {
@@ -664,7 +720,12 @@ class CostModel:
         self.prefill_attn_ms_per_pair = profile.prefill_attn_ms_per_mpair * cost_scale / 1e6
         self.prefill_ms_per_chunk = profile.prefill_ms_per_chunk * cost_scale
         self.attention = a = profile.attention
-        self._split_kv_terms = a is not None and bool(a.wave_ms_per_ktok or a.chunk_ms_per_kcta or a.merge_ms_per_mcell)
+        self._split_kv_terms = a is not None and bool(
+            a.wave_ms_per_ktok or a.chunk_ms_per_kcta or a.merge_ms_per_mcell or a.ms_per_request or a.tail_ms_per_ktok
+        )
+        self._req_coef = (
+            (a.ms_per_request * cost_scale, a.tail_ms_per_ktok * cost_scale) if a is not None else (0.0, 0.0)
+        )
         self.request_attention = ra = profile.request_attention
         self.has_context_terms = self._split_kv_terms or ra is not None
         self._context_args: tuple | None = None
@@ -748,9 +809,10 @@ class CostModel:
             return 0.0
         out = 0.0
         if self._split_kv_terms:
-            wave, chunks, merge = decode_features(q, ctx, self.attention)
+            wave, chunks, merge, reqs, tail = step_features(q, ctx, self.attention)
             cw, cc, cm = self._ctx_coef
-            out = cw * wave + cc * chunks + cm * merge
+            cr, ct = self._req_coef
+            out = cw * wave + cc * chunks + cm * merge + cr * reqs + ct * tail
         ra = self.request_attention
         if ra is not None:
             qa = np.asarray(q, dtype=np.int64)
@@ -774,8 +836,8 @@ class CostModel:
     def context_args(self) -> tuple:
         """context_ms's parameters as plain numbers and arrays, for compiled callers of
         context_ms_compiled (a decode window prices each of its steps with them): (on, group,
-        kv_heads, block_rows, CTA cap, balance, min_chunk, chunk slots, wave, chunk and merge
-        coefficients: the split-KV terms, or placeholders with zero coefficients where the profile
+        kv_heads, block_rows, CTA cap, balance, min_chunk, chunk slots, wave, chunk, merge,
+        per-request and schedule-tail coefficients: the split-KV terms, or placeholders with zero coefficients where the profile
         has none; then the format-3 table: on, batch, q, ctx, step costs, the forward table's
         attention share at every step size up to the dense table's end, and the KV slope).
         ``on`` is False for a profile without context terms. Built once per cost model (every
@@ -799,9 +861,11 @@ class CostModel:
                 float(cw),
                 float(cc),
                 float(cm),
+                float(self._req_coef[0]),
+                float(self._req_coef[1]),
             )
         else:
-            split = (1, 1, 1, 1, 0.0, 1, 1, 0.0, 0.0, 0.0)
+            split = (1, 1, 1, 1, 0.0, 1, 1, 0.0, 0.0, 0.0, 0.0, 0.0)
         ra = self.request_attention
         if ra is None:
             table = (False, _NO_I64, _NO_I64, _NO_I64, _NO_TAB, _NO_F64, 0.0)

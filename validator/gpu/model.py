@@ -42,6 +42,12 @@ FLASH_BLOCK_M = 128  # query rows per flash CTA (FA2 forward, head dim 128)
 # (profile.py); the profiler's probe may pick fill / balance (split_tune).
 SPLIT: dict[str, Any] = dict(policy="continuous", fill=2.0, balance=2.0, min_chunk=64, sms=132)
 SPLIT_KEYS = ("fill", "balance", "min_chunk", "sms")
+# Attention implementation: "split" (the profiles' executor: folded GQA rows, split-KV chunks, exact
+# logsumexp merge, band over the new tokens; prefill chunks one causal call each) or "varlen" (one
+# variable-length causal flash call over every request of the step, decode and prefill alike, as
+# vLLM's FlashAttention backend runs mixed batches; no split-KV, no GQA folding)
+ATTENTION_IMPLS = ("split", "varlen")
+ATTENTION_IMPL: dict[str, str] = dict(impl="split")
 
 
 def executor_device(dry_run: bool) -> tuple[torch.device, torch.dtype]:
@@ -185,8 +191,13 @@ def _t(a, device, dtype=torch.long):
 class StepMeta:
     """Static index tensors and views for one step shape (built outside graph capture)."""
 
-    def __init__(self, shape: StepShape, n_pad: int, dims: dict, device: Any, split: dict | None = None):
+    def __init__(
+        self, shape: StepShape, n_pad: int, dims: dict, device: Any, split: dict | None = None, impl: str | None = None
+    ):
         self.shape = shape
+        self.impl = impl or ATTENTION_IMPL["impl"]
+        if self.impl not in ATTENTION_IMPLS:
+            raise ValueError(f"attention impl {self.impl!r}: one of {', '.join(ATTENTION_IMPLS)}")
         q, ctx = list(shape.q), list(shape.ctx)
         H, kv, d = dims["heads"], dims["kv_heads"], dims["head_dim"]
         g = H // kv
@@ -216,6 +227,9 @@ class StepMeta:
         dec_tokens = 0
         ndec_tok = int(starts[Rd]) if Rd else 0
         self.n_dec = ndec_tok
+        if self.impl == "varlen":
+            self._one_call(starts, slot, device)
+            return
         if Rd:
             dctx = [max(c, 1) for c in self.ctx[:Rd]]
             self.dctx = dctx
@@ -253,6 +267,33 @@ class StepMeta:
             list(range(ndec_tok)) + [st + s - 1 for (b, c, s, st) in self.pre_regions] + list(range(self.n, self.n_pad))
         )
         self.logit_idx = torch.tensor(lg, dtype=torch.long, device=device)
+
+    def _one_call(self, starts: np.ndarray, slot: np.ndarray, device: Any) -> None:
+        """Metadata of the one-call path: every request (decode, verify or prefill chunk) owns one
+        KV region [its cached tokens, its new tokens] (a block table whose blocks are consecutive:
+        torch's flash kernel takes no block table), its new K/V written at the region's end, and one
+        variable-length causal call (bottom-right aligned per request) covers the whole step."""
+        self.mode = "varlen1"
+        lens_k, base = [], 0
+        for i, (s, c) in enumerate(zip(self.q, self.ctx)):
+            slot[starts[i] : starts[i + 1]] = base + c + np.arange(s)
+            lens_k.append(c + s)
+            base += c + s
+        slot[self.n :] = base  # padding rows write to one dummy token past the regions
+        self.region_tokens = base + 1
+        self.kv_tokens = base
+        self.slot = torch.tensor(slot, dtype=torch.long, device=device)
+        self.lens_q = list(self.q)
+        self.cu_q = _t(np.concatenate([[0], np.cumsum(self.q)]), device, torch.int32)
+        self.cu_k = _t(np.concatenate([[0], np.cumsum(lens_k)]), device, torch.int32)
+        self.max_q, self.max_k = int(max(self.q)), int(max(lens_k))
+        self.pre_regions = []
+        un = np.zeros(self.n_pad, dtype=np.int64)
+        un[: self.n] = np.arange(self.n)  # padding rows read row 0 (their output is never used)
+        self.unpad_idx = torch.tensor(un, dtype=torch.long, device=device)
+        nd = int(starts[self.R_dec]) if self.R_dec else 0
+        lg = list(range(nd)) + [int(starts[self.R_dec + j + 1]) - 1 for j in range(self.R_pre)]
+        self.logit_idx = torch.tensor(lg + list(range(self.n, self.n_pad)), dtype=torch.long, device=device)
 
     def _ragged(self, dctx: list[int], starts: np.ndarray, g: int, split: dict | None, device: Any) -> None:
         """Metadata of the ragged path. Folded query rows are token-major: row tok*g + j is query head
@@ -301,6 +342,11 @@ def attention(qkv_rot: torch.Tensor, pool_l: tuple[torch.Tensor, torch.Tensor], 
     this layer's region (new K/V already written at m.slot). Returns [n_pad, H*d]."""
     pk, pv = pool_l
     H, kv, d, g = m.H, m.kv, m.d, m.g
+    if m.impl == "varlen":
+        o, _ = flash_varlen_ragged(
+            qkv_rot[: m.n, :H], pk[: m.kv_tokens], pv[: m.kv_tokens], m.cu_q, m.cu_k, m.max_q, m.max_k, m.lens_q, True
+        )
+        return o.reshape(m.n, H * d).index_select(0, m.unpad_idx)
     parts = []
     if m.R_dec:
         nd, Qf, sm = m.n_dec, m.n_folded, m.s_max
@@ -572,6 +618,13 @@ def reference_attention(qkv_rot: torch.Tensor, pool_l: tuple[torch.Tensor, torch
     x = qkv_rot.double()
     out = torch.zeros(m.n_pad, H * d, dtype=torch.float64)
     starts = np.concatenate([[0], np.cumsum(m.q)]).astype(int)
+    if m.impl == "varlen":  # the new K/V are already in each request's region
+        ck = m.cu_k.tolist()
+        for r, s in enumerate(m.q):
+            K, V = pk[ck[r] : ck[r + 1]].double(), pv[ck[r] : ck[r + 1]].double()
+            out[starts[r] : starts[r + 1]] = _naive(x[starts[r] : starts[r + 1], :H], K, V, g).reshape(s, H * d)
+        out[m.n :] = out[0]
+        return out
     koff = 0
     for r in range(m.R_dec):
         s, c = m.q[r], m.dctx[r]

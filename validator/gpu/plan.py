@@ -302,6 +302,10 @@ def step_terms(q: Sequence[int], ctx: Sequence[int]) -> tuple[int, float]:
 
 
 ATTENTION_TERMS = ("dec", "wpre", "wave", "chunks", "merge")
+# per decode request and the schedule's tail (dsim.cost.request_features): fitted only where the
+# points vary the request count at a fixed token count (the request grid, request_grid_plan); the
+# table alone ties each n to one request count and cannot tell them from F(n)
+REQUEST_TERMS = ("reqs", "tail")
 
 
 def attention_structure(dims: dict, split: dict, decode_ctas_per_sm: int, prefill_ctas_per_sm: int) -> Any:
@@ -330,16 +334,31 @@ def attention_features(q: Sequence[int], ctx: Sequence[int], a: Any) -> dict:
     """The attention features of a step shape (dsim.cost.decode_features over its decode requests,
     q < PREFILL_MIN_Q; dsim.cost.prefill_pairs summed over its prefill chunks): wave, chunks, merge,
     wpre."""
-    from dsim.cost import decode_features, prefill_pairs
+    from dsim.cost import decode_features, prefill_pairs, request_features
 
     dq = [int(x) for x in q if x < PREFILL_MIN_Q]
     dc = [int(c) for x, c in zip(q, ctx) if x < PREFILL_MIN_Q]
     wave, chunks, merge = decode_features(dq, dc, a) if dq else (0.0, 0.0, 0.0)
+    reqs, tail = request_features(dq, dc, a)
     wpre = sum(prefill_pairs(int(x), int(c), a) for x, c in zip(q, ctx) if x >= PREFILL_MIN_Q)
-    return dict(wave=wave, chunks=chunks, merge=merge, wpre=float(wpre))
+    return dict(wave=wave, chunks=chunks, merge=merge, wpre=float(wpre), reqs=reqs, tail=tail)
 
 
-def fit_step_model(points: list[dict], attention: Any = None) -> dict:
+def isotonic(y: Sequence[float] | np.ndarray) -> np.ndarray:
+    """The non-decreasing sequence nearest to y in least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in np.asarray(y, dtype=float):
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, c2 = blocks.pop()
+            m1, c1 = blocks.pop()
+            blocks.append([(m1 * c1 + m2 * c2) / (c1 + c2), c1 + c2])
+    return np.concatenate([np.full(int(c), m) for m, c in blocks]) if blocks else np.zeros(0)
+
+
+def fit_step_model(
+    points: list[dict], attention: Any = None, request_terms: bool = False, monotone: bool = False
+) -> dict:
     """Least squares step_ms = F(n) + slope * kv / 1000 (+ prefill terms), one free F per distinct n.
 
     points: dicts with n (token count the step ran with, i.e. padded), kv, ms; a point whose tag is
@@ -368,7 +387,7 @@ def fit_step_model(points: list[dict], attention: Any = None) -> dict:
             )
         for p in allpts:
             p.update(attention_features(p["shape_q"], p["shape_ctx"], attention))
-        terms = list(ATTENTION_TERMS)
+        terms = list(ATTENTION_TERMS) + (list(REQUEST_TERMS) if request_terms else [])
     # without the prefill terms a single whole-size prompt chunk is off the model (its attention
     # grows with the square of the chunk): measured and reported, not fitted
     excl = FIT_EXCLUDE if terms else FIT_EXCLUDE + ("tail-prefill",)
@@ -414,6 +433,12 @@ def fit_step_model(points: list[dict], attention: Any = None) -> dict:
     extra = dict(zip(terms, coef[base + 1 :]))
     a = float(extra.get("dec", 0.0))  # ms per 1000 decode tokens
     F = np.maximum(coef[: len(ns)], 1e-4)
+    if monotone and ns:
+        # the table dsim reads (F + a n) made non-decreasing by least squares (pool adjacent
+        # violators), not by a running maximum: one slow measurement at one size must not lift every
+        # larger size's cost
+        nn = np.asarray(ns, dtype=float)
+        F = np.maximum(isotonic(F + a * nn / 1000.0) - a * nn / 1000.0, 1e-4)
     pred = A @ np.concatenate([F, coef[len(ns) :]])
     rel = (pred - y) / y * 100
     by_tag: dict[str, list] = {}
@@ -451,7 +476,7 @@ def fit_step_model(points: list[dict], attention: Any = None) -> dict:
             "attention_ms_per_mpair": round(float(extra.get("pre", 0.0)), 6),
         }
     if attention is not None:
-        out["attention"] = dict(
+        attn: dict[str, Any] = dict(
             {
                 k: getattr(attention, k)
                 for k in (
@@ -471,6 +496,9 @@ def fit_step_model(points: list[dict], attention: Any = None) -> dict:
             merge_ms_per_mcell=round(float(extra["merge"]), 6),
             prefill_ms_per_mpair=round(float(extra["wpre"]), 6),
         )
+        if request_terms:
+            attn.update(ms_per_request=round(float(extra["reqs"]), 6), tail_ms_per_ktok=round(float(extra["tail"]), 6))
+        out["attention"] = attn
     if held:  # not fitted: signed error of the fitted model (interpolated between fitted sizes)
         out["not_fitted_signed_pct"] = signed(held)
     if slope_pts:
@@ -678,6 +706,30 @@ def spread_contexts(R: int, mean: int, spread: str, seed: int = 0) -> list[int]:
         ctx = [max(16, int(round(x * total / sum(raw)))) for x in raw]
     random.Random(seed + 3).shuffle(ctx)
     return ctx
+
+
+REQUEST_GRID_N = (8, 64, 192, 384, 512)  # decode/verify steps: n tokens over n/8, n/4, n/2, n requests
+REQUEST_GRID_MIXED = ((1024, (8, 64, 128)), (2048, (8, 64, 128)))  # busy steps: n tokens, decode requests
+
+
+def request_grid_plan(seed: int = 0, quick: bool = False) -> list[StepShape]:
+    """Steps that vary the request count at a fixed token count (the table ties each capture size to
+    one request count, table_requests):
+
+    - rgrid: for n in REQUEST_GRID_N, decode/verify steps of n tokens over n / 8, n / 4, n / 2 and n
+      requests (windows 8 down to 1), shaped like dsim's DSpark steps (shaped_step: quantile
+      log-normal contexts, median 1050);
+    - rgrid-mixed: busy chunked-prefill steps (dspark_mixed_step) of 1024 and 2048 tokens with 8, 64
+      and 128 decode requests and whole prompts.
+    """
+    plan: list[StepShape] = []
+    for n in REQUEST_GRID_N if not quick else (8, 32):
+        for R in sorted({max(1, n // 8), n // 4, n // 2, n}):
+            plan.append(shaped_step(R, n, seed + R, tag="rgrid") if R > 1 else uniform_step(1, n, 1024, "rgrid"))
+    for n, rs in REQUEST_GRID_MIXED if not quick else ((96, (4, 8)),):
+        for R in rs:
+            plan.append(dspark_mixed_step(n, R, seed + R, tag="rgrid-mixed"))
+    return plan
 
 
 def context_sweep_plan(kv_budget_tokens: int = 4_000_000, seed: int = 0, quick: bool = False) -> list[StepShape]:

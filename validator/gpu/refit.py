@@ -125,10 +125,11 @@ def fit_attention(points: list[dict], dims: dict, split: dict) -> tuple[dict, li
     OCCUPANCIES; the one with the smallest mean over tags (but table) of the median residual wins.
     Returns (fit, [(occupancy, median residual %)...])."""
     best, tried = None, []
+    grid = any(p.get("tag", "").startswith("rgrid") for p in points)  # the request terms need the grid
     for occ in OCCUPANCIES:
         a = P.attention_structure(dims, split, *occ)
         pts = [dict(p) for p in points]
-        fit = P.fit_step_model(pts, attention=a)
+        fit = P.fit_step_model(pts, attention=a, request_terms=grid, monotone=grid)
         # (the table points are fitted exactly, one F per size: the terms are judged on the rest)
         by = {k: v for k, v in fit["residual_pct"]["by_tag"].items() if k != "table"}
         med = float(np.mean(list(by.values()))) if by else fit["residual_pct"]["median_abs"]

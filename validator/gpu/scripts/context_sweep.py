@@ -1,5 +1,6 @@
 """Time the context sweep (plan.context_sweep_plan: unequal decode contexts, prefill chunks over long
-cached prefixes) and a few of the table's points on the GPU executor, one model per process.
+cached prefixes; --plan grid: plan.request_grid_plan, request counts at fixed token counts) and a few
+of the table's points on the GPU executor, one model per process.
 
     python3 validator/gpu/scripts/context_sweep.py --model profiles/models/llama-3.1-8b.json \
         --profile profiles/h200/h200-llama-3.1-8b.yaml --out $OUT/ctx-llama-3.1-8b.json [--dry-run]
@@ -32,6 +33,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--pool-gib", type=float, default=24.0)
+    ap.add_argument(
+        "--plan",
+        choices=("context", "grid"),
+        default="context",
+        help="context: plan.context_sweep_plan (unequal contexts, long prefixes); grid: plan.request_grid_plan "
+        "(request counts at fixed token counts)",
+    )
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args(argv)
     import yaml
@@ -53,7 +61,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"built in {time.time() - t0:.1f}s; split {json.dumps(M.SPLIT)}", flush=True)
     caps = P.vllm_capture_sizes(P.CAPTURE_LIMIT)
     budget = int(model.pool_tokens * 0.95)
-    plan = P.context_sweep_plan(budget, quick=a.dry_run)
+    plan = (
+        P.context_sweep_plan(budget, quick=a.dry_run) if a.plan == "context" else P.request_grid_plan(quick=a.dry_run)
+    )
     sweep = P.sweep_plan(caps, P.tail_sizes(P.CAPTURE_LIMIT), kv_budget_tokens=budget)
     anchors = [s for s in sweep if s.tag in ("table", "tail-decode") and s.n in ANCHOR_N]
     if a.dry_run:

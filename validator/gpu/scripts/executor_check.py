@@ -1,12 +1,14 @@
 """The executor's weight: kernels per layer and step times of the eager dense path against the
-torch.compile'd one (validator.gpu.model.compile_dense), same model, same steps, one process.
+torch.compile'd one (validator.gpu.model.compile_dense) and the compiled one with the one-call
+varlen attention (StepMeta impl='varlen'), same model, same steps, one process.
 
     python3 validator/gpu/scripts/executor_check.py --model profiles/models/llama-3.1-8b.json \
         --out $OUT/executor-llama-3.1-8b.json [--dry-run]
 
 Steps: one request with an n-token verify window at context 1 (the dense part alone, attention
 over a single key) and the profile sweep's table step of the same n (1K-median contexts), for n in
-SIZES, each captured as a CUDA graph (Timer). Writes one JSON record per (variant, step).
+SIZES, and a busy step (64 verify requests plus whole prompts, 1024 tokens), each captured as a CUDA
+graph (Timer). Writes one JSON record per (variant, step).
 """
 
 from __future__ import annotations
@@ -51,12 +53,15 @@ def main(argv: list[str] | None = None) -> None:
             steps.append(("table", table[n]))
     timer = M.Timer(device, a.reps)
     rows = []
-    for variant in ("eager", "compiled"):
+    if not a.dry_run:  # a busy step: 64 verify requests and whole prompts (the one-call path's case)
+        steps.append(("mixed", P.dspark_mixed_step(1024, 64, 64)))
+    for variant in ("eager", "compiled", "varlen"):
         t0 = time.time()
         if variant == "compiled":
             M.compile_dense(model)
+        impl = "varlen" if variant == "varlen" else "split"
         for kind, shape in steps:
-            m = M.StepMeta(shape, P.padded_tokens(shape.n, caps), dims, device)
+            m = M.StepMeta(shape, P.padded_tokens(shape.n, caps), dims, device, impl=impl)
             ms, reps = timer(functools.partial(model.forward, m), graph=device.type == "cuda")
             kpl = M.kernels_per_layer(model, m) if device.type == "cuda" else None
             rows.append(

@@ -8,7 +8,9 @@ at least 0.9 of the largest batch, past the first eighth) are sampled evenly (se
 - mooncake-c16 / mooncake-c96: Mooncake's conversation trace (contexts up to ~122K tokens) with
   prefix caching, DSpark adaptive, closed loop at 16 / 96 users: long, unequal decode contexts and
   prefill chunks over long cached prefixes;
-- azure-conv-c64: Azure LLM inference conversation trace, DSpark, 64 users;
+- azure-conv-c64: Azure LLM inference conversation trace, DSpark, 64 users (azure-conv-c32 /
+  azure-conv-c128: the same at 32 / 128 users, made after the step model's request-count terms, to
+  check them on logs never looked at);
 - azure-code-c8: Azure code trace, no drafter, 8 users;
 - default-c1 / c32 / c256: the default mixed trace, DSpark (as benchmarks/make_replay_steplogs.py).
 
@@ -35,6 +37,8 @@ CASES: dict[str, dict[str, Any]] = {
         trace="mooncake-conversation", c=96, method="dspark", requests=320, prefix=True, pool=16, keep=12
     ),
     "azure-conv-c64": dict(trace="azure-conv", c=64, method="dspark", requests=320, prefix=False, pool=12, keep=10),
+    "azure-conv-c32": dict(trace="azure-conv", c=32, method="dspark", requests=192, prefix=False, pool=12, keep=10),
+    "azure-conv-c128": dict(trace="azure-conv", c=128, method="dspark", requests=512, prefix=False, pool=12, keep=10),
     "azure-code-c8": dict(trace="azure-code", c=8, method="none", requests=64, prefix=False, pool=12, keep=10),
     "default-c1": dict(trace="default", c=1, method="dspark", requests=40, prefix=False, pool=12, keep=12),
     "default-c32": dict(trace="default", c=32, method="dspark", requests=256, prefix=False, pool=12, keep=12),
