@@ -107,9 +107,16 @@ def profile_from_measurements(
             "levels": files,
         }
     }
-    prof = stepfit.measured_profile(
-        name, pts, fit, prov, k, kv_cache_gib=kv_cache_gib, kv_bytes_per_token=kv_bytes_per_token, extra=extra
-    )
+    if fit["determined"]:
+        # every term identified: the fit itself is the profile (its residuals are in the points)
+        prov["method"] += "; profile = the fit (linear)"
+        prof = stepfit.linear_profile(
+            name, "measured", fit, prov, kv_cache_gib=kv_cache_gib, kv_bytes_per_token=kv_bytes_per_token, extra=extra
+        )
+    else:
+        prof = stepfit.measured_profile(
+            name, pts, fit, prov, k, kv_cache_gib=kv_cache_gib, kv_bytes_per_token=kv_bytes_per_token, extra=extra
+        )
     return prof
 
 
