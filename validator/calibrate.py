@@ -20,11 +20,15 @@ drafter's quality.
 Cost: step times from the server's own histograms (stepfit.server_points: mean ITL and mean
 prefill time, each at the mean composition of the steps it sampled, rebuilt from the client's chunk
 times; the client's chunk gaps only when the server gives no histograms), in dsim's token
-coordinate n = prompt tokens + decodes (1 + K). With
+coordinate n = prompt tokens + decodes x (1 + the drafts each verified: the run's own draft
+script for a deterministic drafter, else K). With
 ``--profile BASE`` (e.g. from profile-server) we fit ``measured = c + s * base(n, b)`` (scale s
-of the cost tables, per-step CPU overhead c) when there are 3 or more points, else one scale for
-the whole step, overhead included (one run gives two points; two parameters from them are
-ill-conditioned). Without a base profile, ``c + t n + d b`` is fitted by NNLS (stepfit.fit_cost).
+of the cost tables, per-step CPU overhead c) when the runs are of two or more loads or shapes,
+else one scale for the whole step, overhead included (one load's points do not vary the batch;
+two parameters from them are ill-conditioned). Without a base profile the terms of
+stepfit.fit_cost are fitted by NNLS. A deterministic drafter's acceptance file also carries its
+draft script (acceptance.draft_script), and the profile the closed loop's measured send gap
+(send_gap_ms), both for `check`.
 Front-end time per request (HTTP, the API server's request processing and queueing, the hop to
 the engine, the wait for the running step, streaming; no engine step contains it) is the mean
 client E2E minus the engine's own time, queue + prefill + decode (engine_times;
