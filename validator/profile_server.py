@@ -112,7 +112,7 @@ def profile_from_measurements(
     }
     if fit["determined"]:
         # every term identified: the fit itself is the profile (its residuals are in the points)
-        prov["method"] += "; profile = the fit (linear)"
+        prov["method"] = f"{prov['method']}; profile = the fit (linear)"
         prof = stepfit.linear_profile(
             name, "measured", fit, prov, kv_cache_gib=kv_cache_gib, kv_bytes_per_token=kv_bytes_per_token, extra=extra
         )
