@@ -65,10 +65,29 @@ class EngineConfig:
     kv_role: str | None = None
     remote_prefill_ms: float = 0.0
     remote_prefill_ms_per_ktok: float = 0.0
+    # Deterministic drafting (apply_draft_script): decode step j of every request verifies
+    # draft_script[j][0] drafts and accepts draft_script[j][1] of them, the last entry repeating,
+    # in place of the acceptance draws. What an n-gram proposer does on identical greedy requests
+    # (vLLM drafts only where the n-gram matches: steps without a match verify nothing); the
+    # validator measures the script from a real server's chunk streams. None: drawn acceptance.
+    draft_script: tuple | None = None
 
     @property
     def disaggregated(self) -> bool:
         return self.kv_role == "kv_consumer"
+
+
+def apply_draft_script(script: np.ndarray, rounds: np.ndarray, lead, verified, cap) -> None:
+    """Overwrite a plan's verify windows with a draft script (EngineConfig.draft_script as an
+    int64 [J, 2] array: drafts verified, drafts accepted, per decode step of a request): slot r
+    at step t of the plan is at its decode step rounds[r] + t (the last entry repeats beyond J).
+    lead, verified, cap: [steps, n] (dsim.kernels_step.plan_decodes' outputs), so the commit
+    accepts min(lead, cap) = the script's accepted drafts and prices the verified ones."""
+    steps = lead.shape[0]
+    j = np.minimum(rounds[None, :] + np.arange(steps)[:, None], len(script) - 1)
+    verified[:] = script[j, 0]
+    cap[:] = script[j, 0]
+    lead[:] = script[j, 1]
 
 
 @dataclass(frozen=True)
@@ -334,6 +353,14 @@ class Replica:
         self._done_F = np.empty((16, 2), dtype=np.float64)
         self._fwd = cost.forward_table()
         self._ctx_args = cost.context_args()
+        self._script = None
+        if K and cfg.draft_script is not None:
+            sc = np.asarray(cfg.draft_script, dtype=np.int64).reshape(-1, 2)
+            if self._adaptive or not len(sc) or (sc < 0).any() or (sc[:, 1] > sc[:, 0]).any() or (sc[:, 0] > K).any():
+                raise InputError(
+                    f"draft_script: needs a non-adaptive method and entries 0 <= accepted <= verified <= K = {K}"
+                )
+            self._script = sc
         cap = 16
         self.n = 0  # live decode slots
         self._I = np.zeros((cap, NCOL), dtype=np.int64)
@@ -692,6 +719,8 @@ class Replica:
             verified,
             cap,
         )
+        if self._script is not None:
+            apply_draft_script(self._script, self._I[:n, ROUNDS], lead, verified, cap)
         return conf, lead, verified, cap
 
     # ---- commit: one path for single steps and decode windows ---------------------------------

@@ -49,6 +49,15 @@ class SimConfig:
     seed: int = 0
     slo: dict | None = None  # per-request SLOs for goodput: {"ttft_ms": x, "tpot_ms": y, "e2e_ms": z}
     cost_scale: float = 1.0
+    # Closed loop, the path from a completion back to the engine: the user's next request reaches
+    # the engine closed_loop_gap_ms after the completion (the last token's way out, the client,
+    # the API server's request processing: a real front end's time, 0 for a bare engine), and
+    # the requests that follow completions at one instant arrive closed_loop_send_gap_ms apart,
+    # in turn (one client and one API-server process handle them one after another). vLLM's
+    # engine starts a step with the first to arrive, so the rest join the next step: a wave of
+    # identical requests finishing together starts as one prompt, then the others.
+    closed_loop_gap_ms: float = 0.0
+    closed_loop_send_gap_ms: float = 0.0
 
     @property
     def replicas_per_node(self) -> int:
@@ -86,6 +95,12 @@ def _check(cfg: SimConfig):
     int_in(cfg.nodes, 1, MAX_NODES, "--nodes")
     int_in(cfg.gpus_per_node, 1, MAX_GPUS_PER_NODE, "--gpus-per-node")
     int_in(cfg.seed, 0, 2**63 - 1, "--seed")
+    for g, what in (
+        (cfg.closed_loop_gap_ms, "closed_loop_gap_ms"),
+        (cfg.closed_loop_send_gap_ms, "closed_loop_send_gap_ms"),
+    ):
+        if isinstance(g, bool) or not isinstance(g, (int, float)) or not (math.isfinite(g) and 0 <= g <= 1e6):
+            raise InputError(f"{what}: must be a finite number of ms in 0..1e6, got {g!r}")
     e = cfg.engine
     int_in(e.max_num_seqs, 1, MAX_NUM_SEQS, "--max-num-seqs")
     int_in(e.max_num_batched_tokens, 1, MAX_NUM_BATCHED_TOKENS, "--max-num-batched-tokens")
@@ -165,6 +180,7 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
     stats.replica_cap = -(-stats.cap // n_rep)
     closed = w.closed_loop_concurrency
     next_id = [0]
+    burst = [-1.0, 0]  # (instant, closed-loop sends at it so far)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -177,8 +193,21 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
         if closed and next_id[0] < reqs.n:  # the user sends its next request now
             nid = next_id[0]
             next_id[0] += 1
-            reqs.arrival[nid] = env.now
-            router.dispatch(nid)
+            gap, first = cfg.closed_loop_send_gap_ms / 1000.0, cfg.closed_loop_gap_ms / 1000.0
+            if gap <= 0.0 and first <= 0.0:
+                reqs.arrival[nid] = env.now
+                router.dispatch(nid)
+                return
+            # the sends of one instant go out in turn, gap apart, the first `first` after it
+            if burst[0] != env.now:
+                burst[0], burst[1] = env.now, 0
+            delay = first + burst[1] * gap
+            burst[1] += 1
+            reqs.arrival[nid] = env.now + delay
+            if delay == 0.0:
+                router.dispatch(nid)
+            else:
+                env.timeout(delay).callbacks.append(lambda _, nid=nid: router.dispatch(nid))
 
     if spec.k:  # (before the replicas: they read the latents)
         lrng = np.random.default_rng([cfg.seed, 1 << 20])

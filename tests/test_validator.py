@@ -4,6 +4,7 @@ hangs, a closed port, a killed server)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -770,24 +771,25 @@ def test_acceptance_names_follow_vllm():
     assert v["acceptance_length"] == 4.0 and v["tokens_per_decode_step"] == 2.5
 
 
-def _pt(n, b, kv, ms, kind="decode", prefills=0.0):
+def _pt(n, b, kv, ms, kind="decode", prefills=0.0, prompt_tokens=0.0):
     return {"kind": kind, "n": float(n), "b": float(b), "batch": float(b), "kv": float(kv), "step_ms": ms,
-            "prefills": float(prefills)}
+            "prefills": float(prefills), "prompt_tokens": float(prompt_tokens)}
 
 
 def test_fit_cost_separates_terms_when_the_points_vary_them_apart():
     from validator import stepfit
 
-    # ms, ms/token, ms/request, ms/prompt, ms per 1000 context tokens
-    c, t, d, e, kv = 3.0, 0.02, 0.4, 2.0, 1.5
-    true = lambda n, b, f, x: c + t * n + d * b + e * f + kv * x / 1000  # noqa: E731
-    pts = [_pt(n, b, x, true(n, b, f, x), prefills=f) for n, b, f, x in
-           [(5, 1, 0, 100), (10, 2, 0, 200), (20, 4, 0, 400), (40, 8, 0, 800), (64, 1, 1, 64), (256, 1, 1, 256),
-            (5, 1, 0, 900), (10, 2, 0, 1800), (128, 2, 2, 128), (260, 2, 1, 400)]]
+    # ms, ms/token, ms/request, ms/prompt, ms per 1000 context tokens, ms less per 1000 prompt tokens
+    c, t, d, e, kv, disc = 3.0, 0.02, 0.4, 2.0, 1.5, 12.0
+    true = lambda n, b, f, x, q: c + t * n + d * b + e * f + kv * x / 1000 - disc * q / 1000  # noqa: E731
+    pts = [_pt(n, b, x, true(n, b, f, x, q), prefills=f, prompt_tokens=q) for n, b, f, x, q in
+           [(5, 1, 0, 100, 0), (10, 2, 0, 200, 0), (20, 4, 0, 400, 0), (40, 8, 0, 800, 0), (64, 1, 1, 64, 64),
+            (256, 1, 1, 256, 256), (5, 1, 0, 900, 0), (10, 2, 0, 1800, 0), (128, 2, 2, 128, 128),
+            (260, 2, 1, 400, 256), (1, 1, 0, 80, 0), (4, 4, 0, 300, 0)]]  # (undrafted steps: 1 token each)
     f = stepfit.fit_cost(pts)
     assert f["determined"] and not f["warnings"]
-    got = tuple(f[k] for k in ("cpu_overhead_ms", "ms_per_token", "ms_per_request", "ms_per_prefill", "kv_ms_per_ktok"))
-    assert got == pytest.approx((c, t, d, e, kv), rel=1e-6)
+    got = tuple(f[k] for k in stepfit.TERMS)
+    assert got == pytest.approx((c, t, d, e, kv, disc), rel=1e-6)
     assert max(abs(r) for r in f["residuals"]) < 1e-9
 
 
@@ -798,7 +800,8 @@ def test_fit_cost_warns_and_drops_a_term_the_points_cannot_identify():
     # context move together
     pts = [_pt(5 * b, b, 100 * b, 3.0 + 0.5 * b) for b in (1, 2, 4, 8)]
     f = stepfit.fit_cost(pts)
-    assert not f["determined"] and len(f["not_identified"]) == 3  # requests, context; no prompts at all
+    # requests, context; no prompts at all (per prompt, per prompt token)
+    assert not f["determined"] and len(f["not_identified"]) == 4
     assert all("not identified" in w for w in f["warnings"][:2])
     assert max(abs(r) for r in f["residuals"]) < 1e-6  # what it kept still fits the points
 
@@ -913,3 +916,110 @@ def test_per_prompt_prefill_cost_is_priced_per_chunk_by_the_engine(tmp_path):
     for (_, row), ctx in zip(pre.iterrows(), (0, 512, 1024)):
         q = row.prefill_tokens
         assert row.duration_ms == pytest.approx(float(c.step_ms(q, ctx + q)) + 7.0 + 1.0, rel=1e-9)
+
+
+def test_draft_script_from_chunk_streams_and_counters():
+    from validator import acceptance as A
+
+    # the test server's sequence: the prefill's token, 7 steps without a draft, one that accepted
+    # 2, then all 4 accepted; the last chunk is cut by max_tokens
+    seq = [1] + [1] * 7 + [3] + [5] * 4 + [2]
+    run = _chunk_run([seq, seq, seq])
+    # counters: 5 drafts per request (one per step that accepted something), every draft accepted
+    script = A.draft_script([run], 4, {"drafts": 6.0, "draft_tokens": 2 + 16 + 1, "accepted": 2 + 16 + 1})
+    assert script == [[0, 0]] * 7 + [[2, 2]] + [[4, 4]] * 4
+    # two more drafts than steps that accepted: two one-token steps drafted and had all 4 rejected
+    s2 = A.draft_script([run], 4, {"drafts": 8.0, "draft_tokens": 8 * 4, "accepted": 19.0})
+    assert sum(1 for v, a in s2 if v > 0 and a == 0) == 2 and all(v == 4 for v, a in s2 if v > 0)
+    # without counters every draft is taken as full (K verified); a non-deterministic run has none
+    assert A.draft_script([run], 4)[7] == [4, 2]
+    assert A.draft_script([_chunk_run([seq, [1] * 14 + [2], [1] * 13 + [3]])], 4) is None
+
+
+def test_draft_script_drives_the_engine_in_lockstep():
+    """EngineConfig.draft_script: every request verifies and accepts what the script says at its
+    decode step (closed form: tokens per step, verified drafts priced), identical requests finish in
+    one step, and the script's last entry repeats."""
+    from dsim.cost import CostModel
+    from dsim.engine import EngineConfig
+    from dsim.sim import SimConfig, SpecConfig, simulate
+    from validator import stepfit
+
+    fit = {"cpu_overhead_ms": 1.0, "ms_per_token": 0.5, "ms_per_request": 0.0, "kv_ms_per_ktok": 0.0}
+    prof = stepfit.zero_block_draft(stepfit.linear_profile("t", "measured", fit, {}))
+    script = ((0, 0), (0, 0), (2, 1), (4, 4))
+    plan = traces.Plan(np.zeros(3), np.full(3, 16), np.full(3, 1 + 1 + 1 + 2 + 5 + 3), "t")
+    cfg = SimConfig(workload=traces.to_workload(plan, 3), profile=prof, gpus_per_node=1,
+                    engine=EngineConfig(async_scheduling=False, draft_script=script, max_num_batched_tokens=2048),
+                    spec=SpecConfig(method="block", k=4, acceptance="const:0.5"))
+    res = simulate(cfg)
+    dec = res.steps[res.steps.n_decode > 0]
+    # per decode step: 1, 1, 2, 5, 5 tokens per request (the last step capped at the output)
+    assert (dec.emitted_tokens // 3).tolist() == [1, 1, 2, 5, 3]
+    assert dec.verify_draft_tokens.tolist() == [0, 0, 6, 12, 12]
+    c = CostModel(prof)
+    for _, row in dec.iterrows():
+        assert row.duration_ms == pytest.approx(float(c.step_ms(row.n_tokens, row.kv_tokens)) + 1.0, rel=1e-9)
+    done = res.requests
+    assert done.e2e_ms.nunique() == 1 and done.tpot_ms.nunique() == 1  # lockstep
+    with pytest.raises(InputError):
+        simulate(dataclasses.replace(cfg, engine=EngineConfig(draft_script=((3, 4),))))
+
+
+def test_closed_loop_successors_reach_the_engine_in_turn():
+    """SimConfig.closed_loop_gap_ms / closed_loop_send_gap_ms: a completion's successor arrives
+    gap later, the successors of one step's completions send_gap apart; the engine starts the
+    first prompt alone and the rest join its next step (the real server's partial waves)."""
+    from dsim.engine import EngineConfig
+    from dsim.sim import SimConfig, SpecConfig, simulate
+    from validator import stepfit
+
+    fit = {"cpu_overhead_ms": 1.0, "ms_per_token": 0.1, "ms_per_request": 0.0, "kv_ms_per_ktok": 0.0}
+    prof = stepfit.linear_profile("t", "measured", fit, {})
+    plan = traces.Plan(np.zeros(6), np.full(6, 32), np.full(6, 4), "t")
+    base = SimConfig(workload=traces.to_workload(plan, 3), profile=prof, gpus_per_node=1,
+                     engine=EngineConfig(async_scheduling=False),
+                     spec=SpecConfig(method="none"))
+    whole = simulate(base)
+    staggered = simulate(dataclasses.replace(base, closed_loop_gap_ms=5.0, closed_loop_send_gap_ms=0.2))
+    pre = lambda r: r.steps[r.steps.prefill_tokens > 0].prefill_tokens.tolist()  # noqa: E731
+    assert pre(whole) == [96, 96]          # each wave's prompts in one step
+    assert pre(staggered) == [96, 32, 64]  # the second wave: the first prompt alone, then the others
+    arr = staggered.requests.sort_values("arrival_s").arrival_s.to_numpy()
+    first_end = arr[3] - 0.005
+    assert arr[3:] - first_end == pytest.approx([0.005, 0.0052, 0.0054], abs=1e-9)
+    with pytest.raises(InputError):
+        simulate(dataclasses.replace(base, closed_loop_gap_ms=float("nan")))
+
+
+def test_decode_points_split_into_drafted_and_undrafted_steps():
+    """With a deterministic drafter the ITL samples split into steps whose decodes drafted and steps
+    whose did not: the tokens differ at the same requests (what tells a verify token's cost from a
+    request's), the server's mean is shared in the ratio of the client's chunk gaps, and the two
+    points' sample-weighted mean is the histogram's."""
+    from validator import stepfit
+
+    # two requests in lockstep: the prefill, 4 undrafted steps of 6 ms, then 4 steps of 12 ms that
+    # verified and accepted 4 drafts each, the last chunk cut by max_tokens
+    seq = [1] + [1] * 4 + [5] * 4 + [2]
+    gaps = [0.006] * 4 + [0.012] * 5
+    reqs = []
+    for i in range(2):
+        times = list(0.02 + np.concatenate([[0.0], np.cumsum(gaps)]) + 1e-5 * i)
+        reqs.append({"type": "request", "i": i, "prompt_tokens": 16, "max_tokens": sum(seq), "arrival_s": 0.0,
+                     "send_s": 0.0, "first_token_s": times[0], "end_s": times[-1],
+                     "chunks": [[t, n] for t, n in zip(times, seq)], "output_tokens": sum(seq), "ok": True,
+                     "error": None})
+    summary = {"type": "summary",
+               "spec": {"num_drafts": 10, "num_draft_tokens": 38, "num_accepted_tokens": 34,
+                        "accepted_per_pos": [10, 8, 8, 8], "k": 4},
+               "server_histograms": {"vllm:inter_token_latency_seconds": {"count": 18.0, "mean": 0.009},
+                                     "vllm:request_prefill_time_seconds": {"count": 2.0, "mean": 0.02}}}
+    m = measure.Measurement("mem", {"format": measure.FORMAT, "spec": {"k": 4}}, reqs, summary=summary)
+    pts = {p["kind"]: p for p in stepfit.server_points(m, 4)}
+    dr, nd = pts["decode-drafted"], pts["decode-undrafted"]
+    assert nd["n"] == pytest.approx(2.0) and dr["n"] == pytest.approx(10.0) and dr["b"] == nd["b"] == 2
+    # client gaps: 6 ms undrafted, 12 ms drafted (the last, cut step left out): ratio 2; the 18
+    # samples hold 8 undrafted, 10 drafted (the cut step drafted too): 9 = (8 m + 10 x 2 m) / 18
+    m_nd = 9.0 * 18 / (8 + 20)
+    assert nd["step_ms"] == pytest.approx(m_nd) and dr["step_ms"] == pytest.approx(2 * m_nd)

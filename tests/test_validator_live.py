@@ -45,10 +45,10 @@ SHAPES = [(256, 16, 1), (256, 96, 2)]
 ATTEMPTS = 3
 ROUNDS, N2, N6 = 6, 12, 18
 MAX_BURST_SHARE = 0.5
-# p50 TPOT and output tok/s at C=6 are gated at 30%: the held-out error measured at C=6 is +22% to +26%
-# (the lockstep waves of the real closed loop, validator/README.md), so TOL (the 25% target, which ends the
-# attempts early) is not yet a stable gate. DSIM_FIDELITY_GATE=X gates at X instead.
-GATE = float(os.environ.get("DSIM_FIDELITY_GATE") or 0.30)
+# p50 TPOT and output tok/s at C=6 are gated at TOL (the 25% target; the held-out errors measured at C=6
+# with the real closed loop's waves simulated were within 5%, validator/README.md). DSIM_FIDELITY_GATE=X
+# gates at X instead.
+GATE = float(os.environ.get("DSIM_FIDELITY_GATE") or TOL)
 
 
 def _require():
@@ -292,15 +292,22 @@ def test_live_profile_server(measured_profile):
     assert "ms_per_token" in fit["identified"]  # prefill tokens varied at one request
     cm = CostModel(p)
     method = make_method("block", K)
-    dec = [pt for pt in v["points"] if pt["kind"] == "decode"]
-    assert len(dec) == len(PROFILE_LEVELS) + len(SHAPES)
-    # the profile reproduces the sweep's decode steps (the table runs through them; a shape's decode
-    # point at the same token count shares its table entry, so the sweep's point can sit off by half
-    # their difference: 35% on a loaded 2-core machine); every point has its fit residual
+    # one decode point per load and shape, or two where the drafter was deterministic (the steps
+    # whose decodes drafted and those whose did not: stepfit._draft_split)
+    dec = [pt for pt in v["points"] if pt["kind"].startswith("decode")]
+    assert len({pt["level"] for pt in dec}) == len(PROFILE_LEVELS) + len(SHAPES)
+    assert all(pt["kind"] in ("decode", "decode-drafted", "decode-undrafted") for pt in dec)
+    # the profile reproduces the sweep's decode steps (the fit's residuals, 35% on a loaded 2-core
+    # machine); every point has its fit residual
     for pt in dec:
         assert pt["fit_residual"] is not None
         if isinstance(pt["level"], int):
-            model = cm.step_ms(round(pt["n"]), pt["kv"]) + p.cpu_overhead_ms + method.draft_ms(cm, round(pt["b"]))
+            pre = 0.0
+            if pt.get("prefills"):  # the prompts some decode steps carry (closed-loop waves)
+                pre = pt["prefills"] * cm.prefill_ms([(pt["prompt_tokens"] / pt["prefills"], 0.0)])
+            model = (
+                cm.step_ms(round(pt["n"]), pt["kv"]) + pre + p.cpu_overhead_ms + method.draft_ms(cm, round(pt["b"]))
+            )
             assert model == pytest.approx(pt["step_ms"], rel=0.35), pt
     assert cm.step_ms(64, 0) >= cm.step_ms(8, 0) > 0
 

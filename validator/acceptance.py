@@ -12,8 +12,13 @@ per-position-in-draft model; the output-position table is measured for any metho
 Deterministic drafting: with greedy decoding an n-gram proposer offers the same drafts for the same
 prompt, and a deterministic target accepts the same ones: identical requests then get identical
 chunk sequences (measured on the test server: every draft accepted, 37% of steps without one). The
-acceptance file says so (``deterministic``), and `check` simulates it without per-request or
-per-step acceptance noise (sigma_request = sigma_step = 0).
+acceptance file says so (``deterministic``) and carries the sequence itself as a draft script
+(``draft_script``: drafts verified and accepted at each decode step of a request); `check` gives it
+to dsim's engine (EngineConfig.draft_script), so the simulated requests draft what the real ones
+did at the same step: identical requests stay in lockstep and finish in the same step, and steps
+without a draft verify nothing (on the test server the first 7 decode steps had no draft and cost
+8-16 ms, the drafted ones 12-36 ms, at 1-8 requests). Without a script (a drafter that is not
+deterministic) `check` draws acceptance without per-request or per-step noise.
 """
 
 from __future__ import annotations
@@ -119,3 +124,47 @@ def curve_for_output(curve: Sequence[float], table: dict, calibrated_len: float,
         return p
     p[0] = float(min(max(acc_cal * w_tgt / w_cal / tail, 0.0), 1.0))
     return [round(x, 6) for x in p]
+
+
+def draft_script(ms: Sequence[measure.Measurement], k: int, per_request: dict | None = None) -> list[list[int]] | None:
+    """[[verified, accepted], ...] per decode step of a request, from the most common chunk
+    sequence of the deterministic group with the longest output (the replay sends one prompt per
+    length): accepted = tokens of the step's chunk - 1 (at most k). Which steps drafted and how
+    many drafts each verified come from vLLM's counters per request (``per_request``: drafts,
+    draft_tokens, accepted): a step that accepted something drafted; of the one-token steps,
+    only as many drafted (and were all rejected) as the drafts counter has left, spread evenly;
+    a drafted step verified its accepted drafts plus the counters' share of rejected ones (with
+    every draft accepted, as on the test server, exactly its accepted ones: the proposer offered
+    no more than matched). The first chunk (the prefill's token) and the last (cut by max_tokens)
+    are left out. None without a deterministic group of three or more decode steps."""
+    groups: dict = {}
+    for m in ms:
+        for r in m.ok_requests:
+            lat = measure.request_latencies(r)
+            if lat is None or lat["burst"]:
+                continue
+            groups.setdefault((r.get("prompt_tokens"), r.get("max_tokens")), []).append(tuple(_decode_chunks(r)))
+    best = None
+    for (_, mt), seqs in groups.items():
+        seq, n = Counter(seqs).most_common(1)[0]
+        if len(seqs) < 2 or n / len(seqs) < DETERMINISTIC_SHARE or len(seq) < 4:
+            continue
+        if best is None or (mt or 0) > best[0]:
+            best = (mt or 0, seq)
+    if best is None or k <= 0:
+        return None
+    steps = [min(max(int(e) - 1, 0), k) for e in best[1][1:-1]]
+    acc = np.array(steps, dtype=np.int64)
+    drafted = acc > 0
+    pr = per_request or {}
+    d_left = float(pr.get("drafts", 0.0)) - float(drafted.sum() + (best[1][-1] > 1))
+    ones = np.flatnonzero(~drafted)
+    if d_left >= 0.5 and len(ones):
+        n_rej = min(int(round(d_left)), len(ones))
+        drafted[ones[np.linspace(0, len(ones) - 1, n_rej).round().astype(int)]] = True
+    dt, a = float(pr.get("draft_tokens", 0.0)), float(pr.get("accepted", 0.0))
+    n_d = float(pr.get("drafts", 0.0))
+    share = (dt - a) / (n_d * k - a) if pr and n_d * k - a > 1e-9 else (0.0 if pr else 1.0)
+    share = min(max(share, 0.0), 1.0)
+    ver = np.where(drafted, acc + np.round(share * (k - acc)).astype(np.int64), 0)
+    return [[int(v), int(x)] for v, x in zip(ver, acc)]

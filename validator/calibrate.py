@@ -20,11 +20,15 @@ drafter's quality.
 Cost: step times from the server's own histograms (stepfit.server_points: mean ITL and mean
 prefill time, each at the mean composition of the steps it sampled, rebuilt from the client's chunk
 times; the client's chunk gaps only when the server gives no histograms), in dsim's token
-coordinate n = prompt tokens + decodes (1 + K). With
+coordinate n = prompt tokens + decodes x (1 + the drafts each verified: the run's own draft
+script for a deterministic drafter, else K). With
 ``--profile BASE`` (e.g. from profile-server) we fit ``measured = c + s * base(n, b)`` (scale s
-of the cost tables, per-step CPU overhead c) when there are 3 or more points, else one scale for
-the whole step, overhead included (one run gives two points; two parameters from them are
-ill-conditioned). Without a base profile, ``c + t n + d b`` is fitted by NNLS (stepfit.fit_cost).
+of the cost tables, per-step CPU overhead c) when the runs are of two or more loads or shapes,
+else one scale for the whole step, overhead included (one load's points do not vary the batch;
+two parameters from them are ill-conditioned). Without a base profile the terms of
+stepfit.fit_cost are fitted by NNLS. A deterministic drafter's acceptance file also carries its
+draft script (acceptance.draft_script), and the profile the closed loop's measured send gap
+(send_gap_ms), both for `check`.
 Front-end time per request (HTTP, the API server's request processing and queueing, the hop to
 the engine, the wait for the running step, streaming; no engine step contains it) is the mean
 client E2E minus the engine's own time, queue + prefill + decode (engine_times;
@@ -148,6 +152,23 @@ def request_overheads(ms: Sequence[measure.Measurement]) -> dict:
     }
 
 
+WAVE_SEND_MS = 5.0  # closed-loop sends closer than this follow completions of one step
+
+
+def send_gap_ms(ms: Sequence[measure.Measurement]) -> float | None:
+    """Median spacing of a closed loop's sends that follow one another within WAVE_SEND_MS (the
+    successors of requests that finished in one step, sent in turn by the client): dsim's
+    SimConfig.closed_loop_send_gap_ms. None without such sends (open loop, one request)."""
+    gaps = []
+    for m in ms:
+        if (m.header.get("load") or {}).get("mode") != "concurrency":
+            continue
+        s = np.sort([r["send_s"] for r in m.requests if r.get("send_s") is not None])
+        d = np.diff(s) * 1e3
+        gaps += [float(x) for x in d if 0 < x < WAVE_SEND_MS]
+    return round(float(np.median(gaps)), 4) if gaps else None
+
+
 def overhead_table(ms: Sequence[measure.Measurement]) -> dict | None:
     """Front-end overhead per load: {streams, e2e_ms, first_token_ms} sorted by streams, one
     entry per measurement (a load); `check` interpolates it at the predicted concurrency."""
@@ -164,6 +185,21 @@ def overhead_table(ms: Sequence[measure.Measurement]) -> dict | None:
         "e2e_ms": [round(r[1], 4) for r in rows],
         "first_token_ms": [round(r[2], 4) for r in rows],
     }
+
+
+def _draft_script(raw, ms, tot: dict, k: int) -> list | None:
+    """acceptance.draft_script with the pooled counters per completed request."""
+    n = sum(len(m.ok_requests) for m in ms)
+    if not n or not k:
+        return None
+    per = {
+        "drafts": tot["num_drafts"] / n,
+        "draft_tokens": tot["num_draft_tokens"] / n,
+        "accepted": tot["num_accepted_tokens"] / n,
+    }
+    if not acceptance.determinism(raw) or not acceptance.determinism(raw).get("deterministic"):
+        return None
+    return acceptance.draft_script(raw, k, per)
 
 
 def _mean_output(ms: Sequence[measure.Measurement]) -> float | None:
@@ -246,6 +282,8 @@ def calibrate(
             "by_output_position": acceptance.output_position_table(raw),
             "calibrated_output_tokens": _mean_output(raw),
             **(acceptance.determinism(raw) or {"deterministic": False}),
+            # what each decode step drafted and accepted, when the drafter is deterministic
+            **({"draft_script": script} if (script := _draft_script(raw, ms, tot, K)) else {}),
             "counters": {
                 k: tot[k]
                 for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos", "decode_steps")
@@ -297,8 +335,10 @@ def calibrate(
             return float(cm.step_ms(p["n"], p["kv"])) + pre + dr
 
         x = np.array([base_ms(p) for p in pts])
-        if len(pts) >= 3 and np.ptp(x) > 1e-9:
-            # enough points: overhead and scale separately (relative least squares)
+        if len(pts) >= 3 and len(ms) >= 2 and np.ptp(x) > 1e-9:
+            # points of several loads or shapes: overhead and scale separately (relative least
+            # squares). One load's points (drafted, undrafted and prefill steps at one batch) do
+            # not: an overhead fitted on them went 30% up and took the scale with it.
             c, s = stepfit.fit_line(x, y, 1.0 / y**2)
             how = "cpu_overhead and scale fitted separately"
         else:
@@ -312,7 +352,7 @@ def calibrate(
             xt = x + base.cpu_overhead_ms
             s = float(np.sum(xt * y / y**2) / np.sum(xt * xt / y**2))
             c = s * base.cpu_overhead_ms
-            how = "one scale for the whole step (fewer than 3 points)"
+            how = "one scale for the whole step (one load/shape group or fewer than 3 points)"
         fwd = Table(base.forward.x, base.forward.ms * s)
         draft = {k: Table(t.x, t.ms * s) for k, t in base.draft.items()}
         newprov = dict(
@@ -347,8 +387,9 @@ def calibrate(
         fit = stepfit.fit_cost(pts)
         warnings += fit["warnings"]
         fit["model"] = (
-            "measured = cpu_overhead + ms_per_token * n + ms_per_request * b + kv_ms_per_ktok * context / 1000, "
-            "n = prompt tokens + decodes (1 + K)"
+            "measured = cpu_overhead + ms_per_token * n + ms_per_request * b + ms_per_prefill * prompts "
+            "+ kv_ms_per_ktok * context / 1000 - prefill_discount_ms_per_ktok * prompt tokens / 1000, "
+            "n = prompt tokens + decodes x (1 + drafts verified)"
         )
         fit["scale"] = 1.0
         prof = stepfit.linear_profile(
@@ -360,6 +401,7 @@ def calibrate(
             + fit["ms_per_request"] * p["b"]
             + fit["ms_per_prefill"] * (p.get("prefills") or 0.0)
             + fit["kv_ms_per_ktok"] * p.get("kv", 0.0) / 1000.0
+            - fit.get("prefill_discount_ms_per_ktok", 0.0) * (p.get("prompt_tokens") or 0.0) / 1000.0
         )
     for p in pts:
         p["fit_ms"] = pred(p)
@@ -382,6 +424,7 @@ def calibrate(
         "first_token_overhead_per_stream_ms": round(ovh["first_token_per_stream"], 4),
         "spec_k": K,
         **({"overhead_table": base_table} if base_table else {}),
+        **({"closed_loop_send_gap_ms": g} if (g := send_gap_ms(raw)) is not None else {}),
         "spec_emulation": "block" if K else "none",
         "fit": fit,
         # step-time variability, measured on the calibration runs: `check` draws each simulated

@@ -9,7 +9,13 @@ profile has none). ``validator.request_overhead_ms`` / ``first_token_overhead_ms
 calibrated profile (front-end time per request that no engine step contains; per concurrent
 stream when the profile has ``..._per_stream_ms``, times the predicted concurrency; interpolated
 in ``overhead_table`` when the profile was measured at several loads) are added to
-each request's E2E / TTFT, and closed-loop throughput is scaled by E2E / (E2E + overhead). Rows
+each request's E2E / TTFT. In a closed loop the front-end time of one request (the overhead at one
+stream in flight) is simulated as the way back from a completion to the engine, with the successors
+of one step's completions arriving in turn (the real server's partial waves), and also added to
+TTFT / E2E: the overhead measured at higher loads holds the wait for the running step (vLLM's queue
+time starts when the engine core takes a request in, between steps), which the simulated waves now
+hold themselves. Closed-loop throughput is scaled by (E2E + simulated way back) / (E2E + overhead).
+Rows
 ``server.*`` compare the server's own histogram means with dsim before those overheads (TTFT and
 E2E as the engine's own part, queue + prefill [+ decode]: calibrate.engine_times): the
 engine-side error, free of HTTP and client noise (reported, not gated).
@@ -26,6 +32,7 @@ verdict is ``pass`` when every gated metric is within its allowance.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -115,11 +122,16 @@ def simulate_measurement(
     max_num_batched_tokens: int | None = None,
     seed: int = 0,
     dispersion: bool = True,
+    draft_script: bool = True,
 ) -> dict:
-    """dsim's prediction for the measured workload. The acceptance file's output-position table
-    adapts its curve to the workload's output length, a deterministic drafter is simulated without
-    acceptance noise, and the profile's measured TPOT dispersion (``dispersion``) gives the
-    requests their jitter; ``_notes`` says which applied."""
+    """dsim's prediction for the measured workload. A deterministic drafter with a measured draft
+    script (``draft_script``) runs it in dsim's engine (EngineConfig.draft_script: each decode step
+    drafts and accepts what the real one did at that step); otherwise the acceptance file's
+    output-position table adapts its curve to the workload's output length, and a deterministic
+    drafter is simulated without acceptance noise. A closed loop's way back to the engine is
+    simulated (SimConfig.closed_loop_gap_ms / closed_loop_send_gap_ms, from the profile's front-end
+    time at one request and measured send gap), and the profile's measured TPOT dispersion
+    (``dispersion``) gives the requests their jitter; ``_notes`` says which applied."""
     from dsim.sim import EngineConfig, SimConfig, SpecConfig, simulate
 
     prof = load_profile(profile) if isinstance(profile, str) else profile
@@ -138,17 +150,24 @@ def simulate_measurement(
     if k is None:
         k = ((m.header.get("spec") or {}).get("k")) or (m.stats().get("spec") or {}).get("k") or 0
     notes: list = []
+    script = None
     if k:
         prof = stepfit.zero_block_draft(prof)
         acc_arg = acceptance or "const:0.6"
         sigma: dict[str, Any] = {}
         if isinstance(doc, dict):
-            acc_arg = _acceptance_for(doc, w, acc_arg, notes)
+            if not (doc.get("deterministic") and doc.get("draft_script") and draft_script):
+                acc_arg = _acceptance_for(doc, w, acc_arg, notes)  # (a script replaces the draws)
             if doc.get("deterministic"):
                 # identical requests did identical things on the server: no per-request or
                 # per-step acceptance noise (validator.acceptance)
                 sigma = {"sigma_request": 0.0, "sigma_step": 0.0}
-                notes.append("deterministic drafting: sigma_request = sigma_step = 0")
+                if doc.get("draft_script") and draft_script:
+                    # ... and the measured step-by-step drafts replace the draws
+                    script = tuple(tuple(int(x) for x in e) for e in doc["draft_script"])
+                    notes.append(f"deterministic drafting: the measured draft script ({len(script)} decode steps)")
+                else:
+                    notes.append("deterministic drafting: sigma_request = sigma_step = 0")
         spec = SpecConfig(method="block", k=int(k), acceptance=acc_arg, **sigma)
     else:
         spec = SpecConfig(method="none")
@@ -159,6 +178,7 @@ def simulate_measurement(
             max_num_batched_tokens or eng.get("max_num_batched_tokens") or CPU_MAX_BATCHED_TOKENS
         ),
         async_scheduling=False,
+        draft_script=script,
     )
     cfg = SimConfig(
         workload=w,
@@ -170,9 +190,29 @@ def simulate_measurement(
         spec=spec,
         seed=seed,
     )
+    v = (prof.extra or {}).get("validator") or {}
+    closed_gap = None
+    if conc:
+        # The closed loop's way back to the engine, simulated: a completion's successor reaches the
+        # engine the front-end time of one request later (client E2E - engine E2E with one request
+        # in flight: the API server's queueing behind other streams is not in it), and the
+        # successors of one step's completions arrive in turn, the measured send gap apart: the
+        # engine starts the first prompt alone and the rest join the next step (the partial waves
+        # of the real server), and it idles between the waves as the real one does.
+        over_c, _ = _overheads(v, 1.0)
+        closed_gap = over_c
+        cfg = dataclasses.replace(
+            cfg,
+            closed_loop_gap_ms=over_c,
+            closed_loop_send_gap_ms=float(v.get("closed_loop_send_gap_ms") or 0.0),
+        )
+        if over_c or v.get("closed_loop_send_gap_ms"):
+            notes.append(
+                f"closed loop: successors reach the engine {over_c:.1f} ms after a completion, "
+                f"{float(v.get('closed_loop_send_gap_ms') or 0.0):.3f} ms apart"
+            )
     res = simulate(cfg)
     s = dict(res.summary)
-    v = (prof.extra or {}).get("validator") or {}
     if v.get("tpot_dispersion") and dispersion:
         # step-time variability: each request's TPOT drawn from the measured dispersion
         from dsim.metrics import dist
@@ -183,30 +223,41 @@ def simulate_measurement(
         notes.append("TPOT per request drawn from the measured dispersion (validator.noise.apply_dispersion)")
     s["_engine"] = {k: s.get(k) for k in LAT + ("output_tok_s",)}
     s["_notes"] = notes
-    over = float(v.get("request_overhead_ms") or 0.0)
-    over_ft = float(v.get("first_token_overhead_ms", over) or 0.0)
-    table = v.get("overhead_table")
-    if table and len(table.get("streams") or []) >= 2:
-        # measured at several loads: interpolate at the predicted concurrency (ends held)
-        streams = _mean_streams(res.requests) or float(conc or 1.0)
-        over = float(np.interp(streams, table["streams"], table["e2e_ms"]))
-        over_ft = float(np.interp(streams, table["streams"], table["first_token_ms"]))
-    elif v.get("request_overhead_per_stream_ms") is not None:
-        # front-end delay grows with the concurrent streams (one API-server process serves them)
-        streams = _mean_streams(res.requests) or float(conc or 1.0)
-        over = float(v["request_overhead_per_stream_ms"]) * max(streams, 1.0)
-        over_ft = float(v.get("first_token_overhead_per_stream_ms") or 0.0) * max(streams, 1.0)
+    # Closed loop: the front-end time of one request. The measured overhead grows with the load
+    # because it holds the wait for the running step (vLLM's queue time starts when the engine
+    # core takes the request in, between steps: 0 here at every load), which the simulated waves
+    # hold themselves now. Open loop: at the mean number in flight of the prediction.
+    over, over_ft = _overheads(v, 1.0 if conc else (_mean_streams(res.requests) or 1.0))
     if over or over_ft:
         for key, o in (("ttft_ms", over_ft), ("e2e_ms", over)):
             if isinstance(s.get(key), dict):
                 s[key] = {q: (x + o if isinstance(x, (int, float)) else x) for q, x in s[key].items()}
         e2e = (res.summary.get("e2e_ms") or {}).get("mean")
         if conc and e2e:
-            s["output_tok_s"] = s["output_tok_s"] * e2e / (e2e + over)
+            # a user's cycle is the client's E2E: what the simulated loop does not hold yet
+            g = closed_gap or 0.0
+            s["output_tok_s"] = s["output_tok_s"] * (e2e + g) / (e2e + max(over, g))
         s["request_overhead_ms_added"] = {"e2e": over, "ttft": over_ft}
     s["_spec_k"] = k
     s["_drafted_fraction"] = doc.get("drafted_fraction") if isinstance(doc, dict) else None
     return s
+
+
+def _overheads(v: dict, streams: float) -> tuple[float, float]:
+    """(E2E, TTFT) front-end time per request of a profile's ``validator`` block at ``streams``
+    requests in flight: interpolated in its overhead_table (measured at several loads, ends held),
+    else per stream, else its single values."""
+    over = float(v.get("request_overhead_ms") or 0.0)
+    over_ft = float(v.get("first_token_overhead_ms", over) or 0.0)
+    table = v.get("overhead_table")
+    if table and len(table.get("streams") or []) >= 2:
+        over = float(np.interp(streams, table["streams"], table["e2e_ms"]))
+        over_ft = float(np.interp(streams, table["streams"], table["first_token_ms"]))
+    elif v.get("request_overhead_per_stream_ms") is not None:
+        # front-end delay grows with the concurrent streams (one API-server process serves them)
+        over = float(v["request_overhead_per_stream_ms"]) * max(streams, 1.0)
+        over_ft = float(v.get("first_token_overhead_per_stream_ms") or 0.0) * max(streams, 1.0)
+    return over, over_ft
 
 
 def _acceptance_for(doc: dict, w, acc_arg: str, notes: list) -> str:

@@ -119,6 +119,7 @@ def analyse(d: Path, gates: dict | None = None) -> dict:
                 "ms_per_request",
                 "ms_per_prefill",
                 "kv_ms_per_ktok",
+                "prefill_discount_ms_per_ktok",
                 "identified",
                 "not_identified",
                 "warnings",

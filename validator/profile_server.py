@@ -4,11 +4,13 @@ Each level C replays max(4, 2C) requests (or --requests) of fixed input/output l
 loop of C. Step times come from the server's own histograms over the level (mean ITL: one sample
 per request per step; mean prefill time: the step that ran a prompt), so a CPU-starved client does
 not bias them, each at the mean composition of the steps it sampled, rebuilt from the client's
-chunk times (stepfit.server_points: closed-loop requests start in waves that share steps). A fit of
-``step = cpu_overhead + ms_per_token x n + ms_per_request x b`` (n = b (1 + K), dsim's token
-coordinate; b = sampling requests) over all levels gives the per-step CPU overhead; the forward
-table runs through the measured decode points (stepfit.measured_profile: step time is not linear
-in the batch on CPU) and the profile (provenance kind "measured", server version, model, flags,
+chunk times (stepfit.server_points: closed-loop requests start in waves that share steps; with a
+deterministic drafter, separate points for the steps whose decodes drafted and those whose did
+not). The terms of stepfit.fit_cost (per-step overhead, per token in dsim's coordinate n = prompt
+tokens + decodes x (1 + drafts verified), per request, per prompt, per context token, the prompt
+token's discount) are fitted over all levels; when every term is identified the fit is the
+profile (stepfit.linear_profile), else the forward table runs through the measured decode points
+(stepfit.measured_profile). The profile (provenance kind "measured", server version, model, flags,
 date) is one dsim.cost.load_profile reads. Predict only within (or near) the swept batch sizes.
 """
 
@@ -81,7 +83,8 @@ def profile_from_measurements(
         "method": (
             f"validator profile-server: closed-loop concurrency sweep {concurrencies}, "
             f"input {input_len}, output {output_len} tokens; step times from server ITL and "
-            f"prefill histograms; NNLS fit cpu + per-token + per-request + per-context-token"
+            f"prefill histograms; NNLS fit cpu + per-token + per-request + per-prompt + per-context-token "
+            "- per-prompt-token discount"
             + (f" (not identified, left 0: {', '.join(fit['not_identified'])})" if fit["not_identified"] else "")
         ),
         "server": server,
@@ -107,9 +110,16 @@ def profile_from_measurements(
             "levels": files,
         }
     }
-    prof = stepfit.measured_profile(
-        name, pts, fit, prov, k, kv_cache_gib=kv_cache_gib, kv_bytes_per_token=kv_bytes_per_token, extra=extra
-    )
+    if fit["determined"]:
+        # every term identified: the fit itself is the profile (its residuals are in the points)
+        prov["method"] = f"{prov['method']}; profile = the fit (linear)"
+        prof = stepfit.linear_profile(
+            name, "measured", fit, prov, kv_cache_gib=kv_cache_gib, kv_bytes_per_token=kv_bytes_per_token, extra=extra
+        )
+    else:
+        prof = stepfit.measured_profile(
+            name, pts, fit, prov, k, kv_cache_gib=kv_cache_gib, kv_bytes_per_token=kv_bytes_per_token, extra=extra
+        )
     return prof
 
 

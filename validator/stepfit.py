@@ -67,7 +67,12 @@ def _inflight_at(reqs, t) -> int:
 
 
 def engine_steps(
-    m: Measurement, gap_frac: float = 0.3, min_gap_ms: float = 0.2, max_gap_ms: float = 2.0
+    m: Measurement,
+    gap_frac: float = 0.3,
+    min_gap_ms: float = 0.2,
+    max_gap_ms: float = 2.0,
+    k: int = 0,
+    script: list | None = None,
 ) -> list[dict] | None:
     """The engine steps of a replay, reconstructed from the client's chunk times: one engine step
     streams one chunk to every request it scheduled, so the chunks of one step reach the client
@@ -75,9 +80,12 @@ def engine_steps(
     than ``gap_frac`` x the median chunk gap of a request (clamped to [min_gap_ms, max_gap_ms])
     form one step; a request seen twice in one group (two steps delivered together by a stalled
     front end) splits it. Per step: ``t`` (s), ``prefills`` (requests whose first token it
-    produced), ``prompt_tokens`` (their prompts), ``decodes`` (requests it gave later tokens).
-    Only the composition is used (durations come from the server's histograms), so front-end delay
+    produced), ``prompt_tokens`` (their prompts), ``decodes`` (requests it gave later tokens),
+    ``decode_tokens`` (the tokens the decodes ran: 1 + the drafts each verified, from ``script``
+    (acceptance.draft_script: [verified, accepted] per decode step of a request) at the request's
+    decode step when given, else 1 + k each). Only the composition is used (durations come from the server's histograms), so front-end delay
     and jitter do not bias it. None without chunk timelines."""
+    per_decode = 1 + k  # (k is reused below)
     ev = []
     gaps = []
     for r in m.ok_requests:
@@ -88,7 +96,7 @@ def engine_steps(
         prompt = int(r.get("prompt_tokens") or 0)
         # context the step reads for this request: its prompt plus the tokens it had before
         emitted = np.concatenate([[0], np.cumsum([c[1] for c in r["chunks"] if c[1] > 0])[:-1]])
-        ev += [(t, r["i"], j == 0, prompt, prompt + int(emitted[j])) for j, t in enumerate(times)]
+        ev += [(t, r["i"], j == 0, prompt, prompt + int(emitted[j]), j) for j, t in enumerate(times)]
     if not ev:
         return None
     med = float(np.median(gaps)) * 1e3 if gaps else max_gap_ms / gap_frac
@@ -114,12 +122,18 @@ def engine_steps(
             subs[k].append(e)
         for sub in subs:
             pre = [e for e in sub if e[2]]
+            dec = [e for e in sub if not e[2]]
+            if script:
+                dtok = sum(1 + int(script[min(e[5] - 1, len(script) - 1)][0]) for e in dec)
+            else:
+                dtok = len(dec) * per_decode
             steps.append(
                 {
                     "t": sub[0][0],
                     "prefills": len(pre),
                     "prompt_tokens": sum(e[3] for e in pre),
-                    "decodes": len(sub) - len(pre),
+                    "decodes": len(dec),
+                    "decode_tokens": dtok,
                     "context": sum(e[4] for e in sub),
                 }
             )
@@ -132,8 +146,18 @@ def _composition_points(m, k: int, itl: dict, pre: dict) -> list[dict] | None:
     prefill sample one prompt in a step, and either step may also carry the other kind of work
     (closed-loop requests start in waves: several prompts share a step). Under a step cost linear
     in the tokens and requests of the step, the histogram mean is the cost at these mean
-    coordinates: n = prompt tokens + decodes x (1 + K), b = requests in the step."""
-    steps = engine_steps(m)
+    coordinates: n = prompt tokens + the decodes' tokens (1 + the drafts each verified: from the
+    run's own draft script when its drafter was deterministic, else 1 + K), b = requests in the
+    step.
+
+    With a draft script the decode samples are split into two points, steps whose decodes drafted
+    and steps whose decodes did not (an n-gram proposer without a match: one token per request):
+    the two differ in tokens at the same requests, which is what tells a verify token's cost from a
+    request's. The server's ITL mean is shared between them in the ratio of the client's mean
+    chunk gaps of the two kinds (the composition and that ratio from the client, the level from the
+    engine); the weighted mean of the two points is the histogram's mean."""
+    script = run_script(m, k)
+    steps = engine_steps(m, k=k, script=script)
     if not steps:
         return None
     pts = []
@@ -143,28 +167,89 @@ def _composition_points(m, k: int, itl: dict, pre: dict) -> list[dict] | None:
         w = np.array([s[w_key] for s in steps], dtype=float)
         if w.sum() <= 0:
             continue
-        n = np.array([s["prompt_tokens"] + s["decodes"] * (1 + k) for s in steps], dtype=float)
-        b = np.array([s["prefills"] + s["decodes"] for s in steps], dtype=float)
-        nbar, bbar = float(np.average(n, weights=w)), float(np.average(b, weights=w))
-        prompt = float(np.average([s["prompt_tokens"] for s in steps], weights=w))
-        prefills = float(np.average([s["prefills"] for s in steps], weights=w))
-        kv = float(np.average([s["context"] for s in steps], weights=w))
-        pts.append(
-            {
-                "kind": kind,
-                "batch": bbar,
-                "n": nbar,
-                "b": bbar,
-                "step_ms": hist["mean"] * 1e3,
-                "prompt_tokens": prompt,
-                "prefills": prefills,
-                "kv": kv,
-                "weight": 1.0,
-                "samples": hist.get("count"),
-                "prefill_share": float(np.average([s["prefills"] > 0 for s in steps], weights=w)),
-            }
-        )
+        classes = [("", np.ones(len(steps), bool), hist["mean"] * 1e3)]
+        if kind == "decode" and script:
+            split = _draft_split(m, script, steps, w, hist["mean"] * 1e3)
+            if split:
+                classes = split
+        for suffix, sel, step_ms in classes:
+            ww = np.where(sel, w, 0.0)
+            pts.append(
+                dict(
+                    _mean_composition(steps, ww),
+                    kind=kind + suffix,
+                    step_ms=step_ms,
+                    weight=float(ww.sum() / w.sum()) ** 0.5 if suffix else 1.0,
+                    samples=hist.get("count"),
+                )
+            )
     return pts
+
+
+def _mean_composition(steps: list[dict], w: np.ndarray) -> dict:
+    n = np.array([s["prompt_tokens"] + s["decode_tokens"] for s in steps], dtype=float)
+    b = np.array([s["prefills"] + s["decodes"] for s in steps], dtype=float)
+    bbar = float(np.average(b, weights=w))
+    return {
+        "batch": bbar,
+        "n": float(np.average(n, weights=w)),
+        "b": bbar,
+        "prompt_tokens": float(np.average([s["prompt_tokens"] for s in steps], weights=w)),
+        "prefills": float(np.average([s["prefills"] for s in steps], weights=w)),
+        "kv": float(np.average([s["context"] for s in steps], weights=w)),
+        "prefill_share": float(np.average([s["prefills"] > 0 for s in steps], weights=w)),
+    }
+
+
+MIN_SPLIT_SHARE = 0.1  # each kind of decode step holds at least this share of the ITL samples
+MIN_SPLIT_GAPS = 5
+
+
+def _draft_split(m, script: list, steps: list[dict], w: np.ndarray, mean_ms: float) -> list | None:
+    """[(suffix, step mask, step_ms)] for the drafted and the undrafted decode steps, or None when
+    one kind is too rare to place. A step is drafted when its decodes verified drafts; a chunk gap
+    (one step of one request, per-token-timed requests only) is drafted by the request's own
+    script entry (the same thing in lockstep, where all requests are at one decode step)."""
+    drafted = np.array([s["decode_tokens"] > s["decodes"] for s in steps])
+    share = float(w[drafted].sum() / w.sum())
+    if not MIN_SPLIT_SHARE <= share <= 1 - MIN_SPLIT_SHARE:
+        return None
+    from validator import measure
+
+    gaps: dict = {True: [], False: []}
+    for r in m.ok_requests:
+        lat = measure.request_latencies(r)
+        if lat is None or lat["burst"]:
+            continue
+        t = [c[0] for c in r.get("chunks") or [] if c[1] > 0]
+        for j in range(1, len(t) - 1):  # (the last step is cut by max_tokens)
+            gaps[int(script[min(j - 1, len(script) - 1)][0]) > 0].append(t[j] - t[j - 1])
+    if min(len(gaps[True]), len(gaps[False])) < MIN_SPLIT_GAPS:
+        return None
+    rho = float(np.mean(gaps[True]) / np.mean(gaps[False]))
+    # mean = (1 - share) m_nd + share m_dr, m_dr = rho m_nd
+    m_nd = mean_ms / ((1 - share) + share * rho)
+    return [("-drafted", drafted, rho * m_nd), ("-undrafted", ~drafted, m_nd)]
+
+
+def run_script(m: Measurement, k: int) -> list | None:
+    """The run's draft script (validator.acceptance.draft_script) from its own chunk streams and
+    counters, when its drafter was deterministic; None otherwise (or without speculation)."""
+    from validator import acceptance, calibrate
+
+    if not k:
+        return None
+    c = calibrate.spec_counts(m)
+    n = len(m.ok_requests)
+    det = acceptance.determinism([m])
+    if not c or not n or not det or not det.get("deterministic"):
+        return None
+    per = {
+        "drafts": c["num_drafts"] / n,
+        "draft_tokens": c["num_draft_tokens"] / n,
+        "accepted": c["num_accepted_tokens"] / n,
+    }
+    return acceptance.draft_script([m], k, per)
 
 
 def server_points(m: Measurement, k: int) -> list[dict]:
@@ -235,7 +320,14 @@ def server_points(m: Measurement, k: int) -> list[dict]:
     return pts
 
 
-TERMS = ("cpu_overhead_ms", "ms_per_token", "ms_per_request", "ms_per_prefill", "kv_ms_per_ktok")
+TERMS = (
+    "cpu_overhead_ms",
+    "ms_per_token",
+    "ms_per_request",
+    "ms_per_prefill",
+    "kv_ms_per_ktok",
+    "prefill_discount_ms_per_ktok",
+)
 # What to measure when a term cannot be told apart from the others (profile-server --shape).
 _HOW = {
     "ms_per_token": "vary the tokens per step at a fixed number of requests (e.g. --shape 256:16, a longer prompt)",
@@ -243,13 +335,26 @@ _HOW = {
     "ms_per_prefill": "points whose steps carry prompts and points whose steps do not (prefill and decode points)",
     "kv_ms_per_ktok": "vary the context at a fixed batch (e.g. --shape 256:128, a longer prompt and output)",
     "cpu_overhead_ms": "points at more than one step size",
+    "prefill_discount_ms_per_ktok": "prompts of another length than the calibration's (e.g. --shape 256:16) next to "
+    "decode points",
 }
 COLLINEAR = 0.05  # a term whose column is within 5% of the others' span is not identified
 
 
 def _columns(points: list[dict]) -> np.ndarray:
     return np.array(
-        [[1.0, p["n"], p["b"], p.get("prefills", 0.0) or 0.0, p.get("kv", 0.0) / 1000.0] for p in points], dtype=float
+        [
+            [
+                1.0,
+                p["n"],
+                p["b"],
+                p.get("prefills", 0.0) or 0.0,
+                p.get("kv", 0.0) / 1000.0,
+                -(p.get("prompt_tokens", 0.0) or 0.0) / 1000.0,
+            ]
+            for p in points
+        ],
+        dtype=float,
     )
 
 
@@ -269,11 +374,14 @@ def identifiable(X: np.ndarray, keep: list[int], j: int) -> float:
 
 
 def fit_cost(points: list[dict], terms: tuple = TERMS) -> dict:
-    """Non-negative least squares of step_ms = c + t n + d b + e prefills + kv x context/1000 over
-    the points (relative errors): c per-step CPU overhead, t per scheduled token (forward), d per
-    sampling request (ngram proposal, rejection sampling: CPU work per request), e per prompt in
-    the step (work that does not scale with its tokens: on the CPU test server a prefill step
-    tracked its prompts more than its tokens), kv per thousand context tokens read. A term the points cannot tell apart from the others (its column within 5% of
+    """Non-negative least squares of step_ms = c + t n + d b + e prefills + kv x context/1000 -
+    disc x prompt tokens/1000 over the points (relative errors): c per-step CPU overhead, t per
+    scheduled token (forward, priced as a decode/verify token), d per sampling request (ngram
+    proposal, rejection sampling: CPU work per request), e per prompt in the step (work that does
+    not scale with its tokens: on the CPU test server a prefill step tracked its prompts more than
+    its tokens), kv per thousand context tokens read, disc what a prompt token costs less than a
+    decode/verify token per thousand (dsim's prefill_terms.discount_ms_per_ktok; at most t: on the
+    CPU test server a verify token cost 3x a prompt token). A term the points cannot tell apart from the others (its column within 5% of
     their span: e.g. a concurrency sweep at one shape raises tokens and requests together) is
     left out (0) with a warning saying what to measure; ``determined`` is true when all the
     asked terms were identified. Residuals per point are in ``residuals`` (relative)."""
@@ -307,6 +415,13 @@ def fit_cost(points: list[dict], terms: tuple = TERMS) -> dict:
     for j in keep:
         if coef[j] == 0.0 and TERMS[j] != "cpu_overhead_ms":
             warnings.append(f"{TERMS[j]}: fitted at 0 (the bound): the points do not show it")
+    di, ti = TERMS.index("prefill_discount_ms_per_ktok"), TERMS.index("ms_per_token")
+    if coef[di] > 1000.0 * coef[ti] + 1e-12:
+        warnings.append(
+            f"prefill_discount_ms_per_ktok: fitted {coef[di]:.4g}, more than a token costs "
+            f"({1000.0 * coef[ti]:.4g} per 1000): held at that (prompt tokens free)"
+        )
+        coef[di] = 1000.0 * coef[ti]
     fit: dict[str, Any] = {t: float(coef[i]) for i, t in enumerate(TERMS)}
     pred = X @ coef
     rank = int(np.linalg.matrix_rank(Xw[:, want])) if len(X) else 0
@@ -369,6 +484,7 @@ def linear_profile(
         extra,
         kv_ms_per_ktok=float(fit.get("kv_ms_per_ktok") or 0.0),
         prefill_ms_per_chunk=float(fit.get("ms_per_prefill") or 0.0),
+        prefill_discount_ms_per_ktok=float(fit.get("prefill_discount_ms_per_ktok") or 0.0),
     )
 
 
@@ -386,6 +502,7 @@ def _cpu_profile(
     extra,
     kv_ms_per_ktok: float = 0.0,
     prefill_ms_per_chunk: float = 0.0,
+    prefill_discount_ms_per_ktok: float = 0.0,
 ) -> Profile:
     """A profile of a CPU server (no CUDA graphs: capture_sizes [1]), its provenance completed with
     dsim's required fields, and the emulating method's draft table."""
@@ -410,8 +527,11 @@ def _cpu_profile(
         "kv_ms_per_ktok": round(float(kv_ms_per_ktok), 6),
         "draft": {"block": {"requests": list(draft_requests), "ms": [round(float(v), 5) for v in draft_ms]}},
     }
-    if prefill_ms_per_chunk:
-        d_["prefill_terms"] = {"ms_per_chunk": round(float(prefill_ms_per_chunk), 5)}
+    if prefill_ms_per_chunk or prefill_discount_ms_per_ktok:
+        d_["prefill_terms"] = {
+            "ms_per_chunk": round(float(prefill_ms_per_chunk), 5),
+            "discount_ms_per_ktok": round(float(prefill_discount_ms_per_ktok), 5),
+        }
     if extra:
         d_.update(extra)
     return profile_from_dict(d_, f"<{name}>")
@@ -454,13 +574,24 @@ def measured_profile(
     d = float(fit.get("ms_per_request") or 0.0)
     e = float(fit.get("ms_per_prefill") or 0.0)
     kv = float(fit.get("kv_ms_per_ktok") or 0.0) / 1000.0
+    disc = float(fit.get("prefill_discount_ms_per_ktok") or 0.0) / 1000.0
     dec = sorted((p for p in points if p["kind"].startswith("decode")), key=lambda p: p["n"])
     if not dec:
         raise ValueError("no decode points")
     c = min(c, 0.9 * min(p["step_ms"] for p in dec))
 
-    def own(p: dict) -> float:  # the point's forward part: step minus overhead, requests, context
-        return max(p["step_ms"] - c - d * p["b"] - e * (p.get("prefills") or 0.0) - kv * p.get("kv", 0.0), 0.0)
+    def own(p: dict) -> float:
+        # the point's forward part, its tokens priced as decode tokens: step minus overhead,
+        # requests, prompts and context, plus what its prompt tokens cost less
+        return max(
+            p["step_ms"]
+            - c
+            - d * p["b"]
+            - e * (p.get("prefills") or 0.0)
+            - kv * p.get("kv", 0.0)
+            + disc * (p.get("prompt_tokens") or 0.0),
+            0.0,
+        )
 
     acc: dict = {}
     for p in dec:
@@ -476,6 +607,15 @@ def measured_profile(
         table[1] = max(table[xs[0]] - slope * (xs[0] - 1), 0.0)
     xs = sorted(table)
     ms = np.maximum.accumulate([table[x] for x in xs])
+    # dsim prices a prompt token as the table's token minus the discount: the discount can be at
+    # most what the table charges a token, at every size and past its end (dsim.cost checks both)
+    cap = min(float(np.min(ms / np.asarray(xs, float))), (ms[-1] - ms[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0)
+    if disc > cap:
+        fit.setdefault("warnings", []).append(
+            f"prefill_discount_ms_per_ktok: {disc * 1000:.4g} held at {max(cap, 0.0) * 1000:.4g}, what the "
+            "forward table charges a token at its cheapest"
+        )
+        disc = max(0.999 * cap, 0.0)  # (below it after the rounding of the profile file)
     return _cpu_profile(
         name,
         "measured",
@@ -490,4 +630,5 @@ def measured_profile(
         extra,
         kv_ms_per_ktok=kv * 1000.0,
         prefill_ms_per_chunk=e,
+        prefill_discount_ms_per_ktok=disc * 1000.0,
     )
