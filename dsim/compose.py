@@ -576,7 +576,7 @@ def forward_ms(
 # ---------------------------------------------------------------------------------------- two-batch overlap
 # DeepSeek-V3 report Sec. 3.4 (decoding: two micro-batches, the attention of one overlapped with
 # the dispatch + MoE + combine of the other; DeepEP's low-latency all-to-all) and vLLM's dual
-# batch overlap (`--enable-dbo`, docs/design/dbo.md: DP + EP deployments only). vLLM splits a step
+# batch overlap (`--enable-dbo`, vLLM docs "Dual Batch Overlap": DP + EP deployments only). vLLM splits a step
 # into two micro-batches only from `dbo_decode_token_threshold` tokens per rank (ParallelConfig
 # default 32 for decode-only batches; 512, `dbo_prefill_token_threshold`, once a prefill is in it).
 OVERLAPS = ("none", "dbo")
@@ -630,7 +630,7 @@ def micro_batch_layer(
 
 
 def dbo_layer_ms(mb0: MicroBatchLayer, mb1: MicroBatchLayer) -> float:
-    """One layer of two micro-batches on vLLM's DBO schedule (docs/design/dbo.md): compute stream
+    """One layer of two micro-batches on vLLM's DBO schedule (vLLM docs, "Dual Batch Overlap"): compute stream
     A(0) | MLP(1) | S(1) MLP(0) | S(0) A(1), communication stream D(1) | D(0) | C(1) | C(0), each
     stage as long as the longer of its two streams (communication assumed not to slow the
     compute it overlaps: DeepEP's low-latency kernels move data without the compute's SMs).

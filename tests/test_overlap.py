@@ -133,3 +133,15 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
     for bad in ("x", "-1", "0", "2.5"):
         with pytest.raises(InputError):
             parse_dbo_threshold(bad)
+
+
+@pytest.mark.parametrize("name,threshold", [("deepseek-v4-flash-h200-dp8-ep8-dbo", 272),
+                                            ("deepseek-v4-pro-b300-dp8-ep8-dbo", 480)])
+def test_paper_scenario_profiles_say_what_they_price(name, threshold):
+    from dsim.cost import load_profile
+    p = load_profile(name)
+    a = p.provenance["assumptions"]
+    assert p.name == name and a["draft_block"] == 5 and p.gpus_per_replica == 1
+    assert f"two-batch overlap (DeepSeek-V3 report Sec. 3.4; vLLM --enable-dbo) from {threshold} tokens" in a["overlap"]
+    assert "--overlap dbo --dbo-threshold auto" in p.provenance["command"]
+    assert "--draft-block 5" in p.provenance["command"]
