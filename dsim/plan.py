@@ -468,7 +468,8 @@ def method_label(spec: SpecConfig) -> str:
     if spec.method == "mtp":
         return f"MTP-{spec.k or 1}"
     if spec.method == "dspark":
-        return "DSpark adaptive" if spec.adaptive else "DSpark fixed"
+        block = f"DSpark-{spec.k}" if spec.k else "DSpark"  # (no k: the default block of 7)
+        return f"{block} adaptive" if spec.adaptive else f"{block} fixed"
     return {"none": "no speculation", "eagle3": "EAGLE-3", "block": "block drafter"}.get(spec.method, spec.method)
 
 
