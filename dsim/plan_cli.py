@@ -360,7 +360,8 @@ def _json_default(o):
 def sweep(
     concurrency: str = typer.Option("1,2,4,8,16,32,64,128,256", help="comma-separated concurrency levels"),
     methods: str = typer.Option(
-        "none,mtp,block,dspark", help="methods (none, mtp, mtpK, eagle3, block, dspark, dspark-fixed, dsparkK, dsparkK-fixed)"
+        "none,mtp,block,dspark",
+        help="methods (none, mtp, mtpK, eagle3, block, dspark, dspark-fixed, dsparkK, dsparkK-fixed)",
     ),
     requests_per_user: int = typer.Option(8, help="requests per point = max(N x C, --min-requests)"),
     min_requests: int = typer.Option(200),
