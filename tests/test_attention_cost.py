@@ -103,8 +103,8 @@ def test_format_1_profiles_price_as_before(path):
     written dict carries no format-2 keys (round trip unchanged)."""
     p = C.load_profile(str(path))
     cm = C.CostModel(p)
-    if p.attention is not None:
-        pytest.skip("a format-2 profile")
+    if p.attention is not None or p.request_attention is not None:
+        pytest.skip("a format-2 or format-3 profile")
     assert p.format_version == 1 and not cm.has_context_terms
     assert cm.context_ms([1, 4, 8], [100, 50_000, 120_000]) == 0.0
     chunks = [(512, 0), (2048, 65536)]
@@ -134,7 +134,7 @@ def test_format_2_round_trip_and_errors(tmp_path):
     with pytest.raises(InputError, match="does not divide"):
         C.profile_from_dict(bad, "x.yaml")
     bad = v2(base)
-    bad["format_version"] = 3
+    bad["format_version"] = 4  # (3 adds the MoE composer's request_attention table)
     with pytest.raises(InputError, match="format_version"):
         C.profile_from_dict(bad, "x.yaml")
 
