@@ -4,7 +4,7 @@ the time goes.
     python benchmarks/bench_plan.py [--sla p50=20ms] [--jobs N]
     python benchmarks/bench_plan.py --base 7c6f020 --reps 3   # side by side with another commit
     python benchmarks/bench_plan.py --profile default          # the plan's default profile
-    python benchmarks/bench_plan.py --breakdown     # process start, kernels, workload, each simulation
+    python benchmarks/bench_plan.py --breakdown [--profile default]  # process start, kernels, workload, each simulation
 
 Target (docs/performance.md): <= 20 s wall on a 2-core machine. --breakdown times, in one fresh
 process: importing dsim, the first use of the compiled kernels (loaded from numba's on-disk cache;
@@ -37,7 +37,7 @@ from dsim.cost import load_profile
 from dsim.sim import SimConfig, SpecConfig, simulate
 from dsim.workload import load_workload
 t1 = time.perf_counter()
-prof = load_profile("deepseek-v4-class-h200x8")  # the profile docs/performance.md figures use
+prof = load_profile({profile!r})  # None: the plan's default profile
 tiny = load_workload("azure-conv", n=16)
 for sc in (SpecConfig("mtp"), SpecConfig("dspark", adaptive=True)):
     simulate(SimConfig(workload=tiny, profile=prof, spec=sc))
@@ -66,7 +66,21 @@ def main():
     ap.add_argument("--reps", type=int, default=1)
     a = ap.parse_args()
     if a.breakdown:
-        subprocess.run([sys.executable, "-c", BREAKDOWN], check=True)
+        name = None if a.profile == "default" else a.profile
+        code = BREAKDOWN.replace("{profile!r}", repr(name))
+        trees = {"this": ROOT}
+        if a.base:
+            from bench_speed import base_tree
+
+            trees["base"] = base_tree(a.base)
+        for rep in range(a.reps):
+            for tname, tree in trees.items():
+                env = dict(os.environ, PYTHONPATH=str(tree))
+                env.setdefault("DSIM_TRACE_DIR", str((ROOT / ".." / "shared" / "traces").resolve()))
+                r = subprocess.run([sys.executable, "-c", code], cwd=str(tree), env=env, capture_output=True,
+                                   text=True, check=True)
+                for line in r.stdout.splitlines():
+                    print(f"rep {rep + 1} {tname:5} {line}", flush=True)
         return
     cmd = [sys.executable, "-m", "dsim", "plan", "--sla", a.sla, "--trace", a.trace]
     if a.profile != "default":
