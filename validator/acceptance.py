@@ -168,3 +168,20 @@ def draft_script(ms: Sequence[measure.Measurement], k: int, per_request: dict | 
     share = min(max(share, 0.0), 1.0)
     ver = np.where(drafted, acc + np.round(share * (k - acc)).astype(np.int64), 0)
     return [[int(v), int(x)] for v, x in zip(ver, acc)]
+
+
+def run_script(m: measure.Measurement, k: int) -> list[list[int]] | None:
+    """One run's draft script from its own chunk streams and vLLM's counters (its summary's spec
+    counters per completed request), when its drafter was deterministic; None otherwise (or
+    without speculation or counters)."""
+    spec = m.stats().get("spec") or {}
+    n = len(m.ok_requests)
+    det = determinism([m])
+    if not k or not n or "num_drafts" not in spec or not det or not det.get("deterministic"):
+        return None
+    per = {
+        "drafts": spec["num_drafts"] / n,
+        "draft_tokens": spec["num_draft_tokens"] / n,
+        "accepted": spec["num_accepted_tokens"] / n,
+    }
+    return draft_script([m], k, per)

@@ -233,23 +233,10 @@ def _draft_split(m, script: list, steps: list[dict], w: np.ndarray, mean_ms: flo
 
 
 def run_script(m: Measurement, k: int) -> list | None:
-    """The run's draft script (validator.acceptance.draft_script) from its own chunk streams and
-    counters, when its drafter was deterministic; None otherwise (or without speculation)."""
-    from validator import acceptance, calibrate
+    """The run's own draft script (validator.acceptance.run_script)."""
+    from validator import acceptance
 
-    if not k:
-        return None
-    c = calibrate.spec_counts(m)
-    n = len(m.ok_requests)
-    det = acceptance.determinism([m])
-    if not c or not n or not det or not det.get("deterministic"):
-        return None
-    per = {
-        "drafts": c["num_drafts"] / n,
-        "draft_tokens": c["num_draft_tokens"] / n,
-        "accepted": c["num_accepted_tokens"] / n,
-    }
-    return acceptance.draft_script([m], k, per)
+    return acceptance.run_script(m, k)
 
 
 def server_points(m: Measurement, k: int) -> list[dict]:
