@@ -1049,8 +1049,19 @@ class Replica:
         st = self.steps
         i = st.reserve(m)  # (before reading st.a: reserving may move it)
         KS.window_rows(
-            st.a, i, m, self.idx, n, len(self.waiting), t_end, dur, n_tok, kv,
-            out.step_verified, out.step_accepted, out.step_emitted,
+            st.a,
+            i,
+            m,
+            self.idx,
+            n,
+            len(self.waiting),
+            t_end,
+            dur,
+            n_tok,
+            kv,
+            out.step_verified,
+            out.step_accepted,
+            out.step_emitted,
         )
         self.prev_end = float(t_end[last])
         self._finish_done()
