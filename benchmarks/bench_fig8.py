@@ -94,10 +94,13 @@ def breakdown(model_name, hardware, kernels, topology, sizes):
     topo = C.parse_topology(topology)
     pricer = C.Pricer([C.load_kernel_table(k.strip()) for k in kernels.split(",") if k.strip()],
                       C.Roofline(hardware=hardware))
-    print(f"{model_name} {topology} on {hardware}, kernels {kernels}; {model.layers} layers; ms per forward")
+    # the MoE block in vLLM's DP chunks, as compose_profile prices it on data-parallel topologies
+    chunk = C.VLLM_MOE_DP_CHUNK if topo.attn_dp > 1 else 0
+    print(f"{model_name} {topology} on {hardware}, kernels {kernels}; {model.layers} layers; ms per forward"
+          + (f" (MoE in chunks of {chunk} tokens per rank)" if chunk else ""))
     for n in sizes:
         parts = defaultdict(float)
-        for op in C.step_ops(model, topo, hardware, n):
+        for op in C.step_ops(model, topo, hardware, n, moe_chunk=chunk):
             v = op.count * pricer.ms(op)
             if op.part == "moe_experts":  # the slowest EP rank's experts (the composer's factor)
                 v *= C._moe_factor(model, topo, hardware, op, pricer.roofline)

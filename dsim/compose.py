@@ -645,6 +645,15 @@ def dbo_layer_ms(mb0: MicroBatchLayer, mb1: MicroBatchLayer) -> float:
     )
 
 
+def dbo_attention_margin_ms(mb0: MicroBatchLayer, mb1: MicroBatchLayer) -> float:
+    """How much longer each micro-batch's attention (with what shares its stage) runs than the
+    all-to-all it overlaps on dbo_layer_ms's schedule: min(A0 - D1, S0 + A1 - C0). While it is
+    >= 0 the attention is on the layer's critical path, so a change in it changes the layer by as
+    much (what the per-request attention correction of a format-3 profile assumes); below 0 the
+    all-to-all hides part of it."""
+    return min(mb0.attention_ms - mb1.dispatch_ms, mb0.shared_ms + mb1.attention_ms - mb0.combine_ms)
+
+
 def forward_ms_dbo(
     model: MoEModel,
     topo: Topology,
@@ -716,11 +725,16 @@ def overlapped_forward(
     threshold: int | str,
     *,
     moe_chunk: int = 0,
+    decode_tokens_max: int | None = None,
 ) -> tuple[np.ndarray, str]:
     """The forward table with two-batch overlap from `threshold` tokens per rank on, and the
     provenance line saying so. threshold 'auto': the smallest CUDA-graph size from which the split
     step is no slower than the unsplit one at every larger graph size (the engine's one threshold
-    set where splitting pays on this cost curve); none such: never split."""
+    set where splitting pays on this cost curve); none such: never split. With `decode_tokens_max`
+    (a profile with the format-3 request table: its per-request attention correction is added in
+    full on top of this table) the line also states where that holds: the smallest
+    dbo_attention_margin_ms over the split sizes up to that many tokens per rank, at the request
+    table's smallest context, where attention is least."""
     if topo.attn_dp <= 1:
         raise InputError(
             f"--overlap dbo: topology {topo.name} has no all-to-all to hide (two-batch overlap needs "
@@ -757,7 +771,46 @@ def overlapped_forward(
         "attention, experts and shared expert of the other (no slowdown of the overlapped compute assumed), "
         "experts' weights read per micro-batch; drafter steps not split"
     )
+    split_sizes = [int(n) for n in tokens if t <= n <= (decode_tokens_max or 0) and n >= 2]
+    if split_sizes:
+        worst = min(
+            (
+                dbo_attention_margin_ms(
+                    *(
+                        micro_batch_layer(
+                            model, topo, hardware, h, pricer, first, q=q, kv=REQ_CTX[0], moe_chunk=moe_chunk
+                        )
+                        for h in (-(-n // 2), n // 2)
+                    )
+                ),
+                n,
+            )
+            for n in split_sizes
+            for first in _layer_groups(model)
+        )
+        holds = (
+            f"holds: every split size from {split_sizes[0]} to {split_sizes[-1]} tokens per rank keeps each "
+            f"micro-batch's attention longer than the all-to-all it overlaps at the request table's smallest "
+            f"context ({REQ_CTX[0]}), by at least {worst[0] * 1e3:.0f} us per layer"
+            if worst[0] >= 0
+            else f"does not hold everywhere: at {worst[1]} tokens per rank and {REQ_CTX[0]} of context the "
+            f"all-to-all outlasts the attention by {-worst[0] * 1e3:.0f} us per layer, which the correction "
+            "over-charges there by up to as much per layer"
+        )
+        note += (
+            "; the per-request attention correction (format 3: a request's own attention in place of its "
+            "share in this table) is added in full on top of the overlapped step, right while attention stays "
+            f"on the critical path of its two stages (A0 >= D1, S0 + A1 >= C0), which {holds}"
+        )
     return out, note
+
+
+def _layer_groups(model: MoEModel) -> list[int]:
+    """The first layer of each group of layers that price alike (attention kind, MoE, hash-routed)."""
+    groups: dict = {}
+    for i in range(model.layers):
+        groups.setdefault((model.attn_kinds[i], model.moe_layer[i], i < model.hash_layers), i)
+    return list(groups.values())
 
 
 def _attn_only(model, topo, hardware, pricer, *, phase, batch, q, kv) -> float:
@@ -892,7 +945,18 @@ def compose_profile(
     overlap_note = None
     if overlap != "none":
         fwd, overlap_note = overlapped_forward(
-            model, topo, hardware, tokens, fwd, pricer, limit, glue, fq, dbo_threshold, moe_chunk=chunk
+            model,
+            topo,
+            hardware,
+            tokens,
+            fwd,
+            pricer,
+            limit,
+            glue,
+            fq,
+            dbo_threshold,
+            moe_chunk=chunk,
+            decode_tokens_max=max(limit, max_num_seqs * fq) if request_attention else None,
         )
     # KV slope: attention cores of SLOPE_BATCH requests of fq query tokens at two contexts, per KV token
     lo = _attn_only(model, topo, hardware, pricer, phase="decode", batch=SLOPE_BATCH, q=fq, kv=KV_LO)

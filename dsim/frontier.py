@@ -87,8 +87,11 @@ class Frontier:
         best = -np.inf
         for i in order:
             if y[i] > best:
-                if keep_x and x[i] == keep_x[-1]:
-                    continue
+                if keep_x and math.log(x[i]) == math.log(keep_x[-1]):
+                    # a speed one with the last kept in log space (the interpolation's axis, e.g.
+                    # 500 and 500 - 6e-14): the higher throughput dominates
+                    keep_x.pop()
+                    keep_y.pop()
                 keep_x.append(x[i])
                 keep_y.append(y[i])
                 best = y[i]

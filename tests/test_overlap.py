@@ -10,6 +10,7 @@ from dsim.compose import (
     MicroBatchLayer,
     Pricer,
     compose_profile,
+    dbo_attention_margin_ms,
     dbo_layer_ms,
     forward_ms,
     forward_ms_dbo,
@@ -57,6 +58,32 @@ def test_overlap_between_max_and_sum_of_streams(a, b):
     comm = sum(m.dispatch_ms + m.combine_ms for m in (m0, m1))
     t = dbo_layer_ms(m0, m1)
     assert max(compute, comm) - 1e-9 <= t <= compute + comm + 1e-9
+
+
+def test_attention_margin_closed_form():
+    # min(A0 - D1, S0 + A1 - C0)
+    m0 = MicroBatchLayer(attention_ms=3.0, experts_ms=2.0, shared_ms=1.0, dispatch_ms=2.5, combine_ms=4.0)
+    m1 = MicroBatchLayer(attention_ms=2.0, experts_ms=2.0, shared_ms=0.5, dispatch_ms=1.0, combine_ms=1.0)
+    assert dbo_attention_margin_ms(m0, m1) == pytest.approx(min(3.0 - 1.0, 1.0 + 2.0 - 4.0))
+    assert dbo_attention_margin_ms(m1, m0) == pytest.approx(min(2.0 - 2.5, 0.5 + 3.0 - 1.0))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.tuples(_ms, _ms, _ms, _ms, _ms), st.tuples(_ms, _ms, _ms, _ms, _ms), st.floats(0.0, 20.0))
+def test_attention_change_on_the_critical_path(a, b, d):
+    """What the per-request attention correction assumes under overlap: with the attention of both
+    micro-batches on the critical path (margin >= 0), longer attention lengthens the layer by
+    exactly as much; in general by no more than that."""
+    import dataclasses
+
+    m0, m1 = MicroBatchLayer(*a), MicroBatchLayer(*b)
+    if not (m0.dispatch_ms or m0.combine_ms or m1.dispatch_ms or m1.combine_ms):
+        return
+    longer = [dataclasses.replace(m, attention_ms=m.attention_ms + d) for m in (m0, m1)]
+    grow = dbo_layer_ms(*longer) - dbo_layer_ms(m0, m1)
+    assert -1e-9 <= grow <= 2 * d + 1e-9
+    if dbo_attention_margin_ms(m0, m1) >= 0:
+        assert grow == pytest.approx(2 * d, abs=1e-9)
 
 
 def test_micro_batch_pieces_add_up_to_the_layer():
@@ -136,7 +163,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name,threshold", [("deepseek-v4-flash-h200-dp8-ep8-dbo", 272),
-                                            ("deepseek-v4-pro-b300-dp8-ep8-dbo", 480)])
+                                            ("deepseek-v4-pro-b300-dp8-ep8-dbo", 272)])
 def test_paper_scenario_profiles_say_what_they_price(name, threshold):
     from dsim.cost import load_profile
     p = load_profile(name)
@@ -145,3 +172,8 @@ def test_paper_scenario_profiles_say_what_they_price(name, threshold):
     assert f"two-batch overlap (DeepSeek-V3 report Sec. 3.4; vLLM --enable-dbo) from {threshold} tokens" in a["overlap"]
     assert "--overlap dbo --dbo-threshold auto" in p.provenance["command"]
     assert "--draft-block 5" in p.provenance["command"]
+    # format 3 with the MoE DP chunks: the per-request attention correction rides on the overlapped
+    # table, and the profile says where that holds (attention on the critical path at every split size)
+    assert p.format_version == 3 and p.request_attention is not None
+    assert "chunks of 256 tokens" in a["moe_dp_chunk"]
+    assert "per-request attention correction" in a["overlap"] and "which holds: every split size" in a["overlap"]
