@@ -195,7 +195,9 @@ def simulate(
     requests: RequestsOpt = None,
     window: WindowOpt = None,
     mix: MixOpt = None,
-    method: str = typer.Option("none", help="none, mtp, eagle3, block, dspark"),
+    method: str = typer.Option(
+        "none", help="none, mtp, eagle3, block, dspark; or a token of plan's --methods (mtp3, dspark5, dspark5-fixed)"
+    ),
     k: Optional[int] = typer.Option(None, "--k", help="drafts per step (default: mtp 1, others 7)"),
     adaptive: Optional[bool] = typer.Option(
         None, "--adaptive/--no-adaptive", help="dspark: confidence-scheduled verification (default on)"
@@ -247,21 +249,34 @@ def simulate(
         check_int(max_model_len, "--max-model-len", 1)
         if policy.strip().lower() not in POLICY_NAMES:
             raise InputError(f"--policy: unknown policy {policy!r} (choose from {', '.join(POLICY_NAMES)})")
-        drafts = method.strip().lower() != "none"  # acceptance curves are read only with drafts
+        from dsim.scenario import method_spec
+
+        # a --methods token (mtp3, dspark5, dspark5-fixed) names the method and its k / adaptivity;
+        # --k and --adaptive, where given, must agree with it
+        named = method_spec(method, what="--method")
+        if k is not None and named.k is not None and k != named.k:
+            raise InputError(f"--k {k}: disagrees with --method {method} (k = {named.k})")
+        k_drafts = k if k is not None else named.k
+        meth = named.method
+        if adaptive is None and meth == "dspark":
+            adaptive_on: Optional[bool] = named.adaptive
+        else:
+            adaptive_on = adaptive
+        drafts = meth != "none"  # acceptance curves are read only with drafts
         if acceptance is not None:
             from dsim.spec import load_acceptance
 
             if not acceptance.strip():
                 raise InputError("--acceptance: empty (a preset name, a file, const:P or class=p1,p2,...)")
             if drafts:
-                load_acceptance(acceptance, method)
-        check_mix(mix, acceptance if drafts else None, method)
+                load_acceptance(acceptance, meth)
+        check_mix(mix, acceptance if drafts else None, meth)
         check_out_targets(out, step_log)
         w = build_workload(trace, format, requests, window, rate, rate_scale, concurrency, mix, seed)
         prof = load_profile(profile)
         if max_model_len is not None:
             prof = dataclasses.replace(prof, max_model_len=max_model_len)
-        sc = spec_config(method, k, adaptive, policy, verify_mode, acceptance, head, head_auc)
+        sc = spec_config(meth, k_drafts, adaptive_on, policy, verify_mode, acceptance, head, head_auc)
         ec = EngineConfig(
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,

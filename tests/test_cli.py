@@ -97,3 +97,19 @@ def test_bad_profile_file(tmp_path):
     p.write_text(yaml.safe_dump(d))
     r = dsim("simulate", "--profile", str(p))
     assert r.returncode == 2 and "capture_sizes[2]" in r.stderr and "bad.yaml" in r.stderr
+
+
+def test_simulate_takes_method_tokens_of_plan():
+    # `--method dspark5-fixed` is `--method dspark --k 5 --no-adaptive`: the same run, seed for seed
+    def summary(*flags):
+        r = dsim("simulate", "--requests", "60", "--json", *flags)
+        assert r.returncode == 0, r.stderr
+        s = json.loads(r.stdout)
+        s.pop("wall_time_s")
+        return s
+
+    token = summary("--method", "dspark5-fixed")
+    assert token == summary("--method", "dspark", "--k", "5", "--no-adaptive")
+    assert token["setup"]["spec"]["k"] == 5 and not token["setup"]["spec"]["adaptive"]
+    r = dsim("simulate", "--method", "dspark5", "--k", "3")
+    assert r.returncode == 2 and r.stderr.strip() == "dsim: error: --k 3: disagrees with --method dspark5 (k = 5)"
