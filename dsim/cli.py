@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import errno
 import json
+import os
 import signal
 import sys
 import threading
@@ -376,8 +377,7 @@ def main(argv=None):
         sys.exit(e.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         # (standalone_mode=False: a Ctrl-C outside click's own handling arrives as KeyboardInterrupt)
-        typer.echo("dsim: interrupted", err=True)
-        sys.exit(130)
+        rc = 130
     except OSError as e:
         if e.errno == errno.EPIPE:  # output piped into a closed reader (head): not an error
             sys.exit(1)
@@ -388,6 +388,19 @@ def main(argv=None):
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
     if rc == 130:  # typer turns a KeyboardInterrupt inside a command into a silent return of 130
-        typer.echo("dsim: interrupted", err=True)
+        _exit_interrupted(from_console=argv is None)
     if isinstance(rc, int) and rc:
         sys.exit(rc)
+
+
+def _exit_interrupted(from_console: bool) -> None:
+    """Exit code 130 after a Ctrl-C, the staged outputs already removed by the unwinding. From the
+    console the process ends with os._exit, skipping interpreter finalization: an interrupted run
+    was seen to end there by SIGINT itself (status -2, after this message) whatever exit code it
+    was given, with the compiled kernels loaded. In-process callers (tests) get SystemExit(130)."""
+    typer.echo("dsim: interrupted", err=True)
+    if from_console:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    sys.exit(130)
