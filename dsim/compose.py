@@ -861,6 +861,29 @@ def request_attention_table(
     )
 
 
+STEP_INDEXER_Q = (512, 2048, 8192)  # prompt-chunk tokens whose indexer slope prices a logits cell
+STEP_INDEXER_KV = (32768, 131072)  # contexts the slope is taken between (top-k saturated: key lists fixed)
+
+
+def step_indexer_ms_per_mcell(model: MoEModel, topo: Topology, hardware: str, pricer: Pricer) -> float:
+    """ms per million lightning-indexer logits cells (token x compressed key), all csa layers: the
+    growth of the csa attention core with context between STEP_INDEXER_KV, where the top-k is
+    saturated and the attended key lists stay fixed, so only the indexer's logits and their top-k
+    grow; taken on prompt chunks (thousands of tokens, the rows a longest-context indexer widens
+    most), the median over STEP_INDEXER_Q. Format 4 step_indexer (dsim.cost module doc)."""
+    ratio = 4
+    n_csa = sum(1 for r in model.compress_ratios[: model.layers] if r == ratio)
+    lo, hi = STEP_INDEXER_KV
+    slopes = []
+    for qn in STEP_INDEXER_Q:
+        t = [
+            pricer.ms(_op("attn_core", 1, **attn_record(model, topo, "v4_csa", "prefill", 1, qn, kv)))
+            for kv in (lo, hi)
+        ]
+        slopes.append(max(0.0, (t[1] - t[0]) / (qn * (hi - lo) / ratio / 1e6)))
+    return n_csa * float(np.median(slopes))
+
+
 def kv_capacity(model: MoEModel, topo: Topology, hardware: str, max_num_seqs: int) -> tuple[float, dict]:
     """(KV-cache GiB per replica, memory breakdown per GPU in GB). Weights per GPU: attention and
     embeddings replicated per DP rank (split over TP ranks), experts split over EP ranks; the
@@ -919,6 +942,7 @@ def compose_profile(
     request_attention: bool = True,
     overlap: str = "none",
     dbo_threshold: int | str = DBO_DECODE_TOKEN_THRESHOLD,
+    step_indexer: bool = False,
 ) -> Profile:
     """Build the profile (see the module doc). `table`: one kernel table or several in order of
     preference. `table_error`: the measured error of the (first) table against our own
@@ -926,7 +950,10 @@ def compose_profile(
     0 (e.g. comm, for a one-GPU shard check). `layer_records`: whole-layer measurements the
     per-layer glue is fitted on (see LayerGlue). `moe_dp_chunk`: tokens per rank per MoE chunk on
     data-parallel topologies (None: vLLM's default, 256; 0: one pass, as our shard executor runs).
-    `request_attention`: add the format-3 per-request attention table (dsim.cost module doc)."""
+    `request_attention`: add the format-3 per-request attention table (dsim.cost module doc).
+    `step_indexer`: price V4's lightning indexer as our shard executor runs it, every token of the
+    step scored over the step's longest context (format 4; vLLM's kernels score each request over
+    its own context, so engine profiles leave it out)."""
     roof = roofline or Roofline(hardware=hardware)
     pricer = Pricer(table, roof, frozenset(zero_ops), prefer)
     tables = pricer.tables
@@ -1006,6 +1033,14 @@ def compose_profile(
         if request_attention
         else None
     )
+    if step_indexer:
+        if req_attn is None or not any(r == 4 for r in model.compress_ratios):
+            raise InputError("--step-indexer: needs the per-request attention table and a model with an indexer (V4)")
+        req_attn = dataclasses.replace(
+            req_attn,
+            indexer_ratio=4,
+            indexer_ms_per_mcell=step_indexer_ms_per_mcell(model, topo, hardware, pricer),
+        )
     kv_gib, mem = kv_capacity(model, topo, hardware, max_num_seqs)
     hw = HARDWARE[hardware]
     if table is not None:
@@ -1065,6 +1100,15 @@ def compose_profile(
             gpu_memory_utilization=MEM_UTIL,
             kv_layout="V4: compressed entries FP8 + bf16 rope, indexer keys FP8; MLA: bf16 latent",
             max_num_seqs_windows_reserved=max_num_seqs,
+            **(
+                dict(
+                    step_indexer="the lightning indexer scores every token of a step over the step's longest "
+                    "context (our shard executor; vLLM's kernels score each request over its own): "
+                    "request_attention.step_indexer prices the extra logits cells (format 4)"
+                )
+                if step_indexer
+                else {}
+            ),
             draft_block=draft_block,
             forward_table=f"steps priced as requests of {max(1, int(forward_q))} query token(s) each"
             + (
@@ -1106,7 +1150,7 @@ def compose_profile(
         draft=draft,
         prefill_discount_ms_per_ktok=float(discount),
         prefill_attn_ms_per_mpair=attn_mpair,
-        format_version=3 if req_attn is not None else 1,
+        format_version=(4 if req_attn.indexer_ratio else 3) if req_attn is not None else 1,
         request_attention=req_attn,
     )
 
@@ -1229,6 +1273,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="leave out the per-request attention table (profile format 3): attention priced by total tokens and KV",
     )
+    prof.add_argument(
+        "--step-indexer",
+        action="store_true",
+        help="V4: add the longest-context indexer term (profile format 4) of an executor that scores every token of a "
+        "step over the step's longest context, as our H200 shard executor does (not vLLM)",
+    )
     prof.add_argument("--name", default=None)
     prof.add_argument("--out", required=True)
     prof.add_argument(
@@ -1292,6 +1342,7 @@ def main(argv: list[str] | None = None) -> int:
             forward_q=a.forward_q,
             moe_dp_chunk=a.moe_dp_chunk,
             request_attention=not a.no_request_attention,
+            step_indexer=a.step_indexer,
             overlap=a.overlap,
             dbo_threshold=parse_dbo_threshold(a.dbo_threshold),
         )

@@ -56,6 +56,16 @@ what step_ms already charged for them: forward_share at the padded sum of q_i an
 of their sum_i (ctx_i + q_i) tokens. So a step of one request verifying 8 tokens and one of 8
 one-token requests cost what their attention costs, not alike. The result can be negative;
 step_ms + context_ms stays >= the forward table's non-attention part (>= 0).
+
+Profile format 4 (``format_version: 4``) adds an optional ``step_indexer`` to ``request_attention``
+({ratio, ms_per_mcell}): for an executor whose lightning indexer scores every token of the step
+against the step's longest visible compressed context (one [tokens, longest / ratio] logits matrix
+and its top-k per csa layer; our H200 shard executor does this, vLLM's DeepGEMM paged-MQA-logits
+kernels score each request over its own context and do not), the step pays
+ms_per_mcell x (N x l_max - sum_r q_r l_r) / 1e6 beyond what the equal-request table priced, with
+l_r = max(1, (ctx_r + q_r) // ratio) over the step's decode requests and (through
+``context_ms(..., chunks=)``) its prefill chunks, N their tokens and l_max the largest l_r.
+A format-3 profile has no such term (results unchanged).
 """
 
 from __future__ import annotations
@@ -140,7 +150,7 @@ ATTENTION_SPLIT_FIELDS = ("query_heads", "kv_heads", "sms", "fill", "balance", "
 ATTENTION_OCC_FIELDS = ("decode_ctas_per_sm", "prefill_ctas_per_sm")
 ATTENTION_COEF_FIELDS = ("wave_ms_per_ktok", "chunk_ms_per_kcta", "merge_ms_per_mcell", "prefill_ms_per_mpair")
 ATTENTION_OPTIONAL_FIELDS = ("ms_per_request", "tail_ms_per_ktok")
-FORMAT_VERSIONS = (1, 2, 3)
+FORMAT_VERSIONS = (1, 2, 3, 4)
 
 
 def split_chunk_tokens(ctx: np.ndarray, rows_max: int, a: AttentionTerms) -> int:
@@ -225,6 +235,8 @@ def context_ms_compiled(
     rtab,
     rshare,
     kv_slope,
+    iratio=0,
+    icoef=0.0,
 ):  # pragma: no cover - compiled
     """CostModel.context_ms of the first len(q) decode requests, from CostModel.context_args past
     its ``on`` flag (compiled: callable from compiled code, as a decode window's kernel does once
@@ -243,7 +255,25 @@ def context_ms_compiled(
         m = len(rshare)
         share = rshare[n] if n < m else rshare[m - 1] + (rshare[m - 1] - rshare[m - 2]) * (n - m + 1)
         out += _request_attention(q, c, rb, rq, rc, rtab) - share - kv_slope * (ctx + n)
+        if iratio > 0:
+            out += icoef * _indexer_excess_mcells(q, c, iratio)
     return out
+
+
+@_njit
+def _indexer_excess_mcells(q, c, ratio):  # pragma: no cover - compiled
+    """(N x l_max - sum_r q_r l_r) / 1e6 of the requests (q_r query tokens over c_r cached ones):
+    the indexer logits cells a longest-context indexer computes beyond each request's own width
+    l_r = max(1, (c_r + q_r) // ratio) (format 4, module doc)."""
+    n = 0
+    own = 0
+    lmax = 1
+    for i in range(len(q)):
+        li = max(1, (c[i] + q[i]) // ratio)
+        n += q[i]
+        own += q[i] * li
+        lmax = max(lmax, li)
+    return (n * lmax - own) / 1e6
 
 
 @_njit
@@ -305,6 +335,8 @@ class RequestAttention:
     step_ms: np.ndarray  # float64 [len(batch), len(q), len(ctx)]
     forward_share_ms: np.ndarray  # float64, one per forward-table size
     source: str = ""  # how the table was made
+    indexer_ratio: int = 0  # format 4 step_indexer: compression ratio of the indexed keys (0: none)
+    indexer_ms_per_mcell: float = 0.0  # format 4 step_indexer: ms per million logits cells, all layers
 
 
 def request_attention_ms(q: Any, ctx: Any, ra: RequestAttention) -> float:
@@ -472,6 +504,8 @@ def profile_from_dict(d: dict, path: str = "<profile>", doc: Doc | None = None) 
         if version < 3:
             raise InputError(f"{doc.at('request_attention')}: needs format_version: 3")
         request_attention = _request_attention_table(d["request_attention"], doc, len(fwd.x))
+        if request_attention.indexer_ratio and version < 4:
+            raise InputError(f"{doc.at('request_attention', 'step_indexer')}: needs format_version: 4")
     # A prompt token's discount cannot exceed what the table charges a token: at every size the
     # forward cost must cover n discounted tokens (else a prefill step would cost less than nothing).
     bad = np.flatnonzero(fwd.ms < disc * fwd.x / 1000.0 - 1e-9)
@@ -525,10 +559,10 @@ def _request_attention_table(raw: Any, doc: Any, n_forward: int) -> RequestAtten
     from dsim import schema as S
 
     S.mapping(raw, doc, "request_attention", required=REQUEST_ATTENTION_KEYS)
-    unknown = sorted(set(raw) - set(REQUEST_ATTENTION_KEYS) - {"source"})
+    unknown = sorted(set(raw) - set(REQUEST_ATTENTION_KEYS) - {"source", "step_indexer"})
     if unknown:
         raise InputError(
-            f"{doc.at('request_attention', unknown[0])}: unknown field (known: {', '.join(REQUEST_ATTENTION_KEYS)}, source)"
+            f"{doc.at('request_attention', unknown[0])}: unknown field (known: {', '.join(REQUEST_ATTENTION_KEYS)}, source, step_indexer)"
         )
     axes = {}
     for k, lo in (("batch", 1), ("q", 1), ("ctx", 0)):
@@ -557,8 +591,28 @@ def _request_attention_table(raw: Any, doc: Any, n_forward: int) -> RequestAtten
             f"{doc.at('request_attention', 'forward_share_ms')}: has {len(share)} values, forward.tokens has {n_forward}"
         )
     src = raw.get("source", "")
+    ratio, mcell = 0, 0.0
+    if raw.get("step_indexer") is not None:
+        si = raw["step_indexer"]
+        S.mapping(si, doc, "request_attention", "step_indexer", required=("ratio", "ms_per_mcell"))
+        extra = sorted(set(si) - {"ratio", "ms_per_mcell"})
+        if extra:
+            raise InputError(
+                f"{doc.at('request_attention', 'step_indexer', extra[0])}: unknown field (known: ratio, ms_per_mcell)"
+            )
+        ratio = S.integer(si["ratio"], doc, "request_attention", "step_indexer", "ratio", lo=1, hi=MAX_MODEL_LEN)
+        mcell = S.number(
+            si["ms_per_mcell"], doc, "request_attention", "step_indexer", "ms_per_mcell", lo=0, hi=MAX_COST_MS
+        )
     return RequestAttention(
-        axes["batch"], axes["q"], axes["ctx"], tab, np.asarray(share, dtype=np.float64), str(src) if src else ""
+        axes["batch"],
+        axes["q"],
+        axes["ctx"],
+        tab,
+        np.asarray(share, dtype=np.float64),
+        str(src) if src else "",
+        indexer_ratio=int(ratio),
+        indexer_ms_per_mcell=float(mcell),
     )
 
 
@@ -640,6 +694,11 @@ def profile_to_dict(p: Profile) -> dict:
         }
         if ra.source:
             d["request_attention"]["source"] = ra.source
+        if ra.indexer_ratio:
+            d["request_attention"]["step_indexer"] = {
+                "ratio": int(ra.indexer_ratio),
+                "ms_per_mcell": float(ra.indexer_ms_per_mcell),
+            }
     if p.draft:
         d["draft"] = {
             k: {"requests": [int(x) for x in t.x], "ms": [round(float(v), 5) for v in t.ms]} for k, t in p.draft.items()
@@ -795,7 +854,7 @@ class CostModel:
         w, at = self._wpair_ms, self.attention
         return sum(q * (a * (c + 0.5 * q) - d) + e + w * prefill_pairs(q, c, at) for q, c in chunks)
 
-    def context_ms(self, q: Any, ctx: Any) -> float:
+    def context_ms(self, q: Any, ctx: Any, chunks: Any = ()) -> float:
         """What a step's decode/verify requests' unequal contexts add to step_ms (which prices
         attention by total KV alone): the split-KV wave, chunk and merge terms of the profile's
         ``attention`` (module doc). q: query tokens per decode request (>= 1), ctx: its cached
@@ -804,7 +863,9 @@ class CostModel:
         attention that step_ms priced for these requests (their forward-table share and KV slope)
         by their own (module doc): that part may be negative, step_ms + context_ms stays >= 0.
         Postcondition: >= 0 without a request table; exactly 0 for a profile without the terms
-        (format 1), so results made from such profiles do not change."""
+        (format 1), so results made from such profiles do not change. ``chunks``: the step's
+        prefill chunks (query tokens, cached tokens), read only by a format-4 ``step_indexer``
+        (they share the step's longest-context indexer; module doc)."""
         if not self.has_context_terms or not len(q):
             return 0.0
         out = 0.0
@@ -820,6 +881,12 @@ class CostModel:
             n = int(qa.sum())
             own = _request_attention(qa, ca, ra.batch, ra.q, ra.ctx, self._ra_tab)
             out += own - self._forward_share(n) - self.kv_ms_per_tok * (int(ca.sum()) + n)
+            if ra.indexer_ratio:
+                ch = [(int(a), int(b)) for a, b in chunks if a]
+                if ch:
+                    qa = np.concatenate([qa, np.array([a for a, _ in ch], dtype=np.int64)])
+                    ca = np.concatenate([ca, np.array([b for _, b in ch], dtype=np.int64)])
+                out += ra.indexer_ms_per_mcell * _indexer_excess_mcells(qa, ca, ra.indexer_ratio)
         return out
 
     def _forward_share(self, n: int) -> float:
@@ -868,10 +935,20 @@ class CostModel:
             split = (1, 1, 1, 1, 0.0, 1, 1, 0.0, 0.0, 0.0, 0.0, 0.0)
         ra = self.request_attention
         if ra is None:
-            table = (False, _NO_I64, _NO_I64, _NO_I64, _NO_TAB, _NO_F64, 0.0)
+            table = (False, _NO_I64, _NO_I64, _NO_I64, _NO_TAB, _NO_F64, 0.0, 0, 0.0)
         else:
             share = np.array([self._forward_share(n) for n in range(len(self._dense))], dtype=np.float64)
-            table = (True, ra.batch, ra.q, ra.ctx, self._ra_tab, share, float(self.kv_ms_per_tok))
+            table = (
+                True,
+                ra.batch,
+                ra.q,
+                ra.ctx,
+                self._ra_tab,
+                share,
+                float(self.kv_ms_per_tok),
+                int(ra.indexer_ratio),
+                float(ra.indexer_ms_per_mcell),
+            )
         return (bool(self.has_context_terms), *split, *table)
 
     def forward_ms(self, n_tokens: Any) -> Any:

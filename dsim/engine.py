@@ -655,7 +655,7 @@ class Replica:
             return None
         kv = self.kv_dec + dec_tokens + sum(int(R.computed[r]) + c for r, c in zip(self.pre, chunks))
         n_sample = (n_dec if given is None else int(np.count_nonzero(given))) + n_pre_sample
-        fwd = self.cost.step_ms_one(n_tokens, kv) + self._prefill_ms(chunks) + self._context_ms(given, verified)
+        fwd = self.cost.step_ms_one(n_tokens, kv) + self._prefill_ms(chunks) + self._context_ms(given, verified, chunks)
         dur = fwd + self._draft_ms(n_sample) + self.cpu_ms
         return StepPlan(
             n_dec, given, conf, lead, verified, cap, list(self.pre), chunks, n_tokens, pre_tokens, kv, fwd, dur
@@ -667,16 +667,18 @@ class Replica:
             return 0.0
         return self.cost.prefill_ms((c, self.R.computed[r]) for r, c in zip(self.pre, chunks) if c)
 
-    def _context_ms(self, given, verified) -> float:
+    def _context_ms(self, given, verified, chunks=()) -> float:
         """CostModel.context_ms of the decode slots this step (their windows: the budget's cut
-        `given`, else 1 + verified[0]); 0 for profiles without per-request attention terms."""
+        `given`, else 1 + verified[0]) with the step's prefill chunks of self.pre; 0 for profiles
+        without per-request attention terms."""
         if not self.cost.has_context_terms or not self.n:
             return 0.0
         ctx = self.I[:, COMP]
+        pre = [(c, int(self.R.computed[r])) for r, c in zip(self.pre, chunks) if c]
         if given is not None:
             run = given > 0
-            return self.cost.context_ms(given[run], ctx[run])
-        return self.cost.context_ms(1 + verified[0] if self.K else np.ones(self.n, np.int64), ctx)
+            return self.cost.context_ms(given[run], ctx[run], pre)
+        return self.cost.context_ms(1 + verified[0] if self.K else np.ones(self.n, np.int64), ctx, pre)
 
     def _draft_and_verify(self, steps: int, prefill_tokens: int = 0, prefill_ms: float = 0.0):
         """Draws and verify windows of the decode slots over ``steps`` steps (the compiled

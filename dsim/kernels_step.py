@@ -943,6 +943,8 @@ def window_steps(
     ra_tab,
     ra_share,
     ra_kv_slope,
+    ra_iratio,
+    ra_icoef,
     t0_s,
     n_tok,
     per_step,
@@ -1000,6 +1002,8 @@ def window_steps(
                 ra_tab,
                 ra_share,
                 ra_kv_slope,
+                ra_iratio,
+                ra_icoef,
             )
         else:
             ctx_ms[t] = 0.0

@@ -382,3 +382,73 @@ def test_profile_kind_follows_the_first_kernel_table(tmp_path):
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(d))
     with pytest.raises(InputError, match="provenance.kind.*silicon-table"):
         load_profile(str(tmp_path / "p.yaml"))
+
+
+def _format4_profile(ms_per_mcell=1.5):
+    import dataclasses
+
+    p = _format3_profile()
+    ra = dataclasses.replace(p.request_attention, indexer_ratio=4, indexer_ms_per_mcell=ms_per_mcell)
+    return dataclasses.replace(p, format_version=4, request_attention=ra)
+
+
+def test_step_indexer_prices_the_longest_context_cells_closed_form():
+    """Format 4: an executor scoring every token over the step's longest context pays
+    ms_per_mcell x (N x l_max - sum q_r l_r) / 1e6 beyond the format-3 price, l_r = (ctx + q) // 4;
+    nothing for equal requests; prefill chunks join through `chunks`."""
+    c3, c4 = CostModel(_format3_profile()), CostModel(_format4_profile(1.5))
+    eq = (np.full(16, 4), np.full(16, 8188))
+    assert c4.context_ms(*eq) == pytest.approx(c3.context_ms(*eq), abs=1e-12)
+    q, ctx = np.array([1, 8]), np.array([399, 3992])  # l = 100, 1000; N = 9: 9000 - (100 + 8000)
+    assert c4.context_ms(q, ctx) - c3.context_ms(q, ctx) == pytest.approx(1.5 * 900 / 1e6, rel=1e-12)
+    # a 2048-token prompt chunk over 1024 cached (l = 768) beside a request at 120K (l = 30000)
+    q, ctx, ch = np.array([4]), np.array([119_996]), [(2048, 1024)]
+    extra = 1.5 * ((4 + 2048) * 30000 - (4 * 30000 + 2048 * 768)) / 1e6
+    assert c4.context_ms(q, ctx, ch) - c3.context_ms(q, ctx, ch) == pytest.approx(extra, rel=1e-12)
+    assert c3.context_ms(q, ctx, ch) == pytest.approx(c3.context_ms(q, ctx), abs=1e-12)  # format 3 ignores chunks
+
+
+def test_format4_step_indexer_round_trips_and_compiled_path_matches(tmp_path):
+    import yaml
+
+    from dsim.cost import context_ms_compiled, load_profile, save_profile
+
+    path = tmp_path / "p.yaml"
+    save_profile(_format4_profile(2.25), path)
+    p = load_profile(str(path))
+    assert p.format_version == 4
+    assert (p.request_attention.indexer_ratio, p.request_attention.indexer_ms_per_mcell) == (4, 2.25)
+    cm = CostModel(p)
+    on, *args = cm.context_args()
+    rng = np.random.default_rng(1)
+    for _ in range(100):
+        R = int(rng.integers(1, 300))
+        q = rng.integers(1, 9, R).astype(np.int64)
+        c = rng.integers(0, 130_000, R).astype(np.int64)
+        assert context_ms_compiled(q, c, *args) == pytest.approx(cm.context_ms(q, c), abs=1e-9)
+    d = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump(dict(d, format_version=3)))
+    with pytest.raises(InputError, match="step_indexer: needs format_version: 4"):
+        load_profile(str(path))
+    d["request_attention"]["step_indexer"] = {"ratio": 4}
+    path.write_text(yaml.safe_dump(d))
+    with pytest.raises(InputError, match="step_indexer"):
+        load_profile(str(path))
+
+
+def test_composed_step_indexer_is_priced_from_the_csa_records():
+    from dsim.compose import Pricer, parse_topology, step_indexer_ms_per_mcell
+
+    m, topo = load_model("deepseek-v4-flash"), parse_topology("dp8-ep8")
+    pr = Pricer([load_kernel_table("h200-torch")], Roofline(hardware="h200"), frozenset({"comm"}), None)
+    per_layer = step_indexer_ms_per_mcell(m, topo, "h200", pr) / 21  # 21 csa layers
+    # the csa core of an 8192-token prompt chunk grows with context by about that much per cell
+    t = [pr.ms(_op_csa(m, topo, 8192, kv)) for kv in (32768, 131072)]
+    assert (t[1] - t[0]) / (8192 * (131072 - 32768) / 4 / 1e6) == pytest.approx(per_layer, rel=0.15)
+    assert 0.02 < per_layer < 0.5
+
+
+def _op_csa(m, topo, qn, kv):
+    from dsim.compose import _op, attn_record
+
+    return _op("attn_core", 1, **attn_record(m, topo, "v4_csa", "prefill", 1, qn, kv))

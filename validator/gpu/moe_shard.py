@@ -425,7 +425,8 @@ def error_summary(rows: list[dict]) -> dict:
     )
 
 
-def replay(shard: Shard, steps: list[dict], device, reps: int, dry: bool) -> tuple[list[dict], dict]:
+def replay(shard: Shard, steps: list[dict], device, reps: int, dry: bool, on_row=None) -> tuple[list[dict], dict]:
+    """Measure each step shape; on_row(rows) after every step (partial results survive a time limit)."""
     rows = []
     for i, st in enumerate(steps):
         ql, cl, total = shard_of(st, shard.topo)
@@ -454,6 +455,8 @@ def replay(shard: Shard, steps: list[dict], device, reps: int, dry: bool) -> tup
             )
         )
         del fn
+        if on_row is not None:
+            on_row(rows)
         if device.type == "cuda":
             import torch
 
@@ -601,7 +604,12 @@ def main(argv=None) -> int:
             steps = steps[: a.max_steps]
         if a.dry_run:
             steps = steps[:2]
-        rows, summ = replay(shard, steps, device, a.reps, a.dry_run)
+
+        def partial(rows, src=src):
+            out["logs"][src] = dict(rows=rows, summary=error_summary(rows), partial=True)
+            O.write_json_atomic(a.out, out)
+
+        rows, summ = replay(shard, steps, device, a.reps, a.dry_run, on_row=partial)
         out["logs"][src] = dict(rows=rows, summary=summ)
         O.write_json_atomic(a.out, out)
         print(src, json.dumps(summ), f"({time.time() - t0:.1f}s)", flush=True)

@@ -50,11 +50,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--prefix", default="dspark-v4f")
+    ap.add_argument("--seed", type=int, default=0, help="simulation seed (another seed: another slice of the trace)")
+    ap.add_argument("--only", default="", help="comma-separated workload tags to write (default: all)")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    only = set(filter(None, a.only.split(",")))
     for tag, trace, c in WORKLOADS:
-        keep = steplog(a.profile, trace, c)
+        if only and tag not in only:
+            continue
+        keep = steplog(a.profile, trace, c, seed=a.seed)
         path = out / f"{a.prefix}-{tag}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in keep))
         print(path, len(keep), "steps; tokens", min(sum(r["q"]) for r in keep), "-", max(sum(r["q"]) for r in keep))

@@ -44,7 +44,7 @@ def repredict(profile: str, replay: dict, steplog_dir: Path) -> dict:
             dec = [(q, c) for q, c in zip(st["q"], st["ctx"]) if q < PREFILL_MIN_Q]
             pred = float(cost.step_ms(n, kv)) + float(cost.prefill_ms(chunks))
             if dec:  # the decode/verify requests' own attention (profile format 2/3), as the engine adds it
-                pred += float(cost.context_ms([q for q, _ in dec], [c for _, c in dec]))
+                pred += float(cost.context_ms([q for q, _ in dec], [c for _, c in dec], chunks))
             signed.append((pred - r["measured_ms"]) / r["measured_ms"] * 100)
         e = np.abs(signed)
         out[Path(name).name] = dict(
