@@ -493,7 +493,9 @@ def test_live_server_killed_mid_run(live, tmp_path):
     """Last test of the module: kills the shared server while a replay runs."""
     path = tmp_path / "killed.jsonl"
     opts = driver.RunOptions(server=live["url"], concurrency=2, progress=False, request_timeout_s=30)
-    killer = threading.Timer(1.5, lambda: launch.stop(live["run"]))
+    # killed, not stopped: SIGTERM then SIGKILL at once (a graceful stop can keep /metrics
+    # answering after the requests failed, and the run's last scrape would find it up)
+    killer = threading.Timer(1.5, lambda: launch.stop(live["run"], grace_s=0.0))
     killer.start()
     t0 = time.monotonic()
     s = driver.run(traces.fixed(400, 64, 64), opts, path)
