@@ -189,9 +189,13 @@ def step_features(q: Any, ctx: Any, a: AttentionTerms) -> tuple[float, float, fl
     c = np.asarray(ctx, dtype=np.int64)
     if not q.size:
         return 0.0, 0.0, 0.0, 0.0, 0.0
-    return _decode_features(
-        q,
-        c,
+    return _decode_features(q, c, *split_kv_params(a))
+
+
+def split_kv_params(a: AttentionTerms) -> tuple:
+    """The split-KV structure _decode_features reads, as plain numbers: (group, KV heads, query
+    rows per CTA, chunk-CTA cap, balance, shortest chunk, chunk-CTA slots of one wave)."""
+    return (
         a.group,
         a.kv_heads,
         a.block_rows,
@@ -788,6 +792,8 @@ class CostModel:
         self.request_attention = ra = profile.request_attention
         self.has_context_terms = self._split_kv_terms or ra is not None
         self._context_args: tuple | None = None
+        # context_ms reads the step's prefill chunks only for a format-4 step indexer
+        self.context_reads_chunks = bool(ra is not None and ra.indexer_ratio)
         self._ctx_coef = (
             (a.wave_ms_per_ktok * cost_scale, a.chunk_ms_per_kcta * cost_scale, a.merge_ms_per_mcell * cost_scale)
             if a is not None
@@ -918,13 +924,7 @@ class CostModel:
         if self._split_kv_terms:
             cw, cc, cm = self._ctx_coef
             split = (
-                a.group,
-                a.kv_heads,
-                a.block_rows,
-                math.ceil(a.fill * a.sms),
-                float(a.balance),
-                a.min_chunk,
-                a.sms * a.decode_ctas_per_sm,
+                *split_kv_params(a),
                 float(cw),
                 float(cc),
                 float(cm),

@@ -674,7 +674,11 @@ class Replica:
         if not self.cost.has_context_terms or not self.n:
             return 0.0
         ctx = self.I[:, COMP]
-        pre = [(c, int(self.R.computed[r])) for r, c in zip(self.pre, chunks) if c]
+        pre = (
+            [(c, int(self.R.computed[r])) for r, c in zip(self.pre, chunks) if c]
+            if self.cost.context_reads_chunks
+            else ()
+        )
         if given is not None:
             run = given > 0
             return self.cost.context_ms(given[run], ctx[run], pre)
