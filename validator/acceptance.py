@@ -72,9 +72,9 @@ def output_position_table(ms: Sequence[measure.Measurement], bucket: int = BUCKE
     return {"bucket_tokens": bucket, "tokens_per_step": tps, "steps": steps}
 
 
-def determinism(ms: Sequence[measure.Measurement]) -> dict | None:
-    """Share of requests whose chunk sequence equals the most common one of their group (same
-    prompt length and max_tokens: the replay sends the same prompt for the same length)."""
+def _chunk_sequences(ms: Sequence[measure.Measurement]) -> dict:
+    """(prompt tokens, max_tokens) -> the decode chunk sequences of the successful requests of
+    that group (requests whose stream came in a burst are left out)."""
     groups: dict = {}
     for m in ms:
         for r in m.ok_requests:
@@ -82,6 +82,13 @@ def determinism(ms: Sequence[measure.Measurement]) -> dict | None:
             if lat is None or lat["burst"]:
                 continue
             groups.setdefault((r.get("prompt_tokens"), r.get("max_tokens")), []).append(tuple(_decode_chunks(r)))
+    return groups
+
+
+def determinism(ms: Sequence[measure.Measurement]) -> dict | None:
+    """Share of requests whose chunk sequence equals the most common one of their group (same
+    prompt length and max_tokens: the replay sends the same prompt for the same length)."""
+    groups = _chunk_sequences(ms)
     same = total = 0
     for seqs in groups.values():
         if len(seqs) < 2:
@@ -137,13 +144,7 @@ def draft_script(ms: Sequence[measure.Measurement], k: int, per_request: dict | 
     every draft accepted, as on the test server, exactly its accepted ones: the proposer offered
     no more than matched). The first chunk (the prefill's token) and the last (cut by max_tokens)
     are left out. None without a deterministic group of three or more decode steps."""
-    groups: dict = {}
-    for m in ms:
-        for r in m.ok_requests:
-            lat = measure.request_latencies(r)
-            if lat is None or lat["burst"]:
-                continue
-            groups.setdefault((r.get("prompt_tokens"), r.get("max_tokens")), []).append(tuple(_decode_chunks(r)))
+    groups = _chunk_sequences(ms)
     best = None
     for (_, mt), seqs in groups.items():
         seq, n = Counter(seqs).most_common(1)[0]
