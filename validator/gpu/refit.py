@@ -39,6 +39,15 @@ REFIT_NOTE = (
 )
 
 
+def _with_note(method: str, note: str) -> str:
+    """The provenance method line with today's ``note`` (a template with {date}) in place of an
+    earlier one of the same note (any date): the line says what the fit is now."""
+    mark = note.split("{date}")[0]
+    if mark in method:
+        method = method[: method.index(mark)]
+    return method + note.format(date=dt.date.today().isoformat())
+
+
 def _refitted_profile(prof: dict, prov: dict, fit: dict) -> dict:
     """prof rewritten around a new fit: its memory, capture sizes, drafter and CPU overhead kept,
     and its measured extras (replay_check ...) carried over."""
@@ -188,11 +197,7 @@ def refit_attention(raw_path: Path, ctx_paths: list[str], command: str) -> dict:
     fit["anchor_drift"] = drift(pts, ctx)
     prov = dict(prof["provenance"])
     new = _refitted_profile(prof, prov, fit)
-    method = prov.get("method", "")
-    mark = ATTENTION_NOTE.split("{date}")[0]
-    if mark in method:
-        method = method[: method.index(mark)]
-    prov["method"] = method + ATTENTION_NOTE.format(date=dt.date.today().isoformat())
+    prov["method"] = _with_note(prov.get("method", ""), ATTENTION_NOTE)
     prov["attention_fit"] = dict(
         date=dt.date.today().isoformat(),
         command=command,
@@ -256,12 +261,7 @@ def refit(raw_path: Path, command: str) -> dict:
     old = {"kv_ms_per_ktok": prof["kv_ms_per_ktok"], "fit": prof.get("fit")}
     prov = dict(prof["provenance"])
     new = _refitted_profile(prof, prov, fit)
-    # the method line says what the fit is now: an earlier refit's note (any date) is replaced
-    method = prov.get("method", "")
-    mark = REFIT_NOTE.split("{date}")[0]
-    if mark in method:
-        method = method[: method.index(mark)]
-    prov["method"] = method + REFIT_NOTE.format(date=dt.date.today().isoformat())
+    prov["method"] = _with_note(prov.get("method", ""), REFIT_NOTE)
     prov["refit"] = dict(
         date=dt.date.today().isoformat(),
         command=command,
