@@ -131,8 +131,10 @@ def check_out_targets(out: Optional[Path], step_log: Optional[Path] = None) -> N
 
 def print_summary(s: dict, engine: EngineConfig) -> None:
     """The human-readable summary of one simulation run with this engine configuration."""
-    typer.echo(f"workload : {s['setup']['workload']}")
-    typer.echo(f"profile  : {s['setup']['profile']}")
+    from dsim.outputs import field_lines
+
+    for name, text in (("workload : ", s["setup"]["workload"]), ("profile  : ", s["setup"]["profile"])):
+        typer.echo("\n".join(field_lines(name, text)))
     if s["setup"].get("acceptance_source"):
         src = s["setup"]["acceptance_source"]
         typer.echo(f"acceptance: {src if len(src) < 200 else src[:197] + '...'}")

@@ -10,6 +10,9 @@ KeyboardInterrupt, the temporary directory is removed and ``target`` is left as 
 Both check the target up front (before a long run starts): an empty path, an existing target
 of the wrong kind (a file where a directory is wanted or the reverse), or a place that cannot be
 written raise InputError naming the option and the path.
+
+``field_lines(name, text)`` lays out one printed summary field (a name, then its text wrapped
+under a hanging indent), so a long provenance stays readable in a terminal.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import os
 import shutil
 import signal
 import tempfile
+import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +30,20 @@ from pathlib import Path
 from dsim.errors import InputError
 
 TMP_SUFFIX = ".tmp-dsim"
+FIELD_WIDTH = 110  # printed summary lines wrap here
+
+
+def field_lines(name: str, text: str, width: int = FIELD_WIDTH) -> list[str]:
+    """One printed field: ``name`` then ``text``, wrapped at ``width`` with the continuation lines
+    indented under the text's start. Words are never split (a path or URL stays whole)."""
+    return textwrap.wrap(
+        text,
+        width=width,
+        initial_indent=name,
+        subsequent_indent=" " * len(name),
+        break_long_words=False,
+        break_on_hyphens=False,
+    ) or [name.rstrip()]
 
 
 def _existing_ancestor(p: Path) -> Path:

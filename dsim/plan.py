@@ -31,6 +31,7 @@ import numpy as np
 
 from dsim.errors import InputError
 from dsim.metrics import weighted_percentile
+from dsim.outputs import field_lines
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -675,10 +676,10 @@ def format_plan(res: dict, slos: Iterable[SLO], method_names: Iterable[str]) -> 
     lines.append("assumptions:")
     lines.append(f"  SLA       : {'; '.join(a['sla'])}; margin {a['margin']:.0%} ({a['margin_rule']})")
     lines.append(f"  seeds     : {', '.join(str(s) for s in a['seeds'])}")
-    lines.append(f"  workload  : {a['workload']} ({a['requests']} requests)")
+    lines += field_lines("  workload  : ", f"{a['workload']} ({a['requests']} requests)")
     lines.append(f"  load      : {a['load_model']}")
     lines.append(f"  classes   : {a['class_mix']}")
-    lines.append(f"  profile   : {a['profile']} (kind: {a['profile_kind']})")
+    lines += field_lines("  profile   : ", f"{a['profile']} (kind: {a['profile_kind']})")
     for n, src in a["acceptance"].items():
         if src:
             lines.append(f"  acceptance: {n}: {src if len(src) < 160 else src[:157] + '...'}")

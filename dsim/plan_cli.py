@@ -390,7 +390,7 @@ def sweep(
         from dsim import sweep as S
         from dsim.cost import load_profile
         from dsim.executor import check_executor
-        from dsim.outputs import final_path, staged_dir
+        from dsim.outputs import field_lines, final_path, staged_dir
         from dsim.progress import Progress
 
         check_executor(executor, ray_address)
@@ -432,8 +432,7 @@ def sweep(
         typer.echo(S.format_sweep(df))
         if comp_text:
             typer.echo(comp_text)
-        typer.echo(f"workload: {base.source}")
-        typer.echo(f"profile : {prof.label}")
+        typer.echo("\n".join(field_lines("workload: ", base.source) + field_lines("profile : ", prof.label)))
         for line in engine_notes(eng):
             typer.echo(f"engine  : {line}")
         typer.echo("wrote " + ", ".join(str(f) for f in files))

@@ -18,8 +18,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-
 from cli_contract import assert_one_line, assert_rejected, is_root, run_cli, tree
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ("--requests", "30", "--quiet")          # a run that takes well under a second
@@ -563,3 +564,22 @@ def test_other_commands_refuse_a_bad_out_before_running(tmp_path, args):
     d.mkdir()
     args = [a.format(f=f, d=d) for a in args]
     assert_rejected(*args, needles=["--out"], watch=tmp_path)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    words=st.lists(st.text(alphabet="abcdefghij/().:;-_=0123456789", min_size=1, max_size=40), max_size=60),
+    width=st.integers(20, 140),
+)
+def test_field_lines_keep_every_word_in_order_under_a_hanging_indent(words, width):
+    from dsim.outputs import field_lines
+
+    name = "profile  : "
+    lines = field_lines(name, " ".join(words), width=width)
+    assert lines[0].startswith(name.rstrip())
+    assert all(line.startswith(" " * len(name)) for line in lines[1:])
+    # words are never split or dropped: the text comes back whole
+    assert " ".join(" ".join(lines)[len(name) :].split()) == " ".join(words)
+    # a line is over the width only when it holds one word that is longer than the room
+    for line in lines:
+        assert len(line) <= width or len(line[len(name) :].split()) == 1
