@@ -1182,8 +1182,8 @@ def compose_profile(
     keys_term = None
     table_pricer = None
     if step_keys:
-        if not (step_indexer and request_attention):
-            raise InputError("--step-keys: needs --step-indexer and the per-request attention table")
+        if not (step_indexer and request_attention) or pricer.table is None:
+            raise InputError("--step-keys: needs a kernel table, --step-indexer and the per-request attention table")
         keys_term, rule = step_keys_term(
             model, topo, hardware, pricer, step_indexer_ms_per_mcell(model, topo, hardware, pricer)
         )
