@@ -830,16 +830,20 @@ def request_attention_table(
     tokens: Sequence[int],
     forward_q: int,
     slope_ms_per_tok: float,
+    table_pricer: Pricer | None = None,
 ) -> RequestAttention:
     """The format-3 per-request attention table: the attention cores (all layers) of a step of B
     requests each of q query tokens over ctx cached ones, on the grid (capture sizes to
     REQ_BATCH_MAX) x REQ_Q x REQ_CTX, and the share of each forward-table size that is attention
-    (as compose_profile priced it: requests of forward_q tokens at KV_LO, less the KV slope there)."""
+    (as compose_profile priced it: requests of forward_q tokens at KV_LO, less the KV slope there).
+    `table_pricer` prices the table instead of `pricer` (a step_keys profile's records without the
+    split-K combine); the share is what the forward table priced, from `pricer`."""
     batch = vllm_capture_sizes(REQ_BATCH_MAX)
+    tp = table_pricer or pricer
     tab = np.array(
         [
             [
-                [_attn_only(model, topo, hardware, pricer, phase="decode", batch=B, q=q, kv=c) for c in REQ_CTX]
+                [_attn_only(model, topo, hardware, tp, phase="decode", batch=B, q=q, kv=c) for c in REQ_CTX]
                 for q in REQ_Q
             ]
             for B in batch
@@ -859,6 +863,17 @@ def request_attention_table(
         np.array(share),
         source="attention cores of the kernel tables at each (batch, q, ctx), summed over the layers",
     )
+
+
+def lifted_share(share_ms: np.ndarray, lift_ms: np.ndarray) -> np.ndarray:
+    """The forward table's attention share with the part of its non-decreasing lift that is attention.
+    A forward size whose attention runs a cheaper regime than a smaller size's (an executor's split-K
+    path off past a token count) is held up to the smaller size's price by the non-decreasing table;
+    the lift up to the share's own drop below the largest share of a smaller size is attention, so
+    the share carries it and a step whose attention the per-request table prices pays the
+    non-attention part exactly (the rest of a lift, from a non-attention op, stays in the step)."""
+    drop = np.maximum.accumulate(share_ms) - share_ms
+    return share_ms + np.minimum(lift_ms, drop)
 
 
 STEP_INDEXER_Q = (512, 2048, 8192)  # prompt-chunk tokens whose indexer slope prices a logits cell
@@ -882,6 +897,138 @@ def step_indexer_ms_per_mcell(model: MoEModel, topo: Topology, hardware: str, pr
         ]
         slopes.append(max(0.0, (t[1] - t[0]) / (qn * (hi - lo) / ratio / 1e6)))
     return n_csa * float(np.median(slopes))
+
+
+#: the V4 attention kinds an executor's step_keys term prices: (compression ratio, key cap source)
+_STEP_KEY_KINDS = ("v4_csa", "v4_hca", "v4_swa")
+#: contexts (q = 1) between which a kind's key lists grow at a large batch (no split): csa 128 -> 512
+#: selected entries (top-k filling), hca 64 -> 512 compressed entries
+STEP_KEYS_KV = {"v4_csa": (512, 2048), "v4_hca": (8192, 65536)}
+
+
+def _executor_split_rule(table: KernelTable, model: MoEModel) -> tuple[int, int, int]:
+    """(programs, block, min_chunk) of our shard executor's split-K rule (validator/gpu/moe_ops.py
+    plan_work) from the kernel table's recorded launch tuning: key lists are split when the step's
+    row blocks x value blocks fill fewer than 2 programs per SM, into chunks of
+    max(2 x block_n, ceil(N k / programs / block_n) x block_n) keys."""
+    gpu = table.provenance.get("gpu") or {}
+    tune = (gpu.get("tune") or {}).get("attn")
+    if not tune or not gpu.get("sms"):
+        raise InputError(
+            f"--step-keys: kernel table {table.name} records no attention launch tuning (provenance.gpu.tune.attn, sms)"
+        )
+    dvb = max(1, model.head_dim // min(int(tune["block_dv"]), model.head_dim))
+    return -(-2 * int(gpu["sms"]) // dvb), int(tune["block_n"]), 2 * int(tune["block_n"])
+
+
+def _key_width(model: MoEModel, kind: str, ctx_plus_q: int) -> int:
+    """Entries a token of `kind` selects beyond its window, over ctx + q tokens (format 4 step_keys)."""
+    if kind == "v4_csa":
+        return min(model.index_topk, ctx_plus_q // 4)
+    if kind == "v4_hca":
+        return ctx_plus_q // 128
+    return 0
+
+
+def _record_work(model: MoEModel, rec: dict, rule: tuple[int, int, int]) -> int:
+    """Split-K work items of one decode attention-core record (B equal requests of q tokens over kv)
+    as our shard executor runs it (0: not split)."""
+    from dsim.cost import split_work
+
+    k = model.sliding_window + _key_width(model, rec["kind"], int(rec["kv"]) + int(rec["q"]))
+    return int(split_work(int(rec["batch"]) * int(rec["q"]), k, *rule))
+
+
+def split_combine_ms_per_work(model: MoEModel, topo: Topology, table: KernelTable, rule: tuple[int, int, int]) -> float:
+    """ms per split-K work item of the executor's logsumexp combine, from the table's own decode
+    attention-core records: adjacent contexts of one (kind, batch, q) series, one split and one
+    not, whose key lists differ by under 10 %: (split - unsplit) / the split's work items, the
+    median over such pairs."""
+    heads = model.heads // topo.attn_tp
+    series: dict = {}
+    for r in table.records:
+        if r["op"] == "attn" and r.get("phase") == "decode" and r.get("kind") in _STEP_KEY_KINDS:
+            if r.get("heads") == heads:
+                series.setdefault((r["kind"], r["batch"], r["q"]), []).append(r)
+    vals = []
+    for (kind, _, q), rs in series.items():
+        rs.sort(key=lambda r: r["kv"])
+        for a, b in zip(rs, rs[1:]):
+            wa, wb = _record_work(model, a, rule), _record_work(model, b, rule)
+            if bool(wa) == bool(wb):
+                continue
+            ka, kb = (model.sliding_window + _key_width(model, kind, int(r["kv"]) + q) for r in (a, b))
+            if abs(ka - kb) > 0.1 * min(ka, kb):
+                continue
+            sp, un = (a, b) if wa else (b, a)
+            vals.append((float(sp["ms"]) - float(un["ms"])) / max(wa, wb))
+    if not vals:
+        raise InputError(
+            f"--step-keys: kernel table {table.name} has no pair of adjacent-context attention records, one split "
+            f"and one not, at {heads} heads (needed for the split-K combine's cost)"
+        )
+    return max(0.0, float(np.median(vals)))
+
+
+def without_split_combine(table: KernelTable, model: MoEModel, topo: Topology, rule, per_work: float) -> KernelTable:
+    """The table with each decode V4 attention-core record's split-K combine (per_work x its work
+    items, as the executor runs the record's shape) taken out: the per-request table of a step_keys
+    profile is priced from these, the step's own combine added by the cost model."""
+    heads = model.heads // topo.attn_tp
+    recs = []
+    for r in table.records:
+        if r["op"] == "attn" and r.get("phase") == "decode" and r.get("kind") in _STEP_KEY_KINDS:
+            if r.get("heads") == heads:
+                w = _record_work(model, r, rule)
+                if w:
+                    r = dict(r, ms=max(1e-4, float(r["ms"]) - per_work * w))
+        recs.append(r)
+    return KernelTable(table.name, table.provenance, recs, table.source_path)
+
+
+def step_keys_term(model: MoEModel, topo: Topology, hardware: str, pricer: Pricer, indexer_ms_per_mcell: float):
+    """The format-4 step_keys term of our shard executor (dsim.cost module doc): the split-K rule
+    from the table's launch tuning, the combine per work item and each kind's ms per padded key
+    cell from the table's attention-core records: the decode core's growth between STEP_KEYS_KV
+    at the largest batch (one query token each, not split) per key cell, less the csa indexer's
+    own growth (indexer_ms_per_mcell, all csa layers) over the same cells."""
+    from dsim.cost import StepKeyKind, StepKeys
+
+    table = pricer.table
+    if table is None or model.family != "deepseek_v4":
+        raise InputError("--step-keys: needs a kernel table and a V4 model")
+    rule = _executor_split_rule(table, model)
+    per_work = split_combine_ms_per_work(model, topo, table, rule)
+    n_kind = {k: sum(1 for a in model.attn_kinds if a == k) for k in _STEP_KEY_KINDS}
+    big = max(vllm_capture_sizes(REQ_BATCH_MAX))
+    if big < rule[0]:
+        raise InputError(f"--step-keys: the largest batch {big} splits its key lists (fewer than {rule[0]} tokens)")
+    kinds = []
+    for kind in _STEP_KEY_KINDS:
+        if not n_kind[kind]:
+            continue
+        coef = 0.0
+        if kind in STEP_KEYS_KV:
+            lo, hi = STEP_KEYS_KV[kind]
+            t = [
+                pricer.ms(_op("attn_core", 1, **attn_record(model, topo, kind, "decode", big, 1, kv)))
+                for kv in (lo, hi)
+            ]
+            cells = big * (_key_width(model, kind, hi + 1) - _key_width(model, kind, lo + 1)) / 1e6
+            idx = 0.0
+            if kind == "v4_csa" and n_kind[kind]:
+                idx = indexer_ms_per_mcell / n_kind[kind] * big * ((hi + 1) // 4 - (lo + 1) // 4) / 1e6
+            coef = n_kind[kind] * max(0.0, (t[1] - t[0] - idx) / cells)
+        kinds.append(
+            StepKeyKind(
+                layers=n_kind[kind],
+                ratio={"v4_csa": 4, "v4_hca": 128}.get(kind, 0),
+                cap=model.index_topk if kind == "v4_csa" else 0,
+                window=model.sliding_window,
+                ms_per_mcell=round(coef, 6),
+            )
+        )
+    return StepKeys(rule[0], rule[1], rule[2], round(per_work, 8), tuple(kinds)), rule
 
 
 def kv_capacity(model: MoEModel, topo: Topology, hardware: str, max_num_seqs: int) -> tuple[float, dict]:
@@ -943,6 +1090,7 @@ def compose_profile(
     overlap: str = "none",
     dbo_threshold: int | str = DBO_DECODE_TOKEN_THRESHOLD,
     step_indexer: bool = False,
+    step_keys: bool = False,
 ) -> Profile:
     """Build the profile (see the module doc). `table`: one kernel table or several in order of
     preference. `table_error`: the measured error of the (first) table against our own
@@ -953,7 +1101,9 @@ def compose_profile(
     `request_attention`: add the format-3 per-request attention table (dsim.cost module doc).
     `step_indexer`: price V4's lightning indexer as our shard executor runs it, every token of the
     step scored over the step's longest context (format 4; vLLM's kernels score each request over
-    its own context, so engine profiles leave it out)."""
+    its own context, so engine profiles leave it out). `step_keys`: price the V4 attention cores'
+    key lists as our shard executor runs them, every token's as long as the step's longest, split
+    by the step's own tokens (format 4 step_keys; needs step_indexer)."""
     roof = roofline or Roofline(hardware=hardware)
     pricer = Pricer(table, roof, frozenset(zero_ops), prefer)
     tables = pricer.tables
@@ -992,7 +1142,8 @@ def compose_profile(
     # the table was priced at KV_LO context per request: take that context's share out (zero-context table)
     reqs = np.array([-(-n // max(1, min(fq, n))) for n in tokens])
     fwd = np.maximum(fwd - slope_ms_per_tok * reqs * KV_LO, 1e-3)
-    fwd = np.maximum.accumulate(fwd)
+    fwd_lift = np.maximum.accumulate(fwd) - fwd  # what the non-decreasing table adds above a size's own price
+    fwd = fwd + fwd_lift
     # prefill terms: what a prompt chunk of q tokens over c cached costs beyond the q decode tokens the
     # forward table priced it as (q one-token requests at zero context plus the KV slope), less the
     # LM-head rows it skips; fitted as attention x q (c + q / 2) - discount x q (both >= 0, NNLS)
@@ -1028,11 +1179,23 @@ def compose_profile(
         ]
         draft[kind] = Table(np.array(DRAFT_REQUESTS, dtype=float), np.maximum.accumulate(np.array(ms)))
     draft["block"] = draft["dspark"]
+    keys_term = None
+    table_pricer = None
+    if step_keys:
+        if not (step_indexer and request_attention) or pricer.table is None:
+            raise InputError("--step-keys: needs a kernel table, --step-indexer and the per-request attention table")
+        keys_term, rule = step_keys_term(
+            model, topo, hardware, pricer, step_indexer_ms_per_mcell(model, topo, hardware, pricer)
+        )
+        free = without_split_combine(pricer.table, model, topo, rule, keys_term.combine_ms_per_work)
+        table_pricer = Pricer([free] + pricer.tables[1:], roof, frozenset(zero_ops), prefer)
     req_attn = (
-        request_attention_table(model, topo, hardware, pricer, tokens, fq, slope_ms_per_tok)
+        request_attention_table(model, topo, hardware, pricer, tokens, fq, slope_ms_per_tok, table_pricer)
         if request_attention
         else None
     )
+    if req_attn is not None:
+        req_attn = dataclasses.replace(req_attn, forward_share_ms=lifted_share(req_attn.forward_share_ms, fwd_lift))
     if step_indexer:
         if req_attn is None or not any(r == 4 for r in model.compress_ratios):
             raise InputError("--step-indexer: needs the per-request attention table and a model with an indexer (V4)")
@@ -1040,6 +1203,7 @@ def compose_profile(
             req_attn,
             indexer_ratio=4,
             indexer_ms_per_mcell=step_indexer_ms_per_mcell(model, topo, hardware, pricer),
+            step_keys=keys_term,
         )
     kv_gib, mem = kv_capacity(model, topo, hardware, max_num_seqs)
     hw = HARDWARE[hardware]
@@ -1107,6 +1271,16 @@ def compose_profile(
                     "request_attention.step_indexer prices the extra logits cells (format 4)"
                 )
                 if step_indexer
+                else {}
+            ),
+            **(
+                dict(
+                    step_keys="every token's key lists (csa top-k selection, hca compressed entries, window) as long "
+                    "as the step's longest, split-K decided by the step's own tokens (our shard executor, "
+                    "validator/gpu/moe_ops.py plan_work): request_attention.step_keys prices the padded key cells "
+                    "and the split's combine; the per-request table is priced without any combine (format 4)"
+                )
+                if step_keys
                 else {}
             ),
             draft_block=draft_block,
@@ -1279,6 +1453,12 @@ def main(argv: list[str] | None = None) -> int:
         help="V4: add the longest-context indexer term (profile format 4) of an executor that scores every token of a "
         "step over the step's longest context, as our H200 shard executor does (not vLLM)",
     )
+    prof.add_argument(
+        "--step-keys",
+        action="store_true",
+        help="V4 (with --step-indexer): price the attention cores' key lists as our H200 shard executor runs them, "
+        "every token's as long as the step's longest and split-K by the step's own tokens (profile format 4; not vLLM)",
+    )
     prof.add_argument("--name", default=None)
     prof.add_argument("--out", required=True)
     prof.add_argument(
@@ -1343,6 +1523,7 @@ def main(argv: list[str] | None = None) -> int:
             moe_dp_chunk=a.moe_dp_chunk,
             request_attention=not a.no_request_attention,
             step_indexer=a.step_indexer,
+            step_keys=a.step_keys,
             overlap=a.overlap,
             dbo_threshold=parse_dbo_threshold(a.dbo_threshold),
         )

@@ -66,6 +66,19 @@ ms_per_mcell x (N x l_max - sum_r q_r l_r) / 1e6 beyond what the equal-request t
 l_r = max(1, (ctx_r + q_r) // ratio) over the step's decode requests and (through
 ``context_ms(..., chunks=)``) its prefill chunks, N their tokens and l_max the largest l_r.
 A format-3 profile has no such term (results unchanged).
+
+Format 4 may also add ``step_keys`` to ``request_attention`` ({programs, block, min_chunk,
+combine_ms_per_work, kinds: [{layers, ratio, cap, window, ms_per_mcell}]}), for an executor that
+gives every token of a step one key list per attention kind, as long as the step's longest
+(our H200 shard executor), and splits those lists FlashDecoding-style when the step has fewer
+tokens than ``programs``. Per kind, with l_r = (ctx_r + q_r) // ratio over the step's requests and
+prefill chunks (0 where ratio is 0), w(l) = min(cap, l) (l where cap is 0) and
+k = window + w(l_max): the step pays ms_per_mcell x (N x w(l_max) - sum_r q_r w(l_r)) / 1e6 for
+the padded key cells, and, where N < programs and the chunk max(min_chunk, ceil(N k / programs /
+block) x block) is shorter than k, layers x combine_ms_per_work x N x ceil(k / chunk) for the
+logsumexp combine of the split lists (``split_work``). The table is then priced without any
+combine (the composer takes it out of each record), so a step's split is decided by its own
+tokens and longest context, not by each request's table point.
 """
 
 from __future__ import annotations
@@ -239,14 +252,16 @@ def context_ms_compiled(
     rtab,
     rshare,
     kv_slope,
-    iratio=0,
-    icoef=0.0,
+    iratio,
+    step,
 ):  # pragma: no cover - compiled
     """CostModel.context_ms of the first len(q) decode requests, from CostModel.context_args past
     its ``on`` flag (compiled: callable from compiled code, as a decode window's kernel does once
     per step): the split-KV terms plus, for a format-3 table, the requests' own attention less
-    the forward table's share and the KV slope's. Precondition: len(q) >= 1; a step of more tokens
-    than the dense table's share extrapolates its last slope."""
+    the forward table's share and the KV slope's, and the format-4 step terms: iratio the
+    step_indexer's ratio (0: none), ``step`` [its ms per million cells, then StepKeys.packed() where
+    the profile has step_keys]. Precondition: len(q) >= 1; a step of more tokens than the dense
+    table's share extrapolates its last slope."""
     out = 0.0
     if cw != 0.0 or cc != 0.0 or cm != 0.0 or cr != 0.0 or ct != 0.0:
         out = decode_features_ms(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots, cw, cc, cm, cr, ct)
@@ -260,7 +275,9 @@ def context_ms_compiled(
         share = rshare[n] if n < m else rshare[m - 1] + (rshare[m - 1] - rshare[m - 2]) * (n - m + 1)
         out += _request_attention(q, c, rb, rq, rc, rtab) - share - kv_slope * (ctx + n)
         if iratio > 0:
-            out += icoef * _indexer_excess_mcells(q, c, iratio)
+            out += step[0] * _indexer_excess_mcells(q, c, iratio)
+        if len(step) > 1:
+            out += _step_keys_ms(q, c, step[1:])
     return out
 
 
@@ -278,6 +295,46 @@ def _indexer_excess_mcells(q, c, ratio):  # pragma: no cover - compiled
         own += q[i] * li
         lmax = max(lmax, li)
     return (n * lmax - own) / 1e6
+
+
+@_njit
+def split_work(n, k, programs, block, min_chunk):  # pragma: no cover - compiled
+    """Work items of one split-K attention call over n tokens, each with a list of k keys: 0 (not
+    split) where n >= programs or one chunk max(min_chunk, ceil(n k / programs / block) x block)
+    holds k keys; else n x ceil(k / chunk) (format 4 step_keys, module doc)."""
+    if n >= programs or k <= 0:
+        return 0
+    want = -(-(n * k) // programs)
+    chunk = max(min_chunk, -(-want // block) * block)
+    if chunk >= k:
+        return 0
+    return n * (-(-k // chunk))
+
+
+@_njit
+def _step_keys_ms(q, c, sk):  # pragma: no cover - compiled
+    """The format-4 step_keys term of a step's requests (q_r query tokens over c_r cached ones,
+    prefill chunks included): padded key cells and split-K combine per kind, from the packed term
+    (StepKeys.packed)."""
+    programs, block, min_chunk, per_work = int(sk[0]), int(sk[1]), int(sk[2]), sk[3]
+    n = 0
+    for i in range(len(q)):
+        n += q[i]
+    out = 0.0
+    for j in range((len(sk) - 4) // 5):
+        b = 4 + 5 * j
+        layers, ratio, cap, window, coef = int(sk[b]), int(sk[b + 1]), int(sk[b + 2]), int(sk[b + 3]), sk[b + 4]
+        wmax = 0
+        own = 0
+        for i in range(len(q)):
+            w = (c[i] + q[i]) // ratio if ratio > 0 else 0
+            if cap > 0:
+                w = min(cap, w)
+            wmax = max(wmax, w)
+            own += q[i] * w
+        out += coef * (n * wmax - own) / 1e6
+        out += layers * per_work * split_work(n, window + wmax, programs, block, min_chunk)
+    return out
 
 
 @_njit
@@ -322,6 +379,35 @@ def prefill_pairs(q: int, c: int, a: AttentionTerms) -> float:
     return waves * slots / a.query_heads * a.block_rows * (c + 0.5 * q) / 1e6
 
 
+@dataclass(frozen=True)
+class StepKeyKind:
+    """One attention kind of a format-4 ``step_keys`` term (module doc)."""
+
+    layers: int
+    ratio: int  # compression ratio of the entries it selects from (0: the window only)
+    cap: int  # most selected entries per token (0: every visible entry)
+    window: int  # raw keys of the sliding window, on every token's list
+    ms_per_mcell: float  # padded key cells (token x key), all layers of the kind
+
+
+@dataclass(frozen=True)
+class StepKeys:
+    """A format-4 ``step_keys`` term (module doc): the split-K rule and the kinds' key lists."""
+
+    programs: int
+    block: int
+    min_chunk: int
+    combine_ms_per_work: float
+    kinds: tuple  # of StepKeyKind
+
+    def packed(self, cost_scale: float = 1.0) -> np.ndarray:
+        """[programs, block, min_chunk, combine_ms_per_work, then layers, ratio, cap, window,
+        ms_per_mcell per kind], times in ms x cost_scale: the compiled pricing's form (_step_keys_ms)."""
+        head = [self.programs, self.block, self.min_chunk, self.combine_ms_per_work * cost_scale]
+        body = [v for k in self.kinds for v in (k.layers, k.ratio, k.cap, k.window, k.ms_per_mcell * cost_scale)]
+        return np.array(head + body, dtype=np.float64)
+
+
 _NO_I64 = np.zeros(1, dtype=np.int64)  # placeholders of context_args without a format-3 table
 _NO_F64 = np.zeros(2, dtype=np.float64)
 _NO_TAB = np.zeros((1, 1, 1), dtype=np.float64)
@@ -341,6 +427,7 @@ class RequestAttention:
     source: str = ""  # how the table was made
     indexer_ratio: int = 0  # format 4 step_indexer: compression ratio of the indexed keys (0: none)
     indexer_ms_per_mcell: float = 0.0  # format 4 step_indexer: ms per million logits cells, all layers
+    step_keys: StepKeys | None = None  # format 4 step_keys: the executor's step-wide key lists (module doc)
 
 
 def request_attention_ms(q: Any, ctx: Any, ra: RequestAttention) -> float:
@@ -510,6 +597,8 @@ def profile_from_dict(d: dict, path: str = "<profile>", doc: Doc | None = None) 
         request_attention = _request_attention_table(d["request_attention"], doc, len(fwd.x))
         if request_attention.indexer_ratio and version < 4:
             raise InputError(f"{doc.at('request_attention', 'step_indexer')}: needs format_version: 4")
+        if request_attention.step_keys and version < 4:
+            raise InputError(f"{doc.at('request_attention', 'step_keys')}: needs format_version: 4")
     # A prompt token's discount cannot exceed what the table charges a token: at every size the
     # forward cost must cover n discounted tokens (else a prefill step would cost less than nothing).
     bad = np.flatnonzero(fwd.ms < disc * fwd.x / 1000.0 - 1e-9)
@@ -563,10 +652,10 @@ def _request_attention_table(raw: Any, doc: Any, n_forward: int) -> RequestAtten
     from dsim import schema as S
 
     S.mapping(raw, doc, "request_attention", required=REQUEST_ATTENTION_KEYS)
-    unknown = sorted(set(raw) - set(REQUEST_ATTENTION_KEYS) - {"source", "step_indexer"})
+    unknown = sorted(set(raw) - set(REQUEST_ATTENTION_KEYS) - {"source", "step_indexer", "step_keys"})
     if unknown:
         raise InputError(
-            f"{doc.at('request_attention', unknown[0])}: unknown field (known: {', '.join(REQUEST_ATTENTION_KEYS)}, source, step_indexer)"
+            f"{doc.at('request_attention', unknown[0])}: unknown field (known: {', '.join(REQUEST_ATTENTION_KEYS)}, source, step_indexer, step_keys)"
         )
     axes = {}
     for k, lo in (("batch", 1), ("q", 1), ("ctx", 0)):
@@ -617,6 +706,48 @@ def _request_attention_table(raw: Any, doc: Any, n_forward: int) -> RequestAtten
         str(src) if src else "",
         indexer_ratio=int(ratio),
         indexer_ms_per_mcell=float(mcell),
+        step_keys=_step_keys(raw["step_keys"], doc) if raw.get("step_keys") is not None else None,
+    )
+
+
+STEP_KEYS_FIELDS = ("programs", "block", "min_chunk", "combine_ms_per_work", "kinds")
+STEP_KEY_KIND_FIELDS = ("layers", "ratio", "cap", "window", "ms_per_mcell")
+
+
+def _step_keys(raw: Any, doc: Any) -> StepKeys:
+    from dsim import schema as S
+
+    at = ("request_attention", "step_keys")
+    S.mapping(raw, doc, *at, required=STEP_KEYS_FIELDS)
+    extra = sorted(set(raw) - set(STEP_KEYS_FIELDS))
+    if extra:
+        raise InputError(f"{doc.at(*at, extra[0])}: unknown field (known: {', '.join(STEP_KEYS_FIELDS)})")
+    kinds_raw = raw["kinds"]
+    if not isinstance(kinds_raw, list) or not kinds_raw:
+        raise InputError(f"{doc.at(*at, 'kinds')}: must be a non-empty list of attention kinds")
+    kinds = []
+    for i, kr in enumerate(kinds_raw):
+        S.mapping(kr, doc, *at, "kinds", i, required=STEP_KEY_KIND_FIELDS)
+        extra = sorted(set(kr) - set(STEP_KEY_KIND_FIELDS))
+        if extra:
+            raise InputError(
+                f"{doc.at(*at, 'kinds', i, extra[0])}: unknown field (known: {', '.join(STEP_KEY_KIND_FIELDS)})"
+            )
+        kinds.append(
+            StepKeyKind(
+                layers=S.integer(kr["layers"], doc, *at, "kinds", i, "layers", lo=0, hi=100000),
+                ratio=S.integer(kr["ratio"], doc, *at, "kinds", i, "ratio", lo=0, hi=MAX_MODEL_LEN),
+                cap=S.integer(kr["cap"], doc, *at, "kinds", i, "cap", lo=0, hi=MAX_MODEL_LEN),
+                window=S.integer(kr["window"], doc, *at, "kinds", i, "window", lo=0, hi=MAX_MODEL_LEN),
+                ms_per_mcell=S.number(kr["ms_per_mcell"], doc, *at, "kinds", i, "ms_per_mcell", lo=0, hi=MAX_COST_MS),
+            )
+        )
+    return StepKeys(
+        programs=S.integer(raw["programs"], doc, *at, "programs", lo=1, hi=10**7),
+        block=S.integer(raw["block"], doc, *at, "block", lo=1, hi=MAX_MODEL_LEN),
+        min_chunk=S.integer(raw["min_chunk"], doc, *at, "min_chunk", lo=1, hi=MAX_MODEL_LEN),
+        combine_ms_per_work=S.number(raw["combine_ms_per_work"], doc, *at, "combine_ms_per_work", lo=0, hi=MAX_COST_MS),
+        kinds=tuple(kinds),
     )
 
 
@@ -702,6 +833,21 @@ def profile_to_dict(p: Profile) -> dict:
             d["request_attention"]["step_indexer"] = {
                 "ratio": int(ra.indexer_ratio),
                 "ms_per_mcell": float(ra.indexer_ms_per_mcell),
+            }
+        if ra.step_keys:
+            sk = ra.step_keys
+            d["request_attention"]["step_keys"] = {
+                "programs": int(sk.programs),
+                "block": int(sk.block),
+                "min_chunk": int(sk.min_chunk),
+                "combine_ms_per_work": float(sk.combine_ms_per_work),
+                "kinds": [
+                    {
+                        f: (float(getattr(k, f)) if f == "ms_per_mcell" else int(getattr(k, f)))
+                        for f in STEP_KEY_KIND_FIELDS
+                    }
+                    for k in sk.kinds
+                ],
             }
     if p.draft:
         d["draft"] = {
@@ -793,7 +939,8 @@ class CostModel:
         self.has_context_terms = self._split_kv_terms or ra is not None
         self._context_args: tuple | None = None
         # context_ms reads the step's prefill chunks only for a format-4 step indexer
-        self.context_reads_chunks = bool(ra is not None and ra.indexer_ratio)
+        self.context_reads_chunks = bool(ra is not None and (ra.indexer_ratio or ra.step_keys))
+        self._step_keys = ra.step_keys.packed(cost_scale) if ra is not None and ra.step_keys else None
         self._ctx_coef = (
             (a.wave_ms_per_ktok * cost_scale, a.chunk_ms_per_kcta * cost_scale, a.merge_ms_per_mcell * cost_scale)
             if a is not None
@@ -887,12 +1034,15 @@ class CostModel:
             n = int(qa.sum())
             own = _request_attention(qa, ca, ra.batch, ra.q, ra.ctx, self._ra_tab)
             out += own - self._forward_share(n) - self.kv_ms_per_tok * (int(ca.sum()) + n)
-            if ra.indexer_ratio:
+            if ra.indexer_ratio or ra.step_keys:
                 ch = [(int(a), int(b)) for a, b in chunks if a]
                 if ch:
                     qa = np.concatenate([qa, np.array([a for a, _ in ch], dtype=np.int64)])
                     ca = np.concatenate([ca, np.array([b for _, b in ch], dtype=np.int64)])
+            if ra.indexer_ratio:
                 out += ra.indexer_ms_per_mcell * _indexer_excess_mcells(qa, ca, ra.indexer_ratio)
+            if ra.step_keys:
+                out += _step_keys_ms(qa, ca, self._step_keys)
         return out
 
     def _forward_share(self, n: int) -> float:
@@ -935,7 +1085,7 @@ class CostModel:
             split = (1, 1, 1, 1, 0.0, 1, 1, 0.0, 0.0, 0.0, 0.0, 0.0)
         ra = self.request_attention
         if ra is None:
-            table = (False, _NO_I64, _NO_I64, _NO_I64, _NO_TAB, _NO_F64, 0.0, 0, 0.0)
+            table = (False, _NO_I64, _NO_I64, _NO_I64, _NO_TAB, _NO_F64, 0.0, 0, np.zeros(1))
         else:
             share = np.array([self._forward_share(n) for n in range(len(self._dense))], dtype=np.float64)
             table = (
@@ -947,7 +1097,9 @@ class CostModel:
                 share,
                 float(self.kv_ms_per_tok),
                 int(ra.indexer_ratio),
-                float(ra.indexer_ms_per_mcell),
+                np.concatenate(
+                    [[float(ra.indexer_ms_per_mcell)], self._step_keys if self._step_keys is not None else []]
+                ).astype(np.float64),
             )
         return (bool(self.has_context_terms), *split, *table)
 

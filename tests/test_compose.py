@@ -452,3 +452,145 @@ def _op_csa(m, topo, qn, kv):
     from dsim.compose import _op, attn_record
 
     return _op("attn_core", 1, **attn_record(m, topo, "v4_csa", "prefill", 1, qn, kv))
+
+
+def _step_keys_profile(per_work=0.0005, csa=20.0, hca=17.0):
+    import dataclasses
+
+    from dsim.cost import StepKeyKind, StepKeys
+
+    sk = StepKeys(
+        programs=264,
+        block=32,
+        min_chunk=64,
+        combine_ms_per_work=per_work,
+        kinds=(
+            StepKeyKind(layers=21, ratio=4, cap=512, window=128, ms_per_mcell=csa),
+            StepKeyKind(layers=20, ratio=128, cap=0, window=128, ms_per_mcell=hca),
+            StepKeyKind(layers=2, ratio=0, cap=0, window=128, ms_per_mcell=0.0),
+        ),
+    )
+    p = _format4_profile(1.5)
+    return dataclasses.replace(p, request_attention=dataclasses.replace(p.request_attention, step_keys=sk))
+
+
+def test_split_work_follows_the_executors_split_rule():
+    """Our executor's plan_work: no split at >= 264 tokens; else chunks of
+    max(64, ceil(N k / 264 / 32) x 32) keys, split only where a chunk is shorter than k."""
+    from dsim.cost import split_work
+
+    assert split_work(264, 10_000, 264, 32, 64) == 0
+    assert split_work(256, 132, 264, 32, 64) == 512  # chunk 128 < 132: two items per token
+    assert split_work(256, 136, 264, 32, 64) == 0  # chunk 160 holds 136
+    assert split_work(224, 640, 264, 32, 64) == 448  # chunk 544 < 640
+    assert split_work(256, 640, 264, 32, 64) == 0  # chunk 640
+    assert split_work(8, 640, 264, 32, 64) == 80  # chunk 64 (the minimum): ten items per token
+    assert split_work(256, 1152, 264, 32, 64) == 512  # chunk 1120
+
+
+def test_step_keys_prices_padded_cells_and_the_steps_own_split_closed_form():
+    """Format 4 step_keys: per kind ms_per_mcell x (N x w(l_max) - sum q_r w(l_r)) / 1e6, plus
+    layers x per_work x the step's split work items (decided by N and the longest key list)."""
+    c4, ck = CostModel(_format4_profile(1.5)), CostModel(_step_keys_profile())
+    # 32 requests x 8 tokens: one at 6392 cached (csa w 512, hca w 50), the rest at 504 (w 128, 4)
+    q, ctx = np.full(32, 8), np.array([6392] + [504] * 31)
+    cells_csa = (256 * 512 - (8 * 512 + 31 * 8 * 128)) / 1e6
+    cells_hca = (256 * 50 - (8 * 50 + 31 * 8 * 4)) / 1e6
+    # N = 256 < 264: csa k = 640 (chunk 640, not split), hca k = 178 (chunk 192), swa k = 128 (chunk 128)
+    extra = 20.0 * cells_csa + 17.0 * cells_hca
+    assert ck.context_ms(q, ctx) - c4.context_ms(q, ctx) == pytest.approx(extra, rel=1e-12)
+    # 32 x 7 = 224 tokens, all at 6392: no padding; csa k 640 (chunk 544: 2 items), hca k 178
+    # (chunk 160: 2 items), swa 128 (chunk 128): 21 x 448 + 20 x 448 work items
+    q, ctx = np.full(32, 7), np.full(32, 6393)
+    assert ck.context_ms(q, ctx) - c4.context_ms(q, ctx) == pytest.approx(0.0005 * 41 * 448, rel=1e-12)
+    # a prompt chunk joins the step: 4 decode tokens at 8188 cached (csa 512, hca 64) and a
+    # 1024-token chunk over nothing (csa 256, hca 8); N = 1028: no split
+    q, ctx, ch = np.array([4]), np.array([8188]), [(1024, 0)]
+    extra = (20.0 * (1028 * 512 - (4 * 512 + 1024 * 256)) + 17.0 * (1028 * 64 - (4 * 64 + 1024 * 8))) / 1e6
+    assert ck.context_ms(q, ctx, ch) - c4.context_ms(q, ctx, ch) == pytest.approx(extra, rel=1e-12)
+
+
+def test_format4_step_keys_round_trip_compiled_path_and_errors(tmp_path):
+    import yaml
+
+    from dsim.cost import context_ms_compiled, load_profile, save_profile
+
+    path = tmp_path / "p.yaml"
+    save_profile(_step_keys_profile(0.00054), path)
+    p = load_profile(str(path))
+    assert p.request_attention.step_keys == _step_keys_profile(0.00054).request_attention.step_keys
+    cm = CostModel(p)
+    assert cm.context_reads_chunks
+    on, *args = cm.context_args()
+    rng = np.random.default_rng(2)
+    for _ in range(100):
+        R = int(rng.integers(1, 300))
+        q = rng.integers(1, 9, R).astype(np.int64)
+        c = rng.integers(0, 130_000, R).astype(np.int64)
+        assert context_ms_compiled(q, c, *args) == pytest.approx(cm.context_ms(q, c), abs=1e-9)
+    d = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump(dict(d, format_version=3)))
+    with pytest.raises(InputError, match="step_indexer: needs format_version: 4"):
+        load_profile(str(path))
+    del d["request_attention"]["step_indexer"]
+    path.write_text(yaml.safe_dump(dict(d, format_version=3)))
+    with pytest.raises(InputError, match="step_keys: needs format_version: 4"):
+        load_profile(str(path))
+    d["request_attention"]["step_keys"]["kinds"][0]["width"] = 3
+    path.write_text(yaml.safe_dump(d))
+    with pytest.raises(InputError, match=r"step_keys.*kinds.*width.*unknown field"):
+        load_profile(str(path))
+
+
+def test_lifted_share_carries_the_attention_part_of_the_non_decreasing_lift():
+    """A forward size whose attention drops (split-K off) is lifted to the smaller size's price;
+    the share takes the lift up to its own drop, the rest of a lift stays in the step."""
+    from dsim.compose import lifted_share
+
+    share = np.array([1.0, 3.0, 1.0, 2.0, 2.0])
+    lift = np.array([0.0, 0.0, 1.5, 2.5, 0.5])  # sizes 2-4 held up by size 1's price
+    # drop below the largest share so far: 0, 0, 2, 1, 1
+    assert lifted_share(share, lift).tolist() == [1.0, 3.0, 2.5, 3.0, 2.5]
+
+
+def test_shard_profile_step_keys_from_the_h200_torch_records():
+    """The executor's split rule comes from the table's launch tuning (132 SMs, block_n 32, one
+    512-wide value block: 264 programs); the combine per work item from the hca records at 512 and
+    1,024 context (split and not, 132 vs 136 keys); the per-request table carries no combine, so
+    a step of 32 x 8 tokens at one context, not split, costs its records; and a composed shard
+    profile's 32 x 8 step pays the forward table's non-attention part exactly (the lift at 256 tokens)."""
+    from dsim.compose import Pricer, _op, attn_record, compose_profile, parse_topology, step_keys_term
+
+    m, topo = load_model("deepseek-v4-flash"), parse_topology("dp8-ep8")
+    tab = load_kernel_table("h200-torch")
+    pr = Pricer([tab], Roofline(hardware="h200"), frozenset({"comm"}), None)
+    sk, rule = step_keys_term(m, topo, "h200", pr, 1.68)
+    assert rule == (264, 32, 64) and (sk.programs, sk.block, sk.min_chunk) == rule
+    hca = {r["kv"]: r["ms"] for r in tab.records if r["op"] == "attn" and r.get("kind") == "v4_hca"
+           and r["batch"] == 256 and r["q"] == 1 and r["heads"] == 64 and r["phase"] == "decode"}  # fmt: skip
+    assert sk.combine_ms_per_work == pytest.approx((hca[512] - hca[1024]) / 512, rel=0.05)
+    assert [(k.layers, k.ratio, k.cap, k.window) for k in sk.kinds] == [
+        (21, 4, 512, 128),
+        (20, 128, 0, 128),
+        (2, 0, 0, 128),
+    ]
+    assert all(5.0 < k.ms_per_mcell < 60.0 for k in sk.kinds[:2])
+    p = compose_profile(m, topo, "h200", tab, zero_ops=("comm",), moe_dp_chunk=0, step_indexer=True, step_keys=True)
+    cm = CostModel(p)
+    ra = p.request_attention
+    # 32 x 8 tokens at 8,192 cached: not split (csa k 640, hca 192; chunks 640, 192), equal requests
+    rec = sum(
+        n * pr.ms(_op("attn_core", 1, **attn_record(m, topo, kind, "decode", 32, 8, 8192)))
+        for kind, n in (("v4_csa", 21), ("v4_hca", 20), ("v4_swa", 2))
+    )
+    q, c = np.full(32, 8), np.full(32, 8192)
+    from dsim.cost import request_attention_ms
+
+    assert request_attention_ms(q, c, ra) == pytest.approx(rec, rel=1e-6)
+    nonattn = cm.step_ms(256, 0) - cm._forward_share(256)
+    assert cm.step_ms(256, int(c.sum()) + 256) + cm.context_ms(q, c) == pytest.approx(nonattn + rec, rel=1e-6)
+    # 240 one-token requests split their key lists, 256 do not: the forward table holds 256 at 240's
+    # price, and that lift is attention, so the non-attention part does not jump there
+    nonattn_240 = cm.step_ms(240, 0) - cm._forward_share(240)
+    assert cm.step_ms(256, 0) == pytest.approx(cm.step_ms(240, 0), rel=1e-9)
+    assert 0 <= nonattn - nonattn_240 < 0.05 * nonattn_240
