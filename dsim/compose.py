@@ -21,6 +21,9 @@ Step of n tokens per GPU (every token priced as a decode/verify token with an LM
     expected max over ranks of a roofline load proxy under uniform top-k routing, Monte Carlo
     with a fixed seed; the router's systematic skew is assumed removed by EPLB-style redundant
     experts).
+Wide expert parallelism (EP = the routed experts, one expert per GPU, the DeepSeek-V3 report's
+decode layout): a rank's experts are that expert's dense GEMMs (``Pricer._one_expert_ms``) and the
+all-to-all runs over the inter-node network (``scope: inter_node`` records; dsim.kernels_deepep).
 Context: attention cores priced at two contexts give the KV slope (ms per 1000 KV tokens);
 prefill chunks: the attention-core cost of prompt chunks beyond the decode-priced part, less the
 LM-head rows they skip, is fitted as ms per million query-key pairs q (c + q / 2) minus a discount

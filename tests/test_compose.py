@@ -539,3 +539,13 @@ def test_deepep_price_scales_with_message_volume():
     assert floor == pytest.approx((40 + 4) / 1000)
     with pytest.raises(InputError):
         price(rows, "a2a_dispatch", 8, 7168, 8, 8)
+
+
+def test_deepep_build_rejects_bad_specs_in_one_line(tmp_path, capsys):
+    from dsim.kernels_deepep import main
+
+    out = tmp_path / "t.json"
+    for bad in ("deepseek-v4-flash:8", "deepseek-v4-flash", ":256", "deepseek-v4-flash:x"):
+        assert main(["build", "--model", bad, "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: --model") and "\n" not in err and not out.exists()
