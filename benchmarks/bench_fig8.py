@@ -57,9 +57,12 @@ def main(argv=None):
     ap.add_argument("--hardware", default="h200")
     ap.add_argument("--kernels", default="h200-aic-vllm,h200-torch")
     ap.add_argument("--topology", default="dp8-ep8")
+    ap.add_argument("--prefer", default="", help="op=TABLE,...: as dsim.compose profile --prefer")
     a = ap.parse_args(argv)
     if a.breakdown:
-        return breakdown(a.model, a.hardware, a.kernels, a.topology, [int(x) for x in a.breakdown.split(",")])
+        prefer = dict(x.strip().split("=", 1) for x in a.prefer.split(",") if x.strip())
+        return breakdown(a.model, a.hardware, a.kernels, a.topology, [int(x) for x in a.breakdown.split(",")],
+                         prefer)
     if a.scan:
         return scan(a.profile, [int(x) for x in a.scan.split(",")])
     a.csv_dir = None
@@ -86,14 +89,14 @@ def main(argv=None):
     print(f"sweep took {r['wall_s']:.1f} s")
 
 
-def breakdown(model_name, hardware, kernels, topology, sizes):
+def breakdown(model_name, hardware, kernels, topology, sizes, prefer=None):
     from collections import defaultdict
 
     from dsim import compose as C
     model = C.load_model(model_name)
     topo = C.parse_topology(topology)
     pricer = C.Pricer([C.load_kernel_table(k.strip()) for k in kernels.split(",") if k.strip()],
-                      C.Roofline(hardware=hardware))
+                      C.Roofline(hardware=hardware), prefer=prefer or None)
     # the MoE block in vLLM's DP chunks, as compose_profile prices it on data-parallel topologies
     chunk = C.VLLM_MOE_DP_CHUNK if topo.attn_dp > 1 else 0
     print(f"{model_name} {topology} on {hardware}, kernels {kernels}; {model.layers} layers; ms per forward"

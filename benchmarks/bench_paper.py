@@ -80,9 +80,11 @@ PAPER = {
         "fig8_budget": (5.44, 5.12, 4.64, 4.02, 3.63, 3.50),     # the last at C = 190
     },
 }
-# The paper's deployment as dsim composes it (docs/paper-reproduction.md, "Inputs"): data-parallel
-# attention with experts over EP8, two-batch overlap, the gamma = 5 drafter priced.
-PAPER_PROFILES = ("deepseek-v4-flash-h200-dp8-ep8-dbo", "deepseek-v4-pro-b300-dp8-ep8-dbo")
+# The paper's deployment as dsim composes it (docs/paper-reproduction.md, "Inputs"): DeepSeek's
+# decode layout (DeepSeek-V3 report Sec. 3.4), data-parallel attention with one routed expert per
+# GPU (EP = the routed experts, inter-node all-to-all), two-batch overlap, verify windows priced as
+# their tokens' one-token decodes (DSpark paper Sec. 5.3), the gamma = 5 drafter priced.
+PAPER_PROFILES = ("deepseek-v4-flash-h200-dp256-ep256-dbo", "deepseek-v4-pro-h200-dp384-ep384-dbo")
 MTP_VERIFY = 2.0
 BUDGET_BAND = (4.0, 6.0)
 THR_TOLERANCE = 0.10                               # the target: within 10 points

@@ -21,6 +21,9 @@ Step of n tokens per GPU (every token priced as a decode/verify token with an LM
     expected max over ranks of a roofline load proxy under uniform top-k routing, Monte Carlo
     with a fixed seed; the router's systematic skew is assumed removed by EPLB-style redundant
     experts).
+Wide expert parallelism (EP = the routed experts, one expert per GPU, the DeepSeek-V3 report's
+decode layout): a rank's experts are that expert's dense GEMMs (``Pricer._one_expert_ms``) and the
+all-to-all runs over the inter-node network (``scope: inter_node`` records; dsim.kernels_deepep).
 Context: attention cores priced at two contexts give the KV slope (ms per 1000 KV tokens);
 prefill chunks: the attention-core cost of prompt chunks beyond the decode-priced part, less the
 LM-head rows they skip, is fitted as ms per million query-key pairs q (c + q / 2) minus a discount
@@ -382,6 +385,7 @@ class Pricer:
         self.fallback: dict = {}
         self.by_table: dict = {}
         self.grouped_as_single: dict = {}
+        self.moe_as_gemm = 0  # moe lookups priced as one expert's GEMMs (_one_expert_ms)
 
     def ms(self, op: Op) -> float:
         if op.part in self.skip:
@@ -399,11 +403,40 @@ class Pricer:
             v = self._lookup(eq)
             if v is not None:
                 self.grouped_as_single[rec["op"]] = self.grouped_as_single.get(rec["op"], 0) + 1
+        if v is None and rec["op"] == "moe":
+            v = self._one_expert_ms(rec)
         bucket = self.priced if v is not None else self.fallback
         bucket[rec["op"]] = bucket.get(rec["op"], 0) + 1
         if v is None:
             v = self.roofline.ms(rec)
         return float(v)
+
+    def _one_expert_ms(self, rec: dict) -> float | None:
+        """The routed experts of an EP rank holding ONE expert (EP = the routed experts; DeepSeek-V3
+        report Sec. 3.4: in decoding each GPU hosts one routed expert) where no table has a moe record
+        for the group: that expert's FFN is a dense gate+up GEMM [rows, hidden] x [hidden, 2 inter] and
+        a down GEMM [rows, inter] x [inter, hidden] (the shapes of one shared expert), priced from the
+        tables' GEMM records (the moe op's preferred table first), plus its SwiGLU, routing-weight and
+        permute traffic as elementwise bytes. rows = tokens x topk / experts, the mean rank's (the
+        lockstep factor adds the slowest rank's excess). None where the rank holds more than one
+        expert or a GEMM has no record."""
+        T, H, inter, k, E, P = (int(rec[x]) for x in ("tokens", "hidden", "inter", "topk", "experts", "ep"))
+        if P != E:
+            return None
+        rows = max(1, round(T * k / E))
+        order = self.order.get("moe", self.tables)
+        parts = []
+        for n_, k_ in ((2 * inter, H), (H, inter)):
+            g = dict(op="gemm", dtype=rec["dtype"], m=rows, n=n_, k=k_)
+            v = next((x for x in (t.ms(g) for t in order) if x is not None), None)
+            if v is None:
+                return None
+            parts.append(v)
+        ew = dict(op="elementwise", bytes=int(rows * (2 * inter * 2 + inter * 2 + 4 * H * 2)))
+        v_ew = next((x for x in (t.ms(ew) for t in self.tables) if x is not None), None)
+        parts.append(v_ew if v_ew is not None else self.roofline.ms(ew))
+        self.moe_as_gemm += 1
+        return float(sum(parts))
 
     def _lookup(self, rec: dict) -> float | None:
         for t in self.order.get(rec["op"], self.tables):
@@ -876,6 +909,43 @@ def lifted_share(share_ms: np.ndarray, lift_ms: np.ndarray) -> np.ndarray:
     return share_ms + np.minimum(lift_ms, drop)
 
 
+#: how a verify window of q tokens is priced in the per-request attention table: "window" the kernel
+#: tables' q-token attention records; "tokens" each verify token as a one-token decode of its
+#: request's context (DeepSeek's V4 kernels, DSpark paper Sec. 5.3: "all tokens across different
+#: requests are flattened and processed identically as independent elements", only the indexer and
+#: compressor kernels taking a marker of which request a token belongs to)
+VERIFY_ATTENTION = ("window", "tokens")
+
+
+def flattened_verify_attention(
+    model: MoEModel, topo: Topology, hardware: str, pricer: Pricer, ra: RequestAttention
+) -> RequestAttention:
+    """The request table with every q > 1 entry priced as B x q one-token decodes at the same context:
+    step_ms[B, q, ctx] = attention(B x q requests of 1 token, ctx). Each query token has its own
+    top-k selection and reads its own key list (indexer scores, compressed entries, the 128-token
+    window), so that is what a kernel that treats tokens as independent elements does; a kernel
+    that reads a request's shared keys (window, indexer keys) once for its q tokens is cheaper, so
+    this is an upper bound on such kernels. Past REQ_BATCH_MAX one-token requests (where the
+    kernel tables' decode series end) the attention grows in proportion to the requests (a GPU
+    already full of them). q = 1 entries and the forward share are unchanged."""
+    tab = np.array(ra.step_ms, dtype=float)
+    for b, B in enumerate(ra.batch):
+        for j, q in enumerate(ra.q):
+            if int(q) == 1:
+                continue
+            n = int(B) * int(q)
+            base = min(n, REQ_BATCH_MAX)
+            for c, ctx in enumerate(ra.ctx):
+                tab[b, j, c] = (
+                    _attn_only(model, topo, hardware, pricer, phase="decode", batch=base, q=1, kv=int(ctx)) * n / base
+                )
+    return dataclasses.replace(
+        ra,
+        step_ms=tab,
+        source=ra.source + "; verify windows of q tokens priced as q one-token decodes at the request's context",
+    )
+
+
 STEP_INDEXER_Q = (512, 2048, 8192)  # prompt-chunk tokens whose indexer slope prices a logits cell
 STEP_INDEXER_KV = (32768, 131072)  # contexts the slope is taken between (top-k saturated: key lists fixed)
 
@@ -1091,6 +1161,7 @@ def compose_profile(
     dbo_threshold: int | str = DBO_DECODE_TOKEN_THRESHOLD,
     step_indexer: bool = False,
     step_keys: bool = False,
+    verify_attention: str = "window",
 ) -> Profile:
     """Build the profile (see the module doc). `table`: one kernel table or several in order of
     preference. `table_error`: the measured error of the (first) table against our own
@@ -1099,8 +1170,9 @@ def compose_profile(
     per-layer glue is fitted on (see LayerGlue). `moe_dp_chunk`: tokens per rank per MoE chunk on
     data-parallel topologies (None: vLLM's default, 256; 0: one pass, as our shard executor runs).
     `request_attention`: add the format-3 per-request attention table (dsim.cost module doc).
-    `step_indexer`: price V4's lightning indexer as our shard executor runs it, every token of the
-    step scored over the step's longest context (format 4; vLLM's kernels score each request over
+    `verify_attention`: "window" (the kernel tables' q-token records) or "tokens" (each verify token
+    as a one-token decode, flattened_verify_attention). `step_indexer`: price V4's lightning
+    indexer as our shard executor runs it, every token of the step scored over the step's longest context (format 4; vLLM's kernels score each request over
     its own context, so engine profiles leave it out). `step_keys`: price the V4 attention cores'
     key lists as our shard executor runs them, every token's as long as the step's longest, split
     by the step's own tokens (format 4 step_keys; needs step_indexer)."""
@@ -1196,6 +1268,12 @@ def compose_profile(
     )
     if req_attn is not None:
         req_attn = dataclasses.replace(req_attn, forward_share_ms=lifted_share(req_attn.forward_share_ms, fwd_lift))
+    if verify_attention not in VERIFY_ATTENTION:
+        raise InputError(f"--verify-attention {verify_attention!r}: expected one of {', '.join(VERIFY_ATTENTION)}")
+    if verify_attention == "tokens":
+        if req_attn is None:
+            raise InputError("--verify-attention tokens: needs the per-request attention table (format 3)")
+        req_attn = flattened_verify_attention(model, topo, hardware, pricer, req_attn)
     if step_indexer:
         if req_attn is None or not any(r == 4 for r in model.compress_ratios):
             raise InputError("--step-indexer: needs the per-request attention table and a model with an indexer (V4)")
@@ -1223,6 +1301,11 @@ def compose_profile(
             src += "; " + ", ".join(f"{op} from {name} first" for op, name in sorted(prefer.items()))
         if zero_ops:
             src += f"; {', '.join(sorted(zero_ops))} priced at 0 (one-GPU shard check)"
+        if pricer.moe_as_gemm:
+            src += (
+                f"; {pricer.moe_as_gemm} routed-expert lookups of a one-expert EP rank priced as that expert's "
+                "gate+up and down GEMMs (no moe record for the group in the tables)"
+            )
         if pricer.grouped_as_single:
             src += (
                 f"; {sum(pricer.grouped_as_single.values())} batched-GEMM lookups priced as the single GEMM of "
@@ -1284,6 +1367,15 @@ def compose_profile(
                 else {}
             ),
             draft_block=draft_block,
+            **(
+                dict(
+                    verify_attention="each verify token priced as a one-token decode of its request's context "
+                    "(DeepSeek's V4 kernels process a step's tokens as independent elements, DSpark paper "
+                    "Sec. 5.3); an upper bound on a kernel that reads a request's shared keys once"
+                )
+                if verify_attention == "tokens"
+                else {}
+            ),
             forward_table=f"steps priced as requests of {max(1, int(forward_q))} query token(s) each"
             + (
                 "; decode/verify attention priced per request from request_attention (format 3)"
@@ -1459,6 +1551,13 @@ def main(argv: list[str] | None = None) -> int:
         help="V4 (with --step-indexer): price the attention cores' key lists as our H200 shard executor runs them, "
         "every token's as long as the step's longest and split-K by the step's own tokens (profile format 4; not vLLM)",
     )
+    prof.add_argument(
+        "--verify-attention",
+        choices=VERIFY_ATTENTION,
+        default="window",
+        help="price a q-token verify window as the kernel tables' window records (default) or as q one-token "
+        "decodes at the request's context (tokens: kernels that process tokens as independent elements)",
+    )
     prof.add_argument("--name", default=None)
     prof.add_argument("--out", required=True)
     prof.add_argument(
@@ -1526,6 +1625,7 @@ def main(argv: list[str] | None = None) -> int:
             step_keys=a.step_keys,
             overlap=a.overlap,
             dbo_threshold=parse_dbo_threshold(a.dbo_threshold),
+            verify_attention=a.verify_attention,
         )
         save_profile(prof_, a.out)
         print(f"wrote {a.out}: {prof_.label}")

@@ -594,3 +594,99 @@ def test_shard_profile_step_keys_from_the_h200_torch_records():
     nonattn_240 = cm.step_ms(240, 0) - cm._forward_share(240)
     assert cm.step_ms(256, 0) == pytest.approx(cm.step_ms(240, 0), rel=1e-9)
     assert 0 <= nonattn - nonattn_240 < 0.05 * nonattn_240
+
+# ------------------------------------------------------------------ wide expert parallelism (paper scenario)
+def test_one_expert_rank_is_priced_as_that_experts_gemms():
+    """EP = routed experts (one expert per GPU, DeepSeek-V3 report Sec. 3.4): with no moe record for
+    the group, the rank's experts cost its one expert's gate+up and down GEMMs at rows = tokens x
+    topk / experts, plus the elementwise traffic; the moe op's preferred table is asked first."""
+    m, t = load_model("deepseek-v4-flash"), parse_topology("dp256-ep256")
+    op = [o for o in layer_ops(m, t, "h200", 16) if o.part == "moe_experts"][0]
+    rows = 16 * 256 * m.topk // m.experts
+    assert op.rec["tokens"] == 16 * 256 and op.rec["ep"] == m.experts
+    gu = dict(op="gemm", dtype="fp8", m=rows, n=2 * m.moe_inter, k=m.hidden)
+    dn = dict(op="gemm", dtype="fp8", m=rows, n=m.hidden, k=m.moe_inter)
+    ew_bytes = rows * (2 * m.moe_inter * 2 + m.moe_inter * 2 + 4 * m.hidden * 2)
+    a = KernelTable("a", {"kind": "measured"}, [dict(gu, ms=0.03), dict(dn, ms=0.02),
+                                               dict(op="elementwise", bytes=ew_bytes, ms=0.005)])
+    b = KernelTable("b", {"kind": "measured"}, [dict(gu, ms=0.3), dict(dn, ms=0.2)])
+    pr = Pricer([a, b], Roofline())
+    assert pr.ms(op) == pytest.approx(0.055) and pr.moe_as_gemm == 1
+    pr_b = Pricer([a, b], Roofline(), prefer={"moe": "b"})
+    assert pr_b.ms(op) == pytest.approx(0.5 + 0.005)
+    # a rank of several experts (EP8) is not a dense GEMM: no table answers, the roofline prices it
+    op8 = [o for o in layer_ops(m, parse_topology("dp8-ep8"), "h200", 16) if o.part == "moe_experts"][0]
+    pr8 = Pricer([a], Roofline())
+    assert pr8.ms(op8) == pytest.approx(Roofline().ms(op8.rec)) and pr8.moe_as_gemm == 0
+
+
+def test_flattened_verify_attention_prices_each_token_as_a_decode():
+    """--verify-attention tokens: a step of B requests verifying q tokens costs the attention of B x q
+    one-token decodes at the same context (in proportion beyond the table's 512 requests); the
+    q = 1 entries and the forward share are the window table's."""
+    from dsim.compose import REQ_BATCH_MAX, _attn_only
+
+    m, t = load_model("deepseek-v4-flash"), parse_topology("dp8-ep8")
+    win = compose_profile(m, t, "h200", None).request_attention
+    tok = compose_profile(m, t, "h200", None, verify_attention="tokens")
+    ra = tok.request_attention
+    assert "q one-token decodes" in ra.source and "verify_attention" in tok.provenance["assumptions"]
+    np.testing.assert_allclose(ra.step_ms[:, 0, :], win.step_ms[:, 0, :])
+    np.testing.assert_allclose(ra.forward_share_ms, win.forward_share_ms)
+    pr = Pricer(None, Roofline())
+    b, j, c = list(ra.batch).index(16), list(ra.q).index(4), 2
+    assert ra.step_ms[b, j, c] == pytest.approx(
+        _attn_only(m, t, "h200", pr, phase="decode", batch=64, q=1, kv=int(ra.ctx[c])))
+    b = list(ra.batch).index(256)
+    full = _attn_only(m, t, "h200", pr, phase="decode", batch=REQ_BATCH_MAX, q=1, kv=int(ra.ctx[c]))
+    assert ra.step_ms[b, j, c] == pytest.approx(full * 256 * 4 / REQ_BATCH_MAX)
+    with pytest.raises(InputError, match="verify-attention"):
+        compose_profile(m, t, "h200", None, verify_attention="tokens", request_attention=False)
+
+
+def test_deepep_internode_table_prices_every_wide_ep_all_to_all():
+    """The shipped inter-node table answers every dispatch / combine record of the wide-EP paper
+    profiles (no roofline fallback for comm), and grows with the tokens per rank."""
+    from dsim.kernels_deepep import DEEPEP_README_LL_US, ep_scale
+
+    tab = load_kernel_table("h200-deepep-internode")
+    for name, topo in (("deepseek-v4-flash", "dp256-ep256"), ("deepseek-v4-pro", "dp384-ep384")):
+        m, t = load_model(name), parse_topology(topo)
+        for n in (1, 7, 40, 256):
+            ops = [o for o in layer_ops(m, t, "h200", n) if o.part == "comm"]
+            assert {o.rec["kind"] for o in ops} == {"a2a_dispatch", "a2a_combine"}
+            assert all(o.rec["scope"] == "inter_node" and tab.ms(o.rec) is not None for o in ops)
+        d = [tab.ms(o.rec) for n in (16, 64, 256) for o in layer_ops(m, t, "h200", n)
+             if o.rec.get("kind") == "a2a_dispatch"]
+        assert d == sorted(d) and d[0] < d[-1]
+    assert ep_scale(64, "a2a_dispatch") == 1.0
+    assert ep_scale(256, "a2a_combine") == pytest.approx(DEEPEP_README_LL_US[256][1] / DEEPEP_README_LL_US[64][1])
+    assert ep_scale(384, "a2a_dispatch") == ep_scale(256, "a2a_dispatch")
+
+
+def test_deepep_price_scales_with_message_volume():
+    """A record is priced at AIC's shape of equal tokens x hidden x top-k; measured node counts are
+    read directly, wider groups scaled from 8 nodes; below the smallest count, its latency floor."""
+    from dsim.kernels_deepep import price
+
+    rows = [dict(node_num=nn, num_experts=256, num_token=x, dispatch_avg_t_us=10.0 * nn + x,
+                 combine_avg_t_us=20.0 * nn + 2 * x) for nn in (2, 4, 8) for x in (2, 8, 32, 128)]
+    ms, how = price(rows, "a2a_dispatch", 32, 7168, 8, 64)
+    assert ms == pytest.approx((80 + 32) / 1000) and how["ep_scale"] == 1.0
+    ms_half, _ = price(rows, "a2a_dispatch", 32, 3584, 8, 32)  # half the volume at 4 nodes: 16 tokens
+    assert ms_half * 1000 == pytest.approx(float(np.exp(np.interp(np.log(16), np.log([8, 32]),
+                                                                  np.log([48, 72])))))
+    floor, _ = price(rows, "a2a_combine", 1, 4096, 6, 16)
+    assert floor == pytest.approx((40 + 4) / 1000)
+    with pytest.raises(InputError):
+        price(rows, "a2a_dispatch", 8, 7168, 8, 8)
+
+
+def test_deepep_build_rejects_bad_specs_in_one_line(tmp_path, capsys):
+    from dsim.kernels_deepep import main
+
+    out = tmp_path / "t.json"
+    for bad in ("deepseek-v4-flash:8", "deepseek-v4-flash", ":256", "deepseek-v4-flash:x"):
+        assert main(["build", "--model", bad, "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: --model") and "\n" not in err and not out.exists()

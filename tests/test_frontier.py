@@ -201,13 +201,14 @@ def test_pick_pair_and_dspark_block_tokens():
 
 
 def test_sweep_on_the_paper_scenario_end_to_end(tmp_path):
-    """The paper's deployment (V4-Flash dp8-ep8 with two-batch overlap, decode instances, load per
-    GPU, DSpark-5): the sweep prints the comparison with the paper's V4-Flash anchors and draws it."""
+    """The paper's deployment (V4-Flash with one routed expert per GPU over EP256, two-batch overlap,
+    decode instances, load per GPU, DSpark-5): the sweep prints the comparison with the paper's
+    V4-Flash anchors and draws it."""
     from typer.testing import CliRunner
 
     from dsim.entry import app
     out = tmp_path / "sw"
-    res = CliRunner().invoke(app, ["sweep", "--profile", "deepseek-v4-flash-h200-dp8-ep8-dbo", "--per-gpu",
+    res = CliRunner().invoke(app, ["sweep", "--profile", "deepseek-v4-flash-h200-dp256-ep256-dbo", "--per-gpu",
                                    "--concurrency", "2,20", "--methods", "mtp,dspark5", "--disaggregated",
                                    "--min-requests", "16", "--requests-per-user", "1", "--jobs", "1",
                                    "--out", str(out)])

@@ -162,9 +162,11 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
             parse_dbo_threshold(bad)
 
 
-@pytest.mark.parametrize("name,threshold", [("deepseek-v4-flash-h200-dp8-ep8-dbo", 272),
-                                            ("deepseek-v4-pro-b300-dp8-ep8-dbo", 272)])
-def test_paper_scenario_profiles_say_what_they_price(name, threshold):
+@pytest.mark.parametrize("name,threshold,holds", [("deepseek-v4-flash-h200-dp256-ep256-dbo", 104, False),
+                                                  ("deepseek-v4-pro-h200-dp384-ep384-dbo", 64, False),
+                                                  ("deepseek-v4-flash-h200-dp8-ep8-dbo", 272, True),
+                                                  ("deepseek-v4-pro-b300-dp8-ep8-dbo", 272, True)])
+def test_paper_scenario_profiles_say_what_they_price(name, threshold, holds):
     from dsim.cost import load_profile
     p = load_profile(name)
     a = p.provenance["assumptions"]
@@ -176,4 +178,17 @@ def test_paper_scenario_profiles_say_what_they_price(name, threshold):
     # table, and the profile says where that holds (attention on the critical path at every split size)
     assert p.format_version == 3 and p.request_attention is not None
     assert "chunks of 256 tokens" in a["moe_dp_chunk"]
-    assert "per-request attention correction" in a["overlap"] and "which holds: every split size" in a["overlap"]
+    assert "per-request attention correction" in a["overlap"]
+    # wide EP: past ~270 tokens per rank the inter-node all-to-all outlasts the attention it overlaps,
+    # and the profile says so (where, and by how much per layer)
+    assert ("which holds: every split size" in a["overlap"]) == holds
+    assert holds or "which does not hold everywhere: at 1024 tokens per rank" in a["overlap"]
+    # every paper-scenario profile prices a verify window as its tokens' one-token decodes (Sec. 5.3)
+    assert "--verify-attention tokens" in p.provenance["command"] and "verify_attention" in a
+    if p.provenance["topology"]["ep"] > 8:
+        # one routed expert per GPU (EP = experts), its GEMMs from the tables, the inter-node
+        # all-to-all from the DeepEP table: nothing left to the roofline
+        assert p.provenance["topology"]["ep"] == load_model(p.provenance["model"]).experts
+        assert "routed-expert lookups of a one-expert EP rank" in p.provenance["method"]
+        assert "h200-deepep-internode" in p.provenance["method"]
+        assert "0 of" in p.provenance["method"] and "fell back to the roofline (none)" in p.provenance["method"]
