@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import simpy
@@ -112,9 +112,9 @@ STEP_FIELDS = tuple(StepRecord.__dataclass_fields__)
 STEP_FLOAT_FIELDS = tuple(f for f, t in StepRecord.__annotations__.items() if t == "float")  # others: int
 
 
-@dataclass(frozen=True, slots=True)
-class StepPlan:
-    """What the scheduler planned for one step.
+class StepPlan(NamedTuple):
+    """What the scheduler planned for one step (a named record; a NamedTuple because one is made
+    every step and a tuple is the cheapest record to build).
 
     The first ``n_decode`` decode slots decode (each 1 + its verified drafts, or ``decode_given``
     tokens where the token budget cut the queue); with drafts, their draws and verify windows
@@ -139,34 +139,48 @@ class StepPlan:
     duration_ms: float
 
 
-@dataclass(frozen=True, slots=True)
-class DecodeOutcome:
-    """What ``steps`` steps produced for the decode slots (in slot order): per request the drafts
-    drafted (``drafted`` each step), verified, accepted (inside the commit cap) and committed
-    tokens (accepted + 1 a step, capped by the request's remaining output; 0 for a decode the
-    budget gave no token), and per step the totals (``step_emitted``: committed tokens)."""
+class DecodeOutcome(NamedTuple):
+    """What ``steps`` steps produced for the ``n`` decode slots (in slot order): per request the
+    drafts drafted (``drafted`` each step), verified, accepted (inside the commit cap) and
+    committed tokens (accepted + 1 a step, capped by the request's remaining output; 0 for a
+    decode the budget gave no token), and per step the totals (``step_emitted``: committed
+    tokens). The arrays are views of the replica's commit buffers (``slot_out`` [3, >= n]:
+    committed, verified, accepted; ``step_out`` [3, >= steps]: verified, accepted, emitted),
+    valid until its next commit."""
 
     steps: int
+    n: int
     drafted: int
-    verified: np.ndarray
-    accepted: np.ndarray
-    committed: np.ndarray
-    step_verified: np.ndarray
-    step_accepted: np.ndarray
-    step_emitted: np.ndarray
+    slot_out: np.ndarray
+    step_out: np.ndarray
+    total_verified: int
+    total_accepted: int
+    total_committed: int
     full_block_accepted: int
 
     @property
-    def total_verified(self) -> int:
-        return int(self.step_verified.sum())
+    def committed(self) -> np.ndarray:
+        return self.slot_out[0, : self.n]
 
     @property
-    def total_accepted(self) -> int:
-        return int(self.step_accepted.sum())
+    def verified(self) -> np.ndarray:
+        return self.slot_out[1, : self.n]
 
     @property
-    def total_committed(self) -> int:
-        return int(self.step_emitted.sum())
+    def accepted(self) -> np.ndarray:
+        return self.slot_out[2, : self.n]
+
+    @property
+    def step_verified(self) -> np.ndarray:
+        return self.step_out[0, : self.steps]
+
+    @property
+    def step_accepted(self) -> np.ndarray:
+        return self.step_out[1, : self.steps]
+
+    @property
+    def step_emitted(self) -> np.ndarray:
+        return self.step_out[2, : self.steps]
 
 
 class Requests:
@@ -353,6 +367,9 @@ class Replica:
         self._done_F = np.empty((16, 2), dtype=np.float64)
         self._fwd = cost.forward_table()
         self._ctx_args = cost.context_args()
+        # A decode window's per-step shape (dsim.kernels_step.window_steps' rows), reused.
+        self._wi = np.empty((3, max(1, cfg.max_window)), dtype=np.int64)
+        self._wf = np.empty((5, max(1, cfg.max_window)), dtype=np.float64)
         self._script = None
         if K and cfg.draft_script is not None:
             sc = np.asarray(cfg.draft_script, dtype=np.int64).reshape(-1, 2)
@@ -747,28 +764,9 @@ class Replica:
             self._slot_out = np.empty((3, len(self._I)), dtype=np.int64)
         if self._step_out.shape[1] < m:
             self._step_out = np.empty((3, m), dtype=np.int64)
-        # (views of the reused buffers: the outcome is read before the next commit)
-        em, ver_r, acc_r = self._slot_out[:, :n]
-        sv, sa, se = self._step_out[:, :m]
         st = self.stats
         vt, at, lt, et, min_left = KS.commit_decodes(
-            self._I,
-            self._F,
-            n,
-            m,
-            K,
-            verified,
-            cap,
-            lead,
-            given,
-            st.accepted_hist,
-            itl_ms,
-            em,
-            ver_r,
-            acc_r,
-            sv,
-            sa,
-            se,
+            self._I, self._F, n, m, K, verified, cap, lead, given, st.accepted_hist, itl_ms, self._slot_out, self._step_out
         )
         if K:
             st.num_drafts += m * n
@@ -791,7 +789,7 @@ class Replica:
                 X[cp : cp + K, :n] = conf[m - 1]
         self.kv_dec += et
         self.left_lb = int(min_left)
-        return DecodeOutcome(m, K, ver_r, acc_r, em, sv, sa, se, int(lt))
+        return DecodeOutcome(m, n, K, self._slot_out, self._step_out, vt, at, et, lt)
 
     def _commit_step(self, plan: StepPlan):
         R, t = self.R, self.env.now
@@ -810,11 +808,7 @@ class Replica:
             out = self._commit_decodes(
                 1, plan.verified, plan.commit_cap, plan.lead, plan.conf, given, plan.duration_ms if fast else -1.0
             )
-            verified, accepted, emitted_total = (
-                int(out.step_verified[0]),
-                int(out.step_accepted[0]),
-                int(out.step_emitted[0]),
-            )
+            verified, accepted, emitted_total = out.total_verified, out.total_accepted, out.total_committed
             if fast:
                 self.itl_vals.append((plan.duration_ms, n_dec))
             else:
@@ -986,8 +980,7 @@ class Replica:
         else:
             conf = None
             lead = verified = cap = self._no_steps
-        n_tok, per_step, kv = np.empty((3, k), dtype=np.int64)
-        fwd, ctx_ms, dur, t_end = np.empty((4, k))
+        wi, wf = self._wi, self._wf
         comp0 = self.I[:, COMP].copy() if self.shapes is not None else None
         fixed_ms = dms + self.cpu_ms
         last, general, past = KS.window_steps(
@@ -1004,15 +997,10 @@ class Replica:
             self._fwd,
             self.cost.kv_ms_per_tok,
             fixed_ms,
-            *self._ctx_args,
+            self._ctx_args,
             env.now,
-            n_tok,
-            per_step,
-            kv,
-            fwd,
-            ctx_ms,
-            dur,
-            t_end,
+            wi,
+            wf,
         )
         if general:  # even one step needs a preemption: take the general path
             plan = self._plan_step(False)
@@ -1020,54 +1008,38 @@ class Replica:
             self._commit_step(plan)
             return
         if past:  # steps past the dense table: the cost model prices them
-            fwd[:] = self.cost.step_ms(n_tok, kv)
-            dur[:] = fwd + ctx_ms + fixed_ms
-            t_end[:] = env.now + np.cumsum(dur) / 1000.0
+            fwd, dur = wf[0, :k], wf[2, :k]
+            fwd[:] = self.cost.step_ms(wi[0, :k], wi[2, :k])
+            dur[:] = fwd + wf[1, :k] + fixed_ms
+            wf[3, :k] = env.now + np.cumsum(dur) / 1000.0
+            wf[4, :k] = np.maximum.accumulate(dur)
         # Run until the last step ends or an arrival wakes us; then commit the steps that ended
         # before the wake-up plus the one in flight. (The timeout triggers the wake event: one
         # event to wait on, cheaper than a condition over two.)
+        t_last = wf[3, last]
         self.wake = wake = env.event()
-        env.timeout(t_end[last] - env.now).callbacks.append(lambda _: None if wake.triggered else wake.succeed())
+        env.timeout(t_last - env.now).callbacks.append(lambda _: None if wake.triggered else wake.succeed())
         yield wake
-        if env.now < t_end[last] - 1e-12:
-            last = min(int(np.searchsorted(t_end, env.now - 1e-12, side="left")), k - 1)
-            if t_end[last] > env.now:
-                yield env.timeout(t_end[last] - env.now)
+        if env.now < t_last - 1e-12:
+            last = min(int(np.searchsorted(wf[3, :k], env.now - 1e-12, side="left")), k - 1)
+            t_last = wf[3, last]
+            if t_last > env.now:
+                yield env.timeout(t_last - env.now)
         m = last + 1
         if self.shapes is not None:
             cum = np.zeros(n, np.int64)
             for t in range(m):
                 qv = (1 + verified[t]) if K > 0 else np.ones(n, np.int64)
                 self.shapes.append(
-                    (self.idx, float(t_end[t]), qv.tolist(), (comp0 + cum).tolist(), float(fwd[t] + ctx_ms[t]))
+                    (self.idx, float(wf[3, t]), qv.tolist(), (comp0 + cum).tolist(), float(wf[0, t] + wf[1, t]))
                 )
                 cum += (np.minimum(lead[t], cap[t]) + 1) if K > 0 else 1
-        dmax = float(dur[:m].max())
-        if K > 0:
-            out = self._commit_decodes(m, verified[:m], cap[:m], lead[:m], conf[:m], None, dmax)
-        else:
-            out = self._commit_decodes(m, None, None, None, None, None, dmax)
+        out = self._commit_decodes(m, verified, cap, lead, conf, None, float(wf[4, last]))
         v = self.itl_vals
-        i = v.reserve(m)
-        v.a[i : i + m, 0] = dur[:m]
-        v.a[i : i + m, 1] = n
-        self._last_is_prev_end = True  # (prev_end = t_end[last] below)
+        j = v.reserve(m)
+        self._last_is_prev_end = True  # (prev_end = t_last below)
         st = self.steps
         i = st.reserve(m)  # (before reading st.a: reserving may move it)
-        KS.window_rows(
-            st.a,
-            i,
-            m,
-            self.idx,
-            n,
-            len(self.waiting),
-            t_end,
-            dur,
-            n_tok,
-            kv,
-            out.step_verified,
-            out.step_accepted,
-            out.step_emitted,
-        )
-        self.prev_end = float(t_end[last])
+        KS.window_rows(st.a, i, m, self.idx, n, len(self.waiting), wi, wf, out.step_out, v.a, j)
+        self.prev_end = float(t_last)
         self._finish_done()
