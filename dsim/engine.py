@@ -363,8 +363,11 @@ class Replica:
         # with the slot buffers; per step, sized to the longest commit so far).
         self._slot_out = np.empty((3, 16), dtype=np.int64)
         self._step_out = np.empty((3, 1), dtype=np.int64)
-        self._done_I = np.empty((16, NCOL), dtype=np.int64)
-        self._done_F = np.empty((16, 2), dtype=np.float64)
+        # The finished requests' slot rows and (last emission, largest ITL, finish time), written
+        # in place by the removal kernel and read by flush.
+        self._done_I = np.empty((64, NCOL), dtype=np.int64)
+        self._done_F = np.empty((64, 3), dtype=np.float64)
+        self._done_n = 0
         self._fwd = cost.forward_table()
         self._ctx_args = cost.context_args()
         # A decode window's per-step shape (dsim.kernels_step.window_steps' rows), reused.
@@ -402,7 +405,6 @@ class Replica:
         self.prev_end = -1.0
         self._last_is_prev_end = True  # every decode slot last emitted at prev_end (see _itl)
         self.steps = Columns(len(STEP_FIELDS))  # the step table's rows (STEP_FIELDS order)
-        self.finished: list = []  # (slot rows, float rows, finish time) to flush
         self.head_conf: list = []  # the head's sample from this replica (SpecStats.replica_cap)
         self.head_acc: list = []
         self.head_n = 0
@@ -614,8 +616,8 @@ class Replica:
         if n_dec:
             if K:
                 # the verify budget, priced with those prefill chunks
-                conf, lead, verified, cap = self._draft_and_verify(1, sum(chunks), self._prefill_ms(chunks))
-                dec_tokens = n_dec + int(verified.sum())
+                conf, lead, verified, cap, v0 = self._draft_and_verify(1, sum(chunks), self._prefill_ms(chunks))
+                dec_tokens = n_dec + v0
             else:
                 dec_tokens = n_dec
             if dec_tokens > budget:  # the budget cuts the decode queue (rare)
@@ -706,7 +708,7 @@ class Replica:
         dsim.kernels_step.plan_decodes). Adaptive: each step's budgets priced by one cost row,
         the cost of n + prefill_tokens + b tokens at the slots' KV context, drafter and CPU
         overhead included, plus prefill_ms (the step's prefill correction). Returns
-        (conf [steps, K, n], lead, verified, commit cap [steps, n])."""
+        (conf [steps, K, n], lead, verified, commit cap [steps, n], drafts verified in the first step)."""
         n, K = self.n, self.K
         conf = np.empty((steps, K, n), dtype=np.float32)
         lead, verified, cap = np.empty((3, steps, n), dtype=np.int64)
@@ -718,7 +720,7 @@ class Replica:
             row = self.spec.policy.cost_row(n, N, N + M + 1, row)
         else:
             row = self._no_row
-        KS.plan_decodes(
+        v0 = KS.plan_decodes(
             self.key,
             self._I,
             self._X,
@@ -744,7 +746,8 @@ class Replica:
         )
         if self._script is not None:
             apply_draft_script(self._script, self._I[:n, ROUNDS], lead, verified, cap)
-        return conf, lead, verified, cap
+            v0 = int(verified[0].sum())
+        return conf, lead, verified, cap, v0
 
     # ---- commit: one path for single steps and decode windows ---------------------------------
     def _commit_decodes(self, m: int, verified, cap, lead, conf, given, itl_ms: float = -1.0) -> DecodeOutcome:
@@ -901,19 +904,24 @@ class Replica:
     def _finish_done(self):
         if not self.n or self.left_lb > 0:
             return
-        n = self.n
-        if len(self._done_I) < n:
-            self._done_I = np.empty((len(self._I), NCOL), dtype=np.int64)
-            self._done_F = np.empty((len(self._I), 2), dtype=np.float64)
-        w, d, min_left, done_kv = KS.remove_done(self._I, self._F, self._X, n, self._done_I, self._done_F)
+        n, d0 = self.n, self._done_n
+        if len(self._done_I) < d0 + n:
+            cap = max(2 * len(self._done_I), d0 + n)
+            for name in ("_done_I", "_done_F"):
+                old = getattr(self, name)
+                new = np.empty((cap, old.shape[1]), dtype=old.dtype)
+                new[:d0] = old[:d0]
+                setattr(self, name, new)
+        w, d, min_left, done_kv = KS.remove_done(
+            self._I, self._F, self._X, n, self._done_I, self._done_F, d0, float(self.env.now)
+        )
         self.n = w
         self.left_lb = int(min_left)
         if d:
-            rows, frows = self._done_I[:d].copy(), self._done_F[:d].copy()
             # Per-request results are written to the request table once, at the end (flush).
-            self.finished.append((rows, frows, self.env.now))
+            self._done_n = d0 + d
             self.kv_dec -= done_kv
-            for rid in rows[:, ID].tolist():
+            for rid in self._done_I[d0 : d0 + d, ID].tolist():
                 self.on_finish(rid)
 
     def flush(self) -> None:
@@ -922,7 +930,7 @@ class Replica:
         R = self.R
         st = self.stats
         if self.K:
-            parts = [rows for rows, _, _ in self.finished] + [self.I]
+            parts = [self._done_I[: self._done_n], self.I]
             if R.spec_counts:  # preempted and not resumed
                 parts.append(
                     np.array([(0, 0, 0, R.cls_l[r], 0) + v for r, v in R.spec_counts.items()], dtype=np.int64).reshape(
@@ -938,12 +946,12 @@ class Replica:
             st.cls_emitted += np.bincount(cls, weights=rounds + allr[:, ASUM], minlength=nc)
             st.cls_verify += np.bincount(cls, weights=rounds + allr[:, VSUM], minlength=nc)
             self.I[:, ROUNDS : VSUM + 1] = 0  # counted now
-        for rows, frows, t in self.finished:
-            ids = rows[:, ID]
-            R.finish[ids] = t
-            R.emits[ids] = rows[:, EMITS]
-            R.itl_max[ids] = frows[:, _ITLMAX]
-        self.finished = []
+        rows, frows = self._done_I[: self._done_n], self._done_F[: self._done_n]
+        ids = rows[:, ID]
+        R.finish[ids] = frows[:, 2]
+        R.emits[ids] = rows[:, EMITS]
+        R.itl_max[ids] = frows[:, _ITLMAX]
+        self._done_n = 0
 
     # ---- decode windows ---------------------------------------------------------------------
     def _window_ok(self) -> bool:
@@ -976,7 +984,7 @@ class Replica:
                 k_arr = (t_next - env.now) * 1000.0 // max(floor_ms, 1e-6) + 1
                 k = int(min(k, max(k_arr, CHEAP_WINDOW_SLOTS // n, 1)))
         if K > 0:
-            conf, lead, verified, cap = self._draft_and_verify(k)
+            conf, lead, verified, cap, _ = self._draft_and_verify(k)
         else:
             conf = None
             lead = verified = cap = self._no_steps
@@ -998,7 +1006,7 @@ class Replica:
             self.cost.kv_ms_per_tok,
             fixed_ms,
             self._ctx_args,
-            env.now,
+            float(env.now),
             wi,
             wf,
         )

@@ -792,10 +792,11 @@ def commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot
 
 
 @njit(cache=True)
-def remove_done(I, F, X, n, done_I, done_F):
+def remove_done(I, F, X, n, done_I, done_F, d0, t_now):
     """Remove the slots with nothing left to emit (COMP >= END), keeping the others' order in
-    place; their rows go to done_I / done_F (in slot order). Returns (slots kept, slots removed,
-    smallest remaining output among the kept, KV tokens of the removed)."""
+    place; their rows go to done_I / done_F from row d0 on (in slot order; done_F's columns: the
+    two of F, then the finish time t_now). Returns (slots kept, slots removed, smallest
+    remaining output among the kept, KV tokens of the removed)."""
     w = 0
     d = 0
     done_kv = 0
@@ -805,9 +806,10 @@ def remove_done(I, F, X, n, done_I, done_F):
         left = I[r, END] - I[r, COMP]
         if left <= 0:
             for c in range(NCOL):
-                done_I[d, c] = I[r, c]
-            done_F[d, 0] = F[r, 0]
-            done_F[d, 1] = F[r, 1]
+                done_I[d0 + d, c] = I[r, c]
+            done_F[d0 + d, 0] = F[r, 0]
+            done_F[d0 + d, 1] = F[r, 1]
+            done_F[d0 + d, 2] = t_now
             done_kv += I[r, COMP]
             d += 1
         else:
@@ -861,7 +863,8 @@ def plan_decodes(
 ):
     """Draws (``draw_slots``) and verify windows of ``steps`` steps of the first n decode slots:
     adaptive, the budget policy ``code`` on the cost row ``row`` (``window_windows``); else the
-    full block. Writes conf [steps, K, n], lead, verified and commit cap [steps, n]."""
+    full block. Writes conf [steps, K, n], lead, verified and commit cap [steps, n]; returns the
+    drafts verified in the first step."""
     nothing_b = np.zeros((0, 0, 0), np.bool_)
     nothing_f = np.zeros((0, 0, 0), np.float32)
     draw_slots(
@@ -911,6 +914,11 @@ def plan_decodes(
     else:
         win[:, :] = K
     verify_arrays(mode, win, K, verified, cap)
+    v0 = 0
+    if steps > 0:
+        for r in range(n):
+            v0 += verified[0, r]
+    return v0
 
 
 @njit(cache=True)
