@@ -548,8 +548,21 @@ class Replica:
                 self.wake = env.event()
                 yield self.wake
                 continue
-            yield env.timeout(plan.duration_ms / 1000.0)
+            if not self._skip(plan.duration_ms / 1000.0):
+                yield env.timeout(plan.duration_ms / 1000.0)
             self._commit_step(plan)
+
+    def _skip(self, delay_s: float) -> bool:
+        """Advance the clock by delay_s without an event where nothing else is scheduled up to
+        then (the next event strictly later), as waiting on a timeout would: nothing else can
+        run in between, and the clock reads what the timeout would set (now + delay). An event
+        at the same instant is left to simpy's order (then False: the caller waits)."""
+        env = self.env
+        t = env.now + delay_s
+        if env.peek() > t:
+            env._now = t  # (simpy.Environment's clock; a timeout sets the same value)
+            return True
+        return False
 
     def _preempt_tail(self):
         """Preempt the request at the tail of the running queue, i.e. the most recently admitted
@@ -1012,27 +1025,30 @@ class Replica:
         )
         if general:  # even one step needs a preemption: take the general path
             plan = self._plan_step(False)
-            yield env.timeout(plan.duration_ms / 1000.0)
+            if not self._skip(plan.duration_ms / 1000.0):
+                yield env.timeout(plan.duration_ms / 1000.0)
             self._commit_step(plan)
             return
         if past:  # steps past the dense table: the cost model prices them
-            fwd, dur = wf[0, :k], wf[2, :k]
-            fwd[:] = self.cost.step_ms(wi[0, :k], wi[2, :k])
-            dur[:] = fwd + wf[1, :k] + fixed_ms
-            wf[3, :k] = env.now + np.cumsum(dur) / 1000.0
-            wf[4, :k] = np.maximum.accumulate(dur)
+            q = last + 1
+            fwd, dur = wf[0, :q], wf[2, :q]
+            fwd[:] = self.cost.step_ms(wi[0, :q], wi[2, :q])
+            dur[:] = fwd + wf[1, :q] + fixed_ms
+            wf[3, :q] = env.now + np.cumsum(dur) / 1000.0
+            wf[4, :q] = np.maximum.accumulate(dur)
         # Run until the last step ends or an arrival wakes us; then commit the steps that ended
         # before the wake-up plus the one in flight. (The timeout triggers the wake event: one
         # event to wait on, cheaper than a condition over two.)
         t_last = wf[3, last]
-        self.wake = wake = env.event()
-        env.timeout(t_last - env.now).callbacks.append(lambda _: None if wake.triggered else wake.succeed())
-        yield wake
-        if env.now < t_last - 1e-12:
-            last = min(int(np.searchsorted(wf[3, :k], env.now - 1e-12, side="left")), k - 1)
-            t_last = wf[3, last]
-            if t_last > env.now:
-                yield env.timeout(t_last - env.now)
+        if not self._skip(t_last - env.now):  # (no arrival can wake us before the window ends)
+            self.wake = wake = env.event()
+            env.timeout(t_last - env.now).callbacks.append(lambda _: None if wake.triggered else wake.succeed())
+            yield wake
+            if env.now < t_last - 1e-12:
+                last = min(int(np.searchsorted(wf[3, : last + 1], env.now - 1e-12, side="left")), last)
+                t_last = wf[3, last]
+                if t_last > env.now:
+                    yield env.timeout(t_last - env.now)
         m = last + 1
         if self.shapes is not None:
             cum = np.zeros(n, np.int64)

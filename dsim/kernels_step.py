@@ -937,7 +937,7 @@ def window_steps(
     Returns (last, general, past): the last step to run (the first step where some slot may
     finish, or the step before the KV cache runs out), whether even the first step needs a
     preemption (then the caller takes the general path), and whether some step is past the
-    dense table."""
+    dense table. Only steps 0..last are written (none after them runs)."""
     ctx_on = ctx[0]
     n_tok = wi[0]
     per_step = wi[1]
@@ -983,10 +983,12 @@ def window_steps(
         per_step[t] = ps
         kv[t] = kv_start + tok
         kv_start += ps
+        if found:  # (no step after the first possible completion runs)
+            break
     past = False
     acc_ms = 0.0
     top = -np.inf
-    for t in range(k):
+    for t in range(last + 1):
         if n_tok[t] < fwd_table.shape[0]:
             fwd[t] = fwd_table[n_tok[t]] + kv_ms_per_tok * kv[t]
             dur[t] = fwd[t] + ctx_ms[t] + fixed_ms
