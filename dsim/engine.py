@@ -213,9 +213,9 @@ class Requests:
         self.replica = np.full(n, -1, dtype=np.int64)
         self.latent = np.zeros(n)
         self.spec_counts: dict = {}  # rid -> (rounds, accepted, verified) while preempted
-        # Per request, the float32 rows its decode slot carries (Replica.X; built by the first
-        # replica): acceptance-model slot offsets, then the confidences of its previous draft
-        # rounds (ones before its first; written back here when it is preempted).
+        # Per request, the float32 rows its decode slot carries (Replica.X's column; built by the
+        # first replica; [requests, rows]): acceptance-model slot offsets, then the confidences of
+        # its previous draft rounds (ones before its first; written back here when it is preempted).
         self.slot_rows: np.ndarray | None = None
 
 
@@ -347,8 +347,11 @@ class Replica:
         self._cp = self._off_rows if track else -1
         self._cp2 = self._off_rows + K if track2 else -1
         rows = self._off_rows + K * (track + track2)
-        if K and (reqs.slot_rows is None or len(reqs.slot_rows) != rows):
-            reqs.slot_rows = np.concatenate([off, np.ones((rows - len(off), reqs.n), dtype=np.float32)])
+        if K and (reqs.slot_rows is None or reqs.slot_rows.shape[1] != rows):
+            # request-major [requests, rows]: a request's rows are one contiguous read
+            sr = np.ones((reqs.n, rows), dtype=np.float32)
+            sr[:, : len(off)] = off.T
+            reqs.slot_rows = sr
         self._draw = acc.kernel_params() if K else None
         self._pcode = pol.code if pol is not None else -1
         self._ptau = float(pol.tau) if pol is not None else 0.0
@@ -445,12 +448,12 @@ class Replica:
             self._I[n] = rows[0]
             self._F[n] = frows[0]
             if self.K:
-                self._X[:, n] = self.R.slot_rows[:, cols[0]]
+                self._X[:, n] = self.R.slot_rows[cols[0]]
         else:
             self._I[n : n + m] = rows
             self._F[n : n + m] = frows
             if self.K:
-                self._X[:, n : n + m] = self.R.slot_rows[:, cols]
+                self._X[:, n : n + m] = self.R.slot_rows[cols].T
         self.n = n + m
 
     def _remove_slot(self, j: int):
@@ -587,7 +590,7 @@ class Replica:
             R.itl_max[rid] = frow[_ITLMAX]
             self.kv_dec -= int(row[COMP])
             if self.K:
-                R.slot_rows[:, rid] = self._X[:, j]  # its confidences, kept for its resumption
+                R.slot_rows[rid] = self._X[:, j]  # its confidences, kept for its resumption
             self._remove_slot(j)
         R.blocks[rid] = 0
         R.computed[rid] = 0
