@@ -267,16 +267,19 @@ CHEAP_WINDOW_SLOTS = 256
 
 class Columns:
     """Rows of float64 columns appended in place (the step table, the ITL samples): one growing
-    array instead of a Python tuple per row."""
+    array instead of a Python tuple per row. Rows appended one at a time wait in a short list
+    and are written in one assignment (a tuple per numpy row write costs more than the row)
+    before any reserve or read, so the rows keep their order."""
 
-    __slots__ = ("a", "n")
+    __slots__ = ("a", "n", "_pending")
+    PENDING = 256
 
     def __init__(self, ncol: int, cap: int = 64):
         self.a = np.empty((cap, ncol), dtype=np.float64)
         self.n = 0
+        self._pending: list = []
 
-    def reserve(self, m: int) -> int:
-        """The index of the first of m new rows (written by the caller)."""
+    def _grow(self, m: int) -> int:
         i = self.n
         if i + m > len(self.a):
             new = np.empty((max(2 * len(self.a), i + m), self.a.shape[1]), dtype=np.float64)
@@ -285,15 +288,27 @@ class Columns:
         self.n = i + m
         return i
 
+    def _flush(self) -> None:
+        p = self._pending
+        if p:
+            i = self._grow(len(p))
+            self.a[i : self.n] = p
+            p.clear()
+
+    def reserve(self, m: int) -> int:
+        """The index of the first of m new rows (written by the caller)."""
+        if self._pending:
+            self._flush()
+        return self._grow(m)
+
     def append(self, row) -> None:
-        i = self.n
-        if i == len(self.a):
-            self.reserve(1)
-        else:
-            self.n = i + 1
-        self.a[i] = row
+        p = self._pending
+        p.append(row)
+        if len(p) >= self.PENDING:
+            self._flush()
 
     def rows(self) -> np.ndarray:
+        self._flush()
         return self.a[: self.n]
 
 
@@ -561,9 +576,10 @@ class Replica:
         run in between, and the clock reads what the timeout would set (now + delay). An event
         at the same instant is left to simpy's order (then False: the caller waits)."""
         env = self.env
-        t = env.now + delay_s
-        if env.peek() > t:
-            env._now = t  # (simpy.Environment's clock; a timeout sets the same value)
+        t = env._now + delay_s
+        q = env._queue  # (simpy.Environment's event heap and clock: peek() and a timeout's value)
+        if not q or q[0][0] > t:
+            env._now = t
             return True
         return False
 
@@ -623,12 +639,15 @@ class Replica:
         left = max(budget - n_dec * (1 + K), 0)
         chunks = []
         n_pre_sample = 0  # prefills whose chunk ends their prompt sample a token
+        kv_pre = 0  # KV the prefills read: computed + chunk
         for r in self.pre:
-            todo = R.prompt_l[r] + R.generated[r] - R.computed[r]
+            comp = R.computed[r]
+            todo = R.prompt_l[r] + R.generated[r] - comp
             c = min(todo, left, thr) if thr > 0 else min(todo, left)
             chunks.append(c)
             n_pre_sample += c > 0 and c == todo
             left -= c
+            kv_pre += comp + c
         if n_dec:
             if K:
                 # the verify budget, priced with those prefill chunks
@@ -642,10 +661,13 @@ class Replica:
                 given = np.minimum(qq, np.maximum(budget - (cum - qq), 0))
                 dec_tokens = budget
         # KV blocks for the scheduled tokens; preempt from the tail when they run out.
-        pre_grow = [
-            max(0, -(-(int(R.computed[r]) + c) // KV_BLOCK_TOKENS) - int(R.blocks[r])) for r, c in zip(self.pre, chunks)
-        ]
-        grow = sum(pre_grow)
+        if self.pre:
+            pre_grow = [
+                max(0, -(-(R.computed[r] + c) // KV_BLOCK_TOKENS) - R.blocks[r]) for r, c in zip(self.pre, chunks)
+            ]
+            grow = sum(pre_grow)
+        else:
+            pre_grow, grow = (), 0
         if not self._fits(grow):
             # (a lone request always fits: submit() checked its whole life against the cache)
             assert n_dec + len(self.pre) > 1, "KV accounting: a lone request does not fit"
@@ -665,7 +687,7 @@ class Replica:
                     # the prompt's KV came from the prefill instance: only its last token is
                     # computed here (a request preempted after its first token recomputes locally)
                     comp = max(comp, R.prompt_l[rid] - 1)
-                todo = int(R.prompt_l[rid] + R.generated[rid]) - comp
+                todo = R.prompt_l[rid] + R.generated[rid] - comp
                 c = min(todo, left, thr) if thr > 0 else min(todo, left)
                 blocks = -(-(comp + c) // KV_BLOCK_TOKENS)
                 if not self._fits(blocks):
@@ -683,12 +705,13 @@ class Replica:
                 chunks.append(c)
                 n_pre_sample += c == todo
                 left -= c
+                kv_pre += comp + c
                 n_run += 1
         pre_tokens = sum(chunks)
         n_tokens = dec_tokens + pre_tokens
         if n_tokens == 0:
             return None
-        kv = self.kv_dec + dec_tokens + sum(int(R.computed[r]) + c for r, c in zip(self.pre, chunks))
+        kv = self.kv_dec + dec_tokens + kv_pre
         n_sample = (n_dec if given is None else int(np.count_nonzero(given))) + n_pre_sample
         fwd = self.cost.step_ms_one(n_tokens, kv) + self._prefill_ms(chunks) + self._context_ms(given, verified, chunks)
         dur = fwd + self._draft_ms(n_sample) + self.cpu_ms
@@ -858,17 +881,21 @@ class Replica:
                 R.last_emit[rid] = t
                 moved.append(rid)
         if moved:
-            mv = set(moved)
-            self.pre = [r for r in self.pre if r not in mv]
+            if len(moved) == len(self.pre):  # (all of them: moved is a subset of pre)
+                self.pre = []
+            else:
+                mv = set(moved)
+                self.pre = [r for r in self.pre if r not in mv]
             rows, frows = [], []
             for rid in moved:  # KV now holds the prompt + generated - 1 tokens
-                p = int(R.prompt_l[rid])
-                comp = p + int(R.generated[rid]) - 1
-                end = p + int(R.output_l[rid]) - 1
-                sc = R.spec_counts.pop(rid, (0, 0, 0))  # (after a preemption)
-                rows.append((rid, comp, end, int(R.cls_l[rid]), int(R.emits[rid])) + sc)
-                self.left_lb = min(self.left_lb, end - comp)
-                self.pre_blocks -= int(R.blocks[rid])  # now counted from the slot's KV tokens
+                p = R.prompt_l[rid]
+                comp = p + R.generated[rid] - 1
+                end = p + R.output_l[rid] - 1
+                sc = R.spec_counts.pop(rid, (0, 0, 0)) if R.spec_counts else (0, 0, 0)  # (after a preemption)
+                rows.append((rid, comp, end, R.cls_l[rid], int(R.emits[rid])) + sc)
+                if end - comp < self.left_lb:
+                    self.left_lb = end - comp
+                self.pre_blocks -= R.blocks[rid]  # now counted from the slot's KV tokens
                 R.blocks[rid] = 0
                 frows.append((t, float(R.itl_max[rid])))
                 self.kv_dec += comp
@@ -879,7 +906,7 @@ class Replica:
                 self.idx,
                 t,
                 plan.duration_ms,
-                n_dec_run + sum(1 for c in chunks if c),
+                n_dec_run + len(chunks) - chunks.count(0),
                 n_dec_run,
                 plan.n_tokens,
                 plan.prefill_tokens,
