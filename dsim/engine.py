@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import simpy
@@ -112,9 +112,9 @@ STEP_FIELDS = tuple(StepRecord.__dataclass_fields__)
 STEP_FLOAT_FIELDS = tuple(f for f, t in StepRecord.__annotations__.items() if t == "float")  # others: int
 
 
-@dataclass(frozen=True, slots=True)
-class StepPlan:
-    """What the scheduler planned for one step.
+class StepPlan(NamedTuple):
+    """What the scheduler planned for one step (a named record; a NamedTuple because one is made
+    every step and a tuple is the cheapest record to build).
 
     The first ``n_decode`` decode slots decode (each 1 + its verified drafts, or ``decode_given``
     tokens where the token budget cut the queue); with drafts, their draws and verify windows
@@ -139,34 +139,48 @@ class StepPlan:
     duration_ms: float
 
 
-@dataclass(frozen=True, slots=True)
-class DecodeOutcome:
-    """What ``steps`` steps produced for the decode slots (in slot order): per request the drafts
-    drafted (``drafted`` each step), verified, accepted (inside the commit cap) and committed
-    tokens (accepted + 1 a step, capped by the request's remaining output; 0 for a decode the
-    budget gave no token), and per step the totals (``step_emitted``: committed tokens)."""
+class DecodeOutcome(NamedTuple):
+    """What ``steps`` steps produced for the ``n`` decode slots (in slot order): per request the
+    drafts drafted (``drafted`` each step), verified, accepted (inside the commit cap) and
+    committed tokens (accepted + 1 a step, capped by the request's remaining output; 0 for a
+    decode the budget gave no token), and per step the totals (``step_emitted``: committed
+    tokens). The arrays are views of the replica's commit buffers (``slot_out`` [3, >= n]:
+    committed, verified, accepted; ``step_out`` [3, >= steps]: verified, accepted, emitted),
+    valid until its next commit."""
 
     steps: int
+    n: int
     drafted: int
-    verified: np.ndarray
-    accepted: np.ndarray
-    committed: np.ndarray
-    step_verified: np.ndarray
-    step_accepted: np.ndarray
-    step_emitted: np.ndarray
+    slot_out: np.ndarray
+    step_out: np.ndarray
+    total_verified: int
+    total_accepted: int
+    total_committed: int
     full_block_accepted: int
 
     @property
-    def total_verified(self) -> int:
-        return int(self.step_verified.sum())
+    def committed(self) -> np.ndarray:
+        return self.slot_out[0, : self.n]
 
     @property
-    def total_accepted(self) -> int:
-        return int(self.step_accepted.sum())
+    def verified(self) -> np.ndarray:
+        return self.slot_out[1, : self.n]
 
     @property
-    def total_committed(self) -> int:
-        return int(self.step_emitted.sum())
+    def accepted(self) -> np.ndarray:
+        return self.slot_out[2, : self.n]
+
+    @property
+    def step_verified(self) -> np.ndarray:
+        return self.step_out[0, : self.steps]
+
+    @property
+    def step_accepted(self) -> np.ndarray:
+        return self.step_out[1, : self.steps]
+
+    @property
+    def step_emitted(self) -> np.ndarray:
+        return self.step_out[2, : self.steps]
 
 
 class Requests:
@@ -199,9 +213,9 @@ class Requests:
         self.replica = np.full(n, -1, dtype=np.int64)
         self.latent = np.zeros(n)
         self.spec_counts: dict = {}  # rid -> (rounds, accepted, verified) while preempted
-        # Per request, the float32 rows its decode slot carries (Replica.X; built by the first
-        # replica): acceptance-model slot offsets, then the confidences of its previous draft
-        # rounds (ones before its first; written back here when it is preempted).
+        # Per request, the float32 rows its decode slot carries (Replica.X's column; built by the
+        # first replica; [requests, rows]): acceptance-model slot offsets, then the confidences of
+        # its previous draft rounds (ones before its first; written back here when it is preempted).
         self.slot_rows: np.ndarray | None = None
 
 
@@ -253,16 +267,19 @@ CHEAP_WINDOW_SLOTS = 256
 
 class Columns:
     """Rows of float64 columns appended in place (the step table, the ITL samples): one growing
-    array instead of a Python tuple per row."""
+    array instead of a Python tuple per row. Rows appended one at a time wait in a short list
+    and are written in one assignment (a tuple per numpy row write costs more than the row)
+    before any reserve or read, so the rows keep their order."""
 
-    __slots__ = ("a", "n")
+    __slots__ = ("a", "n", "_pending")
+    PENDING = 256
 
     def __init__(self, ncol: int, cap: int = 64):
         self.a = np.empty((cap, ncol), dtype=np.float64)
         self.n = 0
+        self._pending: list = []
 
-    def reserve(self, m: int) -> int:
-        """The index of the first of m new rows (written by the caller)."""
+    def _grow(self, m: int) -> int:
         i = self.n
         if i + m > len(self.a):
             new = np.empty((max(2 * len(self.a), i + m), self.a.shape[1]), dtype=np.float64)
@@ -271,15 +288,27 @@ class Columns:
         self.n = i + m
         return i
 
+    def _flush(self) -> None:
+        p = self._pending
+        if p:
+            i = self._grow(len(p))
+            self.a[i : self.n] = p
+            p.clear()
+
+    def reserve(self, m: int) -> int:
+        """The index of the first of m new rows (written by the caller)."""
+        if self._pending:
+            self._flush()
+        return self._grow(m)
+
     def append(self, row) -> None:
-        i = self.n
-        if i == len(self.a):
-            self.reserve(1)
-        else:
-            self.n = i + 1
-        self.a[i] = row
+        p = self._pending
+        p.append(row)
+        if len(p) >= self.PENDING:
+            self._flush()
 
     def rows(self) -> np.ndarray:
+        self._flush()
         return self.a[: self.n]
 
 
@@ -333,8 +362,11 @@ class Replica:
         self._cp = self._off_rows if track else -1
         self._cp2 = self._off_rows + K if track2 else -1
         rows = self._off_rows + K * (track + track2)
-        if K and (reqs.slot_rows is None or len(reqs.slot_rows) != rows):
-            reqs.slot_rows = np.concatenate([off, np.ones((rows - len(off), reqs.n), dtype=np.float32)])
+        if K and (reqs.slot_rows is None or reqs.slot_rows.shape[1] != rows):
+            # request-major [requests, rows]: a request's rows are one contiguous read
+            sr = np.ones((reqs.n, rows), dtype=np.float32)
+            sr[:, : len(off)] = off.T
+            reqs.slot_rows = sr
         self._draw = acc.kernel_params() if K else None
         self._pcode = pol.code if pol is not None else -1
         self._ptau = float(pol.tau) if pol is not None else 0.0
@@ -349,10 +381,16 @@ class Replica:
         # with the slot buffers; per step, sized to the longest commit so far).
         self._slot_out = np.empty((3, 16), dtype=np.int64)
         self._step_out = np.empty((3, 1), dtype=np.int64)
-        self._done_I = np.empty((16, NCOL), dtype=np.int64)
-        self._done_F = np.empty((16, 2), dtype=np.float64)
+        # The finished requests' slot rows and (last emission, largest ITL, finish time), written
+        # in place by the removal kernel and read by flush.
+        self._done_I = np.empty((64, NCOL), dtype=np.int64)
+        self._done_F = np.empty((64, 3), dtype=np.float64)
+        self._done_n = 0
         self._fwd = cost.forward_table()
         self._ctx_args = cost.context_args()
+        # A decode window's per-step shape (dsim.kernels_step.window_steps' rows), reused.
+        self._wi = np.empty((3, max(1, cfg.max_window)), dtype=np.int64)
+        self._wf = np.empty((5, max(1, cfg.max_window)), dtype=np.float64)
         self._script = None
         if K and cfg.draft_script is not None:
             sc = np.asarray(cfg.draft_script, dtype=np.int64).reshape(-1, 2)
@@ -385,7 +423,6 @@ class Replica:
         self.prev_end = -1.0
         self._last_is_prev_end = True  # every decode slot last emitted at prev_end (see _itl)
         self.steps = Columns(len(STEP_FIELDS))  # the step table's rows (STEP_FIELDS order)
-        self.finished: list = []  # (slot rows, float rows, finish time) to flush
         self.head_conf: list = []  # the head's sample from this replica (SpecStats.replica_cap)
         self.head_acc: list = []
         self.head_n = 0
@@ -426,12 +463,12 @@ class Replica:
             self._I[n] = rows[0]
             self._F[n] = frows[0]
             if self.K:
-                self._X[:, n] = self.R.slot_rows[:, cols[0]]
+                self._X[:, n] = self.R.slot_rows[cols[0]]
         else:
             self._I[n : n + m] = rows
             self._F[n : n + m] = frows
             if self.K:
-                self._X[:, n : n + m] = self.R.slot_rows[:, cols]
+                self._X[:, n : n + m] = self.R.slot_rows[cols].T
         self.n = n + m
 
     def _remove_slot(self, j: int):
@@ -529,8 +566,22 @@ class Replica:
                 self.wake = env.event()
                 yield self.wake
                 continue
-            yield env.timeout(plan.duration_ms / 1000.0)
+            if not self._skip(plan.duration_ms / 1000.0):
+                yield env.timeout(plan.duration_ms / 1000.0)
             self._commit_step(plan)
+
+    def _skip(self, delay_s: float) -> bool:
+        """Advance the clock by delay_s without an event where nothing else is scheduled up to
+        then (the next event strictly later), as waiting on a timeout would: nothing else can
+        run in between, and the clock reads what the timeout would set (now + delay). An event
+        at the same instant is left to simpy's order (then False: the caller waits)."""
+        env = self.env
+        t = env._now + delay_s
+        q = env._queue  # (simpy.Environment's event heap and clock: peek() and a timeout's value)
+        if not q or q[0][0] > t:
+            env._now = t
+            return True
+        return False
 
     def _preempt_tail(self):
         """Preempt the request at the tail of the running queue, i.e. the most recently admitted
@@ -555,7 +606,7 @@ class Replica:
             R.itl_max[rid] = frow[_ITLMAX]
             self.kv_dec -= int(row[COMP])
             if self.K:
-                R.slot_rows[:, rid] = self._X[:, j]  # its confidences, kept for its resumption
+                R.slot_rows[rid] = self._X[:, j]  # its confidences, kept for its resumption
             self._remove_slot(j)
         R.blocks[rid] = 0
         R.computed[rid] = 0
@@ -588,17 +639,20 @@ class Replica:
         left = max(budget - n_dec * (1 + K), 0)
         chunks = []
         n_pre_sample = 0  # prefills whose chunk ends their prompt sample a token
+        kv_pre = 0  # KV the prefills read: computed + chunk
         for r in self.pre:
-            todo = R.prompt_l[r] + R.generated[r] - R.computed[r]
+            comp = R.computed[r]
+            todo = R.prompt_l[r] + R.generated[r] - comp
             c = min(todo, left, thr) if thr > 0 else min(todo, left)
             chunks.append(c)
             n_pre_sample += c > 0 and c == todo
             left -= c
+            kv_pre += comp + c
         if n_dec:
             if K:
                 # the verify budget, priced with those prefill chunks
-                conf, lead, verified, cap = self._draft_and_verify(1, sum(chunks), self._prefill_ms(chunks))
-                dec_tokens = n_dec + int(verified.sum())
+                conf, lead, verified, cap, v0 = self._draft_and_verify(1, sum(chunks), self._prefill_ms(chunks))
+                dec_tokens = n_dec + v0
             else:
                 dec_tokens = n_dec
             if dec_tokens > budget:  # the budget cuts the decode queue (rare)
@@ -607,10 +661,13 @@ class Replica:
                 given = np.minimum(qq, np.maximum(budget - (cum - qq), 0))
                 dec_tokens = budget
         # KV blocks for the scheduled tokens; preempt from the tail when they run out.
-        pre_grow = [
-            max(0, -(-(int(R.computed[r]) + c) // KV_BLOCK_TOKENS) - int(R.blocks[r])) for r, c in zip(self.pre, chunks)
-        ]
-        grow = sum(pre_grow)
+        if self.pre:
+            pre_grow = [
+                max(0, -(-(R.computed[r] + c) // KV_BLOCK_TOKENS) - R.blocks[r]) for r, c in zip(self.pre, chunks)
+            ]
+            grow = sum(pre_grow)
+        else:
+            pre_grow, grow = (), 0
         if not self._fits(grow):
             # (a lone request always fits: submit() checked its whole life against the cache)
             assert n_dec + len(self.pre) > 1, "KV accounting: a lone request does not fit"
@@ -630,7 +687,7 @@ class Replica:
                     # the prompt's KV came from the prefill instance: only its last token is
                     # computed here (a request preempted after its first token recomputes locally)
                     comp = max(comp, R.prompt_l[rid] - 1)
-                todo = int(R.prompt_l[rid] + R.generated[rid]) - comp
+                todo = R.prompt_l[rid] + R.generated[rid] - comp
                 c = min(todo, left, thr) if thr > 0 else min(todo, left)
                 blocks = -(-(comp + c) // KV_BLOCK_TOKENS)
                 if not self._fits(blocks):
@@ -648,12 +705,13 @@ class Replica:
                 chunks.append(c)
                 n_pre_sample += c == todo
                 left -= c
+                kv_pre += comp + c
                 n_run += 1
         pre_tokens = sum(chunks)
         n_tokens = dec_tokens + pre_tokens
         if n_tokens == 0:
             return None
-        kv = self.kv_dec + dec_tokens + sum(int(R.computed[r]) + c for r, c in zip(self.pre, chunks))
+        kv = self.kv_dec + dec_tokens + kv_pre
         n_sample = (n_dec if given is None else int(np.count_nonzero(given))) + n_pre_sample
         fwd = self.cost.step_ms_one(n_tokens, kv) + self._prefill_ms(chunks) + self._context_ms(given, verified, chunks)
         dur = fwd + self._draft_ms(n_sample) + self.cpu_ms
@@ -689,7 +747,7 @@ class Replica:
         dsim.kernels_step.plan_decodes). Adaptive: each step's budgets priced by one cost row,
         the cost of n + prefill_tokens + b tokens at the slots' KV context, drafter and CPU
         overhead included, plus prefill_ms (the step's prefill correction). Returns
-        (conf [steps, K, n], lead, verified, commit cap [steps, n])."""
+        (conf [steps, K, n], lead, verified, commit cap [steps, n], drafts verified in the first step)."""
         n, K = self.n, self.K
         conf = np.empty((steps, K, n), dtype=np.float32)
         lead, verified, cap = np.empty((3, steps, n), dtype=np.int64)
@@ -701,7 +759,7 @@ class Replica:
             row = self.spec.policy.cost_row(n, N, N + M + 1, row)
         else:
             row = self._no_row
-        KS.plan_decodes(
+        v0 = KS.plan_decodes(
             self.key,
             self._I,
             self._X,
@@ -727,7 +785,8 @@ class Replica:
         )
         if self._script is not None:
             apply_draft_script(self._script, self._I[:n, ROUNDS], lead, verified, cap)
-        return conf, lead, verified, cap
+            v0 = int(verified[0].sum())
+        return conf, lead, verified, cap, v0
 
     # ---- commit: one path for single steps and decode windows ---------------------------------
     def _commit_decodes(self, m: int, verified, cap, lead, conf, given, itl_ms: float = -1.0) -> DecodeOutcome:
@@ -747,28 +806,9 @@ class Replica:
             self._slot_out = np.empty((3, len(self._I)), dtype=np.int64)
         if self._step_out.shape[1] < m:
             self._step_out = np.empty((3, m), dtype=np.int64)
-        # (views of the reused buffers: the outcome is read before the next commit)
-        em, ver_r, acc_r = self._slot_out[:, :n]
-        sv, sa, se = self._step_out[:, :m]
         st = self.stats
         vt, at, lt, et, min_left = KS.commit_decodes(
-            self._I,
-            self._F,
-            n,
-            m,
-            K,
-            verified,
-            cap,
-            lead,
-            given,
-            st.accepted_hist,
-            itl_ms,
-            em,
-            ver_r,
-            acc_r,
-            sv,
-            sa,
-            se,
+            self._I, self._F, n, m, K, verified, cap, lead, given, st.accepted_hist, itl_ms, self._slot_out, self._step_out
         )
         if K:
             st.num_drafts += m * n
@@ -791,7 +831,7 @@ class Replica:
                 X[cp : cp + K, :n] = conf[m - 1]
         self.kv_dec += et
         self.left_lb = int(min_left)
-        return DecodeOutcome(m, K, ver_r, acc_r, em, sv, sa, se, int(lt))
+        return DecodeOutcome(m, n, K, self._slot_out, self._step_out, vt, at, et, lt)
 
     def _commit_step(self, plan: StepPlan):
         R, t = self.R, self.env.now
@@ -810,11 +850,7 @@ class Replica:
             out = self._commit_decodes(
                 1, plan.verified, plan.commit_cap, plan.lead, plan.conf, given, plan.duration_ms if fast else -1.0
             )
-            verified, accepted, emitted_total = (
-                int(out.step_verified[0]),
-                int(out.step_accepted[0]),
-                int(out.step_emitted[0]),
-            )
+            verified, accepted, emitted_total = out.total_verified, out.total_accepted, out.total_committed
             if fast:
                 self.itl_vals.append((plan.duration_ms, n_dec))
             else:
@@ -845,17 +881,21 @@ class Replica:
                 R.last_emit[rid] = t
                 moved.append(rid)
         if moved:
-            mv = set(moved)
-            self.pre = [r for r in self.pre if r not in mv]
+            if len(moved) == len(self.pre):  # (all of them: moved is a subset of pre)
+                self.pre = []
+            else:
+                mv = set(moved)
+                self.pre = [r for r in self.pre if r not in mv]
             rows, frows = [], []
             for rid in moved:  # KV now holds the prompt + generated - 1 tokens
-                p = int(R.prompt_l[rid])
-                comp = p + int(R.generated[rid]) - 1
-                end = p + int(R.output_l[rid]) - 1
-                sc = R.spec_counts.pop(rid, (0, 0, 0))  # (after a preemption)
-                rows.append((rid, comp, end, int(R.cls_l[rid]), int(R.emits[rid])) + sc)
-                self.left_lb = min(self.left_lb, end - comp)
-                self.pre_blocks -= int(R.blocks[rid])  # now counted from the slot's KV tokens
+                p = R.prompt_l[rid]
+                comp = p + R.generated[rid] - 1
+                end = p + R.output_l[rid] - 1
+                sc = R.spec_counts.pop(rid, (0, 0, 0)) if R.spec_counts else (0, 0, 0)  # (after a preemption)
+                rows.append((rid, comp, end, R.cls_l[rid], int(R.emits[rid])) + sc)
+                if end - comp < self.left_lb:
+                    self.left_lb = end - comp
+                self.pre_blocks -= R.blocks[rid]  # now counted from the slot's KV tokens
                 R.blocks[rid] = 0
                 frows.append((t, float(R.itl_max[rid])))
                 self.kv_dec += comp
@@ -866,7 +906,7 @@ class Replica:
                 self.idx,
                 t,
                 plan.duration_ms,
-                n_dec_run + sum(1 for c in chunks if c),
+                n_dec_run + len(chunks) - chunks.count(0),
                 n_dec_run,
                 plan.n_tokens,
                 plan.prefill_tokens,
@@ -907,19 +947,24 @@ class Replica:
     def _finish_done(self):
         if not self.n or self.left_lb > 0:
             return
-        n = self.n
-        if len(self._done_I) < n:
-            self._done_I = np.empty((len(self._I), NCOL), dtype=np.int64)
-            self._done_F = np.empty((len(self._I), 2), dtype=np.float64)
-        w, d, min_left, done_kv = KS.remove_done(self._I, self._F, self._X, n, self._done_I, self._done_F)
+        n, d0 = self.n, self._done_n
+        if len(self._done_I) < d0 + n:
+            cap = max(2 * len(self._done_I), d0 + n)
+            for name in ("_done_I", "_done_F"):
+                old = getattr(self, name)
+                new = np.empty((cap, old.shape[1]), dtype=old.dtype)
+                new[:d0] = old[:d0]
+                setattr(self, name, new)
+        w, d, min_left, done_kv = KS.remove_done(
+            self._I, self._F, self._X, n, self._done_I, self._done_F, d0, float(self.env.now)
+        )
         self.n = w
         self.left_lb = int(min_left)
         if d:
-            rows, frows = self._done_I[:d].copy(), self._done_F[:d].copy()
             # Per-request results are written to the request table once, at the end (flush).
-            self.finished.append((rows, frows, self.env.now))
+            self._done_n = d0 + d
             self.kv_dec -= done_kv
-            for rid in rows[:, ID].tolist():
+            for rid in self._done_I[d0 : d0 + d, ID].tolist():
                 self.on_finish(rid)
 
     def flush(self) -> None:
@@ -928,7 +973,7 @@ class Replica:
         R = self.R
         st = self.stats
         if self.K:
-            parts = [rows for rows, _, _ in self.finished] + [self.I]
+            parts = [self._done_I[: self._done_n], self.I]
             if R.spec_counts:  # preempted and not resumed
                 parts.append(
                     np.array([(0, 0, 0, R.cls_l[r], 0) + v for r, v in R.spec_counts.items()], dtype=np.int64).reshape(
@@ -944,12 +989,12 @@ class Replica:
             st.cls_emitted += np.bincount(cls, weights=rounds + allr[:, ASUM], minlength=nc)
             st.cls_verify += np.bincount(cls, weights=rounds + allr[:, VSUM], minlength=nc)
             self.I[:, ROUNDS : VSUM + 1] = 0  # counted now
-        for rows, frows, t in self.finished:
-            ids = rows[:, ID]
-            R.finish[ids] = t
-            R.emits[ids] = rows[:, EMITS]
-            R.itl_max[ids] = frows[:, _ITLMAX]
-        self.finished = []
+        rows, frows = self._done_I[: self._done_n], self._done_F[: self._done_n]
+        ids = rows[:, ID]
+        R.finish[ids] = frows[:, 2]
+        R.emits[ids] = rows[:, EMITS]
+        R.itl_max[ids] = frows[:, _ITLMAX]
+        self._done_n = 0
 
     # ---- decode windows ---------------------------------------------------------------------
     def _window_ok(self) -> bool:
@@ -982,12 +1027,11 @@ class Replica:
                 k_arr = (t_next - env.now) * 1000.0 // max(floor_ms, 1e-6) + 1
                 k = int(min(k, max(k_arr, CHEAP_WINDOW_SLOTS // n, 1)))
         if K > 0:
-            conf, lead, verified, cap = self._draft_and_verify(k)
+            conf, lead, verified, cap, _ = self._draft_and_verify(k)
         else:
             conf = None
             lead = verified = cap = self._no_steps
-        n_tok, per_step, kv = np.empty((3, k), dtype=np.int64)
-        fwd, ctx_ms, dur, t_end = np.empty((4, k))
+        wi, wf = self._wi, self._wf
         comp0 = self.I[:, COMP].copy() if self.shapes is not None else None
         fixed_ms = dms + self.cpu_ms
         last, general, past = KS.window_steps(
@@ -1004,70 +1048,52 @@ class Replica:
             self._fwd,
             self.cost.kv_ms_per_tok,
             fixed_ms,
-            *self._ctx_args,
-            env.now,
-            n_tok,
-            per_step,
-            kv,
-            fwd,
-            ctx_ms,
-            dur,
-            t_end,
+            self._ctx_args,
+            float(env.now),
+            wi,
+            wf,
         )
         if general:  # even one step needs a preemption: take the general path
             plan = self._plan_step(False)
-            yield env.timeout(plan.duration_ms / 1000.0)
+            if not self._skip(plan.duration_ms / 1000.0):
+                yield env.timeout(plan.duration_ms / 1000.0)
             self._commit_step(plan)
             return
         if past:  # steps past the dense table: the cost model prices them
-            fwd[:] = self.cost.step_ms(n_tok, kv)
-            dur[:] = fwd + ctx_ms + fixed_ms
-            t_end[:] = env.now + np.cumsum(dur) / 1000.0
+            q = last + 1
+            fwd, dur = wf[0, :q], wf[2, :q]
+            fwd[:] = self.cost.step_ms(wi[0, :q], wi[2, :q])
+            dur[:] = fwd + wf[1, :q] + fixed_ms
+            wf[3, :q] = env.now + np.cumsum(dur) / 1000.0
+            wf[4, :q] = np.maximum.accumulate(dur)
         # Run until the last step ends or an arrival wakes us; then commit the steps that ended
         # before the wake-up plus the one in flight. (The timeout triggers the wake event: one
         # event to wait on, cheaper than a condition over two.)
-        self.wake = wake = env.event()
-        env.timeout(t_end[last] - env.now).callbacks.append(lambda _: None if wake.triggered else wake.succeed())
-        yield wake
-        if env.now < t_end[last] - 1e-12:
-            last = min(int(np.searchsorted(t_end, env.now - 1e-12, side="left")), k - 1)
-            if t_end[last] > env.now:
-                yield env.timeout(t_end[last] - env.now)
+        t_last = wf[3, last]
+        if not self._skip(t_last - env.now):  # (no arrival can wake us before the window ends)
+            self.wake = wake = env.event()
+            env.timeout(t_last - env.now).callbacks.append(lambda _: None if wake.triggered else wake.succeed())
+            yield wake
+            if env.now < t_last - 1e-12:
+                last = min(int(np.searchsorted(wf[3, : last + 1], env.now - 1e-12, side="left")), last)
+                t_last = wf[3, last]
+                if t_last > env.now:
+                    yield env.timeout(t_last - env.now)
         m = last + 1
         if self.shapes is not None:
             cum = np.zeros(n, np.int64)
             for t in range(m):
                 qv = (1 + verified[t]) if K > 0 else np.ones(n, np.int64)
                 self.shapes.append(
-                    (self.idx, float(t_end[t]), qv.tolist(), (comp0 + cum).tolist(), float(fwd[t] + ctx_ms[t]))
+                    (self.idx, float(wf[3, t]), qv.tolist(), (comp0 + cum).tolist(), float(wf[0, t] + wf[1, t]))
                 )
                 cum += (np.minimum(lead[t], cap[t]) + 1) if K > 0 else 1
-        dmax = float(dur[:m].max())
-        if K > 0:
-            out = self._commit_decodes(m, verified[:m], cap[:m], lead[:m], conf[:m], None, dmax)
-        else:
-            out = self._commit_decodes(m, None, None, None, None, None, dmax)
+        out = self._commit_decodes(m, verified, cap, lead, conf, None, float(wf[4, last]))
         v = self.itl_vals
-        i = v.reserve(m)
-        v.a[i : i + m, 0] = dur[:m]
-        v.a[i : i + m, 1] = n
-        self._last_is_prev_end = True  # (prev_end = t_end[last] below)
+        j = v.reserve(m)
+        self._last_is_prev_end = True  # (prev_end = t_last below)
         st = self.steps
         i = st.reserve(m)  # (before reading st.a: reserving may move it)
-        KS.window_rows(
-            st.a,
-            i,
-            m,
-            self.idx,
-            n,
-            len(self.waiting),
-            t_end,
-            dur,
-            n_tok,
-            kv,
-            out.step_verified,
-            out.step_accepted,
-            out.step_emitted,
-        )
-        self.prev_end = float(t_end[last])
+        KS.window_rows(st.a, i, m, self.idx, n, len(self.waiting), wi, wf, out.step_out, v.a, j)
+        self.prev_end = float(t_last)
         self._finish_done()

@@ -700,9 +700,7 @@ def verify_arrays(mode, win, K, verified, cap):
 
 
 @njit(cache=True)
-def commit_decodes(
-    I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, em, ver_r, acc_r, step_ver, step_acc, step_emit
-):
+def commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out):
     """Commit m steps of the first n decode slots (verified, cap, lead [m, n]; not read when K = 0):
     per slot and step, accepted = min(full-block
     lead, commit cap) (a decode cut by the token budget, given[r] >= 0 tokens, verifies and commits
@@ -713,8 +711,15 @@ def commit_decodes(
     the verified, accepted and emitted totals (the last step's emitted net of output caps).
     With ``itl_ms`` >= 0 (every slot emitted at the previous step's end and emits each of these
     steps, the largest gap being itl_ms) also each slot's emission count (EMITS += m) and largest
-    ITL (F[r, 1]). Returns (verified, accepted, full-block accepted, emitted, min remaining
-    output)."""
+    ITL (F[r, 1]). The per-slot outputs are slot_out's rows (em, ver_r, acc_r), the per-step
+    totals step_out's (verified, accepted, emitted). Returns (verified, accepted, full-block
+    accepted, emitted, min remaining output)."""
+    em = slot_out[0]
+    ver_r = slot_out[1]
+    acc_r = slot_out[2]
+    step_ver = step_out[0]
+    step_acc = step_out[1]
+    step_emit = step_out[2]
     vtot = 0
     atot = 0
     ltot = 0
@@ -787,10 +792,11 @@ def commit_decodes(
 
 
 @njit(cache=True)
-def remove_done(I, F, X, n, done_I, done_F):
+def remove_done(I, F, X, n, done_I, done_F, d0, t_now):
     """Remove the slots with nothing left to emit (COMP >= END), keeping the others' order in
-    place; their rows go to done_I / done_F (in slot order). Returns (slots kept, slots removed,
-    smallest remaining output among the kept, KV tokens of the removed)."""
+    place; their rows go to done_I / done_F from row d0 on (in slot order; done_F's columns: the
+    two of F, then the finish time t_now). Returns (slots kept, slots removed, smallest
+    remaining output among the kept, KV tokens of the removed)."""
     w = 0
     d = 0
     done_kv = 0
@@ -800,9 +806,10 @@ def remove_done(I, F, X, n, done_I, done_F):
         left = I[r, END] - I[r, COMP]
         if left <= 0:
             for c in range(NCOL):
-                done_I[d, c] = I[r, c]
-            done_F[d, 0] = F[r, 0]
-            done_F[d, 1] = F[r, 1]
+                done_I[d0 + d, c] = I[r, c]
+            done_F[d0 + d, 0] = F[r, 0]
+            done_F[d0 + d, 1] = F[r, 1]
+            done_F[d0 + d, 2] = t_now
             done_kv += I[r, COMP]
             d += 1
         else:
@@ -856,7 +863,8 @@ def plan_decodes(
 ):
     """Draws (``draw_slots``) and verify windows of ``steps`` steps of the first n decode slots:
     adaptive, the budget policy ``code`` on the cost row ``row`` (``window_windows``); else the
-    full block. Writes conf [steps, K, n], lead, verified and commit cap [steps, n]."""
+    full block. Writes conf [steps, K, n], lead, verified and commit cap [steps, n]; returns the
+    drafts verified in the first step."""
     nothing_b = np.zeros((0, 0, 0), np.bool_)
     nothing_f = np.zeros((0, 0, 0), np.float32)
     draw_slots(
@@ -906,64 +914,39 @@ def plan_decodes(
     else:
         win[:, :] = K
     verify_arrays(mode, win, K, verified, cap)
+    v0 = 0
+    if steps > 0:
+        for r in range(n):
+            v0 += verified[0, r]
+    return v0
 
 
 @njit(cache=True)
 def window_steps(
-    I,
-    n,
-    K,
-    k,
-    lead,
-    cap,
-    verified,
-    kv_dec,
-    avail_blocks,
-    lookahead,
-    fwd_table,
-    kv_ms_per_tok,
-    fixed_ms,
-    ctx_on,
-    ctx_g,
-    ctx_kv_heads,
-    ctx_block_rows,
-    ctx_cap,
-    ctx_balance,
-    ctx_min_chunk,
-    ctx_slots,
-    ctx_cw,
-    ctx_cc,
-    ctx_cm,
-    ctx_cr,
-    ctx_ct,
-    ra_on,
-    ra_batch,
-    ra_q,
-    ra_ctx,
-    ra_tab,
-    ra_share,
-    ra_kv_slope,
-    ra_iratio,
-    ra_icoef,
-    t0_s,
-    n_tok,
-    per_step,
-    kv,
-    fwd,
-    ctx_ms,
-    dur,
-    t_end,
+    I, n, K, k, lead, cap, verified, kv_dec, avail_blocks, lookahead, fwd_table, kv_ms_per_tok, fixed_ms, ctx, t0_s, wi, wf
 ):
     """The shape of a k-step decode window of the first n slots (lead, commit cap, verified
-    [k, n]; ignored when K = 0, one token a step): per step its tokens n_tok, tokens emitted
-    per_step (before output caps), KV tokens read kv (at its start plus its own tokens), the
-    forward fwd = fwd_table[n_tok] + kv_ms_per_tok x kv (ms; -1 where n_tok is past the table:
-    the caller prices those), with ctx_on the per-request attention terms ctx_ms of each step
-    (dsim.cost.context_ms_compiled at the step's own windows and contexts; else 0),
-    dur = fwd + ctx_ms + fixed_ms and the end times t_end (s, from t0_s).
-    Returns (last, general): the last step to run (the first step where some slot may finish,
-    or the step before the KV cache runs out), and whether even the first step needs a
-    preemption (then the caller takes the general path)."""
+    [>= k, n]; ignored when K = 0, one token a step), written into the rows of wi (int64 [3, >= k]:
+    per step its tokens n_tok, tokens emitted before output caps, KV tokens read at its start
+    plus its own tokens) and wf (float64 [5, >= k]: the forward fwd = fwd_table[n_tok] +
+    kv_ms_per_tok x kv (ms; -1 where n_tok is past the table: the caller prices those), the
+    per-request attention terms (dsim.cost.context_ms_compiled at the step's own windows and
+    contexts, with ``ctx`` = CostModel.context_args(); 0 when its ``on`` flag is off), the
+    duration fwd + attention + fixed_ms, the end time (s, from t0_s) and the longest duration
+    up to the step).
+    Returns (last, general, past): the last step to run (the first step where some slot may
+    finish, or the step before the KV cache runs out), whether even the first step needs a
+    preemption (then the caller takes the general path), and whether some step is past the
+    dense table. Only steps 0..last are written (none after them runs)."""
+    ctx_on = ctx[0]
+    n_tok = wi[0]
+    per_step = wi[1]
+    kv = wi[2]
+    fwd = wf[0]
+    ctx_ms = wf[1]
+    dur = wf[2]
+    t_end = wf[3]
+    dmax = wf[4]
     left = np.empty(n, np.int64)
     cum = np.zeros(n, np.int64)
     for r in range(n):
@@ -980,31 +963,7 @@ def window_steps(
             for r in range(n):
                 qb[r] = 1 + verified[t, r] if K > 0 else 1
                 cb[r] = I[r, COMP] + cum[r]
-            ctx_ms[t] = context_ms_compiled(
-                qb,
-                cb,
-                ctx_g,
-                ctx_kv_heads,
-                ctx_block_rows,
-                ctx_cap,
-                ctx_balance,
-                ctx_min_chunk,
-                ctx_slots,
-                ctx_cw,
-                ctx_cc,
-                ctx_cm,
-                ctx_cr,
-                ctx_ct,
-                ra_on,
-                ra_batch,
-                ra_q,
-                ra_ctx,
-                ra_tab,
-                ra_share,
-                ra_kv_slope,
-                ra_iratio,
-                ra_icoef,
-            )
+            ctx_ms[t] = context_ms_compiled(qb, cb, *ctx[1:])
         else:
             ctx_ms[t] = 0.0
         for r in range(n):
@@ -1024,14 +983,20 @@ def window_steps(
         per_step[t] = ps
         kv[t] = kv_start + tok
         kv_start += ps
+        if found:  # (no step after the first possible completion runs)
+            break
     past = False
     acc_ms = 0.0
-    for t in range(k):
+    top = -np.inf
+    for t in range(last + 1):
         if n_tok[t] < fwd_table.shape[0]:
             fwd[t] = fwd_table[n_tok[t]] + kv_ms_per_tok * kv[t]
             dur[t] = fwd[t] + ctx_ms[t] + fixed_ms
             acc_ms += dur[t]
             t_end[t] = t0_s + acc_ms / 1000.0
+            if dur[t] > top:
+                top = dur[t]
+            dmax[t] = top
         else:
             past = True
             fwd[t] = -1.0
@@ -1058,20 +1023,24 @@ def window_steps(
 
 
 @njit(cache=True)
-def window_rows(S, i, m, replica, n, n_waiting, t_end, dur, n_tok, kv, verified, accepted, emitted):
+def window_rows(S, i, m, replica, n, n_waiting, wi, wf, step_out, V, j):
     """The step-table rows (dsim.engine.STEP_FIELDS order) of a decode window's m committed steps,
-    written into S from row i: n slots decoding, no prefill, n_waiting requests waiting."""
+    written into S from row i (n slots decoding, no prefill, n_waiting requests waiting; wi, wf:
+    window_steps' rows; step_out: commit_decodes' per-step verified, accepted, emitted), and its
+    ITL samples (each step's duration, n times) into V from row j."""
     for t in range(m):
-        j = i + t
-        S[j, 0] = replica
-        S[j, 1] = t_end[t]
-        S[j, 2] = dur[t]
-        S[j, 3] = n
-        S[j, 4] = n
-        S[j, 5] = n_tok[t]
-        S[j, 6] = 0
-        S[j, 7] = verified[t]
-        S[j, 8] = accepted[t]
-        S[j, 9] = emitted[t]
-        S[j, 10] = kv[t]
-        S[j, 11] = n_waiting
+        r = i + t
+        S[r, 0] = replica
+        S[r, 1] = wf[3, t]
+        S[r, 2] = wf[2, t]
+        S[r, 3] = n
+        S[r, 4] = n
+        S[r, 5] = wi[0, t]
+        S[r, 6] = 0
+        S[r, 7] = step_out[0, t]
+        S[r, 8] = step_out[1, t]
+        S[r, 9] = step_out[2, t]
+        S[r, 10] = wi[2, t]
+        S[r, 11] = n_waiting
+        V[j + t, 0] = wf[2, t]
+        V[j + t, 1] = n
