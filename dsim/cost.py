@@ -25,20 +25,22 @@ Profile format 2 (``format_version: 2``) adds ``attention``: terms that see each
 and query length, for the split-KV decode attention and the causal prefill attention of the
 executor the profile was measured on (``AttentionTerms``). Decode: every request's cached prefix
 is cut into chunks of one length L per step (FlashInfer-like load balancing, ``split_chunk_tokens``);
-the chunk CTAs (KV heads x query blocks x chunks) run in waves over the SMs, so a step pays
-``wave_ms_per_ktok`` per 1000 tokens of wave capacity (waves x L x CTAs per wave / CTAs per
-chunk, equal to the KV read when the chunks pack the waves exactly, more when one long context
-leaves SMs idle), ``chunk_ms_per_kcta`` per 1000 chunk CTAs and ``merge_ms_per_mcell`` per million
-cells of the logsumexp merge grid (most chunks of one request x folded query rows x KV heads).
+the chunk CTAs (KV heads x query blocks x chunks) run as a list schedule over the SMs' CTA
+slots (in the grid's dispatch order, each on the first slot to free up, for as long as its
+chunk's tokens), so a step pays ``wave_ms_per_ktok`` per 1000 tokens of wave capacity (the
+schedule's makespan x slots / CTAs per chunk: equal to the KV read when the chunks pack the slots
+exactly, more when long chunks dispatched late, or too few CTAs for one wave, leave slots
+idle; on the H200 executor 96 contexts of 12K, each one whole chunk, took 13 % less than the
+same KV spread log-normally, whose longest chunks are L = 24.6K), ``chunk_ms_per_kcta`` per 1000
+chunk CTAs and ``merge_ms_per_mcell`` per million cells of the logsumexp merge grid (most chunks
+of one request x folded query rows x KV heads).
 Prefill: a chunk of q tokens over c cached ones runs ceil(q / block rows) x query heads CTAs,
 each over its keys, in waves: its pairs are counted per wave (``prefill_pairs``), so a short
 chunk over a long prefix (few CTAs, long keys) is priced by its critical path, not by its FLOPs.
 Two optional decode terms (0 where absent): ``ms_per_request`` per decode/verify request, and
 ``tail_ms_per_ktok`` per 1000 tokens of the longest chunk the step has (min(L, longest context))
-times the chunk-CTA slots over one chunk's CTAs: the chunk CTAs are unequal when the contexts are,
-and a list schedule over the slots ends up to one longest CTA after the mean load (Graham's
-bound), which a KV term alone cannot see (on the H200 executor, 96 contexts of 12K, each one whole
-chunk, took 13 % less than the same KV spread log-normally, whose longest chunks are L = 24.6K).
+times the chunk-CTA slots over one chunk's CTAs (Graham's bound on what a list schedule adds to
+the mean load; the makespan prices it where fitted, and the shipped H200 fits put both at 0).
 ``CostModel.context_ms(q, ctx)`` gives the decode terms (added to step_ms by the engine);
 ``prefill_ms`` prices the prefill chunks with the wave-counted pairs. A format-1 profile has no
 ``attention``: context_ms is 0 and prefill_ms is as above (results unchanged).
@@ -168,7 +170,8 @@ def split_chunk_tokens(ctx: np.ndarray, rows_max: int, a: AttentionTerms) -> int
 
 
 def decode_features(q: Any, ctx: Any, a: AttentionTerms) -> tuple[float, float, float]:
-    """(wave capacity in 1000 tokens, chunk CTAs / 1000, merge-grid cells / 1e6) of one step's
+    """(wave capacity in 1000 tokens (the chunk CTAs' list-schedule makespan over the slots, module
+    doc), chunk CTAs / 1000, merge-grid cells / 1e6) of one step's
     decode requests: q query tokens and ctx cached tokens per request (equal-length integer
     sequences, q >= 1, ctx >= 0; a context of 0 is read as 1, as the executor does). (0, 0, 0)
     for no requests. One pass over the requests (compiled where numba is installed)."""
@@ -281,6 +284,44 @@ def _indexer_excess_mcells(q, c, ratio):  # pragma: no cover - compiled
 
 
 @_njit
+def _makespan(c, L, kv_heads, qblocks, slots, longest):  # pragma: no cover - compiled
+    """The makespan (in KV tokens) of the split-KV chunk CTAs of one step run as a list schedule
+    over ``slots`` CTA slots: the grid's dispatch order (KV head, then request and its chunks in
+    order, then query block), each CTA on the first slot to free up, taking its chunk's tokens
+    (L, the last chunk of a request its remainder). One longest chunk where the CTAs fit in one
+    wave; else a min-heap of the slots' free times (one replace-and-sift per CTA)."""
+    R = len(c)
+    n_cta = 0
+    for i in range(R):
+        n_cta += (max(c[i], 1) + L - 1) // L
+    n_cta *= kv_heads * qblocks
+    if n_cta <= slots:
+        return float(longest)
+    free = np.zeros(slots, dtype=np.int64)  # a binary min-heap: the root frees up first
+    for _h in range(kv_heads):
+        for i in range(R):
+            ci = max(c[i], 1)
+            k = (ci + L - 1) // L
+            for j in range(k):
+                d = L if j < k - 1 else ci - (k - 1) * L
+                for _b in range(qblocks):
+                    v = free[0] + d  # the CTA runs on the earliest-free slot: replace the root, sift down
+                    p = 0
+                    while True:
+                        ch = 2 * p + 1
+                        if ch >= slots:
+                            break
+                        if ch + 1 < slots and free[ch + 1] < free[ch]:
+                            ch += 1
+                        if free[ch] >= v:
+                            break
+                        free[p] = free[ch]
+                        p = ch
+                    free[p] = v
+    return float(free.max())
+
+
+@_njit
 def _decode_features(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots):  # pragma: no cover - compiled
     R = len(q)
     qmax = 0
@@ -304,10 +345,11 @@ def _decode_features(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slo
         k = (max(c[i], 1) + L - 1) // L
         n_chunks += k
         kmax = max(kmax, k)
-    # the SMs' busy time: the KV read spread over every slot, or one chunk's length where the
-    # chunks are too few to keep the slots busy (the critical path), whichever is longer
-    cap_tok = max(tot, L * slots / per)
-    tail = min(L, cmax) * slots / per  # the longest chunk present, over every slot
+    longest = min(L, max(cmax, 1))  # the longest chunk present
+    tail = longest * slots / per  # over every slot
+    # the SMs' busy time (wave capacity): the makespan of the chunk CTAs' list schedule times
+    # the slots, in KV tokens of one chunk's CTAs
+    cap_tok = _makespan(c, L, kv_heads, per // kv_heads, slots, longest) * slots / per
     return cap_tok / 1000.0, per * n_chunks / 1000.0, kmax * g * qsum * kv_heads / 1e6, float(R), tail / 1000.0
 
 
@@ -874,26 +916,19 @@ class CostModel:
         (they share the step's longest-context indexer; module doc)."""
         if not self.has_context_terms or not len(q):
             return 0.0
-        out = 0.0
-        if self._split_kv_terms:
-            wave, chunks, merge, reqs, tail = step_features(q, ctx, self.attention)
-            cw, cc, cm = self._ctx_coef
-            cr, ct = self._req_coef
-            out = cw * wave + cc * chunks + cm * merge + cr * reqs + ct * tail
-        ra = self.request_attention
-        if ra is not None:
-            qa = np.asarray(q, dtype=np.int64)
-            ca = np.asarray(ctx, dtype=np.int64)
-            n = int(qa.sum())
-            own = _request_attention(qa, ca, ra.batch, ra.q, ra.ctx, self._ra_tab)
-            out += own - self._forward_share(n) - self.kv_ms_per_tok * (int(ca.sum()) + n)
-            if ra.indexer_ratio:
-                ch = [(int(a), int(b)) for a, b in chunks if a]
-                if ch:
-                    qa = np.concatenate([qa, np.array([a for a, _ in ch], dtype=np.int64)])
-                    ca = np.concatenate([ca, np.array([b for _, b in ch], dtype=np.int64)])
-                out += ra.indexer_ms_per_mcell * _indexer_excess_mcells(qa, ca, ra.indexer_ratio)
-        return out
+        on, *args = self.context_args()
+        qa = np.ascontiguousarray(q, dtype=np.int64)
+        ca = np.ascontiguousarray(ctx, dtype=np.int64)
+        ch = [(int(x), int(c)) for x, c in chunks if x] if self.context_reads_chunks else ()
+        if not ch:
+            return float(context_ms_compiled(qa, ca, *args))
+        # the step indexer (format 4) scores the prefill chunks' tokens too: priced over requests
+        # and chunks together, the rest over the requests alone
+        iratio, icoef = args[-2:]
+        out = context_ms_compiled(qa, ca, *args[:-2], 0, 0.0)
+        qi = np.concatenate([qa, np.array([x for x, _ in ch], dtype=np.int64)])
+        ci = np.concatenate([ca, np.array([c for _, c in ch], dtype=np.int64)])
+        return float(out + icoef * _indexer_excess_mcells(qi, ci, iratio))
 
     def _forward_share(self, n: int) -> float:
         """The attention share of forward_ms(n) (format 3; module doc)."""
@@ -912,7 +947,7 @@ class CostModel:
         kv_heads, block_rows, CTA cap, balance, min_chunk, chunk slots, wave, chunk, merge,
         per-request and schedule-tail coefficients: the split-KV terms, or placeholders with zero coefficients where the profile
         has none; then the format-3 table: on, batch, q, ctx, step costs, the forward table's
-        attention share at every step size up to the dense table's end, and the KV slope).
+        attention share at every step size up to the dense table's end or the table's last point, whichever is further, and the KV slope).
         ``on`` is False for a profile without context terms. Built once per cost model (every
         replica of a simulation shares it)."""
         if self._context_args is None:
@@ -937,7 +972,10 @@ class CostModel:
         if ra is None:
             table = (False, _NO_I64, _NO_I64, _NO_I64, _NO_TAB, _NO_F64, 0.0, 0, 0.0)
         else:
-            share = np.array([self._forward_share(n) for n in range(len(self._dense))], dtype=np.float64)
+            # to the table's last point at least: context_ms_compiled extrapolates past the array's
+            # end with its last slope, which is then the last segment's, as _forward_share's
+            m = max(len(self._dense), int(self.profile.forward.x[-1]) + 2)
+            share = np.array([self._forward_share(n) for n in range(m)], dtype=np.float64)
             table = (
                 True,
                 ra.batch,
