@@ -289,36 +289,47 @@ def _makespan(c, L, kv_heads, qblocks, slots, longest):  # pragma: no cover - co
     over ``slots`` CTA slots: the grid's dispatch order (KV head, then request and its chunks in
     order, then query block), each CTA on the first slot to free up, taking its chunk's tokens
     (L, the last chunk of a request its remainder). One longest chunk where the CTAs fit in one
-    wave; else a min-heap of the slots' free times (one replace-and-sift per CTA)."""
+    wave; else a 4-ary min-heap of the slots' free times (one replace-and-sift per CTA; which
+    of two equally free slots a CTA takes does not change the free times, so neither the result)."""
     R = len(c)
-    n_cta = 0
+    m = 0
     for i in range(R):
-        n_cta += (max(c[i], 1) + L - 1) // L
-    n_cta *= kv_heads * qblocks
-    if n_cta <= slots:
+        m += (max(c[i], 1) + L - 1) // L
+    m *= qblocks
+    if m * kv_heads <= slots:
         return float(longest)
-    free = np.zeros(slots, dtype=np.int64)  # a binary min-heap: the root frees up first
+    dur = np.empty(m, dtype=np.int64)  # one KV head's CTAs, in dispatch order
+    t = 0
+    for i in range(R):
+        ci = max(c[i], 1)
+        k = (ci + L - 1) // L
+        for j in range(k):
+            d = L if j < k - 1 else ci - (k - 1) * L
+            for _b in range(qblocks):
+                dur[t] = d
+                t += 1
+    # the heap padded to whole groups of 4 children with slots that never free up
+    size = slots + (-(slots - 1) % 4)
+    free = np.full(size, np.iinfo(np.int64).max, dtype=np.int64)
+    free[:slots] = 0
     for _h in range(kv_heads):
-        for i in range(R):
-            ci = max(c[i], 1)
-            k = (ci + L - 1) // L
-            for j in range(k):
-                d = L if j < k - 1 else ci - (k - 1) * L
-                for _b in range(qblocks):
-                    v = free[0] + d  # the CTA runs on the earliest-free slot: replace the root, sift down
-                    p = 0
-                    while True:
-                        ch = 2 * p + 1
-                        if ch >= slots:
-                            break
-                        if ch + 1 < slots and free[ch + 1] < free[ch]:
-                            ch += 1
-                        if free[ch] >= v:
-                            break
-                        free[p] = free[ch]
-                        p = ch
-                    free[p] = v
-    return float(free.max())
+        for t in range(m):
+            v = free[0] + dur[t]  # the CTA runs on the earliest-free slot: replace the root, sift down
+            p = 0
+            while True:
+                ch = 4 * p + 1
+                if ch >= size:
+                    break
+                best, bv = ch, free[ch]
+                for x in range(ch + 1, ch + 4):
+                    if free[x] < bv:
+                        best, bv = x, free[x]
+                if bv >= v:
+                    break
+                free[p] = bv
+                p = best
+            free[p] = v
+    return float(free[:slots].max())
 
 
 @_njit
