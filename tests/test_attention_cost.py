@@ -128,6 +128,35 @@ def test_wave_capacity_is_a_list_schedule(reqs, occ):
     assert eq == pytest.approx(R * c1)
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.integers(0, 40_000), min_size=1, max_size=120),
+    st.integers(16, 5000),
+    st.sampled_from([1, 2, 8]),
+    st.sampled_from([1, 2]),
+    st.sampled_from([3, 5, 8, 132, 133, 264]),
+)
+def test_makespan_is_the_list_schedule(ctx, L, kv_heads, qblocks, slots):
+    """cost._makespan against a list schedule written out with heapq: the CTAs in dispatch order
+    (KV head, request, chunk, query block), each on the earliest-free slot."""
+    import heapq
+
+    lens = []
+    for c in ctx:
+        c = max(c, 1)
+        k = -(-c // L)
+        lens += [L] * (k - 1) + [c - (k - 1) * L]
+    longest = min(L, max(max(ctx), 1))
+    free = [0] * slots
+    for _h in range(kv_heads):
+        for d in lens:
+            for _b in range(qblocks):
+                heapq.heapreplace(free, free[0] + d)
+    want = float(longest) if len(lens) * kv_heads * qblocks <= slots else float(max(free))
+    got = C._makespan(np.asarray(ctx, dtype=np.int64), L, kv_heads, qblocks, slots, longest)
+    assert got == want
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 16384), st.integers(0, 200_000))
 def test_prefill_pairs_cover_the_causal_pairs(q, c):
