@@ -845,6 +845,7 @@ class CostModel:
         self.request_attention = ra = profile.request_attention
         self.has_context_terms = self._split_kv_terms or ra is not None
         self._context_args: tuple | None = None
+        self._compiled_args: tuple | None = None  # context_args past its on flag (context_ms's call)
         # context_ms reads the step's prefill chunks only for a format-4 step indexer
         self.context_reads_chunks = bool(ra is not None and ra.indexer_ratio)
         self._ctx_coef = (
@@ -927,9 +928,13 @@ class CostModel:
         (they share the step's longest-context indexer; module doc)."""
         if not self.has_context_terms or not len(q):
             return 0.0
-        on, *args = self.context_args()
+        args = self._compiled_args
+        if args is None:
+            args = self._compiled_args = self.context_args()[1:]
         qa = np.ascontiguousarray(q, dtype=np.int64)
         ca = np.ascontiguousarray(ctx, dtype=np.int64)
+        if self.request_attention is None:  # split-KV terms only: the compiled function's first part
+            return float(decode_features_ms(qa, ca, *args[:12]))
         ch = [(int(x), int(c)) for x, c in chunks if x] if self.context_reads_chunks else ()
         if not ch:
             return float(context_ms_compiled(qa, ca, *args))
