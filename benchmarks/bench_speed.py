@@ -39,7 +39,7 @@ from dsim.sim import SimConfig, SpecConfig, simulate
 from dsim.workload import load_workload
 C, per_user = {C}, {per_user}
 spec = {spec}
-prof = load_profile("deepseek-v4-class-h200x8")  # the profile docs/performance.md figures use
+prof = load_profile({profile!r})
 simulate(SimConfig(workload=load_workload("azure-conv", n=16), profile=prof, spec=spec))
 w = load_workload("azure-conv", n=C * per_user)
 w = dataclasses.replace(w, closed_loop_concurrency=C, arrival_s=np.zeros(len(w.arrival_s)))
@@ -61,11 +61,15 @@ def base_tree(commit: str) -> Path:
     return path
 
 
-def run_one(tree: Path, C: int, per_user: int, method: str) -> dict:
+# the profile docs/performance.md figures use; --profile another (e.g. a format-2 h200 profile)
+PROFILE = "deepseek-v4-class-h200x8"
+
+
+def run_one(tree: Path, C: int, per_user: int, method: str, profile: str = PROFILE) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree))
     # the traces stay where this tree finds them (a checkout elsewhere has no ../shared)
     env.setdefault("DSIM_TRACE_DIR", str((ROOT / ".." / "shared" / "traces").resolve()))
-    code = CHILD.format(C=C, per_user=per_user, spec=METHODS[method])
+    code = CHILD.format(C=C, per_user=per_user, spec=METHODS[method], profile=profile)
     r = subprocess.run([sys.executable, "-c", code], cwd=str(tree), env=env, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"bench_speed: {tree}: {method}: {r.stderr.strip().splitlines()[-1:]}")
@@ -79,6 +83,7 @@ def main():
     ap.add_argument("--requests-per-user", type=int, default=40)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument("--profile", default=PROFILE, help=f"profile name or path (default {PROFILE})")
     a = ap.parse_args()
     trees = {"this": ROOT}
     if a.base:
@@ -88,7 +93,7 @@ def main():
         for C in a.concurrency:
             for m in a.methods:
                 for name, tree in trees.items():
-                    r = run_one(tree, C, a.requests_per_user, m)
+                    r = run_one(tree, C, a.requests_per_user, m, a.profile)
                     res.setdefault((name, C, m), []).append(r["x"])
                     print(f"rep {rep + 1} C={C:<4} {m:16} {name:5} {r['x']:8.1f} x real time "
                           f"({r['steps']} steps, {r['cpu_s'] / r['steps'] * 1e6:.0f} us/step)", flush=True)

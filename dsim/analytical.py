@@ -47,26 +47,23 @@ from typing import Any
 import numpy as np
 
 from dsim.cost import Profile, Table, vllm_capture_sizes
+from dsim.kernels import HARDWARE as _DATASHEETS
 
+# The GPUs' public figures come from one place, dsim.kernels.HARDWARE (vendor datasheets), here in
+# the roofline's units and keys: HBM in GiB, and ``link`` the bidirectional NVLink figure per GPU
+# (the datasheet's headline number, twice the per-direction bandwidth kernels.HARDWARE gives), as
+# the all-reduce term was written with.
 HARDWARE: dict[str, dict[str, Any]] = {
-    "H200": dict(
-        name="NVIDIA H200 SXM",
-        hbm_gib=141 * 1e9 / 2**30,
-        bw=4.8e12,
-        bf16=989e12,
-        fp8=1979e12,
-        link=900e9,
-        source="NVIDIA H200 datasheet",
-    ),
-    "B300": dict(
-        name="NVIDIA B300",
-        hbm_gib=288 * 1e9 / 2**30,
-        bw=8.0e12,
-        bf16=2250e12,
-        fp8=4500e12,
-        link=1800e9,
-        source="NVIDIA Blackwell Ultra datasheet",
-    ),
+    key.upper(): dict(
+        name=hw["name"],
+        hbm_gib=hw["hbm_gb"] * 1e9 / 2**30,
+        bw=hw["bw"],
+        bf16=hw["bf16"],
+        fp8=hw["fp8"],
+        link=2 * hw["link"],
+        source=hw["source"],
+    )
+    for key, hw in _DATASHEETS.items()
 }
 
 

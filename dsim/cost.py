@@ -25,20 +25,22 @@ Profile format 2 (``format_version: 2``) adds ``attention``: terms that see each
 and query length, for the split-KV decode attention and the causal prefill attention of the
 executor the profile was measured on (``AttentionTerms``). Decode: every request's cached prefix
 is cut into chunks of one length L per step (FlashInfer-like load balancing, ``split_chunk_tokens``);
-the chunk CTAs (KV heads x query blocks x chunks) run in waves over the SMs, so a step pays
-``wave_ms_per_ktok`` per 1000 tokens of wave capacity (waves x L x CTAs per wave / CTAs per
-chunk, equal to the KV read when the chunks pack the waves exactly, more when one long context
-leaves SMs idle), ``chunk_ms_per_kcta`` per 1000 chunk CTAs and ``merge_ms_per_mcell`` per million
-cells of the logsumexp merge grid (most chunks of one request x folded query rows x KV heads).
+the chunk CTAs (KV heads x query blocks x chunks) run as a list schedule over the SMs' CTA
+slots (in the grid's dispatch order, each on the first slot to free up, for as long as its
+chunk's tokens), so a step pays ``wave_ms_per_ktok`` per 1000 tokens of wave capacity (the
+schedule's makespan x slots / CTAs per chunk: equal to the KV read when the chunks pack the slots
+exactly, more when long chunks dispatched late, or too few CTAs for one wave, leave slots
+idle; on the H200 executor 96 contexts of 12K, each one whole chunk, took 13 % less than the
+same KV spread log-normally, whose longest chunks are L = 24.6K), ``chunk_ms_per_kcta`` per 1000
+chunk CTAs and ``merge_ms_per_mcell`` per million cells of the logsumexp merge grid (most chunks
+of one request x folded query rows x KV heads).
 Prefill: a chunk of q tokens over c cached ones runs ceil(q / block rows) x query heads CTAs,
 each over its keys, in waves: its pairs are counted per wave (``prefill_pairs``), so a short
 chunk over a long prefix (few CTAs, long keys) is priced by its critical path, not by its FLOPs.
 Two optional decode terms (0 where absent): ``ms_per_request`` per decode/verify request, and
 ``tail_ms_per_ktok`` per 1000 tokens of the longest chunk the step has (min(L, longest context))
-times the chunk-CTA slots over one chunk's CTAs: the chunk CTAs are unequal when the contexts are,
-and a list schedule over the slots ends up to one longest CTA after the mean load (Graham's
-bound), which a KV term alone cannot see (on the H200 executor, 96 contexts of 12K, each one whole
-chunk, took 13 % less than the same KV spread log-normally, whose longest chunks are L = 24.6K).
+times the chunk-CTA slots over one chunk's CTAs (Graham's bound on what a list schedule adds to
+the mean load; the makespan prices it where fitted, and the shipped H200 fits put both at 0).
 ``CostModel.context_ms(q, ctx)`` gives the decode terms (added to step_ms by the engine);
 ``prefill_ms`` prices the prefill chunks with the wave-counted pairs. A format-1 profile has no
 ``attention``: context_ms is 0 and prefill_ms is as above (results unchanged).
@@ -181,7 +183,8 @@ def split_chunk_tokens(ctx: np.ndarray, rows_max: int, a: AttentionTerms) -> int
 
 
 def decode_features(q: Any, ctx: Any, a: AttentionTerms) -> tuple[float, float, float]:
-    """(wave capacity in 1000 tokens, chunk CTAs / 1000, merge-grid cells / 1e6) of one step's
+    """(wave capacity in 1000 tokens (the chunk CTAs' list-schedule makespan over the slots, module
+    doc), chunk CTAs / 1000, merge-grid cells / 1e6) of one step's
     decode requests: q query tokens and ctx cached tokens per request (equal-length integer
     sequences, q >= 1, ctx >= 0; a context of 0 is read as 1, as the executor does). (0, 0, 0)
     for no requests. One pass over the requests (compiled where numba is installed)."""
@@ -338,6 +341,55 @@ def _step_keys_ms(q, c, sk):  # pragma: no cover - compiled
 
 
 @_njit
+def _makespan(c, L, kv_heads, qblocks, slots, longest):  # pragma: no cover - compiled
+    """The makespan (in KV tokens) of the split-KV chunk CTAs of one step run as a list schedule
+    over ``slots`` CTA slots: the grid's dispatch order (KV head, then request and its chunks in
+    order, then query block), each CTA on the first slot to free up, taking its chunk's tokens
+    (L, the last chunk of a request its remainder). One longest chunk where the CTAs fit in one
+    wave; else a 4-ary min-heap of the slots' free times (one replace-and-sift per CTA; which
+    of two equally free slots a CTA takes does not change the free times, so neither the result)."""
+    R = len(c)
+    m = 0
+    for i in range(R):
+        m += (max(c[i], 1) + L - 1) // L
+    m *= qblocks
+    if m * kv_heads <= slots:
+        return float(longest)
+    dur = np.empty(m, dtype=np.int64)  # one KV head's CTAs, in dispatch order
+    t = 0
+    for i in range(R):
+        ci = max(c[i], 1)
+        k = (ci + L - 1) // L
+        for j in range(k):
+            d = L if j < k - 1 else ci - (k - 1) * L
+            for _b in range(qblocks):
+                dur[t] = d
+                t += 1
+    # the heap padded to whole groups of 4 children with slots that never free up
+    size = slots + (-(slots - 1) % 4)
+    free = np.full(size, np.iinfo(np.int64).max, dtype=np.int64)
+    free[:slots] = 0
+    for _h in range(kv_heads):
+        for t in range(m):
+            v = free[0] + dur[t]  # the CTA runs on the earliest-free slot: replace the root, sift down
+            p = 0
+            while True:
+                ch = 4 * p + 1
+                if ch >= size:
+                    break
+                best, bv = ch, free[ch]
+                for x in range(ch + 1, ch + 4):
+                    if free[x] < bv:
+                        best, bv = x, free[x]
+                if bv >= v:
+                    break
+                free[p] = bv
+                p = best
+            free[p] = v
+    return float(free[:slots].max())
+
+
+@_njit
 def _decode_features(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots):  # pragma: no cover - compiled
     R = len(q)
     qmax = 0
@@ -361,10 +413,11 @@ def _decode_features(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slo
         k = (max(c[i], 1) + L - 1) // L
         n_chunks += k
         kmax = max(kmax, k)
-    # the SMs' busy time: the KV read spread over every slot, or one chunk's length where the
-    # chunks are too few to keep the slots busy (the critical path), whichever is longer
-    cap_tok = max(tot, L * slots / per)
-    tail = min(L, cmax) * slots / per  # the longest chunk present, over every slot
+    longest = min(L, max(cmax, 1))  # the longest chunk present
+    tail = longest * slots / per  # over every slot
+    # the SMs' busy time (wave capacity): the makespan of the chunk CTAs' list schedule times
+    # the slots, in KV tokens of one chunk's CTAs
+    cap_tok = _makespan(c, L, kv_heads, per // kv_heads, slots, longest) * slots / per
     return cap_tok / 1000.0, per * n_chunks / 1000.0, kmax * g * qsum * kv_heads / 1e6, float(R), tail / 1000.0
 
 
@@ -938,6 +991,7 @@ class CostModel:
         self.request_attention = ra = profile.request_attention
         self.has_context_terms = self._split_kv_terms or ra is not None
         self._context_args: tuple | None = None
+        self._compiled_args: tuple | None = None  # context_args past its on flag (context_ms's call)
         # context_ms reads the step's prefill chunks only for a format-4 step indexer
         self.context_reads_chunks = bool(ra is not None and (ra.indexer_ratio or ra.step_keys))
         self._step_keys = ra.step_keys.packed(cost_scale) if ra is not None and ra.step_keys else None
@@ -1021,29 +1075,27 @@ class CostModel:
         (they share the step's longest-context indexer; module doc)."""
         if not self.has_context_terms or not len(q):
             return 0.0
-        out = 0.0
-        if self._split_kv_terms:
-            wave, chunks, merge, reqs, tail = step_features(q, ctx, self.attention)
-            cw, cc, cm = self._ctx_coef
-            cr, ct = self._req_coef
-            out = cw * wave + cc * chunks + cm * merge + cr * reqs + ct * tail
-        ra = self.request_attention
-        if ra is not None:
-            qa = np.asarray(q, dtype=np.int64)
-            ca = np.asarray(ctx, dtype=np.int64)
-            n = int(qa.sum())
-            own = _request_attention(qa, ca, ra.batch, ra.q, ra.ctx, self._ra_tab)
-            out += own - self._forward_share(n) - self.kv_ms_per_tok * (int(ca.sum()) + n)
-            if ra.indexer_ratio or ra.step_keys:
-                ch = [(int(a), int(b)) for a, b in chunks if a]
-                if ch:
-                    qa = np.concatenate([qa, np.array([a for a, _ in ch], dtype=np.int64)])
-                    ca = np.concatenate([ca, np.array([b for _, b in ch], dtype=np.int64)])
-            if ra.indexer_ratio:
-                out += ra.indexer_ms_per_mcell * _indexer_excess_mcells(qa, ca, ra.indexer_ratio)
-            if ra.step_keys:
-                out += _step_keys_ms(qa, ca, self._step_keys)
-        return out
+        args = self._compiled_args
+        if args is None:
+            args = self._compiled_args = self.context_args()[1:]
+        qa = np.ascontiguousarray(q, dtype=np.int64)
+        ca = np.ascontiguousarray(ctx, dtype=np.int64)
+        if self.request_attention is None:  # split-KV terms only: the compiled function's first part
+            return float(decode_features_ms(qa, ca, *args[:12]))
+        ch = [(int(x), int(c)) for x, c in chunks if x] if self.context_reads_chunks else ()
+        if not ch:
+            return float(context_ms_compiled(qa, ca, *args))
+        # the format-4 step terms (step indexer, step key lists) see the prefill chunks' tokens too:
+        # priced over requests and chunks together, the rest over the requests alone
+        iratio, step = args[-2:]
+        out = context_ms_compiled(qa, ca, *args[:-2], 0, step[:1])
+        qi = np.concatenate([qa, np.array([x for x, _ in ch], dtype=np.int64)])
+        ci = np.concatenate([ca, np.array([c for _, c in ch], dtype=np.int64)])
+        if iratio:
+            out += step[0] * _indexer_excess_mcells(qi, ci, iratio)
+        if len(step) > 1:
+            out += _step_keys_ms(qi, ci, step[1:])
+        return float(out)
 
     def _forward_share(self, n: int) -> float:
         """The attention share of forward_ms(n) (format 3; module doc)."""
@@ -1062,7 +1114,7 @@ class CostModel:
         kv_heads, block_rows, CTA cap, balance, min_chunk, chunk slots, wave, chunk, merge,
         per-request and schedule-tail coefficients: the split-KV terms, or placeholders with zero coefficients where the profile
         has none; then the format-3 table: on, batch, q, ctx, step costs, the forward table's
-        attention share at every step size up to the dense table's end, and the KV slope).
+        attention share at every step size up to the dense table's end or the table's last point, whichever is further, and the KV slope).
         ``on`` is False for a profile without context terms. Built once per cost model (every
         replica of a simulation shares it)."""
         if self._context_args is None:
@@ -1087,7 +1139,10 @@ class CostModel:
         if ra is None:
             table = (False, _NO_I64, _NO_I64, _NO_I64, _NO_TAB, _NO_F64, 0.0, 0, np.zeros(1))
         else:
-            share = np.array([self._forward_share(n) for n in range(len(self._dense))], dtype=np.float64)
+            # to the table's last point at least: context_ms_compiled extrapolates past the array's
+            # end with its last slope, which is then the last segment's, as _forward_share's
+            m = max(len(self._dense), int(self.profile.forward.x[-1]) + 2)
+            share = np.array([self._forward_share(n) for n in range(m)], dtype=np.float64)
             table = (
                 True,
                 ra.batch,

@@ -52,13 +52,20 @@ def test_decode_features_closed_form():
     assert ctas == pytest.approx(264 / 1000)
     assert merge == pytest.approx(1 * 4 * 33 * 8 / 1e6)
     # one request 32x longer than the rest (same total): the same KV read, more chunks for one
-    # request, so a deeper merge grid
+    # request, so a deeper merge grid; and 392 CTAs on 264 slots, dispatched KV head by KV head
+    # (17 chunks of 1024, then 32 of 512): heads 0-4 and 19 CTAs of head 5 start at 0, the other
+    # 128 take the slots the 512-token CTAs free at 512, and head 6-7's 1024-token chunks end at
+    # 1536: the makespan is 1.5 chunks, not the 1 chunk the same KV spread evenly takes
     ctx = [1024 * 17] + [1024 // 2] * 32
     wave2, ctas2, merge2 = C.decode_features([1] * 33, ctx, A)
-    assert sum(ctx) == 33 * 1024 and wave2 == pytest.approx(wave) and merge2 == pytest.approx(17 * merge)
-    # too little work to fill the SMs: one chunk's length (here min_chunk) is the critical path
+    assert sum(ctx) == 33 * 1024 and merge2 == pytest.approx(17 * merge)
+    assert wave2 == pytest.approx(1536 * 264 / 8 / 1000)
+    # 66 equal requests: two exact waves, capacity = the KV read again
+    assert C.decode_features([1] * 66, [1024] * 66, A)[0] == pytest.approx(66 * 1024 / 1000)
+    # too little work to fill the SMs: the longest chunk (here the 100-token contexts, below
+    # min_chunk) is the critical path of every slot
     big = dataclasses.replace(A, min_chunk=4096)
-    assert C.decode_features([1, 1], [100, 100], big)[0] == pytest.approx(4096 * 264 / 8 / 1000)
+    assert C.decode_features([1, 1], [100, 100], big)[0] == pytest.approx(100 * 264 / 8 / 1000)
     assert C.decode_features([], [], A) == (0.0, 0.0, 0.0)
 
 
@@ -78,7 +85,8 @@ def test_prefill_pairs_closed_form():
 )
 def test_decode_features_match_the_executors_split(reqs, occ):
     """The chunk count and longest split the cost model sees are the executor's (model.split_plan),
-    and the wave capacity covers the KV read (waves are priced whole)."""
+    and the wave capacity (the chunk CTAs' list-schedule makespan over the slots) covers the KV
+    read and at most exceeds it by one longest chunk over every slot (Graham's bound)."""
     M = pytest.importorskip("validator.gpu.model")
     q = [r[0] for r in reqs]
     ctx = [r[1] for r in reqs]
@@ -87,7 +95,66 @@ def test_decode_features_match_the_executors_split(reqs, occ):
     wave, ctas, merge = C.decode_features(q, ctx, a)
     assert ctas * 1000 == pytest.approx(a.kv_heads * sum(len(p) for p in parts))
     assert merge * 1e6 == pytest.approx(max(len(p) for p in parts) * a.group * sum(q) * a.kv_heads)
-    assert wave * 1000 >= sum(max(c, 1) for c in ctx) - 1e-6
+    tot = sum(max(c, 1) for c in ctx)
+    slots = a.sms * a.decode_ctas_per_sm
+    per = a.kv_heads * max(1, -(-(a.group * max(q)) // a.block_rows))
+    longest = max(max(p) for p in parts)
+    assert tot - 1e-6 <= wave * 1000 <= tot + longest * slots / per + 1e-6
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 8), st.integers(0, 130_000)), min_size=1, max_size=300),
+    st.sampled_from([1, 2, 4]),
+)
+def test_wave_capacity_is_a_list_schedule(reqs, occ):
+    """The wave capacity is the makespan of a list schedule of the chunk CTAs over the slots: at
+    least the KV read (all slots busy), at most the KV read plus one longest chunk on every slot
+    (Graham's bound), and exactly the KV read when every chunk has one length and the CTAs fill
+    whole waves."""
+    q = [r[0] for r in reqs]
+    ctx = [max(r[1], 1) for r in reqs]
+    a = dataclasses.replace(A, decode_ctas_per_sm=occ)
+    wave = C.decode_features(q, ctx, a)[0] * 1000
+    L = C.split_chunk_tokens(np.asarray(ctx), a.group * max(q), a)
+    per = a.kv_heads * max(1, -(-(a.group * max(q)) // a.block_rows))
+    slots = a.sms * a.decode_ctas_per_sm
+    tot = sum(ctx)
+    assert tot - 1e-6 <= wave <= tot + min(L, max(ctx)) * slots / per + 1e-6
+    # R equal requests of one chunk each, R x per CTAs = whole waves: no idle slot
+    R = slots // math.gcd(slots, per) * (1 + len(reqs) % 3)
+    c1 = min(L, 4096)
+    eq = C.decode_features([1] * R, [c1] * R, dataclasses.replace(a, balance=1.0, min_chunk=c1))[0] * 1000
+    assert eq == pytest.approx(R * c1)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.integers(0, 40_000), min_size=1, max_size=120),
+    st.integers(16, 5000),
+    st.sampled_from([1, 2, 8]),
+    st.sampled_from([1, 2]),
+    st.sampled_from([3, 5, 8, 132, 133, 264]),
+)
+def test_makespan_is_the_list_schedule(ctx, L, kv_heads, qblocks, slots):
+    """cost._makespan against a list schedule written out with heapq: the CTAs in dispatch order
+    (KV head, request, chunk, query block), each on the earliest-free slot."""
+    import heapq
+
+    lens = []
+    for c in ctx:
+        c = max(c, 1)
+        k = -(-c // L)
+        lens += [L] * (k - 1) + [c - (k - 1) * L]
+    longest = min(L, max(max(ctx), 1))
+    free = [0] * slots
+    for _h in range(kv_heads):
+        for d in lens:
+            for _b in range(qblocks):
+                heapq.heapreplace(free, free[0] + d)
+    want = float(longest) if len(lens) * kv_heads * qblocks <= slots else float(max(free))
+    got = C._makespan(np.asarray(ctx, dtype=np.int64), L, kv_heads, qblocks, slots, longest)
+    assert got == want
 
 
 @settings(max_examples=60, deadline=None)
@@ -147,6 +214,35 @@ def test_format_2_prices_unequal_contexts_and_long_prefixes_higher():
     # prefill: the same pairs cost more as one short chunk over a long prefix than as a long chunk
     assert cm.prefill_ms([(512, 122880)]) > 0
     assert cm.context_ms([], []) == 0.0
+
+
+def test_context_ms_closed_form():
+    """context_ms of a format-2 profile is the features times their coefficients: 33 requests of
+    1024 tokens, one chunk each, one exact wave (capacity 33,792 tokens, 264 CTAs, 1 x 4 x 33 x 8
+    merge cells, 33 requests, a 1024-token longest chunk over 264 / 8 slots)."""
+    a = dataclasses.replace(A, ms_per_request=0.002, tail_ms_per_ktok=0.003)
+    cm = C.CostModel(C.profile_from_dict(v2(ROOT / "profiles" / "h200" / "h200-llama-3.1-8b.yaml", a), "x.yaml"))
+    want = 0.01 * 33.792 + 0.3 * 0.264 + 0.5 * (4 * 33 * 8 / 1e6) + 0.002 * 33 + 0.003 * 33.792
+    assert cm.context_ms([1] * 33, [1024] * 33) == pytest.approx(want, rel=1e-12)
+    assert cm.context_ms(np.ones(33, np.int32), np.full(33, 1024, np.int32)) == pytest.approx(want, rel=1e-12)
+
+
+def test_context_ms_replaces_the_forward_share_past_the_dense_table():
+    """Format 3, a step past the dense table (8 x 2100 = 16,800 tokens > DENSE_TOKENS): context_ms
+    replaces the forward table's attention share at that size (the last segment extrapolated, as
+    forward_ms is) and the KV slope's by the requests' own attention."""
+    p = C.load_profile("deepseek-v3-h200-tp8-ep8")
+    cm = C.CostModel(p)
+    assert p.request_attention is not None and p.forward.x[-1] <= C.DENSE_TOKENS
+    ax = np.asarray(p.forward.x, dtype=float)
+    share = np.asarray(p.request_attention.forward_share_ms, dtype=float)
+    for R, q, ctx in ((2100, 8, 4096), (4096, 5, 1000), (3, 4, 70_000)):
+        n = R * q
+        own = C.request_attention_ms(np.full(R, q), np.full(R, ctx), p.request_attention)
+        slope = (share[-1] - share[-2]) / (ax[-1] - ax[-2])
+        at_n = share[-1] + slope * (n - ax[-1]) if n > ax[-1] else cm._forward_share(n)
+        want = own - at_n - cm.kv_ms_per_tok * R * (ctx + q)
+        assert cm.context_ms(np.full(R, q), np.full(R, ctx)) == pytest.approx(want, rel=1e-9, abs=1e-9)
 
 
 def _simulate(profile, method="dspark", prefix=False, requests=60, concurrency=16):

@@ -6,6 +6,7 @@ Imports the standard library, numpy, yaml and dsim.cost (no torch), so it runs i
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import random
@@ -46,6 +47,14 @@ def tail_sizes(limit: int = CAPTURE_LIMIT, max_tokens: int = MAX_BATCHED_TOKENS)
         x *= 2
     out.append(max_tokens)
     return out
+
+
+def table_knots(caps: Sequence[int], max_tokens: int = MAX_BATCHED_TOKENS) -> list[int]:
+    """The sizes a profile's forward table is fitted at (fit_step_model's knots): the capture
+    sizes and the sweep's tail sizes above the largest (tail_sizes); the step cost between two
+    tail sizes is read by linear interpolation, so it is fitted that way too."""
+    top = max(int(c) for c in caps)
+    return sorted({int(c) for c in caps} | set(tail_sizes(top, max_tokens)))
 
 
 def median(xs: Iterable[float]) -> float:
@@ -333,7 +342,7 @@ def attention_structure(dims: dict, split: dict, decode_ctas_per_sm: int, prefil
 def attention_features(q: Sequence[int], ctx: Sequence[int], a: Any) -> dict:
     """The attention features of a step shape (dsim.cost.decode_features over its decode requests,
     q < PREFILL_MIN_Q; dsim.cost.prefill_pairs summed over its prefill chunks): wave, chunks, merge,
-    wpre."""
+    wpre, reqs, tail."""
     from dsim.cost import decode_features, prefill_pairs, request_features
 
     dq = [int(x) for x in q if x < PREFILL_MIN_Q]
@@ -357,7 +366,11 @@ def isotonic(y: Sequence[float] | np.ndarray) -> np.ndarray:
 
 
 def fit_step_model(
-    points: list[dict], attention: Any = None, request_terms: bool = False, monotone: bool = False
+    points: list[dict],
+    attention: Any = None,
+    request_terms: bool = False,
+    monotone: bool = False,
+    knots: Sequence[int] | None = None,
 ) -> dict:
     """Least squares step_ms = F(n) + slope * kv / 1000 (+ prefill terms), one free F per distinct n.
 
@@ -375,6 +388,11 @@ def fit_step_model(
     it (dsim.cost: a prompt token costs a less and a chunk adds beta x its pairs), and the result
     has prefill_terms = {discount_ms_per_ktok: a, attention_ms_per_mpair: beta}. A coefficient
     that fits negative is pinned at 0.
+    knots: where given, only these sizes get a free F; a point at another size between two of
+    them is priced by the linear interpolation of their F (as dsim's cost model reads the table
+    above the capture limit, where steps run at their own size), so one step at an odd size (a
+    context-sweep point) informs the terms instead of getting an F of its own that lifts the
+    table around it. Sizes outside every knot pair keep a free F.
     Returns {"tokens": [...], "F": [...], "kv_ms_per_ktok": slope, "residual_pct": {...}, ...}.
     """
     allpts = points
@@ -398,6 +416,14 @@ def fit_step_model(
         return (int(p["n"]), int(p.get("R", 0)), int(p.get("s", 0))) if p.get("tag") in SLOPE_ONLY else None
 
     ns = sorted({int(p["n"]) for p in points if grp(p) is None})
+    between: dict[int, tuple[int, int]] = {}  # a size priced by two knots' F (knots, module doc)
+    if knots is not None:
+        kn = sorted({int(k) for k in knots} & set(ns))
+        for n in ns:
+            i = bisect.bisect_left(kn, n)
+            if n not in kn and 0 < i < len(kn):
+                between[n] = (kn[i - 1], kn[i])
+        ns = [n for n in ns if n not in between]
     groups = sorted({grp(p) for p in points if grp(p) is not None})
     gcount = {g: sum(1 for p in points if grp(p) == g) for g in groups}
     groups = [g for g in groups if gcount[g] >= 2]  # a lone point carries no slope information
@@ -410,8 +436,12 @@ def fit_step_model(
     def row(p: dict) -> np.ndarray:
         r = np.zeros(base + 1 + len(terms))
         g = grp(p)
-        if g is None or g in gidx:
-            r[idx[int(p["n"])] if g is None else gidx[g]] = 1.0
+        n = int(p["n"])
+        if g is None and n in between:
+            lo, hi = between[n]
+            r[idx[lo]], r[idx[hi]] = (hi - n) / (hi - lo), (n - lo) / (hi - lo)
+        elif g is None or g in gidx:
+            r[idx[n] if g is None else gidx[g]] = 1.0
         r[base] = p["kv"] / 1000.0
         for j, t in enumerate(terms):
             r[base + 1 + j] = p["dec"] / 1000.0 if t == "dec" else p[t]
@@ -599,6 +629,15 @@ def dump_yaml(d: dict) -> str:
         return yaml.safe_dump(d, sort_keys=False, width=120)
     except ImportError:  # pragma: no cover
         return json.dumps(d, indent=1)
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def repo_relative(command: str) -> str:
+    """A command as a profile's provenance records it: paths inside the repository written
+    relative to its root (the command runs from there), so no machine's checkout path is kept."""
+    return command.replace(f"cd {REPO_ROOT} && ", "").replace(f"{REPO_ROOT}/", "")
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

@@ -47,6 +47,7 @@ from validator.gpu.plan import (
     model_name,
     padded_tokens,
     profile_dict,
+    repo_relative,
     shaped_step,
     step_terms,
     sweep_plan,
@@ -463,7 +464,7 @@ def profile_model(
     log(f"[{name}] drafts in {time.time() - t0:.1f}s")
     weights_gib = (dims["params"] * 2) / 2**30
     kv_cache_gib = 0.9 * info["mem_gib"] - weights_gib
-    cmd = "python3 -m validator.gpu.profile " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    cmd = repo_relative("python3 -m validator.gpu.profile " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     prov = dict(
         kind="measured",
         hardware=info["gpu"],

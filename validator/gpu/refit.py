@@ -129,7 +129,7 @@ def context_points(paths: list[str]) -> list[dict]:
     return out
 
 
-def fit_attention(points: list[dict], dims: dict, split: dict) -> tuple[dict, list]:
+def fit_attention(points: list[dict], dims: dict, split: dict, knots: list[int] | None = None) -> tuple[dict, list]:
     """plan.fit_step_model with the attention terms at each (decode, prefill) occupancy in
     OCCUPANCIES; the one with the smallest mean over tags (but table) of the median residual wins.
     Returns (fit, [(occupancy, median residual %)...])."""
@@ -138,7 +138,7 @@ def fit_attention(points: list[dict], dims: dict, split: dict) -> tuple[dict, li
     for occ in OCCUPANCIES:
         a = P.attention_structure(dims, split, *occ)
         pts = [dict(p) for p in points]
-        fit = P.fit_step_model(pts, attention=a, request_terms=grid, monotone=grid)
+        fit = P.fit_step_model(pts, attention=a, request_terms=grid, monotone=grid, knots=knots)
         # (the table points are fitted exactly, one F per size: the terms are judged on the rest)
         by = {k: v for k, v in fit["residual_pct"]["by_tag"].items() if k != "table"}
         med = float(np.mean(list(by.values()))) if by else fit["residual_pct"]["median_abs"]
@@ -191,7 +191,7 @@ def refit_attention(raw_path: Path, ctx_paths: list[str], command: str) -> dict:
     split = dict(prof["provenance"]["attention_check"]["split"])
     split.setdefault("sms", raw.get("info", {}).get("sms", 132))
     allp = pts + ctx
-    fit, tried = fit_attention(allp, dims, split)
+    fit, tried = fit_attention(allp, dims, split, knots=P.table_knots(prof["capture_sizes"]))
     fit["kv_ms_per_ktok_by_window_n128"] = P.kv_slope_by_window(pts)
     fit["occupancy_tried"] = tried
     fit["anchor_drift"] = drift(pts, ctx)
@@ -217,9 +217,11 @@ def refit_attention(raw_path: Path, ctx_paths: list[str], command: str) -> dict:
 
 ATTENTION_NOTE = (
     "; attention terms {date} (python3 -m validator.gpu.refit --context): step_ms = F(n) + kv term + "
-    "a * decode tokens + per-request split-KV wave / chunk / merge terms + wave-counted prefill pairs "
-    "(format_version 2, attention section), fitted on the sweep plus a context sweep of unequal "
-    "contexts and long cached prefixes"
+    "a * decode tokens + per-request split-KV terms (wave capacity: the list-schedule makespan of the "
+    "chunk CTAs over the SMs; chunk CTAs; merge cells; per request; schedule tail) + wave-counted "
+    "prefill pairs (format_version 2, attention section), F fitted at the capture and tail sizes "
+    "(other sizes by linear interpolation, as read), fitted on the sweep plus a context sweep of "
+    "unequal contexts and long cached prefixes and a request grid"
 )
 
 
@@ -297,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         help="predict a replay's rows again from PROFILE (shapes from its step logs), write OUT",
     )
     a = ap.parse_args(argv)
-    command = "python3 -m validator.gpu.refit " + " ".join(a.raw + [f"--context {c}" for c in a.context])
+    command = P.repo_relative(
+        "python3 -m validator.gpu.refit " + " ".join(a.raw + [f"--context {c}" for c in a.context])
+    )
     try:
         for r in a.raw + a.context + [x for t in a.repredict for x in t[:2]]:
             if not Path(r).exists():

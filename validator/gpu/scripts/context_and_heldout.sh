@@ -17,27 +17,10 @@
 #           are replayed too), e.g. qwen3-14b   EXEC  1 runs the executor check after EXEC_AFTER (qwen3-8b)
 #   DEADLINE seconds (default 560)   EXTRA  e.g. --dry-run
 set -o pipefail
-cd "$(dirname "$0")/../../.."
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-OUT=${OUT:-/tmp/out}
-RES=${RES:-/tmp/res}
 DEADLINE=${DEADLINE:-560}
-mkdir -p "$OUT" "$RES/profiles"
-LOG=$OUT/log.txt
-T0=$SECONDS
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee -a "$LOG"
-# job SECONDS CMD...: runs CMD under timeout, never past DEADLINE seconds from the start (skipped when
-# less than 20 s are left), then packs everything measured so far into $OUT/results.tgz
-job() {
-  local t=$1; shift
-  local left=$((DEADLINE - (SECONDS - T0)))
-  if [ "$left" -lt 20 ]; then echo "== skipped (deadline): $*" | cut -c1-200 | tee -a "$LOG"; return; fi
-  [ "$t" -gt "$left" ] && t=$left
-  echo "== [$((SECONDS - T0))s, limit ${t}s] $*" | cut -c1-220 | tee -a "$LOG"
-  timeout "$t" "$@" >>"$LOG" 2>&1
-  echo "   rc=$? at $((SECONDS - T0))s" | tee -a "$LOG"
-  tar czf "$OUT/results.tgz" -C "$RES" .
-}
+# shellcheck source=deadline_jobs.sh
+source "$(dirname "$0")/deadline_jobs.sh"
+mkdir -p "$RES/profiles"
 SPLIT="continuous:fill=2,balance=2"
 HELDOUT="mooncake-c16 mooncake-c96 azure-conv-c64 azure-code-c8"
 measure() {  # model: context sweep, then the held-out replays (and the default logs where given)

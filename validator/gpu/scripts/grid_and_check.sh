@@ -10,25 +10,9 @@
 # packed into $OUT/results.tgz, so a run cut short keeps what it measured.
 #   MODELS (default: llama-3.1-8b qwen3-8b qwen3-14b qwen3-32b)   DEADLINE (default 520)   EXTRA e.g. --dry-run
 set -o pipefail
-cd "$(dirname "$0")/../../.."
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-OUT=${OUT:-/tmp/out}
-RES=${RES:-/tmp/res}
 DEADLINE=${DEADLINE:-520}
-mkdir -p "$OUT" "$RES"
-LOG=$OUT/log.txt
-T0=$SECONDS
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee -a "$LOG"
-job() {
-  local t=$1; shift
-  local left=$((DEADLINE - (SECONDS - T0)))
-  if [ "$left" -lt 20 ]; then echo "== skipped (deadline): $*" | cut -c1-200 | tee -a "$LOG"; return; fi
-  [ "$t" -gt "$left" ] && t=$left
-  echo "== [$((SECONDS - T0))s, limit ${t}s] $*" | cut -c1-220 | tee -a "$LOG"
-  timeout "$t" "$@" >>"$LOG" 2>&1
-  echo "   rc=$? at $((SECONDS - T0))s" | tee -a "$LOG"
-  tar czf "$OUT/results.tgz" -C "$RES" .
-}
+# shellcheck source=deadline_jobs.sh
+source "$(dirname "$0")/deadline_jobs.sh"
 CHECK=${CHECK:-"azure-conv-c32 azure-conv-c128"}
 HELDOUT_MODELS=${HELDOUT_MODELS:-qwen3-32b}
 HELDOUT="mooncake-c16 mooncake-c96 azure-conv-c64 azure-code-c8"
