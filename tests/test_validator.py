@@ -1023,3 +1023,44 @@ def test_decode_points_split_into_drafted_and_undrafted_steps():
     # samples hold 8 undrafted, 10 drafted (the cut step drafted too): 9 = (8 m + 10 x 2 m) / 18
     m_nd = 9.0 * 18 / (8 + 20)
     assert nd["step_ms"] == pytest.approx(m_nd) and dr["step_ms"] == pytest.approx(2 * m_nd)
+
+
+def _open_loop_run(sends, n_out=20, step_s=0.004, scheduled=None):
+    """A rate-mode Measurement: request i sent at sends[i] (scheduled at scheduled[i], default the
+    same), prompt 16, n_out tokens one per step_s."""
+    reqs = []
+    for i, s in enumerate(sends):
+        times = [s + 0.01 + step_s * j for j in range(n_out)]
+        reqs.append({"type": "request", "i": i, "prompt_tokens": 16, "max_tokens": n_out,
+                     "arrival_s": s if scheduled is None else scheduled[i], "send_s": s,
+                     "first_token_s": times[0], "end_s": times[-1], "chunks": [[t, 1] for t in times],
+                     "output_tokens": n_out, "ok": True, "error": None})
+    hdr = {"format": measure.FORMAT, "load": {"mode": "rate", "rate": 10.0}, "spec": {"k": 0}}
+    return measure.Measurement("mem", hdr, reqs)
+
+
+def test_open_loop_requests_arrive_when_the_client_sent_them():
+    """A client behind its Poisson schedule sent later than arrival_s; TTFT and E2E are measured
+    from the send, so the simulated request arrives then."""
+    from validator import compare
+
+    m = _open_loop_run([0.0, 0.5, 1.25], scheduled=[0.0, 0.3, 0.9])
+    w, conc = compare.workload_from(m)
+    assert conc is None and w.arrival_s.tolist() == pytest.approx([0.0, 0.5, 1.25])
+
+
+def test_open_loop_adds_the_front_end_time_of_one_stream():
+    """The overhead measured at higher loads holds the wait for the running step, which dsim's
+    engine simulates for an open loop's arrivals as for a closed loop's: the prediction adds the
+    one-stream front-end time (overhead_table at 1), not the table at the predicted concurrency."""
+    from validator import compare, stepfit
+
+    fit = {"cpu_overhead_ms": 1.0, "ms_per_token": 0.5, "ms_per_request": 0.0, "kv_ms_per_ktok": 0.0}
+    table = {"streams": [1.0, 4.0], "e2e_ms": [10.0, 40.0], "first_token_ms": [8.0, 30.0]}
+    prof = stepfit.linear_profile("t", "measured", fit, {}, extra={"validator": {
+        "request_overhead_ms": 25.0, "first_token_overhead_ms": 20.0, "overhead_table": table}})
+    m = _open_loop_run([0.0, 0.002, 0.004, 0.006])  # four requests overlapping: about 4 in flight
+    pred = compare.simulate_measurement(m, prof, None, dispersion=False)
+    assert pred["request_overhead_ms_added"] == {"e2e": pytest.approx(10.0), "ttft": pytest.approx(8.0)}
+    assert pred["ttft_ms"]["mean"] == pytest.approx(pred["_engine"]["ttft_ms"]["mean"] + 8.0)
+    assert pred["e2e_ms"]["p99"] == pytest.approx(pred["_engine"]["e2e_ms"]["p99"] + 10.0)
