@@ -1064,3 +1064,50 @@ def test_open_loop_adds_the_front_end_time_of_one_stream():
     assert pred["request_overhead_ms_added"] == {"e2e": pytest.approx(10.0), "ttft": pytest.approx(8.0)}
     assert pred["ttft_ms"]["mean"] == pytest.approx(pred["_engine"]["ttft_ms"]["mean"] + 8.0)
     assert pred["e2e_ms"]["p99"] == pytest.approx(pred["_engine"]["e2e_ms"]["p99"] + 10.0)
+
+
+def test_repeat_scales_take_the_median_and_name_a_run_outside_the_others_spread():
+    r = calibrate.repeat_scales([("r0", 1.0), ("r1", 1.02), ("r2", 0.98), ("r3", 1.3)])
+    assert r["scale"] == pytest.approx(1.01) and r["outliers"] == ["r3"]
+    assert len(r["warnings"]) == 1 and "r3" in r["warnings"][0] and "slower" in r["warnings"][0]
+    assert r["relative_spread"] == pytest.approx(0.32 / 1.01, abs=1e-4)
+    # runs that scatter as much as each other, within the tolerance: nobody is the odd one out
+    assert calibrate.repeat_scales([("a", 1.0), ("b", 1.05), ("c", 1.1)])["warnings"] == []
+    # two runs: the median is their mean, and a disagreement names both
+    two = calibrate.repeat_scales([("a", 1.0), ("b", 1.3)])
+    assert two["scale"] == pytest.approx(1.15) and "a" in two["warnings"][0] and "b" in two["warnings"][0]
+    assert calibrate.repeat_scales([("a", 1.0), ("b", 1.05)])["warnings"] == []
+
+
+def test_calibration_from_repeats_is_robust_to_one_slow_run(tmp_path):
+    """Repeats of one load: each run gets its own scale and the median is kept, so one run 40%
+    slower (a busy moment) moves the calibration as little as another normal run would, and it is
+    named in a warning; the pooled fit followed it."""
+    from dsim.cost import save_profile
+    from validator import stepfit
+
+    fit = {"cpu_overhead_ms": 1.0, "ms_per_token": 0.1, "ms_per_request": 0.0, "kv_ms_per_ktok": 0.0}
+    base = tmp_path / "base.yaml"
+    save_profile(stepfit.linear_profile("b", "measured", fit, {}), base)
+    paths = []
+    for j, step_s in enumerate((0.010, 0.0102, 0.0098, 0.014)):
+        path = tmp_path / f"m-{j}.jsonl"
+        w = measure.Writer(path)
+        w.write({"type": "header", "format": measure.FORMAT, "load": {"mode": "concurrency", "concurrency": 1}})
+        for i in range(3):
+            t0 = 0.5 * i
+            times = [t0 + 0.01 + step_s * k for k in range(8)]
+            w.write({"type": "request", "i": i, "prompt_tokens": 4, "max_tokens": 8, "send_s": t0,
+                     "first_token_s": times[0], "end_s": times[-1], "chunks": [[t, 1] for t in times],
+                     "output_tokens": 8, "ok": True, "error": None})
+        w.write({"type": "summary"})
+        w.close()
+        paths.append(path)
+    res = calibrate.calibrate(paths, tmp_path / "cal", base_profile=str(base))
+    f = res["report"]["fit"]
+    # base step at one request: 1 ms overhead + 0.1 ms per token -> 1.1 ms; measured 9.8, 10,
+    # 10.2 and 14 ms: the median of the four is (10 + 10.2) / 2
+    assert f["scale"] == pytest.approx(10.1 / 1.1, rel=1e-3) and f["repeats"]["outliers"] == ["m-3.jsonl"]
+    assert any("m-3.jsonl" in x and "slower" in x for x in res["report"]["warnings"])
+    pooled = calibrate.calibrate(paths[:1] + paths[3:], tmp_path / "cal2", base_profile=str(base))
+    assert pooled["report"]["fit"]["scale"] > 1.15 * f["scale"]  # two runs: their mean follows the slow one
