@@ -1233,3 +1233,32 @@ def test_calibration_from_repeats_is_robust_to_one_slow_run(tmp_path):
     assert any("m-3.jsonl" in x and "slower" in x for x in res["report"]["warnings"])
     pooled = calibrate.calibrate(paths[:1] + paths[3:], tmp_path / "cal2", base_profile=str(base))
     assert pooled["report"]["fit"]["scale"] > 1.15 * f["scale"]  # two runs: their mean follows the slow one
+
+
+def test_heldout_summary_is_merged_into_the_fidelity_report_keeping_its_keys(tmp_path):
+    from validator import compare, heldout
+
+    rep = {
+        "collect": {"date": "2026-12-01 18:51 UTC", "rounds": 5, "rate_req_s": 6.7},
+        "calibration_fit": {"scale": 0.98, "repeats": {"runs": {"a": 1.0, "b": 0.9}, "relative_spread": 0.1}},
+        "gates": compare.DEFAULT_GATES,
+        "cases": {
+            "c4": {
+                "held_out": True,
+                "verdict": "pass",
+                "errors": {"tpot_ms.p50": 0.05, "output_tok_s": -0.04},
+                "spread": {"tpot_ms.p50": 0.2},
+                "gated": {"tpot_ms.p50": True, "output_tok_s": True},
+            }
+        },
+    }
+    report = tmp_path / "fidelity.json"
+    report.write_text(json.dumps({"what": "live test", "tpot_error": 0.01}))
+    summary = heldout.fidelity_summary(rep, tmp_path / "coll")
+    heldout.write_fidelity(report, [summary], compare.DEFAULT_GATES)
+    doc = json.loads(report.read_text())
+    assert doc["what"] == "live test" and doc["tpot_error"] == 0.01
+    c4 = doc["heldout"]["collections"][0]["cases"]["c4"]
+    assert c4["tpot_ms.p50"] == {"error": 0.05, "spread": 0.2, "ok": True}
+    assert c4["ttft_ms.mean"] == {"error": None, "spread": None, "ok": None}
+    assert doc["heldout"]["collections"][0]["calibration"]["runs"] == 2

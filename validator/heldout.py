@@ -154,6 +154,59 @@ def table(rep: dict) -> str:
     return "\n".join(lines)
 
 
+def fidelity_summary(rep: dict, d: Path) -> dict:
+    """One collection's held-out result in brief: when and under what load it was measured, the
+    calibration (scale, the repeats' spread, the runs left out) and, per case, each gated metric's
+    error, measured spread and verdict (what reports/validator-fidelity.json keeps)."""
+    info, fit = rep.get("collect") or {}, rep.get("calibration_fit") or {}
+    rp = fit.get("repeats") or {}
+    cases = {}
+    for name, r in rep["cases"].items():
+        cases[name] = {
+            "held_out": r["held_out"],
+            "verdict": r["verdict"],
+            **{
+                m: {
+                    "error": round(r["errors"][m], 4) if m in r["errors"] else None,
+                    "spread": round(r["spread"][m], 4) if r["spread"].get(m) is not None else None,
+                    "ok": r["gated"].get(m),
+                }
+                for m in rep["gates"]
+            },
+        }
+    return {
+        "collection": d.name,
+        "date": info.get("date"),
+        "rounds": info.get("rounds"),
+        "loadavg_before": info.get("loadavg_before"),
+        "loadavg_after": info.get("loadavg_after"),
+        "rate_req_s": info.get("rate_req_s"),
+        "calibration": {
+            "scale": round(float(fit.get("scale") or 0.0), 4),
+            "runs": len(rp.get("runs") or {}),
+            "repeats_relative_spread": rp.get("relative_spread"),
+            "left_out_by_the_median": rp.get("outliers"),
+        },
+        "cases": cases,
+    }
+
+
+def write_fidelity(path: Path, summaries: list[dict], gates: dict) -> None:
+    """Merge the held-out summaries into the fidelity report at ``path`` (key ``heldout``; the
+    live test's keys are kept)."""
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    doc["heldout"] = {
+        "what": "calibrated on concurrency 2, prompt 64 / output 64 (the median scale over its repeats); checked on "
+        "concurrency 1, 4, 8 (64/64), concurrency 4 at 256/128 and Poisson arrivals at 2/3 of the concurrency-8 "
+        "throughput; each case pooled over the rounds, its spread = (max - min) / median over them",
+        "targets": gates,
+        "judged": "each gated error against the larger of its target and the case's measured spread",
+        "collections": summaries,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m validator.heldout", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -163,8 +216,9 @@ def main(argv=None) -> int:
     c.add_argument("--out", required=True)
     c.add_argument("--rounds", type=int, default=3)
     a = sub.add_parser("analyse")
-    a.add_argument("dir")
-    a.add_argument("--out")
+    a.add_argument("dirs", nargs="+", metavar="DIR")
+    a.add_argument("--out", help="the full report as JSON (one DIR)")
+    a.add_argument("--fidelity", help="merge each DIR's summary into this report (key heldout)")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "collect":
@@ -178,10 +232,17 @@ def main(argv=None) -> int:
                     hdr["engine"] = {"max_num_seqs": launch.max_num_seqs(spec)}
                 print(json.dumps(collect(url, Path(args.out), args.rounds, run.front_cpus if run else None, hdr)))
         else:
-            rep = analyse(Path(args.dir))
-            print(table(rep))
-            if args.out:
-                Path(args.out).write_text(json.dumps(rep, indent=1, default=str) + "\n")
+            if args.out and len(args.dirs) > 1:
+                raise InputError("--out: one DIR (--fidelity takes several)")
+            summaries = []
+            for d in args.dirs:
+                rep = analyse(Path(d))
+                print(f"{d}:\n{table(rep)}")
+                summaries.append(fidelity_summary(rep, Path(d)))
+                if args.out:
+                    Path(args.out).write_text(json.dumps(rep, indent=1, default=str) + "\n")
+            if args.fidelity:
+                write_fidelity(Path(args.fidelity), summaries, rep["gates"])
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
