@@ -1254,7 +1254,7 @@ def test_heldout_summary_is_merged_into_the_fidelity_report_keeping_its_keys(tmp
     }
     report = tmp_path / "fidelity.json"
     report.write_text(json.dumps({"what": "live test", "tpot_error": 0.01}))
-    summary = heldout.fidelity_summary(rep, tmp_path / "coll")
+    summary = heldout.fidelity_summary(rep)
     heldout.write_fidelity(report, [summary], compare.DEFAULT_GATES)
     doc = json.loads(report.read_text())
     assert doc["what"] == "live test" and doc["tpot_error"] == 0.01

@@ -154,7 +154,7 @@ def table(rep: dict) -> str:
     return "\n".join(lines)
 
 
-def fidelity_summary(rep: dict, d: Path) -> dict:
+def fidelity_summary(rep: dict) -> dict:
     """One collection's held-out result in brief: when and under what load it was measured, the
     calibration (scale, the repeats' spread, the runs left out) and, per case, each gated metric's
     error, measured spread and verdict (what reports/validator-fidelity.json keeps)."""
@@ -175,7 +175,6 @@ def fidelity_summary(rep: dict, d: Path) -> dict:
             },
         }
     return {
-        "collection": d.name,
         "date": info.get("date"),
         "rounds": info.get("rounds"),
         "loadavg_before": info.get("loadavg_before"),
@@ -185,7 +184,7 @@ def fidelity_summary(rep: dict, d: Path) -> dict:
             "scale": round(float(fit.get("scale") or 0.0), 4),
             "runs": len(rp.get("runs") or {}),
             "repeats_relative_spread": rp.get("relative_spread"),
-            "left_out_by_the_median": rp.get("outliers"),
+            "runs_outside_the_others_spread": rp.get("outliers"),
         },
         "cases": cases,
     }
@@ -238,7 +237,7 @@ def main(argv=None) -> int:
             for d in args.dirs:
                 rep = analyse(Path(d))
                 print(f"{d}:\n{table(rep)}")
-                summaries.append(fidelity_summary(rep, Path(d)))
+                summaries.append(fidelity_summary(rep))
                 if args.out:
                     Path(args.out).write_text(json.dumps(rep, indent=1, default=str) + "\n")
             if args.fidelity:
