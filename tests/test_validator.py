@@ -48,6 +48,59 @@ def fake(request):
         s.server_close()
 
 
+def fake_cmd(step_ms: float = 2.0, port: int | str = "{port}") -> str:
+    """The command line of a fake OpenAI server process (validator.fake_server); ``port`` left as
+    the ``{port}`` placeholder for `serve --command` / `--launch`."""
+    return f"{sys.executable} -m validator.fake_server --port {port} --step-ms {step_ms:g}"
+
+
+@pytest.fixture
+def fake_proc():
+    """A fake OpenAI server as its own process (one that can be killed):
+    fake_proc(step_ms) -> (base URL, process); every one still running is stopped at the end."""
+    from validator import server as srv
+
+    procs = []
+
+    def start(step_ms=5.0):
+        port = free_port()
+        argv = [sys.executable, "-m", "validator.fake_server", "--port", str(port), "--step-ms", f"{step_ms:g}"]
+        proc = subprocess.Popen(argv, cwd=ROOT, start_new_session=True)
+        procs.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        srv.wait_health(url, 20, proc)
+        return url, proc
+
+    yield start
+    for p in procs:
+        srv.stop(p)
+
+
+def cli_proc(*args: str) -> subprocess.Popen:
+    """`python -m validator.cli ARGS` started in the background, its output piped (text)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "validator.cli", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def read_until(p: subprocess.Popen, text: str, timeout_s: float = 60.0) -> list[str]:
+    """The lines of p's stderr up to and including the first that holds ``text`` (or its end)."""
+    lines: list[str] = []
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        line = p.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        if text in line:
+            break
+    return lines
+
+
 METRICS = """# HELP vllm:spec_decode_num_drafts_total x
 vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10
 vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 40
@@ -270,29 +323,20 @@ def test_closed_port_is_one_line_exit_2(tmp_path):
         )
 
 
-def test_server_killed_mid_run_keeps_data(tmp_path):
+def test_server_killed_mid_run_keeps_data(fake_proc, tmp_path):
     """A server process that dies mid-run: requests in flight and after fail with a reason, the
     ones before are kept, the summary line is written."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "validator.fake_server", "--port", str(port), "--step-ms", "5"],
-        cwd=ROOT,
-        start_new_session=True,
-    )
     from validator import server as srv
 
-    try:
-        srv.wait_health(f"http://127.0.0.1:{port}", 20, proc)
-        killer = threading.Timer(1.0, lambda: srv.stop(proc))
-        killer.start()
-        s = driver.run(
-            traces.fixed(40, 8, 50),
-            driver.RunOptions(server=f"http://127.0.0.1:{port}", concurrency=2, progress=False, request_timeout_s=10),
-            tmp_path / "m.jsonl",
-        )
-        killer.join()
-    finally:
-        srv.stop(proc)
+    url, proc = fake_proc(5.0)
+    killer = threading.Timer(1.0, lambda: srv.stop(proc))
+    killer.start()
+    s = driver.run(
+        traces.fixed(40, 8, 50),
+        driver.RunOptions(server=url, concurrency=2, progress=False, request_timeout_s=10),
+        tmp_path / "m.jsonl",
+    )
+    killer.join()
     assert s["requests_completed"] >= 2 and s["requests_failed"] >= 1
     assert s["requests_completed"] + s["requests_failed"] == 40
     assert set(s["failure_reasons"]) <= {"connect_error", "stream_cut", "http_error", "timeout"}
@@ -304,30 +348,21 @@ def test_server_killed_mid_run_keeps_data(tmp_path):
 def test_interrupted_run_writes_nothing(fake, tmp_path):
     url = fake("ok", step_ms=5.0)
     out = tmp_path / "out"
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "validator.cli",
-            "run",
-            "--server",
-            url,
-            "--out",
-            str(out),
-            "-n",
-            "200",
-            "--input-len",
-            "4",
-            "--output-len",
-            "40",
-            "-c",
-            "2",
-            "--no-progress",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    p = cli_proc(
+        "run",
+        "--server",
+        url,
+        "--out",
+        str(out),
+        "-n",
+        "200",
+        "--input-len",
+        "4",
+        "--output-len",
+        "40",
+        "-c",
+        "2",
+        "--no-progress",
     )
     time.sleep(2.5)
     p.send_signal(2)  # Ctrl-C
@@ -342,10 +377,9 @@ def test_ab_with_fake_servers(tmp_path):
     from validator import ab
 
     pa, pb = free_port(), free_port()
-    cmd = f"{sys.executable} -m validator.fake_server --port {{}} --step-ms {{}}"
     rep = ab.ab(
-        cmd.format(pa, 2),
-        cmd.format(pb, 6),
+        fake_cmd(2, pa),
+        fake_cmd(6, pb),
         tmp_path,
         url_a=f"http://127.0.0.1:{pa}",
         url_b=f"http://127.0.0.1:{pb}",
@@ -500,10 +534,6 @@ def test_cpu_layout_and_client_pinning(fake, tmp_path):
 
 
 # ---- managed servers: started, health-checked, stopped with everything they started -------------
-def _fake_cmd() -> str:
-    return f"{sys.executable} -m validator.fake_server --port {{port}} --step-ms 2"
-
-
 def _gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -572,36 +602,9 @@ def test_cpu_recipe_argv_env_and_layout(tmp_path):
 
 
 def _start_serve(port: int, sig_wait: str = "serving at"):
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "validator.cli",
-            "serve",
-            "--command",
-            _fake_cmd(),
-            "--port",
-            str(port),
-            "--warmup",
-            "1,2",
-            "--warmup-output-len",
-            "8",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    pid, lines = None, []
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < 60:
-        line = p.stderr.readline()
-        if not line:
-            break
-        lines.append(line)
-        if sig_wait in line:
-            pid = int(line.split("(pid ")[1].split(")")[0])
-            break
+    p = cli_proc("serve", "--command", fake_cmd(), "--port", str(port), "--warmup", "1,2", "--warmup-output-len", "8")
+    lines = read_until(p, sig_wait)
+    pid = int(lines[-1].split("(pid ")[1].split(")")[0]) if lines and sig_wait in lines[-1] else None
     assert pid, "".join(lines)
     return p, pid, lines
 
@@ -647,7 +650,7 @@ def test_run_launch_repeat_writes_runs_and_spread_and_stops_the_server(tmp_path)
             "validator.cli",
             "run",
             "--launch",
-            f"--command '{_fake_cmd()}' --port {port} --warmup 1 --warmup-output-len 4",
+            f"--command '{fake_cmd()}' --port {port} --warmup 1 --warmup-output-len 4",
             "--out",
             str(out),
             "-n",
@@ -684,37 +687,24 @@ def test_run_launch_repeat_writes_runs_and_spread_and_stops_the_server(tmp_path)
 def test_run_launch_sigterm_mid_run_stops_the_server_and_writes_nothing(tmp_path):
     port = free_port()
     out = tmp_path / "out"
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "validator.cli",
-            "run",
-            "--launch",
-            f"--command '{_fake_cmd()}' --port {port} --warmup none",
-            "--out",
-            str(out),
-            "-n",
-            "400",
-            "--input-len",
-            "4",
-            "--output-len",
-            "50",
-            "-c",
-            "2",
-            "--no-progress",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    p = cli_proc(
+        "run",
+        "--launch",
+        f"--command '{fake_cmd()}' --port {port} --warmup none",
+        "--out",
+        str(out),
+        "-n",
+        "400",
+        "--input-len",
+        "4",
+        "--output-len",
+        "50",
+        "-c",
+        "2",
+        "--no-progress",
     )
     try:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 60:
-            line = p.stderr.readline()
-            if not line or "healthy" in line:
-                break
+        read_until(p, "healthy")
         time.sleep(1.5)
         with socket.socket() as s:  # mid-run: the server is up
             assert s.connect_ex(("127.0.0.1", port)) == 0
@@ -765,15 +755,25 @@ def test_acceptance_names_follow_vllm():
 
     # 10 drafts, 30 accepted over 20 decode steps: vLLM's acceptance length 1 + 30/10 = 4 per draft,
     # 1 + 30/20 = 2.5 tokens per decode step
-    s = {"spec": {"num_accepted_tokens": 30, "num_drafts": 10, "acceptance_length": 4.0},
-         "server_histograms": {"vllm:inter_token_latency_seconds": {"count": 20}}}
+    s = {
+        "spec": {"num_accepted_tokens": 30, "num_drafts": 10, "acceptance_length": 4.0},
+        "server_histograms": {"vllm:inter_token_latency_seconds": {"count": 20}},
+    }
     v = noise.metric_values(s)
     assert v["acceptance_length"] == 4.0 and v["tokens_per_decode_step"] == 2.5
 
 
 def _pt(n, b, kv, ms, kind="decode", prefills=0.0, prompt_tokens=0.0):
-    return {"kind": kind, "n": float(n), "b": float(b), "batch": float(b), "kv": float(kv), "step_ms": ms,
-            "prefills": float(prefills), "prompt_tokens": float(prompt_tokens)}
+    return {
+        "kind": kind,
+        "n": float(n),
+        "b": float(b),
+        "batch": float(b),
+        "kv": float(kv),
+        "step_ms": ms,
+        "prefills": float(prefills),
+        "prompt_tokens": float(prompt_tokens),
+    }
 
 
 def test_fit_cost_separates_terms_when_the_points_vary_them_apart():
@@ -782,10 +782,23 @@ def test_fit_cost_separates_terms_when_the_points_vary_them_apart():
     # ms, ms/token, ms/request, ms/prompt, ms per 1000 context tokens, ms less per 1000 prompt tokens
     c, t, d, e, kv, disc = 3.0, 0.02, 0.4, 2.0, 1.5, 12.0
     true = lambda n, b, f, x, q: c + t * n + d * b + e * f + kv * x / 1000 - disc * q / 1000  # noqa: E731
-    pts = [_pt(n, b, x, true(n, b, f, x, q), prefills=f, prompt_tokens=q) for n, b, f, x, q in
-           [(5, 1, 0, 100, 0), (10, 2, 0, 200, 0), (20, 4, 0, 400, 0), (40, 8, 0, 800, 0), (64, 1, 1, 64, 64),
-            (256, 1, 1, 256, 256), (5, 1, 0, 900, 0), (10, 2, 0, 1800, 0), (128, 2, 2, 128, 128),
-            (260, 2, 1, 400, 256), (1, 1, 0, 80, 0), (4, 4, 0, 300, 0)]]  # (undrafted steps: 1 token each)
+    pts = [
+        _pt(n, b, x, true(n, b, f, x, q), prefills=f, prompt_tokens=q)
+        for n, b, f, x, q in [
+            (5, 1, 0, 100, 0),
+            (10, 2, 0, 200, 0),
+            (20, 4, 0, 400, 0),
+            (40, 8, 0, 800, 0),
+            (64, 1, 1, 64, 64),
+            (256, 1, 1, 256, 256),
+            (5, 1, 0, 900, 0),
+            (10, 2, 0, 1800, 0),
+            (128, 2, 2, 128, 128),
+            (260, 2, 1, 400, 256),
+            (1, 1, 0, 80, 0),
+            (4, 4, 0, 300, 0),
+        ]
+    ]  # (undrafted steps: 1 token each)
     f = stepfit.fit_cost(pts)
     assert f["determined"] and not f["warnings"]
     got = tuple(f[k] for k in stepfit.TERMS)
@@ -815,11 +828,24 @@ def test_single_load_calibration_warns_about_the_one_scale(tmp_path):
     save_profile(stepfit.linear_profile("b", "measured", fit, {}), base)
     path = tmp_path / "m.jsonl"
     w = measure.Writer(path)
-    w.write({"type": "header", "format": measure.FORMAT, "load": {"mode": "concurrency", "concurrency": 1},
-             "spec": None})
-    w.write({"type": "request", "i": 0, "prompt_tokens": 4, "max_tokens": 6, "send_s": 0.0, "first_token_s": 0.01,
-             "end_s": 0.06, "chunks": [[0.01 + 0.01 * j, 1] for j in range(6)], "output_tokens": 6, "ok": True,
-             "error": None})
+    w.write(
+        {"type": "header", "format": measure.FORMAT, "load": {"mode": "concurrency", "concurrency": 1}, "spec": None}
+    )
+    w.write(
+        {
+            "type": "request",
+            "i": 0,
+            "prompt_tokens": 4,
+            "max_tokens": 6,
+            "send_s": 0.0,
+            "first_token_s": 0.01,
+            "end_s": 0.06,
+            "chunks": [[0.01 + 0.01 * j, 1] for j in range(6)],
+            "output_tokens": 6,
+            "ok": True,
+            "error": None,
+        }
+    )
     w.write({"type": "summary"})
     w.close()
     res = calibrate.calibrate([path], tmp_path / "cal", base_profile=str(base))
@@ -832,10 +858,22 @@ def _chunk_run(seqs, prompt=8):
     reqs = []
     for i, seq in enumerate(seqs):
         times = [0.01 + 0.004 * j for j in range(len(seq))]
-        reqs.append({"type": "request", "i": i, "prompt_tokens": prompt, "max_tokens": sum(seq), "arrival_s": 0.0,
-                     "send_s": 0.0, "first_token_s": times[0], "end_s": times[-1],
-                     "chunks": [[t, n] for t, n in zip(times, seq)], "output_tokens": sum(seq), "ok": True,
-                     "error": None})
+        reqs.append(
+            {
+                "type": "request",
+                "i": i,
+                "prompt_tokens": prompt,
+                "max_tokens": sum(seq),
+                "arrival_s": 0.0,
+                "send_s": 0.0,
+                "first_token_s": times[0],
+                "end_s": times[-1],
+                "chunks": [[t, n] for t, n in zip(times, seq)],
+                "output_tokens": sum(seq),
+                "ok": True,
+                "error": None,
+            }
+        )
     return measure.Measurement("mem", {"format": measure.FORMAT}, reqs)
 
 
@@ -873,19 +911,36 @@ def test_tpot_dispersion_measured_and_applied_with_mean_one():
     for _ in range(2):
         reqs = []
         for i in range(20):
-            step = 0.004 * (1.5 if i % 10 == 0 else 1.0)      # every tenth request 50% slower
+            step = 0.004 * (1.5 if i % 10 == 0 else 1.0)  # every tenth request 50% slower
             times = [0.01 + step * j for j in range(30)]
-            reqs.append({"type": "request", "i": i, "prompt_tokens": 8, "max_tokens": 30, "send_s": 0.0,
-                         "first_token_s": times[0], "end_s": times[-1], "chunks": [[t, 1] for t in times],
-                         "output_tokens": 30, "ok": True, "error": None})
+            reqs.append(
+                {
+                    "type": "request",
+                    "i": i,
+                    "prompt_tokens": 8,
+                    "max_tokens": 30,
+                    "send_s": 0.0,
+                    "first_token_s": times[0],
+                    "end_s": times[-1],
+                    "chunks": [[t, 1] for t in times],
+                    "output_tokens": 30,
+                    "ok": True,
+                    "error": None,
+                }
+            )
         runs.append(measure.Measurement("mem", {"format": measure.FORMAT}, reqs))
     disp = noise.tpot_dispersion(runs)
     q = np.asarray(disp["quantiles"])
-    assert disp["requests"] == 40 and q[0] == pytest.approx(1 / 1.05, rel=1e-4) and q[-1] == pytest.approx(1.5 / 1.05, rel=1e-4)
-    req = pd.DataFrame({"completed": [True] * 2000, "tpot_ms": 10.0, "ttft_ms": 5.0, "e2e_ms": 5.0 + 10.0 * 29,
-                        "output_tokens": 30})
+    assert (
+        disp["requests"] == 40
+        and q[0] == pytest.approx(1 / 1.05, rel=1e-4)
+        and q[-1] == pytest.approx(1.5 / 1.05, rel=1e-4)
+    )
+    req = pd.DataFrame(
+        {"completed": [True] * 2000, "tpot_ms": 10.0, "ttft_ms": 5.0, "e2e_ms": 5.0 + 10.0 * 29, "output_tokens": 30}
+    )
     out = noise.apply_dispersion(req, disp, seed=rng.integers(100))
-    assert out["tpot_ms"].mean() == pytest.approx(10.0, rel=0.03)            # means kept
+    assert out["tpot_ms"].mean() == pytest.approx(10.0, rel=0.03)  # means kept
     assert out["tpot_ms"].quantile(0.99) / out["tpot_ms"].quantile(0.5) > 1.3  # tails no longer degenerate
     assert np.allclose(out["e2e_ms"], 5.0 + out["tpot_ms"] * 29)
 
@@ -899,8 +954,13 @@ def test_per_prompt_prefill_cost_is_priced_per_chunk_by_the_engine(tmp_path):
     from dsim.sim import SimConfig, SpecConfig, simulate
     from validator import stepfit
 
-    fit = {"cpu_overhead_ms": 1.0, "ms_per_token": 0.01, "ms_per_request": 0.0, "ms_per_prefill": 7.0,
-           "kv_ms_per_ktok": 0.0}
+    fit = {
+        "cpu_overhead_ms": 1.0,
+        "ms_per_token": 0.01,
+        "ms_per_request": 0.0,
+        "ms_per_prefill": 7.0,
+        "kv_ms_per_ktok": 0.0,
+    }
     prof = stepfit.linear_profile("t", "measured", fit, {})
     save_profile(prof, tmp_path / "p.yaml")
     prof = load_profile(str(tmp_path / "p.yaml"))
@@ -908,8 +968,12 @@ def test_per_prompt_prefill_cost_is_priced_per_chunk_by_the_engine(tmp_path):
     c = CostModel(prof)
     assert c.prefill_ms([(512, 0), (476, 1024)]) == pytest.approx(14.0)
     plan = traces.Plan(np.zeros(1), np.array([1500]), np.array([3]), "t")
-    cfg = SimConfig(workload=traces.to_workload(plan), profile=prof, engine=EngineConfig(
-        long_prefill_token_threshold=512, async_scheduling=False), spec=SpecConfig(method="none"))
+    cfg = SimConfig(
+        workload=traces.to_workload(plan),
+        profile=prof,
+        engine=EngineConfig(long_prefill_token_threshold=512, async_scheduling=False),
+        spec=SpecConfig(method="none"),
+    )
     st = simulate(cfg).steps
     pre = st[st.prefill_tokens > 0]
     assert pre.prefill_tokens.tolist() == [512, 512, 476]
@@ -949,9 +1013,13 @@ def test_draft_script_drives_the_engine_in_lockstep():
     prof = stepfit.zero_block_draft(stepfit.linear_profile("t", "measured", fit, {}))
     script = ((0, 0), (0, 0), (2, 1), (4, 4))
     plan = traces.Plan(np.zeros(3), np.full(3, 16), np.full(3, 1 + 1 + 1 + 2 + 5 + 3), "t")
-    cfg = SimConfig(workload=traces.to_workload(plan, 3), profile=prof, gpus_per_node=1,
-                    engine=EngineConfig(async_scheduling=False, draft_script=script, max_num_batched_tokens=2048),
-                    spec=SpecConfig(method="block", k=4, acceptance="const:0.5"))
+    cfg = SimConfig(
+        workload=traces.to_workload(plan, 3),
+        profile=prof,
+        gpus_per_node=1,
+        engine=EngineConfig(async_scheduling=False, draft_script=script, max_num_batched_tokens=2048),
+        spec=SpecConfig(method="block", k=4, acceptance="const:0.5"),
+    )
     res = simulate(cfg)
     dec = res.steps[res.steps.n_decode > 0]
     # per decode step: 1, 1, 2, 5, 5 tokens per request (the last step capped at the output)
@@ -977,13 +1045,17 @@ def test_closed_loop_successors_reach_the_engine_in_turn():
     fit = {"cpu_overhead_ms": 1.0, "ms_per_token": 0.1, "ms_per_request": 0.0, "kv_ms_per_ktok": 0.0}
     prof = stepfit.linear_profile("t", "measured", fit, {})
     plan = traces.Plan(np.zeros(6), np.full(6, 32), np.full(6, 4), "t")
-    base = SimConfig(workload=traces.to_workload(plan, 3), profile=prof, gpus_per_node=1,
-                     engine=EngineConfig(async_scheduling=False),
-                     spec=SpecConfig(method="none"))
+    base = SimConfig(
+        workload=traces.to_workload(plan, 3),
+        profile=prof,
+        gpus_per_node=1,
+        engine=EngineConfig(async_scheduling=False),
+        spec=SpecConfig(method="none"),
+    )
     whole = simulate(base)
     staggered = simulate(dataclasses.replace(base, closed_loop_gap_ms=5.0, closed_loop_send_gap_ms=0.2))
     pre = lambda r: r.steps[r.steps.prefill_tokens > 0].prefill_tokens.tolist()  # noqa: E731
-    assert pre(whole) == [96, 96]          # each wave's prompts in one step
+    assert pre(whole) == [96, 96]  # each wave's prompts in one step
     assert pre(staggered) == [96, 32, 64]  # the second wave: the first prompt alone, then the others
     arr = staggered.requests.sort_values("arrival_s").arrival_s.to_numpy()
     first_end = arr[3] - 0.005
@@ -1006,15 +1078,36 @@ def test_decode_points_split_into_drafted_and_undrafted_steps():
     reqs = []
     for i in range(2):
         times = list(0.02 + np.concatenate([[0.0], np.cumsum(gaps)]) + 1e-5 * i)
-        reqs.append({"type": "request", "i": i, "prompt_tokens": 16, "max_tokens": sum(seq), "arrival_s": 0.0,
-                     "send_s": 0.0, "first_token_s": times[0], "end_s": times[-1],
-                     "chunks": [[t, n] for t, n in zip(times, seq)], "output_tokens": sum(seq), "ok": True,
-                     "error": None})
-    summary = {"type": "summary",
-               "spec": {"num_drafts": 10, "num_draft_tokens": 38, "num_accepted_tokens": 34,
-                        "accepted_per_pos": [10, 8, 8, 8], "k": 4},
-               "server_histograms": {"vllm:inter_token_latency_seconds": {"count": 18.0, "mean": 0.009},
-                                     "vllm:request_prefill_time_seconds": {"count": 2.0, "mean": 0.02}}}
+        reqs.append(
+            {
+                "type": "request",
+                "i": i,
+                "prompt_tokens": 16,
+                "max_tokens": sum(seq),
+                "arrival_s": 0.0,
+                "send_s": 0.0,
+                "first_token_s": times[0],
+                "end_s": times[-1],
+                "chunks": [[t, n] for t, n in zip(times, seq)],
+                "output_tokens": sum(seq),
+                "ok": True,
+                "error": None,
+            }
+        )
+    summary = {
+        "type": "summary",
+        "spec": {
+            "num_drafts": 10,
+            "num_draft_tokens": 38,
+            "num_accepted_tokens": 34,
+            "accepted_per_pos": [10, 8, 8, 8],
+            "k": 4,
+        },
+        "server_histograms": {
+            "vllm:inter_token_latency_seconds": {"count": 18.0, "mean": 0.009},
+            "vllm:request_prefill_time_seconds": {"count": 2.0, "mean": 0.02},
+        },
+    }
     m = measure.Measurement("mem", {"format": measure.FORMAT, "spec": {"k": 4}}, reqs, summary=summary)
     pts = {p["kind"]: p for p in stepfit.server_points(m, 4)}
     dr, nd = pts["decode-drafted"], pts["decode-undrafted"]
@@ -1023,3 +1116,149 @@ def test_decode_points_split_into_drafted_and_undrafted_steps():
     # samples hold 8 undrafted, 10 drafted (the cut step drafted too): 9 = (8 m + 10 x 2 m) / 18
     m_nd = 9.0 * 18 / (8 + 20)
     assert nd["step_ms"] == pytest.approx(m_nd) and dr["step_ms"] == pytest.approx(2 * m_nd)
+
+
+def _open_loop_run(sends, n_out=20, step_s=0.004, scheduled=None):
+    """A rate-mode Measurement: request i sent at sends[i] (scheduled at scheduled[i], default the
+    same), prompt 16, n_out tokens one per step_s."""
+    reqs = []
+    for i, s in enumerate(sends):
+        times = [s + 0.01 + step_s * j for j in range(n_out)]
+        reqs.append(
+            {
+                "type": "request",
+                "i": i,
+                "prompt_tokens": 16,
+                "max_tokens": n_out,
+                "arrival_s": s if scheduled is None else scheduled[i],
+                "send_s": s,
+                "first_token_s": times[0],
+                "end_s": times[-1],
+                "chunks": [[t, 1] for t in times],
+                "output_tokens": n_out,
+                "ok": True,
+                "error": None,
+            }
+        )
+    hdr = {"format": measure.FORMAT, "load": {"mode": "rate", "rate": 10.0}, "spec": {"k": 0}}
+    return measure.Measurement("mem", hdr, reqs)
+
+
+def test_open_loop_requests_arrive_when_the_client_sent_them():
+    """A client behind its Poisson schedule sent later than arrival_s; TTFT and E2E are measured
+    from the send, so the simulated request arrives then."""
+    from validator import compare
+
+    m = _open_loop_run([0.0, 0.5, 1.25], scheduled=[0.0, 0.3, 0.9])
+    w, conc = compare.workload_from(m)
+    assert conc is None and w.arrival_s.tolist() == pytest.approx([0.0, 0.5, 1.25])
+
+
+def test_open_loop_adds_the_front_end_time_of_one_stream():
+    """The overhead measured at higher loads holds the wait for the running step, which dsim's
+    engine simulates for an open loop's arrivals as for a closed loop's: the prediction adds the
+    one-stream front-end time (overhead_table at 1), not the table at the predicted concurrency."""
+    from validator import compare, stepfit
+
+    fit = {"cpu_overhead_ms": 1.0, "ms_per_token": 0.5, "ms_per_request": 0.0, "kv_ms_per_ktok": 0.0}
+    table = {"streams": [1.0, 4.0], "e2e_ms": [10.0, 40.0], "first_token_ms": [8.0, 30.0]}
+    prof = stepfit.linear_profile(
+        "t",
+        "measured",
+        fit,
+        {},
+        extra={"validator": {"request_overhead_ms": 25.0, "first_token_overhead_ms": 20.0, "overhead_table": table}},
+    )
+    m = _open_loop_run([0.0, 0.002, 0.004, 0.006])  # four requests overlapping: about 4 in flight
+    pred = compare.simulate_measurement(m, prof, None, dispersion=False)
+    assert pred["request_overhead_ms_added"] == {"e2e": pytest.approx(10.0), "ttft": pytest.approx(8.0)}
+    assert pred["ttft_ms"]["mean"] == pytest.approx(pred["_engine"]["ttft_ms"]["mean"] + 8.0)
+    assert pred["e2e_ms"]["p99"] == pytest.approx(pred["_engine"]["e2e_ms"]["p99"] + 10.0)
+
+
+def test_repeat_scales_take_the_median_and_name_a_run_outside_the_others_spread():
+    r = calibrate.repeat_scales([("r0", 1.0), ("r1", 1.02), ("r2", 0.98), ("r3", 1.3)])
+    assert r["scale"] == pytest.approx(1.01) and r["outliers"] == ["r3"]
+    assert len(r["warnings"]) == 1 and "r3" in r["warnings"][0] and "slower" in r["warnings"][0]
+    assert r["relative_spread"] == pytest.approx(0.32 / 1.01, abs=1e-4)
+    # runs that scatter as much as each other, within the tolerance: nobody is the odd one out
+    assert calibrate.repeat_scales([("a", 1.0), ("b", 1.05), ("c", 1.1)])["warnings"] == []
+    # two runs: the median is their mean, and a disagreement names both
+    two = calibrate.repeat_scales([("a", 1.0), ("b", 1.3)])
+    assert two["scale"] == pytest.approx(1.15) and "a" in two["warnings"][0] and "b" in two["warnings"][0]
+    assert calibrate.repeat_scales([("a", 1.0), ("b", 1.05)])["warnings"] == []
+
+
+def test_calibration_from_repeats_is_robust_to_one_slow_run(tmp_path):
+    """Repeats of one load: each run gets its own scale and the median is kept, so one run 40%
+    slower (a busy moment) moves the calibration as little as another normal run would, and it is
+    named in a warning; the pooled fit followed it."""
+    from dsim.cost import save_profile
+    from validator import stepfit
+
+    fit = {"cpu_overhead_ms": 1.0, "ms_per_token": 0.1, "ms_per_request": 0.0, "kv_ms_per_ktok": 0.0}
+    base = tmp_path / "base.yaml"
+    save_profile(stepfit.linear_profile("b", "measured", fit, {}), base)
+    paths = []
+    for j, step_s in enumerate((0.010, 0.0102, 0.0098, 0.014)):
+        path = tmp_path / f"m-{j}.jsonl"
+        w = measure.Writer(path)
+        w.write({"type": "header", "format": measure.FORMAT, "load": {"mode": "concurrency", "concurrency": 1}})
+        for i in range(3):
+            t0 = 0.5 * i
+            times = [t0 + 0.01 + step_s * k for k in range(8)]
+            w.write(
+                {
+                    "type": "request",
+                    "i": i,
+                    "prompt_tokens": 4,
+                    "max_tokens": 8,
+                    "send_s": t0,
+                    "first_token_s": times[0],
+                    "end_s": times[-1],
+                    "chunks": [[t, 1] for t in times],
+                    "output_tokens": 8,
+                    "ok": True,
+                    "error": None,
+                }
+            )
+        w.write({"type": "summary"})
+        w.close()
+        paths.append(path)
+    res = calibrate.calibrate(paths, tmp_path / "cal", base_profile=str(base))
+    f = res["report"]["fit"]
+    # base step at one request: 1 ms overhead + 0.1 ms per token -> 1.1 ms; measured 9.8, 10,
+    # 10.2 and 14 ms: the median of the four is (10 + 10.2) / 2
+    assert f["scale"] == pytest.approx(10.1 / 1.1, rel=1e-3) and f["repeats"]["outliers"] == ["m-3.jsonl"]
+    assert any("m-3.jsonl" in x and "slower" in x for x in res["report"]["warnings"])
+    pooled = calibrate.calibrate(paths[:1] + paths[3:], tmp_path / "cal2", base_profile=str(base))
+    assert pooled["report"]["fit"]["scale"] > 1.15 * f["scale"]  # two runs: their mean follows the slow one
+
+
+def test_heldout_summary_is_merged_into_the_fidelity_report_keeping_its_keys(tmp_path):
+    from validator import compare, heldout
+
+    rep = {
+        "collect": {"date": "2026-12-01 18:51 UTC", "rounds": 5, "rate_req_s": 6.7},
+        "calibration_fit": {"scale": 0.98, "repeats": {"runs": {"a": 1.0, "b": 0.9}, "relative_spread": 0.1}},
+        "gates": compare.DEFAULT_GATES,
+        "cases": {
+            "c4": {
+                "held_out": True,
+                "verdict": "pass",
+                "errors": {"tpot_ms.p50": 0.05, "output_tok_s": -0.04},
+                "spread": {"tpot_ms.p50": 0.2},
+                "gated": {"tpot_ms.p50": True, "output_tok_s": True},
+            }
+        },
+    }
+    report = tmp_path / "fidelity.json"
+    report.write_text(json.dumps({"what": "live test", "tpot_error": 0.01}))
+    summary = heldout.fidelity_summary(rep)
+    heldout.write_fidelity(report, [summary], compare.DEFAULT_GATES)
+    doc = json.loads(report.read_text())
+    assert doc["what"] == "live test" and doc["tpot_error"] == 0.01
+    c4 = doc["heldout"]["collections"][0]["cases"]["c4"]
+    assert c4["tpot_ms.p50"] == {"error": 0.05, "spread": 0.2, "ok": True}
+    assert c4["ttft_ms.mean"] == {"error": None, "spread": None, "ok": None}
+    assert doc["heldout"]["collections"][0]["calibration"]["runs"] == 2

@@ -425,6 +425,12 @@ def test_live_calibrate_check_and_fidelity(live, tmp_path):
         "date": time.strftime("%Y-%m-%d"),
     }
     REPORT.parent.mkdir(exist_ok=True)
+    try:  # the held-out collections' summaries (python -m validator.heldout analyse --fidelity) stay
+        prev = json.loads(REPORT.read_text())
+    except (OSError, ValueError):
+        prev = {}
+    if isinstance(prev, dict) and "heldout" in prev:
+        out["heldout"] = prev["heldout"]
     REPORT.write_text(json.dumps(out, indent=1, default=str) + "\n")
     e = best["errors_c6"]
     assert abs(best["tpot_error"]) <= GATE, (best["tpot_basis"], e)

@@ -187,6 +187,54 @@ def overhead_table(ms: Sequence[measure.Measurement]) -> dict | None:
     }
 
 
+REPEAT_TOLERANCE = 0.10  # a repeat's scale may differ this much from the others' median at least
+
+
+def _one_scale(x: np.ndarray, y: np.ndarray) -> float:
+    """The scale s of y = s x (relative least squares): the whole step, overhead included."""
+    return float(np.sum(x * y / y**2) / np.sum(x * x / y**2))
+
+
+def repeat_scales(runs: Sequence[tuple[str, float]], tolerance: float = REPEAT_TOLERANCE) -> dict:
+    """The calibration scale from repeats of one load, [(run name, its own scale)]: the median, the
+    relative spread (max - min) / median, and a warning for each run whose scale is off the median
+    of the other runs by more than their spread (at least ``tolerance``): that run disagrees with
+    the rest beyond what they measure as noise (a slow moment of a shared machine), and the median
+    leaves it out. With two runs neither can be told to be the odd one: a warning names both."""
+    names = [n for n, _ in runs]
+    v = np.array([x for _, x in runs], dtype=float)
+    med = float(np.median(v))
+    spread = float(np.ptp(v) / med) if med > 0 else 0.0
+    warnings, outliers = [], []
+    if len(v) == 2:
+        if spread > tolerance:
+            warnings.append(
+                f"the 2 calibration runs disagree: scales {v[0]:.3f} ({names[0]}) and {v[1]:.3f} ({names[1]}), "
+                f"{spread:.0%} apart (more than {tolerance:.0%}): repeat them (3 or more runs: the median "
+                "leaves an odd one out)"
+            )
+    else:
+        for i in range(len(v)):
+            others = np.delete(v, i)
+            m_o = float(np.median(others))
+            allowed = max(tolerance, float(np.ptp(others) / m_o) if m_o > 0 else 0.0)
+            dev = v[i] / m_o - 1.0 if m_o > 0 else 0.0
+            if abs(dev) > allowed:
+                outliers.append(names[i])
+                warnings.append(
+                    f"calibration run {names[i]}: scale {v[i]:.3f}, {dev:+.0%} off the other {len(others)} runs' "
+                    f"median {m_o:.3f} (their spread {np.ptp(others) / m_o:.0%}, allowed {allowed:.0%}): "
+                    f"it ran {'slower' if dev > 0 else 'faster'} than the rest; the median of all {len(v)} is used"
+                )
+    return {
+        "scale": med,
+        "runs": {n: round(float(x), 5) for n, x in runs},
+        "relative_spread": round(spread, 4),
+        "outliers": outliers,
+        "warnings": warnings,
+    }
+
+
 def _draft_script(raw, ms, tot: dict, k: int) -> list | None:
     """acceptance.draft_script with the pooled counters per completed request."""
     n = sum(len(m.ok_requests) for m in ms)
@@ -335,6 +383,21 @@ def calibrate(
             return float(cm.step_ms(p["n"], p["kv"])) + pre + dr
 
         x = np.array([base_ms(p) for p in pts])
+        repeats = None
+        if len(ms) == 1 and len(raw) >= 2:
+            # repeats of one load: one scale per run, the median kept, so that one run slower or
+            # faster than the rest (a busy moment of a shared machine) does not move the
+            # calibration; a run outside the spread of the others is named
+            runs = []
+            for r in raw:
+                rp = [dict(p, kv=p.get("kv", 0.0)) for p in stepfit.server_points(r, K)]
+                if rp:
+                    xr = np.array([base_ms(p) for p in rp]) + base.cpu_overhead_ms
+                    yr = np.array([p["step_ms"] for p in rp])
+                    runs.append((Path(r.path).name, _one_scale(xr, yr)))
+            if len(runs) >= 2:
+                repeats = repeat_scales(runs)
+                warnings += repeats["warnings"]
         if len(pts) >= 3 and len(ms) >= 2 and np.ptp(x) > 1e-9:
             # points of several loads or shapes: overhead and scale separately (relative least
             # squares). One load's points (drafted, undrafted and prefill steps at one batch) do
@@ -349,10 +412,12 @@ def calibrate(
             )
             # one run (a decode and a prefill point): two parameters from two noisy points is
             # ill-conditioned; scale the whole step, overhead included (relative least squares)
-            xt = x + base.cpu_overhead_ms
-            s = float(np.sum(xt * y / y**2) / np.sum(xt * xt / y**2))
-            c = s * base.cpu_overhead_ms
+            s = _one_scale(x + base.cpu_overhead_ms, y)
             how = "one scale for the whole step (one load/shape group or fewer than 3 points)"
+            if repeats:
+                s = repeats["scale"]
+                how += f"; the median of {len(repeats['runs'])} repeats' scales"
+            c = s * base.cpu_overhead_ms
         fwd = Table(base.forward.x, base.forward.ms * s)
         draft = {k: Table(t.x, t.ms * s) for k, t in base.draft.items()}
         newprov = dict(
@@ -381,6 +446,7 @@ def calibrate(
             "cpu_overhead_ms": c,
             "scale": s,
             "how": how,
+            **({"repeats": {k: v for k, v in repeats.items() if k != "warnings"}} if repeats else {}),
         }
         pred = lambda p: c + s * base_ms(p)  # noqa: E731
     else:

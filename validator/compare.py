@@ -5,16 +5,15 @@ the closed-loop concurrency) become a dsim Workload; dsim simulates it with the 
 acceptance. A speculative server is simulated with the method ``block`` with K = the server's
 number of speculative tokens; its draft cost is the profile's ``draft.block`` table (the per-request
 CPU work of ngram proposal and rejection sampling, fitted by profile-server/calibrate; zero when the
-profile has none). ``validator.request_overhead_ms`` / ``first_token_overhead_ms`` of a measured or
-calibrated profile (front-end time per request that no engine step contains; per concurrent
-stream when the profile has ``..._per_stream_ms``, times the predicted concurrency; interpolated
-in ``overhead_table`` when the profile was measured at several loads) are added to
-each request's E2E / TTFT. In a closed loop the front-end time of one request (the overhead at one
-stream in flight) is simulated as the way back from a completion to the engine, with the successors
-of one step's completions arriving in turn (the real server's partial waves), and also added to
-TTFT / E2E: the overhead measured at higher loads holds the wait for the running step (vLLM's queue
-time starts when the engine core takes a request in, between steps), which the simulated waves now
-hold themselves. Closed-loop throughput is scaled by (E2E + simulated way back) / (E2E + overhead).
+profile has none). The front-end time of one request (``validator.request_overhead_ms`` /
+``first_token_overhead_ms`` of a measured or calibrated profile, at one stream in flight: its
+``overhead_table`` at 1 when it was measured at several loads) is added to each request's E2E /
+TTFT, in closed and open loops alike: the overhead measured at higher loads holds the wait for the
+running step (vLLM's queue time starts when the engine core takes a request in, between steps),
+which dsim's engine simulates itself. In a closed loop that time is also simulated as the way back
+from a completion to the engine, with the successors of one step's completions arriving in turn
+(the real server's partial waves). An open loop's requests arrive when the client sent them.
+Closed-loop throughput is scaled by (E2E + simulated way back) / (E2E + overhead).
 Rows
 ``server.*`` compare the server's own histogram means with dsim before those overheads (TTFT and
 E2E as the engine's own part, queue + prefill [+ decode]: calibrate.engine_times): the
@@ -105,13 +104,22 @@ def workload_from(m: measure.Measurement) -> tuple:
         raise InputError(f"{m.path}: no requests to simulate")
     load = m.header.get("load") or {}
     conc = load.get("concurrency") if load.get("mode") == "concurrency" else None
-    reqs = sorted(reqs, key=lambda r: (r.get("arrival_s") or 0.0, r["i"]))
-    arr = np.array([0.0 if conc else float(r.get("arrival_s") or 0.0) for r in reqs])
+    # Open loop: a request reaches the server when the client sent it (send_s), which is also
+    # where its measured TTFT and E2E start; the scheduled arrival (arrival_s) is earlier when the
+    # client fell behind its schedule (3-4 ms on average in the Poisson runs here, 34 ms for one).
+    reqs = sorted(reqs, key=lambda r: (_sent_at(r), r["i"]))
+    arr = np.array([0.0 if conc else _sent_at(r) for r in reqs])
     arr = arr - arr.min()
     pin = np.array([max(int(r.get("prompt_tokens") or 1), 1) for r in reqs], dtype=np.int64)
     pout = np.array([max(int(r.get("output_tokens") or r.get("max_tokens") or 1), 1) for r in reqs], dtype=np.int64)
     plan = traces.Plan(arr, pin, pout, f"measured:{m.path}")
     return traces.to_workload(plan, conc), conc
+
+
+def _sent_at(r: dict) -> float:
+    """When the client sent the request (s from the run start): send_s, else its scheduled arrival."""
+    t = r.get("send_s")
+    return float(t if t is not None else (r.get("arrival_s") or 0.0))
 
 
 def simulate_measurement(
@@ -223,11 +231,15 @@ def simulate_measurement(
         notes.append("TPOT per request drawn from the measured dispersion (validator.noise.apply_dispersion)")
     s["_engine"] = {k: s.get(k) for k in LAT + ("output_tok_s",)}
     s["_notes"] = notes
-    # Closed loop: the front-end time of one request. The measured overhead grows with the load
-    # because it holds the wait for the running step (vLLM's queue time starts when the engine
-    # core takes the request in, between steps: 0 here at every load), which the simulated waves
-    # hold themselves now. Open loop: at the mean number in flight of the prediction.
-    over, over_ft = _overheads(v, 1.0 if conc else (_mean_streams(res.requests) or 1.0))
+    # The front-end time of one request, in a closed loop and in an open one. The overhead
+    # measured at higher loads (client minus engine time) grows with the load because it holds
+    # the wait for the running step (vLLM's queue time starts when the engine core takes the
+    # request in, between steps: 0 here at every load). dsim's engine holds that wait itself: a
+    # simulated request that arrives during a step joins the next one, whether it arrived in a
+    # closed loop's wave or at a Poisson instant. Adding the overhead measured at the predicted
+    # concurrency counted the wait twice (open loop, measured here: client minus engine TTFT
+    # 19-31 ms at 3-5 streams, the closed loop's table 39-43 ms there, one stream 8-11 ms).
+    over, over_ft = _overheads(v, 1.0)
     if over or over_ft:
         for key, o in (("ttft_ms", over_ft), ("e2e_ms", over)):
             if isinstance(s.get(key), dict):
@@ -274,22 +286,6 @@ def _acceptance_for(doc: dict, w, acc_arg: str, notes: list) -> str:
     if abs(target - cal_len) > 0.5:
         notes.append(f"acceptance curve for output {target:.0f} tokens (calibrated at {cal_len:.0f}): {new}")
     return "default=" + ",".join(f"{x:.6f}" for x in new)
-
-
-def _mean_streams(req) -> float | None:
-    """Mean number of requests in flight at each request's midpoint (as calibrate measures it)."""
-    try:
-        done = req[req["completed"]]
-        start = done["arrival_s"].to_numpy(dtype=float)
-        end = start + done["e2e_ms"].to_numpy(dtype=float) / 1e3
-    except (KeyError, TypeError, ValueError):
-        return None
-    if len(start) == 0:
-        return None
-    mid = 0.5 * (start + end)
-    s_sorted, e_sorted = np.sort(start), np.sort(end)
-    inflight = np.searchsorted(s_sorted, mid, side="right") - np.searchsorted(e_sorted, mid, side="left")
-    return float(np.mean(inflight))
 
 
 def _err(pred, meas):
