@@ -364,7 +364,12 @@ def test_interrupted_run_writes_nothing(fake, tmp_path):
         "2",
         "--no-progress",
     )
-    time.sleep(2.5)
+    # Ctrl-C once the run is under way (its staging directory exists): a fixed wait raced the
+    # CLI's start-up on a loaded machine
+    t0 = time.monotonic()
+    while not any(tmp_path.iterdir()) and time.monotonic() - t0 < 60 and p.poll() is None:
+        time.sleep(0.05)
+    time.sleep(0.5)
     p.send_signal(2)  # Ctrl-C
     _, err = p.communicate(timeout=30)
     assert p.returncode == 130, err
