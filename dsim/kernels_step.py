@@ -634,6 +634,33 @@ def commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot
         step_acc[t] = 0
         step_emit[t] = 0
     min_left = np.int64(1) << 62
+    if K == 0:  # one token a step for every decode given one (the loop below, without drafts)
+        running = 0
+        for r in range(n):
+            left = I[r, END] - I[r, COMP]
+            e = m if given[r] != 0 else 0
+            if e > 0:
+                running += 1
+            if e > left:
+                e = left
+            em[r] = e
+            ver_r[r] = 0
+            acc_r[r] = 0
+            etot += e
+            I[r, COMP] += e
+            if itl_ms >= 0.0:
+                I[r, EMITS] += m
+                if F[r, 1] < itl_ms:
+                    F[r, 1] = itl_ms
+            lr = left - e
+            if lr < min_left:
+                min_left = lr
+        for t in range(m - 1):
+            step_emit[t] = running
+        step_emit[m - 1] = etot - running * (m - 1)
+        if n == 0:
+            min_left = 0
+        return 0, 0, 0, etot, min_left
     for r in range(n):
         left = I[r, END] - I[r, COMP]
         e = 0
