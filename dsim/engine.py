@@ -809,7 +809,19 @@ class Replica:
             self._step_out = np.empty((3, m), dtype=np.int64)
         st = self.stats
         vt, at, lt, et, min_left = KS.commit_decodes(
-            self._I, self._F, n, m, K, verified, cap, lead, given, st.accepted_hist, itl_ms, self._slot_out, self._step_out
+            self._I,
+            self._F,
+            n,
+            m,
+            K,
+            verified,
+            cap,
+            lead,
+            given,
+            st.accepted_hist,
+            itl_ms,
+            self._slot_out,
+            self._step_out,
         )
         if K:
             st.num_drafts += m * n

@@ -209,7 +209,23 @@ def draw_slots(
     later ones are never observed)."""
     for t in range(steps):
         _draw_step(
-            key, I, X, n, K, t, head, tok_scale, step_scale, head_scale, head_shift, temp, full, conf, lead, accept, p_true
+            key,
+            I,
+            X,
+            n,
+            K,
+            t,
+            head,
+            tok_scale,
+            step_scale,
+            head_scale,
+            head_shift,
+            temp,
+            full,
+            conf,
+            lead,
+            accept,
+            p_true,
         )
 
 
@@ -831,8 +847,23 @@ def plan_decodes(
     done = steps
     for t in range(steps):
         _draw_step(
-            key, I, X, n, K, t, head, tok_scale, step_scale, head_scale, head_shift, temp, False, conf, lead,
-            nothing_b, nothing_f,
+            key,
+            I,
+            X,
+            n,
+            K,
+            t,
+            head,
+            tok_scale,
+            step_scale,
+            head_scale,
+            head_shift,
+            temp,
+            False,
+            conf,
+            lead,
+            nothing_b,
+            nothing_f,
         )
         if adaptive:
             f = flat[t % 3] if scored else none
@@ -880,7 +911,23 @@ def plan_decodes(
 
 @njit(cache=True)
 def window_steps(
-    I, n, K, k, lead, cap, verified, kv_dec, avail_blocks, lookahead, fwd_table, kv_ms_per_tok, fixed_ms, ctx, t0_s, wi, wf
+    I,
+    n,
+    K,
+    k,
+    lead,
+    cap,
+    verified,
+    kv_dec,
+    avail_blocks,
+    lookahead,
+    fwd_table,
+    kv_ms_per_tok,
+    fixed_ms,
+    ctx,
+    t0_s,
+    wi,
+    wf,
 ):
     """The shape of a k-step decode window of the first n slots (lead, commit cap, verified
     [>= k, n]; ignored when K = 0, one token a step), written into the rows of wi (int64 [3, >= k]:

@@ -294,7 +294,9 @@ def _result(cfg, spec, reqs, stats, replicas, wall) -> SimResult:
     # column, no concatenated copy of the rows), handed to pandas without a further copy.
     parts = [r.steps.rows() for r in replicas]
     cols = {
-        f: np.concatenate([p[:, j] for p in parts], dtype=np.float64 if f in STEP_FLOAT_FIELDS else np.int64, casting="unsafe")
+        f: np.concatenate(
+            [p[:, j] for p in parts], dtype=np.float64 if f in STEP_FLOAT_FIELDS else np.int64, casting="unsafe"
+        )
         for j, f in enumerate(STEP_FIELDS)
     }
     steps = pd.DataFrame(cols, copy=False)
