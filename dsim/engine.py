@@ -651,7 +651,7 @@ class Replica:
         if n_dec:
             if K:
                 # the verify budget, priced with those prefill chunks
-                conf, lead, verified, cap, v0 = self._draft_and_verify(1, sum(chunks), self._prefill_ms(chunks))
+                conf, lead, verified, cap, v0, _ = self._draft_and_verify(1, sum(chunks), self._prefill_ms(chunks))
                 dec_tokens = n_dec + v0
             else:
                 dec_tokens = n_dec
@@ -747,7 +747,8 @@ class Replica:
         dsim.kernels_step.plan_decodes). Adaptive: each step's budgets priced by one cost row,
         the cost of n + prefill_tokens + b tokens at the slots' KV context, drafter and CPU
         overhead included, plus prefill_ms (the step's prefill correction). Returns
-        (conf [steps, K, n], lead, verified, commit cap [steps, n], drafts verified in the first step)."""
+        (conf [steps, K, n], lead, verified, commit cap [steps, n], drafts verified in the first
+        step, steps planned: up to the first step where some slot may finish)."""
         n, K = self.n, self.K
         conf = np.empty((steps, K, n), dtype=np.float32)
         lead, verified, cap = np.empty((3, steps, n), dtype=np.int64)
@@ -759,7 +760,7 @@ class Replica:
             row = self.spec.policy.cost_row(n, N, N + M + 1, row)
         else:
             row = self._no_row
-        v0 = KS.plan_decodes(
+        v0, done = KS.plan_decodes(
             self.key,
             self._I,
             self._X,
@@ -786,7 +787,7 @@ class Replica:
         if self._script is not None:
             apply_draft_script(self._script, self._I[:n, ROUNDS], lead, verified, cap)
             v0 = int(verified[0].sum())
-        return conf, lead, verified, cap, v0
+        return conf, lead, verified, cap, v0, done
 
     # ---- commit: one path for single steps and decode windows ---------------------------------
     def _commit_decodes(self, m: int, verified, cap, lead, conf, given, itl_ms: float = -1.0) -> DecodeOutcome:
@@ -808,7 +809,19 @@ class Replica:
             self._step_out = np.empty((3, m), dtype=np.int64)
         st = self.stats
         vt, at, lt, et, min_left = KS.commit_decodes(
-            self._I, self._F, n, m, K, verified, cap, lead, given, st.accepted_hist, itl_ms, self._slot_out, self._step_out
+            self._I,
+            self._F,
+            n,
+            m,
+            K,
+            verified,
+            cap,
+            lead,
+            given,
+            st.accepted_hist,
+            itl_ms,
+            self._slot_out,
+            self._step_out,
         )
         if K:
             st.num_drafts += m * n
@@ -1011,10 +1024,11 @@ class Replica:
         env, K, cfg = self.env, self.K, self.cfg
         n = self.n
         left_min = int(self.left_lb) if self.left_lb > 0 else int((self.I[:, END] - self.I[:, COMP]).min())
-        # Steps until the first possible completion bound the window (no draws wasted on them).
-        # An adaptive window's draws and budget fixed point cost grow with its length, and a
-        # request emits about 3 tokens a step at DSpark's acceptance: a third of that bound is
-        # about where the first completion lands.
+        # Steps until the first possible completion bound the window (one token a step at least;
+        # the draws themselves stop at the first step where some slot may finish). A request
+        # emits about 3 tokens a step at DSpark's acceptance: an adaptive window is bounded by a
+        # third of it, about where the first completion lands (a longer bound measured no faster
+        # on the default plan, and moves window boundaries, hence the times' last bits).
         k = min(cfg.max_window, WINDOW_SLOTS // n, left_min // 3 if self._adaptive else left_min)
         k = max(1, int(k))
         # Open loop: no draws past the next known arrival (each step takes at least the forward
@@ -1027,7 +1041,7 @@ class Replica:
                 k_arr = (t_next - env.now) * 1000.0 // max(floor_ms, 1e-6) + 1
                 k = int(min(k, max(k_arr, CHEAP_WINDOW_SLOTS // n, 1)))
         if K > 0:
-            conf, lead, verified, cap, _ = self._draft_and_verify(k)
+            conf, lead, verified, cap, _, k = self._draft_and_verify(k)  # (k: up to a possible completion)
         else:
             conf = None
             lead = verified = cap = self._no_steps

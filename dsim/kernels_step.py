@@ -11,8 +11,8 @@ What runs here, over the decode slots' struct-of-arrays state (the engine's ``Re
 * the verify-budget policies (``step_windows``: fixed, threshold, vllm, paper, paper-production,
   sglang) on one cost row per step, with the same operations in the same order as the numpy
   definitions documented in ``dsim.policy`` (so the windows are identical, ties included);
-* the SGLang verify modes and the fixed point that prices a decode window's budgets at each
-  step's own KV context (``window_windows``);
+* the SGLang verify modes and a decode window's budgets, each step's priced at its own KV
+  context (``plan_decodes``, step by step);
 * the commit of decode slots (``commit_decodes``: accepted, emitted tokens, speculative counters,
   the accepted-drafts histogram) and the order-preserving removal of finished slots.
 
@@ -208,42 +208,68 @@ def draw_slots(
     accept[t, j, r] and p_true[t, j, r] (else an outcome is drawn only while the prefix holds:
     later ones are never observed)."""
     for t in range(steps):
-        for r in range(n):
-            s = stream_seed(key, I[r, ID], I[r, ROUNDS] + t)
-            su = 0.0
-            if step_scale != 0.0:
-                s, z = _normal_v(s)
-                su = step_scale * z
-            alive = True
-            nacc = 0
-            for j in range(K):
-                if head == HEAD_USELESS and not alive and not full:
-                    conf[t, j, r] = X[K + j, r]
-                    continue
-                off = X[j, r]
-                s, z = _normal_v(s)
-                g = tok_scale * z + su + off
-                if head == HEAD_MODEL:
-                    s, z2 = _normal_v(s)
-                    y = g + (head_scale * z2 - head_shift)
-                    conf[t, j, r] = 1.0 / (1.0 + math.exp(-2.0 * y))
-                elif head == HEAD_PERFECT:
-                    conf[t, j, r] = 1.0 / (1.0 + math.exp(-2.0 * g))
-                else:
-                    conf[t, j, r] = X[K + j, r]
-                if alive or full:
-                    p = 1.0 / (1.0 + math.exp(-2.0 * g * temp))
-                    s, u = _uniform_v(s)
-                    a = u < p
-                    if full:
-                        accept[t, j, r] = a
-                        p_true[t, j, r] = p
-                    if alive:
-                        if a:
-                            nacc += 1
-                        else:
-                            alive = False
-            lead[t, r] = nacc
+        _draw_step(
+            key,
+            I,
+            X,
+            n,
+            K,
+            t,
+            head,
+            tok_scale,
+            step_scale,
+            head_scale,
+            head_shift,
+            temp,
+            full,
+            conf,
+            lead,
+            accept,
+            p_true,
+        )
+
+
+@njit(cache=True)
+def _draw_step(
+    key, I, X, n, K, t, head, tok_scale, step_scale, head_scale, head_shift, temp, full, conf, lead, accept, p_true
+):
+    """Step t of ``draw_slots``."""
+    for r in range(n):
+        s = stream_seed(key, I[r, ID], I[r, ROUNDS] + t)
+        su = 0.0
+        if step_scale != 0.0:
+            s, z = _normal_v(s)
+            su = step_scale * z
+        alive = True
+        nacc = 0
+        for j in range(K):
+            if head == HEAD_USELESS and not alive and not full:
+                conf[t, j, r] = X[K + j, r]
+                continue
+            off = X[j, r]
+            s, z = _normal_v(s)
+            g = tok_scale * z + su + off
+            if head == HEAD_MODEL:
+                s, z2 = _normal_v(s)
+                y = g + (head_scale * z2 - head_shift)
+                conf[t, j, r] = 1.0 / (1.0 + math.exp(-2.0 * y))
+            elif head == HEAD_PERFECT:
+                conf[t, j, r] = 1.0 / (1.0 + math.exp(-2.0 * g))
+            else:
+                conf[t, j, r] = X[K + j, r]
+            if alive or full:
+                p = 1.0 / (1.0 + math.exp(-2.0 * g * temp))
+                s, u = _uniform_v(s)
+                a = u < p
+                if full:
+                    accept[t, j, r] = a
+                    p_true[t, j, r] = p
+                if alive:
+                    if a:
+                        nacc += 1
+                    else:
+                        alive = False
+        lead[t, r] = nacc
 
 
 # ---- verify-budget policies -------------------------------------------------------------------
@@ -576,114 +602,9 @@ def verify_commit(mode, w, K):
 
 
 # ---- decode windows: budgets priced at each step's own KV context -----------------------------
-
-
-@njit(cache=True)
-def _window_contexts(win, lead, left0, mode, K, k, n, ctx):
-    """ctx[t] = KV tokens the window's earlier steps emitted before step t (windows ``win``)."""
-    em_prev = np.zeros(n, np.int64)
-    cum = np.zeros(n, np.int64)
-    tot = 0
-    for t in range(k):
-        ctx[t] = tot
-        step = 0
-        for r in range(n):
-            _, cap = verify_commit(mode, win[t, r], K)
-            a = lead[t, r] if lead[t, r] < cap else cap
-            cum[r] += a + 1
-            e = cum[r] if cum[r] < left0[r] else left0[r]
-            step += e - em_prev[r]
-            em_prev[r] = e
-        tot += step
-
-
-@njit(cache=True)
-def window_windows(
-    code,
-    tau,
-    conf,
-    X,
-    cp,
-    cp2,
-    n,
-    row,
-    base_extra,
-    kv_ms_per_tok,
-    n_samp,
-    n_nondraft,
-    token_limit,
-    K,
-    lead,
-    left0,
-    mode,
-    out,
-):
-    """Verify windows out[k, n] of a k-step decode window. Step t's budget is priced at its own
-    KV context, which depends on what the earlier steps accepted: a fixed point (price with a
-    guess of the contexts, derive the contexts those windows produce, up to three rounds until
-    the windows do not change), else step by step in order (each step then priced exactly).
-    The confidences one and two steps back are conf[t-1], conf[t-2], before the window the slots'
-    history rows X[cp:cp+K] and X[cp2:cp2+K] (cp2 < 0: not kept, the policy does not read it)."""
-    k = conf.shape[0]
-    prev_hist = X[cp : cp + K, :n]
-    old_hist = X[cp2 : cp2 + K, :n] if cp2 >= 0 else prev_hist
-    ctx = np.zeros(k, np.int64)
-    if code == FIXED or code == THRESHOLD or k == 1:
-        # (fixed and threshold windows do not depend on the cost: no fixed point to find)
-        for t in range(k):
-            p = prev_hist if t == 0 else conf[t - 1]
-            if t == 0:
-                o = old_hist
-            elif t == 1:
-                o = prev_hist
-            else:
-                o = conf[t - 2]
-            if cp2 < 0:
-                o = p
-            step_windows(code, tau, conf[t], p, o, row, base_extra, n_samp, n_nondraft, token_limit, K, out[t])
-        return
-    # Every step's scores (and their order) depend only on the draws: computed once, read by
-    # every round of the fixed point. Row t + 2 is step t's; rows 0 and 1 the history's (two and
-    # one step before the window).
-    RK = n * K
-    flat = np.empty((k + 2, RK), np.float32)
-    srt = np.empty((k + 2, RK), np.float32)
-    none = np.empty(0, np.float32)
-    for t in range(k):
-        _scores(conf[t], K, n, flat[t + 2], srt[t + 2])
-    back = 0  # how many steps back the budget's confidences are (vllm 1, paper-production 2)
-    if code == VLLM or (code == PAPER_PRODUCTION and cp2 < 0):
-        back = 1
-        _scores(prev_hist, K, n, flat[1], srt[1])
-    elif code == PAPER_PRODUCTION:
-        back = 2
-        _scores(old_hist, K, n, flat[0], srt[0])
-        _scores(prev_hist, K, n, flat[1], srt[1])
-
-    def solve_step(t, extra, dst):
-        s_src = srt[t + 2 - back] if back else none
-        _windows_scored(
-            code, tau, flat[t + 2], srt[t + 2], s_src, row, extra, n_samp, n_nondraft, token_limit, K, n, dst
-        )
-
-    for t in range(k):
-        solve_step(t, base_extra, out[t])
-    nxt = np.empty_like(out)
-    for _ in range(3):
-        _window_contexts(out, lead, left0, mode, K, k, n, ctx)
-        for t in range(k):
-            solve_step(t, base_extra + kv_ms_per_tok * ctx[t], nxt[t])
-        same = True
-        for t in range(k):
-            for r in range(n):
-                if nxt[t, r] != out[t, r]:
-                    same = False
-        out[:, :] = nxt
-        if same:
-            return
-    for t in range(1, k):  # no fixed point: one step at a time
-        _window_contexts(out, lead, left0, mode, K, k, n, ctx)
-        solve_step(t, base_extra + kv_ms_per_tok * ctx[t], out[t])
+# A window's step t prices its budgets at the KV context its earlier steps emitted, which depends
+# on their windows: step t's windows are a function of steps 0..t-1 only, so solving the steps in
+# order (plan_decodes) gives each step its exact context with one policy solve a step.
 
 
 # ---- commit -----------------------------------------------------------------------------------
@@ -729,6 +650,33 @@ def commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot
         step_acc[t] = 0
         step_emit[t] = 0
     min_left = np.int64(1) << 62
+    if K == 0:  # one token a step for every decode given one (the loop below, without drafts)
+        running = 0
+        for r in range(n):
+            left = I[r, END] - I[r, COMP]
+            e = m if given[r] != 0 else 0
+            if e > 0:
+                running += 1
+            if e > left:
+                e = left
+            em[r] = e
+            ver_r[r] = 0
+            acc_r[r] = 0
+            etot += e
+            I[r, COMP] += e
+            if itl_ms >= 0.0:
+                I[r, EMITS] += m
+                if F[r, 1] < itl_ms:
+                    F[r, 1] = itl_ms
+            lr = left - e
+            if lr < min_left:
+                min_left = lr
+        for t in range(m - 1):
+            step_emit[t] = running
+        step_emit[m - 1] = etot - running * (m - 1)
+        if n == 0:
+            min_left = 0
+        return 0, 0, 0, etot, min_left
     for r in range(n):
         left = I[r, END] - I[r, COMP]
         e = 0
@@ -861,69 +809,125 @@ def plan_decodes(
     verified,
     cap,
 ):
-    """Draws (``draw_slots``) and verify windows of ``steps`` steps of the first n decode slots:
-    adaptive, the budget policy ``code`` on the cost row ``row`` (``window_windows``); else the
-    full block. Writes conf [steps, K, n], lead, verified and commit cap [steps, n]; returns the
-    drafts verified in the first step."""
+    """Draws (``draw_slots``) and verify windows of up to ``steps`` steps of the first n decode
+    slots, step by step: adaptive, the budget policy ``code`` on the cost row ``row`` plus
+    base_extra, and (a window of several steps) kv_ms_per_tok x the KV tokens the earlier steps
+    emitted (each step's own context); else the full block. The confidences one and two steps
+    back are the previous steps', before the first step the slots' history rows X[cp:cp+K] and
+    X[cp2:cp2+K] (cp2 < 0: not kept, the policy does not read it). Stops after the first step
+    where some slot may finish (its committed tokens reach its remaining output): later steps
+    never run. Writes conf [steps, K, n], lead, verified and commit cap [steps, n] of the steps
+    planned; returns (drafts verified in the first step, steps planned)."""
     nothing_b = np.zeros((0, 0, 0), np.bool_)
     nothing_f = np.zeros((0, 0, 0), np.float32)
-    draw_slots(
-        key,
-        I,
-        X,
-        n,
-        K,
-        steps,
-        head,
-        tok_scale,
-        step_scale,
-        head_scale,
-        head_shift,
-        temp,
-        False,
-        conf,
-        lead,
-        nothing_b,
-        nothing_f,
-    )
-    win = np.empty((steps, n), np.int64)
-    if adaptive:
-        left0 = np.empty(n, np.int64)
-        for r in range(n):
-            left0[r] = I[r, END] - I[r, COMP]
-        window_windows(
-            code,
-            tau,
-            conf,
+    RK = n * K
+    scored = adaptive and code != FIXED
+    flat = np.empty((3, RK if scored else 0), np.float32)  # step t's scores in row t % 3
+    srt = np.empty((3, RK if scored else 0), np.float32)  # sorted, where some step reads it
+    back = 0  # how many steps back the budget's confidences are (vllm 1, paper-production 2)
+    if adaptive and (code == VLLM or (code == PAPER_PRODUCTION and cp2 < 0)):
+        back = 1
+    elif adaptive and code == PAPER_PRODUCTION:
+        back = 2
+    hist = np.empty((2, RK if back else 0), np.float32)  # sorted history: two, one step before
+    if back:
+        tmp = np.empty(RK, np.float32)
+        _scores(X[cp : cp + K, :n], K, n, tmp, hist[1])
+        if back == 2:
+            _scores(X[cp2 : cp2 + K, :n], K, n, tmp, hist[0])
+    none = np.empty(0, np.float32)
+    win = np.empty(n, np.int64)
+    left0 = np.empty(n, np.int64)
+    for r in range(n):
+        left0[r] = I[r, END] - I[r, COMP]
+    cum = np.zeros(n, np.int64)
+    em_prev = np.zeros(n, np.int64)
+    ctx = 0
+    per_ctx = steps > 1 and code != FIXED and code != THRESHOLD
+    done = steps
+    for t in range(steps):
+        _draw_step(
+            key,
+            I,
             X,
-            cp,
-            cp2,
             n,
-            row,
-            base_extra,
-            kv_ms_per_tok,
-            float(n),
-            n_nondraft,
-            token_limit,
             K,
+            t,
+            head,
+            tok_scale,
+            step_scale,
+            head_scale,
+            head_shift,
+            temp,
+            False,
+            conf,
             lead,
-            left0,
-            mode,
-            win,
+            nothing_b,
+            nothing_f,
         )
-    else:
-        win[:, :] = K
-    verify_arrays(mode, win, K, verified, cap)
+        if adaptive:
+            f = flat[t % 3] if scored else none
+            own = none
+            if scored:
+                # sorted where this step's policy reads it, or a later step's budget will
+                if code == PAPER or code == SGLANG or (back and t + back < steps):
+                    own = srt[t % 3]
+                _scores(conf[t], K, n, f, own)
+            src = none
+            if back:
+                if t >= back:
+                    src = srt[(t - back) % 3]
+                else:
+                    src = hist[t] if back == 2 else hist[1]
+            extra = base_extra + kv_ms_per_tok * ctx if per_ctx else base_extra
+            _windows_scored(code, tau, f, own, src, row, extra, float(n), n_nondraft, token_limit, K, n, win)
+            for r in range(n):
+                verified[t, r], cap[t, r] = verify_commit(mode, win[r], K)
+        else:
+            for r in range(n):
+                verified[t, r], cap[t, r] = verify_commit(mode, K, K)
+        # the tokens this step commits: the next step's context, and whether some slot may finish
+        step_e = 0
+        found = False
+        for r in range(n):
+            c = cap[t, r]
+            a = lead[t, r] if lead[t, r] < c else c
+            cum[r] += a + 1
+            e = cum[r] if cum[r] < left0[r] else left0[r]
+            step_e += e - em_prev[r]
+            em_prev[r] = e
+            if cum[r] >= left0[r]:
+                found = True
+        ctx += step_e
+        if found:
+            done = t + 1
+            break
     v0 = 0
-    if steps > 0:
+    if done > 0:
         for r in range(n):
             v0 += verified[0, r]
-    return v0
+    return v0, done
 
 
 @njit(cache=True)
 def window_steps(
-    I, n, K, k, lead, cap, verified, kv_dec, avail_blocks, lookahead, fwd_table, kv_ms_per_tok, fixed_ms, ctx, t0_s, wi, wf
+    I,
+    n,
+    K,
+    k,
+    lead,
+    cap,
+    verified,
+    kv_dec,
+    avail_blocks,
+    lookahead,
+    fwd_table,
+    kv_ms_per_tok,
+    fixed_ms,
+    ctx,
+    t0_s,
+    wi,
+    wf,
 ):
     """The shape of a k-step decode window of the first n slots (lead, commit cap, verified
     [>= k, n]; ignored when K = 0, one token a step), written into the rows of wi (int64 [3, >= k]:

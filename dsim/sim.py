@@ -290,10 +290,16 @@ def _result(cfg, spec, reqs, stats, replicas, wall) -> SimResult:
     stats.head_acc = [x for r in replicas for x in r.head_acc]
     req = request_table(reqs, w.class_names)
     arr = np.concatenate([r.itl_vals.rows() for r in replicas])
-    rows = np.concatenate([r.steps.rows() for r in replicas])
-    steps = pd.DataFrame(
-        {f: rows[:, j] if f in STEP_FLOAT_FIELDS else rows[:, j].astype(np.int64) for j, f in enumerate(STEP_FIELDS)}
-    )
+    # The step table column by column straight from the replicas' row buffers (one gather per
+    # column, no concatenated copy of the rows), handed to pandas without a further copy.
+    parts = [r.steps.rows() for r in replicas]
+    cols = {
+        f: np.concatenate(
+            [p[:, j] for p in parts], dtype=np.float64 if f in STEP_FLOAT_FIELDS else np.int64, casting="unsafe"
+        )
+        for j, f in enumerate(STEP_FIELDS)
+    }
+    steps = pd.DataFrame(cols, copy=False)
     summary = summarize(req, arr, cfg.n_gpus, cfg.slo)
     summary["wall_time_s"] = round(wall, 3)
     summary["steps"] = int(len(steps))

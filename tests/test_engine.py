@@ -410,7 +410,7 @@ def test_preemption_evicts_the_most_recently_admitted():
 def test_adaptive_policy_windows_are_exact(pol):
     """A request's draws are its own (per request and draft round), so an adaptive run gives
     the same result with windows of 1 and 64 steps: each step's budget in a window is priced at
-    its own KV context (the fixed point), whatever the policy."""
+    its own KV context (solved step by step), whatever the policy."""
     rng = np.random.default_rng(3)
     n = 48
     w = wl(rng.integers(500, 3000, n), rng.integers(100, 300, n), closed=n, cls=rng.integers(0, 3, n))
