@@ -338,15 +338,25 @@ def _exit_on_sigterm():
         return None
     pid = os.getpid()
 
+    from dsim.outputs import note_stop
+
     def handler(sig, frame):
         if os.getpid() != pid:  # a forked worker: die as SIGTERM would have it
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
-        raise _Terminated()
+        raise note_stop(_Terminated())
+
+    def on_interrupt(sig, frame):
+        if os.getpid() != pid:
+            raise KeyboardInterrupt
+        raise note_stop(KeyboardInterrupt())
 
     try:
-        return signal.signal(signal.SIGTERM, handler)
+        old = signal.signal(signal.SIGTERM, handler)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, on_interrupt)  # as Python's own, and recorded
+        return old
     except (ValueError, OSError):  # pragma: no cover
         return None
 
@@ -358,9 +368,15 @@ def main(argv=None):
         from typer._click import exceptions as cx
     except ImportError:  # pragma: no cover - typer versions built on the click package
         from click import exceptions as cx
+    from dsim.outputs import clear_stop, raise_if_stopped
+
+    clear_stop()
+    old_int = signal.getsignal(signal.SIGINT)
     old_term = _exit_on_sigterm()
     try:
         rc = app(args=argv, standalone_mode=False)
+        if rc != 130:
+            raise_if_stopped()  # a stop swallowed in a native callback still ends the run as a stop
     except _Terminated:
         typer.echo("dsim: terminated", err=True)
         sys.exit(143)
@@ -389,6 +405,7 @@ def main(argv=None):
     finally:
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
+            signal.signal(signal.SIGINT, old_int)
     if rc == 130:  # typer turns a KeyboardInterrupt inside a command into a silent return of 130
         _exit_interrupted(from_console=argv is None)
     if isinstance(rc, int) and rc:

@@ -11,6 +11,11 @@ Both check the target up front (before a long run starts): an empty path, an exi
 of the wrong kind (a file where a directory is wanted or the reverse), or a place that cannot be
 written raise InputError naming the option and the path.
 
+A stop signal's exception is also recorded (``note_stop``) and raised again before any commit
+(``raise_if_stopped``): an exception raised by a signal handler while native code calls back
+into Python (numba loading or compiling kernels through llvmlite's ctypes callbacks) is printed
+and swallowed there, and the run would otherwise go on to write its outputs and exit 0.
+
 ``field_lines(name, text)`` lays out one printed summary field (a name, then its text wrapped
 under a hanging indent), so a long provenance stays readable in a terminal.
 """
@@ -99,6 +104,27 @@ def _remove(path: Path) -> None:
         pass
 
 
+_stop: list[BaseException] = []  # the exception of a stop signal received by this process
+
+
+def note_stop(exc: BaseException) -> BaseException:
+    """Record a stop signal's exception (KeyboardInterrupt, the CLI's SIGTERM exception) before its
+    handler raises it; returns it."""
+    _stop[:] = [exc]
+    return exc
+
+
+def raise_if_stopped() -> None:
+    """Raise a recorded stop signal's exception again (it may have been swallowed on the way)."""
+    if _stop:
+        raise _stop[0]
+
+
+def clear_stop() -> None:
+    """Forget a recorded stop (an in-process caller that runs several commands)."""
+    _stop.clear()
+
+
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
     """Defer SIGINT/SIGTERM while the final renames run (then deliver them)."""
@@ -173,6 +199,7 @@ def staged_dir(target: str | Path, what: str = "--out") -> Iterator[Path]:
     _, stage = _make_stage(p, what, "dir")
     try:
         yield stage
+        raise_if_stopped()
         with _signals_held():
             try:
                 if p.is_dir():
@@ -195,6 +222,7 @@ def staged_file(target: str | Path, what: str) -> Iterator[Path]:
     _, stage = _make_stage(p, what, "file")
     try:
         yield stage
+        raise_if_stopped()
         with _signals_held():
             try:
                 os.replace(stage, p)

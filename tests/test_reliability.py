@@ -89,6 +89,34 @@ def test_simulate_write_phase_interrupted_leaves_nothing(tmp_path, monkeypatch):
     assert tree(tmp_path) == set()
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowed one
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_stop_swallowed_in_a_native_callback_still_stops_the_run(tmp_path, monkeypatch, sig, code):
+    """A signal handler's exception raised inside a ctypes callback (numba loading kernels through
+    llvmlite) is printed and dropped there: the run must still end as stopped, writing nothing."""
+    import ctypes
+
+    from dsim import sim
+
+    real = sim.write_output_files
+
+    def signalled_in_a_callback(res, d):
+        handler = signal.getsignal(sig)
+
+        @ctypes.CFUNCTYPE(None)
+        def callback():
+            handler(sig, None)  # its exception is swallowed by ctypes, as in llvmlite's callbacks
+
+        callback()
+        real(res, d)
+
+    monkeypatch.setattr(sim, "write_output_files", signalled_in_a_callback)
+    out = tmp_path / "o"
+    rc, _, err = run_cli("simulate", *SMALL, "--out", out)
+    assert rc == code, err
+    assert tree(tmp_path) == set()
+
+
 @pytest.mark.parametrize("target,needle", [("", "empty path"), ("/proc/x", "/proc/x")])
 def test_out_that_cannot_be_written(tmp_path, target, needle):
     assert_rejected("simulate", *SMALL, "--out", target, needles=["--out", needle], watch=tmp_path)
