@@ -392,6 +392,27 @@ def _format4_profile(ms_per_mcell=1.5):
     return dataclasses.replace(p, format_version=4, request_attention=ra)
 
 
+def _indexer_excess_mcells_reference(q, c, ratio):
+    """N x l_max - sum q_r l_r over l_r = max(1, (c_r + q_r) // ratio), in million cells (module doc)."""
+    lr = np.maximum(1, (c + q) // ratio)
+    return (q.sum() * lr.max() - (q * lr).sum()) / 1e6
+
+
+def _step_keys_reference(sk, q, c):
+    """The step_keys term as the module doc states it, in numpy (split_work has its own test)."""
+    from dsim.cost import split_work
+
+    n, out = int(q.sum()), 0.0
+    for kind in sk.kinds:
+        w = (c + q) // kind.ratio if kind.ratio else np.zeros_like(c)
+        if kind.cap:
+            w = np.minimum(kind.cap, w)
+        out += kind.ms_per_mcell * (n * w.max() - (q * w).sum()) / 1e6
+        work = split_work(n, kind.window + int(w.max()), sk.programs, sk.block, sk.min_chunk)
+        out += kind.layers * sk.combine_ms_per_work * work
+    return out
+
+
 def test_step_indexer_prices_the_longest_context_cells_closed_form():
     """Format 4: an executor scoring every token over the step's longest context pays
     ms_per_mcell x (N x l_max - sum q_r l_r) / 1e6 beyond the format-3 price, l_r = (ctx + q) // 4;
@@ -408,24 +429,29 @@ def test_step_indexer_prices_the_longest_context_cells_closed_form():
     assert c3.context_ms(q, ctx, ch) == pytest.approx(c3.context_ms(q, ctx), abs=1e-12)  # format 3 ignores chunks
 
 
-def test_format4_step_indexer_round_trips_and_compiled_path_matches(tmp_path):
+def test_format4_step_indexer_round_trips_and_prices_the_doc_formula(tmp_path):
     import yaml
 
-    from dsim.cost import context_ms_compiled, load_profile, save_profile
+    from dsim.cost import load_profile, save_profile
 
     path = tmp_path / "p.yaml"
     save_profile(_format4_profile(2.25), path)
     p = load_profile(str(path))
     assert p.format_version == 4
     assert (p.request_attention.indexer_ratio, p.request_attention.indexer_ms_per_mcell) == (4, 2.25)
-    cm = CostModel(p)
-    on, *args = cm.context_args()
+    # the loaded profile's step term on random steps, against the module doc's formula in numpy
+    # over the format-3 price (context_ms itself runs the compiled pricing)
+    import dataclasses
+
+    no_indexer = dataclasses.replace(p.request_attention, indexer_ratio=0, indexer_ms_per_mcell=0.0)
+    cm, c3 = CostModel(p), CostModel(dataclasses.replace(p, request_attention=no_indexer))
     rng = np.random.default_rng(1)
     for _ in range(100):
         R = int(rng.integers(1, 300))
         q = rng.integers(1, 9, R).astype(np.int64)
         c = rng.integers(0, 130_000, R).astype(np.int64)
-        assert context_ms_compiled(q, c, *args) == pytest.approx(cm.context_ms(q, c), abs=1e-9)
+        extra = 2.25 * _indexer_excess_mcells_reference(q, c, 4)
+        assert cm.context_ms(q, c) - c3.context_ms(q, c) == pytest.approx(extra, abs=1e-9)
     d = yaml.safe_load(path.read_text())
     path.write_text(yaml.safe_dump(dict(d, format_version=3)))
     with pytest.raises(InputError, match="step_indexer: needs format_version: 4"):
@@ -510,24 +536,27 @@ def test_step_keys_prices_padded_cells_and_the_steps_own_split_closed_form():
     assert ck.context_ms(q, ctx, ch) - c4.context_ms(q, ctx, ch) == pytest.approx(extra, rel=1e-12)
 
 
-def test_format4_step_keys_round_trip_compiled_path_and_errors(tmp_path):
+def test_format4_step_keys_round_trip_doc_formula_and_errors(tmp_path):
     import yaml
 
-    from dsim.cost import context_ms_compiled, load_profile, save_profile
+    from dsim.cost import load_profile, save_profile
 
     path = tmp_path / "p.yaml"
     save_profile(_step_keys_profile(0.00054), path)
     p = load_profile(str(path))
     assert p.request_attention.step_keys == _step_keys_profile(0.00054).request_attention.step_keys
-    cm = CostModel(p)
+    import dataclasses
+
+    no_keys = dataclasses.replace(p.request_attention, step_keys=None)
+    cm, c4 = CostModel(p), CostModel(dataclasses.replace(p, request_attention=no_keys))
     assert cm.context_reads_chunks
-    on, *args = cm.context_args()
+    sk = p.request_attention.step_keys
     rng = np.random.default_rng(2)
     for _ in range(100):
         R = int(rng.integers(1, 300))
         q = rng.integers(1, 9, R).astype(np.int64)
         c = rng.integers(0, 130_000, R).astype(np.int64)
-        assert context_ms_compiled(q, c, *args) == pytest.approx(cm.context_ms(q, c), abs=1e-9)
+        assert cm.context_ms(q, c) - c4.context_ms(q, c) == pytest.approx(_step_keys_reference(sk, q, c), abs=1e-9)
     d = yaml.safe_load(path.read_text())
     path.write_text(yaml.safe_dump(dict(d, format_version=3)))
     with pytest.raises(InputError, match="step_indexer: needs format_version: 4"):

@@ -488,21 +488,3 @@ def test_budget_cut_counts_only_drafts_given():
     res = run(wl([10] * 5, [40] * 5), prof, spec=sc, engine=EngineConfig(max_num_batched_tokens=36))
     st = res.steps[res.steps.prefill_tokens == 0]
     assert (st.n_tokens == st.n_decode + st.verify_draft_tokens).all()
-
-
-@pytest.mark.parametrize("name", ["deepseek-v4-flash-h200-dp8-ep8", "h200-qwen3-8b", "deepseek-v4-pro-b300-dp8-ep8"])
-def test_window_context_cost_matches_the_cost_model(name):
-    # a decode window prices each step's contexts in compiled code (cost.context_ms_compiled with
-    # CostModel.context_args): the same ms as CostModel.context_ms, for split-KV (format 2) and
-    # per-request attention tables (format 3)
-    from dsim.cost import CostModel, context_ms_compiled, load_profile
-
-    cm = CostModel(load_profile(name))
-    on, *args = cm.context_args()
-    assert on
-    rng = np.random.default_rng(0)
-    for _ in range(200):
-        R = int(rng.integers(1, 300))
-        q = rng.integers(1, 9, R).astype(np.int64)
-        c = rng.integers(0, 100_000, R).astype(np.int64)
-        assert context_ms_compiled(q, c, *args) == pytest.approx(cm.context_ms(q, c), abs=1e-9)
