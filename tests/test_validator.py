@@ -858,27 +858,30 @@ def test_single_load_calibration_warns_about_the_one_scale(tmp_path):
     assert all("residual" in p for p in res["report"]["points"])
 
 
+def _chunked_request(i, prompt, times, seq):
+    """One sent-at-0 request record whose chunks of seq[j] tokens arrive at times[j] (s)."""
+    return {
+        "type": "request",
+        "i": i,
+        "prompt_tokens": prompt,
+        "max_tokens": sum(seq),
+        "arrival_s": 0.0,
+        "send_s": 0.0,
+        "first_token_s": times[0],
+        "end_s": times[-1],
+        "chunks": [[t, n] for t, n in zip(times, seq)],
+        "output_tokens": sum(seq),
+        "ok": True,
+        "error": None,
+    }
+
+
 def _chunk_run(seqs, prompt=8):
     """A Measurement whose requests stream the given tokens-per-chunk sequences, 4 ms apart."""
     reqs = []
     for i, seq in enumerate(seqs):
         times = [0.01 + 0.004 * j for j in range(len(seq))]
-        reqs.append(
-            {
-                "type": "request",
-                "i": i,
-                "prompt_tokens": prompt,
-                "max_tokens": sum(seq),
-                "arrival_s": 0.0,
-                "send_s": 0.0,
-                "first_token_s": times[0],
-                "end_s": times[-1],
-                "chunks": [[t, n] for t, n in zip(times, seq)],
-                "output_tokens": sum(seq),
-                "ok": True,
-                "error": None,
-            }
-        )
+        reqs.append(_chunked_request(i, prompt, times, seq))
     return measure.Measurement("mem", {"format": measure.FORMAT}, reqs)
 
 
@@ -1083,22 +1086,7 @@ def test_decode_points_split_into_drafted_and_undrafted_steps():
     reqs = []
     for i in range(2):
         times = list(0.02 + np.concatenate([[0.0], np.cumsum(gaps)]) + 1e-5 * i)
-        reqs.append(
-            {
-                "type": "request",
-                "i": i,
-                "prompt_tokens": 16,
-                "max_tokens": sum(seq),
-                "arrival_s": 0.0,
-                "send_s": 0.0,
-                "first_token_s": times[0],
-                "end_s": times[-1],
-                "chunks": [[t, n] for t, n in zip(times, seq)],
-                "output_tokens": sum(seq),
-                "ok": True,
-                "error": None,
-            }
-        )
+        reqs.append(_chunked_request(i, 16, times, seq))
     summary = {
         "type": "summary",
         "spec": {
