@@ -50,6 +50,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 8192  # vLLM default on H100/H200-class GPUs
     long_prefill_token_threshold: int = 0  # 0: off
     enable_prefix_caching: bool = False
+    # block hashes already in the prefix cache when the run starts (a server that served these
+    # prompts before: the validator's replays of a measured run)
+    prefix_cache_warm: tuple = ()
     async_scheduling: bool = False  # overlap CPU scheduling with the GPU step
     max_window: int = 256  # decode steps simulated at once, at most (see WINDOW_SLOTS)
     record_shapes: bool = False  # keep each step's (query tokens, context) per request
@@ -432,6 +435,8 @@ class Replica:
         self.prefix_block_tokens = prefix_block_tokens
         self.prefix_cache: OrderedDict = OrderedDict()
         self.prefix_cap = max(1, self.total_blocks * KV_BLOCK_TOKENS // prefix_block_tokens)
+        for h in cfg.prefix_cache_warm[-self.prefix_cap :]:
+            self.prefix_cache[int(h)] = True
         self.draft_cache: dict = {}
         self.shapes: list | None = [] if cfg.record_shapes else None  # for --step-log
         self.next_arrival = lambda: None  # set by the simulation: time of the next open-loop arrival

@@ -811,6 +811,56 @@ def test_fit_cost_separates_terms_when_the_points_vary_them_apart():
     assert max(abs(r) for r in f["residuals"]) < 1e-9
 
 
+def _rounds_of(true, rng, shapes, speed=0.15, jitter=0.04):
+    """One list of points per round: each round's machine runs at its own speed (uniform within
+    +-speed), every point with its own jitter; (n, b, context) shapes."""
+    out = []
+    for _ in range(5):
+        s = 1 + rng.uniform(-speed, speed)
+        out.append([_pt(n, b, x, true(n, b, x) * s * (1 + rng.uniform(-jitter, jitter))) for n, b, x in shapes])
+    return out
+
+
+TERMS4 = ("cpu_overhead_ms", "ms_per_token", "ms_per_request", "kv_ms_per_ktok")  # (decode points only)
+
+
+def test_fit_cost_sets_a_term_inside_the_run_to_run_noise_to_zero():
+    from validator import stepfit
+
+    shapes = [
+        (5, 1, 100),
+        (1, 1, 70),
+        (10, 2, 200),
+        (7, 2, 140),
+        (20, 4, 400),
+        (4, 4, 280),
+        (40, 8, 800),
+        (3, 1, 260),
+        (10, 2, 600),
+        (20, 4, 1600),
+    ]  # (the last three: more context at 1, 2, 4 requests)
+    spurious, zeroed = 0, 0
+    for seed in range(12):
+        rng = np.random.default_rng(seed)
+        rounds = _rounds_of(lambda n, b, x: 8.0 + 0.7 * n, rng, shapes)  # no context cost
+        pooled = [p for r in rounds for p in r]
+        plain = stepfit.fit_cost(pooled, TERMS4)
+        f = stepfit.fit_cost(pooled, TERMS4, rounds=rounds)
+        assert f["determined"] and f["kv_ms_per_ktok"] <= plain["kv_ms_per_ktok"] + 1e-12
+        assert f["cpu_overhead_ms"] == pytest.approx(8.0, rel=0.25) and f["ms_per_token"] == pytest.approx(0.7, rel=0.2)
+        # the pooled fit finds a context term in the noise alone; the rounds tell it from 0
+        spurious += plain["kv_ms_per_ktok"] > 0
+        if "kv_ms_per_ktok" in f["zero_within_noise"]:
+            zeroed += 1
+            assert f["kv_ms_per_ktok"] == 0.0 and any("not told from 0" in w for w in f["warnings"])
+    assert spurious >= 4 and zeroed >= spurious - 1  # (a 2-standard-error rule lets a rare one through)
+    # a context term well above the noise stays, measured
+    rng = np.random.default_rng(0)
+    rounds = _rounds_of(lambda n, b, x: 8.0 + 0.7 * n + 6.0 * x / 1000, rng, shapes)
+    f = stepfit.fit_cost([p for r in rounds for p in r], TERMS4, rounds=rounds)
+    assert f["kv_ms_per_ktok"] == pytest.approx(6.0, rel=0.35) and not f["zero_within_noise"]
+
+
 def test_fit_cost_warns_and_drops_a_term_the_points_cannot_identify():
     from validator import stepfit
 
@@ -1242,6 +1292,7 @@ def test_heldout_summary_is_merged_into_the_fidelity_report_keeping_its_keys(tmp
                 "errors": {"tpot_ms.p50": 0.05, "output_tok_s": -0.04},
                 "spread": {"tpot_ms.p50": 0.2},
                 "gated": {"tpot_ms.p50": True, "output_tok_s": True},
+                "sensitivity": {"tpot_ms.p50": 1.0},
             }
         },
     }
@@ -1252,6 +1303,108 @@ def test_heldout_summary_is_merged_into_the_fidelity_report_keeping_its_keys(tmp
     doc = json.loads(report.read_text())
     assert doc["what"] == "live test" and doc["tpot_error"] == 0.01
     c4 = doc["heldout"]["collections"][0]["cases"]["c4"]
-    assert c4["tpot_ms.p50"] == {"error": 0.05, "spread": 0.2, "ok": True}
-    assert c4["ttft_ms.mean"] == {"error": None, "spread": None, "ok": None}
+    assert c4["tpot_ms.p50"] == {"error": 0.05, "spread": 0.2, "ok": True, "sensitivity": 1.0}
+    assert c4["ttft_ms.mean"] == {"error": None, "spread": None, "ok": None, "sensitivity": None}
     assert doc["heldout"]["collections"][0]["calibration"]["runs"] == 2
+
+
+CPU_FLAGS = "python validator/vllm_entry.py serve tests/fixtures/tiny-llama --max-num-seqs 8"
+
+
+def test_prefix_cache_settings_from_the_header_and_flags():
+    from validator import prefix
+
+    cpu = prefix.config({"server_flags": CPU_FLAGS})
+    assert (cpu.enabled, cpu.block_tokens) == (True, 128)  # vLLM's CPU platform default
+    assert prefix.config({"server_flags": "vllm serve m --block-size 32"}).block_tokens == 32
+    assert prefix.config({"server_flags": "vllm serve m"}).block_tokens == 16
+    assert not prefix.config({"server_flags": CPU_FLAGS + " --no-enable-prefix-caching"}).enabled
+    assert not prefix.config({"server_flags": "my-server --port 1"}).enabled
+    assert not prefix.config({"engine": {"prefix_caching": False}, "server_flags": CPU_FLAGS}).enabled
+    # the last token is recomputed: a prompt of exactly two blocks hits one
+    assert [prefix.warm_hits(p, 128) for p in (64, 128, 129, 256, 257, 384)] == [0, 0, 128, 128, 256, 256]
+
+
+def _prefix_run(prompts, hits, queries=None, conc=2, step_s=0.01, n_out=4):
+    """A closed-loop run of the CPU server whose /metrics counted ``hits`` prefix-cache hits."""
+    reqs = []
+    for i, p in enumerate(prompts):
+        t0 = 0.001 * i
+        times = [t0 + step_s * (j + 1) for j in range(n_out)]
+        reqs.append(_chunked_request(i, p, times, [1] * n_out))
+    q = float(sum(prompts) if queries is None else queries)
+    delta = promtext.to_jsonable({prefix_names()[0]: {(): float(hits)}, prefix_names()[1]: {(): q}})
+    header = {
+        "format": measure.FORMAT,
+        "source": "run",
+        "server_flags": CPU_FLAGS,
+        "load": {"mode": "concurrency", "concurrency": conc},
+    }
+    return measure.Measurement("mem", header, reqs, summary={"type": "summary", "metrics_delta": delta})
+
+
+def prefix_names():
+    from validator import prefix
+
+    return prefix.HITS, prefix.QUERIES
+
+
+def test_steps_count_the_prompt_tokens_computed_not_those_read_from_the_prefix_cache():
+    from validator import prefix, stepfit
+
+    # warm server: every 256-token prompt read its first block (128) from cache, as measured
+    m = _prefix_run([256, 256, 256, 256], hits=512)
+    assert prefix.cached_tokens(m) == {i: 128.0 for i in range(4)}
+    pre = [s for s in stepfit.engine_steps(m) if s["prefills"]]
+    assert sum(s["prompt_tokens"] for s in pre) == 512 and sum(s["cached_tokens"] for s in pre) == 512
+    # the context a prefill reads holds the cached part
+    assert sum(s["context"] for s in pre) == 1024
+    # a server's first prompt of that length found nothing: the measured hits are shared out
+    assert prefix.cached_tokens(_prefix_run([256] * 4, hits=384)) == {i: 96.0 for i in range(4)}
+    # no full block to hit, nothing measured: all computed
+    assert set(prefix.cached_tokens(_prefix_run([64] * 4, hits=0)).values()) == {0.0}
+    # hits where the rule expects none (another block size): the measured share of every prompt
+    assert prefix.cached_tokens(_prefix_run([64] * 4, hits=128)) == {i: 32.0 for i in range(4)}
+
+
+def test_simulated_prefix_cache_serves_what_the_server_did():
+    from validator import compare, stepfit
+
+    fit = {"cpu_overhead_ms": 1.0, "ms_per_token": 0.2, "ms_per_request": 0.0, "kv_ms_per_ktok": 0.0}
+    prof = stepfit.linear_profile("t", "measured", fit, {})
+    warm = compare.simulate_measurement(_prefix_run([256] * 6, hits=768), prof, None, dispersion=False)
+    assert warm["prefix_cache_hit_rate"] == pytest.approx(0.5)
+    assert any("warm" in n for n in warm["_notes"])
+    # a server that had not seen the prompts: the first one computes all of it, the rest hit
+    cold = compare.simulate_measurement(_prefix_run([256] * 6, hits=256), prof, None, dispersion=False)
+    assert cold["prefix_cache_hit_rate"] < 0.5
+    # a 256-token prompt computes 128 tokens where it hits: the TTFT is the cheaper step's
+    off = _prefix_run([256] * 6, hits=768)
+    off.header["server_flags"] += " --no-enable-prefix-caching"
+    none = compare.simulate_measurement(off, prof, None, dispersion=False)
+    assert "prefix_cache_hit_rate" not in none
+    assert warm["_engine"]["ttft_ms"]["mean"] < none["_engine"]["ttft_ms"]["mean"]
+
+
+def test_check_gives_each_metric_its_sensitivity_to_the_step_cost(tmp_path):
+    from validator import compare, stepfit
+
+    fit = {"cpu_overhead_ms": 1.0, "ms_per_token": 0.2, "ms_per_request": 0.0, "kv_ms_per_ktok": 0.0}
+    prof = stepfit.linear_profile("t", "measured", fit, {})
+    p = tmp_path / "p.yaml"
+    __import__("dsim.cost", fromlist=["save_profile"]).save_profile(prof, p)
+    m = _prefix_run([64] * 6, hits=0)
+    f = tmp_path / "m.jsonl"
+    with open(f, "w") as fh:
+        fh.write(json.dumps(dict(m.header, type="header")) + "\n")
+        for r in m.requests:
+            fh.write(json.dumps(r) + "\n")
+        fh.write(json.dumps(m.summary) + "\n")
+    rep = compare.check([str(f)], str(p), None, gates={})
+    rows = {r["metric"]: r for r in rep["rows"]}
+    # closed loop, one request per step: TPOT follows the whole step one for one
+    assert rows["tpot_ms.p50"]["sensitivity"] == pytest.approx(1.0, abs=0.02)
+    assert rows["tpot_ms.p50"]["cost_error"] == pytest.approx(rows["tpot_ms.p50"]["error"], rel=0.03)
+    assert rows["output_tok_s"]["sensitivity"] < -0.5  # throughput goes down with the cost
+    assert "sensitivity" in compare.to_markdown(rep)
+    assert "sensitivity" not in {k for r in compare.check([str(f)], str(p), None, sensitivity=False)["rows"] for k in r}

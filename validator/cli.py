@@ -12,7 +12,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 
@@ -117,9 +117,11 @@ def run_cmd(
     results = []
     try:
         with staged_dir(out) as stage, lch.managed(spec, _say) as running:
-            extra = {"engine": {"max_num_seqs": max_num_seqs}, "server_flags": server_flags}
+            engine: dict[str, Any] = {"max_num_seqs": max_num_seqs}
+            extra: dict[str, Any] = {"engine": engine, "server_flags": server_flags}
             if running is not None:
                 extra.update(running.header())
+                engine["kind"] = running.spec.engine  # (the prefix cache's block: validator.prefix)
                 extra["server_flags"] = server_flags or running.flags
             for i, stem in enumerate(names):
                 opts = driver.RunOptions(
@@ -227,7 +229,7 @@ def profile_server_cmd(
     shapes: List[str] = typer.Option(
         [],
         "--shape",
-        help="more points, INPUT:OUTPUT[@C] (default C 1), e.g. 256:16 (prefill tokens) or 256:128@4 (context)",
+        help="more points, INPUT:OUTPUT[@C] (default C 1), e.g. 256:16 (prefill tokens) or 384:64@4 (context)",
     ),
     requests_per_level: int = typer.Option(0, "--requests", help="per level (default 2 x C, >= 4)"),
     model: Optional[str] = typer.Option(None, "--model"),

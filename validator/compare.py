@@ -38,7 +38,7 @@ import numpy as np
 
 from dsim.cost import load_profile
 from dsim.errors import InputError
-from validator import measure, noise, stepfit, traces
+from validator import measure, noise, prefix, stepfit, traces
 
 if TYPE_CHECKING:
     from dsim.cost import Profile
@@ -131,6 +131,7 @@ def simulate_measurement(
     seed: int = 0,
     dispersion: bool = True,
     draft_script: bool = True,
+    cost_scale: float = 1.0,
 ) -> dict:
     """dsim's prediction for the measured workload. A deterministic drafter with a measured draft
     script (``draft_script``) runs it in dsim's engine (EngineConfig.draft_script: each decode step
@@ -139,10 +140,14 @@ def simulate_measurement(
     drafter is simulated without acceptance noise. A closed loop's way back to the engine is
     simulated (SimConfig.closed_loop_gap_ms / closed_loop_send_gap_ms, from the profile's front-end
     time at one request and measured send gap), and the profile's measured TPOT dispersion
-    (``dispersion``) gives the requests their jitter; ``_notes`` says which applied."""
+    (``dispersion``) gives the requests their jitter; ``_notes`` says which applied.
+    ``cost_scale`` prices every step that much higher (per-step overhead included: the whole step,
+    as calibrate's one scale does), for the sensitivity of each metric to the step cost."""
     from dsim.sim import EngineConfig, SimConfig, SpecConfig, simulate
 
     prof = load_profile(profile) if isinstance(profile, str) else profile
+    if cost_scale != 1.0:
+        prof = dataclasses.replace(prof, cpu_overhead_ms=prof.cpu_overhead_ms * cost_scale)
     w, conc = workload_from(m)
     k = None
     doc = None
@@ -179,6 +184,12 @@ def simulate_measurement(
         spec = SpecConfig(method="block", k=int(k), acceptance=acc_arg, **sigma)
     else:
         spec = SpecConfig(method="none")
+    # the server's prefix cache (validator.prefix): the validator's prompts share one token
+    # sequence, so a prompt's full blocks are served from cache once the server has seen them
+    pfx = prefix.simulation(m, w.prompt_tokens)
+    if pfx is not None:
+        w = dataclasses.replace(w, prefix_hashes=pfx.hashes, prefix_block_tokens=pfx.block_tokens)
+        notes.append(pfx.note)
     eng = m.header.get("engine") or {}
     ecfg = EngineConfig(
         max_num_seqs=int(max_num_seqs or eng.get("max_num_seqs") or CPU_MAX_NUM_SEQS),
@@ -187,6 +198,8 @@ def simulate_measurement(
         ),
         async_scheduling=False,
         draft_script=script,
+        enable_prefix_caching=pfx is not None,
+        prefix_cache_warm=pfx.warm if pfx is not None else (),
     )
     cfg = SimConfig(
         workload=w,
@@ -197,6 +210,7 @@ def simulate_measurement(
         engine=ecfg,
         spec=spec,
         seed=seed,
+        cost_scale=float(cost_scale),
     )
     v = (prof.extra or {}).get("validator") or {}
     closed_gap = None
@@ -229,6 +243,9 @@ def simulate_measurement(
         done = req[req["completed"]]
         s["tpot_ms"], s["e2e_ms"] = dist(done["tpot_ms"].dropna()), dist(done["e2e_ms"])
         notes.append("TPOT per request drawn from the measured dispersion (validator.noise.apply_dispersion)")
+    if pfx is not None:
+        rq = res.requests
+        s["prefix_cache_hit_rate"] = float(rq["cached_tokens"].sum() / max(rq["prompt_tokens"].sum(), 1))
     s["_engine"] = {k: s.get(k) for k in LAT + ("output_tok_s",)}
     s["_notes"] = notes
     # The front-end time of one request, in a closed loop and in an open one. The overhead
@@ -348,6 +365,18 @@ def compare(meas_stats: dict, pred: dict, gates: dict | None = None, spread: dic
         rows.append(
             {"metric": f"server.{met}.mean", "measured": mv, "predicted": pv, "error": _err(pv, mv), "note": note}
         )
+    if pred.get("prefix_cache_hit_rate") is not None:
+        mv = meas_stats.get("prefix_cache_hit_rate")
+        pv = pred["prefix_cache_hit_rate"]
+        rows.append(
+            {
+                "metric": "prefix_cache_hit_rate",
+                "measured": mv,
+                "predicted": pv,
+                "error": (pv - mv) if mv is not None else None,
+                "note": "prompt tokens served from the prefix cache / prompt tokens (error: the difference)",
+            }
+        )
     if pred.get("_spec_k"):
         # dsim drafts every step: its acceptance length is tokens per decode step
         tps = pred.get("acceptance_length")
@@ -379,6 +408,30 @@ def compare(meas_stats: dict, pred: dict, gates: dict | None = None, spread: dic
     return rows
 
 
+SENSITIVITY_STEP = 0.05  # the step-cost change the sensitivity is measured with (+5%)
+
+
+def add_sensitivity(rows: list[dict], rows_hi: list[dict], step: float = SENSITIVITY_STEP) -> None:
+    """Each row's ``sensitivity``: the relative change of its prediction per relative change of the
+    step cost, (predicted at cost x (1 + step) / predicted - 1) / step (1.0: the metric follows the
+    step cost one for one, as TPOT does in a closed loop; about 2 for TPOT in an open loop near
+    saturation, where a longer step keeps more requests in flight, which lengthens the steps
+    again); and ``cost_error``: the step-cost error that would give the row's error at that
+    sensitivity, error / sensitivity, so that closed- and open-loop errors read on one scale.
+    Rows whose prediction does not move with the cost (tokens per step) get neither."""
+    hi = {r["metric"]: r.get("predicted") for r in rows_hi}
+    for r in rows:
+        p, q = r.get("predicted"), hi.get(r["metric"])
+        if not isinstance(p, (int, float)) or not isinstance(q, (int, float)) or not p:
+            continue
+        sens = (q / p - 1.0) / step
+        if abs(sens) < 0.05:  # (does not follow the step cost)
+            continue
+        r["sensitivity"] = round(float(sens), 3)
+        if r.get("error") is not None and r["metric"] != "prefix_cache_hit_rate":
+            r["cost_error"] = round(float(r["error"] / sens), 4)
+
+
 def check(
     measurements: Any,
     profile: str,
@@ -386,9 +439,13 @@ def check(
     gates: dict | None = None,
     max_num_seqs: int | None = None,
     seed: int = 0,
+    sensitivity: bool = True,
 ) -> dict:
     """Simulate the measured workload (several files: runs of one load, pooled; their spread
-    measured) and compare. ``gates`` {metric: tolerance}, default DEFAULT_GATES."""
+    measured) and compare. ``gates`` {metric: tolerance}, default DEFAULT_GATES. ``sensitivity``:
+    simulate once more with every step priced SENSITIVITY_STEP higher and give each row its
+    sensitivity to the step cost and the step-cost error that would explain its error
+    (add_sensitivity)."""
     paths = (
         [measurements]
         if isinstance(measurements, (str, bytes)) or not hasattr(measurements, "__iter__")
@@ -398,10 +455,16 @@ def check(
     m = measure.pool(runs, where="check")
     measurements = m.path
     stats = m.stats()
+    stats["prefix_cache_hit_rate"] = prefix.hit_rate(m)
     spread = noise.spread([r.stats() for r in runs]) if len(runs) > 1 else {}
     gates = DEFAULT_GATES if gates is None else dict(gates)
     pred = simulate_measurement(m, profile, acceptance, max_num_seqs=max_num_seqs, seed=seed)
     rows = compare(stats, pred, gates, spread)
+    if sensitivity:
+        hi = simulate_measurement(
+            m, profile, acceptance, max_num_seqs=max_num_seqs, seed=seed, cost_scale=1.0 + SENSITIVITY_STEP
+        )
+        add_sensitivity(rows, compare(stats, hi, {}, {}))
     gated = [r for r in rows if r["metric"] in gates]
     missing = [r["metric"] for r in gated if r["ok"] is None]
     verdict = "pass" if gated and all(r["ok"] for r in gated) else "fail"
@@ -464,17 +527,26 @@ def to_markdown(rep: dict) -> str:
         + "; each against the larger of its tolerance and the measured spread"
         + (f" ({rep['runs']} runs)" if rep.get("runs", 1) > 1 else " (one run: no spread measured)"),
         "",
-        "| metric | measured | predicted | error | tolerance | spread | ok |",
-        "|---|---:|---:|---:|---:|---:|:-:|",
+        "| metric | measured | predicted | error | tolerance | spread | ok | sensitivity | cost error |",
+        "|---|---:|---:|---:|---:|---:|:-:|---:|---:|",
     ]
     pct = lambda v: "-" if v is None else f"{v:.0%}"  # noqa: E731
     for r in rep["rows"]:
         e = "-" if r["error"] is None else f"{r['error']:+.1%}"
         ok = "-" if r["ok"] is None else ("yes" if r["ok"] else "NO")
+        sens = "-" if r.get("sensitivity") is None else f"{r['sensitivity']:.2f}"
+        ce = "-" if r.get("cost_error") is None else f"{r['cost_error']:+.1%}"
         lines.append(
             f"| {r['metric']} | {_fmt(r['measured'])} | {_fmt(r['predicted'])} | {e} | {pct(r['tolerance'])} "
-            f"| {pct(r.get('spread'))} | {ok} |"
+            f"| {pct(r.get('spread'))} | {ok} | {sens} | {ce} |"
         )
+    if any(r.get("sensitivity") is not None for r in rep["rows"]):
+        lines += [
+            "",
+            f"sensitivity: the prediction's relative change per relative change of the step cost (simulated "
+            f"again with every step {SENSITIVITY_STEP:.0%} dearer); cost error: error / sensitivity, the step-cost "
+            "error that would explain the row's error (an open loop near saturation doubles a cost error in TPOT)",
+        ]
     why = []
     if rep["failed_metrics"]:
         why.append(f"outside tolerance: {', '.join(rep['failed_metrics'])}")

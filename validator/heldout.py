@@ -6,8 +6,9 @@ did not see, with the measured run-to-run spread next to each error.
     python -m validator.heldout analyse DIR [--out REPORT.json]
 
 ``collect`` measures, interleaved in rounds (so every case sees the same background load): the
-profile sweep (concurrency 1, 2, 4, 8 at the calibration shape, plus a 256:16 point at one request
-and a 256:96 point at two, so prefill tokens, batch and context vary apart), the calibration runs
+profile sweep (concurrency 1, 2, 4, 8 at the calibration shape, plus a 256:16 point at one request,
+a 256:96 point at two and a 384:64 point at four, so prefill tokens, batch and context vary
+apart; the rounds let the fit tell a term from the run-to-run noise), the calibration runs
 (concurrency 2, prompt 64 / output 64) and the held-out cases (concurrency 1, 4, 8 at 64/64;
 concurrency 4 at prompt 256 / output 128; Poisson arrivals at about two thirds of the concurrency-8
 throughput). ``analyse`` builds the profile from the sweep, calibrates on every run at the calibration's
@@ -29,7 +30,10 @@ from dsim.errors import InputError
 from validator import calibrate, compare, driver, launch, measure, profile_server, traces
 
 PROFILE = [("p-c1", 1, 64, 64), ("p-c2", 2, 64, 64), ("p-c4", 4, 64, 64), ("p-c8", 8, 64, 64)]
-PROFILE_SHAPES = [("p-c1-256x16", 1, 256, 16), ("p-c2-256x96", 2, 256, 96)]
+# points of other shapes, so prefill tokens, batch and context vary apart: a long prompt at one
+# request (prefill tokens), a long prompt and output at two (context at two requests), a long
+# prompt at four (context at four requests, six times the calibration shape's)
+PROFILE_SHAPES = [("p-c1-256x16", 1, 256, 16), ("p-c2-256x96", 2, 256, 96), ("p-c4-384x64", 4, 384, 64)]
 CALIBRATION = ("cal-c2", 2, 64, 64)
 SWEEP_TWIN = "p-c2"  # the sweep's runs of the calibration's load and shape
 HELD_OUT = [("c1", 1, 64, 64), ("c4", 4, 64, 64), ("c8", 8, 64, 64), ("c4-256x128", 4, 256, 128)]
@@ -90,7 +94,8 @@ def analyse(d: Path, gates: dict | None = None) -> dict:
     work = d / "analysis"
     work.mkdir(exist_ok=True)
     levels: dict = {c: _files(d, n) for n, c, _, _ in PROFILE}
-    levels.update({f"c{c} {i}:{o}": _files(d, n) for n, c, i, o in PROFILE_SHAPES})
+    # (collections made before a shape point was added lack it)
+    levels.update({f"c{c} {i}:{o}": _files(d, n) for n, c, i, o in PROFILE_SHAPES if list(d.glob(f"{n}-r*.jsonl"))})
     m0 = measure.read(levels[1][0])
     prof = profile_server.profile_from_measurements(
         levels, hardware="cpu", server_flags=m0.header.get("server_flags"), input_len=64, output_len=64
@@ -112,6 +117,9 @@ def analyse(d: Path, gates: dict | None = None) -> dict:
             "errors": {r["metric"]: r["error"] for r in rep["rows"] if r["error"] is not None},
             "spread": {r["metric"]: r["spread"] for r in rep["rows"] if r.get("spread") is not None},
             "gated": {r["metric"]: r["ok"] for r in rep["rows"] if r["metric"] in rep["gates"]},
+            # how strongly each prediction follows the step cost (compare.add_sensitivity)
+            "sensitivity": {r["metric"]: r["sensitivity"] for r in rep["rows"] if r.get("sensitivity") is not None},
+            "cost_error": {r["metric"]: r["cost_error"] for r in rep["rows"] if r.get("cost_error") is not None},
         }
     info = json.loads((d / "collect.json").read_text()) if (d / "collect.json").exists() else {}
     fit = prof.extra["validator"]["fit"]
@@ -142,12 +150,17 @@ def analyse(d: Path, gates: dict | None = None) -> dict:
 
 def table(rep: dict) -> str:
     keys = ("tpot_ms.p50", "output_tok_s", "tpot_ms.p99", "e2e_ms.p99", "ttft_ms.mean", "tokens_per_decode_step")
-    lines = ["| case | " + " | ".join(keys) + " | verdict |", "|---" * (len(keys) + 2) + "|"]
+    lines = [
+        "| case | " + " | ".join(keys) + " | p50 TPOT sensitivity (cost error) | verdict |",
+        "|---" * (len(keys) + 3) + "|",
+    ]
     for name, r in rep["cases"].items():
         cells = []
         for k in keys:
             e, sp = r["errors"].get(k), r["spread"].get(k)
             cells.append("-" if e is None else f"{e:+.0%}" + (f" ({sp:.0%})" if sp is not None else ""))
+        sens, ce = (r.get("sensitivity") or {}).get("tpot_ms.p50"), (r.get("cost_error") or {}).get("tpot_ms.p50")
+        cells.append("-" if sens is None else f"{sens:.2f}" + ("" if ce is None else f" ({ce:+.0%})"))
         lines.append(
             f"| {name}{'' if r['held_out'] else ' (calibration)'} | " + " | ".join(cells) + f" | {r['verdict']} |"
         )
@@ -170,6 +183,7 @@ def fidelity_summary(rep: dict) -> dict:
                     "error": round(r["errors"][m], 4) if m in r["errors"] else None,
                     "spread": round(r["spread"][m], 4) if r["spread"].get(m) is not None else None,
                     "ok": r["gated"].get(m),
+                    "sensitivity": (r.get("sensitivity") or {}).get(m),
                 }
                 for m in rep["gates"]
             },
@@ -228,7 +242,7 @@ def main(argv=None) -> int:
                 url = run.url if run else args.server
                 hdr = run.header() if run else {}
                 if spec is not None:
-                    hdr["engine"] = {"max_num_seqs": launch.max_num_seqs(spec)}
+                    hdr["engine"] = {"max_num_seqs": launch.max_num_seqs(spec), "kind": spec.engine}
                 print(json.dumps(collect(url, Path(args.out), args.rounds, run.front_cpus if run else None, hdr)))
         else:
             if args.out and len(args.dirs) > 1:

@@ -69,7 +69,16 @@ def profile_from_measurements(
             pts.append(dict(p, level=c))
     if not pts:
         raise InputError(f"{server}: no step times measured (no /metrics histograms and no chunks)")
-    fit = stepfit.fit_cost(pts)
+    # repeats of every level (interleaved rounds): each round's points apart, so that a term no
+    # larger than the run-to-run noise is told from a measured one (stepfit.fit_cost)
+    n_rounds = min(len(files_by_level[c]) for c in concurrencies)
+    rounds = None
+    if n_rounds >= stepfit.MIN_ROUNDS:
+        rounds = [
+            [p for c in concurrencies for p in stepfit.server_points(measure.read(files_by_level[c][r]), k)]
+            for r in range(n_rounds)
+        ]
+    fit = stepfit.fit_cost(pts, rounds=rounds)
     for p, r in zip(pts, fit["residuals"]):
         p["fit_ms"] = p["step_ms"] * (1 + r) if r is not None else None
         p["fit_residual"] = r

@@ -80,12 +80,17 @@ def engine_steps(
     than ``gap_frac`` x the median chunk gap of a request (clamped to [min_gap_ms, max_gap_ms])
     form one step; a request seen twice in one group (two steps delivered together by a stalled
     front end) splits it. Per step: ``t`` (s), ``prefills`` (requests whose first token it
-    produced), ``prompt_tokens`` (their prompts), ``decodes`` (requests it gave later tokens),
+    produced), ``prompt_tokens`` (the prompt tokens it computed: the prompts less what they read
+    from the server's prefix cache, validator.prefix.cached_tokens), ``cached_tokens`` (those
+    read), ``decodes`` (requests it gave later tokens),
     ``decode_tokens`` (the tokens the decodes ran: 1 + the drafts each verified, from ``script``
     (acceptance.draft_script: [verified, accepted] per decode step of a request) at the request's
     decode step when given, else 1 + k each). Only the composition is used (durations come from the server's histograms), so front-end delay
     and jitter do not bias it. None without chunk timelines."""
+    from validator import prefix
+
     per_decode = 1 + k  # (k is reused below)
+    cached = prefix.cached_tokens(m)
     ev = []
     gaps = []
     for r in m.ok_requests:
@@ -94,9 +99,11 @@ def engine_steps(
             continue
         gaps += [b - a for a, b in zip(times, times[1:])]
         prompt = int(r.get("prompt_tokens") or 0)
-        # context the step reads for this request: its prompt plus the tokens it had before
+        hit = float(cached.get(r["i"], 0.0))
+        # context the step reads for this request: its prompt (cached part included) plus the
+        # tokens it had before
         emitted = np.concatenate([[0], np.cumsum([c[1] for c in r["chunks"] if c[1] > 0])[:-1]])
-        ev += [(t, r["i"], j == 0, prompt, prompt + int(emitted[j]), j) for j, t in enumerate(times)]
+        ev += [(t, r["i"], j == 0, prompt, prompt + int(emitted[j]), j, hit) for j, t in enumerate(times)]
     if not ev:
         return None
     med = float(np.median(gaps)) * 1e3 if gaps else max_gap_ms / gap_frac
@@ -131,7 +138,8 @@ def engine_steps(
                 {
                     "t": sub[0][0],
                     "prefills": len(pre),
-                    "prompt_tokens": sum(e[3] for e in pre),
+                    "prompt_tokens": sum(e[3] - e[6] for e in pre),
+                    "cached_tokens": sum(e[6] for e in pre),
                     "decodes": len(dec),
                     "decode_tokens": dtok,
                     "context": sum(e[4] for e in sub),
@@ -320,7 +328,7 @@ _HOW = {
     "ms_per_token": "vary the tokens per step at a fixed number of requests (e.g. --shape 256:16, a longer prompt)",
     "ms_per_request": "vary the requests per step at fixed tokens (several concurrencies and a longer prompt)",
     "ms_per_prefill": "points whose steps carry prompts and points whose steps do not (prefill and decode points)",
-    "kv_ms_per_ktok": "vary the context at a fixed batch (e.g. --shape 256:128, a longer prompt and output)",
+    "kv_ms_per_ktok": "vary the context at a fixed batch, much (e.g. --shape 384:64@4, a long prompt at four requests)",
     "cpu_overhead_ms": "points at more than one step size",
     "prefill_discount_ms_per_ktok": "prompts of another length than the calibration's (e.g. --shape 256:16) next to "
     "decode points",
@@ -360,7 +368,28 @@ def identifiable(X: np.ndarray, keep: list[int], j: int) -> float:
     return float(np.linalg.norm(col - A @ coef) / nrm)
 
 
-def fit_cost(points: list[dict], terms: tuple = TERMS) -> dict:
+NOISE_T = 2.0  # a term is told from 0 when the pooled estimate is at least this many standard errors
+MIN_ROUNDS = 3  # repeats needed to measure a term's standard error
+
+
+def _nnls_terms(X: np.ndarray, y: np.ndarray, w: np.ndarray, keep: list[int]) -> np.ndarray:
+    from scipy.optimize import nnls
+
+    coef = np.zeros(X.shape[1])
+    if len(y) and keep:
+        sol, _ = nnls((X * w[:, None])[:, keep], y * w)
+        coef[keep] = sol
+    return coef
+
+
+def _weights(points: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    X = _columns(points)
+    y = np.array([p["step_ms"] for p in points])
+    w = np.array([p.get("weight", 1.0) for p in points]) / np.maximum(y, 1e-9)
+    return X, y, w
+
+
+def fit_cost(points: list[dict], terms: tuple = TERMS, rounds: list | None = None) -> dict:
     """Non-negative least squares of step_ms = c + t n + d b + e prefills + kv x context/1000 -
     disc x prompt tokens/1000 over the points (relative errors): c per-step CPU overhead, t per
     scheduled token (forward, priced as a decode/verify token), d per sampling request (ngram
@@ -371,12 +400,18 @@ def fit_cost(points: list[dict], terms: tuple = TERMS) -> dict:
     CPU test server a verify token cost 3x a prompt token). A term the points cannot tell apart from the others (its column within 5% of
     their span: e.g. a concurrency sweep at one shape raises tokens and requests together) is
     left out (0) with a warning saying what to measure; ``determined`` is true when all the
-    asked terms were identified. Residuals per point are in ``residuals`` (relative)."""
-    from scipy.optimize import nnls
+    asked terms were identified. Residuals per point are in ``residuals`` (relative).
 
-    X = _columns(points)
-    y = np.array([p["step_ms"] for p in points])
-    w = np.array([p.get("weight", 1.0) for p in points]) / np.maximum(y, 1e-9)
+    ``rounds``: the same points measured in each of several repeats (one list per round, as the
+    held-out collection's interleaved rounds give). Each round is fitted on its own with the
+    identified terms; a term whose pooled estimate is less than NOISE_T standard errors of its
+    round estimates (their standard deviation / sqrt(rounds)) cannot be told from 0 on a machine
+    whose speed moves this much between runs: it is set to 0 (``zero_within_noise``, with a
+    warning giving its rounds' range) and the others refitted. Its column stood apart, so the fit
+    stays determined: the term was measured, and it is 0 within the noise. (On the CPU test server
+    the context term came out 0-12 ms per 1000 tokens over one collection's rounds, its pooled 2-3
+    ms below two standard errors, and priced the long shape's steps 10-15% high.)"""
+    X, y, w = _weights(points)
     Xw = X * w[:, None]
     want = [TERMS.index(t) for t in terms]
     keep = list(want)
@@ -395,10 +430,31 @@ def fit_cost(points: list[dict], terms: tuple = TERMS) -> dict:
         )
     if len(points) < len(keep):
         warnings.append(f"{len(points)} point(s) for {len(keep)} terms: the fit is underdetermined")
-    coef = np.zeros(len(TERMS))
-    if len(points):
-        sol, _ = nnls(Xw[:, keep], y * w)
-        coef[keep] = sol
+    coef = _nnls_terms(X, y, w, keep)
+    noise: dict = {}
+    if rounds and len(rounds) >= MIN_ROUNDS:
+        free = [j for j in keep if TERMS[j] not in ("cpu_overhead_ms", "ms_per_token")]
+        while True:
+            per = np.array([_nnls_terms(*_weights(r), keep) for r in rounds if r])
+            if len(per) < MIN_ROUNDS:
+                break
+            se = per.std(axis=0, ddof=1) / np.sqrt(len(per))
+            weak = [j for j in free if j in keep and coef[j] > 0 and coef[j] < NOISE_T * se[j]]
+            if not weak:
+                break
+            j = min(weak, key=lambda i: coef[i] / max(se[i], 1e-12))
+            noise[TERMS[j]] = {
+                "pooled": round(float(coef[j]), 4),
+                "rounds": [round(float(v), 4) for v in per[:, j]],
+                "standard_error": round(float(se[j]), 4),
+            }
+            warnings.append(
+                f"{TERMS[j]}: {coef[j]:.3g} pooled, but its {len(per)} rounds gave {per[:, j].min():.3g}-"
+                f"{per[:, j].max():.3g} (standard error {se[j]:.3g}): not told from 0, set to 0 - "
+                f"{_HOW[TERMS[j]]}"
+            )
+            keep.remove(j)
+            coef = _nnls_terms(X, y, w, keep)
     for j in keep:
         if coef[j] == 0.0 and TERMS[j] != "cpu_overhead_ms":
             warnings.append(f"{TERMS[j]}: fitted at 0 (the bound): the points do not show it")
@@ -416,9 +472,10 @@ def fit_cost(points: list[dict], terms: tuple = TERMS) -> dict:
         {
             "rank": rank,
             "identified": [TERMS[j] for j in keep],
-            "not_identified": [TERMS[j] for j in want if j not in keep],
+            "not_identified": [TERMS[j] for j in want if j not in keep and TERMS[j] not in noise],
+            "zero_within_noise": noise,
             "separation": separation,
-            "determined": len(keep) == len(want) and len(points) >= len(want),
+            "determined": len(keep) + len(noise) == len(want) and len(points) >= len(want),
             "residuals": [round(float((a - b) / b), 4) if b else None for a, b in zip(pred, y)],
             "warnings": warnings,
         }
