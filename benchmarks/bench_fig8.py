@@ -14,9 +14,18 @@ the verify tokens per request, the tokens per step they make, the profile's forw
 and its marginal cost per token (the slope over +-32 tokens), which is what the budget policy
 weighs an extra verified draft against.
 
-With --breakdown T,T,...: where a composed dp8-ep8 forward of T tokens goes, per part of the
+With --breakdown T,T,...: where a composed forward of T tokens per rank goes, per part of the
 model (routed experts with their lockstep factor, all-to-all, attention, ...), priced by
-dsim.compose from the kernel tables of --kernels for --model on --hardware.
+dsim.compose from the kernel tables of --kernels for --model on --hardware and --topology; with
+two-batch overlap where the split is faster (dsim.compose.forward_ms_dbo, no layer glue); and a
+what-if: the MoE block (routed experts, dispatch, combine) replaced by DeepSeek's published Mega MoE
+time for the model at EP8 (DeepGEMM pull request 304 / 316, April 2026: dispatch, both expert
+GEMMs, SwiGLU and combine fused into one kernel that overlaps the NVLink transfers with the tensor
+cores, FP8 x FP4 only, so a Blackwell-class GPU; measured at 1, 512, 8192 and 32768 tokens per
+rank, averaged over the 8 ranks), interpolated log-log and linearly between its points (the
+range printed), the rest of the forward as composed. It mixes hardware on purpose: it asks how
+the step would grow with tokens if the MoE block cost what DeepSeek's own V4 kernel costs inside
+one NVLink domain, with everything else as dsim prices it.
 
 Usage: python benchmarks/bench_fig8.py [--profile NAME] [--trace default] [--disaggregated]
        [--per-gpu 10,20,50,100,150,200] [--requests-per-user 16] [--jobs N]
@@ -89,6 +98,30 @@ def main(argv=None):
     print(f"sweep took {r['wall_s']:.1f} s")
 
 
+#: DeepGEMM pull request 316 (DeepSeek, 2026-04-24), "Mega MoE benchmarks": one MoE layer (dispatch,
+#: linear 1, SwiGLU, linear 2, combine fused; no shared expert) under EP8, time per layer in us at
+#: tokens per rank, averaged over the 8 ranks
+MEGA_MOE_EP8_US = {
+    "deepseek-v4-flash": ((1, 56.5), (512, 146.5), (8192, 1283.1), (32768, 4855.5)),
+    "deepseek-v4-pro": ((1, 108.1), (512, 369.6), (8192, 2818.5), (32768, 10655.2)),
+}
+
+
+def mega_moe_us(model_name: str, n: float) -> tuple[float, float] | None:
+    """(log-log, linear) interpolation of the published Mega MoE time per layer at n tokens per rank;
+    None outside the published span or for another model."""
+    pts = MEGA_MOE_EP8_US.get(model_name)
+    if not pts or not pts[0][0] <= n <= pts[-1][0]:
+        return None
+    import math
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x0 <= n <= x1:
+            f_lin = (n - x0) / (x1 - x0)
+            f_log = (math.log(n) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return math.exp(math.log(y0) + f_log * (math.log(y1) - math.log(y0))), y0 + f_lin * (y1 - y0)
+    return None
+
+
 def breakdown(model_name, hardware, kernels, topology, sizes, prefer=None):
     from collections import defaultdict
 
@@ -114,6 +147,21 @@ def breakdown(model_name, hardware, kernels, topology, sizes, prefer=None):
         shown = ", ".join(f"{k} {v:.1f} ({100 * v / total:.0f}%)" for k, v in main[:4])
         rest = total - sum(v for _, v in main[:4])
         print(f"{n:>6} tokens: {total:6.1f} ms = {shown}, rest {rest:.1f}")
+        if topo.attn_dp > 1 and n >= 2:
+            split = C.forward_ms_dbo(model, topo, hardware, n, pricer, 10**9, threshold=2, moe_chunk=chunk)
+            unsplit = C.forward_ms(model, topo, hardware, n, pricer, 10**9, moe_chunk=chunk)
+            print(f"{'':>14}two-batch overlap: {min(split, unsplit):6.1f} ms"
+                  + (" (split)" if split < unsplit else " (not split: no faster)"))
+        mm = mega_moe_us(model_name, n)
+        if mm is not None:
+            moe_layers = sum(model.moe_layer)
+            a2a = sum(op.count * pricer.ms(op) for op in C.step_ops(model, topo, hardware, n, moe_chunk=chunk)
+                      if op.part == "comm" and op.rec.get("kind") in C.A2A_KINDS)
+            base = total - parts["moe_experts"] - a2a
+            lo, hi = sorted(base + moe_layers * us * 1e-3 for us in mm)
+            print(f"{'':>14}MoE block at Mega MoE's EP8 time: {lo:6.1f}-{hi:.1f} ms "
+                  f"({moe_layers} x {min(mm):.0f}-{max(mm):.0f} us in place of experts + all-to-all "
+                  f"{parts['moe_experts'] + a2a:.1f} ms)")
 
 
 def scan(profile, batches):
