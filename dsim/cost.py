@@ -341,13 +341,33 @@ def _step_keys_ms(q, c, sk):  # pragma: no cover - compiled
 
 
 @_njit
+def _sift_down(free, size, p, v):  # pragma: no cover - compiled
+    """Put v at position p of the 4-ary min-heap ``free`` (of ``size`` entries) and sift it down."""
+    while True:
+        ch = 4 * p + 1
+        if ch >= size:
+            break
+        best, bv = ch, free[ch]
+        for x in range(ch + 1, ch + 4):
+            if free[x] < bv:
+                best, bv = x, free[x]
+        if bv >= v:
+            break
+        free[p] = bv
+        p = best
+    free[p] = v
+
+
+@_njit
 def _makespan(c, L, kv_heads, qblocks, slots, longest):  # pragma: no cover - compiled
     """The makespan (in KV tokens) of the split-KV chunk CTAs of one step run as a list schedule
     over ``slots`` CTA slots: the grid's dispatch order (KV head, then request and its chunks in
     order, then query block), each CTA on the first slot to free up, taking its chunk's tokens
     (L, the last chunk of a request its remainder). One longest chunk where the CTAs fit in one
-    wave; else a 4-ary min-heap of the slots' free times (one replace-and-sift per CTA; which
-    of two equally free slots a CTA takes does not change the free times, so neither the result)."""
+    wave. Else the first ``slots`` CTAs each start at 0 on a slot of their own (every slot is
+    free at 0 until all are taken), and the rest go through a 4-ary min-heap of the slots' free
+    times (one replace-and-sift per CTA; which of two equally free slots a CTA takes does not
+    change the free times, so neither the result)."""
     R = len(c)
     m = 0
     for i in range(R):
@@ -368,25 +388,16 @@ def _makespan(c, L, kv_heads, qblocks, slots, longest):  # pragma: no cover - co
     # the heap padded to whole groups of 4 children with slots that never free up
     size = slots + (-(slots - 1) % 4)
     free = np.full(size, np.iinfo(np.int64).max, dtype=np.int64)
-    free[:slots] = 0
-    for _h in range(kv_heads):
-        for t in range(m):
-            v = free[0] + dur[t]  # the CTA runs on the earliest-free slot: replace the root, sift down
-            p = 0
-            while True:
-                ch = 4 * p + 1
-                if ch >= size:
-                    break
-                best, bv = ch, free[ch]
-                for x in range(ch + 1, ch + 4):
-                    if free[x] < bv:
-                        best, bv = x, free[x]
-                if bv >= v:
-                    break
-                free[p] = bv
-                p = best
-            free[p] = v
-    return float(free[:slots].max())
+    for x in range(slots):  # CTA x of the dispatch order (head x // m) on slot x, from 0
+        free[x] = dur[x % m]
+    for p in range((size - 2) // 4, -1, -1):  # heapify bottom-up
+        _sift_down(free, size, p, free[p])
+    for x in range(slots, m * kv_heads):  # the rest, each on the earliest-free slot
+        _sift_down(free, size, 0, free[0] + dur[x % m])
+    mx = free[0]
+    for x in range(slots):
+        mx = max(mx, free[x])
+    return float(mx)
 
 
 @_njit
