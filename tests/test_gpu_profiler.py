@@ -520,6 +520,34 @@ def test_request_grid_plan_varies_requests_at_fixed_tokens():
     assert plan.request_grid_plan() == grid  # seeded
 
 
+def test_busy_plan_shapes():
+    """plan.busy_plan: the busy steps carry the decode tokens they name over 256 requests (windows
+    1-8) and fill their size with whole prompts (one over a cached prefix); the short-chunk steps
+    add exactly their chunks to the same decode requests; one-request steps span windows x contexts."""
+    busy = plan.busy_plan(parts=("decode", "short", "one"))
+    dec = [s for s in busy if s.tag == "busy-decode"]
+    assert len(dec) == len(plan.BUSY_DECODE) + 1
+    for s, (n, d) in zip(dec, plan.BUSY_DECODE + (plan.BUSY_DECODE[-2],)):
+        dq = [q for q in s.q if q < plan.PREFILL_MIN_Q]
+        assert s.n == n and sum(dq) == d and len(dq) == plan.BUSY_DECODE_REQUESTS and max(dq) <= 8
+        assert sum(q for q in s.q if q >= plan.PREFILL_MIN_Q) == n - d
+    cached = [c for q, c in zip(dec[-1].q, dec[-1].ctx) if q >= plan.PREFILL_MIN_Q]
+    assert cached[0] == 1024 and not any(cached[1:]) and not any(c for s in dec[:-1] for q, c in zip(s.q, s.ctx) if q >= 17)
+    short = [s for s in busy if s.tag == "busy-short"]
+    assert len(short) == sum(len(sets) for _, _, sets in plan.BUSY_SHORT)
+    for s in short:
+        dq = [q for q in s.q if q < plan.PREFILL_MIN_Q]
+        chunks = tuple(q for q in s.q if q >= plan.PREFILL_MIN_Q)
+        R, d, sets = next(r for r in plan.BUSY_SHORT if r[0] == len(dq))
+        assert sum(dq) == d and chunks in sets and s.n == d + sum(chunks)
+    one = [s for s in busy if s.tag == "busy-one"]
+    assert sorted((s.q[0], s.ctx[0]) for s in one) == sorted(
+        (w, c) for w in plan.BUSY_ONE[0] for c in plan.BUSY_ONE[1]
+    ) and all(s.requests == 1 for s in one)
+    assert plan.busy_plan(parts=("decode", "short", "one")) == busy  # seeded
+    assert {s.tag for s in plan.busy_plan(parts=("short",))} == {"busy-short"}
+
+
 def test_refit_reproduces_the_committed_profile_from_its_raw_points(tmp_path, monkeypatch):
     """validator.gpu.refit --context on a committed profile's raw points, stripped of their decode
     tokens, prefill pairs and shapes (as raw files from before either existed): the shapes come back

@@ -812,3 +812,54 @@ def context_sweep_plan(kv_budget_tokens: int = 4_000_000, seed: int = 0, quick: 
         if st.kv <= kv_budget_tokens:
             plan.append(st)
     return plan
+
+
+# busy steps: (tokens, decode tokens) over BUSY_DECODE_REQUESTS decode requests plus whole prompts
+BUSY_DECODE = ((4096, 1536), (6144, 1024), (6144, 2048), (7680, 1280), (7680, 1792), (8192, 1536), (8192, 2048))
+BUSY_DECODE_REQUESTS = 256
+# short prompt chunks beside decode requests: (decode requests, decode tokens, chunk sets)
+BUSY_SHORT = (
+    (32, 128, ((96,), (224,), (352,), (608,), (1000,), (1400,), (200, 400))),
+    (128, 640, ((), (128,), (416,), (1000,), (1760,), (256, 512, 1024))),
+)
+
+
+BUSY_ONE = ((1, 2, 4, 8), (256, 2048, 8192))  # one request: verify windows x contexts
+
+
+def busy_plan(seed: int = 0, parts: Sequence[str] = ("decode", "short"), quick: bool = False) -> list[StepShape]:
+    """Mixed steps the table and request grid leave out (plan.sweep_plan's busy steps carry 768 or
+    160 decode tokens, the grid's at most 640 at 1-2K tokens):
+
+    - busy-decode ("decode"): steps of 4-8K tokens whose 256 decode/verify requests run 1024-2048
+      tokens (windows of 4-8, shaped as shaped_step), the rest whole prompts at context 0
+      (dspark_mixed_step's prompt sizes), and one with its first prompt over 1024 cached tokens
+      (a prompt continued from the step before);
+    - busy-short ("short"): one to three short prompt chunks (96-1760 tokens) beside 32 decode
+      requests with 128 tokens or 128 with 640, at sizes on and between the table's knots, and the
+      128 requests alone;
+    - one ("one"): a single request verifying 1-8 tokens over 256-8192 cached ones (the table's
+      one-request sizes at 1K context share F(n) with the grid's steps of 2-8 requests).
+    """
+    plan: list[StepShape] = []
+    if "decode" in parts:
+        rows = BUSY_DECODE if not quick else ((192, 96),)
+        R = BUSY_DECODE_REQUESTS if not quick else 16
+        for i, (n, dec) in enumerate(rows):
+            plan.append(dspark_mixed_step(n, R, seed + R + i, dec_tokens=dec, tag="busy-decode"))
+        n, dec = rows[-2] if not quick else rows[-1]
+        st = dspark_mixed_step(n, R, seed + R + len(rows), dec_tokens=dec, tag="busy-decode")
+        i = next(j for j, q in enumerate(st.q) if q >= PREFILL_MIN_Q)
+        plan.append(StepShape(st.q, st.ctx[:i] + (1024 if not quick else 64,) + st.ctx[i + 1 :], "busy-decode"))
+    if "short" in parts:
+        rows = BUSY_SHORT if not quick else ((4, 16, ((24,), (40, 32))), (8, 24, ((), (48,))))
+        for R, dec, sets in rows:
+            d = shaped_step(R, dec, seed + R)
+            for chunks in sets:
+                plan.append(StepShape(d.q + tuple(chunks), d.ctx + (0,) * len(chunks), "busy-short"))
+    if "one" in parts:
+        wins, ctxs = BUSY_ONE if not quick else ((1, 8), (64,))
+        for c in ctxs:
+            for s in wins:
+                plan.append(uniform_step(1, s, c, "busy-one"))
+    return plan
