@@ -566,13 +566,15 @@ def test_refit_reproduces_the_committed_profile_from_its_raw_points(tmp_path, mo
         p.pop("dec", None), p.pop("pre", None), p.pop("shape_q", None), p.pop("shape_ctx", None)
     raw.pop("context_points", None)
     raw_path.write_text(json.dumps(raw))
-    ctx = str(ROOT / "profiles" / "h200" / "context" / f"ctx-{m}.json")
-    grid = str(ROOT / "profiles" / "h200" / "context" / f"grid-{m}.json")
-    assert RF.main([str(raw_path), "--context", ctx, "--context", grid]) == 0
-    new, ref = load_profile(str(tmp_path / f"h200-{m}.yaml")), load_profile(str(H200[m]))
+    ref = load_profile(str(H200[m]))
+    sweeps = [str(src / "context" / f) for f in ref.provenance["attention_fit"]["context_sweeps"]]
+    assert {Path(f).name.split("-")[0] for f in sweeps} >= {"ctx", "grid"}
+    ctxargs = [x for f in sweeps for x in ("--context", f)]
+    assert RF.main([str(raw_path), *ctxargs]) == 0
+    new = load_profile(str(tmp_path / f"h200-{m}.yaml"))
     assert new.format_version == 2 and new.attention is not None and ref.attention is not None
     fields = ("wave_ms_per_ktok", "merge_ms_per_mcell", "prefill_ms_per_mpair", "chunk_ms_per_kcta")
-    for f in fields + ("ms_per_request", "tail_ms_per_ktok"):
+    for f in fields + ("ms_per_request", "tail_ms_per_ktok", "decode_step_ms"):
         assert getattr(new.attention, f) == pytest.approx(getattr(ref.attention, f), rel=1e-5, abs=1e-9)
     assert new.prefill_discount_ms_per_ktok == pytest.approx(ref.prefill_discount_ms_per_ktok, rel=1e-5)
     assert new.kv_ms_per_ktok == pytest.approx(ref.kv_ms_per_ktok, rel=1e-5, abs=1e-9)
@@ -588,7 +590,7 @@ def test_refit_reproduces_the_committed_profile_from_its_raw_points(tmp_path, mo
         def today(cls):
             return dt.date(2027, 1, 2)
     monkeypatch.setattr(RF.dt, "date", Later)
-    assert RF.main([str(raw_path), "--context", ctx, "--context", grid]) == 0
+    assert RF.main([str(raw_path), *ctxargs]) == 0
     method = load_profile(str(tmp_path / f"h200-{m}.yaml")).provenance["method"]
     assert method.count("; attention terms ") == 1 and "attention terms 2027-01-02" in method
     assert RF.main([str(tmp_path / "missing.raw.json")]) == 2

@@ -314,7 +314,7 @@ ATTENTION_TERMS = ("dec", "wpre", "wave", "chunks", "merge")
 # per decode request and the schedule's tail (dsim.cost.request_features): fitted only where the
 # points vary the request count at a fixed token count (the request grid, request_grid_plan); the
 # table alone ties each n to one request count and cannot tell them from F(n)
-REQUEST_TERMS = ("reqs", "tail")
+REQUEST_TERMS = ("reqs", "tail", "dpath")
 
 
 def attention_structure(dims: dict, split: dict, decode_ctas_per_sm: int, prefill_ctas_per_sm: int) -> Any:
@@ -349,8 +349,9 @@ def attention_features(q: Sequence[int], ctx: Sequence[int], a: Any) -> dict:
     dc = [int(c) for x, c in zip(q, ctx) if x < PREFILL_MIN_Q]
     wave, chunks, merge = decode_features(dq, dc, a) if dq else (0.0, 0.0, 0.0)
     reqs, tail = request_features(dq, dc, a)
+    dpath = 1.0 if dq else 0.0  # the step runs the split-KV decode path (its per-step kernels)
     wpre = sum(prefill_pairs(int(x), int(c), a) for x, c in zip(q, ctx) if x >= PREFILL_MIN_Q)
-    return dict(wave=wave, chunks=chunks, merge=merge, wpre=float(wpre), reqs=reqs, tail=tail)
+    return dict(wave=wave, chunks=chunks, merge=merge, wpre=float(wpre), reqs=reqs, tail=tail, dpath=dpath)
 
 
 def isotonic(y: Sequence[float] | np.ndarray) -> np.ndarray:
@@ -527,7 +528,11 @@ def fit_step_model(
             prefill_ms_per_mpair=round(float(extra["wpre"]), 6),
         )
         if request_terms:
-            attn.update(ms_per_request=round(float(extra["reqs"]), 6), tail_ms_per_ktok=round(float(extra["tail"]), 6))
+            attn.update(
+                ms_per_request=round(float(extra["reqs"]), 6),
+                tail_ms_per_ktok=round(float(extra["tail"]), 6),
+                decode_step_ms=round(float(extra["dpath"]), 6),
+            )
         out["attention"] = attn
     if held:  # not fitted: signed error of the fitted model (interpolated between fitted sizes)
         out["not_fitted_signed_pct"] = signed(held)
