@@ -6,6 +6,10 @@
 # keeps what it measured; jobs run under `timeout`, none past DEADLINE seconds (default 195).
 #   MODELS "model:parts ..." in order (default: qwen3-14b:decode,short qwen3-32b:short
 #          qwen3-8b:short,one llama-3.1-8b:one)
+#   ANCHOR_TAGS the sweep's step tags re-timed as anchors (default table,tail-decode; add
+#          tail-mixed,tail-prefill for 8192-token ones)
+#   REPLAYS "model:log ..." after that model's points, replay profiles/h200/steplogs/<log>-<model>.jsonl in a
+#          fresh process -> $OUT/replay-<log>-<model>.json (checking data, never fitted)
 #   EXTRA e.g. --dry-run
 set -o pipefail
 DEADLINE=${DEADLINE:-195}
@@ -20,7 +24,14 @@ for mp in ${MODELS:-qwen3-14b:decode,short qwen3-32b:short qwen3-8b:short,one ll
   esac
   job "$t" python3 validator/gpu/scripts/context_sweep.py --plan busy --parts "$parts" \
     --model "profiles/models/$m.json" --profile "profiles/h200/h200-$m.yaml" --out "$RES/busy-$m.json" \
-    --reps "$reps" $EXTRA
+    --reps "$reps" --anchor-tags "${ANCHOR_TAGS:-table,tail-decode}" $EXTRA
+  for ml in $REPLAYS; do
+    [ "${ml%%:*}" = "$m" ] || continue
+    lg=${ml#*:}
+    job "${REPLAY_T:-60}" python3 -m validator.gpu.replay "profiles/h200/steplogs/$lg-$m.jsonl" \
+      --model "profiles/models/$m.json" --profile "profiles/h200/h200-$m.yaml" --out "$RES/replay-$lg-$m.json" \
+      --reps "$reps" --warm 1 $EXTRA
+  done
 done
 ls -la "$RES" | tee -a "$LOG"
 echo "total $((SECONDS - T0))s" | tee -a "$LOG"

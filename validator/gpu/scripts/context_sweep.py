@@ -43,6 +43,12 @@ def main(argv: list[str] | None = None) -> None:
         "short prompt chunks beside decodes)",
     )
     ap.add_argument("--parts", default="decode,short", help="--plan busy: comma-separated parts of plan.busy_plan")
+    ap.add_argument(
+        "--anchor-tags",
+        default="table,tail-decode",
+        help="tags of the sweep's steps re-timed as anchors (at the sizes ANCHOR_N), e.g. add tail-mixed,tail-prefill "
+        "for the busy and prompt-only steps at 8192 tokens",
+    )
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args(argv)
     import yaml
@@ -71,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         plan = P.busy_plan(parts=a.parts.split(","), quick=a.dry_run)
     sweep = P.sweep_plan(caps, P.tail_sizes(P.CAPTURE_LIMIT), kv_budget_tokens=budget)
-    anchors = [s for s in sweep if s.tag in ("table", "tail-decode") and s.n in ANCHOR_N]
+    anchors = [s for s in sweep if s.tag in a.anchor_tags.split(",") and s.n in ANCHOR_N]
     if a.dry_run:
         anchors = [s for s in anchors if s.n <= 64]
         anchors = [P.StepShape(s.q, tuple(min(c, 64) for c in s.ctx), s.tag) for s in anchors]
