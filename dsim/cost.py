@@ -274,9 +274,7 @@ def context_ms_compiled(
     table's share extrapolates its last slope."""
     out = 0.0
     if cw != 0.0 or cc != 0.0 or cm != 0.0 or cr != 0.0 or ct != 0.0 or cd != 0.0:
-        out = decode_features_ms(
-            q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots, cw, cc, cm, cr, ct, cd
-        )
+        out = decode_features_ms(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots, cw, cc, cm, cr, ct, cd)
     if ra_on:
         n = 0
         ctx = 0

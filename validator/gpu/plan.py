@@ -848,17 +848,19 @@ def busy_plan(seed: int = 0, parts: Sequence[str] = ("decode", "short"), quick: 
     """
     plan: list[StepShape] = []
     if "decode" in parts:
-        rows = BUSY_DECODE if not quick else ((192, 96),)
+        drows: Sequence[tuple[int, int]] = BUSY_DECODE if not quick else ((192, 96),)
         R = BUSY_DECODE_REQUESTS if not quick else 16
-        for i, (n, dec) in enumerate(rows):
+        for i, (n, dec) in enumerate(drows):
             plan.append(dspark_mixed_step(n, R, seed + R + i, dec_tokens=dec, tag="busy-decode"))
-        n, dec = rows[-2] if not quick else rows[-1]
-        st = dspark_mixed_step(n, R, seed + R + len(rows), dec_tokens=dec, tag="busy-decode")
+        n, dec = drows[-2] if not quick else drows[-1]
+        st = dspark_mixed_step(n, R, seed + R + len(drows), dec_tokens=dec, tag="busy-decode")
         i = next(j for j, q in enumerate(st.q) if q >= PREFILL_MIN_Q)
         plan.append(StepShape(st.q, st.ctx[:i] + (1024 if not quick else 64,) + st.ctx[i + 1 :], "busy-decode"))
     if "short" in parts:
-        rows = BUSY_SHORT if not quick else ((4, 16, ((24,), (40, 32))), (8, 24, ((), (48,))))
-        for R, dec, sets in rows:
+        srows: Sequence[tuple[int, int, Sequence[tuple[int, ...]]]] = (
+            BUSY_SHORT if not quick else ((4, 16, ((24,), (40, 32))), (8, 24, ((), (48,))))
+        )
+        for R, dec, sets in srows:
             d = shaped_step(R, dec, seed + R)
             for chunks in sets:
                 plan.append(StepShape(d.q + tuple(chunks), d.ctx + (0,) * len(chunks), "busy-short"))
