@@ -23,8 +23,9 @@ less than a decode token (its LM-head row and per-row decode work), a million wa
 pairs cost 4 x heads x head_dim x layers x 1e6 FLOPs at ``attn_flops`` of the matrix peak, KV
 reads cost their bytes at ``kv_bw`` of the bandwidth (as the wave term: a lone long context is
 priced by its critical path), the split-KV merge ``merge_ns`` x layers x head_dim per grid
-cell and the schedule tail (the longest chunk over every slot) ``tail_frac`` of a KV token's
-cost per token; occupancies and split settings are the measured executor's.
+cell, the schedule tail (the longest chunk over every slot) ``tail_frac`` of a KV token's
+cost per token, and a step with decode requests ``decode_step_us_per_layer`` x layers for the
+split-KV path's per-step kernels; occupancies and split settings are the measured executor's.
 
 MoE: the routed experts touched by n tokens with top-k routing over E experts are
 E x (1 - (1 - k/E)^n) per layer (uniform routing), so weight bytes grow with the batch until
@@ -81,6 +82,7 @@ class Efficiency:
     attn_flops: float | None = None  # fraction of matrix peak on prefill attention
     merge_ns: float | None = None  # split-KV merge per grid cell per (layer x head_dim), ns
     tail_frac: float | None = None  # the schedule tail's cost per token, relative to the KV read's
+    decode_step_us_per_layer: float | None = None  # the split-KV path's per-step work, us per layer
 
 
 def model_shape(cfg: dict) -> dict:
@@ -204,6 +206,9 @@ def analytical_profile(
     if eff.decode_row_ns is not None and gpus == 1 and "kv_lora_rank" not in cfg:
         fmt2 = _format2_terms(cfg, shape, hw, eff, kv_read_bpt)
         kv_ms_per_ktok = 0.0  # the KV read is the attention section's wave term
+        # F(n) is a decode step's; the split-KV path's per-step work is priced by the attention
+        # section (decode steps only), so the table carries the rest
+        fwd = fwd - fmt2["attention"].decode_step_ms
     return Profile(
         name=name or f"analytical-{model_name}-{hardware.lower()}x{gpus}",
         provenance=dict(
@@ -275,6 +280,7 @@ def _format2_terms(cfg: dict, shape: dict, hw: dict, eff: Efficiency, kv_read_bp
         chunk_ms_per_kcta=0.0,
         merge_ms_per_mcell=float(eff.merge_ns * L * d * 1e6 / 1e6),
         tail_ms_per_ktok=float((eff.tail_frac or 0.0) * 1000 * kv_read_bpt / (hw["bw"] * (eff.kv_bw or eff.bw)) * 1e3),
+        decode_step_ms=float((eff.decode_step_us_per_layer or 0.0) * L / 1000),
         prefill_ms_per_mpair=float(4 * H * d * L * 1e6 / (hw["bf16"] * eff.attn_flops) * 1e3),
         **EXECUTOR_SPLIT,
     )
@@ -287,8 +293,11 @@ def _format2_terms(cfg: dict, shape: dict, hw: dict, eff: Efficiency, kv_read_bp
 
 # ---------------------------------------------------------------- fitting on measured profiles
 def _measured_points(profile: Profile) -> tuple[np.ndarray, np.ndarray]:
-    """(n, F_ms) of a measured profile's forward table."""
-    return np.asarray(profile.forward.x, dtype=float), np.asarray(profile.forward.ms, dtype=float)
+    """(n, F_ms) of a measured profile's forward table as a decode step pays it: with the
+    attention section's per-step term (decode_step_ms, priced outside the table)."""
+    a = profile.attention
+    d = a.decode_step_ms if a is not None else 0.0
+    return np.asarray(profile.forward.x, dtype=float), np.asarray(profile.forward.ms, dtype=float) + d
 
 
 def _fwd_err(params, items, hw_name="H200"):
@@ -312,9 +321,9 @@ def _kv_eff(cfg, prof, hw_name="H200"):
 
 
 def _format2_eff(items: list[tuple[str, Profile]], hw_name: str = "H200") -> dict:
-    """decode_row_ns, attn_flops, merge_ns: means over the measured format-2 profiles of the
+    """decode_row_ns, attn_flops, merge_ns, tail_frac, decode_step_us_per_layer: means over the measured format-2 profiles of the
     ratio of each fitted coefficient to its model-size factor (module doc); {} if none has them."""
-    rows, fl, mg, tl = [], [], [], []
+    rows, fl, mg, tl, ds = [], [], [], [], []
     for c, prof in items:
         a = prof.attention
         if a is None:
@@ -330,6 +339,7 @@ def _format2_eff(items: list[tuple[str, Profile]], hw_name: str = "H200") -> dic
         kv_ms = prof.kv_ms_per_ktok + a.wave_ms_per_ktok
         if kv_ms > 0:
             tl.append(a.tail_ms_per_ktok / kv_ms)
+        ds.append(a.decode_step_ms * 1000 / L)
     if not rows:
         return {}
     return dict(
@@ -337,6 +347,7 @@ def _format2_eff(items: list[tuple[str, Profile]], hw_name: str = "H200") -> dic
         attn_flops=float(np.mean(fl)),
         merge_ns=float(np.mean(mg)),
         tail_frac=float(np.mean(tl)) if tl else 0.0,
+        decode_step_us_per_layer=float(np.mean(ds)),
     )
 
 
@@ -415,6 +426,7 @@ def fit_cli(argv: list[str] | None = None) -> None:  # pragma: no cover - thin w
                     "attn_flops",
                     "merge_ns",
                     "tail_frac",
+                    "decode_step_us_per_layer",
                 )
                 if k in f
             ),
@@ -455,6 +467,7 @@ def load_fit(path: str | Path) -> tuple[Efficiency, dict]:
         attn_flops=f.get("attn_flops"),
         merge_ns=f.get("merge_ns"),
         tail_frac=f.get("tail_frac"),
+        decode_step_us_per_layer=f.get("decode_step_us_per_layer"),
     )
     info = dict(
         file=str(path),

@@ -37,10 +37,13 @@ of one request x folded query rows x KV heads).
 Prefill: a chunk of q tokens over c cached ones runs ceil(q / block rows) x query heads CTAs,
 each over its keys, in waves: its pairs are counted per wave (``prefill_pairs``), so a short
 chunk over a long prefix (few CTAs, long keys) is priced by its critical path, not by its FLOPs.
-Two optional decode terms (0 where absent): ``ms_per_request`` per decode/verify request, and
+Three optional decode terms (0 where absent): ``ms_per_request`` per decode/verify request,
 ``tail_ms_per_ktok`` per 1000 tokens of the longest chunk the step has (min(L, longest context))
 times the chunk-CTA slots over one chunk's CTAs (Graham's bound on what a list schedule adds to
-the mean load; the makespan prices it where fitted, and the shipped H200 fits put both at 0).
+the mean load; the makespan prices it where fitted, and the shipped H200 fits put both at 0), and
+``decode_step_ms`` once per step with decode/verify requests: the split-KV path's per-step work
+(on the H200 executor about 27 kernels per layer that a prompt-only step does not launch), so the
+forward table is then priced without it and a prompt-only step does not pay it.
 ``CostModel.context_ms(q, ctx)`` gives the decode terms (added to step_ms by the engine);
 ``prefill_ms`` prices the prefill chunks with the wave-counted pairs. A format-1 profile has no
 ``attention``: context_ms is 0 and prefill_ms is as above (results unchanged).
@@ -155,6 +158,9 @@ class AttentionTerms:
     # its tokens nor its context carry, and the schedule's tail (the longest chunk over the slots)
     ms_per_request: float = 0.0
     tail_ms_per_ktok: float = 0.0
+    # once per step that has decode/verify requests: the split-KV path's per-step work (its
+    # kernels' launches and fixed passes), which a prompt-only step does not run
+    decode_step_ms: float = 0.0
 
     @property
     def group(self) -> int:
@@ -164,7 +170,7 @@ class AttentionTerms:
 ATTENTION_SPLIT_FIELDS = ("query_heads", "kv_heads", "sms", "fill", "balance", "min_chunk", "block_rows")
 ATTENTION_OCC_FIELDS = ("decode_ctas_per_sm", "prefill_ctas_per_sm")
 ATTENTION_COEF_FIELDS = ("wave_ms_per_ktok", "chunk_ms_per_kcta", "merge_ms_per_mcell", "prefill_ms_per_mpair")
-ATTENTION_OPTIONAL_FIELDS = ("ms_per_request", "tail_ms_per_ktok")
+ATTENTION_OPTIONAL_FIELDS = ("ms_per_request", "tail_ms_per_ktok", "decode_step_ms")
 FORMAT_VERSIONS = (1, 2, 3, 4)
 
 
@@ -224,12 +230,12 @@ def split_kv_params(a: AttentionTerms) -> tuple:
 
 @_njit
 def decode_features_ms(
-    q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots, cw, cc, cm, cr, ct
+    q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots, cw, cc, cm, cr, ct, cd
 ):  # pragma: no cover - compiled
-    """The split-KV terms of CostModel.context_ms of the first len(q) entries, from
+    """The split-KV terms of CostModel.context_ms of the first len(q) entries (>= 1), from
     CostModel.context_args (compiled: callable from compiled code)."""
     wave, chunks, merge, reqs, tail = _decode_features(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots)
-    return cw * wave + cc * chunks + cm * merge + cr * reqs + ct * tail
+    return cw * wave + cc * chunks + cm * merge + cr * reqs + ct * tail + cd
 
 
 @_njit
@@ -248,6 +254,7 @@ def context_ms_compiled(
     cm,
     cr,
     ct,
+    cd,
     ra_on,
     rb,
     rq,
@@ -266,8 +273,8 @@ def context_ms_compiled(
     the profile has step_keys]. Precondition: len(q) >= 1; a step of more tokens than the dense
     table's share extrapolates its last slope."""
     out = 0.0
-    if cw != 0.0 or cc != 0.0 or cm != 0.0 or cr != 0.0 or ct != 0.0:
-        out = decode_features_ms(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots, cw, cc, cm, cr, ct)
+    if cw != 0.0 or cc != 0.0 or cm != 0.0 or cr != 0.0 or ct != 0.0 or cd != 0.0:
+        out = decode_features_ms(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots, cw, cc, cm, cr, ct, cd)
     if ra_on:
         n = 0
         ctx = 0
@@ -341,13 +348,33 @@ def _step_keys_ms(q, c, sk):  # pragma: no cover - compiled
 
 
 @_njit
+def _sift_down(free, size, p, v):  # pragma: no cover - compiled
+    """Put v at position p of the 4-ary min-heap ``free`` (of ``size`` entries) and sift it down."""
+    while True:
+        ch = 4 * p + 1
+        if ch >= size:
+            break
+        best, bv = ch, free[ch]
+        for x in range(ch + 1, ch + 4):
+            if free[x] < bv:
+                best, bv = x, free[x]
+        if bv >= v:
+            break
+        free[p] = bv
+        p = best
+    free[p] = v
+
+
+@_njit
 def _makespan(c, L, kv_heads, qblocks, slots, longest):  # pragma: no cover - compiled
     """The makespan (in KV tokens) of the split-KV chunk CTAs of one step run as a list schedule
     over ``slots`` CTA slots: the grid's dispatch order (KV head, then request and its chunks in
     order, then query block), each CTA on the first slot to free up, taking its chunk's tokens
     (L, the last chunk of a request its remainder). One longest chunk where the CTAs fit in one
-    wave; else a 4-ary min-heap of the slots' free times (one replace-and-sift per CTA; which
-    of two equally free slots a CTA takes does not change the free times, so neither the result)."""
+    wave. Else the first ``slots`` CTAs each start at 0 on a slot of their own (every slot is
+    free at 0 until all are taken), and the rest go through a 4-ary min-heap of the slots' free
+    times (one replace-and-sift per CTA; which of two equally free slots a CTA takes does not
+    change the free times, so neither the result)."""
     R = len(c)
     m = 0
     for i in range(R):
@@ -368,25 +395,16 @@ def _makespan(c, L, kv_heads, qblocks, slots, longest):  # pragma: no cover - co
     # the heap padded to whole groups of 4 children with slots that never free up
     size = slots + (-(slots - 1) % 4)
     free = np.full(size, np.iinfo(np.int64).max, dtype=np.int64)
-    free[:slots] = 0
-    for _h in range(kv_heads):
-        for t in range(m):
-            v = free[0] + dur[t]  # the CTA runs on the earliest-free slot: replace the root, sift down
-            p = 0
-            while True:
-                ch = 4 * p + 1
-                if ch >= size:
-                    break
-                best, bv = ch, free[ch]
-                for x in range(ch + 1, ch + 4):
-                    if free[x] < bv:
-                        best, bv = x, free[x]
-                if bv >= v:
-                    break
-                free[p] = bv
-                p = best
-            free[p] = v
-    return float(free[:slots].max())
+    for x in range(slots):  # CTA x of the dispatch order (head x // m) on slot x, from 0
+        free[x] = dur[x % m]
+    for p in range((size - 2) // 4, -1, -1):  # heapify bottom-up
+        _sift_down(free, size, p, free[p])
+    for x in range(slots, m * kv_heads):  # the rest, each on the earliest-free slot
+        _sift_down(free, size, 0, free[0] + dur[x % m])
+    mx = free[0]
+    for x in range(slots):
+        mx = max(mx, free[x])
+    return float(mx)
 
 
 @_njit
@@ -983,10 +1001,17 @@ class CostModel:
         self.prefill_ms_per_chunk = profile.prefill_ms_per_chunk * cost_scale
         self.attention = a = profile.attention
         self._split_kv_terms = a is not None and bool(
-            a.wave_ms_per_ktok or a.chunk_ms_per_kcta or a.merge_ms_per_mcell or a.ms_per_request or a.tail_ms_per_ktok
+            a.wave_ms_per_ktok
+            or a.chunk_ms_per_kcta
+            or a.merge_ms_per_mcell
+            or a.ms_per_request
+            or a.tail_ms_per_ktok
+            or a.decode_step_ms
         )
         self._req_coef = (
-            (a.ms_per_request * cost_scale, a.tail_ms_per_ktok * cost_scale) if a is not None else (0.0, 0.0)
+            (a.ms_per_request * cost_scale, a.tail_ms_per_ktok * cost_scale, a.decode_step_ms * cost_scale)
+            if a is not None
+            else (0.0, 0.0, 0.0)
         )
         self.request_attention = ra = profile.request_attention
         self.has_context_terms = self._split_kv_terms or ra is not None
@@ -1081,7 +1106,7 @@ class CostModel:
         qa = np.ascontiguousarray(q, dtype=np.int64)
         ca = np.ascontiguousarray(ctx, dtype=np.int64)
         if self.request_attention is None:  # split-KV terms only: the compiled function's first part
-            return float(decode_features_ms(qa, ca, *args[:12]))
+            return float(decode_features_ms(qa, ca, *args[:13]))
         ch = [(int(x), int(c)) for x, c in chunks if x] if self.context_reads_chunks else ()
         if not ch:
             return float(context_ms_compiled(qa, ca, *args))
@@ -1132,9 +1157,10 @@ class CostModel:
                 float(cm),
                 float(self._req_coef[0]),
                 float(self._req_coef[1]),
+                float(self._req_coef[2]),
             )
         else:
-            split = (1, 1, 1, 1, 0.0, 1, 1, 0.0, 0.0, 0.0, 0.0, 0.0)
+            split = (1, 1, 1, 1, 0.0, 1, 1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         ra = self.request_attention
         if ra is None:
             table = (False, _NO_I64, _NO_I64, _NO_I64, _NO_TAB, _NO_F64, 0.0, 0, np.zeros(1))

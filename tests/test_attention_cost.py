@@ -220,11 +220,22 @@ def test_context_ms_closed_form():
     """context_ms of a format-2 profile is the features times their coefficients: 33 requests of
     1024 tokens, one chunk each, one exact wave (capacity 33,792 tokens, 264 CTAs, 1 x 4 x 33 x 8
     merge cells, 33 requests, a 1024-token longest chunk over 264 / 8 slots)."""
-    a = dataclasses.replace(A, ms_per_request=0.002, tail_ms_per_ktok=0.003)
+    a = dataclasses.replace(A, ms_per_request=0.002, tail_ms_per_ktok=0.003, decode_step_ms=0.7)
     cm = C.CostModel(C.profile_from_dict(v2(ROOT / "profiles" / "h200" / "h200-llama-3.1-8b.yaml", a), "x.yaml"))
-    want = 0.01 * 33.792 + 0.3 * 0.264 + 0.5 * (4 * 33 * 8 / 1e6) + 0.002 * 33 + 0.003 * 33.792
+    want = 0.01 * 33.792 + 0.3 * 0.264 + 0.5 * (4 * 33 * 8 / 1e6) + 0.002 * 33 + 0.003 * 33.792 + 0.7
     assert cm.context_ms([1] * 33, [1024] * 33) == pytest.approx(want, rel=1e-12)
     assert cm.context_ms(np.ones(33, np.int32), np.full(33, 1024, np.int32)) == pytest.approx(want, rel=1e-12)
+    # the split-KV path's per-step term: once per step with decode requests, never for a prompt-only one
+    args = cm.context_args()
+    assert C.context_ms_compiled(np.ones(33, np.int64), np.full(33, 1024, np.int64), *args[1:]) == pytest.approx(want)
+    assert cm.context_ms([], []) == 0.0
+    a0 = dataclasses.replace(a, decode_step_ms=0.0)
+    cm0 = C.CostModel(C.profile_from_dict(v2(ROOT / "profiles" / "h200" / "h200-llama-3.1-8b.yaml", a0), "x.yaml"))
+    for q, c in (([1], [1024]), ([8, 3], [70_000, 5])):
+        assert cm.context_ms(q, c) - cm0.context_ms(q, c) == pytest.approx(0.7, rel=1e-12)
+    # the field round-trips through the profile file and is 0 where a profile does not give it
+    assert C.profile_to_dict(cm.profile)["attention"]["decode_step_ms"] == 0.7
+    assert C.CostModel(C.profile_from_dict(v2(ROOT / "profiles" / "h200" / "h200-llama-3.1-8b.yaml"), "x.yaml")).attention.decode_step_ms == 0.0
 
 
 def test_context_ms_replaces_the_forward_share_past_the_dense_table():

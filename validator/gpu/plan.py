@@ -314,7 +314,7 @@ ATTENTION_TERMS = ("dec", "wpre", "wave", "chunks", "merge")
 # per decode request and the schedule's tail (dsim.cost.request_features): fitted only where the
 # points vary the request count at a fixed token count (the request grid, request_grid_plan); the
 # table alone ties each n to one request count and cannot tell them from F(n)
-REQUEST_TERMS = ("reqs", "tail")
+REQUEST_TERMS = ("reqs", "tail", "dpath")
 
 
 def attention_structure(dims: dict, split: dict, decode_ctas_per_sm: int, prefill_ctas_per_sm: int) -> Any:
@@ -349,8 +349,9 @@ def attention_features(q: Sequence[int], ctx: Sequence[int], a: Any) -> dict:
     dc = [int(c) for x, c in zip(q, ctx) if x < PREFILL_MIN_Q]
     wave, chunks, merge = decode_features(dq, dc, a) if dq else (0.0, 0.0, 0.0)
     reqs, tail = request_features(dq, dc, a)
+    dpath = 1.0 if dq else 0.0  # the step runs the split-KV decode path (its per-step kernels)
     wpre = sum(prefill_pairs(int(x), int(c), a) for x, c in zip(q, ctx) if x >= PREFILL_MIN_Q)
-    return dict(wave=wave, chunks=chunks, merge=merge, wpre=float(wpre), reqs=reqs, tail=tail)
+    return dict(wave=wave, chunks=chunks, merge=merge, wpre=float(wpre), reqs=reqs, tail=tail, dpath=dpath)
 
 
 def isotonic(y: Sequence[float] | np.ndarray) -> np.ndarray:
@@ -527,7 +528,11 @@ def fit_step_model(
             prefill_ms_per_mpair=round(float(extra["wpre"]), 6),
         )
         if request_terms:
-            attn.update(ms_per_request=round(float(extra["reqs"]), 6), tail_ms_per_ktok=round(float(extra["tail"]), 6))
+            attn.update(
+                ms_per_request=round(float(extra["reqs"]), 6),
+                tail_ms_per_ktok=round(float(extra["tail"]), 6),
+                decode_step_ms=round(float(extra["dpath"]), 6),
+            )
         out["attention"] = attn
     if held:  # not fitted: signed error of the fitted model (interpolated between fitted sizes)
         out["not_fitted_signed_pct"] = signed(held)
@@ -811,4 +816,57 @@ def context_sweep_plan(kv_budget_tokens: int = 4_000_000, seed: int = 0, quick: 
         st = StepShape(d.q + (qn,), d.ctx + (c,), "longpre-mixed")
         if st.kv <= kv_budget_tokens:
             plan.append(st)
+    return plan
+
+
+# busy steps: (tokens, decode tokens) over BUSY_DECODE_REQUESTS decode requests plus whole prompts
+BUSY_DECODE = ((4096, 1536), (6144, 1024), (6144, 2048), (7680, 1280), (7680, 1792), (8192, 1536), (8192, 2048))
+BUSY_DECODE_REQUESTS = 256
+# short prompt chunks beside decode requests: (decode requests, decode tokens, chunk sets)
+BUSY_SHORT = (
+    (32, 128, ((96,), (224,), (352,), (608,), (1000,), (1400,), (200, 400))),
+    (128, 640, ((), (128,), (416,), (1000,), (1760,), (256, 512, 1024))),
+)
+
+
+BUSY_ONE = ((1, 2, 4, 8), (256, 2048, 8192))  # one request: verify windows x contexts
+
+
+def busy_plan(seed: int = 0, parts: Sequence[str] = ("decode", "short"), quick: bool = False) -> list[StepShape]:
+    """Mixed steps the table and request grid leave out (plan.sweep_plan's busy steps carry 768 or
+    160 decode tokens, the grid's at most 640 at 1-2K tokens):
+
+    - busy-decode ("decode"): steps of 4-8K tokens whose 256 decode/verify requests run 1024-2048
+      tokens (windows of 4-8, shaped as shaped_step), the rest whole prompts at context 0
+      (dspark_mixed_step's prompt sizes), and one with its first prompt over 1024 cached tokens
+      (a prompt continued from the step before);
+    - busy-short ("short"): one to three short prompt chunks (96-1760 tokens) beside 32 decode
+      requests with 128 tokens or 128 with 640, at sizes on and between the table's knots, and the
+      128 requests alone;
+    - one ("one"): a single request verifying 1-8 tokens over 256-8192 cached ones (the table's
+      one-request sizes at 1K context share F(n) with the grid's steps of 2-8 requests).
+    """
+    plan: list[StepShape] = []
+    if "decode" in parts:
+        drows: Sequence[tuple[int, int]] = BUSY_DECODE if not quick else ((192, 96),)
+        R = BUSY_DECODE_REQUESTS if not quick else 16
+        for i, (n, dec) in enumerate(drows):
+            plan.append(dspark_mixed_step(n, R, seed + R + i, dec_tokens=dec, tag="busy-decode"))
+        n, dec = drows[-2] if not quick else drows[-1]
+        st = dspark_mixed_step(n, R, seed + R + len(drows), dec_tokens=dec, tag="busy-decode")
+        i = next(j for j, q in enumerate(st.q) if q >= PREFILL_MIN_Q)
+        plan.append(StepShape(st.q, st.ctx[:i] + (1024 if not quick else 64,) + st.ctx[i + 1 :], "busy-decode"))
+    if "short" in parts:
+        srows: Sequence[tuple[int, int, Sequence[tuple[int, ...]]]] = (
+            BUSY_SHORT if not quick else ((4, 16, ((24,), (40, 32))), (8, 24, ((), (48,))))
+        )
+        for R, dec, sets in srows:
+            d = shaped_step(R, dec, seed + R)
+            for chunks in sets:
+                plan.append(StepShape(d.q + tuple(chunks), d.ctx + (0,) * len(chunks), "busy-short"))
+    if "one" in parts:
+        wins, ctxs = BUSY_ONE if not quick else ((1, 8), (64,))
+        for c in ctxs:
+            for s in wins:
+                plan.append(uniform_step(1, s, c, "busy-one"))
     return plan

@@ -218,7 +218,8 @@ def refit_attention(raw_path: Path, ctx_paths: list[str], command: str) -> dict:
 ATTENTION_NOTE = (
     "; attention terms {date} (python3 -m validator.gpu.refit --context): step_ms = F(n) + kv term + "
     "a * decode tokens + per-request split-KV terms (wave capacity: the list-schedule makespan of the "
-    "chunk CTAs over the SMs; chunk CTAs; merge cells; per request; schedule tail) + wave-counted "
+    "chunk CTAs over the SMs; chunk CTAs; merge cells; per request; schedule tail; once per step with "
+    "decode requests) + wave-counted "
     "prefill pairs (format_version 2, attention section), F fitted at the capture and tail sizes "
     "(other sizes by linear interpolation, as read), fitted on the sweep plus a context sweep of "
     "unequal contexts and long cached prefixes and a request grid"

@@ -1,6 +1,7 @@
 """Time the context sweep (plan.context_sweep_plan: unequal decode contexts, prefill chunks over long
-cached prefixes; --plan grid: plan.request_grid_plan, request counts at fixed token counts) and a few
-of the table's points on the GPU executor, one model per process.
+cached prefixes; --plan grid: plan.request_grid_plan, request counts at fixed token counts; --plan
+busy: plan.busy_plan, busy steps with many decode tokens and short prompt chunks beside decodes,
+--parts picks which) and a few of the table's points on the GPU executor, one model per process.
 
     python3 validator/gpu/scripts/context_sweep.py --model profiles/models/llama-3.1-8b.json \
         --profile profiles/h200/h200-llama-3.1-8b.yaml --out $OUT/ctx-llama-3.1-8b.json [--dry-run]
@@ -35,10 +36,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pool-gib", type=float, default=24.0)
     ap.add_argument(
         "--plan",
-        choices=("context", "grid"),
+        choices=("context", "grid", "busy"),
         default="context",
         help="context: plan.context_sweep_plan (unequal contexts, long prefixes); grid: plan.request_grid_plan "
-        "(request counts at fixed token counts)",
+        "(request counts at fixed token counts); busy: plan.busy_plan (many decode tokens in 4-8K-token steps, "
+        "short prompt chunks beside decodes)",
+    )
+    ap.add_argument("--parts", default="decode,short", help="--plan busy: comma-separated parts of plan.busy_plan")
+    ap.add_argument(
+        "--anchor-tags",
+        default="table,tail-decode",
+        help="tags of the sweep's steps re-timed as anchors (at the sizes ANCHOR_N), e.g. add tail-mixed,tail-prefill "
+        "for the busy and prompt-only steps at 8192 tokens",
     )
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args(argv)
@@ -61,11 +70,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"built in {time.time() - t0:.1f}s; split {json.dumps(M.SPLIT)}", flush=True)
     caps = P.vllm_capture_sizes(P.CAPTURE_LIMIT)
     budget = int(model.pool_tokens * 0.95)
-    plan = (
-        P.context_sweep_plan(budget, quick=a.dry_run) if a.plan == "context" else P.request_grid_plan(quick=a.dry_run)
-    )
+    if a.plan == "context":
+        plan = P.context_sweep_plan(budget, quick=a.dry_run)
+    elif a.plan == "grid":
+        plan = P.request_grid_plan(quick=a.dry_run)
+    else:
+        plan = P.busy_plan(parts=a.parts.split(","), quick=a.dry_run)
     sweep = P.sweep_plan(caps, P.tail_sizes(P.CAPTURE_LIMIT), kv_budget_tokens=budget)
-    anchors = [s for s in sweep if s.tag in ("table", "tail-decode") and s.n in ANCHOR_N]
+    anchors = [s for s in sweep if s.tag in a.anchor_tags.split(",") and s.n in ANCHOR_N]
     if a.dry_run:
         anchors = [s for s in anchors if s.n <= 64]
         anchors = [P.StepShape(s.q, tuple(min(c, 64) for c in s.ctx), s.tag) for s in anchors]

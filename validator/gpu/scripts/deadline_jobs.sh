@@ -1,7 +1,7 @@
 #!/bin/bash
 # Sourced by the deadline-bounded GPU runs (context_and_heldout.sh, grid_and_check.sh): works from
 # the repository root with it on PYTHONPATH; $OUT (returned files), $RES (results, packed into
-# $OUT/results.tgz) and $DEADLINE (seconds; the caller sets its own default first) get defaults;
+# $OUT/results.tgz unless RES is OUT) and $DEADLINE (seconds; the caller sets its own default first) get defaults;
 # the GPU's name, driver and clock go to the run log $OUT/log.txt; and job() runs one step.
 cd "$(dirname "${BASH_SOURCE[0]}")/../../.." || exit 2
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -23,5 +23,5 @@ job() {
   echo "== [$((SECONDS - T0))s, limit ${t}s] $*" | cut -c1-220 | tee -a "$LOG"
   timeout "$t" "$@" >>"$LOG" 2>&1
   echo "   rc=$? at $((SECONDS - T0))s" | tee -a "$LOG"
-  tar czf "$OUT/results.tgz" -C "$RES" .
+  [ "$RES" -ef "$OUT" ] || tar czf "$OUT/results.tgz" -C "$RES" .
 }

@@ -1,0 +1,20 @@
+#!/bin/bash
+# The fit behind the measured H200 profiles, no GPU: each model's profile is refitted from its
+# sweep (h200-<model>.raw.json) and its context, request-grid and busy-step sweeps
+# (profiles/h200/context/{ctx,grid,busy}-<model>.json, those present), then every stored replay of
+# it (profiles/h200/replay/{replay,heldout,check}-<model>.json) is predicted again from the new
+# profile into <replay>.repredicted.json (the replays are checking data: never fitted).
+#   MODELS (default: llama-3.1-8b qwen3-8b qwen3-14b qwen3-32b)
+set -e -o pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
+H=profiles/h200
+for m in ${MODELS:-llama-3.1-8b qwen3-8b qwen3-14b qwen3-32b}; do
+  ctx=""
+  for k in ctx grid busy; do [ -f "$H/context/$k-$m.json" ] && ctx="$ctx --context $H/context/$k-$m.json"; done
+  python3 -m validator.gpu.refit "$H/h200-$m.raw.json" $ctx
+  rep=""
+  for k in replay heldout check; do
+    [ -f "$H/replay/$k-$m.json" ] && rep="$rep --repredict $H/replay/$k-$m.json $H/h200-$m.yaml $H/replay/$k-$m.repredicted.json"
+  done
+  python3 -m validator.gpu.refit $rep
+done
