@@ -57,6 +57,14 @@ PREFILL_Q = (512, 2048, 8192)  # prompt-chunk lengths the prefill terms are fitt
 PREFILL_KV = (0, 8192, 32768)  # cached context before the chunk
 DRAFT_REQUESTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 TAIL_TOKENS = (768, 1024, 1536, 2048, 4096, 8192, 16384)
+# above the capture limit a step runs at its own token count and the table interpolates linearly:
+# sizes every 128 tokens to 2048, 256 to 4096, 512 to 8192, 1024 to 16384 (the experts' row tiles and
+# the mHC kernels change regime inside the coarse tail's gaps)
+TAIL_SPACING = ((2048, 128), (4096, 256), (8192, 512), (16384, 1024))
+# with the MoE in chunks, each chunk boundary b is a step in cost (a further chunk's dispatch, combine
+# and expert weight reads start at b + 1, and most of its cost is paid by b + 64): sizes b, b + 1,
+# b + 16, b + 64
+CHUNK_OFFSETS = (0, 1, 16, 64)
 GRAPH_GAP_US_PER_LAYER = 4.0  # gaps between kernels inside a CUDA graph, per layer (stated)
 EAGER_US_PER_LAYER = 25.0  # above the capture limit: piecewise graphs, attention eager (stated)
 ACTIVATION_RESERVE_GB = 6.0  # activations, graphs, workspace per GPU (stated, vLLM-like)
@@ -1184,10 +1192,10 @@ def compose_profile(
     if max_capture is None:
         max_capture = 1024 if hardware == "b300" else 512  # vLLM: 1024 on data-center Blackwell
     caps = vllm_capture_sizes(max_capture)
-    tokens = caps + [t for t in TAIL_TOKENS if t > caps[-1]]
     limit = caps[-1]
     fq = max(1, int(forward_q))
     chunk = (VLLM_MOE_DP_CHUNK if moe_dp_chunk is None else max(0, int(moe_dp_chunk))) if topo.attn_dp > 1 else 0
+    tokens = forward_sizes(caps, chunk)
     fwd = np.array(
         [forward_ms(model, topo, hardware, n, pricer, limit, glue=glue, q=fq, moe_chunk=chunk) for n in tokens]
     )
@@ -1421,6 +1429,24 @@ def compose_profile(
     )
 
 
+def forward_sizes(caps: Sequence[int], moe_chunk: int = 0) -> list[int]:
+    """The forward table's sizes: vLLM's capture sizes (a step is padded to the next one), then sizes
+    above the capture limit dense enough that linear interpolation follows the composed cost:
+    TAIL_TOKENS, TAIL_SPACING's grid and, with the MoE in chunks of `moe_chunk` tokens per rank,
+    CHUNK_OFFSETS around every chunk boundary (up to TAIL_TOKENS[-1])."""
+    caps = [int(c) for c in caps]
+    limit, top = caps[-1], TAIL_TOKENS[-1]
+    extra = set(TAIL_TOKENS)
+    lo = limit
+    for hi, step in TAIL_SPACING:
+        extra.update(range((lo // step + 1) * step, hi + 1, step))
+        lo = max(lo, hi)
+    if moe_chunk > 0:
+        for b in range(moe_chunk, top, moe_chunk):
+            extra.update(b + j for j in CHUNK_OFFSETS)
+    return caps + sorted(t for t in extra if limit < t <= top)
+
+
 def required_ops(
     model: MoEModel,
     topo: Topology,
@@ -1436,10 +1462,10 @@ def required_ops(
     if max_capture is None:
         max_capture = 1024 if hardware == "b300" else 512
     caps = vllm_capture_sizes(max_capture)
-    tokens = caps + [t for t in TAIL_TOKENS if t > caps[-1]]
     ops: list[Op] = []
     fq = max(1, int(forward_q))
     chunk = (VLLM_MOE_DP_CHUNK if moe_dp_chunk is None else max(0, int(moe_dp_chunk))) if topo.attn_dp > 1 else 0
+    tokens = forward_sizes(caps, chunk)
     for n in tokens:
         qq = min(fq, n)
         ops += step_ops(model, topo, hardware, n, q=qq, batch=-(-n // qq))

@@ -719,3 +719,31 @@ def test_deepep_build_rejects_bad_specs_in_one_line(tmp_path, capsys):
         assert main(["build", "--model", bad, "--out", str(out)]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: --model") and "\n" not in err and not out.exists()
+
+
+def test_forward_table_follows_the_moe_chunk_staircase_above_the_capture_limit():
+    """Above the capture limit a step runs at its own size and the engine interpolates the table
+    linearly; with the MoE in 256-token chunks each boundary b is a jump (a further chunk starts at
+    b + 1). The table's sizes resolve it: at sizes between its points the interpolated forward stays
+    within 3% of the composed one, and the jump across every boundary to 4096 is in the table."""
+    from dsim.compose import forward_ms, forward_sizes
+
+    model, topo = load_model("deepseek-v4-flash"), parse_topology("dp8-ep8")
+    kt = load_kernel_table("h200-torch")
+    prof = compose_profile(model, topo, "h200", kt, request_attention=False)
+    cm = CostModel(prof)
+    pr = Pricer(kt, Roofline(hardware="h200"))
+    sizes = forward_sizes(prof.capture_sizes, 256)
+    assert list(prof.forward.x) == sizes
+
+    def direct(n):  # the table is the zero-context forward: the composer takes the KV slope's share at 1024 out
+        return forward_ms(model, topo, "h200", n, pr, 512, moe_chunk=256) - prof.kv_ms_per_ktok / 1000 * 1024 * n
+
+    rng = np.random.default_rng(3)
+    for n in rng.integers(513, 8192, 40):
+        assert cm.forward_ms(int(n)) == pytest.approx(direct(int(n)), rel=0.03)
+    for b in range(512, 4096, 256):
+        jump = cm.forward_ms(b + 1) - cm.forward_ms(b)
+        assert jump == pytest.approx(direct(b + 1) - direct(b), rel=0.05) and jump > 0.5
+    # without chunking there is no staircase: the regular grid alone
+    assert forward_sizes(prof.capture_sizes, 0)[len(prof.capture_sizes):][:3] == [640, 768, 896]

@@ -199,3 +199,56 @@ def test_batched_gemm_record_runs_each_group_on_its_own_input():
     want = torch.cat([x[:, g] @ gp.w[g] for g in range(3)], dim=1)
     assert torch.allclose(gp(x), want)
     assert O.op_footprint(dict(op="gemm", dtype="bf16", m=5, n=12, k=8, groups=3)) == 3 * ((5 * 8 + 12 * 8) * 2 + 5 * 12 * 2)
+
+
+def test_fold_appends_only_new_records_with_provenance(tmp_path):
+    """fold keeps the table's own records, appends the run's new keys, and says how far the run
+    re-measured the old ones; bad input is one line and exit 2, the table untouched."""
+    rec = dict(op="mhc", hidden=4096, hc_mult=4)
+    table = dict(name="t", provenance=dict(kind="measured"), records=[dict(rec, tokens=512, ms=0.5)])
+    add = dict(
+        provenance=dict(date="2026-12-01", wall_s=3.0, gpu=dict(gpu="NVIDIA H200", torch="2.11"),
+                        records_skipped=[dict(rec, tokens=9, skipped="x")], records_not_reached=1),
+        records=[dict(rec, tokens=512, ms=0.55), dict(rec, tokens=544, ms=0.6), dict(rec, tokens=576, ms=0.62)],
+    )
+    tp, ap = tmp_path / "t.json", tmp_path / "a.json"
+    tp.write_text(json.dumps(table))
+    ap.write_text(json.dumps(add))
+    r = subprocess.run([sys.executable, "-m", "validator.gpu.moe_ops", "fold", str(ap), "--into", str(tp),
+                        "--what", "mhc tail"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(tp.read_text())
+    assert sorted((x["tokens"], x["ms"]) for x in out["records"]) == [(512, 0.5), (544, 0.6), (576, 0.62)]
+    e = out["provenance"]["additions"][-1]
+    assert (e["records"], e["what"], e["gpu"], e["skipped"], e["not_reached"]) == (2, "mhc tail", "NVIDIA H200", 1, 1)
+    assert e["remeasured"] == dict(records=1, median_ratio=1.1, max_abs_dev=0.1)
+    before = tp.read_text()
+    ap.write_text('{"records": [{"ms": 1}]}')
+    r = subprocess.run([sys.executable, "-m", "validator.gpu.moe_ops", "fold", str(ap), "--into", str(tp),
+                        "--what", "x"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "record 0 has no op" in r.stderr and "Traceback" not in r.stderr
+    assert tp.read_text() == before
+
+
+def test_shard_repredict_prices_each_replayed_step_as_the_engine(tmp_path):
+    """The re-prediction of a replayed step is step_ms + prefill_ms + context_ms of its logged shape,
+    and the per-log figures are the median / p90 of the per-step |error|."""
+    from dsim.cost import CostModel, load_profile
+    from validator.gpu.shard_repredict import repredict
+
+    prof = str(ROOT / "profiles/kernels/h200-torch-checks/deepseek-v4-flash-h200-shard-check.yaml")
+    steps = [dict(step=1, q=[8, 8, 600], ctx=[3000, 500, 0]), dict(step=2, q=[4] * 16, ctx=[2048] * 16),
+             dict(step=3, q=[1], ctx=[100])]
+    (tmp_path / "x.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    cost = CostModel(load_profile(prof))
+    want = [cost.step_ms(616, 4116) + cost.prefill_ms([(600, 0)]) + cost.context_ms([8, 8], [3000, 500], [(600, 0)]),
+            cost.step_ms(64, 64 + 16 * 2048) + cost.context_ms([4] * 16, [2048] * 16),
+            cost.step_ms(1, 101) + cost.context_ms([1], [100])]
+    measured = [w * f for w, f in zip(want, (1.1, 0.95, 1.0))]
+    replay = dict(logs={"a/x.jsonl": dict(rows=[dict(step=s["step"], measured_ms=m) for s, m in zip(steps, measured)])})
+    out = repredict(prof, replay, tmp_path)["x.jsonl"]
+    err = [(w - m) / m * 100 for w, m in zip(want, measured)]
+    assert [r["error_pct"] for r in out["rows"]] == pytest.approx(err, abs=0.01)
+    assert out["median_abs_pct"] == pytest.approx(float(np.median(np.abs(err))), abs=0.01)
+    assert out["p90_abs_pct"] == pytest.approx(float(np.percentile(np.abs(err), 90)), abs=0.01)
+    assert [r["prompt_tokens"] for r in out["rows"]] == [600, 0, 0]

@@ -3,6 +3,8 @@
     python3 -m validator.gpu.moe_ops grid --out ops.json          # the fallback grid (V4-Flash DP8+EP8, V3 TP8+EP8)
     python3 -m validator.gpu.moe_ops price --ops ops.json --out profiles/kernels/h200-torch.json [--budget-s 300]
     python3 -m validator.gpu.moe_ops check                         # correctness of the kernels against float64
+    python3 -m validator.gpu.moe_ops fold ADD.json --into profiles/kernels/h200-torch.json --what TEXT
+                                                                   # append a priced run's new records
 
 Op records are those of the kernel-table interface (gemm, moe, attn, mhc, elementwise; comm is not measurable on
 one GPU and is skipped with a reason). Every record is timed as a CUDA graph holding several instances of the op
@@ -1908,6 +1910,76 @@ def _write_table(a, ops, priced, info, t0) -> None:
     write_json_atomic(a.out, {"name": a.name, "provenance": prov, "records": records})
 
 
+def fold_records(table: dict, add: dict, what: str, command: str) -> dict:
+    """Append the records of a priced run (`add`, the output of `price`) that `table` has no record
+    for, and one provenance.additions entry saying what they are and where they were measured.
+    Records the table already holds stay as they are (the table's other records were measured
+    beside them); how far the run re-measured them is summarised in the entry (new / old ms). Returns
+    the summary; `table` is changed in place."""
+    from dsim.kernels import record_key
+
+    have = {}
+    for r in table["records"]:
+        have.setdefault((r["op"],) + record_key(r), float(r["ms"]))
+    new, ratios = [], []
+    for r in add.get("records", []):
+        if "ms" not in r:
+            continue
+        k = (r["op"],) + record_key(r)
+        if k in have:
+            ratios.append(float(r["ms"]) / have[k])
+        else:
+            have[k] = float(r["ms"])
+            new.append(r)
+    table["records"].extend(new)
+    prov = add.get("provenance", {})
+    gpu = prov.get("gpu", {})
+    entry = {
+        "date": prov.get("date"),
+        "records": len(new),
+        "what": what,
+        "command": command,
+        "wall_s": prov.get("wall_s"),
+        "gpu": gpu.get("gpu"),
+        "torch": gpu.get("torch"),
+        "skipped": len(prov.get("records_skipped", [])),
+        "not_reached": prov.get("records_not_reached", 0),
+    }
+    if ratios:
+        dev = [abs(x - 1) for x in ratios]
+        entry["remeasured"] = dict(
+            records=len(ratios),
+            median_ratio=round(float(np.median(ratios)), 4),
+            max_abs_dev=round(float(max(dev)), 4),
+        )
+    table["provenance"].setdefault("additions", []).append(entry)
+    return entry
+
+
+def fold_main(a) -> int:
+    try:
+        add = json.loads(Path(a.add).read_text())
+        table = json.loads(Path(a.into).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        print(f"error: fold: {e}", file=sys.stderr)
+        return 2
+    if not isinstance(add, dict) or not isinstance(add.get("records"), list):
+        print(f"error: fold: {a.add}: not a priced kernel table (no records list)", file=sys.stderr)
+        return 2
+    if not isinstance(table, dict) or not isinstance(table.get("records"), list) or "provenance" not in table:
+        print(f"error: fold: {a.into}: not a kernel table (records and provenance)", file=sys.stderr)
+        return 2
+    bad = [i for i, r in enumerate(add["records"]) if not isinstance(r, dict) or "op" not in r]
+    if bad:
+        print(f"error: fold: {a.add}: record {bad[0]} has no op", file=sys.stderr)
+        return 2
+    command = a.command or "python3 -m validator.gpu.moe_ops price --ops OPS.json --out ADD.json; records appended"
+    entry = fold_records(table, add, a.what, command)
+    write_json_atomic(a.into, table)
+    print(json.dumps(entry))
+    return 0
+
+
 def dry_run_records(ops: list[dict]) -> list[dict]:
     """Tiny stand-ins of the first records of each op kind (CPU dry run)."""
     seen: dict[str, int] = {}
@@ -1977,6 +2049,11 @@ def main(argv=None) -> int:
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes (Triton interpreter)")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--keep-order", action="store_true", help="price in file order (default: cheap ops first)")
+    f = sub.add_parser("fold", help="append a priced run's new records to a kernel table, with provenance")
+    f.add_argument("add", help="the priced run (price's --out)")
+    f.add_argument("--into", required=True, help="the kernel table to extend (rewritten in place)")
+    f.add_argument("--what", required=True, help="what the records are (kept in provenance.additions)")
+    f.add_argument("--command", default=None, help="the command that produced them (kept in provenance.additions)")
     c = sub.add_parser("check", help="kernel correctness against float64")
     c.add_argument("--dry-run", action="store_true")
     a = ap.parse_args(argv)
@@ -1996,6 +2073,8 @@ def main(argv=None) -> int:
         return 0
     if a.cmd == "price":
         return price_main(a)
+    if a.cmd == "fold":
+        return fold_main(a)
     import torch
 
     if a.dry_run:

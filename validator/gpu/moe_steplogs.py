@@ -8,6 +8,12 @@ mooncake-conversation (long contexts, 1K-90K tokens); of the steady-state steps 
 0.9 C requests, past the first eighth of them) every k-th is kept, 16 per file. The shard executor
 (`python3 -m validator.gpu.moe_shard replay`) runs these exact shapes; `validator.gpu.shard_repredict`
 prices them again with any profile.
+
+    python3 -m validator.gpu.moe_steplogs --design prefill --out DIR
+
+writes `prefill-design.jsonl` instead: fixed step shapes that separate what a prompt chunk costs alone,
+beside a few or many decode/verify requests, and split into several chunks (a design set for the
+prefill terms, not a replay of dsim's steps).
 """
 
 from __future__ import annotations
@@ -45,9 +51,38 @@ def steplog(profile: str, trace: str, concurrency: int, seed: int = 0) -> list[d
     return [dict(r, concurrency=concurrency, trace=trace) for r in mid[::stride][:KEEP]]
 
 
+def prefill_design_steps(seed: int = 0) -> list[dict]:
+    """Prompt chunks (query tokens, cached tokens) alone, beside 32 verify requests of 7 tokens, and beside
+    232 of 6 (contexts 300-3,500, seeded), whole and split into chunks of the same total; cheapest first."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    d32 = [(7, int(c)) for c in rng.integers(300, 3500, 32)]
+    d232 = [(6, int(c)) for c in rng.integers(300, 3500, 232)]
+    shapes = [
+        ("P512", [], [(512, 0)]),
+        ("P2048", [], [(2048, 0)]),
+        ("4xP512", [], [(512, 0)] * 4),
+        ("D32", d32, []),
+        ("D32+P256", d32, [(256, 0)]),
+        ("D32+P1024", d32, [(1024, 0)]),
+        ("D32+P2048", d32, [(2048, 0)]),
+        ("D32+4xP512", d32, [(512, 0)] * 4),
+        ("D32+P2048@4096", d32, [(2048, 4096)]),
+        ("D232", d232, []),
+        ("D232+P1536", d232, [(1536, 0)]),
+        ("D232+6xP1024", d232, [(1024, 0)] * 6),
+    ]
+    return [
+        dict(step=i, shape=name, q=[q for q, _ in dec + ch], ctx=[c for _, c in dec + ch], concurrency=len(dec) or None)
+        for i, (name, dec, ch) in enumerate(shapes)
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m validator.gpu.moe_steplogs", description=__doc__.split("\n")[0])
-    ap.add_argument("--profile", required=True)
+    ap.add_argument("--profile", default=None, help="the shard-check profile the steps are simulated on")
+    ap.add_argument("--design", choices=("prefill",), default=None, help="write a fixed design set instead")
     ap.add_argument("--out", required=True)
     ap.add_argument("--prefix", default="dspark-v4f")
     ap.add_argument("--seed", type=int, default=0, help="simulation seed (another seed: another slice of the trace)")
@@ -55,6 +90,15 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    if a.design == "prefill":
+        path = out / "prefill-design.jsonl"
+        steps = prefill_design_steps(a.seed)
+        path.write_text("".join(json.dumps(r) + "\n" for r in steps))
+        print(path, len(steps), "steps")
+        return 0
+    if not a.profile:
+        print("error: --profile: required (or --design prefill)", file=sys.stderr)
+        return 2
     only = set(filter(None, a.only.split(",")))
     for tag, trace, c in WORKLOADS:
         if only and tag not in only:

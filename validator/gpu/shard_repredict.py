@@ -4,7 +4,7 @@ A shard replay (``python3 -m validator.gpu.moe_shard replay``) records, for ever
 step log, the measured per-GPU step time. The shapes stay what they were; only the prediction
 changes when the composer or its kernel table changes. This prices each logged step with a
 profile (CostModel.step_ms of its tokens and KV, prefill_ms of its prompt chunks and context_ms
-of its decode/verify requests, as the engine does) and reports |predicted - measured| / measured per log.
+of its decode/verify requests, as the engine does) and reports |predicted - measured| / measured per log (median, p90, signed mean) and per step.
 
     python3 -m validator.gpu.shard_repredict PROFILE REPLAY.json STEPLOG_DIR [--out FILE.json]
 """
@@ -35,7 +35,7 @@ def repredict(profile: str, replay: dict, steplog_dir: Path) -> dict:
             except json.JSONDecodeError:
                 raise InputError(f"{path}:{ln}: not JSON") from None
             steps[st["step"]] = st
-        signed = []
+        signed, rows = [], []
         for r in v["rows"]:
             st = steps[r["step"]]
             n = int(sum(st["q"]))
@@ -46,12 +46,25 @@ def repredict(profile: str, replay: dict, steplog_dir: Path) -> dict:
             if dec:  # the decode/verify requests' own attention (profile format 2/3), as the engine adds it
                 pred += float(cost.context_ms([q for q, _ in dec], [c for _, c in dec], chunks))
             signed.append((pred - r["measured_ms"]) / r["measured_ms"] * 100)
+            rows.append(
+                dict(
+                    step=r["step"],
+                    tokens=n,
+                    prompt_tokens=int(sum(q for q, _ in chunks)),
+                    measured_ms=round(float(r["measured_ms"]), 3),
+                    predicted_ms=round(pred, 3),
+                    error_pct=round(signed[-1], 2),
+                )
+            )
+        if not signed:
+            raise InputError(f"{name}: no replayed steps")
         e = np.abs(signed)
         out[Path(name).name] = dict(
             steps=len(signed),
             median_abs_pct=round(float(np.median(e)), 2),
             p90_abs_pct=round(float(np.percentile(e, 90)), 2),
             signed_mean_pct=round(float(np.mean(signed)), 2),
+            rows=rows,
         )
     return out
 
