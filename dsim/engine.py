@@ -27,6 +27,7 @@ produces (tested for every method and policy).
 from __future__ import annotations
 
 import math
+from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -267,17 +268,20 @@ CHEAP_WINDOW_SLOTS = 256
 
 class Columns:
     """Rows of float64 columns appended in place (the step table, the ITL samples): one growing
-    array instead of a Python tuple per row. Rows appended one at a time wait in a short list
-    and are written in one assignment (a tuple per numpy row write costs more than the row)
-    before any reserve or read, so the rows keep their order."""
+    array instead of a Python tuple per row. Rows appended one at a time wait in a flat
+    ``array('d')`` (extending it by a row's tuple costs a fraction of a numpy row write or of a
+    list of tuples converted later) and are copied in with one memory copy before any reserve
+    or read, so the rows keep their order."""
 
-    __slots__ = ("a", "n", "_pending")
+    __slots__ = ("a", "n", "ncol", "_pending", "_np")
     PENDING = 256
 
     def __init__(self, ncol: int, cap: int = 64):
         self.a = np.empty((cap, ncol), dtype=np.float64)
         self.n = 0
-        self._pending: list = []
+        self.ncol = ncol
+        self._pending = array("d")
+        self._np = 0  # rows waiting in _pending
 
     def _grow(self, m: int) -> int:
         i = self.n
@@ -289,22 +293,24 @@ class Columns:
         return i
 
     def _flush(self) -> None:
-        p = self._pending
-        if p:
-            i = self._grow(len(p))
-            self.a[i : self.n] = p
-            p.clear()
+        m = self._np
+        if m:
+            i = self._grow(m)
+            self.a[i : self.n] = np.frombuffer(self._pending, dtype=np.float64).reshape(m, self.ncol)
+            # (the frombuffer view is gone: the buffer may shrink)
+            del self._pending[:]
+            self._np = 0
 
     def reserve(self, m: int) -> int:
         """The index of the first of m new rows (written by the caller)."""
-        if self._pending:
+        if self._np:
             self._flush()
         return self._grow(m)
 
     def append(self, row) -> None:
-        p = self._pending
-        p.append(row)
-        if len(p) >= self.PENDING:
+        self._pending.extend(row)
+        self._np += 1
+        if self._np >= self.PENDING:
             self._flush()
 
     def rows(self) -> np.ndarray:
@@ -751,7 +757,8 @@ class Replica:
         step, steps planned: up to the first step where some slot may finish)."""
         n, K = self.n, self.K
         conf = np.empty((steps, K, n), dtype=np.float32)
-        lead, verified, cap = np.empty((3, steps, n), dtype=np.int64)
+        lvc = np.empty((3, steps, n), dtype=np.int64)  # (indexed: cheaper than unpacking)
+        lead, verified, cap = lvc[0], lvc[1], lvc[2]
         limit = self.cfg.max_num_batched_tokens
         N = n + prefill_tokens
         if self._adaptive:
@@ -1089,7 +1096,7 @@ class Replica:
             env.timeout(t_last - env.now).callbacks.append(lambda _: None if wake.triggered else wake.succeed())
             yield wake
             if env.now < t_last - 1e-12:
-                last = min(int(np.searchsorted(wf[3, : last + 1], env.now - 1e-12, side="left")), last)
+                last = min(int(wf[3, : last + 1].searchsorted(env.now - 1e-12, side="left")), last)
                 t_last = wf[3, last]
                 if t_last > env.now:
                     yield env.timeout(t_last - env.now)
