@@ -267,17 +267,17 @@ CHEAP_WINDOW_SLOTS = 256
 
 
 class Columns:
-    """Rows of float64 columns appended in place (the step table, the ITL samples): one growing
-    array instead of a Python tuple per row. Rows appended one at a time wait in a flat
-    ``array('d')`` (extending it by a row's tuple costs a fraction of a numpy row write or of a
-    list of tuples converted later) and are copied in with one memory copy before any reserve
-    or read, so the rows keep their order."""
+    """Rows of float64 columns appended in place (the step table, the ITL samples), stored
+    column-major (``a`` [columns, capacity]: the result tables read each column as one
+    contiguous run). Rows appended one at a time wait in a flat ``array('d')`` (extending it by
+    a row's tuple costs a fraction of a numpy row write) and are copied in before any reserve or
+    read, so the rows keep their order."""
 
     __slots__ = ("a", "n", "ncol", "_pending", "_np")
     PENDING = 256
 
     def __init__(self, ncol: int, cap: int = 64):
-        self.a = np.empty((cap, ncol), dtype=np.float64)
+        self.a = np.empty((ncol, cap), dtype=np.float64)
         self.n = 0
         self.ncol = ncol
         self._pending = array("d")
@@ -285,9 +285,9 @@ class Columns:
 
     def _grow(self, m: int) -> int:
         i = self.n
-        if i + m > len(self.a):
-            new = np.empty((max(2 * len(self.a), i + m), self.a.shape[1]), dtype=np.float64)
-            new[:i] = self.a[:i]
+        if i + m > self.a.shape[1]:
+            new = np.empty((self.ncol, max(2 * self.a.shape[1], i + m)), dtype=np.float64)
+            new[:, :i] = self.a[:, :i]
             self.a = new
         self.n = i + m
         return i
@@ -296,13 +296,13 @@ class Columns:
         m = self._np
         if m:
             i = self._grow(m)
-            self.a[i : self.n] = np.frombuffer(self._pending, dtype=np.float64).reshape(m, self.ncol)
+            self.a[:, i : self.n] = np.frombuffer(self._pending, dtype=np.float64).reshape(m, self.ncol).T
             # (the frombuffer view is gone: the buffer may shrink)
             del self._pending[:]
             self._np = 0
 
     def reserve(self, m: int) -> int:
-        """The index of the first of m new rows (written by the caller)."""
+        """The index of the first of m new rows (columns of ``a``, written by the caller)."""
         if self._np:
             self._flush()
         return self._grow(m)
@@ -313,9 +313,10 @@ class Columns:
         if self._np >= self.PENDING:
             self._flush()
 
-    def rows(self) -> np.ndarray:
+    def columns(self) -> np.ndarray:
+        """The rows so far as columns: a view [columns, rows]."""
         self._flush()
-        return self.a[: self.n]
+        return self.a[:, : self.n]
 
 
 class Replica:
@@ -957,8 +958,8 @@ class Replica:
         gaps = (t - last[sel]) * 1000.0
         v = self.itl_vals
         i = v.reserve(len(gaps))
-        v.a[i : i + len(gaps), 0] = gaps
-        v.a[i : i + len(gaps), 1] = 1.0
+        v.a[0, i : i + len(gaps)] = gaps
+        v.a[1, i : i + len(gaps)] = 1.0
         F[sel, _ITLMAX] = np.maximum(F[sel, _ITLMAX], gaps)
         last[sel] = t
         I[sel, EMITS] += 1

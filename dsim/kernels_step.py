@@ -1029,22 +1029,23 @@ def window_steps(
 @njit(cache=True)
 def window_rows(S, i, m, replica, n, n_waiting, wi, wf, step_out, V, j):
     """The step-table rows (dsim.engine.STEP_FIELDS order) of a decode window's m committed steps,
-    written into S from row i (n slots decoding, no prefill, n_waiting requests waiting; wi, wf:
-    window_steps' rows; step_out: commit_decodes' per-step verified, accepted, emitted), and its
-    ITL samples (each step's duration, n times) into V from row j."""
+    written into the column-major S [fields, rows] from row i (n slots decoding, no prefill,
+    n_waiting requests waiting; wi, wf: window_steps' rows; step_out: commit_decodes' per-step
+    verified, accepted, emitted), and its ITL samples (each step's duration, n times) into the
+    column-major V [2, rows] from row j."""
     for t in range(m):
         r = i + t
-        S[r, 0] = replica
-        S[r, 1] = wf[3, t]
-        S[r, 2] = wf[2, t]
-        S[r, 3] = n
-        S[r, 4] = n
-        S[r, 5] = wi[0, t]
-        S[r, 6] = 0
-        S[r, 7] = step_out[0, t]
-        S[r, 8] = step_out[1, t]
-        S[r, 9] = step_out[2, t]
-        S[r, 10] = wi[2, t]
-        S[r, 11] = n_waiting
-        V[j + t, 0] = wf[2, t]
-        V[j + t, 1] = n
+        S[0, r] = replica
+        S[1, r] = wf[3, t]
+        S[2, r] = wf[2, t]
+        S[3, r] = n
+        S[4, r] = n
+        S[5, r] = wi[0, t]
+        S[6, r] = 0
+        S[7, r] = step_out[0, t]
+        S[8, r] = step_out[1, t]
+        S[9, r] = step_out[2, t]
+        S[10, r] = wi[2, t]
+        S[11, r] = n_waiting
+        V[0, j + t] = wf[2, t]
+        V[1, j + t] = n
