@@ -394,7 +394,7 @@ class Replica:
         self._done_F = np.empty((64, 3), dtype=np.float64)
         self._done_n = 0
         self._fwd = cost.forward_table()
-        self._ctx_args = cost.context_args()
+        self._ctx_args = KS.pack_context_args(cost.context_args())
         # A decode window's per-step shape (dsim.kernels_step.window_steps' rows), reused.
         self._wi = np.empty((3, max(1, cfg.max_window)), dtype=np.int64)
         self._wf = np.empty((5, max(1, cfg.max_window)), dtype=np.float64)
@@ -1070,7 +1070,7 @@ class Replica:
             self._fwd,
             self.cost.kv_ms_per_tok,
             fixed_ms,
-            self._ctx_args,
+            *self._ctx_args,
             float(env.now),
             wi,
             wf,
@@ -1091,14 +1091,14 @@ class Replica:
         # Run until the last step ends or an arrival wakes us; then commit the steps that ended
         # before the wake-up plus the one in flight. (The timeout triggers the wake event: one
         # event to wait on, cheaper than a condition over two.)
-        t_last = wf[3, last]
+        t_last = float(wf[3, last])  # (a Python float: the clock stays one)
         if not self._skip(t_last - env.now):  # (no arrival can wake us before the window ends)
             self.wake = wake = env.event()
             env.timeout(t_last - env.now).callbacks.append(lambda _: None if wake.triggered else wake.succeed())
             yield wake
             if env.now < t_last - 1e-12:
                 last = min(int(wf[3, : last + 1].searchsorted(env.now - 1e-12, side="left")), last)
-                t_last = wf[3, last]
+                t_last = float(wf[3, last])
                 if t_last > env.now:
                     yield env.timeout(t_last - env.now)
         m = last + 1
