@@ -684,31 +684,40 @@ class Replica:
             R.blocks[r] += g
         self.pre_blocks += grow
         # Admission: FCFS while budget, sequence cap and blocks allow (not after a preemption).
-        if not preempted:
+        waiting = self.waiting
+        if not preempted and waiting and left > 0:
             n_run = n_dec + len(self.pre)
-            while self.waiting and left > 0 and n_run < cfg.max_num_seqs:
-                rid = self.waiting[0]
+            max_seqs = cfg.max_num_seqs
+            prefix = cfg.enable_prefix_caching and self.prefix_hashes is not None
+            consumer = self._kv_consumer
+            prompt_l, generated, computed, blocks_l = R.prompt_l, R.generated, R.computed, R.blocks
+            pre = self.pre
+            # (_fits, its cheap bound first: the decode slots do not change while admitting)
+            dec_bound = self.total_blocks - self._dec_blocks(False)
+            now = self.env.now
+            while waiting and left > 0 and n_run < max_seqs:
+                rid = waiting[0]
                 # (also on re-admission after a preemption: its computed blocks stay cached)
-                comp = hit = self._prefix_hit_tokens(rid)
-                if self._kv_consumer and R.generated[rid] == 0:
+                comp = hit = self._prefix_hit_tokens(rid) if prefix else 0
+                if consumer and generated[rid] == 0:
                     # the prompt's KV came from the prefill instance: only its last token is
                     # computed here (a request preempted after its first token recomputes locally)
-                    comp = max(comp, R.prompt_l[rid] - 1)
-                todo = R.prompt_l[rid] + R.generated[rid] - comp
+                    comp = max(comp, prompt_l[rid] - 1)
+                todo = prompt_l[rid] + generated[rid] - comp
                 c = min(todo, left, thr) if thr > 0 else min(todo, left)
                 blocks = -(-(comp + c) // KV_BLOCK_TOKENS)
-                if not self._fits(blocks):
+                if dec_bound - self.pre_blocks < blocks and not self._fits(blocks):
                     break
                 R.cached_tokens[rid] = hit
-                R.computed[rid] = comp
-                self.waiting.popleft()
+                computed[rid] = comp
+                waiting.popleft()
                 self.pre_blocks += blocks
-                R.blocks[rid] = blocks
+                blocks_l[rid] = blocks
                 if math.isnan(R.admit[rid]):
-                    R.admit[rid] = self.env.now
+                    R.admit[rid] = now
                 self.admit_seq += 1
                 R.seq[rid] = self.admit_seq
-                self.pre.append(rid)
+                pre.append(rid)
                 chunks.append(c)
                 n_pre_sample += c == todo
                 left -= c
@@ -880,17 +889,25 @@ class Replica:
                     mask = given > 0
                     n_dec_run = int(np.count_nonzero(mask))
                 self._itl(self.I, self.F, t, plan.duration_ms, mask)
-        # Prefills: chunks computed; those that reach the end of their prompt sample a token.
-        moved = []
-        for rid, c in zip(plan.prefill_ids, chunks):
-            if c == 0:
-                continue
-            R.computed[rid] += c
-            if self.cfg.enable_prefix_caching and self.prefix_hashes is not None:
-                self._prefix_insert(rid, R.computed[rid])
-            if R.computed[rid] == R.prompt_l[rid] + R.generated[rid]:
+        # Prefills: chunks computed; those that reach the end of their prompt sample a token and
+        # become decode slots (their KV holds the prompt + generated - 1 tokens).
+        moved: list = []
+        if chunks:
+            rows, frows = [], []
+            prefix = self.cfg.enable_prefix_caching and self.prefix_hashes is not None
+            computed, generated, prompt_l = R.computed, R.generated, R.prompt_l
+            for rid, c in zip(plan.prefill_ids, chunks):
+                if c == 0:
+                    continue
+                cp = computed[rid] + c
+                computed[rid] = cp
+                if prefix:
+                    self._prefix_insert(rid, cp)
+                g = generated[rid]
+                p = prompt_l[rid]
+                if cp != p + g:
+                    continue
                 emitted_total += 1
-                g = R.generated[rid]
                 if g == 0:
                     R.first_token[rid] = t
                 else:  # resumed after a preemption
@@ -898,19 +915,11 @@ class Replica:
                     self.itl_vals.append((gap, 1))
                     R.itl_max[rid] = max(R.itl_max[rid], gap)
                     R.emits[rid] += 1
-                R.generated[rid] = g + 1
+                g += 1
+                generated[rid] = g
                 R.last_emit[rid] = t
                 moved.append(rid)
-        if moved:
-            if len(moved) == len(self.pre):  # (all of them: moved is a subset of pre)
-                self.pre = []
-            else:
-                mv = set(moved)
-                self.pre = [r for r in self.pre if r not in mv]
-            rows, frows = [], []
-            for rid in moved:  # KV now holds the prompt + generated - 1 tokens
-                p = R.prompt_l[rid]
-                comp = p + R.generated[rid] - 1
+                comp = p + g - 1
                 end = p + R.output_l[rid] - 1
                 sc = R.spec_counts.pop(rid, (0, 0, 0)) if R.spec_counts else (0, 0, 0)  # (after a preemption)
                 rows.append((rid, comp, end, R.cls_l[rid], int(R.emits[rid])) + sc)
@@ -920,7 +929,13 @@ class Replica:
                 R.blocks[rid] = 0
                 frows.append((t, float(R.itl_max[rid])))
                 self.kv_dec += comp
-            self._append_slots(rows, frows, moved)
+            if moved:
+                if len(moved) == len(self.pre):  # (all of them: moved is a subset of pre)
+                    self.pre = []
+                else:
+                    mv = set(moved)
+                    self.pre = [r for r in self.pre if r not in mv]
+                self._append_slots(rows, frows, moved)
         self.prev_end = t
         self.steps.append(
             (
