@@ -268,27 +268,32 @@ CHEAP_WINDOW_SLOTS = 256
 
 class Columns:
     """Rows of float64 columns appended in place (the step table, the ITL samples), stored
-    column-major (``a`` [columns, capacity]: the result tables read each column as one
-    contiguous run). Rows appended one at a time wait in a flat ``array('d')`` (extending it by
-    a row's tuple costs a fraction of a numpy row write) and are copied in before any reserve or
-    read, so the rows keep their order."""
+    column-major in blocks: ``a`` [columns, capacity] is the block being filled (``n`` rows so
+    far); a full block is kept as it is and a new one, twice as large, started (nothing is ever
+    copied to grow; the result tables read each column as one contiguous run per block). Rows
+    appended one at a time wait in a flat ``array('d')`` (extending it by a row's tuple costs a
+    fraction of a numpy row write) and are copied in before any reserve or read, so the rows
+    keep their order."""
 
-    __slots__ = ("a", "n", "ncol", "_pending", "_np")
+    __slots__ = ("a", "n", "ncol", "_full", "_pending", "_np", "_last")
     PENDING = 256
 
     def __init__(self, ncol: int, cap: int = 64):
         self.a = np.empty((ncol, cap), dtype=np.float64)
         self.n = 0
         self.ncol = ncol
+        self._full: list = []  # the filled blocks, [columns, rows] views
         self._pending = array("d")
         self._np = 0  # rows waiting in _pending
+        self._last = None  # the last row appended (a lone pending row is written from it)
 
     def _grow(self, m: int) -> int:
         i = self.n
         if i + m > self.a.shape[1]:
-            new = np.empty((self.ncol, max(2 * self.a.shape[1], i + m)), dtype=np.float64)
-            new[:, :i] = self.a[:, :i]
-            self.a = new
+            if i:
+                self._full.append(self.a[:, :i])
+            self.a = np.empty((self.ncol, max(2 * self.a.shape[1], m)), dtype=np.float64)
+            i = 0
         self.n = i + m
         return i
 
@@ -296,27 +301,32 @@ class Columns:
         m = self._np
         if m:
             i = self._grow(m)
-            self.a[:, i : self.n] = np.frombuffer(self._pending, dtype=np.float64).reshape(m, self.ncol).T
+            if m == 1:
+                self.a[:, i] = self._last
+            else:
+                self.a[:, i : self.n] = np.frombuffer(self._pending, dtype=np.float64).reshape(m, self.ncol).T
             # (the frombuffer view is gone: the buffer may shrink)
             del self._pending[:]
             self._np = 0
 
     def reserve(self, m: int) -> int:
-        """The index of the first of m new rows (columns of ``a``, written by the caller)."""
+        """The index in ``a`` (the current block) of the first of m new rows (columns of ``a``,
+        written by the caller; re-read ``a`` after reserving: it may be a new block)."""
         if self._np:
             self._flush()
         return self._grow(m)
 
     def append(self, row) -> None:
         self._pending.extend(row)
+        self._last = row
         self._np += 1
         if self._np >= self.PENDING:
             self._flush()
 
-    def columns(self) -> np.ndarray:
-        """The rows so far as columns: a view [columns, rows]."""
+    def blocks(self) -> list:
+        """The rows so far as column blocks, in order: views [columns, rows]."""
         self._flush()
-        return self.a[:, : self.n]
+        return [*self._full, self.a[:, : self.n]]
 
 
 class Replica:

@@ -289,10 +289,10 @@ def _result(cfg, spec, reqs, stats, replicas, wall) -> SimResult:
     stats.head_conf = [x for r in replicas for x in r.head_conf]
     stats.head_acc = [x for r in replicas for x in r.head_acc]
     req = request_table(reqs, w.class_names)
-    arr = np.concatenate([r.itl_vals.columns().T for r in replicas])  # [samples, (gap_ms, count)]
-    # The step table column by column straight from the replicas' column-major buffers (each
-    # column one contiguous run per replica), handed to pandas without a further copy.
-    parts = [r.steps.columns() for r in replicas]
+    arr = np.concatenate([b.T for r in replicas for b in r.itl_vals.blocks()])  # [samples, (gap_ms, count)]
+    # The step table column by column straight from the replicas' column-major blocks (each
+    # column one contiguous run per block), handed to pandas without a further copy.
+    parts = [b for r in replicas for b in r.steps.blocks()]
     cols = {
         f: np.concatenate(
             [p[j] for p in parts], dtype=np.float64 if f in STEP_FLOAT_FIELDS else np.int64, casting="unsafe"
