@@ -293,12 +293,23 @@ def _radix_scatter(a, b, cnt, sh, mask, n):
 
 @njit(cache=True)
 def _sort_desc(v, out):
-    """out = v sorted descending (float32, non-negative finite values): LSD radix sort on the
-    bit patterns (non-negative floats order as their bits). Small arrays: four 8-bit passes;
-    from 512 values on, three 11-bit passes with the three digit histograms counted in one
-    read. A pass whose digit is the same for every value is skipped."""
+    """out = v sorted descending (float32, non-negative finite values; equal values are
+    indistinguishable, so every method below gives the same array). Up to 48 values an
+    insertion sort, below 192 numba's np.sort (the radix passes' histograms cost more than the
+    values there); above, LSD radix sort on the bit patterns (non-negative floats order as
+    their bits): four 8-bit passes, from 512 values on three 11-bit passes with the three digit
+    histograms counted in one read. A pass whose digit is the same for every value is skipped."""
     n = v.shape[0]
-    if n <= 32:
+    if n <= 48:
+        for i in range(n):
+            x = v[i]
+            j = i
+            while j > 0 and out[j - 1] < x:
+                out[j] = out[j - 1]
+                j -= 1
+            out[j] = x
+        return
+    if n < 192:
         tmp = np.sort(v)
         for i in range(n):
             out[i] = tmp[n - 1 - i]
