@@ -920,8 +920,10 @@ def plan_decodes(
     return v0, done
 
 
-# CostModel.context_args() layout: the ints, floats and flags by position (the arrays follow).
-_CTX_KINDS = "bii" "iif" "iif" "fff" "fb" "aaaaa" "fia"
+# CostModel.context_args() layout, one letter a field (b flag, i int, f float, a array): on,
+# group..chunk slots (iiiifii), the five split-KV coefficients, the table's flag and arrays, the
+# KV slope, the indexer ratio, the step terms.
+_CTX_KINDS = "biiiifiifffffbaaaaafia"
 
 
 def pack_context_args(ctx: tuple) -> tuple:
