@@ -1133,6 +1133,23 @@ class CostModel:
             return float(ams[-1] + (ams[-1] - ams[-2]) / (ax[-1] - ax[-2]) * (n - ax[-1]))
         return float(np.interp(n, ax, ams))
 
+    def _forward_shares(self, m: int) -> np.ndarray:
+        """_forward_share(n) for n = 0..m-1 as one array (the same operations elementwise)."""
+        n = np.arange(m)
+        out = np.empty(m, dtype=np.float64)
+        k = min(m, self.limit + 1)
+        out[:k] = np.asarray(self._share_below, dtype=np.float64)[np.maximum(n[:k], 1)]
+        if m > k:
+            hi, top = n[k:], out[k:]
+            ax, ams = self._share_ax, self._share_ams
+            if len(ax) < 2:
+                top[:] = float(ams[-1]) * hi / float(ax[-1])
+            else:
+                ext = hi >= ax[-1]
+                top[ext] = ams[-1] + (ams[-1] - ams[-2]) / (ax[-1] - ax[-2]) * (hi[ext] - ax[-1])
+                top[~ext] = np.interp(hi[~ext], ax, ams)
+        return out
+
     def context_args(self) -> tuple:
         """context_ms's parameters as plain numbers and arrays, for compiled callers of
         context_ms_compiled (a decode window prices each of its steps with them): (on, group,
@@ -1168,7 +1185,7 @@ class CostModel:
             # to the table's last point at least: context_ms_compiled extrapolates past the array's
             # end with its last slope, which is then the last segment's, as _forward_share's
             m = max(len(self._dense), int(self.profile.forward.x[-1]) + 2)
-            share = np.array([self._forward_share(n) for n in range(m)], dtype=np.float64)
+            share = self._forward_shares(m)
             table = (
                 True,
                 ra.batch,

@@ -27,6 +27,7 @@ produces (tested for every method and policy).
 from __future__ import annotations
 
 import math
+from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -269,50 +270,66 @@ CHEAP_WINDOW_SLOTS = 256
 
 
 class Columns:
-    """Rows of float64 columns appended in place (the step table, the ITL samples): one growing
-    array instead of a Python tuple per row. Rows appended one at a time wait in a short list
-    and are written in one assignment (a tuple per numpy row write costs more than the row)
-    before any reserve or read, so the rows keep their order."""
+    """Rows of float64 columns appended in place (the step table, the ITL samples), stored
+    column-major in blocks: ``a`` [columns, capacity] is the block being filled (``n`` rows so
+    far); a full block is kept as it is and a new one, twice as large, started (nothing is ever
+    copied to grow; the result tables read each column as one contiguous run per block). Rows
+    appended one at a time wait in a flat ``array('d')`` (extending it by a row's tuple costs a
+    fraction of a numpy row write) and are copied in before any reserve or read, so the rows
+    keep their order."""
 
-    __slots__ = ("a", "n", "_pending")
+    __slots__ = ("a", "n", "ncol", "_full", "_pending", "_np", "_last")
     PENDING = 256
 
     def __init__(self, ncol: int, cap: int = 64):
-        self.a = np.empty((cap, ncol), dtype=np.float64)
+        self.a = np.empty((ncol, cap), dtype=np.float64)
         self.n = 0
-        self._pending: list = []
+        self.ncol = ncol
+        self._full: list = []  # the filled blocks, [columns, rows] views
+        self._pending = array("d")
+        self._np = 0  # rows waiting in _pending
+        self._last = None  # the last row appended (a lone pending row is written from it)
 
     def _grow(self, m: int) -> int:
         i = self.n
-        if i + m > len(self.a):
-            new = np.empty((max(2 * len(self.a), i + m), self.a.shape[1]), dtype=np.float64)
-            new[:i] = self.a[:i]
-            self.a = new
+        if i + m > self.a.shape[1]:
+            if i:
+                self._full.append(self.a[:, :i])
+            self.a = np.empty((self.ncol, max(2 * self.a.shape[1], m)), dtype=np.float64)
+            i = 0
         self.n = i + m
         return i
 
     def _flush(self) -> None:
-        p = self._pending
-        if p:
-            i = self._grow(len(p))
-            self.a[i : self.n] = p
-            p.clear()
+        m = self._np
+        if m:
+            i = self._grow(m)
+            if m == 1:
+                self.a[:, i] = self._last
+            else:
+                self.a[:, i : self.n] = np.frombuffer(self._pending, dtype=np.float64).reshape(m, self.ncol).T
+            # (the frombuffer view is gone: the buffer may shrink)
+            del self._pending[:]
+            self._np = 0
 
     def reserve(self, m: int) -> int:
-        """The index of the first of m new rows (written by the caller)."""
-        if self._pending:
+        """The index in ``a`` (the current block) of the first of m new rows (columns of ``a``,
+        written by the caller; re-read ``a`` after reserving: it may be a new block)."""
+        if self._np:
             self._flush()
         return self._grow(m)
 
     def append(self, row) -> None:
-        p = self._pending
-        p.append(row)
-        if len(p) >= self.PENDING:
+        self._pending.extend(row)
+        self._last = row
+        self._np += 1
+        if self._np >= self.PENDING:
             self._flush()
 
-    def rows(self) -> np.ndarray:
+    def blocks(self) -> list:
+        """The rows so far as column blocks, in order: views [columns, rows]."""
         self._flush()
-        return self.a[: self.n]
+        return [*self._full, self.a[:, : self.n]]
 
 
 class Replica:
@@ -390,7 +407,7 @@ class Replica:
         self._done_F = np.empty((64, 3), dtype=np.float64)
         self._done_n = 0
         self._fwd = cost.forward_table()
-        self._ctx_args = cost.context_args()
+        self._ctx_args = KS.pack_context_args(cost.context_args())
         # A decode window's per-step shape (dsim.kernels_step.window_steps' rows), reused.
         self._wi = np.empty((3, max(1, cfg.max_window)), dtype=np.int64)
         self._wf = np.empty((5, max(1, cfg.max_window)), dtype=np.float64)
@@ -682,31 +699,40 @@ class Replica:
             R.blocks[r] += g
         self.pre_blocks += grow
         # Admission: FCFS while budget, sequence cap and blocks allow (not after a preemption).
-        if not preempted:
+        waiting = self.waiting
+        if not preempted and waiting and left > 0:
             n_run = n_dec + len(self.pre)
-            while self.waiting and left > 0 and n_run < cfg.max_num_seqs:
-                rid = self.waiting[0]
+            max_seqs = cfg.max_num_seqs
+            prefix = cfg.enable_prefix_caching and self.prefix_hashes is not None
+            consumer = self._kv_consumer
+            prompt_l, generated, computed, blocks_l = R.prompt_l, R.generated, R.computed, R.blocks
+            pre = self.pre
+            # (_fits, its cheap bound first: the decode slots do not change while admitting)
+            dec_bound = self.total_blocks - self._dec_blocks(False)
+            now = self.env.now
+            while waiting and left > 0 and n_run < max_seqs:
+                rid = waiting[0]
                 # (also on re-admission after a preemption: its computed blocks stay cached)
-                comp = hit = self._prefix_hit_tokens(rid)
-                if self._kv_consumer and R.generated[rid] == 0:
+                comp = hit = self._prefix_hit_tokens(rid) if prefix else 0
+                if consumer and generated[rid] == 0:
                     # the prompt's KV came from the prefill instance: only its last token is
                     # computed here (a request preempted after its first token recomputes locally)
-                    comp = max(comp, R.prompt_l[rid] - 1)
-                todo = R.prompt_l[rid] + R.generated[rid] - comp
+                    comp = max(comp, prompt_l[rid] - 1)
+                todo = prompt_l[rid] + generated[rid] - comp
                 c = min(todo, left, thr) if thr > 0 else min(todo, left)
                 blocks = -(-(comp + c) // KV_BLOCK_TOKENS)
-                if not self._fits(blocks):
+                if dec_bound - self.pre_blocks < blocks and not self._fits(blocks):
                     break
                 R.cached_tokens[rid] = hit
-                R.computed[rid] = comp
-                self.waiting.popleft()
+                computed[rid] = comp
+                waiting.popleft()
                 self.pre_blocks += blocks
-                R.blocks[rid] = blocks
+                blocks_l[rid] = blocks
                 if math.isnan(R.admit[rid]):
-                    R.admit[rid] = self.env.now
+                    R.admit[rid] = now
                 self.admit_seq += 1
                 R.seq[rid] = self.admit_seq
-                self.pre.append(rid)
+                pre.append(rid)
                 chunks.append(c)
                 n_pre_sample += c == todo
                 left -= c
@@ -756,7 +782,8 @@ class Replica:
         step, steps planned: up to the first step where some slot may finish)."""
         n, K = self.n, self.K
         conf = np.empty((steps, K, n), dtype=np.float32)
-        lead, verified, cap = np.empty((3, steps, n), dtype=np.int64)
+        lvc = np.empty((3, steps, n), dtype=np.int64)  # (indexed: cheaper than unpacking)
+        lead, verified, cap = lvc[0], lvc[1], lvc[2]
         limit = self.cfg.max_num_batched_tokens
         N = n + prefill_tokens
         if self._adaptive:
@@ -877,17 +904,25 @@ class Replica:
                     mask = given > 0
                     n_dec_run = int(np.count_nonzero(mask))
                 self._itl(self.I, self.F, t, plan.duration_ms, mask)
-        # Prefills: chunks computed; those that reach the end of their prompt sample a token.
-        moved = []
-        for rid, c in zip(plan.prefill_ids, chunks):
-            if c == 0:
-                continue
-            R.computed[rid] += c
-            if self.cfg.enable_prefix_caching and self.prefix_hashes is not None:
-                self._prefix_insert(rid, R.computed[rid])
-            if R.computed[rid] == R.prompt_l[rid] + R.generated[rid]:
+        # Prefills: chunks computed; those that reach the end of their prompt sample a token and
+        # become decode slots (their KV holds the prompt + generated - 1 tokens).
+        moved: list = []
+        if chunks:
+            rows, frows = [], []
+            prefix = self.cfg.enable_prefix_caching and self.prefix_hashes is not None
+            computed, generated, prompt_l = R.computed, R.generated, R.prompt_l
+            for rid, c in zip(plan.prefill_ids, chunks):
+                if c == 0:
+                    continue
+                cp = computed[rid] + c
+                computed[rid] = cp
+                if prefix:
+                    self._prefix_insert(rid, cp)
+                g = generated[rid]
+                p = prompt_l[rid]
+                if cp != p + g:
+                    continue
                 emitted_total += 1
-                g = R.generated[rid]
                 if g == 0:
                     R.first_token[rid] = t
                 else:  # resumed after a preemption
@@ -895,19 +930,11 @@ class Replica:
                     self.itl_vals.append((gap, 1))
                     R.itl_max[rid] = max(R.itl_max[rid], gap)
                     R.emits[rid] += 1
-                R.generated[rid] = g + 1
+                g += 1
+                generated[rid] = g
                 R.last_emit[rid] = t
                 moved.append(rid)
-        if moved:
-            if len(moved) == len(self.pre):  # (all of them: moved is a subset of pre)
-                self.pre = []
-            else:
-                mv = set(moved)
-                self.pre = [r for r in self.pre if r not in mv]
-            rows, frows = [], []
-            for rid in moved:  # KV now holds the prompt + generated - 1 tokens
-                p = R.prompt_l[rid]
-                comp = p + R.generated[rid] - 1
+                comp = p + g - 1
                 end = p + R.output_l[rid] - 1
                 sc = R.spec_counts.pop(rid, (0, 0, 0)) if R.spec_counts else (0, 0, 0)  # (after a preemption)
                 rows.append((rid, comp, end, R.cls_l[rid], int(R.emits[rid])) + sc)
@@ -917,7 +944,13 @@ class Replica:
                 R.blocks[rid] = 0
                 frows.append((t, float(R.itl_max[rid])))
                 self.kv_dec += comp
-            self._append_slots(rows, frows, moved)
+            if moved:
+                if len(moved) == len(self.pre):  # (all of them: moved is a subset of pre)
+                    self.pre = []
+                else:
+                    mv = set(moved)
+                    self.pre = [r for r in self.pre if r not in mv]
+                self._append_slots(rows, frows, moved)
         self.prev_end = t
         self.steps.append(
             (
@@ -955,8 +988,8 @@ class Replica:
         gaps = (t - last[sel]) * 1000.0
         v = self.itl_vals
         i = v.reserve(len(gaps))
-        v.a[i : i + len(gaps), 0] = gaps
-        v.a[i : i + len(gaps), 1] = 1.0
+        v.a[0, i : i + len(gaps)] = gaps
+        v.a[1, i : i + len(gaps)] = 1.0
         F[sel, _ITLMAX] = np.maximum(F[sel, _ITLMAX], gaps)
         last[sel] = t
         I[sel, EMITS] += 1
@@ -1067,7 +1100,7 @@ class Replica:
             self._fwd,
             self.cost.kv_ms_per_tok,
             fixed_ms,
-            self._ctx_args,
+            *self._ctx_args,
             float(env.now),
             wi,
             wf,
@@ -1088,14 +1121,14 @@ class Replica:
         # Run until the last step ends or an arrival wakes us; then commit the steps that ended
         # before the wake-up plus the one in flight. (The timeout triggers the wake event: one
         # event to wait on, cheaper than a condition over two.)
-        t_last = wf[3, last]
+        t_last = float(wf[3, last])  # (a Python float: the clock stays one)
         if not self._skip(t_last - env.now):  # (no arrival can wake us before the window ends)
             self.wake = wake = env.event()
             env.timeout(t_last - env.now).callbacks.append(lambda _: None if wake.triggered else wake.succeed())
             yield wake
             if env.now < t_last - 1e-12:
-                last = min(int(np.searchsorted(wf[3, : last + 1], env.now - 1e-12, side="left")), last)
-                t_last = wf[3, last]
+                last = min(int(wf[3, : last + 1].searchsorted(env.now - 1e-12, side="left")), last)
+                t_last = float(wf[3, last])
                 if t_last > env.now:
                     yield env.timeout(t_last - env.now)
         m = last + 1

@@ -293,12 +293,23 @@ def _radix_scatter(a, b, cnt, sh, mask, n):
 
 @njit(cache=True)
 def _sort_desc(v, out):
-    """out = v sorted descending (float32, non-negative finite values): LSD radix sort on the
-    bit patterns (non-negative floats order as their bits). Small arrays: four 8-bit passes;
-    from 512 values on, three 11-bit passes with the three digit histograms counted in one
-    read. A pass whose digit is the same for every value is skipped."""
+    """out = v sorted descending (float32, non-negative finite values; equal values are
+    indistinguishable, so every method below gives the same array). Up to 48 values an
+    insertion sort, below 192 numba's np.sort (the radix passes' histograms cost more than the
+    values there); above, LSD radix sort on the bit patterns (non-negative floats order as
+    their bits): four 8-bit passes, from 512 values on three 11-bit passes with the three digit
+    histograms counted in one read. A pass whose digit is the same for every value is skipped."""
     n = v.shape[0]
-    if n <= 32:
+    if n <= 48:
+        for i in range(n):
+            x = v[i]
+            j = i
+            while j > 0 and out[j - 1] < x:
+                out[j] = out[j - 1]
+                j -= 1
+            out[j] = x
+        return
+    if n < 192:
         tmp = np.sort(v)
         for i in range(n):
             out[i] = tmp[n - 1 - i]
@@ -909,6 +920,65 @@ def plan_decodes(
     return v0, done
 
 
+# CostModel.context_args() layout, one letter a field (b flag, i int, f float, a array): on,
+# group..chunk slots (iiiifii), the five split-KV coefficients, the table's flag and arrays, the
+# KV slope, the indexer ratio, the step terms.
+_CTX_KINDS = "biiiifiifffffbaaaaafia"
+
+
+def pack_context_args(ctx: tuple) -> tuple:
+    """CostModel.context_args() as (ints int64[9], floats float64[7], the six arrays), so that a
+    kernel call passes 8 objects, not a 22-element tuple (the dispatcher types every element of
+    a tuple on every call); flags travel as 0/1 ints. The kernels hand context_ms_compiled the
+    same types the tuple has (int64, float64, bool, the arrays), hence the same compiled code.
+    Raises TypeError where an element is not of its kind."""
+    if len(ctx) != len(_CTX_KINDS):
+        raise TypeError(f"context_args: {len(ctx)} fields, expected {len(_CTX_KINDS)}")
+    ints, floats, arrays = [], [], []
+    for i, (x, kind) in enumerate(zip(ctx, _CTX_KINDS)):
+        if kind == "b" and isinstance(x, (bool, np.bool_)):
+            ints.append(int(x))
+        elif kind == "i" and isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)):
+            ints.append(int(x))
+        elif kind == "f" and isinstance(x, (float, np.floating)):
+            floats.append(float(x))
+        elif kind == "a" and isinstance(x, np.ndarray):
+            arrays.append(x)
+        else:
+            raise TypeError(f"context_args[{i}]: {type(x).__name__}, expected kind {kind!r}")
+    return (np.array(ints, dtype=np.int64), np.array(floats, dtype=np.float64), *arrays)
+
+
+@njit(cache=True, inline="always")
+def _context_ms_packed(q, c, ci, cf, rb, rq, rc, rtab, rshare, rstep):
+    """context_ms_compiled(q, c, *context_args()[1:]) from pack_context_args' pieces."""
+    return context_ms_compiled(
+        q,
+        c,
+        ci[1],
+        ci[2],
+        ci[3],
+        ci[4],
+        cf[0],
+        ci[5],
+        ci[6],
+        cf[1],
+        cf[2],
+        cf[3],
+        cf[4],
+        cf[5],
+        ci[7] != 0,
+        rb,
+        rq,
+        rc,
+        rtab,
+        rshare,
+        cf[6],
+        ci[8],
+        rstep,
+    )
+
+
 @njit(cache=True)
 def window_steps(
     I,
@@ -924,7 +994,14 @@ def window_steps(
     fwd_table,
     kv_ms_per_tok,
     fixed_ms,
-    ctx,
+    ci,
+    cf,
+    rb,
+    rq,
+    rc,
+    rtab,
+    rshare,
+    rstep,
     t0_s,
     wi,
     wf,
@@ -935,14 +1012,15 @@ def window_steps(
     plus its own tokens) and wf (float64 [5, >= k]: the forward fwd = fwd_table[n_tok] +
     kv_ms_per_tok x kv (ms; -1 where n_tok is past the table: the caller prices those), the
     per-request attention terms (dsim.cost.context_ms_compiled at the step's own windows and
-    contexts, with ``ctx`` = CostModel.context_args(); 0 when its ``on`` flag is off), the
+    contexts, with CostModel.context_args() packed by ``pack_context_args`` as ci, cf, rb, rq,
+    rc, rtab, rshare, rstep; 0 when its ``on`` flag is off), the
     duration fwd + attention + fixed_ms, the end time (s, from t0_s) and the longest duration
     up to the step).
     Returns (last, general, past): the last step to run (the first step where some slot may
     finish, or the step before the KV cache runs out), whether even the first step needs a
     preemption (then the caller takes the general path), and whether some step is past the
     dense table. Only steps 0..last are written (none after them runs)."""
-    ctx_on = ctx[0]
+    ctx_on = ci[0] != 0
     n_tok = wi[0]
     per_step = wi[1]
     kv = wi[2]
@@ -967,7 +1045,7 @@ def window_steps(
             for r in range(n):
                 qb[r] = 1 + verified[t, r] if K > 0 else 1
                 cb[r] = I[r, COMP] + cum[r]
-            ctx_ms[t] = context_ms_compiled(qb, cb, *ctx[1:])
+            ctx_ms[t] = _context_ms_packed(qb, cb, ci, cf, rb, rq, rc, rtab, rshare, rstep)
         else:
             ctx_ms[t] = 0.0
         for r in range(n):
@@ -1029,22 +1107,23 @@ def window_steps(
 @njit(cache=True)
 def window_rows(S, i, m, replica, n, n_waiting, wi, wf, step_out, V, j):
     """The step-table rows (dsim.engine.STEP_FIELDS order) of a decode window's m committed steps,
-    written into S from row i (n slots decoding, no prefill, n_waiting requests waiting; wi, wf:
-    window_steps' rows; step_out: commit_decodes' per-step verified, accepted, emitted), and its
-    ITL samples (each step's duration, n times) into V from row j."""
+    written into the column-major S [fields, rows] from row i (n slots decoding, no prefill,
+    n_waiting requests waiting; wi, wf: window_steps' rows; step_out: commit_decodes' per-step
+    verified, accepted, emitted), and its ITL samples (each step's duration, n times) into the
+    column-major V [2, rows] from row j."""
     for t in range(m):
         r = i + t
-        S[r, 0] = replica
-        S[r, 1] = wf[3, t]
-        S[r, 2] = wf[2, t]
-        S[r, 3] = n
-        S[r, 4] = n
-        S[r, 5] = wi[0, t]
-        S[r, 6] = 0
-        S[r, 7] = step_out[0, t]
-        S[r, 8] = step_out[1, t]
-        S[r, 9] = step_out[2, t]
-        S[r, 10] = wi[2, t]
-        S[r, 11] = n_waiting
-        V[j + t, 0] = wf[2, t]
-        V[j + t, 1] = n
+        S[0, r] = replica
+        S[1, r] = wf[3, t]
+        S[2, r] = wf[2, t]
+        S[3, r] = n
+        S[4, r] = n
+        S[5, r] = wi[0, t]
+        S[6, r] = 0
+        S[7, r] = step_out[0, t]
+        S[8, r] = step_out[1, t]
+        S[9, r] = step_out[2, t]
+        S[10, r] = wi[2, t]
+        S[11, r] = n_waiting
+        V[0, j + t] = wf[2, t]
+        V[1, j + t] = n

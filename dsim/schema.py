@@ -77,6 +77,22 @@ def _node_lines(node, prefix=(), out=None, depth=0) -> dict:
     return out
 
 
+def _parse_yaml(text: str) -> tuple:
+    """(node tree, document) of a YAML text: libyaml's parser where PyYAML has it (the same
+    nodes, marks and values as the pure-Python one, about 6x faster on the composed profiles),
+    else the pure-Python one. A text libyaml rejects is parsed again by the pure-Python parser,
+    so a parse error reads the same with or without libyaml."""
+    import yaml
+
+    fast = getattr(yaml, "CSafeLoader", None)
+    if fast is not None:
+        try:
+            return yaml.compose(text, Loader=fast), yaml.load(text, Loader=fast)
+        except yaml.YAMLError:
+            pass
+    return yaml.compose(text, Loader=yaml.SafeLoader), yaml.safe_load(text)
+
+
 def read_document(path: str | Path, *, kind: str = "yaml") -> tuple[object, Doc]:
     """(parsed document, Doc with line marks). kind: 'yaml' or 'json'. Raises InputError for an
     unreadable file, a parse error (with its line), or nesting beyond MAX_DEPTH."""
@@ -107,8 +123,7 @@ def read_document(path: str | Path, *, kind: str = "yaml") -> tuple[object, Doc]
                 raise InputError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
             return doc, Doc(str(p))
         try:
-            node = yaml.compose(text, Loader=yaml.SafeLoader)
-            doc = yaml.safe_load(text)
+            node, doc = _parse_yaml(text)
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             line = f":{mark.line + 1}" if mark is not None else ""

@@ -289,13 +289,13 @@ def _result(cfg, spec, reqs, stats, replicas, wall) -> SimResult:
     stats.head_conf = [x for r in replicas for x in r.head_conf]
     stats.head_acc = [x for r in replicas for x in r.head_acc]
     req = request_table(reqs, w.class_names)
-    arr = np.concatenate([r.itl_vals.rows() for r in replicas])
-    # The step table column by column straight from the replicas' row buffers (one gather per
-    # column, no concatenated copy of the rows), handed to pandas without a further copy.
-    parts = [r.steps.rows() for r in replicas]
+    arr = np.concatenate([b.T for r in replicas for b in r.itl_vals.blocks()])  # [samples, (gap_ms, count)]
+    # The step table column by column straight from the replicas' column-major blocks (each
+    # column one contiguous run per block), handed to pandas without a further copy.
+    parts = [b for r in replicas for b in r.steps.blocks()]
     cols = {
         f: np.concatenate(
-            [p[:, j] for p in parts], dtype=np.float64 if f in STEP_FLOAT_FIELDS else np.int64, casting="unsafe"
+            [p[j] for p in parts], dtype=np.float64 if f in STEP_FLOAT_FIELDS else np.int64, casting="unsafe"
         )
         for j, f in enumerate(STEP_FIELDS)
     }

@@ -488,3 +488,58 @@ def test_budget_cut_counts_only_drafts_given():
     res = run(wl([10] * 5, [40] * 5), prof, spec=sc, engine=EngineConfig(max_num_batched_tokens=36))
     st = res.steps[res.steps.prefill_tokens == 0]
     assert (st.n_tokens == st.n_decode + st.verify_draft_tokens).all()
+
+
+# ---- engine buffers and kernel arguments ------------------------------------------------------
+
+@pytest.mark.parametrize("name", [None, "h200-qwen3-8b", "deepseek-v4-class-h200x8"])
+def test_packed_context_args_price_as_the_tuple(name):
+    """The decode window's packed context arguments give context_ms_compiled the same values
+    and types as CostModel.context_args' tuple: the same cost on random steps."""
+    from dsim import kernels_step as KS
+    from dsim.cost import context_ms_compiled
+
+    cost = CostModel(load_profile(name))
+    ctx = cost.context_args()
+    packed = KS.pack_context_args(ctx)
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        n = int(rng.integers(1, 300))
+        q = rng.integers(1, 8, n).astype(np.int64)
+        c = rng.integers(1, 60_000, n).astype(np.int64)
+        assert KS._context_ms_packed(q, c, *packed) == context_ms_compiled(q, c, *ctx[1:])
+
+
+def test_pack_context_args_rejects_a_field_of_another_kind():
+    from dsim import kernels_step as KS
+
+    ctx = CostModel(load_profile("h200-qwen3-8b")).context_args()
+    with pytest.raises(TypeError, match=r"context_args\[5\]"):
+        KS.pack_context_args(ctx[:5] + (1,) + ctx[6:])  # balance as an int
+    with pytest.raises(TypeError, match="fields"):
+        KS.pack_context_args(ctx[:-1])
+
+
+def test_columns_keep_row_order_across_appends_reserves_and_blocks():
+    """Rows appended one at a time and ranges reserved and written in place come back in order,
+    across block boundaries (a new block never moves the rows already written)."""
+    from dsim.engine import Columns
+
+    rng = np.random.default_rng(3)
+    col = Columns(3, cap=4)
+    want = []
+    for _ in range(400):
+        if rng.random() < 0.6:
+            row = tuple(float(x) for x in rng.integers(0, 1000, 3))
+            col.append(row)
+            want.append(row)
+        else:
+            m = int(rng.integers(1, 40))
+            i = col.reserve(m)
+            vals = rng.integers(0, 1000, (3, m)).astype(np.float64)
+            col.a[:, i : i + m] = vals
+            want.extend(tuple(v) for v in vals.T)
+    got = np.concatenate([b.T for b in col.blocks()])
+    assert got.shape == (len(want), 3)
+    assert (got == np.array(want)).all()
+    assert len(col.blocks()) > 1
