@@ -1154,7 +1154,7 @@ class CostModel:
         """context_ms's parameters as plain numbers and arrays, for compiled callers of
         context_ms_compiled (a decode window prices each of its steps with them): (on, group,
         kv_heads, block_rows, CTA cap, balance, min_chunk, chunk slots, wave, chunk, merge,
-        per-request and schedule-tail coefficients: the split-KV terms, or placeholders with zero coefficients where the profile
+        per-request, schedule-tail and decode-step coefficients: the split-KV terms, or placeholders with zero coefficients where the profile
         has none; then the format-3 table: on, batch, q, ctx, step costs, the forward table's
         attention share at every step size up to the dense table's end or the table's last point, whichever is further, and the KV slope).
         ``on`` is False for a profile without context terms. Built once per cost model (every

@@ -923,12 +923,12 @@ def plan_decodes(
 # CostModel.context_args() layout, one letter a field (b flag, i int, f float, a array): on,
 # group..chunk slots (iiiifii), the five split-KV coefficients, the table's flag and arrays, the
 # KV slope, the indexer ratio, the step terms.
-_CTX_KINDS = "biiiifiifffffbaaaaafia"
+_CTX_KINDS = "biiiifiiffffffbaaaaafia"
 
 
 def pack_context_args(ctx: tuple) -> tuple:
-    """CostModel.context_args() as (ints int64[9], floats float64[7], the six arrays), so that a
-    kernel call passes 8 objects, not a 22-element tuple (the dispatcher types every element of
+    """CostModel.context_args() as (ints int64[9], floats float64[8], the six arrays), so that a
+    kernel call passes 8 objects, not a 23-element tuple (the dispatcher types every element of
     a tuple on every call); flags travel as 0/1 ints. The kernels hand context_ms_compiled the
     same types the tuple has (int64, float64, bool, the arrays), hence the same compiled code.
     Raises TypeError where an element is not of its kind."""
@@ -967,13 +967,14 @@ def _context_ms_packed(q, c, ci, cf, rb, rq, rc, rtab, rshare, rstep):
         cf[3],
         cf[4],
         cf[5],
+        cf[6],
         ci[7] != 0,
         rb,
         rq,
         rc,
         rtab,
         rshare,
-        cf[6],
+        cf[7],
         ci[8],
         rstep,
     )
