@@ -16,6 +16,7 @@ A ``KernelSource`` answers ``ms(record) -> float | None``. Two kinds:
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from dataclasses import dataclass, field
@@ -255,15 +256,29 @@ class KernelTable:
         return out
 
 
-def load_kernel_table(name_or_path: str) -> KernelTable:
+def read_json_text(path: Path) -> str:
+    """A JSON file's text; ``.json.gz`` files are gzip-compressed (the largest kernel tables ship so)."""
+    return gzip.decompress(path.read_bytes()).decode() if path.name.endswith(".gz") else path.read_text()
+
+
+def kernel_table_path(name_or_path: str) -> Path:
+    """A table's file: a .json / .json.gz path as given, else NAME.json or NAME.json.gz in KERNEL_DIR."""
     p = Path(name_or_path)
-    if p.suffix != ".json":
-        p = KERNEL_DIR / f"{name_or_path}.json"
+    if p.name.endswith((".json", ".json.gz")):
+        return p
+    for suffix in (".json", ".json.gz"):
+        if (KERNEL_DIR / f"{name_or_path}{suffix}").is_file():
+            return KERNEL_DIR / f"{name_or_path}{suffix}"
+    return KERNEL_DIR / f"{name_or_path}.json"
+
+
+def load_kernel_table(name_or_path: str) -> KernelTable:
+    p = kernel_table_path(name_or_path)
     if not p.is_file():
-        known = sorted(q.stem for q in KERNEL_DIR.glob("*.json")) if KERNEL_DIR.is_dir() else []
+        known = sorted({q.name.split(".")[0] for q in KERNEL_DIR.glob("*.json*")}) if KERNEL_DIR.is_dir() else []
         raise InputError(f"{name_or_path}: kernel table not found (a .json path or one of: {', '.join(known)})")
     try:
-        d = json.loads(p.read_text())
+        d = json.loads(read_json_text(p))
     except json.JSONDecodeError as e:
         raise InputError(f"{p}:{e.lineno}: not valid JSON") from None
     if not isinstance(d, dict) or not isinstance(d.get("records"), list) or not isinstance(d.get("provenance"), dict):
@@ -277,5 +292,8 @@ def load_kernel_table(name_or_path: str) -> KernelTable:
         if SIZE_AXIS[r["op"]] not in r:
             raise InputError(f"{p}: records[{i}]: {r['op']} record without '{SIZE_AXIS[r['op']]}'")
     return KernelTable(
-        name=str(d.get("name", p.stem)), provenance=d["provenance"], records=d["records"], source_path=str(p)
+        name=str(d.get("name", p.name.split(".")[0])),
+        provenance=d["provenance"],
+        records=d["records"],
+        source_path=str(p),
     )

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import gzip
 import json
 import math
 import os
@@ -55,6 +56,7 @@ from typing import Any
 import numpy as np
 
 from dsim.errors import InputError
+from dsim.kernels import read_json_text
 
 AIC_PACKAGE = "aiconfigurator-core"
 AIC_VERSION = "0.12.0"
@@ -955,7 +957,7 @@ def kernel_table(name: str, system: str, backend: str, version: str, priced: dic
 
 def _load_json(path: str, what: str):
     try:
-        return json.loads(Path(path).read_text())
+        return json.loads(read_json_text(Path(path)))
     except FileNotFoundError:
         raise InputError(f"{path}: {what} not found") from None
     except json.JSONDecodeError as e:
@@ -981,7 +983,10 @@ def _write_json(path: str, obj: Any) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(text)
+    if p.name.endswith(".gz"):  # mtime 0: the same bytes for the same table
+        tmp.write_bytes(gzip.compress(text.encode(), mtime=0))
+    else:
+        tmp.write_text(text)
     os.replace(tmp, p)  # nothing half-written
 
 
@@ -1148,7 +1153,7 @@ def main(argv: list[str] | None = None) -> int:
     bd.add_argument("--version", default="0.24.0")
     bd.add_argument("--out", required=True)
     c = sub.add_parser("compare", help="ratio (b)/(a) of two kernel tables, shape by shape")
-    c.add_argument("b", help="kernel table (b), e.g. profiles/kernels/h200-aic-vllm.json")
+    c.add_argument("b", help="kernel table (b), e.g. profiles/kernels/h200-aic-vllm.json.gz")
     c.add_argument("a", help="kernel table (a), e.g. profiles/kernels/h200-torch.json")
     c.add_argument("--summary", action="store_true", help="per-kind summary only")
     c.add_argument("--json", help="also write the comparison as JSON here")

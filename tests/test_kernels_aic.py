@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 
 from dsim import kernels_aic as ka
 from dsim.errors import InputError
+from dsim.kernels import read_json_text
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = {s: ROOT / "profiles" / "kernels" / f"{s.split('_')[0]}-aic-vllm.json" for s in ("b300_sxm", "h200_sxm")}
+SHIPPED = {s: ROOT / "profiles" / "kernels" / f"{s.split('_')[0]}-aic-vllm.json.gz" for s in ("b300_sxm", "h200_sxm")}
 ANCHORS = ROOT / "profiles" / "kernels" / "aic-anchors.json"
 
 try:
@@ -188,7 +189,7 @@ def test_grid_records_cover_the_composers_shapes():
 
 @pytest.mark.parametrize("system", sorted(SHIPPED))
 def test_shipped_tables_carry_provenance_and_semantics(system):
-    t = json.loads(SHIPPED[system].read_text())
+    t = json.loads(read_json_text(SHIPPED[system]))
     prov = t["provenance"]
     assert prov["kind"] == "silicon-table" and prov["package"] == "aiconfigurator-core==0.12.0"
     assert prov["system"] == system and prov["command"].startswith("python3 -m dsim.kernels_aic")
@@ -224,7 +225,7 @@ def test_shipped_tables_carry_provenance_and_semantics(system):
 
 def test_shipped_decode_attention_is_flat_in_context_and_grows_with_batch():
     """V4's attention barely grows with context (the DeepSeek-V4 design); V3's MLA does."""
-    t = json.loads(SHIPPED["h200_sxm"].read_text())
+    t = json.loads(read_json_text(SHIPPED["h200_sxm"]))
     at = {(r["kind"], r["heads"], r["batch"], r["q"], r["kv"]): r["ms"]
           for r in t["records"] if r["op"] == "attn" and r["phase"] == "decode"}
     hca = lambda b, kv: at[("v4_hca", 64, b, 1, kv)]
@@ -324,7 +325,7 @@ def test_pricing_reasons_and_errors():
 @needs_aic
 @pytest.mark.parametrize("system", sorted(SHIPPED))
 def test_shipped_tables_regenerate(system):
-    t = json.loads(SHIPPED[system].read_text())
+    t = json.loads(read_json_text(SHIPPED[system]))
     own = [r for r in t["records"] if not (r["op"] == "comm" and r["kind"].startswith("a2a") and "hidden" not in r)]
     sample = own[:: max(1, len(own) // 60)]
     again = ka.price_records([{k: v for k, v in r.items() if k not in ("ms", "backend", "note", "includes")}
@@ -349,6 +350,6 @@ def test_shipped_error_summary_is_a_compose_table_error():
     assert 0 <= err["median_abs_error"] and all(0 < k["median_ratio"] for k in err["by_kind"].values())
     torch_table = ROOT / "profiles" / "kernels" / "h200-torch.json"
     if torch_table.is_file():   # with the measured table present, the summary is what compare says now
-        c = ka.compare_tables(json.loads((ROOT / "profiles" / "kernels" / "h200-aic-vllm.json").read_text()),
+        c = ka.compare_tables(json.loads(read_json_text(ROOT / "profiles" / "kernels" / "h200-aic-vllm.json.gz")),
                               json.loads(torch_table.read_text()))
         assert len(c.shapes) == err["shapes"] and round(c.median_abs_error, 4) == err["median_abs_error"]
