@@ -475,6 +475,38 @@ def test_engine_steps_rebuild_step_composition_from_chunk_times():
     assert sum(s["decodes"] for s in steps) == 5 and sum(s["prefills"] for s in steps) == 3
 
 
+def test_engine_steps_join_a_step_the_front_end_streamed_apart():
+    from validator import stepfit
+
+    # three requests in lockstep, steps 10 ms apart; in the third step request 0's chunk reaches
+    # the client 3 ms before the others' (the front end fell behind): one engine step of three
+    # decodes, not a step of one and one of two (vLLM schedules every running request every step)
+    t0 = [0.010, 0.020, 0.027, 0.040]
+    t12 = [0.01001, 0.02001, 0.03001, 0.04001]
+    m = _measurement([(0.0, 0.05, 8, t0), (0.0, 0.05, 8, t12), (0.0, 0.05, 8, [t + 1e-5 for t in t12])])
+    joined = stepfit.engine_steps(m)
+    assert [(s["prefills"], s["decodes"]) for s in joined] == [(3, 0), (0, 3), (0, 3), (0, 3)]
+    split = stepfit.engine_steps(m, merge_split=False)
+    assert [(s["prefills"], s["decodes"]) for s in split] == [(3, 0), (0, 3), (0, 1), (0, 2), (0, 3)]
+    # a prompt scheduled a step later than the others' stays a step of its own, and a group a whole
+    # step later is never joined
+    late = _measurement([(0.0, 0.05, 8, [0.010, 0.020, 0.030]), (0.0, 0.05, 8, [0.013, 0.02001, 0.03001])])
+    assert [(s["prefills"], s["decodes"]) for s in stepfit.engine_steps(late)][:2] == [(1, 0), (1, 0)]
+
+
+def test_chunk_steps_follow_the_draft_script_through_merged_chunks():
+    from validator import stepfit
+
+    script = [[0, 0]] * 3 + [[2, 2]] + [[4, 4]]
+    # the 2nd and 3rd undrafted steps streamed as one chunk of 2 tokens: the chunks after it are a
+    # step further on; the last chunk cut short by max_tokens still ends one step
+    assert stepfit.chunk_steps([1, 1, 2, 3, 5, 2], script) == [0, 1, 3, 4, 5, 6]
+    assert stepfit.chunk_steps([1, 1, 1, 1, 3, 5], script) == [0, 1, 2, 3, 4, 5]
+    assert stepfit.chunk_steps([1, 1, 1, 1, 3, 5], None) == [0, 1, 2, 3, 4, 5]
+    # tokens the script cannot give (4 where a step gives 1 or 3): the chunk index from there on
+    assert stepfit.chunk_steps([1, 1, 4, 5, 5], script) == [0, 1, 2, 3, 4]
+
+
 def test_server_points_at_the_mean_composition_of_the_sampled_steps():
     from validator import stepfit
 
@@ -947,6 +979,13 @@ def test_acceptance_by_output_position_and_determinism():
     assert A.determinism([_chunk_run([seq, seq, seq])])["deterministic"] is True
     d = A.determinism([_chunk_run([seq, seq, [1] * 56 + [2]])])  # same length, other sequence
     assert d["identical_share"] == pytest.approx(2 / 3, abs=1e-4) and d["deterministic"] is False
+    # two steps' outputs merged into one chunk by a front end that fell behind: the same engine
+    # sequence (a coarsening of it), not another drafter's behaviour
+    merged = [1] * 3 + [2] + [1] * 11 + [5] * 8 + [2]
+    d = A.determinism([_chunk_run([seq, seq, merged])])
+    assert d["identical_share"] == pytest.approx(2 / 3, abs=1e-4) and d["consistent_share"] == 1.0
+    assert d["deterministic"] is True
+    assert A.coarsens(tuple(merged), tuple(seq)) and not A.coarsens(tuple(seq), tuple(merged))
     # a request of 17 tokens decodes 16 of them one per step; one of 57: 15 single steps (positions
     # 1..15), then 5 per step from position 16 on (16 + 5 x 8 = 56), one more step to 57
     assert A.tokens_per_step_over(t, 17) == pytest.approx(1.0)

@@ -62,6 +62,56 @@ def step_points(m: Measurement, min_gaps: int = 5) -> list[dict]:
     return out
 
 
+def chunk_steps(tokens: list[int], script: list | None) -> list[int]:
+    """The decode step (1-based; 0: the prefill's chunk) whose output each chunk of a request ends
+    with, walking the draft script ([verified, accepted] per decode step, its last entry repeated
+    past its end): the front end merges the outputs of consecutive steps into one chunk when it
+    falls behind, so a chunk can hold several steps' tokens and the chunk index then runs behind
+    the step. Without a script, or where the tokens do not follow it, the chunk index."""
+    out = list(range(len(tokens)))
+    if not script or not tokens:
+        return out
+    step, j = 0, 1
+    for c in tokens[1:]:
+        left = int(c)
+        while left > 0:
+            step += 1
+            left -= 1 + int(script[min(step - 1, len(script) - 1)][1])
+        if left < 0 and j < len(tokens) - 1:  # not the script's tokens (the last chunk may be cut
+            return out  # short by max_tokens): keep the chunk index from here on
+        out[j] = step
+        j += 1
+    return out
+
+
+def _merge_split_steps(cands: list[list], max_gap_s: float) -> list[list]:
+    """Join the parts of one engine step that the front end streamed apart. vLLM schedules every
+    running request in every step (nothing is preempted here), so a request that was already
+    decoding and streams a chunk in a group that none of the previous group's requests are in
+    belongs to that previous group's step: two consecutive steps share every request decoding in
+    both. Measured at C=8 on the test server: one request's chunk 2-10 ms ahead of the other
+    seven's in a quarter of the steps (the API server's CPU is shared with the client), which made
+    a 40-token step look like a 5-token and a 35-token one and biased the decode points' mean
+    composition low (the server's own step count, vllm:iteration_tokens_total, agrees with the
+    joined steps). A group is joined to the previous one only when it holds no first token (a
+    prompt scheduled later than the others is a step of its own), shares no request with it, and
+    starts less than ``max_gap_s`` after it."""
+    out: list[list] = []
+    for c in cands:
+        if out:
+            prev = out[-1]
+            ids = {e[1] for e in prev}
+            if (
+                not any(e[2] for e in c)
+                and not ids & {e[1] for e in c}
+                and c[0][0] - prev[-1][0] < max_gap_s
+            ):
+                out[-1] = prev + c
+                continue
+        out.append(list(c))
+    return out
+
+
 def _inflight_at(reqs, t) -> int:
     return sum(1 for r in reqs if r["send_s"] < t < r["end_s"])
 
@@ -73,6 +123,8 @@ def engine_steps(
     max_gap_ms: float = 2.0,
     k: int = 0,
     script: list | None = None,
+    merge_split: bool = True,
+    merge_frac: float = 0.5,
 ) -> list[dict] | None:
     """The engine steps of a replay, reconstructed from the client's chunk times: one engine step
     streams one chunk to every request it scheduled, so the chunks of one step reach the client
@@ -102,8 +154,10 @@ def engine_steps(
         hit = float(cached.get(r["i"], 0.0))
         # context the step reads for this request: its prompt (cached part included) plus the
         # tokens it had before
-        emitted = np.concatenate([[0], np.cumsum([c[1] for c in r["chunks"] if c[1] > 0])[:-1]])
-        ev += [(t, r["i"], j == 0, prompt, prompt + int(emitted[j]), j, hit) for j, t in enumerate(times)]
+        toks = [int(c[1]) for c in r["chunks"] if c[1] > 0]
+        emitted = np.concatenate([[0], np.cumsum(toks)[:-1]])
+        at = chunk_steps(toks, script)
+        ev += [(t, r["i"], j == 0, prompt, prompt + int(emitted[j]), at[j], hit) for j, t in enumerate(times)]
     if not ev:
         return None
     med = float(np.median(gaps)) * 1e3 if gaps else max_gap_ms / gap_frac
@@ -117,7 +171,7 @@ def engine_steps(
         else:
             cur.append(e)
     groups.append(cur)
-    steps = []
+    cands = []
     for g in groups:
         seen: dict = {}
         subs: list = []
@@ -127,24 +181,28 @@ def engine_steps(
             if k == len(subs):
                 subs.append([])
             subs[k].append(e)
-        for sub in subs:
-            pre = [e for e in sub if e[2]]
-            dec = [e for e in sub if not e[2]]
-            if script:
-                dtok = sum(1 + int(script[min(e[5] - 1, len(script) - 1)][0]) for e in dec)
-            else:
-                dtok = len(dec) * per_decode
-            steps.append(
-                {
-                    "t": sub[0][0],
-                    "prefills": len(pre),
-                    "prompt_tokens": sum(e[3] - e[6] for e in pre),
-                    "cached_tokens": sum(e[6] for e in pre),
-                    "decodes": len(dec),
-                    "decode_tokens": dtok,
-                    "context": sum(e[4] for e in sub),
-                }
-            )
+        cands += subs
+    if merge_split:
+        cands = _merge_split_steps(cands, merge_frac * med / 1e3)
+    steps = []
+    for sub in cands:
+        pre = [e for e in sub if e[2]]
+        dec = [e for e in sub if not e[2]]
+        if script:
+            dtok = sum(1 + int(script[min(e[5] - 1, len(script) - 1)][0]) for e in dec)
+        else:
+            dtok = len(dec) * per_decode
+        steps.append(
+            {
+                "t": sub[0][0],
+                "prefills": len(pre),
+                "prompt_tokens": sum(e[3] - e[6] for e in pre),
+                "cached_tokens": sum(e[6] for e in pre),
+                "decodes": len(dec),
+                "decode_tokens": dtok,
+                "context": sum(e[4] for e in sub),
+            }
+        )
     return steps
 
 
@@ -230,8 +288,10 @@ def _draft_split(m, script: list, steps: list[dict], w: np.ndarray, mean_ms: flo
         if lat is None or lat["burst"]:
             continue
         t = [c[0] for c in r.get("chunks") or [] if c[1] > 0]
+        at = chunk_steps([int(c[1]) for c in r.get("chunks") or [] if c[1] > 0], script)
         for j in range(1, len(t) - 1):  # (the last step is cut by max_tokens)
-            gaps[int(script[min(j - 1, len(script) - 1)][0]) > 0].append(t[j] - t[j - 1])
+            if at[j] - at[j - 1] == 1:  # one step (a merged chunk's gap spans several)
+                gaps[int(script[min(at[j] - 1, len(script) - 1)][0]) > 0].append(t[j] - t[j - 1])
     if min(len(gaps[True]), len(gaps[False])) < MIN_SPLIT_GAPS:
         return None
     rho = float(np.mean(gaps[True]) / np.mean(gaps[False]))
@@ -368,7 +428,19 @@ def identifiable(X: np.ndarray, keep: list[int], j: int) -> float:
     return float(np.linalg.norm(col - A @ coef) / nrm)
 
 
-NOISE_T = 2.0  # a term is told from 0 when the pooled estimate is at least this many standard errors
+NOISE_LEVEL = 0.95  # a term is told from 0 when 0 is outside this two-sided confidence interval
+
+
+def noise_t(rounds: int) -> float:
+    """How many standard errors a term must be from 0 to be told from it, with its standard error
+    estimated from ``rounds`` repeats: Student's t at rounds - 1 degrees of freedom (2.78 for 5
+    rounds, 4.30 for 3), not the normal 2.0, which is the limit of many rounds and, with 5, passes
+    a term that is 0 about one time in eight."""
+    from scipy.stats import t
+
+    return float(t.ppf(0.5 + NOISE_LEVEL / 2, max(rounds - 1, 1)))
+
+
 MIN_ROUNDS = 3  # repeats needed to measure a term's standard error
 
 
@@ -404,7 +476,7 @@ def fit_cost(points: list[dict], terms: tuple = TERMS, rounds: list | None = Non
 
     ``rounds``: the same points measured in each of several repeats (one list per round, as the
     held-out collection's interleaved rounds give). Each round is fitted on its own with the
-    identified terms; a term whose pooled estimate is less than NOISE_T standard errors of its
+    identified terms; a term whose pooled estimate is less than noise_t(rounds) standard errors of its
     round estimates (their standard deviation / sqrt(rounds)) cannot be told from 0 on a machine
     whose speed moves this much between runs: it is set to 0 (``zero_within_noise``, with a
     warning giving its rounds' range) and the others refitted. Its column stood apart, so the fit
@@ -439,7 +511,8 @@ def fit_cost(points: list[dict], terms: tuple = TERMS, rounds: list | None = Non
             if len(per) < MIN_ROUNDS:
                 break
             se = per.std(axis=0, ddof=1) / np.sqrt(len(per))
-            weak = [j for j in free if j in keep and coef[j] > 0 and coef[j] < NOISE_T * se[j]]
+            crit = noise_t(len(per))
+            weak = [j for j in free if j in keep and coef[j] > 0 and coef[j] < crit * se[j]]
             if not weak:
                 break
             j = min(weak, key=lambda i: coef[i] / max(se[i], 1e-12))
@@ -447,10 +520,11 @@ def fit_cost(points: list[dict], terms: tuple = TERMS, rounds: list | None = Non
                 "pooled": round(float(coef[j]), 4),
                 "rounds": [round(float(v), 4) for v in per[:, j]],
                 "standard_error": round(float(se[j]), 4),
+                "t_critical": round(crit, 3),
             }
             warnings.append(
                 f"{TERMS[j]}: {coef[j]:.3g} pooled, but its {len(per)} rounds gave {per[:, j].min():.3g}-"
-                f"{per[:, j].max():.3g} (standard error {se[j]:.3g}): not told from 0, set to 0 - "
+                f"{per[:, j].max():.3g} (standard error {se[j]:.3g}, under {crit:.2f} of them): not told from 0, set to 0 - "
                 f"{_HOW[TERMS[j]]}"
             )
             keep.remove(j)
