@@ -316,9 +316,7 @@ def test_live_profile_server(measured_profile):
             pre = 0.0
             if pt.get("prefills"):  # the prompts some decode steps carry (closed-loop waves)
                 pre = pt["prefills"] * cm.prefill_ms([(pt["prompt_tokens"] / pt["prefills"], 0.0)])
-            model = (
-                cm.step_ms(round(pt["n"]), pt["kv"]) + pre + p.cpu_overhead_ms + method.draft_ms(cm, round(pt["b"]))
-            )
+            model = cm.step_ms(round(pt["n"]), pt["kv"]) + pre + p.cpu_overhead_ms + method.draft_ms(cm, round(pt["b"]))
             assert model == pytest.approx(pt["step_ms"], rel=0.35), pt
     assert cm.step_ms(64, 0) >= cm.step_ms(8, 0) > 0
 
@@ -414,9 +412,9 @@ def test_live_calibrate_check_and_fidelity(live, tmp_path):
                 },
             }
         )
-        attempts[-1]["within_tolerance"] = abs(tpot_err) <= allow["tpot"] and abs(e["output_tok_s"]) <= allow[
-            "output_tok_s"
-        ]
+        attempts[-1]["within_tolerance"] = (
+            abs(tpot_err) <= allow["tpot"] and abs(e["output_tok_s"]) <= allow["output_tok_s"]
+        )
         if attempts[-1]["within_tolerance"]:
             break
     best = attempts[-1]

@@ -101,11 +101,7 @@ def _merge_split_steps(cands: list[list], max_gap_s: float) -> list[list]:
         if out:
             prev = out[-1]
             ids = {e[1] for e in prev}
-            if (
-                not any(e[2] for e in c)
-                and not ids & {e[1] for e in c}
-                and c[0][0] - prev[-1][0] < max_gap_s
-            ):
+            if not any(e[2] for e in c) and not ids & {e[1] for e in c} and c[0][0] - prev[-1][0] < max_gap_s:
                 out[-1] = prev + c
                 continue
         out.append(list(c))
