@@ -457,7 +457,7 @@ def _weights(points: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return X, y, w
 
 
-def fit_cost(points: list[dict], terms: tuple = TERMS, rounds: list | None = None) -> dict:
+def fit_cost(points: list[dict], terms: tuple = TERMS, rounds: list | None = None, confounding: bool = True) -> dict:
     """Non-negative least squares of step_ms = c + t n + d b + e prefills + kv x context/1000 -
     disc x prompt tokens/1000 over the points (relative errors): c per-step CPU overhead, t per
     scheduled token (forward, priced as a decode/verify token), d per sampling request (ngram
@@ -500,6 +500,7 @@ def fit_cost(points: list[dict], terms: tuple = TERMS, rounds: list | None = Non
         warnings.append(f"{len(points)} point(s) for {len(keep)} terms: the fit is underdetermined")
     coef = _nnls_terms(X, y, w, keep)
     noise: dict = {}
+    confounded: dict = {}
     if rounds and len(rounds) >= MIN_ROUNDS:
         free = [j for j in keep if TERMS[j] not in ("cpu_overhead_ms", "ms_per_token")]
         while True:
@@ -509,9 +510,24 @@ def fit_cost(points: list[dict], terms: tuple = TERMS, rounds: list | None = Non
             se = per.std(axis=0, ddof=1) / np.sqrt(len(per))
             crit = noise_t(len(per))
             weak = [j for j in free if j in keep and coef[j] > 0 and coef[j] < crit * se[j]]
-            if not weak:
+            weak.sort(key=lambda i: coef[i] / max(se[i], 1e-12))
+            j, without = None, None
+            for cand in weak:
+                # a term is 0 within the noise only if leaving it out moves no other kept term
+                # beyond that term's own noise: otherwise another term takes its work (on the CPU
+                # test server the context term took the prompt-token discount's: 2.1-2.9 ms per
+                # 1000 tokens over three rounds with it, 4.3 without it, and the long shape's
+                # decode steps carrying prompts came out 30-40% dear)
+                wo = _nnls_terms(X, y, w, [i for i in keep if i != cand])
+                moved = [i for i in free if i in keep and i != cand and abs(wo[i] - coef[i]) > crit * max(se[i], 1e-12)]
+                if moved and confounding:
+                    confounded.setdefault(TERMS[cand], sorted(TERMS[i] for i in moved))
+                    continue
+                j, without = cand, wo
                 break
-            j = min(weak, key=lambda i: coef[i] / max(se[i], 1e-12))
+            if j is None:
+                break
+            confounded.pop(TERMS[j], None)
             noise[TERMS[j]] = {
                 "pooled": round(float(coef[j]), 4),
                 "rounds": [round(float(v), 4) for v in per[:, j]],
@@ -524,7 +540,13 @@ def fit_cost(points: list[dict], terms: tuple = TERMS, rounds: list | None = Non
                 f"{_HOW[TERMS[j]]}"
             )
             keep.remove(j)
-            coef = _nnls_terms(X, y, w, keep)
+            coef = without
+    for name, others in confounded.items():
+        if TERMS.index(name) in keep:
+            warnings.append(
+                f"{name}: inside its rounds' noise, but kept: leaving it out moves {', '.join(others)} beyond "
+                "their own noise (they would take its work) - " + _HOW[name]
+            )
     for j in keep:
         if coef[j] == 0.0 and TERMS[j] != "cpu_overhead_ms":
             warnings.append(f"{TERMS[j]}: fitted at 0 (the bound): the points do not show it")
@@ -544,6 +566,7 @@ def fit_cost(points: list[dict], terms: tuple = TERMS, rounds: list | None = Non
             "identified": [TERMS[j] for j in keep],
             "not_identified": [TERMS[j] for j in want if j not in keep and TERMS[j] not in noise],
             "zero_within_noise": noise,
+            "kept_confounded": confounded,
             "separation": separation,
             "determined": len(keep) + len(noise) == len(want) and len(points) >= len(want),
             "residuals": [round(float((a - b) / b), 4) if b else None for a, b in zip(pred, y)],
