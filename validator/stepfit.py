@@ -478,7 +478,9 @@ def fit_cost(points: list[dict], terms: tuple = TERMS, rounds: list | None = Non
     warning giving its rounds' range) and the others refitted. Its column stood apart, so the fit
     stays determined: the term was measured, and it is 0 within the noise. (On the CPU test server
     the context term came out 0-12 ms per 1000 tokens over one collection's rounds, its pooled 2-3
-    ms below two standard errors, and priced the long shape's steps 10-15% high.)"""
+    ms inside the noise, and priced the long shape's steps 10-15% high.) A term inside the noise is
+    kept when leaving it out moves another kept term beyond that term's own noise
+    (``kept_confounded``, warned): the other term would take its work."""
     X, y, w = _weights(points)
     Xw = X * w[:, None]
     want = [TERMS.index(t) for t in terms]
@@ -511,7 +513,8 @@ def fit_cost(points: list[dict], terms: tuple = TERMS, rounds: list | None = Non
             crit = noise_t(len(per))
             weak = [j for j in free if j in keep and coef[j] > 0 and coef[j] < crit * se[j]]
             weak.sort(key=lambda i: coef[i] / max(se[i], 1e-12))
-            j, without = None, None
+            drop: int | None = None
+            without = coef
             for cand in weak:
                 # a term is 0 within the noise only if leaving it out moves no other kept term
                 # beyond that term's own noise: otherwise another term takes its work (on the CPU
@@ -523,23 +526,23 @@ def fit_cost(points: list[dict], terms: tuple = TERMS, rounds: list | None = Non
                 if moved and confounding:
                     confounded.setdefault(TERMS[cand], sorted(TERMS[i] for i in moved))
                     continue
-                j, without = cand, wo
+                drop, without = cand, wo
                 break
-            if j is None:
+            if drop is None:
                 break
-            confounded.pop(TERMS[j], None)
-            noise[TERMS[j]] = {
-                "pooled": round(float(coef[j]), 4),
-                "rounds": [round(float(v), 4) for v in per[:, j]],
-                "standard_error": round(float(se[j]), 4),
+            confounded.pop(TERMS[drop], None)
+            noise[TERMS[drop]] = {
+                "pooled": round(float(coef[drop]), 4),
+                "rounds": [round(float(v), 4) for v in per[:, drop]],
+                "standard_error": round(float(se[drop]), 4),
                 "t_critical": round(crit, 3),
             }
             warnings.append(
-                f"{TERMS[j]}: {coef[j]:.3g} pooled, but its {len(per)} rounds gave {per[:, j].min():.3g}-"
-                f"{per[:, j].max():.3g} (standard error {se[j]:.3g}, under {crit:.2f} of them): not told from 0, set to 0 - "
-                f"{_HOW[TERMS[j]]}"
+                f"{TERMS[drop]}: {coef[drop]:.3g} pooled, but its {len(per)} rounds gave {per[:, drop].min():.3g}-"
+                f"{per[:, drop].max():.3g} (standard error {se[drop]:.3g}, under {crit:.2f} of them): not told from 0, set to 0 - "
+                f"{_HOW[TERMS[drop]]}"
             )
-            keep.remove(j)
+            keep.remove(drop)
             coef = without
     for name, others in confounded.items():
         if TERMS.index(name) in keep:
