@@ -27,9 +27,19 @@ range printed), the rest of the forward as composed. It mixes hardware on purpos
 the step would grow with tokens if the MoE block cost what DeepSeek's own V4 kernel costs inside
 one NVLink domain, with everything else as dsim prices it.
 
+With --network-floor: the per-GPU all-to-all bandwidth the paper's own Fig. 8 points need on a
+deployment with one routed expert per GPU (the paper scenario's), if the step did nothing but move
+its tokens' MoE bytes through the GPU's NIC one way (dsim.frontier.network_floor): no compute,
+no drafter, no latency, perfect overlap. MTP-1 verifies 2 tokens per request and emits the
+preset's tau; DSpark verifies the paper's Fig. 8 budget and is credited with the preset's tau of
+the whole 5-token block (the most it could emit, so the bandwidth shown is a lower bound) and,
+beside it, the static prefix tau at that budget. Printed against the 400 Gb/s NIC's 50 GB/s line
+rate and the 39-43 GB/s per GPU DeepEP's README measures for its low-latency kernels from EP64 on.
+
 Usage: python benchmarks/bench_fig8.py [--profile NAME] [--trace default] [--disaggregated]
        [--per-gpu 10,20,50,100,150,200] [--requests-per-user 16] [--jobs N]
        python benchmarks/bench_fig8.py [--profile NAME] --scan 10,20,50,100,150,200
+       python benchmarks/bench_fig8.py --network-floor
        python benchmarks/bench_fig8.py --breakdown 1,40,200,400 [--model deepseek-v4-flash]
               [--hardware h200] [--kernels h200-aic-vllm,h200-torch] [--topology dp8-ep8]
 """
@@ -62,12 +72,15 @@ def main(argv=None):
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--scan", default=None, help="running batch sizes per decode instance (see above)")
     ap.add_argument("--breakdown", default=None, help="forward sizes in tokens (see above)")
+    ap.add_argument("--network-floor", action="store_true", help="the bandwidth Fig. 8's points need (see above)")
     ap.add_argument("--model", default="deepseek-v4-flash")
     ap.add_argument("--hardware", default="h200")
     ap.add_argument("--kernels", default="h200-aic-vllm,h200-torch")
     ap.add_argument("--topology", default="dp8-ep8")
     ap.add_argument("--prefer", default="", help="op=TABLE,...: as dsim.compose profile --prefer")
     a = ap.parse_args(argv)
+    if a.network_floor:
+        return network_floor_table(a.acceptance or "deepseek-v4")
     if a.breakdown:
         prefer = dict(x.strip().split("=", 1) for x in a.prefer.split(",") if x.strip())
         return breakdown(a.model, a.hardware, a.kernels, a.topology, [int(x) for x in a.breakdown.split(",")],
@@ -162,6 +175,56 @@ def breakdown(model_name, hardware, kernels, topology, sizes, prefer=None):
             print(f"{'':>14}MoE block at Mega MoE's EP8 time: {lo:6.1f}-{hi:.1f} ms "
                   f"({moe_layers} x {min(mm):.0f}-{max(mm):.0f} us in place of experts + all-to-all "
                   f"{parts['moe_experts'] + a2a:.1f} ms)")
+
+
+#: DeepEP README, low-latency kernels (H800, one CX7 400 Gb/s NIC per GPU, 128 tokens per rank):
+#: the bandwidth per GPU it reports from EP64 on, GB/s (dispatch and combine, EP64..EP256)
+DEEPEP_LL_GB_S = (39.0, 43.0)
+CX7_LINE_GB_S = 50.0
+
+
+def prefix_tau(acc, budget):
+    """Equal-mix tau of verifying the first budget - 1 drafts in order, linear between integers."""
+    import numpy as np
+    classes = ("math", "code", "chat")
+    k = budget - 1.0
+    lo, hi = int(np.floor(k)), int(np.ceil(k))
+    t = [np.mean([acc.tau(c, j) for c in classes]) for j in (lo, hi)]
+    return t[0] + (t[1] - t[0]) * (k - lo)
+
+
+def network_floor_table(preset):
+    import numpy as np
+
+    from dsim.frontier import a2a_bytes_per_token, network_floor
+    from dsim.models import load_model
+    from dsim.spec import load_acceptance
+    acc_m, acc_d = load_acceptance(preset, "mtp"), load_acceptance(preset, "dspark")
+    classes = ("math", "code", "chat")
+    tau_m = float(np.mean([acc_m.tau(c, 1) for c in classes]))
+    tau_block = float(np.mean([acc_d.tau(c, 5) for c in classes]))
+    print(f"acceptance {preset}: MTP-1 tau {tau_m:.2f}, DSpark-5 whole-block tau {tau_block:.2f}; "
+          f"NIC: 400 Gb/s line {CX7_LINE_GB_S:.0f} GB/s, DeepEP low-latency measured "
+          f"{DEEPEP_LL_GB_S[0]:.0f}-{DEEPEP_LL_GB_S[1]:.0f} GB/s per GPU")
+    for key, model_name in (("flash", "deepseek-v4-flash"), ("pro", "deepseek-v4-pro")):
+        P = B.PAPER[key]
+        m = load_model(model_name)
+        bpt = a2a_bytes_per_token(m.hidden, m.topk, sum(m.moe_layer))
+        print(f"{P['model']}: {bpt / 1e6:.2f} MB per token one way over {sum(m.moe_layer)} MoE layers "
+              f"(top-{m.topk}, hidden {m.hidden}); Fig. 8 fitted lines")
+        print(f"{'C/GPU':>6} {'method':>7} {'tok/s/GPU':>10} {'verify':>7} {'tau':>5} {'step ms':>8} "
+              f"{'needs GB/s':>11} {'(static prefix tau)':>20}")
+        for c, thr_m, thr_d, b in zip(P["fig8_c"], P["fig8_mtp"], P["fig8_dspark"], P["fig8_budget"]):
+            f = network_floor("mtp", c, thr_m, B.MTP_VERIFY, tau_m, bpt)
+            print(f"{c:>6g} {'MTP-1':>7} {thr_m:>10.0f} {f.verify_tokens_per_request:>7.2f} {f.tau:>5.2f} "
+                  f"{f.step_ms:>8.1f} {f.required_gb_s:>11.1f}")
+            if b is None:
+                continue
+            f = network_floor("dspark", c, thr_d, b, tau_block, bpt)
+            g = network_floor("dspark", c, thr_d, b, prefix_tau(acc_d, b), bpt)
+            print(f"{c:>6g} {'DSpark':>7} {thr_d:>10.0f} {b:>7.2f} {f.tau:>5.2f} {f.step_ms:>8.1f} "
+                  f"{f.required_gb_s:>11.1f} {f'{g.required_gb_s:.1f} at tau {g.tau:.2f}':>20}")
+    return 0
 
 
 def scan(profile, batches):

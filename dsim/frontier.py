@@ -446,3 +446,61 @@ def pick_pair(methods: Sequence[str]) -> tuple[str, str] | None:
     ds = [m for m in ms if m.startswith("dspark")]
     b = next((m for m in ds if not m.endswith("-fixed")), ds[0] if ds else ms[-1])
     return (a, b) if a != b else (ms[0], ms[-1])
+
+
+# ---- the network's floor under a per-GPU load ---------------------------------------------------
+# Where each routed expert sits on its own GPU (EP = the routed experts), a token's MoE layer sends
+# top-k copies of its hidden state out (FP8 with 1 x 128 block scales, fp32) and receives top-k
+# bf16 rows back (DeepEP's low-latency dispatch / combine formats), nearly all across nodes; a NIC
+# is full duplex, so what bounds a step is the bytes one way. Priced against nothing else (no
+# compute, no drafter, no latency), the step cannot be shorter than those bytes over the NIC.
+FP8_SCALE_BLOCK = 128  # DeepSeek's activation block (1 x 128) with one fp32 scale
+
+
+def a2a_bytes_per_token(hidden: int, topk: int, moe_layers: int) -> int:
+    """Bytes one token moves one way through its GPU's NIC over the target's MoE layers:
+    dispatch top-k x (hidden FP8 + hidden / 128 fp32 scales) and combine top-k x hidden bf16."""
+    dispatch = topk * (hidden + 4 * (-(-hidden // FP8_SCALE_BLOCK)))
+    combine = topk * 2 * hidden
+    return int(moe_layers * (dispatch + combine))
+
+
+@dataclass(frozen=True)
+class NetworkFloor:
+    """The per-GPU all-to-all bandwidth a measured (per-GPU load, throughput) point needs if the
+    step did nothing but move its tokens' MoE bytes: tokens per step x bytes per token / step,
+    step = tokens emitted per step per request (tau) / per-user speed."""
+
+    method: str
+    requests_per_gpu: float
+    throughput_tok_s_per_gpu: float
+    verify_tokens_per_request: float
+    tau: float
+    step_ms: float
+    bytes_per_token: int
+    required_gb_s: float
+
+
+def network_floor(
+    method: str,
+    requests_per_gpu: float,
+    throughput_tok_s_per_gpu: float,
+    verify_tokens_per_request: float,
+    tau: float,
+    bytes_per_token: int,
+) -> NetworkFloor:
+    if min(requests_per_gpu, throughput_tok_s_per_gpu, verify_tokens_per_request, tau) <= 0:
+        raise ValueError("network_floor: load, throughput, verify tokens and tau must be > 0")
+    speed = throughput_tok_s_per_gpu / requests_per_gpu  # tok/s per user
+    step_s = tau / speed
+    moved = requests_per_gpu * verify_tokens_per_request * bytes_per_token
+    return NetworkFloor(
+        method=method,
+        requests_per_gpu=float(requests_per_gpu),
+        throughput_tok_s_per_gpu=float(throughput_tok_s_per_gpu),
+        verify_tokens_per_request=float(verify_tokens_per_request),
+        tau=float(tau),
+        step_ms=1e3 * step_s,
+        bytes_per_token=int(bytes_per_token),
+        required_gb_s=moved / step_s / 1e9,
+    )

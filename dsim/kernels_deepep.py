@@ -27,6 +27,24 @@ smallest token count, its smallest: the latency floor). Command:
 
 Needs ``aiconfigurator-core`` (the optional ``aic`` extra) and pandas to build; the shipped table
 needs neither.
+
+``derive`` writes a what-if table from a built one, for a stated deployment the measurements do
+not cover (a scenario assumption, never a measurement):
+
+- ``--nic-gbps G``: a scale-out NIC of G Gb/s per GPU in place of the measured 400 Gb/s (e.g. 800
+  for ConnectX-8 class NICs). Each series (kind, EP width, shape) keeps its latency floor, its
+  smallest-message time, and its time above that floor is scaled by 400 / G: the measured kernels
+  are bandwidth-bound above the floor (DeepEP README: 39-43 GB/s per GPU from EP64 on at 128
+  tokens per rank, 78-86% of the 50 GB/s line rate), assumed to keep that efficiency on the faster
+  NIC.
+- ``--max-tokens-per-rank N``: records up to N tokens per rank, for a MoE block run in one pass
+  (``dsim.compose profile --moe-dp-chunk 0``; DeepEP V2's ``ElasticBuffer`` takes the step's
+  ``num_max_tokens_per_rank``, its own benchmark runs 8K tokens per batch). Beyond the measured
+  series, the time grows linearly at the slope of its last two measured records (the bandwidth
+  regime).
+
+    python3 -m dsim.kernels_deepep derive --table profiles/kernels/h200-deepep-internode.json \
+        --nic-gbps 800 --name h200-deepep-internode-800g --out OUT.json
 """
 
 from __future__ import annotations
@@ -192,6 +210,99 @@ def build(specs: list[tuple[str, int]]) -> dict[str, Any]:
     )
 
 
+MEASURED_NIC_GBPS = 400.0
+
+
+def derive(
+    table: dict[str, Any],
+    nic_gbps: float = MEASURED_NIC_GBPS,
+    max_tokens_per_rank: int = 0,
+    name: str = "",
+    table_path: str = "",
+) -> dict[str, Any]:
+    """A what-if table from a built one (see the module doc): each series' time above its latency
+    floor scaled by 400 / nic_gbps, and records added up to `max_tokens_per_rank` tokens per rank
+    at the slope of the series' last two measured records."""
+    if not nic_gbps > 0:
+        raise InputError(f"--nic-gbps {nic_gbps}: expected a bandwidth > 0 Gb/s")
+    recs = [r for r in table.get("records", []) if r.get("op") == "comm" and r.get("scope") == "inter_node"]
+    if not recs:
+        raise InputError("derive: the table has no inter-node comm records")
+    series: dict[tuple, list[dict]] = {}
+    for r in recs:
+        series.setdefault((r["kind"], int(r["gpus"]), int(r["hidden"]), int(r["topk"]), int(r["experts"])), []).append(
+            r
+        )
+    width = {"a2a_dispatch": 1, "a2a_combine": 2}
+    bw = MEASURED_NIC_GBPS / float(nic_gbps)
+    out = []
+    for (kind, _gpus, hidden, _topk, _experts), rs in series.items():
+        rs = sorted(rs, key=lambda r: r["bytes"])
+        floor = min(float(r["ms"]) for r in rs)
+        pts = [(r["bytes"] / (hidden * width[kind]), float(r["ms"])) for r in rs]
+        ext = []
+        if max_tokens_per_rank > pts[-1][0] and len(pts) >= 2:
+            (n0, t0), (n1, t1) = pts[-2], pts[-1]
+            slope = max(0.0, (t1 - t0) / (n1 - n0))
+            n = n1
+            while n < max_tokens_per_rank:
+                n = min(max_tokens_per_rank, n * 2 if n >= 256 else n + 128)
+                ext.append((n, t1 + slope * (n - n1), n1))
+        for r in rs:
+            ms = floor + (float(r["ms"]) - floor) * bw
+            note = r["note"] + (
+                f"; what-if NIC {nic_gbps:g} Gb/s: floor {floor:g} ms + (t - floor) x {bw:.4g}" if bw != 1.0 else ""
+            )
+            out.append({**r, "ms": round(ms, 5), "note": note})
+        for n, t, n1 in ext:
+            ms = floor + (t - floor) * bw
+            out.append(
+                dict(
+                    rs[-1],
+                    bytes=int(n * hidden * width[kind]),
+                    ms=round(ms, 5),
+                    note=f"{n:g} tokens per rank: the {n1:g}-token record + its last measured slope x {n - n1:g} tokens "
+                    f"(bandwidth regime, extrapolated)"
+                    + (
+                        f"; what-if NIC {nic_gbps:g} Gb/s: floor {floor:g} ms + (t - floor) x {bw:.4g}"
+                        if bw != 1.0
+                        else ""
+                    ),
+                )
+            )
+    prov = dict(table.get("provenance", {}))
+    src = table_path or f"profiles/kernels/{table.get('name', 'TABLE')}.json"
+    cmd = f"python3 -m dsim.kernels_deepep derive --table {src}"
+    if nic_gbps != MEASURED_NIC_GBPS:
+        cmd += f" --nic-gbps {nic_gbps:g}"
+        prov["hardware"] = f"what-if: {prov.get('hardware', 'H200')}, the NIC at {nic_gbps:g} Gb/s per GPU (assumed)"
+    if max_tokens_per_rank:
+        cmd += f" --max-tokens-per-rank {max_tokens_per_rank}"
+    new_name = name or table.get("name", "deepep")
+    cmd += f" --name {new_name} --out profiles/kernels/{new_name}.json"
+    prov.update(
+        kind="what-if",
+        derived_from=table.get("name", ""),
+        command=cmd,
+        assumptions=dict(
+            prov.get("assumptions", {}),
+            what_if=(
+                f"time above each series' latency floor x 400 / {nic_gbps:g} (bandwidth-bound above the floor, "
+                "the measured efficiency kept)"
+                if bw != 1.0
+                else "none on bandwidth"
+            )
+            + (
+                f"; records to {max_tokens_per_rank} tokens per rank, linear beyond the measured series at its last "
+                "slope"
+                if max_tokens_per_rank
+                else ""
+            ),
+        ),
+    )
+    return dict(name=new_name, provenance=prov, records=out)
+
+
 def _spec(s: str) -> tuple[str, int]:
     name, _, ep = s.partition(":")
     try:
@@ -209,9 +320,22 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("build", help="price the inter-node all-to-all records into a kernel table")
     b.add_argument("--model", action="append", required=True, help="MODEL:EP, repeatable")
     b.add_argument("--out", required=True)
+    d = sub.add_parser("derive", help="a what-if table from a built one: NIC bandwidth, tokens per rank")
+    d.add_argument("--table", required=True, help="a built inter-node table (JSON)")
+    d.add_argument("--nic-gbps", type=float, default=MEASURED_NIC_GBPS)
+    d.add_argument("--max-tokens-per-rank", type=int, default=0)
+    d.add_argument("--name", default="")
+    d.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     try:
-        table = build([_spec(s) for s in a.model])
+        if a.cmd == "derive":
+            try:
+                src = json.loads(Path(a.table).read_text())
+            except (OSError, json.JSONDecodeError) as e:
+                raise InputError(f"--table {a.table}: {e}") from None
+            table = derive(src, a.nic_gbps, a.max_tokens_per_rank, a.name, a.table)
+        else:
+            table = build([_spec(s) for s in a.model])
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -222,3 +222,22 @@ def test_sweep_on_the_paper_scenario_end_to_end(tmp_path):
     assert "verify tokens per request" in res.output and "kv_consumer" in res.output
     for f in ("paper_frontier.png", "paper_load.png"):
         assert (out / f).is_file()
+
+
+def test_network_floor_closed_form():
+    """V4-Flash: 43 MoE layers x (6 x (4096 FP8 + 32 fp32 scales) + 6 x 4096 bf16) bytes one way
+    per token; the paper's MTP-1 at 200 per GPU (13810 tok/s/GPU, tau 1.88, 2 tokens verified per
+    request) moves 400 such tokens per 27.2 ms step: 47 GB/s."""
+    from dsim.frontier import a2a_bytes_per_token, network_floor
+
+    bpt = a2a_bytes_per_token(4096, 6, 43)
+    assert bpt == 43 * (6 * (4096 + 128) + 6 * 8192)
+    f = network_floor("mtp", 200, 13810, 2.0, 1.88, bpt)
+    assert f.step_ms == pytest.approx(1e3 * 1.88 / (13810 / 200))
+    assert f.required_gb_s == pytest.approx(400 * bpt / (f.step_ms / 1e3) / 1e9)
+    assert 46.5 < f.required_gb_s < 47.5
+    # twice the tokens per step at the same per-user speed and tau: twice the bandwidth
+    g = network_floor("dspark", 200, 13810, 4.0, 1.88, bpt)
+    assert g.required_gb_s == pytest.approx(2 * f.required_gb_s)
+    with pytest.raises(ValueError):
+        network_floor("mtp", 0, 13810, 2.0, 1.88, bpt)

@@ -159,7 +159,20 @@ class OneExpert:
         return float(((out - ref).abs().max() / ref.abs().max().clamp(min=1e-6)).item())
 
 
-def _time_row(M, H: int, inter: int, k: int, E: int, n: int, rows: int, device, dtype, n_inst: int, dry: bool) -> dict:
+def _time_row(
+    M,
+    H: int,
+    inter: int,
+    k: int,
+    E: int,
+    n: int,
+    rows: int,
+    device,
+    dtype,
+    n_inst: int,
+    dry: bool,
+    grouped: bool = True,
+) -> dict:
     """lean / gemms / grouped ms and the lean chain's error for one row count."""
     if dry:
         ex = OneExpert(H, inter, rows, device)
@@ -172,6 +185,10 @@ def _time_row(M, H: int, inter: int, k: int, E: int, n: int, rows: int, device, 
         gemms_ms=round(M.time_instances(lambda i: insts[i].gemms, device, n_inst)[0], 5),
     )
     rec = dict(op="moe", dtype="fp8", tokens=n * E, hidden=H, inter=inter, topk=k, experts=E, ep=E)
+    if not grouped:
+        out["grouped_ms"] = None
+        out["max_rel_err"] = round(insts[0].check(), 5)
+        return out
     out["grouped_ms"] = round(M.time_instances(lambda i: M.MoEOp(rec, device, dtype, seed=i), device, n_inst)[0], 5)
     out["max_rel_err"] = round(insts[0].check(), 5)
     return out
@@ -182,7 +199,21 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--dry-run", action="store_true", help="CPU, two row counts, no timing beyond one call")
     ap.add_argument("--budget-s", type=float, default=150.0, help="stop starting new row counts after this")
+    ap.add_argument(
+        "--tokens-per-rank",
+        default=",".join(map(str, TOKENS_PER_RANK)),
+        help="comma-separated tokens per rank (default: the decode range of one 256-token MoE chunk)",
+    )
+    ap.add_argument("--skip-grouped", action="store_true", help="time the lean chain and the GEMMs only")
     a = ap.parse_args(argv)
+    try:
+        tokens_per_rank = tuple(int(x) for x in a.tokens_per_rank.split(",") if x.strip())
+    except ValueError:
+        print(f"error: --tokens-per-rank {a.tokens_per_rank!r}: expected integers", file=sys.stderr)
+        return 2
+    if not tokens_per_rank or min(tokens_per_rank) < 1:
+        print(f"error: --tokens-per-rank {a.tokens_per_rank!r}: expected integers >= 1", file=sys.stderr)
+        return 2
     import torch
 
     from validator.gpu import moe_ops as M
@@ -207,7 +238,9 @@ def main(argv=None) -> int:
                 "(the dispatch's output), routing weights applied by the combine; CUDA-graph replay over rotating "
                 "instances (validator.gpu.moe_ops.time_instances), median of 7 intervals"
             ),
-            command="python3 validator/gpu/scripts/one_expert_chain.py --out one-expert-chain.json",
+            command="python3 validator/gpu/scripts/one_expert_chain.py --out one-expert-chain.json"
+            + ("" if tokens_per_rank == TOKENS_PER_RANK else f" --tokens-per-rank {a.tokens_per_rank}")
+            + (" --skip-grouped" if a.skip_grouped else ""),
             source="own measurement",
             gpu=info,
         )
@@ -217,7 +250,7 @@ def main(argv=None) -> int:
 
     dtype = torch.bfloat16
     for name, (H, inter, k, E) in MODELS.items():
-        for n in TOKENS_PER_RANK[:2] if a.dry_run else TOKENS_PER_RANK:
+        for n in tokens_per_rank[:2] if a.dry_run else tokens_per_rank:
             if time.time() - t0 > a.budget_s:
                 break
             rows = n * k  # tokens x top-k over E experts, one per rank: n x k rows on the mean rank
@@ -225,7 +258,7 @@ def main(argv=None) -> int:
             n_inst = 1 if a.dry_run else M.n_instances(foot)
             row = dict(model=name, tokens_per_rank=n, rows=rows)
             try:
-                row.update(_time_row(M, H, inter, k, E, n, rows, device, dtype, n_inst, a.dry_run))
+                row.update(_time_row(M, H, inter, k, E, n, rows, device, dtype, n_inst, a.dry_run, not a.skip_grouped))
                 if not a.dry_run:
                     rec = dict(op="moe", dtype="fp8", tokens=n * E, hidden=H, inter=inter, topk=k, experts=E, ep=E)
                     records.append(dict(rec, ms=row["lean_ms"]))
