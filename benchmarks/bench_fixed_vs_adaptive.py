@@ -10,6 +10,7 @@ attention each GPU is an engine replica; with TP attention a replica spans sever
 
 Usage: python benchmarks/bench_fixed_vs_adaptive.py --profile NAME [--concurrency 1,4,16,64,128,256,384]
        [--requests-per-user 6] [--trace default] [--jobs N] [--markdown]
+       [--max-num-batched-tokens N] [--disaggregated]
 """
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ def main() -> None:
     ap.add_argument("--gpus-per-node", type=int, default=8)
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None,
+                    help="the engine's token budget per step (default: vLLM's, 8192)")
+    ap.add_argument("--disaggregated", action="store_true",
+                    help="decode instances of a prefill/decode-disaggregated deployment (prompts' KV arrives computed)")
     a = ap.parse_args()
     from dsim.cost import load_profile
     from dsim.scenario import build_workload
@@ -47,17 +52,25 @@ def main() -> None:
     for k in FIXED_K:
         specs[f"K={k}"] = SpecConfig("dspark", k=k, adaptive=False, acceptance=a.acceptance)
     specs["adaptive"] = SpecConfig("dspark", k=a.k, adaptive=True, acceptance=a.acceptance)
+    from dsim.engine import EngineConfig
+
+    eng = {}
+    if a.max_num_batched_tokens:
+        eng["max_num_batched_tokens"] = a.max_num_batched_tokens
+    if a.disaggregated:
+        eng["kv_role"] = "kv_consumer"
     base = build_workload(a.trace)
     t0 = time.perf_counter()
     df = sweep(base, prof, specs, node_c, requests_per_user=a.requests_per_user, min_requests=a.min_requests,
-               gpus_per_node=a.gpus_per_node, jobs=a.jobs)
+               gpus_per_node=a.gpus_per_node, jobs=a.jobs, engine=EngineConfig(**eng) if eng else None)
     wall = time.perf_counter() - t0
     tab = df.pivot(index="concurrency", columns="method", values="output_tok_s_per_gpu")
     user = df.pivot(index="concurrency", columns="method", values="output_tok_s_per_user")
     ver = df.pivot(index="concurrency", columns="method", values="verify_tokens_per_request")
     cols = list(specs)
     print(f"profile: {prof.label}")
-    print(f"workload: {base.source}; {a.requests_per_user} requests per user (min {a.min_requests})")
+    print(f"workload: {base.source}; {a.requests_per_user} requests per user (min {a.min_requests})"
+          + (f"; engine {eng}" if eng else ""))
     sep = " | " if a.markdown else " "
     head = ["C/node" if a.per_node else "C/GPU"] + [f"{c} tok/s/GPU" for c in cols] + ["best fixed", "adaptive / best fixed",
                                                            "adaptive verify/req", "adaptive tok/s/user"]

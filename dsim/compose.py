@@ -25,9 +25,11 @@ Wide expert parallelism (EP = the routed experts, one expert per GPU, the DeepSe
 decode layout): a rank's experts are that expert's dense GEMMs (``Pricer._one_expert_ms``) and the
 all-to-all runs over the inter-node network (``scope: inter_node`` records; dsim.kernels_deepep).
 Context: attention cores priced at two contexts give the KV slope (ms per 1000 KV tokens);
-prefill chunks: the attention-core cost of prompt chunks beyond the decode-priced part, less the
-LM-head rows they skip, is fitted as ms per million query-key pairs q (c + q / 2) minus a discount
-per prompt token (non-negative least squares).
+prefill chunks: the attention-core cost of one-chunk records beyond the decode-priced part, less
+the LM-head rows they skip, is fitted as prefill_terms version 2 (``fit_prefill_terms``): pairs with
+the cache and within the chunk, a signed per-token and a per-step term; for an executor with
+step-wide key lists (step_keys) the chunk's own key lists at those terms' cell prices instead of
+the pair terms.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dsim.cost import Profile, RequestAttention, Table, save_profile, vllm_capture_sizes
+from dsim.cost import PrefillTerms, Profile, RequestAttention, Table, save_profile, vllm_capture_sizes
 from dsim.errors import InputError
 from dsim.kernels import HARDWARE, MATH_DTYPE, WEIGHT_BYTES, KernelTable, Roofline, load_kernel_table
 from dsim.models import MoEModel, load_model
@@ -53,8 +55,8 @@ if TYPE_CHECKING:
 
 KV_LO, KV_HI = 1024, 16384  # contexts the KV slope is measured between
 SLOPE_BATCH = 64  # requests at which the slope is taken
-PREFILL_Q = (512, 2048, 8192)  # prompt-chunk lengths the prefill terms are fitted on
-PREFILL_KV = (0, 8192, 32768)  # cached context before the chunk
+PREFILL_Q = (256, 512, 1024, 2048, 8192)  # prompt-chunk lengths the prefill terms are fitted on
+PREFILL_KV = (0, 512, 2048, 8192, 32768)  # cached context before the chunk
 DRAFT_REQUESTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 TAIL_TOKENS = (768, 1024, 1536, 2048, 4096, 8192, 16384)
 # above the capture limit a step runs at its own token count and the table interpolates linearly:
@@ -1226,29 +1228,21 @@ def compose_profile(
     fwd = fwd + fwd_lift
     # prefill terms: what a prompt chunk of q tokens over c cached costs beyond the q decode tokens the
     # forward table priced it as (q one-token requests at zero context plus the KV slope), less the
-    # LM-head rows it skips; fitted as attention x q (c + q / 2) - discount x q (both >= 0, NNLS)
-    from scipy.optimize import nnls
-
+    # LM-head rows it skips, from the table's one-chunk attention-core records (fitted below, once the
+    # step terms are known)
     lm = [
         pricer.ms(_op("lm_head", 1, op="gemm", dtype="bf16", m=m, n=model.vocab // topo.attn_tp, k=model.hidden))
         for m in (8192, 16384)
     ]
     lm_per_tok = max(0.0, (lm[1] - lm[0]) / 8192)
-    xs, qs, ys = [], [], []
+    excess = []
     for qn in PREFILL_Q:
         decode_share = _attn_only(model, topo, hardware, pricer, phase="decode", batch=qn, q=1, kv=KV_LO)
         decode_share -= slope_ms_per_tok * qn * KV_LO
         for c in PREFILL_KV:
             t = _attn_only(model, topo, hardware, pricer, phase="prefill", batch=1, q=qn, kv=c)
-            xs.append(qn * (c + qn / 2) / 1e6)
-            qs.append(qn / 1000)
-            ys.append(t - decode_share - slope_ms_per_tok * c - qn * lm_per_tok)
-    xs_a, qs_a, ys_a = np.array(xs), np.array(qs), np.array(ys)
-    (attn_mpair, discount), _ = nnls(np.stack([xs_a, -qs_a], axis=1), ys_a)
-    attn_mpair, discount = float(attn_mpair), float(discount)
+            excess.append((qn, c, t - decode_share - slope_ms_per_tok * c - qn * lm_per_tok))
     last_slope = (fwd[-1] - fwd[-2]) / (tokens[-1] - tokens[-2]) * 1000
-    discount = min(discount, 0.9 * last_slope)
-    resid = ys_a - attn_mpair * xs_a + discount * qs_a
     draft = {}
     for kind in ("mtp", "eagle3", "dspark"):
         ms = [
@@ -1291,6 +1285,7 @@ def compose_profile(
             indexer_ms_per_mcell=step_indexer_ms_per_mcell(model, topo, hardware, pricer),
             step_keys=keys_term,
         )
+    prefill = fit_prefill_terms(excess, req_attn if step_keys else None, last_slope)
     kv_gib, mem = kv_capacity(model, topo, hardware, max_num_seqs)
     hw = HARDWARE[hardware]
     if table is not None:
@@ -1400,7 +1395,7 @@ def compose_profile(
             roofline=roof.provenance["method"],
         ),
         memory_per_gpu_gb=mem,
-        prefill_fit=dict(points=len(xs), residual_ms_max=round(float(np.abs(resid).max()), 4)),
+        prefill_fit=prefill.fit,
     )
     if table is not None:
         prov["kernel_table"] = dict(
@@ -1422,11 +1417,82 @@ def compose_profile(
         forward=Table(np.array(tokens, dtype=float), fwd),
         kv_ms_per_ktok=float(slope_ms_per_tok * 1000),
         draft=draft,
-        prefill_discount_ms_per_ktok=float(discount),
-        prefill_attn_ms_per_mpair=attn_mpair,
+        prefill_v2=prefill,
         format_version=(4 if req_attn.indexer_ratio else 3) if req_attn is not None else 1,
         request_attention=req_attn,
     )
+
+
+def fit_prefill_terms(
+    excess: Sequence[tuple[int, int, float]], step_attention: RequestAttention | None, last_slope_ms_per_ktok: float
+) -> PrefillTerms:
+    """prefill_terms version 2 (dsim.cost module doc) from (q, c, excess ms) points: what one chunk
+    of q tokens over c cached costs beyond its q decode tokens, from the kernel table's one-chunk
+    records. With the executor's step-keys terms (``step_attention`` carries them) a chunk's own key
+    lists are priced at those terms' cell prices, not fitted (own_keys_tokens: a decode token of
+    the forward table, one token over KV_LO cached), and only a signed per-token and a per-step
+    rest are fitted on what they leave; otherwise cached pairs, within-chunk pairs (both >= 0), a
+    signed per-token term and a per-step term (>= 0) are fitted, least squares in ms. A lone
+    chunk's fixed excess is its step's: the fit cannot tell per chunk from per step, and both
+    executors run a step's chunks in one attention launch per layer, so it is priced per step.
+    A negative per-token term is held so that a prompt token costs at most 0.9 of the forward
+    table's last slope less than a decode token."""
+    from scipy.optimize import lsq_linear
+
+    from dsim.cost import PrefillTerms, own_keys_ms, prefill_discount_bound_ms_per_ktok
+
+    q = np.array([e[0] for e in excess], dtype=float)
+    c = np.array([e[1] for e in excess], dtype=float)
+    y = np.array([e[2] for e in excess], dtype=float)
+    own_tokens = KV_LO + 1 if step_attention is not None and step_attention.step_keys else 0
+    base = PrefillTerms(own_keys_tokens=own_tokens)
+    own = np.array([own_keys_ms(int(a), int(b), base, step_attention) for a, b in zip(q, c)])
+    cols = {"token_ms_per_ktok": q / 1000, "ms_per_step": np.ones_like(q)}
+    if not own_tokens:
+        cols = {"cached_ms_per_mpair": q * c / 1e6, "within_ms_per_mpair": q * q / 2e6, **cols}
+    names = list(cols)
+    lo = [-np.inf if k == "token_ms_per_ktok" else 0.0 for k in names]
+    sol = lsq_linear(np.stack([cols[k] for k in names], axis=1), y - own, bounds=(lo, [np.inf] * len(names)))
+    coef = dict(zip(names, (float(v) for v in sol.x)))
+    terms = PrefillTerms(own_keys_tokens=own_tokens, **coef)  # type: ignore[arg-type]
+    bound = prefill_discount_bound_ms_per_ktok(terms, step_attention)
+    if bound > 0.9 * last_slope_ms_per_ktok:
+        coef["token_ms_per_ktok"] += bound - 0.9 * last_slope_ms_per_ktok
+        terms = PrefillTerms(own_keys_tokens=own_tokens, **coef)  # type: ignore[arg-type]
+    pred = own + sum(coef[k] * cols[k] for k in names)
+    resid = y - pred
+    old_resid = _v1_prefill_residual(q, c, y, last_slope_ms_per_ktok)
+    fit = dict(
+        form="prefill_terms version 2: "
+        + (
+            "own key lists at the step-keys and indexer cell prices, plus a signed per-token and a per-step rest"
+            if own_tokens
+            else "cached pairs, within-chunk pairs, a signed per-token and a per-step term"
+        ),
+        records="one-chunk attention-core records (batch 1, prefill phase) of the kernel table, less the q one-token "
+        "decode records (batch q, KV_LO context, less the KV slope) the forward table priced the chunk as, the KV "
+        "slope of the cached tokens and the LM-head rows a prompt token skips",
+        q=sorted({int(v) for v in q}),
+        cached=sorted({int(v) for v in c}),
+        points=len(y),
+        terms={k: round(v, 6) for k, v in coef.items()},
+        residual_ms_max=round(float(np.abs(resid).max()), 4),
+        residual_ms_median=round(float(np.median(np.abs(resid))), 4),
+        residual_rel_median=round(float(np.median(np.abs(resid) / np.maximum(np.abs(y), 1.0))), 4),
+        residual_ms_max_version_1=round(float(old_resid), 4),
+    )
+    return dataclasses.replace(terms, fit=fit)
+
+
+def _v1_prefill_residual(q: np.ndarray, c: np.ndarray, y: np.ndarray, last_slope_ms_per_ktok: float) -> float:
+    """The largest residual of the version-1 form (pairs q (c + q / 2) x a rate minus a per-token
+    discount, both >= 0) on the same points: the fit version 2 replaces, kept in provenance."""
+    from scipy.optimize import nnls
+
+    x, k = q * (c + q / 2) / 1e6, q / 1000
+    (a, d), _ = nnls(np.stack([x, -k], axis=1), y)
+    d = min(d, 0.9 * last_slope_ms_per_ktok)
+    return float(np.abs(y - a * x + d * k).max())
 
 
 def forward_sizes(caps: Sequence[int], moe_chunk: int = 0) -> list[int]:

@@ -19,6 +19,18 @@ decode-path per-row work), and a chunk of q tokens over c cached ones adds its c
 servers). ``prefill_ms(chunks)`` gives that per-step correction; all are 0 unless the profile says
 otherwise.
 
+``prefill_terms`` with ``version: 2`` (``PrefillTerms``) replaces those keys by a form fitted on
+per-chunk kernel records (dsim.compose): a chunk of q tokens over c cached ones pays
+``cached_ms_per_mpair`` x q c / 1e6 (pairs with the cache), ``within_ms_per_mpair`` x q^2 / 2 / 1e6
+(causal pairs within the chunk), ``token_ms_per_ktok`` x q / 1000 (signed: a surcharge, or the
+decode-path work a prompt token skips) and ``ms_per_chunk``; a step with prompt chunks pays
+``ms_per_step`` once (one attention launch per layer covers all of a step's chunks, so a lone chunk's
+fixed excess is the step's, not each chunk's). ``own_keys_tokens`` > 0 (format 4 with ``step_keys``
+only): a chunk's tokens are also priced at their own key lists, the step-keys kinds' and the step
+indexer's cells at the chunk's visible tokens c + q less those of a decode token over
+``own_keys_tokens`` visible tokens (what the forward table priced each token as), at the same
+ms per million cells; the step-keys term then pads them to the step's longest as it does requests.
+
 Preconditions: n_tokens >= 1, kv_tokens >= 0. Postcondition: step_ms is non-decreasing in both.
 
 Profile format 2 (``format_version: 2``) adds ``attention``: terms that see each request's context
@@ -553,6 +565,31 @@ def _request_attention(q, c, bx, qx, cx, tab):  # pragma: no cover - compiled
 
 
 @dataclass(frozen=True)
+class PrefillTerms:
+    """``prefill_terms`` version 2 (module doc): what a step's prompt chunks add to the forward
+    table's price of their tokens as decode tokens."""
+
+    cached_ms_per_mpair: float = 0.0  # per million (chunk token, cached token) pairs, >= 0
+    within_ms_per_mpair: float = 0.0  # per million causal pairs within the chunk (q^2 / 2), >= 0
+    token_ms_per_ktok: float = 0.0  # per 1000 prompt tokens, signed
+    ms_per_chunk: float = 0.0  # per chunk, >= 0
+    ms_per_step: float = 0.0  # once per step with prompt chunks, >= 0
+    own_keys_tokens: int = 0  # format 4 step_keys: a decode token's visible tokens (0: not priced)
+    fit: dict = field(default_factory=dict, compare=False)  # how the terms were fitted (provenance)
+
+
+PREFILL_V2_KEYS = (
+    "version",
+    "cached_ms_per_mpair",
+    "within_ms_per_mpair",
+    "token_ms_per_ktok",
+    "ms_per_chunk",
+    "ms_per_step",
+    "own_keys_tokens",
+)
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     provenance: dict
@@ -566,6 +603,7 @@ class Profile:
     prefill_discount_ms_per_ktok: float = 0.0  # prefill_terms.discount_ms_per_ktok (see module doc)
     prefill_attn_ms_per_mpair: float = 0.0  # prefill_terms.attention_ms_per_mpair
     prefill_ms_per_chunk: float = 0.0  # prefill_terms.ms_per_chunk
+    prefill_v2: PrefillTerms | None = None  # prefill_terms version 2 (replaces the three above)
     source_path: str = ""
     extra: dict = field(default_factory=dict)  # other keys kept for provenance (fit errors...)
     max_model_len: int | None = None  # longest prompt + output (None: not limited)
@@ -652,7 +690,7 @@ def profile_from_dict(d: dict, path: str = "<profile>", doc: Doc | None = None) 
         max_len = S.integer(d["max_model_len"], doc, "max_model_len", lo=1, hi=MAX_MODEL_LEN)
     elif prov.get("max_model_len") is not None:
         max_len = S.integer(prov["max_model_len"], doc, "provenance", "max_model_len", lo=1, hi=MAX_MODEL_LEN)
-    disc, attn, per_chunk = _prefill_terms(d.get("prefill_terms"), doc)
+    disc, attn, per_chunk, prefill_v2 = _prefill_terms(d.get("prefill_terms"), doc)
     version = 1
     if d.get("format_version") is not None:
         version = S.integer(d["format_version"], doc, "format_version", lo=1, hi=max(FORMAT_VERSIONS))
@@ -670,13 +708,27 @@ def profile_from_dict(d: dict, path: str = "<profile>", doc: Doc | None = None) 
             raise InputError(f"{doc.at('request_attention', 'step_indexer')}: needs format_version: 4")
         if request_attention.step_keys and version < 4:
             raise InputError(f"{doc.at('request_attention', 'step_keys')}: needs format_version: 4")
+    if (
+        prefill_v2 is not None
+        and prefill_v2.own_keys_tokens
+        and (request_attention is None or not request_attention.step_keys)
+    ):
+        raise InputError(f"{doc.at('prefill_terms', 'own_keys_tokens')}: needs request_attention.step_keys (format 4)")
+    bound, bound_key = disc, "discount_ms_per_ktok"
+    if prefill_v2 is not None:
+        bound, bound_key = prefill_discount_bound_ms_per_ktok(prefill_v2, request_attention), "token_ms_per_ktok"
     # A prompt token's discount cannot exceed what the table charges a token: at every size the
     # forward cost must cover n discounted tokens (else a prefill step would cost less than nothing).
-    bad = np.flatnonzero(fwd.ms < disc * fwd.x / 1000.0 - 1e-9)
+    bad = np.flatnonzero(fwd.ms < bound * fwd.x / 1000.0 - 1e-9)
     if len(bad):
         i = int(bad[0])
+        what = (
+            f"{bound:g}"
+            if prefill_v2 is None
+            else f"{prefill_v2.token_ms_per_ktok:g} (a prompt token {bound:g} ms per 1000 below a decode token)"
+        )
         raise InputError(
-            f"{doc.at('prefill_terms', 'discount_ms_per_ktok')} {disc:g}: exceeds forward.ms[{i}] "
+            f"{doc.at('prefill_terms', bound_key)} {what}: exceeds forward.ms[{i}] "
             f"= {fwd.ms[i]:g} ms for {int(fwd.x[i])} tokens (inconsistent profile)"
         )
     known = {
@@ -707,6 +759,7 @@ def profile_from_dict(d: dict, path: str = "<profile>", doc: Doc | None = None) 
         prefill_discount_ms_per_ktok=disc,
         prefill_attn_ms_per_mpair=attn,
         prefill_ms_per_chunk=per_chunk,
+        prefill_v2=prefill_v2,
         source_path=str(path),
         extra={k: v for k, v in d.items() if k not in known},
         max_model_len=max_len,
@@ -849,17 +902,76 @@ def _attention_terms(raw: Any, doc: Any) -> AttentionTerms:
 PREFILL_KEYS = ("discount_ms_per_ktok", "attention_ms_per_mpair", "ms_per_chunk")
 
 
-def _prefill_terms(raw, doc) -> tuple[float, float, float]:
+def _prefill_terms(raw, doc) -> tuple[float, float, float, PrefillTerms | None]:
     from dsim import schema as S
 
     if raw is None:
-        return 0.0, 0.0, 0.0
+        return 0.0, 0.0, 0.0, None
+    if isinstance(raw, dict) and "version" in raw:
+        ver = S.integer(raw["version"], doc, "prefill_terms", "version", lo=2, hi=2)
+        if set(raw) - set(PREFILL_V2_KEYS):
+            bad = sorted(set(raw) - set(PREFILL_V2_KEYS))[0]
+            raise InputError(
+                f"{doc.at('prefill_terms', bad)}: not a version-{ver} key (known: {', '.join(PREFILL_V2_KEYS)})"
+            )
+        v = {
+            key: S.number(raw.get(key, 0.0), doc, "prefill_terms", key, lo=0, hi=MAX_COST_MS)
+            for key in ("cached_ms_per_mpair", "within_ms_per_mpair", "ms_per_chunk", "ms_per_step")
+        }
+        tok = S.number(
+            raw.get("token_ms_per_ktok", 0.0),
+            doc,
+            "prefill_terms",
+            "token_ms_per_ktok",
+            lo=-MAX_COST_MS,
+            hi=MAX_COST_MS,
+        )
+        own = S.integer(
+            raw.get("own_keys_tokens", 0), doc, "prefill_terms", "own_keys_tokens", lo=0, hi=MAX_STEP_TOKENS
+        )
+        return 0.0, 0.0, 0.0, PrefillTerms(token_ms_per_ktok=tok, own_keys_tokens=own, **v)
     if not isinstance(raw, dict) or set(raw) - set(PREFILL_KEYS):
-        raise InputError(f"{doc.at('prefill_terms')}: a mapping of {', '.join(PREFILL_KEYS)}")
+        raise InputError(
+            f"{doc.at('prefill_terms')}: a mapping of {', '.join(PREFILL_KEYS)} (or version: 2 and its keys)"
+        )
     disc, attn, chunk = (
         S.number(raw.get(key, 0.0), doc, "prefill_terms", key, lo=0, hi=MAX_COST_MS) for key in PREFILL_KEYS
     )
-    return disc, attn, chunk
+    return disc, attn, chunk, None
+
+
+def _own_key_cells(n_visible: int, ratio: int, cap: int) -> int:
+    """Key entries beyond the window of a token over n_visible tokens (a step-keys kind)."""
+    if not ratio:
+        return 0
+    w = n_visible // ratio
+    return min(cap, w) if cap else w
+
+
+def own_keys_ms(q: int, c: int, pt: PrefillTerms, ra: RequestAttention | None) -> float:
+    """A chunk's own key lists beyond a decode token's (prefill_terms version 2, own_keys_tokens;
+    module doc): the step-keys kinds' and the step indexer's cells at c + q visible tokens less
+    those at own_keys_tokens, q tokens, at their ms per million cells. May be negative (a short
+    chunk over no cache has shorter lists than the decode token it was priced as)."""
+    if not pt.own_keys_tokens or ra is None or not ra.step_keys:
+        return 0.0
+    d, v = pt.own_keys_tokens, c + q
+    out = 0.0
+    for k in ra.step_keys.kinds:
+        out += k.ms_per_mcell * (_own_key_cells(v, k.ratio, k.cap) - _own_key_cells(d, k.ratio, k.cap))
+    if ra.indexer_ratio:
+        r = ra.indexer_ratio
+        out += ra.indexer_ms_per_mcell * (max(1, v // r) - max(1, d // r))
+    return q * out / 1e6
+
+
+def prefill_discount_bound_ms_per_ktok(pt: PrefillTerms, ra: RequestAttention | None) -> float:
+    """The most a prompt token can cost less than a decode token under version-2 terms (ms per
+    1000): a negative per-token term plus the decode token's own key cells (a chunk's own lists
+    are at least empty), checked against the forward table as the version-1 discount is."""
+    out = max(0.0, -pt.token_ms_per_ktok)
+    # a chunk's own lists are shortest at one visible token
+    return out + max(0.0, -1000.0 * own_keys_ms(1, 0, pt, ra))
 
 
 def profile_to_dict(p: Profile) -> dict:
@@ -881,6 +993,13 @@ def profile_to_dict(p: Profile) -> dict:
         }
         if p.prefill_ms_per_chunk:
             d["prefill_terms"]["ms_per_chunk"] = float(p.prefill_ms_per_chunk)
+    if p.prefill_v2 is not None:
+        t = p.prefill_v2
+        d["prefill_terms"] = {"version": 2}
+        for key in PREFILL_V2_KEYS[1:]:
+            v = getattr(t, key)
+            if v:
+                d["prefill_terms"][key] = int(v) if key == "own_keys_tokens" else round(float(v), 6)
     if p.format_version != 1:
         d["format_version"] = int(p.format_version)
     if p.attention is not None:
@@ -1026,11 +1145,24 @@ class CostModel:
             else (0.0, 0.0, 0.0)
         )
         self._wpair_ms = a.prefill_ms_per_mpair * cost_scale if a is not None else 0.0
+        self._prefill_v2 = pt = profile.prefill_v2
+        if pt is not None:
+            # per chunk: cached pairs, within pairs, per token, per chunk; per step; own-key cells at the
+            # profile's step-keys and indexer prices (those carry cost_scale through their own tables)
+            self._v2_coef = (
+                pt.cached_ms_per_mpair * cost_scale / 1e6,
+                pt.within_ms_per_mpair * cost_scale / 2e6,
+                pt.token_ms_per_ktok * cost_scale / 1000.0,
+                pt.ms_per_chunk * cost_scale,
+                pt.ms_per_step * cost_scale,
+            )
+            self._v2_own = (pt, profile.request_attention, cost_scale) if pt.own_keys_tokens else None
         self.has_prefill_terms = bool(
             self.prefill_discount_ms_per_tok
             or self.prefill_attn_ms_per_pair
             or self.prefill_ms_per_chunk
             or self._wpair_ms
+            or (pt is not None and (any(self._v2_coef) or self._v2_own is not None))
         )
         # Dense lookup up to the limit: the next profiled size at or above n (graph padding).
         n = np.arange(self.limit + 1)
@@ -1046,6 +1178,15 @@ class CostModel:
         else:  # only the limit point: extrapolate the slope of the last two points overall
             self._slope = (ms[-1] - ms[-2]) / (x[-1] - x[-2]) if len(x) >= 2 else 0.0
         self._slope = float(max(self._slope, 0.0))
+        if pt is not None:
+            bound = prefill_discount_bound_ms_per_ktok(pt, profile.request_attention) * cost_scale / 1000.0
+            if bound > self._slope + 1e-12:
+                raise InputError(
+                    f"{profile.source_path or profile.name}: prefill_terms (version 2) let a prompt token cost "
+                    f"{bound / cost_scale * 1000:g} ms per 1000 tokens less than a decode token: more than the forward "
+                    f"table's last slope ({self._slope / cost_scale * 1000:g}, extrapolated past {int(x[-1])} tokens) "
+                    "(inconsistent profile)"
+                )
         if self.prefill_discount_ms_per_tok > self._slope + 1e-12:
             # past the table the last slope is extrapolated: it must also pay for a prompt token's
             # discount, else a large prefill step would cost less than nothing
@@ -1080,11 +1221,29 @@ class CostModel:
         profile_from_dict, and past the table its last slope does, checked here on construction)."""
         if not self.has_prefill_terms:
             return 0.0
+        if self._prefill_v2 is not None:
+            return self._prefill_v2_ms(chunks)
         d, a, e = self.prefill_discount_ms_per_tok, self.prefill_attn_ms_per_pair, self.prefill_ms_per_chunk
         if self.attention is None:
             return sum(q * (a * (c + 0.5 * q) - d) + e for q, c in chunks)
         w, at = self._wpair_ms, self.attention
         return sum(q * (a * (c + 0.5 * q) - d) + e + w * prefill_pairs(q, c, at) for q, c in chunks)
+
+    def _prefill_v2_ms(self, chunks: Any) -> float:
+        """prefill_ms under prefill_terms version 2 (module doc)."""
+        pc, pw, pk, pe, ps = self._v2_coef
+        own = self._v2_own
+        tot, n = 0.0, 0
+        for q, c in chunks:
+            if not q:
+                continue
+            n += 1
+            tot += q * (pc * c + pw * q + pk) + pe
+            if own is not None:
+                tot += own[2] * own_keys_ms(int(q), int(c), own[0], own[1])
+            if self._wpair_ms:
+                tot += self._wpair_ms * prefill_pairs(q, c, self.attention)
+        return tot + ps if n else 0.0
 
     def context_ms(self, q: Any, ctx: Any, chunks: Any = ()) -> float:
         """What a step's decode/verify requests' unequal contexts add to step_ms (which prices

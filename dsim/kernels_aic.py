@@ -978,6 +978,14 @@ def _dumps(obj: Any) -> str:
     return "{\n" + ",\n".join(parts) + "\n}\n"
 
 
+def table_name(out: str) -> str:
+    """A kernel table's name from its output path: the file name without .json / .json.gz."""
+    name = Path(out).name
+    for suffix in (".gz", ".json"):
+        name = name.removesuffix(suffix)
+    return name
+
+
 def _write_json(path: str, obj: Any) -> None:
     text = _dumps(obj)
     p = Path(path)
@@ -1010,7 +1018,7 @@ def _cmd_price(a) -> None:
     for p in a.ops:
         recs += _ops_from(p)
     priced = price_records(recs, a.system, a.backend, a.version, a.model)
-    name = Path(a.out).stem
+    name = table_name(a.out)
     cmd = " ".join(
         [
             "python3 -m dsim.kernels_aic price",
@@ -1085,7 +1093,7 @@ def _cmd_build(a) -> None:
         f"{priced['cases']}; {priced['clashes']} record keys priced differently for two models kept the "
         "first"
     )
-    _write_json(a.out, kernel_table(Path(a.out).stem, a.system, a.backend, a.version, priced, cmd, what))
+    _write_json(a.out, kernel_table(table_name(a.out), a.system, a.backend, a.version, priced, cmd, what))
     print(
         f"{a.out}: {len(priced['records'])} records priced, {len(priced['unpriced'])} unpriced, "
         f"{priced['clashes']} clashes"

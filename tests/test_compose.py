@@ -1,4 +1,5 @@
 """The MoE step-cost composer: model decomposition, kernel tables, topologies, composed profiles."""
+
 import json
 
 import numpy as np
@@ -20,10 +21,16 @@ from dsim.kernels import HARDWARE, KernelTable, Roofline, load_kernel_table
 from dsim.models import load_model
 
 
-@pytest.mark.parametrize("name,total_b,active_b", [
-    # public parameter counts (without the MTP module): DeepSeek-V3 671B / 37B (technical report);
-    # DeepSeek-V4-Flash 284B / 13B, V4-Pro 1.6T / 49B (model cards)
-    ("deepseek-v3", 671, 37), ("deepseek-v4-flash", 284, 13), ("deepseek-v4-pro", 1600, 49)])
+@pytest.mark.parametrize(
+    "name,total_b,active_b",
+    [
+        # public parameter counts (without the MTP module): DeepSeek-V3 671B / 37B (technical report);
+        # DeepSeek-V4-Flash 284B / 13B, V4-Pro 1.6T / 49B (model cards)
+        ("deepseek-v3", 671, 37),
+        ("deepseek-v4-flash", 284, 13),
+        ("deepseek-v4-pro", 1600, 49),
+    ],
+)
 def test_parameter_counts_match_public_figures(name, total_b, active_b):
     c = load_model(name).param_count()
     assert (c["total"] - c["mtp"]) / 1e9 == pytest.approx(total_b, rel=0.03)
@@ -55,20 +62,20 @@ def test_topology_grammar():
 
 def test_roofline_gemm_closed_form():
     r = Roofline(hardware="h200", kernel_floor_us=0.0)
-    m, n, k = 16384, 8192, 8192                       # compute bound
+    m, n, k = 16384, 8192, 8192  # compute bound
     want = 2 * m * n * k / (HARDWARE["h200"]["fp8"] * r.eff_flops) * 1e3
     assert r.ms(dict(op="gemm", dtype="fp8", m=m, n=n, k=k)) == pytest.approx(want)
-    m = 1                                             # weight-read bound
+    m = 1  # weight-read bound
     want = (m * k + k * n + m * n * 2) / (HARDWARE["h200"]["bw"] * r.eff_bw) * 1e3
     assert r.ms(dict(op="gemm", dtype="fp8", m=m, n=n, k=k)) == pytest.approx(want)
 
 
 def test_kernel_table_exact_and_loglog_interpolation(tmp_path):
-    recs = [dict(op="gemm", dtype="fp8", m=m, n=64, k=64, ms=0.01 * m ** 0.5) for m in (1, 4, 16, 64)]
+    recs = [dict(op="gemm", dtype="fp8", m=m, n=64, k=64, ms=0.01 * m**0.5) for m in (1, 4, 16, 64)]
     t = KernelTable("t", {"kind": "measured"}, recs)
     assert t.ms(dict(op="gemm", dtype="fp8", m=16, n=64, k=64)) == pytest.approx(0.04)
-    assert t.ms(dict(op="gemm", dtype="fp8", m=8, n=64, k=64)) == pytest.approx(0.01 * 8 ** 0.5)   # power law exact
-    assert t.ms(dict(op="gemm", dtype="fp8", m=128, n=64, k=64)) is None                            # no extrapolation
+    assert t.ms(dict(op="gemm", dtype="fp8", m=8, n=64, k=64)) == pytest.approx(0.01 * 8**0.5)  # power law exact
+    assert t.ms(dict(op="gemm", dtype="fp8", m=128, n=64, k=64)) is None  # no extrapolation
     assert t.ms(dict(op="gemm", dtype="bf16", m=8, n=64, k=64)) is None
     p = tmp_path / "k.json"
     p.write_text(json.dumps({"name": "k", "provenance": {}, "records": [dict(op="gemm", m=1, ms=float("nan"))]}))
@@ -92,10 +99,15 @@ def test_required_ops_cover_every_lookup():
         np.testing.assert_allclose(a.draft[k].ms, b.draft[k].ms, rtol=1e-9)
 
 
-@pytest.mark.parametrize("model,topo,hw", [("deepseek-v4-flash", "dp8-ep8", "h200"),
-                                           ("deepseek-v4-flash", "tp8-ep8", "h200"),
-                                           ("deepseek-v4-pro", "dp8-ep8", "b300"),
-                                           ("deepseek-v3", "tp8-ep8", "h200")])
+@pytest.mark.parametrize(
+    "model,topo,hw",
+    [
+        ("deepseek-v4-flash", "dp8-ep8", "h200"),
+        ("deepseek-v4-flash", "tp8-ep8", "h200"),
+        ("deepseek-v4-pro", "dp8-ep8", "b300"),
+        ("deepseek-v3", "tp8-ep8", "h200"),
+    ],
+)
 def test_composed_profiles_are_valid_and_monotone(model, topo, hw):
     p = compose_profile(load_model(model), parse_topology(topo), hw)
     c = CostModel(p)
@@ -112,7 +124,7 @@ def test_pro_fp8_does_not_fit_one_h200_node():
     # V4-Pro with FP8 experts (Hopper) is ~1.6 TB of weights: 8 x 141 GB cannot hold it
     with pytest.raises(InputError, match="no KV cache"):
         kv_capacity(load_model("deepseek-v4-pro"), parse_topology("dp8-ep8"), "h200", 1024)
-    with pytest.raises(InputError, match="no KV cache"):      # attention replicated on 16 ranks: still too much
+    with pytest.raises(InputError, match="no KV cache"):  # attention replicated on 16 ranks: still too much
         kv_capacity(load_model("deepseek-v4-pro"), parse_topology("dp16-ep16"), "h200", 1024)
     gib, mem = kv_capacity(load_model("deepseek-v4-pro"), parse_topology("tp2-dp8-ep16"), "h200", 1024)
     assert gib > 0 and mem["routed_experts"] == pytest.approx(1547.4 / 16, rel=0.01)
@@ -122,8 +134,8 @@ def test_lockstep_factor_properties():
     args = (48e6, 1e-7, 4e12)
     small = moe_lockstep_factor(1, 6, 256, 8, *args)
     big = moe_lockstep_factor(4096, 6, 256, 8, *args)
-    assert small > 1.5          # 6 experts over 8 ranks: some rank holds 2+, others none
-    assert 1.0 <= big < 1.15    # large batches balance out
+    assert small > 1.5  # 6 experts over 8 ranks: some rank holds 2+, others none
+    assert 1.0 <= big < 1.15  # large batches balance out
     assert moe_lockstep_factor(64, 6, 256, 1, *args) == 1.0
     assert moe_lockstep_factor(64, 6, 256, 8, *args) == moe_lockstep_factor(64, 6, 256, 8, *args)
 
@@ -139,8 +151,19 @@ def test_dp_moe_sees_every_rank_tokens_tp_does_not():
 
 def test_table_includes_skip_double_counting():
     m, t = load_model("deepseek-v4-flash"), parse_topology("dp8-ep8")
-    recs = [dict(op="attn", kind="v4_csa", phase="decode", batch=1, q=1, kv=1024, heads=64, ms=1.0,
-                 includes=["q_proj", "kv_proj"])]
+    recs = [
+        dict(
+            op="attn",
+            kind="v4_csa",
+            phase="decode",
+            batch=1,
+            q=1,
+            kv=1024,
+            heads=64,
+            ms=1.0,
+            includes=["q_proj", "kv_proj"],
+        )
+    ]
     pr = Pricer(KernelTable("x", {}, recs), Roofline())
     q_ops = [o for o in step_ops(m, t, "h200", 1) if o.part in ("q_proj", "kv_proj")]
     assert q_ops and all(pr.ms(o) == 0.0 for o in q_ops)
@@ -164,6 +187,7 @@ def test_layer_glue_recovers_a_known_offset():
     """Layer records made as the composer's own sum + 0.1 ms + 0.2 ms per 1000 tokens: the fit
     recovers both, and the held-out half is then exact."""
     from dsim.compose import composed_layer_ms, fit_layer_glue
+
     m, t = load_model("deepseek-v4-flash"), parse_topology("dp8-ep8")
     pr = Pricer(None, Roofline())
     recs = []
@@ -184,9 +208,16 @@ def test_layer_glue_recovers_a_known_offset():
 ATTN_PARTS = ("q_proj", "kv_proj", "o_proj", "compressor", "indexer_proj", "mla_absorb")
 
 
-@pytest.mark.parametrize("model,kind", [("deepseek-v4-flash", "v4_csa"), ("deepseek-v4-flash", "v4_hca"),
-                                        ("deepseek-v4-flash", "v4_swa"), ("deepseek-v4-pro", "v4_csa"),
-                                        ("deepseek-v3", "mla")])
+@pytest.mark.parametrize(
+    "model,kind",
+    [
+        ("deepseek-v4-flash", "v4_csa"),
+        ("deepseek-v4-flash", "v4_hca"),
+        ("deepseek-v4-flash", "v4_swa"),
+        ("deepseek-v4-pro", "v4_csa"),
+        ("deepseek-v3", "mla"),
+    ],
+)
 def test_layer_projections_read_every_attention_weight_once(model, kind):
     """The projection GEMMs of one layer (groups x n x k per record) are exactly the attention block's
     parameters of the public config (one GPU holding all heads: data-parallel attention)."""
@@ -205,13 +236,22 @@ def test_v4_flash_projection_shapes_closed_form():
     (bf16); the indexer's projections are 1024 -> 8192 (fp8), 4096 -> 64 and 4096 -> 512 (bf16)."""
     m, n = load_model("deepseek-v4-flash"), 32
     ops = layer_ops(m, parse_topology("dp8-ep8"), "h200", n)
-    got = sorted((o.part, o.count, o.rec["dtype"], o.rec["n"], o.rec["k"], o.rec.get("groups", 1))
-                 for o in ops if o.part in ("o_proj", "compressor", "indexer_proj"))
-    assert got == sorted([
-        ("o_proj", 43, "fp8", 1024, 4096, 8), ("o_proj", 43, "fp8", 4096, 8192, 1),
-        ("compressor", 21, "bf16", 2048, 4096, 1), ("compressor", 20, "bf16", 1024, 4096, 1),
-        ("indexer_proj", 21, "fp8", 8192, 1024, 1), ("indexer_proj", 21, "bf16", 64, 4096, 1),
-        ("indexer_proj", 21, "bf16", 512, 4096, 1)])
+    got = sorted(
+        (o.part, o.count, o.rec["dtype"], o.rec["n"], o.rec["k"], o.rec.get("groups", 1))
+        for o in ops
+        if o.part in ("o_proj", "compressor", "indexer_proj")
+    )
+    assert got == sorted(
+        [
+            ("o_proj", 43, "fp8", 1024, 4096, 8),
+            ("o_proj", 43, "fp8", 4096, 8192, 1),
+            ("compressor", 21, "bf16", 2048, 4096, 1),
+            ("compressor", 20, "bf16", 1024, 4096, 1),
+            ("indexer_proj", 21, "fp8", 8192, 1024, 1),
+            ("indexer_proj", 21, "bf16", 64, 4096, 1),
+            ("indexer_proj", 21, "bf16", 512, 4096, 1),
+        ]
+    )
     # under TP8 each rank holds one output group: a plain GEMM
     tp = [o for o in layer_ops(m, parse_topology("tp8-ep8"), "h200", n) if o.part == "o_proj"]
     assert sorted((o.rec["n"], o.rec["k"], o.rec.get("groups", 1)) for o in tp) == [(1024, 4096, 1), (4096, 1024, 1)]
@@ -222,8 +262,10 @@ def test_v3_absorb_is_batched_over_local_heads():
     (not one GEMM of m = 16 n reading one head's weights): FLOPs 2 x n x 16 x 128 x 512 each."""
     m, n = load_model("deepseek-v3"), 8
     ab = [o for o in layer_ops(m, parse_topology("tp8-ep8"), "h200", n) if o.part == "mla_absorb"]
-    assert sorted((o.rec["m"], o.rec["n"], o.rec["k"], o.rec["groups"]) for o in ab) == [(8, 128, 512, 16),
-                                                                                      (8, 512, 128, 16)]
+    assert sorted((o.rec["m"], o.rec["n"], o.rec["k"], o.rec["groups"]) for o in ab) == [
+        (8, 128, 512, 16),
+        (8, 512, 128, 16),
+    ]
     r = Roofline(hardware="h200", kernel_floor_us=0.0)
     hw = HARDWARE["h200"]
     for m_ in (1, 65536):
@@ -239,23 +281,30 @@ def test_batched_gemm_without_a_table_record_is_priced_as_its_single_gemm():
     single = [dict(op="gemm", dtype="fp8", m=m, n=1024, k=32768, ms=0.01 * m) for m in (1, 16)]
     pr = Pricer(KernelTable("s", {"kind": "measured"}, single), Roofline())
     from dsim.compose import _op
+
     assert pr.ms(_op("o_proj", 1, **g)) == pytest.approx(0.08)
     assert pr.grouped_as_single == {"gemm": 1} and not pr.fallback
     both = KernelTable("b", {"kind": "measured"}, single + [dict(g, ms=0.5)])
-    assert Pricer(both, Roofline()).ms(_op("o_proj", 1, **g)) == 0.5   # a measured batched record wins
+    assert Pricer(both, Roofline()).ms(_op("o_proj", 1, **g)) == 0.5  # a measured batched record wins
 
 
 def test_attention_interpolates_along_context_and_query_length():
     """Attention records at kv 2048 / 8192 and q 2 / 4: a core at kv 4096 is linear in the context between
     them, at q 3 linear in the query tokens; exact where the table has the record."""
-    recs = [dict(op="attn", kind="v4_csa", phase="decode", batch=b, q=q, kv=kv, heads=64,
-                 ms=0.1 + 0.001 * b + 1e-5 * kv * q) for b in (1, 64) for q in (2, 4) for kv in (2048, 8192)]
+    recs = [
+        dict(
+            op="attn", kind="v4_csa", phase="decode", batch=b, q=q, kv=kv, heads=64, ms=0.1 + 0.001 * b + 1e-5 * kv * q
+        )
+        for b in (1, 64)
+        for q in (2, 4)
+        for kv in (2048, 8192)
+    ]
     t = KernelTable("a", {"kind": "measured"}, recs)
     base = dict(op="attn", kind="v4_csa", phase="decode", heads=64)
     assert t.ms(dict(base, batch=64, q=2, kv=4096)) == pytest.approx(0.1 + 0.064 + 1e-5 * 4096 * 2)
     assert t.ms(dict(base, batch=64, q=3, kv=2048)) == pytest.approx(0.1 + 0.064 + 1e-5 * 2048 * 3)
     assert t.ms(dict(base, batch=64, q=3, kv=5120)) == pytest.approx(0.1 + 0.064 + 1e-5 * 5120 * 3)
-    assert t.ms(dict(base, batch=64, q=2, kv=16384)) is None       # no extrapolation
+    assert t.ms(dict(base, batch=64, q=2, kv=16384)) is None  # no extrapolation
     assert t.ms(dict(base, batch=64, q=4, kv=8192)) == recs[-1]["ms"]
 
 
@@ -283,7 +332,9 @@ def test_format3_profile_round_trips_and_is_validated(tmp_path):
     with pytest.raises(InputError, match="request_attention: needs format_version: 3"):
         load_profile(str(path))
     bad = dict(d)
-    bad["request_attention"] = dict(d["request_attention"], forward_share_ms=d["request_attention"]["forward_share_ms"][:-1])
+    bad["request_attention"] = dict(
+        d["request_attention"], forward_share_ms=d["request_attention"]["forward_share_ms"][:-1]
+    )
     path.write_text(yaml.safe_dump(bad))
     with pytest.raises(InputError, match="forward_share_ms: has"):
         load_profile(str(path))
@@ -322,8 +373,10 @@ def test_context_ms_mixed_batch_is_the_mean_of_equal_batches():
     ctx = np.array([600, 5000, 100, 90000, 2048, 300000, 7000, 0])
     n, kv = int(q.sum()), int((q + ctx).sum())
     own = c.context_ms(q, ctx) + c._forward_share(n) + c.kv_ms_per_tok * kv
-    each = [c.context_ms(np.full(8, a), np.full(8, b)) + c._forward_share(8 * a) + c.kv_ms_per_tok * 8 * (a + b)
-            for a, b in zip(q, ctx)]
+    each = [
+        c.context_ms(np.full(8, a), np.full(8, b)) + c._forward_share(8 * a) + c.kv_ms_per_tok * 8 * (a + b)
+        for a, b in zip(q, ctx)
+    ]
     assert own == pytest.approx(np.mean(each), rel=1e-9)
     # the step never costs less than the forward table's non-attention part
     for R in (1, 7, 100, 700):
@@ -333,8 +386,8 @@ def test_context_ms_mixed_batch_is_the_mean_of_equal_batches():
 
 def test_request_attention_grows_with_context_and_query_tokens():
     ra = _format3_profile().request_attention
-    assert (np.diff(ra.step_ms, axis=2) >= -1e-12).all()   # roofline attention: non-decreasing in ctx
-    assert (np.diff(ra.step_ms, axis=1) >= -1e-12).all()   # and in query tokens per request
+    assert (np.diff(ra.step_ms, axis=2) >= -1e-12).all()  # roofline attention: non-decreasing in ctx
+    assert (np.diff(ra.step_ms, axis=1) >= -1e-12).all()  # and in query tokens per request
 
 
 def test_moe_dp_chunking_prices_vllm_chunks():
@@ -371,7 +424,9 @@ def test_profile_kind_follows_the_first_kernel_table(tmp_path):
     m, t = load_model("deepseek-v4-flash"), parse_topology("dp8-ep8")
     recs = [dict(op="gemm", dtype="fp8", m=1, n=512, k=4096, ms=0.01)]
     for kind in ("silicon-table", "measured"):
-        p = compose_profile(m, t, "h200", KernelTable("k", {"kind": kind, "method": "x"}, recs), request_attention=False)
+        p = compose_profile(
+            m, t, "h200", KernelTable("k", {"kind": kind, "method": "x"}, recs), request_attention=False
+        )
         assert p.provenance["kind"] == kind
         save_profile(p, tmp_path / "p.yaml")
         assert load_profile(str(tmp_path / "p.yaml")).provenance["kind"] == kind
@@ -624,6 +679,7 @@ def test_shard_profile_step_keys_from_the_h200_torch_records():
     assert cm.step_ms(256, 0) == pytest.approx(cm.step_ms(240, 0), rel=1e-9)
     assert 0 <= nonattn - nonattn_240 < 0.05 * nonattn_240
 
+
 # ------------------------------------------------------------------ wide expert parallelism (paper scenario)
 def test_one_expert_rank_is_priced_as_that_experts_gemms():
     """EP = routed experts (one expert per GPU, DeepSeek-V3 report Sec. 3.4): with no moe record for
@@ -636,8 +692,11 @@ def test_one_expert_rank_is_priced_as_that_experts_gemms():
     gu = dict(op="gemm", dtype="fp8", m=rows, n=2 * m.moe_inter, k=m.hidden)
     dn = dict(op="gemm", dtype="fp8", m=rows, n=m.hidden, k=m.moe_inter)
     ew_bytes = rows * (2 * m.moe_inter * 2 + m.moe_inter * 2 + 4 * m.hidden * 2)
-    a = KernelTable("a", {"kind": "measured"}, [dict(gu, ms=0.03), dict(dn, ms=0.02),
-                                               dict(op="elementwise", bytes=ew_bytes, ms=0.005)])
+    a = KernelTable(
+        "a",
+        {"kind": "measured"},
+        [dict(gu, ms=0.03), dict(dn, ms=0.02), dict(op="elementwise", bytes=ew_bytes, ms=0.005)],
+    )
     b = KernelTable("b", {"kind": "measured"}, [dict(gu, ms=0.3), dict(dn, ms=0.2)])
     pr = Pricer([a, b], Roofline())
     assert pr.ms(op) == pytest.approx(0.055) and pr.moe_as_gemm == 1
@@ -665,7 +724,8 @@ def test_flattened_verify_attention_prices_each_token_as_a_decode():
     pr = Pricer(None, Roofline())
     b, j, c = list(ra.batch).index(16), list(ra.q).index(4), 2
     assert ra.step_ms[b, j, c] == pytest.approx(
-        _attn_only(m, t, "h200", pr, phase="decode", batch=64, q=1, kv=int(ra.ctx[c])))
+        _attn_only(m, t, "h200", pr, phase="decode", batch=64, q=1, kv=int(ra.ctx[c]))
+    )
     b = list(ra.batch).index(256)
     full = _attn_only(m, t, "h200", pr, phase="decode", batch=REQ_BATCH_MAX, q=1, kv=int(ra.ctx[c]))
     assert ra.step_ms[b, j, c] == pytest.approx(full * 256 * 4 / REQ_BATCH_MAX)
@@ -685,8 +745,12 @@ def test_deepep_internode_table_prices_every_wide_ep_all_to_all():
             ops = [o for o in layer_ops(m, t, "h200", n) if o.part == "comm"]
             assert {o.rec["kind"] for o in ops} == {"a2a_dispatch", "a2a_combine"}
             assert all(o.rec["scope"] == "inter_node" and tab.ms(o.rec) is not None for o in ops)
-        d = [tab.ms(o.rec) for n in (16, 64, 256) for o in layer_ops(m, t, "h200", n)
-             if o.rec.get("kind") == "a2a_dispatch"]
+        d = [
+            tab.ms(o.rec)
+            for n in (16, 64, 256)
+            for o in layer_ops(m, t, "h200", n)
+            if o.rec.get("kind") == "a2a_dispatch"
+        ]
         assert d == sorted(d) and d[0] < d[-1]
     assert ep_scale(64, "a2a_dispatch") == 1.0
     assert ep_scale(256, "a2a_combine") == pytest.approx(DEEPEP_README_LL_US[256][1] / DEEPEP_README_LL_US[64][1])
@@ -698,13 +762,21 @@ def test_deepep_price_scales_with_message_volume():
     read directly, wider groups scaled from 8 nodes; below the smallest count, its latency floor."""
     from dsim.kernels_deepep import price
 
-    rows = [dict(node_num=nn, num_experts=256, num_token=x, dispatch_avg_t_us=10.0 * nn + x,
-                 combine_avg_t_us=20.0 * nn + 2 * x) for nn in (2, 4, 8) for x in (2, 8, 32, 128)]
+    rows = [
+        dict(
+            node_num=nn,
+            num_experts=256,
+            num_token=x,
+            dispatch_avg_t_us=10.0 * nn + x,
+            combine_avg_t_us=20.0 * nn + 2 * x,
+        )
+        for nn in (2, 4, 8)
+        for x in (2, 8, 32, 128)
+    ]
     ms, how = price(rows, "a2a_dispatch", 32, 7168, 8, 64)
     assert ms == pytest.approx((80 + 32) / 1000) and how["ep_scale"] == 1.0
     ms_half, _ = price(rows, "a2a_dispatch", 32, 3584, 8, 32)  # half the volume at 4 nodes: 16 tokens
-    assert ms_half * 1000 == pytest.approx(float(np.exp(np.interp(np.log(16), np.log([8, 32]),
-                                                                  np.log([48, 72])))))
+    assert ms_half * 1000 == pytest.approx(float(np.exp(np.interp(np.log(16), np.log([8, 32]), np.log([48, 72])))))
     floor, _ = price(rows, "a2a_combine", 1, 4096, 6, 16)
     assert floor == pytest.approx((40 + 4) / 1000)
     with pytest.raises(InputError):
@@ -746,4 +818,122 @@ def test_forward_table_follows_the_moe_chunk_staircase_above_the_capture_limit()
         jump = cm.forward_ms(b + 1) - cm.forward_ms(b)
         assert jump == pytest.approx(direct(b + 1) - direct(b), rel=0.05) and jump > 0.5
     # without chunking there is no staircase: the regular grid alone
-    assert forward_sizes(prof.capture_sizes, 0)[len(prof.capture_sizes):][:3] == [640, 768, 896]
+    assert forward_sizes(prof.capture_sizes, 0)[len(prof.capture_sizes) :][:3] == [640, 768, 896]
+
+
+# ------------------------------------------------------------- prefill_terms version 2
+def _v2_profile(tmp_path, terms: dict, base=None):
+    import yaml
+
+    from dsim.cost import load_profile, save_profile
+
+    path = tmp_path / "v2.yaml"
+    save_profile(base or _format3_profile(), path)
+    d = yaml.safe_load(path.read_text())
+    d["prefill_terms"] = terms
+    path.write_text(yaml.safe_dump(d))
+    return load_profile(str(path)), path, d
+
+
+def test_prefill_terms_v2_price_the_doc_formula(tmp_path):
+    """Version 2: per chunk cached pairs x a + within pairs x b + tokens x t + e, once per step s."""
+    terms = dict(
+        version=2,
+        cached_ms_per_mpair=0.5,
+        within_ms_per_mpair=3.0,
+        token_ms_per_ktok=-1.25,
+        ms_per_chunk=0.75,
+        ms_per_step=4.0,
+    )
+    p, _, _ = _v2_profile(tmp_path, terms)
+    cm = CostModel(p)
+    assert cm.has_prefill_terms and p.prefill_v2.ms_per_step == 4.0
+    chunks = [(512, 1000), (300, 0), (0, 7)]
+
+    def one(q, c):
+        return 0.5 * q * c / 1e6 + 3.0 * q * q / 2 / 1e6 - 1.25 * q / 1000 + 0.75
+
+    assert cm.prefill_ms(chunks) == pytest.approx(one(512, 1000) + one(300, 0) + 4.0, rel=1e-12)
+    assert cm.prefill_ms(iter(chunks)) == pytest.approx(cm.prefill_ms(chunks), rel=1e-15)  # the engine's generator
+    assert cm.prefill_ms([]) == 0.0 and cm.prefill_ms([(0, 5)]) == 0.0
+    assert CostModel(p, cost_scale=2.0).prefill_ms(chunks) == pytest.approx(2 * cm.prefill_ms(chunks), rel=1e-12)
+
+
+def test_prefill_terms_v1_profiles_price_as_before(tmp_path):
+    """A profile without version keeps the version-1 keys and their arithmetic exactly."""
+    p, _, _ = _v2_profile(tmp_path, dict(discount_ms_per_ktok=2.0, attention_ms_per_mpair=0.3, ms_per_chunk=1.5))
+    assert p.prefill_v2 is None
+    cm = CostModel(p)
+    d, a, e = 2.0 / 1000, 0.3 / 1e6, 1.5
+    chunks = [(512, 1000), (300, 0)]
+    assert cm.prefill_ms(chunks) == sum(q * (a * (c + 0.5 * q) - d) + e for q, c in chunks)
+
+
+def test_prefill_terms_v2_round_trip_and_errors(tmp_path):
+    import yaml
+
+    from dsim.cost import load_profile, save_profile
+
+    terms = dict(version=2, within_ms_per_mpair=2.0, token_ms_per_ktok=3.0, ms_per_step=1.0)
+    p, path, d = _v2_profile(tmp_path, terms)
+    save_profile(p, path)
+    q = load_profile(str(path))
+    assert q.prefill_v2 == p.prefill_v2
+    assert yaml.safe_load(path.read_text())["prefill_terms"] == terms
+    for bad, match in (
+        (dict(terms, discount_ms_per_ktok=1.0), "prefill_terms.discount_ms_per_ktok: not a version-2 key"),
+        (dict(terms, version=3), "prefill_terms.version"),
+        (dict(terms, within_ms_per_mpair=-1.0), "prefill_terms.within_ms_per_mpair"),
+        (dict(terms, own_keys_tokens=1025), "own_keys_tokens: needs request_attention.step_keys"),
+        (
+            dict(terms, token_ms_per_ktok=-1e5),
+            r"prefill_terms.token_ms_per_ktok -100000 \(a prompt token 100000 ms per 1000 below a decode token\): exceeds forward.ms",
+        ),
+        (dict(version=1, within_ms_per_mpair=2.0), "prefill_terms.version"),
+    ):
+        path.write_text(yaml.safe_dump(dict(d, prefill_terms=bad)))
+        with pytest.raises(InputError, match=match):
+            load_profile(str(path))
+
+
+def test_prefill_own_keys_are_priced_at_the_step_keys_cells():
+    """own_keys_tokens: a chunk's own key cells (csa min(512, v // 4), hca v // 128, indexer
+    max(1, v // 4), v = c + q) less a decode token's at own_keys_tokens, q tokens, at the shipped
+    shard-check profile's cell prices; the step-keys term then pads the chunk to the step's longest."""
+    from dsim.cost import load_profile
+
+    p = load_profile("profiles/kernels/h200-torch-checks/deepseek-v4-flash-h200-shard-check.yaml")
+    pt, ra = p.prefill_v2, p.request_attention
+    assert pt is not None and pt.own_keys_tokens == 1025 and pt.cached_ms_per_mpair == pt.within_ms_per_mpair == 0
+    csa, hca = (k.ms_per_mcell for k in ra.step_keys.kinds[:2])
+    cm = CostModel(p)
+
+    def ref(q, c):
+        v, d = c + q, 1025
+        own = csa * (min(512, v // 4) - 256) + hca * (v // 128 - d // 128) + ra.indexer_ms_per_mcell * (v // 4 - 256)
+        return q * own / 1e6 + q * pt.token_ms_per_ktok / 1000
+
+    for chunks in ([(8192, 32768)], [(512, 0)], [(1287, 0), (584, 184), (272, 0)]):
+        want = sum(ref(q, c) for q, c in chunks) + pt.ms_per_step
+        assert cm.prefill_ms(chunks) == pytest.approx(want, rel=1e-9)
+    # a step of 2,048 prompt tokens in four chunks of 512 costs less than one chunk of 2,048 (shorter lists)
+    assert cm.prefill_ms([(512, 0)] * 4) < cm.prefill_ms([(2048, 0)])
+
+
+def test_fit_prefill_terms_recovers_known_terms():
+    """Points made from known version-2 terms are fitted back exactly (both forms)."""
+    from dsim.compose import fit_prefill_terms
+    from dsim.cost import PrefillTerms, load_profile, own_keys_ms
+
+    pts = [(q, c) for q in (256, 512, 1024, 2048, 8192) for c in (0, 512, 2048, 8192, 32768)]
+    ex = [(q, c, 0.2 * q * c / 1e6 + 4.0 * q * q / 2e6 - 1.5 * q / 1000 + 3.0) for q, c in pts]
+    f = fit_prefill_terms(ex, None, 1000.0)
+    assert (f.cached_ms_per_mpair, f.within_ms_per_mpair, f.token_ms_per_ktok, f.ms_per_step) == pytest.approx(
+        (0.2, 4.0, -1.5, 3.0), abs=1e-6
+    )
+    assert f.fit["residual_ms_max"] < 1e-6 and f.fit["residual_ms_max_version_1"] > 1.0
+    ra = load_profile("profiles/kernels/h200-torch-checks/deepseek-v4-flash-h200-shard-check.yaml").request_attention
+    base = PrefillTerms(own_keys_tokens=1025)
+    ex = [(q, c, own_keys_ms(q, c, base, ra) + 2.0 * q / 1000 + 5.0) for q, c in pts]
+    f = fit_prefill_terms(ex, ra, 1000.0)
+    assert f.own_keys_tokens == 1025 and (f.token_ms_per_ktok, f.ms_per_step) == pytest.approx((2.0, 5.0), abs=1e-6)

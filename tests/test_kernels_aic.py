@@ -353,3 +353,11 @@ def test_shipped_error_summary_is_a_compose_table_error():
         c = ka.compare_tables(json.loads(read_json_text(ROOT / "profiles" / "kernels" / "h200-aic-vllm.json.gz")),
                               json.loads(torch_table.read_text()))
         assert len(c.shapes) == err["shapes"] and round(c.median_abs_error, 4) == err["median_abs_error"]
+
+
+def test_table_name_drops_json_and_gz():
+    """A table built to NAME.json or NAME.json.gz is named NAME (the composer's --kernels and --prefer use it)."""
+    assert ka.table_name("profiles/kernels/h200-aic-vllm.json.gz") == "h200-aic-vllm"
+    assert ka.table_name("out/b300-aic-vllm.json") == "b300-aic-vllm"
+    for t in ("h200-aic-vllm", "b300-aic-vllm"):
+        assert json.loads(read_json_text(ROOT / "profiles" / "kernels" / f"{t}.json.gz"))["name"] == t
