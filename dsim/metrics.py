@@ -9,14 +9,14 @@ step gets the same gap.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numba
 import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     from dsim.engine import Requests
 
 PCTS = (50, 90, 99)
@@ -29,9 +29,75 @@ def weighted_percentile(values: Any, weights: Any, pct: float) -> Any:
     if len(v) == 0:
         return None
     w = np.asarray(weights, dtype=np.float64)
+    return float(_weighted_values(v, w, (pct,))[0])
+
+
+# Weights that sum exactly in float64 (non-negative whole numbers, total below 2**53, as the ITL
+# samples' counts are): every partial sum is exact, whatever the order of summation.
+_EXACT_SUM = float(2**53)
+
+
+def _weighted_values(v: np.ndarray, w: np.ndarray, pcts: Sequence[float]) -> list:
+    """For each pct: the value at the first position where the cumulative weight, in v's sorted
+    order, reaches pct / 100 of the total (the last value if it never does). That is the smallest
+    x with sum(w[v <= x]) >= pct / 100 x total, which with exactly summing weights a linear-time
+    selection finds without sorting (the same value: ties and the order of summation cannot move
+    it); other weights take the sort."""
+    if len(v) > 1 and w.min() >= 0 and np.array_equal(np.floor(w), w):
+        total = float(w.sum())
+        if total < _EXACT_SUM:
+            return _select_weighted(v, w, np.array([p / 100 * total for p in pcts]))
     order = np.argsort(v, kind="stable")
-    v, cw = v[order], np.cumsum(w[order])
-    return float(v[min(np.searchsorted(cw, pct / 100 * cw[-1], side="left"), len(v) - 1)])
+    vs, cw = v[order], np.cumsum(w[order])
+    return [vs[min(np.searchsorted(cw, p / 100 * cw[-1], side="left"), len(vs) - 1)] for p in pcts]
+
+
+@numba.njit(cache=True, nogil=True)
+def _select_weighted(v, w, targets):  # pragma: no cover - compiled
+    """Per target t: the smallest x in v with sum(w[v <= x]) >= t, else max(v) (quickselect with
+    a three-way partition; v NaN-free, w exactly summing)."""
+    n = len(v)
+    out = np.empty(len(targets))
+    a = np.empty(n)
+    b = np.empty(n)
+    for q in range(len(targets)):
+        t = targets[q]
+        a[:] = v
+        b[:] = w
+        lo, hi = 0, n
+        below = 0.0  # the weight of the values below a[lo:hi]
+        while True:
+            x, y, z = a[lo], a[(lo + hi) // 2], a[hi - 1]
+            pivot = max(min(x, y), min(max(x, y), z))
+            # a[lo:i] < pivot, a[i:j] == pivot, a[k:hi] > pivot
+            i, j, k = lo, lo, hi
+            while j < k:
+                if a[j] < pivot:
+                    a[i], a[j] = a[j], a[i]
+                    b[i], b[j] = b[j], b[i]
+                    i += 1
+                    j += 1
+                elif a[j] > pivot:
+                    k -= 1
+                    a[j], a[k] = a[k], a[j]
+                    b[j], b[k] = b[k], b[j]
+                else:
+                    j += 1
+            w_less = 0.0
+            for m in range(lo, i):
+                w_less += b[m]
+            w_eq = 0.0
+            for m in range(i, j):
+                w_eq += b[m]
+            if i > lo and below + w_less >= t:
+                hi = i
+            elif below + w_less + w_eq >= t or j == hi:
+                out[q] = pivot
+                break
+            else:
+                below += w_less + w_eq
+                lo = j
+    return out
 
 
 def dist(values: Any, weights: Any = None) -> dict:
@@ -45,11 +111,8 @@ def dist(values: Any, weights: Any = None) -> dict:
     else:
         w = np.asarray(weights, dtype=np.float64)
         out = {"mean": float((v * w).sum() / w.sum())}
-        # weighted_percentile's stable sort, done once for the three percentiles
-        order = np.argsort(v, kind="stable")
-        vs, cw = v[order], np.cumsum(w[order])
-        for p in PCTS:
-            out[f"p{p}"] = float(vs[min(np.searchsorted(cw, p / 100 * cw[-1], side="left"), len(vs) - 1)])
+        for p, x in zip(PCTS, _weighted_values(v, w, PCTS)):
+            out[f"p{p}"] = float(x)
     return {k: round(x, 4) for k, x in out.items()}
 
 

@@ -72,9 +72,33 @@ class SimConfig:
 class SimResult:
     summary: dict
     requests: pd.DataFrame
-    steps: pd.DataFrame
+    # the step table, or a function that builds it: built on first use, since most callers (the
+    # plan's search) read only the summary and the request table, and a full hour is ~1M steps
+    step_table: Any
     shapes: list | None = None
     itl: tuple | None = None  # ITL samples, run-length coded: (values ms, counts)
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        if callable(self.step_table):
+            self.step_table = self.step_table()
+        return self.step_table
+
+    def __getstate__(self) -> dict:  # (pickled with its step table built)
+        _ = self.steps
+        return self.__dict__
+
+
+def _step_table(parts: list) -> pd.DataFrame:
+    """The step table column by column from the replicas' column-major blocks (each column one
+    contiguous run per block), handed to pandas without a further copy."""
+    cols = {
+        f: np.concatenate(
+            [p[j] for p in parts], dtype=np.float64 if f in STEP_FLOAT_FIELDS else np.int64, casting="unsafe"
+        )
+        for j, f in enumerate(STEP_FIELDS)
+    }
+    return pd.DataFrame(cols, copy=False)
 
 
 MAX_NODES = 4096  # the largest fleets of the public serving reports are ~1000 nodes
@@ -290,20 +314,15 @@ def _result(cfg, spec, reqs, stats, replicas, wall) -> SimResult:
     stats.head_acc = [x for r in replicas for x in r.head_acc]
     req = request_table(reqs, w.class_names)
     arr = np.concatenate([b.T for r in replicas for b in r.itl_vals.blocks()])  # [samples, (gap_ms, count)]
-    # The step table column by column straight from the replicas' column-major blocks (each
-    # column one contiguous run per block), handed to pandas without a further copy.
     parts = [b for r in replicas for b in r.steps.blocks()]
-    cols = {
-        f: np.concatenate(
-            [p[j] for p in parts], dtype=np.float64 if f in STEP_FLOAT_FIELDS else np.int64, casting="unsafe"
-        )
-        for j, f in enumerate(STEP_FIELDS)
-    }
-    steps = pd.DataFrame(cols, copy=False)
+    n_steps = sum(p.shape[1] for p in parts)
     summary = summarize(req, arr, cfg.n_gpus, cfg.slo)
     summary["wall_time_s"] = round(wall, 3)
-    summary["steps"] = int(len(steps))
-    summary["mean_batch_requests"] = round(float(steps["n_requests"].mean()), 3) if len(steps) else 0.0
+    summary["steps"] = n_steps
+    # (whole numbers: their float64 sum is exact in any order, as the table column's mean is)
+    j = STEP_FIELDS.index("n_requests")
+    batch = float(sum(p[j].sum() for p in parts)) / n_steps if n_steps else 0.0
+    summary["mean_batch_requests"] = round(batch, 3)
     summary.update(_spec_summary(spec, stats, w.class_names))
     summary["setup"] = {
         "nodes": cfg.nodes,
@@ -323,7 +342,7 @@ def _result(cfg, spec, reqs, stats, replicas, wall) -> SimResult:
     shapes = None
     if cfg.engine.record_shapes:
         shapes = sorted((x for r in replicas for x in r.shapes), key=lambda x: (x[1], x[0]))
-    return SimResult(summary, req, steps, shapes, (arr[:, 0], arr[:, 1]))
+    return SimResult(summary, req, lambda: _step_table(parts), shapes, (arr[:, 0], arr[:, 1]))
 
 
 def _spec_summary(spec, st: SpecStats, class_names) -> dict:

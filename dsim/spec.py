@@ -391,8 +391,23 @@ def load_acceptance(name_or_path: str, method: str | None = None) -> AcceptanceC
         raise InputError(
             f"--acceptance: {shown(s)} is not a preset ({', '.join(preset_names())}), a file, const:P or class=p1,p2"
         )
+    try:  # a file read again unchanged (every simulation of a plan builds its curves) is not re-parsed
+        st = path.stat()
+        key = (str(path.resolve()), st.st_mtime_ns, st.st_size, method)
+    except OSError:
+        key = None
+    got = _LOADED.get(key) if key is not None else None
+    if got is not None and got[0] == str(path):
+        return got[1]
     doc, marks = Sch.read_document(path, kind="json" if path.suffix.lower() == ".json" else "yaml")
-    return _from_mapping(doc, str(path), method, marks)
+    curves = _from_mapping(doc, str(path), method, marks)
+    if key is not None:
+        _LOADED[key] = (str(path), curves)
+    return curves
+
+
+# (resolved path, mtime, size, method) -> (the path as given, its AcceptanceCurves: frozen)
+_LOADED: dict = {}
 
 
 def _is_float(s: str) -> bool:

@@ -181,6 +181,38 @@ def test_itl_slo_any_percentile_from_samples():
     assert list(out.values()) == [20.0]
 
 
+def _sorted_weighted(v, w, pct):
+    """The sort-based definition: the value where the cumulative weight in sorted order first
+    reaches pct / 100 of the total (the last value if never)."""
+    order = np.argsort(v, kind="stable")
+    vs, cw = v[order], np.cumsum(w[order])
+    return float(vs[min(np.searchsorted(cw, pct / 100 * cw[-1], side="left"), len(vs) - 1)])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pairs=st.lists(
+        st.tuples(st.sampled_from([-3.5, 0.0, 0.25, 1.0, 2.0, 7.75, 1e9]) | st.floats(-1e6, 1e6), st.integers(0, 5)),
+        min_size=1,
+        max_size=80,
+    ),
+    pct=st.sampled_from([0.0, 1.0, 33.3, 50.0, 90.0, 99.0, 100.0]) | st.floats(0, 100),
+)
+def test_weighted_percentile_selection_equals_sorted_definition(pairs, pct):
+    """Whole-number weights (the ITL counts) take a linear-time selection: it returns exactly the
+    sort's value, ties, zero weights and all-zero weights included; fractional weights take the sort."""
+    from dsim.metrics import dist, weighted_percentile
+
+    v = np.array([x for x, _ in pairs], dtype=np.float64)
+    w = np.array([c for _, c in pairs], dtype=np.float64)
+    assert weighted_percentile(v, w, pct) == _sorted_weighted(v, w, pct)
+    d = dist(v, w) if w.sum() > 0 else None
+    if d is not None:
+        assert [d["p50"], d["p90"], d["p99"]] == [round(_sorted_weighted(v, w, p), 4) for p in (50, 90, 99)]
+    wf = w + 0.5
+    assert weighted_percentile(v, wf, pct) == _sorted_weighted(v, wf, pct)
+
+
 def _empty_req():
     import pandas as pd
     return pd.DataFrame({"completed": [], "ttft_ms": [], "tpot_ms": [], "e2e_ms": []})

@@ -114,6 +114,26 @@ def test_parse_and_user_files(tmp_path):
             load_acceptance(bad, "dspark")
 
 
+def test_acceptance_file_reread_when_changed(tmp_path, monkeypatch):
+    """A file loaded again unchanged gives the same curves (not re-parsed); a changed file is read
+    again; a path given otherwise is read again (the curves carry the path as given)."""
+    import os
+
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps({"source": "me", "classes": {"default": [0.6, 0.5]}}))
+    a = load_acceptance(str(p), "eagle3")
+    assert load_acceptance(str(p), "eagle3") is a
+    assert load_acceptance(str(p), "mtp") is not a  # (per method)
+    st = p.stat()
+    p.write_text(json.dumps({"source": "me", "classes": {"default": [0.7, 0.4]}}))
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert load_acceptance(str(p), "eagle3").curve("x", 2).tolist() == [0.7, 0.4]
+    b = load_acceptance(str(p), "eagle3")
+    monkeypatch.chdir(tmp_path)
+    c = load_acceptance("c.json", "eagle3")  # the same file named otherwise: its own record
+    assert c is not b and c.curves == b.curves
+
+
 # ---- acceptance model ------------------------------------------------------------------------
 
 
