@@ -1500,3 +1500,20 @@ def test_check_gives_each_metric_its_sensitivity_to_the_step_cost(tmp_path):
     assert rows["output_tok_s"]["sensitivity"] < -0.5  # throughput goes down with the cost
     assert "sensitivity" in compare.to_markdown(rep)
     assert "sensitivity" not in {k for r in compare.check([str(f)], str(p), None, sensitivity=False)["rows"] for k in r}
+
+
+def test_calibration_scale_carries_version_2_prefill_terms():
+    # the composed MoE profiles price prompt chunks with prefill_terms version 2; one calibration
+    # scale must scale that price as it scales every other term of the base profile
+    import dataclasses
+
+    from dsim.cost import CostModel, load_profile
+
+    base = load_profile("profiles/composed/deepseek-v4-flash-h200-dp8-ep8.yaml")
+    assert base.prefill_v2 is not None
+    scaled = dataclasses.replace(base, prefill_v2=calibrate._scaled_prefill_v2(base.prefill_v2, 1.5))
+    chunks = [(2048.0, 0.0), (512.0, 8192.0)]
+    a, b = CostModel(base).prefill_ms(chunks), CostModel(scaled).prefill_ms(chunks)
+    assert a > 0 and b == pytest.approx(1.5 * a, rel=1e-9)
+    assert scaled.prefill_v2.own_keys_tokens == base.prefill_v2.own_keys_tokens
+    assert calibrate._scaled_prefill_v2(None, 1.5) is None

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import yaml
 
-from dsim.cost import CostModel, Table, load_profile, save_profile
+from dsim.cost import CostModel, PrefillTerms, Table, load_profile, save_profile
 from dsim.errors import InputError
 from validator import acceptance, measure, noise, stepfit
 
@@ -188,6 +188,21 @@ def overhead_table(ms: Sequence[measure.Measurement]) -> dict | None:
 
 
 REPEAT_TOLERANCE = 0.10  # a repeat's scale may differ this much from the others' median at least
+
+
+def _scaled_prefill_v2(terms: PrefillTerms | None, scale: float) -> PrefillTerms | None:
+    """Version-2 prefill terms under the calibration's one scale (every time term; the key-list
+    length own_keys_tokens is a token count, not a time)."""
+    if terms is None:
+        return None
+    return dataclasses.replace(
+        terms,
+        cached_ms_per_mpair=terms.cached_ms_per_mpair * scale,
+        within_ms_per_mpair=terms.within_ms_per_mpair * scale,
+        token_ms_per_ktok=terms.token_ms_per_ktok * scale,
+        ms_per_chunk=terms.ms_per_chunk * scale,
+        ms_per_step=terms.ms_per_step * scale,
+    )
 
 
 def _one_scale(x: np.ndarray, y: np.ndarray) -> float:
@@ -439,6 +454,7 @@ def calibrate(
             prefill_discount_ms_per_ktok=base.prefill_discount_ms_per_ktok * s,
             prefill_attn_ms_per_mpair=base.prefill_attn_ms_per_mpair * s,
             prefill_ms_per_chunk=base.prefill_ms_per_chunk * s,
+            prefill_v2=_scaled_prefill_v2(base.prefill_v2, s),
             extra={k: v for k, v in base.extra.items() if k != "validator"},
         )
         fit = {
