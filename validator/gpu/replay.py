@@ -69,6 +69,7 @@ def replay_steps(
     eager_tails: bool = False,
     repredict: bool = False,
     big_timer: Callable | None = None,
+    on_row: Callable[[list[dict]], None] | None = None,
 ) -> tuple[list[dict], dict]:
     """Time each step's exact shape on the executor; rows with measured and predicted ms, and their
     error summary. cost: dsim's cost model of the profile, for predictions the log lacks (or all of
@@ -107,6 +108,8 @@ def replay_steps(
                 predicted_log_ms=st.get("predicted_ms"),
             )
         )
+        if on_row is not None:
+            on_row(rows)
     return rows, error_summary(rows)
 
 
@@ -161,13 +164,23 @@ def main(argv: list[str] | None = None) -> None:
 
         p = yaml.safe_load(Path(a.profile).read_text())
         sc = cost_model(p, a.profile)
-    results = {}
+    results: dict[str, dict] = {}
     timer = Timer(device, a.reps, warm=a.warm)
-    for src in a.steplog:  # one model build, several logs; results written after each
+
+    def write() -> None:
+        doc = dict(model=a.model, profile=a.profile, eager_tails=a.eager_tails, repredict=a.repredict, logs=results)
+        write_text_atomic(a.out, json.dumps(doc, indent=1))
+
+    for src in a.steplog:  # one model build, several logs; results written after every step
         t0 = time.time()
         steps = load_or_make_steps(src)
         if a.dry_run:
             steps = dry_run_steps(steps, 6)
+
+        def partial(rows: list[dict], src: str = src) -> None:
+            results[src] = dict(rows=rows, summary=error_summary(rows), partial=True)
+            write()
+
         rows, summary = replay_steps(
             model,
             steps,
@@ -179,15 +192,10 @@ def main(argv: list[str] | None = None) -> None:
             dims["layers"] / layers,
             eager_tails=a.eager_tails,
             repredict=a.repredict,
+            on_row=partial,
         )
         results[src] = dict(rows=rows, summary=summary)
-        write_text_atomic(
-            a.out,
-            json.dumps(
-                dict(model=a.model, profile=a.profile, eager_tails=a.eager_tails, repredict=a.repredict, logs=results),
-                indent=1,
-            ),
-        )
+        write()
         print(src, json.dumps(summary), f"({time.time() - t0:.1f}s)", flush=True)
 
 
