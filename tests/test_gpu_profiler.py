@@ -221,9 +221,10 @@ def test_analytical_fit_reproduces_measured_within_stated_error():
     ev = evaluate_efficiency(fit["efficiency"], items)
     assert ev["forward_median_abs_pct"] <= fit["efficiency"]["forward_median_abs_pct"] + 0.5
     assert ev["forward_p90_abs_pct"] <= fit["efficiency"]["forward_p90_abs_pct"] + 0.5
-    for m in fitted:   # leave-one-model-out: fitted on the other three, checked on this one
-        # (target 5 %: met for three models, Qwen3-32B's 6.2 % misses it, docs/gpu-profiling.md)
-        assert fit["leave_one_out"][m]["held_out"]["forward_median_abs_pct"] < 6.5
+    for m in fitted:  # leave-one-model-out: fitted on the other three, checked on this one
+        # the issue's target, 5 % median, for every model (docs/gpu-profiling.md)
+        assert fit["leave_one_out"][m]["held_out"]["forward_median_abs_pct"] <= 5.0
+        assert fit["leave_one_out"][m]["fitted"]["knee"] > 1
         assert sorted(fit["leave_one_out"][m]["trained_on"]) == sorted(set(fitted) - {m})
     assert p_format2(eff)
     # the fitted analytical profile of a measured model agrees with it at the staircase points
@@ -242,8 +243,8 @@ def p_format2(eff) -> bool:
 def test_analytical_leave_one_model_out_replays(tmp_path):
     """Each model's analytical profile built from efficiencies fitted on the other measured models
     predicts that model's GPU step replays (validator/gpu/scripts/analytical_lomo.py, recomputed
-    here and equal to the committed record): median |error| within 6 % for three of the four
-    models and within 9 % for every one."""
+    here and equal to the committed record): median |error| within 6 % (the target) for every
+    model."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("lomo", ROOT / "validator" / "gpu" / "scripts" / "analytical_lomo.py")
@@ -254,7 +255,7 @@ def test_analytical_leave_one_model_out_replays(tmp_path):
     ref = json.loads((ROOT / "profiles" / "analytical" / "h200-lomo-replay.json").read_text())["models"]
     assert got == ref
     med = [v["replay_all"]["median_abs_pct"] for v in got.values()]
-    assert len(med) == 4 and sum(x <= 6 for x in med) >= 3 and max(med) <= 9
+    assert len(med) == 4 and max(med) <= 6.0, med
 
 
 def test_deepseek_profile_regenerated_with_fit():
