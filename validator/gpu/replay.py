@@ -104,6 +104,7 @@ def replay_steps(
                 ctx_max=max(dec) if dec else 0,
                 prefill_tokens=sum(s for s in shape.q if s >= PREFILL_MIN_Q),
                 measured_ms=ms * depth_scale,
+                reps_ms=[round(r * depth_scale, 4) for r in reps],
                 predicted_ms=pred,
                 predicted_log_ms=st.get("predicted_ms"),
             )
