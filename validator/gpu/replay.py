@@ -84,6 +84,7 @@ def replay_steps(
         m = M.StepMeta(shape, n_pad, dims, device)
         graph = shape.n <= caps[-1] or not eager_tails
         tm = big_timer if (big_timer is not None and shape.n > caps[-1]) else timer
+        t_start = time.time()
         ms, reps = tm(lambda: model.forward(m), graph=graph)
         pred = st.get("predicted_ms")
         if (pred is None or repredict) and cost is not None:
@@ -105,6 +106,8 @@ def replay_steps(
                 prefill_tokens=sum(s for s in shape.q if s >= PREFILL_MIN_Q),
                 measured_ms=ms * depth_scale,
                 reps_ms=[round(r * depth_scale, 4) for r in reps],
+                t_start_unix_s=round(t_start, 3),
+                t_end_unix_s=round(time.time(), 3),
                 predicted_ms=pred,
                 predicted_log_ms=st.get("predicted_ms"),
             )
