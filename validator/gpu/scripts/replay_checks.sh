@@ -12,8 +12,9 @@
 #   T_<n>    the n-th job's limit in seconds (default 60)
 #   OUT      output folder (default /tmp/out): check-<model>.json per model, log.txt
 #   EXTRA    extra replay arguments, e.g. EXTRA=--dry-run (CPU, a few small steps)
-#   CLOCKS   1: sample the GPU's SM clock, power, temperature and throttle reasons every 200 ms
-#            into $OUT/clocks.csv for the run (rows carry their start/end times to match)
+#   CLOCKS   1: sample the GPU's SM clock, power and temperature every 200 ms into $OUT/clocks.csv
+#            for the run (rows carry their start/end times to match), and log its performance
+#            state (clock event reasons) after every job
 set -o pipefail
 DEADLINE=${DEADLINE:-195}
 RES=${OUT:-/tmp/out}
@@ -22,8 +23,8 @@ source "$(dirname "$0")/deadline_jobs.sh"
 DIR=${DIR:-profiles/h200/steplogs-s1}
 SAMPLER=
 if [ "${CLOCKS:-0}" = 1 ] && command -v nvidia-smi >/dev/null; then
-  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
-    --format=csv -lms 200 >"$OUT/clocks.csv" 2>&1 &
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 200 \
+    >"$OUT/clocks.csv" 2>&1 &
   SAMPLER=$!
 fi
 i=0
@@ -39,6 +40,7 @@ for ml in ${CHECKS:-qwen3-14b:default-c256,default-c1,azure-code-c8 qwen3-32b:az
   job "${!lim:-60}" python3 -m validator.gpu.replay "${logs[@]}" \
     --model "profiles/models/$m.json" --profile "profiles/h200/h200-$m.yaml" --out "$RES/check-$m.json" \
     --reps "$reps" --warm "${WARM:-1}" $EXTRA
+  [ -n "$SAMPLER" ] && timeout 10 nvidia-smi -q -d PERFORMANCE 2>&1 | grep -v '^$' | head -30 >>"$LOG"
 done
 [ -n "$SAMPLER" ] && kill "$SAMPLER" 2>/dev/null
 ls -la "$RES" | tee -a "$LOG"
