@@ -243,6 +243,8 @@ def repredict(replay_path: Path, profile_path: Path) -> dict:
     for src, res in rep["logs"].items():
         steps = P.read_steplog(root / src if not Path(src).is_absolute() else src)
         rows = res["rows"]
+        if res.get("partial"):  # a replay cut short: its first len(rows) steps were timed
+            steps = steps[: len(rows)]
         if len(steps) != len(rows):
             raise InputError(f"{replay_path}: {src} has {len(rows)} rows, the log {len(steps)} steps")
         new_rows = []
