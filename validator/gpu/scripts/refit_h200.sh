@@ -16,7 +16,7 @@ for m in ${MODELS:-llama-3.1-8b qwen3-8b qwen3-14b qwen3-32b}; do
   for k in replay heldout check; do
     [ -f "$H/replay/$k-$m.json" ] && rep="$rep --repredict $H/replay/$k-$m.json $H/h200-$m.yaml $H/replay/$k-$m.repredicted.json"
   done
-  for f in "$H"/replay/repeat-*-"$m".json "$H"/replay/s1-*-"$m".json; do
+  for f in "$H"/replay/repeat-*-"$m".json "$H/replay/s1-$m.json"; do
     [ -f "$f" ] && rep="$rep --repredict $f $H/h200-$m.yaml ${f%.json}.repredicted.json"
   done
   python3 -m validator.gpu.refit $rep
