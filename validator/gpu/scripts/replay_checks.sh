@@ -4,11 +4,13 @@
 # model, its logs in the order given, the log's own prediction compared (the profile the log was made
 # with), every step written as it is timed. Jobs run under `timeout`, none past DEADLINE seconds.
 # Run from the repository root on a machine with one GPU and torch.
-#   CHECKS   "model:log,log ..." in order (log: the case name, e.g. default-c256), default: the
+#   CHECKS   "model:log,log ..." in order (log: the case name, e.g. default-c256, or a path with a
+#            '/', e.g. a design set written as a step log), default: the
 #            two compositions the first set missed on (Qwen3-14B default c256, Qwen3-32B Azure conv
 #            c128), Mooncake on the 8B models, then small logs of other workloads
 #   DIR      the step logs' folder (default profiles/h200/steplogs-s1): DIR/<log>-<model>.jsonl
-#   REPS     timed replays per step (default 3; Qwen3-32B 2), WARM untimed ones (default 1)
+#   REPS     timed replays per step (default 3; Qwen3-32B 2; R_<n>: the n-th job's), WARM untimed
+#            ones (default 1)
 #   T_<n>    the n-th job's limit in seconds (default 60)
 #   OUT      output folder (default /tmp/out): check-<model>.json per model, log.txt
 #   EXTRA    extra replay arguments, e.g. EXTRA=--dry-run (CPU, a few small steps)
@@ -33,9 +35,13 @@ for ml in ${CHECKS:-qwen3-14b:default-c256,default-c1,azure-code-c8 qwen3-32b:az
   m=${ml%%:*}
   logs=()
   IFS=, read -r -a names <<<"${ml#*:}"
-  for lg in "${names[@]}"; do logs+=("$DIR/$lg-$m.jsonl"); done
+  for lg in "${names[@]}"; do
+    case $lg in */*) logs+=("$lg") ;; *) logs+=("$DIR/$lg-$m.jsonl") ;; esac
+  done
   reps=${REPS:-3}
   [ "$m" = qwen3-32b ] && reps=${REPS:-2}
+  rv=R_$i
+  reps=${!rv:-$reps}
   lim=T_$i
   job "${!lim:-60}" python3 -m validator.gpu.replay "${logs[@]}" \
     --model "profiles/models/$m.json" --profile "profiles/h200/h200-$m.yaml" --out "$RES/check-$m.json" \
