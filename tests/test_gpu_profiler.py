@@ -622,3 +622,33 @@ def test_torch_free_parts_import_without_torch():
     src = {m: (ROOT / "validator" / "gpu" / f"{m}.py").read_text() for m in ("plan", "model", "replay")}
     assert "validator.gpu.profile" not in src["replay"] and "validator.gpu.replay" not in src["model"]
     assert "import torch" not in src["plan"]
+
+
+def test_second_checking_set_replays():
+    """The second checking set (profiles/h200/steplogs-s1: seed 1, each trace's later slice, written
+    from the profiles before the timer's median fix, never fitted), replayed on the H200 in fresh
+    processes (replay/s1-<model>.json, one row per step with every rep): against the predictions
+    the logs carry (the profiles they were made with, the clean check) every replayed log meets
+    median <= 3 % and p90 <= 6 % but Qwen3-14B's default c256, the stated miss (every step
+    over-predicted); predicted again from the committed profiles the same holds, and the stored
+    re-predicted files say so."""
+    seen = set()
+    for m in MODELS + ["qwen3-14b"]:
+        rep = json.loads((REPLAYS / f"s1-{m}.json").read_text())["logs"]
+        assert rep and all(src.startswith("profiles/h200/steplogs-s1/") for src in rep)
+        cm = CostModel(load_profile(str(ROOT / "profiles" / "h200" / f"h200-{m}.yaml")))
+        now = _recomputed(REPLAYS / f"s1-{m}.json", cm)
+        stored = json.loads((REPLAYS / f"s1-{m}.repredicted.json").read_text())["logs"]
+        for src, v in rep.items():
+            name = Path(src).name
+            steps = plan.read_steplog(ROOT / src)
+            clean = [abs(s["predicted_ms"] / r["measured_ms"] - 1) * 100 for s, r in zip(steps, v["rows"])]
+            assert all(r["predicted_ms"] == s["predicted_ms"] for s, r in zip(steps, v["rows"]))
+            assert all(min(r["reps_ms"]) <= r["measured_ms"] <= max(r["reps_ms"]) for r in v["rows"])
+            miss = name == "default-c256-qwen3-14b.jsonl"
+            for errs in (clean, now[name]):
+                med, p90 = np.median(errs), np.percentile(errs, 90)
+                assert (med <= 3.0 and p90 <= 6.0) != miss, (name, med, p90)
+            assert stored[name]["summary"]["all"]["median_abs_pct"] == pytest.approx(np.median(now[name]), abs=2e-3)
+            seen.add(name.split(f"-{m}")[0])
+    assert seen >= {"default-c256", "azure-conv-c128", "mooncake-c96", "mooncake-c16", "default-c1"}
