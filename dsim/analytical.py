@@ -8,6 +8,7 @@ replica of g GPUs (tensor parallel):
     t_comm    = 2 x layers x (allreduce latency + n x hidden x 2 B / link BW)      (g > 1)
     t_act     = activation x n x layers x hidden                                    (fitted profiles)
     F(n)      = max(t_weights, t_flops) + t_act + t_comm + layers x launch floor
+    (fitted profiles: the smooth maximum (t_weights^k + t_flops^k)^(1/k), k = ``knee``)
 
 The embedding is a gather of n rows: it is neither read whole nor multiplied, so its V x h
 parameters count in neither term (the LM head's do). t_act is the per-token work that is not a
@@ -15,7 +16,12 @@ GEMM (norms, RoPE, activations, residuals: it grows with layers x hidden, not wi
 which is what sets a narrow deep model (Qwen3-8B: 36 x 4096) apart from a wide one at the same
 FLOPs. Fitting it with the compute efficiency on three models is degenerate (the held-out model's
 error swings with the split between the two), so fits keep the compute efficiency at its stated
-0.6 of the dense peak and fit the weight bandwidth, the launch floor and t_act.
+0.6 of the dense peak and fit the weight bandwidth, the launch floor, t_act and the knee k.
+A GEMM does not switch from reading weights to multiplying at one batch size: its tiles' loads
+and math overlap only partly, and near the ridge point (a few hundred tokens on an H200) both
+cost, so the measured step bends where the hard maximum kinks. The p-norm smooth maximum with
+one fitted exponent (k ~ 2.3 on the measured H200 profiles) follows that bend; k -> infinity is
+the hard maximum, which stated-default profiles keep.
 
 Fitted profiles (H200, from the measured ones) are format 2 and carry prefill terms and the
 per-request attention terms (dsim.cost): a prompt token costs ``decode_row_ns`` x layers x hidden
@@ -83,6 +89,7 @@ class Efficiency:
     merge_ns: float | None = None  # split-KV merge per grid cell per (layer x head_dim), ns
     tail_frac: float | None = None  # the schedule tail's cost per token, relative to the KV read's
     decode_step_us_per_layer: float | None = None  # the split-KV path's per-step work, us per layer
+    knee: float | None = None  # smooth-roofline exponent k (None: the hard maximum; module doc)
 
 
 def model_shape(cfg: dict) -> dict:
@@ -143,7 +150,8 @@ def forward_ms(shape: dict, n: np.ndarray, hw: dict, gpus: int, bytes_per_param:
     peak = hw["fp8"] if bytes_per_param <= 1 else hw["bf16"]
     t_w = weight_bytes / gpus / (hw["bw"] * eff.bw)
     t_f = 2 * (shape["active"] - shape.get("embedding", 0)) * n / gpus / (peak * eff.flops)
-    t = np.maximum(t_w, t_f) + shape["layers"] * eff.launch_us_per_layer * 1e-6
+    t = np.maximum(t_w, t_f) if eff.knee is None else (t_w**eff.knee + t_f**eff.knee) ** (1.0 / eff.knee)
+    t = t + shape["layers"] * eff.launch_us_per_layer * 1e-6
     t = t + eff.activation_ps * 1e-12 * n * shape["layers"] * shape["hidden"]
     if gpus > 1:
         t = t + 2 * shape["layers"] * (eff.allreduce_us * 1e-6 + n * shape["hidden"] * 2 / hw["link"])
@@ -242,6 +250,7 @@ def analytical_profile(
                 eff_kv_bw=eff.kv_bw or eff.bw,
                 launch_us_per_layer=eff.launch_us_per_layer,
                 **({"activation_ps": eff.activation_ps} if eff.activation_ps else {}),
+                **({"knee": eff.knee} if eff.knee is not None else {}),
             ),
             **({"fit": fit_info} if fit_info else {}),
         ),
@@ -301,8 +310,8 @@ def _measured_points(profile: Profile) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _fwd_err(params, items, hw_name="H200"):
-    bw, fl, launch, act = params
-    eff = Efficiency(bw=bw, flops=fl, launch_us_per_layer=launch, activation_ps=act)
+    bw, fl, launch, act, knee = params
+    eff = Efficiency(bw=bw, flops=fl, launch_us_per_layer=launch, activation_ps=act, knee=knee)
     errs = []
     for cfg, prof in items:
         shape = model_shape(json.loads(Path(cfg).read_text()))
@@ -352,9 +361,9 @@ def _format2_eff(items: list[tuple[str, Profile]], hw_name: str = "H200") -> dic
 
 
 def fit_efficiency(items: list[tuple[str, Profile]], hw_name: str = "H200") -> dict:
-    """Fit eff.bw, the per-layer launch floor and the activation term (relative least squares on
-    the forward tables; eff.flops stays at its stated value, module doc) and the KV-read bandwidth
-    fraction (mean over profiles) to measured single-GPU profiles.
+    """Fit eff.bw, the per-layer launch floor, the activation term and the knee (relative least
+    squares on the forward tables; eff.flops stays at its stated value, module doc) and the KV-read
+    bandwidth fraction (mean over profiles) to measured single-GPU profiles.
 
     items: [(model config path, measured Profile)]. Returns the fitted values and their errors.
     """
@@ -362,11 +371,11 @@ def fit_efficiency(items: list[tuple[str, Profile]], hw_name: str = "H200") -> d
 
     fl = Efficiency.flops  # stated, not fitted (module doc)
     r = least_squares(
-        lambda p: _fwd_err([p[0], fl, p[1], p[2]], items, hw_name),
-        x0=[0.8, 40.0, 10.0],
-        bounds=([0.05, 0.0, 0.0], [1.0, 500.0, 1e4]),
+        lambda p: _fwd_err([p[0], fl, p[1], p[2], p[3]], items, hw_name),
+        x0=[0.8, 40.0, 10.0, 2.0],
+        bounds=([0.05, 0.0, 0.0, 1.0], [1.0, 500.0, 1e4, 20.0]),
     )
-    params = [r.x[0], fl, r.x[1], r.x[2]]
+    params = [r.x[0], fl, r.x[1], r.x[2], r.x[3]]
     e = np.abs(_fwd_err(params, items, hw_name)) * 100
     kv = [_kv_eff(c, p, hw_name) for c, p in items]
     return dict(
@@ -375,6 +384,7 @@ def fit_efficiency(items: list[tuple[str, Profile]], hw_name: str = "H200") -> d
         flops=float(params[1]),
         launch_us_per_layer=float(params[2]),
         activation_ps=float(params[3]),
+        knee=float(params[4]),
         kv_bw=float(np.mean(kv)),
         forward_median_abs_pct=float(np.median(e)),
         forward_p90_abs_pct=float(np.percentile(e, 90)),
@@ -384,7 +394,7 @@ def fit_efficiency(items: list[tuple[str, Profile]], hw_name: str = "H200") -> d
 
 def evaluate_efficiency(fit: dict, items: list[tuple[str, Profile]], hw_name: str = "H200") -> dict:
     """Errors of fitted efficiencies on (held-out) measured profiles: forward table and KV slope."""
-    params = [fit["bw"], fit["flops"], fit["launch_us_per_layer"], fit.get("activation_ps", 0.0)]
+    params = [fit["bw"], fit["flops"], fit["launch_us_per_layer"], fit.get("activation_ps", 0.0), fit.get("knee")]
     e = np.abs(_fwd_err(params, items, hw_name)) * 100
     kv = [abs(fit["kv_bw"] / _kv_eff(c, p, hw_name) - 1) * 100 for c, p in items]
     return dict(
@@ -421,6 +431,7 @@ def fit_cli(argv: list[str] | None = None) -> None:  # pragma: no cover - thin w
                     "flops",
                     "launch_us_per_layer",
                     "activation_ps",
+                    "knee",
                     "kv_bw",
                     "decode_row_ns",
                     "attn_flops",
@@ -461,6 +472,7 @@ def load_fit(path: str | Path) -> tuple[Efficiency, dict]:
         flops=f["flops"],
         launch_us_per_layer=f["launch_us_per_layer"],
         activation_ps=f.get("activation_ps", 0.0),
+        knee=f.get("knee"),
         kv_bw=f["kv_bw"],
         source=src,
         decode_row_ns=f.get("decode_row_ns"),
@@ -475,6 +487,7 @@ def load_fit(path: str | Path) -> tuple[Efficiency, dict]:
         flops=round(f["flops"], 4),
         launch_us_per_layer=round(f["launch_us_per_layer"], 2),
         activation_ps=round(f.get("activation_ps", 0.0), 3),
+        **({"knee": round(f["knee"], 3)} if f.get("knee") is not None else {}),
         kv_bw=round(f["kv_bw"], 4),
         train_forward_median_abs_pct=round(f["forward_median_abs_pct"], 2),
         train_forward_p90_abs_pct=round(f["forward_p90_abs_pct"], 2),

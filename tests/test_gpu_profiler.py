@@ -221,9 +221,10 @@ def test_analytical_fit_reproduces_measured_within_stated_error():
     ev = evaluate_efficiency(fit["efficiency"], items)
     assert ev["forward_median_abs_pct"] <= fit["efficiency"]["forward_median_abs_pct"] + 0.5
     assert ev["forward_p90_abs_pct"] <= fit["efficiency"]["forward_p90_abs_pct"] + 0.5
-    for m in fitted:   # leave-one-model-out: fitted on the other three, checked on this one
-        # (target 5 %: met for three models, Qwen3-32B's 6.2 % misses it, docs/gpu-profiling.md)
-        assert fit["leave_one_out"][m]["held_out"]["forward_median_abs_pct"] < 6.5
+    for m in fitted:  # leave-one-model-out: fitted on the other three, checked on this one
+        # the issue's target, 5 % median, for every model (docs/gpu-profiling.md)
+        assert fit["leave_one_out"][m]["held_out"]["forward_median_abs_pct"] <= 5.0
+        assert fit["leave_one_out"][m]["fitted"]["knee"] > 1
         assert sorted(fit["leave_one_out"][m]["trained_on"]) == sorted(set(fitted) - {m})
     assert p_format2(eff)
     # the fitted analytical profile of a measured model agrees with it at the staircase points
@@ -242,8 +243,8 @@ def p_format2(eff) -> bool:
 def test_analytical_leave_one_model_out_replays(tmp_path):
     """Each model's analytical profile built from efficiencies fitted on the other measured models
     predicts that model's GPU step replays (validator/gpu/scripts/analytical_lomo.py, recomputed
-    here and equal to the committed record): median |error| within 6 % for three of the four
-    models and within 9 % for every one."""
+    here and equal to the committed record): median |error| within 6 % (the target) for every
+    model."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("lomo", ROOT / "validator" / "gpu" / "scripts" / "analytical_lomo.py")
@@ -254,7 +255,7 @@ def test_analytical_leave_one_model_out_replays(tmp_path):
     ref = json.loads((ROOT / "profiles" / "analytical" / "h200-lomo-replay.json").read_text())["models"]
     assert got == ref
     med = [v["replay_all"]["median_abs_pct"] for v in got.values()]
-    assert len(med) == 4 and sum(x <= 6 for x in med) >= 3 and max(med) <= 9
+    assert len(med) == 4 and max(med) <= 6.0, med
 
 
 def test_deepseek_profile_regenerated_with_fit():
@@ -621,3 +622,33 @@ def test_torch_free_parts_import_without_torch():
     src = {m: (ROOT / "validator" / "gpu" / f"{m}.py").read_text() for m in ("plan", "model", "replay")}
     assert "validator.gpu.profile" not in src["replay"] and "validator.gpu.replay" not in src["model"]
     assert "import torch" not in src["plan"]
+
+
+def test_second_checking_set_replays():
+    """The second checking set (profiles/h200/steplogs-s1: seed 1, each trace's later slice, written
+    from the profiles before the timer's median fix, never fitted), replayed on the H200 in fresh
+    processes (replay/s1-<model>.json, one row per step with every rep): against the predictions
+    the logs carry (the profiles they were made with, the clean check) every replayed log meets
+    median <= 3 % and p90 <= 6 % but Qwen3-14B's default c256, the stated miss (every step
+    over-predicted); predicted again from the committed profiles the same holds, and the stored
+    re-predicted files say so."""
+    seen = set()
+    for m in MODELS + ["qwen3-14b"]:
+        rep = json.loads((REPLAYS / f"s1-{m}.json").read_text())["logs"]
+        assert rep and all(src.startswith("profiles/h200/steplogs-s1/") for src in rep)
+        cm = CostModel(load_profile(str(ROOT / "profiles" / "h200" / f"h200-{m}.yaml")))
+        now = _recomputed(REPLAYS / f"s1-{m}.json", cm)
+        stored = json.loads((REPLAYS / f"s1-{m}.repredicted.json").read_text())["logs"]
+        for src, v in rep.items():
+            name = Path(src).name
+            steps = plan.read_steplog(ROOT / src)
+            clean = [abs(s["predicted_ms"] / r["measured_ms"] - 1) * 100 for s, r in zip(steps, v["rows"])]
+            assert all(r["predicted_ms"] == s["predicted_ms"] for s, r in zip(steps, v["rows"]))
+            assert all(min(r["reps_ms"]) <= r["measured_ms"] <= max(r["reps_ms"]) for r in v["rows"])
+            miss = name == "default-c256-qwen3-14b.jsonl"
+            for errs in (clean, now[name]):
+                med, p90 = np.median(errs), np.percentile(errs, 90)
+                assert (med <= 3.0 and p90 <= 6.0) != miss, (name, med, p90)
+            assert stored[name]["summary"]["all"]["median_abs_pct"] == pytest.approx(np.median(now[name]), abs=2e-3)
+            seen.add(name.split(f"-{m}")[0])
+    assert seen >= {"default-c256", "azure-conv-c128", "mooncake-c96", "mooncake-c16", "default-c1"}

@@ -25,6 +25,7 @@ The 1/sqrt(d) scale is applied to q before attention (scale=1 in the kernels).
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -563,7 +564,8 @@ def time_fn(
     fn: Callable[[], Any], reps: int = 5, graph: bool = True, pool: Any = None, warm: int = 2
 ) -> tuple[float, list[float]]:
     """Median ms of `reps` runs of fn, captured in a CUDA graph when graph=True (after one eager
-    warm-up run), else eager. Returns (median_ms, all_ms)."""
+    warm-up run), else eager. Returns (median_ms, all_ms). The median of an even count is the mean
+    of the middle two (the upper one, taken before, made a two-rep time the slower rep's)."""
     fn()
     torch.cuda.synchronize()
     g = None
@@ -586,8 +588,7 @@ def time_fn(
         b.synchronize()
         ts.append(a.elapsed_time(b))
     del g
-    ts_sorted = sorted(ts)
-    return ts_sorted[len(ts) // 2], ts
+    return statistics.median(ts), ts
 
 
 class Timer:
@@ -608,7 +609,7 @@ class Timer:
             t0 = time.perf_counter()
             fn()
             ts.append((time.perf_counter() - t0) * 1e3)
-        return sorted(ts)[len(ts) // 2], ts
+        return statistics.median(ts), ts
 
 
 def reference_attention(qkv_rot: torch.Tensor, pool_l: tuple[torch.Tensor, torch.Tensor], m: StepMeta) -> torch.Tensor:

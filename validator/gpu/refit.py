@@ -120,11 +120,15 @@ def point_shapes(points: list[dict], dims: dict) -> None:
 
 def context_points(paths: list[str]) -> list[dict]:
     """The points of context sweeps (scripts/context_sweep.py): spread and longpre points are
-    fitted, the table anchors are not (they re-time the sweep's own steps: drift only)."""
+    fitted, the table anchors are not (they re-time the sweep's own steps: drift only). A point's
+    time is the median of its reps: the sweep's timer took the upper middle rep of an even count,
+    so a two-rep point (the long steps of a three-rep sweep) was its slower rep."""
     out = []
     for path in paths:
         for p in json.loads(Path(path).read_text())["points"]:
             p = dict(p, fit=not p["tag"].startswith("anchor"), source=Path(path).name)
+            if p.get("reps"):
+                p["ms"] = float(np.median(p["reps"]))
             out.append(p)
     return out
 
@@ -239,6 +243,8 @@ def repredict(replay_path: Path, profile_path: Path) -> dict:
     for src, res in rep["logs"].items():
         steps = P.read_steplog(root / src if not Path(src).is_absolute() else src)
         rows = res["rows"]
+        if res.get("partial"):  # a replay cut short: its first len(rows) steps were timed
+            steps = steps[: len(rows)]
         if len(steps) != len(rows):
             raise InputError(f"{replay_path}: {src} has {len(rows)} rows, the log {len(steps)} steps")
         new_rows = []

@@ -69,6 +69,7 @@ def replay_steps(
     eager_tails: bool = False,
     repredict: bool = False,
     big_timer: Callable | None = None,
+    on_row: Callable[[list[dict]], None] | None = None,
 ) -> tuple[list[dict], dict]:
     """Time each step's exact shape on the executor; rows with measured and predicted ms, and their
     error summary. cost: dsim's cost model of the profile, for predictions the log lacks (or all of
@@ -83,6 +84,7 @@ def replay_steps(
         m = M.StepMeta(shape, n_pad, dims, device)
         graph = shape.n <= caps[-1] or not eager_tails
         tm = big_timer if (big_timer is not None and shape.n > caps[-1]) else timer
+        t_start = time.time()
         ms, reps = tm(lambda: model.forward(m), graph=graph)
         pred = st.get("predicted_ms")
         if (pred is None or repredict) and cost is not None:
@@ -103,10 +105,15 @@ def replay_steps(
                 ctx_max=max(dec) if dec else 0,
                 prefill_tokens=sum(s for s in shape.q if s >= PREFILL_MIN_Q),
                 measured_ms=ms * depth_scale,
+                reps_ms=[round(r * depth_scale, 4) for r in reps],
+                t_start_unix_s=round(t_start, 3),
+                t_end_unix_s=round(time.time(), 3),
                 predicted_ms=pred,
                 predicted_log_ms=st.get("predicted_ms"),
             )
         )
+        if on_row is not None:
+            on_row(rows)
     return rows, error_summary(rows)
 
 
@@ -161,13 +168,23 @@ def main(argv: list[str] | None = None) -> None:
 
         p = yaml.safe_load(Path(a.profile).read_text())
         sc = cost_model(p, a.profile)
-    results = {}
+    results: dict[str, dict] = {}
     timer = Timer(device, a.reps, warm=a.warm)
-    for src in a.steplog:  # one model build, several logs; results written after each
+
+    def write() -> None:
+        doc = dict(model=a.model, profile=a.profile, eager_tails=a.eager_tails, repredict=a.repredict, logs=results)
+        write_text_atomic(a.out, json.dumps(doc, indent=1))
+
+    for src in a.steplog:  # one model build, several logs; results written after every step
         t0 = time.time()
         steps = load_or_make_steps(src)
         if a.dry_run:
             steps = dry_run_steps(steps, 6)
+
+        def partial(rows: list[dict], src: str = src) -> None:
+            results[src] = dict(rows=rows, summary=error_summary(rows), partial=True)
+            write()
+
         rows, summary = replay_steps(
             model,
             steps,
@@ -179,15 +196,10 @@ def main(argv: list[str] | None = None) -> None:
             dims["layers"] / layers,
             eager_tails=a.eager_tails,
             repredict=a.repredict,
+            on_row=partial,
         )
         results[src] = dict(rows=rows, summary=summary)
-        write_text_atomic(
-            a.out,
-            json.dumps(
-                dict(model=a.model, profile=a.profile, eager_tails=a.eager_tails, repredict=a.repredict, logs=results),
-                indent=1,
-            ),
-        )
+        write()
         print(src, json.dumps(summary), f"({time.time() - t0:.1f}s)", flush=True)
 
 

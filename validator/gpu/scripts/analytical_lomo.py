@@ -4,8 +4,8 @@
 
 For each model of the fit file's leave_one_out (efficiencies fitted on the other measured models),
 the analytical profile of that model is built from those efficiencies and the model's measured
-replays (profiles/h200/replay/heldout-, replay- and check-<model>.json: GPU times of dsim step
-logs) are predicted from it (shapes from their step logs): median / p90 |error| per log and
+replays (profiles/h200/replay/heldout-, replay-, check- and s1-<model>.json: GPU times of dsim
+step logs) are predicted from it (shapes from their step logs): median / p90 |error| per log and
 over all steps. The held-out model's own measurements are used for checking only.
 """
 
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
         eff = dataclasses.replace(eff0, **rec["fitted"], source=f"fitted on {', '.join(rec['trained_on'])}")
         cost = CostModel(analytical_profile(ROOT / "profiles" / "models" / f"{model}.json", eff=eff))
         logs, every = {}, []
-        for name in (f"heldout-{model}.json", f"replay-{model}.json", f"check-{model}.json"):
+        for name in (f"heldout-{model}.json", f"replay-{model}.json", f"check-{model}.json", f"s1-{model}.json"):
             path = ROOT / "profiles" / "h200" / "replay" / name
             if not path.exists():
                 continue

@@ -2,7 +2,7 @@
 # The fit behind the measured H200 profiles, no GPU: each model's profile is refitted from its
 # sweep (h200-<model>.raw.json) and its context, request-grid and busy-step sweeps
 # (profiles/h200/context/{ctx,grid,busy}-<model>.json, those present), then every stored replay of
-# it (profiles/h200/replay/{replay,heldout,check}-<model>.json) is predicted again from the new
+# it (profiles/h200/replay/{replay,heldout,check,repeat-*-,s1-,s1b-}<model>.json) is predicted again from the new
 # profile into <replay>.repredicted.json (the replays are checking data: never fitted).
 #   MODELS (default: llama-3.1-8b qwen3-8b qwen3-14b qwen3-32b)
 set -e -o pipefail
@@ -15,6 +15,9 @@ for m in ${MODELS:-llama-3.1-8b qwen3-8b qwen3-14b qwen3-32b}; do
   rep=""
   for k in replay heldout check; do
     [ -f "$H/replay/$k-$m.json" ] && rep="$rep --repredict $H/replay/$k-$m.json $H/h200-$m.yaml $H/replay/$k-$m.repredicted.json"
+  done
+  for f in "$H"/replay/repeat-*-"$m".json "$H/replay/s1-$m.json" "$H/replay/s1b-$m.json"; do
+    [ -f "$f" ] && rep="$rep --repredict $f $H/h200-$m.yaml ${f%.json}.repredicted.json"
   done
   python3 -m validator.gpu.refit $rep
 done
