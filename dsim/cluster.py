@@ -24,12 +24,8 @@ class Router:
         self._home: dict = {}
 
     def _least(self):
-        best, best_n = 0, None
-        for i, r in enumerate(self.replicas):
-            n = r.outstanding
-            if best_n is None or n < best_n:
-                best, best_n = i, n
-        return best
+        out = [r.outstanding for r in self.replicas]
+        return out.index(min(out))  # (the first of the fewest: ties go to the lowest index)
 
     def route(self, rid: int) -> int:
         n = len(self.replicas)

@@ -773,6 +773,15 @@ class Replica:
             return self.cost.context_ms(given[run], ctx[run], pre)
         return self.cost.context_ms(1 + verified[0] if self.K else np.ones(self.n, np.int64), ctx, pre)
 
+    def _cost_row(self, N: int, limit: int):
+        """The adaptive budget policies' cost row of a step of N non-draft tokens (n decode slots
+        and the step's prefill tokens) at the slots' KV context, drafter and CPU overhead
+        included."""
+        n = self.n
+        M = min(max(limit - N, 0), n * self.K)
+        row = self.cost.step_cost_row(N, N + M + 1, self.kv_dec + n, self.cpu_ms + self._draft_ms(n))
+        return self.spec.policy.cost_row(n, N, N + M + 1, row)
+
     def _draft_and_verify(self, steps: int, prefill_tokens: int = 0, prefill_ms: float = 0.0):
         """Draws and verify windows of the decode slots over ``steps`` steps (the compiled
         dsim.kernels_step.plan_decodes). Adaptive: each step's budgets priced by one cost row,
@@ -786,12 +795,7 @@ class Replica:
         lead, verified, cap = lvc[0], lvc[1], lvc[2]
         limit = self.cfg.max_num_batched_tokens
         N = n + prefill_tokens
-        if self._adaptive:
-            M = min(max(limit - N, 0), n * K)
-            row = self.cost.step_cost_row(N, N + M + 1, self.kv_dec + n, self.cpu_ms + self._draft_ms(n))
-            row = self.spec.policy.cost_row(n, N, N + M + 1, row)
-        else:
-            row = self._no_row
+        row = self._cost_row(N, limit) if self._adaptive else self._no_row
         v0, done = KS.plan_decodes(
             self.key,
             self._I,
@@ -855,6 +859,14 @@ class Replica:
             self._slot_out,
             self._step_out,
         )
+        self._account(m, conf, lead, vt, at, lt, et, min_left)
+        return DecodeOutcome(m, n, K, self._slot_out, self._step_out, vt, at, et, lt)
+
+    def _account(self, m: int, conf, lead, vt: int, at: int, lt: int, et: int, min_left: int) -> None:
+        """After a commit of m steps: the speculative counters, the head's samples, the
+        confidence history, the slots' KV tokens and the bound on the smallest remaining output."""
+        n, K = self.n, self.K
+        st = self.stats
         if K:
             st.num_drafts += m * n
             st.num_draft_tokens += m * n * K
@@ -876,7 +888,6 @@ class Replica:
                 X[cp : cp + K, :n] = conf[m - 1]
         self.kv_dec += et
         self.left_lb = int(min_left)
-        return DecodeOutcome(m, n, K, self._slot_out, self._step_out, vt, at, et, lt)
 
     def _commit_step(self, plan: StepPlan):
         R, t = self.R, self.env.now
@@ -1058,6 +1069,28 @@ class Replica:
             return False  # someone was skipped last step
         return n * (1 + self.K) <= self.cfg.max_num_batched_tokens
 
+    def _window_steps(self, k: int, lead, cap, verified, fixed_ms: float):
+        """dsim.kernels_step.window_steps of a k-step window into self._wi, self._wf."""
+        return KS.window_steps(
+            self._I,
+            self.n,
+            self.K,
+            k,
+            lead,
+            cap,
+            verified,
+            self.kv_dec,
+            self.total_blocks - self.pre_blocks,
+            self.lookahead,
+            self._fwd,
+            self.cost.kv_ms_per_tok,
+            fixed_ms,
+            *self._ctx_args,
+            float(self.env.now),
+            self._wi,
+            self._wf,
+        )
+
     def _decode_window(self):
         env, K, cfg = self.env, self.K, self.cfg
         n = self.n
@@ -1078,33 +1111,58 @@ class Replica:
                 floor_ms = self.cost.forward_ms(n) + dms + self.cpu_ms
                 k_arr = (t_next - env.now) * 1000.0 // max(floor_ms, 1e-6) + 1
                 k = int(min(k, max(k_arr, CHEAP_WINDOW_SLOTS // n, 1)))
-        if K > 0:
-            conf, lead, verified, cap, _, k = self._draft_and_verify(k)  # (k: up to a possible completion)
-        else:
-            conf = None
-            lead = verified = cap = self._no_steps
         wi, wf = self._wi, self._wf
-        comp0 = self.I[:, COMP].copy() if self.shapes is not None else None
         fixed_ms = dms + self.cpu_ms
-        last, general, past = KS.window_steps(
-            self._I,
-            n,
-            K,
-            k,
-            lead,
-            cap,
-            verified,
-            self.kv_dec,
-            self.total_blocks - self.pre_blocks,
-            self.lookahead,
-            self._fwd,
-            self.cost.kv_ms_per_tok,
-            fixed_ms,
-            *self._ctx_args,
-            float(env.now),
-            wi,
-            wf,
-        )
+        comp0 = None
+        if K > 0 and self._script is None and self.shapes is None:
+            # the draws and the window's shape in one compiled call (as _draft_and_verify, then
+            # window_steps over the steps it planned)
+            conf = np.empty((k, K, n), dtype=np.float32)
+            lvc = np.empty((3, k, n), dtype=np.int64)
+            lead, verified, cap = lvc[0], lvc[1], lvc[2]
+            limit = cfg.max_num_batched_tokens
+            k, last, general, past = KS.plan_window(
+                self.key,
+                self._I,
+                self._X,
+                n,
+                K,
+                k,
+                *self._draw,
+                self._adaptive,
+                self._pcode,
+                self._ptau,
+                self._cp if self._cp >= 0 else 0,
+                self._cp2,
+                self._cost_row(n, limit) if self._adaptive else self._no_row,
+                0.0,
+                self._ctx_ms_per_tok,
+                n,
+                limit,
+                self._mode,
+                conf,
+                lead,
+                verified,
+                cap,
+                self.kv_dec,
+                self.total_blocks - self.pre_blocks,
+                self.lookahead,
+                self._fwd,
+                self.cost.kv_ms_per_tok,
+                fixed_ms,
+                *self._ctx_args,
+                float(env.now),
+                wi,
+                wf,
+            )
+        else:
+            if K > 0:
+                conf, lead, verified, cap, _, k = self._draft_and_verify(k)  # (k: up to a possible completion)
+            else:
+                conf = None
+                lead = verified = cap = self._no_steps
+            comp0 = self.I[:, COMP].copy() if self.shapes is not None else None
+            last, general, past = self._window_steps(k, lead, cap, verified, fixed_ms)
         if general:  # even one step needs a preemption: take the general path
             plan = self._plan_step(False)
             if not self._skip(plan.duration_ms / 1000.0):
@@ -1140,12 +1198,41 @@ class Replica:
                     (self.idx, float(wf[3, t]), qv.tolist(), (comp0 + cum).tolist(), float(wf[0, t] + wf[1, t]))
                 )
                 cum += (np.minimum(lead[t], cap[t]) + 1) if K > 0 else 1
-        out = self._commit_decodes(m, verified, cap, lead, conf, None, float(wf[4, last]))
+        # the commit (as _commit_decodes) and the window's step rows and ITL samples, one call
+        if len(self._no_cut) < n:
+            self._no_cut = np.full(len(self._I), -1, dtype=np.int64)
+        if self._slot_out.shape[1] < n:
+            self._slot_out = np.empty((3, len(self._I)), dtype=np.int64)
+        if self._step_out.shape[1] < m:
+            self._step_out = np.empty((3, m), dtype=np.int64)
         v = self.itl_vals
         j = v.reserve(m)
-        self._last_is_prev_end = True  # (prev_end = t_last below)
         st = self.steps
         i = st.reserve(m)  # (before reading st.a: reserving may move it)
-        KS.window_rows(st.a, i, m, self.idx, n, len(self.waiting), wi, wf, out.step_out, v.a, j)
+        vt, at, lt, et, min_left = KS.commit_window(
+            self._I,
+            self._F,
+            n,
+            m,
+            K,
+            verified,
+            cap,
+            lead,
+            self._no_cut,
+            self.stats.accepted_hist,
+            float(wf[4, last]),
+            self._slot_out,
+            self._step_out,
+            st.a,
+            i,
+            self.idx,
+            len(self.waiting),
+            wi,
+            wf,
+            v.a,
+            j,
+        )
+        self._account(m, conf, lead, vt, at, lt, et, min_left)
+        self._last_is_prev_end = True  # (prev_end = t_last below)
         self.prev_end = float(t_last)
         self._finish_done()

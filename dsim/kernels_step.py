@@ -1128,3 +1128,75 @@ def window_rows(S, i, m, replica, n, n_waiting, wi, wf, step_out, V, j):
         S[11, r] = n_waiting
         V[0, j + t] = wf[2, t]
         V[1, j + t] = n
+
+
+@njit(cache=True)
+def plan_window(
+    key,
+    I,
+    X,
+    n,
+    K,
+    steps,
+    head,
+    tok_scale,
+    step_scale,
+    head_scale,
+    head_shift,
+    temp,
+    adaptive,
+    code,
+    tau,
+    cp,
+    cp2,
+    row,
+    base_extra,
+    ctx_ms_per_tok,
+    n_nondraft,
+    token_limit,
+    mode,
+    conf,
+    lead,
+    verified,
+    cap,
+    kv_dec,
+    avail_blocks,
+    lookahead,
+    fwd_table,
+    kv_ms_per_tok,
+    fixed_ms,
+    ci,
+    cf,
+    rb,
+    rq,
+    rc,
+    rtab,
+    rshare,
+    rstep,
+    t0_s,
+    wi,
+    wf,
+):
+    """A speculative decode window's draws and shape in one call: ``plan_decodes`` over up to
+    ``steps`` steps (its first arguments), then ``window_steps`` over the steps it planned (its
+    arguments from kv_dec on; ctx_ms_per_tok is plan_decodes' kv_ms_per_tok, kv_ms_per_tok
+    window_steps'). Returns (steps planned, last, general, past)."""
+    _, k = plan_decodes(
+        key, I, X, n, K, steps, head, tok_scale, step_scale, head_scale, head_shift, temp, adaptive, code, tau,
+        cp, cp2, row, base_extra, ctx_ms_per_tok, n_nondraft, token_limit, mode, conf, lead, verified, cap,
+    )  # fmt: skip
+    last, general, past = window_steps(
+        I, n, K, k, lead, cap, verified, kv_dec, avail_blocks, lookahead, fwd_table, kv_ms_per_tok, fixed_ms,
+        ci, cf, rb, rq, rc, rtab, rshare, rstep, t0_s, wi, wf,
+    )  # fmt: skip
+    return k, last, general, past
+
+
+@njit(cache=True)
+def commit_window(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out, S, i, replica,
+                  n_waiting, wi, wf, V, j):  # fmt: skip
+    """A decode window's commit and its rows in one call: ``commit_decodes`` of its m steps, then
+    ``window_rows`` from its per-step totals. Returns commit_decodes' totals."""
+    out = commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out)
+    window_rows(S, i, m, replica, n, n_waiting, wi, wf, step_out, V, j)
+    return out
