@@ -150,6 +150,12 @@ def test_prefill_terms_reach_every_budget_policy(monkeypatch):
         return v
     monkeypatch.setattr(KS, "plan_decodes", spy)
     monkeypatch.setattr(CostModel, "prefill_ms", spy_pre)
+    # every step through the general path, where plan_decodes is called from Python (a decode
+    # window carries no prefill chunk, and its compiled plan_window calls the compiled
+    # plan_decodes, which a Python spy cannot replace)
+    from dsim.engine import Replica
+
+    monkeypatch.setattr(Replica, "_window_ok", lambda self: False)
     prof = linear_profile(kv_ms_per_ktok=0.5, prefill_terms={"discount_ms_per_ktok": 4.0, "attention_ms_per_mpair": 2.0})
     w = wl([200, 3000, 3000], [400, 50, 50], arrival=[0.0, 0.5, 1.0])
     for pol in ("vllm", "paper", "paper-production", "sglang", "threshold", "fixed"):
