@@ -782,21 +782,17 @@ class Replica:
         row = self.cost.step_cost_row(N, N + M + 1, self.kv_dec + n, self.cpu_ms + self._draft_ms(n))
         return self.spec.policy.cost_row(n, N, N + M + 1, row)
 
-    def _draft_and_verify(self, steps: int, prefill_tokens: int = 0, prefill_ms: float = 0.0):
-        """Draws and verify windows of the decode slots over ``steps`` steps (the compiled
-        dsim.kernels_step.plan_decodes). Adaptive: each step's budgets priced by one cost row,
-        the cost of n + prefill_tokens + b tokens at the slots' KV context, drafter and CPU
-        overhead included, plus prefill_ms (the step's prefill correction). Returns
-        (conf [steps, K, n], lead, verified, commit cap [steps, n], drafts verified in the first
-        step, steps planned: up to the first step where some slot may finish)."""
+    def _plan_args(self, steps: int, tokens: int, extra_ms: float):
+        """The output buffers and the arguments of dsim.kernels_step.plan_decodes for up to
+        `steps` steps of the decode slots, the budget priced for a step of `tokens` tokens with
+        `extra_ms` beside the forward (its prefill chunks): (conf [steps, K, n], lead / verified /
+        cap as one [3, steps, n] block, the argument tuple; plan_window takes the same first)."""
         n, K = self.n, self.K
         conf = np.empty((steps, K, n), dtype=np.float32)
         lvc = np.empty((3, steps, n), dtype=np.int64)  # (indexed: cheaper than unpacking)
-        lead, verified, cap = lvc[0], lvc[1], lvc[2]
         limit = self.cfg.max_num_batched_tokens
-        N = n + prefill_tokens
-        row = self._cost_row(N, limit) if self._adaptive else self._no_row
-        v0, done = KS.plan_decodes(
+        row = self._cost_row(tokens, limit) if self._adaptive else self._no_row
+        args = (
             self.key,
             self._I,
             self._X,
@@ -810,18 +806,30 @@ class Replica:
             self._cp if self._cp >= 0 else 0,
             self._cp2,
             row,
-            float(prefill_ms),
+            float(extra_ms),
             self._ctx_ms_per_tok,
-            N,
+            tokens,
             limit,
             self._mode,
             conf,
-            lead,
-            verified,
-            cap,
+            lvc[0],
+            lvc[1],
+            lvc[2],
         )
+        return conf, lvc, args
+
+    def _draft_and_verify(self, steps: int, prefill_tokens: int = 0, prefill_ms: float = 0.0):
+        """Draws and verify windows of the decode slots over ``steps`` steps (the compiled
+        dsim.kernels_step.plan_decodes). Adaptive: each step's budgets priced by one cost row,
+        the cost of n + prefill_tokens + b tokens at the slots' KV context, drafter and CPU
+        overhead included, plus prefill_ms (the step's prefill correction). Returns
+        (conf [steps, K, n], lead, verified, commit cap [steps, n], drafts verified in the first
+        step, steps planned: up to the first step where some slot may finish)."""
+        conf, lvc, args = self._plan_args(steps, self.n + prefill_tokens, prefill_ms)
+        lead, verified, cap = lvc[0], lvc[1], lvc[2]
+        v0, done = KS.plan_decodes(*args)
         if self._script is not None:
-            apply_draft_script(self._script, self._I[:n, ROUNDS], lead, verified, cap)
+            apply_draft_script(self._script, self._I[: self.n, ROUNDS], lead, verified, cap)
             v0 = int(verified[0].sum())
         return conf, lead, verified, cap, v0, done
 
@@ -1117,33 +1125,10 @@ class Replica:
         if K > 0 and self._script is None and self.shapes is None:
             # the draws and the window's shape in one compiled call (as _draft_and_verify, then
             # window_steps over the steps it planned)
-            conf = np.empty((k, K, n), dtype=np.float32)
-            lvc = np.empty((3, k, n), dtype=np.int64)
+            conf, lvc, args = self._plan_args(k, n, 0.0)
             lead, verified, cap = lvc[0], lvc[1], lvc[2]
-            limit = cfg.max_num_batched_tokens
             k, last, general, past = KS.plan_window(
-                self.key,
-                self._I,
-                self._X,
-                n,
-                K,
-                k,
-                *self._draw,
-                self._adaptive,
-                self._pcode,
-                self._ptau,
-                self._cp if self._cp >= 0 else 0,
-                self._cp2,
-                self._cost_row(n, limit) if self._adaptive else self._no_row,
-                0.0,
-                self._ctx_ms_per_tok,
-                n,
-                limit,
-                self._mode,
-                conf,
-                lead,
-                verified,
-                cap,
+                *args,
                 self.kv_dec,
                 self.total_blocks - self.pre_blocks,
                 self.lookahead,
