@@ -14,8 +14,9 @@ Each step:
 State is arrays over requests (global per-request table) and the running batch; nothing is a
 Python object per request or per token. The step's numeric work (draws, verify windows, verify
 modes, commit and accounting) runs in the compiled kernels of dsim.kernels_step. A step is
-planned as a ``StepPlan`` and its decodes committed as a ``DecodeOutcome``, by one commit path
-(``_commit_decodes``) shared by single steps and decode windows.
+planned as a ``StepPlan`` and its decodes committed as a ``DecodeOutcome`` (``_commit_decodes``);
+a decode window commits in the compiled ``commit_window`` (the same ``commit_decodes``, then the
+window's rows), and both end in one accounting path (``_account``).
 
 Decode-only stretches (nothing to admit, no prefill running) are simulated as a *window* of up to
 ``max_window`` steps (and ``WINDOW_SLOTS`` slots x steps) at once ([k, R] arrays), then committed up to the first event (a completion,
@@ -843,14 +844,9 @@ class Replica:
         n, K = self.n, self.K
         if not K:
             verified = cap = lead = self._no_steps  # (the kernel reads none without drafts)
+        self._commit_buffers(n, m)
         if given is None:
-            if len(self._no_cut) < n:
-                self._no_cut = np.full(len(self._I), -1, dtype=np.int64)
             given = self._no_cut
-        if self._slot_out.shape[1] < n:
-            self._slot_out = np.empty((3, len(self._I)), dtype=np.int64)
-        if self._step_out.shape[1] < m:
-            self._step_out = np.empty((3, m), dtype=np.int64)
         st = self.stats
         vt, at, lt, et, min_left = KS.commit_decodes(
             self._I,
@@ -869,6 +865,16 @@ class Replica:
         )
         self._account(m, conf, lead, vt, at, lt, et, min_left)
         return DecodeOutcome(m, n, K, self._slot_out, self._step_out, vt, at, et, lt)
+
+    def _commit_buffers(self, n: int, m: int) -> None:
+        """The commit kernels' reused buffers, grown to n slots and m steps: no prior emission
+        (-1 per slot), the per-slot and per-step outputs."""
+        if len(self._no_cut) < n:
+            self._no_cut = np.full(len(self._I), -1, dtype=np.int64)
+        if self._slot_out.shape[1] < n:
+            self._slot_out = np.empty((3, len(self._I)), dtype=np.int64)
+        if self._step_out.shape[1] < m:
+            self._step_out = np.empty((3, m), dtype=np.int64)
 
     def _account(self, m: int, conf, lead, vt: int, at: int, lt: int, et: int, min_left: int) -> None:
         """After a commit of m steps: the speculative counters, the head's samples, the
@@ -1184,12 +1190,7 @@ class Replica:
                 )
                 cum += (np.minimum(lead[t], cap[t]) + 1) if K > 0 else 1
         # the commit (as _commit_decodes) and the window's step rows and ITL samples, one call
-        if len(self._no_cut) < n:
-            self._no_cut = np.full(len(self._I), -1, dtype=np.int64)
-        if self._slot_out.shape[1] < n:
-            self._slot_out = np.empty((3, len(self._I)), dtype=np.int64)
-        if self._step_out.shape[1] < m:
-            self._step_out = np.empty((3, m), dtype=np.int64)
+        self._commit_buffers(n, m)
         v = self.itl_vals
         j = v.reserve(m)
         st = self.steps
