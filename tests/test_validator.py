@@ -323,26 +323,64 @@ def test_closed_port_is_one_line_exit_2(tmp_path):
         )
 
 
+class StopAfterFinished:
+    """Stops a server once ``n`` requests of a run have finished well (the run's own records,
+    driver.RunOptions.on_request), or after ``timeout_s`` without them. A fixed delay before the
+    stop raced the first requests on a loaded machine: no request had finished when it came."""
+
+    def __init__(self, n: int, stop, timeout_s: float = 60.0):
+        self.n, self.ok, self.reached = n, 0, threading.Event()
+        self.stopped_at: float | None = None
+
+        def wait_then_stop():
+            self.reached.wait(timeout_s)
+            self.stopped_at = time.monotonic()
+            stop()
+
+        self.thread = threading.Thread(target=wait_then_stop, daemon=True)
+        self.thread.start()
+
+    def on_request(self, rec: dict) -> None:
+        self.ok += bool(rec.get("ok"))
+        if self.ok >= self.n:
+            self.reached.set()
+
+    def join(self) -> None:
+        self.thread.join()
+
+
+def test_stop_after_finished_waits_for_the_run_records(fake, tmp_path):
+    """The hook sees every record as it is written, and the stop comes after the n-th good one."""
+    url = fake("ok", step_ms=1.0)
+    seen = []
+    stopper = StopAfterFinished(3, lambda: seen.append(("stop", len(seen))), timeout_s=30)
+    opts = driver.RunOptions(server=url, concurrency=1, progress=False)
+    opts.on_request = lambda r: (seen.append(r["i"]), stopper.on_request(r))
+    driver.run(traces.fixed(6, 4, 4), opts, tmp_path / "m.jsonl")
+    stopper.join()
+    assert sorted(x for x in seen if isinstance(x, int)) == list(range(6))
+    stop_at = [x for x in seen if isinstance(x, tuple)][0][1]
+    assert stop_at >= 3  # not before the third finished request
+
+
 def test_server_killed_mid_run_keeps_data(fake_proc, tmp_path):
     """A server process that dies mid-run: requests in flight and after fail with a reason, the
     ones before are kept, the summary line is written."""
     from validator import server as srv
 
     url, proc = fake_proc(5.0)
-    killer = threading.Timer(1.0, lambda: srv.stop(proc))
-    killer.start()
-    s = driver.run(
-        traces.fixed(40, 8, 50),
-        driver.RunOptions(server=url, concurrency=2, progress=False, request_timeout_s=10),
-        tmp_path / "m.jsonl",
-    )
+    killer = StopAfterFinished(2, lambda: srv.stop(proc))
+    opts = driver.RunOptions(server=url, concurrency=2, progress=False, request_timeout_s=10)
+    opts.on_request = killer.on_request
+    s = driver.run(traces.fixed(400, 8, 50), opts, tmp_path / "m.jsonl")
     killer.join()
+    assert killer.reached.is_set(), "no 2 requests finished within 60 s"
     assert s["requests_completed"] >= 2 and s["requests_failed"] >= 1
-    assert s["requests_completed"] + s["requests_failed"] == 40
+    assert s["requests_completed"] + s["requests_failed"] == 400
     assert set(s["failure_reasons"]) <= {"connect_error", "stream_cut", "http_error", "timeout"}
     assert s["metrics_after_error"]
     m = measure.read(tmp_path / "m.jsonl")
-    assert m.complete and len(m.requests) == 40
+    assert m.complete and len(m.requests) == 400
 
 
 def test_interrupted_run_writes_nothing(fake, tmp_path):

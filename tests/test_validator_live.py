@@ -12,13 +12,13 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from dsim.spec import make_method
+from tests.test_validator import StopAfterFinished
 from validator import (
     bench_import,
     calibrate,
@@ -48,6 +48,7 @@ MAX_BURST_SHARE = 0.5
 # gates at X) and the attempt's own measured noise (noise_allowance), in one attempt: no retry.
 GATE = float(os.environ.get("DSIM_FIDELITY_GATE") or TOL)
 ATTEMPTS = int(os.environ.get("DSIM_FIDELITY_ATTEMPTS") or 1)
+KILL_WAIT_S = 90.0  # the longest wait for the killed-mid-run test's first finished request
 
 
 def noise_allowance(calibration_spread: float | None, measured_spread: float | None) -> float:
@@ -532,13 +533,15 @@ def test_live_server_killed_mid_run(live, tmp_path):
     path = tmp_path / "killed.jsonl"
     opts = driver.RunOptions(server=live["url"], concurrency=2, progress=False, request_timeout_s=30)
     # killed, not stopped: SIGTERM then SIGKILL at once (a graceful stop can keep /metrics
-    # answering after the requests failed, and the run's last scrape would find it up)
-    killer = threading.Timer(1.5, lambda: launch.stop(live["run"], grace_s=0.0))
-    killer.start()
-    t0 = time.monotonic()
+    # answering after the requests failed, and the run's last scrape would find it up); once a
+    # request has finished (the run's own record), not after a fixed delay: at a load average of
+    # 8 and more no request had finished 1.5 s into the run
+    killer = StopAfterFinished(1, lambda: launch.stop(live["run"], grace_s=0.0), timeout_s=KILL_WAIT_S)
+    opts.on_request = killer.on_request
     s = driver.run(traces.fixed(400, 64, 64), opts, path)
     killer.join()
-    assert time.monotonic() - t0 < 60
+    assert killer.reached.is_set(), f"no request finished within {KILL_WAIT_S:.0f} s"
+    assert time.monotonic() - killer.stopped_at < 60  # the run ends soon after the kill
     m = measure.read(path)
     assert m.complete and len(m.requests) == 400
     assert s["requests_completed"] >= 1 and s["requests_failed"] >= 1

@@ -16,6 +16,7 @@ import datetime as _dt
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +62,10 @@ class RunOptions:
     cpus: list | None = None  # pin the client to these CPUs while it measures
     label: str = ""
     extra_header: dict = field(default_factory=dict)
+    # called with each request's record as it is written (in the run's event loop; keep it short):
+    # lets a caller act on what the run observed, e.g. a test that stops the server once a
+    # request has finished
+    on_request: Callable[[dict], None] | None = None
 
 
 def _now_iso() -> str:
@@ -395,6 +400,8 @@ async def run_async(plan: Plan, opts: RunOptions, out_path: str | Path) -> dict:
         def finish(rec: dict) -> None:
             w.write(rec)
             counts["ok" if rec["ok"] else "failed"] += 1
+            if opts.on_request is not None:
+                opts.on_request(rec)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(failed=counts["failed"], refresh=False)
