@@ -1433,9 +1433,35 @@ def test_heldout_summary_is_merged_into_the_fidelity_report_keeping_its_keys(tmp
     doc = json.loads(report.read_text())
     assert doc["what"] == "live test" and doc["tpot_error"] == 0.01
     c4 = doc["heldout"]["collections"][0]["cases"]["c4"]
-    assert c4["tpot_ms.p50"] == {"error": 0.05, "spread": 0.2, "ok": True, "sensitivity": 1.0}
-    assert c4["ttft_ms.mean"] == {"error": None, "spread": None, "ok": None, "sensitivity": None}
+    assert c4["tpot_ms.p50"] == {"error": 0.05, "spread": 0.2, "error_spread": None, "ok": True, "sensitivity": 1.0}
+    assert c4["ttft_ms.mean"] == {"error": None, "spread": None, "error_spread": None, "ok": None, "sensitivity": None}
     assert doc["heldout"]["collections"][0]["calibration"]["runs"] == 2
+
+
+def test_heldout_error_spread_and_its_verdict():
+    from validator import heldout
+
+    # predicted / measured over three rounds: 1.1, 0.9, 1.0 -> (1.1 - 0.9) / 1.0
+    assert heldout.error_spread([0.1, -0.1, 0.0]) == pytest.approx(0.2)
+    assert heldout.error_spread([0.3]) is None
+    gates = {"tpot_ms.p50": 0.10, "e2e_ms.p99": 0.20}
+    # +11% against a 10% target: outside it, inside a 13% spread of the error; the other metric
+    # inside its target; a metric without an error is not judged
+    assert heldout.judge({"tpot_ms.p50": 0.11, "e2e_ms.p99": -0.15}, {"tpot_ms.p50": 0.13}, gates) == "pass"
+    assert heldout.judge({"tpot_ms.p50": 0.11, "e2e_ms.p99": -0.15}, {"tpot_ms.p50": 0.08}, gates) == "fail"
+    assert heldout.judge({"tpot_ms.p50": -0.11}, {}, gates) == "fail"
+    assert heldout.judge({"ttft_ms.mean": 0.5}, {}, gates) == "fail"  # nothing gated measured
+
+
+def test_heldout_rounds_are_those_every_case_has(tmp_path):
+    from validator import heldout
+
+    names = [n for n, _, _, _ in heldout.PROFILE + [heldout.CALIBRATION] + heldout.HELD_OUT] + [heldout.RATE_CASE]
+    for n in names:
+        for r in range(3):
+            (tmp_path / f"{n}-r{r}.jsonl").write_text("")
+    (tmp_path / f"{heldout.RATE_CASE}-r2.jsonl").unlink()  # a round cut short
+    assert heldout._rounds(tmp_path) == [0, 1]
 
 
 CPU_FLAGS = "python validator/vllm_entry.py serve tests/fixtures/tiny-llama --max-num-seqs 8"
