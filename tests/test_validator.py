@@ -1581,3 +1581,22 @@ def test_calibration_scale_carries_version_2_prefill_terms():
     assert a > 0 and b == pytest.approx(1.5 * a, rel=1e-9)
     assert scaled.prefill_v2.own_keys_tokens == base.prefill_v2.own_keys_tokens
     assert calibrate._scaled_prefill_v2(None, 1.5) is None
+
+
+def test_heldout_errors_across_collections_split_into_a_common_and_an_own_part():
+    from validator import heldout
+
+    def rep(level: float, own: list[float]) -> dict:
+        names = heldout.CLOSED_LOOP + [heldout.RATE_CASE]
+        errs = [level + o for o in own] + [level]
+        return {"cases": {n: {"errors": {"tpot_ms.p50": e}} for n, e in zip(names, errs)}}
+
+    # each collection's closed-loop cases: a level shared by all of them plus each case's own part
+    # (summing to 0 over the cases); levels +0.1 and -0.1, own parts +-0.02
+    reps = [rep(0.1, [0.02, -0.02, 0.02, -0.02]), rep(-0.1, [-0.02, 0.02, -0.02, 0.02])]
+    a = heldout.across(reps)
+    assert a["common"] == [pytest.approx(0.1), pytest.approx(-0.1)]
+    assert a["common_sd"] == pytest.approx(0.2 / 2**0.5, abs=1e-4)
+    assert a["own_sd"] == pytest.approx(0.02 * (8 / 7) ** 0.5, abs=1e-4)
+    assert a["cases"]["c1"] == {"mean": pytest.approx(0.0), "sd": pytest.approx(0.12 * 2**0.5, abs=1e-4)}
+    assert "cases" not in heldout.across(reps[:1])  # one collection: no spread over collections

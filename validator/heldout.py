@@ -270,6 +270,55 @@ def fidelity_summary(rep: dict) -> dict:
     }
 
 
+CLOSED_LOOP = [h[0] for h in HELD_OUT]
+
+
+def across(reps: list[dict], metric: str = "tpot_ms.p50") -> dict:
+    """One metric's held-out errors over several collections: per case their mean and standard
+    deviation, and the closed-loop cases' errors split into a part common to one collection's
+    cases (their mean: the calibration's level, which every case of the collection is scaled by)
+    and each case's own part around it (what load and shape change), with the standard deviation
+    of each over the collections. A model error of one load or shape shows as a case mean away
+    from 0; noise in the calibration's level as a common part larger than the case's own part."""
+    import numpy as np
+
+    names = [
+        n for n in CLOSED_LOOP + [RATE_CASE] if all(metric in r["cases"].get(n, {}).get("errors", {}) for r in reps)
+    ]
+    E = np.array([[r["cases"][n]["errors"][metric] for n in names] for r in reps], dtype=float)
+    out: dict = {"metric": metric, "collections": len(reps)}
+    if len(reps) < 2 or not names:
+        return out
+    out["cases"] = {
+        n: {"mean": round(float(E[:, j].mean()), 4), "sd": round(float(E[:, j].std(ddof=1)), 4)}
+        for j, n in enumerate(names)
+    }
+    cl = [j for j, n in enumerate(names) if n in CLOSED_LOOP]
+    if len(cl) >= 2:
+        common = E[:, cl].mean(axis=1)
+        own = E[:, cl] - common[:, None]
+        out["common_sd"] = round(float(common.std(ddof=1)), 4)
+        out["own_sd"] = round(float(own.std(ddof=1)), 4)
+        out["common"] = [round(float(x), 4) for x in common]
+        out["own"] = {names[j]: [round(float(x), 4) for x in own[:, i]] for i, j in enumerate(cl)}
+    return out
+
+
+def across_table(a: dict) -> str:
+    if "cases" not in a:
+        return ""
+    lines = [
+        f"{a['metric']} over {a['collections']} collections: "
+        + ", ".join(f"{n} {v['mean']:+.1%} (sd {v['sd']:.1%})" for n, v in a["cases"].items())
+    ]
+    if "common_sd" in a:
+        lines.append(
+            f"closed-loop cases: the part common to a collection sd {a['common_sd']:.1%}, "
+            f"each case's own part sd {a['own_sd']:.1%}"
+        )
+    return "\n".join(lines)
+
+
 def write_fidelity(path: Path, summaries: list[dict], gates: dict) -> None:
     """Merge the held-out summaries into the fidelity report at ``path`` (key ``heldout``; the
     live test's keys are kept)."""
@@ -315,13 +364,17 @@ def main(argv=None) -> int:
         else:
             if args.out and len(args.dirs) > 1:
                 raise InputError("--out: one DIR (--fidelity takes several)")
-            summaries = []
+            summaries, reps = [], []
             for d in args.dirs:
                 rep = analyse(Path(d))
                 print(f"{d}:\n{table(rep)}")
                 summaries.append(fidelity_summary(rep))
+                reps.append(rep)
                 if args.out:
                     Path(args.out).write_text(json.dumps(rep, indent=1, default=str) + "\n")
+            if len(reps) > 1:
+                for met in rep["gates"]:
+                    print(across_table(across(reps, met)))
             if args.fidelity:
                 write_fidelity(Path(args.fidelity), summaries, rep["gates"])
     except InputError as e:
