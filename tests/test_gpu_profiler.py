@@ -569,7 +569,10 @@ def test_refit_reproduces_the_committed_profile_from_its_raw_points(tmp_path, mo
     raw.pop("context_points", None)
     raw_path.write_text(json.dumps(raw))
     ref = load_profile(str(H200[m]))
-    sweeps = [str(src / "context" / f) for f in ref.provenance["attention_fit"]["context_sweeps"]]
+    sweeps = [
+        ",".join(str(src / "context" / x) for x in f.split(","))
+        for f in ref.provenance["attention_fit"]["context_sweeps"]
+    ]
     assert {Path(f).name.split("-")[0] for f in sweeps} >= {"ctx", "grid"}
     ctxargs = [x for f in sweeps for x in ("--context", f)]
     assert RF.main([str(raw_path), *ctxargs]) == 0
@@ -652,3 +655,54 @@ def test_second_checking_set_replays():
             assert stored[name]["summary"]["all"]["median_abs_pct"] == pytest.approx(np.median(now[name]), abs=2e-3)
             seen.add(name.split(f"-{m}")[0])
     assert seen >= {"default-c256", "azure-conv-c128", "mooncake-c96", "mooncake-c16", "default-c1"}
+
+
+def test_a_sweep_timed_in_several_processes_takes_each_points_median_over_processes(tmp_path):
+    """refit.process_points: one seeded sweep in three process files; each point's time is the
+    median over processes of each process's median rep (an alternating slow rep does not move it),
+    a process cut short contributes the points it timed, and files whose points are other steps
+    are refused with the point named."""
+    from dsim.errors import InputError
+    from validator.gpu import refit as RF
+
+    def pt(tag, q, reps):
+        return dict(tag=tag, shape_q=q, shape_ctx=[100] * len(q), n_real=sum(q), R=len(q), ms=0.0, reps=reps)
+
+    runs = [
+        [pt("busy-decode", [4, 4], [10.0, 10.6, 10.1]), pt("busy-short", [2, 96], [5.0, 5.2, 5.1])],
+        [pt("busy-decode", [4, 4], [11.0, 11.7, 11.0]), pt("busy-short", [2, 96], [5.4, 5.5, 5.3])],
+        [pt("busy-decode", [4, 4], [10.5, 10.4, 11.2])],
+    ]
+    paths = []
+    for i, r in enumerate(runs):
+        paths.append(str(tmp_path / f"busy-m-p{i + 1}.json"))
+        Path(paths[-1]).write_text(json.dumps(dict(model="profiles/models/m.json", points=r)))
+    pts = RF.context_points([",".join(paths)])
+    assert [p["processes"] for p in pts] == [3, 2]
+    assert pts[0]["ms"] == pytest.approx(10.5) and pts[0]["reps"] == [10.1, 11.0, 10.5]
+    assert pts[1]["ms"] == pytest.approx((5.1 + 5.4) / 2)
+    assert pts[0]["fit"] and pts[0]["source"] == "busy-m-p1.json,busy-m-p2.json,busy-m-p3.json"
+    runs[2][0]["shape_q"] = [4, 5]
+    Path(paths[2]).write_text(json.dumps(dict(model="profiles/models/m.json", points=runs[2])))
+    with pytest.raises(InputError, match="point 0 is not the same step"):
+        RF.process_points(paths)
+
+
+def test_printed_results_parse_back_to_every_rep(tmp_path):
+    """scripts/print_results.py prints a sweep file's points and a replay file's steps one line
+    each with every rep; read_printed recovers them (what a run's output tail must carry when its
+    files do not come back)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("print_results", ROOT / "validator/gpu/scripts/print_results.py")
+    pr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pr)
+    sweep = tmp_path / "busy-m-p1.json"
+    sweep.write_text(json.dumps(dict(points=[dict(tag="busy-decode", n_real=4096, R=260, ms=247.0, reps=[246.75, 247.27])])))
+    rep = tmp_path / "check-m.json"
+    row = dict(step=68, n=7518, measured_ms=410.3, reps_ms=[410.21, 438.04, 410.32], predicted_ms=439.48)
+    rep.write_text(json.dumps(dict(logs={"d/default-c256-m.jsonl": dict(summary=dict(all=dict(steps=1)), rows=[row])})))
+    text = "\n".join(pr.lines(sweep) + pr.lines(rep) + ["== unrelated line"])
+    got = pr.read_printed(text)
+    assert got["busy-m-p1.json"] == [("busy-decode", 4096, [246.75, 247.27])]
+    assert got["check-m.json"] == [("default-c256-m.jsonl", 7518, [410.21, 438.04, 410.32])]
