@@ -706,3 +706,20 @@ def test_printed_results_parse_back_to_every_rep(tmp_path):
     got = pr.read_printed(text)
     assert got["busy-m-p1.json"] == [("busy-decode", 4096, [246.75, 247.27])]
     assert got["check-m.json"] == [("default-c256-m.jsonl", 7518, [410.21, 438.04, 410.32])]
+    # --rebuild: a stored busy sweep and a stored replay, printed, come back with their shapes
+    import shutil
+
+    shutil.copy(ROOT / "profiles/h200/context/busy-qwen3-14b.json", tmp_path / "busy-qwen3-14b-p1.json")
+    shutil.copy(REPLAYS / "s1-qwen3-14b.json", tmp_path / "check-qwen3-14b-2.json")
+    text = "\n".join(pr.lines(tmp_path / "busy-qwen3-14b-p1.json") + pr.lines(tmp_path / "check-qwen3-14b-2.json"))
+    pr.rebuild(text, tmp_path / "new", "profiles/h200/steplogs-s1")
+    for f, key in (("busy-qwen3-14b-p1.json", "points"), ("check-qwen3-14b-2.json", "logs")):
+        a = json.loads((tmp_path / f).read_text())[key]
+        b = json.loads((tmp_path / "new" / f).read_text())[key]
+        if key == "logs":
+            assert list(a) == list(b)
+            a, b = [r for v in a.values() for r in v["rows"]], [r for v in b.values() for r in v["rows"]]
+            fields = ("step", "n", "n_pad", "kv", "R", "predicted_ms")
+        else:
+            fields = ("tag", "n", "n_real", "kv", "R", "dec", "shape_q", "shape_ctx")
+        assert len(a) == len(b) and all(x[k] == y[k] for x, y in zip(a, b) for k in fields)
