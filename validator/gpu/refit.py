@@ -118,15 +118,46 @@ def point_shapes(points: list[dict], dims: dict) -> None:
         p["shape_q"], p["shape_ctx"] = list(s.q), list(s.ctx)
 
 
+def process_points(paths: list[str]) -> list[dict]:
+    """One sweep timed in several fresh processes (the same seeded plan, one file per process):
+    each point's time is the median over processes of that process's median rep, its ``reps`` the
+    per-process medians (``process_reps`` every process's reps). A point's level moves from one
+    process to the next by more than its reps spread within one, so no single process sets it. A
+    process cut short contributes the points it timed; the points must be the same steps, in the
+    same order, in every file."""
+    runs = [json.loads(Path(p).read_text())["points"] for p in paths]
+    out = []
+    for i in range(max(len(r) for r in runs)):
+        have = [r[i] for r in runs if i < len(r)]
+        key = {(p["tag"], tuple(p["shape_q"]), tuple(p["shape_ctx"])) for p in have}
+        if len(key) != 1:
+            raise InputError(f"{', '.join(paths)}: point {i} is not the same step in every process")
+        meds = [float(np.median(p["reps"])) if p.get("reps") else float(p["ms"]) for p in have]
+        out.append(
+            dict(
+                have[0],
+                ms=float(np.median(meds)),
+                reps=[round(m, 4) for m in meds],
+                process_reps=[p.get("reps") for p in have],
+                processes=len(have),
+            )
+        )
+    return out
+
+
 def context_points(paths: list[str]) -> list[dict]:
     """The points of context sweeps (scripts/context_sweep.py): spread and longpre points are
     fitted, the table anchors are not (they re-time the sweep's own steps: drift only). A point's
     time is the median of its reps: the sweep's timer took the upper middle rep of an even count,
-    so a two-rep point (the long steps of a three-rep sweep) was its slower rep."""
+    so a two-rep point (the long steps of a three-rep sweep) was its slower rep. A comma-joined
+    entry (a.json,b.json,...) is one sweep timed in several processes (process_points)."""
     out = []
     for path in paths:
-        for p in json.loads(Path(path).read_text())["points"]:
-            p = dict(p, fit=not p["tag"].startswith("anchor"), source=Path(path).name)
+        parts = path.split(",")
+        pts = process_points(parts) if len(parts) > 1 else json.loads(Path(path).read_text())["points"]
+        name = ",".join(Path(x).name for x in parts)
+        for p in pts:
+            p = dict(p, fit=not p["tag"].startswith("anchor"), source=name)
             if p.get("reps"):
                 p["ms"] = float(np.median(p["reps"]))
             out.append(p)
@@ -188,7 +219,7 @@ def refit_attention(raw_path: Path, ctx_paths: list[str], command: str) -> dict:
     point_shapes(pts, dims)
     for p in pts:
         p["fit"] = p["tag"] not in P.FIT_EXCLUDE
-    ctx_paths = [c for c in ctx_paths if Path(json.loads(Path(c).read_text())["model"]).stem == model]
+    ctx_paths = [c for c in ctx_paths if Path(json.loads(Path(c.split(",")[0]).read_text())["model"]).stem == model]
     if not ctx_paths:
         raise InputError(f"{raw_path}: no context sweep of {model} among --context")
     ctx = context_points(ctx_paths)
@@ -205,7 +236,7 @@ def refit_attention(raw_path: Path, ctx_paths: list[str], command: str) -> dict:
     prov["attention_fit"] = dict(
         date=dt.date.today().isoformat(),
         command=command,
-        context_sweeps=[Path(c).name for c in ctx_paths],
+        context_sweeps=[",".join(Path(x).name for x in c.split(",")) for c in ctx_paths],
         fitted_tags=sorted({p["tag"] for p in allp if p.get("fit", True) and p["tag"] not in P.FIT_EXCLUDE}),
         not_fitted_tags=sorted({p["tag"] for p in allp if not p.get("fit", True) or p["tag"] in P.FIT_EXCLUDE}),
         occupancy_tried=tried,
@@ -295,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         "--context",
         action="append",
         default=[],
-        help="context sweep JSON (scripts/context_sweep.py): refit with the attention terms",
+        help="context sweep JSON (scripts/context_sweep.py): refit with the attention terms; a.json,b.json,... "
+        "is one sweep timed in several processes (each point: the median over processes of each one's median)",
     )
     ap.add_argument(
         "--repredict",
@@ -310,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         "python3 -m validator.gpu.refit " + " ".join(a.raw + [f"--context {c}" for c in a.context])
     )
     try:
-        for r in a.raw + a.context + [x for t in a.repredict for x in t[:2]]:
+        for r in a.raw + [x for c in a.context for x in c.split(",")] + [x for t in a.repredict for x in t[:2]]:
             if not Path(r).exists():
                 raise InputError(f"{r}: file not found")
         for r in a.raw:

@@ -4,8 +4,8 @@
 
 For each model of the fit file's leave_one_out (efficiencies fitted on the other measured models),
 the analytical profile of that model is built from those efficiencies and the model's measured
-replays (profiles/h200/replay/heldout-, replay-, check- and s1-<model>.json: GPU times of dsim
-step logs) are predicted from it (shapes from their step logs): median / p90 |error| per log and
+replays (profiles/h200/replay/heldout-, replay-, check- and s1*-<model>.json: GPU times of dsim
+step logs; the busy steps replayed beside them are left out) are predicted from it (shapes from their step logs): median / p90 |error| per log and
 over all steps. The held-out model's own measurements are used for checking only.
 """
 
@@ -39,11 +39,16 @@ def main(argv: list[str] | None = None) -> None:
         eff = dataclasses.replace(eff0, **rec["fitted"], source=f"fitted on {', '.join(rec['trained_on'])}")
         cost = CostModel(analytical_profile(ROOT / "profiles" / "models" / f"{model}.json", eff=eff))
         logs, every = {}, []
-        for name in (f"heldout-{model}.json", f"replay-{model}.json", f"check-{model}.json", f"s1-{model}.json"):
-            path = ROOT / "profiles" / "h200" / "replay" / name
+        rdir = ROOT / "profiles" / "h200" / "replay"
+        names = [f"heldout-{model}.json", f"replay-{model}.json", f"check-{model}.json"]
+        names += sorted(f.name for f in rdir.glob(f"s1*-{model}.json"))
+        for name in names:
+            path = rdir / name
             if not path.exists():
                 continue
             for src, res in json.loads(path.read_text())["logs"].items():
+                if Path(src).name.startswith("busy-"):  # a profile's own fitting steps, not a dsim step log
+                    continue
                 steps = P.read_steplog(ROOT / src)
                 e = [
                     abs(P.predicted_step_ms(cost, P.StepShape(tuple(s["q"]), tuple(s["ctx"]))) / r["measured_ms"] - 1)
@@ -51,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
                     for s, r in zip(steps, res["rows"])
                 ]
                 every += e
-                logs[Path(src).name] = dict(
+                logs[f"{Path(src).parent.name}/{Path(src).name}"] = dict(
                     steps=len(e),
                     median_abs_pct=round(float(np.median(e)), 2),
                     p90_abs_pct=round(float(np.percentile(e, 90)), 2),
