@@ -229,7 +229,7 @@ def draw_slots(
         )
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _draw_step(
     key, I, X, n, K, t, head, tok_scale, step_scale, head_scale, head_shift, temp, full, conf, lead, accept, p_true
 ):
@@ -497,7 +497,7 @@ def _cap_fcfs(out, R, allowed):
         before += l
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _scores(c, K, R, flat, srt):
     """The request-major survival scores of confidences c [>=K, R] (flat) and, where srt is
     not empty, the same sorted descending."""
@@ -602,7 +602,7 @@ def policy_windows(code, tau, now, prev, old, rows, extra, n_samp, n_nondraft, t
         )
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def verify_commit(mode, w, K):
     """SGLang verify modes: (drafts verified, commit cap) of a window w."""
     if mode == COMPACT:
