@@ -981,6 +981,20 @@ def _context_ms_packed(q, c, ci, cf, rb, rq, rc, rtab, rshare, rstep):
 
 
 @njit(cache=True)
+def slots_context_ms(I, n, K, verified, ci, cf, rb, rq, rc, rtab, rshare, rstep):
+    """dsim.cost.CostModel.context_ms of one step of the first n decode slots (1 + verified[0, r]
+    query tokens each, 1 without drafts, over their COMP cached tokens) where no prefill chunk is
+    priced with them, from CostModel.context_args() packed by ``pack_context_args``: the same
+    compiled function on the same values, without the Python call's array conversions. n >= 1."""
+    q = np.empty(n, np.int64)
+    c = np.empty(n, np.int64)
+    for r in range(n):
+        q[r] = 1 + verified[0, r] if K > 0 else 1
+        c[r] = I[r, COMP]
+    return _context_ms_packed(q, c, ci, cf, rb, rq, rc, rtab, rshare, rstep)
+
+
+@njit(cache=True)
 def window_steps(
     I,
     n,
