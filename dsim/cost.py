@@ -116,10 +116,15 @@ try:  # the compiled per-request pass; plain Python where numba is absent (the G
     from numba import njit as _nb_njit
 
     _njit = _nb_njit(cache=True)
+    # the per-step pricing helpers a decode window calls once a step: inlined into their callers
+    # (a call across compiled functions costs the arrays' reference counting, about 25 ns a call)
+    _njit_inline = _nb_njit(cache=True, inline="always")
 except ImportError:  # pragma: no cover
 
     def _njit(f):
         return f
+
+    _njit_inline = _njit
 
 
 if TYPE_CHECKING:
@@ -250,7 +255,7 @@ def decode_features_ms(
     return cw * wave + cc * chunks + cm * merge + cr * reqs + ct * tail + cd
 
 
-@_njit
+@_njit_inline
 def context_ms_compiled(
     q,
     c,
@@ -303,7 +308,7 @@ def context_ms_compiled(
     return out
 
 
-@_njit
+@_njit_inline
 def _indexer_excess_mcells(q, c, ratio):  # pragma: no cover - compiled
     """(N x l_max - sum_r q_r l_r) / 1e6 of the requests (q_r query tokens over c_r cached ones):
     the indexer logits cells a longest-context indexer computes beyond each request's own width
@@ -319,7 +324,7 @@ def _indexer_excess_mcells(q, c, ratio):  # pragma: no cover - compiled
     return (n * lmax - own) / 1e6
 
 
-@_njit
+@_njit_inline
 def split_work(n, k, programs, block, min_chunk):  # pragma: no cover - compiled
     """Work items of one split-K attention call over n tokens, each with a list of k keys: 0 (not
     split) where n >= programs or one chunk max(min_chunk, ceil(n k / programs / block) x block)
@@ -333,7 +338,7 @@ def split_work(n, k, programs, block, min_chunk):  # pragma: no cover - compiled
     return n * (-(-k // chunk))
 
 
-@_njit
+@_njit_inline
 def _step_keys_ms(q, c, sk):  # pragma: no cover - compiled
     """The format-4 step_keys term of a step's requests (q_r query tokens over c_r cached ones,
     prefill chunks included): padded key cells and split-K combine per kind, from the packed term
@@ -522,7 +527,7 @@ def request_attention_ms(q: Any, ctx: Any, ra: RequestAttention) -> float:
     return float(_request_attention(qa, np.asarray(ctx, dtype=np.int64), ra.batch, ra.q, ra.ctx, ra.step_ms))
 
 
-@_njit
+@_njit_inline
 def _bracket(x, v):  # pragma: no cover - compiled
     """(i0, i1, weight of i1) of v on increasing x: clamped below, extrapolated past the end."""
     n = len(x)
@@ -536,14 +541,14 @@ def _bracket(x, v):  # pragma: no cover - compiled
     return i - 1, i, (v - x[i - 1]) / (x[i] - x[i - 1])
 
 
-@_njit
+@_njit_inline
 def _bilinear(tab, b, j0, j1, wq, k0, k1, wc):  # pragma: no cover - compiled
     lo = tab[b, j0, k0] + (tab[b, j0, k1] - tab[b, j0, k0]) * wc
     hi = tab[b, j1, k0] + (tab[b, j1, k1] - tab[b, j1, k0]) * wc
     return lo + (hi - lo) * wq
 
 
-@_njit
+@_njit_inline
 def _request_attention(q, c, bx, qx, cx, tab):  # pragma: no cover - compiled
     R = len(q)
     nb = len(bx)

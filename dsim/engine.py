@@ -409,6 +409,7 @@ class Replica:
         self._done_n = 0
         self._fwd = cost.forward_table()
         self._ctx_args = KS.pack_context_args(cost.context_args())
+        self._ctx_packed = cost.request_attention is not None  # (see _context_ms)
         # A decode window's per-step shape (dsim.kernels_step.window_steps' rows), reused.
         self._wi = np.empty((3, max(1, cfg.max_window)), dtype=np.int64)
         self._wf = np.empty((5, max(1, cfg.max_window)), dtype=np.float64)
@@ -763,6 +764,9 @@ class Replica:
         without per-request attention terms."""
         if not self.cost.has_context_terms or not self.n:
             return 0.0
+        if given is None and self._ctx_packed and not (self.cost.context_reads_chunks and any(chunks)):
+            # (the compiled call CostModel.context_ms makes here, on the same values)
+            return KS.slots_context_ms(self._I, self.n, self.K, verified if self.K else self._no_steps, *self._ctx_args)
         ctx = self.I[:, COMP]
         pre = (
             [(c, int(self.R.computed[r])) for r, c in zip(self.pre, chunks) if c]

@@ -229,7 +229,7 @@ def draw_slots(
         )
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _draw_step(
     key, I, X, n, K, t, head, tok_scale, step_scale, head_scale, head_shift, temp, full, conf, lead, accept, p_true
 ):
@@ -497,7 +497,7 @@ def _cap_fcfs(out, R, allowed):
         before += l
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _scores(c, K, R, flat, srt):
     """The request-major survival scores of confidences c [>=K, R] (flat) and, where srt is
     not empty, the same sorted descending."""
@@ -602,7 +602,7 @@ def policy_windows(code, tau, now, prev, old, rows, extra, n_samp, n_nondraft, t
         )
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def verify_commit(mode, w, K):
     """SGLang verify modes: (drafts verified, commit cap) of a window w."""
     if mode == COMPACT:
@@ -978,6 +978,20 @@ def _context_ms_packed(q, c, ci, cf, rb, rq, rc, rtab, rshare, rstep):
         ci[8],
         rstep,
     )
+
+
+@njit(cache=True)
+def slots_context_ms(I, n, K, verified, ci, cf, rb, rq, rc, rtab, rshare, rstep):
+    """dsim.cost.CostModel.context_ms of one step of the first n decode slots (1 + verified[0, r]
+    query tokens each, 1 without drafts, over their COMP cached tokens) where no prefill chunk is
+    priced with them, from CostModel.context_args() packed by ``pack_context_args``: the same
+    compiled function on the same values, without the Python call's array conversions. n >= 1."""
+    q = np.empty(n, np.int64)
+    c = np.empty(n, np.int64)
+    for r in range(n):
+        q[r] = 1 + verified[0, r] if K > 0 else 1
+        c[r] = I[r, COMP]
+    return _context_ms_packed(q, c, ci, cf, rb, rq, rc, rtab, rshare, rstep)
 
 
 @njit(cache=True)

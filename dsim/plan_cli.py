@@ -55,6 +55,11 @@ PriceOpt = Annotated[
     Optional[float],
     typer.Option(help="$ per GPU-hour (default: a public H200 on-demand quote, $5.49, dated 24 Sep 2026)"),
 ]
+JobsOpt = Annotated[Optional[int], typer.Option(help="worker processes (default: CPU count)")]
+# The concurrency sweep's options, shared by sweep and ab.
+ConcurrencyOpt = Annotated[str, typer.Option(help="comma-separated concurrency levels of the sweep")]
+RequestsPerUserOpt = Annotated[int, typer.Option(help="sweep: requests per point = max(N x C, --min-requests)")]
+MinRequestsOpt = Annotated[int, typer.Option(help="sweep: fewest requests per point")]
 # Where the simulations run (plan, sweep, ab): dsim.executor.
 ExecutorOpt = Annotated[
     str, typer.Option("--executor", help="local (worker processes) or ray (Ray tasks; pip install -e '.[ray]')")
@@ -246,7 +251,7 @@ def plan(
     price_per_gpu_hour: PriceOpt = None,
     gpus_per_node: GpusPerNodeOpt = 8,
     router: str = typer.Option("least_outstanding"),
-    jobs: Optional[int] = typer.Option(None, help="worker processes (default: CPU count)"),
+    jobs: JobsOpt = None,
     as_json: bool = typer.Option(False, "--json"),
     executor: ExecutorOpt = "local",
     ray_address: RayAddressOpt = None,
@@ -358,13 +363,13 @@ def _json_default(o):
 
 @app.command()
 def sweep(
-    concurrency: str = typer.Option("1,2,4,8,16,32,64,128,256", help="comma-separated concurrency levels"),
+    concurrency: ConcurrencyOpt = "1,2,4,8,16,32,64,128,256",
     methods: str = typer.Option(
         "none,mtp,block,dspark",
         help="methods (none, mtp, mtpK, eagle3, block, dspark, dspark-fixed, dsparkK, dsparkK-fixed)",
     ),
-    requests_per_user: int = typer.Option(8, help="requests per point = max(N x C, --min-requests)"),
-    min_requests: int = typer.Option(200),
+    requests_per_user: RequestsPerUserOpt = 8,
+    min_requests: MinRequestsOpt = 200,
     trace: TraceOpt = "default",
     format: FormatOpt = "auto",
     window: WindowOpt = None,
@@ -373,7 +378,7 @@ def sweep(
     nodes: int = typer.Option(1),
     gpus_per_node: GpusPerNodeOpt = 8,
     seed: int = typer.Option(0),
-    jobs: Optional[int] = typer.Option(None, help="worker processes (default: CPU count)"),
+    jobs: JobsOpt = None,
     out: str = typer.Option(..., help="output directory: sweep.csv and PNG figures"),
     executor: ExecutorOpt = "local",
     ray_address: RayAddressOpt = None,
@@ -485,10 +490,10 @@ def ab(
     margin: MarginOpt = 0.10,
     price_per_gpu_hour: PriceOpt = None,
     gpus_per_node: GpusPerNodeOpt = 8,
-    concurrency: str = typer.Option("1,2,4,8,16,32,64,128,256", help="sweep concurrency levels"),
-    requests_per_user: int = typer.Option(8, help="sweep: requests per point = max(N x C, --min-requests)"),
-    min_requests: int = typer.Option(200),
-    jobs: Optional[int] = typer.Option(None, help="worker processes (default: CPU count)"),
+    concurrency: ConcurrencyOpt = "1,2,4,8,16,32,64,128,256",
+    requests_per_user: RequestsPerUserOpt = 8,
+    min_requests: MinRequestsOpt = 200,
+    jobs: JobsOpt = None,
     out: str = typer.Option(..., help="report directory (report.md, report.html, PNGs, plan.json, sweep.csv)"),
     executor: ExecutorOpt = "local",
     ray_address: RayAddressOpt = None,

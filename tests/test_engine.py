@@ -516,6 +516,29 @@ def test_packed_context_args_price_as_the_tuple(name):
         assert KS._context_ms_packed(q, c, *packed) == context_ms_compiled(q, c, *ctx[1:])
 
 
+def test_slots_context_ms_prices_as_the_cost_model():
+    """A general step's compiled per-request attention terms of the decode slots (query 1 +
+    verified drafts, or 1 without drafts, over each slot's cached tokens) equal
+    CostModel.context_ms on the same step, exactly."""
+    from dsim import kernels_step as KS
+    from dsim.kernels_step import COMP, NCOL
+
+    cost = CostModel(load_profile(None))  # the default profile: a format-3 request table
+    assert cost.request_attention is not None  # (the engine takes this path only then)
+    packed = KS.pack_context_args(cost.context_args())
+    rng = np.random.default_rng(11)
+    for _ in range(30):
+        n = int(rng.integers(1, 300))
+        cap = n + int(rng.integers(0, 5))  # (the slot buffers are longer than the live slots)
+        I = np.zeros((cap, NCOL), dtype=np.int64)
+        I[:, COMP] = rng.integers(1, 60_000, cap)
+        K = int(rng.integers(0, 8))
+        verified = rng.integers(0, K + 1, (1, cap)).astype(np.int64)
+        q = 1 + verified[0, :n] if K else np.ones(n, np.int64)
+        want = cost.context_ms(q, I[:n, COMP])
+        assert KS.slots_context_ms(I, n, K, verified, *packed) == want
+
+
 def test_pack_context_args_rejects_a_field_of_another_kind():
     from dsim import kernels_step as KS
 
