@@ -1253,6 +1253,15 @@ def compose_profile(
         ]
         draft[kind] = Table(np.array(DRAFT_REQUESTS, dtype=float), np.maximum.accumulate(np.array(ms)))
     draft["block"] = draft["dspark"]
+    # a fixed-length DSpark of K < draft_block drafts K positions per request (vLLM's DSpark proposer
+    # runs the parallel backbone over batch x num_speculative_tokens positions): one table per K
+    for kb in range(1, draft_block):
+        ms = [
+            priced_total(model, topo, hardware, draft_ops(model, topo, hardware, "dspark", R, kb, chunk), pricer)
+            + 3 * (GRAPH_GAP_US_PER_LAYER * 1e-3 + glue.ms(R * kb))
+            for R in DRAFT_REQUESTS
+        ]
+        draft[f"dspark@{kb}"] = Table(np.array(DRAFT_REQUESTS, dtype=float), np.maximum.accumulate(np.array(ms)))
     keys_term = None
     table_pricer = None
     if step_keys:
@@ -1498,11 +1507,13 @@ def _v1_prefill_residual(q: np.ndarray, c: np.ndarray, y: np.ndarray, last_slope
 def forward_sizes(caps: Sequence[int], moe_chunk: int = 0) -> list[int]:
     """The forward table's sizes: vLLM's capture sizes (a step is padded to the next one), then sizes
     above the capture limit dense enough that linear interpolation follows the composed cost:
-    TAIL_TOKENS, TAIL_SPACING's grid and, with the MoE in chunks of `moe_chunk` tokens per rank,
+    limit + 1, TAIL_TOKENS, TAIL_SPACING's grid and, with the MoE in chunks of `moe_chunk` tokens per rank,
     CHUNK_OFFSETS around every chunk boundary (up to TAIL_TOKENS[-1])."""
     caps = [int(c) for c in caps]
     limit, top = caps[-1], TAIL_TOKENS[-1]
-    extra = set(TAIL_TOKENS)
+    # limit + 1: the first size without a CUDA graph, so the graph-less overhead is a jump at the limit
+    # (vLLM runs a step above its largest capture size without graphs), not a ramp to the next tail size
+    extra = set(TAIL_TOKENS) | {limit + 1}
     lo = limit
     for hi, step in TAIL_SPACING:
         extra.update(range((lo // step + 1) * step, hi + 1, step))
@@ -1565,6 +1576,9 @@ def required_ops(
     for kind in ("mtp", "eagle3", "dspark"):
         for R in DRAFT_REQUESTS:
             ops += draft_ops(model, topo, hardware, kind, R, draft_block, chunk)
+    for kb in range(1, draft_block):  # the fixed lengths' drafter tables (dspark@K)
+        for R in DRAFT_REQUESTS:
+            ops += draft_ops(model, topo, hardware, "dspark", R, kb, chunk)
     seen = {op.record for op in ops}
     return sorted((dict(r) for r in seen), key=lambda r: json.dumps(r, sort_keys=True))
 

@@ -47,10 +47,10 @@ def main(argv=None) -> int:
         drafts = torch.randint(0, V, (T,), device=dev)
         temp = torch.full((T, 1), 0.7, device=dev)
 
-        def greedy():
+        def greedy(logits=logits, drafts=drafts):
             return logits.argmax(dim=-1).eq(drafts)
 
-        def random():
+        def random(logits=logits, drafts=drafts, temp=temp, T=T):
             p = torch.softmax(logits.float() / temp, dim=-1)
             pd = p.gather(1, drafts[:, None]).squeeze(1)
             acc = torch.rand(T, device=dev) < pd
@@ -88,7 +88,6 @@ def main(argv=None) -> int:
             f"random={row['random_ms']:.3f}ms ({row['random_us_per_token']:.2f}us/tok)",
             flush=True,
         )
-        del logits
     return 0
 
 
