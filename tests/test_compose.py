@@ -977,3 +977,18 @@ def test_fixed_dspark_drafts_its_own_length():
         assert make_method("dspark", 7).draft_ms(c, R) == full
         assert make_method("dspark", 7, adaptive=True).draft_ms(c, R) == full
     assert make_method("dspark", 3).draft_ms(c, 256) < 0.8 * c.draft_table_ms("dspark", 256)
+
+
+def test_eager_overhead_is_a_stated_parameter():
+    """--eager-us-per-layer sets what a step above the capture limit adds per layer: the tables of
+    two values differ by layers x the difference above the limit and not at all at or below it (0:
+    an executor that captures every step, as the shard-check profile's); a negative value is an error."""
+    model, topo = load_model("deepseek-v4-flash"), parse_topology("tp8-ep8")
+    a = compose_profile(model, topo, "h200", None, request_attention=False, eager_us_per_layer=0.0)
+    b = compose_profile(model, topo, "h200", None, request_attention=False, eager_us_per_layer=100.0)
+    x, limit = a.forward.x, a.capture_sizes[-1]
+    d = b.forward.ms - a.forward.ms
+    assert np.allclose(d[x <= limit], 0.0) and np.allclose(d[x > limit], model.layers * 0.1)
+    assert b.provenance["assumptions"]["eager_us_per_layer"] == 100.0
+    with pytest.raises(InputError, match="eager-us-per-layer"):
+        compose_profile(model, topo, "h200", None, request_attention=False, eager_us_per_layer=-1.0)
