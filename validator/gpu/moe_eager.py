@@ -93,7 +93,8 @@ def main(argv=None) -> int:
         reps=a.reps,
     )
     print(json.dumps(info), flush=True)
-    out = dict(info=info, rows=[])
+    rows: list[dict] = []
+    out = dict(info=info, rows=rows)
     for i, (r, q) in enumerate(shapes):
         if a.dry_run:
             r, q = min(r, 4), min(q, 8)
@@ -118,7 +119,7 @@ def main(argv=None) -> int:
             eager_spread=round((max(ts) - min(ts)) / max(eager, 1e-9), 4) if ts else None,
             graph_spread=round((max(gs) - min(gs)) / max(graph, 1e-9), 4) if gs else None,
         )
-        out["rows"].append(row)
+        rows.append(row)
         O.write_json_atomic(a.out, out)
         print(
             f"EAGER {a.model} {a.topology} {r}x{q} tok={r * q} graph={row['graph_ms']:.3f} eager={row['eager_ms']:.3f} "

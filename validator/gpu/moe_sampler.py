@@ -39,7 +39,8 @@ def main(argv=None) -> int:
     info = O.gpu_line(dev)
     info.update(vocab=V, reps=a.reps)
     print(json.dumps(info), flush=True)
-    out = dict(info=info, rows=[])
+    rows: list[dict] = []
+    out = dict(info=info, rows=rows)
     for T in (int(x) for x in a.tokens.split(",")):
         if a.dry_run:
             T = min(T, 16)
@@ -58,7 +59,7 @@ def main(argv=None) -> int:
             rec = (p / q).argmax(dim=-1)
             return acc, rec
 
-        row = dict(tokens=T)
+        row: dict[str, float] = dict(tokens=T)
         for name, fn in (("greedy", greedy), ("random", random)):
             for _ in range(2):
                 fn()
@@ -81,7 +82,7 @@ def main(argv=None) -> int:
             ms = float(np.median(ts))
             row[f"{name}_ms"] = round(ms, 4)
             row[f"{name}_us_per_token"] = round(ms * 1e3 / T, 3)
-        out["rows"].append(row)
+        rows.append(row)
         O.write_json_atomic(a.out, out)
         print(
             f"SAMPLER T={T} greedy={row['greedy_ms']:.3f}ms ({row['greedy_us_per_token']:.2f}us/tok) "
