@@ -1566,9 +1566,12 @@ def required_ops(
     forward_q: int = 1,
     moe_dp_chunk: int | None = None,
     overlap: str = "none",
+    new_points: bool = True,
 ) -> list[dict]:
     """Every op record compose_profile looks up (without 'ms'), deduplicated, sorted; of the per-request
-    attention table, its points on the kernel-op grid (the rest interpolate between them)."""
+    attention table, its points on the kernel-op grid (the rest interpolate between them). new_points=False:
+    without the capture limit + 1 forward point (unless a MoE chunk boundary puts it there) and the
+    fixed-length drafter records, which tables built before them lack (the composer interpolates them)."""
     if max_capture is None:
         max_capture = 1024 if hardware == "b300" else 512
     caps = vllm_capture_sizes(max_capture)
@@ -1576,6 +1579,8 @@ def required_ops(
     fq = max(1, int(forward_q))
     chunk = (VLLM_MOE_DP_CHUNK if moe_dp_chunk is None else max(0, int(moe_dp_chunk))) if topo.attn_dp > 1 else 0
     tokens = forward_sizes(caps, chunk)
+    if not new_points and not (chunk and caps[-1] % chunk == 0):
+        tokens = [n for n in tokens if n != caps[-1] + 1]
     for n in tokens:
         qq = min(fq, n)
         ops += step_ops(model, topo, hardware, n, q=qq, batch=-(-n // qq))
@@ -1609,7 +1614,7 @@ def required_ops(
     for kind in ("mtp", "eagle3", "dspark"):
         for R in DRAFT_REQUESTS:
             ops += draft_ops(model, topo, hardware, kind, R, draft_block, chunk)
-    for kb in range(1, draft_block):  # the fixed lengths' drafter tables (dspark@K)
+    for kb in range(1, draft_block) if new_points else ():  # the fixed lengths' drafter tables (dspark@K)
         for R in DRAFT_REQUESTS:
             ops += draft_ops(model, topo, hardware, "dspark", R, kb, chunk)
     seen = {op.record for op in ops}
