@@ -10,7 +10,7 @@ attention each GPU is an engine replica; with TP attention a replica spans sever
 
 Usage: python benchmarks/bench_fixed_vs_adaptive.py --profile NAME [--concurrency 1,4,16,64,128,256,384]
        [--requests-per-user 6] [--trace default] [--jobs N] [--markdown]
-       [--max-num-batched-tokens N] [--disaggregated]
+       [--max-num-batched-tokens N] [--disaggregated] [--policy vllm|sglang|paper-production] [--seed S]
 """
 from __future__ import annotations
 
@@ -32,6 +32,10 @@ def main() -> None:
     ap.add_argument("--trace", default="default")
     ap.add_argument("--acceptance", default=None, help="acceptance preset for DSpark (default: the method's)")
     ap.add_argument("--k", type=int, default=7, help="adaptive DSpark's block size")
+    ap.add_argument("--policy", default="vllm",
+                    help="adaptive DSpark's verify-budget policy (vllm: the budget from the previous step's confidences; "
+                         "sglang: the same E/C rule on the current ones; paper-production: two steps old)")
+    ap.add_argument("--seed", type=int, default=0, help="simulation seed (the same seed for every method: paired)")
     ap.add_argument("--gpus-per-node", type=int, default=8)
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--markdown", action="store_true")
@@ -51,7 +55,7 @@ def main() -> None:
     specs = {"none": SpecConfig("none", acceptance=a.acceptance)}
     for k in FIXED_K:
         specs[f"K={k}"] = SpecConfig("dspark", k=k, adaptive=False, acceptance=a.acceptance)
-    specs["adaptive"] = SpecConfig("dspark", k=a.k, adaptive=True, acceptance=a.acceptance)
+    specs["adaptive"] = SpecConfig("dspark", k=a.k, adaptive=True, policy=a.policy, acceptance=a.acceptance)
     from dsim.engine import EngineConfig
 
     eng = {}
@@ -62,14 +66,15 @@ def main() -> None:
     base = build_workload(a.trace)
     t0 = time.perf_counter()
     df = sweep(base, prof, specs, node_c, requests_per_user=a.requests_per_user, min_requests=a.min_requests,
-               gpus_per_node=a.gpus_per_node, jobs=a.jobs, engine=EngineConfig(**eng) if eng else None)
+               gpus_per_node=a.gpus_per_node, jobs=a.jobs, seed=a.seed, engine=EngineConfig(**eng) if eng else None)
     wall = time.perf_counter() - t0
     tab = df.pivot(index="concurrency", columns="method", values="output_tok_s_per_gpu")
     user = df.pivot(index="concurrency", columns="method", values="output_tok_s_per_user")
     ver = df.pivot(index="concurrency", columns="method", values="verify_tokens_per_request")
     cols = list(specs)
     print(f"profile: {prof.label}")
-    print(f"workload: {base.source}; {a.requests_per_user} requests per user (min {a.min_requests})"
+    print(f"workload: {base.source}; {a.requests_per_user} requests per user (min {a.min_requests}); "
+          f"adaptive policy {a.policy}; seed {a.seed}"
           + (f"; engine {eng}" if eng else ""))
     sep = " | " if a.markdown else " "
     head = ["C/node" if a.per_node else "C/GPU"] + [f"{c} tok/s/GPU" for c in cols] + ["best fixed", "adaptive / best fixed",

@@ -68,7 +68,11 @@ TAIL_SPACING = ((2048, 128), (4096, 256), (8192, 512), (16384, 1024))
 # b + 16, b + 64
 CHUNK_OFFSETS = (0, 1, 16, 64)
 GRAPH_GAP_US_PER_LAYER = 4.0  # gaps between kernels inside a CUDA graph, per layer (stated)
-EAGER_US_PER_LAYER = 25.0  # above the capture limit: piecewise graphs, attention eager (stated)
+# above the capture limit a step runs without CUDA graphs (vLLM's dispatcher picks no graph for a batch
+# above its largest capture size): what each layer adds then (stated for vLLM's compiled forward; our
+# H200 shard executor, which issues about ten times a compiled layer's launches, measures 200-225 us
+# per layer at 1,024-2,048 tokens per GPU, validator/gpu/moe_eager.py: an upper bound)
+EAGER_US_PER_LAYER = 25.0
 ACTIVATION_RESERVE_GB = 6.0  # activations, graphs, workspace per GPU (stated, vLLM-like)
 MEM_UTIL = 0.9  # vLLM gpu_memory_utilization default
 GPUS_PER_NODE = 8
@@ -605,14 +609,16 @@ def forward_ms(
     glue: LayerGlue = LayerGlue(),
     q: int = 1,
     moe_chunk: int = 0,
+    eager_us: float = EAGER_US_PER_LAYER,
 ) -> float:
-    """One target forward of n tokens, as ceil(n / q) requests of q query tokens each at kv context."""
+    """One target forward of n tokens, as ceil(n / q) requests of q query tokens each at kv context;
+    above the capture limit each layer adds eager_us (the step runs without CUDA graphs)."""
     qq = max(1, min(int(q), int(n)))
     ops = step_ops(model, topo, hardware, n, kv=kv, q=qq, batch=-(-int(n) // qq), moe_chunk=moe_chunk)
     t = priced_total(model, topo, hardware, ops, pricer)
     t += model.layers * (GRAPH_GAP_US_PER_LAYER * 1e-3 + glue.ms(n))
     if n > limit:
-        t += model.layers * EAGER_US_PER_LAYER * 1e-3
+        t += model.layers * eager_us * 1e-3
     return t
 
 
@@ -710,6 +716,7 @@ def forward_ms_dbo(
     q: int = 1,
     threshold: int = DBO_DECODE_TOKEN_THRESHOLD,
     moe_chunk: int = 0,
+    eager_us: float = EAGER_US_PER_LAYER,
 ) -> float:
     """One target forward of n tokens per rank with two-batch overlap: below `threshold` tokens
     the step is not split (forward_ms); from it, every decoder layer runs as two micro-batches of
@@ -718,7 +725,9 @@ def forward_ms_dbo(
     dbo_layer_ms; the embedding and LM head run once over all n tokens. Only data-parallel
     attention with expert parallelism has all-to-all to hide (vLLM: DP + EP only)."""
     if n < threshold or topo.attn_dp <= 1 or n < 2:
-        return forward_ms(model, topo, hardware, n, pricer, limit, kv=kv, glue=glue, q=q, moe_chunk=moe_chunk)
+        return forward_ms(
+            model, topo, hardware, n, pricer, limit, kv=kv, glue=glue, q=q, moe_chunk=moe_chunk, eager_us=eager_us
+        )
     halves = (-(-int(n) // 2), int(n) // 2)
     # layers of one kind price alike: one micro-batch record per (attention kind, MoE, hash-routed)
     groups: dict = {}
@@ -738,7 +747,7 @@ def forward_ms_dbo(
     t += priced_total(model, topo, hardware, rest, pricer)
     t += model.layers * sum(GRAPH_GAP_US_PER_LAYER * 1e-3 + glue.ms(h) for h in halves)
     if n > limit:
-        t += model.layers * EAGER_US_PER_LAYER * 1e-3
+        t += model.layers * eager_us * 1e-3
     return t
 
 
@@ -769,6 +778,7 @@ def overlapped_forward(
     *,
     moe_chunk: int = 0,
     decode_tokens_max: int | None = None,
+    eager_us: float = EAGER_US_PER_LAYER,
 ) -> tuple[np.ndarray, str]:
     """The forward table with two-batch overlap from `threshold` tokens per rank on, and the
     provenance line saying so. threshold 'auto': the smallest CUDA-graph size from which the split
@@ -785,7 +795,19 @@ def overlapped_forward(
         )
     split = np.array(
         [
-            forward_ms_dbo(model, topo, hardware, n, pricer, limit, glue=glue, q=q, threshold=1, moe_chunk=moe_chunk)
+            forward_ms_dbo(
+                model,
+                topo,
+                hardware,
+                n,
+                pricer,
+                limit,
+                glue=glue,
+                q=q,
+                threshold=1,
+                moe_chunk=moe_chunk,
+                eager_us=eager_us,
+            )
             for n in tokens
         ]
     )
@@ -1172,6 +1194,7 @@ def compose_profile(
     step_indexer: bool = False,
     step_keys: bool = False,
     verify_attention: str = "window",
+    eager_us_per_layer: float = EAGER_US_PER_LAYER,
 ) -> Profile:
     """Build the profile (see the module doc). `table`: one kernel table or several in order of
     preference. `table_error`: the measured error of the (first) table against our own
@@ -1185,7 +1208,11 @@ def compose_profile(
     indexer as our shard executor runs it, every token of the step scored over the step's longest context (format 4; vLLM's kernels score each request over
     its own context, so engine profiles leave it out). `step_keys`: price the V4 attention cores'
     key lists as our shard executor runs them, every token's as long as the step's longest, split
-    by the step's own tokens (format 4 step_keys; needs step_indexer)."""
+    by the step's own tokens (format 4 step_keys; needs step_indexer). `eager_us_per_layer`: what each
+    layer adds to a step above the capture limit, run without CUDA graphs (0 for an executor that
+    captures every step, as our shard executor does)."""
+    if not (0.0 <= float(eager_us_per_layer) < 1e6):
+        raise InputError(f"--eager-us-per-layer: expected a finite value >= 0 (us), got {eager_us_per_layer!r}")
     roof = roofline or Roofline(hardware=hardware)
     pricer = Pricer(table, roof, frozenset(zero_ops), prefer)
     tables = pricer.tables
@@ -1199,7 +1226,12 @@ def compose_profile(
     chunk = (VLLM_MOE_DP_CHUNK if moe_dp_chunk is None else max(0, int(moe_dp_chunk))) if topo.attn_dp > 1 else 0
     tokens = forward_sizes(caps, chunk)
     fwd = np.array(
-        [forward_ms(model, topo, hardware, n, pricer, limit, glue=glue, q=fq, moe_chunk=chunk) for n in tokens]
+        [
+            forward_ms(
+                model, topo, hardware, n, pricer, limit, glue=glue, q=fq, moe_chunk=chunk, eager_us=eager_us_per_layer
+            )
+            for n in tokens
+        ]
     )
     overlap_note = None
     if overlap != "none":
@@ -1216,6 +1248,7 @@ def compose_profile(
             dbo_threshold,
             moe_chunk=chunk,
             decode_tokens_max=max(limit, max_num_seqs * fq) if request_attention else None,
+            eager_us=eager_us_per_layer,
         )
     # KV slope: attention cores of SLOPE_BATCH requests of fq query tokens at two contexts, per KV token
     lo = _attn_only(model, topo, hardware, pricer, phase="decode", batch=SLOPE_BATCH, q=fq, kv=KV_LO)
@@ -1253,6 +1286,15 @@ def compose_profile(
         ]
         draft[kind] = Table(np.array(DRAFT_REQUESTS, dtype=float), np.maximum.accumulate(np.array(ms)))
     draft["block"] = draft["dspark"]
+    # a fixed-length DSpark of K < draft_block drafts K positions per request (vLLM's DSpark proposer
+    # runs the parallel backbone over batch x num_speculative_tokens positions): one table per K
+    for kb in range(1, draft_block):
+        ms = [
+            priced_total(model, topo, hardware, draft_ops(model, topo, hardware, "dspark", R, kb, chunk), pricer)
+            + 3 * (GRAPH_GAP_US_PER_LAYER * 1e-3 + glue.ms(R * kb))
+            for R in DRAFT_REQUESTS
+        ]
+        draft[f"dspark@{kb}"] = Table(np.array(DRAFT_REQUESTS, dtype=float), np.maximum.accumulate(np.array(ms)))
     keys_term = None
     table_pricer = None
     if step_keys:
@@ -1345,7 +1387,7 @@ def compose_profile(
             if topo.attn_dp > 1
             else "TP ranks hold the same tokens; experts wait for the slowest EP rank",
             graph_gap_us_per_layer=GRAPH_GAP_US_PER_LAYER,
-            eager_us_per_layer=EAGER_US_PER_LAYER,
+            eager_us_per_layer=eager_us_per_layer,
             activation_reserve_gb=ACTIVATION_RESERVE_GB,
             gpu_memory_utilization=MEM_UTIL,
             kv_layout="V4: compressed entries FP8 + bf16 rope, indexer keys FP8; MLA: bf16 latent",
@@ -1498,11 +1540,13 @@ def _v1_prefill_residual(q: np.ndarray, c: np.ndarray, y: np.ndarray, last_slope
 def forward_sizes(caps: Sequence[int], moe_chunk: int = 0) -> list[int]:
     """The forward table's sizes: vLLM's capture sizes (a step is padded to the next one), then sizes
     above the capture limit dense enough that linear interpolation follows the composed cost:
-    TAIL_TOKENS, TAIL_SPACING's grid and, with the MoE in chunks of `moe_chunk` tokens per rank,
+    limit + 1, TAIL_TOKENS, TAIL_SPACING's grid and, with the MoE in chunks of `moe_chunk` tokens per rank,
     CHUNK_OFFSETS around every chunk boundary (up to TAIL_TOKENS[-1])."""
     caps = [int(c) for c in caps]
     limit, top = caps[-1], TAIL_TOKENS[-1]
-    extra = set(TAIL_TOKENS)
+    # limit + 1: the first size without a CUDA graph, so the graph-less overhead is a jump at the limit
+    # (vLLM runs a step above its largest capture size without graphs), not a ramp to the next tail size
+    extra = set(TAIL_TOKENS) | {limit + 1}
     lo = limit
     for hi, step in TAIL_SPACING:
         extra.update(range((lo // step + 1) * step, hi + 1, step))
@@ -1522,9 +1566,12 @@ def required_ops(
     forward_q: int = 1,
     moe_dp_chunk: int | None = None,
     overlap: str = "none",
+    new_points: bool = True,
 ) -> list[dict]:
     """Every op record compose_profile looks up (without 'ms'), deduplicated, sorted; of the per-request
-    attention table, its points on the kernel-op grid (the rest interpolate between them)."""
+    attention table, its points on the kernel-op grid (the rest interpolate between them). new_points=False:
+    without the capture limit + 1 forward point (unless a MoE chunk boundary puts it there) and the
+    fixed-length drafter records, which tables built before them lack (the composer interpolates them)."""
     if max_capture is None:
         max_capture = 1024 if hardware == "b300" else 512
     caps = vllm_capture_sizes(max_capture)
@@ -1532,6 +1579,8 @@ def required_ops(
     fq = max(1, int(forward_q))
     chunk = (VLLM_MOE_DP_CHUNK if moe_dp_chunk is None else max(0, int(moe_dp_chunk))) if topo.attn_dp > 1 else 0
     tokens = forward_sizes(caps, chunk)
+    if not new_points and not (chunk and caps[-1] % chunk == 0):
+        tokens = [n for n in tokens if n != caps[-1] + 1]
     for n in tokens:
         qq = min(fq, n)
         ops += step_ops(model, topo, hardware, n, q=qq, batch=-(-n // qq))
@@ -1565,6 +1614,9 @@ def required_ops(
     for kind in ("mtp", "eagle3", "dspark"):
         for R in DRAFT_REQUESTS:
             ops += draft_ops(model, topo, hardware, kind, R, draft_block, chunk)
+    for kb in range(1, draft_block) if new_points else ():  # the fixed lengths' drafter tables (dspark@K)
+        for R in DRAFT_REQUESTS:
+            ops += draft_ops(model, topo, hardware, "dspark", R, kb, chunk)
     seen = {op.record for op in ops}
     return sorted((dict(r) for r in seen), key=lambda r: json.dumps(r, sort_keys=True))
 
@@ -1579,6 +1631,13 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--topology", required=True)
         p.add_argument("--hardware", required=True, choices=sorted(HARDWARE))
         p.add_argument("--max-capture", type=int, default=None)
+        p.add_argument(
+            "--eager-us-per-layer",
+            type=float,
+            default=EAGER_US_PER_LAYER,
+            help=f"what each layer adds to a step above the capture limit, run without CUDA graphs (default "
+            f"{EAGER_US_PER_LAYER:g}, stated; 0 for an executor that captures every step)",
+        )
         p.add_argument("--draft-block", type=int, default=7)
         p.add_argument(
             "--forward-q",
@@ -1718,6 +1777,7 @@ def main(argv: list[str] | None = None) -> int:
             overlap=a.overlap,
             dbo_threshold=parse_dbo_threshold(a.dbo_threshold),
             verify_attention=a.verify_attention,
+            eager_us_per_layer=a.eager_us_per_layer,
         )
         save_profile(prof_, a.out)
         print(f"wrote {a.out}: {prof_.label}")

@@ -132,6 +132,15 @@ if TYPE_CHECKING:
 
 PROVENANCE_FIELDS = ("kind", "hardware", "gpus_per_replica", "model", "engine", "engine_version", "date", "method")
 DRAFT_KINDS = ("mtp", "eagle3", "block", "dspark")
+# "dspark@K": the DSpark drafter over K positions per request (a fixed length K shorter than the
+# profile's draft block; vLLM's DSpark proposer drafts batch x num_speculative_tokens positions)
+DRAFT_BLOCK_KINDS = tuple(f"dspark@{k}" for k in range(1, 17))
+
+
+def _is_block_kind(kind: object) -> bool:
+    return kind in DRAFT_BLOCK_KINDS
+
+
 # measured: our own measurements; silicon-table: composed from published per-kernel silicon tables
 # (e.g. NVIDIA AIConfigurator's); analytical: a roofline model; calibrated: fitted to measured runs
 PROFILE_KINDS = ("measured", "silicon-table", "analytical", "calibrated")
@@ -685,8 +694,10 @@ def profile_from_dict(d: dict, path: str = "<profile>", doc: Doc | None = None) 
     if raw_draft is not None:
         S.mapping(raw_draft, doc, "draft")
         for kind, raw in raw_draft.items():
-            if kind not in DRAFT_KINDS:
-                raise InputError(f"{doc.at('draft', kind)}: unknown draft kind (known: {', '.join(DRAFT_KINDS)})")
+            if kind not in DRAFT_KINDS and not _is_block_kind(kind):
+                raise InputError(
+                    f"{doc.at('draft', kind)}: unknown draft kind (known: {', '.join(DRAFT_KINDS)}, dspark@K)"
+                )
             draft[kind] = _table(raw, doc, ("draft", kind), "requests")
     kv_slope = S.number(d["kv_ms_per_ktok"], doc, "kv_ms_per_ktok", lo=0, hi=MAX_COST_MS)
     cpu = S.number(d["cpu_overhead_ms"], doc, "cpu_overhead_ms", lo=0, hi=MAX_COST_MS)

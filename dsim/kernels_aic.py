@@ -872,7 +872,9 @@ def composer_records(model: str, topology: str, system: str, expert_dtype: str |
     m = load_model(model)
     if expert_dtype:
         m = dataclasses.replace(m, expert_dtype=expert_dtype)
-    return required_ops(m, parse_topology(topology), HARDWARE_OF[system])
+    # without the capture limit + 1 point and the fixed-length DSpark drafter records (dspark@K): the pinned
+    # tables were built before them, and the composer prices them by AIC's and its own interpolation
+    return required_ops(m, parse_topology(topology), HARDWARE_OF[system], new_points=False)
 
 
 def grid_records(model: str, topology: str, system: str, required: list[dict] | None = None) -> list[dict]:

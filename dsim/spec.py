@@ -145,7 +145,8 @@ class SpecMethod:
         ``cost`` is duck-typed: ``cost.draft_table_ms(kind, n) -> float | None`` (profiled table,
         None when absent) and ``cost.forward_ms(n_tokens) -> float`` (target forward at zero
         context). Tables: mtp = one MTP layer for k = 1 (x k); eagle3 = ONE sequential draft step
-        (x K); block = one parallel pass; dspark = its own table, else the block table x 1.01.
+        (x K); block = one parallel pass; dspark = its own table (a fixed K: the profile's K-position table
+        ``dspark@K`` where it has one), else the block table x 1.01.
         Without tables the module-level fractions above apply.
         """
         n = int(n_requests)
@@ -167,7 +168,10 @@ class SpecMethod:
             t = tab("block")
             return float(t) if t is not None else float(BLOCK_FRACTION * cost.forward_ms(n * k))
         if self.name == "dspark":
-            t = tab("dspark")
+            # K shorter than the profile's draft block: the drafter runs K positions per request
+            t = tab(f"dspark@{k}")
+            if t is None:
+                t = tab("dspark")
             if t is not None:
                 return float(t)
             t = tab("block")

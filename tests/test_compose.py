@@ -818,7 +818,7 @@ def test_forward_table_follows_the_moe_chunk_staircase_above_the_capture_limit()
         jump = cm.forward_ms(b + 1) - cm.forward_ms(b)
         assert jump == pytest.approx(direct(b + 1) - direct(b), rel=0.05) and jump > 0.5
     # without chunking there is no staircase: the regular grid alone
-    assert forward_sizes(prof.capture_sizes, 0)[len(prof.capture_sizes) :][:3] == [640, 768, 896]
+    assert forward_sizes(prof.capture_sizes, 0)[len(prof.capture_sizes) :][:3] == [513, 640, 768]
 
 
 # ------------------------------------------------------------- prefill_terms version 2
@@ -937,3 +937,58 @@ def test_fit_prefill_terms_recovers_known_terms():
     ex = [(q, c, own_keys_ms(q, c, base, ra) + 2.0 * q / 1000 + 5.0) for q, c in pts]
     f = fit_prefill_terms(ex, ra, 1000.0)
     assert f.own_keys_tokens == 1025 and (f.token_ms_per_ktok, f.ms_per_step) == pytest.approx((2.0, 5.0), abs=1e-6)
+
+
+def test_graph_less_overhead_is_a_jump_at_the_capture_limit():
+    """vLLM runs a step above its largest capture size without CUDA graphs: the forward table holds
+    limit + 1, so the graph-less overhead is paid from the first token past the limit (a jump), and
+    every size above it pays it, while the captured sizes do not."""
+    from dsim.compose import EAGER_US_PER_LAYER, forward_ms
+
+    model, topo = load_model("deepseek-v4-pro"), parse_topology("tp8-ep8")
+    prof = compose_profile(model, topo, "b300", None, request_attention=False)
+    limit = prof.capture_sizes[-1]
+    assert limit == 1024 and limit + 1 in set(int(x) for x in prof.forward.x)
+    pr = Pricer(None, Roofline(hardware="b300"))
+    eager = model.layers * EAGER_US_PER_LAYER * 1e-3
+    below = forward_ms(model, topo, "b300", limit + 1, pr, limit + 1)  # the same step, captured
+    above = forward_ms(model, topo, "b300", limit + 1, pr, limit)
+    assert above - below == pytest.approx(eager)
+    c = CostModel(prof)
+    assert c.forward_ms(limit + 1) - c.forward_ms(limit) >= eager
+
+
+def test_fixed_dspark_drafts_its_own_length():
+    """vLLM's DSpark proposer drafts batch x num_speculative_tokens positions: the profile carries a
+    drafter table per length below the draft block (dspark@K, fewer positions: no dearer than the
+    block's), and a fixed K prices its drafter from it; K = block and adaptive K = block use the
+    block's table."""
+    from dsim.spec import make_method
+
+    model, topo = load_model("deepseek-v4-flash"), parse_topology("dp8-ep8")
+    prof = compose_profile(model, topo, "h200", None, request_attention=False)
+    c = CostModel(prof)
+    assert {f"dspark@{k}" for k in range(1, 7)} <= set(prof.draft)
+    for R in (1, 32, 256):
+        full = c.draft_table_ms("dspark", R)
+        costs = [make_method("dspark", k).draft_ms(c, R) for k in (1, 3, 5)]
+        assert costs == sorted(costs) and costs[-1] <= full * (1 + 1e-9)
+        assert costs[1] == c.draft_table_ms("dspark@3", R)
+        assert make_method("dspark", 7).draft_ms(c, R) == full
+        assert make_method("dspark", 7, adaptive=True).draft_ms(c, R) == full
+    assert make_method("dspark", 3).draft_ms(c, 256) < 0.8 * c.draft_table_ms("dspark", 256)
+
+
+def test_eager_overhead_is_a_stated_parameter():
+    """--eager-us-per-layer sets what a step above the capture limit adds per layer: the tables of
+    two values differ by layers x the difference above the limit and not at all at or below it (0:
+    an executor that captures every step, as the shard-check profile's); a negative value is an error."""
+    model, topo = load_model("deepseek-v4-flash"), parse_topology("tp8-ep8")
+    a = compose_profile(model, topo, "h200", None, request_attention=False, eager_us_per_layer=0.0)
+    b = compose_profile(model, topo, "h200", None, request_attention=False, eager_us_per_layer=100.0)
+    x, limit = a.forward.x, a.capture_sizes[-1]
+    d = b.forward.ms - a.forward.ms
+    assert np.allclose(d[x <= limit], 0.0) and np.allclose(d[x > limit], model.layers * 0.1)
+    assert b.provenance["assumptions"]["eager_us_per_layer"] == 100.0
+    with pytest.raises(InputError, match="eager-us-per-layer"):
+        compose_profile(model, topo, "h200", None, request_attention=False, eager_us_per_layer=-1.0)
