@@ -60,6 +60,7 @@ PREFILL_KV = (0, 512, 2048, 8192, 32768)  # cached context before the chunk
 # drafter request counts: vLLM's CUDA-graph capture sizes (a drafter's batch is padded to the next
 # one, as the target's), then coarser to 1024; the cost model reads the next size at or above
 DRAFT_REQUESTS = tuple(vllm_capture_sizes(512)) + (640, 768, 896, 1024)
+DRAFT_COLLECTED_REQUESTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 TAIL_TOKENS = (768, 1024, 1536, 2048, 4096, 8192, 16384)
 # above the capture limit a step runs at its own token count and the table interpolates linearly:
 # sizes every 128 tokens to 2048, 256 to 4096, 512 to 8192, 1024 to 16384 (the experts' row tiles and
@@ -1594,9 +1595,10 @@ def required_ops(
     for m in (8192, 16384):
         ops.append(_op("lm_head", 1, op="gemm", dtype="bf16", m=m, n=model.vocab // topo.attn_tp, k=model.hidden))
     for kind in ("mtp", "eagle3", "dspark"):
-        for R in DRAFT_REQUESTS:
-            for flat in (False, True) if kind == "dspark" else (False,):
-                ops += draft_ops(model, topo, hardware, kind, R, draft_block, chunk, flat)
+        # the kernel collections' grid (powers of two); the drafter's other sizes and its flattened
+        # block read the tables between these records, as every lookup off the grid does
+        for R in DRAFT_COLLECTED_REQUESTS:
+            ops += draft_ops(model, topo, hardware, kind, R, draft_block, chunk)
     seen = {op.record for op in ops}
     return sorted((dict(r) for r in seen), key=lambda r: json.dumps(r, sort_keys=True))
 

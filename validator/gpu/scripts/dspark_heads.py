@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     verify = (8, 16) if a.dry_run else VERIFY_TOKENS
     requests = (2, 4) if a.dry_run else REQUESTS
     gpu = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__} if dev.type == "cuda" else {"gpu": "cpu"}
-    out = {
+    out: dict = {
         "provenance": {
             "kind": "measured",
             "method": "CUDA-graph replay over rotating instances (validator.gpu.moe_ops.time_instances), median of 7",
@@ -139,7 +139,16 @@ def main(argv=None) -> int:
             ms, _ = time_instances(markov_op(torch, dev, R, hidden, vocab, BLOCK), dev, 2)
             emit({"part": "markov", "model": model, "requests": R, "block": BLOCK, "ms": round(ms, 5)})
             ms, _ = time_instances(lm_head_op(torch, dev, R * BLOCK, hidden, vocab), dev, 2)
-            emit({"part": "lm_head", "model": model, "m": R * BLOCK, "hidden": hidden, "vocab": vocab, "ms": round(ms, 5)})
+            emit(
+                {
+                    "part": "lm_head",
+                    "model": model,
+                    "m": R * BLOCK,
+                    "hidden": hidden,
+                    "vocab": vocab,
+                    "ms": round(ms, 5),
+                }
+            )
     return 0
 
 
