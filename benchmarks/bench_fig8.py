@@ -27,6 +27,17 @@ range printed), the rest of the forward as composed. It mixes hardware on purpos
 the step would grow with tokens if the MoE block cost what DeepSeek's own V4 kernel costs inside
 one NVLink domain, with everything else as dsim prices it.
 
+With --per-token A,B: what one more verify token costs on one GPU, per part of the model, as the
+marginal cost between forwards of A and B tokens per rank (unsplit, MoE in the composer's chunks),
+beside the same part's FLOPs at the GPU's dense peak (bf16 / fp8 per the op's dtype; attention
+cores over their V4 key lists at 1024 tokens of context: the 128-token window, plus index_topk
+compressed entries on CSA layers and context / 128 on HCA layers, and the lightning indexer over
+context / 4), so the gap between the kernel tables and the hardware's floor is per part; then
+DSpark's drafter (three MoE layers over block x requests positions, flattened attention, the LM
+head over every position) at --drafter-requests, by part, unsplit as the profiles price it and
+on the two-micro-batch schedule of the target's layers (a what-if: dsim.compose.dbo_layer_ms
+over the drafter's layers).
+
 With --network-floor: the per-GPU all-to-all bandwidth the paper's own Fig. 8 points need on a
 deployment with one routed expert per GPU (the paper scenario's), if the step did nothing but move
 its tokens' MoE bytes through the GPU's NIC one way (dsim.frontier.network_floor): no compute,
@@ -40,6 +51,7 @@ Usage: python benchmarks/bench_fig8.py [--profile NAME] [--trace default] [--dis
        [--per-gpu 10,20,50,100,150,200] [--requests-per-user 16] [--jobs N]
        python benchmarks/bench_fig8.py [--profile NAME] --scan 10,20,50,100,150,200
        python benchmarks/bench_fig8.py --network-floor
+       python benchmarks/bench_fig8.py --per-token 400,800 --topology dp256-ep256 --kernels ...
        python benchmarks/bench_fig8.py --breakdown 1,40,200,400 [--model deepseek-v4-flash]
               [--hardware h200] [--kernels h200-aic-vllm,h200-torch] [--topology dp8-ep8]
 """
@@ -78,7 +90,15 @@ def main(argv=None):
     ap.add_argument("--kernels", default="h200-aic-vllm,h200-torch")
     ap.add_argument("--topology", default="dp8-ep8")
     ap.add_argument("--prefer", default="", help="op=TABLE,...: as dsim.compose profile --prefer")
+    ap.add_argument("--per-token", default=None, help="A,B: marginal cost per verify token (see above)")
+    ap.add_argument("--drafter-requests", default="100,200", help="--per-token: drafter sizes in requests")
+    ap.add_argument("--draft-block", type=int, default=5, help="--per-token: DSpark's block (the paper's 5)")
     a = ap.parse_args(argv)
+    if a.per_token:
+        prefer = dict(x.strip().split("=", 1) for x in a.prefer.split(",") if x.strip())
+        lo, hi = (int(x) for x in a.per_token.split(","))
+        return per_token(a.model, a.hardware, a.kernels, a.topology, lo, hi, prefer,
+                         [int(x) for x in a.drafter_requests.split(",")], a.draft_block)
     if a.network_floor:
         return network_floor_table(a.acceptance or "deepseek-v4")
     if a.breakdown:
@@ -175,6 +195,77 @@ def breakdown(model_name, hardware, kernels, topology, sizes, prefer=None):
             print(f"{'':>14}MoE block at Mega MoE's EP8 time: {lo:6.1f}-{hi:.1f} ms "
                   f"({moe_layers} x {min(mm):.0f}-{max(mm):.0f} us in place of experts + all-to-all "
                   f"{parts['moe_experts'] + a2a:.1f} ms)")
+
+
+def op_flops(model, rec, kv=1024):
+    """(FLOPs, math dtype) of one op record on one GPU; 0 for ops that move bytes only."""
+    if rec["op"] == "gemm":
+        return 2.0 * rec["m"] * rec["n"] * rec["k"] * rec.get("groups", 1), rec["dtype"]
+    if rec["op"] == "moe":  # the rows routed to this GPU's experts: tokens x top-k / EP ranks
+        return rec["tokens"] * rec["topk"] / rec["ep"] * 3 * rec["hidden"] * rec["inter"] * 2.0, rec["dtype"]
+    if rec["op"] == "attn" and str(rec["kind"]).startswith("v4_"):
+        from dsim.compose import _key_width
+        keys = model.sliding_window + _key_width(model, rec["kind"], kv + rec["q"])
+        f = rec["batch"] * rec["q"] * rec["heads"] * keys * 2 * model.head_dim * 2.0  # QK and PV
+        if rec["kind"] == "v4_csa":  # the lightning indexer scores the ratio-4 compressed keys
+            f += rec["batch"] * rec["q"] * model.index_heads * (kv // 4) * model.index_dim * 2.0
+        return f, "bf16"
+    return 0.0, "bf16"
+
+
+def per_token(model_name, hardware, kernels, topology, lo, hi, prefer, drafter_requests, block):
+    from collections import defaultdict
+
+    from dsim import compose as C
+    model = C.load_model(model_name)
+    topo = C.parse_topology(topology)
+    hw = C.HARDWARE[hardware]
+    pricer = C.Pricer([C.load_kernel_table(k.strip()) for k in kernels.split(",") if k.strip()],
+                      C.Roofline(hardware=hardware), prefer=prefer or None)
+    chunk = C.VLLM_MOE_DP_CHUNK if topo.attn_dp > 1 else 0
+
+    def parts(ops):
+        ms, fl = defaultdict(float), defaultdict(float)
+        for op in ops:
+            v = op.count * pricer.ms(op)
+            if op.part == "moe_experts":
+                v *= C._moe_factor(model, topo, hardware, op, pricer.roofline)
+            # parts an attention module's records include (projections) are priced inside it
+            key = "all-to-all" if op.part == "comm" else "attention" if op.part in pricer.skip | {"attn_core"} else op.part
+            ms[key] += v
+            f, dt = op_flops(model, op.rec)
+            peak = hw["fp8"] if dt == "fp8" else hw["bf16"]
+            fl[key] += op.count * f / peak * 1e3  # ms at the dense peak
+        return ms, fl
+
+    a_ms, a_fl = parts(C.step_ops(model, topo, hardware, lo, moe_chunk=chunk))
+    b_ms, b_fl = parts(C.step_ops(model, topo, hardware, hi, moe_chunk=chunk))
+    d = hi - lo
+    print(f"{model_name} {topology} on {hardware}, kernels {kernels}: us per verify token between {lo} and {hi} "
+          f"tokens per rank (unsplit; MoE in chunks of {chunk}), and at the {hw['name']}'s dense peak")
+    rows = sorted(b_ms, key=lambda k: -(b_ms[k] - a_ms.get(k, 0.0)))
+    tot = tot_fl = 0.0
+    for k in rows:
+        us, us_fl = (b_ms[k] - a_ms.get(k, 0.0)) / d * 1e3, (b_fl[k] - a_fl.get(k, 0.0)) / d * 1e3
+        if abs(us) < 0.05 and us_fl < 0.05:
+            continue
+        print(f"  {k:16s} {us:7.1f} us   at peak {us_fl:5.1f} us" + (f"   ({us / us_fl:.1f}x)" if us_fl > 0.05 else ""))
+        if k != "all-to-all":
+            tot, tot_fl = tot + us, tot_fl + us_fl
+    comm = (b_ms["all-to-all"] - a_ms.get("all-to-all", 0.0)) / d * 1e3
+    print(f"  compute          {tot:7.1f} us   at peak {tot_fl:5.1f} us   ({tot / tot_fl:.1f}x); all-to-all {comm:.1f} us")
+    swa = [i for i, k in enumerate(model.attn_kinds) if k in ("v4_swa", "mla")][:1] or [model.layers - 1]
+    for R in drafter_requests:
+        n = R * block
+        ms, _ = parts(C.draft_ops(model, topo, hardware, "dspark", R, block, chunk, True))
+        unsplit = sum(ms.values()) + 3 * C.GRAPH_GAP_US_PER_LAYER * 1e-3
+        halves = (-(-n // 2), n // 2)
+        mbs = [C.micro_batch_layer(model, topo, hardware, h, pricer, swa[0], moe_chunk=chunk) for h in halves]
+        lm = ms["lm_head"]
+        split = 3 * (C.dbo_layer_ms(mbs[0], mbs[1]) + 2 * C.GRAPH_GAP_US_PER_LAYER * 1e-3) + lm
+        shown = ", ".join(f"{k} {v:.2f}" for k, v in sorted(ms.items(), key=lambda kv: -kv[1]) if v >= 0.01)
+        print(f"  DSpark drafter, {R} requests x {block} positions: {unsplit:.2f} ms unsplit ({shown}); "
+              f"{split:.2f} ms on the two-micro-batch schedule (what-if)")
 
 
 #: DeepEP README, low-latency kernels (H800, one CX7 400 Gb/s NIC per GPU, 128 tokens per rank):

@@ -57,7 +57,10 @@ KV_LO, KV_HI = 1024, 16384  # contexts the KV slope is measured between
 SLOPE_BATCH = 64  # requests at which the slope is taken
 PREFILL_Q = (256, 512, 1024, 2048, 8192)  # prompt-chunk lengths the prefill terms are fitted on
 PREFILL_KV = (0, 512, 2048, 8192, 32768)  # cached context before the chunk
-DRAFT_REQUESTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# drafter request counts: vLLM's CUDA-graph capture sizes (a drafter's batch is padded to the next
+# one, as the target's), then coarser to 1024; the cost model reads the next size at or above
+DRAFT_REQUESTS = tuple(vllm_capture_sizes(512)) + (640, 768, 896, 1024)
+DRAFT_COLLECTED_REQUESTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 TAIL_TOKENS = (768, 1024, 1536, 2048, 4096, 8192, 16384)
 # above the capture limit a step runs at its own token count and the table interpolates linearly:
 # sizes every 128 tokens to 2048, 256 to 4096, 512 to 8192, 1024 to 16384 (the experts' row tiles and
@@ -345,13 +348,24 @@ def step_ops(model: MoEModel, topo: Topology, hardware: str, n: int, **kw: Any) 
 
 
 def draft_ops(
-    model: MoEModel, topo: Topology, hardware: str, kind: str, R: int, block: int, moe_chunk: int = 0
+    model: MoEModel,
+    topo: Topology,
+    hardware: str,
+    kind: str,
+    R: int,
+    block: int,
+    moe_chunk: int = 0,
+    flat_attention: bool = False,
 ) -> list[Op]:
     """Draft ops for R requests. mtp: the MTP module (one decoder layer + a projection of
     [hidden, embedding]) over R tokens, then the LM head. dspark: the parallel backbone — three
     MoE layers with sliding-window attention and hyper-connections (DSpark paper, Sec. 5.1) — over
-    the R x block positions, the LM head over them; the tiny sequential head is the 1% the engine
-    adds. eagle3: one decoder layer + LM head over R tokens per sequential draft step."""
+    the R x block positions (the anchor is the first prediction position, so a block of `block`
+    inputs yields `block` drafts, Sec. 3.1), the LM head over them; the tiny sequential head is
+    the 1% the engine adds. eagle3: one decoder layer + LM head over R tokens per sequential draft
+    step. `flat_attention`: the block's positions attend as one-token decodes (the rule
+    --verify-attention tokens applies to verify windows: DeepSeek's V4 kernels take a step's
+    tokens as independent elements, DSpark paper Sec. 5.3), not as q-token windows."""
     last = model.layers - 1
     if kind in ("mtp", "eagle3"):
         ops = layer_ops(model, topo, hardware, R, layers=[last], moe_chunk=moe_chunk)
@@ -361,8 +375,9 @@ def draft_ops(
     n = R * block
     swa = [i for i, k in enumerate(model.attn_kinds) if k in ("v4_swa", "mla")][:1] or [last]
     ops = []
+    batch, q = (n, 1) if flat_attention else (R, block)
     for _ in range(3):
-        ops += layer_ops(model, topo, hardware, n, layers=swa, batch=R, q=block, moe_chunk=moe_chunk)
+        ops += layer_ops(model, topo, hardware, n, layers=swa, batch=batch, q=q, moe_chunk=moe_chunk)
     ops.append(_op("lm_head", 1, op="gemm", dtype="bf16", m=int(n), n=model.vocab // topo.attn_tp, k=model.hidden))
     return ops
 
@@ -543,6 +558,13 @@ def fit_layer_glue(
     return LayerGlue(a, b, fit)
 
 
+LOCKSTEP_SAMPLED_TOKENS = 16384
+"""Group tokens up to which moe_lockstep_factor samples each token's experts; above, it draws the
+per-expert counts directly (the same with-replacement law, O(experts) a trial). The slowest rank's
+excess shrinks as 1/sqrt(rows): clamping the group at this size, as before, overstated it at EP256
+from 64 tokens per rank on (1.15 for 1.07 at 256 tokens per rank)."""
+
+
 @lru_cache(maxsize=4096)
 def moe_lockstep_factor(
     tokens: int, topk: int, experts: int, ep: int, expert_bytes: float, row_flop_s: float, bw: float, trials: int = 64
@@ -559,9 +581,13 @@ def moe_lockstep_factor(
     for _ in range(trials):
         if tokens <= 256:  # exact: k distinct experts per token
             choice = np.argpartition(rng.random((tokens, experts)), topk, axis=1)[:, :topk]
-        else:  # large batches: with replacement (the difference is k/E per token)
+            counts = np.bincount(choice.ravel(), minlength=experts)
+        elif tokens <= LOCKSTEP_SAMPLED_TOKENS:  # with replacement (the difference is k/E per token)
             choice = rng.integers(0, experts, size=(tokens, topk))
-        counts = np.bincount(choice.ravel(), minlength=experts).reshape(ep, local)
+            counts = np.bincount(choice.ravel(), minlength=experts)
+        else:  # the same law drawn as its counts: a multinomial of tokens x k over the experts
+            counts = rng.multinomial(tokens * topk, np.full(experts, 1.0 / experts))
+        counts = counts.reshape(ep, local)
         active = (counts > 0).sum(axis=1)
         rows = counts.sum(axis=1)
         proxy = np.maximum(active * expert_bytes / bw, rows * row_flop_s)
@@ -575,7 +601,7 @@ def _moe_factor(model: MoEModel, topo: Topology, hardware: str, op: Op, roof: Ro
     hw = HARDWARE[hardware]
     wb = WEIGHT_BYTES.get(r["dtype"], 2.0)
     peak = {"fp4": hw["fp4"] or hw["fp8"], "fp8": hw["fp8"]}.get(MATH_DTYPE.get(r["dtype"], "bf16"), hw["bf16"])
-    T = min(int(r["tokens"]), 16384)
+    T = int(r["tokens"])
     return moe_lockstep_factor(
         T,
         model.topk,
@@ -1279,7 +1305,13 @@ def compose_profile(
     draft = {}
     for kind in ("mtp", "eagle3", "dspark"):
         ms = [
-            priced_total(model, topo, hardware, draft_ops(model, topo, hardware, kind, R, draft_block, chunk), pricer)
+            priced_total(
+                model,
+                topo,
+                hardware,
+                draft_ops(model, topo, hardware, kind, R, draft_block, chunk, verify_attention == "tokens"),
+                pricer,
+            )
             + (3 if kind == "dspark" else 1)
             * (GRAPH_GAP_US_PER_LAYER * 1e-3 + glue.ms(R * (draft_block if kind == "dspark" else 1)))
             for R in DRAFT_REQUESTS
@@ -1612,7 +1644,9 @@ def required_ops(
     for m in (8192, 16384):
         ops.append(_op("lm_head", 1, op="gemm", dtype="bf16", m=m, n=model.vocab // topo.attn_tp, k=model.hidden))
     for kind in ("mtp", "eagle3", "dspark"):
-        for R in DRAFT_REQUESTS:
+        # the kernel collections' grid (powers of two); the drafter's other sizes and its flattened
+        # block read the tables between these records, as every lookup off the grid does
+        for R in DRAFT_COLLECTED_REQUESTS:
             ops += draft_ops(model, topo, hardware, kind, R, draft_block, chunk)
     for kb in range(1, draft_block) if new_points else ():  # the fixed lengths' drafter tables (dspark@K)
         for R in DRAFT_REQUESTS:

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from dsim.compose import (
+    DRAFT_REQUESTS,
     Pricer,
     compose_profile,
+    draft_ops,
     kv_capacity,
     layer_ops,
     moe_lockstep_factor,
@@ -88,7 +90,13 @@ def test_required_ops_cover_every_lookup():
     priced with the roofline's own numbers, composes the same profile as the roofline alone."""
     model, topo = load_model("deepseek-v4-flash"), parse_topology("dp8-ep8")
     roof = Roofline(hardware="h200")
+    # required_ops lists the drafter at the collections' grid; the profile's drafter sizes between
+    # those points (vLLM's capture sizes) are added here, as a real table answers them by interpolation
+    draft = {op.record for kind in ("mtp", "eagle3", "dspark") for R in DRAFT_REQUESTS
+             for op in draft_ops(model, topo, "h200", kind, R, 7)}
     recs = [dict(r, ms=roof.ms(r)) for r in required_ops(model, topo, "h200")]
+    have = {json.dumps(r, sort_keys=True) for r in required_ops(model, topo, "h200")}
+    recs += [dict(r, ms=roof.ms(dict(r))) for r in map(dict, draft) if json.dumps(r, sort_keys=True) not in have]
     table = KernelTable("roof-as-table", {"kind": "measured", "method": "test"}, recs)
     a = compose_profile(model, topo, "h200", None)
     b = compose_profile(model, topo, "h200", table)
