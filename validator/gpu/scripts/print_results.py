@@ -17,6 +17,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -135,7 +136,7 @@ def _replay_file(model: str, got: list[tuple[str, int, list[float]]], steplog_di
                     rebuilt_from_printed=True,
                 )
             )
-        res = dict(rows=rows, summary=P.error_summary(rows))
+        res: dict[str, Any] = dict(rows=rows, summary=P.error_summary(rows))
         if len(rows) < len(steps):
             res["partial"] = True
         logs[src] = res
@@ -170,8 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument("--rebuild", required=True)
         ap.add_argument("--out", required=True)
         ap.add_argument("--dir", default="profiles/h200/steplogs-s1")
-        a = ap.parse_args(argv)
-        for w in rebuild(Path(a.rebuild).read_text(), Path(a.out), a.dir):
+        ns = ap.parse_args(argv)
+        for w in rebuild(Path(ns.rebuild).read_text(), Path(ns.out), ns.dir):
             print(w)
         return 0
     for a in argv:
