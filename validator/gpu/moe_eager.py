@@ -83,15 +83,8 @@ def main(argv=None) -> int:
         print(f"error: --shapes {a.shapes!r}: expected RxQ[,RxQ...]", file=sys.stderr)
         return 2
     device, shard = S._setup(a)
-    info = O.gpu_line(device)
-    info.update(
-        model=a.model,
-        topology=a.topology,
-        layers_run=len(shard.layers),
-        full_layers=shard.full_layers,
-        ctx=a.ctx,
-        reps=a.reps,
-    )
+    info = S.run_info(device, shard, a)
+    info.update(ctx=a.ctx, reps=a.reps)
     print(json.dumps(info), flush=True)
     rows: list[dict] = []
     out = dict(info=info, rows=rows)

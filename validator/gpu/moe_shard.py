@@ -526,6 +526,14 @@ def layer_records(shard: Shard, device, reps: int, dry: bool, shapes=None, on_re
     return recs
 
 
+def run_info(device, shard, a) -> dict:
+    """The GPU and the shard a run measured: the head of every output file (gpu line, model, topology,
+    layers run of the model's full count)."""
+    info = O.gpu_line(device)
+    info.update(model=a.model, topology=a.topology, layers_run=len(shard.layers), full_layers=shard.full_layers)
+    return info
+
+
 def _setup(a):
     import torch
 
@@ -576,12 +584,8 @@ def main(argv=None) -> int:
                 return 2
             logs[src] = read_steplog(src)
     device, shard = _setup(a)
-    info = O.gpu_line(device)
+    info = run_info(device, shard, a)
     info.update(
-        model=a.model,
-        topology=a.topology,
-        layers_run=len(shard.layers),
-        full_layers=shard.full_layers,
         weight_gib=round(shard.weight_bytes() / 2**30, 2),
         fp8=dict(O.FP8),
         tune=dict(attn=O.ATTN_TUNE, indexer=O.INDEXER_TUNE),
