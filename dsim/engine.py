@@ -1087,16 +1087,10 @@ class Replica:
             return False  # someone was skipped last step
         return n * (1 + self.K) <= self.cfg.max_num_batched_tokens
 
-    def _window_steps(self, k: int, lead, cap, verified, fixed_ms: float):
-        """dsim.kernels_step.window_steps of a k-step window into self._wi, self._wf."""
-        return KS.window_steps(
-            self._I,
-            self.n,
-            self.K,
-            k,
-            lead,
-            cap,
-            verified,
+    def _window_shape_args(self, fixed_ms: float) -> tuple:
+        """The arguments that price a window's steps and lay them out in self._wi / self._wf, after
+        its draws: the trailing parameters shared by dsim.kernels_step.window_steps and plan_window."""
+        return (
             self.kv_dec,
             self.total_blocks - self.pre_blocks,
             self.lookahead,
@@ -1108,6 +1102,10 @@ class Replica:
             self._wi,
             self._wf,
         )
+
+    def _window_steps(self, k: int, lead, cap, verified, fixed_ms: float):
+        """dsim.kernels_step.window_steps of a k-step window into self._wi, self._wf."""
+        return KS.window_steps(self._I, self.n, self.K, k, lead, cap, verified, *self._window_shape_args(fixed_ms))
 
     def _decode_window(self):
         env, K, cfg = self.env, self.K, self.cfg
@@ -1137,19 +1135,7 @@ class Replica:
             # window_steps over the steps it planned)
             conf, lvc, args = self._plan_args(k, n, 0.0)
             lead, verified, cap = lvc[0], lvc[1], lvc[2]
-            k, last, general, past = KS.plan_window(
-                *args,
-                self.kv_dec,
-                self.total_blocks - self.pre_blocks,
-                self.lookahead,
-                self._fwd,
-                self.cost.kv_ms_per_tok,
-                fixed_ms,
-                *self._ctx_args,
-                float(env.now),
-                wi,
-                wf,
-            )
+            k, last, general, past = KS.plan_window(*args, *self._window_shape_args(fixed_ms))
         else:
             if K > 0:
                 conf, lead, verified, cap, _, k = self._draft_and_verify(k)  # (k: up to a possible completion)
