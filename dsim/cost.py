@@ -134,12 +134,7 @@ PROVENANCE_FIELDS = ("kind", "hardware", "gpus_per_replica", "model", "engine", 
 DRAFT_KINDS = ("mtp", "eagle3", "block", "dspark")
 # "dspark@K": the DSpark drafter over K positions per request (a fixed length K shorter than the
 # profile's draft block; vLLM's DSpark proposer drafts batch x num_speculative_tokens positions)
-DRAFT_BLOCK_KINDS = tuple(f"dspark@{k}" for k in range(1, 17))
-
-
-def _is_block_kind(kind: object) -> bool:
-    return kind in DRAFT_BLOCK_KINDS
-
+DRAFT_LENGTH_KINDS = tuple(f"dspark@{k}" for k in range(1, 17))
 
 # measured: our own measurements; silicon-table: composed from published per-kernel silicon tables
 # (e.g. NVIDIA AIConfigurator's); analytical: a roofline model; calibrated: fitted to measured runs
@@ -694,7 +689,7 @@ def profile_from_dict(d: dict, path: str = "<profile>", doc: Doc | None = None) 
     if raw_draft is not None:
         S.mapping(raw_draft, doc, "draft")
         for kind, raw in raw_draft.items():
-            if kind not in DRAFT_KINDS and not _is_block_kind(kind):
+            if kind not in DRAFT_KINDS and kind not in DRAFT_LENGTH_KINDS:
                 raise InputError(
                     f"{doc.at('draft', kind)}: unknown draft kind (known: {', '.join(DRAFT_KINDS)}, dspark@K)"
                 )
