@@ -759,6 +759,29 @@ def test_run_launch_repeat_writes_runs_and_spread_and_stops_the_server(tmp_path)
     assert "spread over 2 runs" in r.stdout and _refused(port)
 
 
+def test_driver_run_unwraps_an_interrupt_raised_inside_the_clients_task_group(tmp_path, monkeypatch):
+    try:
+        from builtins import BaseExceptionGroup, ExceptionGroup
+    except ImportError:  # Python 3.10: anyio's backport
+        from exceptiongroup import BaseExceptionGroup, ExceptionGroup
+
+    # SIGTERM becomes KeyboardInterrupt wherever the main thread is; inside the HTTP client's task
+    # group it arrives wrapped in an exception group, which the CLI's interrupt handler must still see.
+    async def interrupted(plan, opts, out_path):
+        raise BaseExceptionGroup("connect", [BaseExceptionGroup("tcp", [KeyboardInterrupt("signal 15")])])
+
+    monkeypatch.setattr(driver, "run_async", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        driver.run(traces.fixed(1, 4, 4), driver.RunOptions(server="http://127.0.0.1:9"), tmp_path / "r.jsonl")
+
+    async def failed(plan, opts, out_path):
+        raise ExceptionGroup("connect", [OSError("refused")])
+
+    monkeypatch.setattr(driver, "run_async", failed)
+    with pytest.raises(ExceptionGroup):
+        driver.run(traces.fixed(1, 4, 4), driver.RunOptions(server="http://127.0.0.1:9"), tmp_path / "r.jsonl")
+
+
 def test_run_launch_sigterm_mid_run_stops_the_server_and_writes_nothing(tmp_path):
     port = free_port()
     out = tmp_path / "out"

@@ -522,6 +522,11 @@ def _pin(cpus):
     return old
 
 
+def _holds_interrupt(e: BaseException) -> bool:
+    """Whether an exception group (at any depth) holds a KeyboardInterrupt."""
+    return any(isinstance(x, KeyboardInterrupt) or _holds_interrupt(x) for x in getattr(e, "exceptions", ()))
+
+
 def run(plan: Plan, opts: RunOptions, out_path: str | Path) -> dict:
     old, achieved, old_group = _boost(opts.nice)
     old_cpus = _pin(opts.cpus)
@@ -532,6 +537,13 @@ def run(plan: Plan, opts: RunOptions, out_path: str | Path) -> dict:
     )
     try:
         return asyncio.run(run_async(plan, opts, out_path))
+    except BaseException as e:
+        # SIGTERM is turned into KeyboardInterrupt (launch.terminate_as_interrupt); when it lands inside
+        # the HTTP client's task group it comes wrapped in an exception group: unwrap it, so callers see
+        # the interrupt itself.
+        if not isinstance(e, KeyboardInterrupt) and _holds_interrupt(e):
+            raise KeyboardInterrupt(str(e)) from None
+        raise
     finally:
         if old_cpus is not None:
             try:
