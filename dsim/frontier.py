@@ -19,6 +19,10 @@ y = output tok/s per GPU), one per load level. From them:
 * ``paper_comparison(df, a, b, slas)``: all of it for two methods of a sweep table, as a
   ``Comparison`` record; ``format_comparison`` prints it, ``plot_comparison`` draws Fig. 7 and
   Fig. 8 style figures.
+* ``step_at_speed`` / ``gain_split``: each method's step where its frontier meets one per-user
+  speed (load, verify tokens, tau, step = tau / speed, split into the fixed one-token forward, the
+  verified tokens, the drafter and the rest), and the throughput gain there as headroom over
+  per-request cost (the exact identity below).
 
 The paper constructs its matched-throughput gains at A's throughput at each SLA anchor (the
 dashed lines of Fig. 7); ``Comparison.at_sla`` carries those as well.
@@ -27,7 +31,7 @@ dashed lines of Fig. 7); ``Comparison.at_sla`` carries those as well.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -504,3 +508,105 @@ def network_floor(
         bytes_per_token=int(bytes_per_token),
         required_gb_s=moved / step_s / 1e9,
     )
+
+
+# ---- a method's step at a per-user SLA, and why the throughput gain there is what it is ----------
+# In a decode-dominated closed loop a request's speed is tokens emitted per step / step time, so at
+# per-user speed s a method with acceptance length tau runs steps of tau / s. Its step is the
+# profile's forward of one token (what every step pays however few tokens it holds: weights, the
+# all-to-all latency floors, the one-token attention) plus what its C requests add (their verified
+# tokens' forward, the drafter, attention over their contexts). At one s both methods serve
+# C x s tok/s/GPU, so B's throughput gain over A is C_B / C_A - 1, which splits exactly into
+#   C_B / C_A = [(t_B - fixed) / (t_A - fixed)] / [per-request cost_B / per-request cost_A],
+# per-request cost = (t - fixed) / C: how much more of its step B has beyond the fixed part (its
+# step is about tau_B / tau_A times A's), over how much more each of its requests costs.
+
+
+@dataclass(frozen=True)
+class StepAtSpeed:
+    """One method's step where its frontier gives per-user speed ``user_tok_s``: the load
+    (requests in decode per GPU = throughput / speed), verify tokens per request, tau, the step
+    (tau / speed) and its split: the fixed step (forward of one token), the verified tokens'
+    forward beyond it, the drafter, and the rest (attention over the requests' contexts beyond the
+    zero-context forward table, and the spread of step times that a mean over requests of 1 / TPOT
+    leaves in tau / speed)."""
+
+    method: str
+    user_tok_s: float
+    requests_per_gpu: float
+    verify_tokens_per_request: float
+    tau: float
+    step_ms: float
+    fixed_ms: float
+    verify_ms: float
+    draft_ms: float
+    rest_ms: float
+
+    @property
+    def per_request_us(self) -> float:
+        """What each request adds to the step beyond the fixed part, us."""
+        return 1e3 * (self.step_ms - self.fixed_ms) / self.requests_per_gpu
+
+
+def _loglog_at(xs: np.ndarray, ys: np.ndarray, x: float) -> float:
+    """Piecewise log-log interpolation of ys over xs (xs increasing, all > 0) at x inside them."""
+    return _loglog(x, xs, ys) if len(xs) > 1 else float(ys[0])
+
+
+def step_at_speed(
+    points: pd.DataFrame,
+    method: str,
+    user_tok_s: float,
+    forward_ms: Callable[[int], float],
+    draft_ms: Callable[[int], float],
+) -> StepAtSpeed | None:
+    """``method``'s step at ``user_tok_s`` on its Pareto frontier (the points the throughput gain
+    is read on: columns output_tok_s_per_gpu, output_tok_s_per_user, verify_tokens_per_request,
+    acceptance_length, one row per load), priced by the profile's ``forward_ms(tokens)`` and
+    ``draft_ms(requests)`` for one GPU. The load is the frontier's throughput there / the speed;
+    verify tokens and tau are interpolated log-log between the same two frontier points. None
+    when the frontier does not reach the speed inside its sampled span."""
+    g = points[points["method"] == method]
+    f = Frontier.from_points(g["output_tok_s_per_user"], g["output_tok_s_per_gpu"], method)
+    thr = f.throughput_at(user_tok_s)
+    if not thr.ok:
+        return None
+    on = g[g["output_tok_s_per_user"].isin(f.user_tok_s) & g["output_tok_s_per_gpu"].isin(f.gpu_tok_s)]
+    on = on.sort_values("output_tok_s_per_user").drop_duplicates("output_tok_s_per_user", keep="last")
+    xs = on["output_tok_s_per_user"].to_numpy(np.float64)
+    b = _loglog_at(xs, on["verify_tokens_per_request"].to_numpy(np.float64), user_tok_s)
+    tau = _loglog_at(xs, on["acceptance_length"].to_numpy(np.float64), user_tok_s)
+    c = thr.value / user_tok_s
+    step = 1e3 * tau / user_tok_s
+    fixed = float(forward_ms(1))
+    verify = float(forward_ms(max(1, round(c * b)))) - fixed
+    draft = float(draft_ms(max(1, round(c))))
+    return StepAtSpeed(method, float(user_tok_s), c, b, tau, step, fixed, verify, draft, step - fixed - verify - draft)
+
+
+@dataclass(frozen=True)
+class GainSplit:
+    """B's throughput gain at one per-user speed, C_B / C_A = headroom / cost_ratio exactly:
+    ``headroom`` = (t_B - fixed) / (t_A - fixed), ``cost_ratio`` = per-request cost B / A."""
+
+    a: StepAtSpeed
+    b: StepAtSpeed
+    headroom: float
+    cost_ratio: float
+
+    @property
+    def gain(self) -> float:
+        return self.headroom / self.cost_ratio - 1.0
+
+    @property
+    def fixed_share_a(self) -> float:
+        """The fixed step's share of A's step at this speed."""
+        return self.a.fixed_ms / self.a.step_ms
+
+
+def gain_split(a: StepAtSpeed, b: StepAtSpeed) -> GainSplit:
+    if a.fixed_ms != b.fixed_ms:
+        raise ValueError("gain_split: the two steps must come from one profile (equal fixed step)")
+    if min(a.step_ms, b.step_ms) <= a.fixed_ms:
+        raise ValueError("gain_split: a step at or below the fixed step holds no requests")
+    return GainSplit(a, b, (b.step_ms - b.fixed_ms) / (a.step_ms - a.fixed_ms), b.per_request_us / a.per_request_us)

@@ -1,6 +1,7 @@
 """dsim.frontier: Pareto frontier, log-log interpolation and the paper's gains, on closed forms."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -241,3 +242,68 @@ def test_network_floor_closed_form():
     assert g.required_gb_s == pytest.approx(2 * f.required_gb_s)
     with pytest.raises(ValueError):
         network_floor("mtp", 0, 13810, 2.0, 1.88, bpt)
+
+
+def _linear_step_sweep(fixed_ms, ms_per_token, methods, loads):
+    """Sweep rows from a closed-form step: t(C) = fixed + (ms_per_token x b + draft_ms_per_request) x C,
+    speed = 1000 tau / t, throughput = C x speed; methods: name -> (tau, b, draft ms per request)."""
+    rows = []
+    for m, (tau, b, d) in methods.items():
+        for c in loads[m]:
+            t = fixed_ms + (ms_per_token * b + d) * c
+            s = 1e3 * tau / t
+            rows.append({"method": m, "label": m, "concurrency": c, "concurrency_per_gpu": c, "output_tok_s_per_user": s,
+                         "output_tok_s_per_gpu": c * s, "verify_tokens_per_request": b, "acceptance_length": tau})
+    return pd.DataFrame(rows)
+
+
+def test_step_at_speed_and_gain_split_closed_form():
+    """Linear step 10 ms + 0.05 ms per verified token (+ a drafter per request): at 80 tok/s/user
+    MTP-like A (tau 2, 2 tokens) runs 25 ms steps with 150 requests, B (tau 4.5, 5 tokens, 62.5 us
+    of drafter per request) 56.25 ms with 148; the fixed step is the one-token forward (10.05 ms),
+    the split reproduces each term and the gain is headroom (46.2 / 14.95) over per-request cost
+    (312.16 / 99.67 us), = 148 / 150 - 1, as read on the frontiers."""
+    from dsim.frontier import gain_split, step_at_speed
+
+    fixed, k = 10.0, 0.05
+    methods = {"mtp": (2.0, 2.0, 0.0), "dspark": (4.5, 5.0, 0.0625)}
+    df = _linear_step_sweep(fixed, k, methods, {"mtp": (20, 60, 150, 300), "dspark": (20, 60, 148, 300)})
+    draft = {"mtp": 0.0, "dspark": 0.0625}
+    steps = {}
+    for m in methods:
+        st_ = step_at_speed(df, m, 80.0, lambda n: fixed + k * n, lambda r, m=m: draft[m] * r)
+        assert st_ is not None
+        steps[m] = st_
+    a, b = steps["mtp"], steps["dspark"]
+    assert (a.requests_per_gpu, b.requests_per_gpu) == (pytest.approx(150), pytest.approx(148))
+    assert (a.step_ms, b.step_ms) == (pytest.approx(25.0), pytest.approx(56.25))
+    assert a.fixed_ms == pytest.approx(10.05)
+    assert (a.verify_ms, b.verify_ms) == (pytest.approx(14.95), pytest.approx(36.95))
+    assert b.draft_ms == pytest.approx(9.25) and a.rest_ms == pytest.approx(0, abs=1e-9)
+    assert b.rest_ms == pytest.approx(0, abs=1e-9)
+    assert (a.per_request_us, b.per_request_us) == (pytest.approx(14950 / 150), pytest.approx(46200 / 148))
+    g = gain_split(a, b)
+    assert g.headroom == pytest.approx(46.2 / 14.95)
+    assert g.cost_ratio == pytest.approx((46200 / 148) / (14950 / 150))
+    assert g.gain == pytest.approx(148 / 150 - 1)
+    assert g.fixed_share_a == pytest.approx(10.05 / 25)
+    assert g.gain == pytest.approx(paper_comparison(df, "mtp", "dspark", (80,)).throughput_at_sla[0].gain)
+    # out of the sampled span: no step
+    assert step_at_speed(df, "mtp", 1e4, lambda n: fixed + k * n, lambda r: 0.0) is None
+    with pytest.raises(ValueError):
+        gain_split(a, dataclasses.replace(b, fixed_ms=11.0))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    fixed=st.floats(1.0, 50.0),
+    extra=st.tuples(st.floats(0.1, 200.0), st.floats(0.1, 400.0)),
+    loads=st.tuples(st.floats(1.0, 500.0), st.floats(1.0, 500.0)),
+)
+def test_gain_split_is_the_load_ratio(fixed, extra, loads):
+    """For any two steps over one fixed part, headroom / per-request cost ratio = C_B / C_A."""
+    from dsim.frontier import StepAtSpeed, gain_split
+
+    a, b = (StepAtSpeed(m, 50.0, c, 2.0, 1.9, fixed + e, fixed, e, 0.0, 0.0) for m, e, c in zip("ab", extra, loads))
+    g = gain_split(a, b)
+    assert g.headroom / g.cost_ratio == pytest.approx(loads[1] / loads[0], rel=1e-9)
