@@ -145,7 +145,7 @@ def run_case(profile_name, trace, per_gpu, args, variant="colocated"):
     t0 = time.perf_counter()
     df = sweep(base, prof, specs, conc, requests_per_user=args.requests_per_user,
                min_requests=args.min_requests, gpus_per_node=args.gpus_per_node, jobs=args.jobs,
-               engine=engine_for(variant, args))
+               engine=engine_for(variant, args), seed=getattr(args, "seed", 0))
     wall = time.perf_counter() - t0
     if args.csv_dir:
         write_sweep(df, Path(args.csv_dir) / f"{prof.name}-{Path(trace).stem}-{variant}", prefix="")
@@ -155,7 +155,7 @@ def run_case(profile_name, trace, per_gpu, args, variant="colocated"):
     tau_m = np.mean([load_acceptance(acc_m or "deepseek-v4", "mtp").tau(c, 1) for c in classes])
     return {"profile": prof, "key": key, "trace": trace, "variant": variant, "workload": base.source,
             "df": df, "comp": comp, "wall_s": wall,
-            "acceptance": f"MTP-1 {acc_m or 'deepseek-v4'}, DSpark {acc_d or 'deepseek-v4'}",
+            "acceptance": f"MTP-1 {acc_m or 'deepseek-v4'}, DSpark {acc_d or 'deepseek-v4'}; seed {getattr(args, 'seed', 0)}",
             "engine": (f"{variant}; scheduling {'synchronous' if getattr(args, 'sync_scheduling', False) else 'overlapped (async)'}; "
                        f"DSpark policy {pol}"),
             "tau_preset": (tau_d, tau_m)}
@@ -445,6 +445,7 @@ def main(argv=None):
     # about 40% of the nominal users out of decode at 100 per GPU; 16 and 32 agree)
     ap.add_argument("--requests-per-user", type=int, default=16)
     ap.add_argument("--min-requests", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0, help="the simulations' seed (per-request acceptance latents and draft draws; dsim.sim)")
     ap.add_argument("--gpus-per-node", type=int, default=8)
     ap.add_argument("--mix", default=None, help="class mix for traces without classes (default: dsim's)")
     ap.add_argument("--acceptance", default=None, help="acceptance preset for both methods (default: deepseek-v4)")
