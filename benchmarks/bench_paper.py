@@ -193,9 +193,11 @@ def case_rows(r):
     # per-request cost (dsim.frontier.gain_split: C_DSpark / C_MTP-1 exactly)
     from dsim.cost import CostModel
     from dsim.frontier import gain_split, step_at_speed
+    from dsim.spec import make_method
     cm = CostModel(r["profile"])
+    drafters = {"mtp": make_method("mtp", 1), "dspark": make_method("dspark", 5, adaptive=True)}  # as the sweep runs them
     for i, s in enumerate(c.slas):
-        st = {m: step_at_speed(df, m, s, cm.forward_ms, lambda n, m=m: cm.draft_table_ms(m, n) or 0.0)
+        st = {m: step_at_speed(df, m, s, cm.forward_ms, lambda n, m=m: drafters[m].draft_ms(cm, n))
               for m in ("mtp", "dspark")}
         if st["mtp"] is None or st["dspark"] is None:
             continue
