@@ -401,7 +401,7 @@ def markdown(results, args, cmd) -> str:
     out += summary_table(results) + [""]
     out += ["Each method's step where its frontier meets the SLA (step = tau / speed; fixed = the profile's one-token "
             "forward; verify = the forward of the step's verified tokens beyond it; drafter from the profile's table; "
-            "rest = attention over the contexts and the spread of step times); the throughput gain there is exactly "
+            "rest = the contexts' attention and mostly the steps' variation around the mean); the throughput gain there is exactly "
             "headroom (DSpark's step beyond the fixed part over MTP-1's) / per-request cost ratio - 1:", ""]
     out += split_table(results) + [""]
     out.append("")

@@ -527,9 +527,10 @@ class StepAtSpeed:
     """One method's step where its frontier gives per-user speed ``user_tok_s``: the load
     (requests in decode per GPU = throughput / speed), verify tokens per request, tau, the step
     (tau / speed) and its split: the fixed step (forward of one token), the verified tokens'
-    forward beyond it, the drafter, and the rest (attention over the requests' contexts beyond the
-    zero-context forward table, and the spread of step times that a mean over requests of 1 / TPOT
-    leaves in tau / speed)."""
+    forward beyond it, the drafter, and the rest: attention over the requests' contexts beyond the
+    zero-context forward table, and the steps' variation around these means (tokens per step vary
+    with the budget and the load, the cost curve is not linear, the speed is a mean over requests
+    of 1 / TPOT)."""
 
     method: str
     user_tok_s: float
