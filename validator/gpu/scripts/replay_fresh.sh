@@ -40,7 +40,7 @@ fi
 REPLAY="$OUT/replay-deepseek-v4-flash-dp8-ep8-${PREFIX#dspark-v4f-}.json"
 timeout ${BUDGET_S:-420} python3 -m validator.gpu.moe_shard replay ${LOGS:-$P-c32.jsonl $P-longcut.jsonl $P-c256.jsonl $P-c1.jsonl} \
   --model deepseek-v4-flash --topology dp8-ep8 --tune "$TUNE" --out "$REPLAY" $EXTRA 2>&1 \
-  | tee -a "$OUT/log.txt" | grep -v '^{' | cut -c1-300
+  | tee -a "$OUT/log.txt" | grep --line-buffered -v '^{' | cut -c1-300
 if [ -n "$SMI_PID" ]; then
   kill "$SMI_PID" 2>/dev/null
   [ -f "$REPLAY" ] && python3 validator/gpu/scripts/gpu_samples.py "$OUT/smi.csv" "$REPLAY" | tee -a "$OUT/log.txt"
