@@ -1037,3 +1037,26 @@ def test_eager_overhead_is_a_stated_parameter():
     assert b.provenance["assumptions"]["eager_us_per_layer"] == 100.0
     with pytest.raises(InputError, match="eager-us-per-layer"):
         compose_profile(model, topo, "h200", None, request_attention=False, eager_us_per_layer=-1.0)
+
+
+def test_stored_shard_repredictions_are_the_current_profiles():
+    """Every stored V4-Flash shard re-prediction (profiles/kernels/h200-torch-checks/repredict-*.json,
+    the figures docs/gpu-moe-profiling.md quotes) is what the shard-check profile prices now, step by
+    step; a cost or profile change that moves them must store them again (`python3 -m
+    validator.gpu.shard_repredict PROFILE REPLAY STEPLOGS --out ...`)."""
+    import json
+    from pathlib import Path
+
+    from validator.gpu.shard_repredict import repredict
+
+    base = Path("profiles/kernels/h200-torch-checks")
+    stored = sorted(base.glob("repredict-deepseek-v4-flash-*.json"))
+    assert len(stored) >= 8
+    for path in stored:
+        rec = json.loads(path.read_text())
+        replay = json.loads(Path(rec["replay"]).read_text())
+        now = repredict(rec["profile"], replay, base / "steplogs")
+        for name, log in rec["logs"].items():
+            got = {r["step"]: r["predicted_ms"] for r in now[name]["rows"]}
+            for r in log["rows"]:
+                assert got[r["step"]] == pytest.approx(r["predicted_ms"], abs=2e-3), (path.name, name, r["step"])
