@@ -746,6 +746,12 @@ def test_shard_step_lines_and_gpu_samples_per_step(tmp_path):
     assert step_line("d/dspark-v4f-s5-c32.jsonl", row) == (
         "R dspark-v4f-s5-c32.jsonl 58 tokens=256 ms=59.400 reps=59.410/59.380/59.400 pred=57.490 at=1000.000"
     )
+    # the printed lines parse back to the rows (a run whose files did not come back)
+    from validator.gpu.moe_shard import rows_from_printed
+
+    text = "noise\n" + step_line("d/c32.jsonl", row) + "\n" + step_line("d/c32.jsonl", dict(row, predicted_ms=None))
+    assert rows_from_printed(text) == {"c32.jsonl": [dict(row, predicted_ms=None)]}
+    assert rows_from_printed(step_line("c1.jsonl", row))["c1.jsonl"][0]["reps_ms"] == [59.41, 59.38, 59.4]
     spec = importlib.util.spec_from_file_location("gpu_samples", ROOT / "validator/gpu/scripts/gpu_samples.py")
     gs = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gs)

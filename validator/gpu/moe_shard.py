@@ -436,6 +436,31 @@ def step_line(src: str, row: dict) -> str:
     )
 
 
+def rows_from_printed(text: str) -> dict[str, list[dict]]:
+    """{log file name: rows} from a run's printed step lines (step_line; other lines ignored): what a
+    replay file holds for re-prediction (step, tokens, measured_ms, reps_ms, predicted_ms,
+    end_unix_s), for a run whose files did not come back. A step printed twice keeps its last line."""
+    out: dict[str, dict[int, dict]] = {}
+    for ln in text.splitlines():
+        f = ln.split()
+        if len(f) < 8 or f[0] != "R" or not f[3].startswith("tokens="):
+            continue
+        kv = dict(x.split("=", 1) for x in f[3:] if "=" in x)
+        try:
+            row = dict(
+                step=int(f[2]),
+                tokens=int(kv["tokens"]),
+                measured_ms=float(kv["ms"]),
+                reps_ms=[float(x) for x in kv["reps"].split("/")],
+                predicted_ms=None if kv.get("pred", "-") == "-" else float(kv["pred"]),
+                end_unix_s=float(kv.get("at", 0)),
+            )
+        except (KeyError, ValueError):
+            continue
+        out.setdefault(f[1], {})[row["step"]] = row
+    return {log: list(rows.values()) for log, rows in out.items()}
+
+
 def replay(shard: Shard, steps: list[dict], device, reps: int, dry: bool, on_row=None) -> tuple[list[dict], dict]:
     """Measure each step shape; on_row(rows) after every step (partial results survive a time limit)."""
     rows = []
