@@ -765,7 +765,7 @@ def test_shard_step_lines_and_gpu_samples_per_step(tmp_path):
     csv = tmp_path / "smi.csv"
     csv.write_text("\n".join(lines + ["not a sample"]) + "\n")
     out = gs.step_lines(gs.read_samples(csv), dict(logs={"d/c32.jsonl": dict(rows=rows)}))
-    assert out[0] == "G c32.jsonl 58 ms=59.400 pred=57.490 sm_mhz=1770 mem_mhz=3201 w=606 t_c=51 reasons=0x4 n=3"
-    assert out[1] == "G c32.jsonl 74 ms=56.600 pred=57.490 sm_mhz=1980 mem_mhz=3201 w=500 t_c=51 reasons=0x0 n=1"
-    assert out[2] == "GS c32.jsonl steps=2 sm_mhz=1875 mem_mhz=3201 w=553 t_c=51"
+    assert out[0] == "G c32.jsonl 58 ms=59.400 sm=1770 mem=3201 w=606 t=51 r=0x4 n=3"
+    assert out[1] == "G c32.jsonl 74 ms=56.600 sm=1980 mem=3201 w=500 t=51 r=0x0 n=1"
+    assert out[2] == "GS c32.jsonl steps=2 sm=1875 mem=3201 w=553 t=51"
     assert gs.main([str(tmp_path / "none.csv"), "x.json"]) == 2

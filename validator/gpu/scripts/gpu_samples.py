@@ -8,9 +8,9 @@ its measured time, so a step that ran slower at a lower clock or under a power c
 
     python3 validator/gpu/scripts/gpu_samples.py SAMPLES.csv REPLAY.json [...]
 
-prints `G <log> <step> ms=<measured> pred=<ms> sm_mhz=<median> mem_mhz=<median> w=<median>
-t_c=<median> reasons=<bitmask> n=<samples>` per step and `GS <log> ...` once per log (the medians
-over its steps). The samples' timestamps are the GPU host's local time, as nvidia-smi writes them.
+prints `G <log> <step> ms=<measured> sm=<SM MHz> mem=<memory MHz> w=<W> t=<deg C> r=<throttle
+reasons, OR-ed> n=<samples>` per step (medians of its samples) and `GS <log> ...` once per log (the
+medians over its steps). The samples' timestamps are the GPU host's local time, as nvidia-smi writes them.
 """
 
 from __future__ import annotations
@@ -77,15 +77,13 @@ def step_lines(samples: list[tuple[float, list[float | None]]], replay: dict, wa
             for x in reasons:
                 mask |= int(x)
             lines.append(
-                f"G {name} {r['step']} ms={r['measured_ms']:.3f} pred={_fmt(r.get('predicted_ms'), '.3f')}"
-                f" sm_mhz={_fmt(cols[0])} mem_mhz={_fmt(cols[1])} w={_fmt(cols[2])} t_c={_fmt(cols[3])}"
-                f" reasons={hex(mask)} n={len(inside)}"
+                f"G {name} {r['step']} ms={r['measured_ms']:.3f} sm={_fmt(cols[0])} mem={_fmt(cols[1])}"
+                f" w={_fmt(cols[2])} t={_fmt(cols[3])} r={hex(mask)} n={len(inside)}"
             )
         if per_step:
             med = [_med([c[i] for c in per_step]) for i in range(4)]
             lines.append(
-                f"GS {name} steps={len(per_step)} sm_mhz={_fmt(med[0])} mem_mhz={_fmt(med[1])} w={_fmt(med[2])}"
-                f" t_c={_fmt(med[3])}"
+                f"GS {name} steps={len(per_step)} sm={_fmt(med[0])} mem={_fmt(med[1])} w={_fmt(med[2])} t={_fmt(med[3])}"
             )
     return lines
 
