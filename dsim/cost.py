@@ -96,6 +96,17 @@ block) x block) is shorter than k, layers x combine_ms_per_work x N x ceil(k / c
 logsumexp combine of the split lists (``split_work``). The table is then priced without any
 combine (the composer takes it out of each record), so a step's split is decided by its own
 tokens and longest context, not by each request's table point.
+
+One attention call (format 4 with step terms, a step with prefill chunks): that executor runs all
+of a step's tokens, decode and prompt, through one attention call per layer, and step_ms priced
+its N = n + p tokens (n decode/verify, p prompt) as N one-token requests, forward share S(N). The
+decode requests' part of it is the call's per-call part S(1) and n / N of the rest, so context_ms
+replaces S(1) + (S(N) - S(1)) n / N by their own attention, not S(n): below the executor's split
+threshold S(n) carries a split-K combine and a small-step regime that a call of N tokens does not
+run (on the H200 shard-check profile S(224) = 14.1 ms where 224 tokens' part of S(480) is 4.7).
+The prompt tokens keep the rest, p / N of S(N) - S(1), against which the prefill terms price them
+(fitted beside the q one-token records that a lone chunk's forward entry holds). Without prompt
+tokens the rule is S(n), as before.
 """
 
 from __future__ import annotations
@@ -1284,6 +1295,7 @@ class CostModel:
         # priced over requests and chunks together, the rest over the requests alone
         iratio, step = args[-2:]
         out = context_ms_compiled(qa, ca, *args[:-2], 0, step[:1])
+        out += self._step_call_share_ms(int(qa.sum()), sum(x for x, _ in ch))
         qi = np.concatenate([qa, np.array([x for x, _ in ch], dtype=np.int64)])
         ci = np.concatenate([ca, np.array([c for _, c in ch], dtype=np.int64)])
         if iratio:
@@ -1291,6 +1303,17 @@ class CostModel:
         if len(step) > 1:
             out += _step_keys_ms(qi, ci, step[1:])
         return float(out)
+
+    def _step_call_share_ms(self, n: int, p: int) -> float:
+        """What context_ms adds back, on a format-4 profile, for a step of n decode/verify tokens beside
+        p prompt tokens (module doc, "one attention call"): context_ms_compiled took out S(n), the
+        forward share of n tokens alone; the decode requests' part of the share S(n + p) that
+        step_ms charged is S(1) + (S(n + p) - S(1)) x n / (n + p)."""
+        if not p or not n:
+            return 0.0
+        big = self._forward_share(n + p)
+        one = self._forward_share(1)
+        return self._forward_share(n) - (one + (big - one) * n / (n + p))
 
     def _forward_share(self, n: int) -> float:
         """The attention share of forward_ms(n) (format 3; module doc)."""

@@ -488,8 +488,45 @@ def test_step_indexer_prices_the_longest_context_cells_closed_form():
     # a 2048-token prompt chunk over 1024 cached (l = 768) beside a request at 120K (l = 30000)
     q, ctx, ch = np.array([4]), np.array([119_996]), [(2048, 1024)]
     extra = 1.5 * ((4 + 2048) * 30000 - (4 * 30000 + 2048 * 768)) / 1e6
+    extra += _one_call_share_reference(c4, 4, 2048)  # the one attention call's share (its own test)
     assert c4.context_ms(q, ctx, ch) - c3.context_ms(q, ctx, ch) == pytest.approx(extra, rel=1e-12)
     assert c3.context_ms(q, ctx, ch) == pytest.approx(c3.context_ms(q, ctx), abs=1e-12)  # format 3 ignores chunks
+
+
+def _one_call_share_reference(cm, n, p):
+    """S(n) - (S(1) + (S(n + p) - S(1)) n / (n + p)): what a format-4 profile's context_ms adds for n
+    decode tokens beside p prompt tokens (dsim.cost module doc, "one attention call")."""
+    s = cm._forward_share
+    return s(n) - (s(1) + (s(n + p) - s(1)) * n / (n + p)) if n and p else 0.0
+
+
+def test_one_attention_call_gives_the_decode_requests_their_part_of_the_steps_share():
+    """Format 4 with prompt chunks: the decode requests' forward share is S(1) + (S(N) - S(1)) n / N of
+    the step's N = n + p tokens, not S(n). Closed form on the shard-check profile, where S(n) of a
+    split-K step (224 tokens) is three times that part of S(480); nothing changes without chunks or
+    on a format-3 profile."""
+    from dsim.cost import load_profile
+
+    cm = CostModel(load_profile("profiles/kernels/h200-torch-checks/deepseek-v4-flash-h200-shard-check.yaml"))
+    assert cm.context_reads_chunks
+    s = cm._forward_share
+    part = s(1) + (s(480) - s(1)) * 224 / 480
+    assert s(224) > 2.5 * part  # the split-K combine and small-step regime of 224 tokens alone
+    q, ctx = np.full(32, 7), np.linspace(300, 3400, 32).astype(np.int64)
+    ch = [(256, 0)]
+    # the step terms see the chunk either way; the share is the only other difference
+    no_call = CostModel(cm.profile)
+    no_call._step_call_share_ms = lambda n, p: 0.0  # type: ignore[method-assign]
+    assert cm.context_ms(q, ctx, ch) - no_call.context_ms(q, ctx, ch) == pytest.approx(s(224) - part, rel=1e-12)
+    assert cm._step_call_share_ms(224, 0) == 0.0 and cm._step_call_share_ms(0, 256) == 0.0
+    # the decode requests' part lies between the per-call part and the whole share, at any split
+    for n, p in ((1, 16), (224, 1024), (256, 8192), (1392, 1536), (8, 20000)):
+        added = cm._step_call_share_ms(n, p)
+        assert added == pytest.approx(_one_call_share_reference(cm, n, p), rel=1e-12)
+        assert s(1) - 1e-12 <= s(n) - added <= s(n + p) + 1e-12
+    # a format-3 profile ignores chunks: unchanged
+    c3 = CostModel(_format3_profile())
+    assert c3.context_ms(q, ctx, ch) == pytest.approx(c3.context_ms(q, ctx), abs=1e-12)
 
 
 def test_format4_step_indexer_round_trips_and_prices_the_doc_formula(tmp_path):
@@ -1000,3 +1037,26 @@ def test_eager_overhead_is_a_stated_parameter():
     assert b.provenance["assumptions"]["eager_us_per_layer"] == 100.0
     with pytest.raises(InputError, match="eager-us-per-layer"):
         compose_profile(model, topo, "h200", None, request_attention=False, eager_us_per_layer=-1.0)
+
+
+def test_stored_shard_repredictions_are_the_current_profiles():
+    """Every stored V4-Flash shard re-prediction (profiles/kernels/h200-torch-checks/repredict-*.json,
+    the figures docs/gpu-moe-profiling.md quotes) is what the shard-check profile prices now, step by
+    step; a cost or profile change that moves them must store them again (`python3 -m
+    validator.gpu.shard_repredict PROFILE REPLAY STEPLOGS --out ...`)."""
+    import json
+    from pathlib import Path
+
+    from validator.gpu.shard_repredict import repredict
+
+    base = Path("profiles/kernels/h200-torch-checks")
+    stored = sorted(base.glob("repredict-deepseek-v4-flash-*.json"))
+    assert len(stored) >= 8
+    for path in stored:
+        rec = json.loads(path.read_text())
+        replay = json.loads(Path(rec["replay"]).read_text())
+        now = repredict(rec["profile"], replay, base / "steplogs")
+        for name, log in rec["logs"].items():
+            got = {r["step"]: r["predicted_ms"] for r in now[name]["rows"]}
+            for r in log["rows"]:
+                assert got[r["step"]] == pytest.approx(r["predicted_ms"], abs=2e-3), (path.name, name, r["step"])

@@ -731,3 +731,41 @@ def test_printed_results_parse_back_to_every_rep(tmp_path):
         else:
             fields = ("tag", "n", "n_real", "kv", "R", "dec", "shape_q", "shape_ctx")
         assert len(a) == len(b) and all(x[k] == y[k] for x, y in zip(a, b) for k in fields)
+
+
+def test_shard_step_lines_and_gpu_samples_per_step(tmp_path):
+    """moe_shard.step_line prints a replayed step with every rep and its end time; scripts/gpu_samples.py
+    sets nvidia-smi samples inside each step's timed window (warm-up replays included) against it: the
+    medians of those samples only, the throttle reasons OR-ed, and per log the medians over its steps."""
+    import importlib.util
+    import time
+
+    from validator.gpu.moe_shard import step_line
+
+    row = dict(step=58, tokens=256, measured_ms=59.4, reps_ms=[59.41, 59.38, 59.4], predicted_ms=57.49, end_unix_s=1000.0)
+    assert step_line("d/dspark-v4f-s5-c32.jsonl", row) == (
+        "R dspark-v4f-s5-c32.jsonl 58 tokens=256 ms=59.400 reps=59.410/59.380/59.400 pred=57.490 at=1000.000"
+    )
+    # the printed lines parse back to the rows (a run whose files did not come back)
+    from validator.gpu.moe_shard import rows_from_printed
+
+    text = "noise\n" + step_line("d/c32.jsonl", row) + "\n" + step_line("d/c32.jsonl", dict(row, predicted_ms=None))
+    assert rows_from_printed(text) == {"c32.jsonl": [dict(row, predicted_ms=None)]}
+    assert rows_from_printed(step_line("c1.jsonl", row))["c1.jsonl"][0]["reps_ms"] == [59.41, 59.38, 59.4]
+    spec = importlib.util.spec_from_file_location("gpu_samples", ROOT / "validator/gpu/scripts/gpu_samples.py")
+    gs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gs)
+    base = time.mktime(time.strptime("2026/12/02 08:40:00", "%Y/%m/%d %H:%M:%S"))
+    # window of step 58: (3 reps + 2 warm) x 59.41 ms + 50 ms before its end, 50 ms after
+    rows = [dict(row, end_unix_s=base + 10.0), dict(row, step=74, measured_ms=56.6, end_unix_s=base + 20.0)]
+    lines = []
+    for t, mhz, w in ((9.6, 1200, 100), (9.8, 1755, 600), (9.95, 1785, 610), (10.04, 1770, 605), (19.9, 1980, 500)):
+        whole = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(base + int(t)))
+        lines.append(f"{whole}.{round(t % 1 * 1000):03d}, {mhz}, 3201, {w}.5, 51, 0x{4 if mhz < 1980 else 0:016x}")
+    csv = tmp_path / "smi.csv"
+    csv.write_text("\n".join(lines + ["not a sample"]) + "\n")
+    out = gs.step_lines(gs.read_samples(csv), dict(logs={"d/c32.jsonl": dict(rows=rows)}))
+    assert out[0] == "G c32.jsonl 58 ms=59.400 sm=1770 mem=3201 w=606 t=51 r=0x4 n=3"
+    assert out[1] == "G c32.jsonl 74 ms=56.600 sm=1980 mem=3201 w=500 t=51 r=0x0 n=1"
+    assert out[2] == "GS c32.jsonl steps=2 sm=1875 mem=3201 w=553 t=51"
+    assert gs.main([str(tmp_path / "none.csv"), "x.json"]) == 2

@@ -425,6 +425,42 @@ def error_summary(rows: list[dict]) -> dict:
     )
 
 
+def step_line(src: str, row: dict) -> str:
+    """One replayed step as a compact line (the run's figures survive a lost file transfer):
+    `R <log> <step> tokens=<n> ms=<median> reps=<rep>/<rep>/... pred=<ms> at=<unix s>`."""
+    reps = "/".join(f"{x:.3f}" for x in row.get("reps_ms") or [row["measured_ms"]])
+    pred = row.get("predicted_ms")
+    return (
+        f"R {Path(src).name} {row['step']} tokens={row['tokens']} ms={row['measured_ms']:.3f} reps={reps}"
+        f" pred={'-' if pred is None else f'{pred:.3f}'} at={row.get('end_unix_s', 0):.3f}"
+    )
+
+
+def rows_from_printed(text: str) -> dict[str, list[dict]]:
+    """{log file name: rows} from a run's printed step lines (step_line; other lines ignored): what a
+    replay file holds for re-prediction (step, tokens, measured_ms, reps_ms, predicted_ms,
+    end_unix_s), for a run whose files did not come back. A step printed twice keeps its last line."""
+    out: dict[str, dict[int, dict]] = {}
+    for ln in text.splitlines():
+        f = ln.split()
+        if len(f) < 8 or f[0] != "R" or not f[3].startswith("tokens="):
+            continue
+        kv = dict(x.split("=", 1) for x in f[3:] if "=" in x)
+        try:
+            row = dict(
+                step=int(f[2]),
+                tokens=int(kv["tokens"]),
+                measured_ms=float(kv["ms"]),
+                reps_ms=[float(x) for x in kv["reps"].split("/")],
+                predicted_ms=None if kv.get("pred", "-") == "-" else float(kv["pred"]),
+                end_unix_s=float(kv.get("at", 0)),
+            )
+        except (KeyError, ValueError):
+            continue
+        out.setdefault(f[1], {})[row["step"]] = row
+    return {log: list(rows.values()) for log, rows in out.items()}
+
+
 def replay(shard: Shard, steps: list[dict], device, reps: int, dry: bool, on_row=None) -> tuple[list[dict], dict]:
     """Measure each step shape; on_row(rows) after every step (partial results survive a time limit)."""
     rows = []
@@ -452,6 +488,10 @@ def replay(shard: Shard, steps: list[dict], device, reps: int, dry: bool, on_row
                 predicted_ms=pred,
                 predicted_key="predicted_shard_ms" if "predicted_shard_ms" in st else "predicted_ms",
                 spread=round((max(ts) - min(ts)) / max(ms, 1e-9), 4) if ts else None,
+                # every timed replay in order, and when the step's timing ended (to set against the GPU's
+                # clock and power samples of the same run)
+                reps_ms=[round(t * shard.depth_scale, 4) for t in ts],
+                end_unix_s=round(time.time(), 3),
             )
         )
         del fn
@@ -612,6 +652,7 @@ def main(argv=None) -> int:
         def partial(rows, src=src):
             out["logs"][src] = dict(rows=rows, summary=error_summary(rows), partial=True)
             O.write_json_atomic(a.out, out)
+            print(step_line(src, rows[-1]), flush=True)
 
         rows, summ = replay(shard, steps, device, a.reps, a.dry_run, on_row=partial)
         out["logs"][src] = dict(rows=rows, summary=summ)

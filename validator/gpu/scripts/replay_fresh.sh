@@ -7,6 +7,8 @@
 #   LONG_STEPS  steps of the long-context log to run (default 10)
 #   TAIL_OPS    1: price the segment's records first (default 0)
 #   BUDGET_S    replay time limit (default 420)
+#   SMI_MS      > 0: sample the GPU's clocks, power and temperature every SMI_MS ms meanwhile (smi.csv) and
+#               print them per replayed step (scripts/gpu_samples.py); default 0
 #   OUT         output folder (default /tmp/out)
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -27,7 +29,19 @@ json.dump(ops, open('/tmp/tail-ops.json', 'w'))"
     --budget-s 60 $EXTRA 2>&1 | tee -a "$OUT/log.txt" | cut -c1-300
 fi
 # the long log's first LONG_STEPS steps: a trimmed copy (the replay runs every step of a file it is given)
-head -n "${LONG_STEPS:-10}" $P-long.jsonl > $P-longcut.jsonl
+[ -f $P-long.jsonl ] && head -n "${LONG_STEPS:-10}" $P-long.jsonl > $P-longcut.jsonl
+SMI_PID=
+if [ "${SMI_MS:-0}" -gt 0 ]; then
+  Q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active
+  nvidia-smi --query-gpu=$Q --format=csv,noheader >/dev/null 2>&1 || Q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu
+  nvidia-smi --query-gpu=$Q --format=csv,noheader,nounits -lms "$SMI_MS" > "$OUT/smi.csv" 2>/dev/null &
+  SMI_PID=$!
+fi
+REPLAY="$OUT/replay-deepseek-v4-flash-dp8-ep8-${PREFIX#dspark-v4f-}.json"
 timeout ${BUDGET_S:-420} python3 -m validator.gpu.moe_shard replay ${LOGS:-$P-c32.jsonl $P-longcut.jsonl $P-c256.jsonl $P-c1.jsonl} \
-  --model deepseek-v4-flash --topology dp8-ep8 --tune "$TUNE" --out "$OUT/replay-deepseek-v4-flash-dp8-ep8-${PREFIX#dspark-v4f-}.json" $EXTRA 2>&1 \
-  | tee -a "$OUT/log.txt" | grep -v '^{' | cut -c1-300
+  --model deepseek-v4-flash --topology dp8-ep8 --tune "$TUNE" --out "$REPLAY" $EXTRA 2>&1 \
+  | tee -a "$OUT/log.txt" | grep --line-buffered -v '^{' | cut -c1-300
+if [ -n "$SMI_PID" ]; then
+  kill "$SMI_PID" 2>/dev/null
+  [ -f "$REPLAY" ] && python3 validator/gpu/scripts/gpu_samples.py "$OUT/smi.csv" "$REPLAY" | tee -a "$OUT/log.txt"
+fi
