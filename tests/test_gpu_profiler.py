@@ -151,6 +151,37 @@ def test_fit_prefill_terms_recovers_a_known_model_and_prices_the_table_for_decod
         assert plan.predicted_step_ms(cm, sh) == pytest.approx(p["ms"], rel=1e-4), sh.tag
 
 
+def test_drafter_grid_is_the_composers_capture_sizes(tmp_path):
+    """The profiler times the drafter at the composer's request counts (one helper in dsim.cost):
+    vLLM's capture sizes up to the executor's capture limit, so a batch of R requests is charged
+    the table at its padded size, never at the next power of two."""
+    from dsim import compose
+    from dsim.cost import drafter_request_sizes
+
+    caps = plan.vllm_capture_sizes(plan.CAPTURE_LIMIT)
+    assert plan.DRAFT_REQUESTS == caps
+    k = len(plan.DRAFT_REQUESTS)
+    assert list(compose.DRAFT_REQUESTS[:k]) == plan.DRAFT_REQUESTS
+    assert list(compose.DRAFT_REQUESTS[k:]) == [640, 768, 896, 1024]
+    assert drafter_request_sizes(8, 8) == [1, 2, 4, 8] and drafter_request_sizes(8, 300) == [1, 2, 4, 8, 136, 264]
+    reqs = plan.DRAFT_REQUESTS
+    prov = dict(kind="measured", hardware="NVIDIA H200", gpus_per_replica=1, model="m", engine="e",
+                engine_version="v", date="2026-11-29", method="test")
+    ns = caps + plan.tail_sizes()
+    fit = dict(tokens=ns, F=[1 + 0.01 * n for n in ns], kv_ms_per_ktok=0.05, residual_pct=dict(median_abs=1.0))
+    # a drafter whose cost is its padded batch: 1 ms per request slot
+    draft = {kind: dict(requests=reqs, ms=[float(r) for r in reqs]) for kind in ("mtp", "dspark")}
+    f = tmp_path / "d.yaml"
+    f.write_text(plan.dump_yaml(plan.profile_dict(name="t", provenance=prov, kv_cache_gib=60,
+                                                  kv_bytes_per_token=131072, caps=caps, fit=fit, draft=draft)))
+    cm = CostModel(load_profile(str(f)))
+    for R in range(1, plan.CAPTURE_LIMIT + 1):
+        padded = min(c for c in caps if c >= R)
+        assert cm.draft_table_ms("dspark", R) == padded
+        # vLLM's padding: at most 7 slots up to 256 requests, 15 above (a power-of-two grid pads 257 to 512)
+        assert padded - R <= (7 if R <= 256 else 15)
+
+
 def test_forward_table_and_profile_dict_load(tmp_path):
     caps = plan.vllm_capture_sizes()
     ns = caps + plan.tail_sizes()
@@ -731,3 +762,50 @@ def test_printed_results_parse_back_to_every_rep(tmp_path):
         else:
             fields = ("tag", "n", "n_real", "kv", "R", "dec", "shape_q", "shape_ctx")
         assert len(a) == len(b) and all(x[k] == y[k] for x, y in zip(a, b) for k in fields)
+
+
+def _run_levels():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_levels", ROOT / "validator/gpu/scripts/run_levels.py")
+    rl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rl)
+    return rl
+
+
+def test_run_levels_closed_form_and_stored_runs(tmp_path, capsys):
+    """scripts/run_levels.py: a run timing every step 2 % slower than another has level 1.02 and
+    spread 0.02 / 1.01 (validator.noise's (max - min) / median); the fast level is an odd count's
+    median and an even count's fastest rep; on the stored records Qwen3-14B's second-set c256 log
+    (runs A, B, D) and its busy-decode steps (busy, repeat, B, C) give the levels the docs state."""
+    rl = _run_levels()
+    assert rl.fast_level([410.0, 438.0, 412.0]) == 412.0 and rl.fast_level([435.0, 461.0]) == 435.0
+    assert rl.fast_level([]) is None
+    steps = [rl.Timed((n, 1000 * n, 256), n, float(n), float(n)) for n in (6144, 7000, 8192, 512)]
+    slow = [t._replace(ms=1.02 * t.ms, fast_ms=1.02 * t.fast_ms) for t in steps]
+    sets = rl.step_sets({"X": rl.combine([steps]), "Y": rl.combine([slow])}, 6000)
+    assert len(sets) == 1 and sets[0]["steps"] == 3 and sets[0]["tokens"] == [6144, 8192]
+    assert sets[0]["levels"]["Y"] == pytest.approx(1.02) and sets[0]["spread"] == pytest.approx(0.02 / 1.01)
+    # processes of one run: each step's median over them
+    mid = [t._replace(ms=1.01 * t.ms, fast_ms=1.01 * t.fast_ms) for t in steps]
+    assert rl.combine([steps, slow, mid])[(7000, 7000000, 256)].fast_ms == pytest.approx(1.01 * 7000)
+    assert rl.process_levels([steps, slow, mid], 6000) == (pytest.approx(0.02 / 1.01), 3, 3)
+    # stored records
+    runs = {r: rl.combine(p) for r, p in rl.collect("qwen3-14b", []).items()}
+    by_runs = {tuple(s["runs"]): s for s in rl.step_sets(runs, 6000)}
+    c256 = by_runs[("A", "B", "D")]
+    assert c256["steps"] == 11 and c256["statistic"] == "fast level"
+    assert c256["levels"]["B"] == pytest.approx(1.0, abs=0.003) and 1.02 < c256["levels"]["D"] < 1.03
+    busy = by_runs[("busy", "repeat", "B", "C")]
+    assert busy["steps"] == 7 and 0.96 < busy["levels"]["B"] / busy["levels"]["C"] < 0.99
+    # a new run's record joins by --add; bad input is one line and exit 2
+    f = tmp_path / "check-qwen3-14b.json"
+    f.write_text((REPLAYS / "s1d-qwen3-14b.json").read_text())  # run D's record, as a new run
+    assert rl.main(["--models", "qwen3-14b", "--add", f"{f}:E", "--json", str(tmp_path / "l.json")]) == 0
+    got = json.loads((tmp_path / "l.json").read_text())["models"]["qwen3-14b"]["step_sets"]
+    e = next(s for s in got if s["runs"] == ["A", "B", "D", "E"])
+    assert e["levels"]["E"] == pytest.approx(e["levels"]["D"])
+    assert rl.main(["--add", str(tmp_path / "missing.json")]) == 2
+    assert rl.main(["--models", "gpt-2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(ln.startswith("run_levels: ") for ln in err)
