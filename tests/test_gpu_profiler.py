@@ -745,6 +745,12 @@ def test_printed_results_parse_back_to_every_rep(tmp_path):
     got = pr.read_printed(text)
     assert got["busy-m-p1.json"] == [("busy-decode", 4096, [246.75, 247.27])]
     assert got["check-m.json"] == [("default-c256-m.jsonl", 7518, [410.21, 438.04, 410.32])]
+    # --compact: one line per replayed log, every step's tokens and reps (to 0.1 ms)
+    row2 = dict(row, step=69, n=7648, reps_ms=[410.04, 440.26, 409.96])
+    rep.write_text(json.dumps(dict(logs={"d/default-c256-m.jsonl": dict(rows=[row, row2])})))
+    assert len(pr.lines(rep, compact=True)) == 1
+    assert pr.read_printed("\n".join(pr.lines(rep, compact=True)))["check-m.json"] == [
+        ("default-c256-m.jsonl", 7518, [410.2, 438.0, 410.3]), ("default-c256-m.jsonl", 7648, [410.0, 440.3, 410.0])]
     # --rebuild: a stored busy sweep and a stored replay, printed, come back with their shapes
     import shutil
 
