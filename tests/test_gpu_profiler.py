@@ -180,6 +180,12 @@ def test_drafter_grid_is_the_composers_capture_sizes(tmp_path):
         assert cm.draft_table_ms("dspark", R) == padded
         # vLLM's padding: at most 7 slots up to 256 requests, 15 above (a power-of-two grid pads 257 to 512)
         assert padded - R <= (7 if R <= 256 else 15)
+    # the dense analytical profiles price the drafter on the composer's whole grid, and the shipped
+    # ones were written that way
+    an = analytical_profile(ROOT / "profiles" / "models" / "qwen3-14b.json", "H200", 1)
+    shipped = load_profile(str(ROOT / "profiles" / "analytical" / "analytical-qwen3-14b-h200x1.yaml"))
+    for p in (an, shipped):
+        assert [int(x) for x in p.draft["dspark"].x] == list(compose.DRAFT_REQUESTS)
 
 
 def test_forward_table_and_profile_dict_load(tmp_path):
