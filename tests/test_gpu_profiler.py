@@ -817,6 +817,16 @@ def test_run_levels_closed_form_and_stored_runs(tmp_path, capsys):
     got = json.loads((tmp_path / "l.json").read_text())["models"]["qwen3-14b"]["step_sets"]
     e = next(s for s in got if s["runs"] == ["A", "B", "D", "E"])
     assert e["levels"]["E"] == pytest.approx(e["levels"]["D"])
+    # the rule on one log: per run and pooled errors from the current profile against
+    # max(target, the runs' spread on its steps); pooled is each step's median over the runs
+    j = rl.judge("profiles/h200/steplogs-s1/default-c256-qwen3-14b.jsonl", ["qwen3-14b"], [])
+    assert list(j["levels"]) == ["A", "B", "D"] and 0.02 < j["spread_pct"] / 100 < 0.03
+    assert j["limits_pct"] == dict(median=3.0, p90=6.0)
+    stored = json.loads((REPLAYS / "s1-qwen3-14b.repredicted.json").read_text())["logs"]["default-c256-qwen3-14b.jsonl"]
+    assert j["runs"]["A"]["median"] == pytest.approx(stored["summary"]["all"]["median_abs_pct"], abs=1e-3)
+    assert not j["runs"]["A"]["meets"] and j["runs"]["D"]["meets"]
+    lo, hi = sorted([j["runs"]["A"]["signed_mean"], j["runs"]["D"]["signed_mean"]])
+    assert lo < j["runs"]["pooled"]["signed_mean"] < hi
     assert rl.main(["--add", str(tmp_path / "missing.json")]) == 2
     assert rl.main(["--models", "gpt-2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -18,9 +18,14 @@ even one (a two-rep median mixes the levels; the busy and repeat runs kept two r
 capture limit). Where a record kept no reps its stored time is used, and the step set says so.
 
     python3 validator/gpu/scripts/run_levels.py [--min-tokens 6000] [--models qwen3-14b,...]
-        [--add FILE.json:LABEL ...] [--json OUT.json]
+        [--add FILE.json:LABEL ...] [--json OUT.json] [--judge STEPLOG ...]
 
 `--add` joins a new run's replay or sweep files (e.g. a device run's check-<model>.json, labelled E).
+`--judge STEPLOG` (a step log as the replays name it, e.g.
+profiles/h200/steplogs-s1/default-c256-qwen3-14b.jsonl) applies the rule to one log: every run that
+replayed it, its errors from the current profile (refit.repredict) per run and pooled (each step's
+median over the runs), the spread of the runs' levels on it (all its steps), and each median and
+p90 against the larger of the target (3 % / 6 %) and that spread.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ import statistics
 import sys
 from pathlib import Path
 from typing import Any, NamedTuple
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[3]
 H200 = ROOT / "profiles" / "h200"
@@ -179,12 +186,68 @@ def process_levels(processes: list[list[Timed]], min_tokens: int) -> tuple[float
     return None
 
 
+TARGET_MEDIAN_PCT, TARGET_P90_PCT = 3.0, 6.0  # the replay targets
+
+
+def _errors(pred_meas: list[tuple[float, float]]) -> dict[str, float]:
+    e = [100 * (p - m) / m for p, m in pred_meas]
+    a = sorted(abs(x) for x in e)
+    return dict(median=statistics.median(a), p90=float(np.percentile(a, 90)), signed_mean=statistics.fmean(e))
+
+
+def judge(steplog: str, models: list[str], added: list[tuple[Path, str]]) -> dict[str, Any] | None:
+    """The rule on one step log: per run and pooled errors from the current profile, the runs'
+    spread on the log's steps, and each statistic against max(target, spread)."""
+    sys.path.insert(0, str(ROOT))
+    from validator.gpu import refit as RF
+
+    files: list[tuple[Path, str]] = []
+    for m in models:
+        for label, _, patterns in RUNS:
+            label = SAME_RUN.get((m, label), label)
+            for pat in patterns:
+                for name in sorted(glob.glob(str(H200 / pat.format(m=m)))):
+                    if not name.endswith(".repredicted.json") and "logs" in json.loads(Path(name).read_text()):
+                        files.append((Path(name), label))
+    files += added
+    per_run: dict[str, list[dict[int, tuple[float, float]]]] = {}
+    model = None
+    for f, label in files:
+        d = json.loads(f.read_text())
+        if steplog not in (d.get("logs") or {}):
+            continue
+        model = Path(str(d["model"])).stem
+        res = RF.repredict(f, H200 / f"h200-{model}.yaml")[Path(steplog).name]
+        per_run.setdefault(label, []).append({r["step"]: (r["predicted_ms"], r["measured_ms"]) for r in res["rows"]})
+    if not per_run:
+        return None
+    runs = {}
+    for label, procs in per_run.items():  # processes of a run: each step's median
+        steps = set.intersection(*(set(p) for p in procs))
+        runs[label] = {k: (procs[0][k][0], statistics.median(p[k][1] for p in procs)) for k in steps}
+    common = set.intersection(*(set(r) for r in runs.values()))
+    ref = next(iter(runs))
+    levels = {r: statistics.median(runs[r][k][1] / runs[ref][k][1] for k in common) for r in runs}
+    lv = list(levels.values())
+    spread_pct = 100 * (max(lv) - min(lv)) / statistics.median(lv) if len(lv) > 1 else 0.0
+    lim_med, lim_p90 = max(TARGET_MEDIAN_PCT, spread_pct), max(TARGET_P90_PCT, spread_pct)
+    out: dict[str, Any] = dict(steplog=steplog, model=model, levels=levels, spread_pct=spread_pct)
+    out["limits_pct"] = dict(median=lim_med, p90=lim_p90)
+    out["runs"] = {r: _errors(list(v.values())) for r, v in runs.items()}
+    pooled = [(runs[ref][k][0], statistics.median(runs[r][k][1] for r in runs)) for k in sorted(common)]
+    out["runs"]["pooled"] = _errors(pooled)
+    for v in out["runs"].values():
+        v["meets"] = v["median"] <= lim_med and v["p90"] <= lim_p90
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--min-tokens", type=int, default=6000, help="steps of at least this many real tokens")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--add", action="append", default=[], metavar="FILE.json:LABEL", help="a new run's record")
     ap.add_argument("--json", default=None, help="write the step sets here")
+    ap.add_argument("--judge", action="append", default=[], metavar="STEPLOG", help="the rule on one log")
     a = ap.parse_args(argv)
     added = []
     for spec in a.add:
@@ -212,6 +275,23 @@ def main(argv: list[str] | None = None) -> int:
         for r, v in within.items():
             if v is not None:
                 print(f"{m} within run {r}: {v[1]} records sharing {v[2]} steps, spread {100 * v[0]:.1f}%")
+    result["judged"] = []
+    for lg in a.judge:
+        j = judge(lg, a.models.split(","), added)
+        if j is None:
+            print(f"run_levels: --judge {lg}: no run replayed this log", file=sys.stderr)
+            return 2
+        result["judged"].append(j)
+        print(
+            f"{Path(lg).name}: run spread {j['spread_pct']:.1f}% (levels "
+            + ", ".join(f"{r} {v:.4f}" for r, v in j["levels"].items())
+            + f"); limits median {j['limits_pct']['median']:.1f}% p90 {j['limits_pct']['p90']:.1f}%"
+        )
+        for r, v in j["runs"].items():
+            print(
+                f"  {r}: {v['median']:.2f} / {v['p90']:.2f} % (signed {v['signed_mean']:+.2f}) "
+                + ("meets" if v["meets"] else "misses")
+            )
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1) + "\n")
     return 0
