@@ -199,6 +199,7 @@ def judge(steplog: str, models: list[str], added: list[tuple[Path, str]]) -> dic
     """The rule on one step log: per run and pooled errors from the current profile, the runs'
     spread on the log's steps, and each statistic against max(target, spread)."""
     sys.path.insert(0, str(ROOT))
+    from dsim.errors import InputError
     from validator.gpu import refit as RF
 
     files: list[tuple[Path, str]] = []
@@ -217,7 +218,11 @@ def judge(steplog: str, models: list[str], added: list[tuple[Path, str]]) -> dic
         if steplog not in (d.get("logs") or {}):
             continue
         model = Path(str(d["model"])).stem
-        res = RF.repredict(f, H200 / f"h200-{model}.yaml")[Path(steplog).name]
+        try:
+            res = RF.repredict(f, H200 / f"h200-{model}.yaml")[Path(steplog).name]
+        except InputError as e:  # a record that does not match its log (e.g. a dry run's): left out, said
+            print(f"run_levels: --judge: {f.name} left out: {e}", file=sys.stderr)
+            continue
         per_run.setdefault(label, []).append({r["step"]: (r["predicted_ms"], r["measured_ms"]) for r in res["rows"]})
     if not per_run:
         return None
@@ -226,6 +231,8 @@ def judge(steplog: str, models: list[str], added: list[tuple[Path, str]]) -> dic
         steps = set.intersection(*(set(p) for p in procs))
         runs[label] = {k: (procs[0][k][0], statistics.median(p[k][1] for p in procs)) for k in steps}
     common = set.intersection(*(set(r) for r in runs.values()))
+    if not common:
+        return None
     ref = next(iter(runs))
     levels = {r: statistics.median(runs[r][k][1] / runs[ref][k][1] for k in common) for r in runs}
     lv = list(levels.values())
@@ -279,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     for lg in a.judge:
         j = judge(lg, a.models.split(","), added)
         if j is None:
-            print(f"run_levels: --judge {lg}: no run replayed this log", file=sys.stderr)
+            print(f"run_levels: --judge {lg}: no steps of this log replayed in every run", file=sys.stderr)
             return 2
         result["judged"].append(j)
         print(
