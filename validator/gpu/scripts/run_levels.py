@@ -228,8 +228,9 @@ def judge(steplog: str, models: list[str], added: list[tuple[Path, str]]) -> dic
         return None
     runs = {}
     for label, procs in per_run.items():  # processes of a run: each step's median
-        steps = set.intersection(*(set(p) for p in procs))
-        runs[label] = {k: (procs[0][k][0], statistics.median(p[k][1] for p in procs)) for k in steps}
+        steps = set.union(*(set(p) for p in procs))  # a process cut short counts where it timed
+        have = {k: [p[k] for p in procs if k in p] for k in steps}
+        runs[label] = {k: (v[0][0], statistics.median(x[1] for x in v)) for k, v in have.items()}
     common = set.intersection(*(set(r) for r in runs.values()))
     if not common:
         return None
@@ -290,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         result["judged"].append(j)
         print(
-            f"{Path(lg).name}: run spread {j['spread_pct']:.1f}% (levels "
+            f"{Path(lg).parent.name}/{Path(lg).name}: run spread {j['spread_pct']:.1f}% (levels "
             + ", ".join(f"{r} {v:.4f}" for r, v in j["levels"].items())
             + f"); limits median {j['limits_pct']['median']:.1f}% p90 {j['limits_pct']['p90']:.1f}%"
         )
