@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from dsim.cost import Profile, Table, vllm_capture_sizes
+from dsim.cost import Profile, Table, drafter_request_sizes, vllm_capture_sizes
 from dsim.kernels import HARDWARE as _DATASHEETS
 
 # The GPUs' public figures come from one place, dsim.kernels.HARDWARE (vendor datasheets), here in
@@ -198,7 +198,9 @@ def analytical_profile(
     # Draft passes, relative to the target (documented per-method shapes, not measured):
     # one MTP layer is ~1/layers of the target step; an EAGLE-3 head step is one decoder layer
     # plus the LM head; the block drafter is a few layers over n x K tokens.
-    reqs = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024])
+    # at the drafter's CUDA-graph batch sizes (vLLM's capture sizes, then every 128 to 1024): the
+    # engine reads the next size at or above, so a drafter pays its padded batch
+    reqs = np.array(drafter_request_sizes(512, 1024))
     per_layer = forward_ms(shape, reqs, hw, gpus, bytes_per_param, eff) / shape["layers"]
     lm_head = 2 * cfg["vocab_size"] * shape["hidden"] * bytes_per_param / gpus / (hw["bw"] * eff.bw) * 1e3
     draft = {

@@ -45,7 +45,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dsim.cost import PrefillTerms, Profile, RequestAttention, Table, save_profile, vllm_capture_sizes
+from dsim.cost import (
+    PrefillTerms,
+    Profile,
+    RequestAttention,
+    Table,
+    drafter_request_sizes,
+    save_profile,
+    vllm_capture_sizes,
+)
 from dsim.errors import InputError
 from dsim.kernels import HARDWARE, MATH_DTYPE, WEIGHT_BYTES, KernelTable, Roofline, load_kernel_table
 from dsim.models import MoEModel, load_model
@@ -59,7 +67,7 @@ PREFILL_Q = (256, 512, 1024, 2048, 8192)  # prompt-chunk lengths the prefill ter
 PREFILL_KV = (0, 512, 2048, 8192, 32768)  # cached context before the chunk
 # drafter request counts: vLLM's CUDA-graph capture sizes (a drafter's batch is padded to the next
 # one, as the target's), then coarser to 1024; the cost model reads the next size at or above
-DRAFT_REQUESTS = tuple(vllm_capture_sizes(512)) + (640, 768, 896, 1024)
+DRAFT_REQUESTS = tuple(drafter_request_sizes(512, 1024))
 DRAFT_COLLECTED_REQUESTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 TAIL_TOKENS = (768, 1024, 1536, 2048, 4096, 8192, 16384)
 # above the capture limit a step runs at its own token count and the table interpolates linearly:

@@ -160,6 +160,16 @@ def vllm_capture_sizes(max_capture: int = 512) -> list[int]:
     return [s for s in sizes if s <= max_capture]
 
 
+def drafter_request_sizes(max_capture: int = 512, max_requests: int = 1024) -> list[int]:
+    """Request counts a drafter's cost table is keyed by: vLLM's capture sizes up to max_capture
+    (a drafter's batch is padded to the next one, as the target's), then every 128 requests up to
+    max_requests. ``CostModel.draft_table_ms`` reads the next size at or above, so on this grid a
+    drafter pays its padded batch, not the next power of two."""
+    caps = vllm_capture_sizes(max_capture)
+    top = caps[-1] if caps else 0
+    return caps + list(range(top + 128, max_requests + 1, 128))
+
+
 @dataclass(frozen=True)
 class Table:
     """A cost table: x strictly increasing, ms the cost at each x."""

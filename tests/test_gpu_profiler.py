@@ -1,5 +1,6 @@
 """CPU tests of the GPU profiler's pure-Python parts, the measured H200 profiles and the analytical
 fit. Torch-dependent checks (attention correctness) skip cleanly where torch is not installed."""
+
 import json
 import random
 from pathlib import Path
@@ -35,8 +36,8 @@ def test_sweep_plan_covers_capture_sizes_and_contexts():
     p = plan.sweep_plan()
     caps, tails = plan.vllm_capture_sizes(), plan.tail_sizes()
     table = [s for s in p if s.tag == "table"]
-    assert sorted(s.n for s in table) == caps             # one point per capture size
-    for s in table:     # shaped like dsim's DSpark steps at the concurrency that runs n tokens
+    assert sorted(s.n for s in table) == caps  # one point per capture size
+    for s in table:  # shaped like dsim's DSpark steps at the concurrency that runs n tokens
         R = plan.table_requests(s.n)
         assert s.requests == R and 1 <= min(s.q) and max(s.q) <= 8
         assert (len(set(s.ctx)) == 1) == (R == 1)
@@ -45,7 +46,7 @@ def test_sweep_plan_covers_capture_sizes_and_contexts():
     ctxs = {max(s.ctx) for s in p if s.tag == "context"}
     assert {1024, 8192, 32768} <= ctxs
     assert {max(s.q) for s in p if s.tag == "context"} == {1, 2, 4, 8}
-    assert all(sum(s.ctx) <= 1_200_000 for s in p)      # KV tokens the step needs, within budget
+    assert all(sum(s.ctx) <= 1_200_000 for s in p)  # KV tokens the step needs, within budget
     assert any(s.tag == "tail-prefill" and s.n == 8192 for s in p)
     # held-out heterogeneous DSpark-like verify steps at other request counts
     het = [s for s in p if s.tag == "hetero"]
@@ -55,7 +56,7 @@ def test_sweep_plan_covers_capture_sizes_and_contexts():
         assert s.n <= caps[-1] or s.n in tails
     assert all(s.requests <= plan.TAIL_DECODE_MAX_REQUESTS for s in p if s.tag == "tail-decode")
     mixed = [s for s in p if s.tag == "tail-mixed"]
-    assert sorted(s.n for s in mixed) == sorted(tails * 2)      # 256 and 32 decode requests each
+    assert sorted(s.n for s in mixed) == sorted(tails * 2)  # 256 and 32 decode requests each
     for s in mixed:
         dec = [q for q in s.q if q <= 16]
         assert len(dec) in (32, 256) and max(s.q) > plan.PREFILL_MIN_Q and max(dec) <= 8
@@ -75,6 +76,7 @@ def test_shaped_steps_are_deterministic_and_move_only_in_n():
 
 def test_hetero_step_hits_target_tokens():
     import random as _r
+
     rng = _r.Random(5)
     for R, t in ((16, 16), (16, 128), (256, 768), (192, 768), (100, 555)):
         s = plan.hetero_step(R, rng, target_n=t)
@@ -106,9 +108,10 @@ def test_fit_recovers_parameters():
 
 
 def test_fit_leaves_out_single_chunk_prefill_and_reports_it():
-    pts = [dict(n=n, kv=kv, ms=5 + 0.01 * n + 0.05 * kv / 1000, tag="table")
-           for n in (8, 16, 768) for kv in (1000, 9000)]
-    pts.append(dict(n=768, kv=768, ms=100.0, tag="tail-prefill"))       # far off the model
+    pts = [
+        dict(n=n, kv=kv, ms=5 + 0.01 * n + 0.05 * kv / 1000, tag="table") for n in (8, 16, 768) for kv in (1000, 9000)
+    ]
+    pts.append(dict(n=768, kv=768, ms=100.0, tag="tail-prefill"))  # far off the model
     fit = plan.fit_step_model(pts)
     assert fit["kv_ms_per_ktok"] == pytest.approx(0.05, rel=1e-6)
     assert fit["residual_pct"]["median_abs"] < 1e-6 and "tail-prefill" not in fit["residual_pct"]["by_tag"]
@@ -122,13 +125,21 @@ def test_fit_prefill_terms_recovers_a_known_model_and_prices_the_table_for_decod
     beta, fits the tail-prefill points, and its table is F(n) + a n, so that dsim's CostModel
     (table + prefill_ms) gives back every point."""
     from dsim.cost import CostModel
-    a, beta, slope = 8.0, 1.5, 0.05                     # ms per 1000 decode tokens, per 1e6 pairs, per 1000 KV
-    shapes = [plan.uniform_step(1, 4, 1024, "table"), plan.uniform_step(8, 2, 900, "table"),
-              plan.uniform_step(16, 4, 700, "table"), plan.uniform_step(64, 8, 600, "table")]
+
+    a, beta, slope = 8.0, 1.5, 0.05  # ms per 1000 decode tokens, per 1e6 pairs, per 1000 KV
+    shapes = [
+        plan.uniform_step(1, 4, 1024, "table"),
+        plan.uniform_step(8, 2, 900, "table"),
+        plan.uniform_step(16, 4, 700, "table"),
+        plan.uniform_step(64, 8, 600, "table"),
+    ]
     shapes += [plan.uniform_step(16, 2, c, "context") for c in (512, 4096)]
     for n in (768, 1536):
-        shapes += [plan.dspark_mixed_step(n, 256, 1), plan.dspark_mixed_step(n, 32, 2),
-                   plan.StepShape((n,), (0,), "tail-prefill")]
+        shapes += [
+            plan.dspark_mixed_step(n, 256, 1),
+            plan.dspark_mixed_step(n, 32, 2),
+            plan.StepShape((n,), (0,), "tail-prefill"),
+        ]
     caps = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
     pts = []
     for sh in shapes:
@@ -141,25 +152,102 @@ def test_fit_prefill_terms_recovers_a_known_model_and_prices_the_table_for_decod
     assert fit["prefill_terms"]["discount_ms_per_ktok"] == pytest.approx(a, rel=1e-4)
     assert fit["prefill_terms"]["attention_ms_per_mpair"] == pytest.approx(beta, rel=1e-4)
     assert "tail-prefill" in fit["residual_pct"]["by_tag"] and fit["residual_pct"]["max_abs"] < 1e-4
-    prov = dict(kind="measured", hardware="NVIDIA H200", gpus_per_replica=1, model="m", engine="e",
-                engine_version="v", date="2026-11-29", method="test")
+    prov = dict(
+        kind="measured",
+        hardware="NVIDIA H200",
+        gpus_per_replica=1,
+        model="m",
+        engine="e",
+        engine_version="v",
+        date="2026-11-29",
+        method="test",
+    )
     f = tmp_path / "t.yaml"
-    f.write_text(plan.dump_yaml(plan.profile_dict(name="t", provenance=prov, kv_cache_gib=60,
-                                                  kv_bytes_per_token=131072, caps=caps, fit=fit, draft={})))
+    f.write_text(
+        plan.dump_yaml(
+            plan.profile_dict(
+                name="t", provenance=prov, kv_cache_gib=60, kv_bytes_per_token=131072, caps=caps, fit=fit, draft={}
+            )
+        )
+    )
     cm = plan.cost_model(yaml.safe_load(f.read_text()))
     for sh, p in zip(shapes, pts):
         assert plan.predicted_step_ms(cm, sh) == pytest.approx(p["ms"], rel=1e-4), sh.tag
 
 
+def test_drafter_grid_is_the_composers_capture_sizes(tmp_path):
+    """The profiler times the drafter at the composer's request counts (one helper in dsim.cost):
+    vLLM's capture sizes up to the executor's capture limit, so a batch of R requests is charged
+    the table at its padded size, never at the next power of two."""
+    from dsim import compose
+    from dsim.cost import drafter_request_sizes
+
+    caps = plan.vllm_capture_sizes(plan.CAPTURE_LIMIT)
+    assert plan.DRAFT_REQUESTS == caps
+    k = len(plan.DRAFT_REQUESTS)
+    assert list(compose.DRAFT_REQUESTS[:k]) == plan.DRAFT_REQUESTS
+    assert list(compose.DRAFT_REQUESTS[k:]) == [640, 768, 896, 1024]
+    assert drafter_request_sizes(8, 8) == [1, 2, 4, 8] and drafter_request_sizes(8, 300) == [1, 2, 4, 8, 136, 264]
+    reqs = plan.DRAFT_REQUESTS
+    prov = dict(
+        kind="measured",
+        hardware="NVIDIA H200",
+        gpus_per_replica=1,
+        model="m",
+        engine="e",
+        engine_version="v",
+        date="2026-11-29",
+        method="test",
+    )
+    ns = caps + plan.tail_sizes()
+    fit = dict(tokens=ns, F=[1 + 0.01 * n for n in ns], kv_ms_per_ktok=0.05, residual_pct=dict(median_abs=1.0))
+    # a drafter whose cost is its padded batch: 1 ms per request slot
+    draft = {kind: dict(requests=reqs, ms=[float(r) for r in reqs]) for kind in ("mtp", "dspark")}
+    f = tmp_path / "d.yaml"
+    f.write_text(
+        plan.dump_yaml(
+            plan.profile_dict(
+                name="t", provenance=prov, kv_cache_gib=60, kv_bytes_per_token=131072, caps=caps, fit=fit, draft=draft
+            )
+        )
+    )
+    cm = CostModel(load_profile(str(f)))
+    for R in range(1, plan.CAPTURE_LIMIT + 1):
+        padded = min(c for c in caps if c >= R)
+        assert cm.draft_table_ms("dspark", R) == padded
+        # vLLM's padding: at most 7 slots up to 256 requests, 15 above (a power-of-two grid pads 257 to 512)
+        assert padded - R <= (7 if R <= 256 else 15)
+    # the dense analytical profiles price the drafter on the composer's whole grid, and the shipped
+    # ones were written that way
+    an = analytical_profile(ROOT / "profiles" / "models" / "qwen3-14b.json", "H200", 1)
+    shipped = load_profile(str(ROOT / "profiles" / "analytical" / "analytical-qwen3-14b-h200x1.yaml"))
+    for p in (an, shipped):
+        assert [int(x) for x in p.draft["dspark"].x] == list(compose.DRAFT_REQUESTS)
+
+
 def test_forward_table_and_profile_dict_load(tmp_path):
     caps = plan.vllm_capture_sizes()
     ns = caps + plan.tail_sizes()
-    fit = dict(tokens=ns, F=[1 + 0.01 * n for n in ns], kv_ms_per_ktok=0.05,
-               residual_pct=dict(median_abs=1.0))
-    prov = dict(kind="measured", hardware="NVIDIA H200", gpus_per_replica=1, model="m", engine="e",
-                engine_version="v", date="2026-11-29", method="test")
-    d = plan.profile_dict(name="t", provenance=prov, kv_cache_gib=60, kv_bytes_per_token=131072,
-                          caps=caps, fit=fit, draft={"mtp": dict(requests=[1, 2], ms=[0.5, 0.6])})
+    fit = dict(tokens=ns, F=[1 + 0.01 * n for n in ns], kv_ms_per_ktok=0.05, residual_pct=dict(median_abs=1.0))
+    prov = dict(
+        kind="measured",
+        hardware="NVIDIA H200",
+        gpus_per_replica=1,
+        model="m",
+        engine="e",
+        engine_version="v",
+        date="2026-11-29",
+        method="test",
+    )
+    d = plan.profile_dict(
+        name="t",
+        provenance=prov,
+        kv_cache_gib=60,
+        kv_bytes_per_token=131072,
+        caps=caps,
+        fit=fit,
+        draft={"mtp": dict(requests=[1, 2], ms=[0.5, 0.6])},
+    )
     f = tmp_path / "t.yaml"
     f.write_text(plan.dump_yaml(d))
     p = load_profile(str(f))
@@ -215,9 +303,7 @@ def test_analytical_fit_reproduces_measured_within_stated_error():
     fit = json.loads(FIT.read_text())
     eff, info = load_fit(FIT)
     fitted = MODELS + ["qwen3-14b"]
-    items = [
-        (str(ROOT / "profiles" / "models" / f"{m}.json"), load_profile(f"h200-{m}")) for m in fitted
-    ]
+    items = [(str(ROOT / "profiles" / "models" / f"{m}.json"), load_profile(f"h200-{m}")) for m in fitted]
     ev = evaluate_efficiency(fit["efficiency"], items)
     assert ev["forward_median_abs_pct"] <= fit["efficiency"]["forward_median_abs_pct"] + 0.5
     assert ev["forward_p90_abs_pct"] <= fit["efficiency"]["forward_p90_abs_pct"] + 0.5
@@ -268,13 +354,18 @@ def test_deepseek_profile_regenerated_with_fit():
 def test_attention_matches_float_reference():
     torch = pytest.importorskip("torch")
     from validator.gpu.model import StepMeta
+
     dims = dict(heads=8, kv_heads=2, head_dim=16, vocab=100)
     rng = random.Random(0)
     q = tuple(rng.randint(1, 8) for _ in range(20))
     c = tuple(rng.randint(1, 5000) for _ in range(20))
-    shapes = [plan.StepShape((1, 2, 8, 5), (9, 9, 9, 9)), plan.StepShape(q, c),
-              plan.StepShape(q + (40,), c + (12,)), plan.StepShape((40,), (0,)),
-              plan.StepShape((1, 2, 8, 5, 40), (9, 9, 9, 9, 12))]
+    shapes = [
+        plan.StepShape((1, 2, 8, 5), (9, 9, 9, 9)),
+        plan.StepShape(q, c),
+        plan.StepShape(q + (40,), c + (12,)),
+        plan.StepShape((40,), (0,)),
+        plan.StepShape((1, 2, 8, 5, 40), (9, 9, 9, 9, 12)),
+    ]
     for shape in shapes:
         m = StepMeta(shape, shape.n + 3, dims, "cpu")
         assert m.mode == (None if not m.R_dec else "varlen")
@@ -288,6 +379,7 @@ def test_one_call_varlen_attention_matches_float_reference():
     path."""
     torch = pytest.importorskip("torch")
     from validator.gpu.model import StepMeta
+
     dims = dict(heads=8, kv_heads=2, head_dim=16, vocab=100)
     rng = random.Random(4)
     q = tuple(rng.randint(1, 8) for _ in range(12))
@@ -309,12 +401,13 @@ def _attention_rel_error(torch, m, H, kv, d):
     """Relative error of the executor's attention against the float64 reference on random
     q/k/v for step metadata m (the step's new K/V written into the paged pool first)."""
     from validator.gpu.model import attention, reference_attention
+
     pk, pv = torch.randn(m.region_tokens, kv, d), torch.randn(m.region_tokens, kv, d)
     x = torch.randn(m.n_pad, H + 2 * kv, d)
-    pk.index_copy_(0, m.slot, x[:, H:H + kv])
-    pv.index_copy_(0, m.slot, x[:, H + kv:])
-    a = attention(x, (pk, pv), m).double()[:m.n]
-    r = reference_attention(x, (pk, pv), m)[:m.n]
+    pk.index_copy_(0, m.slot, x[:, H : H + kv])
+    pv.index_copy_(0, m.slot, x[:, H + kv :])
+    a = attention(x, (pk, pv), m).double()[: m.n]
+    r = reference_attention(x, (pk, pv), m)[: m.n]
     return float((a - r).norm() / r.norm())
 
 
@@ -324,6 +417,7 @@ def test_ragged_split_kv_attention_exact_for_any_chunk_and_unpadded():
     the largest window."""
     torch = pytest.importorskip("torch")
     from validator.gpu.model import StepMeta, split_plan
+
     H, kv, d = 8, 2, 16
     g = H // kv
     dims = dict(heads=H, kv_heads=kv, head_dim=d, vocab=100)
@@ -351,6 +445,7 @@ def test_split_plan_fixed_length_chunks():
     other policies in a record are refused."""
     pytest.importorskip("torch")
     from validator.gpu.model import parse_split, split_plan, split_settings
+
     sp = dict(fill=2.0, balance=2.0, min_chunk=64, sms=132)
     rng = random.Random(0)
     for R in (1, 7, 32, 256):
@@ -386,12 +481,16 @@ def test_split_plan_fixed_length_chunks():
         parse_split("fixed:512")
 
 
-@pytest.mark.parametrize("split", [
-    dict(fill=2.0, balance=2.0, sms=132, min_chunk=64),
-    dict(fill=4.0, balance=1.5, sms=16, min_chunk=8),
-    dict(fill=1.0, balance=1.5, sms=8, min_chunk=16),
-    dict(fill=2.0, balance=0.0, sms=4, min_chunk=8),
-    dict(fill=3.0, balance=0.0, sms=64, min_chunk=8)])
+@pytest.mark.parametrize(
+    "split",
+    [
+        dict(fill=2.0, balance=2.0, sms=132, min_chunk=64),
+        dict(fill=4.0, balance=1.5, sms=16, min_chunk=8),
+        dict(fill=1.0, balance=1.5, sms=8, min_chunk=16),
+        dict(fill=2.0, balance=0.0, sms=4, min_chunk=8),
+        dict(fill=3.0, balance=0.0, sms=64, min_chunk=8),
+    ],
+)
 def test_folded_split_attention_exact_float64_reference(split):
     """Folded (KV head x query tokens x group heads in one query block) prefix attention under
     several split settings, merged on the slot grid, and the masked band of new keys, against the
@@ -399,23 +498,30 @@ def test_folded_split_attention_exact_float64_reference(split):
     the same step."""
     torch = pytest.importorskip("torch")
     from validator.gpu.model import StepMeta
+
     H, kv, d = 8, 2, 16
     g = H // kv
     dims = dict(heads=H, kv_heads=kv, head_dim=d, vocab=100)
     rng = random.Random(11)
     q = tuple(rng.randint(1, 8) for _ in range(13))
     c = tuple(rng.choice([1, 2, 7, 64, 65, 129, 300, 900]) for _ in range(13))
-    shapes = [plan.StepShape(q, c), plan.StepShape(q + (25,), c + (40,)), plan.StepShape((8,), (700,)),
-              plan.StepShape((1,), (1,)), plan.StepShape((1, 1, 1), (50, 3, 400)), plan.StepShape((3, 8), (0, 5))]
+    shapes = [
+        plan.StepShape(q, c),
+        plan.StepShape(q + (25,), c + (40,)),
+        plan.StepShape((8,), (700,)),
+        plan.StepShape((1,), (1,)),
+        plan.StepShape((1, 1, 1), (50, 3, 400)),
+        plan.StepShape((3, 8), (0, 5)),
+    ]
     for shape in shapes:
         m = StepMeta(shape, shape.n + 4, dims, "cpu", split=split)
         assert m.mode == "varlen" and m.n_folded == g * sum(x for x in shape.q if x <= 16)
         lens = np.diff(m.cu_k.numpy())
         assert lens.sum() == sum(max(x, 1) for x, s in zip(shape.ctx, shape.q) if s <= 16)
         assert m.n_chunks == sum(m.split_chunks) and m.merge_rows == sum(m.chunk_rows)
-        idx = m.slot_row_idx.numpy()     # merge grid: every (slot, row) written at most once
+        idx = m.slot_row_idx.numpy()  # merge grid: every (slot, row) written at most once
         assert len(set(idx.tolist())) == len(idx) and idx.max() < m.k_max * m.n_folded
-        for _ in range(2):           # fresh inputs each time
+        for _ in range(2):  # fresh inputs each time
             err = _attention_rel_error(torch, m, H, kv, d)
             assert np.isfinite(err) and err < 1e-5, (shape, split)
 
@@ -423,12 +529,15 @@ def test_folded_split_attention_exact_float64_reference(split):
 def test_fit_context_series_set_the_slope_only():
     """SLOPE_ONLY points (uniform context series) get an intercept per (n, R, window): the forward
     table F(n) comes from the dsim-shaped points alone, the slope from everything."""
-    pts = [dict(n=n, kv=kv, ms=5 + 0.01 * n + 0.05 * kv / 1000, tag="table", R=32, s=4)
-           for n in (128, 256) for kv in (40000,)]
-    for R, s, off in ((128, 1, 1.3), (32, 4, -0.4)):     # other shapes: cost off F(128) by `off`
+    pts = [
+        dict(n=n, kv=kv, ms=5 + 0.01 * n + 0.05 * kv / 1000, tag="table", R=32, s=4)
+        for n in (128, 256)
+        for kv in (40000,)
+    ]
+    for R, s, off in ((128, 1, 1.3), (32, 4, -0.4)):  # other shapes: cost off F(128) by `off`
         for kv in (1000 * R, 8000 * R):
             pts.append(dict(n=128, kv=kv, ms=5 + 1.28 + off + 0.05 * kv / 1000, tag="context", R=R, s=s))
-    pts.append(dict(n=512, kv=5000, ms=9.0, tag="context", R=512, s=1))   # lone point: no slope info
+    pts.append(dict(n=512, kv=5000, ms=9.0, tag="context", R=512, s=1))  # lone point: no slope info
     fit = plan.fit_step_model(pts)
     assert fit["kv_ms_per_ktok"] == pytest.approx(0.05, rel=1e-6)
     assert fit["tokens"] == [128, 256] and fit["F"] == pytest.approx([6.28, 7.56], rel=1e-6)
@@ -471,7 +580,12 @@ def test_committed_replays_meet_the_targets_with_the_committed_profiles():
             assert all(np.median(e) <= 3.0 for e in errs.values()), {k: np.median(e) for k, e in errs.items()}
         if m in HELDOUT_MODELS:
             errs = _recomputed(REPLAYS / f"heldout-{m}.json", cm)
-            assert {k.split(f"-{m}")[0] for k in errs} >= {"mooncake-c16", "mooncake-c96", "azure-conv-c64", "azure-code-c8"}
+            assert {k.split(f"-{m}")[0] for k in errs} >= {
+                "mooncake-c16",
+                "mooncake-c96",
+                "azure-conv-c64",
+                "azure-code-c8",
+            }
             for k, e in errs.items():
                 assert np.median(e) <= (4.0 if k.startswith("mooncake") else 4.5), (k, np.median(e))
             stored = json.loads((REPLAYS / f"heldout-{m}.repredicted.json").read_text())["logs"]
@@ -494,7 +608,11 @@ def test_request_grid_replays_and_check_logs_meet_the_targets():
         assert {k.split(f"-{m}")[0] for k in errs} == want
         stored = json.loads((REPLAYS / f"check-{m}.repredicted.json").read_text())["logs"]
         for k, e in errs.items():
-            limit = 3.0 if m == "qwen3-32b" and not k.startswith("azure-conv-c32") and not k.startswith("azure-conv-c128") else 4.0
+            limit = (
+                3.0
+                if m == "qwen3-32b" and not k.startswith("azure-conv-c32") and not k.startswith("azure-conv-c128")
+                else 4.0
+            )
             assert np.median(e) <= limit, (m, k, np.median(e))
             assert stored[k]["summary"]["all"]["median_abs_pct"] == pytest.approx(np.median(e), abs=2e-3)
 
@@ -534,7 +652,11 @@ def test_busy_plan_shapes():
         assert s.n == n and sum(dq) == d and len(dq) == plan.BUSY_DECODE_REQUESTS and max(dq) <= 8
         assert sum(q for q in s.q if q >= plan.PREFILL_MIN_Q) == n - d
     cached = [c for q, c in zip(dec[-1].q, dec[-1].ctx) if q >= plan.PREFILL_MIN_Q]
-    assert cached[0] == 1024 and not any(cached[1:]) and not any(c for s in dec[:-1] for q, c in zip(s.q, s.ctx) if q >= 17)
+    assert (
+        cached[0] == 1024
+        and not any(cached[1:])
+        and not any(c for s in dec[:-1] for q, c in zip(s.q, s.ctx) if q >= 17)
+    )
     short = [s for s in busy if s.tag == "busy-short"]
     assert len(short) == sum(len(sets) for _, _, sets in plan.BUSY_SHORT)
     for s in short:
@@ -558,6 +680,7 @@ def test_refit_reproduces_the_committed_profile_from_its_raw_points(tmp_path, mo
     draft tables and says what was redone."""
     import shutil
     from validator.gpu import refit as RF
+
     m = "qwen3-8b"
     src = ROOT / "profiles" / "h200"
     for suffix in (".yaml", ".raw.json"):
@@ -594,6 +717,7 @@ def test_refit_reproduces_the_committed_profile_from_its_raw_points(tmp_path, mo
         @classmethod
         def today(cls):
             return dt.date(2027, 1, 2)
+
     monkeypatch.setattr(RF.dt, "date", Later)
     assert RF.main([str(raw_path), *ctxargs]) == 0
     method = load_profile(str(tmp_path / f"h200-{m}.yaml")).provenance["method"]
@@ -606,6 +730,7 @@ def test_dsim_validate_gpu_commands_pass_through():
     own arguments: help passes through, a bad input is one line and exit code 2."""
     import subprocess
     import sys
+
     base = [sys.executable, "-m", "dsim", "validate"]
     r = subprocess.run(base + ["replay-gpu", "--help"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "--repredict" in r.stdout
@@ -618,8 +743,11 @@ def test_torch_free_parts_import_without_torch():
     on a CPU machine), and the profiler's modules import each other in one direction only."""
     import subprocess
     import sys
-    code = ("import sys; import validator.gpu.plan, validator.gpu.replay, validator.gpu.refit; "
-            "assert 'torch' not in sys.modules, 'torch imported'")
+
+    code = (
+        "import sys; import validator.gpu.plan, validator.gpu.replay, validator.gpu.refit; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     src = {m: (ROOT / "validator" / "gpu" / f"{m}.py").read_text() for m in ("plan", "model", "replay")}
@@ -706,7 +834,9 @@ def test_printed_results_parse_back_to_every_rep(tmp_path):
     pr = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(pr)
     sweep = tmp_path / "busy-m-p1.json"
-    sweep.write_text(json.dumps(dict(points=[dict(tag="busy-decode", n_real=4096, R=260, ms=247.0, reps=[246.75, 247.27])])))
+    sweep.write_text(
+        json.dumps(dict(points=[dict(tag="busy-decode", n_real=4096, R=260, ms=247.0, reps=[246.75, 247.27])]))
+    )
     rep = tmp_path / "check-m.json"
     row = dict(step=68, n=7518, measured_ms=410.3, reps_ms=[410.21, 438.04, 410.32], predicted_ms=439.48)
     rep.write_text(json.dumps(dict(logs={"d/default-c256-m.jsonl": dict(summary=dict(all=dict(steps=1)), rows=[row])})))
@@ -714,6 +844,14 @@ def test_printed_results_parse_back_to_every_rep(tmp_path):
     got = pr.read_printed(text)
     assert got["busy-m-p1.json"] == [("busy-decode", 4096, [246.75, 247.27])]
     assert got["check-m.json"] == [("default-c256-m.jsonl", 7518, [410.21, 438.04, 410.32])]
+    # --compact: one line per replayed log, every step's tokens and reps (to 0.1 ms)
+    row2 = dict(row, step=69, n=7648, reps_ms=[410.04, 440.26, 409.96])
+    rep.write_text(json.dumps(dict(logs={"d/default-c256-m.jsonl": dict(rows=[row, row2])})))
+    assert len(pr.lines(rep, compact=True)) == 1
+    assert pr.read_printed("\n".join(pr.lines(rep, compact=True)))["check-m.json"] == [
+        ("default-c256-m.jsonl", 7518, [410.2, 438.0, 410.3]),
+        ("default-c256-m.jsonl", 7648, [410.0, 440.3, 410.0]),
+    ]
     # --rebuild: a stored busy sweep and a stored replay, printed, come back with their shapes
     import shutil
 
@@ -742,7 +880,9 @@ def test_shard_step_lines_and_gpu_samples_per_step(tmp_path):
 
     from validator.gpu.moe_shard import step_line
 
-    row = dict(step=58, tokens=256, measured_ms=59.4, reps_ms=[59.41, 59.38, 59.4], predicted_ms=57.49, end_unix_s=1000.0)
+    row = dict(
+        step=58, tokens=256, measured_ms=59.4, reps_ms=[59.41, 59.38, 59.4], predicted_ms=57.49, end_unix_s=1000.0
+    )
     assert step_line("d/dspark-v4f-s5-c32.jsonl", row) == (
         "R dspark-v4f-s5-c32.jsonl 58 tokens=256 ms=59.400 reps=59.410/59.380/59.400 pred=57.490 at=1000.000"
     )
@@ -769,3 +909,60 @@ def test_shard_step_lines_and_gpu_samples_per_step(tmp_path):
     assert out[1] == "G c32.jsonl 74 ms=56.600 sm=1980 mem=3201 w=500 t=51 r=0x0 n=1"
     assert out[2] == "GS c32.jsonl steps=2 sm=1875 mem=3201 w=553 t=51"
     assert gs.main([str(tmp_path / "none.csv"), "x.json"]) == 2
+
+
+def _run_levels():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_levels", ROOT / "validator/gpu/scripts/run_levels.py")
+    rl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rl)
+    return rl
+
+
+def test_run_levels_closed_form_and_stored_runs(tmp_path, capsys):
+    """scripts/run_levels.py: a run timing every step 2 % slower than another has level 1.02 and
+    spread 0.02 / 1.01 (validator.noise's (max - min) / median); the fast level is an odd count's
+    median and an even count's fastest rep; on the stored records Qwen3-14B's second-set c256 log
+    (runs A, B, D) and its busy-decode steps (busy, repeat, B, C) give the levels the docs state."""
+    rl = _run_levels()
+    assert rl.fast_level([410.0, 438.0, 412.0]) == 412.0 and rl.fast_level([435.0, 461.0]) == 435.0
+    assert rl.fast_level([]) is None
+    steps = [rl.Timed((n, 1000 * n, 256), n, float(n), float(n)) for n in (6144, 7000, 8192, 512)]
+    slow = [t._replace(ms=1.02 * t.ms, fast_ms=1.02 * t.fast_ms) for t in steps]
+    sets = rl.step_sets({"X": rl.combine([steps]), "Y": rl.combine([slow])}, 6000)
+    assert len(sets) == 1 and sets[0]["steps"] == 3 and sets[0]["tokens"] == [6144, 8192]
+    assert sets[0]["levels"]["Y"] == pytest.approx(1.02) and sets[0]["spread"] == pytest.approx(0.02 / 1.01)
+    # processes of one run: each step's median over them
+    mid = [t._replace(ms=1.01 * t.ms, fast_ms=1.01 * t.fast_ms) for t in steps]
+    assert rl.combine([steps, slow, mid])[(7000, 7000000, 256)].fast_ms == pytest.approx(1.01 * 7000)
+    assert rl.process_levels([steps, slow, mid], 6000) == (pytest.approx(0.02 / 1.01), 3, 3)
+    # stored records
+    runs = {r: rl.combine(p) for r, p in rl.collect("qwen3-14b", []).items()}
+    by_runs = {tuple(s["runs"]): s for s in rl.step_sets(runs, 6000)}
+    c256 = by_runs[("A", "B", "D")]
+    assert c256["steps"] == 11 and c256["statistic"] == "fast level"
+    assert c256["levels"]["B"] == pytest.approx(1.0, abs=0.003) and 1.02 < c256["levels"]["D"] < 1.03
+    busy = by_runs[("busy", "repeat", "B", "C")]
+    assert busy["steps"] == 7 and 0.96 < busy["levels"]["B"] / busy["levels"]["C"] < 0.99
+    # a new run's record joins by --add; bad input is one line and exit 2
+    f = tmp_path / "check-qwen3-14b.json"
+    f.write_text((REPLAYS / "s1d-qwen3-14b.json").read_text())  # run D's record, as a new run
+    assert rl.main(["--models", "qwen3-14b", "--add", f"{f}:E", "--json", str(tmp_path / "l.json")]) == 0
+    got = json.loads((tmp_path / "l.json").read_text())["models"]["qwen3-14b"]["step_sets"]
+    e = next(s for s in got if s["runs"] == ["A", "B", "D", "E"])
+    assert e["levels"]["E"] == pytest.approx(e["levels"]["D"])
+    # the rule on one log: per run and pooled errors from the current profile against
+    # max(target, the runs' spread on its steps); pooled is each step's median over the runs
+    j = rl.judge("profiles/h200/steplogs-s1/default-c256-qwen3-14b.jsonl", ["qwen3-14b"], [])
+    assert list(j["levels"]) == ["A", "B", "D"] and 0.02 < j["spread_pct"] / 100 < 0.03
+    assert j["limits_pct"] == dict(median=3.0, p90=6.0)
+    stored = json.loads((REPLAYS / "s1-qwen3-14b.repredicted.json").read_text())["logs"]["default-c256-qwen3-14b.jsonl"]
+    assert j["runs"]["A"]["median"] == pytest.approx(stored["summary"]["all"]["median_abs_pct"], abs=1e-3)
+    assert not j["runs"]["A"]["meets"] and j["runs"]["D"]["meets"]
+    lo, hi = sorted([j["runs"]["A"]["signed_mean"], j["runs"]["D"]["signed_mean"]])
+    assert lo < j["runs"]["pooled"]["signed_mean"] < hi
+    assert rl.main(["--add", str(tmp_path / "missing.json")]) == 2
+    assert rl.main(["--models", "gpt-2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(ln.startswith("run_levels: ") for ln in err)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from dsim.cost import CostModel, profile_from_dict, vllm_capture_sizes
+from dsim.cost import CostModel, drafter_request_sizes, profile_from_dict, vllm_capture_sizes
 
 MAX_BATCHED_TOKENS = 8192
 # a tiny model for --dry-run (CPU, float32): checks the pipeline, its numbers mean nothing
@@ -32,7 +32,10 @@ DRY_CFG = dict(
 )
 CAPTURE_LIMIT = 512
 PREFILL_MIN_Q = 17  # a request with more query tokens than 16 is a prefill chunk
-DRAFT_REQUESTS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+# drafter request counts timed: the composer's grid (vLLM's capture sizes, one source in dsim.cost) up
+# to this executor's capture limit; every one runs as a CUDA graph, and dsim reads the table at the
+# next size at or above (the padded batch), extrapolating by the last slope beyond 512
+DRAFT_REQUESTS = drafter_request_sizes(CAPTURE_LIMIT, CAPTURE_LIMIT)
 DRAFT_CTX = 1024  # context the draft tables are measured at (stated, not modelled)
 BLOCK_K = 8  # block drafter: tokens drafted in parallel per request
 BLOCK_LAYERS = 3  # block drafter depth

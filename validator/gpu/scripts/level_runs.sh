@@ -14,6 +14,7 @@
 #   DIR  the checking logs' folder (default profiles/h200/steplogs-s1)
 #   ANCHOR_TAGS  the sweep's tags re-timed as anchors in the busy runs (default table)
 #   EXTRA  e.g. --dry-run (CPU, tiny model)
+#   PRINT  print_results.py options for the closing print, e.g. --compact (one line per replayed log)
 set -o pipefail
 DEADLINE=${DEADLINE:-235}
 RES=${OUT:-/tmp/out}
@@ -44,4 +45,4 @@ for jb in $JOBS; do
   fi
 done
 echo "total $((SECONDS - T0))s" | tee -a "$LOG"
-timeout 20 python3 validator/gpu/scripts/print_results.py "$RES"/busy-*.json "$RES"/check-*.json
+timeout 20 python3 validator/gpu/scripts/print_results.py $PRINT "$RES"/busy-*.json "$RES"/check-*.json

@@ -1,13 +1,15 @@
 """Print the results of a GPU run compactly (one line per point or replayed step), so a run's figures
 survive a lost file transfer: busy/context sweep files (scripts/context_sweep.py) as
 `P <file> <i> <tag> n=<tokens> R=<requests> <rep>/<rep>/...` and replay files (validator.gpu.replay)
-as `S <file> <log> <summary>` then `R <file> <log> <step> n=<tokens> <rep>/<rep>/... pred=<ms>`.
+as `S <file> <log> <summary>` then `R <file> <log> <step> n=<tokens> <rep>/<rep>/... pred=<ms>`;
+with `--compact` a replay file's log is one line, `C <file> <log> <tokens>:<rep>/<rep>/... ...` (one
+field per step, reps to 0.1 ms), for a run whose output tail is shared.
 `read_printed` parses such lines back (the reps of each point or step, in order), and
 `--rebuild` writes the files again from a run's printed output: a busy sweep's points from
 plan.busy_plan and the sweep's anchors (as context_sweep.py builds them, checked tag by tag), a
 replay's rows from its step logs (checked step by step); times are each point's or step's median rep.
 
-    python3 validator/gpu/scripts/print_results.py FILE.json [FILE.json ...]
+    python3 validator/gpu/scripts/print_results.py [--compact] FILE.json [FILE.json ...]
     python3 validator/gpu/scripts/print_results.py --rebuild OUTPUT.txt --out DIR [--dir STEPLOG_DIR]
 """
 
@@ -26,10 +28,18 @@ def _reps(xs: list[float]) -> str:
     return "/".join(f"{x:.2f}" for x in xs)
 
 
-def lines(path: Path) -> list[str]:
-    """The compact lines of one result file."""
+def lines(path: Path, compact: bool = False) -> list[str]:
+    """The compact lines of one result file (compact: one line per replayed log)."""
     d = json.loads(path.read_text())
     out = []
+    if compact and "points" not in d:
+        for log, res in (d.get("logs") or {}).items():
+            steps = " ".join(
+                f"{r['n']}:" + "/".join(f"{x:.1f}" for x in (r.get("reps_ms") or [r["measured_ms"]]))
+                for r in res.get("rows", [])
+            )
+            out.append(f"C {path.name} {Path(log).name} {steps}")
+        return out
     if "points" in d:
         for i, p in enumerate(d["points"]):
             out.append(f"P {path.name} {i} {p['tag']} n={p['n_real']} R={p['R']} {_reps(p.get('reps') or [p['ms']])}")
@@ -53,6 +63,10 @@ def read_printed(text: str) -> dict[str, list[tuple[str, int, list[float]]]]:
             out.setdefault(f[1], []).append((f[3], int(f[4][2:]), [float(x) for x in f[6].split("/")]))
         elif len(f) >= 6 and f[0] == "R":
             out.setdefault(f[1], []).append((f[2], int(f[4][2:]), [float(x) for x in f[5].split("/")]))
+        elif len(f) >= 4 and f[0] == "C":
+            for step in f[3:]:
+                n, reps = step.split(":")
+                out.setdefault(f[1], []).append((f[2], int(n), [float(x) for x in reps.split("/")]))
     return out
 
 
@@ -175,12 +189,13 @@ def main(argv: list[str] | None = None) -> int:
         for w in rebuild(Path(ns.rebuild).read_text(), Path(ns.out), ns.dir):
             print(w)
         return 0
-    for a in argv:
+    compact = "--compact" in argv
+    for a in (x for x in argv if x != "--compact"):
         p = Path(a)
         if not p.is_file():
             continue
         try:
-            print("\n".join(lines(p)), flush=True)
+            print("\n".join(lines(p, compact)), flush=True)
         except (ValueError, KeyError) as e:  # a file cut mid-write: say so, print the rest
             print(f"X {p.name} unreadable: {e}", flush=True)
     return 0
