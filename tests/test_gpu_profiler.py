@@ -940,10 +940,11 @@ def test_run_levels_closed_form_and_stored_runs(tmp_path, capsys):
     # stored records
     runs = {r: rl.combine(p) for r, p in rl.collect("qwen3-14b", []).items()}
     by_runs = {tuple(s["runs"]): s for s in rl.step_sets(runs, 6000)}
-    c256 = by_runs[("A", "B", "D")]
+    c256 = by_runs[("A", "B", "D", "E")]
     assert c256["steps"] == 11 and c256["statistic"] == "fast level"
     assert c256["levels"]["B"] == pytest.approx(1.0, abs=0.003) and 1.02 < c256["levels"]["D"] < 1.03
-    busy = by_runs[("busy", "repeat", "B", "C")]
+    assert c256["levels"]["E"] == pytest.approx(1.0, abs=0.003)
+    busy = by_runs[("busy", "repeat", "B", "C", "E")]
     assert busy["steps"] == 7 and 0.96 < busy["levels"]["B"] / busy["levels"]["C"] < 0.99
     # a new run's record joins by --add; bad input is one line and exit 2
     f = tmp_path / "check-qwen3-14b.json"
@@ -951,11 +952,11 @@ def test_run_levels_closed_form_and_stored_runs(tmp_path, capsys):
     assert rl.main(["--models", "qwen3-14b", "--add", f"{f}:E", "--json", str(tmp_path / "l.json")]) == 0
     got = json.loads((tmp_path / "l.json").read_text())["models"]["qwen3-14b"]["step_sets"]
     e = next(s for s in got if s["runs"] == ["A", "B", "D", "E"])
-    assert e["levels"]["E"] == pytest.approx(e["levels"]["D"])
+    assert e["levels"]["A"] < e["levels"]["E"] < e["levels"]["D"]  # run D's record joins run E's two
     # the rule on one log: per run and pooled errors from the current profile against
     # max(target, the runs' spread on its steps); pooled is each step's median over the runs
     j = rl.judge("profiles/h200/steplogs-s1/default-c256-qwen3-14b.jsonl", ["qwen3-14b"], [])
-    assert list(j["levels"]) == ["A", "B", "D"] and 0.02 < j["spread_pct"] / 100 < 0.03
+    assert list(j["levels"]) == ["A", "B", "D", "E"] and 0.02 < j["spread_pct"] / 100 < 0.03
     assert j["limits_pct"] == dict(median=3.0, p90=6.0)
     stored = json.loads((REPLAYS / "s1-qwen3-14b.repredicted.json").read_text())["logs"]["default-c256-qwen3-14b.jsonl"]
     assert j["runs"]["A"]["median"] == pytest.approx(stored["summary"]["all"]["median_abs_pct"], abs=1e-3)

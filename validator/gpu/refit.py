@@ -261,17 +261,21 @@ ATTENTION_NOTE = (
 )
 
 
-def repredict(replay_path: Path, profile_path: Path) -> dict:
+def repredict(replay_path: Path, profile_path: Path, only: str | None = None) -> dict:
     """A replay's rows (validator.gpu.replay output) predicted again from a profile, with each
-    row's shape read from its step log: {log: {"summary": ..., "rows": [...]}}. The measured
-    times are the replay's; only the predictions are new."""
+    row's shape read from its step log: {log: {"summary": ..., "rows": [...]}}, log the step
+    log's file name (its path as the replay names it where two of its logs share a name). The
+    measured times are the replay's; only the predictions are new. only: that one log."""
     from dsim.cost import profile_from_dict
 
     cost = P.CostModel(profile_from_dict(yaml.safe_load(profile_path.read_text()), str(profile_path)))
     rep = json.loads(replay_path.read_text())
     root = Path(__file__).resolve().parents[2]
     out = {}
+    names = [Path(src).name for src in rep["logs"]]
     for src, res in rep["logs"].items():
+        if only is not None and src != only:
+            continue
         steps = P.read_steplog(root / src if not Path(src).is_absolute() else src)
         rows = res["rows"]
         if res.get("partial"):  # a replay cut short: its first len(rows) steps were timed
@@ -284,7 +288,9 @@ def repredict(replay_path: Path, profile_path: Path) -> dict:
             if shape.n != r["n"] or shape.kv != r["kv"]:
                 raise InputError(f"{replay_path}: {src} step {r.get('step')}: shape differs from the log")
             new_rows.append(dict(r, predicted_ms=P.predicted_step_ms(cost, shape), predicted_log_ms=r["predicted_ms"]))
-        out[Path(src).name] = dict(summary=P.error_summary(new_rows), rows=new_rows)
+        out[Path(src).name if names.count(Path(src).name) == 1 else src] = dict(
+            summary=P.error_summary(new_rows), rows=new_rows
+        )
     return out
 
 

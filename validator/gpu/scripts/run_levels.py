@@ -5,7 +5,7 @@ it shares with the others.
 
 A record belongs to the run it was measured in (RUNS, as docs/gpu-profiling.md tells them: the
 profile sweep, the context-sweep run with its held-out replays, the request-grid run with its check
-replays, the busy run, the repeat run, the second checking set's runs A-D). Processes of one run
+replays, the busy run, the repeat run, the second checking set's runs A-E). Processes of one run
 are combined by each step's median over processes (as the refit combines them). A step set is the
 steps shared by two or more runs; a run's level is the median over those steps of its time over
 the reference run's (the first run that has the step set, in RUNS order); the set's spread is
@@ -56,6 +56,11 @@ RUNS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("B", "second checking set, run B", ("replay/s1b-{m}.json",)),
     ("C", "second checking set, run C (three busy processes)", ("context/busy-{m}-p?.json", "replay/s1c-{m}.json")),
     ("D", "second checking set, run D", ("replay/s1d-{m}.json",)),
+    (
+        "E",
+        "second checking set, run E (c256 logs; Qwen3-14B in two processes)",
+        ("replay/s1e-{m}.json", "replay/s1e-{m}-?.json"),
+    ),
 )
 # Qwen3-14B's profile sweep ran in the context-sweep run (context_and_heldout.sh, PROFILE_MODEL)
 SAME_RUN = {("qwen3-14b", "sweep"): "context"}
@@ -219,7 +224,7 @@ def judge(steplog: str, models: list[str], added: list[tuple[Path, str]]) -> dic
             continue
         model = Path(str(d["model"])).stem
         try:
-            res = RF.repredict(f, H200 / f"h200-{model}.yaml")[Path(steplog).name]
+            (res,) = RF.repredict(f, H200 / f"h200-{model}.yaml", only=steplog).values()
         except InputError as e:  # a record that does not match its log (e.g. a dry run's): left out, said
             print(f"run_levels: --judge: {f.name} left out: {e}", file=sys.stderr)
             continue
