@@ -277,21 +277,30 @@ class Columns:
     copied to grow; the result tables read each column as one contiguous run per block). Rows
     appended one at a time wait in a flat ``array('d')`` (extending it by a row's tuple costs a
     fraction of a numpy row write) and are copied in before any reserve or read, so the rows
-    keep their order."""
+    keep their order. Not ``keep``: the rows are dropped as they are written (``a`` is scratch,
+    re-used from row 0 by every reserve, ``append`` writes nothing), for callers that never read
+    them: a full hour's million steps x 12 columns streamed through the cache slow every kernel
+    that reads or writes other memory."""
 
-    __slots__ = ("a", "n", "ncol", "_full", "_pending", "_np", "_last")
+    __slots__ = ("a", "n", "ncol", "keep", "_full", "_pending", "_np", "_last")
     PENDING = 256
 
-    def __init__(self, ncol: int, cap: int = 64):
+    def __init__(self, ncol: int, cap: int = 64, keep: bool = True):
         self.a = np.empty((ncol, cap), dtype=np.float64)
         self.n = 0
         self.ncol = ncol
+        self.keep = keep
         self._full: list = []  # the filled blocks, [columns, rows] views
         self._pending = array("d")
         self._np = 0  # rows waiting in _pending
         self._last = None  # the last row appended (a lone pending row is written from it)
 
     def _grow(self, m: int) -> int:
+        if not self.keep:
+            if m > self.a.shape[1]:
+                self.a = np.empty((self.ncol, max(2 * self.a.shape[1], m)), dtype=np.float64)
+            self.n = m
+            return 0
         i = self.n
         if i + m > self.a.shape[1]:
             if i:
@@ -321,6 +330,8 @@ class Columns:
         return self._grow(m)
 
     def append(self, row) -> None:
+        if not self.keep:
+            return
         self._pending.extend(row)
         self._last = row
         self._np += 1
@@ -328,7 +339,9 @@ class Columns:
             self._flush()
 
     def blocks(self) -> list:
-        """The rows so far as column blocks, in order: views [columns, rows]."""
+        """The rows so far as column blocks, in order: views [columns, rows] (none when not kept)."""
+        if not self.keep:
+            return []
         self._flush()
         return [*self._full, self.a[:, : self.n]]
 
@@ -361,6 +374,7 @@ class Replica:
         draw_key: int = 0,
         prefix_hashes=None,
         prefix_block_tokens: int = 512,
+        keep_steps: bool = True,
     ):
         self.idx = idx
         self.env = env
@@ -444,7 +458,10 @@ class Replica:
         self.cpu_ms = 0.0 if cfg.async_scheduling else cost.cpu_overhead_ms
         self.prev_end = -1.0
         self._last_is_prev_end = True  # every decode slot last emitted at prev_end (see _itl)
-        self.steps = Columns(len(STEP_FIELDS))  # the step table's rows (STEP_FIELDS order)
+        self.steps = Columns(len(STEP_FIELDS), keep=keep_steps)  # the step table's rows (STEP_FIELDS order)
+        # the step count and the sum of the steps' n_requests (whole numbers), kept or not
+        self.n_steps = 0
+        self.batch_sum = 0
         self.head_conf: list = []  # the head's sample from this replica (SpecStats.replica_cap)
         self.head_acc: list = []
         self.head_n = 0
@@ -981,12 +998,15 @@ class Replica:
                     self.pre = [r for r in self.pre if r not in mv]
                 self._append_slots(rows, frows, moved)
         self.prev_end = t
+        n_req = n_dec_run + len(chunks) - chunks.count(0)
+        self.n_steps += 1
+        self.batch_sum += n_req
         self.steps.append(
             (
                 self.idx,
                 t,
                 plan.duration_ms,
-                n_dec_run + len(chunks) - chunks.count(0),
+                n_req,
                 n_dec_run,
                 plan.n_tokens,
                 plan.prefill_tokens,
@@ -1209,6 +1229,8 @@ class Replica:
             j,
         )
         self._account(m, conf, lead, vt, at, lt, et, min_left)
+        self.n_steps += m
+        self.batch_sum += m * n  # (each of the window's steps: n requests, as window_rows writes)
         self._last_is_prev_end = True  # (prev_end = t_last below)
         self.prev_end = float(t_last)
         self._finish_done()

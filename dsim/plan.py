@@ -244,6 +244,7 @@ def run_point(p: Point, slos: Iterable[SLO] = (), keep: tuple = ()) -> dict:
         engine=p.engine or EngineConfig(),
         spec=p.spec,
         seed=p.seed,
+        keep_steps=False,  # (never read here: the summary counts the steps without the table)
     )
     res = simulate(cfg)
     s = res.summary
@@ -261,22 +262,51 @@ def run_point(p: Point, slos: Iterable[SLO] = (), keep: tuple = ()) -> dict:
     return out
 
 
+# The first requests of a workload that a warm-up simulates: enough for decode windows, arrivals
+# cutting them and general steps with decodes, so that every kernel a full run calls is loaded.
+WARM_REQUESTS = 64
+
+
+def warm_kernels(points: Iterable[Point]) -> None:
+    """Load the compiled step kernels that these points' simulations call (numba's on-disk cache:
+    about 0.8 s of CPU in a fresh process) by simulating the first WARM_REQUESTS requests of each,
+    so that worker processes forked afterwards start with them loaded rather than each loading
+    them again. Nothing of these simulations is kept."""
+    for p in points:
+        run_point(dataclasses.replace(p, workload=p.workload.head(min(WARM_REQUESTS, len(p.workload)))))
+
+
 class Runner:
     """Runs Points through an executor (dsim.executor): local processes (serial when jobs=1) or
     Ray tasks. Results never depend on the executor or on `jobs`. A `progress` (dsim.progress)
-    counts every submitted call and its completion."""
+    counts every submitted call and its completion. `warm` (a callable, e.g. warm_kernels of the
+    points to come) runs before a local pool of several workers starts, where the workers are
+    forked (they inherit what it loaded); elsewhere each process loads the kernels on first use."""
 
-    def __init__(self, jobs: int | None = None, executor: str = "local", address: str | None = None, progress=None):
+    def __init__(
+        self,
+        jobs: int | None = None,
+        executor: str = "local",
+        address: str | None = None,
+        progress=None,
+        warm: Callable[[], Any] | None = None,
+    ):
         self.jobs = max(1, int(jobs or os.cpu_count() or 1))
         self.kind = executor
         self.address = address
         self.progress = progress
+        self.warm = warm
         self.claim = None  # the progress key that submissions were declared under (ahead)
         self.executor = None
 
     def __enter__(self):
+        import multiprocessing
+
         from dsim.executor import make_executor
 
+        forked = self.kind == "local" and self.jobs > 1 and multiprocessing.get_start_method() == "fork"
+        if self.warm is not None and forked:
+            self.warm()
         self.executor = make_executor(self.kind, self.jobs, self.address)
         return self
 
@@ -578,7 +608,11 @@ def plan(
         return Point(workloads[s], profile, specs[name], n, s, gpus_per_node, router, engine, tag=name)
 
     searches = {name: _Search(name, seeds, slos, margin, max_nodes, (start or {}).get(name, 1)) for name in specs}
-    with Runner(jobs, executor, ray_address, progress_bar) as runner:
+
+    def warm() -> None:
+        warm_kernels(point(name, 1, seeds[0]) for name in specs)
+
+    with Runner(jobs, executor, ray_address, progress_bar, warm=warm) as runner:
         outs = search_nodes(point, searches, runner, slos, progress)
     res = {}
     for name, spec in specs.items():

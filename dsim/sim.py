@@ -58,6 +58,10 @@ class SimConfig:
     # identical requests finishing together starts as one prompt, then the others.
     closed_loop_gap_ms: float = 0.0
     closed_loop_send_gap_ms: float = 0.0
+    # Keep the step table (SimResult.steps). The summary's step count and mean batch do not need
+    # it: callers that read only the summary, the request table and the ITL samples (the plan's,
+    # sweep's and ab's simulations) turn it off, and the run writes no rows.
+    keep_steps: bool = True
 
     @property
     def replicas_per_node(self) -> int:
@@ -73,19 +77,23 @@ class SimResult:
     summary: dict
     requests: pd.DataFrame
     # the step table, or a function that builds it: built on first use, since most callers (the
-    # plan's search) read only the summary and the request table, and a full hour is ~1M steps
+    # plan's search) read only the summary and the request table, and a full hour is ~1M steps;
+    # None where SimConfig.keep_steps is off
     step_table: Any
     shapes: list | None = None
     itl: tuple | None = None  # ITL samples, run-length coded: (values ms, counts)
 
     @property
     def steps(self) -> pd.DataFrame:
+        if self.step_table is None:
+            raise ValueError("the step table was not kept (SimConfig.keep_steps=False)")
         if callable(self.step_table):
             self.step_table = self.step_table()
         return self.step_table
 
-    def __getstate__(self) -> dict:  # (pickled with its step table built)
-        _ = self.steps
+    def __getstate__(self) -> dict:  # (pickled with its step table built, where kept)
+        if self.step_table is not None:
+            _ = self.steps
         return self.__dict__
 
 
@@ -252,6 +260,7 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
             key,
             w.prefix_hashes,
             w.prefix_block_tokens,
+            cfg.keep_steps,
         )
         for i in range(n_rep)
     ]
@@ -315,13 +324,13 @@ def _result(cfg, spec, reqs, stats, replicas, wall) -> SimResult:
     req = request_table(reqs, w.class_names)
     arr = np.concatenate([b.T for r in replicas for b in r.itl_vals.blocks()])  # [samples, (gap_ms, count)]
     parts = [b for r in replicas for b in r.steps.blocks()]
-    n_steps = sum(p.shape[1] for p in parts)
+    n_steps = sum(r.n_steps for r in replicas)
     summary = summarize(req, arr, cfg.n_gpus, cfg.slo)
     summary["wall_time_s"] = round(wall, 3)
     summary["steps"] = n_steps
-    # (whole numbers: their float64 sum is exact in any order, as the table column's mean is)
-    j = STEP_FIELDS.index("n_requests")
-    batch = float(sum(p[j].sum() for p in parts)) / n_steps if n_steps else 0.0
+    # (whole numbers, counted as the rows are written: the table column's float64 sum is the
+    # same, exact in any order)
+    batch = float(sum(r.batch_sum for r in replicas)) / n_steps if n_steps else 0.0
     summary["mean_batch_requests"] = round(batch, 3)
     summary.update(_spec_summary(spec, stats, w.class_names))
     summary["setup"] = {
@@ -342,7 +351,8 @@ def _result(cfg, spec, reqs, stats, replicas, wall) -> SimResult:
     shapes = None
     if cfg.engine.record_shapes:
         shapes = sorted((x for r in replicas for x in r.shapes), key=lambda x: (x[1], x[0]))
-    return SimResult(summary, req, lambda: _step_table(parts), shapes, (arr[:, 0], arr[:, 1]))
+    steps = (lambda: _step_table(parts)) if cfg.keep_steps else None
+    return SimResult(summary, req, steps, shapes, (arr[:, 0], arr[:, 1]))
 
 
 def _spec_summary(spec, st: SpecStats, class_names) -> dict:

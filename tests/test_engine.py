@@ -314,6 +314,30 @@ def test_determinism_byte_identical_summary():
     assert outs[0] == outs[1]
 
 
+
+@pytest.mark.parametrize("method", ["none", "mtp", "dspark"])
+def test_step_table_not_kept_changes_no_result(method):
+    """keep_steps=False (the plan's simulations) writes no step rows, and changes nothing else:
+    the same summary (step count and mean batch included), request table and ITL samples, on a
+    real trace with decode windows, arrivals cutting them and several replicas."""
+    from dsim.workload import load_workload
+    w = load_workload("azure-conv", n=400, mix="chat=0.6,code=0.2,math=0.2", seed=1)
+    spec = SpecConfig(method, adaptive=method == "dspark")
+    runs = [simulate(SimConfig(workload=w, profile=load_profile(), spec=spec, seed=3, keep_steps=keep))
+            for keep in (True, False)]
+    kept, dropped = runs
+    for r in runs:
+        r.summary.pop("wall_time_s")
+    assert json.dumps(kept.summary, sort_keys=True) == json.dumps(dropped.summary, sort_keys=True)
+    assert kept.summary["steps"] == len(kept.steps) > 1000
+    assert kept.summary["mean_batch_requests"] == round(float(kept.steps["n_requests"].mean()), 3)
+    assert kept.requests.equals(dropped.requests)
+    for a, b in zip(kept.itl, dropped.itl):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="step table was not kept"):
+        dropped.steps
+
+
 # ---- speculative decoding through the engine -----------------------------------------------------
 
 def spec_run(acceptance, method="eagle3", k=7, n=60, out=400, **kw):
