@@ -1020,6 +1020,28 @@ def test_fit_cost_warns_and_drops_a_term_the_points_cannot_identify():
     assert max(abs(r) for r in f["residuals"]) < 1e-6  # what it kept still fits the points
 
 
+def test_fit_cost_drops_the_prompt_discount_before_the_per_token_term():
+    """Verify tokens per request fixed at 1 + K = 5 (no drafted/undrafted split): decode points at
+    n = 5 b, prompt steps at n = 5 (b - 1) + prompt, so the token column is a combination of the
+    requests', the constant and the prompt discount's. The discount (the refinement) leaves, the
+    per-token term stays, and prompt tokens are priced as verify tokens: the points the truth
+    generates without a discount are reproduced exactly."""
+    from validator import stepfit
+
+    def truth(n, b, prefills):
+        return 1.0 + 0.05 * n + 0.3 * b + 0.2 * prefills
+
+    pts = [_pt(5 * b, b, 0.0, truth(5 * b, b, 0)) for b in (1, 2, 4, 8)]
+    for b, prompt in ((1, 64), (2, 64), (4, 160), (1, 256), (3, 240)):
+        n = 5 * (b - 1) + prompt
+        pts.append(_pt(n, b, 0.0, truth(n, b, 1), kind="prefill", prefills=1.0, prompt_tokens=prompt))
+    f = stepfit.fit_cost(pts)
+    assert "ms_per_token" in f["identified"] and "prefill_discount_ms_per_ktok" in f["not_identified"]
+    assert f["ms_per_token"] == pytest.approx(0.05, rel=1e-6) and f["ms_per_request"] == pytest.approx(0.3, rel=1e-6)
+    assert any(w.startswith("prefill_discount_ms_per_ktok: not identified") for w in f["warnings"])
+    assert max(abs(r) for r in f["residuals"]) < 1e-6
+
+
 def test_single_load_calibration_warns_about_the_one_scale(tmp_path):
     from dsim.cost import save_profile
     from validator import stepfit

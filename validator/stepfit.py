@@ -390,6 +390,20 @@ _HOW = {
     "decode points",
 }
 COLLINEAR = 0.05  # a term whose column is within 5% of the others' span is not identified
+# Which of several terms that do not stand apart leaves first: the prompt-token discount refines the
+# per-token term (it prices a prompt token against a verify token) and the per-prompt term the
+# prefill's, so when prompt tokens and verify tokens move together (a drafter whose verify tokens
+# per request never vary) the discount goes and prompt tokens are priced as verify tokens, rather
+# than the per-token term going and every token coming out free (the live CPU profile's two
+# columns stood 0.055 apart, either side of the threshold from run to run).
+DROP_ORDER = (
+    "prefill_discount_ms_per_ktok",
+    "ms_per_prefill",
+    "kv_ms_per_ktok",
+    "ms_per_request",
+    "ms_per_token",
+    "cpu_overhead_ms",
+)
 
 
 def _columns(points: list[dict]) -> np.ndarray:
@@ -486,13 +500,16 @@ def fit_cost(points: list[dict], terms: tuple = TERMS, rounds: list | None = Non
     want = [TERMS.index(t) for t in terms]
     keep = list(want)
     warnings, separation = [], {}
-    # drop the least separable term first, one at a time, until the rest stand apart
+    # drop terms that do not stand apart, one at a time, until the rest do: a column the points
+    # never fill first, then the refinements before what they refine (DROP_ORDER)
     while len(keep) > 1:
         sep = {j: identifiable(Xw, keep, j) for j in keep}
-        j = min(sep, key=lambda i: sep[i])
         separation.update({TERMS[i]: round(v, 4) for i, v in sep.items()})
-        if sep[j] >= COLLINEAR or len(points) <= 1:
+        below = [i for i in keep if sep[i] < COLLINEAR]
+        if not below or len(points) <= 1:
             break
+        empty = [i for i in below if not np.any(Xw[:, i])]
+        j = empty[0] if empty else min(below, key=lambda i: DROP_ORDER.index(TERMS[i]))
         keep.remove(j)
         warnings.append(
             f"{TERMS[j]}: not identified by these points (separation {sep[j]:.3f} < {COLLINEAR}); "
