@@ -253,6 +253,7 @@ def simulate(
         if policy.strip().lower() not in POLICY_NAMES:
             raise InputError(f"--policy: unknown policy {policy!r} (choose from {', '.join(POLICY_NAMES)})")
         from dsim.scenario import method_spec
+        from dsim.spec import make_method
 
         # a --methods token (mtp3, dspark5, dspark5-fixed) names the method and its k / adaptivity;
         # --k and --adaptive, where given, must agree with it
@@ -261,7 +262,7 @@ def simulate(
             raise InputError(f"--k {k}: disagrees with --method {method} (k = {named.k})")
         k_drafts = k if k is not None else named.k
         meth = named.method
-        if adaptive is None and meth == "dspark":
+        if adaptive is None and make_method(meth).has_head:  # adaptive by default where a head exists
             adaptive_on: Optional[bool] = named.adaptive
         else:
             adaptive_on = adaptive

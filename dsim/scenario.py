@@ -132,11 +132,14 @@ def spec_config(
     head: str,
     head_auc: float,
 ) -> SpecConfig:
-    """The spec config of `dsim simulate`'s options; adaptive defaults to on for dspark only."""
+    """The spec config of `dsim simulate`'s options; adaptive defaults to on for a method with a
+    confidence head (DSpark)."""
     from dsim.sim import SpecConfig
 
     if adaptive is None:
-        adaptive = method == "dspark"
+        from dsim.spec import make_method
+
+        adaptive = make_method(method).has_head  # a confidence head verifies adaptively by default
     return SpecConfig(
         method=method,
         k=k,
