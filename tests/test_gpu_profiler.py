@@ -963,6 +963,17 @@ def test_run_levels_closed_form_and_stored_runs(tmp_path, capsys):
     assert not j["runs"]["A"]["meets"] and j["runs"]["D"]["meets"]
     lo, hi = sorted([j["runs"]["A"]["signed_mean"], j["runs"]["D"]["signed_mean"]])
     assert lo < j["runs"]["pooled"]["signed_mean"] < hi
+    # the back-to-back statistic: a step's measured time is the mean of its reps where they were kept
+    assert rl.measured_ms(dict(measured_ms=2.0, reps_ms=[1.0, 2.0, 6.0]), "mean") == 3.0
+    assert rl.measured_ms(dict(measured_ms=2.0, reps_ms=[1.0, 2.0, 6.0]), "median") == 2.0
+    assert rl.measured_ms(dict(measured_ms=2.0), "mean") == 2.0
+    jm = rl.judge("profiles/h200/steplogs-s1/default-c256-qwen3-14b.jsonl", ["qwen3-14b"], [], "mean")
+    assert jm["statistic"] == "mean" and list(jm["levels"]) == list(j["levels"])
+    rows = stored["rows"]
+    want = sorted(abs(r["predicted_ms"] / (sum(r["reps_ms"]) / len(r["reps_ms"])) - 1) * 100 for r in rows)
+    assert jm["runs"]["A"]["median"] == pytest.approx(np.median(want), abs=1e-3)
+    # the slow rep lifts the measured times, so the over-prediction shrinks in every run
+    assert all(jm["runs"][r]["signed_mean"] < j["runs"][r]["signed_mean"] for r in j["runs"])
     assert rl.main(["--add", str(tmp_path / "missing.json")]) == 2
     assert rl.main(["--models", "gpt-2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
