@@ -1060,3 +1060,27 @@ def test_stored_shard_repredictions_are_the_current_profiles():
             got = {r["step"]: r["predicted_ms"] for r in now[name]["rows"]}
             for r in log["rows"]:
                 assert got[r["step"]] == pytest.approx(r["predicted_ms"], abs=2e-3), (path.name, name, r["step"])
+
+
+def test_shard_repredict_counts_completed_hca_blocks():
+    """validator.gpu.shard_repredict counts the ratio-128 blocks a step's decode/verify requests
+    complete (positions ctx .. ctx + q - 1: a block completes at a multiple of 128 minus one) and
+    splits decode-only steps by it; on the stored seed-5 c = 1 replay the two steps that complete a
+    block are the ones the profile under-prices most (the executor's block pooling)."""
+    import json
+    from pathlib import Path
+
+    from validator.gpu.shard_repredict import completed_blocks, repredict
+
+    assert completed_blocks([8], [120]) == 1  # writes 120..127: 127 ends the first block
+    assert completed_blocks([8], [119]) == 0 and completed_blocks([8], [128]) == 0
+    assert completed_blocks([256, 1, 1, 8], [0, 127, 126, 1663]) == 2 + 1 + 0 + 1
+    assert completed_blocks([], []) == 0
+    base = Path("profiles/kernels/h200-torch-checks")
+    rec = json.loads((base / "repredict-deepseek-v4-flash-dp8-ep8-s5.json").read_text())
+    now = repredict(rec["profile"], json.loads(Path(rec["replay"]).read_text()), base / "steplogs")
+    c1 = now["dspark-v4f-s5-c1.jsonl"]
+    assert [r["step"] for r in c1["rows"] if r["hca_blocks"]] == [190, 522]
+    split = c1["decode_only"]
+    assert split["blocks"]["steps"] == 2 and split["no_block"]["steps"] == 14
+    assert split["blocks"]["median_signed_pct"] < -7 < -2.5 < split["no_block"]["median_signed_pct"]

@@ -6,6 +6,12 @@ changes when the composer or its kernel table changes. This prices each logged s
 profile (CostModel.step_ms of its tokens and KV, prefill_ms of its prompt chunks and context_ms
 of its decode/verify requests, as the engine does) and reports |predicted - measured| / measured per log (median, p90, signed mean) and per step.
 
+Each row also counts the ratio-128 (hca) blocks its decode/verify requests complete
+(``hca_blocks``: the multiples of 128 in (ctx, ctx + q] per request), and each log splits its
+decode-only steps by whether they complete any (``decode_only``: steps and median signed error of
+each): the shard executor pools a completed block into the compressed cache in that step, work
+the kernel table's equal-request records (whose contexts complete none) leave out.
+
     python3 -m validator.gpu.shard_repredict PROFILE REPLAY.json STEPLOG_DIR [--out FILE.json]
 """
 
@@ -21,6 +27,14 @@ import numpy as np
 from dsim.cost import CostModel, load_profile
 from dsim.errors import InputError
 from validator.gpu.plan import PREFILL_MIN_Q
+
+HCA_RATIO = 128  # DeepSeek-V4's heavily compressed attention: one compressed entry per 128 tokens
+
+
+def completed_blocks(q: list[int], ctx: list[int], ratio: int = HCA_RATIO) -> int:
+    """Blocks of ``ratio`` tokens the requests complete in a step: request r writes positions
+    ctx_r .. ctx_r + q_r - 1, completing the blocks whose last position is among them."""
+    return sum((c + n) // ratio - c // ratio for n, c in zip(q, ctx))
 
 
 def repredict(profile: str, replay: dict, steplog_dir: Path) -> dict:
@@ -54,6 +68,7 @@ def repredict(profile: str, replay: dict, steplog_dir: Path) -> dict:
                     measured_ms=round(float(r["measured_ms"]), 3),
                     predicted_ms=round(pred, 3),
                     error_pct=round(signed[-1], 2),
+                    hca_blocks=completed_blocks([q for q, _ in dec], [c for _, c in dec]),
                 )
             )
         if not signed:
@@ -64,8 +79,19 @@ def repredict(profile: str, replay: dict, steplog_dir: Path) -> dict:
             median_abs_pct=round(float(np.median(e)), 2),
             p90_abs_pct=round(float(np.percentile(e, 90)), 2),
             signed_mean_pct=round(float(np.mean(signed)), 2),
+            decode_only=_by_blocks(rows),
             rows=rows,
         )
+    return out
+
+
+def _by_blocks(rows: list[dict]) -> dict:
+    """The decode-only steps (no prompt tokens) split by whether their requests complete an hca
+    block: steps and median signed error of each (None where there are none)."""
+    out = {}
+    for key, some in (("no_block", False), ("blocks", True)):
+        e = [r["error_pct"] for r in rows if not r["prompt_tokens"] and (r["hca_blocks"] > 0) == some]
+        out[key] = dict(steps=len(e), median_signed_pct=round(float(np.median(e)), 2) if e else None)
     return out
 
 
