@@ -21,6 +21,19 @@ STEPLOGS = ROOT / "profiles" / "h200" / "steplogs"
 REPLAYS = ROOT / "profiles" / "h200" / "replay"
 
 
+# a measured profile's provenance, for profiles the tests build
+TEST_PROVENANCE = dict(
+    kind="measured",
+    hardware="NVIDIA H200",
+    gpus_per_replica=1,
+    model="m",
+    engine="e",
+    engine_version="v",
+    date="2026-11-29",
+    method="test",
+)
+
+
 def test_tail_sizes():
     assert plan.tail_sizes(512, 8192) == [768, 1536, 3072, 6144, 8192]
 
@@ -124,7 +137,6 @@ def test_fit_prefill_terms_recovers_a_known_model_and_prices_the_table_for_decod
     steps, busy steps of decodes plus prompts, single prompt chunks): the fit recovers slope, a and
     beta, fits the tail-prefill points, and its table is F(n) + a n, so that dsim's CostModel
     (table + prefill_ms) gives back every point."""
-    from dsim.cost import CostModel
 
     a, beta, slope = 8.0, 1.5, 0.05  # ms per 1000 decode tokens, per 1e6 pairs, per 1000 KV
     shapes = [
@@ -152,16 +164,7 @@ def test_fit_prefill_terms_recovers_a_known_model_and_prices_the_table_for_decod
     assert fit["prefill_terms"]["discount_ms_per_ktok"] == pytest.approx(a, rel=1e-4)
     assert fit["prefill_terms"]["attention_ms_per_mpair"] == pytest.approx(beta, rel=1e-4)
     assert "tail-prefill" in fit["residual_pct"]["by_tag"] and fit["residual_pct"]["max_abs"] < 1e-4
-    prov = dict(
-        kind="measured",
-        hardware="NVIDIA H200",
-        gpus_per_replica=1,
-        model="m",
-        engine="e",
-        engine_version="v",
-        date="2026-11-29",
-        method="test",
-    )
+    prov = dict(TEST_PROVENANCE)
     f = tmp_path / "t.yaml"
     f.write_text(
         plan.dump_yaml(
@@ -189,16 +192,7 @@ def test_drafter_grid_is_the_composers_capture_sizes(tmp_path):
     assert list(compose.DRAFT_REQUESTS[k:]) == [640, 768, 896, 1024]
     assert drafter_request_sizes(8, 8) == [1, 2, 4, 8] and drafter_request_sizes(8, 300) == [1, 2, 4, 8, 136, 264]
     reqs = plan.DRAFT_REQUESTS
-    prov = dict(
-        kind="measured",
-        hardware="NVIDIA H200",
-        gpus_per_replica=1,
-        model="m",
-        engine="e",
-        engine_version="v",
-        date="2026-11-29",
-        method="test",
-    )
+    prov = dict(TEST_PROVENANCE)
     ns = caps + plan.tail_sizes()
     fit = dict(tokens=ns, F=[1 + 0.01 * n for n in ns], kv_ms_per_ktok=0.05, residual_pct=dict(median_abs=1.0))
     # a drafter whose cost is its padded batch: 1 ms per request slot
@@ -229,16 +223,7 @@ def test_forward_table_and_profile_dict_load(tmp_path):
     caps = plan.vllm_capture_sizes()
     ns = caps + plan.tail_sizes()
     fit = dict(tokens=ns, F=[1 + 0.01 * n for n in ns], kv_ms_per_ktok=0.05, residual_pct=dict(median_abs=1.0))
-    prov = dict(
-        kind="measured",
-        hardware="NVIDIA H200",
-        gpus_per_replica=1,
-        model="m",
-        engine="e",
-        engine_version="v",
-        date="2026-11-29",
-        method="test",
-    )
+    prov = dict(TEST_PROVENANCE)
     d = plan.profile_dict(
         name="t",
         provenance=prov,
