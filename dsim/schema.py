@@ -3,7 +3,7 @@
 ``read_document(path)`` parses a YAML or JSON file and keeps, for every mapping key and list
 item, the line it was written on (YAML node marks), so that a bad field is reported as
 ``path:line: field.path: problem, got VALUE``. The check helpers (``number``, ``integer``,
-``increasing_ints``, ...) take a ``Doc`` location and raise InputError for the first bad field,
+``number_list``, ...) take a ``Doc`` location and raise InputError for the first bad field,
 one field at a time, with the value in plain form.
 """
 
