@@ -1084,3 +1084,7 @@ def test_shard_repredict_counts_completed_hca_blocks():
     split = c1["decode_only"]
     assert split["blocks"]["steps"] == 2 and split["no_block"]["steps"] == 14
     assert split["blocks"]["median_signed_pct"] < -7 < -2.5 < split["no_block"]["median_signed_pct"]
+    # a model without heavily compressed layers (V3's MLA) has no blocks to count
+    v3 = json.loads((base / "repredict-deepseek-v3-tp8-ep8.json").read_text())
+    now3 = repredict(v3["profile"], json.loads(Path(v3["replay"]).read_text()), base / "steplogs")
+    assert all(r["hca_blocks"] == 0 for log in now3.values() for r in log["rows"])

@@ -26,6 +26,7 @@ import numpy as np
 
 from dsim.cost import CostModel, load_profile
 from dsim.errors import InputError
+from dsim.models import load_model
 from validator.gpu.plan import PREFILL_MIN_Q
 
 HCA_RATIO = 128  # DeepSeek-V4's heavily compressed attention: one compressed entry per 128 tokens
@@ -38,7 +39,10 @@ def completed_blocks(q: list[int], ctx: list[int], ratio: int = HCA_RATIO) -> in
 
 
 def repredict(profile: str, replay: dict, steplog_dir: Path) -> dict:
-    cost = CostModel(load_profile(profile))
+    prof = load_profile(profile)
+    cost = CostModel(prof)
+    # only a model with heavily compressed layers has blocks to pool (V3's MLA has none)
+    hca = HCA_RATIO in load_model(str(prof.provenance["model"])).compress_ratios
     out = {}
     for name, v in replay["logs"].items():
         path = steplog_dir / Path(name).name
@@ -68,7 +72,7 @@ def repredict(profile: str, replay: dict, steplog_dir: Path) -> dict:
                     measured_ms=round(float(r["measured_ms"]), 3),
                     predicted_ms=round(pred, 3),
                     error_pct=round(signed[-1], 2),
-                    hca_blocks=completed_blocks([q for q, _ in dec], [c for _, c in dec]),
+                    hca_blocks=completed_blocks([q for q, _ in dec], [c for _, c in dec]) if hca else 0,
                 )
             )
         if not signed:
