@@ -14,6 +14,12 @@ prices them again with any profile.
 writes `prefill-design.jsonl` instead: fixed step shapes that separate what a prompt chunk costs alone,
 beside a few or many decode/verify requests, and split into several chunks (a design set for the
 prefill terms, not a replay of dsim's steps).
+
+    python3 -m validator.gpu.moe_steplogs --design pool --out DIR
+
+writes `pool-design.jsonl`: decode-only steps in sets that differ only in how many compressed-cache
+blocks their requests complete (``pool_design_steps``), the design set of a profile's ``block_pool``
+term (``validator.gpu.shard_repredict fit-pool``).
 """
 
 from __future__ import annotations
@@ -79,10 +85,53 @@ def prefill_design_steps(seed: int = 0) -> list[dict]:
     ]
 
 
+POOL_BASE_OFFSET = 100  # a context's position in its 128-token block: 100 + q < 128 completes none
+
+
+def pool_design_steps(seed: int = 0) -> list[dict]:
+    """Decode-only steps that differ only in the compressed-cache blocks their requests complete.
+
+    Every request of a set has the same query tokens q and a context (b x 128 + offset), its block
+    b drawn once per batch size (2-27: contexts of 356-3,583 tokens) and shared by the set, so the
+    steps of a set read the same KV within 27 tokens a request. Offset 100 completes no block of
+    either compression ratio (4 and 128) for q = 1, 2 or 8 ... except ratio 4 at q >= 4, which every
+    such request completes; 124 (q = 8) completes one ratio-128 block; for q = 1, offset 103 completes
+    one ratio-4 block and 127 one of each; for q = 2, 102 one ratio-4 block. ``shape`` names the set
+    (B requests x q tokens) and which requests complete what (``n``: none, ``h<k>``: k requests a
+    ratio-128 block, ``c<k>``: k requests a ratio-4 block only)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    steps: list[dict] = []
+
+    def add(name: str, q: int, blocks: list[int], offs: list[int]) -> None:
+        ctx = [b * 128 + o for b, o in zip(blocks, offs)]
+        steps.append(dict(step=len(steps), shape=name, q=[q] * len(ctx), ctx=ctx, concurrency=len(ctx)))
+
+    def sets(B: int, q: int, variants: list[tuple[str, int, int]], long: bool = False) -> None:
+        blocks = [int(b) for b in rng.integers(38, 41, B)] if long else [int(b) for b in rng.integers(2, 28, B)]
+        for tag, k, off in variants:
+            offs = [off] * k + [POOL_BASE_OFFSET] * (B - k)
+            add(f"B{B}q{q}{'L' if long else ''}-{tag}", q, blocks, offs)
+
+    n = ("n", 0, POOL_BASE_OFFSET)
+    sets(1, 8, [n, ("h1", 1, 124)])
+    sets(1, 8, [n, ("h1", 1, 124)], long=True)
+    sets(8, 8, [n, ("h1", 1, 124), ("h8", 8, 124)])
+    sets(32, 8, [n, ("h1", 1, 124), ("h4", 4, 124), ("h32", 32, 124)])
+    sets(256, 8, [n, ("h16", 16, 124), ("h256", 256, 124)])
+    sets(1, 1, [n, ("c1", 1, 103), ("h1", 1, 127)])
+    sets(8, 1, [n, ("c1", 1, 103), ("c8", 8, 103), ("h1", 1, 127)])
+    sets(32, 1, [n, ("c1", 1, 103), ("c32", 32, 103), ("h1", 1, 127)])
+    sets(256, 1, [n, ("c1", 1, 103), ("c64", 64, 103), ("h2", 2, 127)])
+    sets(32, 2, [n, ("c32", 32, 102)])
+    return steps
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m validator.gpu.moe_steplogs", description=__doc__.split("\n")[0])
     ap.add_argument("--profile", default=None, help="the shard-check profile the steps are simulated on")
-    ap.add_argument("--design", choices=("prefill",), default=None, help="write a fixed design set instead")
+    ap.add_argument("--design", choices=("prefill", "pool"), default=None, help="write a fixed design set instead")
     ap.add_argument("--out", required=True)
     ap.add_argument("--prefix", default="dspark-v4f")
     ap.add_argument("--seed", type=int, default=0, help="simulation seed (another seed: another slice of the trace)")
@@ -90,14 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    if a.design == "prefill":
-        path = out / "prefill-design.jsonl"
-        steps = prefill_design_steps(a.seed)
+    if a.design:
+        path = out / f"{a.design}-design.jsonl"
+        steps = prefill_design_steps(a.seed) if a.design == "prefill" else pool_design_steps(a.seed)
         path.write_text("".join(json.dumps(r) + "\n" for r in steps))
         print(path, len(steps), "steps")
         return 0
     if not a.profile:
-        print("error: --profile: required (or --design prefill)", file=sys.stderr)
+        print("error: --profile: required (or --design prefill|pool)", file=sys.stderr)
         return 2
     only = set(filter(None, a.only.split(",")))
     for tag, trace, c in WORKLOADS:
