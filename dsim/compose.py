@@ -46,11 +46,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dsim.cost import (
+    BlockPool,
+    BlockPoolKind,
     PrefillTerms,
     Profile,
     RequestAttention,
     Table,
     drafter_request_sizes,
+    priced_from_q,
     save_profile,
     vllm_capture_sizes,
 )
@@ -1229,6 +1232,7 @@ def compose_profile(
     step_keys: bool = False,
     verify_attention: str = "window",
     eager_us_per_layer: float = EAGER_US_PER_LAYER,
+    block_pool: dict | None = None,
 ) -> Profile:
     """Build the profile (see the module doc). `table`: one kernel table or several in order of
     preference. `table_error`: the measured error of the (first) table against our own
@@ -1367,6 +1371,8 @@ def compose_profile(
             indexer_ms_per_mcell=step_indexer_ms_per_mcell(model, topo, hardware, pricer),
             step_keys=keys_term,
         )
+    if block_pool is not None:
+        req_attn = with_block_pool(model, req_attn, block_pool)
     prefill = fit_prefill_terms(excess, req_attn if step_keys else None, last_slope)
     kv_gib, mem = kv_capacity(model, topo, hardware, max_num_seqs)
     hw = HARDWARE[hardware]
@@ -1500,8 +1506,58 @@ def compose_profile(
         kv_ms_per_ktok=float(slope_ms_per_tok * 1000),
         draft=draft,
         prefill_v2=prefill,
-        format_version=(4 if req_attn.indexer_ratio else 3) if req_attn is not None else 1,
+        format_version=profile_format(req_attn),
         request_attention=req_attn,
+    )
+
+
+def profile_format(req_attn: RequestAttention | None) -> int:
+    """The lowest profile format that holds the per-request attention table's terms (dsim.cost)."""
+    if req_attn is None:
+        return 1
+    if req_attn.block_pool is not None:
+        return 5
+    return 4 if req_attn.indexer_ratio or req_attn.step_keys else 3
+
+
+def with_block_pool(model: MoEModel, req_attn: RequestAttention | None, fit: dict) -> RequestAttention:
+    """The per-request table with a format-5 block_pool term from a fit (``python3 -m
+    validator.gpu.shard_repredict fit-pool``: kinds of ratio, layers, ms_per_step, ms_per_block,
+    priced_from_q). Every ratio must be one of the model's compressed kinds, and its priced_from_q
+    what this table's grid gives (the fit applied the term where this table does not price it)."""
+    if req_attn is None:
+        raise InputError("--block-pool: needs the per-request attention table (format 3)")
+    kinds = []
+    for i, k in enumerate(fit.get("kinds") or []):
+        try:
+            ratio, layers = int(k["ratio"]), int(k["layers"])
+            per_step, per_block, from_q = float(k["ms_per_step"]), float(k["ms_per_block"]), int(k["priced_from_q"])
+        except (KeyError, TypeError, ValueError):
+            raise InputError(
+                f"--block-pool: kinds[{i}]: needs ratio, layers, ms_per_step, ms_per_block, priced_from_q"
+            ) from None
+        if ratio not in model.compress_ratios or layers != model.compress_ratios.count(ratio):
+            raise InputError(f"--block-pool: kinds[{i}]: ratio {ratio} x {layers} layers is not in {model.name}")
+        want = priced_from_q(ratio, req_attn.q, req_attn.ctx)
+        if from_q != want:
+            raise InputError(
+                f"--block-pool: kinds[{i}]: priced_from_q {from_q}, but this table's records complete ratio-{ratio} "
+                f"blocks from q = {want} (0: never)"
+            )
+        if per_step < 0 or per_block < 0:
+            raise InputError(f"--block-pool: kinds[{i}]: a negative cost")
+        kinds.append(BlockPoolKind(ratio, layers, per_step, per_block, from_q))
+    if not kinds:
+        raise InputError("--block-pool: no kinds")
+    src = str(fit.get("source") or "")
+    return dataclasses.replace(req_attn, block_pool=BlockPool(tuple(kinds), src))
+
+
+def block_pool_source(fit: dict, path: str) -> str:
+    """The provenance line of a block_pool fit file: what was replayed, and how it was fitted."""
+    return (
+        f"{path}: fitted by validator.gpu.shard_repredict fit-pool (least absolute deviations, a level per design "
+        f"set) on {len(fit.get('steps') or [])} steps of {fit.get('design', '?')} replayed in {fit.get('replay', '?')}"
     )
 
 
@@ -1751,6 +1807,12 @@ def main(argv: list[str] | None = None) -> int:
         help="price a q-token verify window as the kernel tables' window records (default) or as q one-token "
         "decodes at the request's context (tokens: kernels that process tokens as independent elements)",
     )
+    prof.add_argument(
+        "--block-pool",
+        default=None,
+        help="JSON of a block_pool fit (python3 -m validator.gpu.shard_repredict fit-pool): price pooling completed "
+        "compressed-cache blocks as our H200 shard executor runs it (profile format 5; not vLLM)",
+    )
     prof.add_argument("--name", default=None)
     prof.add_argument("--out", required=True)
     prof.add_argument(
@@ -1796,6 +1858,10 @@ def main(argv: list[str] | None = None) -> int:
             d = json.loads(open(a.layer_records).read())
             layer_recs = d["records"] if isinstance(d, dict) else d
         err = json.loads(open(a.table_error).read()) if a.table_error else None
+        pool = None
+        if a.block_pool:
+            pool = json.loads(open(a.block_pool).read())
+            pool.setdefault("source", block_pool_source(pool, a.block_pool))
         cmd = "python3 -m dsim.compose " + " ".join(argv if argv is not None else sys.argv[1:])
         prof_ = compose_profile(
             model,
@@ -1820,6 +1886,7 @@ def main(argv: list[str] | None = None) -> int:
             dbo_threshold=parse_dbo_threshold(a.dbo_threshold),
             verify_attention=a.verify_attention,
             eager_us_per_layer=a.eager_us_per_layer,
+            block_pool=pool,
         )
         save_profile(prof_, a.out)
         print(f"wrote {a.out}: {prof_.label}")

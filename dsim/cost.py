@@ -97,6 +97,19 @@ logsumexp combine of the split lists (``split_work``). The table is then priced 
 combine (the composer takes it out of each record), so a step's split is decided by its own
 tokens and longest context, not by each request's table point.
 
+Profile format 5 (``format_version: 5``) may add ``block_pool`` to ``request_attention`` ({source,
+kinds: [{ratio, layers, ms_per_step, ms_per_block, priced_from_q}]}), for an executor that pools a
+completed block of ``ratio`` tokens into the compressed cache in the step that completes it (our H200
+shard executor: about a dozen small kernels a layer, launched only in such steps). A request of q
+query tokens over c cached ones completes (c + q) // ratio - c // ratio blocks. A step whose decode
+requests complete b > 0 blocks of a kind pays ms_per_block x b, and ms_per_step once unless the step
+has prompt chunks (a chunk completes blocks of its own, and the prefill records its terms were fitted
+on include their pooling). ``priced_from_q`` > 0: the per-request table's records of q >= that
+already complete blocks of the kind for every request (ratio 4 from q = 4 on, at contexts that are
+multiples of the ratio), so the term applies only to steps whose decode requests all have fewer
+query tokens; 0: the records complete none (ratio 128 below 128 query tokens). A profile without
+the field prices no pooling (results unchanged).
+
 One attention call (format 4 with step terms, a step with prefill chunks): that executor runs all
 of a step's tokens, decode and prompt, through one attention call per layer, and step_ms priced
 its N = n + p tokens (n decode/verify, p prompt) as N one-token requests, forward share S(N). The
@@ -213,7 +226,7 @@ ATTENTION_SPLIT_FIELDS = ("query_heads", "kv_heads", "sms", "fill", "balance", "
 ATTENTION_OCC_FIELDS = ("decode_ctas_per_sm", "prefill_ctas_per_sm")
 ATTENTION_COEF_FIELDS = ("wave_ms_per_ktok", "chunk_ms_per_kcta", "merge_ms_per_mcell", "prefill_ms_per_mpair")
 ATTENTION_OPTIONAL_FIELDS = ("ms_per_request", "tail_ms_per_ktok", "decode_step_ms")
-FORMAT_VERSIONS = (1, 2, 3, 4)
+FORMAT_VERSIONS = (1, 2, 3, 4, 5)
 
 
 def split_chunk_tokens(ctx: np.ndarray, rows_max: int, a: AttentionTerms) -> int:
@@ -310,10 +323,12 @@ def context_ms_compiled(
     """CostModel.context_ms of the first len(q) decode requests, from CostModel.context_args past
     its ``on`` flag (compiled: callable from compiled code, as a decode window's kernel does once
     per step): the split-KV terms plus, for a format-3 table, the requests' own attention less
-    the forward table's share and the KV slope's, and the format-4 step terms: iratio the
-    step_indexer's ratio (0: none), ``step`` [its ms per million cells, then StepKeys.packed() where
-    the profile has step_keys]. Precondition: len(q) >= 1; a step of more tokens than the dense
-    table's share extrapolates its last slope."""
+    the forward table's share and the KV slope's, and the format-4/5 step terms: iratio the
+    step_indexer's ratio (0: none), ``step`` [its ms per million cells, then BlockPool.packed() (the
+    kinds' count first; 0 where the profile has no block_pool), then StepKeys.packed() where the
+    profile has step_keys]. The requests are the step's only ones (no prompt chunks: a step with
+    chunks prices block_pool with ``block_pool_ms(..., chunks=True)``). Precondition: len(q) >= 1;
+    a step of more tokens than the dense table's share extrapolates its last slope."""
     out = 0.0
     if cw != 0.0 or cc != 0.0 or cm != 0.0 or cr != 0.0 or ct != 0.0 or cd != 0.0:
         out = decode_features_ms(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots, cw, cc, cm, cr, ct, cd)
@@ -328,8 +343,34 @@ def context_ms_compiled(
         out += _request_attention(q, c, rb, rq, rc, rtab) - share - kv_slope * (ctx + n)
         if iratio > 0:
             out += step[0] * _indexer_excess_mcells(q, c, iratio)
-        if len(step) > 1:
-            out += _step_keys_ms(q, c, step[1:])
+        keys = 2 + 5 * int(step[1]) if len(step) > 1 else 1
+        if keys > 2:
+            out += block_pool_ms(q, c, step[1:keys], False)
+        if len(step) > keys:
+            out += _step_keys_ms(q, c, step[keys:])
+    return out
+
+
+@_njit_inline
+def block_pool_ms(q, c, pool, chunks):  # pragma: no cover - compiled
+    """The format-5 block_pool term of a step's decode requests (q_r query tokens over c_r cached
+    ones) from the packed term (BlockPool.packed: the kinds' count, then ratio, ms_per_step,
+    ms_per_block, priced_from_q and layers per kind); ``chunks``: the step also has prompt chunks,
+    whose own pooling the prefill terms price (no per-step part). Module doc."""
+    out = 0.0
+    for j in range(int(pool[0])):
+        b = 1 + 5 * j
+        ratio, per_step, per_block, from_q = int(pool[b]), pool[b + 1], pool[b + 2], int(pool[b + 3])
+        blocks = 0
+        qmax = 0
+        for i in range(len(q)):
+            blocks += (c[i] + q[i]) // ratio - c[i] // ratio
+            qmax = max(qmax, q[i])
+        if blocks == 0 or (from_q > 0 and qmax >= from_q):
+            continue
+        out += per_block * blocks
+        if not chunks:
+            out += per_step
     return out
 
 
@@ -521,6 +562,35 @@ class StepKeys:
         return np.array(head + body, dtype=np.float64)
 
 
+@dataclass(frozen=True)
+class BlockPoolKind:
+    """One compression ratio of a format-5 ``block_pool`` term (module doc)."""
+
+    ratio: int  # tokens pooled into one compressed entry
+    layers: int  # layers of this ratio (stated; the costs are over all of them)
+    ms_per_step: float  # once a step whose decode requests complete a block of this ratio
+    ms_per_block: float  # per completed block
+    priced_from_q: int  # the request table's records complete such blocks from this q on (0: never)
+
+
+@dataclass(frozen=True)
+class BlockPool:
+    """A format-5 ``block_pool`` term (module doc): what pooling completed blocks costs."""
+
+    kinds: tuple  # of BlockPoolKind
+    source: str = ""  # how it was measured
+
+    def packed(self, cost_scale: float = 1.0) -> np.ndarray:
+        """[kinds, then ratio, ms_per_step, ms_per_block, priced_from_q, layers per kind], times in
+        ms x cost_scale: the compiled pricing's form (block_pool_ms)."""
+        body = [
+            v
+            for k in self.kinds
+            for v in (k.ratio, k.ms_per_step * cost_scale, k.ms_per_block * cost_scale, k.priced_from_q, k.layers)
+        ]
+        return np.array([len(self.kinds)] + body, dtype=np.float64)
+
+
 _NO_I64 = np.zeros(1, dtype=np.int64)  # placeholders of context_args without a format-3 table
 _NO_F64 = np.zeros(2, dtype=np.float64)
 _NO_TAB = np.zeros((1, 1, 1), dtype=np.float64)
@@ -541,6 +611,7 @@ class RequestAttention:
     indexer_ratio: int = 0  # format 4 step_indexer: compression ratio of the indexed keys (0: none)
     indexer_ms_per_mcell: float = 0.0  # format 4 step_indexer: ms per million logits cells, all layers
     step_keys: StepKeys | None = None  # format 4 step_keys: the executor's step-wide key lists (module doc)
+    block_pool: BlockPool | None = None  # format 5 block_pool: pooling completed compressed-cache blocks
 
 
 def request_attention_ms(q: Any, ctx: Any, ra: RequestAttention) -> float:
@@ -740,6 +811,8 @@ def profile_from_dict(d: dict, path: str = "<profile>", doc: Doc | None = None) 
             raise InputError(f"{doc.at('request_attention', 'step_indexer')}: needs format_version: 4")
         if request_attention.step_keys and version < 4:
             raise InputError(f"{doc.at('request_attention', 'step_keys')}: needs format_version: 4")
+        if request_attention.block_pool and version < 5:
+            raise InputError(f"{doc.at('request_attention', 'block_pool')}: needs format_version: 5")
     if (
         prefill_v2 is not None
         and prefill_v2.own_keys_tokens
@@ -808,10 +881,10 @@ def _request_attention_table(raw: Any, doc: Any, n_forward: int) -> RequestAtten
     from dsim import schema as S
 
     S.mapping(raw, doc, "request_attention", required=REQUEST_ATTENTION_KEYS)
-    unknown = sorted(set(raw) - set(REQUEST_ATTENTION_KEYS) - {"source", "step_indexer", "step_keys"})
+    unknown = sorted(set(raw) - set(REQUEST_ATTENTION_KEYS) - {"source", "step_indexer", "step_keys", "block_pool"})
     if unknown:
         raise InputError(
-            f"{doc.at('request_attention', unknown[0])}: unknown field (known: {', '.join(REQUEST_ATTENTION_KEYS)}, source, step_indexer, step_keys)"
+            f"{doc.at('request_attention', unknown[0])}: unknown field (known: {', '.join(REQUEST_ATTENTION_KEYS)}, source, step_indexer, step_keys, block_pool)"
         )
     axes = {}
     for k, lo in (("batch", 1), ("q", 1), ("ctx", 0)):
@@ -863,7 +936,58 @@ def _request_attention_table(raw: Any, doc: Any, n_forward: int) -> RequestAtten
         indexer_ratio=int(ratio),
         indexer_ms_per_mcell=float(mcell),
         step_keys=_step_keys(raw["step_keys"], doc) if raw.get("step_keys") is not None else None,
+        block_pool=_block_pool(raw["block_pool"], doc) if raw.get("block_pool") is not None else None,
     )
+
+
+def priced_from_q(ratio: int, q_grid, ctx_grid) -> int:
+    """The smallest q of the per-request table at which every record's requests complete a block of
+    ``ratio`` (their c + q crosses a multiple of it at every table context), 0 if none does: the
+    records from that q on already carry the pooling (module doc, format 5)."""
+    for q in q_grid:
+        if all((int(c) + int(q)) // ratio > int(c) // ratio for c in ctx_grid):
+            return int(q)
+    return 0
+
+
+BLOCK_POOL_KIND_FIELDS = ("ratio", "layers", "ms_per_step", "ms_per_block", "priced_from_q")
+
+
+def _block_pool(raw: Any, doc: Any) -> BlockPool:
+    from dsim import schema as S
+
+    at = ("request_attention", "block_pool")
+    S.mapping(raw, doc, *at, required=("kinds",))
+    extra = sorted(set(raw) - {"kinds", "source"})
+    if extra:
+        raise InputError(f"{doc.at(*at, extra[0])}: unknown field (known: kinds, source)")
+    kinds_raw = raw["kinds"]
+    if not isinstance(kinds_raw, list) or not kinds_raw:
+        raise InputError(f"{doc.at(*at, 'kinds')}: must be a non-empty list of compression ratios")
+    kinds = []
+    for i, kr in enumerate(kinds_raw):
+        S.mapping(kr, doc, *at, "kinds", i, required=BLOCK_POOL_KIND_FIELDS)
+        extra = sorted(set(kr) - set(BLOCK_POOL_KIND_FIELDS))
+        if extra:
+            raise InputError(
+                f"{doc.at(*at, 'kinds', i, extra[0])}: unknown field (known: {', '.join(BLOCK_POOL_KIND_FIELDS)})"
+            )
+        kinds.append(
+            BlockPoolKind(
+                ratio=S.integer(kr["ratio"], doc, *at, "kinds", i, "ratio", lo=1, hi=MAX_MODEL_LEN),
+                layers=S.integer(kr["layers"], doc, *at, "kinds", i, "layers", lo=0, hi=100000),
+                ms_per_step=S.number(kr["ms_per_step"], doc, *at, "kinds", i, "ms_per_step", lo=0, hi=MAX_COST_MS),
+                ms_per_block=S.number(kr["ms_per_block"], doc, *at, "kinds", i, "ms_per_block", lo=0, hi=MAX_COST_MS),
+                priced_from_q=S.integer(
+                    kr["priced_from_q"], doc, *at, "kinds", i, "priced_from_q", lo=0, hi=MAX_MODEL_LEN
+                ),
+            )
+        )
+    ratios = [k.ratio for k in kinds]
+    if len(set(ratios)) != len(ratios):
+        raise InputError(f"{doc.at(*at, 'kinds')}: ratio {ratios} repeats a compression ratio")
+    src = raw.get("source", "")
+    return BlockPool(kinds=tuple(kinds), source=str(src) if src else "")
 
 
 STEP_KEYS_FIELDS = ("programs", "block", "min_chunk", "combine_ms_per_work", "kinds")
@@ -1071,6 +1195,19 @@ def profile_to_dict(p: Profile) -> dict:
                     for k in sk.kinds
                 ],
             }
+    if p.request_attention is not None and p.request_attention.block_pool is not None:
+        bp = p.request_attention.block_pool
+        d["request_attention"]["block_pool"] = {
+            "kinds": [
+                {
+                    f: (round(float(getattr(k, f)), 5) if f.startswith("ms_") else int(getattr(k, f)))
+                    for f in BLOCK_POOL_KIND_FIELDS
+                }
+                for k in bp.kinds
+            ]
+        }
+        if bp.source:
+            d["request_attention"]["block_pool"]["source"] = bp.source
     if p.draft:
         d["draft"] = {
             k: {"requests": [int(x) for x in t.x], "ms": [round(float(v), 5) for v in t.ms]} for k, t in p.draft.items()
@@ -1169,8 +1306,9 @@ class CostModel:
         self._context_args: tuple | None = None
         self._compiled_args: tuple | None = None  # context_args past its on flag (context_ms's call)
         # context_ms reads the step's prefill chunks only for a format-4 step indexer
-        self.context_reads_chunks = bool(ra is not None and (ra.indexer_ratio or ra.step_keys))
+        self.context_reads_chunks = bool(ra is not None and (ra.indexer_ratio or ra.step_keys or ra.block_pool))
         self._step_keys = ra.step_keys.packed(cost_scale) if ra is not None and ra.step_keys else None
+        self._block_pool = ra.block_pool.packed(cost_scale) if ra is not None and ra.block_pool else np.zeros(1)
         self._ctx_coef = (
             (a.wave_ms_per_ktok * cost_scale, a.chunk_ms_per_kcta * cost_scale, a.merge_ms_per_mcell * cost_scale)
             if a is not None
@@ -1306,12 +1444,15 @@ class CostModel:
         iratio, step = args[-2:]
         out = context_ms_compiled(qa, ca, *args[:-2], 0, step[:1])
         out += self._step_call_share_ms(int(qa.sum()), sum(x for x, _ in ch))
+        if self._block_pool[0]:  # the decode requests' own blocks: the chunks price theirs
+            out += block_pool_ms(qa, ca, self._block_pool, True)
         qi = np.concatenate([qa, np.array([x for x, _ in ch], dtype=np.int64)])
         ci = np.concatenate([ca, np.array([c for _, c in ch], dtype=np.int64)])
         if iratio:
             out += step[0] * _indexer_excess_mcells(qi, ci, iratio)
-        if len(step) > 1:
-            out += _step_keys_ms(qi, ci, step[1:])
+        keys = 2 + 5 * int(self._block_pool[0])
+        if len(step) > keys:
+            out += _step_keys_ms(qi, ci, step[keys:])
         return float(out)
 
     def _step_call_share_ms(self, n: int, p: int) -> float:
@@ -1399,7 +1540,11 @@ class CostModel:
                 float(self.kv_ms_per_tok),
                 int(ra.indexer_ratio),
                 np.concatenate(
-                    [[float(ra.indexer_ms_per_mcell)], self._step_keys if self._step_keys is not None else []]
+                    [
+                        [float(ra.indexer_ms_per_mcell)],
+                        self._block_pool,
+                        self._step_keys if self._step_keys is not None else [],
+                    ]
                 ).astype(np.float64),
             )
         return (bool(self.has_context_terms), *split, *table)

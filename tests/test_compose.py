@@ -92,8 +92,12 @@ def test_required_ops_cover_every_lookup():
     roof = Roofline(hardware="h200")
     # required_ops lists the drafter at the collections' grid; the profile's drafter sizes between
     # those points (vLLM's capture sizes) are added here, as a real table answers them by interpolation
-    draft = {op.record for kind in ("mtp", "eagle3", "dspark") for R in DRAFT_REQUESTS
-             for op in draft_ops(model, topo, "h200", kind, R, 7)}
+    draft = {
+        op.record
+        for kind in ("mtp", "eagle3", "dspark")
+        for R in DRAFT_REQUESTS
+        for op in draft_ops(model, topo, "h200", kind, R, 7)
+    }
     recs = [dict(r, ms=roof.ms(r)) for r in required_ops(model, topo, "h200")]
     have = {json.dumps(r, sort_keys=True) for r in required_ops(model, topo, "h200")}
     recs += [dict(r, ms=roof.ms(dict(r))) for r in map(dict, draft) if json.dumps(r, sort_keys=True) not in have]
@@ -671,6 +675,141 @@ def test_format4_step_keys_round_trip_doc_formula_and_errors(tmp_path):
         load_profile(str(path))
 
 
+def _block_pool_profile(h=(2.0, 0.04), c=(1.5, 0.01)):
+    import dataclasses
+
+    from dsim.cost import BlockPool, BlockPoolKind
+
+    p = _step_keys_profile(0.00054)
+    bp = BlockPool((BlockPoolKind(128, 20, h[0], h[1], 0), BlockPoolKind(4, 21, c[0], c[1], 4)), source="test")
+    return dataclasses.replace(
+        p, format_version=5, request_attention=dataclasses.replace(p.request_attention, block_pool=bp)
+    )
+
+
+def _block_pool_reference(bp, q, c, chunks):
+    """The block_pool term as the module doc states it, in numpy."""
+    out = 0.0
+    for k in bp.kinds:
+        blocks = int(((c + q) // k.ratio - c // k.ratio).sum())
+        if not blocks or (k.priced_from_q and q.max() >= k.priced_from_q):
+            continue
+        out += k.ms_per_block * blocks + (0.0 if chunks else k.ms_per_step)
+    return out
+
+
+def test_block_pool_prices_completed_blocks_closed_form(tmp_path):
+    """Format 5 block_pool: a step pays ms_per_block per completed block and ms_per_step once per kind
+    whose blocks its decode requests complete (not with prompt chunks: theirs price it), a kind with
+    priced_from_q only where every request has fewer query tokens; on the engine's compiled path and
+    the Python path alike, and round-tripped through the file."""
+    import dataclasses
+
+    import yaml
+
+    from dsim.cost import load_profile, save_profile
+
+    path = tmp_path / "p.yaml"
+    save_profile(_block_pool_profile(), path)
+    p = load_profile(str(path))
+    bp = p.request_attention.block_pool
+    assert bp == _block_pool_profile().request_attention.block_pool
+    cm = CostModel(p)
+    c4 = CostModel(
+        dataclasses.replace(
+            p, format_version=4, request_attention=dataclasses.replace(p.request_attention, block_pool=None)
+        )
+    )
+    assert cm.context_reads_chunks
+
+    def extra(q, c, ch=()):
+        return cm.context_ms(q, c, ch) - c4.context_ms(q, c, ch)
+
+    one = np.array([8])
+    assert extra(one, np.array([1000])) == pytest.approx(0.0, abs=1e-12)  # 1000 + 8 completes no block of 128
+    assert extra(one, np.array([1020])) == pytest.approx(2.0 + 0.04, abs=1e-9)  # one of 128; ratio 4 priced from q 4
+    assert extra(np.array([1]), np.array([1003])) == pytest.approx(1.5 + 0.01, abs=1e-9)  # one of 4
+    assert extra(np.array([1]), np.array([1023])) == pytest.approx(2.04 + 1.51, abs=1e-9)  # one of each
+    assert extra(np.array([1, 8]), np.array([1003, 1000])) == pytest.approx(0.0, abs=1e-12)  # a request of 8: priced
+    assert extra(one, np.array([1020]), [(256, 0)]) == pytest.approx(0.04, abs=1e-9)  # chunks: per block only
+    rng = np.random.default_rng(4)
+    for _ in range(100):
+        R = int(rng.integers(1, 300))
+        q = rng.integers(1, 9, R).astype(np.int64)
+        if rng.random() < 0.3:
+            q[:] = rng.integers(1, 4)
+        c = rng.integers(0, 20_000, R).astype(np.int64)
+        ch = [(int(rng.integers(64, 2048)), int(rng.integers(0, 8000)))] if rng.random() < 0.3 else []
+        assert extra(q, c, ch) == pytest.approx(_block_pool_reference(bp, q, c, ch), abs=1e-9)
+    d = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump(dict(d, format_version=4)))
+    with pytest.raises(InputError, match="block_pool: needs format_version: 5"):
+        load_profile(str(path))
+    d["request_attention"]["block_pool"]["kinds"][1]["ratio"] = 128
+    path.write_text(yaml.safe_dump(d))
+    with pytest.raises(InputError, match="block_pool.*kinds.*repeats a compression ratio"):
+        load_profile(str(path))
+    d["request_attention"]["block_pool"]["kinds"][1]["width"] = 1
+    path.write_text(yaml.safe_dump(d))
+    with pytest.raises(InputError, match=r"block_pool.*kinds.*width.*unknown field"):
+        load_profile(str(path))
+
+
+def test_block_pool_fit_recovers_known_terms_and_compose_checks_them():
+    """fit-pool on the pool design set, timed as set level + the term's own formula, gives back the
+    term's coefficients (least absolute deviations: exact on exact data); compose refuses a fit whose
+    ratios or priced_from_q do not match the model and table."""
+    import dataclasses
+
+    from dsim.compose import with_block_pool
+    from dsim.cost import load_profile, priced_from_q
+    from dsim.models import load_model
+    from validator.gpu.moe_steplogs import pool_design_steps
+    from validator.gpu.shard_repredict import completed_blocks, fit_block_pool
+
+    shard = "profiles/kernels/h200-torch-checks/deepseek-v4-flash-h200-shard-check.yaml"
+    ra = load_profile(shard).request_attention
+    assert priced_from_q(4, ra.q, ra.ctx) == 4 and priced_from_q(128, ra.q, ra.ctx) == 0
+    steps = pool_design_steps()
+    level = {}
+    rows = []
+    for st in steps:
+        q, c = st["q"], st["ctx"]
+        t = level.setdefault(st["shape"].split("-")[0], 30.0 + 3 * len(level))
+        h = completed_blocks(q, c, 128)
+        t += (2.3 + 0.03 * h) if h else 0.0
+        b4 = completed_blocks(q, c, 4)
+        if b4 and max(q) < 4:
+            t += 1.8 + 0.012 * b4
+        rows.append(dict(step=st["step"], measured_ms=t))
+    with_fast_start = [dict(r, measured_ms=r["measured_ms"] * (0.93 if i == 0 else 1.0)) for i, r in enumerate(rows)]
+    for data in (rows, with_fast_start):
+        import json
+        import tempfile
+        from pathlib import Path
+
+        with tempfile.TemporaryDirectory() as td:
+            design = Path(td) / "pool-design.jsonl"
+            design.write_text("".join(json.dumps(s) + "\n" for s in steps))
+            fit = fit_block_pool(shard, {"logs": {str(design): {"rows": data}}}, design)
+        got = {k["ratio"]: k for k in fit["kinds"]}
+        assert got[128]["layers"] == 20 and got[4]["layers"] == 21 and got[4]["priced_from_q"] == 4
+        assert got[128]["ms_per_step"] == pytest.approx(2.3, abs=1e-3)
+        assert got[128]["ms_per_block"] == pytest.approx(0.03, abs=1e-4)
+        assert got[4]["ms_per_step"] == pytest.approx(1.8, abs=1e-3)
+        assert got[4]["ms_per_block"] == pytest.approx(0.012, abs=1e-4)
+    m = load_model("deepseek-v4-flash")
+    assert with_block_pool(m, ra, fit).block_pool.kinds[0].ratio == 128
+    bad = dict(fit, kinds=[dict(fit["kinds"][1], priced_from_q=0)])
+    with pytest.raises(InputError, match="priced_from_q 0.*from q = 4"):
+        with_block_pool(m, ra, bad)
+    with pytest.raises(InputError, match="ratio 64 x 20 layers is not in"):
+        with_block_pool(m, ra, dict(fit, kinds=[dict(fit["kinds"][0], ratio=64)]))
+    with pytest.raises(InputError, match="needs the per-request attention table"):
+        with_block_pool(m, None, fit)
+    assert dataclasses.replace(ra, block_pool=None).block_pool is None
+
+
 def test_lifted_share_carries_the_attention_part_of_the_non_decreasing_lift():
     """A forward size whose attention drops (split-K off) is lifted to the smaller size's price;
     the share takes the lift up to its own drop, the rest of a lift stays in the step."""
@@ -1062,14 +1201,17 @@ def test_stored_shard_repredictions_are_the_current_profiles():
                 assert got[r["step"]] == pytest.approx(r["predicted_ms"], abs=2e-3), (path.name, name, r["step"])
 
 
-def test_shard_repredict_counts_completed_hca_blocks():
+def test_shard_repredict_counts_completed_hca_blocks(tmp_path):
     """validator.gpu.shard_repredict counts the ratio-128 blocks a step's decode/verify requests
     complete (positions ctx .. ctx + q - 1: a block completes at a multiple of 128 minus one) and
-    splits decode-only steps by it; on the stored seed-5 c = 1 replay the two steps that complete a
-    block are the ones the profile under-prices most (the executor's block pooling)."""
+    splits decode-only steps by it. On the stored seed-5 c = 1 replay the two steps that complete a
+    block are priced like the others with the shard-check profile's block_pool term (fitted on the
+    pool design set, not on this log), and 5 points under them without it (the executor's pooling)."""
+    import dataclasses
     import json
     from pathlib import Path
 
+    from dsim.cost import load_profile, save_profile
     from validator.gpu.shard_repredict import completed_blocks, repredict
 
     assert completed_blocks([8], [120]) == 1  # writes 120..127: 127 ends the first block
@@ -1078,12 +1220,19 @@ def test_shard_repredict_counts_completed_hca_blocks():
     assert completed_blocks([], []) == 0
     base = Path("profiles/kernels/h200-torch-checks")
     rec = json.loads((base / "repredict-deepseek-v4-flash-dp8-ep8-s5.json").read_text())
-    now = repredict(rec["profile"], json.loads(Path(rec["replay"]).read_text()), base / "steplogs")
-    c1 = now["dspark-v4f-s5-c1.jsonl"]
-    assert [r["step"] for r in c1["rows"] if r["hca_blocks"]] == [190, 522]
-    split = c1["decode_only"]
-    assert split["blocks"]["steps"] == 2 and split["no_block"]["steps"] == 14
-    assert split["blocks"]["median_signed_pct"] < -7 < -2.5 < split["no_block"]["median_signed_pct"]
+    replay = json.loads(Path(rec["replay"]).read_text())
+    p = load_profile(rec["profile"])
+    bare = tmp_path / "no-pool.yaml"
+    save_profile(
+        dataclasses.replace(p, request_attention=dataclasses.replace(p.request_attention, block_pool=None)), bare
+    )
+    for profile, lo, hi in ((rec["profile"], -1.0, 1.0), (str(bare), -7.0, -4.0)):
+        c1 = repredict(profile, replay, base / "steplogs")["dspark-v4f-s5-c1.jsonl"]
+        assert [r["step"] for r in c1["rows"] if r["hca_blocks"]] == [190, 522]
+        split = c1["decode_only"]
+        assert split["blocks"]["steps"] == 2 and split["no_block"]["steps"] == 14
+        gap = split["blocks"]["median_signed_pct"] - split["no_block"]["median_signed_pct"]
+        assert lo < gap < hi, (profile, split)
     # a model without heavily compressed layers (V3's MLA) has no blocks to count
     v3 = json.loads((base / "repredict-deepseek-v3-tp8-ep8.json").read_text())
     now3 = repredict(v3["profile"], json.loads(Path(v3["replay"]).read_text()), base / "steplogs")

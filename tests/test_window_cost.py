@@ -3,8 +3,9 @@
 The engine simulates decode-only stretches as windows (several steps' draws and costs at once,
 dsim.kernels_step.window_steps); a single step goes through CostModel directly. Running the same
 trace with windows of one step and of 256 steps must give the same step durations, step by step,
-on the shipped MoE profiles: format 3 (the default: forward shares by token count) and format 4
-(the shard-check profile: per-request attention with step-wide key lists).
+on the shipped MoE profiles: format 3 (the default: forward shares by token count), format 4 and
+format 5 (the shard-check profile: per-request attention with step-wide key lists, and the pooling
+of completed compressed-cache blocks).
 """
 
 from __future__ import annotations
@@ -32,7 +33,14 @@ def _open_loop(n: int, seed: int) -> Workload:
     )
 
 
-@pytest.mark.parametrize("profile", ["deepseek-v4-flash-h200-dp8-ep8", "deepseek-v4-flash-h200-dp8-ep8-torch"])
+@pytest.mark.parametrize(
+    "profile",
+    [
+        "deepseek-v4-flash-h200-dp8-ep8",
+        "deepseek-v4-flash-h200-dp8-ep8-torch",
+        "profiles/kernels/h200-torch-checks/deepseek-v4-flash-h200-shard-check.yaml",
+    ],
+)
 @pytest.mark.parametrize(
     "spec",
     [SpecConfig(), SpecConfig("mtp"), SpecConfig("dspark", adaptive=True)],
@@ -41,7 +49,7 @@ def _open_loop(n: int, seed: int) -> Workload:
 def test_window_steps_cost_what_single_steps_cost(profile, spec):
     prof = load_profile(profile)
     fmt = CostModel(prof).profile.format_version
-    assert fmt in (3, 4)
+    assert fmt in (3, 4, 5)
     w = _open_loop(160, seed=5)
     a, b = (
         simulate(SimConfig(workload=w, profile=prof, spec=spec, engine=EngineConfig(max_window=mw))) for mw in (1, 256)

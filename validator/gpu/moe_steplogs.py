@@ -92,13 +92,14 @@ def pool_design_steps(seed: int = 0) -> list[dict]:
     """Decode-only steps that differ only in the compressed-cache blocks their requests complete.
 
     Every request of a set has the same query tokens q and a context (b x 128 + offset), its block
-    b drawn once per batch size (2-27: contexts of 356-3,583 tokens) and shared by the set, so the
-    steps of a set read the same KV within 27 tokens a request. Offset 100 completes no block of
-    either compression ratio (4 and 128) for q = 1, 2 or 8 ... except ratio 4 at q >= 4, which every
-    such request completes; 124 (q = 8) completes one ratio-128 block; for q = 1, offset 103 completes
-    one ratio-4 block and 127 one of each; for q = 2, 102 one ratio-4 block. ``shape`` names the set
-    (B requests x q tokens) and which requests complete what (``n``: none, ``h<k>``: k requests a
-    ratio-128 block, ``c<k>``: k requests a ratio-4 block only)."""
+    b drawn once per batch size (2-27: contexts of 356-3,583 tokens; 38-40 for the long set) and
+    shared by the set, so the steps of a set read the same KV within 27 tokens a request. Offset
+    100 completes no block of 128 for q <= 27 and, for q = 1 or 2, none of 4 (from q = 4 every
+    request completes blocks of 4, as the kernel table's records do); 124 with q = 8 completes one
+    block of 128; with q = 1, 103 completes one block of 4 and 127 one of each; with q = 2, 102 one
+    of 4. ``shape`` names the set (B requests x q tokens, L: the long contexts) and which requests
+    complete what (``n``: none, ``h<k>``: k requests a block of 128, ``c<k>``: k requests one of 4
+    only)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)

@@ -13,6 +13,20 @@ each): the shard executor pools a completed block into the compressed cache in t
 the kernel table's equal-request records (whose contexts complete none) leave out.
 
     python3 -m validator.gpu.shard_repredict PROFILE REPLAY.json STEPLOG_DIR [--out FILE.json]
+
+``fit-pool`` fits a profile's ``block_pool`` term (dsim.cost, profile format 5) on a replay of the
+pool design set (``python3 -m validator.gpu.moe_steplogs --design pool``: decode-only steps in sets
+that differ only in the blocks their requests complete):
+
+    python3 -m validator.gpu.shard_repredict fit-pool PROFILE REPLAY.json DESIGN.jsonl --out POOL.json
+
+Per compression ratio of the profile's model, a step pays ms_per_step when its requests complete a
+block and ms_per_block per block; each set of the design has its own level (its KV, batch and q). The
+fit is a least-absolute-deviations regression (scipy linprog; coefficients >= 0), so that one step
+timed in a fresh process's fast first seconds moves it little. A ratio whose blocks the profile's
+per-request records already complete from some q on (``priced_from_q``: ratio 4 at q >= 4) is fitted
+and applied only on steps whose requests all have fewer query tokens; ``python3 -m dsim.compose
+profile ... --block-pool POOL.json`` writes the term into a profile.
 """
 
 from __future__ import annotations
@@ -24,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dsim.cost import CostModel, load_profile
+from dsim.cost import CostModel, load_profile, priced_from_q
 from dsim.errors import InputError
 from dsim.models import load_model
 from validator.gpu.plan import PREFILL_MIN_Q
@@ -89,6 +103,78 @@ def repredict(profile: str, replay: dict, steplog_dir: Path) -> dict:
     return out
 
 
+def fit_block_pool(profile: str, replay: dict, design: Path) -> dict:
+    """The block_pool term from a replay of the pool design set (module doc): the kinds (ratio,
+    layers, ms_per_step, ms_per_block, priced_from_q), the steps fitted and their residuals."""
+    from scipy.optimize import linprog
+
+    prof = load_profile(profile)
+    ra = prof.request_attention
+    if ra is None:
+        raise InputError(f"{profile}: no per-request attention table (format 3 or later)")
+    ratios = [r for r in load_model(str(prof.provenance["model"])).compress_ratios]
+    kinds = [(r, ratios.count(r), priced_from_q(r, ra.q, ra.ctx)) for r in sorted(set(ratios), reverse=True) if r]
+    if not kinds:
+        raise InputError(f"{profile}: the model has no compressed attention (no blocks to pool)")
+    steps = {}
+    for ln, line in enumerate(design.read_text().splitlines(), 1):
+        try:
+            st = json.loads(line)
+        except json.JSONDecodeError:
+            raise InputError(f"{design}:{ln}: not JSON") from None
+        if "shape" not in st:
+            raise InputError(f"{design}:{ln}: no 'shape' (not a pool design set)")
+        steps[st["step"]] = st
+    hit = [v for k, v in replay["logs"].items() if Path(k).name == design.name]
+    if not hit:
+        raise InputError(f"replay: no log named {design.name}")
+    rows = [r for r in hit[0]["rows"] if r["step"] in steps]
+    if not rows:
+        raise InputError(f"replay: {design.name} has no replayed steps")
+    sets = sorted({steps[r["step"]]["shape"].split("-")[0] for r in rows})
+    feats, t, names = [], [], []
+    for r in rows:
+        st = steps[r["step"]]
+        q, c = [int(x) for x in st["q"]], [int(x) for x in st["ctx"]]
+        f = []
+        for ratio, _, from_q in kinds:
+            b = completed_blocks(q, c, ratio)
+            on = from_q == 0 or max(q) < from_q
+            f += [1.0 if (b and on) else 0.0, float(b) if on else 0.0]
+        feats.append(f + [1.0 if st["shape"].split("-")[0] == s else 0.0 for s in sets])
+        t.append(float(r["measured_ms"]))
+        names.append(st["shape"])
+    X, y = np.array(feats), np.array(t)
+    n, m = X.shape
+    # min sum(u + v) s.t. X w + u - v = y, u, v >= 0; the kinds' coefficients >= 0, set levels free
+    cost = np.concatenate([np.zeros(m), np.ones(2 * n)])
+    A = np.hstack([X, np.eye(n), -np.eye(n)])
+    bounds = [(0, None)] * (2 * len(kinds)) + [(None, None)] * len(sets) + [(0, None)] * (2 * n)
+    res = linprog(cost, A_eq=A, b_eq=y, bounds=bounds, method="highs")
+    if not res.success:
+        raise InputError(f"fit-pool: the regression failed ({res.message})")
+    w = res.x[:m]
+    resid = y - X @ w
+    return dict(
+        profile=profile,
+        design=str(design),
+        kinds=[
+            dict(
+                ratio=int(ratio),
+                layers=int(layers),
+                ms_per_step=round(float(w[2 * i]), 4),
+                ms_per_block=round(float(w[2 * i + 1]), 5),
+                priced_from_q=int(from_q),
+            )
+            for i, (ratio, layers, from_q) in enumerate(kinds)
+        ],
+        steps=[
+            dict(shape=nm, measured_ms=round(float(v), 3), residual_ms=round(float(e), 3))
+            for nm, v, e in zip(names, y, resid)
+        ],
+    )
+
+
 def _by_blocks(rows: list[dict]) -> dict:
     """The decode-only steps (no prompt tokens) split by whether their requests complete an hca
     block: steps and median signed error of each (None where there are none)."""
@@ -99,7 +185,30 @@ def _by_blocks(rows: list[dict]) -> dict:
     return out
 
 
+def main_fit_pool(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m validator.gpu.shard_repredict fit-pool")
+    ap.add_argument("profile")
+    ap.add_argument("replay")
+    ap.add_argument("design")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    try:
+        res = fit_block_pool(a.profile, json.loads(Path(a.replay).read_text()), Path(a.design))
+    except (InputError, OSError, KeyError, json.JSONDecodeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    res["replay"] = a.replay
+    text = json.dumps(res, indent=1)
+    if a.out:
+        Path(a.out).write_text(text + "\n")
+    print(text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["fit-pool"]:
+        return main_fit_pool(argv[1:])
     ap = argparse.ArgumentParser(prog="python3 -m validator.gpu.shard_repredict", description=__doc__.split("\n")[0])
     ap.add_argument("profile")
     ap.add_argument("replay")
