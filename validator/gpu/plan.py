@@ -40,6 +40,8 @@ DRAFT_CTX = 1024  # context the draft tables are measured at (stated, not modell
 BLOCK_K = 8  # block drafter: tokens drafted in parallel per request
 BLOCK_LAYERS = 3  # block drafter depth
 EAGLE3_DRAFT_VOCAB = 32000  # EAGLE-3 heads use a reduced draft vocabulary
+DRAFT_ORDER = ("dspark", "mtp", "eagle3", "block")  # the drafter kinds, in the order a --draft-only run times them
+DRAFT_FORMAT = "dsim-draft-tables-1"  # the profiler's --draft-only file (validator.gpu.refit --drafts reads it)
 
 
 def tail_sizes(limit: int = CAPTURE_LIMIT, max_tokens: int = MAX_BATCHED_TOKENS) -> list[int]:

@@ -3,8 +3,13 @@
     python3 -m validator.gpu.profile --model profiles/models/llama-3.1-8b.json \
         [--model ...] --out $OUT [--replay synthetic|STEPLOG ...] [--quick] [--dry-run] [--eager-tails]
 
+    python3 -m validator.gpu.profile --draft-only --model ... --out $OUT --split continuous:fill=2,balance=2 \
+        [--reps 5] [--stop-at UNIX_S] [--draft-kinds dspark,mtp,eagle3,block]
+
 Needs torch + numpy (yaml optional). --dry-run runs a tiny model on the CPU (float32) with a small
-sweep: it checks the whole pipeline, its numbers mean nothing.
+sweep: it checks the whole pipeline, its numbers mean nothing. --draft-only times the drafter
+tables alone at every size of plan.DRAFT_REQUESTS and appends one run per process to
+$OUT/drafts-<model>.json (scripts/draft_tables.sh; merged by `python3 -m validator.gpu.refit --drafts`).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import random
 import shlex
 import subprocess
@@ -31,6 +37,8 @@ from validator.gpu.plan import (
     BLOCK_LAYERS,
     CAPTURE_LIMIT,
     DRAFT_CTX,
+    DRAFT_FORMAT,
+    DRAFT_ORDER,
     DRAFT_REQUESTS,
     DRY_CFG,
     EAGLE3_DRAFT_VOCAB,
@@ -57,6 +65,8 @@ from validator.gpu.plan import (
     write_text_atomic,
 )
 from validator.gpu.replay import dry_run_steps, load_or_make_steps, replay_steps
+
+T_MAIN = time.time()  # when this run started (main() resets it)
 
 
 def log(*a: Any) -> None:
@@ -374,6 +384,135 @@ def sm_clock_mhz(device: torch.device) -> int | None:
         return None
 
 
+def draft_table(
+    drafters: Any,
+    kind: str,
+    reqs: list[int],
+    ctx: int,
+    dims: dict,
+    device: torch.device,
+    timer: Timer,
+    on_point: Any = None,
+    stop_at: float | None = None,
+) -> dict:
+    """One drafter's table: its pass over R requests (R x BLOCK_K tokens for the block and DSpark
+    drafters, R for MTP and EAGLE-3) at ctx tokens of context, one CUDA graph per request count R
+    in reqs, the timer's median. Returns requests, ms, reps (every timed replay), sm_clock_mhz
+    (after each size) and complete; on_point(table) runs after each size, and past stop_at
+    (time.time()) no further size is started (complete False)."""
+    tab: dict[str, Any] = dict(requests=[], ms=[], reps=[], sm_clock_mhz=[], complete=False)
+    t0 = time.time()
+    s = BLOCK_K if kind in ("block", "dspark") else 1
+    for R in reqs:
+        if stop_at is not None and time.time() > stop_at:
+            log(f"  draft {kind}: deadline, stopped before R={R}")
+            break
+        m = M.StepMeta(uniform_step(R, s, ctx), R * s, dims, device)
+        ms, reps = timer(lambda: drafters.run(kind, m, BLOCK_K), graph=True)
+        tab["requests"].append(int(R))
+        tab["ms"].append(float(ms))
+        tab["reps"].append([round(float(r), 5) for r in reps])
+        tab["sm_clock_mhz"].append(sm_clock_mhz(device))
+        if on_point is not None:
+            on_point(tab)
+    tab["complete"] = tab["requests"] == list(reqs)
+    tab["elapsed_s"] = round(time.time() - t0, 2)
+    log(f"  draft {kind}: " + ", ".join(f"{r}:{v:.3f}" for r, v in zip(tab["requests"], tab["ms"])))
+    return tab
+
+
+def draft_only(
+    cfg_path: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype, info: dict, timer: Timer
+) -> dict:
+    """--draft-only: the drafter tables alone, at every size of plan.DRAFT_REQUESTS (the dry run
+    too, at a 64-token context), kinds in --draft-kinds order. The target is built with one decoder
+    layer (the drafters read its embedding, final norm, LM head, RoPE tables and KV pool, never its
+    layers) and the pool of a profile run (--pool-gib). One run per process is appended to
+    OUT/drafts-<model>.json, rewritten after every size, so a process cut short keeps what it
+    timed; validator.gpu.refit --drafts merges the files into the shipped profiles."""
+    cfg = json.loads(Path(cfg_path).read_text())
+    name = model_name(cfg, cfg_path)
+    if args.dry_run:
+        cfg = {**cfg, **DRY_CFG}
+    dims = model_dims(cfg)
+    kinds = [k.strip() for k in args.draft_kinds.split(",") if k.strip()]
+    bad = [k for k in kinds if k not in DRAFT_ORDER]
+    if bad or not kinds:
+        raise InputError(f"--draft-kinds {args.draft_kinds!r}: kinds are {', '.join(DRAFT_ORDER)}")
+    stop_at = args.stop_at if args.stop_at > 0 else None
+    t0 = time.time()
+    vocab = EAGLE3_DRAFT_VOCAB if not args.dry_run else 500
+    model: Any = M.Model(cfg, device, dtype, layers=1, pool_gib=args.pool_gib if not args.dry_run else 0.05)
+    drafters: Any = M.Drafters(model, BLOCK_LAYERS, vocab)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    build_s = time.time() - t0
+    log(f"[{name}] drafters built in {build_s:.1f}s (target: 1 layer, pool {model.pool_tokens} tokens)")
+    ctx = DRAFT_CTX if not args.dry_run else 64
+    reqs = list(DRAFT_REQUESTS)
+    t0 = time.time()
+    warm_n = 0
+    if args.draft_warmup_s > 0:  # the GPU busy (clocks up) before the first size, as after a sweep
+        R = reqs[-1]
+        wm = M.StepMeta(uniform_step(R, BLOCK_K, ctx), R * BLOCK_K, dims, device)
+        while time.time() - t0 < args.draft_warmup_s:
+            timer(lambda: drafters.run("block", wm, BLOCK_K), graph=True)
+            warm_n += 1
+        del wm
+    warmup_s = time.time() - t0
+    path = Path(args.out) / f"drafts-{name}.json"
+    doc: dict[str, Any] = dict(format=DRAFT_FORMAT, model=name, model_config=repo_relative(cfg_path), runs=[])
+    if path.exists():
+        old = json.loads(path.read_text())
+        if old.get("format") != DRAFT_FORMAT or old.get("model") != name:
+            raise InputError(f"{path}: not a {DRAFT_FORMAT} file of {name}")
+        doc["runs"] = list(old.get("runs", []))
+    run: dict[str, Any] = dict(
+        process=len(doc["runs"]) + 1,
+        date=str(dt.date.today()),
+        started_unix=round(T_MAIN, 1),
+        info=info,
+        command=repo_relative("python3 -m validator.gpu.profile " + " ".join(shlex.quote(a) for a in args.argv)),
+        job=os.environ.get("DSIM_GPU_JOB", ""),
+        dry_run=bool(args.dry_run),
+        reps=int(args.reps),
+        warm=int(timer.warm),
+        context=ctx,
+        block_k=BLOCK_K,
+        block_layers=BLOCK_LAYERS,
+        eagle3_draft_vocab=vocab,
+        split=dict(M.SPLIT),
+        attention_impl=M.ATTENTION_IMPL["impl"],
+        target_layers_built=1,
+        build_s=round(build_s, 2),
+        warmup=dict(kind="block", requests=reqs[-1], seconds=round(warmup_s, 2), graphs=warm_n),
+        kinds=kinds,
+        tables={},
+        stopped=None,
+    )
+    doc["runs"].append(run)
+
+    def save(kind: str | None = None, tab: dict | None = None) -> None:
+        if kind is not None:
+            run["tables"][kind] = dict(tab or {})
+        run["elapsed_s"] = round(time.time() - T_MAIN, 2)
+        write_text_atomic(path, json.dumps(doc, indent=1))
+
+    save()
+    for kind in kinds:
+        tab = draft_table(drafters, kind, reqs, ctx, dims, device, timer, lambda t: save(kind, t), stop_at)
+        save(kind, tab)
+        if not tab["complete"]:
+            run["stopped"] = f"deadline in {kind} after {len(tab['requests'])} of {len(reqs)} sizes"
+            save()
+            break
+    log(f"[{name}] drafts {','.join(run['tables'])} in {time.time() - t0:.1f}s -> {path}")
+    model = drafters = None
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return doc
+
+
 def profile_model(
     cfg_path: str,
     args: argparse.Namespace,
@@ -453,14 +592,8 @@ def profile_model(
     t0 = time.time()
     reqs = DRAFT_REQUESTS if not args.dry_run else [1, 2, 4, 8]
     for kind in ("mtp", "eagle3", "block", "dspark"):
-        vals = []
-        for R in reqs:
-            s = BLOCK_K if kind in ("block", "dspark") else 1
-            m = M.StepMeta(uniform_step(R, s, DRAFT_CTX if not args.dry_run else 64), R * s, dims, device)
-            ms, _ = timer(lambda: drafters.run(kind, m, BLOCK_K), graph=True)
-            vals.append(ms)
-        draft[kind] = dict(requests=reqs, ms=vals)
-        log(f"  draft {kind}: " + ", ".join(f"{r}:{v:.3f}" for r, v in zip(reqs, vals)))
+        tab = draft_table(drafters, kind, reqs, DRAFT_CTX if not args.dry_run else 64, dims, device, timer)
+        draft[kind] = dict(requests=tab["requests"], ms=tab["ms"])
     log(f"[{name}] drafts in {time.time() - t0:.1f}s")
     weights_gib = (dims["params"] * 2) / 2**30
     kv_cache_gib = 0.9 * info["mem_gib"] - weights_gib
@@ -698,7 +831,31 @@ def main(argv: list[str] | None = None) -> None:
         help="replay: re-time the sweep's table points at RECHECK_N before each log (drift report)",
     )
     ap.add_argument("--replay-out", default="", help="folder for replay-<model>.json (rows per log)")
+    ap.add_argument(
+        "--draft-only",
+        action="store_true",
+        help="time the drafter tables alone at every size of plan.DRAFT_REQUESTS: one run appended to "
+        "OUT/drafts-<model>.json per model (no probe, sweep or fit; needs --split continuous:...)",
+    )
+    ap.add_argument(
+        "--draft-kinds", default=",".join(DRAFT_ORDER), help="--draft-only: kinds in the order timed (comma-separated)"
+    )
+    ap.add_argument(
+        "--draft-warmup-s",
+        type=float,
+        default=-1.0,
+        help="--draft-only: seconds of the block drafter at 512 requests before the tables (default 3 on the GPU, 0 dry)",
+    )
+    ap.add_argument(
+        "--stop-at",
+        type=float,
+        default=0.0,
+        help="--draft-only: no drafter size is started after this time (Unix seconds, e.g. $(date +%%s) + limit; 0: none)",
+    )
     args = ap.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    global T_MAIN
+    T_MAIN = time.time()
     device = torch.device("cpu" if args.dry_run else "cuda")
     dtype = torch.float32 if args.dry_run else torch.bfloat16
     if not args.dry_run:
@@ -707,6 +864,24 @@ def main(argv: list[str] | None = None) -> None:
     info = {k: (v if isinstance(v, (int, float)) else str(v)) for k, v in info.items()}
     log(f"device: {json.dumps(info)}")
     timer = Timer(device, args.reps)
+    if args.draft_only:
+        sp = parse_split(args.split)
+        if sp is None:
+            raise SystemExit("error: --draft-only needs --split continuous:... (the profiles' recorded split)")
+        if device.type == "cuda":
+            M.SPLIT["sms"] = int(info.get("sms", M.SPLIT["sms"]))
+        M.SPLIT.update(M.split_settings(sp))
+        if args.draft_warmup_s < 0:
+            args.draft_warmup_s = 0.0 if args.dry_run else 3.0
+        log(f"split policy: {json.dumps(M.SPLIT)}")
+        for path in args.model:
+            t0 = time.time()
+            try:
+                draft_only(path, args, device, dtype, info, timer)
+            except InputError as e:
+                raise SystemExit(f"error: {e}") from None
+            log(f"== {path} drafts done in {time.time() - t0:.1f}s")
+        return
     cfg0 = json.loads(Path(args.model[0]).read_text())
     if args.dry_run:
         cfg0 = {**cfg0, **DRY_CFG}
