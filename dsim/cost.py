@@ -1269,6 +1269,22 @@ def load_profile(name_or_path: str | None = None) -> Profile:
     return profile_from_dict(d, str(path), doc)
 
 
+def draft_extrapolation_slope(x: np.ndarray, ms: np.ndarray) -> float:
+    """ms per request past a drafter table's last size: the least-squares slope of its top quarter
+    (sizes >= 3/4 of the last; at least the last two points), not >= 0. One slope over the last
+    two points of a fine grid (vLLM's capture sizes end 496, 512) would carry their timing noise
+    to every larger batch; on a power-of-two grid the top quarter is those two points."""
+    if len(x) < 2:
+        return 0.0
+    top = x >= 0.75 * x[-1]
+    if top.sum() < 2:
+        top = np.zeros(len(x), dtype=bool)
+        top[-2:] = True
+    xs, ys = x[top].astype(float), ms[top].astype(float)
+    dx = xs - xs.mean()
+    return max(float((dx * (ys - ys.mean())).sum() / (dx * dx).sum()), 0.0)
+
+
 class CostModel:
     """Answers "how long does this step take" for one replica.
 
@@ -1380,8 +1396,10 @@ class CostModel:
         self._dense = self._below[np.minimum(grid, self.limit)].copy()
         self._dense[self.limit + 1 :] = self._above(grid[self.limit + 1 :])
         self._draft = {}
+        self._draft_slope = {}
         for kind, t in profile.draft.items():
             self._draft[kind] = (t.x, np.maximum.accumulate(t.ms) * cost_scale)
+            self._draft_slope[kind] = draft_extrapolation_slope(*self._draft[kind])
 
     def prefill_ms(self, chunks: Any) -> float:
         """What a step's prefill chunks add to step_ms (which prices every token as a decode
@@ -1626,5 +1644,4 @@ class CostModel:
         if n_requests <= x[-1]:
             # Drafter graphs are captured per batch size too: the next profiled size at or above.
             return float(ms[min(np.searchsorted(x, n_requests, side="left"), len(x) - 1)])
-        slope = (ms[-1] - ms[-2]) / (x[-1] - x[-2]) if len(x) >= 2 else 0.0
-        return float(ms[-1] + max(slope, 0.0) * (n_requests - x[-1]))
+        return float(ms[-1] + self._draft_slope[kind] * (n_requests - x[-1]))

@@ -25,10 +25,20 @@ GRID = list(plan.DRAFT_REQUESTS)
 
 
 def _profiles(tmp_path: Path, model: str = "llama-3.1-8b") -> Path:
+    """A copy of a shipped profile as it was before any drafter re-measurement (the power-of-two
+    tables the raw file keeps as previous, no draft record)."""
     d = tmp_path / "profiles"
     d.mkdir(exist_ok=True)
     for suffix in (".yaml", ".raw.json"):
         shutil.copy(H200 / f"h200-{model}{suffix}", d / f"h200-{model}{suffix}")
+    y, r = d / f"h200-{model}.yaml", d / f"h200-{model}.raw.json"
+    raw = json.loads(r.read_text())
+    if "draft" in raw:
+        prof = yaml.safe_load(y.read_text())
+        prof["draft"] = raw.pop("draft")["previous"]
+        prof["provenance"].pop("draft_tables", None)
+        y.write_text(plan.dump_yaml(prof))
+        r.write_text(json.dumps(raw, indent=1) + "\n")
     return d
 
 
@@ -247,3 +257,25 @@ def test_draft_only_dry_run_end_to_end(tmp_path):
     assert rec["kinds"] == ["mtp"] and rec["kept"] == ["eagle3", "block", "dspark"]
     assert rec["runs_cut_short"] == {"mtp": 1}
     assert after["draft"]["dspark"] == before["draft"]["dspark"] and after["draft"]["mtp"]["requests"] == GRID
+
+
+def test_draft_tables_extrapolate_the_slope_of_their_top_quarter():
+    """Past a drafter table's last size dsim charges the least-squares slope of the sizes >= 3/4 of
+    the last (closed form: exact on a line, the last two points of a power-of-two grid), so one
+    noisy point at 496 or 512 does not set the cost of every larger batch; never a negative slope."""
+    import numpy as np
+
+    from dsim.cost import draft_extrapolation_slope, drafter_request_sizes
+
+    x = np.array(drafter_request_sizes(512, 512), dtype=float)
+    line = 3.0 + 0.04 * x
+    assert draft_extrapolation_slope(x, line) == pytest.approx(0.04, rel=1e-12)
+    noisy = line.copy()
+    noisy[-2] -= 0.5  # 496 timed 0.5 ms fast: the last-two-point slope would be 0.071
+    assert (noisy[-1] - noisy[-2]) / 16 == pytest.approx(0.04 + 0.5 / 16)
+    assert abs(draft_extrapolation_slope(x, noisy) - 0.04) < 0.005
+    pow2 = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256, 512], dtype=float)
+    ms = 1.0 + 0.01 * pow2**1.2
+    assert draft_extrapolation_slope(pow2, ms) == pytest.approx((ms[-1] - ms[-2]) / 256, rel=1e-12)
+    assert draft_extrapolation_slope(pow2, np.full(10, 2.0)) == 0.0
+    assert draft_extrapolation_slope(np.array([8.0]), np.array([1.0])) == 0.0
