@@ -950,6 +950,21 @@ def priced_from_q(ratio: int, q_grid, ctx_grid) -> int:
     return 0
 
 
+def _kind_entries(raw: Any, doc: Any, at: tuple, fields: tuple, what: str) -> list[tuple[int, dict]]:
+    """(index, mapping) of a term's non-empty ``kinds`` list, each entry holding exactly ``fields``."""
+    from dsim import schema as S
+
+    kinds_raw = raw["kinds"]
+    if not isinstance(kinds_raw, list) or not kinds_raw:
+        raise InputError(f"{doc.at(*at, 'kinds')}: must be a non-empty list of {what}")
+    for i, kr in enumerate(kinds_raw):
+        S.mapping(kr, doc, *at, "kinds", i, required=fields)
+        extra = sorted(set(kr) - set(fields))
+        if extra:
+            raise InputError(f"{doc.at(*at, 'kinds', i, extra[0])}: unknown field (known: {', '.join(fields)})")
+    return list(enumerate(kinds_raw))
+
+
 BLOCK_POOL_KIND_FIELDS = ("ratio", "layers", "ms_per_step", "ms_per_block", "priced_from_q")
 
 
@@ -961,17 +976,8 @@ def _block_pool(raw: Any, doc: Any) -> BlockPool:
     extra = sorted(set(raw) - {"kinds", "source"})
     if extra:
         raise InputError(f"{doc.at(*at, extra[0])}: unknown field (known: kinds, source)")
-    kinds_raw = raw["kinds"]
-    if not isinstance(kinds_raw, list) or not kinds_raw:
-        raise InputError(f"{doc.at(*at, 'kinds')}: must be a non-empty list of compression ratios")
     kinds = []
-    for i, kr in enumerate(kinds_raw):
-        S.mapping(kr, doc, *at, "kinds", i, required=BLOCK_POOL_KIND_FIELDS)
-        extra = sorted(set(kr) - set(BLOCK_POOL_KIND_FIELDS))
-        if extra:
-            raise InputError(
-                f"{doc.at(*at, 'kinds', i, extra[0])}: unknown field (known: {', '.join(BLOCK_POOL_KIND_FIELDS)})"
-            )
+    for i, kr in _kind_entries(raw, doc, at, BLOCK_POOL_KIND_FIELDS, "compression ratios"):
         kinds.append(
             BlockPoolKind(
                 ratio=S.integer(kr["ratio"], doc, *at, "kinds", i, "ratio", lo=1, hi=MAX_MODEL_LEN),
@@ -1002,17 +1008,8 @@ def _step_keys(raw: Any, doc: Any) -> StepKeys:
     extra = sorted(set(raw) - set(STEP_KEYS_FIELDS))
     if extra:
         raise InputError(f"{doc.at(*at, extra[0])}: unknown field (known: {', '.join(STEP_KEYS_FIELDS)})")
-    kinds_raw = raw["kinds"]
-    if not isinstance(kinds_raw, list) or not kinds_raw:
-        raise InputError(f"{doc.at(*at, 'kinds')}: must be a non-empty list of attention kinds")
     kinds = []
-    for i, kr in enumerate(kinds_raw):
-        S.mapping(kr, doc, *at, "kinds", i, required=STEP_KEY_KIND_FIELDS)
-        extra = sorted(set(kr) - set(STEP_KEY_KIND_FIELDS))
-        if extra:
-            raise InputError(
-                f"{doc.at(*at, 'kinds', i, extra[0])}: unknown field (known: {', '.join(STEP_KEY_KIND_FIELDS)})"
-            )
+    for i, kr in _kind_entries(raw, doc, at, STEP_KEY_KIND_FIELDS, "attention kinds"):
         kinds.append(
             StepKeyKind(
                 layers=S.integer(kr["layers"], doc, *at, "kinds", i, "layers", lo=0, hi=100000),

@@ -52,6 +52,18 @@ def completed_blocks(q: list[int], ctx: list[int], ratio: int = HCA_RATIO) -> in
     return sum((c + n) // ratio - c // ratio for n, c in zip(q, ctx))
 
 
+def read_steps(path: Path) -> dict[int, dict]:
+    """A step log's steps by their ``step`` number (one JSON object a line)."""
+    steps = {}
+    for ln, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            st = json.loads(line)
+        except json.JSONDecodeError:
+            raise InputError(f"{path}:{ln}: not JSON") from None
+        steps[st["step"]] = st
+    return steps
+
+
 def repredict(profile: str, replay: dict, steplog_dir: Path) -> dict:
     prof = load_profile(profile)
     cost = CostModel(prof)
@@ -59,14 +71,7 @@ def repredict(profile: str, replay: dict, steplog_dir: Path) -> dict:
     hca = HCA_RATIO in load_model(str(prof.provenance["model"])).compress_ratios
     out = {}
     for name, v in replay["logs"].items():
-        path = steplog_dir / Path(name).name
-        steps = {}
-        for ln, line in enumerate(path.read_text().splitlines(), 1):
-            try:
-                st = json.loads(line)
-            except json.JSONDecodeError:
-                raise InputError(f"{path}:{ln}: not JSON") from None
-            steps[st["step"]] = st
+        steps = read_steps(steplog_dir / Path(name).name)
         signed, rows = [], []
         for r in v["rows"]:
             st = steps[r["step"]]
@@ -116,15 +121,9 @@ def fit_block_pool(profile: str, replay: dict, design: Path) -> dict:
     kinds = [(r, ratios.count(r), priced_from_q(r, ra.q, ra.ctx)) for r in sorted(set(ratios), reverse=True) if r]
     if not kinds:
         raise InputError(f"{profile}: the model has no compressed attention (no blocks to pool)")
-    steps = {}
-    for ln, line in enumerate(design.read_text().splitlines(), 1):
-        try:
-            st = json.loads(line)
-        except json.JSONDecodeError:
-            raise InputError(f"{design}:{ln}: not JSON") from None
-        if "shape" not in st:
-            raise InputError(f"{design}:{ln}: no 'shape' (not a pool design set)")
-        steps[st["step"]] = st
+    steps = read_steps(design)
+    if any("shape" not in st for st in steps.values()):
+        raise InputError(f"{design}: a step without 'shape' (not a pool design set)")
     hit = [v for k, v in replay["logs"].items() if Path(k).name == design.name]
     if not hit:
         raise InputError(f"replay: no log named {design.name}")
