@@ -184,42 +184,22 @@ def _by_blocks(rows: list[dict]) -> dict:
     return out
 
 
-def main_fit_pool(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m validator.gpu.shard_repredict fit-pool")
-    ap.add_argument("profile")
-    ap.add_argument("replay")
-    ap.add_argument("design")
-    ap.add_argument("--out", default=None)
-    a = ap.parse_args(argv)
-    try:
-        res = fit_block_pool(a.profile, json.loads(Path(a.replay).read_text()), Path(a.design))
-    except (InputError, OSError, KeyError, json.JSONDecodeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    res["replay"] = a.replay
-    text = json.dumps(res, indent=1)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
-    print(text)
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["fit-pool"]:
-        return main_fit_pool(argv[1:])
-    ap = argparse.ArgumentParser(prog="python3 -m validator.gpu.shard_repredict", description=__doc__.split("\n")[0])
+    fit = argv[:1] == ["fit-pool"]
+    prog = "python3 -m validator.gpu.shard_repredict" + (" fit-pool" if fit else "")
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("profile")
     ap.add_argument("replay")
-    ap.add_argument("steplogs")
+    ap.add_argument("design" if fit else "steplogs")
     ap.add_argument("--out", default=None)
-    a = ap.parse_args(argv)
+    a = ap.parse_args(argv[1:] if fit else argv)
     try:
-        res = dict(
-            profile=a.profile,
-            replay=a.replay,
-            logs=repredict(a.profile, json.loads(Path(a.replay).read_text()), Path(a.steplogs)),
-        )
+        replay = json.loads(Path(a.replay).read_text())
+        if fit:
+            res = dict(fit_block_pool(a.profile, replay, Path(a.design)), replay=a.replay)
+        else:
+            res = dict(profile=a.profile, replay=a.replay, logs=repredict(a.profile, replay, Path(a.steplogs)))
     except (InputError, OSError, KeyError, json.JSONDecodeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
