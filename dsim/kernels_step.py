@@ -348,8 +348,69 @@ def _sort_desc(v, out):
 
 @njit(cache=True)
 def _kth_largest(v, k):
-    """The value at index k (0-based) of v sorted descending, without sorting (quickselect on a
-    copy, median-of-three pivots, three-way partition): the same value a full sort puts there."""
+    """The value at index k (0-based) of v sorted descending, without sorting: the same value a
+    full sort puts there. For the policies' scores (non-negative finite float32, which order as
+    their bit patterns) a radix selection: the top 10 bits' histogram picks the digit holding
+    rank k, then bits 11-21 and 0-10 of the values with that prefix, a small remainder sorted
+    (branch-free counting passes: a quickselect's data-dependent partition branches mispredict
+    on random scores, about 2.5x slower at 1,792 scores). Other input: the quickselect."""
+    n = v.shape[0]
+    if n <= 64:
+        return _kth_quickselect(v, k)
+    a = v.view(np.uint32)
+    cnt = np.zeros(2048, np.int64)
+    top = 0
+    for i in range(n):
+        d = np.int64(a[i] >> np.uint32(22))
+        cnt[d] += 1
+        if d > top:
+            top = d
+    if top >= 510:  # from 0x7F800000 on: an infinity, a NaN or a negative value (-0.0 too)
+        return _kth_quickselect(v, k)
+    d = top
+    while cnt[d] <= k:  # (descending: ranks from the largest digit down)
+        k -= cnt[d]
+        d -= 1
+    m = cnt[d]
+    b = np.empty(m, np.uint32)
+    j = 0
+    for i in range(n):
+        x = a[i]
+        if np.int64(x >> np.uint32(22)) == d:
+            b[j] = x
+            j += 1
+    for sh in (11, 0):
+        if m <= 32:
+            break
+        s = np.uint32(sh)
+        cnt[:] = 0
+        top = 0
+        for i in range(m):
+            d = np.int64((b[i] >> s) & np.uint32(2047))
+            cnt[d] += 1
+            if d > top:
+                top = d
+        d = top
+        while cnt[d] <= k:
+            k -= cnt[d]
+            d -= 1
+        if cnt[d] == m:  # every value left has this digit
+            continue
+        j = 0
+        for i in range(m):
+            x = b[i]
+            if np.int64((x >> s) & np.uint32(2047)) == d:
+                b[j] = x
+                j += 1
+        m = j
+    c = b[:m].copy()
+    c.sort()  # ascending bit patterns = ascending values
+    return c.view(np.float32)[m - 1 - k]
+
+
+@njit(cache=True)
+def _kth_quickselect(v, k):
+    """``_kth_largest`` by quickselect on a copy (median-of-three pivots, three-way partition)."""
     a = v.copy()
     lo = 0
     hi = a.shape[0] - 1
