@@ -455,6 +455,10 @@ class Replica:
         self.total_blocks = cost.profile.kv_capacity_blocks
         self.pre_blocks = 0  # blocks held by requests still prefilling
         self.lookahead = 1 + K
+        # submit's check: ceil((prompt + output - 1 + lookahead) / 16) > total_blocks exactly
+        # when prompt + output > this
+        self._fit_tokens = KV_BLOCK_TOKENS * self.total_blocks + 1 - self.lookahead
+        self._transit_delay = self._kv_consumer and (cfg.remote_prefill_ms > 0 or cfg.remote_prefill_ms_per_ktok > 0)
         self.cpu_ms = 0.0 if cfg.async_scheduling else cost.cpu_overhead_ms
         self.prev_end = -1.0
         self._last_is_prev_end = True  # every decode slot last emitted at prev_end (see _itl)
@@ -529,21 +533,44 @@ class Replica:
         R = self.R
         # A request whose whole life cannot fit the KV cache would be preempted forever (vLLM
         # refuses to start with max_model_len above the cache): say so on arrival.
-        need = -(-(R.prompt_l[rid] + R.output_l[rid] - 1 + self.lookahead) // KV_BLOCK_TOKENS)
-        if need > self.total_blocks:
-            raise InputError(
-                f"request {rid}: {R.prompt_l[rid]} prompt + {R.output_l[rid]} output tokens "
-                f"need {need} KV blocks, the cache holds {self.total_blocks} "
-                f"(profile memory.kv_cache_gib)"
-            )
-        self.R.replica[rid] = self.idx
-        cfg = self.cfg
-        if self._kv_consumer and (cfg.remote_prefill_ms > 0 or cfg.remote_prefill_ms_per_ktok > 0):
+        if R.prompt_l[rid] + R.output_l[rid] > self._fit_tokens:
+            self._too_big(rid)
+        R.replica[rid] = self.idx
+        if self._transit_delay:
+            cfg = self.cfg
             delay_ms = cfg.remote_prefill_ms + cfg.remote_prefill_ms_per_ktok * R.prompt_l[rid] / 1000.0
             self.in_transit += 1
             self.env.timeout(delay_ms / 1000.0).callbacks.append(lambda _, rid=rid: self._arrive(rid, True))
             return
         self._arrive(rid, False)
+
+    def submit_many(self, rids) -> None:
+        """submit(rid) for each of rids in turn (a range or list of request ids)."""
+        if self._transit_delay:
+            for rid in rids:
+                self.submit(rid)
+            return
+        R = self.R
+        prompt_l, output_l, lim = R.prompt_l, R.output_l, self._fit_tokens
+        for rid in rids:
+            if prompt_l[rid] + output_l[rid] > lim:
+                self._too_big(rid)
+        if isinstance(rids, range) and rids.step == 1:
+            R.replica[rids.start : rids.stop] = self.idx
+        else:
+            R.replica[list(rids)] = self.idx
+        self.waiting.extend(rids)
+        if not self.wake.triggered:
+            self.wake.succeed()
+
+    def _too_big(self, rid: int) -> None:
+        R = self.R
+        need = -(-(R.prompt_l[rid] + R.output_l[rid] - 1 + self.lookahead) // KV_BLOCK_TOKENS)
+        raise InputError(
+            f"request {rid}: {R.prompt_l[rid]} prompt + {R.output_l[rid]} output tokens "
+            f"need {need} KV blocks, the cache holds {self.total_blocks} "
+            f"(profile memory.kv_cache_gib)"
+        )
 
     def _arrive(self, rid: int, transit: bool) -> None:
         """rid joins the waiting queue (for a decode instance: its prompt's KV has arrived)."""
@@ -1064,8 +1091,7 @@ class Replica:
             # Per-request results are written to the request table once, at the end (flush).
             self._done_n = d0 + d
             self.kv_dec -= done_kv
-            for rid in self._done_I[d0 : d0 + d, ID].tolist():
-                self.on_finish(rid)
+            self.on_finish(self._done_I[d0 : d0 + d, ID].tolist())
 
     def flush(self) -> None:
         """Write the finished requests' results into the shared request table; add every
