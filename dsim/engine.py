@@ -410,6 +410,7 @@ class Replica:
         # context emitted before them (0 for a policy whose cost table fixes the context).
         self._ctx_ms_per_tok = cost.kv_ms_per_tok if pol is not None and pol.prices_context else 0.0
         self._no_row = np.zeros(1)
+        self._no_rows = np.zeros((1, 1), dtype=np.float32)  # (new_slots' slot rows without drafts)
         self._no_steps = np.zeros((0, 0), dtype=np.int64)
         self._no_cut = np.full(16, -1, dtype=np.int64)  # decode_given of an uncut step
         # Outputs of the commit and removal kernels, reused from step to step (per slot, sized
@@ -491,8 +492,9 @@ class Replica:
     def F(self) -> np.ndarray:
         return self._F[: self.n]
 
-    def _append_slots(self, rows: list, frows: list, cols: list):
-        m = len(rows)
+    def _append_slots(self, moved: list, m: int, t: float):
+        """New decode slots for the m requests whose prefill ended at t (dsim.kernels_step.new_slots;
+        moved: its flat (rid, KV tokens, generated before, ROUNDS, ASUM, VSUM) per request)."""
         n = self.n
         if n + m > len(self._I):
             cap = max(2 * len(self._I), n + m)
@@ -504,16 +506,26 @@ class Replica:
             x = np.zeros((len(self._X), cap), dtype=np.float32)
             x[:, :n] = self._X[:, :n]
             self._X = x
-        if m == 1:
-            self._I[n] = rows[0]
-            self._F[n] = frows[0]
-            if self.K:
-                self._X[:, n] = self.R.slot_rows[cols[0]]
-        else:
-            self._I[n : n + m] = rows
-            self._F[n : n + m] = frows
-            if self.K:
-                self._X[:, n : n + m] = self.R.slot_rows[cols].T
+        R = self.R
+        left = KS.new_slots(
+            self._I,
+            self._F,
+            self._X,
+            n,
+            np.array(moved, dtype=np.int64),
+            m,
+            float(t),
+            R.prompt,
+            R.output,
+            R.cls,
+            R.emits,
+            R.itl_max,
+            R.first_token,
+            R.last_emit,
+            R.slot_rows if self.K else self._no_rows,
+        )
+        if left < self.left_lb:
+            self.left_lb = int(left)
         self.n = n + m
 
     def _remove_slot(self, j: int):
@@ -979,11 +991,12 @@ class Replica:
                 self._itl(self.I, self.F, t, plan.duration_ms, mask)
         # Prefills: chunks computed; those that reach the end of their prompt sample a token and
         # become decode slots (their KV holds the prompt + generated - 1 tokens).
-        moved: list = []
         if chunks:
-            rows, frows = [], []
+            moved: list = []  # the new slots' (rid, KV tokens, generated before, ROUNDS, ASUM, VSUM)
             prefix = self.cfg.enable_prefix_caching and self.prefix_hashes is not None
-            computed, generated, prompt_l = R.computed, R.generated, R.prompt_l
+            computed, generated, prompt_l, blocks = R.computed, R.generated, R.prompt_l, R.blocks
+            spec_counts = R.spec_counts
+            freed = kv = 0
             for rid, c in zip(plan.prefill_ids, chunks):
                 if c == 0:
                     continue
@@ -992,38 +1005,30 @@ class Replica:
                 if prefix:
                     self._prefix_insert(rid, cp)
                 g = generated[rid]
-                p = prompt_l[rid]
-                if cp != p + g:
+                if cp != prompt_l[rid] + g:
                     continue
-                emitted_total += 1
-                if g == 0:
-                    R.first_token[rid] = t
-                else:  # resumed after a preemption
+                if g:  # resumed after a preemption
                     gap = (t - R.last_emit[rid]) * 1000.0
                     self.itl_vals.append((gap, 1))
                     R.itl_max[rid] = max(R.itl_max[rid], gap)
                     R.emits[rid] += 1
-                g += 1
-                generated[rid] = g
-                R.last_emit[rid] = t
-                moved.append(rid)
-                comp = p + g - 1
-                end = p + R.output_l[rid] - 1
-                sc = R.spec_counts.pop(rid, (0, 0, 0)) if R.spec_counts else (0, 0, 0)  # (after a preemption)
-                rows.append((rid, comp, end, R.cls_l[rid], int(R.emits[rid])) + sc)
-                if end - comp < self.left_lb:
-                    self.left_lb = end - comp
-                self.pre_blocks -= R.blocks[rid]  # now counted from the slot's KV tokens
-                R.blocks[rid] = 0
-                frows.append((t, float(R.itl_max[rid])))
-                self.kv_dec += comp
+                generated[rid] = g + 1
+                # (its KV holds prompt + generated - 1 = cp tokens)
+                moved.extend((rid, cp, g, *spec_counts.pop(rid, (0, 0, 0))) if spec_counts else (rid, cp, g, 0, 0, 0))
+                freed += blocks[rid]  # now counted from the slot's KV tokens
+                blocks[rid] = 0
+                kv += cp
             if moved:
-                if len(moved) == len(self.pre):  # (all of them: moved is a subset of pre)
+                m = len(moved) // 6
+                emitted_total += m
+                self.pre_blocks -= freed
+                self.kv_dec += kv
+                if m == len(self.pre):  # (all of them: the new slots are a subset of pre)
                     self.pre = []
                 else:
-                    mv = set(moved)
+                    mv = set(moved[0::6])
                     self.pre = [r for r in self.pre if r not in mv]
-                self._append_slots(rows, frows, moved)
+                self._append_slots(moved, m, t)
         self.prev_end = t
         n_req = n_dec_run + len(chunks) - chunks.count(0)
         self.n_steps += 1

@@ -848,6 +848,42 @@ def remove_done(I, F, X, n, done_I, done_F, d0, t_now):
     return w, d, min_left, done_kv
 
 
+@njit(cache=True)
+def new_slots(I, F, X, n, moved, m, t_now, prompt, output, cls, emits, itl_max, first_token, last_emit, slot_rows):
+    """Append m decode slots after the first n for the requests whose prefill ended at t_now:
+    moved[6 i : 6 i + 6] = (request id, KV tokens, outputs generated before this token,
+    ROUNDS, ASUM, VSUM) of the i-th, in order. Writes the slots' int rows (ID, COMP, END = prompt
+    + output - 1, CLS, EMITS, the counters), float rows (last emission t_now, largest ITL) and,
+    where X has rows, their columns from slot_rows; each request's last emission (t_now) and,
+    for a first token, its time. The caller has grown the buffers. Returns the smallest remaining
+    output (END - COMP) of the new slots (2**62 when m = 0)."""
+    rows = X.shape[0]
+    min_left = np.int64(1) << 62
+    for i in range(m):
+        rid = moved[6 * i]
+        comp = moved[6 * i + 1]
+        w = n + i
+        end = prompt[rid] + output[rid] - 1
+        I[w, ID] = rid
+        I[w, COMP] = comp
+        I[w, END] = end
+        I[w, CLS] = cls[rid]
+        I[w, EMITS] = emits[rid]
+        I[w, ROUNDS] = moved[6 * i + 3]
+        I[w, ASUM] = moved[6 * i + 4]
+        I[w, VSUM] = moved[6 * i + 5]
+        F[w, 0] = t_now
+        F[w, 1] = itl_max[rid]
+        for q in range(rows):
+            X[q, w] = slot_rows[rid, q]
+        if moved[6 * i + 2] == 0:
+            first_token[rid] = t_now
+        last_emit[rid] = t_now
+        if end - comp < min_left:
+            min_left = end - comp
+    return min_left
+
+
 # ---- one step (or window) of the decode slots: draws, verify windows, verify modes ------------
 
 
