@@ -764,10 +764,12 @@ class Replica:
             prefix = cfg.enable_prefix_caching and self.prefix_hashes is not None
             consumer = self._kv_consumer
             prompt_l, generated, computed, blocks_l = R.prompt_l, R.generated, R.computed, R.blocks
+            cached, admit, seq = R.cached_tokens, R.admit, R.seq
             pre = self.pre
             # (_fits, its cheap bound first: the decode slots do not change while admitting)
             dec_bound = self.total_blocks - self._dec_blocks(False)
             now = self.env.now
+            pre_blocks, admit_seq = self.pre_blocks, self.admit_seq  # (written back before _fits)
             while waiting and left > 0 and n_run < max_seqs:
                 rid = waiting[0]
                 # (also on re-admission after a preemption: its computed blocks stay cached)
@@ -777,25 +779,31 @@ class Replica:
                     # computed here (a request preempted after its first token recomputes locally)
                     comp = max(comp, prompt_l[rid] - 1)
                 todo = prompt_l[rid] + generated[rid] - comp
-                c = min(todo, left, thr) if thr > 0 else min(todo, left)
+                c = todo if todo < left else left
+                if 0 < thr < c:
+                    c = thr
                 blocks = -(-(comp + c) // KV_BLOCK_TOKENS)
-                if dec_bound - self.pre_blocks < blocks and not self._fits(blocks):
-                    break
-                R.cached_tokens[rid] = hit
+                if dec_bound - pre_blocks < blocks:
+                    self.pre_blocks = pre_blocks
+                    if not self._fits(blocks):
+                        break
+                cached[rid] = hit
                 computed[rid] = comp
                 waiting.popleft()
-                self.pre_blocks += blocks
+                pre_blocks += blocks
                 blocks_l[rid] = blocks
-                if math.isnan(R.admit[rid]):
-                    R.admit[rid] = now
-                self.admit_seq += 1
-                R.seq[rid] = self.admit_seq
+                if admit[rid] != admit[rid]:  # (NaN: first admission)
+                    admit[rid] = now
+                admit_seq += 1
+                seq[rid] = admit_seq
                 pre.append(rid)
                 chunks.append(c)
-                n_pre_sample += c == todo
+                if c == todo:
+                    n_pre_sample += 1
                 left -= c
                 kv_pre += comp + c
                 n_run += 1
+            self.pre_blocks, self.admit_seq = pre_blocks, admit_seq
         pre_tokens = sum(chunks)
         n_tokens = dec_tokens + pre_tokens
         if n_tokens == 0:
