@@ -411,6 +411,8 @@ class Replica:
         self._ctx_ms_per_tok = cost.kv_ms_per_tok if pol is not None and pol.prices_context else 0.0
         self._no_row = np.zeros(1)
         self._no_rows = np.zeros((1, 1), dtype=np.float32)  # (new_slots' slot rows without drafts)
+        self._no_conf = np.zeros((0, 0, 0), dtype=np.float32)  # (the commit's confidences without drafts)
+        self._no_moved = np.zeros(0, dtype=np.int64)
         self._no_steps = np.zeros((0, 0), dtype=np.int64)
         self._no_cut = np.full(16, -1, dtype=np.int64)  # decode_given of an uncut step
         # Outputs of the commit and removal kernels, reused from step to step (per slot, sized
@@ -492,41 +494,32 @@ class Replica:
     def F(self) -> np.ndarray:
         return self._F[: self.n]
 
-    def _append_slots(self, moved: list, m: int, t: float):
-        """New decode slots for the m requests whose prefill ended at t (dsim.kernels_step.new_slots;
-        moved: its flat (rid, KV tokens, generated before, ROUNDS, ASUM, VSUM) per request)."""
+    def _grow_slots(self, cap: int) -> None:
+        """Room for cap decode slots in the slot buffers (doubling)."""
+        if cap <= len(self._I):
+            return
         n = self.n
-        if n + m > len(self._I):
-            cap = max(2 * len(self._I), n + m)
-            for name in ("_I", "_F"):
-                old = getattr(self, name)
-                new = np.zeros((cap, old.shape[1]), dtype=old.dtype)
-                new[:n] = old[:n]
-                setattr(self, name, new)
-            x = np.zeros((len(self._X), cap), dtype=np.float32)
-            x[:, :n] = self._X[:, :n]
-            self._X = x
-        R = self.R
-        left = KS.new_slots(
-            self._I,
-            self._F,
-            self._X,
-            n,
-            np.array(moved, dtype=np.int64),
-            m,
-            float(t),
-            R.prompt,
-            R.output,
-            R.cls,
-            R.emits,
-            R.itl_max,
-            R.first_token,
-            R.last_emit,
-            R.slot_rows if self.K else self._no_rows,
-        )
-        if left < self.left_lb:
-            self.left_lb = int(left)
-        self.n = n + m
+        cap = max(2 * len(self._I), cap)
+        for name in ("_I", "_F"):
+            old = getattr(self, name)
+            new = np.zeros((cap, old.shape[1]), dtype=old.dtype)
+            new[:n] = old[:n]
+            setattr(self, name, new)
+        x = np.zeros((len(self._X), cap), dtype=np.float32)
+        x[:, :n] = self._X[:, :n]
+        self._X = x
+
+    def _grow_done(self, rows: int) -> None:
+        """Room for rows finished requests' rows (doubling)."""
+        if rows <= len(self._done_I):
+            return
+        d0 = self._done_n
+        cap = max(2 * len(self._done_I), rows)
+        for name in ("_done_I", "_done_F"):
+            old = getattr(self, name)
+            new = np.empty((cap, old.shape[1]), dtype=old.dtype)
+            new[:d0] = old[:d0]
+            setattr(self, name, new)
 
     def _remove_slot(self, j: int):
         n = self.n
@@ -903,36 +896,84 @@ class Replica:
         return conf, lead, verified, cap, v0, done
 
     # ---- commit: one path for single steps and decode windows ---------------------------------
-    def _commit_decodes(self, m: int, verified, cap, lead, conf, given, itl_ms: float = -1.0) -> DecodeOutcome:
-        """Commit m steps of the decode slots (the compiled dsim.kernels_step.commit_decodes),
-        then the speculative counters, the confidence history and the head's samples. With
-        itl_ms >= 0 (every slot emitted at the previous step's end and emits in each step, the
-        largest gap itl_ms) also the slots' emission counts and largest ITL; else those are the
-        caller's (see _itl)."""
+    def _commit_decodes(self, plan: StepPlan, moved: list, m: int, t: float) -> DecodeOutcome:
+        """A general step's commit, one compiled call (dsim.kernels_step.commit_step): its decode
+        slots (commit_decodes: tokens, speculative counters, the confidence history), their ITL
+        samples where some gap is not the step's duration, the m new slots of the prefills that
+        ended (moved: _append_slots' flat rows) and the removal of finished slots; then the
+        speculative counters and the head's samples (_account). Every slot emitted at the
+        previous step's end and the budget cut nothing: every gap is the step's duration, one
+        run-length ITL sample (the kernel's itl_ms). Leaves the removed requests' ids in
+        self._done_I from the returned index on (see _commit_step)."""
         n, K = self.n, self.K
-        if not K:
+        given = plan.decode_given
+        if K and n:
+            verified, cap, lead, conf = plan.verified, plan.commit_cap, plan.lead, plan.conf
+        else:
             verified = cap = lead = self._no_steps  # (the kernel reads none without drafts)
-        self._commit_buffers(n, m)
+            conf = self._no_conf
+        self._commit_buffers(n + m, 1)
+        itl_mode, j, itl_ms = 0, 0, -1.0
+        v = self.itl_vals
+        if n:
+            if given is None and self._last_is_prev_end:
+                itl_ms = plan.duration_ms
+                v.append((itl_ms, n))
+            else:
+                itl_mode = 2 if self._last_is_prev_end else 1
+                j = v.reserve(n if given is None else int(np.count_nonzero(given)))
+                self._last_is_prev_end = given is None
         if given is None:
             given = self._no_cut
-        st = self.stats
-        vt, at, lt, et, min_left = KS.commit_decodes(
+        if moved:
+            self._grow_slots(n + m)
+        d0 = self._done_n
+        self._grow_done(d0 + n + m)
+        R = self.R
+        vt, at, lt, et, w, d, ml, done_kv = KS.commit_step(
             self._I,
             self._F,
+            self._X,
             n,
-            m,
             K,
             verified,
             cap,
             lead,
             given,
-            st.accepted_hist,
+            self.stats.accepted_hist,
             itl_ms,
             self._slot_out,
             self._step_out,
+            conf,
+            self._cp,
+            self._cp2,
+            itl_mode,
+            float(t),
+            float(self.prev_end),
+            v.a,
+            j,
+            np.array(moved, dtype=np.int64) if moved else self._no_moved,
+            m,
+            R.prompt,
+            R.output,
+            R.cls,
+            R.emits,
+            R.itl_max,
+            R.first_token,
+            R.last_emit,
+            R.slot_rows if K else self._no_rows,
+            self.left_lb,
+            self._done_I,
+            self._done_F,
+            d0,
         )
-        self._account(m, conf, lead, vt, at, lt, et, min_left)
-        return DecodeOutcome(m, n, K, self._slot_out, self._step_out, vt, at, et, lt)
+        if n:
+            self._account(1, conf, lead, vt, at, lt, et, ml)
+        self.left_lb = int(ml)
+        self.kv_dec -= done_kv
+        self.n = w
+        self._done_n = d0 + d
+        return DecodeOutcome(1, n, K, self._slot_out, self._step_out, vt, at, et, lt)
 
     def _commit_buffers(self, n: int, m: int) -> None:
         """The commit kernels' reused buffers, grown to n slots and m steps: no prior emission
@@ -945,8 +986,9 @@ class Replica:
             self._step_out = np.empty((3, m), dtype=np.int64)
 
     def _account(self, m: int, conf, lead, vt: int, at: int, lt: int, et: int, min_left: int) -> None:
-        """After a commit of m steps: the speculative counters, the head's samples, the
-        confidence history, the slots' KV tokens and the bound on the smallest remaining output."""
+        """After a commit of m steps: the speculative counters, the head's samples, the slots' KV
+        tokens and the bound on the smallest remaining output (the confidence history is the
+        commit kernels')."""
         n, K = self.n, self.K
         st = self.stats
         if K:
@@ -963,11 +1005,6 @@ class Replica:
                 self.head_conf.append(conf[:m].transpose(0, 2, 1).reshape(-1)[:q])
                 self.head_acc.append((np.arange(K)[None, None, :] < lead[:m, :, None]).reshape(-1)[:q])
                 self.head_n += q
-            if self._cp >= 0:
-                X, cp = self._X, self._cp
-                if self._cp2 >= 0:  # (the production policy's)
-                    X[self._cp2 : self._cp2 + K, :n] = conf[m - 2] if m >= 2 else X[cp : cp + K, :n]
-                X[cp : cp + K, :n] = conf[m - 1]
         self.kv_dec += et
         self.left_lb = int(min_left)
 
@@ -981,26 +1018,13 @@ class Replica:
             qs = ([] if not n_dec else (qd.tolist() if qd is not None else [1] * n_dec)) + chunks
             ctxs = self.I[:, COMP].tolist() + [int(R.computed[r]) for r in plan.prefill_ids]
             self.shapes.append((self.idx, t, [x for x in qs if x], [c for x, c in zip(qs, ctxs) if x], plan.forward_ms))
-        verified = accepted = emitted_total = 0
-        n_dec_run = n_dec
-        if n_dec:
-            fast = given is None and self._last_is_prev_end  # every gap is this step's duration
-            out = self._commit_decodes(
-                1, plan.verified, plan.commit_cap, plan.lead, plan.conf, given, plan.duration_ms if fast else -1.0
-            )
-            verified, accepted, emitted_total = out.total_verified, out.total_accepted, out.total_committed
-            if fast:
-                self.itl_vals.append((plan.duration_ms, n_dec))
-            else:
-                mask = None
-                if given is not None:
-                    mask = given > 0
-                    n_dec_run = int(np.count_nonzero(mask))
-                self._itl(self.I, self.F, t, plan.duration_ms, mask)
         # Prefills: chunks computed; those that reach the end of their prompt sample a token and
-        # become decode slots (their KV holds the prompt + generated - 1 tokens).
+        # become decode slots (their KV holds the prompt + generated - 1 tokens). (Before the
+        # decodes' commit, which touches none of them; a resumed request's ITL sample goes after
+        # the decodes'.)
+        moved: list = []  # the new slots' (rid, KV tokens, generated before, ROUNDS, ASUM, VSUM)
+        late_itl = None
         if chunks:
-            moved: list = []  # the new slots' (rid, KV tokens, generated before, ROUNDS, ASUM, VSUM)
             prefix = self.cfg.enable_prefix_caching and self.prefix_hashes is not None
             computed, generated, prompt_l, blocks = R.computed, R.generated, R.prompt_l, R.blocks
             spec_counts = R.spec_counts
@@ -1017,7 +1041,9 @@ class Replica:
                     continue
                 if g:  # resumed after a preemption
                     gap = (t - R.last_emit[rid]) * 1000.0
-                    self.itl_vals.append((gap, 1))
+                    if late_itl is None:
+                        late_itl = []
+                    late_itl.append((gap, 1))
                     R.itl_max[rid] = max(R.itl_max[rid], gap)
                     R.emits[rid] += 1
                 generated[rid] = g + 1
@@ -1027,16 +1053,21 @@ class Replica:
                 blocks[rid] = 0
                 kv += cp
             if moved:
-                m = len(moved) // 6
-                emitted_total += m
                 self.pre_blocks -= freed
                 self.kv_dec += kv
-                if m == len(self.pre):  # (all of them: the new slots are a subset of pre)
+                if len(moved) // 6 == len(self.pre):  # (all of them: the new slots are a subset of pre)
                     self.pre = []
                 else:
                     mv = set(moved[0::6])
                     self.pre = [r for r in self.pre if r not in mv]
-                self._append_slots(moved, m, t)
+        m = len(moved) // 6
+        n_dec_run = n_dec if given is None else int(np.count_nonzero(given))
+        d0 = self._done_n
+        out = self._commit_decodes(plan, moved, m, t)
+        verified, accepted, emitted_total = out.total_verified, out.total_accepted, out.total_committed + m
+        if late_itl is not None:
+            for row in late_itl:
+                self.itl_vals.append(row)
         self.prev_end = t
         n_req = n_dec_run + len(chunks) - chunks.count(0)
         self.n_steps += 1
@@ -1057,44 +1088,15 @@ class Replica:
                 len(self.waiting),
             )
         )
-        self._finish_done()
-
-    def _itl(self, I, F, t, dur, mask):
-        """ITL samples of the decode slots emitting at t (all of them when mask is None).
-
-        While ``_last_is_prev_end`` holds, every slot's last emission is ``prev_end`` and
-        F[:, _LAST] is not kept up to date (it is written only when that stops holding)."""
-        if mask is None and self._last_is_prev_end:
-            # Everyone emitted at the previous step's end: every gap is this step's duration.
-            self.itl_vals.append((dur, len(F)))
-            np.maximum(F[:, _ITLMAX], dur, out=F[:, _ITLMAX])
-            I[:, EMITS] += 1
-            return
-        last = F[:, _LAST]
-        if self._last_is_prev_end:
-            last[:] = self.prev_end
-        sel = slice(None) if mask is None else mask
-        gaps = (t - last[sel]) * 1000.0
-        v = self.itl_vals
-        i = v.reserve(len(gaps))
-        v.a[0, i : i + len(gaps)] = gaps
-        v.a[1, i : i + len(gaps)] = 1.0
-        F[sel, _ITLMAX] = np.maximum(F[sel, _ITLMAX], gaps)
-        last[sel] = t
-        I[sel, EMITS] += 1
-        self._last_is_prev_end = mask is None
+        if self._done_n > d0:
+            # Per-request results are written to the request table once, at the end (flush).
+            self.on_finish(self._done_I[d0 : self._done_n, ID].tolist())
 
     def _finish_done(self):
         if not self.n or self.left_lb > 0:
             return
         n, d0 = self.n, self._done_n
-        if len(self._done_I) < d0 + n:
-            cap = max(2 * len(self._done_I), d0 + n)
-            for name in ("_done_I", "_done_F"):
-                old = getattr(self, name)
-                new = np.empty((cap, old.shape[1]), dtype=old.dtype)
-                new[:d0] = old[:d0]
-                setattr(self, name, new)
+        self._grow_done(d0 + n)
         w, d, min_left, done_kv = KS.remove_done(
             self._I, self._F, self._X, n, self._done_I, self._done_F, d0, float(self.env.now)
         )
@@ -1258,6 +1260,10 @@ class Replica:
             float(wf[4, last]),
             self._slot_out,
             self._step_out,
+            self._X,
+            conf if K > 0 else self._no_conf,
+            self._cp,
+            self._cp2,
             st.a,
             i,
             self.idx,

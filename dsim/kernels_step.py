@@ -693,7 +693,7 @@ def verify_arrays(mode, win, K, verified, cap):
 
 
 @njit(cache=True)
-def commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out):
+def commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out, X, conf, cp, cp2):
     """Commit m steps of the first n decode slots (verified, cap, lead [m, n]; not read when K = 0):
     per slot and step, accepted = min(full-block
     lead, commit cap) (a decode cut by the token budget, given[r] >= 0 tokens, verifies and commits
@@ -705,8 +705,10 @@ def commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot
     With ``itl_ms`` >= 0 (every slot emitted at the previous step's end and emits each of these
     steps, the largest gap being itl_ms) also each slot's emission count (EMITS += m) and largest
     ITL (F[r, 1]). The per-slot outputs are slot_out's rows (em, ver_r, acc_r), the per-step
-    totals step_out's (verified, accepted, emitted). Returns (verified, accepted, full-block
-    accepted, emitted, min remaining output)."""
+    totals step_out's (verified, accepted, emitted). With drafts and cp >= 0 also the slots'
+    confidence history: X rows cp..cp+K-1 = the last step's confidences conf[m - 1] and, with
+    cp2 >= 0, rows cp2.. = the step's before (conf[m - 2], or the old rows cp.. after one step).
+    Returns (verified, accepted, full-block accepted, emitted, min remaining output)."""
     em = slot_out[0]
     ver_r = slot_out[1]
     acc_r = slot_out[2]
@@ -808,6 +810,13 @@ def commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot
     step_emit[m - 1] = etot - prior
     if n == 0:
         min_left = 0
+    if cp >= 0:
+        for r in range(n):
+            if cp2 >= 0:  # (the production policy's)
+                for j in range(K):
+                    X[cp2 + j, r] = conf[m - 2, j, r] if m >= 2 else X[cp + j, r]
+            for j in range(K):
+                X[cp + j, r] = conf[m - 1, j, r]
     return vtot, atot, ltot, etot, min_left
 
 
@@ -882,6 +891,54 @@ def new_slots(I, F, X, n, moved, m, t_now, prompt, output, cls, emits, itl_max, 
         if end - comp < min_left:
             min_left = end - comp
     return min_left
+
+
+@njit(cache=True)
+def commit_step(I, F, X, n, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out, conf, cp, cp2,
+                itl_mode, t_now, prev_end, V, j, moved, m, prompt, output, cls, emits, itl_max, first_token,
+                last_emit, slot_rows, left_lb, done_I, done_F, d0):  # fmt: skip
+    """A general step's commit in one call, in the order its effects happen (one call instead of
+    three, with the Python between them): ``commit_decodes`` of its n decode slots (one step;
+    nothing when n = 0), then, for itl_mode 1 or 2, the ITL samples of the slots that emitted
+    (given[r] != 0), written into V [2, rows] from row j (gap = (t_now - last emission) x 1000,
+    count 1), and their largest ITL, last emission and emission count (itl_mode 2 first sets
+    every slot's last emission to prev_end; itl_mode 0: commit_decodes' itl_ms did this); then
+    ``new_slots`` for the m prefills that ended; then, where the smallest remaining output (the
+    commit's, else left_lb, lowered by the new slots') is not positive, ``remove_done`` into the
+    done rows from d0. Returns (verified, accepted, full-block accepted, emitted by the decodes,
+    slots live, slots removed, smallest remaining output or a lower bound, KV tokens removed)."""
+    vt = at = lt = et = 0
+    ml = left_lb
+    if n > 0:
+        vt, at, lt, et, ml = commit_decodes(
+            I, F, n, 1, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out, X, conf, cp, cp2
+        )
+        if itl_mode > 0:
+            k = j
+            for r in range(n):
+                if itl_mode == 2:
+                    F[r, 0] = prev_end
+                if given[r] == 0:  # (given: -1 where the budget cut nothing)
+                    continue
+                gap = (t_now - F[r, 0]) * 1000.0
+                V[0, k] = gap
+                V[1, k] = 1.0
+                k += 1
+                if gap > F[r, 1] or gap != gap:  # (np.maximum: the larger, NaN propagating)
+                    F[r, 1] = gap
+                F[r, 0] = t_now
+                I[r, EMITS] += 1
+    if m > 0:
+        lm = new_slots(I, F, X, n, moved, m, t_now, prompt, output, cls, emits, itl_max, first_token, last_emit,
+                       slot_rows)  # fmt: skip
+        if lm < ml:
+            ml = lm
+    w = n + m
+    d = 0
+    done_kv = 0
+    if w > 0 and ml <= 0:
+        w, d, ml, done_kv = remove_done(I, F, X, w, done_I, done_F, d0, t_now)
+    return vt, at, lt, et, w, d, ml, done_kv
 
 
 # ---- one step (or window) of the decode slots: draws, verify windows, verify modes ------------
@@ -1304,10 +1361,10 @@ def plan_window(
 
 
 @njit(cache=True)
-def commit_window(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out, S, i, replica,
-                  n_waiting, wi, wf, V, j):  # fmt: skip
+def commit_window(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out, X, conf, cp, cp2,
+                  S, i, replica, n_waiting, wi, wf, V, j):  # fmt: skip
     """A decode window's commit and its rows in one call: ``commit_decodes`` of its m steps, then
     ``window_rows`` from its per-step totals. Returns commit_decodes' totals."""
-    out = commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out)
+    out = commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out, X, conf, cp, cp2)
     window_rows(S, i, m, replica, n, n_waiting, wi, wf, step_out, V, j)
     return out
