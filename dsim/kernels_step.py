@@ -499,6 +499,158 @@ def _ratio_argmax(srt, RK, n_samp, row, extra, limit):
 
 
 @njit(cache=True)
+def _sort_small(g):
+    """g (uint32) sorted ascending in place: insertion sort up to 32 values, else numba's sort."""
+    c = g.shape[0]
+    if c > 32:
+        g.sort()
+        return
+    for i in range(1, c):
+        x = g[i]
+        j = i
+        while j > 0 and g[j - 1] > x:
+            g[j] = g[j - 1]
+            j -= 1
+        g[j] = x
+
+
+@njit(cache=True)
+def _ratio_argmax_any(v, n_samp, row, extra, limit):
+    """``_ratio_argmax`` of v sorted descending, from v in any order, sorting only the values
+    near the maximum. Where the denominators row[b] + extra (b <= limit) are finite, positive
+    and non-decreasing and the values lie in [0, 1]: a float32 value of exponent e is a multiple
+    of 2^(e - 150), so the sums of values from exponent e_min = ceil(log2 len(v)) - 30 + 127 on
+    are exact in float64 in any order (below 2^ceil(log2 len(v)), 53 bits); the top-b sum at
+    each boundary of the 11-bit digit groups (exponent, three mantissa bits) is therefore the
+    sorted loop's value, and so is the ratio there. A group whose bound (n_samp + the sum at its
+    end) / (its first denominator) is below the best boundary ratio holds no maximum (rounding
+    is monotone) and is skipped; the others are sorted and scanned in order, as the loop does,
+    first maximum kept. The values below e_min (and zeros) come last, sorted, summed in order.
+    Otherwise the full sort and ``_ratio_argmax``."""
+    N = v.shape[0]
+    ok = limit >= 64 and N < (1 << 24) and abs(n_samp) < np.inf
+    if ok:
+        # (counted without a branch or a carried value: the loop vectorises)
+        nbad = 0
+        for b in range(1, limit + 1):
+            nbad += not (row[b] + extra >= row[b - 1] + extra)
+        ok = nbad == 0 and row[0] + extra > 0 and row[limit] + extra < np.inf
+    cnt = np.zeros(1024, np.int64)
+    sums = np.zeros(1024, np.float64)
+    a = v.view(np.uint32)
+    if ok:
+        for i in range(N):
+            x = a[i]
+            if x > np.uint32(0x3F800000):  # above 1.0, negative (-0.0 too) or NaN
+                ok = False
+                break
+            d = np.int64(x >> np.uint32(20))
+            cnt[d] += 1
+            sums[d] += np.float64(v[i])
+    if not ok:
+        srt = np.empty(N, np.float32)
+        _sort_desc(v, srt)
+        return _ratio_argmax(srt, N, n_samp, row, extra, limit)
+    L = 0
+    while (1 << L) < N:
+        L += 1
+    d_min = (L - 30 + 127) << 3  # the first digit of exponent e_min
+    if d_min < 0:
+        d_min = 0
+    # the best ratio at the groups' boundaries (exact top-b sums)
+    best = n_samp / (row[0] + extra)
+    cs = 0.0
+    b = 0
+    for d in range(1016, d_min - 1, -1):
+        c = cnt[d]
+        if c == 0:
+            continue
+        b += c
+        if b > limit:
+            break
+        cs += sums[d]
+        r = (n_samp + cs) / (row[b] + extra)
+        if r > best:
+            best = r
+    # the groups that may hold the maximum, gathered by digit (a counting sort's scatter)
+    take = np.zeros(1024, np.bool_)
+    start = np.zeros(1025, np.int64)
+    cs = 0.0
+    b = 0
+    tail = 0
+    for d in range(1016, -1, -1):
+        c = cnt[d]
+        if c == 0:
+            continue
+        if b >= limit:
+            break
+        if d < d_min:
+            tail += c
+            take[d] = True
+            continue
+        end_cs = cs + sums[d]
+        if not (n_samp + end_cs) / (row[b] + extra) < best:
+            take[d] = True
+        cs = end_cs
+        b += c
+    pos = 0
+    for d in range(1016, -1, -1):
+        if take[d]:
+            start[d] = pos
+            pos += cnt[d]
+    buf = np.empty(pos, np.uint32)
+    fill = start.copy()
+    for i in range(N):
+        x = a[i]
+        d = np.int64(x >> np.uint32(20))
+        if take[d]:
+            buf[fill[d]] = x
+            fill[d] += 1
+    # the scan: skipped groups advance b and the (exact) sum; taken ones are sorted and walked
+    bi = 0
+    bestv = n_samp / (row[0] + extra)
+    cs = 0.0
+    b = 0
+    tail_lo = pos - tail
+    for d in range(1016, d_min - 1, -1):
+        c = cnt[d]
+        if c == 0:
+            continue
+        if b >= limit:
+            return bi
+        if not take[d]:
+            cs += sums[d]
+            b += c
+            continue
+        g = buf[start[d] : start[d] + c]
+        _sort_small(g)  # ascending bit patterns = ascending values
+        gf = g.view(np.float32)
+        for q in range(c - 1, -1, -1):
+            b += 1
+            if b > limit:
+                return bi
+            cs += np.float64(gf[q])
+            r = (n_samp + cs) / (row[b] + extra)
+            if r > bestv:
+                bestv = r
+                bi = b
+    if tail and b < limit:
+        g = buf[tail_lo:pos]
+        _sort_small(g)
+        gf = g.view(np.float32)
+        for q in range(tail - 1, -1, -1):
+            b += 1
+            if b > limit:
+                return bi
+            cs += np.float64(gf[q])
+            r = (n_samp + cs) / (row[b] + extra)
+            if r > bestv:
+                bestv = r
+                bi = b
+    return bi
+
+
+@njit(cache=True)
 def _early_stop(srt, n_samp, row, extra, limit):
     """DSpark Algorithm 1: B = the number of leading strict rises of Theta(b), at most limit."""
     cs = np.float64(srt[0]) if limit > 0 else 0.0
@@ -570,12 +722,13 @@ def _scores(c, K, R, flat, srt):
 
 
 @njit(cache=True)
-def _windows_scored(code, tau, flat, srt, src_srt, row, extra, n_samp, n_nondraft, token_limit, K, R, out):
+def _windows_scored(code, tau, flat, srt, src, row, extra, n_samp, n_nondraft, token_limit, K, R, out):
     """One step's verify windows from the scores already computed: ``flat`` (request-major
     survival of the confidences being verified), ``srt`` (flat sorted descending; may be empty
-    for vllm and paper-production, which only need its B-th largest value) and ``src_srt``
-    (sorted survival of the confidences vllm / paper-production budget from). K: positions in
-    use (min(K, k_max))."""
+    for vllm and paper-production, which only need its B-th largest value) and ``src`` (the
+    survival of the confidences vllm / paper-production budget from, in any order: their budget
+    is a function of the values only, ``_ratio_argmax_any``). K: positions in use
+    (min(K, k_max))."""
     RK = R * K
     allowed = token_limit - n_nondraft
     if allowed < 0:
@@ -597,13 +750,13 @@ def _windows_scored(code, tau, flat, srt, src_srt, row, extra, n_samp, n_nondraf
         return
     if code == VLLM or code == PAPER_PRODUCTION:
         if code == VLLM:
-            B = _ratio_argmax(src_srt, RK, n_samp, row, extra, M)
+            B = _ratio_argmax_any(src, n_samp, row, extra, M)
         else:
             npos = 0
             for i in range(RK):
-                if src_srt[i] > 0:
+                if src[i] > 0:
                     npos += 1
-            B = _ratio_argmax(src_srt, RK, n_samp, row, extra, M if M < npos else npos)
+            B = _ratio_argmax_any(src, n_samp, row, extra, M if M < npos else npos)
         _top_b(flat, srt, B, K, R, out)
         return
     npos = 0
@@ -641,10 +794,9 @@ def step_windows(code, tau, now, prev, old, row, extra, n_samp, n_nondraft, toke
         return
     if code == VLLM or code == PAPER_PRODUCTION:
         src_flat = np.empty(RK, np.float32)
-        src_srt = np.empty(RK, np.float32)
-        _scores(prev if code == VLLM else old, K, R, src_flat, src_srt)
+        _scores(prev if code == VLLM else old, K, R, src_flat, none)  # (the budget needs no order)
         _scores(now, K, R, flat, none)  # (top-B by selection: no sort)
-        _windows_scored(code, tau, flat, none, src_srt, row, extra, n_samp, n_nondraft, token_limit, K, R, out)
+        _windows_scored(code, tau, flat, none, src_flat, row, extra, n_samp, n_nondraft, token_limit, K, R, out)
         return
     srt = np.empty(RK, np.float32)
     _scores(now, K, R, flat, srt)
@@ -988,19 +1140,19 @@ def plan_decodes(
     RK = n * K
     scored = adaptive and code != FIXED
     flat = np.empty((3, RK if scored else 0), np.float32)  # step t's scores in row t % 3
-    srt = np.empty((3, RK if scored else 0), np.float32)  # sorted, where some step reads it
+    sorts = scored and (code == PAPER or code == SGLANG)  # (vllm and paper-production need no order)
+    srt = np.empty((3, RK if sorts else 0), np.float32)  # step t's scores sorted, in row t % 3
     back = 0  # how many steps back the budget's confidences are (vllm 1, paper-production 2)
     if adaptive and (code == VLLM or (code == PAPER_PRODUCTION and cp2 < 0)):
         back = 1
     elif adaptive and code == PAPER_PRODUCTION:
         back = 2
-    hist = np.empty((2, RK if back else 0), np.float32)  # sorted history: two, one step before
-    if back:
-        tmp = np.empty(RK, np.float32)
-        _scores(X[cp : cp + K, :n], K, n, tmp, hist[1])
-        if back == 2:
-            _scores(X[cp2 : cp2 + K, :n], K, n, tmp, hist[0])
     none = np.empty(0, np.float32)
+    hist = np.empty((2, RK if back else 0), np.float32)  # the history's scores: two, one step before
+    if back:
+        _scores(X[cp : cp + K, :n], K, n, hist[1], none)
+        if back == 2:
+            _scores(X[cp2 : cp2 + K, :n], K, n, hist[0], none)
     win = np.empty(n, np.int64)
     left0 = np.empty(n, np.int64)
     for r in range(n):
@@ -1034,14 +1186,13 @@ def plan_decodes(
             f = flat[t % 3] if scored else none
             own = none
             if scored:
-                # sorted where this step's policy reads it, or a later step's budget will
-                if code == PAPER or code == SGLANG or (back and t + back < steps):
+                if sorts:  # (sorted where this step's policy reads the order)
                     own = srt[t % 3]
                 _scores(conf[t], K, n, f, own)
             src = none
             if back:
                 if t >= back:
-                    src = srt[(t - back) % 3]
+                    src = flat[(t - back) % 3]  # (the scores of `back` steps before, still there)
                 else:
                     src = hist[t] if back == 2 else hist[1]
             extra = base_extra + kv_ms_per_tok * ctx if per_ctx else base_extra
