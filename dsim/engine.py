@@ -14,9 +14,10 @@ Each step:
 State is arrays over requests (global per-request table) and the running batch; nothing is a
 Python object per request or per token. The step's numeric work (draws, verify windows, verify
 modes, commit and accounting) runs in the compiled kernels of dsim.kernels_step. A step is
-planned as a ``StepPlan`` and its decodes committed as a ``DecodeOutcome`` (``_commit_decodes``);
-a decode window commits in the compiled ``commit_window`` (the same ``commit_decodes``, then the
-window's rows), and both end in one accounting path (``_account``).
+planned as a ``StepPlan`` and its decodes committed as a ``DecodeOutcome`` (``_commit_decodes``:
+one compiled ``commit_step``, which also writes the step's new decode slots and removes the
+finished ones); a decode window commits in the compiled ``commit_window`` (the same
+``commit_decodes``, then the window's rows), and both end in one accounting path (``_account``).
 
 Decode-only stretches (nothing to admit, no prefill running) are simulated as a *window* of up to
 ``max_window`` steps (and ``WINDOW_SLOTS`` slots x steps) at once ([k, R] arrays), then committed up to the first event (a completion,
