@@ -683,17 +683,20 @@ def _top_b(flat, srt, B, K, R, out):
             ngt += 1
     need = B - ngt
     ties = 0
-    for i in range(RK):
-        v = flat[i]
-        if v > thr:
-            sel = True
-        elif v == thr:
-            ties += 1
-            sel = ties <= need
-        else:
-            sel = False
-        if sel and v > 0:
-            out[i // K] += 1
+    for r in range(R):  # (i = r K + j in order, without a division per score)
+        c = 0
+        for j in range(K):
+            v = flat[r * K + j]
+            if v > thr:
+                sel = True
+            elif v == thr:
+                ties += 1
+                sel = ties <= need
+            else:
+                sel = False
+            if sel and v > 0:
+                c += 1
+        out[r] = c
 
 
 @njit(cache=True)
@@ -713,10 +716,21 @@ def _cap_fcfs(out, R, allowed):
 @njit(cache=True, inline="always")
 def _scores(c, K, R, flat, srt):
     """The request-major survival scores of confidences c [>=K, R] (flat) and, where srt is
-    not empty, the same sorted descending."""
-    S = np.empty((K, R), np.float32)
-    _survival(c, K, R, S)
-    _flat_rk(S, K, R, flat)
+    not empty, the same sorted descending. (``_survival`` then ``_flat_rk``, written straight
+    into flat: the same float32 products, without the [K, R] temporary and its second pass.)"""
+    for r in range(R):
+        acc = np.float32(1.0)
+        for j in range(K):
+            x = c[j, r]
+            if not x > 0:
+                x = np.float32(0.0)
+            elif x > 1:
+                x = np.float32(1.0)
+            if j == 0:
+                acc = np.float32(x)
+            else:
+                acc = np.float32(acc * x)
+            flat[r * K + j] = acc
     if srt.shape[0] == flat.shape[0]:
         _sort_desc(flat, srt)
 
