@@ -498,6 +498,12 @@ def _ratio_argmax(srt, RK, n_samp, row, extra, limit):
     return bi
 
 
+# From this many scores on, the vllm / paper-production budget reads them in any order
+# (``_ratio_argmax_any``); below, the sorted scores (one sort, whose order also gives the top-B
+# threshold), where the digit tables would cost more than the sort.
+GROUPED_MIN = 768
+
+
 @njit(cache=True)
 def _sort_small(g):
     """g (uint32) sorted ascending in place: insertion sort up to 32 values, else numba's sort."""
@@ -526,15 +532,19 @@ def _ratio_argmax_any(v, n_samp, row, extra, limit):
     end) / (its first denominator) is below the best boundary ratio holds no maximum (rounding
     is monotone) and is skipped; the others are sorted and scanned in order, as the loop does,
     first maximum kept. The values below e_min (and zeros) come last, sorted, summed in order.
-    Otherwise the full sort and ``_ratio_argmax``."""
+    Otherwise (and below GROUPED_MIN scores) the full sort and ``_ratio_argmax``."""
     N = v.shape[0]
-    ok = limit >= 64 and N < (1 << 24) and abs(n_samp) < np.inf
+    ok = N >= GROUPED_MIN and limit >= 64 and N < (1 << 24) and abs(n_samp) < np.inf
     if ok:
         # (counted without a branch or a carried value: the loop vectorises)
         nbad = 0
         for b in range(1, limit + 1):
             nbad += not (row[b] + extra >= row[b - 1] + extra)
         ok = nbad == 0 and row[0] + extra > 0 and row[limit] + extra < np.inf
+    if not ok:
+        srt = np.empty(N, np.float32)
+        _sort_desc(v, srt)
+        return _ratio_argmax(srt, N, n_samp, row, extra, limit)
     cnt = np.zeros(1024, np.int64)
     sums = np.zeros(1024, np.float64)
     a = v.view(np.uint32)
@@ -740,9 +750,9 @@ def _windows_scored(code, tau, flat, srt, src, row, extra, n_samp, n_nondraft, t
     """One step's verify windows from the scores already computed: ``flat`` (request-major
     survival of the confidences being verified), ``srt`` (flat sorted descending; may be empty
     for vllm and paper-production, which only need its B-th largest value) and ``src`` (the
-    survival of the confidences vllm / paper-production budget from, in any order: their budget
-    is a function of the values only, ``_ratio_argmax_any``). K: positions in use
-    (min(K, k_max))."""
+    survival of the confidences vllm / paper-production budget from: from GROUPED_MIN scores on
+    in any order, their budget being a function of the values only (``_ratio_argmax_any``),
+    below sorted descending). K: positions in use (min(K, k_max))."""
     RK = R * K
     allowed = token_limit - n_nondraft
     if allowed < 0:
@@ -763,14 +773,17 @@ def _windows_scored(code, tau, flat, srt, src, row, extra, n_samp, n_nondraft, t
         _cap_fcfs(out, R, allowed)
         return
     if code == VLLM or code == PAPER_PRODUCTION:
-        if code == VLLM:
-            B = _ratio_argmax_any(src, n_samp, row, extra, M)
-        else:
+        lim = M
+        if code == PAPER_PRODUCTION:
             npos = 0
             for i in range(RK):
                 if src[i] > 0:
                     npos += 1
-            B = _ratio_argmax_any(src, n_samp, row, extra, M if M < npos else npos)
+            lim = M if M < npos else npos
+        if RK >= GROUPED_MIN:
+            B = _ratio_argmax_any(src, n_samp, row, extra, lim)
+        else:
+            B = _ratio_argmax(src, RK, n_samp, row, extra, lim)
         _top_b(flat, srt, B, K, R, out)
         return
     npos = 0
@@ -808,9 +821,11 @@ def step_windows(code, tau, now, prev, old, row, extra, n_samp, n_nondraft, toke
         return
     if code == VLLM or code == PAPER_PRODUCTION:
         src_flat = np.empty(RK, np.float32)
-        _scores(prev if code == VLLM else old, K, R, src_flat, none)  # (the budget needs no order)
+        src_srt = np.empty(RK if RK < GROUPED_MIN else 0, np.float32)  # (sorted: see _windows_scored)
+        _scores(prev if code == VLLM else old, K, R, src_flat, src_srt)
         _scores(now, K, R, flat, none)  # (top-B by selection: no sort)
-        _windows_scored(code, tau, flat, none, src_flat, row, extra, n_samp, n_nondraft, token_limit, K, R, out)
+        src = src_flat if RK >= GROUPED_MIN else src_srt
+        _windows_scored(code, tau, flat, none, src, row, extra, n_samp, n_nondraft, token_limit, K, R, out)
         return
     srt = np.empty(RK, np.float32)
     _scores(now, K, R, flat, srt)
@@ -1154,8 +1169,8 @@ def plan_decodes(
     RK = n * K
     scored = adaptive and code != FIXED
     flat = np.empty((3, RK if scored else 0), np.float32)  # step t's scores in row t % 3
-    sorts = scored and (code == PAPER or code == SGLANG)  # (vllm and paper-production need no order)
-    srt = np.empty((3, RK if sorts else 0), np.float32)  # step t's scores sorted, in row t % 3
+    grouped = RK >= GROUPED_MIN  # (vllm and paper-production budgets from scores in any order)
+    srt = np.empty((3, RK if scored else 0), np.float32)  # step t's scores sorted, in row t % 3
     back = 0  # how many steps back the budget's confidences are (vllm 1, paper-production 2)
     if adaptive and (code == VLLM or (code == PAPER_PRODUCTION and cp2 < 0)):
         back = 1
@@ -1164,9 +1179,11 @@ def plan_decodes(
     none = np.empty(0, np.float32)
     hist = np.empty((2, RK if back else 0), np.float32)  # the history's scores: two, one step before
     if back:
-        _scores(X[cp : cp + K, :n], K, n, hist[1], none)
+        tmp = np.empty(RK if not grouped else 0, np.float32)
+        # (grouped: in request order; else sorted)
+        _scores(X[cp : cp + K, :n], K, n, hist[1] if grouped else tmp, none if grouped else hist[1])
         if back == 2:
-            _scores(X[cp2 : cp2 + K, :n], K, n, hist[0], none)
+            _scores(X[cp2 : cp2 + K, :n], K, n, hist[0] if grouped else tmp, none if grouped else hist[0])
     win = np.empty(n, np.int64)
     left0 = np.empty(n, np.int64)
     for r in range(n):
@@ -1200,13 +1217,14 @@ def plan_decodes(
             f = flat[t % 3] if scored else none
             own = none
             if scored:
-                if sorts:  # (sorted where this step's policy reads the order)
+                # sorted where this step's policy reads the order, or a later step's budget will
+                if code == PAPER or code == SGLANG or (back and not grouped and t + back < steps):
                     own = srt[t % 3]
                 _scores(conf[t], K, n, f, own)
             src = none
             if back:
                 if t >= back:
-                    src = flat[(t - back) % 3]  # (the scores of `back` steps before, still there)
+                    src = (flat if grouped else srt)[(t - back) % 3]  # (`back` steps before, still there)
                 else:
                     src = hist[t] if back == 2 else hist[1]
             extra = base_extra + kv_ms_per_tok * ctx if per_ctx else base_extra
