@@ -465,7 +465,7 @@ class Replica:
         self._transit_delay = self._kv_consumer and (cfg.remote_prefill_ms > 0 or cfg.remote_prefill_ms_per_ktok > 0)
         self.cpu_ms = 0.0 if cfg.async_scheduling else cost.cpu_overhead_ms
         self.prev_end = -1.0
-        self._last_is_prev_end = True  # every decode slot last emitted at prev_end (see _itl)
+        self._last_is_prev_end = True  # every decode slot last emitted at prev_end (see commit_step's itl_mode)
         self.steps = Columns(len(STEP_FIELDS), keep=keep_steps)  # the step table's rows (STEP_FIELDS order)
         # the step count and the sum of the steps' n_requests (whole numbers), kept or not
         self.n_steps = 0
@@ -901,11 +901,12 @@ class Replica:
         """A general step's commit, one compiled call (dsim.kernels_step.commit_step): its decode
         slots (commit_decodes: tokens, speculative counters, the confidence history), their ITL
         samples where some gap is not the step's duration, the m new slots of the prefills that
-        ended (moved: _append_slots' flat rows) and the removal of finished slots; then the
-        speculative counters and the head's samples (_account). Every slot emitted at the
-        previous step's end and the budget cut nothing: every gap is the step's duration, one
-        run-length ITL sample (the kernel's itl_ms). Leaves the removed requests' ids in
-        self._done_I from the returned index on (see _commit_step)."""
+        ended (moved: their flat (rid, KV tokens, generated before, ROUNDS, ASUM, VSUM) rows,
+        built by _commit_step) and the removal of finished slots; then the speculative counters
+        and the head's samples (_account). Where every slot emitted at the previous step's end
+        and the budget cut nothing, every gap is the step's duration: one run-length ITL sample
+        (the kernel's itl_ms). The removed requests' rows follow the earlier ones in
+        self._done_I (see _commit_step)."""
         n, K = self.n, self.K
         given = plan.decode_given
         if K and n:
