@@ -51,3 +51,11 @@ class Router:
 
     def dispatch(self, rid: int):
         self.replicas[self.route(rid)].submit(rid)
+
+    def dispatch_many(self, rids) -> None:
+        """dispatch(rid) for each of rids in turn (one replica: one submission of them all)."""
+        if len(self.replicas) == 1:
+            self.replicas[0].submit_many(rids)
+            return
+        for rid in rids:
+            self.replicas[self.route(rid)].submit(rid)

@@ -14,9 +14,10 @@ Each step:
 State is arrays over requests (global per-request table) and the running batch; nothing is a
 Python object per request or per token. The step's numeric work (draws, verify windows, verify
 modes, commit and accounting) runs in the compiled kernels of dsim.kernels_step. A step is
-planned as a ``StepPlan`` and its decodes committed as a ``DecodeOutcome`` (``_commit_decodes``);
-a decode window commits in the compiled ``commit_window`` (the same ``commit_decodes``, then the
-window's rows), and both end in one accounting path (``_account``).
+planned as a ``StepPlan`` and its decodes committed as a ``DecodeOutcome`` (``_commit_decodes``:
+one compiled ``commit_step``, which also writes the step's new decode slots and removes the
+finished ones); a decode window commits in the compiled ``commit_window`` (the same
+``commit_decodes``, then the window's rows), and both end in one accounting path (``_account``).
 
 Decode-only stretches (nothing to admit, no prefill running) are simulated as a *window* of up to
 ``max_window`` steps (and ``WINDOW_SLOTS`` slots x steps) at once ([k, R] arrays), then committed up to the first event (a completion,
@@ -410,6 +411,9 @@ class Replica:
         # context emitted before them (0 for a policy whose cost table fixes the context).
         self._ctx_ms_per_tok = cost.kv_ms_per_tok if pol is not None and pol.prices_context else 0.0
         self._no_row = np.zeros(1)
+        self._no_rows = np.zeros((1, 1), dtype=np.float32)  # (new_slots' slot rows without drafts)
+        self._no_conf = np.zeros((0, 0, 0), dtype=np.float32)  # (the commit's confidences without drafts)
+        self._no_moved = np.zeros(0, dtype=np.int64)
         self._no_steps = np.zeros((0, 0), dtype=np.int64)
         self._no_cut = np.full(16, -1, dtype=np.int64)  # decode_given of an uncut step
         # Outputs of the commit and removal kernels, reused from step to step (per slot, sized
@@ -455,9 +459,13 @@ class Replica:
         self.total_blocks = cost.profile.kv_capacity_blocks
         self.pre_blocks = 0  # blocks held by requests still prefilling
         self.lookahead = 1 + K
+        # submit's check: ceil((prompt + output - 1 + lookahead) / 16) > total_blocks exactly
+        # when prompt + output > this
+        self._fit_tokens = KV_BLOCK_TOKENS * self.total_blocks + 1 - self.lookahead
+        self._transit_delay = self._kv_consumer and (cfg.remote_prefill_ms > 0 or cfg.remote_prefill_ms_per_ktok > 0)
         self.cpu_ms = 0.0 if cfg.async_scheduling else cost.cpu_overhead_ms
         self.prev_end = -1.0
-        self._last_is_prev_end = True  # every decode slot last emitted at prev_end (see _itl)
+        self._last_is_prev_end = True  # every decode slot last emitted at prev_end (see commit_step's itl_mode)
         self.steps = Columns(len(STEP_FIELDS), keep=keep_steps)  # the step table's rows (STEP_FIELDS order)
         # the step count and the sum of the steps' n_requests (whole numbers), kept or not
         self.n_steps = 0
@@ -487,30 +495,32 @@ class Replica:
     def F(self) -> np.ndarray:
         return self._F[: self.n]
 
-    def _append_slots(self, rows: list, frows: list, cols: list):
-        m = len(rows)
+    def _grow_slots(self, cap: int) -> None:
+        """Room for cap decode slots in the slot buffers (doubling)."""
+        if cap <= len(self._I):
+            return
         n = self.n
-        if n + m > len(self._I):
-            cap = max(2 * len(self._I), n + m)
-            for name in ("_I", "_F"):
-                old = getattr(self, name)
-                new = np.zeros((cap, old.shape[1]), dtype=old.dtype)
-                new[:n] = old[:n]
-                setattr(self, name, new)
-            x = np.zeros((len(self._X), cap), dtype=np.float32)
-            x[:, :n] = self._X[:, :n]
-            self._X = x
-        if m == 1:
-            self._I[n] = rows[0]
-            self._F[n] = frows[0]
-            if self.K:
-                self._X[:, n] = self.R.slot_rows[cols[0]]
-        else:
-            self._I[n : n + m] = rows
-            self._F[n : n + m] = frows
-            if self.K:
-                self._X[:, n : n + m] = self.R.slot_rows[cols].T
-        self.n = n + m
+        cap = max(2 * len(self._I), cap)
+        for name in ("_I", "_F"):
+            old = getattr(self, name)
+            new = np.zeros((cap, old.shape[1]), dtype=old.dtype)
+            new[:n] = old[:n]
+            setattr(self, name, new)
+        x = np.zeros((len(self._X), cap), dtype=np.float32)
+        x[:, :n] = self._X[:, :n]
+        self._X = x
+
+    def _grow_done(self, rows: int) -> None:
+        """Room for rows finished requests' rows (doubling)."""
+        if rows <= len(self._done_I):
+            return
+        d0 = self._done_n
+        cap = max(2 * len(self._done_I), rows)
+        for name in ("_done_I", "_done_F"):
+            old = getattr(self, name)
+            new = np.empty((cap, old.shape[1]), dtype=old.dtype)
+            new[:d0] = old[:d0]
+            setattr(self, name, new)
 
     def _remove_slot(self, j: int):
         n = self.n
@@ -529,21 +539,44 @@ class Replica:
         R = self.R
         # A request whose whole life cannot fit the KV cache would be preempted forever (vLLM
         # refuses to start with max_model_len above the cache): say so on arrival.
-        need = -(-(R.prompt_l[rid] + R.output_l[rid] - 1 + self.lookahead) // KV_BLOCK_TOKENS)
-        if need > self.total_blocks:
-            raise InputError(
-                f"request {rid}: {R.prompt_l[rid]} prompt + {R.output_l[rid]} output tokens "
-                f"need {need} KV blocks, the cache holds {self.total_blocks} "
-                f"(profile memory.kv_cache_gib)"
-            )
-        self.R.replica[rid] = self.idx
-        cfg = self.cfg
-        if self._kv_consumer and (cfg.remote_prefill_ms > 0 or cfg.remote_prefill_ms_per_ktok > 0):
+        if R.prompt_l[rid] + R.output_l[rid] > self._fit_tokens:
+            self._too_big(rid)
+        R.replica[rid] = self.idx
+        if self._transit_delay:
+            cfg = self.cfg
             delay_ms = cfg.remote_prefill_ms + cfg.remote_prefill_ms_per_ktok * R.prompt_l[rid] / 1000.0
             self.in_transit += 1
             self.env.timeout(delay_ms / 1000.0).callbacks.append(lambda _, rid=rid: self._arrive(rid, True))
             return
         self._arrive(rid, False)
+
+    def submit_many(self, rids) -> None:
+        """submit(rid) for each of rids in turn (a range or list of request ids)."""
+        if self._transit_delay:
+            for rid in rids:
+                self.submit(rid)
+            return
+        R = self.R
+        prompt_l, output_l, lim = R.prompt_l, R.output_l, self._fit_tokens
+        for rid in rids:
+            if prompt_l[rid] + output_l[rid] > lim:
+                self._too_big(rid)
+        if isinstance(rids, range) and rids.step == 1:
+            R.replica[rids.start : rids.stop] = self.idx
+        else:
+            R.replica[list(rids)] = self.idx
+        self.waiting.extend(rids)
+        if not self.wake.triggered:
+            self.wake.succeed()
+
+    def _too_big(self, rid: int) -> None:
+        R = self.R
+        need = -(-(R.prompt_l[rid] + R.output_l[rid] - 1 + self.lookahead) // KV_BLOCK_TOKENS)
+        raise InputError(
+            f"request {rid}: {R.prompt_l[rid]} prompt + {R.output_l[rid]} output tokens "
+            f"need {need} KV blocks, the cache holds {self.total_blocks} "
+            f"(profile memory.kv_cache_gib)"
+        )
 
     def _arrive(self, rid: int, transit: bool) -> None:
         """rid joins the waiting queue (for a decode instance: its prompt's KV has arrived)."""
@@ -725,10 +758,12 @@ class Replica:
             prefix = cfg.enable_prefix_caching and self.prefix_hashes is not None
             consumer = self._kv_consumer
             prompt_l, generated, computed, blocks_l = R.prompt_l, R.generated, R.computed, R.blocks
+            cached, admit, seq = R.cached_tokens, R.admit, R.seq
             pre = self.pre
             # (_fits, its cheap bound first: the decode slots do not change while admitting)
             dec_bound = self.total_blocks - self._dec_blocks(False)
             now = self.env.now
+            pre_blocks, admit_seq = self.pre_blocks, self.admit_seq  # (written back before _fits)
             while waiting and left > 0 and n_run < max_seqs:
                 rid = waiting[0]
                 # (also on re-admission after a preemption: its computed blocks stay cached)
@@ -738,25 +773,31 @@ class Replica:
                     # computed here (a request preempted after its first token recomputes locally)
                     comp = max(comp, prompt_l[rid] - 1)
                 todo = prompt_l[rid] + generated[rid] - comp
-                c = min(todo, left, thr) if thr > 0 else min(todo, left)
+                c = todo if todo < left else left
+                if 0 < thr < c:
+                    c = thr
                 blocks = -(-(comp + c) // KV_BLOCK_TOKENS)
-                if dec_bound - self.pre_blocks < blocks and not self._fits(blocks):
-                    break
-                R.cached_tokens[rid] = hit
+                if dec_bound - pre_blocks < blocks:
+                    self.pre_blocks = pre_blocks
+                    if not self._fits(blocks):
+                        break
+                cached[rid] = hit
                 computed[rid] = comp
                 waiting.popleft()
-                self.pre_blocks += blocks
+                pre_blocks += blocks
                 blocks_l[rid] = blocks
-                if math.isnan(R.admit[rid]):
-                    R.admit[rid] = now
-                self.admit_seq += 1
-                R.seq[rid] = self.admit_seq
+                if admit[rid] != admit[rid]:  # (NaN: first admission)
+                    admit[rid] = now
+                admit_seq += 1
+                seq[rid] = admit_seq
                 pre.append(rid)
                 chunks.append(c)
-                n_pre_sample += c == todo
+                if c == todo:
+                    n_pre_sample += 1
                 left -= c
                 kv_pre += comp + c
                 n_run += 1
+            self.pre_blocks, self.admit_seq = pre_blocks, admit_seq
         pre_tokens = sum(chunks)
         n_tokens = dec_tokens + pre_tokens
         if n_tokens == 0:
@@ -856,36 +897,85 @@ class Replica:
         return conf, lead, verified, cap, v0, done
 
     # ---- commit: one path for single steps and decode windows ---------------------------------
-    def _commit_decodes(self, m: int, verified, cap, lead, conf, given, itl_ms: float = -1.0) -> DecodeOutcome:
-        """Commit m steps of the decode slots (the compiled dsim.kernels_step.commit_decodes),
-        then the speculative counters, the confidence history and the head's samples. With
-        itl_ms >= 0 (every slot emitted at the previous step's end and emits in each step, the
-        largest gap itl_ms) also the slots' emission counts and largest ITL; else those are the
-        caller's (see _itl)."""
+    def _commit_decodes(self, plan: StepPlan, moved: list, m: int, t: float) -> DecodeOutcome:
+        """A general step's commit, one compiled call (dsim.kernels_step.commit_step): its decode
+        slots (commit_decodes: tokens, speculative counters, the confidence history), their ITL
+        samples where some gap is not the step's duration, the m new slots of the prefills that
+        ended (moved: their flat (rid, KV tokens, generated before, ROUNDS, ASUM, VSUM) rows,
+        built by _commit_step) and the removal of finished slots; then the speculative counters
+        and the head's samples (_account). Where every slot emitted at the previous step's end
+        and the budget cut nothing, every gap is the step's duration: one run-length ITL sample
+        (the kernel's itl_ms). The removed requests' rows follow the earlier ones in
+        self._done_I (see _commit_step)."""
         n, K = self.n, self.K
-        if not K:
+        given = plan.decode_given
+        if K and n:
+            verified, cap, lead, conf = plan.verified, plan.commit_cap, plan.lead, plan.conf
+        else:
             verified = cap = lead = self._no_steps  # (the kernel reads none without drafts)
-        self._commit_buffers(n, m)
+            conf = self._no_conf
+        self._commit_buffers(n + m, 1)
+        itl_mode, j, itl_ms = 0, 0, -1.0
+        v = self.itl_vals
+        if n:
+            if given is None and self._last_is_prev_end:
+                itl_ms = plan.duration_ms
+                v.append((itl_ms, n))
+            else:
+                itl_mode = 2 if self._last_is_prev_end else 1
+                j = v.reserve(n if given is None else int(np.count_nonzero(given)))
+                self._last_is_prev_end = given is None
         if given is None:
             given = self._no_cut
-        st = self.stats
-        vt, at, lt, et, min_left = KS.commit_decodes(
+        if moved:
+            self._grow_slots(n + m)
+        d0 = self._done_n
+        self._grow_done(d0 + n + m)
+        R = self.R
+        vt, at, lt, et, w, d, ml, done_kv = KS.commit_step(
             self._I,
             self._F,
+            self._X,
             n,
-            m,
             K,
             verified,
             cap,
             lead,
             given,
-            st.accepted_hist,
+            self.stats.accepted_hist,
             itl_ms,
             self._slot_out,
             self._step_out,
+            conf,
+            self._cp,
+            self._cp2,
+            itl_mode,
+            float(t),
+            float(self.prev_end),
+            v.a,
+            j,
+            np.array(moved, dtype=np.int64) if moved else self._no_moved,
+            m,
+            R.prompt,
+            R.output,
+            R.cls,
+            R.emits,
+            R.itl_max,
+            R.first_token,
+            R.last_emit,
+            R.slot_rows if K else self._no_rows,
+            self.left_lb,
+            self._done_I,
+            self._done_F,
+            d0,
         )
-        self._account(m, conf, lead, vt, at, lt, et, min_left)
-        return DecodeOutcome(m, n, K, self._slot_out, self._step_out, vt, at, et, lt)
+        if n:
+            self._account(1, conf, lead, vt, at, lt, et, ml)
+        self.left_lb = int(ml)
+        self.kv_dec -= done_kv
+        self.n = w
+        self._done_n = d0 + d
+        return DecodeOutcome(1, n, K, self._slot_out, self._step_out, vt, at, et, lt)
 
     def _commit_buffers(self, n: int, m: int) -> None:
         """The commit kernels' reused buffers, grown to n slots and m steps: no prior emission
@@ -898,8 +988,9 @@ class Replica:
             self._step_out = np.empty((3, m), dtype=np.int64)
 
     def _account(self, m: int, conf, lead, vt: int, at: int, lt: int, et: int, min_left: int) -> None:
-        """After a commit of m steps: the speculative counters, the head's samples, the
-        confidence history, the slots' KV tokens and the bound on the smallest remaining output."""
+        """After a commit of m steps: the speculative counters, the head's samples, the slots' KV
+        tokens and the bound on the smallest remaining output (the confidence history is the
+        commit kernels')."""
         n, K = self.n, self.K
         st = self.stats
         if K:
@@ -916,11 +1007,6 @@ class Replica:
                 self.head_conf.append(conf[:m].transpose(0, 2, 1).reshape(-1)[:q])
                 self.head_acc.append((np.arange(K)[None, None, :] < lead[:m, :, None]).reshape(-1)[:q])
                 self.head_n += q
-            if self._cp >= 0:
-                X, cp = self._X, self._cp
-                if self._cp2 >= 0:  # (the production policy's)
-                    X[self._cp2 : self._cp2 + K, :n] = conf[m - 2] if m >= 2 else X[cp : cp + K, :n]
-                X[cp : cp + K, :n] = conf[m - 1]
         self.kv_dec += et
         self.left_lb = int(min_left)
 
@@ -934,29 +1020,17 @@ class Replica:
             qs = ([] if not n_dec else (qd.tolist() if qd is not None else [1] * n_dec)) + chunks
             ctxs = self.I[:, COMP].tolist() + [int(R.computed[r]) for r in plan.prefill_ids]
             self.shapes.append((self.idx, t, [x for x in qs if x], [c for x, c in zip(qs, ctxs) if x], plan.forward_ms))
-        verified = accepted = emitted_total = 0
-        n_dec_run = n_dec
-        if n_dec:
-            fast = given is None and self._last_is_prev_end  # every gap is this step's duration
-            out = self._commit_decodes(
-                1, plan.verified, plan.commit_cap, plan.lead, plan.conf, given, plan.duration_ms if fast else -1.0
-            )
-            verified, accepted, emitted_total = out.total_verified, out.total_accepted, out.total_committed
-            if fast:
-                self.itl_vals.append((plan.duration_ms, n_dec))
-            else:
-                mask = None
-                if given is not None:
-                    mask = given > 0
-                    n_dec_run = int(np.count_nonzero(mask))
-                self._itl(self.I, self.F, t, plan.duration_ms, mask)
         # Prefills: chunks computed; those that reach the end of their prompt sample a token and
-        # become decode slots (their KV holds the prompt + generated - 1 tokens).
-        moved: list = []
+        # become decode slots (their KV holds the prompt + generated - 1 tokens). (Before the
+        # decodes' commit, which touches none of them; a resumed request's ITL sample goes after
+        # the decodes'.)
+        moved: list = []  # the new slots' (rid, KV tokens, generated before, ROUNDS, ASUM, VSUM)
+        late_itl = None
         if chunks:
-            rows, frows = [], []
             prefix = self.cfg.enable_prefix_caching and self.prefix_hashes is not None
-            computed, generated, prompt_l = R.computed, R.generated, R.prompt_l
+            computed, generated, prompt_l, blocks = R.computed, R.generated, R.prompt_l, R.blocks
+            spec_counts = R.spec_counts
+            freed = kv = 0
             for rid, c in zip(plan.prefill_ids, chunks):
                 if c == 0:
                     continue
@@ -965,38 +1039,37 @@ class Replica:
                 if prefix:
                     self._prefix_insert(rid, cp)
                 g = generated[rid]
-                p = prompt_l[rid]
-                if cp != p + g:
+                if cp != prompt_l[rid] + g:
                     continue
-                emitted_total += 1
-                if g == 0:
-                    R.first_token[rid] = t
-                else:  # resumed after a preemption
+                if g:  # resumed after a preemption
                     gap = (t - R.last_emit[rid]) * 1000.0
-                    self.itl_vals.append((gap, 1))
+                    if late_itl is None:
+                        late_itl = []
+                    late_itl.append((gap, 1))
                     R.itl_max[rid] = max(R.itl_max[rid], gap)
                     R.emits[rid] += 1
-                g += 1
-                generated[rid] = g
-                R.last_emit[rid] = t
-                moved.append(rid)
-                comp = p + g - 1
-                end = p + R.output_l[rid] - 1
-                sc = R.spec_counts.pop(rid, (0, 0, 0)) if R.spec_counts else (0, 0, 0)  # (after a preemption)
-                rows.append((rid, comp, end, R.cls_l[rid], int(R.emits[rid])) + sc)
-                if end - comp < self.left_lb:
-                    self.left_lb = end - comp
-                self.pre_blocks -= R.blocks[rid]  # now counted from the slot's KV tokens
-                R.blocks[rid] = 0
-                frows.append((t, float(R.itl_max[rid])))
-                self.kv_dec += comp
+                generated[rid] = g + 1
+                # (its KV holds prompt + generated - 1 = cp tokens)
+                moved.extend((rid, cp, g, *spec_counts.pop(rid, (0, 0, 0))) if spec_counts else (rid, cp, g, 0, 0, 0))
+                freed += blocks[rid]  # now counted from the slot's KV tokens
+                blocks[rid] = 0
+                kv += cp
             if moved:
-                if len(moved) == len(self.pre):  # (all of them: moved is a subset of pre)
+                self.pre_blocks -= freed
+                self.kv_dec += kv
+                if len(moved) // 6 == len(self.pre):  # (all of them: the new slots are a subset of pre)
                     self.pre = []
                 else:
-                    mv = set(moved)
+                    mv = set(moved[0::6])
                     self.pre = [r for r in self.pre if r not in mv]
-                self._append_slots(rows, frows, moved)
+        m = len(moved) // 6
+        n_dec_run = n_dec if given is None else int(np.count_nonzero(given))
+        d0 = self._done_n
+        out = self._commit_decodes(plan, moved, m, t)
+        verified, accepted, emitted_total = out.total_verified, out.total_accepted, out.total_committed + m
+        if late_itl is not None:
+            for row in late_itl:
+                self.itl_vals.append(row)
         self.prev_end = t
         n_req = n_dec_run + len(chunks) - chunks.count(0)
         self.n_steps += 1
@@ -1017,44 +1090,15 @@ class Replica:
                 len(self.waiting),
             )
         )
-        self._finish_done()
-
-    def _itl(self, I, F, t, dur, mask):
-        """ITL samples of the decode slots emitting at t (all of them when mask is None).
-
-        While ``_last_is_prev_end`` holds, every slot's last emission is ``prev_end`` and
-        F[:, _LAST] is not kept up to date (it is written only when that stops holding)."""
-        if mask is None and self._last_is_prev_end:
-            # Everyone emitted at the previous step's end: every gap is this step's duration.
-            self.itl_vals.append((dur, len(F)))
-            np.maximum(F[:, _ITLMAX], dur, out=F[:, _ITLMAX])
-            I[:, EMITS] += 1
-            return
-        last = F[:, _LAST]
-        if self._last_is_prev_end:
-            last[:] = self.prev_end
-        sel = slice(None) if mask is None else mask
-        gaps = (t - last[sel]) * 1000.0
-        v = self.itl_vals
-        i = v.reserve(len(gaps))
-        v.a[0, i : i + len(gaps)] = gaps
-        v.a[1, i : i + len(gaps)] = 1.0
-        F[sel, _ITLMAX] = np.maximum(F[sel, _ITLMAX], gaps)
-        last[sel] = t
-        I[sel, EMITS] += 1
-        self._last_is_prev_end = mask is None
+        if self._done_n > d0:
+            # Per-request results are written to the request table once, at the end (flush).
+            self.on_finish(self._done_I[d0 : self._done_n, ID].tolist())
 
     def _finish_done(self):
         if not self.n or self.left_lb > 0:
             return
         n, d0 = self.n, self._done_n
-        if len(self._done_I) < d0 + n:
-            cap = max(2 * len(self._done_I), d0 + n)
-            for name in ("_done_I", "_done_F"):
-                old = getattr(self, name)
-                new = np.empty((cap, old.shape[1]), dtype=old.dtype)
-                new[:d0] = old[:d0]
-                setattr(self, name, new)
+        self._grow_done(d0 + n)
         w, d, min_left, done_kv = KS.remove_done(
             self._I, self._F, self._X, n, self._done_I, self._done_F, d0, float(self.env.now)
         )
@@ -1064,8 +1108,7 @@ class Replica:
             # Per-request results are written to the request table once, at the end (flush).
             self._done_n = d0 + d
             self.kv_dec -= done_kv
-            for rid in self._done_I[d0 : d0 + d, ID].tolist():
-                self.on_finish(rid)
+            self.on_finish(self._done_I[d0 : d0 + d, ID].tolist())
 
     def flush(self) -> None:
         """Write the finished requests' results into the shared request table; add every
@@ -1219,6 +1262,10 @@ class Replica:
             float(wf[4, last]),
             self._slot_out,
             self._step_out,
+            self._X,
+            conf if K > 0 else self._no_conf,
+            self._cp,
+            self._cp2,
             st.a,
             i,
             self.idx,

@@ -348,8 +348,69 @@ def _sort_desc(v, out):
 
 @njit(cache=True)
 def _kth_largest(v, k):
-    """The value at index k (0-based) of v sorted descending, without sorting (quickselect on a
-    copy, median-of-three pivots, three-way partition): the same value a full sort puts there."""
+    """The value at index k (0-based) of v sorted descending, without sorting: the same value a
+    full sort puts there. For the policies' scores (non-negative finite float32, which order as
+    their bit patterns) a radix selection: the top 10 bits' histogram picks the digit holding
+    rank k, then bits 11-21 and 0-10 of the values with that prefix, a small remainder sorted
+    (branch-free counting passes: a quickselect's data-dependent partition branches mispredict
+    on random scores, about 2.5x slower at 1,792 scores). Other input: the quickselect."""
+    n = v.shape[0]
+    if n <= 64:
+        return _kth_quickselect(v, k)
+    a = v.view(np.uint32)
+    cnt = np.zeros(2048, np.int64)
+    top = 0
+    for i in range(n):
+        d = np.int64(a[i] >> np.uint32(22))
+        cnt[d] += 1
+        if d > top:
+            top = d
+    if top >= 510:  # from 0x7F800000 on: an infinity, a NaN or a negative value (-0.0 too)
+        return _kth_quickselect(v, k)
+    d = top
+    while cnt[d] <= k:  # (descending: ranks from the largest digit down)
+        k -= cnt[d]
+        d -= 1
+    m = cnt[d]
+    b = np.empty(m, np.uint32)
+    j = 0
+    for i in range(n):
+        x = a[i]
+        if np.int64(x >> np.uint32(22)) == d:
+            b[j] = x
+            j += 1
+    for sh in (11, 0):
+        if m <= 32:
+            break
+        s = np.uint32(sh)
+        cnt[:] = 0
+        top = 0
+        for i in range(m):
+            d = np.int64((b[i] >> s) & np.uint32(2047))
+            cnt[d] += 1
+            if d > top:
+                top = d
+        d = top
+        while cnt[d] <= k:
+            k -= cnt[d]
+            d -= 1
+        if cnt[d] == m:  # every value left has this digit
+            continue
+        j = 0
+        for i in range(m):
+            x = b[i]
+            if np.int64((x >> s) & np.uint32(2047)) == d:
+                b[j] = x
+                j += 1
+        m = j
+    c = b[:m].copy()
+    c.sort()  # ascending bit patterns = ascending values
+    return c.view(np.float32)[m - 1 - k]
+
+
+@njit(cache=True)
+def _kth_quickselect(v, k):
+    """``_kth_largest`` by quickselect on a copy (median-of-three pivots, three-way partition)."""
     a = v.copy()
     lo = 0
     hi = a.shape[0] - 1
@@ -437,6 +498,168 @@ def _ratio_argmax(srt, RK, n_samp, row, extra, limit):
     return bi
 
 
+# From this many scores on, the vllm / paper-production budget reads them in any order
+# (``_ratio_argmax_any``); below, the sorted scores (one sort, whose order also gives the top-B
+# threshold), where the digit tables would cost more than the sort.
+GROUPED_MIN = 768
+
+
+@njit(cache=True)
+def _sort_small(g):
+    """g (uint32) sorted ascending in place: insertion sort up to 32 values, else numba's sort."""
+    c = g.shape[0]
+    if c > 32:
+        g.sort()
+        return
+    for i in range(1, c):
+        x = g[i]
+        j = i
+        while j > 0 and g[j - 1] > x:
+            g[j] = g[j - 1]
+            j -= 1
+        g[j] = x
+
+
+@njit(cache=True)
+def _ratio_argmax_any(v, n_samp, row, extra, limit):
+    """``_ratio_argmax`` of v sorted descending, from v in any order, sorting only the values
+    near the maximum. Where the denominators row[b] + extra (b <= limit) are finite, positive
+    and non-decreasing and the values lie in [0, 1]: a float32 value of exponent e is a multiple
+    of 2^(e - 150), so the sums of values from exponent e_min = ceil(log2 len(v)) - 30 + 127 on
+    are exact in float64 in any order (below 2^ceil(log2 len(v)), 53 bits); the top-b sum at
+    each boundary of the 11-bit digit groups (exponent, three mantissa bits) is therefore the
+    sorted loop's value, and so is the ratio there. A group whose bound (n_samp + the sum at its
+    end) / (its first denominator) is below the best boundary ratio holds no maximum (rounding
+    is monotone) and is skipped; the others are sorted and scanned in order, as the loop does,
+    first maximum kept. The values below e_min (and zeros) come last, sorted, summed in order.
+    Otherwise (and below GROUPED_MIN scores) the full sort and ``_ratio_argmax``."""
+    N = v.shape[0]
+    ok = N >= GROUPED_MIN and limit >= 64 and N < (1 << 24) and abs(n_samp) < np.inf
+    if ok:
+        # (counted without a branch or a carried value: the loop vectorises)
+        nbad = 0
+        for b in range(1, limit + 1):
+            nbad += not (row[b] + extra >= row[b - 1] + extra)
+        ok = nbad == 0 and row[0] + extra > 0 and row[limit] + extra < np.inf
+    if not ok:
+        srt = np.empty(N, np.float32)
+        _sort_desc(v, srt)
+        return _ratio_argmax(srt, N, n_samp, row, extra, limit)
+    cnt = np.zeros(1024, np.int64)
+    sums = np.zeros(1024, np.float64)
+    a = v.view(np.uint32)
+    if ok:
+        for i in range(N):
+            x = a[i]
+            if x > np.uint32(0x3F800000):  # above 1.0, negative (-0.0 too) or NaN
+                ok = False
+                break
+            d = np.int64(x >> np.uint32(20))
+            cnt[d] += 1
+            sums[d] += np.float64(v[i])
+    if not ok:
+        srt = np.empty(N, np.float32)
+        _sort_desc(v, srt)
+        return _ratio_argmax(srt, N, n_samp, row, extra, limit)
+    L = 0
+    while (1 << L) < N:
+        L += 1
+    d_min = (L - 30 + 127) << 3  # the first digit of exponent e_min
+    if d_min < 0:
+        d_min = 0
+    # the best ratio at the groups' boundaries (exact top-b sums)
+    best = n_samp / (row[0] + extra)
+    cs = 0.0
+    b = 0
+    for d in range(1016, d_min - 1, -1):
+        c = cnt[d]
+        if c == 0:
+            continue
+        b += c
+        if b > limit:
+            break
+        cs += sums[d]
+        r = (n_samp + cs) / (row[b] + extra)
+        if r > best:
+            best = r
+    # the groups that may hold the maximum, gathered by digit (a counting sort's scatter)
+    take = np.zeros(1024, np.bool_)
+    start = np.zeros(1025, np.int64)
+    cs = 0.0
+    b = 0
+    tail = 0
+    for d in range(1016, -1, -1):
+        c = cnt[d]
+        if c == 0:
+            continue
+        if b >= limit:
+            break
+        if d < d_min:
+            tail += c
+            take[d] = True
+            continue
+        end_cs = cs + sums[d]
+        if not (n_samp + end_cs) / (row[b] + extra) < best:
+            take[d] = True
+        cs = end_cs
+        b += c
+    pos = 0
+    for d in range(1016, -1, -1):
+        if take[d]:
+            start[d] = pos
+            pos += cnt[d]
+    buf = np.empty(pos, np.uint32)
+    fill = start.copy()
+    for i in range(N):
+        x = a[i]
+        d = np.int64(x >> np.uint32(20))
+        if take[d]:
+            buf[fill[d]] = x
+            fill[d] += 1
+    # the scan: skipped groups advance b and the (exact) sum; taken ones are sorted and walked
+    bi = 0
+    bestv = n_samp / (row[0] + extra)
+    cs = 0.0
+    b = 0
+    tail_lo = pos - tail
+    for d in range(1016, d_min - 1, -1):
+        c = cnt[d]
+        if c == 0:
+            continue
+        if b >= limit:
+            return bi
+        if not take[d]:
+            cs += sums[d]
+            b += c
+            continue
+        g = buf[start[d] : start[d] + c]
+        _sort_small(g)  # ascending bit patterns = ascending values
+        gf = g.view(np.float32)
+        for q in range(c - 1, -1, -1):
+            b += 1
+            if b > limit:
+                return bi
+            cs += np.float64(gf[q])
+            r = (n_samp + cs) / (row[b] + extra)
+            if r > bestv:
+                bestv = r
+                bi = b
+    if tail and b < limit:
+        g = buf[tail_lo:pos]
+        _sort_small(g)
+        gf = g.view(np.float32)
+        for q in range(tail - 1, -1, -1):
+            b += 1
+            if b > limit:
+                return bi
+            cs += np.float64(gf[q])
+            r = (n_samp + cs) / (row[b] + extra)
+            if r > bestv:
+                bestv = r
+                bi = b
+    return bi
+
+
 @njit(cache=True)
 def _early_stop(srt, n_samp, row, extra, limit):
     """DSpark Algorithm 1: B = the number of leading strict rises of Theta(b), at most limit."""
@@ -470,17 +693,20 @@ def _top_b(flat, srt, B, K, R, out):
             ngt += 1
     need = B - ngt
     ties = 0
-    for i in range(RK):
-        v = flat[i]
-        if v > thr:
-            sel = True
-        elif v == thr:
-            ties += 1
-            sel = ties <= need
-        else:
-            sel = False
-        if sel and v > 0:
-            out[i // K] += 1
+    for r in range(R):  # (i = r K + j in order, without a division per score)
+        c = 0
+        for j in range(K):
+            v = flat[r * K + j]
+            if v > thr:
+                sel = True
+            elif v == thr:
+                ties += 1
+                sel = ties <= need
+            else:
+                sel = False
+            if sel and v > 0:
+                c += 1
+        out[r] = c
 
 
 @njit(cache=True)
@@ -500,21 +726,33 @@ def _cap_fcfs(out, R, allowed):
 @njit(cache=True, inline="always")
 def _scores(c, K, R, flat, srt):
     """The request-major survival scores of confidences c [>=K, R] (flat) and, where srt is
-    not empty, the same sorted descending."""
-    S = np.empty((K, R), np.float32)
-    _survival(c, K, R, S)
-    _flat_rk(S, K, R, flat)
+    not empty, the same sorted descending. (``_survival`` then ``_flat_rk``, written straight
+    into flat: the same float32 products, without the [K, R] temporary and its second pass.)"""
+    for r in range(R):
+        acc = np.float32(1.0)
+        for j in range(K):
+            x = c[j, r]
+            if not x > 0:
+                x = np.float32(0.0)
+            elif x > 1:
+                x = np.float32(1.0)
+            if j == 0:
+                acc = np.float32(x)
+            else:
+                acc = np.float32(acc * x)
+            flat[r * K + j] = acc
     if srt.shape[0] == flat.shape[0]:
         _sort_desc(flat, srt)
 
 
 @njit(cache=True)
-def _windows_scored(code, tau, flat, srt, src_srt, row, extra, n_samp, n_nondraft, token_limit, K, R, out):
+def _windows_scored(code, tau, flat, srt, src, row, extra, n_samp, n_nondraft, token_limit, K, R, out):
     """One step's verify windows from the scores already computed: ``flat`` (request-major
     survival of the confidences being verified), ``srt`` (flat sorted descending; may be empty
-    for vllm and paper-production, which only need its B-th largest value) and ``src_srt``
-    (sorted survival of the confidences vllm / paper-production budget from). K: positions in
-    use (min(K, k_max))."""
+    for vllm and paper-production, which only need its B-th largest value) and ``src`` (the
+    survival of the confidences vllm / paper-production budget from: from GROUPED_MIN scores on
+    in any order, their budget being a function of the values only (``_ratio_argmax_any``),
+    below sorted descending). K: positions in use (min(K, k_max))."""
     RK = R * K
     allowed = token_limit - n_nondraft
     if allowed < 0:
@@ -535,14 +773,17 @@ def _windows_scored(code, tau, flat, srt, src_srt, row, extra, n_samp, n_nondraf
         _cap_fcfs(out, R, allowed)
         return
     if code == VLLM or code == PAPER_PRODUCTION:
-        if code == VLLM:
-            B = _ratio_argmax(src_srt, RK, n_samp, row, extra, M)
-        else:
+        lim = M
+        if code == PAPER_PRODUCTION:
             npos = 0
             for i in range(RK):
-                if src_srt[i] > 0:
+                if src[i] > 0:
                     npos += 1
-            B = _ratio_argmax(src_srt, RK, n_samp, row, extra, M if M < npos else npos)
+            lim = M if M < npos else npos
+        if RK >= GROUPED_MIN:
+            B = _ratio_argmax_any(src, n_samp, row, extra, lim)
+        else:
+            B = _ratio_argmax(src, RK, n_samp, row, extra, lim)
         _top_b(flat, srt, B, K, R, out)
         return
     npos = 0
@@ -580,10 +821,11 @@ def step_windows(code, tau, now, prev, old, row, extra, n_samp, n_nondraft, toke
         return
     if code == VLLM or code == PAPER_PRODUCTION:
         src_flat = np.empty(RK, np.float32)
-        src_srt = np.empty(RK, np.float32)
+        src_srt = np.empty(RK if RK < GROUPED_MIN else 0, np.float32)  # (sorted: see _windows_scored)
         _scores(prev if code == VLLM else old, K, R, src_flat, src_srt)
         _scores(now, K, R, flat, none)  # (top-B by selection: no sort)
-        _windows_scored(code, tau, flat, none, src_srt, row, extra, n_samp, n_nondraft, token_limit, K, R, out)
+        src = src_flat if RK >= GROUPED_MIN else src_srt
+        _windows_scored(code, tau, flat, none, src, row, extra, n_samp, n_nondraft, token_limit, K, R, out)
         return
     srt = np.empty(RK, np.float32)
     _scores(now, K, R, flat, srt)
@@ -632,7 +874,7 @@ def verify_arrays(mode, win, K, verified, cap):
 
 
 @njit(cache=True)
-def commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out):
+def commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out, X, conf, cp, cp2):
     """Commit m steps of the first n decode slots (verified, cap, lead [m, n]; not read when K = 0):
     per slot and step, accepted = min(full-block
     lead, commit cap) (a decode cut by the token budget, given[r] >= 0 tokens, verifies and commits
@@ -644,8 +886,10 @@ def commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot
     With ``itl_ms`` >= 0 (every slot emitted at the previous step's end and emits each of these
     steps, the largest gap being itl_ms) also each slot's emission count (EMITS += m) and largest
     ITL (F[r, 1]). The per-slot outputs are slot_out's rows (em, ver_r, acc_r), the per-step
-    totals step_out's (verified, accepted, emitted). Returns (verified, accepted, full-block
-    accepted, emitted, min remaining output)."""
+    totals step_out's (verified, accepted, emitted). With drafts and cp >= 0 also the slots'
+    confidence history: X rows cp..cp+K-1 = the last step's confidences conf[m - 1] and, with
+    cp2 >= 0, rows cp2.. = the step's before (conf[m - 2], or the old rows cp.. after one step).
+    Returns (verified, accepted, full-block accepted, emitted, min remaining output)."""
     em = slot_out[0]
     ver_r = slot_out[1]
     acc_r = slot_out[2]
@@ -747,6 +991,13 @@ def commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot
     step_emit[m - 1] = etot - prior
     if n == 0:
         min_left = 0
+    if cp >= 0:
+        for r in range(n):
+            if cp2 >= 0:  # (the production policy's)
+                for j in range(K):
+                    X[cp2 + j, r] = conf[m - 2, j, r] if m >= 2 else X[cp + j, r]
+            for j in range(K):
+                X[cp + j, r] = conf[m - 1, j, r]
     return vtot, atot, ltot, etot, min_left
 
 
@@ -785,6 +1036,90 @@ def remove_done(I, F, X, n, done_I, done_F, d0, t_now):
     if w == 0:
         min_left = 0
     return w, d, min_left, done_kv
+
+
+@njit(cache=True)
+def new_slots(I, F, X, n, moved, m, t_now, prompt, output, cls, emits, itl_max, first_token, last_emit, slot_rows):
+    """Append m decode slots after the first n for the requests whose prefill ended at t_now:
+    moved[6 i : 6 i + 6] = (request id, KV tokens, outputs generated before this token,
+    ROUNDS, ASUM, VSUM) of the i-th, in order. Writes the slots' int rows (ID, COMP, END = prompt
+    + output - 1, CLS, EMITS, the counters), float rows (last emission t_now, largest ITL) and,
+    where X has rows, their columns from slot_rows; each request's last emission (t_now) and,
+    for a first token, its time. The caller has grown the buffers. Returns the smallest remaining
+    output (END - COMP) of the new slots (2**62 when m = 0)."""
+    rows = X.shape[0]
+    min_left = np.int64(1) << 62
+    for i in range(m):
+        rid = moved[6 * i]
+        comp = moved[6 * i + 1]
+        w = n + i
+        end = prompt[rid] + output[rid] - 1
+        I[w, ID] = rid
+        I[w, COMP] = comp
+        I[w, END] = end
+        I[w, CLS] = cls[rid]
+        I[w, EMITS] = emits[rid]
+        I[w, ROUNDS] = moved[6 * i + 3]
+        I[w, ASUM] = moved[6 * i + 4]
+        I[w, VSUM] = moved[6 * i + 5]
+        F[w, 0] = t_now
+        F[w, 1] = itl_max[rid]
+        for q in range(rows):
+            X[q, w] = slot_rows[rid, q]
+        if moved[6 * i + 2] == 0:
+            first_token[rid] = t_now
+        last_emit[rid] = t_now
+        if end - comp < min_left:
+            min_left = end - comp
+    return min_left
+
+
+@njit(cache=True)
+def commit_step(I, F, X, n, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out, conf, cp, cp2,
+                itl_mode, t_now, prev_end, V, j, moved, m, prompt, output, cls, emits, itl_max, first_token,
+                last_emit, slot_rows, left_lb, done_I, done_F, d0):  # fmt: skip
+    """A general step's commit in one call, in the order its effects happen (one call instead of
+    three, with the Python between them): ``commit_decodes`` of its n decode slots (one step;
+    nothing when n = 0), then, for itl_mode 1 or 2, the ITL samples of the slots that emitted
+    (given[r] != 0), written into V [2, rows] from row j (gap = (t_now - last emission) x 1000,
+    count 1), and their largest ITL, last emission and emission count (itl_mode 2 first sets
+    every slot's last emission to prev_end; itl_mode 0: commit_decodes' itl_ms did this); then
+    ``new_slots`` for the m prefills that ended; then, where the smallest remaining output (the
+    commit's, else left_lb, lowered by the new slots') is not positive, ``remove_done`` into the
+    done rows from d0. Returns (verified, accepted, full-block accepted, emitted by the decodes,
+    slots live, slots removed, smallest remaining output or a lower bound, KV tokens removed)."""
+    vt = at = lt = et = 0
+    ml = left_lb
+    if n > 0:
+        vt, at, lt, et, ml = commit_decodes(
+            I, F, n, 1, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out, X, conf, cp, cp2
+        )
+        if itl_mode > 0:
+            k = j
+            for r in range(n):
+                if itl_mode == 2:
+                    F[r, 0] = prev_end
+                if given[r] == 0:  # (given: -1 where the budget cut nothing)
+                    continue
+                gap = (t_now - F[r, 0]) * 1000.0
+                V[0, k] = gap
+                V[1, k] = 1.0
+                k += 1
+                if gap > F[r, 1] or gap != gap:  # (np.maximum: the larger, NaN propagating)
+                    F[r, 1] = gap
+                F[r, 0] = t_now
+                I[r, EMITS] += 1
+    if m > 0:
+        lm = new_slots(I, F, X, n, moved, m, t_now, prompt, output, cls, emits, itl_max, first_token, last_emit,
+                       slot_rows)  # fmt: skip
+        if lm < ml:
+            ml = lm
+    w = n + m
+    d = 0
+    done_kv = 0
+    if w > 0 and ml <= 0:
+        w, d, ml, done_kv = remove_done(I, F, X, w, done_I, done_F, d0, t_now)
+    return vt, at, lt, et, w, d, ml, done_kv
 
 
 # ---- one step (or window) of the decode slots: draws, verify windows, verify modes ------------
@@ -834,19 +1169,21 @@ def plan_decodes(
     RK = n * K
     scored = adaptive and code != FIXED
     flat = np.empty((3, RK if scored else 0), np.float32)  # step t's scores in row t % 3
-    srt = np.empty((3, RK if scored else 0), np.float32)  # sorted, where some step reads it
+    grouped = RK >= GROUPED_MIN  # (vllm and paper-production budgets from scores in any order)
+    srt = np.empty((3, RK if scored else 0), np.float32)  # step t's scores sorted, in row t % 3
     back = 0  # how many steps back the budget's confidences are (vllm 1, paper-production 2)
     if adaptive and (code == VLLM or (code == PAPER_PRODUCTION and cp2 < 0)):
         back = 1
     elif adaptive and code == PAPER_PRODUCTION:
         back = 2
-    hist = np.empty((2, RK if back else 0), np.float32)  # sorted history: two, one step before
-    if back:
-        tmp = np.empty(RK, np.float32)
-        _scores(X[cp : cp + K, :n], K, n, tmp, hist[1])
-        if back == 2:
-            _scores(X[cp2 : cp2 + K, :n], K, n, tmp, hist[0])
     none = np.empty(0, np.float32)
+    hist = np.empty((2, RK if back else 0), np.float32)  # the history's scores: two, one step before
+    if back:
+        tmp = np.empty(RK if not grouped else 0, np.float32)
+        # (grouped: in request order; else sorted)
+        _scores(X[cp : cp + K, :n], K, n, hist[1] if grouped else tmp, none if grouped else hist[1])
+        if back == 2:
+            _scores(X[cp2 : cp2 + K, :n], K, n, hist[0] if grouped else tmp, none if grouped else hist[0])
     win = np.empty(n, np.int64)
     left0 = np.empty(n, np.int64)
     for r in range(n):
@@ -880,14 +1217,14 @@ def plan_decodes(
             f = flat[t % 3] if scored else none
             own = none
             if scored:
-                # sorted where this step's policy reads it, or a later step's budget will
-                if code == PAPER or code == SGLANG or (back and t + back < steps):
+                # sorted where this step's policy reads the order, or a later step's budget will
+                if code == PAPER or code == SGLANG or (back and not grouped and t + back < steps):
                     own = srt[t % 3]
                 _scores(conf[t], K, n, f, own)
             src = none
             if back:
                 if t >= back:
-                    src = srt[(t - back) % 3]
+                    src = (flat if grouped else srt)[(t - back) % 3]  # (`back` steps before, still there)
                 else:
                     src = hist[t] if back == 2 else hist[1]
             extra = base_extra + kv_ms_per_tok * ctx if per_ctx else base_extra
@@ -1207,10 +1544,10 @@ def plan_window(
 
 
 @njit(cache=True)
-def commit_window(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out, S, i, replica,
-                  n_waiting, wi, wf, V, j):  # fmt: skip
+def commit_window(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out, X, conf, cp, cp2,
+                  S, i, replica, n_waiting, wi, wf, V, j):  # fmt: skip
     """A decode window's commit and its rows in one call: ``commit_decodes`` of its m steps, then
     ``window_rows`` from its per-step totals. Returns commit_decodes' totals."""
-    out = commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out)
+    out = commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out, X, conf, cp, cp2)
     window_rows(S, i, m, replica, n, n_waiting, wi, wf, step_out, V, j)
     return out

@@ -219,17 +219,27 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
 
         bar = tqdm(total=reqs.n, unit="req", delay=1.0, leave=False, dynamic_ncols=True)
 
-    def on_finish(rid: int) -> None:
+    def on_finish(rids: list) -> None:
+        """The requests rids (in finishing order) finished now: each user sends its next."""
         if bar is not None:
-            bar.update(1)
-        if closed and next_id[0] < reqs.n:  # the user sends its next request now
+            bar.update(len(rids))
+        if not closed:
+            return
+        gap, first = cfg.closed_loop_send_gap_ms / 1000.0, cfg.closed_loop_gap_ms / 1000.0
+        if gap <= 0.0 and first <= 0.0:
+            # (one batch: the next ids arrive now, dispatched in finishing order)
+            i = next_id[0]
+            j = min(i + len(rids), reqs.n)
+            if j > i:
+                next_id[0] = j
+                reqs.arrival[i:j] = env.now
+                router.dispatch_many(range(i, j))
+            return
+        for _ in rids:
+            if next_id[0] >= reqs.n:
+                return
             nid = next_id[0]
             next_id[0] += 1
-            gap, first = cfg.closed_loop_send_gap_ms / 1000.0, cfg.closed_loop_gap_ms / 1000.0
-            if gap <= 0.0 and first <= 0.0:
-                reqs.arrival[nid] = env.now
-                router.dispatch(nid)
-                return
             # the sends of one instant go out in turn, gap apart, the first `first` after it
             if burst[0] != env.now:
                 burst[0], burst[1] = env.now, 0

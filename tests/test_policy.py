@@ -246,3 +246,49 @@ def test_compiled_sort_and_selection_equal_numpy(v, seed):
         b = int(np.random.default_rng(seed).integers(0, len(v)))
         assert KS._kth_largest(v, b) == out[b]
         assert KS._kth_largest(v, 0) == out[0] and KS._kth_largest(v, len(v) - 1) == out[-1]
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    R=st.integers(1, 600),
+    K=st.integers(1, 7),
+    kind=st.sampled_from(["uniform", "ones", "steep", "zeros", "flat", "tiny"]),
+    base=st.floats(1.0, 60.0),
+    slope=st.floats(0.0, 0.08),
+    stair=st.integers(1, 16),
+    dip=st.booleans(),
+    extra=st.sampled_from([0.0, 0.25, 3.0]),
+    cut=st.floats(0.0, 1.0),
+    seed=st.integers(0, 2**16),
+)
+def test_ratio_argmax_in_any_order_equals_the_sorted_loop(R, K, kind, base, slope, stair, dip, extra, cut, seed):
+    """The vllm / paper-production budget from scores in any order (exact grouped sums, only the
+    groups near the maximum sorted) is the sorted loop's argmax, first maximum included: survival
+    scores of several shapes (ties, zeros, values below the exact-sum range), staircase cost rows,
+    some not non-decreasing (then the full sort)."""
+    from dsim import kernels_step as KS
+
+    rng = np.random.default_rng(seed)
+    c = rng.random((K, R)).astype(np.float32)
+    if kind == "ones":
+        c = np.where(rng.random((K, R)) < 0.4, np.float32(1.0), c)
+    elif kind == "steep":
+        c = (c**6).astype(np.float32)
+    elif kind == "zeros":
+        c = np.where(rng.random((K, R)) < 0.3, np.float32(0.0), c)
+    elif kind == "flat":
+        c = (0.95 + 0.05 * c).astype(np.float32)
+    S = np.empty((K, R), np.float32)
+    KS._survival(c, K, R, S)
+    v = np.ascontiguousarray(S.T).ravel()
+    if kind == "tiny":
+        v[rng.integers(0, len(v), size=4)] = np.float32(3e-30)
+    limit = int(round(cut * len(v)))
+    row = np.floor((base + slope * np.arange(limit + 1)) * stair) / stair
+    if dip and limit > 1:
+        row[limit // 2] *= 0.5  # (not non-decreasing)
+    srt = np.empty_like(v)
+    KS._sort_desc(v, srt)
+    want = KS._ratio_argmax(srt, len(v), float(R), row, extra, limit)
+    assert KS._ratio_argmax_any(v, float(R), row, extra, limit) == want
+    assert KS._ratio_argmax_any(srt, float(R), row, extra, limit) == want
