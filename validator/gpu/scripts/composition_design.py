@@ -26,6 +26,7 @@ def design(step: dict) -> list[dict]:
         return [(total // n + (1 if i < total % n else 0), 0) for i in range(n)]
 
     extra = [(4, 1500 + 37 * i) for i in range(24)]  # 24 more verify requests of 4 tokens
+    big = max(range(len(ch)), key=lambda i: ch[i][0]) if ch else 0  # their 96 tokens come off the largest chunk
     shapes = [
         ("decodes", dec, []),
         ("decodes+own", dec, ch),
@@ -33,7 +34,7 @@ def design(step: dict) -> list[dict]:
         ("decodes+1", dec, split(1)),
         ("decodes+3", dec, split(3)),
         ("decodes+8", dec, split(8)),
-        ("decodes+24x4+own-96", dec + extra, [(a - (96 if i == 0 else 0), b) for i, (a, b) in enumerate(ch)]),
+        ("decodes+24x4+own-96", dec + extra, [(a - (96 if i == big else 0), b) for i, (a, b) in enumerate(ch)]),
         ("chunks-own", [], ch),
         ("chunks-1", [], split(1)),
     ]
