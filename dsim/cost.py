@@ -1268,7 +1268,7 @@ def load_profile(name_or_path: str | None = None) -> Profile:
 
 def draft_extrapolation_slope(x: np.ndarray, ms: np.ndarray) -> float:
     """ms per request past a drafter table's last size: the least-squares slope of its top quarter
-    (sizes >= 3/4 of the last; at least the last two points), not >= 0. One slope over the last
+    (sizes >= 3/4 of the last; at least the last two points), >= 0. x: increasing sizes. One slope over the last
     two points of a fine grid (vLLM's capture sizes end 496, 512) would carry their timing noise
     to every larger batch; on a power-of-two grid the top quarter is those two points."""
     if len(x) < 2:
@@ -1279,7 +1279,10 @@ def draft_extrapolation_slope(x: np.ndarray, ms: np.ndarray) -> float:
         top[-2:] = True
     xs, ys = x[top].astype(float), ms[top].astype(float)
     dx = xs - xs.mean()
-    return max(float((dx * (ys - ys.mean())).sum() / (dx * dx).sum()), 0.0)
+    var = float((dx * dx).sum())
+    if var <= 0.0:  # one size repeated (a loaded table's sizes are strictly increasing)
+        return 0.0
+    return max(float((dx * (ys - ys.mean())).sum()) / var, 0.0)
 
 
 class CostModel:
