@@ -347,6 +347,13 @@ class Columns:
         return [*self._full, self.a[:, : self.n]]
 
 
+def _grown(old: np.ndarray, cap: int, keep: int, alloc) -> np.ndarray:
+    """A (cap, columns) buffer from ``alloc`` (np.zeros or np.empty) holding old's first keep rows."""
+    new = alloc((cap, old.shape[1]), dtype=old.dtype)
+    new[:keep] = old[:keep]
+    return new
+
+
 class Replica:
     """One engine replica driven by a simpy process.
 
@@ -501,11 +508,7 @@ class Replica:
             return
         n = self.n
         cap = max(2 * len(self._I), cap)
-        for name in ("_I", "_F"):
-            old = getattr(self, name)
-            new = np.zeros((cap, old.shape[1]), dtype=old.dtype)
-            new[:n] = old[:n]
-            setattr(self, name, new)
+        self._I, self._F = (_grown(a, cap, n, np.zeros) for a in (self._I, self._F))
         x = np.zeros((len(self._X), cap), dtype=np.float32)
         x[:, :n] = self._X[:, :n]
         self._X = x
@@ -516,11 +519,7 @@ class Replica:
             return
         d0 = self._done_n
         cap = max(2 * len(self._done_I), rows)
-        for name in ("_done_I", "_done_F"):
-            old = getattr(self, name)
-            new = np.empty((cap, old.shape[1]), dtype=old.dtype)
-            new[:d0] = old[:d0]
-            setattr(self, name, new)
+        self._done_I, self._done_F = (_grown(a, cap, d0, np.empty) for a in (self._done_I, self._done_F))
 
     def _remove_slot(self, j: int):
         n = self.n

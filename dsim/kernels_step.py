@@ -453,33 +453,6 @@ def _kth_quickselect(v, k):
 
 
 @njit(cache=True)
-def _survival(c, K, R, S):
-    """S[j, r] = prod_{i<=j} clip(c[i, r], 0, 1) in float32 (the reference's order); +0.0 for
-    non-positive values (a clipped -0.0 sorts with the zeros)."""
-    for r in range(R):
-        acc = np.float32(1.0)
-        for j in range(K):
-            x = c[j, r]
-            if not x > 0:
-                x = np.float32(0.0)
-            elif x > 1:
-                x = np.float32(1.0)
-            if j == 0:
-                acc = np.float32(x)
-            else:
-                acc = np.float32(acc * x)
-            S[j, r] = acc
-
-
-@njit(cache=True)
-def _flat_rk(S, K, R, flat):
-    """The request-major flattening (index r * K + j) of S[K, R]."""
-    for r in range(R):
-        for j in range(K):
-            flat[r * K + j] = S[j, r]
-
-
-@njit(cache=True)
 def _ratio_argmax(srt, RK, n_samp, row, extra, limit):
     """argmax over b in 0..limit of (n_samp + top-b sum) / (row[b] + extra), the first maximum
     (a NaN counts as the maximum, as np.argmax does)."""
@@ -726,8 +699,9 @@ def _cap_fcfs(out, R, allowed):
 @njit(cache=True, inline="always")
 def _scores(c, K, R, flat, srt):
     """The request-major survival scores of confidences c [>=K, R] (flat) and, where srt is
-    not empty, the same sorted descending. (``_survival`` then ``_flat_rk``, written straight
-    into flat: the same float32 products, without the [K, R] temporary and its second pass.)"""
+    not empty, the same sorted descending: S[j, r] = prod_{i<=j} clip(c[i, r], 0, 1) in float32 (the
+    reference's order; +0.0 for non-positive values, a clipped -0.0 sorting with the zeros) at
+    flat[r * K + j]."""
     for r in range(R):
         acc = np.float32(1.0)
         for j in range(K):
