@@ -809,6 +809,49 @@ def test_a_sweep_timed_in_several_processes_takes_each_points_median_over_proces
         RF.process_points(paths)
 
 
+def test_steps_timed_in_several_machine_starts_take_one_vote_per_start(tmp_path):
+    """refit.run_points / pool_table_points: busy steps timed in one start's three processes and in
+    two more starts (one file each, the same steps matched by shape, in another order, one of them
+    cut short): a point's time is the median over starts of each start's time, so the three
+    processes of one start are one vote; a sweep point above the capture limit re-timed as an
+    anchor in the starts becomes the median over the sweep's own time and the starts', one below it
+    stays a drift check, and the sweep's stored time is not changed."""
+    from validator.gpu import refit as RF
+
+    def pt(tag, q, reps, n=None):
+        return dict(tag=tag, shape_q=q, shape_ctx=[100] * len(q), n=n or sum(q), n_real=sum(q), R=len(q), ms=0.0, reps=reps)
+
+    def write(name, points):
+        path = tmp_path / name
+        path.write_text(json.dumps(dict(model="profiles/models/m.json", points=points)))
+        return str(path)
+
+    dec, short = [4] * 2000, [2, 96]
+    c = [
+        write(f"busy-m-p{i}.json", [pt("anchor-tail-mixed", dec, [r, r + 9, r]), pt("busy-short", short, [5.0 + i / 10])])
+        for i, r in enumerate((400.0, 401.0, 402.0))
+    ]
+    s1 = write("busy-m-S1.json", [pt("busy-short", short, [6.0, 6.1, 6.2]), pt("anchor-tail-mixed", dec, [420.0, 440.0, 421.0])])
+    s2 = write("busy-m-S2.json", [pt("anchor-tail-mixed", dec, [430.0, 431.0, 460.0])])
+    entry = ",".join(c) + "+" + s1 + "+" + s2
+    pts = RF.context_points([entry])
+    by = {p["tag"]: p for p in pts}
+    # start C: the median of its processes (401); then the median over starts 401, 421, 431
+    assert by["anchor-tail-mixed"]["run_ms"] == [401.0, 421.0, 431.0] and by["anchor-tail-mixed"]["ms"] == 421.0
+    assert by["busy-short"]["runs"] == 2 and by["busy-short"]["ms"] == pytest.approx((5.1 + 6.1) / 2)
+    assert not by["anchor-tail-mixed"]["fit"] and by["busy-short"]["fit"]
+    assert by["busy-short"]["source"] == "busy-m-p0.json,busy-m-p1.json,busy-m-p2.json+busy-m-S1.json+busy-m-S2.json"
+    sweep = [dict(tag="tail-mixed", shape_q=dec, shape_ctx=[100] * 2000, n=8000, ms=450.0), dict(tag="table", shape_q=[1], shape_ctx=[100], n=1, ms=9.0)]
+    small = dict(pt("anchor-table", [1], [8.0]), run_ms=[8.0, 8.2], ms=8.1)
+    pooled = RF.pool_table_points(sweep, [*pts, small], above=512)
+    assert [p["tag"] for p in pooled] == ["tail-mixed"] and pooled[0]["sweep_ms"] == 450.0
+    assert sweep[0]["ms"] == pytest.approx(426.0) and sweep[0]["run_ms"] == [450.0, 401.0, 421.0, 431.0]
+    assert sweep[1]["ms"] == 9.0
+    # a one-start entry: anchors stay drift checks
+    sweep[0]["ms"] = 450.0
+    assert RF.pool_table_points(sweep, RF.context_points([",".join(c)]), above=512) == []
+
+
 def test_printed_results_parse_back_to_every_rep(tmp_path):
     """scripts/print_results.py prints a sweep file's points and a replay file's steps one line
     each with every rep; read_printed recovers them (what a run's output tail must carry when its
@@ -925,24 +968,25 @@ def test_run_levels_closed_form_and_stored_runs(tmp_path, capsys):
     # stored records
     runs = {r: rl.combine(p) for r, p in rl.collect("qwen3-14b", []).items()}
     by_runs = {tuple(s["runs"]): s for s in rl.step_sets(runs, 6000)}
-    c256 = by_runs[("A", "B", "D", "E")]
-    assert c256["steps"] == 11 and c256["statistic"] == "fast level"
+    # later machine starts (start<k>) join the sets; the runs named here are the earlier ones
+    c256 = next(v for k, v in by_runs.items() if k[:4] == ("A", "B", "D", "E"))
+    assert c256["steps"] >= 10 and c256["statistic"] == "fast level"
     assert c256["levels"]["B"] == pytest.approx(1.0, abs=0.003) and 1.02 < c256["levels"]["D"] < 1.03
     assert c256["levels"]["E"] == pytest.approx(1.0, abs=0.003)
-    busy = by_runs[("busy", "repeat", "B", "C", "E")]
+    busy = next(v for k, v in by_runs.items() if k[:5] == ("busy", "repeat", "B", "C", "E"))
     assert busy["steps"] == 7 and 0.96 < busy["levels"]["B"] / busy["levels"]["C"] < 0.99
     # a new run's record joins by --add; bad input is one line and exit 2
     f = tmp_path / "check-qwen3-14b.json"
     f.write_text((REPLAYS / "s1d-qwen3-14b.json").read_text())  # run D's record, as a new run
     assert rl.main(["--models", "qwen3-14b", "--add", f"{f}:E", "--json", str(tmp_path / "l.json")]) == 0
     got = json.loads((tmp_path / "l.json").read_text())["models"]["qwen3-14b"]["step_sets"]
-    e = next(s for s in got if s["runs"] == ["A", "B", "D", "E"])
+    e = next(s for s in got if s["runs"][:4] == ["A", "B", "D", "E"])
     assert e["levels"]["A"] < e["levels"]["E"] < e["levels"]["D"]  # run D's record joins run E's two
     # the rule on one log: per run and pooled errors from the current profile against
     # max(target, the runs' spread on its steps); pooled is each step's median over the runs
     j = rl.judge("profiles/h200/steplogs-s1/default-c256-qwen3-14b.jsonl", ["qwen3-14b"], [])
-    assert list(j["levels"]) == ["A", "B", "D", "E"] and 0.02 < j["spread_pct"] / 100 < 0.03
-    assert j["limits_pct"] == dict(median=3.0, p90=6.0)
+    assert list(j["levels"])[:4] == ["A", "B", "D", "E"] and 0.02 < j["spread_pct"] / 100 < 0.06
+    assert j["limits_pct"] == dict(median=pytest.approx(max(3.0, j["spread_pct"])), p90=6.0)
     stored = json.loads((REPLAYS / "s1-qwen3-14b.repredicted.json").read_text())["logs"]["default-c256-qwen3-14b.jsonl"]
     assert j["runs"]["A"]["median"] == pytest.approx(stored["summary"]["all"]["median_abs_pct"], abs=1e-3)
     assert not j["runs"]["A"]["meets"] and j["runs"]["D"]["meets"]

@@ -73,6 +73,17 @@ def log(*a: Any) -> None:
     print(*a, flush=True)
 
 
+def run_identity(device: torch.device) -> dict:
+    """Which machine start timed a file: the GPU's UUID and the host's boot id (a fresh machine
+    start is a new boot, often another GPU), so files of one start can be grouped as one run."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = "unknown"
+    uuid = str(torch.cuda.get_device_properties(0).uuid) if device.type == "cuda" else "cpu"
+    return dict(gpu_uuid=uuid, boot_id=boot, started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+
 def gpu_info(device: torch.device) -> dict:
     if device.type != "cuda":
         return dict(gpu="cpu (dry run)", driver="n/a", torch=str(torch.__version__), cuda="n/a", mem_gib=16.0)

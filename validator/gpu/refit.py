@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -146,23 +147,84 @@ def process_points(paths: list[str]) -> list[dict]:
     return out
 
 
+def _step_key(p: dict) -> tuple:
+    return (p["tag"], tuple(p["shape_q"]), tuple(p["shape_ctx"]))
+
+
+def run_points(runs: list[list[str]]) -> list[dict]:
+    """Steps timed in several machine starts (runs), each in one or more fresh processes: a
+    point's time is the median over runs of each run's time (process_points over its processes,
+    or its one file's median rep). The level of the largest steps moves between machine starts by
+    about as much as the fidelity target (2-3 %; scripts/run_levels.py), more than between the
+    processes of one start (1 %), so a run, not a process, is one vote. Points are matched by step
+    (tag and shape); one timed in only some runs takes those runs' median. ``run_ms`` keeps every
+    run's time, ``runs`` how many timed it."""
+    per_run = []
+    for paths in runs:
+        pts = (
+            process_points(paths)
+            if len(paths) > 1
+            else [
+                dict(p, ms=float(np.median(p["reps"])) if p.get("reps") else float(p["ms"]))
+                for p in json.loads(Path(paths[0]).read_text())["points"]
+            ]
+        )
+        per_run.append({_step_key(p): p for p in pts})
+    order: list[tuple] = []
+    for run in per_run:
+        order += [k for k in run if k not in order]
+    out = []
+    for k in order:
+        have = [run[k] for run in per_run if k in run]
+        ms = [float(p["ms"]) for p in have]
+        out.append(dict(have[0], ms=float(np.median(ms)), reps=[round(m, 4) for m in ms], run_ms=ms, runs=len(have)))
+    return out
+
+
 def context_points(paths: list[str]) -> list[dict]:
     """The points of context sweeps (scripts/context_sweep.py): spread and longpre points are
-    fitted, the table anchors are not (they re-time the sweep's own steps: drift only). A point's
-    time is the median of its reps: the sweep's timer took the upper middle rep of an even count,
-    so a two-rep point (the long steps of a three-rep sweep) was its slower rep. A comma-joined
-    entry (a.json,b.json,...) is one sweep timed in several processes (process_points)."""
+    fitted, the table anchors are not (they re-time the sweep's own steps: drift only, except in a
+    multi-start entry, see pool_table_points). A point's time is the median of its reps: the
+    sweep's timer took the upper middle rep of an even count, so a two-rep point (the long steps of
+    a three-rep sweep) was its slower rep. A comma-joined entry (a.json,b.json,...) is one sweep
+    timed in several processes of one machine start (process_points); entries joined by '+'
+    (a.json,b.json+c.json+d.json) are the same steps timed in several machine starts (run_points)."""
     out = []
     for path in paths:
-        parts = path.split(",")
-        pts = process_points(parts) if len(parts) > 1 else json.loads(Path(path).read_text())["points"]
-        name = ",".join(Path(x).name for x in parts)
+        runs = [r.split(",") for r in path.split("+")]
+        if len(runs) > 1:
+            pts = run_points(runs)
+        elif len(runs[0]) > 1:
+            pts = process_points(runs[0])
+        else:
+            pts = json.loads(Path(path).read_text())["points"]
+        name = "+".join(",".join(Path(x).name for x in r) for r in runs)
         for p in pts:
             p = dict(p, fit=not p["tag"].startswith("anchor"), source=name)
-            if p.get("reps"):
+            if p.get("reps") and "run_ms" not in p:
                 p["ms"] = float(np.median(p["reps"]))
             out.append(p)
     return out
+
+
+def pool_table_points(pts: list[dict], ctx: list[dict], above: int) -> list[dict]:
+    """The sweep's own steps above ``above`` tokens (the capture limit) re-timed as anchors in a
+    multi-start entry: each such sweep point's time becomes the median over the sweep's run and
+    the anchors' runs (the tail's level moves between machine starts; run_points). Below the
+    capture limit the anchors stay drift checks. Returns one record per pooled point."""
+    anchors = {}
+    for a in ctx:
+        if a["tag"].startswith("anchor-") and "run_ms" in a and a["n"] > above:
+            anchors[(a["tag"][len("anchor-") :], tuple(a["shape_q"]), tuple(a["shape_ctx"]))] = a
+    pooled = []
+    for p in pts:
+        anchor = anchors.get(_step_key(p)) if "shape_q" in p else None
+        if anchor is None:
+            continue
+        ms = [float(p["ms"]), *anchor["run_ms"]]
+        pooled.append(dict(tag=p["tag"], n=p["n"], sweep_ms=float(p["ms"]), run_ms=ms, ms=float(np.median(ms))))
+        p["ms"], p["run_ms"] = float(np.median(ms)), ms
+    return pooled
 
 
 def fit_attention(points: list[dict], dims: dict, split: dict, knots: list[int] | None = None) -> tuple[dict, list]:
@@ -220,29 +282,37 @@ def refit_attention(raw_path: Path, ctx_paths: list[str], command: str) -> dict:
     point_shapes(pts, dims)
     for p in pts:
         p["fit"] = p["tag"] not in P.FIT_EXCLUDE
-    ctx_paths = [c for c in ctx_paths if Path(json.loads(Path(c.split(",")[0]).read_text())["model"]).stem == model]
+    ctx_paths = [
+        c for c in ctx_paths if Path(json.loads(Path(re.split("[,+]", c)[0]).read_text())["model"]).stem == model
+    ]
     if not ctx_paths:
         raise InputError(f"{raw_path}: no context sweep of {model} among --context")
     ctx = context_points(ctx_paths)
+    anchor_drift = drift(pts, ctx)
+    # the fit's copies: the stored sweep keeps its own times, so a refit pools from them again
+    fit_pts = [dict(p) for p in pts]
+    pooled = pool_table_points(fit_pts, ctx, max(int(c) for c in prof["capture_sizes"]))
     split = dict(prof["provenance"]["attention_check"]["split"])
     split.setdefault("sms", raw.get("info", {}).get("sms", 132))
-    allp = pts + ctx
+    allp = fit_pts + ctx
     fit, tried = fit_attention(allp, dims, split, knots=P.table_knots(prof["capture_sizes"]))
     fit["kv_ms_per_ktok_by_window_n128"] = P.kv_slope_by_window(pts)
     fit["occupancy_tried"] = tried
-    fit["anchor_drift"] = drift(pts, ctx)
+    fit["anchor_drift"] = anchor_drift
     prov = dict(prof["provenance"])
     new = _refitted_profile(prof, prov, fit)
     prov["method"] = _with_note(prov.get("method", ""), ATTENTION_NOTE)
     prov["attention_fit"] = dict(
         date=dt.date.today().isoformat(),
         command=command,
-        context_sweeps=[",".join(Path(x).name for x in c.split(",")) for c in ctx_paths],
+        context_sweeps=[re.sub("[^,+]*/", "", c) for c in ctx_paths],
         fitted_tags=sorted({p["tag"] for p in allp if p.get("fit", True) and p["tag"] not in P.FIT_EXCLUDE}),
         not_fitted_tags=sorted({p["tag"] for p in allp if not p.get("fit", True) or p["tag"] in P.FIT_EXCLUDE}),
         occupancy_tried=tried,
         anchor_drift=fit["anchor_drift"],
     )
+    if pooled:
+        prov["attention_fit"]["table_points_pooled_over_starts"] = pooled
     raw["points"] = pts
     raw["context_points"] = [p for p in allp if p.get("source")]
     raw["fit"] = fit
@@ -614,7 +684,9 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         help="context sweep JSON (scripts/context_sweep.py): refit with the attention terms; a.json,b.json,... "
-        "is one sweep timed in several processes (each point: the median over processes of each one's median)",
+        "is one sweep timed in several processes (each point: the median over processes of each one's median); "
+        "a.json,b.json+c.json+d.json the same steps timed in several machine starts (each point: the median "
+        "over starts), whose anchors above the capture limit are pooled with the sweep's own points",
     )
     ap.add_argument(
         "--repredict",
@@ -647,7 +719,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     try:
         for r in (
-            a.raw + [x for c in a.context for x in c.split(",")] + [x for t in a.repredict for x in t[:2]] + a.drafts
+            a.raw
+            + [x for c in a.context for x in re.split("[,+]", c)]
+            + [x for t in a.repredict for x in t[:2]]
+            + a.drafts
         ):
             if not Path(r).exists():
                 raise InputError(f"{r}: file not found")

@@ -49,12 +49,19 @@ def main(argv: list[str] | None = None) -> None:
         help="tags of the sweep's steps re-timed as anchors (at the sizes ANCHOR_N), e.g. add tail-mixed,tail-prefill "
         "for the busy and prompt-only steps at 8192 tokens",
     )
+    ap.add_argument(
+        "--anchor-n",
+        default=",".join(str(n) for n in ANCHOR_N),
+        help="token counts of the anchors (the sweep's steps of --anchor-tags at these sizes), e.g. 6144,8192",
+    )
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args(argv)
+    anchor_n = {int(x) for x in a.anchor_n.split(",") if x}
     import yaml
 
     from validator.gpu import model as M
     from validator.gpu import plan as P
+    from validator.gpu.profile import run_identity
 
     device, dtype = M.executor_device(a.dry_run)
     if a.profile:
@@ -77,10 +84,11 @@ def main(argv: list[str] | None = None) -> None:
     else:
         plan = P.busy_plan(parts=a.parts.split(","), quick=a.dry_run)
     sweep = P.sweep_plan(caps, P.tail_sizes(P.CAPTURE_LIMIT), kv_budget_tokens=budget)
-    anchors = [s for s in sweep if s.tag in a.anchor_tags.split(",") and s.n in ANCHOR_N]
+    anchors = [s for s in sweep if s.tag in a.anchor_tags.split(",") and s.n in anchor_n]
     if a.dry_run:
         anchors = [s for s in anchors if s.n <= 64]
         anchors = [P.StepShape(s.q, tuple(min(c, 64) for c in s.ctx), s.tag) for s in anchors]
+    run = run_identity(device)
     timer = M.Timer(device, a.reps, warm=1)
     big = M.Timer(device, max(2, a.reps - 2), warm=1)
     points = []
@@ -113,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
             f"chunks={m.n_chunks:4d}: {ms:8.3f} ms",
             flush=True,
         )
-        P.write_text_atomic(a.out, json.dumps(dict(model=a.model, split=M.SPLIT, points=points)))
+        P.write_text_atomic(a.out, json.dumps(dict(model=a.model, split=M.SPLIT, run=run, points=points)))
     print(f"context sweep: {len(points)} points in {time.time() - t0:.1f}s", flush=True)
 
 

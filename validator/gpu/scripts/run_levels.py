@@ -62,6 +62,17 @@ RUNS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         ("replay/s1e-{m}.json", "replay/s1e-{m}-?.json"),
     ),
 )
+RUNS += (
+    ("s2", "the third checking log's run (seed 2) with its composition design", ("replay/s2-{m}.json",)),
+    *(
+        (
+            f"start{k}",
+            f"machine start {k} (start_levels.sh: busy-decode and tail steps, then the c256 logs)",
+            (f"context/busy-{{m}}-start{k}.json", f"replay/start{k}-{{m}}.json"),
+        )
+        for k in range(1, 10)
+    ),
+)
 # Qwen3-14B's profile sweep ran in the context-sweep run (context_and_heldout.sh, PROFILE_MODEL)
 SAME_RUN = {("qwen3-14b", "sweep"): "context"}
 

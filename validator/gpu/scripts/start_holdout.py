@@ -1,0 +1,94 @@
+"""Leave one machine start out: for each start k that timed a model's busy steps and replayed
+checking logs (scripts/start_levels.sh: context/busy-<model>-start<k>.json and
+replay/start<k>-<model>.json), refit the profile with start k's steps left out of the pooled busy
+and tail points (validator.gpu.refit, as scripts/refit_h200.sh builds its --context), and predict
+start k's replays from that profile. A start's replays are then judged by a profile that never saw
+that GPU's level: the check the pooled fit can be trusted on. No GPU.
+
+    python3 validator/gpu/scripts/start_holdout.py [--model qwen3-14b] [--json OUT.json]
+
+Printed per start and log: median / p90 absolute error, % (target 3 / 6), the held-out profile's
+and the shipped profile's (fitted on every start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT))
+H200 = ROOT / "profiles" / "h200"
+
+
+def context_entries(model: str, leave_out: str | None = None) -> list[str]:
+    """refit --context arguments as refit_h200.sh builds them, without the files of ``leave_out``."""
+    out = [
+        str(H200 / "context" / f"{k}-{model}.json")
+        for k in ("ctx", "grid")
+        if (H200 / "context" / f"{k}-{model}.json").exists()
+    ]
+    procs = ",".join(sorted(glob.glob(str(H200 / "context" / f"busy-{model}-p[0-9]*.json"))))
+    starts = [
+        f
+        for f in sorted(glob.glob(str(H200 / "context" / f"busy-{model}-start[0-9]*.json")))
+        if Path(f).stem != f"busy-{model}-{leave_out}"
+    ]
+    busy = "+".join(x for x in [procs, *starts] if x)
+    if busy:
+        out.append(busy)
+    elif (H200 / "context" / f"busy-{model}.json").exists():
+        out.append(str(H200 / "context" / f"busy-{model}.json"))
+    return out
+
+
+def summaries(replay: Path, profile: Path) -> dict[str, dict]:
+    from validator.gpu import refit as RF
+
+    return {k: v["summary"]["all"] for k, v in RF.repredict(replay, profile).items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen3-14b")
+    ap.add_argument("--json", default="")
+    a = ap.parse_args(argv)
+    from validator.gpu import refit as RF
+
+    m = a.model
+    starts = sorted(
+        (re.search(r"start(\d+)", f).group(0) for f in glob.glob(str(H200 / "replay" / f"start[0-9]*-{m}.json"))),  # type: ignore[union-attr]
+        key=lambda s: int(s[5:]),
+    )
+    shipped = H200 / f"h200-{m}.yaml"
+    out: dict[str, dict] = {}
+    for s in starts:
+        replay = H200 / "replay" / f"{s}-{m}.json"
+        with tempfile.TemporaryDirectory() as tmp:
+            for suffix in (".yaml", ".raw.json"):
+                shutil.copy(H200 / f"h200-{m}{suffix}", Path(tmp) / f"h200-{m}{suffix}")
+            ctx = [x for c in context_entries(m, leave_out=s) for x in ("--context", c)]
+            if RF.main([str(Path(tmp) / f"h200-{m}.raw.json"), *ctx]) != 0:
+                return 2
+            held = summaries(replay, Path(tmp) / f"h200-{m}.yaml")
+        full = summaries(replay, shipped)
+        out[s] = {log: dict(held_out=held[log], shipped=full[log]) for log in held}
+        for log, r in out[s].items():
+            h, f = r["held_out"], r["shipped"]
+            print(
+                f"{m} {s} {log}: held out {h['median_abs_pct']:.2f} / {h['p90_abs_pct']:.2f} %, "
+                f"shipped {f['median_abs_pct']:.2f} / {f['p90_abs_pct']:.2f} %"
+            )
+    if a.json:
+        Path(a.json).write_text(json.dumps(dict(model=m, starts=out), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
