@@ -151,33 +151,80 @@ def _step_key(p: dict) -> tuple:
     return (p["tag"], tuple(p["shape_q"]), tuple(p["shape_ctx"]))
 
 
+def replay_steps(replay_path: Path, src: str, res: dict) -> list[tuple[dict, dict]]:
+    """(log step, replay row) pairs of one step log in a replay: the log's steps in order, the
+    first len(rows) of them where the replay was cut short, each checked against its row's size
+    and KV."""
+    root = Path(__file__).resolve().parents[2]
+    steps = P.read_steplog(root / src if not Path(src).is_absolute() else src)
+    rows = res["rows"]
+    if res.get("partial"):  # a replay cut short: its first len(rows) steps were timed
+        steps = steps[: len(rows)]
+    if len(steps) != len(rows):
+        raise InputError(f"{replay_path}: {src} has {len(rows)} rows, the log {len(steps)} steps")
+    for st, r in zip(steps, rows):
+        shape = P.StepShape(tuple(st["q"]), tuple(st["ctx"]))
+        if shape.n != r["n"] or shape.kv != r["kv"]:
+            raise InputError(f"{replay_path}: {src} step {r.get('step')}: shape differs from the log")
+    return list(zip(steps, rows))
+
+
+def replay_points(spec: str) -> list[dict]:
+    """A step log's steps in a replay (validator.gpu.replay output), ``REPLAY.json#LOG`` with LOG
+    the log's path as the replay names it: one point per replayed step, its shape read from the
+    log, its time the replay's (the median of its reps)."""
+    path, _, log = spec.partition("#")
+    rep = json.loads(Path(path).read_text())
+    if log not in rep.get("logs", {}):
+        raise InputError(f"{path}: no replay of {log}")
+    return [
+        dict(
+            tag="replay",
+            shape_q=list(st["q"]),
+            shape_ctx=list(st["ctx"]),
+            n=int(r["n"]),
+            R=int(r["R"]),
+            ms=float(r["measured_ms"]),
+            reps=r.get("reps_ms") or [],
+        )
+        for st, r in replay_steps(Path(path), log, rep["logs"][log])
+    ]
+
+
+def _shape_key(p: dict) -> tuple:
+    return (tuple(p["shape_q"]), tuple(p["shape_ctx"]))
+
+
 def run_points(runs: list[list[str]]) -> list[dict]:
     """Steps timed in several machine starts (runs), each in one or more fresh processes: a
     point's time is the median over runs of each run's time (process_points over its processes,
     or its one file's median rep). The level of the largest steps moves between machine starts by
     about as much as the fidelity target (2-3 %; scripts/run_levels.py), more than between the
-    processes of one start (1 %), so a run, not a process, is one vote. Points are matched by step
-    (tag and shape); one timed in only some runs takes those runs' median. ``run_ms`` keeps every
-    run's time, ``runs`` how many timed it."""
-    per_run = []
+    processes of one start (1 %), so a run, not a process, is one vote. A run may also be a
+    replay of the same steps written as a step log (``REPLAY.json#LOG``, replay_points): it votes
+    only on steps some sweep run timed (a replay never adds a step to the fit). Points are
+    matched by shape; one timed in only some runs takes those runs' median. ``run_ms`` keeps
+    every run's time, ``runs`` how many timed it."""
+    per_run, sweep_keys = [], []
     for paths in runs:
-        pts = (
-            process_points(paths)
-            if len(paths) > 1
-            else [
+        if len(paths) == 1 and "#" in paths[0]:
+            pts = replay_points(paths[0])
+        elif len(paths) > 1:
+            pts = process_points(paths)
+        else:
+            pts = [
                 dict(p, ms=float(np.median(p["reps"])) if p.get("reps") else float(p["ms"]))
                 for p in json.loads(Path(paths[0]).read_text())["points"]
             ]
-        )
-        per_run.append({_step_key(p): p for p in pts})
-    order: list[tuple] = []
-    for run in per_run:
-        order += [k for k in run if k not in order]
+        per_run.append({_shape_key(p): p for p in pts})
+        if "#" not in paths[0]:
+            sweep_keys += [k for k in per_run[-1] if k not in sweep_keys]
     out = []
-    for k in order:
+    for k in sweep_keys:
         have = [run[k] for run in per_run if k in run]
         ms = [float(p["ms"]) for p in have]
-        out.append(dict(have[0], ms=float(np.median(ms)), reps=[round(m, 4) for m in ms], run_ms=ms, runs=len(have)))
+        first = next(p for p in have if p["tag"] != "replay")
+        out.append(dict(first, ms=float(np.median(ms)), reps=[round(m, 4) for m in ms], run_ms=ms, runs=len(have)))
     return out
 
 
@@ -198,7 +245,7 @@ def context_points(paths: list[str]) -> list[dict]:
             pts = process_points(runs[0])
         else:
             pts = json.loads(Path(path).read_text())["points"]
-        name = "+".join(",".join(Path(x).name for x in r) for r in runs)
+        name = "+".join(",".join(Path(x).name for x in r) for r in runs).replace(".json#profiles/", ".json#")
         for p in pts:
             p = dict(p, fit=not p["tag"].startswith("anchor"), source=name)
             if p.get("reps") and "run_ms" not in p:
@@ -225,6 +272,17 @@ def pool_table_points(pts: list[dict], ctx: list[dict], above: int) -> list[dict
         pooled.append(dict(tag=p["tag"], n=p["n"], sweep_ms=float(p["ms"]), run_ms=ms, ms=float(np.median(ms))))
         p["ms"], p["run_ms"] = float(np.median(ms)), ms
     return pooled
+
+
+def fit_knots(caps: list[int], points: list[dict]) -> list[int]:
+    """The forward table's knots for a fit: plan.table_knots (the capture and tail sizes) and the
+    sizes above the capture limit where busy-decode steps were timed (plan.busy_plan). A saturated
+    step between two tail sizes does not cost the line between them (Qwen3-14B on the H200: the
+    7680-token busy steps sat 2.3 % under the line from 6144 to 8192), and that is where the
+    default trace's steps run at high concurrency; a size with points of its own gets its own F."""
+    top = max(int(c) for c in caps)
+    busy = {int(p["n"]) for p in points if p.get("tag") == "busy-decode" and int(p["n"]) > top}
+    return sorted(set(P.table_knots(caps)) | busy)
 
 
 def fit_attention(points: list[dict], dims: dict, split: dict, knots: list[int] | None = None) -> tuple[dict, list]:
@@ -283,7 +341,7 @@ def refit_attention(raw_path: Path, ctx_paths: list[str], command: str) -> dict:
     for p in pts:
         p["fit"] = p["tag"] not in P.FIT_EXCLUDE
     ctx_paths = [
-        c for c in ctx_paths if Path(json.loads(Path(re.split("[,+]", c)[0]).read_text())["model"]).stem == model
+        c for c in ctx_paths if Path(json.loads(Path(re.split("[,+#]", c)[0]).read_text())["model"]).stem == model
     ]
     if not ctx_paths:
         raise InputError(f"{raw_path}: no context sweep of {model} among --context")
@@ -295,7 +353,8 @@ def refit_attention(raw_path: Path, ctx_paths: list[str], command: str) -> dict:
     split = dict(prof["provenance"]["attention_check"]["split"])
     split.setdefault("sms", raw.get("info", {}).get("sms", 132))
     allp = fit_pts + ctx
-    fit, tried = fit_attention(allp, dims, split, knots=P.table_knots(prof["capture_sizes"]))
+    knots = fit_knots(prof["capture_sizes"], allp)
+    fit, tried = fit_attention(allp, dims, split, knots=knots)
     fit["kv_ms_per_ktok_by_window_n128"] = P.kv_slope_by_window(pts)
     fit["occupancy_tried"] = tried
     fit["anchor_drift"] = anchor_drift
@@ -305,7 +364,8 @@ def refit_attention(raw_path: Path, ctx_paths: list[str], command: str) -> dict:
     prov["attention_fit"] = dict(
         date=dt.date.today().isoformat(),
         command=command,
-        context_sweeps=[re.sub("[^,+]*/", "", c) for c in ctx_paths],
+        context_sweeps=[re.sub("[^,+#]*/", "", c) for c in ctx_paths],
+        busy_knots=[k for k in knots if k not in P.table_knots(prof["capture_sizes"])],
         fitted_tags=sorted({p["tag"] for p in allp if p.get("fit", True) and p["tag"] not in P.FIT_EXCLUDE}),
         not_fitted_tags=sorted({p["tag"] for p in allp if not p.get("fit", True) or p["tag"] in P.FIT_EXCLUDE}),
         occupancy_tried=tried,
@@ -341,23 +401,14 @@ def repredict(replay_path: Path, profile_path: Path, only: str | None = None) ->
 
     cost = P.CostModel(profile_from_dict(yaml.safe_load(profile_path.read_text()), str(profile_path)))
     rep = json.loads(replay_path.read_text())
-    root = Path(__file__).resolve().parents[2]
     out = {}
     names = [Path(src).name for src in rep["logs"]]
     for src, res in rep["logs"].items():
         if only is not None and src != only:
             continue
-        steps = P.read_steplog(root / src if not Path(src).is_absolute() else src)
-        rows = res["rows"]
-        if res.get("partial"):  # a replay cut short: its first len(rows) steps were timed
-            steps = steps[: len(rows)]
-        if len(steps) != len(rows):
-            raise InputError(f"{replay_path}: {src} has {len(rows)} rows, the log {len(steps)} steps")
         new_rows = []
-        for st, r in zip(steps, rows):
+        for st, r in replay_steps(replay_path, src, res):
             shape = P.StepShape(tuple(st["q"]), tuple(st["ctx"]))
-            if shape.n != r["n"] or shape.kv != r["kv"]:
-                raise InputError(f"{replay_path}: {src} step {r.get('step')}: shape differs from the log")
             new_rows.append(dict(r, predicted_ms=P.predicted_step_ms(cost, shape), predicted_log_ms=r["predicted_ms"]))
         out[Path(src).name if names.count(Path(src).name) == 1 else src] = dict(
             summary=P.error_summary(new_rows), rows=new_rows
@@ -686,7 +737,8 @@ def main(argv: list[str] | None = None) -> int:
         help="context sweep JSON (scripts/context_sweep.py): refit with the attention terms; a.json,b.json,... "
         "is one sweep timed in several processes (each point: the median over processes of each one's median); "
         "a.json,b.json+c.json+d.json the same steps timed in several machine starts (each point: the median "
-        "over starts), whose anchors above the capture limit are pooled with the sweep's own points",
+        "over starts), whose anchors above the capture limit are pooled with the sweep's own points; a start may "
+        "be a replay of the same steps as a step log, REPLAY.json#LOG",
     )
     ap.add_argument(
         "--repredict",
@@ -720,7 +772,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for r in (
             a.raw
-            + [x for c in a.context for x in re.split("[,+]", c)]
+            + [x.partition("#")[0] for c in a.context for x in re.split("[,+]", c)]
             + [x for t in a.repredict for x in t[:2]]
             + a.drafts
         ):

@@ -40,7 +40,13 @@ def context_entries(model: str, leave_out: str | None = None) -> list[str]:
         for f in sorted(glob.glob(str(H200 / "context" / f"busy-{model}-start[0-9]*.json")))
         if Path(f).stem != f"busy-{model}-{leave_out}"
     ]
-    busy = "+".join(x for x in [procs, *starts] if x)
+    log = f"profiles/h200/steplogs/busy-decode-{model}.jsonl"
+    replays = [
+        f"{f}#{log}"
+        for f in sorted(glob.glob(str(H200 / "replay" / f"*-{model}.json")))
+        if f'"{log}"' in Path(f).read_text()
+    ]
+    busy = "+".join(x for x in [procs, *starts, *replays] if x) if procs or starts else ""
     if busy:
         out.append(busy)
     elif (H200 / "context" / f"busy-{model}.json").exists():
