@@ -1383,6 +1383,7 @@ class CostModel:
                 f"{int(x[-1])} tokens) (inconsistent profile)"
             )
         self._ax_list, self._ams_list = self._ax.tolist(), self._ams.tolist()
+        self._above_memo: dict[int, float] = {}  # step_ms_one's sizes above the limit, as read
         if ra is not None:
             # format 3: the step's own attention replaces the share the forward table priced it at, looked
             # up at the size forward_ms looks up (the next profiled size to the limit, interpolated above)
@@ -1620,7 +1621,12 @@ class CostModel:
     def step_ms_one(self, n_tokens: int, kv_tokens: int) -> float:
         """step_ms for one step (Python scalars: the scheduler's every-step call)."""
         n = int(n_tokens)
-        f = self._below_list[n] if n <= self.limit else self._above_scalar(n)
+        if n <= self.limit:
+            f = self._below_list[n]
+        else:  # (the scheduler asks for a few hundred sizes, each many times)
+            f = self._above_memo.get(n)
+            if f is None:
+                f = self._above_memo[n] = self._above_scalar(n)
         return f + self.kv_ms_per_tok * kv_tokens
 
     def step_cost_row(self, n0: int, n1: int, kv_tokens: Any, extra_ms: float = 0.0) -> np.ndarray:

@@ -195,16 +195,19 @@ class Requests:
     def __init__(self, workload):
         n = len(workload.prompt_tokens)
         self.n = n
-        self.prompt = workload.prompt_tokens.astype(np.int64)
-        self.output = workload.output_tokens.astype(np.int64)
-        self.cls = workload.cls.astype(np.int64)
+        # the arrays the commit kernel reads and writes, as rows of two blocks (one argument each:
+        # a compiled call pays for every array argument)
+        self.req_i = np.zeros((4, n), dtype=np.int64)  # prompt, output, class, emissions
+        self.req_f = np.zeros((3, n))  # largest ITL, first token, last emission
+        self.prompt, self.output, self.cls, self.emits = self.req_i
+        self.itl_max, self.first_token, self.last_emit = self.req_f
+        self.prompt[:] = workload.prompt_tokens
+        self.output[:] = workload.output_tokens
+        self.cls[:] = workload.cls
+        self.first_token[:] = np.nan
         self.arrival = np.full(n, np.nan)
         self.admit = [math.nan] * n
-        self.first_token = np.full(n, np.nan)
         self.finish = np.full(n, np.nan)
-        self.last_emit = np.zeros(n)
-        self.itl_max = np.zeros(n)
-        self.emits = np.zeros(n, dtype=np.int64)
         # Scalar per-request state read and written one request at a time (admission, prefill)
         # lives in Python lists: indexing a list is several times cheaper than a numpy scalar.
         self.prompt_l = self.prompt.tolist()
@@ -471,6 +474,7 @@ class Replica:
         self._fit_tokens = KV_BLOCK_TOKENS * self.total_blocks + 1 - self.lookahead
         self._transit_delay = self._kv_consumer and (cfg.remote_prefill_ms > 0 or cfg.remote_prefill_ms_per_ktok > 0)
         self.cpu_ms = 0.0 if cfg.async_scheduling else cost.cpu_overhead_ms
+        self._step_terms = cost.has_prefill_terms or cost.has_context_terms
         self.prev_end = -1.0
         self._last_is_prev_end = True  # every decode slot last emitted at prev_end (see commit_step's itl_mode)
         self.steps = Columns(len(STEP_FIELDS), keep=keep_steps)  # the step table's rows (STEP_FIELDS order)
@@ -560,7 +564,9 @@ class Replica:
         for rid in rids:
             if prompt_l[rid] + output_l[rid] > lim:
                 self._too_big(rid)
-        if isinstance(rids, range) and rids.step == 1:
+        if len(rids) == 1:  # (the closed loop's usual one: an item, cheaper than a slice)
+            R.replica[rids[0]] = self.idx
+        elif isinstance(rids, range) and rids.step == 1:
             R.replica[rids.start : rids.stop] = self.idx
         else:
             R.replica[list(rids)] = self.idx
@@ -741,7 +747,11 @@ class Replica:
             grow = sum(pre_grow)
         else:
             pre_grow, grow = (), 0
-        if not self._fits(grow):
+        # (_fits, its cheap bound first: the decode slots do not change while planning)
+        dec_bound = (
+            self.total_blocks - (self.kv_dec + n_dec * (self.lookahead + KV_BLOCK_TOKENS - 1)) // KV_BLOCK_TOKENS
+        )
+        if dec_bound - self.pre_blocks < grow and not self._fits(grow):
             # (a lone request always fits: submit() checked its whole life against the cache)
             assert n_dec + len(self.pre) > 1, "KV accounting: a lone request does not fit"
             self._preempt_tail()
@@ -759,9 +769,7 @@ class Replica:
             prompt_l, generated, computed, blocks_l = R.prompt_l, R.generated, R.computed, R.blocks
             cached, admit, seq = R.cached_tokens, R.admit, R.seq
             pre = self.pre
-            # (_fits, its cheap bound first: the decode slots do not change while admitting)
-            dec_bound = self.total_blocks - self._dec_blocks(False)
-            now = self.env.now
+            now = self.env._now
             pre_blocks, admit_seq = self.pre_blocks, self.admit_seq  # (written back before _fits)
             while waiting and left > 0 and n_run < max_seqs:
                 rid = waiting[0]
@@ -803,8 +811,10 @@ class Replica:
             return None
         kv = self.kv_dec + dec_tokens + kv_pre
         n_sample = (n_dec if given is None else int(np.count_nonzero(given))) + n_pre_sample
-        fwd = self.cost.step_ms_one(n_tokens, kv) + self._prefill_ms(chunks) + self._context_ms(given, verified, chunks)
-        dur = fwd + self._draft_ms(n_sample) + self.cpu_ms
+        fwd = self.cost.step_ms_one(n_tokens, kv)
+        if self._step_terms:  # (profiles with prefill or per-request attention terms)
+            fwd = fwd + self._prefill_ms(chunks) + self._context_ms(given, verified, chunks)
+        dur = fwd + self._draft_ms(n_sample) + self.cpu_ms if self.K else fwd + self.cpu_ms
         return StepPlan(
             n_dec, given, conf, lead, verified, cap, list(self.pre), chunks, n_tokens, pre_tokens, kv, fwd, dur
         )
@@ -913,7 +923,8 @@ class Replica:
         else:
             verified = cap = lead = self._no_steps  # (the kernel reads none without drafts)
             conf = self._no_conf
-        self._commit_buffers(n + m, 1)
+        if len(self._no_cut) < n + m or self._slot_out.shape[1] < n + m:
+            self._commit_buffers(n + m, 1)
         itl_mode, j, itl_ms = 0, 0, -1.0
         v = self.itl_vals
         if n:
@@ -926,10 +937,11 @@ class Replica:
                 self._last_is_prev_end = given is None
         if given is None:
             given = self._no_cut
-        if moved:
+        if moved and n + m > len(self._I):
             self._grow_slots(n + m)
         d0 = self._done_n
-        self._grow_done(d0 + n + m)
+        if d0 + n + m > len(self._done_I):
+            self._grow_done(d0 + n + m)
         R = self.R
         vt, at, lt, et, w, d, ml, done_kv = KS.commit_step(
             self._I,
@@ -955,21 +967,18 @@ class Replica:
             j,
             np.array(moved, dtype=np.int64) if moved else self._no_moved,
             m,
-            R.prompt,
-            R.output,
-            R.cls,
-            R.emits,
-            R.itl_max,
-            R.first_token,
-            R.last_emit,
+            R.req_i,
+            R.req_f,
             R.slot_rows if K else self._no_rows,
             self.left_lb,
             self._done_I,
             self._done_F,
             d0,
         )
-        if n:
+        if n and K:
             self._account(1, conf, lead, vt, at, lt, et, ml)
+        else:
+            self.kv_dec += et
         self.left_lb = int(ml)
         self.kv_dec -= done_kv
         self.n = w

@@ -1050,8 +1050,8 @@ def new_slots(I, F, X, n, moved, m, t_now, prompt, output, cls, emits, itl_max, 
 
 @njit(cache=True)
 def commit_step(I, F, X, n, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out, conf, cp, cp2,
-                itl_mode, t_now, prev_end, V, j, moved, m, prompt, output, cls, emits, itl_max, first_token,
-                last_emit, slot_rows, left_lb, done_I, done_F, d0):  # fmt: skip
+                itl_mode, t_now, prev_end, V, j, moved, m, req_i, req_f, slot_rows, left_lb, done_I, done_F,
+                d0):  # fmt: skip
     """A general step's commit in one call, in the order its effects happen (one call instead of
     three, with the Python between them): ``commit_decodes`` of its n decode slots (one step;
     nothing when n = 0), then, for itl_mode 1 or 2, the ITL samples of the slots that emitted
@@ -1084,8 +1084,8 @@ def commit_step(I, F, X, n, K, verified, cap, lead, given, hist, itl_ms, slot_ou
                 F[r, 0] = t_now
                 I[r, EMITS] += 1
     if m > 0:
-        lm = new_slots(I, F, X, n, moved, m, t_now, prompt, output, cls, emits, itl_max, first_token, last_emit,
-                       slot_rows)  # fmt: skip
+        lm = new_slots(I, F, X, n, moved, m, t_now, req_i[0], req_i[1], req_i[2], req_i[3], req_f[0], req_f[1],
+                       req_f[2], slot_rows)  # fmt: skip
         if lm < ml:
             ml = lm
     w = n + m

@@ -219,20 +219,25 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
 
         bar = tqdm(total=reqs.n, unit="req", delay=1.0, leave=False, dynamic_ncols=True)
 
+    gap, first = cfg.closed_loop_send_gap_ms / 1000.0, cfg.closed_loop_gap_ms / 1000.0
+    at_once = gap <= 0.0 and first <= 0.0
+
     def on_finish(rids: list) -> None:
         """The requests rids (in finishing order) finished now: each user sends its next."""
         if bar is not None:
             bar.update(len(rids))
         if not closed:
             return
-        gap, first = cfg.closed_loop_send_gap_ms / 1000.0, cfg.closed_loop_gap_ms / 1000.0
-        if gap <= 0.0 and first <= 0.0:
+        if at_once:
             # (one batch: the next ids arrive now, dispatched in finishing order)
             i = next_id[0]
             j = min(i + len(rids), reqs.n)
             if j > i:
                 next_id[0] = j
-                reqs.arrival[i:j] = env.now
+                if j == i + 1:  # (one request: an item, cheaper than a slice)
+                    reqs.arrival[i] = env.now
+                else:
+                    reqs.arrival[i:j] = env.now
                 router.dispatch_many(range(i, j))
             return
         for _ in rids:

@@ -1,0 +1,120 @@
+"""Are this tree's simulation results byte-identical to another commit's? The check behind every
+speed change (docs/performance.md, "Results").
+
+    python benchmarks/check_identical.py --base e6011ca             # every configuration
+    python benchmarks/check_identical.py --base e6011ca --only c256  # those whose name contains c256
+
+Each configuration runs in its own subprocess per tree (``python -m dsim``'s package of that tree
+on sys.path, as bench_speed.py runs them) and prints one hash per part of the result: the summary
+less its wall time, the request table, the step table, the ITL samples and the step shapes where
+recorded. A configuration is identical when every part's hash is. Exit 1 on any difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_speed import base_tree  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = r"""
+import dataclasses, hashlib, json
+import numpy as np
+from dsim.cost import load_profile
+from dsim.engine import EngineConfig
+from dsim.sim import SimConfig, SpecConfig, simulate
+from dsim.workload import load_workload
+
+def closed(trace, users, per_user):
+    w = load_workload(trace, n=users * per_user)
+    return dataclasses.replace(w, closed_loop_concurrency=users, arrival_s=np.zeros(len(w.arrival_s)))
+
+cfg = {cfg}
+res = simulate(cfg)
+def h(x):
+    return hashlib.sha256(x).hexdigest()[:16]
+summ = {{k: v for k, v in res.summary.items() if "wall" not in k}}
+out = dict(summary=h(json.dumps(summ, sort_keys=True, default=str).encode()),
+           requests=h(res.requests.to_csv().encode()))
+if cfg.keep_steps:
+    out["steps"] = h(res.steps.to_csv().encode())
+if res.itl is not None:
+    out["itl"] = h(b"".join(np.ascontiguousarray(a).tobytes() for a in res.itl))
+if res.shapes is not None:
+    out["shapes"] = h(repr(res.shapes).encode())
+out["preemptions"] = int(res.summary.get("preemptions", 0))
+print(json.dumps(out))
+"""
+
+V4 = 'load_profile("deepseek-v4-class-h200x8")'
+DEF = "load_profile(None)"
+Q8 = 'load_profile("profiles/h200/h200-qwen3-8b.yaml")'
+CONFIGS = {
+    "c256-none": f"SimConfig(workload=closed('azure-conv', 256, 20), profile={V4})",
+    "c256-mtp": f"SimConfig(workload=closed('azure-conv', 256, 20), profile={V4}, spec=SpecConfig('mtp'))",
+    "c256-dspark": f"SimConfig(workload=closed('azure-conv', 256, 20), profile={V4}, "
+    "spec=SpecConfig('dspark', adaptive=True))",
+    "c64-eagle3-cap-accept": f"SimConfig(workload=closed('azure-conv', 64, 20), profile={V4}, "
+    "spec=SpecConfig('eagle3', verify_mode='cap-accept'))",
+    "c128-block": f"SimConfig(workload=closed('azure-conv', 128, 10), profile={V4}, spec=SpecConfig('block'))",
+    "c128-dspark-paper-production": f"SimConfig(workload=closed('azure-conv', 128, 10), profile={V4}, "
+    "spec=SpecConfig('dspark', adaptive=True, policy='paper-production'))",
+    "c128-dspark-threshold-static": f"SimConfig(workload=closed('azure-conv', 128, 10), profile={V4}, "
+    "spec=SpecConfig('dspark', adaptive=True, policy='threshold', verify_mode='static'))",
+    "c512-none-async": f"SimConfig(workload=closed('azure-conv', 512, 6), profile={V4}, "
+    "engine=EngineConfig(async_scheduling=True))",
+    "open-default-mtp-2nodes": f"SimConfig(workload=load_workload('azure-conv', n=2500), profile={DEF}, "
+    "nodes=2, spec=SpecConfig('mtp'))",
+    "open-default-dspark": f"SimConfig(workload=load_workload('azure-conv', n=2500), profile={DEF}, "
+    "spec=SpecConfig('dspark', adaptive=True))",
+    "open-qwen3-8b-chunked-shapes": f"SimConfig(workload=load_workload('azure-conv', n=1500), profile={Q8}, "
+    "gpus_per_node=1, spec=SpecConfig('mtp'), engine=EngineConfig(long_prefill_token_threshold=512, "
+    "max_num_batched_tokens=2048, record_shapes=True))",
+    "open-qwen3-8b-prefix": f"SimConfig(workload=load_workload('mooncake-conversation', n=800), profile={Q8}, "
+    "gpus_per_node=1, spec=SpecConfig('dspark', adaptive=True), engine=EngineConfig(enable_prefix_caching=True))",
+    "c256-none-no-steps": f"SimConfig(workload=closed('azure-conv', 256, 10), profile={V4}, keep_steps=False)",
+    # KV caches small enough to preempt
+    "c256-none-preempt": f"SimConfig(workload=closed('azure-conv', 256, 8), "
+    f"profile=dataclasses.replace({V4}, kv_cache_gib=3.0))",
+    "c256-dspark-preempt": f"SimConfig(workload=closed('azure-conv', 256, 8), "
+    f"profile=dataclasses.replace({V4}, kv_cache_gib=3.0), spec=SpecConfig('dspark', adaptive=True))",
+    "c64-qwen3-8b-mtp-chunked-preempt": f"SimConfig(workload=closed('azure-conv', 64, 10), "
+    f"profile=dataclasses.replace({Q8}, kv_cache_gib=0.6), gpus_per_node=1, spec=SpecConfig('mtp'), "
+    "engine=EngineConfig(long_prefill_token_threshold=512))",
+}
+
+
+def run(tree: Path, cfg: str) -> str:
+    code = CHILD.format(cfg=cfg)
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env)
+    if r.returncode:
+        return "error: " + (r.stderr.strip().splitlines() or ["?"])[-1]
+    return r.stdout.strip().splitlines()[-1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base", required=True, help="commit to compare with")
+    ap.add_argument("--only", default="", help="run the configurations whose name contains this")
+    a = ap.parse_args()
+    base = base_tree(a.base)
+    bad = 0
+    for name, cfg in CONFIGS.items():
+        if a.only and a.only not in name:
+            continue
+        this, other = run(ROOT, cfg), run(base, cfg)
+        same = this == other and not this.startswith("error")
+        bad += not same
+        print(f"{'same' if same else 'DIFFERENT':9s} {name}" + ("" if same else f"\n  this {this}\n  base {other}"))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
