@@ -79,6 +79,15 @@ CONFIGS = {
     "open-qwen3-8b-prefix": f"SimConfig(workload=load_workload('mooncake-conversation', n=800), profile={Q8}, "
     "gpus_per_node=1, spec=SpecConfig('dspark', adaptive=True), engine=EngineConfig(enable_prefix_caching=True))",
     "c256-none-no-steps": f"SimConfig(workload=closed('azure-conv', 256, 10), profile={V4}, keep_steps=False)",
+    "c128-dspark-paper-sglang-fixed": None,  # (expanded below: one configuration a policy)
+    "c256-none-budget-cut": f"SimConfig(workload=closed('azure-conv', 256, 8), profile={V4}, "
+    "engine=EngineConfig(max_num_batched_tokens=384))",
+    "c64-mtp-front-end-gaps": f"SimConfig(workload=closed('azure-conv', 64, 10), profile={V4}, "
+    "spec=SpecConfig('mtp'), closed_loop_gap_ms=3.0, closed_loop_send_gap_ms=0.5)",
+    "open-default-disaggregated-decode": f"SimConfig(workload=load_workload('azure-conv', n=2000), profile={DEF}, "
+    "spec=SpecConfig('mtp'), engine=EngineConfig(kv_role='kv_consumer', remote_prefill_ms=20.0))",
+    "open-qwen3-8b-prefix-none-2nodes": f"SimConfig(workload=load_workload('mooncake-conversation', n=800), "
+    f"profile={Q8}, gpus_per_node=1, nodes=2, router='affinity', engine=EngineConfig(enable_prefix_caching=True))",
     # KV caches small enough to preempt
     "c256-none-preempt": f"SimConfig(workload=closed('azure-conv', 256, 8), "
     f"profile=dataclasses.replace({V4}, kv_cache_gib=3.0))",
@@ -88,6 +97,14 @@ CONFIGS = {
     f"profile=dataclasses.replace({Q8}, kv_cache_gib=0.6), gpus_per_node=1, spec=SpecConfig('mtp'), "
     "engine=EngineConfig(long_prefill_token_threshold=512))",
 }
+
+
+for _policy in ("paper", "sglang", "fixed"):
+    CONFIGS[f"c128-dspark-{_policy}"] = (
+        f"SimConfig(workload=closed('azure-conv', 128, 10), profile={V4}, "
+        f"spec=SpecConfig('dspark', adaptive=True, policy='{_policy}'))"
+    )
+del CONFIGS["c128-dspark-paper-sglang-fixed"]
 
 
 def run(tree: Path, cfg: str) -> str:
