@@ -46,8 +46,10 @@ SPLIT_KEYS = ("fill", "balance", "min_chunk", "sms")
 # Attention implementation: "split" (the profiles' executor: folded GQA rows, split-KV chunks, exact
 # logsumexp merge, band over the new tokens; prefill chunks one causal call each) or "varlen" (one
 # variable-length causal flash call over every request of the step, decode and prefill alike, as
-# vLLM's FlashAttention backend runs mixed batches; no split-KV, no GQA folding)
-ATTENTION_IMPLS = ("split", "varlen")
+# vLLM's FlashAttention backend runs mixed batches; no split-KV, no GQA folding) or "packed" (the
+# same layout, one Triton kernel whose tiles pack a KV group's query heads for every window length,
+# split-KV where the step has too few tiles: packed_attention.py)
+ATTENTION_IMPLS = ("split", "varlen", "packed")
 ATTENTION_IMPL: dict[str, str] = dict(impl="split")
 
 
@@ -228,8 +230,13 @@ class StepMeta:
         dec_tokens = 0
         ndec_tok = int(starts[Rd]) if Rd else 0
         self.n_dec = ndec_tok
-        if self.impl == "varlen":
+        if self.impl in ("varlen", "packed"):
             self._one_call(starts, slot, device)
+            if self.impl == "packed" and device.type == "cuda":  # (the CPU runs the reference)
+                from validator.gpu.packed_attention import PackedPlan
+
+                sms = (split or {}).get("sms") or torch.cuda.get_device_properties(device).multi_processor_count
+                self.packed = PackedPlan(list(self.q), self.lens_k, H, kv, d, int(sms), device)  # one call
             return
         if Rd:
             dctx = [max(c, 1) for c in self.ctx[:Rd]]
@@ -280,6 +287,7 @@ class StepMeta:
             slot[starts[i] : starts[i + 1]] = base + c + np.arange(s)
             lens_k.append(c + s)
             base += c + s
+        self.lens_k: list[int] = lens_k
         slot[self.n :] = base  # padding rows write to one dummy token past the regions
         self.region_tokens = base + 1
         self.kv_tokens = base
@@ -343,7 +351,10 @@ def attention(qkv_rot: torch.Tensor, pool_l: tuple[torch.Tensor, torch.Tensor], 
     this layer's region (new K/V already written at m.slot). Returns [n_pad, H*d]."""
     pk, pv = pool_l
     H, kv, d, g = m.H, m.kv, m.d, m.g
-    if m.impl == "varlen":
+    if m.impl == "packed" and qkv_rot.is_cuda:
+        o = m.packed(qkv_rot[: m.n, :H], pk[: m.kv_tokens], pv[: m.kv_tokens])
+        return o.reshape(m.n, H * d).index_select(0, m.unpad_idx)
+    if m.impl in ("varlen", "packed"):
         o, _ = flash_varlen_ragged(
             qkv_rot[: m.n, :H], pk[: m.kv_tokens], pv[: m.kv_tokens], m.cu_q, m.cu_k, m.max_q, m.max_k, m.lens_q, True
         )
@@ -619,7 +630,7 @@ def reference_attention(qkv_rot: torch.Tensor, pool_l: tuple[torch.Tensor, torch
     x = qkv_rot.double()
     out = torch.zeros(m.n_pad, H * d, dtype=torch.float64)
     starts = np.concatenate([[0], np.cumsum(m.q)]).astype(int)
-    if m.impl == "varlen":  # the new K/V are already in each request's region
+    if m.impl in ("varlen", "packed"):  # the new K/V are already in each request's region
         ck = m.cu_k.tolist()
         for r, s in enumerate(m.q):
             K, V = pk[ck[r] : ck[r + 1]].double(), pv[ck[r] : ck[r + 1]].double()

@@ -1,4 +1,4 @@
-"""One layer's attention alone, the executor's two paths (StepMeta impl 'split' and 'varlen'),
+"""One layer's attention alone, the executor's paths (StepMeta impl 'split', 'varlen', 'packed'),
 against what vLLM 0.24's FlashAttention-3 kernels take for the same shapes on the H200
 (AIConfigurator's silicon tables, generation_attention / context_attention, read with --compare).
 
@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 DECODE_R = (1, 8, 32, 128, 256)
+VERIFY = ((32, 4, 4096), (64, 8, 2048), (256, 4, 1024), (256, 8, 1024))  # (requests, window, keys) of verify steps
 DECODE_KV = (1024, 4096, 16384)  # keys per request (AIC's step + 1)
 PREFILL_Q = (512, 2048, 8192)
 
@@ -41,17 +42,29 @@ def measure(a: argparse.Namespace) -> None:
     dims = P.model_dims(cfg)
     H, kv, d = dims["heads"], dims["kv_heads"], dims["head_dim"]
     shapes = [("decode", P.uniform_step(R, 1, c - 1)) for R in DECODE_R for c in DECODE_KV]
+    shapes += [("verify", P.uniform_step(R, s, c - s)) for R, s, c in VERIFY]
     shapes += [("prefill", P.StepShape((q,), (0,))) for q in PREFILL_Q]
     if a.dry_run:
         shapes = [("decode", P.uniform_step(4, 1, 63)), ("prefill", P.StepShape((40,), (0,)))]
     timer = M.Timer(device, a.reps)
     rows = []
     for kind, shape in shapes:
-        for impl in ("split", "varlen"):
+        varlen: tuple | None = None
+        for impl in M.ATTENTION_IMPLS:
             m = M.StepMeta(shape, shape.n, dims, device, impl=impl)
-            pk = torch.randn(m.region_tokens, kv, d, device=device, dtype=dtype)
-            pv = torch.randn(m.region_tokens, kv, d, device=device, dtype=dtype)
-            x = torch.randn(m.n_pad, H + 2 * kv, d, device=device, dtype=dtype)
+            diff = None
+            if impl == "packed" and varlen is not None:  # the same regions: the same inputs
+                mv, pk, pv, x = varlen
+                pk.index_copy_(0, m.slot, x[:, H : H + kv])
+                pv.index_copy_(0, m.slot, x[:, H + kv :])
+                want, got = M.attention(x, (pk, pv), mv).float(), M.attention(x, (pk, pv), m).float()
+                diff = float((got - want).abs().max() / want.abs().max().clamp_min(1e-6))
+            else:
+                pk = torch.randn(m.region_tokens, kv, d, device=device, dtype=dtype)
+                pv = torch.randn(m.region_tokens, kv, d, device=device, dtype=dtype)
+                x = torch.randn(m.n_pad, H + 2 * kv, d, device=device, dtype=dtype) * d**-0.5
+            if impl == "varlen":
+                varlen = (m, pk, pv, x)
 
             def step(m=m, pk=pk, pv=pv, x=x):
                 pk.index_copy_(0, m.slot, x[:, H : H + kv])
@@ -77,13 +90,15 @@ def measure(a: argparse.Namespace) -> None:
                     ms=round(ms, 5),
                     reps=[round(r, 5) for r in reps],
                     kernels=kernels,
+                    rel_diff_vs_varlen=diff,
                 )
             )
             print(json.dumps(rows[-1]), flush=True)
             P.write_text_atomic(
                 a.out, json.dumps(dict(model=a.model, heads=H, kv_heads=kv, head_dim=d, rows=rows), indent=1)
             )
-            del pk, pv, x
+        del pk, pv, x
+        varlen = None
 
 
 def compare(path: str) -> None:
@@ -113,6 +128,20 @@ def compare(path: str) -> None:
             for x in rec["rows"]
             if (x["kind"], x["R"], x["q"], x["keys"]) == (r["kind"], r["R"], r["q"], r["keys"])
         }
+        if r["kind"] == "verify":  # (AIC's generation rows are one-token queries)
+            out.append(
+                dict(
+                    kind="verify",
+                    R=r["R"],
+                    q=r["q"],
+                    keys=r["keys"],
+                    split_ms=v["split"]["ms"],
+                    varlen_ms=v.get("varlen", {}).get("ms"),
+                    packed_ms=v.get("packed", {}).get("ms"),
+                )
+            )
+            print(json.dumps(out[-1]))
+            continue
         df = gen if r["kind"] == "decode" else ctx
         q = df
         for k, val in sel.items():
@@ -129,9 +158,11 @@ def compare(path: str) -> None:
             keys=r["keys"],
             split_ms=v["split"]["ms"],
             varlen_ms=v.get("varlen", {}).get("ms"),
+            packed_ms=v.get("packed", {}).get("ms"),
             aic_fa3_ms=aic,
             split_kernels=v["split"]["kernels"],
             varlen_kernels=v.get("varlen", {}).get("kernels"),
+            packed_kernels=v.get("packed", {}).get("kernels"),
         )
         out.append(row)
         print(json.dumps(row))

@@ -1,6 +1,7 @@
 """The executor's weight: kernels per layer and step times of the eager dense path against the
 torch.compile'd one (validator.gpu.model.compile_dense) and the compiled one with the one-call
-varlen attention (StepMeta impl='varlen'), same model, same steps, one process.
+varlen attention (StepMeta impl='varlen') and with the packed one (impl='packed',
+validator.gpu.packed_attention), same model, same steps, one process.
 
     python3 validator/gpu/scripts/executor_check.py --model profiles/models/llama-3.1-8b.json \
         --out $OUT/executor-llama-3.1-8b.json [--dry-run]
@@ -55,11 +56,11 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     if not a.dry_run:  # a busy step: 64 verify requests and whole prompts (the one-call path's case)
         steps.append(("mixed", P.dspark_mixed_step(1024, 64, 64)))
-    for variant in ("eager", "compiled", "varlen"):
+    for variant in ("eager", "compiled", "varlen", "packed"):
         t0 = time.time()
         if variant == "compiled":
             M.compile_dense(model)
-        impl = "varlen" if variant == "varlen" else "split"
+        impl = variant if variant in ("varlen", "packed") else "split"
         for kind, shape in steps:
             m = M.StepMeta(shape, P.padded_tokens(shape.n, caps), dims, device, impl=impl)
             ms, reps = timer(functools.partial(model.forward, m), graph=device.type == "cuda")
