@@ -232,7 +232,7 @@ class StepMeta:
         self.n_dec = ndec_tok
         if self.impl in ("varlen", "packed"):
             self._one_call(starts, slot, device)
-            if self.impl == "packed" and device.type == "cuda":  # (the CPU runs the reference)
+            if self.impl == "packed" and torch.device(device).type == "cuda":  # (the CPU runs the reference)
                 from validator.gpu.packed_attention import PackedPlan
 
                 sms = (split or {}).get("sms") or torch.cuda.get_device_properties(device).multi_processor_count

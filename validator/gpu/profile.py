@@ -494,6 +494,7 @@ def draft_only(
         eagle3_draft_vocab=vocab,
         split=dict(M.SPLIT),
         attention_impl=M.ATTENTION_IMPL["impl"],
+        compiled_dense=bool(getattr(args, "compile_dense", False)),
         target_layers_built=1,
         build_s=round(build_s, 2),
         warmup=dict(kind="block", requests=reqs[-1], seconds=round(warmup_s, 2), graphs=warm_n),
@@ -542,6 +543,8 @@ def profile_model(
     t0 = time.time()
     pool_gib = args.pool_gib if not args.dry_run else 0.05
     model: Any = M.Model(cfg, device, dtype, layers=layers, pool_gib=pool_gib)
+    if args.compile_dense:
+        M.compile_dense(model)
     drafters: Any = M.Drafters(model, BLOCK_LAYERS, EAGLE3_DRAFT_VOCAB if not args.dry_run else 500)
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -673,6 +676,9 @@ def profile_model(
             kv_write="index_copy_ into a KV pool (distinct region per layer while it fits)",
         ),
         attention_check=probe,
+        # the executor path the sweep ran on (kernels.attention_decode describes the split path)
+        attention_impl=M.ATTENTION_IMPL["impl"],
+        compiled_dense=bool(args.compile_dense),
         draft_method=dict(
             mtp="eh_proj(2h->h) + one decoder layer + full LM head, 1 token per request",
             eagle3=f"fc(3h->h) + one decoder layer on concat(emb, hidden) + LM head over a "
@@ -821,6 +827,17 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--no-attn-bench", action="store_true")
     ap.add_argument(
+        "--attention-impl",
+        default="split",
+        choices=("split", "varlen", "packed"),
+        help="the executor's attention path (validator.gpu.model.ATTENTION_IMPLS; recorded in the run)",
+    )
+    ap.add_argument(
+        "--compile-dense",
+        action="store_true",
+        help="the layers' dense parts through torch.compile (model.compile_dense; recorded in the run)",
+    )
+    ap.add_argument(
         "--split",
         default="auto",
         help="decode split-KV settings: auto (timed by the probe) or continuous[:fill=F,balance=B,min_chunk=N]",
@@ -865,6 +882,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = ap.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    M.ATTENTION_IMPL["impl"] = args.attention_impl
     global T_MAIN
     T_MAIN = time.time()
     device = torch.device("cpu" if args.dry_run else "cuda")

@@ -136,6 +136,13 @@ def main(argv: list[str] | None = None) -> None:
         help="decode split-KV policy (profile.py --split syntax; 'auto' is not timed here); "
         "default: the split recorded in --profile's provenance, else the executor's default",
     )
+    ap.add_argument(
+        "--attention-impl",
+        default="split",
+        choices=("split", "varlen", "packed"),
+        help="the executor's attention path (as the profile was measured with: its run's attention_impl)",
+    )
+    ap.add_argument("--compile-dense", action="store_true", help="the dense parts through torch.compile")
     a = ap.parse_args(argv)
     import torch
 
@@ -160,7 +167,10 @@ def main(argv: list[str] | None = None) -> None:
         cfg = {**cfg, **DRY_CFG}
     dims = model_dims(cfg)
     layers = a.layers or dims["layers"]
+    M.ATTENTION_IMPL["impl"] = a.attention_impl
     model = M.Model(cfg, device, dtype, layers=layers, pool_gib=a.pool_gib if not a.dry_run else 0.6)
+    if a.compile_dense:
+        M.compile_dense(model)
     caps = vllm_capture_sizes(CAPTURE_LIMIT)
     sc = None
     if a.profile:
@@ -172,7 +182,15 @@ def main(argv: list[str] | None = None) -> None:
     timer = Timer(device, a.reps, warm=a.warm)
 
     def write() -> None:
-        doc = dict(model=a.model, profile=a.profile, eager_tails=a.eager_tails, repredict=a.repredict, logs=results)
+        doc = dict(
+            model=a.model,
+            profile=a.profile,
+            eager_tails=a.eager_tails,
+            repredict=a.repredict,
+            attention_impl=a.attention_impl,
+            compiled_dense=a.compile_dense,
+            logs=results,
+        )
         write_text_atomic(a.out, json.dumps(doc, indent=1))
 
     for src in a.steplog:  # one model build, several logs; results written after every step
