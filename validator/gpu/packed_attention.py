@@ -107,7 +107,9 @@ def _kernels() -> dict[str, Any]:
         hq = h * G + rows % G
         valid = rows < s * G
         dd = tl.arange(0, D)
-        q = tl.load(Q + (q0 + tok)[:, None] * sq_t + hq[:, None] * sq_h + dd[None, :], mask=valid[:, None], other=0.0)
+        # (offsets in int64: a step's K/V pool passes 2^31 elements at 256 requests x 16K keys)
+        qrow = (q0 + tok).to(tl.int64)
+        q = tl.load(Q + qrow[:, None] * sq_t + hq[:, None] * sq_h + dd[None, :], mask=valid[:, None], other=0.0)
         lim = L - s + tok  # the last key each row sees
         tok_last = tl.minimum((row0 + BM - 1) // G, s - 1)
         kend = tl.minimum(k1, L - s + tok_last + 1)
@@ -117,7 +119,8 @@ def _kernels() -> dict[str, Any]:
         for start in range(k0, kend, BN):
             kk = start + tl.arange(0, BN)
             kin = kk < kend
-            k = tl.load(K + (kb + kk)[None, :] * sk_t + h * sk_h + dd[:, None], mask=kin[None, :], other=0.0)
+            krow = (kb + kk).to(tl.int64)
+            k = tl.load(K + krow[None, :] * sk_t + h * sk_h + dd[:, None], mask=kin[None, :], other=0.0)
             qk = tl.dot(q, k)
             qk = tl.where((kk[None, :] <= lim[:, None]) & kin[None, :], qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -125,20 +128,20 @@ def _kernels() -> dict[str, Any]:
             p = tl.exp(qk - m_use[:, None])
             alpha = tl.exp(m_i - m_use)
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(V + (kb + kk)[:, None] * sk_t + h * sk_h + dd[None, :], mask=kin[:, None], other=0.0)
+            v = tl.load(V + krow[:, None] * sk_t + h * sk_h + dd[None, :], mask=kin[:, None], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
         l_use = tl.where(l_i == 0.0, 1.0, l_i)
         out = acc / l_use[:, None]
         if slot < 0:
             tl.store(
-                O + (q0 + tok)[:, None] * so_t + hq[:, None] * so_h + dd[None, :],
+                O + qrow[:, None] * so_t + hq[:, None] * so_h + dd[None, :],
                 out.to(O.dtype.element_ty),
                 mask=valid[:, None],
             )
         else:
             lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log(l_use))
-            base = (slot * nkv + h) * BM
+            base = (slot.to(tl.int64) * nkv + h) * BM
             tl.store(OP + (base + tl.arange(0, BM))[:, None] * D + dd[None, :], out)
             tl.store(LP + base + tl.arange(0, BM), lse)
 
@@ -163,19 +166,19 @@ def _kernels() -> dict[str, Any]:
         dd = tl.arange(0, D)
         mx = tl.full([BM], float("-inf"), tl.float32)
         for j in range(0, ns):
-            lse = tl.load(LP + ((s0 + j) * nkv + h) * BM + tl.arange(0, BM))
+            lse = tl.load(LP + ((s0 + j).to(tl.int64) * nkv + h) * BM + tl.arange(0, BM))
             mx = tl.maximum(mx, lse)
         mx = tl.where(mx == float("-inf"), 0.0, mx)
         den = tl.zeros([BM], tl.float32)
         acc = tl.zeros([BM, D], tl.float32)
         for j in range(0, ns):
-            base = ((s0 + j) * nkv + h) * BM
+            base = ((s0 + j).to(tl.int64) * nkv + h) * BM
             wgt = tl.exp(tl.load(LP + base + tl.arange(0, BM)) - mx)
             den += wgt
             acc += wgt[:, None] * tl.load(OP + (base + tl.arange(0, BM))[:, None] * D + dd[None, :])
         den = tl.where(den == 0.0, 1.0, den)
         tl.store(
-            O + (q0 + tok)[:, None] * so_t + hq[:, None] * so_h + dd[None, :],
+            O + (q0 + tok).to(tl.int64)[:, None] * so_t + hq[:, None] * so_h + dd[None, :],
             (acc / den[:, None]).to(O.dtype.element_ty),
             mask=valid[:, None],
         )
