@@ -128,29 +128,16 @@ def compare(path: str) -> None:
             for x in rec["rows"]
             if (x["kind"], x["R"], x["q"], x["keys"]) == (r["kind"], r["R"], r["q"], r["keys"])
         }
-        if r["kind"] == "verify":  # (AIC's generation rows are one-token queries)
-            out.append(
-                dict(
-                    kind="verify",
-                    R=r["R"],
-                    q=r["q"],
-                    keys=r["keys"],
-                    split_ms=v["split"]["ms"],
-                    varlen_ms=v.get("varlen", {}).get("ms"),
-                    packed_ms=v.get("packed", {}).get("ms"),
-                )
-            )
-            print(json.dumps(out[-1]))
-            continue
-        df = gen if r["kind"] == "decode" else ctx
-        q = df
-        for k, val in sel.items():
-            q = q[q[k] == val]
-        if r["kind"] == "decode":
-            q = q[(q.batch_size == r["R"]) & (q.step == r["keys"] - 1)]
-        else:
-            q = q[(q.batch_size == 1) & (q.isl == r["q"]) & (q.step == 0)]
-        aic = float(q.latency.median()) if len(q) else None
+        aic = None  # (AIC's generation rows are one-token queries: none for verify windows)
+        if r["kind"] != "verify":
+            q = gen if r["kind"] == "decode" else ctx
+            for k, val in sel.items():
+                q = q[q[k] == val]
+            if r["kind"] == "decode":
+                q = q[(q.batch_size == r["R"]) & (q.step == r["keys"] - 1)]
+            else:
+                q = q[(q.batch_size == 1) & (q.isl == r["q"]) & (q.step == 0)]
+            aic = float(q.latency.median()) if len(q) else None
         row = dict(
             kind=r["kind"],
             R=r["R"],
