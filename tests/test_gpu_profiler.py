@@ -1082,6 +1082,11 @@ def test_machine_starts_meet_the_target_held_out(tmp_path):
     assert sh.main(["--model", m, "--json", str(tmp_path / "h.json")]) == 0
     held = json.loads((tmp_path / "h.json").read_text())["starts"]
     assert {f"start{k}" for k in range(1, 6)} | {"s1b", "s1e", "s2"} <= set(held)
+    from validator.gpu import refit as RF
+
+    # the pooled busy entry refit --stored-context builds: run C's processes, five starts, three replays
+    busy = RF.stored_context(ROOT / "profiles" / "h200", m)[-1].split("+")
+    assert len(busy) == 9 and busy[0].count(",") == 2 and sum("#" in x for x in busy) == 3
     rl = _run_levels()
     limits = {}
     for start, logs in held.items():

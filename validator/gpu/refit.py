@@ -274,6 +274,39 @@ def pool_table_points(pts: list[dict], ctx: list[dict], above: int) -> list[dict
     return pooled
 
 
+def busy_log(h200: Path, model: str) -> str:
+    """The busy-decode steps written as a step log, as a replay names it (repository-relative)."""
+    return P.repo_relative(str(Path(h200).resolve() / "steplogs" / f"busy-decode-{model}.jsonl"))
+
+
+def voting_replays(h200: Path, model: str) -> list[Path]:
+    """The stored replays of the busy-decode step log (replay/*-<model>.json naming it): each is one
+    more machine start's vote on the busy steps (run_points)."""
+    log = f'"{busy_log(h200, model)}"'
+    return [f for f in sorted((Path(h200) / "replay").glob(f"*-{model}.json")) if log in f.read_text()]
+
+
+def stored_context(h200: Path, model: str, leave_out: str | None = None) -> list[str]:
+    """The --context entries of a model's stored sweeps in the profiles' folder h200 (what
+    --stored-context and scripts/refit_h200.sh refit on): context/ctx- and grid-<model>.json; the
+    busy steps as one entry pooled over machine starts, busy-<model>-p<k>.json (processes of one
+    start) + busy-<model>-start<k>.json + the voting replays (REPLAY.json#LOG), or else
+    busy-<model>.json. leave_out: a start's label whose files are left out (start<k>, or a
+    voting replay's <label> of <label>-<model>.json; scripts/start_holdout.py)."""
+    ctx = Path(h200) / "context"
+    out = [str(ctx / f"{k}-{model}.json") for k in ("ctx", "grid") if (ctx / f"{k}-{model}.json").exists()]
+    procs = ",".join(str(f) for f in sorted(ctx.glob(f"busy-{model}-p[0-9]*.json")))
+    starts = [
+        str(f) for f in sorted(ctx.glob(f"busy-{model}-start[0-9]*.json")) if f.stem != f"busy-{model}-{leave_out}"
+    ]
+    replays = [f"{f}#{busy_log(h200, model)}" for f in voting_replays(h200, model) if f.stem != f"{leave_out}-{model}"]
+    if procs or starts:
+        out.append("+".join(x for x in [procs, *starts, *replays] if x))
+    elif (ctx / f"busy-{model}.json").exists():
+        out.append(str(ctx / f"busy-{model}.json"))
+    return out
+
+
 def fit_knots(caps: list[int], points: list[dict]) -> list[int]:
     """The forward table's knots for a fit: plan.table_knots (the capture and tail sizes) and the
     sizes above the capture limit where busy-decode steps were timed (plan.busy_plan). A saturated
@@ -353,6 +386,7 @@ def refit_attention(raw_path: Path, ctx_paths: list[str], command: str) -> dict:
     split = dict(prof["provenance"]["attention_check"]["split"])
     split.setdefault("sms", raw.get("info", {}).get("sms", 132))
     allp = fit_pts + ctx
+    table_knots = P.table_knots(prof["capture_sizes"])
     knots = fit_knots(prof["capture_sizes"], allp)
     fit, tried = fit_attention(allp, dims, split, knots=knots)
     fit["kv_ms_per_ktok_by_window_n128"] = P.kv_slope_by_window(pts)
@@ -365,7 +399,7 @@ def refit_attention(raw_path: Path, ctx_paths: list[str], command: str) -> dict:
         date=dt.date.today().isoformat(),
         command=command,
         context_sweeps=[re.sub("[^,+#]*/", "", c) for c in ctx_paths],
-        busy_knots=[k for k in knots if k not in P.table_knots(prof["capture_sizes"])],
+        busy_knots=[k for k in knots if k not in table_knots],
         fitted_tags=sorted({p["tag"] for p in allp if p.get("fit", True) and p["tag"] not in P.FIT_EXCLUDE}),
         not_fitted_tags=sorted({p["tag"] for p in allp if not p.get("fit", True) or p["tag"] in P.FIT_EXCLUDE}),
         occupancy_tried=tried,
@@ -741,6 +775,12 @@ def main(argv: list[str] | None = None) -> int:
         "be a replay of the same steps as a step log, REPLAY.json#LOG",
     )
     ap.add_argument(
+        "--stored-context",
+        action="store_true",
+        help="refit each RAW on its model's stored sweeps next to it (context/ctx-, grid-, busy-<model>*.json and "
+        "the replays of the busy-decode step log: stored_context), as --context entries",
+    )
+    ap.add_argument(
         "--repredict",
         nargs=3,
         action="append",
@@ -759,6 +799,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profiles", default="profiles/h200", help="--drafts: the profiles' folder (h200-<model>.yaml)")
     ap.add_argument("--allow-dry-run", action="store_true", help="--drafts: merge dry-run files too (tests)")
     a = ap.parse_args(argv)
+    if a.stored_context:
+        try:
+            for r in a.raw:
+                a.context += stored_context(Path(r).parent, json.loads(Path(r).read_text())["model"])
+        except (OSError, ValueError, KeyError) as e:
+            print(f"error: --stored-context: {e}", file=sys.stderr)
+            return 2
     if a.drafts:
         command = P.repo_relative(
             "python3 -m validator.gpu.refit "

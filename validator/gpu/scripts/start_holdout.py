@@ -2,7 +2,7 @@
 checking logs (scripts/start_levels.sh: context/busy-<model>-start<k>.json and
 replay/start<k>-<model>.json; or a replay of the busy-decode step log beside checking logs,
 replay/<label>-<model>.json), refit the profile with that start's steps left out of the pooled
-busy and tail points (validator.gpu.refit, as scripts/refit_h200.sh builds its --context), and
+busy and tail points (validator.gpu.refit.stored_context, as refit --stored-context builds them), and
 predict that start's checking replays from that profile. A start's replays are then judged by a profile that never saw
 that GPU's level: the check the pooled fit can be trusted on. No GPU.
 
@@ -28,44 +28,6 @@ sys.path.insert(0, str(ROOT))
 H200 = ROOT / "profiles" / "h200"
 
 
-def busy_log(model: str) -> str:
-    return f"profiles/h200/steplogs/busy-decode-{model}.jsonl"
-
-
-def voting_replays(model: str) -> list[Path]:
-    """The stored replays of the busy-decode step log: each is one more start's vote on the busy
-    steps (refit.run_points), as refit_h200.sh finds them."""
-    return [
-        Path(f)
-        for f in sorted(glob.glob(str(H200 / "replay" / f"*-{model}.json")))
-        if f'"{busy_log(model)}"' in Path(f).read_text()
-    ]
-
-
-def context_entries(model: str, leave_out: str | None = None) -> list[str]:
-    """refit --context arguments as refit_h200.sh builds them, without the files of start
-    ``leave_out`` (a label: start<k> for busy-<model>-start<k>.json, or a voting replay's
-    <label>-<model>.json)."""
-    out = [
-        str(H200 / "context" / f"{k}-{model}.json")
-        for k in ("ctx", "grid")
-        if (H200 / "context" / f"{k}-{model}.json").exists()
-    ]
-    procs = ",".join(sorted(glob.glob(str(H200 / "context" / f"busy-{model}-p[0-9]*.json"))))
-    starts = [
-        f
-        for f in sorted(glob.glob(str(H200 / "context" / f"busy-{model}-start[0-9]*.json")))
-        if Path(f).stem != f"busy-{model}-{leave_out}"
-    ]
-    replays = [f"{f}#{busy_log(model)}" for f in voting_replays(model) if f.stem != f"{leave_out}-{model}"]
-    busy = "+".join(x for x in [procs, *starts, *replays] if x) if procs or starts else ""
-    if busy:
-        out.append(busy)
-    elif (H200 / "context" / f"busy-{model}.json").exists():
-        out.append(str(H200 / "context" / f"busy-{model}.json"))
-    return out
-
-
 def summaries(replay: Path, profile: Path) -> dict[str, dict]:
     from validator.gpu import refit as RF
 
@@ -85,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             (re.search(r"start(\d+)", f).group(0) for f in glob.glob(str(H200 / "replay" / f"start[0-9]*-{m}.json"))),  # type: ignore[union-attr]
             key=lambda s: int(s[5:]),
         )
-        + [f.stem[: -len(f"-{m}")] for f in voting_replays(m)]
+        + [f.stem[: -len(f"-{m}")] for f in RF.voting_replays(H200, m)]
     )
     shipped = H200 / f"h200-{m}.yaml"
     out: dict[str, dict] = {}
@@ -94,13 +56,15 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             for suffix in (".yaml", ".raw.json"):
                 shutil.copy(H200 / f"h200-{m}{suffix}", Path(tmp) / f"h200-{m}{suffix}")
-            ctx = [x for c in context_entries(m, leave_out=s) for x in ("--context", c)]
+            ctx = [x for c in RF.stored_context(H200, m, leave_out=s) for x in ("--context", c)]
             if RF.main([str(Path(tmp) / f"h200-{m}.raw.json"), *ctx]) != 0:
                 return 2
             held = summaries(replay, Path(tmp) / f"h200-{m}.yaml")
         full = summaries(replay, shipped)
         # (a voting replay's own busy steps are fitted data, not a check)
-        out[s] = {log: dict(held_out=held[log], shipped=full[log]) for log in held if log != Path(busy_log(m)).name}
+        out[s] = {
+            log: dict(held_out=held[log], shipped=full[log]) for log in held if log != Path(RF.busy_log(H200, m)).name
+        }
         for log, r in out[s].items():
             h, f = r["held_out"], r["shipped"]
             print(
