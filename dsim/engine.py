@@ -425,9 +425,10 @@ class Replica:
         self._no_conf = np.zeros((0, 0, 0), dtype=np.float32)  # (the commit's confidences without drafts)
         self._no_moved = np.zeros(0, dtype=np.int64)
         self._no_steps = np.zeros((0, 0), dtype=np.int64)
-        self._no_cut = np.full(16, -1, dtype=np.int64)  # decode_given of an uncut step
-        # Outputs of the commit and removal kernels, reused from step to step (per slot, sized
-        # with the slot buffers; per step, sized to the longest commit so far).
+        # decode_given of an uncut step, and the commit and removal kernels' outputs, reused from
+        # step to step: per slot (these two) grown with the slot buffers (_grow_slots); per step,
+        # sized to the longest commit so far
+        self._no_cut = np.full(16, -1, dtype=np.int64)
         self._slot_out = np.empty((3, 16), dtype=np.int64)
         self._step_out = np.empty((3, 1), dtype=np.int64)
         # The finished requests' slot rows and (last emission, largest ITL, finish time), written
@@ -516,6 +517,8 @@ class Replica:
         x = np.zeros((len(self._X), cap), dtype=np.float32)
         x[:, :n] = self._X[:, :n]
         self._X = x
+        self._no_cut = np.full(cap, -1, dtype=np.int64)
+        self._slot_out = np.empty((3, cap), dtype=np.int64)
 
     def _grow_done(self, rows: int) -> None:
         """Room for rows finished requests' rows (doubling)."""
@@ -748,9 +751,7 @@ class Replica:
         else:
             pre_grow, grow = (), 0
         # (_fits, its cheap bound first: the decode slots do not change while planning)
-        dec_bound = (
-            self.total_blocks - (self.kv_dec + n_dec * (self.lookahead + KV_BLOCK_TOKENS - 1)) // KV_BLOCK_TOKENS
-        )
+        dec_bound = self.total_blocks - self._dec_blocks(False)
         if dec_bound - self.pre_blocks < grow and not self._fits(grow):
             # (a lone request always fits: submit() checked its whole life against the cache)
             assert n_dec + len(self.pre) > 1, "KV accounting: a lone request does not fit"
@@ -814,7 +815,7 @@ class Replica:
         fwd = self.cost.step_ms_one(n_tokens, kv)
         if self._step_terms:  # (profiles with prefill or per-request attention terms)
             fwd = fwd + self._prefill_ms(chunks) + self._context_ms(given, verified, chunks)
-        dur = fwd + self._draft_ms(n_sample) + self.cpu_ms if self.K else fwd + self.cpu_ms
+        dur = fwd + self._draft_ms(n_sample) + self.cpu_ms
         return StepPlan(
             n_dec, given, conf, lead, verified, cap, list(self.pre), chunks, n_tokens, pre_tokens, kv, fwd, dur
         )
@@ -923,8 +924,6 @@ class Replica:
         else:
             verified = cap = lead = self._no_steps  # (the kernel reads none without drafts)
             conf = self._no_conf
-        if len(self._no_cut) < n + m or self._slot_out.shape[1] < n + m:
-            self._commit_buffers(n + m, 1)
         itl_mode, j, itl_ms = 0, 0, -1.0
         v = self.itl_vals
         if n:
@@ -937,7 +936,7 @@ class Replica:
                 self._last_is_prev_end = given is None
         if given is None:
             given = self._no_cut
-        if moved and n + m > len(self._I):
+        if moved:
             self._grow_slots(n + m)
         d0 = self._done_n
         if d0 + n + m > len(self._done_I):
@@ -976,47 +975,37 @@ class Replica:
             d0,
         )
         if n and K:
-            self._account(1, conf, lead, vt, at, lt, et, ml)
-        else:
-            self.kv_dec += et
+            self._account(1, conf, lead, vt, at, lt)
+        self.kv_dec += et - done_kv
         self.left_lb = int(ml)
-        self.kv_dec -= done_kv
         self.n = w
         self._done_n = d0 + d
         return DecodeOutcome(1, n, K, self._slot_out, self._step_out, vt, at, et, lt)
 
-    def _commit_buffers(self, n: int, m: int) -> None:
-        """The commit kernels' reused buffers, grown to n slots and m steps: no prior emission
-        (-1 per slot), the per-slot and per-step outputs."""
-        if len(self._no_cut) < n:
-            self._no_cut = np.full(len(self._I), -1, dtype=np.int64)
-        if self._slot_out.shape[1] < n:
-            self._slot_out = np.empty((3, len(self._I)), dtype=np.int64)
+    def _grow_steps(self, m: int) -> None:
+        """The commit kernels' per-step output buffer, grown to m steps."""
         if self._step_out.shape[1] < m:
             self._step_out = np.empty((3, m), dtype=np.int64)
 
-    def _account(self, m: int, conf, lead, vt: int, at: int, lt: int, et: int, min_left: int) -> None:
-        """After a commit of m steps: the speculative counters, the head's samples, the slots' KV
-        tokens and the bound on the smallest remaining output (the confidence history is the
-        commit kernels')."""
+    def _account(self, m: int, conf, lead, vt: int, at: int, lt: int) -> None:
+        """After a commit of m steps with drafts, before the slots' count moves: the speculative
+        counters and the head's samples (the confidence history is the commit kernels'; the
+        caller updates the slots' KV tokens and the bound on the smallest remaining output)."""
         n, K = self.n, self.K
         st = self.stats
-        if K:
-            st.num_drafts += m * n
-            st.num_draft_tokens += m * n * K
-            st.verified_draft_tokens += vt
-            if self._adaptive:
-                st.accepted_in_window += at
-                st.accepted_full_block += lt
-            if self._has_head and self.head_n < st.replica_cap:
-                # this replica's first draft rounds up to its share of the cap, in step order:
-                # the same samples whether the steps ran one by one or as windows
-                q = min(m * n, -(-(st.replica_cap - self.head_n) // K)) * K
-                self.head_conf.append(conf[:m].transpose(0, 2, 1).reshape(-1)[:q])
-                self.head_acc.append((np.arange(K)[None, None, :] < lead[:m, :, None]).reshape(-1)[:q])
-                self.head_n += q
-        self.kv_dec += et
-        self.left_lb = int(min_left)
+        st.num_drafts += m * n
+        st.num_draft_tokens += m * n * K
+        st.verified_draft_tokens += vt
+        if self._adaptive:
+            st.accepted_in_window += at
+            st.accepted_full_block += lt
+        if self._has_head and self.head_n < st.replica_cap:
+            # this replica's first draft rounds up to its share of the cap, in step order:
+            # the same samples whether the steps ran one by one or as windows
+            q = min(m * n, -(-(st.replica_cap - self.head_n) // K)) * K
+            self.head_conf.append(conf[:m].transpose(0, 2, 1).reshape(-1)[:q])
+            self.head_acc.append((np.arange(K)[None, None, :] < lead[:m, :, None]).reshape(-1)[:q])
+            self.head_n += q
 
     def _commit_step(self, plan: StepPlan):
         R, t = self.R, self.env.now
@@ -1251,7 +1240,7 @@ class Replica:
                 )
                 cum += (np.minimum(lead[t], cap[t]) + 1) if K > 0 else 1
         # the commit (as _commit_decodes) and the window's step rows and ITL samples, one call
-        self._commit_buffers(n, m)
+        self._grow_steps(m)
         v = self.itl_vals
         j = v.reserve(m)
         st = self.steps
@@ -1283,7 +1272,10 @@ class Replica:
             v.a,
             j,
         )
-        self._account(m, conf, lead, vt, at, lt, et, min_left)
+        if K:
+            self._account(m, conf, lead, vt, at, lt)
+        self.kv_dec += et
+        self.left_lb = int(min_left)
         self.n_steps += m
         self.batch_sum += m * n  # (each of the window's steps: n requests, as window_rows writes)
         self._last_is_prev_end = True  # (prev_end = t_last below)
