@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from validator.gpu.plan import PREFILL_MIN_Q, StepShape, model_dims
+from validator.gpu.plan import ATTENTION_IMPLS, PREFILL_MIN_Q, StepShape, model_dims
 
 FLASH_BLOCK_M = 128  # query rows per flash CTA (FA2 forward, head dim 128)
 # Split-KV of the ragged path (split_plan): L_occ = total KV / ceil(fill x sms / (kv_heads x m-blocks))
@@ -49,7 +49,6 @@ SPLIT_KEYS = ("fill", "balance", "min_chunk", "sms")
 # vLLM's FlashAttention backend runs mixed batches; no split-KV, no GQA folding) or "packed" (the
 # same layout, one Triton kernel whose tiles pack a KV group's query heads for every window length,
 # split-KV where the step has too few tiles: packed_attention.py)
-ATTENTION_IMPLS = ("split", "varlen", "packed")
 ATTENTION_IMPL: dict[str, str] = dict(impl="split")
 
 

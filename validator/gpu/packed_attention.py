@@ -42,8 +42,9 @@ def plan_work(lens_q: list[int], lens_k: list[int], g: int, kv: int, sms: int) -
         n_split = int(min(want, max(1, L // MIN_SPLIT_KEYS)))
         step = -(-L // n_split)
         step = -(-step // BLOCK_N) * BLOCK_N  # (whole inner steps per split)
-        bounds = list(range(0, L, step)) or [0]
-        if len(bounds) > 1:
+        bounds = range(0, L, step)
+        split = len(bounds) > 1
+        if split:  # partial outputs in consecutive slots, merged by one merge item
             m_req.append(r)
             m_row.append(row0)
             m_slot0.append(n_slots)
@@ -53,11 +54,8 @@ def plan_work(lens_q: list[int], lens_k: list[int], g: int, kv: int, sms: int) -
             row.append(row0)
             k0.append(b)
             k1.append(min(b + step, L))
-            if len(bounds) > 1:
-                slot.append(n_slots)
-                n_slots += 1
-            else:
-                slot.append(-1)
+            slot.append(n_slots if split else -1)
+            n_slots += split
     i32 = np.int32
     return dict(
         req=np.array(req, i32),

@@ -32,6 +32,8 @@ DRY_CFG = dict(
 )
 CAPTURE_LIMIT = 512
 PREFILL_MIN_Q = 17  # a request with more query tokens than 16 is a prefill chunk
+# the executor's attention paths (validator.gpu.model: StepMeta impl; torch-free here for the CLIs)
+ATTENTION_IMPLS = ("split", "varlen", "packed")
 # drafter request counts timed: the composer's grid (vLLM's capture sizes, one source in dsim.cost) up
 # to this executor's capture limit; every one runs as a CUDA graph, and dsim reads the table at the
 # next size at or above (the padded batch), extrapolating by the last slope beyond 512

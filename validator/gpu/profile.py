@@ -494,7 +494,6 @@ def draft_only(
         eagle3_draft_vocab=vocab,
         split=dict(M.SPLIT),
         attention_impl=M.ATTENTION_IMPL["impl"],
-        compiled_dense=bool(getattr(args, "compile_dense", False)),
         target_layers_built=1,
         build_s=round(build_s, 2),
         warmup=dict(kind="block", requests=reqs[-1], seconds=round(warmup_s, 2), graphs=warm_n),
@@ -829,13 +828,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--attention-impl",
         default="split",
-        choices=("split", "varlen", "packed"),
-        help="the executor's attention path (validator.gpu.model.ATTENTION_IMPLS; recorded in the run)",
+        choices=M.ATTENTION_IMPLS,
+        help="the executor's attention path (recorded in the profile's provenance)",
     )
     ap.add_argument(
         "--compile-dense",
         action="store_true",
-        help="the layers' dense parts through torch.compile (model.compile_dense; recorded in the run)",
+        help="the layers' dense parts through torch.compile (model.compile_dense; recorded in the profile's "
+        "provenance; not the --draft-only tables)",
     )
     ap.add_argument(
         "--split",

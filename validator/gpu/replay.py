@@ -24,6 +24,7 @@ from typing import Any
 
 from dsim.cost import CostModel
 from validator.gpu.plan import (
+    ATTENTION_IMPLS,
     CAPTURE_LIMIT,
     DRY_CFG,
     PREFILL_MIN_Q,
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--attention-impl",
         default="split",
-        choices=("split", "varlen", "packed"),
+        choices=ATTENTION_IMPLS,
         help="the executor's attention path (as the profile was measured with: its run's attention_impl)",
     )
     ap.add_argument("--compile-dense", action="store_true", help="the dense parts through torch.compile")
