@@ -770,7 +770,7 @@ class Replica:
             prompt_l, generated, computed, blocks_l = R.prompt_l, R.generated, R.computed, R.blocks
             cached, admit, seq = R.cached_tokens, R.admit, R.seq
             pre = self.pre
-            now = self.env._now
+            now = self.env.now
             pre_blocks, admit_seq = self.pre_blocks, self.admit_seq  # (written back before _fits)
             while waiting and left > 0 and n_run < max_seqs:
                 rid = waiting[0]
@@ -974,10 +974,10 @@ class Replica:
             self._done_F,
             d0,
         )
-        if n and K:
-            self._account(1, conf, lead, vt, at, lt)
-        self.kv_dec += et - done_kv
+        if n:
+            self._account(1, conf, lead, vt, at, lt, et, ml)
         self.left_lb = int(ml)
+        self.kv_dec -= done_kv
         self.n = w
         self._done_n = d0 + d
         return DecodeOutcome(1, n, K, self._slot_out, self._step_out, vt, at, et, lt)
@@ -987,25 +987,28 @@ class Replica:
         if self._step_out.shape[1] < m:
             self._step_out = np.empty((3, m), dtype=np.int64)
 
-    def _account(self, m: int, conf, lead, vt: int, at: int, lt: int) -> None:
-        """After a commit of m steps with drafts, before the slots' count moves: the speculative
-        counters and the head's samples (the confidence history is the commit kernels'; the
-        caller updates the slots' KV tokens and the bound on the smallest remaining output)."""
+    def _account(self, m: int, conf, lead, vt: int, at: int, lt: int, et: int, min_left: int) -> None:
+        """After a commit of m steps: the speculative counters, the head's samples, the slots' KV
+        tokens and the bound on the smallest remaining output (the confidence history is the
+        commit kernels')."""
         n, K = self.n, self.K
         st = self.stats
-        st.num_drafts += m * n
-        st.num_draft_tokens += m * n * K
-        st.verified_draft_tokens += vt
-        if self._adaptive:
-            st.accepted_in_window += at
-            st.accepted_full_block += lt
-        if self._has_head and self.head_n < st.replica_cap:
-            # this replica's first draft rounds up to its share of the cap, in step order:
-            # the same samples whether the steps ran one by one or as windows
-            q = min(m * n, -(-(st.replica_cap - self.head_n) // K)) * K
-            self.head_conf.append(conf[:m].transpose(0, 2, 1).reshape(-1)[:q])
-            self.head_acc.append((np.arange(K)[None, None, :] < lead[:m, :, None]).reshape(-1)[:q])
-            self.head_n += q
+        if K:
+            st.num_drafts += m * n
+            st.num_draft_tokens += m * n * K
+            st.verified_draft_tokens += vt
+            if self._adaptive:
+                st.accepted_in_window += at
+                st.accepted_full_block += lt
+            if self._has_head and self.head_n < st.replica_cap:
+                # this replica's first draft rounds up to its share of the cap, in step order:
+                # the same samples whether the steps ran one by one or as windows
+                q = min(m * n, -(-(st.replica_cap - self.head_n) // K)) * K
+                self.head_conf.append(conf[:m].transpose(0, 2, 1).reshape(-1)[:q])
+                self.head_acc.append((np.arange(K)[None, None, :] < lead[:m, :, None]).reshape(-1)[:q])
+                self.head_n += q
+        self.kv_dec += et
+        self.left_lb = int(min_left)
 
     def _commit_step(self, plan: StepPlan):
         R, t = self.R, self.env.now
@@ -1272,10 +1275,7 @@ class Replica:
             v.a,
             j,
         )
-        if K:
-            self._account(m, conf, lead, vt, at, lt)
-        self.kv_dec += et
-        self.left_lb = int(min_left)
+        self._account(m, conf, lead, vt, at, lt, et, min_left)
         self.n_steps += m
         self.batch_sum += m * n  # (each of the window's steps: n requests, as window_rows writes)
         self._last_is_prev_end = True  # (prev_end = t_last below)
