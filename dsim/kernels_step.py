@@ -195,6 +195,85 @@ def fill_uniform(key, out):
 
 
 # ---- the acceptance model's draws -------------------------------------------------------------
+# The sigmoids of a draw decide an outcome (u < sigmoid(x)) and give a float32 confidence. Both are
+# computed without libm's exp where a cheaper bound settles them, and with the defining
+# expression where it does not, so the results are the defining expression's, bit for bit:
+# * an outcome: sigmoid is increasing, so sigmoid at the edges of x's bin of a fine grid brackets
+#   it; u below the lower edge (less a margin covering the grid values' and the bin index's
+#   rounding) accepts, u at or above the upper edge rejects, and only a u inside the bracket
+#   (about sigmoid'(x) / 64 of the draws, at most 0.4 %) evaluates the definition;
+# * the confidences, once a step's draws are made, in one pass that the compiler vectorizes (no
+#   call, no branch, numpy's error model: no division check): exp from a 64-entry table of
+#   2^(i/64) and a quintic (relative error about 2e-16), the float32 rounding taken where the
+#   value moved by the error bound either way rounds alike; an element where it does not (about
+#   3e-7 of them) or outside |x| < 120 is evaluated by the definition in a second pass.
+_SIG_BINS = 64  # grid bins per unit of x
+_SIG_HALF = 16.0  # the grid spans [-16, 16)
+_SIG_MARGIN = 1e-12  # absolute: the grid values' and the bin index's rounding, the definition's
+
+
+def _sigmoid_edges():
+    n = int(2 * _SIG_HALF * _SIG_BINS)
+    x = -_SIG_HALF + np.arange(n + 1) / _SIG_BINS
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+_SIG_EDGES = _sigmoid_edges()
+_EXP_TAB = 2.0 ** (np.arange(64) / 64.0)
+_EXP_SCALE = np.array([math.ldexp(1.0, m) for m in range(-200, 201)])  # 2^m, m = -200..200
+_EXP_INV_STEP = 64.0 / math.log(2.0)
+_EXP_STEP_HI = float(np.float32(math.log(2.0) / 64.0))  # few significant bits: k x hi is exact
+_EXP_STEP_LO = math.log(2.0) / 64.0 - _EXP_STEP_HI
+_EXP_REL = 1e-14  # bound on the table exp's relative error (about 2e-16), with margin
+_EXP_X_MAX = 120.0
+
+
+@njit(cache=True, inline="always")
+def _accept(u, g, temp):
+    """u < 1 / (1 + exp(-2 g temp)), the definition's outcome exactly (see above)."""
+    xa = -2.0 * g * temp
+    f = (_SIG_HALF - xa) * _SIG_BINS
+    if f >= 0.0 and f < 2.0 * _SIG_HALF * _SIG_BINS:
+        i = int(f)
+        if u < _SIG_EDGES[i] - _SIG_MARGIN:
+            return True
+        if u >= _SIG_EDGES[i + 1] + _SIG_MARGIN:
+            return False
+    return u < 1.0 / (1.0 + math.exp(xa))
+
+
+@njit(cache=True, inline="always")
+def _confidence_bounds(y):
+    """float32 roundings of 1 / (1 + exp(-2 y)) less and more the table exp's error bound
+    (equal: the definition's float32 value); |2y| clamped below _EXP_X_MAX (then unequal)."""
+    x0 = -2.0 * y
+    x = min(max(x0, -_EXP_X_MAX), _EXP_X_MAX)
+    kf = math.floor(x * _EXP_INV_STEP + 0.5)
+    k = np.int64(kf)
+    r = (x - kf * _EXP_STEP_HI) - kf * _EXP_STEP_LO
+    q = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0)))))
+    c = 1.0 / (1.0 + _EXP_TAB[k & 63] * _EXP_SCALE[(k >> 6) + 200] * q)
+    lo = np.float32(c * (1.0 - _EXP_REL))
+    hi = np.float32(c * (1.0 + _EXP_REL)) if x == x0 else np.float32(-1.0)
+    return lo, hi
+
+
+@njit(cache=True, error_model="numpy")
+def _confidences(Y, conf, K, n):
+    """conf[j, r] = float32(1 / (1 + exp(-2 Y[j, r]))) for j < K, r < n, bit for bit the
+    definition's (see above)."""
+    unsure = 0
+    for j in range(K):
+        for r in range(n):
+            lo, hi = _confidence_bounds(Y[j, r])
+            conf[j, r] = lo
+            unsure += lo != hi
+    if unsure:
+        for j in range(K):
+            for r in range(n):
+                lo, hi = _confidence_bounds(Y[j, r])
+                if lo != hi:
+                    conf[j, r] = 1.0 / (1.0 + math.exp(-2.0 * Y[j, r]))
 
 
 @njit(cache=True)
@@ -207,6 +286,7 @@ def draw_slots(
     accepted drafts of the full block); with ``full`` also every position's outcome
     accept[t, j, r] and p_true[t, j, r] (else an outcome is drawn only while the prefix holds:
     later ones are never observed)."""
+    Y = np.empty((K, n))
     for t in range(steps):
         _draw_step(
             key,
@@ -226,14 +306,16 @@ def draw_slots(
             lead,
             accept,
             p_true,
+            Y,
         )
 
 
 @njit(cache=True, inline="always")
 def _draw_step(
-    key, I, X, n, K, t, head, tok_scale, step_scale, head_scale, head_shift, temp, full, conf, lead, accept, p_true
+    key, I, X, n, K, t, head, tok_scale, step_scale, head_scale, head_shift, temp, full, conf, lead, accept, p_true, Y
 ):
-    """Step t of ``draw_slots``."""
+    """Step t of ``draw_slots``: the outcomes request by request, the head's half logits in Y
+    [>=K, >=n] (float64 scratch), then the confidences in one pass (``_confidences``)."""
     for r in range(n):
         s = stream_seed(key, I[r, ID], I[r, ROUNDS] + t)
         su = 0.0
@@ -251,25 +333,28 @@ def _draw_step(
             g = tok_scale * z + su + off
             if head == HEAD_MODEL:
                 s, z2 = _normal_v(s)
-                y = g + (head_scale * z2 - head_shift)
-                conf[t, j, r] = 1.0 / (1.0 + math.exp(-2.0 * y))
+                Y[j, r] = g + (head_scale * z2 - head_shift)
             elif head == HEAD_PERFECT:
-                conf[t, j, r] = 1.0 / (1.0 + math.exp(-2.0 * g))
+                Y[j, r] = g
             else:
                 conf[t, j, r] = X[K + j, r]
             if alive or full:
-                p = 1.0 / (1.0 + math.exp(-2.0 * g * temp))
                 s, u = _uniform_v(s)
-                a = u < p
                 if full:
+                    p = 1.0 / (1.0 + math.exp(-2.0 * g * temp))
+                    a = u < p
                     accept[t, j, r] = a
                     p_true[t, j, r] = p
+                else:
+                    a = _accept(u, g, temp)
                 if alive:
                     if a:
                         nacc += 1
                     else:
                         alive = False
         lead[t, r] = nacc
+    if head != HEAD_USELESS:
+        _confidences(Y, conf[t], K, n)
 
 
 # ---- verify-budget policies -------------------------------------------------------------------
@@ -1158,6 +1243,7 @@ def plan_decodes(
         _scores(X[cp : cp + K, :n], K, n, hist[1] if grouped else tmp, none if grouped else hist[1])
         if back == 2:
             _scores(X[cp2 : cp2 + K, :n], K, n, hist[0] if grouped else tmp, none if grouped else hist[0])
+    Y = np.empty((K, n))  # the draws' half logits
     win = np.empty(n, np.int64)
     left0 = np.empty(n, np.int64)
     for r in range(n):
@@ -1186,6 +1272,7 @@ def plan_decodes(
             lead,
             nothing_b,
             nothing_f,
+            Y,
         )
         if adaptive:
             f = flat[t % 3] if scored else none

@@ -277,6 +277,58 @@ def test_compiled_normals_and_uniforms():
     assert stats.kstest(u, "uniform").pvalue > 1e-3 and u.min() >= 0.0 and u.max() < 1.0
 
 
+def test_draw_sigmoids_are_the_definition_bit_for_bit():
+    """The draws' outcome and confidence sigmoids (a bracketing grid and a table exp with a
+    certified rounding, the definition where they cannot decide) give exactly what
+    u < 1 / (1 + exp(-2 g T)) and float32(1 / (1 + exp(-2 y))) give: on wide random inputs, at
+    float32 rounding boundaries, at the grid's bin edges, beyond its range and beyond |2y| = 120."""
+    import math
+
+    from numba import njit
+
+    from dsim import kernels_step as KS
+
+    @njit
+    def confidence_definition(y, out):  # (libm's exp, as the kernel's definition; numpy's differs)
+        for i in range(y.shape[0]):
+            out[i] = 1.0 / (1.0 + math.exp(-2.0 * y[i]))
+
+    @njit
+    def accept_both(u, g, temp, fast, ref):
+        for i in range(u.shape[0]):
+            fast[i] = KS._accept(u[i], g[i], temp[i])
+            ref[i] = u[i] < 1.0 / (1.0 + math.exp(-2.0 * g[i] * temp[i]))
+
+    rng = np.random.default_rng(5)
+    n = 400_000
+    y = np.concatenate([
+        rng.normal(0.0, 3.0, n), rng.uniform(-80.0, 80.0, n // 4), [0.0, -0.0, 59.9, -59.9, 60.0, -60.0, 61.0, -61.0,
+                                                                     400.0, -400.0, 1e-300, -1e-300],
+    ])
+    # y whose sigmoid lies within a few float64 ulps of a float32 rounding midpoint
+    c32 = rng.uniform(0.01, 0.99, 20_000).astype(np.float32).astype(np.float64)
+    mid = c32 + np.spacing(np.float32(c32)).astype(np.float64) / 2
+    y = np.concatenate([y, -0.5 * np.log(1.0 / mid - 1.0)])
+    conf = np.empty((1, y.size), np.float32)
+    KS._confidences(y.reshape(1, -1), conf, 1, y.size)
+    ref = np.empty(y.size, np.float32)
+    confidence_definition(y, ref)
+    assert np.array_equal(conf[0].view(np.int32), ref.view(np.int32))
+
+    g = np.concatenate([rng.normal(0.0, 4.0, n), KS._SIG_HALF * np.array([-1.0, 1.0, -1.5, 1.5]),
+                        (np.arange(-1024, 1024) / KS._SIG_BINS) / 2])  # bin edges at temperature 1
+    temp = np.concatenate([rng.uniform(0.3, 2.0, n), np.ones(4 + 2048)])
+    p = 1.0 / (1.0 + np.exp(-2.0 * g * temp))
+    u = np.concatenate([
+        rng.uniform(0.0, 1.0, g.size),
+        np.nextafter(p, 0.0), p, np.nextafter(p, 1.0), p - 1e-13, p + 1e-13,  # at the outcome's edge
+    ])
+    g, temp = np.tile(g, 6), np.tile(temp, 6)
+    fast, slow = np.empty(u.size, np.bool_), np.empty(u.size, np.bool_)
+    accept_both(u, g, temp, fast, slow)
+    assert np.array_equal(fast, slow) and 0.2 < slow.mean() < 0.8
+
+
 def test_accepted_prefix():
     a = np.array([[True, True, False, True], [True, True, True, True], [False, True, True, True]])
     assert accepted_prefix(a, np.array([4, 4, 4])).tolist() == [2, 4, 0]
