@@ -245,9 +245,11 @@ def _accept(u, g, temp):
 @njit(cache=True, inline="always")
 def _confidence_bounds(y):
     """float32 roundings of 1 / (1 + exp(-2 y)) less and more the table exp's error bound
-    (equal: the definition's float32 value); |2y| clamped below _EXP_X_MAX (then unequal)."""
+    (equal: the definition's float32 value); |2y| clamped at _EXP_X_MAX (then unequal, as for
+    a NaN)."""
     x0 = -2.0 * y
     x = min(max(x0, -_EXP_X_MAX), _EXP_X_MAX)
+    x = x if x == x else 0.0  # (a NaN indexes no table; it is unsure and takes the definition)
     kf = math.floor(x * _EXP_INV_STEP + 0.5)
     k = np.int64(kf)
     r = (x - kf * _EXP_STEP_HI) - kf * _EXP_STEP_LO

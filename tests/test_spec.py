@@ -303,7 +303,7 @@ def test_draw_sigmoids_are_the_definition_bit_for_bit():
     n = 400_000
     y = np.concatenate([
         rng.normal(0.0, 3.0, n), rng.uniform(-80.0, 80.0, n // 4), [0.0, -0.0, 59.9, -59.9, 60.0, -60.0, 61.0, -61.0,
-                                                                     400.0, -400.0, 1e-300, -1e-300],
+                                                                     400.0, -400.0, 1e-300, -1e-300, np.inf, -np.inf, np.nan],
     ])
     # y whose sigmoid lies within a few float64 ulps of a float32 rounding midpoint
     c32 = rng.uniform(0.01, 0.99, 20_000).astype(np.float32).astype(np.float64)
