@@ -1052,12 +1052,13 @@ def commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot
     step_emit[m - 1] = etot - prior
     if n == 0:
         min_left = 0
-    if cp >= 0:
-        for r in range(n):
-            if cp2 >= 0:  # (the production policy's)
-                for j in range(K):
-                    X[cp2 + j, r] = conf[m - 2, j, r] if m >= 2 else X[cp + j, r]
+    if cp >= 0:  # (row by row: contiguous copies; the history's rows are disjoint blocks)
+        if cp2 >= 0:  # (the production policy's)
             for j in range(K):
+                for r in range(n):
+                    X[cp2 + j, r] = conf[m - 2, j, r] if m >= 2 else X[cp + j, r]
+        for j in range(K):
+            for r in range(n):
                 X[cp + j, r] = conf[m - 1, j, r]
     return vtot, atot, ltot, etot, min_left
 
