@@ -605,33 +605,37 @@ def _ratio_argmax_any(v, n_samp, row, extra, limit):
         srt = np.empty(N, np.float32)
         _sort_desc(v, srt)
         return _ratio_argmax(srt, N, n_samp, row, extra, limit)
-    cnt = np.zeros(1024, np.int64)
-    sums = np.zeros(1024, np.float64)
-    a = v.view(np.uint32)
-    if ok:
-        for i in range(N):
-            x = a[i]
-            if x > np.uint32(0x3F800000):  # above 1.0, negative (-0.0 too) or NaN
-                ok = False
-                break
-            d = np.int64(x >> np.uint32(20))
-            cnt[d] += 1
-            sums[d] += np.float64(v[i])
-    if not ok:
-        srt = np.empty(N, np.float32)
-        _sort_desc(v, srt)
-        return _ratio_argmax(srt, N, n_samp, row, extra, limit)
     L = 0
     while (1 << L) < N:
         L += 1
     d_min = (L - 30 + 127) << 3  # the first digit of exponent e_min
-    if d_min < 0:
-        d_min = 0
+    if d_min < 1:
+        d_min = 1
+    # Digits d_min..1016 have bins 1..1017 - d_min; bin 0 holds every value below (the tail,
+    # sorted and walked as one group): only the bins in use are cleared and walked.
+    nb = 1018 - d_min
+    cnt = np.zeros(nb, np.int64)
+    sums = np.zeros(nb, np.float64)
+    a = v.view(np.uint32)
+    for i in range(N):
+        x = a[i]
+        if x > np.uint32(0x3F800000):  # above 1.0, negative (-0.0 too) or NaN
+            ok = False
+            break
+        d = np.int64(x >> np.uint32(20)) - d_min + 1
+        if d < 0:
+            d = 0
+        cnt[d] += 1
+        sums[d] += np.float64(v[i])
+    if not ok:
+        srt = np.empty(N, np.float32)
+        _sort_desc(v, srt)
+        return _ratio_argmax(srt, N, n_samp, row, extra, limit)
     # the best ratio at the groups' boundaries (exact top-b sums)
     best = n_samp / (row[0] + extra)
     cs = 0.0
     b = 0
-    for d in range(1016, d_min - 1, -1):
+    for d in range(nb - 1, 0, -1):
         c = cnt[d]
         if c == 0:
             continue
@@ -642,29 +646,26 @@ def _ratio_argmax_any(v, n_samp, row, extra, limit):
         r = (n_samp + cs) / (row[b] + extra)
         if r > best:
             best = r
-    # the groups that may hold the maximum, gathered by digit (a counting sort's scatter)
-    take = np.zeros(1024, np.bool_)
-    start = np.zeros(1025, np.int64)
+    # the groups that may hold the maximum, gathered by bin (a counting sort's scatter)
+    take = np.zeros(nb, np.bool_)
+    start = np.zeros(nb, np.int64)
     cs = 0.0
     b = 0
-    tail = 0
-    for d in range(1016, -1, -1):
+    for d in range(nb - 1, 0, -1):
         c = cnt[d]
         if c == 0:
             continue
         if b >= limit:
             break
-        if d < d_min:
-            tail += c
-            take[d] = True
-            continue
         end_cs = cs + sums[d]
         if not (n_samp + end_cs) / (row[b] + extra) < best:
             take[d] = True
         cs = end_cs
         b += c
+    tail = cnt[0] if b < limit else 0
+    take[0] = tail > 0
     pos = 0
-    for d in range(1016, -1, -1):
+    for d in range(nb - 1, -1, -1):
         if take[d]:
             start[d] = pos
             pos += cnt[d]
@@ -672,7 +673,9 @@ def _ratio_argmax_any(v, n_samp, row, extra, limit):
     fill = start.copy()
     for i in range(N):
         x = a[i]
-        d = np.int64(x >> np.uint32(20))
+        d = np.int64(x >> np.uint32(20)) - d_min + 1
+        if d < 0:
+            d = 0
         if take[d]:
             buf[fill[d]] = x
             fill[d] += 1
@@ -681,8 +684,7 @@ def _ratio_argmax_any(v, n_samp, row, extra, limit):
     bestv = n_samp / (row[0] + extra)
     cs = 0.0
     b = 0
-    tail_lo = pos - tail
-    for d in range(1016, d_min - 1, -1):
+    for d in range(nb - 1, -1, -1):
         c = cnt[d]
         if c == 0:
             continue
@@ -696,19 +698,6 @@ def _ratio_argmax_any(v, n_samp, row, extra, limit):
         _sort_small(g)  # ascending bit patterns = ascending values
         gf = g.view(np.float32)
         for q in range(c - 1, -1, -1):
-            b += 1
-            if b > limit:
-                return bi
-            cs += np.float64(gf[q])
-            r = (n_samp + cs) / (row[b] + extra)
-            if r > bestv:
-                bestv = r
-                bi = b
-    if tail and b < limit:
-        g = buf[tail_lo:pos]
-        _sort_small(g)
-        gf = g.view(np.float32)
-        for q in range(tail - 1, -1, -1):
             b += 1
             if b > limit:
                 return bi
