@@ -313,49 +313,159 @@ def draw_slots(
 
 
 @njit(cache=True, inline="always")
+def _position(s, alive, off, su, head, tok_scale, head_scale, head_shift, temp, full):
+    """One request's draws at one draft position, in its stream's order (the definition the
+    lane-parallel pass reproduces): the token normal, the head's normal (model head), the
+    outcome's uniform while the prefix holds (every position with ``full``). Returns (state,
+    outcome, the head's half logit y (g for the perfect head), p_true (``full``, else -1)); the
+    useless head draws nothing once the prefix has failed (unless ``full``)."""
+    if head == HEAD_USELESS and not alive and not full:
+        return s, False, 0.0, -1.0
+    s, z = _normal_v(s)
+    g = tok_scale * z + su + off
+    y = g
+    if head == HEAD_MODEL:
+        s, z2 = _normal_v(s)
+        y = g + (head_scale * z2 - head_shift)
+    a = False
+    p = -1.0
+    if alive or full:
+        s, u = _uniform_v(s)
+        if full:
+            p = 1.0 / (1.0 + math.exp(-2.0 * g * temp))
+            a = u < p
+        else:
+            a = _accept(u, g, temp)
+    return s, a, y, p
+
+
+@njit(cache=True, inline="always")
+def _zig_fast(s):
+    """The ziggurat's first candidate from state s: (state, value, accepted); not accepted, the
+    normal is ``_normal_v(s - golden)``'s (which redraws)."""
+    s = s + uint64(_GOLDEN)
+    x = _mix64(s)
+    iz = np.int64(x & uint64(127))
+    jv = float(np.int64(x >> uint64(32)) - 2147483648)
+    return s, jv * _WN[iz], abs(jv) < _KN[iz]
+
+
+@njit(cache=True, error_model="numpy")
+def _step_normal_pass(S, SU, step_scale, n):
+    """Each lane's step normal (times step_scale) from its state S[r]: the ziggurat's fast path
+    for all lanes in one vectorized pass, the definition for the few it rejects."""
+    nredo = 0
+    for r in range(n):
+        s0 = S[r]
+        s, z, ok = _zig_fast(s0)
+        S[r] = s
+        SU[r] = step_scale * z
+        nredo += not ok
+    if nredo:
+        for r in range(n):
+            s, z, ok = _zig_fast(S[r] - uint64(_GOLDEN))
+            if not ok:
+                s, z = _normal_v(S[r] - uint64(_GOLDEN))
+                S[r] = s
+                SU[r] = step_scale * z
+
+
+@njit(cache=True, error_model="numpy")
+def _position_pass(S, S0, SU, X, j, head, tok_scale, head_scale, head_shift, temp, alive, A0, redo, Y, n):
+    """Position j's draws for every lane at once (``_position`` without ``full``), vectorized:
+    the ziggurat's first candidates and the outcome's bracket (``_accept``) for all lanes; a lane
+    where a candidate is rejected or the bracket cannot decide is flagged in redo (its state and
+    prefix before the position kept in S0, A0) for ``_position``. Returns the flagged count."""
+    model = head == HEAD_MODEL
+    useless = head == HEAD_USELESS
+    nredo = 0
+    for r in range(n):
+        al = alive[r]
+        s0 = S[r]
+        S0[r] = s0
+        A0[r] = al
+        draws = al | (not useless)
+        s1, z1, ok1 = _zig_fast(s0)
+        s2, z2, ok2 = _zig_fast(s1)
+        g = tok_scale * z1 + SU[r] + X[j, r]
+        Y[j, r] = g + (head_scale * z2 - head_shift) if model else g
+        sh = s2 if model else s1  # (the state after the head's draws)
+        ok2 = ok2 | (not model)
+        s3 = sh + uint64(_GOLDEN)
+        u = float(_mix64(s3) >> uint64(11)) * (1.0 / 9007199254740992.0)
+        xa = -2.0 * g * temp
+        f = (_SIG_HALF - xa) * _SIG_BINS
+        inr = (f >= 0.0) & (f < 2.0 * _SIG_HALF * _SIG_BINS)
+        i = np.int64(f if inr else 0.0)
+        acc = u < _SIG_EDGES[i] - _SIG_MARGIN
+        sure = inr & (acc | (u >= _SIG_EDGES[i + 1] + _SIG_MARGIN))
+        S[r] = (s3 if al else sh) if draws else s0
+        alive[r] = al & acc
+        rd = draws & ((not ok1) | (not ok2) | (al & (not sure)))
+        redo[r] = rd
+        nredo += rd
+    return nredo
+
+
+@njit(cache=True, inline="always")
 def _draw_step(
     key, I, X, n, K, t, head, tok_scale, step_scale, head_scale, head_shift, temp, full, conf, lead, accept, p_true, Y
 ):
-    """Step t of ``draw_slots``: the outcomes request by request, the head's half logits in Y
-    [>=K, >=n] (float64 scratch), then the confidences in one pass (``_confidences``)."""
-    for r in range(n):
-        s = stream_seed(key, I[r, ID], I[r, ROUNDS] + t)
-        su = 0.0
-        if step_scale != 0.0:
-            s, z = _normal_v(s)
-            su = step_scale * z
-        alive = True
-        nacc = 0
-        for j in range(K):
-            if head == HEAD_USELESS and not alive and not full:
-                conf[t, j, r] = X[K + j, r]
-                continue
-            off = X[j, r]
-            s, z = _normal_v(s)
-            g = tok_scale * z + su + off
-            if head == HEAD_MODEL:
-                s, z2 = _normal_v(s)
-                Y[j, r] = g + (head_scale * z2 - head_shift)
-            elif head == HEAD_PERFECT:
-                Y[j, r] = g
-            else:
-                conf[t, j, r] = X[K + j, r]
-            if alive or full:
-                s, u = _uniform_v(s)
-                if full:
-                    p = 1.0 / (1.0 + math.exp(-2.0 * g * temp))
-                    a = u < p
-                    accept[t, j, r] = a
-                    p_true[t, j, r] = p
-                else:
-                    a = _accept(u, g, temp)
+    """Step t of ``draw_slots``: the outcomes and the head's half logits in Y [>=K, >=n] (float64
+    scratch), then the confidences in one pass (``_confidences``). Without ``full``, position by
+    position for all requests at once (``_position_pass``, each request's stream drawn in the
+    same order as ``_position`` draws it, so the values are the same); with it, ``_position``
+    request by request."""
+    if full:
+        for r in range(n):
+            s = stream_seed(key, I[r, ID], I[r, ROUNDS] + t)
+            su = 0.0
+            if step_scale != 0.0:
+                s, z = _normal_v(s)
+                su = step_scale * z
+            alive = True
+            nacc = 0
+            for j in range(K):
+                s, a, y, p = _position(s, alive, X[j, r], su, head, tok_scale, head_scale, head_shift, temp, True)
+                Y[j, r] = y
+                accept[t, j, r] = a
+                p_true[t, j, r] = p
                 if alive:
                     if a:
                         nacc += 1
                     else:
                         alive = False
-        lead[t, r] = nacc
-    if head != HEAD_USELESS:
+            lead[t, r] = nacc
+    else:
+        S = np.empty((2, n), np.uint64)  # the lanes' states, and before the position
+        SU = np.zeros(n)
+        B = np.ones((3, n), np.bool_)  # the prefix holds, and before the position; redo
+        nacc = np.zeros(n, np.int64)
+        for r in range(n):
+            S[0, r] = stream_seed(key, I[r, ID], I[r, ROUNDS] + t)
+        if step_scale != 0.0:
+            _step_normal_pass(S[0], SU, step_scale, n)
+        for j in range(K):
+            if _position_pass(
+                S[0], S[1], SU, X, j, head, tok_scale, head_scale, head_shift, temp, B[0], B[1], B[2], Y, n
+            ):
+                for r in range(n):
+                    if B[2, r]:
+                        s, a, y, _ = _position(
+                            S[1, r], B[1, r], X[j, r], SU[r], head, tok_scale, head_scale, head_shift, temp, False
+                        )
+                        S[0, r] = s
+                        B[0, r] = B[1, r] & a
+                        Y[j, r] = y
+            for r in range(n):
+                nacc[r] += B[0, r]
+        for r in range(n):
+            lead[t, r] = nacc[r]
+    if head == HEAD_USELESS:
+        for j in range(K):
+            for r in range(n):
+                conf[t, j, r] = X[K + j, r]
+    else:
         _confidences(Y, conf[t], K, n)
 
 
