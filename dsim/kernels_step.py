@@ -288,7 +288,7 @@ def draw_slots(
     accepted drafts of the full block); with ``full`` also every position's outcome
     accept[t, j, r] and p_true[t, j, r] (else an outcome is drawn only while the prefix holds:
     later ones are never observed)."""
-    Y = np.empty((K, n))
+    Y = np.empty((K if head != HEAD_USELESS or n >= LANES_MIN else 0, n))  # the draws' half logits
     for t in range(steps):
         _draw_step(
             key,
@@ -310,6 +310,9 @@ def draw_slots(
             p_true,
             Y,
         )
+
+
+LANES_MIN = 32  # requests from which a step's draws run position by position for all at once
 
 
 @njit(cache=True, inline="always")
@@ -414,9 +417,10 @@ def _draw_step(
     """Step t of ``draw_slots``: the outcomes and the head's half logits in Y [>=K, >=n] (float64
     scratch), then the confidences in one pass (``_confidences``). Without ``full``, position by
     position for all requests at once (``_position_pass``, each request's stream drawn in the
-    same order as ``_position`` draws it, so the values are the same); with it, ``_position``
+    same order as ``_position`` draws it, so the values are the same); with it, or below
+    LANES_MIN requests (where the passes' set-up costs more than they save), ``_position``
     request by request."""
-    if full:
+    if full or n < LANES_MIN:
         for r in range(n):
             s = stream_seed(key, I[r, ID], I[r, ROUNDS] + t)
             su = 0.0
@@ -426,10 +430,12 @@ def _draw_step(
             alive = True
             nacc = 0
             for j in range(K):
-                s, a, y, p = _position(s, alive, X[j, r], su, head, tok_scale, head_scale, head_shift, temp, True)
-                Y[j, r] = y
-                accept[t, j, r] = a
-                p_true[t, j, r] = p
+                s, a, y, p = _position(s, alive, X[j, r], su, head, tok_scale, head_scale, head_shift, temp, full)
+                if head != HEAD_USELESS:
+                    Y[j, r] = y
+                if full:
+                    accept[t, j, r] = a
+                    p_true[t, j, r] = p
                 if alive:
                     if a:
                         nacc += 1
@@ -1345,7 +1351,7 @@ def plan_decodes(
         _scores(X[cp : cp + K, :n], K, n, hist[1] if grouped else tmp, none if grouped else hist[1])
         if back == 2:
             _scores(X[cp2 : cp2 + K, :n], K, n, hist[0] if grouped else tmp, none if grouped else hist[0])
-    Y = np.empty((K, n))  # the draws' half logits
+    Y = np.empty((K if head != HEAD_USELESS or n >= LANES_MIN else 0, n))  # the draws' half logits
     win = np.empty(n, np.int64)
     left0 = np.empty(n, np.int64)
     for r in range(n):

@@ -263,13 +263,15 @@ def test_compiled_draws_are_per_request_round_streams():
     assert not np.array_equal(other, conf)
 
 
+@pytest.mark.parametrize("n_req", [20, 3000])
 @pytest.mark.parametrize("head", ["model", "perfect", "useless"])
-def test_lane_parallel_draws_are_the_request_by_request_definition(head):
+def test_lane_parallel_draws_are_the_request_by_request_definition(head, n_req):
     """The engine's draws, drawn position by position for all requests at once (vectorized
     ziggurat candidates and outcome brackets, the definition for the lanes they cannot settle),
     equal the definition drawn request by request (``_position`` in each stream's order, libm's
     exp for the confidences), bit for bit: 3,000 requests x 3 rounds x 7 positions, enough for
-    ziggurat rejections and undecided brackets on every head."""
+    ziggurat rejections and undecided brackets on every head; and 20 requests (below LANES_MIN:
+    drawn request by request, the confidences by the vectorized pass)."""
     import math
 
     from numba import njit
@@ -301,7 +303,7 @@ def test_lane_parallel_draws_are_the_request_by_request_definition(head):
 
     m = AcceptanceModel(load_acceptance("deepseek-v4", "dspark"), CLASSES, 7, head=head)
     rng = np.random.default_rng(11)
-    cls = rng.integers(0, 3, 3000)
+    cls = rng.integers(0, 3, n_req)
     lat = m.request_latent(rng, cls)
     conf, lead = _engine_draws(m, cls, lat, 3, rounds=4)
     slots = np.zeros((len(cls), KS.NCOL), dtype=np.int64)
