@@ -936,7 +936,7 @@ class Replica:
                 self._last_is_prev_end = given is None
         if given is None:
             given = self._no_cut
-        if moved:
+        if moved and n + m > len(self._I):
             self._grow_slots(n + m)
         d0 = self._done_n
         if d0 + n + m > len(self._done_I):
