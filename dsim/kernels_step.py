@@ -7,7 +7,9 @@ What runs here, over the decode slots' struct-of-arrays state (the engine's ``Re
   Random Variables", J. Stat. Softw. 2000, 128 layers), uniforms from the top 53 bits;
 * the acceptance model's draws (``draw_slots``): per slot and step the half logit
   g = sigma_token z / (2T) + sigma_step u / (2T) + offset, the outcome u < sigmoid(2 g T) and the
-  confidence sigmoid(2 (g + (s z' - b) / (2T))), the quantities of ``dsim.spec.AcceptanceModel``;
+  confidence sigmoid(2 (g + (s z' - b) / (2T))), the quantities of ``dsim.spec.AcceptanceModel``
+  (the definition, one request at a time: ``_position``; from LANES_MIN slots on, drawn a position
+  at a time for all slots at once with the same values: ``_position_pass``);
 * the verify-budget policies (``step_windows``: fixed, threshold, vllm, paper, paper-production,
   sglang) on one cost row per step, with the same operations in the same order as the numpy
   definitions documented in ``dsim.policy`` (so the windows are identical, ties included);
