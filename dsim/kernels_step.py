@@ -25,6 +25,7 @@ plus the live count, so each compiles once per process type signature (and is ca
 
 from __future__ import annotations
 
+import decimal
 import math
 
 import numpy as np
@@ -206,7 +207,7 @@ def fill_uniform(key, out):
 #   (about sigmoid'(x) / 64 of the draws, at most 0.4 %) evaluates the definition;
 # * the confidences, once a step's draws are made, in one pass that the compiler vectorizes (no
 #   call, no branch, numpy's error model: no division check): exp from a 64-entry table of
-#   2^(i/64) and a quintic (relative error about 2e-16), the float32 rounding taken where the
+#   2^(i/64) and a quintic (relative error below 4e-16), the float32 rounding taken where the
 #   value moved by the error bound either way rounds alike; an element where it does not (about
 #   3e-7 of them) or outside |x| < 120 is evaluated by the definition in a second pass.
 _SIG_BINS = 64  # grid bins per unit of x
@@ -224,9 +225,14 @@ _SIG_EDGES = _sigmoid_edges()
 _EXP_TAB = 2.0 ** (np.arange(64) / 64.0)
 _EXP_SCALE = np.array([math.ldexp(1.0, m) for m in range(-200, 201)])  # 2^m, m = -200..200
 _EXP_INV_STEP = 64.0 / math.log(2.0)
-_EXP_STEP_HI = float(np.float32(math.log(2.0) / 64.0))  # few significant bits: k x hi is exact
-_EXP_STEP_LO = math.log(2.0) / 64.0 - _EXP_STEP_HI
-_EXP_REL = 1e-14  # bound on the table exp's relative error (about 2e-16), with margin
+# ln 2 / 64 as hi + lo (Cody and Waite): hi has few significant bits, so k x hi is exact; lo is
+# the rest of the exact value (40 digits), not of its float64 rounding, whose error k would
+# multiply.
+_EXP_STEP_HI = float(np.float32(math.log(2.0) / 64.0))
+with decimal.localcontext() as _ctx:
+    _ctx.prec = 40
+    _EXP_STEP_LO = float(decimal.Decimal(2).ln() / 64 - decimal.Decimal(_EXP_STEP_HI))
+_EXP_REL = 1e-14  # bound on the table exp's relative error (below 4e-16 for |x| <= 120), with margin
 _EXP_X_MAX = 120.0
 
 
@@ -272,12 +278,16 @@ def _confidences(Y, conf, K, n):
             lo, hi = _confidence_bounds(Y[j, r])
             conf[j, r] = lo
             unsure += lo != hi
-    if unsure:
-        for j in range(K):
-            for r in range(n):
-                lo, hi = _confidence_bounds(Y[j, r])
-                if lo != hi:
-                    conf[j, r] = 1.0 / (1.0 + math.exp(-2.0 * Y[j, r]))
+    # (the definition element by element, stopping after the last unsure one: a loop with an
+    # exit is never vectorized, so its exp is libm's, never a vector library's)
+    for j in range(K if unsure else 0):
+        for r in range(n):
+            lo, hi = _confidence_bounds(Y[j, r])
+            if lo != hi:
+                conf[j, r] = 1.0 / (1.0 + math.exp(-2.0 * Y[j, r]))
+                unsure -= 1
+                if unsure == 0:
+                    return
 
 
 @njit(cache=True)
