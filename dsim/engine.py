@@ -508,9 +508,8 @@ class Replica:
         return self._F[: self.n]
 
     def _grow_slots(self, cap: int) -> None:
-        """Room for cap decode slots in the slot buffers (doubling)."""
-        if cap <= len(self._I):
-            return
+        """Room for cap decode slots in the slot buffers (doubling). Precondition: cap > their
+        capacity, len(self._I) (the caller checks: a general step's commit)."""
         n = self.n
         cap = max(2 * len(self._I), cap)
         self._I, self._F = (_grown(a, cap, n, np.zeros) for a in (self._I, self._F))

@@ -150,13 +150,19 @@ _ZIG_R = 3.442619855899
 
 
 @njit(cache=True, inline="always")
+def _zig_candidate(s):
+    """The ziggurat's candidate from the next draw of state s: (state, layer iz, signed 32-bit
+    value j; layer and value from disjoint bits); accepted where |j| < _KN[iz], as j * _WN[iz]."""
+    s, r = _next_v(s)
+    return s, np.int64(r & uint64(127)), float(np.int64(r >> uint64(32)) - 2147483648)
+
+
+@njit(cache=True, inline="always")
 def _normal_v(s):
-    """A standard normal: the ziggurat (layer index and value from disjoint bits of one draw;
-    a rejected draw is redrawn, as in Marsaglia and Tsang's nfix)."""
+    """A standard normal: the ziggurat (a rejected candidate is redrawn, as in Marsaglia and
+    Tsang's nfix)."""
     while True:
-        s, r = _next_v(s)
-        iz = int(r & uint64(127))
-        j = float(np.int64(r >> uint64(32)) - 2147483648)
+        s, iz, j = _zig_candidate(s)
         if abs(j) < _KN[iz]:
             return s, j * _WN[iz]
         if iz == 0:  # the base strip's tail beyond r
@@ -237,17 +243,23 @@ _EXP_X_MAX = 120.0
 
 
 @njit(cache=True, inline="always")
+def _accept_bracket(u, xa):
+    """(u below the lower edge of sigmoid(-xa)'s grid bin, the bracket decides): with the second
+    true, the first is u < 1 / (1 + exp(xa)), the definition's outcome (see above). No branch: the
+    lane-parallel pass vectorizes it."""
+    f = (_SIG_HALF - xa) * _SIG_BINS
+    inr = (f >= 0.0) & (f < 2.0 * _SIG_HALF * _SIG_BINS)
+    i = np.int64(f if inr else 0.0)
+    acc = u < _SIG_EDGES[i] - _SIG_MARGIN
+    return acc, inr & (acc | (u >= _SIG_EDGES[i + 1] + _SIG_MARGIN))
+
+
+@njit(cache=True, inline="always")
 def _accept(u, g, temp):
     """u < 1 / (1 + exp(-2 g temp)), the definition's outcome exactly (see above)."""
     xa = -2.0 * g * temp
-    f = (_SIG_HALF - xa) * _SIG_BINS
-    if f >= 0.0 and f < 2.0 * _SIG_HALF * _SIG_BINS:
-        i = int(f)
-        if u < _SIG_EDGES[i] - _SIG_MARGIN:
-            return True
-        if u >= _SIG_EDGES[i + 1] + _SIG_MARGIN:
-            return False
-    return u < 1.0 / (1.0 + math.exp(xa))
+    acc, sure = _accept_bracket(u, xa)
+    return acc if sure else u < 1.0 / (1.0 + math.exp(xa))
 
 
 @njit(cache=True, inline="always")
@@ -300,7 +312,7 @@ def draw_slots(
     accepted drafts of the full block); with ``full`` also every position's outcome
     accept[t, j, r] and p_true[t, j, r] (else an outcome is drawn only while the prefix holds:
     later ones are never observed)."""
-    Y = np.empty((K if head != HEAD_USELESS or n >= LANES_MIN else 0, n))  # the draws' half logits
+    Y = _half_logits(K, n, head)
     for t in range(steps):
         _draw_step(
             key,
@@ -325,6 +337,13 @@ def draw_slots(
 
 
 LANES_MIN = 32  # requests from which a step's draws run position by position for all at once
+
+
+@njit(cache=True, inline="always")
+def _half_logits(K, n, head):
+    """The draws' scratch Y for n requests (``_draw_step``): none where nothing reads it (the
+    useless head drawn request by request)."""
+    return np.empty((K if head != HEAD_USELESS or n >= LANES_MIN else 0, n))
 
 
 @njit(cache=True, inline="always")
@@ -357,32 +376,29 @@ def _position(s, alive, off, su, head, tok_scale, head_scale, head_shift, temp, 
 @njit(cache=True, inline="always")
 def _zig_fast(s):
     """The ziggurat's first candidate from state s: (state, value, accepted); not accepted, the
-    normal is ``_normal_v(s - golden)``'s (which redraws)."""
-    s = s + uint64(_GOLDEN)
-    x = _mix64(s)
-    iz = np.int64(x & uint64(127))
-    jv = float(np.int64(x >> uint64(32)) - 2147483648)
-    return s, jv * _WN[iz], abs(jv) < _KN[iz]
+    normal is ``_normal_v(s)``'s from the same s (which redraws)."""
+    s, iz, j = _zig_candidate(s)
+    return s, j * _WN[iz], abs(j) < _KN[iz]
 
 
 @njit(cache=True, error_model="numpy")
-def _step_normal_pass(S, SU, step_scale, n):
-    """Each lane's step normal (times step_scale) from its state S[r]: the ziggurat's fast path
-    for all lanes in one vectorized pass, the definition for the few it rejects."""
+def _step_normal_pass(S, S0, SU, step_scale, redo, n):
+    """Each lane's step normal (times step_scale) from its state S[r]: the ziggurat's first
+    candidate for all lanes in one vectorized pass; a lane it rejects flagged in redo (its state
+    before kept in S0) and drawn by the definition."""
     nredo = 0
     for r in range(n):
         s0 = S[r]
+        S0[r] = s0
         s, z, ok = _zig_fast(s0)
         S[r] = s
         SU[r] = step_scale * z
+        redo[r] = not ok
         nredo += not ok
-    if nredo:
-        for r in range(n):
-            s, z, ok = _zig_fast(S[r] - uint64(_GOLDEN))
-            if not ok:
-                s, z = _normal_v(S[r] - uint64(_GOLDEN))
-                S[r] = s
-                SU[r] = step_scale * z
+    for r in range(n if nredo else 0):
+        if redo[r]:
+            S[r], z = _normal_v(S0[r])
+            SU[r] = step_scale * z
 
 
 @njit(cache=True, error_model="numpy")
@@ -408,12 +424,7 @@ def _position_pass(S, S0, SU, X, j, head, tok_scale, head_scale, head_shift, tem
         ok2 = ok2 | (not model)
         s3 = sh + uint64(_GOLDEN)
         u = float(_mix64(s3) >> uint64(11)) * (1.0 / 9007199254740992.0)
-        xa = -2.0 * g * temp
-        f = (_SIG_HALF - xa) * _SIG_BINS
-        inr = (f >= 0.0) & (f < 2.0 * _SIG_HALF * _SIG_BINS)
-        i = np.int64(f if inr else 0.0)
-        acc = u < _SIG_EDGES[i] - _SIG_MARGIN
-        sure = inr & (acc | (u >= _SIG_EDGES[i + 1] + _SIG_MARGIN))
+        acc, sure = _accept_bracket(u, -2.0 * g * temp)
         S[r] = (s3 if al else sh) if draws else s0
         alive[r] = al & acc
         rd = draws & ((not ok1) | (not ok2) | (al & (not sure)))
@@ -458,11 +469,11 @@ def _draw_step(
         S = np.empty((2, n), np.uint64)  # the lanes' states, and before the position
         SU = np.zeros(n)
         B = np.ones((3, n), np.bool_)  # the prefix holds, and before the position; redo
-        nacc = np.zeros(n, np.int64)
         for r in range(n):
             S[0, r] = stream_seed(key, I[r, ID], I[r, ROUNDS] + t)
+            lead[t, r] = 0
         if step_scale != 0.0:
-            _step_normal_pass(S[0], SU, step_scale, n)
+            _step_normal_pass(S[0], S[1], SU, step_scale, B[2], n)
         for j in range(K):
             if _position_pass(
                 S[0], S[1], SU, X, j, head, tok_scale, head_scale, head_shift, temp, B[0], B[1], B[2], Y, n
@@ -476,9 +487,7 @@ def _draw_step(
                         B[0, r] = B[1, r] & a
                         Y[j, r] = y
             for r in range(n):
-                nacc[r] += B[0, r]
-        for r in range(n):
-            lead[t, r] = nacc[r]
+                lead[t, r] += B[0, r]
     if head == HEAD_USELESS:
         for j in range(K):
             for r in range(n):
@@ -1363,7 +1372,7 @@ def plan_decodes(
         _scores(X[cp : cp + K, :n], K, n, hist[1] if grouped else tmp, none if grouped else hist[1])
         if back == 2:
             _scores(X[cp2 : cp2 + K, :n], K, n, hist[0] if grouped else tmp, none if grouped else hist[0])
-    Y = np.empty((K if head != HEAD_USELESS or n >= LANES_MIN else 0, n))  # the draws' half logits
+    Y = _half_logits(K, n, head)
     win = np.empty(n, np.int64)
     left0 = np.empty(n, np.int64)
     for r in range(n):
