@@ -28,15 +28,15 @@ produces (tested for every method and policy).
 
 from __future__ import annotations
 
-import math
 from array import array
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import simpy
 
+from dsim import kernels_sched as KSched
 from dsim import kernels_step as KS
 from dsim.cost import KV_BLOCK_TOKENS, CostModel
 from dsim.errors import InputError
@@ -126,8 +126,9 @@ class StepPlan(NamedTuple):
     tokens where the token budget cut the queue); with drafts, their draws and verify windows
     are ``conf`` [1, K, n] (confidences), ``lead`` [1, n] (leading accepted drafts of the full
     block), ``verified`` and ``commit_cap`` [1, n] (the verify mode's drafts verified and commit
-    cap). The running prefills ``prefill_ids`` compute ``prefill_chunks`` tokens. ``kv_tokens``:
-    KV entries the forward reads; ``forward_ms``: the target forward; ``duration_ms``: the
+    cap). The running prefills ``prefill_ids`` compute ``prefill_chunks`` tokens (``n_prefill``
+    of them at least one; the arrays are views of the replica's buffers, valid until its
+    commit). ``kv_tokens``: KV entries the forward reads; ``forward_ms``: the target forward; ``duration_ms``: the
     step's wall time (forward + drafter + CPU overhead)."""
 
     n_decode: int
@@ -136,8 +137,9 @@ class StepPlan(NamedTuple):
     lead: np.ndarray | None
     verified: np.ndarray | None
     commit_cap: np.ndarray | None
-    prefill_ids: list
-    prefill_chunks: list
+    prefill_ids: np.ndarray
+    prefill_chunks: np.ndarray
+    n_prefill: int
     n_tokens: int
     prefill_tokens: int
     kv_tokens: int
@@ -195,33 +197,43 @@ class Requests:
     def __init__(self, workload):
         n = len(workload.prompt_tokens)
         self.n = n
-        # the arrays the commit kernel reads and writes, as rows of two blocks (one argument each:
-        # a compiled call pays for every array argument)
-        self.req_i = np.zeros((4, n), dtype=np.int64)  # prompt, output, class, emissions
-        self.req_f = np.zeros((3, n))  # largest ITL, first token, last emission
-        self.prompt, self.output, self.cls, self.emits = self.req_i
-        self.itl_max, self.first_token, self.last_emit = self.req_f
+        # The per-request state the compiled kernels read and write, as rows of two blocks (one
+        # argument each: a compiled call pays for every array argument; rows in dsim.kernels_sched):
+        # int64 prompt, output, class, emissions (the commit kernel's), then the scheduler's
+        # computed and generated tokens, KV blocks held while prefilling, admission number on its
+        # replica (preemption victims), prefix-cache hit tokens, preemptions and a preempted
+        # request's held speculative counters (rounds, accepted, verified); float64 largest ITL,
+        # first token, last emission, admission time (NaN before the first).
+        self.req_i = np.zeros((KSched.REQ_I_ROWS, n), dtype=np.int64)
+        self.req_f = np.zeros((KSched.REQ_F_ROWS, n))
+        (
+            self.prompt,
+            self.output,
+            self.cls,
+            self.emits,
+            self.computed,
+            self.generated,
+            self.blocks,
+            self.seq,
+            self.cached_tokens,
+            self.preemptions,
+        ) = self.req_i[: KSched.HELD_ROUNDS]
+        self.held_spec = self.req_i[KSched.HELD_ROUNDS :]  # [3, n]: zero unless preempted with counters
+        self.itl_max, self.first_token, self.last_emit, self.admit = self.req_f
         self.prompt[:] = workload.prompt_tokens
         self.output[:] = workload.output_tokens
         self.cls[:] = workload.cls
         self.first_token[:] = np.nan
+        self.admit[:] = np.nan
         self.arrival = np.full(n, np.nan)
-        self.admit = [math.nan] * n
         self.finish = np.full(n, np.nan)
-        # Scalar per-request state read and written one request at a time (admission, prefill)
-        # lives in Python lists: indexing a list is several times cheaper than a numpy scalar.
+        # (Python lists of the fixed lengths: submit's checks read one request at a time, and
+        # indexing a list is several times cheaper than a numpy scalar.)
         self.prompt_l = self.prompt.tolist()
         self.output_l = self.output.tolist()
         self.cls_l = self.cls.tolist()
-        self.computed = [0] * n
-        self.generated = [0] * n
-        self.blocks = [0] * n
-        self.preemptions = [0] * n
-        self.seq = [0] * n  # admission order on its replica (preemption victims)
-        self.cached_tokens = [0] * n
         self.replica = np.full(n, -1, dtype=np.int64)
         self.latent = np.zeros(n)
-        self.spec_counts: dict = {}  # rid -> (rounds, accepted, verified) while preempted
         # Per request, the float32 rows its decode slot carries (Replica.X's column; built by the
         # first replica; [requests, rows]): acceptance-model slot offsets, then the confidences of
         # its previous draft rounds (ones before its first; written back here when it is preempted).
@@ -357,6 +369,63 @@ def _grown(old: np.ndarray, cap: int, keep: int, alloc) -> np.ndarray:
     return new
 
 
+# Prefix caching: admission looks up this many waiting requests' cached blocks at a time.
+_HIT_BATCH = 16
+
+
+class WaitQueue:
+    """A replica's waiting queue (FCFS; a preempted request goes back to its head) as an int64
+    buffer ``buf[head:tail]``, which the scheduling kernel consumes from the head in place
+    (dsim.kernels_sched.schedule_step returns the new head)."""
+
+    def __init__(self, cap: int = 64):
+        self.buf = np.empty(cap, dtype=np.int64)
+        self.head = self.tail = cap // 4
+
+    def __len__(self) -> int:
+        return self.tail - self.head
+
+    def __bool__(self) -> bool:
+        return self.tail > self.head
+
+    def ids(self) -> list:
+        return self.buf[self.head : self.tail].tolist()
+
+    def _room(self, front: int, back: int) -> None:
+        """front free entries before the head and back after the tail (recentred or grown)."""
+        n = self.tail - self.head
+        cap = len(self.buf)
+        if n + front + back + 16 > cap // 2:
+            cap = 2 * (n + front + back + 16)
+        head = front + (cap - n - front - back) // 4
+        buf = np.empty(cap, dtype=np.int64) if cap != len(self.buf) else self.buf
+        buf[head : head + n] = self.buf[self.head : self.tail].copy()
+        self.buf, self.head, self.tail = buf, head, head + n
+
+    def append(self, rid: int) -> None:
+        if self.tail == len(self.buf):
+            self._room(0, 1)
+        self.buf[self.tail] = rid
+        self.tail += 1
+
+    def extend(self, rids) -> None:
+        k = len(rids)
+        if self.tail + k > len(self.buf):
+            self._room(0, k)
+        t = self.tail
+        if k == 1:
+            self.buf[t] = rids[0]
+        else:
+            self.buf[t : t + k] = np.arange(rids.start, rids.stop, rids.step) if isinstance(rids, range) else rids
+        self.tail = t + k
+
+    def appendleft(self, rid: int) -> None:
+        if self.head == 0:
+            self._room(1, 0)
+        self.head -= 1
+        self.buf[self.head] = rid
+
+
 class Replica:
     """One engine replica driven by a simpy process.
 
@@ -423,7 +492,6 @@ class Replica:
         self._no_row = np.zeros(1)
         self._no_rows = np.zeros((1, 1), dtype=np.float32)  # (new_slots' slot rows without drafts)
         self._no_conf = np.zeros((0, 0, 0), dtype=np.float32)  # (the commit's confidences without drafts)
-        self._no_moved = np.zeros(0, dtype=np.int64)
         self._no_steps = np.zeros((0, 0), dtype=np.int64)
         # decode_given of an uncut step, and the commit and removal kernels' outputs, reused from
         # step to step: per slot (these two) grown with the slot buffers (_grow_slots); per step,
@@ -455,9 +523,19 @@ class Replica:
         self._I = np.zeros((cap, NCOL), dtype=np.int64)
         self._F = np.zeros((cap, 2), dtype=np.float64)
         self._X = np.zeros((rows, cap), dtype=np.float32)
-        self.pre: list = []  # request ids prefilling, in queue order
+        # The requests still prefilling, in queue order (pre_ids[:n_pre]), and this step's chunks
+        # of them (chunks[:n_pre]); at most max_num_seqs run. The new decode slots' rows and the
+        # resumed requests' ITL gaps of a commit (dsim.kernels_sched.commit_prefills).
+        seqs = max(1, cfg.max_num_seqs)
+        self.pre_ids = np.zeros(seqs, dtype=np.int64)
+        self.chunks = np.zeros(seqs, dtype=np.int64)
+        self.n_pre = 0
+        self._moved = np.zeros(6 * seqs, dtype=np.int64)
+        self._late = np.zeros(seqs)
+        self._no_hits = np.zeros(0, dtype=np.int64)
+        self._prefix_on = cfg.enable_prefix_caching and prefix_hashes is not None
         self.admit_seq = 0
-        self.waiting: deque = deque()
+        self.waiting = WaitQueue()
         self.in_transit = 0  # disaggregated: requests still on the prefill instance or in transfer
         self._kv_consumer = cfg.disaggregated
         self.kv_dec = 0  # sum of the decode slots' KV tokens
@@ -538,7 +616,7 @@ class Replica:
     # ---- interface used by the router -------------------------------------------------------
     @property
     def outstanding(self) -> int:
-        return self.n + len(self.pre) + len(self.waiting) + self.in_transit
+        return self.n + self.n_pre + len(self.waiting) + self.in_transit
 
     def submit(self, rid: int) -> None:
         R = self.R
@@ -601,23 +679,32 @@ class Replica:
             v = self.draft_cache[n] = float(self.spec.method.draft_ms(self.cost, n))
         return v
 
-    def _prefix_hit_tokens(self, rid: int) -> int:
-        """Tokens of rid's prompt served by the prefix cache: leading full blocks whose hashes
-        some request has already computed on this replica."""
-        if not self.cfg.enable_prefix_caching or self.prefix_hashes is None:
-            return 0
-        # Only full blocks can be shared: the last hash may cover a partial block.
-        hashes = self.prefix_hashes[rid][: int(self.R.prompt_l[rid]) // self.prefix_block_tokens]
+    def _prefix_hit_blocks(self, rid: int) -> int:
+        """Leading full blocks of rid's prompt whose hashes some request has already computed on
+        this replica (a look-up only: the LRU order is _prefix_touch's). Only full blocks can be
+        shared: the last hash may cover a partial block."""
+        cache = self.prefix_cache
         hit = 0
-        for h in hashes:
-            h = int(h)
-            if h in self.prefix_cache:
-                self.prefix_cache.move_to_end(h)
-                hit += 1
-            else:
+        for h in self.prefix_hashes[rid][: self.R.prompt_l[rid] // self.prefix_block_tokens]:
+            if int(h) not in cache:
                 break
-        # vLLM never serves the whole prompt from cache: the last token is recomputed.
-        return int(min(hit * self.prefix_block_tokens, self.R.prompt_l[rid] - 1))
+            hit += 1
+        return hit
+
+    def _prefix_hits(self, start: int, k: int) -> tuple:
+        """The cached prompt tokens of the waiting queue's entries start..start + k - 1, for
+        admission (vLLM never serves the whole prompt from cache: the last token is recomputed),
+        and their hit blocks."""
+        R, bt = self.R, self.prefix_block_tokens
+        ids = self.waiting.buf[start : start + k].tolist()
+        hb = [self._prefix_hit_blocks(r) for r in ids]
+        return np.array([min(h * bt, R.prompt_l[r] - 1) for r, h in zip(ids, hb)], dtype=np.int64), hb
+
+    def _prefix_touch(self, rid: int, hit_blocks: int) -> None:
+        """The LRU's move to the end of rid's hit blocks (admission looked it up)."""
+        cache = self.prefix_cache
+        for h in self.prefix_hashes[rid][:hit_blocks]:
+            cache.move_to_end(int(h))
 
     def _prefix_insert(self, rid: int, computed: int):
         """Register rid's prompt blocks that are now fully computed (and only those)."""
@@ -636,13 +723,13 @@ class Replica:
     def loop(self) -> Generator[Any, Any, None]:
         env = self.env
         while True:
-            if self.n == 0 and not self.pre and not self.waiting:
+            if self.n == 0 and not self.n_pre and not self.waiting:
                 self.wake = env.event()
                 yield self.wake
             if self._window_ok():
                 yield from self._decode_window()
                 continue
-            plan = self._plan_step(False)
+            plan = self._plan_step()
             if plan is None:  # nothing could be scheduled: wait for an event
                 self.wake = env.event()
                 yield self.wake
@@ -672,17 +759,18 @@ class Replica:
         R = self.R
         j = None
         if self.n:
-            seqs = [R.seq[r] for r in self.I[:, ID].tolist()]
-            j = max(range(len(seqs)), key=seqs.__getitem__)
-        if self.pre and (j is None or R.seq[self.pre[-1]] > seqs[j]):
-            rid = self.pre.pop()
+            seqs = R.seq[self._I[: self.n, ID]]
+            j = int(np.argmax(seqs))
+        if self.n_pre and (j is None or R.seq[self.pre_ids[self.n_pre - 1]] > seqs[j]):
+            self.n_pre -= 1
+            rid = int(self.pre_ids[self.n_pre])
             self.pre_blocks -= int(R.blocks[rid])
         else:
             row, frow = self._I[j].copy(), self._F[j].copy()
             rid = int(row[ID])
             R.generated[rid] = R.output_l[rid] - int(row[END] - row[COMP])
             R.emits[rid] = row[EMITS]
-            R.spec_counts[rid] = (int(row[ROUNDS]), int(row[ASUM]), int(row[VSUM]))
+            R.held_spec[:, rid] = row[ROUNDS : VSUM + 1]
             R.last_emit[rid] = self.prev_end if self._last_is_prev_end else frow[_LAST]
             R.itl_max[rid] = frow[_ITLMAX]
             self.kv_dec -= int(row[COMP])
@@ -707,32 +795,54 @@ class Replica:
         free = self.total_blocks - self.pre_blocks
         return free - self._dec_blocks(False) >= blocks or free - self._dec_blocks(True) >= blocks
 
-    def _plan_step(self, preempted: bool) -> StepPlan | None:
-        """Schedule one step (vLLM V1 order), or None if nothing runs."""
+    def _plan_step(self) -> StepPlan | None:
+        """Schedule one step (vLLM V1 order), or None if nothing runs.
+
+        vLLM schedules decodes first, each reserving 1 + K tokens (drafts the verify budget trims
+        do not return theirs); the running prefills take what is left in queue order, their KV
+        blocks grow (a preemption from the tail where the cache cannot hold them, then the step
+        is scheduled again without admission), and FCFS admission fills the rest while budget,
+        max_num_seqs and blocks allow (dsim.kernels_sched.schedule_step). The decodes' draws and
+        verify budgets are priced with the running prefills' chunks (the admitted ones are not
+        known to the budget: vLLM's drafter proposes before the scheduler admits)."""
         R, cfg, K = self.R, self.cfg, self.K
-        n_dec = self.n
         budget = cfg.max_num_batched_tokens
-        thr = cfg.long_prefill_token_threshold
+        wq = self.waiting
+        prefix = self._prefix_on
+        hits, n_hits, hit_blocks = self._no_hits, -1, None
+        admit = True
+        while True:
+            n_dec, n_run = self.n, self.n_pre
+            head = wq.head
+            if prefix and admit and wq:
+                hits, hit_blocks = self._prefix_hits(head, min(len(wq), _HIT_BATCH))
+                n_hits = len(hits)
+            st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen = (
+                KSched.schedule_step(
+                    R.req_i, R.req_f, self.pre_ids, n_run, self.chunks, wq.buf, head, wq.tail, hits, n_hits, self._I,
+                    n_dec, K, self.lookahead, self.kv_dec, self.total_blocks, self.pre_blocks, budget,
+                    cfg.long_prefill_token_threshold, cfg.max_num_seqs, admit, self._kv_consumer, self.admit_seq,
+                    self.env.now,
+                )
+            )  # fmt: skip
+            if st != KSched.PREEMPT:
+                break
+            # (a lone request always fits: submit() checked its whole life against the cache)
+            assert n_dec + n_run > 1, "KV accounting: a lone request does not fit"
+            self._preempt_tail()
+            admit = False
+        if prefix and seen:
+            pre_tokens, n_sampling, kv_pre = self._admit_prefix_hits(
+                st, head, seen, hit_blocks, pre_tokens, n_sampling, kv_pre, n_pre, w_head, pre_blocks, admit_seq
+            )
+            n_pre, w_head, pre_blocks, admit_seq = self.n_pre, wq.head, self.pre_blocks, self.admit_seq
+        self.n_pre, wq.head, self.pre_blocks, self.admit_seq = n_pre, w_head, pre_blocks, admit_seq
         conf = lead = verified = cap = given = None
         dec_tokens = 0
-        # vLLM schedules decodes first, each reserving 1 + K tokens (drafts the verify budget trims
-        # do not return theirs), and the running prefills take what is left, in queue order.
-        left = max(budget - n_dec * (1 + K), 0)
-        chunks = []
-        n_pre_sample = 0  # prefills whose chunk ends their prompt sample a token
-        kv_pre = 0  # KV the prefills read: computed + chunk
-        for r in self.pre:
-            comp = R.computed[r]
-            todo = R.prompt_l[r] + R.generated[r] - comp
-            c = min(todo, left, thr) if thr > 0 else min(todo, left)
-            chunks.append(c)
-            n_pre_sample += c > 0 and c == todo
-            left -= c
-            kv_pre += comp + c
         if n_dec:
             if K:
-                # the verify budget, priced with those prefill chunks
-                conf, lead, verified, cap, v0, _ = self._draft_and_verify(1, sum(chunks), self._prefill_ms(chunks))
+                # the verify budget, priced with the running prefills' chunks
+                conf, lead, verified, cap, v0, _ = self._draft_and_verify(1, run_tokens, self._prefill_ms(n_run))
                 dec_tokens = n_dec + v0
             else:
                 dec_tokens = n_dec
@@ -741,103 +851,71 @@ class Replica:
                 cum = np.cumsum(qq)
                 given = np.minimum(qq, np.maximum(budget - (cum - qq), 0))
                 dec_tokens = budget
-        # KV blocks for the scheduled tokens; preempt from the tail when they run out.
-        if self.pre:
-            pre_grow = [
-                max(0, -(-(R.computed[r] + c) // KV_BLOCK_TOKENS) - R.blocks[r]) for r, c in zip(self.pre, chunks)
-            ]
-            grow = sum(pre_grow)
-        else:
-            pre_grow, grow = (), 0
-        # (_fits, its cheap bound first: the decode slots do not change while planning)
-        dec_bound = self.total_blocks - self._dec_blocks(False)
-        if dec_bound - self.pre_blocks < grow and not self._fits(grow):
-            # (a lone request always fits: submit() checked its whole life against the cache)
-            assert n_dec + len(self.pre) > 1, "KV accounting: a lone request does not fit"
-            self._preempt_tail()
-            return self._plan_step(True)
-        for r, g in zip(self.pre, pre_grow):
-            R.blocks[r] += g
-        self.pre_blocks += grow
-        # Admission: FCFS while budget, sequence cap and blocks allow (not after a preemption).
-        waiting = self.waiting
-        if not preempted and waiting and left > 0:
-            n_run = n_dec + len(self.pre)
-            max_seqs = cfg.max_num_seqs
-            prefix = cfg.enable_prefix_caching and self.prefix_hashes is not None
-            consumer = self._kv_consumer
-            prompt_l, generated, computed, blocks_l = R.prompt_l, R.generated, R.computed, R.blocks
-            cached, admit, seq = R.cached_tokens, R.admit, R.seq
-            pre = self.pre
-            now = self.env.now
-            pre_blocks, admit_seq = self.pre_blocks, self.admit_seq  # (written back before _fits)
-            while waiting and left > 0 and n_run < max_seqs:
-                rid = waiting[0]
-                # (also on re-admission after a preemption: its computed blocks stay cached)
-                comp = hit = self._prefix_hit_tokens(rid) if prefix else 0
-                if consumer and generated[rid] == 0:
-                    # the prompt's KV came from the prefill instance: only its last token is
-                    # computed here (a request preempted after its first token recomputes locally)
-                    comp = max(comp, prompt_l[rid] - 1)
-                todo = prompt_l[rid] + generated[rid] - comp
-                c = todo if todo < left else left
-                if 0 < thr < c:
-                    c = thr
-                blocks = -(-(comp + c) // KV_BLOCK_TOKENS)
-                if dec_bound - pre_blocks < blocks:
-                    self.pre_blocks = pre_blocks
-                    if not self._fits(blocks):
-                        break
-                cached[rid] = hit
-                computed[rid] = comp
-                waiting.popleft()
-                pre_blocks += blocks
-                blocks_l[rid] = blocks
-                if admit[rid] != admit[rid]:  # (NaN: first admission)
-                    admit[rid] = now
-                admit_seq += 1
-                seq[rid] = admit_seq
-                pre.append(rid)
-                chunks.append(c)
-                if c == todo:
-                    n_pre_sample += 1
-                left -= c
-                kv_pre += comp + c
-                n_run += 1
-            self.pre_blocks, self.admit_seq = pre_blocks, admit_seq
-        pre_tokens = sum(chunks)
         n_tokens = dec_tokens + pre_tokens
         if n_tokens == 0:
             return None
         kv = self.kv_dec + dec_tokens + kv_pre
-        n_sample = (n_dec if given is None else int(np.count_nonzero(given))) + n_pre_sample
+        n_sample = (n_dec if given is None else int(np.count_nonzero(given))) + n_sampling
         fwd = self.cost.step_ms_one(n_tokens, kv)
         if self._step_terms:  # (profiles with prefill or per-request attention terms)
-            fwd = fwd + self._prefill_ms(chunks) + self._context_ms(given, verified, chunks)
+            fwd = fwd + self._prefill_ms(n_pre) + self._context_ms(given, verified, n_pre)
         dur = fwd + self._draft_ms(n_sample) + self.cpu_ms
+        ids, chunks = self.pre_ids[:n_pre], self.chunks[:n_pre]
+        n_chunked = n_pre if not n_run or chunks[n_run - 1] else int(np.count_nonzero(chunks))
         return StepPlan(
-            n_dec, given, conf, lead, verified, cap, list(self.pre), chunks, n_tokens, pre_tokens, kv, fwd, dur
+            n_dec, given, conf, lead, verified, cap, ids, chunks, n_chunked, n_tokens, pre_tokens, kv, fwd, dur
         )
 
-    def _prefill_ms(self, chunks) -> float:
-        """The cost correction (CostModel.prefill_ms) of the prefill chunks of self.pre."""
-        if not self.cost.has_prefill_terms:
-            return 0.0
-        return self.cost.prefill_ms((c, self.R.computed[r]) for r, c in zip(self.pre, chunks) if c)
+    def _admit_prefix_hits(
+        self, st, head, seen, hit_blocks, pre_tokens, n_sampling, kv_pre, n_pre, w_head, pre_blocks, admit_seq
+    ) -> tuple:
+        """Admission with prefix caching, after schedule_step's first batch of looked-up hits:
+        the next batches while it asks for more (MORE_HITS), then the LRU's move to the end of
+        every considered candidate's hit blocks, in queue order (as looking each up in turn
+        would: admission never changes which blocks are cached). Leaves the queue, pre_ids and
+        counters updated; returns (prefill tokens, prefills sampling a token, KV tokens read)."""
+        R, cfg, wq = self.R, self.cfg, self.waiting
+        touched = hit_blocks[:seen]
+        left0 = max(cfg.max_num_batched_tokens - self.n * (1 + self.K), 0)
+        while st == KSched.MORE_HITS:
+            hits, hb = self._prefix_hits(w_head, min(wq.tail - w_head, _HIT_BATCH))
+            dec_bound = self.total_blocks - self._dec_blocks(False)
+            st, n_pre, w_head, pre_blocks, admit_seq, left, n_sampling, kv_pre, seen = KSched.admit_waiting(
+                R.req_i, R.req_f, self.pre_ids, n_pre, self.chunks, wq.buf, w_head, wq.tail, hits, len(hits),
+                self._I, self.n, self.lookahead, dec_bound, self.total_blocks, pre_blocks, left0 - pre_tokens,
+                self.n + n_pre, cfg.max_num_seqs, cfg.long_prefill_token_threshold, self._kv_consumer, admit_seq,
+                self.env.now, n_sampling, kv_pre,
+            )  # fmt: skip
+            pre_tokens = left0 - left
+            touched += hb[:seen]
+        for rid, h in zip(wq.buf[head : head + len(touched)].tolist(), touched):
+            self._prefix_touch(rid, h)
+        self.n_pre, wq.head, self.pre_blocks, self.admit_seq = n_pre, w_head, pre_blocks, admit_seq
+        return pre_tokens, n_sampling, kv_pre
 
-    def _context_ms(self, given, verified, chunks=()) -> float:
+    def _prefill_ms(self, k: int) -> float:
+        """The cost correction (CostModel.prefill_ms) of the first k prefills' chunks this step."""
+        if not self.cost.has_prefill_terms or not k:
+            return 0.0
+        R = self.R
+        return self.cost.prefill_ms(
+            (c, comp) for c, comp in zip(self.chunks[:k].tolist(), R.computed[self.pre_ids[:k]].tolist()) if c
+        )
+
+    def _context_ms(self, given, verified, k: int = 0) -> float:
         """CostModel.context_ms of the decode slots this step (their windows: the budget's cut
-        `given`, else 1 + verified[0]) with the step's prefill chunks of self.pre; 0 for profiles
-        without per-request attention terms."""
+        `given`, else 1 + verified[0]) with the first k prefills' chunks this step; 0 for
+        profiles without per-request attention terms."""
         if not self.cost.has_context_terms or not self.n:
             return 0.0
-        if given is None and self._ctx_packed and not (self.cost.context_reads_chunks and any(chunks)):
+        reads_chunks = self.cost.context_reads_chunks and k and self.chunks[:k].any()
+        if given is None and self._ctx_packed and not reads_chunks:
             # (the compiled call CostModel.context_ms makes here, on the same values)
             return KS.slots_context_ms(self._I, self.n, self.K, verified if self.K else self._no_steps, *self._ctx_args)
         ctx = self.I[:, COMP]
         pre = (
-            [(c, int(self.R.computed[r])) for r, c in zip(self.pre, chunks) if c]
-            if self.cost.context_reads_chunks
+            [(c, comp) for c, comp in zip(self.chunks[:k].tolist(), self.R.computed[self.pre_ids[:k]].tolist()) if c]
+            if reads_chunks
             else ()
         )
         if given is not None:
@@ -906,13 +984,13 @@ class Replica:
         return conf, lead, verified, cap, v0, done
 
     # ---- commit: one path for single steps and decode windows ---------------------------------
-    def _commit_decodes(self, plan: StepPlan, moved: list, m: int, t: float) -> DecodeOutcome:
+    def _commit_decodes(self, plan: StepPlan, m: int, t: float) -> DecodeOutcome:
         """A general step's commit, one compiled call (dsim.kernels_step.commit_step): its decode
         slots (commit_decodes: tokens, speculative counters, the confidence history), their ITL
         samples where some gap is not the step's duration, the m new slots of the prefills that
-        ended (moved: their flat (rid, KV tokens, generated before, ROUNDS, ASUM, VSUM) rows,
-        built by _commit_step) and the removal of finished slots; then the speculative counters
-        and the head's samples (_account). Where every slot emitted at the previous step's end
+        ended (their flat (rid, KV tokens, generated before, ROUNDS, ASUM, VSUM) rows in
+        self._moved, from dsim.kernels_sched.commit_prefills) and the removal of finished slots;
+        then the speculative counters and the head's samples (_account). Where every slot emitted at the previous step's end
         and the budget cut nothing, every gap is the step's duration: one run-length ITL sample
         (the kernel's itl_ms). The removed requests' rows follow the earlier ones in
         self._done_I (see _commit_step)."""
@@ -935,7 +1013,7 @@ class Replica:
                 self._last_is_prev_end = given is None
         if given is None:
             given = self._no_cut
-        if moved and n + m > len(self._I):
+        if m and n + m > len(self._I):
             self._grow_slots(n + m)
         d0 = self._done_n
         if d0 + n + m > len(self._done_I):
@@ -963,7 +1041,7 @@ class Replica:
             float(self.prev_end),
             v.a,
             j,
-            np.array(moved, dtype=np.int64) if moved else self._no_moved,
+            self._moved,
             m,
             R.req_i,
             R.req_f,
@@ -1016,61 +1094,36 @@ class Replica:
         chunks = plan.prefill_chunks
         if self.shapes is not None:
             qd = given if given is not None else (1 + plan.verified[0] if self.K and n_dec else None)
-            qs = ([] if not n_dec else (qd.tolist() if qd is not None else [1] * n_dec)) + chunks
-            ctxs = self.I[:, COMP].tolist() + [int(R.computed[r]) for r in plan.prefill_ids]
+            qs = ([] if not n_dec else (qd.tolist() if qd is not None else [1] * n_dec)) + chunks.tolist()
+            ctxs = self.I[:, COMP].tolist() + R.computed[plan.prefill_ids].tolist()
             self.shapes.append((self.idx, t, [x for x in qs if x], [c for x, c in zip(qs, ctxs) if x], plan.forward_ms))
         # Prefills: chunks computed; those that reach the end of their prompt sample a token and
         # become decode slots (their KV holds the prompt + generated - 1 tokens). (Before the
         # decodes' commit, which touches none of them; a resumed request's ITL sample goes after
         # the decodes'.)
-        moved: list = []  # the new slots' (rid, KV tokens, generated before, ROUNDS, ASUM, VSUM)
-        late_itl = None
-        if chunks:
-            prefix = self.cfg.enable_prefix_caching and self.prefix_hashes is not None
-            computed, generated, prompt_l, blocks = R.computed, R.generated, R.prompt_l, R.blocks
-            spec_counts = R.spec_counts
-            freed = kv = 0
-            for rid, c in zip(plan.prefill_ids, chunks):
-                if c == 0:
-                    continue
-                cp = computed[rid] + c
-                computed[rid] = cp
-                if prefix:
-                    self._prefix_insert(rid, cp)
-                g = generated[rid]
-                if cp != prompt_l[rid] + g:
-                    continue
-                if g:  # resumed after a preemption
-                    gap = (t - R.last_emit[rid]) * 1000.0
-                    if late_itl is None:
-                        late_itl = []
-                    late_itl.append((gap, 1))
-                    R.itl_max[rid] = max(R.itl_max[rid], gap)
-                    R.emits[rid] += 1
-                generated[rid] = g + 1
-                # (its KV holds prompt + generated - 1 = cp tokens)
-                moved.extend((rid, cp, g, *spec_counts.pop(rid, (0, 0, 0))) if spec_counts else (rid, cp, g, 0, 0, 0))
-                freed += blocks[rid]  # now counted from the slot's KV tokens
-                blocks[rid] = 0
-                kv += cp
-            if moved:
-                self.pre_blocks -= freed
-                self.kv_dec += kv
-                if len(moved) // 6 == len(self.pre):  # (all of them: the new slots are a subset of pre)
-                    self.pre = []
-                else:
-                    mv = set(moved[0::6])
-                    self.pre = [r for r in self.pre if r not in mv]
-        m = len(moved) // 6
+        m = n_late = 0
+        n_pre = len(chunks)
+        if n_pre:
+            if self._prefix_on:
+                done_ids, done_chunks = plan.prefill_ids.tolist(), chunks.tolist()  # (before the kernel moves them)
+            m, freed, kv, self.n_pre, n_late = KSched.commit_prefills(
+                R.req_i, R.req_f, self.pre_ids, n_pre, self.chunks, t, self._moved, self._late
+            )
+            if self._prefix_on:
+                computed = R.computed
+                for rid, c in zip(done_ids, done_chunks):
+                    if c:
+                        self._prefix_insert(rid, int(computed[rid]))
+            self.pre_blocks -= freed
+            self.kv_dec += kv
         n_dec_run = n_dec if given is None else int(np.count_nonzero(given))
         d0 = self._done_n
-        out = self._commit_decodes(plan, moved, m, t)
+        out = self._commit_decodes(plan, m, t)
         verified, accepted, emitted_total = out.total_verified, out.total_accepted, out.total_committed + m
-        if late_itl is not None:
-            for row in late_itl:
-                self.itl_vals.append(row)
+        for gap in self._late[:n_late].tolist():
+            self.itl_vals.append((gap, 1))
         self.prev_end = t
-        n_req = n_dec_run + len(chunks) - chunks.count(0)
+        n_req = n_dec_run + plan.n_prefill
         self.n_steps += 1
         self.batch_sum += n_req
         self.steps.append(
@@ -1116,13 +1169,13 @@ class Replica:
         st = self.stats
         if self.K:
             parts = [self._done_I[: self._done_n], self.I]
-            if R.spec_counts:  # preempted and not resumed
-                parts.append(
-                    np.array([(0, 0, 0, R.cls_l[r], 0) + v for r, v in R.spec_counts.items()], dtype=np.int64).reshape(
-                        -1, NCOL
-                    )
-                )
-                R.spec_counts.clear()
+            held = np.flatnonzero(R.held_spec.any(axis=0))  # preempted and not resumed (any replica's)
+            if len(held):
+                rows = np.zeros((len(held), NCOL), dtype=np.int64)
+                rows[:, CLS] = R.cls[held]
+                rows[:, ROUNDS : VSUM + 1] = R.held_spec[:, held].T
+                parts.append(rows)
+                R.held_spec[:, held] = 0  # counted now
             allr = np.concatenate(parts)
             nc = len(st.cls_rounds)
             cls = allr[:, CLS]
@@ -1141,7 +1194,7 @@ class Replica:
     # ---- decode windows ---------------------------------------------------------------------
     def _window_ok(self) -> bool:
         n = self.n
-        if n == 0 or self.pre:
+        if n == 0 or self.n_pre:
             return False
         if self.waiting and n < self.cfg.max_num_seqs:
             return False
@@ -1207,7 +1260,7 @@ class Replica:
             comp0 = self.I[:, COMP].copy() if self.shapes is not None else None
             last, general, past = self._window_steps(k, lead, cap, verified, fixed_ms)
         if general:  # even one step needs a preemption: take the general path
-            plan = self._plan_step(False)
+            plan = self._plan_step()
             if not self._skip(plan.duration_ms / 1000.0):
                 yield env.timeout(plan.duration_ms / 1000.0)
             self._commit_step(plan)

@@ -1,0 +1,226 @@
+"""The scheduler's per-step bookkeeping as compiled kernels (numba, nopython, cached on disk).
+
+What the engine's general step does to its prefilling and waiting requests, over the request
+table's int64 and float64 blocks (``dsim.engine.Requests.req_i`` / ``req_f``, rows named below):
+
+* ``schedule_step``: vLLM V1's order within the token budget left after the decodes' 1 + K
+  reservations: the running prefills' next chunks (in queue order, each at most
+  long_prefill_token_threshold), their KV blocks (the decode slots' blocks from the cheap bound
+  first, exactly only where it fails; where the cache cannot hold them nothing is written and the
+  caller preempts), then FCFS admission from the waiting queue while budget, max_num_seqs and
+  free blocks allow (``admit_waiting``);
+* ``commit_prefills``: after the step, the chunks computed; the prefills whose chunk ended their
+  prompt sample a token and leave the queue as new decode slots (their rows for
+  ``dsim.kernels_step.new_slots``), a resumed request's ITL gap noted.
+
+The semantics are the engine's (docs/architecture.md, "The scheduler"); this module only moves
+them out of Python, one call a step instead of a few Python statements a request. Prefix-cache
+hits are looked up by the caller (a dict of block hashes) and passed in as counts: admission
+never changes which blocks are cached, only the LRU order, which the caller applies afterwards
+for the candidates the kernel considered.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+from dsim.cost import KV_BLOCK_TOKENS
+from dsim.kernels_step import COMP
+
+# Rows of Requests.req_i (int64) and Requests.req_f (float64). The first four of each are the
+# commit kernel's (dsim.kernels_step.commit_step reads req_i[0:4] and req_f[0:3]).
+PROMPT, OUTPUT, CLASS, EMITTED, COMPUTED, GENERATED, BLOCKS, SEQ, CACHED, PREEMPTIONS = range(10)
+HELD_ROUNDS, HELD_ACCEPTED, HELD_VERIFIED = range(10, 13)  # a preempted request's spec counters
+REQ_I_ROWS = 13
+ITL_MAX, FIRST_TOKEN, LAST_EMIT, ADMIT = range(4)
+REQ_F_ROWS = 4
+
+# schedule_step's status.
+SCHEDULED, PREEMPT, MORE_HITS = range(3)
+
+_BT = KV_BLOCK_TOKENS
+
+
+@njit(cache=True, inline="always")
+def _dec_blocks_exact(I, n_dec, lookahead):
+    s = 0
+    for r in range(n_dec):
+        s += (I[r, COMP] + (lookahead + _BT - 1)) // _BT
+    return s
+
+
+@njit(cache=True)
+def admit_waiting(req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits, n_hits, I, n_dec, lookahead,
+                  dec_bound, total_blocks, pre_blocks, left, n_run, max_seqs, thr, consumer, admit_seq, now,
+                  n_pre_sample, kv_pre):  # fmt: skip
+    """FCFS admission from waitq[w_head:w_tail] while left > 0 tokens, n_run < max_seqs and the
+    request's blocks fit (dec_bound: total blocks less the decode slots' bound; the exact count
+    only where it fails). n_hits < 0: no prefix cache (every hit 0); else hits[k] is the k-th
+    candidate's cached prompt tokens, and admission stops after n_hits candidates (MORE_HITS: the
+    caller looks up the next ones and calls again). An admitted request gets its computed tokens
+    (hit, or for a KV consumer's first admission prompt - 1), blocks, admission time (first
+    admission), admission number and chunk (pre[n_pre], chunks[n_pre]). Returns (status, n_pre,
+    w_head, pre_blocks, admit_seq, left, n_pre_sample, kv_pre, candidates considered: the
+    admitted plus a refused one)."""
+    prompt, generated, computed = req_i[PROMPT], req_i[GENERATED], req_i[COMPUTED]
+    blocks_r, seq, cached = req_i[BLOCKS], req_i[SEQ], req_i[CACHED]
+    admit = req_f[ADMIT]
+    considered = 0
+    exact = -1
+    status = SCHEDULED
+    while w_head < w_tail and left > 0 and n_run < max_seqs:
+        if n_hits >= 0 and considered == n_hits:
+            status = MORE_HITS
+            break
+        rid = waitq[w_head]
+        hit = hits[considered] if n_hits >= 0 else 0
+        considered += 1
+        comp = hit
+        if consumer and generated[rid] == 0:
+            # the prompt's KV came from the prefill instance: only its last token is computed here
+            if prompt[rid] - 1 > comp:
+                comp = prompt[rid] - 1
+        todo = prompt[rid] + generated[rid] - comp
+        c = todo if todo < left else left
+        if 0 < thr < c:
+            c = thr
+        b = (comp + c + _BT - 1) // _BT
+        if dec_bound - pre_blocks < b:
+            if exact < 0:
+                exact = _dec_blocks_exact(I, n_dec, lookahead)
+            if total_blocks - pre_blocks - exact < b:
+                break
+        cached[rid] = hit
+        computed[rid] = comp
+        w_head += 1
+        pre_blocks += b
+        blocks_r[rid] = b
+        if admit[rid] != admit[rid]:  # (NaN: first admission)
+            admit[rid] = now
+        admit_seq += 1
+        seq[rid] = admit_seq
+        pre[n_pre] = rid
+        chunks[n_pre] = c
+        n_pre += 1
+        if c == todo:
+            n_pre_sample += 1
+        left -= c
+        kv_pre += comp + c
+        n_run += 1
+    return status, n_pre, w_head, pre_blocks, admit_seq, left, n_pre_sample, kv_pre, considered
+
+
+@njit(cache=True)
+def schedule_step(req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits, n_hits, I, n_dec, K, lookahead,
+                  kv_dec, total_blocks, pre_blocks, budget, thr, max_seqs, admit, consumer, admit_seq,
+                  now):  # fmt: skip
+    """One step's prefill schedule: the running prefills pre[:n_pre] take their chunks from the
+    budget left after n_dec decode slots' 1 + K reservations (chunks[:n_pre]), their KV grows,
+    and, where admit, ``admit_waiting`` admits from the waiting queue. Where the grown blocks do
+    not fit (the decode slots' exact count), nothing is written: status PREEMPT (the caller
+    preempts the running queue's tail and schedules again, without admission). Returns (status,
+    the running prefills' tokens, n_pre, w_head, pre_blocks, admit_seq, prefill tokens, prefills
+    sampling a token (chunk ends the prompt), KV tokens the prefills read, candidates
+    considered)."""
+    prompt, generated, computed, blocks_r = req_i[PROMPT], req_i[GENERATED], req_i[COMPUTED], req_i[BLOCKS]
+    left = budget - n_dec * (1 + K)
+    if left < 0:
+        left = 0
+    n_pre_sample = 0
+    kv_pre = 0
+    grow = 0
+    for i in range(n_pre):
+        r = pre[i]
+        comp = computed[r]
+        todo = prompt[r] + generated[r] - comp
+        c = todo if todo < left else left
+        if 0 < thr < c:
+            c = thr
+        chunks[i] = c
+        if c > 0 and c == todo:
+            n_pre_sample += 1
+        left -= c
+        kv_pre += comp + c
+        g = (comp + c + _BT - 1) // _BT - blocks_r[r]
+        if g > 0:
+            grow += g
+    run_tokens = kv_pre
+    for i in range(n_pre):
+        run_tokens -= computed[pre[i]]
+    # the decode slots' blocks: sum ceil(x / 16) <= (sum x + 15 n) / 16 first (they do not change
+    # while planning), exactly only where that bound leaves too little
+    dec_bound = total_blocks - (kv_dec + n_dec * (lookahead + _BT - 1)) // _BT
+    if dec_bound - pre_blocks < grow:
+        if total_blocks - pre_blocks - _dec_blocks_exact(I, n_dec, lookahead) < grow:
+            return PREEMPT, run_tokens, n_pre, w_head, pre_blocks, admit_seq, run_tokens, n_pre_sample, kv_pre, 0
+    for i in range(n_pre):
+        r = pre[i]
+        g = (computed[r] + chunks[i] + _BT - 1) // _BT - blocks_r[r]
+        if g > 0:
+            blocks_r[r] += g
+    pre_blocks += grow
+    status = SCHEDULED
+    considered = 0
+    if admit and w_head < w_tail and left > 0:
+        status, n_pre, w_head, pre_blocks, admit_seq, left, n_pre_sample, kv_pre, considered = admit_waiting(
+            req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits, n_hits, I, n_dec, lookahead, dec_bound,
+            total_blocks, pre_blocks, left, n_dec + n_pre, max_seqs, thr, consumer, admit_seq, now, n_pre_sample,
+            kv_pre,
+        )  # fmt: skip
+    pre_tokens = 0
+    for i in range(n_pre):
+        pre_tokens += chunks[i]
+    return status, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_pre_sample, kv_pre, considered
+
+
+@njit(cache=True)
+def commit_prefills(req_i, req_f, pre, n_pre, chunks, t_now, moved, late):
+    """After a step: each running prefill pre[i] computed chunks[i] tokens; one whose computed
+    tokens reach prompt + generated samples a token and becomes a decode slot: moved[6 m : 6 m + 6]
+    = (request id, KV tokens = computed, generated before, its held spec counters, then zeroed),
+    its blocks released (the slot counts them from its KV tokens), generated + 1; a resumed one
+    (generated before > 0) also emits: its gap since its last emission in late[k] (ms), its largest
+    ITL and emission count updated. The rest stay in pre, in order. Returns (new slots m, blocks
+    released, their KV tokens, prefills left, resumed gaps k)."""
+    prompt, generated, computed, blocks_r = req_i[PROMPT], req_i[GENERATED], req_i[COMPUTED], req_i[BLOCKS]
+    emits = req_i[EMITTED]
+    itl_max, last_emit = req_f[ITL_MAX], req_f[LAST_EMIT]
+    m = 0
+    freed = 0
+    kv = 0
+    k = 0
+    w = 0
+    for i in range(n_pre):
+        r = pre[i]
+        c = chunks[i]
+        if c > 0:
+            cp = computed[r] + c
+            computed[r] = cp
+            g = generated[r]
+            if cp == prompt[r] + g:
+                if g:  # resumed after a preemption
+                    gap = (t_now - last_emit[r]) * 1000.0
+                    late[k] = gap
+                    k += 1
+                    if gap > itl_max[r]:  # (Python's max(itl_max, gap): the first unless larger)
+                        itl_max[r] = gap
+                    emits[r] += 1
+                generated[r] = g + 1
+                o = 6 * m
+                moved[o] = r
+                moved[o + 1] = cp
+                moved[o + 2] = g
+                moved[o + 3] = req_i[HELD_ROUNDS, r]
+                moved[o + 4] = req_i[HELD_ACCEPTED, r]
+                moved[o + 5] = req_i[HELD_VERIFIED, r]
+                req_i[HELD_ROUNDS, r] = 0
+                req_i[HELD_ACCEPTED, r] = 0
+                req_i[HELD_VERIFIED, r] = 0
+                m += 1
+                freed += blocks_r[r]
+                blocks_r[r] = 0
+                kv += cp
+                continue
+        pre[w] = r
+        w += 1
+    return m, freed, kv, w, k
