@@ -12,11 +12,12 @@ Each step:
 5. prefills that finish their prompt sample one token; decodes emit accepted + 1 tokens.
 
 State is arrays over requests (global per-request table) and the running batch; nothing is a
-Python object per request or per token. The step's numeric work (draws, verify windows, verify
-modes, commit and accounting) runs in the compiled kernels of dsim.kernels_step. A step is
-planned as a ``StepPlan`` and its decodes committed as a ``DecodeOutcome`` (``_commit_decodes``:
-one compiled ``commit_step``, which also writes the step's new decode slots and removes the
-finished ones); a decode window commits in the compiled ``commit_window`` (the same
+Python object per request or per token. The step's numeric work runs in compiled kernels: the
+scheduler's prefill chunks, KV growth and admission (dsim.kernels_sched.schedule_step), the
+draws, verify windows and verify modes (dsim.kernels_step.plan_decodes) and the commit
+(dsim.kernels_sched.commit_step: prefills, decodes, new decode slots, removal of finished
+ones). A step is planned as a ``StepPlan`` and committed as a ``DecodeOutcome``
+(``_commit_step``); a decode window commits in the compiled ``commit_window`` (the same
 ``commit_decodes``, then the window's rows), and both end in one accounting path (``_account``).
 
 Decode-only stretches (nothing to admit, no prefill running) are simulated as a *window* of up to
@@ -984,81 +985,6 @@ class Replica:
         return conf, lead, verified, cap, v0, done
 
     # ---- commit: one path for single steps and decode windows ---------------------------------
-    def _commit_decodes(self, plan: StepPlan, m: int, t: float) -> DecodeOutcome:
-        """A general step's commit, one compiled call (dsim.kernels_step.commit_step): its decode
-        slots (commit_decodes: tokens, speculative counters, the confidence history), their ITL
-        samples where some gap is not the step's duration, the m new slots of the prefills that
-        ended (their flat (rid, KV tokens, generated before, ROUNDS, ASUM, VSUM) rows in
-        self._moved, from dsim.kernels_sched.commit_prefills) and the removal of finished slots;
-        then the speculative counters and the head's samples (_account). Where every slot emitted at the previous step's end
-        and the budget cut nothing, every gap is the step's duration: one run-length ITL sample
-        (the kernel's itl_ms). The removed requests' rows follow the earlier ones in
-        self._done_I (see _commit_step)."""
-        n, K = self.n, self.K
-        given = plan.decode_given
-        if K and n:
-            verified, cap, lead, conf = plan.verified, plan.commit_cap, plan.lead, plan.conf
-        else:
-            verified = cap = lead = self._no_steps  # (the kernel reads none without drafts)
-            conf = self._no_conf
-        itl_mode, j, itl_ms = 0, 0, -1.0
-        v = self.itl_vals
-        if n:
-            if given is None and self._last_is_prev_end:
-                itl_ms = plan.duration_ms
-                v.append((itl_ms, n))
-            else:
-                itl_mode = 2 if self._last_is_prev_end else 1
-                j = v.reserve(n if given is None else int(np.count_nonzero(given)))
-                self._last_is_prev_end = given is None
-        if given is None:
-            given = self._no_cut
-        if m and n + m > len(self._I):
-            self._grow_slots(n + m)
-        d0 = self._done_n
-        if d0 + n + m > len(self._done_I):
-            self._grow_done(d0 + n + m)
-        R = self.R
-        vt, at, lt, et, w, d, ml, done_kv = KS.commit_step(
-            self._I,
-            self._F,
-            self._X,
-            n,
-            K,
-            verified,
-            cap,
-            lead,
-            given,
-            self.stats.accepted_hist,
-            itl_ms,
-            self._slot_out,
-            self._step_out,
-            conf,
-            self._cp,
-            self._cp2,
-            itl_mode,
-            float(t),
-            float(self.prev_end),
-            v.a,
-            j,
-            self._moved,
-            m,
-            R.req_i,
-            R.req_f,
-            R.slot_rows if K else self._no_rows,
-            self.left_lb,
-            self._done_I,
-            self._done_F,
-            d0,
-        )
-        if n:
-            self._account(1, conf, lead, vt, at, lt, et, ml)
-        self.left_lb = int(ml)
-        self.kv_dec -= done_kv
-        self.n = w
-        self._done_n = d0 + d
-        return DecodeOutcome(1, n, K, self._slot_out, self._step_out, vt, at, et, lt)
-
     def _grow_steps(self, m: int) -> None:
         """The commit kernels' per-step output buffer, grown to m steps."""
         if self._step_out.shape[1] < m:
@@ -1087,43 +1013,106 @@ class Replica:
         self.kv_dec += et
         self.left_lb = int(min_left)
 
-    def _commit_step(self, plan: StepPlan):
+    def _commit_step(self, plan: StepPlan) -> DecodeOutcome:
+        """A general step's commit, one compiled call (dsim.kernels_sched.commit_step): its
+        prefills' chunks (those that reach the end of their prompt sample a token and become
+        decode slots, their KV holding prompt + generated - 1 tokens), its decode slots
+        (commit_decodes: tokens, speculative counters, the confidence history), their ITL samples
+        where some gap is not the step's duration, the new slots and the removal of finished
+        slots; then the prefix cache's new blocks, a resumed request's ITL sample (after the
+        decodes'), the speculative counters and the head's samples (_account) and the step's
+        row. Where every slot emitted at the previous step's end and the budget cut nothing,
+        every gap is the step's duration: one run-length ITL sample (the kernel's itl_ms). The
+        removed requests' rows follow the earlier ones in self._done_I (flush writes them)."""
         R, t = self.R, self.env.now
-        n_dec = plan.n_decode
+        n, K = self.n, self.K
         given = plan.decode_given
         chunks = plan.prefill_chunks
+        n_pre = len(chunks)
         if self.shapes is not None:
-            qd = given if given is not None else (1 + plan.verified[0] if self.K and n_dec else None)
-            qs = ([] if not n_dec else (qd.tolist() if qd is not None else [1] * n_dec)) + chunks.tolist()
+            qd = given if given is not None else (1 + plan.verified[0] if K and n else None)
+            qs = ([] if not n else (qd.tolist() if qd is not None else [1] * n)) + chunks.tolist()
             ctxs = self.I[:, COMP].tolist() + R.computed[plan.prefill_ids].tolist()
             self.shapes.append((self.idx, t, [x for x in qs if x], [c for x, c in zip(qs, ctxs) if x], plan.forward_ms))
-        # Prefills: chunks computed; those that reach the end of their prompt sample a token and
-        # become decode slots (their KV holds the prompt + generated - 1 tokens). (Before the
-        # decodes' commit, which touches none of them; a resumed request's ITL sample goes after
-        # the decodes'.)
-        m = n_late = 0
-        n_pre = len(chunks)
+        if K and n:
+            verified, cap, lead, conf = plan.verified, plan.commit_cap, plan.lead, plan.conf
+        else:
+            verified = cap = lead = self._no_steps  # (the kernel reads none without drafts)
+            conf = self._no_conf
+        itl_mode, j, itl_ms = 0, 0, -1.0
+        v = self.itl_vals
+        n_run = n
+        if n:
+            if given is None and self._last_is_prev_end:
+                itl_ms = plan.duration_ms
+                v.append((itl_ms, n))
+            else:
+                n_run = n if given is None else int(np.count_nonzero(given))
+                itl_mode = 2 if self._last_is_prev_end else 1
+                j = v.reserve(n_run)
+                self._last_is_prev_end = given is None
+        if given is None:
+            given = self._no_cut
+        if n_pre and n + n_pre > len(self._I):
+            self._grow_slots(n + n_pre)
+        d0 = self._done_n
+        if d0 + n + n_pre > len(self._done_I):
+            self._grow_done(d0 + n + n_pre)
+        if n_pre and self._prefix_on:
+            done_ids, done_chunks = plan.prefill_ids.tolist(), chunks.tolist()  # (before the kernel moves them)
+        vt, at, lt, et, w, d, ml, done_kv, m, freed, kv_new, self.n_pre, n_late = KSched.commit_step(
+            self._I,
+            self._F,
+            self._X,
+            n,
+            K,
+            verified,
+            cap,
+            lead,
+            given,
+            self.stats.accepted_hist,
+            itl_ms,
+            self._slot_out,
+            self._step_out,
+            conf,
+            self._cp,
+            self._cp2,
+            itl_mode,
+            float(t),
+            float(self.prev_end),
+            v.a,
+            j,
+            self.pre_ids,
+            n_pre,
+            self.chunks,
+            self._moved,
+            self._late,
+            R.req_i,
+            R.req_f,
+            R.slot_rows if K else self._no_rows,
+            self.left_lb,
+            self._done_I,
+            self._done_F,
+            d0,
+        )
         if n_pre:
-            if self._prefix_on:
-                done_ids, done_chunks = plan.prefill_ids.tolist(), chunks.tolist()  # (before the kernel moves them)
-            m, freed, kv, self.n_pre, n_late = KSched.commit_prefills(
-                R.req_i, R.req_f, self.pre_ids, n_pre, self.chunks, t, self._moved, self._late
-            )
             if self._prefix_on:
                 computed = R.computed
                 for rid, c in zip(done_ids, done_chunks):
                     if c:
                         self._prefix_insert(rid, int(computed[rid]))
             self.pre_blocks -= freed
-            self.kv_dec += kv
-        n_dec_run = n_dec if given is None else int(np.count_nonzero(given))
-        d0 = self._done_n
-        out = self._commit_decodes(plan, m, t)
-        verified, accepted, emitted_total = out.total_verified, out.total_accepted, out.total_committed + m
-        for gap in self._late[:n_late].tolist():
-            self.itl_vals.append((gap, 1))
+            self.kv_dec += kv_new
+            for gap in self._late[:n_late].tolist():
+                self.itl_vals.append((gap, 1))
+        if n:
+            self._account(1, conf, lead, vt, at, lt, et, ml)
+        self.left_lb = int(ml)
+        self.kv_dec -= done_kv
+        self.n = w
+        self._done_n = d0 + d
         self.prev_end = t
-        n_req = n_dec_run + plan.n_prefill
+        n_req = n_run + plan.n_prefill
         self.n_steps += 1
         self.batch_sum += n_req
         self.steps.append(
@@ -1132,19 +1121,20 @@ class Replica:
                 t,
                 plan.duration_ms,
                 n_req,
-                n_dec_run,
+                n_run,
                 plan.n_tokens,
                 plan.prefill_tokens,
-                verified,
-                accepted,
-                emitted_total,
+                vt,
+                at,
+                et + m,
                 plan.kv_tokens,
                 len(self.waiting),
             )
         )
-        if self._done_n > d0:
+        if d:
             # Per-request results are written to the request table once, at the end (flush).
-            self.on_finish(self._done_I[d0 : self._done_n, ID].tolist())
+            self.on_finish(self._done_I[d0 : d0 + d, ID].tolist())
+        return DecodeOutcome(1, n, K, self._slot_out, self._step_out, vt, at, et, lt)
 
     def _finish_done(self):
         if not self.n or self.left_lb > 0:
@@ -1294,7 +1284,7 @@ class Replica:
                     (self.idx, float(wf[3, t]), qv.tolist(), (comp0 + cum).tolist(), float(wf[0, t] + wf[1, t]))
                 )
                 cum += (np.minimum(lead[t], cap[t]) + 1) if K > 0 else 1
-        # the commit (as _commit_decodes) and the window's step rows and ITL samples, one call
+        # the commit (as _commit_step's) and the window's step rows and ITL samples, one call
         self._grow_steps(m)
         v = self.itl_vals
         j = v.reserve(m)

@@ -9,9 +9,11 @@ table's int64 and float64 blocks (``dsim.engine.Requests.req_i`` / ``req_f``, ro
   first, exactly only where it fails; where the cache cannot hold them nothing is written and the
   caller preempts), then FCFS admission from the waiting queue while budget, max_num_seqs and
   free blocks allow (``admit_waiting``);
-* ``commit_prefills``: after the step, the chunks computed; the prefills whose chunk ended their
-  prompt sample a token and leave the queue as new decode slots (their rows for
-  ``dsim.kernels_step.new_slots``), a resumed request's ITL gap noted.
+* ``commit_step``: after the step, in the order its effects happen: ``commit_prefills`` (the
+  chunks computed; the prefills whose chunk ended their prompt sample a token and leave the
+  queue as new decode slots, a resumed request's ITL gap noted), the decode slots' commit
+  (``dsim.kernels_step.commit_decodes``) and ITL samples, the new slots
+  (``dsim.kernels_step.new_slots``) and the removal of finished slots.
 
 The semantics are the engine's (docs/architecture.md, "The scheduler"); this module only moves
 them out of Python, one call a step instead of a few Python statements a request. Prefix-cache
@@ -25,10 +27,9 @@ from __future__ import annotations
 from numba import njit
 
 from dsim.cost import KV_BLOCK_TOKENS
-from dsim.kernels_step import COMP
+from dsim.kernels_step import COMP, EMITS, commit_decodes, new_slots, remove_done
 
-# Rows of Requests.req_i (int64) and Requests.req_f (float64). The first four of each are the
-# commit kernel's (dsim.kernels_step.commit_step reads req_i[0:4] and req_f[0:3]).
+# Rows of Requests.req_i (int64) and Requests.req_f (float64).
 PROMPT, OUTPUT, CLASS, EMITTED, COMPUTED, GENERATED, BLOCKS, SEQ, CACHED, PREEMPTIONS = range(10)
 HELD_ROUNDS, HELD_ACCEPTED, HELD_VERIFIED = range(10, 13)  # a preempted request's spec counters
 REQ_I_ROWS = 13
@@ -173,7 +174,7 @@ def schedule_step(req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits,
     return status, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_pre_sample, kv_pre, considered
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def commit_prefills(req_i, req_f, pre, n_pre, chunks, t_now, moved, late):
     """After a step: each running prefill pre[i] computed chunks[i] tokens; one whose computed
     tokens reach prompt + generated samples a token and becomes a decode slot: moved[6 m : 6 m + 6]
@@ -224,3 +225,58 @@ def commit_prefills(req_i, req_f, pre, n_pre, chunks, t_now, moved, late):
         pre[w] = r
         w += 1
     return m, freed, kv, w, k
+
+
+@njit(cache=True)
+def commit_step(I, F, X, n, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out, conf, cp, cp2,
+                itl_mode, t_now, prev_end, V, j, pre, n_pre, chunks, moved, late, req_i, req_f, slot_rows, left_lb,
+                done_I, done_F, d0):  # fmt: skip
+    """A general step's commit in one call, in the order its effects happen: ``commit_prefills``
+    of the n_pre running prefills (their new slots' rows into moved, resumed requests' gaps into
+    late); ``commit_decodes`` of the n decode slots (one step; nothing when n = 0), then, for
+    itl_mode 1 or 2, the ITL samples of the slots that emitted (given[r] != 0), written into V
+    [2, rows] from row j (gap = (t_now - last emission) x 1000, count 1), and their largest ITL,
+    last emission and emission count (itl_mode 2 first sets every slot's last emission to
+    prev_end; itl_mode 0: commit_decodes' itl_ms did this); then ``new_slots`` for the m
+    prefills that ended (the caller has grown the slot buffers to n + n_pre); then, where the
+    smallest remaining output (the commit's, else left_lb, lowered by the new slots') is not
+    positive, ``remove_done`` into the done rows from d0. Returns (verified, accepted,
+    full-block accepted, emitted by the decodes, slots live, slots removed, smallest remaining
+    output or a lower bound, KV tokens removed, new slots m, prefill blocks released, the new
+    slots' KV tokens, prefills left, resumed gaps)."""
+    m = freed = kv_new = n_late = 0
+    w_pre = n_pre
+    if n_pre > 0:
+        m, freed, kv_new, w_pre, n_late = commit_prefills(req_i, req_f, pre, n_pre, chunks, t_now, moved, late)
+    vt = at = lt = et = 0
+    ml = left_lb
+    if n > 0:
+        vt, at, lt, et, ml = commit_decodes(
+            I, F, n, 1, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out, X, conf, cp, cp2
+        )
+        if itl_mode > 0:
+            k = j
+            for r in range(n):
+                if itl_mode == 2:
+                    F[r, 0] = prev_end
+                if given[r] == 0:  # (given: -1 where the budget cut nothing)
+                    continue
+                gap = (t_now - F[r, 0]) * 1000.0
+                V[0, k] = gap
+                V[1, k] = 1.0
+                k += 1
+                if gap > F[r, 1] or gap != gap:  # (np.maximum: the larger, NaN propagating)
+                    F[r, 1] = gap
+                F[r, 0] = t_now
+                I[r, EMITS] += 1
+    if m > 0:
+        lm = new_slots(I, F, X, n, moved, m, t_now, req_i[PROMPT], req_i[OUTPUT], req_i[CLASS], req_i[EMITTED],
+                       req_f[ITL_MAX], req_f[FIRST_TOKEN], req_f[LAST_EMIT], slot_rows)  # fmt: skip
+        if lm < ml:
+            ml = lm
+    w = n + m
+    d = 0
+    done_kv = 0
+    if w > 0 and ml <= 0:
+        w, d, ml, done_kv = remove_done(I, F, X, w, done_I, done_F, d0, t_now)
+    return vt, at, lt, et, w, d, ml, done_kv, m, freed, kv_new, w_pre, n_late

@@ -1262,54 +1262,6 @@ def new_slots(I, F, X, n, moved, m, t_now, prompt, output, cls, emits, itl_max, 
     return min_left
 
 
-@njit(cache=True)
-def commit_step(I, F, X, n, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out, conf, cp, cp2,
-                itl_mode, t_now, prev_end, V, j, moved, m, req_i, req_f, slot_rows, left_lb, done_I, done_F,
-                d0):  # fmt: skip
-    """A general step's commit in one call, in the order its effects happen (one call instead of
-    three, with the Python between them): ``commit_decodes`` of its n decode slots (one step;
-    nothing when n = 0), then, for itl_mode 1 or 2, the ITL samples of the slots that emitted
-    (given[r] != 0), written into V [2, rows] from row j (gap = (t_now - last emission) x 1000,
-    count 1), and their largest ITL, last emission and emission count (itl_mode 2 first sets
-    every slot's last emission to prev_end; itl_mode 0: commit_decodes' itl_ms did this); then
-    ``new_slots`` for the m prefills that ended; then, where the smallest remaining output (the
-    commit's, else left_lb, lowered by the new slots') is not positive, ``remove_done`` into the
-    done rows from d0. Returns (verified, accepted, full-block accepted, emitted by the decodes,
-    slots live, slots removed, smallest remaining output or a lower bound, KV tokens removed)."""
-    vt = at = lt = et = 0
-    ml = left_lb
-    if n > 0:
-        vt, at, lt, et, ml = commit_decodes(
-            I, F, n, 1, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out, X, conf, cp, cp2
-        )
-        if itl_mode > 0:
-            k = j
-            for r in range(n):
-                if itl_mode == 2:
-                    F[r, 0] = prev_end
-                if given[r] == 0:  # (given: -1 where the budget cut nothing)
-                    continue
-                gap = (t_now - F[r, 0]) * 1000.0
-                V[0, k] = gap
-                V[1, k] = 1.0
-                k += 1
-                if gap > F[r, 1] or gap != gap:  # (np.maximum: the larger, NaN propagating)
-                    F[r, 1] = gap
-                F[r, 0] = t_now
-                I[r, EMITS] += 1
-    if m > 0:
-        lm = new_slots(I, F, X, n, moved, m, t_now, req_i[0], req_i[1], req_i[2], req_i[3], req_f[0], req_f[1],
-                       req_f[2], slot_rows)  # fmt: skip
-        if lm < ml:
-            ml = lm
-    w = n + m
-    d = 0
-    done_kv = 0
-    if w > 0 and ml <= 0:
-        w, d, ml, done_kv = remove_done(I, F, X, w, done_I, done_F, d0, t_now)
-    return vt, at, lt, et, w, d, ml, done_kv
-
-
 # ---- one step (or window) of the decode slots: draws, verify windows, verify modes ------------
 
 
