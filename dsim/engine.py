@@ -233,6 +233,7 @@ class Requests:
         self.prompt_l = self.prompt.tolist()
         self.output_l = self.output.tolist()
         self.cls_l = self.cls.tolist()
+        self.longest_life = int((self.prompt + self.output).max()) if n else 0  # prompt + output tokens
         self.replica = np.full(n, -1, dtype=np.int64)
         self.latent = np.zeros(n)
         # Per request, the float32 rows its decode slot carries (Replica.X's column; built by the
@@ -484,6 +485,11 @@ class Replica:
             sr[:, : len(off)] = off.T
             reqs.slot_rows = sr
         self._draw = acc.kernel_params() if K else None
+        self._draw_f = np.array(self._draw[1:], dtype=np.float64) if K else None
+        # A general step's schedule and draws in one compiled call (dsim.kernels_sched.plan_general)
+        # where the budget's cost row is the engine's dense one and no prefill term prices it.
+        self._plan_fused = bool(K) and not cost.has_prefill_terms and not (pol is not None and pol.own_cost_row)
+        self._row_buf = np.empty(cfg.max_num_batched_tokens + 1) if self._plan_fused else None
         self._pcode = pol.code if pol is not None else -1
         self._ptau = float(pol.tau) if pol is not None else 0.0
         self._mode = KS.VERIFY_CODES[spec.verify_mode] if K else KS.COMPACT
@@ -641,10 +647,11 @@ class Replica:
                 self.submit(rid)
             return
         R = self.R
-        prompt_l, output_l, lim = R.prompt_l, R.output_l, self._fit_tokens
-        for rid in rids:
-            if prompt_l[rid] + output_l[rid] > lim:
-                self._too_big(rid)
+        if R.longest_life > self._fit_tokens:  # (some request of the run may not fit: check these)
+            prompt_l, output_l, lim = R.prompt_l, R.output_l, self._fit_tokens
+            for rid in rids:
+                if prompt_l[rid] + output_l[rid] > lim:
+                    self._too_big(rid)
         if len(rids) == 1:  # (the closed loop's usual one: an item, cheaper than a slice)
             R.replica[rids[0]] = self.idx
         elif isinstance(rids, range) and rids.step == 1:
@@ -812,20 +819,42 @@ class Replica:
         prefix = self._prefix_on
         hits, n_hits, hit_blocks = self._no_hits, -1, None
         admit = True
+        fused = drawn = False
         while True:
             n_dec, n_run = self.n, self.n_pre
+            fused = self._plan_fused and n_dec > 0
             head = wq.head
             if prefix and admit and wq:
                 hits, hit_blocks = self._prefix_hits(head, min(len(wq), _HIT_BATCH))
                 n_hits = len(hits)
-            st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen = (
-                KSched.schedule_step(
-                    R.req_i, R.req_f, self.pre_ids, n_run, self.chunks, wq.buf, head, wq.tail, hits, n_hits, self._I,
-                    n_dec, K, self.lookahead, self.kv_dec, self.total_blocks, self.pre_blocks, budget,
-                    cfg.long_prefill_token_threshold, cfg.max_num_seqs, admit, self._kv_consumer, self.admit_seq,
-                    self.env.now,
-                )
-            )  # fmt: skip
+            if fused:
+                # the schedule and the decodes' draws and verify windows in one call
+                conf = np.empty((1, K, n_dec), dtype=np.float32)
+                lvc = np.empty((3, 1, n_dec), dtype=np.int64)
+                lead, verified, cap = lvc[0], lvc[1], lvc[2]
+                st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen, v0 = (
+                    KSched.plan_general(
+                        R.req_i, R.req_f, self.pre_ids, n_run, self.chunks, wq.buf, head, wq.tail, hits, n_hits,
+                        self._I, self._X, n_dec, K, self.lookahead, self.kv_dec, self.total_blocks, self.pre_blocks,
+                        budget, cfg.long_prefill_token_threshold, cfg.max_num_seqs, admit, self._kv_consumer,
+                        self.admit_seq, self.env.now, self.key, self._draw[0], self._draw_f, self._adaptive,
+                        self._pcode, self._ptau, self._cp if self._cp >= 0 else 0, self._cp2, self._mode, self._fwd,
+                        self.cost.kv_ms_per_tok, self.cpu_ms + self._draft_ms(n_dec), self._ctx_ms_per_tok,
+                        self._row_buf, conf, lead, verified, cap,
+                    )
+                )  # fmt: skip
+                drawn = st != KSched.NEED_ROW
+                if not drawn:
+                    st = KSched.SCHEDULED
+            else:
+                st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen = (
+                    KSched.schedule_step(
+                        R.req_i, R.req_f, self.pre_ids, n_run, self.chunks, wq.buf, head, wq.tail, hits, n_hits,
+                        self._I, n_dec, K, self.lookahead, self.kv_dec, self.total_blocks, self.pre_blocks, budget,
+                        cfg.long_prefill_token_threshold, cfg.max_num_seqs, admit, self._kv_consumer, self.admit_seq,
+                        self.env.now,
+                    )
+                )  # fmt: skip
             if st != KSched.PREEMPT:
                 break
             # (a lone request always fits: submit() checked its whole life against the cache)
@@ -838,12 +867,17 @@ class Replica:
             )
             n_pre, w_head, pre_blocks, admit_seq = self.n_pre, wq.head, self.pre_blocks, self.admit_seq
         self.n_pre, wq.head, self.pre_blocks, self.admit_seq = n_pre, w_head, pre_blocks, admit_seq
-        conf = lead = verified = cap = given = None
+        if not fused:
+            conf = lead = verified = cap = None
+        given = None
         dec_tokens = 0
         if n_dec:
             if K:
-                # the verify budget, priced with the running prefills' chunks
-                conf, lead, verified, cap, v0, _ = self._draft_and_verify(1, run_tokens, self._prefill_ms(n_run))
+                if not drawn:  # the verify budget, priced with the running prefills' chunks
+                    conf, lead, verified, cap, v0, _ = self._draft_and_verify(1, run_tokens, self._prefill_ms(n_run))
+                elif self._script is not None:
+                    apply_draft_script(self._script, self._I[:n_dec, ROUNDS], lead, verified, cap)
+                    v0 = int(verified[0].sum())
                 dec_tokens = n_dec + v0
             else:
                 dec_tokens = n_dec

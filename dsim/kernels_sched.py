@@ -9,6 +9,8 @@ table's int64 and float64 blocks (``dsim.engine.Requests.req_i`` / ``req_f``, ro
   first, exactly only where it fails; where the cache cannot hold them nothing is written and the
   caller preempts), then FCFS admission from the waiting queue while budget, max_num_seqs and
   free blocks allow (``admit_waiting``);
+* ``plan_general``: ``schedule_step``, then the decode slots' draws and verify windows
+  (``dsim.kernels_step.plan_decodes``) priced by the engine's cost row of the step, in one call;
 * ``commit_step``: after the step, in the order its effects happen: ``commit_prefills`` (the
   chunks computed; the prefills whose chunk ended their prompt sample a token and leave the
   queue as new decode slots, a resumed request's ITL gap noted), the decode slots' commit
@@ -27,7 +29,7 @@ from __future__ import annotations
 from numba import njit
 
 from dsim.cost import KV_BLOCK_TOKENS
-from dsim.kernels_step import COMP, EMITS, commit_decodes, new_slots, remove_done
+from dsim.kernels_step import COMP, EMITS, commit_decodes, new_slots, plan_decodes, remove_done
 
 # Rows of Requests.req_i (int64) and Requests.req_f (float64).
 PROMPT, OUTPUT, CLASS, EMITTED, COMPUTED, GENERATED, BLOCKS, SEQ, CACHED, PREEMPTIONS = range(10)
@@ -36,8 +38,8 @@ REQ_I_ROWS = 13
 ITL_MAX, FIRST_TOKEN, LAST_EMIT, ADMIT = range(4)
 REQ_F_ROWS = 4
 
-# schedule_step's status.
-SCHEDULED, PREEMPT, MORE_HITS = range(3)
+# schedule_step's and plan_general's status.
+SCHEDULED, PREEMPT, MORE_HITS, NEED_ROW = range(4)
 
 _BT = KV_BLOCK_TOKENS
 
@@ -172,6 +174,48 @@ def schedule_step(req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits,
     for i in range(n_pre):
         pre_tokens += chunks[i]
     return status, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_pre_sample, kv_pre, considered
+
+
+@njit(cache=True)
+def plan_general(req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits, n_hits, I, X, n_dec, K, lookahead,
+                 kv_dec, total_blocks, pre_blocks, budget, thr, max_seqs, admit, consumer, admit_seq, now, key, head,
+                 draw_f, adaptive, code, tau, cp, cp2, mode, dense, kv_ms_per_tok, row_extra_ms, ctx_ms_per_tok,
+                 row_buf, conf, lead, verified, cap):  # fmt: skip
+    """``schedule_step``, then (n_dec and K > 0 decode slots) ``plan_decodes`` of one step,
+    adaptive budgets priced by the engine's cost row of n_dec + the running prefills' tokens
+    (N): row[b] = dense[N + b] + (kv_ms_per_tok x (kv_dec + n_dec) + row_extra_ms), b = 0..M,
+    M = min(max(budget - N, 0), n_dec K) (CostModel.step_cost_row's values; row_extra_ms: drafter
+    and CPU overhead), built in row_buf. draw_f: the draws' five float parameters (token, step,
+    head noise and bias scales, temperature). No draws where the schedule preempts (PREEMPT), or
+    where the row runs past the dense table: then the status is PREEMPT or NEED_ROW and the
+    caller prices and draws itself (``dsim.kernels_step.plan_decodes``, the same function).
+    Returns schedule_step's tuple and the drafts verified (0 without draws)."""
+    st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen = schedule_step(
+        req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits, n_hits, I, n_dec, K, lookahead, kv_dec,
+        total_blocks, pre_blocks, budget, thr, max_seqs, admit, consumer, admit_seq, now,
+    )  # fmt: skip
+    v0 = 0
+    if st == PREEMPT or n_dec == 0 or K == 0:
+        return st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen, v0
+    N = n_dec + run_tokens
+    row = row_buf[:0]
+    if adaptive:
+        M = budget - N
+        if M < 0:
+            M = 0
+        if M > n_dec * K:
+            M = n_dec * K
+        if N + M + 1 > len(dense):
+            return NEED_ROW, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen, v0
+        c = kv_ms_per_tok * float(kv_dec + n_dec) + row_extra_ms
+        for b in range(M + 1):
+            row_buf[b] = dense[N + b] + c
+        row = row_buf[: M + 1]
+    v0, _ = plan_decodes(
+        key, I, X, n_dec, K, 1, head, draw_f[0], draw_f[1], draw_f[2], draw_f[3], draw_f[4], adaptive, code, tau, cp,
+        cp2, row, 0.0, ctx_ms_per_tok, N, budget, mode, conf, lead, verified, cap,
+    )  # fmt: skip
+    return st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen, v0
 
 
 @njit(cache=True, inline="always")

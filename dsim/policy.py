@@ -140,6 +140,7 @@ class BudgetPolicy:
     * ``cost_row(n_requests, n0, n1, engine_row)``: the step cost of n0..n1-1 tokens the policy
       prices budgets with; ``engine_row`` is the engine's (the cost model's step cost, drafter
       and CPU overhead included), returned as is unless the policy has its own table;
+    * ``own_cost_row``: ``cost_row`` is the policy's own table, not ``engine_row``;
     * ``prices_context``: the cost row depends on the step's KV context (inside a decode window
       each step's row is then shifted by its own context's cost; a table priced at a fixed
       context is not);
@@ -151,6 +152,7 @@ class BudgetPolicy:
     reads_prev = False
     reads_prev2 = False
     samples_all = False
+    own_cost_row = False
     prices_context = True
     tau = 0.0
 
@@ -304,6 +306,7 @@ class SglangPolicy(BudgetPolicy):
 
     def __init__(self, cost: AdditiveCost | None = None):
         self.cost = cost
+        self.own_cost_row = cost is not None
         self.prices_context = cost is None
 
     def cost_row(self, n_requests: int, n0: int, n1: int, engine_row: np.ndarray) -> np.ndarray:
