@@ -596,3 +596,25 @@ def test_columns_keep_row_order_across_appends_reserves_and_blocks():
     assert got.shape == (len(want), 3)
     assert (got == np.array(want)).all()
     assert len(col.blocks()) > 1
+
+
+def test_prefix_hits_looked_up_in_batches_change_nothing(monkeypatch):
+    # A burst of 60 prompts from 6 shared prefixes into a prefix cache that holds a few of them:
+    # admission looks the hits up ahead, a batch at a time, and applies the LRU's order after.
+    # Whatever the batch, every request's cached tokens and times are the one-at-a-time ones.
+    import dsim.engine as engine
+
+    prof = linear_profile(kv_gib=1024 * 16 * 1200 / 2**30)  # 1,200 blocks: 37 prefix blocks of 512
+    rng = np.random.default_rng(11)
+    group = rng.integers(0, 6, 60)
+    hashes = [np.arange(8, dtype=np.int64) + 100 * g for g in group]
+    w = wl(rng.integers(1500, 4096, 60), rng.integers(2, 30, 60), arrival=np.zeros(60))
+    w = dataclasses.replace(w, prefix_hashes=hashes, prefix_block_tokens=512)
+    eng = EngineConfig(enable_prefix_caching=True, max_num_seqs=32)
+    tables = []
+    for batch in (1, 3, 1000):
+        monkeypatch.setattr(engine, "_HIT_BATCH", batch)
+        tables.append(run(w, prof, engine=eng).requests)
+    assert tables[0].cached_tokens.sum() > 0
+    for t in tables[1:]:
+        assert t[["cached_tokens", "ttft_ms", "e2e_ms"]].equals(tables[0][["cached_tokens", "ttft_ms", "e2e_ms"]])
