@@ -415,11 +415,15 @@ class WaitQueue:
         if self.tail + k > len(self.buf):
             self._room(0, k)
         t = self.tail
-        if k == 1:
-            self.buf[t] = rids[0]
+        if k <= 8:  # (a closed loop's few successors: items, cheaper than an array's slice)
+            buf = self.buf
+            for r in rids:
+                buf[t] = r
+                t += 1
+            self.tail = t
         else:
             self.buf[t : t + k] = np.arange(rids.start, rids.stop, rids.step) if isinstance(rids, range) else rids
-        self.tail = t + k
+            self.tail = t + k
 
     def appendleft(self, rid: int) -> None:
         if self.head == 0:
