@@ -447,6 +447,11 @@ class Replica:
     buffers in place; prefilling requests are a short Python list.
     """
 
+    # A speculative general step's schedule, cost row and draws in one compiled call where it can
+    # (dsim.kernels_sched.plan_general); False: schedule_step and plan_decodes called apart (the
+    # same results: tests/test_engine.py).
+    fuse_plan = True
+
     def __init__(
         self,
         idx: int,
@@ -492,7 +497,9 @@ class Replica:
         self._draw_f = np.array(self._draw[1:], dtype=np.float64) if K else None
         # A general step's schedule and draws in one compiled call (dsim.kernels_sched.plan_general)
         # where the budget's cost row is the engine's dense one and no prefill term prices it.
-        self._plan_fused = bool(K) and not cost.has_prefill_terms and not (pol is not None and pol.own_cost_row)
+        self._plan_fused = (
+            self.fuse_plan and bool(K) and not cost.has_prefill_terms and not (pol is not None and pol.own_cost_row)
+        )
         self._row_buf = np.empty(cfg.max_num_batched_tokens + 1) if self._plan_fused else None
         self._pcode = pol.code if pol is not None else -1
         self._ptau = float(pol.tau) if pol is not None else 0.0

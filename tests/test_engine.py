@@ -618,3 +618,34 @@ def test_prefix_hits_looked_up_in_batches_change_nothing(monkeypatch):
     assert tables[0].cached_tokens.sum() > 0
     for t in tables[1:]:
         assert t[["cached_tokens", "ttft_ms", "e2e_ms"]].equals(tables[0][["cached_tokens", "ttft_ms", "e2e_ms"]])
+
+
+@pytest.mark.parametrize("pol", ["vllm", "paper-production", "sglang", "fixed", None])
+def test_one_call_plan_is_the_two_call_plan(monkeypatch, pol):
+    """A speculative general step's schedule, cost row and draws in one compiled call
+    (plan_general) give what schedule_step, CostModel.step_cost_row and plan_decodes give called
+    apart, including a token budget past the dense cost table, where the one call hands the
+    pricing back (NEED_ROW)."""
+    from dsim.engine import Replica
+
+    rng = np.random.default_rng(9)
+    n = 150
+    # short outputs: a completion and an admission almost every step; a sixth of the prompts long
+    # enough that a running prefill's chunk takes the step past the dense table (16,384 tokens)
+    prompt = np.where(rng.random(n) < 1 / 6, rng.integers(30000, 60000, n), rng.integers(200, 3000, n))
+    w = wl(prompt, rng.integers(5, 40, n), closed=24, cls=rng.integers(0, 3, n))
+    caps = vllm_capture_sizes(512)
+    toks = caps + [768, 1024, 2048, 4096, 8192]
+    prof = make_profile(forward={"tokens": toks, "ms": [5.0 + 0.05 * t for t in toks]}, kv_ms_per_ktok=0.5,
+                        cpu=0.3, kv_gib=50)
+    acc = "math=0.9,0.8,0.7,0.6;code=0.8,0.7,0.5,0.4;chat=0.7,0.5,0.3,0.2"
+    sc = SpecConfig("dspark", adaptive=True, policy=pol, acceptance=acc) if pol else SpecConfig("mtp")
+    for budget in (8192, 40000):
+        eng = EngineConfig(max_num_batched_tokens=budget)
+        out = []
+        for fused in (True, False):
+            monkeypatch.setattr(Replica, "fuse_plan", fused)
+            res = run(w, prof, engine=eng, spec=sc)
+            out.append((res.summary["steps"], res.requests[["ttft_ms", "e2e_ms"]], res.steps))
+        assert out[0][0] == out[1][0]
+        assert out[0][1].equals(out[1][1]) and out[0][2].equals(out[1][2])

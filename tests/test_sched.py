@@ -164,3 +164,35 @@ def test_commit_prefills_is_the_request_by_request_definition(state, t_now):
     got = _state_of(req_i, req_f)
     for name in (*INT_ROWS, *FLOAT_ROWS, "held"):
         assert _same(got[name], ref[name]), name
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["append", "extend", "appendleft", "pop"]), st.integers(0, 40)), max_size=80))
+def test_wait_queue_is_a_deque(ops):
+    # The replica's waiting queue: appends, a range of successors, a preempted request back at
+    # the head, and the scheduler consuming from the head (as schedule_step's returned head does).
+    from collections import deque
+
+    from dsim.engine import WaitQueue
+
+    q, ref, nxt = WaitQueue(cap=4), deque(), 0
+    for op, k in ops:
+        if op == "append":
+            q.append(nxt)
+            ref.append(nxt)
+            nxt += 1
+        elif op == "extend":
+            ids = range(nxt, nxt + k) if k % 2 else list(range(nxt, nxt + k))
+            q.extend(ids)
+            ref.extend(ids)
+            nxt += k
+        elif op == "appendleft":
+            q.appendleft(nxt)
+            ref.appendleft(nxt)
+            nxt += 1
+        else:
+            take = min(k, len(ref))
+            q.head += take
+            for _ in range(take):
+                ref.popleft()
+        assert len(q) == len(ref) and bool(q) == bool(ref) and q.ids() == list(ref)
