@@ -835,15 +835,16 @@ class Replica:
             n_dec, n_run = self.n, self.n_pre
             fused = self._plan_fused and n_dec > 0
             head = wq.head
-            if prefix and admit and wq:
-                hits, hit_blocks = self._prefix_hits(head, min(len(wq), _HIT_BATCH))
+            room = cfg.max_num_seqs - n_dec - n_run  # (admission's bounds, known before the kernel)
+            if prefix and admit and wq and room > 0 and budget > n_dec * (1 + K):
+                hits, hit_blocks = self._prefix_hits(head, min(len(wq), _HIT_BATCH, room + 1))
                 n_hits = len(hits)
             if fused:
                 # the schedule and the decodes' draws and verify windows in one call
                 conf = np.empty((1, K, n_dec), dtype=np.float32)
                 lvc = np.empty((3, 1, n_dec), dtype=np.int64)
                 lead, verified, cap = lvc[0], lvc[1], lvc[2]
-                st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen, v0 = (
+                st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen, drawn, v0 = (
                     KSched.plan_general(
                         R.req_i, R.req_f, self.pre_ids, n_run, self.chunks, wq.buf, head, wq.tail, hits, n_hits,
                         self._I, self._X, n_dec, K, self.lookahead, self.kv_dec, self.total_blocks, self.pre_blocks,
@@ -854,9 +855,6 @@ class Replica:
                         self._row_buf, conf, lead, verified, cap,
                     )
                 )  # fmt: skip
-                drawn = st != KSched.NEED_ROW
-                if not drawn:
-                    st = KSched.SCHEDULED
             else:
                 st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen = (
                     KSched.schedule_step(

@@ -38,8 +38,8 @@ REQ_I_ROWS = 13
 ITL_MAX, FIRST_TOKEN, LAST_EMIT, ADMIT = range(4)
 REQ_F_ROWS = 4
 
-# schedule_step's and plan_general's status.
-SCHEDULED, PREEMPT, MORE_HITS, NEED_ROW = range(4)
+# schedule_step's status.
+SCHEDULED, PREEMPT, MORE_HITS = range(3)
 
 _BT = KV_BLOCK_TOKENS
 
@@ -187,16 +187,16 @@ def plan_general(req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits, 
     M = min(max(budget - N, 0), n_dec K) (CostModel.step_cost_row's values; row_extra_ms: drafter
     and CPU overhead), built in row_buf. draw_f: the draws' five float parameters (token, step,
     head noise and bias scales, temperature). No draws where the schedule preempts (PREEMPT), or
-    where the row runs past the dense table: then the status is PREEMPT or NEED_ROW and the
-    caller prices and draws itself (``dsim.kernels_step.plan_decodes``, the same function).
-    Returns schedule_step's tuple and the drafts verified (0 without draws)."""
+    where the row runs past the dense table: then the caller prices and draws itself
+    (``dsim.kernels_step.plan_decodes``, the same function). Returns schedule_step's tuple, then
+    whether the slots were drawn and the drafts verified (0 without draws)."""
     st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen = schedule_step(
         req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits, n_hits, I, n_dec, K, lookahead, kv_dec,
         total_blocks, pre_blocks, budget, thr, max_seqs, admit, consumer, admit_seq, now,
     )  # fmt: skip
     v0 = 0
     if st == PREEMPT or n_dec == 0 or K == 0:
-        return st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen, v0
+        return st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen, False, v0
     N = n_dec + run_tokens
     row = row_buf[:0]
     if adaptive:
@@ -205,8 +205,8 @@ def plan_general(req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits, 
             M = 0
         if M > n_dec * K:
             M = n_dec * K
-        if N + M + 1 > len(dense):
-            return NEED_ROW, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen, v0
+        if N + M + 1 > len(dense):  # (the status may be MORE_HITS: admission goes on)
+            return st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen, False, v0
         c = kv_ms_per_tok * float(kv_dec + n_dec) + row_extra_ms
         for b in range(M + 1):
             row_buf[b] = dense[N + b] + c
@@ -215,7 +215,7 @@ def plan_general(req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits, 
         key, I, X, n_dec, K, 1, head, draw_f[0], draw_f[1], draw_f[2], draw_f[3], draw_f[4], adaptive, code, tau, cp,
         cp2, row, 0.0, ctx_ms_per_tok, N, budget, mode, conf, lead, verified, cap,
     )  # fmt: skip
-    return st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen, v0
+    return st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen, True, v0
 
 
 @njit(cache=True, inline="always")

@@ -625,7 +625,8 @@ def test_one_call_plan_is_the_two_call_plan(monkeypatch, pol):
     """A speculative general step's schedule, cost row and draws in one compiled call
     (plan_general) give what schedule_step, CostModel.step_cost_row and plan_decodes give called
     apart, including a token budget past the dense cost table, where the one call hands the
-    pricing back (NEED_ROW)."""
+    pricing back (and, with prefix caching, admission past its first batch of looked-up hits
+    goes on)."""
     from dsim.engine import Replica
 
     rng = np.random.default_rng(9)
@@ -649,3 +650,14 @@ def test_one_call_plan_is_the_two_call_plan(monkeypatch, pol):
             out.append((res.summary["steps"], res.requests[["ttft_ms", "e2e_ms"]], res.steps))
         assert out[0][0] == out[1][0]
         assert out[0][1].equals(out[1][1]) and out[0][2].equals(out[1][2])
+    # a 60,000-token prompt prefilling in chunks while 30 short ones arrive, prefix caching on
+    m = 32
+    w = wl([100, 60000] + [200] * 30, [200, 5] + [5] * 30, arrival=[0.0, 0.0] + [0.001] * 30)
+    w = dataclasses.replace(w, prefix_hashes=[np.array([1000 * i], np.int64) for i in range(m)], prefix_block_tokens=512)
+    eng = EngineConfig(max_num_batched_tokens=40000, enable_prefix_caching=True)
+    out = []
+    for fused in (True, False):
+        monkeypatch.setattr(Replica, "fuse_plan", fused)
+        res = run(w, prof, engine=eng, spec=sc)
+        out.append((res.requests[["ttft_ms", "e2e_ms"]], res.steps))
+    assert out[0][0].equals(out[1][0]) and out[0][1].equals(out[1][1])
