@@ -444,7 +444,8 @@ class Replica:
     (last emission, largest ITL) and the float32 rows ``_X`` [rows, capacity] (position-major:
     the acceptance model's slot offsets, then the confidences of the previous draft round and,
     where the budget policy reads them, of the one before). The compiled kernels work on these
-    buffers in place; prefilling requests are a short Python list.
+    buffers in place; so do the scheduler's (dsim.kernels_sched) on the request table, the
+    prefilling requests' buffer (pre_ids[:n_pre], queue order) and the waiting queue's.
     """
 
     # A speculative general step's schedule, cost row and draws in one compiled call where it can
@@ -822,8 +823,8 @@ class Replica:
         blocks grow (a preemption from the tail where the cache cannot hold them, then the step
         is scheduled again without admission), and FCFS admission fills the rest while budget,
         max_num_seqs and blocks allow (dsim.kernels_sched.schedule_step). The decodes' draws and
-        verify budgets are priced with the running prefills' chunks (the admitted ones are not
-        known to the budget: vLLM's drafter proposes before the scheduler admits)."""
+        verify budgets are priced with the running prefills' chunks only (those admitted this
+        step are not in the price)."""
         R, cfg, K = self.R, self.cfg, self.K
         budget = cfg.max_num_batched_tokens
         wq = self.waiting

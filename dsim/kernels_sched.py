@@ -17,7 +17,7 @@ table's int64 and float64 blocks (``dsim.engine.Requests.req_i`` / ``req_f``, ro
   (``dsim.kernels_step.commit_decodes``) and ITL samples, the new slots
   (``dsim.kernels_step.new_slots``) and the removal of finished slots.
 
-The semantics are the engine's (docs/architecture.md, "The scheduler"); this module only moves
+The semantics are the engine's (docs/semantics.md §7, docs/architecture.md "Engine"); this module moves
 them out of Python, one call a step instead of a few Python statements a request. Prefix-cache
 hits are looked up by the caller (a dict of block hashes) and passed in as counts: admission
 never changes which blocks are cached, only the LRU order, which the caller applies afterwards
