@@ -1618,6 +1618,12 @@ class CostModel:
         v.flags.writeable = False
         return v
 
+    def forward_args(self) -> tuple:
+        """step_ms_one's tables for compiled code (dsim.kernels_sched._forward_ms, the same
+        operations): (forward ms at 0..limit tokens, the profiled sizes from the limit on and
+        their ms, the last slope past them, the limit)."""
+        return self._below, self._ax, self._ams, self._slope, self.limit
+
     def step_ms_one(self, n_tokens: int, kv_tokens: int) -> float:
         """step_ms for one step (Python scalars: the scheduler's every-step call)."""
         n = int(n_tokens)

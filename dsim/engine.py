@@ -29,6 +29,7 @@ produces (tested for every method and policy).
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -452,6 +453,11 @@ class Replica:
     # (dsim.kernels_sched.plan_general); False: schedule_step and plan_decodes called apart (the
     # same results: tests/test_engine.py).
     fuse_plan = True
+    # Consecutive general steps as one compiled call where they can (dsim.kernels_sched.
+    # run_general_steps); False: each step planned and committed from Python (the same results:
+    # tests/test_engine.py).
+    run_compiled = True
+    _RUN_STEPS = 64  # step rows a compiled run reserves (it stops when they are used up)
 
     def __init__(
         self,
@@ -467,6 +473,7 @@ class Replica:
         prefix_hashes=None,
         prefix_block_tokens: int = 512,
         keep_steps: bool = True,
+        draft_cache: dict | None = None,
     ):
         self.idx = idx
         self.env = env
@@ -590,9 +597,16 @@ class Replica:
         self.prefix_cap = max(1, self.total_blocks * KV_BLOCK_TOKENS // prefix_block_tokens)
         for h in cfg.prefix_cache_warm[-self.prefix_cap :]:
             self.prefix_cache[int(h)] = True
-        self.draft_cache: dict = {}
+        self.draft_cache: dict = {} if draft_cache is None else draft_cache  # n -> drafter ms (shared)
         self.shapes: list | None = [] if cfg.record_shapes else None  # for --step-log
         self.next_arrival = lambda: None  # set by the simulation: time of the next open-loop arrival
+        # Who submits the successors of the requests this replica finishes (set by the
+        # simulation): SUCC_SELF, a closed loop whose users all send to this replica at once
+        # (closed_next: the next request id, one element); SUCC_NONE, nobody (an open loop);
+        # SUCC_PYTHON, the simulation's on_finish.
+        self.successors = KSched.SUCC_PYTHON
+        self.closed_next = np.zeros(1, dtype=np.int64)
+        self._setup_steps_compiled()
         self.proc = env.process(self.loop())
 
     # ---- decode-slot buffers ----------------------------------------------------------------
@@ -739,9 +753,128 @@ class Replica:
         while len(self.prefix_cache) > self.prefix_cap:
             self.prefix_cache.popitem(last=False)
 
+    # ---- consecutive general steps, compiled --------------------------------------------------
+    def _setup_steps_compiled(self) -> None:
+        """Whether consecutive general steps can run as one compiled call (the preconditions of
+        dsim.kernels_sched.run_general_steps that hold for the whole run), and its static
+        arguments."""
+        cfg, K, cost = self.cfg, self.K, self.cost
+        self._steps_compiled = (
+            self.run_compiled
+            and (K == 0 or self._plan_fused)
+            and not self._prefix_on
+            and self.shapes is None
+            and self._script is None
+            and not self._step_terms
+            and not self._transit_delay
+            and self.R.longest_life <= self._fit_tokens
+            and (not self._adaptive or cfg.max_num_batched_tokens + 1 <= len(self._fwd))
+        )
+        if not self._steps_compiled:
+            return
+        pi = np.zeros(KSched.PARAMS_LEN, dtype=np.int64)
+        pi[KSched.P_K] = K
+        pi[KSched.P_LOOKAHEAD] = self.lookahead
+        pi[KSched.P_TOTAL_BLOCKS] = self.total_blocks
+        pi[KSched.P_BUDGET] = cfg.max_num_batched_tokens
+        pi[KSched.P_THR] = cfg.long_prefill_token_threshold
+        pi[KSched.P_MAX_SEQS] = cfg.max_num_seqs
+        pi[KSched.P_CONSUMER] = self._kv_consumer
+        pi[KSched.P_HEAD] = self._draw[0] if K else 0
+        pi[KSched.P_ADAPTIVE] = self._adaptive
+        pi[KSched.P_CODE] = self._pcode
+        pi[KSched.P_CP] = self._cp
+        pi[KSched.P_CP2] = self._cp2
+        pi[KSched.P_MODE] = self._mode
+        below, ax, ams, slope, limit = cost.forward_args()
+        pi[KSched.P_LIMIT] = limit
+        pi[KSched.P_REPLICA] = self.idx
+        pf = np.zeros(5)
+        pf[KSched.PF_TAU] = self._ptau
+        pf[KSched.PF_KV_MS_PER_TOK] = cost.kv_ms_per_tok
+        pf[KSched.PF_CTX_MS_PER_TOK] = self._ctx_ms_per_tok
+        pf[KSched.PF_CPU_MS] = self.cpu_ms
+        pf[KSched.PF_SLOPE] = slope
+        self._run_pi, self._run_pf, self._run_fwd = pi, pf, (below, ax, ams)
+        self._run_st = np.zeros(KSched.STATE_LEN, dtype=np.int64)
+        self._run_stf = np.zeros(2)
+        self._run_tot = np.zeros(5, dtype=np.int64)
+        self._run_draw_f = self._draw_f if K else np.zeros(5)
+        self._run_row_buf = self._row_buf if self._row_buf is not None else np.zeros(1)
+        self._draft_tab: np.ndarray | None = None
+
+    def _head_sampled(self) -> bool:
+        """The confidence head's sample of this replica is complete (or it has no head)."""
+        return not self._has_head or self.head_n >= self.stats.replica_cap
+
+    def _run_steps_compiled(self) -> tuple:
+        """General steps from now as one compiled call (dsim.kernels_sched.run_general_steps):
+        the replica's state in, its steps' records and counters written, its state back. Returns
+        (why it stopped, the StepPlan of a planned step not yet committed or None)."""
+        env, R, K, cfg = self.env, self.R, self.K, self.cfg
+        seqs = cfg.max_num_seqs
+        if self._draft_tab is None:  # the drafter's cost at every batch size a step can have
+            self._draft_tab = np.array([self._draft_ms(i) for i in range(seqs + 1)])
+        if len(self._I) < seqs:
+            self._grow_slots(seqs)
+        if self._done_n + seqs > len(self._done_I):
+            self._grow_done(self._done_n + seqs)
+        wq = self.waiting
+        if wq.tail + seqs > len(wq.buf):
+            wq._room(0, seqs)
+        steps, itl = self.steps, self.itl_vals
+        v_cap = 4 * (seqs + 2)
+        i0 = steps.reserve(self._RUN_STEPS)
+        j0 = itl.reserve(v_cap)
+        st, stf, tot = self._run_st, self._run_stf, self._run_tot
+        st[:] = (
+            self.n, self.n_pre, wq.head, wq.tail, self.kv_dec, self.pre_blocks, self.admit_seq, self.left_lb,
+            self._done_n, self._last_is_prev_end, self.n_steps, self.batch_sum, i0, j0, self.closed_next[0],
+        )  # fmt: skip
+        stf[0], stf[1] = env._now, self.prev_end
+        q = env._queue  # (simpy's event heap, as _skip reads it)
+        t_next = q[0][0] if q else math.inf
+        below, ax, ams = self._run_fwd
+        stop, conf, lvc, given, cut, n_tokens, pre_tokens, kv, fwd, dur, n_chunked, d0 = KSched.run_general_steps(
+            R.req_i, R.req_f, self.pre_ids, self.chunks, wq.buf, self._I, self._F, self._X,
+            R.slot_rows if K else self._no_rows, self._moved, self._late, self._done_I, self._done_F,
+            self.stats.accepted_hist, self._slot_out, self._step_out, self._no_cut, self._no_steps, self._no_conf,
+            st, stf, self._run_pi, self._run_pf, self.key, self._run_draw_f, self._fwd, self._run_row_buf, below,
+            ax, ams, self._draft_tab, steps.a, i0 + self._RUN_STEPS, itl.a, j0 + v_cap, tot, R.arrival, R.replica,
+            t_next, self.successors,
+        )  # fmt: skip
+        n_dec = self.n
+        (self.n, self.n_pre, wq.head, wq.tail, self.kv_dec, self.pre_blocks, self.admit_seq, self.left_lb,
+         self._done_n, last_prev, self.n_steps, self.batch_sum, s_row, v_row, self.closed_next[0]) = st.tolist()  # fmt: skip
+        self._last_is_prev_end = bool(last_prev)
+        steps.n = s_row if steps.keep else 0
+        itl.n = v_row
+        env._now, self.prev_end = float(stf[0]), float(stf[1])
+        if tot.any():
+            sp = self.stats
+            sp.num_drafts += int(tot[KSched.T_DRAFTS])
+            sp.num_draft_tokens += int(tot[KSched.T_DRAFT_TOKENS])
+            sp.verified_draft_tokens += int(tot[KSched.T_VERIFIED])
+            sp.accepted_in_window += int(tot[KSched.T_IN_WINDOW])
+            sp.accepted_full_block += int(tot[KSched.T_FULL_BLOCK])
+            tot[:] = 0
+        if stop == KSched.STOP_FINISHED:
+            self.on_finish(self._done_I[d0 : self._done_n, ID].tolist())
+        if stop != KSched.STOP_PLANNED:
+            return stop, None
+        n_pre = self.n_pre
+        drafts = K and n_dec
+        plan = StepPlan(
+            n_dec, given if cut else None, conf if drafts else None, lvc[0] if drafts else None,
+            lvc[1] if drafts else None, lvc[2] if drafts else None, self.pre_ids[:n_pre], self.chunks[:n_pre],
+            n_chunked, n_tokens, pre_tokens, kv, fwd, dur,
+        )  # fmt: skip
+        return stop, plan
+
     # ---- the step loop ----------------------------------------------------------------------
     def loop(self) -> Generator[Any, Any, None]:
         env = self.env
+        compiled = True
         while True:
             if self.n == 0 and not self.n_pre and not self.waiting:
                 self.wake = env.event()
@@ -749,7 +882,16 @@ class Replica:
             if self._window_ok():
                 yield from self._decode_window()
                 continue
-            plan = self._plan_step()
+            plan = None
+            if compiled and self._steps_compiled and self.wake.triggered and self._head_sampled():
+                stop, plan = self._run_steps_compiled()
+                if stop in (KSched.STOP_WINDOW, KSched.STOP_IDLE, KSched.STOP_FINISHED):
+                    # (the loop's own checks next; should they disagree, one step from Python)
+                    compiled = stop == KSched.STOP_FINISHED
+                    continue
+            compiled = True
+            if plan is None:  # (or the compiled run's step that needs Python: it runs here)
+                plan = self._plan_step()
             if plan is None:  # nothing could be scheduled: wait for an event
                 self.wake = env.event()
                 yield self.wake

@@ -26,6 +26,7 @@ for the candidates the kernel considered.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 from dsim.cost import KV_BLOCK_TOKENS
@@ -324,3 +325,238 @@ def commit_step(I, F, X, n, K, verified, cap, lead, given, hist, itl_ms, slot_ou
     if w > 0 and ml <= 0:
         w, d, ml, done_kv = remove_done(I, F, X, w, done_I, done_F, d0, t_now)
     return vt, at, lt, et, w, d, ml, done_kv, m, freed, kv_new, w_pre, n_late
+
+
+# ---- consecutive general steps of one replica, up to its next outside event -------------------
+
+# run_general_steps' replica state (int64 st[...], float64 stf[...]), read and written back.
+S_N, S_NPRE, S_WHEAD, S_WTAIL, S_KVDEC, S_PREBLOCKS, S_ADMITSEQ, S_LEFTLB, S_DONEN, S_LASTPREV = range(10)
+S_NSTEPS, S_BATCHSUM, S_SROW, S_VROW, S_NEXTID = range(10, 15)
+STATE_LEN = 15
+F_NOW, F_PREV_END = range(2)
+# its static parameters (int64 pi[...], float64 pf[...])
+(P_K, P_LOOKAHEAD, P_TOTAL_BLOCKS, P_BUDGET, P_THR, P_MAX_SEQS, P_CONSUMER, P_HEAD, P_ADAPTIVE, P_CODE,
+ P_CP, P_CP2, P_MODE, P_LIMIT, P_REPLICA) = range(15)  # fmt: skip
+PARAMS_LEN = 15
+PF_TAU, PF_KV_MS_PER_TOK, PF_CTX_MS_PER_TOK, PF_CPU_MS, PF_SLOPE = range(5)
+# its stats accumulators (int64): the speculative counters _account adds
+T_DRAFTS, T_DRAFT_TOKENS, T_VERIFIED, T_IN_WINDOW, T_FULL_BLOCK = range(5)
+# why it stopped
+(STOP_WINDOW, STOP_IDLE, STOP_PYTHON, STOP_PLANNED, STOP_FINISHED) = range(5)  # fmt: skip
+# the successors of finished requests: submitted here (a closed loop's users on this replica),
+# none (an open loop: arrivals are the simulation's), or by the simulation (stop after the step)
+SUCC_SELF, SUCC_NONE, SUCC_PYTHON = range(3)
+
+
+@njit(cache=True, inline="always")
+def _forward_ms(n, below, ax, ams, slope, limit):
+    """CostModel.step_ms_one's forward part for n tokens (the capture table up to its limit,
+    interpolated above it, the last slope past the table), in its operations' order."""
+    if n <= limit:
+        return below[n]
+    last = ax.shape[0] - 1
+    if n >= ax[last]:
+        return ams[last] + slope * (n - ax[last])
+    i = np.searchsorted(ax, n, side="right")  # ax[i-1] <= n < ax[i]
+    x0 = ax[i - 1]
+    return ams[i - 1] + (ams[i] - ams[i - 1]) * (n - x0) / (ax[i] - x0)
+
+
+@njit(cache=True)
+def run_general_steps(req_i, req_f, pre, chunks, waitq, I, F, X, slot_rows, moved, late, done_I, done_F, hist,
+                      slot_out, step_out, no_cut, no_steps, no_conf, st, stf, pi, pf, key, draw_f, dense, row_buf,
+                      below, ax, ams, draft_tab, S, s_cap, V, v_cap, tot, arrival, replica_of, t_next,
+                      successors):  # fmt: skip
+    """The engine's general steps of one replica (Replica._plan_step, then _commit_step, then the
+    loop's next checks), one after another, for as long as each step ends strictly before
+    t_next (the next outside event; as Replica._skip) and none needs Python: stops before a
+    step where a decode window can run (STOP_WINDOW), the replica is idle (STOP_IDLE), a
+    buffer lacks room or the schedule preempts (STOP_PYTHON: nothing of that step written, the
+    caller runs it), after planning a step that does not end before t_next (STOP_PLANNED: its
+    draws and scalars returned for the caller to wait and commit), or after a step that
+    finished requests whose successors the simulation submits (STOP_FINISHED). Preconditions
+    (the caller's): the fused plan's (an engine cost row, no prefill terms, a token budget
+    inside the dense table), no prefix caching, shapes or draft script, the head's sample
+    complete, slot buffers for max_num_seqs slots. A step's records go to S (the step table's
+    block, rows st[S_SROW] .. s_cap) and V (the ITL samples' block); the counters to tot.
+    Returns (stop, conf, lvc, given, cut, n_tokens, prefill tokens, KV tokens, forward ms,
+    duration ms, prefills with a chunk, finished rows from)."""
+    K = pi[P_K]
+    budget = pi[P_BUDGET]
+    max_seqs = pi[P_MAX_SEQS]
+    adaptive = pi[P_ADAPTIVE] != 0
+    cp_raw = pi[P_CP]
+    cp = cp_raw if cp_raw >= 0 else 0
+    cpu_ms = pf[PF_CPU_MS]
+    N_req = arrival.shape[0]
+    conf = no_conf
+    lvc = np.empty((3, 1, 0), np.int64)
+    given = no_cut
+    while True:
+        n = st[S_N]
+        n_run0 = st[S_NPRE]
+        w_head, w_tail = st[S_WHEAD], st[S_WTAIL]
+        s_i, v_j, d0 = st[S_SROW], st[S_VROW], st[S_DONEN]
+        if n == 0 and n_run0 == 0 and w_head == w_tail:
+            return STOP_IDLE, conf, lvc, given, False, 0, 0, 0, 0.0, 0.0, 0, d0
+        last_prev = st[S_LASTPREV] != 0
+        if n > 0 and n_run0 == 0 and not (w_head < w_tail and n < max_seqs) and n * (1 + K) <= budget:
+            ok = last_prev
+            if not ok:
+                lo = F[0, 0]
+                for r in range(1, n):
+                    if F[r, 0] < lo:
+                        lo = F[r, 0]
+                ok = not (lo < stf[F_PREV_END])
+            if ok:
+                return STOP_WINDOW, conf, lvc, given, False, 0, 0, 0, 0.0, 0.0, 0, d0
+        if (s_i >= s_cap or v_j + max_seqs + 2 > v_cap or d0 + max_seqs > done_I.shape[0]
+                or w_tail + max_seqs > waitq.shape[0]):  # fmt: skip
+            return STOP_PYTHON, conf, lvc, given, False, 0, 0, 0, 0.0, 0.0, 0, d0
+        now = stf[F_NOW]
+        kv_dec = st[S_KVDEC]
+        if K > 0 and n > 0:
+            conf = np.empty((1, K, n), np.float32)
+            lvc = np.empty((3, 1, n), np.int64)
+            sched_st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen, drawn, v0 = (
+                plan_general(
+                    req_i, req_f, pre, n_run0, chunks, waitq, w_head, w_tail, no_cut, -1, I, X, n, K,
+                    pi[P_LOOKAHEAD], kv_dec, pi[P_TOTAL_BLOCKS], st[S_PREBLOCKS], budget, pi[P_THR], max_seqs, True,
+                    pi[P_CONSUMER] != 0, st[S_ADMITSEQ], now, key, pi[P_HEAD], draw_f, adaptive, pi[P_CODE],
+                    pf[PF_TAU], cp, pi[P_CP2], pi[P_MODE], dense, pf[PF_KV_MS_PER_TOK], cpu_ms + draft_tab[n],
+                    pf[PF_CTX_MS_PER_TOK], row_buf, conf, lvc[0], lvc[1], lvc[2],
+                )
+            )  # fmt: skip
+        else:
+            conf = no_conf
+            lvc = np.empty((3, 1, 0), np.int64)
+            v0 = 0
+            sched_st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen = (
+                schedule_step(
+                    req_i, req_f, pre, n_run0, chunks, waitq, w_head, w_tail, no_cut, -1, I, n, K, pi[P_LOOKAHEAD],
+                    kv_dec, pi[P_TOTAL_BLOCKS], st[S_PREBLOCKS], budget, pi[P_THR], max_seqs, True,
+                    pi[P_CONSUMER] != 0, st[S_ADMITSEQ], now,
+                )
+            )  # fmt: skip
+        if sched_st == PREEMPT:  # (nothing written: the caller preempts and schedules)
+            return STOP_PYTHON, conf, lvc, given, False, 0, 0, 0, 0.0, 0.0, 0, d0
+        st[S_NPRE], st[S_WHEAD], st[S_PREBLOCKS], st[S_ADMITSEQ] = n_pre, w_head, pre_blocks, admit_seq
+        # the decodes' tokens; the budget cuts the decode queue where they exceed it (rare)
+        dec_tokens = 0
+        cut = False
+        given = no_cut
+        if n > 0:
+            dec_tokens = n + v0 if K > 0 else n
+            if dec_tokens > budget:
+                given = np.empty(n, np.int64)
+                before = 0
+                for r in range(n):
+                    q = 1 + lvc[1, 0, r] if K > 0 else 1
+                    g = budget - before
+                    if g < 0:
+                        g = 0
+                    given[r] = q if q < g else g
+                    before += q
+                dec_tokens = budget
+                cut = True
+        n_tokens = dec_tokens + pre_tokens
+        n_chunked = n_pre
+        if n_run0 and chunks[n_run0 - 1] == 0:
+            n_chunked = 0
+            for i in range(n_pre):
+                if chunks[i] != 0:
+                    n_chunked += 1
+        if n_tokens == 0:  # (nothing scheduled, nothing written: the caller waits for an event)
+            return STOP_PYTHON, conf, lvc, given, False, 0, 0, 0, 0.0, 0.0, 0, d0
+        kv = kv_dec + dec_tokens + kv_pre
+        n_run = n
+        if cut:
+            n_run = 0
+            for r in range(n):
+                if given[r] != 0:
+                    n_run += 1
+        n_sample = n_run + n_sampling
+        fwd = _forward_ms(n_tokens, below, ax, ams, pf[PF_SLOPE], pi[P_LIMIT]) + pf[PF_KV_MS_PER_TOK] * kv
+        dur = fwd + (draft_tab[n_sample] if K > 0 and n_sample > 0 else 0.0) + cpu_ms
+        t_end = now + dur / 1000.0
+        if not t_next > t_end:  # an outside event first: the caller waits, then commits
+            return STOP_PLANNED, conf, lvc, given, cut, n_tokens, pre_tokens, kv, fwd, dur, n_chunked, d0
+        # ---- the commit (as Replica._commit_step) ----
+        stf[F_NOW] = t_end
+        itl_mode = 0
+        itl_ms = -1.0
+        jpos = 0
+        if n > 0:
+            if not cut and last_prev:
+                itl_ms = dur
+                V[0, v_j] = dur
+                V[1, v_j] = n
+                v_j += 1
+            else:
+                itl_mode = 2 if last_prev else 1
+                jpos = v_j
+                v_j += n_run
+                st[S_LASTPREV] = 0 if cut else 1
+        if K > 0 and n > 0:
+            vr, cr, lr, cf = lvc[1], lvc[2], lvc[0], conf
+        else:
+            vr, cr, lr, cf = no_steps, no_steps, no_steps, no_conf
+        vt, at, lt, et, w, d, ml, done_kv, m, freed, kv_new, w_pre, n_late = commit_step(
+            I, F, X, n, K, vr, cr, lr, given, hist, itl_ms, slot_out, step_out, cf, cp_raw, pi[P_CP2], itl_mode,
+            t_end, stf[F_PREV_END], V, jpos, pre, n_pre, chunks, moved, late, req_i, req_f, slot_rows,
+            st[S_LEFTLB], done_I, done_F, d0,
+        )  # fmt: skip
+        st[S_NPRE] = w_pre
+        if n_pre > 0:
+            st[S_PREBLOCKS] -= freed
+            kv_dec += kv_new
+            for q in range(n_late):
+                V[0, v_j] = late[q]
+                V[1, v_j] = 1.0
+                v_j += 1
+        if n > 0:
+            if K > 0:
+                tot[T_DRAFTS] += n
+                tot[T_DRAFT_TOKENS] += n * K
+                tot[T_VERIFIED] += vt
+                if adaptive:
+                    tot[T_IN_WINDOW] += at
+                    tot[T_FULL_BLOCK] += lt
+            kv_dec += et
+        st[S_LEFTLB] = ml
+        st[S_KVDEC] = kv_dec - done_kv
+        st[S_N] = w
+        st[S_DONEN] = d0 + d
+        stf[F_PREV_END] = t_end
+        n_req = n_run + n_chunked
+        st[S_NSTEPS] += 1
+        st[S_BATCHSUM] += n_req
+        S[0, s_i] = pi[P_REPLICA]
+        S[1, s_i] = t_end
+        S[2, s_i] = dur
+        S[3, s_i] = n_req
+        S[4, s_i] = n_run
+        S[5, s_i] = n_tokens
+        S[6, s_i] = pre_tokens
+        S[7, s_i] = vt
+        S[8, s_i] = at
+        S[9, s_i] = et + m
+        S[10, s_i] = kv
+        S[11, s_i] = st[S_WTAIL] - st[S_WHEAD]
+        st[S_SROW] = s_i + 1
+        st[S_VROW] = v_j
+        if d > 0:
+            if successors == SUCC_PYTHON:
+                return STOP_FINISHED, conf, lvc, given, False, 0, 0, 0, 0.0, 0.0, 0, d0
+            if successors == SUCC_SELF:  # the finished users' next requests, arriving now
+                i0 = st[S_NEXTID]
+                i1 = i0 + d if i0 + d < N_req else N_req
+                tail = st[S_WTAIL]
+                for rid in range(i0, i1):
+                    arrival[rid] = t_end
+                    replica_of[rid] = pi[P_REPLICA]
+                    waitq[tail] = rid
+                    tail += 1
+                st[S_WTAIL] = tail
+                if i1 > i0:
+                    st[S_NEXTID] = i1

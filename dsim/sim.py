@@ -25,6 +25,7 @@ from dsim.cluster import Router
 from dsim.cost import CostModel, Profile
 from dsim.engine import STEP_FIELDS, STEP_FLOAT_FIELDS, EngineConfig, Replica, Requests, SpecStats
 from dsim.errors import InputError
+from dsim.kernels_sched import SUCC_NONE, SUCC_PYTHON, SUCC_SELF
 from dsim.kernels_step import run_key
 from dsim.metrics import request_table, summarize
 from dsim.spec import SpecConfig, SpecRuntime
@@ -230,7 +231,7 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
             return
         if at_once:
             # (one batch: the next ids arrive now, dispatched in finishing order)
-            i = next_id[0]
+            i = int(next_id[0])
             j = min(i + len(rids), reqs.n)
             if j > i:
                 next_id[0] = j
@@ -243,7 +244,7 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
         for _ in rids:
             if next_id[0] >= reqs.n:
                 return
-            nid = next_id[0]
+            nid = int(next_id[0])
             next_id[0] += 1
             # the sends of one instant go out in turn, gap apart, the first `first` after it
             if burst[0] != env.now:
@@ -292,11 +293,23 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
         router = Router(cfg.router, replicas, w.session_id, w.prefix_hashes)
     except ValueError as e:
         raise InputError(f"--router: {e}") from None
+    # Who submits a finished request's successor: with no progress bar to update, an open loop's
+    # finishes need nothing, and a closed loop sending at once to its one replica lets the
+    # replica submit them itself (sharing the next request id); otherwise on_finish does.
+    if bar is None and not closed:
+        succ = SUCC_NONE
+    elif bar is None and at_once and n_rep == 1:
+        succ = SUCC_SELF
+        next_id = replicas[0].closed_next  # (int64[1], read and advanced by the replica's steps too)
+    else:
+        succ = SUCC_PYTHON
+    for r in replicas:
+        r.successors = succ
 
     def arrivals() -> Iterator[Any]:
         if closed:
             for _ in range(min(closed, reqs.n)):
-                nid = next_id[0]
+                nid = int(next_id[0])
                 next_id[0] += 1
                 reqs.arrival[nid] = 0.0
                 router.dispatch(nid)
