@@ -263,6 +263,7 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
     # Every draw comes from the run's key: a request's draft round i has its own stream
     # (dsim.kernels_step), whichever replica runs it.
     key = run_key(cfg.seed)
+    draft_cache: dict = {}  # the drafter's cost per batch size, the same for every replica
     replicas = [
         Replica(
             i,
@@ -277,6 +278,7 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
             w.prefix_hashes,
             w.prefix_block_tokens,
             cfg.keep_steps,
+            draft_cache,
         )
         for i in range(n_rep)
     ]

@@ -661,3 +661,55 @@ def test_one_call_plan_is_the_two_call_plan(monkeypatch, pol):
         res = run(w, prof, engine=eng, spec=sc)
         out.append((res.requests[["ttft_ms", "e2e_ms"]], res.steps))
     assert out[0][0].equals(out[1][0]) and out[0][1].equals(out[1][1])
+
+
+@pytest.mark.parametrize("case", ["closed-dspark", "closed-none-cut", "closed-mtp-preempt", "open-dspark-2nodes",
+                                  "closed-consumer", "closed-mtp-gaps"])
+def test_compiled_steps_are_the_python_steps(monkeypatch, case):
+    """Consecutive general steps run as one compiled call (run_general_steps) give what the
+    same steps planned and committed one by one from Python give: every request's times, the
+    step table, the ITL samples and the speculative counters. Closed loops (the replica submits
+    its users' successors itself; with the front end's gaps the simulation does), an open loop
+    on two nodes, a token budget that cuts the decode queue, a KV cache small enough to
+    preempt, a decode instance."""
+    from dsim.engine import Replica
+
+    rng = np.random.default_rng(12)
+    # (with DSpark, enough drafts that the head's 60,000-draft sample completes: the compiled
+    # steps start after it)
+    n = 1500 if "dspark" in case else 160
+    prompt, output = rng.integers(100, 3000, n), rng.integers(5, 120, n)
+    acc = "math=0.9,0.8,0.7,0.6;code=0.8,0.7,0.5,0.4;chat=0.7,0.5,0.3,0.2"
+    dspark = SpecConfig("dspark", adaptive=True, acceptance=acc)
+    kw: dict = {}
+    prof = linear_profile(cpu=0.4, kv_ms_per_ktok=0.2)
+    if case == "closed-dspark":
+        w, spec = wl(prompt, output, closed=96, cls=rng.integers(0, 3, n)), dspark
+    elif case == "closed-none-cut":
+        w, spec = wl(prompt, output, closed=64), SpecConfig()
+        kw["engine"] = EngineConfig(max_num_batched_tokens=48)
+    elif case == "closed-mtp-preempt":
+        w, spec = wl(prompt, output, closed=32), SpecConfig("mtp")
+        prof = linear_profile(cpu=0.4, kv_ms_per_ktok=0.2, kv_gib=1024 * 16 * 900 / 2**30)
+    elif case == "open-dspark-2nodes":
+        arr = np.cumsum(rng.exponential(0.004, n))
+        w, spec = wl(prompt, output, arrival=arr - arr[0], cls=rng.integers(0, 3, n)), dspark
+        kw["nodes"] = 2
+    elif case == "closed-consumer":
+        w, spec = wl(prompt, output, closed=40), SpecConfig("mtp")
+        kw["engine"] = EngineConfig(kv_role="kv_consumer")
+    else:
+        w, spec = wl(prompt, output, closed=40), SpecConfig("mtp")
+        kw["closed_loop_gap_ms"] = 3.0
+    out = []
+    for compiled in (True, False):
+        monkeypatch.setattr(Replica, "run_compiled", compiled)
+        res = run(w, prof, spec=spec, **kw)
+        out.append(res)
+    a, b = out
+    assert a.requests.equals(b.requests) and a.steps.equals(b.steps)
+    assert all(np.array_equal(x, y) for x, y in zip(a.itl, b.itl))
+    sa, sb = (dict(r.summary, wall_time_s=0) for r in out)
+    assert sa == sb
+    if case == "closed-mtp-preempt":
+        assert a.summary["preemptions"] > 0
