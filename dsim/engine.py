@@ -789,6 +789,7 @@ class Replica:
         below, ax, ams, slope, limit = cost.forward_args()
         pi[KSched.P_LIMIT] = limit
         pi[KSched.P_REPLICA] = self.idx
+        pi[KSched.P_HEAD_CAP] = self.stats.replica_cap if self._has_head else 0
         pf = np.zeros(5)
         pf[KSched.PF_TAU] = self._ptau
         pf[KSched.PF_KV_MS_PER_TOK] = cost.kv_ms_per_tok
@@ -802,10 +803,10 @@ class Replica:
         self._run_draw_f = self._draw_f if K else np.zeros(5)
         self._run_row_buf = self._row_buf if self._row_buf is not None else np.zeros(1)
         self._draft_tab: np.ndarray | None = None
-
-    def _head_sampled(self) -> bool:
-        """The confidence head's sample of this replica is complete (or it has no head)."""
-        return not self._has_head or self.head_n >= self.stats.replica_cap
+        # the head's sample, as the compiled steps take it (its slices join head_conf / head_acc)
+        hb = self.stats.replica_cap + K if self._has_head else 0
+        self._head_conf_buf = np.empty(hb, dtype=np.float32)
+        self._head_acc_buf = np.empty(hb, dtype=np.bool_)
 
     def _run_steps_compiled(self) -> tuple:
         """General steps from now as one compiled call (dsim.kernels_sched.run_general_steps):
@@ -830,22 +831,27 @@ class Replica:
         st[:] = (
             self.n, self.n_pre, wq.head, wq.tail, self.kv_dec, self.pre_blocks, self.admit_seq, self.left_lb,
             self._done_n, self._last_is_prev_end, self.n_steps, self.batch_sum, i0, j0, self.closed_next[0],
+            self.head_n,
         )  # fmt: skip
         stf[0], stf[1] = env._now, self.prev_end
         q = env._queue  # (simpy's event heap, as _skip reads it)
-        t_next = q[0][0] if q else math.inf
+        t_next = float(q[0][0]) if q else math.inf
         below, ax, ams = self._run_fwd
         stop, conf, lvc, given, cut, n_tokens, pre_tokens, kv, fwd, dur, n_chunked, d0 = KSched.run_general_steps(
             R.req_i, R.req_f, self.pre_ids, self.chunks, wq.buf, self._I, self._F, self._X,
             R.slot_rows if K else self._no_rows, self._moved, self._late, self._done_I, self._done_F,
             self.stats.accepted_hist, self._slot_out, self._step_out, self._no_cut, self._no_steps, self._no_conf,
             st, stf, self._run_pi, self._run_pf, self.key, self._run_draw_f, self._fwd, self._run_row_buf, below,
-            ax, ams, self._draft_tab, steps.a, i0 + self._RUN_STEPS, itl.a, j0 + v_cap, tot, R.arrival, R.replica,
-            t_next, self.successors,
+            ax, ams, self._draft_tab, steps.a, i0 + self._RUN_STEPS, itl.a, j0 + v_cap, tot, self._head_conf_buf,
+            self._head_acc_buf, R.arrival, R.replica, t_next, self.successors,
         )  # fmt: skip
-        n_dec = self.n
+        n_dec, h0 = self.n, self.head_n
         (self.n, self.n_pre, wq.head, wq.tail, self.kv_dec, self.pre_blocks, self.admit_seq, self.left_lb,
-         self._done_n, last_prev, self.n_steps, self.batch_sum, s_row, v_row, self.closed_next[0]) = st.tolist()  # fmt: skip
+         self._done_n, last_prev, self.n_steps, self.batch_sum, s_row, v_row, self.closed_next[0],
+         self.head_n) = st.tolist()  # fmt: skip
+        if self.head_n > h0:
+            self.head_conf.append(self._head_conf_buf[h0 : self.head_n])
+            self.head_acc.append(self._head_acc_buf[h0 : self.head_n])
         self._last_is_prev_end = bool(last_prev)
         steps.n = s_row if steps.keep else 0
         itl.n = v_row
@@ -883,7 +889,7 @@ class Replica:
                 yield from self._decode_window()
                 continue
             plan = None
-            if compiled and self._steps_compiled and self.wake.triggered and self._head_sampled():
+            if compiled and self._steps_compiled and self.wake.triggered:
                 stop, plan = self._run_steps_compiled()
                 if stop in (KSched.STOP_WINDOW, KSched.STOP_IDLE, KSched.STOP_FINISHED):
                     # (the loop's own checks next; should they disagree, one step from Python)

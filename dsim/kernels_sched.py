@@ -331,13 +331,13 @@ def commit_step(I, F, X, n, K, verified, cap, lead, given, hist, itl_ms, slot_ou
 
 # run_general_steps' replica state (int64 st[...], float64 stf[...]), read and written back.
 S_N, S_NPRE, S_WHEAD, S_WTAIL, S_KVDEC, S_PREBLOCKS, S_ADMITSEQ, S_LEFTLB, S_DONEN, S_LASTPREV = range(10)
-S_NSTEPS, S_BATCHSUM, S_SROW, S_VROW, S_NEXTID = range(10, 15)
-STATE_LEN = 15
+S_NSTEPS, S_BATCHSUM, S_SROW, S_VROW, S_NEXTID, S_HEADN = range(10, 16)
+STATE_LEN = 16
 F_NOW, F_PREV_END = range(2)
 # its static parameters (int64 pi[...], float64 pf[...])
 (P_K, P_LOOKAHEAD, P_TOTAL_BLOCKS, P_BUDGET, P_THR, P_MAX_SEQS, P_CONSUMER, P_HEAD, P_ADAPTIVE, P_CODE,
- P_CP, P_CP2, P_MODE, P_LIMIT, P_REPLICA) = range(15)  # fmt: skip
-PARAMS_LEN = 15
+ P_CP, P_CP2, P_MODE, P_LIMIT, P_REPLICA, P_HEAD_CAP) = range(16)  # fmt: skip
+PARAMS_LEN = 16
 PF_TAU, PF_KV_MS_PER_TOK, PF_CTX_MS_PER_TOK, PF_CPU_MS, PF_SLOPE = range(5)
 # its stats accumulators (int64): the speculative counters _account adds
 T_DRAFTS, T_DRAFT_TOKENS, T_VERIFIED, T_IN_WINDOW, T_FULL_BLOCK = range(5)
@@ -365,8 +365,8 @@ def _forward_ms(n, below, ax, ams, slope, limit):
 @njit(cache=True)
 def run_general_steps(req_i, req_f, pre, chunks, waitq, I, F, X, slot_rows, moved, late, done_I, done_F, hist,
                       slot_out, step_out, no_cut, no_steps, no_conf, st, stf, pi, pf, key, draw_f, dense, row_buf,
-                      below, ax, ams, draft_tab, S, s_cap, V, v_cap, tot, arrival, replica_of, t_next,
-                      successors):  # fmt: skip
+                      below, ax, ams, draft_tab, S, s_cap, V, v_cap, tot, head_conf, head_acc, arrival, replica_of,
+                      t_next, successors):  # fmt: skip
     """The engine's general steps of one replica (Replica._plan_step, then _commit_step, then the
     loop's next checks), one after another, for as long as each step ends strictly before
     t_next (the next outside event; as Replica._skip) and none needs Python: stops before a
@@ -376,9 +376,12 @@ def run_general_steps(req_i, req_f, pre, chunks, waitq, I, F, X, slot_rows, move
     draws and scalars returned for the caller to wait and commit), or after a step that
     finished requests whose successors the simulation submits (STOP_FINISHED). Preconditions
     (the caller's): the fused plan's (an engine cost row, no prefill terms, a token budget
-    inside the dense table), no prefix caching, shapes or draft script, the head's sample
-    complete, slot buffers for max_num_seqs slots. A step's records go to S (the step table's
-    block, rows st[S_SROW] .. s_cap) and V (the ITL samples' block); the counters to tot.
+    inside the dense table), no prefix caching, shapes or draft script, slot buffers for
+    max_num_seqs slots. A step's records go to S (the step table's block, rows st[S_SROW] ..
+    s_cap) and V (the ITL samples' block); the counters to tot; while the confidence head's
+    sample has fewer than pi[P_HEAD_CAP] drafts (0: no head), each step's first drafts'
+    confidences and outcomes (request by request, as Replica._account takes them) to
+    head_conf / head_acc from st[S_HEADN].
     Returns (stop, conf, lvc, given, cut, n_tokens, prefill tokens, KV tokens, forward ms,
     duration ms, prefills with a chunk, finished rows from)."""
     K = pi[P_K]
@@ -522,6 +525,17 @@ def run_general_steps(req_i, req_f, pre, chunks, waitq, I, F, X, slot_rows, move
                 if adaptive:
                     tot[T_IN_WINDOW] += at
                     tot[T_FULL_BLOCK] += lt
+                h = st[S_HEADN]
+                if h < pi[P_HEAD_CAP]:
+                    q = (pi[P_HEAD_CAP] - h + K - 1) // K
+                    if q > n:
+                        q = n
+                    for r in range(q):
+                        for j in range(K):
+                            head_conf[h] = conf[0, j, r]
+                            head_acc[h] = j < lvc[0, 0, r]
+                            h += 1
+                    st[S_HEADN] = h
             kv_dec += et
         st[S_LEFTLB] = ml
         st[S_KVDEC] = kv_dec - done_kv

@@ -675,8 +675,7 @@ def test_compiled_steps_are_the_python_steps(monkeypatch, case):
     from dsim.engine import Replica
 
     rng = np.random.default_rng(12)
-    # (with DSpark, enough drafts that the head's 60,000-draft sample completes: the compiled
-    # steps start after it)
+    # (with DSpark, enough drafts that the head's 60,000-draft sample completes inside the run)
     n = 1500 if "dspark" in case else 160
     prompt, output = rng.integers(100, 3000, n), rng.integers(5, 120, n)
     acc = "math=0.9,0.8,0.7,0.6;code=0.8,0.7,0.5,0.4;chat=0.7,0.5,0.3,0.2"
