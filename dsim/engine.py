@@ -457,7 +457,7 @@ class Replica:
     # run_general_steps); False: each step planned and committed from Python (the same results:
     # tests/test_engine.py).
     run_compiled = True
-    _RUN_STEPS = 64  # step rows a compiled run reserves (it stops when they are used up)
+    _RUN_STEPS = 256  # step rows a compiled run reserves (it stops when they are used up)
 
     def __init__(
         self,
@@ -891,9 +891,9 @@ class Replica:
             plan = None
             if compiled and self._steps_compiled and self.wake.triggered:
                 stop, plan = self._run_steps_compiled()
-                if stop in (KSched.STOP_WINDOW, KSched.STOP_IDLE, KSched.STOP_FINISHED):
+                if stop in (KSched.STOP_WINDOW, KSched.STOP_IDLE, KSched.STOP_FINISHED, KSched.STOP_ROOM):
                     # (the loop's own checks next; should they disagree, one step from Python)
-                    compiled = stop == KSched.STOP_FINISHED
+                    compiled = stop in (KSched.STOP_FINISHED, KSched.STOP_ROOM)
                     continue
             compiled = True
             if plan is None:  # (or the compiled run's step that needs Python: it runs here)

@@ -342,7 +342,7 @@ PF_TAU, PF_KV_MS_PER_TOK, PF_CTX_MS_PER_TOK, PF_CPU_MS, PF_SLOPE = range(5)
 # its stats accumulators (int64): the speculative counters _account adds
 T_DRAFTS, T_DRAFT_TOKENS, T_VERIFIED, T_IN_WINDOW, T_FULL_BLOCK = range(5)
 # why it stopped
-(STOP_WINDOW, STOP_IDLE, STOP_PYTHON, STOP_PLANNED, STOP_FINISHED) = range(5)  # fmt: skip
+(STOP_WINDOW, STOP_IDLE, STOP_PYTHON, STOP_PLANNED, STOP_FINISHED, STOP_ROOM) = range(6)  # fmt: skip
 # the successors of finished requests: submitted here (a closed loop's users on this replica),
 # none (an open loop: arrivals are the simulation's), or by the simulation (stop after the step)
 SUCC_SELF, SUCC_NONE, SUCC_PYTHON = range(3)
@@ -371,8 +371,8 @@ def run_general_steps(req_i, req_f, pre, chunks, waitq, I, F, X, slot_rows, move
     loop's next checks), one after another, for as long as each step ends strictly before
     t_next (the next outside event; as Replica._skip) and none needs Python: stops before a
     step where a decode window can run (STOP_WINDOW), the replica is idle (STOP_IDLE), a
-    buffer lacks room or the schedule preempts (STOP_PYTHON: nothing of that step written, the
-    caller runs it), after planning a step that does not end before t_next (STOP_PLANNED: its
+    buffer lacks room (STOP_ROOM: the caller makes room and calls again) or the schedule
+    preempts (STOP_PYTHON: nothing of that step written, the caller runs it), after planning a step that does not end before t_next (STOP_PLANNED: its
     draws and scalars returned for the caller to wait and commit), or after a step that
     finished requests whose successors the simulation submits (STOP_FINISHED). Preconditions
     (the caller's): the fused plan's (an engine cost row, no prefill terms, a token budget
@@ -415,7 +415,7 @@ def run_general_steps(req_i, req_f, pre, chunks, waitq, I, F, X, slot_rows, move
                 return STOP_WINDOW, conf, lvc, given, False, 0, 0, 0, 0.0, 0.0, 0, d0
         if (s_i >= s_cap or v_j + max_seqs + 2 > v_cap or d0 + max_seqs > done_I.shape[0]
                 or w_tail + max_seqs > waitq.shape[0]):  # fmt: skip
-            return STOP_PYTHON, conf, lvc, given, False, 0, 0, 0, 0.0, 0.0, 0, d0
+            return STOP_ROOM, conf, lvc, given, False, 0, 0, 0, 0.0, 0.0, 0, d0
         now = stf[F_NOW]
         kv_dec = st[S_KVDEC]
         if K > 0 and n > 0:
