@@ -15,7 +15,10 @@ table's int64 and float64 blocks (``dsim.engine.Requests.req_i`` / ``req_f``, ro
   chunks computed; the prefills whose chunk ended their prompt sample a token and leave the
   queue as new decode slots, a resumed request's ITL gap noted), the decode slots' commit
   (``dsim.kernels_step.commit_decodes``) and ITL samples, the new slots
-  (``dsim.kernels_step.new_slots``) and the removal of finished slots.
+  (``dsim.kernels_step.new_slots``) and the removal of finished slots;
+* ``run_general_steps``: consecutive general steps of one replica (the above, the step's
+  duration, its records and counters, a closed loop's next requests) in one call, up to the
+  replica's next outside event or the first step that needs Python.
 
 The semantics are the engine's (docs/semantics.md §7, docs/architecture.md "Engine"); this module moves
 them out of Python, one call a step instead of a few Python statements a request. Prefix-cache
