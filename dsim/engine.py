@@ -348,6 +348,12 @@ class Columns:
             self._flush()
         return self._grow(m)
 
+    def release(self, end: int) -> None:
+        """Of the rows reserved last, keep those before index ``end`` of ``a`` (the caller wrote
+        fewer than it reserved)."""
+        if self.keep:
+            self.n = end
+
     def append(self, row) -> None:
         if not self.keep:
             return
@@ -394,8 +400,11 @@ class WaitQueue:
     def ids(self) -> list:
         return self.buf[self.head : self.tail].tolist()
 
-    def _room(self, front: int, back: int) -> None:
-        """front free entries before the head and back after the tail (recentred or grown)."""
+    def make_room(self, front: int, back: int) -> None:
+        """At least front free entries before the head and back after the tail (recentred or
+        grown)."""
+        if self.head >= front and len(self.buf) - self.tail >= back:
+            return
         n = self.tail - self.head
         cap = len(self.buf)
         if n + front + back + 16 > cap // 2:
@@ -407,14 +416,14 @@ class WaitQueue:
 
     def append(self, rid: int) -> None:
         if self.tail == len(self.buf):
-            self._room(0, 1)
+            self.make_room(0, 1)
         self.buf[self.tail] = rid
         self.tail += 1
 
     def extend(self, rids) -> None:
         k = len(rids)
         if self.tail + k > len(self.buf):
-            self._room(0, k)
+            self.make_room(0, k)
         t = self.tail
         if k <= 8:  # (a closed loop's few successors: items, cheaper than an array's slice)
             buf = self.buf
@@ -428,7 +437,7 @@ class WaitQueue:
 
     def appendleft(self, rid: int) -> None:
         if self.head == 0:
-            self._room(1, 0)
+            self.make_room(1, 0)
         self.head -= 1
         self.buf[self.head] = rid
 
@@ -821,8 +830,7 @@ class Replica:
         if self._done_n + seqs > len(self._done_I):
             self._grow_done(self._done_n + seqs)
         wq = self.waiting
-        if wq.tail + seqs > len(wq.buf):
-            wq._room(0, seqs)
+        wq.make_room(0, seqs)  # (the successors the run may submit)
         steps, itl = self.steps, self.itl_vals
         v_cap = 4 * (seqs + 2)
         i0 = steps.reserve(self._RUN_STEPS)
@@ -853,8 +861,8 @@ class Replica:
             self.head_conf.append(self._head_conf_buf[h0 : self.head_n])
             self.head_acc.append(self._head_acc_buf[h0 : self.head_n])
         self._last_is_prev_end = bool(last_prev)
-        steps.n = s_row if steps.keep else 0
-        itl.n = v_row
+        steps.release(s_row)
+        itl.release(v_row)
         env._now, self.prev_end = float(stf[0]), float(stf[1])
         if tot.any():
             sp = self.stats
@@ -950,18 +958,10 @@ class Replica:
         R.preemptions[rid] += 1
         self.waiting.appendleft(rid)
 
-    def _dec_blocks(self, exact: bool) -> int:
-        """Blocks held by the decode slots: exact, or an upper bound from kv_dec alone
-        (sum of ceil(x_i / 16) <= (sum x_i + 15 n) / 16)."""
-        n, la = self.n, self.lookahead
-        if not exact:
-            return (self.kv_dec + n * (la + KV_BLOCK_TOKENS - 1)) // KV_BLOCK_TOKENS
-        return int(((self.I[:, COMP] + (la + KV_BLOCK_TOKENS - 1)) // KV_BLOCK_TOKENS).sum())
-
-    def _fits(self, blocks: int) -> bool:
-        """Can `blocks` more KV blocks be allocated? (the exact count only when the bound fails)"""
-        free = self.total_blocks - self.pre_blocks
-        return free - self._dec_blocks(False) >= blocks or free - self._dec_blocks(True) >= blocks
+    def _dec_blocks_bound(self) -> int:
+        """An upper bound on the decode slots' KV blocks from kv_dec alone (sum of ceil(x_i / 16)
+        <= (sum x_i + 15 n) / 16; the exact count is the scheduler kernels')."""
+        return (self.kv_dec + self.n * (self.lookahead + KV_BLOCK_TOKENS - 1)) // KV_BLOCK_TOKENS
 
     def _plan_step(self) -> StepPlan | None:
         """Schedule one step (vLLM V1 order), or None if nothing runs.
@@ -1072,7 +1072,7 @@ class Replica:
         left0 = max(cfg.max_num_batched_tokens - self.n * (1 + self.K), 0)
         while st == KSched.MORE_HITS:
             hits, hb = self._prefix_hits(w_head, min(wq.tail - w_head, _HIT_BATCH))
-            dec_bound = self.total_blocks - self._dec_blocks(False)
+            dec_bound = self.total_blocks - self._dec_blocks_bound()
             st, n_pre, w_head, pre_blocks, admit_seq, left, n_sampling, kv_pre, seen = KSched.admit_waiting(
                 R.req_i, R.req_f, self.pre_ids, n_pre, self.chunks, wq.buf, w_head, wq.tail, hits, len(hits),
                 self._I, self.n, self.lookahead, dec_bound, self.total_blocks, pre_blocks, left0 - pre_tokens,

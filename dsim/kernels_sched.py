@@ -56,6 +56,16 @@ def _dec_blocks_exact(I, n_dec, lookahead):
     return s
 
 
+@njit(cache=True, inline="always")
+def _chunk(todo, left, thr):
+    """A prefill's chunk this step: what is left of its prompt within the budget left, at most
+    long_prefill_token_threshold (thr > 0)."""
+    c = todo if todo < left else left
+    if 0 < thr < c:
+        c = thr
+    return c
+
+
 @njit(cache=True)
 def admit_waiting(req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits, n_hits, I, n_dec, lookahead,
                   dec_bound, total_blocks, pre_blocks, left, n_run, max_seqs, thr, consumer, admit_seq, now,
@@ -88,9 +98,7 @@ def admit_waiting(req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits,
             if prompt[rid] - 1 > comp:
                 comp = prompt[rid] - 1
         todo = prompt[rid] + generated[rid] - comp
-        c = todo if todo < left else left
-        if 0 < thr < c:
-            c = thr
+        c = _chunk(todo, left, thr)
         b = (comp + c + _BT - 1) // _BT
         if dec_bound - pre_blocks < b:
             if exact < 0:
@@ -135,25 +143,22 @@ def schedule_step(req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits,
         left = 0
     n_pre_sample = 0
     kv_pre = 0
+    run_tokens = 0
     grow = 0
     for i in range(n_pre):
         r = pre[i]
         comp = computed[r]
         todo = prompt[r] + generated[r] - comp
-        c = todo if todo < left else left
-        if 0 < thr < c:
-            c = thr
+        c = _chunk(todo, left, thr)
         chunks[i] = c
         if c > 0 and c == todo:
             n_pre_sample += 1
         left -= c
+        run_tokens += c
         kv_pre += comp + c
         g = (comp + c + _BT - 1) // _BT - blocks_r[r]
         if g > 0:
             grow += g
-    run_tokens = kv_pre
-    for i in range(n_pre):
-        run_tokens -= computed[pre[i]]
     # the decode slots' blocks: sum ceil(x / 16) <= (sum x + 15 n) / 16 first (they do not change
     # while planning), exactly only where that bound leaves too little
     dec_bound = total_blocks - (kv_dec + n_dec * (lookahead + _BT - 1)) // _BT
@@ -375,9 +380,10 @@ def run_general_steps(req_i, req_f, pre, chunks, waitq, I, F, X, slot_rows, move
     t_next (the next outside event; as Replica._skip) and none needs Python: stops before a
     step where a decode window can run (STOP_WINDOW), the replica is idle (STOP_IDLE), a
     buffer lacks room (STOP_ROOM: the caller makes room and calls again) or the schedule
-    preempts (STOP_PYTHON: nothing of that step written, the caller runs it), after planning a step that does not end before t_next (STOP_PLANNED: its
-    draws and scalars returned for the caller to wait and commit), or after a step that
-    finished requests whose successors the simulation submits (STOP_FINISHED). Preconditions
+    preempts (STOP_PYTHON: nothing of that step written, the caller runs it), after planning a
+    step that does not end before t_next (STOP_PLANNED: its draws and scalars returned for the
+    caller to wait and commit), or after a step that finished requests whose successors the
+    simulation submits (STOP_FINISHED). Preconditions
     (the caller's): the fused plan's (an engine cost row, no prefill terms, a token budget
     inside the dense table), no prefix caching, shapes or draft script, slot buffers for
     max_num_seqs slots. A step's records go to S (the step table's block, rows st[S_SROW] ..
