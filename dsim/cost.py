@@ -1657,3 +1657,18 @@ class CostModel:
             # Drafter graphs are captured per batch size too: the next profiled size at or above.
             return float(ms[min(np.searchsorted(x, n_requests, side="left"), len(x) - 1)])
         return float(ms[-1] + self._draft_slope[kind] * (n_requests - x[-1]))
+
+    def draft_table_ms_upto(self, kind: str, n_max: int) -> np.ndarray | None:
+        """``draft_table_ms(kind, n)`` for n = 0..n_max as one float64 array (the same operations
+        element by element), or None if the profile has no table for `kind`."""
+        t = self._draft.get(kind)
+        if t is None:
+            return None
+        x, ms = t
+        n = np.arange(n_max + 1)
+        inside = n <= x[-1]
+        out = np.empty(n_max + 1)
+        out[inside] = ms[np.minimum(np.searchsorted(x, n[inside], side="left"), len(x) - 1)]
+        out[~inside] = ms[-1] + self._draft_slope[kind] * (n[~inside] - x[-1])
+        out[0] = 0.0
+        return out

@@ -371,6 +371,34 @@ class Columns:
         return [*self._full, self.a[:, : self.n]]
 
 
+class DraftCost:
+    """The drafter's cost (ms) of one step by decode batch size, for one method on one cost model
+    (a simulation's replicas share one): sizes 0..n_max in one vectorized pass
+    (SpecMethod.draft_ms_upto), the table the compiled steps read; any other size computed once
+    when first asked. ms(n) == float(method.draft_ms(cost, n))."""
+
+    def __init__(self, method: Any, cost: Any):
+        self.method, self.cost = method, cost
+        self.table = np.zeros(0)
+        self._values: list[float] = []
+        self._memo: dict[int, float] = {}
+
+    def upto(self, n_max: int) -> np.ndarray:
+        """The costs at sizes 0..n_max (at least; a float64 array)."""
+        if len(self.table) <= n_max:
+            self.table = np.asarray(self.method.draft_ms_upto(self.cost, n_max), dtype=np.float64)
+            self._values = self.table.tolist()
+        return self.table
+
+    def ms(self, n: int) -> float:
+        if n < len(self._values):
+            return self._values[n]
+        v = self._memo.get(n)
+        if v is None:
+            v = self._memo[n] = float(self.method.draft_ms(self.cost, n))
+        return v
+
+
 def _grown(old: np.ndarray, cap: int, keep: int, alloc) -> np.ndarray:
     """A (cap, columns) buffer from ``alloc`` (np.zeros or np.empty) holding old's first keep rows."""
     new = alloc((cap, old.shape[1]), dtype=old.dtype)
@@ -482,7 +510,7 @@ class Replica:
         prefix_hashes=None,
         prefix_block_tokens: int = 512,
         keep_steps: bool = True,
-        draft_cache: dict | None = None,
+        draft_cost: DraftCost | None = None,
     ):
         self.idx = idx
         self.env = env
@@ -606,7 +634,8 @@ class Replica:
         self.prefix_cap = max(1, self.total_blocks * KV_BLOCK_TOKENS // prefix_block_tokens)
         for h in cfg.prefix_cache_warm[-self.prefix_cap :]:
             self.prefix_cache[int(h)] = True
-        self.draft_cache: dict = {} if draft_cache is None else draft_cache  # n -> drafter ms (shared)
+        # the drafter's cost by batch size (shared by the simulation's replicas)
+        self.draft_cost = draft_cost if draft_cost is not None or spec is None else DraftCost(spec.method, cost)
         self.shapes: list | None = [] if cfg.record_shapes else None  # for --step-log
         self.next_arrival = lambda: None  # set by the simulation: time of the next open-loop arrival
         # Who submits the successors of the requests this replica finishes (set by the
@@ -717,10 +746,7 @@ class Replica:
     def _draft_ms(self, n: int) -> float:
         if self.K == 0 or n == 0:
             return 0.0
-        v = self.draft_cache.get(n)
-        if v is None:
-            v = self.draft_cache[n] = float(self.spec.method.draft_ms(self.cost, n))
-        return v
+        return self.draft_cost.ms(n)
 
     def _prefix_hit_blocks(self, rid: int) -> int:
         """Leading full blocks of rid's prompt whose hashes some request has already computed on
@@ -824,7 +850,7 @@ class Replica:
         env, R, K, cfg = self.env, self.R, self.K, self.cfg
         seqs = cfg.max_num_seqs
         if self._draft_tab is None:  # the drafter's cost at every batch size a step can have
-            self._draft_tab = np.array([self._draft_ms(i) for i in range(seqs + 1)])
+            self._draft_tab = self.draft_cost.upto(seqs) if self.K else np.zeros(seqs + 1)
         if len(self._I) < seqs:
             self._grow_slots(seqs)
         if self._done_n + seqs > len(self._done_I):

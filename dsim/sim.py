@@ -23,7 +23,7 @@ import simpy
 
 from dsim.cluster import Router
 from dsim.cost import CostModel, Profile
-from dsim.engine import STEP_FIELDS, STEP_FLOAT_FIELDS, EngineConfig, Replica, Requests, SpecStats
+from dsim.engine import STEP_FIELDS, STEP_FLOAT_FIELDS, DraftCost, EngineConfig, Replica, Requests, SpecStats
 from dsim.errors import InputError
 from dsim.kernels_sched import SUCC_NONE, SUCC_PYTHON, SUCC_SELF
 from dsim.kernels_step import run_key
@@ -263,7 +263,8 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
     # Every draw comes from the run's key: a request's draft round i has its own stream
     # (dsim.kernels_step), whichever replica runs it.
     key = run_key(cfg.seed)
-    draft_cache: dict = {}  # the drafter's cost per batch size, the same for every replica
+    # the drafter's cost per batch size, the same for every replica
+    draft_cost = DraftCost(spec.method, cost) if spec.k else None
     replicas = [
         Replica(
             i,
@@ -278,7 +279,7 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
             w.prefix_hashes,
             w.prefix_block_tokens,
             cfg.keep_steps,
-            draft_cache,
+            draft_cost,
         )
         for i in range(n_rep)
     ]

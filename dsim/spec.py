@@ -179,6 +179,29 @@ class SpecMethod:
             return float(base * (1.0 + DSPARK_OVERHEAD))
         raise InputError(f"method: unknown method {self.name!r}")
 
+    def draft_ms_upto(self, cost: Any, n_max: int) -> np.ndarray:
+        """``draft_ms(cost, n)`` for n = 0..n_max as one float64 array: from the profile's table in
+        one vectorized pass (``cost.draft_table_ms_upto``, the same operations element by element),
+        else size by size."""
+        upto = getattr(cost, "draft_table_ms_upto", None)
+        k = self.k
+        if self.name != "none" and k > 0 and upto is not None:
+            if self.name in ("mtp", "eagle3"):
+                t = upto(self.name, n_max)
+                if t is not None:
+                    return k * t
+            elif self.name == "block":
+                t = upto("block", n_max)
+                if t is not None:
+                    return t
+            elif self.name == "dspark":
+                t = upto(f"dspark@{k}", n_max)
+                if t is None:
+                    t = upto("dspark", n_max)
+                if t is not None:
+                    return t
+        return np.array([self.draft_ms(cost, n) for n in range(n_max + 1)], dtype=np.float64)
+
 
 def make_method(name: str, k: int | None = None, adaptive: bool = False) -> SpecMethod:
     """Build a SpecMethod. ``name``: none, mtp, eagle3, block (alias dflash), dspark.

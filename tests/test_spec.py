@@ -428,3 +428,27 @@ def test_head_quality_basics():
     assert auc == 1.0 and ece == pytest.approx(0.15)
     assert head_quality(np.full(4, 0.5), y)[0] == 0.5
     assert np.isnan(head_quality(np.ones(3), np.ones(3, bool))[0])
+
+
+@pytest.mark.parametrize("profile", ["deepseek-v4-class-h200x8", "analytical-qwen3-8b-h200x1"])
+@pytest.mark.parametrize("name,k", [("mtp", 1), ("mtp", 2), ("eagle3", 7), ("block", 7), ("dspark", 7), ("dspark", 4)])
+def test_draft_cost_table_upto_equals_size_by_size(profile, name, k):
+    """The vectorized drafter table the compiled steps read is draft_ms at every size, bit for
+    bit: inside the profile's sizes (the next profiled size up), past them (the slope), at 0."""
+    from dsim.cost import CostModel, load_profile
+
+    cost = CostModel(load_profile(profile))
+    m = make_method(name, k)
+    n_max = 1500  # (past the tables' last size, 1024)
+    tab = m.draft_ms_upto(cost, n_max)
+    assert tab.dtype == np.float64 and tab.shape == (n_max + 1,)
+    assert tab.tolist() == [m.draft_ms(cost, n) for n in range(n_max + 1)]
+    assert tab[0] == 0.0 and (tab[1:] > 0).all()
+
+
+def test_draft_cost_table_upto_without_tables_is_size_by_size():
+    c = FakeCost()  # (no draft_table_ms_upto: the fractions of a forward, size by size)
+    for name in ("mtp", "eagle3", "block", "dspark"):
+        m = make_method(name)
+        assert m.draft_ms_upto(c, 40).tolist() == [m.draft_ms(c, n) for n in range(41)]
+    assert make_method("none").draft_ms_upto(c, 5).tolist() == [0.0] * 6
