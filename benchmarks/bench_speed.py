@@ -11,7 +11,8 @@ runs a tiny simulation of the configuration (process set-up: the head fit, the a
 shifts, loading the compiled kernels from numba's cache) and then times one run with CPU time
 (time.process_time, less sensitive to other jobs on a shared machine than wall time). Printed:
 x real time per run, the medians, and the ratios side by side (this tree / base, and each
-method / no speculation in the same tree). ``--base`` checks the commit out once with
+method / no speculation in the same tree, and no speculation's CPU time / the method's for the same
+requests). ``--base`` checks the commit out once with
 ``git worktree add`` under the system temp directory.
 
 Targets (docs/performance.md): at concurrency 256, DSpark adaptive >= no speculation in the same
@@ -89,17 +90,20 @@ def main():
     if a.base:
         trees["base"] = base_tree(a.base)
     res: dict = {}
+    cpu: dict = {}  # CPU seconds per run: every method simulates the same requests
     for rep in range(a.reps):
         for C in a.concurrency:
             for m in a.methods:
                 for name, tree in trees.items():
                     r = run_one(tree, C, a.requests_per_user, m, a.profile)
                     res.setdefault((name, C, m), []).append(r["x"])
+                    cpu.setdefault((name, C, m), []).append(r["cpu_s"])
                     print(f"rep {rep + 1} C={C:<4} {m:16} {name:5} {r['x']:8.1f} x real time "
                           f"({r['steps']} steps, {r['cpu_s'] / r['steps'] * 1e6:.0f} us/step)", flush=True)
     print()
     med = {k: statistics.median(v) for k, v in res.items()}
-    head = f"{'C':>4} {'method':16} " + " ".join(f"{n + ' x':>9}" for n in trees) + f" {'vs none':>8}"
+    head = (f"{'C':>4} {'method':16} " + " ".join(f"{n + ' x':>9}" for n in trees) + f" {'vs none':>8}"
+            f" {'per req':>8}")
     if a.base:
         head += f" {'this/base':>10}"
     print(head)
@@ -108,10 +112,15 @@ def main():
             line = f"{C:>4} {m:16} " + " ".join(f"{med[(n, C, m)]:9.1f}" for n in trees)
             none = med.get(("this", C, "none"))
             line += f" {med[('this', C, m)] / none:8.3f}" if none else f" {'':>8}"
+            none_cpu = cpu.get(("this", C, "none"))
+            line += (f" {statistics.median(none_cpu) / statistics.median(cpu[('this', C, m)]):8.3f}" if none_cpu
+                     else f" {'':>8}")
             if a.base:
                 line += f" {med[('this', C, m)] / med[('base', C, m)]:10.2f}"
             print(line)
-    print(f"(medians of {a.reps} runs; 'vs none': this tree's method / its no-speculation speed)")
+    print(f"(medians of {a.reps} runs; 'vs none': this tree's method / its no-speculation speed, in simulated "
+          "seconds per CPU second (the target's measure); 'per req': no speculation's CPU time / the method's, "
+          "for the same requests)")
 
 
 if __name__ == "__main__":
