@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from dsim.errors import InputError
 
@@ -870,11 +871,40 @@ def accepted_prefix(accept: np.ndarray, window: int | np.ndarray) -> np.ndarray:
     return np.minimum(first_false, np.asarray(window)).astype(np.int64)
 
 
+@njit(cache=True, nogil=True)
+def _rank_counts(pos, neg):
+    """(sum over pos of #neg < x, sum of #neg <= x) for ascending pos and neg of one float
+    dtype: one merge-like pass, as a binary search of each sorted needle counts. The third value
+    is False where a NaN occurs (it orders with nothing; the caller takes the search)."""
+    below = 0
+    upto = 0
+    i = 0
+    j = 0
+    n0 = neg.shape[0]
+    n1 = pos.shape[0]
+    if (n1 and pos[n1 - 1] != pos[n1 - 1]) or (n0 and neg[n0 - 1] != neg[n0 - 1]):  # (a sort puts NaNs last)
+        return 0, 0, False
+    for k in range(n1):
+        x = pos[k]
+        while i < n0 and neg[i] < x:
+            i += 1
+        if j < i:
+            j = i
+        while j < n0 and neg[j] <= x:
+            j += 1
+        below += i
+        upto += j
+    return below, upto, True
+
+
 def _auc(score: np.ndarray, y: np.ndarray) -> float:
     """ROC-AUC = P(positive scores above a negative) + P(tie) / 2 (the Mann-Whitney statistic
-    with average ranks): both classes sorted, each positive counted against the negatives by
-    binary search (sorted needles: one merge-like pass)."""
-    score = np.asarray(score, dtype=np.float64).ravel()
+    with average ranks): both classes sorted in their own float type (a float32 sort orders as
+    the float64 one does), each positive counted against the negatives in one merge-like pass."""
+    score = np.asarray(score)
+    if score.dtype not in (np.float32, np.float64):
+        score = score.astype(np.float64)
+    score = score.ravel()
     y = np.asarray(y, dtype=bool).ravel()
     n1 = int(y.sum())
     n0 = y.size - n1
@@ -882,8 +912,10 @@ def _auc(score: np.ndarray, y: np.ndarray) -> float:
         return float("nan")
     pos = np.sort(score[y])
     neg = np.sort(score[~y])
-    below = np.searchsorted(neg, pos, "left").sum()
-    upto = np.searchsorted(neg, pos, "right").sum()
+    below, upto, ok = _rank_counts(pos, neg)
+    if not ok:
+        below = np.searchsorted(neg, pos, "left").sum()
+        upto = np.searchsorted(neg, pos, "right").sum()
     return float(0.5 * (below + upto) / (n1 * n0))
 
 

@@ -430,6 +430,49 @@ def test_head_quality_basics():
     assert np.isnan(head_quality(np.ones(3), np.ones(3, bool))[0])
 
 
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.extra.numpy import arrays  # noqa: E402
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n=st.integers(2, 400),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    grid=st.sampled_from([0, 4, 64]),
+    nan=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_auc_is_the_mann_whitney_statistic(n, dtype, grid, nan, seed):
+    """The head's AUC (one merge pass over both classes sorted) is the pairwise definition: the
+    share of (positive, negative) pairs the positive scores above, ties counting half, exactly;
+    ties (a coarse grid of scores), float32 and float64 scores included. With NaN scores it is
+    what binary searches of the sorted float64 classes give (NaNs sort last)."""
+    from dsim.spec import _auc
+
+    rng = np.random.default_rng(seed)
+    c = rng.random(n)
+    if grid:
+        c = np.floor(c * grid) / grid
+    c = c.astype(dtype)
+    if nan:
+        c[rng.integers(0, n, size=max(1, n // 10))] = np.nan
+    y = rng.random(n) < 0.5
+    pos, neg = c[y].astype(np.float64), c[~y].astype(np.float64)
+    if len(pos) == 0 or len(neg) == 0:
+        assert np.isnan(_auc(c, y))
+        return
+    if nan:
+        ps, ns = np.sort(pos), np.sort(neg)
+        pairs = np.searchsorted(ns, ps, "left").sum() + np.searchsorted(ns, ps, "right").sum()
+        want = 0.5 * pairs / (len(pos) * len(neg))
+    else:
+        gt = (pos[:, None] > neg[None, :]).sum()
+        eq = (pos[:, None] == neg[None, :]).sum()
+        want = (gt + 0.5 * eq) / (len(pos) * len(neg))
+    assert _auc(c, y) == want
+
+
 @pytest.mark.parametrize("profile", ["deepseek-v4-class-h200x8", "analytical-qwen3-8b-h200x1"])
 @pytest.mark.parametrize("name,k", [("mtp", 1), ("mtp", 2), ("eagle3", 7), ("block", 7), ("dspark", 7), ("dspark", 4)])
 def test_draft_cost_table_upto_equals_size_by_size(profile, name, k):
