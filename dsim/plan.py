@@ -119,7 +119,9 @@ def parse_duration_ms(value: str, what: str) -> float:
     if unit not in ("ms", "s"):
         raise InputError(f"{what}: unknown unit {m.group(2)!r} in {value!r} (ms or s)")
     ms = num * (1000.0 if unit == "s" else 1.0)
-    if not (ms > 0 and math.isfinite(ms)):
+    if not math.isfinite(ms):
+        raise InputError(f"{what}: {value!r} is not a finite duration")
+    if not ms > 0:
         raise InputError(f"{what}: {value!r} must be > 0")
     return ms
 

@@ -144,6 +144,20 @@ def parse_int_list(s: str, what: str, hi: int = MAX_CONCURRENCY) -> list[int]:
     return out
 
 
+def per_gpu_concurrency(conc: list[int], profile, nodes: int, gpus_per_node: int) -> list[int]:
+    """--per-gpu: the total users of each per-GPU level on the fleet, each within MAX_CONCURRENCY."""
+    from dsim import frontier as F
+
+    total = F.concurrency_from_per_gpu(conc, profile, nodes, gpus_per_node)
+    g = F.fleet_gpus(profile, nodes, gpus_per_node)
+    if max(total) > MAX_CONCURRENCY:
+        raise InputError(
+            f"--concurrency: {max(conc)} users per GPU x {g} GPUs (--per-gpu) is {max(total)} users, "
+            f"at most {MAX_CONCURRENCY}"
+        )
+    return total
+
+
 def check_common(*, nodes=None, max_nodes=None, gpus_per_node=None, seed=None, jobs=None) -> None:
     """Bounds of the flags plan, sweep and ab share (before anything runs)."""
     from dsim.sim import MAX_GPUS_PER_NODE, MAX_NODES
@@ -155,18 +169,22 @@ def check_common(*, nodes=None, max_nodes=None, gpus_per_node=None, seed=None, j
     check_int(jobs, "--jobs", 1, 1024)
 
 
-def check_fit(workloads, profile, specs, gpus_per_node: int, price: float | None = None) -> None:
-    """The profile fits a node and every request fits its context and KV cache, for every
+def check_fit(
+    workloads, profile, specs, gpus_per_node: int, price: float | None = None, *, nodes: int, nodes_flag: str
+) -> None:
+    """The profile fits a node, the largest fleet (``nodes``, from the flag ``nodes_flag``) stays
+    within a simulation's replicas, and every request fits its context and KV cache, for every
     method (fail fast, before the worker processes start)."""
     import math
 
-    from dsim.sim import check_requests_fit
+    from dsim.sim import check_fleet, check_requests_fit
 
     if profile.gpus_per_replica > gpus_per_node:
         raise InputError(
             f"profile {profile.name}: needs {profile.gpus_per_replica} GPUs per replica, "
             f"a node has {gpus_per_node} (--gpus-per-node)"
         )
+    check_fleet(nodes, gpus_per_node, profile, nodes_flag)
     if price is not None and not (math.isfinite(price) and price > 0):
         raise InputError(f"--price-per-gpu-hour: must be a finite number > 0, got {price}")
     for w in workloads:
@@ -282,7 +300,8 @@ def plan(
             engine=engine_config(disaggregated, remote_prefill_ms, remote_prefill_ms_per_ktok),
         )
         specs = parse_methods(methods)
-        check_fit(setup.workloads.values(), setup.profile, specs.values(), gpus_per_node, price_per_gpu_hour)
+        check_fit(setup.workloads.values(), setup.profile, specs.values(), gpus_per_node, price_per_gpu_hour,
+                  nodes=max_nodes, nodes_flag="--max-nodes")  # fmt: skip
         with Progress("plan") as bar:
             res = P.plan(
                 setup.workloads,
@@ -409,10 +428,10 @@ def sweep(
         check_mix(mix)
         check_out_targets(out)
         prof = load_profile(profile)
-        if per_gpu:
-            conc = F.concurrency_from_per_gpu(conc, prof, nodes, gpus_per_node)
         base = build_workload(trace, format, None, window, None, None, None, mix, seed)
-        check_fit([base], prof, specs.values(), gpus_per_node)
+        check_fit([base], prof, specs.values(), gpus_per_node, nodes=nodes, nodes_flag="--nodes")
+        if per_gpu:
+            conc = per_gpu_concurrency(conc, prof, nodes, gpus_per_node)
         with staged_dir(out) as tmp:
             with Progress("sweep") as bar:
                 df = S.sweep(
@@ -529,9 +548,10 @@ def ab(
             engine=engine_config(disaggregated, remote_prefill_ms, remote_prefill_ms_per_ktok),
         )
         sa, sb = method_spec(a, what="--a"), method_spec(b, what="--b")
+        check_fit(setup.workloads.values(), setup.profile, (sa, sb), gpus_per_node, price_per_gpu_hour,
+                  nodes=max_nodes, nodes_flag="--max-nodes")  # fmt: skip
         if per_gpu:
-            conc = F.concurrency_from_per_gpu(conc, setup.profile, 1, gpus_per_node)
-        check_fit(setup.workloads.values(), setup.profile, (sa, sb), gpus_per_node, price_per_gpu_hour)
+            conc = per_gpu_concurrency(conc, setup.profile, 1, gpus_per_node)
         argv = sys.argv[1:]
         cmd = (
             ("dsim " + " ".join(_shq(x) for x in argv))

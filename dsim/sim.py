@@ -112,10 +112,24 @@ def _step_table(parts: list) -> pd.DataFrame:
 
 MAX_NODES = 4096  # the largest fleets of the public serving reports are ~1000 nodes
 MAX_GPUS_PER_NODE = 72  # an NVL72 rack is the largest one-node NVLink domain sold
+# Replicas of one simulation (nodes x replicas per node): each holds its buffers (about 0.1 MB),
+# so 32,768 (4,096 nodes of eight one-GPU replicas) is about 3.5 GB; past it a fleet is a typo
+MAX_REPLICAS = 1 << 15
 MAX_NUM_SEQS = 1 << 20
 MAX_NUM_BATCHED_TOKENS = 1 << 24
 KV_ROLES = (None, "kv_consumer")  # colocated prefill; a disaggregated decode instance
 MAX_REMOTE_PREFILL_MS = 3.6e6  # an hour: anything longer is a unit mistake
+
+
+def check_fleet(nodes: int, gpus_per_node: int, profile: Profile, what: str = "--nodes") -> None:
+    """A fleet of ``nodes`` nodes of the profile's replicas stays within MAX_REPLICAS replicas
+    (flags already checked for their own bounds)."""
+    per_node = max(1, gpus_per_node // profile.gpus_per_replica)
+    if nodes * per_node > MAX_REPLICAS:
+        raise InputError(
+            f"{what}: {nodes} nodes x {per_node} replicas a node ({gpus_per_node} GPUs a node, "
+            f"{profile.gpus_per_replica} a replica) = {nodes * per_node} replicas, at most {MAX_REPLICAS}"
+        )
 
 
 def _check(cfg: SimConfig):
@@ -156,6 +170,7 @@ def _check(cfg: SimConfig):
             f"profile {cfg.profile.name}: needs {cfg.profile.gpus_per_replica} GPUs per replica, "
             f"a node has {cfg.gpus_per_node}"
         )
+    check_fleet(cfg.nodes, cfg.gpus_per_node, cfg.profile)
     check_requests_fit(cfg.workload, cfg.profile, cfg.spec)
 
 

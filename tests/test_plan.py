@@ -35,7 +35,7 @@ def test_parse_sla_examples():
     ("", "empty"), ("   ", "empty"), ("p50=20", "no unit"), ("p50=20us", "unknown unit"),
     ("foo_p50=20ms", "unknown metric"), ("p0=20ms", "out of range"), ("p100=20ms", "out of range"),
     ("p150=1s", "out of range"), ("p50", "NAME=VALUE"), ("p50=20ms,,p90=30ms", "empty term"),
-    ("p50=20ms,tpot_p50=30ms", "twice"), ("p50=-3ms", "duration"), ("p50=0ms", "> 0"),
+    ("p50=20ms,tpot_p50=30ms", "twice"), ("p50=-3ms", "duration"), ("p50=0ms", "> 0"), ("p50=1e999ms", "finite"),
     ("min_user_tok_s=abc", "number"), ("x50=20ms", "expected"),
 ])
 def test_parse_sla_bad(bad, msg):

@@ -219,6 +219,17 @@ def test_sigint_during_sweep_leaves_no_target_and_no_debris(tmp_path):
     (["simulate", "--nodes", "1000000"], ["--nodes", "4096"]),
     (["simulate", "--gpus-per-node", "1000"], ["--gpus-per-node", "72"]),
     (["plan", "--sla", "p50=20ms", "--max-nodes", "1000000"], ["--max-nodes"]),
+    # each flag in bounds, the fleet not: 4096 x 72 one-GPU replicas
+    (["simulate", "--nodes", "4096", "--gpus-per-node", "72"], ["--nodes", "294912 replicas", "32768"]),
+    (["plan", "--sla", "p50=20ms", "--max-nodes", "4096", "--gpus-per-node", "72"], ["--max-nodes", "32768"]),
+    (["ab", "--a", "mtp", "--b", "dspark", "--max-nodes", "4096", "--gpus-per-node", "72", "--out", "X"],
+     ["--max-nodes", "32768"]),
+    (["sweep", "--nodes", "4096", "--gpus-per-node", "72", "--out", "X"], ["--nodes", "32768"]),
+    # --per-gpu: the total users (per GPU x the fleet's GPUs) is what is bounded
+    (["sweep", "--per-gpu", "--concurrency", "256", "--nodes", "100", "--out", "X"],
+     ["--concurrency", "204800 users", "65536"]),
+    (["ab", "--a", "mtp", "--b", "dspark", "--per-gpu", "--concurrency", "20000", "--out", "X"],
+     ["--concurrency", "160000 users"]),
     (["simulate", "--mix", "alien=1"], ["--mix", "alien"]),
     (["simulate", "--acceptance", "", "--method", "mtp"], ["--acceptance", "empty"]),
     (["simulate", "--profile", ""], ["--profile", "empty"]),
@@ -238,7 +249,8 @@ def test_nonsense_flags(tmp_path, monkeypatch, args, needles):
 def test_huge_fleet_fails_fast_before_allocating(tmp_path):
     t0 = time.perf_counter()
     assert_rejected("simulate", "--nodes", "1000000", needles=["--nodes"])
-    assert time.perf_counter() - t0 < 5
+    assert_rejected("simulate", "--nodes", "4096", "--gpus-per-node", "72", needles=["--nodes"])
+    assert time.perf_counter() - t0 < 10
 
 
 def test_max_model_len_flag_and_profile_field(tmp_path):
