@@ -18,7 +18,8 @@ draws, verify windows and verify modes (dsim.kernels_step.plan_decodes) and the 
 (dsim.kernels_sched.commit_step: prefills, decodes, new decode slots, removal of finished
 ones). A step is planned as a ``StepPlan`` and committed as a ``DecodeOutcome``
 (``_commit_step``); a decode window commits in the compiled ``commit_window`` (the same
-``commit_decodes``, then the window's rows), and both end in one accounting path (``_account``).
+``commit_decodes``, then the window's rows) and returns its ``DecodeOutcome``, and both end in
+one accounting path (``_account``).
 
 Decode-only stretches (nothing to admit, no prefill running) are simulated as a *window* of up to
 ``max_window`` steps (and ``WINDOW_SLOTS`` slots x steps) at once ([k, R] arrays), then committed up to the first event (a completion,
@@ -117,6 +118,8 @@ class StepRecord:
 
 
 STEP_FIELDS = tuple(StepRecord.__dataclass_fields__)
+if STEP_FIELDS != KS.STEP_COLUMNS:  # (the compiled steps write the rows by these positions)
+    raise ImportError(f"StepRecord's fields {STEP_FIELDS} are not the kernels' step columns {KS.STEP_COLUMNS}")
 STEP_FLOAT_FIELDS = tuple(f for f, t in StepRecord.__annotations__.items() if t == "float")  # others: int
 
 
@@ -1352,6 +1355,8 @@ class Replica:
         if d:
             # Per-request results are written to the request table once, at the end (flush).
             self.on_finish(self._done_I[d0 : d0 + d, ID].tolist())
+        if not n:  # (no decodes: the commit wrote no per-step totals)
+            self._step_out[:, 0] = 0
         return DecodeOutcome(1, n, K, self._slot_out, self._step_out, vt, at, et, lt)
 
     def _finish_done(self):
@@ -1430,7 +1435,11 @@ class Replica:
         """dsim.kernels_step.window_steps of a k-step window into self._wi, self._wf."""
         return KS.window_steps(self._I, self.n, self.K, k, lead, cap, verified, *self._window_shape_args(fixed_ms))
 
-    def _decode_window(self):
+    def _decode_window(self) -> Generator[Any, Any, DecodeOutcome]:
+        """A decode-only window of up to max_window steps, planned in one compiled call, waited
+        on as one simpy wait (cut short at an arrival on this replica) and committed in one;
+        returns what its committed steps produced (a general step's where even the first step
+        needs a preemption)."""
         env, K, cfg = self.env, self.K, self.cfg
         n = self.n
         left_min = int(self.left_lb) if self.left_lb > 0 else int((self.I[:, END] - self.I[:, COMP]).min())
@@ -1471,8 +1480,7 @@ class Replica:
             plan = self._plan_step()
             if not self._skip(plan.duration_ms / 1000.0):
                 yield env.timeout(plan.duration_ms / 1000.0)
-            self._commit_step(plan)
-            return
+            return self._commit_step(plan)
         if past:  # steps past the dense table: the cost model prices them
             q = last + 1
             fwd, dur = wf[0, :q], wf[2, :q]
@@ -1541,3 +1549,4 @@ class Replica:
         self._last_is_prev_end = True  # (prev_end = t_last below)
         self.prev_end = float(t_last)
         self._finish_done()
+        return DecodeOutcome(m, n, K, self._slot_out, self._step_out, vt, at, et, lt)

@@ -33,7 +33,26 @@ import numpy as np
 from numba import njit
 
 from dsim.cost import KV_BLOCK_TOKENS
-from dsim.kernels_step import COMP, EMITS, commit_decodes, new_slots, plan_decodes, remove_done
+from dsim.kernels_step import (
+    COMP,
+    EMITS,
+    SC_ACCEPTED,
+    SC_DECODE,
+    SC_DURATION,
+    SC_EMITTED,
+    SC_KV,
+    SC_PREFILL,
+    SC_REPLICA,
+    SC_REQUESTS,
+    SC_T_END,
+    SC_TOKENS,
+    SC_VERIFIED,
+    SC_WAITING,
+    commit_decodes,
+    new_slots,
+    plan_decodes,
+    remove_done,
+)
 
 # Rows of Requests.req_i (int64) and Requests.req_f (float64).
 PROMPT, OUTPUT, CLASS, EMITTED, COMPUTED, GENERATED, BLOCKS, SEQ, CACHED, PREEMPTIONS = range(10)
@@ -554,18 +573,18 @@ def run_general_steps(req_i, req_f, pre, chunks, waitq, I, F, X, slot_rows, move
         n_req = n_run + n_chunked
         st[S_NSTEPS] += 1
         st[S_BATCHSUM] += n_req
-        S[0, s_i] = pi[P_REPLICA]
-        S[1, s_i] = t_end
-        S[2, s_i] = dur
-        S[3, s_i] = n_req
-        S[4, s_i] = n_run
-        S[5, s_i] = n_tokens
-        S[6, s_i] = pre_tokens
-        S[7, s_i] = vt
-        S[8, s_i] = at
-        S[9, s_i] = et + m
-        S[10, s_i] = kv
-        S[11, s_i] = st[S_WTAIL] - st[S_WHEAD]
+        S[SC_REPLICA, s_i] = pi[P_REPLICA]
+        S[SC_T_END, s_i] = t_end
+        S[SC_DURATION, s_i] = dur
+        S[SC_REQUESTS, s_i] = n_req
+        S[SC_DECODE, s_i] = n_run
+        S[SC_TOKENS, s_i] = n_tokens
+        S[SC_PREFILL, s_i] = pre_tokens
+        S[SC_VERIFIED, s_i] = vt
+        S[SC_ACCEPTED, s_i] = at
+        S[SC_EMITTED, s_i] = et + m
+        S[SC_KV, s_i] = kv
+        S[SC_WAITING, s_i] = st[S_WTAIL] - st[S_WHEAD]
         st[S_SROW] = s_i + 1
         st[S_VROW] = v_j
         if d > 0:

@@ -36,6 +36,14 @@ from dsim.cost import context_ms_compiled
 # Decode-slot columns of the int table (Replica.I).
 ID, COMP, END, CLS, EMITS, ROUNDS, ASUM, VSUM = range(8)
 NCOL = 8
+# The step table's fields (dsim.engine.StepRecord, which the engine checks against these), the
+# rows of its column-major blocks that the kernels write.
+STEP_COLUMNS = (
+    "replica", "t_end_s", "duration_ms", "n_requests", "n_decode", "n_tokens", "prefill_tokens",
+    "verify_draft_tokens", "accepted_tokens", "emitted_tokens", "kv_tokens", "n_waiting",
+)  # fmt: skip
+(SC_REPLICA, SC_T_END, SC_DURATION, SC_REQUESTS, SC_DECODE, SC_TOKENS, SC_PREFILL, SC_VERIFIED, SC_ACCEPTED,
+ SC_EMITTED, SC_KV, SC_WAITING) = range(12)  # fmt: skip
 # Policy codes.
 FIXED, THRESHOLD, VLLM, PAPER, PAPER_PRODUCTION, SGLANG = range(6)
 POLICY_CODES = {
@@ -1607,18 +1615,18 @@ def window_rows(S, i, m, replica, n, n_waiting, wi, wf, step_out, V, j):
     column-major V [2, rows] from row j."""
     for t in range(m):
         r = i + t
-        S[0, r] = replica
-        S[1, r] = wf[3, t]
-        S[2, r] = wf[2, t]
-        S[3, r] = n
-        S[4, r] = n
-        S[5, r] = wi[0, t]
-        S[6, r] = 0
-        S[7, r] = step_out[0, t]
-        S[8, r] = step_out[1, t]
-        S[9, r] = step_out[2, t]
-        S[10, r] = wi[2, t]
-        S[11, r] = n_waiting
+        S[SC_REPLICA, r] = replica
+        S[SC_T_END, r] = wf[3, t]
+        S[SC_DURATION, r] = wf[2, t]
+        S[SC_REQUESTS, r] = n
+        S[SC_DECODE, r] = n
+        S[SC_TOKENS, r] = wi[0, t]
+        S[SC_PREFILL, r] = 0
+        S[SC_VERIFIED, r] = step_out[0, t]
+        S[SC_ACCEPTED, r] = step_out[1, t]
+        S[SC_EMITTED, r] = step_out[2, t]
+        S[SC_KV, r] = wi[2, t]
+        S[SC_WAITING, r] = n_waiting
         V[0, j + t] = wf[2, t]
         V[1, j + t] = n
 

@@ -712,3 +712,80 @@ def test_compiled_steps_are_the_python_steps(monkeypatch, case):
     assert sa == sb
     if case == "closed-mtp-preempt":
         assert a.summary["preemptions"] > 0
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_step_table_columns_mean_what_their_names_say(monkeypatch, compiled):
+    """Every writer of the step table (Python's single steps, the compiled runs of steps, the
+    decode windows) puts each quantity in its named column: per step the forward's tokens are
+    the decodes', their verified drafts and the prefill tokens; accepted drafts never exceed the
+    verified ones; the decoding requests are among the scheduled ones; each replica's steps end
+    in order, each step's end its predecessor's plus its duration; and the emitted tokens add up
+    to every request's output (each request completes)."""
+    from dsim.engine import STEP_FIELDS, Replica
+    from dsim.kernels_step import STEP_COLUMNS
+
+    assert STEP_FIELDS == STEP_COLUMNS
+    monkeypatch.setattr(Replica, "run_compiled", compiled)
+    rng = np.random.default_rng(5)
+    n = 400
+    prompt, output = rng.integers(100, 3000, n), rng.integers(5, 120, n)
+    acc = "math=0.9,0.8,0.7,0.6;code=0.8,0.7,0.5,0.4;chat=0.7,0.5,0.3,0.2"
+    res = run(wl(prompt, output, closed=48, cls=rng.integers(0, 3, n)), linear_profile(cpu=0.4, kv_ms_per_ktok=0.2),
+              spec=SpecConfig("dspark", adaptive=True, acceptance=acc), nodes=2)  # fmt: skip
+    st = res.steps
+    assert list(st.columns) == list(STEP_FIELDS)
+    assert (st.n_tokens == st.n_decode + st.verify_draft_tokens + st.prefill_tokens).all()
+    assert (st.accepted_tokens <= st.verify_draft_tokens).all() and (st.n_decode <= st.n_requests).all()
+    assert (st.duration_ms > 0).all() and (st.kv_tokens >= st.n_tokens).all() and (st.n_waiting >= 0).all()
+    assert set(st.replica) == {0, 1}
+    for _, g in st.groupby("replica"):
+        t = g.t_end_s.to_numpy()
+        # (a step starts at its predecessor's end, or later after an idle gap)
+        assert (np.diff(t) >= g.duration_ms.to_numpy()[1:] / 1000.0 - 1e-9).all()
+    assert int(st.emitted_tokens.sum()) == int(res.requests.output_tokens.sum())
+    assert res.summary["requests_completed"] == n
+    assert (st.verify_draft_tokens > 0).any() and (st.prefill_tokens > 0).any()
+
+
+def test_decode_outcomes_name_each_requests_tokens(monkeypatch):
+    """What a single step or a decode window produced (DecodeOutcome) is per request in slot
+    order: its committed, verified and accepted tokens add up to the outcome's totals and, over
+    the run, to the step table's verified and accepted columns; a request accepts at most what it
+    verifies and commits at most its accepted drafts plus one token a step; inside the commit
+    cap at most the full block's leading accepted drafts."""
+    from dsim.engine import Replica
+
+    monkeypatch.setattr(Replica, "run_compiled", False)  # (every step through _commit_step)
+    seen: list = []
+
+    def keep(o):
+        seen.append((o.steps, o.n, o.drafted, o.committed.copy(), o.verified.copy(), o.accepted.copy(),
+                     o.step_verified.copy(), o.step_accepted.copy(), o.step_emitted.copy(), o.total_verified,
+                     o.total_accepted, o.total_committed, o.full_block_accepted))  # fmt: skip
+        return o
+
+    commit, window = Replica._commit_step, Replica._decode_window
+
+    def commit_kept(self, plan):
+        return keep(commit(self, plan))
+
+    def window_kept(self):
+        return keep((yield from window(self)))
+
+    monkeypatch.setattr(Replica, "_commit_step", commit_kept)
+    monkeypatch.setattr(Replica, "_decode_window", window_kept)
+    rng = np.random.default_rng(9)
+    n = 300
+    prompt, output = rng.integers(100, 2000, n), rng.integers(5, 150, n)
+    res = run(wl(prompt, output, closed=32), linear_profile(cpu=0.4, kv_ms_per_ktok=0.2),
+              spec=SpecConfig("dspark", adaptive=True))  # fmt: skip
+    assert any(s[0] > 1 for s in seen) and any(s[0] == 1 for s in seen)  # windows and single steps
+    for steps, m, K, com, ver, acc, sv, sa, se, tv, ta, tc, fb in seen:
+        assert K == 7 and len(com) == m and len(sv) == steps
+        assert com.sum() == tc == se.sum() and ver.sum() == tv == sv.sum() and acc.sum() == ta == sa.sum()
+        assert (acc <= ver).all() and (com <= acc + steps).all() and (ver <= K * steps).all()
+        assert ta <= fb
+    st = res.steps
+    assert sum(s[9] for s in seen) == int(st.verify_draft_tokens.sum())
+    assert sum(s[10] for s in seen) == int(st.accepted_tokens.sum())
