@@ -99,6 +99,24 @@ def test_ab_ray_matches_local(ray_cluster, tmp_path):
     assert md_l == md_r.replace(" --executor ray", "")
 
 
+def test_sweep_on_the_local_ray_it_starts_matches_local(tmp_path):
+    """Without a Ray in the process or RAY_ADDRESS, --executor ray starts a local Ray for the
+    run (and shuts it down): the same sweep.csv and printed table as the local executor."""
+    pytest.importorskip("ray")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("RAY_ADDRESS", None)
+    outs = {}
+    for name, extra in (("local", []), ("ray", ["--executor", "ray"])):
+        r = subprocess.run([sys.executable, "-m", "dsim", *SWEEP_ARGS, "--out", str(tmp_path / name), *extra],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "Traceback" not in r.stderr
+        outs[name] = r.stdout
+    a, b = csv_without_wall_time(tmp_path / "local/sweep.csv"), csv_without_wall_time(tmp_path / "ray/sweep.csv")
+    assert len(a) == 5 and a == b
+    assert outs["local"].splitlines()[:-1] == outs["ray"].splitlines()[:-1]
+
+
 def test_plan_joins_the_cluster_named_by_ray_address(ray_cluster):
     """A second process joins the test's cluster through RAY_ADDRESS and gets the local result."""
     addr = ray_cluster.get_runtime_context().gcs_address
