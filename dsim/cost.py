@@ -294,6 +294,25 @@ def decode_features_ms(
 
 
 @_njit_inline
+def prefill_ms_compiled(mode, coef, chunks, computed, pre, k):  # pragma: no cover - compiled
+    """CostModel.prefill_ms of the first k prefills' chunks: prefill i computes chunks[i] new
+    tokens over computed[pre[i]] cached ones (chunks of 0 tokens are skipped), with
+    CostModel.prefill_args' (mode, coef) (0: no terms, 2: version 2), in prefill_ms's operations' order,
+    so the same value."""
+    if mode == 0:
+        return 0.0
+    tot = 0.0
+    n = 0
+    pc, pw, pk, pe, ps = coef[0], coef[1], coef[2], coef[3], coef[4]
+    for i in range(k):
+        q = chunks[i]
+        if q:
+            n += 1
+            tot += q * (pc * computed[pre[i]] + pw * q + pk) + pe
+    return tot + ps if n else 0.0
+
+
+@_njit_inline
 def context_ms_compiled(
     q,
     c,
@@ -1417,6 +1436,19 @@ class CostModel:
             return sum(q * (a * (c + 0.5 * q) - d) + e for q, c in chunks)
         w, at = self._wpair_ms, self.attention
         return sum(q * (a * (c + 0.5 * q) - d) + e + w * prefill_pairs(q, c, at) for q, c in chunks)
+
+    def prefill_args(self) -> tuple[int, np.ndarray] | None:
+        """prefill_ms's terms for compiled callers (``prefill_ms_compiled``): (0, zeros) without
+        prefill terms; (2, [cached, within, per token, per chunk, per step]) for version 2
+        without own key lists or wave-counted pairs (the composed profiles'); None for the rest
+        (priced in Python)."""
+        coef = np.zeros(5)
+        if not self.has_prefill_terms:
+            return 0, coef
+        if self._prefill_v2 is None or self._v2_own is not None or self._wpair_ms:
+            return None
+        coef[:] = self._v2_coef
+        return 2, coef
 
     def _prefill_v2_ms(self, chunks: Any) -> float:
         """prefill_ms under prefill_terms version 2 (module doc)."""

@@ -545,8 +545,10 @@ class Replica:
         self._draw_f = np.array(self._draw[1:], dtype=np.float64) if K else None
         # A general step's schedule and draws in one compiled call (dsim.kernels_sched.plan_general)
         # where the budget's cost row is the engine's dense one and no prefill term prices it.
+        # prefill_ms's terms for the kernels (None: priced in Python only)
+        self._pre_args = cost.prefill_args()
         self._plan_fused = (
-            self.fuse_plan and bool(K) and not cost.has_prefill_terms and not (pol is not None and pol.own_cost_row)
+            self.fuse_plan and bool(K) and self._pre_args is not None and not (pol is not None and pol.own_cost_row)
         )
         self._row_buf = np.empty(cfg.max_num_batched_tokens + 1) if self._plan_fused else None
         self._pcode = pol.code if pol is not None else -1
@@ -803,11 +805,17 @@ class Replica:
             and not self._prefix_on
             and self.shapes is None
             and self._script is None
-            and not self._step_terms
+            and self._pre_args is not None
+            and (not cost.has_context_terms or (self._ctx_packed and not cost.context_reads_chunks))
             and not self._transit_delay
             and self.R.longest_life <= self._fit_tokens
             and (not self._adaptive or cfg.max_num_batched_tokens + 1 <= len(self._fwd))
         )
+        # a step the compiled run planned and handed back to wait on (STOP_PLANNED): its draws and
+        # scalars, committed by the next run (which then goes on) once its end has come
+        self._run_planned: tuple | None = None
+        self._run_pending: tuple | None = None
+        self._step_s = 0.0  # the last step's duration (s), for _run_pays
         if not self._steps_compiled:
             return
         pi = np.zeros(KSched.PARAMS_LEN, dtype=np.int64)
@@ -828,6 +836,9 @@ class Replica:
         pi[KSched.P_LIMIT] = limit
         pi[KSched.P_REPLICA] = self.idx
         pi[KSched.P_HEAD_CAP] = self.stats.replica_cap if self._has_head else 0
+        pi[KSched.P_TERMS] = self._step_terms
+        pi[KSched.P_PRE_MODE] = self._pre_args[0]
+        pi[KSched.P_CTX] = cost.has_context_terms
         pf = np.zeros(5)
         pf[KSched.PF_TAU] = self._ptau
         pf[KSched.PF_KV_MS_PER_TOK] = cost.kv_ms_per_tok
@@ -836,6 +847,9 @@ class Replica:
         pf[KSched.PF_SLOPE] = slope
         self._run_pi, self._run_pf, self._run_fwd = pi, pf, (below, ax, ams)
         self._run_st = np.zeros(KSched.STATE_LEN, dtype=np.int64)
+        self._no_lvc = np.zeros((3, 1, 0), dtype=np.int64)
+        self._no_pi = np.zeros(5, dtype=np.int64)
+        self._no_pf = np.zeros(2)
         self._run_stf = np.zeros(2)
         self._run_tot = np.zeros(5, dtype=np.int64)
         self._run_draw_f = self._draw_f if K else np.zeros(5)
@@ -845,6 +859,15 @@ class Replica:
         hb = self.stats.replica_cap + K if self._has_head else 0
         self._head_conf_buf = np.empty(hb, dtype=np.float32)
         self._head_acc_buf = np.empty(hb, dtype=np.bool_)
+
+    def _run_pays(self) -> bool:
+        """Whether a compiled run of steps is likely to run more than one step: the replica's
+        next outside event (the head of simpy's queue) is more than two of its last steps
+        away. Replicas stepping in turn (several in one simulation) mostly plan one step a call,
+        where the call's argument handling (about 60 arrays and numbers to type) costs more
+        than the Python step it replaces; the results are the same either way."""
+        q = self.env._queue
+        return not q or q[0][0] - self.env._now > 2.0 * self._step_s
 
     def _run_steps_compiled(self) -> tuple:
         """General steps from now as one compiled call (dsim.kernels_sched.run_general_steps):
@@ -868,8 +891,13 @@ class Replica:
         st[:] = (
             self.n, self.n_pre, wq.head, wq.tail, self.kv_dec, self.pre_blocks, self.admit_seq, self.left_lb,
             self._done_n, self._last_is_prev_end, self.n_steps, self.batch_sum, i0, j0, self.closed_next[0],
-            self.head_n,
+            self.head_n, self._run_pending is not None,
         )  # fmt: skip
+        p_conf, p_lvc, p_given, p_i, p_f = (
+            self._run_pending
+            if self._run_pending is not None
+            else (self._no_conf, self._no_lvc, self._no_cut, self._no_pi, self._no_pf)
+        )
         stf[0], stf[1] = env._now, self.prev_end
         q = env._queue  # (simpy's event heap, as _skip reads it)
         t_next = float(q[0][0]) if q else math.inf
@@ -880,12 +908,15 @@ class Replica:
             self.stats.accepted_hist, self._slot_out, self._step_out, self._no_cut, self._no_steps, self._no_conf,
             st, stf, self._run_pi, self._run_pf, self.key, self._run_draw_f, self._fwd, self._run_row_buf, below,
             ax, ams, self._draft_tab, steps.a, i0 + self._RUN_STEPS, itl.a, j0 + v_cap, tot, self._head_conf_buf,
-            self._head_acc_buf, R.arrival, R.replica, t_next, self.successors,
+            self._head_acc_buf, R.arrival, R.replica, t_next, self.successors, self._pre_args[1], *self._ctx_args,
+            p_conf, p_lvc, p_given, p_i, p_f,
         )  # fmt: skip
         n_dec, h0 = self.n, self.head_n
         (self.n, self.n_pre, wq.head, wq.tail, self.kv_dec, self.pre_blocks, self.admit_seq, self.left_lb,
          self._done_n, last_prev, self.n_steps, self.batch_sum, s_row, v_row, self.closed_next[0],
-         self.head_n) = st.tolist()  # fmt: skip
+         self.head_n, still_pending) = st.tolist()  # fmt: skip
+        if not still_pending:
+            self._run_pending = None
         if self.head_n > h0:
             self.head_conf.append(self._head_conf_buf[h0 : self.head_n])
             self.head_acc.append(self._head_acc_buf[h0 : self.head_n])
@@ -912,6 +943,13 @@ class Replica:
             lvc[1] if drafts else None, lvc[2] if drafts else None, self.pre_ids[:n_pre], self.chunks[:n_pre],
             n_chunked, n_tokens, pre_tokens, kv, fwd, dur,
         )  # fmt: skip
+        self._run_planned = (
+            conf,
+            lvc,
+            given if cut else self._no_cut,
+            np.array([cut, n_tokens, pre_tokens, kv, n_chunked], dtype=np.int64),
+            np.array([fwd, dur]),
+        )
         return stop, plan
 
     # ---- the step loop ----------------------------------------------------------------------
@@ -919,28 +957,36 @@ class Replica:
         env = self.env
         compiled = True
         while True:
-            if self.n == 0 and not self.n_pre and not self.waiting:
+            # (a step the compiled run planned and this loop waited on is committed by the next
+            # run, before anything else)
+            pending = self._run_pending is not None
+            if not pending and self.n == 0 and not self.n_pre and not self.waiting:
                 self.wake = env.event()
                 yield self.wake
-            if self._window_ok():
+            if not pending and self._window_ok():
                 yield from self._decode_window()
                 continue
             plan = None
-            if compiled and self._steps_compiled and self.wake.triggered:
+            if pending or (compiled and self._steps_compiled and self.wake.triggered and self._run_pays()):
                 stop, plan = self._run_steps_compiled()
                 if stop in (KSched.STOP_WINDOW, KSched.STOP_IDLE, KSched.STOP_FINISHED, KSched.STOP_ROOM):
                     # (the loop's own checks next; should they disagree, one step from Python)
                     compiled = stop in (KSched.STOP_FINISHED, KSched.STOP_ROOM)
                     continue
             compiled = True
+            planned = plan is not None  # (the compiled run's: it commits it too)
             if plan is None:  # (or the compiled run's step that needs Python: it runs here)
                 plan = self._plan_step()
             if plan is None:  # nothing could be scheduled: wait for an event
                 self.wake = env.event()
                 yield self.wake
                 continue
-            if not self._skip(plan.duration_ms / 1000.0):
-                yield env.timeout(plan.duration_ms / 1000.0)
+            self._step_s = plan.duration_ms / 1000.0
+            if not self._skip(self._step_s):
+                yield env.timeout(self._step_s)
+            if planned and self._run_pays():  # (else Python commits the run's StepPlan)
+                self._run_pending = self._run_planned
+                continue
             self._commit_step(plan)
 
     def _skip(self, delay_s: float) -> bool:
@@ -1030,7 +1076,7 @@ class Replica:
                         self.admit_seq, self.env.now, self.key, self._draw[0], self._draw_f, self._adaptive,
                         self._pcode, self._ptau, self._cp if self._cp >= 0 else 0, self._cp2, self._mode, self._fwd,
                         self.cost.kv_ms_per_tok, self.cpu_ms + self._draft_ms(n_dec), self._ctx_ms_per_tok,
-                        self._row_buf, conf, lead, verified, cap,
+                        self._pre_args[0], self._pre_args[1], self._row_buf, conf, lead, verified, cap,
                     )
                 )  # fmt: skip
             else:

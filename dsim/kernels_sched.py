@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from dsim.cost import KV_BLOCK_TOKENS
+from dsim.cost import KV_BLOCK_TOKENS, prefill_ms_compiled
 from dsim.kernels_step import (
     COMP,
     EMITS,
@@ -48,6 +48,7 @@ from dsim.kernels_step import (
     SC_TOKENS,
     SC_VERIFIED,
     SC_WAITING,
+    _context_ms_packed,
     commit_decodes,
     new_slots,
     plan_decodes,
@@ -208,16 +209,18 @@ def schedule_step(req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits,
 def plan_general(req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits, n_hits, I, X, n_dec, K, lookahead,
                  kv_dec, total_blocks, pre_blocks, budget, thr, max_seqs, admit, consumer, admit_seq, now, key, head,
                  draw_f, adaptive, code, tau, cp, cp2, mode, dense, kv_ms_per_tok, row_extra_ms, ctx_ms_per_tok,
-                 row_buf, conf, lead, verified, cap):  # fmt: skip
+                 pre_mode, pre_coef, row_buf, conf, lead, verified, cap):  # fmt: skip
     """``schedule_step``, then (n_dec and K > 0 decode slots) ``plan_decodes`` of one step,
     adaptive budgets priced by the engine's cost row of n_dec + the running prefills' tokens
     (N): row[b] = dense[N + b] + (kv_ms_per_tok x (kv_dec + n_dec) + row_extra_ms), b = 0..M,
     M = min(max(budget - N, 0), n_dec K) (CostModel.step_cost_row's values; row_extra_ms: drafter
-    and CPU overhead), built in row_buf. draw_f: the draws' five float parameters (token, step,
+    and CPU overhead), built in row_buf, the running prefills' prefill_ms (CostModel.prefill_args'
+    pre_mode, pre_coef) beside it for every budget. draw_f: the draws' five float parameters (token, step,
     head noise and bias scales, temperature). No draws where the schedule preempts (PREEMPT), or
     where the row runs past the dense table: then the caller prices and draws itself
     (``dsim.kernels_step.plan_decodes``, the same function). Returns schedule_step's tuple, then
     whether the slots were drawn and the drafts verified (0 without draws)."""
+    n_run = n_pre
     st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen = schedule_step(
         req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits, n_hits, I, n_dec, K, lookahead, kv_dec,
         total_blocks, pre_blocks, budget, thr, max_seqs, admit, consumer, admit_seq, now,
@@ -239,9 +242,11 @@ def plan_general(req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits, 
         for b in range(M + 1):
             row_buf[b] = dense[N + b] + c
         row = row_buf[: M + 1]
+    # (the budget priced with the running prefills' chunks only, as Replica._plan_step prices it)
+    extra = prefill_ms_compiled(pre_mode, pre_coef, chunks, req_i[COMPUTED], pre, n_run) if adaptive else 0.0
     v0, _ = plan_decodes(
         key, I, X, n_dec, K, 1, head, draw_f[0], draw_f[1], draw_f[2], draw_f[3], draw_f[4], adaptive, code, tau, cp,
-        cp2, row, 0.0, ctx_ms_per_tok, N, budget, mode, conf, lead, verified, cap,
+        cp2, row, extra, ctx_ms_per_tok, N, budget, mode, conf, lead, verified, cap,
     )  # fmt: skip
     return st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen, True, v0
 
@@ -358,13 +363,13 @@ def commit_step(I, F, X, n, K, verified, cap, lead, given, hist, itl_ms, slot_ou
 
 # run_general_steps' replica state (int64 st[...], float64 stf[...]), read and written back.
 S_N, S_NPRE, S_WHEAD, S_WTAIL, S_KVDEC, S_PREBLOCKS, S_ADMITSEQ, S_LEFTLB, S_DONEN, S_LASTPREV = range(10)
-S_NSTEPS, S_BATCHSUM, S_SROW, S_VROW, S_NEXTID, S_HEADN = range(10, 16)
-STATE_LEN = 16
+S_NSTEPS, S_BATCHSUM, S_SROW, S_VROW, S_NEXTID, S_HEADN, S_PENDING = range(10, 17)
+STATE_LEN = 17
 F_NOW, F_PREV_END = range(2)
 # its static parameters (int64 pi[...], float64 pf[...])
 (P_K, P_LOOKAHEAD, P_TOTAL_BLOCKS, P_BUDGET, P_THR, P_MAX_SEQS, P_CONSUMER, P_HEAD, P_ADAPTIVE, P_CODE,
- P_CP, P_CP2, P_MODE, P_LIMIT, P_REPLICA, P_HEAD_CAP) = range(16)  # fmt: skip
-PARAMS_LEN = 16
+ P_CP, P_CP2, P_MODE, P_LIMIT, P_REPLICA, P_HEAD_CAP, P_TERMS, P_PRE_MODE, P_CTX) = range(19)  # fmt: skip
+PARAMS_LEN = 19
 PF_TAU, PF_KV_MS_PER_TOK, PF_CTX_MS_PER_TOK, PF_CPU_MS, PF_SLOPE = range(5)
 # its stats accumulators (int64): the speculative counters _account adds
 T_DRAFTS, T_DRAFT_TOKENS, T_VERIFIED, T_IN_WINDOW, T_FULL_BLOCK = range(5)
@@ -393,7 +398,8 @@ def _forward_ms(n, below, ax, ams, slope, limit):
 def run_general_steps(req_i, req_f, pre, chunks, waitq, I, F, X, slot_rows, moved, late, done_I, done_F, hist,
                       slot_out, step_out, no_cut, no_steps, no_conf, st, stf, pi, pf, key, draw_f, dense, row_buf,
                       below, ax, ams, draft_tab, S, s_cap, V, v_cap, tot, head_conf, head_acc, arrival, replica_of,
-                      t_next, successors):  # fmt: skip
+                      t_next, successors, pre_coef, cx_i, cx_f, cx_rb, cx_rq, cx_rc, cx_tab, cx_share,
+                      cx_step, p_conf, p_lvc, p_given, p_i, p_f):  # fmt: skip
     """The engine's general steps of one replica (Replica._plan_step, then _commit_step, then the
     loop's next checks), one after another, for as long as each step ends strictly before
     t_next (the next outside event; as Replica._skip) and none needs Python: stops before a
@@ -410,6 +416,16 @@ def run_general_steps(req_i, req_f, pre, chunks, waitq, I, F, X, slot_rows, move
     sample has fewer than pi[P_HEAD_CAP] drafts (0: no head), each step's first drafts'
     confidences and outcomes (request by request, as Replica._account takes them) to
     head_conf / head_acc from st[S_HEADN].
+    With pi[P_TERMS] (a profile with prefill or per-request attention terms) a step's forward
+    also carries its prefill chunks' CostModel.prefill_ms (CostModel.prefill_args: pi[P_PRE_MODE],
+    pre_coef) and, with pi[P_CTX], its decodes' per-request attention (CostModel.context_ms of
+    their windows, the budget's cut where it cut, from CostModel.context_args packed as cx_i ..
+    cx_step), as Replica._plan_step adds them.
+    With st[S_PENDING] the call first commits the step it planned before (STOP_PLANNED's), now
+    that the caller has waited until its end (stf[F_NOW]): its draws and scalars as p_conf,
+    p_lvc, p_given, p_i (cut, tokens, prefill tokens, KV tokens, prefills with a chunk) and p_f
+    (forward, duration ms); st[S_PENDING] is 0 once it is committed (a STOP_ROOM before that
+    leaves it pending).
     Returns (stop, conf, lvc, given, cut, n_tokens, prefill tokens, KV tokens, forward ms,
     duration ms, prefills with a chunk, finished rows from)."""
     K = pi[P_K]
@@ -423,15 +439,16 @@ def run_general_steps(req_i, req_f, pre, chunks, waitq, I, F, X, slot_rows, move
     conf = no_conf
     lvc = np.empty((3, 1, 0), np.int64)
     given = no_cut
+    pending = st[S_PENDING] != 0
     while True:
         n = st[S_N]
         n_run0 = st[S_NPRE]
         w_head, w_tail = st[S_WHEAD], st[S_WTAIL]
         s_i, v_j, d0 = st[S_SROW], st[S_VROW], st[S_DONEN]
-        if n == 0 and n_run0 == 0 and w_head == w_tail:
+        if not pending and n == 0 and n_run0 == 0 and w_head == w_tail:
             return STOP_IDLE, conf, lvc, given, False, 0, 0, 0, 0.0, 0.0, 0, d0
         last_prev = st[S_LASTPREV] != 0
-        if n > 0 and n_run0 == 0 and not (w_head < w_tail and n < max_seqs) and n * (1 + K) <= budget:
+        if not pending and n > 0 and n_run0 == 0 and not (w_head < w_tail and n < max_seqs) and n * (1 + K) <= budget:
             ok = last_prev
             if not ok:
                 lo = F[0, 0]
@@ -444,74 +461,112 @@ def run_general_steps(req_i, req_f, pre, chunks, waitq, I, F, X, slot_rows, move
         if (s_i >= s_cap or v_j + max_seqs + 2 > v_cap or d0 + max_seqs > done_I.shape[0]
                 or w_tail + max_seqs > waitq.shape[0]):  # fmt: skip
             return STOP_ROOM, conf, lvc, given, False, 0, 0, 0, 0.0, 0.0, 0, d0
-        now = stf[F_NOW]
-        kv_dec = st[S_KVDEC]
-        if K > 0 and n > 0:
-            conf = np.empty((1, K, n), np.float32)
-            lvc = np.empty((3, 1, n), np.int64)
-            sched_st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen, drawn, v0 = (
-                plan_general(
-                    req_i, req_f, pre, n_run0, chunks, waitq, w_head, w_tail, no_cut, -1, I, X, n, K,
-                    pi[P_LOOKAHEAD], kv_dec, pi[P_TOTAL_BLOCKS], st[S_PREBLOCKS], budget, pi[P_THR], max_seqs, True,
-                    pi[P_CONSUMER] != 0, st[S_ADMITSEQ], now, key, pi[P_HEAD], draw_f, adaptive, pi[P_CODE],
-                    pf[PF_TAU], cp, pi[P_CP2], pi[P_MODE], dense, pf[PF_KV_MS_PER_TOK], cpu_ms + draft_tab[n],
-                    pf[PF_CTX_MS_PER_TOK], row_buf, conf, lvc[0], lvc[1], lvc[2],
-                )
-            )  # fmt: skip
-        else:
-            conf = no_conf
-            lvc = np.empty((3, 1, 0), np.int64)
-            v0 = 0
-            sched_st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen = (
-                schedule_step(
-                    req_i, req_f, pre, n_run0, chunks, waitq, w_head, w_tail, no_cut, -1, I, n, K, pi[P_LOOKAHEAD],
-                    kv_dec, pi[P_TOTAL_BLOCKS], st[S_PREBLOCKS], budget, pi[P_THR], max_seqs, True,
-                    pi[P_CONSUMER] != 0, st[S_ADMITSEQ], now,
-                )
-            )  # fmt: skip
-        if sched_st == PREEMPT:  # (nothing written: the caller preempts and schedules)
-            return STOP_PYTHON, conf, lvc, given, False, 0, 0, 0, 0.0, 0.0, 0, d0
-        st[S_NPRE], st[S_WHEAD], st[S_PREBLOCKS], st[S_ADMITSEQ] = n_pre, w_head, pre_blocks, admit_seq
-        # the decodes' tokens; the budget cuts the decode queue where they exceed it (rare)
-        dec_tokens = 0
-        cut = False
-        given = no_cut
-        if n > 0:
-            dec_tokens = n + v0 if K > 0 else n
-            if dec_tokens > budget:
-                given = np.empty(n, np.int64)
-                before = 0
+        if pending:  # the step planned before the caller's wait: its commit first
+            pending = False
+            st[S_PENDING] = 0
+            conf, lvc, given = p_conf, p_lvc, p_given
+            cut = p_i[0] != 0
+            n_tokens, pre_tokens, kv, n_chunked = p_i[1], p_i[2], p_i[3], p_i[4]
+            fwd, dur = p_f[0], p_f[1]
+            n_pre = st[S_NPRE]
+            kv_dec = st[S_KVDEC]
+            t_end = stf[F_NOW]  # (the caller waited until the step's end)
+            n_run = n
+            if cut:
+                n_run = 0
                 for r in range(n):
-                    q = 1 + lvc[1, 0, r] if K > 0 else 1
-                    g = budget - before
-                    if g < 0:
-                        g = 0
-                    given[r] = q if q < g else g
-                    before += q
-                dec_tokens = budget
-                cut = True
-        n_tokens = dec_tokens + pre_tokens
-        n_chunked = n_pre
-        if n_run0 and chunks[n_run0 - 1] == 0:
-            n_chunked = 0
-            for i in range(n_pre):
-                if chunks[i] != 0:
-                    n_chunked += 1
-        if n_tokens == 0:  # (nothing scheduled, nothing written: the caller waits for an event)
-            return STOP_PYTHON, conf, lvc, given, False, 0, 0, 0, 0.0, 0.0, 0, d0
-        kv = kv_dec + dec_tokens + kv_pre
-        n_run = n
-        if cut:
-            n_run = 0
-            for r in range(n):
-                if given[r] != 0:
-                    n_run += 1
-        n_sample = n_run + n_sampling
-        fwd = _forward_ms(n_tokens, below, ax, ams, pf[PF_SLOPE], pi[P_LIMIT]) + pf[PF_KV_MS_PER_TOK] * kv
-        dur = fwd + (draft_tab[n_sample] if K > 0 and n_sample > 0 else 0.0) + cpu_ms
-        t_end = now + dur / 1000.0
-        if not t_next > t_end:  # an outside event first: the caller waits, then commits
-            return STOP_PLANNED, conf, lvc, given, cut, n_tokens, pre_tokens, kv, fwd, dur, n_chunked, d0
+                    if given[r] != 0:
+                        n_run += 1
+        else:
+            now = stf[F_NOW]
+            kv_dec = st[S_KVDEC]
+            if K > 0 and n > 0:
+                conf = np.empty((1, K, n), np.float32)
+                lvc = np.empty((3, 1, n), np.int64)
+                sched_st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen, drawn, v0 = (
+                    plan_general(
+                        req_i, req_f, pre, n_run0, chunks, waitq, w_head, w_tail, no_cut, -1, I, X, n, K,
+                        pi[P_LOOKAHEAD], kv_dec, pi[P_TOTAL_BLOCKS], st[S_PREBLOCKS], budget, pi[P_THR], max_seqs, True,
+                        pi[P_CONSUMER] != 0, st[S_ADMITSEQ], now, key, pi[P_HEAD], draw_f, adaptive, pi[P_CODE],
+                        pf[PF_TAU], cp, pi[P_CP2], pi[P_MODE], dense, pf[PF_KV_MS_PER_TOK], cpu_ms + draft_tab[n],
+                        pf[PF_CTX_MS_PER_TOK], pi[P_PRE_MODE], pre_coef, row_buf, conf, lvc[0], lvc[1], lvc[2],
+                    )
+                )  # fmt: skip
+            else:
+                conf = no_conf
+                lvc = np.empty((3, 1, 0), np.int64)
+                v0 = 0
+                sched_st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen = (
+                    schedule_step(
+                        req_i, req_f, pre, n_run0, chunks, waitq, w_head, w_tail, no_cut, -1, I, n, K, pi[P_LOOKAHEAD],
+                        kv_dec, pi[P_TOTAL_BLOCKS], st[S_PREBLOCKS], budget, pi[P_THR], max_seqs, True,
+                        pi[P_CONSUMER] != 0, st[S_ADMITSEQ], now,
+                    )
+                )  # fmt: skip
+            if sched_st == PREEMPT:  # (nothing written: the caller preempts and schedules)
+                return STOP_PYTHON, conf, lvc, given, False, 0, 0, 0, 0.0, 0.0, 0, d0
+            st[S_NPRE], st[S_WHEAD], st[S_PREBLOCKS], st[S_ADMITSEQ] = n_pre, w_head, pre_blocks, admit_seq
+            # the decodes' tokens; the budget cuts the decode queue where they exceed it (rare)
+            dec_tokens = 0
+            cut = False
+            given = no_cut
+            if n > 0:
+                dec_tokens = n + v0 if K > 0 else n
+                if dec_tokens > budget:
+                    given = np.empty(n, np.int64)
+                    before = 0
+                    for r in range(n):
+                        q = 1 + lvc[1, 0, r] if K > 0 else 1
+                        g = budget - before
+                        if g < 0:
+                            g = 0
+                        given[r] = q if q < g else g
+                        before += q
+                    dec_tokens = budget
+                    cut = True
+            n_tokens = dec_tokens + pre_tokens
+            n_chunked = n_pre
+            if n_run0 and chunks[n_run0 - 1] == 0:
+                n_chunked = 0
+                for i in range(n_pre):
+                    if chunks[i] != 0:
+                        n_chunked += 1
+            if n_tokens == 0:  # (nothing scheduled, nothing written: the caller waits for an event)
+                return STOP_PYTHON, conf, lvc, given, False, 0, 0, 0, 0.0, 0.0, 0, d0
+            kv = kv_dec + dec_tokens + kv_pre
+            n_run = n
+            if cut:
+                n_run = 0
+                for r in range(n):
+                    if given[r] != 0:
+                        n_run += 1
+            n_sample = n_run + n_sampling
+            fwd = _forward_ms(n_tokens, below, ax, ams, pf[PF_SLOPE], pi[P_LIMIT]) + pf[PF_KV_MS_PER_TOK] * kv
+            if pi[P_TERMS]:  # (Replica._plan_step's order: forward, then prefill, then attention terms)
+                pre_ms = prefill_ms_compiled(pi[P_PRE_MODE], pre_coef, chunks, req_i[COMPUTED], pre, n_pre)
+                ctx_ms = 0.0
+                if pi[P_CTX] and n > 0:
+                    ctx_q = np.empty(n, np.int64)
+                    ctx_c = np.empty(n, np.int64)
+                    m_q = 0
+                    for r in range(n):
+                        if cut:  # (the budget's tokens, the requests it gave some)
+                            if given[r] > 0:
+                                ctx_q[m_q] = given[r]
+                                ctx_c[m_q] = I[r, COMP]
+                                m_q += 1
+                        else:
+                            ctx_q[m_q] = 1 + lvc[1, 0, r] if K > 0 else 1
+                            ctx_c[m_q] = I[r, COMP]
+                            m_q += 1
+                    if m_q > 0:
+                        ctx_ms = _context_ms_packed(ctx_q[:m_q], ctx_c[:m_q], cx_i, cx_f, cx_rb, cx_rq, cx_rc, cx_tab,
+                                                    cx_share, cx_step)  # fmt: skip
+                fwd = fwd + pre_ms + ctx_ms
+            dur = fwd + (draft_tab[n_sample] if K > 0 and n_sample > 0 else 0.0) + cpu_ms
+            t_end = now + dur / 1000.0
+            if not t_next > t_end:  # an outside event first: the caller waits, then commits
+                return STOP_PLANNED, conf, lvc, given, cut, n_tokens, pre_tokens, kv, fwd, dur, n_chunked, d0
         # ---- the commit (as Replica._commit_step) ----
         stf[F_NOW] = t_end
         itl_mode = 0

@@ -664,7 +664,8 @@ def test_one_call_plan_is_the_two_call_plan(monkeypatch, pol):
 
 
 @pytest.mark.parametrize("case", ["closed-dspark", "closed-none-cut", "closed-mtp-preempt", "open-dspark-2nodes",
-                                  "closed-consumer", "closed-mtp-gaps"])
+                                  "closed-consumer", "closed-mtp-gaps", "closed-composed-dspark",
+                                  "closed-composed-gaps"])
 def test_compiled_steps_are_the_python_steps(monkeypatch, case):
     """Consecutive general steps run as one compiled call (run_general_steps) give what the
     same steps planned and committed one by one from Python give: every request's times, the
@@ -697,14 +698,34 @@ def test_compiled_steps_are_the_python_steps(monkeypatch, case):
     elif case == "closed-consumer":
         w, spec = wl(prompt, output, closed=40), SpecConfig("mtp")
         kw["engine"] = EngineConfig(kv_role="kv_consumer")
+    elif case == "closed-composed-dspark":  # (prefill terms and per-request attention priced in the kernel)
+        w, spec = wl(prompt, output, closed=64, cls=rng.integers(0, 3, n)), dspark
+        prof = load_profile("deepseek-v4-flash-h200-tp8-ep8")
+    elif case == "closed-composed-gaps":  # (the front end's gaps interrupt runs: a planned step committed
+        # by the next run)
+        w, spec = wl(prompt, output, closed=8), SpecConfig("mtp")
+        prof = load_profile("deepseek-v4-flash-h200-tp8-ep8")
+        kw["closed_loop_gap_ms"] = 1.0
     else:
         w, spec = wl(prompt, output, closed=40), SpecConfig("mtp")
         kw["closed_loop_gap_ms"] = 3.0
+    calls = {"runs": 0, "resumed": 0}
+    run_steps = Replica._run_steps_compiled
+
+    def counted(self):
+        calls["runs"] += 1
+        calls["resumed"] += self._run_pending is not None
+        return run_steps(self)
+
+    monkeypatch.setattr(Replica, "_run_steps_compiled", counted)
     out = []
     for compiled in (True, False):
         monkeypatch.setattr(Replica, "run_compiled", compiled)
         res = run(w, prof, spec=spec, **kw)
         out.append(res)
+    assert calls["runs"] > 0  # (the compiled runs did take part)
+    if case == "closed-composed-gaps":
+        assert calls["resumed"] > 0
     a, b = out
     assert a.requests.equals(b.requests) and a.steps.equals(b.steps)
     assert all(np.array_equal(x, y) for x, y in zip(a.itl, b.itl))
@@ -789,3 +810,26 @@ def test_decode_outcomes_name_each_requests_tokens(monkeypatch):
     st = res.steps
     assert sum(s[9] for s in seen) == int(st.verify_draft_tokens.sum())
     assert sum(s[10] for s in seen) == int(st.accepted_tokens.sum())
+
+
+@pytest.mark.parametrize("profile", ["deepseek-v4-flash-h200-dp8-ep8", "deepseek-v3-h200-tp8-ep8",
+                                     "deepseek-v4-class-h200x8"])
+def test_compiled_prefill_terms_are_prefill_ms(profile):
+    """The kernels' prefill_ms (CostModel.prefill_args, prefill_ms_compiled) is CostModel.prefill_ms
+    bit for bit on random steps' chunks (zero-token chunks skipped, none at all), and a profile
+    whose terms it cannot price says so (None)."""
+    from dsim.cost import prefill_ms_compiled
+
+    cost = CostModel(load_profile(profile))
+    args = cost.prefill_args()
+    assert args is not None
+    mode, coef = args
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        k = int(rng.integers(0, 9))
+        chunks = rng.integers(0, 4096, k) * (rng.random(k) < 0.8)
+        computed = rng.integers(0, 100_000, k)
+        pre = rng.permutation(k)
+        want = cost.prefill_ms((int(q), int(computed[pre[i]])) for i, q in enumerate(chunks) if q)
+        assert prefill_ms_compiled(mode, coef, chunks, computed, pre, k) == want
+    assert CostModel(load_profile("analytical-qwen3-8b-h200x1")).prefill_args() is None  # (wave-counted pairs)
