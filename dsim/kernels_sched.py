@@ -381,6 +381,19 @@ SUCC_SELF, SUCC_NONE, SUCC_PYTHON = range(3)
 
 
 @njit(cache=True, inline="always")
+def _decodes_run(n, cut, given):
+    """The decode slots that run a step: all n, or where the budget cut the queue those it gave
+    some tokens (given[r] != 0)."""
+    if not cut:
+        return n
+    k = 0
+    for r in range(n):
+        if given[r] != 0:
+            k += 1
+    return k
+
+
+@njit(cache=True, inline="always")
 def _forward_ms(n, below, ax, ams, slope, limit):
     """CostModel.step_ms_one's forward part for n tokens (the capture table up to its limit,
     interpolated above it, the last slope past the table), in its operations' order."""
@@ -471,12 +484,7 @@ def run_general_steps(req_i, req_f, pre, chunks, waitq, I, F, X, slot_rows, move
             n_pre = st[S_NPRE]
             kv_dec = st[S_KVDEC]
             t_end = stf[F_NOW]  # (the caller waited until the step's end)
-            n_run = n
-            if cut:
-                n_run = 0
-                for r in range(n):
-                    if given[r] != 0:
-                        n_run += 1
+            n_run = _decodes_run(n, cut, given)
         else:
             now = stf[F_NOW]
             kv_dec = st[S_KVDEC]
@@ -534,12 +542,7 @@ def run_general_steps(req_i, req_f, pre, chunks, waitq, I, F, X, slot_rows, move
             if n_tokens == 0:  # (nothing scheduled, nothing written: the caller waits for an event)
                 return STOP_PYTHON, conf, lvc, given, False, 0, 0, 0, 0.0, 0.0, 0, d0
             kv = kv_dec + dec_tokens + kv_pre
-            n_run = n
-            if cut:
-                n_run = 0
-                for r in range(n):
-                    if given[r] != 0:
-                        n_run += 1
+            n_run = _decodes_run(n, cut, given)
             n_sample = n_run + n_sampling
             fwd = _forward_ms(n_tokens, below, ax, ams, pf[PF_SLOPE], pi[P_LIMIT]) + pf[PF_KV_MS_PER_TOK] * kv
             if pi[P_TERMS]:  # (Replica._plan_step's order: forward, then prefill, then attention terms)
