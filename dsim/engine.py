@@ -848,8 +848,8 @@ class Replica:
         self._run_pi, self._run_pf, self._run_fwd = pi, pf, (below, ax, ams)
         self._run_st = np.zeros(KSched.STATE_LEN, dtype=np.int64)
         self._no_lvc = np.zeros((3, 1, 0), dtype=np.int64)
-        self._no_pi = np.zeros(5, dtype=np.int64)
-        self._no_pf = np.zeros(2)
+        self._p_i = np.zeros(5, dtype=np.int64)  # (a pending step's scalars, written at each resume)
+        self._p_f = np.zeros(2)
         self._run_stf = np.zeros(2)
         self._run_tot = np.zeros(5, dtype=np.int64)
         self._run_draw_f = self._draw_f if K else np.zeros(5)
@@ -893,11 +893,14 @@ class Replica:
             self._done_n, self._last_is_prev_end, self.n_steps, self.batch_sum, i0, j0, self.closed_next[0],
             self.head_n, self._run_pending is not None,
         )  # fmt: skip
-        p_conf, p_lvc, p_given, p_i, p_f = (
-            self._run_pending
-            if self._run_pending is not None
-            else (self._no_conf, self._no_lvc, self._no_cut, self._no_pi, self._no_pf)
-        )
+        p_conf, p_lvc, p_given, p_i, p_f = self._no_conf, self._no_lvc, self._no_cut, self._p_i, self._p_f
+        if self._run_pending is not None:  # (the planned step's scalars, from its StepPlan)
+            pp, p_conf, p_lvc = self._run_pending
+            cut_p = pp.decode_given is not None
+            if cut_p:
+                p_given = pp.decode_given
+            p_i[:] = (cut_p, pp.n_tokens, pp.prefill_tokens, pp.kv_tokens, pp.n_prefill)
+            p_f[:] = (pp.forward_ms, pp.duration_ms)
         stf[0], stf[1] = env._now, self.prev_end
         q = env._queue  # (simpy's event heap, as _skip reads it)
         t_next = float(q[0][0]) if q else math.inf
@@ -943,13 +946,7 @@ class Replica:
             lvc[1] if drafts else None, lvc[2] if drafts else None, self.pre_ids[:n_pre], self.chunks[:n_pre],
             n_chunked, n_tokens, pre_tokens, kv, fwd, dur,
         )  # fmt: skip
-        self._run_planned = (
-            conf,
-            lvc,
-            given if cut else self._no_cut,
-            np.array([cut, n_tokens, pre_tokens, kv, n_chunked], dtype=np.int64),
-            np.array([fwd, dur]),
-        )
+        self._run_planned = (plan, conf, lvc)
         return stop, plan
 
     # ---- the step loop ----------------------------------------------------------------------
