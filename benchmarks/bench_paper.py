@@ -124,13 +124,14 @@ def engine_for(variant, args):
 
 
 def run_case(profile_name, trace, per_gpu, args, variant="colocated"):
-    from dsim.cost import load_profile
+    """One sweep and its comparison; profile_name: a profile name, path, or a Profile object."""
+    from dsim.cost import Profile, load_profile
     from dsim.frontier import concurrency_from_per_gpu, paper_comparison
     from dsim.scenario import build_workload
     from dsim.sim import SpecConfig
     from dsim.spec import load_acceptance
     from dsim.sweep import sweep, write_sweep
-    prof = load_profile(profile_name)
+    prof = profile_name if isinstance(profile_name, Profile) else load_profile(profile_name)
     key = paper_for(prof.provenance.get("model"))
     P = PAPER[key]
     conc = concurrency_from_per_gpu(per_gpu, prof, 1, args.gpus_per_node)
@@ -426,7 +427,7 @@ def markdown(results, args, cmd) -> str:
     return text
 
 
-def main(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default=",".join(PAPER_PROFILES),
                     help="comma-separated profile names/paths (default: the paper scenario's V4-Flash and V4-Pro)")
@@ -462,24 +463,35 @@ def main(argv=None):
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--csv-dir", default=None, help="also write each sweep (sweep.csv and figures) here")
     ap.add_argument("--out", default=None, help="write the markdown table here")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def run_all(profiles, a, cmd: str) -> str:
+    """Every (profile, trace, variant) case of args `a` (profiles: names, paths or Profile objects);
+    prints the markdown and writes it to a.out."""
     per_gpu = [int(x) for x in a.per_gpu.split(",")]
-    profiles = [p.strip() for p in a.profile.split(",") if p.strip()] or [None]
     results = []
     variants = [v.strip() for v in a.variants.split(",") if v.strip()]
     if not variants or any(v not in VARIANTS for v in variants):
-        ap.error(f"--variants: colocated and/or disaggregated, got {a.variants!r}")
+        raise SystemExit(f"--variants: colocated and/or disaggregated, got {a.variants!r}")
     for p in profiles:
         for t in a.trace.split(","):
             for v in variants:
                 r = run_case(p, t, per_gpu, a, variant=v)
                 results.append(r)
                 print(f"done: {r['profile'].name} on {t}, {v}, in {r['wall_s']:.0f} s", file=sys.stderr)
-    cmd = "python benchmarks/bench_paper.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    md = markdown(results, a, cmd.strip())
+    md = markdown(results, a, cmd)
     print(md)
     if a.out:
         Path(a.out).write_text(md)
+    return md
+
+
+def main(argv=None):
+    a = build_parser().parse_args(argv)
+    profiles = [p.strip() for p in a.profile.split(",") if p.strip()] or [None]
+    cmd = "python benchmarks/bench_paper.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    run_all(profiles, a, cmd.strip())
 
 
 if __name__ == "__main__":

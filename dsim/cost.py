@@ -161,8 +161,9 @@ DRAFT_KINDS = ("mtp", "eagle3", "block", "dspark")
 DRAFT_LENGTH_KINDS = tuple(f"dspark@{k}" for k in range(1, 17))
 
 # measured: our own measurements; silicon-table: composed from published per-kernel silicon tables
-# (e.g. NVIDIA AIConfigurator's); analytical: a roofline model; calibrated: fitted to measured runs
-PROFILE_KINDS = ("measured", "silicon-table", "analytical", "calibrated")
+# (e.g. NVIDIA AIConfigurator's); analytical: a roofline model; calibrated: fitted to measured runs;
+# derived: another profile mapped by a stated transform (provenance.derived_from names it)
+PROFILE_KINDS = ("measured", "silicon-table", "analytical", "calibrated", "derived")
 KV_BLOCK_TOKENS = 16
 DENSE_TOKENS = 16384  # forward cost tabulated densely up to this many tokens per step
 

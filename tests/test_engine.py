@@ -194,7 +194,7 @@ def test_shipped_profiles_load_with_provenance():
     assert paths
     for p in paths:
         prof = load_profile(str(p))
-        assert prof.provenance["kind"] in ("measured", "silicon-table", "analytical", "calibrated")
+        assert prof.provenance["kind"] in ("measured", "silicon-table", "analytical", "calibrated", "derived")
         assert prof.kv_capacity_blocks > 0
 
 
