@@ -271,6 +271,7 @@ def per_token(model_name, hardware, kernels, topology, lo, hi, prefer, drafter_r
 #: DeepEP README, low-latency kernels (H800, one CX7 400 Gb/s NIC per GPU, 128 tokens per rank):
 #: the bandwidth per GPU it reports from EP64 on, GB/s (dispatch and combine, EP64..EP256)
 DEEPEP_LL_GB_S = (39.0, 43.0)
+FP8_BLOCK = 128  # DeepSeek's activation block (1 x 128) with one fp32 scale
 CX7_LINE_GB_S = 50.0
 
 
@@ -315,7 +316,35 @@ def network_floor_table(preset):
             g = network_floor("dspark", c, thr_d, b, prefix_tau(acc_d, b), bpt)
             print(f"{c:>6g} {'DSpark':>7} {thr_d:>10.0f} {b:>7.2f} {f.tau:>5.2f} {f.step_ms:>8.1f} "
                   f"{f.required_gb_s:>11.1f} {f'{g.required_gb_s:.1f} at tau {g.tau:.2f}':>20}")
+        layout_variants(P, m, acc_d, tau_m)
     return 0
+
+
+def layout_variants(P, m, acc_d, tau_m):
+    """The same Fig. 8 points under other all-to-all layouts (the paper names none): GB/s per GPU
+    one way for MTP-1 and for DSpark at the preset's prefix tau."""
+    from dsim.frontier import a2a_bytes_per_token, network_floor, remote_copies
+    L = sum(m.moe_layer)
+    fp8 = 1.0 + 4.0 / FP8_BLOCK  # FP8 values and one fp32 scale per 128
+    layouts = [
+        (f"EP{m.experts}, BF16 combine (dsim)", m.topk, 2.0),
+        (f"EP{m.experts}, FP8 combine", m.topk, fp8),
+        (f"EP{m.experts}, 10-bit combine", m.topk, 1.25),
+        ("EP64 + node dedupe, BF16", remote_copies(m.topk, m.experts, 8, True), 2.0),
+        ("EP32 + node dedupe, BF16", remote_copies(m.topk, m.experts, 4, True), 2.0),
+        ("EP32 + node dedupe, FP8", remote_copies(m.topk, m.experts, 4, True), fp8),
+    ]
+    print(f"{P['model']}: GB/s per GPU by layout (MTP-1 / DSpark at the preset's prefix tau), "
+          "8 GPUs a node, routed experts spread evenly")
+    print(f"{'layout':>30} {'copies':>7} {'MB/token':>9} " + " ".join(f"{f'C {c:g}':>13}" for c in P["fig8_c"][1:]))
+    for name, copies, cb in layouts:
+        bpt = a2a_bytes_per_token(m.hidden, m.topk, L, combine_bytes=cb, copies=copies)
+        cells = []
+        for c, thr_m, thr_d, b in list(zip(P["fig8_c"], P["fig8_mtp"], P["fig8_dspark"], P["fig8_budget"]))[1:]:
+            fm = network_floor("mtp", c, thr_m, B.MTP_VERIFY, tau_m, bpt)
+            fd = network_floor("dspark", c, thr_d, b, prefix_tau(acc_d, b), bpt)
+            cells.append(f"{fm.required_gb_s:.0f} / {fd.required_gb_s:.0f}")
+        print(f"{name:>30} {copies:>7.2f} {bpt / 1e6:>9.2f} " + " ".join(f"{x:>13}" for x in cells))
 
 
 def scan(profile, batches):

@@ -138,8 +138,12 @@ def run_case(profile_name, trace, per_gpu, args, variant="colocated"):
     acc_m = getattr(args, "acceptance_mtp", None) or args.acceptance
     acc_d = getattr(args, "acceptance_dspark", None) or args.acceptance
     pol = getattr(args, "policy", None) or "paper-production"
-    specs = {"mtp": SpecConfig("mtp", k=1, acceptance=acc_m),
-             "dspark": SpecConfig("dspark", k=5, adaptive=True, acceptance=acc_d, policy=pol)}
+    # the confidence head and the acceptance's latent spread: SpecConfig's defaults unless given
+    head = {k: getattr(args, k) for k in ("head_auc", "head_ece", "sigma_request", "sigma_step")
+            if getattr(args, k, None) is not None}
+    noise = {k: v for k, v in head.items() if k.startswith("sigma")}
+    specs = {"mtp": SpecConfig("mtp", k=1, acceptance=acc_m, **noise),
+             "dspark": SpecConfig("dspark", k=5, adaptive=True, acceptance=acc_d, policy=pol, **head)}
     if not getattr(args, "no_static", False):  # the paper's remark on static multi-token drafting (Sec. 5.4)
         specs["static"] = SpecConfig("dspark", k=5, adaptive=False, acceptance=acc_d)
     base = build_workload(trace, mix=args.mix)
@@ -157,6 +161,7 @@ def run_case(profile_name, trace, per_gpu, args, variant="colocated"):
     return {"profile": prof, "key": key, "trace": trace, "variant": variant, "workload": base.source,
             "df": df, "comp": comp, "wall_s": wall,
             "acceptance": f"MTP-1 {acc_m or 'deepseek-v4'}, DSpark {acc_d or 'deepseek-v4'}; seed {getattr(args, 'seed', 0)}",
+            "head": ", ".join(f"{k} {v}" for k, v in head.items()) or "dsim's defaults",
             "engine": (f"{variant}; scheduling {'synchronous' if getattr(args, 'sync_scheduling', False) else 'overlapped (async)'}; "
                        f"DSpark policy {pol}"),
             "tau_preset": (tau_d, tau_m)}
@@ -412,7 +417,7 @@ def markdown(results, args, cmd) -> str:
         out += [f"## {r['profile'].name}, {r['trace']}, {r['variant']} (compared with the paper's {P['model']})", "",
                 f"Profile: {r['profile'].label}", "", f"Workload: {r['workload']}", "", f"Engine: {r['engine']}", "",
                 f"Acceptance: {r['acceptance']} (equal-mix tau: DSpark-5 {r['tau_preset'][0]:.2f}, "
-                f"MTP-1 {r['tau_preset'][1]:.2f}); sweep wall time {r['wall_s']:.0f} s", "",
+                f"MTP-1 {r['tau_preset'][1]:.2f}); head and latents: {r['head']}; sweep wall time {r['wall_s']:.0f} s", "",
                 "| quantity | paper | dsim | detail |", "|---|---|---|---|"]
         out += ["| " + " | ".join(str(x).replace("|", "/") for x in row) + " |" for row in rows]
         out += ["", "Targets: " + "; ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in verdicts.items()), ""]
@@ -456,6 +461,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--acceptance-dspark", default=None, help="DSpark's preset only (overrides --acceptance)")
     ap.add_argument("--policy", default="paper-production",
                     help="DSpark's verify-budget policy (default: the paper's production scheduler, Sec. 5.2)")
+    ap.add_argument("--head-auc", type=float, default=None, help="DSpark's confidence head ROC-AUC (default: dsim's 0.85)")
+    ap.add_argument("--head-ece", type=float, default=None, help="DSpark's confidence head ECE (default: dsim's 0.01)")
+    ap.add_argument("--sigma-request", type=float, default=None,
+                    help="per-request acceptance latent (both methods; default: dsim's 0.8)")
+    ap.add_argument("--sigma-step", type=float, default=None,
+                    help="per-step acceptance latent (both methods; default: dsim's 0.5)")
     ap.add_argument("--sync-scheduling", action="store_true",
                     help="pay the per-step CPU overhead (default: overlapped, as the paper's engine does)")
     ap.add_argument("--no-static", action="store_true",

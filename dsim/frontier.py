@@ -461,12 +461,34 @@ def pick_pair(methods: Sequence[str]) -> tuple[str, str] | None:
 FP8_SCALE_BLOCK = 128  # DeepSeek's activation block (1 x 128) with one fp32 scale
 
 
-def a2a_bytes_per_token(hidden: int, topk: int, moe_layers: int) -> int:
+def a2a_bytes_per_token(
+    hidden: int, topk: int, moe_layers: int, combine_bytes: float = 2.0, copies: float | None = None
+) -> int:
     """Bytes one token moves one way through its GPU's NIC over the target's MoE layers:
-    dispatch top-k x (hidden FP8 + hidden / 128 fp32 scales) and combine top-k x hidden bf16."""
-    dispatch = topk * (hidden + 4 * (-(-hidden // FP8_SCALE_BLOCK)))
-    combine = topk * 2 * hidden
+    dispatch copies x (hidden FP8 + hidden / 128 fp32 scales) and combine copies x hidden x
+    combine_bytes (bf16: 2, DeepEP's low-latency format; FP8 with its block scales: about 1.03;
+    10-bit: 1.25). copies: the token's copies that cross the NIC (default top-k: every routed
+    expert on another node, one expert per GPU; see remote_copies for layouts that share nodes)."""
+    n = topk if copies is None else copies
+    dispatch = n * (hidden + 4 * (-(-hidden // FP8_SCALE_BLOCK)))
+    combine = n * combine_bytes * hidden
     return int(moe_layers * (dispatch + combine))
+
+
+def remote_copies(topk: int, experts: int, nodes: int, dedupe: bool) -> float:
+    """Expected copies of one token's hidden state that leave its node per MoE layer, its top-k
+    routed experts drawn uniformly without replacement from `experts` spread evenly over `nodes`
+    nodes (V4's router: a plain top-k, no node-limited selection). Without dedupe every remote
+    expert gets its own copy (DeepEP's low-latency kernels): k (nodes - 1) / nodes. With dedupe one
+    copy per remote node hit, forwarded over NVLink inside it (DeepEP's normal kernels):
+    (nodes - 1) (1 - C(experts - per_node, k) / C(experts, k))."""
+    if nodes <= 1:
+        return 0.0
+    if not dedupe:
+        return topk * (nodes - 1) / nodes
+    per_node = experts / nodes
+    miss = math.prod((experts - per_node - i) / (experts - i) for i in range(topk))  # node not hit
+    return (nodes - 1) * (1.0 - miss)
 
 
 @dataclass(frozen=True)

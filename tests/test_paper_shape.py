@@ -74,3 +74,16 @@ def test_derive_refuses_non_positive_parameters(pair):
         PS.derive_profile(base, 0.0, 0.5)
     with pytest.raises(ValueError):
         PS.derive_profile(base, 10.0, -0.1)
+
+
+def test_harness_acceptance_family_is_the_shipped_preset_at_its_fitted_delta():
+    import yaml
+
+    from dsim.spec import PRESET_DIR, load_acceptance
+
+    doc = yaml.safe_load((PRESET_DIR / "deepseek-v4.yaml").read_text())
+    delta = doc["derivation"]["dspark_positions_2_plus"]["delta"]
+    assert delta in PS.ACCEPTANCE_FIT_GRID
+    ds = load_acceptance("deepseek-v4", "dspark")
+    for c, curve in PS.v4_dspark_curves(delta).items():
+        assert np.allclose(ds.curve(c, 7), curve, atol=1e-4), c

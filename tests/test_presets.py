@@ -1,6 +1,7 @@
 """The DeepSeek-V4 acceptance preset: every curve recomputed from its stated inputs (the DSpark
-paper's Fig. 2 curves, preset qwen3-4b-fig2, and the DeepSeek-V3 report's 85-90% MTP range), the
-consistency it exists for (MTP-1 = DSpark position 1), and the numbers its file states."""
+paper's Fig. 2 curves, preset qwen3-4b-fig2, the DeepSeek-V3 report's 85-90% MTP range and the
+offset delta fitted on the paper's V4-Flash Fig. 8), the consistency it exists for (MTP-1 = DSpark
+position 1), and the numbers its file states."""
 from __future__ import annotations
 
 import numpy as np
@@ -23,14 +24,17 @@ def _sigmoid(x):
     return 1 / (1 + np.exp(-np.asarray(x, dtype=np.float64)))
 
 
-def derive():
-    """The derivation the preset states, from its inputs only."""
+def derive(delta=None):
+    """The derivation the preset states, from its inputs only: position 1 from the MTP range mapped
+    onto Fig. 2's position-1 logits, positions 2.. Fig. 2's rates shifted by delta in logit."""
     f2 = load_acceptance("qwen3-4b-fig2", "dspark")
+    if delta is None:
+        delta = yaml.safe_load((PRESET_DIR / "deepseek-v4.yaml").read_text())["derivation"]["dspark_positions_2_plus"]["delta"]
     l1 = {c: _logit(f2.curve(c, 7)[0]) for c in CLASSES}
     lo, hi = _logit(MTP_RANGE[0]), _logit(MTP_RANGE[1])
     a = (hi - lo) / (l1["math"] - l1["chat"])
     b = lo - a * l1["chat"]
-    curves = {c: _sigmoid(a * l1[c] + b + _logit(f2.curve(c, 7)) - l1[c]) for c in CLASSES}
+    curves = {c: np.concatenate([[_sigmoid(a * l1[c] + b)], _sigmoid(_logit(f2.curve(c, 7)[1:]) + delta)]) for c in CLASSES}
     return a, b, curves
 
 
@@ -57,13 +61,13 @@ def test_mtp1_equals_dspark_position1_per_class():
         assert MTP_RANGE[0] <= mtp.curve(c, 1)[0] <= MTP_RANGE[1]
 
 
-def test_shape_is_fig2s_per_class_logit_shape():
-    """Each class keeps Fig. 2's logit differences to position 1 (the drafter's decay)."""
+def test_positions_2_plus_keep_fig2s_shape_at_one_offset():
+    """Positions 2.. keep Fig. 2's per-class logit differences between positions (the drafter's
+    decay), all moved by the one fitted offset, which is negative (below Qwen3-4B's offline rates)."""
     f2, ds = load_acceptance("qwen3-4b-fig2", "dspark"), load_acceptance("deepseek-v4", "dspark")
-    for c in CLASSES:
-        d_v4 = _logit(ds.curve(c, 7)) - _logit(ds.curve(c, 7)[0])
-        d_f2 = _logit(f2.curve(c, 7)) - _logit(f2.curve(c, 7)[0])
-        assert np.allclose(d_v4, d_f2, atol=0.01), c
+    offsets = np.concatenate([_logit(ds.curve(c, 7)[1:]) - _logit(f2.curve(c, 7)[1:]) for c in CLASSES])
+    assert np.ptp(offsets) < 0.01
+    assert -1.0 < offsets.mean() < 0.0
 
 
 def test_stated_taus_and_public_rate_residual():
@@ -84,14 +88,13 @@ def test_stated_taus_and_public_rate_residual():
     assert chain_tau(pub.curve("x", 5)) / (1 + PUBLIC_V4_FLASH[0]) == pytest.approx(1.60, abs=0.01)
     # the residual the file states (public - derived equal-mix survival)
     mix = np.mean([np.cumprod(ds.curve(c, 7)) for c in CLASSES], axis=0)
-    assert np.allclose(PUBLIC_V4_FLASH - mix, [-0.142, -0.291, -0.406, -0.405, -0.375, -0.354, -0.340], atol=2e-3)
+    assert np.allclose(PUBLIC_V4_FLASH - mix, [-0.142, -0.205, -0.270, -0.243, -0.201, -0.179, -0.169], atol=2e-3)
 
 
 def test_class_order_and_dspark5_ceiling():
     """Math > code > chat at every block length, and DSpark-5's free-verification ceiling over
-    MTP-1 (tau ratio) above the paper's largest measured per-user gain (1.85x)."""
+    MTP-1 (tau ratio, equal class mix) above the paper's largest measured per-user gain (1.85x)."""
     ds, mtp = load_acceptance("deepseek-v4", "dspark"), load_acceptance("deepseek-v4", "mtp")
     for k in (1, 5, 7):
         assert ds.tau("math", k) > ds.tau("code", k) > ds.tau("chat", k)
-    for c in CLASSES:
-        assert ds.tau(c, 5) / mtp.tau(c, 1) > 1.85
+    assert np.mean([ds.tau(c, 5) for c in CLASSES]) / np.mean([mtp.tau(c, 1) for c in CLASSES]) > 1.85
