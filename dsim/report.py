@@ -209,6 +209,7 @@ def ab_report(
     progress_bar: Any = None,
     user_sla: Sequence[float] | None = None,
     engine: Any = None,
+    router: str = "least_outstanding",
 ) -> list[Path]:
     """Run everything and write the report into `out`; returns the list of files written.
     executor / ray_address: where the simulations run (dsim.executor); progress_bar: dsim.progress;
@@ -236,7 +237,9 @@ def ab_report(
     with P.Runner(jobs, executor, ray_address, progress_bar) as runner:
         # 1. the plan
         def point(name: str, n: int, s: int) -> P.Point:
-            return P.Point(workloads[s], profile, specs[name], n, s, gpus_per_node, engine=engine, tag=name)
+            return P.Point(
+                workloads[s], profile, specs[name], n, s, gpus_per_node, router=router, engine=engine, tag=name
+            )
 
         outs = P.search_nodes(point, searches, runner, slos)
         pres = {}
@@ -259,7 +262,7 @@ def ab_report(
         f_ol = {
             n: runner.submit(
                 P.run_point,
-                P.Point(w0, profile, specs[n], fleet, seeds[0], gpus_per_node, engine=engine, tag=n),
+                P.Point(w0, profile, specs[n], fleet, seeds[0], gpus_per_node, router=router, engine=engine, tag=n),
                 slos,
                 keep,
             )
@@ -271,7 +274,9 @@ def ab_report(
             for n in specs:
                 f_mix[(m, n)] = runner.submit(
                     P.run_point,
-                    P.Point(wm, profile, specs[n], fleet, seeds[0], gpus_per_node, engine=engine, tag=(m, n)),
+                    P.Point(
+                        wm, profile, specs[n], fleet, seeds[0], gpus_per_node, router=router, engine=engine, tag=(m, n)
+                    ),
                     slos,
                 )
         df = S.sweep(
@@ -285,6 +290,7 @@ def ab_report(
             seed=seeds[0],
             runner=runner,
             engine=engine,
+            router=router,
         )
         ol = {n: f.result() for n, f in f_ol.items()}
         mixr = {k: f.result() for k, f in f_mix.items()}
@@ -562,7 +568,7 @@ def ab_report(
         + ("assumed (assigned by a mix, not carried by the trace)" if w0.class_mix_assumed else "carried by the trace")
         + ".",
         "Load model: open loop for the plan, CDFs and sensitivity (the trace's arrivals are fixed; nodes share "
-        "them via the least-outstanding router); closed loop for the sweep.",
+        f"them via the {router.replace('_', '-')} router); closed loop for the sweep.",
         f"Profile: {profile.label} (kind: {profile.provenance.get('kind')}).",
         f"Acceptance A: {a['acceptance_source'] or 'none'}",
         f"Acceptance B: {b['acceptance_source'] or 'none'}",
