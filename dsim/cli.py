@@ -337,10 +337,17 @@ def simulate(
                 write_scenario(out_dir, scn_run, "simulate", scn_source)
             if log_file is not None:
                 write_step_log_file(res, log_file)
+        from dsim.plan import method_fit_fields
+
+        fit = method_fit_fields(sc, prof)
         if as_json:
-            typer.echo(json.dumps(res.summary, sort_keys=True))
+            typer.echo(json.dumps({**res.summary, "method_fit": fit}, sort_keys=True))
         elif not quiet:
             print_summary(res.summary, ec)
+            if fit["hypothetical"]:
+                typer.echo(
+                    f"method   : hypothetical: {fit['fit']}; acceptance {fit['acceptance_origin']}, an assumption"
+                )
 
     run_guarded(go)
 

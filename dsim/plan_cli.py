@@ -370,11 +370,30 @@ def sweep(
         if comp_text:
             typer.echo(comp_text)
         typer.echo("\n".join(field_lines("workload: ", base.source) + field_lines("profile : ", prof.label)))
+        for line in method_lines(specs, prof):
+            typer.echo(f"method  : {line}")
         for line in notes + engine_notes(eng):
             typer.echo(f"note    : {line}" if line in notes else f"engine  : {line}")
         typer.echo("wrote " + ", ".join(str(f) for f in files))
 
     run_guarded(go)
+
+
+def method_lines(specs: dict, prof) -> list[str]:
+    """Per drafting method: the acceptance it is sized on (whose) and, where the profile's model
+    cannot run it, that it is hypothetical (dsim.capability)."""
+    from dsim import plan as P
+
+    out = []
+    for name, sp in specs.items():
+        f = P.method_fit_fields(sp, prof)
+        if f["acceptance_origin"] is None:
+            continue
+        line = f"{name}: acceptance {f['acceptance_origin']}"
+        if f["hypothetical"]:
+            line += f"; hypothetical: {f['fit']}"
+        out.append(line)
+    return out
 
 
 def user_slas(slas, prof):

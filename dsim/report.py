@@ -255,6 +255,7 @@ def ab_report(
                 price if price_given else P.PRICE_ON_DEMAND,
                 None if price_given else P.PRICE_SPOT,
             )
+            pres[n].update(P.method_fit_fields(sp, profile))
         fleet = pres[name_a]["nodes"]
         # 2. open-loop runs at A's fleet (CDFs, per class); 3. sweep; 4. sensitivity: submitted together
         runner.claim = "report"  # the runs declared ahead above, submitted from here on
@@ -374,15 +375,20 @@ def ab_report(
 
     d.h(2, "Node count for the SLA")
     head = ["method", "nodes", "GPUs"] + [s.key for s in slos] + ["tok/s/GPU", "$/hour", "$/M output tokens"]
+    head.append("acceptance")
     rows = []
     for r, lab in ((a, la), (b, lb)):
+        lab = lab + (" (hypothetical)" if r.get("hypothetical") else "")
         row = [lab, str(r["nodes"]) if r["sla_met"] else f"not met at {r['nodes']}", r["gpus"]]
         for s in slos:
             m = r["metrics"][s.key]
             row.append(f"{_f(m['value'])} vs {m['limit']:.4g} ({'ok' if m['ok'] else 'MISS'})")
         row += [_f(r["output_tok_s_per_gpu"], 1), _f(r["cost_per_hour"]), _f(r["cost_per_million_output_tokens"], 3)]
+        row.append(r.get("acceptance_origin") or "none (no drafts)")
         rows.append(row)
     d.table(head, rows)
+    for line in P.hypothetical_lines(pres, (name_a, name_b)):
+        d.p(line)
 
     def trail(r: dict) -> str:
         return ", ".join(f"{x['nodes']}:" + ("pass" if x["passed"] else "fail") for x in r["search"])
