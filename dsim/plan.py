@@ -675,6 +675,7 @@ def method_fit_fields(spec: SpecConfig, profile: Any) -> dict:
     origin = acceptance_origin(spec.acceptance, spec.method, profile)
     return {
         "hypothetical": fit.hypothetical,
+        "model_can_run": fit.runnable,
         "fit": fit.reason,
         "acceptance_origin": origin.label if origin is not None else None,
         "acceptance_users": origin.users if origin is not None else None,
@@ -682,7 +683,8 @@ def method_fit_fields(spec: SpecConfig, profile: Any) -> dict:
 
 
 def hypothetical_lines(res: dict, method_names: Iterable[str]) -> list[str]:
-    """One line per hypothetical method of a plan result: why, and the acceptance it assumes."""
+    """One line per method of a plan result that the model cannot run (hypothetical: why, and the
+    acceptance it assumes) or that dsim could not check."""
     out = []
     for name in method_names:
         r = res[name]
@@ -690,6 +692,8 @@ def hypothetical_lines(res: dict, method_names: Iterable[str]) -> list[str]:
             out.append(
                 f"{r['label']} is hypothetical: {r['fit']}; sized on acceptance {r['acceptance_origin']}, an assumption"
             )
+        elif r.get("model_can_run") is None and r.get("fit"):
+            out.append(f"{r['label']}: {r['fit']}; not checked")
     return out
 
 
