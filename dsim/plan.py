@@ -503,6 +503,8 @@ def method_label(spec: SpecConfig) -> str:
     if spec.method == "dspark":
         block = f"DSpark-{spec.k}" if spec.k else "DSpark"  # (no k: the default block of 7)
         return f"{block} adaptive" if spec.adaptive else f"{block} fixed"
+    if spec.method == "block" and spec.k:
+        return f"block drafter K={spec.k}"
     return {"none": "no speculation", "eagle3": "EAGLE-3", "block": "block drafter"}.get(spec.method, spec.method)
 
 

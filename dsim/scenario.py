@@ -156,8 +156,10 @@ def spec_config(
 
 def method_spec(token: str, **common: Any) -> SpecConfig:
     """A method token of --methods (or of the flag ``what``): none, mtp, mtpK (K drafts), eagle3,
-    block, dspark (adaptive), dspark-fixed, dsparkK / dsparkK-fixed (a block of K, e.g. dspark5:
-    the DSpark paper's production gamma = 5); common: the other SpecConfig fields."""
+    block, blockK (a block of K: e.g. block4 for a server's n-gram or draft-model proposer of K = 4,
+    as the validator simulates one), dspark (adaptive), dspark-fixed, dsparkK / dsparkK-fixed (a
+    block of K, e.g. dspark5: the DSpark paper's production gamma = 5); common: the other
+    SpecConfig fields."""
     import re
 
     what = common.pop("what", "--methods")
@@ -168,6 +170,8 @@ def method_spec(token: str, **common: Any) -> SpecConfig:
     adaptive = False
     if t.startswith("mtp") and t[3:].isdigit():
         t, k = "mtp", int(t[3:])
+    elif t.startswith("block") and t[5:].isdigit():
+        t, k = "block", int(t[5:])
     m = re.fullmatch(r"dspark(\d+)(-fixed|-adaptive)?", t)
     if m:
         t, k = "dspark" + (m.group(2) or ""), int(m.group(1))
@@ -179,8 +183,8 @@ def method_spec(token: str, **common: Any) -> SpecConfig:
         t = "dspark"
     if t not in METHODS:
         raise InputError(
-            f"{what}: unknown method {token!r} (none, mtp, mtpK, eagle3, block, dspark, dspark-fixed, dsparkK, "
-            "dsparkK-fixed)"
+            f"{what}: unknown method {token!r} (none, mtp, mtpK, eagle3, block, blockK, dspark, dspark-fixed, "
+            "dsparkK, dsparkK-fixed)"
         )
     return SpecConfig(method=t, k=k, adaptive=adaptive, **common)
 
@@ -248,7 +252,7 @@ class Scenario:
     methods: str | None = _opt(
         None,
         "speculation",
-        "methods (none, mtp, mtpK, eagle3, block, dspark, dspark-fixed, dsparkK, dsparkK-fixed); "
+        "methods (none, mtp, mtpK, eagle3, block, blockK, dspark, dspark-fixed, dsparkK, dsparkK-fixed); "
         "plan: first = baseline, last = candidate (default: plan mtp,dspark; sweep none,mtp,block,dspark)",
         ("plan", "sweep"),
         defaults={"plan": "mtp,dspark", "sweep": "none,mtp,block,dspark"},
@@ -582,7 +586,7 @@ def resolve_presets(s: Scenario, src: ScenarioSource, command: str) -> tuple[Sce
             f"default scenario: the embedded default trace replayed at {DEFAULT_PLAN_RATE_SCALE:g}x its "
             f"arrival rate (--rate-scale {DEFAULT_PLAN_RATE_SCALE:g}) so one 8-GPU node is not enough"
         )
-    return dataclasses.replace(s, profile=profile or DEFAULT_PROFILE, rate_scale=rate_scale), notes
+    return dataclasses.replace(s, profile=DEFAULT_PROFILE if profile is None else profile, rate_scale=rate_scale), notes
 
 
 def scenario_profile(s: Scenario) -> Any:
