@@ -62,8 +62,8 @@ ScenarioFileOpt = Annotated[
         "--scenario",
         help="a scenario file (YAML, `dsim scenario init` writes a template) or a preset: default (the "
         "default profile, DeepSeek-V4-Flash on 8 x H200; plan and ab replay the default trace at 20x its "
-        "rate) or measured (the first measured profile under profiles/h200/); options given here override "
-        "the file's",
+        "rate) or measured (the first measured profile under profiles/h200/); options given on the command "
+        "line override the file's",
     ),
 ]
 
@@ -327,21 +327,22 @@ def simulate(
             seed=seed,
             slo=slo_d,
         )
+        from dsim.plan import method_fit_fields
+
+        fit = method_fit_fields(sc, prof)
         show = not quiet and not as_json and sys.stderr.isatty()
         with contextlib.ExitStack() as stage:  # both outputs, whole, or neither
             out_dir = stage.enter_context(staged_dir(out)) if out is not None else None
             log_file = stage.enter_context(staged_file(step_log, "--step-log")) if step_log is not None else None
             res = run(cfg, progress=show)
+            res.summary["setup"]["method_fit"] = fit  # whether the model can run the method, whose acceptance
             if out_dir is not None:
                 write_output_files(res, out_dir)
                 write_scenario(out_dir, scn_run, "simulate", scn_source)
             if log_file is not None:
                 write_step_log_file(res, log_file)
-        from dsim.plan import method_fit_fields
-
-        fit = method_fit_fields(sc, prof)
         if as_json:
-            typer.echo(json.dumps({**res.summary, "method_fit": fit}, sort_keys=True))
+            typer.echo(json.dumps(res.summary, sort_keys=True))
         elif not quiet:
             print_summary(res.summary, ec)
             if fit["hypothetical"]:

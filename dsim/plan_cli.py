@@ -372,8 +372,10 @@ def sweep(
         typer.echo("\n".join(field_lines("workload: ", base.source) + field_lines("profile : ", prof.label)))
         for line in method_lines(specs, prof):
             typer.echo(f"method  : {line}")
-        for line in notes + engine_notes(eng):
-            typer.echo(f"note    : {line}" if line in notes else f"engine  : {line}")
+        for line in notes:
+            typer.echo(f"note    : {line}")
+        for line in engine_notes(eng):
+            typer.echo(f"engine  : {line}")
         typer.echo("wrote " + ", ".join(str(f) for f in files))
 
     run_guarded(go)

@@ -299,3 +299,23 @@ def test_calibrated_acceptance_of_a_speculative_server_sizes_the_plan(speculativ
     # and it is not the preset's answer
     rc, out3, _ = run_cli("plan", *plan_args)
     assert json.loads(out3)["block4"]["acceptance_length"] != pytest.approx(r["acceptance_length"], rel=0.02)
+
+
+def test_sweep_and_ab_write_their_scenario_and_take_the_new_options(tmp_path):
+    common = ("--profile", "llama-3.1-8b", "--gpus-per-node", "1", "--concurrency", "1,4", "--min-requests", "20",
+              "--requests-per-user", "2", "--jobs", "1", "--acceptance", "const:0.7", "--router", "round_robin")  # fmt: skip
+    rc, out, err = run_cli("sweep", *common, "--methods", "mtp", "--out", tmp_path / "sw")
+    assert rc == 0, err
+    doc = yaml.safe_load((tmp_path / "sw" / "scenario.yaml").read_text())
+    assert doc["speculation"]["acceptance"] == "const:0.7" and doc["engine"]["router"] == "round_robin"
+    assert "sla" not in doc  # a sweep takes no SLA
+    assert "method  : mtp: acceptance given: const:0.7; hypothetical: llama-3.1-8b has no MTP head" in out
+    rc, out, err = run_cli("ab", *common, "--requests", "60", "--seeds", "0", "--max-nodes", "2", "--sla", "p50=30ms",
+                           "--out", tmp_path / "ab")  # fmt: skip
+    assert rc == 0, err
+    report = (tmp_path / "ab" / "report.md").read_text()
+    assert f"# or: dsim ab --scenario {tmp_path / 'ab' / 'scenario.yaml'}" in report
+    assert "| MTP-1 (hypothetical) |" in report and "| given: const:0.7 |" in report
+    assert "via the round-robin router" in report
+    doc = yaml.safe_load((tmp_path / "ab" / "scenario.yaml").read_text())
+    assert doc["sla"]["sla"] == "p50=30ms" and doc["workload"]["requests"] == 60
