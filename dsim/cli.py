@@ -77,12 +77,12 @@ def scenario_options(command: str):
     import functools
     import inspect
 
-    from dsim.scenario import _field_types, default_for, scenario_fields
+    from dsim.scenario import default_for, field_types, scenario_fields
 
     def deco(fn):
         sig = inspect.signature(fn, eval_str=True)
         own = [p for p in sig.parameters.values() if p.name not in ("scn", "scn_source")]
-        types = _field_types()
+        types = field_types()
         added = []
         for f in scenario_fields(command):
             typ = types[f.name][0]
@@ -93,7 +93,7 @@ def scenario_options(command: str):
             added.append(
                 inspect.Parameter(
                     f.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[Optional[typ], opt]
-                )  # noqa: E501
+                )
             )
         added.append(
             inspect.Parameter("scenario", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ScenarioFileOpt)
@@ -108,8 +108,7 @@ def scenario_options(command: str):
             ctx = kw.pop("dsim_ctx")
             given = {n: kw.pop(n) for n in names}
             scenario = kw.pop("scenario")
-            got = run_guarded(resolve_scenario_options, command, given, scenario)
-            scn, src = got
+            scn, src = run_guarded(resolve_scenario_options, command, given, scenario)
             src = dataclasses.replace(src, other_options=_options_given(ctx, names | {"scenario"}))
             return fn(scn=scn, scn_source=src, **kw)
 
@@ -123,15 +122,12 @@ def scenario_options(command: str):
 
 def _options_given(ctx, skip: set) -> tuple:
     """The command-line tokens of the options given to this command other than ``skip``."""
-    try:
-        from typer._click.core import ParameterSource
-    except ImportError:  # pragma: no cover - typer built on the click package
-        from click.core import ParameterSource
     out: list = []
     for p in ctx.command.params:
         if p.name in skip or not getattr(p, "opts", None):
             continue
-        if ctx.get_parameter_source(p.name) != ParameterSource.COMMANDLINE:
+        source = ctx.get_parameter_source(p.name)  # click's ParameterSource (typer carries its own click)
+        if source is None or source.name != "COMMANDLINE":
             continue
         v = ctx.params.get(p.name)
         if getattr(p, "is_flag", False):

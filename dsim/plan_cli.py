@@ -203,8 +203,6 @@ def plan(
         from dsim.progress import Progress
         from dsim.scenario import scenario_yaml
 
-        if scn.sla is None:
-            raise InputError("--sla: required (on the command line or as sla: in the --scenario file)")
         setup = _search_setup(scn, scn_source, "plan", jobs=jobs, executor=executor, ray_address=ray_address)
         specs = parse_methods(scn.methods, **spec_common(scn))
         check_fit(setup.workloads.values(), setup.profile, specs.values(), scn.gpus_per_node,
@@ -271,6 +269,8 @@ def _search_setup(scn: Scenario, src: ScenarioSource, command: str, *, jobs, exe
     from dsim.executor import check_executor
 
     check_executor(executor, ray_address)
+    if scn.sla is None:
+        raise InputError("--sla: required (on the command line or as sla: in the --scenario file)")
     slos = P.parse_sla(scn.sla)
     seed_list = parse_seeds(scn.seeds)
     check_common(max_nodes=scn.max_nodes, gpus_per_node=scn.gpus_per_node, jobs=jobs)

@@ -324,7 +324,7 @@ def default_for(f: Any, command: str | None) -> Any:
     return (f.metadata.get("defaults") or {}).get(command, f.default)
 
 
-def _field_types() -> dict:
+def field_types() -> dict:
     """name -> the plain type a field holds (str, int, float or bool), None allowed or not."""
     import typing
 
@@ -387,7 +387,7 @@ def load_scenario_file(path: str | Path, command: str | None = None) -> dict:
         return {}
     if not isinstance(doc, dict):
         raise InputError(f"{marks.at()}: a scenario file is a mapping of sections ({', '.join(SECTIONS)})")
-    types = _field_types()
+    types = field_types()
     known = {f.name: f for f in scenario_fields()}
     out: dict = {}
 
