@@ -232,7 +232,9 @@ def plan(
         else:
             typer.echo(P.format_plan(res, setup.slos, list(specs)))
             typer.echo("")
-            typer.echo(scenario_yaml(setup.scenario, "plan", comments=False, header=reproduce(scn_source, "plan")))
+            typer.echo(
+                scenario_yaml(setup.scenario, "plan", comments=False, header=reproduce(scn_source, "plan")), nl=False
+            )
         return 0 if all(res[n]["sla_met"] for n in specs) else 1
 
     rc = run_guarded(go)
