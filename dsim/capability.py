@@ -65,13 +65,20 @@ def model_heads(profile: Any) -> tuple[frozenset | None, str]:
     cfg, where = _model_config(prov.get("model"))
     if cfg is None:
         return None, where
+    return heads_from_config(cfg), where
+
+
+def heads_from_config(cfg: dict) -> frozenset:
+    """The heads a Hugging Face style config.json says a model has: ``mtp`` where
+    ``num_nextn_predict_layers`` > 0, and the keys of dsim's ``_drafters`` note. A profile built
+    from a config (analytical, composed) can record them as ``provenance.heads``."""
     out = set()
     if int(cfg.get("num_nextn_predict_layers") or 0) > 0:
         out.add("mtp")
     drafters = cfg.get("_drafters")
     if isinstance(drafters, dict):
         out |= {str(k).lower() for k in drafters}
-    return frozenset(out), where
+    return frozenset(out)
 
 
 def method_fit(method: str, profile: Any) -> MethodFit:
