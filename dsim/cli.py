@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from dsim.errors import InputError
-from dsim.scenario import build_workload, disaggregation, disaggregation_note, spec_config
+from dsim.scenario import build_workload, disaggregation_note, spec_config
 
 if TYPE_CHECKING:
     from dsim.engine import EngineConfig
@@ -54,43 +54,90 @@ def run_guarded(fn, *a, **kw):
 
 # ---- shared option plumbing (used by simulate, plan, sweep, ab) ------------------------------
 
-# Options every workload-driven command takes, declared once.
-TraceOpt = Annotated[
-    str,
+# The scenario options (what is simulated) are defined once, as the fields of
+# dsim.scenario.Scenario; `scenario_options` turns them into each command's options.
+ScenarioFileOpt = Annotated[
+    Optional[str],
     typer.Option(
-        help="trace path or name (default, azure-conv, azure-code, mooncake-conversation, mooncake-synthetic, ...)"
+        "--scenario",
+        help="a scenario file (YAML, `dsim scenario init` writes a template) or a preset: default (the "
+        "default profile, DeepSeek-V4-Flash on 8 x H200; plan and ab replay the default trace at 20x its "
+        "rate) or measured (the first measured profile under profiles/h200/); options given on the command "
+        "line override the file's",
     ),
-]
-FormatOpt = Annotated[
-    str, typer.Option("--format", help="auto, azure, mooncake, burstgpt, native-csv, native-jsonl, native-parquet")
-]
-RequestsOpt = Annotated[Optional[int], typer.Option(help="first N requests")]
-WindowOpt = Annotated[Optional[str], typer.Option(help="time window START:END (s)")]
-RateOpt = Annotated[Optional[float], typer.Option(help="re-draw Poisson arrivals at R req/s")]
-RateScaleOpt = Annotated[Optional[float], typer.Option(help="scale the trace's arrival rate (0.1-100)")]
-MixOpt = Annotated[Optional[str], typer.Option(help="workload-class mix, e.g. math=0.3,code=0.2,chat=0.5")]
-ProfileOpt = Annotated[
-    Optional[str], typer.Option(help="profile name or YAML path (default: deepseek-v4-flash-h200-dp8-ep8)")
-]
-GpusPerNodeOpt = Annotated[int, typer.Option(help="GPUs per node")]
-# Prefill/decode disaggregation (dsim.engine.EngineConfig.kv_role)
-DisaggregatedOpt = Annotated[
-    bool,
-    typer.Option(
-        "--disaggregated",
-        help="simulate decode instances of a prefill/decode-disaggregated deployment (vLLM kv_role "
-        "kv_consumer): prompts' KV arrives computed, only decode runs on these GPUs",
-    ),
-]
-RemotePrefillMsOpt = Annotated[
-    float,
-    typer.Option(help="--disaggregated: assumed delay per request on the prefill instance and the KV transfer (ms)"),
-]
-RemotePrefillPerKtokOpt = Annotated[
-    float, typer.Option(help="--disaggregated: assumed further delay per 1000 prompt tokens (ms)")
 ]
 
-POLICY_NAMES = ("vllm", "paper", "paper-production", "sglang", "fixed", "threshold")
+
+def scenario_options(command: str):
+    """Decorator: give a command the scenario options it takes (dsim.scenario.Scenario's fields
+    whose ``commands`` name it) and ``--scenario``. The command function receives them resolved
+    (its defaults, the scenario file's values, the options given) as ``scn`` (a Scenario) and
+    ``scn_source`` (a ScenarioSource with the command-line tokens of its other options given,
+    for the line that reproduces a result); a bad value or file is one line and exit code 2."""
+    import functools
+    import inspect
+
+    from dsim.scenario import default_for, field_types, scenario_fields
+
+    def deco(fn):
+        sig = inspect.signature(fn, eval_str=True)
+        own = [p for p in sig.parameters.values() if p.name not in ("scn", "scn_source")]
+        types = field_types()
+        added = []
+        for f in scenario_fields(command):
+            typ = types[f.name][0]
+            d = default_for(f, command)
+            shown = f" [default: {str(d).lower() if isinstance(d, bool) else d}]" if d is not None else ""
+            decls = (f.metadata.get("flag") or "--" + f.name.replace("_", "-"),)
+            opt = typer.Option(*decls, help=f.metadata["help"] + shown, show_default=False)
+            added.append(
+                inspect.Parameter(
+                    f.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[Optional[typ], opt]
+                )
+            )
+        added.append(
+            inspect.Parameter("scenario", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ScenarioFileOpt)
+        )
+        added.append(inspect.Parameter("dsim_ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context))
+        names = {f.name for f in scenario_fields(command)}
+
+        @functools.wraps(fn)
+        def wrapper(**kw):
+            from dsim.scenario import resolve_scenario_options
+
+            ctx = kw.pop("dsim_ctx")
+            given = {n: kw.pop(n) for n in names}
+            scenario = kw.pop("scenario")
+            scn, src = run_guarded(resolve_scenario_options, command, given, scenario)
+            src = dataclasses.replace(src, other_options=_options_given(ctx, names | {"scenario"}))
+            return fn(scn=scn, scn_source=src, **kw)
+
+        params = own + added
+        wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper
+
+    return deco
+
+
+def _options_given(ctx, skip: set) -> tuple:
+    """The command-line tokens of the options given to this command other than ``skip``."""
+    out: list = []
+    for p in ctx.command.params:
+        if p.name in skip or not getattr(p, "opts", None):
+            continue
+        source = ctx.get_parameter_source(p.name)  # click's ParameterSource (typer carries its own click)
+        if source is None or source.name != "COMMANDLINE":
+            continue
+        v = ctx.params.get(p.name)
+        if getattr(p, "is_flag", False):
+            if v:
+                out.append(p.opts[0])
+            elif p.secondary_opts:
+                out.append(p.secondary_opts[0])
+        else:
+            out += [p.opts[0], str(v)]
+    return tuple(out)
 
 
 def check_mix(mix: Optional[str], acceptance: Optional[str] = None, method: Optional[str] = None) -> None:
@@ -185,19 +232,10 @@ def print_summary(s: dict, engine: EngineConfig) -> None:
 
 
 @app.command()
+@scenario_options("simulate")
 def simulate(
-    trace: TraceOpt = "default",
-    format: FormatOpt = "auto",
-    profile: ProfileOpt = None,
     nodes: int = typer.Option(1, help="nodes"),
-    gpus_per_node: GpusPerNodeOpt = 8,
-    router: str = typer.Option("least_outstanding", help="round_robin, least_outstanding, affinity"),
     concurrency: Optional[int] = typer.Option(None, help="closed loop: C users"),
-    rate: RateOpt = None,
-    rate_scale: RateScaleOpt = None,
-    requests: RequestsOpt = None,
-    window: WindowOpt = None,
-    mix: MixOpt = None,
     method: str = typer.Option(
         "none", help="none, mtp, eagle3, block, dspark; or a token of plan's --methods (mtp3, dspark5, dspark5-fixed)"
     ),
@@ -205,36 +243,23 @@ def simulate(
     adaptive: Optional[bool] = typer.Option(
         None, "--adaptive/--no-adaptive", help="dspark: confidence-scheduled verification (default on)"
     ),
-    policy: str = typer.Option(
-        "vllm", help="verify-budget policy: vllm, paper, paper-production, sglang, fixed, threshold"
-    ),
-    verify_mode: str = typer.Option("compact", help="static, compact, cap-accept"),
-    acceptance: Optional[str] = typer.Option(None, help="acceptance preset, file, 'math=0.9,0.8;chat=0.7' or const:P"),
-    head: str = typer.Option("model", help="confidence head: model, perfect, useless"),
-    head_auc: float = typer.Option(0.85, help="target ROC-AUC of the confidence head"),
-    max_num_seqs: int = typer.Option(1024),
-    max_num_batched_tokens: int = typer.Option(8192),
-    max_model_len: Optional[int] = typer.Option(
-        None, help="longest prompt + output a request may have (default: the profile's max_model_len, else none)"
-    ),
-    prefix_caching: bool = typer.Option(False, "--prefix-caching/--no-prefix-caching"),
-    async_scheduling: bool = typer.Option(False, "--async-scheduling/--no-async-scheduling"),
-    disaggregated: DisaggregatedOpt = False,
-    remote_prefill_ms: RemotePrefillMsOpt = 0.0,
-    remote_prefill_ms_per_ktok: RemotePrefillPerKtokOpt = 0.0,
     slo: Optional[str] = typer.Option(None, help="per-request SLOs for goodput, e.g. ttft=500ms,tpot=20ms"),
     seed: int = typer.Option(0),
-    out: Optional[str] = typer.Option(None, help="write summary.json, requests.parquet, steps.parquet here"),
+    out: Optional[str] = typer.Option(
+        None, help="write summary.json, requests.parquet, steps.parquet and scenario.yaml here"
+    ),
     step_log: Optional[str] = typer.Option(None, help="write a step-shape log (JSONL) for GPU replay"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as one JSON object"),
     quiet: bool = typer.Option(False, "--quiet"),
+    *,
+    scn,
+    scn_source,
 ):
     """Replay a trace through a modeled vLLM-style engine and report what a real server would show."""
 
     def go():
-        from dsim.cost import load_profile
-        from dsim.engine import EngineConfig
         from dsim.outputs import staged_dir, staged_file
+        from dsim.scenario import resolve_presets, scenario_engine, scenario_profile, write_scenario
         from dsim.sim import (
             MAX_GPUS_PER_NODE,
             MAX_NODES,
@@ -247,11 +272,9 @@ def simulate(
         )
 
         check_int(nodes, "--nodes", 1, MAX_NODES)
-        check_int(gpus_per_node, "--gpus-per-node", 1, MAX_GPUS_PER_NODE)
+        check_int(scn.gpus_per_node, "--gpus-per-node", 1, MAX_GPUS_PER_NODE)
         check_int(seed, "--seed", 0)
-        check_int(max_model_len, "--max-model-len", 1)
-        if policy.strip().lower() not in POLICY_NAMES:
-            raise InputError(f"--policy: unknown policy {policy!r} (choose from {', '.join(POLICY_NAMES)})")
+        check_int(scn.max_model_len, "--max-model-len", 1)
         from dsim.scenario import method_spec
         from dsim.spec import make_method
 
@@ -267,28 +290,23 @@ def simulate(
         else:
             adaptive_on = adaptive
         drafts = meth != "none"  # acceptance curves are read only with drafts
-        if acceptance is not None:
+        if scn.acceptance is not None and drafts:
             from dsim.spec import load_acceptance
 
-            if not acceptance.strip():
-                raise InputError("--acceptance: empty (a preset name, a file, const:P or class=p1,p2,...)")
-            if drafts:
-                load_acceptance(acceptance, meth)
-        check_mix(mix, acceptance if drafts else None, meth)
+            load_acceptance(scn.acceptance, meth)
+        check_mix(scn.mix, scn.acceptance if drafts else None, meth)
         check_out_targets(out, step_log)
-        w = build_workload(trace, format, requests, window, rate, rate_scale, concurrency, mix, seed)
-        prof = load_profile(profile)
-        if max_model_len is not None:
-            prof = dataclasses.replace(prof, max_model_len=max_model_len)
-        sc = spec_config(meth, k_drafts, adaptive_on, policy, verify_mode, acceptance, head, head_auc)
-        ec = EngineConfig(
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            enable_prefix_caching=prefix_caching,
-            async_scheduling=async_scheduling,
-            record_shapes=step_log is not None,
-            **disaggregation(disaggregated, remote_prefill_ms, remote_prefill_ms_per_ktok),
+        w = build_workload(
+            scn.trace, scn.format, scn.requests, scn.window, scn.rate, scn.rate_scale, concurrency, scn.mix, seed
         )
+        scn_run, _ = resolve_presets(scn, scn_source, "simulate")  # as written to --out: explicit
+        prof = scenario_profile(scn_run)
+        sc = spec_config(
+            meth, k_drafts, adaptive_on, scn.policy, scn.verify_mode, scn.acceptance, scn.head, scn.head_auc
+        )
+        from dsim.engine import EngineConfig
+
+        ec = scenario_engine(scn, record_shapes=step_log is not None) or EngineConfig()
         slo_d = None
         if slo:
             from dsim.plan import parse_request_slo
@@ -298,26 +316,65 @@ def simulate(
             workload=w,
             profile=prof,
             nodes=nodes,
-            gpus_per_node=gpus_per_node,
-            router=router,
+            gpus_per_node=scn.gpus_per_node,
+            router=scn.router,
             engine=ec,
             spec=sc,
             seed=seed,
             slo=slo_d,
         )
+        from dsim.plan import method_fit_fields
+
+        fit = method_fit_fields(sc, prof)
         show = not quiet and not as_json and sys.stderr.isatty()
         with contextlib.ExitStack() as stage:  # both outputs, whole, or neither
             out_dir = stage.enter_context(staged_dir(out)) if out is not None else None
             log_file = stage.enter_context(staged_file(step_log, "--step-log")) if step_log is not None else None
             res = run(cfg, progress=show)
+            res.summary["setup"]["method_fit"] = fit  # whether the model can run the method, whose acceptance
             if out_dir is not None:
                 write_output_files(res, out_dir)
+                write_scenario(out_dir, scn_run, "simulate", scn_source)
             if log_file is not None:
                 write_step_log_file(res, log_file)
         if as_json:
             typer.echo(json.dumps(res.summary, sort_keys=True))
         elif not quiet:
             print_summary(res.summary, ec)
+            if fit["hypothetical"]:
+                typer.echo(
+                    f"method   : hypothetical: {fit['fit']}; acceptance {fit['acceptance_origin']}, an assumption"
+                )
+
+    run_guarded(go)
+
+
+scenario_app = typer.Typer(
+    no_args_is_help=True, help="scenario files: every option of simulate, plan, sweep and ab in one YAML file"
+)
+app.add_typer(scenario_app, name="scenario")
+
+
+@scenario_app.command("init")
+def scenario_init(
+    path: Optional[str] = typer.Argument(None, help="file to write (default: print the template)"),
+    force: bool = typer.Option(False, "--force", help="overwrite an existing file"),
+):
+    """Write a commented scenario template: every scenario option at its default, with its help."""
+
+    def go():
+        from dsim.outputs import staged_file
+        from dsim.scenario import template_yaml
+
+        text = template_yaml()
+        if path is None:
+            typer.echo(text, nl=False)
+            return
+        if Path(path).exists() and not force:
+            raise InputError(f"{path}: exists (--force overwrites it)")
+        with staged_file(path, "PATH") as tmp:
+            Path(tmp).write_text(text)
+        typer.echo(f"wrote {path}")
 
     run_guarded(go)
 

@@ -503,6 +503,8 @@ def method_label(spec: SpecConfig) -> str:
     if spec.method == "dspark":
         block = f"DSpark-{spec.k}" if spec.k else "DSpark"  # (no k: the default block of 7)
         return f"{block} adaptive" if spec.adaptive else f"{block} fixed"
+    if spec.method == "block" and spec.k:
+        return f"block drafter K={spec.k}"
     return {"none": "no speculation", "eagle3": "EAGLE-3", "block": "block drafter"}.get(spec.method, spec.method)
 
 
@@ -621,6 +623,7 @@ def plan(
         res[name] = summarize_method(
             name, spec, outs[name], slos, margin, gpus_per_node, price, None if price_given else PRICE_SPOT
         )
+        res[name].update(method_fit_fields(spec, profile))
     w0 = workloads[seeds[0]]
     names = list(specs)
     comp = None
@@ -663,18 +666,56 @@ def plan(
     return res
 
 
+def method_fit_fields(spec: SpecConfig, profile: Any) -> dict:
+    """Whether the profile's model can run the method and whose acceptance it is sized on
+    (dsim.capability), as a plan result's fields: ``hypothetical`` (the model lacks the head the
+    method needs), ``fit`` (why), ``acceptance_origin`` (a short name for the table, None without
+    drafts) and ``acceptance_users`` (the user gave it)."""
+    from dsim.capability import acceptance_origin, method_fit
+
+    fit = method_fit(spec.method, profile)
+    origin = acceptance_origin(spec.acceptance, spec.method, profile)
+    return {
+        "hypothetical": fit.hypothetical,
+        "model_can_run": fit.runnable,
+        "fit": fit.reason,
+        "acceptance_origin": origin.label if origin is not None else None,
+        "acceptance_users": origin.users if origin is not None else None,
+    }
+
+
+def hypothetical_lines(res: dict, method_names: Iterable[str]) -> list[str]:
+    """One line per method of a plan result that the model cannot run (hypothetical: why, and the
+    acceptance it assumes) or that dsim could not check."""
+    out = []
+    for name in method_names:
+        r = res[name]
+        if r.get("hypothetical"):
+            out.append(
+                f"{r['label']} is hypothetical: {r['fit']}; sized on acceptance {r['acceptance_origin']}, an assumption"
+            )
+        elif r.get("model_can_run") is None and r.get("fit"):
+            out.append(f"{r['label']}: {r['fit']}; not checked")
+    return out
+
+
 # ---- printing -------------------------------------------------------------------------------
 
 
 def format_plan(res: dict, slos: Iterable[SLO], method_names: Iterable[str]) -> str:
     lines = []
     a = res["assumptions"]
+    method_names = list(method_names)
+    # whose acceptance each method is sized on, in the table itself (where some method drafts)
+    acc_col = any(res[n].get("acceptance_origin") for n in method_names)
     head = ["method", "nodes", "GPUs"] + [s.key for s in slos] + ["tok/s/GPU", "$/hour", "$/M out tok"]
+    head += ["acceptance"] if acc_col else []
     rows = []
     for name in method_names:
         r = res[name]
         nodes = str(r["nodes"]) if r["sla_met"] else f"not met at {r['nodes']}"
-        row = [r["label"], nodes, str(r["gpus"])]
+        label = r["label"] + (" (hypothetical)" if r.get("hypothetical") else "")
+        row = [label, nodes, str(r["gpus"])]
         for s in slos:
             m = r["metrics"][s.key]
             v = m["value"]
@@ -685,6 +726,8 @@ def format_plan(res: dict, slos: Iterable[SLO], method_names: Iterable[str]) -> 
             f"{r['cost_per_hour']:.2f}",
             "n/a" if r["cost_per_million_output_tokens"] is None else f"{r['cost_per_million_output_tokens']:.3f}",
         ]
+        if acc_col:
+            row.append(r.get("acceptance_origin") or "none (no drafts)")
         rows.append(row)
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)))
@@ -692,6 +735,7 @@ def format_plan(res: dict, slos: Iterable[SLO], method_names: Iterable[str]) -> 
     for r in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)))
     lines.append("(SLO cells: worst seed's value vs target x (1 - margin); latencies in ms)")
+    lines += hypothetical_lines(res, method_names)
     c = res.get("comparison")
     if c:
         A, B = res[c["baseline"]], res[c["candidate"]]

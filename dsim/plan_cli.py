@@ -12,49 +12,26 @@ from typing import Annotated, Any, Optional
 import typer
 
 from dsim.cli import (
-    DisaggregatedOpt,
-    FormatOpt,
-    GpusPerNodeOpt,
-    MixOpt,
-    ProfileOpt,
-    RateOpt,
-    RateScaleOpt,
-    RemotePrefillMsOpt,
-    RemotePrefillPerKtokOpt,
-    RequestsOpt,
-    TraceOpt,
-    WindowOpt,
     app,
     check_int,
     check_mix,
     check_out_targets,
     run_guarded,
+    scenario_options,
 )
 from dsim.errors import InputError
-from dsim.scenario import build_workload, engine_config, method_spec
+from dsim.scenario import (
+    Scenario,
+    ScenarioSource,
+    build_workload,
+    method_spec,
+    resolve_presets,
+    scenario_engine,
+    scenario_profile,
+    spec_common,
+)
 
-# The embedded default trace (600 requests, ~6 req/s) is light for an 8-GPU node of a
-# DeepSeek-V4-class model; the default plan scenario replays it at this arrival-rate multiplier
-# so that MTP-1 needs more than one node at p50=20ms. Said in the output when applied.
-DEFAULT_PLAN_RATE_SCALE = 20.0
-
-# Options of the node-count search, shared by plan and ab.
-ScenarioOpt = Annotated[
-    str,
-    typer.Option(
-        help="default (the default profile, DeepSeek-V4-Flash on 8 x H200, and the default trace at "
-        "20x its rate) or measured (the first measured profile under profiles/h200/)"
-    ),
-]
-MaxNodesOpt = Annotated[int, typer.Option(help="largest node count tried")]
-SeedsOpt = Annotated[str, typer.Option(help="seeds; every one is simulated, the worst counts")]
-MarginOpt = Annotated[
-    float, typer.Option(help="safety margin: pass only if every metric is within target x (1 - margin)")
-]
-PriceOpt = Annotated[
-    Optional[float],
-    typer.Option(help="$ per GPU-hour (default: a public H200 on-demand quote, $5.49, dated 24 Sep 2026)"),
-]
+# Options of plan, sweep and ab that are not scenario options (how the simulations run).
 JobsOpt = Annotated[Optional[int], typer.Option(help="worker processes (default: CPU count)")]
 # The concurrency sweep's options, shared by sweep and ab.
 ConcurrencyOpt = Annotated[str, typer.Option(help="comma-separated concurrency levels of the sweep")]
@@ -192,48 +169,6 @@ def check_fit(
             check_requests_fit(w, profile, sp)
 
 
-def measured_profile_path() -> Path | None:
-    """The first measured profile under profiles/h200/ (by file name), if any."""
-    import yaml
-
-    from dsim.cost import PROFILE_DIR
-
-    d = Path(PROFILE_DIR) / "h200"
-    if not d.is_dir():
-        return None
-    for p in sorted(d.glob("*.yaml")):
-        try:
-            prov = (yaml.safe_load(p.read_text()) or {}).get("provenance") or {}
-        except Exception:  # noqa: BLE001 - a broken file is simply not offered
-            continue
-        if prov.get("kind") == "measured":
-            return p
-    return None
-
-
-def resolve_scenario(
-    scenario: str, trace: str, profile: Optional[str], rate: Optional[float], rate_scale: Optional[float]
-):
-    """(profile name/path, rate_scale, notes) for a scenario: 'default' or 'measured'."""
-    notes = []
-    if scenario not in ("default", "measured"):
-        raise InputError(f"--scenario: must be default or measured, got {scenario!r}")
-    if scenario == "measured":
-        p = measured_profile_path()
-        if p is None:
-            raise InputError("--scenario measured: no measured profile under profiles/h200/ yet")
-        if profile is None:
-            profile = str(p)
-            notes.append(f"scenario 'measured': profile {p}")
-    elif trace == "default" and rate is None and rate_scale is None and profile is None:
-        rate_scale = DEFAULT_PLAN_RATE_SCALE
-        notes.append(
-            f"default scenario: the embedded default trace replayed at {DEFAULT_PLAN_RATE_SCALE:g}x its "
-            f"arrival rate (--rate-scale {DEFAULT_PLAN_RATE_SCALE:g}) so one 8-GPU node is not enough"
-        )
-    return profile, rate_scale, notes
-
-
 def engine_notes(eng) -> list:
     """What the engine mode assumes, for the printed output (nothing for the default engine)."""
     if eng is None or not eng.disaggregated:
@@ -247,35 +182,15 @@ def engine_notes(eng) -> list:
 
 
 @app.command()
+@scenario_options("plan")
 def plan(
-    sla: str = typer.Option(
-        ...,
-        help="SLA: comma-separated [metric_]pNN=VALUE (metric tpot (default), ttft, "
-        "itl, e2e; VALUE with unit ms or s) and min_user_tok_s=VALUE, e.g. p50=20ms,ttft_p99=2s",
-    ),
-    trace: TraceOpt = "default",
-    format: FormatOpt = "auto",
-    requests: RequestsOpt = None,
-    window: WindowOpt = None,
-    rate: RateOpt = None,
-    rate_scale: RateScaleOpt = None,
-    mix: MixOpt = None,
-    profile: ProfileOpt = None,
-    scenario: ScenarioOpt = "default",
-    methods: str = typer.Option("mtp,dspark", help="methods to size (first = baseline, last = candidate)"),
-    max_nodes: MaxNodesOpt = 64,
-    seeds: SeedsOpt = "0,1,2",
-    margin: MarginOpt = 0.10,
-    price_per_gpu_hour: PriceOpt = None,
-    gpus_per_node: GpusPerNodeOpt = 8,
-    router: str = typer.Option("least_outstanding"),
     jobs: JobsOpt = None,
     as_json: bool = typer.Option(False, "--json"),
     executor: ExecutorOpt = "local",
     ray_address: RayAddressOpt = None,
-    disaggregated: DisaggregatedOpt = False,
-    remote_prefill_ms: RemotePrefillMsOpt = 0.0,
-    remote_prefill_ms_per_ktok: RemotePrefillPerKtokOpt = 0.0,
+    *,
+    scn: Scenario,
+    scn_source: ScenarioSource,
 ):
     """Fewest nodes per method that meet an SLA on a fixed open-loop trace, and what they cost.
 
@@ -286,45 +201,40 @@ def plan(
     def go():
         from dsim import plan as P
         from dsim.progress import Progress
+        from dsim.scenario import scenario_yaml
 
-        setup = _search_setup(
-            sla=sla,
-            seeds=seeds,
-            workload=dict(trace=trace, fmt=format, requests=requests, window=window, rate=rate, mix=mix),
-            rate_scale=rate_scale,
-            profile=profile,
-            scenario=scenario,
-            checks=dict(max_nodes=max_nodes, gpus_per_node=gpus_per_node, jobs=jobs),
-            executor=executor,
-            ray_address=ray_address,
-            engine=engine_config(disaggregated, remote_prefill_ms, remote_prefill_ms_per_ktok),
-        )
-        specs = parse_methods(methods)
-        check_fit(setup.workloads.values(), setup.profile, specs.values(), gpus_per_node, price_per_gpu_hour,
-                  nodes=max_nodes, nodes_flag="--max-nodes")  # fmt: skip
+        setup = _search_setup(scn, scn_source, "plan", jobs=jobs, executor=executor, ray_address=ray_address)
+        specs = parse_methods(scn.methods, **spec_common(scn))
+        check_fit(setup.workloads.values(), setup.profile, specs.values(), scn.gpus_per_node,
+                  scn.price_per_gpu_hour, nodes=scn.max_nodes, nodes_flag="--max-nodes")  # fmt: skip
         with Progress("plan") as bar:
             res = P.plan(
                 setup.workloads,
                 setup.profile,
                 specs,
                 setup.slos,
-                margin=margin,
-                max_nodes=max_nodes,
+                margin=scn.margin,
+                max_nodes=scn.max_nodes,
                 seeds=setup.seeds,
-                gpus_per_node=gpus_per_node,
-                price=price_per_gpu_hour,
+                gpus_per_node=scn.gpus_per_node,
+                price=scn.price_per_gpu_hour,
                 jobs=jobs,
-                router=router,
+                router=scn.router,
                 notes=setup.notes,
                 executor=executor,
                 ray_address=ray_address,
                 progress_bar=bar,
                 engine=setup.engine,
             )
+        res["assumptions"]["scenario"] = setup.scenario.to_dict("plan")
         if as_json:
             typer.echo(json.dumps(res, sort_keys=True, default=_json_default))
         else:
             typer.echo(P.format_plan(res, setup.slos, list(specs)))
+            typer.echo("")
+            typer.echo(
+                scenario_yaml(setup.scenario, "plan", comments=False, header=reproduce(scn_source, "plan")), nl=False
+            )
         return 0 if all(res[n]["sla_met"] for n in specs) else 1
 
     rc = run_guarded(go)
@@ -332,10 +242,18 @@ def plan(
         raise typer.Exit(rc)
 
 
+def reproduce(src: ScenarioSource, command: str) -> list[str]:
+    """The header of a scenario printed under a result (saved as FILE.yaml, it reproduces it)."""
+    from dsim.scenario import reproduce_header
+
+    return [f"scenario (save these lines as FILE.yaml; {reproduce_header(command, src, 'FILE.yaml')[1]})"]
+
+
 @dataclass(frozen=True)
 class SearchSetup:
     """What plan and ab share before the node-count search: the parsed SLA and seeds, the engine
-    mode, the profile and one workload per seed (the scenario resolved), and the printed notes."""
+    mode, the profile and one workload per seed (the scenario resolved: every value explicit),
+    and the printed notes."""
 
     slos: list
     seeds: list[int]
@@ -343,28 +261,31 @@ class SearchSetup:
     profile: Any  # dsim.cost.Profile
     workloads: dict
     notes: list[str]
+    scenario: Scenario
 
 
-def _search_setup(
-    *, sla, seeds, workload: dict, rate_scale, profile, scenario, checks: dict, executor, ray_address, engine
-) -> SearchSetup:
-    """Validate the node-count search's shared flags (an InputError names the flag) and build its
-    inputs. workload: build_workload's trace, fmt, requests, window, rate and mix; checks:
-    check_common's max_nodes, gpus_per_node and jobs."""
+def _search_setup(scn: Scenario, src: ScenarioSource, command: str, *, jobs, executor, ray_address) -> SearchSetup:
+    """Validate the node-count search's scenario and flags (an InputError names the flag) and
+    build its inputs."""
     from dsim import plan as P
-    from dsim.cost import load_profile
     from dsim.executor import check_executor
 
     check_executor(executor, ray_address)
-    slos = P.parse_sla(sla)
-    seed_list = parse_seeds(seeds)
-    check_common(**checks)
-    check_mix(workload["mix"])
-    prof_name, rs, notes = resolve_scenario(scenario, workload["trace"], profile, workload["rate"], rate_scale)
-    notes += engine_notes(engine)
-    prof = load_profile(prof_name)
-    wls = {s: build_workload(**workload, rate_scale=rs, seed=s) for s in seed_list}
-    return SearchSetup(slos=slos, seeds=seed_list, engine=engine, profile=prof, workloads=wls, notes=notes)
+    if scn.sla is None:
+        raise InputError("--sla: required (on the command line or as sla: in the --scenario file)")
+    slos = P.parse_sla(scn.sla)
+    seed_list = parse_seeds(scn.seeds)
+    check_common(max_nodes=scn.max_nodes, gpus_per_node=scn.gpus_per_node, jobs=jobs)
+    check_mix(scn.mix, scn.acceptance)
+    run, notes = resolve_presets(scn, src, command)
+    eng = scenario_engine(run)
+    notes += engine_notes(eng)
+    prof = scenario_profile(run)
+    wls = {
+        s: build_workload(run.trace, run.format, run.requests, run.window, run.rate, run.rate_scale, None, run.mix, s)
+        for s in seed_list
+    }
+    return SearchSetup(slos=slos, seeds=seed_list, engine=eng, profile=prof, workloads=wls, notes=notes, scenario=run)
 
 
 def _json_default(o):
@@ -381,57 +302,49 @@ def _json_default(o):
 
 
 @app.command()
+@scenario_options("sweep")
 def sweep(
     concurrency: ConcurrencyOpt = "1,2,4,8,16,32,64,128,256",
-    methods: str = typer.Option(
-        "none,mtp,block,dspark",
-        help="methods (none, mtp, mtpK, eagle3, block, dspark, dspark-fixed, dsparkK, dsparkK-fixed)",
-    ),
     requests_per_user: RequestsPerUserOpt = 8,
     min_requests: MinRequestsOpt = 200,
-    trace: TraceOpt = "default",
-    format: FormatOpt = "auto",
-    window: WindowOpt = None,
-    mix: MixOpt = None,
-    profile: ProfileOpt = None,
     nodes: int = typer.Option(1),
-    gpus_per_node: GpusPerNodeOpt = 8,
     seed: int = typer.Option(0),
     jobs: JobsOpt = None,
-    out: str = typer.Option(..., help="output directory: sweep.csv and PNG figures"),
+    out: str = typer.Option(..., help="output directory: sweep.csv, PNG figures and scenario.yaml"),
     executor: ExecutorOpt = "local",
     ray_address: RayAddressOpt = None,
     user_sla: UserSlaOpt = None,
     per_gpu: PerGpuOpt = False,
-    disaggregated: DisaggregatedOpt = False,
-    remote_prefill_ms: RemotePrefillMsOpt = 0.0,
-    remote_prefill_ms_per_ktok: RemotePrefillPerKtokOpt = 0.0,
+    *,
+    scn: Scenario,
+    scn_source: ScenarioSource,
 ):
     """Closed-loop concurrency sweep: throughput per GPU vs per-user speed (frontier), Fig. 8 curves."""
 
     def go():
         from dsim import frontier as F
         from dsim import sweep as S
-        from dsim.cost import load_profile
         from dsim.executor import check_executor
         from dsim.outputs import field_lines, final_path, staged_dir
         from dsim.progress import Progress
+        from dsim.scenario import write_scenario
 
         check_executor(executor, ray_address)
         conc = parse_int_list(concurrency, "--concurrency")
-        specs = parse_methods(methods)
-        eng = engine_config(disaggregated, remote_prefill_ms, remote_prefill_ms_per_ktok)
+        specs = parse_methods(scn.methods, **spec_common(scn))
+        run, notes = resolve_presets(scn, scn_source, "sweep")
+        eng = scenario_engine(run)
         slas = F.parse_user_sla(user_sla) if user_sla is not None else None
         check_int(min_requests, "--min-requests", 1, 10_000_000)
         check_int(requests_per_user, "--requests-per-user", 1, 1_000_000)
-        check_common(nodes=nodes, gpus_per_node=gpus_per_node, seed=seed, jobs=jobs)
-        check_mix(mix)
+        check_common(nodes=nodes, gpus_per_node=run.gpus_per_node, seed=seed, jobs=jobs)
+        check_mix(run.mix, run.acceptance)
         check_out_targets(out)
-        prof = load_profile(profile)
-        base = build_workload(trace, format, None, window, None, None, None, mix, seed)
-        check_fit([base], prof, specs.values(), gpus_per_node, nodes=nodes, nodes_flag="--nodes")
+        prof = scenario_profile(run)
+        base = build_workload(run.trace, run.format, None, run.window, None, None, None, run.mix, seed)
+        check_fit([base], prof, specs.values(), run.gpus_per_node, nodes=nodes, nodes_flag="--nodes")
         if per_gpu:
-            conc = per_gpu_concurrency(conc, prof, nodes, gpus_per_node)
+            conc = per_gpu_concurrency(conc, prof, nodes, run.gpus_per_node)
         with staged_dir(out) as tmp:
             with Progress("sweep") as bar:
                 df = S.sweep(
@@ -442,26 +355,49 @@ def sweep(
                     requests_per_user=requests_per_user,
                     min_requests=min_requests,
                     nodes=nodes,
-                    gpus_per_node=gpus_per_node,
+                    gpus_per_node=run.gpus_per_node,
                     seed=seed,
                     jobs=jobs,
                     executor=executor,
                     ray_address=ray_address,
                     progress_bar=bar,
                     engine=eng,
+                    router=run.router,
                 )
             written = S.write_sweep(df, tmp)
             comp_text, comp_files = _paper_comparison(df, list(specs), slas, prof, tmp)
-            files = [final_path(tmp, out, f) for f in written + comp_files]
+            written_scn = write_scenario(tmp, run, "sweep", scn_source)
+            files = [final_path(tmp, out, f) for f in written + comp_files + [written_scn]]
         typer.echo(S.format_sweep(df))
         if comp_text:
             typer.echo(comp_text)
         typer.echo("\n".join(field_lines("workload: ", base.source) + field_lines("profile : ", prof.label)))
+        for line in method_lines(specs, prof):
+            typer.echo(f"method  : {line}")
+        for line in notes:
+            typer.echo(f"note    : {line}")
         for line in engine_notes(eng):
             typer.echo(f"engine  : {line}")
         typer.echo("wrote " + ", ".join(str(f) for f in files))
 
     run_guarded(go)
+
+
+def method_lines(specs: dict, prof) -> list[str]:
+    """Per drafting method: the acceptance it is sized on (whose) and, where the profile's model
+    cannot run it, that it is hypothetical (dsim.capability)."""
+    from dsim import plan as P
+
+    out = []
+    for name, sp in specs.items():
+        f = P.method_fit_fields(sp, prof)
+        if f["acceptance_origin"] is None:
+            continue
+        line = f"{name}: acceptance {f['acceptance_origin']}"
+        if f["hypothetical"]:
+            line += f"; hypothetical: {f['fit']}"
+        out.append(line)
+    return out
 
 
 def user_slas(slas, prof):
@@ -491,36 +427,24 @@ EXAMPLE_AB_COMMAND = "dsim ab --a mtp --b dspark --sla p50=20ms --out reports/ex
 
 
 @app.command()
+@scenario_options("ab")
 def ab(
     a: str = typer.Option("mtp", "--a", help="method A (baseline)"),
     b: str = typer.Option("dspark", "--b", help="method B (candidate)"),
-    sla: str = typer.Option("p50=20ms", help="SLA for the node-count comparison (grammar of `dsim plan`)"),
-    trace: TraceOpt = "default",
-    format: FormatOpt = "auto",
-    requests: RequestsOpt = None,
-    window: WindowOpt = None,
-    rate: RateOpt = None,
-    rate_scale: RateScaleOpt = None,
-    mix: MixOpt = None,
-    profile: ProfileOpt = None,
-    scenario: ScenarioOpt = "default",
-    max_nodes: MaxNodesOpt = 64,
-    seeds: SeedsOpt = "0,1,2",
-    margin: MarginOpt = 0.10,
-    price_per_gpu_hour: PriceOpt = None,
-    gpus_per_node: GpusPerNodeOpt = 8,
     concurrency: ConcurrencyOpt = "1,2,4,8,16,32,64,128,256",
     requests_per_user: RequestsPerUserOpt = 8,
     min_requests: MinRequestsOpt = 200,
     jobs: JobsOpt = None,
-    out: str = typer.Option(..., help="report directory (report.md, report.html, PNGs, plan.json, sweep.csv)"),
+    out: str = typer.Option(
+        ..., help="report directory (report.md, report.html, PNGs, plan.json, sweep.csv, scenario.yaml)"
+    ),
     executor: ExecutorOpt = "local",
     ray_address: RayAddressOpt = None,
     user_sla: UserSlaOpt = None,
     per_gpu: PerGpuOpt = False,
-    disaggregated: DisaggregatedOpt = False,
-    remote_prefill_ms: RemotePrefillMsOpt = 0.0,
-    remote_prefill_ms_per_ktok: RemotePrefillPerKtokOpt = 0.0,
+    *,
+    scn: Scenario,
+    scn_source: ScenarioSource,
 ):
     """Side-by-side report of method A vs B: SLA node counts, latency CDFs, frontier, per class, sensitivity."""
 
@@ -529,35 +453,29 @@ def ab(
         from dsim.outputs import final_path, staged_dir
         from dsim.progress import Progress
         from dsim.report import ab_report
+        from dsim.scenario import SCENARIO_FILE, write_scenario
 
         conc = parse_int_list(concurrency, "--concurrency")
         slas_u = F.parse_user_sla(user_sla) if user_sla is not None else None
         check_int(min_requests, "--min-requests", 1, 10_000_000)
         check_int(requests_per_user, "--requests-per-user", 1, 1_000_000)
         check_out_targets(out)
-        setup = _search_setup(
-            sla=sla,
-            seeds=seeds,
-            workload=dict(trace=trace, fmt=format, requests=requests, window=window, rate=rate, mix=mix),
-            rate_scale=rate_scale,
-            profile=profile,
-            scenario=scenario,
-            checks=dict(max_nodes=max_nodes, gpus_per_node=gpus_per_node, jobs=jobs),
-            executor=executor,
-            ray_address=ray_address,
-            engine=engine_config(disaggregated, remote_prefill_ms, remote_prefill_ms_per_ktok),
-        )
-        sa, sb = method_spec(a, what="--a"), method_spec(b, what="--b")
-        check_fit(setup.workloads.values(), setup.profile, (sa, sb), gpus_per_node, price_per_gpu_hour,
-                  nodes=max_nodes, nodes_flag="--max-nodes")  # fmt: skip
+        setup = _search_setup(scn, scn_source, "ab", jobs=jobs, executor=executor, ray_address=ray_address)
+        common = spec_common(scn)
+        sa, sb = method_spec(a, what="--a", **common), method_spec(b, what="--b", **common)
+        check_fit(setup.workloads.values(), setup.profile, (sa, sb), scn.gpus_per_node, scn.price_per_gpu_hour,
+                  nodes=scn.max_nodes, nodes_flag="--max-nodes")  # fmt: skip
         if per_gpu:
-            conc = per_gpu_concurrency(conc, setup.profile, 1, gpus_per_node)
+            conc = per_gpu_concurrency(conc, setup.profile, 1, scn.gpus_per_node)
         argv = sys.argv[1:]
         cmd = (
             ("dsim " + " ".join(_shq(x) for x in argv))
             if argv and argv[0] == "ab"
-            else f"dsim ab --a {a} --b {b} --sla {sla} --out {out}"
+            else f"dsim ab --a {a} --b {b} --sla {scn.sla} --out {out}"
         )
+        # the second line: every option in the scenario file written beside the report
+        rest = " ".join(_shq(x) for x in scn_source.other_options)
+        cmd += f"\n# or: dsim ab --scenario {_shq(str(Path(out) / SCENARIO_FILE))}" + (f" {rest}" if rest else "")
         with staged_dir(out) as tmp:
             with Progress("ab") as bar:
                 files = ab_report(
@@ -568,11 +486,11 @@ def ab(
                     setup.slos,
                     tmp,
                     command=cmd,
-                    margin=margin,
-                    max_nodes=max_nodes,
+                    margin=scn.margin,
+                    max_nodes=scn.max_nodes,
                     seeds=setup.seeds,
-                    gpus_per_node=gpus_per_node,
-                    price=price_per_gpu_hour,
+                    gpus_per_node=scn.gpus_per_node,
+                    price=scn.price_per_gpu_hour,
                     jobs=jobs,
                     concurrency=conc,
                     requests_per_user=requests_per_user,
@@ -585,7 +503,9 @@ def ab(
                     progress_bar=bar,
                     user_sla=slas_u,
                     engine=setup.engine,
+                    router=scn.router,
                 )
+            files.append(write_scenario(tmp, setup.scenario, "ab", scn_source))
             files = [final_path(tmp, out, f) for f in files]
         typer.echo("wrote " + ", ".join(str(f) for f in files))
 

@@ -209,6 +209,7 @@ def ab_report(
     progress_bar: Any = None,
     user_sla: Sequence[float] | None = None,
     engine: Any = None,
+    router: str = "least_outstanding",
 ) -> list[Path]:
     """Run everything and write the report into `out`; returns the list of files written.
     executor / ray_address: where the simulations run (dsim.executor); progress_bar: dsim.progress;
@@ -236,7 +237,9 @@ def ab_report(
     with P.Runner(jobs, executor, ray_address, progress_bar) as runner:
         # 1. the plan
         def point(name: str, n: int, s: int) -> P.Point:
-            return P.Point(workloads[s], profile, specs[name], n, s, gpus_per_node, engine=engine, tag=name)
+            return P.Point(
+                workloads[s], profile, specs[name], n, s, gpus_per_node, router=router, engine=engine, tag=name
+            )
 
         outs = P.search_nodes(point, searches, runner, slos)
         pres = {}
@@ -252,6 +255,7 @@ def ab_report(
                 price if price_given else P.PRICE_ON_DEMAND,
                 None if price_given else P.PRICE_SPOT,
             )
+            pres[n].update(P.method_fit_fields(sp, profile))
         fleet = pres[name_a]["nodes"]
         # 2. open-loop runs at A's fleet (CDFs, per class); 3. sweep; 4. sensitivity: submitted together
         runner.claim = "report"  # the runs declared ahead above, submitted from here on
@@ -259,7 +263,7 @@ def ab_report(
         f_ol = {
             n: runner.submit(
                 P.run_point,
-                P.Point(w0, profile, specs[n], fleet, seeds[0], gpus_per_node, engine=engine, tag=n),
+                P.Point(w0, profile, specs[n], fleet, seeds[0], gpus_per_node, router=router, engine=engine, tag=n),
                 slos,
                 keep,
             )
@@ -271,7 +275,9 @@ def ab_report(
             for n in specs:
                 f_mix[(m, n)] = runner.submit(
                     P.run_point,
-                    P.Point(wm, profile, specs[n], fleet, seeds[0], gpus_per_node, engine=engine, tag=(m, n)),
+                    P.Point(
+                        wm, profile, specs[n], fleet, seeds[0], gpus_per_node, router=router, engine=engine, tag=(m, n)
+                    ),
                     slos,
                 )
         df = S.sweep(
@@ -285,6 +291,7 @@ def ab_report(
             seed=seeds[0],
             runner=runner,
             engine=engine,
+            router=router,
         )
         ol = {n: f.result() for n, f in f_ol.items()}
         mixr = {k: f.result() for k, f in f_mix.items()}
@@ -368,15 +375,20 @@ def ab_report(
 
     d.h(2, "Node count for the SLA")
     head = ["method", "nodes", "GPUs"] + [s.key for s in slos] + ["tok/s/GPU", "$/hour", "$/M output tokens"]
+    head.append("acceptance")
     rows = []
     for r, lab in ((a, la), (b, lb)):
+        lab = lab + (" (hypothetical)" if r.get("hypothetical") else "")
         row = [lab, str(r["nodes"]) if r["sla_met"] else f"not met at {r['nodes']}", r["gpus"]]
         for s in slos:
             m = r["metrics"][s.key]
             row.append(f"{_f(m['value'])} vs {m['limit']:.4g} ({'ok' if m['ok'] else 'MISS'})")
         row += [_f(r["output_tok_s_per_gpu"], 1), _f(r["cost_per_hour"]), _f(r["cost_per_million_output_tokens"], 3)]
+        row.append(r.get("acceptance_origin") or "none (no drafts)")
         rows.append(row)
     d.table(head, rows)
+    for line in P.hypothetical_lines(pres, (name_a, name_b)):
+        d.p(line)
 
     def trail(r: dict) -> str:
         return ", ".join(f"{x['nodes']}:" + ("pass" if x["passed"] else "fail") for x in r["search"])
@@ -562,7 +574,7 @@ def ab_report(
         + ("assumed (assigned by a mix, not carried by the trace)" if w0.class_mix_assumed else "carried by the trace")
         + ".",
         "Load model: open loop for the plan, CDFs and sensitivity (the trace's arrivals are fixed; nodes share "
-        "them via the least-outstanding router); closed loop for the sweep.",
+        f"them via the {router.replace('_', '-')} router); closed loop for the sweep.",
         f"Profile: {profile.label} (kind: {profile.provenance.get('kind')}).",
         f"Acceptance A: {a['acceptance_source'] or 'none'}",
         f"Acceptance B: {b['acceptance_source'] or 'none'}",

@@ -140,6 +140,13 @@ class SpecMethod:
         sampled by the head model and scored (AUC, ECE); the others use the class curve."""
         return self.name == "dspark"
 
+    @property
+    def model_head(self) -> str | None:
+        """What the method needs of the target model (dsim.capability checks it): ``mtp`` its own
+        MTP layers, ``dspark`` a DSpark drafter trained for it; None for the others (no drafts, or a
+        separate draft model that can be trained for any target)."""
+        return self.name if self.name in ("mtp", "dspark") else None
+
     def draft_ms(self, cost: Any, n_requests: int) -> float:
         """Draft time (ms) for one step with ``n_requests`` decoding requests.
 
@@ -242,6 +249,7 @@ class AcceptanceCurves:
     source: str = ""
     name: str = ""
     method: str | None = None
+    model: str = ""  # the model the curves were measured or derived for (a file's `model:`), if said
 
     def __post_init__(self):
         if not self.curves:
@@ -389,7 +397,7 @@ def _from_mapping(doc, where_: str, method: str | None, marks=None) -> Acceptanc
         if not isinstance(v, list) or not v:
             raise InputError(f"{d.at(*ckeys, c)}: expected a non-empty list of probabilities, got {plain(v)}")
         curves[str(c)] = tuple(Sch.number(x, d, *ckeys, c, i, lo=0.0, hi=1.0) for i, x in enumerate(v))
-    return AcceptanceCurves(curves, source=src, name=name, method=mname)
+    return AcceptanceCurves(curves, source=src, name=name, method=mname, model=str(doc.get("model") or ""))
 
 
 def load_acceptance(name_or_path: str, method: str | None = None) -> AcceptanceCurves:

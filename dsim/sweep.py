@@ -108,10 +108,12 @@ def sweep(
     ray_address: str | None = None,
     progress_bar: Any = None,
     engine: Any = None,
+    router: str = "least_outstanding",
 ) -> pd.DataFrame:
     """One closed-loop simulation per (method, concurrency); rows sorted by method order then C.
     runner: a dsim.plan.Runner to use (else one is made from jobs, executor and ray_address);
-    engine: a dsim.engine.EngineConfig for every point (default: vLLM's defaults)."""
+    engine: a dsim.engine.EngineConfig for every point (default: vLLM's defaults); router: the
+    router over a fleet's replicas (dsim.cluster)."""
     from dsim.plan import Point, Runner, run_point
 
     if requests_per_user < 1:
@@ -124,7 +126,7 @@ def sweep(
     # biggest points first so that the pool's tail is short
     for c in sorted(conc, reverse=True):
         for name, spec in specs.items():
-            pts.append(Point(wl[c], profile, spec, nodes, seed, gpus_per_node, engine=engine, tag=(name, c)))
+            pts.append(Point(wl[c], profile, spec, nodes, seed, gpus_per_node, router, engine=engine, tag=(name, c)))
     if runner is None:
         with Runner(jobs, executor, ray_address, progress_bar) as rn:
             res = rn.map(run_point, pts)

@@ -25,7 +25,8 @@ def test_simulate_defaults_json_keys(tmp_path):
     for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         assert set(s[m]) == {"mean", "p50", "p90", "p99"}
     assert s["requests_completed"] == 80
-    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["requests.parquet", "steps.parquet", "summary.json"]
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [
+        "requests.parquet", "scenario.yaml", "steps.parquet", "summary.json"]
 
 
 def test_simulate_spec_json_keys():

@@ -152,7 +152,8 @@ def test_simulate_out_and_step_log_written_together(tmp_path):
     rc, _, err = run_cli("simulate", *SMALL, "--method", "mtp", "--out", tmp_path / "o",
                          "--step-log", tmp_path / "s.jsonl")
     assert rc == 0, err
-    assert tree(tmp_path) == {"o", "o/requests.parquet", "o/steps.parquet", "o/summary.json", "s.jsonl"}
+    assert tree(tmp_path) == {"o", "o/requests.parquet", "o/scenario.yaml", "o/steps.parquet", "o/summary.json",
+                              "s.jsonl"}
 
 
 def _sigint_when_staging(cmd, parent: Path, timeout=120, sig=signal.SIGINT):

@@ -546,6 +546,39 @@ def test_live_cli_check_writes_markdown_and_json(live, measured_profile, tmp_pat
     assert (tmp_path / "chk" / "check.md").read_text().startswith("# dsim check")
 
 
+def test_live_serve_profile_run_calibrate_plan(live, measured_profile, tmp_path):
+    """The loop from a served model to a plan on its own measurements (docs/scenarios.md): the
+    server (served and profiled by the fixtures), a run, `calibrate`, then `dsim plan` reading
+    the calibrated acceptance and profile, with the server's n-gram K=4 as a block drafter of 4."""
+    from dsim.spec import chain_tau, load_acceptance
+
+    base, _ = measured_profile
+    m = _run(live, tmp_path, "c2", n=12, c=2, outp=64)
+    r = subprocess.run(
+        [sys.executable, "-m", "dsim", "validate", "calibrate", m.path, "--out", str(tmp_path / "cal"),
+         "--profile", str(base)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    acc = tmp_path / "cal" / "calibrated-acceptance.yaml"
+    curve = load_acceptance(str(acc), "block").curve("default", K)
+    trace = tmp_path / "t.jsonl"  # the lengths the server was measured at, 4 requests a second
+    trace.write_text("".join(
+        json.dumps({"arrival_s": i / 4, "prompt_tokens": 64, "output_tokens": 64}) + "\n" for i in range(40)
+    ))  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "dsim", "plan", "--sla", "p50=2s", "--trace", str(trace), "--profile",
+         str(tmp_path / "cal" / "calibrated-profile.yaml"), "--gpus-per-node", "1", "--acceptance", str(acc),
+         "--methods", f"none,block{K}", "--seeds", "0", "--max-nodes", "4", "--jobs", "1",
+         "--json"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )  # fmt: skip
+    assert r.returncode in (0, 1), r.stderr
+    res = json.loads(r.stdout)[f"block{K}"]
+    assert res["acceptance_origin"] == "given: calibrated-acceptance.yaml"
+    assert res["acceptance_length"] == pytest.approx(chain_tau(curve), rel=0.1)
+
+
 def test_live_server_killed_mid_run(live, tmp_path):
     """Last test of the module: kills the shared server while a replay runs."""
     path = tmp_path / "killed.jsonl"

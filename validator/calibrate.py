@@ -326,6 +326,8 @@ def calibrate(
     if acc:
         doc = {
             "name": name,
+            # the served model: dsim's plan names whose acceptance a method is sized on
+            "model": str(h0.get("model") or ""),
             "source": (
                 f"validator calibrate from {', '.join(Path(f).name for f in files)}: vLLM "
                 f"spec-decode counters (server {h0.get('server_version')}, model {h0.get('model')}), "

@@ -10,12 +10,19 @@ max_tokens picks the behaviour: max_tokens % 5 == 0 ok, 1 -> HTTP 500, 2 -> malf
 (sends headers, then nothing for --hang-s seconds). Bad data, for the client's checks: ``neg-usage``
 streams a negative completion_tokens count, ``str-usage`` a string one, ``nan-usage`` a NaN one;
 ``--metrics nan`` / ``negative`` put a NaN / negative counter sample in /metrics.
+
+``--spec-k K --spec-accept p1,p2,...`` serves as a speculative decoder would: after the first
+token every step drafts K tokens and accepts draft i with conditional probability p_i given drafts
+1..i-1 were (a seeded draw per request and step), streams the 1 + accepted tokens of the step as one
+chunk, and counts vLLM's spec-decode counters (drafts, draft tokens, accepted, accepted per
+position) in /metrics, so that `dsim validate calibrate` measures the curve it was given.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -59,6 +66,7 @@ class Handler(BaseHTTPRequestHandler):
                 f'vllm:num_requests_running{{engine="0"}} 0\n'
                 "this line is not prometheus {{{\n"
             )
+            text += _spec_metrics(self.cfg)
             if self.cfg.metrics == "nan":
                 text += 'vllm:spec_decode_num_drafts_total{engine="0"} NaN\n'
             elif self.cfg.metrics == "negative":
@@ -97,6 +105,8 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
                 time.sleep(self.cfg.hang_s)
                 return
+            if self.cfg.spec_k:
+                return self._stream_speculative(n, step)
             for i in range(n):
                 time.sleep(step)
                 if mode == "malformed":
@@ -124,6 +134,63 @@ class Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError, OSError):
             return
 
+    def _stream_speculative(self, n: int, step: float) -> None:
+        """Stream n tokens as a speculative decoder: the first token alone, then per step 1 + the
+        accepted drafts (the last step cut at n), counting vLLM's spec-decode counters."""
+        cfg = self.cfg
+        st = cfg.spec_state
+        with st["lock"]:
+            rng = random.Random(st["seed"])
+            st["seed"] += 1
+        done = 0
+        while done < n:
+            time.sleep(step)
+            m = 1
+            if done:
+                acc = 0
+                for p in cfg.spec_accept[: cfg.spec_k]:
+                    if rng.random() >= p:
+                        break
+                    acc += 1
+                m = min(1 + acc, n - done)
+                with st["lock"]:
+                    st["drafts"] += 1
+                    st["draft_tokens"] += cfg.spec_k
+                    st["accepted"] += acc
+                    for i in range(acc):
+                        st["per_pos"][i] += 1
+            done += m
+            ev = {"choices": [{"index": 0, "text": "x" * m}], "usage": {"prompt_tokens": 1, "completion_tokens": done}}
+            self.wfile.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
+            self.wfile.flush()
+        self.wfile.write(
+            b"data: "
+            + json.dumps({"choices": [], "usage": {"completion_tokens": n}}).encode()
+            + b"\n\ndata: [DONE]\n\n"
+        )
+        self.wfile.flush()
+        with STATE["lock"]:
+            STATE["requests"] += 1
+            STATE["tokens"] += n
+
+
+def _spec_metrics(cfg: argparse.Namespace) -> str:
+    """vLLM's spec-decode counters of a speculative fake server ("" for a plain one)."""
+    if not cfg.spec_k:
+        return ""
+    st = cfg.spec_state
+    p = "vllm:spec_decode_"
+    with st["lock"]:
+        lines = [
+            f'{p}num_drafts_total{{engine="0"}} {st["drafts"]}',
+            f'{p}num_draft_tokens_total{{engine="0"}} {st["draft_tokens"]}',
+            f'{p}num_accepted_tokens_total{{engine="0"}} {st["accepted"]}',
+        ] + [
+            f'{p}num_accepted_tokens_per_pos_total{{engine="0",position="{i}"}} {v}'
+            for i, v in enumerate(st["per_pos"])
+        ]
+    return "\n".join(lines) + "\n"
+
 
 def serve(
     port: int,
@@ -132,8 +199,25 @@ def serve(
     hang_s: float = 30.0,
     host: str = "127.0.0.1",
     metrics: str = "ok",
+    spec_k: int = 0,
+    spec_accept: tuple = (),
+    seed: int = 0,
 ) -> ThreadingHTTPServer:
-    cfg = argparse.Namespace(mode=mode, step_ms=step_ms, hang_s=hang_s, metrics=metrics)
+    """spec_k > 0: a speculative server drafting spec_k tokens a step, spec_accept the conditional
+    acceptance per position (padded with its last value), draws seeded from ``seed``."""
+    acc = tuple(float(x) for x in spec_accept) or (0.0,)
+    acc = acc[:spec_k] + (acc[-1],) * max(0, spec_k - len(acc))
+    state = {
+        "lock": threading.Lock(),
+        "seed": seed,
+        "drafts": 0,
+        "draft_tokens": 0,
+        "accepted": 0,
+        "per_pos": [0] * spec_k,
+    }
+    cfg = argparse.Namespace(
+        mode=mode, step_ms=step_ms, hang_s=hang_s, metrics=metrics, spec_k=spec_k, spec_accept=acc, spec_state=state
+    )
     handler = type("H", (Handler,), {"cfg": cfg})
     httpd = ThreadingHTTPServer((host, port), handler)
     httpd.daemon_threads = True
@@ -147,8 +231,11 @@ def main() -> None:
     ap.add_argument("--metrics", default="ok", choices=METRICS)
     ap.add_argument("--step-ms", type=float, default=2.0)
     ap.add_argument("--hang-s", type=float, default=30.0)
+    ap.add_argument("--spec-k", type=int, default=0, help="drafts per step (0: no speculative decoding)")
+    ap.add_argument("--spec-accept", default="", help="conditional acceptance per position, e.g. 0.8,0.6,0.5")
     a = ap.parse_args()
-    serve(a.port, a.mode, a.step_ms, a.hang_s, metrics=a.metrics).serve_forever()
+    accept = tuple(float(x) for x in a.spec_accept.split(",") if x.strip())
+    serve(a.port, a.mode, a.step_ms, a.hang_s, metrics=a.metrics, spec_k=a.spec_k, spec_accept=accept).serve_forever()
 
 
 if __name__ == "__main__":
