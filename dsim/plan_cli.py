@@ -53,7 +53,7 @@ MarginOpt = Annotated[
 ]
 PriceOpt = Annotated[
     Optional[float],
-    typer.Option(help="$ per GPU-hour (default: a public H200 on-demand quote, $5.49, dated 24 Sep 2026)"),
+    typer.Option(help="$ per GPU-hour (default: the public on-demand quote for the profile's GPU kind, dsim.prices)"),
 ]
 JobsOpt = Annotated[Optional[int], typer.Option(help="worker processes (default: CPU count)")]
 # The concurrency sweep's options, shared by sweep and ab.

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dsim.prices import price_for
 from dsim.sweep import pyplot, save_figure
 
 if TYPE_CHECKING:
@@ -240,17 +241,10 @@ def ab_report(
 
         outs = P.search_nodes(point, searches, runner, slos)
         pres = {}
-        price_given = price is not None
+        cost = price_for(profile.provenance.get("hardware"), price)
         for n, sp in specs.items():
             pres[n] = P.summarize_method(
-                n,
-                sp,
-                outs[n],
-                slos,
-                margin,
-                gpus_per_node,
-                price if price_given else P.PRICE_ON_DEMAND,
-                None if price_given else P.PRICE_SPOT,
+                n, sp, outs[n], slos, margin, gpus_per_node, cost.per_gpu_hour, cost.spot_per_gpu_hour
             )
         fleet = pres[name_a]["nodes"]
         # 2. open-loop runs at A's fleet (CDFs, per class); 3. sweep; 4. sensitivity: submitted together
@@ -335,11 +329,15 @@ def ab_report(
     d.h(2, "Summary")
     bullets = []
     if a["sla_met"] and b["sla_met"]:
-        saved = a["cost_per_hour"] - b["cost_per_hour"]
+        pct = 100 * (a["gpus"] - b["gpus"]) / a["gpus"]
+        saved = (
+            f"${a['cost_per_hour'] - b['cost_per_hour']:.2f}/hour ({pct:.1f}%)"
+            if cost.per_gpu_hour is not None
+            else f"{pct:.1f}% of the GPUs (no dollar figure: no price for this hardware)"
+        )
         bullets.append(
             f"For the SLA ({sla_txt}, {margin:.0%} margin) A needs **{a['nodes']}** node(s), B needs "
-            f"**{b['nodes']}**: B saves {a['nodes'] - b['nodes']} node(s), ${saved:.2f}/hour "
-            f"({100 * saved / a['cost_per_hour']:.1f}%)."
+            f"**{b['nodes']}**: B saves {a['nodes'] - b['nodes']} node(s), {saved}."
         )
     else:
         for r, lab in ((a, la), (b, lb)):
@@ -566,8 +564,7 @@ def ab_report(
         f"Profile: {profile.label} (kind: {profile.provenance.get('kind')}).",
         f"Acceptance A: {a['acceptance_source'] or 'none'}",
         f"Acceptance B: {b['acceptance_source'] or 'none'}",
-        ("Price: given on the command line, " if price_given else f"Price: {P.PRICE_SOURCE}, ")
-        + f"${price if price_given else P.PRICE_ON_DEMAND:.2f}/GPU-hour, {gpus_per_node} GPUs per node.",
+        f"Price: {cost.source}; {gpus_per_node} GPUs per node.",
     ] + [f"Note: {n}" for n in notes]
     d.ul(items)
     d.p("Data: `plan.json` (plan results), `sweep.csv` (sweep points).")
