@@ -51,7 +51,6 @@ METRIC_LABEL = {
 }
 
 
-
 # ---- SLA grammar ----------------------------------------------------------------------------
 
 
@@ -553,7 +552,24 @@ def summarize_method(
         "cost_per_million_output_tokens": round(per_m, 4) if per_m is not None else None,
         "search": [{"nodes": n, "passed": v} for n, v in out["trail"]],
         "acceptance_source": (s0.get("setup") or {}).get("acceptance_source"),
+        "warnings": method_warnings(rs, slos),
     }
+
+
+def method_warnings(results: Sequence[dict], slos: Iterable[SLO]) -> list[dict]:
+    """The warnings (dsim.diagnostics) of a method's simulations at its answer's node count, one per
+    kind and message, with the seeds that raised it; plus the SLA percentiles that rest on too few
+    finished requests (the seed with the fewest)."""
+    from dsim.diagnostics import sla_warnings
+
+    merged: dict = {}
+    for r in results:
+        s = r["summary"]
+        ws = list(s.get("warnings", ())) + sla_warnings(slos, int(s["requests_completed"]))
+        for w in ws:
+            key = (w["kind"], w["message"]) if w["kind"] == "few_finished" else w["kind"]
+            merged.setdefault(key, {**w, "seeds": []})["seeds"].append(int(r["seed"]))
+    return list(merged.values())
 
 
 def plan(
@@ -706,6 +722,15 @@ def format_plan(res: dict, slos: Iterable[SLO], method_names: Iterable[str]) -> 
                 )
         else:
             lines.append("comparison: not both SLAs met within --max-nodes; savings not computed")
+    warned = [(res[n]["label"], w) for n in method_names for w in res[n].get("warnings", ())]
+    if warned:
+        lines.append("")
+        lines.append("warnings (results a reader should not trust as they stand):")
+        for label, w in warned:
+            seeds = w.get("seeds")
+            lines += field_lines(
+                f"  {label}: ", w["message"] + (f" (seeds {', '.join(map(str, seeds))})" if seeds else "")
+            )
     lines.append("")
     lines.append("assumptions:")
     lines.append(f"  SLA       : {'; '.join(a['sla'])}; margin {a['margin']:.0%} ({a['margin_rule']})")

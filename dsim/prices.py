@@ -109,9 +109,7 @@ def price_for(hardware: str | None, given: float | None = None) -> Price:
     q = PRICES.get(kind) if kind else None
     if q is None or q.on_demand is None:
         what = (
-            f"the profile's hardware ({hardware})"
-            if hardware
-            else "the profile's hardware (its provenance names none)"
+            f"the profile's hardware ({hardware})" if hardware else "the profile's hardware (its provenance names none)"
         )
         why = (
             q.note

@@ -363,6 +363,15 @@ def ab_report(
             loses.append(f"closed-loop throughput at C={c} ({r:.2f}x)")
     bullets.append("Where B loses: " + ("; ".join(loses) if loses else "nowhere measured here") + ".")
     d.ul(bullets)
+    warned = [f"{lab}, plan at {r['nodes']} node(s): {w['message']}" for r, lab in ((a, la), (b, lb))
+              for w in r.get("warnings", ())]  # fmt: skip
+    warned += [
+        f"{lab}, at A's fleet: {w['message']}" for sm, lab in ((sa, la), (sb, lb)) for w in sm.get("warnings", ())
+    ]
+    if warned:
+        d.h(2, "Warnings")
+        d.p("Results a reader should not trust as they stand (thresholds: docs/semantics.md, warnings on results):")
+        d.ul(warned)
 
     d.h(2, "Node count for the SLA")
     head = ["method", "nodes", "GPUs"] + [s.key for s in slos] + ["tok/s/GPU", "$/hour", "$/M output tokens"]

@@ -64,9 +64,9 @@ def test_given_price_wins_and_is_checked():
 
 
 def _b300_flat():
-    from tests.test_plan import flat_profile
-
     import dataclasses
+
+    from tests.test_plan import flat_profile
 
     prof = flat_profile()
     return dataclasses.replace(prof, provenance={**prof.provenance, "hardware": "8 x NVIDIA B300 SXM"})
