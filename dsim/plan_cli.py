@@ -31,6 +31,7 @@ from dsim.cli import (
     run_guarded,
 )
 from dsim.errors import InputError
+from dsim.figures import context_line
 from dsim.scenario import build_workload, engine_config, method_spec
 
 # The embedded default trace (600 requests, ~6 req/s) is light for an 8-GPU node of a
@@ -450,8 +451,9 @@ def sweep(
                     progress_bar=bar,
                     engine=eng,
                 )
-            written = S.write_sweep(df, tmp)
-            comp_text, comp_files = _paper_comparison(df, list(specs), slas, prof, tmp)
+            ctx = context_line(prof, base.source, list(dict.fromkeys(df["label"])))
+            written = S.write_sweep(df, tmp, context=ctx)
+            comp_text, comp_files = _paper_comparison(df, list(specs), slas, prof, tmp, ctx)
             files = [final_path(tmp, out, f) for f in written + comp_files]
         typer.echo(S.format_sweep(df))
         if comp_text:
@@ -473,7 +475,7 @@ def user_slas(slas, prof):
     return F.default_user_sla(prof.provenance.get("model"))
 
 
-def _paper_comparison(df, methods, slas, prof, out) -> tuple[str, list]:
+def _paper_comparison(df, methods, slas, prof, out, context="") -> tuple[str, list]:
     """(printed comparison, figure files) for the pair the paper compares; ("", []) for one method."""
     from dsim import frontier as F
 
@@ -482,7 +484,7 @@ def _paper_comparison(df, methods, slas, prof, out) -> tuple[str, list]:
         return "", []
     anchors, src = user_slas(slas, prof)
     c = F.paper_comparison(df, pair[0], pair[1], anchors, src)
-    return F.format_comparison(c), F.plot_comparison(df, c, out)
+    return F.format_comparison(c), F.plot_comparison(df, c, out, context=context)
 
 
 # ---- ab -------------------------------------------------------------------------------------
