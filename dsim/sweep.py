@@ -16,7 +16,7 @@ on jobs or the executor.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -179,7 +179,7 @@ def plot_vs_concurrency(
     labels: Sequence[str] | None = None,
     logy: bool = False,
     context: str = "",
-    slos: Sequence = (),
+    slos: Iterable = (),
     sla_metric: str | None = None,
 ) -> None:
     plt = pyplot()
@@ -205,7 +205,7 @@ FIGURES = ("frontier.png", "throughput_vs_concurrency.png", "verify_vs_concurren
 
 
 def write_sweep(
-    df: pd.DataFrame, out: str | Path, prefix: str = "", context: str = "", slos: Sequence = ()
+    df: pd.DataFrame, out: str | Path, prefix: str = "", context: str = "", slos: Iterable = ()
 ) -> list[Path]:
     """sweep.csv and the figures; `context` (dsim.figures.context_line) is each title's second
     line, `slos` (dsim.plan.SLO) draw the TPOT targets on the TPOT figure."""
