@@ -57,14 +57,23 @@ def test_dense_gpus_per_replica_fewest_that_fit(tmp_path):
     assert own_profile(cfg, "H200", gpus=4).gpus_per_replica == 4
 
 
-def test_moe_reproduces_shipped_composed_profile():
+@pytest.mark.parametrize(
+    ("hardware", "shipped", "tables"),
+    [
+        ("B300", "deepseek-v4-flash-b300-dp8-ep8", "b300-aic-vllm"),
+        ("H200", "deepseek-v4-flash-h200-dp8-ep8", "h200-aic-vllm, h200-torch"),  # the default profile
+    ],
+)
+def test_moe_reproduces_shipped_composed_profile(hardware, shipped, tables):
     cfg = json.loads((MODELS / "deepseek-v4-flash.json").read_text())
     assert is_moe(cfg) and not is_moe(LLAMA_70B)
-    got = own_profile(MODELS / "deepseek-v4-flash.json", "B300")
-    ref = load_profile(str(PROFILE_DIR / "composed" / "deepseek-v4-flash-b300-dp8-ep8.yaml"))
+    got = own_profile(MODELS / "deepseek-v4-flash.json", hardware)
+    ref = load_profile(str(PROFILE_DIR / "composed" / f"{shipped}.yaml"))
     np.testing.assert_allclose(got.forward.ms, ref.forward.ms, atol=1e-5)  # (the file keeps 5 decimals)
+    for k in ("mtp", "dspark"):
+        np.testing.assert_allclose(got.draft[k].ms, ref.draft[k].ms, atol=1e-5)
     basis = got.provenance["basis"]
-    assert basis["path"] == "composer (MoE)" and "b300-aic-vllm" in basis["measured"][0]
+    assert basis["path"] == "composer (MoE)" and tables in basis["measured"][0]
 
 
 @pytest.mark.parametrize(
