@@ -54,7 +54,7 @@ PRICES: dict[str, Quote] = {
         None,
         "Spheron, 'NVIDIA H200 vs B200 vs GB200' (spheron.network/blog/nvidia-h200-vs-b200-vs-gb200)",
         "17 Mar 2026",
-        "$9.08 per GB200 Superchip of two Blackwell GPUs, halved; no spot tier listed",
+        "$9.08 per GB200 Superchip of two Blackwell GPUs, halved",
     ),
     "B300": Quote(
         "B300",
@@ -125,12 +125,11 @@ def price_for(hardware: str | None, given: float | None = None) -> Price:
             None,
             kind,
         )
+    spot = f"${q.spot:.2f} spot" if q.spot is not None else "no spot quote"
     return Price(
         q.on_demand,
         q.spot,
-        f"public {q.gpu} quote, ${q.on_demand:.2f}/GPU-hour on demand"
-        + (f", ${q.spot:.2f} spot" if q.spot is not None else "")
-        + f" ({q.source}; {q.note}; dated {q.date})",
+        f"public {q.gpu} on-demand quote ({q.note}; {spot}): {q.source}, {q.date}",
         q.date,
         kind,
     )

@@ -612,7 +612,7 @@ def ab_report(
         f"Profile: {profile.label} (kind: {profile.provenance.get('kind')}).",
         f"Acceptance A: {a['acceptance_source'] or 'none'}",
         f"Acceptance B: {b['acceptance_source'] or 'none'}",
-        f"Price: {cost.source}; {gpus_per_node} GPUs per node.",
+        f"Price: {cost.describe()}; {gpus_per_node} GPUs per node.",
     ] + [f"Note: {n}" for n in notes]
     d.ul(items)
     d.p("Data: `plan.json` (plan results), `sweep.csv` (sweep points).")

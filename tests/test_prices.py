@@ -96,3 +96,27 @@ def test_plan_on_unpriced_gpu_has_no_dollar_figure():
     r = res["none"]
     assert r["cost_per_hour"] == pytest.approx(r["gpus"] * 7.0)
     assert res["assumptions"]["price_source"].startswith("given on the command line")
+
+
+def test_ab_report_on_unpriced_gpu_and_its_warnings(tmp_path):
+    """dsim ab on B300 (no public quote): no dollar figure anywhere, the reason in the assumptions;
+    a P99 SLA over 60 requests is listed under Warnings."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from dsim.cost import PROFILE_DIR
+    from dsim.entry import app
+
+    out = tmp_path / "ab"
+    prof = PROFILE_DIR / "composed" / "deepseek-v4-flash-b300-dp8-ep8.yaml"
+    r = CliRunner().invoke(app, ["ab", "--a", "mtp", "--b", "dspark", "--profile", str(prof), "--sla",
+                                 "p50=20ms,ttft_p99=5s", "--requests", "60", "--seeds", "0", "--concurrency", "1,4",
+                                 "--min-requests", "12", "--requests-per-user", "2", "--max-nodes", "4", "--jobs", "1",
+                                 "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    md = (out / "report.md").read_text()
+    plan_json = json.loads((out / "plan.json").read_text())
+    assert all(v["cost_per_hour"] is None for v in plan_json.values())
+    assert "no dollar figure" in md and "$5.55" not in md and "B300" in md
+    assert "## Warnings" in md and "P99 TTFT" in md.split("## Warnings")[1]
