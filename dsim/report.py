@@ -407,6 +407,8 @@ def ab_report(
     warned += [
         f"{lab}, at A's fleet: {w['message']}" for sm, lab in ((sa, la), (sb, lb)) for w in sm.get("warnings", ())
     ]
+    for _, r in df[df["warnings"].fillna("").astype(str) != ""].iterrows():  # the closed-loop sweep's points
+        warned += [f"{r['label']}, sweep at C={int(r['concurrency'])}: {m}" for m in str(r["warnings"]).split(" | ")]
     if warned:
         d.h(2, "Warnings")
         d.p("Results a reader should not trust as they stand (thresholds: docs/semantics.md, warnings on results):")

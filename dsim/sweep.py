@@ -80,6 +80,8 @@ def _row(name, spec, c, r) -> dict:
         "sim_time_s": s["sim_time_s"],
         "wall_time_s": s["wall_time_s"],
         "gpus": s["setup"]["gpus"],
+        # dsim.diagnostics: what not to trust at this point (e.g. preemption at high concurrency)
+        "warnings": " | ".join(w["message"] for w in s.get("warnings", ())),
     }
     # the paper's load axis is per GPU; a node holds nodes x replicas x GPUs per replica
     setup = s["setup"]
@@ -274,4 +276,21 @@ def format_sweep(df: pd.DataFrame) -> str:
         cols.insert(2, "concurrency_per_gpu")
         short["concurrency_per_gpu"] = "C/GPU"
     d = df[cols].rename(columns=short)
-    return d.to_string(index=False, float_format=lambda x: f"{x:.2f}")
+    text = d.to_string(index=False, float_format=lambda x: f"{x:.2f}")
+    return "\n".join([text, *sweep_warnings(df)])
+
+
+def sweep_warnings(df: pd.DataFrame) -> list[str]:
+    """Printed lines: each point's warnings (dsim.diagnostics), under a heading; none when clean."""
+    from dsim.outputs import field_lines
+
+    if "warnings" not in df.columns:
+        return []
+    rows = df[df["warnings"].fillna("").astype(str) != ""]
+    if rows.empty:
+        return []
+    out = ["warnings (points a reader should not trust as they stand):"]
+    for _, r in rows.iterrows():
+        for msg in str(r["warnings"]).split(" | "):
+            out += field_lines(f"  {r['label']} at C={int(r['concurrency'])}: ", msg)
+    return out

@@ -158,3 +158,20 @@ def test_readme_affinity_example_is_flagged():
     assert "queue_growth" in kinds
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0 and "warning  : replica 0 of 16 holds 100%" in r.output
+
+
+def test_sweep_points_carry_preemption_warning():
+    """A closed-loop sweep on a KV cache of 1024 tokens: one user (200 tokens) never preempts;
+    16 users (3,200 tokens wanted) do, and the point says so in sweep.csv's column and the table."""
+    from dsim import sweep as S
+
+    prof = flat_profile()
+    prof = dataclasses.replace(prof, kv_cache_gib=1024 * 1024 / 2**30)  # 1024 tokens of 1 KiB
+    df = S.sweep(const_workload(1.0, 64), prof, {"none": SpecConfig("none")}, (1, 16), requests_per_user=4,
+                 min_requests=32, jobs=1, engine=EngineConfig(max_num_seqs=16))
+    by_c = dict(zip(df["concurrency"], df["warnings"]))
+    assert by_c[1] == ""
+    assert "preempted" in by_c[16]
+    text = S.format_sweep(df)
+    assert "warnings (points a reader should not trust" in text and "no speculation at C=16:" in text
+    assert "C=1:" not in text
