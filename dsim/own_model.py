@@ -135,12 +135,15 @@ def dense_profile(config: str | Path, cfg: dict, hardware: str, gpus: int | None
 
 def kernel_tables_for(hardware: str) -> list[str]:
     """The shipped kernel tables for a hardware, in order of preference: AIConfigurator's silicon
-    tables for vLLM, then our own measured (torch) table where one ships."""
+    table for vLLM (else for another backend, the first by name), then our own measured (torch)
+    table where one ships."""
     from dsim.kernels import KERNEL_DIR
 
     h = hardware.lower()
-    names = [f"{h}-aic-vllm", f"{h}-torch"]
-    return [n for n in names if any((KERNEL_DIR / f"{n}{s}").is_file() for s in (".json", ".json.gz"))]
+    shipped = {q.name.split(".")[0] for q in KERNEL_DIR.glob(f"{h}-*.json*")} if KERNEL_DIR.is_dir() else set()
+    aic = sorted(n for n in shipped if n.startswith(f"{h}-aic-") and not n.endswith("-error"))
+    first = [f"{h}-aic-vllm"] if f"{h}-aic-vllm" in aic else aic[:1]
+    return first + ([f"{h}-torch"] if f"{h}-torch" in shipped else [])
 
 
 def moe_profile(config: str | Path, cfg: dict, hardware: str, topology: str | None, name: str | None) -> Profile:

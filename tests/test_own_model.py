@@ -104,3 +104,11 @@ def test_bad_configs_exit_2(tmp_path):
         assert r.exit_code == 2 and "dsim: error:" in r.output, (fname, r.output)
         assert len(r.output.strip().splitlines()) == 1, r.output
     assert not (tmp_path / "x.yaml").exists()
+
+
+def test_kernel_tables_for_each_hardware():
+    from dsim.own_model import kernel_tables_for
+
+    assert kernel_tables_for("H200") == ["h200-aic-vllm", "h200-torch"]  # the default profile's tables
+    assert kernel_tables_for("b300") == ["b300-aic-vllm"]
+    assert kernel_tables_for("tpu9") == []  # none: the composer prices every op by the roofline
