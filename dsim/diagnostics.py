@@ -10,11 +10,14 @@ them, and plan / ab collect them per method (dsim.plan.summarize_method).
 The thresholds (docs/semantics.md, "Warnings on results") are stated here, each with why:
 
 * replica imbalance: the busiest replica's routed work (prompt + output tokens) is at least
-  IMBALANCE_RATIO x the mean replica's AND above it by at least IMBALANCE_SIGMAS standard
-  deviations of a random split (a replica's share of n / R requests drawn at random from the
-  run's requests). At 1.5x one replica carries half again its share: the fleet's capacity is
-  then set by that replica, and a node count read off the run is off by up to a third. The
-  noise term keeps a short run's chance unevenness from tripping it.
+  IMBALANCE_RATIO x its fair share AND above it by at least IMBALANCE_SIGMAS standard
+  deviations of a random split (a replica's sum of n / B requests drawn at random from the
+  run's requests). The fair share divides the work among the B = min(R, ceil(L)) replicas the
+  load could keep busy, L the mean number of requests in the system (Little's law): a light
+  load or a closed loop of fewer users than replicas leaves replicas idle by necessity, not by
+  the router. At 1.5x one replica carries half again its share: the fleet's capacity is then
+  set by that replica, and a node count read off the run is off by up to a third. The noise
+  term keeps a short run's chance unevenness from tripping it.
 * queue growth: over the run's requests in arrival order, the least-squares slope of the queue
   delay over the arrival time is at least QUEUE_SLOPE (seconds of delay per second of trace)
   and the last quarter's median queue delay at least QUEUE_LAST_MS. A queue that grows at a
@@ -60,28 +63,51 @@ def _warning(kind: str, message: str, value: float, threshold: float) -> dict:
     return {"kind": kind, "message": message, "value": round(float(value), 4), "threshold": threshold}
 
 
-def replica_imbalance(replica: np.ndarray, work: np.ndarray, n_replicas: int) -> dict | None:
-    """The busiest replica's work over the mean replica's, when it is both IMBALANCE_RATIO or more
-    and IMBALANCE_SIGMAS random-split standard deviations above the mean; else None."""
-    if n_replicas < 2 or len(work) == 0:
+def mean_in_system(arrival_s: np.ndarray, e2e_ms: np.ndarray) -> float:
+    """Little's law: the mean number of requests in the system over the run, the sum of the
+    requests' times in it over the span from the first arrival to the last finish (a request that
+    never finished counts until the last finish)."""
+    a = np.asarray(arrival_s, dtype=np.float64)
+    e = np.asarray(e2e_ms, dtype=np.float64) / 1e3
+    ok = np.isfinite(a)
+    a, e = a[ok], e[ok]
+    if len(a) == 0:
+        return 0.0
+    fin = a + e
+    end = float(np.nanmax(fin)) if np.isfinite(fin).any() else float(a.max())
+    fin = np.where(np.isfinite(fin), fin, end)
+    span = end - float(a.min())
+    return float((fin - a).sum() / span) if span > 0 else float(len(a))
+
+
+def replica_imbalance(
+    replica: np.ndarray, work: np.ndarray, n_replicas: int, in_system: float | None = None
+) -> dict | None:
+    """The busiest replica's work over its fair share, when it is both IMBALANCE_RATIO or more and
+    IMBALANCE_SIGMAS random-split standard deviations above it; else None. The fair share divides
+    the work among the replicas the load could keep busy: min(R, ceil(in_system)) for a mean of
+    `in_system` requests in the system (a closed loop of 2 users keeps 2 replicas busy at most;
+    None: all R)."""
+    busy = n_replicas if in_system is None else min(n_replicas, max(1, math.ceil(in_system - 1e-9)))
+    if busy < 2 or len(work) == 0:
         return None
     per = np.bincount(np.asarray(replica, dtype=np.int64), weights=np.asarray(work, dtype=np.float64),
                       minlength=n_replicas)  # fmt: skip
-    mean = float(per.sum()) / n_replicas
-    if mean <= 0:
+    fair = float(per.sum()) / busy
+    if fair <= 0:
         return None
     top = int(np.argmax(per))
-    ratio = float(per[top]) / mean
-    # a replica's sum of n / R requests drawn at random from these: sd = sqrt(n / R) x sd(work)
-    noise = math.sqrt(len(work) / n_replicas) * float(np.std(work))
-    if ratio < IMBALANCE_RATIO or per[top] - mean < IMBALANCE_SIGMAS * noise:
+    ratio = float(per[top]) / fair
+    # a replica's sum of n / busy requests drawn at random from these: sd = sqrt(n / busy) x sd(work)
+    noise = math.sqrt(len(work) / busy) * float(np.std(work))
+    if ratio < IMBALANCE_RATIO or per[top] - fair < IMBALANCE_SIGMAS * noise:
         return None
     share = float(per[top]) / float(per.sum())
     return _warning(
         "replica_imbalance",
         f"replica {top} of {n_replicas} holds {share:.0%} of the routed work (prompt + output tokens), "
-        f"{ratio:.2f}x its fair share (warning at {IMBALANCE_RATIO}x): the fleet's capacity is set by that "
-        "replica; try another --router",
+        f"{ratio:.2f}x its fair share over the {busy} replicas the load could keep busy (warning at "
+        f"{IMBALANCE_RATIO}x): the fleet's capacity is set by that replica; try another --router",
         ratio,
         IMBALANCE_RATIO,
     )
@@ -162,6 +188,7 @@ def result_warnings(req: pd.DataFrame, n_replicas: int, closed_loop: bool = Fals
             req["replica"].to_numpy(),
             req["prompt_tokens"].to_numpy() + req["output_tokens"].to_numpy(),
             n_replicas,
+            mean_in_system(req["arrival_s"].to_numpy(), req["e2e_ms"].to_numpy()),
         ),
         None if closed_loop else queue_growth(req["arrival_s"].to_numpy(), req["queue_ms"].to_numpy()),
         preemption(req["preemptions"].to_numpy()),

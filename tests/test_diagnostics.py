@@ -30,6 +30,19 @@ def test_imbalance_closed_form():
     assert D.replica_imbalance(np.zeros(100), work, 1) is None  # one replica: nothing to balance
 
 
+def test_imbalance_counts_only_replicas_the_load_can_keep_busy():
+    # ten requests of 1 s each, one after another: one request in the system on average (Little)
+    a = np.arange(10.0)
+    assert D.mean_in_system(a, np.full(10, 1000.0)) == pytest.approx(1.0)
+    assert D.mean_in_system(a, np.full(10, 2000.0)) == pytest.approx(20 / 11)  # last finish at 11 s
+    work = np.full(100, 10.0)
+    on_one = np.zeros(100)
+    assert D.replica_imbalance(on_one, work, 8, in_system=1.0) is None  # one user: one replica busy
+    w = D.replica_imbalance(on_one, work, 8, in_system=1.5)  # two could be busy: 2x the fair share
+    assert w["value"] == pytest.approx(2.0) and "the 2 replicas the load could keep busy" in w["message"]
+    assert D.replica_imbalance(on_one, work, 8, in_system=50.0)["value"] == pytest.approx(8.0)
+
+
 def test_imbalance_within_random_split_noise_is_not_flagged():
     # one long request on replica 0, three short on 1: 1.99x the mean, but a random split of four
     # requests this unequal does as much (sd sqrt(4 / 2) x std(work) = 612 > the excess 498 / 4)
@@ -118,9 +131,19 @@ def test_affinity_onto_one_replica_warns():
     assert not any(x["kind"] == "replica_imbalance" for x in _run(w, 2).summary["warnings"])
 
 
+def test_closed_loop_with_fewer_users_than_replicas_is_not_imbalance():
+    # one user on a 4-replica fleet: every request goes to the first free replica (replica 0);
+    # that is the load, not the router
+    w = dataclasses.replace(const_workload(1.0, 40), closed_loop_concurrency=1)
+    res = _run(w, 4)
+    assert (res.requests["replica"] == 0).all()
+    assert res.summary["warnings"] == []
+
+
 def test_result_warnings_reads_request_table():
     req = pd.DataFrame({"replica": [0, 0], "prompt_tokens": [1, 1], "output_tokens": [1, 1],
-                        "arrival_s": [0.0, 1.0], "queue_ms": [0.0, 0.0], "preemptions": [0, 0],
+                        "arrival_s": [0.0, 1.0], "queue_ms": [0.0, 0.0], "e2e_ms": [500.0, np.nan],
+                        "preemptions": [0, 0],
                         "completed": [True, False]})
     assert [w["kind"] for w in D.result_warnings(req, 1)] == ["few_finished"]
 
