@@ -215,6 +215,8 @@ def write_sweep(
     out.mkdir(parents=True, exist_ok=True)
     csv = out / f"{prefix}sweep.csv"
     df.to_csv(csv, index=False)
+    if context and "gpus" in df.columns and len(df):
+        context += f"; closed loop on {int(df['gpus'].iloc[0])} GPUs"
     plot_frontier(
         df, out / f"{prefix}frontier.png", "Output throughput per GPU vs per-user speed (closed loop)", context
     )

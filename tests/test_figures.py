@@ -30,7 +30,7 @@ def _sweep_df():
         for c in (1, 4, 16, 64, 256):
             rows.append(dict(method=m, label=lab, concurrency=c, output_tok_s_per_gpu=base * 100 * c**0.5,
                              output_tok_s_per_user=base * 200 / c**0.3, verify_tokens_per_request=2.0 * base,
-                             tpot_p50_ms=15 + c / 20, tpot_p99_ms=18 + c / 10))
+                             tpot_p50_ms=15 + c / 20, tpot_p99_ms=18 + c / 10, gpus=8))
     return pd.DataFrame(rows)
 
 
@@ -80,6 +80,7 @@ def test_sweep_titles_and_tpot_sla_line(captured, tmp_path):
     S.write_sweep(_sweep_df(), tmp_path, context="llama on 1 x NVIDIA H200; trace default", slos=parse_sla("p50=20ms"))
     for fig in captured:
         assert "llama on 1 x NVIDIA H200" in fig.axes[0].get_title()
+        assert "closed loop on 8 GPUs" in fig.axes[0].get_title()
     tpot = captured[-1].axes[0]
     sla = [ln for ln in tpot.get_lines() if ln.get_label().startswith("SLA")]
     assert len(sla) == 1 and sla[0].get_ydata()[0] == 20.0
