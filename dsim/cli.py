@@ -178,6 +178,7 @@ def check_out_targets(out: Optional[Path], step_log: Optional[Path] = None) -> N
 
 def print_summary(s: dict, engine: EngineConfig) -> None:
     """The human-readable summary of one simulation run with this engine configuration."""
+    from dsim.diagnostics import format_warnings
     from dsim.outputs import field_lines
 
     for name, text in (("workload : ", s["setup"]["workload"]), ("profile  : ", s["setup"]["profile"])):
@@ -208,6 +209,8 @@ def print_summary(s: dict, engine: EngineConfig) -> None:
             f"{m[:-3]:8} "
             + " ".join(f"{(d[k] if d[k] is not None else float('nan')):10.2f}" for k in ("mean", "p50", "p90", "p99"))
         )
+    for line in format_warnings(s.get("warnings", ())):
+        typer.echo(line)
     if s.get("per_position_acceptance"):
         typer.echo(
             f"acceptance length {s['acceptance_length']:.3f}; per position "

@@ -17,7 +17,10 @@ from pathlib import Path
 
 import typer
 
-from dsim import plan_cli  # noqa: F401  (registers plan, sweep and ab on dsim.cli.app)
+from dsim import (
+    plan_cli,  # noqa: F401  (registers plan, sweep and ab on dsim.cli.app)
+    profile_cli,  # noqa: F401  (registers profile on dsim.cli.app)
+)
 from dsim.cli import app
 from dsim.cli import main as _run
 

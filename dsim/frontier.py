@@ -367,16 +367,20 @@ def format_comparison(c: Comparison) -> str:
     return "\n".join(lines)
 
 
-def plot_comparison(df: pd.DataFrame, c: Comparison, out: str | Path, prefix: str = "") -> list[Path]:
+def plot_comparison(
+    df: pd.DataFrame, c: Comparison, out: str | Path, prefix: str = "", context: str = ""
+) -> list[Path]:
     """paper_frontier.png (Fig. 7 style: both frontiers, the SLA anchors and gains) and
     paper_load.png (Fig. 8 style: throughput per GPU and verify tokens per request vs
-    concurrency per GPU)."""
-    from dsim.sweep import pyplot, save_figure
+    concurrency per GPU). `context` (dsim.figures.context_line): the titles' second line."""
+    from dsim.figures import method_style, pyplot, save_figure, set_title
 
     plt = pyplot()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    cols = {c.a: "#6f8fc7", c.b: "#7fb45f"}
+    cols = {c.a: method_style(c.a)[0], c.b: method_style(c.b)[0]}
+    if c.a != c.b and cols[c.a] == cols[c.b]:  # (two lengths of one method: tell them apart)
+        cols[c.b] = "#2ca02c"
     fig, ax = plt.subplots(figsize=(6.6, 4.6))
     for name, f, lab in ((c.a, c.frontier_a, c.label_a), (c.b, c.frontier_b, c.label_b)):
         g = df[df.method == name]
@@ -402,7 +406,7 @@ def plot_comparison(df: pd.DataFrame, c: Comparison, out: str | Path, prefix: st
             )
     ax.set_xlabel("per-user speed (output tok/s per user)")
     ax.set_ylabel("output tok/s per GPU")
-    ax.set_title("Throughput per GPU vs per-user speed (DSpark paper Fig. 7 style)", fontsize=10)
+    set_title(ax, "Throughput per GPU vs per-user speed (DSpark paper Fig. 7 style)", context)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     p1 = out / f"{prefix}paper_frontier.png"
@@ -417,7 +421,7 @@ def plot_comparison(df: pd.DataFrame, c: Comparison, out: str | Path, prefix: st
     a1.set_ylabel("output tok/s per GPU")
     a2.set_ylabel("verified tokens per request per step")
     a2.set_xlabel("concurrent requests per GPU")
-    a1.set_title("Throughput and verify budget vs load (DSpark paper Fig. 8 style)", fontsize=10)
+    set_title(a1, "Throughput and verify budget vs load (DSpark paper Fig. 8 style)", context)
     for ax in (a1, a2):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

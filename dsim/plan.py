@@ -50,15 +50,6 @@ METRIC_LABEL = {
     "min_user_tok_s": "per-user speed",
 }
 
-# Public on-demand / spot H200 quotes used when --price-per-gpu-hour is not given.
-PRICE_ON_DEMAND = 5.49
-PRICE_SPOT = 2.85
-PRICE_DATE = "24 Sep 2026"
-PRICE_SOURCE = (
-    f"public H200 cloud quote, ${PRICE_ON_DEMAND:.2f}/GPU-hour on demand, "
-    f"${PRICE_SPOT:.2f}/GPU-hour spot (dated {PRICE_DATE})"
-)
-
 
 # ---- SLA grammar ----------------------------------------------------------------------------
 
@@ -541,8 +532,9 @@ def summarize_method(
             "describe": s.describe(),
         }
     tok_s = float(np.mean([r["summary"]["output_tok_s"] for r in rs])) if rs else 0.0
-    cost_h = gpus * price
-    per_m = cost_h / (tok_s * 3600) * 1e6 if tok_s > 0 else None
+    # no price (a GPU kind with no public quote and none given): no dollar figure at all
+    cost_h = gpus * price if price is not None else None
+    per_m = cost_h / (tok_s * 3600) * 1e6 if cost_h is not None and tok_s > 0 else None
     s0 = rs[0]["summary"] if rs else {}
     return {
         "method": name,
@@ -557,12 +549,29 @@ def summarize_method(
         "output_tok_s_per_user": s0.get("output_tok_s_per_user"),
         "acceptance_length": s0.get("acceptance_length"),
         "mean_verify_tokens_per_request": s0.get("mean_verify_tokens_per_request"),
-        "cost_per_hour": round(cost_h, 2),
+        "cost_per_hour": round(cost_h, 2) if cost_h is not None else None,
         "cost_per_hour_spot": round(gpus * spot_price, 2) if spot_price is not None else None,
         "cost_per_million_output_tokens": round(per_m, 4) if per_m is not None else None,
         "search": [{"nodes": n, "passed": v} for n, v in out["trail"]],
         "acceptance_source": (s0.get("setup") or {}).get("acceptance_source"),
+        "warnings": method_warnings(rs, slos),
     }
+
+
+def method_warnings(results: Sequence[dict], slos: Iterable[SLO]) -> list[dict]:
+    """The warnings (dsim.diagnostics) of a method's simulations at its answer's node count, one per
+    kind and message, with the seeds that raised it; plus the SLA percentiles that rest on too few
+    finished requests (the seed with the fewest)."""
+    from dsim.diagnostics import sla_warnings
+
+    merged: dict = {}
+    for r in results:
+        s = r["summary"]
+        ws = list(s.get("warnings", ())) + sla_warnings(slos, int(s["requests_completed"]))
+        for w in ws:
+            key = (w["kind"], w["message"]) if w["kind"] == "few_finished" else w["kind"]
+            merged.setdefault(key, {**w, "seeds": []})["seeds"].append(int(r["seed"]))
+    return list(merged.values())
 
 
 def plan(
@@ -602,11 +611,9 @@ def plan(
         raise InputError(f"--seeds: repeated seed in {seeds}")
     if gpus_per_node < 1:
         raise InputError(f"--gpus-per-node: must be >= 1, got {gpus_per_node}")
-    price_given = price is not None
-    if price is None:
-        price = PRICE_ON_DEMAND
-    if price <= 0:
-        raise InputError(f"--price-per-gpu-hour: must be > 0, got {price:g}")
+    from dsim.prices import price_for
+
+    cost = price_for(profile.provenance.get("hardware"), price)
 
     def point(name: str, n: int, s: int) -> Point:
         return Point(workloads[s], profile, specs[name], n, s, gpus_per_node, router, engine, tag=name)
@@ -621,7 +628,7 @@ def plan(
     res = {}
     for name, spec in specs.items():
         res[name] = summarize_method(
-            name, spec, outs[name], slos, margin, gpus_per_node, price, None if price_given else PRICE_SPOT
+            name, spec, outs[name], slos, margin, gpus_per_node, cost.per_gpu_hour, cost.spot_per_gpu_hour
         )
         res[name].update(method_fit_fields(spec, profile))
     w0 = workloads[seeds[0]]
@@ -629,12 +636,13 @@ def plan(
     comp = None
     if len(names) >= 2:
         a, b = res[names[0]], res[names[-1]]
+        priced = a["cost_per_hour"] is not None and b["cost_per_hour"] is not None
         comp = {
             "baseline": names[0],
             "candidate": names[-1],
             "nodes_saved": a["nodes"] - b["nodes"],
-            "cost_per_hour_saved": round(a["cost_per_hour"] - b["cost_per_hour"], 2),
-            "percent_saved": round(100.0 * (a["cost_per_hour"] - b["cost_per_hour"]) / a["cost_per_hour"], 1),
+            "cost_per_hour_saved": round(a["cost_per_hour"] - b["cost_per_hour"], 2) if priced else None,
+            "percent_saved": round(100.0 * (a["gpus"] - b["gpus"]) / a["gpus"], 1),
             "both_met": a["sla_met"] and b["sla_met"],
         }
     res["comparison"] = comp
@@ -655,9 +663,11 @@ def plan(
         "profile_kind": profile.provenance.get("kind"),
         "acceptance": {n: res[n]["acceptance_source"] for n in specs},
         "gpus_per_node": gpus_per_node,
-        "price_per_gpu_hour": price,
-        "price_source": ("given on the command line (--price-per-gpu-hour)" if price_given else PRICE_SOURCE),
-        "price_date": None if price_given else PRICE_DATE,
+        "price_per_gpu_hour": cost.per_gpu_hour,
+        "spot_price_per_gpu_hour": cost.spot_per_gpu_hour,
+        "price_gpu": cost.gpu,
+        "price_source": cost.source,
+        "price_date": cost.date,
         "search": "exponential (1, 2, 4, ...) then bisection over node counts; first seed first, "
         "other seeds only where it passes",
         "max_nodes": max_nodes,
@@ -723,7 +733,7 @@ def format_plan(res: dict, slos: Iterable[SLO], method_names: Iterable[str]) -> 
             row.append(f"{vs} {'>=' if s.is_min else '<='} {m['limit']:.4g} {'ok' if m['ok'] else 'MISS'}")
         row += [
             f"{r['output_tok_s_per_gpu']:.1f}",
-            f"{r['cost_per_hour']:.2f}",
+            "n/a" if r["cost_per_hour"] is None else f"{r['cost_per_hour']:.2f}",
             "n/a" if r["cost_per_million_output_tokens"] is None else f"{r['cost_per_million_output_tokens']:.3f}",
         ]
         if acc_col:
@@ -740,18 +750,31 @@ def format_plan(res: dict, slos: Iterable[SLO], method_names: Iterable[str]) -> 
     if c:
         A, B = res[c["baseline"]], res[c["candidate"]]
         if c["both_met"]:
+            saved = (
+                f"${c['cost_per_hour_saved']:.2f}/hour saved"
+                if c["cost_per_hour_saved"] is not None
+                else "no dollar figure (no price for this hardware)"
+            )
             lines.append(
                 f"{B['label']} vs {A['label']}: {c['nodes_saved']:d} node(s) saved "
-                f"({A['nodes']} -> {B['nodes']}), ${c['cost_per_hour_saved']:.2f}/hour saved "
-                f"({c['percent_saved']:.1f}%)"
+                f"({A['nodes']} -> {B['nodes']}), {saved} ({c['percent_saved']:.1f}%)"
             )
             if A.get("cost_per_hour_spot") is not None:
                 lines.append(
-                    f"  at the spot price ${PRICE_SPOT:.2f}/GPU-h: ${A['cost_per_hour_spot']:.2f}/h -> "
+                    f"  at the spot price ${a['spot_price_per_gpu_hour']:.2f}/GPU-h: ${A['cost_per_hour_spot']:.2f}/h -> "
                     f"${B['cost_per_hour_spot']:.2f}/h"
                 )
         else:
             lines.append("comparison: not both SLAs met within --max-nodes; savings not computed")
+    warned = [(res[n]["label"], w) for n in method_names for w in res[n].get("warnings", ())]
+    if warned:
+        lines.append("")
+        lines.append("warnings (results a reader should not trust as they stand):")
+        for label, w in warned:
+            seeds = w.get("seeds")
+            lines += field_lines(
+                f"  {label}: ", w["message"] + (f" (seeds {', '.join(map(str, seeds))})" if seeds else "")
+            )
     lines.append("")
     lines.append("assumptions:")
     lines.append(f"  SLA       : {'; '.join(a['sla'])}; margin {a['margin']:.0%} ({a['margin_rule']})")
@@ -765,8 +788,11 @@ def format_plan(res: dict, slos: Iterable[SLO], method_names: Iterable[str]) -> 
             lines.append(f"  acceptance: {n}: {src if len(src) < 160 else src[:157] + '...'}")
         else:
             lines.append(f"  acceptance: {n}: none (no speculation)")
-    lines.append(
-        f"  price     : ${a['price_per_gpu_hour']:.2f}/GPU-hour, {a['gpus_per_node']} GPUs/node; {a['price_source']}"
+    per_gpu = a["price_per_gpu_hour"]
+    lines += field_lines(
+        "  price     : ",
+        (f"${per_gpu:.2f}/GPU-hour, " if per_gpu is not None else "")
+        + f"{a['gpus_per_node']} GPUs/node; {a['price_source']}",
     )
     lines.append(f"  search    : {a['search']}; up to {a['max_nodes']} nodes")
     for n in a["notes"]:

@@ -20,6 +20,7 @@ from dsim.cli import (
     scenario_options,
 )
 from dsim.errors import InputError
+from dsim.figures import context_line
 from dsim.scenario import (
     Scenario,
     ScenarioSource,
@@ -364,8 +365,9 @@ def sweep(
                     engine=eng,
                     router=run.router,
                 )
-            written = S.write_sweep(df, tmp)
-            comp_text, comp_files = _paper_comparison(df, list(specs), slas, prof, tmp)
+            ctx = context_line(prof, base.source, list(dict.fromkeys(df["label"])))
+            written = S.write_sweep(df, tmp, context=ctx)
+            comp_text, comp_files = _paper_comparison(df, list(specs), slas, prof, tmp, ctx)
             written_scn = write_scenario(tmp, run, "sweep", scn_source)
             files = [final_path(tmp, out, f) for f in written + comp_files + [written_scn]]
         typer.echo(S.format_sweep(df))
@@ -409,7 +411,7 @@ def user_slas(slas, prof):
     return F.default_user_sla(prof.provenance.get("model"))
 
 
-def _paper_comparison(df, methods, slas, prof, out) -> tuple[str, list]:
+def _paper_comparison(df, methods, slas, prof, out, context="") -> tuple[str, list]:
     """(printed comparison, figure files) for the pair the paper compares; ("", []) for one method."""
     from dsim import frontier as F
 
@@ -418,7 +420,7 @@ def _paper_comparison(df, methods, slas, prof, out) -> tuple[str, list]:
         return "", []
     anchors, src = user_slas(slas, prof)
     c = F.paper_comparison(df, pair[0], pair[1], anchors, src)
-    return F.format_comparison(c), F.plot_comparison(df, c, out)
+    return F.format_comparison(c), F.plot_comparison(df, c, out, context=context)
 
 
 # ---- ab -------------------------------------------------------------------------------------

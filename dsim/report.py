@@ -3,8 +3,10 @@
 ``ab_report(...)`` runs: the capacity plan for the SLA (dsim.plan), one open-loop simulation per
 method at A's planned fleet (latency CDFs, per-class acceptance and verify windows), a closed-loop
 concurrency sweep (frontier, Fig. 8 curves), and a sensitivity study of B's gain over A as the
-class mix goes from all math to all chat. It writes report.md and report.html (inline CSS,
-images as relative PNG files), the PNG figures, plan.json and sweep.csv into one directory.
+class mix goes from all math to all chat. It writes report.md (images as relative PNG files),
+report.html (one self-contained file: inline CSS, images embedded as base64 data URIs), the PNG
+figures, plan.json and sweep.csv into one directory. Figure styling (one colour per method, titles
+naming model, hardware, topology, trace and methods, SLA lines): dsim.figures.
 """
 
 from __future__ import annotations
@@ -17,7 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dsim.sweep import pyplot, save_figure
+from dsim.figures import (
+    context_line,
+    method_style,
+    pyplot,
+    readable_log_axis,
+    save_figure,
+    set_suptitle,
+    set_title,
+    sla_lines,
+)
+from dsim.prices import price_for
 
 if TYPE_CHECKING:
     from dsim.cost import Profile
@@ -82,7 +94,9 @@ class Doc:
                 out.append("\n".join(f"- {x}" for x in b[1]))
         return "\n\n".join(out) + "\n"
 
-    def html(self, title: str) -> str:
+    def html(self, title: str, base: Path | None = None) -> str:
+        """One self-contained HTML file: images under `base` embedded as base64 data URIs (the
+        Markdown keeps them as files beside it)."""
         e = html.escape
         out = [
             f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(title)}</title>"
@@ -105,13 +119,23 @@ class Doc:
                 )
             elif b[0] == "img":
                 out.append(
-                    f"<figure><img src='{e(b[1])}' alt='{e(b[2])}'><figcaption class='cap'>{e(b[2])}"
+                    f"<figure><img src='{_data_uri(base, b[1])}' alt='{e(b[2])}'><figcaption class='cap'>{e(b[2])}"
                     f"</figcaption></figure>"
                 )
             elif b[0] == "ul":
                 out.append("<ul>" + "".join(f"<li>{_inline(x)}</li>" for x in b[1]) + "</ul>")
         out.append("</body></html>")
         return "\n".join(out) + "\n"
+
+
+def _data_uri(base: Path | None, name: str) -> str:
+    """A PNG under `base` as a data URI; the escaped name itself when there is no such file."""
+    import base64
+
+    p = base / name if base is not None else None
+    if p is None or not p.is_file():
+        return html.escape(name)
+    return "data:image/png;base64," + base64.b64encode(p.read_bytes()).decode("ascii")
 
 
 def _inline(text: str) -> str:
@@ -124,50 +148,62 @@ def _inline(text: str) -> str:
     return t
 
 
-def _cdf_plot(cols_a, cols_b, la, lb, path):
+def _pair_colours(name_a: str, name_b: str) -> tuple[str, str]:
+    """The two methods' colours from the one method map (two lengths of one method told apart)."""
+    ca, cb = method_style(name_a)[0], method_style(name_b)[0]
+    return (ca, "#2ca02c") if ca == cb else (ca, cb)
+
+
+def _cdf_plot(cols_a, cols_b, la, lb, path, colours=("#1f77b4", "#d62728"), slos=(), context=""):
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.4))
     for ax, key, name in ((axes[0], "ttft_ms", "TTFT (ms)"), (axes[1], "tpot_ms", "TPOT (ms)")):
-        for cols, lab, col in ((cols_a, la, "#1f77b4"), (cols_b, lb, "#d62728")):
+        for cols, lab, col in ((cols_a, la, colours[0]), (cols_b, lb, colours[1])):
             v = np.sort(cols[key][np.isfinite(cols[key])])
             if len(v):
                 ax.plot(v, np.arange(1, len(v) + 1) / len(v), color=col, label=lab)
-        ax.set_xlabel(name)
+        sla_lines(ax, slos, key[:-3], axis="x")
+        ax.set_xlabel(name + " (log)")
         ax.set_ylabel("fraction of requests")
         ax.set_xscale("log")
+        readable_log_axis(ax, "x")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
+        set_title(ax, f"CDF of {name.split(' ')[0]} per request")
+    set_suptitle(fig, context)
     save_figure(fig, path)
 
 
-def _class_plot(sa, sb, la, lb, path):
+def _class_plot(sa, sb, la, lb, path, colours=("#1f77b4", "#d62728"), context=""):
     plt = pyplot()
     classes = sorted(set(sa.get("per_class", {})) | set(sb.get("per_class", {})))
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
     x = np.arange(len(classes))
     for ax, key, name in (
         (axes[0], "acceptance_length", "acceptance length (tokens/step)"),
         (axes[1], "mean_verify_tokens_per_request", "verified tokens per request per step"),
     ):
-        for off, s, lab, col in ((-0.2, sa, la, "#1f77b4"), (0.2, sb, lb, "#d62728")):
+        for off, s, lab, col in ((-0.2, sa, la, colours[0]), (0.2, sb, lb, colours[1])):
             vals = [s.get("per_class", {}).get(c, {}).get(key, np.nan) for c in classes]
             ax.bar(x + off, vals, 0.4, label=lab, color=col)
         ax.set_xticks(x, classes)
         ax.set_ylabel(name)
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=8)
+        set_title(ax, name.split(" (")[0].capitalize() + " by workload class")
+    set_suptitle(fig, context)
     save_figure(fig, path)
 
 
-def _sens_plot(rows, la, lb, path):
+def _sens_plot(rows, la, lb, path, colour="#d62728", context=""):
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4))
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
     x = np.arange(len(rows))
     ax.plot(
         x,
         [r["speed_gain_pct"] for r in rows],
         marker="D",
-        color="#d62728",
+        color=colour,
         label=f"{lb} per-user speed gain over {la} (%)",
     )
     ax.set_xticks(x, [r["mix"] for r in rows], rotation=15, fontsize=7)
@@ -175,6 +211,7 @@ def _sens_plot(rows, la, lb, path):
     ax.axhline(0, color="#888", lw=0.8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    set_title(ax, "Per-user speed gain by traffic mix", context)
     save_figure(fig, path)
 
 
@@ -243,17 +280,10 @@ def ab_report(
 
         outs = P.search_nodes(point, searches, runner, slos)
         pres = {}
-        price_given = price is not None
+        cost = price_for(profile.provenance.get("hardware"), price)
         for n, sp in specs.items():
             pres[n] = P.summarize_method(
-                n,
-                sp,
-                outs[n],
-                slos,
-                margin,
-                gpus_per_node,
-                price if price_given else P.PRICE_ON_DEMAND,
-                None if price_given else P.PRICE_SPOT,
+                n, sp, outs[n], slos, margin, gpus_per_node, cost.per_gpu_hour, cost.spot_per_gpu_hour
             )
             pres[n].update(P.method_fit_fields(sp, profile))
         fleet = pres[name_a]["nodes"]
@@ -298,17 +328,20 @@ def ab_report(
         runner.claim = None
 
     # ---- files ----
-    files = S.write_sweep(df, out)
+    ctx = context_line(profile, w0.source, [la, lb])
+    colours = _pair_colours(name_a, name_b)
+    files = S.write_sweep(df, out, context=ctx, slos=slos)
     from dsim import frontier as F
 
     sla_anchors, sla_src = (
         (tuple(user_sla), "given with --user-sla") if user_sla else F.default_user_sla(profile.provenance.get("model"))
     )
     comp = F.paper_comparison(df, name_a, name_b, sla_anchors, sla_src)
-    files += F.plot_comparison(df, comp, out)
-    _cdf_plot(ol[name_a]["columns"], ol[name_b]["columns"], la, lb, out / "latency_cdf.png")
+    files += F.plot_comparison(df, comp, out, context=ctx)
+    fleet_ctx = f"{ctx}; {fleet} node(s), open loop"
+    _cdf_plot(ol[name_a]["columns"], ol[name_b]["columns"], la, lb, out / "latency_cdf.png", colours, slos, fleet_ctx)
     sa, sb = ol[name_a]["summary"], ol[name_b]["summary"]
-    _class_plot(sa, sb, la, lb, out / "per_class.png")
+    _class_plot(sa, sb, la, lb, out / "per_class.png", colours, fleet_ctx)
     sens = []
     for m in mixes:
         a, b = mixr[(m, name_a)]["summary"], mixr[(m, name_b)]["summary"]
@@ -327,7 +360,7 @@ def ab_report(
                 "verify_b": b.get("mean_verify_tokens_per_request"),
             }
         )
-    _sens_plot(sens, la, lb, out / "sensitivity.png")
+    _sens_plot(sens, la, lb, out / "sensitivity.png", colours[1], fleet_ctx)
     plan_json = {n: pres[n] for n in specs}
     (out / "plan.json").write_text(json.dumps(plan_json, indent=2, sort_keys=True, default=float) + "\n")
 
@@ -342,11 +375,15 @@ def ab_report(
     d.h(2, "Summary")
     bullets = []
     if a["sla_met"] and b["sla_met"]:
-        saved = a["cost_per_hour"] - b["cost_per_hour"]
+        pct = 100 * (a["gpus"] - b["gpus"]) / a["gpus"]
+        saved = (
+            f"${a['cost_per_hour'] - b['cost_per_hour']:.2f}/hour ({pct:.1f}%)"
+            if cost.per_gpu_hour is not None
+            else f"{pct:.1f}% of the GPUs (no dollar figure: no price for this hardware)"
+        )
         bullets.append(
             f"For the SLA ({sla_txt}, {margin:.0%} margin) A needs **{a['nodes']}** node(s), B needs "
-            f"**{b['nodes']}**: B saves {a['nodes'] - b['nodes']} node(s), ${saved:.2f}/hour "
-            f"({100 * saved / a['cost_per_hour']:.1f}%)."
+            f"**{b['nodes']}**: B saves {a['nodes'] - b['nodes']} node(s), {saved}."
         )
     else:
         for r, lab in ((a, la), (b, lb)):
@@ -372,6 +409,17 @@ def ab_report(
             loses.append(f"closed-loop throughput at C={c} ({r:.2f}x)")
     bullets.append("Where B loses: " + ("; ".join(loses) if loses else "nowhere measured here") + ".")
     d.ul(bullets)
+    warned = [f"{lab}, plan at {r['nodes']} node(s): {w['message']}" for r, lab in ((a, la), (b, lb))
+              for w in r.get("warnings", ())]  # fmt: skip
+    warned += [
+        f"{lab}, at A's fleet: {w['message']}" for sm, lab in ((sa, la), (sb, lb)) for w in sm.get("warnings", ())
+    ]
+    for _, r in df[df["warnings"].fillna("").astype(str) != ""].iterrows():  # the closed-loop sweep's points
+        warned += [f"{r['label']}, sweep at C={int(r['concurrency'])}: {m}" for m in str(r["warnings"]).split(" | ")]
+    if warned:
+        d.h(2, "Warnings")
+        d.p("Results a reader should not trust as they stand (thresholds: docs/semantics.md, warnings on results):")
+        d.ul(warned)
 
     d.h(2, "Node count for the SLA")
     head = ["method", "nodes", "GPUs"] + [s.key for s in slos] + ["tok/s/GPU", "$/hour", "$/M output tokens"]
@@ -578,8 +626,7 @@ def ab_report(
         f"Profile: {profile.label} (kind: {profile.provenance.get('kind')}).",
         f"Acceptance A: {a['acceptance_source'] or 'none'}",
         f"Acceptance B: {b['acceptance_source'] or 'none'}",
-        ("Price: given on the command line, " if price_given else f"Price: {P.PRICE_SOURCE}, ")
-        + f"${price if price_given else P.PRICE_ON_DEMAND:.2f}/GPU-hour, {gpus_per_node} GPUs per node.",
+        f"Price: {cost.describe()}; {gpus_per_node} GPUs per node.",
     ] + [f"Note: {n}" for n in notes]
     d.ul(items)
     d.p("Data: `plan.json` (plan results), `sweep.csv` (sweep points).")
@@ -587,5 +634,5 @@ def ab_report(
     md = out / "report.md"
     md.write_text(d.markdown().replace(root, ""))
     hp = out / "report.html"
-    hp.write_text(d.html(title).replace(root, ""))
+    hp.write_text(d.html(title, base=out).replace(root, ""))
     return [md, hp, out / "plan.json", out / "latency_cdf.png", out / "per_class.png", out / "sensitivity.png"] + files

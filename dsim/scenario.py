@@ -231,7 +231,7 @@ class Scenario:
     price_per_gpu_hour: float | None = _opt(
         None,
         "model",
-        "$ per GPU-hour (default: a public H200 on-demand quote, $5.49, dated 24 Sep 2026)",
+        "$ per GPU-hour (default: the public on-demand quote for the profile's GPU kind, dsim.prices)",
         SEARCH_COMMANDS,
     )
     # workload

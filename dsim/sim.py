@@ -23,6 +23,7 @@ import simpy
 
 from dsim.cluster import Router
 from dsim.cost import CostModel, Profile
+from dsim.diagnostics import result_warnings
 from dsim.engine import STEP_FIELDS, STEP_FLOAT_FIELDS, DraftCost, EngineConfig, Replica, Requests, SpecStats
 from dsim.errors import InputError
 from dsim.kernels_sched import SUCC_NONE, SUCC_PYTHON, SUCC_SELF
@@ -379,6 +380,7 @@ def _result(cfg, spec, reqs, stats, replicas, wall) -> SimResult:
     batch = float(sum(r.batch_sum for r in replicas)) / n_steps if n_steps else 0.0
     summary["mean_batch_requests"] = round(batch, 3)
     summary.update(_spec_summary(spec, stats, w.class_names))
+    summary["warnings"] = result_warnings(req, len(replicas), bool(w.closed_loop_concurrency))
     summary["setup"] = {
         "nodes": cfg.nodes,
         "gpus_per_node": cfg.gpus_per_node,

@@ -16,7 +16,7 @@ on jobs or the executor.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from dsim.errors import InputError
+from dsim.figures import method_style, pyplot, readable_log_axis, save_figure, set_title, sla_lines
 
 if TYPE_CHECKING:
     from dsim.cost import Profile
@@ -79,6 +80,8 @@ def _row(name, spec, c, r) -> dict:
         "sim_time_s": s["sim_time_s"],
         "wall_time_s": s["wall_time_s"],
         "gpus": s["setup"]["gpus"],
+        # dsim.diagnostics: what not to trust at this point (e.g. preemption at high concurrency)
+        "warnings": " | ".join(w["message"] for w in s.get("warnings", ())),
     }
     # the paper's load axis is per GPU; a node holds nodes x replicas x GPUs per replica
     setup = s["setup"]
@@ -140,52 +143,21 @@ def sweep(
 # ---- figures --------------------------------------------------------------------------------
 
 
-def pyplot() -> Any:
-    """matplotlib.pyplot on the Agg backend (files only, no display)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig: Any, path: str | Path) -> None:
-    """Lay out, write as PNG and release the figure (the report's figures use it too)."""
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    pyplot().close(fig)
-
-
-def _label_axes(ax, xlabel, ylabel, title, legend_size):
+def _label_axes(ax, xlabel, ylabel, what, legend_size, context=""):
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
+    set_title(ax, what, context)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=legend_size)
 
 
-STYLE = {
-    "none": ("#7f7f7f", "o"),
-    "mtp": ("#1f77b4", "s"),
-    "eagle3": ("#9467bd", "^"),
-    "block": ("#ff7f0e", "v"),
-    "dspark": ("#d62728", "D"),
-    "dspark-fixed": ("#e377c2", "P"),
-}
-
-
-def _style(name: str, i: int):
-    base = name.rstrip("0123456789") if name.startswith("mtp") else name
-    col, mk = STYLE.get(base, (f"C{i}", "o"))
-    return col, mk
-
-
-def plot_frontier(df: pd.DataFrame, path: str | Path, title: str = "Throughput vs per-user speed") -> None:
+def plot_frontier(
+    df: pd.DataFrame, path: str | Path, what: str = "Throughput vs per-user speed", context: str = ""
+) -> None:
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.6))
-    for i, (name, g) in enumerate(df.groupby("method", sort=False)):
-        col, mk = _style(name, i)
+    fig, ax = plt.subplots(figsize=(6.4, 4.8))
+    for name, g in df.groupby("method", sort=False):
+        col, mk = method_style(name)
         g = g.sort_values("concurrency")
         ax.plot(g["output_tok_s_per_user"], g["output_tok_s_per_gpu"], marker=mk, color=col, label=g["label"].iloc[0])
         for _, r in g.iterrows():
@@ -197,7 +169,7 @@ def plot_frontier(df: pd.DataFrame, path: str | Path, title: str = "Throughput v
                 textcoords="offset points",
                 color=col,
             )
-    _label_axes(ax, "per-user speed (output tok/s per user)", "output tok/s per GPU", title, 8)
+    _label_axes(ax, "per-user speed (output tok/s per user)", "output tok/s per GPU", what, 8, context)
     save_figure(fig, path)
 
 
@@ -206,41 +178,57 @@ def plot_vs_concurrency(
     path: str | Path,
     cols: Sequence[str],
     ylabel: str,
-    title: str,
+    what: str,
     styles: Sequence[str] = ("-",),
     labels: Sequence[str] | None = None,
     logy: bool = False,
+    context: str = "",
+    slos: Iterable = (),
+    sla_metric: str | None = None,
 ) -> None:
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for i, (name, g) in enumerate(df.groupby("method", sort=False)):
-        col, mk = _style(name, i)
+    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    for name, g in df.groupby("method", sort=False):
+        col, mk = method_style(name)
         g = g.sort_values("concurrency")
         for j, c in enumerate(cols):
             lab = g["label"].iloc[0] + (f" {labels[j]}" if labels else "")
             ax.plot(g["concurrency"], g[c], marker=mk, color=col, ls=styles[j % len(styles)], label=lab)
+    if sla_metric:
+        sla_lines(ax, slos, sla_metric, axis="y")
     ax.set_xscale("log", base=2)
+    readable_log_axis(ax, "x", df["concurrency"])
     if logy:
         ax.set_yscale("log")
-    _label_axes(ax, "concurrency (users)", ylabel, title, 7)
+        readable_log_axis(ax, "y")
+    _label_axes(ax, "concurrency (users)", ylabel, what, 7, context)
     save_figure(fig, path)
 
 
 FIGURES = ("frontier.png", "throughput_vs_concurrency.png", "verify_vs_concurrency.png", "tpot_vs_concurrency.png")
 
 
-def write_sweep(df: pd.DataFrame, out: str | Path, prefix: str = "") -> list[Path]:
+def write_sweep(
+    df: pd.DataFrame, out: str | Path, prefix: str = "", context: str = "", slos: Iterable = ()
+) -> list[Path]:
+    """sweep.csv and the figures; `context` (dsim.figures.context_line) is each title's second
+    line, `slos` (dsim.plan.SLO) draw the TPOT targets on the TPOT figure."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     csv = out / f"{prefix}sweep.csv"
     df.to_csv(csv, index=False)
-    plot_frontier(df, out / f"{prefix}frontier.png", "Output throughput per GPU vs per-user speed (closed loop)")
+    if context and "gpus" in df.columns and len(df):
+        context += f"; closed loop on {int(df['gpus'].iloc[0])} GPUs"
+    plot_frontier(
+        df, out / f"{prefix}frontier.png", "Output throughput per GPU vs per-user speed (closed loop)", context
+    )
     plot_vs_concurrency(
         df,
         out / f"{prefix}throughput_vs_concurrency.png",
         ["output_tok_s_per_gpu"],
         "output tok/s per GPU",
         "Throughput per GPU vs concurrency",
+        context=context,
     )
     plot_vs_concurrency(
         df,
@@ -248,6 +236,7 @@ def write_sweep(df: pd.DataFrame, out: str | Path, prefix: str = "") -> list[Pat
         ["verify_tokens_per_request"],
         "verified tokens per request per step",
         "Verify tokens per request vs concurrency",
+        context=context,
     )
     plot_vs_concurrency(
         df,
@@ -257,6 +246,9 @@ def write_sweep(df: pd.DataFrame, out: str | Path, prefix: str = "") -> list[Pat
         "TPOT vs concurrency (P50 solid, P99 dashed)",
         styles=("-", "--"),
         labels=("P50", "P99"),
+        context=context,
+        slos=slos,
+        sla_metric="tpot",
     )
     return [csv] + [out / f"{prefix}{f}" for f in FIGURES]
 
@@ -288,4 +280,21 @@ def format_sweep(df: pd.DataFrame) -> str:
         cols.insert(2, "concurrency_per_gpu")
         short["concurrency_per_gpu"] = "C/GPU"
     d = df[cols].rename(columns=short)
-    return d.to_string(index=False, float_format=lambda x: f"{x:.2f}")
+    text = d.to_string(index=False, float_format=lambda x: f"{x:.2f}")
+    return "\n".join([text, *sweep_warnings(df)])
+
+
+def sweep_warnings(df: pd.DataFrame) -> list[str]:
+    """Printed lines: each point's warnings (dsim.diagnostics), under a heading; none when clean."""
+    from dsim.outputs import field_lines
+
+    if "warnings" not in df.columns:
+        return []
+    rows = df[df["warnings"].fillna("").astype(str) != ""]
+    if rows.empty:
+        return []
+    out = ["warnings (points a reader should not trust as they stand):"]
+    for _, r in rows.iterrows():
+        for msg in str(r["warnings"]).split(" | "):
+            out += field_lines(f"  {r['label']} at C={int(r['concurrency'])}: ", msg)
+    return out

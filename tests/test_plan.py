@@ -14,6 +14,7 @@ from dsim.cost import Profile, Table
 from dsim.engine import EngineConfig
 from dsim.errors import InputError
 from dsim.plan import SLO, parse_request_slo, parse_sla, plan
+from dsim.prices import PRICES
 from dsim.sim import SpecConfig
 from dsim.workload import Workload
 
@@ -76,7 +77,7 @@ STEP_MS = 10.0
 
 def flat_profile() -> Profile:
     """Every step costs 10 ms whatever its size; no context term, no CPU overhead; 1 replica/node."""
-    prov = dict(kind="analytical", hardware="test", gpus_per_replica=8, model="flat", engine="test",
+    prov = dict(kind="analytical", hardware="8 x NVIDIA H200 SXM", gpus_per_replica=8, model="flat", engine="test",
                 engine_version="0", date="2026-01-01", method="constructed in the test")
     return Profile(name="flat", provenance=prov, kv_cache_gib=64.0, kv_bytes_per_token=1024.0, cpu_overhead_ms=0.0,
                    capture_sizes=(1,), forward=Table(np.array([1.0, 65536.0]), np.array([STEP_MS, STEP_MS])),
@@ -105,9 +106,10 @@ def test_plan_hand_computed_minimum():
     assert r["metrics"]["ttft_p99"]["value"] <= 3 * STEP_MS + 1e-6
     # exponential then bisection: 1, 2 fail, 4 passes, 3 fails
     assert [(x["nodes"], x["passed"]) for x in r["search"]] == [(1, False), (2, False), (4, True), (3, False)]
-    assert r["cost_per_hour"] == pytest.approx(32 * 5.49)
+    h200 = PRICES["H200"].on_demand  # the profile's hardware is an H200: its own quote
+    assert r["cost_per_hour"] == pytest.approx(32 * h200)
     tok_s = r["output_tok_s"]
-    assert r["cost_per_million_output_tokens"] == pytest.approx(32 * 5.49 / (tok_s * 3600) * 1e6, rel=1e-3)
+    assert r["cost_per_million_output_tokens"] == pytest.approx(32 * h200 / (tok_s * 3600) * 1e6, rel=1e-3)
 
 
 def test_plan_unmeetable_reports_best():
@@ -160,7 +162,8 @@ def test_cli_plan_json_and_unmeetable_exit_1():
     assert {"mtp", "dspark", "assumptions"} <= set(d)
     for m in ("mtp", "dspark"):
         assert {"nodes", "gpus", "sla_met", "metrics", "cost_per_hour"} <= set(d[m])
-    assert d["assumptions"]["price_date"] == "24 Sep 2026"
+    assert d["assumptions"]["price_date"] == PRICES["H200"].date  # the default profile runs on H200s
+    assert d["assumptions"]["price_per_gpu_hour"] == PRICES["H200"].on_demand
     assert any("rate-scale" in n for n in d["assumptions"]["notes"])
     res = r.invoke(app, ["plan", "--sla", "p50=1ms", "--requests", "40", "--seeds", "0", "--jobs", "1",
                          "--max-nodes", "2", "--methods", "mtp"])

@@ -1,0 +1,208 @@
+"""A step-cost profile for the user's own model, from its Hugging Face style config.json, in one call.
+
+``own_profile(config, hardware, gpus=None, topology=None) -> Profile`` dispatches, and computes
+nothing itself: a dense model goes through the analytical roofline (``dsim.analytical``, with the
+efficiency fit of the measured H200 profiles where it ships), a MoE model through the kernel-op
+composer (``dsim.compose``, priced from the kernel tables shipped for that hardware, roofline
+where they have no record). ``hardware_kinds()`` lists the hardware either path has figures for
+(their ``HARDWARE`` tables), so a GPU added there is offered here with no change to this module.
+
+Every profile leaves with ``provenance.basis``: what is measured (kernel tables, a fit on
+measured profiles, datasheet figures) and what is assumed (the roofline's shape, weight bytes,
+the GPUs per replica chosen, drafter costs, a fit carried to other hardware).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dsim.errors import InputError
+
+if TYPE_CHECKING:
+    from dsim.cost import Profile
+
+#: the GPUs per replica tried for a dense model, fewest first (tensor parallelism within a node)
+DENSE_GPUS = (1, 2, 4, 8)
+#: the composer's default topology: the default scenario's (DeepSeek-V4-Flash on 8-GPU nodes)
+MOE_TOPOLOGY = "dp8-ep8"
+_MOE_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
+
+
+def hardware_kinds() -> list[str]:
+    """The hardware either path has figures for, as the user names it (H200, B300, ...)."""
+    from dsim.analytical import HARDWARE as A
+    from dsim.kernels import HARDWARE as K
+
+    return sorted({k.upper() for k in A} | {k.upper() for k in K})
+
+
+def read_config(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"{path}: model config not found (a Hugging Face style config.json)")
+    try:
+        cfg = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise InputError(f"{p}:{e.lineno}: not valid JSON") from None
+    if not isinstance(cfg, dict):
+        raise InputError(f"{p}: expected a JSON object (a config.json)")
+    return cfg
+
+
+def is_moe(cfg: dict) -> bool:
+    """A mixture-of-experts config: it names routed experts (DeepSeek, Qwen-MoE, Mixtral keys)."""
+    return any(int(cfg.get(k) or 0) > 0 for k in _MOE_KEYS)
+
+
+def _bytes_per_param(cfg: dict) -> tuple[float, str]:
+    q = cfg.get("quantization_config") or {}
+    if str(q.get("quant_method", "")).lower() == "fp8" or str(q.get("fmt", "")).lower().startswith("e4m3"):
+        return 1.0, "weights 1 byte per parameter (the config's fp8 quantization_config)"
+    dt = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+    return 2.0, f"weights 2 bytes per parameter (torch_dtype {dt}; served unquantized)"
+
+
+def _fit_path() -> Path | None:
+    from dsim.cost import PROFILE_DIR
+
+    p = PROFILE_DIR / "analytical" / "h200-fit.json"
+    return p if p.is_file() else None
+
+
+def _rel(p: Path) -> str:
+    """A path under the checkout, as the repository names it."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        return str(p.resolve().relative_to(root))
+    except ValueError:
+        return str(p)
+
+
+def _check_hardware(hardware: str, table: dict, path: str) -> str:
+    for k in table:
+        if k.lower() == hardware.lower():
+            return k
+    raise InputError(
+        f"--hardware {hardware}: the {path} has no figures for it (known: {', '.join(sorted(k.upper() for k in table))})"
+    )
+
+
+def dense_profile(config: str | Path, cfg: dict, hardware: str, gpus: int | None, name: str | None) -> Profile:
+    from dsim import analytical as A
+
+    hw = _check_hardware(hardware, A.HARDWARE, "analytical path")
+    bpp, bpp_why = _bytes_per_param(cfg)
+    fit = _fit_path()
+    if fit is not None:
+        eff, fit_info = A.load_fit(fit)
+    else:  # pragma: no cover - the fit ships with dsim
+        eff, fit_info = A.Efficiency(), None
+    tried = [gpus] if gpus else list(DENSE_GPUS)
+    last = ""
+    for g in tried:
+        try:
+            prof = A.analytical_profile(
+                config, hw, g, bpp, eff=eff, name=name, fit_info=fit_info, fit_path=str(fit) if fit else None
+            )
+            break
+        except ValueError as e:  # weights do not fit these GPUs
+            last = str(e)
+    else:
+        raise InputError(f"{config}: {last}" if gpus else f"{config}: weights do not fit 8 x {hw} (one node)")
+    measured = [f"hardware figures: {prof.provenance.get('hardware_source')}"]
+    assumed = [
+        "roofline step cost: weight and KV bytes over HBM bandwidth, FLOPs over matrix peak, NVLink all-reduce",
+        bpp_why,
+        "drafter costs (MTP, EAGLE-3, block, DSpark): per-method shapes relative to the target, not measured",
+        (
+            f"{g} GPU(s) per replica: given"
+            if gpus
+            else f"{g} GPU(s) per replica: the fewest of 1, 2, 4, 8 the weights fit"
+        ),
+    ]
+    if fit_info and fit is not None:
+        measured.insert(0, f"efficiencies fitted on the measured dense H200 profiles ({_rel(fit)})")
+        if hw != "H200":
+            assumed.append(f"the H200 efficiency fit carried to {hw} (no measured {hw} profile)")
+    else:  # pragma: no cover
+        assumed.append("efficiencies: stated defaults, not fitted")
+    prof.provenance["basis"] = {"path": "analytical (dense)", "measured": measured, "assumed": assumed}
+    prof.provenance["command"] = _command(config, hw, gpus, None)
+    return prof
+
+
+def kernel_tables_for(hardware: str) -> list[str]:
+    """The shipped kernel tables for a hardware, in order of preference: AIConfigurator's silicon
+    table for vLLM (else for another backend, the first by name), then our own measured (torch)
+    table where one ships."""
+    from dsim.kernels import KERNEL_DIR
+
+    h = hardware.lower()
+    shipped = {q.name.split(".")[0] for q in KERNEL_DIR.glob(f"{h}-*.json*")} if KERNEL_DIR.is_dir() else set()
+    aic = sorted(n for n in shipped if n.startswith(f"{h}-aic-") and not n.endswith("-error"))
+    first = [f"{h}-aic-vllm"] if f"{h}-aic-vllm" in aic else aic[:1]
+    return first + ([f"{h}-torch"] if f"{h}-torch" in shipped else [])
+
+
+def moe_profile(config: str | Path, cfg: dict, hardware: str, topology: str | None, name: str | None) -> Profile:
+    from dsim import compose as C
+    from dsim.kernels import HARDWARE, load_kernel_table
+    from dsim.models import model_from_config
+
+    hw = _check_hardware(hardware, HARDWARE, "composer")
+    model = model_from_config(cfg, name=cfg.get("_name") or Path(config).stem, where=str(config))
+    topo = C.parse_topology(topology or MOE_TOPOLOGY)
+    tables = kernel_tables_for(hw)
+    cmd = _command(config, hw.upper(), None, topology)
+    prof = C.compose_profile(model, topo, hw, [load_kernel_table(t) for t in tables] or None, name=name, command=cmd)
+    measured = (
+        [f"kernel times from the tables {', '.join(tables)} (their provenance in profiles/kernels/)"] if tables else []
+    )
+    assumed = [
+        "a step is the sum of its kernel ops (dsim.compose), each op priced from the tables; ops they hold no "
+        "record for from the roofline (counted in provenance.method)",
+        f"topology {topo.describe()}" + ("" if topology else f" (the default, {MOE_TOPOLOGY})"),
+        "drafter costs composed from the same kernel ops",
+    ]
+    if not tables:
+        assumed.insert(0, f"no kernel table ships for {hw.upper()}: every op priced by the roofline")
+    prof.provenance["basis"] = {"path": "composer (MoE)", "measured": measured, "assumed": assumed}
+    return prof
+
+
+def _command(config, hardware: str, gpus: int | None, topology: str | None) -> str:
+    return (
+        f"dsim profile {config} --hardware {hardware}"
+        + (f" --gpus {gpus}" if gpus else "")
+        + (f" --topology {topology}" if topology else "")
+    )
+
+
+def own_profile(
+    config: str | Path,
+    hardware: str = "H200",
+    *,
+    gpus: int | None = None,
+    topology: str | None = None,
+    name: str | None = None,
+) -> Profile:
+    """The profile of the model in `config` on `hardware`: dense -> dsim.analytical, MoE -> dsim.compose."""
+    cfg = read_config(config)
+    if not is_moe(cfg):
+        if topology:
+            raise InputError(f"--topology {topology}: a dense model runs one replica per --gpus GPUs (no experts)")
+        return dense_profile(config, cfg, hardware, gpus, name)
+    if gpus:
+        raise InputError(f"--gpus {gpus}: a MoE model's GPUs come from --topology (e.g. {MOE_TOPOLOGY})")
+    return moe_profile(config, cfg, hardware, topology, name)
+
+
+def describe(prof: Profile) -> list[str]:
+    """Printed lines: the profile and what of it is measured and what assumed."""
+    b: dict[str, Any] = prof.provenance.get("basis", {})
+    out = [f"profile  : {prof.label}", f"path     : {b.get('path', '?')}"]
+    out += [f"measured : {m}" for m in b.get("measured", [])] or ["measured : nothing (every figure assumed)"]
+    out += [f"assumed  : {a}" for a in b.get("assumed", [])]
+    return out

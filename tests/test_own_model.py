@@ -1,0 +1,114 @@
+"""dsim profile: one command from a config.json to a profile. A dense model goes through the
+analytical path and a MoE model through the composer, reproducing the shipped profiles those
+modules wrote; provenance says what is measured and what is assumed; bad input exits 2."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from dsim.cost import PROFILE_DIR, load_profile
+from dsim.entry import app
+from dsim.own_model import hardware_kinds, is_moe, own_profile
+
+MODELS = PROFILE_DIR / "models"
+
+# Llama-3.1-70B's public config.json (architecture fields): 141 GB of bf16 weights
+LLAMA_70B = {
+    "model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+    "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_hardware_kinds_cover_both_paths():
+    assert {"H200", "B300"} <= set(hardware_kinds())
+
+
+def test_dense_reproduces_shipped_analytical_profile(tmp_path):
+    out = tmp_path / "llama.yaml"
+    r = CliRunner().invoke(app, ["profile", str(MODELS / "llama-3.1-8b.json"), "--hardware", "H200", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "path     : analytical (dense)" in r.output and "measured : efficiencies fitted" in r.output
+    got = load_profile(str(out))
+    ref = load_profile(str(PROFILE_DIR / "analytical" / "analytical-llama-3.1-8b-h200x1.yaml"))
+    assert np.array_equal(got.forward.ms, ref.forward.ms) and got.kv_cache_gib == ref.kv_cache_gib
+    basis = got.provenance["basis"]
+    assert basis["path"] == "analytical (dense)" and basis["measured"] and basis["assumed"]
+    assert not any("carried to" in a for a in basis["assumed"])  # H200: the fit's own hardware
+    assert got.provenance["command"].startswith("dsim profile ")
+
+
+def test_dense_on_other_hardware_says_the_fit_is_carried():
+    p = own_profile(MODELS / "llama-3.1-8b.json", "B300")
+    assert p.provenance["hardware"] == "1 x NVIDIA B300 SXM"
+    assert any("H200 efficiency fit carried to B300" in a for a in p.provenance["basis"]["assumed"])
+
+
+def test_dense_gpus_per_replica_fewest_that_fit(tmp_path):
+    cfg = tmp_path / "llama-70b.json"
+    cfg.write_text(json.dumps(LLAMA_70B))
+    # 141 GB of weights: more than one H200 (141 GB HBM x 0.9), within one B300 (288 GB)
+    assert own_profile(cfg, "H200").gpus_per_replica == 2
+    assert own_profile(cfg, "B300").gpus_per_replica == 1
+    assert own_profile(cfg, "H200", gpus=4).gpus_per_replica == 4
+
+
+@pytest.mark.parametrize(
+    ("hardware", "shipped", "tables"),
+    [
+        ("B300", "deepseek-v4-flash-b300-dp8-ep8", "b300-aic-vllm"),
+        ("H200", "deepseek-v4-flash-h200-dp8-ep8", "h200-aic-vllm, h200-torch"),  # the default profile
+    ],
+)
+def test_moe_reproduces_shipped_composed_profile(hardware, shipped, tables):
+    cfg = json.loads((MODELS / "deepseek-v4-flash.json").read_text())
+    assert is_moe(cfg) and not is_moe(LLAMA_70B)
+    got = own_profile(MODELS / "deepseek-v4-flash.json", hardware)
+    ref = load_profile(str(PROFILE_DIR / "composed" / f"{shipped}.yaml"))
+    np.testing.assert_allclose(got.forward.ms, ref.forward.ms, atol=1e-5)  # (the file keeps 5 decimals)
+    for k in ("mtp", "dspark"):
+        np.testing.assert_allclose(got.draft[k].ms, ref.draft[k].ms, atol=1e-5)
+    basis = got.provenance["basis"]
+    assert basis["path"] == "composer (MoE)" and tables in basis["measured"][0]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--hardware", "TPU9"], "--hardware TPU9"),
+        (["--gpus", "3", "--topology", "dp8-ep8"], "--topology"),
+    ],
+)
+def test_bad_input_exit_2(tmp_path, args, needle):
+    r = CliRunner().invoke(app, ["profile", str(MODELS / "llama-3.1-8b.json"), "--out", str(tmp_path / "x.yaml"), *args])
+    assert r.exit_code == 2 and "dsim: error:" in r.output and needle in r.output, r.output
+    assert not (tmp_path / "x.yaml").exists()
+
+
+def test_bad_configs_exit_2(tmp_path):
+    cases = {
+        "missing.json": None,
+        "broken.json": "{",
+        "nokeys.json": json.dumps({"model_type": "llama"}),
+        "mixtral.json": json.dumps({**LLAMA_70B, "model_type": "mixtral", "num_local_experts": 8}),
+    }
+    for fname, text in cases.items():
+        p = tmp_path / fname
+        if text is not None:
+            p.write_text(text)
+        r = CliRunner().invoke(app, ["profile", str(p), "--out", str(tmp_path / "x.yaml")])
+        assert r.exit_code == 2 and "dsim: error:" in r.output, (fname, r.output)
+        assert len(r.output.strip().splitlines()) == 1, r.output
+    assert not (tmp_path / "x.yaml").exists()
+
+
+def test_kernel_tables_for_each_hardware():
+    from dsim.own_model import kernel_tables_for
+
+    assert kernel_tables_for("H200") == ["h200-aic-vllm", "h200-torch"]  # the default profile's tables
+    assert kernel_tables_for("b300") == ["b300-aic-vllm"]
+    assert kernel_tables_for("tpu9") == []  # none: the composer prices every op by the roofline
