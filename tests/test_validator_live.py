@@ -200,6 +200,34 @@ def test_live_run_records_latencies_chunks_and_metric_deltas(live, tmp_path):
         assert m.summary["gauges"]["samples"] >= 1
 
 
+def test_live_run_records_the_servers_configuration(live, tmp_path):
+    """`run --server URL` told nothing: the server's own answer (/v1/models, vllm:cache_config_info,
+    the spec-decode counters) says vLLM, prefix caching on in 128-token blocks (the CPU platform's),
+    K = 4; the test's own runs, told the flags, add the method and --max-num-seqs."""
+    from tests.cli_contract import run_cli
+
+    rc, out, err = run_cli("validate", "run", "--server", live["url"], "-c", "2", "-n", "4", "--input-len", "256",
+                           "--output-len", "16", "--repeat", "1", "--no-progress", "--out", tmp_path / "r")  # fmt: skip
+    assert rc == 0, err
+    assert "server configuration recorded: kind = vllm" in out
+    eng = measure.read(str(tmp_path / "r" / "measurements.jsonl")).header["engine"]
+    assert (eng["kind"], eng["prefix_caching"], eng["block_size"], eng["spec_k"]) == ("vllm", True, 128, K)
+    assert eng["version"] == "0.32.0" and set(eng["source"].values()) == {"server"}
+    m = _run(live, tmp_path, "told", n=4, c=2, outp=16)
+    eng = m.header["engine"]
+    assert (eng["kind"], eng["spec_method"], eng["max_num_seqs"], eng["spec_k"]) == ("vllm-cpu", "ngram", 8, K)
+    assert "conflicts" not in eng
+    # check simulates the cache the server had (256-token prompts: one 128-token block cached)
+    from dsim.cost import save_profile
+
+    fit = {"cpu_overhead_ms": 3.0, "ms_per_token": 0.05, "ms_per_request": 0.0, "kv_ms_per_ktok": 0.0}
+    save_profile(stepfit.linear_profile("t", "measured", fit, {}), tmp_path / "p.yaml")
+    rep = compare.check([m.path], str(tmp_path / "p.yaml"), None, gates={}, sensitivity=False)
+    assumed = "\n".join(rep["assumed"])
+    assert "prefix cache: 128-token blocks (header" in assumed and "ngram, K = 4" in assumed
+    assert "max_num_seqs: 8 (from the server)" in assumed or "max_num_seqs: 8 (from the server flags)" in assumed
+
+
 def test_live_server_is_placed_as_the_recipe_says(live):
     """The API server on the last CPU, the engine core and worker (started before /health) on the
     others, the OpenMP threads bound to match; skipped where there is one CPU or no pinning."""

@@ -92,7 +92,8 @@ def acceptance_curves(c: dict) -> dict:
         "per_step": chain(S),
         "per_draft": chain(D),
         "tau_per_step": 1 + float(a.sum()) / S if S else None,
-        "acceptance_length_vllm": 1 + c["num_accepted_tokens"] / D if D else None,
+        # at most K accepted per draft: counters that say more (a delta across a restart) are capped
+        "acceptance_length_vllm": 1 + min(c["num_accepted_tokens"] / D, K) if D else None,
         "drafted_fraction": D / S if S else None,
         "mean_draft_tokens": c["num_draft_tokens"] / D if D else None,
     }
@@ -335,6 +336,9 @@ def calibrate(
                 "count as rejections at position 1), date " + _dt.date.today().isoformat()
             ),
             "k": K,
+            # the speculative method the server ran (its flags or speculative config; None when the
+            # measurement does not say): check refuses this file for a measurement of another
+            "method": (h0.get("engine") or {}).get("spec_method") or (h0.get("spec") or {}).get("method"),
             "classes": {"default": acc["per_step"]},
             "per_draft": {"default": acc["per_draft"]},
             "tau_per_step": acc["tau_per_step"],

@@ -62,7 +62,11 @@ def run_cmd(
     request_timeout: float = typer.Option(600.0, "--request-timeout", help="seconds per request"),
     max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="the server's setting, recorded for check"),
     server_flags: Optional[str] = typer.Option(
-        None, "--server-flags", help="how the server was started, recorded as provenance"
+        None,
+        "--server-flags",
+        help="the server's command line or its vLLM flags (e.g. \"--max-num-seqs 8 --no-enable-prefix-caching "
+        '--speculative-config.method ngram --speculative-config.num_speculative_tokens 4"): recorded, and '
+        "check simulates the settings it states where the server does not publish them",
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
     nice: int = typer.Option(
@@ -146,6 +150,7 @@ def run_cmd(
         raise typer.Exit(130) from None
     for stem, s in zip(names, results):
         _print_run_summary(s, Path(out) / f"{stem}.jsonl")
+    _print_server_config(Path(out) / f"{names[-1]}.jsonl")
     if repeat > 1:
         _print_spread(noise.spread(results), repeat, Path(out) / f"{name}-spread.json")
     for s in results:
@@ -170,6 +175,14 @@ def _fail_on_no_success(s: dict) -> None:
     if not done:
         typer.echo("error: no request succeeded", err=True)
         raise typer.Exit(1)
+
+
+def _print_server_config(path) -> None:
+    """The server's configuration the run recorded (validator.serverconf), one line."""
+    from validator import measure, serverconf
+
+    lines = serverconf.describe(measure.read(str(path)).header.get("engine") or {})
+    typer.echo("server configuration recorded: " + ("; ".join(lines) or "nothing known (pass --server-flags)"))
 
 
 def _print_run_summary(s: dict, path) -> None:

@@ -38,7 +38,7 @@ import numpy as np
 
 from dsim.cost import load_profile
 from dsim.errors import InputError
-from validator import measure, noise, prefix, stepfit, traces
+from validator import measure, noise, prefix, serverconf, stepfit, traces
 
 if TYPE_CHECKING:
     from dsim.cost import Profile
@@ -149,7 +149,6 @@ def simulate_measurement(
     if cost_scale != 1.0:
         prof = dataclasses.replace(prof, cpu_overhead_ms=prof.cpu_overhead_ms * cost_scale)
     w, conc = workload_from(m)
-    k = None
     doc = None
     if acceptance:
         import yaml
@@ -158,15 +157,18 @@ def simulate_measurement(
             doc = yaml.safe_load(open(acceptance)) if acceptance.endswith((".yaml", ".yml")) else None
         except OSError:
             doc = None
-        if isinstance(doc, dict) and doc.get("k"):
-            k = int(doc["k"])
-    if k is None:
-        k = ((m.header.get("spec") or {}).get("k")) or (m.stats().get("spec") or {}).get("k") or 0
+    k, spec_how = speculation(m, acceptance, doc)
     notes: list = []
+    assumed = [f"engine: {_engine_line(m.header)}", f"speculation: {spec_how}"]
     script = None
     if k:
         prof = stepfit.zero_block_draft(prof)
         acc_arg = acceptance or "const:0.6"
+        assumed.append(
+            f"acceptance: {acceptance}"
+            if acceptance
+            else "acceptance: 0.6 per position (assumed: no --acceptance given)"
+        )
         sigma: dict[str, Any] = {}
         if isinstance(doc, dict):
             if not (doc.get("deterministic") and doc.get("draft_script") and draft_script):
@@ -190,12 +192,16 @@ def simulate_measurement(
     if pfx is not None:
         w = dataclasses.replace(w, prefix_hashes=pfx.hashes, prefix_block_tokens=pfx.block_tokens)
         notes.append(pfx.note)
+        assumed.append(pfx.note)
+    else:
+        assumed.append(f"prefix cache: off ({prefix.config(m.header).source})")
     eng = m.header.get("engine") or {}
+    seqs, seqs_how = _setting(max_num_seqs, eng, "max_num_seqs", CPU_MAX_NUM_SEQS)
+    batched, batched_how = _setting(max_num_batched_tokens, eng, "max_num_batched_tokens", CPU_MAX_BATCHED_TOKENS)
+    assumed += [f"max_num_seqs: {seqs} ({seqs_how})", f"max_num_batched_tokens: {batched} ({batched_how})"]
     ecfg = EngineConfig(
-        max_num_seqs=int(max_num_seqs or eng.get("max_num_seqs") or CPU_MAX_NUM_SEQS),
-        max_num_batched_tokens=int(
-            max_num_batched_tokens or eng.get("max_num_batched_tokens") or CPU_MAX_BATCHED_TOKENS
-        ),
+        max_num_seqs=seqs,
+        max_num_batched_tokens=batched,
         async_scheduling=False,
         draft_script=script,
         enable_prefix_caching=pfx is not None,
@@ -269,7 +275,93 @@ def simulate_measurement(
         s["request_overhead_ms_added"] = {"e2e": over, "ttft": over_ft}
     s["_spec_k"] = k
     s["_drafted_fraction"] = doc.get("drafted_fraction") if isinstance(doc, dict) else None
+    if script is not None:
+        # the simulated workload's own drafted fraction (the calibration's holds for its own
+        # output lengths only: a longer output drafts in a larger share of its steps)
+        s["_drafted_fraction"] = script_drafted_fraction(script, w.output_tokens)
+    s["_assumed"] = assumed
     return s
+
+
+def measured_speculation(m: measure.Measurement) -> tuple[int | None, str | None, str]:
+    """(K, method, how it is known) of the server a measurement ran against: K = 0 when it did not
+    speculate, None when the measurement cannot tell. vLLM's spec-decode counters first (they
+    exist only on a speculative server, one per-position series per draft position), then the
+    header's ``engine`` block (validator.serverconf: the server's answer or its flags)."""
+    sp = m.stats().get("spec")
+    method = (m.header.get("engine") or {}).get("spec_method") or (m.header.get("spec") or {}).get("method")
+    told = serverconf.spec_k(m.header)
+    if sp is not None:
+        k = int(sp.get("k") or told or 0)
+        drafts = float(sp.get("num_drafts") or 0)
+        return k, method, f"vLLM's spec-decode counters ({drafts:.0f} drafts, {k} positions)"
+    delta = m.stats().get("metrics_delta") or {}
+    if any(str(name).startswith("vllm:") for name in delta):
+        return 0, None, "no spec-decode counters in the server's /metrics"
+    if told is not None:
+        src = ((m.header.get("engine") or {}).get("source") or {}).get("spec_k", "header")
+        return told, method, f"the measurement's header (from the {src})"
+    return None, None, "not known (no spec-decode counters, no server flags)"
+
+
+def speculation(m: measure.Measurement, acceptance: str | None, doc: dict | None) -> tuple[int, str]:
+    """(K to simulate, a line saying what was assumed and why). An ``acceptance`` for a measurement
+    that ran without speculative decoding, or one calibrated at another K or with another
+    method, is refused (InputError): it would simulate drafts the server never made."""
+    mk, method, how = measured_speculation(m)
+    dk = int(doc["k"]) if isinstance(doc, dict) and doc.get("k") else None
+    dm = doc.get("method") if isinstance(doc, dict) else None
+    if acceptance and mk == 0:
+        raise InputError(
+            f"--acceptance {acceptance}: {m.path} ran without speculative decoding ({how}); check it without --acceptance"
+        )
+    if dk is not None and mk and dk != mk:
+        raise InputError(f"--acceptance {acceptance}: calibrated at K = {dk}, but {m.path} ran K = {mk} ({how})")
+    if dm and method and dm != method:
+        raise InputError(f"--acceptance {acceptance}: calibrated on method {dm}, but {m.path} ran {method}")
+    k = mk if mk is not None else (dk or 0)
+    if not k:
+        return 0, f"none ({how})"
+    src = how if mk is not None else f"the acceptance file ({acceptance})"
+    return k, (f"{method or 'method not recorded'}, K = {k} ({src}); simulated as dsim's block drafter with K = {k}")
+
+
+def script_drafted_fraction(script: tuple, output_tokens) -> float | None:
+    """The share of decode steps that verified drafts when every request follows ``script``
+    (drafts verified, accepted per decode step; the last entry repeating) to its output length:
+    the first token comes from the prefill step, each decode step gives 1 + its accepted drafts."""
+    drafted = steps = 0
+    sc = [(int(a), int(b)) for a, b in script]
+    if not sc:
+        return None
+    for n in np.asarray(output_tokens, dtype=np.int64):
+        left, j = int(n) - 1, 0
+        while left > 0:
+            v, a = sc[min(j, len(sc) - 1)]
+            steps += 1
+            drafted += v > 0
+            left -= 1 + a
+            j += 1
+    return drafted / steps if steps else None
+
+
+def _setting(given, eng: dict, key: str, default: int) -> tuple[int, str]:
+    """A scheduler setting for the simulation and where it came from: the option, the header
+    (the server's answer or its flags), else vLLM's CPU default (assumed)."""
+    if given:
+        return int(given), f"--{key.replace('_', '-')}"
+    if eng.get(key):
+        src = (eng.get("source") or {}).get(key)
+        return int(eng[key]), f"from the {'server' if src == 'server' else 'server flags' if src else 'header'}"
+    return default, "vLLM's CPU default: assumed, the measurement does not say"
+
+
+def _engine_line(header: dict) -> str:
+    eng = header.get("engine") or {}
+    kind = eng.get("kind") or "not known"
+    ver = eng.get("version") or header.get("server_version")
+    extra = "; ".join(serverconf.describe({k: v for k, v in eng.items() if k == "conflicts"}))
+    return f"{kind}" + (f" {ver}" if ver else "") + (f" ({extra})" if extra else "")
 
 
 def _overheads(v: dict, streams: float) -> tuple[float, float]:
@@ -393,7 +485,12 @@ def compare(meas_stats: dict, pred: dict, gates: dict | None = None, spread: dic
         # vLLM's acceptance length counts per draft: steps without a draft (a proposer without a
         # match) do not count; predicted from dsim's per step through the calibrated drafted fraction
         frac = pred.get("_drafted_fraction")
-        pv = 1 + (tps - 1) / frac if tps is not None and frac else None
+        K = int(pred["_spec_k"])
+        if tps is not None and frac:
+            # a drafted step accepts at most K: the share of drafted steps is at least
+            # (tokens per step - 1) / K, whatever fraction the calibration saw
+            frac = max(float(frac), (tps - 1) / K)
+        pv = min(1 + (tps - 1) / frac, K + 1.0) if tps is not None and frac else None
         mv = (meas_stats.get("spec") or {}).get("acceptance_length")
         rows.append(
             {
@@ -479,6 +576,7 @@ def check(
         "burst_requests": stats.get("burst_requests"),
         "timing_requests": stats.get("timing_requests"),
         "gates": gates,
+        "assumed": pred.get("_assumed") or [],
         "runs": len(runs),
         "rows": rows,
         "verdict": verdict,
@@ -522,6 +620,7 @@ def to_markdown(rep: dict) -> str:
         f"E2E and throughput): {rep.get('burst_requests') or 0} of {rep.get('requests_completed')}",
         f"- load: {load.get('mode')} (concurrency {load.get('concurrency')}, rate {load.get('rate')})",
         f"- profile: `{rep['profile']}`; acceptance: `{rep.get('acceptance')}`",
+        *(f"- assumed: {a}" for a in rep.get("assumed") or []),
         "- gated: "
         + (", ".join(f"{k} {v:.0%}" for k, v in rep["gates"].items()) or "nothing")
         + "; each against the larger of its tolerance and the measured spread"

@@ -24,7 +24,7 @@ import httpx
 import numpy as np
 
 from dsim.errors import InputError, plain
-from validator import measure, promtext
+from validator import measure, promtext, serverconf
 from validator.traces import Plan
 
 if TYPE_CHECKING:
@@ -93,7 +93,8 @@ async def probe(client: httpx.AsyncClient, server: str) -> dict:
     if r.status_code in (401, 403):
         raise InputError(f"{server}: /v1/models answered {r.status_code} (set DSIM_API_KEY)")
     try:
-        data = r.json().get("data") or []
+        info["models_doc"] = r.json()
+        data = info["models_doc"].get("data") or []
         info["models"] = [m.get("id") for m in data]
         if data and data[0].get("max_model_len"):
             info["max_model_len"] = data[0]["max_model_len"]
@@ -360,7 +361,17 @@ async def run_async(plan: Plan, opts: RunOptions, out_path: str | Path) -> dict:
             "metrics_available": before is not None,
             "metrics_error": before_err,
         }
-        header.update(opts.extra_header)
+        header.update({k: v for k, v in opts.extra_header.items() if k != "engine"})
+        # the server's configuration: what it says of itself over what the caller was told
+        # (validator.serverconf); check simulates what this block says
+        header["engine"] = serverconf.resolve(
+            opts.extra_header.get("engine"),
+            header.get("server_flags"),
+            serverconf.queried(info.get("models_doc"), info.get("server_version"), before),
+        )
+        if header["engine"].get("spec_k"):
+            header["spec"] = dict(header["spec"] or {"k": header["engine"]["spec_k"]})
+            header["spec"]["method"] = header["engine"].get("spec_method")
         w = measure.Writer(out_path)
         w.write(header, sync=True)
         if before is not None:

@@ -16,6 +16,10 @@ token every step drafts K tokens and accepts draft i with conditional probabilit
 1..i-1 were (a seeded draw per request and step), streams the 1 + accepted tokens of the step as one
 chunk, and counts vLLM's spec-decode counters (drafts, draft tokens, accepted, accepted per
 position) in /metrics, so that `dsim validate calibrate` measures the curve it was given.
+
+``--prefix-caching on|off [--block-size B]`` answers as vLLM does about its configuration:
+``owned_by: "vllm"`` in /v1/models and ``vllm:cache_config_info`` (the cache's settings as labels) in
+/metrics (validator.serverconf reads both).
 """
 
 from __future__ import annotations
@@ -56,7 +60,8 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/version":
             return self._json(200, {"version": "fake-0"})
         if self.path == "/v1/models":
-            return self._json(200, {"data": [{"id": "fake", "max_model_len": 4096}]})
+            owner = {"owned_by": "vllm"} if self.cfg.prefix_caching is not None else {}
+            return self._json(200, {"data": [{"id": "fake", "max_model_len": 4096, **owner}]})
         if self.path == "/metrics":
             with STATE["lock"]:
                 n, t = STATE["requests"], STATE["tokens"]
@@ -67,6 +72,11 @@ class Handler(BaseHTTPRequestHandler):
                 "this line is not prometheus {{{\n"
             )
             text += _spec_metrics(self.cfg)
+            if self.cfg.prefix_caching is not None:
+                text += (
+                    f'vllm:cache_config_info{{block_size="{self.cfg.block_size}",cache_dtype="auto",'
+                    f'enable_prefix_caching="{self.cfg.prefix_caching}",engine="0"}} 1.0\n'
+                )
             if self.cfg.metrics == "nan":
                 text += 'vllm:spec_decode_num_drafts_total{engine="0"} NaN\n'
             elif self.cfg.metrics == "negative":
@@ -202,9 +212,13 @@ def serve(
     spec_k: int = 0,
     spec_accept: tuple = (),
     seed: int = 0,
+    prefix_caching: bool | None = None,
+    block_size: int = 16,
 ) -> ThreadingHTTPServer:
     """spec_k > 0: a speculative server drafting spec_k tokens a step, spec_accept the conditional
-    acceptance per position (padded with its last value), draws seeded from ``seed``."""
+    acceptance per position (padded with its last value), draws seeded from ``seed``.
+    prefix_caching True / False: the server says it is vLLM and publishes its cache's settings
+    (None: it says nothing of them)."""
     acc = tuple(float(x) for x in spec_accept) or (0.0,)
     acc = acc[:spec_k] + (acc[-1],) * max(0, spec_k - len(acc))
     state = {
@@ -216,7 +230,15 @@ def serve(
         "per_pos": [0] * spec_k,
     }
     cfg = argparse.Namespace(
-        mode=mode, step_ms=step_ms, hang_s=hang_s, metrics=metrics, spec_k=spec_k, spec_accept=acc, spec_state=state
+        mode=mode,
+        step_ms=step_ms,
+        hang_s=hang_s,
+        metrics=metrics,
+        spec_k=spec_k,
+        spec_accept=acc,
+        spec_state=state,
+        prefix_caching=prefix_caching,
+        block_size=block_size,
     )
     handler = type("H", (Handler,), {"cfg": cfg})
     httpd = ThreadingHTTPServer((host, port), handler)
@@ -233,9 +255,22 @@ def main() -> None:
     ap.add_argument("--hang-s", type=float, default=30.0)
     ap.add_argument("--spec-k", type=int, default=0, help="drafts per step (0: no speculative decoding)")
     ap.add_argument("--spec-accept", default="", help="conditional acceptance per position, e.g. 0.8,0.6,0.5")
+    ap.add_argument("--prefix-caching", choices=("on", "off"), help="publish vLLM's cache_config_info")
+    ap.add_argument("--block-size", type=int, default=16)
     a = ap.parse_args()
     accept = tuple(float(x) for x in a.spec_accept.split(",") if x.strip())
-    serve(a.port, a.mode, a.step_ms, a.hang_s, metrics=a.metrics, spec_k=a.spec_k, spec_accept=accept).serve_forever()
+    pc = None if a.prefix_caching is None else a.prefix_caching == "on"
+    serve(
+        a.port,
+        a.mode,
+        a.step_ms,
+        a.hang_s,
+        metrics=a.metrics,
+        spec_k=a.spec_k,
+        spec_accept=accept,
+        prefix_caching=pc,
+        block_size=a.block_size,
+    ).serve_forever()
 
 
 if __name__ == "__main__":

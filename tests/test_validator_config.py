@@ -1,0 +1,193 @@
+"""The server's configuration, carried from the server into a measurement and from there into
+`check` (validator.serverconf): what is queried, what is told, what check assumes and refuses."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from dsim.errors import InputError
+from tests.cli_contract import run_cli
+from tests.test_validator import free_port
+from validator import compare, fake_server, measure, serverconf
+
+
+@pytest.fixture
+def server():
+    """server(**fake_server.serve options) -> base URL of a fake OpenAI server in a thread."""
+    servers = []
+
+    def start(**kw):
+        port = free_port()
+        httpd = fake_server.serve(port, "ok", 1.0, **kw)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        servers.append(httpd)
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+def _profile(tmp_path):
+    from dsim.cost import save_profile
+    from validator import stepfit
+
+    fit = {"cpu_overhead_ms": 1.0, "ms_per_token": 0.2, "ms_per_request": 0.0, "kv_ms_per_ktok": 0.0}
+    p = tmp_path / "p.yaml"
+    save_profile(stepfit.linear_profile("t", "measured", fit, {}), p)
+    return p
+
+
+def _run(url, out, *extra, n="8", inp="40", outp="24"):
+    rc, _, err = run_cli("validate", "run", "--server", url, "-c", "2", "-n", n, "--input-len", inp,
+                         "--output-len", outp, "--repeat", "1", "--no-progress", "--out", out, *extra)  # fmt: skip
+    assert rc == 0, err
+    return measure.read(str(out / "measurements.jsonl"))
+
+
+def test_flags_state_the_settings_in_vllms_names():
+    f = serverconf.from_flags(
+        "/venv/bin/python validator/vllm_entry.py serve m --max-num-seqs 8 --max-num-batched-tokens=512 "
+        "--no-enable-prefix-caching --block-size 32 "
+        """--speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}'"""
+    )
+    assert f == {
+        "kind": "vllm-cpu",
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 512,
+        "block_size": 32,
+        "prefix_caching": False,
+        "spec_method": "ngram",
+        "spec_k": 4,
+    }
+    # vLLM's dotted form of a JSON argument; the last of two contrary flags wins, as in argparse
+    f = serverconf.from_flags(
+        "--speculative-config.method eagle3 --speculative-config.num_speculative_tokens=3 "
+        "--no-enable-prefix-caching --enable-prefix-caching"
+    )
+    assert f == {"spec_method": "eagle3", "spec_k": 3, "prefix_caching": True}
+    assert serverconf.from_flags(None) == {} and serverconf.from_flags("--port 8000") == {}
+    with pytest.raises(InputError, match="--max-num-seqs"):
+        serverconf.from_flags("--max-num-seqs eight")
+    with pytest.raises(InputError, match="not JSON"):
+        serverconf.from_flags("--speculative-config {method:ngram}")
+
+
+def test_run_records_what_the_server_says_and_what_it_was_told(server, tmp_path):
+    url = server(spec_k=4, spec_accept=(0.8, 0.6), prefix_caching=True, block_size=16)
+    m = _run(url, tmp_path / "a", "--server-flags",
+             "--max-num-seqs 8 --no-enable-prefix-caching --speculative-config.method ngram")  # fmt: skip
+    eng = m.header["engine"]
+    # queried: vLLM by /v1/models, the cache from vllm:cache_config_info, K from the counters
+    assert (eng["kind"], eng["prefix_caching"], eng["block_size"], eng["spec_k"]) == ("vllm", True, 16, 4)
+    assert eng["version"] == "fake-0"
+    # told: what vLLM does not publish
+    assert (eng["max_num_seqs"], eng["spec_method"]) == (8, "ngram")
+    assert eng["source"] == {
+        "kind": "server",
+        "prefix_caching": "server",
+        "block_size": "server",
+        "spec_k": "server",
+        "max_num_seqs": "flags",
+        "spec_method": "flags",
+    }
+    # a stale flag the server contradicts is kept, and the server's answer taken
+    assert eng["conflicts"] == {"prefix_caching": {"flags": False, "server": True}}
+    assert m.header["spec"] == {"k": 4, "method": "ngram"}
+
+    # a server that says nothing of itself: the flags are all there is
+    url = server()
+    m = _run(url, tmp_path / "b", "--server-flags", "--max-num-seqs 4 --no-enable-prefix-caching")
+    eng = m.header["engine"]
+    assert (eng["max_num_seqs"], eng["prefix_caching"]) == (4, False) and "kind" not in eng
+    assert eng["source"] == {"max_num_seqs": "flags", "prefix_caching": "flags"}
+    # ... and nothing at all without them
+    m = _run(url, tmp_path / "c")
+    assert m.header["engine"] == {"source": {}, "version": "fake-0"}
+
+
+def test_check_simulates_the_recorded_configuration_and_prints_it(server, tmp_path):
+    prof = _profile(tmp_path)
+    on = _run(server(prefix_caching=True, block_size=16), tmp_path / "on", "--server-flags", "--max-num-seqs 3")
+    rep = compare.check([on.path], str(prof), None, gates={}, sensitivity=False)
+    assumed = "\n".join(rep["assumed"])
+    assert "16-token blocks (header" in assumed  # the server's cache, simulated
+    assert "max_num_seqs: 3 (from the server flags)" in assumed
+    assert "max_num_batched_tokens: 2048 (vLLM's CPU default: assumed" in assumed
+    assert "speculation: none (no spec-decode counters" in assumed
+    rows = {r["metric"]: r for r in rep["rows"]}
+    # 40-token prompts on 16-token blocks: two blocks cached once the cache holds the sequence
+    assert rows["prefix_cache_hit_rate"]["predicted"] > 0.5
+    assert all(f"- assumed: {a}" in compare.to_markdown(rep) for a in rep["assumed"])
+
+    off = _run(server(prefix_caching=False, block_size=16), tmp_path / "off")
+    rep = compare.check([off.path], str(prof), None, gates={}, sensitivity=False)
+    assert any(a.startswith("prefix cache: off (header") for a in rep["assumed"])
+    assert "prefix_cache_hit_rate" not in {r["metric"] for r in rep["rows"]}
+
+
+def test_acceptance_for_a_run_without_speculation_is_refused(server, tmp_path):
+    prof = _profile(tmp_path)
+    plain = _run(server(), tmp_path / "plain")
+    rc, out, err = run_cli("validate", "check", plain.path, "--profile", prof, "--acceptance", "const:0.7")
+    assert rc == 2 and not out
+    assert err.strip().count("\n") == 0 and "ran without speculative decoding" in err and "Traceback" not in err
+
+    # a calibration at another K, or of another method, is refused too
+    spec = _run(server(spec_k=4, spec_accept=(0.8, 0.6)), tmp_path / "spec", "--server-flags",
+                "--speculative-config.method ngram", outp="40")  # fmt: skip
+    rc, _, err = run_cli("validate", "calibrate", spec.path, "--out", tmp_path / "cal")
+    assert rc == 0, err
+    acc = tmp_path / "cal" / "calibrated-acceptance.yaml"
+    import yaml
+
+    doc = yaml.safe_load(acc.read_text())
+    assert (doc["k"], doc["method"]) == (4, "ngram")
+    for change, msg in ((dict(k=3), "calibrated at K = 3"), (dict(method="eagle3"), "calibrated on method eagle3")):
+        bad = tmp_path / f"bad-{msg[-1]}.yaml"
+        bad.write_text(yaml.safe_dump(dict(doc, **change)))
+        rc, _, err = run_cli("validate", "check", spec.path, "--profile", prof, "--acceptance", bad)
+        assert rc == 2 and msg in err and err.strip().count("\n") == 0
+    rep = compare.check([spec.path], str(prof), str(acc), gates={}, sensitivity=False)
+    assert any(a.startswith("speculation: ngram, K = 4 (vLLM's spec-decode counters") for a in rep["assumed"])
+
+
+def test_vllm_acceptance_length_is_bounded_by_k_plus_1():
+    """The drafted fraction a calibration measured holds for its own output lengths only: at a
+    longer output more of a request's steps draft, and converting the simulated tokens per step
+    through the calibration's fraction gave an acceptance length above K + 1."""
+    K = 4
+    pred = {"_spec_k": K, "acceptance_length": 4.0, "_drafted_fraction": 0.64}
+    rows = {r["metric"]: r for r in compare.compare({"spec": {"acceptance_length": 4.6}}, pred, {}, {})}
+    assert 1 + 3.0 / 0.64 > K + 1  # the old conversion: 5.69
+    assert rows["acceptance_length"]["predicted"] == pytest.approx(K + 1)
+    # inside the bound the calibrated fraction is used as it is
+    pred = {"_spec_k": K, "acceptance_length": 2.5, "_drafted_fraction": 0.5}
+    rows = {r["metric"]: r for r in compare.compare({}, pred, {}, {})}
+    assert rows["acceptance_length"]["predicted"] == pytest.approx(4.0)
+
+
+def test_a_draft_scripts_drafted_fraction_follows_the_output_length():
+    # 7 undrafted decode steps, then all 4 drafts accepted: a request of n output tokens has
+    # 7 + ceil((n - 8) / 5) decode steps, of which all but 7 drafted
+    script = ((0, 0),) * 7 + ((4, 4),)
+    assert compare.script_drafted_fraction(script, [64]) == pytest.approx(12 / 19)
+    assert compare.script_drafted_fraction(script, [128]) == pytest.approx(24 / 31)
+    assert compare.script_drafted_fraction(script, [64, 128]) == pytest.approx(36 / 50)
+    assert compare.script_drafted_fraction(script, [1]) is None  # no decode step
+
+
+def test_the_header_block_keeps_unknowns_out():
+    eng = serverconf.resolve({"max_num_seqs": None, "kind": "command"}, None, {"kind": "vllm", "spec_k": 0})
+    assert eng == {
+        "kind": "vllm",
+        "spec_k": 0,
+        "source": {"kind": "server", "spec_k": "server"},
+        "conflicts": {"kind": {"flags": "command", "server": "vllm"}},
+    }
+    assert serverconf.spec_k({"engine": eng}) == 0 and serverconf.spec_k({}) is None
+    assert json.dumps(eng)  # (a header is JSON)
