@@ -19,9 +19,9 @@ def server():
     """server(**fake_server.serve options) -> base URL of a fake OpenAI server in a thread."""
     servers = []
 
-    def start(**kw):
+    def start(step_ms=1.0, **kw):
         port = free_port()
-        httpd = fake_server.serve(port, "ok", 1.0, **kw)
+        httpd = fake_server.serve(port, "ok", step_ms, **kw)
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
         servers.append(httpd)
         return f"http://127.0.0.1:{port}"
@@ -191,3 +191,82 @@ def test_the_header_block_keeps_unknowns_out():
     }
     assert serverconf.spec_k({"engine": eng}) == 0 and serverconf.spec_k({}) is None
     assert json.dumps(eng)  # (a header is JSON)
+
+
+# ---- the speculative machinery's per-step cost, apart from the engine's -----------------------
+
+
+def _decode_pt(n, b, ms, spec):
+    return {"kind": "decode", "n": float(n), "b": float(b), "batch": float(b), "kv": 0.0, "step_ms": ms,
+            "spec": float(spec)}  # fmt: skip
+
+
+def test_fit_separates_the_speculative_machinery_when_runs_without_it_are_fitted_too():
+    from validator import stepfit
+
+    c, t, d, spec = 2.8, 0.05, 0.2, 0.8  # ms, ms/token, ms/request, ms per speculative step
+    true = lambda n, b, s: c + t * n + d * b + spec * s  # noqa: E731
+    with_spec = [_decode_pt(b * (1 + a), b, true(b * (1 + a), b, 1), 1) for b in (1, 2, 4, 8) for a in (0, 3)]
+    without = [_decode_pt(b, b, true(b, b, 0), 0) for b in (1, 2, 4, 8)]
+    f = stepfit.fit_cost(with_spec + without)
+    # (decode points only: the prompt and context terms are left out, warned)
+    assert stepfit.SPEC_TERM in f["identified"] and not any(stepfit.SPEC_TERM in w for w in f["warnings"])
+    assert (f["cpu_overhead_ms"], f[stepfit.SPEC_TERM]) == pytest.approx((c, spec), rel=1e-6)
+    # a speculative server alone: the two are one column; not asked, the overhead holds both
+    f = stepfit.fit_cost(with_spec)
+    assert stepfit.SPEC_TERM not in f["identified"] and not any(stepfit.SPEC_TERM in w for w in f["warnings"])
+    assert f["cpu_overhead_ms"] == pytest.approx(c + spec, rel=1e-6)
+
+
+def test_the_speculative_step_cost_is_paid_only_with_speculation():
+    from dsim.cost import CostModel
+    from dsim.spec import make_method
+    from validator import stepfit
+
+    fit = {"cpu_overhead_ms": 2.8, "ms_per_token": 0.05, "ms_per_request": 0.2, stepfit.SPEC_TERM: 0.8}
+    cm = CostModel(stepfit.linear_profile("t", "calibrated", fit, {}))
+    assert make_method("block", 4).draft_ms(cm, 3) == pytest.approx(0.8 + 0.2 * 3)
+    assert make_method("none", 0).draft_ms(cm, 3) == 0.0
+    assert cm.profile.cpu_overhead_ms == pytest.approx(2.8)
+
+
+def test_a_calibration_with_and_without_speculation_predicts_both(server, tmp_path):
+    """A fake speculative server whose steps take 6 ms and the same without speculation at 3 ms:
+    calibrated on the speculative runs alone, the no-speculation prediction pays the machinery
+    (TPOT about twice the measured); calibrated on both, it does not."""
+    spec_url = server(spec_k=4, spec_accept=(0.7, 0.5), step_ms=6.0)
+    plain_url = server(step_ms=3.0)
+    runs = []
+    for url, tag in ((spec_url, "s"), (plain_url, "p")):
+        for c in ("1", "2"):
+            rc, _, err = run_cli("validate", "run", "--server", url, "-c", c, "-n", "6", "--input-len", "16",
+                                 "--output-len", "40", "--repeat", "1", "--no-progress", "--out",
+                                 tmp_path / f"{tag}{c}")  # fmt: skip
+            assert rc == 0, err
+            runs.append(tmp_path / f"{tag}{c}" / "measurements.jsonl")
+    rc, _, err = run_cli("validate", "calibrate", runs[0], runs[1], "--out", tmp_path / "only-spec")
+    assert rc == 0, err
+    rc, _, err = run_cli("validate", "calibrate", *runs, "--out", tmp_path / "both")
+    assert rc == 0, err
+    rep = json.loads((tmp_path / "both" / "calibrated-report.json").read_text())
+    both = yaml_load(tmp_path / "both" / "calibrated-profile.yaml")
+    mach = both["validator"]["spec_machinery"]
+    assert mach["separated"] is True and 1.5 < mach["spec_step_ms"] < 4.5, rep
+    only = yaml_load(tmp_path / "only-spec" / "calibrated-profile.yaml")
+    assert only["validator"]["spec_machinery"] == {"separated": False}
+
+    def tpot_error(cal):
+        r = compare.check([str(runs[3])], str(tmp_path / cal / "calibrated-profile.yaml"), None, gates={},
+                          sensitivity=False)  # fmt: skip
+        return {x["metric"]: x for x in r["rows"]}["tpot_ms.p50"]["error"], r["assumed"]
+
+    err_only, assumed = tpot_error("only-spec")
+    assert err_only > 0.5 and any("holds its machinery" in a for a in assumed)
+    err_both, assumed = tpot_error("both")
+    assert abs(err_both) < 0.25 and any("not paid" in a for a in assumed)
+
+
+def yaml_load(path):
+    import yaml
+
+    return yaml.safe_load(open(path))

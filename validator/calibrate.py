@@ -51,10 +51,31 @@ import yaml
 
 from dsim.cost import CostModel, PrefillTerms, Table, load_profile, save_profile
 from dsim.errors import InputError
-from validator import acceptance, measure, noise, stepfit
+from validator import acceptance, measure, noise, serverconf, stepfit
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
+
+
+def spec_machinery(pts: list[dict], k: int, fit: dict, base=None) -> dict:
+    """Where the speculative machinery's per-step cost is in the calibrated profile:
+    ``separated`` (the draft table's constant, stepfit.SPEC_TERM: a simulation without
+    speculation does not pay it) when the points mix runs with and without speculation, or the
+    base profile had it separated; otherwise, for a speculative calibration, in cpu_overhead_ms
+    (a warning: a prediction without speculation from this profile pays it)."""
+    if stepfit.mixed_speculation(pts) and base is None:
+        return {"separated": True, "spec_step_ms": round(float(fit.get(stepfit.SPEC_TERM) or 0.0), 5)}
+    prior = ((base.extra or {}).get("validator") or {}).get("spec_machinery") if base is not None else None
+    if prior and prior.get("separated"):
+        return {"separated": True, "spec_step_ms": None, "from": "the base profile's draft table (scaled)"}
+    if not k:
+        return {"separated": None}
+    return {
+        "separated": False,
+        "warning": "cpu_overhead_ms holds the speculative machinery's per-step cost (every point ran with "
+        "speculation, so the two cannot be told apart): a prediction without speculation from this profile "
+        "pays it - calibrate with runs of the server without speculation too",
+    }
 
 
 def spec_counts(m: measure.Measurement) -> dict | None:
@@ -283,9 +304,10 @@ def shape_of(m: measure.Measurement) -> tuple:
 
 
 def group_key(m: measure.Measurement) -> str:
-    """Runs with one key are pooled: same load (mode, concurrency, rate) and shape."""
+    """Runs with one key are pooled: same load (mode, concurrency, rate), shape and speculation
+    (K; 0 without: a server's runs with and without it are never pooled)."""
     load = {k: (m.header.get("load") or {}).get(k) for k in ("mode", "concurrency", "rate")}
-    return json.dumps(dict(load, shape=list(shape_of(m))), sort_keys=True)
+    return json.dumps(dict(load, shape=list(shape_of(m)), spec=serverconf.speculation_of(m)[0]), sort_keys=True)
 
 
 def calibrate(
@@ -368,8 +390,12 @@ def calibrate(
         acc_path.write_text(yaml.safe_dump(doc, sort_keys=False, width=100))
     # ---- step cost
     pts = []
+    # each measurement's points at its own K: runs of the server without speculation (no
+    # spec-decode counters) next to speculative ones separate the speculative machinery's
+    # per-step cost from the engine's (stepfit.SPEC_TERM)
+    k_of = {id(m): (0 if serverconf.speculation_of(m)[0] == 0 else K) for m in ms}
     for m in ms:
-        for p in stepfit.server_points(m, K):
+        for p in stepfit.server_points(m, k_of[id(m)]):
             pts.append(dict(p, kv=p.get("kv", 0.0), file=Path(m.path).name, group=group_key(m)))
     if not pts:
         raise InputError(
@@ -395,7 +421,7 @@ def calibrate(
         method = __import__("dsim.spec", fromlist=["make_method"]).make_method("block", max(K, 1))
 
         def base_ms(p: dict) -> float:
-            dr = method.draft_ms(cm, int(round(p["b"]))) if K else 0.0
+            dr = method.draft_ms(cm, int(round(p["b"]))) if p.get("spec") else 0.0
             # the point's prompts (mean composition: `prefills` prompts sharing `prompt_tokens`,
             # at context 0) priced with the base profile's prefill terms, if it has them
             pre, pf = 0.0, p.get("prefills") or 0.0
@@ -411,7 +437,7 @@ def calibrate(
             # calibration; a run outside the spread of the others is named
             runs = []
             for r in raw:
-                rp = [dict(p, kv=p.get("kv", 0.0)) for p in stepfit.server_points(r, K)]
+                rp = [dict(p, kv=p.get("kv", 0.0)) for p in stepfit.server_points(r, k_of[id(ms[0])])]
                 if rp:
                     xr = np.array([base_ms(p) for p in rp]) + base.cpu_overhead_ms
                     yr = np.array([p["step_ms"] for p in rp])
@@ -490,7 +516,11 @@ def calibrate(
             + fit["ms_per_prefill"] * (p.get("prefills") or 0.0)
             + fit["kv_ms_per_ktok"] * p.get("kv", 0.0) / 1000.0
             - fit.get("prefill_discount_ms_per_ktok", 0.0) * (p.get("prompt_tokens") or 0.0) / 1000.0
+            + fit.get(stepfit.SPEC_TERM, 0.0) * (p.get("spec") or 0.0)
         )
+    machinery = spec_machinery(pts, K, fit, base if base_profile else None)
+    if machinery.get("warning"):
+        warnings.append(machinery["warning"])
     for p in pts:
         p["fit_ms"] = pred(p)
         p["fit_err"] = (p["fit_ms"] - p["step_ms"]) / p["step_ms"] if p["step_ms"] else None
@@ -514,6 +544,7 @@ def calibrate(
         **({"overhead_table": base_table} if base_table else {}),
         **({"closed_loop_send_gap_ms": g} if (g := send_gap_ms(raw)) is not None else {}),
         "spec_emulation": "block" if K else "none",
+        "spec_machinery": {k: v for k, v in machinery.items() if k != "warning"},
         "fit": fit,
         # step-time variability, measured on the calibration runs: `check` draws each simulated
         # request's TPOT factor from tpot_dispersion (validator.noise.apply_dispersion)

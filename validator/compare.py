@@ -160,6 +160,14 @@ def simulate_measurement(
     k, spec_how = speculation(m, acceptance, doc)
     notes: list = []
     assumed = [f"engine: {_engine_line(m.header)}", f"speculation: {spec_how}"]
+    mach = ((prof.extra or {}).get("validator") or {}).get("spec_machinery") or {}
+    if mach.get("separated") is False:
+        assumed.append(
+            "step cost: the profile's overhead was calibrated with speculation on and holds its machinery's "
+            "per-step cost" + (" (paid here without speculation)" if not k else "")
+        )
+    elif mach.get("separated") and not k:
+        assumed.append("step cost: the speculative machinery's per-step cost (the draft table's) not paid")
     script = None
     if k:
         prof = stepfit.zero_block_draft(prof)
@@ -283,32 +291,11 @@ def simulate_measurement(
     return s
 
 
-def measured_speculation(m: measure.Measurement) -> tuple[int | None, str | None, str]:
-    """(K, method, how it is known) of the server a measurement ran against: K = 0 when it did not
-    speculate, None when the measurement cannot tell. vLLM's spec-decode counters first (they
-    exist only on a speculative server, one per-position series per draft position), then the
-    header's ``engine`` block (validator.serverconf: the server's answer or its flags)."""
-    sp = m.stats().get("spec")
-    method = (m.header.get("engine") or {}).get("spec_method") or (m.header.get("spec") or {}).get("method")
-    told = serverconf.spec_k(m.header)
-    if sp is not None:
-        k = int(sp.get("k") or told or 0)
-        drafts = float(sp.get("num_drafts") or 0)
-        return k, method, f"vLLM's spec-decode counters ({drafts:.0f} drafts, {k} positions)"
-    delta = m.stats().get("metrics_delta") or {}
-    if any(str(name).startswith("vllm:") for name in delta):
-        return 0, None, "no spec-decode counters in the server's /metrics"
-    if told is not None:
-        src = ((m.header.get("engine") or {}).get("source") or {}).get("spec_k", "header")
-        return told, method, f"the measurement's header (from the {src})"
-    return None, None, "not known (no spec-decode counters, no server flags)"
-
-
 def speculation(m: measure.Measurement, acceptance: str | None, doc: dict | None) -> tuple[int, str]:
     """(K to simulate, a line saying what was assumed and why). An ``acceptance`` for a measurement
     that ran without speculative decoding, or one calibrated at another K or with another
     method, is refused (InputError): it would simulate drafts the server never made."""
-    mk, method, how = measured_speculation(m)
+    mk, method, how = serverconf.speculation_of(m)
     dk = int(doc["k"]) if isinstance(doc, dict) and doc.get("k") else None
     dm = doc.get("method") if isinstance(doc, dict) else None
     if acceptance and mk == 0:

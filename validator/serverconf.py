@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import json
 import shlex
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from validator import promtext
+
+if TYPE_CHECKING:
+    from validator.measure import Measurement
 
 CACHE_INFO = "vllm:cache_config_info"
 FIELDS = ("kind", "prefix_caching", "block_size", "max_num_seqs", "max_num_batched_tokens", "spec_method", "spec_k")
@@ -186,6 +189,27 @@ def spec_k(header: dict) -> int | None:
         return int(eng["spec_k"])
     sp = header.get("spec") or {}
     return int(sp["k"]) if sp.get("k") is not None else None
+
+
+def speculation_of(m: Measurement) -> tuple[int | None, str | None, str]:
+    """(K, method, how it is known) of the server a measurement ran against: K = 0 when it did not
+    speculate, None when the measurement cannot tell. vLLM's spec-decode counters first (they
+    exist only on a speculative server, one per-position series per draft position), then the
+    header's ``engine`` block (:func:`resolve`: the server's answer or its flags)."""
+    sp = m.stats().get("spec")
+    method = (m.header.get("engine") or {}).get("spec_method") or (m.header.get("spec") or {}).get("method")
+    told = spec_k(m.header)
+    if sp is not None:
+        k = int(sp.get("k") or told or 0)
+        drafts = float(sp.get("num_drafts") or 0)
+        return k, method, f"vLLM's spec-decode counters ({drafts:.0f} drafts, {k} positions)"
+    delta = m.stats().get("metrics_delta") or {}
+    if any(str(name).startswith("vllm:") for name in delta):
+        return 0, None, "no spec-decode counters in the server's /metrics"
+    if told is not None:
+        src = ((m.header.get("engine") or {}).get("source") or {}).get("spec_k", "header")
+        return told, method, f"the measurement's header (from the {src})"
+    return None, None, "not known (no spec-decode counters, no server flags)"
 
 
 def describe(eng: dict) -> list[str]:

@@ -304,6 +304,12 @@ def run_script(m: Measurement, k: int) -> list | None:
 
 
 def server_points(m: Measurement, k: int) -> list[dict]:
+    """_server_points, each point flagged ``spec`` (1.0: the server speculated, K = k > 0; the
+    column of SPEC_TERM)."""
+    return [dict(p, spec=1.0 if k else 0.0) for p in _server_points(m, k)]
+
+
+def _server_points(m: Measurement, k: int) -> list[dict]:
     """Step-time points from the server's own histograms (robust to a CPU-starved client/front end):
 
     - decode: mean ITL (one sample per request per step), prefill: mean request_prefill_time (the
@@ -379,6 +385,16 @@ TERMS = (
     "kv_ms_per_ktok",
     "prefill_discount_ms_per_ktok",
 )
+# The speculative machinery's own cost per step (the proposer and the rejection sampler of a
+# speculative server, whatever its batch): a column of 1 for the points of a server that
+# speculated, 0 for one that did not. A speculative server's points alone cannot tell it from the
+# step overhead (both are 1 in every step); runs of the server with and without speculation fitted
+# together can. It is asked only of such a mix (fit_cost), and priced where dsim prices a method's
+# drafting: the emulating method's draft table (linear_profile), which a simulation without
+# speculation does not pay. (On the CPU test server a speculative calibration's overhead was 3.6 ms
+# against a measured 2.8-3.0 ms step without speculation: no-speculation TPOT came out +28-37%.)
+SPEC_TERM = "spec_step_ms"
+ALL_TERMS = TERMS + (SPEC_TERM,)
 # What to measure when a term cannot be told apart from the others (profile-server --shape).
 _HOW = {
     "ms_per_token": "vary the tokens per step at a fixed number of requests (e.g. --shape 256:16, a longer prompt)",
@@ -388,6 +404,7 @@ _HOW = {
     "cpu_overhead_ms": "points at more than one step size",
     "prefill_discount_ms_per_ktok": "prompts of another length than the calibration's (e.g. --shape 256:16) next to "
     "decode points",
+    SPEC_TERM: "runs of the same server with speculative decoding and without, fitted together",
 }
 COLLINEAR = 0.05  # a term whose column is within 5% of the others' span is not identified
 # Which of several terms that do not stand apart leaves first: the prompt-token discount refines the
@@ -397,6 +414,7 @@ COLLINEAR = 0.05  # a term whose column is within 5% of the others' span is not 
 # than the per-token term going and every token coming out free (the live CPU profile's two
 # columns stood 0.055 apart, either side of the threshold from run to run).
 DROP_ORDER = (
+    SPEC_TERM,
     "prefill_discount_ms_per_ktok",
     "ms_per_prefill",
     "kv_ms_per_ktok",
@@ -416,6 +434,7 @@ def _columns(points: list[dict]) -> np.ndarray:
                 p.get("prefills", 0.0) or 0.0,
                 p.get("kv", 0.0) / 1000.0,
                 -(p.get("prompt_tokens", 0.0) or 0.0) / 1000.0,
+                float(p.get("spec", 0.0) or 0.0),
             ]
             for p in points
         ],
@@ -471,7 +490,9 @@ def _weights(points: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return X, y, w
 
 
-def fit_cost(points: list[dict], terms: tuple = TERMS, rounds: list | None = None, confounding: bool = True) -> dict:
+def fit_cost(
+    points: list[dict], terms: tuple | None = None, rounds: list | None = None, confounding: bool = True
+) -> dict:
     """Non-negative least squares of step_ms = c + t n + d b + e prefills + kv x context/1000 -
     disc x prompt tokens/1000 over the points (relative errors): c per-step CPU overhead, t per
     scheduled token (forward, priced as a decode/verify token), d per sampling request (ngram
@@ -494,26 +515,31 @@ def fit_cost(points: list[dict], terms: tuple = TERMS, rounds: list | None = Non
     the context term came out 0-12 ms per 1000 tokens over one collection's rounds, its pooled 2-3
     ms inside the noise, and priced the long shape's steps 10-15% high.) A term inside the noise is
     kept when leaving it out moves another kept term beyond that term's own noise
-    (``kept_confounded``, warned): the other term would take its work."""
+    (``kept_confounded``, warned): the other term would take its work.
+
+    ``terms`` default: TERMS, and SPEC_TERM when the points mix a speculative server's (``spec`` 1)
+    with one's that did not speculate (mixed_speculation)."""
+    if terms is None:
+        terms = TERMS + ((SPEC_TERM,) if mixed_speculation(points) else ())
     X, y, w = _weights(points)
     Xw = X * w[:, None]
-    want = [TERMS.index(t) for t in terms]
+    want = [ALL_TERMS.index(t) for t in terms]
     keep = list(want)
     warnings, separation = [], {}
     # drop terms that do not stand apart, one at a time, until the rest do: a column the points
     # never fill first, then the refinements before what they refine (DROP_ORDER)
     while len(keep) > 1:
         sep = {j: identifiable(Xw, keep, j) for j in keep}
-        separation.update({TERMS[i]: round(v, 4) for i, v in sep.items()})
+        separation.update({ALL_TERMS[i]: round(v, 4) for i, v in sep.items()})
         below = [i for i in keep if sep[i] < COLLINEAR]
         if not below or len(points) <= 1:
             break
         empty = [i for i in below if not np.any(Xw[:, i])]
-        j = empty[0] if empty else min(below, key=lambda i: DROP_ORDER.index(TERMS[i]))
+        j = empty[0] if empty else min(below, key=lambda i: DROP_ORDER.index(ALL_TERMS[i]))
         keep.remove(j)
         warnings.append(
-            f"{TERMS[j]}: not identified by these points (separation {sep[j]:.3f} < {COLLINEAR}); "
-            f"left at 0 - {_HOW[TERMS[j]]}"
+            f"{ALL_TERMS[j]}: not identified by these points (separation {sep[j]:.3f} < {COLLINEAR}); "
+            f"left at 0 - {_HOW[ALL_TERMS[j]]}"
         )
     if len(points) < len(keep):
         warnings.append(f"{len(points)} point(s) for {len(keep)} terms: the fit is underdetermined")
@@ -521,7 +547,7 @@ def fit_cost(points: list[dict], terms: tuple = TERMS, rounds: list | None = Non
     noise: dict = {}
     confounded: dict = {}
     if rounds and len(rounds) >= MIN_ROUNDS:
-        free = [j for j in keep if TERMS[j] not in ("cpu_overhead_ms", "ms_per_token")]
+        free = [j for j in keep if ALL_TERMS[j] not in ("cpu_overhead_ms", "ms_per_token")]
         while True:
             per = np.array([_nnls_terms(*_weights(r), keep) for r in rounds if r])
             if len(per) < MIN_ROUNDS:
@@ -541,50 +567,50 @@ def fit_cost(points: list[dict], terms: tuple = TERMS, rounds: list | None = Non
                 wo = _nnls_terms(X, y, w, [i for i in keep if i != cand])
                 moved = [i for i in free if i in keep and i != cand and abs(wo[i] - coef[i]) > crit * max(se[i], 1e-12)]
                 if moved and confounding:
-                    confounded.setdefault(TERMS[cand], sorted(TERMS[i] for i in moved))
+                    confounded.setdefault(ALL_TERMS[cand], sorted(ALL_TERMS[i] for i in moved))
                     continue
                 drop, without = cand, wo
                 break
             if drop is None:
                 break
-            confounded.pop(TERMS[drop], None)
-            noise[TERMS[drop]] = {
+            confounded.pop(ALL_TERMS[drop], None)
+            noise[ALL_TERMS[drop]] = {
                 "pooled": round(float(coef[drop]), 4),
                 "rounds": [round(float(v), 4) for v in per[:, drop]],
                 "standard_error": round(float(se[drop]), 4),
                 "t_critical": round(crit, 3),
             }
             warnings.append(
-                f"{TERMS[drop]}: {coef[drop]:.3g} pooled, but its {len(per)} rounds gave {per[:, drop].min():.3g}-"
+                f"{ALL_TERMS[drop]}: {coef[drop]:.3g} pooled, but its {len(per)} rounds gave {per[:, drop].min():.3g}-"
                 f"{per[:, drop].max():.3g} (standard error {se[drop]:.3g}, under {crit:.2f} of them): not told from 0, set to 0 - "
-                f"{_HOW[TERMS[drop]]}"
+                f"{_HOW[ALL_TERMS[drop]]}"
             )
             keep.remove(drop)
             coef = without
     for name, others in confounded.items():
-        if TERMS.index(name) in keep:
+        if ALL_TERMS.index(name) in keep:
             warnings.append(
                 f"{name}: inside its rounds' noise, but kept: leaving it out moves {', '.join(others)} beyond "
                 "their own noise (they would take its work) - " + _HOW[name]
             )
     for j in keep:
-        if coef[j] == 0.0 and TERMS[j] != "cpu_overhead_ms":
-            warnings.append(f"{TERMS[j]}: fitted at 0 (the bound): the points do not show it")
-    di, ti = TERMS.index("prefill_discount_ms_per_ktok"), TERMS.index("ms_per_token")
+        if coef[j] == 0.0 and ALL_TERMS[j] != "cpu_overhead_ms":
+            warnings.append(f"{ALL_TERMS[j]}: fitted at 0 (the bound): the points do not show it")
+    di, ti = ALL_TERMS.index("prefill_discount_ms_per_ktok"), ALL_TERMS.index("ms_per_token")
     if coef[di] > 1000.0 * coef[ti] + 1e-12:
         warnings.append(
             f"prefill_discount_ms_per_ktok: fitted {coef[di]:.4g}, more than a token costs "
             f"({1000.0 * coef[ti]:.4g} per 1000): held at that (prompt tokens free)"
         )
         coef[di] = 1000.0 * coef[ti]
-    fit: dict[str, Any] = {t: float(coef[i]) for i, t in enumerate(TERMS)}
+    fit: dict[str, Any] = {t: float(coef[i]) for i, t in enumerate(ALL_TERMS)}
     pred = X @ coef
     rank = int(np.linalg.matrix_rank(Xw[:, want])) if len(X) else 0
     fit.update(
         {
             "rank": rank,
-            "identified": [TERMS[j] for j in keep],
-            "not_identified": [TERMS[j] for j in want if j not in keep and TERMS[j] not in noise],
+            "identified": [ALL_TERMS[j] for j in keep],
+            "not_identified": [ALL_TERMS[j] for j in want if j not in keep and ALL_TERMS[j] not in noise],
             "zero_within_noise": noise,
             "kept_confounded": confounded,
             "separation": separation,
@@ -594,6 +620,12 @@ def fit_cost(points: list[dict], terms: tuple = TERMS, rounds: list | None = Non
         }
     )
     return fit
+
+
+def mixed_speculation(points: list[dict]) -> bool:
+    """Whether the points hold steps of a speculative server and of one that did not speculate."""
+    flags = {bool(p.get("spec")) for p in points}
+    return flags == {True, False}
 
 
 def fit_line(x: ArrayLike, y: ArrayLike, w: ArrayLike | None = None) -> tuple[float, float]:
@@ -625,8 +657,10 @@ def linear_profile(
 ) -> Profile:
     """A CPU profile: no CUDA graphs (capture_sizes [1]); forward(n) = ms_per_token x n; the
     per-request CPU work of speculation (ngram proposal, rejection sampling) goes to the draft
-    table of the emulating method (block) keyed by sampling requests; cpu_overhead_ms per step."""
+    table of the emulating method (block) keyed by sampling requests, with the speculative
+    machinery's per-step cost (SPEC_TERM) as its constant; cpu_overhead_ms per step."""
     t, d = fit["ms_per_token"], fit["ms_per_request"]
+    spec = float(fit.get(SPEC_TERM) or 0.0)  # per step of a speculative server: in the draft table
     return _cpu_profile(
         name,
         kind,
@@ -637,7 +671,7 @@ def linear_profile(
         GRID,
         [t * n for n in GRID],
         REQ_GRID,
-        [d * n for n in REQ_GRID],
+        [spec + d * n for n in REQ_GRID],
         extra,
         kv_ms_per_ktok=float(fit.get("kv_ms_per_ktok") or 0.0),
         prefill_ms_per_chunk=float(fit.get("ms_per_prefill") or 0.0),
@@ -732,6 +766,7 @@ def measured_profile(
     e = float(fit.get("ms_per_prefill") or 0.0)
     kv = float(fit.get("kv_ms_per_ktok") or 0.0) / 1000.0
     disc = float(fit.get("prefill_discount_ms_per_ktok") or 0.0) / 1000.0
+    sp = float(fit.get(SPEC_TERM) or 0.0)
     dec = sorted((p for p in points if p["kind"].startswith("decode")), key=lambda p: p["n"])
     if not dec:
         raise ValueError("no decode points")
@@ -746,6 +781,7 @@ def measured_profile(
             - d * p["b"]
             - e * (p.get("prefills") or 0.0)
             - kv * p.get("kv", 0.0)
+            - sp * (p.get("spec") or 0.0)
             + disc * (p.get("prompt_tokens") or 0.0),
             0.0,
         )
@@ -783,7 +819,7 @@ def measured_profile(
         xs,
         ms,
         REQ_GRID,
-        [d * r for r in REQ_GRID],
+        [sp + d * r for r in REQ_GRID],
         extra,
         kv_ms_per_ktok=kv * 1000.0,
         prefill_ms_per_chunk=e,
