@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 
+import numpy as np
 import pytest
 
 from dsim.errors import InputError
@@ -270,3 +271,54 @@ def yaml_load(path):
     import yaml
 
     return yaml.safe_load(open(path))
+
+
+# ---- profile-server in rounds -------------------------------------------------------------------
+
+
+def test_profile_server_measures_interleaved_rounds_after_a_discarded_warmup(server, tmp_path):
+    url = server(step_ms=2.0)
+    rc, out, err = run_cli("validate", "profile-server", "--server", url, "-c", "1", "-c", "2", "--shape", "32:8",
+                           "--input-len", "16", "--output-len", "16", "--rounds", "3", "--warmup-rounds", "1",
+                           "--keep", tmp_path / "keep", "--out", tmp_path / "p.yaml")  # fmt: skip
+    assert rc == 0, err
+    heads = [measure.read(str(f)).header for f in sorted((tmp_path / "keep").glob("*.jsonl"))]
+    assert len(heads) == 4 * 3  # three points, one warm-up round and three measured
+    order = sorted(heads, key=lambda h: h["profile_sequence"])
+    # round by round (the warm-up first), every point once a round, the order rotated
+    assert [h["profile_round"] for h in order] == [None] * 3 + [1] * 3 + [2] * 3 + [3] * 3
+    firsts = [order[i]["profile_level"] for i in (3, 6, 9)]
+    assert len(set(firsts)) == 3
+    prof = yaml_load(tmp_path / "p.yaml")
+    v = prof["validator"]
+    # the profile is made of the measured rounds only
+    assert all("warmup" not in f for f in v["levels"]) and len(v["levels"]) == 9
+    fit = v["fit"]
+    assert fit["intervals"] and set(fit["intervals"]) == set(fit["identified"])
+    for term, iv in fit["intervals"].items():
+        assert iv["low"] <= fit[term] <= iv["high"] and len(iv["rounds"]) == 3
+        assert f"  {term} " in out and "95% interval" in out
+    rc, _, err = run_cli("validate", "profile-server", "--server", url, "--rounds", "0", "--out", tmp_path / "q.yaml")
+    assert rc == 2 and "--rounds" in err and not (tmp_path / "q.yaml").exists()
+
+
+def test_term_intervals_come_from_the_rounds_fitted_apart():
+    from validator import stepfit
+
+    rng = np.random.default_rng(3)
+    # overhead 3 ms and 0.05 ms a token, each round's machine speed off by a few percent
+    rounds = []
+    for _ in range(5):
+        s = 1 + 0.05 * rng.standard_normal()
+        rounds.append([_decode_pt(n, 1, s * (3.0 + 0.05 * n), 0) for n in (1, 16, 64, 256)])
+    f = stepfit.fit_cost([p for r in rounds for p in r], ("cpu_overhead_ms", "ms_per_token"), rounds=rounds)
+    iv = f["intervals"]
+    assert set(iv) == {"cpu_overhead_ms", "ms_per_token"}
+    per = np.array(iv["ms_per_token"]["rounds"])
+    half = stepfit.noise_t(5) * per.std(ddof=1) / np.sqrt(5)
+    assert (iv["ms_per_token"]["low"], iv["ms_per_token"]["high"]) == pytest.approx(
+        (f["ms_per_token"] - half, f["ms_per_token"] + half), abs=1e-5
+    )
+    assert iv["ms_per_token"]["low"] < 0.05 < iv["ms_per_token"]["high"]
+    # one round: no interval is claimed
+    assert stepfit.fit_cost(rounds[0], ("cpu_overhead_ms", "ms_per_token"))["intervals"] == {}

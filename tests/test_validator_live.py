@@ -300,12 +300,11 @@ def test_live_import_bench(live, tmp_path):
     assert s2["ttft_ms_p50"] == pytest.approx(raw["median_ttft_ms"]) and s2["requests_completed"] == 8
 
 
-@pytest.fixture(scope="module")
-def measured_profile(live, tmp_path_factory):
-    out = tmp_path_factory.mktemp("profile") / "tiny-cpu.yaml"
+def _profile(live, out):
     # the sweep at one shape raises tokens, requests and context together; the extra shapes vary
-    # prefill tokens (256-token prompts at one request) and context (long prompt, longer output) apart
-    prof = profile_server.profile_server(
+    # prefill tokens (256-token prompts at one request) and context (long prompt, longer output)
+    # apart; three interleaved rounds (the server was warmed up when it was started)
+    return profile_server.profile_server(
         live["url"],
         out,
         PROFILE_LEVELS,
@@ -317,8 +316,28 @@ def measured_profile(live, tmp_path_factory):
         shapes=SHAPES,
         cpus=FRONT,
         nice=NICE or None,
+        rounds=3,
+        warmup_rounds=0,
     )
-    return out, prof
+
+
+@pytest.fixture(scope="module")
+def measured_profile(live, tmp_path_factory):
+    out = tmp_path_factory.mktemp("profile") / "tiny-cpu.yaml"
+    return out, _profile(live, out)
+
+
+def test_live_profiles_agree_within_their_intervals(live, measured_profile, tmp_path):
+    """Two identical profile-server calls: every term either identified in both with overlapping
+    95% intervals, or left out (not identified, or 0 within the noise) in both: no term flips."""
+    _, a = measured_profile
+    b = _profile(live, tmp_path / "again.yaml")
+    fa, fb = a.extra["validator"]["fit"], b.extra["validator"]["fit"]
+    for term in stepfit.TERMS:
+        ia, ib = fa["intervals"].get(term), fb["intervals"].get(term)
+        assert (ia is None) == (ib is None), (term, ia, ib, fa["warnings"], fb["warnings"])
+        if ia is not None:
+            assert ia["low"] <= ib["high"] and ib["low"] <= ia["high"], (term, ia, ib)
 
 
 def test_live_profile_server(measured_profile):
@@ -332,8 +351,11 @@ def test_live_profile_server(measured_profile):
     fit = v["fit"]
     assert v["spec_k"] == K
     # every term is identified or said not to be (with what to measure)
-    assert set(fit["identified"]) | set(fit["not_identified"]) == set(stepfit.TERMS)
+    assert set(fit["identified"]) | set(fit["not_identified"]) | set(fit["zero_within_noise"]) == set(stepfit.TERMS)
     assert len(fit["warnings"]) >= len(fit["not_identified"])
+    # measured in rounds: every identified term has its interval, holding its value
+    assert set(fit["intervals"]) == set(fit["identified"])
+    assert all(iv["low"] <= fit[t] <= iv["high"] for t, iv in fit["intervals"].items())
     assert "ms_per_token" in fit["identified"]  # prefill tokens varied at one request
     cm = CostModel(p)
     method = make_method("block", K)

@@ -252,9 +252,15 @@ def profile_server_cmd(
     keep: Optional[Path] = typer.Option(None, "--keep", help="directory to keep each level's measurements"),
     cpus: Optional[str] = typer.Option(None, "--cpus", help="pin the client to these CPUs, e.g. 1"),
     nice: int = typer.Option(-10, "--nice", help="client priority while measuring (root); 0 leaves it"),
+    rounds: int = typer.Option(
+        3, "--rounds", help="every point once per round, interleaved: each term's confidence interval (>= 3)"
+    ),
+    warmup_rounds: int = typer.Option(1, "--warmup-rounds", help="rounds run first and discarded"),
 ):
     """Measure a step-cost profile of a live server: a concurrency sweep at fixed lengths, plus
-    points of other shapes (--shape) so prefill tokens, decode batch and context vary apart."""
+    points of other shapes (--shape) so prefill tokens, decode batch and context vary apart,
+    measured in interleaved rounds after discarded warm-up rounds; prints each term's confidence
+    interval."""
     from validator import launch as lch
     from validator import profile_server
 
@@ -265,6 +271,8 @@ def profile_server_cmd(
             raise InputError(f"{flag}: must be >= 1, got {v}")
     if requests_per_level < 0:
         raise InputError(f"--requests: must be >= 0, got {requests_per_level}")
+    if rounds < 1 or warmup_rounds < 0:
+        raise InputError(f"--rounds: must be >= 1 and --warmup-rounds >= 0, got {rounds} and {warmup_rounds}")
     if any(c < 1 for c in concurrency):
         raise InputError(f"--concurrency: levels must be >= 1, got {list(concurrency)}")
     shape_list = [profile_server.parse_shape(x) for x in shapes]
@@ -287,6 +295,8 @@ def profile_server_cmd(
                 shapes=shape_list,
                 cpus=cpu_list or (running.front_cpus if running else None),
                 nice=nice or None,
+                rounds=rounds,
+                warmup_rounds=warmup_rounds,
             )
     except KeyboardInterrupt:
         typer.echo(f"interrupted; nothing written ({out} left as it was)", err=True)
@@ -294,7 +304,26 @@ def profile_server_cmd(
     fit = p.extra.get("validator", {}).get("fit", {})
     for w in fit.get("warnings") or []:
         typer.echo(f"warning: {w}", err=True)
+    _print_terms(fit)
     typer.echo(f"wrote {out}: {p.label}")
+
+
+def _print_terms(fit: dict) -> None:
+    """Each fitted term with its confidence interval over the rounds (where there were rounds)."""
+    from validator import stepfit
+
+    iv = fit.get("intervals") or {}
+    for t in stepfit.ALL_TERMS:
+        if t in iv:
+            typer.echo(
+                f"  {t} {fit[t]:.4g} (95% interval {iv[t]['low']:.4g}-{iv[t]['high']:.4g} over {len(iv[t]['rounds'])} rounds)"
+            )
+        elif t in (fit.get("zero_within_noise") or {}):
+            typer.echo(f"  {t} 0 (inside the rounds' noise: set to 0)")
+        elif t in (fit.get("identified") or []):
+            typer.echo(f"  {t} {fit[t]:.4g} (one round: no interval)")
+        elif t in (fit.get("not_identified") or []):
+            typer.echo(f"  {t} 0 (not identified: left out)")
 
 
 def _cpus(cpus: Optional[str]) -> Optional[list]:

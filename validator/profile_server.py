@@ -150,35 +150,56 @@ def profile_server(
     shapes: Iterable[tuple] = (),
     cpus: list | None = None,
     nice: int | None = -10,
+    rounds: int = 3,
+    warmup_rounds: int = 1,
 ) -> Profile:
-    """Sweep the concurrencies at input_len / output_len, then each extra shape (input, output,
-    concurrency); the client pinned to ``cpus``. Writes the profile to ``out``."""
+    """Sweep the concurrencies at input_len / output_len and each extra shape (input, output,
+    concurrency), the client pinned to ``cpus``, in ``rounds`` interleaved rounds (every point
+    once per round, the order rotated from round to round, so that all points see the same drift
+    of the machine) after ``warmup_rounds`` rounds that are run and discarded (a fresh server's
+    first runs were 1.7x slower than later ones). Rounds make each term's confidence interval and
+    the test that sets a term inside the run-to-run noise to 0 (stepfit.fit_cost); one round has
+    neither. Writes the profile to ``out``."""
     concurrencies = sorted(set(int(c) for c in concurrencies))
     if not concurrencies or concurrencies[0] < 1:
         raise InputError("--concurrency: give levels >= 1")
+    if rounds < 1 or warmup_rounds < 0:
+        raise InputError(f"--rounds: must be >= 1 and --warmup-rounds >= 0, got {rounds} and {warmup_rounds}")
     work = Path(keep_dir) if keep_dir else Path(tempfile.mkdtemp(prefix="dsim-profile-"))
     work.mkdir(parents=True, exist_ok=True)
     levels: dict = {}
     runs: list[tuple] = [(c, input_len, output_len, c) for c in concurrencies]
     runs += [(f"c{c} {i}:{o}", i, o, c) for i, o, c in shapes]
-    for label, inp, outp, c in runs:
-        n = max(requests_per_level or 0, 2 * c, 4)
-        plan = traces.fixed(n, inp, outp)
-        opts = driver.RunOptions(
-            server=server,
-            model=model,
-            concurrency=c,
-            progress=progress,
-            cpus=cpus,
-            nice=nice,
-            extra_header={"server_flags": server_flags, "profile_level": label},
-        )
-        path = work / (f"level-c{c}.jsonl" if label == c else f"shape-c{c}-{inp}x{outp}.jsonl")
-        driver.run(plan, opts, path)
-        m = measure.read(path)
-        if not m.ok_requests:
-            raise InputError(f"{server}: no request completed at {label} ({m.stats().get('failure_reasons')})")
-        levels[label] = [str(path)]
+    seq = 0
+    for r in range(-warmup_rounds, rounds):
+        shift = r % len(runs)
+        for label, inp, outp, c in runs[shift:] + runs[:shift]:
+            n = max(requests_per_level or 0, 2 * c, 4)
+            opts = driver.RunOptions(
+                server=server,
+                model=model,
+                concurrency=c,
+                progress=progress,
+                cpus=cpus,
+                nice=nice,
+                extra_header={
+                    "server_flags": server_flags,
+                    "profile_level": label,
+                    "profile_round": r + 1 if r >= 0 else None,
+                    "profile_sequence": seq,
+                },
+            )
+            stem = f"level-c{c}" if label == c else f"shape-c{c}-{inp}x{outp}"
+            path = work / (f"warmup{-r}-{stem}.jsonl" if r < 0 else f"{stem}-r{r + 1}.jsonl")
+            seq += 1
+            driver.run(traces.fixed(n, inp, outp), opts, path)
+            m = measure.read(path)
+            if not m.ok_requests:
+                raise InputError(f"{server}: no request completed at {label} ({m.stats().get('failure_reasons')})")
+            if r >= 0:
+                levels.setdefault(label, []).append(str(path))
+            elif not keep_dir:
+                path.unlink()
     return _save(
         profile_from_measurements(
             levels,

@@ -604,6 +604,7 @@ def fit_cost(
         )
         coef[di] = 1000.0 * coef[ti]
     fit: dict[str, Any] = {t: float(coef[i]) for i, t in enumerate(ALL_TERMS)}
+    fit["intervals"] = _intervals(coef, rounds, keep)
     pred = X @ coef
     rank = int(np.linalg.matrix_rank(Xw[:, want])) if len(X) else 0
     fit.update(
@@ -620,6 +621,27 @@ def fit_cost(
         }
     )
     return fit
+
+
+def _intervals(coef: np.ndarray, rounds: list | None, keep: list[int]) -> dict:
+    """Each kept term's confidence interval at NOISE_LEVEL from the rounds fitted apart (the pooled
+    value +- noise_t(rounds) standard errors of the rounds' values; the lower end at the bound 0),
+    with the rounds' values: {term: {"low", "high", "rounds"}}; {} with fewer than MIN_ROUNDS."""
+    if not rounds or len(rounds) < MIN_ROUNDS:
+        return {}
+    per = np.array([_nnls_terms(*_weights(r), keep) for r in rounds if r])
+    if len(per) < MIN_ROUNDS:
+        return {}
+    se = per.std(axis=0, ddof=1) / np.sqrt(len(per))
+    crit = noise_t(len(per))
+    return {
+        ALL_TERMS[j]: {
+            "low": round(float(max(coef[j] - crit * se[j], 0.0)), 5),
+            "high": round(float(coef[j] + crit * se[j]), 5),
+            "rounds": [round(float(v), 5) for v in per[:, j]],
+        }
+        for j in keep
+    }
 
 
 def mixed_speculation(points: list[dict]) -> bool:
