@@ -71,10 +71,12 @@ def config(header: dict) -> PrefixConfig:
         enabled, src = True, "vLLM's default (prefix caching on)"
     else:
         return PrefixConfig(False, None, "server not known to be vLLM")
-    block = eng.get("block_size") or _flag(flags, "--block-size")
+    block, bsrc = eng.get("block_size"), "header"
+    if block is None:
+        block, bsrc = _flag(flags, "--block-size"), "--block-size"
     if block is not None:
         try:
-            return PrefixConfig(enabled, int(block), src + "; --block-size")
+            return PrefixConfig(enabled, int(block), f"{src}; block {int(block)} tokens ({bsrc})")
         except ValueError:
             pass
     default = CPU_BLOCK_TOKENS if cpu else GPU_BLOCK_TOKENS
