@@ -322,3 +322,11 @@ def test_term_intervals_come_from_the_rounds_fitted_apart():
     assert iv["ms_per_token"]["low"] < 0.05 < iv["ms_per_token"]["high"]
     # one round: no interval is claimed
     assert stepfit.fit_cost(rounds[0], ("cpu_overhead_ms", "ms_per_token"))["intervals"] == {}
+
+
+def test_bad_server_flags_are_refused_before_anything_runs(tmp_path):
+    rc, out, err = run_cli("validate", "run", "--server", "http://127.0.0.1:9", "-c", "1", "-n", "2", "--input-len",
+                           "8", "--output-len", "8", "--server-flags", "--max-num-seqs eight", "--out",
+                           tmp_path / "r")  # fmt: skip
+    assert rc == 2 and "--max-num-seqs must be an integer" in err and err.strip().count("\n") == 0
+    assert not (tmp_path / "r").exists()

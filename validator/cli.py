@@ -80,7 +80,7 @@ def run_cmd(
 ):
     """Replay a workload against an OpenAI-compatible server REPEAT times; write OUT/NAME-i.jsonl
     (OUT/NAME.jsonl with --repeat 1) and the spread of each metric over the runs."""
-    from validator import driver, noise, traces
+    from validator import driver, noise, serverconf, traces
     from validator import launch as lch
 
     if (server is None) == (launch is None):
@@ -115,6 +115,7 @@ def run_cmd(
     except ValueError:
         raise InputError(f"--cpus: comma-separated CPU numbers, got {cpus!r}") from None
     plan = traces.load(trace, requests, input_len, output_len)
+    serverconf.from_flags(server_flags)  # (bad flags: said before anything runs)
     if spec is not None and max_num_seqs is None:
         max_num_seqs = lch.max_num_seqs(spec)
     names = [name] if repeat == 1 else [f"{name}-{i + 1}" for i in range(repeat)]
