@@ -255,9 +255,14 @@ def test_a_calibration_with_and_without_speculation_predicts_both(server, tmp_pa
     assert mach["separated"] is True and 1.5 < mach["spec_step_ms"] < 4.5, rep
     only = yaml_load(tmp_path / "only-spec" / "calibrated-profile.yaml")
     assert only["validator"]["spec_machinery"] == {"separated": False}
+    # the acceptance is the speculative runs' alone (the others' one token a chunk is no drafter's)
+    acc_both, acc_only = (yaml_load(tmp_path / d / "calibrated-acceptance.yaml") for d in ("both", "only-spec"))
+    for key in ("classes", "by_output_position", "calibrated_output_tokens", "deterministic", "counters"):
+        assert acc_both[key] == acc_only[key], key
 
-    def tpot_error(cal):
-        r = compare.check([str(runs[3])], str(tmp_path / cal / "calibrated-profile.yaml"), None, gates={},
+    def tpot_error(cal, run=3):
+        acc = str(tmp_path / cal / "calibrated-acceptance.yaml") if run < 2 else None
+        r = compare.check([str(runs[run])], str(tmp_path / cal / "calibrated-profile.yaml"), acc, gates={},
                           sensitivity=False)  # fmt: skip
         return {x["metric"]: x for x in r["rows"]}["tpot_ms.p50"]["error"], r["assumed"]
 
@@ -265,6 +270,17 @@ def test_a_calibration_with_and_without_speculation_predicts_both(server, tmp_pa
     assert err_only > 0.5 and any("holds its machinery" in a for a in assumed)
     err_both, assumed = tpot_error("both")
     assert abs(err_both) < 0.25 and any("not paid" in a for a in assumed)
+    # ... and the speculative server's still is
+    assert abs(tpot_error("both", run=1)[0]) < 0.25
+
+    # the same from a base profile (as profile-server gives one): overhead, scale and the
+    # machinery's cost fitted together on the runs
+    rc, _, err = run_cli("validate", "calibrate", *runs, "--profile", _profile(tmp_path), "--out", tmp_path / "based")
+    assert rc == 0, err
+    mach = yaml_load(tmp_path / "based" / "calibrated-profile.yaml")["validator"]["spec_machinery"]
+    assert mach["separated"] is True and 1.5 < mach["spec_step_ms"] < 4.5, mach
+    err_based, _ = tpot_error("based")
+    assert abs(err_based) < 0.25
 
 
 def yaml_load(path):

@@ -60,10 +60,14 @@ if TYPE_CHECKING:
 def spec_machinery(pts: list[dict], k: int, fit: dict, base=None) -> dict:
     """Where the speculative machinery's per-step cost is in the calibrated profile:
     ``separated`` (the draft table's constant, stepfit.SPEC_TERM: a simulation without
-    speculation does not pay it) when the points mix runs with and without speculation, or the
+    speculation does not pay it) when the points mix runs with and without speculation and the fit
+    had the term (with a base profile: its overhead, scale and this cost fitted together), or the
     base profile had it separated; otherwise, for a speculative calibration, in cpu_overhead_ms
     (a warning: a prediction without speculation from this profile pays it)."""
-    if stepfit.mixed_speculation(pts) and base is None:
+    fitted = fit.get("spec_separated") or stepfit.SPEC_TERM in (fit.get("identified") or []) + list(
+        fit.get("zero_within_noise") or {}
+    )
+    if stepfit.mixed_speculation(pts) and fitted:
         return {"separated": True, "spec_step_ms": round(float(fit.get(stepfit.SPEC_TERM) or 0.0), 5)}
     prior = ((base.extra or {}).get("validator") or {}).get("spec_machinery") if base is not None else None
     if prior and prior.get("separated"):
@@ -76,6 +80,15 @@ def spec_machinery(pts: list[dict], k: int, fit: dict, base=None) -> dict:
         "speculation, so the two cannot be told apart): a prediction without speculation from this profile "
         "pays it - calibrate with runs of the server without speculation too",
     }
+
+
+def _fit_with_spec(x: np.ndarray, y: np.ndarray, spec: np.ndarray) -> tuple[float, float, float]:
+    """measured = c + s x + q spec, c, s, q >= 0, relative errors: (c, s, q)."""
+    from scipy.optimize import nnls
+
+    A = np.stack([np.ones_like(x), x, spec], axis=1) / y[:, None]
+    (c, s, q), _ = nnls(A, np.ones_like(y))
+    return float(c), float(s), float(q)
 
 
 def spec_counts(m: measure.Measurement) -> dict | None:
@@ -346,6 +359,10 @@ def calibrate(
     h0 = ms[0].header
     files = [str(p) for p in paths]
     acc_path = None
+    # the chunk streams of the speculative runs only (runs without speculation may be calibrated
+    # alongside, for the machinery's cost: their one token a step is not the drafter's)
+    raw_spec = [m for m in raw if serverconf.speculation_of(m)[0] != 0]
+    ms_spec = [m for m in ms if serverconf.speculation_of(m)[0] != 0]
     if acc:
         doc = {
             "name": name,
@@ -370,11 +387,11 @@ def calibrate(
             "trimmed_drafts": acc["trimmed_drafts"],
             # tokens per step along the output (chunk streams) and whether identical requests did
             # identical things: validator.acceptance
-            "by_output_position": acceptance.output_position_table(raw),
-            "calibrated_output_tokens": _mean_output(raw),
-            **(acceptance.determinism(raw) or {"deterministic": False}),
+            "by_output_position": acceptance.output_position_table(raw_spec),
+            "calibrated_output_tokens": _mean_output(raw_spec),
+            **(acceptance.determinism(raw_spec) or {"deterministic": False}),
             # what each decode step drafted and accepted, when the drafter is deterministic
-            **({"draft_script": script} if (script := _draft_script(raw, ms, tot, K)) else {}),
+            **({"draft_script": script} if (script := _draft_script(raw_spec, ms_spec, tot, K)) else {}),
             "counters": {
                 k: tot[k]
                 for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos", "decode_steps")
@@ -445,7 +462,15 @@ def calibrate(
             if len(runs) >= 2:
                 repeats = repeat_scales(runs)
                 warnings += repeats["warnings"]
-        if len(pts) >= 3 and len(ms) >= 2 and np.ptp(x) > 1e-9:
+        q = 0.0
+        spec_col = np.array([float(p.get("spec") or 0.0) for p in pts])
+        if stepfit.mixed_speculation(pts) and len(pts) >= 4 and np.ptp(x) > 1e-9:
+            # runs with and without speculation: the overhead, the scale and the speculative
+            # machinery's per-step cost apart (relative non-negative least squares); the last goes
+            # to the block draft table's constant, which a simulation without speculation skips
+            c, s, q = _fit_with_spec(x, y, spec_col)
+            how = "cpu_overhead, scale and the speculative machinery's per-step cost fitted separately"
+        elif len(pts) >= 3 and len(ms) >= 2 and np.ptp(x) > 1e-9:
             # points of several loads or shapes: overhead and scale separately (relative least
             # squares). One load's points (drafted, undrafted and prefill steps at one batch) do
             # not: an overhead fitted on them went 30% up and took the scale with it.
@@ -466,7 +491,7 @@ def calibrate(
                 how += f"; the median of {len(repeats['runs'])} repeats' scales"
             c = s * base.cpu_overhead_ms
         fwd = Table(base.forward.x, base.forward.ms * s)
-        draft = {k: Table(t.x, t.ms * s) for k, t in base.draft.items()}
+        draft = {k: Table(t.x, t.ms * s + (q if k == "block" else 0.0)) for k, t in base.draft.items()}
         newprov = dict(
             base.provenance,
             kind="calibrated",
@@ -493,10 +518,11 @@ def calibrate(
             "model": "measured = cpu_overhead + scale * (base step + base prefill terms + base draft)",
             "cpu_overhead_ms": c,
             "scale": s,
+            **({stepfit.SPEC_TERM: q, "spec_separated": True} if "machinery" in how else {}),
             "how": how,
             **({"repeats": {k: v for k, v in repeats.items() if k != "warnings"}} if repeats else {}),
         }
-        pred = lambda p: c + s * base_ms(p)  # noqa: E731
+        pred = lambda p: c + s * base_ms(p) + q * (p.get("spec") or 0.0)  # noqa: E731
     else:
         fit = stepfit.fit_cost(pts)
         warnings += fit["warnings"]
