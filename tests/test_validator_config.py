@@ -346,3 +346,41 @@ def test_bad_server_flags_are_refused_before_anything_runs(tmp_path):
                            tmp_path / "r")  # fmt: skip
     assert rc == 2 and "--max-num-seqs must be an integer" in err and err.strip().count("\n") == 0
     assert not (tmp_path / "r").exists()
+
+
+def test_a_pinned_term_is_held_and_the_others_fitted_around_it():
+    from validator import stepfit
+
+    # a concurrency sweep at one shape: tokens, requests and context move together, so the fit
+    # cannot tell the request term from the token term; pinned at its known value, it need not
+    c, t, d = 3.0, 0.05, 0.4
+    pts = [_decode_pt(5 * b, b, c + t * 5 * b + d * b, 1) for b in (1, 2, 4, 8)]
+    free = stepfit.fit_cost(pts, ("cpu_overhead_ms", "ms_per_token", "ms_per_request"))
+    assert "ms_per_request" in free["not_identified"]
+    f = stepfit.fit_cost(pts, ("cpu_overhead_ms", "ms_per_token", "ms_per_request"), pinned={"ms_per_request": d})
+    assert f["pinned"] == {"ms_per_request": d} and f["ms_per_request"] == d
+    assert "ms_per_request" not in f["identified"] + f["not_identified"]
+    assert (f["cpu_overhead_ms"], f["ms_per_token"]) == pytest.approx((c, t), rel=1e-6)
+    assert f["determined"] and max(abs(r) for r in f["residuals"]) < 1e-9
+    assert stepfit.parse_pins(["kv_ms_per_ktok=0", "ms_per_request=0.4"]) == {
+        "kv_ms_per_ktok": 0.0,
+        "ms_per_request": 0.4,
+    }
+    for bad, msg in (("nope=1", "unknown term"), ("kv_ms_per_ktok=x", "a number"), ("kv_ms_per_ktok=-1", ">= 0")):
+        with pytest.raises(InputError, match=msg):
+            stepfit.parse_pins([bad])
+
+
+def test_profile_server_pins_a_term(server, tmp_path):
+    url = server(step_ms=2.0)
+    rc, out, err = run_cli("validate", "profile-server", "--server", url, "-c", "1", "-c", "2", "--input-len", "16",
+                           "--output-len", "16", "--rounds", "3", "--warmup-rounds", "0", "--pin", "ms_per_request=0.25",
+                           "--out", tmp_path / "p.yaml")  # fmt: skip
+    assert rc == 0, err
+    fit = yaml_load(tmp_path / "p.yaml")["validator"]["fit"]
+    assert fit["pinned"] == {"ms_per_request": 0.25} and fit["ms_per_request"] == 0.25
+    assert "  ms_per_request 0.25 (pinned)" in out
+    rc, _, err = run_cli(
+        "validate", "profile-server", "--server", url, "--pin", "ms_per_x=1", "--out", tmp_path / "q.yaml"
+    )
+    assert rc == 2 and "unknown term" in err and not (tmp_path / "q.yaml").exists()

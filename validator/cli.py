@@ -257,13 +257,18 @@ def profile_server_cmd(
         3, "--rounds", help="every point once per round, interleaved: each term's confidence interval (>= 3)"
     ),
     warmup_rounds: int = typer.Option(1, "--warmup-rounds", help="rounds run first and discarded"),
+    pin: List[str] = typer.Option(
+        [],
+        "--pin",
+        help="TERM=VALUE: hold a term at a value (e.g. kv_ms_per_ktok=0) instead of fitting it (repeatable)",
+    ),
 ):
     """Measure a step-cost profile of a live server: a concurrency sweep at fixed lengths, plus
     points of other shapes (--shape) so prefill tokens, decode batch and context vary apart,
     measured in interleaved rounds after discarded warm-up rounds; prints each term's confidence
     interval."""
     from validator import launch as lch
-    from validator import profile_server
+    from validator import profile_server, stepfit
 
     if (server is None) == (launch is None):
         raise InputError("--server or --launch: give one")
@@ -277,6 +282,7 @@ def profile_server_cmd(
     if any(c < 1 for c in concurrency):
         raise InputError(f"--concurrency: levels must be >= 1, got {list(concurrency)}")
     shape_list = [profile_server.parse_shape(x) for x in shapes]
+    pinned = stepfit.parse_pins(list(pin))
     cpu_list = _cpus(cpus)
     spec = lch.parse_launch(launch) if launch else None
     try:
@@ -298,6 +304,7 @@ def profile_server_cmd(
                 nice=nice or None,
                 rounds=rounds,
                 warmup_rounds=warmup_rounds,
+                pinned=pinned,
             )
     except KeyboardInterrupt:
         typer.echo(f"interrupted; nothing written ({out} left as it was)", err=True)
@@ -319,6 +326,8 @@ def _print_terms(fit: dict) -> None:
             typer.echo(
                 f"  {t} {fit[t]:.4g} (95% interval {iv[t]['low']:.4g}-{iv[t]['high']:.4g} over {len(iv[t]['rounds'])} rounds)"
             )
+        elif t in (fit.get("pinned") or {}):
+            typer.echo(f"  {t} {fit[t]:.4g} (pinned)")
         elif t in (fit.get("zero_within_noise") or {}):
             typer.echo(f"  {t} 0 (inside the rounds' noise: set to 0)")
         elif t in (fit.get("identified") or []):

@@ -53,6 +53,7 @@ def profile_from_measurements(
     kv_bytes_per_token: float = 1024.0,
     input_len: int | None = None,
     output_len: int | None = None,
+    pinned: dict | None = None,
 ) -> Profile:
     """The measured profile from closed-loop runs already made, {level: [files...]} (runs of one
     level are pooled; a level is a concurrency, or any label such as "c1 256:16" for a point of
@@ -78,7 +79,7 @@ def profile_from_measurements(
             [p for c in concurrencies for p in stepfit.server_points(measure.read(files_by_level[c][r]), k)]
             for r in range(n_rounds)
         ]
-    fit = stepfit.fit_cost(pts, rounds=rounds)
+    fit = stepfit.fit_cost(pts, rounds=rounds, pinned=pinned)
     for p, r in zip(pts, fit["residuals"]):
         p["fit_ms"] = p["step_ms"] * (1 + r) if r is not None else None
         p["fit_residual"] = r
@@ -152,6 +153,7 @@ def profile_server(
     nice: int | None = -10,
     rounds: int = 3,
     warmup_rounds: int = 1,
+    pinned: dict | None = None,
 ) -> Profile:
     """Sweep the concurrencies at input_len / output_len and each extra shape (input, output,
     concurrency), the client pinned to ``cpus``, in ``rounds`` interleaved rounds (every point
@@ -159,7 +161,8 @@ def profile_server(
     of the machine) after ``warmup_rounds`` rounds that are run and discarded (a fresh server's
     first runs were 1.7x slower than later ones). Rounds make each term's confidence interval and
     the test that sets a term inside the run-to-run noise to 0 (stepfit.fit_cost); one round has
-    neither. Writes the profile to ``out``."""
+    neither. ``pinned`` {term: value}: terms held at those values (stepfit.fit_cost). Writes the
+    profile to ``out``."""
     concurrencies = sorted(set(int(c) for c in concurrencies))
     if not concurrencies or concurrencies[0] < 1:
         raise InputError("--concurrency: give levels >= 1")
@@ -210,6 +213,7 @@ def profile_server(
             kv_bytes_per_token=kv_bytes_per_token,
             input_len=input_len,
             output_len=output_len,
+            pinned=pinned,
         ),
         out,
     )

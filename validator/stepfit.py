@@ -483,15 +483,51 @@ def _nnls_terms(X: np.ndarray, y: np.ndarray, w: np.ndarray, keep: list[int]) ->
     return coef
 
 
-def _weights(points: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _weights(points: list[dict], pinned: dict | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(columns, step times less the pinned terms' part, relative weights of the step times)."""
     X = _columns(points)
     y = np.array([p["step_ms"] for p in points])
     w = np.array([p.get("weight", 1.0) for p in points]) / np.maximum(y, 1e-9)
+    if pinned:
+        y = y - X @ _pin_vector(pinned)
     return X, y, w
 
 
+def _pin_vector(pinned: dict) -> np.ndarray:
+    v = np.zeros(len(ALL_TERMS))
+    for t, x in pinned.items():
+        v[ALL_TERMS.index(t)] = float(x)
+    return v
+
+
+def parse_pins(specs: list[str] | None) -> dict:
+    """``TERM=VALUE`` options (profile-server --pin) -> {term: value}: a term held at a value the
+    fit does not move (a known cost, or 0), instead of one the points do not identify flipping
+    between calls."""
+    from dsim.errors import InputError
+
+    out: dict = {}
+    for spec in specs or []:
+        name, _, val = str(spec).partition("=")
+        name = name.strip()
+        if name not in ALL_TERMS:
+            raise InputError(f"--pin: unknown term {name!r} (one of: {', '.join(ALL_TERMS)})")
+        try:
+            x = float(val)
+        except ValueError:
+            raise InputError(f"--pin: {name}: a number, got {val!r}") from None
+        if not (np.isfinite(x) and x >= 0):
+            raise InputError(f"--pin: {name}: a finite number >= 0, got {val!r}")
+        out[name] = x
+    return out
+
+
 def fit_cost(
-    points: list[dict], terms: tuple | None = None, rounds: list | None = None, confounding: bool = True
+    points: list[dict],
+    terms: tuple | None = None,
+    rounds: list | None = None,
+    confounding: bool = True,
+    pinned: dict | None = None,
 ) -> dict:
     """Non-negative least squares of step_ms = c + t n + d b + e prefills + kv x context/1000 -
     disc x prompt tokens/1000 over the points (relative errors): c per-step CPU overhead, t per
@@ -518,10 +554,15 @@ def fit_cost(
     (``kept_confounded``, warned): the other term would take its work.
 
     ``terms`` default: TERMS, and SPEC_TERM when the points mix a speculative server's (``spec`` 1)
-    with one's that did not speculate (mixed_speculation)."""
+    with one's that did not speculate (mixed_speculation). ``pinned`` {term: value}: terms held at
+    those values (their part taken off the step times before the fit, in every round too); listed
+    in ``pinned``, neither identified nor not."""
+    pinned = dict(pinned or {})
     if terms is None:
         terms = TERMS + ((SPEC_TERM,) if mixed_speculation(points) else ())
-    X, y, w = _weights(points)
+    terms = tuple(t for t in terms if t not in pinned)
+    X, y, w = _weights(points, pinned)
+    y_obs = y + X @ _pin_vector(pinned) if pinned else y
     Xw = X * w[:, None]
     want = [ALL_TERMS.index(t) for t in terms]
     keep = list(want)
@@ -549,7 +590,7 @@ def fit_cost(
     if rounds and len(rounds) >= MIN_ROUNDS:
         free = [j for j in keep if ALL_TERMS[j] not in ("cpu_overhead_ms", "ms_per_token")]
         while True:
-            per = np.array([_nnls_terms(*_weights(r), keep) for r in rounds if r])
+            per = np.array([_nnls_terms(*_weights(r, pinned), keep) for r in rounds if r])
             if len(per) < MIN_ROUNDS:
                 break
             se = per.std(axis=0, ddof=1) / np.sqrt(len(per))
@@ -596,6 +637,8 @@ def fit_cost(
     for j in keep:
         if coef[j] == 0.0 and ALL_TERMS[j] != "cpu_overhead_ms":
             warnings.append(f"{ALL_TERMS[j]}: fitted at 0 (the bound): the points do not show it")
+    for t, x in pinned.items():
+        coef[ALL_TERMS.index(t)] = float(x)
     di, ti = ALL_TERMS.index("prefill_discount_ms_per_ktok"), ALL_TERMS.index("ms_per_token")
     if coef[di] > 1000.0 * coef[ti] + 1e-12:
         warnings.append(
@@ -604,7 +647,8 @@ def fit_cost(
         )
         coef[di] = 1000.0 * coef[ti]
     fit: dict[str, Any] = {t: float(coef[i]) for i, t in enumerate(ALL_TERMS)}
-    fit["intervals"] = _intervals(coef, rounds, keep)
+    fit["intervals"] = _intervals(coef, rounds, keep, pinned)
+    fit["pinned"] = pinned
     pred = X @ coef
     rank = int(np.linalg.matrix_rank(Xw[:, want])) if len(X) else 0
     fit.update(
@@ -616,20 +660,20 @@ def fit_cost(
             "kept_confounded": confounded,
             "separation": separation,
             "determined": len(keep) + len(noise) == len(want) and len(points) >= len(want),
-            "residuals": [round(float((a - b) / b), 4) if b else None for a, b in zip(pred, y)],
+            "residuals": [round(float((a - b) / b), 4) if b else None for a, b in zip(pred, y_obs)],
             "warnings": warnings,
         }
     )
     return fit
 
 
-def _intervals(coef: np.ndarray, rounds: list | None, keep: list[int]) -> dict:
+def _intervals(coef: np.ndarray, rounds: list | None, keep: list[int], pinned: dict | None = None) -> dict:
     """Each kept term's confidence interval at NOISE_LEVEL from the rounds fitted apart (the pooled
     value +- noise_t(rounds) standard errors of the rounds' values; the lower end at the bound 0),
     with the rounds' values: {term: {"low", "high", "rounds"}}; {} with fewer than MIN_ROUNDS."""
     if not rounds or len(rounds) < MIN_ROUNDS:
         return {}
-    per = np.array([_nnls_terms(*_weights(r), keep) for r in rounds if r])
+    per = np.array([_nnls_terms(*_weights(r, pinned), keep) for r in rounds if r])
     if len(per) < MIN_ROUNDS:
         return {}
     se = per.std(axis=0, ddof=1) / np.sqrt(len(per))
