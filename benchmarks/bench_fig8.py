@@ -271,7 +271,6 @@ def per_token(model_name, hardware, kernels, topology, lo, hi, prefer, drafter_r
 #: DeepEP README, low-latency kernels (H800, one CX7 400 Gb/s NIC per GPU, 128 tokens per rank):
 #: the bandwidth per GPU it reports from EP64 on, GB/s (dispatch and combine, EP64..EP256)
 DEEPEP_LL_GB_S = (39.0, 43.0)
-FP8_BLOCK = 128  # DeepSeek's activation block (1 x 128) with one fp32 scale
 CX7_LINE_GB_S = 50.0
 
 
@@ -323,9 +322,9 @@ def network_floor_table(preset):
 def layout_variants(P, m, acc_d, tau_m):
     """The same Fig. 8 points under other all-to-all layouts (the paper names none): GB/s per GPU
     one way for MTP-1 and for DSpark at the preset's prefix tau."""
-    from dsim.frontier import a2a_bytes_per_token, network_floor, remote_copies
+    from dsim.frontier import FP8_SCALE_BLOCK, a2a_bytes_per_token, network_floor, remote_copies
     L = sum(m.moe_layer)
-    fp8 = 1.0 + 4.0 / FP8_BLOCK  # FP8 values and one fp32 scale per 128
+    fp8 = 1.0 + 4.0 / FP8_SCALE_BLOCK  # FP8 values and one fp32 scale per 128
     layouts = [
         (f"EP{m.experts}, BF16 combine (dsim)", m.topk, 2.0),
         (f"EP{m.experts}, FP8 combine", m.topk, fp8),

@@ -422,7 +422,7 @@ def main(argv=None):
     ap.add_argument("--profile-dir", default="out/paper-shape", help="where derived profiles are written and read")
     ap.add_argument("--refit", action="store_true", help="fit again even where a derived profile exists")
     ap.add_argument("--fit-only", action="store_true", help="fit and write the derived profiles, no comparison")
-    ap.add_argument("--iterations", type=int, default=3, help="fit corrections at most (each one MTP-1 sweep)")
+    ap.add_argument("--iterations", type=int, default=3, help="fit rounds, >= 1 (each one MTP-1 sweep)")
     ap.add_argument("--tolerance", type=float, default=0.02, help="MTP-1's largest relative miss that ends the fit")
     ap.add_argument("--fit-trace", default="default", help="the trace the fit's MTP-1 runs on")
     ap.add_argument("--fit-variant", default="disaggregated", choices=B.VARIANTS)
@@ -431,6 +431,8 @@ def main(argv=None):
     ap.add_argument("--ablate", action="store_true",
                     help="instead of one comparison: the ablation table (one DSpark input changed at a time)")
     a, rest = ap.parse_known_args(argv)
+    if a.iterations < 1:
+        ap.error(f"--iterations: must be >= 1, got {a.iterations}")
     # bench_paper's own options, with this harness's defaults: decode instances, no static sweep
     bp_args = ["--variants", "disaggregated", "--trace", "default", "--no-static"]
     bp = B.build_parser().parse_args(bp_args + rest)
