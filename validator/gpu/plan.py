@@ -10,6 +10,7 @@ import bisect
 import json
 import math
 import random
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,6 +102,31 @@ def model_dims(cfg: dict) -> dict:
 
 def model_name(cfg: dict, path: str = "") -> str:
     return cfg.get("_name") or Path(path).stem
+
+
+# what a profile without the per-request attention terms misses (profile --no-attention-terms)
+ATTENTION_MISSING = (
+    "attention terms missing (--no-attention-terms): format 1, attention priced by one KV slope, blind to how "
+    "contexts are spread over requests and to prompt chunks over long cached prefixes; fitted so on the same "
+    "sweeps, the four H200 profiles under-predict their held-out Mooncake replays (long unequal contexts, prefix "
+    "caching) by 5.1-10.3 % median (Azure logs -4.5 .. +2.7 %; docs/gpu-profiling.md, 'The profiling recipe'); "
+    "rerun without --no-attention-terms, or time the sweeps with scripts/context_sweep.py and refit with "
+    "validator.gpu.refit --context"
+)
+
+
+def gpu_prefix(gpu: str) -> str:
+    """A profile's name prefix from the GPU that measured it (torch's device name): 'NVIDIA H100 80GB
+    HBM3' -> h100, 'NVIDIA H200' -> h200, 'NVIDIA H100 PCIe' -> h100-pcie, 'NVIDIA GB200' -> gb200; the
+    CPU dry run -> dry. A name with no chip model in it is kept, lower-cased, spaces as dashes."""
+    if gpu.startswith("cpu"):
+        return "dry"
+    words = re.sub(r"[^a-z0-9]+", " ", gpu.lower()).split()
+    words = [w for w in words if w not in ("nvidia", "tesla", "geforce")]
+    chip = next((w for w in words if re.fullmatch(r"[a-z]{1,3}\d{2,4}[a-z]?", w)), None)
+    if chip is None:
+        return "-".join(words) or "gpu"
+    return chip + ("-pcie" if "pcie" in words else "")
 
 
 # ---------------------------------------------------------------- steps and the sweep

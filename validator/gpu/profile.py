@@ -33,6 +33,7 @@ from dsim.errors import InputError
 from validator.gpu import model as M
 from validator.gpu.model import Timer, parse_split
 from validator.gpu.plan import (
+    ATTENTION_MISSING,
     BLOCK_K,
     BLOCK_LAYERS,
     CAPTURE_LIMIT,
@@ -45,10 +46,13 @@ from validator.gpu.plan import (
     FIT_EXCLUDE,
     TABLE_TIERS,
     StepShape,
+    busy_plan,
+    context_sweep_plan,
     cost_model,
     dump_yaml,
     error_summary,
     fit_step_model,
+    gpu_prefix,
     hetero_step,
     kv_slope_by_window,
     model_dims,
@@ -56,6 +60,7 @@ from validator.gpu.plan import (
     padded_tokens,
     profile_dict,
     repo_relative,
+    request_grid_plan,
     shaped_step,
     step_terms,
     sweep_plan,
@@ -337,6 +342,120 @@ def split_tune(device: torch.device, dtype: torch.dtype, timer: Timer, cfg_dims:
     if cuda:
         torch.cuda.empty_cache()
     return out
+
+
+# ---------------------------------------------------------------- attention sweeps
+ANCHOR_N = (1, 8, 64, 256, 512, 2048, 8192)  # table sizes re-timed as anchors in each attention sweep
+ATTENTION_SWEEPS = ("ctx", "grid", "busy")  # the files of a profile's attention terms, in timing order
+BUSY_PARTS = ("decode", "short", "one")  # plan.busy_plan's parts a complete profile times
+
+
+def attention_plan(kind: str, budget: int, parts: Any = BUSY_PARTS, quick: bool = False) -> list[StepShape]:
+    """The steps of one attention sweep: ctx plan.context_sweep_plan (unequal decode contexts, prefill
+    chunks over long cached prefixes), grid plan.request_grid_plan (request counts at fixed token
+    counts), busy plan.busy_plan (busy steps of many decode tokens, short chunks beside decodes, one
+    request)."""
+    if kind == "ctx":
+        return context_sweep_plan(budget, quick=quick)
+    if kind == "grid":
+        return request_grid_plan(quick=quick)
+    if kind == "busy":
+        return busy_plan(parts=list(parts), quick=quick)
+    raise InputError(f"attention sweep {kind!r}: one of {', '.join(ATTENTION_SWEEPS)}")
+
+
+def sweep_anchors(
+    budget: int, tags: Any = ("table", "tail-decode"), sizes: Any = ANCHOR_N, dry_run: bool = False
+) -> list[StepShape]:
+    """The profile sweep's own steps of ``tags`` at ``sizes`` tokens, re-timed at the start of an
+    attention sweep ("anchor-<tag>"): they tie that sweep's level to the profile sweep's (drift)."""
+    caps = vllm_capture_sizes(CAPTURE_LIMIT)
+    sweep = sweep_plan(caps, tail_sizes(CAPTURE_LIMIT), kv_budget_tokens=budget)
+    anchors = [s for s in sweep if s.tag in tags and s.n in set(sizes)]
+    if dry_run:
+        anchors = [StepShape(s.q, tuple(min(c, 64) for c in s.ctx), s.tag) for s in anchors if s.n <= 64]
+    return [StepShape(s.q, s.ctx, "anchor-" + s.tag) for s in anchors]
+
+
+def time_steps(
+    model: Any,
+    shapes: list[StepShape],
+    dims: dict,
+    device: torch.device,
+    reps: int,
+    out_path: str | Path,
+    meta: dict,
+) -> list[dict]:
+    """Time each step (CUDA graph, ``reps`` replays up to the capture limit, reps - 2 (at least 2)
+    above it, the median) and keep its whole shape (q and ctx per request), so the step model's
+    per-request attention features are computed from it offline (validator.gpu.refit). The file
+    (``meta`` and the points) is rewritten after every step, so a run cut short keeps what it
+    timed."""
+    import functools
+
+    caps = vllm_capture_sizes(CAPTURE_LIMIT)
+    timer = Timer(device, reps, warm=1)
+    big = Timer(device, max(2, reps - 2), warm=1)
+    points: list[dict] = []
+    t0 = time.time()
+    for shape in shapes:
+        n_pad = padded_tokens(shape.n, caps)
+        m = M.StepMeta(shape, n_pad, dims, device)
+        tm = big if shape.n > caps[-1] else timer
+        ms, reps_ms = tm(functools.partial(model.forward, m), graph=True)
+        dec, pre = step_terms(shape.q, shape.ctx)
+        points.append(
+            dict(
+                tag=shape.tag,
+                n=n_pad,
+                n_real=shape.n,
+                kv=shape.kv,
+                R=shape.requests,
+                dec=dec,
+                pre=round(pre, 6),
+                chunks=int(m.n_chunks),
+                k_max=int(getattr(m, "k_max", 0)),
+                ms=ms,
+                reps=[round(r, 4) for r in reps_ms],
+                shape_q=list(shape.q),
+                shape_ctx=list(shape.ctx),
+            )
+        )
+        log(
+            f"  {shape.tag:16s} n={shape.n:5d} R={shape.requests:4d} kv={shape.kv:8d} "
+            f"chunks={m.n_chunks:4d}: {ms:8.3f} ms"
+        )
+        write_text_atomic(out_path, json.dumps(dict(meta, split=M.SPLIT, points=points)))
+    log(f"  {Path(out_path).name}: {len(points)} points in {time.time() - t0:.1f}s")
+    return points
+
+
+def attention_sweeps(
+    model: Any,
+    cfg_path: str,
+    dims: dict,
+    device: torch.device,
+    reps: int,
+    budget: int,
+    out: Path,
+    name: str,
+    dry_run: bool = False,
+) -> list[Path]:
+    """The sweeps behind a profile's per-request attention terms, on the model already built: the
+    context sweep, the request grid and the busy steps (attention_plan), each after its table
+    anchors, written as OUT/context/{ctx,grid,busy}-<model>.json (scripts/context_sweep.py's format,
+    the layout validator.gpu.refit --stored-context reads). Returns the files."""
+    run = run_identity(device)
+    files = []
+    for kind in ATTENTION_SWEEPS:
+        t0 = time.time()
+        path = out / "context" / f"{kind}-{name}.json"
+        tags = ("table", "tail-decode") if kind != "busy" else ("table", "tail-decode", "tail-mixed", "tail-prefill")
+        shapes = sweep_anchors(budget, tags, ANCHOR_N, dry_run) + attention_plan(kind, budget, BUSY_PARTS, dry_run)
+        time_steps(model, shapes, dims, device, reps, path, dict(model=repo_relative(cfg_path), run=run, sweep=kind))
+        log(f"[{name}] {kind} sweep: {len(shapes)} steps in {time.time() - t0:.1f}s")
+        files.append(path)
+    return files
 
 
 # ---------------------------------------------------------------- per-model profiling
@@ -711,14 +830,58 @@ def profile_model(
         except InputError as e:
             log(f"  dry run: {e}; prefill_terms left out")
             prof.pop("prefill_terms", None)
-    raw: dict[str, Any] = dict(model=name, points=points, fit=fit, attention_check=probe, info=info)
+    if not args.attention_terms:
+        prov["attention_terms"] = ATTENTION_MISSING
+        log(f"[{name}] WARNING: {ATTENTION_MISSING}")
+    raw: dict[str, Any] = dict(
+        model=name,
+        model_config=repo_relative(cfg_path),
+        dims=dims,
+        points=points,
+        fit=fit,
+        attention_check=probe,
+        info=info,
+    )
     out = Path(args.out)
+    yaml_path, raw_path = out / f"{args.prefix}-{name}.yaml", out / f"{args.prefix}-{name}.raw.json"
 
     def save() -> None:
-        write_text_atomic(out / f"{args.prefix}-{name}.yaml", dump_yaml(prof))
-        write_text_atomic(out / f"{args.prefix}-{name}.raw.json", json.dumps(raw, default=str))
+        write_text_atomic(yaml_path, dump_yaml(prof))
+        write_text_atomic(raw_path, json.dumps(raw, default=str))
 
     save()  # the profile first; replay results are added after each log
+    if args.attention_terms:  # the per-request attention terms: three more sweeps, then the fit with them
+        budget = int(model.pool_tokens * 0.95) if not args.dry_run else 20000
+        files = attention_sweeps(model, cfg_path, dims, device, args.attention_reps, budget, out, name, args.dry_run)
+        from validator.gpu import refit as RF
+
+        command = repo_relative(
+            "python3 -m validator.gpu.refit "
+            + " ".join([str(raw_path), *(f"--context {f}" for f in files)])
+            + " --in-place"
+        )
+        try:
+            RF.refit_attention(raw_path, [str(f) for f in files], command, out_dir=out)
+        except Exception as e:  # the tiny CPU model's points need not fit (a GPU run's error stops it)
+            if not args.dry_run:
+                raise
+            log(f"  dry run: {e}; attention terms left out")
+        import yaml
+
+        prof = yaml.safe_load(yaml_path.read_text())
+        raw = json.loads(raw_path.read_text())
+        if args.dry_run:
+            try:
+                cost_model(prof)
+            except InputError as e:
+                log(f"  dry run: {e}; attention terms left out")
+                prof.pop("attention", None), prof.pop("format_version", None)
+        prof["provenance"]["attention_terms"] = (
+            "measured in the profiling run (context, request-grid and busy sweeps: "
+            + ", ".join(str(Path(f).relative_to(out)) for f in files)
+            + ") and fitted with the sweep (provenance.attention_fit)"
+        )
+        save()
     if args.steplog_cmd:  # dsim writes its step logs from the profile just saved (CPU, subprocess)
         cmd = args.steplog_cmd.format(profile=str((out / f"{args.prefix}-{name}.yaml").resolve()), model=name)
         t0 = time.time()
@@ -805,7 +968,25 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", action="append", required=True, help="HF-style config.json (repeatable)")
     ap.add_argument("--out", required=True, help="output folder")
-    ap.add_argument("--prefix", default="h200")
+    ap.add_argument(
+        "--prefix",
+        default="",
+        help="profile name prefix (default: the measuring GPU's, plan.gpu_prefix: h100, h200, ...; dry for --dry-run)",
+    )
+    ap.add_argument(
+        "--attention-reps",
+        type=int,
+        default=3,
+        help="timed replays per step of the attention sweeps (reps - 2, at least 2, above the capture limit; the "
+        "H200 profiles' context sweeps were timed with 3)",
+    )
+    ap.add_argument(
+        "--no-attention-terms",
+        dest="attention_terms",
+        action="store_false",
+        help="skip the context, request-grid and busy sweeps (about a third more GPU time): a format-1 profile "
+        "without the per-request attention terms, flagged in its provenance (attention_terms)",
+    )
     ap.add_argument("--layers", type=int, default=0, help="layers to build (0: full depth)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--pool-gib", type=float, default=24.0)
@@ -892,6 +1073,8 @@ def main(argv: list[str] | None = None) -> None:
     info = gpu_info(device)
     info = {k: (v if isinstance(v, (int, float)) else str(v)) for k, v in info.items()}
     log(f"device: {json.dumps(info)}")
+    if not args.prefix:
+        args.prefix = gpu_prefix(str(info["gpu"]))
     timer = Timer(device, args.reps)
     if args.draft_only:
         sp = parse_split(args.split)

@@ -1,20 +1,25 @@
-"""Refit a measured H200 profile from its raw sweep points with the current step model (no GPU).
+"""Refit a measured GPU profile from its raw sweep points with the current step model (no GPU).
 
-    python3 -m validator.gpu.refit profiles/h200/h200-qwen3-8b.raw.json [more.raw.json ...]
-    python3 -m validator.gpu.refit RAW [RAW ...] --context ctx-<model>.json [--context ...]
+    python3 -m validator.gpu.refit RAW [RAW ...] --stored-context --out DIR
+    python3 -m validator.gpu.refit RAW [RAW ...] --context ctx-<model>.json [--context ...] --out DIR
+    python3 -m validator.gpu.refit RAW --drop-attention --out DIR
     python3 -m validator.gpu.refit --repredict REPLAY.json PROFILE.yaml OUT.json
 
-With --context (context sweeps, scripts/context_sweep.py) the fit adds the per-request attention
-terms (format 2: refit_attention); --repredict predicts a replay's measured rows again from a
-profile (repredict).
+With --context (context sweeps: the profiler's context/ folder, or scripts/context_sweep.py) or
+--stored-context (the sweeps in RAW's folder/context) the fit has the per-request attention terms
+(format 2: refit_attention); --repredict predicts a replay's measured rows again from a profile
+(repredict).
 
 For each RAW (written by `python3 -m validator.gpu.profile`), points that predate the prefill terms
 get their decode tokens and prefill pairs from the sweep's seeded shapes (plan.sweep_plan: tail
 points; every other swept step is decode only), the fit flags follow plan.FIT_EXCLUDE, and
-plan.fit_step_model is run again. The YAML next to it (same stem) gets the new forward table, KV
-slope, prefill_terms and fit residuals; everything measured (draft tables, provenance, checks) is
-kept, and provenance.refit says what was redone, when and with which command. RAW is rewritten
-with the points' terms and the new fit. Files are replaced atomically.
+plan.fit_step_model is run again. The profile (the YAML next to RAW, same stem) gets the new forward
+table, KV slope, prefill_terms and fit residuals; everything measured (draft tables, provenance,
+checks) is kept, and provenance.refit says what was redone, when and with which command. The
+profile and RAW (with the points' terms and the new fit) are written into --out DIR, or replaced
+atomically with --in-place; one of the two is required. A profile with attention terms is not
+refitted without its context sweeps (the terms and the new KV slope would both price attention)
+unless --drop-attention makes it format 1.
 """
 
 from __future__ import annotations
@@ -358,16 +363,38 @@ def drift(points: list[dict], ctx: list[dict]) -> list[dict]:
     return out
 
 
-def refit_attention(raw_path: Path, ctx_paths: list[str], command: str) -> dict:
+def profile_paths(raw_path: Path, out_dir: Path | None = None) -> tuple[Path, Path, Path]:
+    """(the YAML next to RAW, the YAML written, the RAW written): out_dir None writes both in place."""
+    yaml_path = raw_path.with_name(raw_path.name.replace(".raw.json", ".yaml"))
+    if out_dir is None:
+        return yaml_path, yaml_path, raw_path
+    return yaml_path, Path(out_dir) / yaml_path.name, Path(out_dir) / raw_path.name
+
+
+def raw_dims(raw: dict) -> dict:
+    """The model dimensions a raw file was measured with: its own record (profiles measured since it
+    was kept, the dry run's tiny model too), else its model config (raw["model_config"], else
+    profiles/models/<model>.json)."""
+    if raw.get("dims"):
+        return dict(raw["dims"])
+    root = Path(__file__).resolve().parents[2]
+    cfg = Path(raw.get("model_config") or root / "profiles" / "models" / f"{raw['model']}.json")
+    cfg = cfg if cfg.is_absolute() else root / cfg
+    if not cfg.exists():
+        raise InputError(f"model {raw['model']!r}: no model config {cfg} (the raw file names none)")
+    return P.model_dims(json.loads(cfg.read_text()))
+
+
+def refit_attention(raw_path: Path, ctx_paths: list[str], command: str, out_dir: Path | None = None) -> dict:
     """Refit a profile with the per-request attention terms (format 2) from its sweep points plus
     the context sweeps: the YAML next to RAW gets format_version 2, the attention section, the new
-    forward table, KV slope and prefill_terms; RAW gets the context points and the fit."""
+    forward table, KV slope and prefill_terms; RAW gets the context points and the fit. out_dir:
+    write both there (same names) in place of RAW's folder."""
     raw = json.loads(raw_path.read_text())
-    yaml_path = raw_path.with_name(raw_path.name.replace(".raw.json", ".yaml"))
+    yaml_path, yaml_out, raw_out = profile_paths(raw_path, out_dir)
     prof = yaml.safe_load(yaml_path.read_text())
     model = raw["model"]
-    cfg = json.loads((Path(__file__).resolve().parents[2] / "profiles" / "models" / f"{model}.json").read_text())
-    dims = P.model_dims(cfg)
+    dims = raw_dims(raw)
     pts = [p for p in raw["points"]]
     point_terms(pts)
     point_shapes(pts, dims)
@@ -410,8 +437,8 @@ def refit_attention(raw_path: Path, ctx_paths: list[str], command: str) -> dict:
     raw["points"] = pts
     raw["context_points"] = [p for p in allp if p.get("source")]
     raw["fit"] = fit
-    P.write_text_atomic(yaml_path, P.dump_yaml(new))
-    P.write_text_atomic(raw_path, json.dumps(raw, default=str))
+    P.write_text_atomic(yaml_out, P.dump_yaml(new))
+    P.write_text_atomic(raw_out, json.dumps(raw, default=str))
     return fit
 
 
@@ -450,10 +477,29 @@ def repredict(replay_path: Path, profile_path: Path, only: str | None = None) ->
     return out
 
 
-def refit(raw_path: Path, command: str) -> dict:
+def refit(raw_path: Path, command: str, out_dir: Path | None = None, drop_attention: bool = False) -> dict:
+    """The forward table, KV slope and prefill_terms refitted from RAW's sweep points alone (format 1).
+    A profile with per-request attention terms (its attention section, fitted with context sweeps)
+    is refused unless drop_attention: its terms priced the attention the new KV slope now prices
+    too, so keeping them counts attention twice (+18 to +33 % median on the H200 profiles' held-out
+    steps); drop_attention writes a format-1 profile without them and says so in provenance."""
     raw = json.loads(raw_path.read_text())
-    yaml_path = raw_path.with_name(raw_path.name.replace(".raw.json", ".yaml"))
+    yaml_path, yaml_out, raw_out = profile_paths(raw_path, out_dir)
     prof = yaml.safe_load(yaml_path.read_text())
+    if prof.get("attention") and not drop_attention:
+        found = stored_context(raw_path.parent, raw["model"])
+        hint = (
+            "--stored-context (found: " + ", ".join(Path(f).name for f in found) + ")"
+            if found
+            else "--context FILE ..."
+        )
+        raise InputError(
+            f"{yaml_path}: has per-request attention terms (format {prof.get('format_version')}); a refit without "
+            f"the context sweeps would keep them beside a KV slope that prices attention again (attention counted "
+            f"twice): refit with {hint}, or pass --drop-attention for a format-1 profile without them"
+        )
+    if drop_attention:
+        prof = {k: v for k, v in prof.items() if k not in ("attention", "format_version")}
     pts = raw["points"]
     point_terms(pts)
     for p in pts:
@@ -475,9 +521,14 @@ def refit(raw_path: Path, command: str) -> dict:
         ),
         previous=dict(kv_ms_per_ktok=old["kv_ms_per_ktok"], residual_pct=(old["fit"] or {}).get("residual_pct")),
     )
+    if drop_attention:
+        prov["attention_terms"] = (
+            "dropped by the refit (--drop-attention): format 1, attention priced by the KV slope alone; "
+            "provenance.attention_fit describes the terms this profile had"
+        )
     raw["fit"] = fit
-    P.write_text_atomic(yaml_path, P.dump_yaml(new))
-    P.write_text_atomic(raw_path, json.dumps(raw, default=str))
+    P.write_text_atomic(yaml_out, P.dump_yaml(new))
+    P.write_text_atomic(raw_out, json.dumps(raw, default=str))
     return fit
 
 
@@ -761,6 +812,28 @@ def draft_summary(res: dict) -> str:
     return f"{res['model']}: {rec['kinds']} from {rec['processes']} processes{kept}; " + "; ".join(parts)
 
 
+def output_dir(raws: list[str], out: str, in_place: bool) -> Path | None:
+    """Where a refit writes (None: in place), checked before anything is read: a refit replaces a
+    profile only when asked to (--in-place), else writes into --out, which must not be a RAW's own
+    folder."""
+    if not raws:
+        return None
+    if in_place and out:
+        raise InputError("--out and --in-place: pass one")
+    if in_place:
+        return None
+    if not out:
+        raise InputError(
+            f"{raws[0]}: a refit rewrites the profile next to it and the raw file; pass --out DIR to write new "
+            "files there, or --in-place to replace them"
+        )
+    d = Path(out)
+    for r in raws:
+        if d.exists() and d.resolve() == Path(r).resolve().parent:
+            raise InputError(f"--out {out}: the folder of {r}, whose files would be replaced; pass --in-place for that")
+    return d  # (created by the first write: nothing is made for a refit that stops)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("raw", nargs="*")
@@ -796,6 +869,23 @@ def main(argv: list[str] | None = None) -> int:
         help="a drafter-table file (python3 -m validator.gpu.profile --draft-only): its tables replace the "
         "drafter tables of its model's profile in --profiles (repeatable; nothing else changes)",
     )
+    ap.add_argument(
+        "--out",
+        default="",
+        metavar="DIR",
+        help="write each refitted profile and raw file into DIR (same names); RAW's own files are left as they are",
+    )
+    ap.add_argument(
+        "--in-place",
+        action="store_true",
+        help="replace the YAML next to each RAW and RAW itself (a refit needs --out or --in-place)",
+    )
+    ap.add_argument(
+        "--drop-attention",
+        action="store_true",
+        help="refit a profile with per-request attention terms without --context: write it as format 1, the terms "
+        "dropped (without this flag such a refit is refused: the terms and the new KV slope would both price attention)",
+    )
     ap.add_argument("--profiles", default="profiles/h200", help="--drafts: the profiles' folder (h200-<model>.yaml)")
     ap.add_argument("--allow-dry-run", action="store_true", help="--drafts: merge dry-run files too (tests)")
     a = ap.parse_args(argv)
@@ -814,7 +904,13 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         command = P.repo_relative(
-            "python3 -m validator.gpu.refit " + " ".join(a.raw + [f"--context {c}" for c in a.context])
+            "python3 -m validator.gpu.refit "
+            + " ".join(
+                a.raw
+                + [f"--context {c}" for c in a.context]
+                + (["--drop-attention"] if a.drop_attention else [])
+                + ([f"--out {a.out}"] if a.out else ["--in-place"] if a.in_place else [])
+            )
         )
     try:
         for r in (
@@ -825,6 +921,7 @@ def main(argv: list[str] | None = None) -> int:
         ):
             if not Path(r).exists():
                 raise InputError(f"{r}: file not found")
+        out_dir = output_dir(a.raw, a.out, a.in_place)
         # every file checked before any profile is written
         merged = [merge_drafts(Path(f), Path(a.profiles), command, a.allow_dry_run, write=False) for f in a.drafts]
         models = [r["model"] for r in merged]
@@ -840,7 +937,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"doc: {sentence}")
         for r in a.raw:
             path = Path(r)
-            fit = refit_attention(path, a.context, command) if a.context else refit(path, command)
+            if a.context:
+                fit = refit_attention(path, a.context, command, out_dir)
+            else:
+                fit = refit(path, command, out_dir, a.drop_attention)
             print(
                 f"{path.name}: kv {fit['kv_ms_per_ktok']:.5f} ms/ktok, prefill_terms {fit.get('prefill_terms')}, "
                 f"attention {fit.get('attention')}, residuals {json.dumps(fit['residual_pct']['by_tag'])}"

@@ -10,7 +10,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
 H=profiles/h200
 for m in ${MODELS:-llama-3.1-8b qwen3-8b qwen3-14b qwen3-32b}; do
   # its stored sweeps (refit.stored_context: ctx, grid and the busy steps pooled over machine starts)
-  python3 -m validator.gpu.refit "$H/h200-$m.raw.json" --stored-context
+  python3 -m validator.gpu.refit "$H/h200-$m.raw.json" --stored-context --in-place
   rep=""
   for k in replay heldout check; do
     [ -f "$H/replay/$k-$m.json" ] && rep="$rep --repredict $H/replay/$k-$m.json $H/h200-$m.yaml $H/replay/$k-$m.repredicted.json"

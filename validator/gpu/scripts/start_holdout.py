@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             for suffix in (".yaml", ".raw.json"):
                 shutil.copy(H200 / f"h200-{m}{suffix}", Path(tmp) / f"h200-{m}{suffix}")
             ctx = [x for c in RF.stored_context(H200, m, leave_out=s) for x in ("--context", c)]
-            if RF.main([str(Path(tmp) / f"h200-{m}.raw.json"), *ctx]) != 0:
+            if RF.main([str(Path(tmp) / f"h200-{m}.raw.json"), *ctx, "--in-place"]) != 0:
                 return 2
             held = summaries(replay, Path(tmp) / f"h200-{m}.yaml")
         full = summaries(replay, shipped)
