@@ -1898,7 +1898,11 @@ def _write_table(a, ops, priced, info, t0) -> None:
             "uniform (each token picks top-k distinct experts uniformly; seeded); attention cores "
             "as in the module docstring (projection GEMMs excluded); comm not measured"
         ),
-        "command": "python3 -m validator.gpu.moe_ops price --ops OPS.json --out profiles/kernels/h200-torch.json",
+        "command": " ".join(
+            ["python3 -m validator.gpu.moe_ops price", f"--ops {a.ops}", f"--out {a.out}", f"--name {a.name}"]
+            + ([f"--budget-s {a.budget_s:g}"] if a.budget_s != 420.0 else [])
+            + (["--keep-order"] if a.keep_order else [])
+        ),
         "source": "own measurement",
         "gpu": info,
         "records_requested": len(ops),

@@ -1,8 +1,8 @@
-"""The dense GEMMs of one decoder step as vLLM 0.24's kernels take them on the H200, from
-AIConfigurator's silicon tables (dsim.kernels_aic; needs the aic extra), against the executor's
-measured dense path (scripts/executor_check.py records, context-1 steps).
+"""The dense GEMMs of one decoder step as vLLM 0.24's kernels take them on a GPU (the H200 by
+default), from AIConfigurator's silicon tables (dsim.kernels_aic; needs the aic extra), against the
+executor's measured dense path on the same GPU (scripts/executor_check.py records, context-1 steps).
 
-    python3 validator/gpu/scripts/aic_dense_compare.py [--model llama-3.1-8b] [--executor FILE]
+    python3 validator/gpu/scripts/aic_dense_compare.py [--model llama-3.1-8b] [--executor FILE] [--system h100_sxm]
 
 Per step of n tokens: layers x (QKV, O, gate/up, down) + LM head, bf16, priced by AIC (CUDA-graph
 GEMM rows). Printed per n: AIC's GEMM sum, the executor's eager and compiled times, and their ratio.
@@ -26,10 +26,11 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--executor", default=str(ROOT / "profiles" / "h200" / "executor-llama-3.1-8b.json"))
+    ap.add_argument("--system", default="h200_sxm", help="AIC's system (h100_sxm for profiles/h100/executor-*.json)")
     a = ap.parse_args(argv)
     d = model_dims(json.loads((ROOT / "profiles" / "models" / f"{a.model}.json").read_text()))
     h, H, kv, hd, inter, V, L = (d[k] for k in ("hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "layers"))
-    t = AicTables("h200_sxm")
+    t = AicTables(a.system)
     gemms = [((H + 2 * kv) * hd, h), (h, H * hd), (2 * inter, h), (h, inter)]
     rows = json.loads(Path(a.executor).read_text())["rows"]
     meas = {(r["variant"], r["n"]): r for r in rows if r["step"] == "ctx1"}

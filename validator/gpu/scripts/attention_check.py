@@ -1,6 +1,7 @@
 """One layer's attention alone, the executor's paths (StepMeta impl 'split', 'varlen', 'packed'),
-against what vLLM 0.24's FlashAttention-3 kernels take for the same shapes on the H200
-(AIConfigurator's silicon tables, generation_attention / context_attention, read with --compare).
+against what vLLM 0.24's FlashAttention-3 kernels take for the same shapes on the same GPU
+(AIConfigurator's silicon tables, generation_attention / context_attention, read with --compare;
+--system h100_sxm for an H100).
 
     python3 validator/gpu/scripts/attention_check.py --model profiles/models/llama-3.1-8b.json \
         --out $OUT/attention-llama-3.1-8b.json [--dry-run]          # on the GPU
@@ -101,14 +102,15 @@ def measure(a: argparse.Namespace) -> None:
         varlen = None
 
 
-def compare(path: str) -> None:
-    """AIC's vLLM 0.24 FA3 rows (bf16 KV, no window) for each measured shape: exact grid points."""
+def compare(path: str, system: str = "h200_sxm") -> None:
+    """AIC's vLLM 0.24 FA3 rows (bf16 KV, no window) of ``system`` for each measured shape: exact grid
+    points."""
     import pandas as pd
 
     from dsim.kernels_aic import aic_root
 
     rec = json.loads(Path(path).read_text())
-    base = aic_root() / "systems" / "data" / "h200_sxm" / "attention" / "vllm" / "0.24.0"
+    base = aic_root() / "systems" / "data" / system / "attention" / "vllm" / "0.24.0"
     gen = pd.read_parquet(base / "generation_attention_perf.parquet")
     ctx = pd.read_parquet(base / "context_attention_perf.parquet")
     sel = dict(
@@ -162,9 +164,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--compare", default="", help="a measured FILE: print AIC's rows beside it (CPU)")
+    ap.add_argument("--system", default="h200_sxm", help="--compare: AIC's system (h100_sxm, h200_sxm, ...)")
     a = ap.parse_args(argv)
     if a.compare:
-        compare(a.compare)
+        compare(a.compare, a.system)
     else:
         measure(a)
 
