@@ -61,7 +61,58 @@ from dsim.kernels import read_json_text
 AIC_PACKAGE = "aiconfigurator-core"
 AIC_VERSION = "0.12.0"
 FALLBACK_BACKEND = ("sglang", "0.5.14")
-SYSTEMS = {"b300_sxm": "NVIDIA B300 SXM", "h200_sxm": "NVIDIA H200 SXM"}
+# every AIC 0.12.0 system with per-kernel tables (systems/data/<system>/gemm/<backend>/<version>), AIC name ->
+# the hardware's name; A30, A100 PCIe, H100 PCIe and L4 ship no kernel tables
+SYSTEMS = {
+    "a100_sxm": "NVIDIA A100 SXM",
+    "b200_sxm": "NVIDIA B200 SXM",
+    "b300_sxm": "NVIDIA B300 SXM",
+    "b60": "Intel Arc Pro B60",
+    "gb200": "NVIDIA GB200",
+    "gb300": "NVIDIA GB300",
+    "h100_sxm": "NVIDIA H100 SXM",
+    "h200_sxm": "NVIDIA H200 SXM",
+    "l40s": "NVIDIA L40S",
+    "rtx_pro_6000_server": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+}
+# serving engines whose kernels AIC measured (its directory names), with the name users know them by
+BACKENDS = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
+
+
+def _version_key(v: str) -> tuple:
+    """A version's sort key: '0.5.6.post2' < '0.5.14'; '1.3.0rc20' < '1.3.0rc23' < '1.3.0'; '2-29-2' as '2.29.2'."""
+    import re
+
+    parts = []
+    for x in re.split(r"[.-]", v):
+        m = re.fullmatch(r"(\d+)(?:(rc|post)(\d+))?", x)
+        if m is None:
+            parts.append((0, 0, 0))
+            continue
+        tag = {"rc": -1, None: 0, "post": 1}[m.group(2)]
+        parts.append((int(m.group(1)), tag, int(m.group(3) or 0)))
+    return tuple(parts)
+
+
+def backend_versions(system: str, backend: str) -> list[str]:
+    """The versions of ``backend`` whose GEMM tables AIC ships for ``system``, oldest first (needs AIC)."""
+    d = aic_root() / "systems" / "data" / system / "gemm" / backend
+    return sorted((x.name for x in d.iterdir() if x.is_dir()), key=_version_key) if d.is_dir() else []
+
+
+def default_version(system: str, backend: str) -> str:
+    """The newest version of ``backend`` with tables for ``system``: an input error naming what there is
+    where there is none."""
+    if system not in SYSTEMS:
+        raise InputError(f"--system: {system!r} is not one of {', '.join(SYSTEMS)} (AIC's systems with kernel tables)")
+    if backend not in BACKENDS:
+        raise InputError(f"--backend: {backend!r} is not one of {', '.join(BACKENDS)}")
+    have = backend_versions(system, backend)
+    if not have:
+        others = [b for b in BACKENDS if backend_versions(system, b)]
+        raise InputError(f"--backend {backend}: AIC has no {backend} tables for {system} (it has {', '.join(others)})")
+    return have[-1]
+
 
 # dsim model name -> (AIC model config file stem, name used in AIC's DeepSeek-V4 attention tables)
 MODELS = {
@@ -192,7 +243,8 @@ class Priced:
 class AicTables:
     """One system's AIC tables, primary engine backend plus the SGLang fallback."""
 
-    def __init__(self, system: str, backend: str = "vllm", version: str = "0.24.0"):
+    def __init__(self, system: str, backend: str = "vllm", version: str | None = None):
+        version = version or default_version(system, backend)
         if system not in SYSTEMS:
             raise InputError(f"--system: {system!r} is not one of {', '.join(SYSTEMS)}")
         self.system, self.backend, self.version = system, backend, version
@@ -228,7 +280,11 @@ class AicTables:
         return self._dbs[key]
 
     def candidates(self) -> list[tuple[str, str]]:
-        return [(self.backend, self.version), FALLBACK_BACKEND]
+        """The backend asked for, then SGLang 0.5.14's tables where this system has them."""
+        own = (self.backend, self.version)
+        fb = FALLBACK_BACKEND
+        has_fb = (self.data / "gemm" / fb[0] / fb[1]).is_dir()
+        return [own] + ([fb] if has_fb and fb != own else [])
 
     def label(self, backend: str, version: str) -> str:
         return f"{backend} {version}"
@@ -251,9 +307,9 @@ class AicTables:
             k *= g
             extra["grouped"] = f"{g} products priced as one GEMM of k = {k}"
         cands = self.candidates()
-        if mode == "fp8_block" and self.backend == "vllm":
+        if mode == "fp8_block" and self.backend == "vllm" and len(cands) > 1:
             # vLLM 0.24.0's fp8_block GEMM rows were collected without CUDA graphs (host floor in every row)
-            cands = [FALLBACK_BACKEND]
+            cands = cands[1:]
             extra["note"] = (
                 "vllm 0.24.0 fp8_block gemm rows are eager (collector disables CUDA graphs for "
                 "fp8_block); priced from sglang's DeepGEMM fp8_block table"
@@ -583,15 +639,11 @@ def _ints(r: dict, *keys: str) -> list[int]:
     return out
 
 
-def _version_key(v: str) -> tuple:
-    return tuple(int(p) if p.isdigit() else 0 for p in v.replace("-", ".").split("."))
-
-
 def price_records(
     records: list[dict],
     system: str,
     backend: str = "vllm",
-    version: str = "0.24.0",
+    version: str | None = None,
     model: str | None = None,
     tables: AicTables | None = None,
 ) -> dict:
@@ -932,7 +984,7 @@ def kernel_table(name: str, system: str, backend: str, version: str, priced: dic
         "provenance": {
             "kind": "silicon-table",
             "hardware": SYSTEMS[system],
-            "engine": f"{backend} (SGLang {FALLBACK_BACKEND[1]} where a record says so)",
+            "engine": f"{BACKENDS.get(backend, backend)} (SGLang {FALLBACK_BACKEND[1]} where a record says so)",
             "engine_version": version,
             "date": _dt.date.today().isoformat(),
             "method": (
@@ -1016,6 +1068,7 @@ def _cmd_grid(a) -> None:
 
 
 def _cmd_price(a) -> None:
+    a.version = a.version or default_version(a.system, a.backend)
     recs: list[dict] = []
     for p in a.ops:
         recs += _ops_from(p)
@@ -1045,7 +1098,10 @@ SHIPPED_CASES: dict[str, list[tuple[str, str, str | None]]] = {
 
 
 def build_table(
-    system: str, backend: str = "vllm", version: str = "0.24.0", cases: list[tuple[str, str, str | None]] | None = None
+    system: str,
+    backend: str = "vllm",
+    version: str | None = None,
+    cases: list[tuple[str, str, str | None]] | None = None,
 ) -> dict:
     """Price the composer's records (required-ops) and the fixed grid for every shipped case of one system.
 
@@ -1085,6 +1141,7 @@ def build_table(
 
 
 def _cmd_build(a) -> None:
+    a.version = a.version or default_version(a.system, a.backend)
     priced = build_table(a.system, a.backend, a.version)
     cmd = (
         f"python3 -m dsim.kernels_aic build --system {a.system} --backend {a.backend} --version {a.version} "
@@ -1152,15 +1209,15 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--system", default="b300_sxm", choices=sorted(SYSTEMS))
     p = sub.add_parser("price", help="price op records from AIC's tables")
     p.add_argument("--system", required=True, choices=sorted(SYSTEMS))
-    p.add_argument("--backend", default="vllm")
-    p.add_argument("--version", default="0.24.0")
+    p.add_argument("--backend", default="vllm", choices=sorted(BACKENDS))
+    p.add_argument("--version", default=None, help="the backend's table version (default: the newest AIC ships)")
     p.add_argument("--ops", required=True, action="append", help="op records JSON (repeatable)")
     p.add_argument("--model", choices=sorted(MODELS), help="model of attention records that do not name one")
     p.add_argument("--out", required=True)
     bd = sub.add_parser("build", help="grid + price for the shipped models and both topologies")
     bd.add_argument("--system", required=True, choices=sorted(SYSTEMS))
-    bd.add_argument("--backend", default="vllm")
-    bd.add_argument("--version", default="0.24.0")
+    bd.add_argument("--backend", default="vllm", choices=sorted(BACKENDS))
+    bd.add_argument("--version", default=None, help="the backend's table version (default: the newest AIC ships)")
     bd.add_argument("--out", required=True)
     c = sub.add_parser("compare", help="ratio (b)/(a) of two kernel tables, shape by shape")
     c.add_argument("b", help="kernel table (b), e.g. profiles/kernels/h200-aic-vllm.json.gz")

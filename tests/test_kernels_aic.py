@@ -317,7 +317,9 @@ def test_pricing_reasons_and_errors():
     with pytest.raises(InputError, match="--model"):
         ka.price_records([{"op": "comm", "kind": "a2a_dispatch", "gpus": 8, "bytes": 4096}], "b300_sxm")
     with pytest.raises(InputError, match="system"):
-        ka.AicTables("a100_sxm")
+        ka.AicTables("h100_pcie")  # an AIC system without kernel tables
+    with pytest.raises(InputError, match="no trtllm tables for b60"):
+        ka.AicTables("b60", "trtllm")
     with pytest.raises(InputError, match="non-negative integer"):
         ka.price_records([{"op": "gemm", "dtype": "bf16", "m": -1, "n": 1, "k": 1}], "b300_sxm")
 
