@@ -1313,6 +1313,24 @@ def test_h100_profile_meets_the_replay_target_on_held_out_logs():
     assert np.median([abs(r["predicted_ms"] / r["measured_ms"] - 1) for r in rows]) == pytest.approx(0.0130, abs=5e-4)
 
 
+def test_the_profiling_runs_fit_is_what_a_refit_of_its_stored_sweeps_gives(tmp_path):
+    """The attention terms profile-gpu fitted in its own process are what `refit-gpu RAW
+    --stored-context --out DIR` gives from the files it wrote (context/ beside the profile)."""
+    from validator.gpu import refit as RF
+
+    h = ROOT / "profiles" / "h100"
+    assert RF.main([str(h / "h100-llama-3.1-8b.raw.json"), "--stored-context", "--out", str(tmp_path)]) == 0
+    new, old = (
+        yaml.safe_load(p.read_text()) for p in (tmp_path / "h100-llama-3.1-8b.yaml", h / "h100-llama-3.1-8b.yaml")
+    )
+    assert new["attention"] == old["attention"] and new["forward"] == old["forward"]
+    assert new["provenance"]["attention_fit"]["context_sweeps"] == [
+        "ctx-llama-3.1-8b.json",
+        "grid-llama-3.1-8b.json",
+        "busy-llama-3.1-8b.json",
+    ]
+
+
 def test_aic_h100_gemm_tables_against_the_h100():
     """AIC's vLLM H100 GEMM table against the bf16 GEMMs timed on the H100: the stored error summary
     (docs/h100-2026-12-06.md: 638 shapes, median |error| 6.8 %) recomputed from the two tables when the
