@@ -1495,6 +1495,16 @@ def compose_profile(
         prov["layer_glue"] = glue.fit
     if table_error:
         prov["kernel_table_error"] = table_error
+    guarded = [(t.name, t.provenance["table_guard"]) for t in tables if t.provenance.get("table_guard")]
+    if guarded:  # kernel_aic.moe_guard: silicon-table records read past their range or implausibly
+        prov["assumptions"]["table_guard"] = (
+            "; ".join(
+                f"kernel table {n}: {g['records']} moe records at ep {g['eps']} guarded, priced by "
+                + ", ".join(f"{k} ({v})" for k, v in g["priced_by"].items())
+                for n, g in guarded
+            )
+            + f" (fallback order: {guarded[0][1]['order']})"
+        )
     return Profile(
         name=name or f"{model.name}-{hardware}-{topo.name}",
         provenance=prov,

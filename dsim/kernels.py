@@ -32,7 +32,7 @@ SIZE_AXIS = {"gemm": "m", "moe": "tokens", "attn": "batch", "mhc": "tokens", "co
 OPS = tuple(SIZE_AXIS)
 #: further axes an op interpolates along (linearly) where no series along its size axis matches
 SECOND_AXES = {"attn": ("kv", "q")}
-_META = {"ms", "op", "includes", "backend", "note", "distribution"}
+_META = {"ms", "op", "includes", "backend", "note", "distribution", "guard"}
 
 
 def record_key(rec: dict, drop: str | None = None) -> tuple:
@@ -58,6 +58,56 @@ HARDWARE: dict[str, dict[str, Any]] = {
         net=50e9,
         source="NVIDIA H200 datasheet (4.8 TB/s, 989/1979 TFLOP/s dense bf16/fp8, "
         "NVLink 900 GB/s bidirectional; 400 Gb/s InfiniBand per GPU between nodes)",
+    ),
+    "h100": dict(
+        name="NVIDIA H100 SXM",
+        hbm_gb=80.0,
+        bw=3.35e12,
+        bf16=989e12,
+        fp8=1979e12,
+        fp4=None,
+        link=450e9,
+        net=50e9,
+        source="NVIDIA H100 SXM datasheet (80 GB HBM3 at 3.35 TB/s, 989/1979 TFLOP/s dense bf16/fp8, "
+        "NVLink 900 GB/s bidirectional; 400 Gb/s InfiniBand per GPU between nodes)",
+    ),
+    "b200": dict(
+        name="NVIDIA B200 SXM",
+        hbm_gb=180.0,
+        bw=7.7e12,
+        bf16=2250e12,
+        fp8=4500e12,
+        fp4=9000e12,
+        link=900e9,
+        net=50e9,
+        source="NVIDIA HGX B200 datasheet, per GPU (180 GB HBM3e at 7.7 TB/s, 2.25/4.5/9 PFLOP/s dense "
+        "bf16/fp8/fp4, NVLink 5 1.8 TB/s bidirectional; 400 Gb/s per GPU between nodes)",
+    ),
+    "gb200": dict(
+        name="NVIDIA GB200 (NVL72)",
+        hbm_gb=186.0,
+        bw=8.0e12,
+        bf16=2500e12,
+        fp8=5000e12,
+        fp4=10000e12,
+        link=900e9,
+        net=100e9,
+        source="NVIDIA GB200 NVL72 datasheet divided by its 72 GPUs (13.4 TB HBM3e at 576 TB/s; 360/720/1440 "
+        "PFLOP/s bf16/fp8/fp4 with sparsity, halved for dense), NVLink 5 1.8 TB/s bidirectional within the "
+        "72-GPU domain; 800 Gb/s per GPU beyond it",
+    ),
+    "gb300": dict(
+        name="NVIDIA GB300 (NVL72)",
+        hbm_gb=288.0,
+        bw=8.0e12,
+        bf16=2500e12,
+        fp8=5000e12,
+        fp4=15000e12,
+        link=900e9,
+        net=100e9,
+        source="NVIDIA GB300 NVL72 datasheet divided by its 72 GPUs (288 GB HBM3e at 8 TB/s; 1080 PFLOP/s dense "
+        "fp4, bf16/fp8 as GB200), NVLink 5 1.8 TB/s bidirectional within the 72-GPU domain; 800 Gb/s per GPU "
+        "beyond it",
     ),
     "b300": dict(
         name="NVIDIA B300 SXM",

@@ -325,13 +325,28 @@ class AicTables:
         raise _NoTable(f"no {mode} gemm table")
 
     def moe(self, r: dict) -> Priced:
-        import aiconfigurator_core.sdk.operations as ops
-        from aiconfigurator_core.sdk import common
-
+        """The routed experts of one EP rank from AIC's moe table, guarded (moe_guard): where the table is
+        read past its measured tokens, or prices a rank above the same routed rows per GPU at EP
+        MOE_REF_EP, the price falls back in the order of MOE_GUARD_ORDER and the record says so."""
         modes = _lookup(MOE_MODES, r, "dtype")
         t, h, inter, topk, e, ep = _ints(r, "tokens", "hidden", "inter", "topk", "experts", "ep")
         dist = r.get("distribution", "uniform")
         table_dist = "balanced" if dist == "uniform" else dist
+        p, lo, hi = self._moe_table(t, h, inter, topk, e, ep, modes, table_dist)
+        guard = moe_guard(self, r, p.ms, (lo, hi), modes, table_dist)
+        if guard is not None:
+            p.extra["guard"] = guard
+            return Priced(guard["ms"], p.backend, p.tables, p.extra)
+        return p
+
+    def _moe_table(
+        self, t: int, h: int, inter: int, topk: int, e: int, ep: int, modes: tuple, table_dist: str
+    ) -> tuple[Priced, int, int]:
+        """AIC's price of the moe op at t tokens (all ranks' tokens, as its collector routes them) and
+        EP ep, with the token range its rows measured at that EP."""
+        import aiconfigurator_core.sdk.operations as ops
+        from aiconfigurator_core.sdk import common
+
         for b, v in self.candidates():
             df = self.frame("moe", b, v, "moe_perf.parquet")
             if df is None:
@@ -351,13 +366,15 @@ class AicTables:
                 self._read(self.rel("moe", b, v, "moe_perf.parquet"))
                 op = ops.MoE("moe", 1, h, inter, topk, e, 1, ep, common.MoEQuantMode[mode], table_dist, 1)
                 ms = float(op._engine_query(self.db(b, v), x=t))
-                ks = sorted(set(sel[sel.moe_dtype == mode].kernel_source))
-                return Priced(
+                rows = sel[sel.moe_dtype == mode]
+                ks = sorted(set(rows.kernel_source))
+                priced = Priced(
                     ms,
                     self.label(b, v),
                     [self.rel("moe", b, v, "moe_perf.parquet")],
                     {"quant_mode": mode, "routing": table_dist, "kernel": ks[0]},
                 )
+                return priced, int(rows.num_tokens.min()), int(rows.num_tokens.max())
         raise _NoTable(
             f"no moe table for hidden {h} inter {inter} top-{topk} of {e} experts at ep {ep}, "
             f"{'/'.join(modes)}, {table_dist}"
@@ -613,6 +630,112 @@ class _NoTable(Exception):
     """The tables hold nothing for this record (it goes to "unpriced", with the reason)."""
 
 
+# ---- guarding the tables ---------------------------------------------------------------------------------------
+# AIC's moe rows time one GPU given the routing of ALL T tokens (its collector's single-GPU simulation of EP):
+# past one node their cost follows the global tokens, not the rank's rows. On the H200's vLLM table
+# (DeepSeek-V3's experts, fp8) EP64 at 16,384 tokens costs 9.43 ms against EP8's 12.06 ms at the same
+# tokens, though the EP64 rank holds 8x fewer experts and receives 8x fewer rows, and 5.7x EP8's 1.67 ms
+# for the same 2,048 rows per GPU (2,048 tokens at EP8). A rank holding fewer experts with the same rows
+# cannot cost more, so the same rows per GPU at EP MOE_REF_EP bound it.
+MOE_REF_EP = 8  # one node: the EP at which AIC's rows and a deployment's per-rank work agree
+MOE_GUARD_RATIO = 1.25  # a table price this far above the same rows per GPU at MOE_REF_EP is implausible
+MOE_GUARD_ORDER = (
+    "1. AIC's moe table, where the tokens are inside its measured range and the price is at most "
+    f"{MOE_GUARD_RATIO:g}x the same routed rows per GPU at EP {MOE_REF_EP} (AIC's table at tokens x "
+    f"{MOE_REF_EP} / EP); 2. the per-GPU re-pricing: the rank's own experts as gate+up and down GEMMs at "
+    "their rows (tokens x top-k / experts each) from AIC's GEMM table, plus their SwiGLU, routing-weight and "
+    "permute traffic at the roofline (no routing of other ranks' tokens); "
+    f"3. the same rows per GPU at EP {MOE_REF_EP}, an upper bound (that rank reads more experts' weights); "
+    "4. the roofline of the record on the system's datasheet (dsim.kernels.Roofline); 5. AIC's own "
+    "extrapolation, flagged. Read past its measured tokens but not above the bound, the table's "
+    "extrapolation (linear in tokens) is kept and flagged"
+)
+# AIC system -> dsim.kernels.HARDWARE key (the datasheet the roofline fallback reads)
+DATASHEET = {
+    "h100_sxm": "h100",
+    "h200_sxm": "h200",
+    "b200_sxm": "b200",
+    "b300_sxm": "b300",
+    "gb200": "gb200",
+    "gb300": "gb300",
+}
+
+
+def moe_as_gemms(tables: AicTables, rec: dict) -> float | None:
+    """The routed experts of one EP rank priced per GPU, without the global routing AIC's moe rows
+    carry: its E / ep experts, each a gate+up GEMM [rows, hidden] x [hidden, 2 inter] and a down
+    GEMM [rows, inter] x [inter, hidden] at rows = tokens x top-k / experts (uniform routing; the
+    composer's lockstep factor adds the slowest rank's excess), from the GEMM table, plus their
+    SwiGLU, routing-weight and permute traffic at the roofline (as compose.Pricer prices a one-expert
+    rank). None where a GEMM has no row or the system no datasheet."""
+    from dsim.kernels import Roofline
+
+    t, h, inter, topk, e, ep = _ints(rec, "tokens", "hidden", "inter", "topk", "experts", "ep")
+    hw = DATASHEET.get(tables.system)
+    if hw is None or ep == 0 or e % ep:
+        return None
+    local, rows = e // ep, max(1, round(t * topk / e))
+    try:
+        g = sum(tables.gemm(dict(dtype=rec["dtype"], m=rows, n=n_, k=k_)).ms for n_, k_ in ((2 * inter, h), (h, inter)))
+    except (_NoTable, InputError):
+        return None
+    ew = dict(op="elementwise", bytes=int(local * rows * (2 * inter * 2 + inter * 2 + 4 * h * 2)))
+    return local * g + Roofline(hardware=hw).ms(ew)
+
+
+def moe_guard(
+    tables: AicTables, rec: dict, ms: float, measured: tuple[int, int], modes: tuple, table_dist: str
+) -> dict | None:
+    """None where AIC's price of a moe record is read inside its measured tokens and is not above
+    MOE_GUARD_RATIO x the same routed rows per GPU at EP MOE_REF_EP; else what was found, the
+    fallback prices and the one used (MOE_GUARD_ORDER): {"reasons", "table_ms", "per_gpu_ms",
+    "bound_ms", "roofline_ms", "used", "ms"}."""
+    t, h, inter, topk, e, ep = _ints(rec, "tokens", "hidden", "inter", "topk", "experts", "ep")
+    lo, hi = measured
+    reasons = []
+    if not lo <= t <= hi:
+        reasons.append(f"{t} tokens outside the {lo}-{hi} AIC measured at ep {ep}")
+    bound = None  # (ms, inside its measured range)
+    if ep > MOE_REF_EP:
+        t_ref = max(1, round(t * MOE_REF_EP / ep))
+        try:
+            ref_p, rlo, rhi = tables._moe_table(t_ref, h, inter, topk, e, MOE_REF_EP, modes, table_dist)
+            bound = (ref_p.ms, rlo <= t_ref <= rhi)
+        except _NoTable:
+            bound = None
+        if bound is not None and ms > MOE_GUARD_RATIO * bound[0]:
+            reasons.append(
+                f"{ms:.3f} ms is {ms / bound[0]:.1f}x the same {t * topk // ep} routed rows per GPU at ep "
+                f"{MOE_REF_EP} ({t_ref} tokens: {bound[0]:.3f} ms)"
+            )
+    if not reasons:
+        return None
+    from dsim.kernels import Roofline
+
+    hw = DATASHEET.get(tables.system)
+    roof = Roofline(hardware=hw).ms(rec) if hw else None
+    per_gpu = moe_as_gemms(tables, rec)
+    if not (bound is not None and ms > MOE_GUARD_RATIO * bound[0]):  # read past its tokens, plausibly
+        used, v = "table (extrapolated past the measured tokens, linear in tokens)", ms
+    elif per_gpu is not None:
+        used, v = "per-GPU re-pricing (the rank's experts from the GEMM table)", per_gpu
+    elif bound[1]:
+        used, v = f"same rows per GPU at ep {MOE_REF_EP} (an upper bound)", bound[0]
+    elif roof is not None:
+        used, v = f"roofline ({hw} datasheet)", roof
+    else:
+        used, v = "table (extrapolated; no fallback)", ms
+    return dict(
+        reasons=reasons,
+        table_ms=round(ms, 6),
+        per_gpu_ms=round(per_gpu, 6) if per_gpu is not None else None,
+        bound_ms=round(bound[0], 6) if bound else None,
+        roofline_ms=round(roof, 6) if roof is not None else None,
+        used=used,
+        ms=round(v, 6),
+    )
+
+
 def infer_model(kind: str, heads: int) -> str | None:
     """The shipped model an attention record belongs to, from its kind and heads per GPU (TP 1 or 8)."""
     if kind == "mla":
@@ -672,10 +795,15 @@ def price_records(
             continue
         extra = dict(p.extra)
         includes = extra.pop("includes", None)
+        guard = extra.pop("guard", None)
         note = [f"table {p.tables[0]}"] + [v if k == "note" else f"{k} {v}" for k, v in extra.items()]
+        if guard:
+            note.append(f"guarded: {'; '.join(guard['reasons'])}; priced by the {guard['used']}")
         out = {**rec, "ms": round(p.ms, 6), "backend": p.backend, "note": "; ".join(str(x) for x in note)}
         if includes:
             out["includes"] = list(includes)
+        if guard:
+            out["guard"] = {k: v for k, v in guard.items() if k != "ms"}
         priced.append(out)
     return {"records": priced, "unpriced": unpriced, "files": sorted(tables.files_read)}
 
@@ -1003,9 +1131,29 @@ def kernel_table(name: str, system: str, backend: str, version: str, priced: dic
             "fallback_backend": " ".join(FALLBACK_BACKEND),
             "files": priced["files"],
             "moe_routing": "balanced (uniform: each token's k experts at a fixed stride) unless a record says",
+            **table_guard(priced["records"]),
         },
         "records": priced["records"],
         "unpriced": priced["unpriced"],
+    }
+
+
+def table_guard(records: list[dict]) -> dict:
+    """{"table_guard": ...} where records were guarded (moe_guard): how many, read how, in which order;
+    {} where none was."""
+    g = [r for r in records if r.get("guard")]
+    if not g:
+        return {}
+    used: dict[str, int] = {}
+    for r in g:
+        used[r["guard"]["used"]] = used.get(r["guard"]["used"], 0) + 1
+    return {
+        "table_guard": {
+            "records": len(g),
+            "priced_by": used,
+            "eps": sorted({int(r["ep"]) for r in g if "ep" in r}),
+            "order": MOE_GUARD_ORDER,
+        }
     }
 
 

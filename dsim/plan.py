@@ -661,6 +661,7 @@ def plan(
         "load_model": f"open loop: the trace's arrival process is fixed; N nodes share it via the {router} router",
         "profile": profile.label,
         "profile_kind": profile.provenance.get("kind"),
+        "profile_caveats": profile_caveats(profile.provenance),
         "acceptance": {n: res[n]["acceptance_source"] for n in specs},
         "gpus_per_node": gpus_per_node,
         "price_per_gpu_hour": cost.per_gpu_hour,
@@ -706,6 +707,20 @@ def hypothetical_lines(res: dict, method_names: Iterable[str]) -> list[str]:
             )
         elif r.get("model_can_run") is None and r.get("fit"):
             out.append(f"{r['label']}: {r['fit']}; not checked")
+    return out
+
+
+def profile_caveats(provenance: dict) -> list[str]:
+    """What a profile's provenance says its numbers lean on beyond its method: silicon-table records
+    guarded (dsim.kernels_aic.moe_guard) and measured attention terms left out (validator.gpu.profile
+    --no-attention-terms)."""
+    out = []
+    guard = (provenance.get("assumptions") or {}).get("table_guard")
+    if guard:
+        out.append(f"silicon tables guarded: {guard}")
+    att = provenance.get("attention_terms")
+    if isinstance(att, str) and ("missing" in att or "dropped" in att):
+        out.append(att)
     return out
 
 
@@ -783,6 +798,8 @@ def format_plan(res: dict, slos: Iterable[SLO], method_names: Iterable[str]) -> 
     lines.append(f"  load      : {a['load_model']}")
     lines.append(f"  classes   : {a['class_mix']}")
     lines += field_lines("  profile   : ", f"{a['profile']} (kind: {a['profile_kind']})")
+    for c in a.get("profile_caveats") or []:
+        lines += field_lines("  caveat    : ", c)
     for n, src in a["acceptance"].items():
         if src:
             lines.append(f"  acceptance: {n}: {src if len(src) < 160 else src[:157] + '...'}")
