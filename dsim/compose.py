@@ -1729,6 +1729,62 @@ def required_ops(
     return sorted((dict(r) for r in seen), key=lambda r: json.dumps(r, sort_keys=True))
 
 
+# ---------------------------------------------------------------------------------------- by hardware and backend
+BACKENDS = ("vllm", "sglang", "trtllm")  # the serving engines whose kernels AIC's tables measured
+
+
+def kernel_tables_for(hardware: str, backend: str, model: str, topology: str) -> KernelTable:
+    """The silicon-table kernel table of ``hardware`` x ``backend``: the shipped
+    profiles/kernels/<hardware>-aic-<backend>.json.gz where there is one, else priced for this model and
+    topology from AIC's tables on demand (dsim.kernels_aic.case_table; needs the aic extra)."""
+    from dsim.kernels import kernel_table_path
+
+    if backend not in BACKENDS:
+        raise InputError(f"--backend {backend!r}: one of {', '.join(BACKENDS)}")
+    if hardware not in HARDWARE:
+        raise InputError(f"--hardware {hardware!r}: one of {', '.join(sorted(HARDWARE))}")
+    shipped = kernel_table_path(f"{hardware}-aic-{backend}")
+    if shipped.is_file() and topology in ("dp8-ep8", "tp8-ep8"):
+        return load_kernel_table(str(shipped))
+    from dsim import kernels_aic
+
+    return kernels_aic.case_table(hardware, backend, model, topology)
+
+
+def compose_for(
+    model: str,
+    hardware: str,
+    backend: str = "vllm",
+    topology: str = "dp8-ep8",
+    *,
+    overlap: str = "none",
+    expert_dtype: str | None = None,
+    name: str | None = None,
+    **kw: Any,
+) -> Profile:
+    """A composed profile of ``model`` (profiles/models/<model>.json) on ``hardware`` (a dsim.kernels.HARDWARE
+    key: h100, h200, b200, b300, gb200, gb300) served by ``backend`` (vllm, sglang, trtllm: whose kernels
+    AIC's silicon tables measured) at ``topology``. Named <model>-<hardware>-<backend>-<topology>[-dbo];
+    provenance.hardware and provenance.backend say both. Other keywords go to compose_profile."""
+    m = load_model(model)
+    if expert_dtype:
+        if expert_dtype == "fp4" and HARDWARE[hardware]["fp4"] is None:
+            raise InputError(f"expert dtype fp4: {HARDWARE[hardware]['name']} has no FP4 tensor cores")
+        m = dataclasses.replace(m, expert_dtype=expert_dtype)
+    topo = parse_topology(topology)
+    table = kernel_tables_for(hardware, backend, model, topo.name)
+    label = f"{m.name}-{hardware}-{backend}-{topo.name}" + ("-dbo" if overlap == "dbo" else "")
+    cmd = (
+        f"dsim.compose.compose_for({model!r}, {hardware!r}, {backend!r}, {topology!r}"
+        + (f", overlap={overlap!r}" if overlap != "none" else "")
+        + (f", expert_dtype={expert_dtype!r}" if expert_dtype else "")
+        + ")"
+    )
+    prof = compose_profile(m, topo, hardware, table, name=name or label, overlap=overlap, command=cmd, **kw)
+    prof.provenance["backend"] = f"{backend} ({table.provenance.get('backend', table.provenance.get('engine'))})"
+    return prof
+
+
 # ---------------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m dsim.compose", description=__doc__.split("\n")[0])
@@ -1785,6 +1841,13 @@ def main(argv: list[str] | None = None) -> int:
         "--kernels",
         default=None,
         help="kernel table(s), comma-separated in order of preference (profiles/kernels/NAME.json); roofline if absent",
+    )
+    prof.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=None,
+        help="without --kernels: AIC's silicon tables of this serving engine on --hardware (shipped "
+        "<hardware>-aic-<backend> table, else priced on demand: the aic extra); the name carries it",
     )
     prof.add_argument("--prefer", default="", help="op=TABLE,...: the table asked first for that op kind")
     prof.add_argument("--zero-ops", default="", help="op kinds priced at 0, e.g. comm (a one-GPU shard check)")
@@ -1856,6 +1919,11 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write("\n")
             return 0
         table = [load_kernel_table(k.strip()) for k in a.kernels.split(",") if k.strip()] if a.kernels else None
+        if a.backend and table is None:
+            table = [kernel_tables_for(a.hardware, a.backend, model.name, topo.name)]
+            a.name = a.name or f"{model.name}-{a.hardware}-{a.backend}-{topo.name}" + (
+                "-dbo" if a.overlap == "dbo" else ""
+            )
         zero = frozenset(x.strip() for x in a.zero_ops.split(",") if x.strip())
         prefer = {}
         for item in (x.strip() for x in a.prefer.split(",") if x.strip()):
@@ -1898,6 +1966,8 @@ def main(argv: list[str] | None = None) -> int:
             eager_us_per_layer=a.eager_us_per_layer,
             block_pool=pool,
         )
+        if a.backend:
+            prof_.provenance["backend"] = a.backend
         save_profile(prof_, a.out)
         print(f"wrote {a.out}: {prof_.label}")
         return 0

@@ -75,6 +75,16 @@ SYSTEMS = {
     "l40s": "NVIDIA L40S",
     "rtx_pro_6000_server": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
 }
+# AIC system -> dsim.kernels.HARDWARE key (its datasheet: the roofline fallback, the composer's --hardware)
+DATASHEET = {
+    "h100_sxm": "h100",
+    "h200_sxm": "h200",
+    "b200_sxm": "b200",
+    "b300_sxm": "b300",
+    "gb200": "gb200",
+    "gb300": "gb300",
+}
+SYSTEM_OF = {hw: system for system, hw in DATASHEET.items()}  # dsim hardware -> AIC system
 # serving engines whose kernels AIC measured (its directory names), with the name users know them by
 BACKENDS = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
 
@@ -650,15 +660,6 @@ MOE_GUARD_ORDER = (
     "extrapolation, flagged. Read past its measured tokens but not above the bound, the table's "
     "extrapolation (linear in tokens) is kept and flagged"
 )
-# AIC system -> dsim.kernels.HARDWARE key (the datasheet the roofline fallback reads)
-DATASHEET = {
-    "h100_sxm": "h100",
-    "h200_sxm": "h200",
-    "b200_sxm": "b200",
-    "b300_sxm": "b300",
-    "gb200": "gb200",
-    "gb300": "gb300",
-}
 
 
 def moe_as_gemms(tables: AicTables, rec: dict) -> float | None:
@@ -1039,9 +1040,6 @@ def model_config(model: str) -> dict:
     return json.loads(path.read_text())
 
 
-HARDWARE_OF = {"b300_sxm": "b300", "h200_sxm": "h200"}
-
-
 def composer_records(model: str, topology: str, system: str, expert_dtype: str | None = None) -> list[dict]:
     """The records the composer looks up for a model, topology and system (dsim.compose required-ops)."""
     import dataclasses
@@ -1054,7 +1052,7 @@ def composer_records(model: str, topology: str, system: str, expert_dtype: str |
         m = dataclasses.replace(m, expert_dtype=expert_dtype)
     # without the capture limit + 1 point and the fixed-length DSpark drafter records (dspark@K): the pinned
     # tables were built before them, and the composer prices them by AIC's and its own interpolation
-    return required_ops(m, parse_topology(topology), HARDWARE_OF[system], new_points=False)
+    return required_ops(m, parse_topology(topology), DATASHEET[system], new_points=False)
 
 
 def grid_records(model: str, topology: str, system: str, required: list[dict] | None = None) -> list[dict]:
@@ -1260,7 +1258,12 @@ def build_table(
     merged: dict[tuple, dict] = {}
     unpriced: dict[tuple, dict] = {}
     clashes = 0
-    for model, topo, edt in cases or SHIPPED_CASES[system]:
+    cases = (
+        cases
+        or SHIPPED_CASES.get(system)
+        or [(m, t, None) for m in ("deepseek-v4-flash", "deepseek-v4-pro", "deepseek-v3") for t in TOPOLOGIES]
+    )
+    for model, topo, edt in cases:
         req = composer_records(model, topo, system, edt)
         got = price_records(req + grid_records(model, topo, system, req), system, backend, version, model, tables)
         c = model_config(model)
@@ -1278,7 +1281,7 @@ def build_table(
             merged[k] = r
         for u in got["unpriced"]:
             unpriced.setdefault(record_key(u), u)
-    cases_txt = ", ".join(f"{m} {t}" + (f" ({e} experts)" if e else "") for m, t, e in cases or SHIPPED_CASES[system])
+    cases_txt = ", ".join(f"{m} {t}" + (f" ({e} experts)" if e else "") for m, t, e in cases)
     return {
         "records": list(merged.values()),
         "unpriced": [u for k, u in unpriced.items() if k not in merged],
@@ -1286,6 +1289,40 @@ def build_table(
         "clashes": clashes,
         "cases": cases_txt,
     }
+
+
+def case_table(hardware: str, backend: str, model: str, topology: str, expert_dtype: str | None = None) -> Any:
+    """A kernel table for one composer case priced on demand from AIC's tables (the aic extra): the
+    composer's records and the fixed grid of ``model`` x ``topology`` on ``hardware`` (dsim's key: h100,
+    h200, b200, b300, gb200, gb300) with ``backend``'s tables (vllm, sglang, trtllm), as
+    ``python3 -m dsim.kernels_aic build`` prices them; guarded as build's. Returns a dsim.kernels.KernelTable
+    named <hardware>-aic-<backend>."""
+    from dsim.kernels import KernelTable
+
+    system = SYSTEM_OF.get(hardware)
+    if system is None:
+        raise InputError(
+            f"--hardware {hardware}: AIC has no kernel tables dsim can compose from for it "
+            f"(it composes on {', '.join(sorted(SYSTEM_OF))})"
+        )
+    version = default_version(system, backend)
+    if topology in TOPOLOGIES:  # the composer's records and the fixed grid over their shapes
+        priced = build_table(system, backend, version, [(model, topology, expert_dtype)])
+    else:  # (the fixed grid is written for the shipped topologies): the composer's own records
+        priced = _case_records(system, backend, version, model, topology, expert_dtype)
+    name = f"{hardware}-aic-{backend}"
+    cmd = f"dsim.kernels_aic.case_table({hardware!r}, {backend!r}, {model!r}, {topology!r})"
+    t = kernel_table(name, system, backend, version, priced, cmd, f"the composer's records for {model} {topology}")
+    return KernelTable(name=name, provenance=t["provenance"], records=t["records"])
+
+
+def _case_records(system: str, backend: str, version: str, model: str, topology: str, expert_dtype: str | None) -> dict:
+    """The composer's own records of a topology outside the fixed grid's (wide EP): priced, no grid."""
+    tables = AicTables(system, backend, version)
+    got = price_records(
+        composer_records(model, topology, system, expert_dtype), system, backend, version, model, tables
+    )
+    return {**got, "files": sorted(tables.files_read), "clashes": 0, "cases": f"{model} {topology}"}
 
 
 def _cmd_build(a) -> None:

@@ -1237,3 +1237,35 @@ def test_shard_repredict_counts_completed_hca_blocks(tmp_path):
     v3 = json.loads((base / "repredict-deepseek-v3-tp8-ep8.json").read_text())
     now3 = repredict(v3["profile"], json.loads(Path(v3["replay"]).read_text()), base / "steplogs")
     assert all(r["hca_blocks"] == 0 for log in now3.values() for r in log["rows"])
+
+
+def test_compose_for_takes_hardware_and_backend_and_names_both():
+    """compose_for(model, hardware, backend, topology): the shipped silicon-table kernel table of that
+    hardware and backend where there is one, the name and provenance carrying both; an unknown backend
+    or hardware is one input error naming the choices."""
+    from dsim.compose import compose_for
+    from dsim.errors import InputError
+
+    p = compose_for("deepseek-v3", "h200", "vllm", "dp8-ep8")
+    assert p.name == "deepseek-v3-h200-vllm-dp8-ep8" and p.provenance["backend"].startswith("vllm (vllm 0.24.0")
+    assert p.provenance["hardware"] == "8 x NVIDIA H200 SXM" and p.provenance["kind"] == "silicon-table"
+    assert "h200-aic-vllm" in p.provenance["method"]
+    with pytest.raises(InputError, match="one of vllm, sglang, trtllm"):
+        compose_for("deepseek-v3", "h200", "tensorrt")
+    with pytest.raises(InputError, match="--hardware 'h800'"):
+        compose_for("deepseek-v3", "h800")
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("aiconfigurator_core") is None, reason="the aic extra is not installed"
+)
+def test_compose_for_prices_unshipped_hardware_and_wide_ep_from_aic_on_demand():
+    """No shipped table for the H100: the composer's records are priced from AIC's h100_sxm tables on
+    demand; at EP16 AIC's moe rows are guarded (the rank's experts re-priced per GPU) and the profile's
+    assumptions say so."""
+    from dsim.compose import compose_for
+
+    p = compose_for("deepseek-v3", "h100", "vllm", "dp16-ep16")
+    assert p.name == "deepseek-v3-h100-vllm-dp16-ep16" and p.provenance["hardware"] == "16 x NVIDIA H100 SXM"
+    assert "h100-aic-vllm" in p.provenance["method"]
+    assert "moe records at ep [16] guarded, priced by per-GPU re-pricing" in p.provenance["assumptions"]["table_guard"]
