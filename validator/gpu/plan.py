@@ -104,6 +104,7 @@ def model_name(cfg: dict, path: str = "") -> str:
     return cfg.get("_name") or Path(path).stem
 
 
+ANCHOR_N = (1, 8, 64, 256, 512, 2048, 8192)  # the sweep's table sizes re-timed as anchors in each attention sweep
 # what a profile without the per-request attention terms misses (profile --no-attention-terms)
 ATTENTION_MISSING = (
     "attention terms missing (--no-attention-terms): format 1, attention priced by one KV slope, blind to how "

@@ -33,6 +33,7 @@ from dsim.errors import InputError
 from validator.gpu import model as M
 from validator.gpu.model import Timer, parse_split
 from validator.gpu.plan import (
+    ANCHOR_N,
     ATTENTION_MISSING,
     BLOCK_K,
     BLOCK_LAYERS,
@@ -345,7 +346,6 @@ def split_tune(device: torch.device, dtype: torch.dtype, timer: Timer, cfg_dims:
 
 
 # ---------------------------------------------------------------- attention sweeps
-ANCHOR_N = (1, 8, 64, 256, 512, 2048, 8192)  # table sizes re-timed as anchors in each attention sweep
 ATTENTION_SWEEPS = ("ctx", "grid", "busy")  # the files of a profile's attention terms, in timing order
 BUSY_PARTS = ("decode", "short", "one")  # plan.busy_plan's parts a complete profile times
 

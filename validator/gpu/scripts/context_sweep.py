@@ -27,7 +27,7 @@ PLANS = {"context": "ctx", "grid": "grid", "busy": "busy"}  # --plan -> profile.
 
 
 def main(argv: list[str] | None = None) -> None:
-    from validator.gpu.profile import ANCHOR_N
+    from validator.gpu.plan import ANCHOR_N
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)

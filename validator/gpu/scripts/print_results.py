@@ -73,15 +73,8 @@ def read_printed(text: str) -> dict[str, list[tuple[str, int, list[float]]]]:
 def _busy_file(model: str, got: list[tuple[str, int, list[float]]]) -> dict:
     """A busy sweep file (context_sweep.py --plan busy) from its printed points."""
     sys.path.insert(0, str(ROOT))
-    import importlib.util
-
     from validator.gpu import plan as P
     from validator.gpu import refit as RF
-
-    spec = importlib.util.spec_from_file_location("context_sweep", Path(__file__).with_name("context_sweep.py"))
-    assert spec is not None and spec.loader is not None
-    cs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cs)
 
     cfg = json.loads((ROOT / "profiles" / "models" / f"{model}.json").read_text())
     dims = P.model_dims(cfg)
@@ -93,7 +86,7 @@ def _busy_file(model: str, got: list[tuple[str, int, list[float]]]) -> dict:
         if any(g[0] == t for g in got)
     ]
     sweep = P.sweep_plan(caps, P.tail_sizes(P.CAPTURE_LIMIT), kv_budget_tokens=RF.sweep_budget(dims))
-    anchors = [P.StepShape(s.q, s.ctx, "anchor-" + s.tag) for s in sweep if s.tag in tags and s.n in cs.ANCHOR_N]
+    anchors = [P.StepShape(s.q, s.ctx, "anchor-" + s.tag) for s in sweep if s.tag in tags and s.n in P.ANCHOR_N]
     shapes = anchors + P.busy_plan(parts=parts)
     points = []
     for shape, (tag, n, reps) in zip(shapes, got):
