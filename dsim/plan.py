@@ -716,8 +716,10 @@ def profile_caveats(provenance: dict) -> list[str]:
     --no-attention-terms)."""
     out = []
     guard = (provenance.get("assumptions") or {}).get("table_guard")
-    if guard:
-        out.append(f"silicon tables guarded: {guard}")
+    if guard:  # the fallback order stays in the profile's provenance
+        out.append(
+            f"silicon tables guarded: {guard.split(' (fallback order:')[0]} (provenance.assumptions.table_guard)"
+        )
     att = provenance.get("attention_terms")
     if isinstance(att, str) and ("missing" in att or "dropped" in att):
         out.append(att)
