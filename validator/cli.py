@@ -556,8 +556,9 @@ def _gpu_main(module: str, args: list) -> None:
 
 @app.command("profile-gpu", context_settings=_PASS, add_help_option=False)
 def profile_gpu_cmd(ctx: typer.Context):
-    """Measure step costs of a model on a GPU (CUDA graphs at vLLM's capture sizes) and write an
-    H200-style profile: `python3 -m validator.gpu.profile` (its arguments; --help lists them)."""
+    """Measure step costs of a model on a GPU (CUDA graphs at vLLM's capture sizes) and write a complete
+    profile, per-request attention terms included, named from the GPU: `python3 -m validator.gpu.profile`
+    (its arguments; --help lists them)."""
     _gpu_main("profile", ctx.args)
 
 
@@ -570,8 +571,8 @@ def replay_gpu_cmd(ctx: typer.Context):
 
 @app.command("refit-gpu", context_settings=_PASS, add_help_option=False)
 def refit_gpu_cmd(ctx: typer.Context):
-    """Refit measured GPU profiles from their raw points with the current step model (no GPU):
-    `python3 -m validator.gpu.refit RAW.json ...`."""
+    """Refit measured GPU profiles from their raw points with the current step model (no GPU), into
+    --out DIR or --in-place: `python3 -m validator.gpu.refit RAW.json ...`."""
     _gpu_main("refit", ctx.args)
 
 
