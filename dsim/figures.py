@@ -12,6 +12,7 @@ trace ...; methods", the second line of every title. ``readable_log_axis(ax, "x"
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,13 +27,26 @@ METHOD_STYLE = {
     "dspark-fixed": ("#e377c2", "P"),
 }
 _SPARE = ("#2ca02c", "#8c564b", "#17becf", "#bcbd22", "#393b79", "#637939")
+#: the second line of a pair whose two methods share a colour (two lengths of one method); in
+#: neither map above, so it is never some other method's colour
+_PAIR_ALT = "#1b9e77"
+#: methods whose names carry a draft length ('mtp3', 'block8', 'dspark5'); other digits are part
+#: of the name ('eagle3')
+_LENGTHED = re.compile(r"(mtp|block|dspark)\d+")
 
 
 def method_key(name: str) -> str:
-    """The style key of a method name: 'mtp3' -> 'mtp', 'dspark5-fixed' -> 'dspark-fixed'."""
+    """The style key of a method name: the name itself when the map has it, else without a draft
+    length ('mtp3' -> 'mtp') and with '-adaptive' dropped ('dspark5-adaptive' -> 'dspark',
+    'dspark5-fixed' -> 'dspark-fixed'); 'eagle3' stays 'eagle3'."""
     n = str(name).lower()
+    if n in METHOD_STYLE:
+        return n
     fixed = n.endswith("-fixed")
-    base = n.removesuffix("-fixed").rstrip("0123456789")
+    base = n.removesuffix("-fixed").removesuffix("-adaptive")
+    m = _LENGTHED.fullmatch(base)
+    if m:
+        base = m.group(1)
     return f"{base}-fixed" if fixed else base
 
 
@@ -43,6 +57,13 @@ def method_style(name: str) -> tuple[str, str]:
         return METHOD_STYLE[key]
     h = int(hashlib.sha256(key.encode()).hexdigest(), 16)  # (stable across runs, unlike hash())
     return _SPARE[h % len(_SPARE)], "o"
+
+
+def pair_colours(name_a: str, name_b: str) -> tuple[str, str]:
+    """The two colours of an A/B figure, each the method's own; when both methods share one
+    (two lengths of one method) B gets a colour no method has."""
+    ca, cb = method_style(name_a)[0], method_style(name_b)[0]
+    return (ca, _PAIR_ALT) if ca == cb else (ca, cb)
 
 
 def pyplot() -> Any:

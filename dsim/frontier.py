@@ -373,14 +373,13 @@ def plot_comparison(
     """paper_frontier.png (Fig. 7 style: both frontiers, the SLA anchors and gains) and
     paper_load.png (Fig. 8 style: throughput per GPU and verify tokens per request vs
     concurrency per GPU). `context` (dsim.figures.context_line): the titles' second line."""
-    from dsim.figures import method_style, pyplot, save_figure, set_title
+    from dsim.figures import pair_colours, pyplot, save_figure, set_title
 
     plt = pyplot()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    cols = {c.a: method_style(c.a)[0], c.b: method_style(c.b)[0]}
-    if c.a != c.b and cols[c.a] == cols[c.b]:  # (two lengths of one method: tell them apart)
-        cols[c.b] = "#2ca02c"
+    ca, cb = pair_colours(c.a, c.b)
+    cols = {c.b: cb, c.a: ca}  # (c.a == c.b: one method, its own colour)
     fig, ax = plt.subplots(figsize=(6.6, 4.6))
     for name, f, lab in ((c.a, c.frontier_a, c.label_a), (c.b, c.frontier_b, c.label_b)):
         g = df[df.method == name]

@@ -21,7 +21,7 @@ import numpy as np
 
 from dsim.figures import (
     context_line,
-    method_style,
+    pair_colours,
     pyplot,
     readable_log_axis,
     save_figure,
@@ -146,12 +146,6 @@ def _inline(text: str) -> str:
     t = re.sub(r"`([^`]+)`", r"<code>\1</code>", t)
     t = re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", t)
     return t
-
-
-def _pair_colours(name_a: str, name_b: str) -> tuple[str, str]:
-    """The two methods' colours from the one method map (two lengths of one method told apart)."""
-    ca, cb = method_style(name_a)[0], method_style(name_b)[0]
-    return (ca, "#2ca02c") if ca == cb else (ca, cb)
 
 
 def _cdf_plot(cols_a, cols_b, la, lb, path, colours=("#1f77b4", "#d62728"), slos=(), context=""):
@@ -329,7 +323,7 @@ def ab_report(
 
     # ---- files ----
     ctx = context_line(profile, w0.source, [la, lb])
-    colours = _pair_colours(name_a, name_b)
+    colours = pair_colours(name_a, name_b)
     files = S.write_sweep(df, out, context=ctx, slos=slos)
     from dsim import frontier as F
 

@@ -45,8 +45,18 @@ def test_method_style_one_colour_per_method():
     assert FG.method_style("dspark5") == FG.METHOD_STYLE["dspark"]
     assert FG.method_style("dspark5-fixed") == FG.METHOD_STYLE["dspark-fixed"] != FG.METHOD_STYLE["dspark"]
     assert FG.method_style("medusa") == FG.method_style("medusa")  # a method outside the map: stable
-    assert R._pair_colours("mtp", "dspark") == (FG.METHOD_STYLE["mtp"][0], FG.METHOD_STYLE["dspark"][0])
-    assert len(set(R._pair_colours("dspark", "dspark5"))) == 2  # two lengths of one method told apart
+    # digits that are part of the name stay ('eagle3' is not a length of 'eagle')
+    assert FG.method_style("eagle3") == FG.METHOD_STYLE["eagle3"]
+    assert FG.method_style("block8") == FG.METHOD_STYLE["block"]
+    # DSpark keeps its colour however it is spelt
+    for spelling in ("dspark", "dspark5", "dspark-adaptive", "dspark5-adaptive", "DSpark"):
+        assert FG.method_style(spelling) == FG.METHOD_STYLE["dspark"], spelling
+    assert FG.pair_colours("mtp", "dspark") == (FG.METHOD_STYLE["mtp"][0], FG.METHOD_STYLE["dspark"][0])
+    pair = FG.pair_colours("dspark", "dspark5")  # two lengths of one method told apart...
+    assert len(set(pair)) == 2
+    # ... by a colour no method in the map or the spare palette has
+    others = {c for c, _ in FG.METHOD_STYLE.values()} | set(FG._SPARE)
+    assert pair[1] not in others
 
 
 def test_same_method_same_colour_across_figures(captured, tmp_path):
@@ -54,7 +64,7 @@ def test_same_method_same_colour_across_figures(captured, tmp_path):
     S.write_sweep(df, tmp_path, context="ctx")
     cols = {n: np.sort(np.random.default_rng(0).lognormal(3, 0.3, 200)) for n in ("ttft_ms", "tpot_ms")}
     # B listed first: its colour must still be the method's own
-    R._cdf_plot(cols, cols, "DSpark adaptive", "MTP-1", tmp_path / "c.png", R._pair_colours("dspark", "mtp"))
+    R._cdf_plot(cols, cols, "DSpark adaptive", "MTP-1", tmp_path / "c.png", FG.pair_colours("dspark", "mtp"))
     seen: dict = {}
     for ln in _lines(captured):
         lab = ln.get_label()
