@@ -4,7 +4,7 @@ was simulated, SLA lines, readable log axes, and the PNG writer.
 ``method_style(name) -> (colour, marker)``: one map for every figure (sweep, ab report, paper
 comparison), keyed by the method's name (``mtp``, ``mtp3``, ``dspark``, ``dspark5-fixed``, ...);
 a name outside the map gets a colour derived from the name itself, so it too keeps one colour
-everywhere. ``context_line(profile, workload_source, methods)`` -> "model on hardware, topology;
+everywhere. ``context_line(profile, workload, methods)`` -> "model on hardware, topology;
 trace ...; methods", the second line of every title. ``readable_log_axis(ax, "x")``: major ticks at
 1-2-5 per decade (or the data's own values), plain numbers, no minor labels.
 """
@@ -15,7 +15,10 @@ import hashlib
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dsim.workload import Workload
 
 #: method -> (colour, marker); the single map every figure reads
 METHOD_STYLE = {
@@ -83,18 +86,12 @@ def save_figure(fig: Any, path: str | Path) -> None:
     pyplot().close(fig)
 
 
-def trace_label(source: str) -> str:
-    """A workload's source cut to its name and the changes made to it ('default; rate x20')."""
-    name = str(source).split(":", 1)[0].strip()
-    keep = [
-        p.strip()
-        for p in str(source).split(";")[1:]
-        if any(w in p for w in ("first ", "rate", "window", "closed loop", "concurrency", "mix ")) and "fmt=" not in p
-    ]
-    return "; ".join([name, *keep])
+def trace_label(workload: Workload) -> str:
+    """A workload's name and the changes made to it ('default; first 150 requests; rate x20')."""
+    return "; ".join([workload.trace_name or "unnamed workload", *workload.changes])
 
 
-def context_line(profile: Any, workload_source: str | None = None, methods: Sequence[str] = ()) -> str:
+def context_line(profile: Any, workload: Workload | None = None, methods: Sequence[str] = ()) -> str:
     """'model on hardware, topology; trace ...; methods' for a figure's title."""
     prov = getattr(profile, "provenance", None) or {}
     model = prov.get("model") or getattr(profile, "name", "?")
@@ -103,8 +100,8 @@ def context_line(profile: Any, workload_source: str | None = None, methods: Sequ
     gpr = prov.get("gpus_per_replica")
     where = f"{topo}" if topo else (f"{gpr} GPU(s) per replica" if gpr else "")
     parts = [f"{model} on {hw}" + (f", {where}" if where else "")]
-    if workload_source:
-        parts.append(f"trace {trace_label(workload_source)}")
+    if workload is not None:
+        parts.append(f"trace {trace_label(workload)}")
     if methods:
         parts.append(" vs ".join(methods))
     return "; ".join(parts)

@@ -365,7 +365,7 @@ def sweep(
                     engine=eng,
                     router=run.router,
                 )
-            ctx = context_line(prof, base.source, list(dict.fromkeys(df["label"])))
+            ctx = context_line(prof, base, list(dict.fromkeys(df["label"])))
             written = S.write_sweep(df, tmp, context=ctx)
             comp_text, comp_files = _paper_comparison(df, list(specs), slas, prof, tmp, ctx)
             written_scn = write_scenario(tmp, run, "sweep", scn_source)

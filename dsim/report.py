@@ -322,7 +322,7 @@ def ab_report(
         runner.claim = None
 
     # ---- files ----
-    ctx = context_line(profile, w0.source, [la, lb])
+    ctx = context_line(profile, w0, [la, lb])
     colours = pair_colours(name_a, name_b)
     files = S.write_sweep(df, out, context=ctx, slos=slos)
     from dsim import frontier as F

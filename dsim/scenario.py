@@ -109,17 +109,14 @@ def build_workload(
         gaps[0] = 0.0
         if np.cumsum(gaps)[-1] > MAX_SPAN_S:
             raise InputError(f"--rate: {rate:g} req/s spreads {len(gaps)} requests over more than {MAX_SPAN_S:g} s")
-        w = dataclasses.replace(
-            w,
-            arrival_s=np.cumsum(gaps),
-            source=w.source + f"; arrivals re-drawn Poisson at {rate:g} req/s (seed {seed})",
+        w = w.changed(
+            f"arrivals re-drawn Poisson at {rate:g} req/s", detail=f" (seed {seed})", arrival_s=np.cumsum(gaps)
         )
     if concurrency is not None:
-        w = dataclasses.replace(
-            w,
+        w = w.changed(
+            f"closed loop, {concurrency} users",
             closed_loop_concurrency=int(concurrency),
             arrival_s=np.zeros(len(w.arrival_s)),
-            source=w.source + f"; closed loop, {concurrency} users",
         )
     return w
 

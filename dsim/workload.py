@@ -98,10 +98,12 @@ class Workload:
     prefix_hashes: list[np.ndarray] | None = None  # per request int64 block hashes
     prefix_block_tokens: int = MOONCAKE_BLOCK_TOKENS
     closed_loop_concurrency: int | None = None
-    source: str = ""
+    source: str = ""  # where it came from and everything done to it, in words
     class_mix_assumed: bool = False
     rows: np.ndarray | None = None  # int64, each request's data row in the trace file (0-based)
     locator: RowLocator | None = None  # data row -> "path:line" (for error messages)
+    trace_name: str = ""  # what a title calls it: the trace's name, its file's name, "synthetic"
+    changes: tuple[str, ...] = ()  # what was done to it, in order ("first 150 requests", "rate x20")
 
     def __post_init__(self):
         n = len(self.arrival_s)
@@ -197,15 +199,22 @@ class Workload:
     def save(self, path: str | Path, fmt: str = "auto") -> Path:
         return save_workload(self, path, fmt)
 
+    def changed(self, change: str, *, detail: str = "", **fields: Any) -> Workload:
+        """This workload with `fields` replaced and `change` recorded (in `changes` and, with
+        `detail` appended, in `source`)."""
+        return dataclasses.replace(
+            self, source=f"{self.source}; {change}{detail}", changes=(*self.changes, change), **fields
+        )
 
-def _take(w: Workload, idx: np.ndarray, *, rezero: bool, source: str) -> Workload:
+
+def _take(w: Workload, idx: np.ndarray, *, rezero: bool, change: str) -> Workload:
     arr = np.asarray(w.arrival_s[idx], dtype=np.float64)
     if len(arr) == 0:
-        raise InputError(f"{source}: empty workload (no requests selected)")
+        raise InputError(f"{w.source}; {change}: empty workload (no requests selected)")
     if rezero:
         arr = arr - arr[0]
-    return dataclasses.replace(
-        w,
+    return w.changed(
+        change,
         arrival_s=arr,
         prompt_tokens=np.array(w.prompt_tokens[idx]),
         output_tokens=np.array(w.output_tokens[idx]),
@@ -213,7 +222,6 @@ def _take(w: Workload, idx: np.ndarray, *, rezero: bool, source: str) -> Workloa
         session_id=np.array(w.session_id[idx]),
         prefix_hashes=None if w.prefix_hashes is None else [w.prefix_hashes[i] for i in np.arange(len(w))[idx]],
         rows=None if w.rows is None else np.array(w.rows[idx]),
-        source=source,
     )
 
 
@@ -222,7 +230,7 @@ def head(w: Workload, n: int) -> Workload:
     if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
         raise InputError(f"head: n must be an integer >= 1, got {n!r}")
     n = int(min(n, len(w)))
-    return _take(w, slice(0, n), rezero=False, source=f"{w.source}; first {n} requests")
+    return _take(w, slice(0, n), rezero=False, change=f"first {n} requests")
 
 
 def time_window(w: Workload, t0: float, t1: float) -> Workload:
@@ -238,7 +246,7 @@ def time_window(w: Workload, t0: float, t1: float) -> Workload:
     lo, hi = np.searchsorted(w.arrival_s, [t0, t1], side="left")
     if hi <= lo:
         raise InputError(f"time window [{t0:g}, {t1:g}) s holds no requests ({w.source})")
-    return _take(w, slice(lo, hi), rezero=True, source=f"{w.source}; window [{t0:g}, {t1:g}) s")
+    return _take(w, slice(lo, hi), rezero=True, change=f"window [{t0:g}, {t1:g}) s")
 
 
 def scale_rate(w: Workload, x: float) -> Workload:
@@ -252,7 +260,7 @@ def scale_rate(w: Workload, x: float) -> Workload:
         raise InputError(f"rate scale: {x:g} is out of range [{lo:g}, {hi:g}]")
     if w.closed_loop_concurrency is not None:
         raise InputError("rate scale: a closed-loop workload has no arrival rate (set the concurrency)")
-    return dataclasses.replace(w, arrival_s=w.arrival_s / x, source=f"{w.source}; rate x{x:g}")
+    return w.changed(f"rate x{x:g}", arrival_s=w.arrival_s / x)
 
 
 # --------------------------------------------------------------------------------------------
@@ -319,12 +327,12 @@ def assign_classes(w: Workload, mix: Any, seed: int = 0) -> Workload:
     """Assign classes by a mix (exact shares up to rounding, seeded order); flags it assumed."""
     mix = parse_mix(mix)
     cls = _mix_classes(len(w), mix, seed)
-    return dataclasses.replace(
-        w,
+    return w.changed(
+        f"classes assumed: mix {_fmt_mix(mix)}",
+        detail=f" seed={seed}",
         cls=cls,
         class_names=tuple(mix),
         class_mix_assumed=True,
-        source=f"{w.source}; classes assumed: mix {_fmt_mix(mix)} seed={seed}",
     )
 
 
@@ -1102,6 +1110,7 @@ def load_workload(
         class_mix_assumed=assumed,
         rows=rows,
         locator=locator,
+        trace_name=name or path.name,
     )
     if cls_raw is None or mix is not None:
         m = parse_mix(mix) if mix is not None else _default_mix_for(f, path, name)
@@ -1348,6 +1357,7 @@ def synthesize(
         closed_loop_concurrency=None if concurrency is None else int(concurrency),
         source="synthetic: " + ", ".join(desc),
         class_mix_assumed=True,
+        trace_name="synthetic",
     )
     return assign_classes(w, m, seed)
 

@@ -77,13 +77,31 @@ def test_same_method_same_colour_across_figures(captured, tmp_path):
 def test_titles_name_model_hardware_topology_trace_methods():
     from dsim.cost import load_profile
 
+    from dsim.scenario import build_workload
+
     prof = load_profile(None)  # the default: DeepSeek-V4-Flash on 8 x H200, dp8-ep8
-    src = "default: traces/default.jsonl (fmt=native-jsonl, 600 requests); first 150 requests; rate x20"
-    ctx = FG.context_line(prof, src, ["MTP-1", "DSpark adaptive"])
+    w = build_workload("default", requests=150, rate_scale=20)
+    ctx = FG.context_line(prof, w, ["MTP-1", "DSpark adaptive"])
     for part in ("deepseek-v4-flash", "H200", "dp8-ep8", "trace default", "first 150 requests", "rate x20",
                  "MTP-1 vs DSpark adaptive"):
         assert part in ctx, (part, ctx)
     assert "fmt=" not in ctx
+
+
+def test_trace_label_of_a_path_trace_re_timed(tmp_path):
+    # a trace without classes (the per-trace default mix is assumed) with its arrivals re-drawn:
+    # the title names the file and every change, in order
+    p = tmp_path / "conv.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{i:02d}.000000,{100 + i},{20 + i}\n" for i in range(40)))
+    from dsim.scenario import build_workload
+
+    w = build_workload(str(p), requests=30, rate=2.5, concurrency=None)
+    assert FG.trace_label(w) == (
+        "conv.csv; classes assumed: mix chat=0.6,code=0.2,math=0.2; first 30 requests; "
+        "arrivals re-drawn Poisson at 2.5 req/s"
+    )
+    assert FG.trace_label(build_workload(str(p), concurrency=4)).endswith("; closed loop, 4 users")
 
 
 def test_sweep_titles_and_tpot_sla_line(captured, tmp_path):
