@@ -211,7 +211,9 @@ def analytical_profile(
         ),
     }
     draft["dspark"] = Table(reqs, draft["block"].ms * 1.01)
-    model_name = cfg.get("_name") or Path(model_config).stem
+    from dsim.models import model_name as _model_name
+
+    model_name = _model_name(cfg, model_config)
     fmt2: dict[str, Any] = {}
     if eff.decode_row_ns is not None and gpus == 1 and "kv_lora_rank" not in cfg:
         fmt2 = _format2_terms(cfg, shape, hw, eff, kv_read_bpt)

@@ -192,6 +192,26 @@ class MoEModel:
         return w + min(self.index_topk, context / 4.0)
 
 
+def model_name(cfg: dict, path: str | Path) -> str:
+    """The model a config.json describes, as profiles and titles name it: dsim's ``_name``, else
+    the last part of Hugging Face's ``name_or_path`` / ``_name_or_path`` ('meta-llama/Llama-3.1-8B'
+    -> 'Llama-3.1-8B'), else the folder of a file called config.json (a downloaded model's folder
+    is its name), else the file's stem."""
+    given = cfg.get("_name")
+    if isinstance(given, str) and given.strip():
+        return given.strip()
+    for key in ("name_or_path", "_name_or_path"):
+        v = cfg.get(key)
+        if isinstance(v, str) and Path(v.strip().rstrip("/")).name not in ("", ".", ".."):
+            return Path(v.strip().rstrip("/")).name
+    p = Path(path)
+    if p.stem.lower() == "config":
+        folder = p.resolve().parent.name
+        if folder:
+            return folder
+    return p.stem
+
+
 def load_model(name_or_path: str) -> MoEModel:
     """A model by name (profiles/models/<name>.json) or a config.json path."""
     p = Path(name_or_path)
@@ -204,7 +224,7 @@ def load_model(name_or_path: str) -> MoEModel:
         cfg = json.loads(p.read_text())
     except json.JSONDecodeError as e:
         raise InputError(f"{p}:{e.lineno}: not valid JSON") from None
-    return model_from_config(cfg, name=p.stem, where=str(p))
+    return model_from_config(cfg, name=model_name(cfg, p), where=str(p))
 
 
 def model_from_config(cfg: dict, name: str, where: str = "<config>") -> MoEModel:

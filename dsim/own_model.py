@@ -149,10 +149,10 @@ def kernel_tables_for(hardware: str) -> list[str]:
 def moe_profile(config: str | Path, cfg: dict, hardware: str, topology: str | None, name: str | None) -> Profile:
     from dsim import compose as C
     from dsim.kernels import HARDWARE, load_kernel_table
-    from dsim.models import model_from_config
+    from dsim.models import model_from_config, model_name
 
     hw = _check_hardware(hardware, HARDWARE, "composer")
-    model = model_from_config(cfg, name=cfg.get("_name") or Path(config).stem, where=str(config))
+    model = model_from_config(cfg, name=model_name(cfg, config), where=str(config))
     topo = C.parse_topology(topology or MOE_TOPOLOGY)
     tables = kernel_tables_for(hw)
     cmd = _command(config, hw.upper(), None, topology)
@@ -189,14 +189,20 @@ def own_profile(
     name: str | None = None,
 ) -> Profile:
     """The profile of the model in `config` on `hardware`: dense -> dsim.analytical, MoE -> dsim.compose."""
+    from dsim.capability import heads_from_config
+
     cfg = read_config(config)
     if not is_moe(cfg):
         if topology:
             raise InputError(f"--topology {topology}: a dense model runs one replica per --gpus GPUs (no experts)")
-        return dense_profile(config, cfg, hardware, gpus, name)
-    if gpus:
-        raise InputError(f"--gpus {gpus}: a MoE model's GPUs come from --topology (e.g. {MOE_TOPOLOGY})")
-    return moe_profile(config, cfg, hardware, topology, name)
+        prof = dense_profile(config, cfg, hardware, gpus, name)
+    else:
+        if gpus:
+            raise InputError(f"--gpus {gpus}: a MoE model's GPUs come from --topology (e.g. {MOE_TOPOLOGY})")
+        prof = moe_profile(config, cfg, hardware, topology, name)
+    # the model's own heads, read from its config: the method check needs no profiles/models copy
+    prof.provenance["heads"] = sorted(heads_from_config(cfg))
+    return prof
 
 
 def describe(prof: Profile) -> list[str]:

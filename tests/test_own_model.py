@@ -112,3 +112,26 @@ def test_kernel_tables_for_each_hardware():
     assert kernel_tables_for("H200") == ["h200-aic-vllm", "h200-torch"]  # the default profile's tables
     assert kernel_tables_for("b300") == ["b300-aic-vllm"]
     assert kernel_tables_for("tpu9") == []  # none: the composer prices every op by the roofline
+
+
+def test_model_named_from_a_hugging_face_config_json(tmp_path):
+    from dsim.capability import method_fit
+
+    # a downloaded V4 checkpoint: <folder>/config.json, no dsim _name; it has one MTP layer
+    cfg = json.loads((MODELS / "deepseek-v4-flash.json").read_text())
+    cfg.pop("_name", None)
+    assert cfg["num_nextn_predict_layers"] == 1
+    (tmp_path / "DeepSeek-V4-Flash").mkdir()
+    (tmp_path / "DeepSeek-V4-Flash" / "config.json").write_text(json.dumps(cfg))
+    p = own_profile(tmp_path / "DeepSeek-V4-Flash" / "config.json", "H200")
+    assert p.provenance["model"] == "DeepSeek-V4-Flash" and "config" not in p.name
+    assert "mtp" in p.provenance["heads"]
+    assert method_fit("mtp", p).runnable is True
+    # Hugging Face's _name_or_path names it wherever the file lies; a dense model without MTP
+    # layers is known not to have the head (not "unknown")
+    dense = {**LLAMA_70B, "_name_or_path": "meta-llama/Llama-3.1-70B"}
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(dense))
+    d = own_profile(tmp_path / "m" / "config.json", "H200")
+    assert d.provenance["model"] == "Llama-3.1-70B" and d.name.startswith("analytical-Llama-3.1-70B-")
+    assert d.provenance["heads"] == [] and method_fit("mtp", d).runnable is False
