@@ -56,10 +56,59 @@ def is_moe(cfg: dict) -> bool:
     return any(int(cfg.get(k) or 0) > 0 for k in _MOE_KEYS)
 
 
-def _bytes_per_param(cfg: dict) -> tuple[float, str]:
-    q = cfg.get("quantization_config") or {}
-    if str(q.get("quant_method", "")).lower() == "fp8" or str(q.get("fmt", "")).lower().startswith("e4m3"):
-        return 1.0, "weights 1 byte per parameter (the config's fp8 quantization_config)"
+#: bits per weight of quantization methods whose config carries no ``bits`` (MXFP4: 4-bit values
+#: and one 8-bit scale per block of 32, per the OCP Microscaling Formats specification v1.0)
+_METHOD_BITS = {"fp8": 8.0, "mxfp4": 4.25}
+
+
+def _quant_bits(q: dict, where: str) -> float | None:
+    """Bits per weight a Hugging Face quantization_config states (None: it states none)."""
+    method = str(q.get("quant_method", "")).lower()
+    if method == "fp8" or str(q.get("fmt", "")).lower().startswith("e4m3"):
+        return 8.0
+    if method in _METHOD_BITS:
+        return _METHOD_BITS[method]
+    if method == "bitsandbytes":
+        return 4.0 if q.get("load_in_4bit") else 8.0 if q.get("load_in_8bit") else None
+    if method == "compressed-tensors":
+        groups = q.get("config_groups")
+        found = {
+            (g.get("weights") or {}).get("num_bits")
+            for g in (groups.values() if isinstance(groups, dict) else [])
+            if isinstance(g, dict) and isinstance(g.get("weights"), dict)
+        }
+        if len(found) > 1:
+            raise InputError(
+                f"{where}: quantization_config.config_groups: weights of {len(found)} bit widths "
+                f"({', '.join(map(str, sorted(found, key=str)))}); dsim prices one width for all weights"
+            )
+        bits = found.pop() if found else None
+    else:  # awq, gptq and the like name their width 'bits' ('w_bit' in older AWQ files)
+        bits = q.get("bits", q.get("w_bit"))
+    if bits is None:
+        return None
+    if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not 1 <= bits <= 16:
+        raise InputError(f"{where}: quantization_config: bits must be a number from 1 to 16, got {bits!r}")
+    return float(bits)
+
+
+def _bytes_per_param(cfg: dict, where: str = "<config>") -> tuple[float, str]:
+    q = cfg.get("quantization_config")
+    if q:
+        if not isinstance(q, dict):
+            raise InputError(f"{where}: quantization_config: expected an object, got {type(q).__name__}")
+        method = str(q.get("quant_method", "")) or "(none named)"
+        bits = _quant_bits(q, where)
+        if bits is None:
+            raise InputError(
+                f"{where}: quantization_config.quant_method {method}: unsupported (dsim reads fp8, mxfp4, "
+                "bitsandbytes, compressed-tensors' num_bits, or a 'bits' field as AWQ and GPTQ write)"
+            )
+        return bits / 8, (
+            f"weights {bits / 8:g} bytes per parameter (the config's {method} quantization_config, "
+            f"{bits:g} bits; group scales and modules it leaves unquantized priced the same)"
+            + ("; matrix peak taken as fp8's, as for any weights of 1 byte or less" if bits < 8 else "")
+        )
     dt = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
     return 2.0, f"weights 2 bytes per parameter (torch_dtype {dt}; served unquantized)"
 
@@ -93,7 +142,7 @@ def dense_profile(config: str | Path, cfg: dict, hardware: str, gpus: int | None
     from dsim import analytical as A
 
     hw = _check_hardware(hardware, A.HARDWARE, "analytical path")
-    bpp, bpp_why = _bytes_per_param(cfg)
+    bpp, bpp_why = _bytes_per_param(cfg, str(config))
     fit = _fit_path()
     if fit is not None:
         eff, fit_info = A.load_fit(fit)

@@ -135,3 +135,33 @@ def test_model_named_from_a_hugging_face_config_json(tmp_path):
     d = own_profile(tmp_path / "m" / "config.json", "H200")
     assert d.provenance["model"] == "Llama-3.1-70B" and d.name.startswith("analytical-Llama-3.1-70B-")
     assert d.provenance["heads"] == [] and method_fit("mtp", d).runnable is False
+
+
+@pytest.mark.parametrize(
+    ("qcfg", "bpp"),
+    [
+        ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}, 0.5),
+        ({"quant_method": "gptq", "bits": 8, "group_size": 128}, 1.0),
+        ({"quant_method": "compressed-tensors",
+          "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int"}}}}, 0.5),
+        ({"quant_method": "mxfp4"}, 4.25 / 8),
+        ({"quant_method": "fp8", "fmt": "e4m3"}, 1.0),
+    ],
+)
+def test_quantized_dense_config_priced_at_its_bits(tmp_path, qcfg, bpp):
+    cfg = tmp_path / "llama-70b-q.json"
+    cfg.write_text(json.dumps({**LLAMA_70B, "quantization_config": qcfg}))
+    p = own_profile(cfg, "H200")
+    assert p.provenance["assumptions"]["bytes_per_param"] == bpp
+    # 141 GB of bf16 weights need 2 H200s; at 1 byte or less they fit one
+    assert p.gpus_per_replica == 1
+    why = [a for a in p.provenance["basis"]["assumed"] if a.startswith("weights ")]
+    assert why and qcfg["quant_method"] in why[0] and "unquantized)" not in why[0]
+
+
+def test_unsupported_quantization_exit_2(tmp_path):
+    cfg = tmp_path / "q.json"
+    cfg.write_text(json.dumps({**LLAMA_70B, "quantization_config": {"quant_method": "hqq", "nbits": 4}}))
+    r = CliRunner().invoke(app, ["profile", str(cfg), "--out", str(tmp_path / "x.yaml")])
+    assert r.exit_code == 2 and "quant_method hqq: unsupported" in r.output and str(cfg) in r.output, r.output
+    assert not (tmp_path / "x.yaml").exists()
