@@ -14,7 +14,6 @@ the GPUs per replica chosen, drafter costs, a fit carried to other hardware).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +27,38 @@ DENSE_GPUS = (1, 2, 4, 8)
 #: the composer's default topology: the default scenario's (DeepSeek-V4-Flash on 8-GPU nodes)
 MOE_TOPOLOGY = "dp8-ep8"
 _MOE_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
+#: the architecture keys the analytical path and the composer read, each an integer where given
+#: (None is Hugging Face's "not used", e.g. sliding_window, q_lora_rank); sizes at least 1
+_POSITIVE_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "vocab_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+)
+_COUNT_KEYS = (
+    *_MOE_KEYS,
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "n_shared_experts",
+    "first_k_dense_replace",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "num_nextn_predict_layers",
+    "o_groups",
+    "o_lora_rank",
+    "sliding_window",
+    "index_n_heads",
+    "index_head_dim",
+    "index_topk",
+    "hc_mult",
+    "num_hash_layers",
+)
 
 
 def hardware_kinds() -> list[str]:
@@ -39,15 +70,22 @@ def hardware_kinds() -> list[str]:
 
 
 def read_config(path: str | Path) -> dict:
+    """The config.json as a dict, every architecture key dsim reads checked for its type (a bad
+    one is an InputError naming the file and the key)."""
+    from dsim import schema
+
     p = Path(path)
     if not p.is_file():
         raise InputError(f"{path}: model config not found (a Hugging Face style config.json)")
-    try:
-        cfg = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise InputError(f"{p}:{e.lineno}: not valid JSON") from None
+    cfg, doc = schema.read_document(p, kind="json")
     if not isinstance(cfg, dict):
         raise InputError(f"{p}: expected a JSON object (a config.json)")
+    for keys, lo in ((_POSITIVE_KEYS, 1), (_COUNT_KEYS, 0)):
+        for k in keys:
+            if cfg.get(k) is not None:
+                schema.integer(cfg[k], doc, k, lo=lo)
+    if "compress_ratios" in cfg:
+        schema.number_list(cfg["compress_ratios"], doc, "compress_ratios", lo=0, ints=True)
     return cfg
 
 

@@ -95,7 +95,13 @@ def test_bad_configs_exit_2(tmp_path):
         "broken.json": "{",
         "nokeys.json": json.dumps({"model_type": "llama"}),
         "mixtral.json": json.dumps({**LLAMA_70B, "model_type": "mixtral", "num_local_experts": 8}),
+        "text.json": json.dumps({**LLAMA_70B, "hidden_size": "abc"}),
+        "list.json": json.dumps({**LLAMA_70B, "num_experts": [1]}),
+        "float.json": json.dumps({**LLAMA_70B, "num_attention_heads": 63.5}),
+        "zero.json": json.dumps({**LLAMA_70B, "num_hidden_layers": 0}),
     }
+    keys = {"text.json": "hidden_size", "list.json": "num_experts", "float.json": "num_attention_heads",
+            "zero.json": "num_hidden_layers"}
     for fname, text in cases.items():
         p = tmp_path / fname
         if text is not None:
@@ -103,6 +109,8 @@ def test_bad_configs_exit_2(tmp_path):
         r = CliRunner().invoke(app, ["profile", str(p), "--out", str(tmp_path / "x.yaml")])
         assert r.exit_code == 2 and "dsim: error:" in r.output, (fname, r.output)
         assert len(r.output.strip().splitlines()) == 1, r.output
+        if fname in keys:  # a wrong type names the file and the key
+            assert f"{p}: {keys[fname]}:" in r.output, r.output
     assert not (tmp_path / "x.yaml").exists()
 
 
