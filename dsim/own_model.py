@@ -176,17 +176,37 @@ def _check_hardware(hardware: str, table: dict, path: str) -> str:
     )
 
 
+def tensor_parallel_problem(cfg: dict, gpus: int) -> str | None:
+    """Why vLLM cannot split this model over `gpus` GPUs by tensor parallelism (None: it can).
+    vLLM's rule (ModelConfig.verify_with_parallel_config, QKVParallelLinear): the attention heads
+    divide evenly over the GPUs, and the KV heads do too, or (fewer KV heads than GPUs) each is
+    replicated on a whole number of GPUs."""
+    heads = int(cfg["num_attention_heads"])
+    kv = int(cfg.get("num_key_value_heads") or heads)
+    if heads % gpus:
+        return f"{heads} attention heads do not divide over {gpus} GPUs (tensor parallelism)"
+    if (kv % gpus) if kv >= gpus else (gpus % kv):
+        return f"{kv} KV heads neither divide over {gpus} GPUs nor replicate evenly on them"
+    return None
+
+
 def dense_profile(config: str | Path, cfg: dict, hardware: str, gpus: int | None, name: str | None) -> Profile:
     from dsim import analytical as A
 
     hw = _check_hardware(hardware, A.HARDWARE, "analytical path")
+    if gpus:
+        problem = tensor_parallel_problem(cfg, gpus)
+        if problem:
+            raise InputError(f"--gpus {gpus}: {config}: {problem}; vLLM cannot serve it so")
     bpp, bpp_why = _bytes_per_param(cfg, str(config))
     fit = _fit_path()
     if fit is not None:
         eff, fit_info = A.load_fit(fit)
     else:  # pragma: no cover - the fit ships with dsim
         eff, fit_info = A.Efficiency(), None
-    tried = [gpus] if gpus else list(DENSE_GPUS)
+    tried = [gpus] if gpus else [g for g in DENSE_GPUS if tensor_parallel_problem(cfg, g) is None]
+    if not tried:
+        raise InputError(f"{config}: {tensor_parallel_problem(cfg, 2)}: no GPU count of 1, 2, 4, 8 splits it")
     last = ""
     for g in tried:
         try:

@@ -81,6 +81,10 @@ def test_moe_reproduces_shipped_composed_profile(hardware, shipped, tables):
     [
         (["--hardware", "TPU9"], "--hardware TPU9"),
         (["--gpus", "3", "--topology", "dp8-ep8"], "--topology"),
+        # Llama-3.1-8B: 32 attention heads, 8 KV heads; vLLM refuses these tensor-parallel sizes
+        (["--gpus", "3"], "--gpus 3: "),
+        (["--gpus", "5"], "32 attention heads do not divide over 5 GPUs"),
+        (["--gpus", "6"], "--gpus 6: "),
     ],
 )
 def test_bad_input_exit_2(tmp_path, args, needle):
@@ -173,3 +177,14 @@ def test_unsupported_quantization_exit_2(tmp_path):
     r = CliRunner().invoke(app, ["profile", str(cfg), "--out", str(tmp_path / "x.yaml")])
     assert r.exit_code == 2 and "quant_method hqq: unsupported" in r.output and str(cfg) in r.output, r.output
     assert not (tmp_path / "x.yaml").exists()
+
+
+def test_tensor_parallel_rule_is_vllms():
+    from dsim.own_model import tensor_parallel_problem
+
+    llama8b = json.loads((MODELS / "llama-3.1-8b.json").read_text())
+    assert [g for g in range(1, 9) if tensor_parallel_problem(llama8b, g) is None] == [1, 2, 4, 8]
+    # fewer KV heads than GPUs: each replicated on a whole number of GPUs (vLLM allows it)
+    gqa2 = {"num_attention_heads": 16, "num_key_value_heads": 2}
+    assert tensor_parallel_problem(gqa2, 8) is None and tensor_parallel_problem(gqa2, 4) is None
+    assert "KV heads" in tensor_parallel_problem({"num_attention_heads": 24, "num_key_value_heads": 3}, 2)
