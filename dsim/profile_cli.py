@@ -21,25 +21,26 @@ def profile(
     ),
     topology: Optional[str] = typer.Option(None, help="MoE: topology, e.g. dp8-ep8 (default) or tp8-ep8"),
     name: Optional[str] = typer.Option(None, help="profile name (default: from the model and hardware)"),
+    force: bool = typer.Option(False, "--force", help="overwrite an existing --out file"),
 ) -> None:
     """Profile your own model: dense models through the analytical roofline, MoE models through the
     kernel-op composer; prints what is measured and what is assumed."""
 
     def go() -> None:
-        from pathlib import Path
-
         from dsim.cost import save_profile
+        from dsim.outputs import check_file_target, staged_file
         from dsim.own_model import describe, own_profile
 
         if gpus is not None and not 1 <= gpus <= 8:
             raise InputError(f"--gpus: must be 1 to 8 (one node), got {gpus}")
-        if not Path(out).parent.is_dir():
-            raise InputError(f"--out {out}: folder {Path(out).parent} does not exist")
+        if check_file_target(out, "--out").exists() and not force:
+            raise InputError(f"--out {out}: exists (--force overwrites it)")
         try:
             prof = own_profile(config, hardware, gpus=gpus, topology=topology, name=name)
         except KeyError as e:
             raise InputError(f"{config}: missing key {e.args[0]!r}") from None
-        save_profile(prof, out)
+        with staged_file(out, "--out") as stage:
+            save_profile(prof, stage)
         for line in describe(prof):
             typer.echo(line)
         typer.echo(f"wrote {out} (use it: dsim plan --profile {out} --sla ...)")

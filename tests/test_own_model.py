@@ -188,3 +188,18 @@ def test_tensor_parallel_rule_is_vllms():
     gqa2 = {"num_attention_heads": 16, "num_key_value_heads": 2}
     assert tensor_parallel_problem(gqa2, 8) is None and tensor_parallel_problem(gqa2, 4) is None
     assert "KV heads" in tensor_parallel_problem({"num_attention_heads": 24, "num_key_value_heads": 3}, 2)
+
+
+def test_out_checked_and_not_overwritten(tmp_path):
+    cfg = str(MODELS / "llama-3.1-8b.json")
+    r = CliRunner().invoke(app, ["profile", cfg, "--out", str(tmp_path)])
+    assert r.exit_code == 2 and f"--out: {tmp_path}: is a directory" in r.output, r.output
+    r = CliRunner().invoke(app, ["profile", cfg, "--out", str(tmp_path / "no" / "x.yaml")])
+    assert r.exit_code == 2 and "does not exist" in r.output, r.output
+    out = tmp_path / "mine.yaml"
+    out.write_text("kept\n")
+    r = CliRunner().invoke(app, ["profile", cfg, "--out", str(out)])
+    assert r.exit_code == 2 and "exists (--force overwrites it)" in r.output and out.read_text() == "kept\n"
+    r = CliRunner().invoke(app, ["profile", cfg, "--out", str(out), "--force"])
+    assert r.exit_code == 0 and load_profile(str(out)).provenance["model"] == "llama-3.1-8b", r.output
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["mine.yaml"]  # no staging debris
