@@ -559,9 +559,10 @@ def summarize_method(
 
 
 def method_warnings(results: Sequence[dict], slos: Iterable[SLO]) -> list[dict]:
-    """The warnings (dsim.diagnostics) of a method's simulations at its answer's node count, one per
-    kind and message, with the seeds that raised it; plus the SLA percentiles that rest on too few
-    finished requests (the seed with the fewest)."""
+    """The warnings (dsim.diagnostics) of a method's simulations at its answer's node count, with the
+    seeds that raised them: few_finished one per message; every other kind once, with the worst
+    seed's value and message (each kind's value is worse the larger it is: it warns at or above
+    its threshold)."""
     from dsim.diagnostics import sla_warnings
 
     merged: dict = {}
@@ -570,7 +571,10 @@ def method_warnings(results: Sequence[dict], slos: Iterable[SLO]) -> list[dict]:
         ws = list(s.get("warnings", ())) + sla_warnings(slos, int(s["requests_completed"]))
         for w in ws:
             key = (w["kind"], w["message"]) if w["kind"] == "few_finished" else w["kind"]
-            merged.setdefault(key, {**w, "seeds": []})["seeds"].append(int(r["seed"]))
+            seen = merged.setdefault(key, {**w, "seeds": []})
+            if w["value"] > seen["value"]:
+                seen.update(w)
+            seen["seeds"].append(int(r["seed"]))
     return list(merged.values())
 
 

@@ -198,3 +198,17 @@ def test_sweep_points_carry_preemption_warning():
     text = S.format_sweep(df)
     assert "warnings (points a reader should not trust" in text and "no speculation at C=16:" in text
     assert "C=1:" not in text
+
+
+def test_method_warnings_keep_the_worst_seed():
+    from dsim.plan import method_warnings
+
+    def imbalance(share):
+        return {"kind": "replica_imbalance", "message": f"replica 0 of 8 holds {share:.0%}", "value": share * 8,
+                "threshold": 1.5}
+
+    results = [{"seed": s, "summary": {"requests_completed": 10_000, "warnings": [imbalance(x)]}}
+               for s, x in ((0, 0.25), (1, 0.6), (2, 0.3))]
+    (w,) = method_warnings(results, parse_sla("p50=20ms"))
+    assert w["value"] == pytest.approx(4.8) and w["message"] == "replica 0 of 8 holds 60%"
+    assert w["seeds"] == [0, 1, 2]
