@@ -67,8 +67,11 @@ PRICES: dict[str, Quote] = {
     ),
 }
 
-# GB200 / GB300 before B200 / B300: the word boundary keeps "GB200" from reading as "B200".
-_KIND = re.compile(r"\b(GB300|GB200|B300|B200|H200|H100)\b", re.IGNORECASE)
+# A kind stands alone (no letter or digit either side: "GB200" is not read as "B200"), or is
+# counted as hardware writes it: "8xH200", "H200x8"; an underscore separates ("H100_SXM").
+_KIND = re.compile(
+    r"(?:(?<![A-Za-z0-9])|(?<=\dx))(GB300|GB200|B300|B200|H200|H100)(?:(?![A-Za-z0-9])|(?=x\d))", re.IGNORECASE
+)
 
 
 def gpu_kind(hardware: str | None) -> str | None:

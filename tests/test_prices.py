@@ -24,6 +24,14 @@ from dsim.sim import SpecConfig
         ("", None),
         (None, None),
         ("NVIDIA H100 and H200", None),  # two kinds: no single price fits
+        ("8xH200", "H200"),  # counted as hardware is often written
+        ("8X H200", "H200"),
+        ("H200x8", "H200"),
+        ("H100_SXM", "H100"),
+        ("nvidia_h100_80gb", "H100"),
+        ("4xGB200", "GB200"),  # still not B200
+        ("H2000", None),
+        ("XH200", None),
     ],
 )
 def test_gpu_kind(hardware, kind):
