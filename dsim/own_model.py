@@ -8,8 +8,9 @@ where they have no record). ``hardware_kinds()`` lists the hardware either path 
 (their ``HARDWARE`` tables), so a GPU added there is offered here with no change to this module.
 
 Every profile leaves with ``provenance.basis``: what is measured (kernel tables, a fit on
-measured profiles, datasheet figures) and what is assumed (the roofline's shape, weight bytes,
-the GPUs per replica chosen, drafter costs, a fit carried to other hardware).
+measured profiles), what is stated by a vendor (datasheet peaks) and what is assumed (the
+roofline's shape, weight bytes, the GPUs per replica chosen, drafter costs, a fit carried to
+other hardware).
 """
 
 from __future__ import annotations
@@ -218,7 +219,9 @@ def dense_profile(config: str | Path, cfg: dict, hardware: str, gpus: int | None
             last = str(e)
     else:
         raise InputError(f"{config}: {last}" if gpus else f"{config}: weights do not fit 8 x {hw} (one node)")
-    measured = [f"hardware figures: {prof.provenance.get('hardware_source')}"]
+    measured: list[str] = []
+    # datasheet peaks are the vendor's stated figures, not measured on the hardware
+    stated = [f"hardware figures: {prof.provenance.get('hardware_source')}"]
     assumed = [
         "roofline step cost: weight and KV bytes over HBM bandwidth, FLOPs over matrix peak, NVLink all-reduce",
         bpp_why,
@@ -235,7 +238,12 @@ def dense_profile(config: str | Path, cfg: dict, hardware: str, gpus: int | None
             assumed.append(f"the H200 efficiency fit carried to {hw} (no measured {hw} profile)")
     else:  # pragma: no cover
         assumed.append("efficiencies: stated defaults, not fitted")
-    prof.provenance["basis"] = {"path": "analytical (dense)", "measured": measured, "assumed": assumed}
+    prof.provenance["basis"] = {
+        "path": "analytical (dense)",
+        "measured": measured,
+        "stated": stated,
+        "assumed": assumed,
+    }
     prof.provenance["command"] = _command(config, hw, gpus, None)
     return prof
 
@@ -317,5 +325,6 @@ def describe(prof: Profile) -> list[str]:
     b: dict[str, Any] = prof.provenance.get("basis", {})
     out = [f"profile  : {prof.label}", f"path     : {b.get('path', '?')}"]
     out += [f"measured : {m}" for m in b.get("measured", [])] or ["measured : nothing (every figure assumed)"]
+    out += [f"stated   : {s}" for s in b.get("stated", [])]
     out += [f"assumed  : {a}" for a in b.get("assumed", [])]
     return out

@@ -38,6 +38,9 @@ def test_dense_reproduces_shipped_analytical_profile(tmp_path):
     assert np.array_equal(got.forward.ms, ref.forward.ms) and got.kv_cache_gib == ref.kv_cache_gib
     basis = got.provenance["basis"]
     assert basis["path"] == "analytical (dense)" and basis["measured"] and basis["assumed"]
+    # the datasheet's peaks are the vendor's statement, not a measurement
+    assert not any("datasheet" in m for m in basis["measured"])
+    assert any("datasheet" in s for s in basis["stated"]) and "stated   : hardware figures: " in r.output
     assert not any("carried to" in a for a in basis["assumed"])  # H200: the fit's own hardware
     assert got.provenance["command"].startswith("dsim profile ")
 
