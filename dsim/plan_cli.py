@@ -153,8 +153,7 @@ def check_fit(
     """The profile fits a node, the largest fleet (``nodes``, from the flag ``nodes_flag``) stays
     within a simulation's replicas, and every request fits its context and KV cache, for every
     method (fail fast, before the worker processes start)."""
-    import math
-
+    from dsim.prices import price_for
     from dsim.sim import check_fleet, check_requests_fit
 
     if profile.gpus_per_replica > gpus_per_node:
@@ -163,8 +162,8 @@ def check_fit(
             f"a node has {gpus_per_node} (--gpus-per-node)"
         )
     check_fleet(nodes, gpus_per_node, profile, nodes_flag)
-    if price is not None and not (math.isfinite(price) and price > 0):
-        raise InputError(f"--price-per-gpu-hour: must be a finite number > 0, got {price}")
+    if price is not None:
+        price_for(None, price)  # (its check of a given price)
     for w in workloads:
         for sp in specs:
             check_requests_fit(w, profile, sp)

@@ -35,13 +35,6 @@ class Quote:
     date: str | None
     note: str = ""
 
-    def describe(self) -> str:
-        if self.on_demand is None:
-            return f"{self.gpu}: no public per-GPU-hour quote ({self.note})"
-        spot = f", ${self.spot:.2f} spot" if self.spot is not None else ", no spot quote"
-        note = f"; {self.note}" if self.note else ""
-        return f"{self.gpu}: ${self.on_demand:.2f}/GPU-hour on demand{spot} ({self.source}, {self.date}{note})"
-
 
 #: GPU kind -> public quote. Update a row with its source and date; never fill a kind from another.
 PRICES: dict[str, Quote] = {
@@ -93,7 +86,6 @@ class Price:
     source: str
     date: str | None
     gpu: str | None
-    given: bool = False
 
     def describe(self) -> str:
         if self.per_gpu_hour is None:
@@ -108,7 +100,7 @@ def price_for(hardware: str | None, given: float | None = None) -> Price:
     if given is not None:
         if not (isinstance(given, (int, float)) and given > 0 and given < float("inf")):
             raise InputError(f"--price-per-gpu-hour: must be a finite number > 0, got {given}")
-        return Price(float(given), None, "given on the command line (--price-per-gpu-hour)", None, kind, True)
+        return Price(float(given), None, "given on the command line (--price-per-gpu-hour)", None, kind)
     q = PRICES.get(kind) if kind else None
     if q is None or q.on_demand is None:
         what = (

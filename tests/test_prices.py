@@ -64,8 +64,8 @@ def test_own_quote_per_kind_never_another():
 
 def test_given_price_wins_and_is_checked():
     p = price_for("8 x NVIDIA B300 SXM", 7.5)
-    assert p.per_gpu_hour == 7.5 and p.spot_per_gpu_hour is None and p.given
-    assert "--price-per-gpu-hour" in p.source
+    assert p.per_gpu_hour == 7.5 and p.spot_per_gpu_hour is None
+    assert p.source == "given on the command line (--price-per-gpu-hour)"
     for bad in (0.0, -1.0, float("inf"), float("nan")):
         with pytest.raises(InputError):
             price_for("NVIDIA H200", bad)
