@@ -195,21 +195,22 @@ class MoEModel:
 def model_name(cfg: dict, path: str | Path) -> str:
     """The model a config.json describes, as profiles and titles name it: dsim's ``_name``, else
     the last part of Hugging Face's ``name_or_path`` / ``_name_or_path`` ('meta-llama/Llama-3.1-8B'
-    -> 'Llama-3.1-8B'), else the folder of a file called config.json (a downloaded model's folder
-    is its name), else the file's stem."""
+    -> 'llama-3.1-8b'), else the folder of a file called config.json (a downloaded model's folder
+    is its name), else the file's stem; lower case like dsim's model ids (profiles/models/, a
+    preset's ``models:``), so 'DeepSeek-V4-Flash' is the shipped deepseek-v4-flash."""
     given = cfg.get("_name")
     if isinstance(given, str) and given.strip():
         return given.strip()
     for key in ("name_or_path", "_name_or_path"):
         v = cfg.get(key)
         if isinstance(v, str) and Path(v.strip().rstrip("/")).name not in ("", ".", ".."):
-            return Path(v.strip().rstrip("/")).name
+            return Path(v.strip().rstrip("/")).name.lower()
     p = Path(path)
     if p.stem.lower() == "config":
         folder = p.resolve().parent.name
         if folder:
-            return folder
-    return p.stem
+            return folder.lower()
+    return p.stem.lower()
 
 
 def load_model(name_or_path: str) -> MoEModel:

@@ -139,7 +139,7 @@ def test_model_named_from_a_hugging_face_config_json(tmp_path):
     (tmp_path / "DeepSeek-V4-Flash").mkdir()
     (tmp_path / "DeepSeek-V4-Flash" / "config.json").write_text(json.dumps(cfg))
     p = own_profile(tmp_path / "DeepSeek-V4-Flash" / "config.json", "H200")
-    assert p.provenance["model"] == "DeepSeek-V4-Flash" and "config" not in p.name
+    assert p.provenance["model"] == "deepseek-v4-flash" and "config" not in p.name  # dsim's model id
     assert "mtp" in p.provenance["heads"]
     assert method_fit("mtp", p).runnable is True
     # Hugging Face's _name_or_path names it wherever the file lies; a dense model without MTP
@@ -148,7 +148,7 @@ def test_model_named_from_a_hugging_face_config_json(tmp_path):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps(dense))
     d = own_profile(tmp_path / "m" / "config.json", "H200")
-    assert d.provenance["model"] == "Llama-3.1-70B" and d.name.startswith("analytical-Llama-3.1-70B-")
+    assert d.provenance["model"] == "llama-3.1-70b" and d.name.startswith("analytical-llama-3.1-70b-")
     assert d.provenance["heads"] == [] and method_fit("mtp", d).runnable is False
 
 
