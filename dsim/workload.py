@@ -345,7 +345,9 @@ def _repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
-def _trace_dir() -> Path:
+def trace_dir() -> Path:
+    """Where the public traces are read from: $DSIM_TRACE_DIR, else ../shared/traces next to the
+    source tree."""
     env = os.environ.get("DSIM_TRACE_DIR")
     if env:
         return Path(env).expanduser()
@@ -382,7 +384,7 @@ def resolve_trace(path_or_name: str | Path) -> tuple[Path, str | None]:
     if s == "default":
         return _default_path(), "default"
     if s in TRACE_FILES:
-        d = _trace_dir()
+        d = trace_dir()
         q = d / TRACE_FILES[s]
         if not q.is_file():
             raise InputError(

@@ -268,6 +268,7 @@ def _simulate(profile, method="dspark", prefix=False, requests=60, concurrency=1
     return simulate(SimConfig(workload=w, profile=profile, spec=spec, engine=eng, gpus_per_node=1))
 
 
+@pytest.mark.needs_traces("azure-conv")
 def test_engine_zero_terms_change_nothing():
     base = dataclasses.replace(
         C.load_profile("h200-llama-3.1-8b"), format_version=1, attention=None, prefill_attn_ms_per_mpair=1.4
@@ -283,6 +284,7 @@ def test_engine_zero_terms_change_nothing():
     assert a.shapes == b.shapes
 
 
+@pytest.mark.needs_traces("azure-conv")
 @pytest.mark.parametrize("method", ["dspark", "none"])
 def test_engine_step_costs_are_the_cost_interfaces(method):
     """Every recorded step's forward cost is the cost model's on the recorded shape (single steps

@@ -315,6 +315,7 @@ def test_determinism_byte_identical_summary():
 
 
 
+@pytest.mark.needs_traces("azure-conv")
 @pytest.mark.parametrize("method", ["none", "mtp", "dspark"])
 def test_step_table_not_kept_changes_no_result(method):
     """keep_steps=False (the plan's simulations) writes no step rows, and changes nothing else:

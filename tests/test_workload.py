@@ -22,11 +22,11 @@ from dsim.workload import (
     save_workload,
     synthesize,
     synthesize as _synth,
+    trace_dir,
 )
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared" / "traces"
-needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/traces not present")
+SHARED = trace_dir()  # $DSIM_TRACE_DIR or ../shared/traces
 
 # rows, input mean, output mean, rate/s (shared/traces/README.md)
 REAL = {
@@ -47,7 +47,7 @@ def _trace_dir(monkeypatch):
 # ------------------------------------------------------------------------------------------
 
 
-@needs_shared
+@pytest.mark.needs_traces(*(name for name, *_ in REAL.values()))
 def test_every_shared_trace_loads_with_readme_counts():
     files = sorted(p.name for p in SHARED.iterdir() if p.suffix in (".csv", ".jsonl"))
     assert files, "no traces found"
@@ -76,7 +76,7 @@ def test_every_shared_trace_loads_with_readme_counts():
             assert w.prefix_hashes is None
 
 
-@needs_shared
+@pytest.mark.needs_traces("azure-code", "azure-conv", "mooncake-conversation", "mooncake-synthetic")
 def test_names_and_default_class_mix():
     code = load_workload("azure-code")
     assert code.class_names == ("code",) and np.all(code.cls == 0) and code.class_mix_assumed
