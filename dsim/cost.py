@@ -503,7 +503,7 @@ def _makespan(c, L, kv_heads, qblocks, slots, longest):  # pragma: no cover - co
     for p in range((size - 2) // 4, -1, -1):  # heapify bottom-up
         _sift_down(free, size, p, free[p])
     for x in range(slots, m * kv_heads):  # the rest, each on the earliest-free slot
-        _sift_down(free, size, 0, free[0] + dur[x % m])
+        _sift_down(free, size, np.int64(0), free[0] + dur[x % m])  # (not a literal: one specialization)
     mx = free[0]
     for x in range(slots):
         mx = max(mx, free[x])

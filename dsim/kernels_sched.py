@@ -25,6 +25,13 @@ them out of Python, one call a step instead of a few Python statements a request
 hits are looked up by the caller (a dict of block hashes) and passed in as counts: admission
 never changes which blocks are cached, only the LRU order, which the caller applies afterwards
 for the candidates the kernel considered.
+
+Literal arguments: numba compiles a compiled function once more for each literal it is passed
+from another compiled function (``plan_decodes(..., 1, ...)`` types its argument as
+``Literal[int](1)``, not int64), and for a variable's first literal value while typing goes on
+(``n = 0`` later reassigned). The calls between kernels therefore pass ``np.int64(...)`` /
+``np.bool_(...)``, so that each kernel is compiled once, with the types that Python's calls give
+it (the cold start's compile time; docs/performance.md "Compile time").
 """
 
 from __future__ import annotations
@@ -161,8 +168,8 @@ def schedule_step(req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits,
     left = budget - n_dec * (1 + K)
     if left < 0:
         left = 0
-    n_pre_sample = 0
-    kv_pre = 0
+    n_pre_sample = np.int64(0)  # (typed int64 from the start: see "Literal arguments" above)
+    kv_pre = np.int64(0)
     run_tokens = 0
     grow = 0
     for i in range(n_pre):
@@ -245,7 +252,7 @@ def plan_general(req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits, 
     # (the budget priced with the running prefills' chunks only, as Replica._plan_step prices it)
     extra = prefill_ms_compiled(pre_mode, pre_coef, chunks, req_i[COMPUTED], pre, n_run) if adaptive else 0.0
     v0, _ = plan_decodes(
-        key, I, X, n_dec, K, 1, head, draw_f[0], draw_f[1], draw_f[2], draw_f[3], draw_f[4], adaptive, code, tau, cp,
+        key, I, X, n_dec, K, np.int64(1), head, draw_f[0], draw_f[1], draw_f[2], draw_f[3], draw_f[4], adaptive, code, tau, cp,
         cp2, row, extra, ctx_ms_per_tok, N, budget, mode, conf, lead, verified, cap,
     )  # fmt: skip
     return st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen, True, v0
@@ -321,7 +328,8 @@ def commit_step(I, F, X, n, K, verified, cap, lead, given, hist, itl_ms, slot_ou
     full-block accepted, emitted by the decodes, slots live, slots removed, smallest remaining
     output or a lower bound, KV tokens removed, new slots m, prefill blocks released, the new
     slots' KV tokens, prefills left, resumed gaps)."""
-    m = freed = kv_new = n_late = 0
+    m = np.int64(0)
+    freed = kv_new = n_late = 0
     w_pre = n_pre
     if n_pre > 0:
         m, freed, kv_new, w_pre, n_late = commit_prefills(req_i, req_f, pre, n_pre, chunks, t_now, moved, late)
@@ -329,7 +337,7 @@ def commit_step(I, F, X, n, K, verified, cap, lead, given, hist, itl_ms, slot_ou
     ml = left_lb
     if n > 0:
         vt, at, lt, et, ml = commit_decodes(
-            I, F, n, 1, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out, X, conf, cp, cp2
+            I, F, n, np.int64(1), K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out, X, conf, cp, cp2
         )
         if itl_mode > 0:
             k = j
@@ -493,8 +501,9 @@ def run_general_steps(req_i, req_f, pre, chunks, waitq, I, F, X, slot_rows, move
                 lvc = np.empty((3, 1, n), np.int64)
                 sched_st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen, drawn, v0 = (
                     plan_general(
-                        req_i, req_f, pre, n_run0, chunks, waitq, w_head, w_tail, no_cut, -1, I, X, n, K,
-                        pi[P_LOOKAHEAD], kv_dec, pi[P_TOTAL_BLOCKS], st[S_PREBLOCKS], budget, pi[P_THR], max_seqs, True,
+                        req_i, req_f, pre, n_run0, chunks, waitq, w_head, w_tail, no_cut, np.int64(-1), I, X, n, K,
+                        pi[P_LOOKAHEAD], kv_dec, pi[P_TOTAL_BLOCKS], st[S_PREBLOCKS], budget, pi[P_THR], max_seqs,
+                        np.bool_(True),
                         pi[P_CONSUMER] != 0, st[S_ADMITSEQ], now, key, pi[P_HEAD], draw_f, adaptive, pi[P_CODE],
                         pf[PF_TAU], cp, pi[P_CP2], pi[P_MODE], dense, pf[PF_KV_MS_PER_TOK], cpu_ms + draft_tab[n],
                         pf[PF_CTX_MS_PER_TOK], pi[P_PRE_MODE], pre_coef, row_buf, conf, lvc[0], lvc[1], lvc[2],
@@ -506,8 +515,9 @@ def run_general_steps(req_i, req_f, pre, chunks, waitq, I, F, X, slot_rows, move
                 v0 = 0
                 sched_st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen = (
                     schedule_step(
-                        req_i, req_f, pre, n_run0, chunks, waitq, w_head, w_tail, no_cut, -1, I, n, K, pi[P_LOOKAHEAD],
-                        kv_dec, pi[P_TOTAL_BLOCKS], st[S_PREBLOCKS], budget, pi[P_THR], max_seqs, True,
+                        req_i, req_f, pre, n_run0, chunks, waitq, w_head, w_tail, no_cut, np.int64(-1), I, n, K,
+                        pi[P_LOOKAHEAD], kv_dec, pi[P_TOTAL_BLOCKS], st[S_PREBLOCKS], budget, pi[P_THR], max_seqs,
+                        np.bool_(True),
                         pi[P_CONSUMER] != 0, st[S_ADMITSEQ], now,
                     )
                 )  # fmt: skip

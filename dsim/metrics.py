@@ -62,8 +62,9 @@ def _select_weighted(v, w, targets):  # pragma: no cover - compiled
     b = np.empty(n)
     for q in range(len(targets)):
         t = targets[q]
-        a[:] = v
-        b[:] = w
+        for m in range(n):  # (element by element: a slice assignment compiles its shape error's message)
+            a[m] = v[m]
+            b[m] = w[m]
         lo, hi = 0, n
         below = 0.0  # the weight of the values below a[lo:hi]
         while True:
