@@ -18,6 +18,7 @@ from pathlib import Path
 import typer
 
 from dsim import (
+    compile_notice,
     plan_cli,  # noqa: F401  (registers plan, sweep and ab on dsim.cli.app)
     profile_cli,  # noqa: F401  (registers profile on dsim.cli.app)
 )
@@ -77,5 +78,9 @@ mount_plugins(app)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The `dsim` console script and `python -m dsim`."""
+    """The `dsim` console script and `python -m dsim`. As a process's command (no argv given), a
+    first run's kernel compiles are announced on stderr (dsim.compile_notice); a caller that
+    passes argv (in-process use, tests) keeps its stderr as it was."""
+    if argv is None:
+        compile_notice.install()
     _run(argv)
