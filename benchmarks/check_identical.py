@@ -110,7 +110,10 @@ del CONFIGS["c128-dspark-paper-sglang-fixed"]
 def run(tree: Path, cfg: str) -> str:
     code = CHILD.format(cfg=cfg)
     env = dict(os.environ, PYTHONPATH=str(tree))
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env)
+    env.setdefault("DSIM_TRACE_DIR", str((ROOT / ".." / "shared" / "traces").resolve()))
+    # (in the tree's own directory: `python -c` puts the working directory first on sys.path, so
+    # from ROOT every tree would import ROOT's dsim)
+    r = subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True, env=env)
     if r.returncode:
         return "error: " + (r.stderr.strip().splitlines() or ["?"])[-1]
     return r.stdout.strip().splitlines()[-1]
