@@ -20,7 +20,7 @@ import threading
 import time
 from typing import IO
 
-_installed = False
+_installed: Notice | None = None
 
 
 def _is_dsim(disp) -> bool:
@@ -78,20 +78,25 @@ class Notice:
         except (OSError, ValueError):  # (a closed or broken stream: the run goes on silently)
             pass
 
+    def _begin(self, disp, now: float) -> None:
+        """The first line, at the first compile."""
+        if self.t0 is not None:
+            return
+        self.t0 = now
+        cache = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(
+            os.path.dirname(disp.py_func.__code__.co_filename), "__pycache__"
+        )
+        self._write(
+            f"dsim: compiling the simulator's kernels (a first run: numba keeps them in {cache}, later runs load "
+            "them in seconds)"
+        )
+
     def on_start(self, disp) -> None:
         if not _is_dsim(disp):
             return
         with self._lock:
             now = self.clock()
-            if self.t0 is None:
-                self.t0 = now
-                cache = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(
-                    os.path.dirname(disp.py_func.__code__.co_filename), "__pycache__"
-                )
-                self._write(
-                    "dsim: compiling the simulator's kernels (a first run: numba keeps them in "
-                    f"{cache}, later runs load them in seconds)"
-                )
+            self._begin(disp, now)
             self._compiled.add(id(disp))
             if id(disp) in self._counted:  # (announced with the kernel that calls it)
                 return
@@ -103,12 +108,11 @@ class Notice:
             span = f"kernel {first}" if not more else f"kernels {first}-{self.known}"
             calls = f" and {len(more)} it calls" if more else ""
             self._write(
-                f"dsim:   {span} of {self.known} so far: {disp.py_func.__name__}{calls} "
-                f"({now - self.t0:.1f} s elapsed)"
+                f"dsim:   {span} of {self.known} so far: {disp.py_func.__name__}{calls} ({now - self.t0:.1f} s elapsed)"
             )
 
     def summary(self) -> None:
-        if self.t0 is not None:
+        if self._compiled:
             self._write(f"dsim: compiled {len(self._compiled)} kernels in {self.clock() - self.t0:.1f} s")
 
 
@@ -117,7 +121,7 @@ def install(stream: IO | None = None) -> Notice | None:
     their total at its exit. Once per process; returns the listener (None if numba is absent or
     it was installed before)."""
     global _installed
-    if _installed:
+    if _installed is not None:
         return None
     try:
         from numba.core import event
@@ -134,5 +138,14 @@ def install(stream: IO | None = None) -> Notice | None:
 
     event.register("numba:compile", _Listener())
     atexit.register(notice.summary)
-    _installed = True
+    _installed = notice
     return notice
+
+
+def note(disp, text: str) -> None:
+    """One line about `disp` compiled elsewhere (a background process, started only where the
+    cache lacks it: a first run), where this process announces compiles; nothing otherwise."""
+    if _installed is not None:
+        with _installed._lock:
+            _installed._begin(disp, _installed.clock())
+            _installed._write(f"dsim:   {text}")

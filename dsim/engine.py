@@ -41,6 +41,7 @@ import simpy
 
 from dsim import kernels_sched as KSched
 from dsim import kernels_step as KS
+from dsim.background_compile import Deferred
 from dsim.cost import KV_BLOCK_TOKENS, CostModel
 from dsim.errors import InputError
 from dsim.kernels_step import ASUM, CLS, COMP, EMITS, END, ID, NCOL, ROUNDS, VSUM
@@ -411,6 +412,11 @@ def _grown(old: np.ndarray, cap: int, keep: int, alloc) -> np.ndarray:
 
 # Prefix caching: admission looks up this many waiting requests' cached blocks at a time.
 _HIT_BATCH = 16
+
+# The compiled run of general steps, compiled in a background process where numba's cache lacks
+# it (dsim.background_compile): its steps run from Python meanwhile, with the same results. Its
+# Python path compiles schedule_step (alone or inside plan_general) and commit_step itself.
+_RUN_STEPS_KERNEL = Deferred(KSched.run_general_steps, lambda: (KSched.schedule_step, KSched.commit_step))
 
 
 class WaitQueue:
@@ -905,7 +911,7 @@ class Replica:
         q = env._queue  # (simpy's event heap, as _skip reads it)
         t_next = float(q[0][0]) if q else math.inf
         below, ax, ams = self._run_fwd
-        stop, conf, lvc, given, cut, n_tokens, pre_tokens, kv, fwd, dur, n_chunked, d0 = KSched.run_general_steps(
+        args = (
             R.req_i, R.req_f, self.pre_ids, self.chunks, wq.buf, self._I, self._F, self._X,
             R.slot_rows if K else self._no_rows, self._moved, self._late, self._done_I, self._done_F,
             self.stats.accepted_hist, self._slot_out, self._step_out, self._no_cut, self._no_steps, self._no_conf,
@@ -914,6 +920,11 @@ class Replica:
             self._head_acc_buf, R.arrival, R.replica, t_next, self.successors, self._pre_args[1], *self._ctx_args,
             p_conf, p_lvc, p_given, p_i, p_f,
         )  # fmt: skip
+        if not _RUN_STEPS_KERNEL.ready(args):  # (compiling in the background: this step from Python)
+            steps.release(i0)
+            itl.release(j0)
+            return KSched.STOP_PYTHON, None
+        stop, conf, lvc, given, cut, n_tokens, pre_tokens, kv, fwd, dur, n_chunked, d0 = KSched.run_general_steps(*args)
         n_dec, h0 = self.n, self.head_n
         (self.n, self.n_pre, wq.head, wq.tail, self.kv_dec, self.pre_blocks, self.admit_seq, self.left_lb,
          self._done_n, last_prev, self.n_steps, self.batch_sum, s_row, v_row, self.closed_next[0],
@@ -964,7 +975,13 @@ class Replica:
                 yield from self._decode_window()
                 continue
             plan = None
-            if pending or (compiled and self._steps_compiled and self.wake.triggered and self._run_pays()):
+            if pending or (
+                compiled
+                and self._steps_compiled
+                and self.wake.triggered
+                and self._run_pays()
+                and _RUN_STEPS_KERNEL.usable()
+            ):
                 stop, plan = self._run_steps_compiled()
                 if stop in (KSched.STOP_WINDOW, KSched.STOP_IDLE, KSched.STOP_FINISHED, KSched.STOP_ROOM):
                     # (the loop's own checks next; should they disagree, one step from Python)
@@ -1070,7 +1087,7 @@ class Replica:
                         R.req_i, R.req_f, self.pre_ids, n_run, self.chunks, wq.buf, head, wq.tail, hits, n_hits,
                         self._I, self._X, n_dec, K, self.lookahead, self.kv_dec, self.total_blocks, self.pre_blocks,
                         budget, cfg.long_prefill_token_threshold, cfg.max_num_seqs, admit, self._kv_consumer,
-                        self.admit_seq, self.env.now, self.key, self._draw[0], self._draw_f, self._adaptive,
+                        self.admit_seq, float(self.env.now), self.key, self._draw[0], self._draw_f, self._adaptive,
                         self._pcode, self._ptau, self._cp if self._cp >= 0 else 0, self._cp2, self._mode, self._fwd,
                         self.cost.kv_ms_per_tok, self.cpu_ms + self._draft_ms(n_dec), self._ctx_ms_per_tok,
                         self._pre_args[0], self._pre_args[1], self._row_buf, conf, lead, verified, cap,
@@ -1082,7 +1099,7 @@ class Replica:
                         R.req_i, R.req_f, self.pre_ids, n_run, self.chunks, wq.buf, head, wq.tail, hits, n_hits,
                         self._I, n_dec, K, self.lookahead, self.kv_dec, self.total_blocks, self.pre_blocks, budget,
                         cfg.long_prefill_token_threshold, cfg.max_num_seqs, admit, self._kv_consumer, self.admit_seq,
-                        self.env.now,
+                        float(self.env.now),  # (simpy's clock starts as int 0: one type, one compile)
                     )
                 )  # fmt: skip
             if st != KSched.PREEMPT:
@@ -1149,7 +1166,7 @@ class Replica:
                 R.req_i, R.req_f, self.pre_ids, n_pre, self.chunks, wq.buf, w_head, wq.tail, hits, len(hits),
                 self._I, self.n, self.lookahead, dec_bound, self.total_blocks, pre_blocks, left0 - pre_tokens,
                 self.n + n_pre, cfg.max_num_seqs, cfg.long_prefill_token_threshold, self._kv_consumer, admit_seq,
-                self.env.now, n_sampling, kv_pre,
+                float(self.env.now), n_sampling, kv_pre,
             )  # fmt: skip
             pre_tokens = left0 - left
             touched += hb[:seen]

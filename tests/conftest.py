@@ -1,4 +1,4 @@
-"""Guards shared by every test module.
+"""Guards and settings shared by every test module.
 
 The public traces (Azure, Mooncake, BurstGPT) are not part of the repository: dsim reads them from
 $DSIM_TRACE_DIR or ../shared/traces (dsim.workload.trace_dir). A test that reads one says so with
@@ -15,6 +15,12 @@ from dsim.workload import resolve_trace
 
 
 def pytest_configure(config):
+    # the compiled run of general steps compiled where it is first used, not in a background
+    # process while its steps run from Python: the tests that compare the two paths compare them
+    # (tests/test_compile_notice.py runs the background compile in subprocesses)
+    from dsim.background_compile import Deferred
+
+    Deferred.background = False
     config.addinivalue_line(
         "markers",
         "needs_traces(*names): reads these public traces (dsim.workload.TRACE_FILES names); "

@@ -2,9 +2,11 @@
 (dsim.compile_notice)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,13 +42,25 @@ def test_cold_cache_announces_each_compile_and_a_warm_one_is_silent(tmp_path):
     assert warm.returncode == 0 and warm.stderr == "" and warm.stdout == cold.stdout
 
 
-def test_the_command_is_silent_on_a_warm_cache(tmp_path):
-    """`dsim simulate` announces its compiles where it has any to do (a first run), and says
-    nothing once they are cached."""
+def test_the_command_announces_a_cold_run_compiles_in_the_background_and_is_silent_warm(tmp_path):
+    """`dsim simulate` on an empty cache announces its compiles, and the compiled run of general
+    steps (a closed loop on one replica takes it) compiling in a background process while those
+    steps run from Python; once that process has written the cache, the same command says
+    nothing and prints the same result."""
     cache = tmp_path / "cache"
-    first = _run(["-m", "dsim", "simulate", "--requests", "20", "--json"], cache)
+    args = ["-m", "dsim", "simulate", "--profile", "deepseek-v4-class-h200x8", "--concurrency", "64",
+            "--requests", "128", "--method", "mtp", "--json"]  # fmt: skip
+    first = _run(args, cache)
     assert first.returncode == 0, first.stderr[-2000:]
-    assert first.stderr.startswith("dsim: compiling the simulator's kernels")
-    assert first.stderr.splitlines()[-1].startswith("dsim: compiled ")
-    again = _run(["-m", "dsim", "simulate", "--requests", "20", "--json"], cache)
+    lines = first.stderr.splitlines()
+    assert lines[0].startswith("dsim: compiling the simulator's kernels") and lines[-1].startswith("dsim: compiled ")
+    assert "dsim:   run_general_steps: compiling in a background process (meanwhile its steps run in Python)" in lines
+    deadline = time.monotonic() + 600
+    while list(cache.rglob("*.compiling")) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert list(cache.rglob("kernels_sched.run_general_steps-*.nbc")), "the background compile wrote no cache entry"
+    again = _run(args, cache)
     assert again.returncode == 0 and again.stderr == ""
+    a, b = (json.loads(r.stdout) for r in (first, again))
+    a.pop("wall_time_s"), b.pop("wall_time_s")
+    assert a == b
