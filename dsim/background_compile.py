@@ -147,7 +147,7 @@ class Deferred:
             return True
         sig = tuple(typeof(a) for a in args)
         f = self.disp.py_func
-        root = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules["dsim"].__file__)))
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # (where dsim is imported from)
         try:
             os.makedirs(os.path.dirname(lock), exist_ok=True)
             if self._lock_owner(lock) is None:  # (a lock left by a process that died: taken over)

@@ -117,6 +117,19 @@ def test_the_tree_speaks_of_itself():
     assert HISTORY.search(diary) and not HISTORY.search("session_id, 8 calls per graph")
 
 
+def _see_running_site_packages(py: Path) -> None:
+    """Let the venv of interpreter `py` import the dependencies of the interpreter running the tests.
+    `--system-site-packages` shows it the base interpreter's site-packages only: where pytest runs
+    inside a virtual environment (dependencies installed there), the new venv would find no typer.
+    A .pth file in its site-packages appends the running interpreter's site directories to its
+    path, after its own (the wheel's dsim comes first); plain path lines, so the .pth files there
+    (an editable dsim's) are not run."""
+    r = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                       capture_output=True, text=True, check=True, timeout=120)
+    dirs = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()]
+    (Path(r.stdout.strip()) / "_running_site_packages.pth").write_text("".join(f"{d}\n" for d in dirs))
+
+
 @pytest.mark.packaging
 def test_wheel_installs_into_a_fresh_venv_and_simulates(tmp_path):
     """A non-editable wheel, installed into a new virtual environment outside the checkout, runs
@@ -143,6 +156,7 @@ def test_wheel_installs_into_a_fresh_venv_and_simulates(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=300)
     py = venv / "bin" / "python"
+    _see_running_site_packages(py)
     r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
                        capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
