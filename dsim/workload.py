@@ -345,9 +345,7 @@ def _repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
-def trace_dir() -> Path:
-    """Where the public traces are read from: $DSIM_TRACE_DIR, else ../shared/traces next to the
-    source tree."""
+def _trace_dir() -> Path:
     env = os.environ.get("DSIM_TRACE_DIR")
     if env:
         return Path(env).expanduser()
@@ -384,7 +382,7 @@ def resolve_trace(path_or_name: str | Path) -> tuple[Path, str | None]:
     if s == "default":
         return _default_path(), "default"
     if s in TRACE_FILES:
-        d = trace_dir()
+        d = _trace_dir()
         q = d / TRACE_FILES[s]
         if not q.is_file():
             raise InputError(

@@ -1,7 +1,7 @@
 """Guards and settings shared by every test module.
 
 The public traces (Azure, Mooncake, BurstGPT) are not part of the repository: dsim reads them from
-$DSIM_TRACE_DIR or ../shared/traces (dsim.workload.trace_dir). A test that reads one says so with
+$DSIM_TRACE_DIR or ../shared/traces (dsim.workload.resolve_trace). A test that reads one says so with
 `@pytest.mark.needs_traces("azure-conv", ...)` and is skipped, naming the missing file and where it
 was looked for, when that trace is absent (a fresh clone), so the suite stays green without them.
 """

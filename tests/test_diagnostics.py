@@ -159,6 +159,7 @@ def test_plan_reports_method_warnings():
     assert "warnings (results a reader should not trust" in text and "P99 TTFT" in text
 
 
+@pytest.mark.needs_traces("mooncake-conversation")
 def test_readme_affinity_example_is_flagged():
     """The README's prefix-caching example with the affinity router: Mooncake's conversations share
     their first prefix block, so every request goes to one replica (mean TTFT about 4,400 s). The
@@ -168,10 +169,7 @@ def test_readme_affinity_example_is_flagged():
     from typer.testing import CliRunner
 
     from dsim.entry import app
-    from dsim.workload import _trace_dir
 
-    if not (_trace_dir() / "conversation_trace.jsonl").is_file():
-        pytest.skip(f"public Mooncake trace not in {_trace_dir()} (set DSIM_TRACE_DIR)")
     args = ["simulate", "--trace", "mooncake-conversation", "--prefix-caching", "--router", "affinity",
             "--nodes", "2"]
     r = CliRunner().invoke(app, [*args, "--json"])

@@ -21,12 +21,16 @@ from dsim.workload import (
     parse_mix,
     save_workload,
     synthesize,
+)
+from dsim.workload import (
+    _trace_dir as dsim_trace_dir,
+)
+from dsim.workload import (
     synthesize as _synth,
-    trace_dir,
 )
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = trace_dir()  # $DSIM_TRACE_DIR or ../shared/traces
+SHARED = dsim_trace_dir()  # $DSIM_TRACE_DIR or ../shared/traces
 
 # rows, input mean, output mean, rate/s (shared/traces/README.md)
 REAL = {
