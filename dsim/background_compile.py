@@ -44,10 +44,13 @@ finally:
 """
 
 
-_children: list = []  # (the background processes started here: kept from garbage collection)
+_children: list = []  # (launcher's pid, Popen) of the background processes started here
 
 
 def _alive(pid: int) -> bool:
+    for parent, p in _children:  # (this process's own: reaped, a zombie is not alive; a forked
+        if p.pid == pid and parent == os.getpid():  # worker cannot wait for its parent's child)
+            return p.poll() is None
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -69,6 +72,8 @@ class Deferred:
         self.disp = disp
         self.shared = shared
         self.state = "unknown"  # -> "ready" | "waiting" (for the shared kernels) | "compiling"
+        if not hasattr(disp, "overloads"):  # (a plain function: numba's JIT disabled)
+            self.state = "ready"
         self._next_poll = 0.0
 
     def _index(self) -> dict:
@@ -173,7 +178,7 @@ class Deferred:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-            _children.append(p)
+            _children.append((os.getpid(), p))
             with open(lock + ".pid", "w") as out:  # (the compiling process's id, replacing ours at once)
                 out.write(str(p.pid))
             os.replace(lock + ".pid", lock)
