@@ -158,6 +158,18 @@ def check_mix(mix: Optional[str], acceptance: Optional[str] = None, method: Opti
         raise InputError(f"--mix: unknown class {unknown[0]!r} (known: {', '.join(sorted(known))})")
 
 
+def check_mix_methods(mix: Optional[str], acceptance: Optional[str], methods) -> None:
+    """check_mix for each method (SpecMethod names): a method without drafts reads no curves, so
+    only the default classes; a drafting one the curves of its own method (a preset such as
+    deepseek-v4 holds one curve set per method)."""
+    if mix is None:
+        return
+    from dsim.spec import make_method
+
+    for m in dict.fromkeys(methods):
+        check_mix(mix, acceptance if make_method(m).drafts else None, m)
+
+
 def check_int(value, what: str, lo: int, hi: Optional[int] = None) -> None:
     if value is None:
         return
@@ -292,12 +304,11 @@ def simulate(
             adaptive_on: Optional[bool] = named.adaptive
         else:
             adaptive_on = adaptive
-        drafts = meth != "none"  # acceptance curves are read only with drafts
-        if scn.acceptance is not None and drafts:
+        if scn.acceptance is not None and make_method(meth).drafts:  # curves are read only with drafts
             from dsim.spec import load_acceptance
 
             load_acceptance(scn.acceptance, meth)
-        check_mix(scn.mix, scn.acceptance if drafts else None, meth)
+        check_mix_methods(scn.mix, scn.acceptance, [meth])
         check_out_targets(out, step_log)
         w = build_workload(
             scn.trace, scn.format, scn.requests, scn.window, scn.rate, scn.rate_scale, concurrency, scn.mix, seed

@@ -14,7 +14,7 @@ import typer
 from dsim.cli import (
     app,
     check_int,
-    check_mix,
+    check_mix_methods,
     check_out_targets,
     run_guarded,
     scenario_options,
@@ -203,8 +203,9 @@ def plan(
         from dsim.progress import Progress
         from dsim.scenario import scenario_yaml
 
-        setup = _search_setup(scn, scn_source, "plan", jobs=jobs, executor=executor, ray_address=ray_address)
         specs = parse_methods(scn.methods, **spec_common(scn))
+        setup = _search_setup(scn, scn_source, "plan", [sp.method for sp in specs.values()], jobs=jobs,
+                              executor=executor, ray_address=ray_address)  # fmt: skip
         check_fit(setup.workloads.values(), setup.profile, specs.values(), scn.gpus_per_node,
                   scn.price_per_gpu_hour, nodes=scn.max_nodes, nodes_flag="--max-nodes")  # fmt: skip
         with Progress("plan") as bar:
@@ -264,9 +265,11 @@ class SearchSetup:
     scenario: Scenario
 
 
-def _search_setup(scn: Scenario, src: ScenarioSource, command: str, *, jobs, executor, ray_address) -> SearchSetup:
-    """Validate the node-count search's scenario and flags (an InputError names the flag) and
-    build its inputs."""
+def _search_setup(
+    scn: Scenario, src: ScenarioSource, command: str, methods: list[str], *, jobs, executor, ray_address
+) -> SearchSetup:
+    """Validate the node-count search's scenario and flags (an InputError names the flag) for
+    ``methods`` (SpecMethod names) and build its inputs."""
     from dsim import plan as P
     from dsim.executor import check_executor
 
@@ -276,7 +279,7 @@ def _search_setup(scn: Scenario, src: ScenarioSource, command: str, *, jobs, exe
     slos = P.parse_sla(scn.sla)
     seed_list = parse_seeds(scn.seeds)
     check_common(max_nodes=scn.max_nodes, gpus_per_node=scn.gpus_per_node, jobs=jobs)
-    check_mix(scn.mix, scn.acceptance)
+    check_mix_methods(scn.mix, scn.acceptance, methods)
     run, notes = resolve_presets(scn, src, command)
     eng = scenario_engine(run)
     notes += engine_notes(eng)
@@ -338,7 +341,7 @@ def sweep(
         check_int(min_requests, "--min-requests", 1, 10_000_000)
         check_int(requests_per_user, "--requests-per-user", 1, 1_000_000)
         check_common(nodes=nodes, gpus_per_node=run.gpus_per_node, seed=seed, jobs=jobs)
-        check_mix(run.mix, run.acceptance)
+        check_mix_methods(run.mix, run.acceptance, [sp.method for sp in specs.values()])
         check_out_targets(out)
         prof = scenario_profile(run)
         base = build_workload(run.trace, run.format, None, run.window, None, None, None, run.mix, seed)
@@ -461,9 +464,10 @@ def ab(
         check_int(min_requests, "--min-requests", 1, 10_000_000)
         check_int(requests_per_user, "--requests-per-user", 1, 1_000_000)
         check_out_targets(out)
-        setup = _search_setup(scn, scn_source, "ab", jobs=jobs, executor=executor, ray_address=ray_address)
         common = spec_common(scn)
         sa, sb = method_spec(a, what="--a", **common), method_spec(b, what="--b", **common)
+        setup = _search_setup(scn, scn_source, "ab", [sa.method, sb.method], jobs=jobs, executor=executor,
+                              ray_address=ray_address)  # fmt: skip
         check_fit(setup.workloads.values(), setup.profile, (sa, sb), scn.gpus_per_node, scn.price_per_gpu_hour,
                   nodes=scn.max_nodes, nodes_flag="--max-nodes")  # fmt: skip
         if per_gpu:

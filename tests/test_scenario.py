@@ -127,6 +127,22 @@ def test_bad_scenario_file_is_one_line_exit_2(tmp_path, text, needles):
     assert_rejected("simulate", "--scenario", tmp_path / "s.yaml", "--requests", "5", needles=needles)
 
 
+def test_mix_is_checked_against_each_methods_curves_of_a_multi_method_preset(tmp_path):
+    """deepseek-v4 holds curves for mtp and dspark: --mix is checked against the curves of each
+    drafting method, as simulate checks it, not refused for naming no method."""
+    for cmd in (("plan", "--sla", "p50=20ms"), ("sweep", "--out", tmp_path / "x")):
+        assert_rejected(*cmd, "--mix", "physics=1", "--acceptance", "deepseek-v4",
+                        needles=("--mix", "physics", "math"))  # fmt: skip
+    rc, out, err = run_cli("plan", "--sla", "p50=30ms", *SMALL_PLAN, "--mix", "math=1", "--acceptance", "deepseek-v4",
+                           "--methods", "none,mtp", "--json")  # fmt: skip
+    assert rc in (0, 1), err
+    assert json.loads(out)["mtp"]["acceptance_origin"].startswith("deepseek-v4 preset")
+    rc, out, err = run_cli("sweep", "--profile", "llama-3.1-8b", "--gpus-per-node", "1", "--concurrency", "2",
+                           "--min-requests", "10", "--jobs", "1", "--mix", "math=1", "--acceptance", "deepseek-v4",
+                           "--methods", "mtp,dspark", "--out", tmp_path / "sw")  # fmt: skip
+    assert rc == 0, err
+
+
 def test_missing_scenario_file_names_the_presets(tmp_path):
     assert_rejected("plan", "--sla", "p50=20ms", "--scenario", tmp_path / "no.yaml", needles=("not found", "measured"))
 
