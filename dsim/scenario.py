@@ -205,7 +205,8 @@ VERIFY_MODE_NAMES = ("static", "compact", "cap-accept")
 def _opt(default: Any, section: str, help: str, commands: tuple = ALL_COMMANDS, **meta: Any) -> Any:
     """A scenario option: its default, the file section it lives in, its help text and the
     commands that take it. meta: ``flag`` (the command-line spelling, for booleans
-    ``--x/--no-x``), ``defaults`` (a command -> default mapping where commands differ)."""
+    ``--x/--no-x``), ``defaults`` (a command -> default mapping where commands differ),
+    ``numbers`` (a text option a file may write as a number: seeds: 0)."""
     return dataclasses.field(default=default, metadata={"section": section, "help": help, "commands": commands, **meta})
 
 
@@ -300,7 +301,9 @@ class Scenario:
     margin: float = _opt(
         0.10, "sla", "safety margin: pass only if every metric is within target x (1 - margin)", SEARCH_COMMANDS
     )
-    seeds: str = _opt("0,1,2", "sla", "seeds; every one is simulated, the worst counts", SEARCH_COMMANDS)
+    seeds: str = _opt(
+        "0,1,2", "sla", "seeds; every one is simulated, the worst counts", SEARCH_COMMANDS, numbers=True
+    )
     max_nodes: int = _opt(64, "sla", "largest node count tried", SEARCH_COMMANDS)
 
     def to_dict(self, command: str | None = None) -> dict:
@@ -394,7 +397,7 @@ def load_scenario_file(path: str | Path, command: str | None = None) -> dict:
             raise InputError(f"{marks.at(*keys)}: unknown option {plain(str(key))} (known: {', '.join(known)})")
         if name in out:
             raise InputError(f"{marks.at(*keys)}: {name} given twice")
-        out[name] = _typed(value, types[name], lambda: marks.at(*keys))
+        out[name] = _typed(value, types[name], lambda: marks.at(*keys), known[name].metadata.get("numbers", False))
 
     for key, value in doc.items():
         if key in SECTIONS:
@@ -409,8 +412,10 @@ def load_scenario_file(path: str | Path, command: str | None = None) -> dict:
     return out
 
 
-def _typed(value: Any, spec: tuple, where: Any) -> Any:
-    """A file value as the field's type: str, int, float or bool (None where the field allows it)."""
+def _typed(value: Any, spec: tuple, where: Any, numbers: bool = False) -> Any:
+    """A file value as the field's type: str, int, float or bool (None where the field allows it).
+    A text option takes a number only where it says so (``numbers``): YAML reads unquoted text
+    such as 10:20 (a window) as a number (620, base 60), which must not pass as the text."""
     from dsim.errors import plain
 
     typ, optional = spec
@@ -428,8 +433,15 @@ def _typed(value: Any, spec: tuple, where: Any) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             return float(value)
     elif typ is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)  # e.g. seeds: 0 or rate_scale-like strings written as numbers
+        if isinstance(value, str):
+            return value
+        if numbers and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # seeds: 0
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            raise InputError(
+                f"{where()}: must be a string, got the number {plain(value)}: quote the value "
+                "(unquoted, YAML reads text such as 10:20 as a number, 620)"
+            )
     raise InputError(f"{where()}: must be {_TYPE_WORD.get(typ, typ.__name__)}, got {plain(value)}")
 
 

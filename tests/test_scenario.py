@@ -120,6 +120,9 @@ def test_command_line_overrides_the_file_and_the_file_overrides_defaults(tmp_pat
         ("engine: [1, 2]\n", ("s.yaml:1", "section engine")),
         ("- a\n- b\n", ("s.yaml", "mapping of sections")),
         ("engine: {router: nope}\n", ("--router", "nope")),
+        # YAML 1.1 reads an unquoted 10:20 as the base-60 number 620: refused, not taken as '620'
+        ("workload:\n  window: 10:20\n", ("s.yaml:2", "workload.window", "a string", "620", "quote")),
+        ("speculation: {policy: 3}\n", ("s.yaml:1", "speculation.policy", "a string", "quote")),
     ],
 )
 def test_bad_scenario_file_is_one_line_exit_2(tmp_path, text, needles):
@@ -141,6 +144,11 @@ def test_mix_is_checked_against_each_methods_curves_of_a_multi_method_preset(tmp
                            "--min-requests", "10", "--jobs", "1", "--mix", "math=1", "--acceptance", "deepseek-v4",
                            "--methods", "mtp,dspark", "--out", tmp_path / "sw")  # fmt: skip
     assert rc == 0, err
+
+
+def test_text_options_take_numbers_only_where_they_say_so(tmp_path):
+    (tmp_path / "s.yaml").write_text("workload: {window: '10:20'}\nsla: {seeds: 0}\n")
+    assert load_scenario_file(tmp_path / "s.yaml") == {"window": "10:20", "seeds": "0"}
 
 
 def test_missing_scenario_file_names_the_presets(tmp_path):
