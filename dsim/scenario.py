@@ -83,21 +83,11 @@ def build_workload(
     at this many requests per second (seeded); rate_scale: the trace's arrival rate scaled;
     concurrency: a closed loop of this many users (arrivals all at 0); mix: a workload-class mix
     for traces without classes."""
-    if requests is not None and requests < 1:
-        raise InputError(f"--requests: must be >= 1, got {requests}")
-    if rate is not None and not (math.isfinite(rate) and rate > 0):
-        raise InputError(f"--rate: must be a finite number > 0, got {rate}")
+    win = check_slicing(requests, window, rate)
     if seed < 0:
         raise InputError(f"--seed: must be >= 0, got {seed}")
     if concurrency is not None and concurrency < 1:
         raise InputError(f"--concurrency: must be >= 1, got {concurrency}")
-    win = None
-    if window:
-        try:
-            a, b = (float(x) for x in window.split(":"))
-        except ValueError:
-            raise InputError(f"--window: expected START:END in seconds, got {window!r}") from None
-        win = (a, b)
     import numpy as np
 
     from dsim.workload import MAX_SPAN_S, load_workload
@@ -119,6 +109,22 @@ def build_workload(
             arrival_s=np.zeros(len(w.arrival_s)),
         )
     return w
+
+
+def check_slicing(requests: int | None, window: str | None, rate: float | None) -> tuple[float, float] | None:
+    """Bad values of how a trace is sliced and re-timed (--requests, --window, --rate), each an
+    InputError naming the option; returns the window as (start, end) seconds (None: the whole trace)."""
+    if requests is not None and requests < 1:
+        raise InputError(f"--requests: must be >= 1, got {requests}")
+    if rate is not None and not (math.isfinite(rate) and rate > 0):
+        raise InputError(f"--rate: must be a finite number > 0, got {rate}")
+    if not window:
+        return None
+    try:
+        a, b = (float(x) for x in window.split(":"))
+    except ValueError:
+        raise InputError(f"--window: expected START:END in seconds, got {window!r}") from None
+    return (a, b)
 
 
 def spec_config(
@@ -369,11 +375,17 @@ def write_scenario(out_dir: str | Path, s: Scenario, command: str, src: Scenario
     return p
 
 
-def load_scenario_file(path: str | Path, command: str | None = None) -> dict:
-    """The options a scenario file sets: {option: value}, checked against each field's type.
-    Keys may sit under their section (model:, workload:, speculation:, engine:, sla:) or at the
-    top level; an unknown key or a value of the wrong type is an InputError naming file, line and
-    key. Options a command does not take are kept (the file serves every command)."""
+def load_scenario_file(path: str | Path) -> dict:
+    """The options a scenario file sets: {option: value} (read_scenario_file's values)."""
+    return read_scenario_file(path)[0]
+
+
+def read_scenario_file(path: str | Path) -> tuple[dict, dict]:
+    """({option: value}, {option: 'FILE:LINE: section.key'}) of a scenario file, each value
+    checked against its field's type. Keys may sit under their section (model:, workload:,
+    speculation:, engine:, sla:) or at the top level; an unknown key or a value of the wrong type
+    is an InputError naming file, line and key. Options a command does not take are kept (the
+    file serves every command)."""
     from dsim import schema as Sch
     from dsim.errors import plain
 
@@ -384,12 +396,13 @@ def load_scenario_file(path: str | Path, command: str | None = None) -> dict:
         raise InputError(f"--scenario: {p}: scenario file not found (or a preset name: default, measured)")
     doc, marks = Sch.read_document(p, kind="json" if p.suffix.lower() == ".json" else "yaml")
     if doc is None:
-        return {}
+        return {}, {}
     if not isinstance(doc, dict):
         raise InputError(f"{marks.at()}: a scenario file is a mapping of sections ({', '.join(SECTIONS)})")
     types = field_types()
     known = {f.name: f for f in scenario_fields()}
     out: dict = {}
+    at: dict = {}
 
     def take(key: Any, value: Any, keys: tuple) -> None:
         name = str(key).replace("-", "_")
@@ -398,6 +411,7 @@ def load_scenario_file(path: str | Path, command: str | None = None) -> dict:
         if name in out:
             raise InputError(f"{marks.at(*keys)}: {name} given twice")
         out[name] = _typed(value, types[name], lambda: marks.at(*keys), known[name].metadata.get("numbers", False))
+        at[name] = marks.at(*keys)
 
     for key, value in doc.items():
         if key in SECTIONS:
@@ -409,7 +423,7 @@ def load_scenario_file(path: str | Path, command: str | None = None) -> dict:
                 take(k2, v2, (key, k2))
         else:
             take(key, value, (key,))
-    return out
+    return out, at
 
 
 def _typed(value: Any, spec: tuple, where: Any, numbers: bool = False) -> Any:
@@ -460,17 +474,28 @@ def resolve_scenario_options(command: str, given: dict, scenario: str | None) ->
         path = s
         src_name = "file"
     values = {f.name: default_for(f, command) for f in scenario_fields()}
+    marks: dict = {}
     if path is not None:  # (null in a file: not set, the command's default)
-        values.update({k: v for k, v in load_scenario_file(path, command).items() if v is not None})
+        from_file, marks = read_scenario_file(path)
+        values.update({k: v for k, v in from_file.items() if v is not None})
     set_here = {k: v for k, v in given.items() if v is not None}
     values.update(set_here)
     scn = Scenario(**values)
-    check_scenario(scn)
+    try:
+        check_scenario(scn)
+    except InputError as e:  # a value the file gave: named by file, line and key, not by its flag
+        msg = str(e)
+        for name, mark in marks.items():
+            flag = "--" + name.replace("_", "-") + ": "
+            if name not in set_here and msg.startswith(flag):
+                raise InputError(f"{mark}: {msg[len(flag) :]}") from None
+        raise
     return scn, ScenarioSource(src_name, path, tuple(sorted(set_here)))
 
 
 def check_scenario(s: Scenario) -> None:
-    """Bad option values, each an InputError naming the option (before anything runs)."""
+    """Bad option values, each an InputError naming the option as its flag (``--router: ...``)
+    before anything runs."""
     from dsim.cluster import ROUTERS
 
     if s.policy.strip().lower() not in POLICY_NAMES:
@@ -489,6 +514,7 @@ def check_scenario(s: Scenario) -> None:
     if s.acceptance is not None and not s.acceptance.strip():
         raise InputError("--acceptance: empty (a preset name, a file, const:P or class=p1,p2,...)")
     disaggregation(s.disaggregated, s.remote_prefill_ms, s.remote_prefill_ms_per_ktok)
+    check_slicing(s.requests, s.window, s.rate)
 
 
 def scenario_engine(s: Scenario, **extra: Any) -> EngineConfig | None:

@@ -119,7 +119,11 @@ def test_command_line_overrides_the_file_and_the_file_overrides_defaults(tmp_pat
         ("model: {gpus_per_node: eight}\n", ("s.yaml:1", "gpus_per_node", "an integer")),
         ("engine: [1, 2]\n", ("s.yaml:1", "section engine")),
         ("- a\n- b\n", ("s.yaml", "mapping of sections")),
-        ("engine: {router: nope}\n", ("--router", "nope")),
+        # a bad value the file gave is named by file, line and key
+        ("engine: {router: nope}\n", ("s.yaml:1: engine.router: unknown router", "nope")),
+        ("speculation:\n  policy: nope\n", ("s.yaml:2: speculation.policy: unknown policy", "nope")),
+        ("workload:\n  requests: 5\n  window: '10'\n", ("s.yaml:3: workload.window: expected START:END",)),
+        ("engine: {remote_prefill_ms: 5}\n", ("s.yaml:1: engine.remote_prefill_ms: applies only",)),
         # YAML 1.1 reads an unquoted 10:20 as the base-60 number 620: refused, not taken as '620'
         ("workload:\n  window: 10:20\n", ("s.yaml:2", "workload.window", "a string", "620", "quote")),
         ("speculation: {policy: 3}\n", ("s.yaml:1", "speculation.policy", "a string", "quote")),
@@ -128,6 +132,12 @@ def test_command_line_overrides_the_file_and_the_file_overrides_defaults(tmp_pat
 def test_bad_scenario_file_is_one_line_exit_2(tmp_path, text, needles):
     (tmp_path / "s.yaml").write_text(text)
     assert_rejected("simulate", "--scenario", tmp_path / "s.yaml", "--requests", "5", needles=needles)
+
+
+def test_a_bad_value_given_on_the_command_line_over_a_file_is_named_by_its_flag(tmp_path):
+    (tmp_path / "s.yaml").write_text("engine: {router: round_robin}\n")
+    assert_rejected("simulate", "--scenario", tmp_path / "s.yaml", "--router", "nope",
+                    needles=("dsim: error: --router: unknown router 'nope'",))  # fmt: skip
 
 
 def test_mix_is_checked_against_each_methods_curves_of_a_multi_method_preset(tmp_path):
