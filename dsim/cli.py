@@ -348,7 +348,7 @@ def simulate(
             res.summary["setup"]["method_fit"] = fit  # whether the model can run the method, whose acceptance
             if out_dir is not None:
                 write_output_files(res, out_dir)
-                write_scenario(out_dir, scn_run, "simulate", scn_source)
+                write_scenario(out_dir, scn_run, "simulate", scn_source, out)
             if log_file is not None:
                 write_step_log_file(res, log_file)
         if as_json:

@@ -370,7 +370,7 @@ def sweep(
             ctx = context_line(prof, base, list(dict.fromkeys(df["label"])))
             written = S.write_sweep(df, tmp, context=ctx)
             comp_text, comp_files = _paper_comparison(df, list(specs), slas, prof, tmp, ctx)
-            written_scn = write_scenario(tmp, run, "sweep", scn_source)
+            written_scn = write_scenario(tmp, run, "sweep", scn_source, out)
             files = [final_path(tmp, out, f) for f in written + comp_files + [written_scn]]
         typer.echo(S.format_sweep(df))
         if comp_text:
@@ -510,7 +510,7 @@ def ab(
                     engine=setup.engine,
                     router=scn.router,
                 )
-            files.append(write_scenario(tmp, setup.scenario, "ab", scn_source))
+            files.append(write_scenario(tmp, setup.scenario, "ab", scn_source, out))
             files = [final_path(tmp, out, f) for f in files]
         typer.echo("wrote " + ", ".join(str(f) for f in files))
 

@@ -361,18 +361,27 @@ def reproduce_header(command: str, src: ScenarioSource, file: str = "FILE") -> l
     rest = " ".join(shlex.quote(x) for x in src.other_options)
     return [
         f"dsim scenario: every option of the `dsim {command}` run that wrote this file",
-        f"reproduce: dsim {command} --scenario {file}" + (f" {rest}" if rest else ""),
+        f"reproduce: dsim {command} --scenario {shlex.quote(file)}" + (f" {rest}" if rest else ""),
     ]
 
 
 SCENARIO_FILE = "scenario.yaml"  # its name in an output directory
+PATH_OPTIONS = ("trace", "profile", "acceptance")  # options whose value may be a file
 
 
-def write_scenario(out_dir: str | Path, s: Scenario, command: str, src: ScenarioSource) -> Path:
-    """Write ``scenario.yaml`` (the file that reproduces a command's result) into ``out_dir``."""
+def write_scenario(out_dir: str | Path, s: Scenario, command: str, src: ScenarioSource, out: str | Path) -> Path:
+    """Write ``scenario.yaml`` (the file that reproduces a command's result) into ``out_dir``
+    (where it is staged); ``out``: the output directory as the user gave it, named in the
+    reproducing command line."""
     p = Path(out_dir) / SCENARIO_FILE
-    p.write_text(scenario_yaml(s, command, header=reproduce_header(command, src, SCENARIO_FILE)))
+    p.write_text(scenario_yaml(s, command, header=reproduce_header(command, src, str(Path(out) / SCENARIO_FILE))))
     return p
+
+
+def _names_a_file(value: Any) -> bool:
+    """A value of a PATH_OPTIONS option written as a path (a folder part or a file extension),
+    not a name (a profile, a preset, a trace name)."""
+    return isinstance(value, str) and ("/" in value or "\\" in value or bool(Path(value).suffix))
 
 
 def load_scenario_file(path: str | Path) -> dict:
@@ -385,7 +394,8 @@ def read_scenario_file(path: str | Path) -> tuple[dict, dict]:
     checked against its field's type. Keys may sit under their section (model:, workload:,
     speculation:, engine:, sla:) or at the top level; an unknown key or a value of the wrong type
     is an InputError naming file, line and key. Options a command does not take are kept (the
-    file serves every command)."""
+    file serves every command). A relative path of a trace, profile or acceptance file is read
+    from the scenario file's folder where it exists there (so a file reproduces from any folder)."""
     from dsim import schema as Sch
     from dsim.errors import plain
 
@@ -411,6 +421,10 @@ def read_scenario_file(path: str | Path) -> tuple[dict, dict]:
         if name in out:
             raise InputError(f"{marks.at(*keys)}: {name} given twice")
         out[name] = _typed(value, types[name], lambda: marks.at(*keys), known[name].metadata.get("numbers", False))
+        if name in PATH_OPTIONS and _names_a_file(out[name]) and not Path(out[name]).expanduser().is_absolute():
+            beside = p.parent / out[name]
+            if beside.exists():
+                out[name] = str(beside)
         at[name] = marks.at(*keys)
 
     for key, value in doc.items():
@@ -548,9 +562,16 @@ def scenario_yaml(s: Scenario, command: str | None = None, *, comments: bool = T
     """A scenario file holding ``s`` (the options ``command`` takes; all without one): by section,
     each option with its help as a comment (``comments``), ``header`` lines first as comments.
     Without comments each section is one line (a compact form to print under a result)."""
+    import os
+
     import yaml
 
     d = s.to_dict(command)
+    for vals in d.values():  # a file given by a relative path: absolute, so the file is read from any folder
+        for k in PATH_OPTIONS:
+            v = vals.get(k)
+            if _names_a_file(v) and os.path.exists(v):
+                vals[k] = os.path.abspath(v)
     lines = [f"# {h}" if h else "#" for h in header]
     if not comments:
         for sec, vals in d.items():

@@ -174,7 +174,7 @@ def test_simulate_out_writes_the_scenario_that_reproduces_it(tmp_path):
     rc, _, err = run_cli("simulate", "--method", "mtp", *args, "--out", tmp_path / "a")
     assert rc == 0, err
     written = (tmp_path / "a" / "scenario.yaml").read_text()
-    assert "reproduce: dsim simulate --scenario scenario.yaml --method mtp --out" in written
+    assert f"reproduce: dsim simulate --scenario {tmp_path / 'a' / 'scenario.yaml'} --method mtp --out" in written
     doc = yaml.safe_load(written)
     assert doc["engine"]["prefix_caching"] is True and doc["engine"]["max_num_seqs"] == 16
     assert doc["model"]["profile"] == "deepseek-v4-flash-h200-dp8-ep8"  # the default, made explicit
@@ -188,6 +188,35 @@ def test_simulate_out_writes_the_scenario_that_reproduces_it(tmp_path):
     rc, out, _ = run_cli("simulate", "--scenario", tmp_path / "a" / "scenario.yaml", "--method", "mtp",
                          "--no-prefix-caching", "--max-num-seqs", "2", "--json")  # fmt: skip
     assert rc == 0 and json.loads(out)["tpot_ms"] != a["tpot_ms"]
+
+
+def test_a_scenario_file_reproduces_from_any_folder(tmp_path, monkeypatch):
+    """The written file names itself as --out gave it, and its relative input files (here an
+    acceptance file) are read whatever the folder the command runs in."""
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir(), elsewhere.mkdir()
+    (work / "acc.yaml").write_text("classes:\n  default: [0.55]\n")
+    monkeypatch.chdir(work)
+    rc, _, err = run_cli("simulate", "--method", "mtp", "--requests", "30", "--acceptance", "acc.yaml", "--out", "run")
+    assert rc == 0, err
+    written = (work / "run" / "scenario.yaml").read_text()
+    assert "reproduce: dsim simulate --scenario run/scenario.yaml --method mtp --out run" in written
+    assert yaml.safe_load(written)["speculation"]["acceptance"] == str(work / "acc.yaml")
+    a = json.loads((work / "run" / "summary.json").read_text())
+    monkeypatch.chdir(elsewhere)
+    rc, out, err = run_cli("simulate", "--scenario", work / "run" / "scenario.yaml", "--method", "mtp", "--json")
+    assert rc == 0, err
+    b = json.loads(out)
+    assert b["setup"].pop("acceptance_source").endswith(str(work / "acc.yaml") + ": ")  # named by its path as read
+    assert a["setup"].pop("acceptance_source") == "acc.yaml: "
+    assert (a["setup"]["spec"].pop("acceptance"), b["setup"]["spec"].pop("acceptance")) == ("acc.yaml", str(work / "acc.yaml"))
+    assert _no_wall(b) == _no_wall(a)
+    # a file written by hand names its acceptance file relative to itself
+    (work / "s.yaml").write_text("workload: {requests: 30}\nspeculation: {acceptance: acc.yaml}\n")
+    rc, out, err = run_cli("simulate", "--scenario", "../work/s.yaml", "--method", "mtp", "--json")
+    assert rc == 0, err
+    got = json.loads(out)
+    assert got["per_position_acceptance"] == a["per_position_acceptance"] and got["tpot_ms"] == a["tpot_ms"]
 
 
 def test_plan_prints_the_scenario_that_reproduces_it(tmp_path):
