@@ -313,7 +313,7 @@ def simulate(
         w = build_workload(
             scn.trace, scn.format, scn.requests, scn.window, scn.rate, scn.rate_scale, concurrency, scn.mix, seed
         )
-        scn_run, _ = resolve_presets(scn, scn_source, "simulate")  # as written to --out: explicit
+        scn_run, notes = resolve_presets(scn, scn_source, "simulate")  # as written to --out: explicit
         prof = scenario_profile(scn_run)
         sc = spec_config(
             meth, k_drafts, adaptive_on, scn.policy, scn.verify_mode, scn.acceptance, scn.head, scn.head_auc
@@ -355,6 +355,8 @@ def simulate(
             typer.echo(json.dumps(res.summary, sort_keys=True))
         elif not quiet:
             print_summary(res.summary, ec)
+            for line in notes:  # what the preset picked (the measured profile)
+                typer.echo(f"note     : {line}")
             if fit["hypothetical"]:
                 typer.echo(
                     f"method   : hypothetical: {fit['fit']}; acceptance {fit['acceptance_origin']}, an assumption"

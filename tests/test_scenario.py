@@ -263,6 +263,10 @@ def test_scenario_measured_preset_is_kept():
     assert a["profile_kind"] == "measured"
     assert a["scenario"]["model"]["profile"] == str(measured_profile_path())
     assert any("scenario 'measured'" in n for n in a["notes"])
+    # simulate says which measured profile the preset picked, as plan does
+    rc, out, err = run_cli("simulate", "--scenario", "measured", "--gpus-per-node", "1", "--requests", "20")
+    assert rc == 0, err
+    assert f"note     : scenario 'measured': profile {measured_profile_path()}" in out
 
 
 # ---- methods that fit the model ------------------------------------------------------------------
