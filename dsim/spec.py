@@ -250,6 +250,7 @@ class AcceptanceCurves:
     name: str = ""
     method: str | None = None
     model: str = ""  # the model the curves were measured or derived for (a file's `model:`), if said
+    models: tuple = ()  # the model ids (profiles' provenance.model) they are for (a file's `models:`)
 
     def __post_init__(self):
         if not self.curves:
@@ -397,7 +398,14 @@ def _from_mapping(doc, where_: str, method: str | None, marks=None) -> Acceptanc
         if not isinstance(v, list) or not v:
             raise InputError(f"{d.at(*ckeys, c)}: expected a non-empty list of probabilities, got {plain(v)}")
         curves[str(c)] = tuple(Sch.number(x, d, *ckeys, c, i, lo=0.0, hi=1.0) for i, x in enumerate(v))
-    return AcceptanceCurves(curves, source=src, name=name, method=mname, model=str(doc.get("model") or ""))
+    models = doc.get("models")
+    if models is None:
+        models = []
+    if not isinstance(models, list) or not all(isinstance(m, str) and m.strip() for m in models):
+        raise InputError(f"{d.at('models')}: expected a list of model ids (e.g. [deepseek-v4-flash]), got {plain(models)}")
+    return AcceptanceCurves(
+        curves, source=src, name=name, method=mname, model=str(doc.get("model") or ""), models=tuple(models)
+    )
 
 
 def load_acceptance(name_or_path: str, method: str | None = None) -> AcceptanceCurves:

@@ -296,6 +296,35 @@ def test_method_fit_is_read_from_the_model_not_its_name():
     assert acceptance_origin(None, "eagle3", v4).other_model  # the Qwen3-4B figure on V4
     assert acceptance_origin("const:0.8", "mtp", llama).users
     assert acceptance_origin(None, "none", llama) is None
+    # a profile naming no model: not said to be another model's, and not known to be its own
+    nameless = dataclasses.replace(llama, provenance={k: v for k, v in llama.provenance.items() if k != "model"})
+    o = acceptance_origin(None, "mtp", nameless)
+    assert o.label == "deepseek-v4 preset (profile names no model)" and o.other_model is None
+    # a preset's models are model ids, compared exactly (not a substring of its free-text model line)
+    for model, own in (("deepseek-v4-pro", True), ("deepseek-v4", False), ("v4", False), ("deepseek-v3", False)):
+        p = dataclasses.replace(v4, provenance={**v4.provenance, "model": model})
+        assert acceptance_origin(None, "mtp", p).other_model is (not own), model
+    assert acceptance_origin("mtp1-deepseek-v3", "mtp", v3).label == "mtp1-deepseek-v3 preset"
+    assert acceptance_origin("qwen3-4b-fig2", "eagle3", v4).label == "qwen3-4b-fig2 preset (not deepseek-v4-flash's)"
+
+
+def test_model_heads_says_which_kind_of_source_it_read():
+    from dsim.capability import model_heads
+    from dsim.cost import load_profile
+
+    llama = load_profile("llama-3.1-8b")
+    assert model_heads(llama) == (frozenset(), "profiles/models/llama-3.1-8b.json", "config")
+    stated = dataclasses.replace(llama, provenance={**llama.provenance, "heads": ["mtp"]})
+    assert model_heads(stated)[0::2] == (frozenset({"mtp"}), "profile")
+    unknown = dataclasses.replace(llama, provenance={**llama.provenance, "model": "my-own-model"})
+    assert model_heads(unknown)[0::2] == (None, None)
+
+
+@pytest.mark.parametrize("models", ["deepseek-v4-flash", "[1, 2]", "['']"])
+def test_acceptance_file_models_must_be_a_list_of_ids(tmp_path, models):
+    (tmp_path / "a.yaml").write_text(f"models: {models}\nclasses:\n  default: [0.7]\n")
+    assert_rejected("simulate", "--method", "mtp", "--requests", "5", "--acceptance", tmp_path / "a.yaml",
+                    needles=("a.yaml:1: models", "list of model ids"))  # fmt: skip
 
 
 def test_plan_table_marks_hypothetical_methods_and_names_their_acceptance():
