@@ -357,10 +357,10 @@ def simulate(
             print_summary(res.summary, ec)
             for line in notes:  # what the preset picked (the measured profile)
                 typer.echo(f"note     : {line}")
-            if fit["hypothetical"]:
-                typer.echo(
-                    f"method   : hypothetical: {fit['fit']}; acceptance {fit['acceptance_origin']}, an assumption"
-                )
+            from dsim.plan import hypothetical_lines, method_label
+
+            for line in hypothetical_lines({meth: {**fit, "label": method_label(sc)}}, [meth]):
+                typer.echo(f"method   : {line}")
 
     run_guarded(go)
 

@@ -389,7 +389,8 @@ def sweep(
 
 def method_lines(specs: dict, prof) -> list[str]:
     """Per drafting method: the acceptance it is sized on (whose) and, where the profile's model
-    cannot run it, that it is hypothetical (dsim.capability)."""
+    cannot run it, that it is hypothetical, or where that is unknown, that it was not checked
+    (dsim.capability)."""
     from dsim import plan as P
 
     out = []
@@ -400,6 +401,8 @@ def method_lines(specs: dict, prof) -> list[str]:
         line = f"{name}: acceptance {f['acceptance_origin']}"
         if f["hypothetical"]:
             line += f"; hypothetical: {f['fit']}"
+        elif f["model_can_run"] is None and f["fit"]:
+            line += f"; {f['fit']}; not checked"
         out.append(line)
     return out
 

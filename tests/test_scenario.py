@@ -344,6 +344,24 @@ def test_plan_table_marks_hypothetical_methods_and_names_their_acceptance():
     assert not f["hypothetical"] and f["acceptance_origin"] == "deepseek-v4 preset"
 
 
+def test_simulate_and_sweep_say_what_plan_says_of_a_method_not_checked_or_hypothetical(tmp_path):
+    prof = (ROOT / "profiles" / "h200" / "h200-llama-3.1-8b.yaml").read_text()
+    assert "  model: llama-3.1-8b\n" in prof
+    (tmp_path / "p.yaml").write_text(prof.replace("  model: llama-3.1-8b\n", "  model: my-own-model\n"))
+    args = ("--gpus-per-node", "1", "--acceptance", "const:0.7")
+    rc, out, err = run_cli("simulate", "--profile", tmp_path / "p.yaml", *args, "--method", "mtp", "--requests", "20")
+    assert rc == 0, err
+    unknown = "whether my-own-model has a MTP head is unknown (no config for model my-own-model under profiles/models)"
+    assert f"method   : MTP-1: {unknown}; not checked" in out
+    rc, out, err = run_cli("simulate", "--profile", "llama-3.1-8b", *args, "--method", "mtp", "--requests", "20")
+    assert rc == 0, err
+    assert "method   : MTP-1 is hypothetical: llama-3.1-8b has no MTP head" in out
+    rc, out, err = run_cli("sweep", "--profile", tmp_path / "p.yaml", *args, "--methods", "mtp", "--concurrency", "2",
+                           "--min-requests", "10", "--jobs", "1", "--out", tmp_path / "sw")  # fmt: skip
+    assert rc == 0, err
+    assert f"method  : mtp: acceptance given: const:0.7; {unknown}; not checked" in out
+
+
 # ---- the validator's calibration in the planner ------------------------------------------------
 
 
