@@ -617,8 +617,8 @@ def measured_profile_path() -> Path | None:
 def resolve_presets(s: Scenario, src: ScenarioSource, command: str) -> tuple[Scenario, list[str]]:
     """The scenario with what its preset implies made explicit (so that a written scenario file
     reproduces the run without the preset): the profile (default: the default profile; measured:
-    the first measured profile) and, for plan and ab on the default scenario, the default trace's
-    rate multiplier. Returns (scenario, notes printed with the result)."""
+    the first measured profile) and, for plan and ab on the default preset (not a scenario file),
+    the default trace's rate multiplier. Returns (scenario, notes printed with the result)."""
     from dsim.cost import DEFAULT_PROFILE
 
     notes: list[str] = []
@@ -631,7 +631,8 @@ def resolve_presets(s: Scenario, src: ScenarioSource, command: str) -> tuple[Sce
             profile = str(p)
             notes.append(f"scenario 'measured': profile {p}")
     elif (
-        command in SEARCH_COMMANDS
+        src.name == "default"
+        and command in SEARCH_COMMANDS
         and s.trace == "default"
         and s.rate is None
         and rate_scale is None
@@ -664,14 +665,18 @@ def load_scenario_profile(s: Scenario, src: ScenarioSource, command: str = "simu
 
 
 def template_yaml() -> str:
-    """The commented template `dsim scenario init` writes: every option at its default (the SLA
-    of the quick start), each with its help."""
-    s = dataclasses.replace(Scenario(), sla="p50=20ms")
+    """The commented template `dsim scenario init` writes: every option at its default, with the
+    SLA and arrival-rate multiplier of the quick start (`dsim plan --sla p50=20ms`), each with its
+    help."""
+    s = dataclasses.replace(Scenario(), sla="p50=20ms", rate_scale=DEFAULT_PLAN_RATE_SCALE)
     return scenario_yaml(
         s,
         header=[
             "dsim scenario file. Use: dsim plan --scenario FILE (also simulate, sweep, ab: each reads the",
             "options it takes). Options given on the command line override the file's; null: the command's",
             "default. Every result dsim writes comes with the scenario file that reproduces it.",
+            f"rate_scale {DEFAULT_PLAN_RATE_SCALE:g}: the embedded default trace replayed at {DEFAULT_PLAN_RATE_SCALE:g}x "
+            "its arrival rate, as plan's default scenario",
+            "replays it (one 8-GPU node is not enough at p50=20ms); null: the trace's own rate.",
         ],
     )

@@ -79,7 +79,7 @@ def test_template_holds_every_option_and_reads_back_as_the_defaults(tmp_path):
     assert text.startswith("# dsim scenario file")
     got = load_scenario_file(tmp_path / "s.yaml")
     assert set(got) == {f.name for f in scenario_fields()}
-    assert Scenario(**{k: v for k, v in got.items()}) == dataclasses.replace(Scenario(), sla="p50=20ms")
+    assert Scenario(**{k: v for k, v in got.items()}) == dataclasses.replace(Scenario(), sla="p50=20ms", rate_scale=20.0)
     # every option is commented with its help
     for f in scenario_fields():
         assert f.metadata["help"][:40] in text
@@ -159,6 +159,21 @@ def test_mix_is_checked_against_each_methods_curves_of_a_multi_method_preset(tmp
 def test_text_options_take_numbers_only_where_they_say_so(tmp_path):
     (tmp_path / "s.yaml").write_text("workload: {window: '10:20'}\nsla: {seeds: 0}\n")
     assert load_scenario_file(tmp_path / "s.yaml") == {"window": "10:20", "seeds": "0"}
+
+
+def test_the_default_rate_multiplier_applies_to_the_default_preset_only(tmp_path):
+    from dsim.scenario import resolve_presets
+
+    def resolved(scenario):
+        s, src = resolve_scenario_options("plan", {"sla": "p50=20ms"}, scenario)
+        r, notes = resolve_presets(s, src, "plan")
+        return r.rate_scale, [n for n in notes if n.startswith("default scenario")]
+
+    assert resolved(None) == resolved("default") == (20.0, [resolved(None)[1][0]])
+    (tmp_path / "s.yaml").write_text("sla: {margin: 0.1}\n")  # profile, trace and rate left unset
+    assert resolved(str(tmp_path / "s.yaml")) == (None, [])
+    (tmp_path / "t.yaml").write_text(template_yaml())  # the template states the multiplier
+    assert resolved(str(tmp_path / "t.yaml")) == (20.0, [])
 
 
 def test_missing_scenario_file_names_the_presets(tmp_path):
