@@ -114,12 +114,12 @@ class AcceptanceOrigin:
 
 def acceptance_origin(acceptance: str | None, method: str, profile: Any) -> AcceptanceOrigin | None:
     """The origin of the acceptance a method uses (None without drafts)."""
-    from dsim.spec import DEFAULT_ACCEPTANCE, load_acceptance, make_method, preset_names
+    from dsim.spec import acceptance_name, load_acceptance, make_method, preset_names
 
     m = make_method(method)
     if not m.drafts:
         return None
-    name = acceptance if acceptance is not None else DEFAULT_ACCEPTANCE.get(m.name, "deepseek-v4")
+    name = acceptance_name(acceptance, m.name)
     if name not in preset_names():
         shown = Path(name).name if Path(name).suffix.lower() in (".yaml", ".yml", ".json") else name
         return AcceptanceOrigin(f"given: {shown}", True, None)

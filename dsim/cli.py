@@ -289,7 +289,6 @@ def simulate(
         check_int(nodes, "--nodes", 1, MAX_NODES)
         check_int(scn.gpus_per_node, "--gpus-per-node", 1, MAX_GPUS_PER_NODE)
         check_int(seed, "--seed", 0)
-        check_int(scn.max_model_len, "--max-model-len", 1)
         from dsim.scenario import method_spec
         from dsim.spec import make_method
 

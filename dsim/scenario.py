@@ -53,19 +53,6 @@ def disaggregation_note(remote_prefill_ms: float, remote_prefill_ms_per_ktok: fl
     )
 
 
-def engine_config(
-    disaggregated: bool, remote_prefill_ms: float = 0.0, remote_prefill_ms_per_ktok: float = 0.0
-) -> EngineConfig | None:
-    """The EngineConfig of plan / sweep / ab: vLLM's defaults, disaggregated as asked; None for
-    the default engine (so that every point runs with the callers' default)."""
-    fields = disaggregation(disaggregated, remote_prefill_ms, remote_prefill_ms_per_ktok)
-    if not fields:
-        return None
-    from dsim.engine import EngineConfig
-
-    return EngineConfig(**fields)
-
-
 def build_workload(
     trace: str = "default",
     fmt: str = "auto",
@@ -345,11 +332,10 @@ def field_types() -> dict:
 @dataclasses.dataclass(frozen=True)
 class ScenarioSource:
     """Where a command's scenario came from: a named preset (default, measured) or a file, and
-    which options the command line set (the rest: the file's, else the defaults)."""
+    the command's other options as given (for the line that reproduces a result)."""
 
     name: str = "default"  # default | measured | file
     path: str | None = None  # the scenario file
-    given: tuple = ()  # options set on the command line
     other_options: tuple = ()  # the command line's tokens of the command's other options given
 
 
@@ -504,7 +490,7 @@ def resolve_scenario_options(command: str, given: dict, scenario: str | None) ->
             if name not in set_here and msg.startswith(flag):
                 raise InputError(f"{mark}: {msg[len(flag) :]}") from None
         raise
-    return scn, ScenarioSource(src_name, path, tuple(sorted(set_here)))
+    return scn, ScenarioSource(src_name, path)
 
 
 def check_scenario(s: Scenario) -> None:

@@ -972,6 +972,12 @@ DEFAULT_ACCEPTANCE = {
 }
 
 
+def acceptance_name(acceptance: str | None, method: str) -> str:
+    """The acceptance a method (a SpecMethod name) is sized on: the one given, else its default
+    preset (DEFAULT_ACCEPTANCE)."""
+    return acceptance or DEFAULT_ACCEPTANCE.get(method, "deepseek-v4")
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     """What the user asks for: the method, its verify policy and mode, the acceptance curves and
@@ -1028,7 +1034,7 @@ class SpecRuntime:
         method = make_method(sc.method, sc.k, sc.adaptive)
         if not method.drafts:
             return cls(method, sc.verify_mode)
-        curves = load_acceptance(sc.acceptance or DEFAULT_ACCEPTANCE.get(method.name, "deepseek-v4"), method.name)
+        curves = load_acceptance(acceptance_name(sc.acceptance, method.name), method.name)
         opts = {}
         if sc.sigma_request is not None:
             opts["sigma_request"] = sc.sigma_request

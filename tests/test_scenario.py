@@ -102,7 +102,7 @@ def test_command_line_overrides_the_file_and_the_file_overrides_defaults(tmp_pat
     assert (s.profile, s.gpus_per_node, s.acceptance, s.policy) == ("llama-3.1-8b", 1, "const:0.7", "paper")
     assert s.prefix_caching and s.max_num_seqs == 128 and s.router == "round_robin" and s.sla == "p50=30ms"
     assert s.methods == "mtp,dspark" and s.head_auc == 0.85  # not in the file: the command's defaults
-    assert src.name == "file" and src.given == ("max_num_seqs",)
+    assert src.name == "file" and src.path == str(f)
     s2, _ = resolve_scenario_options("sweep", {}, str(f))
     assert s2.methods == "none,mtp,block,dspark"  # per-command default
     # the compact form printed under a plan reads back to the same scenario
@@ -357,6 +357,9 @@ def test_plan_table_marks_hypothetical_methods_and_names_their_acceptance():
 
     f = P.method_fit_fields(method_spec("dspark"), load_profile(None))
     assert not f["hypothetical"] and f["acceptance_origin"] == "deepseek-v4 preset"
+    assert f["acceptance_other_model"] is False and f["acceptance_users"] is False
+    f = P.method_fit_fields(method_spec("mtp"), load_profile("llama-3.1-8b"))
+    assert f["acceptance_other_model"] is True
 
 
 def test_simulate_and_sweep_say_what_plan_says_of_a_method_not_checked_or_hypothetical(tmp_path):
