@@ -264,8 +264,10 @@ def test_plan_acceptance_and_engine_options_change_the_answer():
         assert r["acceptance_length"] == pytest.approx(1 + p + p * p + p**3, rel=0.08)
         assert r["acceptance_origin"] == "given: const:" + str(p)
     assert high["metrics"]["tpot_p50"]["value"] < low["metrics"]["tpot_p50"]["value"]
-    small = run("--max-num-seqs", "1")  # one request at a time: the latency it meets is another
-    assert small["metrics"]["tpot_p50"]["value"] != run()["metrics"]["tpot_p50"]["value"] or not small["sla_met"]
+    # one request at a time: every decode step a batch of one, shorter than a shared step (the wait
+    # moves into TTFT); 3.3 ms against 4.3 ms, both on one node
+    small, base = run("--max-num-seqs", "1"), run()
+    assert small["metrics"]["tpot_p50"]["value"] < 0.9 * base["metrics"]["tpot_p50"]["value"]
 
 
 def test_scenario_measured_preset_is_kept():
