@@ -294,9 +294,7 @@ class Scenario:
     margin: float = _opt(
         0.10, "sla", "safety margin: pass only if every metric is within target x (1 - margin)", SEARCH_COMMANDS
     )
-    seeds: str = _opt(
-        "0,1,2", "sla", "seeds; every one is simulated, the worst counts", SEARCH_COMMANDS, numbers=True
-    )
+    seeds: str = _opt("0,1,2", "sla", "seeds; every one is simulated, the worst counts", SEARCH_COMMANDS, numbers=True)
     max_nodes: int = _opt(64, "sla", "largest node count tried", SEARCH_COMMANDS)
 
     def to_dict(self, command: str | None = None) -> dict:

@@ -402,7 +402,9 @@ def _from_mapping(doc, where_: str, method: str | None, marks=None) -> Acceptanc
     if models is None:
         models = []
     if not isinstance(models, list) or not all(isinstance(m, str) and m.strip() for m in models):
-        raise InputError(f"{d.at('models')}: expected a list of model ids (e.g. [deepseek-v4-flash]), got {plain(models)}")
+        raise InputError(
+            f"{d.at('models')}: expected a list of model ids (e.g. [deepseek-v4-flash]), got {plain(models)}"
+        )
     return AcceptanceCurves(
         curves, source=src, name=name, method=mname, model=str(doc.get("model") or ""), models=tuple(models)
     )
