@@ -8,6 +8,7 @@ Every command turns bad input (InputError) into one line on stderr and exit code
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import errno
 import json
@@ -40,7 +41,17 @@ def _root():
     """dsim: size LLM serving fleets that run speculative decoding."""
 
 
+# The scenario source of the command running (set by scenario_options): an error naming a scenario
+# option whose value came from a scenario file names the file's line and key (dsim.scenario.file_marked).
+_SCENARIO_SOURCE: contextvars.ContextVar = contextvars.ContextVar("dsim_scenario_source", default=None)
+
+
 def fail(msg: str):
+    src = _SCENARIO_SOURCE.get()
+    if src is not None:
+        from dsim.scenario import file_marked
+
+        msg = file_marked(msg, src)
     typer.echo(f"dsim: error: {msg}", err=True)
     raise typer.Exit(2)
 
@@ -110,7 +121,11 @@ def scenario_options(command: str):
             scenario = kw.pop("scenario")
             scn, src = run_guarded(resolve_scenario_options, command, given, scenario)
             src = dataclasses.replace(src, other_options=_options_given(ctx, names | {"scenario"}))
-            return fn(scn=scn, scn_source=src, **kw)
+            token = _SCENARIO_SOURCE.set(src)
+            try:
+                return fn(scn=scn, scn_source=src, **kw)
+            finally:
+                _SCENARIO_SOURCE.reset(token)
 
         params = own + added
         wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]

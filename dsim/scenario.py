@@ -334,7 +334,18 @@ class ScenarioSource:
 
     name: str = "default"  # default | measured | file
     path: str | None = None  # the scenario file
+    marks: tuple = ()  # (option, 'FILE:LINE: section.key') of each option whose value the file gave
     other_options: tuple = ()  # the command line's tokens of the command's other options given
+
+
+def file_marked(msg: str, src: ScenarioSource) -> str:
+    """An error message that names a scenario option by its flag (``--router: ...``), naming it
+    by the scenario file's line and key instead where the file gave the option's value."""
+    for name, mark in src.marks:
+        flag = "--" + name.replace("_", "-") + ": "
+        if msg.startswith(flag):
+            return f"{mark}: {msg[len(flag) :]}"
+    return msg
 
 
 def reproduce_header(command: str, src: ScenarioSource, file: str = "FILE") -> list[str]:
@@ -472,23 +483,22 @@ def resolve_scenario_options(command: str, given: dict, scenario: str | None) ->
         path = s
         src_name = "file"
     values = {f.name: default_for(f, command) for f in scenario_fields()}
+    from_file: dict = {}
     marks: dict = {}
     if path is not None:  # (null in a file: not set, the command's default)
         from_file, marks = read_scenario_file(path)
-        values.update({k: v for k, v in from_file.items() if v is not None})
+        from_file = {k: v for k, v in from_file.items() if v is not None}
     set_here = {k: v for k, v in given.items() if v is not None}
+    values.update(from_file)
     values.update(set_here)
     scn = Scenario(**values)
+    taken = tuple((k, marks[k]) for k in from_file if k not in set_here)  # the file's values that count
+    src = ScenarioSource(src_name, path, taken)
     try:
         check_scenario(scn)
     except InputError as e:  # a value the file gave: named by file, line and key, not by its flag
-        msg = str(e)
-        for name, mark in marks.items():
-            flag = "--" + name.replace("_", "-") + ": "
-            if name not in set_here and msg.startswith(flag):
-                raise InputError(f"{mark}: {msg[len(flag) :]}") from None
-        raise
-    return scn, ScenarioSource(src_name, path)
+        raise InputError(file_marked(str(e), src)) from None
+    return scn, src
 
 
 def check_scenario(s: Scenario) -> None:

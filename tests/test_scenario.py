@@ -134,6 +134,23 @@ def test_bad_scenario_file_is_one_line_exit_2(tmp_path, text, needles):
     assert_rejected("simulate", "--scenario", tmp_path / "s.yaml", "--requests", "5", needles=needles)
 
 
+@pytest.mark.parametrize(
+    "command, text, needles",
+    [
+        (("plan",), "sla:\n  sla: p50=\n", ("s.yaml:2: sla.sla:",)),
+        (("plan", "--sla", "p50=20ms"), "sla: {seeds: '0,0'}\n", ("s.yaml:1: sla.seeds: repeated seed",)),
+        (("simulate",), "model:\n  gpus_per_node: 0\n", ("s.yaml:2: model.gpus_per_node: must be in 1..",)),
+        (("simulate",), "model: {max_model_len: 0}\n", ("s.yaml:1: model.max_model_len: must be >= 1",)),
+    ],
+)
+def test_a_bad_value_of_the_file_found_by_the_command_names_file_and_line(tmp_path, command, text, needles):
+    """Checked where the command reads it (the SLA, seeds, the node's GPUs), a value the file gave
+    is still named by file, line and key."""
+    (tmp_path / "s.yaml").write_text(text)
+    assert_rejected(*command, "--scenario", tmp_path / "s.yaml", "--requests" if command[0] != "sweep" else "--jobs",
+                    "5" if command[0] != "sweep" else "1", needles=needles)  # fmt: skip
+
+
 def test_a_bad_value_given_on_the_command_line_over_a_file_is_named_by_its_flag(tmp_path):
     (tmp_path / "s.yaml").write_text("engine: {router: round_robin}\n")
     assert_rejected("simulate", "--scenario", tmp_path / "s.yaml", "--router", "nope",
