@@ -354,6 +354,14 @@ def test_model_heads_says_which_kind_of_source_it_read():
     assert model_heads(unknown)[0::2] == (None, None)
 
 
+def test_every_preset_names_the_model_ids_it_is_for():
+    from dsim.spec import PRESET_DIR, preset_names
+
+    for name in preset_names():
+        models = yaml.safe_load((PRESET_DIR / f"{name}.yaml").read_text()).get("models")
+        assert isinstance(models, list) and models and all(isinstance(m, str) and m for m in models), name
+
+
 @pytest.mark.parametrize("models", ["deepseek-v4-flash", "[1, 2]", "['']"])
 def test_acceptance_file_models_must_be_a_list_of_ids(tmp_path, models):
     (tmp_path / "a.yaml").write_text(f"models: {models}\nclasses:\n  default: [0.7]\n")
