@@ -56,16 +56,17 @@ def _model_config(model: str | None) -> tuple[dict | None, str]:
         return None, f"profiles/models/{p.name} unreadable"
 
 
-def model_heads(profile: Any) -> tuple[frozenset | None, str]:
-    """(the heads a profile's model has, where that is read from); heads None when unknown."""
+def model_heads(profile: Any) -> tuple[frozenset | None, str, str | None]:
+    """(the heads a profile's model has, where that is read from, the kind of source: ``profile``
+    (its provenance.heads), ``config`` (the model's config) or None (unknown: heads None))."""
     prov = profile.provenance or {}
     heads = prov.get("heads")
     if isinstance(heads, (list, tuple)):
-        return frozenset(str(h).lower() for h in heads), f"profile {profile.name}: provenance.heads"
+        return frozenset(str(h).lower() for h in heads), f"profile {profile.name}: provenance.heads", "profile"
     cfg, where = _model_config(prov.get("model"))
     if cfg is None:
-        return None, where
-    return heads_from_config(cfg), where
+        return None, where, None
+    return heads_from_config(cfg), where, "config"
 
 
 def heads_from_config(cfg: dict) -> frozenset:
@@ -88,13 +89,13 @@ def method_fit(method: str, profile: Any) -> MethodFit:
     need = make_method(method).model_head
     if need is None:
         return MethodFit(True, "")
-    heads, where = model_heads(profile)
+    heads, where, kind = model_heads(profile)
     model = (profile.provenance or {}).get("model") or profile.name
     if heads is None:
         return MethodFit(None, f"whether {model} has a {HEAD_WORDS[need]} is unknown ({where})")
     if need in heads:
         return MethodFit(True, f"{model} has a {HEAD_WORDS[need]} ({where})")
-    evidence = CONFIG_EVIDENCE[need] if where.startswith("profiles/models") else f"no {need} listed"
+    evidence = CONFIG_EVIDENCE[need] if kind == "config" else f"no {need} listed"
     return MethodFit(False, f"{model} has no {HEAD_WORDS[need]} ({where}: {evidence})")
 
 
@@ -102,26 +103,29 @@ def method_fit(method: str, profile: Any) -> MethodFit:
 class AcceptanceOrigin:
     """Whose acceptance a method is sized on: ``label`` for a table cell, ``users`` True when the
     user gave it (inline curves, a file such as a calibration), ``other_model`` True when it is a
-    preset of another model than the profile's."""
+    preset of another model than the profile's (the profile's provenance.model not among the
+    preset's ``models``), None where that is not known (the user's curves, a profile naming no
+    model)."""
 
     label: str
     users: bool
-    other_model: bool
+    other_model: bool | None
 
 
 def acceptance_origin(acceptance: str | None, method: str, profile: Any) -> AcceptanceOrigin | None:
     """The origin of the acceptance a method uses (None without drafts)."""
-    from dsim.spec import DEFAULT_ACCEPTANCE, load_acceptance, make_method, preset_names
+    from dsim.spec import acceptance_name, load_acceptance, make_method, preset_names
 
     m = make_method(method)
     if not m.drafts:
         return None
-    name = acceptance if acceptance is not None else DEFAULT_ACCEPTANCE.get(m.name, "deepseek-v4")
+    name = acceptance_name(acceptance, m.name)
     if name not in preset_names():
         shown = Path(name).name if Path(name).suffix.lower() in (".yaml", ".yml", ".json") else name
-        return AcceptanceOrigin(f"given: {shown}", True, False)
+        return AcceptanceOrigin(f"given: {shown}", True, None)
     curves = load_acceptance(name, m.name)
     model = str((profile.provenance or {}).get("model") or "")
-    own = bool(model) and model.lower() in curves.model.lower().replace(" ", "-")
-    label = f"{name} preset" + ("" if own else f" (not {model or 'this model'}'s)")
-    return AcceptanceOrigin(label, False, not own)
+    if not model:
+        return AcceptanceOrigin(f"{name} preset (profile names no model)", False, None)
+    own = model in curves.models
+    return AcceptanceOrigin(f"{name} preset" + ("" if own else f" (not {model}'s)"), False, not own)

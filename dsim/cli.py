@@ -8,6 +8,7 @@ Every command turns bad input (InputError) into one line on stderr and exit code
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import errno
 import json
@@ -40,7 +41,17 @@ def _root():
     """dsim: size LLM serving fleets that run speculative decoding."""
 
 
+# The scenario source of the command running (set by scenario_options): an error naming a scenario
+# option whose value came from a scenario file names the file's line and key (dsim.scenario.file_marked).
+_SCENARIO_SOURCE: contextvars.ContextVar = contextvars.ContextVar("dsim_scenario_source", default=None)
+
+
 def fail(msg: str):
+    src = _SCENARIO_SOURCE.get()
+    if src is not None:
+        from dsim.scenario import file_marked
+
+        msg = file_marked(msg, src)
     typer.echo(f"dsim: error: {msg}", err=True)
     raise typer.Exit(2)
 
@@ -110,7 +121,11 @@ def scenario_options(command: str):
             scenario = kw.pop("scenario")
             scn, src = run_guarded(resolve_scenario_options, command, given, scenario)
             src = dataclasses.replace(src, other_options=_options_given(ctx, names | {"scenario"}))
-            return fn(scn=scn, scn_source=src, **kw)
+            token = _SCENARIO_SOURCE.set(src)
+            try:
+                return fn(scn=scn, scn_source=src, **kw)
+            finally:
+                _SCENARIO_SOURCE.reset(token)
 
         params = own + added
         wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
@@ -156,6 +171,18 @@ def check_mix(mix: Optional[str], acceptance: Optional[str] = None, method: Opti
     unknown = [c for c in shares if c not in known]
     if unknown:
         raise InputError(f"--mix: unknown class {unknown[0]!r} (known: {', '.join(sorted(known))})")
+
+
+def check_mix_methods(mix: Optional[str], acceptance: Optional[str], methods) -> None:
+    """check_mix for each method (SpecMethod names): a method without drafts reads no curves, so
+    only the default classes; a drafting one the curves of its own method (a preset such as
+    deepseek-v4 holds one curve set per method)."""
+    if mix is None:
+        return
+    from dsim.spec import make_method
+
+    for m in dict.fromkeys(methods):
+        check_mix(mix, acceptance if make_method(m).drafts else None, m)
 
 
 def check_int(value, what: str, lo: int, hi: Optional[int] = None) -> None:
@@ -277,7 +304,6 @@ def simulate(
         check_int(nodes, "--nodes", 1, MAX_NODES)
         check_int(scn.gpus_per_node, "--gpus-per-node", 1, MAX_GPUS_PER_NODE)
         check_int(seed, "--seed", 0)
-        check_int(scn.max_model_len, "--max-model-len", 1)
         from dsim.scenario import method_spec
         from dsim.spec import make_method
 
@@ -292,17 +318,16 @@ def simulate(
             adaptive_on: Optional[bool] = named.adaptive
         else:
             adaptive_on = adaptive
-        drafts = meth != "none"  # acceptance curves are read only with drafts
-        if scn.acceptance is not None and drafts:
+        if scn.acceptance is not None and make_method(meth).drafts:  # curves are read only with drafts
             from dsim.spec import load_acceptance
 
             load_acceptance(scn.acceptance, meth)
-        check_mix(scn.mix, scn.acceptance if drafts else None, meth)
+        check_mix_methods(scn.mix, scn.acceptance, [meth])
         check_out_targets(out, step_log)
         w = build_workload(
             scn.trace, scn.format, scn.requests, scn.window, scn.rate, scn.rate_scale, concurrency, scn.mix, seed
         )
-        scn_run, _ = resolve_presets(scn, scn_source, "simulate")  # as written to --out: explicit
+        scn_run, notes = resolve_presets(scn, scn_source, "simulate")  # as written to --out: explicit
         prof = scenario_profile(scn_run)
         sc = spec_config(
             meth, k_drafts, adaptive_on, scn.policy, scn.verify_mode, scn.acceptance, scn.head, scn.head_auc
@@ -337,17 +362,19 @@ def simulate(
             res.summary["setup"]["method_fit"] = fit  # whether the model can run the method, whose acceptance
             if out_dir is not None:
                 write_output_files(res, out_dir)
-                write_scenario(out_dir, scn_run, "simulate", scn_source)
+                write_scenario(out_dir, scn_run, "simulate", scn_source, out)
             if log_file is not None:
                 write_step_log_file(res, log_file)
         if as_json:
             typer.echo(json.dumps(res.summary, sort_keys=True))
         elif not quiet:
             print_summary(res.summary, ec)
-            if fit["hypothetical"]:
-                typer.echo(
-                    f"method   : hypothetical: {fit['fit']}; acceptance {fit['acceptance_origin']}, an assumption"
-                )
+            for line in notes:  # what the preset picked (the measured profile)
+                typer.echo(f"note     : {line}")
+            from dsim.plan import hypothetical_lines, method_label
+
+            for line in hypothetical_lines({meth: {**fit, "label": method_label(sc)}}, [meth]):
+                typer.echo(f"method   : {line}")
 
     run_guarded(go)
 

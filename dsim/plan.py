@@ -685,7 +685,8 @@ def method_fit_fields(spec: SpecConfig, profile: Any) -> dict:
     """Whether the profile's model can run the method and whose acceptance it is sized on
     (dsim.capability), as a plan result's fields: ``hypothetical`` (the model lacks the head the
     method needs), ``fit`` (why), ``acceptance_origin`` (a short name for the table, None without
-    drafts) and ``acceptance_users`` (the user gave it)."""
+    drafts), ``acceptance_users`` (the user gave it) and ``acceptance_other_model`` (a preset of
+    another model than the profile's; None where not known)."""
     from dsim.capability import acceptance_origin, method_fit
 
     fit = method_fit(spec.method, profile)
@@ -696,6 +697,7 @@ def method_fit_fields(spec: SpecConfig, profile: Any) -> dict:
         "fit": fit.reason,
         "acceptance_origin": origin.label if origin is not None else None,
         "acceptance_users": origin.users if origin is not None else None,
+        "acceptance_other_model": origin.other_model if origin is not None else None,
     }
 
 

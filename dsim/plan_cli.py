@@ -14,7 +14,7 @@ import typer
 from dsim.cli import (
     app,
     check_int,
-    check_mix,
+    check_mix_methods,
     check_out_targets,
     run_guarded,
     scenario_options,
@@ -203,8 +203,9 @@ def plan(
         from dsim.progress import Progress
         from dsim.scenario import scenario_yaml
 
-        setup = _search_setup(scn, scn_source, "plan", jobs=jobs, executor=executor, ray_address=ray_address)
         specs = parse_methods(scn.methods, **spec_common(scn))
+        setup = _search_setup(scn, scn_source, "plan", [sp.method for sp in specs.values()], jobs=jobs,
+                              executor=executor, ray_address=ray_address)  # fmt: skip
         check_fit(setup.workloads.values(), setup.profile, specs.values(), scn.gpus_per_node,
                   scn.price_per_gpu_hour, nodes=scn.max_nodes, nodes_flag="--max-nodes")  # fmt: skip
         with Progress("plan") as bar:
@@ -264,9 +265,11 @@ class SearchSetup:
     scenario: Scenario
 
 
-def _search_setup(scn: Scenario, src: ScenarioSource, command: str, *, jobs, executor, ray_address) -> SearchSetup:
-    """Validate the node-count search's scenario and flags (an InputError names the flag) and
-    build its inputs."""
+def _search_setup(
+    scn: Scenario, src: ScenarioSource, command: str, methods: list[str], *, jobs, executor, ray_address
+) -> SearchSetup:
+    """Validate the node-count search's scenario and flags (an InputError names the flag) for
+    ``methods`` (SpecMethod names) and build its inputs."""
     from dsim import plan as P
     from dsim.executor import check_executor
 
@@ -276,7 +279,7 @@ def _search_setup(scn: Scenario, src: ScenarioSource, command: str, *, jobs, exe
     slos = P.parse_sla(scn.sla)
     seed_list = parse_seeds(scn.seeds)
     check_common(max_nodes=scn.max_nodes, gpus_per_node=scn.gpus_per_node, jobs=jobs)
-    check_mix(scn.mix, scn.acceptance)
+    check_mix_methods(scn.mix, scn.acceptance, methods)
     run, notes = resolve_presets(scn, src, command)
     eng = scenario_engine(run)
     notes += engine_notes(eng)
@@ -338,7 +341,7 @@ def sweep(
         check_int(min_requests, "--min-requests", 1, 10_000_000)
         check_int(requests_per_user, "--requests-per-user", 1, 1_000_000)
         check_common(nodes=nodes, gpus_per_node=run.gpus_per_node, seed=seed, jobs=jobs)
-        check_mix(run.mix, run.acceptance)
+        check_mix_methods(run.mix, run.acceptance, [sp.method for sp in specs.values()])
         check_out_targets(out)
         prof = scenario_profile(run)
         base = build_workload(run.trace, run.format, None, run.window, None, None, None, run.mix, seed)
@@ -367,7 +370,7 @@ def sweep(
             ctx = context_line(prof, base, list(dict.fromkeys(df["label"])))
             written = S.write_sweep(df, tmp, context=ctx)
             comp_text, comp_files = _paper_comparison(df, list(specs), slas, prof, tmp, ctx)
-            written_scn = write_scenario(tmp, run, "sweep", scn_source)
+            written_scn = write_scenario(tmp, run, "sweep", scn_source, out)
             files = [final_path(tmp, out, f) for f in written + comp_files + [written_scn]]
         typer.echo(S.format_sweep(df))
         if comp_text:
@@ -386,7 +389,8 @@ def sweep(
 
 def method_lines(specs: dict, prof) -> list[str]:
     """Per drafting method: the acceptance it is sized on (whose) and, where the profile's model
-    cannot run it, that it is hypothetical (dsim.capability)."""
+    cannot run it, that it is hypothetical, or where that is unknown, that it was not checked
+    (dsim.capability)."""
     from dsim import plan as P
 
     out = []
@@ -397,6 +401,8 @@ def method_lines(specs: dict, prof) -> list[str]:
         line = f"{name}: acceptance {f['acceptance_origin']}"
         if f["hypothetical"]:
             line += f"; hypothetical: {f['fit']}"
+        elif f["model_can_run"] is None and f["fit"]:
+            line += f"; {f['fit']}; not checked"
         out.append(line)
     return out
 
@@ -461,9 +467,10 @@ def ab(
         check_int(min_requests, "--min-requests", 1, 10_000_000)
         check_int(requests_per_user, "--requests-per-user", 1, 1_000_000)
         check_out_targets(out)
-        setup = _search_setup(scn, scn_source, "ab", jobs=jobs, executor=executor, ray_address=ray_address)
         common = spec_common(scn)
         sa, sb = method_spec(a, what="--a", **common), method_spec(b, what="--b", **common)
+        setup = _search_setup(scn, scn_source, "ab", [sa.method, sb.method], jobs=jobs, executor=executor,
+                              ray_address=ray_address)  # fmt: skip
         check_fit(setup.workloads.values(), setup.profile, (sa, sb), scn.gpus_per_node, scn.price_per_gpu_hour,
                   nodes=scn.max_nodes, nodes_flag="--max-nodes")  # fmt: skip
         if per_gpu:
@@ -506,7 +513,7 @@ def ab(
                     engine=setup.engine,
                     router=scn.router,
                 )
-            files.append(write_scenario(tmp, setup.scenario, "ab", scn_source))
+            files.append(write_scenario(tmp, setup.scenario, "ab", scn_source, out))
             files = [final_path(tmp, out, f) for f in files]
         typer.echo("wrote " + ", ".join(str(f) for f in files))
 

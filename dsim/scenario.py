@@ -53,19 +53,6 @@ def disaggregation_note(remote_prefill_ms: float, remote_prefill_ms_per_ktok: fl
     )
 
 
-def engine_config(
-    disaggregated: bool, remote_prefill_ms: float = 0.0, remote_prefill_ms_per_ktok: float = 0.0
-) -> EngineConfig | None:
-    """The EngineConfig of plan / sweep / ab: vLLM's defaults, disaggregated as asked; None for
-    the default engine (so that every point runs with the callers' default)."""
-    fields = disaggregation(disaggregated, remote_prefill_ms, remote_prefill_ms_per_ktok)
-    if not fields:
-        return None
-    from dsim.engine import EngineConfig
-
-    return EngineConfig(**fields)
-
-
 def build_workload(
     trace: str = "default",
     fmt: str = "auto",
@@ -83,21 +70,11 @@ def build_workload(
     at this many requests per second (seeded); rate_scale: the trace's arrival rate scaled;
     concurrency: a closed loop of this many users (arrivals all at 0); mix: a workload-class mix
     for traces without classes."""
-    if requests is not None and requests < 1:
-        raise InputError(f"--requests: must be >= 1, got {requests}")
-    if rate is not None and not (math.isfinite(rate) and rate > 0):
-        raise InputError(f"--rate: must be a finite number > 0, got {rate}")
+    win = check_slicing(requests, window, rate)
     if seed < 0:
         raise InputError(f"--seed: must be >= 0, got {seed}")
     if concurrency is not None and concurrency < 1:
         raise InputError(f"--concurrency: must be >= 1, got {concurrency}")
-    win = None
-    if window:
-        try:
-            a, b = (float(x) for x in window.split(":"))
-        except ValueError:
-            raise InputError(f"--window: expected START:END in seconds, got {window!r}") from None
-        win = (a, b)
     import numpy as np
 
     from dsim.workload import MAX_SPAN_S, load_workload
@@ -119,6 +96,22 @@ def build_workload(
             arrival_s=np.zeros(len(w.arrival_s)),
         )
     return w
+
+
+def check_slicing(requests: int | None, window: str | None, rate: float | None) -> tuple[float, float] | None:
+    """Bad values of how a trace is sliced and re-timed (--requests, --window, --rate), each an
+    InputError naming the option; returns the window as (start, end) seconds (None: the whole trace)."""
+    if requests is not None and requests < 1:
+        raise InputError(f"--requests: must be >= 1, got {requests}")
+    if rate is not None and not (math.isfinite(rate) and rate > 0):
+        raise InputError(f"--rate: must be a finite number > 0, got {rate}")
+    if not window:
+        return None
+    try:
+        a, b = (float(x) for x in window.split(":"))
+    except ValueError:
+        raise InputError(f"--window: expected START:END in seconds, got {window!r}") from None
+    return (a, b)
 
 
 def spec_config(
@@ -205,7 +198,8 @@ VERIFY_MODE_NAMES = ("static", "compact", "cap-accept")
 def _opt(default: Any, section: str, help: str, commands: tuple = ALL_COMMANDS, **meta: Any) -> Any:
     """A scenario option: its default, the file section it lives in, its help text and the
     commands that take it. meta: ``flag`` (the command-line spelling, for booleans
-    ``--x/--no-x``), ``defaults`` (a command -> default mapping where commands differ)."""
+    ``--x/--no-x``), ``defaults`` (a command -> default mapping where commands differ),
+    ``numbers`` (a text option a file may write as a number: seeds: 0)."""
     return dataclasses.field(default=default, metadata={"section": section, "help": help, "commands": commands, **meta})
 
 
@@ -300,7 +294,7 @@ class Scenario:
     margin: float = _opt(
         0.10, "sla", "safety margin: pass only if every metric is within target x (1 - margin)", SEARCH_COMMANDS
     )
-    seeds: str = _opt("0,1,2", "sla", "seeds; every one is simulated, the worst counts", SEARCH_COMMANDS)
+    seeds: str = _opt("0,1,2", "sla", "seeds; every one is simulated, the worst counts", SEARCH_COMMANDS, numbers=True)
     max_nodes: int = _opt(64, "sla", "largest node count tried", SEARCH_COMMANDS)
 
     def to_dict(self, command: str | None = None) -> dict:
@@ -336,12 +330,22 @@ def field_types() -> dict:
 @dataclasses.dataclass(frozen=True)
 class ScenarioSource:
     """Where a command's scenario came from: a named preset (default, measured) or a file, and
-    which options the command line set (the rest: the file's, else the defaults)."""
+    the command's other options as given (for the line that reproduces a result)."""
 
     name: str = "default"  # default | measured | file
     path: str | None = None  # the scenario file
-    given: tuple = ()  # options set on the command line
+    marks: tuple = ()  # (option, 'FILE:LINE: section.key') of each option whose value the file gave
     other_options: tuple = ()  # the command line's tokens of the command's other options given
+
+
+def file_marked(msg: str, src: ScenarioSource) -> str:
+    """An error message that names a scenario option by its flag (``--router: ...``), naming it
+    by the scenario file's line and key instead where the file gave the option's value."""
+    for name, mark in src.marks:
+        flag = "--" + name.replace("_", "-") + ": "
+        if msg.startswith(flag):
+            return f"{mark}: {msg[len(flag) :]}"
+    return msg
 
 
 def reproduce_header(command: str, src: ScenarioSource, file: str = "FILE") -> list[str]:
@@ -352,25 +356,41 @@ def reproduce_header(command: str, src: ScenarioSource, file: str = "FILE") -> l
     rest = " ".join(shlex.quote(x) for x in src.other_options)
     return [
         f"dsim scenario: every option of the `dsim {command}` run that wrote this file",
-        f"reproduce: dsim {command} --scenario {file}" + (f" {rest}" if rest else ""),
+        f"reproduce: dsim {command} --scenario {shlex.quote(file)}" + (f" {rest}" if rest else ""),
     ]
 
 
 SCENARIO_FILE = "scenario.yaml"  # its name in an output directory
+PATH_OPTIONS = ("trace", "profile", "acceptance")  # options whose value may be a file
 
 
-def write_scenario(out_dir: str | Path, s: Scenario, command: str, src: ScenarioSource) -> Path:
-    """Write ``scenario.yaml`` (the file that reproduces a command's result) into ``out_dir``."""
+def write_scenario(out_dir: str | Path, s: Scenario, command: str, src: ScenarioSource, out: str | Path) -> Path:
+    """Write ``scenario.yaml`` (the file that reproduces a command's result) into ``out_dir``
+    (where it is staged); ``out``: the output directory as the user gave it, named in the
+    reproducing command line."""
     p = Path(out_dir) / SCENARIO_FILE
-    p.write_text(scenario_yaml(s, command, header=reproduce_header(command, src, SCENARIO_FILE)))
+    p.write_text(scenario_yaml(s, command, header=reproduce_header(command, src, str(Path(out) / SCENARIO_FILE))))
     return p
 
 
-def load_scenario_file(path: str | Path, command: str | None = None) -> dict:
-    """The options a scenario file sets: {option: value}, checked against each field's type.
-    Keys may sit under their section (model:, workload:, speculation:, engine:, sla:) or at the
-    top level; an unknown key or a value of the wrong type is an InputError naming file, line and
-    key. Options a command does not take are kept (the file serves every command)."""
+def _names_a_file(value: Any) -> bool:
+    """A value of a PATH_OPTIONS option written as a path (a folder part or a file extension),
+    not a name (a profile, a preset, a trace name)."""
+    return isinstance(value, str) and ("/" in value or "\\" in value or bool(Path(value).suffix))
+
+
+def load_scenario_file(path: str | Path) -> dict:
+    """The options a scenario file sets: {option: value} (read_scenario_file's values)."""
+    return read_scenario_file(path)[0]
+
+
+def read_scenario_file(path: str | Path) -> tuple[dict, dict]:
+    """({option: value}, {option: 'FILE:LINE: section.key'}) of a scenario file, each value
+    checked against its field's type. Keys may sit under their section (model:, workload:,
+    speculation:, engine:, sla:) or at the top level; an unknown key or a value of the wrong type
+    is an InputError naming file, line and key. Options a command does not take are kept (the
+    file serves every command). A relative path of a trace, profile or acceptance file is read
+    from the scenario file's folder where it exists there (so a file reproduces from any folder)."""
     from dsim import schema as Sch
     from dsim.errors import plain
 
@@ -381,12 +401,13 @@ def load_scenario_file(path: str | Path, command: str | None = None) -> dict:
         raise InputError(f"--scenario: {p}: scenario file not found (or a preset name: default, measured)")
     doc, marks = Sch.read_document(p, kind="json" if p.suffix.lower() == ".json" else "yaml")
     if doc is None:
-        return {}
+        return {}, {}
     if not isinstance(doc, dict):
         raise InputError(f"{marks.at()}: a scenario file is a mapping of sections ({', '.join(SECTIONS)})")
     types = field_types()
     known = {f.name: f for f in scenario_fields()}
     out: dict = {}
+    at: dict = {}
 
     def take(key: Any, value: Any, keys: tuple) -> None:
         name = str(key).replace("-", "_")
@@ -394,7 +415,12 @@ def load_scenario_file(path: str | Path, command: str | None = None) -> dict:
             raise InputError(f"{marks.at(*keys)}: unknown option {plain(str(key))} (known: {', '.join(known)})")
         if name in out:
             raise InputError(f"{marks.at(*keys)}: {name} given twice")
-        out[name] = _typed(value, types[name], lambda: marks.at(*keys))
+        out[name] = _typed(value, types[name], lambda: marks.at(*keys), known[name].metadata.get("numbers", False))
+        if name in PATH_OPTIONS and _names_a_file(out[name]) and not Path(out[name]).expanduser().is_absolute():
+            beside = p.parent / out[name]
+            if beside.exists():
+                out[name] = str(beside)
+        at[name] = marks.at(*keys)
 
     for key, value in doc.items():
         if key in SECTIONS:
@@ -406,11 +432,13 @@ def load_scenario_file(path: str | Path, command: str | None = None) -> dict:
                 take(k2, v2, (key, k2))
         else:
             take(key, value, (key,))
-    return out
+    return out, at
 
 
-def _typed(value: Any, spec: tuple, where: Any) -> Any:
-    """A file value as the field's type: str, int, float or bool (None where the field allows it)."""
+def _typed(value: Any, spec: tuple, where: Any, numbers: bool = False) -> Any:
+    """A file value as the field's type: str, int, float or bool (None where the field allows it).
+    A text option takes a number only where it says so (``numbers``): YAML reads unquoted text
+    such as 10:20 (a window) as a number (620, base 60), which must not pass as the text."""
     from dsim.errors import plain
 
     typ, optional = spec
@@ -428,8 +456,15 @@ def _typed(value: Any, spec: tuple, where: Any) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             return float(value)
     elif typ is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)  # e.g. seeds: 0 or rate_scale-like strings written as numbers
+        if isinstance(value, str):
+            return value
+        if numbers and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # seeds: 0
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            raise InputError(
+                f"{where()}: must be a string, got the number {plain(value)}: quote the value "
+                "(unquoted, YAML reads text such as 10:20 as a number, 620)"
+            )
     raise InputError(f"{where()}: must be {_TYPE_WORD.get(typ, typ.__name__)}, got {plain(value)}")
 
 
@@ -448,17 +483,27 @@ def resolve_scenario_options(command: str, given: dict, scenario: str | None) ->
         path = s
         src_name = "file"
     values = {f.name: default_for(f, command) for f in scenario_fields()}
+    from_file: dict = {}
+    marks: dict = {}
     if path is not None:  # (null in a file: not set, the command's default)
-        values.update({k: v for k, v in load_scenario_file(path, command).items() if v is not None})
+        from_file, marks = read_scenario_file(path)
+        from_file = {k: v for k, v in from_file.items() if v is not None}
     set_here = {k: v for k, v in given.items() if v is not None}
+    values.update(from_file)
     values.update(set_here)
     scn = Scenario(**values)
-    check_scenario(scn)
-    return scn, ScenarioSource(src_name, path, tuple(sorted(set_here)))
+    taken = tuple((k, marks[k]) for k in from_file if k not in set_here)  # the file's values that count
+    src = ScenarioSource(src_name, path, taken)
+    try:
+        check_scenario(scn)
+    except InputError as e:  # a value the file gave: named by file, line and key, not by its flag
+        raise InputError(file_marked(str(e), src)) from None
+    return scn, src
 
 
 def check_scenario(s: Scenario) -> None:
-    """Bad option values, each an InputError naming the option (before anything runs)."""
+    """Bad option values, each an InputError naming the option as its flag (``--router: ...``)
+    before anything runs."""
     from dsim.cluster import ROUTERS
 
     if s.policy.strip().lower() not in POLICY_NAMES:
@@ -477,6 +522,7 @@ def check_scenario(s: Scenario) -> None:
     if s.acceptance is not None and not s.acceptance.strip():
         raise InputError("--acceptance: empty (a preset name, a file, const:P or class=p1,p2,...)")
     disaggregation(s.disaggregated, s.remote_prefill_ms, s.remote_prefill_ms_per_ktok)
+    check_slicing(s.requests, s.window, s.rate)
 
 
 def scenario_engine(s: Scenario, **extra: Any) -> EngineConfig | None:
@@ -510,9 +556,16 @@ def scenario_yaml(s: Scenario, command: str | None = None, *, comments: bool = T
     """A scenario file holding ``s`` (the options ``command`` takes; all without one): by section,
     each option with its help as a comment (``comments``), ``header`` lines first as comments.
     Without comments each section is one line (a compact form to print under a result)."""
+    import os
+
     import yaml
 
     d = s.to_dict(command)
+    for vals in d.values():  # a file given by a relative path: absolute, so the file is read from any folder
+        for k in PATH_OPTIONS:
+            v = vals.get(k)
+            if _names_a_file(v) and os.path.exists(v):
+                vals[k] = os.path.abspath(v)
     lines = [f"# {h}" if h else "#" for h in header]
     if not comments:
         for sec, vals in d.items():
@@ -558,8 +611,8 @@ def measured_profile_path() -> Path | None:
 def resolve_presets(s: Scenario, src: ScenarioSource, command: str) -> tuple[Scenario, list[str]]:
     """The scenario with what its preset implies made explicit (so that a written scenario file
     reproduces the run without the preset): the profile (default: the default profile; measured:
-    the first measured profile) and, for plan and ab on the default scenario, the default trace's
-    rate multiplier. Returns (scenario, notes printed with the result)."""
+    the first measured profile) and, for plan and ab on the default preset (not a scenario file),
+    the default trace's rate multiplier. Returns (scenario, notes printed with the result)."""
     from dsim.cost import DEFAULT_PROFILE
 
     notes: list[str] = []
@@ -572,7 +625,8 @@ def resolve_presets(s: Scenario, src: ScenarioSource, command: str) -> tuple[Sce
             profile = str(p)
             notes.append(f"scenario 'measured': profile {p}")
     elif (
-        command in SEARCH_COMMANDS
+        src.name == "default"
+        and command in SEARCH_COMMANDS
         and s.trace == "default"
         and s.rate is None
         and rate_scale is None
@@ -605,14 +659,18 @@ def load_scenario_profile(s: Scenario, src: ScenarioSource, command: str = "simu
 
 
 def template_yaml() -> str:
-    """The commented template `dsim scenario init` writes: every option at its default (the SLA
-    of the quick start), each with its help."""
-    s = dataclasses.replace(Scenario(), sla="p50=20ms")
+    """The commented template `dsim scenario init` writes: every option at its default, with the
+    SLA and arrival-rate multiplier of the quick start (`dsim plan --sla p50=20ms`), each with its
+    help."""
+    s = dataclasses.replace(Scenario(), sla="p50=20ms", rate_scale=DEFAULT_PLAN_RATE_SCALE)
     return scenario_yaml(
         s,
         header=[
             "dsim scenario file. Use: dsim plan --scenario FILE (also simulate, sweep, ab: each reads the",
             "options it takes). Options given on the command line override the file's; null: the command's",
             "default. Every result dsim writes comes with the scenario file that reproduces it.",
+            f"rate_scale {DEFAULT_PLAN_RATE_SCALE:g}: the embedded default trace replayed at {DEFAULT_PLAN_RATE_SCALE:g}x "
+            "its arrival rate, as plan's default scenario",
+            "replays it (one 8-GPU node is not enough at p50=20ms); null: the trace's own rate.",
         ],
     )

@@ -250,6 +250,7 @@ class AcceptanceCurves:
     name: str = ""
     method: str | None = None
     model: str = ""  # the model the curves were measured or derived for (a file's `model:`), if said
+    models: tuple = ()  # the model ids (profiles' provenance.model) they are for (a file's `models:`)
 
     def __post_init__(self):
         if not self.curves:
@@ -397,7 +398,16 @@ def _from_mapping(doc, where_: str, method: str | None, marks=None) -> Acceptanc
         if not isinstance(v, list) or not v:
             raise InputError(f"{d.at(*ckeys, c)}: expected a non-empty list of probabilities, got {plain(v)}")
         curves[str(c)] = tuple(Sch.number(x, d, *ckeys, c, i, lo=0.0, hi=1.0) for i, x in enumerate(v))
-    return AcceptanceCurves(curves, source=src, name=name, method=mname, model=str(doc.get("model") or ""))
+    models = doc.get("models")
+    if models is None:
+        models = []
+    if not isinstance(models, list) or not all(isinstance(m, str) and m.strip() for m in models):
+        raise InputError(
+            f"{d.at('models')}: expected a list of model ids (e.g. [deepseek-v4-flash]), got {plain(models)}"
+        )
+    return AcceptanceCurves(
+        curves, source=src, name=name, method=mname, model=str(doc.get("model") or ""), models=tuple(models)
+    )
 
 
 def load_acceptance(name_or_path: str, method: str | None = None) -> AcceptanceCurves:
@@ -964,6 +974,12 @@ DEFAULT_ACCEPTANCE = {
 }
 
 
+def acceptance_name(acceptance: str | None, method: str) -> str:
+    """The acceptance a method (a SpecMethod name) is sized on: the one given, else its default
+    preset (DEFAULT_ACCEPTANCE)."""
+    return acceptance or DEFAULT_ACCEPTANCE.get(method, "deepseek-v4")
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     """What the user asks for: the method, its verify policy and mode, the acceptance curves and
@@ -1020,7 +1036,7 @@ class SpecRuntime:
         method = make_method(sc.method, sc.k, sc.adaptive)
         if not method.drafts:
             return cls(method, sc.verify_mode)
-        curves = load_acceptance(sc.acceptance or DEFAULT_ACCEPTANCE.get(method.name, "deepseek-v4"), method.name)
+        curves = load_acceptance(acceptance_name(sc.acceptance, method.name), method.name)
         opts = {}
         if sc.sigma_request is not None:
             opts["sigma_request"] = sc.sigma_request
