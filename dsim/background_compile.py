@@ -44,12 +44,12 @@ finally:
 """
 
 
-_children: list = []  # (launcher's pid, Popen) of the background processes started here
+_children: list = []  # (launcher's pid, Popen, job file, lock file) of the background processes started here
 
 
 def _alive(pid: int) -> bool:
-    for parent, p in _children:  # (this process's own: reaped, a zombie is not alive; a forked
-        if p.pid == pid and parent == os.getpid():  # worker cannot wait for its parent's child)
+    for parent, p, _, _ in _children:  # (this process's own: reaped, a zombie is not alive; a
+        if p.pid == pid and parent == os.getpid():  # forked worker cannot wait for its parent's child)
             return p.poll() is None
     try:
         os.kill(pid, 0)
@@ -178,7 +178,7 @@ class Deferred:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-            _children.append((os.getpid(), p))
+            _children.append((os.getpid(), p, job.name, lock))
             with open(lock + ".pid", "w") as out:  # (the compiling process's id, replacing ours at once)
                 out.write(str(p.pid))
             os.replace(lock + ".pid", lock)
@@ -197,3 +197,32 @@ class Deferred:
             self.disp, f"{f.__name__}: compiling in a background process (meanwhile its steps run in Python)"
         )
         return False
+
+
+def finish(wait_s: float, say: Callable[[str], None] | None = None) -> None:
+    """Before the command exits: no background compile outlives it. Those this process started and
+    still running are given up to `wait_s` seconds to finish filling numba's cache for later runs
+    (`say` tells the user once that it waits), then ended, their job and lock files removed (an
+    interrupted or failed command passes 0: they end at once)."""
+    mine = [c for c in _children if c[0] == os.getpid()]
+    running = [c for c in mine if c[1].poll() is None]
+    if running and wait_s > 0:
+        if say is not None:
+            say(f"dsim: finishing a kernel compile for later runs (at most {wait_s:.0f} s; Ctrl-C skips it)")
+        end = time.monotonic() + wait_s
+        try:
+            for c in running:
+                c[1].wait(timeout=max(end - time.monotonic(), 0.0))
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            pass
+    for c in mine:
+        _, p, job, lock = c
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+            for path in (job, lock):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+        _children.remove(c)

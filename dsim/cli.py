@@ -449,6 +449,15 @@ def _exit_on_sigterm():
         return None
 
 
+# How long a finished command waits for a kernel compile it started in the background
+# (dsim.background_compile) before ending it: the compile fills numba's cache for the next run.
+BACKGROUND_COMPILE_WAIT_S = 60.0
+
+
+def _say_err(text: str) -> None:
+    typer.echo(text, err=True)
+
+
 def main(argv=None):
     """The console entry point. Bad input of any kind (an InputError, a flag click cannot parse,
     a file the OS refuses) is one line on stderr and exit code 2; Ctrl-C is exit code 130."""
@@ -461,10 +470,12 @@ def main(argv=None):
     clear_stop()
     old_int = signal.getsignal(signal.SIGINT)
     old_term = _exit_on_sigterm()
+    completed = False  # the command ran to its end (a background kernel compile may then finish)
     try:
         rc = app(args=argv, standalone_mode=False)
         if rc != 130:
             raise_if_stopped()  # a stop swallowed in a native callback still ends the run as a stop
+        completed = rc != 130
     except _Terminated:
         typer.echo("dsim: terminated", err=True)
         sys.exit(143)
@@ -491,6 +502,9 @@ def main(argv=None):
         typer.echo(f"dsim: error: {what}{e.strerror or e}", err=True)
         sys.exit(2)
     finally:
+        from dsim import background_compile
+
+        background_compile.finish(BACKGROUND_COMPILE_WAIT_S if completed else 0.0, say=_say_err)
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
             signal.signal(signal.SIGINT, old_int)
