@@ -120,7 +120,7 @@ def scenario_options(command: str):
             given = {n: kw.pop(n) for n in names}
             scenario = kw.pop("scenario")
             scn, src = run_guarded(resolve_scenario_options, command, given, scenario)
-            src = dataclasses.replace(src, other_options=_options_given(ctx, names | {"scenario"}))
+            src = dataclasses.replace(src, other_options=_options_given(ctx, names | {"scenario"} | HOW_IT_RUNS))
             token = _SCENARIO_SOURCE.set(src)
             try:
                 return fn(scn=scn, scn_source=src, **kw)
@@ -133,6 +133,11 @@ def scenario_options(command: str):
         return wrapper
 
     return deco
+
+
+# Options that say only how the simulations run (worker processes, Ray, the progress bar): the
+# results are the same whatever they are, so the line that reproduces a result leaves them out.
+HOW_IT_RUNS = frozenset({"jobs", "executor", "ray_address", "progress"})
 
 
 def _options_given(ctx, skip: set) -> tuple:

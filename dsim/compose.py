@@ -1733,10 +1733,11 @@ def required_ops(
 BACKENDS = ("vllm", "sglang", "trtllm")  # the serving engines whose kernels AIC's tables measured
 
 
-def kernel_tables_for(hardware: str, backend: str, model: str, topology: str) -> KernelTable:
-    """The silicon-table kernel table of ``hardware`` x ``backend``: the shipped
-    profiles/kernels/<hardware>-aic-<backend>.json.gz where there is one, else priced for this model and
-    topology from AIC's tables on demand (dsim.kernels_aic.case_table; needs the aic extra)."""
+def shipped_table_for(hardware: str, backend: str, topology: str) -> KernelTable:
+    """The shipped silicon-table kernel table profiles/kernels/<hardware>-aic-<backend>.json.gz for a
+    shipped topology; anything else is priced from AIC's tables on demand by
+    dsim.kernels_aic.compose_for (`python3 -m dsim.kernels_aic profile`, the aic extra), which sits
+    above this module (it prices the composer's records)."""
     from dsim.kernels import kernel_table_path
 
     if backend not in BACKENDS:
@@ -1746,43 +1747,11 @@ def kernel_tables_for(hardware: str, backend: str, model: str, topology: str) ->
     shipped = kernel_table_path(f"{hardware}-aic-{backend}")
     if shipped.is_file() and topology in ("dp8-ep8", "tp8-ep8"):
         return load_kernel_table(str(shipped))
-    from dsim import kernels_aic
-
-    return kernels_aic.case_table(hardware, backend, model, topology)
-
-
-def compose_for(
-    model: str,
-    hardware: str,
-    backend: str = "vllm",
-    topology: str = "dp8-ep8",
-    *,
-    overlap: str = "none",
-    expert_dtype: str | None = None,
-    name: str | None = None,
-    **kw: Any,
-) -> Profile:
-    """A composed profile of ``model`` (profiles/models/<model>.json) on ``hardware`` (a dsim.kernels.HARDWARE
-    key: h100, h200, b200, b300, gb200, gb300) served by ``backend`` (vllm, sglang, trtllm: whose kernels
-    AIC's silicon tables measured) at ``topology``. Named <model>-<hardware>-<backend>-<topology>[-dbo];
-    provenance.hardware and provenance.backend say both. Other keywords go to compose_profile."""
-    m = load_model(model)
-    if expert_dtype:
-        if expert_dtype == "fp4" and HARDWARE[hardware]["fp4"] is None:
-            raise InputError(f"expert dtype fp4: {HARDWARE[hardware]['name']} has no FP4 tensor cores")
-        m = dataclasses.replace(m, expert_dtype=expert_dtype)
-    topo = parse_topology(topology)
-    table = kernel_tables_for(hardware, backend, model, topo.name)
-    label = f"{m.name}-{hardware}-{backend}-{topo.name}" + ("-dbo" if overlap == "dbo" else "")
-    cmd = (
-        f"dsim.compose.compose_for({model!r}, {hardware!r}, {backend!r}, {topology!r}"
-        + (f", overlap={overlap!r}" if overlap != "none" else "")
-        + (f", expert_dtype={expert_dtype!r}" if expert_dtype else "")
-        + ")"
+    raise InputError(
+        f"--backend {backend}: no shipped {hardware}-aic-{backend} table for {topology}; "
+        f"`python3 -m dsim.kernels_aic profile --model MODEL --hardware {hardware} --backend {backend} "
+        f"--topology {topology} --out FILE` prices it from AIC's tables on demand (pip install -e '.[aic]')"
     )
-    prof = compose_profile(m, topo, hardware, table, name=name or label, overlap=overlap, command=cmd, **kw)
-    prof.provenance["backend"] = f"{backend} ({table.provenance.get('backend', table.provenance.get('engine'))})"
-    return prof
 
 
 # ---------------------------------------------------------------------------------------- CLI
@@ -1846,8 +1815,8 @@ def main(argv: list[str] | None = None) -> int:
         "--backend",
         choices=BACKENDS,
         default=None,
-        help="without --kernels: AIC's silicon tables of this serving engine on --hardware (shipped "
-        "<hardware>-aic-<backend> table, else priced on demand: the aic extra); the name carries it",
+        help="without --kernels: AIC's silicon tables of this serving engine on --hardware (the shipped "
+        "<hardware>-aic-<backend> table; others: python3 -m dsim.kernels_aic profile); the name carries it",
     )
     prof.add_argument("--prefer", default="", help="op=TABLE,...: the table asked first for that op kind")
     prof.add_argument("--zero-ops", default="", help="op kinds priced at 0, e.g. comm (a one-GPU shard check)")
@@ -1920,7 +1889,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         table = [load_kernel_table(k.strip()) for k in a.kernels.split(",") if k.strip()] if a.kernels else None
         if a.backend and table is None:
-            table = [kernel_tables_for(a.hardware, a.backend, model.name, topo.name)]
+            table = [shipped_table_for(a.hardware, a.backend, topo.name)]
             a.name = a.name or f"{model.name}-{a.hardware}-{a.backend}-{topo.name}" + (
                 "-dbo" if a.overlap == "dbo" else ""
             )

@@ -1410,17 +1410,103 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--summary", action="store_true", help="per-kind summary only")
     c.add_argument("--json", help="also write the comparison as JSON here")
     c.add_argument("--error-summary", help="also write the per-kind error summary here (for compose --table-error)")
+    pr = sub.add_parser("profile", help="a composed profile of a model on any hardware x backend with tables")
+    pr.add_argument(
+        "--model", required=True, help="a model under profiles/models (deepseek-v3, deepseek-v4-flash, ...)"
+    )
+    pr.add_argument("--hardware", required=True, help="h100, h200, b200, b300, gb200 or gb300")
+    pr.add_argument("--backend", default="vllm", choices=sorted(BACKENDS))
+    pr.add_argument("--topology", default="dp8-ep8", help="e.g. dp8-ep8, tp8-ep8, dp16-ep16")
+    pr.add_argument("--overlap", default="none", choices=("none", "dbo"))
+    pr.add_argument("--expert-dtype", default=None, help="fp8 or fp4 (default: as released where the hardware runs it)")
+    pr.add_argument("--out", required=True)
     an = sub.add_parser("anchors", help="AIC's end-to-end estimates for the public anchor points")
     an.add_argument("--out", default="profiles/kernels/aic-anchors.json")
     a = ap.parse_args(argv)
     try:
-        {"grid": _cmd_grid, "price": _cmd_price, "build": _cmd_build, "compare": _cmd_compare, "anchors": _cmd_anchors}[
-            a.cmd
-        ](a)
+        {
+            "grid": _cmd_grid,
+            "price": _cmd_price,
+            "build": _cmd_build,
+            "compare": _cmd_compare,
+            "profile": _cmd_profile,
+            "anchors": _cmd_anchors,
+        }[a.cmd](a)
     except InputError as e:
         print(f"dsim.kernels_aic: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+# ---- a composed profile on any hardware x backend AIC has tables for -------------------------------------------
+
+
+def kernel_tables_for(hardware: str, backend: str, model: str, topology: str) -> Any:
+    """The silicon-table kernel table of ``hardware`` x ``backend``: the shipped
+    profiles/kernels/<hardware>-aic-<backend>.json.gz for a shipped topology (dsim.compose.shipped_table_for),
+    else priced for this model and topology from AIC's tables on demand (case_table; the aic extra)."""
+    from dsim.compose import BACKENDS as COMPOSE_BACKENDS
+    from dsim.compose import shipped_table_for
+    from dsim.kernels import HARDWARE, kernel_table_path
+
+    if backend not in COMPOSE_BACKENDS:
+        raise InputError(f"--backend {backend!r}: one of {', '.join(COMPOSE_BACKENDS)}")
+    if hardware not in HARDWARE:
+        raise InputError(f"--hardware {hardware!r}: one of {', '.join(sorted(HARDWARE))}")
+    if kernel_table_path(f"{hardware}-aic-{backend}").is_file() and topology in ("dp8-ep8", "tp8-ep8"):
+        return shipped_table_for(hardware, backend, topology)
+    return case_table(hardware, backend, model, topology)
+
+
+def compose_for(
+    model: str,
+    hardware: str,
+    backend: str = "vllm",
+    topology: str = "dp8-ep8",
+    *,
+    overlap: str = "none",
+    expert_dtype: str | None = None,
+    name: str | None = None,
+    **kw: Any,
+) -> Any:
+    """A composed profile of ``model`` (profiles/models/<model>.json) on ``hardware`` (a dsim.kernels.HARDWARE
+    key: h100, h200, b200, b300, gb200, gb300) served by ``backend`` (vllm, sglang, trtllm: whose kernels
+    AIC's silicon tables measured) at ``topology``. Named <model>-<hardware>-<backend>-<topology>[-dbo];
+    provenance.hardware and provenance.backend say both. Other keywords go to dsim.compose.compose_profile."""
+    import dataclasses
+
+    from dsim.compose import compose_profile, parse_topology
+    from dsim.kernels import HARDWARE
+    from dsim.models import load_model
+
+    m = load_model(model)
+    if expert_dtype:
+        if expert_dtype == "fp4" and HARDWARE[hardware]["fp4"] is None:
+            raise InputError(f"expert dtype fp4: {HARDWARE[hardware]['name']} has no FP4 tensor cores")
+        m = dataclasses.replace(m, expert_dtype=expert_dtype)
+    topo = parse_topology(topology)
+    table = kernel_tables_for(hardware, backend, model, topo.name)
+    label = f"{m.name}-{hardware}-{backend}-{topo.name}" + ("-dbo" if overlap == "dbo" else "")
+    cmd = (
+        f"dsim.kernels_aic.compose_for({model!r}, {hardware!r}, {backend!r}, {topology!r}"
+        + (f", overlap={overlap!r}" if overlap != "none" else "")
+        + (f", expert_dtype={expert_dtype!r}" if expert_dtype else "")
+        + ")"
+    )
+    prof = compose_profile(m, topo, hardware, table, name=name or label, overlap=overlap, command=cmd, **kw)
+    prof.provenance["backend"] = f"{backend} ({table.provenance.get('backend', table.provenance.get('engine'))})"
+    return prof
+
+
+def _cmd_profile(a: argparse.Namespace) -> None:
+    from dsim.cost import save_profile
+    from dsim.outputs import check_file_target, staged_file
+
+    check_file_target(a.out, "--out")
+    prof = compose_for(a.model, a.hardware, a.backend, a.topology, overlap=a.overlap, expert_dtype=a.expert_dtype)
+    with staged_file(a.out, "--out") as tmp:
+        save_profile(prof, tmp)
+    print(f"wrote {a.out}: {prof.label}")
 
 
 # ---- AIC's own end-to-end anchors --------------------------------------------------------------------------

@@ -1243,8 +1243,8 @@ def test_compose_for_takes_hardware_and_backend_and_names_both():
     """compose_for(model, hardware, backend, topology): the shipped silicon-table kernel table of that
     hardware and backend where there is one, the name and provenance carrying both; an unknown backend
     or hardware is one input error naming the choices."""
-    from dsim.compose import compose_for
     from dsim.errors import InputError
+    from dsim.kernels_aic import compose_for
 
     p = compose_for("deepseek-v3", "h200", "vllm", "dp8-ep8")
     assert p.name == "deepseek-v3-h200-vllm-dp8-ep8" and p.provenance["backend"].startswith("vllm (vllm 0.24.0")
@@ -1263,7 +1263,7 @@ def test_compose_for_prices_unshipped_hardware_and_wide_ep_from_aic_on_demand():
     """No shipped table for the H100: the composer's records are priced from AIC's h100_sxm tables on
     demand; at EP16 AIC's moe rows are guarded (the rank's experts re-priced per GPU) and the profile's
     assumptions say so."""
-    from dsim.compose import compose_for
+    from dsim.kernels_aic import compose_for
 
     p = compose_for("deepseek-v3", "h100", "vllm", "dp16-ep16")
     assert p.name == "deepseek-v3-h100-vllm-dp16-ep16" and p.provenance["hardware"] == "16 x NVIDIA H100 SXM"
