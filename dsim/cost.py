@@ -126,7 +126,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -1233,12 +1232,11 @@ def profile_to_dict(p: Profile) -> dict:
     return d
 
 
-def save_profile(p: Profile, path: str | Path) -> None:
-    """Write atomically (temporary name, then rename)."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(yaml.safe_dump(profile_to_dict(p), sort_keys=False, width=120))
-    os.replace(tmp, path)
+def save_profile(p: Profile, path: str | Path, what: str = "--out") -> None:
+    """Write whole or not at all, never over anything but a regular file (dsim.outputs)."""
+    from dsim.outputs import write_file
+
+    write_file(path, yaml.safe_dump(profile_to_dict(p), sort_keys=False, width=120), what)
 
 
 def _profile_dir() -> Path:

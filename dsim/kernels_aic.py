@@ -45,7 +45,6 @@ import datetime as _dt
 import gzip
 import json
 import math
-import os
 import statistics
 import sys
 from collections.abc import Iterable
@@ -56,7 +55,6 @@ from typing import Any
 import numpy as np
 
 from dsim.errors import InputError
-from dsim.kernels import read_json_text
 
 AIC_PACKAGE = "aiconfigurator-core"
 AIC_VERSION = "0.12.0"
@@ -1156,12 +1154,9 @@ def table_guard(records: list[dict]) -> dict:
 
 
 def _load_json(path: str, what: str):
-    try:
-        return json.loads(read_json_text(Path(path)))
-    except FileNotFoundError:
-        raise InputError(f"{path}: {what} not found") from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path}:{e.lineno}: {what} is not JSON: {e.msg}") from None
+    from dsim.schema import read_json
+
+    return read_json(path, what=what)
 
 
 def _dumps(obj: Any) -> str:
@@ -1187,15 +1182,12 @@ def table_name(out: str) -> str:
 
 
 def _write_json(path: str, obj: Any) -> None:
+    from dsim.outputs import write_file
+
     text = _dumps(obj)
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(p.suffix + ".tmp")
-    if p.name.endswith(".gz"):  # mtime 0: the same bytes for the same table
-        tmp.write_bytes(gzip.compress(text.encode(), mtime=0))
-    else:
-        tmp.write_text(text)
-    os.replace(tmp, p)  # nothing half-written
+    # mtime 0: the same bytes for the same table; whole or nothing, never over a special file
+    data = gzip.compress(text.encode(), mtime=0) if Path(path).name.endswith(".gz") else text
+    write_file(path, data, parents=True)
 
 
 def _ops_from(path: str) -> list[dict]:
@@ -1413,14 +1405,21 @@ def main(argv: list[str] | None = None) -> int:
     an = sub.add_parser("anchors", help="AIC's end-to-end estimates for the public anchor points")
     an.add_argument("--out", default="profiles/kernels/aic-anchors.json")
     a = ap.parse_args(argv)
-    try:
+    from dsim.outputs import check_apart, check_file_target
+    from dsim.toolmain import run_tool
+
+    def body() -> int:
+        outs = [(getattr(a, k, None), f"--{k.replace('_', '-')}") for k in ("out", "json", "error_summary")]
+        for path, what in outs:  # every output refused before any work
+            if path is not None:
+                check_file_target(path, what, parents=True)
+        check_apart(*outs)
         {"grid": _cmd_grid, "price": _cmd_price, "build": _cmd_build, "compare": _cmd_compare, "anchors": _cmd_anchors}[
             a.cmd
         ](a)
-    except InputError as e:
-        print(f"dsim.kernels_aic: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+        return 0
+
+    return run_tool("dsim.kernels_aic", body)
 
 
 # ---- AIC's own end-to-end anchors --------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
 MAX_DEPTH = 64  # deeper nesting is not a profile or preset (and would exhaust the parser)
+# The largest structured input read whole: the largest shipped kernel table is about 40 MB of
+# JSON, a composed profile under 1 MB; past this a file is refused, not read until memory runs out.
+MAX_DOCUMENT_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -93,18 +97,96 @@ def _parse_yaml(text: str) -> tuple:
     return yaml.compose(text, Loader=yaml.SafeLoader), yaml.safe_load(text)
 
 
+def open_regular(path: str | Path, what: str = "", mode: str = "rb"):
+    """``path`` opened for reading, refused (InputError) unless it is a regular file: a
+    directory, FIFO, socket or device (``/dev/zero``, ``/dev/stdin``) is no input file. A FIFO
+    is opened without blocking, so the refusal does not wait for a writer."""
+    import stat
+
+    p = Path(path)
+    pre = f"{what} {p}" if what else str(p)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise InputError(f"{pre}: file not found") from None
+    except IsADirectoryError:
+        raise InputError(f"{pre}: is a directory, not a file") from None
+    except OSError as e:
+        raise InputError(f"{pre}: cannot read ({e.strerror or e})") from None
+    try:
+        m = os.fstat(fd).st_mode
+        if stat.S_ISDIR(m):
+            raise InputError(f"{pre}: is a directory, not a file")
+        if not stat.S_ISREG(m):
+            k = (
+                "a FIFO" if stat.S_ISFIFO(m) else
+                "a socket" if stat.S_ISSOCK(m) else "a device" if stat.S_ISCHR(m) or stat.S_ISBLK(m) else
+                "not a regular file"
+            )  # fmt: skip
+            raise InputError(f"{pre}: is {k}, not a regular file")
+        os.set_blocking(fd, True)
+        f = open(fd, mode, closefd=True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return f
+
+
+def read_bytes(path: str | Path, what: str = "", max_bytes: int = MAX_DOCUMENT_BYTES) -> bytes:
+    """A regular file's bytes, at most ``max_bytes`` (InputError past it); ``.gz`` files are
+    decompressed, bounded the same way (a truncated or corrupt archive is an InputError)."""
+    import gzip
+    import zlib
+
+    p = Path(path)
+    pre = f"{what} {p}" if what else str(p)
+    with open_regular(p, what) as f:
+        try:
+            if p.name.endswith(".gz"):
+                with gzip.GzipFile(fileobj=f) as g:
+                    raw = g.read(max_bytes + 1)
+            else:
+                raw = f.read(max_bytes + 1)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+            raise InputError(f"{pre}: corrupt or truncated gzip file ({e})") from None
+        except OSError as e:
+            raise InputError(f"{pre}: cannot read ({e.strerror or e})") from None
+    if len(raw) > max_bytes:
+        raise InputError(f"{pre}: larger than {max_bytes >> 20} MiB; not an input dsim reads whole")
+    return raw
+
+
+def read_json(path: str | Path, what: str = "", max_bytes: int = MAX_DOCUMENT_BYTES) -> Any:
+    """A JSON (or ``.json.gz``) file parsed, bounded in size and nesting; InputError naming the
+    file for anything else (not UTF-8, not JSON, NaN/Infinity literals are accepted as JSON's
+    Python reading has them: the field checks refuse them)."""
+    p = Path(path)
+    pre = f"{what} {p}" if what else str(p)
+    raw = read_bytes(p, what, max_bytes)
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{pre}: not a UTF-8 text file ({e.reason} at byte {e.start})") from None
+    try:
+        _depth_ok(text)
+    except InputError as e:
+        raise InputError(f"{pre}: {e}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"{pre}:{e.lineno}: not JSON ({e.msg})") from None
+    except RecursionError:
+        raise InputError(f"{pre}: nested too deeply") from None
+
+
 def read_document(path: str | Path, *, kind: str = "yaml") -> tuple[object, Doc]:
     """(parsed document, Doc with line marks). kind: 'yaml' or 'json'. Raises InputError for an
-    unreadable file, a parse error (with its line), or nesting beyond MAX_DEPTH."""
+    unreadable or special file, one over MAX_DOCUMENT_BYTES, a parse error (with its line), or
+    nesting beyond MAX_DEPTH."""
     import yaml
 
     p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except IsADirectoryError:
-        raise InputError(f"{p}: is a directory, not a file") from None
-    except OSError as e:
-        raise InputError(f"{p}: cannot read ({e.strerror or e})") from None
+    raw = read_bytes(p)
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:

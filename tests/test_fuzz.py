@@ -282,7 +282,8 @@ def test_simulate_flags(tmp_path_factory, flags, method):
         # a valid run: its files are whole, its numbers are numbers (no NaN / Infinity)
         s = json.loads((out / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in summary"))
         assert s["requests_completed"] == s["requests_total"] >= 1
-        assert tree(d) == {"o", "o/requests.parquet", "o/steps.parquet", "o/summary.json", "o/scenario.yaml"}
+        assert tree(d) == {"o", "o/.dsim-output.json", "o/requests.parquet", "o/scenario.yaml", "o/steps.parquet",
+                           "o/summary.json"}
     else:
         assert rc == 2, (args, rc, err)
         lines = [x for x in err.splitlines() if x.strip()]

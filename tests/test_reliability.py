@@ -60,11 +60,16 @@ def test_staged_dir_all_or_nothing(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert target.stat().st_mode & 0o777 == 0o777 & ~umask      # not mkdtemp's private 0700
-    # into an existing directory: its other files stay, ours are replaced
-    (target / "keep.txt").write_text("mine")
+    # dsim's own earlier output is replaced as a whole: nothing of the earlier run stays
     with staged_dir(target) as d:
-        (d / "x.txt").write_text("again")
-    assert (target / "x.txt").read_text() == "again" and (target / "keep.txt").read_text() == "mine"
+        (d / "y.txt").write_text("again")
+    assert tree(target) == {".dsim-output.json", "y.txt"} and debris(target.parent) == []
+    # a file the user put there: refused up front, never merged or removed
+    (target / "keep.txt").write_text("mine")
+    with pytest.raises(InputError, match="did not write .keep.txt"):
+        with staged_dir(target):
+            pytest.fail("the body must not run")
+    assert (target / "keep.txt").read_text() == "mine" and (target / "y.txt").read_text() == "again"
     assert debris(target.parent) == []
     f = tmp_path / "file"
     f.write_text("")
@@ -74,6 +79,136 @@ def test_staged_dir_all_or_nothing(tmp_path):
     with pytest.raises(InputError, match="empty path"):
         with staged_dir(""):
             pass
+
+
+def _special(tmp_path: Path, what: str) -> Path:
+    """A target that is not a regular file: it must be refused, never replaced."""
+    p = tmp_path / what
+    if what == "fifo":
+        os.mkfifo(p)
+    elif what == "socket":
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(p))
+        s.close()
+    elif what == "device":
+        import stat as st
+        try:
+            os.mknod(p, st.S_IFCHR | 0o666, os.makedev(1, 7))  # as /dev/full
+        except PermissionError:
+            pytest.skip("mknod needs root")
+    elif what == "stdout-link":
+        p.symlink_to("/proc/self/fd/1")
+    elif what == "file-link":
+        (tmp_path / "real.txt").write_text("keep")
+        p.symlink_to(tmp_path / "real.txt")
+    elif what == "dir-link":
+        (tmp_path / "realdir").mkdir()
+        p.symlink_to(tmp_path / "realdir")
+    elif what == "dangling-link":
+        p.symlink_to(tmp_path / "nowhere")
+    return p
+
+
+def _lstat(p: Path):
+    st = os.lstat(p)
+    return st.st_mode, st.st_ino, st.st_rdev
+
+
+SPECIALS = ["fifo", "socket", "device", "stdout-link", "file-link", "dir-link", "dangling-link"]
+
+
+@pytest.mark.parametrize("what", SPECIALS)
+def test_special_file_targets_are_refused_never_replaced(tmp_path, what):
+    t = _special(tmp_path, what)
+    before = _lstat(t)
+    assert_rejected("simulate", *SMALL, "--step-log", t, needles=["--step-log", "not a regular file"], watch=tmp_path)
+    assert_rejected("simulate", *SMALL, "--out", t, needles=["--out", "not a directory"], watch=tmp_path)
+    assert _lstat(t) == before
+
+
+@pytest.mark.parametrize("what", ["fifo", "device", "stdout-link", "dir-link"])
+def test_module_tools_refuse_special_targets_before_any_work(tmp_path, what, capsys):
+    from dsim import compose, kernels_aic, kernels_deepep
+    t = _special(tmp_path, what)
+    before = tree(tmp_path), _lstat(t)
+    for main, args in (
+        (compose.main, ["profile", "--model", "llama-3.1-8b", "--topology", "tp1", "--hardware", "h200"]),
+        (kernels_deepep.main, ["build", "--model", "deepseek-v3:16"]),
+        (kernels_aic.main, ["anchors"]),
+    ):
+        assert main([*args, "--out", str(t)]) == 2
+        err = capsys.readouterr().err
+        assert_one_line(err, ["--out", str(t)])
+        assert (tree(tmp_path), _lstat(t)) == before
+
+
+def test_out_with_a_users_file_is_refused_before_the_run_and_kept(tmp_path):
+    d = tmp_path / "d"
+    (d / "summary.json").mkdir(parents=True)
+    (d / "summary.json" / "data.txt").write_text("x")
+    assert_rejected("simulate", *SMALL, "--out", d, needles=["--out", "did not write", "summary.json/data.txt"],
+                    watch=tmp_path)
+    assert (d / "summary.json" / "data.txt").read_text() == "x"
+
+
+def test_rerun_replaces_dsims_own_output_whole_and_refuses_it_once_touched(tmp_path):
+    d = tmp_path / "o"
+    assert run_cli("simulate", *SMALL, "--method", "mtp", "--out", d)[0] == 0
+    first = json.loads((d / "summary.json").read_text())
+    assert run_cli("simulate", *SMALL, "--seed", "3", "--out", d)[0] == 0     # replaced whole
+    assert json.loads((d / "summary.json").read_text())["setup"] != first["setup"]
+    assert tree(tmp_path) == {"o", "o/.dsim-output.json", "o/requests.parquet", "o/steps.parquet", "o/summary.json"}
+    (d / "notes.md").write_text("mine")
+    assert_rejected("simulate", *SMALL, "--out", d, needles=["notes.md"], watch=tmp_path)
+    (d / "notes.md").unlink()
+    (d / "summary.json").unlink()                                       # a listed file gone: still dsim's
+    assert run_cli("simulate", *SMALL, "--out", d)[0] == 0
+    assert (d / "summary.json").is_file()
+
+
+def test_out_and_step_log_overlapping_are_refused_before_the_run(tmp_path):
+    for out, log in ((tmp_path / "x", tmp_path / "x"), (tmp_path / "x", tmp_path / "x" / "s.jsonl")):
+        assert_rejected("simulate", *SMALL, "--out", out, "--step-log", log, needles=["--step-log"], watch=tmp_path)
+
+
+def test_a_user_file_added_during_the_run_stops_the_swap(tmp_path, monkeypatch):
+    """The target is checked again at the commit: what the user put there meanwhile is kept."""
+    from dsim import sim
+    d = tmp_path / "o"
+    assert run_cli("simulate", *SMALL, "--out", d)[0] == 0
+    real = sim.write_output_files
+
+    def meanwhile(res, stage):
+        real(res, stage)
+        (d / "late.txt").write_text("mine")
+    monkeypatch.setattr(sim, "write_output_files", meanwhile)
+    rc, _, err = run_cli("simulate", *SMALL, "--out", d)
+    assert rc == 2 and "late.txt" in assert_one_line(err)
+    assert (d / "late.txt").read_text() == "mine" and (d / "summary.json").is_file()
+    from dsim.outputs import debris
+    assert debris(tmp_path) == []
+
+
+def test_failed_swap_puts_the_old_output_back(tmp_path, monkeypatch):
+    from dsim import outputs
+    from dsim.errors import InputError
+    d = tmp_path / "o"
+    with outputs.staged_dir(d) as s:
+        (s / "a.txt").write_text("old")
+    real = os.rename
+    calls = []
+
+    def flaky(src, dst):
+        calls.append((src, dst))
+        if len(calls) == 2:       # the staged directory onto the target
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+    monkeypatch.setattr(outputs.os, "rename", flaky)
+    with pytest.raises(InputError, match="No space left"):
+        with outputs.staged_dir(d) as s:
+            (s / "a.txt").write_text("new")
+    monkeypatch.undo()
+    assert (d / "a.txt").read_text() == "old" and outputs.debris(tmp_path) == []
 
 
 def test_simulate_write_phase_interrupted_leaves_nothing(tmp_path, monkeypatch):
@@ -152,7 +287,8 @@ def test_simulate_out_and_step_log_written_together(tmp_path):
     rc, _, err = run_cli("simulate", *SMALL, "--method", "mtp", "--out", tmp_path / "o",
                          "--step-log", tmp_path / "s.jsonl")
     assert rc == 0, err
-    assert tree(tmp_path) == {"o", "o/requests.parquet", "o/scenario.yaml", "o/steps.parquet", "o/summary.json",
+    assert tree(tmp_path) == {"o", "o/.dsim-output.json", "o/requests.parquet", "o/scenario.yaml", "o/steps.parquet",
+                              "o/summary.json",
                               "s.jsonl"}
 
 

@@ -333,8 +333,9 @@ def write_fidelity(path: Path, summaries: list[dict], gates: dict) -> None:
         "own calibration runs (verdict_error_spread)",
         "collections": summaries,
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    from dsim.outputs import write_file
+
+    write_file(path, json.dumps(doc, indent=1, default=str) + "\n", parents=True)
 
 
 def main(argv=None) -> int:
@@ -371,7 +372,9 @@ def main(argv=None) -> int:
                 summaries.append(fidelity_summary(rep))
                 reps.append(rep)
                 if args.out:
-                    Path(args.out).write_text(json.dumps(rep, indent=1, default=str) + "\n")
+                    from dsim.outputs import write_file
+
+                    write_file(args.out, json.dumps(rep, indent=1, default=str) + "\n")
             if len(reps) > 1:
                 for met in rep["gates"]:
                     print(across_table(across(reps, met)))

@@ -47,6 +47,9 @@ class Writer:
         self.path = Path(path)
         if self.path.is_dir():
             raise InputError(f"{self.path}: is a directory, not a measurement file")
+        from dsim.outputs import check_file_target
+
+        check_file_target(self.path, "--out", parents=True)  # never over a device, FIFO or symlink
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.write_path = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp-dsim")
         self._f = open(self.write_path, "w", encoding="utf-8")
@@ -71,6 +74,13 @@ class Writer:
             self._f.flush()
             os.fsync(self._f.fileno())
             self._f.close()
+            from dsim.outputs import check_file_target
+
+            try:
+                check_file_target(self.path, "--out")  # as at the start: still nothing to destroy
+            except InputError:
+                self.discard()
+                raise
             os.replace(self.write_path, self.path)
 
     def discard(self) -> None:
