@@ -391,24 +391,50 @@ def test_huge_fleet_fails_fast_before_allocating(tmp_path):
 
 
 def test_max_model_len_flag_and_profile_field(tmp_path):
+    """A request over max_model_len is rejected at arrival and counted, as vLLM's server answers
+    it with an error and never schedules it; a trace with no request that fits is bad input."""
     trace = native_csv(tmp_path, [(0, 100, 50), (1, 5000, 100), (2, 10, 10)])
-    assert_rejected("simulate", "--trace", trace, "--quiet", "--max-model-len", "4096",
-                    needles=[f"{trace}:3", "5000 prompt + 100 output", "max_model_len 4096"], watch=tmp_path)
+    rc, out, err = run_cli("simulate", "--trace", trace, "--json", "--max-model-len", "4096")
+    assert rc == 0, err
+    s = json.loads(out)
+    assert (s["requests_total"], s["requests_completed"], s["requests_rejected_max_model_len"]) == (2, 2, 1)
+    assert s["setup"]["max_model_len"] == 4096
+    rc, out, err = run_cli("simulate", "--trace", trace, "--max-model-len", "4096")
+    assert rc == 0 and "1 rejected" in out, out
+    assert_rejected("simulate", "--trace", trace, "--quiet", "--max-model-len", "15",
+                    needles=[f"{trace}:2", "100 prompt + 50 output", "max_model_len 15", "every other"],
+                    watch=tmp_path)
     d = profile_dict()
     d["max_model_len"] = 4096
     prof = write_profile(tmp_path, d)
-    assert_rejected("simulate", "--trace", trace, "--profile", prof, "--quiet", needles=[f"{trace}:3"],
-                    watch=tmp_path)
-    # the plan checks it up front too, naming the line
-    assert_rejected("plan", "--sla", "p50=20ms", "--trace", trace, "--profile", prof, "--seeds", "0",
-                    "--methods", "mtp", needles=[f"{trace}:3"])
-    rc, _, err = run_cli("simulate", "--trace", trace, "--quiet", "--max-model-len", "8192")
-    assert rc == 0, err
+    rc, out, err = run_cli("simulate", "--trace", trace, "--profile", prof, "--json")
+    assert rc == 0 and json.loads(out)["requests_rejected_max_model_len"] == 1, err
+    rc, out, err = run_cli("simulate", "--trace", trace, "--json", "--max-model-len", "8192")
+    assert rc == 0 and json.loads(out)["requests_rejected_max_model_len"] == 0, err
     from dsim.cost import load_profile
     d2 = profile_dict()
     d2["provenance"]["max_model_len"] = 2048
     assert load_profile(str(write_profile(tmp_path, d2, "q.yaml"))).max_model_len == 2048
-    assert load_profile("h200-llama-3.1-8b").max_model_len is None
+
+
+def test_every_shipped_profile_carries_the_models_context():
+    """Where a profile gives no max_model_len it is the model config's max_position_embeddings
+    (vLLM's default), and the provenance says so."""
+    from dsim.cost import PROFILE_DIR, load_profile
+    expect = {"llama-3.1-8b": 131072, "qwen3-8b": 40960, "qwen3-14b": 40960, "qwen3-32b": 40960,
+              "deepseek-v3": 163840, "deepseek-v4-flash": 1048576, "deepseek-v4-pro": 1048576}
+    n = 0
+    for f in sorted(PROFILE_DIR.rglob("*.yaml")):
+        if "models" in f.parts or "forward" not in f.read_text():
+            continue
+        p = load_profile(str(f))
+        model = p.provenance["model"]
+        assert p.max_model_len == expect[model], f
+        assert "max_position_embeddings" in p.provenance["max_model_len_source"], f
+        n += 1
+    assert n >= 20
+    long = profile_dict("deepseek-v4-flash-h200-dp8-ep8")
+    assert load_profile("deepseek-v4-flash-h200-dp8-ep8").max_model_len == 1048576 and "max_model_len" not in long
 
 
 def test_kv_capacity_error_names_file_and_line(tmp_path):
