@@ -1939,14 +1939,22 @@ def _run(a, argv: list[str] | None) -> int:
         if not eq:
             raise InputError(f"--prefer {item!r}: expected OP=TABLE, e.g. mhc=h200-aic-vllm")
         prefer[op.strip()] = tname.strip()
+    from dsim.schema import read_json
+
     layer_recs = None
     if a.layer_records:
-        d = json.loads(open(a.layer_records).read())
-        layer_recs = d["records"] if isinstance(d, dict) else d
-    err = json.loads(open(a.table_error).read()) if a.table_error else None
+        d = read_json(a.layer_records, what="--layer-records")
+        layer_recs = d.get("records") if isinstance(d, dict) else d
+        if not isinstance(layer_recs, list) or not all(isinstance(r, dict) for r in layer_recs):
+            raise InputError(f"--layer-records {a.layer_records}: expected a list of records (or {{'records': [...]}})")
+    err = read_json(a.table_error, what="--table-error") if a.table_error else None
+    if err is not None and not isinstance(err, dict):
+        raise InputError(f"--table-error {a.table_error}: expected a JSON object (kernels_aic --error-summary)")
     pool = None
     if a.block_pool:
-        pool = json.loads(open(a.block_pool).read())
+        pool = read_json(a.block_pool, what="--block-pool")
+        if not isinstance(pool, dict):
+            raise InputError(f"--block-pool {a.block_pool}: expected a JSON object (shard_repredict fit-pool)")
         pool.setdefault("source", block_pool_source(pool, a.block_pool))
     cmd = "python3 -m dsim.compose " + " ".join(argv if argv is not None else sys.argv[1:])
     prof_ = compose_profile(

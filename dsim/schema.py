@@ -132,6 +132,19 @@ def open_regular(path: str | Path, what: str = "", mode: str = "rb"):
     return f
 
 
+def check_input_file(path: str | Path, what: str = "", max_bytes: int = MAX_DOCUMENT_BYTES) -> int:
+    """A file about to be read by a parser of its own (pandas, pyarrow, a line reader): it must be
+    a regular file of at most ``max_bytes`` (a device such as /dev/zero, a FIFO or a huge file
+    would be read until memory runs out). Returns its size."""
+    p = Path(path)
+    pre = f"{what} {p}" if what else str(p)
+    with open_regular(p, what) as f:
+        size = os.fstat(f.fileno()).st_size
+    if size > max_bytes:
+        raise InputError(f"{pre}: {size / 2**30:.1f} GiB, larger than {max_bytes / 2**30:g} GiB (refused)")
+    return size
+
+
 def read_bytes(path: str | Path, what: str = "", max_bytes: int = MAX_DOCUMENT_BYTES) -> bytes:
     """A regular file's bytes, at most ``max_bytes`` (InputError past it); ``.gz`` files are
     decompressed, bounded the same way (a truncated or corrupt archive is an InputError)."""
@@ -293,3 +306,47 @@ def text(v: Any, doc: Doc, *keys: str | int) -> str:
     if isinstance(v, bool) or not isinstance(v, (str, int, float)) or (isinstance(v, str) and not v.strip()):
         raise _bad(doc, keys, "must be a non-empty string", v)
     return str(v)
+
+
+# ---- kernel tables ---------------------------------------------------------------------------
+
+MAX_KERNEL_RECORDS = 5_000_000
+MAX_KERNEL_MS = 1e7  # one kernel call of almost three hours is not a measurement
+MAX_SHAPE = 10**15  # sizes, bytes and counts
+
+
+def kernel_table(d: Any, path: str, size_axis: dict, meta: Iterable[str]) -> list:
+    """A kernel table's records, checked: ``{name?, provenance: {...}, records: [...]}`` with at
+    least one record; each record an ``op`` of ``size_axis`` with its size field, ``ms`` a finite
+    number >= 0 (not a boolean), every shape field an integer >= 0 (its size axis >= 1) or a
+    short string. ``meta``: the fields that are not shape (op, ms, note, ...)."""
+    doc = Doc(str(path))
+    if not isinstance(d, dict) or not isinstance(d.get("records"), list) or not isinstance(d.get("provenance"), dict):
+        raise InputError(f"{path}: a kernel table needs 'provenance' (a mapping) and 'records' (a list)")
+    recs = d["records"]
+    if not recs:
+        raise InputError(f"{path}: records: empty (a kernel table prices at least one op)")
+    if len(recs) > MAX_KERNEL_RECORDS:
+        raise InputError(f"{path}: records: {len(recs)} records, more than {MAX_KERNEL_RECORDS}")
+    meta = set(meta)
+    for i, r in enumerate(recs):
+        if not isinstance(r, dict):
+            raise _bad(doc, ("records", i), "must be a mapping", r if not isinstance(r, list) else "a list")
+        op = r.get("op")
+        if isinstance(op, bool) or op not in size_axis:
+            raise _bad(doc, ("records", i, "op"), f"must be one of {', '.join(size_axis)}", op)
+        if "ms" not in r:
+            raise InputError(f"{doc.at('records', i)}: missing field 'ms'")
+        number(r["ms"], doc, "records", i, "ms", lo=0, hi=MAX_KERNEL_MS)
+        axis = size_axis[op]
+        if axis not in r:
+            raise InputError(f"{doc.at('records', i)}: {op} record without '{axis}'")
+        for k, v in r.items():
+            if k in meta:
+                continue
+            if isinstance(v, str):
+                if len(v) > 200:
+                    raise _bad(doc, ("records", i, k), "is too long a string (at most 200 characters)", v)
+                continue
+            integer(v, doc, "records", i, k, lo=1 if k == axis else 0, hi=MAX_SHAPE)
+    return recs

@@ -331,3 +331,57 @@ def test_validator_trace_reader(tmp_path_factory, rows, jsonl):
         return
     assert np.all(plan.prompt_tokens >= 1) and np.all(plan.output_tokens >= 1)
     assert np.all(np.isfinite(plan.arrival_s)) and plan.arrival_s[0] == 0
+
+
+# ---- kernel tables ---------------------------------------------------------------------------
+
+KT_BASE = {"name": "t", "provenance": {"kind": "measured"},
+           "records": [{"op": "gemm", "m": 1, "k": 4096, "n": 4096, "dtype": "bf16", "ms": 0.05},
+                       {"op": "attn", "batch": 8, "kv": 1024, "q": 1, "heads": 32, "kind": "mha",
+                        "phase": "decode", "ms": 0.02}]}
+KT_FIELDS = ["op", "ms", "m", "k", "dtype", "batch", "kv", "note"]
+
+
+@FAST
+@given(edits=st.lists(st.tuples(st.integers(0, 1), st.sampled_from(KT_FIELDS), NASTY), max_size=3),
+       drop=st.sampled_from([None, "records", "provenance", "first_record_size"]),
+       gz=st.booleans(), cut=st.one_of(st.none(), st.integers(0, 400)))
+def test_kernel_table_loader(tmp_path_factory, edits, drop, gz, cut):
+    """Any kernel table either loads (then every record's time is a finite number >= 0 and every
+    size an integer >= 0) or is refused with one line naming the file."""
+    import gzip
+
+    from dsim.kernels import load_kernel_table
+    d = copy.deepcopy(KT_BASE)
+    for i, k, v in edits:
+        d["records"][i][k] = v
+    if drop == "first_record_size":
+        d["records"][0].pop("m")
+    elif drop is not None:
+        d.pop(drop)
+    text = json.dumps(d)  # NaN / Infinity written as JSON's Python reading has them
+    data = text.encode()[:cut] if cut is not None else text.encode()
+    p = tmp_path_factory.mktemp("kt") / ("t.json.gz" if gz else "t.json")
+    p.write_bytes(gzip.compress(data, mtime=0) if gz else data)
+    try:
+        t = load_kernel_table(str(p))
+    except InputError as e:
+        check_one_line(e, p)
+        return
+    for r in t.records:
+        assert isinstance(r["ms"], (int, float)) and not isinstance(r["ms"], bool) and math.isfinite(r["ms"])
+        assert r["ms"] >= 0
+        for k, v in r.items():
+            if k not in ("op", "ms", "dtype", "kind", "phase", "note"):
+                assert isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0, (k, v)
+
+
+@FAST
+@given(blob=st.binary(max_size=300), gz=st.booleans())
+def test_kernel_table_bytes(tmp_path_factory, blob, gz):
+    from dsim.kernels import load_kernel_table
+    p = tmp_path_factory.mktemp("kb") / ("t.json.gz" if gz else "t.json")
+    p.write_bytes(blob)
+    with pytest.raises(InputError) as e:
+        load_kernel_table(str(p))
+    check_one_line(e.value, p)

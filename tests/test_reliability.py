@@ -786,3 +786,109 @@ def test_field_lines_keep_every_word_in_order_under_a_hanging_indent(words, widt
     # a line is over the width only when it holds one word that is longer than the room
     for line in lines:
         assert len(line) <= width or len(line[len(name) :].split()) == 1
+
+
+# ---- readers bounded ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target,fmt", [("/dev/zero", "native-csv"), ("/dev/zero", "auto"),
+                                         ("/dev/urandom", "native-jsonl"), ("fifo", "native-csv"),
+                                         ("fifo", "auto"), ("/dev/stdin", "auto")])
+def test_trace_that_is_no_regular_file_is_refused_at_once(tmp_path, target, fmt):
+    if target == "fifo":
+        target = tmp_path / "fifo"
+        os.mkfifo(target)
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "dsim", "simulate", "--quiet", "--trace", str(target),
+                        "--format", fmt], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                       capture_output=True, text=True, timeout=120, stdin=subprocess.PIPE)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert_one_line(r.stderr, [str(target), "not a regular file"])
+    assert time.monotonic() - t0 < 60
+
+
+def test_endless_jsonl_line_is_refused(tmp_path):
+    from dsim.workload import MAX_LINE_CHARS
+    p = tmp_path / "t.jsonl"
+    with open(p, "w") as f:
+        f.write(json.dumps({"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 5}) + "\n")
+        f.write('{"x": "' + "a" * (MAX_LINE_CHARS + 10) + '"}\n')
+    assert_rejected("simulate", "--trace", p, "--quiet", needles=[f"{p}:2", "longer than"])
+
+
+def test_oversized_trace_is_refused_before_reading(tmp_path, monkeypatch):
+    from dsim import workload
+    monkeypatch.setattr(workload, "MAX_TRACE_BYTES", 100)
+    p = native_csv(tmp_path, [(i, 10, 10) for i in range(20)])
+    assert_rejected("simulate", "--trace", p, "--quiet", needles=[str(p), "larger than"])
+
+
+KERNEL_TABLE_CASES = [
+    ("empty", lambda d: d.update(records=[]), "records: empty"),
+    ("negative size", lambda d: d["records"][0].update(m=-5), "records[0].m: must be >= 1"),
+    ("zero size", lambda d: d["records"][0].update(m=0), "records[0].m: must be >= 1"),
+    ("negative shape", lambda d: d["records"][0].update(k=-1), "records[0].k: must be >= 0"),
+    ("boolean time", lambda d: d["records"][0].update(ms=True), "records[0].ms: must be a number"),
+    ("string time", lambda d: d["records"][0].update(ms="0.1"), "records[0].ms: must be a number"),
+    ("NaN time", lambda d: d["records"][0].update(ms=math.nan), "records[0].ms: must be finite"),
+    ("infinite time", lambda d: d["records"][0].update(ms=math.inf), "records[0].ms: must be finite"),
+    ("negative time", lambda d: d["records"][0].update(ms=-0.1), "records[0].ms: must be >= 0"),
+    ("missing time", lambda d: d["records"][0].pop("ms"), "missing field 'ms'"),
+    ("boolean size", lambda d: d["records"][0].update(m=True), "records[0].m: must be an integer"),
+    ("fractional size", lambda d: d["records"][0].update(m=2.5), "records[0].m: must be an integer"),
+    ("null record", lambda d: d["records"].__setitem__(0, None), "records[0]: must be a mapping"),
+    ("unknown op", lambda d: d["records"][0].update(op="conv"), "records[0].op: must be one of"),
+    ("no size axis", lambda d: d["records"][0].pop("m"), "without 'm'"),
+    ("list shape", lambda d: d["records"][0].update(n=[1]), "records[0].n: must be an integer"),
+    ("no provenance", lambda d: d.pop("provenance"), "needs 'provenance'"),
+]
+
+
+@pytest.mark.parametrize("name,edit,needle", KERNEL_TABLE_CASES, ids=[c[0] for c in KERNEL_TABLE_CASES])
+def test_compose_refuses_nonsensical_kernel_tables(tmp_path, capsys, name, edit, needle):
+    from dsim import compose
+    d = {"name": "t", "provenance": {"kind": "measured"},
+         "records": [{"op": "gemm", "m": 1, "k": 4096, "n": 4096, "dtype": "bf16", "ms": 0.05}]}
+    edit(d)
+    t = tmp_path / "t.json"
+    t.write_text(json.dumps(d))
+    out = tmp_path / "p.yaml"
+    rc = compose.main(["profile", "--model", "deepseek-v3", "--topology", "tp8-ep8", "--hardware", "h200",
+                       "--kernels", str(t), "--out", str(out)])
+    assert rc == 2
+    assert_one_line(capsys.readouterr().err, [str(t), needle])
+    assert tree(tmp_path) == {"t.json"}
+
+
+@pytest.mark.parametrize("how", ["truncated json", "truncated gz", "garbage gz", "binary", "deep", "not utf-8"])
+def test_compose_refuses_corrupt_kernel_files(tmp_path, capsys, how):
+    import gzip
+
+    from dsim import compose
+    good = json.dumps({"name": "t", "provenance": {}, "records": [{"op": "gemm", "m": 1, "ms": 0.1}]})
+    t = tmp_path / ("t.json.gz" if "gz" in how else "t.json")
+    t.write_bytes({"truncated json": good[:30].encode(),
+                   "truncated gz": gzip.compress(good.encode())[:25],
+                   "garbage gz": b"\x1f\x8b\x08garbage" * 4,
+                   "binary": bytes(range(256)),
+                   "deep": b"[" * 5000 + b"]" * 5000,
+                   "not utf-8": b'{"name": "\xff\xfe"}'}[how])
+    rc = compose.main(["profile", "--model", "deepseek-v3", "--topology", "tp8-ep8", "--hardware", "h200",
+                       "--kernels", str(t), "--out", str(tmp_path / "p.yaml")])
+    assert rc == 2
+    assert_one_line(capsys.readouterr().err, [str(t)])
+    assert tree(tmp_path) == {t.name}
+
+
+def test_every_shipped_kernel_table_still_loads():
+    from dsim.kernels import KERNEL_DIR, load_kernel_table
+    n = 0
+    for f in sorted(KERNEL_DIR.glob("*.json*")):
+        d = f.read_bytes()
+        if b'"records"' not in (d if not f.name.endswith(".gz") else b'"records"') or "anchors" in f.name:
+            continue
+        try:
+            load_kernel_table(str(f))
+            n += 1
+        except Exception as e:  # only the tables that are not op tables (error summaries, head fits)
+            assert f.name in ("h200-aic-vllm-error.json", "h200-torch-dspark-heads.json"), (f, e)
+    assert n >= 8

@@ -151,12 +151,12 @@ def simulate_measurement(
     w, conc = workload_from(m)
     doc = None
     if acceptance:
-        import yaml
+        from dsim.schema import read_document
 
         try:
-            doc = yaml.safe_load(open(acceptance)) if acceptance.endswith((".yaml", ".yml")) else None
-        except OSError:
-            doc = None
+            doc = read_document(acceptance)[0] if acceptance.endswith((".yaml", ".yml")) else None
+        except InputError:
+            doc = None  # load_acceptance below names what is wrong with it
     k, spec_how = speculation(m, acceptance, doc)
     notes: list = []
     assumed = [f"engine: {_engine_line(m.header)}", f"speculation: {spec_how}"]
