@@ -114,17 +114,37 @@ def _host_port(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), p
 
 
+# HTTP/2's client connection preface and an empty SETTINGS frame (RFC 9113 3.4, 6.5)
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
 def probe_address(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-    """Fail fast (InputError) when nothing listens at the cluster's address."""
+    """Fail fast (InputError) when nothing listens at the cluster's address, or what listens
+    is not Ray: Ray's GCS and its client server are gRPC services, so they answer HTTP/2's
+    connection preface with a SETTINGS frame; anything else (an HTTP/1 server, a silent port)
+    would leave ray.init retrying for minutes."""
     hp = _host_port(address)
     if hp is None:
         return
     try:
-        with socket.create_connection(hp, timeout=timeout_s):
-            pass
+        with socket.create_connection(hp, timeout=timeout_s) as s:
+            s.settimeout(timeout_s)
+            s.sendall(_H2_PREFACE)
+            head = b""
+            while len(head) < 9:
+                got = s.recv(9 - len(head))
+                if not got:
+                    break
+                head += got
+    except TimeoutError:
+        raise InputError(
+            f"--ray-address: {address} does not answer as a Ray cluster (no gRPC answer within {timeout_s:g} s)"
+        ) from None
     except OSError as e:
         why = e.strerror or type(e).__name__
         raise InputError(f"--ray-address: no Ray cluster reachable at {address} ({why})") from None
+    if len(head) < 9 or head[3] != 0x04:
+        raise InputError(f"--ray-address: {address} is not a Ray cluster (it does not speak gRPC)")
 
 
 def check_executor(kind: str, address: str | None = None) -> None:

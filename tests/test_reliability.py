@@ -892,3 +892,125 @@ def test_every_shipped_kernel_table_still_loads():
         except Exception as e:  # only the tables that are not op tables (error summaries, head fits)
             assert f.name in ("h200-aic-vllm-error.json", "h200-torch-dspark-heads.json"), (f, e)
     assert n >= 8
+
+
+# ---- every wait timed out; a server that breaks the protocol ----------------------------------
+
+@pytest.mark.parametrize("mode", ["choices-object", "choices-number", "choices-string", "text-number", "text-list",
+                                  "choice-null", "event-list", "usage-list", "error-object"])
+def test_run_counts_protocol_breaking_events_as_failed_requests(fake, tmp_path, mode):
+    from validator import fake_server, measure
+    assert mode in fake_server.BAD_EVENTS
+    url = fake(mode)
+    rc, out, err = run_cli("validate", "run", "--server", url, "--out", tmp_path / "o", *RUN)
+    assert "Traceback" not in err
+    m = measure.read(tmp_path / "o" / "measurements.jsonl")
+    assert len(m.requests) == 4
+    if mode == "choice-null":        # a null choice beside a good one is skipped, as before
+        assert rc == 0 and len(m.ok_requests) == 4, err
+        return
+    if mode == "event-list":         # an event that is no object is skipped and counted, as before
+        assert rc == 0 and all(r.get("malformed_events") == 1 for r in m.requests), err
+        return
+    assert rc == 1, (out, err)
+    assert "4 of 4 requests failed" in err
+    assert all(not r["ok"] and r["error"] for r in m.requests)
+
+
+def _hostile_tcp(kind: str):
+    """A 127.0.0.1 listener that accepts and then: 'silent' says nothing, 'trickle' sends an HTTP
+    status line and then one header byte a second forever, 'http1' answers every request 400."""
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    stop = threading.Event()
+    conns = []
+
+    def handle(c):
+        try:
+            if kind == "trickle":
+                c.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                while not stop.is_set():
+                    c.sendall(b"a")
+                    time.sleep(0.5)
+            elif kind == "http1":
+                c.recv(4096)
+                c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+            else:
+                stop.wait(120)
+        except OSError:
+            pass
+
+    def loop():
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                continue
+            conns.append(c)
+            threading.Thread(target=handle, args=(c,), daemon=True).start()
+
+    threading.Thread(target=loop, daemon=True).start()
+
+    def close():
+        stop.set()
+        for c in conns:
+            c.close()
+        srv.close()
+    return srv.getsockname()[1], close
+
+
+@pytest.mark.parametrize("kind", ["silent", "trickle"])
+@pytest.mark.parametrize("cmd", [["validate", "warmup", "-c", "1"],
+                                 ["validate", "run", "-n", "2", "--input-len", "2", "--output-len", "2",
+                                  "--no-progress", "--nice", "0"]])
+def test_a_server_that_never_answers_is_a_clear_error_in_bounded_time(tmp_path, kind, cmd):
+    port, close = _hostile_tcp(kind)
+    try:
+        t0 = time.monotonic()
+        args = [*cmd, "--server", f"http://127.0.0.1:{port}"]
+        if cmd[1] == "run":
+            args += ["--out", str(tmp_path / "o")]
+        line = assert_rejected(*args, needles=[f"127.0.0.1:{port}", "not answering"], watch=tmp_path)
+        assert time.monotonic() - t0 < 30, line
+    finally:
+        close()
+
+
+@pytest.mark.parametrize("kind,needle", [("silent", "does not answer as a Ray cluster"),
+                                         ("http1", "is not a Ray cluster"),
+                                         ("closed", "no Ray cluster reachable")])
+def test_ray_address_that_is_not_ray_fails_fast(kind, needle):
+    from dsim.errors import InputError
+    from dsim.executor import probe_address
+    if kind == "closed":
+        port, close = free_port(), (lambda: None)
+    else:
+        port, close = _hostile_tcp(kind)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(InputError, match=needle):
+            probe_address(f"127.0.0.1:{port}", timeout_s=2.0)
+        assert time.monotonic() - t0 < 10
+    finally:
+        close()
+
+
+def test_ray_address_probe_accepts_a_grpc_peer():
+    """What a gRPC server (Ray's GCS, its client server) sends first: a SETTINGS frame."""
+    from dsim.executor import probe_address
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+
+    def answer():
+        c, _ = srv.accept()
+        c.recv(64)
+        c.sendall(b"\x00\x00\x06\x04\x00\x00\x00\x00\x00" + b"\x00\x03\x00\x00\x00\x64")
+        time.sleep(0.5)
+        c.close()
+    threading.Thread(target=answer, daemon=True).start()
+    probe_address(f"127.0.0.1:{srv.getsockname()[1]}", timeout_s=5.0)
+    srv.close()
