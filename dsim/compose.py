@@ -34,6 +34,11 @@ the pair terms.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # a Ctrl-C while the modules below load: quiet exit 130
+    from dsim.toolmain import startup_guard
+
+    startup_guard("dsim.compose")
+
 import argparse
 import dataclasses
 import datetime as _dt

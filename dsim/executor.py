@@ -54,12 +54,19 @@ class Executor(Protocol):
 # ---- local ------------------------------------------------------------------------------------
 
 
+def _worker_init() -> None:
+    """A pool worker leaves Ctrl-C to the main process: a terminal's Ctrl-C reaches the whole
+    process group, and a worker's own KeyboardInterrupt would print its traceback. The main
+    process stops the workers (``LocalExecutor.close(cancel=True)``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class LocalExecutor:
     """Inline (jobs=1) or a process pool of `jobs` workers."""
 
     def __init__(self, jobs: int):
         self.jobs = jobs
-        self.pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
+        self.pool = ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init) if jobs > 1 else None
 
     def submit(self, fn: Callable, *args: Any, **kwargs: Any) -> Future:
         if self.pool is not None:
@@ -74,9 +81,30 @@ class LocalExecutor:
         return f
 
     def close(self, cancel: bool = False) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(cancel_futures=True)
-            self.pool = None
+        """Wait for the workers to finish; with ``cancel`` (an error, Ctrl-C, SIGTERM) end them at
+        once instead: waiting for a running simulation would hold the stop for its whole length,
+        and a second Ctrl-C during that wait would leave them running on their own."""
+        pool, self.pool = self.pool, None
+        if pool is None:
+            return
+        if not cancel:
+            pool.shutdown(cancel_futures=True)
+            return
+        procs = list((getattr(pool, "_processes", None) or {}).values())
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:  # (a further Ctrl-C waits until every worker is gone)
+            for p in procs:
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    p.terminate()
+            pool.shutdown(wait=True, cancel_futures=True)
+            for p in procs:
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    p.join(5)
+                    if p.is_alive():
+                        p.kill()
+                        p.join(5)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 # ---- ray --------------------------------------------------------------------------------------

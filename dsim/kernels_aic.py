@@ -40,6 +40,11 @@ are priced and what the composer may add on top):
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # a Ctrl-C while the modules below load: quiet exit 130
+    from dsim.toolmain import startup_guard
+
+    startup_guard("dsim.kernels_aic")
+
 import argparse
 import datetime as _dt
 import gzip

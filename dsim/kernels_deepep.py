@@ -49,6 +49,11 @@ not cover (a scenario assumption, never a measurement):
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # a Ctrl-C while the modules below load: quiet exit 130
+    from dsim.toolmain import startup_guard
+
+    startup_guard("dsim.kernels_deepep")
+
 import argparse
 import datetime as _dt
 import json

@@ -25,6 +25,29 @@ class Terminated(BaseException):
     """SIGTERM, raised in the main thread so that staged outputs are removed on the way out."""
 
 
+def startup_guard(prog: str) -> None:
+    """Until ``run_tool`` takes over: a stop while the modules load (numpy, numba: seconds) ends
+    the process at once, quietly, with 130/143 (nothing is written yet). Called first thing in a
+    module run as ``__main__``, before its heavy imports."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(sig, frame):
+        msg, rc = ("interrupted", 130) if sig == signal.SIGINT else ("terminated", 143)
+        os.write(2, f"{prog}: {msg}\n".encode())
+        os._exit(rc)
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+
+
+def release_startup_guard() -> None:
+    """Python's own Ctrl-C and SIGTERM handling back (for a main that installs its own)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def run_tool(prog: str, body: Callable[[], int | None]) -> int:
     """Run ``body`` under the contract above; returns the exit code (``body``'s, else 0)."""
     from dsim.outputs import clear_stop, note_stop, raise_if_stopped

@@ -1014,3 +1014,92 @@ def test_ray_address_probe_accepts_a_grpc_peer():
     threading.Thread(target=answer, daemon=True).start()
     probe_address(f"127.0.0.1:{srv.getsockname()[1]}", timeout_s=5.0)
     srv.close()
+
+
+# ---- every stop clean --------------------------------------------------------------------------
+
+def _session_pids(sid: int) -> list[int]:
+    """Live processes of a session (a command started with start_new_session: it and its workers)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(f[3]) == sid and f[0] != "Z":
+                out.append(int(d.name))
+    return out
+
+
+def _stop_midway(argv, cwd: Path, sigs, group: bool, started, timeout=120):
+    """Run argv in its own session; once ``started(pid)`` holds (the run is under way) send ``sigs``
+    (0.3 s apart) to it or to its whole group (what a terminal's Ctrl-C does). Returns (rc,
+    stderr, processes of the session still alive 3 s after it ended)."""
+    p = subprocess.Popen(argv, cwd=cwd, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        while not started(p.pid) and p.poll() is None and time.monotonic() - t0 < timeout:
+            time.sleep(0.05)
+        assert p.poll() is None, "finished before it could be stopped: " + p.stderr.read()[-500:]
+        time.sleep(0.5)
+        for s in sigs:
+            (os.killpg if group else os.kill)(p.pid, s)
+            time.sleep(0.3)
+        _, err = p.communicate(timeout=60)     # (workers holding stderr open would hang this)
+        time.sleep(3)
+        return p.returncode, err, _session_pids(p.pid)
+    finally:
+        for q in _session_pids(p.pid):
+            os.kill(q, signal.SIGKILL)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.parametrize("sigs,group,code", [
+    ([signal.SIGINT], True, 130),
+    ([signal.SIGINT, signal.SIGINT], True, 130),
+    ([signal.SIGINT, signal.SIGINT], False, 130),
+    ([signal.SIGTERM], False, 143),
+    ([signal.SIGTERM], True, 143),
+], ids=["ctrl-c", "ctrl-c-twice", "sigint-twice-to-main", "sigterm", "sigterm-group"])
+@pytest.mark.parametrize("cmd", ["plan", "sweep"])
+def test_stopping_a_parallel_run_leaves_no_worker_no_traceback_no_output(tmp_path, cmd, sigs, group, code):
+    from dsim.outputs import debris
+    work = tmp_path / "w"
+    work.mkdir()
+    trace = native_csv(tmp_path, [(i * 0.02, 300, 300) for i in range(3000)])
+    argv = [sys.executable, "-m", "dsim", cmd, "--trace", str(trace), "--jobs", "2", "--methods", "none,mtp,dspark"]
+    argv += (["--sla", "p50=20ms"] if cmd == "plan" else ["--concurrency", "1,4,16,64,128", "--out", "sw"])
+
+    def started(pid):  # both pool workers run (plan writes nothing; the sweep has staged its output)
+        return len(_session_pids(pid)) >= 3 and (cmd == "plan" or bool(debris(work)))
+    rc, err, left = _stop_midway(argv, work, sigs, group, started)
+    assert rc == code, err[-2000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1] in ("dsim: interrupted", "dsim: terminated"), err
+    assert left == [], left
+    assert tree(work) == set()
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("when", ["loading", "running"])
+def test_stopping_compose_is_clean(tmp_path, sig, code, when):
+    out = tmp_path / "c.yaml"
+    argv = [sys.executable, "-m", "dsim.compose", "profile", "--model", "deepseek-v4-flash", "--topology", "dp8-ep8",
+            "--hardware", "h200", "--kernels", "h200-aic-vllm", "--out", str(out)]
+    t0 = time.monotonic()
+
+    def started(pid):
+        if when == "loading":  # numpy and dsim's modules still being imported
+            return time.monotonic() - t0 > 0.15
+        try:  # running: the kernel table is open (being read and priced)
+            return any("h200-aic-vllm" in os.readlink(f) for f in Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            return False
+    rc, err, left = _stop_midway(argv, tmp_path, [sig], False, started)
+    assert rc == code, err[-2000:]
+    assert "Traceback" not in err and err.strip().splitlines() == [
+        f"dsim.compose: {'interrupted' if code == 130 else 'terminated'}"], err
+    assert left == [] and tree(tmp_path) == set()
