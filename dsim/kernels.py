@@ -32,6 +32,8 @@ OPS = tuple(SIZE_AXIS)
 #: further axes an op interpolates along (linearly) where no series along its size axis matches
 SECOND_AXES = {"attn": ("kv", "q")}
 _META = {"ms", "op", "includes", "backend", "note", "distribution", "guard"}
+#: shape fields that are names, not sizes (every other shape field is an integer)
+TEXT_FIELDS = {"dtype", "kind", "phase", "part", "model", "scope"}
 
 
 def record_key(rec: dict, drop: str | None = None) -> tuple:
@@ -329,7 +331,7 @@ def load_kernel_table(name_or_path: str) -> KernelTable:
     from dsim import schema as S
 
     d = S.read_json(p)  # bounded; a corrupt or truncated .gz is an InputError
-    S.kernel_table(d, str(p), SIZE_AXIS, _META)
+    S.kernel_table(d, str(p), SIZE_AXIS, _META, TEXT_FIELDS)
     return KernelTable(
         name=str(d.get("name", p.name.split(".")[0])),
         provenance=d["provenance"],

@@ -315,11 +315,12 @@ MAX_KERNEL_MS = 1e7  # one kernel call of almost three hours is not a measuremen
 MAX_SHAPE = 10**15  # sizes, bytes and counts
 
 
-def kernel_table(d: Any, path: str, size_axis: dict, meta: Iterable[str]) -> list:
+def kernel_table(d: Any, path: str, size_axis: dict, meta: Iterable[str], text_fields: Iterable[str]) -> list:
     """A kernel table's records, checked: ``{name?, provenance: {...}, records: [...]}`` with at
     least one record; each record an ``op`` of ``size_axis`` with its size field, ``ms`` a finite
-    number >= 0 (not a boolean), every shape field an integer >= 0 (its size axis >= 1) or a
-    short string. ``meta``: the fields that are not shape (op, ms, note, ...)."""
+    number >= 0 (not a boolean), every shape field a short string if it is one of
+    ``text_fields`` (dtype, kind, ...), else an integer >= 0 (its size axis >= 1). ``meta``: the
+    fields that are not shape (op, ms, note, ...)."""
     doc = Doc(str(path))
     if not isinstance(d, dict) or not isinstance(d.get("records"), list) or not isinstance(d.get("provenance"), dict):
         raise InputError(f"{path}: a kernel table needs 'provenance' (a mapping) and 'records' (a list)")
@@ -328,12 +329,12 @@ def kernel_table(d: Any, path: str, size_axis: dict, meta: Iterable[str]) -> lis
         raise InputError(f"{path}: records: empty (a kernel table prices at least one op)")
     if len(recs) > MAX_KERNEL_RECORDS:
         raise InputError(f"{path}: records: {len(recs)} records, more than {MAX_KERNEL_RECORDS}")
-    meta = set(meta)
+    meta, text_fields = set(meta), set(text_fields)
     for i, r in enumerate(recs):
         if not isinstance(r, dict):
             raise _bad(doc, ("records", i), "must be a mapping", r if not isinstance(r, list) else "a list")
         op = r.get("op")
-        if isinstance(op, bool) or op not in size_axis:
+        if not isinstance(op, str) or op not in size_axis:
             raise _bad(doc, ("records", i, "op"), f"must be one of {', '.join(size_axis)}", op)
         if "ms" not in r:
             raise InputError(f"{doc.at('records', i)}: missing field 'ms'")
@@ -344,7 +345,9 @@ def kernel_table(d: Any, path: str, size_axis: dict, meta: Iterable[str]) -> lis
         for k, v in r.items():
             if k in meta:
                 continue
-            if isinstance(v, str):
+            if k in text_fields:
+                if not isinstance(v, str) or not v.strip():
+                    raise _bad(doc, ("records", i, k), "must be a non-empty string", v)
                 if len(v) > 200:
                     raise _bad(doc, ("records", i, k), "is too long a string (at most 200 characters)", v)
                 continue

@@ -385,3 +385,93 @@ def test_kernel_table_bytes(tmp_path_factory, blob, gz):
     with pytest.raises(InputError) as e:
         load_kernel_table(str(p))
     check_one_line(e.value, p)
+
+
+# ---- outputs never destroy ------------------------------------------------------------------
+
+TARGET_STATES = ["absent", "empty dir", "dsim output", "dsim output + user file", "user dir", "file", "fifo",
+                 "symlink to dir", "symlink to file", "dangling symlink", "nested user file"]
+
+
+def _make_target(base, state):
+    """A target path in one of TARGET_STATES; returns (path, {relative user file: bytes} to keep)."""
+    from dsim.outputs import staged_dir
+    t = base / "t"
+    keep = {}
+    if state == "empty dir":
+        t.mkdir()
+    elif state.startswith("dsim output"):
+        with staged_dir(t) as s:
+            (s / "old.json").write_text("old")
+            (s / "sub").mkdir()
+            (s / "sub" / "x.csv").write_text("1")
+        if state.endswith("user file"):
+            (t / "sub" / "mine.txt").write_text("mine")
+            keep["t/sub/mine.txt"] = b"mine"
+    elif state == "user dir":
+        t.mkdir()
+        (t / "data.txt").write_text("x")
+        keep["t/data.txt"] = b"x"
+    elif state == "nested user file":
+        (t / "summary.json").mkdir(parents=True)
+        (t / "summary.json" / "data.txt").write_text("x")
+        keep["t/summary.json/data.txt"] = b"x"
+    elif state == "file":
+        t.write_text("f")
+        keep["t"] = b"f"
+    elif state == "fifo":
+        os.mkfifo(t)
+    elif state == "symlink to dir":
+        (base / "real").mkdir()
+        (base / "real" / "r.txt").write_text("r")
+        t.symlink_to(base / "real")
+        keep["real/r.txt"] = b"r"
+    elif state == "symlink to file":
+        (base / "real.txt").write_text("r")
+        t.symlink_to(base / "real.txt")
+        keep["real.txt"] = b"r"
+    elif state == "dangling symlink":
+        t.symlink_to(base / "nowhere")
+    return t, keep
+
+
+@FAST
+@given(states=st.lists(st.sampled_from(TARGET_STATES), min_size=1, max_size=3),
+       names=st.lists(st.sampled_from(["summary.json", "a.csv", "sub/x.csv", "sub/deeper/y.png"]), min_size=1,
+                      max_size=4, unique=True),
+       fail=st.booleans())
+def test_staged_dir_never_destroys_and_never_merges(tmp_path_factory, states, names, fail):
+    """Whatever is at the target: the run's output appears whole and alone (exactly its files and
+    the manifest), or it is refused before the body runs, or (the body fails) nothing changes;
+    a file of the user's is never removed or changed."""
+    from dsim.outputs import MANIFEST, debris, staged_dir
+    base = tmp_path_factory.mktemp("o")
+    t, keep = _make_target(base, states[0])
+    for state in states[1:]:  # later states only add the user's files to what is there
+        if state == "user dir" and t.is_dir() and not t.is_symlink():
+            (t / "late.txt").write_text("late")
+            keep["t/late.txt"] = b"late"
+    before = tree(base)
+    ran = False
+    try:
+        with staged_dir(t) as s:
+            ran = True
+            for n in names:
+                (s / n).parent.mkdir(parents=True, exist_ok=True)
+                (s / n).write_text(n)
+            if fail:
+                raise RuntimeError("the run failed")
+    except InputError as e:
+        assert not ran or keep, e          # refused up front, or at the commit for a user's file
+        assert "\n" not in str(e)
+        assert tree(base) == before
+    except RuntimeError:
+        assert tree(base) == before
+    else:
+        assert not keep or all(not k.startswith("t") for k in keep)
+        files = {str(p.relative_to(t)) for p in t.rglob("*") if p.is_file()}
+        assert files == set(names) | {MANIFEST}
+        assert all((t / n).read_text() == n for n in names)
+    for rel, data in keep.items():
+        assert (base / rel).read_bytes() == data, rel
+    assert debris(base) == [] and debris(t if t.is_dir() else base) == []
