@@ -60,24 +60,28 @@ def _depth_ok(text: str) -> None:
         raise InputError(f"nested {best} levels deep (at most {MAX_DEPTH})")
 
 
-def _node_lines(node, prefix=(), out=None, depth=0) -> dict:
+def _node_lines(node, prefix=(), out=None, depth=0, seen=None) -> dict:
     import yaml
 
     out = {} if out is None else out
+    seen = set() if seen is None else seen
     if depth > MAX_DEPTH:
         raise InputError(f"nested more than {MAX_DEPTH} levels deep")
     out.setdefault(prefix, node.start_mark.line + 1)
+    if id(node) in seen:  # an alias (*name) of a node walked already: walking it again per
+        return out  # reference would take exponential time on nested aliases ("billion laughs")
+    seen.add(id(node))
     if isinstance(node, yaml.MappingNode):
         for k, v in node.value:
             key = k.value if isinstance(k, yaml.ScalarNode) else None
             if key is None:
                 continue
             out[prefix + (key,)] = k.start_mark.line + 1
-            _node_lines(v, prefix + (key,), out, depth + 1)
+            _node_lines(v, prefix + (key,), out, depth + 1, seen)
             out[prefix + (key,)] = k.start_mark.line + 1
     elif isinstance(node, yaml.SequenceNode):
         for i, v in enumerate(node.value):
-            _node_lines(v, prefix + (i,), out, depth + 1)
+            _node_lines(v, prefix + (i,), out, depth + 1, seen)
     return out
 
 

@@ -1105,3 +1105,17 @@ def test_stopping_compose_is_clean(tmp_path, sig, code, when):
     assert "Traceback" not in err and err.strip().splitlines() == [
         f"dsim.compose: {'interrupted' if code == 130 else 'terminated'}"], err
     assert left == [] and tree(tmp_path) == set()
+
+
+@pytest.mark.parametrize("flag", ["--profile", "--acceptance"])
+def test_nested_yaml_aliases_are_read_in_linear_time(tmp_path, flag):
+    """A "billion laughs" file (aliases of aliases, 9^10 leaves when expanded) is refused in
+    seconds, not walked leaf by leaf."""
+    lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 11)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\n")
+    t0 = time.monotonic()
+    args = ["simulate", *SMALL, flag, bomb] + (["--method", "mtp"] if flag == "--acceptance" else [])
+    assert_rejected(*args, needles=[str(bomb)], watch=tmp_path)
+    assert time.monotonic() - t0 < 20
