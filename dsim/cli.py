@@ -226,11 +226,6 @@ def print_summary(s: dict, engine: EngineConfig) -> None:
         f"completed {s['requests_completed']}/{s['requests_total']} requests in {s['sim_time_s']:.1f} s "
         f"simulated ({s['wall_time_s']:.2f} s wall, {s['steps']} steps)"
     )
-    if s.get("requests_rejected_max_model_len"):
-        typer.echo(
-            f"rejected : {s['requests_rejected_max_model_len']} rejected at arrival, prompt + output over "
-            f"max_model_len {s['setup']['max_model_len']} (as vLLM rejects them; not in the counts above)"
-        )
     typer.echo(
         f"output   : {s['output_tok_s']:.1f} tok/s, {s['output_tok_s_per_gpu']:.1f} tok/s/GPU, "
         f"{s['output_tok_s_per_user'] or 0:.1f} tok/s per user"

@@ -425,6 +425,11 @@ def _result(cfg, w, rejected, spec, reqs, stats, replicas, wall) -> SimResult:
     }
     # requests the server refused at arrival (over max_model_len): not in requests_total
     summary["requests_rejected_max_model_len"] = rejected
+    from dsim.diagnostics import rejected as rejected_warning
+
+    over = rejected_warning(rejected, len(w), cfg.profile.max_model_len)
+    if over is not None:
+        summary["warnings"].append(over)
     shapes = None
     if cfg.engine.record_shapes:
         shapes = sorted((x for r in replicas for x in r.shapes), key=lambda x: (x[1], x[0]))

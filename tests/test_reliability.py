@@ -401,7 +401,8 @@ def test_max_model_len_flag_and_profile_field(tmp_path):
     assert (s["requests_total"], s["requests_completed"], s["requests_rejected_max_model_len"]) == (2, 2, 1)
     assert s["setup"]["max_model_len"] == 4096
     rc, out, err = run_cli("simulate", "--trace", trace, "--max-model-len", "4096")
-    assert rc == 0 and "1 rejected" in out, out
+    assert rc == 0 and "1 request (33.3%) rejected at arrival" in out, out
+    assert [x["kind"] for x in s["warnings"]].count("rejected_over_max_model_len") == 1
     assert_rejected("simulate", "--trace", trace, "--quiet", "--max-model-len", "15",
                     needles=[f"{trace}:2", "100 prompt + 50 output", "max_model_len 15", "every other"],
                     watch=tmp_path)
