@@ -157,7 +157,7 @@ def simulate_measurement(
             doc = read_document(acceptance)[0] if acceptance.endswith((".yaml", ".yml")) else None
         except InputError:
             doc = None  # load_acceptance below names what is wrong with it
-    k, spec_how = speculation(m, acceptance, doc)
+    k, spec_how = speculation(m, acceptance, doc if isinstance(doc, dict) else None)
     notes: list = []
     assumed = [f"engine: {_engine_line(m.header)}", f"speculation: {spec_how}"]
     mach = ((prof.extra or {}).get("validator") or {}).get("spec_machinery") or {}
