@@ -356,12 +356,15 @@ def main(argv=None) -> int:
             if (args.server is None) == (args.launch is None):
                 raise InputError("--server or --launch: give one")
             spec = launch.parse_launch(args.launch) if args.launch else None
-            with launch.managed(spec, lambda m: print(m, file=sys.stderr)) as run:
+            from dsim.outputs import staged_dir
+
+            # the collection appears whole in --out, never merged into an earlier one's files
+            with staged_dir(args.out) as stage, launch.managed(spec, lambda m: print(m, file=sys.stderr)) as run:
                 url = run.url if run else args.server
                 hdr = run.header() if run else {}
                 if spec is not None:
                     hdr["engine"] = {"max_num_seqs": launch.max_num_seqs(spec), "kind": spec.engine}
-                print(json.dumps(collect(url, Path(args.out), args.rounds, run.front_cpus if run else None, hdr)))
+                print(json.dumps(collect(url, stage, args.rounds, run.front_cpus if run else None, hdr)))
         else:
             if args.out and len(args.dirs) > 1:
                 raise InputError("--out: one DIR (--fidelity takes several)")
