@@ -33,7 +33,7 @@ OPS = tuple(SIZE_AXIS)
 SECOND_AXES = {"attn": ("kv", "q")}
 _META = {"ms", "op", "includes", "backend", "note", "distribution", "guard"}
 #: shape fields that are names, not sizes (every other shape field is an integer)
-TEXT_FIELDS = {"dtype", "kind", "phase", "part", "model", "scope"}
+TEXT_FIELDS = {"dtype", "kind", "phase", "part", "model", "scope", "set"}
 
 
 def record_key(rec: dict, drop: str | None = None) -> tuple:
