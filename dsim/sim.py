@@ -193,9 +193,8 @@ def within_model_len(w: Workload, profile: Profile) -> tuple[Workload, int]:
     from dsim.workload import _take
 
     kept = np.flatnonzero(~over)
-    return _take(w, kept, rezero=True, source=f"{w.source}; {int(over.sum())} over max_model_len rejected"), int(
-        over.sum()
-    )
+    n = int(over.sum())
+    return _take(w, kept, rezero=True, change=f"{n} over max_model_len rejected"), n
 
 
 def check_requests_fit(w: Workload, profile: Profile, spec: SpecConfig | None = None) -> None:
