@@ -308,6 +308,9 @@ class RayExecutor:
         self.ray = ray
         self.owned = False  # we connected (local Ray started, or a cluster joined)
         self.started_local = False
+        # ray.init installs its own SIGTERM handler (sys.exit(15)): keep the caller's, which ends
+        # the run as stopped (exit 143, tasks cancelled, staged outputs removed)
+        term = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
         if ray.is_initialized():  # the caller's Ray (e.g. a test's local cluster)
             self.address = "already initialised in this process"
         else:
@@ -332,6 +335,8 @@ class RayExecutor:
                     raise InputError(f"--ray-address: cannot join the Ray cluster at {a}: {why}") from None
                 self.address = a
             self.owned = True
+        if term is not None and signal.getsignal(signal.SIGTERM) is not term:
+            signal.signal(signal.SIGTERM, term)
         self._task = ray.remote(num_cpus=1, max_retries=0)(_ray_call)
         self._store: dict[int, tuple[object, object]] = {}  # id(obj) -> (obj, ref): kept alive
         self._pending: dict[object, Future] = {}  # ref -> future, unfinished tasks
