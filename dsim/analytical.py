@@ -55,6 +55,7 @@ import numpy as np
 
 from dsim.cost import Profile, Table, drafter_request_sizes, vllm_capture_sizes
 from dsim.kernels import HARDWARE as _DATASHEETS
+from dsim.outputs import write_file
 
 # The GPUs' public figures come from one place, dsim.kernels.HARDWARE (vendor datasheets), here in
 # the roofline's units and keys: HBM in GiB, and ``link`` the bidirectional NVLink figure per GPU
@@ -457,7 +458,7 @@ def fit_cli(argv: list[str] | None = None) -> None:  # pragma: no cover - thin w
         note="forward: relative error of the analytical F(n) against the measured forward table "
         "(all capture sizes and tails); kv: KV-read bandwidth fraction from kv_ms_per_ktok",
     )
-    Path(a.out).write_text(json.dumps(out, indent=1))
+    write_file(a.out, json.dumps(out, indent=1), "output")
     print(json.dumps(out, indent=1))
 
 

@@ -200,12 +200,13 @@ def check_int(value, what: str, lo: int, hi: Optional[int] = None) -> None:
 
 def check_out_targets(out: Optional[Path], step_log: Optional[Path] = None) -> None:
     """Fail before a run when its outputs could not be written."""
-    from dsim.outputs import check_dir_target, check_file_target
+    from dsim.outputs import check_apart, check_dir_target, check_file_target
 
     if out is not None:
         check_dir_target(out, "--out")
     if step_log is not None:
         check_file_target(step_log, "--step-log")
+    check_apart((out, "--out"), (step_log, "--step-log"))
 
 
 def print_summary(s: dict, engine: EngineConfig) -> None:

@@ -34,6 +34,11 @@ the pair terms.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # a Ctrl-C while the modules below load: quiet exit 130
+    from dsim.toolmain import startup_guard
+
+    startup_guard("dsim.compose")
+
 import argparse
 import dataclasses
 import datetime as _dt
@@ -1861,88 +1866,101 @@ def main(argv: list[str] | None = None) -> int:
         "--table-error", default=None, help="JSON file: the table's measured error (carried into provenance)"
     )
     a = ap.parse_args(argv)
-    try:
-        model = load_model(a.model)
-        if a.expert_dtype:
-            if a.expert_dtype == "fp4" and HARDWARE[a.hardware]["fp4"] is None:
-                raise InputError(
-                    f"--expert-dtype fp4: {HARDWARE[a.hardware]['name']} has no FP4 tensor cores (use w4a16 or fp8)"
-                )
-            model = dataclasses.replace(model, expert_dtype=a.expert_dtype)
-        topo = parse_topology(a.topology)
-        if a.cmd == "required-ops":
-            json.dump(
-                required_ops(
-                    model,
-                    topo,
-                    a.hardware,
-                    a.max_capture,
-                    a.draft_block,
-                    a.forward_q,
-                    moe_dp_chunk=a.moe_dp_chunk,
-                    overlap=a.overlap,
-                ),
-                sys.stdout,
-                indent=0,
+    from dsim.toolmain import run_tool
+
+    return run_tool("dsim.compose", lambda: _run(a, argv))
+
+
+def _run(a, argv: list[str] | None) -> int:
+    """The command ``a`` (parsed arguments); InputError for bad input (see dsim.toolmain)."""
+    if a.cmd == "profile":
+        from dsim.outputs import check_file_target
+
+        check_file_target(a.out, "--out")  # refused before any work
+    model = load_model(a.model)
+    if a.expert_dtype:
+        if a.expert_dtype == "fp4" and HARDWARE[a.hardware]["fp4"] is None:
+            raise InputError(
+                f"--expert-dtype fp4: {HARDWARE[a.hardware]['name']} has no FP4 tensor cores (use w4a16 or fp8)"
             )
-            sys.stdout.write("\n")
-            return 0
-        table = [load_kernel_table(k.strip()) for k in a.kernels.split(",") if k.strip()] if a.kernels else None
-        if a.backend and table is None:
-            table = [shipped_table_for(a.hardware, a.backend, topo.name)]
-            a.name = a.name or f"{model.name}-{a.hardware}-{a.backend}-{topo.name}" + (
-                "-dbo" if a.overlap == "dbo" else ""
-            )
-        zero = frozenset(x.strip() for x in a.zero_ops.split(",") if x.strip())
-        prefer = {}
-        for item in (x.strip() for x in a.prefer.split(",") if x.strip()):
-            op, eq, tname = item.partition("=")
-            if not eq:
-                raise InputError(f"--prefer {item!r}: expected OP=TABLE, e.g. mhc=h200-aic-vllm")
-            prefer[op.strip()] = tname.strip()
-        layer_recs = None
-        if a.layer_records:
-            d = json.loads(open(a.layer_records).read())
-            layer_recs = d["records"] if isinstance(d, dict) else d
-        err = json.loads(open(a.table_error).read()) if a.table_error else None
-        pool = None
-        if a.block_pool:
-            pool = json.loads(open(a.block_pool).read())
-            pool.setdefault("source", block_pool_source(pool, a.block_pool))
-        cmd = "python3 -m dsim.compose " + " ".join(argv if argv is not None else sys.argv[1:])
-        prof_ = compose_profile(
-            model,
-            topo,
-            a.hardware,
-            table,
-            name=a.name,
-            max_capture=a.max_capture,
-            draft_block=a.draft_block,
-            table_error=err,
-            command=cmd,
-            zero_ops=zero,
-            layer_records=layer_recs,
-            layer_source=a.layer_records or "",
-            prefer=prefer,
-            forward_q=a.forward_q,
-            moe_dp_chunk=a.moe_dp_chunk,
-            request_attention=not a.no_request_attention,
-            step_indexer=a.step_indexer,
-            step_keys=a.step_keys,
-            overlap=a.overlap,
-            dbo_threshold=parse_dbo_threshold(a.dbo_threshold),
-            verify_attention=a.verify_attention,
-            eager_us_per_layer=a.eager_us_per_layer,
-            block_pool=pool,
+        model = dataclasses.replace(model, expert_dtype=a.expert_dtype)
+    topo = parse_topology(a.topology)
+    if a.cmd == "required-ops":
+        json.dump(
+            required_ops(
+                model,
+                topo,
+                a.hardware,
+                a.max_capture,
+                a.draft_block,
+                a.forward_q,
+                moe_dp_chunk=a.moe_dp_chunk,
+                overlap=a.overlap,
+            ),
+            sys.stdout,
+            indent=0,
         )
-        if a.backend:
-            prof_.provenance["backend"] = a.backend
-        save_profile(prof_, a.out)
-        print(f"wrote {a.out}: {prof_.label}")
+        sys.stdout.write("\n")
         return 0
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    table = [load_kernel_table(k.strip()) for k in a.kernels.split(",") if k.strip()] if a.kernels else None
+    if a.backend and table is None:
+        table = [shipped_table_for(a.hardware, a.backend, topo.name)]
+        a.name = a.name or f"{model.name}-{a.hardware}-{a.backend}-{topo.name}" + ("-dbo" if a.overlap == "dbo" else "")
+    zero = frozenset(x.strip() for x in a.zero_ops.split(",") if x.strip())
+    prefer = {}
+    for item in (x.strip() for x in a.prefer.split(",") if x.strip()):
+        op, eq, tname = item.partition("=")
+        if not eq:
+            raise InputError(f"--prefer {item!r}: expected OP=TABLE, e.g. mhc=h200-aic-vllm")
+        prefer[op.strip()] = tname.strip()
+    from dsim.schema import read_json
+
+    layer_recs = None
+    if a.layer_records:
+        d = read_json(a.layer_records, what="--layer-records")
+        layer_recs = d.get("records") if isinstance(d, dict) else d
+        if not isinstance(layer_recs, list) or not all(isinstance(r, dict) for r in layer_recs):
+            raise InputError(f"--layer-records {a.layer_records}: expected a list of records (or {{'records': [...]}})")
+    err = read_json(a.table_error, what="--table-error") if a.table_error else None
+    if err is not None and not isinstance(err, dict):
+        raise InputError(f"--table-error {a.table_error}: expected a JSON object (kernels_aic --error-summary)")
+    pool = None
+    if a.block_pool:
+        pool = read_json(a.block_pool, what="--block-pool")
+        if not isinstance(pool, dict):
+            raise InputError(f"--block-pool {a.block_pool}: expected a JSON object (shard_repredict fit-pool)")
+        pool.setdefault("source", block_pool_source(pool, a.block_pool))
+    cmd = "python3 -m dsim.compose " + " ".join(argv if argv is not None else sys.argv[1:])
+    prof_ = compose_profile(
+        model,
+        topo,
+        a.hardware,
+        table,
+        name=a.name,
+        max_capture=a.max_capture,
+        draft_block=a.draft_block,
+        table_error=err,
+        command=cmd,
+        zero_ops=zero,
+        layer_records=layer_recs,
+        layer_source=a.layer_records or "",
+        prefer=prefer,
+        forward_q=a.forward_q,
+        moe_dp_chunk=a.moe_dp_chunk,
+        request_attention=not a.no_request_attention,
+        step_indexer=a.step_indexer,
+        step_keys=a.step_keys,
+        overlap=a.overlap,
+        dbo_threshold=parse_dbo_threshold(a.dbo_threshold),
+        verify_attention=a.verify_attention,
+        eager_us_per_layer=a.eager_us_per_layer,
+        block_pool=pool,
+    )
+    if a.backend:
+        prof_.provenance["backend"] = a.backend
+    save_profile(prof_, a.out)
+    print(f"wrote {a.out}: {prof_.label}")
+    return 0
 
 
 if __name__ == "__main__":

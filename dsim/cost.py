@@ -125,8 +125,9 @@ tokens the rule is S(n), as before.
 from __future__ import annotations
 
 import bisect
+import functools
+import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -813,6 +814,10 @@ def profile_from_dict(d: dict, path: str = "<profile>", doc: Doc | None = None) 
         max_len = S.integer(d["max_model_len"], doc, "max_model_len", lo=1, hi=MAX_MODEL_LEN)
     elif prov.get("max_model_len") is not None:
         max_len = S.integer(prov["max_model_len"], doc, "provenance", "max_model_len", lo=1, hi=MAX_MODEL_LEN)
+    else:
+        max_len, src = model_context(prov.get("model"))
+        if max_len is not None:
+            prov = dict(prov, max_model_len_source=src)
     disc, attn, per_chunk, prefill_v2 = _prefill_terms(d.get("prefill_terms"), doc)
     version = 1
     if d.get("format_version") is not None:
@@ -1233,12 +1238,11 @@ def profile_to_dict(p: Profile) -> dict:
     return d
 
 
-def save_profile(p: Profile, path: str | Path) -> None:
-    """Write atomically (temporary name, then rename)."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(yaml.safe_dump(profile_to_dict(p), sort_keys=False, width=120))
-    os.replace(tmp, path)
+def save_profile(p: Profile, path: str | Path, what: str = "--out") -> None:
+    """Write whole or not at all, never over anything but a regular file (dsim.outputs)."""
+    from dsim.outputs import write_file
+
+    write_file(path, yaml.safe_dump(profile_to_dict(p), sort_keys=False, width=120), what)
 
 
 def _profile_dir() -> Path:
@@ -1284,6 +1288,29 @@ def load_profile(name_or_path: str | None = None) -> Profile:
     path = resolve_profile_path(DEFAULT_PROFILE if name_or_path is None else name_or_path)
     d, doc = S.read_document(path, kind="json" if path.suffix.lower() == ".json" else "yaml")
     return profile_from_dict(d, str(path), doc)
+
+
+@functools.lru_cache(maxsize=64)
+def model_context(model: Any) -> tuple[int | None, str]:
+    """(max_model_len, where it came from) for a profile that carries none: the model config's
+    max_position_embeddings (profiles/models/MODEL.json), what vLLM takes as max_model_len when
+    it is not given. (None, "") for a model without a shipped config."""
+    from dsim.models import MODEL_DIR
+
+    if not isinstance(model, str) or not model or "/" in model or model.startswith("."):
+        return None, ""
+    p = MODEL_DIR / f"{model}.json"
+    try:
+        cfg = json.loads(p.read_text(encoding="utf-8")) if p.is_file() and p.stat().st_size < 1 << 20 else None
+    except (OSError, ValueError):
+        return None, ""
+    n = cfg.get("max_position_embeddings") if isinstance(cfg, dict) else None
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_MODEL_LEN:
+        return None, ""
+    return n, (
+        f"max_position_embeddings of profiles/models/{model}.json (the profile carries no max_model_len; "
+        "vLLM's default)"
+    )
 
 
 def draft_extrapolation_slope(x: np.ndarray, ms: np.ndarray) -> float:

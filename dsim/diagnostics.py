@@ -32,6 +32,8 @@ The thresholds (docs/semantics.md, "Warnings on results") are stated here, each 
   with more KV cache would not have; vLLM itself warns on any preemption. 5% is the point where
   the recomputation is a visible share of the prefill work; a request preempted 3 times is the
   cache thrashing, not a one-off.
+* rejected: any request over max_model_len, refused at arrival as vLLM's server refuses it
+  (``rejected``; the figures then describe the rest of the trace).
 * few requests finished: fewer requests completed than arrived (latency figures cover only those
   that finished); and, for an SLA percentile pNN, fewer than TAIL_REQUESTS completed requests
   beyond it (n x (1 - NN / 100) < 10): the percentile is then one of the last few requests, and
@@ -177,6 +179,21 @@ def incomplete(n_completed: int, n_total: int) -> dict | None:
         f"only {n_completed} of {n_total} requests finished ({share:.1%}): latency figures cover those alone",
         share,
         1.0,
+    )
+
+
+def rejected(n_rejected: int, n_accepted: int, max_model_len: int | None) -> dict | None:
+    """Requests the server refused at arrival (prompt + output over max_model_len, as vLLM's
+    server refuses them): any at all, since the figures then describe the rest of the trace."""
+    if n_rejected <= 0:
+        return None
+    share = n_rejected / (n_rejected + n_accepted)
+    return _warning(
+        "rejected_over_max_model_len",
+        f"{n_rejected} request{'s' if n_rejected != 1 else ''} ({share:.1%}) rejected at arrival: prompt + output over max_model_len "
+        f"{max_model_len} (as vLLM rejects them); the figures cover the other {n_accepted}",
+        share,
+        0.0,
     )
 
 

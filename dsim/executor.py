@@ -54,12 +54,19 @@ class Executor(Protocol):
 # ---- local ------------------------------------------------------------------------------------
 
 
+def _worker_init() -> None:
+    """A pool worker leaves Ctrl-C to the main process: a terminal's Ctrl-C reaches the whole
+    process group, and a worker's own KeyboardInterrupt would print its traceback. The main
+    process stops the workers (``LocalExecutor.close(cancel=True)``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class LocalExecutor:
     """Inline (jobs=1) or a process pool of `jobs` workers."""
 
     def __init__(self, jobs: int):
         self.jobs = jobs
-        self.pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
+        self.pool = ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init) if jobs > 1 else None
 
     def submit(self, fn: Callable, *args: Any, **kwargs: Any) -> Future:
         if self.pool is not None:
@@ -74,9 +81,30 @@ class LocalExecutor:
         return f
 
     def close(self, cancel: bool = False) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(cancel_futures=True)
-            self.pool = None
+        """Wait for the workers to finish; with ``cancel`` (an error, Ctrl-C, SIGTERM) end them at
+        once instead: waiting for a running simulation would hold the stop for its whole length,
+        and a second Ctrl-C during that wait would leave them running on their own."""
+        pool, self.pool = self.pool, None
+        if pool is None:
+            return
+        if not cancel:
+            pool.shutdown(cancel_futures=True)
+            return
+        procs = list((getattr(pool, "_processes", None) or {}).values())
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:  # (a further Ctrl-C waits until every worker is gone)
+            for p in procs:
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    p.terminate()
+            pool.shutdown(wait=True, cancel_futures=True)
+            for p in procs:
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    p.join(5)
+                    if p.is_alive():
+                        p.kill()
+                        p.join(5)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 # ---- ray --------------------------------------------------------------------------------------
@@ -114,17 +142,37 @@ def _host_port(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), p
 
 
+# HTTP/2's client connection preface and an empty SETTINGS frame (RFC 9113 3.4, 6.5)
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
 def probe_address(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-    """Fail fast (InputError) when nothing listens at the cluster's address."""
+    """Fail fast (InputError) when nothing listens at the cluster's address, or what listens
+    is not Ray: Ray's GCS and its client server are gRPC services, so they answer HTTP/2's
+    connection preface with a SETTINGS frame; anything else (an HTTP/1 server, a silent port)
+    would leave ray.init retrying for minutes."""
     hp = _host_port(address)
     if hp is None:
         return
     try:
-        with socket.create_connection(hp, timeout=timeout_s):
-            pass
+        with socket.create_connection(hp, timeout=timeout_s) as s:
+            s.settimeout(timeout_s)
+            s.sendall(_H2_PREFACE)
+            head = b""
+            while len(head) < 9:
+                got = s.recv(9 - len(head))
+                if not got:
+                    break
+                head += got
+    except TimeoutError:
+        raise InputError(
+            f"--ray-address: {address} does not answer as a Ray cluster (no gRPC answer within {timeout_s:g} s)"
+        ) from None
     except OSError as e:
         why = e.strerror or type(e).__name__
         raise InputError(f"--ray-address: no Ray cluster reachable at {address} ({why})") from None
+    if len(head) < 9 or head[3] != 0x04:
+        raise InputError(f"--ray-address: {address} is not a Ray cluster (it does not speak gRPC)")
 
 
 def check_executor(kind: str, address: str | None = None) -> None:
@@ -260,6 +308,9 @@ class RayExecutor:
         self.ray = ray
         self.owned = False  # we connected (local Ray started, or a cluster joined)
         self.started_local = False
+        # ray.init installs its own SIGTERM handler (sys.exit(15)): keep the caller's, which ends
+        # the run as stopped (exit 143, tasks cancelled, staged outputs removed)
+        term = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
         if ray.is_initialized():  # the caller's Ray (e.g. a test's local cluster)
             self.address = "already initialised in this process"
         else:
@@ -284,6 +335,8 @@ class RayExecutor:
                     raise InputError(f"--ray-address: cannot join the Ray cluster at {a}: {why}") from None
                 self.address = a
             self.owned = True
+        if term is not None and signal.getsignal(signal.SIGTERM) is not term:
+            signal.signal(signal.SIGTERM, term)
         self._task = ray.remote(num_cpus=1, max_retries=0)(_ray_call)
         self._store: dict[int, tuple[object, object]] = {}  # id(obj) -> (obj, ref): kept alive
         self._pending: dict[object, Future] = {}  # ref -> future, unfinished tasks

@@ -17,7 +17,6 @@ A ``KernelSource`` answers ``ms(record) -> float | None``. Two kinds:
 from __future__ import annotations
 
 import gzip
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,8 @@ OPS = tuple(SIZE_AXIS)
 #: further axes an op interpolates along (linearly) where no series along its size axis matches
 SECOND_AXES = {"attn": ("kv", "q")}
 _META = {"ms", "op", "includes", "backend", "note", "distribution", "guard"}
+#: shape fields that are names, not sizes (every other shape field is an integer)
+TEXT_FIELDS = {"dtype", "kind", "phase", "part", "model", "scope", "set"}
 
 
 def record_key(rec: dict, drop: str | None = None) -> tuple:
@@ -327,20 +328,10 @@ def load_kernel_table(name_or_path: str) -> KernelTable:
     if not p.is_file():
         known = sorted({q.name.split(".")[0] for q in KERNEL_DIR.glob("*.json*")}) if KERNEL_DIR.is_dir() else []
         raise InputError(f"{name_or_path}: kernel table not found (a .json path or one of: {', '.join(known)})")
-    try:
-        d = json.loads(read_json_text(p))
-    except json.JSONDecodeError as e:
-        raise InputError(f"{p}:{e.lineno}: not valid JSON") from None
-    if not isinstance(d, dict) or not isinstance(d.get("records"), list) or not isinstance(d.get("provenance"), dict):
-        raise InputError(f"{p}: a kernel table needs 'provenance' (a mapping) and 'records' (a list)")
-    for i, r in enumerate(d["records"]):
-        if not isinstance(r, dict) or r.get("op") not in SIZE_AXIS:
-            raise InputError(f"{p}: records[{i}].op: must be one of {', '.join(OPS)}")
-        ms = r.get("ms")
-        if not isinstance(ms, (int, float)) or not math.isfinite(ms) or ms < 0:
-            raise InputError(f"{p}: records[{i}].ms: must be a finite number >= 0, got {ms!r}")
-        if SIZE_AXIS[r["op"]] not in r:
-            raise InputError(f"{p}: records[{i}]: {r['op']} record without '{SIZE_AXIS[r['op']]}'")
+    from dsim import schema as S
+
+    d = S.read_json(p)  # bounded; a corrupt or truncated .gz is an InputError
+    S.kernel_table(d, str(p), SIZE_AXIS, _META, TEXT_FIELDS)
     return KernelTable(
         name=str(d.get("name", p.name.split(".")[0])),
         provenance=d["provenance"],

@@ -40,12 +40,16 @@ are priced and what the composer may add on top):
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # a Ctrl-C while the modules below load: quiet exit 130
+    from dsim.toolmain import startup_guard
+
+    startup_guard("dsim.kernels_aic")
+
 import argparse
 import datetime as _dt
 import gzip
 import json
 import math
-import os
 import statistics
 import sys
 from collections.abc import Iterable
@@ -56,7 +60,6 @@ from typing import Any
 import numpy as np
 
 from dsim.errors import InputError
-from dsim.kernels import read_json_text
 
 AIC_PACKAGE = "aiconfigurator-core"
 AIC_VERSION = "0.12.0"
@@ -1156,12 +1159,9 @@ def table_guard(records: list[dict]) -> dict:
 
 
 def _load_json(path: str, what: str):
-    try:
-        return json.loads(read_json_text(Path(path)))
-    except FileNotFoundError:
-        raise InputError(f"{path}: {what} not found") from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path}:{e.lineno}: {what} is not JSON: {e.msg}") from None
+    from dsim.schema import read_json
+
+    return read_json(path, what=what)
 
 
 def _dumps(obj: Any) -> str:
@@ -1187,15 +1187,12 @@ def table_name(out: str) -> str:
 
 
 def _write_json(path: str, obj: Any) -> None:
+    from dsim.outputs import write_file
+
     text = _dumps(obj)
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(p.suffix + ".tmp")
-    if p.name.endswith(".gz"):  # mtime 0: the same bytes for the same table
-        tmp.write_bytes(gzip.compress(text.encode(), mtime=0))
-    else:
-        tmp.write_text(text)
-    os.replace(tmp, p)  # nothing half-written
+    # mtime 0: the same bytes for the same table; whole or nothing, never over a special file
+    data = gzip.compress(text.encode(), mtime=0) if Path(path).name.endswith(".gz") else text
+    write_file(path, data, parents=True)
 
 
 def _ops_from(path: str) -> list[dict]:
@@ -1423,7 +1420,15 @@ def main(argv: list[str] | None = None) -> int:
     an = sub.add_parser("anchors", help="AIC's end-to-end estimates for the public anchor points")
     an.add_argument("--out", default="profiles/kernels/aic-anchors.json")
     a = ap.parse_args(argv)
-    try:
+    from dsim.outputs import check_apart, check_file_target
+    from dsim.toolmain import run_tool
+
+    def body() -> int:
+        outs = [(getattr(a, k, None), f"--{k.replace('_', '-')}") for k in ("out", "json", "error_summary")]
+        for path, what in outs:  # every output refused before any work
+            if path is not None:
+                check_file_target(path, what, parents=True)
+        check_apart(*outs)
         {
             "grid": _cmd_grid,
             "price": _cmd_price,
@@ -1432,10 +1437,9 @@ def main(argv: list[str] | None = None) -> int:
             "profile": _cmd_profile,
             "anchors": _cmd_anchors,
         }[a.cmd](a)
-    except InputError as e:
-        print(f"dsim.kernels_aic: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+        return 0
+
+    return run_tool("dsim.kernels_aic", body)
 
 
 # ---- a composed profile on any hardware x backend AIC has tables for -------------------------------------------
@@ -1500,12 +1504,9 @@ def compose_for(
 
 def _cmd_profile(a: argparse.Namespace) -> None:
     from dsim.cost import save_profile
-    from dsim.outputs import check_file_target, staged_file
 
-    check_file_target(a.out, "--out")
     prof = compose_for(a.model, a.hardware, a.backend, a.topology, overlap=a.overlap, expert_dtype=a.expert_dtype)
-    with staged_file(a.out, "--out") as tmp:
-        save_profile(prof, tmp)
+    save_profile(prof, a.out)  # (the target was checked before any work; written whole or not at all)
     print(f"wrote {a.out}: {prof.label}")
 
 

@@ -49,6 +49,11 @@ not cover (a scenario assumption, never a measurement):
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # a Ctrl-C while the modules below load: quiet exit 130
+    from dsim.toolmain import startup_guard
+
+    startup_guard("dsim.kernels_deepep")
+
 import argparse
 import datetime as _dt
 import json
@@ -327,19 +332,22 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--name", default="")
     d.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    try:
-        if a.cmd == "derive":
-            try:
-                src = json.loads(Path(a.table).read_text())
-            except (OSError, json.JSONDecodeError) as e:
-                raise InputError(f"--table {a.table}: {e}") from None
-            table = derive(src, a.nic_gbps, a.max_tokens_per_rank, a.name, a.table)
-        else:
-            table = build([_spec(s) for s in a.model])
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    Path(a.out).write_text(json.dumps(table, indent=1) + "\n")
+    from dsim.toolmain import run_tool
+
+    return run_tool("dsim.kernels_deepep", lambda: _run(a))
+
+
+def _run(a) -> int:
+    from dsim.outputs import check_file_target, write_file
+    from dsim.schema import read_json
+
+    check_file_target(a.out, "--out")  # refused before any work
+    if a.cmd == "derive":
+        src = read_json(a.table, what="--table")
+        table = derive(src, a.nic_gbps, a.max_tokens_per_rank, a.name, a.table)
+    else:
+        table = build([_spec(s) for s in a.model])
+    write_file(a.out, json.dumps(table, indent=1) + "\n")
     print(f"{len(table['records'])} records -> {a.out}")
     return 0
 

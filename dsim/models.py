@@ -28,7 +28,6 @@ KV cache per token of context (what decides how many requests a GPU holds):
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,10 +220,11 @@ def load_model(name_or_path: str) -> MoEModel:
     if not p.is_file():
         known = sorted(q.stem for q in MODEL_DIR.glob("deepseek-*.json"))
         raise InputError(f"{name_or_path}: model config not found (a config.json path or one of: {', '.join(known)})")
-    try:
-        cfg = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise InputError(f"{p}:{e.lineno}: not valid JSON") from None
+    from dsim.schema import read_json
+
+    cfg = read_json(p, max_bytes=16 << 20)
+    if not isinstance(cfg, dict):
+        raise InputError(f"{p}: a model config is a JSON object")
     return model_from_config(cfg, name=model_name(cfg, p), where=str(p))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
 MAX_DEPTH = 64  # deeper nesting is not a profile or preset (and would exhaust the parser)
+# The largest structured input read whole: the largest shipped kernel table is about 40 MB of
+# JSON, a composed profile under 1 MB; past this a file is refused, not read until memory runs out.
+MAX_DOCUMENT_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -56,24 +60,28 @@ def _depth_ok(text: str) -> None:
         raise InputError(f"nested {best} levels deep (at most {MAX_DEPTH})")
 
 
-def _node_lines(node, prefix=(), out=None, depth=0) -> dict:
+def _node_lines(node, prefix=(), out=None, depth=0, seen=None) -> dict:
     import yaml
 
     out = {} if out is None else out
+    seen = set() if seen is None else seen
     if depth > MAX_DEPTH:
         raise InputError(f"nested more than {MAX_DEPTH} levels deep")
     out.setdefault(prefix, node.start_mark.line + 1)
+    if id(node) in seen:  # an alias (*name) of a node walked already: walking it again per
+        return out  # reference would take exponential time on nested aliases ("billion laughs")
+    seen.add(id(node))
     if isinstance(node, yaml.MappingNode):
         for k, v in node.value:
             key = k.value if isinstance(k, yaml.ScalarNode) else None
             if key is None:
                 continue
             out[prefix + (key,)] = k.start_mark.line + 1
-            _node_lines(v, prefix + (key,), out, depth + 1)
+            _node_lines(v, prefix + (key,), out, depth + 1, seen)
             out[prefix + (key,)] = k.start_mark.line + 1
     elif isinstance(node, yaml.SequenceNode):
         for i, v in enumerate(node.value):
-            _node_lines(v, prefix + (i,), out, depth + 1)
+            _node_lines(v, prefix + (i,), out, depth + 1, seen)
     return out
 
 
@@ -93,18 +101,109 @@ def _parse_yaml(text: str) -> tuple:
     return yaml.compose(text, Loader=yaml.SafeLoader), yaml.safe_load(text)
 
 
+def open_regular(path: str | Path, what: str = "", mode: str = "rb"):
+    """``path`` opened for reading, refused (InputError) unless it is a regular file: a
+    directory, FIFO, socket or device (``/dev/zero``, ``/dev/stdin``) is no input file. A FIFO
+    is opened without blocking, so the refusal does not wait for a writer."""
+    import stat
+
+    p = Path(path)
+    pre = f"{what} {p}" if what else str(p)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise InputError(f"{pre}: file not found") from None
+    except IsADirectoryError:
+        raise InputError(f"{pre}: is a directory, not a file") from None
+    except OSError as e:
+        raise InputError(f"{pre}: cannot read ({e.strerror or e})") from None
+    try:
+        m = os.fstat(fd).st_mode
+        if stat.S_ISDIR(m):
+            raise InputError(f"{pre}: is a directory, not a file")
+        if not stat.S_ISREG(m):
+            k = (
+                "a FIFO" if stat.S_ISFIFO(m) else
+                "a socket" if stat.S_ISSOCK(m) else "a device" if stat.S_ISCHR(m) or stat.S_ISBLK(m) else
+                "not a regular file"
+            )  # fmt: skip
+            raise InputError(f"{pre}: is {k}, not a regular file")
+        os.set_blocking(fd, True)
+        f = open(fd, mode, closefd=True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return f
+
+
+def check_input_file(path: str | Path, what: str = "", max_bytes: int = MAX_DOCUMENT_BYTES) -> int:
+    """A file about to be read by a parser of its own (pandas, pyarrow, a line reader): it must be
+    a regular file of at most ``max_bytes`` (a device such as /dev/zero, a FIFO or a huge file
+    would be read until memory runs out). Returns its size."""
+    p = Path(path)
+    pre = f"{what} {p}" if what else str(p)
+    with open_regular(p, what) as f:
+        size = os.fstat(f.fileno()).st_size
+    if size > max_bytes:
+        raise InputError(f"{pre}: {size / 2**30:.1f} GiB, larger than {max_bytes / 2**30:g} GiB (refused)")
+    return size
+
+
+def read_bytes(path: str | Path, what: str = "", max_bytes: int = MAX_DOCUMENT_BYTES) -> bytes:
+    """A regular file's bytes, at most ``max_bytes`` (InputError past it); ``.gz`` files are
+    decompressed, bounded the same way (a truncated or corrupt archive is an InputError)."""
+    import gzip
+    import zlib
+
+    p = Path(path)
+    pre = f"{what} {p}" if what else str(p)
+    with open_regular(p, what) as f:
+        try:
+            if p.name.endswith(".gz"):
+                with gzip.GzipFile(fileobj=f) as g:
+                    raw = g.read(max_bytes + 1)
+            else:
+                raw = f.read(max_bytes + 1)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+            raise InputError(f"{pre}: corrupt or truncated gzip file ({e})") from None
+        except OSError as e:
+            raise InputError(f"{pre}: cannot read ({e.strerror or e})") from None
+    if len(raw) > max_bytes:
+        raise InputError(f"{pre}: larger than {max_bytes >> 20} MiB; not an input dsim reads whole")
+    return raw
+
+
+def read_json(path: str | Path, what: str = "", max_bytes: int = MAX_DOCUMENT_BYTES) -> Any:
+    """A JSON (or ``.json.gz``) file parsed, bounded in size and nesting; InputError naming the
+    file for anything else (not UTF-8, not JSON, NaN/Infinity literals are accepted as JSON's
+    Python reading has them: the field checks refuse them)."""
+    p = Path(path)
+    pre = f"{what} {p}" if what else str(p)
+    raw = read_bytes(p, what, max_bytes)
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{pre}: not a UTF-8 text file ({e.reason} at byte {e.start})") from None
+    try:
+        _depth_ok(text)
+    except InputError as e:
+        raise InputError(f"{pre}: {e}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"{pre}:{e.lineno}: not JSON ({e.msg})") from None
+    except RecursionError:
+        raise InputError(f"{pre}: nested too deeply") from None
+
+
 def read_document(path: str | Path, *, kind: str = "yaml") -> tuple[object, Doc]:
     """(parsed document, Doc with line marks). kind: 'yaml' or 'json'. Raises InputError for an
-    unreadable file, a parse error (with its line), or nesting beyond MAX_DEPTH."""
+    unreadable or special file, one over MAX_DOCUMENT_BYTES, a parse error (with its line), or
+    nesting beyond MAX_DEPTH."""
     import yaml
 
     p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except IsADirectoryError:
-        raise InputError(f"{p}: is a directory, not a file") from None
-    except OSError as e:
-        raise InputError(f"{p}: cannot read ({e.strerror or e})") from None
+    raw = read_bytes(p)
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -211,3 +310,50 @@ def text(v: Any, doc: Doc, *keys: str | int) -> str:
     if isinstance(v, bool) or not isinstance(v, (str, int, float)) or (isinstance(v, str) and not v.strip()):
         raise _bad(doc, keys, "must be a non-empty string", v)
     return str(v)
+
+
+# ---- kernel tables ---------------------------------------------------------------------------
+
+MAX_KERNEL_RECORDS = 5_000_000
+MAX_KERNEL_MS = 1e7  # one kernel call of almost three hours is not a measurement
+MAX_SHAPE = 10**15  # sizes, bytes and counts
+
+
+def kernel_table(d: Any, path: str, size_axis: dict, meta: Iterable[str], text_fields: Iterable[str]) -> list:
+    """A kernel table's records, checked: ``{name?, provenance: {...}, records: [...]}`` with at
+    least one record; each record an ``op`` of ``size_axis`` with its size field, ``ms`` a finite
+    number >= 0 (not a boolean), every shape field a short string if it is one of
+    ``text_fields`` (dtype, kind, ...), else an integer >= 0 (its size axis >= 1). ``meta``: the
+    fields that are not shape (op, ms, note, ...)."""
+    doc = Doc(str(path))
+    if not isinstance(d, dict) or not isinstance(d.get("records"), list) or not isinstance(d.get("provenance"), dict):
+        raise InputError(f"{path}: a kernel table needs 'provenance' (a mapping) and 'records' (a list)")
+    recs = d["records"]
+    if not recs:
+        raise InputError(f"{path}: records: empty (a kernel table prices at least one op)")
+    if len(recs) > MAX_KERNEL_RECORDS:
+        raise InputError(f"{path}: records: {len(recs)} records, more than {MAX_KERNEL_RECORDS}")
+    meta, text_fields = set(meta), set(text_fields)
+    for i, r in enumerate(recs):
+        if not isinstance(r, dict):
+            raise _bad(doc, ("records", i), "must be a mapping", r if not isinstance(r, list) else "a list")
+        op = r.get("op")
+        if not isinstance(op, str) or op not in size_axis:
+            raise _bad(doc, ("records", i, "op"), f"must be one of {', '.join(size_axis)}", op)
+        if "ms" not in r:
+            raise InputError(f"{doc.at('records', i)}: missing field 'ms'")
+        number(r["ms"], doc, "records", i, "ms", lo=0, hi=MAX_KERNEL_MS)
+        axis = size_axis[op]
+        if axis not in r:
+            raise InputError(f"{doc.at('records', i)}: {op} record without '{axis}'")
+        for k, v in r.items():
+            if k in meta:
+                continue
+            if k in text_fields:
+                if not isinstance(v, str) or not v.strip():
+                    raise _bad(doc, ("records", i, k), "must be a non-empty string", v)
+                if len(v) > 200:
+                    raise _bad(doc, ("records", i, k), "is too long a string (at most 200 characters)", v)
+                continue
+            integer(v, doc, "records", i, k, lo=1 if k == axis else 0, hi=MAX_SHAPE)
+    return recs

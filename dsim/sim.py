@@ -175,21 +175,46 @@ def _check(cfg: SimConfig):
     check_requests_fit(cfg.workload, cfg.profile, cfg.spec)
 
 
+def over_model_len(w: Workload, profile: Profile) -> np.ndarray:
+    """Which requests the server rejects: prompt + output over the profile's max_model_len (vLLM's
+    OpenAI server answers such a request at once with an error, "maximum context length is N
+    tokens", and never schedules it)."""
+    total = np.asarray(w.prompt_tokens, dtype=np.int64) + np.asarray(w.output_tokens, dtype=np.int64)
+    lim = profile.max_model_len
+    return total > lim if lim is not None else np.zeros(len(total), dtype=bool)
+
+
+def within_model_len(w: Workload, profile: Profile) -> tuple[Workload, int]:
+    """(the requests the server accepts, how many it rejects): those over max_model_len are
+    dropped and counted, as a real server would; arrivals re-zeroed to the first one kept."""
+    over = over_model_len(w, profile)
+    if not over.any():
+        return w, 0
+    from dsim.workload import _take
+
+    kept = np.flatnonzero(~over)
+    n = int(over.sum())
+    return _take(w, kept, rezero=True, change=f"{n} over max_model_len rejected"), n
+
+
 def check_requests_fit(w: Workload, profile: Profile, spec: SpecConfig | None = None) -> None:
-    """Every request fits the model: prompt + output within the profile's max_model_len (vLLM
-    rejects a longer request), and its whole life within one replica's KV cache (it would be
-    preempted forever). The first one that does not is named by its trace file and line."""
+    """The requests fit the model: at least one within the profile's max_model_len (longer ones
+    are rejected, as vLLM rejects them, and counted: ``within_model_len``), and every accepted
+    one's whole life within one replica's KV cache (it would be preempted forever). The first
+    one that does not is named by its trace file and line."""
     from dsim.cost import KV_BLOCK_TOKENS
 
     total = np.asarray(w.prompt_tokens, dtype=np.int64) + np.asarray(w.output_tokens, dtype=np.int64)
     lim = profile.max_model_len
-    if lim is not None and total.max() > lim:
-        i = int(np.argmax(total > lim))
+    over = over_model_len(w, profile)
+    if over.all():
+        i = 0
         raise InputError(
             f"{w.where(i)}: {int(w.prompt_tokens[i])} prompt + {int(w.output_tokens[i])} output "
             f"tokens exceed the model's context, max_model_len {lim} (profile {profile.name}; "
-            "--max-model-len)"
+            "--max-model-len), as does every other request"
         )
+    total = np.where(over, 0, total)
     k = 0
     if spec is not None and spec.method != "none":
         from dsim import spec as S
@@ -210,7 +235,7 @@ def check_requests_fit(w: Workload, profile: Profile, spec: SpecConfig | None = 
 def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
     _check(cfg)
     t_wall = time.perf_counter()
-    w = cfg.workload
+    w, rejected = within_model_len(cfg.workload, cfg.profile)
     cost = CostModel(cfg.profile, cfg.cost_scale)
     mean_ctx = float(w.prompt_tokens.mean() + w.output_tokens.mean() / 2)
     spec = SpecRuntime.build(
@@ -359,11 +384,10 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
     if bar is not None:
         bar.close()
     wall = time.perf_counter() - t_wall
-    return _result(cfg, spec, reqs, stats, replicas, wall)
+    return _result(cfg, w, rejected, spec, reqs, stats, replicas, wall)
 
 
-def _result(cfg, spec, reqs, stats, replicas, wall) -> SimResult:
-    w = cfg.workload
+def _result(cfg, w, rejected, spec, reqs, stats, replicas, wall) -> SimResult:
     for r in replicas:
         r.flush()
     stats.head_conf = [x for r in replicas for x in r.head_conf]
@@ -395,7 +419,16 @@ def _result(cfg, spec, reqs, stats, replicas, wall) -> SimResult:
         "workload": w.source,
         "class_mix_assumed": bool(w.class_mix_assumed),
         "acceptance_source": (f"{spec.curves.name}: {spec.curves.source}" if spec.curves is not None else None),
+        "max_model_len": cfg.profile.max_model_len,
+        "max_model_len_source": cfg.profile.provenance.get("max_model_len_source"),
     }
+    # requests the server refused at arrival (over max_model_len): not in requests_total
+    summary["requests_rejected_max_model_len"] = rejected
+    from dsim.diagnostics import rejected as rejected_warning
+
+    over = rejected_warning(rejected, len(w), cfg.profile.max_model_len)
+    if over is not None:
+        summary["warnings"].append(over)
     shapes = None
     if cfg.engine.record_shapes:
         shapes = sorted((x for r in replicas for x in r.shapes), key=lambda x: (x[1], x[0]))

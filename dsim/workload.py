@@ -66,6 +66,11 @@ RATE_SCALE_RANGE = (0.1, 100.0)
 MAX_TOKENS = 16_777_216
 #: Longest span of arrival times accepted (about 31 years): a later arrival is a corrupt row.
 MAX_SPAN_S = 1e9
+# A trace is read whole into memory: the largest public ones (BurstGPT, about 10 M rows and
+# 0.6 GB of CSV) fit well under these; past them a file is refused before it is read.
+MAX_TRACE_BYTES = 4 << 30
+MAX_TRACE_ROWS = 50_000_000
+MAX_LINE_CHARS = 16 << 20  # one JSONL record (a long prompt's block hashes are a few KB)
 
 #: Public trace names -> file name in the trace directory (DSIM_TRACE_DIR or ../shared/traces).
 TRACE_FILES: dict[str, str] = {
@@ -544,6 +549,7 @@ def _read_csv_frame(
             skipinitialspace=True,
             encoding="utf-8-sig",
             dtype={c: str for c in strs} or None,
+            nrows=MAX_TRACE_ROWS + 1,
         )
     except pd.errors.EmptyDataError:
         raise _err(path, None, None, "empty trace (no header, no rows)") from None
@@ -560,6 +566,8 @@ def _read_csv_frame(
         df[c] = df[c].astype(str)
     if len(df) == 0:
         raise _err(path, None, None, "empty trace (header but no requests)")
+    if len(df) > MAX_TRACE_ROWS:
+        raise _err(path, None, None, f"more than {MAX_TRACE_ROWS} requests (refused)")
     # pandas fills short rows with "" (keep_default_na=False) -> reported as missing values later;
     # it raises on long rows (handled above).
     return df
@@ -704,7 +712,9 @@ def _jsonl_records(path: Path):
         raise _err(path, None, None, f"cannot read ({e.strerror})") from None
     with f:
         try:
-            for ln, text in enumerate(f, 1):
+            for ln, text in enumerate(iter(lambda: f.readline(MAX_LINE_CHARS + 1), ""), 1):
+                if len(text) > MAX_LINE_CHARS:
+                    raise _err(path, ln, None, f"line longer than {MAX_LINE_CHARS} characters (not a trace record)")
                 if not text.strip():
                     continue
                 try:
@@ -713,6 +723,8 @@ def _jsonl_records(path: Path):
                     raise _err(path, ln, None, f"malformed JSON ({e.msg} at column {e.colno})") from None
                 if not isinstance(rec, dict):
                     raise _err(path, ln, None, "malformed row: expected a JSON object")
+                if ln > MAX_TRACE_ROWS:
+                    raise _err(path, ln, None, f"more than {MAX_TRACE_ROWS} requests (refused)")
                 yield ln, rec
         except UnicodeDecodeError as e:
             raise _err(path, None, None, f"not a UTF-8 text file ({e.reason})") from None
@@ -1037,6 +1049,9 @@ def load_workload(
         raise _err(path, None, None, "is a directory, not a trace file")
     if not os.access(path, os.R_OK):
         raise _err(path, None, None, "cannot read (permission denied)")
+    from dsim.schema import check_input_file
+
+    check_input_file(path, max_bytes=MAX_TRACE_BYTES)  # no device, FIFO or file past the bound
     f = _norm_fmt(fmt, path)
     c = _READERS[f](path)
     t = c["arrival"]

@@ -26,7 +26,7 @@ def test_simulate_defaults_json_keys(tmp_path):
         assert set(s[m]) == {"mean", "p50", "p90", "p99"}
     assert s["requests_completed"] == 80
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [
-        "requests.parquet", "scenario.yaml", "steps.parquet", "summary.json"]
+        ".dsim-output.json", "requests.parquet", "scenario.yaml", "steps.parquet", "summary.json"]
 
 
 def test_simulate_spec_json_keys():

@@ -282,7 +282,8 @@ def test_simulate_flags(tmp_path_factory, flags, method):
         # a valid run: its files are whole, its numbers are numbers (no NaN / Infinity)
         s = json.loads((out / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in summary"))
         assert s["requests_completed"] == s["requests_total"] >= 1
-        assert tree(d) == {"o", "o/requests.parquet", "o/steps.parquet", "o/summary.json", "o/scenario.yaml"}
+        assert tree(d) == {"o", "o/.dsim-output.json", "o/requests.parquet", "o/scenario.yaml", "o/steps.parquet",
+                           "o/summary.json"}
     else:
         assert rc == 2, (args, rc, err)
         lines = [x for x in err.splitlines() if x.strip()]
@@ -330,3 +331,147 @@ def test_validator_trace_reader(tmp_path_factory, rows, jsonl):
         return
     assert np.all(plan.prompt_tokens >= 1) and np.all(plan.output_tokens >= 1)
     assert np.all(np.isfinite(plan.arrival_s)) and plan.arrival_s[0] == 0
+
+
+# ---- kernel tables ---------------------------------------------------------------------------
+
+KT_BASE = {"name": "t", "provenance": {"kind": "measured"},
+           "records": [{"op": "gemm", "m": 1, "k": 4096, "n": 4096, "dtype": "bf16", "ms": 0.05},
+                       {"op": "attn", "batch": 8, "kv": 1024, "q": 1, "heads": 32, "kind": "mha",
+                        "phase": "decode", "ms": 0.02}]}
+KT_FIELDS = ["op", "ms", "m", "k", "dtype", "batch", "kv", "note"]
+
+
+@FAST
+@given(edits=st.lists(st.tuples(st.integers(0, 1), st.sampled_from(KT_FIELDS), NASTY), max_size=3),
+       drop=st.sampled_from([None, "records", "provenance", "first_record_size"]),
+       gz=st.booleans(), cut=st.one_of(st.none(), st.integers(0, 400)))
+def test_kernel_table_loader(tmp_path_factory, edits, drop, gz, cut):
+    """Any kernel table either loads (then every record's time is a finite number >= 0 and every
+    size an integer >= 0) or is refused with one line naming the file."""
+    import gzip
+
+    from dsim.kernels import load_kernel_table
+    d = copy.deepcopy(KT_BASE)
+    for i, k, v in edits:
+        d["records"][i][k] = v
+    if drop == "first_record_size":
+        d["records"][0].pop("m")
+    elif drop is not None:
+        d.pop(drop)
+    text = json.dumps(d)  # NaN / Infinity written as JSON's Python reading has them
+    data = text.encode()[:cut] if cut is not None else text.encode()
+    p = tmp_path_factory.mktemp("kt") / ("t.json.gz" if gz else "t.json")
+    p.write_bytes(gzip.compress(data, mtime=0) if gz else data)
+    try:
+        t = load_kernel_table(str(p))
+    except InputError as e:
+        check_one_line(e, p)
+        return
+    for r in t.records:
+        assert isinstance(r["ms"], (int, float)) and not isinstance(r["ms"], bool) and math.isfinite(r["ms"])
+        assert r["ms"] >= 0
+        for k, v in r.items():
+            if k not in ("op", "ms", "dtype", "kind", "phase", "note"):
+                assert isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0, (k, v)
+
+
+@FAST
+@given(blob=st.binary(max_size=300), gz=st.booleans())
+def test_kernel_table_bytes(tmp_path_factory, blob, gz):
+    from dsim.kernels import load_kernel_table
+    p = tmp_path_factory.mktemp("kb") / ("t.json.gz" if gz else "t.json")
+    p.write_bytes(blob)
+    with pytest.raises(InputError) as e:
+        load_kernel_table(str(p))
+    check_one_line(e.value, p)
+
+
+# ---- outputs never destroy ------------------------------------------------------------------
+
+TARGET_STATES = ["absent", "empty dir", "dsim output", "dsim output + user file", "user dir", "file", "fifo",
+                 "symlink to dir", "symlink to file", "dangling symlink", "nested user file"]
+
+
+def _make_target(base, state):
+    """A target path in one of TARGET_STATES; returns (path, {relative user file: bytes} to keep)."""
+    from dsim.outputs import staged_dir
+    t = base / "t"
+    keep = {}
+    if state == "empty dir":
+        t.mkdir()
+    elif state.startswith("dsim output"):
+        with staged_dir(t) as s:
+            (s / "old.json").write_text("old")
+            (s / "sub").mkdir()
+            (s / "sub" / "x.csv").write_text("1")
+        if state.endswith("user file"):
+            (t / "sub" / "mine.txt").write_text("mine")
+            keep["t/sub/mine.txt"] = b"mine"
+    elif state == "user dir":
+        t.mkdir()
+        (t / "data.txt").write_text("x")
+        keep["t/data.txt"] = b"x"
+    elif state == "nested user file":
+        (t / "summary.json").mkdir(parents=True)
+        (t / "summary.json" / "data.txt").write_text("x")
+        keep["t/summary.json/data.txt"] = b"x"
+    elif state == "file":
+        t.write_text("f")
+        keep["t"] = b"f"
+    elif state == "fifo":
+        os.mkfifo(t)
+    elif state == "symlink to dir":
+        (base / "real").mkdir()
+        (base / "real" / "r.txt").write_text("r")
+        t.symlink_to(base / "real")
+        keep["real/r.txt"] = b"r"
+    elif state == "symlink to file":
+        (base / "real.txt").write_text("r")
+        t.symlink_to(base / "real.txt")
+        keep["real.txt"] = b"r"
+    elif state == "dangling symlink":
+        t.symlink_to(base / "nowhere")
+    return t, keep
+
+
+@FAST
+@given(states=st.lists(st.sampled_from(TARGET_STATES), min_size=1, max_size=3),
+       names=st.lists(st.sampled_from(["summary.json", "a.csv", "sub/x.csv", "sub/deeper/y.png"]), min_size=1,
+                      max_size=4, unique=True),
+       fail=st.booleans())
+def test_staged_dir_never_destroys_and_never_merges(tmp_path_factory, states, names, fail):
+    """Whatever is at the target: the run's output appears whole and alone (exactly its files and
+    the manifest), or it is refused before the body runs, or (the body fails) nothing changes;
+    a file of the user's is never removed or changed."""
+    from dsim.outputs import MANIFEST, debris, staged_dir
+    base = tmp_path_factory.mktemp("o")
+    t, keep = _make_target(base, states[0])
+    for state in states[1:]:  # later states only add the user's files to what is there
+        if state == "user dir" and t.is_dir() and not t.is_symlink():
+            (t / "late.txt").write_text("late")
+            keep["t/late.txt"] = b"late"
+    before = tree(base)
+    ran = False
+    try:
+        with staged_dir(t) as s:
+            ran = True
+            for n in names:
+                (s / n).parent.mkdir(parents=True, exist_ok=True)
+                (s / n).write_text(n)
+            if fail:
+                raise RuntimeError("the run failed")
+    except InputError as e:
+        assert not ran or keep, e          # refused up front, or at the commit for a user's file
+        assert "\n" not in str(e)
+        assert tree(base) == before
+    except RuntimeError:
+        assert tree(base) == before
+    else:
+        assert not keep or all(not k.startswith("t") for k in keep)
+        files = {str(p.relative_to(t)) for p in t.rglob("*") if p.is_file()}
+        assert files == set(names) | {MANIFEST}
+        assert all((t / n).read_text() == n for n in names)
+    for rel, data in keep.items():
+        assert (base / rel).read_bytes() == data, rel
+    assert debris(base) == [] and debris(t if t.is_dir() else base) == []

@@ -60,11 +60,16 @@ def test_staged_dir_all_or_nothing(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert target.stat().st_mode & 0o777 == 0o777 & ~umask      # not mkdtemp's private 0700
-    # into an existing directory: its other files stay, ours are replaced
-    (target / "keep.txt").write_text("mine")
+    # dsim's own earlier output is replaced as a whole: nothing of the earlier run stays
     with staged_dir(target) as d:
-        (d / "x.txt").write_text("again")
-    assert (target / "x.txt").read_text() == "again" and (target / "keep.txt").read_text() == "mine"
+        (d / "y.txt").write_text("again")
+    assert tree(target) == {".dsim-output.json", "y.txt"} and debris(target.parent) == []
+    # a file the user put there: refused up front, never merged or removed
+    (target / "keep.txt").write_text("mine")
+    with pytest.raises(InputError, match="did not write .keep.txt"):
+        with staged_dir(target):
+            pytest.fail("the body must not run")
+    assert (target / "keep.txt").read_text() == "mine" and (target / "y.txt").read_text() == "again"
     assert debris(target.parent) == []
     f = tmp_path / "file"
     f.write_text("")
@@ -74,6 +79,137 @@ def test_staged_dir_all_or_nothing(tmp_path):
     with pytest.raises(InputError, match="empty path"):
         with staged_dir(""):
             pass
+
+
+def _special(tmp_path: Path, what: str) -> Path:
+    """A target that is not a regular file: it must be refused, never replaced."""
+    p = tmp_path / what
+    if what == "fifo":
+        os.mkfifo(p)
+    elif what == "socket":
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(p))
+        s.close()
+    elif what == "device":
+        import stat as st
+        try:
+            os.mknod(p, st.S_IFCHR | 0o666, os.makedev(1, 7))  # as /dev/full
+        except PermissionError:
+            pytest.skip("mknod needs root")
+    elif what == "stdout-link":
+        p.symlink_to("/proc/self/fd/1")
+    elif what == "file-link":
+        (tmp_path / "real.txt").write_text("keep")
+        p.symlink_to(tmp_path / "real.txt")
+    elif what == "dir-link":
+        (tmp_path / "realdir").mkdir()
+        p.symlink_to(tmp_path / "realdir")
+    elif what == "dangling-link":
+        p.symlink_to(tmp_path / "nowhere")
+    return p
+
+
+def _lstat(p: Path):
+    st = os.lstat(p)
+    return st.st_mode, st.st_ino, st.st_rdev
+
+
+SPECIALS = ["fifo", "socket", "device", "stdout-link", "file-link", "dir-link", "dangling-link"]
+
+
+@pytest.mark.parametrize("what", SPECIALS)
+def test_special_file_targets_are_refused_never_replaced(tmp_path, what):
+    t = _special(tmp_path, what)
+    before = _lstat(t)
+    assert_rejected("simulate", *SMALL, "--step-log", t, needles=["--step-log", "not a regular file"], watch=tmp_path)
+    assert_rejected("simulate", *SMALL, "--out", t, needles=["--out", "not a directory"], watch=tmp_path)
+    assert _lstat(t) == before
+
+
+@pytest.mark.parametrize("what", ["fifo", "device", "stdout-link", "dir-link"])
+def test_module_tools_refuse_special_targets_before_any_work(tmp_path, what, capsys):
+    from dsim import compose, kernels_aic, kernels_deepep
+    t = _special(tmp_path, what)
+    before = tree(tmp_path), _lstat(t)
+    for main, args in (
+        (compose.main, ["profile", "--model", "llama-3.1-8b", "--topology", "tp1", "--hardware", "h200"]),
+        (kernels_deepep.main, ["build", "--model", "deepseek-v3:16"]),
+        (kernels_aic.main, ["anchors"]),
+    ):
+        assert main([*args, "--out", str(t)]) == 2
+        err = capsys.readouterr().err
+        assert_one_line(err, ["--out", str(t)])
+        assert (tree(tmp_path), _lstat(t)) == before
+
+
+def test_out_with_a_users_file_is_refused_before_the_run_and_kept(tmp_path):
+    d = tmp_path / "d"
+    (d / "summary.json").mkdir(parents=True)
+    (d / "summary.json" / "data.txt").write_text("x")
+    assert_rejected("simulate", *SMALL, "--out", d, needles=["--out", "did not write", "summary.json/data.txt"],
+                    watch=tmp_path)
+    assert (d / "summary.json" / "data.txt").read_text() == "x"
+
+
+def test_rerun_replaces_dsims_own_output_whole_and_refuses_it_once_touched(tmp_path):
+    d = tmp_path / "o"
+    assert run_cli("simulate", *SMALL, "--method", "mtp", "--out", d)[0] == 0
+    first = json.loads((d / "summary.json").read_text())
+    assert run_cli("simulate", *SMALL, "--seed", "3", "--out", d)[0] == 0     # replaced whole
+    assert json.loads((d / "summary.json").read_text())["setup"] != first["setup"]
+    assert tree(tmp_path) == {"o", "o/.dsim-output.json", "o/requests.parquet", "o/scenario.yaml", "o/steps.parquet",
+                              "o/summary.json"}
+    (d / "notes.md").write_text("mine")
+    assert_rejected("simulate", *SMALL, "--out", d, needles=["notes.md"], watch=tmp_path)
+    (d / "notes.md").unlink()
+    (d / "summary.json").unlink()                                       # a listed file gone: still dsim's
+    assert run_cli("simulate", *SMALL, "--out", d)[0] == 0
+    assert (d / "summary.json").is_file()
+
+
+def test_out_and_step_log_overlapping_are_refused_before_the_run(tmp_path):
+    for out, log in ((tmp_path / "x", tmp_path / "x"), (tmp_path / "x", tmp_path / "x" / "s.jsonl")):
+        assert_rejected("simulate", *SMALL, "--out", out, "--step-log", log, needles=["--step-log"], watch=tmp_path)
+
+
+def test_a_user_file_added_during_the_run_stops_the_swap(tmp_path, monkeypatch):
+    """The target is checked again at the commit: what the user put there meanwhile is kept."""
+    from dsim import sim
+    d = tmp_path / "o"
+    assert run_cli("simulate", *SMALL, "--out", d)[0] == 0
+    real = sim.write_output_files
+
+    def meanwhile(res, stage):
+        real(res, stage)
+        (d / "late.txt").write_text("mine")
+    monkeypatch.setattr(sim, "write_output_files", meanwhile)
+    rc, _, err = run_cli("simulate", *SMALL, "--out", d)
+    assert rc == 2 and "late.txt" in assert_one_line(err)
+    assert (d / "late.txt").read_text() == "mine" and (d / "summary.json").is_file()
+    from dsim.outputs import debris
+    assert debris(tmp_path) == []
+
+
+def test_failed_swap_puts_the_old_output_back(tmp_path, monkeypatch):
+    from dsim import outputs
+    from dsim.errors import InputError
+    d = tmp_path / "o"
+    with outputs.staged_dir(d) as s:
+        (s / "a.txt").write_text("old")
+    real = os.rename
+    calls = []
+
+    def flaky(src, dst):
+        calls.append((src, dst))
+        if len(calls) == 2:       # the staged directory onto the target
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+    monkeypatch.setattr(outputs.os, "rename", flaky)
+    with pytest.raises(InputError, match="No space left"):
+        with outputs.staged_dir(d) as s:
+            (s / "a.txt").write_text("new")
+    monkeypatch.undo()
+    assert (d / "a.txt").read_text() == "old" and outputs.debris(tmp_path) == []
 
 
 def test_simulate_write_phase_interrupted_leaves_nothing(tmp_path, monkeypatch):
@@ -152,7 +288,8 @@ def test_simulate_out_and_step_log_written_together(tmp_path):
     rc, _, err = run_cli("simulate", *SMALL, "--method", "mtp", "--out", tmp_path / "o",
                          "--step-log", tmp_path / "s.jsonl")
     assert rc == 0, err
-    assert tree(tmp_path) == {"o", "o/requests.parquet", "o/scenario.yaml", "o/steps.parquet", "o/summary.json",
+    assert tree(tmp_path) == {"o", "o/.dsim-output.json", "o/requests.parquet", "o/scenario.yaml", "o/steps.parquet",
+                              "o/summary.json",
                               "s.jsonl"}
 
 
@@ -255,24 +392,51 @@ def test_huge_fleet_fails_fast_before_allocating(tmp_path):
 
 
 def test_max_model_len_flag_and_profile_field(tmp_path):
+    """A request over max_model_len is rejected at arrival and counted, as vLLM's server answers
+    it with an error and never schedules it; a trace with no request that fits is bad input."""
     trace = native_csv(tmp_path, [(0, 100, 50), (1, 5000, 100), (2, 10, 10)])
-    assert_rejected("simulate", "--trace", trace, "--quiet", "--max-model-len", "4096",
-                    needles=[f"{trace}:3", "5000 prompt + 100 output", "max_model_len 4096"], watch=tmp_path)
+    rc, out, err = run_cli("simulate", "--trace", trace, "--json", "--max-model-len", "4096")
+    assert rc == 0, err
+    s = json.loads(out)
+    assert (s["requests_total"], s["requests_completed"], s["requests_rejected_max_model_len"]) == (2, 2, 1)
+    assert s["setup"]["max_model_len"] == 4096
+    rc, out, err = run_cli("simulate", "--trace", trace, "--max-model-len", "4096")
+    assert rc == 0 and "1 request (33.3%) rejected at arrival" in out, out
+    assert [x["kind"] for x in s["warnings"]].count("rejected_over_max_model_len") == 1
+    assert_rejected("simulate", "--trace", trace, "--quiet", "--max-model-len", "15",
+                    needles=[f"{trace}:2", "100 prompt + 50 output", "max_model_len 15", "every other"],
+                    watch=tmp_path)
     d = profile_dict()
     d["max_model_len"] = 4096
     prof = write_profile(tmp_path, d)
-    assert_rejected("simulate", "--trace", trace, "--profile", prof, "--quiet", needles=[f"{trace}:3"],
-                    watch=tmp_path)
-    # the plan checks it up front too, naming the line
-    assert_rejected("plan", "--sla", "p50=20ms", "--trace", trace, "--profile", prof, "--seeds", "0",
-                    "--methods", "mtp", needles=[f"{trace}:3"])
-    rc, _, err = run_cli("simulate", "--trace", trace, "--quiet", "--max-model-len", "8192")
-    assert rc == 0, err
+    rc, out, err = run_cli("simulate", "--trace", trace, "--profile", prof, "--json")
+    assert rc == 0 and json.loads(out)["requests_rejected_max_model_len"] == 1, err
+    rc, out, err = run_cli("simulate", "--trace", trace, "--json", "--max-model-len", "8192")
+    assert rc == 0 and json.loads(out)["requests_rejected_max_model_len"] == 0, err
     from dsim.cost import load_profile
     d2 = profile_dict()
     d2["provenance"]["max_model_len"] = 2048
     assert load_profile(str(write_profile(tmp_path, d2, "q.yaml"))).max_model_len == 2048
-    assert load_profile("h200-llama-3.1-8b").max_model_len is None
+
+
+def test_every_shipped_profile_carries_the_models_context():
+    """Where a profile gives no max_model_len it is the model config's max_position_embeddings
+    (vLLM's default), and the provenance says so."""
+    from dsim.cost import PROFILE_DIR, load_profile
+    expect = {"llama-3.1-8b": 131072, "qwen3-8b": 40960, "qwen3-14b": 40960, "qwen3-32b": 40960,
+              "deepseek-v3": 163840, "deepseek-v4-flash": 1048576, "deepseek-v4-pro": 1048576}
+    n = 0
+    for f in sorted(PROFILE_DIR.rglob("*.yaml")):
+        if "models" in f.parts or "forward" not in f.read_text():
+            continue
+        p = load_profile(str(f))
+        model = p.provenance["model"]
+        assert p.max_model_len == expect[model], f
+        assert "max_position_embeddings" in p.provenance["max_model_len_source"], f
+        n += 1
+    assert n >= 20
+    long = profile_dict("deepseek-v4-flash-h200-dp8-ep8")
+    assert load_profile("deepseek-v4-flash-h200-dp8-ep8").max_model_len == 1048576 and "max_model_len" not in long
 
 
 def test_kv_capacity_error_names_file_and_line(tmp_path):
@@ -624,3 +788,336 @@ def test_field_lines_keep_every_word_in_order_under_a_hanging_indent(words, widt
     # a line is over the width only when it holds one word that is longer than the room
     for line in lines:
         assert len(line) <= width or len(line[len(name) :].split()) == 1
+
+
+# ---- readers bounded ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target,fmt", [("/dev/zero", "native-csv"), ("/dev/zero", "auto"),
+                                         ("/dev/urandom", "native-jsonl"), ("fifo", "native-csv"),
+                                         ("fifo", "auto"), ("/dev/stdin", "auto")])
+def test_trace_that_is_no_regular_file_is_refused_at_once(tmp_path, target, fmt):
+    if target == "fifo":
+        target = tmp_path / "fifo"
+        os.mkfifo(target)
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "dsim", "simulate", "--quiet", "--trace", str(target),
+                        "--format", fmt], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                       capture_output=True, text=True, timeout=120, stdin=subprocess.PIPE)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert_one_line(r.stderr, [str(target), "not a regular file"])
+    assert time.monotonic() - t0 < 60
+
+
+def test_endless_jsonl_line_is_refused(tmp_path):
+    from dsim.workload import MAX_LINE_CHARS
+    p = tmp_path / "t.jsonl"
+    with open(p, "w") as f:
+        f.write(json.dumps({"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 5}) + "\n")
+        f.write('{"x": "' + "a" * (MAX_LINE_CHARS + 10) + '"}\n')
+    assert_rejected("simulate", "--trace", p, "--quiet", needles=[f"{p}:2", "longer than"])
+
+
+def test_oversized_trace_is_refused_before_reading(tmp_path, monkeypatch):
+    from dsim import workload
+    monkeypatch.setattr(workload, "MAX_TRACE_BYTES", 100)
+    p = native_csv(tmp_path, [(i, 10, 10) for i in range(20)])
+    assert_rejected("simulate", "--trace", p, "--quiet", needles=[str(p), "larger than"])
+
+
+KERNEL_TABLE_CASES = [
+    ("empty", lambda d: d.update(records=[]), "records: empty"),
+    ("negative size", lambda d: d["records"][0].update(m=-5), "records[0].m: must be >= 1"),
+    ("zero size", lambda d: d["records"][0].update(m=0), "records[0].m: must be >= 1"),
+    ("negative shape", lambda d: d["records"][0].update(k=-1), "records[0].k: must be >= 0"),
+    ("boolean time", lambda d: d["records"][0].update(ms=True), "records[0].ms: must be a number"),
+    ("string time", lambda d: d["records"][0].update(ms="0.1"), "records[0].ms: must be a number"),
+    ("NaN time", lambda d: d["records"][0].update(ms=math.nan), "records[0].ms: must be finite"),
+    ("infinite time", lambda d: d["records"][0].update(ms=math.inf), "records[0].ms: must be finite"),
+    ("negative time", lambda d: d["records"][0].update(ms=-0.1), "records[0].ms: must be >= 0"),
+    ("missing time", lambda d: d["records"][0].pop("ms"), "missing field 'ms'"),
+    ("boolean size", lambda d: d["records"][0].update(m=True), "records[0].m: must be an integer"),
+    ("fractional size", lambda d: d["records"][0].update(m=2.5), "records[0].m: must be an integer"),
+    ("null record", lambda d: d["records"].__setitem__(0, None), "records[0]: must be a mapping"),
+    ("unknown op", lambda d: d["records"][0].update(op="conv"), "records[0].op: must be one of"),
+    ("no size axis", lambda d: d["records"][0].pop("m"), "without 'm'"),
+    ("list shape", lambda d: d["records"][0].update(n=[1]), "records[0].n: must be an integer"),
+    ("no provenance", lambda d: d.pop("provenance"), "needs 'provenance'"),
+]
+
+
+@pytest.mark.parametrize("name,edit,needle", KERNEL_TABLE_CASES, ids=[c[0] for c in KERNEL_TABLE_CASES])
+def test_compose_refuses_nonsensical_kernel_tables(tmp_path, capsys, name, edit, needle):
+    from dsim import compose
+    d = {"name": "t", "provenance": {"kind": "measured"},
+         "records": [{"op": "gemm", "m": 1, "k": 4096, "n": 4096, "dtype": "bf16", "ms": 0.05}]}
+    edit(d)
+    t = tmp_path / "t.json"
+    t.write_text(json.dumps(d))
+    out = tmp_path / "p.yaml"
+    rc = compose.main(["profile", "--model", "deepseek-v3", "--topology", "tp8-ep8", "--hardware", "h200",
+                       "--kernels", str(t), "--out", str(out)])
+    assert rc == 2
+    assert_one_line(capsys.readouterr().err, [str(t), needle])
+    assert tree(tmp_path) == {"t.json"}
+
+
+@pytest.mark.parametrize("how", ["truncated json", "truncated gz", "garbage gz", "binary", "deep", "not utf-8"])
+def test_compose_refuses_corrupt_kernel_files(tmp_path, capsys, how):
+    import gzip
+
+    from dsim import compose
+    good = json.dumps({"name": "t", "provenance": {}, "records": [{"op": "gemm", "m": 1, "ms": 0.1}]})
+    t = tmp_path / ("t.json.gz" if "gz" in how else "t.json")
+    t.write_bytes({"truncated json": good[:30].encode(),
+                   "truncated gz": gzip.compress(good.encode())[:25],
+                   "garbage gz": b"\x1f\x8b\x08garbage" * 4,
+                   "binary": bytes(range(256)),
+                   "deep": b"[" * 5000 + b"]" * 5000,
+                   "not utf-8": b'{"name": "\xff\xfe"}'}[how])
+    rc = compose.main(["profile", "--model", "deepseek-v3", "--topology", "tp8-ep8", "--hardware", "h200",
+                       "--kernels", str(t), "--out", str(tmp_path / "p.yaml")])
+    assert rc == 2
+    assert_one_line(capsys.readouterr().err, [str(t)])
+    assert tree(tmp_path) == {t.name}
+
+
+def test_every_shipped_kernel_table_still_loads():
+    from dsim.kernels import KERNEL_DIR, load_kernel_table
+    n = 0
+    for f in sorted(KERNEL_DIR.glob("*.json*")):
+        d = f.read_bytes()
+        if b'"records"' not in (d if not f.name.endswith(".gz") else b'"records"') or "anchors" in f.name:
+            continue
+        try:
+            load_kernel_table(str(f))
+            n += 1
+        except Exception as e:  # only the tables that are not op tables (error summaries, head fits)
+            assert f.name in ("h200-aic-vllm-error.json", "h100-aic-vllm-dense-error.json", "dense-gemm-ops.json",
+                              "h200-torch-dspark-heads.json"), (f, e)
+    assert n >= 8
+
+
+# ---- every wait timed out; a server that breaks the protocol ----------------------------------
+
+@pytest.mark.parametrize("mode", ["choices-object", "choices-number", "choices-string", "text-number", "text-list",
+                                  "choice-null", "event-list", "usage-list", "error-object"])
+def test_run_counts_protocol_breaking_events_as_failed_requests(fake, tmp_path, mode):
+    from validator import fake_server, measure
+    assert mode in fake_server.BAD_EVENTS
+    url = fake(mode)
+    rc, out, err = run_cli("validate", "run", "--server", url, "--out", tmp_path / "o", *RUN)
+    assert "Traceback" not in err
+    m = measure.read(tmp_path / "o" / "measurements.jsonl")
+    assert len(m.requests) == 4
+    if mode == "choice-null":        # a null choice beside a good one is skipped, as before
+        assert rc == 0 and len(m.ok_requests) == 4, err
+        return
+    if mode == "event-list":         # an event that is no object is skipped and counted, as before
+        assert rc == 0 and all(r.get("malformed_events") == 1 for r in m.requests), err
+        return
+    assert rc == 1, (out, err)
+    assert "4 of 4 requests failed" in err
+    assert all(not r["ok"] and r["error"] for r in m.requests)
+
+
+def _hostile_tcp(kind: str):
+    """A 127.0.0.1 listener that accepts and then: 'silent' says nothing, 'trickle' sends an HTTP
+    status line and then one header byte a second forever, 'http1' answers every request 400."""
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    stop = threading.Event()
+    conns = []
+
+    def handle(c):
+        try:
+            if kind == "trickle":
+                c.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                while not stop.is_set():
+                    c.sendall(b"a")
+                    time.sleep(0.5)
+            elif kind == "http1":
+                c.recv(4096)
+                c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+            else:
+                stop.wait(120)
+        except OSError:
+            pass
+
+    def loop():
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                continue
+            conns.append(c)
+            threading.Thread(target=handle, args=(c,), daemon=True).start()
+
+    threading.Thread(target=loop, daemon=True).start()
+
+    def close():
+        stop.set()
+        for c in conns:
+            c.close()
+        srv.close()
+    return srv.getsockname()[1], close
+
+
+@pytest.mark.parametrize("kind", ["silent", "trickle"])
+@pytest.mark.parametrize("cmd", [["validate", "warmup", "-c", "1"],
+                                 ["validate", "run", "-n", "2", "--input-len", "2", "--output-len", "2",
+                                  "--no-progress", "--nice", "0"]])
+def test_a_server_that_never_answers_is_a_clear_error_in_bounded_time(tmp_path, kind, cmd):
+    port, close = _hostile_tcp(kind)
+    try:
+        t0 = time.monotonic()
+        args = [*cmd, "--server", f"http://127.0.0.1:{port}"]
+        if cmd[1] == "run":
+            args += ["--out", str(tmp_path / "o")]
+        line = assert_rejected(*args, needles=[f"127.0.0.1:{port}", "not answering"], watch=tmp_path)
+        assert time.monotonic() - t0 < 30, line
+    finally:
+        close()
+
+
+@pytest.mark.parametrize("kind,needle", [("silent", "does not answer as a Ray cluster"),
+                                         ("http1", "is not a Ray cluster"),
+                                         ("closed", "no Ray cluster reachable")])
+def test_ray_address_that_is_not_ray_fails_fast(kind, needle):
+    from dsim.errors import InputError
+    from dsim.executor import probe_address
+    if kind == "closed":
+        port, close = free_port(), (lambda: None)
+    else:
+        port, close = _hostile_tcp(kind)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(InputError, match=needle):
+            probe_address(f"127.0.0.1:{port}", timeout_s=2.0)
+        assert time.monotonic() - t0 < 10
+    finally:
+        close()
+
+
+def test_ray_address_probe_accepts_a_grpc_peer():
+    """What a gRPC server (Ray's GCS, its client server) sends first: a SETTINGS frame."""
+    from dsim.executor import probe_address
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+
+    def answer():
+        c, _ = srv.accept()
+        c.recv(64)
+        c.sendall(b"\x00\x00\x06\x04\x00\x00\x00\x00\x00" + b"\x00\x03\x00\x00\x00\x64")
+        time.sleep(0.5)
+        c.close()
+    threading.Thread(target=answer, daemon=True).start()
+    probe_address(f"127.0.0.1:{srv.getsockname()[1]}", timeout_s=5.0)
+    srv.close()
+
+
+# ---- every stop clean --------------------------------------------------------------------------
+
+def _session_pids(sid: int) -> list[int]:
+    """Live processes of a session (a command started with start_new_session: it and its workers)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(f[3]) == sid and f[0] != "Z":
+                out.append(int(d.name))
+    return out
+
+
+def _stop_midway(argv, cwd: Path, sigs, group: bool, started, timeout=120, settle=0.5):
+    """Run argv in its own session; once ``started(pid)`` holds (the run is under way) send ``sigs``
+    (0.3 s apart) to it or to its whole group (what a terminal's Ctrl-C does). Returns (rc,
+    stderr, processes of the session still alive 3 s after it ended)."""
+    p = subprocess.Popen(argv, cwd=cwd, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        while not started(p.pid) and p.poll() is None and time.monotonic() - t0 < timeout:
+            time.sleep(0.05)
+        assert p.poll() is None, "finished before it could be stopped: " + p.stderr.read()[-500:]
+        time.sleep(settle)
+        for s in sigs:
+            (os.killpg if group else os.kill)(p.pid, s)
+            time.sleep(0.3)
+        _, err = p.communicate(timeout=60)     # (workers holding stderr open would hang this)
+        time.sleep(3)
+        return p.returncode, err, _session_pids(p.pid)
+    finally:
+        for q in _session_pids(p.pid):
+            os.kill(q, signal.SIGKILL)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.parametrize("sigs,group,code", [
+    ([signal.SIGINT], True, 130),
+    ([signal.SIGINT, signal.SIGINT], True, 130),
+    ([signal.SIGINT, signal.SIGINT], False, 130),
+    ([signal.SIGTERM], False, 143),
+    ([signal.SIGTERM], True, 143),
+], ids=["ctrl-c", "ctrl-c-twice", "sigint-twice-to-main", "sigterm", "sigterm-group"])
+@pytest.mark.parametrize("cmd", ["plan", "sweep"])
+def test_stopping_a_parallel_run_leaves_no_worker_no_traceback_no_output(tmp_path, cmd, sigs, group, code):
+    from dsim.outputs import debris
+    work = tmp_path / "w"
+    work.mkdir()
+    trace = native_csv(tmp_path, [(i * 0.02, 300, 300) for i in range(3000)])
+    argv = [sys.executable, "-m", "dsim", cmd, "--trace", str(trace), "--jobs", "2", "--methods", "none,mtp,dspark"]
+    argv += (["--sla", "p50=20ms"] if cmd == "plan" else ["--concurrency", "1,4,16,64,128", "--out", "sw"])
+
+    def started(pid):  # both pool workers run (plan writes nothing; the sweep has staged its output)
+        return len(_session_pids(pid)) >= 3 and (cmd == "plan" or bool(debris(work)))
+    rc, err, left = _stop_midway(argv, work, sigs, group, started)
+    assert rc == code, err[-2000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1] in ("dsim: interrupted", "dsim: terminated"), err
+    assert left == [], left
+    assert tree(work) == set()
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("when", ["loading", "running"])
+def test_stopping_compose_is_clean(tmp_path, sig, code, when):
+    out = tmp_path / "c.yaml"
+    argv = [sys.executable, "-m", "dsim.compose", "profile", "--model", "deepseek-v4-flash", "--topology", "dp8-ep8",
+            "--hardware", "h200", "--kernels", "h200-aic-vllm", "--out", str(out)]
+    t0 = time.monotonic()
+
+    def started(pid):
+        if when == "loading":  # numpy and dsim's modules still being imported
+            return time.monotonic() - t0 > 0.15
+        try:  # running: the kernel table is open (being read), or past loading on a slow machine
+            return time.monotonic() - t0 > 2.0 or any(
+                "h200-aic-vllm" in os.readlink(f) for f in Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            return False
+    rc, err, left = _stop_midway(argv, tmp_path, [sig], False, started, settle=0.0)
+    assert rc == code, err[-2000:]
+    assert "Traceback" not in err and err.strip().splitlines() == [
+        f"dsim.compose: {'interrupted' if code == 130 else 'terminated'}"], err
+    assert left == [] and tree(tmp_path) == set()
+
+
+@pytest.mark.parametrize("flag", ["--profile", "--acceptance"])
+def test_nested_yaml_aliases_are_read_in_linear_time(tmp_path, flag):
+    """A "billion laughs" file (aliases of aliases, 9^10 leaves when expanded) is refused in
+    seconds, not walked leaf by leaf."""
+    lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 11)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\n")
+    t0 = time.monotonic()
+    args = ["simulate", *SMALL, flag, bomb] + (["--method", "mtp"] if flag == "--acceptance" else [])
+    assert_rejected(*args, needles=[str(bomb)], watch=tmp_path)
+    assert time.monotonic() - t0 < 20

@@ -747,6 +747,7 @@ def test_run_launch_repeat_writes_runs_and_spread_and_stops_the_server(tmp_path)
     )
     assert r.returncode == 0, r.stderr
     assert sorted(x.name for x in out.iterdir()) == [
+        ".dsim-output.json",
         "measurements-1.jsonl",
         "measurements-2.jsonl",
         "measurements-spread.json",

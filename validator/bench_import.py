@@ -10,7 +10,6 @@ p50, p90/p99 when present), with no request lines.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -237,14 +236,9 @@ def import_bench(src, dest, concurrency: int | None = None, merge_gap_s: float =
         raise InputError(f"{src}: is a directory, not a `vllm bench serve` result file")
     if not src.exists():
         raise InputError(f"{src}: file not found")
-    try:
-        d = json.loads(src.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise InputError(f"{src}:{e.lineno}: not valid JSON ({e.msg})") from None
-    except UnicodeDecodeError as e:
-        raise InputError(f"{src}: not a UTF-8 text file ({e.reason} at byte {e.start})") from None
-    except RecursionError:
-        raise InputError(f"{src}: not a `vllm bench serve` result file (nested too deeply)") from None
+    from dsim.schema import read_json
+
+    d = read_json(src, max_bytes=2 << 30)  # regular files only, bounded, nesting checked
     if not isinstance(d, dict) or not any(k in d for k in ("completed", "mean_ttft_ms", "ttfts")):
         raise InputError(
             f"{src}: not a `vllm bench serve --save-result` file (no completed / mean_ttft_ms / ttfts keys)"

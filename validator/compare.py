@@ -151,13 +151,13 @@ def simulate_measurement(
     w, conc = workload_from(m)
     doc = None
     if acceptance:
-        import yaml
+        from dsim.schema import read_document
 
         try:
-            doc = yaml.safe_load(open(acceptance)) if acceptance.endswith((".yaml", ".yml")) else None
-        except OSError:
-            doc = None
-    k, spec_how = speculation(m, acceptance, doc)
+            doc = read_document(acceptance)[0] if acceptance.endswith((".yaml", ".yml")) else None
+        except InputError:
+            doc = None  # load_acceptance below names what is wrong with it
+    k, spec_how = speculation(m, acceptance, doc if isinstance(doc, dict) else None)
     notes: list = []
     assumed = [f"engine: {_engine_line(m.header)}", f"speculation: {spec_how}"]
     mach = ((prof.extra or {}).get("validator") or {}).get("spec_machinery") or {}

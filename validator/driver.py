@@ -77,8 +77,14 @@ def _short(e: BaseException) -> str:
     return s[:200]
 
 
+def _bounded(call, timeout_s: float):
+    """An httpx call with a deadline on the whole of it: httpx's own timeouts bound each
+    connect and each read, so a server that trickles a byte now and then would hold it forever."""
+    return asyncio.wait_for(call, 2 * timeout_s)
+
+
 async def _get_json(client, url, timeout=5.0):
-    r = await client.get(url, timeout=timeout)
+    r = await _bounded(client.get(url, timeout=timeout), timeout)
     r.raise_for_status()
     return r.json()
 
@@ -87,7 +93,11 @@ async def probe(client: httpx.AsyncClient, server: str) -> dict:
     """Server facts: reachable (else InputError), model id, version, metrics available."""
     info = {}
     try:
-        r = await client.get(f"{server}/v1/models", timeout=5.0)
+        r = await _bounded(client.get(f"{server}/v1/models", timeout=5.0), 5.0)
+    except asyncio.TimeoutError:
+        raise InputError(f"{server}: server not answering (/v1/models: no whole answer within 10 s)") from None
+    except httpx.TimeoutException as e:
+        raise InputError(f"{server}: server not answering (/v1/models: {type(e).__name__} after 5 s)") from None
     except httpx.HTTPError as e:
         raise InputError(f"{server}: server not reachable ({type(e).__name__}: {_short(e)})") from None
     if r.status_code in (401, 403):
@@ -98,11 +108,12 @@ async def probe(client: httpx.AsyncClient, server: str) -> dict:
         info["models"] = [m.get("id") for m in data]
         if data and data[0].get("max_model_len"):
             info["max_model_len"] = data[0]["max_model_len"]
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, TypeError):
         info["models"] = []
+    info["models"] = [m for m in info["models"] if isinstance(m, str)]
     try:
         info["server_version"] = (await _get_json(client, f"{server}/version")).get("version")
-    except (httpx.HTTPError, ValueError, AttributeError):
+    except (httpx.HTTPError, ValueError, AttributeError, asyncio.TimeoutError):
         info["server_version"] = None
     return info
 
@@ -110,25 +121,30 @@ async def probe(client: httpx.AsyncClient, server: str) -> dict:
 async def scrape(client: httpx.AsyncClient, server: str, timeout: float = 5.0) -> tuple[Any, str | None]:
     """Parsed /metrics, or (None, reason)."""
     try:
-        r = await client.get(f"{server}/metrics", timeout=timeout)
+        r = await _bounded(client.get(f"{server}/metrics", timeout=timeout), timeout)
         if r.status_code != 200:
             return None, f"http_{r.status_code}"
         p = promtext.parse(r.text)
         return p, (f"{p.problems} malformed lines" if p.problems else None)
-    except httpx.HTTPError as e:
+    except asyncio.TimeoutError:
+        return None, f"timeout: no whole /metrics answer within {2 * timeout:g} s"
+    except (httpx.HTTPError, UnicodeError) as e:
         return None, f"{type(e).__name__}: {_short(e)}"
 
 
 async def base_token_ids(client: httpx.AsyncClient, server: str, model: str, text: str) -> list[int]:
     try:
-        r = await client.post(
-            f"{server}/tokenize", json={"model": model, "prompt": text, "add_special_tokens": False}, timeout=10.0
+        r = await _bounded(
+            client.post(
+                f"{server}/tokenize", json={"model": model, "prompt": text, "add_special_tokens": False}, timeout=10.0
+            ),
+            10.0,
         )
         if r.status_code == 200:
             toks = r.json().get("tokens")
-            if toks:
-                return [int(t) for t in toks]
-    except (httpx.HTTPError, ValueError):
+            if toks and isinstance(toks, list) and all(type(t) is int and t >= 0 for t in toks):
+                return list(toks)
+    except (httpx.HTTPError, ValueError, AttributeError, asyncio.TimeoutError):
         pass
     # no /tokenize: bytes of the text offset past typical special ids (still a valid id list)
     return [32 + (b % 200) for b in text.encode()]
@@ -161,12 +177,16 @@ class Prompts:
         if self.mode == "text":
             p = make_prompt(self.base, n, "text", self.text)
             try:
-                r = await self.client.post(
-                    f"{self.server}/detokenize", json={"model": self.model, "tokens": ids}, timeout=10.0
+                r = await _bounded(
+                    self.client.post(
+                        f"{self.server}/detokenize", json={"model": self.model, "tokens": ids}, timeout=10.0
+                    ),
+                    10.0,
                 )
-                if r.status_code == 200 and isinstance(r.json().get("prompt"), str):
-                    p = r.json()["prompt"]
-            except (httpx.HTTPError, ValueError):
+                doc = r.json() if r.status_code == 200 else None
+                if isinstance(doc, dict) and isinstance(doc.get("prompt"), str):
+                    p = doc["prompt"]
+            except (httpx.HTTPError, ValueError, asyncio.TimeoutError):
                 pass
         self.cache[n] = p
         return p
@@ -253,7 +273,15 @@ async def _one(client, opts: RunOptions, i: int, prompt, plan: Plan, t0: float, 
                     break
                 usage = ev.get("usage") or None
                 choices = ev.get("choices") or []
-                text = "".join((c.get("text") or "") for c in choices if isinstance(c, dict))
+                if not isinstance(choices, list):
+                    rec["error"] = f"malformed_event: choices is not a list: {plain(choices)}"
+                    break
+                texts = [c.get("text") for c in choices if isinstance(c, dict)]
+                if any(t is not None and not isinstance(t, str) for t in texts):
+                    bad_t = next(t for t in texts if t is not None and not isinstance(t, str))
+                    rec["error"] = f"malformed_event: choices[].text is not a string: {plain(bad_t)}"
+                    break
+                text = "".join(t or "" for t in texts)
                 ntok = None
                 if usage is not None and not isinstance(usage, dict):
                     rec["error"] = f"bad_usage: usage is not an object: {plain(usage)}"
@@ -307,6 +335,9 @@ async def _one(client, opts: RunOptions, i: int, prompt, plan: Plan, t0: float, 
         rec["error"] = f"stream_cut: {type(e).__name__}: {_short(e)}"
     except httpx.HTTPError as e:
         rec["error"] = f"http_error: {type(e).__name__}: {_short(e)}"
+    except (ValueError, TypeError, KeyError, AttributeError, UnicodeError) as e:
+        # whatever else a server that breaks the protocol makes of a stream: a failed request
+        rec["error"] = f"protocol_error: {type(e).__name__}: {_short(e)}"
     if rec["end_s"] is None:
         rec["end_s"] = time.perf_counter() - t0
     if not rec["ok"]:

@@ -1,7 +1,7 @@
 """A tiny OpenAI-compatible test server (standard library only) for fault tests and `ab` dry runs.
 
     python -m validator.fake_server --port 8000 [--mode ok|mixed|500|malformed|cut|hang|neg-usage|
-        str-usage|nan-usage] [--metrics ok|nan|negative] [--step-ms 2]
+        str-usage|nan-usage|choices-object|...] [--metrics ok|nan|negative] [--step-ms 2]
 
 /v1/models, /health, /version, /metrics (vLLM-like counters plus one malformed line) and streaming
 /v1/completions emitting one token per chunk every --step-ms. In ``mixed`` mode the request's
@@ -9,7 +9,9 @@ max_tokens picks the behaviour: max_tokens % 5 == 0 ok, 1 -> HTTP 500, 2 -> malf
 (events that are not JSON), 3 -> the stream is cut (socket closed, no [DONE]), 4 -> hangs
 (sends headers, then nothing for --hang-s seconds). Bad data, for the client's checks: ``neg-usage``
 streams a negative completion_tokens count, ``str-usage`` a string one, ``nan-usage`` a NaN one;
-``--metrics nan`` / ``negative`` put a NaN / negative counter sample in /metrics.
+``--metrics nan`` / ``negative`` put a NaN / negative counter sample in /metrics; the BAD_EVENTS
+modes send one event that breaks the protocol (``choices`` not a list, a text that is not a string,
+an event that is no object, ...).
 
 ``--spec-k K --spec-accept p1,p2,...`` serves as a speculative decoder would: after the first
 token every step drafts K tokens and accepts draft i with conditional probability p_i given drafts
@@ -35,6 +37,18 @@ from typing import Any
 STATE = {"requests": 0, "tokens": 0, "lock": threading.Lock()}
 MODES = ("ok", "500", "malformed", "cut", "hang")
 BAD_USAGE = {"neg-usage": -3, "str-usage": "seven", "nan-usage": float("nan")}
+# events that break the protocol mid-stream (sent in place of the middle token's event)
+BAD_EVENTS: dict[str, Any] = {
+    "choices-object": {"choices": {"0": {"text": "x"}}},
+    "choices-number": {"choices": 5},
+    "choices-string": {"choices": "xyz"},
+    "text-number": {"choices": [{"index": 0, "text": 7}]},
+    "text-list": {"choices": [{"index": 0, "text": ["x"]}]},
+    "choice-null": {"choices": [None, {"index": 0, "text": "x"}]},
+    "event-list": [1, 2, 3],
+    "usage-list": {"choices": [{"index": 0, "text": "x"}], "usage": [1, 2]},
+    "error-object": {"error": {"message": "boom", "code": 7}},
+}
 METRICS = ("ok", "nan", "negative")
 
 
@@ -130,6 +144,8 @@ class Handler(BaseHTTPRequestHandler):
                 ev = {"choices": [{"index": 0, "text": "x"}], "usage": {"prompt_tokens": 1, "completion_tokens": i + 1}}
                 if mode in BAD_USAGE and i == n // 2:
                     ev["usage"]["completion_tokens"] = BAD_USAGE[mode]
+                if mode in BAD_EVENTS and i == n // 2:
+                    ev = BAD_EVENTS[mode]
                 self.wfile.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
                 self.wfile.flush()
             self.wfile.write(
@@ -249,7 +265,7 @@ def serve(
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--mode", default="ok", choices=("mixed",) + MODES + tuple(BAD_USAGE))
+    ap.add_argument("--mode", default="ok", choices=("mixed",) + MODES + tuple(BAD_USAGE) + tuple(BAD_EVENTS))
     ap.add_argument("--metrics", default="ok", choices=METRICS)
     ap.add_argument("--step-ms", type=float, default=2.0)
     ap.add_argument("--hang-s", type=float, default=30.0)

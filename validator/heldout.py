@@ -333,8 +333,9 @@ def write_fidelity(path: Path, summaries: list[dict], gates: dict) -> None:
         "own calibration runs (verdict_error_spread)",
         "collections": summaries,
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    from dsim.outputs import write_file
+
+    write_file(path, json.dumps(doc, indent=1, default=str) + "\n", parents=True)
 
 
 def main(argv=None) -> int:
@@ -355,12 +356,15 @@ def main(argv=None) -> int:
             if (args.server is None) == (args.launch is None):
                 raise InputError("--server or --launch: give one")
             spec = launch.parse_launch(args.launch) if args.launch else None
-            with launch.managed(spec, lambda m: print(m, file=sys.stderr)) as run:
+            from dsim.outputs import staged_dir
+
+            # the collection appears whole in --out, never merged into an earlier one's files
+            with staged_dir(args.out) as stage, launch.managed(spec, lambda m: print(m, file=sys.stderr)) as run:
                 url = run.url if run else args.server
                 hdr = run.header() if run else {}
                 if spec is not None:
                     hdr["engine"] = {"max_num_seqs": launch.max_num_seqs(spec), "kind": spec.engine}
-                print(json.dumps(collect(url, Path(args.out), args.rounds, run.front_cpus if run else None, hdr)))
+                print(json.dumps(collect(url, stage, args.rounds, run.front_cpus if run else None, hdr)))
         else:
             if args.out and len(args.dirs) > 1:
                 raise InputError("--out: one DIR (--fidelity takes several)")
@@ -371,7 +375,9 @@ def main(argv=None) -> int:
                 summaries.append(fidelity_summary(rep))
                 reps.append(rep)
                 if args.out:
-                    Path(args.out).write_text(json.dumps(rep, indent=1, default=str) + "\n")
+                    from dsim.outputs import write_file
+
+                    write_file(args.out, json.dumps(rep, indent=1, default=str) + "\n")
             if len(reps) > 1:
                 for met in rep["gates"]:
                     print(across_table(across(reps, met)))

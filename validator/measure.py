@@ -47,6 +47,9 @@ class Writer:
         self.path = Path(path)
         if self.path.is_dir():
             raise InputError(f"{self.path}: is a directory, not a measurement file")
+        from dsim.outputs import check_file_target
+
+        check_file_target(self.path, "--out", parents=True)  # never over a device, FIFO or symlink
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.write_path = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp-dsim")
         self._f = open(self.write_path, "w", encoding="utf-8")
@@ -71,6 +74,13 @@ class Writer:
             self._f.flush()
             os.fsync(self._f.fileno())
             self._f.close()
+            from dsim.outputs import check_file_target
+
+            try:
+                check_file_target(self.path, "--out")  # as at the start: still nothing to destroy
+            except InputError:
+                self.discard()
+                raise
             os.replace(self.write_path, self.path)
 
     def discard(self) -> None:
@@ -192,6 +202,9 @@ def check_request(r: dict, where: str) -> None:
             _time(g, where, f"itls_ms[{j}]", True)
 
 
+MAX_MEASUREMENT_BYTES = 2 << 30  # a day of a busy server's per-request lines is well under this
+
+
 def read(path) -> Measurement:
     """Read and check a measurement file. A malformed line is an error naming it, except a torn
     last line of a run that was killed before its summary (tolerated, counted as torn_lines)."""
@@ -200,8 +213,10 @@ def read(path) -> Measurement:
         raise InputError(f"{path}: is a directory, not a measurement file")
     if not path.exists():
         raise InputError(f"{path}: measurement file not found")
+    from dsim.schema import read_bytes
+
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bytes(path, max_bytes=MAX_MEASUREMENT_BYTES).decode("utf-8")  # regular files only
     except UnicodeDecodeError as e:
         raise InputError(f"{path}: not a UTF-8 text file ({e.reason} at byte {e.start})") from None
     except OSError as e:

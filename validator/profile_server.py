@@ -222,5 +222,5 @@ def profile_server(
 def _save(prof, out):
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    save_profile(prof, out)
+    save_profile(prof, out, "--out")
     return load_profile(str(out))

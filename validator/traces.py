@@ -49,6 +49,9 @@ def fixed(n: int, input_len: int, output_len: int) -> Plan:
 
 
 def _native(path: Path) -> Plan:
+    from dsim.schema import check_input_file
+
+    check_input_file(path, max_bytes=4 << 30)  # no device, FIFO or file past the bound
     rows = []
     if path.suffix == ".jsonl":
         for i, line in enumerate(path.read_text().splitlines(), 1):

@@ -20,6 +20,7 @@ from dsim.compose import Pricer, composed_layer_ms, parse_topology
 from dsim.errors import InputError
 from dsim.kernels import Roofline, load_kernel_table
 from dsim.models import load_model
+from dsim.outputs import write_file
 
 
 def check(paths: list[str], kernels: str) -> dict:
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     text = json.dumps(res, indent=1)
     if a.out:
-        Path(a.out).write_text(text + "\n")
+        write_file(a.out, text + "\n", "output")
     print(json.dumps(res["summary"]))
     return 0
 

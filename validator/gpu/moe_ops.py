@@ -46,6 +46,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dsim.outputs import write_file
+
 REPO = Path(__file__).resolve().parents[2]
 MODELS_DIR = REPO / "profiles" / "models"
 
@@ -1765,11 +1767,9 @@ def check_kernels(device, dtype, small: bool = False) -> dict:
 
 
 def write_json_atomic(path: str | Path, obj) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    os.replace(tmp, p)
+    from dsim.outputs import write_file
+
+    write_file(path, json.dumps(obj, indent=1) + "\n", "output", parents=True)
 
 
 def gpu_line(device) -> dict:
@@ -2072,7 +2072,7 @@ def main(argv=None) -> int:
         if a.out == "-":
             print(txt)
         else:
-            Path(a.out).write_text(txt + "\n")
+            write_file(a.out, txt + "\n", "output")
             print(f"{len(recs)} records -> {a.out}", file=sys.stderr)
         return 0
     if a.cmd == "price":

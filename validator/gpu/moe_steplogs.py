@@ -31,6 +31,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from dsim.outputs import write_file
+
 WORKLOADS = (
     ("c1", "default", 1),
     ("c32", "default", 32),
@@ -143,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.design:
         path = out / f"{a.design}-design.jsonl"
         steps = prefill_design_steps(a.seed) if a.design == "prefill" else pool_design_steps(a.seed)
-        path.write_text("".join(json.dumps(r) + "\n" for r in steps))
+        write_file(path, "".join(json.dumps(r) + "\n" for r in steps), "output")
         print(path, len(steps), "steps")
         return 0
     if not a.profile:
@@ -155,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         keep = steplog(a.profile, trace, c, seed=a.seed)
         path = out / f"{a.prefix}-{tag}.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in keep))
+        write_file(path, "".join(json.dumps(r) + "\n" for r in keep), "output")
         print(path, len(keep), "steps; tokens", min(sum(r["q"]) for r in keep), "-", max(sum(r["q"]) for r in keep))
     return 0
 

@@ -680,11 +680,10 @@ def repo_relative(command: str) -> str:
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    """Whole or not at all, never over anything but a regular file (dsim.outputs)."""
+    from dsim.outputs import write_file
+
+    write_file(path, text, "output", parents=True)
 
 
 # ---------------------------------------------------------------- synthetic step logs

@@ -41,6 +41,7 @@ import numpy as np
 from dsim.cost import CostModel, load_profile, priced_from_q
 from dsim.errors import InputError
 from dsim.models import load_model
+from dsim.outputs import write_file
 from validator.gpu.plan import PREFILL_MIN_Q
 
 HCA_RATIO = 128  # DeepSeek-V4's heavily compressed attention: one compressed entry per 128 tokens
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     text = json.dumps(res, indent=1)
     if a.out:
-        Path(a.out).write_text(text + "\n")
+        write_file(a.out, text + "\n", "output")
     print(text)
     return 0
 

@@ -128,7 +128,9 @@ def main(argv=None) -> int:
 
     def emit(rec: dict) -> None:
         out["records"].append(rec)
-        Path(a.out).write_text(json.dumps(out, indent=1))
+        from dsim.outputs import write_file  # (dsim is on sys.path by now)
+
+        write_file(a.out, json.dumps(out, indent=1), "output")
         print("HEADS " + " ".join(f"{k}={v}" for k, v in rec.items()), flush=True)
 
     for n in verify:

@@ -111,7 +111,9 @@ def main(argv: list[str] | None = None) -> None:
             tag = dict(seed=a.seed, window=win) if a.later or a.seed else {}
             keep = [dict(r, concurrency=cs["c"], case=case, **tag) for r in sample_steady(rows, cs["pool"], cs["keep"])]
             path = out / f"{case}-{model}.jsonl"
-            path.write_text("".join(json.dumps(r) + "\n" for r in keep))
+            from dsim.outputs import write_file  # (dsim is on sys.path by now)
+
+            write_file(path, "".join(json.dumps(r) + "\n" for r in keep), "output")
             print(
                 path,
                 len(keep),

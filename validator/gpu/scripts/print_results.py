@@ -164,7 +164,9 @@ def rebuild(text: str, out: Path, steplog_dir: str) -> list[Path]:
             if model.rsplit("-", 1)[-1].isdigit():  # check-<model>-<k>: the model's k-th replay process
                 model = model.rsplit("-", 1)[0]
             d = _replay_file(model, got, steplog_dir)
-        (out / fname).write_text(json.dumps(d, indent=1))
+        from dsim.outputs import write_file  # (dsim is on sys.path by now)
+
+        write_file(out / fname, json.dumps(d, indent=1), "output")
         written.append(out / fname)
     return written
 

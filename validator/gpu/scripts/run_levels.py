@@ -339,7 +339,9 @@ def main(argv: list[str] | None = None) -> int:
                 + ("meets" if v["meets"] else "misses")
             )
     if a.json:
-        Path(a.json).write_text(json.dumps(result, indent=1) + "\n")
+        from dsim.outputs import write_file  # (dsim is on sys.path by now)
+
+        write_file(a.json, json.dumps(result, indent=1) + "\n", "output")
     return 0
 
 

@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"shipped {f['median_abs_pct']:.2f} / {f['p90_abs_pct']:.2f} %"
             )
     if a.json:
-        Path(a.json).write_text(json.dumps(dict(model=m, starts=out), indent=1))
+        from dsim.outputs import write_file  # (dsim is on sys.path by now)
+
+        write_file(a.json, json.dumps(dict(model=m, starts=out), indent=1), "output")
     return 0
 
 
