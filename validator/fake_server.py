@@ -148,17 +148,21 @@ class Handler(BaseHTTPRequestHandler):
                     ev = BAD_EVENTS[mode]
                 self.wfile.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
                 self.wfile.flush()
-            self.wfile.write(
-                b"data: "
-                + json.dumps({"choices": [], "usage": {"completion_tokens": n}}).encode()
-                + b"\n\ndata: [DONE]\n\n"
-            )
-            self.wfile.flush()
-            with STATE["lock"]:
-                STATE["requests"] += 1
-                STATE["tokens"] += n
+            self._end_stream(n)
         except (BrokenPipeError, ConnectionResetError, OSError):
             return
+
+    def _end_stream(self, n: int) -> None:
+        """The closing usage event and [DONE] of a stream of n tokens, counted as served."""
+        self.wfile.write(
+            b"data: "
+            + json.dumps({"choices": [], "usage": {"completion_tokens": n}}).encode()
+            + b"\n\ndata: [DONE]\n\n"
+        )
+        self.wfile.flush()
+        with STATE["lock"]:
+            STATE["requests"] += 1
+            STATE["tokens"] += n
 
     def _stream_speculative(self, n: int, step: float) -> None:
         """Stream n tokens as a speculative decoder: the first token alone, then per step 1 + the
@@ -189,15 +193,7 @@ class Handler(BaseHTTPRequestHandler):
             ev = {"choices": [{"index": 0, "text": "x" * m}], "usage": {"prompt_tokens": 1, "completion_tokens": done}}
             self.wfile.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
             self.wfile.flush()
-        self.wfile.write(
-            b"data: "
-            + json.dumps({"choices": [], "usage": {"completion_tokens": n}}).encode()
-            + b"\n\ndata: [DONE]\n\n"
-        )
-        self.wfile.flush()
-        with STATE["lock"]:
-            STATE["requests"] += 1
-            STATE["tokens"] += n
+        self._end_stream(n)
 
 
 def _spec_metrics(cfg: argparse.Namespace) -> str:
