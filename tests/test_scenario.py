@@ -256,7 +256,8 @@ def test_plan_prints_the_scenario_that_reproduces_it(tmp_path):
                             "--router", "round_robin", "--methods", "none,mtp")  # fmt: skip
     assert rc in (0, 1), err
     block = text[text.index("# scenario (save these lines") :]
-    assert "reproduce: dsim plan --scenario FILE.yaml --jobs 1" in block
+    # (--jobs says only how the simulations run: the line that reproduces the result leaves it out)
+    assert "reproduce: dsim plan --scenario FILE.yaml)" in block and "--jobs" not in block
     (tmp_path / "p.yaml").write_text(block)
     rc1, j1, _ = run_cli("plan", "--sla", "p50=30ms", *SMALL_PLAN, "--acceptance", "const:0.6",
                          "--router", "round_robin", "--methods", "none,mtp", "--json")  # fmt: skip
