@@ -8,6 +8,9 @@ was looked for, when that trace is absent (a fresh clone), so the suite stays gr
 
 from __future__ import annotations
 
+import socket
+import threading
+
 import pytest
 
 from dsim.errors import InputError
@@ -46,3 +49,32 @@ def pytest_runtest_setup(item):
         missing = missing_traces(mark.args)
         if missing:
             pytest.skip("public trace absent: " + "; ".join(missing))
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the OS's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def fake():
+    """fake(mode="ok", step_ms=1.0, **validator.fake_server.serve options) -> base URL of a fake
+    OpenAI-compatible server in a thread of this process; every one started is shut down after
+    the test."""
+    from validator import fake_server
+
+    servers = []
+
+    def start(mode="ok", step_ms=1.0, **kw):
+        port = free_port()
+        httpd = fake_server.serve(port, mode, step_ms, **kw)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        servers.append(httpd)
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for s in servers:
+        s.shutdown()
+        s.server_close()

@@ -22,6 +22,8 @@ from cli_contract import assert_one_line, assert_rejected, is_root, run_cli, tre
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ("--requests", "30", "--quiet")          # a run that takes well under a second
 
@@ -581,29 +583,6 @@ def test_mix_may_name_the_classes_of_the_acceptance_given(tmp_path):
 
 # ---- validator -----------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def fake():
-    from validator import fake_server
-    servers = []
-
-    def start(mode="ok", metrics="ok"):
-        port = free_port()
-        httpd = fake_server.serve(port, mode, 1.0, metrics=metrics)
-        threading.Thread(target=httpd.serve_forever, daemon=True).start()
-        servers.append(httpd)
-        return f"http://127.0.0.1:{port}"
-    yield start
-    for s in servers:
-        s.shutdown()
-        s.server_close()
-
-
 RUN = ("--repeat", "1", "-n", "4", "--input-len", "4", "--output-len", "8", "-c", "2", "--no-progress", "--nice", "0")
 
 
@@ -623,7 +602,7 @@ def test_run_bad_usage_counts_fail_requests_and_exit_1(fake, tmp_path, mode, rea
 @pytest.mark.parametrize("metrics", ["nan", "negative"])
 def test_run_with_garbage_metrics_samples(fake, tmp_path, metrics):
     from validator import measure
-    url = fake("ok", metrics)
+    url = fake("ok", metrics=metrics)
     rc, out, err = run_cli("validate", "run", "--server", url, "--out", tmp_path / "o", *RUN)
     assert rc == 0, (out, err)
     m = measure.read(tmp_path / "o" / "measurements.jsonl")

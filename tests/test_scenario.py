@@ -414,7 +414,7 @@ def test_simulate_and_sweep_say_what_plan_says_of_a_method_not_checked_or_hypoth
 @pytest.fixture
 def speculative_fake():
     """A fake OpenAI server drafting K = 4 tokens a step with conditional acceptance ACCEPT."""
-    from tests.test_validator import free_port
+    from tests.conftest import free_port
     from validator import fake_server
 
     port = free_port()

@@ -18,34 +18,10 @@ import numpy as np
 import pytest
 
 from dsim.errors import InputError
-from validator import bench_import, calibrate, driver, fake_server, measure, promtext, traces
+from tests.conftest import free_port
+from validator import bench_import, calibrate, driver, measure, promtext, traces
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def fake(request):
-    """A fake OpenAI server in a thread: fake(mode, step_ms) -> base URL."""
-    servers = []
-
-    def start(mode="ok", step_ms=1.0, hang_s=30.0):
-        port = free_port()
-        httpd = fake_server.serve(port, mode, step_ms, hang_s)
-        t = threading.Thread(target=httpd.serve_forever, daemon=True)
-        t.start()
-        servers.append(httpd)
-        return f"http://127.0.0.1:{port}"
-
-    yield start
-    for s in servers:
-        s.shutdown()
-        s.server_close()
 
 
 def fake_cmd(step_ms: float = 2.0, port: int | str = "{port}") -> str:

@@ -4,33 +4,13 @@
 from __future__ import annotations
 
 import json
-import threading
 
 import numpy as np
 import pytest
 
 from dsim.errors import InputError
 from tests.cli_contract import run_cli
-from tests.test_validator import free_port
-from validator import compare, fake_server, measure, serverconf
-
-
-@pytest.fixture
-def server():
-    """server(**fake_server.serve options) -> base URL of a fake OpenAI server in a thread."""
-    servers = []
-
-    def start(step_ms=1.0, **kw):
-        port = free_port()
-        httpd = fake_server.serve(port, "ok", step_ms, **kw)
-        threading.Thread(target=httpd.serve_forever, daemon=True).start()
-        servers.append(httpd)
-        return f"http://127.0.0.1:{port}"
-
-    yield start
-    for s in servers:
-        s.shutdown()
-        s.server_close()
+from validator import compare, measure, serverconf
 
 
 def _profile(tmp_path):
@@ -78,8 +58,8 @@ def test_flags_state_the_settings_in_vllms_names():
         serverconf.from_flags("--speculative-config {method:ngram}")
 
 
-def test_run_records_what_the_server_says_and_what_it_was_told(server, tmp_path):
-    url = server(spec_k=4, spec_accept=(0.8, 0.6), prefix_caching=True, block_size=16)
+def test_run_records_what_the_server_says_and_what_it_was_told(fake, tmp_path):
+    url = fake(spec_k=4, spec_accept=(0.8, 0.6), prefix_caching=True, block_size=16)
     m = _run(url, tmp_path / "a", "--server-flags",
              "--max-num-seqs 8 --no-enable-prefix-caching --speculative-config.method ngram")  # fmt: skip
     eng = m.header["engine"]
@@ -101,7 +81,7 @@ def test_run_records_what_the_server_says_and_what_it_was_told(server, tmp_path)
     assert m.header["spec"] == {"k": 4, "method": "ngram"}
 
     # a server that says nothing of itself: the flags are all there is
-    url = server()
+    url = fake()
     m = _run(url, tmp_path / "b", "--server-flags", "--max-num-seqs 4 --no-enable-prefix-caching")
     eng = m.header["engine"]
     assert (eng["max_num_seqs"], eng["prefix_caching"]) == (4, False) and "kind" not in eng
@@ -111,9 +91,9 @@ def test_run_records_what_the_server_says_and_what_it_was_told(server, tmp_path)
     assert m.header["engine"] == {"source": {}, "version": "fake-0"}
 
 
-def test_check_simulates_the_recorded_configuration_and_prints_it(server, tmp_path):
+def test_check_simulates_the_recorded_configuration_and_prints_it(fake, tmp_path):
     prof = _profile(tmp_path)
-    on = _run(server(prefix_caching=True, block_size=16), tmp_path / "on", "--server-flags", "--max-num-seqs 3")
+    on = _run(fake(prefix_caching=True, block_size=16), tmp_path / "on", "--server-flags", "--max-num-seqs 3")
     rep = compare.check([on.path], str(prof), None, gates={}, sensitivity=False)
     assumed = "\n".join(rep["assumed"])
     assert "16-token blocks (header" in assumed  # the server's cache, simulated
@@ -125,21 +105,21 @@ def test_check_simulates_the_recorded_configuration_and_prints_it(server, tmp_pa
     assert rows["prefix_cache_hit_rate"]["predicted"] > 0.5
     assert all(f"- assumed: {a}" in compare.to_markdown(rep) for a in rep["assumed"])
 
-    off = _run(server(prefix_caching=False, block_size=16), tmp_path / "off")
+    off = _run(fake(prefix_caching=False, block_size=16), tmp_path / "off")
     rep = compare.check([off.path], str(prof), None, gates={}, sensitivity=False)
     assert any(a.startswith("prefix cache: off (header") for a in rep["assumed"])
     assert "prefix_cache_hit_rate" not in {r["metric"] for r in rep["rows"]}
 
 
-def test_acceptance_for_a_run_without_speculation_is_refused(server, tmp_path):
+def test_acceptance_for_a_run_without_speculation_is_refused(fake, tmp_path):
     prof = _profile(tmp_path)
-    plain = _run(server(), tmp_path / "plain")
+    plain = _run(fake(), tmp_path / "plain")
     rc, out, err = run_cli("validate", "check", plain.path, "--profile", prof, "--acceptance", "const:0.7")
     assert rc == 2 and not out
     assert err.strip().count("\n") == 0 and "ran without speculative decoding" in err and "Traceback" not in err
 
     # a calibration at another K, or of another method, is refused too
-    spec = _run(server(spec_k=4, spec_accept=(0.8, 0.6)), tmp_path / "spec", "--server-flags",
+    spec = _run(fake(spec_k=4, spec_accept=(0.8, 0.6)), tmp_path / "spec", "--server-flags",
                 "--speculative-config.method ngram", outp="40")  # fmt: skip
     rc, _, err = run_cli("validate", "calibrate", spec.path, "--out", tmp_path / "cal")
     assert rc == 0, err
@@ -231,12 +211,12 @@ def test_the_speculative_step_cost_is_paid_only_with_speculation():
     assert cm.profile.cpu_overhead_ms == pytest.approx(2.8)
 
 
-def test_a_calibration_with_and_without_speculation_predicts_both(server, tmp_path):
+def test_a_calibration_with_and_without_speculation_predicts_both(fake, tmp_path):
     """A fake speculative server whose steps take 6 ms and the same without speculation at 3 ms:
     calibrated on the speculative runs alone, the no-speculation prediction pays the machinery
     (TPOT about twice the measured); calibrated on both, it does not."""
-    spec_url = server(spec_k=4, spec_accept=(0.7, 0.5), step_ms=6.0)
-    plain_url = server(step_ms=3.0)
+    spec_url = fake(spec_k=4, spec_accept=(0.7, 0.5), step_ms=6.0)
+    plain_url = fake(step_ms=3.0)
     runs = []
     for url, tag in ((spec_url, "s"), (plain_url, "p")):
         for c in ("1", "2"):
@@ -292,8 +272,8 @@ def yaml_load(path):
 # ---- profile-server in rounds -------------------------------------------------------------------
 
 
-def test_profile_server_measures_interleaved_rounds_after_a_discarded_warmup(server, tmp_path):
-    url = server(step_ms=2.0)
+def test_profile_server_measures_interleaved_rounds_after_a_discarded_warmup(fake, tmp_path):
+    url = fake(step_ms=2.0)
     rc, out, err = run_cli("validate", "profile-server", "--server", url, "-c", "1", "-c", "2", "--shape", "32:8",
                            "--input-len", "16", "--output-len", "16", "--rounds", "3", "--warmup-rounds", "1",
                            "--keep", tmp_path / "keep", "--out", tmp_path / "p.yaml")  # fmt: skip
@@ -371,8 +351,8 @@ def test_a_pinned_term_is_held_and_the_others_fitted_around_it():
             stepfit.parse_pins([bad])
 
 
-def test_profile_server_pins_a_term(server, tmp_path):
-    url = server(step_ms=2.0)
+def test_profile_server_pins_a_term(fake, tmp_path):
+    url = fake(step_ms=2.0)
     rc, out, err = run_cli("validate", "profile-server", "--server", url, "-c", "1", "-c", "2", "--input-len", "16",
                            "--output-len", "16", "--rounds", "3", "--warmup-rounds", "0", "--pin", "ms_per_request=0.25",
                            "--out", tmp_path / "p.yaml")  # fmt: skip
