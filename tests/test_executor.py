@@ -16,7 +16,6 @@ import io
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from typer.testing import CliRunner
 from dsim.entry import app
 from dsim.errors import InputError
 from dsim.plan import _Search, parse_sla
+from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -148,10 +148,10 @@ def test_joined_cluster_runs_the_drivers_dsim(ray_cluster, tmp_path):
 
 
 def test_ray_ships_workload_and_profile_once(ray_cluster):
-    from dsim.scenario import build_workload, method_spec
     from dsim.cost import load_profile
     from dsim.executor import RayExecutor
     from dsim.plan import Point, run_point
+    from dsim.scenario import build_workload, method_spec
     w, prof = build_workload("default", requests=20), load_profile(None)
     specs = [method_spec("mtp"), method_spec("dspark")]
     ex = RayExecutor(jobs=2)
@@ -199,15 +199,9 @@ def test_executor_flags_checked(monkeypatch):
         assert res.exit_code == 2 and len(res.stderr.splitlines()) == 1 and msg in res.stderr, res.output
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_unreachable_cluster_is_one_line(monkeypatch):
     pytest.importorskip("ray")
-    port = _free_port()
+    port = free_port()
     for env, extra in ((None, ["--ray-address", f"127.0.0.1:{port}"]), (f"127.0.0.1:{port}", [])):
         if env:
             monkeypatch.setenv("RAY_ADDRESS", env)
