@@ -11,7 +11,7 @@ its workers (user + sys), its peak RSS (the largest of the process and its worke
 os.wait4's ru_maxrss), the load average when it started, how many lines it wrote to stderr
 (the compile announcement) and a hash of its JSON output less the trace's path (the trees must
 print the same plan). A kernel still compiling in a background process when the command ends
-(dsim.background_compile) is waited for before the next run, and how long after the command it
+(dsim.engine.background_compile) is waited for before the next run, and how long after the command it
 ended is printed; its CPU time and memory are not in the figures. ``--base`` runs another
 commit (a ``git worktree`` under the system temp directory, as bench_speed does) or checkout,
 alternating with this tree ``--reps`` times: on a shared machine read the ratios of pairs, not
@@ -81,7 +81,7 @@ def main():
                     r = run(tree, args, cache)
                     runs[name].append((state, r))
                     # a kernel compiling in a background process after the command ended
-                    # (dsim.background_compile): its CPU time is not in the figures; waited for
+                    # (dsim.engine.background_compile): its CPU time is not in the figures; waited for
                     t = time.perf_counter()
                     while list(cache.rglob("*.compiling")) and time.perf_counter() - t < 600:
                         time.sleep(0.5)

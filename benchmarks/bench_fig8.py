@@ -16,8 +16,8 @@ weighs an extra verified draft against.
 
 With --breakdown T,T,...: where a composed forward of T tokens per rank goes, per part of the
 model (routed experts with their lockstep factor, all-to-all, attention, ...), priced by
-dsim.compose from the kernel tables of --kernels for --model on --hardware and --topology; with
-two-batch overlap where the split is faster (dsim.compose.forward_ms_dbo, no layer glue); and a
+dsim.profiling.compose from the kernel tables of --kernels for --model on --hardware and --topology; with
+two-batch overlap where the split is faster (dsim.profiling.compose.forward_ms_dbo, no layer glue); and a
 what-if: the MoE block (routed experts, dispatch, combine) replaced by DeepSeek's published Mega MoE
 time for the model at EP8 (DeepGEMM pull request 304 / 316, April 2026: dispatch, both expert
 GEMMs, SwiGLU and combine fused into one kernel that overlaps the NVLink transfers with the tensor
@@ -35,12 +35,12 @@ compressed entries on CSA layers and context / 128 on HCA layers, and the lightn
 context / 4), so the gap between the kernel tables and the hardware's floor is per part; then
 DSpark's drafter (three MoE layers over block x requests positions, flattened attention, the LM
 head over every position) at --drafter-requests, by part, unsplit as the profiles price it and
-on the two-micro-batch schedule of the target's layers (a what-if: dsim.compose.dbo_layer_ms
+on the two-micro-batch schedule of the target's layers (a what-if: dsim.profiling.compose.dbo_layer_ms
 over the drafter's layers).
 
 With --network-floor: the per-GPU all-to-all bandwidth the paper's own Fig. 8 points need on a
 deployment with one routed expert per GPU (the paper scenario's), if the step did nothing but move
-its tokens' MoE bytes through the GPU's NIC one way (dsim.frontier.network_floor): no compute,
+its tokens' MoE bytes through the GPU's NIC one way (dsim.study.frontier.network_floor): no compute,
 no drafter, no latency, perfect overlap. MTP-1 verifies 2 tokens per request and emits the
 preset's tau; DSpark verifies the paper's Fig. 8 budget and is credited with the preset's tau of
 the whole 5-token block (the most it could emit, so the bandwidth shown is a lower bound) and,
@@ -89,7 +89,7 @@ def main(argv=None):
     ap.add_argument("--hardware", default="h200")
     ap.add_argument("--kernels", default="h200-aic-vllm,h200-torch")
     ap.add_argument("--topology", default="dp8-ep8")
-    ap.add_argument("--prefer", default="", help="op=TABLE,...: as dsim.compose profile --prefer")
+    ap.add_argument("--prefer", default="", help="op=TABLE,...: as dsim.profiling.compose profile --prefer")
     ap.add_argument("--per-token", default=None, help="A,B: marginal cost per verify token (see above)")
     ap.add_argument("--drafter-requests", default="100,200", help="--per-token: drafter sizes in requests")
     ap.add_argument("--draft-block", type=int, default=5, help="--per-token: DSpark's block (the paper's 5)")
@@ -158,7 +158,7 @@ def mega_moe_us(model_name: str, n: float) -> tuple[float, float] | None:
 def breakdown(model_name, hardware, kernels, topology, sizes, prefer=None):
     from collections import defaultdict
 
-    from dsim import compose as C
+    from dsim.profiling import compose as C
     model = C.load_model(model_name)
     topo = C.parse_topology(topology)
     pricer = C.Pricer([C.load_kernel_table(k.strip()) for k in kernels.split(",") if k.strip()],
@@ -204,7 +204,7 @@ def op_flops(model, rec, kv=1024):
     if rec["op"] == "moe":  # the rows routed to this GPU's experts: tokens x top-k / EP ranks
         return rec["tokens"] * rec["topk"] / rec["ep"] * 3 * rec["hidden"] * rec["inter"] * 2.0, rec["dtype"]
     if rec["op"] == "attn" and str(rec["kind"]).startswith("v4_"):
-        from dsim.compose import _key_width
+        from dsim.profiling.compose import _key_width
         keys = model.sliding_window + _key_width(model, rec["kind"], kv + rec["q"])
         f = rec["batch"] * rec["q"] * rec["heads"] * keys * 2 * model.head_dim * 2.0  # QK and PV
         if rec["kind"] == "v4_csa":  # the lightning indexer scores the ratio-4 compressed keys
@@ -216,7 +216,7 @@ def op_flops(model, rec, kv=1024):
 def per_token(model_name, hardware, kernels, topology, lo, hi, prefer, drafter_requests, block):
     from collections import defaultdict
 
-    from dsim import compose as C
+    from dsim.profiling import compose as C
     model = C.load_model(model_name)
     topo = C.parse_topology(topology)
     hw = C.HARDWARE[hardware]
@@ -287,9 +287,9 @@ def prefix_tau(acc, budget):
 def network_floor_table(preset):
     import numpy as np
 
-    from dsim.frontier import a2a_bytes_per_token, network_floor
-    from dsim.models import load_model
-    from dsim.spec import load_acceptance
+    from dsim.profiling.models import load_model
+    from dsim.spec.methods import load_acceptance
+    from dsim.study.frontier import a2a_bytes_per_token, network_floor
     acc_m, acc_d = load_acceptance(preset, "mtp"), load_acceptance(preset, "dspark")
     classes = ("math", "code", "chat")
     tau_m = float(np.mean([acc_m.tau(c, 1) for c in classes]))
@@ -322,7 +322,7 @@ def network_floor_table(preset):
 def layout_variants(P, m, acc_d, tau_m):
     """The same Fig. 8 points under other all-to-all layouts (the paper names none): GB/s per GPU
     one way for MTP-1 and for DSpark at the preset's prefix tau."""
-    from dsim.frontier import FP8_SCALE_BLOCK, a2a_bytes_per_token, network_floor, remote_copies
+    from dsim.study.frontier import FP8_SCALE_BLOCK, a2a_bytes_per_token, network_floor, remote_copies
     L = sum(m.moe_layer)
     fp8 = 1.0 + 4.0 / FP8_SCALE_BLOCK  # FP8 values and one fp32 scale per 128
     layouts = [
@@ -350,7 +350,7 @@ def scan(profile, batches):
     import numpy as np
 
     from dsim.cost import CostModel, load_profile
-    from dsim.engine import EngineConfig
+    from dsim.engine.replica import EngineConfig
     from dsim.sim import SimConfig, SpecConfig, simulate
     from dsim.workload import Workload
     prof = load_profile(profile)

@@ -47,7 +47,7 @@ def main() -> None:
     from dsim.cost import load_profile
     from dsim.scenario import build_workload
     from dsim.sim import SpecConfig
-    from dsim.sweep import sweep
+    from dsim.study.sweep import sweep
 
     prof = load_profile(a.profile)
     per_gpu = [int(x) for x in a.concurrency.split(",")]
@@ -56,7 +56,7 @@ def main() -> None:
     for k in FIXED_K:
         specs[f"K={k}"] = SpecConfig("dspark", k=k, adaptive=False, acceptance=a.acceptance)
     specs["adaptive"] = SpecConfig("dspark", k=a.k, adaptive=True, policy=a.policy, acceptance=a.acceptance)
-    from dsim.engine import EngineConfig
+    from dsim.engine.replica import EngineConfig
 
     eng = {}
     if a.max_num_batched_tokens:

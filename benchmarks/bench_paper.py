@@ -5,7 +5,7 @@ paper's production setting) and static DSpark-5 at per-GPU concurrency levels co
 paper's Fig. 8 axis, the same acceptance preset for every point (deepseek-v4 unless
 --acceptance), on the engine the paper describes (Sec. 5.2: scheduling overlapped with the GPU
 step, DSpark's budget from the production scheduler, policy paper-production), colocated and/or
-on disaggregated decode instances; then dsim.frontier's comparison against the paper's numbers:
+on disaggregated decode instances; then dsim.study.frontier's comparison against the paper's numbers:
 
 * throughput gain at the moderate and strict per-user SLAs (Flash 80 / 120, Pro 35 / 50 tok/s/user);
 * per-user speed gain at matched throughput: at MTP-1's throughput at each SLA (the paper's
@@ -112,9 +112,9 @@ def engine_for(variant, args):
     unless --sync-scheduling. colocated: prefill runs on the decode GPUs (vLLM's default engine);
     disaggregated: the GPUs are decode instances of a prefill/decode-disaggregated deployment
     (DeepSeek-V3 report, Sec. 3.4; the paper's telemetry measures such decode instances):
-    prompts' KV arrives computed (dsim.engine.EngineConfig.kv_role), with the stated prefill +
+    prompts' KV arrives computed (dsim.engine.replica.EngineConfig.kv_role), with the stated prefill +
     transfer delay (0 by default; it moves TTFT only, which no figure here reads)."""
-    from dsim.engine import EngineConfig
+    from dsim.engine.replica import EngineConfig
     asyn = not getattr(args, "sync_scheduling", False)
     if variant == "colocated":
         return EngineConfig(async_scheduling=asyn)
@@ -126,11 +126,11 @@ def engine_for(variant, args):
 def run_case(profile_name, trace, per_gpu, args, variant="colocated"):
     """One sweep and its comparison; profile_name: a profile name, path, or a Profile object."""
     from dsim.cost import Profile, load_profile
-    from dsim.frontier import concurrency_from_per_gpu, paper_comparison
     from dsim.scenario import build_workload
     from dsim.sim import SpecConfig
-    from dsim.spec import load_acceptance
-    from dsim.sweep import sweep, write_sweep
+    from dsim.spec.methods import load_acceptance
+    from dsim.study.frontier import concurrency_from_per_gpu, paper_comparison
+    from dsim.study.sweep import sweep, write_sweep
     prof = profile_name if isinstance(profile_name, Profile) else load_profile(profile_name)
     key = paper_for(prof.provenance.get("model"))
     P = PAPER[key]
@@ -196,10 +196,10 @@ def case_rows(r):
             verdicts["throughput gain at the moderate SLA within 10 points"] = (
                 g.a.ok and g.b.ok and abs(g.gain - P["thr_gain"][0]) <= THR_TOLERANCE)
     # each method's step where its frontier meets the SLA, and the gain there as headroom over
-    # per-request cost (dsim.frontier.gain_split: C_DSpark / C_MTP-1 exactly)
+    # per-request cost (dsim.study.frontier.gain_split: C_DSpark / C_MTP-1 exactly)
     from dsim.cost import CostModel
-    from dsim.frontier import gain_split, step_at_speed
-    from dsim.spec import make_method
+    from dsim.spec.methods import make_method
+    from dsim.study.frontier import gain_split, step_at_speed
     cm = CostModel(r["profile"])
     drafters = {"mtp": make_method("mtp", 1), "dspark": make_method("dspark", 5, adaptive=True)}  # as the sweep runs them
     for i, s in enumerate(c.slas):
@@ -264,7 +264,7 @@ def case_rows(r):
     # paper's MTP-1 meets it; separates the gains from the profile's absolute speed level.
     anchors = [at_load(mtc, "output_tok_s_per_user", cl) for cl in P["sla_load"]]
     if all(v is not None for v in anchors):
-        from dsim.frontier import paper_comparison
+        from dsim.study.frontier import paper_comparison
         cl = paper_comparison(df, "mtp", "dspark", anchors, "load-matched")
         for i, (s_, g, gs) in enumerate(zip(cl.slas, cl.throughput_at_sla, cl.at_sla)):
             key[f"lm_thr_gain_{i}"], key[f"lm_speed_gain_{i}"] = g.gain, gs.gain
@@ -377,7 +377,7 @@ def summary_table(results) -> list[str]:
 
 def split_table(results) -> list[str]:
     """One row per case and SLA: both methods' steps where their frontiers meet it, and the
-    throughput gain as headroom over per-request cost (dsim.frontier.gain_split)."""
+    throughput gain as headroom over per-request cost (dsim.study.frontier.gain_split)."""
     out = ["| case | SLA tok/s/user | MTP-1: requests per GPU; step ms = fixed + verify + drafter + rest | "
            "DSpark: requests per GPU x verify; step ms = fixed + verify + drafter + rest | fixed share of MTP-1's step "
            "| headroom / per-request cost (us per request, MTP-1 / DSpark) | thr. gain |",

@@ -126,15 +126,15 @@ def main():
 # the worker's process CPU time when its simulation ends, printed to stderr.
 TIMED = r"""
 import os, sys, time
-import dsim.plan as P
+import dsim.study.capacity as P
 orig = P.run_point
 def run_point(p, slos=(), keep=()):
     r = orig(p, slos, keep)
     sys.stderr.write(f"@sim {os.getpid()} {time.process_time():.3f}\n")
     return r
-run_point.__module__, run_point.__qualname__ = "dsim.plan", "run_point"
+run_point.__module__, run_point.__qualname__ = "dsim.study.capacity", "run_point"
 P.run_point = run_point
-from dsim.entry import main
+from dsim.cli.entry import main
 sys.argv = ["dsim"] + sys.argv[1:]
 try:
     main()

@@ -27,7 +27,10 @@ CHILD = r"""
 import dataclasses, hashlib, json
 import numpy as np
 from dsim.cost import load_profile
-from dsim.engine import EngineConfig
+try:
+    from dsim.engine.replica import EngineConfig
+except ImportError:  # a base commit from before the sub-packages (dsim/engine.py)
+    from dsim.engine import EngineConfig
 from dsim.sim import SimConfig, SpecConfig, simulate
 from dsim.workload import load_workload
 

@@ -140,10 +140,10 @@ def scale_drafter(profile, x: float):
 def mtp_sweep(profile, args, per_gpu):
     """MTP-1's closed loop on `profile` at `per_gpu` loads, on the engine bench_paper runs
     (args.variant), as bench_paper's DataFrame."""
-    from dsim.frontier import concurrency_from_per_gpu
     from dsim.scenario import build_workload
     from dsim.sim import SpecConfig
-    from dsim.sweep import sweep
+    from dsim.study.frontier import concurrency_from_per_gpu
+    from dsim.study.sweep import sweep
 
     conc = concurrency_from_per_gpu(per_gpu, profile, 1, args.gpus_per_node)
     acc = args.acceptance_mtp or args.acceptance
@@ -265,7 +265,7 @@ ACCEPTANCE_FIT_GRID = tuple(round(-0.1 * i, 1) for i in range(9))  # delta from 
 def v4_dspark_curves(delta: float, k: int = 7) -> dict:
     """Per-class conditional acceptance of DSpark on V4 (preset deepseek-v4's derivation): position 1
     as MTP-1 (the preset's mtp curve), positions 2..k sigmoid(logit(Fig. 2's DSpark rate) + delta)."""
-    from dsim.spec import load_acceptance
+    from dsim.spec.methods import load_acceptance
 
     f2, mtp = load_acceptance("qwen3-4b-fig2", "dspark"), load_acceptance("deepseek-v4", "mtp")
     out = {}
@@ -349,7 +349,7 @@ def implied_tau_table(derived) -> str:
     step / (1000 C). tau_D above what V tokens can carry (V - 1 drafts, share above 1) means no
     acceptance, head or budget rule reaches that point: only a cheaper DSpark step does."""
     from dsim.cost import CostModel
-    from dsim.spec import load_acceptance, make_method
+    from dsim.spec.methods import load_acceptance, make_method
 
     P = B.PAPER[B.paper_for(derived.provenance.get("model"))]
     cm = CostModel(derived)

@@ -1,6 +1,6 @@
 """What a command runs: the workload (a trace, sliced and re-timed) and the speculative-decoding
-method specs, built from plain values. Library code shared by the command line (dsim.cli,
-dsim.plan_cli), the benchmarks and the tests; bad values raise InputError naming the option."""
+method specs, built from plain values. Library code shared by the command line (dsim.cli.app,
+dsim.cli.plan_cli), the benchmarks and the tests; bad values raise InputError naming the option."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from dsim.errors import InputError
 
 if TYPE_CHECKING:  # imported where used: the command line starts without pandas and simpy
-    from dsim.engine import EngineConfig
+    from dsim.engine.replica import EngineConfig
     from dsim.sim import SpecConfig
     from dsim.workload import Workload
 
@@ -23,7 +23,7 @@ METHODS = ("none", "mtp", "eagle3", "block", "dspark")
 def disaggregation(
     disaggregated: bool, remote_prefill_ms: float = 0.0, remote_prefill_ms_per_ktok: float = 0.0
 ) -> dict:
-    """The EngineConfig fields of --disaggregated and its delays (dsim.engine.EngineConfig.kv_role):
+    """The EngineConfig fields of --disaggregated and its delays (dsim.engine.replica.EngineConfig.kv_role):
     {} for a colocated engine. A delay without --disaggregated, or a negative or non-finite one,
     is an InputError."""
     for v, what in (
@@ -129,7 +129,7 @@ def spec_config(
     from dsim.sim import SpecConfig
 
     if adaptive is None:
-        from dsim.spec import make_method
+        from dsim.spec.methods import make_method
 
         adaptive = make_method(method).has_head  # a confidence head verifies adaptively by default
     return SpecConfig(
@@ -207,7 +207,7 @@ def _opt(default: Any, section: str, help: str, commands: tuple = ALL_COMMANDS, 
 class Scenario:
     """Every option that says what is simulated, as `dsim simulate`, `plan`, `sweep` and `ab`
     take it (each the options named for it in its field's ``commands``): the command line's
-    options are built from these fields (dsim.cli.scenario_options), a scenario file holds them by
+    options are built from these fields (dsim.cli.app.scenario_options), a scenario file holds them by
     section (``load_scenario_file``, ``scenario_yaml``), and each command reads its values here.
     A value None means "not set": the command's own default applies (``default_for``)."""
 
@@ -222,7 +222,7 @@ class Scenario:
     price_per_gpu_hour: float | None = _opt(
         None,
         "model",
-        "$ per GPU-hour (default: the public on-demand quote for the profile's GPU kind, dsim.prices)",
+        "$ per GPU-hour (default: the public on-demand quote for the profile's GPU kind, dsim.study.prices)",
         SEARCH_COMMANDS,
     )
     # workload
@@ -504,7 +504,7 @@ def resolve_scenario_options(command: str, given: dict, scenario: str | None) ->
 def check_scenario(s: Scenario) -> None:
     """Bad option values, each an InputError naming the option as its flag (``--router: ...``)
     before anything runs."""
-    from dsim.cluster import ROUTERS
+    from dsim.engine.router import ROUTERS
 
     if s.policy.strip().lower() not in POLICY_NAMES:
         raise InputError(f"--policy: unknown policy {s.policy!r} (choose from {', '.join(POLICY_NAMES)})")
@@ -528,7 +528,7 @@ def check_scenario(s: Scenario) -> None:
 def scenario_engine(s: Scenario, **extra: Any) -> EngineConfig | None:
     """The EngineConfig of a scenario (extra: further EngineConfig fields); None where it is
     vLLM's default engine, so that plan / sweep / ab points keep their callers' default."""
-    from dsim.engine import EngineConfig
+    from dsim.engine.replica import EngineConfig
 
     ec = EngineConfig(
         max_num_seqs=s.max_num_seqs,

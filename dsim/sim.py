@@ -3,7 +3,7 @@
 ``simulate(SimConfig) -> SimResult``; the result carries the JSON summary, the per-request table
 and the per-step table. Deterministic for a given seed: the request latents come from a numpy Generator seeded
 from the seed, the draft draws from the run key derived from it (one counter-based stream per
-request and draft round, dsim.kernels_step).
+request and draft round, dsim.engine.compiled_step).
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from dsim.cluster import Router
 from dsim.cost import CostModel, Profile
-from dsim.diagnostics import result_warnings
-from dsim.engine import STEP_FIELDS, STEP_FLOAT_FIELDS, DraftCost, EngineConfig, Replica, Requests, SpecStats
+from dsim.engine.compiled_sched import SUCC_NONE, SUCC_PYTHON, SUCC_SELF
+from dsim.engine.compiled_step import run_key
+from dsim.engine.metrics import request_table, summarize
+from dsim.engine.replica import STEP_FIELDS, STEP_FLOAT_FIELDS, DraftCost, EngineConfig, Replica, Requests, SpecStats
+from dsim.engine.router import Router
 from dsim.errors import InputError
-from dsim.kernels_sched import SUCC_NONE, SUCC_PYTHON, SUCC_SELF
-from dsim.kernels_step import run_key
-from dsim.metrics import request_table, summarize
-from dsim.spec import SpecConfig, SpecRuntime
+from dsim.spec.methods import SpecConfig, SpecRuntime
+from dsim.study.diagnostics import result_warnings
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -190,7 +190,7 @@ def within_model_len(w: Workload, profile: Profile) -> tuple[Workload, int]:
     over = over_model_len(w, profile)
     if not over.any():
         return w, 0
-    from dsim.workload import _take
+    from dsim.workload.readers import _take
 
     kept = np.flatnonzero(~over)
     n = int(over.sum())
@@ -217,7 +217,7 @@ def check_requests_fit(w: Workload, profile: Profile, spec: SpecConfig | None = 
     total = np.where(over, 0, total)
     k = 0
     if spec is not None and spec.method != "none":
-        from dsim import spec as S
+        from dsim.spec import methods as S
 
         k = S.make_method(spec.method, spec.k, spec.adaptive).k
     # as the engine counts: a decode slot holds ceil((KV tokens + 1 + K) / block) blocks
@@ -302,7 +302,7 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
         lrng = np.random.default_rng([cfg.seed, 1 << 20])
         reqs.latent[:] = spec.acceptance.request_latent(lrng, reqs.cls)
     # Every draw comes from the run's key: a request's draft round i has its own stream
-    # (dsim.kernels_step), whichever replica runs it.
+    # (dsim.engine.compiled_step), whichever replica runs it.
     key = run_key(cfg.seed)
     # the drafter's cost per batch size, the same for every replica
     draft_cost = DraftCost(spec.method, cost) if spec.k else None
@@ -424,7 +424,7 @@ def _result(cfg, w, rejected, spec, reqs, stats, replicas, wall) -> SimResult:
     }
     # requests the server refused at arrival (over max_model_len): not in requests_total
     summary["requests_rejected_max_model_len"] = rejected
-    from dsim.diagnostics import rejected as rejected_warning
+    from dsim.study.diagnostics import rejected as rejected_warning
 
     over = rejected_warning(rejected, len(w), cfg.profile.max_model_len)
     if over is not None:
@@ -437,7 +437,7 @@ def _result(cfg, w, rejected, spec, reqs, stats, replicas, wall) -> SimResult:
 
 
 def _spec_summary(spec, st: SpecStats, class_names) -> dict:
-    from dsim.spec import head_quality
+    from dsim.spec.methods import head_quality
 
     if spec.k == 0 or st.num_drafts == 0:
         return {"acceptance_length": 1.0, "per_position_acceptance": [], "mean_verify_tokens_per_request": 1.0}

@@ -1,5 +1,5 @@
 """The error contract, checked in-process: ``run_cli(*args)`` runs dsim's console entry point
-(dsim.entry.main) with captured output; ``assert_rejected`` asserts exit code 2, exactly one line on
+(dsim.cli.entry.main) with captured output; ``assert_rejected`` asserts exit code 2, exactly one line on
 stderr (naming the given needles, no traceback, no numpy repr) and nothing new in a directory."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def run_cli(*args) -> tuple[int, str, str]:
-    from dsim.entry import main
+    from dsim.cli.entry import main
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
         try:

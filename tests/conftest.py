@@ -21,7 +21,7 @@ def pytest_configure(config):
     # the compiled run of general steps compiled where it is first used, not in a background
     # process while its steps run from Python: the tests that compare the two paths compare them
     # (tests/test_compile_notice.py runs the background compile in subprocesses)
-    from dsim.background_compile import Deferred
+    from dsim.engine.background_compile import Deferred
 
     Deferred.background = False
     config.addinivalue_line(

@@ -1,13 +1,13 @@
 """Reference (tests only): the numpy acceptance-model sampler the compiled draws replaced.
 
 ``RefSampler(model).sample(rng, cls, latent, steps)`` draws from the same model as
-``AcceptanceModel.sample`` (dsim.kernels_step.draw_slots) with numpy Generators, DrawStream blocks
+``AcceptanceModel.sample`` (dsim.engine.compiled_step.draw_slots) with numpy Generators, DrawStream blocks
 and float32 arrays; the compiled draws are checked against it in distribution."""
 from __future__ import annotations
 
 import numpy as np
 
-from dsim.spec import accepted_prefix
+from dsim.spec.methods import accepted_prefix
 
 
 class StepDraws:

@@ -1,5 +1,5 @@
 """The scheduler's bookkeeping one request at a time, in plain Python: the definition the
-compiled kernels of dsim.kernels_sched are checked against (tests/test_sched.py).
+compiled kernels of dsim.engine.compiled_sched are checked against (tests/test_sched.py).
 
 State is a dict of per-request lists (prompt, generated, computed, blocks, seq, cached, admit,
 emits, itl_max, last_emit, held: (rounds, accepted, verified)), the running prefills ``pre`` and

@@ -1,4 +1,4 @@
-"""The analytical roofline's smooth maximum (dsim.analytical.forward_ms, Efficiency.knee)."""
+"""The analytical roofline's smooth maximum (dsim.profiling.analytical.forward_ms, Efficiency.knee)."""
 
 import json
 from pathlib import Path
@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsim.analytical import HARDWARE, Efficiency, forward_ms, model_shape
+from dsim.profiling.analytical import HARDWARE, Efficiency, forward_ms, model_shape
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = model_shape(json.loads((ROOT / "profiles" / "models" / "qwen3-14b.json").read_text()))

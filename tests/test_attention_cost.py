@@ -13,7 +13,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsim import cost as C
+from dsim.cost import profile as C
 from dsim.errors import InputError
 from validator.gpu import plan
 
@@ -257,7 +257,7 @@ def test_context_ms_replaces_the_forward_share_past_the_dense_table():
 
 
 def _simulate(profile, method="dspark", prefix=False, requests=60, concurrency=16):
-    from dsim.engine import EngineConfig
+    from dsim.engine.replica import EngineConfig
     from dsim.sim import SimConfig, SpecConfig, simulate
     from dsim.workload import load_workload
 

@@ -1,10 +1,10 @@
-"""No background kernel compile outlives the command that started it (dsim.background_compile.finish)."""
+"""No background kernel compile outlives the command that started it (dsim.engine.background_compile.finish)."""
 
 import subprocess
 import sys
 import time
 
-from dsim import background_compile as BC
+from dsim.engine import background_compile as BC
 
 
 def _child(tmp_path, seconds):

@@ -90,8 +90,9 @@ def test_bad_flags(args, needle, tmp_path):
 
 
 def test_bad_profile_file(tmp_path):
-    from dsim.cost import load_profile, profile_to_dict
     import yaml
+
+    from dsim.cost import load_profile, profile_to_dict
     d = profile_to_dict(load_profile())
     d["capture_sizes"] = [1, 8, 4]
     p = tmp_path / "bad.yaml"

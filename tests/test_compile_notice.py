@@ -1,5 +1,5 @@
 """A first run says that it compiles the kernels, with what and how far; a later run says nothing
-(dsim.compile_notice)."""
+(dsim.engine.compile_notice)."""
 from __future__ import annotations
 
 import json
@@ -15,10 +15,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # them twice: counted once), and the weighted percentiles' selection
 SCRIPT = """
 import numpy as np
-from dsim import compile_notice
+from dsim.engine import compile_notice
 compile_notice.install()
 from dsim.cost import decode_features_ms
-from dsim.metrics import dist
+from dsim.engine.metrics import dist
 q, c = np.array([1, 2]), np.array([100, 200])
 print(decode_features_ms(q, c, 8, 1, 64, 8, 1.0, 1, 132, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0))
 print(dist([1.0, 2.0, 3.0], [1.0, 1.0, 2.0])["p50"])
@@ -58,7 +58,7 @@ def test_the_command_announces_a_cold_run_compiles_in_the_background_and_is_sile
     deadline = time.monotonic() + 600
     while list(cache.rglob("*.compiling")) and time.monotonic() < deadline:
         time.sleep(1)
-    assert list(cache.rglob("kernels_sched.run_general_steps-*.nbc")), "the background compile wrote no cache entry"
+    assert list(cache.rglob("compiled_sched.run_general_steps-*.nbc")), "the background compile wrote no cache entry"
     again = _run(args, cache)
     assert again.returncode == 0 and again.stderr == ""
     a, b = (json.loads(r.stdout) for r in (first, again))

@@ -5,7 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from dsim.compose import (
+from dsim.cost import CostModel
+from dsim.errors import InputError
+from dsim.profiling.compose import (
     DRAFT_REQUESTS,
     Pricer,
     compose_profile,
@@ -17,10 +19,8 @@ from dsim.compose import (
     required_ops,
     step_ops,
 )
-from dsim.cost import CostModel
-from dsim.errors import InputError
-from dsim.kernels import HARDWARE, KernelTable, Roofline, load_kernel_table
-from dsim.models import load_model
+from dsim.profiling.kernel_tables import HARDWARE, KernelTable, Roofline, load_kernel_table
+from dsim.profiling.models import load_model
 
 
 @pytest.mark.parametrize(
@@ -198,7 +198,7 @@ def test_tables_in_order_of_preference_and_zero_ops():
 def test_layer_glue_recovers_a_known_offset():
     """Layer records made as the composer's own sum + 0.1 ms + 0.2 ms per 1000 tokens: the fit
     recovers both, and the held-out half is then exact."""
-    from dsim.compose import composed_layer_ms, fit_layer_glue
+    from dsim.profiling.compose import composed_layer_ms, fit_layer_glue
 
     m, t = load_model("deepseek-v4-flash"), parse_topology("dp8-ep8")
     pr = Pricer(None, Roofline())
@@ -292,7 +292,7 @@ def test_batched_gemm_without_a_table_record_is_priced_as_its_single_gemm():
     g = dict(op="gemm", dtype="fp8", m=8, n=1024, k=4096, groups=8)
     single = [dict(op="gemm", dtype="fp8", m=m, n=1024, k=32768, ms=0.01 * m) for m in (1, 16)]
     pr = Pricer(KernelTable("s", {"kind": "measured"}, single), Roofline())
-    from dsim.compose import _op
+    from dsim.profiling.compose import _op
 
     assert pr.ms(_op("o_proj", 1, **g)) == pytest.approx(0.08)
     assert pr.grouped_as_single == {"gemm": 1} and not pr.fallback
@@ -567,7 +567,7 @@ def test_format4_step_indexer_round_trips_and_prices_the_doc_formula(tmp_path):
 
 
 def test_composed_step_indexer_is_priced_from_the_csa_records():
-    from dsim.compose import Pricer, parse_topology, step_indexer_ms_per_mcell
+    from dsim.profiling.compose import Pricer, parse_topology, step_indexer_ms_per_mcell
 
     m, topo = load_model("deepseek-v4-flash"), parse_topology("dp8-ep8")
     pr = Pricer([load_kernel_table("h200-torch")], Roofline(hardware="h200"), frozenset({"comm"}), None)
@@ -579,7 +579,7 @@ def test_composed_step_indexer_is_priced_from_the_csa_records():
 
 
 def _op_csa(m, topo, qn, kv):
-    from dsim.compose import _op, attn_record
+    from dsim.profiling.compose import _op, attn_record
 
     return _op("attn_core", 1, **attn_record(m, topo, "v4_csa", "prefill", 1, qn, kv))
 
@@ -761,9 +761,9 @@ def test_block_pool_fit_recovers_known_terms_and_compose_checks_them():
     ratios or priced_from_q do not match the model and table."""
     import dataclasses
 
-    from dsim.compose import with_block_pool
     from dsim.cost import load_profile, priced_from_q
-    from dsim.models import load_model
+    from dsim.profiling.compose import with_block_pool
+    from dsim.profiling.models import load_model
     from validator.gpu.moe_steplogs import pool_design_steps
     from validator.gpu.shard_repredict import completed_blocks, fit_block_pool
 
@@ -813,7 +813,7 @@ def test_block_pool_fit_recovers_known_terms_and_compose_checks_them():
 def test_lifted_share_carries_the_attention_part_of_the_non_decreasing_lift():
     """A forward size whose attention drops (split-K off) is lifted to the smaller size's price;
     the share takes the lift up to its own drop, the rest of a lift stays in the step."""
-    from dsim.compose import lifted_share
+    from dsim.profiling.compose import lifted_share
 
     share = np.array([1.0, 3.0, 1.0, 2.0, 2.0])
     lift = np.array([0.0, 0.0, 1.5, 2.5, 0.5])  # sizes 2-4 held up by size 1's price
@@ -827,7 +827,7 @@ def test_shard_profile_step_keys_from_the_h200_torch_records():
     1,024 context (split and not, 132 vs 136 keys); the per-request table carries no combine, so
     a step of 32 x 8 tokens at one context, not split, costs its records; and a composed shard
     profile's 32 x 8 step pays the forward table's non-attention part exactly (the lift at 256 tokens)."""
-    from dsim.compose import Pricer, _op, attn_record, compose_profile, parse_topology, step_keys_term
+    from dsim.profiling.compose import Pricer, _op, attn_record, compose_profile, parse_topology, step_keys_term
 
     m, topo = load_model("deepseek-v4-flash"), parse_topology("dp8-ep8")
     tab = load_kernel_table("h200-torch")
@@ -896,7 +896,7 @@ def test_flattened_verify_attention_prices_each_token_as_a_decode():
     """--verify-attention tokens: a step of B requests verifying q tokens costs the attention of B x q
     one-token decodes at the same context (in proportion beyond the table's 512 requests); the
     q = 1 entries and the forward share are the window table's."""
-    from dsim.compose import REQ_BATCH_MAX, _attn_only
+    from dsim.profiling.compose import REQ_BATCH_MAX, _attn_only
 
     m, t = load_model("deepseek-v4-flash"), parse_topology("dp8-ep8")
     win = compose_profile(m, t, "h200", None).request_attention
@@ -920,7 +920,7 @@ def test_flattened_verify_attention_prices_each_token_as_a_decode():
 def test_deepep_internode_table_prices_every_wide_ep_all_to_all():
     """The shipped inter-node table answers every dispatch / combine record of the wide-EP paper
     profiles (no roofline fallback for comm), and grows with the tokens per rank."""
-    from dsim.kernels_deepep import DEEPEP_README_LL_US, ep_scale
+    from dsim.profiling.deepep_tables import DEEPEP_README_LL_US, ep_scale
 
     tab = load_kernel_table("h200-deepep-internode")
     for name, topo in (("deepseek-v4-flash", "dp256-ep256"), ("deepseek-v4-pro", "dp384-ep384")):
@@ -944,7 +944,7 @@ def test_deepep_internode_table_prices_every_wide_ep_all_to_all():
 def test_deepep_price_scales_with_message_volume():
     """A record is priced at AIC's shape of equal tokens x hidden x top-k; measured node counts are
     read directly, wider groups scaled from 8 nodes; below the smallest count, its latency floor."""
-    from dsim.kernels_deepep import price
+    from dsim.profiling.deepep_tables import price
 
     rows = [
         dict(
@@ -968,13 +968,13 @@ def test_deepep_price_scales_with_message_volume():
 
 
 def test_deepep_build_rejects_bad_specs_in_one_line(tmp_path, capsys):
-    from dsim.kernels_deepep import main
+    from dsim.profiling.deepep_tables import main
 
     out = tmp_path / "t.json"
     for bad in ("deepseek-v4-flash:8", "deepseek-v4-flash", ":256", "deepseek-v4-flash:x"):
         assert main(["build", "--model", bad, "--out", str(out)]) == 2
         err = capsys.readouterr().err.strip()
-        assert err.startswith("dsim.kernels_deepep: error: --model") and "\n" not in err and not out.exists()
+        assert err.startswith("dsim.profiling.deepep_tables: error: --model") and "\n" not in err and not out.exists()
 
 
 def test_forward_table_follows_the_moe_chunk_staircase_above_the_capture_limit():
@@ -982,7 +982,7 @@ def test_forward_table_follows_the_moe_chunk_staircase_above_the_capture_limit()
     linearly; with the MoE in 256-token chunks each boundary b is a jump (a further chunk starts at
     b + 1). The table's sizes resolve it: at sizes between its points the interpolated forward stays
     within 3% of the composed one, and the jump across every boundary to 4096 is in the table."""
-    from dsim.compose import forward_ms, forward_sizes
+    from dsim.profiling.compose import forward_ms, forward_sizes
 
     model, topo = load_model("deepseek-v4-flash"), parse_topology("dp8-ep8")
     kt = load_kernel_table("h200-torch")
@@ -1106,8 +1106,8 @@ def test_prefill_own_keys_are_priced_at_the_step_keys_cells():
 
 def test_fit_prefill_terms_recovers_known_terms():
     """Points made from known version-2 terms are fitted back exactly (both forms)."""
-    from dsim.compose import fit_prefill_terms
     from dsim.cost import PrefillTerms, load_profile, own_keys_ms
+    from dsim.profiling.compose import fit_prefill_terms
 
     pts = [(q, c) for q in (256, 512, 1024, 2048, 8192) for c in (0, 512, 2048, 8192, 32768)]
     ex = [(q, c, 0.2 * q * c / 1e6 + 4.0 * q * q / 2e6 - 1.5 * q / 1000 + 3.0) for q, c in pts]
@@ -1127,7 +1127,7 @@ def test_graph_less_overhead_is_a_jump_at_the_capture_limit():
     """vLLM runs a step above its largest capture size without CUDA graphs: the forward table holds
     limit + 1, so the graph-less overhead is paid from the first token past the limit (a jump), and
     every size above it pays it, while the captured sizes do not."""
-    from dsim.compose import EAGER_US_PER_LAYER, forward_ms
+    from dsim.profiling.compose import EAGER_US_PER_LAYER, forward_ms
 
     model, topo = load_model("deepseek-v4-pro"), parse_topology("tp8-ep8")
     prof = compose_profile(model, topo, "b300", None, request_attention=False)
@@ -1147,7 +1147,7 @@ def test_fixed_dspark_drafts_its_own_length():
     drafter table per length below the draft block (dspark@K, fewer positions: no dearer than the
     block's), and a fixed K prices its drafter from it; K = block and adaptive K = block use the
     block's table."""
-    from dsim.spec import make_method
+    from dsim.spec.methods import make_method
 
     model, topo = load_model("deepseek-v4-flash"), parse_topology("dp8-ep8")
     prof = compose_profile(model, topo, "h200", None, request_attention=False)
@@ -1244,7 +1244,7 @@ def test_compose_for_takes_hardware_and_backend_and_names_both():
     hardware and backend where there is one, the name and provenance carrying both; an unknown backend
     or hardware is one input error naming the choices."""
     from dsim.errors import InputError
-    from dsim.kernels_aic import compose_for
+    from dsim.profiling.aic_tables import compose_for
 
     p = compose_for("deepseek-v3", "h200", "vllm", "dp8-ep8")
     assert p.name == "deepseek-v3-h200-vllm-dp8-ep8" and p.provenance["backend"].startswith("vllm (vllm 0.24.0")
@@ -1263,7 +1263,7 @@ def test_compose_for_prices_unshipped_hardware_and_wide_ep_from_aic_on_demand():
     """No shipped table for the H100: the composer's records are priced from AIC's h100_sxm tables on
     demand; at EP16 AIC's moe rows are guarded (the rank's experts re-priced per GPU) and the profile's
     assumptions say so."""
-    from dsim.kernels_aic import compose_for
+    from dsim.profiling.aic_tables import compose_for
 
     p = compose_for("deepseek-v3", "h100", "vllm", "dp16-ep16")
     assert p.name == "deepseek-v3-h100-vllm-dp16-ep16" and p.provenance["hardware"] == "16 x NVIDIA H100 SXM"

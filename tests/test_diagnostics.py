@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dsim import diagnostics as D
-from dsim.engine import EngineConfig
-from dsim.plan import format_plan, parse_sla, plan
+from dsim.engine.replica import EngineConfig
 from dsim.sim import SimConfig, SpecConfig, simulate
+from dsim.study import diagnostics as D
+from dsim.study.capacity import format_plan, parse_sla, plan
 from tests.test_plan import STEP_MS, const_workload, flat_profile
 
 # ---- replica imbalance ----------------------------------------------------------------------
@@ -168,7 +168,7 @@ def test_readme_affinity_example_is_flagged():
 
     from typer.testing import CliRunner
 
-    from dsim.entry import app
+    from dsim.cli.entry import app
 
     args = ["simulate", "--trace", "mooncake-conversation", "--prefix-caching", "--router", "affinity",
             "--nodes", "2"]
@@ -184,7 +184,7 @@ def test_readme_affinity_example_is_flagged():
 def test_sweep_points_carry_preemption_warning():
     """A closed-loop sweep on a KV cache of 1024 tokens: one user (200 tokens) never preempts;
     16 users (3,200 tokens wanted) do, and the point says so in sweep.csv's column and the table."""
-    from dsim import sweep as S
+    from dsim.study import sweep as S
 
     prof = flat_profile()
     prof = dataclasses.replace(prof, kv_cache_gib=1024 * 1024 / 2**30)  # 1024 tokens of 1 KiB
@@ -199,7 +199,7 @@ def test_sweep_points_carry_preemption_warning():
 
 
 def test_method_warnings_keep_the_worst_seed():
-    from dsim.plan import method_warnings
+    from dsim.study.capacity import method_warnings
 
     def imbalance(share):
         return {"kind": "replica_imbalance", "message": f"replica 0 of 8 holds {share:.0%}", "value": share * 8,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dsim.cost import KV_BLOCK_TOKENS, CostModel
-from dsim.engine import EngineConfig
+from dsim.engine.replica import EngineConfig
 from dsim.errors import InputError
 from dsim.sim import SpecConfig
 from tests.test_engine import linear_profile, make_profile, run, wl
@@ -159,7 +159,7 @@ def test_cli_simulate_and_sweep_run_disaggregated(tmp_path):
     import pandas as pd
     from typer.testing import CliRunner
 
-    from dsim.entry import app
+    from dsim.cli.entry import app
 
     r = CliRunner()
     res = r.invoke(
@@ -241,7 +241,7 @@ def test_cli_simulate_and_sweep_run_disaggregated(tmp_path):
 def test_cli_delay_without_disaggregated_is_exit_2(cmd, tmp_path):
     from typer.testing import CliRunner
 
-    from dsim.entry import app
+    from dsim.cli.entry import app
 
     out = tmp_path / "out"
     args = [str(out) if a == "OUT" else a for a in cmd]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dsim.cost import CostModel, load_profile, profile_from_dict, vllm_capture_sizes
-from dsim.engine import EngineConfig
+from dsim.engine.replica import EngineConfig
 from dsim.errors import InputError
 from dsim.sim import SimConfig, SpecConfig, simulate
 from dsim.workload import Workload
@@ -134,8 +134,8 @@ def test_profile_by_model_name_prefers_the_measured_one():
 
 def test_prefill_terms_reach_every_budget_policy(monkeypatch):
     """The verify budget is priced with the step's prefill correction whatever the policy: the
-    compiled step (dsim.kernels_step.plan_decodes) gets it as the extra cost of every budget."""
-    import dsim.kernels_step as KS
+    compiled step (dsim.engine.compiled_step.plan_decodes) gets it as the extra cost of every budget."""
+    import dsim.engine.compiled_step as KS
     seen, priced = [], []
     orig, orig_pre = KS.plan_decodes, CostModel.prefill_ms
 
@@ -153,7 +153,7 @@ def test_prefill_terms_reach_every_budget_policy(monkeypatch):
     # every step through the general path, where plan_decodes is called from Python (a decode
     # window carries no prefill chunk, and its compiled plan_window calls the compiled
     # plan_decodes, which a Python spy cannot replace)
-    from dsim.engine import Replica
+    from dsim.engine.replica import Replica
 
     monkeypatch.setattr(Replica, "_window_ok", lambda self: False)
     prof = linear_profile(kv_ms_per_ktok=0.5, prefill_terms={"discount_ms_per_ktok": 4.0, "attention_ms_per_mpair": 2.0})
@@ -527,8 +527,8 @@ def test_budget_cut_counts_only_drafts_given():
 def test_packed_context_args_price_as_the_tuple(name):
     """The decode window's packed context arguments give context_ms_compiled the same values
     and types as CostModel.context_args' tuple: the same cost on random steps."""
-    from dsim import kernels_step as KS
     from dsim.cost import context_ms_compiled
+    from dsim.engine import compiled_step as KS
 
     cost = CostModel(load_profile(name))
     ctx = cost.context_args()
@@ -545,8 +545,8 @@ def test_slots_context_ms_prices_as_the_cost_model():
     """A general step's compiled per-request attention terms of the decode slots (query 1 +
     verified drafts, or 1 without drafts, over each slot's cached tokens) equal
     CostModel.context_ms on the same step, exactly."""
-    from dsim import kernels_step as KS
-    from dsim.kernels_step import COMP, NCOL
+    from dsim.engine import compiled_step as KS
+    from dsim.engine.compiled_step import COMP, NCOL
 
     cost = CostModel(load_profile(None))  # the default profile: a format-3 request table
     assert cost.request_attention is not None  # (the engine takes this path only then)
@@ -565,7 +565,7 @@ def test_slots_context_ms_prices_as_the_cost_model():
 
 
 def test_pack_context_args_rejects_a_field_of_another_kind():
-    from dsim import kernels_step as KS
+    from dsim.engine import compiled_step as KS
 
     ctx = CostModel(load_profile("h200-qwen3-8b")).context_args()
     with pytest.raises(TypeError, match=r"context_args\[5\]"):
@@ -577,7 +577,7 @@ def test_pack_context_args_rejects_a_field_of_another_kind():
 def test_columns_keep_row_order_across_appends_reserves_and_blocks():
     """Rows appended one at a time and ranges reserved and written in place come back in order,
     across block boundaries (a new block never moves the rows already written)."""
-    from dsim.engine import Columns
+    from dsim.engine.replica import Columns
 
     rng = np.random.default_rng(3)
     col = Columns(3, cap=4)
@@ -603,7 +603,7 @@ def test_prefix_hits_looked_up_in_batches_change_nothing(monkeypatch):
     # A burst of 60 prompts from 6 shared prefixes into a prefix cache that holds a few of them:
     # admission looks the hits up ahead, a batch at a time, and applies the LRU's order after.
     # Whatever the batch, every request's cached tokens and times are the one-at-a-time ones.
-    import dsim.engine as engine
+    import dsim.engine.replica as engine
 
     prof = linear_profile(kv_gib=1024 * 16 * 1200 / 2**30)  # 1,200 blocks: 37 prefix blocks of 512
     rng = np.random.default_rng(11)
@@ -628,7 +628,7 @@ def test_one_call_plan_is_the_two_call_plan(monkeypatch, pol):
     apart, including a token budget past the dense cost table, where the one call hands the
     pricing back (and, with prefix caching, admission past its first batch of looked-up hits
     goes on)."""
-    from dsim.engine import Replica
+    from dsim.engine.replica import Replica
 
     rng = np.random.default_rng(9)
     n = 150
@@ -674,7 +674,7 @@ def test_compiled_steps_are_the_python_steps(monkeypatch, case):
     its users' successors itself; with the front end's gaps the simulation does), an open loop
     on two nodes, a token budget that cuts the decode queue, a KV cache small enough to
     preempt, a decode instance."""
-    from dsim.engine import Replica
+    from dsim.engine.replica import Replica
 
     rng = np.random.default_rng(12)
     # (with DSpark, enough drafts that the head's 60,000-draft sample completes inside the run)
@@ -744,7 +744,7 @@ def test_step_table_columns_mean_what_their_names_say(monkeypatch, compiled):
     verified ones; the decoding requests are among the scheduled ones; each replica's steps end
     in order, each step's end its predecessor's plus its duration; and the emitted tokens add up
     to every request's output (each request completes)."""
-    from dsim.engine import STEP_FIELDS, Replica
+    from dsim.engine.replica import STEP_FIELDS, Replica
 
     monkeypatch.setattr(Replica, "run_compiled", compiled)
     rng = np.random.default_rng(5)
@@ -774,7 +774,7 @@ def test_decode_outcomes_name_each_requests_tokens(monkeypatch):
     the run, to the step table's verified and accepted columns; a request accepts at most what it
     verifies and commits at most its accepted drafts plus one token a step; inside the commit
     cap at most the full block's leading accepted drafts."""
-    from dsim.engine import Replica
+    from dsim.engine.replica import Replica
 
     monkeypatch.setattr(Replica, "run_compiled", False)  # (every step through _commit_step)
     seen: list = []

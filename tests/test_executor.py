@@ -1,4 +1,4 @@
-"""Executors (dsim.executor) and the progress bar (dsim.progress).
+"""Executors (dsim.study.executor) and the progress bar (dsim.study.progress).
 
 - the Ray executor gives the local executor's results: plan table and JSON, sweep.csv, the A/B
   report's plan.json and sweep.csv (a local Ray of 2 CPUs started by each test, shut down after);
@@ -26,9 +26,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from dsim.entry import app
+from dsim.cli.entry import app
 from dsim.errors import InputError
-from dsim.plan import _Search, parse_sla
+from dsim.study.capacity import _Search, parse_sla
 from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -132,7 +132,7 @@ def test_joined_cluster_runs_the_drivers_dsim(ray_cluster, tmp_path):
     """Joining ships the driver's dsim package to the cluster: its workers import that copy."""
     addr = ray_cluster.get_runtime_context().gcs_address
     script = (
-        "import dsim.executor as E\n"
+        "import dsim.study.executor as E\n"
         "def where():\n"
         "    import dsim\n"
         "    return dsim.__file__\n"
@@ -149,9 +149,9 @@ def test_joined_cluster_runs_the_drivers_dsim(ray_cluster, tmp_path):
 
 def test_ray_ships_workload_and_profile_once(ray_cluster):
     from dsim.cost import load_profile
-    from dsim.executor import RayExecutor
-    from dsim.plan import Point, run_point
     from dsim.scenario import build_workload, method_spec
+    from dsim.study.capacity import Point, run_point
+    from dsim.study.executor import RayExecutor
     w, prof = build_workload("default", requests=20), load_profile(None)
     specs = [method_spec("mtp"), method_spec("dspark")]
     ex = RayExecutor(jobs=2)
@@ -172,7 +172,7 @@ def test_ray_ships_workload_and_profile_once(ray_cluster):
 
 
 def test_ray_task_error_is_the_tasks_own(ray_cluster):
-    from dsim.executor import RayExecutor
+    from dsim.study.executor import RayExecutor
     ex = RayExecutor(jobs=2)
     f = ex.submit(parse_sla, "p50=20")
     with pytest.raises(InputError, match="no unit") as e:
@@ -308,7 +308,7 @@ class _Recorder:
     """Every (done, total) the bar shows."""
 
     def __init__(self, monkeypatch):
-        from dsim import progress
+        from dsim.study import progress
         self.seen: list[tuple[int, int]] = []
         real = progress.Progress._redraw
         rec = self
@@ -359,7 +359,7 @@ def test_progress_bar_with_ray(monkeypatch, ray_cluster, tmp_path):
 
 
 def test_progress_writes_nothing_off_a_terminal():
-    from dsim.progress import Progress
+    from dsim.study.progress import Progress
     s = io.StringIO()
     with Progress("plan", stream=s) as bar:
         bar.ahead(search=5)

@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dsim import figures as FG
-from dsim import report as R
-from dsim import sweep as S
-from dsim.plan import parse_sla
+from dsim.study import figures as FG
+from dsim.study import report as R
+from dsim.study import sweep as S
+from dsim.study.capacity import parse_sla
 
 
 @pytest.fixture
@@ -76,7 +76,6 @@ def test_same_method_same_colour_across_figures(captured, tmp_path):
 
 def test_titles_name_model_hardware_topology_trace_methods():
     from dsim.cost import load_profile
-
     from dsim.scenario import build_workload
 
     prof = load_profile(None)  # the default: DeepSeek-V4-Flash on 8 x H200, dp8-ep8

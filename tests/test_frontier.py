@@ -1,4 +1,4 @@
-"""dsim.frontier: Pareto frontier, log-log interpolation and the paper's gains, on closed forms."""
+"""dsim.study.frontier: Pareto frontier, log-log interpolation and the paper's gains, on closed forms."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsim.errors import InputError
-from dsim.frontier import (
+from dsim.study.frontier import (
     Frontier,
     default_user_sla,
     matched_throughput_gains,
@@ -151,7 +151,7 @@ def test_user_sla_parsing_and_defaults():
 def test_sweep_per_gpu_prints_and_plots_the_comparison(tmp_path):
     from typer.testing import CliRunner
 
-    from dsim.entry import app
+    from dsim.cli.entry import app
     out = tmp_path / "sw"
     res = CliRunner().invoke(app, ["sweep", "--concurrency", "1,4", "--per-gpu", "--methods", "mtp,dspark",
                                    "--min-requests", "16", "--requests-per-user", "1", "--jobs", "1",
@@ -173,7 +173,7 @@ def test_sweep_per_gpu_prints_and_plots_the_comparison(tmp_path):
 def test_ab_report_has_the_paper_comparison(tmp_path):
     from typer.testing import CliRunner
 
-    from dsim.entry import app
+    from dsim.cli.entry import app
     out = tmp_path / "ab"
     res = CliRunner().invoke(app, ["ab", "--a", "mtp", "--b", "dspark", "--sla", "p50=20ms", "--requests", "40",
                                    "--seeds", "0", "--concurrency", "1,4", "--min-requests", "12",
@@ -186,8 +186,8 @@ def test_ab_report_has_the_paper_comparison(tmp_path):
 
 
 def test_pick_pair_and_dspark_block_tokens():
-    from dsim.frontier import pick_pair
     from dsim.scenario import method_spec
+    from dsim.study.frontier import pick_pair
     assert pick_pair(["none", "mtp", "dspark5-fixed", "dspark5"]) == ("mtp", "dspark5")
     assert pick_pair(["mtp", "dspark-fixed"]) == ("mtp", "dspark-fixed")
     assert pick_pair(["mtp", "block"]) == ("mtp", "block")
@@ -207,7 +207,7 @@ def test_sweep_on_the_paper_scenario_end_to_end(tmp_path):
     V4-Flash anchors and draws it."""
     from typer.testing import CliRunner
 
-    from dsim.entry import app
+    from dsim.cli.entry import app
     out = tmp_path / "sw"
     res = CliRunner().invoke(app, ["sweep", "--profile", "deepseek-v4-flash-h200-dp256-ep256-dbo", "--per-gpu",
                                    "--concurrency", "2,20", "--methods", "mtp,dspark5", "--disaggregated",
@@ -229,7 +229,7 @@ def test_network_floor_closed_form():
     """V4-Flash: 43 MoE layers x (6 x (4096 FP8 + 32 fp32 scales) + 6 x 4096 bf16) bytes one way
     per token; the paper's MTP-1 at 200 per GPU (13810 tok/s/GPU, tau 1.88, 2 tokens verified per
     request) moves 400 such tokens per 27.2 ms step: 47 GB/s."""
-    from dsim.frontier import a2a_bytes_per_token, network_floor
+    from dsim.study.frontier import a2a_bytes_per_token, network_floor
 
     bpt = a2a_bytes_per_token(4096, 6, 43)
     assert bpt == 43 * (6 * (4096 + 128) + 6 * 8192)
@@ -263,7 +263,7 @@ def test_step_at_speed_and_gain_split_closed_form():
     of drafter per request) 56.25 ms with 148; the fixed step is the one-token forward (10.05 ms),
     the split reproduces each term and the gain is headroom (46.2 / 14.95) over per-request cost
     (312.16 / 99.67 us), = 148 / 150 - 1, as read on the frontiers."""
-    from dsim.frontier import gain_split, step_at_speed
+    from dsim.study.frontier import gain_split, step_at_speed
 
     fixed, k = 10.0, 0.05
     methods = {"mtp": (2.0, 2.0, 0.0), "dspark": (4.5, 5.0, 0.0625)}
@@ -302,7 +302,7 @@ def test_step_at_speed_and_gain_split_closed_form():
 )
 def test_gain_split_is_the_load_ratio(fixed, extra, loads):
     """For any two steps over one fixed part, headroom / per-request cost ratio = C_B / C_A."""
-    from dsim.frontier import StepAtSpeed, gain_split
+    from dsim.study.frontier import StepAtSpeed, gain_split
 
     a, b = (StepAtSpeed(m, 50.0, c, 2.0, 1.9, fixed + e, fixed, e, 0.0, 0.0) for m, e, c in zip("ab", extra, loads))
     g = gain_split(a, b)

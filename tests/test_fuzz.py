@@ -13,10 +13,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from cli_contract import run_cli, tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cli_contract import run_cli, tree
 from dsim.errors import InputError
 
 # DSIM_FUZZ_SCALE=20 multiplies the example counts for a deeper run by hand
@@ -199,7 +199,7 @@ CURVE = st.one_of(st.lists(st.one_of(st.floats(-0.5, 1.5), NASTY), max_size=4), 
 @given(classes=st.dictionaries(st.sampled_from(["math", "code", "chat", "default", "x"]), CURVE, max_size=3),
        methods=st.booleans(), method=st.sampled_from([None, "mtp", "dspark"]))
 def test_acceptance_loader(tmp_path_factory, classes, methods, method):
-    from dsim.spec import load_acceptance
+    from dsim.spec.methods import load_acceptance
     doc = {"name": "fuzz", "source": "fuzz", **({"methods": {"mtp": {"classes": classes}}} if methods
                                                  else {"classes": classes})}
     p = tmp_path_factory.mktemp("acc") / "a.yaml"
@@ -217,7 +217,7 @@ def test_acceptance_loader(tmp_path_factory, classes, methods, method):
 @FAST
 @given(s=st.text(alphabet="0123456789.,;=:-abcdefghmnpst ", max_size=24))
 def test_inline_acceptance(s):
-    from dsim.spec import parse_acceptance
+    from dsim.spec.methods import parse_acceptance
     try:
         cur = parse_acceptance(s)
     except InputError as e:
@@ -237,7 +237,7 @@ SLA_PIECES = st.sampled_from(["p50", "p99", "p0", "p100", "tpot_p90", "ttft_p99"
 @FAST
 @given(parts=st.lists(SLA_PIECES, max_size=8))
 def test_sla_grammar(parts):
-    from dsim.plan import parse_request_slo, parse_sla
+    from dsim.study.capacity import parse_request_slo, parse_sla
     s = "".join(parts)
     for parse in (parse_sla, parse_request_slo):
         try:
@@ -351,7 +351,7 @@ def test_kernel_table_loader(tmp_path_factory, edits, drop, gz, cut):
     size an integer >= 0) or is refused with one line naming the file."""
     import gzip
 
-    from dsim.kernels import load_kernel_table
+    from dsim.profiling.kernel_tables import load_kernel_table
     d = copy.deepcopy(KT_BASE)
     for i, k, v in edits:
         d["records"][i][k] = v
@@ -379,7 +379,7 @@ def test_kernel_table_loader(tmp_path_factory, edits, drop, gz, cut):
 @FAST
 @given(blob=st.binary(max_size=300), gz=st.booleans())
 def test_kernel_table_bytes(tmp_path_factory, blob, gz):
-    from dsim.kernels import load_kernel_table
+    from dsim.profiling.kernel_tables import load_kernel_table
     p = tmp_path_factory.mktemp("kb") / ("t.json.gz" if gz else "t.json")
     p.write_bytes(blob)
     with pytest.raises(InputError) as e:

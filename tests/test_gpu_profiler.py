@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import yaml
 
-from dsim.analytical import analytical_profile, evaluate_efficiency, load_fit
 from dsim.cost import CostModel, load_profile
 from dsim.errors import InputError
+from dsim.profiling.analytical import analytical_profile, evaluate_efficiency, load_fit
 from validator.gpu import plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -185,8 +185,8 @@ def test_drafter_grid_is_the_composers_capture_sizes(tmp_path):
     """The profiler times the drafter at the composer's request counts (one helper in dsim.cost):
     vLLM's capture sizes up to the executor's capture limit, so a batch of R requests is charged
     the table at its padded size, never at the next power of two."""
-    from dsim import compose
     from dsim.cost import drafter_request_sizes
+    from dsim.profiling import compose
 
     caps = plan.vllm_capture_sizes(plan.CAPTURE_LIMIT)
     assert plan.DRAFT_REQUESTS == caps
@@ -722,6 +722,7 @@ def test_refit_reproduces_the_committed_profile_from_its_raw_points(tmp_path, mo
     table, KV slope, prefill_terms and attention terms; the rewritten YAML loads, keeps its measured
     draft tables and says what was redone."""
     import shutil
+
     from validator.gpu import refit as RF
 
     m = "qwen3-8b"

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsim import kernels_aic as ka
 from dsim.errors import InputError
-from dsim.kernels import read_json_text
+from dsim.profiling import aic_tables as ka
+from dsim.profiling.kernel_tables import read_json_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = {s: ROOT / "profiles" / "kernels" / f"{s.split('_')[0]}-aic-vllm.json.gz" for s in ("b300_sxm", "h200_sxm")}
@@ -125,7 +125,7 @@ def test_compare_cli_text_json_and_errors(tmp_path):
     pa, pb, pj = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "cmp.json"
     pa.write_text(json.dumps(a))
     pb.write_text(json.dumps(b))
-    run = [sys.executable, "-m", "dsim.kernels_aic", "compare"]
+    run = [sys.executable, "-m", "dsim.profiling.aic_tables", "compare"]
     ps = tmp_path / "err.json"
     out = subprocess.run(run + [str(pb), str(pa), "--json", str(pj), "--error-summary", str(ps)],
                          capture_output=True, text=True, cwd=ROOT, check=False)
@@ -136,7 +136,7 @@ def test_compare_cli_text_json_and_errors(tmp_path):
     assert [round(s["ratio"], 9) for s in got["shapes"]] == [1.2, 1.2, 1.2]
     summary = json.loads(ps.read_text())
     assert summary["median_abs_error"] == pytest.approx(0.2) and summary["by_kind"]["gemm:fp8"]["shapes"] == 3
-    assert summary["against"] == "a" and summary["command"].startswith("python3 -m dsim.kernels_aic compare")
+    assert summary["against"] == "a" and summary["command"].startswith("python3 -m dsim.profiling.aic_tables compare")
     bad = tmp_path / "bad.json"
     for text, what in (("{not json", "not JSON"), (json.dumps({"records": [{"op": "gemm"}]}), "numeric \"ms\""),
                        (json.dumps([1, 2]), "no \"records\"")):
@@ -192,7 +192,7 @@ def test_shipped_tables_carry_provenance_and_semantics(system):
     t = json.loads(read_json_text(SHIPPED[system]))
     prov = t["provenance"]
     assert prov["kind"] == "silicon-table" and prov["package"] == "aiconfigurator-core==0.12.0"
-    assert prov["system"] == system and prov["command"].startswith("python3 -m dsim.kernels_aic")
+    assert prov["system"] == system and prov["command"].startswith("python3 -m dsim.profiling.aic_tables")
     assert prov["files"] and all(f.startswith(system + "/") for f in prov["files"])
     recs = t["records"]
     assert len(recs) > 5000
@@ -244,7 +244,7 @@ def test_shipped_decode_attention_is_flat_in_context_and_grows_with_batch():
 
 def test_shipped_anchors_reproduce_the_quoted_figures():
     a = json.loads(ANCHORS.read_text())
-    assert a["provenance"]["command"] == "python3 -m dsim.kernels_aic anchors --out profiles/kernels/aic-anchors.json"
+    assert a["provenance"]["command"] == "python3 -m dsim.profiling.aic_tables anchors --out profiles/kernels/aic-anchors.json"
     for an in a["anchors"]:
         assert an["step_ms"] == pytest.approx(an["quoted_ms"], rel=0.01)
         assert sum(an["step_ms_by_op"].values()) == pytest.approx(an["step_ms"], rel=1e-3)
@@ -415,9 +415,9 @@ def test_wide_ep_moe_records_are_guarded_against_the_per_gpu_repricing():
 def test_guarded_tables_reach_the_profile_and_the_plan(tmp_path):
     """A composed profile whose kernel table has guarded records says so in its assumptions, and the
     plan's assumptions carry it (profile_caveats), as they carry missing attention terms."""
-    from dsim.compose import compose_profile, load_model, parse_topology
-    from dsim.kernels import KernelTable
-    from dsim.plan import profile_caveats
+    from dsim.profiling.compose import compose_profile, load_model, parse_topology
+    from dsim.profiling.kernel_tables import KernelTable
+    from dsim.study.capacity import profile_caveats
 
     rec = {
         "op": "moe",

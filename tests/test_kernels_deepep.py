@@ -1,4 +1,4 @@
-"""What-if inter-node tables derived from the measured DeepEP table (dsim.kernels_deepep derive)."""
+"""What-if inter-node tables derived from the measured DeepEP table (dsim.profiling.deepep_tables derive)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from dsim.compose import layer_ops, parse_topology
-from dsim.kernels import KERNEL_DIR, KernelTable, load_kernel_table
-from dsim.kernels_deepep import derive, main
-from dsim.models import load_model
+from dsim.profiling.compose import layer_ops, parse_topology
+from dsim.profiling.deepep_tables import derive, main
+from dsim.profiling.kernel_tables import KERNEL_DIR, KernelTable, load_kernel_table
+from dsim.profiling.models import load_model
 
 SHIPPED = KERNEL_DIR / "h200-deepep-internode.json"
 
@@ -65,7 +65,7 @@ def test_derive_rejects_bad_input_in_one_line(tmp_path, capsys):
     out = tmp_path / "t.json"
     assert main(["derive", "--table", str(SHIPPED), "--nic-gbps", "0", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("dsim.kernels_deepep: error: --nic-gbps") and "\n" not in err and not out.exists()
+    assert err.startswith("dsim.profiling.deepep_tables: error: --nic-gbps") and "\n" not in err and not out.exists()
     assert main(["derive", "--table", str(tmp_path / "missing.json"), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert "missing.json" in err and "\n" not in err and not out.exists()

@@ -180,7 +180,7 @@ def test_bad_inputs_exit_2(tmp_path):
 
 
 def test_committed_kernel_table_loads_in_the_composer():
-    from dsim.kernels import load_kernel_table
+    from dsim.profiling.kernel_tables import load_kernel_table
     t = load_kernel_table("h200-torch")
     assert t.provenance["kind"] == "measured" and "H200" in t.provenance["hardware"]
     assert all(r["ms"] > 0 for r in t.records)

@@ -1,11 +1,12 @@
-"""Two-batch overlap in the step-cost composer (dsim.compose --overlap dbo): vLLM's DBO schedule
+"""Two-batch overlap in the step-cost composer (dsim.profiling.compose --overlap dbo): vLLM's DBO schedule
 of two micro-batches per layer, its threshold, and the composed profile's table."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsim.compose import (
+from dsim.errors import InputError
+from dsim.profiling.compose import (
     DBO_DECODE_TOKEN_THRESHOLD,
     MicroBatchLayer,
     Pricer,
@@ -20,9 +21,8 @@ from dsim.compose import (
     parse_topology,
     required_ops,
 )
-from dsim.errors import InputError
-from dsim.kernels import KernelTable, Roofline
-from dsim.models import load_model
+from dsim.profiling.kernel_tables import KernelTable, Roofline
+from dsim.profiling.models import load_model
 
 FLASH = load_model("deepseek-v4-flash")
 DP8 = parse_topology("dp8-ep8")
@@ -88,7 +88,7 @@ def test_attention_change_on_the_critical_path(a, b, d):
 
 def test_micro_batch_pieces_add_up_to_the_layer():
     """The five pieces of a micro-batch layer are the layer's whole priced cost."""
-    from dsim.compose import layer_ops, priced_total
+    from dsim.profiling.compose import layer_ops, priced_total
 
     p = _pricer()
     for layer in (0, 5, FLASH.layers - 1):
@@ -153,7 +153,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
     base = ["profile", "--model", "deepseek-v4-flash", "--hardware", "h200", "--out", str(out)]
     assert main(base + ["--topology", "tp8-ep8", "--overlap", "dbo"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("dsim.compose: error: --overlap dbo") and "\n" not in err and not out.exists()
+    assert err.startswith("dsim.profiling.compose: error: --overlap dbo") and "\n" not in err and not out.exists()
     assert main(base + ["--topology", "dp8-ep8", "--overlap", "dbo", "--dbo-threshold", "0"]) == 2
     assert "--dbo-threshold" in capsys.readouterr().err and not out.exists()
     assert parse_dbo_threshold("auto") == "auto" and parse_dbo_threshold("48") == 48

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import paper_shape as PS  # noqa: E402
 
 from dsim.cost import CostModel, load_profile, profile_from_dict, profile_to_dict  # noqa: E402
-from dsim.spec import make_method  # noqa: E402
+from dsim.spec.methods import make_method  # noqa: E402
 
 BASE = "deepseek-v4-flash-h200-dp256-ep256-dbo"
 
@@ -79,7 +79,7 @@ def test_derive_refuses_non_positive_parameters(pair):
 def test_shipped_preset_is_the_harness_family_at_its_stated_delta():
     import yaml
 
-    from dsim.spec import PRESET_DIR, load_acceptance
+    from dsim.spec.methods import PRESET_DIR, load_acceptance
 
     doc = yaml.safe_load((PRESET_DIR / "deepseek-v4.yaml").read_text())
     delta = doc["derivation"]["dspark_positions_2_plus"]["delta"]

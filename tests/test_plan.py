@@ -1,4 +1,4 @@
-"""dsim.plan: SLA grammar, per-request SLOs, the node-count search (hand-computed case),
+"""dsim.study.capacity: SLA grammar, per-request SLOs, the node-count search (hand-computed case),
 determinism (seeds, jobs), unmeetable SLAs and CLI exit codes."""
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from dsim.cost import Profile, Table
-from dsim.engine import EngineConfig
+from dsim.engine.replica import EngineConfig
 from dsim.errors import InputError
-from dsim.plan import SLO, parse_request_slo, parse_sla, plan
-from dsim.prices import PRICES
 from dsim.sim import SpecConfig
+from dsim.study.capacity import SLO, parse_request_slo, parse_sla, plan
+from dsim.study.prices import PRICES
 from dsim.workload import Workload
 
 # ---- SLA grammar ----------------------------------------------------------------------------
@@ -126,8 +126,8 @@ def test_plan_unmeetable_reports_best():
 # ---- determinism ----------------------------------------------------------------------------
 
 def _small_plan(jobs):
-    from dsim.scenario import build_workload, method_spec
     from dsim.cost import load_profile
+    from dsim.scenario import build_workload, method_spec
     wls = {s: build_workload("default", requests=150, rate_scale=4.0, seed=s) for s in (0, 1)}
     specs = {"mtp": method_spec("mtp"), "dspark": method_spec("dspark")}
     return plan(wls, load_profile(None), specs, parse_sla("p50=18ms"), seeds=[0, 1], jobs=jobs, max_nodes=8)
@@ -142,7 +142,7 @@ def test_plan_deterministic_across_jobs():
 # ---- CLI ------------------------------------------------------------------------------------
 
 def test_cli_bad_input_exit_2():
-    from dsim.entry import app
+    from dsim.cli.entry import app
     r = CliRunner()
     for args in (["plan", "--sla", "p50=20"], ["plan", "--sla", "foo_p50=2ms"], ["plan", "--sla", "p100=2ms"],
                  ["plan", "--sla", ""], ["plan", "--sla", "p50=20ms", "--seeds", "a"],
@@ -154,7 +154,7 @@ def test_cli_bad_input_exit_2():
 
 
 def test_cli_plan_json_and_unmeetable_exit_1():
-    from dsim.entry import app
+    from dsim.cli.entry import app
     r = CliRunner()
     res = r.invoke(app, ["plan", "--sla", "p50=20ms", "--requests", "80", "--seeds", "0", "--jobs", "1", "--json"])
     assert res.exit_code == 0, res.output
@@ -172,9 +172,10 @@ def test_cli_plan_json_and_unmeetable_exit_1():
 
 
 def test_itl_slo_any_percentile_from_samples():
-    from dsim.metrics import weighted_percentile
-    from dsim.plan import metric_values, parse_sla
     import numpy as np
+
+    from dsim.engine.metrics import weighted_percentile
+    from dsim.study.capacity import metric_values, parse_sla
     slos = parse_sla("itl_p75=20ms")
     vals = np.array([10.0, 30.0, 20.0])
     counts = np.array([50, 25, 25])
@@ -204,7 +205,7 @@ def _sorted_weighted(v, w, pct):
 def test_weighted_percentile_selection_equals_sorted_definition(pairs, pct):
     """Whole-number weights (the ITL counts) take a linear-time selection: it returns exactly the
     sort's value, ties, zero weights and all-zero weights included; fractional weights take the sort."""
-    from dsim.metrics import dist, weighted_percentile
+    from dsim.engine.metrics import dist, weighted_percentile
 
     v = np.array([x for x, _ in pairs], dtype=np.float64)
     w = np.array([c for _, c in pairs], dtype=np.float64)

@@ -1,15 +1,15 @@
-"""Tests for dsim/policy.py: verify-budget policies (hypothesis properties + worked examples), and
-the compiled policies (dsim.kernels_step) against the numpy reference (tests/reference_policy.py)."""
+"""Tests for dsim/spec/budget.py: verify-budget policies (hypothesis properties + worked examples), and
+the compiled policies (dsim.engine.compiled_step) against the numpy reference (tests/reference_policy.py)."""
 
 import numpy as np
 import pytest
+import reference_policy as RP
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-import reference_policy as RP
 from dsim.errors import InputError
-from dsim.policy import (
+from dsim.spec.budget import (
     AdditiveCost,
     PolicyContext,
     make_policy,
@@ -165,7 +165,7 @@ def test_additive_cost_from_cost_and_errors():
         def draft_table_ms(self, kind, n):
             return None
 
-    from dsim.spec import make_method
+    from dsim.spec.methods import make_method
 
     tab = AdditiveCost.from_cost(FakeCost(), make_method("dspark"), max_requests=256, max_tokens=4096)
     assert tab.bias == 1.5
@@ -237,7 +237,7 @@ def test_compiled_sort_and_selection_equal_numpy(v, seed):
     """The policies' descending radix sort (both digit widths: below and from 512 scores) is
     numpy's sort reversed, and the selection of the b-th largest score is the sorted array's
     element b, ties and zeros included."""
-    from dsim import kernels_step as KS
+    from dsim.engine import compiled_step as KS
 
     out = np.empty_like(v)
     KS._sort_desc(v, out)
@@ -266,7 +266,7 @@ def test_ratio_argmax_in_any_order_equals_the_sorted_loop(R, K, kind, base, slop
     groups near the maximum sorted) is the sorted loop's argmax, first maximum included: survival
     scores of several shapes (ties, zeros, values below the exact-sum range), staircase cost rows,
     some not non-decreasing (then the full sort)."""
-    from dsim import kernels_step as KS
+    from dsim.engine import compiled_step as KS
 
     rng = np.random.default_rng(seed)
     c = rng.random((K, R)).astype(np.float32)

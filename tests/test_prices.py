@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from dsim.errors import InputError
-from dsim.plan import format_plan, parse_sla, plan
-from dsim.prices import PRICES, gpu_kind, price_for
 from dsim.sim import SpecConfig
+from dsim.study.capacity import format_plan, parse_sla, plan
+from dsim.study.prices import PRICES, gpu_kind, price_for
 
 
 @pytest.mark.parametrize(
@@ -81,7 +81,7 @@ def _b300_flat():
 
 
 def test_plan_on_unpriced_gpu_has_no_dollar_figure():
-    from dsim.engine import EngineConfig
+    from dsim.engine.replica import EngineConfig
     from tests.test_plan import const_workload
 
     w = const_workload(13.0, 13 * 10)
@@ -113,8 +113,8 @@ def test_ab_report_on_unpriced_gpu_and_its_warnings(tmp_path):
 
     from typer.testing import CliRunner
 
+    from dsim.cli.entry import app
     from dsim.cost import PROFILE_DIR
-    from dsim.entry import app
 
     out = tmp_path / "ab"
     prof = PROFILE_DIR / "composed" / "deepseek-v4-flash-b300-dp8-ep8.yaml"

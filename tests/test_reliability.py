@@ -130,13 +130,13 @@ def test_special_file_targets_are_refused_never_replaced(tmp_path, what):
 
 @pytest.mark.parametrize("what", ["fifo", "device", "stdout-link", "dir-link"])
 def test_module_tools_refuse_special_targets_before_any_work(tmp_path, what, capsys):
-    from dsim import compose, kernels_aic, kernels_deepep
+    from dsim.profiling import aic_tables, compose, deepep_tables
     t = _special(tmp_path, what)
     before = tree(tmp_path), _lstat(t)
     for main, args in (
         (compose.main, ["profile", "--model", "llama-3.1-8b", "--topology", "tp1", "--hardware", "h200"]),
-        (kernels_deepep.main, ["build", "--model", "deepseek-v3:16"]),
-        (kernels_aic.main, ["anchors"]),
+        (deepep_tables.main, ["build", "--model", "deepseek-v3:16"]),
+        (aic_tables.main, ["anchors"]),
     ):
         assert main([*args, "--out", str(t)]) == 2
         err = capsys.readouterr().err
@@ -797,7 +797,7 @@ def test_endless_jsonl_line_is_refused(tmp_path):
 
 
 def test_oversized_trace_is_refused_before_reading(tmp_path, monkeypatch):
-    from dsim import workload
+    from dsim.workload import readers as workload
     monkeypatch.setattr(workload, "MAX_TRACE_BYTES", 100)
     p = native_csv(tmp_path, [(i, 10, 10) for i in range(20)])
     assert_rejected("simulate", "--trace", p, "--quiet", needles=[str(p), "larger than"])
@@ -826,7 +826,7 @@ KERNEL_TABLE_CASES = [
 
 @pytest.mark.parametrize("name,edit,needle", KERNEL_TABLE_CASES, ids=[c[0] for c in KERNEL_TABLE_CASES])
 def test_compose_refuses_nonsensical_kernel_tables(tmp_path, capsys, name, edit, needle):
-    from dsim import compose
+    from dsim.profiling import compose
     d = {"name": "t", "provenance": {"kind": "measured"},
          "records": [{"op": "gemm", "m": 1, "k": 4096, "n": 4096, "dtype": "bf16", "ms": 0.05}]}
     edit(d)
@@ -844,7 +844,7 @@ def test_compose_refuses_nonsensical_kernel_tables(tmp_path, capsys, name, edit,
 def test_compose_refuses_corrupt_kernel_files(tmp_path, capsys, how):
     import gzip
 
-    from dsim import compose
+    from dsim.profiling import compose
     good = json.dumps({"name": "t", "provenance": {}, "records": [{"op": "gemm", "m": 1, "ms": 0.1}]})
     t = tmp_path / ("t.json.gz" if "gz" in how else "t.json")
     t.write_bytes({"truncated json": good[:30].encode(),
@@ -861,7 +861,7 @@ def test_compose_refuses_corrupt_kernel_files(tmp_path, capsys, how):
 
 
 def test_every_shipped_kernel_table_still_loads():
-    from dsim.kernels import KERNEL_DIR, load_kernel_table
+    from dsim.profiling.kernel_tables import KERNEL_DIR, load_kernel_table
     n = 0
     for f in sorted(KERNEL_DIR.glob("*.json*")):
         d = f.read_bytes()
@@ -966,7 +966,7 @@ def test_a_server_that_never_answers_is_a_clear_error_in_bounded_time(tmp_path, 
                                          ("closed", "no Ray cluster reachable")])
 def test_ray_address_that_is_not_ray_fails_fast(kind, needle):
     from dsim.errors import InputError
-    from dsim.executor import probe_address
+    from dsim.study.executor import probe_address
     if kind == "closed":
         port, close = free_port(), (lambda: None)
     else:
@@ -982,7 +982,7 @@ def test_ray_address_that_is_not_ray_fails_fast(kind, needle):
 
 def test_ray_address_probe_accepts_a_grpc_peer():
     """What a gRPC server (Ray's GCS, its client server) sends first: a SETTINGS frame."""
-    from dsim.executor import probe_address
+    from dsim.study.executor import probe_address
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
@@ -1069,7 +1069,7 @@ def test_stopping_a_parallel_run_leaves_no_worker_no_traceback_no_output(tmp_pat
 @pytest.mark.parametrize("when", ["loading", "running"])
 def test_stopping_compose_is_clean(tmp_path, sig, code, when):
     out = tmp_path / "c.yaml"
-    argv = [sys.executable, "-m", "dsim.compose", "profile", "--model", "deepseek-v4-flash", "--topology", "dp8-ep8",
+    argv = [sys.executable, "-m", "dsim.profiling.compose", "profile", "--model", "deepseek-v4-flash", "--topology", "dp8-ep8",
             "--hardware", "h200", "--kernels", "h200-aic-vllm", "--out", str(out)]
     t0 = time.monotonic()
 
@@ -1085,7 +1085,7 @@ def test_stopping_compose_is_clean(tmp_path, sig, code, when):
     rc, err, left = _stop_midway(argv, tmp_path, [sig], False, started, settle=0.0)
     assert rc == code, err[-2000:]
     assert "Traceback" not in err and err.strip().splitlines() == [
-        f"dsim.compose: {'interrupted' if code == 130 else 'terminated'}"], err
+        f"dsim.profiling.compose: {'interrupted' if code == 130 else 'terminated'}"], err
     assert left == [] and tree(tmp_path) == set()
 
 

@@ -32,7 +32,7 @@ def _options(command: str) -> dict:
     """option name -> click parameter of a dsim command."""
     import typer.main
 
-    from dsim.entry import app
+    from dsim.cli.entry import app
 
     click_app = typer.main.get_command(app)
     return {p.name: p for p in click_app.commands[command].params}
@@ -308,8 +308,8 @@ def test_scenario_measured_preset_is_kept():
 
 
 def test_method_fit_is_read_from_the_model_not_its_name():
-    from dsim.capability import acceptance_origin, method_fit
     from dsim.cost import load_profile
+    from dsim.spec.capability import acceptance_origin, method_fit
 
     llama = load_profile("llama-3.1-8b")
     v4 = load_profile(None)
@@ -344,8 +344,8 @@ def test_method_fit_is_read_from_the_model_not_its_name():
 
 
 def test_model_heads_says_which_kind_of_source_it_read():
-    from dsim.capability import model_heads
     from dsim.cost import load_profile
+    from dsim.spec.capability import model_heads
 
     llama = load_profile("llama-3.1-8b")
     assert model_heads(llama) == (frozenset(), "profiles/models/llama-3.1-8b.json", "config")
@@ -356,7 +356,7 @@ def test_model_heads_says_which_kind_of_source_it_read():
 
 
 def test_every_preset_names_the_model_ids_it_is_for():
-    from dsim.spec import PRESET_DIR, preset_names
+    from dsim.spec.methods import PRESET_DIR, preset_names
 
     for name in preset_names():
         models = yaml.safe_load((PRESET_DIR / f"{name}.yaml").read_text()).get("models")
@@ -379,9 +379,9 @@ def test_plan_table_marks_hypothetical_methods_and_names_their_acceptance():
     assert all("deepseek-v4 preset (not llama-3.1-8b's)" in line for line in rows.values())
     assert "MTP-1 is hypothetical: llama-3.1-8b has no MTP head" in out
     # the model's own methods on the default profile are not marked
-    from dsim import plan as P
     from dsim.cost import load_profile
     from dsim.scenario import method_spec
+    from dsim.study import capacity as P
 
     f = P.method_fit_fields(method_spec("dspark"), load_profile(None))
     assert not f["hypothetical"] and f["acceptance_origin"] == "deepseek-v4 preset"
@@ -432,7 +432,7 @@ ACCEPT = (0.8, 0.6, 0.5, 0.4)
 def test_calibrated_acceptance_of_a_speculative_server_sizes_the_plan(speculative_fake, tmp_path):
     """serve (a fake speculative server), run, calibrate, plan: the plan reads what calibrate
     wrote, from --acceptance and from a scenario file, and sizes on it."""
-    from dsim.spec import chain_tau, load_acceptance
+    from dsim.spec.methods import chain_tau, load_acceptance
 
     rc, _, err = run_cli("validate", "run", "--server", speculative_fake, "-c", "2", "-n", "24", "--input-len", "16",
                          "--output-len", "80", "--repeat", "1", "--no-progress", "--out", tmp_path / "runs")  # fmt: skip

@@ -1,4 +1,4 @@
-"""The scheduler's compiled kernels (dsim.kernels_sched) against the request-at-a-time definition
+"""The scheduler's compiled kernels (dsim.engine.compiled_sched) against the request-at-a-time definition
 (tests/reference_sched.py) on random replica states: the same chunks, KV blocks, admissions,
 preemption signals, new decode slots and resumed-request gaps."""
 
@@ -10,8 +10,8 @@ import reference_sched as RS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsim import kernels_sched as KSched
-from dsim.kernels_step import COMP, NCOL
+from dsim.engine import compiled_sched as KSched
+from dsim.engine.compiled_step import COMP, NCOL
 
 INT_ROWS = {
     "prompt": KSched.PROMPT,
@@ -173,7 +173,7 @@ def test_wait_queue_is_a_deque(ops):
     # the head, and the scheduler consuming from the head (as schedule_step's returned head does).
     from collections import deque
 
-    from dsim.engine import WaitQueue
+    from dsim.engine.replica import WaitQueue
 
     q, ref, nxt = WaitQueue(cap=4), deque(), 0
     for op, k in ops:

@@ -1,4 +1,4 @@
-"""Tests for dsim/spec.py: methods, presets, acceptance model, confidence head."""
+"""Tests for dsim/spec/methods.py: methods, presets, acceptance model, confidence head."""
 
 import json
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dsim.errors import InputError
-from dsim.spec import (
+from dsim.spec.methods import (
     AcceptanceModel,
     accepted_prefix,
     chain_tau,
@@ -199,9 +199,9 @@ def test_sample_shapes_dtypes_and_zero_k():
 
 
 def _engine_draws(m, cls, lat, steps, key=7, ids=None, rounds=0):
-    """The engine's compiled draws (dsim.kernels_step.draw_slots, outcomes only while the prefix
+    """The engine's compiled draws (dsim.engine.compiled_step.draw_slots, outcomes only while the prefix
     holds): conf [steps, K, R], lead [steps, R]."""
-    from dsim import kernels_step as KS
+    from dsim.engine import compiled_step as KS
     R, K = len(cls), m.k
     slots = np.zeros((R, KS.NCOL), dtype=np.int64)
     slots[:, KS.ID] = np.arange(R) if ids is None else ids
@@ -219,9 +219,8 @@ def test_compiled_draws_match_the_numpy_reference_distribution(head):
     """The compiled sampler (full outcomes, and the engine's prefix-only form) against the numpy
     reference sampler on the same model and latents, fixed seeds: per position, a two-sample KS
     test on the confidences; a chi-square test on the accepted-prefix length (0..K)."""
-    from scipy import stats
-
     from reference_draws import RefSampler
+    from scipy import stats
     m = AcceptanceModel(load_acceptance("deepseek-v4", "dspark"), CLASSES, 7, head=head)
     rng = np.random.default_rng(21)
     cls = np.arange(3000) % 3
@@ -276,7 +275,7 @@ def test_lane_parallel_draws_are_the_request_by_request_definition(head, n_req):
 
     from numba import njit
 
-    from dsim import kernels_step as KS
+    from dsim.engine import compiled_step as KS
 
     @njit
     def by_request(key, slots, X, R, K, steps, head, tok, step, hs, hsh, temp, conf, lead):
@@ -320,7 +319,7 @@ def test_compiled_normals_and_uniforms():
     """The ziggurat normals and the uniforms of the compiled streams (KS tests, fixed keys)."""
     from scipy import stats
 
-    from dsim import kernels_step as KS
+    from dsim.engine import compiled_step as KS
     z = np.empty(200_000)
     KS.fill_normal(KS.run_key(0), z)
     assert stats.kstest(z, "norm").pvalue > 1e-3
@@ -339,7 +338,7 @@ def test_draw_sigmoids_are_the_definition_bit_for_bit():
 
     from numba import njit
 
-    from dsim import kernels_step as KS
+    from dsim.engine import compiled_step as KS
 
     @njit
     def confidence_definition(y, out):  # (libm's exp, as the kernel's definition; numpy's differs)
@@ -448,7 +447,7 @@ def test_auc_is_the_mann_whitney_statistic(n, dtype, grid, nan, seed):
     share of (positive, negative) pairs the positive scores above, ties counting half, exactly;
     ties (a coarse grid of scores), float32 and float64 scores included. With NaN scores it is
     what binary searches of the sorted float64 classes give (NaNs sort last)."""
-    from dsim.spec import _auc
+    from dsim.spec.methods import _auc
 
     rng = np.random.default_rng(seed)
     c = rng.random(n)

@@ -5,8 +5,8 @@ import numpy as np
 import pandas as pd
 from typer.testing import CliRunner
 
-from dsim.entry import app
-from dsim.sweep import FIGURES, closed_loop
+from dsim.cli.entry import app
+from dsim.study.sweep import FIGURES, closed_loop
 
 
 def _nonempty_png(path):

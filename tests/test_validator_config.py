@@ -201,7 +201,7 @@ def test_fit_separates_the_speculative_machinery_when_runs_without_it_are_fitted
 
 def test_the_speculative_step_cost_is_paid_only_with_speculation():
     from dsim.cost import CostModel
-    from dsim.spec import make_method
+    from dsim.spec.methods import make_method
     from validator import stepfit
 
     fit = {"cpu_overhead_ms": 2.8, "ms_per_token": 0.05, "ms_per_request": 0.2, stepfit.SPEC_TERM: 0.8}

@@ -23,10 +23,10 @@ from dsim.workload import (
     synthesize,
 )
 from dsim.workload import (
-    _trace_dir as dsim_trace_dir,
-)
-from dsim.workload import (
     synthesize as _synth,
+)
+from dsim.workload.readers import (
+    _trace_dir as dsim_trace_dir,
 )
 
 REPO = Path(__file__).resolve().parent.parent

@@ -435,7 +435,7 @@ def calibrate(
     if base_profile:
         base = stepfit.zero_block_draft(load_profile(base_profile))
         cm = CostModel(base)
-        method = __import__("dsim.spec", fromlist=["make_method"]).make_method("block", max(K, 1))
+        method = __import__("dsim.spec.methods", fromlist=["make_method"]).make_method("block", max(K, 1))
 
         def base_ms(p: dict) -> float:
             dr = method.draft_ms(cm, int(round(p["b"]))) if p.get("spec") else 0.0

@@ -1,7 +1,7 @@
 """`dsim validate ...`: drive a real vLLM server, calibrate dsim from it, report prediction error.
 
 Plugged into dsim's command line through the `dsim.commands` entry point (``mount``, declared in
-pyproject.toml; dsim.entry mounts it); also runs alone: ``python -m validator.cli --help``. Bad
+pyproject.toml; dsim.cli.entry mounts it); also runs alone: ``python -m validator.cli --help``. Bad
 input or an unreachable server raises dsim.errors.InputError (the main CLI prints one line and
 exits 2; run alone, this module does the same).
 """

@@ -251,7 +251,7 @@ def simulate_measurement(
     s = dict(res.summary)
     if v.get("tpot_dispersion") and dispersion:
         # step-time variability: each request's TPOT drawn from the measured dispersion
-        from dsim.metrics import dist
+        from dsim.engine.metrics import dist
 
         req = noise.apply_dispersion(res.requests, v["tpot_dispersion"], seed)
         done = req[req["completed"]]

@@ -2,7 +2,7 @@
 
     python3 -m validator.gpu.moe_layers_check LAYERS.json [...] --kernels h200-torch --out FILE.json
 
-The composer's sum (dsim.compose.composed_layer_ms: the layer's ops priced from the kernel table with
+The composer's sum (dsim.profiling.compose.composed_layer_ms: the layer's ops priced from the kernel table with
 communication at 0, the lockstep factor on the routed experts, the graph gap; no fitted glue) next to
 the shard executor's measurement, shape by shape.
 """
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from dsim.compose import Pricer, composed_layer_ms, parse_topology
 from dsim.errors import InputError
-from dsim.kernels import Roofline, load_kernel_table
-from dsim.models import load_model
 from dsim.outputs import write_file
+from dsim.profiling.compose import Pricer, composed_layer_ms, parse_topology
+from dsim.profiling.kernel_tables import Roofline, load_kernel_table
+from dsim.profiling.models import load_model
 
 
 def check(paths: list[str], kernels: str) -> dict:
@@ -53,7 +53,7 @@ def check(paths: list[str], kernels: str) -> dict:
             signed_mean_pct=round(float(e.mean()), 1),
         )
     return dict(
-        method="each layer check record against the composer's ops for one layer of that kind (dsim.compose.layer_ops, "
+        method="each layer check record against the composer's ops for one layer of that kind (dsim.profiling.compose.layer_ops, "
         f"priced from {kernels} with communication at 0, lockstep factor on the routed experts, 4 us graph gap; no glue)",
         command="python3 -m validator.gpu.moe_layers_check " + " ".join(paths) + f" --kernels {kernels}",
         summary=summary,

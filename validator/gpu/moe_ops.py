@@ -1920,7 +1920,7 @@ def fold_records(table: dict, add: dict, what: str, command: str) -> dict:
     Records the table already holds stay as they are (the table's other records were measured
     beside them); how far the run re-measured them is summarised in the entry (new / old ms). Returns
     the summary; `table` is changed in place."""
-    from dsim.kernels import record_key
+    from dsim.profiling.kernel_tables import record_key
 
     have = {}
     for r in table["records"]:

@@ -25,7 +25,7 @@ block and ms_per_block per block; each set of the design has its own level (its 
 fit is a least-absolute-deviations regression (scipy linprog; coefficients >= 0), so that one step
 timed in a fresh process's fast first seconds moves it little. A ratio whose blocks the profile's
 per-request records already complete from some q on (``priced_from_q``: ratio 4 at q >= 4) is fitted
-and applied only on steps whose requests all have fewer query tokens; ``python3 -m dsim.compose
+and applied only on steps whose requests all have fewer query tokens; ``python3 -m dsim.profiling.compose
 profile ... --block-pool POOL.json`` writes the term into a profile.
 """
 
@@ -40,8 +40,8 @@ import numpy as np
 
 from dsim.cost import CostModel, load_profile, priced_from_q
 from dsim.errors import InputError
-from dsim.models import load_model
 from dsim.outputs import write_file
+from dsim.profiling.models import load_model
 from validator.gpu.plan import PREFILL_MIN_Q
 
 HCA_RATIO = 128  # DeepSeek-V4's heavily compressed attention: one compressed entry per 128 tokens

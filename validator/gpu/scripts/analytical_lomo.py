@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT))
 
 
 def main(argv: list[str] | None = None) -> None:
-    from dsim.analytical import analytical_profile, load_fit
     from dsim.cost import CostModel
+    from dsim.profiling.analytical import analytical_profile, load_fit
     from validator.gpu import plan as P
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,0 +1,3 @@
+"""The engine stage: one replica's step loop (`replica`: vLLM V1 scheduler semantics), the router
+over a fleet's replicas, the compiled step code (`compiled_sched`, `compiled_step`: numba, cached on
+disk) with its background compiles and first-run notice, and the per-request / per-step metrics."""

@@ -1,0 +1,4 @@
+"""The offline profile builders (`dsim profile ...`): GPU-op cost tables (`kernel_tables`, priced
+from AIConfigurator's silicon tables in `aic_tables` and its DeepEP tables in `deepep_tables`), MoE
+architectures (`models`), the composer of a MoE step-cost profile from ops (`compose`), analytical
+roofline profiles (`analytical`) and a profile for one's own model (`own_model`)."""

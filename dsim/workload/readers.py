@@ -1,0 +1,1399 @@
+"""Workloads: read request traces, synthesize workloads, slice them.
+
+A :class:`Workload` is one row per request, sorted by arrival, first arrival at 0 s (see
+docs/architecture.md, "Workload"). Readers:
+
+* ``azure``      Azure LLM inference trace CSV, 2023 and 2024 (TIMESTAMP, ContextTokens,
+                 GeneratedTokens); timestamps with up to 9 fractional digits, naive (read as
+                 UTC) or with a timezone offset / ``Z``.
+* ``mooncake``   Mooncake JSONL (timestamp in ms, input_length, output_length, hash_ids =
+                 prefix blocks of 512 tokens).
+* ``burstgpt``   BurstGPT CSV (Timestamp, [Session ID,] Elapsed time, Model, Request tokens,
+                 Response tokens, Total tokens, Log Type). Rows with Response tokens == 0 are
+                 failed requests: they are dropped and the count is reported in ``source``.
+* ``native-csv``, ``native-jsonl``, ``native-parquet``: dsim's own format (traces/README.md).
+
+Bad input raises :class:`dsim.errors.InputError` with ``path:line: field: problem``; lines are
+1-based as an editor shows them (CSV header = line 1). Parsing is vectorized; only when
+something is wrong is the file rescanned row by row to find the first bad line.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dsim.errors import InputError, plain, shown, where
+
+__all__ = [
+    "Workload",
+    "load_workload",
+    "save_workload",
+    "synthesize",
+    "assign_classes",
+    "parse_mix",
+    "head",
+    "time_window",
+    "scale_rate",
+    "trace_names",
+    "resolve_trace",
+    "DEFAULT_MIX",
+    "DEFAULT_CLASSES",
+    "MOONCAKE_BLOCK_TOKENS",
+    "FORMATS",
+]
+
+#: Class mix assumed for traces that carry no class (except Azure code -> all "code").
+DEFAULT_MIX: dict[str, float] = {"chat": 0.6, "code": 0.2, "math": 0.2}
+#: Canonical class order used when a native trace names classes.
+DEFAULT_CLASSES: tuple[str, ...] = ("math", "code", "chat")
+MOONCAKE_BLOCK_TOKENS = 512
+FORMATS = ("azure", "mooncake", "burstgpt", "native-csv", "native-jsonl", "native-parquet")
+RATE_SCALE_RANGE = (0.1, 100.0)
+#: Largest token count accepted for one request's prompt or output: well above any model's
+#: context (the largest public ones are ~10M tokens); beyond it a value is a corrupt row.
+MAX_TOKENS = 16_777_216
+#: Longest span of arrival times accepted (about 31 years): a later arrival is a corrupt row.
+MAX_SPAN_S = 1e9
+# A trace is read whole into memory: the largest public ones (BurstGPT, about 10 M rows and
+# 0.6 GB of CSV) fit well under these; past them a file is refused before it is read.
+MAX_TRACE_BYTES = 4 << 30
+MAX_TRACE_ROWS = 50_000_000
+MAX_LINE_CHARS = 16 << 20  # one JSONL record (a long prompt's block hashes are a few KB)
+
+#: Public trace names -> file name in the trace directory (DSIM_TRACE_DIR or ../shared/traces).
+TRACE_FILES: dict[str, str] = {
+    "azure-conv": "AzureLLMInferenceTrace_conv.csv",
+    "azure-code": "AzureLLMInferenceTrace_code.csv",
+    "azure-conv-2024": "AzureLLMInferenceTrace_conv_1week.csv",
+    "azure-code-2024": "AzureLLMInferenceTrace_code_1week.csv",
+    "mooncake-conversation": "conversation_trace.jsonl",
+    "mooncake-synthetic": "synthetic_trace.jsonl",
+    "mooncake-toolagent": "toolagent_trace.jsonl",
+    "burstgpt": "BurstGPT_1.csv",
+}
+
+
+# --------------------------------------------------------------------------------------------
+# The Workload
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Workload:
+    """One row per request, sorted by arrival; see docs/architecture.md ("Workload")."""
+
+    arrival_s: np.ndarray  # float64, seconds from the first arrival (0 for the first)
+    prompt_tokens: np.ndarray  # int64 > 0
+    output_tokens: np.ndarray  # int64 > 0
+    cls: np.ndarray  # int16, index into class_names
+    class_names: tuple[str, ...]
+    session_id: np.ndarray  # int64, -1 when unknown
+    prefix_hashes: list[np.ndarray] | None = None  # per request int64 block hashes
+    prefix_block_tokens: int = MOONCAKE_BLOCK_TOKENS
+    closed_loop_concurrency: int | None = None
+    source: str = ""  # where it came from and everything done to it, in words
+    class_mix_assumed: bool = False
+    rows: np.ndarray | None = None  # int64, each request's data row in the trace file (0-based)
+    locator: RowLocator | None = None  # data row -> "path:line" (for error messages)
+    trace_name: str = ""  # what a title calls it: the trace's name, its file's name, "synthetic"
+    changes: tuple[str, ...] = ()  # what was done to it, in order ("first 150 requests", "rate x20")
+
+    def __post_init__(self):
+        n = len(self.arrival_s)
+        if n == 0:
+            raise InputError(f"{self.source or 'workload'}: empty workload (no requests)")
+        if self.rows is not None and len(self.rows) != n:
+            raise ValueError(f"Workload.rows has {len(self.rows)} rows, expected {n}")
+        for name in ("prompt_tokens", "output_tokens", "cls", "session_id"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"Workload.{name} has {len(getattr(self, name))} rows, expected {n}")
+        if self.prefix_hashes is not None and len(self.prefix_hashes) != n:
+            raise ValueError("Workload.prefix_hashes length differs from the number of requests")
+        # own, typed, read-only copies (the caller's arrays are left alone)
+        for name, dt in (
+            ("arrival_s", np.float64),
+            ("prompt_tokens", np.int64),
+            ("output_tokens", np.int64),
+            ("cls", np.int16),
+            ("session_id", np.int64),
+        ):
+            a = np.array(getattr(self, name), dtype=dt)
+            a.setflags(write=False)
+            object.__setattr__(self, name, a)
+        object.__setattr__(self, "class_names", tuple(self.class_names))
+        if self.arrival_s[0] != 0.0 or (n > 1 and np.any(np.diff(self.arrival_s) < 0)):
+            raise ValueError("Workload.arrival_s must be sorted and start at 0")
+        if np.any(self.prompt_tokens <= 0) or np.any(self.output_tokens <= 0):
+            raise ValueError("Workload token counts must be > 0")
+        if np.any(self.cls < 0) or np.any(self.cls >= len(self.class_names)):
+            raise ValueError("Workload.cls out of range of class_names")
+        if self.closed_loop_concurrency is not None and self.closed_loop_concurrency < 1:
+            raise ValueError("closed_loop_concurrency must be >= 1")
+
+    # -- basic views -------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    @property
+    def n_requests(self) -> int:
+        return len(self.arrival_s)
+
+    @property
+    def duration_s(self) -> float:
+        return float(self.arrival_s[-1])
+
+    @property
+    def class_labels(self) -> np.ndarray:
+        """Class name per request (object array)."""
+        return np.asarray(self.class_names, dtype=object)[self.cls]
+
+    def where(self, i: int) -> str:
+        """Where request i came from: ``path:line`` (``path:row N`` for Parquet) of its trace
+        row, or ``request N`` (1-based) for a generated workload."""
+        if self.locator is not None and self.rows is not None:
+            return self.locator(int(self.rows[i]))
+        return f"request {int(i) + 1}"
+
+    def describe(self) -> dict:
+        """Shape summary (rates, length means/percentiles, class shares)."""
+        n = len(self)
+        gaps = np.diff(self.arrival_s)
+        out = {
+            "requests": n,
+            "duration_s": self.duration_s,
+            "rate_per_s": (n - 1) / self.duration_s if self.duration_s > 0 else float("nan"),
+            "interarrival_cv": float(gaps.std() / gaps.mean()) if n > 2 and gaps.mean() > 0 else float("nan"),
+            "prompt_mean": float(self.prompt_tokens.mean()),
+            "prompt_p50": float(np.percentile(self.prompt_tokens, 50)),
+            "prompt_p99": float(np.percentile(self.prompt_tokens, 99)),
+            "output_mean": float(self.output_tokens.mean()),
+            "output_p50": float(np.percentile(self.output_tokens, 50)),
+            "output_p99": float(np.percentile(self.output_tokens, 99)),
+            "class_share": {c: float(np.mean(self.cls == i)) for i, c in enumerate(self.class_names)},
+            "class_mix_assumed": self.class_mix_assumed,
+            "closed_loop_concurrency": self.closed_loop_concurrency,
+            "source": self.source,
+        }
+        return out
+
+    # -- slicing (thin wrappers over the module functions) -----------------------------------
+    def head(self, n: int) -> Workload:
+        return head(self, n)
+
+    def window(self, t0: float, t1: float) -> Workload:
+        return time_window(self, t0, t1)
+
+    def scale_rate(self, x: float) -> Workload:
+        return scale_rate(self, x)
+
+    def with_classes(self, mix: Any, seed: int = 0) -> Workload:
+        return assign_classes(self, mix, seed)
+
+    def save(self, path: str | Path, fmt: str = "auto") -> Path:
+        return save_workload(self, path, fmt)
+
+    def changed(self, change: str, *, detail: str = "", **fields: Any) -> Workload:
+        """This workload with `fields` replaced and `change` recorded (in `changes` and, with
+        `detail` appended, in `source`)."""
+        return dataclasses.replace(
+            self, source=f"{self.source}; {change}{detail}", changes=(*self.changes, change), **fields
+        )
+
+
+def _take(w: Workload, idx: np.ndarray, *, rezero: bool, change: str) -> Workload:
+    arr = np.asarray(w.arrival_s[idx], dtype=np.float64)
+    if len(arr) == 0:
+        raise InputError(f"{w.source}; {change}: empty workload (no requests selected)")
+    if rezero:
+        arr = arr - arr[0]
+    return w.changed(
+        change,
+        arrival_s=arr,
+        prompt_tokens=np.array(w.prompt_tokens[idx]),
+        output_tokens=np.array(w.output_tokens[idx]),
+        cls=np.array(w.cls[idx]),
+        session_id=np.array(w.session_id[idx]),
+        prefix_hashes=None if w.prefix_hashes is None else [w.prefix_hashes[i] for i in np.arange(len(w))[idx]],
+        rows=None if w.rows is None else np.array(w.rows[idx]),
+    )
+
+
+def head(w: Workload, n: int) -> Workload:
+    """The first ``n`` requests (by arrival)."""
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+        raise InputError(f"head: n must be an integer >= 1, got {n!r}")
+    n = int(min(n, len(w)))
+    return _take(w, slice(0, n), rezero=False, change=f"first {n} requests")
+
+
+def time_window(w: Workload, t0: float, t1: float) -> Workload:
+    """Requests arriving in [t0, t1) seconds; arrivals re-zeroed so the first is at 0."""
+    if w.closed_loop_concurrency is not None:
+        raise InputError("time window: a closed-loop workload has no arrival times")
+    try:
+        t0, t1 = float(t0), float(t1)
+    except (TypeError, ValueError):
+        raise InputError(f"time window: t0 and t1 must be numbers, got {t0!r}, {t1!r}") from None
+    if not (math.isfinite(t0) and t0 >= 0 and t1 > t0):
+        raise InputError(f"time window: need 0 <= t0 < t1, got [{t0}, {t1})")
+    lo, hi = np.searchsorted(w.arrival_s, [t0, t1], side="left")
+    if hi <= lo:
+        raise InputError(f"time window [{t0:g}, {t1:g}) s holds no requests ({w.source})")
+    return _take(w, slice(lo, hi), rezero=True, change=f"window [{t0:g}, {t1:g}) s")
+
+
+def scale_rate(w: Workload, x: float) -> Workload:
+    """Arrival rate times ``x`` (arrival times divided by x); 0.1 <= x <= 100."""
+    lo, hi = RATE_SCALE_RANGE
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        raise InputError(f"rate scale: not a number: {x!r}") from None
+    if not (lo <= x <= hi):
+        raise InputError(f"rate scale: {x:g} is out of range [{lo:g}, {hi:g}]")
+    if w.closed_loop_concurrency is not None:
+        raise InputError("rate scale: a closed-loop workload has no arrival rate (set the concurrency)")
+    return w.changed(f"rate x{x:g}", arrival_s=w.arrival_s / x)
+
+
+# --------------------------------------------------------------------------------------------
+# Class mixes
+# --------------------------------------------------------------------------------------------
+
+
+def _fmt_mix(mix: Mapping[str, float]) -> str:
+    return ",".join(f"{k}={v:g}" for k, v in mix.items())
+
+
+def parse_mix(spec: Any) -> dict[str, float]:
+    """Parse ``"math=0.3,code=0.2,chat=0.5"`` (or check a dict). Shares must sum to 1 (1e-6)."""
+    if isinstance(spec, Mapping):
+        items = [(str(k), v) for k, v in spec.items()]
+    elif isinstance(spec, str):
+        items = []
+        parts = [p.strip() for p in spec.split(",")]
+        if not spec.strip():
+            raise InputError("mix: empty mix string (expected e.g. 'math=0.3,code=0.2,chat=0.5')")
+        for p in parts:
+            if "=" not in p:
+                raise InputError(f"mix: {p!r} is not NAME=SHARE (in {spec!r})")
+            k, v = p.split("=", 1)
+            items.append((k.strip(), v.strip()))
+    else:
+        raise InputError(f"mix: expected a string like 'math=0.3,chat=0.7' or a dict, got {spec!r}")
+    out: dict[str, float] = {}
+    for k, v in items:
+        if not k or not all(c.isalnum() or c in "_-." for c in k):
+            raise InputError(f"mix: bad class name {k!r}")
+        if k in out:
+            raise InputError(f"mix: class {k!r} given twice")
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            raise InputError(f"mix: {k}: share {v!r} is not a number") from None
+        if not math.isfinite(f) or f < 0:
+            raise InputError(f"mix: {k}: share {v!r} must be a finite number >= 0")
+        out[k] = f
+    if not out:
+        raise InputError("mix: no classes given")
+    total = sum(out.values())
+    if abs(total - 1.0) > 1e-6:
+        raise InputError(f"mix: shares sum to {total:.9g}, not 1 ({_fmt_mix(out)})")
+    return out
+
+
+def _mix_classes(n: int, mix: Mapping[str, float], seed: int) -> np.ndarray:
+    """Exactly proportional class labels (largest remainder), in a seeded random order."""
+    p = np.array(list(mix.values()), dtype=np.float64)
+    raw = p * n
+    counts = np.floor(raw).astype(np.int64)
+    rest = n - counts.sum()
+    if rest > 0:
+        order = np.argsort(-(raw - counts), kind="stable")
+        counts[order[:rest]] += 1
+    labels = np.repeat(np.arange(len(p), dtype=np.int16), counts)
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x6D6978]))
+    return labels[rng.permutation(n)].astype(np.int16)
+
+
+def assign_classes(w: Workload, mix: Any, seed: int = 0) -> Workload:
+    """Assign classes by a mix (exact shares up to rounding, seeded order); flags it assumed."""
+    mix = parse_mix(mix)
+    cls = _mix_classes(len(w), mix, seed)
+    return w.changed(
+        f"classes assumed: mix {_fmt_mix(mix)}",
+        detail=f" seed={seed}",
+        cls=cls,
+        class_names=tuple(mix),
+        class_mix_assumed=True,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Locating traces
+# --------------------------------------------------------------------------------------------
+
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def _trace_dir() -> Path:
+    env = os.environ.get("DSIM_TRACE_DIR")
+    if env:
+        return Path(env).expanduser()
+    return _repo_root().parent / "shared" / "traces"
+
+
+def _default_path() -> Path:
+    """traces/default.jsonl of the source tree (editable install / checkout); else a packaged
+    copy under dsim/data/ if a build put one there."""
+    p = _repo_root() / "traces" / "default.jsonl"
+    if p.is_file():
+        return p
+    try:
+        from importlib.resources import files
+
+        r = files("dsim").joinpath("data", "default.jsonl")
+        if r.is_file():
+            return Path(str(r))
+    except Exception:  # pragma: no cover - packaging variants
+        pass
+    raise InputError(f"{p}: default workload not found (is the dsim source tree complete?)")
+
+
+def trace_names() -> list[str]:
+    return ["default", *TRACE_FILES]
+
+
+def resolve_trace(path_or_name: str | Path) -> tuple[Path, str | None]:
+    """Map a path or a trace name to (path, name or None)."""
+    s = str(path_or_name)
+    p = Path(s).expanduser()
+    if p.exists():
+        return p, None
+    if s == "default":
+        return _default_path(), "default"
+    if s in TRACE_FILES:
+        d = _trace_dir()
+        q = d / TRACE_FILES[s]
+        if not q.is_file():
+            raise InputError(
+                f"{q}: trace {s!r} not found (set DSIM_TRACE_DIR to the folder holding "
+                f"{TRACE_FILES[s]}; see traces/README.md for downloads)"
+            )
+        return q, s
+    if any(ch in s for ch in "/\\.") or not s:
+        raise InputError(f"{s}: no such file")
+    raise InputError(f"{s}: no such file or trace name (names: {', '.join(trace_names())})")
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers for error reporting
+# --------------------------------------------------------------------------------------------
+
+
+class RowLocator:
+    """Maps a trace's data row (0-based) to ``path:line`` as an editor numbers lines (CSV: the
+    header is line 1, blank lines counted; JSONL: the record's line; Parquet: ``row N``). CSV
+    line numbers are found by a scan on first use only (error paths); picklable (the scan's
+    result is not carried along)."""
+
+    def __init__(self, path, kind: str, lines=None):
+        self.path, self.kind = str(path), kind
+        self._lines = None if lines is None else np.asarray(lines)
+
+    def __call__(self, row: int) -> str:
+        if self.kind == "parquet":
+            return f"{self.path}: row {row + 1}"
+        if self._lines is None:
+            self._lines = np.asarray(_csv_data_lines(Path(self.path)))
+        return f"{self.path}:{int(self._lines[row])}"
+
+    def __getstate__(self):
+        return {"path": self.path, "kind": self.kind, "_lines": self._lines if self.kind == "lines" else None}
+
+
+def _err(path, line, fieldname, problem) -> InputError:
+    return InputError(f"{where(path, line, fieldname)}: {problem}")
+
+
+def _csv_data_lines(path: Path) -> list[int]:
+    """Physical 1-based line number of each data row of a CSV (header skipped), as pandas
+    counts rows (blank lines skipped). Only used on the error path."""
+    lines = []
+    with open(path, newline="", encoding="utf-8-sig", errors="replace") as f:
+        r = csv.reader(f)
+        first = True
+        start = 1
+        for row in r:
+            if not row or all(not c.strip() for c in row) and len(row) <= 1:
+                start = r.line_num + 1
+                continue
+            if first:
+                first = False
+            else:
+                lines.append(start)
+            start = r.line_num + 1
+    return lines
+
+
+def _csv_scan_shape(path: Path) -> None:
+    """Find the first row whose field count differs from the header and raise for it."""
+    with open(path, newline="", encoding="utf-8-sig", errors="replace") as f:
+        r = csv.reader(f)
+        header = None
+        start = 1
+        try:
+            for row in r:
+                line = start
+                start = r.line_num + 1
+                if not row or (len(row) == 1 and not row[0].strip()):
+                    continue
+                if header is None:
+                    header = row
+                    continue
+                if len(row) != len(header):
+                    raise _err(path, line, None, f"malformed row: {len(row)} fields, header has {len(header)}")
+        except csv.Error as e:
+            raise _err(path, start, None, f"malformed CSV ({e})") from None
+
+
+def _int_column(
+    values: pd.Series, path, fieldname: str, lines, *, allow_zero=False, tokens: bool | None = None
+) -> np.ndarray:
+    """Strings/numbers -> int64, with the first bad row reported by line. tokens: a token count
+    (bounded by MAX_TOKENS); by default every column that must be > 0."""
+    tokens = (not allow_zero) if tokens is None else tokens
+    num = pd.to_numeric(values, errors="coerce")
+    a = num.to_numpy(dtype=np.float64, na_value=np.nan)
+    bad_num = ~np.isfinite(a)
+    bad_int = ~bad_num & (a != np.round(a))
+    bad_val = ~bad_num & ~bad_int & ((a < 0) if allow_zero else (a <= 0))
+    bad_big = ~bad_num & ~bad_int & ~bad_val & (a > (MAX_TOKENS if tokens else np.iinfo(np.int64).max / 2))
+    bad = bad_num | bad_int | bad_val | bad_big
+    if bad.any():
+        i = int(np.argmax(bad))
+        raw = values.iloc[i]
+        line = lines()[i] if callable(lines) else lines[i]
+        if bad_num[i]:
+            if raw is None or (isinstance(raw, float) and np.isnan(raw)) or (isinstance(raw, str) and not raw.strip()):
+                raise _err(path, line, fieldname, "missing value")
+            raise _err(path, line, fieldname, f"not a number: {plain(raw)}")
+        if bad_int[i]:
+            raise _err(path, line, fieldname, f"not an integer: {plain(raw)}")
+        if bad_big[i]:
+            raise _err(
+                path,
+                line,
+                fieldname,
+                f"{plain(raw)} is too large (at most {MAX_TOKENS} tokens)" if tokens else f"{plain(raw)} is too large",
+            )
+        raise _err(
+            path,
+            line,
+            fieldname,
+            f"must be > 0, got {plain(raw)}" if not allow_zero else f"must be >= 0, got {plain(raw)}",
+        )
+    return a.astype(np.int64)
+
+
+def _check_monotone(t: np.ndarray, path, fieldname, lines, raw=None) -> None:
+    if len(t) > 1:
+        back = np.diff(t) < 0
+        if back.any():
+            i = int(np.argmax(back)) + 1
+            ln = lines() if callable(lines) else lines
+            val = (lambda j: plain(raw[j])) if raw is not None else (lambda j: f"{t[j]:g}")
+            raise _err(
+                path,
+                ln[i],
+                fieldname,
+                f"timestamp goes back in time: {val(i)} is before {val(i - 1)} on line {ln[i - 1]}"
+                " (timestamps must be non-decreasing: sort the trace by time)",
+            )
+
+
+# --------------------------------------------------------------------------------------------
+# Readers -> dict of columns
+# --------------------------------------------------------------------------------------------
+
+
+class _Cols(dict):
+    """arrival (float64 s, unshifted), prompt, output (int64), optional session (int64),
+    cls_names (object array), hashes (list), notes (list[str]), lines (callable -> row lines)."""
+
+
+def _read_csv_frame(
+    path: Path, required: Sequence[str], optional: Sequence[str] = (), str_cols: Sequence[str] = ()
+) -> pd.DataFrame:
+    """Read the wanted columns; numbers are parsed by pandas' C parser (a column with a bad value
+    comes back as strings and is checked row by row by the column helpers)."""
+    strs = set(str_cols)
+    try:
+        df = pd.read_csv(
+            path,
+            keep_default_na=False,
+            skipinitialspace=True,
+            encoding="utf-8-sig",
+            dtype={c: str for c in strs} or None,
+            nrows=MAX_TRACE_ROWS + 1,
+        )
+    except pd.errors.EmptyDataError:
+        raise _err(path, None, None, "empty trace (no header, no rows)") from None
+    except pd.errors.ParserError:
+        _csv_scan_shape(path)
+        raise _err(path, None, None, "malformed CSV") from None
+    except UnicodeDecodeError as e:
+        raise _err(path, None, None, f"not a UTF-8 text file ({e.reason} at byte {e.start})") from None
+    df.columns = [str(c).strip() for c in df.columns]
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise _err(path, 1, None, f"missing column(s) {', '.join(missing)} (header has: {_first_line(path)[:120]})")
+    for c in strs & set(df.columns):
+        df[c] = df[c].astype(str)
+    if len(df) == 0:
+        raise _err(path, None, None, "empty trace (header but no requests)")
+    if len(df) > MAX_TRACE_ROWS:
+        raise _err(path, None, None, f"more than {MAX_TRACE_ROWS} requests (refused)")
+    # pandas fills short rows with "" (keep_default_na=False) -> reported as missing values later;
+    # it raises on long rows (handled above).
+    return df
+
+
+def _read_azure(path: Path) -> _Cols:
+    req = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+    df = _read_csv_frame(path, req, str_cols=("TIMESTAMP",))
+    lines = _lazy(lambda: _csv_data_lines(path))
+    ts = pd.to_datetime(df["TIMESTAMP"].str.strip(), format="ISO8601", utc=True, errors="coerce")
+    if ts.isna().any():
+        i = int(np.argmax(ts.isna().to_numpy()))
+        raw = df["TIMESTAMP"].iloc[i]
+        raise _err(
+            path, lines()[i], "TIMESTAMP", "missing value" if not raw.strip() else f"not a timestamp: {plain(raw)}"
+        )
+    ns = ts.dt.tz_convert(None).to_numpy().astype("datetime64[ns]").view(np.int64)
+    t = ((ns - ns[0]) / 1e9).astype(np.float64)  # relative first: keeps sub-microsecond precision
+    return _Cols(
+        arrival=t,
+        notes=[f"t0={ts.iloc[0].isoformat()}"],
+        raw_t=df["TIMESTAMP"].to_numpy(),
+        tfield="TIMESTAMP",
+        prompt=_int_column(df["ContextTokens"], path, "ContextTokens", lines),
+        output=_int_column(df["GeneratedTokens"], path, "GeneratedTokens", lines),
+        lines=lines,
+    )
+
+
+def _read_burstgpt(path: Path) -> _Cols:
+    req = ("Timestamp", "Request tokens", "Response tokens")
+    df = _read_csv_frame(path, req, optional=("Session ID",))
+    lines = _lazy(lambda: _csv_data_lines(path))
+    tnum = pd.to_numeric(df["Timestamp"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    bad = ~np.isfinite(tnum) | (tnum < 0)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise _err(path, lines()[i], "Timestamp", f"not a time in seconds >= 0: {plain(df['Timestamp'].iloc[i])}")
+    output = _int_column(df["Response tokens"], path, "Response tokens", lines, allow_zero=True, tokens=True)
+    keep = output > 0
+    notes = []
+    dropped = int((~keep).sum())
+    if dropped:
+        # failed requests (Response tokens = 0): dropped before any other check of their fields
+        notes.append(f"dropped {dropped} failed requests (Response tokens = 0)")
+        if not keep.any():
+            raise _err(path, None, None, "empty trace: every request failed (Response tokens = 0)")
+        all_lines = lines
+        lines = _lazy(lambda: list(np.asarray(all_lines())[keep]))
+        df = df[keep]
+    prompt = _int_column(df["Request tokens"], path, "Request tokens", lines)
+    session = None
+    if "Session ID" in df.columns:
+        session = _int_column(df["Session ID"], path, "Session ID", lines, allow_zero=True)
+    return _Cols(
+        arrival=tnum[keep],
+        prompt=prompt,
+        output=output[keep],
+        session=session,
+        lines=lines,
+        notes=notes,
+        tfield="Timestamp",
+        raw_t=df["Timestamp"].to_numpy(),
+        data_rows=np.flatnonzero(keep),
+    )
+
+
+def _read_native_csv(path: Path) -> _Cols:
+    df = _read_csv_frame(
+        path,
+        ("arrival_s", "prompt_tokens", "output_tokens"),
+        optional=("class", "session_id", "prefix_hashes"),
+        str_cols=("class", "session_id", "prefix_hashes"),
+    )
+    lines = _lazy(lambda: _csv_data_lines(path))
+    t = pd.to_numeric(df["arrival_s"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    bad = ~np.isfinite(t) | (t < 0)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raw = df["arrival_s"].iloc[i]
+        raise _err(
+            path,
+            lines()[i],
+            "arrival_s",
+            "missing value" if not str(raw).strip() else f"not a time in seconds >= 0: {plain(raw)}",
+        )
+    out = _Cols(
+        arrival=t,
+        prompt=_int_column(df["prompt_tokens"], path, "prompt_tokens", lines),
+        output=_int_column(df["output_tokens"], path, "output_tokens", lines),
+        lines=lines,
+        notes=[],
+    )
+    if "session_id" in df.columns:
+        s = df["session_id"].str.strip()
+        s = s.where(s != "", "-1")
+        neg = (s == "-1").to_numpy()
+        sess = _int_column(s.where(~neg, "0"), path, "session_id", lines, allow_zero=True)
+        sess[neg] = -1
+        out["session"] = sess
+    if "class" in df.columns:
+        c = df["class"].str.strip()
+        if (c == "").any():
+            i = int(np.argmax((c == "").to_numpy()))
+            raise _err(path, lines()[i], "class", "missing value")
+        out["cls_names"] = c.to_numpy(dtype=object)
+    if "prefix_hashes" in df.columns:
+        hashes = []
+        col = df["prefix_hashes"].to_numpy()
+        for i, s in enumerate(col):
+            s = s.strip()
+            try:
+                hashes.append(np.array(s.split(), dtype=np.int64) if s else np.zeros(0, np.int64))
+            except (ValueError, OverflowError):
+                raise _err(
+                    path, lines()[i], "prefix_hashes", f"expected space-separated integers, got {s[:40]!r}"
+                ) from None
+        out["hashes"] = hashes
+    return out
+
+
+def _lazy(fn):
+    cache = []
+
+    def get() -> Any:
+        if not cache:
+            cache.append(fn())
+        return cache[0]
+
+    return get
+
+
+def _is_int(v) -> bool:
+    return (type(v) is int) or (type(v) is float and v.is_integer())
+
+
+def _jsonl_records(path: Path):
+    """Yield (line_number, dict) for each non-blank line, raising InputError for bad JSON."""
+    try:
+        f = open(path, encoding="utf-8-sig")
+    except OSError as e:
+        raise _err(path, None, None, f"cannot read ({e.strerror})") from None
+    with f:
+        try:
+            for ln, text in enumerate(iter(lambda: f.readline(MAX_LINE_CHARS + 1), ""), 1):
+                if len(text) > MAX_LINE_CHARS:
+                    raise _err(path, ln, None, f"line longer than {MAX_LINE_CHARS} characters (not a trace record)")
+                if not text.strip():
+                    continue
+                try:
+                    rec = json.loads(text)
+                except json.JSONDecodeError as e:
+                    raise _err(path, ln, None, f"malformed JSON ({e.msg} at column {e.colno})") from None
+                if not isinstance(rec, dict):
+                    raise _err(path, ln, None, "malformed row: expected a JSON object")
+                if ln > MAX_TRACE_ROWS:
+                    raise _err(path, ln, None, f"more than {MAX_TRACE_ROWS} requests (refused)")
+                yield ln, rec
+        except UnicodeDecodeError as e:
+            raise _err(path, None, None, f"not a UTF-8 text file ({e.reason})") from None
+
+
+def _read_jsonl(path: Path, tkey: str, pkey: str, okey: str, hkey: str, *, native: bool) -> _Cols:
+    lines, ts, ps, os_, hs, cl, se = [], [], [], [], [], [], []
+    has_h = has_c = has_s = False
+    req = (tkey, pkey, okey)
+    for ln, rec in _jsonl_records(path):
+        try:
+            t, p, o = rec[tkey], rec[pkey], rec[okey]
+        except KeyError:
+            miss = [k for k in req if k not in rec]
+            raise _err(path, ln, miss[0], "missing field") from None
+        lines.append(ln)
+        ts.append(t)
+        ps.append(p)
+        os_.append(o)
+        h = rec.get(hkey)
+        if h is not None:
+            if not isinstance(h, list):
+                raise _err(path, ln, hkey, "expected a list of integers")
+            a = np.asarray(h)
+            if a.size and (a.dtype.kind not in "iu" or a.ndim != 1):
+                raise _err(path, ln, hkey, "expected a list of integers")
+            hs.append(a.astype(np.int64))
+            has_h = True
+        else:
+            hs.append(None)
+        if native:
+            c = rec.get("class")
+            if c is not None:
+                if not isinstance(c, str) or not c.strip():
+                    raise _err(path, ln, "class", f"expected a class name, got {plain(c)}")
+                has_c = True
+            cl.append(c)
+            s = rec.get("session_id", -1)
+            if s != -1:
+                if not _is_int(s) or isinstance(s, bool):
+                    raise _err(path, ln, "session_id", f"not an integer: {plain(s)}")
+                has_s = True
+            se.append(s)
+    if not lines:
+        raise _err(path, None, None, "empty trace (no requests)")
+    lines_arr = np.asarray(lines)
+
+    def num(vals: Any, key: str, *, time: bool = False) -> np.ndarray:
+        a = None
+        if set(map(type, vals)) <= {int, float}:  # no str, bool, None, list
+            try:
+                a = np.array(vals, dtype=np.float64)
+            except (TypeError, ValueError, OverflowError):
+                a = None
+        if a is None or a.shape != (len(vals),):
+            for i, v in enumerate(vals):
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    raise _err(path, lines_arr[i], key, f"not a number: {plain(v)}")
+                try:
+                    float(v)
+                except OverflowError:
+                    raise _err(path, lines_arr[i], key, f"{plain(v)} is too large") from None
+            raise _err(path, None, key, "not a number")  # pragma: no cover
+        big = MAX_TOKENS if not time else np.inf
+        bad = ~np.isfinite(a) | ((a < 0) if time else (a <= 0) | (a != np.round(a)) | (a > big))
+        if bad.any():
+            i = int(np.argmax(bad))
+            v = vals[i]
+            if not np.isfinite(a[i]):
+                prob = f"not a number: {plain(v)}"
+            elif time:
+                prob = f"must be >= 0, got {plain(v)}"
+            elif a[i] <= 0:
+                prob = f"must be > 0, got {plain(v)}"
+            elif a[i] != np.round(a[i]):
+                prob = f"not an integer: {plain(v)}"
+            else:
+                prob = f"{plain(v)} is too large (at most {MAX_TOKENS} tokens)"
+            raise _err(path, lines_arr[i], key, prob)
+        return a
+
+    t = num(ts, tkey, time=True)
+    out = _Cols(
+        arrival=t,
+        prompt=num(ps, pkey).astype(np.int64),
+        output=num(os_, okey).astype(np.int64),
+        lines=lines_arr,
+        notes=[],
+        tfield=tkey,
+    )
+    if has_h:
+        out["hashes"] = [h if h is not None else np.zeros(0, np.int64) for h in hs]
+    if has_c:
+        if any(c is None for c in cl):
+            i = next(i for i, c in enumerate(cl) if c is None)
+            raise _err(path, lines_arr[i], "class", "missing value (other rows have a class)")
+        out["cls_names"] = np.array([c.strip() for c in cl], dtype=object)
+    if has_s:
+        out["session"] = np.array([int(s) for s in se], dtype=np.int64)
+    return out
+
+
+def _read_mooncake(path: Path) -> _Cols:
+    c = _read_jsonl(path, "timestamp", "input_length", "output_length", "hash_ids", native=False)
+    c["arrival"] = c["arrival"] / 1000.0  # ms -> s
+    c["time_unit"] = "ms"
+    return c
+
+
+def _read_native_jsonl(path: Path) -> _Cols:
+    return _read_jsonl(path, "arrival_s", "prompt_tokens", "output_tokens", "prefix_hashes", native=True)
+
+
+def _read_native_parquet(path: Path) -> _Cols:
+    try:
+        df = pd.read_parquet(path)
+    except Exception as e:  # pyarrow raises several types for a bad file
+        raise _err(path, None, None, f"not a readable Parquet file ({type(e).__name__}: {str(e)[:120]})") from None
+    missing = [c for c in ("arrival_s", "prompt_tokens", "output_tokens") if c not in df.columns]
+    if missing:
+        raise _err(path, None, None, f"missing column(s) {', '.join(missing)} (has: {', '.join(map(str, df.columns))})")
+    if len(df) == 0:
+        raise _err(path, None, None, "empty trace (no requests)")
+    rows = np.arange(1, len(df) + 1)
+    lines = [f"row {i}" for i in rows]
+    for col in ("arrival_s", "prompt_tokens", "output_tokens", "session_id"):
+        # Parquet columns are typed: numbers stored as strings (or booleans) are a broken writer,
+        # as in JSONL, not something to coerce
+        if col in df.columns and df[col].dtype.kind not in "iuf":
+            vals = df[col].tolist()
+            i = next(
+                (
+                    j
+                    for j, v in enumerate(vals)
+                    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)))
+                ),
+                None,
+            )
+            if i is None:  # numbers with nulls: checked below as missing values
+                continue
+            raise _err(path, lines[i], col, f"not a number: {plain(vals[i])} (column type {df[col].dtype})")
+    t = pd.to_numeric(df["arrival_s"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    bad = ~np.isfinite(t) | (t < 0)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise _err(path, lines[i], "arrival_s", f"not a time in seconds >= 0: {plain(df['arrival_s'].iloc[i])}")
+    out = _Cols(
+        arrival=t,
+        prompt=_int_column(df["prompt_tokens"], path, "prompt_tokens", lines),
+        output=_int_column(df["output_tokens"], path, "output_tokens", lines),
+        lines=lines,
+        notes=[],
+    )
+    if "session_id" in df.columns:
+        s = pd.to_numeric(df["session_id"], errors="coerce").fillna(-1).to_numpy()
+        out["session"] = s.astype(np.int64)
+    if "class" in df.columns:
+        c = df["class"]
+        if c.isna().any() or (c.astype(str).str.strip() == "").any():
+            i = int(np.argmax((c.isna() | (c.astype(str).str.strip() == "")).to_numpy()))
+            raise _err(path, lines[i], "class", "missing value")
+        out["cls_names"] = c.astype(str).str.strip().to_numpy(dtype=object)
+    if "prefix_hashes" in df.columns:
+        out["hashes"] = [
+            np.zeros(0, np.int64) if h is None else np.asarray(h, dtype=np.int64) for h in df["prefix_hashes"].tolist()
+        ]
+    return out
+
+
+_READERS = {
+    "azure": _read_azure,
+    "mooncake": _read_mooncake,
+    "burstgpt": _read_burstgpt,
+    "native-csv": _read_native_csv,
+    "native-jsonl": _read_native_jsonl,
+    "native-parquet": _read_native_parquet,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Format detection
+# --------------------------------------------------------------------------------------------
+
+
+def _first_line(path: Path) -> str:
+    try:
+        with open(path, encoding="utf-8-sig", errors="replace") as f:
+            for text in f:
+                if text.strip():
+                    return text.strip()
+    except OSError as e:
+        raise _err(path, None, None, f"cannot read ({e.strerror})") from None
+    raise _err(path, None, None, "empty trace (empty file)")
+
+
+def _check_text(path: Path, head_bytes: bytes) -> None:
+    """A trace read as text must be text: NUL bytes or invalid UTF-8 at the start mean binary
+    data (say so instead of echoing it)."""
+    nul = head_bytes.find(b"\0")
+    if nul >= 0:
+        raise _err(path, None, None, f"not a text trace (binary data: NUL byte at byte {nul})")
+    try:
+        head_bytes.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.start < len(head_bytes) - 4:  # not just a character cut at the 4 KiB edge
+            raise _err(path, None, None, f"not a UTF-8 text trace ({e.reason} at byte {e.start})") from None
+
+
+def detect_format(path: str | Path) -> str:
+    """Detect the trace format from the extension and the header / first record."""
+    path = Path(path)
+    ext = "".join(path.suffixes[-1:]).lower()
+    if ext in (".parquet", ".pq"):
+        return "native-parquet"
+    try:
+        with open(path, "rb") as f:
+            head_bytes = f.read(4096)
+    except OSError as e:
+        raise _err(path, None, None, f"cannot read ({e.strerror})") from None
+    if head_bytes[:4] == b"PAR1":
+        return "native-parquet"
+    _check_text(path, head_bytes)
+    first = _first_line(path)
+    if ext in (".jsonl", ".json", ".ndjson") or first.startswith("{"):
+        try:
+            rec = json.loads(first)
+        except json.JSONDecodeError:
+            raise _err(path, 1, None, "unknown format: first line is not a JSON object") from None
+        if isinstance(rec, dict):
+            if "arrival_s" in rec:
+                return "native-jsonl"
+            if "input_length" in rec or ("timestamp" in rec and "output_length" in rec):
+                return "mooncake"
+        raise _err(
+            path,
+            1,
+            None,
+            "unknown format: JSON record with neither arrival_s (native) nor input_length/output_length (Mooncake)",
+        )
+    cols = [c.strip().strip('"') for c in next(csv.reader([first]))]
+    if "ContextTokens" in cols or "GeneratedTokens" in cols or "TIMESTAMP" in cols:
+        return "azure"
+    if "Request tokens" in cols or "Response tokens" in cols:
+        return "burstgpt"
+    if "arrival_s" in cols or "prompt_tokens" in cols:
+        return "native-csv"
+    raise _err(
+        path,
+        1,
+        None,
+        f"unknown format: header {shown(first, 80)} matches no known trace (formats: {', '.join(FORMATS)})",
+    )
+
+
+_FMT_ALIASES = {
+    "native": None,
+    "csv": "native-csv",
+    "jsonl": "native-jsonl",
+    "parquet": "native-parquet",
+    "azure2023": "azure",
+    "azure2024": "azure",
+    "bursty": "burstgpt",
+}
+
+
+def _norm_fmt(fmt: str, path: Path) -> str:
+    f = str(fmt).lower().strip()
+    if f == "auto":
+        return detect_format(path)
+    if f == "native":
+        ext = path.suffix.lower()
+        f = {
+            ".csv": "native-csv",
+            ".jsonl": "native-jsonl",
+            ".json": "native-jsonl",
+            ".parquet": "native-parquet",
+            ".pq": "native-parquet",
+        }.get(ext, "")
+        if not f:
+            raise _err(path, None, None, f"unknown format: native file needs .csv/.jsonl/.parquet, got {ext!r}")
+        return f
+    f = _FMT_ALIASES.get(f, f)
+    if f not in _READERS:
+        raise _err(path, None, None, f"unknown format {fmt!r} (use auto, {', '.join(FORMATS)})")
+    return f
+
+
+# --------------------------------------------------------------------------------------------
+# load / save
+# --------------------------------------------------------------------------------------------
+
+
+def _default_mix_for(fmt: str, path: Path, name: str | None) -> dict[str, float]:
+    if fmt == "azure" and (name == "azure-code" or name == "azure-code-2024" or "code" in path.name.lower()):
+        return {"code": 1.0}
+    return dict(DEFAULT_MIX)
+
+
+def load_workload(
+    path_or_name: str | Path,
+    fmt: str = "auto",
+    *,
+    mix: Any = None,
+    seed: int = 0,
+    sort: bool = False,
+    prefix_block_tokens: int | None = None,
+    n: int | None = None,
+    window: tuple[float, float] | None = None,
+    rate_scale: float | None = None,
+) -> Workload:
+    """Load a trace by path or name ("default", "azure-conv", "azure-code",
+    "mooncake-conversation", "mooncake-synthetic", ...).
+
+    fmt: "auto" (extension + header/first record) or one of FORMATS ("native" picks by extension).
+    mix: class mix (dict or "math=0.3,..." string) to assign instead of the trace's classes / the
+         per-trace default; seed: its seed. sort: sort by arrival instead of rejecting a trace
+         whose timestamps go back. Then, in this order: window=(t0, t1) s, n = first N requests,
+         rate_scale = arrival rate multiplier.
+    """
+    path, name = resolve_trace(path_or_name)
+    if path.is_dir():
+        raise _err(path, None, None, "is a directory, not a trace file")
+    if not os.access(path, os.R_OK):
+        raise _err(path, None, None, "cannot read (permission denied)")
+    from dsim.schema import check_input_file
+
+    check_input_file(path, max_bytes=MAX_TRACE_BYTES)  # no device, FIFO or file past the bound
+    f = _norm_fmt(fmt, path)
+    c = _READERS[f](path)
+    t = c["arrival"]
+    order = None
+    if sort:
+        if len(t) > 1 and np.any(np.diff(t) < 0):
+            order = np.argsort(t, kind="stable")
+    else:
+        _check_monotone(t, path, c.get("tfield", "arrival_s"), c["lines"], c.get("raw_t"))
+    nreq = len(t)
+    sel = order if order is not None else slice(None)
+    t = t[sel]
+    t0 = float(t[0])
+    arrival = (t - t0).astype(np.float64)
+    if arrival[-1] > MAX_SPAN_S:
+        i = int(np.argmax(arrival > MAX_SPAN_S))
+        j = int(order[i]) if order is not None else i
+        ln = c["lines"]() if callable(c["lines"]) else c["lines"]
+        raise _err(
+            path,
+            ln[j],
+            c.get("tfield", "arrival_s"),
+            f"arrives {arrival[i]:.3g} s after the first request (more than {MAX_SPAN_S:g} s: not a trace's time)",
+        )
+    session = c.get("session")
+    session = np.full(nreq, -1, np.int64) if session is None else np.asarray(session, np.int64)[sel]
+    hashes = c.get("hashes")
+    if hashes is not None and order is not None:
+        hashes = [hashes[i] for i in order]
+    pbt = prefix_block_tokens or MOONCAKE_BLOCK_TOKENS
+
+    label = f"{name}: {path}" if name else str(path)
+    notes = [f"fmt={f}", f"{nreq} requests"] + list(c.get("notes", []))
+    if order is not None:
+        notes.append("sorted by arrival")
+    cls_raw = c.get("cls_names")
+    if cls_raw is not None and mix is None:
+        cls_raw = cls_raw[sel]
+        uniq = set(cls_raw.tolist())
+        names = tuple([k for k in DEFAULT_CLASSES if k in uniq] + sorted(uniq - set(DEFAULT_CLASSES)))
+        lut = {k: i for i, k in enumerate(names)}
+        cls = np.array([lut[x] for x in cls_raw], dtype=np.int16)
+        assumed = name == "default"  # the default's classes were drawn from a mix by dsim
+        if assumed:
+            notes.append("classes carried per request, drawn by dsim from a mix (an assumption)")
+        else:
+            notes.append("classes from the trace")
+    else:
+        names = ("chat",)
+        cls = np.zeros(nreq, np.int16)
+        assumed = True
+    data_rows = c.get("data_rows")
+    rows = (np.arange(nreq, dtype=np.int64) if data_rows is None else np.asarray(data_rows, np.int64))[sel]
+    if f == "native-parquet":
+        locator = RowLocator(path, "parquet")
+    elif f in ("native-jsonl", "mooncake"):
+        locator = RowLocator(path, "lines", c["lines"])
+    else:
+        locator = RowLocator(path, "csv")
+    w = Workload(
+        arrival_s=arrival,
+        prompt_tokens=c["prompt"][sel],
+        output_tokens=c["output"][sel],
+        cls=cls,
+        class_names=names,
+        session_id=session,
+        prefix_hashes=hashes,
+        prefix_block_tokens=pbt,
+        closed_loop_concurrency=None,
+        source=f"{label} ({', '.join(notes)})",
+        class_mix_assumed=assumed,
+        rows=rows,
+        locator=locator,
+        trace_name=name or path.name,
+    )
+    if cls_raw is None or mix is not None:
+        m = parse_mix(mix) if mix is not None else _default_mix_for(f, path, name)
+        w = assign_classes(w, m, seed)
+        if mix is None:
+            w = dataclasses.replace(
+                w, source=w.source.replace("classes assumed: mix", "classes assumed (per-trace default): mix")
+            )
+    if window is not None:
+        w = time_window(w, *window)
+    if n is not None:
+        w = head(w, n)
+    if rate_scale is not None:
+        w = scale_rate(w, rate_scale)
+    return w
+
+
+def save_workload(w: Workload, path: str | Path, fmt: str = "auto", *, time_decimals: int = 6) -> Path:
+    """Write a workload in dsim's native format (CSV, JSONL or Parquet, by extension or fmt).
+
+    Arrival times are rounded to ``time_decimals`` (microseconds by default); classes are
+    written by name; session_id only when known (>= 0); prefix_hashes only when present
+    (CSV: space-separated integers). Closed-loop concurrency and class_mix_assumed are not
+    stored (they are run options).
+    """
+    path = Path(path)
+    f = str(fmt).lower()
+    if f in ("auto", "native"):
+        f = {
+            ".csv": "native-csv",
+            ".jsonl": "native-jsonl",
+            ".json": "native-jsonl",
+            ".parquet": "native-parquet",
+            ".pq": "native-parquet",
+        }.get(path.suffix.lower(), "")
+    f = _FMT_ALIASES.get(f, f)
+    if f not in ("native-csv", "native-jsonl", "native-parquet"):
+        raise InputError(f"{path}: cannot write format {fmt!r} (use .csv, .jsonl or .parquet)")
+    arr = np.round(w.arrival_s, time_decimals)
+    labels = w.class_labels
+    has_s = bool(np.any(w.session_id >= 0))
+    if f == "native-jsonl":
+        buf = io.StringIO()
+        for i in range(len(w)):
+            rec = {
+                "arrival_s": float(arr[i]),
+                "prompt_tokens": int(w.prompt_tokens[i]),
+                "output_tokens": int(w.output_tokens[i]),
+                "class": str(labels[i]),
+            }
+            if w.session_id[i] >= 0:
+                rec["session_id"] = int(w.session_id[i])
+            if w.prefix_hashes is not None:
+                rec["prefix_hashes"] = w.prefix_hashes[i].tolist()
+            buf.write(json.dumps(rec, separators=(", ", ": ")) + "\n")
+        path.write_text(buf.getvalue(), encoding="utf-8", newline="\n")
+        return path
+    cols = {
+        "arrival_s": arr,
+        "prompt_tokens": w.prompt_tokens,
+        "output_tokens": w.output_tokens,
+        "class": labels.astype(str),
+    }
+    if has_s:
+        cols["session_id"] = w.session_id
+    if f == "native-csv":
+        if w.prefix_hashes is not None:
+            cols["prefix_hashes"] = [" ".join(map(str, h.tolist())) for h in w.prefix_hashes]
+        pd.DataFrame(cols).to_csv(path, index=False, lineterminator="\n", float_format=f"%.{time_decimals}f")
+        return path
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tbl = {k: pa.array(np.asarray(v)) for k, v in cols.items()}
+    if w.prefix_hashes is not None:
+        tbl["prefix_hashes"] = pa.array([h.tolist() for h in w.prefix_hashes], type=pa.list_(pa.int64()))
+    pq.write_table(pa.table(tbl), path)
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# Synthetic workloads
+# --------------------------------------------------------------------------------------------
+
+
+def _parse_len_spec(spec: str, what: str):
+    s = str(spec).strip()
+    kind, _, arg = s.partition(":")
+    kind = kind.strip().lower()
+    if kind == "fixed":
+        try:
+            v = float(arg)
+        except ValueError:
+            raise InputError(f"{what}: bad spec {spec!r} (expected fixed:N)") from None
+        if v < 1 or v != int(v):
+            raise InputError(f"{what}: fixed length must be an integer >= 1, got {arg!r}")
+        return ("fixed", int(v))
+    if kind == "lognormal":
+        try:
+            mean, sigma = (float(x) for x in arg.split(","))
+        except ValueError:
+            raise InputError(f"{what}: bad spec {spec!r} (expected lognormal:MEAN,SIGMA)") from None
+        if not (mean >= 1 and math.isfinite(mean)) or not (0 <= sigma <= 5):
+            raise InputError(f"{what}: lognormal needs MEAN >= 1 and 0 <= SIGMA <= 5, got {arg!r}")
+        return ("lognormal", mean, sigma)
+    if kind == "trace":
+        if not arg.strip():
+            raise InputError(f"{what}: bad spec {spec!r} (expected trace:NAME_OR_PATH)")
+        return ("trace", arg.strip())
+    raise InputError(f"{what}: unknown length spec {spec!r} (fixed:N, lognormal:MEAN,SIGMA, trace:NAME_OR_PATH)")
+
+
+def _draw_lengths(spec, n: int, rng: np.random.Generator) -> np.ndarray:
+    if spec[0] == "fixed":
+        return np.full(n, spec[1], dtype=np.int64)
+    _, mean, sigma = spec
+    mu = math.log(mean) - sigma * sigma / 2.0  # MEAN is the mean of the lengths, SIGMA of their log
+    x = rng.lognormal(mu, sigma, size=n)
+    return np.maximum(np.rint(x), 1).astype(np.int64)
+
+
+def synthesize(
+    n_requests: int | None = None,
+    duration_s: float | None = None,
+    *,
+    rate: float | None = None,
+    arrival: str = "poisson",
+    burstiness_cv: float | None = None,
+    concurrency: int | None = None,
+    prompt_len: str = "lognormal:1100,0.6",
+    output_len: str = "lognormal:210,0.8",
+    mix: Any = None,
+    seed: int = 0,
+) -> Workload:
+    """Generate a workload.
+
+    Open loop: ``rate`` requests/s with ``arrival`` "poisson" (exponential gaps) or "gamma"
+    (gamma gaps with coefficient of variation ``burstiness_cv``); give ``n_requests`` or
+    ``duration_s`` (arrivals in [0, duration)). Closed loop: ``concurrency`` C users and
+    ``n_requests`` (no rate); arrival_s are all 0.
+    Length specs: "fixed:N"; "lognormal:MEAN,SIGMA" (MEAN = arithmetic mean in tokens, SIGMA =
+    standard deviation of ln(length); rounded, clipped to >= 1); "trace:NAME_OR_PATH" (resampled
+    from a trace; when prompt_len and output_len name the same trace the pair is resampled
+    jointly). mix: class mix (default DEFAULT_MIX), always flagged assumed.
+    """
+    ss = np.random.SeedSequence(int(seed))
+    r_arr, r_len, r_trace = (np.random.default_rng(s) for s in ss.spawn(3))
+    arrival = str(arrival).lower()
+    if arrival not in ("poisson", "gamma"):
+        raise InputError(f"synthesize: arrival must be 'poisson' or 'gamma', got {arrival!r}")
+    if n_requests is not None and (isinstance(n_requests, bool) or int(n_requests) != n_requests or n_requests < 1):
+        raise InputError(f"synthesize: n_requests must be an integer >= 1, got {n_requests!r}")
+    desc = []
+    if concurrency is not None:
+        if isinstance(concurrency, bool) or int(concurrency) != concurrency or concurrency < 1:
+            raise InputError(f"synthesize: concurrency must be an integer >= 1, got {concurrency!r}")
+        if rate is not None or duration_s is not None:
+            raise InputError("synthesize: closed loop (concurrency) takes n_requests, not rate or duration")
+        if n_requests is None:
+            raise InputError("synthesize: closed loop needs n_requests")
+        n = int(n_requests)
+        arr = np.zeros(n, np.float64)
+        desc.append(f"closed loop concurrency={int(concurrency)}, n={n}")
+    else:
+        if rate is None or not (float(rate) > 0 and math.isfinite(float(rate))):
+            raise InputError(f"synthesize: open loop needs rate > 0 requests/s, got {rate!r}")
+        if (n_requests is None) == (duration_s is None):
+            raise InputError("synthesize: give exactly one of n_requests or duration_s")
+        rate = float(rate)
+        if arrival == "poisson":
+            if burstiness_cv is not None and abs(float(burstiness_cv) - 1.0) > 1e-12:
+                raise InputError("synthesize: poisson arrivals have CV 1; use arrival='gamma' for burstiness_cv")
+            shape = 1.0
+        else:
+            cv = 1.0 if burstiness_cv is None else float(burstiness_cv)
+            if not (0.05 <= cv <= 20):
+                raise InputError(f"synthesize: burstiness_cv must be in [0.05, 20], got {cv!r}")
+            shape = 1.0 / (cv * cv)
+
+        def gaps(k: int) -> np.ndarray:
+            if arrival == "poisson":
+                return r_arr.exponential(1.0 / rate, size=k)
+            return r_arr.gamma(shape, 1.0 / (rate * shape), size=k)
+
+        if n_requests is not None:
+            n = int(n_requests)
+            arr = np.concatenate([[0.0], np.cumsum(gaps(n - 1))])
+            desc.append(f"{arrival} rate={rate:g}/s, n={n}")
+        else:
+            d = float(duration_s)
+            if not (d > 0 and math.isfinite(d)):
+                raise InputError(f"synthesize: duration_s must be > 0, got {duration_s!r}")
+            k = int(rate * d * 1.2 + 10 * math.sqrt(rate * d / shape) + 10)
+            g = np.concatenate([[0.0], np.cumsum(gaps(k))])
+            while g[-1] < d:
+                g = np.concatenate([g, g[-1] + np.cumsum(gaps(k))])
+            arr = g[g < d]
+            n = len(arr)
+            desc.append(f"{arrival} rate={rate:g}/s, duration={d:g}s (n={n})")
+        if arrival == "gamma":
+            desc.append(f"cv={1.0 if burstiness_cv is None else float(burstiness_cv):g}")
+    ps = _parse_len_spec(prompt_len, "prompt_len")
+    os_ = _parse_len_spec(output_len, "output_len")
+    if ps[0] == "trace" or os_[0] == "trace":
+        cache = {}
+
+        def tr(name: str) -> Workload:
+            if name not in cache:
+                cache[name] = load_workload(name)
+            return cache[name]
+
+        if ps[0] == "trace" and os_[0] == "trace" and ps[1] == os_[1]:
+            t = tr(ps[1])
+            idx = r_trace.integers(0, len(t), size=n)
+            prompt, output = t.prompt_tokens[idx].copy(), t.output_tokens[idx].copy()
+        else:
+            prompt = (
+                tr(ps[1]).prompt_tokens[r_trace.integers(0, len(tr(ps[1])), size=n)].copy()
+                if ps[0] == "trace"
+                else None
+            )
+            output = (
+                tr(os_[1]).output_tokens[r_trace.integers(0, len(tr(os_[1])), size=n)].copy()
+                if os_[0] == "trace"
+                else None
+            )
+            if prompt is None:
+                prompt = _draw_lengths(ps, n, r_len)
+            if output is None:
+                output = _draw_lengths(os_, n, r_len)
+    else:
+        prompt = _draw_lengths(ps, n, r_len)
+        output = _draw_lengths(os_, n, r_len)
+    desc.append(f"prompt_len={prompt_len}, output_len={output_len}, seed={seed}")
+    m = parse_mix(mix if mix is not None else DEFAULT_MIX)
+    w = Workload(
+        arrival_s=arr.astype(np.float64),
+        prompt_tokens=prompt.astype(np.int64),
+        output_tokens=output.astype(np.int64),
+        cls=np.zeros(n, np.int16),
+        class_names=("chat",),
+        session_id=np.full(n, -1, np.int64),
+        prefix_hashes=None,
+        closed_loop_concurrency=None if concurrency is None else int(concurrency),
+        source="synthetic: " + ", ".join(desc),
+        class_mix_assumed=True,
+        trace_name="synthetic",
+    )
+    return assign_classes(w, m, seed)
+
+
+# --------------------------------------------------------------------------------------------
+# The embedded default workload
+# --------------------------------------------------------------------------------------------
+
+#: Exactly how traces/default.jsonl was made (tests regenerate it and compare bytes).
+DEFAULT_SPEC = dict(
+    n_requests=600,
+    rate=6.0,
+    arrival="poisson",
+    prompt_len="lognormal:1100,0.6",
+    output_len="lognormal:210,0.8",
+    mix="math=0.3,code=0.2,chat=0.5",
+    seed=20250101,
+)
+
+
+def make_default(path: str | Path | None = None) -> Path:
+    """Regenerate traces/default.jsonl: ``python -c "from dsim.workload import make_default; make_default()"``."""
+    w = synthesize(**DEFAULT_SPEC)
+    return save_workload(w, path or (_repo_root() / "traces" / "default.jsonl"), "native-jsonl")
