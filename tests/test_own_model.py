@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from dsim.cli.entry import app
 from dsim.cost import PROFILE_DIR, load_profile
-from dsim.entry import app
-from dsim.own_model import hardware_kinds, is_moe, own_profile
+from dsim.profiling.own_model import hardware_kinds, is_moe, own_profile
 
 MODELS = PROFILE_DIR / "models"
 
@@ -30,7 +30,7 @@ def test_hardware_kinds_cover_both_paths():
 
 def test_dense_reproduces_shipped_analytical_profile(tmp_path):
     out = tmp_path / "llama.yaml"
-    r = CliRunner().invoke(app, ["profile", str(MODELS / "llama-3.1-8b.json"), "--hardware", "H200", "--out", str(out)])
+    r = CliRunner().invoke(app, ["profile", "model", str(MODELS / "llama-3.1-8b.json"), "--hardware", "H200", "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert "path     : analytical (dense)" in r.output and "measured : efficiencies fitted" in r.output
     got = load_profile(str(out))
@@ -42,7 +42,7 @@ def test_dense_reproduces_shipped_analytical_profile(tmp_path):
     assert not any("datasheet" in m for m in basis["measured"])
     assert any("datasheet" in s for s in basis["stated"]) and "stated   : hardware figures: " in r.output
     assert not any("carried to" in a for a in basis["assumed"])  # H200: the fit's own hardware
-    assert got.provenance["command"].startswith("dsim profile ")
+    assert got.provenance["command"].startswith("dsim profile model ")
 
 
 def test_dense_on_other_hardware_says_the_fit_is_carried():
@@ -91,7 +91,7 @@ def test_moe_reproduces_shipped_composed_profile(hardware, shipped, tables):
     ],
 )
 def test_bad_input_exit_2(tmp_path, args, needle):
-    r = CliRunner().invoke(app, ["profile", str(MODELS / "llama-3.1-8b.json"), "--out", str(tmp_path / "x.yaml"), *args])
+    r = CliRunner().invoke(app, ["profile", "model", str(MODELS / "llama-3.1-8b.json"), "--out", str(tmp_path / "x.yaml"), *args])
     assert r.exit_code == 2 and "dsim: error:" in r.output and needle in r.output, r.output
     assert not (tmp_path / "x.yaml").exists()
 
@@ -113,7 +113,7 @@ def test_bad_configs_exit_2(tmp_path):
         p = tmp_path / fname
         if text is not None:
             p.write_text(text)
-        r = CliRunner().invoke(app, ["profile", str(p), "--out", str(tmp_path / "x.yaml")])
+        r = CliRunner().invoke(app, ["profile", "model", str(p), "--out", str(tmp_path / "x.yaml")])
         assert r.exit_code == 2 and "dsim: error:" in r.output, (fname, r.output)
         assert len(r.output.strip().splitlines()) == 1, r.output
         if fname in keys:  # a wrong type names the file and the key
@@ -122,7 +122,7 @@ def test_bad_configs_exit_2(tmp_path):
 
 
 def test_kernel_tables_for_each_hardware():
-    from dsim.own_model import kernel_tables_for
+    from dsim.profiling.own_model import kernel_tables_for
 
     assert kernel_tables_for("H200") == ["h200-aic-vllm", "h200-torch"]  # the default profile's tables
     assert kernel_tables_for("b300") == ["b300-aic-vllm"]
@@ -130,7 +130,7 @@ def test_kernel_tables_for_each_hardware():
 
 
 def test_model_named_from_a_hugging_face_config_json(tmp_path):
-    from dsim.capability import method_fit
+    from dsim.spec.capability import method_fit
 
     # a downloaded V4 checkpoint: <folder>/config.json, no dsim _name; it has one MTP layer
     cfg = json.loads((MODELS / "deepseek-v4-flash.json").read_text())
@@ -177,13 +177,13 @@ def test_quantized_dense_config_priced_at_its_bits(tmp_path, qcfg, bpp):
 def test_unsupported_quantization_exit_2(tmp_path):
     cfg = tmp_path / "q.json"
     cfg.write_text(json.dumps({**LLAMA_70B, "quantization_config": {"quant_method": "hqq", "nbits": 4}}))
-    r = CliRunner().invoke(app, ["profile", str(cfg), "--out", str(tmp_path / "x.yaml")])
+    r = CliRunner().invoke(app, ["profile", "model", str(cfg), "--out", str(tmp_path / "x.yaml")])
     assert r.exit_code == 2 and "quant_method hqq: unsupported" in r.output and str(cfg) in r.output, r.output
     assert not (tmp_path / "x.yaml").exists()
 
 
 def test_tensor_parallel_rule_is_vllms():
-    from dsim.own_model import tensor_parallel_problem
+    from dsim.profiling.own_model import tensor_parallel_problem
 
     llama8b = json.loads((MODELS / "llama-3.1-8b.json").read_text())
     assert [g for g in range(1, 9) if tensor_parallel_problem(llama8b, g) is None] == [1, 2, 4, 8]
@@ -195,14 +195,30 @@ def test_tensor_parallel_rule_is_vllms():
 
 def test_out_checked_and_not_overwritten(tmp_path):
     cfg = str(MODELS / "llama-3.1-8b.json")
-    r = CliRunner().invoke(app, ["profile", cfg, "--out", str(tmp_path)])
+    r = CliRunner().invoke(app, ["profile", "model", cfg, "--out", str(tmp_path)])
     assert r.exit_code == 2 and f"--out: {tmp_path}: is a directory" in r.output, r.output
-    r = CliRunner().invoke(app, ["profile", cfg, "--out", str(tmp_path / "no" / "x.yaml")])
+    r = CliRunner().invoke(app, ["profile", "model", cfg, "--out", str(tmp_path / "no" / "x.yaml")])
     assert r.exit_code == 2 and "does not exist" in r.output, r.output
     out = tmp_path / "mine.yaml"
     out.write_text("kept\n")
-    r = CliRunner().invoke(app, ["profile", cfg, "--out", str(out)])
+    r = CliRunner().invoke(app, ["profile", "model", cfg, "--out", str(out)])
     assert r.exit_code == 2 and "exists (--force overwrites it)" in r.output and out.read_text() == "kept\n"
-    r = CliRunner().invoke(app, ["profile", cfg, "--out", str(out), "--force"])
+    r = CliRunner().invoke(app, ["profile", "model", cfg, "--out", str(out), "--force"])
     assert r.exit_code == 0 and load_profile(str(out)).provenance["model"] == "llama-3.1-8b", r.output
     assert sorted(q.name for q in tmp_path.iterdir()) == ["mine.yaml"]  # no staging debris
+
+
+def test_profile_group_runs_the_builders_with_their_exit_contract(tmp_path, capsys):
+    """`dsim profile compose|aic|deepep` hand the rest of the line to the builder's own argparse
+    main: its help, and its bad-input contract (one line, exit 2, nothing written)."""
+    from cli_contract import assert_rejected, run_cli
+
+    rc, out, err = run_cli("profile", "--help")
+    assert rc == 0 and all(f" {c} " in out for c in ("model", "compose", "aic", "deepep")), out
+    rc, out, err = run_cli("profile", "deepep", "--help")
+    assert rc == 0 and "{build,derive}" in out, (out, err)
+    out_file = tmp_path / "t.json"
+    assert_rejected("profile", "deepep", "build", "--model", "nope:3", "--out", out_file,
+                    needles=["--model", "nope:3"], watch=tmp_path)
+    assert_rejected("profile", "compose", "profile", "--model", "no-such-model", "--topology", "tp8-ep8",
+                    "--hardware", "h200", "--out", out_file, needles=["no-such-model"], watch=tmp_path)

@@ -1,8 +1,17 @@
-"""`dsim profile`: a step-cost profile for one's own model from its config.json (dsim.profiling.own_model),
-registered on dsim.cli.app's typer app (dsim.cli.entry imports this module)."""
+"""`dsim profile`: the profile builders as one command group, registered on dsim.cli.app's typer
+app (dsim.cli.entry imports this module):
+
+- ``dsim profile model CONFIG``: a step-cost profile for one's own model from its config.json
+  (dsim.profiling.own_model);
+- ``dsim profile compose ...``, ``dsim profile aic ...``, ``dsim profile deepep ...``: the argparse
+  tools of dsim.profiling.compose, .aic_tables and .deepep_tables, given the rest of the command
+  line as it is (``--help`` included). They keep their exit contract (dsim.cli.toolmain: 2 for bad
+  input, 130 / 143 on Ctrl-C / SIGTERM); each module also runs as ``python3 -m``.
+"""
 
 from __future__ import annotations
 
+import importlib
 from typing import Optional
 
 import typer
@@ -10,9 +19,23 @@ import typer
 from dsim.cli.app import app, run_guarded
 from dsim.errors import InputError
 
+profile_app = typer.Typer(
+    help="Build step-cost profiles: your own model's (model), a composed MoE profile (compose), "
+    "AIConfigurator's silicon tables (aic), DeepEP all-to-all tables (deepep).",
+    no_args_is_help=True,
+)
+app.add_typer(profile_app, name="profile")
 
-@app.command("profile")
-def profile(
+# subcommand -> (module whose argparse main it runs, what it does)
+TOOLS = {
+    "compose": ("dsim.profiling.compose", "A MoE model's step-cost profile under a topology, from kernel tables"),
+    "aic": ("dsim.profiling.aic_tables", "AIConfigurator's silicon tables priced into kernel tables and profiles"),
+    "deepep": ("dsim.profiling.deepep_tables", "Inter-node all-to-all kernel tables from AIConfigurator's DeepEP data"),
+}
+
+
+@profile_app.command("model")
+def model(
     config: str = typer.Argument(..., help="the model's Hugging Face style config.json"),
     hardware: str = typer.Option("H200", help="GPU kind (dsim.profiling.own_model.hardware_kinds(): H200, B300, ...)"),
     out: str = typer.Option(..., help="profile YAML to write (use it with --profile)"),
@@ -46,3 +69,21 @@ def profile(
         typer.echo(f"wrote {out} (use it: dsim plan --profile {out} --sla ...)")
 
     run_guarded(go)
+
+
+def _tool(module: str):
+    def run(ctx: typer.Context) -> None:
+        # imported on use: the builders load numpy tables and numba code the other commands never need
+        rc = importlib.import_module(module).main(list(ctx.args))
+        raise typer.Exit(rc)
+
+    return run
+
+
+for _name, (_module, _what) in TOOLS.items():
+    profile_app.command(
+        _name,
+        help=f"{_what} (the arguments of python3 -m {_module}; --help lists them)",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+        add_help_option=False,
+    )(_tool(_module))
