@@ -13,7 +13,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsim.cost import profile as C
+from dsim import cost as C
+from dsim.cost import attention as CA
+from dsim.cost import profile as CP
 from dsim.errors import InputError
 from validator.gpu import plan
 
@@ -116,7 +118,7 @@ def test_wave_capacity_is_a_list_schedule(reqs, occ):
     ctx = [max(r[1], 1) for r in reqs]
     a = dataclasses.replace(A, decode_ctas_per_sm=occ)
     wave = C.decode_features(q, ctx, a)[0] * 1000
-    L = C.split_chunk_tokens(np.asarray(ctx), a.group * max(q), a)
+    L = CA.split_chunk_tokens(np.asarray(ctx), a.group * max(q), a)
     per = a.kv_heads * max(1, -(-(a.group * max(q)) // a.block_rows))
     slots = a.sms * a.decode_ctas_per_sm
     tot = sum(ctx)
@@ -137,7 +139,7 @@ def test_wave_capacity_is_a_list_schedule(reqs, occ):
     st.sampled_from([3, 5, 8, 132, 133, 264]),
 )
 def test_makespan_is_the_list_schedule(ctx, L, kv_heads, qblocks, slots):
-    """cost._makespan against a list schedule written out with heapq: the CTAs in dispatch order
+    """dsim.cost.attention._makespan against a list schedule written out with heapq: the CTAs in dispatch order
     (KV head, request, chunk, query block), each on the earliest-free slot."""
     import heapq
 
@@ -153,7 +155,7 @@ def test_makespan_is_the_list_schedule(ctx, L, kv_heads, qblocks, slots):
             for _b in range(qblocks):
                 heapq.heapreplace(free, free[0] + d)
     want = float(longest) if len(lens) * kv_heads * qblocks <= slots else float(max(free))
-    got = C._makespan(np.asarray(ctx, dtype=np.int64), L, kv_heads, qblocks, slots, longest)
+    got = CA._makespan(np.asarray(ctx, dtype=np.int64), L, kv_heads, qblocks, slots, longest)
     assert got == want
 
 
@@ -201,7 +203,7 @@ def test_format_2_round_trip_and_errors(tmp_path):
     with pytest.raises(InputError, match="does not divide"):
         C.profile_from_dict(bad, "x.yaml")
     bad = v2(base)
-    bad["format_version"] = max(C.FORMAT_VERSIONS) + 1  # a format this build does not know
+    bad["format_version"] = max(CP.FORMAT_VERSIONS) + 1  # a format this build does not know
     with pytest.raises(InputError, match="format_version"):
         C.profile_from_dict(bad, "x.yaml")
 

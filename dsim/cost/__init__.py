@@ -1,38 +1,45 @@
-"""The cost stage: step-cost profiles (format, loading, checks) and the model that prices one engine
-step from them. The public API is re-exported here; the modules hold the parts."""
+"""The cost stage: how long one engine step takes. ``profile``: the profile format, reading,
+checking and writing profiles; ``attention``: the per-request attention and prefill terms a
+profile may carry and their compiled pricing; ``model``: ``CostModel``, a step's price from a
+profile. The API the other stages use is re-exported here."""
 
+from dsim.cost.attention import (
+    AttentionTerms,
+    BlockPool,
+    BlockPoolKind,
+    PrefillTerms,
+    RequestAttention,
+    StepKeyKind,
+    StepKeys,
+    context_ms_compiled,
+    decode_features,
+    own_keys_ms,
+    prefill_discount_bound_ms_per_ktok,
+    prefill_ms_compiled,
+    prefill_pairs,
+    request_attention_ms,
+    request_features,
+    split_work,
+)
+from dsim.cost.model import (
+    CostModel,
+    draft_extrapolation_slope,
+)
 from dsim.cost.profile import (
     DEFAULT_PROFILE,
     DENSE_TOKENS,
     KV_BLOCK_TOKENS,
     PROFILE_DIR,
-    AttentionTerms,
-    BlockPool,
-    BlockPoolKind,
-    CostModel,
-    PrefillTerms,
     Profile,
-    RequestAttention,
-    StepKeyKind,
-    StepKeys,
     Table,
-    context_ms_compiled,
-    decode_features,
-    draft_extrapolation_slope,
     drafter_request_sizes,
     load_profile,
-    own_keys_ms,
-    prefill_discount_bound_ms_per_ktok,
-    prefill_ms_compiled,
-    prefill_pairs,
+    model_context,
     priced_from_q,
     profile_from_dict,
     profile_to_dict,
-    request_attention_ms,
-    request_features,
     resolve_profile_path,
     save_profile,
-    split_work,
     vllm_capture_sizes,
 )
 
@@ -56,6 +63,7 @@ __all__ = [
     "draft_extrapolation_slope",
     "drafter_request_sizes",
     "load_profile",
+    "model_context",
     "own_keys_ms",
     "prefill_discount_bound_ms_per_ktok",
     "prefill_ms_compiled",
