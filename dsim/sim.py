@@ -190,7 +190,7 @@ def within_model_len(w: Workload, profile: Profile) -> tuple[Workload, int]:
     over = over_model_len(w, profile)
     if not over.any():
         return w, 0
-    from dsim.workload.readers import _take
+    from dsim.workload.table import _take
 
     kept = np.flatnonzero(~over)
     n = int(over.sum())

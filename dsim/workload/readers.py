@@ -1,7 +1,5 @@
-"""Workloads: read request traces, synthesize workloads, slice them.
-
-A :class:`Workload` is one row per request, sorted by arrival, first arrival at 0 s (see
-docs/architecture.md, "Workload"). Readers:
+"""Trace files read into a :class:`~dsim.workload.table.Workload` (``load_workload``, by path or
+public trace name) and written from one (``save_workload``). Readers:
 
 * ``azure``      Azure LLM inference trace CSV, 2023 and 2024 (TIMESTAMP, ContextTokens,
                  GeneratedTokens); timestamps with up to 9 fractional digits, naive (read as
@@ -15,7 +13,9 @@ docs/architecture.md, "Workload"). Readers:
 
 Bad input raises :class:`dsim.errors.InputError` with ``path:line: field: problem``; lines are
 1-based as an editor shows them (CSV header = line 1). Parsing is vectorized; only when
-something is wrong is the file rescanned row by row to find the first bad line.
+something is wrong is the file rescanned row by row to find the first bad line. (Over 800 lines:
+the six formats share those checking and line-locating helpers, which would otherwise be passed
+between modules.)
 """
 
 from __future__ import annotations
@@ -24,10 +24,8 @@ import csv
 import dataclasses
 import io
 import json
-import math
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,32 +33,19 @@ import numpy as np
 import pandas as pd
 
 from dsim.errors import InputError, plain, shown, where
+from dsim.workload.table import (
+    DEFAULT_CLASSES,
+    DEFAULT_MIX,
+    MOONCAKE_BLOCK_TOKENS,
+    Workload,
+    assign_classes,
+    head,
+    parse_mix,
+    scale_rate,
+    time_window,
+)
 
-__all__ = [
-    "Workload",
-    "load_workload",
-    "save_workload",
-    "synthesize",
-    "assign_classes",
-    "parse_mix",
-    "head",
-    "time_window",
-    "scale_rate",
-    "trace_names",
-    "resolve_trace",
-    "DEFAULT_MIX",
-    "DEFAULT_CLASSES",
-    "MOONCAKE_BLOCK_TOKENS",
-    "FORMATS",
-]
-
-#: Class mix assumed for traces that carry no class (except Azure code -> all "code").
-DEFAULT_MIX: dict[str, float] = {"chat": 0.6, "code": 0.2, "math": 0.2}
-#: Canonical class order used when a native trace names classes.
-DEFAULT_CLASSES: tuple[str, ...] = ("math", "code", "chat")
-MOONCAKE_BLOCK_TOKENS = 512
 FORMATS = ("azure", "mooncake", "burstgpt", "native-csv", "native-jsonl", "native-parquet")
-RATE_SCALE_RANGE = (0.1, 100.0)
 #: Largest token count accepted for one request's prompt or output: well above any model's
 #: context (the largest public ones are ~10M tokens); beyond it a value is a corrupt row.
 MAX_TOKENS = 16_777_216
@@ -71,7 +56,6 @@ MAX_SPAN_S = 1e9
 MAX_TRACE_BYTES = 4 << 30
 MAX_TRACE_ROWS = 50_000_000
 MAX_LINE_CHARS = 16 << 20  # one JSONL record (a long prompt's block hashes are a few KB)
-
 #: Public trace names -> file name in the trace directory (DSIM_TRACE_DIR or ../shared/traces).
 TRACE_FILES: dict[str, str] = {
     "azure-conv": "AzureLLMInferenceTrace_conv.csv",
@@ -83,263 +67,6 @@ TRACE_FILES: dict[str, str] = {
     "mooncake-toolagent": "toolagent_trace.jsonl",
     "burstgpt": "BurstGPT_1.csv",
 }
-
-
-# --------------------------------------------------------------------------------------------
-# The Workload
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, eq=False)
-class Workload:
-    """One row per request, sorted by arrival; see docs/architecture.md ("Workload")."""
-
-    arrival_s: np.ndarray  # float64, seconds from the first arrival (0 for the first)
-    prompt_tokens: np.ndarray  # int64 > 0
-    output_tokens: np.ndarray  # int64 > 0
-    cls: np.ndarray  # int16, index into class_names
-    class_names: tuple[str, ...]
-    session_id: np.ndarray  # int64, -1 when unknown
-    prefix_hashes: list[np.ndarray] | None = None  # per request int64 block hashes
-    prefix_block_tokens: int = MOONCAKE_BLOCK_TOKENS
-    closed_loop_concurrency: int | None = None
-    source: str = ""  # where it came from and everything done to it, in words
-    class_mix_assumed: bool = False
-    rows: np.ndarray | None = None  # int64, each request's data row in the trace file (0-based)
-    locator: RowLocator | None = None  # data row -> "path:line" (for error messages)
-    trace_name: str = ""  # what a title calls it: the trace's name, its file's name, "synthetic"
-    changes: tuple[str, ...] = ()  # what was done to it, in order ("first 150 requests", "rate x20")
-
-    def __post_init__(self):
-        n = len(self.arrival_s)
-        if n == 0:
-            raise InputError(f"{self.source or 'workload'}: empty workload (no requests)")
-        if self.rows is not None and len(self.rows) != n:
-            raise ValueError(f"Workload.rows has {len(self.rows)} rows, expected {n}")
-        for name in ("prompt_tokens", "output_tokens", "cls", "session_id"):
-            if len(getattr(self, name)) != n:
-                raise ValueError(f"Workload.{name} has {len(getattr(self, name))} rows, expected {n}")
-        if self.prefix_hashes is not None and len(self.prefix_hashes) != n:
-            raise ValueError("Workload.prefix_hashes length differs from the number of requests")
-        # own, typed, read-only copies (the caller's arrays are left alone)
-        for name, dt in (
-            ("arrival_s", np.float64),
-            ("prompt_tokens", np.int64),
-            ("output_tokens", np.int64),
-            ("cls", np.int16),
-            ("session_id", np.int64),
-        ):
-            a = np.array(getattr(self, name), dtype=dt)
-            a.setflags(write=False)
-            object.__setattr__(self, name, a)
-        object.__setattr__(self, "class_names", tuple(self.class_names))
-        if self.arrival_s[0] != 0.0 or (n > 1 and np.any(np.diff(self.arrival_s) < 0)):
-            raise ValueError("Workload.arrival_s must be sorted and start at 0")
-        if np.any(self.prompt_tokens <= 0) or np.any(self.output_tokens <= 0):
-            raise ValueError("Workload token counts must be > 0")
-        if np.any(self.cls < 0) or np.any(self.cls >= len(self.class_names)):
-            raise ValueError("Workload.cls out of range of class_names")
-        if self.closed_loop_concurrency is not None and self.closed_loop_concurrency < 1:
-            raise ValueError("closed_loop_concurrency must be >= 1")
-
-    # -- basic views -------------------------------------------------------------------------
-    def __len__(self) -> int:
-        return len(self.arrival_s)
-
-    @property
-    def n_requests(self) -> int:
-        return len(self.arrival_s)
-
-    @property
-    def duration_s(self) -> float:
-        return float(self.arrival_s[-1])
-
-    @property
-    def class_labels(self) -> np.ndarray:
-        """Class name per request (object array)."""
-        return np.asarray(self.class_names, dtype=object)[self.cls]
-
-    def where(self, i: int) -> str:
-        """Where request i came from: ``path:line`` (``path:row N`` for Parquet) of its trace
-        row, or ``request N`` (1-based) for a generated workload."""
-        if self.locator is not None and self.rows is not None:
-            return self.locator(int(self.rows[i]))
-        return f"request {int(i) + 1}"
-
-    def describe(self) -> dict:
-        """Shape summary (rates, length means/percentiles, class shares)."""
-        n = len(self)
-        gaps = np.diff(self.arrival_s)
-        out = {
-            "requests": n,
-            "duration_s": self.duration_s,
-            "rate_per_s": (n - 1) / self.duration_s if self.duration_s > 0 else float("nan"),
-            "interarrival_cv": float(gaps.std() / gaps.mean()) if n > 2 and gaps.mean() > 0 else float("nan"),
-            "prompt_mean": float(self.prompt_tokens.mean()),
-            "prompt_p50": float(np.percentile(self.prompt_tokens, 50)),
-            "prompt_p99": float(np.percentile(self.prompt_tokens, 99)),
-            "output_mean": float(self.output_tokens.mean()),
-            "output_p50": float(np.percentile(self.output_tokens, 50)),
-            "output_p99": float(np.percentile(self.output_tokens, 99)),
-            "class_share": {c: float(np.mean(self.cls == i)) for i, c in enumerate(self.class_names)},
-            "class_mix_assumed": self.class_mix_assumed,
-            "closed_loop_concurrency": self.closed_loop_concurrency,
-            "source": self.source,
-        }
-        return out
-
-    # -- slicing (thin wrappers over the module functions) -----------------------------------
-    def head(self, n: int) -> Workload:
-        return head(self, n)
-
-    def window(self, t0: float, t1: float) -> Workload:
-        return time_window(self, t0, t1)
-
-    def scale_rate(self, x: float) -> Workload:
-        return scale_rate(self, x)
-
-    def with_classes(self, mix: Any, seed: int = 0) -> Workload:
-        return assign_classes(self, mix, seed)
-
-    def save(self, path: str | Path, fmt: str = "auto") -> Path:
-        return save_workload(self, path, fmt)
-
-    def changed(self, change: str, *, detail: str = "", **fields: Any) -> Workload:
-        """This workload with `fields` replaced and `change` recorded (in `changes` and, with
-        `detail` appended, in `source`)."""
-        return dataclasses.replace(
-            self, source=f"{self.source}; {change}{detail}", changes=(*self.changes, change), **fields
-        )
-
-
-def _take(w: Workload, idx: np.ndarray, *, rezero: bool, change: str) -> Workload:
-    arr = np.asarray(w.arrival_s[idx], dtype=np.float64)
-    if len(arr) == 0:
-        raise InputError(f"{w.source}; {change}: empty workload (no requests selected)")
-    if rezero:
-        arr = arr - arr[0]
-    return w.changed(
-        change,
-        arrival_s=arr,
-        prompt_tokens=np.array(w.prompt_tokens[idx]),
-        output_tokens=np.array(w.output_tokens[idx]),
-        cls=np.array(w.cls[idx]),
-        session_id=np.array(w.session_id[idx]),
-        prefix_hashes=None if w.prefix_hashes is None else [w.prefix_hashes[i] for i in np.arange(len(w))[idx]],
-        rows=None if w.rows is None else np.array(w.rows[idx]),
-    )
-
-
-def head(w: Workload, n: int) -> Workload:
-    """The first ``n`` requests (by arrival)."""
-    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
-        raise InputError(f"head: n must be an integer >= 1, got {n!r}")
-    n = int(min(n, len(w)))
-    return _take(w, slice(0, n), rezero=False, change=f"first {n} requests")
-
-
-def time_window(w: Workload, t0: float, t1: float) -> Workload:
-    """Requests arriving in [t0, t1) seconds; arrivals re-zeroed so the first is at 0."""
-    if w.closed_loop_concurrency is not None:
-        raise InputError("time window: a closed-loop workload has no arrival times")
-    try:
-        t0, t1 = float(t0), float(t1)
-    except (TypeError, ValueError):
-        raise InputError(f"time window: t0 and t1 must be numbers, got {t0!r}, {t1!r}") from None
-    if not (math.isfinite(t0) and t0 >= 0 and t1 > t0):
-        raise InputError(f"time window: need 0 <= t0 < t1, got [{t0}, {t1})")
-    lo, hi = np.searchsorted(w.arrival_s, [t0, t1], side="left")
-    if hi <= lo:
-        raise InputError(f"time window [{t0:g}, {t1:g}) s holds no requests ({w.source})")
-    return _take(w, slice(lo, hi), rezero=True, change=f"window [{t0:g}, {t1:g}) s")
-
-
-def scale_rate(w: Workload, x: float) -> Workload:
-    """Arrival rate times ``x`` (arrival times divided by x); 0.1 <= x <= 100."""
-    lo, hi = RATE_SCALE_RANGE
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        raise InputError(f"rate scale: not a number: {x!r}") from None
-    if not (lo <= x <= hi):
-        raise InputError(f"rate scale: {x:g} is out of range [{lo:g}, {hi:g}]")
-    if w.closed_loop_concurrency is not None:
-        raise InputError("rate scale: a closed-loop workload has no arrival rate (set the concurrency)")
-    return w.changed(f"rate x{x:g}", arrival_s=w.arrival_s / x)
-
-
-# --------------------------------------------------------------------------------------------
-# Class mixes
-# --------------------------------------------------------------------------------------------
-
-
-def _fmt_mix(mix: Mapping[str, float]) -> str:
-    return ",".join(f"{k}={v:g}" for k, v in mix.items())
-
-
-def parse_mix(spec: Any) -> dict[str, float]:
-    """Parse ``"math=0.3,code=0.2,chat=0.5"`` (or check a dict). Shares must sum to 1 (1e-6)."""
-    if isinstance(spec, Mapping):
-        items = [(str(k), v) for k, v in spec.items()]
-    elif isinstance(spec, str):
-        items = []
-        parts = [p.strip() for p in spec.split(",")]
-        if not spec.strip():
-            raise InputError("mix: empty mix string (expected e.g. 'math=0.3,code=0.2,chat=0.5')")
-        for p in parts:
-            if "=" not in p:
-                raise InputError(f"mix: {p!r} is not NAME=SHARE (in {spec!r})")
-            k, v = p.split("=", 1)
-            items.append((k.strip(), v.strip()))
-    else:
-        raise InputError(f"mix: expected a string like 'math=0.3,chat=0.7' or a dict, got {spec!r}")
-    out: dict[str, float] = {}
-    for k, v in items:
-        if not k or not all(c.isalnum() or c in "_-." for c in k):
-            raise InputError(f"mix: bad class name {k!r}")
-        if k in out:
-            raise InputError(f"mix: class {k!r} given twice")
-        try:
-            f = float(v)
-        except (TypeError, ValueError):
-            raise InputError(f"mix: {k}: share {v!r} is not a number") from None
-        if not math.isfinite(f) or f < 0:
-            raise InputError(f"mix: {k}: share {v!r} must be a finite number >= 0")
-        out[k] = f
-    if not out:
-        raise InputError("mix: no classes given")
-    total = sum(out.values())
-    if abs(total - 1.0) > 1e-6:
-        raise InputError(f"mix: shares sum to {total:.9g}, not 1 ({_fmt_mix(out)})")
-    return out
-
-
-def _mix_classes(n: int, mix: Mapping[str, float], seed: int) -> np.ndarray:
-    """Exactly proportional class labels (largest remainder), in a seeded random order."""
-    p = np.array(list(mix.values()), dtype=np.float64)
-    raw = p * n
-    counts = np.floor(raw).astype(np.int64)
-    rest = n - counts.sum()
-    if rest > 0:
-        order = np.argsort(-(raw - counts), kind="stable")
-        counts[order[:rest]] += 1
-    labels = np.repeat(np.arange(len(p), dtype=np.int16), counts)
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x6D6978]))
-    return labels[rng.permutation(n)].astype(np.int16)
-
-
-def assign_classes(w: Workload, mix: Any, seed: int = 0) -> Workload:
-    """Assign classes by a mix (exact shares up to rounding, seeded order); flags it assumed."""
-    mix = parse_mix(mix)
-    cls = _mix_classes(len(w), mix, seed)
-    return w.changed(
-        f"classes assumed: mix {_fmt_mix(mix)}",
-        detail=f" seed={seed}",
-        cls=cls,
-        class_names=tuple(mix),
-        class_mix_assumed=True,
-    )
-
 
 # --------------------------------------------------------------------------------------------
 # Locating traces
@@ -1204,196 +931,3 @@ def save_workload(w: Workload, path: str | Path, fmt: str = "auto", *, time_deci
         tbl["prefix_hashes"] = pa.array([h.tolist() for h in w.prefix_hashes], type=pa.list_(pa.int64()))
     pq.write_table(pa.table(tbl), path)
     return path
-
-
-# --------------------------------------------------------------------------------------------
-# Synthetic workloads
-# --------------------------------------------------------------------------------------------
-
-
-def _parse_len_spec(spec: str, what: str):
-    s = str(spec).strip()
-    kind, _, arg = s.partition(":")
-    kind = kind.strip().lower()
-    if kind == "fixed":
-        try:
-            v = float(arg)
-        except ValueError:
-            raise InputError(f"{what}: bad spec {spec!r} (expected fixed:N)") from None
-        if v < 1 or v != int(v):
-            raise InputError(f"{what}: fixed length must be an integer >= 1, got {arg!r}")
-        return ("fixed", int(v))
-    if kind == "lognormal":
-        try:
-            mean, sigma = (float(x) for x in arg.split(","))
-        except ValueError:
-            raise InputError(f"{what}: bad spec {spec!r} (expected lognormal:MEAN,SIGMA)") from None
-        if not (mean >= 1 and math.isfinite(mean)) or not (0 <= sigma <= 5):
-            raise InputError(f"{what}: lognormal needs MEAN >= 1 and 0 <= SIGMA <= 5, got {arg!r}")
-        return ("lognormal", mean, sigma)
-    if kind == "trace":
-        if not arg.strip():
-            raise InputError(f"{what}: bad spec {spec!r} (expected trace:NAME_OR_PATH)")
-        return ("trace", arg.strip())
-    raise InputError(f"{what}: unknown length spec {spec!r} (fixed:N, lognormal:MEAN,SIGMA, trace:NAME_OR_PATH)")
-
-
-def _draw_lengths(spec, n: int, rng: np.random.Generator) -> np.ndarray:
-    if spec[0] == "fixed":
-        return np.full(n, spec[1], dtype=np.int64)
-    _, mean, sigma = spec
-    mu = math.log(mean) - sigma * sigma / 2.0  # MEAN is the mean of the lengths, SIGMA of their log
-    x = rng.lognormal(mu, sigma, size=n)
-    return np.maximum(np.rint(x), 1).astype(np.int64)
-
-
-def synthesize(
-    n_requests: int | None = None,
-    duration_s: float | None = None,
-    *,
-    rate: float | None = None,
-    arrival: str = "poisson",
-    burstiness_cv: float | None = None,
-    concurrency: int | None = None,
-    prompt_len: str = "lognormal:1100,0.6",
-    output_len: str = "lognormal:210,0.8",
-    mix: Any = None,
-    seed: int = 0,
-) -> Workload:
-    """Generate a workload.
-
-    Open loop: ``rate`` requests/s with ``arrival`` "poisson" (exponential gaps) or "gamma"
-    (gamma gaps with coefficient of variation ``burstiness_cv``); give ``n_requests`` or
-    ``duration_s`` (arrivals in [0, duration)). Closed loop: ``concurrency`` C users and
-    ``n_requests`` (no rate); arrival_s are all 0.
-    Length specs: "fixed:N"; "lognormal:MEAN,SIGMA" (MEAN = arithmetic mean in tokens, SIGMA =
-    standard deviation of ln(length); rounded, clipped to >= 1); "trace:NAME_OR_PATH" (resampled
-    from a trace; when prompt_len and output_len name the same trace the pair is resampled
-    jointly). mix: class mix (default DEFAULT_MIX), always flagged assumed.
-    """
-    ss = np.random.SeedSequence(int(seed))
-    r_arr, r_len, r_trace = (np.random.default_rng(s) for s in ss.spawn(3))
-    arrival = str(arrival).lower()
-    if arrival not in ("poisson", "gamma"):
-        raise InputError(f"synthesize: arrival must be 'poisson' or 'gamma', got {arrival!r}")
-    if n_requests is not None and (isinstance(n_requests, bool) or int(n_requests) != n_requests or n_requests < 1):
-        raise InputError(f"synthesize: n_requests must be an integer >= 1, got {n_requests!r}")
-    desc = []
-    if concurrency is not None:
-        if isinstance(concurrency, bool) or int(concurrency) != concurrency or concurrency < 1:
-            raise InputError(f"synthesize: concurrency must be an integer >= 1, got {concurrency!r}")
-        if rate is not None or duration_s is not None:
-            raise InputError("synthesize: closed loop (concurrency) takes n_requests, not rate or duration")
-        if n_requests is None:
-            raise InputError("synthesize: closed loop needs n_requests")
-        n = int(n_requests)
-        arr = np.zeros(n, np.float64)
-        desc.append(f"closed loop concurrency={int(concurrency)}, n={n}")
-    else:
-        if rate is None or not (float(rate) > 0 and math.isfinite(float(rate))):
-            raise InputError(f"synthesize: open loop needs rate > 0 requests/s, got {rate!r}")
-        if (n_requests is None) == (duration_s is None):
-            raise InputError("synthesize: give exactly one of n_requests or duration_s")
-        rate = float(rate)
-        if arrival == "poisson":
-            if burstiness_cv is not None and abs(float(burstiness_cv) - 1.0) > 1e-12:
-                raise InputError("synthesize: poisson arrivals have CV 1; use arrival='gamma' for burstiness_cv")
-            shape = 1.0
-        else:
-            cv = 1.0 if burstiness_cv is None else float(burstiness_cv)
-            if not (0.05 <= cv <= 20):
-                raise InputError(f"synthesize: burstiness_cv must be in [0.05, 20], got {cv!r}")
-            shape = 1.0 / (cv * cv)
-
-        def gaps(k: int) -> np.ndarray:
-            if arrival == "poisson":
-                return r_arr.exponential(1.0 / rate, size=k)
-            return r_arr.gamma(shape, 1.0 / (rate * shape), size=k)
-
-        if n_requests is not None:
-            n = int(n_requests)
-            arr = np.concatenate([[0.0], np.cumsum(gaps(n - 1))])
-            desc.append(f"{arrival} rate={rate:g}/s, n={n}")
-        else:
-            d = float(duration_s)
-            if not (d > 0 and math.isfinite(d)):
-                raise InputError(f"synthesize: duration_s must be > 0, got {duration_s!r}")
-            k = int(rate * d * 1.2 + 10 * math.sqrt(rate * d / shape) + 10)
-            g = np.concatenate([[0.0], np.cumsum(gaps(k))])
-            while g[-1] < d:
-                g = np.concatenate([g, g[-1] + np.cumsum(gaps(k))])
-            arr = g[g < d]
-            n = len(arr)
-            desc.append(f"{arrival} rate={rate:g}/s, duration={d:g}s (n={n})")
-        if arrival == "gamma":
-            desc.append(f"cv={1.0 if burstiness_cv is None else float(burstiness_cv):g}")
-    ps = _parse_len_spec(prompt_len, "prompt_len")
-    os_ = _parse_len_spec(output_len, "output_len")
-    if ps[0] == "trace" or os_[0] == "trace":
-        cache = {}
-
-        def tr(name: str) -> Workload:
-            if name not in cache:
-                cache[name] = load_workload(name)
-            return cache[name]
-
-        if ps[0] == "trace" and os_[0] == "trace" and ps[1] == os_[1]:
-            t = tr(ps[1])
-            idx = r_trace.integers(0, len(t), size=n)
-            prompt, output = t.prompt_tokens[idx].copy(), t.output_tokens[idx].copy()
-        else:
-            prompt = (
-                tr(ps[1]).prompt_tokens[r_trace.integers(0, len(tr(ps[1])), size=n)].copy()
-                if ps[0] == "trace"
-                else None
-            )
-            output = (
-                tr(os_[1]).output_tokens[r_trace.integers(0, len(tr(os_[1])), size=n)].copy()
-                if os_[0] == "trace"
-                else None
-            )
-            if prompt is None:
-                prompt = _draw_lengths(ps, n, r_len)
-            if output is None:
-                output = _draw_lengths(os_, n, r_len)
-    else:
-        prompt = _draw_lengths(ps, n, r_len)
-        output = _draw_lengths(os_, n, r_len)
-    desc.append(f"prompt_len={prompt_len}, output_len={output_len}, seed={seed}")
-    m = parse_mix(mix if mix is not None else DEFAULT_MIX)
-    w = Workload(
-        arrival_s=arr.astype(np.float64),
-        prompt_tokens=prompt.astype(np.int64),
-        output_tokens=output.astype(np.int64),
-        cls=np.zeros(n, np.int16),
-        class_names=("chat",),
-        session_id=np.full(n, -1, np.int64),
-        prefix_hashes=None,
-        closed_loop_concurrency=None if concurrency is None else int(concurrency),
-        source="synthetic: " + ", ".join(desc),
-        class_mix_assumed=True,
-        trace_name="synthetic",
-    )
-    return assign_classes(w, m, seed)
-
-
-# --------------------------------------------------------------------------------------------
-# The embedded default workload
-# --------------------------------------------------------------------------------------------
-
-#: Exactly how traces/default.jsonl was made (tests regenerate it and compare bytes).
-DEFAULT_SPEC = dict(
-    n_requests=600,
-    rate=6.0,
-    arrival="poisson",
-    prompt_len="lognormal:1100,0.6",
-    output_len="lognormal:210,0.8",
-    mix="math=0.3,code=0.2,chat=0.5",
-    seed=20250101,
-)
-
-
-def make_default(path: str | Path | None = None) -> Path:
-    """Regenerate traces/default.jsonl: ``python -c "from dsim.workload import make_default; make_default()"``."""
-    w = synthesize(**DEFAULT_SPEC)
-    return save_workload(w, path or (_repo_root() / "traces" / "default.jsonl"), "native-jsonl")
