@@ -24,12 +24,12 @@ import simpy
 from dsim.cost import CostModel, Profile
 from dsim.engine.compiled_sched import SUCC_NONE, SUCC_PYTHON, SUCC_SELF
 from dsim.engine.compiled_step import run_key
+from dsim.engine.diagnostics import result_warnings
 from dsim.engine.metrics import request_table, summarize
 from dsim.engine.replica import STEP_FIELDS, STEP_FLOAT_FIELDS, DraftCost, EngineConfig, Replica, Requests, SpecStats
 from dsim.engine.router import Router
 from dsim.errors import InputError
 from dsim.spec.methods import SpecConfig, SpecRuntime
-from dsim.study.diagnostics import result_warnings
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -424,7 +424,7 @@ def _result(cfg, w, rejected, spec, reqs, stats, replicas, wall) -> SimResult:
     }
     # requests the server refused at arrival (over max_model_len): not in requests_total
     summary["requests_rejected_max_model_len"] = rejected
-    from dsim.study.diagnostics import rejected as rejected_warning
+    from dsim.engine.diagnostics import rejected as rejected_warning
 
     over = rejected_warning(rejected, len(w), cfg.profile.max_model_len)
     if over is not None:

@@ -86,6 +86,45 @@ def test_no_import_cycles_and_dsim_does_not_import_the_validator():
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
 
 
+# dsim's stages, lowest first (docs/architecture.md, "Reading guide"): a module imports its own
+# layer and those below, never one above (lazy imports counted)
+LAYERS = [
+    ("dsim.errors", "dsim.outputs", "dsim.schema"),
+    ("dsim.workload", "dsim.cost"),
+    ("dsim.engine", "dsim.spec"),
+    ("dsim.sim",),
+    ("dsim.scenario", "dsim.study"),
+    ("dsim.profiling",),
+    ("dsim.cli", "dsim.__main__"),
+]
+# the imports up the layers there are, each with its reason
+UPWARD_ALLOWED = {
+    # a profile without max_model_len takes its model's from the shipped config (MODEL_DIR)
+    ("dsim.cost.profile", "dsim.profiling.models"),
+    # the builders' exit contract when run as python3 -m (toolmain loads neither typer nor a stage)
+    ("dsim.profiling.compose", "dsim.cli.toolmain"),
+    ("dsim.profiling.aic_tables", "dsim.cli.toolmain"),
+    ("dsim.profiling.deepep_tables", "dsim.cli.toolmain"),
+}
+
+
+def _layer(module: str) -> int | None:
+    for i, names in enumerate(LAYERS):
+        if any(module == n or module.startswith(n + ".") for n in names):
+            return i
+    return None
+
+
+def test_stages_import_only_downward():
+    graph = _module_graph()
+    assert all(_layer(m) is not None for m in graph if m.startswith("dsim.")), "a dsim module in no layer"
+    upward = {(m, d) for m, deps in graph.items() for d in deps
+              if m.startswith("dsim.") and d.startswith("dsim.") and _layer(d) > _layer(m)}
+    assert upward == UPWARD_ALLOWED
+    # the check can fail: the engine importing the capacity search would be upward
+    assert _layer("dsim.study.capacity") > _layer("dsim.engine.replica")
+
+
 # history markers (numbered stints, run-diary phrases) and the design brief's file name (written as parts
 # so that this file itself holds none of them)
 _PARTS = [("sess", r"ions? \d"), ("cal", r"ls? \d+\b"), ("iss", r"ues? \d+"), ("iss", r"ue #\d"),

@@ -211,8 +211,8 @@ def check_out_targets(out: Optional[Path], step_log: Optional[Path] = None) -> N
 
 def print_summary(s: dict, engine: EngineConfig) -> None:
     """The human-readable summary of one simulation run with this engine configuration."""
+    from dsim.engine.diagnostics import format_warnings
     from dsim.outputs import field_lines
-    from dsim.study.diagnostics import format_warnings
 
     for name, text in (("workload : ", s["setup"]["workload"]), ("profile  : ", s["setup"]["profile"])):
         typer.echo("\n".join(field_lines(name, text)))

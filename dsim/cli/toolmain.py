@@ -1,5 +1,6 @@
-"""The exit contract of the module tools (``python -m dsim.profiling.compose``, ``dsim.profiling.aic_tables``,
-``dsim.profiling.deepep_tables``, the GPU tools), the same as the ``dsim`` command's:
+"""The exit contract of the profile builders (dsim.profiling.compose, .aic_tables, .deepep_tables:
+``dsim profile compose|aic|deepep`` or ``python3 -m``) and the GPU tools, the same as the ``dsim``
+command's:
 
 - bad input (InputError) or a file the OS refuses (OSError): one line ``PROG: error: ...`` on
   stderr, exit code 2, no traceback;

@@ -1,3 +1,4 @@
 """The engine stage: one replica's step loop (`replica`: vLLM V1 scheduler semantics), the router
 over a fleet's replicas, the compiled step code (`compiled_sched`, `compiled_step`: numba, cached on
-disk) with its background compiles and first-run notice, and the per-request / per-step metrics."""
+disk) with its background compiles and first-run notice, the per-request / per-step metrics and
+the warnings on a result (`diagnostics`, in every simulation's summary)."""

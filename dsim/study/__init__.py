@@ -1,3 +1,3 @@
 """Many simulations: capacity search (`capacity`), concurrency sweeps (`sweep`), the throughput /
 interactivity frontier (`frontier`), A/B reports and figures, where simulations run (`executor`),
-result warnings, GPU prices and the progress bar."""
+GPU prices and the progress bar."""

@@ -559,11 +559,11 @@ def summarize_method(
 
 
 def method_warnings(results: Sequence[dict], slos: Iterable[SLO]) -> list[dict]:
-    """The warnings (dsim.study.diagnostics) of a method's simulations at its answer's node count, with the
+    """The warnings (dsim.engine.diagnostics) of a method's simulations at its answer's node count, with the
     seeds that raised them: few_finished one per message; every other kind once, with the worst
     seed's value and message (each kind's value is worse the larger it is: it warns at or above
     its threshold)."""
-    from dsim.study.diagnostics import sla_warnings
+    from dsim.engine.diagnostics import sla_warnings
 
     merged: dict = {}
     for r in results:

@@ -80,7 +80,7 @@ def _row(name, spec, c, r) -> dict:
         "sim_time_s": s["sim_time_s"],
         "wall_time_s": s["wall_time_s"],
         "gpus": s["setup"]["gpus"],
-        # dsim.study.diagnostics: what not to trust at this point (e.g. preemption at high concurrency)
+        # dsim.engine.diagnostics: what not to trust at this point (e.g. preemption at high concurrency)
         "warnings": " | ".join(w["message"] for w in s.get("warnings", ())),
     }
     # the paper's load axis is per GPU; a node holds nodes x replicas x GPUs per replica
@@ -285,7 +285,7 @@ def format_sweep(df: pd.DataFrame) -> str:
 
 
 def sweep_warnings(df: pd.DataFrame) -> list[str]:
-    """Printed lines: each point's warnings (dsim.study.diagnostics), under a heading; none when clean."""
+    """Printed lines: each point's warnings (dsim.engine.diagnostics), under a heading; none when clean."""
     from dsim.outputs import field_lines
 
     if "warnings" not in df.columns:

@@ -25,7 +25,7 @@ block and ms_per_block per block; each set of the design has its own level (its 
 fit is a least-absolute-deviations regression (scipy linprog; coefficients >= 0), so that one step
 timed in a fresh process's fast first seconds moves it little. A ratio whose blocks the profile's
 per-request records already complete from some q on (``priced_from_q``: ratio 4 at q >= 4) is fitted
-and applied only on steps whose requests all have fewer query tokens; ``python3 -m dsim.profiling.compose
+and applied only on steps whose requests all have fewer query tokens; ``dsim profile compose
 profile ... --block-pool POOL.json`` writes the term into a profile.
 """
 
