@@ -3,6 +3,7 @@ and the bad value, exit code 2, nothing written, no staging debris; outputs appe
 all (also under Ctrl-C); the validator says how many requests failed and refuses garbage."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -1087,6 +1088,76 @@ def test_stopping_compose_is_clean(tmp_path, sig, code, when):
     assert "Traceback" not in err and err.strip().splitlines() == [
         f"dsim.compose: {'interrupted' if code == 130 else 'terminated'}"], err
     assert left == [] and tree(tmp_path) == set()
+
+
+def _marked_pids(mark: bytes) -> list[int]:
+    """Live processes whose environment carries ``mark`` (a run and everything it started: Ray's
+    GCS, raylet, agents and workers inherit it, whatever process group they moved to)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if mark in (d / "environ").read_bytes() and (d / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    out.append(int(d.name))
+            except (OSError, IndexError):
+                continue
+    return out
+
+
+def _cmdline_has(pids, needle: bytes) -> bool:
+    for q in pids:
+        try:
+            if needle in (Path("/proc") / str(q) / "cmdline").read_bytes():
+                return True
+        except OSError:
+            pass
+    return False
+
+
+# moments of `plan --executor ray` to stop it at, told by the processes it has started
+RAY_MOMENTS = {
+    "first-ray-process": lambda pid, kids: len(kids) >= 1,
+    "raylet-up": lambda pid, kids: _cmdline_has(kids, b"raylet"),
+    "tasks-running": lambda pid, kids: _cmdline_has(kids, b"ray::_ray_call"),
+}
+
+
+@pytest.mark.parametrize("moment,group", [("first-ray-process", False), ("raylet-up", False),
+                                          ("raylet-up", True), ("tasks-running", True)])
+def test_sigterm_while_ray_starts_ends_143_and_leaves_no_ray_process(tmp_path, moment, group):
+    """SIGTERM to the run (or to its whole process group, as `timeout` sends it) while the local Ray
+    starts or runs: exit 143, one line, no process of the run left (Ray's own SIGTERM handlers ended
+    it with 15 and processes behind, or aborted it with a native stack dump)."""
+    pytest.importorskip("ray")
+    mark = f"dsim-test-{os.getpid()}-{time.monotonic_ns()}"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), DSIM_TEST_MARK=mark)
+    env.pop("RAY_ADDRESS", None)
+    argv = [sys.executable, "-m", "dsim", "plan", "--sla", "p50=18ms", "--requests", "400", "--seeds", "0,1,2,3",
+            "--max-nodes", "16", "--jobs", "2", "--executor", "ray"]
+    p = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        seen = RAY_MOMENTS[moment]
+        while p.poll() is None and time.monotonic() - t0 < 180:
+            if seen(p.pid, [q for q in _marked_pids(mark.encode()) if q != p.pid]):
+                break
+            time.sleep(0.02)
+        assert p.poll() is None, "finished before it could be stopped: " + p.stderr.read()[-500:]
+        (os.killpg if group else os.kill)(p.pid, signal.SIGTERM)
+        out, err = p.communicate(timeout=120)
+        deadline = time.monotonic() + 20      # (a worker notices its raylet's exit on its next poll)
+        while _marked_pids(mark.encode()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = _marked_pids(mark.encode())
+    finally:
+        for q in _marked_pids(mark.encode()):
+            with contextlib.suppress(OSError):
+                os.kill(q, signal.SIGKILL)
+    assert p.returncode == 143, err[-2000:]
+    assert out == "" and err.strip().splitlines() == ["dsim: terminated"], err[-2000:]
+    assert left == [], left
+    assert tree(tmp_path) == set()
 
 
 @pytest.mark.parametrize("flag", ["--profile", "--acceptance"])
