@@ -1160,6 +1160,61 @@ def test_sigterm_while_ray_starts_ends_143_and_leaves_no_ray_process(tmp_path, m
     assert tree(tmp_path) == set()
 
 
+@pytest.mark.parametrize("moment,sigs,group,code", [
+    ("starting", [signal.SIGINT], True, 130),
+    ("starting", [signal.SIGTERM], False, 143),
+    ("running", [signal.SIGINT], True, 130),
+    ("running", [signal.SIGINT, signal.SIGINT], True, 130),
+    ("running", [signal.SIGTERM], False, 143),
+    ("running", [signal.SIGTERM], True, 143),
+], ids=["starting-ctrl-c", "starting-sigterm", "ctrl-c", "ctrl-c-twice", "sigterm", "sigterm-group"])
+def test_stopping_validate_run_launch_leaves_no_server_no_traceback_no_output(tmp_path, moment, sigs, group, code):
+    """`dsim validate run --launch` stopped while its server starts (before /health answers) or
+    while it measures: the server and what it started are gone, one line per stage, nothing written.
+    The stand-in server is launched as vLLM is (its own session) and starts a child of its own, as
+    vLLM starts its engine core."""
+    mark = f"dsim-test-{os.getpid()}-{time.monotonic_ns()}"
+    out = tmp_path / "o"
+    server = (f"sh -c 'sleep 1000 & sleep 3; exec {sys.executable} -m validator.fake_server --port {{port}} "
+              "--step-ms 5'")
+    argv = [sys.executable, "-m", "dsim", "validate", "run", "--launch", f'--command "{server}" --warmup 1 '
+            "--warmup-output-len 8", "--out", str(out), "-n", "400", "--input-len", "4", "--output-len", "50",
+            "-c", "2", "--no-progress", "--nice", "0"]
+    p = subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), DSIM_TEST_MARK=mark),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        t0, seen = time.monotonic(), []
+        if moment == "starting":  # the server's start-up (its `sleep 3`) under way
+            while not _cmdline_has(_marked_pids(mark.encode()), b"sleep\x003") and time.monotonic() - t0 < 60:
+                time.sleep(0.05)
+        else:
+            while not any("warmed up" in x for x in seen) and time.monotonic() - t0 < 60:
+                seen.append(p.stderr.readline() or "(eof)")
+                assert seen[-1] != "(eof)", "".join(seen)
+            time.sleep(1.5)
+        assert p.poll() is None, "".join(seen)
+        for sig in sigs:
+            (os.killpg if group else os.kill)(p.pid, sig)
+            time.sleep(0.3)
+        stdout, err = p.communicate(timeout=60)
+        deadline = time.monotonic() + 10
+        while _marked_pids(mark.encode()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = _marked_pids(mark.encode())
+    finally:
+        for q in _marked_pids(mark.encode()):
+            with contextlib.suppress(OSError):
+                os.kill(q, signal.SIGKILL)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    word = "interrupted" if code == 130 else "terminated"
+    assert p.returncode == code, err[-2000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-2:] == [
+        f"{word}; nothing written ({out} left as it was)", f"dsim: {word}"], err[-2000:]
+    assert left == [] and stdout == "" and tree(tmp_path) == set()
+
+
 @pytest.mark.parametrize("flag", ["--profile", "--acceptance"])
 def test_nested_yaml_aliases_are_read_in_linear_time(tmp_path, flag):
     """A "billion laughs" file (aliases of aliases, 9^10 leaves when expanded) is refused in

@@ -12,7 +12,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, List, NoReturn, Optional
 
 import typer
 
@@ -28,6 +28,16 @@ app = typer.Typer(
 
 # commands with their own argparse parsers (serve, the GPU profiler): arguments passed through
 _PASS = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
+def _stopped(e: KeyboardInterrupt, out) -> NoReturn:
+    """A run stopped by Ctrl-C (130) or SIGTERM (143): nothing written."""
+    from validator import launch as lch
+
+    code = lch.stop_exit_code(e)
+    word = "terminated" if code == 143 else "interrupted"
+    typer.echo(f"{word}; nothing written ({out} left as it was)", err=True)
+    raise typer.Exit(code) from None
 
 
 def _server(url: str) -> str:
@@ -146,9 +156,8 @@ def run_cmd(
             if repeat > 1:
                 sp = noise.spread(results)
                 (stage / f"{name}-spread.json").write_text(json.dumps({"runs": repeat, "spread": sp}, indent=1))
-    except KeyboardInterrupt:
-        typer.echo(f"interrupted; nothing written ({out} left as it was)", err=True)
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt as e:
+        _stopped(e, out)
     for stem, s in zip(names, results):
         _print_run_summary(s, Path(out) / f"{stem}.jsonl")
     _print_server_config(Path(out) / f"{names[-1]}.jsonl")
@@ -306,9 +315,8 @@ def profile_server_cmd(
                 warmup_rounds=warmup_rounds,
                 pinned=pinned,
             )
-    except KeyboardInterrupt:
-        typer.echo(f"interrupted; nothing written ({out} left as it was)", err=True)
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt as e:
+        _stopped(e, out)
     fit = p.extra.get("validator", {}).get("fit", {})
     for w in fit.get("warnings") or []:
         typer.echo(f"warning: {w}", err=True)

@@ -15,6 +15,8 @@ import asyncio
 import datetime as _dt
 import json
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -450,6 +452,8 @@ async def run_async(plan: Plan, opts: RunOptions, out_path: str | Path) -> dict:
 
         async def worker_conc(queue: asyncio.Queue) -> None:
             while True:
+                if _cancel_requested():
+                    raise asyncio.CancelledError
                 try:
                     i = queue.get_nowait()
                 except asyncio.QueueEmpty:
@@ -569,6 +573,60 @@ def _holds_interrupt(e: BaseException) -> bool:
     return any(isinstance(x, KeyboardInterrupt) or _holds_interrupt(x) for x in getattr(e, "exceptions", ()))
 
 
+def _cancel_requested() -> bool:
+    """Whether this task was asked to stop: Python 3.11's asyncio.wait_for swallows a cancel that
+    comes as its request finishes (it returns the result), and a worker went on with the next
+    requests of a stopped run (seen: a SIGTERM took the whole run's length)."""
+    cancelling = getattr(asyncio.current_task(), "cancelling", None)  # (Python 3.11+)
+    return bool(cancelling()) if cancelling is not None else False
+
+
+def _run_stoppable(coro):
+    """asyncio.run, with Ctrl-C and SIGTERM turned into a cancel of the run (its requests cancelled
+    and awaited, the file discarded) and raised after it: KeyboardInterrupt, or launch.Terminated for
+    SIGTERM. Raised by a signal handler wherever the loop happened to be, the stop hit the HTTP client
+    mid-connect and asyncio printed the half-finished requests' tracebacks on its way out."""
+    if threading.current_thread() is not threading.main_thread():
+        return asyncio.run(coro)
+    from validator.launch import Terminated
+
+    stops = {signal.SIGINT, signal.SIGTERM}
+    got: list[int] = []
+    old = {sig: signal.getsignal(sig) for sig in stops}
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+
+        def on_stop(sig: int) -> None:
+            got.append(sig)
+            task.cancel()
+
+        for sig in stops:
+            loop.add_signal_handler(sig, on_stop, sig)
+        try:
+            return await coro
+        finally:  # held from here until the caller's handlers are back (the loop resets them to default)
+            signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    result = None
+    try:
+        result = asyncio.run(main())
+    except BaseException:
+        if not got:  # (stopped, the run ends as stopped whatever it raised on the way)
+            raise
+    finally:
+        for sig, h in old.items():
+            if h is not None:
+                signal.signal(sig, h)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # (a stop held meanwhile is raised here)
+    if got:
+        raise Terminated(f"signal {got[0]}") if got[0] == signal.SIGTERM else KeyboardInterrupt(f"signal {got[0]}")
+    return result
+
+
 def run(plan: Plan, opts: RunOptions, out_path: str | Path) -> dict:
     old, achieved, old_group = _boost(opts.nice)
     old_cpus = _pin(opts.cpus)
@@ -578,7 +636,7 @@ def run(plan: Plan, opts: RunOptions, out_path: str | Path) -> dict:
         client_cpus=sorted(os.sched_getaffinity(0)) if old_cpus is not None else None,
     )
     try:
-        return asyncio.run(run_async(plan, opts, out_path))
+        return _run_stoppable(run_async(plan, opts, out_path))
     except BaseException as e:
         # SIGTERM is turned into KeyboardInterrupt (launch.terminate_as_interrupt); when it lands inside
         # the HTTP client's task group it comes wrapped in an exception group: unwrap it, so callers see

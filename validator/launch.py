@@ -18,8 +18,8 @@ Warm-up (unmeasured closed-loop runs at each concurrency in ``warmup``): a fresh
 forward passes are slow (the first prefill of the CPU server took 1.3 s instead of 7 ms, new batch
 shapes cost extra the first time), and cold measurements came out 30-45% off.
 
-``managed(spec)`` is a context manager; SIGTERM inside it is turned into KeyboardInterrupt so the
-same cleanup runs as for Ctrl-C. The server is stopped by its process group (SIGTERM, SIGKILL after
+``managed(spec)`` is a context manager; SIGTERM inside it is turned into ``Terminated`` (a
+KeyboardInterrupt) so the same cleanup runs as for Ctrl-C. The server is stopped by its process group (SIGTERM, SIGKILL after
 a grace period) and the group is checked empty before returning.
 """
 
@@ -34,6 +34,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -365,18 +366,36 @@ def stop(run: Running, grace_s: float = 20.0) -> int | None:
     """Stop the server's process group and check nothing of it is left."""
     if run is None or run.proc is None:
         return None
-    rc = srv.stop(run.proc, grace_s=grace_s)
-    _check_gone(run.proc, run.url)
+    # a further Ctrl-C or SIGTERM waits until the server is gone (interrupted here, it was left running)
+    held = threading.current_thread() is threading.main_thread()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}) if held else None
+    try:
+        rc = srv.stop(run.proc, grace_s=grace_s)
+        _check_gone(run.proc, run.url)
+    finally:
+        if old is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
     return rc
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: unwinds as Ctrl-C does (every ``except KeyboardInterrupt`` cleanup runs); the
+    command then ends with 143 instead of 130."""
+
+
+def stop_exit_code(e: BaseException) -> int:
+    """130 for Ctrl-C, 143 for SIGTERM."""
+    return 143 if isinstance(e, Terminated) else 130
+
+
 def _sigterm(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+    raise Terminated(f"signal {signum}")
 
 
 @contextlib.contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
-    """Inside: SIGTERM raises KeyboardInterrupt (in the main thread), so cleanup runs as for Ctrl-C."""
+    """Inside: SIGTERM raises Terminated, a KeyboardInterrupt (in the main thread), so cleanup runs
+    as for Ctrl-C."""
     try:
         old = signal.signal(signal.SIGTERM, _sigterm)
     except ValueError:  # not the main thread

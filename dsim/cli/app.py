@@ -479,9 +479,11 @@ def main(argv=None):
     completed = False  # the command ran to its end (a background kernel compile may then finish)
     try:
         rc = app(args=argv, standalone_mode=False)
-        if rc != 130:
+        if rc not in (130, 143):
             raise_if_stopped()  # a stop swallowed in a native callback still ends the run as a stop
-        completed = rc != 130
+        completed = rc not in (130, 143)
+        if rc == 143:  # a command that ended its own run on SIGTERM (the validator's)
+            raise _Terminated
     except _Terminated:
         typer.echo("dsim: terminated", err=True)
         sys.exit(143)
