@@ -902,7 +902,8 @@ def test_run_counts_protocol_breaking_events_as_failed_requests(fake, tmp_path, 
 
 def _hostile_tcp(kind: str):
     """A 127.0.0.1 listener that accepts and then: 'silent' says nothing, 'trickle' sends an HTTP
-    status line and then one header byte a second forever, 'http1' answers every request 400."""
+    status line and then one header byte every half second forever, 'flood' an endless header as
+    fast as it goes, 'http1' answers every request 400."""
     srv = socket.socket()
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.bind(("127.0.0.1", 0))
@@ -917,6 +918,10 @@ def _hostile_tcp(kind: str):
                 while not stop.is_set():
                     c.sendall(b"a")
                     time.sleep(0.5)
+            elif kind == "flood":  # an endless header, as fast as it goes
+                c.sendall(b"HTTP/1.1 200 OK\r\nX-Big: ")
+                while not stop.is_set():
+                    c.sendall(b"a" * 65536)
             elif kind == "http1":
                 c.recv(4096)
                 c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
@@ -960,6 +965,74 @@ def test_a_server_that_never_answers_is_a_clear_error_in_bounded_time(tmp_path, 
         assert time.monotonic() - t0 < 30, line
     finally:
         close()
+
+
+@pytest.mark.parametrize("kind,last", [("silent", "no whole answer within"), ("trickle", "no whole answer within"),
+                                       ("flood", "RemoteProtocolError"), ("http1", "HTTP 400"),
+                                       ("closed", "ConnectError")])
+def test_waiting_for_health_has_one_overall_deadline(kind, last):
+    """/health polled against a server that never becomes healthy (says nothing, trickles or floods
+    its headers, answers 400, is not there): InputError naming the URL and the last try once the
+    deadline has passed, never later than one request's length after it."""
+    from dsim.errors import InputError
+    from validator import server as srv
+    port, close = (free_port(), (lambda: None)) if kind == "closed" else _hostile_tcp(kind)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(InputError) as e:
+            srv.wait_health(f"http://127.0.0.1:{port}", 3.0)
+        took = time.monotonic() - t0
+    finally:
+        close()
+    msg = str(e.value)
+    assert f"http://127.0.0.1:{port}/health: server not healthy within 3 s (last try: " in msg and last in msg, msg
+    assert "\n" not in msg and 3.0 <= took < 3.0 + srv.HEALTH_REQUEST_S + 1.5, (took, msg)
+
+
+HOSTILE_SERVER = """
+import socket, sys, time
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", int(sys.argv[1])))
+srv.listen(16)
+while True:
+    c, _ = srv.accept()
+    c.sendall(b"HTTP/1.1 200 OK\\r\\nX-Slow: ")
+    try:
+        for _ in range(600):  # a header byte every 0.2 s: each read is quick, the answer never whole
+            c.sendall(b"a")
+            time.sleep(0.2)
+    except OSError:
+        c.close()
+"""
+
+
+def test_launched_server_trickling_health_is_a_clear_error_and_is_stopped(tmp_path):
+    script = tmp_path / "hostile_server.py"
+    script.write_text(HOSTILE_SERVER)
+    work = tmp_path / "w"
+    work.mkdir()
+    launch = f"--command '{sys.executable} {script} {{port}}' --health-timeout 3 --warmup none"
+    t0 = time.monotonic()
+    rc, out, err = run_cli("validate", "run", "--launch", launch, "--out", work / "o", "-n", "2", "--no-progress",
+                           "--nice", "0")
+    assert time.monotonic() - t0 < 30, err
+    lines = err.strip().splitlines()  # the start said, then one line
+    assert rc == 2 and out == "" and "Traceback" not in err and len(lines) == 2, err
+    assert lines[0].startswith("starting command server:"), err
+    assert lines[1].startswith("dsim: error: http://127.0.0.1:") and "/health: server not healthy within 3 s (last try: " \
+        "no whole answer within 2 s)" in lines[1], err
+    assert tree(work) == set()
+    assert not any(str(script) in x for x in _cmdlines()), "the server outlived the run"
+
+
+def _cmdlines() -> list[str]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError):
+                out.append((d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+    return out
 
 
 @pytest.mark.parametrize("kind,needle", [("silent", "does not answer as a Ray cluster"),

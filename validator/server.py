@@ -129,11 +129,40 @@ def set_autogroup_nice(pid: int, nice: int) -> int | None:
     return autogroup_nice(pid)
 
 
+# How long one /health request may take, whole (connect, headers): httpx's own timeouts bound
+# each read, so a server trickling a byte at a time would hold a request forever.
+HEALTH_REQUEST_S = 2.0
+
+
+def health_status(url: str, timeout_s: float = HEALTH_REQUEST_S) -> tuple[int | None, str]:
+    """One GET of URL/health with a deadline on the whole of it: (status code, '') or (None, why)."""
+    import asyncio
+
+    async def get() -> int:
+        async with httpx.AsyncClient(timeout=timeout_s) as client:
+            # the status line and headers are enough: the body (whatever its size) is never read
+            async with client.stream("GET", f"{url}/health") as r:
+                return r.status_code
+
+    try:
+        return asyncio.run(asyncio.wait_for(get(), timeout_s)), ""
+    except asyncio.TimeoutError:
+        return None, f"no whole answer within {timeout_s:.3g} s"
+    except httpx.TimeoutException as e:
+        return None, f"{type(e).__name__} after {timeout_s:.3g} s"
+    except (httpx.HTTPError, OSError) as e:
+        msg = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
+        return None, f"{type(e).__name__}" + (f": {msg}" if msg else "")
+
+
 def wait_health(
     url: str, timeout_s: float, proc: subprocess.Popen | None = None, log_path: str | Path | None = None
 ) -> float:
-    """Poll URL/health until 200; InputError on timeout or when the process exits first."""
+    """Poll URL/health until 200; InputError when ``timeout_s`` has passed (every request counted
+    in it, a trickling answer included) or when the process exits first. Returns the seconds it took."""
     t0 = time.monotonic()
+    deadline = t0 + timeout_s
+    last = "no request made"
     while True:
         if proc is not None and proc.poll() is not None:
             tail = ""
@@ -143,15 +172,16 @@ def wait_health(
                 f"server exited with code {proc.returncode} before {url}/health answered"
                 + (f": ...{tail}" if tail else "")
             )
-        try:
-            r = httpx.get(f"{url}/health", timeout=2.0)
-            if r.status_code == 200:
-                return time.monotonic() - t0
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() - t0 > timeout_s:
-            raise InputError(f"{url}/health: no answer within {timeout_s:g}s")
-        time.sleep(0.5)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise InputError(f"{url}/health: server not healthy within {timeout_s:g} s (last try: {last})")
+        cut = left < HEALTH_REQUEST_S  # the last request gets what is left
+        code, why = health_status(url, max(left, 0.05) if cut else HEALTH_REQUEST_S)
+        if code == 200:
+            return time.monotonic() - t0
+        if code is not None or not cut or last == "no request made":  # (not a shortened try's timeout)
+            last = f"HTTP {code}" if code is not None else why
+        time.sleep(max(min(0.5, deadline - time.monotonic()), 0.0))
 
 
 def stop(proc: subprocess.Popen, grace_s: float = 20.0) -> int | None:
