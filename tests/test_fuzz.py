@@ -108,6 +108,45 @@ def test_parquet(tmp_path_factory, rows):
     load_or_refuse(p)
 
 
+def _arrow_column(kind: str, n: int):
+    """n values of a column of this Arrow shape (flat, nested, dictionary, null)."""
+    import pyarrow as pa
+    return {
+        "int64": lambda: pa.array(range(1, n + 1), pa.int64()),
+        "float": lambda: pa.array([float(i) for i in range(n)], pa.float64()),
+        "bool": lambda: pa.array([True] * n),
+        "string": lambda: pa.array([str(i + 1) for i in range(n)]),
+        "null": lambda: pa.nulls(n),
+        "list<int>": lambda: pa.array([[i, i] for i in range(n)], pa.list_(pa.int64())),
+        "list<string>": lambda: pa.array([["a"]] * n, pa.list_(pa.string())),
+        "struct": lambda: pa.array([{"x": i} for i in range(n)]),
+        "map": lambda: pa.array([[("k", i)] for i in range(n)], pa.map_(pa.string(), pa.int64())),
+        "dict<string>": lambda: pa.array(["a"] * n).dictionary_encode(),
+        "binary": lambda: pa.array([b"\x00"] * n, pa.binary()),
+        "timestamp": lambda: pa.array([0] * n, pa.timestamp("s")),
+    }[kind]()
+
+
+ARROW_KINDS = ["int64", "float", "bool", "string", "null", "list<int>", "list<string>", "struct", "map",
+               "dict<string>", "binary", "timestamp"]
+
+
+@FAST
+@given(kinds=st.fixed_dictionaries({c: st.sampled_from(ARROW_KINDS) for c in
+                                    ("arrival_s", "prompt_tokens", "output_tokens")},
+                                   optional={c: st.sampled_from(ARROW_KINDS) for c in
+                                             ("session_id", "class", "prefix_hashes", "extra")}),
+       n=st.integers(0, 4))
+def test_parquet_of_any_column_types_is_read_or_refused_in_one_line(tmp_path_factory, kinds, n):
+    """Whatever Arrow type each column has (nested, dictionary, null, binary, timestamp...), the
+    trace is read and sane or refused in one line naming the file; never a traceback."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    p = tmp_path_factory.mktemp("pqt") / "t.parquet"
+    pq.write_table(pa.table({c: _arrow_column(k, n) for c, k in kinds.items()}), p)
+    load_or_refuse(p)
+
+
 @FAST
 @given(rows=st.lists(st.tuples(st.one_of(st.sampled_from(["2023-11-16 18:15:46.6805900", "2023-11-16T18:15:47Z",
                                                           "2024-05-10 00:00:00+02:00", "yesterday", ""]),

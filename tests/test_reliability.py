@@ -499,6 +499,59 @@ def test_parquet_string_token_counts_rejected(tmp_path):
     assert_rejected("simulate", "--trace", p, needles=[str(p), "row 1", "prompt_tokens", "'5'"])
 
 
+def _parquet(path: Path, **cols) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table(cols), path)
+    return path
+
+
+@pytest.mark.parametrize("col,values,needle", [
+    ("arrival_s", [[0.0], [1.0]], "arrival_s: column type list<element: double> (expected numbers)"),
+    ("prompt_tokens", [{"n": 5}, {"n": 6}], "prompt_tokens: column type struct<n: int64> (expected numbers)"),
+    ("prefix_hashes", [["a"], ["b"]], "prefix_hashes: column type list<element: string> (expected integer lists)"),
+    ("class", [[1], [2]], "class: column type list<element: int64> (expected labels)"),
+])
+def test_parquet_nested_or_wrong_typed_column_refused_from_the_schema(tmp_path, col, values, needle):
+    base = {"arrival_s": [0.0, 1.0], "prompt_tokens": [5, 6], "output_tokens": [3, 4]}
+    p = _parquet(tmp_path / "t.parquet", **dict(base, **{col: values}))
+    assert_rejected("simulate", "--trace", p, needles=[str(p), needle])
+
+
+def test_parquet_columns_dsim_does_not_use_are_not_read(tmp_path, monkeypatch):
+    """A big nested column beside the trace's own: never decompressed (the size bound counts only
+    the columns read), the trace is read."""
+    from dsim import workload
+    from dsim.workload import load_workload
+    monkeypatch.setattr(workload, "MAX_TRACE_BYTES", 1 << 20)
+    p = _parquet(tmp_path / "t.parquet", arrival_s=[0.0, 1.0], prompt_tokens=[5, 6], output_tokens=[3, 4],
+                 blob=[{"x": [0] * 300_000}, {"x": [1] * 300_000}])
+    assert list(load_workload(str(p)).prompt_tokens) == [5, 6]
+
+
+def test_parquet_row_count_refused_from_the_footer(tmp_path, monkeypatch):
+    from dsim import workload
+    monkeypatch.setattr(workload, "MAX_TRACE_ROWS", 5)
+    p = _parquet(tmp_path / "t.parquet", arrival_s=[float(i) for i in range(6)], prompt_tokens=[5] * 6,
+                 output_tokens=[3] * 6)
+    assert_rejected("simulate", "--trace", p, needles=[str(p), "6 rows: more than 5 requests (refused)"])
+
+
+def test_parquet_that_decompresses_past_the_bound_is_refused_before_reading(tmp_path, monkeypatch):
+    """A few KB on disk, 24 MB of prefix hashes once decompressed (a run of zeros compresses to
+    nothing): refused from the footer's sizes, before any page is read."""
+    from dsim import workload
+    monkeypatch.setattr(workload, "MAX_TRACE_BYTES", 16 << 20)
+    p = _parquet(tmp_path / "t.parquet", arrival_s=[0.0, 1.0, 2.0], prompt_tokens=[5, 6, 7], output_tokens=[3, 4, 5],
+                 prefix_hashes=[[0] * 1_000_000] * 3)
+    assert p.stat().st_size < 1 << 20
+    read = []
+    real = workload.pd.DataFrame
+    monkeypatch.setattr(workload.pq if hasattr(workload, "pq") else workload, "_never", None, raising=False)
+    assert_rejected("simulate", "--trace", p, needles=[str(p), "once decompressed (refused)"])
+    assert read == [] and real is workload.pd.DataFrame
+
+
 def test_numpy_values_shown_plain(tmp_path):
     p = tmp_path / "t.parquet"
     pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_tokens": np.array([5, -5]),

@@ -565,14 +565,87 @@ def _read_native_jsonl(path: Path) -> _Cols:
     return _read_jsonl(path, "arrival_s", "prompt_tokens", "output_tokens", "prefix_hashes", native=True)
 
 
-def _read_native_parquet(path: Path) -> _Cols:
+# The columns a native Parquet trace may carry, by what their Arrow type must be; others are never read.
+_PARQUET_COLUMNS = {
+    "arrival_s": "number",
+    "prompt_tokens": "number",
+    "output_tokens": "number",
+    "session_id": "number",
+    "class": "label",
+    "prefix_hashes": "integer list",
+}
+
+
+def _parquet_type_fits(t, kind: str) -> bool:
+    """Whether an Arrow type can hold a column of this kind (strings and booleans in a number
+    column pass here: the values are then named with their row)."""
+    import pyarrow.types as pt
+
+    if pt.is_null(t):
+        return True
+    if pt.is_dictionary(t):
+        return kind == "label" and (pt.is_string(t.value_type) or pt.is_large_string(t.value_type))
+    flat = pt.is_integer(t) or pt.is_floating(t) or pt.is_boolean(t) or pt.is_string(t) or pt.is_large_string(t)
+    if kind in ("number", "label"):
+        return flat
+    return (pt.is_list(t) or pt.is_large_list(t)) and (pt.is_integer(t.value_type) or pt.is_null(t.value_type))
+
+
+def _parquet_frame(path: Path) -> pd.DataFrame:
+    """The trace's columns, read after the file's footer says they are sane: the row count
+    (MAX_TRACE_ROWS), the columns' types (nothing nested where a number belongs) and their
+    uncompressed size (MAX_TRACE_BYTES: a small file can decompress to far more) are checked
+    before any data is read, and the size again as the row groups are read (a footer may lie).
+    Columns dsim does not use are not read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     try:
-        df = pd.read_parquet(path)
+        pf = pq.ParquetFile(path)
+        schema, meta = pf.schema_arrow, pf.metadata
     except Exception as e:  # pyarrow raises several types for a bad file
         raise _err(path, None, None, f"not a readable Parquet file ({type(e).__name__}: {str(e)[:120]})") from None
-    missing = [c for c in ("arrival_s", "prompt_tokens", "output_tokens") if c not in df.columns]
+    names = list(schema.names)
+    missing = [c for c in ("arrival_s", "prompt_tokens", "output_tokens") if c not in names]
     if missing:
-        raise _err(path, None, None, f"missing column(s) {', '.join(missing)} (has: {', '.join(map(str, df.columns))})")
+        has = ", ".join(names[:20]) + (f", ... ({len(names)} columns)" if len(names) > 20 else "")
+        raise _err(path, None, None, f"missing column(s) {', '.join(missing)} (has: {has})")
+    if meta.num_rows > MAX_TRACE_ROWS:
+        raise _err(path, None, None, f"{meta.num_rows} rows: more than {MAX_TRACE_ROWS} requests (refused)")
+    cols = [c for c in _PARQUET_COLUMNS if c in names]
+    for c in cols:
+        t = schema.field(c).type
+        if not _parquet_type_fits(t, _PARQUET_COLUMNS[c]):
+            raise _err(path, None, c, f"column type {t} (expected {_PARQUET_COLUMNS[c]}s)")
+    wanted = {c: [] for c in cols}
+    for g in range(meta.num_row_groups):
+        rg = meta.row_group(g)
+        for j in range(rg.num_columns):
+            cc = rg.column(j)
+            top = cc.path_in_schema.split(".")[0]
+            if top in wanted:
+                wanted[top].append(cc.total_uncompressed_size)
+    size = sum(sum(v) for v in wanted.values())
+    too_big = f"more than {MAX_TRACE_BYTES >> 20} MiB of data once decompressed (refused)"
+    if size > MAX_TRACE_BYTES:
+        raise _err(path, None, None, f"{size >> 20} MiB: {too_big}")
+    batches, got = [], 0
+    try:
+        for b in pf.iter_batches(batch_size=1 << 16, columns=cols):
+            got += b.nbytes
+            if got > MAX_TRACE_BYTES:
+                raise _err(path, None, None, too_big)
+            batches.append(b)
+        table = pa.Table.from_batches(batches, schema=pa.schema([schema.field(c) for c in cols]))
+        return table.to_pandas()
+    except InputError:
+        raise
+    except Exception as e:  # a corrupt page, a footer that does not match the data
+        raise _err(path, None, None, f"not a readable Parquet file ({type(e).__name__}: {str(e)[:120]})") from None
+
+
+def _read_native_parquet(path: Path) -> _Cols:
+    df = _parquet_frame(path)
     if len(df) == 0:
         raise _err(path, None, None, "empty trace (no requests)")
     rows = np.arange(1, len(df) + 1)
