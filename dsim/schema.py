@@ -196,6 +196,40 @@ def read_json(path: str | Path, what: str = "", max_bytes: int = MAX_DOCUMENT_BY
         raise InputError(f"{pre}: nested too deeply") from None
 
 
+MAX_JSON_LINES = 50_000_000  # as many records as the largest trace dsim reads (workload.MAX_TRACE_ROWS)
+
+
+def read_json_lines(
+    path: str | Path, what: str = "", max_bytes: int = MAX_DOCUMENT_BYTES, max_lines: int = MAX_JSON_LINES
+) -> list[tuple[int, dict]]:
+    """A JSON-lines file (one object a line; blank lines skipped) as (line number, object) pairs,
+    bounded in size, line count and nesting; InputError naming the file and line for anything else."""
+    p = Path(path)
+    pre = f"{what} {p}" if what else str(p)
+    raw = read_bytes(p, what, max_bytes)
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{pre}: not a UTF-8 text file ({e.reason} at byte {e.start})") from None
+    del raw
+    out: list[tuple[int, dict]] = []
+    for ln, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if len(out) >= max_lines:
+            raise InputError(f"{pre}:{ln}: more than {max_lines} records (refused)")
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{pre}:{ln}: not JSON ({e.msg})") from None
+        except RecursionError:
+            raise InputError(f"{pre}:{ln}: nested too deeply") from None
+        if not isinstance(obj, dict):
+            raise InputError(f"{pre}:{ln}: expected a JSON object, got {type(obj).__name__}")
+        out.append((ln, obj))
+    return out
+
+
 def read_document(path: str | Path, *, kind: str = "yaml") -> tuple[object, Doc]:
     """(parsed document, Doc with line marks). kind: 'yaml' or 'json'. Raises InputError for an
     unreadable or special file, one over MAX_DOCUMENT_BYTES, a parse error (with its line), or

@@ -695,6 +695,75 @@ def test_check_negative_times_exit_2(tmp_path):
                     needles=[f"{m}:3", "arrival_s", "negative"], watch=tmp_path)
 
 
+def test_measurement_with_too_many_lines_is_refused(tmp_path, monkeypatch):
+    from validator import measure
+    monkeypatch.setattr(measure, "MAX_MEASUREMENT_LINES", 3)
+    m = measurement_file(tmp_path / "m.jsonl", [ok_request(), ok_request(), ok_request()])
+    assert_rejected("validate", "check", m, "--profile", "llama-3.1-8b", "--out", tmp_path / "c",
+                    needles=[f"{m}:4", "more than 3 lines (refused)"], watch=tmp_path)
+
+
+STEPLOG_CASES = [
+    ('{"q": [1], "ctx": [5]}\n[1, 2]\n', ":2: expected a JSON object, got list"),
+    ('{"q": [1], "ctx": [5]}\n{"q": [1]}\n', ":2: q and ctx must be non-empty lists of equal length"),
+    ('{"q": "12", "ctx": "34"}\n', ":1: q and ctx must be non-empty lists of equal length"),
+    ('{"q": [1.5], "ctx": [5]}\n', ":1: q and ctx must hold token counts"),
+    ('{"q": [true], "ctx": [5]}\n', ":1: q and ctx must hold token counts"),
+    ('{"q": [1], "ctx": [5]}\n{"q": [' + "[" * 100_000 + "]" * 100_000 + '], "ctx": [1]}\n', ":2: nested too deeply"),
+    ('{"q": [1], "ctx": [5]}\n{"q": [1], "ctx"\n', ":2: not JSON"),
+]
+
+
+@pytest.mark.parametrize("text,needle", STEPLOG_CASES, ids=range(len(STEPLOG_CASES)))
+def test_step_log_read_back_is_checked_line_by_line(tmp_path, text, needle):
+    from dsim.errors import InputError
+    from validator.gpu.plan import read_steplog
+    f = tmp_path / "steps.jsonl"
+    f.write_text(text)
+    with pytest.raises(InputError) as e:
+        read_steplog(f)
+    assert str(f) + needle in str(e.value) and "\n" not in str(e.value), str(e.value)[:300]
+
+
+def test_json_lines_bounded_in_records(tmp_path):
+    from dsim.errors import InputError
+    from dsim.schema import read_json_lines
+    f = tmp_path / "r.jsonl"
+    f.write_text('{"a": 1}\n\n{"a": 2}\n{"a": 3}\n')
+    assert [ln for ln, _ in read_json_lines(f, max_lines=3)] == [1, 3, 4]
+    with pytest.raises(InputError, match=r"r.jsonl:4: more than 2 records \(refused\)"):
+        read_json_lines(f, max_lines=2)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.binary(max_size=400))
+def test_json_lines_of_any_bytes_are_read_or_refused_in_one_line(tmp_path_factory, data):
+    from dsim.errors import InputError
+    from dsim.schema import read_json_lines
+    f = tmp_path_factory.mktemp("jl") / "x.jsonl"
+    f.write_bytes(data)
+    try:
+        out = read_json_lines(f)
+    except InputError as e:
+        assert str(e).startswith(str(f)) and "\n" not in str(e), str(e)
+        return
+    assert all(isinstance(o, dict) for _, o in out)
+
+
+def test_validator_csv_trace_bounded_in_rows_and_fields(tmp_path, monkeypatch):
+    from dsim import workload
+    from dsim.errors import InputError
+    from validator import traces
+    monkeypatch.setattr(workload, "MAX_TRACE_ROWS", 2)
+    f = tmp_path / "t.csv"
+    f.write_text("prompt_tokens,output_tokens\n5,3\n6,4\n7,5\n")
+    with pytest.raises(InputError, match="more than 2 requests"):
+        traces._native(f)
+    f.write_text("prompt_tokens,output_tokens\n5,3\n6," + "9" * 200_000 + "\n")
+    with pytest.raises(InputError, match=r"t.csv:3: not a CSV row \(field larger than field limit"):
+        traces._native(f)
+
+
 def test_check_malformed_middle_line_is_an_error(tmp_path):
     m = measurement_file(tmp_path / "m.jsonl", [ok_request(), ok_request()])
     lines = m.read_text().splitlines()

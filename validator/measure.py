@@ -203,6 +203,7 @@ def check_request(r: dict, where: str) -> None:
 
 
 MAX_MEASUREMENT_BYTES = 2 << 30  # a day of a busy server's per-request lines is well under this
+MAX_MEASUREMENT_LINES = 20_000_000  # (a day at 100 requests/s is under 9 M request lines)
 
 
 def read(path) -> Measurement:
@@ -224,6 +225,8 @@ def read(path) -> Measurement:
     header, requests, gauges, before, summary = None, [], [], None, None
     bad = 0
     rows = [(i, ln) for i, ln in enumerate(text.splitlines(), 1) if ln.strip()]
+    if len(rows) > MAX_MEASUREMENT_LINES:
+        raise InputError(f"{path}:{rows[MAX_MEASUREMENT_LINES][0]}: more than {MAX_MEASUREMENT_LINES} lines (refused)")
     for idx, (lineno, line) in enumerate(rows):
         where = f"{path}:{lineno}"
         try:

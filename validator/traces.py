@@ -8,7 +8,6 @@ arrival_s/timestamp), or made up from fixed lengths.
 from __future__ import annotations
 
 import csv
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,20 +48,22 @@ def fixed(n: int, input_len: int, output_len: int) -> Plan:
 
 
 def _native(path: Path) -> Plan:
-    from dsim.schema import check_input_file
+    from dsim.schema import check_input_file, read_json_lines
+    from dsim.workload import MAX_TRACE_ROWS
 
     check_input_file(path, max_bytes=4 << 30)  # no device, FIFO or file past the bound
-    rows = []
+    rows: list = []
     if path.suffix == ".jsonl":
-        for i, line in enumerate(path.read_text().splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    raise InputError(f"{path}:{i}: not valid JSON") from None
+        rows = [r for _, r in read_json_lines(path, max_bytes=4 << 30, max_lines=MAX_TRACE_ROWS)]
     elif path.suffix == ".csv":
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
+        with open(path, newline="", encoding="utf-8", errors="replace") as f:
+            try:
+                for r in csv.DictReader(f):
+                    if len(rows) >= MAX_TRACE_ROWS:
+                        raise InputError(f"{path}: more than {MAX_TRACE_ROWS} requests (refused)")
+                    rows.append(r)
+            except csv.Error as e:  # e.g. a field past csv's size limit (128 KiB)
+                raise InputError(f"{path}:{len(rows) + 2}: not a CSV row ({e})") from None
     else:
         raise InputError(f"{path}: unknown trace format (csv or jsonl, or install dsim.workload)")
     from dsim.errors import plain

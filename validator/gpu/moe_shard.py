@@ -382,15 +382,15 @@ def time_step(fn, device, reps: int = 5, warm: int = 2) -> tuple[float, list[flo
 
 # ------------------------------------------------------------------ step logs
 def read_steplog(path: str) -> list[dict]:
+    from dsim.errors import InputError
+    from dsim.schema import read_json_lines
+
+    try:  # bounded in size, records and nesting
+        records = read_json_lines(path, "step log", max_bytes=1 << 30)
+    except InputError as e:
+        raise SystemExit(f"error: {e}") from None
     steps = []
-    for ln, line in enumerate(Path(path).read_text().splitlines(), 1):
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            st = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SystemExit(f"error: {path}:{ln}: not JSON ({e.msg})") from None
+    for ln, st in records:
         if (
             not isinstance(st, dict)
             or not isinstance(st.get("q"), list)

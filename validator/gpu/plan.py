@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from dsim.cost import CostModel, drafter_request_sizes, profile_from_dict, vllm_capture_sizes
+from dsim.errors import InputError
 
 MAX_BATCHED_TOKENS = 8192
 # a tiny model for --dry-run (CPU, float32): checks the pipeline, its numbers mean nothing
@@ -718,15 +719,21 @@ def synthetic_steplog(
     return out
 
 
+MAX_STEPLOG_BYTES = 1 << 30
+
+
 def read_steplog(path: str | Path) -> list[dict]:
+    """A step log's steps (one JSON object a line with lists ``q`` and ``ctx`` of token counts),
+    bounded in size, records and nesting; InputError naming file and line for anything else."""
+    from dsim.schema import read_json_lines
+
     steps = []
-    for ln, line in enumerate(Path(path).read_text().splitlines(), 1):
-        line = line.strip()
-        if not line:
-            continue
-        d = json.loads(line)
-        if len(d["q"]) != len(d["ctx"]) or not d["q"]:
-            raise ValueError(f"{path}:{ln}: q and ctx must be non-empty lists of equal length")
+    for ln, d in read_json_lines(path, "step log", max_bytes=MAX_STEPLOG_BYTES):
+        q, ctx = d.get("q"), d.get("ctx")
+        if not (isinstance(q, list) and isinstance(ctx, list) and q and len(q) == len(ctx)):
+            raise InputError(f"{path}:{ln}: q and ctx must be non-empty lists of equal length")
+        if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= 1 << 40 for x in q + ctx):
+            raise InputError(f"{path}:{ln}: q and ctx must hold token counts (integers >= 0)")
         steps.append(d)
     return steps
 

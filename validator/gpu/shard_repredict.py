@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from dsim.cost import CostModel, load_profile, priced_from_q
-from dsim.errors import InputError
+from dsim.errors import InputError, plain
 from dsim.outputs import write_file
 from dsim.profiling.models import load_model
 from validator.gpu.plan import PREFILL_MIN_Q
@@ -55,13 +55,14 @@ def completed_blocks(q: list[int], ctx: list[int], ratio: int = HCA_RATIO) -> in
 
 def read_steps(path: Path) -> dict[int, dict]:
     """A step log's steps by their ``step`` number (one JSON object a line)."""
+    from dsim.schema import read_json_lines
+
     steps = {}
-    for ln, line in enumerate(path.read_text().splitlines(), 1):
-        try:
-            st = json.loads(line)
-        except json.JSONDecodeError:
-            raise InputError(f"{path}:{ln}: not JSON") from None
-        steps[st["step"]] = st
+    for ln, st in read_json_lines(path, max_bytes=1 << 30):
+        k = st.get("step")
+        if not isinstance(k, int) or isinstance(k, bool):
+            raise InputError(f"{path}:{ln}: step: expected the step's number, got {plain(k)}")
+        steps[k] = st
     return steps
 
 
