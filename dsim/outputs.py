@@ -132,6 +132,11 @@ def raise_if_stopped() -> None:
         raise _stop[0]
 
 
+def stopped_by() -> BaseException | None:
+    """The recorded stop signal's exception, if any."""
+    return _stop[0] if _stop else None
+
+
 def clear_stop() -> None:
     """Forget a recorded stop (an in-process caller that runs several commands)."""
     _stop.clear()

@@ -581,7 +581,7 @@ def _cancel_requested() -> bool:
     return bool(cancelling()) if cancelling is not None else False
 
 
-def _run_stoppable(coro):
+def run_stoppable(coro):
     """asyncio.run, with Ctrl-C and SIGTERM turned into a cancel of the run (its requests cancelled
     and awaited, the file discarded) and raised after it: KeyboardInterrupt, or launch.Terminated for
     SIGTERM. Raised by a signal handler wherever the loop happened to be, the stop hit the HTTP client
@@ -623,7 +623,9 @@ def _run_stoppable(coro):
                 signal.signal(sig, h)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # (a stop held meanwhile is raised here)
     if got:
-        raise Terminated(f"signal {got[0]}") if got[0] == signal.SIGTERM else KeyboardInterrupt(f"signal {got[0]}")
+        from dsim.outputs import note_stop
+
+        raise note_stop(Terminated(f"signal {got[0]}") if got[0] == signal.SIGTERM else KeyboardInterrupt())
     return result
 
 
@@ -636,7 +638,7 @@ def run(plan: Plan, opts: RunOptions, out_path: str | Path) -> dict:
         client_cpus=sorted(os.sched_getaffinity(0)) if old_cpus is not None else None,
     )
     try:
-        return _run_stoppable(run_async(plan, opts, out_path))
+        return run_stoppable(run_async(plan, opts, out_path))
     except BaseException as e:
         # SIGTERM is turned into KeyboardInterrupt (launch.terminate_as_interrupt); when it lands inside
         # the HTTP client's task group it comes wrapped in an exception group: unwrap it, so callers see

@@ -40,7 +40,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dsim import toolmain
 from dsim.errors import InputError
+from dsim.outputs import note_stop
 from validator import server as srv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -378,9 +380,10 @@ def stop(run: Running, grace_s: float = 20.0) -> int | None:
     return rc
 
 
-class Terminated(KeyboardInterrupt):
+class Terminated(KeyboardInterrupt, toolmain.Terminated):
     """SIGTERM: unwinds as Ctrl-C does (every ``except KeyboardInterrupt`` cleanup runs); the
-    command then ends with 143 instead of 130."""
+    command then ends with 143 instead of 130 (recorded with dsim.outputs.note_stop, so dsim's
+    main tells it from a Ctrl-C where typer has turned either into 130)."""
 
 
 def stop_exit_code(e: BaseException) -> int:
@@ -389,7 +392,7 @@ def stop_exit_code(e: BaseException) -> int:
 
 
 def _sigterm(signum, frame):
-    raise Terminated(f"signal {signum}")
+    raise note_stop(Terminated(f"signal {signum}"))
 
 
 @contextlib.contextmanager

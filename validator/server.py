@@ -144,8 +144,10 @@ def health_status(url: str, timeout_s: float = HEALTH_REQUEST_S) -> tuple[int | 
             async with client.stream("GET", f"{url}/health") as r:
                 return r.status_code
 
+    from validator.driver import run_stoppable  # (a stop cancels the request, then is raised)
+
     try:
-        return asyncio.run(asyncio.wait_for(get(), timeout_s)), ""
+        return run_stoppable(asyncio.wait_for(get(), timeout_s)), ""
     except asyncio.TimeoutError:
         return None, f"no whole answer within {timeout_s:.3g} s"
     except httpx.TimeoutException as e:

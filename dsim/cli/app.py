@@ -471,7 +471,8 @@ def main(argv=None):
         from typer._click import exceptions as cx
     except ImportError:  # pragma: no cover - typer versions built on the click package
         from click import exceptions as cx
-    from dsim.outputs import clear_stop, raise_if_stopped
+    from dsim.outputs import clear_stop, raise_if_stopped, stopped_by
+    from dsim.toolmain import Terminated
 
     clear_stop()
     old_int = signal.getsignal(signal.SIGINT)
@@ -481,9 +482,9 @@ def main(argv=None):
         rc = app(args=argv, standalone_mode=False)
         if rc not in (130, 143):
             raise_if_stopped()  # a stop swallowed in a native callback still ends the run as a stop
+        if rc == 130 and isinstance(stopped_by(), Terminated):
+            rc = 143  # a SIGTERM unwound as Ctrl-C (the validator's managed server), which typer returns as 130
         completed = rc not in (130, 143)
-        if rc == 143:  # a command that ended its own run on SIGTERM (the validator's)
-            raise _Terminated
     except _Terminated:
         typer.echo("dsim: terminated", err=True)
         sys.exit(143)
@@ -500,9 +501,10 @@ def main(argv=None):
     except cx.ClickException as e:
         typer.echo(f"dsim: error: {_one_line(e.format_message())}", err=True)
         sys.exit(e.exit_code)
-    except (typer.Abort, KeyboardInterrupt):
-        # (standalone_mode=False: a Ctrl-C outside click's own handling arrives as KeyboardInterrupt)
-        rc = 130
+    except (typer.Abort, KeyboardInterrupt) as e:
+        # (standalone_mode=False: a Ctrl-C outside click's own handling arrives as KeyboardInterrupt;
+        # a SIGTERM unwound as one, the validator's, is a Terminated)
+        rc = 143 if isinstance(e, Terminated) or isinstance(stopped_by(), Terminated) else 130
     except OSError as e:
         if e.errno == errno.EPIPE:  # output piped into a closed reader (head): not an error
             sys.exit(1)
@@ -518,6 +520,9 @@ def main(argv=None):
             signal.signal(signal.SIGINT, old_int)
     if rc == 130:  # typer turns a KeyboardInterrupt inside a command into a silent return of 130
         _exit_interrupted(from_console=argv is None)
+    if rc == 143:
+        typer.echo("dsim: terminated", err=True)
+        sys.exit(143)
     if isinstance(rc, int) and rc:
         sys.exit(rc)
 
