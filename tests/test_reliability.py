@@ -521,7 +521,7 @@ def test_parquet_nested_or_wrong_typed_column_refused_from_the_schema(tmp_path, 
 def test_parquet_columns_dsim_does_not_use_are_not_read(tmp_path, monkeypatch):
     """A big nested column beside the trace's own: never decompressed (the size bound counts only
     the columns read), the trace is read."""
-    from dsim import workload
+    from dsim.workload import readers as workload
     from dsim.workload import load_workload
     monkeypatch.setattr(workload, "MAX_TRACE_BYTES", 1 << 20)
     p = _parquet(tmp_path / "t.parquet", arrival_s=[0.0, 1.0], prompt_tokens=[5, 6], output_tokens=[3, 4],
@@ -530,7 +530,7 @@ def test_parquet_columns_dsim_does_not_use_are_not_read(tmp_path, monkeypatch):
 
 
 def test_parquet_row_count_refused_from_the_footer(tmp_path, monkeypatch):
-    from dsim import workload
+    from dsim.workload import readers as workload
     monkeypatch.setattr(workload, "MAX_TRACE_ROWS", 5)
     p = _parquet(tmp_path / "t.parquet", arrival_s=[float(i) for i in range(6)], prompt_tokens=[5] * 6,
                  output_tokens=[3] * 6)
@@ -540,16 +540,17 @@ def test_parquet_row_count_refused_from_the_footer(tmp_path, monkeypatch):
 def test_parquet_that_decompresses_past_the_bound_is_refused_before_reading(tmp_path, monkeypatch):
     """A few KB on disk, 24 MB of prefix hashes once decompressed (a run of zeros compresses to
     nothing): refused from the footer's sizes, before any page is read."""
-    from dsim import workload
+    from dsim.workload import readers as workload
     monkeypatch.setattr(workload, "MAX_TRACE_BYTES", 16 << 20)
     p = _parquet(tmp_path / "t.parquet", arrival_s=[0.0, 1.0, 2.0], prompt_tokens=[5, 6, 7], output_tokens=[3, 4, 5],
                  prefix_hashes=[[0] * 1_000_000] * 3)
     assert p.stat().st_size < 1 << 20
+    import pyarrow.parquet as pq
     read = []
-    real = workload.pd.DataFrame
-    monkeypatch.setattr(workload.pq if hasattr(workload, "pq") else workload, "_never", None, raising=False)
-    assert_rejected("simulate", "--trace", p, needles=[str(p), "once decompressed (refused)"])
-    assert read == [] and real is workload.pd.DataFrame
+    real = pq.ParquetFile.iter_batches
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", lambda self, *a, **k: read.append(1) or real(self, *a, **k))
+    assert_rejected("simulate", "--trace", p, needles=[str(p), "MiB: more than 16 MiB of data once decompressed"])
+    assert read == []
 
 
 def test_numpy_values_shown_plain(tmp_path):
@@ -751,7 +752,7 @@ def test_json_lines_of_any_bytes_are_read_or_refused_in_one_line(tmp_path_factor
 
 
 def test_validator_csv_trace_bounded_in_rows_and_fields(tmp_path, monkeypatch):
-    from dsim import workload
+    from dsim.workload import readers as workload
     from dsim.errors import InputError
     from validator import traces
     monkeypatch.setattr(workload, "MAX_TRACE_ROWS", 2)

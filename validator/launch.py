@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dsim import toolmain
+from dsim.cli import toolmain
 from dsim.errors import InputError
 from dsim.outputs import note_stop
 from validator import server as srv

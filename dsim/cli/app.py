@@ -471,8 +471,8 @@ def main(argv=None):
         from typer._click import exceptions as cx
     except ImportError:  # pragma: no cover - typer versions built on the click package
         from click import exceptions as cx
+    from dsim.cli.toolmain import Terminated
     from dsim.outputs import clear_stop, raise_if_stopped, stopped_by
-    from dsim.toolmain import Terminated
 
     clear_stop()
     old_int = signal.getsignal(signal.SIGINT)

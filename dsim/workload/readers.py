@@ -624,7 +624,8 @@ def _parquet_frame(path: Path) -> pd.DataFrame:
             cc = rg.column(j)
             top = cc.path_in_schema.split(".")[0]
             if top in wanted:
-                wanted[top].append(cc.total_uncompressed_size)
+                # decoded, a value takes up to 8 bytes (run-length encoded pages report far less)
+                wanted[top].append(max(cc.total_uncompressed_size, 8 * cc.num_values))
     size = sum(sum(v) for v in wanted.values())
     too_big = f"more than {MAX_TRACE_BYTES >> 20} MiB of data once decompressed (refused)"
     if size > MAX_TRACE_BYTES:
