@@ -63,7 +63,15 @@ from dsim.cost import (
     vllm_capture_sizes,
 )
 from dsim.errors import InputError
-from dsim.profiling.kernel_tables import HARDWARE, MATH_DTYPE, WEIGHT_BYTES, KernelTable, Roofline, load_kernel_table
+from dsim.profiling.kernel_tables import (
+    HARDWARE,
+    MATH_DTYPE,
+    WEIGHT_BYTES,
+    KernelTable,
+    Roofline,
+    load_kernel_table,
+    load_table_spec,
+)
 from dsim.profiling.models import MoEModel, load_model
 
 if TYPE_CHECKING:
@@ -309,6 +317,15 @@ def layer_ops(
     return ops
 
 
+def physical_experts(model: MoEModel, topo: Topology) -> int:
+    """The routed experts an EP group holds: the model's, or where they do not divide over the EP
+    ranks, the fewest redundant copies that give every rank the same count (DeepSeek's decode layout:
+    EP144, 256 experts + 32 redundant, 2 per GPU; the inference-system overview, open-infra-index).
+    The copies go to the most loaded experts (EPLB), so routing stays uniform over the copies."""
+    e, ep = model.experts, topo.ep
+    return e if e % ep == 0 else -(-e // ep) * ep
+
+
 def _moe_block_ops(model: MoEModel, topo: Topology, dt: str, edt: str, n: int, count: float) -> list[Op]:
     """The MoE block of `count` layer passes over n tokens per rank: shared expert, the routed
     experts of the EP group's tokens (n x DP ranks), dispatch / combine or the TP all-reduce."""
@@ -329,7 +346,7 @@ def _moe_block_ops(model: MoEModel, topo: Topology, dt: str, edt: str, n: int, c
             hidden=h,
             inter=model.moe_inter,
             topk=model.topk,
-            experts=model.experts,
+            experts=physical_experts(model, topo),
             ep=topo.ep,
         )
     )
@@ -399,6 +416,10 @@ def draft_ops(
 
 
 # ---------------------------------------------------------------------------------------- pricing
+#: the most routed experts per rank _one_expert_ms prices as per-expert GEMMs (wide EP: 1-8 per GPU)
+MOE_AS_GEMMS_MAX_LOCAL = 8
+
+
 class Pricer:
     """Prices ops from kernel tables in order of preference (the first that answers), falling back
     to the roofline; counts what each source priced. `zero_ops`: op kinds priced at 0 (a one-GPU
@@ -463,11 +484,14 @@ class Pricer:
         a down GEMM [rows, inter] x [inter, hidden] (the shapes of one shared expert), priced from the
         tables' GEMM records (the moe op's preferred table first), plus its SwiGLU, routing-weight and
         permute traffic as elementwise bytes. rows = tokens x topk / experts, the mean rank's (the
-        lockstep factor adds the slowest rank's excess). None where the rank holds more than one
-        expert or a GEMM has no record."""
+        lockstep factor adds the slowest rank's excess). A rank of a few experts (E / P of them, wide EP:
+        2 on DeepSeek's EP144) runs that pair once per local expert, as kernels_aic.moe_as_gemms re-prices
+        AIC's rows per GPU. None where the experts do not divide over the ranks, the rank holds more than
+        MOE_AS_GEMMS_MAX_LOCAL of them (a grouped kernel's table should price those) or a GEMM has no record."""
         T, H, inter, k, E, P = (int(rec[x]) for x in ("tokens", "hidden", "inter", "topk", "experts", "ep"))
-        if P != E:
+        if E % P or E // P > MOE_AS_GEMMS_MAX_LOCAL:
             return None
+        local = E // P
         rows = max(1, round(T * k / E))
         order = self.order.get("moe", self.tables)
         parts = []
@@ -477,11 +501,10 @@ class Pricer:
             if v is None:
                 return None
             parts.append(v)
-        ew = dict(op="elementwise", bytes=int(rows * (2 * inter * 2 + inter * 2 + 4 * H * 2)))
+        ew = dict(op="elementwise", bytes=int(local * rows * (2 * inter * 2 + inter * 2 + 4 * H * 2)))
         v_ew = next((x for x in (t.ms(ew) for t in self.tables) if x is not None), None)
-        parts.append(v_ew if v_ew is not None else self.roofline.ms(ew))
         self.moe_as_gemm += 1
-        return float(sum(parts))
+        return float(local * sum(parts) + (v_ew if v_ew is not None else self.roofline.ms(ew)))
 
     def _lookup(self, rec: dict) -> float | None:
         for t in self.order.get(rec["op"], self.tables):
@@ -621,7 +644,7 @@ def _moe_factor(model: MoEModel, topo: Topology, hardware: str, op: Op, roof: Ro
     return moe_lockstep_factor(
         T,
         model.topk,
-        model.experts,
+        physical_experts(model, topo),
         topo.ep,
         3.0 * model.hidden * model.moe_inter * wb,
         2.0 * 3 * model.hidden * model.moe_inter / (peak * roof.eff_flops),
@@ -1189,7 +1212,7 @@ def kv_capacity(model: MoEModel, topo: Topology, hardware: str, max_num_seqs: in
         dense_and_shared=pb["shared_and_dense"] / topo.attn_tp,
         router=pb["router"],
         embeddings=pb["embeddings"] / topo.attn_tp,
-        routed_experts=pb["routed_experts"] * e_scale / topo.ep,
+        routed_experts=pb["routed_experts"] * e_scale * physical_experts(model, topo) / model.experts / topo.ep,
         mtp=pb["mtp"] / topo.ep,
     )
     weights_gb = sum(per_gpu.values()) / 1e9
@@ -1399,7 +1422,7 @@ def compose_profile(
             src += f"; {', '.join(sorted(zero_ops))} priced at 0 (one-GPU shard check)"
         if pricer.moe_as_gemm:
             src += (
-                f"; {pricer.moe_as_gemm} routed-expert lookups of a one-expert EP rank priced as that expert's "
+                f"; {pricer.moe_as_gemm} routed-expert lookups of a few-expert EP rank priced as its experts' "
                 "gate+up and down GEMMs (no moe record for the group in the tables)"
             )
         if pricer.grouped_as_single:
@@ -1437,6 +1460,15 @@ def compose_profile(
             "(uniform top-k routing, EPLB-balanced)"
             if topo.attn_dp > 1
             else "TP ranks hold the same tokens; experts wait for the slowest EP rank",
+            **(
+                dict(
+                    redundant_experts=f"{physical_experts(model, topo) - model.experts} redundant routed experts so "
+                    f"that {model.experts} divide over EP{topo.ep} ({physical_experts(model, topo) // topo.ep} per "
+                    "GPU; DeepSeek's EP144 decode layout, open-infra-index day 6), routing uniform over the copies"
+                )
+                if physical_experts(model, topo) != model.experts
+                else {}
+            ),
             graph_gap_us_per_layer=GRAPH_GAP_US_PER_LAYER,
             eager_us_per_layer=eager_us_per_layer,
             activation_reserve_gb=ACTIVATION_RESERVE_GB,
@@ -1814,7 +1846,8 @@ def main(argv: list[str] | None = None) -> int:
     prof.add_argument(
         "--kernels",
         default=None,
-        help="kernel table(s), comma-separated in order of preference (profiles/kernels/NAME.json); roofline if absent",
+        help="kernel table(s), comma-separated in order of preference (profiles/kernels/NAME.json; NAME@HW: "
+        "that table carried to hardware HW by the per-op roofline ratio); roofline if absent",
     )
     prof.add_argument(
         "--backend",
@@ -1902,7 +1935,7 @@ def _run(a, argv: list[str] | None) -> int:
         )
         sys.stdout.write("\n")
         return 0
-    table = [load_kernel_table(k.strip()) for k in a.kernels.split(",") if k.strip()] if a.kernels else None
+    table = [load_table_spec(k.strip()) for k in a.kernels.split(",") if k.strip()] if a.kernels else None
     if a.backend and table is None:
         table = [shipped_table_for(a.hardware, a.backend, topo.name)]
         a.name = a.name or f"{model.name}-{a.hardware}-{a.backend}-{topo.name}" + ("-dbo" if a.overlap == "dbo" else "")
