@@ -1252,8 +1252,11 @@ def test_compose_for_takes_hardware_and_backend_and_names_both():
     assert "h200-aic-vllm" in p.provenance["method"]
     with pytest.raises(InputError, match="one of vllm, sglang, trtllm"):
         compose_for("deepseek-v3", "h200", "tensorrt")
-    with pytest.raises(InputError, match="--hardware 'h800'"):
-        compose_for("deepseek-v3", "h800")
+    with pytest.raises(InputError, match="--hardware 'a100'"):
+        compose_for("deepseek-v3", "a100")
+    # a GPU with datasheet figures but no AIC system (H800: DeepSeek's): named as such
+    with pytest.raises(InputError, match="--hardware h800: AIC has no kernel tables"):
+        compose_for("deepseek-v3", "h800", topology="dp16-ep16")
 
 
 @pytest.mark.skipif(

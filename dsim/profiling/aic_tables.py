@@ -52,7 +52,7 @@ import json
 import math
 import statistics
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1445,10 +1445,11 @@ def main(argv: list[str] | None = None) -> int:
 # ---- a composed profile on any hardware x backend AIC has tables for -------------------------------------------
 
 
-def kernel_tables_for(hardware: str, backend: str, model: str, topology: str) -> Any:
+def kernel_tables_for(hardware: str, backend: str, model: str | None, topology: str) -> Any:
     """The silicon-table kernel table of ``hardware`` x ``backend``: the shipped
     profiles/kernels/<hardware>-aic-<backend>.json.gz for a shipped topology (dsim.compose.shipped_table_for),
-    else priced for this model and topology from AIC's tables on demand (case_table; the aic extra)."""
+    else priced for this model and topology from AIC's tables on demand (case_table; the aic extra; only for
+    a model of MODELS: ``model`` None is a model AIC's composer records cannot be written for)."""
     from dsim.profiling.compose import BACKENDS as COMPOSE_BACKENDS
     from dsim.profiling.compose import shipped_table_for
     from dsim.profiling.kernel_tables import HARDWARE, kernel_table_path
@@ -1459,11 +1460,16 @@ def kernel_tables_for(hardware: str, backend: str, model: str, topology: str) ->
         raise InputError(f"--hardware {hardware!r}: one of {', '.join(sorted(HARDWARE))}")
     if kernel_table_path(f"{hardware}-aic-{backend}").is_file() and topology in ("dp8-ep8", "tp8-ep8"):
         return shipped_table_for(hardware, backend, topology)
+    if model is None:
+        raise InputError(
+            f"no shipped {hardware}-aic-{backend} table for {topology}, and AIC's tables are priced on demand only "
+            f"for {', '.join(MODELS)}"
+        )
     return case_table(hardware, backend, model, topology)
 
 
 def compose_for(
-    model: str,
+    model: Any,
     hardware: str,
     backend: str = "vllm",
     topology: str = "dp8-ep8",
@@ -1471,33 +1477,39 @@ def compose_for(
     overlap: str = "none",
     expert_dtype: str | None = None,
     name: str | None = None,
+    after: Sequence[Any] = (),
+    command: str | None = None,
     **kw: Any,
 ) -> Any:
-    """A composed profile of ``model`` (profiles/models/<model>.json) on ``hardware`` (a dsim.kernels.HARDWARE
-    key: h100, h200, b200, b300, gb200, gb300) served by ``backend`` (vllm, sglang, trtllm: whose kernels
-    AIC's silicon tables measured) at ``topology``. Named <model>-<hardware>-<backend>-<topology>[-dbo];
-    provenance.hardware and provenance.backend say both. Other keywords go to dsim.compose.compose_profile."""
+    """A composed profile of ``model`` (profiles/models/<model>.json, or a dsim.models.MoEModel, e.g. read from
+    a user's config.json) on ``hardware`` (a dsim.kernels.HARDWARE key: h100, h200, b200, b300, gb200, gb300)
+    served by ``backend`` (vllm, sglang, trtllm: whose kernels AIC's silicon tables measured) at ``topology``.
+    ``after``: further kernel tables asked after the silicon one (e.g. our own measured table). Named
+    <model>-<hardware>-<backend>-<topology>[-dbo]; provenance.hardware and provenance.backend say both. Other
+    keywords go to dsim.compose.compose_profile."""
     import dataclasses
 
     from dsim.profiling.compose import compose_profile, parse_topology
     from dsim.profiling.kernel_tables import HARDWARE
-    from dsim.profiling.models import load_model
+    from dsim.profiling.models import MoEModel, load_model
 
-    m = load_model(model)
+    m = model if isinstance(model, MoEModel) else load_model(model)
+    known = m.name if m.name in MODELS else None
     if expert_dtype:
         if expert_dtype == "fp4" and HARDWARE[hardware]["fp4"] is None:
             raise InputError(f"expert dtype fp4: {HARDWARE[hardware]['name']} has no FP4 tensor cores")
         m = dataclasses.replace(m, expert_dtype=expert_dtype)
     topo = parse_topology(topology)
-    table = kernel_tables_for(hardware, backend, model, topo.name)
+    table = kernel_tables_for(hardware, backend, known, topo.name)
     label = f"{m.name}-{hardware}-{backend}-{topo.name}" + ("-dbo" if overlap == "dbo" else "")
-    cmd = (
-        f"dsim.kernels_aic.compose_for({model!r}, {hardware!r}, {backend!r}, {topology!r}"
+    cmd = command or (
+        f"dsim.kernels_aic.compose_for({m.name!r}, {hardware!r}, {backend!r}, {topology!r}"
         + (f", overlap={overlap!r}" if overlap != "none" else "")
         + (f", expert_dtype={expert_dtype!r}" if expert_dtype else "")
         + ")"
     )
-    prof = compose_profile(m, topo, hardware, table, name=name or label, overlap=overlap, command=cmd, **kw)
+    tables = [table, *after]
+    prof = compose_profile(m, topo, hardware, tables, name=name or label, overlap=overlap, command=cmd, **kw)
     prof.provenance["backend"] = f"{backend} ({table.provenance.get('backend', table.provenance.get('engine'))})"
     return prof
 
