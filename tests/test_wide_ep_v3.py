@@ -111,6 +111,16 @@ def test_few_expert_rank_priced_as_its_experts_gemms():
     ew = Roofline(hardware="h200").ms(dict(op="elementwise", bytes=2 * rows * (2 * 2048 * 2 + 2048 * 2 + 4 * 7168 * 2)))
     assert pr.ms(moe) == pytest.approx(2 * g + ew)
     assert pr.moe_as_gemm == 1
+    # a rank of 16 experts (EP16) at 1 token per rank (16 over the group): only those the tokens reach run,
+    # 16 x (1 - (1 - 8/256)^16) = 6.5 of them, one row each
+    topo16 = C.parse_topology("dp16-ep16")
+    moe16 = next(o for o in C.layer_ops(v3, topo16, "h200", 1, layers=[5]) if o.part == "moe_experts")
+    active = 16 * (1 - (1 - 8 / 256) ** 16)
+    g1 = sum(tab.ms(dict(op="gemm", dtype="fp8", m=1, n=a, k=b)) for a, b in ((4096, 7168), (7168, 2048)))
+    ew1 = Roofline(hardware="h200").ms(
+        dict(op="elementwise", bytes=int(active * (2 * 2048 * 2 + 2048 * 2 + 4 * 7168 * 2)))
+    )
+    assert pr.ms(moe16) == pytest.approx(active * g1 + ew1)
 
 
 @pytest.mark.parametrize(("hw", "ep"), SHIPPED)

@@ -416,10 +416,6 @@ def draft_ops(
 
 
 # ---------------------------------------------------------------------------------------- pricing
-#: the most routed experts per rank _one_expert_ms prices as per-expert GEMMs (wide EP: 1-8 per GPU)
-MOE_AS_GEMMS_MAX_LOCAL = 8
-
-
 class Pricer:
     """Prices ops from kernel tables in order of preference (the first that answers), falling back
     to the roofline; counts what each source priced. `zero_ops`: op kinds priced at 0 (a one-GPU
@@ -486,13 +482,16 @@ class Pricer:
         permute traffic as elementwise bytes. rows = tokens x topk / experts, the mean rank's (the
         lockstep factor adds the slowest rank's excess). A rank of a few experts (E / P of them, wide EP:
         2 on DeepSeek's EP144) runs that pair once per local expert, as kernels_aic.moe_as_gemms re-prices
-        AIC's rows per GPU. None where the experts do not divide over the ranks, the rank holds more than
-        MOE_AS_GEMMS_MAX_LOCAL of them (a grouped kernel's table should price those) or a GEMM has no record."""
+        AIC's rows per GPU. None where the experts do not divide over the ranks or a GEMM has no record."""
         T, H, inter, k, E, P = (int(rec[x]) for x in ("tokens", "hidden", "inter", "topk", "experts", "ep"))
-        if E % P or E // P > MOE_AS_GEMMS_MAX_LOCAL:
+        if E % P:
             return None
-        local = E // P
-        rows = max(1, round(T * k / E))
+        # a rank of several experts runs those its tokens reach: the mean of them under uniform routing
+        # (the lockstep factor adds the slowest rank's excess); one expert always runs (the slowest rank)
+        local = E // P if E > P else 1
+        if local > 1:
+            local = max(1.0, local * (1.0 - (1.0 - k / E) ** T))
+        rows = max(1, round(T * k / E / (local * P / E)))
         order = self.order.get("moe", self.tables)
         parts = []
         for n_, k_ in ((2 * inter, H), (H, inter)):

@@ -263,6 +263,11 @@ def kernel_tables_for(hardware: str) -> list[str]:
     return first + ([f"{h}-torch"] if f"{h}-torch" in shipped else [])
 
 
+#: a GPU without a MoE silicon table of its own, and the GPU of the same generation whose table is carried to
+#: it (dsim.kernels.carried_table: same matrix peaks, the HBM and NVLink differences by the roofline)
+CARRIED_FROM = {"h100": "h200", "h800": "h200"}
+
+
 def moe_profile(
     config: str | Path, cfg: dict, hardware: str, topology: str | None, name: str | None, backend: str = "vllm"
 ) -> Profile:
@@ -272,7 +277,7 @@ def moe_profile(
     for the GPU (kernel_tables_for) and the roofline for what they lack, the reason stated."""
     from dsim.profiling import compose as C
     from dsim.profiling import aic_tables as KA
-    from dsim.profiling.kernel_tables import HARDWARE, load_kernel_table
+    from dsim.profiling.kernel_tables import HARDWARE, kernel_table_path, load_kernel_table, load_table_spec
     from dsim.profiling.models import model_from_config, model_name
 
     hw = _check_hardware(hardware, HARDWARE, "composer")
@@ -289,9 +294,10 @@ def moe_profile(
         tables, no_silicon = [f"{hw}-aic-{backend}", *own], ""
     except InputError as e:  # no silicon table for this GPU x backend x topology here: the stated fallback
         tables, no_silicon = kernel_tables_for(hw), str(e)
-        prof = C.compose_profile(
-            model, topo, hw, [load_kernel_table(t) for t in tables] or None, name=name, command=cmd
-        )
+        donor = CARRIED_FROM.get(hw)
+        if donor and kernel_table_path(f"{donor}-aic-{backend}").is_file():
+            tables.append(f"{donor}-aic-{backend}@{hw}")
+        prof = C.compose_profile(model, topo, hw, [load_table_spec(t) for t in tables] or None, name=name, command=cmd)
     measured = (
         [f"kernel times from the tables {', '.join(tables)} (their provenance in profiles/kernels/)"] if tables else []
     )
@@ -307,6 +313,12 @@ def moe_profile(
             f"no silicon table for {hw.upper()} x {backend} at {topo.name} ({no_silicon}): "
             + (
                 f"ops priced from {', '.join(tables)} where they hold a record, else by the roofline"
+                + (
+                    " (NAME@GPU: a table of another GPU of the same generation carried to this one by each op's "
+                    "roofline ratio, dsim.kernels.carried_table)"
+                    if any("@" in t for t in tables)
+                    else ""
+                )
                 if tables
                 else "every op priced by the roofline"
             ),
