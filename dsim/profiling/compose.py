@@ -480,18 +480,18 @@ class Pricer:
         a down GEMM [rows, inter] x [inter, hidden] (the shapes of one shared expert), priced from the
         tables' GEMM records (the moe op's preferred table first), plus its SwiGLU, routing-weight and
         permute traffic as elementwise bytes. rows = tokens x topk / experts, the mean rank's (the
-        lockstep factor adds the slowest rank's excess). A rank of a few experts (E / P of them, wide EP:
-        2 on DeepSeek's EP144) runs that pair once per local expert, as kernels_aic.moe_as_gemms re-prices
-        AIC's rows per GPU. None where the experts do not divide over the ranks or a GEMM has no record."""
+        lockstep factor adds the slowest rank's excess). A rank of several experts (E / P of them, wide EP:
+        2 on DeepSeek's EP144) runs that pair once per expert its tokens reach (the mean number under
+        uniform routing), as kernels_aic.moe_as_gemms re-prices AIC's rows per GPU. None where the experts do not divide over the ranks or a GEMM has no record."""
         T, H, inter, k, E, P = (int(rec[x]) for x in ("tokens", "hidden", "inter", "topk", "experts", "ep"))
         if E % P:
             return None
         # a rank of several experts runs those its tokens reach: the mean of them under uniform routing
         # (the lockstep factor adds the slowest rank's excess); one expert always runs (the slowest rank)
-        local = E // P if E > P else 1
+        local: float = E // P
         if local > 1:
             local = max(1.0, local * (1.0 - (1.0 - k / E) ** T))
-        rows = max(1, round(T * k / E / (local * P / E)))
+        rows = max(1, round(T * k / (local * P)))
         order = self.order.get("moe", self.tables)
         parts = []
         for n_, k_ in ((2 * inter, H), (H, inter)):
