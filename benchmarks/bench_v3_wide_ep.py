@@ -20,7 +20,7 @@ Which figure is used for what (nothing is fitted on them; every kernel time come
 - profile-data's EP128 x 128 requests x 4K: printed, not checked (no timing read).
 
 Hardware: composed on the H800 itself (its datasheet in dsim.kernels.HARDWARE; AIC's H200 vLLM table
-carried to it op by op with the roofline ratio, dsim.kernels.carried_table; DeepEP's all-to-all as
+carried to it op by op with the roofline ratio, dsim.compose.load_table_spec; DeepEP's all-to-all as
 measured on H800, profiles/kernels/h800-deepep-ll-published.json), then on H100 and H200 to show what
 each difference moves.
 
@@ -33,7 +33,7 @@ import argparse
 from dataclasses import dataclass
 
 from dsim import compose as C
-from dsim.kernels import Roofline, carried_table, load_kernel_table
+from dsim.kernels import Roofline, load_kernel_table
 from dsim.models import load_model
 
 MODEL = "deepseek-v3"
@@ -55,8 +55,7 @@ LIMIT = 1024
 
 
 def tables(hardware: str) -> list:
-    src = load_kernel_table(SOURCE_TABLE)
-    first = src if hardware == "h200" else carried_table(src, "h200", hardware)
+    first = C.load_table_spec(SOURCE_TABLE if hardware == "h200" else f"{SOURCE_TABLE}@{hardware}")
     return [first, load_kernel_table(A2A_TABLE)]
 
 
@@ -258,6 +257,7 @@ def format_report(r: Report) -> str:
             f"| {ps.get('other', 0):.1f} |"
         )
     m = load_model(MODEL)
+    out.append("")
     core_tflop = bb * m.layers * m.heads * KV_TOKENS * (m.kv_lora_rank + m.rope_dim + m.kv_lora_rank) * 2 / 1e12
     out.append(
         f"MLA core FLOPs at check B: {core_tflop:.2f} TFLOP per step; over the H800 attention module's "

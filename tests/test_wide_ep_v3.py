@@ -13,9 +13,10 @@ import pytest
 
 from dsim import compose as C
 from dsim import kernels_deepep as D
+from dsim.compose import load_table_spec
 from dsim.cost import PROFILE_DIR, load_profile
 from dsim.errors import InputError
-from dsim.kernels import HARDWARE, KernelTable, Roofline, carried_table, load_kernel_table, load_table_spec
+from dsim.kernels import HARDWARE, KernelTable, Roofline, carried_table, load_kernel_table
 from dsim.models import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,6 +79,21 @@ def test_carried_table_keeps_compute_bound_ops_and_scales_hbm_bound_ones():
     assert ew == pytest.approx(2.0 * r800.ms(recs[1]) / r200.ms(recs[1]))
     assert 1.40 < ew / 2.0 < 4.8 / 3.35 + 1e-9  # HBM 4.8 -> 3.35 TB/s (the 3 us floor is common)
     assert comm / 3.0 == pytest.approx(r800.ms(recs[2]) / r200.ms(recs[2])) and comm / 3.0 > 2.0  # NVLink 450 -> 200
+    # an attention module with its projections: their rooflines join the core's in the ratio
+    mla = dict(op="attn", kind="mla", phase="decode", batch=44, q=1, kv=4096, heads=128, ms=1.0)
+    mla["includes"] = ["q_proj", "kv_proj", "mla_absorb", "o_proj"]
+    t2 = KernelTable(name="h200-y", provenance={}, records=[mla])
+    parts = C.included_part_records(mla)
+    assert {(p["n"], p["k"]) for p in parts if "groups" not in p} == {
+        (1536, 7168),
+        (24576, 1536),
+        (576, 7168),
+        (7168, 16384),
+    }
+    core_only = carried_table(t2, "h200", "h800").records[0]["ms"]
+    with_parts = carried_table(t2, "h200", "h800", C.included_part_records).records[0]["ms"]
+    want = sum(r800.ms(x) for x in [mla, *parts]) / sum(r200.ms(x) for x in [mla, *parts])
+    assert with_parts == pytest.approx(want) and with_parts > core_only
     # H800 = H100 but for NVLink
     assert {k: v for k, v in HARDWARE["h800"].items() if k not in ("name", "source", "link")} == {
         k: v for k, v in HARDWARE["h100"].items() if k not in ("name", "source", "link")

@@ -45,7 +45,8 @@ import datetime as _dt
 import json
 import sys
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -69,8 +70,8 @@ from dsim.profiling.kernel_tables import (
     WEIGHT_BYTES,
     KernelTable,
     Roofline,
+    carried_table,
     load_kernel_table,
-    load_table_spec,
 )
 from dsim.profiling.models import MoEModel, load_model
 
@@ -315,6 +316,54 @@ def layer_ops(
         for m_tok, times in pieces:
             ops += _moe_block_ops(model, topo, dt, edt, m_tok, moe_count * times)
     return ops
+
+
+@cache
+def _included_parts(kind: str, heads: int, phase: str, batch: int, q: int, kv: int, includes: tuple) -> tuple:
+    from dsim.kernels_aic import infer_model
+
+    name = infer_model(kind, heads)
+    if name is None:
+        return ()
+    m = load_model(name)
+    if kind not in m.attn_kinds or m.heads % heads:
+        return ()
+    tp = m.heads // heads
+    topo = Topology(f"tp{tp}-ep{tp}", tp, 1, tp)
+    layer = m.attn_kinds.index(kind)
+    ops = layer_ops(m, topo, "h200", batch * q, phase=phase, batch=batch, q=q, kv=kv, layers=[layer])
+    return tuple(op.record for op in ops if op.part in includes)
+
+
+def included_part_records(rec: dict) -> list[dict]:
+    """The op records of the layer parts an attention-module record includes (its ``includes``: the
+    projections, V4's compressor and indexer projections), for the shipped model the record belongs to
+    (dsim.kernels_aic.infer_model: kind and heads per GPU) at its batch x q tokens; [] where unknown."""
+    if rec.get("op") != "attn" or not rec.get("includes"):
+        return []
+    key = (rec["kind"], int(rec["heads"]), rec["phase"], int(rec["batch"]), int(rec["q"]), int(rec["kv"]))
+    return [dict(r) for r in _included_parts(*key, tuple(sorted(rec["includes"])))]
+
+
+def load_table_spec(spec: str) -> KernelTable:
+    """A kernel table by name or path, or ``NAME@HW``: that table carried to hardware HW
+    (dsim.kernels.carried_table, an attention module's included projections priced with it), from the
+    hardware its name starts with (h200-aic-vllm@h800: AIC's H200 vLLM table on an H800)."""
+    name, at, hw = spec.partition("@")
+    if not at:
+        return load_kernel_table(name)
+    src = Path(name).name.split("-")[0].lower()
+    if src not in HARDWARE or hw.lower() not in HARDWARE:
+        raise InputError(
+            f"{spec!r}: NAME@HW needs a table named <hardware>-... and HW one of {', '.join(sorted(HARDWARE))}"
+        )
+    return _carried(name, src, hw.lower())
+
+
+@lru_cache(maxsize=8)
+def _carried(name: str, src: str, hw: str) -> KernelTable:
+    # (a table is read-only once built: one carry per table and GPU in a process)
+    return carried_table(load_kernel_table(name), src, hw, included_part_records)
 
 
 def physical_experts(model: MoEModel, topo: Topology) -> int:

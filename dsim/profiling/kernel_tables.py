@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gzip
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -321,17 +322,22 @@ class KernelTable:
         return out
 
 
-def carried_table(table: KernelTable, source_hardware: str, hardware: str) -> KernelTable:
+def carried_table(
+    table: KernelTable, source_hardware: str, hardware: str, included: Callable[[dict], list[dict]] | None = None
+) -> KernelTable:
     """``table`` (measured on ``source_hardware``) carried to ``hardware``: each record's time x the
     ratio of the two machines' roofline times for that record (``Roofline.ms``: matrix peak, HBM and
     link bandwidth, the same per-kernel floor), i.e. each op keeps the fraction of the roofline it was
     measured at. A stated assumption for hardware no table was measured on (e.g. H800 from H200: a
-    compute-bound op keeps its time, an HBM-bound one takes 4.8 / 3.35 x longer)."""
+    compute-bound op keeps its time, an HBM-bound one takes 4.8 / 3.35 x longer). ``included``: the op
+    records of the parts a record includes (an attention module's projections, dsim.compose
+    .included_part_records), whose rooflines join the record's own in the ratio."""
     src, dst = Roofline(hardware=source_hardware), Roofline(hardware=hardware)
     recs = []
     for r in table.records:
-        a = src.ms(r)
-        recs.append({**r, "ms": float(r["ms"]) * (dst.ms(r) / a if a > 0 else 1.0)})
+        parts = [r, *(included(r) if included and r.get("includes") else [])]
+        a = sum(src.ms(p) for p in parts)
+        recs.append({**r, "ms": float(r["ms"]) * (sum(dst.ms(p) for p in parts) / a if a > 0 else 1.0)})
     prov = dict(table.provenance)
     prov.update(
         hardware=f"{HARDWARE[hardware]['name']} (carried from {table.provenance.get('hardware', source_hardware)})",
@@ -342,21 +348,6 @@ def carried_table(table: KernelTable, source_hardware: str, hardware: str) -> Ke
         ),
     )
     return KernelTable(name=f"{table.name}@{hardware}", provenance=prov, records=recs, source_path=table.source_path)
-
-
-def load_table_spec(spec: str) -> KernelTable:
-    """A kernel table by name or path, or ``NAME@HW``: that table carried to hardware HW (carried_table),
-    from the hardware its name starts with (h200-aic-vllm@h800: AIC's H200 vLLM table on an H800)."""
-    name, at, hw = spec.partition("@")
-    t = load_kernel_table(name)
-    if not at:
-        return t
-    src = Path(name).name.split("-")[0].lower()
-    if src not in HARDWARE or hw.lower() not in HARDWARE:
-        raise InputError(
-            f"{spec!r}: NAME@HW needs a table named <hardware>-... and HW one of {', '.join(sorted(HARDWARE))}"
-        )
-    return carried_table(t, src, hw.lower())
 
 
 def read_json_text(path: Path) -> str:

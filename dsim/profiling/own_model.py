@@ -277,7 +277,7 @@ def moe_profile(
     for the GPU (kernel_tables_for) and the roofline for what they lack, the reason stated."""
     from dsim.profiling import compose as C
     from dsim.profiling import aic_tables as KA
-    from dsim.profiling.kernel_tables import HARDWARE, kernel_table_path, load_kernel_table, load_table_spec
+    from dsim.profiling.kernel_tables import HARDWARE, kernel_table_path, load_kernel_table
     from dsim.profiling.models import model_from_config, model_name
 
     hw = _check_hardware(hardware, HARDWARE, "composer")
@@ -297,7 +297,9 @@ def moe_profile(
         donor = CARRIED_FROM.get(hw)
         if donor and kernel_table_path(f"{donor}-aic-{backend}").is_file():
             tables.append(f"{donor}-aic-{backend}@{hw}")
-        prof = C.compose_profile(model, topo, hw, [load_table_spec(t) for t in tables] or None, name=name, command=cmd)
+        prof = C.compose_profile(
+            model, topo, hw, [C.load_table_spec(t) for t in tables] or None, name=name, command=cmd
+        )
     measured = (
         [f"kernel times from the tables {', '.join(tables)} (their provenance in profiles/kernels/)"] if tables else []
     )
