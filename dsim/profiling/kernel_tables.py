@@ -83,7 +83,7 @@ HARDWARE: dict[str, dict[str, Any]] = {
         link=200e9,
         net=50e9,
         source="NVIDIA H800 SXM (the H100 SXM's HBM3 at 3.35 TB/s and 989/1979 TFLOP/s dense bf16/fp8; NVLink "
-        "400 GB/s bidirectional against the H100's 900: 'Insights into DeepSeek-V3', ISCA 2025, Sec. 2; "
+        "400 GB/s bidirectional against the H100's 900: 'Insights into DeepSeek-V3', ISCA 2025 (arXiv 2505.09343), Sec. 4.1; "
         "DeepSeek-V3 technical report Sec. 3.1-3.2: one 400 Gb/s InfiniBand NIC per GPU between nodes, "
         "about 160 GB/s achieved over NVLink, 50 GB/s over IB)",
     ),
