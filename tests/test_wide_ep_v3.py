@@ -182,3 +182,13 @@ def test_check_against_deepseek_reproduces_its_printed_table_and_the_doc():
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| hardware")]
     missing = [line for line in rows if line not in doc]
     assert not missing, missing
+
+
+def test_a_table_path_holding_an_at_sign_is_a_path(tmp_path):
+    d = tmp_path / "user@host"
+    d.mkdir()
+    t = d / "t.json"
+    t.write_text(json.dumps({"name": "t", "provenance": {}, "records": [{"op": "elementwise", "bytes": 1, "ms": 0.1}]}))
+    assert load_table_spec(str(t)).name == "t"
+    carried = load_table_spec("h200-aic-vllm@h800")
+    assert carried.name == "h200-aic-vllm@h800" and load_table_spec("h200-aic-vllm@h800") is carried  # one carry

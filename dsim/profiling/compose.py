@@ -349,9 +349,9 @@ def load_table_spec(spec: str) -> KernelTable:
     """A kernel table by name or path, or ``NAME@HW``: that table carried to hardware HW
     (dsim.kernels.carried_table, an attention module's included projections priced with it), from the
     hardware its name starts with (h200-aic-vllm@h800: AIC's H200 vLLM table on an H800)."""
-    name, at, hw = spec.partition("@")
-    if not at:
-        return load_kernel_table(name)
+    name, at, hw = spec.rpartition("@")
+    if not at or "/" in hw or hw.endswith((".json", ".gz")):  # a plain name or path (a path may hold an @)
+        return load_kernel_table(spec)
     src = Path(name).name.split("-")[0].lower()
     if src not in HARDWARE or hw.lower() not in HARDWARE:
         raise InputError(
