@@ -141,7 +141,7 @@ def test_few_expert_rank_priced_as_its_experts_gemms():
 
 @pytest.mark.parametrize(("hw", "ep"), SHIPPED)
 def test_shipped_profile_loads_and_matches_its_composition(hw, ep):
-    name = f"deepseek-v3-{hw}-dp{ep}-ep{ep}-dbo"
+    name = f"deepseek-v3-{hw}-vllm-dp{ep}-ep{ep}-dbo"
     p = load_profile(str(PROFILE_DIR / "composed" / f"{name}.yaml"))
     assert p.label.startswith(name) and p.provenance["hardware"] == f"{ep} x {HARDWARE[hw]['name']}"
     src = "h200-aic-vllm" if hw == "h200" else f"h200-aic-vllm@{hw}"
