@@ -974,7 +974,7 @@ def test_deepep_build_rejects_bad_specs_in_one_line(tmp_path, capsys):
     for bad in ("deepseek-v4-flash:8", "deepseek-v4-flash", ":256", "deepseek-v4-flash:x"):
         assert main(["build", "--model", bad, "--out", str(out)]) == 2
         err = capsys.readouterr().err.strip()
-        assert err.startswith("dsim.kernels_deepep: error: --model") and "\n" not in err and not out.exists()
+        assert err.startswith("dsim profile deepep: error: --model") and "\n" not in err and not out.exists()
 
 
 def test_forward_table_follows_the_moe_chunk_staircase_above_the_capture_limit():

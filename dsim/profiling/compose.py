@@ -23,7 +23,7 @@ Step of n tokens per GPU (every token priced as a decode/verify token with an LM
     experts).
 Wide expert parallelism (EP = the routed experts, one expert per GPU, the DeepSeek-V3 report's
 decode layout): a rank's experts are that expert's dense GEMMs (``Pricer._one_expert_ms``) and the
-all-to-all runs over the inter-node network (``scope: inter_node`` records; dsim.kernels_deepep).
+all-to-all runs over the inter-node network (``scope: inter_node`` records; dsim.profiling.deepep_tables).
 Context: attention cores priced at two contexts give the KV slope (ms per 1000 KV tokens);
 prefill chunks: the attention-core cost of one-chunk records beyond the decode-priced part, less
 the LM-head rows they skip, is fitted as prefill_terms version 2 (``fit_prefill_terms``): pairs with
@@ -37,7 +37,7 @@ from __future__ import annotations
 if __name__ == "__main__":  # a Ctrl-C while the modules below load: quiet exit 130
     from dsim.cli.toolmain import startup_guard
 
-    startup_guard("dsim.compose")
+    startup_guard("dsim profile compose")
 
 import argparse
 import dataclasses
@@ -320,7 +320,7 @@ def layer_ops(
 
 @cache
 def _included_parts(kind: str, heads: int, phase: str, batch: int, q: int, kv: int, includes: tuple) -> tuple:
-    from dsim.kernels_aic import infer_model
+    from dsim.profiling.aic_tables import infer_model
 
     name = infer_model(kind, heads)
     if name is None:
@@ -338,7 +338,7 @@ def _included_parts(kind: str, heads: int, phase: str, batch: int, q: int, kv: i
 def included_part_records(rec: dict) -> list[dict]:
     """The op records of the layer parts an attention-module record includes (its ``includes``: the
     projections, V4's compressor and indexer projections), for the shipped model the record belongs to
-    (dsim.kernels_aic.infer_model: kind and heads per GPU) at its batch x q tokens; [] where unknown."""
+    (dsim.profiling.aic_tables.infer_model: kind and heads per GPU) at its batch x q tokens; [] where unknown."""
     if rec.get("op") != "attn" or not rec.get("includes"):
         return []
     key = (rec["kind"], int(rec["heads"]), rec["phase"], int(rec["batch"]), int(rec["q"]), int(rec["kv"]))
@@ -347,7 +347,7 @@ def included_part_records(rec: dict) -> list[dict]:
 
 def load_table_spec(spec: str) -> KernelTable:
     """A kernel table by name or path, or ``NAME@HW``: that table carried to hardware HW
-    (dsim.kernels.carried_table, an attention module's included projections priced with it), from the
+    (dsim.profiling.kernel_tables.carried_table, an attention module's included projections priced with it), from the
     hardware its name starts with (h200-aic-vllm@h800: AIC's H200 vLLM table on an H800)."""
     name, at, hw = spec.rpartition("@")
     if not at or "/" in hw or hw.endswith((".json", ".gz")):  # a plain name or path (a path may hold an @)
@@ -1496,7 +1496,7 @@ def compose_profile(
         date=str(_dt.date.today()),
         method=method,
         command=command
-        or f"python3 -m dsim.compose profile --model {model.name} --topology {topo.name} --hardware {hardware}"
+        or f"dsim profile compose profile --model {model.name} --topology {topo.name} --hardware {hardware}"
         + (f" --kernels {table.name}" if table else ""),
         topology=dict(name=topo.name, gpus_per_node=topo.gpus, attn_tp=topo.attn_tp, attn_dp=topo.attn_dp, ep=topo.ep),
         model_source=model.source,
@@ -1821,7 +1821,7 @@ BACKENDS = ("vllm", "sglang", "trtllm")  # the serving engines whose kernels AIC
 def shipped_table_for(hardware: str, backend: str, topology: str) -> KernelTable:
     """The shipped silicon-table kernel table profiles/kernels/<hardware>-aic-<backend>.json.gz for a
     shipped topology; anything else is priced from AIC's tables on demand by
-    dsim.kernels_aic.compose_for (`python3 -m dsim.kernels_aic profile`, the aic extra), which sits
+    dsim.profiling.aic_tables.compose_for (`dsim profile aic profile`, the aic extra), which sits
     above this module (it prices the composer's records)."""
     from dsim.profiling.kernel_tables import kernel_table_path
 
@@ -1834,14 +1834,14 @@ def shipped_table_for(hardware: str, backend: str, topology: str) -> KernelTable
         return load_kernel_table(str(shipped))
     raise InputError(
         f"--backend {backend}: no shipped {hardware}-aic-{backend} table for {topology}; "
-        f"`python3 -m dsim.kernels_aic profile --model MODEL --hardware {hardware} --backend {backend} "
+        f"`dsim profile aic profile --model MODEL --hardware {hardware} --backend {backend} "
         f"--topology {topology} --out FILE` prices it from AIC's tables on demand (pip install -e '.[aic]')"
     )
 
 
 # ---------------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m dsim.compose", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="dsim profile compose", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name in ("required-ops", "profile"):
         p = sub.add_parser(name)
@@ -1902,7 +1902,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=BACKENDS,
         default=None,
         help="without --kernels: AIC's silicon tables of this serving engine on --hardware (the shipped "
-        "<hardware>-aic-<backend> table; others: python3 -m dsim.kernels_aic profile); the name carries it",
+        "<hardware>-aic-<backend> table; others: dsim profile aic profile); the name carries it",
     )
     prof.add_argument("--prefer", default="", help="op=TABLE,...: the table asked first for that op kind")
     prof.add_argument("--zero-ops", default="", help="op kinds priced at 0, e.g. comm (a one-GPU shard check)")
@@ -1949,7 +1949,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     from dsim.cli.toolmain import run_tool
 
-    return run_tool("dsim.compose", lambda: _run(a, argv))
+    return run_tool("dsim profile compose", lambda: _run(a, argv))
 
 
 def _run(a, argv: list[str] | None) -> int:
@@ -2011,7 +2011,7 @@ def _run(a, argv: list[str] | None) -> int:
         if not isinstance(pool, dict):
             raise InputError(f"--block-pool {a.block_pool}: expected a JSON object (shard_repredict fit-pool)")
         pool.setdefault("source", block_pool_source(pool, a.block_pool))
-    cmd = "python3 -m dsim.compose " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = "dsim profile compose " + " ".join(argv if argv is not None else sys.argv[1:])
     prof_ = compose_profile(
         model,
         topo,

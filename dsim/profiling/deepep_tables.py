@@ -3,7 +3,7 @@
 A data-parallel attention group whose expert-parallel group spans nodes (``dpN-epN`` with N > 8)
 exchanges tokens over the inter-node network: DeepEP's low-latency dispatch (FP8) and combine
 (bf16), pure RDMA (DeepSeek-V3 report Sec. 3.4; DeepSeek's DeepEP). The composer's records for it
-are ``comm`` records with ``scope: inter_node`` (dsim.compose._moe_block_ops). This module prices
+are ``comm`` records with ``scope: inter_node`` (dsim.profiling.compose._moe_block_ops). This module prices
 them into a kernel table from two public measurements:
 
 - AIConfigurator's H200 table of DeepEP low-latency kernels measured across 1, 2, 4 and 8 nodes
@@ -22,7 +22,7 @@ one expert per rank at EP = experts), so a record of n tokens per rank at hidden
 priced at the AIC base's n x h x k / (7168 x 8) tokens (log-log interpolation; below the table's
 smallest token count, its smallest: the latency floor). Command:
 
-    python3 -m dsim.kernels_deepep build --model deepseek-v4-flash:256 --model deepseek-v4-pro:384 \
+    dsim profile deepep build --model deepseek-v4-flash:256 --model deepseek-v4-pro:384 \
         --out profiles/kernels/h200-deepep-internode.json
 
 Needs ``aiconfigurator-core`` (the optional ``aic`` extra) and pandas to build; the shipped table
@@ -36,7 +36,7 @@ floor + (t128 - floor) x n h k / (128 x 7168 x 8). The floor (28.7 / 30.8 us, di
 AIC's H200 EP64 series at its smallest message, the one figure not from DeepEP (this line over the
 AIC series: within 7% from 24 to 192 tokens). Needs nothing installed:
 
-    python3 -m dsim.kernels_deepep published --model deepseek-v3:16,32,64,72,128,144,256 \
+    dsim profile deepep published --model deepseek-v3:16,32,64,72,128,144,256 \
         --out profiles/kernels/h800-deepep-ll-published.json
 
 ``derive`` writes a what-if table from a built one, for a stated deployment the measurements do
@@ -49,12 +49,12 @@ not cover (a scenario assumption, never a measurement):
   tokens per rank, 78-86% of the 50 GB/s line rate), assumed to keep that efficiency on the faster
   NIC.
 - ``--max-tokens-per-rank N``: records up to N tokens per rank, for a MoE block run in one pass
-  (``dsim.compose profile --moe-dp-chunk 0``; DeepEP V2's ``ElasticBuffer`` takes the step's
+  (``dsim profile compose profile --moe-dp-chunk 0``; DeepEP V2's ``ElasticBuffer`` takes the step's
   ``num_max_tokens_per_rank``, its own benchmark runs 8K tokens per batch). Beyond the measured
   series, the time grows linearly at the slope of its last two measured records (the bandwidth
   regime).
 
-    python3 -m dsim.kernels_deepep derive --table profiles/kernels/h200-deepep-internode.json \
+    dsim profile deepep derive --table profiles/kernels/h200-deepep-internode.json \
         --nic-gbps 800 --name h200-deepep-internode-800g --out OUT.json
 """
 
@@ -63,7 +63,7 @@ from __future__ import annotations
 if __name__ == "__main__":  # a Ctrl-C while the modules below load: quiet exit 130
     from dsim.cli.toolmain import startup_guard
 
-    startup_guard("dsim.kernels_deepep")
+    startup_guard("dsim profile deepep")
 
 import argparse
 import datetime as _dt
@@ -182,7 +182,7 @@ def build_published(specs: list[tuple[str, int]], out: str = "profiles/kernels/h
                 "a record of n tokens = floor + (t128 - floor) x its message / the 128-token message (tokens x "
                 "hidden x top-k)"
             ),
-            command="python3 -m dsim.kernels_deepep published "
+            command="dsim profile deepep published "
             + " ".join(f"--model {n}:{','.join(map(str, e))}" for n, e in models.items())
             + f" --out {out}",
             source=(
@@ -245,7 +245,7 @@ def price(rows: list[dict], kind: str, tokens: float, hidden: int, topk: int, gp
 
 def records(rows: list[dict], model_name: str, ep: int) -> list[dict]:
     """The composer's inter-node dispatch / combine records of `model_name` on EP `ep` (bytes per GPU
-    as dsim.compose writes them: tokens x hidden, FP8 dispatch, bf16 combine)."""
+    as dsim.profiling.compose writes them: tokens x hidden, FP8 dispatch, bf16 combine)."""
     m = load_model(model_name)
     out = []
     for n in TOKENS_PER_RANK:
@@ -308,7 +308,7 @@ def build(specs: list[tuple[str, int]]) -> dict[str, Any]:
                 "256, assumed); other shapes at equal tokens x hidden x top-k, log-log in tokens, the table's "
                 "smallest token count below it"
             ),
-            command="python3 -m dsim.kernels_deepep build "
+            command="dsim profile deepep build "
             + " ".join(f"--model {n}:{e}" for n, e in specs)
             + " --out profiles/kernels/h200-deepep-internode.json",
             source=(
@@ -388,7 +388,7 @@ def derive(
             )
     prov = dict(table.get("provenance", {}))
     src = table_path or f"profiles/kernels/{table.get('name', 'TABLE')}.json"
-    cmd = f"python3 -m dsim.kernels_deepep derive --table {src}"
+    cmd = f"dsim profile deepep derive --table {src}"
     if nic_gbps != MEASURED_NIC_GBPS:
         cmd += f" --nic-gbps {nic_gbps:g}"
         prov["hardware"] = f"what-if: {prov.get('hardware', 'H200')}, the NIC at {nic_gbps:g} Gb/s per GPU (assumed)"
@@ -436,7 +436,7 @@ def _specs(s: str) -> list[tuple[str, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m dsim.kernels_deepep", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="dsim profile deepep", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="price the inter-node all-to-all records into a kernel table")
     b.add_argument("--model", action="append", required=True, help="MODEL:EP, repeatable")
@@ -453,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     from dsim.cli.toolmain import run_tool
 
-    return run_tool("dsim.kernels_deepep", lambda: _run(a))
+    return run_tool("dsim profile deepep", lambda: _run(a))
 
 
 def _run(a) -> int:

@@ -330,7 +330,7 @@ def carried_table(
     link bandwidth, the same per-kernel floor), i.e. each op keeps the fraction of the roofline it was
     measured at. A stated assumption for hardware no table was measured on (e.g. H800 from H200: a
     compute-bound op keeps its time, an HBM-bound one takes 4.8 / 3.35 x longer). ``included``: the op
-    records of the parts a record includes (an attention module's projections, dsim.compose
+    records of the parts a record includes (an attention module's projections, dsim.profiling.compose
     .included_part_records), whose rooflines join the record's own in the ratio."""
     src, dst = Roofline(hardware=source_hardware), Roofline(hardware=hardware)
     recs = []
@@ -343,7 +343,7 @@ def carried_table(
         hardware=f"{HARDWARE[hardware]['name']} (carried from {table.provenance.get('hardware', source_hardware)})",
         carried=(
             f"{table.name}, measured on {HARDWARE[source_hardware]['name']}, carried to {HARDWARE[hardware]['name']}: "
-            "each record x roofline(target) / roofline(source) for it (dsim.kernels.carried_table; assumed: every op "
+            "each record x roofline(target) / roofline(source) for it (dsim.profiling.kernel_tables.carried_table; assumed: every op "
             "keeps the fraction of its roofline it was measured at)"
         ),
     )
