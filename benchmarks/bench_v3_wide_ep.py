@@ -19,8 +19,8 @@ Which figure is used for what (nothing is fitted on them; every kernel time come
   batch over the one step time).
 - profile-data's EP128 x 128 requests x 4K: printed, not checked (no timing read).
 
-Hardware: composed on the H800 itself (its datasheet in dsim.kernels.HARDWARE; AIC's H200 vLLM table
-carried to it op by op with the roofline ratio, dsim.compose.load_table_spec; DeepEP's all-to-all as
+Hardware: composed on the H800 itself (its datasheet in dsim.profiling.kernel_tables.HARDWARE; AIC's H200 vLLM table
+carried to it op by op with the roofline ratio, dsim.profiling.compose.load_table_spec; DeepEP's all-to-all as
 measured on H800, profiles/kernels/h800-deepep-ll-published.json), then on H100 and H200 to show what
 each difference moves.
 
@@ -32,9 +32,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from dsim import compose as C
-from dsim.kernels import Roofline, load_kernel_table
-from dsim.models import load_model
+from dsim.profiling import compose as C
+from dsim.profiling.kernel_tables import Roofline, load_kernel_table
+from dsim.profiling.models import load_model
 
 MODEL = "deepseek-v3"
 TOPOLOGY = "dp144-ep144"

@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dsim import compose as C
-from dsim import kernels_deepep as D
-from dsim.compose import load_table_spec
 from dsim.cost import PROFILE_DIR, load_profile
 from dsim.errors import InputError
-from dsim.kernels import HARDWARE, KernelTable, Roofline, carried_table, load_kernel_table
-from dsim.models import load_model
+from dsim.profiling import compose as C
+from dsim.profiling import deepep_tables as D
+from dsim.profiling.compose import load_table_spec
+from dsim.profiling.kernel_tables import HARDWARE, KernelTable, Roofline, carried_table, load_kernel_table
+from dsim.profiling.models import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -264,7 +264,7 @@ def kernel_tables_for(hardware: str) -> list[str]:
 
 
 #: a GPU without a MoE silicon table of its own, and the GPU of the same generation whose table is carried to
-#: it (dsim.kernels.carried_table: same matrix peaks, the HBM and NVLink differences by the roofline)
+#: it (dsim.profiling.kernel_tables.carried_table: same matrix peaks, the HBM and NVLink differences by the roofline)
 CARRIED_FROM = {"h100": "h200", "h800": "h200"}
 
 
@@ -275,8 +275,8 @@ def moe_profile(
     table for this hardware x backend where one ships for the topology, or priced on demand with the aic
     extra), our own measured table of that GPU after it; where there is none, from the tables that ship
     for the GPU (kernel_tables_for) and the roofline for what they lack, the reason stated."""
-    from dsim.profiling import compose as C
     from dsim.profiling import aic_tables as KA
+    from dsim.profiling import compose as C
     from dsim.profiling.kernel_tables import HARDWARE, kernel_table_path, load_kernel_table
     from dsim.profiling.models import model_from_config, model_name
 
@@ -317,7 +317,7 @@ def moe_profile(
                 f"ops priced from {', '.join(tables)} where they hold a record, else by the roofline"
                 + (
                     " (NAME@GPU: a table of another GPU of the same generation carried to this one by each op's "
-                    "roofline ratio, dsim.kernels.carried_table)"
+                    "roofline ratio, dsim.profiling.kernel_tables.carried_table)"
                     if any("@" in t for t in tables)
                     else ""
                 )
