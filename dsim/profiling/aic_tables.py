@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from dsim.errors import InputError
+from dsim.profiling.models import infer_model
 
 AIC_PACKAGE = "aiconfigurator-core"
 AIC_VERSION = "0.12.0"
@@ -738,16 +739,6 @@ def moe_guard(
         used=used,
         ms=round(v, 6),
     )
-
-
-def infer_model(kind: str, heads: int) -> str | None:
-    """The shipped model an attention record belongs to, from its kind and heads per GPU (TP 1 or 8)."""
-    if kind == "mla":
-        return "deepseek-v3"
-    for name, total in (("deepseek-v4-flash", 64), ("deepseek-v4-pro", 128)):
-        if heads in (total, total // 8):
-            return name
-    return None
 
 
 def _lookup(table: dict, r: dict, key: str):

@@ -73,7 +73,7 @@ from dsim.profiling.kernel_tables import (
     carried_table,
     load_kernel_table,
 )
-from dsim.profiling.models import MoEModel, load_model
+from dsim.profiling.models import MoEModel, infer_model, load_model
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -320,8 +320,6 @@ def layer_ops(
 
 @cache
 def _included_parts(kind: str, heads: int, phase: str, batch: int, q: int, kv: int, includes: tuple) -> tuple:
-    from dsim.profiling.aic_tables import infer_model
-
     name = infer_model(kind, heads)
     if name is None:
         return ()
@@ -338,7 +336,7 @@ def _included_parts(kind: str, heads: int, phase: str, batch: int, q: int, kv: i
 def included_part_records(rec: dict) -> list[dict]:
     """The op records of the layer parts an attention-module record includes (its ``includes``: the
     projections, V4's compressor and indexer projections), for the shipped model the record belongs to
-    (dsim.profiling.aic_tables.infer_model: kind and heads per GPU) at its batch x q tokens; [] where unknown."""
+    (dsim.profiling.models.infer_model: kind and heads per GPU) at its batch x q tokens; [] where unknown."""
     if rec.get("op") != "attn" or not rec.get("includes"):
         return []
     key = (rec["kind"], int(rec["heads"]), rec["phase"], int(rec["batch"]), int(rec["q"]), int(rec["kv"]))
