@@ -217,7 +217,7 @@ def test_profile_group_runs_the_builders_with_their_exit_contract(tmp_path, caps
     rc, out, err = run_cli("profile", "--help")
     assert rc == 0 and all(f" {c} " in out for c in ("model", "compose", "aic", "deepep")), out
     rc, out, err = run_cli("profile", "deepep", "--help")
-    assert rc == 0 and "{build,derive}" in out, (out, err)
+    assert rc == 0 and "{build,published,derive}" in out, (out, err)
     out_file = tmp_path / "t.json"
     assert_rejected("profile", "deepep", "build", "--model", "nope:3", "--out", out_file,
                     needles=["--model", "nope:3"], watch=tmp_path)

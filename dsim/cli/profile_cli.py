@@ -30,7 +30,10 @@ app.add_typer(profile_app, name="profile")
 TOOLS = {
     "compose": ("dsim.profiling.compose", "A MoE model's step-cost profile under a topology, from kernel tables"),
     "aic": ("dsim.profiling.aic_tables", "AIConfigurator's silicon tables priced into kernel tables and profiles"),
-    "deepep": ("dsim.profiling.deepep_tables", "Inter-node all-to-all kernel tables from AIConfigurator's DeepEP data"),
+    "deepep": (
+        "dsim.profiling.deepep_tables",
+        "Inter-node all-to-all kernel tables from AIConfigurator's DeepEP data or DeepEP's published ones",
+    ),
 }
 
 
