@@ -974,7 +974,7 @@ def test_deepep_build_rejects_bad_specs_in_one_line(tmp_path, capsys):
     for bad in ("deepseek-v4-flash:8", "deepseek-v4-flash", ":256", "deepseek-v4-flash:x"):
         assert main(["build", "--model", bad, "--out", str(out)]) == 2
         err = capsys.readouterr().err.strip()
-        assert err.startswith("dsim.kernels_deepep: error: --model") and "\n" not in err and not out.exists()
+        assert err.startswith("dsim profile deepep: error: --model") and "\n" not in err and not out.exists()
 
 
 def test_forward_table_follows_the_moe_chunk_staircase_above_the_capture_limit():
@@ -1252,8 +1252,11 @@ def test_compose_for_takes_hardware_and_backend_and_names_both():
     assert "h200-aic-vllm" in p.provenance["method"]
     with pytest.raises(InputError, match="one of vllm, sglang, trtllm"):
         compose_for("deepseek-v3", "h200", "tensorrt")
-    with pytest.raises(InputError, match="--hardware 'h800'"):
-        compose_for("deepseek-v3", "h800")
+    with pytest.raises(InputError, match="--hardware 'a100'"):
+        compose_for("deepseek-v3", "a100")
+    # a GPU with datasheet figures but no AIC system (H800: DeepSeek's): named as such
+    with pytest.raises(InputError, match="--hardware h800: AIC has no kernel tables"):
+        compose_for("deepseek-v3", "h800", topology="dp16-ep16")
 
 
 @pytest.mark.skipif(

@@ -65,7 +65,7 @@ def test_derive_rejects_bad_input_in_one_line(tmp_path, capsys):
     out = tmp_path / "t.json"
     assert main(["derive", "--table", str(SHIPPED), "--nic-gbps", "0", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("dsim.kernels_deepep: error: --nic-gbps") and "\n" not in err and not out.exists()
+    assert err.startswith("dsim profile deepep: error: --nic-gbps") and "\n" not in err and not out.exists()
     assert main(["derive", "--table", str(tmp_path / "missing.json"), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert "missing.json" in err and "\n" not in err and not out.exists()

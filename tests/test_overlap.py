@@ -153,7 +153,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
     base = ["profile", "--model", "deepseek-v4-flash", "--hardware", "h200", "--out", str(out)]
     assert main(base + ["--topology", "tp8-ep8", "--overlap", "dbo"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("dsim.compose: error: --overlap dbo") and "\n" not in err and not out.exists()
+    assert err.startswith("dsim profile compose: error: --overlap dbo") and "\n" not in err and not out.exists()
     assert main(base + ["--topology", "dp8-ep8", "--overlap", "dbo", "--dbo-threshold", "0"]) == 2
     assert "--dbo-threshold" in capsys.readouterr().err and not out.exists()
     assert parse_dbo_threshold("auto") == "auto" and parse_dbo_threshold("48") == 48

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from dsim.cli.entry import app
 from dsim.cost import PROFILE_DIR, load_profile
+from dsim.errors import InputError
 from dsim.profiling.own_model import hardware_kinds, is_moe, own_profile
 
 MODELS = PROFILE_DIR / "models"
@@ -216,9 +217,23 @@ def test_profile_group_runs_the_builders_with_their_exit_contract(tmp_path, caps
     rc, out, err = run_cli("profile", "--help")
     assert rc == 0 and all(f" {c} " in out for c in ("model", "compose", "aic", "deepep")), out
     rc, out, err = run_cli("profile", "deepep", "--help")
-    assert rc == 0 and "{build,derive}" in out, (out, err)
+    assert rc == 0 and "{build,published,derive}" in out, (out, err)
     out_file = tmp_path / "t.json"
     assert_rejected("profile", "deepep", "build", "--model", "nope:3", "--out", out_file,
                     needles=["--model", "nope:3"], watch=tmp_path)
     assert_rejected("profile", "compose", "profile", "--model", "no-such-model", "--topology", "tp8-ep8",
                     "--hardware", "h200", "--out", out_file, needles=["no-such-model"], watch=tmp_path)
+
+
+def test_moe_on_a_gpu_without_its_own_moe_table_uses_the_carried_silicon_table():
+    # H100: no shipped MoE silicon table and no aic extra here: AIC's H200 table carried to the H100 (stated),
+    # the roofline only for what no table holds
+    if __import__("importlib").util.find_spec("aiconfigurator_core") is not None:
+        pytest.skip("with the aic extra AIC's own H100 tables price it")
+    got = own_profile(MODELS / "deepseek-v3.json", "H100", topology="dp16-ep16")
+    basis = got.provenance["basis"]
+    assert "h200-aic-vllm@h100" in basis["measured"][0]
+    assert basis["assumed"][0].startswith("no silicon table for H100 x vllm at dp16-ep16")
+    assert "carried" in got.provenance["method"] or "h200-aic-vllm@h100" in got.provenance["method"]
+    with pytest.raises(InputError, match="--backend 'tensorrt'"):
+        own_profile(MODELS / "deepseek-v3.json", "H100", topology="dp16-ep16", backend="tensorrt")

@@ -1282,7 +1282,7 @@ def test_stopping_compose_is_clean(tmp_path, sig, code, when):
     rc, err, left = _stop_midway(argv, tmp_path, [sig], False, started, settle=0.0)
     assert rc == code, err[-2000:]
     assert "Traceback" not in err and err.strip().splitlines() == [
-        f"dsim.compose: {'interrupted' if code == 130 else 'terminated'}"], err
+        f"dsim profile compose: {'interrupted' if code == 130 else 'terminated'}"], err
     assert left == [] and tree(tmp_path) == set()
 
 

@@ -30,7 +30,10 @@ app.add_typer(profile_app, name="profile")
 TOOLS = {
     "compose": ("dsim.profiling.compose", "A MoE model's step-cost profile under a topology, from kernel tables"),
     "aic": ("dsim.profiling.aic_tables", "AIConfigurator's silicon tables priced into kernel tables and profiles"),
-    "deepep": ("dsim.profiling.deepep_tables", "Inter-node all-to-all kernel tables from AIConfigurator's DeepEP data"),
+    "deepep": (
+        "dsim.profiling.deepep_tables",
+        "Inter-node all-to-all kernel tables from AIConfigurator's DeepEP data or DeepEP's published ones",
+    ),
 }
 
 
@@ -44,6 +47,9 @@ def model(
     ),
     topology: Optional[str] = typer.Option(None, help="MoE: topology, e.g. dp8-ep8 (default) or tp8-ep8"),
     name: Optional[str] = typer.Option(None, help="profile name (default: from the model and hardware)"),
+    backend: str = typer.Option(
+        "vllm", help="MoE: serving backend whose silicon kernel tables price it (vllm, sglang, trtllm)"
+    ),
     force: bool = typer.Option(False, "--force", help="overwrite an existing --out file"),
 ) -> None:
     """Profile your own model: dense models through the analytical roofline, MoE models through the
@@ -59,7 +65,7 @@ def model(
         if check_file_target(out, "--out").exists() and not force:
             raise InputError(f"--out {out}: exists (--force overwrites it)")
         try:
-            prof = own_profile(config, hardware, gpus=gpus, topology=topology, name=name)
+            prof = own_profile(config, hardware, gpus=gpus, topology=topology, name=name, backend=backend)
         except KeyError as e:
             raise InputError(f"{config}: missing key {e.args[0]!r}") from None
         with staged_file(out, "--out") as stage:

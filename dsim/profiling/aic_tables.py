@@ -6,7 +6,7 @@ MoE, attention modules, DeepSeek-V4 attention / mHC modules, all-reduce, NCCL an
 reads those tables as data and prices dsim's kernel-op records (the producer side of the composer's interface)
 for hardware we cannot measure (B300) and for the H200 (to compare with our own measurements).
 
-Commands (``python3 -m dsim.kernels_aic ...``):
+Commands (``dsim profile aic ...``):
   grid     op records for a model and topology on a fixed grid (used until the composer lists its own)
   price    price op records from one system's tables -> a kernel table JSON
   build    grid + price for every shipped model and topology -> one kernel table per system
@@ -43,7 +43,7 @@ from __future__ import annotations
 if __name__ == "__main__":  # a Ctrl-C while the modules below load: quiet exit 130
     from dsim.cli.toolmain import startup_guard
 
-    startup_guard("dsim.kernels_aic")
+    startup_guard("dsim profile aic")
 
 import argparse
 import datetime as _dt
@@ -52,7 +52,7 @@ import json
 import math
 import statistics
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from dsim.errors import InputError
+from dsim.profiling.models import infer_model
 
 AIC_PACKAGE = "aiconfigurator-core"
 AIC_VERSION = "0.12.0"
@@ -78,7 +79,7 @@ SYSTEMS = {
     "l40s": "NVIDIA L40S",
     "rtx_pro_6000_server": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
 }
-# AIC system -> dsim.kernels.HARDWARE key (its datasheet: the roofline fallback, the composer's --hardware)
+# AIC system -> dsim.profiling.kernel_tables.HARDWARE key (its datasheet: the roofline fallback, the composer's --hardware)
 DATASHEET = {
     "h100_sxm": "h100",
     "h200_sxm": "h200",
@@ -144,7 +145,7 @@ MOE_MODES = {
     "fp4": ("w4a8_mxfp4_mxfp8", "nvfp4"),
     "w4a16": ("w4a16_mxfp4", "w4a16_nvfp4"),
 }
-# what AIC's attention modules include beyond the attention core, in the composer's part names (dsim.compose
+# what AIC's attention modules include beyond the attention core, in the composer's part names (dsim.profiling.compose
 # layer_ops): the composer does not price these parts again when a table's attention records include them
 ATTN_INCLUDES = ["q_proj", "kv_proj", "o_proj", "compressor", "indexer_proj"]
 MLA_INCLUDES = ["q_proj", "kv_proj", "mla_absorb", "o_proj"]
@@ -659,7 +660,7 @@ MOE_GUARD_ORDER = (
     "their rows (tokens x top-k / experts each) from AIC's GEMM table, plus their SwiGLU, routing-weight and "
     "permute traffic at the roofline (no routing of other ranks' tokens); "
     f"3. the same rows per GPU at EP {MOE_REF_EP}, an upper bound (that rank reads more experts' weights); "
-    "4. the roofline of the record on the system's datasheet (dsim.kernels.Roofline); 5. AIC's own "
+    "4. the roofline of the record on the system's datasheet (dsim.profiling.kernel_tables.Roofline); 5. AIC's own "
     "extrapolation, flagged. Read past its measured tokens but not above the bound, the table's "
     "extrapolation (linear in tokens) is kept and flagged"
 )
@@ -738,16 +739,6 @@ def moe_guard(
         used=used,
         ms=round(v, 6),
     )
-
-
-def infer_model(kind: str, heads: int) -> str | None:
-    """The shipped model an attention record belongs to, from its kind and heads per GPU (TP 1 or 8)."""
-    if kind == "mla":
-        return "deepseek-v3"
-    for name, total in (("deepseek-v4-flash", 64), ("deepseek-v4-pro", 128)):
-        if heads in (total, total // 8):
-            return name
-    return None
 
 
 def _lookup(table: dict, r: dict, key: str):
@@ -929,7 +920,7 @@ def compare_tables(b: dict, a: dict) -> Comparison:
 
 def projection_records(rb: dict, hardware: str = "h200") -> list[tuple[dict, float]] | None:
     """The composer's GEMM records (with their counts) of the parts that attention record rb includes, for one
-    layer of its kind: dsim.compose.layer_ops over that single layer. None when the model is not known."""
+    layer of its kind: dsim.profiling.compose.layer_ops over that single layer. None when the model is not known."""
     from dsim.profiling.compose import layer_ops, parse_topology
     from dsim.profiling.models import load_model
 
@@ -1044,7 +1035,7 @@ def model_config(model: str) -> dict:
 
 
 def composer_records(model: str, topology: str, system: str, expert_dtype: str | None = None) -> list[dict]:
-    """The records the composer looks up for a model, topology and system (dsim.compose required-ops)."""
+    """The records the composer looks up for a model, topology and system (dsim.profiling.compose required-ops)."""
     import dataclasses
 
     from dsim.profiling.compose import parse_topology, required_ops
@@ -1219,7 +1210,7 @@ def _cmd_price(a) -> None:
     name = table_name(a.out)
     cmd = " ".join(
         [
-            "python3 -m dsim.kernels_aic price",
+            "dsim profile aic price",
             f"--system {a.system}",
             f"--backend {a.backend}",
             f"--version {a.version}",
@@ -1292,7 +1283,7 @@ def case_table(hardware: str, backend: str, model: str, topology: str, expert_dt
     """A kernel table for one composer case priced on demand from AIC's tables (the aic extra): the
     composer's records and the fixed grid of ``model`` x ``topology`` on ``hardware`` (dsim's key: h100,
     h200, b200, b300, gb200, gb300) with ``backend``'s tables (vllm, sglang, trtllm), as
-    ``python3 -m dsim.kernels_aic build`` prices them; guarded as build's. Returns a dsim.kernels.KernelTable
+    ``dsim profile aic build`` prices them; guarded as build's. Returns a dsim.profiling.kernel_tables.KernelTable
     named <hardware>-aic-<backend>."""
     from dsim.profiling.kernel_tables import KernelTable
 
@@ -1308,7 +1299,7 @@ def case_table(hardware: str, backend: str, model: str, topology: str, expert_dt
     else:  # (the fixed grid is written for the shipped topologies): the composer's own records
         priced = _case_records(system, backend, version, model, topology, expert_dtype)
     name = f"{hardware}-aic-{backend}"
-    cmd = f"dsim.kernels_aic.case_table({hardware!r}, {backend!r}, {model!r}, {topology!r})"
+    cmd = f"dsim.profiling.aic_tables.case_table({hardware!r}, {backend!r}, {model!r}, {topology!r})"
     t = kernel_table(name, system, backend, version, priced, cmd, f"the composer's records for {model} {topology}")
     return KernelTable(name=name, provenance=t["provenance"], records=t["records"])
 
@@ -1325,12 +1316,9 @@ def _case_records(system: str, backend: str, version: str, model: str, topology:
 def _cmd_build(a) -> None:
     a.version = a.version or default_version(a.system, a.backend)
     priced = build_table(a.system, a.backend, a.version)
-    cmd = (
-        f"python3 -m dsim.kernels_aic build --system {a.system} --backend {a.backend} --version {a.version} "
-        f"--out {a.out}"
-    )
+    cmd = f"dsim profile aic build --system {a.system} --backend {a.backend} --version {a.version} --out {a.out}"
     what = (
-        f"the composer's records (dsim.compose required-ops) and the fixed grid over their shapes for "
+        f"the composer's records (dsim.profiling.compose required-ops) and the fixed grid over their shapes for "
         f"{priced['cases']}; {priced['clashes']} record keys priced differently for two models kept the "
         "first"
     )
@@ -1378,12 +1366,12 @@ def _cmd_compare(a) -> None:
     if a.json:
         _write_json(a.json, comparison_json(c))
     if a.error_summary:
-        cmd = f"python3 -m dsim.kernels_aic compare {a.b} {a.a} --error-summary {a.error_summary}"
+        cmd = f"dsim profile aic compare {a.b} {a.a} --error-summary {a.error_summary}"
         _write_json(a.error_summary, comparison_summary(c, cmd, t.get("provenance") if isinstance(t, dict) else None))
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m dsim.kernels_aic", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="dsim profile aic", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("grid", help="op records on the fixed grid for a model and topology")
     g.add_argument("--model", required=True, choices=sorted(MODELS))
@@ -1439,16 +1427,17 @@ def main(argv: list[str] | None = None) -> int:
         }[a.cmd](a)
         return 0
 
-    return run_tool("dsim.kernels_aic", body)
+    return run_tool("dsim profile aic", body)
 
 
 # ---- a composed profile on any hardware x backend AIC has tables for -------------------------------------------
 
 
-def kernel_tables_for(hardware: str, backend: str, model: str, topology: str) -> Any:
+def kernel_tables_for(hardware: str, backend: str, model: str | None, topology: str) -> Any:
     """The silicon-table kernel table of ``hardware`` x ``backend``: the shipped
-    profiles/kernels/<hardware>-aic-<backend>.json.gz for a shipped topology (dsim.compose.shipped_table_for),
-    else priced for this model and topology from AIC's tables on demand (case_table; the aic extra)."""
+    profiles/kernels/<hardware>-aic-<backend>.json.gz for a shipped topology (dsim.profiling.compose.shipped_table_for),
+    else priced for this model and topology from AIC's tables on demand (case_table; the aic extra; only for
+    a model of MODELS: ``model`` None is a model AIC's composer records cannot be written for)."""
     from dsim.profiling.compose import BACKENDS as COMPOSE_BACKENDS
     from dsim.profiling.compose import shipped_table_for
     from dsim.profiling.kernel_tables import HARDWARE, kernel_table_path
@@ -1459,11 +1448,16 @@ def kernel_tables_for(hardware: str, backend: str, model: str, topology: str) ->
         raise InputError(f"--hardware {hardware!r}: one of {', '.join(sorted(HARDWARE))}")
     if kernel_table_path(f"{hardware}-aic-{backend}").is_file() and topology in ("dp8-ep8", "tp8-ep8"):
         return shipped_table_for(hardware, backend, topology)
+    if model is None:
+        raise InputError(
+            f"no shipped {hardware}-aic-{backend} table for {topology}, and AIC's tables are priced on demand only "
+            f"for {', '.join(MODELS)}"
+        )
     return case_table(hardware, backend, model, topology)
 
 
 def compose_for(
-    model: str,
+    model: Any,
     hardware: str,
     backend: str = "vllm",
     topology: str = "dp8-ep8",
@@ -1471,33 +1465,39 @@ def compose_for(
     overlap: str = "none",
     expert_dtype: str | None = None,
     name: str | None = None,
+    after: Sequence[Any] = (),
+    command: str | None = None,
     **kw: Any,
 ) -> Any:
-    """A composed profile of ``model`` (profiles/models/<model>.json) on ``hardware`` (a dsim.kernels.HARDWARE
-    key: h100, h200, b200, b300, gb200, gb300) served by ``backend`` (vllm, sglang, trtllm: whose kernels
-    AIC's silicon tables measured) at ``topology``. Named <model>-<hardware>-<backend>-<topology>[-dbo];
-    provenance.hardware and provenance.backend say both. Other keywords go to dsim.compose.compose_profile."""
+    """A composed profile of ``model`` (profiles/models/<model>.json, or a dsim.profiling.models.MoEModel, e.g. read from
+    a user's config.json) on ``hardware`` (a dsim.profiling.kernel_tables.HARDWARE key: h100, h200, b200, b300, gb200, gb300)
+    served by ``backend`` (vllm, sglang, trtllm: whose kernels AIC's silicon tables measured) at ``topology``.
+    ``after``: further kernel tables asked after the silicon one (e.g. our own measured table). Named
+    <model>-<hardware>-<backend>-<topology>[-dbo]; provenance.hardware and provenance.backend say both. Other
+    keywords go to dsim.profiling.compose.compose_profile."""
     import dataclasses
 
     from dsim.profiling.compose import compose_profile, parse_topology
     from dsim.profiling.kernel_tables import HARDWARE
-    from dsim.profiling.models import load_model
+    from dsim.profiling.models import MoEModel, load_model
 
-    m = load_model(model)
+    m = model if isinstance(model, MoEModel) else load_model(model)
+    known = m.name if m.name in MODELS else None
     if expert_dtype:
         if expert_dtype == "fp4" and HARDWARE[hardware]["fp4"] is None:
             raise InputError(f"expert dtype fp4: {HARDWARE[hardware]['name']} has no FP4 tensor cores")
         m = dataclasses.replace(m, expert_dtype=expert_dtype)
     topo = parse_topology(topology)
-    table = kernel_tables_for(hardware, backend, model, topo.name)
+    table = kernel_tables_for(hardware, backend, known, topo.name)
     label = f"{m.name}-{hardware}-{backend}-{topo.name}" + ("-dbo" if overlap == "dbo" else "")
-    cmd = (
-        f"dsim.kernels_aic.compose_for({model!r}, {hardware!r}, {backend!r}, {topology!r}"
+    cmd = command or (
+        f"dsim.profiling.aic_tables.compose_for({m.name!r}, {hardware!r}, {backend!r}, {topology!r}"
         + (f", overlap={overlap!r}" if overlap != "none" else "")
         + (f", expert_dtype={expert_dtype!r}" if expert_dtype else "")
         + ")"
     )
-    prof = compose_profile(m, topo, hardware, table, name=name or label, overlap=overlap, command=cmd, **kw)
+    tables = [table, *after]
+    prof = compose_profile(m, topo, hardware, tables, name=name or label, overlap=overlap, command=cmd, **kw)
     prof.provenance["backend"] = f"{backend} ({table.provenance.get('backend', table.provenance.get('engine'))})"
     return prof
 
@@ -1651,7 +1651,7 @@ def _shared_expert_gemm_check(an: Anchor) -> dict:
 
 def _cmd_anchors(a) -> None:
     anchors = [run_anchor(an) for an in ANCHORS]
-    cmd = f"python3 -m dsim.kernels_aic anchors --out {a.out}"
+    cmd = f"dsim profile aic anchors --out {a.out}"
     out = {
         "name": "aic-anchors",
         "provenance": {

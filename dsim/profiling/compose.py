@@ -23,7 +23,7 @@ Step of n tokens per GPU (every token priced as a decode/verify token with an LM
     experts).
 Wide expert parallelism (EP = the routed experts, one expert per GPU, the DeepSeek-V3 report's
 decode layout): a rank's experts are that expert's dense GEMMs (``Pricer._one_expert_ms``) and the
-all-to-all runs over the inter-node network (``scope: inter_node`` records; dsim.kernels_deepep).
+all-to-all runs over the inter-node network (``scope: inter_node`` records; dsim.profiling.deepep_tables).
 Context: attention cores priced at two contexts give the KV slope (ms per 1000 KV tokens);
 prefill chunks: the attention-core cost of one-chunk records beyond the decode-priced part, less
 the LM-head rows they skip, is fitted as prefill_terms version 2 (``fit_prefill_terms``): pairs with
@@ -37,7 +37,7 @@ from __future__ import annotations
 if __name__ == "__main__":  # a Ctrl-C while the modules below load: quiet exit 130
     from dsim.cli.toolmain import startup_guard
 
-    startup_guard("dsim.compose")
+    startup_guard("dsim profile compose")
 
 import argparse
 import dataclasses
@@ -45,7 +45,8 @@ import datetime as _dt
 import json
 import sys
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -63,8 +64,16 @@ from dsim.cost import (
     vllm_capture_sizes,
 )
 from dsim.errors import InputError
-from dsim.profiling.kernel_tables import HARDWARE, MATH_DTYPE, WEIGHT_BYTES, KernelTable, Roofline, load_kernel_table
-from dsim.profiling.models import MoEModel, load_model
+from dsim.profiling.kernel_tables import (
+    HARDWARE,
+    MATH_DTYPE,
+    WEIGHT_BYTES,
+    KernelTable,
+    Roofline,
+    carried_table,
+    load_kernel_table,
+)
+from dsim.profiling.models import MoEModel, infer_model, load_model
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -309,6 +318,61 @@ def layer_ops(
     return ops
 
 
+@cache
+def _included_parts(kind: str, heads: int, phase: str, batch: int, q: int, kv: int, includes: tuple) -> tuple:
+    name = infer_model(kind, heads)
+    if name is None:
+        return ()
+    m = load_model(name)
+    if kind not in m.attn_kinds or m.heads % heads:
+        return ()
+    tp = m.heads // heads
+    topo = Topology(f"tp{tp}-ep{tp}", tp, 1, tp)
+    layer = m.attn_kinds.index(kind)
+    ops = layer_ops(m, topo, "h200", batch * q, phase=phase, batch=batch, q=q, kv=kv, layers=[layer])
+    return tuple(op.record for op in ops if op.part in includes)
+
+
+def included_part_records(rec: dict) -> list[dict]:
+    """The op records of the layer parts an attention-module record includes (its ``includes``: the
+    projections, V4's compressor and indexer projections), for the shipped model the record belongs to
+    (dsim.profiling.models.infer_model: kind and heads per GPU) at its batch x q tokens; [] where unknown."""
+    if rec.get("op") != "attn" or not rec.get("includes"):
+        return []
+    key = (rec["kind"], int(rec["heads"]), rec["phase"], int(rec["batch"]), int(rec["q"]), int(rec["kv"]))
+    return [dict(r) for r in _included_parts(*key, tuple(sorted(rec["includes"])))]
+
+
+def load_table_spec(spec: str) -> KernelTable:
+    """A kernel table by name or path, or ``NAME@HW``: that table carried to hardware HW
+    (dsim.profiling.kernel_tables.carried_table, an attention module's included projections priced with it), from the
+    hardware its name starts with (h200-aic-vllm@h800: AIC's H200 vLLM table on an H800)."""
+    name, at, hw = spec.rpartition("@")
+    if not at or "/" in hw or hw.endswith((".json", ".gz")):  # a plain name or path (a path may hold an @)
+        return load_kernel_table(spec)
+    src = Path(name).name.split("-")[0].lower()
+    if src not in HARDWARE or hw.lower() not in HARDWARE:
+        raise InputError(
+            f"{spec!r}: NAME@HW needs a table named <hardware>-... and HW one of {', '.join(sorted(HARDWARE))}"
+        )
+    return _carried(name, src, hw.lower())
+
+
+@lru_cache(maxsize=8)
+def _carried(name: str, src: str, hw: str) -> KernelTable:
+    # (a table is read-only once built: one carry per table and GPU in a process)
+    return carried_table(load_kernel_table(name), src, hw, included_part_records)
+
+
+def physical_experts(model: MoEModel, topo: Topology) -> int:
+    """The routed experts an EP group holds: the model's, or where they do not divide over the EP
+    ranks, the fewest redundant copies that give every rank the same count (DeepSeek's decode layout:
+    EP144, 256 experts + 32 redundant, 2 per GPU; the inference-system overview, open-infra-index).
+    The copies go to the most loaded experts (EPLB), so routing stays uniform over the copies."""
+    e, ep = model.experts, topo.ep
+    return e if e % ep == 0 else -(-e // ep) * ep
+
+
 def _moe_block_ops(model: MoEModel, topo: Topology, dt: str, edt: str, n: int, count: float) -> list[Op]:
     """The MoE block of `count` layer passes over n tokens per rank: shared expert, the routed
     experts of the EP group's tokens (n x DP ranks), dispatch / combine or the TP all-reduce."""
@@ -329,7 +393,7 @@ def _moe_block_ops(model: MoEModel, topo: Topology, dt: str, edt: str, n: int, c
             hidden=h,
             inter=model.moe_inter,
             topk=model.topk,
-            experts=model.experts,
+            experts=physical_experts(model, topo),
             ep=topo.ep,
         )
     )
@@ -463,12 +527,18 @@ class Pricer:
         a down GEMM [rows, inter] x [inter, hidden] (the shapes of one shared expert), priced from the
         tables' GEMM records (the moe op's preferred table first), plus its SwiGLU, routing-weight and
         permute traffic as elementwise bytes. rows = tokens x topk / experts, the mean rank's (the
-        lockstep factor adds the slowest rank's excess). None where the rank holds more than one
-        expert or a GEMM has no record."""
+        lockstep factor adds the slowest rank's excess). A rank of several experts (E / P of them, wide EP:
+        2 on DeepSeek's EP144) runs that pair once per expert its tokens reach (the mean number under
+        uniform routing), as kernels_aic.moe_as_gemms re-prices AIC's rows per GPU. None where the experts do not divide over the ranks or a GEMM has no record."""
         T, H, inter, k, E, P = (int(rec[x]) for x in ("tokens", "hidden", "inter", "topk", "experts", "ep"))
-        if P != E:
+        if E % P:
             return None
-        rows = max(1, round(T * k / E))
+        # a rank of several experts runs those its tokens reach: the mean of them under uniform routing
+        # (the lockstep factor adds the slowest rank's excess); one expert always runs (the slowest rank)
+        local: float = E // P
+        if local > 1:
+            local = max(1.0, local * (1.0 - (1.0 - k / E) ** T))
+        rows = max(1, round(T * k / (local * P)))
         order = self.order.get("moe", self.tables)
         parts = []
         for n_, k_ in ((2 * inter, H), (H, inter)):
@@ -477,11 +547,10 @@ class Pricer:
             if v is None:
                 return None
             parts.append(v)
-        ew = dict(op="elementwise", bytes=int(rows * (2 * inter * 2 + inter * 2 + 4 * H * 2)))
+        ew = dict(op="elementwise", bytes=int(local * rows * (2 * inter * 2 + inter * 2 + 4 * H * 2)))
         v_ew = next((x for x in (t.ms(ew) for t in self.tables) if x is not None), None)
-        parts.append(v_ew if v_ew is not None else self.roofline.ms(ew))
         self.moe_as_gemm += 1
-        return float(sum(parts))
+        return float(local * sum(parts) + (v_ew if v_ew is not None else self.roofline.ms(ew)))
 
     def _lookup(self, rec: dict) -> float | None:
         for t in self.order.get(rec["op"], self.tables):
@@ -621,7 +690,7 @@ def _moe_factor(model: MoEModel, topo: Topology, hardware: str, op: Op, roof: Ro
     return moe_lockstep_factor(
         T,
         model.topk,
-        model.experts,
+        physical_experts(model, topo),
         topo.ep,
         3.0 * model.hidden * model.moe_inter * wb,
         2.0 * 3 * model.hidden * model.moe_inter / (peak * roof.eff_flops),
@@ -1189,7 +1258,7 @@ def kv_capacity(model: MoEModel, topo: Topology, hardware: str, max_num_seqs: in
         dense_and_shared=pb["shared_and_dense"] / topo.attn_tp,
         router=pb["router"],
         embeddings=pb["embeddings"] / topo.attn_tp,
-        routed_experts=pb["routed_experts"] * e_scale / topo.ep,
+        routed_experts=pb["routed_experts"] * e_scale * physical_experts(model, topo) / model.experts / topo.ep,
         mtp=pb["mtp"] / topo.ep,
     )
     weights_gb = sum(per_gpu.values()) / 1e9
@@ -1399,7 +1468,7 @@ def compose_profile(
             src += f"; {', '.join(sorted(zero_ops))} priced at 0 (one-GPU shard check)"
         if pricer.moe_as_gemm:
             src += (
-                f"; {pricer.moe_as_gemm} routed-expert lookups of a one-expert EP rank priced as that expert's "
+                f"; {pricer.moe_as_gemm} routed-expert lookups of a few-expert EP rank priced as its experts' "
                 "gate+up and down GEMMs (no moe record for the group in the tables)"
             )
         if pricer.grouped_as_single:
@@ -1425,7 +1494,7 @@ def compose_profile(
         date=str(_dt.date.today()),
         method=method,
         command=command
-        or f"python3 -m dsim.compose profile --model {model.name} --topology {topo.name} --hardware {hardware}"
+        or f"dsim profile compose profile --model {model.name} --topology {topo.name} --hardware {hardware}"
         + (f" --kernels {table.name}" if table else ""),
         topology=dict(name=topo.name, gpus_per_node=topo.gpus, attn_tp=topo.attn_tp, attn_dp=topo.attn_dp, ep=topo.ep),
         model_source=model.source,
@@ -1437,6 +1506,15 @@ def compose_profile(
             "(uniform top-k routing, EPLB-balanced)"
             if topo.attn_dp > 1
             else "TP ranks hold the same tokens; experts wait for the slowest EP rank",
+            **(
+                dict(
+                    redundant_experts=f"{physical_experts(model, topo) - model.experts} redundant routed experts so "
+                    f"that {model.experts} divide over EP{topo.ep} ({physical_experts(model, topo) // topo.ep} per "
+                    "GPU; DeepSeek's EP144 decode layout, open-infra-index day 6), routing uniform over the copies"
+                )
+                if physical_experts(model, topo) != model.experts
+                else {}
+            ),
             graph_gap_us_per_layer=GRAPH_GAP_US_PER_LAYER,
             eager_us_per_layer=eager_us_per_layer,
             activation_reserve_gb=ACTIVATION_RESERVE_GB,
@@ -1741,7 +1819,7 @@ BACKENDS = ("vllm", "sglang", "trtllm")  # the serving engines whose kernels AIC
 def shipped_table_for(hardware: str, backend: str, topology: str) -> KernelTable:
     """The shipped silicon-table kernel table profiles/kernels/<hardware>-aic-<backend>.json.gz for a
     shipped topology; anything else is priced from AIC's tables on demand by
-    dsim.kernels_aic.compose_for (`python3 -m dsim.kernels_aic profile`, the aic extra), which sits
+    dsim.profiling.aic_tables.compose_for (`dsim profile aic profile`, the aic extra), which sits
     above this module (it prices the composer's records)."""
     from dsim.profiling.kernel_tables import kernel_table_path
 
@@ -1754,14 +1832,14 @@ def shipped_table_for(hardware: str, backend: str, topology: str) -> KernelTable
         return load_kernel_table(str(shipped))
     raise InputError(
         f"--backend {backend}: no shipped {hardware}-aic-{backend} table for {topology}; "
-        f"`python3 -m dsim.kernels_aic profile --model MODEL --hardware {hardware} --backend {backend} "
+        f"`dsim profile aic profile --model MODEL --hardware {hardware} --backend {backend} "
         f"--topology {topology} --out FILE` prices it from AIC's tables on demand (pip install -e '.[aic]')"
     )
 
 
 # ---------------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m dsim.compose", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="dsim profile compose", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name in ("required-ops", "profile"):
         p = sub.add_parser(name)
@@ -1814,14 +1892,15 @@ def main(argv: list[str] | None = None) -> int:
     prof.add_argument(
         "--kernels",
         default=None,
-        help="kernel table(s), comma-separated in order of preference (profiles/kernels/NAME.json); roofline if absent",
+        help="kernel table(s), comma-separated in order of preference (profiles/kernels/NAME.json; NAME@HW: "
+        "that table carried to hardware HW by the per-op roofline ratio); roofline if absent",
     )
     prof.add_argument(
         "--backend",
         choices=BACKENDS,
         default=None,
         help="without --kernels: AIC's silicon tables of this serving engine on --hardware (the shipped "
-        "<hardware>-aic-<backend> table; others: python3 -m dsim.kernels_aic profile); the name carries it",
+        "<hardware>-aic-<backend> table; others: dsim profile aic profile); the name carries it",
     )
     prof.add_argument("--prefer", default="", help="op=TABLE,...: the table asked first for that op kind")
     prof.add_argument("--zero-ops", default="", help="op kinds priced at 0, e.g. comm (a one-GPU shard check)")
@@ -1868,7 +1947,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     from dsim.cli.toolmain import run_tool
 
-    return run_tool("dsim.compose", lambda: _run(a, argv))
+    return run_tool("dsim profile compose", lambda: _run(a, argv))
 
 
 def _run(a, argv: list[str] | None) -> int:
@@ -1902,7 +1981,7 @@ def _run(a, argv: list[str] | None) -> int:
         )
         sys.stdout.write("\n")
         return 0
-    table = [load_kernel_table(k.strip()) for k in a.kernels.split(",") if k.strip()] if a.kernels else None
+    table = [load_table_spec(k.strip()) for k in a.kernels.split(",") if k.strip()] if a.kernels else None
     if a.backend and table is None:
         table = [shipped_table_for(a.hardware, a.backend, topo.name)]
         a.name = a.name or f"{model.name}-{a.hardware}-{a.backend}-{topo.name}" + ("-dbo" if a.overlap == "dbo" else "")
@@ -1930,7 +2009,7 @@ def _run(a, argv: list[str] | None) -> int:
         if not isinstance(pool, dict):
             raise InputError(f"--block-pool {a.block_pool}: expected a JSON object (shard_repredict fit-pool)")
         pool.setdefault("source", block_pool_source(pool, a.block_pool))
-    cmd = "python3 -m dsim.compose " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = "dsim profile compose " + " ".join(argv if argv is not None else sys.argv[1:])
     prof_ = compose_profile(
         model,
         topo,

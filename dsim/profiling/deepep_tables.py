@@ -3,7 +3,7 @@
 A data-parallel attention group whose expert-parallel group spans nodes (``dpN-epN`` with N > 8)
 exchanges tokens over the inter-node network: DeepEP's low-latency dispatch (FP8) and combine
 (bf16), pure RDMA (DeepSeek-V3 report Sec. 3.4; DeepSeek's DeepEP). The composer's records for it
-are ``comm`` records with ``scope: inter_node`` (dsim.compose._moe_block_ops). This module prices
+are ``comm`` records with ``scope: inter_node`` (dsim.profiling.compose._moe_block_ops). This module prices
 them into a kernel table from two public measurements:
 
 - AIConfigurator's H200 table of DeepEP low-latency kernels measured across 1, 2, 4 and 8 nodes
@@ -22,11 +22,22 @@ one expert per rank at EP = experts), so a record of n tokens per rank at hidden
 priced at the AIC base's n x h x k / (7168 x 8) tokens (log-log interpolation; below the table's
 smallest token count, its smallest: the latency floor). Command:
 
-    python3 -m dsim.kernels_deepep build --model deepseek-v4-flash:256 --model deepseek-v4-pro:384 \
+    dsim profile deepep build --model deepseek-v4-flash:256 --model deepseek-v4-pro:384 \
         --out profiles/kernels/h200-deepep-internode.json
 
 Needs ``aiconfigurator-core`` (the optional ``aic`` extra) and pandas to build; the shipped table
 needs neither.
+
+``published`` prices the same records from DeepEP's published figures alone (no AIC): its README's
+low-latency table (H800, one CX7 400 Gb/s NIC per GPU, 128 tokens per rank, hidden 7168, top-8; EP8 to
+EP256, log-linear in the group width between its points, EP256's beyond) gives the time at 128
+tokens, and a record of n tokens costs the latency floor plus the rest in proportion to its message,
+floor + (t128 - floor) x n h k / (128 x 7168 x 8). The floor (28.7 / 30.8 us, dispatch / combine) is
+AIC's H200 EP64 series at its smallest message, the one figure not from DeepEP (this line over the
+AIC series: within 7% from 24 to 192 tokens). Needs nothing installed:
+
+    dsim profile deepep published --model deepseek-v3:16,32,64,72,128,144,256 \
+        --out profiles/kernels/h800-deepep-ll-published.json
 
 ``derive`` writes a what-if table from a built one, for a stated deployment the measurements do
 not cover (a scenario assumption, never a measurement):
@@ -38,12 +49,12 @@ not cover (a scenario assumption, never a measurement):
   tokens per rank, 78-86% of the 50 GB/s line rate), assumed to keep that efficiency on the faster
   NIC.
 - ``--max-tokens-per-rank N``: records up to N tokens per rank, for a MoE block run in one pass
-  (``dsim.compose profile --moe-dp-chunk 0``; DeepEP V2's ``ElasticBuffer`` takes the step's
+  (``dsim profile compose profile --moe-dp-chunk 0``; DeepEP V2's ``ElasticBuffer`` takes the step's
   ``num_max_tokens_per_rank``, its own benchmark runs 8K tokens per batch). Beyond the measured
   series, the time grows linearly at the slope of its last two measured records (the bandwidth
   regime).
 
-    python3 -m dsim.kernels_deepep derive --table profiles/kernels/h200-deepep-internode.json \
+    dsim profile deepep derive --table profiles/kernels/h200-deepep-internode.json \
         --nic-gbps 800 --name h200-deepep-internode-800g --out OUT.json
 """
 
@@ -52,7 +63,7 @@ from __future__ import annotations
 if __name__ == "__main__":  # a Ctrl-C while the modules below load: quiet exit 130
     from dsim.cli.toolmain import startup_guard
 
-    startup_guard("dsim.kernels_deepep")
+    startup_guard("dsim profile deepep")
 
 import argparse
 import datetime as _dt
@@ -72,6 +83,9 @@ BASE_EXPERTS = 256
 REF_HIDDEN, REF_TOPK = 7168, 8  # the shape AIC's and DeepEP's tables were measured at
 #: DeepEP README, low-latency kernels, H800 + CX7 400 Gb/s, 128 tokens per rank: EP -> (dispatch, combine) us
 DEEPEP_README_LL_US = {8: (77, 114), 16: (118, 195), 32: (155, 273), 64: (173, 314), 128: (192, 369), 256: (194, 360)}
+#: the low-latency kernels' latency floor (us, dispatch / combine): AIC's H200 EP64 series at its smallest
+#: message (0.75 tokens of hidden 7168 top-8: h200-deepep-internode.json's EP384 records over their EP256 factor)
+LL_FLOOR_US = (28.7, 30.8)
 #: tokens per rank the records are priced at (the composer's MoE chunk is at most 256 tokens per rank)
 TOKENS_PER_RANK = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 KINDS = ("a2a_dispatch", "a2a_combine")
@@ -90,6 +104,103 @@ def ep_scale(gpus: int, kind: str) -> float:
             ya, yb = DEEPEP_README_LL_US[a][i], DEEPEP_README_LL_US[b][i]
             return (ya + f * (yb - ya)) / base
     return 1.0
+
+
+def readme_ll_us(gpus: int, kind: str) -> float:
+    """DeepEP README's low-latency time (us) at 128 tokens per rank on an EP group of `gpus` (log-linear
+    in the width between its points; EP256's beyond, where its RDMA bandwidth per GPU is flat)."""
+    i = KINDS.index(kind)
+    pts = sorted(DEEPEP_README_LL_US)
+    g = min(max(int(gpus), pts[0]), pts[-1])
+    for a, b in zip(pts, pts[1:]):
+        if a <= g <= b:
+            f = (math.log(g) - math.log(a)) / (math.log(b) - math.log(a))
+            ya, yb = DEEPEP_README_LL_US[a][i], DEEPEP_README_LL_US[b][i]
+            return ya + f * (yb - ya)
+    raise AssertionError("unreachable")
+
+
+def published_us(kind: str, tokens: float, hidden: int, topk: int, gpus: int) -> float:
+    """One low-latency dispatch or combine (us) from DeepEP's published table (module doc, ``published``)."""
+    floor = LL_FLOOR_US[KINDS.index(kind)]
+    eq = tokens * hidden * topk / (REF_HIDDEN * REF_TOPK)
+    return floor + (readme_ll_us(gpus, kind) - floor) * eq / 128.0
+
+
+def published_records(model_name: str, ep: int) -> list[dict]:
+    """The composer's inter-node dispatch / combine records of `model_name` on EP `ep`, from DeepEP's
+    published low-latency table (published_us)."""
+    if ep <= 8:
+        raise InputError(f"EP {ep}: inter-node records need an EP group wider than one 8-GPU node")
+    m = load_model(model_name)
+    out = []
+    for n in TOKENS_PER_RANK:
+        for kind, width in (("a2a_dispatch", 1), ("a2a_combine", 2)):
+            us = published_us(kind, n, m.hidden, m.topk, ep)
+            note = (
+                f"DeepEP README low-latency, H800 + CX7 400 Gb/s: {readme_ll_us(ep, kind):.0f} us at 128 tokens of "
+                f"hidden {REF_HIDDEN} top-{REF_TOPK} on EP{min(ep, 256)}"
+                + (" (EP256's beyond 256, assumed)" if ep > 256 else "")
+                + f"; {n} tokens of hidden {m.hidden} top-{m.topk}: floor {LL_FLOOR_US[KINDS.index(kind)]} us "
+                "+ the rest in proportion to the message"
+            )
+            out.append(
+                dict(
+                    op="comm",
+                    kind=kind,
+                    gpus=int(ep),
+                    bytes=int(n * m.hidden * width),
+                    scope="inter_node",
+                    hidden=m.hidden,
+                    topk=m.topk,
+                    experts=m.experts,
+                    ms=round(us / 1000.0, 5),
+                    note=note,
+                )
+            )
+    return out
+
+
+def build_published(specs: list[tuple[str, int]], out: str = "profiles/kernels/h800-deepep-ll-published.json") -> dict:
+    recs: list[dict] = []
+    for name, ep in specs:
+        recs += published_records(name, ep)
+    models: dict[str, list[int]] = {}
+    for name, ep in specs:
+        models.setdefault(name, []).append(ep)
+    return dict(
+        name=Path(out).name.split(".")[0],
+        provenance=dict(
+            kind="published",
+            hardware="NVIDIA H800 SXM, one ConnectX-7 400 Gb/s InfiniBand NIC per GPU (DeepEP's test bed)",
+            engine="DeepEP low-latency kernels (pure RDMA)",
+            engine_version="DeepEP V1 (docs/legacy.md)",
+            date=str(_dt.date.today()),
+            method=(
+                "inter-node dispatch (FP8) / combine (bf16) per MoE layer: DeepEP README's low-latency time at 128 "
+                "tokens per rank for the group's EP (log-linear between its EP8-EP256 points, EP256's beyond), "
+                "a record of n tokens = floor + (t128 - floor) x its message / the 128-token message (tokens x "
+                "hidden x top-k)"
+            ),
+            command="dsim profile deepep published "
+            + " ".join(f"--model {n}:{','.join(map(str, e))}" for n, e in models.items())
+            + f" --out {out}",
+            source=(
+                "deepseek-ai/DeepEP docs/legacy.md (the V1 README), 'Low-latency kernels with pure RDMA' table; "
+                f"the latency floor from NVIDIA AIConfigurator (aiconfigurator-core {AIC_VERSION}) {AIC_LL_FILE}"
+            ),
+            assumptions=dict(
+                floor=f"latency floor {LL_FLOOR_US[0]} / {LL_FLOOR_US[1]} us (dispatch / combine) at every EP: "
+                "AIC's H200 EP64 series at its smallest message",
+                token_scaling="above the floor, time in proportion to the message (bandwidth-bound: DeepEP's "
+                "RDMA bandwidth per GPU is 39-48 GB/s from EP32 on)",
+                other_gpus="the same NIC (CX7 400 Gb/s per GPU) serves H100 and H200 deployments alike; AIC's "
+                "H200 EP64 figures at 128 tokens (167 / 305 us) are within 3.5% of this table's H800 ones "
+                "(173 / 314)",
+            ),
+        ),
+        records=recs,
+    )
 
 
 def interp_loglog(points: list[tuple[float, float]], x: float) -> float:
@@ -134,7 +245,7 @@ def price(rows: list[dict], kind: str, tokens: float, hidden: int, topk: int, gp
 
 def records(rows: list[dict], model_name: str, ep: int) -> list[dict]:
     """The composer's inter-node dispatch / combine records of `model_name` on EP `ep` (bytes per GPU
-    as dsim.compose writes them: tokens x hidden, FP8 dispatch, bf16 combine)."""
+    as dsim.profiling.compose writes them: tokens x hidden, FP8 dispatch, bf16 combine)."""
     m = load_model(model_name)
     out = []
     for n in TOKENS_PER_RANK:
@@ -197,7 +308,7 @@ def build(specs: list[tuple[str, int]]) -> dict[str, Any]:
                 "256, assumed); other shapes at equal tokens x hidden x top-k, log-log in tokens, the table's "
                 "smallest token count below it"
             ),
-            command="python3 -m dsim.kernels_deepep build "
+            command="dsim profile deepep build "
             + " ".join(f"--model {n}:{e}" for n, e in specs)
             + " --out profiles/kernels/h200-deepep-internode.json",
             source=(
@@ -277,7 +388,7 @@ def derive(
             )
     prov = dict(table.get("provenance", {}))
     src = table_path or f"profiles/kernels/{table.get('name', 'TABLE')}.json"
-    cmd = f"python3 -m dsim.kernels_deepep derive --table {src}"
+    cmd = f"dsim profile deepep derive --table {src}"
     if nic_gbps != MEASURED_NIC_GBPS:
         cmd += f" --nic-gbps {nic_gbps:g}"
         prov["hardware"] = f"what-if: {prov.get('hardware', 'H200')}, the NIC at {nic_gbps:g} Gb/s per GPU (assumed)"
@@ -319,12 +430,20 @@ def _spec(s: str) -> tuple[str, int]:
     return name, e
 
 
+def _specs(s: str) -> list[tuple[str, int]]:
+    name, _, eps = s.partition(":")
+    return [_spec(f"{name}:{e}") for e in eps.split(",")]
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m dsim.kernels_deepep", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="dsim profile deepep", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="price the inter-node all-to-all records into a kernel table")
     b.add_argument("--model", action="append", required=True, help="MODEL:EP, repeatable")
     b.add_argument("--out", required=True)
+    p = sub.add_parser("published", help="the records from DeepEP's published low-latency table (no AIC)")
+    p.add_argument("--model", action="append", required=True, help="MODEL:EP[,EP...], repeatable")
+    p.add_argument("--out", required=True)
     d = sub.add_parser("derive", help="a what-if table from a built one: NIC bandwidth, tokens per rank")
     d.add_argument("--table", required=True, help="a built inter-node table (JSON)")
     d.add_argument("--nic-gbps", type=float, default=MEASURED_NIC_GBPS)
@@ -334,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     from dsim.cli.toolmain import run_tool
 
-    return run_tool("dsim.kernels_deepep", lambda: _run(a))
+    return run_tool("dsim profile deepep", lambda: _run(a))
 
 
 def _run(a) -> int:
@@ -342,7 +461,10 @@ def _run(a) -> int:
     from dsim.schema import read_json
 
     check_file_target(a.out, "--out")  # refused before any work
-    if a.cmd == "derive":
+    if a.cmd == "published":
+        specs = [(n, e) for s in a.model for n, e in _specs(s)]
+        table = build_published(specs, a.out)
+    elif a.cmd == "derive":
         src = read_json(a.table, what="--table")
         table = derive(src, a.nic_gbps, a.max_tokens_per_rank, a.name, a.table)
     else:

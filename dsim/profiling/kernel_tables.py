@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gzip
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,20 @@ HARDWARE: dict[str, dict[str, Any]] = {
         net=50e9,
         source="NVIDIA H100 SXM datasheet (80 GB HBM3 at 3.35 TB/s, 989/1979 TFLOP/s dense bf16/fp8, "
         "NVLink 900 GB/s bidirectional; 400 Gb/s InfiniBand per GPU between nodes)",
+    ),
+    "h800": dict(
+        name="NVIDIA H800 SXM",
+        hbm_gb=80.0,
+        bw=3.35e12,
+        bf16=989e12,
+        fp8=1979e12,
+        fp4=None,
+        link=200e9,
+        net=50e9,
+        source="NVIDIA H800 SXM (the H100 SXM's HBM3 at 3.35 TB/s and 989/1979 TFLOP/s dense bf16/fp8; NVLink "
+        "400 GB/s bidirectional against the H100's 900: 'Insights into DeepSeek-V3', ISCA 2025 (arXiv 2505.09343), Sec. 4.1; "
+        "DeepSeek-V3 technical report Sec. 3.1-3.2: one 400 Gb/s InfiniBand NIC per GPU between nodes, "
+        "about 160 GB/s achieved over NVLink, 50 GB/s over IB)",
     ),
     "b200": dict(
         name="NVIDIA B200 SXM",
@@ -305,6 +320,34 @@ class KernelTable:
             if r["op"] == op:
                 out.update(r.get("includes", ()))
         return out
+
+
+def carried_table(
+    table: KernelTable, source_hardware: str, hardware: str, included: Callable[[dict], list[dict]] | None = None
+) -> KernelTable:
+    """``table`` (measured on ``source_hardware``) carried to ``hardware``: each record's time x the
+    ratio of the two machines' roofline times for that record (``Roofline.ms``: matrix peak, HBM and
+    link bandwidth, the same per-kernel floor), i.e. each op keeps the fraction of the roofline it was
+    measured at. A stated assumption for hardware no table was measured on (e.g. H800 from H200: a
+    compute-bound op keeps its time, an HBM-bound one takes 4.8 / 3.35 x longer). ``included``: the op
+    records of the parts a record includes (an attention module's projections, dsim.profiling.compose
+    .included_part_records), whose rooflines join the record's own in the ratio."""
+    src, dst = Roofline(hardware=source_hardware), Roofline(hardware=hardware)
+    recs = []
+    for r in table.records:
+        parts = [r, *(included(r) if included and r.get("includes") else [])]
+        a = sum(src.ms(p) for p in parts)
+        recs.append({**r, "ms": float(r["ms"]) * (sum(dst.ms(p) for p in parts) / a if a > 0 else 1.0)})
+    prov = dict(table.provenance)
+    prov.update(
+        hardware=f"{HARDWARE[hardware]['name']} (carried from {table.provenance.get('hardware', source_hardware)})",
+        carried=(
+            f"{table.name}, measured on {HARDWARE[source_hardware]['name']}, carried to {HARDWARE[hardware]['name']}: "
+            "each record x roofline(target) / roofline(source) for it (dsim.profiling.kernel_tables.carried_table; assumed: every op "
+            "keeps the fraction of its roofline it was measured at)"
+        ),
+    )
+    return KernelTable(name=f"{table.name}@{hardware}", provenance=prov, records=recs, source_path=table.source_path)
 
 
 def read_json_text(path: Path) -> str:

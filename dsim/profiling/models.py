@@ -296,3 +296,13 @@ def model_from_config(cfg: dict, name: str, where: str = "<config>") -> MoEModel
     except (TypeError, ValueError):
         raise InputError(f"{where}: architecture keys must be integers") from None
     raise InputError(f"{where}: model_type {fam!r}: the composer knows deepseek_v3 and deepseek_v4")
+
+
+def infer_model(kind: str, heads: int) -> str | None:
+    """The shipped model an attention record belongs to, from its kind and heads per GPU (TP 1 or 8)."""
+    if kind == "mla":
+        return "deepseek-v3"
+    for name, total in (("deepseek-v4-flash", 64), ("deepseek-v4-pro", 128)):
+        if heads in (total, total // 8):
+            return name
+    return None

@@ -3,8 +3,10 @@
 ``own_profile(config, hardware, gpus=None, topology=None) -> Profile`` dispatches, and computes
 nothing itself: a dense model goes through the analytical roofline (``dsim.profiling.analytical``, with the
 efficiency fit of the measured H200 profiles where it ships), a MoE model through the kernel-op
-composer (``dsim.profiling.compose``, priced from the kernel tables shipped for that hardware, roofline
-where they have no record). ``hardware_kinds()`` lists the hardware either path has figures for
+composer, priced first from the silicon tables of the hardware x serving backend
+(``dsim.profiling.aic_tables.compose_for``: AIConfigurator's table where one ships for the topology, or on
+demand with the aic extra), else from the tables that ship for the GPU, and by the roofline for
+any op no table holds (the fallback and its reason stated in the provenance). ``hardware_kinds()`` lists the hardware either path has figures for
 (their ``HARDWARE`` tables), so a GPU added there is offered here with no change to this module.
 
 Every profile leaves with ``provenance.basis``: what is measured (kernel tables, a fit on
@@ -261,17 +263,43 @@ def kernel_tables_for(hardware: str) -> list[str]:
     return first + ([f"{h}-torch"] if f"{h}-torch" in shipped else [])
 
 
-def moe_profile(config: str | Path, cfg: dict, hardware: str, topology: str | None, name: str | None) -> Profile:
+#: a GPU without a MoE silicon table of its own, and the GPU of the same generation whose table is carried to
+#: it (dsim.profiling.kernel_tables.carried_table: same matrix peaks, the HBM and NVLink differences by the roofline)
+CARRIED_FROM = {"h100": "h200", "h800": "h200"}
+
+
+def moe_profile(
+    config: str | Path, cfg: dict, hardware: str, topology: str | None, name: str | None, backend: str = "vllm"
+) -> Profile:
+    """The composer's profile, priced first from the silicon tables (dsim.profiling.aic_tables.compose_for: AIC's
+    table for this hardware x backend where one ships for the topology, or priced on demand with the aic
+    extra), our own measured table of that GPU after it; where there is none, from the tables that ship
+    for the GPU (kernel_tables_for) and the roofline for what they lack, the reason stated."""
+    from dsim.profiling import aic_tables as KA
     from dsim.profiling import compose as C
-    from dsim.profiling.kernel_tables import HARDWARE, load_kernel_table
+    from dsim.profiling.kernel_tables import HARDWARE, kernel_table_path, load_kernel_table
     from dsim.profiling.models import model_from_config, model_name
 
     hw = _check_hardware(hardware, HARDWARE, "composer")
+    if backend not in KA.BACKENDS:
+        raise InputError(f"--backend {backend!r}: one of {', '.join(KA.BACKENDS)}")
     model = model_from_config(cfg, name=model_name(cfg, config), where=str(config))
     topo = C.parse_topology(topology or MOE_TOPOLOGY)
-    tables = kernel_tables_for(hw)
-    cmd = _command(config, hw.upper(), None, topology)
-    prof = C.compose_profile(model, topo, hw, [load_kernel_table(t) for t in tables] or None, name=name, command=cmd)
+    cmd = _command(config, hw.upper(), None, topology, backend)
+    own = [t for t in kernel_tables_for(hw) if not t.startswith(f"{hw}-aic-")]
+    try:
+        prof = KA.compose_for(
+            model, hw, backend, topo.name, name=name, after=[load_kernel_table(t) for t in own], command=cmd
+        )
+        tables, no_silicon = [f"{hw}-aic-{backend}", *own], ""
+    except InputError as e:  # no silicon table for this GPU x backend x topology here: the stated fallback
+        tables, no_silicon = kernel_tables_for(hw), str(e)
+        donor = CARRIED_FROM.get(hw)
+        if donor and kernel_table_path(f"{donor}-aic-{backend}").is_file():
+            tables.append(f"{donor}-aic-{backend}@{hw}")
+        prof = C.compose_profile(
+            model, topo, hw, [C.load_table_spec(t) for t in tables] or None, name=name, command=cmd
+        )
     measured = (
         [f"kernel times from the tables {', '.join(tables)} (their provenance in profiles/kernels/)"] if tables else []
     )
@@ -281,17 +309,32 @@ def moe_profile(config: str | Path, cfg: dict, hardware: str, topology: str | No
         f"topology {topo.describe()}" + ("" if topology else f" (the default, {MOE_TOPOLOGY})"),
         "drafter costs composed from the same kernel ops",
     ]
-    if not tables:
-        assumed.insert(0, f"no kernel table ships for {hw.upper()}: every op priced by the roofline")
+    if no_silicon:
+        assumed.insert(
+            0,
+            f"no silicon table for {hw.upper()} x {backend} at {topo.name} ({no_silicon}): "
+            + (
+                f"ops priced from {', '.join(tables)} where they hold a record, else by the roofline"
+                + (
+                    " (NAME@GPU: a table of another GPU of the same generation carried to this one by each op's "
+                    "roofline ratio, dsim.profiling.kernel_tables.carried_table)"
+                    if any("@" in t for t in tables)
+                    else ""
+                )
+                if tables
+                else "every op priced by the roofline"
+            ),
+        )
     prof.provenance["basis"] = {"path": "composer (MoE)", "measured": measured, "assumed": assumed}
     return prof
 
 
-def _command(config, hardware: str, gpus: int | None, topology: str | None) -> str:
+def _command(config, hardware: str, gpus: int | None, topology: str | None, backend: str = "vllm") -> str:
     return (
         f"dsim profile model {config} --hardware {hardware}"
         + (f" --gpus {gpus}" if gpus else "")
         + (f" --topology {topology}" if topology else "")
+        + (f" --backend {backend}" if backend != "vllm" else "")
     )
 
 
@@ -302,8 +345,10 @@ def own_profile(
     gpus: int | None = None,
     topology: str | None = None,
     name: str | None = None,
+    backend: str = "vllm",
 ) -> Profile:
-    """The profile of the model in `config` on `hardware`: dense -> dsim.profiling.analytical, MoE -> dsim.profiling.compose."""
+    """The profile of the model in `config` on `hardware`: dense -> dsim.profiling.analytical, MoE -> dsim.profiling.compose
+    (priced from `backend`'s silicon tables where they ship for the hardware)."""
     from dsim.spec.capability import heads_from_config
 
     cfg = read_config(config)
@@ -314,7 +359,7 @@ def own_profile(
     else:
         if gpus:
             raise InputError(f"--gpus {gpus}: a MoE model's GPUs come from --topology (e.g. {MOE_TOPOLOGY})")
-        prof = moe_profile(config, cfg, hardware, topology, name)
+        prof = moe_profile(config, cfg, hardware, topology, name, backend)
     # the model's own heads, read from its config: the method check needs no profiles/models copy
     prof.provenance["heads"] = sorted(heads_from_config(cfg))
     return prof
