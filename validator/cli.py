@@ -32,9 +32,9 @@ _PASS = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_
 
 def _stopped(e: KeyboardInterrupt, out) -> NoReturn:
     """A run stopped by Ctrl-C (130) or SIGTERM (143): nothing written."""
-    from validator import launch as lch
+    from validator import stops
 
-    code = lch.stop_exit_code(e)
+    code = stops.stop_exit_code(e)
     word = "terminated" if code == 143 else "interrupted"
     typer.echo(f"{word}; nothing written ({out} left as it was)", err=True)
     raise typer.Exit(code) from None
@@ -510,7 +510,7 @@ def ab_cmd(
     health_timeout: float = typer.Option(180.0, "--health-timeout"),
 ):
     """Start A, replay at each load, stop it; same for B; report measured (and predicted) A vs B."""
-    from validator import ab
+    from validator import ab, stops
     from validator import launch as lch
 
     sides: list = []
@@ -524,7 +524,7 @@ def ab_cmd(
     for flag, v in (("--requests", requests), ("--input-len", input_len), ("--output-len", output_len)):
         if v < 1:
             raise InputError(f"{flag}: must be >= 1, got {v}")
-    with staged_dir(out) as stage, lch.terminate_as_interrupt():
+    with staged_dir(out) as stage, stops.terminate_as_interrupt():
         rep = ab.ab(
             side_a,
             side_b,

@@ -15,8 +15,6 @@ import asyncio
 import datetime as _dt
 import json
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,7 +24,7 @@ import httpx
 import numpy as np
 
 from dsim.errors import InputError, plain
-from validator import measure, promtext, serverconf
+from validator import measure, promtext, serverconf, stops
 from validator.traces import Plan
 
 if TYPE_CHECKING:
@@ -581,54 +579,6 @@ def _cancel_requested() -> bool:
     return bool(cancelling()) if cancelling is not None else False
 
 
-def run_stoppable(coro):
-    """asyncio.run, with Ctrl-C and SIGTERM turned into a cancel of the run (its requests cancelled
-    and awaited, the file discarded) and raised after it: KeyboardInterrupt, or launch.Terminated for
-    SIGTERM. Raised by a signal handler wherever the loop happened to be, the stop hit the HTTP client
-    mid-connect and asyncio printed the half-finished requests' tracebacks on its way out."""
-    if threading.current_thread() is not threading.main_thread():
-        return asyncio.run(coro)
-    from validator.launch import Terminated
-
-    stops = {signal.SIGINT, signal.SIGTERM}
-    got: list[int] = []
-    old = {sig: signal.getsignal(sig) for sig in stops}
-
-    async def main():
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        assert task is not None
-
-        def on_stop(sig: int) -> None:
-            got.append(sig)
-            task.cancel()
-
-        for sig in stops:
-            loop.add_signal_handler(sig, on_stop, sig)
-        try:
-            return await coro
-        finally:  # held from here until the caller's handlers are back (the loop resets them to default)
-            signal.pthread_sigmask(signal.SIG_BLOCK, stops)
-
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, set())
-    result = None
-    try:
-        result = asyncio.run(main())
-    except BaseException:
-        if not got:  # (stopped, the run ends as stopped whatever it raised on the way)
-            raise
-    finally:
-        for sig, h in old.items():
-            if h is not None:
-                signal.signal(sig, h)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # (a stop held meanwhile is raised here)
-    if got:
-        from dsim.outputs import note_stop
-
-        raise note_stop(Terminated(f"signal {got[0]}") if got[0] == signal.SIGTERM else KeyboardInterrupt())
-    return result
-
-
 def run(plan: Plan, opts: RunOptions, out_path: str | Path) -> dict:
     old, achieved, old_group = _boost(opts.nice)
     old_cpus = _pin(opts.cpus)
@@ -638,9 +588,9 @@ def run(plan: Plan, opts: RunOptions, out_path: str | Path) -> dict:
         client_cpus=sorted(os.sched_getaffinity(0)) if old_cpus is not None else None,
     )
     try:
-        return run_stoppable(run_async(plan, opts, out_path))
+        return stops.run_stoppable(run_async(plan, opts, out_path))
     except BaseException as e:
-        # SIGTERM is turned into KeyboardInterrupt (launch.terminate_as_interrupt); when it lands inside
+        # SIGTERM is turned into KeyboardInterrupt (stops.terminate_as_interrupt); when it lands inside
         # the HTTP client's task group it comes wrapped in an exception group: unwrap it, so callers see
         # the interrupt itself.
         if not isinstance(e, KeyboardInterrupt) and _holds_interrupt(e):

@@ -40,10 +40,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dsim.cli import toolmain
 from dsim.errors import InputError
-from dsim.outputs import note_stop
 from validator import server as srv
+from validator import stops
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY = Path(__file__).resolve().parent / "vllm_entry.py"
@@ -380,43 +379,13 @@ def stop(run: Running, grace_s: float = 20.0) -> int | None:
     return rc
 
 
-class Terminated(KeyboardInterrupt, toolmain.Terminated):
-    """SIGTERM: unwinds as Ctrl-C does (every ``except KeyboardInterrupt`` cleanup runs); the
-    command then ends with 143 instead of 130 (recorded with dsim.outputs.note_stop, so dsim's
-    main tells it from a Ctrl-C where typer has turned either into 130)."""
-
-
-def stop_exit_code(e: BaseException) -> int:
-    """130 for Ctrl-C, 143 for SIGTERM."""
-    return 143 if isinstance(e, Terminated) else 130
-
-
-def _sigterm(signum, frame):
-    raise note_stop(Terminated(f"signal {signum}"))
-
-
-@contextlib.contextmanager
-def terminate_as_interrupt() -> Iterator[None]:
-    """Inside: SIGTERM raises Terminated, a KeyboardInterrupt (in the main thread), so cleanup runs
-    as for Ctrl-C."""
-    try:
-        old = signal.signal(signal.SIGTERM, _sigterm)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
 @contextlib.contextmanager
 def managed(spec: ServerSpec | None, progress=None) -> Iterator[Running | None]:
     """Start the server of ``spec`` (None: yield None), stop it on the way out, whatever happens."""
     if spec is None:
         yield None
         return
-    with terminate_as_interrupt():
+    with stops.terminate_as_interrupt():
         run = start(spec, progress)
         try:
             yield run

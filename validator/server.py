@@ -144,7 +144,7 @@ def health_status(url: str, timeout_s: float = HEALTH_REQUEST_S) -> tuple[int | 
             async with client.stream("GET", f"{url}/health") as r:
                 return r.status_code
 
-    from validator.driver import run_stoppable  # (a stop cancels the request, then is raised)
+    from validator.stops import run_stoppable  # (a stop cancels the request, then is raised)
 
     try:
         return run_stoppable(asyncio.wait_for(get(), timeout_s)), ""
