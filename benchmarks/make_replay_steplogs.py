@@ -1,5 +1,5 @@
 """Step logs of mixed DSpark workloads for the GPU step replay (target: median error <= 3% at
-concurrency 1, 32 and 256; docs/gpu-profiling.md).
+concurrency 1, 32 and 256; docs/user/gpu-profiling.md).
 
     python benchmarks/make_replay_steplogs.py            # writes profiles/h200/steplogs/*.jsonl
     python benchmarks/make_replay_steplogs.py --models qwen3-8b --profile PATH.yaml --out DIR

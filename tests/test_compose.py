@@ -1180,7 +1180,7 @@ def test_eager_overhead_is_a_stated_parameter():
 
 def test_stored_shard_repredictions_are_the_current_profiles():
     """Every stored V4-Flash shard re-prediction (profiles/kernels/h200-torch-checks/repredict-*.json,
-    the figures docs/gpu-moe-profiling.md quotes) is what the shard-check profile prices now, step by
+    the figures docs/results/gpu-moe-profiling.md quotes) is what the shard-check profile prices now, step by
     step; a cost or profile change that moves them must store them again (`python3 -m
     validator.gpu.shard_repredict PROFILE REPLAY STEPLOGS --out ...`)."""
     import json

@@ -296,7 +296,7 @@ def test_analytical_fit_reproduces_measured_within_stated_error():
     assert ev["forward_median_abs_pct"] <= fit["efficiency"]["forward_median_abs_pct"] + 0.5
     assert ev["forward_p90_abs_pct"] <= fit["efficiency"]["forward_p90_abs_pct"] + 0.5
     for m in fitted:  # leave-one-model-out: fitted on the other three, checked on this one
-        # the issue's target, 5 % median, for every model (docs/gpu-profiling.md)
+        # the issue's target, 5 % median, for every model (docs/user/gpu-profiling.md)
         assert fit["leave_one_out"][m]["held_out"]["forward_median_abs_pct"] <= 5.0
         assert fit["leave_one_out"][m]["fitted"]["knee"] > 1
         assert sorted(fit["leave_one_out"][m]["trained_on"]) == sorted(set(fitted) - {m})
@@ -1270,7 +1270,7 @@ def test_profile_gpu_alone_writes_a_complete_profile(tmp_path):
 
 def test_h100_profile_meets_the_replay_target_on_held_out_logs():
     """The H100 profile (measured with profile_new_gpu.sh) against the held-out logs replayed on the
-    H100 in fresh processes (docs/h100-2026-12-06.md): every log of the profile's machine start at or
+    H100 in fresh processes (docs/results/h100-2026-12-06.md): every log of the profile's machine start at or
     under 3 % median (the H200 profile's logs, predicted again from the H100 profile); in a second
     start, on logs dsim wrote from the H100 profile, 11 of 12 (Mooncake c96 3.10 %, that start's
     lower clock), pooled median 1.30 %."""
@@ -1308,7 +1308,7 @@ def test_the_profiling_runs_fit_is_what_a_refit_of_its_stored_sweeps_gives(tmp_p
 
 def test_aic_h100_gemm_tables_against_the_h100():
     """AIC's vLLM H100 GEMM table against the bf16 GEMMs timed on the H100: the stored error summary
-    (docs/h100-2026-12-06.md: 638 shapes, median |error| 6.8 %) recomputed from the two tables when the
+    (docs/results/h100-2026-12-06.md: 638 shapes, median |error| 6.8 %) recomputed from the two tables when the
     aic extra is installed."""
     s = json.loads((ROOT / "profiles" / "kernels" / "h100-aic-vllm-dense-error.json").read_text())
     assert s["shapes"] == 638 and s["median_abs_error"] == pytest.approx(0.068, abs=0.001)

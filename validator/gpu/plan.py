@@ -111,7 +111,7 @@ ATTENTION_MISSING = (
     "attention terms missing (--no-attention-terms): format 1, attention priced by one KV slope, blind to how "
     "contexts are spread over requests and to prompt chunks over long cached prefixes; fitted so on the same "
     "sweeps, the four H200 profiles under-predict their held-out Mooncake replays (long unequal contexts, prefix "
-    "caching) by 5.1-10.3 % median (Azure logs -4.5 .. +2.7 %; docs/gpu-profiling.md, 'The profiling recipe'); "
+    "caching) by 5.1-10.3 % median (Azure logs -4.5 .. +2.7 %; docs/user/gpu-profiling.md, 'The profiling recipe'); "
     "rerun without --no-attention-terms, or time the sweeps with scripts/context_sweep.py and refit with "
     "validator.gpu.refit --context"
 )

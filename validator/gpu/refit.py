@@ -771,7 +771,7 @@ def _span(vals: list[float], fmt: str) -> str:
 
 
 def draft_doc_sentence(results: list[dict]) -> str:
-    """The comparison docs/gpu-profiling.md states (its Draft tables paragraph), from the merged
+    """The comparison docs/user/gpu-profiling.md states (its Draft tables paragraph), from the merged
     profiles: what the previous (power-of-two) tables charged the DSpark drafter and MTP over the
     new ones, the largest ratio with its R and costs, and the drift at the previous sizes."""
     got = [r for r in results if "dspark" in r["record"]["compared"]]

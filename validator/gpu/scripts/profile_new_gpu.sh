@@ -1,5 +1,5 @@
 #!/bin/bash
-# The profiling recipe on a GPU without a profile (docs/gpu-profiling.md, "The profiling recipe"), one
+# The profiling recipe on a GPU without a profile (docs/user/gpu-profiling.md, "The profiling recipe"), one
 # model, deadline-bounded, every result packed into $OUT/results.tgz as it comes:
 #   1. python3 -m validator.gpu.profile (split-KV settings timed by the probe): the profile sweep, the
 #      drafter tables, the context, request-grid and busy sweeps and the fit with the per-request

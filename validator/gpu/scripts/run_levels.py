@@ -3,7 +3,7 @@ more than one machine start (run), matched by shape (tokens, KV tokens, requests
 sweeps, context / grid / busy files and replays of one model, and each run's level on the steps
 it shares with the others.
 
-A record belongs to the run it was measured in (RUNS, as docs/gpu-profiling.md tells them: the
+A record belongs to the run it was measured in (RUNS, as docs/user/gpu-profiling.md tells them: the
 profile sweep, the context-sweep run with its held-out replays, the request-grid run with its check
 replays, the busy run, the repeat run, the second checking set's runs A-E). Processes of one run
 are combined by each step's median over processes (as the refit combines them). A step set is the
