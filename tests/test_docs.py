@@ -1,6 +1,6 @@
 """The documentation's links resolve: every relative Markdown link in a tracked .md file names a file
-of the tree (and, with #anchor, one of that page's headings), and every repository path of a page
-(docs/....md) that code, tests or docs mention exists. A page moved without its links fails here."""
+of the tree (and, with #anchor, one of that page's headings), and every page under docs/ that code,
+tests or docs name by its repository path exists. A page moved without its links fails here."""
 
 from __future__ import annotations
 
