@@ -1312,3 +1312,24 @@ def test_aic_h100_gemm_tables_against_the_h100():
     s = json.loads((ROOT / "profiles" / "kernels" / "h100-aic-vllm-dense-error.json").read_text())
     assert s["shapes"] == 638 and s["median_abs_error"] == pytest.approx(0.068, abs=0.001)
     assert s["against_provenance"]["hardware"] == "NVIDIA H100 80GB HBM3"
+
+
+def test_a_shipped_profile_and_its_archived_raw_sweep_name_each_other(tmp_path):
+    """profiles/<gpu>/ holds the profile dsim reads, archive/<gpu>/ the raw sweep behind it
+    (archive/MANIFEST.md): plan.raw_of and plan.yaml_of pair them both ways, for every measured
+    profile; a copy with both files in one folder (a profile being made) pairs within the folder."""
+    import shutil
+
+    shipped = sorted((ROOT / "profiles").glob("h[12]00/*.yaml"))
+    assert len(shipped) >= 5
+    for y in shipped:
+        raw = plan.raw_of(y)
+        assert raw == ROOT / "archive" / y.parent.name / y.name.replace(".yaml", ".raw.json") and raw.is_file()
+        assert plan.yaml_of(raw) == y
+    m = "qwen3-8b"
+    shutil.copy(H200[m], tmp_path / H200[m].name)
+    shutil.copy(plan.raw_of(H200[m]), tmp_path / f"h200-{m}.raw.json")
+    assert plan.raw_of(tmp_path / H200[m].name) == tmp_path / f"h200-{m}.raw.json"
+    assert plan.yaml_of(tmp_path / f"h200-{m}.raw.json") == tmp_path / H200[m].name
+    # nothing outside profiles/ and archive/ is looked for elsewhere
+    assert plan.yaml_of(tmp_path / "x.raw.json") == tmp_path / "x.yaml"
