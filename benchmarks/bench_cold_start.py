@@ -4,7 +4,7 @@ run ever: every kernel compiled), then once more on the cache it filled (a later
     python benchmarks/bench_cold_start.py                      # this tree, one cold + one warm run
     python benchmarks/bench_cold_start.py --base main --reps 2  # side by side with another commit
 
-Target (docs/performance.md): the cold run <= 60 s wall on a 2-core machine. Each run is one
+Target (docs/results/performance.md): the cold run <= 60 s wall on a 2-core machine. Each run is one
 subprocess with NUMBA_CACHE_DIR pointing at a fresh empty directory (numba then neither reads nor
 writes the checkout's dsim/__pycache__); printed are its wall time, the CPU time of the plan and
 its workers (user + sys), its peak RSS (the largest of the process and its workers,

@@ -28,7 +28,7 @@ from its simulated TPOT and acceptance length.
 Usage:
   python benchmarks/bench_paper.py                       # the paper scenario's profiles, default + azure-conv
   python benchmarks/bench_paper.py --profile NAME[,NAME] --trace default --per-gpu 10,50,100,200
-  python benchmarks/bench_paper.py --out docs/paper-reproduction-table.md
+  python benchmarks/bench_paper.py --out docs/results/paper-reproduction-table.md
 Profiles whose model name contains "pro" are compared with the paper's V4-Pro numbers, all others
 with V4-Flash's.
 """
@@ -80,7 +80,7 @@ PAPER = {
         "fig8_budget": (5.44, 5.12, 4.64, 4.02, 3.63, 3.50),     # the last at C = 190
     },
 }
-# The paper's deployment as dsim composes it (docs/paper-reproduction.md, "Inputs"): DeepSeek's
+# The paper's deployment as dsim composes it (docs/results/paper-reproduction.md, "Inputs"): DeepSeek's
 # decode layout (DeepSeek-V3 report Sec. 3.4), data-parallel attention with one routed expert per
 # GPU (EP = the routed experts, inter-node all-to-all), two-batch overlap, verify windows priced as
 # their tokens' one-token decodes (DSpark paper Sec. 5.3), the gamma = 5 drafter priced.

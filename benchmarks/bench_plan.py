@@ -7,7 +7,7 @@ the time goes.
     python benchmarks/bench_plan.py --profile default          # the plan's default profile
     python benchmarks/bench_plan.py --breakdown [--profile default]  # process start, kernels, workload, each simulation
 
-Target (docs/performance.md): <= 20 s wall on a 2-core machine. Each run is one `dsim plan
+Target (docs/results/performance.md): <= 20 s wall on a 2-core machine. Each run is one `dsim plan
 --json` subprocess: printed are its wall time, the CPU time of the plan and its workers (user +
 sys, resource.RUSAGE_CHILDREN), the critical path and a hash of its JSON output (less the trace's
 path, which names the checkout's directory): the trees must print the same plan. The critical

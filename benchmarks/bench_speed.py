@@ -15,7 +15,7 @@ method / no speculation in the same tree, and no speculation's CPU time / the me
 requests). ``--base`` checks the commit out once with
 ``git worktree add`` under the system temp directory.
 
-Targets (docs/performance.md): at concurrency 256, DSpark adaptive >= no speculation in the same
+Targets (docs/results/performance.md): at concurrency 256, DSpark adaptive >= no speculation in the same
 tree (ratio >= 1.0) and >= 5x the base (4e28db9); no speculation >= 3x the base.
 """
 from __future__ import annotations
@@ -62,7 +62,7 @@ def base_tree(commit: str) -> Path:
     return path
 
 
-# the profile docs/performance.md figures use; --profile another (e.g. a format-2 h200 profile)
+# the profile docs/results/performance.md figures use; --profile another (e.g. a format-2 h200 profile)
 PROFILE = "deepseek-v4-class-h200x8"
 
 

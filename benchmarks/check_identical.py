@@ -1,5 +1,5 @@
 """Are this tree's simulation results byte-identical to another commit's? The check behind every
-speed change (docs/performance.md, "Results").
+speed change (docs/results/performance.md, "Results").
 
     python benchmarks/check_identical.py --base e6011ca             # every configuration
     python benchmarks/check_identical.py --base e6011ca --only c256  # those whose name contains c256

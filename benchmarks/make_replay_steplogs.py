@@ -1,7 +1,7 @@
 """Step logs of mixed DSpark workloads for the GPU step replay (target: median error <= 3% at
-concurrency 1, 32 and 256; docs/gpu-profiling.md).
+concurrency 1, 32 and 256; docs/user/gpu-profiling.md).
 
-    python benchmarks/make_replay_steplogs.py            # writes profiles/h200/steplogs/*.jsonl
+    python benchmarks/make_replay_steplogs.py            # writes archive/h200/steplogs/*.jsonl
     python benchmarks/make_replay_steplogs.py --models qwen3-8b --profile PATH.yaml --out DIR
 
 For each measured H200 profile and each concurrency: `dsim simulate` closed loop on the default
@@ -27,7 +27,7 @@ KEEP = 24
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=list(MODELS))
-    ap.add_argument("--out", default=str(ROOT / "profiles" / "h200" / "steplogs"))
+    ap.add_argument("--out", default=str(ROOT / "archive" / "h200" / "steplogs"))
     ap.add_argument("--profile", default="h200-{model}",
                     help="profile name or YAML path dsim simulates with ({model}: the model name)")
     a = ap.parse_args(argv)

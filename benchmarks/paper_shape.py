@@ -2,7 +2,7 @@
 the Sec. 5.4 comparison (benchmarks/bench_paper.py) on it.
 
 Why: the paper does not name its hardware or layout, so dsim's absolute step costs and the paper's
-differ (docs/paper-reproduction.md, "Where the step goes"). Mapping a shipped profile linearly onto
+differ (docs/results/paper-reproduction.md, "Where the step goes"). Mapping a shipped profile linearly onto
 the paper's own MTP-1 line takes that question away: MTP-1 is then the fitted line, and everything
 DSpark does on the derived profile (its throughput, its verify budget, its gains at the SLAs) is a
 prediction from DSpark's own inputs (acceptance, drafter, head, budget rule).

@@ -2,7 +2,7 @@
 
 All policies work on a window of k consecutive steps at once (arrays [k, R, K]) and return
 ``int[k, R]`` windows l (the request verifies its last token plus drafts 1..l). Interface
-(docs/architecture.md, "Policy interface")::
+(docs/dev/architecture.md, "Policy interface")::
 
     policy = make_policy(name, **opts)
     l = policy.windows(conf_now, conf_prev, conf_prev2, ctx)     # int64[k, R]
@@ -16,7 +16,7 @@ sort of -s over the (request, position) grid in row-major order, so equal scores
 order inside a request and a request's chosen slots are a prefix. Drafts with s = 0 are never
 chosen by the cost-aware policies (zero expected gain).
 
-Policies (docs/semantics.md, verify-budget policies):
+Policies (docs/user/semantics.md, verify-budget policies):
 
 * ``fixed``: verify all K (trimmed from the tail of the queue, FCFS, only if the token limit binds).
 * ``threshold`` (``tau=0.3``): verify while s_{r,j} >= tau (static confidence threshold).

@@ -511,7 +511,7 @@ def test_one_attention_call_gives_the_decode_requests_their_part_of_the_steps_sh
     on a format-3 profile."""
     from dsim.cost import load_profile
 
-    cm = CostModel(load_profile("profiles/kernels/h200-torch-checks/deepseek-v4-flash-h200-shard-check.yaml"))
+    cm = CostModel(load_profile("archive/kernels/h200-torch-checks/deepseek-v4-flash-h200-shard-check.yaml"))
     assert cm.context_reads_chunks
     s = cm._forward_share
     part = s(1) + (s(480) - s(1)) * 224 / 480
@@ -767,7 +767,7 @@ def test_block_pool_fit_recovers_known_terms_and_compose_checks_them():
     from validator.gpu.moe_steplogs import pool_design_steps
     from validator.gpu.shard_repredict import completed_blocks, fit_block_pool
 
-    shard = "profiles/kernels/h200-torch-checks/deepseek-v4-flash-h200-shard-check.yaml"
+    shard = "archive/kernels/h200-torch-checks/deepseek-v4-flash-h200-shard-check.yaml"
     ra = load_profile(shard).request_attention
     assert priced_from_q(4, ra.q, ra.ctx) == 4 and priced_from_q(128, ra.q, ra.ctx) == 0
     steps = pool_design_steps()
@@ -1086,7 +1086,7 @@ def test_prefill_own_keys_are_priced_at_the_step_keys_cells():
     shard-check profile's cell prices; the step-keys term then pads the chunk to the step's longest."""
     from dsim.cost import load_profile
 
-    p = load_profile("profiles/kernels/h200-torch-checks/deepseek-v4-flash-h200-shard-check.yaml")
+    p = load_profile("archive/kernels/h200-torch-checks/deepseek-v4-flash-h200-shard-check.yaml")
     pt, ra = p.prefill_v2, p.request_attention
     assert pt is not None and pt.own_keys_tokens == 1025 and pt.cached_ms_per_mpair == pt.within_ms_per_mpair == 0
     csa, hca = (k.ms_per_mcell for k in ra.step_keys.kinds[:2])
@@ -1116,7 +1116,7 @@ def test_fit_prefill_terms_recovers_known_terms():
         (0.2, 4.0, -1.5, 3.0), abs=1e-6
     )
     assert f.fit["residual_ms_max"] < 1e-6 and f.fit["residual_ms_max_version_1"] > 1.0
-    ra = load_profile("profiles/kernels/h200-torch-checks/deepseek-v4-flash-h200-shard-check.yaml").request_attention
+    ra = load_profile("archive/kernels/h200-torch-checks/deepseek-v4-flash-h200-shard-check.yaml").request_attention
     base = PrefillTerms(own_keys_tokens=1025)
     ex = [(q, c, own_keys_ms(q, c, base, ra) + 2.0 * q / 1000 + 5.0) for q, c in pts]
     f = fit_prefill_terms(ex, ra, 1000.0)
@@ -1179,8 +1179,8 @@ def test_eager_overhead_is_a_stated_parameter():
 
 
 def test_stored_shard_repredictions_are_the_current_profiles():
-    """Every stored V4-Flash shard re-prediction (profiles/kernels/h200-torch-checks/repredict-*.json,
-    the figures docs/gpu-moe-profiling.md quotes) is what the shard-check profile prices now, step by
+    """Every stored V4-Flash shard re-prediction (archive/kernels/h200-torch-checks/repredict-*.json,
+    the figures docs/results/gpu-moe-profiling.md quotes) is what the shard-check profile prices now, step by
     step; a cost or profile change that moves them must store them again (`python3 -m
     validator.gpu.shard_repredict PROFILE REPLAY STEPLOGS --out ...`)."""
     import json
@@ -1188,7 +1188,7 @@ def test_stored_shard_repredictions_are_the_current_profiles():
 
     from validator.gpu.shard_repredict import repredict
 
-    base = Path("profiles/kernels/h200-torch-checks")
+    base = Path("archive/kernels/h200-torch-checks")
     stored = sorted(base.glob("repredict-deepseek-v4-flash-*.json"))
     assert len(stored) >= 8
     for path in stored:
@@ -1218,7 +1218,7 @@ def test_shard_repredict_counts_completed_hca_blocks(tmp_path):
     assert completed_blocks([8], [119]) == 0 and completed_blocks([8], [128]) == 0
     assert completed_blocks([256, 1, 1, 8], [0, 127, 126, 1663]) == 2 + 1 + 0 + 1
     assert completed_blocks([], []) == 0
-    base = Path("profiles/kernels/h200-torch-checks")
+    base = Path("archive/kernels/h200-torch-checks")
     rec = json.loads((base / "repredict-deepseek-v4-flash-dp8-ep8-s5.json").read_text())
     replay = json.loads(Path(rec["replay"]).read_text())
     p = load_profile(rec["profile"])

@@ -29,8 +29,8 @@ def _profiles(tmp_path: Path, model: str = "llama-3.1-8b") -> Path:
     tables the raw file keeps as previous, no draft record)."""
     d = tmp_path / "profiles"
     d.mkdir(exist_ok=True)
-    for suffix in (".yaml", ".raw.json"):
-        shutil.copy(H200 / f"h200-{model}{suffix}", d / f"h200-{model}{suffix}")
+    shutil.copy(H200 / f"h200-{model}.yaml", d / f"h200-{model}.yaml")
+    shutil.copy(ROOT / "archive" / "h200" / f"h200-{model}.raw.json", d / f"h200-{model}.raw.json")
     y, r = d / f"h200-{model}.yaml", d / f"h200-{model}.raw.json"
     raw = json.loads(r.read_text())
     if "draft" in raw:

@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 MODELS = ["llama-3.1-8b", "qwen3-8b", "qwen3-32b"]
 H200 = {m: ROOT / "profiles" / "h200" / f"h200-{m}.yaml" for m in MODELS}
 FIT = ROOT / "profiles" / "analytical" / "h200-fit.json"
-STEPLOGS = ROOT / "profiles" / "h200" / "steplogs"
-REPLAYS = ROOT / "profiles" / "h200" / "replay"
+STEPLOGS = ROOT / "archive" / "h200" / "steplogs"
+REPLAYS = ROOT / "archive" / "h200" / "replay"
 
 
 # a measured profile's provenance, for profiles the tests build
@@ -283,7 +283,7 @@ def test_measured_profiles_load_with_provenance(m):
     assert p.kv_ms_per_ktok + p.attention.wave_ms_per_ktok > 0 and p.kv_cache_gib > 0
     assert set(p.capture_sizes) <= set(int(x) for x in p.forward.x)
     assert "replay_check" in p.extra
-    raw = json.loads((H200[m].parent / f"h200-{m}.raw.json").read_text())
+    raw = json.loads(plan.raw_of(H200[m]).read_text())  # archive/h200/: the sweep behind the profile
     assert raw["points"] and raw["replay"]["rows"]
 
 
@@ -296,7 +296,7 @@ def test_analytical_fit_reproduces_measured_within_stated_error():
     assert ev["forward_median_abs_pct"] <= fit["efficiency"]["forward_median_abs_pct"] + 0.5
     assert ev["forward_p90_abs_pct"] <= fit["efficiency"]["forward_p90_abs_pct"] + 0.5
     for m in fitted:  # leave-one-model-out: fitted on the other three, checked on this one
-        # the issue's target, 5 % median, for every model (docs/gpu-profiling.md)
+        # the issue's target, 5 % median, for every model (docs/user/gpu-profiling.md)
         assert fit["leave_one_out"][m]["held_out"]["forward_median_abs_pct"] <= 5.0
         assert fit["leave_one_out"][m]["fitted"]["knee"] > 1
         assert sorted(fit["leave_one_out"][m]["trained_on"]) == sorted(set(fitted) - {m})
@@ -326,7 +326,7 @@ def test_analytical_leave_one_model_out_replays(tmp_path):
     spec.loader.exec_module(mod)
     mod.main(["--out", str(tmp_path / "lomo.json")])
     got = json.loads((tmp_path / "lomo.json").read_text())["models"]
-    ref = json.loads((ROOT / "profiles" / "analytical" / "h200-lomo-replay.json").read_text())["models"]
+    ref = json.loads((ROOT / "archive" / "analytical" / "h200-lomo-replay.json").read_text())["models"]
     assert got == ref
     med = [v["replay_all"]["median_abs_pct"] for v in got.values()]
     assert len(med) == 4 and max(med) <= 6.0, med
@@ -608,7 +608,7 @@ def _recomputed(replay_path, cm):
 
 def test_committed_replays_meet_the_targets_with_the_committed_profiles():
     """The GPU replays of dsim's step logs (fresh `python3 -m validator.gpu.replay` processes;
-    profiles/h200/replay) predicted from the committed format-2 profiles and the logs' shapes
+    archive/h200/replay) predicted from the committed format-2 profiles and the logs' shapes
     (plan.predicted_step_ms: step_ms + prefill_ms + context_ms), errors recomputed from the rows:
     default mixed trace at c = 1 / 32 / 256 (measured before the attention terms existed, never
     fitted) at or under 3 % median for every model; the held-out Mooncake (prefix caching, c16 /
@@ -637,7 +637,7 @@ def test_committed_replays_meet_the_targets_with_the_committed_profiles():
 
 
 def test_request_grid_replays_and_check_logs_meet_the_targets():
-    """The replays of the request-grid run (profiles/h200/replay/check-<model>.json: Azure conv
+    """The replays of the request-grid run (archive/h200/replay/check-<model>.json: Azure conv
     at c32 / c128, logs made after the request terms were designed and never fitted; for Qwen3-32B
     also its held-out Mooncake c16 / c96 and Azure conv c64 / code c8 logs), predicted from the
     committed profiles: median at or under 4 % on every log, under 3 % on Qwen3-32B's held-out ones,
@@ -726,9 +726,9 @@ def test_refit_reproduces_the_committed_profile_from_its_raw_points(tmp_path, mo
     from validator.gpu import refit as RF
 
     m = "qwen3-8b"
-    src = ROOT / "profiles" / "h200"
-    for suffix in (".yaml", ".raw.json"):
-        shutil.copy(src / f"h200-{m}{suffix}", tmp_path / f"h200-{m}{suffix}")
+    src = ROOT / "archive" / "h200"  # the raw sweep and the context sweeps behind the profile
+    shutil.copy(H200[m], tmp_path / f"h200-{m}.yaml")
+    shutil.copy(src / f"h200-{m}.raw.json", tmp_path / f"h200-{m}.raw.json")
     raw_path = tmp_path / f"h200-{m}.raw.json"
     raw = json.loads(raw_path.read_text())
     for p in raw["points"]:
@@ -806,7 +806,7 @@ S1_CURRENT_MISSES: set[str] = set()
 
 
 def test_second_checking_set_replays():
-    """The second checking set (profiles/h200/steplogs-s1: seed 1, each trace's later slice, written
+    """The second checking set (archive/h200/steplogs-s1: seed 1, each trace's later slice, written
     from the profiles before the timer's median fix, never fitted), replayed on the H200 in fresh
     processes (replay/s1*-<model>.json, one row per step with every rep): against the predictions
     the logs carry (the profiles they were made with, the clean check) and predicted again from the
@@ -820,7 +820,7 @@ def test_second_checking_set_replays():
             now = _recomputed(path, cm)
             stored = json.loads(path.with_suffix(".repredicted.json").read_text())["logs"]
             for src, v in rep.items():
-                if not src.startswith("profiles/h200/steplogs-s1/"):  # fitted steps replayed beside the logs
+                if not src.startswith("archive/h200/steplogs-s1/"):  # fitted steps replayed beside the logs
                     continue
                 name = Path(src).name
                 steps = plan.read_steplog(ROOT / src)
@@ -989,10 +989,10 @@ def test_printed_results_parse_back_to_every_rep(tmp_path):
     # --rebuild: a stored busy sweep and a stored replay, printed, come back with their shapes
     import shutil
 
-    shutil.copy(ROOT / "profiles/h200/context/busy-qwen3-14b.json", tmp_path / "busy-qwen3-14b-p1.json")
+    shutil.copy(ROOT / "archive/h200/context/busy-qwen3-14b.json", tmp_path / "busy-qwen3-14b-p1.json")
     shutil.copy(REPLAYS / "s1-qwen3-14b.json", tmp_path / "check-qwen3-14b-2.json")
     text = "\n".join(pr.lines(tmp_path / "busy-qwen3-14b-p1.json") + pr.lines(tmp_path / "check-qwen3-14b-2.json"))
-    pr.rebuild(text, tmp_path / "new", "profiles/h200/steplogs-s1")
+    pr.rebuild(text, tmp_path / "new", "archive/h200/steplogs-s1")
     for f, key in (("busy-qwen3-14b-p1.json", "points"), ("check-qwen3-14b-2.json", "logs")):
         a = json.loads((tmp_path / f).read_text())[key]
         b = json.loads((tmp_path / "new" / f).read_text())[key]
@@ -1067,7 +1067,7 @@ def test_machine_starts_meet_the_target_held_out(tmp_path):
     m = "qwen3-14b"
     cm = CostModel(load_profile(str(ROOT / "profiles" / "h200" / f"h200-{m}.yaml")))
     starts = sorted(REPLAYS.glob(f"start[0-9]*-{m}.json"))
-    gpus = {json.loads((ROOT / "profiles/h200/context" / f"busy-{m}-{p.stem[: -len(m) - 1]}.json").read_text())["run"]["gpu_uuid"] for p in starts}
+    gpus = {json.loads((ROOT / "archive/h200/context" / f"busy-{m}-{p.stem[: -len(m) - 1]}.json").read_text())["run"]["gpu_uuid"] for p in starts}
     assert len(starts) >= 5 and len(gpus) >= 5
     for path in starts:
         stored = json.loads(path.with_suffix(".repredicted.json").read_text())["logs"]
@@ -1087,13 +1087,13 @@ def test_machine_starts_meet_the_target_held_out(tmp_path):
     from validator.gpu import refit as RF
 
     # the pooled busy entry refit --stored-context builds: run C's processes, five starts, three replays
-    busy = RF.stored_context(ROOT / "profiles" / "h200", m)[-1].split("+")
+    busy = RF.stored_context(ROOT / "archive" / "h200", m)[-1].split("+")
     assert len(busy) == 9 and busy[0].count(",") == 2 and sum("#" in x for x in busy) == 3
     rl = _run_levels()
     limits = {}
     for start, logs in held.items():
         for log, r in logs.items():
-            src = log if log.startswith("profiles/") else next(
+            src = log if log.startswith("archive/") else next(
                 k for k in json.loads((REPLAYS / f"{start}-{m}.json").read_text())["logs"] if k.endswith("/" + log)
             )
             if src not in limits:
@@ -1138,7 +1138,7 @@ def test_run_levels_closed_form_and_stored_runs(tmp_path, capsys):
     assert e["levels"]["A"] < e["levels"]["E"] < e["levels"]["D"]  # run D's record joins run E's two
     # the rule on one log: per run and pooled errors from the current profile against
     # max(target, the runs' spread on its steps); pooled is each step's median over the runs
-    j = rl.judge("profiles/h200/steplogs-s1/default-c256-qwen3-14b.jsonl", ["qwen3-14b"], [])
+    j = rl.judge("archive/h200/steplogs-s1/default-c256-qwen3-14b.jsonl", ["qwen3-14b"], [])
     assert list(j["levels"])[:4] == ["A", "B", "D", "E"] and 0.02 < j["spread_pct"] / 100 < 0.06
     assert j["limits_pct"] == dict(median=pytest.approx(max(3.0, j["spread_pct"])), p90=6.0)
     stored = json.loads((REPLAYS / "s1-qwen3-14b.repredicted.json").read_text())["logs"]["default-c256-qwen3-14b.jsonl"]
@@ -1150,7 +1150,7 @@ def test_run_levels_closed_form_and_stored_runs(tmp_path, capsys):
     assert rl.measured_ms(dict(measured_ms=2.0, reps_ms=[1.0, 2.0, 6.0]), "mean") == 3.0
     assert rl.measured_ms(dict(measured_ms=2.0, reps_ms=[1.0, 2.0, 6.0]), "median") == 2.0
     assert rl.measured_ms(dict(measured_ms=2.0), "mean") == 2.0
-    jm = rl.judge("profiles/h200/steplogs-s1/default-c256-qwen3-14b.jsonl", ["qwen3-14b"], [], "mean")
+    jm = rl.judge("archive/h200/steplogs-s1/default-c256-qwen3-14b.jsonl", ["qwen3-14b"], [], "mean")
     assert jm["statistic"] == "mean" and list(jm["levels"]) == list(j["levels"])
     rows = stored["rows"]
     want = sorted(abs(r["predicted_ms"] / (sum(r["reps_ms"]) / len(r["reps_ms"])) - 1) * 100 for r in rows)
@@ -1179,8 +1179,8 @@ def _copy_profile(tmp_path: Path, m: str) -> tuple[Path, dict]:
 
     src = tmp_path / "src"
     src.mkdir()
-    for suffix in (".yaml", ".raw.json"):
-        shutil.copy(ROOT / "profiles" / "h200" / f"h200-{m}{suffix}", src / f"h200-{m}{suffix}")
+    shutil.copy(ROOT / "profiles" / "h200" / f"h200-{m}.yaml", src / f"h200-{m}.yaml")
+    shutil.copy(ROOT / "archive" / "h200" / f"h200-{m}.raw.json", src / f"h200-{m}.raw.json")
     return src / f"h200-{m}.raw.json", {f.name: f.read_bytes() for f in src.iterdir()}
 
 
@@ -1192,7 +1192,7 @@ def test_refit_never_overwrites_its_input_unless_asked(tmp_path):
 
     m = "qwen3-8b"
     raw, before = _copy_profile(tmp_path, m)
-    ctx = ["--context", str(ROOT / "profiles" / "h200" / "context" / f"ctx-{m}.json")]
+    ctx = ["--context", str(ROOT / "archive" / "h200" / "context" / f"ctx-{m}.json")]
     for extra in ([], ["--out", str(raw.parent)], ["--out", str(tmp_path / "o"), "--in-place"]):
         assert RF.main([str(raw), *ctx, *extra]) == 2
         assert {f.name: f.read_bytes() for f in raw.parent.iterdir()} == before
@@ -1239,7 +1239,7 @@ def test_refit_without_context_never_counts_attention_twice(tmp_path):
     double = dict(f1, attention=double["attention"], format_version=double["format_version"])
     dbl_path = tmp_path / "double.yaml"
     dbl_path.write_text(yaml.safe_dump(double))
-    rep = ROOT / "profiles" / "h200" / "replay" / f"heldout-{m}.json"
+    rep = ROOT / "archive" / "h200" / "replay" / f"heldout-{m}.json"
     for log in (f"mooncake-c16-{m}.jsonl", f"mooncake-c96-{m}.jsonl"):
         ok, miss, dbl = (_median_signed_pct(RF.repredict(rep, p)[log]["rows"]) for p in (shipped, f1_path, dbl_path))
         assert abs(ok) < 1.0 and -7.5 < miss < -6.5 and 25 < dbl < 35, (log, ok, miss, dbl)
@@ -1270,14 +1270,14 @@ def test_profile_gpu_alone_writes_a_complete_profile(tmp_path):
 
 def test_h100_profile_meets_the_replay_target_on_held_out_logs():
     """The H100 profile (measured with profile_new_gpu.sh) against the held-out logs replayed on the
-    H100 in fresh processes (docs/h100-2026-12-06.md): every log of the profile's machine start at or
+    H100 in fresh processes (docs/results/h100-2026-12-06.md): every log of the profile's machine start at or
     under 3 % median (the H200 profile's logs, predicted again from the H100 profile); in a second
     start, on logs dsim wrote from the H100 profile, 11 of 12 (Mooncake c96 3.10 %, that start's
     lower clock), pooled median 1.30 %."""
     from validator.gpu import refit as RF
 
-    h = ROOT / "profiles" / "h100"
-    prof = h / "h100-llama-3.1-8b.yaml"
+    h = ROOT / "archive" / "h100"
+    prof = ROOT / "profiles" / "h100" / "h100-llama-3.1-8b.yaml"
     same = RF.repredict(h / "replay" / "h200logs-llama-3.1-8b.json", prof)
     assert len(same) == 13 and max(r["summary"]["all"]["median_abs_pct"] for r in same.values()) <= 1.3
     other = RF.repredict(h / "replay" / "replay-llama-3.1-8b.json", prof)
@@ -1290,14 +1290,13 @@ def test_h100_profile_meets_the_replay_target_on_held_out_logs():
 
 def test_the_profiling_runs_fit_is_what_a_refit_of_its_stored_sweeps_gives(tmp_path):
     """The attention terms profile-gpu fitted in its own process are what `refit-gpu RAW
-    --stored-context --out DIR` gives from the files it wrote (context/ beside the profile)."""
+    --stored-context --out DIR` gives from the files it wrote (context/ beside the raw file)."""
     from validator.gpu import refit as RF
 
-    h = ROOT / "profiles" / "h100"
+    h = ROOT / "archive" / "h100"
     assert RF.main([str(h / "h100-llama-3.1-8b.raw.json"), "--stored-context", "--out", str(tmp_path)]) == 0
-    new, old = (
-        yaml.safe_load(p.read_text()) for p in (tmp_path / "h100-llama-3.1-8b.yaml", h / "h100-llama-3.1-8b.yaml")
-    )
+    shipped = ROOT / "profiles" / "h100" / "h100-llama-3.1-8b.yaml"
+    new, old = (yaml.safe_load(p.read_text()) for p in (tmp_path / "h100-llama-3.1-8b.yaml", shipped))
     assert new["attention"] == old["attention"] and new["forward"] == old["forward"]
     assert new["provenance"]["attention_fit"]["context_sweeps"] == [
         "ctx-llama-3.1-8b.json",
@@ -1308,8 +1307,29 @@ def test_the_profiling_runs_fit_is_what_a_refit_of_its_stored_sweeps_gives(tmp_p
 
 def test_aic_h100_gemm_tables_against_the_h100():
     """AIC's vLLM H100 GEMM table against the bf16 GEMMs timed on the H100: the stored error summary
-    (docs/h100-2026-12-06.md: 638 shapes, median |error| 6.8 %) recomputed from the two tables when the
+    (docs/results/h100-2026-12-06.md: 638 shapes, median |error| 6.8 %) recomputed from the two tables when the
     aic extra is installed."""
     s = json.loads((ROOT / "profiles" / "kernels" / "h100-aic-vllm-dense-error.json").read_text())
     assert s["shapes"] == 638 and s["median_abs_error"] == pytest.approx(0.068, abs=0.001)
     assert s["against_provenance"]["hardware"] == "NVIDIA H100 80GB HBM3"
+
+
+def test_a_shipped_profile_and_its_archived_raw_sweep_name_each_other(tmp_path):
+    """profiles/<gpu>/ holds the profile dsim reads, archive/<gpu>/ the raw sweep behind it
+    (archive/MANIFEST.md): plan.raw_of and plan.yaml_of pair them both ways, for every measured
+    profile; a copy with both files in one folder (a profile being made) pairs within the folder."""
+    import shutil
+
+    shipped = sorted((ROOT / "profiles").glob("h[12]00/*.yaml"))
+    assert len(shipped) >= 5
+    for y in shipped:
+        raw = plan.raw_of(y)
+        assert raw == ROOT / "archive" / y.parent.name / y.name.replace(".yaml", ".raw.json") and raw.is_file()
+        assert plan.yaml_of(raw) == y
+    m = "qwen3-8b"
+    shutil.copy(H200[m], tmp_path / H200[m].name)
+    shutil.copy(plan.raw_of(H200[m]), tmp_path / f"h200-{m}.raw.json")
+    assert plan.raw_of(tmp_path / H200[m].name) == tmp_path / f"h200-{m}.raw.json"
+    assert plan.yaml_of(tmp_path / f"h200-{m}.raw.json") == tmp_path / H200[m].name
+    # nothing outside profiles/ and archive/ is looked for elsewhere
+    assert plan.yaml_of(tmp_path / "x.raw.json") == tmp_path / "x.yaml"

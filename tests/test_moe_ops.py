@@ -236,7 +236,7 @@ def test_shard_repredict_prices_each_replayed_step_as_the_engine(tmp_path):
     from dsim.cost import CostModel, load_profile
     from validator.gpu.shard_repredict import repredict
 
-    prof = str(ROOT / "profiles/kernels/h200-torch-checks/deepseek-v4-flash-h200-shard-check.yaml")
+    prof = str(ROOT / "archive/kernels/h200-torch-checks/deepseek-v4-flash-h200-shard-check.yaml")
     steps = [dict(step=1, q=[8, 8, 600], ctx=[3000, 500, 0]), dict(step=2, q=[4] * 16, ctx=[2048] * 16),
              dict(step=3, q=[1], ctx=[100])]
     (tmp_path / "x.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))

@@ -86,7 +86,7 @@ def test_no_import_cycles_and_dsim_does_not_import_the_validator():
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
 
 
-# dsim's stages, lowest first (docs/architecture.md, "Reading guide"): a module imports its own
+# dsim's stages, lowest first (docs/dev/architecture.md, "Reading guide"): a module imports its own
 # layer and those below, never one above (lazy imports counted)
 LAYERS = [
     ("dsim.errors", "dsim.outputs", "dsim.schema"),

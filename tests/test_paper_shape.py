@@ -83,7 +83,7 @@ def test_shipped_preset_is_the_harness_family_at_its_stated_delta():
 
     doc = yaml.safe_load((PRESET_DIR / "deepseek-v4.yaml").read_text())
     delta = doc["derivation"]["dspark_positions_2_plus"]["delta"]
-    # the value paper_shape.py --fit-acceptance selects (docs/paper-reproduction.md); a refit that
+    # the value paper_shape.py --fit-acceptance selects (docs/results/paper-reproduction.md); a refit that
     # moves it must update the preset, its stated taus and this line together
     assert delta == -0.40 and delta in PS.ACCEPTANCE_FIT_GRID
     ds = load_acceptance("deepseek-v4", "dspark")

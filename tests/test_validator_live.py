@@ -602,7 +602,7 @@ def test_live_cli_check_writes_markdown_and_json(live, measured_profile, tmp_pat
 
 
 def test_live_serve_profile_run_calibrate_plan(live, measured_profile, tmp_path):
-    """The loop from a served model to a plan on its own measurements (docs/scenarios.md): the
+    """The loop from a served model to a plan on its own measurements (docs/user/scenarios.md): the
     server (served and profiled by the fixtures), a run, `calibrate`, then `dsim plan` reading
     the calibrated acceptance and profile, with the server's n-gram K=4 as a block drafter of 4."""
     from dsim.spec.methods import chain_tau, load_acceptance

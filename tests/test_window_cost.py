@@ -38,7 +38,7 @@ def _open_loop(n: int, seed: int) -> Workload:
     [
         "deepseek-v4-flash-h200-dp8-ep8",
         "deepseek-v4-flash-h200-dp8-ep8-torch",
-        "profiles/kernels/h200-torch-checks/deepseek-v4-flash-h200-shard-check.yaml",
+        "archive/kernels/h200-torch-checks/deepseek-v4-flash-h200-shard-check.yaml",
     ],
 )
 @pytest.mark.parametrize(

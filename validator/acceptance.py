@@ -1,6 +1,6 @@
 """Acceptance by position in the output, and whether a drafter is deterministic, from chunk streams.
 
-A streamed chunk carries the tokens one engine step gave a request (docs/semantics.md §6): 1 plus
+A streamed chunk carries the tokens one engine step gave a request (docs/user/semantics.md §6): 1 plus
 the accepted drafts. Read along a request's output, the chunks give the tokens per decode step as a
 function of the output position. For n-gram and suffix drafting that curve is not flat: the
 proposer matches the prompt and what was generated so far, so its acceptance changes as the output

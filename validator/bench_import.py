@@ -3,7 +3,7 @@
 With --save-detailed the file has per-request ``ttfts``, ``itls``, ``latencies``, ``input_lens``,
 ``output_lens``, ``start_times`` and ``errors``: each becomes a request line. vLLM's bench splits a
 multi-token chunk into per-token gaps a few microseconds apart; gaps below ``merge_gap_s`` are
-folded back into one chunk so that ITL keeps its meaning (one sample per engine step, docs/semantics.md §6).
+folded back into one chunk so that ITL keeps its meaning (one sample per engine step, docs/user/semantics.md §6).
 Without --save-detailed only the aggregate keys exist; they go to the summary line (mean, median ->
 p50, p90/p99 when present), with no request lines.
 """

@@ -1,6 +1,6 @@
 """Calibrate dsim from measurements: per-position acceptance, cost scale, per-step CPU overhead.
 
-Acceptance (docs/semantics.md §6). vLLM's counters give, over a run: drafts D (requests that had drafts
+Acceptance (docs/user/semantics.md §6). vLLM's counters give, over a run: drafts D (requests that had drafts
 in a step), draft tokens DT, accepted A and accepted per position a_1..a_K. The file written here
 (dsim's acceptance preset schema: ``classes: {default: [p1..pK]}``, conditional per position) is
 normalized per *decode step* S of a request (server ITL-histogram count, else client chunks):

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 QUANTS = ("mean", "p50", "p90", "p99")
 LAT = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
-CPU_MAX_NUM_SEQS = 128  # vLLM's CPU defaults (docs/semantics.md §7)
+CPU_MAX_NUM_SEQS = 128  # vLLM's CPU defaults (docs/user/semantics.md §7)
 CPU_MAX_BATCHED_TOKENS = 2048
 
 

@@ -12,7 +12,7 @@ JSONL, one object per line, each with a ``type``:
 
 Lines are flushed as they are written, so an interrupted run leaves a valid partial file: the
 reader recomputes the summary from the request lines when the summary line is missing.
-Times are seconds; summary latencies are milliseconds (vLLM's conventions, docs/semantics.md §6).
+Times are seconds; summary latencies are milliseconds (vLLM's conventions, docs/user/semantics.md §6).
 A request whose stream arrived in a burst (most chunk gaps < BURST_GAP_MS) is left out of the
 TTFT/TPOT/ITL statistics (it measures a hold-up between engine and client, not the engine) and
 counted as ``burst_requests``; E2E and throughput use every completed request.
@@ -334,7 +334,7 @@ def summarize_requests(requests: list) -> dict:
         out["measured_span_s"] = end - start
         out["output_tok_s"] = toks / (end - start) if end > start else None
         out["request_s"] = len(ok) / (end - start) if end > start else None
-        # tokens per streamed chunk: one chunk per engine step per request (docs/semantics.md §6)
+        # tokens per streamed chunk: one chunk per engine step per request (docs/user/semantics.md §6)
         chunks = sum(max(len([c for c in r.get("chunks") or [] if c[1] > 0]) - 1, 0) for r in ok)
         if chunks:
             out["decode_steps"] = chunks

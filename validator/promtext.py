@@ -2,7 +2,7 @@
 
 ``parse(text) -> {name: {labels_key: value}}`` tolerates malformed lines and garbage samples (NaN,
 infinite, negative counters): they are dropped and counted in ``problems``, never raised. ``delta(before, after)`` gives counter/histogram increments.
-``spec_stats(delta)`` and ``histogram_stats(delta, name)`` interpret vLLM's metrics (docs/semantics.md §6):
+``spec_stats(delta)`` and ``histogram_stats(delta, name)`` interpret vLLM's metrics (docs/user/semantics.md §6):
 
 - ``vllm:spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``,
   ``..._num_accepted_tokens_total``, ``..._num_accepted_tokens_per_pos_total{position=i}``;

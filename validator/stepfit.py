@@ -1,6 +1,6 @@
 """Engine step times from a replay's chunk timelines, and profile tables fitted to them.
 
-A streamed chunk arrives once per engine step per request (docs/semantics.md §6), so the gap between two
+A streamed chunk arrives once per engine step per request (docs/user/semantics.md §6), so the gap between two
 chunks of one request is one step (or a few, when the front end coalesced outputs). For each gap
 we count the requests in flight at its midpoint (sent, not finished): the running batch B. The
 median gap per B is the step time at that batch (medians drop the steps that also ran a prefill).

@@ -2,7 +2,7 @@
 
 A profile file (YAML) carries provenance and tables; ``CostModel`` answers
 ``step_ms(n_tokens, kv_tokens)`` for a target forward/verify step and ``draft_table_ms`` for the
-drafter, with vLLM's adaptive-verification semantics (docs/semantics.md §5):
+drafter, with vLLM's adaptive-verification semantics (docs/user/semantics.md §5):
 
 - at or below the CUDA-graph capture limit a step of n tokens runs the graph of the next captured
   size, so cost is a step function: the table value at the smallest profiled size >= n;

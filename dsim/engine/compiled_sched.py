@@ -20,7 +20,7 @@ table's int64 and float64 blocks (``dsim.engine.Requests.req_i`` / ``req_f``, ro
   duration, its records and counters, a closed loop's next requests) in one call, up to the
   replica's next outside event or the first step that needs Python.
 
-The semantics are the engine's (docs/semantics.md §7, docs/architecture.md "Engine"); this module moves
+The semantics are the engine's (docs/user/semantics.md §7, docs/dev/architecture.md "Engine"); this module moves
 them out of Python, one call a step instead of a few Python statements a request. Prefix-cache
 hits are looked up by the caller (a dict of block hashes) and passed in as counts: admission
 never changes which blocks are cached, only the LRU order, which the caller applies afterwards
@@ -31,7 +31,7 @@ from another compiled function (``plan_decodes(..., 1, ...)`` types its argument
 ``Literal[int](1)``, not int64), and for a variable's first literal value while typing goes on
 (``n = 0`` later reassigned). The calls between kernels therefore pass ``np.int64(...)`` /
 ``np.bool_(...)``, so that each kernel is compiled once, with the types that Python's calls give
-it (the cold start's compile time; docs/performance.md "Compile time").
+it (the cold start's compile time; docs/results/performance.md "Compile time").
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ plan's SLA, the percentiles that rest on too few requests. dsim.sim puts the fir
 summary (``summary["warnings"]``), so ``simulate`` prints them, ``--json`` and summary.json carry
 them, and plan / ab collect them per method (dsim.study.capacity.summarize_method).
 
-The thresholds (docs/semantics.md, "Warnings on results") are stated here, each with why:
+The thresholds (docs/user/semantics.md, "Warnings on results") are stated here, each with why:
 
 * replica imbalance: the busiest replica's routed work (prompt + output tokens) is at least
   IMBALANCE_RATIO x its fair share AND above it by at least IMBALANCE_SIGMAS standard

@@ -1,4 +1,4 @@
-"""Metrics with vLLM's conventions (docs/semantics.md §6).
+"""Metrics with vLLM's conventions (docs/user/semantics.md §6).
 
 Per request: TTFT = first token - arrival; TPOT = (E2E - TTFT) / (output tokens - 1);
 E2E = finish - arrival; queue time = first scheduled - arrival; ITL = the gaps between a request's

@@ -1,4 +1,4 @@
-"""One engine replica: a continuous-batching scheduler with vLLM V1 semantics (docs/semantics.md §7).
+"""One engine replica: a continuous-batching scheduler with vLLM V1 semantics (docs/user/semantics.md §7).
 
 Each step:
 1. running requests first: a decode reserves 1 + K tokens and verifies 1 + its window, a prefill

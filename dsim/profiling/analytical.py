@@ -270,7 +270,7 @@ def analytical_profile(
     )
 
 
-# The split-KV settings and occupancies of the measured executor (validator/gpu, docs/gpu-profiling.md)
+# The split-KV settings and occupancies of the measured executor (validator/gpu, docs/user/gpu-profiling.md)
 EXECUTOR_SPLIT: dict[str, Any] = dict(
     fill=2.0, balance=2.0, min_chunk=64, block_rows=128, decode_ctas_per_sm=1, prefill_ctas_per_sm=1
 )

@@ -1,6 +1,6 @@
 """Kernel tables: what one GPU kernel (an "op record") costs, from a measured or published table.
 
-An op record is a dict naming the op and its shape (the vocabulary is in docs/architecture.md,
+An op record is a dict naming the op and its shape (the vocabulary is in docs/dev/architecture.md,
 "Kernel-op records"): ``gemm`` (dtype, m, n, k [, groups: that many independent products of that
 shape in one launch, a batched GEMM]), ``moe`` (routed-expert FFN of one EP rank: dtype,
 tokens over the EP group, hidden, inter, topk, experts, ep), ``attn`` (attention core: kind,

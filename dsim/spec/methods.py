@@ -1,6 +1,6 @@
 """Speculative methods, the acceptance model and the confidence head.
 
-Public API (see docs/architecture.md, "Spec interface"):
+Public API (see docs/dev/architecture.md, "Spec interface"):
 
 * ``make_method(name, k=None, adaptive=False) -> SpecMethod``; ``SpecMethod.draft_ms(cost, n)``.
 * ``load_acceptance(name_or_path, method) -> AcceptanceCurves`` (presets in ``dsim/presets``,
@@ -15,7 +15,7 @@ Public API (see docs/architecture.md, "Spec interface"):
 * ``accepted_prefix(accept, window)``: leading accepted drafts inside the verify window.
 * ``head_quality(conf, accept, mask=None) -> (auc, ece)``.
 
-Acceptance model (docs/semantics.md §3). For a request r of class c, at step t and draft position k::
+Acceptance model (docs/user/semantics.md §3). For a request r of class c, at step t and draft position k::
 
     logit p_true[t, r, k] = logit P[c, k] + shift[c, k]
                             + sigma_request * z_r          (per request, fixed: its difficulty)
@@ -29,7 +29,7 @@ means. Two ways to preserve them (``preserve=``):
 
 * ``"chain"`` (default): the *conditional* acceptance given the accepted prefix equals P[c, k],
   i.e. E[prod_{j<=k} p_true_j] = prod_{j<=k} P[c, j] for every k. This keeps the expected
-  emitted tokens tau = 1 + sum_k prod_{j<=k} P_j (the chain identity, docs/semantics.md §1) at the
+  emitted tokens tau = 1 + sum_k prod_{j<=k} P_j (the chain identity, docs/user/semantics.md §1) at the
   published value for a fixed block, which is what throughput depends on. Without it the shared
   latent terms make surviving prefixes easier than average and inflate tau.
 * ``"marginal"``: E[p_true_k] = P[c, k] position by position (each draft's unconditional mean).
@@ -37,7 +37,7 @@ means. Two ways to preserve them (``preserve=``):
 Default noise levels (our choices, documented assumptions): sigma_request = 0.8 and
 sigma_step = 0.5 (moderate persistent and bursty difficulty), sigma_token = 3.0. The token term is
 large because per-token acceptance is strongly bimodal in practice (most drafts are near-certain,
-a few are forks): published confidence heads reach ROC-AUC 0.81-0.90 (docs/semantics.md §3), and that is
+a few are forks): published confidence heads reach ROC-AUC 0.81-0.90 (docs/user/semantics.md §3), and that is
 only possible when p_true itself spreads widely. With sigma_token = 3 a perfect head reaches an
 AUC of about 0.92-0.93 on the Fig. 2 curves; with sigma_token = 0 the ceiling is about 0.75.
 
@@ -295,7 +295,7 @@ def _pad(v, k: int) -> np.ndarray:
 
 
 def chain_tau(p: Any) -> float:
-    """tau = 1 + sum_k prod_{j<=k} p_j (docs/semantics.md §1; DSpark paper section 3)."""
+    """tau = 1 + sum_k prod_{j<=k} p_j (docs/user/semantics.md §1; DSpark paper section 3)."""
     p = np.asarray(p, dtype=np.float64)
     return float(1.0 + np.cumprod(p).sum())
 

@@ -412,7 +412,9 @@ def ab_report(
         warned += [f"{r['label']}, sweep at C={int(r['concurrency'])}: {m}" for m in str(r["warnings"]).split(" | ")]
     if warned:
         d.h(2, "Warnings")
-        d.p("Results a reader should not trust as they stand (thresholds: docs/semantics.md, warnings on results):")
+        d.p(
+            "Results a reader should not trust as they stand (thresholds: docs/user/semantics.md, warnings on results):"
+        )
         d.ul(warned)
 
     d.h(2, "Node count for the SLA")

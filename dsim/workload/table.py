@@ -1,5 +1,5 @@
 """The workload itself: a ``Workload`` is one row per request, sorted by arrival, first arrival at
-0 s (see docs/architecture.md, "Workload"), with what was done to it recorded (``changes``);
+0 s (see docs/dev/architecture.md, "Workload"), with what was done to it recorded (``changes``);
 slicing it (``head``, ``time_window``, ``scale_rate``) and class mixes (``parse_mix``,
 ``assign_classes``). Reading and writing trace files: dsim.workload.readers; synthetic workloads:
 dsim.workload.synthesis."""
@@ -30,7 +30,7 @@ RATE_SCALE_RANGE = (0.1, 100.0)
 
 @dataclass(frozen=True, eq=False)
 class Workload:
-    """One row per request, sorted by arrival; see docs/architecture.md ("Workload")."""
+    """One row per request, sorted by arrival; see docs/dev/architecture.md ("Workload")."""
 
     arrival_s: np.ndarray  # float64, seconds from the first arrival (0 for the first)
     prompt_tokens: np.ndarray  # int64 > 0

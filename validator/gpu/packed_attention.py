@@ -3,7 +3,7 @@
 
 torch's flash kernel packs a KV group's query heads only for one-token queries, so a verify window
 of 2-8 tokens runs one CTA per query head and each reads the request's whole KV
-(docs/gpu-profiling.md). Here a tile's rows are (token, query head of the group) pairs, heads
+(docs/user/gpu-profiling.md). Here a tile's rows are (token, query head of the group) pairs, heads
 fastest, so one CTA reads a request's K/V once per KV head for the whole window (FlashAttention-3's
 pack_gqa does the same). Long KV ranges are split across CTAs where the step has too few tiles to
 fill the GPU (split-KV, as FlashDecoding), and the splits' partial outputs are merged by their

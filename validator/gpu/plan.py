@@ -111,7 +111,7 @@ ATTENTION_MISSING = (
     "attention terms missing (--no-attention-terms): format 1, attention priced by one KV slope, blind to how "
     "contexts are spread over requests and to prompt chunks over long cached prefixes; fitted so on the same "
     "sweeps, the four H200 profiles under-predict their held-out Mooncake replays (long unequal contexts, prefix "
-    "caching) by 5.1-10.3 % median (Azure logs -4.5 .. +2.7 %; docs/gpu-profiling.md, 'The profiling recipe'); "
+    "caching) by 5.1-10.3 % median (Azure logs -4.5 .. +2.7 %; docs/user/gpu-profiling.md, 'The profiling recipe'); "
     "rerun without --no-attention-terms, or time the sweeps with scripts/context_sweep.py and refit with "
     "validator.gpu.refit --context"
 )
@@ -167,7 +167,7 @@ def padded_tokens(n: int, caps: list[int]) -> int:
 
 
 # Verify windows (query tokens per request, 1..8) and contexts of dsim's DSpark steps on the default
-# mixed trace (profiles/h200/steplogs, concurrency 32 and 256, pooled): the heterogeneous shapes the
+# mixed trace (archive/h200/steplogs, concurrency 32 and 256, pooled): the heterogeneous shapes the
 # profile must cover. Context: log-normal, median 1050, geometric sd 1.76 (5th-95th pct 430-2730).
 DSPARK_WINDOW_P = (0.156, 0.288, 0.285, 0.131, 0.063, 0.041, 0.025, 0.012)
 CTX_MEDIAN, CTX_GSD = 1050.0, 1.76
@@ -672,6 +672,30 @@ def dump_yaml(d: dict) -> str:
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# What the package reads at run time (profiles/<gpu>/<gpu>-<model>.yaml) apart from the measurements
+# behind it (archive/<gpu>/: the .raw.json sweep, context/, replay/, steplogs*/; archive/MANIFEST.md).
+PROFILES_DIR = REPO_ROOT / "profiles"
+ARCHIVE_DIR = REPO_ROOT / "archive"
+
+
+def raw_of(yaml_path: Path) -> Path:
+    """A measured profile's raw sweep: <name>.raw.json next to the YAML (a profile being made, a
+    copy), else, for a shipped profile profiles/<gpu>/<name>.yaml, archive/<gpu>/<name>.raw.json."""
+    yaml_path = Path(yaml_path)
+    beside = yaml_path.with_name(yaml_path.name.replace(".yaml", ".raw.json"))
+    if beside.exists() or yaml_path.resolve().parent.parent != PROFILES_DIR:
+        return beside
+    return ARCHIVE_DIR / yaml_path.resolve().parent.name / beside.name
+
+
+def yaml_of(raw_path: Path) -> Path:
+    """The profile a raw sweep was fitted into: <name>.yaml next to RAW, else, for a raw file of the
+    archive (archive/<gpu>/<name>.raw.json), the shipped profiles/<gpu>/<name>.yaml."""
+    raw_path = Path(raw_path)
+    beside = raw_path.with_name(raw_path.name.replace(".raw.json", ".yaml"))
+    if beside.exists() or raw_path.resolve().parent.parent != ARCHIVE_DIR:
+        return beside
+    return PROFILES_DIR / raw_path.resolve().parent.name / beside.name
 
 
 def repo_relative(command: str) -> str:

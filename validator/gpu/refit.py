@@ -292,7 +292,7 @@ def voting_replays(h200: Path, model: str) -> list[Path]:
 
 
 def stored_context(h200: Path, model: str, leave_out: str | None = None) -> list[str]:
-    """The --context entries of a model's stored sweeps in the profiles' folder h200 (what
+    """The --context entries of a model's stored sweeps in the measurements' folder h200 (archive/h200: what
     --stored-context and scripts/refit_h200.sh refit on): context/ctx- and grid-<model>.json; the
     busy steps as one entry pooled over machine starts, busy-<model>-p<k>.json (processes of one
     start) + busy-<model>-start<k>.json + the voting replays (REPLAY.json#LOG), or else
@@ -364,8 +364,9 @@ def drift(points: list[dict], ctx: list[dict]) -> list[dict]:
 
 
 def profile_paths(raw_path: Path, out_dir: Path | None = None) -> tuple[Path, Path, Path]:
-    """(the YAML next to RAW, the YAML written, the RAW written): out_dir None writes both in place."""
-    yaml_path = raw_path.with_name(raw_path.name.replace(".raw.json", ".yaml"))
+    """(RAW's profile (plan.yaml_of: next to RAW, or the shipped one of an archived RAW), the YAML
+    written, the RAW written): out_dir None writes both in place."""
+    yaml_path = P.yaml_of(raw_path)
     if out_dir is None:
         return yaml_path, yaml_path, raw_path
     return yaml_path, Path(out_dir) / yaml_path.name, Path(out_dir) / raw_path.name
@@ -670,7 +671,7 @@ def _one(vals: list) -> Any:
 
 def merge_drafts(path: Path, profile_dir: Path, command: str, allow_dry_run: bool = False, write: bool = True) -> dict:
     """The drafter tables of a --draft-only file (read_drafts) into its model's shipped profile,
-    profile_dir/h200-<model>.yaml and .raw.json: each kind timed at every size in at least one run
+    profile_dir/h200-<model>.yaml and its raw file (plan.raw_of): each kind timed at every size in at least one run
     replaces the profile's table of that kind (requests, ms: the median over runs, rounded as
     plan.profile_dict rounds); every other field stays as it was. provenance.draft_tables records
     the hardware, torch, dates, commands, processes and the comparison with the previous tables;
@@ -680,7 +681,7 @@ def merge_drafts(path: Path, profile_dir: Path, command: str, allow_dry_run: boo
     d = read_drafts(path, allow_dry_run)
     model = d["model"]
     yaml_path = profile_dir / f"h200-{model}.yaml"
-    raw_path = profile_dir / f"h200-{model}.raw.json"
+    raw_path = P.raw_of(yaml_path)
     for f in (yaml_path, raw_path):
         if not f.exists():
             raise _bad(path, "model", f"{model!r}: no profile {f}")
@@ -771,7 +772,7 @@ def _span(vals: list[float], fmt: str) -> str:
 
 
 def draft_doc_sentence(results: list[dict]) -> str:
-    """The comparison docs/gpu-profiling.md states (its Draft tables paragraph), from the merged
+    """The comparison docs/user/gpu-profiling.md states (its Draft tables paragraph), from the merged
     profiles: what the previous (power-of-two) tables charged the DSpark drafter and MTP over the
     new ones, the largest ratio with its R and costs, and the drift at the previous sizes."""
     got = [r for r in results if "dspark" in r["record"]["compared"]]

@@ -1,6 +1,6 @@
 #!/bin/bash
 # The GPU run behind the comparison of AIConfigurator's silicon tables with a GPU measured here
-# (docs/h100-2026-12-06.md for the H100), deadline-bounded, results packed into $OUT/results.tgz as they come:
+# (docs/results/h100-2026-12-06.md for the H100), deadline-bounded, results packed into $OUT/results.tgz as they come:
 #   1. python3 -m validator.gpu.moe_ops price: bf16 GEMM records (profiles/kernels/dense-gemm-ops.json: the
 #      dense models' five GEMMs at 1-8192 tokens, then a third of the DeepSeek bf16 records of
 #      h200-torch.json) timed with torch (cuBLAS) -> $RES/<gpu>-torch-dense.json;

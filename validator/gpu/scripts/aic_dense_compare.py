@@ -25,8 +25,8 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="llama-3.1-8b")
-    ap.add_argument("--executor", default=str(ROOT / "profiles" / "h200" / "executor-llama-3.1-8b.json"))
-    ap.add_argument("--system", default="h200_sxm", help="AIC's system (h100_sxm for profiles/h100/executor-*.json)")
+    ap.add_argument("--executor", default=str(ROOT / "archive" / "h200" / "executor-llama-3.1-8b.json"))
+    ap.add_argument("--system", default="h200_sxm", help="AIC's system (h100_sxm for archive/h100/executor-*.json)")
     a = ap.parse_args(argv)
     d = model_dims(json.loads((ROOT / "profiles" / "models" / f"{a.model}.json").read_text()))
     h, H, kv, hd, inter, V, L = (d[k] for k in ("hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "layers"))

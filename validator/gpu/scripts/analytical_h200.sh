@@ -2,7 +2,7 @@
 # The analytical H200 profiles from the measured ones, no GPU: the efficiency fit on the four
 # measured profiles with its leave-one-model-out errors (profiles/analytical/h200-fit.json), the
 # four analytical-<model>-h200x1 profiles written from it, and the leave-one-model-out replay
-# check (scripts/analytical_lomo.py -> profiles/analytical/h200-lomo-replay.json).
+# check (scripts/analytical_lomo.py -> archive/analytical/h200-lomo-replay.json).
 set -e -o pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
 MODELS="llama-3.1-8b qwen3-8b qwen3-14b qwen3-32b"

@@ -4,7 +4,7 @@
 
 For each model of the fit file's leave_one_out (efficiencies fitted on the other measured models),
 the analytical profile of that model is built from those efficiencies and the model's measured
-replays (profiles/h200/replay/heldout-, replay-, check- and s1*-<model>.json: GPU times of dsim
+replays (archive/h200/replay/heldout-, replay-, check- and s1*-<model>.json: GPU times of dsim
 step logs; the busy steps replayed beside them are left out) are predicted from it (shapes from their step logs): median / p90 |error| per log and
 over all steps. The held-out model's own measurements are used for checking only.
 """
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fit", default=str(ROOT / "profiles" / "analytical" / "h200-fit.json"))
-    ap.add_argument("--out", default=str(ROOT / "profiles" / "analytical" / "h200-lomo-replay.json"))
+    ap.add_argument("--out", default=str(ROOT / "archive" / "analytical" / "h200-lomo-replay.json"))
     a = ap.parse_args(argv)
     fit = json.loads(Path(a.fit).read_text())
     eff0, _ = load_fit(a.fit)
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
         eff = dataclasses.replace(eff0, **rec["fitted"], source=f"fitted on {', '.join(rec['trained_on'])}")
         cost = CostModel(analytical_profile(ROOT / "profiles" / "models" / f"{model}.json", eff=eff))
         logs, every = {}, []
-        rdir = ROOT / "profiles" / "h200" / "replay"
+        rdir = ROOT / "archive" / "h200" / "replay"
         names = [f"heldout-{model}.json", f"replay-{model}.json", f"check-{model}.json"]
         names += sorted(f.name for f in rdir.glob(f"s1*-{model}.json"))
         for name in names:

@@ -8,7 +8,7 @@
 #          qwen3-8b:short,one llama-3.1-8b:one)
 #   ANCHOR_TAGS the sweep's step tags re-timed as anchors (default table,tail-decode; add
 #          tail-mixed,tail-prefill for 8192-token ones)
-#   REPLAYS "model:log ..." after that model's points, replay profiles/h200/steplogs/<log>-<model>.jsonl in a
+#   REPLAYS "model:log ..." after that model's points, replay archive/h200/steplogs/<log>-<model>.jsonl in a
 #          fresh process -> $OUT/replay-<log>-<model>.json (checking data, never fitted)
 #   EXTRA e.g. --dry-run
 set -o pipefail
@@ -28,7 +28,7 @@ for mp in ${MODELS:-qwen3-14b:decode,short qwen3-32b:short qwen3-8b:short,one ll
   for ml in $REPLAYS; do
     [ "${ml%%:*}" = "$m" ] || continue
     lg=${ml#*:}
-    job "${REPLAY_T:-60}" python3 -m validator.gpu.replay "profiles/h200/steplogs/$lg-$m.jsonl" \
+    job "${REPLAY_T:-60}" python3 -m validator.gpu.replay "archive/h200/steplogs/$lg-$m.jsonl" \
       --model "profiles/models/$m.json" --profile "profiles/h200/h200-$m.yaml" --out "$RES/replay-$lg-$m.json" \
       --reps "$reps" --warm 1 $EXTRA
   done

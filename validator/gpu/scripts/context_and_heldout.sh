@@ -3,7 +3,7 @@
 # process per job:
 #   1. scripts/context_sweep.py: unequal decode contexts and long cached prefixes (plan.context_sweep_plan)
 #      plus table anchors -> $RES/ctx-<model>.json (the fitting set of the attention terms);
-#   2. python3 -m validator.gpu.replay over profiles/h200/steplogs/<case>-<model>.jsonl (Mooncake
+#   2. python3 -m validator.gpu.replay over archive/h200/steplogs/<case>-<model>.jsonl (Mooncake
 #      conversation with prefix caching c16/c96, Azure conv c64 / code c8; dsim's step logs, never
 #      fitted) -> $RES/heldout-<model>.json (the checking set; re-predicted offline by
 #      validator.gpu.refit --repredict);
@@ -34,7 +34,7 @@ measure() {  # model: context sweep, then the held-out replays (and the default 
   job "$tc" python3 validator/gpu/scripts/context_sweep.py --model "profiles/models/$m.json" --profile "$prof" \
     --out "$RES/ctx-$m.json" --reps "$reps" $EXTRA
   local logs=""
-  for c in $cases; do logs="$logs profiles/h200/steplogs/$c-$m.jsonl"; done
+  for c in $cases; do logs="$logs archive/h200/steplogs/$c-$m.jsonl"; done
   job "$tr" python3 -m validator.gpu.replay $logs --model "profiles/models/$m.json" --profile "$prof" \
     --out "$RES/heldout-$m.json" --reps "$reps" --warm 1 $EXTRA
 }

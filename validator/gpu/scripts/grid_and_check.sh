@@ -2,7 +2,7 @@
 # The GPU run behind the request-count terms and their check, one fresh process per job:
 #   1. scripts/context_sweep.py --plan grid: plan.request_grid_plan (request counts at fixed token
 #      counts, busy steps with 8-128 decode requests) -> $RES/grid-<model>.json (fitted);
-#   2. python3 -m validator.gpu.replay over profiles/h200/steplogs/<case>-<model>.jsonl for CHECK
+#   2. python3 -m validator.gpu.replay over archive/h200/steplogs/<case>-<model>.jsonl for CHECK
 #      (Azure conv at c32 / c128: logs made after the terms were designed, never fitted) and, for the
 #      models in HELDOUT_MODELS, the held-out Mooncake / Azure logs -> $RES/check-<model>.json;
 #   3. scripts/attention_check.py on Llama-3.1-8B (one layer's attention, split vs one-call varlen).
@@ -28,7 +28,7 @@ for m in ${MODELS:-llama-3.1-8b qwen3-8b qwen3-14b qwen3-32b}; do
   job "$tg" python3 validator/gpu/scripts/context_sweep.py --plan grid --model "profiles/models/$m.json" \
     --profile "$prof" --out "$RES/grid-$m.json" --reps "$reps" $EXTRA
   logs=""
-  for c in $cases; do logs="$logs profiles/h200/steplogs/$c-$m.jsonl"; done
+  for c in $cases; do logs="$logs archive/h200/steplogs/$c-$m.jsonl"; done
   job "$tr" python3 -m validator.gpu.replay $logs --model "profiles/models/$m.json" --profile "$prof" \
     --out "$RES/check-$m.json" --reps "$reps" --warm 1 $EXTRA
   if [ "$m" = "${ATTN_AFTER:-qwen3-14b}" ]; then

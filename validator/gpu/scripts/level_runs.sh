@@ -11,7 +11,7 @@
 #   BUSY_REPS  context_sweep --reps (default 5: 5 timed replays up to the capture limit, 3 above)
 #   REPS  replay reps (default 3; Qwen3-32B 2), WARM untimed replays (default 1)
 #   T_BUSY, T_CHECK  per-job limits in seconds (default 55, 100)
-#   DIR  the checking logs' folder (default profiles/h200/steplogs-s1)
+#   DIR  the checking logs' folder (default archive/h200/steplogs-s1)
 #   ANCHOR_TAGS  the sweep's tags re-timed as anchors in the busy runs (default table)
 #   EXTRA  e.g. --dry-run (CPU, tiny model)
 #   PRINT  print_results.py options for the closing print, e.g. --compact (one line per replayed log)
@@ -20,7 +20,7 @@ DEADLINE=${DEADLINE:-235}
 RES=${OUT:-/tmp/out}
 # shellcheck source=deadline_jobs.sh
 source "$(dirname "$0")/deadline_jobs.sh"
-DIR=${DIR:-profiles/h200/steplogs-s1}
+DIR=${DIR:-archive/h200/steplogs-s1}
 declare -A NB NC
 for jb in $JOBS; do
   kind=${jb%%:*}; rest=${jb#*:}; m=${rest%%:*}; arg=${rest#*:}

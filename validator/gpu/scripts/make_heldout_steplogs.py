@@ -1,7 +1,7 @@
 """Step logs of workloads the H200 profiles are checked on but not fitted to, for the GPU replay.
 
     python3 validator/gpu/scripts/make_heldout_steplogs.py [--models M ...] [--cases C ...] [--out DIR]
-    python3 validator/gpu/scripts/make_heldout_steplogs.py --seed 1 --later --cases all --out profiles/h200/steplogs-s1
+    python3 validator/gpu/scripts/make_heldout_steplogs.py --seed 1 --later --cases all --out archive/h200/steplogs-s1
 
 Each case is one `dsim simulate` run (one GPU per replica, seed 0) whose steady-state steps (running
 at least 0.9 of the largest batch, past the first eighth) are sampled evenly (see sample_steady):
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0, help="dsim's seed (default 0: the first checking set)")
     ap.add_argument("--later", action="store_true", help="each case's later trace slice (LATER_WINDOW)")
     ap.add_argument("--profile", default="h200-{model}", help="profile name or path ({model}: the model)")
-    ap.add_argument("--out", default=str(ROOT / "profiles" / "h200" / "steplogs"))
+    ap.add_argument("--out", default=str(ROOT / "archive" / "h200" / "steplogs"))
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -4,11 +4,11 @@
 #   OPS    op records to price (e.g. those of `dsim.profiling.compose required-ops` the table has no answer for)
 #   STAGE  price+replay (default) or layers
 #   OUT    output folder (default /tmp/out)
-#   SL     step-log folder (default profiles/kernels/h200-torch-checks/steplogs), PREFIX their prefix (dspark-v4f)
+#   SL     step-log folder (default archive/kernels/h200-torch-checks/steplogs), PREFIX their prefix (dspark-v4f)
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}
-SL=${SL:-profiles/kernels/h200-torch-checks/steplogs}
+SL=${SL:-archive/kernels/h200-torch-checks/steplogs}
 P=$SL/${PREFIX:-dspark-v4f}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null | tee -a "$OUT/log.txt"

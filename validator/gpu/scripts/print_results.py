@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         ap = argparse.ArgumentParser()
         ap.add_argument("--rebuild", required=True)
         ap.add_argument("--out", required=True)
-        ap.add_argument("--dir", default="profiles/h200/steplogs-s1")
+        ap.add_argument("--dir", default="archive/h200/steplogs-s1")
         ns = ap.parse_args(argv)
         for w in rebuild(Path(ns.rebuild).read_text(), Path(ns.out), ns.dir):
             print(w)

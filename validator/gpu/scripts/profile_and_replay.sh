@@ -7,7 +7,7 @@
 #   3. the same process replays those logs right after (same model, same timer; dsim's predictions),
 #      re-timing a few table points before each log (drift), into $OUT/results/replay-<model>.json.
 # Runs from any directory on a machine with one GPU, torch and dsim's dependencies; the shipped
-# profiles are not touched (copy $OUT/profiles and $OUT/steplogs into profiles/h200/ to adopt them).
+# profiles are not touched (to adopt them: the YAML files of $OUT/profiles into profiles/h200/, the .raw.json files and $OUT/steplogs into archive/h200/).
 #   MODELS  models to profile (default: qwen3-8b llama-3.1-8b qwen3-32b; profiles/models/<m>.json)
 #   OUT     output folder (default: /tmp/out); the log is $OUT/log.txt
 #   EXTRA   extra profiler arguments, e.g. EXTRA=--dry-run runs the pipeline on the CPU (numbers

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The profiling recipe on a GPU without a profile (docs/gpu-profiling.md, "The profiling recipe"), one
+# The profiling recipe on a GPU without a profile (docs/user/gpu-profiling.md, "The profiling recipe"), one
 # model, deadline-bounded, every result packed into $OUT/results.tgz as it comes:
 #   1. python3 -m validator.gpu.profile (split-KV settings timed by the probe): the profile sweep, the
 #      drafter tables, the context, request-grid and busy sweeps and the fit with the per-request
@@ -9,8 +9,8 @@
 #      $RES/heldout-<model>.json; the rows are predicted from the new profile offline
 #      (python3 -m validator.gpu.refit --repredict REPLAY PROFILE OUT).
 #   MODEL      profiles/models/<MODEL>.json (default llama-3.1-8b)
-#   LOGS       step logs to replay (default: the model's held-out logs under profiles/h200/steplogs and
-#              the second checking set profiles/h200/steplogs-s1)
+#   LOGS       step logs to replay (default: the model's held-out logs under archive/h200/steplogs and
+#              the second checking set archive/h200/steplogs-s1)
 #   PROFILE_T  the profiler's limit in seconds (default 400)   DEADLINE  seconds (default 560)
 #   CLOCKS     1 (default): SM clock, power and temperature every 500 ms into $RES/clocks.csv
 #   EXTRA      extra arguments of both steps, e.g. EXTRA=--dry-run (CPU, tiny model: the plumbing only)
@@ -20,9 +20,9 @@ DEADLINE=${DEADLINE:-560}
 source "$(dirname "$0")/deadline_jobs.sh"
 M=${MODEL:-llama-3.1-8b}
 if [ -z "$LOGS" ]; then
-  for c in mooncake-c16 mooncake-c96 azure-conv-c64 azure-code-c8; do LOGS="$LOGS profiles/h200/steplogs/$c-$M.jsonl"; done
+  for c in mooncake-c16 mooncake-c96 azure-conv-c64 azure-code-c8; do LOGS="$LOGS archive/h200/steplogs/$c-$M.jsonl"; done
   for c in mooncake-c16 mooncake-c96 azure-conv-c32 azure-conv-c64 azure-conv-c128 azure-code-c8 default-c1 default-c32 default-c256; do
-    LOGS="$LOGS profiles/h200/steplogs-s1/$c-$M.jsonl"
+    LOGS="$LOGS archive/h200/steplogs-s1/$c-$M.jsonl"
   done
 fi
 SAMPLER=

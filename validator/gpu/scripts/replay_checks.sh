@@ -8,7 +8,7 @@
 #            '/', e.g. a design set written as a step log), default: the
 #            two compositions the first set missed on (Qwen3-14B default c256, Qwen3-32B Azure conv
 #            c128), Mooncake on the 8B models, then small logs of other workloads
-#   DIR      the step logs' folder (default profiles/h200/steplogs-s1): DIR/<log>-<model>.jsonl
+#   DIR      the step logs' folder (default archive/h200/steplogs-s1): DIR/<log>-<model>.jsonl
 #   REPS     timed replays per step (default 3; Qwen3-32B 2; R_<n>: the n-th job's), WARM untimed
 #            ones (default 1)
 #   T_<n>    the n-th job's limit in seconds (default 60)
@@ -22,7 +22,7 @@ DEADLINE=${DEADLINE:-195}
 RES=${OUT:-/tmp/out}
 # shellcheck source=deadline_jobs.sh
 source "$(dirname "$0")/deadline_jobs.sh"
-DIR=${DIR:-profiles/h200/steplogs-s1}
+DIR=${DIR:-archive/h200/steplogs-s1}
 SAMPLER=
 if [ "${CLOCKS:-0}" = 1 ] && command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 200 \

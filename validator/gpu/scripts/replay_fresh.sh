@@ -14,7 +14,7 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}
 PREFIX=${PREFIX:-dspark-v4f-s2}
-P=profiles/kernels/h200-torch-checks/steplogs/$PREFIX
+P=archive/kernels/h200-torch-checks/steplogs/$PREFIX
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null | tee -a "$OUT/log.txt"
 TUNE='{"attn": {"block_n": 32, "block_dv": 512, "num_warps": 8, "num_stages": 1}, "indexer": {"block_n": 128, "tq": 8, "num_warps": 8}}'

@@ -1,7 +1,7 @@
 #!/bin/bash
-# Replay the committed DSpark step logs (profiles/h200/steplogs, dsim's predictions from the shipped
+# Replay the committed DSpark step logs (archive/h200/steplogs, dsim's predictions from the shipped
 # profiles) on the GPU executor, one fresh `python3 -m validator.gpu.replay` process per model, the
-# split-KV policy read from the profile's provenance: the check behind profiles/h200/replay/.
+# split-KV policy read from the profile's provenance: the check behind archive/h200/replay/.
 # Run from the repository root on a machine with one GPU and torch.
 #   MODELS  models (default: qwen3-8b llama-3.1-8b qwen3-32b)
 #   OUT     output folder (default: /tmp/out): replay-<model>.json, log.txt
@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../../.."
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-SL=profiles/h200/steplogs
+SL=archive/h200/steplogs
 for m in ${MODELS:-qwen3-8b llama-3.1-8b qwen3-32b}; do
   python3 -m validator.gpu.replay "$SL/dspark-$m-c1.jsonl" "$SL/dspark-$m-c32.jsonl" "$SL/dspark-$m-c256.jsonl" \
     --model "profiles/models/$m.json" --profile "profiles/h200/h200-$m.yaml" \

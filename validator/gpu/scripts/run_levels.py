@@ -3,7 +3,7 @@ more than one machine start (run), matched by shape (tokens, KV tokens, requests
 sweeps, context / grid / busy files and replays of one model, and each run's level on the steps
 it shares with the others.
 
-A record belongs to the run it was measured in (RUNS, as docs/gpu-profiling.md tells them: the
+A record belongs to the run it was measured in (RUNS, as docs/user/gpu-profiling.md tells them: the
 profile sweep, the context-sweep run with its held-out replays, the request-grid run with its check
 replays, the busy run, the repeat run, the second checking set's runs A-E). Processes of one run
 are combined by each step's median over processes (as the refit combines them). A step set is the
@@ -22,7 +22,7 @@ capture limit). Where a record kept no reps its stored time is used, and the ste
 
 `--add` joins a new run's replay or sweep files (e.g. a device run's check-<model>.json, labelled E).
 `--judge STEPLOG` (a step log as the replays name it, e.g.
-profiles/h200/steplogs-s1/default-c256-qwen3-14b.jsonl) applies the rule to one log: every run that
+archive/h200/steplogs-s1/default-c256-qwen3-14b.jsonl) applies the rule to one log: every run that
 replayed it, its errors from the current profile (refit.repredict) per run and pooled (each step's
 median over the runs), the spread of the runs' levels on it (all its steps), and each median and
 p90 against the larger of the target (3 % / 6 %) and that spread.
@@ -41,10 +41,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[3]
-H200 = ROOT / "profiles" / "h200"
+H200 = ROOT / "archive" / "h200"  # the stored records (archive/MANIFEST.md)
+PROFILES = ROOT / "profiles" / "h200"
 MODELS = ("llama-3.1-8b", "qwen3-8b", "qwen3-14b", "qwen3-32b")
 
-# (run label, what it was, record files relative to profiles/h200 with {m} the model)
+# (run label, what it was, record files relative to archive/h200 with {m} the model)
 RUNS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("sweep", "profile sweep (points of h200-<model>.raw.json) and its in-process replay", ("h200-{m}.raw.json",)),
     ("replay", "fresh-process replay of the DSpark logs", ("replay/replay-{m}.json",)),
@@ -249,7 +250,7 @@ def judge(
             continue
         model = Path(str(d["model"])).stem
         try:
-            (res,) = RF.repredict(f, H200 / f"h200-{model}.yaml", only=steplog).values()
+            (res,) = RF.repredict(f, PROFILES / f"h200-{model}.yaml", only=steplog).values()
         except InputError as e:  # a record that does not match its log (e.g. a dry run's): left out, said
             print(f"run_levels: --judge: {f.name} left out: {e}", file=sys.stderr)
             continue

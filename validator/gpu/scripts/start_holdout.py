@@ -25,7 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
-H200 = ROOT / "profiles" / "h200"
+H200 = ROOT / "archive" / "h200"  # the stored sweeps and replays (archive/MANIFEST.md)
+PROFILES = ROOT / "profiles" / "h200"
 
 
 def summaries(replay: Path, profile: Path) -> dict[str, dict]:
@@ -49,13 +50,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         + [f.stem[: -len(f"-{m}")] for f in RF.voting_replays(H200, m)]
     )
-    shipped = H200 / f"h200-{m}.yaml"
+    shipped = PROFILES / f"h200-{m}.yaml"
     out: dict[str, dict] = {}
     for s in starts:
         replay = H200 / "replay" / f"{s}-{m}.json"
         with tempfile.TemporaryDirectory() as tmp:
-            for suffix in (".yaml", ".raw.json"):
-                shutil.copy(H200 / f"h200-{m}{suffix}", Path(tmp) / f"h200-{m}{suffix}")
+            shutil.copy(shipped, Path(tmp) / shipped.name)
+            shutil.copy(H200 / f"h200-{m}.raw.json", Path(tmp) / f"h200-{m}.raw.json")
             ctx = [x for c in RF.stored_context(H200, m, leave_out=s) for x in ("--context", c)]
             if RF.main([str(Path(tmp) / f"h200-{m}.raw.json"), *ctx, "--in-place"]) != 0:
                 return 2
