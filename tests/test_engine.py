@@ -139,10 +139,10 @@ def test_prefill_terms_reach_every_budget_policy(monkeypatch):
     seen, priced = [], []
     orig, orig_pre = KS.plan_decodes, CostModel.prefill_ms
 
-    def spy(*args):
-        if args[12]:                                   # adaptive: (..., row, base_extra, ...)
-            seen.append(float(args[18]))
-        return orig(*args)
+    def spy(slots, n, K, steps, draws, policy, budget, plan):
+        if KS.PolicyParams(*policy).adaptive:
+            seen.append(float(KS.BudgetRow(*budget).extra_ms))
+        return orig(slots, n, K, steps, draws, policy, budget, plan)
 
     def spy_pre(self, chunks):
         v = orig_pre(self, chunks)
@@ -538,7 +538,7 @@ def test_packed_context_args_price_as_the_tuple(name):
         n = int(rng.integers(1, 300))
         q = rng.integers(1, 8, n).astype(np.int64)
         c = rng.integers(1, 60_000, n).astype(np.int64)
-        assert KS._context_ms_packed(q, c, *packed) == context_ms_compiled(q, c, *ctx[1:])
+        assert KS._context_ms_packed(q, c, packed) == context_ms_compiled(q, c, *ctx[1:])
 
 
 def test_slots_context_ms_prices_as_the_cost_model():
@@ -561,7 +561,7 @@ def test_slots_context_ms_prices_as_the_cost_model():
         verified = rng.integers(0, K + 1, (1, cap)).astype(np.int64)
         q = 1 + verified[0, :n] if K else np.ones(n, np.int64)
         want = cost.context_ms(q, I[:n, COMP])
-        assert KS.slots_context_ms(I, n, K, verified, *packed) == want
+        assert KS.slots_context_ms(I, n, K, verified, packed) == want
 
 
 def test_pack_context_args_rejects_a_field_of_another_kind():

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsim.engine import compiled_sched as KSched
+from dsim.engine import compiled_step as KS
 from dsim.engine.compiled_step import COMP, NCOL
 
 INT_ROWS = {
@@ -106,12 +107,21 @@ def _run_kernel(s, cfg):
     I[: len(cfg["slot_kv"]), COMP] = cfg["slot_kv"]
     hits = cfg["hits"]
     hit_arr = np.array([hits[r] for r in s["waiting"]] if hits else [], np.int64)
-    out = KSched.schedule_step(
-        req_i, req_f, pre, len(s["pre"]), chunks, waitq, head, head + len(s["waiting"]), hit_arr,
-        len(hit_arr) if hits else -1, I, len(cfg["slot_kv"]), cfg["K"], cfg["lookahead"], sum(cfg["slot_kv"]),
-        cfg["total_blocks"], s["pre_blocks"], cfg["budget"], cfg["thr"], cfg["max_seqs"], cfg["admit"],
-        cfg["consumer"], s["admit_seq"], cfg["now"],
+    requests = tuple(KSched.RequestTable(req_i, req_f, np.zeros((1, 1), np.float32)))
+    queues = tuple(KSched.Queues(pre, chunks, waitq))
+    slots = tuple(KS.SlotTable(I, np.zeros((len(I), 2)), np.zeros((0, len(I)), np.float32)))
+    limits = tuple(
+        KSched.SchedLimits(
+            cfg["K"], cfg["lookahead"], cfg["total_blocks"], cfg["budget"], cfg["thr"], cfg["max_seqs"], cfg["consumer"]
+        )
+    )
+    step = tuple(
+        KSched.SchedStep(
+            len(s["pre"]), head, head + len(s["waiting"]), len(cfg["slot_kv"]), sum(cfg["slot_kv"]), s["pre_blocks"],
+            s["admit_seq"], cfg["now"], cfg["admit"], hit_arr, len(hit_arr) if hits else -1,
+        )
     )  # fmt: skip
+    out = KSched.schedule_step(requests, queues, slots, limits, step)
     return out, req_i, req_f, pre, chunks, waitq, head
 
 

@@ -209,8 +209,8 @@ def _engine_draws(m, cls, lat, steps, key=7, ids=None, rounds=0):
     off = np.ascontiguousarray(m.slot_offsets(cls, lat))
     conf = np.empty((steps, K, R), np.float32)
     lead = np.empty((steps, R), np.int64)
-    KS.draw_slots(key, slots, off, R, K, steps, *m.kernel_params(), False, conf, lead,
-                  np.zeros((0, 0, 0), bool), np.zeros((0, 0, 0), np.float32))
+    KS.draw_slots(tuple(KS.DrawParams(key, *m.kernel_params())), slots, off, R, K, steps, False,
+                  (conf, lead, np.zeros((0, 0, 0), bool), np.zeros((0, 0, 0), np.float32)))
     return conf, lead
 
 
@@ -278,7 +278,8 @@ def test_lane_parallel_draws_are_the_request_by_request_definition(head, n_req):
     from dsim.engine import compiled_step as KS
 
     @njit
-    def by_request(key, slots, X, R, K, steps, head, tok, step, hs, hsh, temp, conf, lead):
+    def by_request(key, slots, X, R, K, steps, params, conf, lead):
+        head, step = params.head, params.step_scale
         for t in range(steps):
             for r in range(R):
                 s = KS.stream_seed(key, slots[r, KS.ID], slots[r, KS.ROUNDS] + t)
@@ -289,7 +290,7 @@ def test_lane_parallel_draws_are_the_request_by_request_definition(head, n_req):
                 alive = True
                 nacc = 0
                 for j in range(K):
-                    s, a, y, _ = KS._position(s, alive, X[j, r], su, head, tok, hs, hsh, temp, False)
+                    s, a, y, _ = KS._position(s, alive, X[j, r], su, params, False)
                     if head == KS.HEAD_USELESS:
                         conf[t, j, r] = X[K + j, r]
                     else:
@@ -311,7 +312,8 @@ def test_lane_parallel_draws_are_the_request_by_request_definition(head, n_req):
     conf2, lead2 = np.empty_like(conf), np.empty_like(lead)
     params = m.kernel_params()
     assert params[2] != 0.0  # (the step normal is drawn too)
-    by_request(7, slots, np.ascontiguousarray(m.slot_offsets(cls, lat)), len(cls), 7, 3, *params, conf2, lead2)
+    by_request(7, slots, np.ascontiguousarray(m.slot_offsets(cls, lat)), len(cls), 7, 3, KS.DrawParams(7, *params),
+               conf2, lead2)
     assert np.array_equal(conf.view(np.int32), conf2.view(np.int32)) and np.array_equal(lead, lead2)
 
 

@@ -36,6 +36,8 @@ it (the cold start's compile time; docs/results/performance.md "Compile time").
 
 from __future__ import annotations
 
+from typing import NamedTuple, get_type_hints
+
 import numpy as np
 from numba import njit
 
@@ -55,6 +57,10 @@ from dsim.engine.compiled_step import (
     SC_TOKENS,
     SC_VERIFIED,
     SC_WAITING,
+    CommitOut,
+    PolicyParams,
+    RequestColumns,
+    SlotTable,
     _context_ms_packed,
     commit_decodes,
     new_slots,
@@ -73,6 +79,78 @@ REQ_F_ROWS = 4
 SCHEDULED, PREEMPT, MORE_HITS = range(3)
 
 _BT = KV_BLOCK_TOKENS
+
+
+# ---- the bundles these kernels take (plain tuples from Python: see dsim.kernels_step's bundles) --
+
+
+class RequestTable(NamedTuple):
+    """The request table (dsim.engine.Requests), every request of the simulation."""
+
+    ints: np.ndarray  # int64 [REQ_I_ROWS, requests]: the rows PROMPT .. HELD_VERIFIED
+    floats: np.ndarray  # float64 [REQ_F_ROWS, requests]: the rows ITL_MAX .. ADMIT
+    slot_rows: np.ndarray  # float32 [requests, rows]: a decode slot's rows (offsets, kept history)
+
+
+class Queues(NamedTuple):
+    """The replica's prefilling requests and its waiting queue's buffer."""
+
+    prefill_ids: np.ndarray  # int64 [max_num_seqs]: the prefilling requests, queue order (first n_pre)
+    chunks: np.ndarray  # int64 [max_num_seqs]: each one's chunk this step
+    waiting: np.ndarray  # int64: the waiting queue's buffer, live from its head to its tail
+
+
+class SchedLimits(NamedTuple):
+    """A replica's scheduler limits (EngineConfig, the KV cache), fixed for the run."""
+
+    k: int  # drafts a decode slot reserves (K; 0 without speculation)
+    lookahead: int  # 1 + K: the slots a decode allocates beyond its KV tokens
+    total_blocks: int  # the KV cache's blocks
+    token_budget: int  # max_num_batched_tokens
+    chunk_cap: int  # long_prefill_token_threshold (0: none)
+    max_seqs: int  # max_num_seqs
+    kv_consumer: bool  # a decode instance: the prompt's KV computed elsewhere
+
+
+class SchedStep(NamedTuple):
+    """One step's scheduler state (what schedule_step and admit_waiting read)."""
+
+    n_pre: int  # prefilling requests
+    w_head: int  # the waiting queue's head and tail in Queues.waiting
+    w_tail: int
+    n_dec: int  # decode slots
+    kv_dec: int  # their KV tokens
+    pre_blocks: int  # KV blocks the prefilling requests hold
+    admit_seq: int  # admissions so far (the admission number of the last)
+    now: float  # the step's start (s)
+    admit: bool  # admission allowed (not after a preemption this step)
+    hits: np.ndarray  # int64: the next waiting requests' prefix-cache hit tokens
+    n_hits: int  # how many hits are looked up (-1: no prefix cache)
+
+
+class CommitStep(NamedTuple):
+    """A general step's scalars for its commit (commit_step)."""
+
+    n_pre: int  # prefilling requests this step (their chunks in Queues.chunks)
+    itl_mode: int  # 0: one run-length ITL sample (itl_ms); 1: a sample per slot; 2: the same, every
+    #                slot's last emission first set to prev_end
+    itl_ms: float  # the step's duration where itl_mode is 0, else -1
+    t_now: float  # the step's end (s)
+    prev_end: float  # the previous step's end (s)
+    itl: np.ndarray  # float64 [2, rows]: the ITL samples' block (gap ms, count)
+    itl_row: int  # its first free row
+    left_lb: int  # a lower bound on the decode slots' smallest remaining output
+    done_from: int  # the first free row of CommitOut.done_ints / done_floats
+
+
+class RowPricing(NamedTuple):
+    """The engine's cost row of an adaptive budget, built in the kernel (plan_general)."""
+
+    dense: np.ndarray  # CostModel.forward_table()
+    kv_ms_per_tok: float
+    pre_mode: int  # CostModel.prefill_args(): the prefill terms' kind
+    pre_coef: np.ndarray  # and coefficients
+    row_buf: np.ndarray  # float64 [max_num_batched_tokens + 1]: where the row is built
 
 
 @njit(cache=True, inline="always")
@@ -94,10 +172,9 @@ def _chunk(todo, left, thr):
 
 
 @njit(cache=True)
-def admit_waiting(req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits, n_hits, I, n_dec, lookahead,
-                  dec_bound, total_blocks, pre_blocks, left, n_run, max_seqs, thr, consumer, admit_seq, now,
-                  n_pre_sample, kv_pre):  # fmt: skip
-    """FCFS admission from waitq[w_head:w_tail] while left > 0 tokens, n_run < max_seqs and the
+def admit_waiting(requests, queues, slots, limits, step, dec_bound, left, n_run, n_pre_sample, kv_pre):
+    """FCFS admission from the waiting queue (step: a SchedStep; requests, queues, slots, limits:
+    a RequestTable, Queues, SlotTable, SchedLimits) while left > 0 tokens, n_run < max_seqs and the
     request's blocks fit (dec_bound: total blocks less the decode slots' bound; the exact count
     only where it fails). n_hits < 0: no prefix cache (every hit 0); else hits[k] is the k-th
     candidate's cached prompt tokens, and admission stops after n_hits candidates (MORE_HITS: the
@@ -106,6 +183,16 @@ def admit_waiting(req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits,
     admission), admission number and chunk (pre[n_pre], chunks[n_pre]). Returns (status, n_pre,
     w_head, pre_blocks, admit_seq, left, n_pre_sample, kv_pre, candidates considered: the
     admitted plus a refused one)."""
+    req, q, lim, st = RequestTable(*requests), Queues(*queues), SchedLimits(*limits), SchedStep(*step)
+    req_i, req_f, I = req.ints, req.floats, SlotTable(*slots).ints
+    pre, chunks, waitq = q.prefill_ids, q.chunks, q.waiting
+    n_pre, w_head, w_tail, n_dec, pre_blocks, admit_seq, now = (
+        st.n_pre, st.w_head, st.w_tail, st.n_dec, st.pre_blocks, st.admit_seq, st.now
+    )  # fmt: skip
+    hits, n_hits = st.hits, st.n_hits
+    lookahead, total_blocks, max_seqs, thr, consumer = (
+        lim.lookahead, lim.total_blocks, lim.max_seqs, lim.chunk_cap, lim.kv_consumer
+    )  # fmt: skip
     prompt, generated, computed = req_i[PROMPT], req_i[GENERATED], req_i[COMPUTED]
     blocks_r, seq, cached = req_i[BLOCKS], req_i[SEQ], req_i[CACHED]
     admit = req_f[ADMIT]
@@ -153,10 +240,9 @@ def admit_waiting(req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits,
 
 
 @njit(cache=True)
-def schedule_step(req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits, n_hits, I, n_dec, K, lookahead,
-                  kv_dec, total_blocks, pre_blocks, budget, thr, max_seqs, admit, consumer, admit_seq,
-                  now):  # fmt: skip
-    """One step's prefill schedule: the running prefills pre[:n_pre] take their chunks from the
+def schedule_step(requests, queues, slots, limits, step):
+    """One step's prefill schedule (step: a SchedStep; requests, queues, slots, limits: a
+    RequestTable, Queues, SlotTable, SchedLimits): the running prefills pre[:n_pre] take their chunks from the
     budget left after n_dec decode slots' 1 + K reservations (chunks[:n_pre]), their KV grows,
     and, where admit, ``admit_waiting`` admits from the waiting queue. Where the grown blocks do
     not fit (the decode slots' exact count), nothing is written: status PREEMPT (the caller
@@ -164,6 +250,19 @@ def schedule_step(req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits,
     the running prefills' tokens, n_pre, w_head, pre_blocks, admit_seq, prefill tokens, prefills
     sampling a token (chunk ends the prompt), KV tokens the prefills read, candidates
     considered)."""
+    req, q, lim, st = RequestTable(*requests), Queues(*queues), SchedLimits(*limits), SchedStep(*step)
+    req_i, I = req.ints, SlotTable(*slots).ints
+    pre, chunks = q.prefill_ids, q.chunks
+    n_pre, w_head, w_tail, n_dec, kv_dec, pre_blocks = (
+        st.n_pre,
+        st.w_head,
+        st.w_tail,
+        st.n_dec,
+        st.kv_dec,
+        st.pre_blocks,
+    )
+    admit_seq, admit = st.admit_seq, st.admit
+    K, lookahead, total_blocks, budget, thr = lim.k, lim.lookahead, lim.total_blocks, lim.token_budget, lim.chunk_cap
     prompt, generated, computed, blocks_r = req_i[PROMPT], req_i[GENERATED], req_i[COMPUTED], req_i[BLOCKS]
     left = budget - n_dec * (1 + K)
     if left < 0:
@@ -201,11 +300,10 @@ def schedule_step(req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits,
     status = SCHEDULED
     considered = 0
     if admit and w_head < w_tail and left > 0:
+        step2 = (n_pre, w_head, w_tail, n_dec, kv_dec, pre_blocks, admit_seq, st.now, admit, st.hits, st.n_hits)
         status, n_pre, w_head, pre_blocks, admit_seq, left, n_pre_sample, kv_pre, considered = admit_waiting(
-            req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits, n_hits, I, n_dec, lookahead, dec_bound,
-            total_blocks, pre_blocks, left, n_dec + n_pre, max_seqs, thr, consumer, admit_seq, now, n_pre_sample,
-            kv_pre,
-        )  # fmt: skip
+            requests, queues, slots, limits, step2, dec_bound, left, n_dec + n_pre, n_pre_sample, kv_pre
+        )
     pre_tokens = 0
     for i in range(n_pre):
         pre_tokens += chunks[i]
@@ -213,25 +311,25 @@ def schedule_step(req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits,
 
 
 @njit(cache=True)
-def plan_general(req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits, n_hits, I, X, n_dec, K, lookahead,
-                 kv_dec, total_blocks, pre_blocks, budget, thr, max_seqs, admit, consumer, admit_seq, now, key, head,
-                 draw_f, adaptive, code, tau, cp, cp2, mode, dense, kv_ms_per_tok, row_extra_ms, ctx_ms_per_tok,
-                 pre_mode, pre_coef, row_buf, conf, lead, verified, cap):  # fmt: skip
-    """``schedule_step``, then (n_dec and K > 0 decode slots) ``plan_decodes`` of one step,
-    adaptive budgets priced by the engine's cost row of n_dec + the running prefills' tokens
+def plan_general(requests, queues, slots, limits, step, draws, policy, pricing, row_extra_ms, plan):
+    """``schedule_step``, then (n_dec and K > 0 decode slots) ``plan_decodes`` of one step (draws,
+    policy, plan: a DrawParams, PolicyParams, DecodePlan), adaptive budgets priced by the engine's
+    cost row (pricing: a RowPricing) of n_dec + the running prefills' tokens
     (N): row[b] = dense[N + b] + (kv_ms_per_tok x (kv_dec + n_dec) + row_extra_ms), b = 0..M,
     M = min(max(budget - N, 0), n_dec K) (CostModel.step_cost_row's values; row_extra_ms: drafter
     and CPU overhead), built in row_buf, the running prefills' prefill_ms (CostModel.prefill_args'
-    pre_mode, pre_coef) beside it for every budget. draw_f: the draws' five float parameters (token, step,
-    head noise and bias scales, temperature). No draws where the schedule preempts (PREEMPT), or
+    pre_mode, pre_coef) beside it for every budget. No draws where the schedule preempts (PREEMPT), or
     where the row runs past the dense table: then the caller prices and draws itself
     (``dsim.kernels_step.plan_decodes``, the same function). Returns schedule_step's tuple, then
     whether the slots were drawn and the drafts verified (0 without draws)."""
-    n_run = n_pre
+    step_, lim, pr = SchedStep(*step), SchedLimits(*limits), RowPricing(*pricing)
+    n_run, n_dec, kv_dec = step_.n_pre, step_.n_dec, step_.kv_dec
+    K, budget = lim.k, lim.token_budget
+    adaptive = PolicyParams(*policy).adaptive
+    dense, kv_ms_per_tok, row_buf = pr.dense, pr.kv_ms_per_tok, pr.row_buf
     st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen = schedule_step(
-        req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits, n_hits, I, n_dec, K, lookahead, kv_dec,
-        total_blocks, pre_blocks, budget, thr, max_seqs, admit, consumer, admit_seq, now,
-    )  # fmt: skip
+        requests, queues, slots, limits, step
+    )
     v0 = 0
     if st == PREEMPT or n_dec == 0 or K == 0:
         return st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen, False, v0
@@ -250,16 +348,18 @@ def plan_general(req_i, req_f, pre, n_pre, chunks, waitq, w_head, w_tail, hits, 
             row_buf[b] = dense[N + b] + c
         row = row_buf[: M + 1]
     # (the budget priced with the running prefills' chunks only, as Replica._plan_step prices it)
-    extra = prefill_ms_compiled(pre_mode, pre_coef, chunks, req_i[COMPUTED], pre, n_run) if adaptive else 0.0
-    v0, _ = plan_decodes(
-        key, I, X, n_dec, K, np.int64(1), head, draw_f[0], draw_f[1], draw_f[2], draw_f[3], draw_f[4], adaptive, code, tau, cp,
-        cp2, row, extra, ctx_ms_per_tok, N, budget, mode, conf, lead, verified, cap,
+    q = Queues(*queues)
+    extra = (
+        prefill_ms_compiled(pr.pre_mode, pr.pre_coef, q.chunks, RequestTable(*requests).ints[COMPUTED], q.prefill_ids, n_run)
+        if adaptive
+        else 0.0
     )  # fmt: skip
+    v0, _ = plan_decodes(slots, n_dec, K, np.int64(1), draws, policy, (row, extra, N, budget), plan)
     return st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen, True, v0
 
 
 @njit(cache=True, inline="always")
-def commit_prefills(req_i, req_f, pre, n_pre, chunks, t_now, moved, late):
+def commit_prefills(req_i, req_f, pre, n_pre, chunks, t_now, moved, late):  # (inlined into commit_step)
     """After a step: each running prefill pre[i] computed chunks[i] tokens; one whose computed
     tokens reach prompt + generated samples a token and becomes a decode slot: moved[6 m : 6 m + 6]
     = (request id, KV tokens = computed, generated before, its held spec counters, then zeroed),
@@ -312,10 +412,10 @@ def commit_prefills(req_i, req_f, pre, n_pre, chunks, t_now, moved, late):
 
 
 @njit(cache=True)
-def commit_step(I, F, X, n, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out, conf, cp, cp2,
-                itl_mode, t_now, prev_end, V, j, pre, n_pre, chunks, moved, late, req_i, req_f, slot_rows, left_lb,
-                done_I, done_F, d0):  # fmt: skip
-    """A general step's commit in one call, in the order its effects happen: ``commit_prefills``
+def commit_step(slots, n, K, plan, given, out, policy, requests, queues, step):
+    """A general step's commit in one call (slots, plan, out, policy: a SlotTable, DecodePlan,
+    CommitOut, PolicyParams as commit_decodes takes them; requests, queues: a RequestTable,
+    Queues; step: a CommitStep), in the order its effects happen: ``commit_prefills``
     of the n_pre running prefills (their new slots' rows into moved, resumed requests' gaps into
     late); ``commit_decodes`` of the n decode slots (one step; nothing when n = 0), then, for
     itl_mode 1 or 2, the ITL samples of the slots that emitted (given[r] != 0), written into V
@@ -328,17 +428,21 @@ def commit_step(I, F, X, n, K, verified, cap, lead, given, hist, itl_ms, slot_ou
     full-block accepted, emitted by the decodes, slots live, slots removed, smallest remaining
     output or a lower bound, KV tokens removed, new slots m, prefill blocks released, the new
     slots' KV tokens, prefills left, resumed gaps)."""
+    st, req, q, co = CommitStep(*step), RequestTable(*requests), Queues(*queues), CommitOut(*out)
+    n_pre, itl_mode, itl_ms, t_now, prev_end = st.n_pre, st.itl_mode, st.itl_ms, st.t_now, st.prev_end
+    V, j, left_lb, d0 = st.itl, st.itl_row, st.left_lb, st.done_from
+    req_i, req_f, pre, chunks = req.ints, req.floats, q.prefill_ids, q.chunks
+    sl = SlotTable(*slots)
+    I, F = sl.ints, sl.floats
     m = np.int64(0)
     freed = kv_new = n_late = 0
     w_pre = n_pre
     if n_pre > 0:
-        m, freed, kv_new, w_pre, n_late = commit_prefills(req_i, req_f, pre, n_pre, chunks, t_now, moved, late)
+        m, freed, kv_new, w_pre, n_late = commit_prefills(req_i, req_f, pre, n_pre, chunks, t_now, co.moved, co.late)
     vt = at = lt = et = 0
     ml = left_lb
     if n > 0:
-        vt, at, lt, et, ml = commit_decodes(
-            I, F, n, np.int64(1), K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out, X, conf, cp, cp2
-        )
+        vt, at, lt, et, ml = commit_decodes(slots, n, np.int64(1), K, plan, given, itl_ms, out, policy)
         if itl_mode > 0:
             k = j
             for r in range(n):
@@ -355,32 +459,103 @@ def commit_step(I, F, X, n, K, verified, cap, lead, given, hist, itl_ms, slot_ou
                 F[r, 0] = t_now
                 I[r, EMITS] += 1
     if m > 0:
-        lm = new_slots(I, F, X, n, moved, m, t_now, req_i[PROMPT], req_i[OUTPUT], req_i[CLASS], req_i[EMITTED],
-                       req_f[ITL_MAX], req_f[FIRST_TOKEN], req_f[LAST_EMIT], slot_rows)  # fmt: skip
+        cols = RequestColumns(
+            req_i[PROMPT], req_i[OUTPUT], req_i[CLASS], req_i[EMITTED], req_f[ITL_MAX], req_f[FIRST_TOKEN],
+            req_f[LAST_EMIT], req.slot_rows,
+        )  # fmt: skip
+        lm = new_slots(slots, n, co.moved, m, t_now, cols)
         if lm < ml:
             ml = lm
     w = n + m
     d = 0
     done_kv = 0
     if w > 0 and ml <= 0:
-        w, d, ml, done_kv = remove_done(I, F, X, w, done_I, done_F, d0, t_now)
+        w, d, ml, done_kv = remove_done(slots, w, out, d0, t_now)
     return vt, at, lt, et, w, d, ml, done_kv, m, freed, kv_new, w_pre, n_late
 
 
 # ---- consecutive general steps of one replica, up to its next outside event -------------------
 
-# run_general_steps' replica state (int64 st[...], float64 stf[...]), read and written back.
-S_N, S_NPRE, S_WHEAD, S_WTAIL, S_KVDEC, S_PREBLOCKS, S_ADMITSEQ, S_LEFTLB, S_DONEN, S_LASTPREV = range(10)
-S_NSTEPS, S_BATCHSUM, S_SROW, S_VROW, S_NEXTID, S_HEADN, S_PENDING = range(10, 17)
-STATE_LEN = 17
-F_NOW, F_PREV_END = range(2)
-# its static parameters (int64 pi[...], float64 pf[...])
-(P_K, P_LOOKAHEAD, P_TOTAL_BLOCKS, P_BUDGET, P_THR, P_MAX_SEQS, P_CONSUMER, P_HEAD, P_ADAPTIVE, P_CODE,
- P_CP, P_CP2, P_MODE, P_LIMIT, P_REPLICA, P_HEAD_CAP, P_TERMS, P_PRE_MODE, P_CTX) = range(19)  # fmt: skip
-PARAMS_LEN = 19
-PF_TAU, PF_KV_MS_PER_TOK, PF_CTX_MS_PER_TOK, PF_CPU_MS, PF_SLOPE = range(5)
-# its stats accumulators (int64): the speculative counters _account adds
-T_DRAFTS, T_DRAFT_TOKENS, T_VERIFIED, T_IN_WINDOW, T_FULL_BLOCK = range(5)
+
+# run_general_steps' replica state, read and written back: one record (RUN_STATE), its fields
+# named as RunState's (int64, then float64).
+class RunState(NamedTuple):
+    """A replica's state as a compiled run of general steps reads and writes it (RUN_STATE)."""
+
+    n: int  # decode slots
+    n_pre: int  # prefilling requests
+    w_head: int  # the waiting queue's head and tail in Queues.waiting
+    w_tail: int
+    kv_dec: int  # the decode slots' KV tokens
+    pre_blocks: int  # KV blocks the prefilling requests hold
+    admit_seq: int  # admissions so far
+    left_lb: int  # a lower bound on the decode slots' smallest remaining output
+    done_n: int  # finished rows in CommitOut.done_ints / done_floats
+    last_is_prev_end: int  # every decode slot last emitted at prev_end
+    n_steps: int  # steps so far, and the sum of their requests
+    batch_sum: int
+    step_row: int  # the step table's next row, and the end of the rows reserved for the run
+    step_row_end: int
+    itl_row: int  # the ITL samples' next row, and the end of those reserved
+    itl_row_end: int
+    next_id: int  # a closed loop's next request (successors SUCC_SELF)
+    head_n: int  # the confidence head's samples so far, and this replica's cap (0: no head)
+    head_cap: int
+    replica: int  # the replica's index (the step rows' replica column)
+    successors: int  # SUCC_SELF, SUCC_NONE or SUCC_PYTHON
+    pending: int  # a step planned by the previous call (STOP_PLANNED) to commit first: its scalars
+    pending_cut: int
+    pending_tokens: int
+    pending_prefill_tokens: int
+    pending_kv: int
+    pending_chunked: int
+    drafts: int  # the speculative counters Replica._account adds (SpecStats' names), accumulated
+    draft_tokens: int
+    verified: int
+    in_window: int
+    full_block: int
+    now: float  # the clock (s)
+    prev_end: float  # the last step's end (s)
+    t_next: float  # the replica's next outside event (s; inf: none)
+    pending_forward_ms: float
+    pending_duration_ms: float
+
+
+RUN_STATE = np.dtype([(f, np.float64 if t is float else np.int64) for f, t in get_type_hints(RunState).items()])
+
+
+class StepCosts(NamedTuple):
+    """What a general step's duration is priced from in a compiled run (Replica._plan_step's terms)."""
+
+    below: np.ndarray  # CostModel.forward_args(): the capture table up to its limit,
+    ax: np.ndarray  # the profiled sizes above it and their forward (ms),
+    ams: np.ndarray
+    slope: float  # the last slope past the table,
+    limit: int  # the capture limit
+    draft_ms: np.ndarray  # float64 [max_num_seqs + 1]: the drafter's cost by requests sampling
+    cpu_ms: float  # the CPU overhead of a step (0 with async scheduling)
+    terms: bool  # prefill or per-request attention terms (a profile with them)
+    context_on: bool  # per-request attention terms
+    context: tuple  # ContextArgs
+
+
+class RunBuffers(NamedTuple):
+    """A compiled run's outputs and placeholders (RUN_STATE's rows say where it writes)."""
+
+    steps: np.ndarray  # float64 [fields, rows]: the step table's column-major block
+    itl: np.ndarray  # float64 [2, rows]: the ITL samples' block
+    head_conf: np.ndarray  # float32: the head's sample (from RunState.head_n)
+    head_acc: np.ndarray  # bool
+    arrival: np.ndarray  # float64 [requests]: a closed loop's successors' arrival,
+    replica_of: np.ndarray  # int64 [requests]: and replica
+    no_cut: np.ndarray  # int64 [>= max_num_seqs] of -1: no decode cut by the budget
+    no_steps: np.ndarray  # int64 [0, 0]: no draws
+    no_conf: np.ndarray  # float32 [0, 0, 0]
+    pending_conf: np.ndarray  # the pending step's draws (RunState.pending): confidences,
+    pending_lvc: np.ndarray  # lead, verified, cap [3, 1, n],
+    pending_given: np.ndarray  # and the budget's cut (no_cut: none)
+
+
 # why it stopped
 (STOP_WINDOW, STOP_IDLE, STOP_PYTHON, STOP_PLANNED, STOP_FINISHED, STOP_ROOM) = range(6)  # fmt: skip
 # the successors of finished requests: submitted here (a closed loop's users on this replica),
@@ -416,11 +591,7 @@ def _forward_ms(n, below, ax, ams, slope, limit):
 
 
 @njit(cache=True)
-def run_general_steps(req_i, req_f, pre, chunks, waitq, I, F, X, slot_rows, moved, late, done_I, done_F, hist,
-                      slot_out, step_out, no_cut, no_steps, no_conf, st, stf, pi, pf, key, draw_f, dense, row_buf,
-                      below, ax, ams, draft_tab, S, s_cap, V, v_cap, tot, head_conf, head_acc, arrival, replica_of,
-                      t_next, successors, pre_coef, cx_i, cx_f, cx_rb, cx_rq, cx_rc, cx_tab, cx_share,
-                      cx_step, p_conf, p_lvc, p_given, p_i, p_f):  # fmt: skip
+def run_general_steps(requests, queues, slots, limits, draws, policy, pricing, costs, out, bufs, state):
     """The engine's general steps of one replica (Replica._plan_step, then _commit_step, then the
     loop's next checks), one after another, for as long as each step ends strictly before
     t_next (the next outside event; as Replica._skip) and none needs Python: stops before a
@@ -429,46 +600,56 @@ def run_general_steps(req_i, req_f, pre, chunks, waitq, I, F, X, slot_rows, move
     preempts (STOP_PYTHON: nothing of that step written, the caller runs it), after planning a
     step that does not end before t_next (STOP_PLANNED: its draws and scalars returned for the
     caller to wait and commit), or after a step that finished requests whose successors the
-    simulation submits (STOP_FINISHED). Preconditions
+    simulation submits (STOP_FINISHED). The bundles: requests, queues, slots, limits (a
+    RequestTable, Queues, SlotTable, SchedLimits), draws, policy (a DrawParams, PolicyParams),
+    pricing (a RowPricing: the budget's cost row and the prefill terms), costs (a StepCosts: the
+    step's duration), out (a CommitOut), bufs (a RunBuffers), and state, a RUN_STATE record
+    [1] the call reads and writes back. Preconditions
     (the caller's): the fused plan's (an engine cost row, no prefill terms, a token budget
     inside the dense table), no prefix caching, shapes or draft script, slot buffers for
-    max_num_seqs slots. A step's records go to S (the step table's block, rows st[S_SROW] ..
-    s_cap) and V (the ITL samples' block); the counters to tot; while the confidence head's
-    sample has fewer than pi[P_HEAD_CAP] drafts (0: no head), each step's first drafts'
-    confidences and outcomes (request by request, as Replica._account takes them) to
-    head_conf / head_acc from st[S_HEADN].
-    With pi[P_TERMS] (a profile with prefill or per-request attention terms) a step's forward
-    also carries its prefill chunks' CostModel.prefill_ms (CostModel.prefill_args: pi[P_PRE_MODE],
-    pre_coef) and, with pi[P_CTX], its decodes' per-request attention (CostModel.context_ms of
-    their windows, the budget's cut where it cut, from CostModel.context_args packed as cx_i ..
-    cx_step), as Replica._plan_step adds them.
-    With st[S_PENDING] the call first commits the step it planned before (STOP_PLANNED's), now
-    that the caller has waited until its end (stf[F_NOW]): its draws and scalars as p_conf,
-    p_lvc, p_given, p_i (cut, tokens, prefill tokens, KV tokens, prefills with a chunk) and p_f
-    (forward, duration ms); st[S_PENDING] is 0 once it is committed (a STOP_ROOM before that
-    leaves it pending).
+    max_num_seqs slots. A step's records go to bufs.steps (rows state.step_row ..
+    step_row_end) and bufs.itl (the ITL samples); the counters to state's drafts .. full_block;
+    while the confidence head's sample has fewer than state.head_cap drafts (0: no head), each
+    step's first drafts' confidences and outcomes (request by request, as Replica._account takes
+    them) to bufs.head_conf / head_acc from state.head_n.
+    With costs.terms (a profile with prefill or per-request attention terms) a step's forward
+    also carries its prefill chunks' CostModel.prefill_ms (CostModel.prefill_args: pricing's
+    pre_mode, pre_coef) and, with costs.context_on, its decodes' per-request attention
+    (CostModel.context_ms of their windows, the budget's cut where it cut, from
+    CostModel.context_args packed as costs.context), as Replica._plan_step adds them.
+    With state.pending the call first commits the step it planned before (STOP_PLANNED's), now
+    that the caller has waited until its end (state.now): its draws as bufs' pending_conf,
+    pending_lvc, pending_given and its scalars as state's pending_* fields; state.pending is 0
+    once it is committed (a STOP_ROOM before that leaves it pending).
     Returns (stop, conf, lvc, given, cut, n_tokens, prefill tokens, KV tokens, forward ms,
     duration ms, prefills with a chunk, finished rows from)."""
-    K = pi[P_K]
-    budget = pi[P_BUDGET]
-    max_seqs = pi[P_MAX_SEQS]
-    adaptive = pi[P_ADAPTIVE] != 0
-    cp_raw = pi[P_CP]
-    cp = cp_raw if cp_raw >= 0 else 0
-    cpu_ms = pf[PF_CPU_MS]
+    rs = state[0]
+    req, q, sl, lim, pol = (
+        RequestTable(*requests), Queues(*queues), SlotTable(*slots), SchedLimits(*limits), PolicyParams(*policy)
+    )  # fmt: skip
+    pr, cs, co, bf = RowPricing(*pricing), StepCosts(*costs), CommitOut(*out), RunBuffers(*bufs)
+    req_i, pre, chunks, waitq = req.ints, q.prefill_ids, q.chunks, q.waiting
+    I, F = sl.ints, sl.floats
+    S, V, arrival, replica_of = bf.steps, bf.itl, bf.arrival, bf.replica_of
+    no_cut, no_steps, no_conf = bf.no_cut, bf.no_steps, bf.no_conf
+    draft_tab, cpu_ms = cs.draft_ms, cs.cpu_ms
+    K = lim.k
+    budget = lim.token_budget
+    max_seqs = lim.max_seqs
+    adaptive = pol.adaptive
     N_req = arrival.shape[0]
     conf = no_conf
     lvc = np.empty((3, 1, 0), np.int64)
     given = no_cut
-    pending = st[S_PENDING] != 0
+    pending = rs.pending != 0
     while True:
-        n = st[S_N]
-        n_run0 = st[S_NPRE]
-        w_head, w_tail = st[S_WHEAD], st[S_WTAIL]
-        s_i, v_j, d0 = st[S_SROW], st[S_VROW], st[S_DONEN]
+        n = rs.n
+        n_run0 = rs.n_pre
+        w_head, w_tail = rs.w_head, rs.w_tail
+        s_i, v_j, d0 = rs.step_row, rs.itl_row, rs.done_n
         if not pending and n == 0 and n_run0 == 0 and w_head == w_tail:
             return STOP_IDLE, conf, lvc, given, False, 0, 0, 0, 0.0, 0.0, 0, d0
-        last_prev = st[S_LASTPREV] != 0
+        last_prev = rs.last_is_prev_end != 0
         if not pending and n > 0 and n_run0 == 0 and not (w_head < w_tail and n < max_seqs) and n * (1 + K) <= budget:
             ok = last_prev
             if not ok:
@@ -476,37 +657,51 @@ def run_general_steps(req_i, req_f, pre, chunks, waitq, I, F, X, slot_rows, move
                 for r in range(1, n):
                     if F[r, 0] < lo:
                         lo = F[r, 0]
-                ok = not (lo < stf[F_PREV_END])
+                ok = not (lo < rs.prev_end)
             if ok:
                 return STOP_WINDOW, conf, lvc, given, False, 0, 0, 0, 0.0, 0.0, 0, d0
-        if (s_i >= s_cap or v_j + max_seqs + 2 > v_cap or d0 + max_seqs > done_I.shape[0]
+        if (s_i >= rs.step_row_end or v_j + max_seqs + 2 > rs.itl_row_end or d0 + max_seqs > co.done_ints.shape[0]
                 or w_tail + max_seqs > waitq.shape[0]):  # fmt: skip
             return STOP_ROOM, conf, lvc, given, False, 0, 0, 0, 0.0, 0.0, 0, d0
         if pending:  # the step planned before the caller's wait: its commit first
             pending = False
-            st[S_PENDING] = 0
-            conf, lvc, given = p_conf, p_lvc, p_given
-            cut = p_i[0] != 0
-            n_tokens, pre_tokens, kv, n_chunked = p_i[1], p_i[2], p_i[3], p_i[4]
-            fwd, dur = p_f[0], p_f[1]
-            n_pre = st[S_NPRE]
-            kv_dec = st[S_KVDEC]
-            t_end = stf[F_NOW]  # (the caller waited until the step's end)
+            rs.pending = 0
+            conf, lvc, given = bf.pending_conf, bf.pending_lvc, bf.pending_given
+            cut = rs.pending_cut != 0
+            n_tokens, pre_tokens, kv, n_chunked = (
+                rs.pending_tokens,
+                rs.pending_prefill_tokens,
+                rs.pending_kv,
+                rs.pending_chunked,
+            )
+            fwd, dur = rs.pending_forward_ms, rs.pending_duration_ms
+            n_pre = rs.n_pre
+            kv_dec = rs.kv_dec
+            t_end = rs.now  # (the caller waited until the step's end)
             n_run = _decodes_run(n, cut, given)
         else:
-            now = stf[F_NOW]
-            kv_dec = st[S_KVDEC]
+            now = rs.now
+            kv_dec = rs.kv_dec
+            step = (
+                n_run0,
+                w_head,
+                w_tail,
+                n,
+                kv_dec,
+                rs.pre_blocks,
+                rs.admit_seq,
+                now,
+                np.bool_(True),
+                no_cut,
+                np.int64(-1),
+            )
             if K > 0 and n > 0:
                 conf = np.empty((1, K, n), np.float32)
                 lvc = np.empty((3, 1, n), np.int64)
                 sched_st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen, drawn, v0 = (
                     plan_general(
-                        req_i, req_f, pre, n_run0, chunks, waitq, w_head, w_tail, no_cut, np.int64(-1), I, X, n, K,
-                        pi[P_LOOKAHEAD], kv_dec, pi[P_TOTAL_BLOCKS], st[S_PREBLOCKS], budget, pi[P_THR], max_seqs,
-                        np.bool_(True),
-                        pi[P_CONSUMER] != 0, st[S_ADMITSEQ], now, key, pi[P_HEAD], draw_f, adaptive, pi[P_CODE],
-                        pf[PF_TAU], cp, pi[P_CP2], pi[P_MODE], dense, pf[PF_KV_MS_PER_TOK], cpu_ms + draft_tab[n],
-                        pf[PF_CTX_MS_PER_TOK], pi[P_PRE_MODE], pre_coef, row_buf, conf, lvc[0], lvc[1], lvc[2],
+                        requests, queues, slots, limits, step, draws, policy, pricing, cpu_ms + draft_tab[n],
+                        (conf, lvc[0], lvc[1], lvc[2]),
                     )
                 )  # fmt: skip
             else:
@@ -514,16 +709,11 @@ def run_general_steps(req_i, req_f, pre, chunks, waitq, I, F, X, slot_rows, move
                 lvc = np.empty((3, 1, 0), np.int64)
                 v0 = 0
                 sched_st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen = (
-                    schedule_step(
-                        req_i, req_f, pre, n_run0, chunks, waitq, w_head, w_tail, no_cut, np.int64(-1), I, n, K,
-                        pi[P_LOOKAHEAD], kv_dec, pi[P_TOTAL_BLOCKS], st[S_PREBLOCKS], budget, pi[P_THR], max_seqs,
-                        np.bool_(True),
-                        pi[P_CONSUMER] != 0, st[S_ADMITSEQ], now,
-                    )
+                    schedule_step(requests, queues, slots, limits, step)
                 )  # fmt: skip
             if sched_st == PREEMPT:  # (nothing written: the caller preempts and schedules)
                 return STOP_PYTHON, conf, lvc, given, False, 0, 0, 0, 0.0, 0.0, 0, d0
-            st[S_NPRE], st[S_WHEAD], st[S_PREBLOCKS], st[S_ADMITSEQ] = n_pre, w_head, pre_blocks, admit_seq
+            rs.n_pre, rs.w_head, rs.pre_blocks, rs.admit_seq = n_pre, w_head, pre_blocks, admit_seq
             # the decodes' tokens; the budget cuts the decode queue where they exceed it (rare)
             dec_tokens = 0
             cut = False
@@ -534,12 +724,12 @@ def run_general_steps(req_i, req_f, pre, chunks, waitq, I, F, X, slot_rows, move
                     given = np.empty(n, np.int64)
                     before = 0
                     for r in range(n):
-                        q = 1 + lvc[1, 0, r] if K > 0 else 1
+                        qr = 1 + lvc[1, 0, r] if K > 0 else 1
                         g = budget - before
                         if g < 0:
                             g = 0
-                        given[r] = q if q < g else g
-                        before += q
+                        given[r] = qr if qr < g else g
+                        before += qr
                     dec_tokens = budget
                     cut = True
             n_tokens = dec_tokens + pre_tokens
@@ -554,11 +744,11 @@ def run_general_steps(req_i, req_f, pre, chunks, waitq, I, F, X, slot_rows, move
             kv = kv_dec + dec_tokens + kv_pre
             n_run = _decodes_run(n, cut, given)
             n_sample = n_run + n_sampling
-            fwd = _forward_ms(n_tokens, below, ax, ams, pf[PF_SLOPE], pi[P_LIMIT]) + pf[PF_KV_MS_PER_TOK] * kv
-            if pi[P_TERMS]:  # (Replica._plan_step's order: forward, then prefill, then attention terms)
-                pre_ms = prefill_ms_compiled(pi[P_PRE_MODE], pre_coef, chunks, req_i[COMPUTED], pre, n_pre)
+            fwd = _forward_ms(n_tokens, cs.below, cs.ax, cs.ams, cs.slope, cs.limit) + pr.kv_ms_per_tok * kv
+            if cs.terms:  # (Replica._plan_step's order: forward, then prefill, then attention terms)
+                pre_ms = prefill_ms_compiled(pr.pre_mode, pr.pre_coef, chunks, req_i[COMPUTED], pre, n_pre)
                 ctx_ms = 0.0
-                if pi[P_CTX] and n > 0:
+                if cs.context_on and n > 0:
                     ctx_q = np.empty(n, np.int64)
                     ctx_c = np.empty(n, np.int64)
                     m_q = 0
@@ -573,15 +763,14 @@ def run_general_steps(req_i, req_f, pre, chunks, waitq, I, F, X, slot_rows, move
                             ctx_c[m_q] = I[r, COMP]
                             m_q += 1
                     if m_q > 0:
-                        ctx_ms = _context_ms_packed(ctx_q[:m_q], ctx_c[:m_q], cx_i, cx_f, cx_rb, cx_rq, cx_rc, cx_tab,
-                                                    cx_share, cx_step)  # fmt: skip
+                        ctx_ms = _context_ms_packed(ctx_q[:m_q], ctx_c[:m_q], cs.context)
                 fwd = fwd + pre_ms + ctx_ms
             dur = fwd + (draft_tab[n_sample] if K > 0 and n_sample > 0 else 0.0) + cpu_ms
             t_end = now + dur / 1000.0
-            if not t_next > t_end:  # an outside event first: the caller waits, then commits
+            if not rs.t_next > t_end:  # an outside event first: the caller waits, then commits
                 return STOP_PLANNED, conf, lvc, given, cut, n_tokens, pre_tokens, kv, fwd, dur, n_chunked, d0
         # ---- the commit (as Replica._commit_step) ----
-        stf[F_NOW] = t_end
+        rs.now = t_end
         itl_mode = 0
         itl_ms = -1.0
         jpos = 0
@@ -595,53 +784,53 @@ def run_general_steps(req_i, req_f, pre, chunks, waitq, I, F, X, slot_rows, move
                 itl_mode = 2 if last_prev else 1
                 jpos = v_j
                 v_j += n_run
-                st[S_LASTPREV] = 0 if cut else 1
+                rs.last_is_prev_end = 0 if cut else 1
         if K > 0 and n > 0:
-            vr, cr, lr, cf = lvc[1], lvc[2], lvc[0], conf
+            plan = (conf, lvc[0], lvc[1], lvc[2])
         else:
-            vr, cr, lr, cf = no_steps, no_steps, no_steps, no_conf
+            plan = (no_conf, no_steps, no_steps, no_steps)
+        commit = (n_pre, itl_mode, itl_ms, t_end, rs.prev_end, V, jpos, rs.left_lb, d0)
         vt, at, lt, et, w, d, ml, done_kv, m, freed, kv_new, w_pre, n_late = commit_step(
-            I, F, X, n, K, vr, cr, lr, given, hist, itl_ms, slot_out, step_out, cf, cp_raw, pi[P_CP2], itl_mode,
-            t_end, stf[F_PREV_END], V, jpos, pre, n_pre, chunks, moved, late, req_i, req_f, slot_rows,
-            st[S_LEFTLB], done_I, done_F, d0,
-        )  # fmt: skip
-        st[S_NPRE] = w_pre
+            slots, n, K, plan, given, out, policy, requests, queues, commit
+        )
+        rs.n_pre = w_pre
         if n_pre > 0:
-            st[S_PREBLOCKS] -= freed
+            rs.pre_blocks -= freed
             kv_dec += kv_new
-            for q in range(n_late):
-                V[0, v_j] = late[q]
+            for k in range(n_late):
+                V[0, v_j] = co.late[k]
                 V[1, v_j] = 1.0
                 v_j += 1
         if n > 0:
             if K > 0:
-                tot[T_DRAFTS] += n
-                tot[T_DRAFT_TOKENS] += n * K
-                tot[T_VERIFIED] += vt
+                rs.drafts += n
+                rs.draft_tokens += n * K
+                rs.verified += vt
                 if adaptive:
-                    tot[T_IN_WINDOW] += at
-                    tot[T_FULL_BLOCK] += lt
-                h = st[S_HEADN]
-                if h < pi[P_HEAD_CAP]:
-                    q = (pi[P_HEAD_CAP] - h + K - 1) // K
-                    if q > n:
-                        q = n
-                    for r in range(q):
+                    rs.in_window += at
+                    rs.full_block += lt
+                h = rs.head_n
+                cap_h = rs.head_cap
+                if h < cap_h:
+                    qh = (cap_h - h + K - 1) // K
+                    if qh > n:
+                        qh = n
+                    for r in range(qh):
                         for j in range(K):
-                            head_conf[h] = conf[0, j, r]
-                            head_acc[h] = j < lvc[0, 0, r]
+                            bf.head_conf[h] = conf[0, j, r]
+                            bf.head_acc[h] = j < lvc[0, 0, r]
                             h += 1
-                    st[S_HEADN] = h
+                    rs.head_n = h
             kv_dec += et
-        st[S_LEFTLB] = ml
-        st[S_KVDEC] = kv_dec - done_kv
-        st[S_N] = w
-        st[S_DONEN] = d0 + d
-        stf[F_PREV_END] = t_end
+        rs.left_lb = ml
+        rs.kv_dec = kv_dec - done_kv
+        rs.n = w
+        rs.done_n = d0 + d
+        rs.prev_end = t_end
         n_req = n_run + n_chunked
-        st[S_NSTEPS] += 1
-        st[S_BATCHSUM] += n_req
-        S[SC_REPLICA, s_i] = pi[P_REPLICA]
+        rs.n_steps += 1
+        rs.batch_sum += n_req
+        S[SC_REPLICA, s_i] = rs.replica
         S[SC_T_END, s_i] = t_end
         S[SC_DURATION, s_i] = dur
         S[SC_REQUESTS, s_i] = n_req
@@ -652,21 +841,21 @@ def run_general_steps(req_i, req_f, pre, chunks, waitq, I, F, X, slot_rows, move
         S[SC_ACCEPTED, s_i] = at
         S[SC_EMITTED, s_i] = et + m
         S[SC_KV, s_i] = kv
-        S[SC_WAITING, s_i] = st[S_WTAIL] - st[S_WHEAD]
-        st[S_SROW] = s_i + 1
-        st[S_VROW] = v_j
+        S[SC_WAITING, s_i] = rs.w_tail - rs.w_head
+        rs.step_row = s_i + 1
+        rs.itl_row = v_j
         if d > 0:
-            if successors == SUCC_PYTHON:
+            if rs.successors == SUCC_PYTHON:
                 return STOP_FINISHED, conf, lvc, given, False, 0, 0, 0, 0.0, 0.0, 0, d0
-            if successors == SUCC_SELF:  # the finished users' next requests, arriving now
-                i0 = st[S_NEXTID]
+            if rs.successors == SUCC_SELF:  # the finished users' next requests, arriving now
+                i0 = rs.next_id
                 i1 = i0 + d if i0 + d < N_req else N_req
-                tail = st[S_WTAIL]
+                tail = rs.w_tail
                 for rid in range(i0, i1):
                     arrival[rid] = t_end
-                    replica_of[rid] = pi[P_REPLICA]
+                    replica_of[rid] = rs.replica
                     waitq[tail] = rid
                     tail += 1
-                st[S_WTAIL] = tail
+                rs.w_tail = tail
                 if i1 > i0:
-                    st[S_NEXTID] = i1
+                    rs.next_id = i1

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import decimal
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit, uint64
 
 from dsim.cost import context_ms_compiled
 
-# Decode-slot columns of the int table (Replica.I).
+# Decode-slot columns of the int table (SlotTable.ints, the engine's Replica._slot_ints).
 ID, COMP, END, CLS, EMITS, ROUNDS, ASUM, VSUM = range(8)
 NCOL = 8
 # The step table's fields (dsim.engine.StepRecord, which the engine checks against these), the
@@ -60,6 +61,158 @@ VERIFY_CODES = {"static": STATIC, "compact": COMPACT, "cap-accept": CAP_ACCEPT}
 # Confidence heads.
 HEAD_MODEL, HEAD_PERFECT, HEAD_USELESS = range(3)
 HEAD_CODES = {"model": HEAD_MODEL, "perfect": HEAD_PERFECT, "useless": HEAD_USELESS}
+
+
+# ---- the named bundles the kernels take ---------------------------------------------------------
+# A kernel takes a handful of bundles, each a NamedTuple below, instead of a long positional list.
+# From Python a bundle travels as a plain tuple (``tuple(bundle)``, or ``Bundle(...)`` kept as
+# ``tuple``): numba's dispatcher types a plain tuple's elements in C, as it does positional
+# arguments, but a named tuple's one by one in Python (about 0.17 us a field a call, measured), and
+# the engine calls these kernels once or twice a step. The kernel names the fields on entry
+# (``slots = SlotTable(*slots)``, free in compiled code); a tuple of the wrong length or element
+# kinds fails to compile there. Calls between kernels pass the same plain tuples on, so each
+# kernel compiles once, with the types Python's calls give it.
+
+
+class SlotTable(NamedTuple):
+    """The decode slots (the engine's slot buffers, the first n live)."""
+
+    ints: np.ndarray  # int64 [capacity, NCOL]: the columns ID .. VSUM below
+    floats: np.ndarray  # float64 [capacity, 2]: last emission (s), largest ITL (ms)
+    rows: np.ndarray  # float32 [rows, capacity]: the slot offsets, then the confidence history
+
+
+class DrawParams(NamedTuple):
+    """The acceptance model's draws (dsim.spec.AcceptanceModel.kernel_params, the run key first)."""
+
+    key: int  # the run key of the counter-based streams (run_key)
+    head: int  # HEAD_MODEL, HEAD_PERFECT or HEAD_USELESS
+    tok_scale: float  # sigma_token / (2T)
+    step_scale: float  # sigma_step / (2T)
+    head_scale: float  # the head's noise scale
+    head_shift: float  # the head's bias
+    temp: float  # the head's temperature T
+
+
+class SlotDraws(NamedTuple):
+    """What draw_slots writes for `steps` steps of n slots."""
+
+    conf: np.ndarray  # float32 [steps, K, n]: the head's confidences
+    lead: np.ndarray  # int64 [steps, n]: leading accepted drafts of the full block
+    accept: np.ndarray  # bool [steps, K, n]: every outcome (with ``full``; else [0, 0, 0])
+    p_true: np.ndarray  # float32 [steps, K, n]: every acceptance probability (likewise)
+
+
+class PolicyParams(NamedTuple):
+    """The verify budget and verify mode of a replica (dsim.policy, dsim.spec.SpecConfig)."""
+
+    adaptive: bool  # verify windows chosen per step by the budget policy
+    code: int  # the policy's kernel (POLICY_CODES)
+    tau: float  # the threshold policy's survival threshold (0 otherwise)
+    hist_row: int  # first row of the previous draft round's confidences in SlotTable.rows (-1: not kept)
+    hist2_row: int  # first row of the round before it (-1: not kept)
+    verify_mode: int  # VERIFY_CODES
+    context_ms_per_tok: float  # a later step's budget cost per KV token emitted before it (0: fixed)
+
+
+class DecodePlan(NamedTuple):
+    """What plan_decodes writes for up to `steps` steps of n decode slots."""
+
+    conf: np.ndarray  # float32 [steps, K, n]: the head's confidences
+    lead: np.ndarray  # int64 [steps, n]: accepted prefix length
+    verified: np.ndarray  # int64 [steps, n]: drafts verified (the window)
+    cap: np.ndarray  # int64 [steps, n]: the commit cap
+
+
+class BudgetRow(NamedTuple):
+    """What an adaptive budget is priced on (plan_decodes; ignored without adaptive policies)."""
+
+    row: np.ndarray  # float64: the step's cost at n_nondraft + b tokens, b = 0.. (the engine's row)
+    extra_ms: float  # beside the row at every budget (the step's prefill correction)
+    n_nondraft: int  # the step's tokens other than drafts
+    token_limit: int  # max_num_batched_tokens
+
+
+class PolicyConfidences(NamedTuple):
+    """The confidences a budget policy reads ([K, R] a step, or [k, K, R] for k steps)."""
+
+    now: np.ndarray  # the step's, being verified
+    prev: np.ndarray  # one step earlier (vllm's budget)
+    old: np.ndarray  # two steps earlier (paper-production's)
+
+
+class PolicyBudget(NamedTuple):
+    """A budget policy's cost (a step's, or per step of k: each field with a leading [k])."""
+
+    row: np.ndarray  # float64: the step's cost of n_nondraft + b tokens, b = 0..M
+    extra: float  # added to every budget
+    n_samp: float  # E(b)'s sampling requests
+    n_nondraft: int  # the step's tokens other than drafts
+    token_limit: int  # max_num_batched_tokens
+
+
+class ContextArgs(NamedTuple):
+    """CostModel.context_args() packed by kind (``pack_context_args``)."""
+
+    ints: np.ndarray  # int64 [9]: on, group .. chunk slots, the table's flag, the indexer ratio
+    floats: np.ndarray  # float64 [8]: balance, the split-KV coefficients, the KV slope
+    batch: np.ndarray  # the format-3 table's batch grid
+    q: np.ndarray  # its query-token grid
+    ctx: np.ndarray  # its context grid
+    table: np.ndarray  # its step costs
+    share: np.ndarray  # the forward table's attention share by step size
+    step_keys: np.ndarray  # the step-wide key lists' terms
+
+
+class WindowPricing(NamedTuple):
+    """What prices a decode window's steps and where window_steps writes their shape."""
+
+    kv_dec: int  # the decode slots' KV tokens at the window's start
+    avail_blocks: int  # KV blocks the decode slots may hold
+    lookahead: int  # 1 + K: the slots a decode allocates beyond its KV tokens
+    fwd_table: np.ndarray  # CostModel.forward_table()
+    kv_ms_per_tok: float
+    fixed_ms: float  # drafter and CPU overhead of every step
+    context: tuple  # ContextArgs
+    t0_s: float  # the window's start
+    wi: np.ndarray  # int64 [3, >= steps]: tokens, tokens emitted, KV tokens read, per step
+    wf: np.ndarray  # float64 [5, >= steps]: forward, attention terms, duration, end, longest so far
+
+
+class CommitOut(NamedTuple):
+    """The commits' reused output buffers and the accepted-drafts histogram they add to."""
+
+    hist: np.ndarray  # int64: accepted drafts per step of a slot (SpecStats.accepted_hist)
+    slot_out: np.ndarray  # int64 [3, >= n]: per slot tokens committed, drafts verified, accepted
+    step_out: np.ndarray  # int64 [3, >= m]: per step verified, accepted, emitted
+    moved: np.ndarray  # int64 [6 max_num_seqs]: the prefills that became decode slots (commit_prefills)
+    late: np.ndarray  # float64 [max_num_seqs]: resumed requests' ITL gaps (ms)
+    done_ints: np.ndarray  # int64 [rows, NCOL]: removed slots' int rows (remove_done)
+    done_floats: np.ndarray  # float64 [rows, 3]: their last emission, largest ITL, finish time
+
+
+class RequestColumns(NamedTuple):
+    """The request table's rows that new decode slots read and write (new_slots)."""
+
+    prompt: np.ndarray
+    output: np.ndarray
+    cls: np.ndarray
+    emits: np.ndarray
+    itl_max: np.ndarray
+    first_token: np.ndarray
+    last_emit: np.ndarray
+    slot_rows: np.ndarray  # float32 [requests, rows]: each request's slot offsets and kept history
+
+
+class WindowRows(NamedTuple):
+    """Where a decode window's step rows and ITL samples go (window_rows)."""
+
+    steps: np.ndarray  # float64 [fields, rows]: the step table's column-major block
+    step_row: int  # its first row
+    replica: int
+    n_waiting: int
+    itl: np.ndarray  # float64 [2, rows]: the ITL samples' block (gap ms, count)
+    itl_row: int  # its first row
 
 
 # ---- random numbers ---------------------------------------------------------------------------
@@ -311,37 +464,17 @@ def _confidences(Y, conf, K, n):
 
 
 @njit(cache=True)
-def draw_slots(
-    key, I, X, n, K, steps, head, tok_scale, step_scale, head_scale, head_shift, temp, full, conf, lead, accept, p_true
-):
-    """``steps`` steps of draws for the first n slots whose offsets are X[0:K, :n] (the class
-    curve's confidences in X[K:2K] for the useless head); slot r is request I[r, ID] at draft
-    round I[r, ROUNDS] + t in step t. Writes conf[t, j, r] (float32) and lead[t, r] (leading
-    accepted drafts of the full block); with ``full`` also every position's outcome
-    accept[t, j, r] and p_true[t, j, r] (else an outcome is drawn only while the prefix holds:
-    later ones are never observed)."""
-    Y = _half_logits(K, n, head)
+def draw_slots(draws, slot_ints, offsets, n, K, steps, full, out):
+    """``steps`` steps of draws (draws: a DrawParams) for the first n slots whose offsets are
+    offsets[0:K, :n] (the class curve's confidences in offsets[K:2K] for the useless head); slot r
+    is request slot_ints[r, ID] at draft round slot_ints[r, ROUNDS] + t in step t. Writes (out: a
+    SlotDraws) conf[t, j, r] (float32) and lead[t, r] (leading accepted drafts of the full block);
+    with ``full`` also every position's outcome accept[t, j, r] and p_true[t, j, r] (else an
+    outcome is drawn only while the prefix holds: later ones are never observed)."""
+    params = DrawParams(*draws)
+    Y = _half_logits(K, n, params.head)
     for t in range(steps):
-        _draw_step(
-            key,
-            I,
-            X,
-            n,
-            K,
-            t,
-            head,
-            tok_scale,
-            step_scale,
-            head_scale,
-            head_shift,
-            temp,
-            full,
-            conf,
-            lead,
-            accept,
-            p_true,
-            Y,
-        )
+        _draw_step(params, slot_ints, offsets, n, K, t, full, out, Y)
 
 
 LANES_MIN = 32  # requests from which a step's draws run position by position for all at once
@@ -355,12 +488,15 @@ def _half_logits(K, n, head):
 
 
 @njit(cache=True, inline="always")
-def _position(s, alive, off, su, head, tok_scale, head_scale, head_shift, temp, full):
-    """One request's draws at one draft position, in its stream's order (the definition the
-    lane-parallel pass reproduces): the token normal, the head's normal (model head), the
-    outcome's uniform while the prefix holds (every position with ``full``). Returns (state,
-    outcome, the head's half logit y (g for the perfect head), p_true (``full``, else -1)); the
-    useless head draws nothing once the prefix has failed (unless ``full``)."""
+def _position(s, alive, off, su, params, full):
+    """One request's draws at one draft position (params: a DrawParams), in its stream's order
+    (the definition the lane-parallel pass reproduces): the token normal, the head's normal
+    (model head), the outcome's uniform while the prefix holds (every position with ``full``).
+    Returns (state, outcome, the head's half logit y (g for the perfect head), p_true (``full``,
+    else -1)); the useless head draws nothing once the prefix has failed (unless ``full``)."""
+    head, tok_scale, head_scale, head_shift, temp = (
+        params.head, params.tok_scale, params.head_scale, params.head_shift, params.temp
+    )  # fmt: skip
     if head == HEAD_USELESS and not alive and not full:
         return s, False, 0.0, -1.0
     s, z = _normal_v(s)
@@ -410,11 +546,15 @@ def _step_normal_pass(S, S0, SU, step_scale, redo, n):
 
 
 @njit(cache=True, error_model="numpy")
-def _position_pass(S, S0, SU, X, j, head, tok_scale, head_scale, head_shift, temp, alive, A0, redo, Y, n):
-    """Position j's draws for every lane at once (``_position`` without ``full``), vectorized:
-    the ziggurat's first candidates and the outcome's bracket (``_accept``) for all lanes; a lane
-    where a candidate is rejected or the bracket cannot decide is flagged in redo (its state and
-    prefix before the position kept in S0, A0) for ``_position``. Returns the flagged count."""
+def _position_pass(S, S0, SU, X, j, params, alive, A0, redo, Y, n):
+    """Position j's draws for every lane at once (``_position`` without ``full``; params: a
+    DrawParams), vectorized: the ziggurat's first candidates and the outcome's bracket
+    (``_accept``) for all lanes; a lane where a candidate is rejected or the bracket cannot decide
+    is flagged in redo (its state and prefix before the position kept in S0, A0) for
+    ``_position``. Returns the flagged count."""
+    head, tok_scale, head_scale, head_shift, temp = (
+        params.head, params.tok_scale, params.head_scale, params.head_shift, params.temp
+    )  # fmt: skip
     model = head == HEAD_MODEL
     useless = head == HEAD_USELESS
     nredo = 0
@@ -442,15 +582,17 @@ def _position_pass(S, S0, SU, X, j, head, tok_scale, head_scale, head_shift, tem
 
 
 @njit(cache=True, inline="always")
-def _draw_step(
-    key, I, X, n, K, t, head, tok_scale, step_scale, head_scale, head_shift, temp, full, conf, lead, accept, p_true, Y
-):
-    """Step t of ``draw_slots``: the outcomes and the head's half logits in Y [>=K, >=n] (float64
+def _draw_step(params, I, X, n, K, t, full, out, Y):
+    """Step t of ``draw_slots`` (params: a DrawParams; out: a SlotDraws): the outcomes and the
+    head's half logits in Y [>=K, >=n] (float64
     scratch), then the confidences in one pass (``_confidences``). Without ``full``, position by
     position for all requests at once (``_position_pass``, each request's stream drawn in the
     same order as ``_position`` draws it, so the values are the same); with it, or below
     LANES_MIN requests (where the passes' set-up costs more than they save), ``_position``
     request by request."""
+    key, head, step_scale = params.key, params.head, params.step_scale
+    out = SlotDraws(*out)
+    conf, lead, accept, p_true = out.conf, out.lead, out.accept, out.p_true
     if full or n < LANES_MIN:
         for r in range(n):
             s = stream_seed(key, I[r, ID], I[r, ROUNDS] + t)
@@ -461,7 +603,7 @@ def _draw_step(
             alive = True
             nacc = 0
             for j in range(K):
-                s, a, y, p = _position(s, alive, X[j, r], su, head, tok_scale, head_scale, head_shift, temp, full)
+                s, a, y, p = _position(s, alive, X[j, r], su, params, full)
                 if head != HEAD_USELESS:
                     Y[j, r] = y
                 if full:
@@ -483,14 +625,10 @@ def _draw_step(
         if step_scale != 0.0:
             _step_normal_pass(S[0], S[1], SU, step_scale, B[2], n)
         for j in range(K):
-            if _position_pass(
-                S[0], S[1], SU, X, j, head, tok_scale, head_scale, head_shift, temp, B[0], B[1], B[2], Y, n
-            ):
+            if _position_pass(S[0], S[1], SU, X, j, params, B[0], B[1], B[2], Y, n):
                 for r in range(n):
                     if B[2, r]:
-                        s, a, y, _ = _position(
-                            S[1, r], B[1, r], X[j, r], SU[r], head, tok_scale, head_scale, head_shift, temp, False
-                        )
+                        s, a, y, _ = _position(S[1, r], B[1, r], X[j, r], SU[r], params, False)
                         S[0, r] = s
                         B[0, r] = B[1, r] & a
                         Y[j, r] = y
@@ -941,13 +1079,18 @@ def _scores(c, K, R, flat, srt):
 
 
 @njit(cache=True)
-def _windows_scored(code, tau, flat, srt, src, row, extra, n_samp, n_nondraft, token_limit, K, R, out):
-    """One step's verify windows from the scores already computed: ``flat`` (request-major
+def _windows_scored(code, tau, flat, srt, src, budget, K, R, out):
+    """One step's verify windows (budget: a PolicyBudget of one step) from the scores already
+    computed: ``flat`` (request-major
     survival of the confidences being verified), ``srt`` (flat sorted descending; may be empty
     for vllm and paper-production, which only need its B-th largest value) and ``src`` (the
     survival of the confidences vllm / paper-production budget from: from GROUPED_MIN scores on
     in any order, their budget being a function of the values only (``_ratio_argmax_any``),
     below sorted descending). K: positions in use (min(K, k_max))."""
+    budget = PolicyBudget(*budget)
+    row, extra, n_samp, n_nondraft, token_limit = (
+        budget.row, budget.extra, budget.n_samp, budget.n_nondraft, budget.token_limit
+    )  # fmt: skip
     RK = R * K
     allowed = token_limit - n_nondraft
     if allowed < 0:
@@ -994,12 +1137,15 @@ def _windows_scored(code, tau, flat, srt, src, row, extra, n_samp, n_nondraft, t
 
 
 @njit(cache=True)
-def step_windows(code, tau, now, prev, old, row, extra, n_samp, n_nondraft, token_limit, k_max, out):
-    """One step's verify windows (out int64[R]) from confidences [K, R]: ``now`` (being verified),
-    ``prev`` (one step earlier: vllm's budget) and ``old`` (two steps earlier: paper-production's).
-    ``row[b]``: the step's cost of n_nondraft + b tokens for b = 0..M (M = min(max(token_limit -
-    n_nondraft, 0), R x K)), ``extra`` added to every budget; ``n_samp``: E(b)'s sampling requests.
+def step_windows(code, tau, confs, budget, k_max, out):
+    """One step's verify windows (out int64[R]) from confidences [K, R] (confs: a
+    PolicyConfidences): ``now`` (being verified), ``prev`` (one step earlier: vllm's budget) and
+    ``old`` (two steps earlier: paper-production's). budget (a PolicyBudget): ``row[b]``, the
+    step's cost of n_nondraft + b tokens for b = 0..M (M = min(max(token_limit - n_nondraft, 0),
+    R x K)), ``extra`` added to every budget; ``n_samp``: E(b)'s sampling requests.
     Postconditions: 0 <= out <= min(K, k_max); sum(out) + n_nondraft <= token_limit."""
+    confs = PolicyConfidences(*confs)
+    now, prev, old = confs.now, confs.prev, confs.old
     Kfull, R = now.shape
     K = Kfull if Kfull < k_max else k_max
     if K < 0:
@@ -1008,11 +1154,11 @@ def step_windows(code, tau, now, prev, old, row, extra, n_samp, n_nondraft, toke
     flat = np.empty(RK, np.float32)
     none = np.empty(0, np.float32)
     if code == FIXED:
-        _windows_scored(code, tau, flat, none, none, row, extra, n_samp, n_nondraft, token_limit, K, R, out)
+        _windows_scored(code, tau, flat, none, none, budget, K, R, out)
         return
     if code == THRESHOLD:
         _scores(now, K, R, flat, none)
-        _windows_scored(code, tau, flat, none, none, row, extra, n_samp, n_nondraft, token_limit, K, R, out)
+        _windows_scored(code, tau, flat, none, none, budget, K, R, out)
         return
     if code == VLLM or code == PAPER_PRODUCTION:
         src_flat = np.empty(RK, np.float32)
@@ -1020,23 +1166,24 @@ def step_windows(code, tau, now, prev, old, row, extra, n_samp, n_nondraft, toke
         _scores(prev if code == VLLM else old, K, R, src_flat, src_srt)
         _scores(now, K, R, flat, none)  # (top-B by selection: no sort)
         src = src_flat if RK >= GROUPED_MIN else src_srt
-        _windows_scored(code, tau, flat, none, src, row, extra, n_samp, n_nondraft, token_limit, K, R, out)
+        _windows_scored(code, tau, flat, none, src, budget, K, R, out)
         return
     srt = np.empty(RK, np.float32)
     _scores(now, K, R, flat, srt)
-    _windows_scored(code, tau, flat, srt, none, row, extra, n_samp, n_nondraft, token_limit, K, R, out)
+    _windows_scored(code, tau, flat, srt, none, budget, K, R, out)
 
 
 @njit(cache=True)
-def policy_windows(code, tau, now, prev, old, rows, extra, n_samp, n_nondraft, token_limit, k_max, out):
-    """``step_windows`` for k steps: now/prev/old [k, K, R], rows [k or 1, L], extra, n_samp,
-    n_nondraft [k]; out int64[k, R]."""
+def policy_windows(code, tau, confs, budget, k_max, out):
+    """``step_windows`` for k steps: confs (a PolicyConfidences) now / prev / old [k, K, R];
+    budget (a PolicyBudget) rows [k or 1, L], extra, n_samp, n_nondraft [k]; out int64[k, R]."""
+    confs, budget = PolicyConfidences(*confs), PolicyBudget(*budget)
+    now, prev, old, rows = confs.now, confs.prev, confs.old, budget.row
     k = now.shape[0]
     for t in range(k):
         rt = t if rows.shape[0] > 1 else 0
-        step_windows(
-            code, tau, now[t], prev[t], old[t], rows[rt], extra[t], n_samp[t], n_nondraft[t], token_limit, k_max, out[t]
-        )
+        step = (rows[rt], budget.extra[t], budget.n_samp[t], budget.n_nondraft[t], budget.token_limit)
+        step_windows(code, tau, (now[t], prev[t], old[t]), step, k_max, out[t])
 
 
 @njit(cache=True, inline="always")
@@ -1069,8 +1216,9 @@ def verify_arrays(mode, win, K, verified, cap):
 
 
 @njit(cache=True)
-def commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out, X, conf, cp, cp2):
-    """Commit m steps of the first n decode slots (verified, cap, lead [m, n]; not read when K = 0):
+def commit_decodes(slots, n, m, K, plan, given, itl_ms, out, policy):
+    """Commit m steps of the first n decode slots (slots: a SlotTable; plan: a DecodePlan of m
+    steps, not read when K = 0; out: a CommitOut; policy: a PolicyParams, for its history rows):
     per slot and step, accepted = min(full-block
     lead, commit cap) (a decode cut by the token budget, given[r] >= 0 tokens, verifies and commits
     at most given - 1 drafts and emits nothing when given = 0), emitted = accepted + 1, the slot's
@@ -1085,6 +1233,11 @@ def commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot
     confidence history: X rows cp..cp+K-1 = the last step's confidences conf[m - 1] and, with
     cp2 >= 0, rows cp2.. = the step's before (conf[m - 2], or the old rows cp.. after one step).
     Returns (verified, accepted, full-block accepted, emitted, min remaining output)."""
+    slots, plan, out, policy = SlotTable(*slots), DecodePlan(*plan), CommitOut(*out), PolicyParams(*policy)
+    I, F, X = slots.ints, slots.floats, slots.rows
+    conf, lead, verified, cap = plan.conf, plan.lead, plan.verified, plan.cap
+    hist, slot_out, step_out = out.hist, out.slot_out, out.step_out
+    cp, cp2 = policy.hist_row, policy.hist2_row
     em = slot_out[0]
     ver_r = slot_out[1]
     acc_r = slot_out[2]
@@ -1198,11 +1351,14 @@ def commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot
 
 
 @njit(cache=True)
-def remove_done(I, F, X, n, done_I, done_F, d0, t_now):
+def remove_done(slots, n, out, d0, t_now):
     """Remove the slots with nothing left to emit (COMP >= END), keeping the others' order in
-    place; their rows go to done_I / done_F from row d0 on (in slot order; done_F's columns: the
-    two of F, then the finish time t_now). Returns (slots kept, slots removed, smallest
-    remaining output among the kept, KV tokens of the removed)."""
+    place; their rows go to out's done_ints / done_floats from row d0 on (in slot order;
+    done_floats' columns: the two of SlotTable.floats, then the finish time t_now). Returns (slots
+    kept, slots removed, smallest remaining output among the kept, KV tokens of the removed)."""
+    slots, out = SlotTable(*slots), CommitOut(*out)
+    I, F, X = slots.ints, slots.floats, slots.rows
+    done_I, done_F = out.done_ints, out.done_floats
     w = 0
     d = 0
     done_kv = 0
@@ -1235,14 +1391,19 @@ def remove_done(I, F, X, n, done_I, done_F, d0, t_now):
 
 
 @njit(cache=True)
-def new_slots(I, F, X, n, moved, m, t_now, prompt, output, cls, emits, itl_max, first_token, last_emit, slot_rows):
-    """Append m decode slots after the first n for the requests whose prefill ended at t_now:
+def new_slots(slots, n, moved, m, t_now, req):
+    """Append m decode slots after the first n for the requests whose prefill ended at t_now
+    (req: the RequestColumns they are read from and written to):
     moved[6 i : 6 i + 6] = (request id, KV tokens, outputs generated before this token,
     ROUNDS, ASUM, VSUM) of the i-th, in order. Writes the slots' int rows (ID, COMP, END = prompt
     + output - 1, CLS, EMITS, the counters), float rows (last emission t_now, largest ITL) and,
     where X has rows, their columns from slot_rows; each request's last emission (t_now) and,
     for a first token, its time. The caller has grown the buffers. Returns the smallest remaining
     output (END - COMP) of the new slots (2**62 when m = 0)."""
+    slots, req = SlotTable(*slots), RequestColumns(*req)
+    I, F, X = slots.ints, slots.floats, slots.rows
+    prompt, output, cls, emits = req.prompt, req.output, req.cls, req.emits
+    itl_max, first_token, last_emit, slot_rows = req.itl_max, req.first_token, req.last_emit, req.slot_rows
     rows = X.shape[0]
     min_left = np.int64(1) << 62
     for i in range(m):
@@ -1274,44 +1435,28 @@ def new_slots(I, F, X, n, moved, m, t_now, prompt, output, cls, emits, itl_max, 
 
 
 @njit(cache=True)
-def plan_decodes(
-    key,
-    I,
-    X,
-    n,
-    K,
-    steps,
-    head,
-    tok_scale,
-    step_scale,
-    head_scale,
-    head_shift,
-    temp,
-    adaptive,
-    code,
-    tau,
-    cp,
-    cp2,
-    row,
-    base_extra,
-    kv_ms_per_tok,
-    n_nondraft,
-    token_limit,
-    mode,
-    conf,
-    lead,
-    verified,
-    cap,
-):
-    """Draws (``draw_slots``) and verify windows of up to ``steps`` steps of the first n decode
-    slots, step by step: adaptive, the budget policy ``code`` on the cost row ``row`` plus
-    base_extra, and (a window of several steps) kv_ms_per_tok x the KV tokens the earlier steps
+def plan_decodes(slots, n, K, steps, draws, policy, budget, plan):
+    """Draws (``draw_slots``; draws: a DrawParams) and verify windows of up to ``steps`` steps of
+    the first n decode slots (slots: a SlotTable), step by step: adaptive, the budget policy
+    (policy: a PolicyParams) on the cost row of ``budget`` (a BudgetRow) plus its extra_ms, and (a
+    window of several steps) the policy's context_ms_per_tok x the KV tokens the earlier steps
     emitted (each step's own context); else the full block. The confidences one and two steps
     back are the previous steps', before the first step the slots' history rows X[cp:cp+K] and
     X[cp2:cp2+K] (cp2 < 0: not kept, the policy does not read it). Stops after the first step
     where some slot may finish (its committed tokens reach its remaining output): later steps
     never run. Writes conf [steps, K, n], lead, verified and commit cap [steps, n] of the steps
-    planned; returns (drafts verified in the first step, steps planned)."""
+    planned (plan: a DecodePlan); returns (drafts verified in the first step, steps planned)."""
+    slots, draws, policy, budget, plan = (
+        SlotTable(*slots), DrawParams(*draws), PolicyParams(*policy), BudgetRow(*budget), DecodePlan(*plan)
+    )  # fmt: skip
+    I, X = slots.ints, slots.rows
+    head = draws.head
+    adaptive, code, tau, mode = policy.adaptive, policy.code, policy.tau, policy.verify_mode
+    cp = policy.hist_row if policy.hist_row >= 0 else 0
+    cp2 = policy.hist2_row
+    kv_ms_per_tok = policy.context_ms_per_tok
+    row, base_extra, n_nondraft, token_limit = budget.row, budget.extra_ms, budget.n_nondraft, budget.token_limit
+    conf, lead, verified, cap = plan.conf, plan.lead, plan.verified, plan.cap
     nothing_b = np.zeros((0, 0, 0), np.bool_)
     nothing_f = np.zeros((0, 0, 0), np.float32)
     RK = n * K
@@ -1343,26 +1488,7 @@ def plan_decodes(
     per_ctx = steps > 1 and code != FIXED and code != THRESHOLD
     done = steps
     for t in range(steps):
-        _draw_step(
-            key,
-            I,
-            X,
-            n,
-            K,
-            t,
-            head,
-            tok_scale,
-            step_scale,
-            head_scale,
-            head_shift,
-            temp,
-            False,
-            conf,
-            lead,
-            nothing_b,
-            nothing_f,
-            Y,
-        )
+        _draw_step(draws, I, X, n, K, t, False, (conf, lead, nothing_b, nothing_f), Y)
         if adaptive:
             f = flat[t % 3] if scored else none
             own = none
@@ -1378,7 +1504,8 @@ def plan_decodes(
                 else:
                     src = hist[t] if back == 2 else hist[1]
             extra = base_extra + kv_ms_per_tok * ctx if per_ctx else base_extra
-            _windows_scored(code, tau, f, own, src, row, extra, float(n), n_nondraft, token_limit, K, n, win)
+            step_budget = (row, extra, float(n), n_nondraft, token_limit)  # (a PolicyBudget)
+            _windows_scored(code, tau, f, own, src, step_budget, K, n, win)
             for r in range(n):
                 verified[t, r], cap[t, r] = verify_commit(mode, win[r], K)
         else:
@@ -1437,8 +1564,10 @@ def pack_context_args(ctx: tuple) -> tuple:
 
 
 @njit(cache=True, inline="always")
-def _context_ms_packed(q, c, ci, cf, rb, rq, rc, rtab, rshare, rstep):
-    """context_ms_compiled(q, c, *context_args()[1:]) from pack_context_args' pieces."""
+def _context_ms_packed(q, c, context):
+    """context_ms_compiled(q, c, *context_args()[1:]) from pack_context_args' pieces (context: a
+    ContextArgs)."""
+    ci, cf, rb, rq, rc, rtab, rshare, rstep = ContextArgs(*context)
     return context_ms_compiled(
         q,
         c,
@@ -1468,48 +1597,26 @@ def _context_ms_packed(q, c, ci, cf, rb, rq, rc, rtab, rshare, rstep):
 
 
 @njit(cache=True)
-def slots_context_ms(I, n, K, verified, ci, cf, rb, rq, rc, rtab, rshare, rstep):
+def slots_context_ms(slot_ints, n, K, verified, context):
     """dsim.cost.CostModel.context_ms of one step of the first n decode slots (1 + verified[0, r]
     query tokens each, 1 without drafts, over their COMP cached tokens) where no prefill chunk is
-    priced with them, from CostModel.context_args() packed by ``pack_context_args``: the same
-    compiled function on the same values, without the Python call's array conversions. n >= 1."""
+    priced with them, from CostModel.context_args() packed by ``pack_context_args`` (context, a
+    ContextArgs): the same compiled function on the same values, without the Python call's array
+    conversions. n >= 1."""
+    I = slot_ints
     q = np.empty(n, np.int64)
     c = np.empty(n, np.int64)
     for r in range(n):
         q[r] = 1 + verified[0, r] if K > 0 else 1
         c[r] = I[r, COMP]
-    return _context_ms_packed(q, c, ci, cf, rb, rq, rc, rtab, rshare, rstep)
+    return _context_ms_packed(q, c, context)
 
 
 @njit(cache=True)
-def window_steps(
-    I,
-    n,
-    K,
-    k,
-    lead,
-    cap,
-    verified,
-    kv_dec,
-    avail_blocks,
-    lookahead,
-    fwd_table,
-    kv_ms_per_tok,
-    fixed_ms,
-    ci,
-    cf,
-    rb,
-    rq,
-    rc,
-    rtab,
-    rshare,
-    rstep,
-    t0_s,
-    wi,
-    wf,
-):
-    """The shape of a k-step decode window of the first n slots (lead, commit cap, verified
-    [>= k, n]; ignored when K = 0, one token a step), written into the rows of wi (int64 [3, >= k]:
+def window_steps(slot_ints, n, K, k, plan, pricing):
+    """The shape of a k-step decode window of the first n slots (plan: a DecodePlan, its lead,
+    commit cap, verified [>= k, n]; ignored when K = 0, one token a step; pricing: a
+    WindowPricing), written into the rows of wi (int64 [3, >= k]:
     per step its tokens n_tok, tokens emitted before output caps, KV tokens read at its start
     plus its own tokens) and wf (float64 [5, >= k]: the forward fwd = fwd_table[n_tok] +
     kv_ms_per_tok x kv (ms; -1 where n_tok is past the table: the caller prices those), the
@@ -1522,7 +1629,14 @@ def window_steps(
     finish, or the step before the KV cache runs out), whether even the first step needs a
     preemption (then the caller takes the general path), and whether some step is past the
     dense table. Only steps 0..last are written (none after them runs)."""
-    ctx_on = ci[0] != 0
+    I = slot_ints
+    plan, pricing = DecodePlan(*plan), WindowPricing(*pricing)
+    lead, cap, verified = plan.lead, plan.cap, plan.verified
+    kv_dec, avail_blocks, lookahead = pricing.kv_dec, pricing.avail_blocks, pricing.lookahead
+    fwd_table, kv_ms_per_tok, fixed_ms = pricing.fwd_table, pricing.kv_ms_per_tok, pricing.fixed_ms
+    context = pricing.context
+    t0_s, wi, wf = pricing.t0_s, pricing.wi, pricing.wf
+    ctx_on = ContextArgs(*context).ints[0] != 0
     n_tok = wi[0]
     per_step = wi[1]
     kv = wi[2]
@@ -1547,7 +1661,7 @@ def window_steps(
             for r in range(n):
                 qb[r] = 1 + verified[t, r] if K > 0 else 1
                 cb[r] = I[r, COMP] + cum[r]
-            ctx_ms[t] = _context_ms_packed(qb, cb, ci, cf, rb, rq, rc, rtab, rshare, rstep)
+            ctx_ms[t] = _context_ms_packed(qb, cb, context)
         else:
             ctx_ms[t] = 0.0
         for r in range(n):
@@ -1607,12 +1721,14 @@ def window_steps(
 
 
 @njit(cache=True)
-def window_rows(S, i, m, replica, n, n_waiting, wi, wf, step_out, V, j):
+def window_rows(rows, m, n, wi, wf, step_out):
     """The step-table rows (dsim.engine.STEP_FIELDS order) of a decode window's m committed steps,
-    written into the column-major S [fields, rows] from row i (n slots decoding, no prefill,
-    n_waiting requests waiting; wi, wf: window_steps' rows; step_out: commit_decodes' per-step
-    verified, accepted, emitted), and its ITL samples (each step's duration, n times) into the
-    column-major V [2, rows] from row j."""
+    written into rows.steps (column-major [fields, rows]) from rows.step_row (n slots decoding, no
+    prefill, rows.n_waiting requests waiting; wi, wf: window_steps' rows; step_out: commit_decodes'
+    per-step verified, accepted, emitted), and its ITL samples (each step's duration, n times)
+    into rows.itl (column-major [2, rows]) from rows.itl_row."""
+    rows = WindowRows(*rows)
+    S, i, replica, n_waiting, V, j = rows.steps, rows.step_row, rows.replica, rows.n_waiting, rows.itl, rows.itl_row
     for t in range(m):
         r = i + t
         S[SC_REPLICA, r] = replica
@@ -1632,72 +1748,21 @@ def window_rows(S, i, m, replica, n, n_waiting, wi, wf, step_out, V, j):
 
 
 @njit(cache=True)
-def plan_window(
-    key,
-    I,
-    X,
-    n,
-    K,
-    steps,
-    head,
-    tok_scale,
-    step_scale,
-    head_scale,
-    head_shift,
-    temp,
-    adaptive,
-    code,
-    tau,
-    cp,
-    cp2,
-    row,
-    base_extra,
-    ctx_ms_per_tok,
-    n_nondraft,
-    token_limit,
-    mode,
-    conf,
-    lead,
-    verified,
-    cap,
-    kv_dec,
-    avail_blocks,
-    lookahead,
-    fwd_table,
-    kv_ms_per_tok,
-    fixed_ms,
-    ci,
-    cf,
-    rb,
-    rq,
-    rc,
-    rtab,
-    rshare,
-    rstep,
-    t0_s,
-    wi,
-    wf,
-):
+def plan_window(slots, n, K, steps, draws, policy, budget, plan, pricing):
     """A speculative decode window's draws and shape in one call: ``plan_decodes`` over up to
-    ``steps`` steps (its first arguments), then ``window_steps`` over the steps it planned (its
-    arguments from kv_dec on; ctx_ms_per_tok is plan_decodes' kv_ms_per_tok, kv_ms_per_tok
-    window_steps'). Returns (steps planned, last, general, past)."""
-    _, k = plan_decodes(
-        key, I, X, n, K, steps, head, tok_scale, step_scale, head_scale, head_shift, temp, adaptive, code, tau,
-        cp, cp2, row, base_extra, ctx_ms_per_tok, n_nondraft, token_limit, mode, conf, lead, verified, cap,
-    )  # fmt: skip
-    last, general, past = window_steps(
-        I, n, K, k, lead, cap, verified, kv_dec, avail_blocks, lookahead, fwd_table, kv_ms_per_tok, fixed_ms,
-        ci, cf, rb, rq, rc, rtab, rshare, rstep, t0_s, wi, wf,
-    )  # fmt: skip
+    ``steps`` steps, then ``window_steps`` over the steps it planned (pricing: a WindowPricing).
+    Returns (steps planned, last, general, past)."""
+    _, k = plan_decodes(slots, n, K, steps, draws, policy, budget, plan)
+    last, general, past = window_steps(SlotTable(*slots).ints, n, K, k, plan, pricing)
     return k, last, general, past
 
 
 @njit(cache=True)
-def commit_window(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out, X, conf, cp, cp2,
-                  S, i, replica, n_waiting, wi, wf, V, j):  # fmt: skip
+def commit_window(slots, n, m, K, plan, given, itl_ms, out, policy, rows, pricing):
     """A decode window's commit and its rows in one call: ``commit_decodes`` of its m steps, then
-    ``window_rows`` from its per-step totals. Returns commit_decodes' totals."""
-    out = commit_decodes(I, F, n, m, K, verified, cap, lead, given, hist, itl_ms, slot_out, step_out, X, conf, cp, cp2)
-    window_rows(S, i, m, replica, n, n_waiting, wi, wf, step_out, V, j)
-    return out
+    ``window_rows`` (rows: a WindowRows) from its per-step totals and the shape window_steps
+    wrote into pricing's wi, wf. Returns commit_decodes' totals."""
+    totals = commit_decodes(slots, n, m, K, plan, given, itl_ms, out, policy)
+    pricing = WindowPricing(*pricing)
+    window_rows(rows, m, n, pricing.wi, pricing.wf, CommitOut(*out).step_out)
+    return totals

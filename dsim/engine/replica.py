@@ -26,6 +26,35 @@ Decode-only stretches (nothing to admit, no prefill running) are simulated as a 
 a KV shortage, a wake-up by an arrival); later steps are dropped. This is exact: a request's draws
 come from its own stream per draft round, so every committed step is what a one-by-one loop
 produces (tested for every method and policy).
+
+The step paths (``Replica.loop`` picks one per step; all give the same results, byte for byte):
+
+* general step from Python (``_plan_step``, ``_commit_step``): always available, and the only
+  path for prefix caching, step shapes, a draft script, a remote prefill delay and a preemption.
+  A speculative step's schedule and draws are one compiled call (``plan_general``) where the
+  budget is priced on the engine's own cost row and the profile's prefill terms compile;
+  otherwise (a policy with its own cost table, or prefill terms only Python prices)
+  ``schedule_step`` and ``plan_decodes`` are called apart, the row priced in Python between them.
+* decode window (``_decode_window``): a decode-only batch with nothing to admit, up to the first
+  possible completion; its draws and shape in one call (``plan_window``), or, with a draft
+  script or step shapes (which Python applies between the draws and the shape), ``plan_decodes``
+  and ``window_steps`` apart; one commit (``commit_window``).
+* compiled run of general steps (``_run_steps_compiled``, ``run_general_steps``): consecutive
+  general steps in one call while each ends before the replica's next outside event and none
+  needs Python (the preconditions in ``_setup_steps_compiled``). It pays where one replica runs
+  many general steps alone (a closed loop on one replica; docs/performance.md "Engine speed"),
+  not where replicas step in turn, each call then planning about one step (``_run_pays`` keeps
+  those on the Python path). Where numba's cache lacks it, a background
+  process compiles it (``dsim.background_compile``) and the Python path runs meanwhile.
+
+``Replica.fuse_plan = False`` and ``Replica.run_compiled = False`` force the paths apart and the
+Python path (the tests compare them). Each path is needed by some configuration, so none is
+kept only for speed.
+
+The compiled kernels take named bundles (``dsim.kernels_step.SlotTable``, ``DrawParams``,
+``PolicyParams``, ``DecodePlan``, ``CommitOut``, ``WindowPricing``; ``dsim.kernels_sched.RequestTable``,
+``Queues``, ``SchedLimits``, ``SchedStep``, ``CommitStep``, ``RowPricing``, ``StepCosts``,
+``RunBuffers`` and the ``RUN_STATE`` record), passed as plain tuples (see dsim.kernels_step).
 """
 
 from __future__ import annotations
@@ -241,7 +270,7 @@ class Requests:
         self.longest_life = int((self.prompt + self.output).max()) if n else 0  # prompt + output tokens
         self.replica = np.full(n, -1, dtype=np.int64)
         self.latent = np.zeros(n)
-        # Per request, the float32 rows its decode slot carries (Replica.X's column; built by the
+        # Per request, the float32 rows its decode slot carries (a column of Replica._slot_rows; built by the
         # first replica; [requests, rows]): acceptance-model slot offsets, then the confidences of
         # its previous draft rounds (ones before its first; written back here when it is preempted).
         self.slot_rows: np.ndarray | None = None
@@ -281,7 +310,7 @@ class SpecStats:
         return self.accepted_hist[::-1].cumsum()[::-1][1:]
 
 
-_LAST, _ITLMAX = range(2)  # float64 columns of Replica.F
+_LAST, _ITLMAX = range(2)  # float64 columns of Replica._slot_floats
 
 # Decode-window length. A window is at most max_window steps and WINDOW_SLOTS decode slots x
 # steps (its draws' arrays); an open-loop window stops drawing at the next arrival only where it
@@ -487,12 +516,19 @@ class Replica:
     decoding; preemption picks the most recently admitted request by its admission number, since
     with long_prefill_token_threshold a newer short prompt can decode while an older one still
     prefills. Decode slots are buffers with room for ``capacity`` slots, the first ``n`` live:
-    the int table ``_I`` [capacity, NCOL] (columns in dsim.kernels_step), the float table ``_F``
-    (last emission, largest ITL) and the float32 rows ``_X`` [rows, capacity] (position-major:
-    the acceptance model's slot offsets, then the confidences of the previous draft round and,
-    where the budget policy reads them, of the one before). The compiled kernels work on these
-    buffers in place; so do the scheduler's (dsim.kernels_sched) on the request table, the
-    prefilling requests' buffer (pre_ids[:n_pre], queue order) and the waiting queue's.
+    the int table ``_slot_ints`` [capacity, NCOL] (columns in dsim.kernels_step), the float
+    table ``_slot_floats`` (last emission, largest ITL) and the float32 rows ``_slot_rows``
+    [rows, capacity] (position-major: the acceptance model's slot offsets, then the confidences of
+    the previous draft round from row ``_hist_row`` and, where the budget policy reads them, of
+    the one before from ``_hist2_row``), together the kernels' ``SlotTable``. The compiled kernels
+    work on these buffers in place; so do the scheduler's (dsim.kernels_sched) on the request
+    table, the prefilling requests' buffer (pre_ids[:n_pre], queue order) and the waiting
+    queue's. The kernels take them as the named bundles of dsim.kernels_step and
+    dsim.kernels_sched: those fixed for the run built once here (``_draws``, ``_policy``,
+    ``_limits``, ``_pricing``, ``_step_costs``, ``_context_args``), those of buffers that grow
+    built at each call (``_slots()``, ``_request_table()``, ``_queues()``, ``_commit_out()``).
+    ``K`` is the method's drafts per step (0 without speculation), ``requests`` the
+    simulation's shared request table.
     """
 
     # A speculative general step's schedule, cost row and draws in one compiled call where it can
@@ -523,7 +559,7 @@ class Replica:
     ):
         self.idx = idx
         self.env = env
-        self.R = reqs
+        self.requests = reqs
         self.cost = cost
         self.cfg = cfg
         self.spec = spec
@@ -539,30 +575,39 @@ class Replica:
         self._off_rows = len(off)
         track = self._adaptive and (pol.reads_prev or pol.reads_prev2)
         track2 = self._adaptive and pol.reads_prev2
-        self._cp = self._off_rows if track else -1
-        self._cp2 = self._off_rows + K if track2 else -1
+        self._hist_row = self._off_rows if track else -1
+        self._hist2_row = self._off_rows + K if track2 else -1
         rows = self._off_rows + K * (track + track2)
         if K and (reqs.slot_rows is None or reqs.slot_rows.shape[1] != rows):
             # request-major [requests, rows]: a request's rows are one contiguous read
             sr = np.ones((reqs.n, rows), dtype=np.float32)
             sr[:, : len(off)] = off.T
             reqs.slot_rows = sr
-        self._draw = acc.kernel_params() if K else None
-        self._draw_f = np.array(self._draw[1:], dtype=np.float64) if K else None
+        # The bundles the compiled kernels take (dsim.kernels_step, dsim.kernels_sched), built once
+        # where they are fixed for the run; every bundle travels as a plain tuple (see
+        # dsim.kernels_step's "named bundles").
+        head, *draw_f = acc.kernel_params() if K else (KS.HEAD_MODEL, 0.0, 0.0, 0.0, 0.0, 0.0)
+        self._draws = tuple(KS.DrawParams(self.key, int(head), *(float(x) for x in draw_f)))
         # A general step's schedule and draws in one compiled call (dsim.kernels_sched.plan_general)
         # where the budget's cost row is the engine's dense one and no prefill term prices it.
         # prefill_ms's terms for the kernels (None: priced in Python only)
-        self._pre_args = cost.prefill_args()
+        self._prefill_args = cost.prefill_args()
         self._plan_fused = (
-            self.fuse_plan and bool(K) and self._pre_args is not None and not (pol is not None and pol.own_cost_row)
+            self.fuse_plan and bool(K) and self._prefill_args is not None and not (pol is not None and pol.own_cost_row)
         )
         self._row_buf = np.empty(cfg.max_num_batched_tokens + 1) if self._plan_fused else None
-        self._pcode = pol.code if pol is not None else -1
-        self._ptau = float(pol.tau) if pol is not None else 0.0
-        self._mode = KS.VERIFY_CODES[spec.verify_mode] if K else KS.COMPACT
+        self._policy_code = pol.code if pol is not None else -1
+        self._policy_tau = float(pol.tau) if pol is not None else 0.0
+        self._verify_mode = KS.VERIFY_CODES[spec.verify_mode] if K else KS.COMPACT
         # A window's later steps read more KV: their budgets' cost rises by this per token of
         # context emitted before them (0 for a policy whose cost table fixes the context).
-        self._ctx_ms_per_tok = cost.kv_ms_per_tok if pol is not None and pol.prices_context else 0.0
+        self._context_ms_per_tok = cost.kv_ms_per_tok if pol is not None and pol.prices_context else 0.0
+        self._policy = tuple(
+            KS.PolicyParams(
+                self._adaptive, int(self._policy_code), self._policy_tau, int(self._hist_row), int(self._hist2_row), int(self._verify_mode),
+                float(self._context_ms_per_tok),
+            )
+        )  # fmt: skip
         self._no_row = np.zeros(1)
         self._no_rows = np.zeros((1, 1), dtype=np.float32)  # (new_slots' slot rows without drafts)
         self._no_conf = np.zeros((0, 0, 0), dtype=np.float32)  # (the commit's confidences without drafts)
@@ -575,15 +620,15 @@ class Replica:
         self._step_out = np.empty((3, 1), dtype=np.int64)
         # The finished requests' slot rows and (last emission, largest ITL, finish time), written
         # in place by the removal kernel and read by flush.
-        self._done_I = np.empty((64, NCOL), dtype=np.int64)
-        self._done_F = np.empty((64, 3), dtype=np.float64)
+        self._done_ints = np.empty((64, NCOL), dtype=np.int64)
+        self._done_floats = np.empty((64, 3), dtype=np.float64)
         self._done_n = 0
-        self._fwd = cost.forward_table()
-        self._ctx_args = KS.pack_context_args(cost.context_args())
-        self._ctx_packed = cost.request_attention is not None  # (see _context_ms)
+        self._forward_table = cost.forward_table()
+        self._context_args = tuple(KS.ContextArgs(*KS.pack_context_args(cost.context_args())))
+        self._context_packed = cost.request_attention is not None  # (see _context_ms)
         # A decode window's per-step shape (dsim.kernels_step.window_steps' rows), reused.
-        self._wi = np.empty((3, max(1, cfg.max_window)), dtype=np.int64)
-        self._wf = np.empty((5, max(1, cfg.max_window)), dtype=np.float64)
+        self._window_ints = np.empty((3, max(1, cfg.max_window)), dtype=np.int64)
+        self._window_floats = np.empty((5, max(1, cfg.max_window)), dtype=np.float64)
         self._script = None
         if K and cfg.draft_script is not None:
             sc = np.asarray(cfg.draft_script, dtype=np.int64).reshape(-1, 2)
@@ -594,9 +639,9 @@ class Replica:
             self._script = sc
         cap = 16
         self.n = 0  # live decode slots
-        self._I = np.zeros((cap, NCOL), dtype=np.int64)
-        self._F = np.zeros((cap, 2), dtype=np.float64)
-        self._X = np.zeros((rows, cap), dtype=np.float32)
+        self._slot_ints = np.zeros((cap, NCOL), dtype=np.int64)
+        self._slot_floats = np.zeros((cap, 2), dtype=np.float64)
+        self._slot_rows = np.zeros((rows, cap), dtype=np.float32)
         # The requests still prefilling, in queue order (pre_ids[:n_pre]), and this step's chunks
         # of them (chunks[:n_pre]); at most max_num_seqs run. The new decode slots' rows and the
         # resumed requests' ITL gaps of a commit (dsim.kernels_sched.commit_prefills).
@@ -625,6 +670,22 @@ class Replica:
         # submit's check: ceil((prompt + output - 1 + lookahead) / 16) > total_blocks exactly
         # when prompt + output > this
         self._fit_tokens = KV_BLOCK_TOKENS * self.total_blocks + 1 - self.lookahead
+        self._limits = tuple(
+            KSched.SchedLimits(
+                K, self.lookahead, int(self.total_blocks), cfg.max_num_batched_tokens, cfg.long_prefill_token_threshold,
+                cfg.max_num_seqs, bool(self._kv_consumer),
+            )
+        )  # fmt: skip
+        self._pricing = (
+            tuple(
+                KSched.RowPricing(
+                    self._forward_table, float(cost.kv_ms_per_tok), self._prefill_args[0], self._prefill_args[1],
+                    self._row_buf if self._row_buf is not None else np.zeros(1),
+                )
+            )
+            if self._prefill_args is not None
+            else None
+        )  # fmt: skip
         self._transit_delay = self._kv_consumer and (cfg.remote_prefill_ms > 0 or cfg.remote_prefill_ms_per_ktok > 0)
         self.cpu_ms = 0.0 if cfg.async_scheduling else cost.cpu_overhead_ms
         self._step_terms = cost.has_prefill_terms or cost.has_context_terms
@@ -660,39 +721,64 @@ class Replica:
 
     # ---- decode-slot buffers ----------------------------------------------------------------
     @property
-    def I(self) -> np.ndarray:  # noqa: E743 - the decode-slot matrix, named as in the engine doc
-        return self._I[: self.n]
+    def live_ints(self) -> np.ndarray:
+        """The live decode slots' int rows (columns ID .. VSUM of dsim.kernels_step)."""
+        return self._slot_ints[: self.n]
 
     @property
-    def F(self) -> np.ndarray:
-        return self._F[: self.n]
+    def live_floats(self) -> np.ndarray:
+        """The live decode slots' last emission (s) and largest ITL (ms)."""
+        return self._slot_floats[: self.n]
+
+    # The bundles of buffers that grow or move during a run (as plain tuples: see __init__).
+    def _slots(self) -> tuple:
+        """The decode slots (dsim.kernels_step.SlotTable)."""
+        return (self._slot_ints, self._slot_floats, self._slot_rows)
+
+    def _request_table(self) -> tuple:
+        """The request table (dsim.kernels_sched.RequestTable)."""
+        R = self.requests
+        return (R.req_i, R.req_f, R.slot_rows if self.K else self._no_rows)
+
+    def _queues(self) -> tuple:
+        """The prefilling requests and the waiting queue's buffer (dsim.kernels_sched.Queues)."""
+        return (self.pre_ids, self.chunks, self.waiting.buf)
+
+    def _commit_out(self) -> tuple:
+        """The commits' output buffers (dsim.kernels_step.CommitOut)."""
+        return (
+            self.stats.accepted_hist, self._slot_out, self._step_out, self._moved, self._late, self._done_ints,
+            self._done_floats,
+        )  # fmt: skip
 
     def _grow_slots(self, cap: int) -> None:
         """Room for cap decode slots in the slot buffers (doubling). Precondition: cap > their
-        capacity, len(self._I) (the caller checks: a general step's commit)."""
+        capacity, len(self._slot_ints) (the caller checks: a general step's commit)."""
         n = self.n
-        cap = max(2 * len(self._I), cap)
-        self._I, self._F = (_grown(a, cap, n, np.zeros) for a in (self._I, self._F))
-        x = np.zeros((len(self._X), cap), dtype=np.float32)
-        x[:, :n] = self._X[:, :n]
-        self._X = x
+        cap = max(2 * len(self._slot_ints), cap)
+        self._slot_ints, self._slot_floats = (_grown(a, cap, n, np.zeros) for a in (self._slot_ints, self._slot_floats))
+        x = np.zeros((len(self._slot_rows), cap), dtype=np.float32)
+        x[:, :n] = self._slot_rows[:, :n]
+        self._slot_rows = x
         self._no_cut = np.full(cap, -1, dtype=np.int64)
         self._slot_out = np.empty((3, cap), dtype=np.int64)
 
     def _grow_done(self, rows: int) -> None:
         """Room for rows finished requests' rows (doubling)."""
-        if rows <= len(self._done_I):
+        if rows <= len(self._done_ints):
             return
         d0 = self._done_n
-        cap = max(2 * len(self._done_I), rows)
-        self._done_I, self._done_F = (_grown(a, cap, d0, np.empty) for a in (self._done_I, self._done_F))
+        cap = max(2 * len(self._done_ints), rows)
+        self._done_ints, self._done_floats = (
+            _grown(a, cap, d0, np.empty) for a in (self._done_ints, self._done_floats)
+        )
 
     def _remove_slot(self, j: int):
         n = self.n
-        self._I[j : n - 1] = self._I[j + 1 : n]
-        self._F[j : n - 1] = self._F[j + 1 : n]
+        self._slot_ints[j : n - 1] = self._slot_ints[j + 1 : n]
+        self._slot_floats[j : n - 1] = self._slot_floats[j + 1 : n]
         if self.K:
-            self._X[:, j : n - 1] = self._X[:, j + 1 : n]
+            self._slot_rows[:, j : n - 1] = self._slot_rows[:, j + 1 : n]
         self.n = n - 1
 
     # ---- interface used by the router -------------------------------------------------------
@@ -701,7 +787,7 @@ class Replica:
         return self.n + self.n_pre + len(self.waiting) + self.in_transit
 
     def submit(self, rid: int) -> None:
-        R = self.R
+        R = self.requests
         # A request whose whole life cannot fit the KV cache would be preempted forever (vLLM
         # refuses to start with max_model_len above the cache): say so on arrival.
         if R.prompt_l[rid] + R.output_l[rid] > self._fit_tokens:
@@ -721,7 +807,7 @@ class Replica:
             for rid in rids:
                 self.submit(rid)
             return
-        R = self.R
+        R = self.requests
         if R.longest_life > self._fit_tokens:  # (some request of the run may not fit: check these)
             prompt_l, output_l, lim = R.prompt_l, R.output_l, self._fit_tokens
             for rid in rids:
@@ -738,7 +824,7 @@ class Replica:
             self.wake.succeed()
 
     def _too_big(self, rid: int) -> None:
-        R = self.R
+        R = self.requests
         need = -(-(R.prompt_l[rid] + R.output_l[rid] - 1 + self.lookahead) // KV_BLOCK_TOKENS)
         raise InputError(
             f"request {rid}: {R.prompt_l[rid]} prompt + {R.output_l[rid]} output tokens "
@@ -765,7 +851,7 @@ class Replica:
         shared: the last hash may cover a partial block."""
         cache = self.prefix_cache
         hit = 0
-        for h in self.prefix_hashes[rid][: self.R.prompt_l[rid] // self.prefix_block_tokens]:
+        for h in self.prefix_hashes[rid][: self.requests.prompt_l[rid] // self.prefix_block_tokens]:
             if int(h) not in cache:
                 break
             hit += 1
@@ -775,7 +861,7 @@ class Replica:
         """The cached prompt tokens of the waiting queue's entries start..start + k - 1, for
         admission (vLLM never serves the whole prompt from cache: the last token is recomputed),
         and their hit blocks."""
-        R, bt = self.R, self.prefix_block_tokens
+        R, bt = self.requests, self.prefix_block_tokens
         ids = self.waiting.buf[start : start + k].tolist()
         hb = [self._prefix_hit_blocks(r) for r in ids]
         return np.array([min(h * bt, R.prompt_l[r] - 1) for r, h in zip(ids, hb)], dtype=np.int64), hb
@@ -789,7 +875,7 @@ class Replica:
     def _prefix_insert(self, rid: int, computed: int):
         """Register rid's prompt blocks that are now fully computed (and only those)."""
         hashes = self.prefix_hashes[rid]
-        full = min(computed, int(self.R.prompt_l[rid])) // self.prefix_block_tokens
+        full = min(computed, int(self.requests.prompt_l[rid])) // self.prefix_block_tokens
         for h in hashes[:full]:
             h = int(h)
             if h in self.prefix_cache:
@@ -811,11 +897,11 @@ class Replica:
             and not self._prefix_on
             and self.shapes is None
             and self._script is None
-            and self._pre_args is not None
-            and (not cost.has_context_terms or (self._ctx_packed and not cost.context_reads_chunks))
+            and self._prefill_args is not None
+            and (not cost.has_context_terms or (self._context_packed and not cost.context_reads_chunks))
             and not self._transit_delay
-            and self.R.longest_life <= self._fit_tokens
-            and (not self._adaptive or cfg.max_num_batched_tokens + 1 <= len(self._fwd))
+            and self.requests.longest_life <= self._fit_tokens
+            and (not self._adaptive or cfg.max_num_batched_tokens + 1 <= len(self._forward_table))
         )
         # a step the compiled run planned and handed back to wait on (STOP_PLANNED): its draws and
         # scalars, committed by the next run (which then goes on) once its end has come
@@ -824,42 +910,11 @@ class Replica:
         self._step_s = 0.0  # the last step's duration (s), for _run_pays
         if not self._steps_compiled:
             return
-        pi = np.zeros(KSched.PARAMS_LEN, dtype=np.int64)
-        pi[KSched.P_K] = K
-        pi[KSched.P_LOOKAHEAD] = self.lookahead
-        pi[KSched.P_TOTAL_BLOCKS] = self.total_blocks
-        pi[KSched.P_BUDGET] = cfg.max_num_batched_tokens
-        pi[KSched.P_THR] = cfg.long_prefill_token_threshold
-        pi[KSched.P_MAX_SEQS] = cfg.max_num_seqs
-        pi[KSched.P_CONSUMER] = self._kv_consumer
-        pi[KSched.P_HEAD] = self._draw[0] if K else 0
-        pi[KSched.P_ADAPTIVE] = self._adaptive
-        pi[KSched.P_CODE] = self._pcode
-        pi[KSched.P_CP] = self._cp
-        pi[KSched.P_CP2] = self._cp2
-        pi[KSched.P_MODE] = self._mode
         below, ax, ams, slope, limit = cost.forward_args()
-        pi[KSched.P_LIMIT] = limit
-        pi[KSched.P_REPLICA] = self.idx
-        pi[KSched.P_HEAD_CAP] = self.stats.replica_cap if self._has_head else 0
-        pi[KSched.P_TERMS] = self._step_terms
-        pi[KSched.P_PRE_MODE] = self._pre_args[0]
-        pi[KSched.P_CTX] = cost.has_context_terms
-        pf = np.zeros(5)
-        pf[KSched.PF_TAU] = self._ptau
-        pf[KSched.PF_KV_MS_PER_TOK] = cost.kv_ms_per_tok
-        pf[KSched.PF_CTX_MS_PER_TOK] = self._ctx_ms_per_tok
-        pf[KSched.PF_CPU_MS] = self.cpu_ms
-        pf[KSched.PF_SLOPE] = slope
-        self._run_pi, self._run_pf, self._run_fwd = pi, pf, (below, ax, ams)
-        self._run_st = np.zeros(KSched.STATE_LEN, dtype=np.int64)
+        self._step_costs: tuple | None = None  # (a StepCosts, once the drafter's table is built)
+        self._step_costs_parts = (below, ax, ams, float(slope), int(limit))
+        self._run_state = np.zeros(1, dtype=KSched.RUN_STATE)
         self._no_lvc = np.zeros((3, 1, 0), dtype=np.int64)
-        self._p_i = np.zeros(5, dtype=np.int64)  # (a pending step's scalars, written at each resume)
-        self._p_f = np.zeros(2)
-        self._run_stf = np.zeros(2)
-        self._run_tot = np.zeros(5, dtype=np.int64)
-        self._run_draw_f = self._draw_f if K else np.zeros(5)
-        self._run_row_buf = self._row_buf if self._row_buf is not None else np.zeros(1)
         self._draft_tab: np.ndarray | None = None
         # the head's sample, as the compiled steps take it (its slices join head_conf / head_acc)
         hb = self.stats.replica_cap + K if self._has_head else 0
@@ -870,8 +925,9 @@ class Replica:
         """Whether a compiled run of steps is likely to run more than one step: the replica's
         next outside event (the head of simpy's queue) is more than two of its last steps
         away. Replicas stepping in turn (several in one simulation) mostly plan one step a call,
-        where the call's argument handling (about 60 arrays and numbers to type) costs more
-        than the Python step it replaces; the results are the same either way."""
+        where the call's set-up (its bundles' 60-odd arrays and numbers to type, the state
+        record in and out) costs more than the Python step it replaces; the results are the
+        same either way."""
         q = self.env._queue
         return not q or q[0][0] - self.env._now > 2.0 * self._step_s
 
@@ -879,13 +935,20 @@ class Replica:
         """General steps from now as one compiled call (dsim.kernels_sched.run_general_steps):
         the replica's state in, its steps' records and counters written, its state back. Returns
         (why it stopped, the StepPlan of a planned step not yet committed or None)."""
-        env, R, K, cfg = self.env, self.R, self.K, self.cfg
+        env, R, K, cfg = self.env, self.requests, self.K, self.cfg
         seqs = cfg.max_num_seqs
         if self._draft_tab is None:  # the drafter's cost at every batch size a step can have
             self._draft_tab = self.draft_cost.upto(seqs) if self.K else np.zeros(seqs + 1)
-        if len(self._I) < seqs:
+            cost = self.cost
+            self._step_costs = tuple(
+                KSched.StepCosts(
+                    *self._step_costs_parts, self._draft_tab, float(self.cpu_ms), bool(self._step_terms),
+                    bool(cost.has_context_terms), self._context_args,
+                )
+            )  # fmt: skip
+        if len(self._slot_ints) < seqs:
             self._grow_slots(seqs)
-        if self._done_n + seqs > len(self._done_I):
+        if self._done_n + seqs > len(self._done_ints):
             self._grow_done(self._done_n + seqs)
         wq = self.waiting
         wq.make_room(0, seqs)  # (the successors the run may submit)
@@ -893,32 +956,37 @@ class Replica:
         v_cap = 4 * (seqs + 2)
         i0 = steps.reserve(self._RUN_STEPS)
         j0 = itl.reserve(v_cap)
-        st, stf, tot = self._run_st, self._run_stf, self._run_tot
-        st[:] = (
-            self.n, self.n_pre, wq.head, wq.tail, self.kv_dec, self.pre_blocks, self.admit_seq, self.left_lb,
-            self._done_n, self._last_is_prev_end, self.n_steps, self.batch_sum, i0, j0, self.closed_next[0],
-            self.head_n, self._run_pending is not None,
-        )  # fmt: skip
-        p_conf, p_lvc, p_given, p_i, p_f = self._no_conf, self._no_lvc, self._no_cut, self._p_i, self._p_f
-        if self._run_pending is not None:  # (the planned step's scalars, from its StepPlan)
+        p_conf, p_lvc, p_given = self._no_conf, self._no_lvc, self._no_cut
+        pp = None
+        if self._run_pending is not None:  # (the planned step's draws and scalars, from its StepPlan)
             pp, p_conf, p_lvc = self._run_pending
-            cut_p = pp.decode_given is not None
-            if cut_p:
+            if pp.decode_given is not None:
                 p_given = pp.decode_given
-            p_i[:] = (cut_p, pp.n_tokens, pp.prefill_tokens, pp.kv_tokens, pp.n_prefill)
-            p_f[:] = (pp.forward_ms, pp.duration_ms)
-        stf[0], stf[1] = env._now, self.prev_end
         q = env._queue  # (simpy's event heap, as _skip reads it)
         t_next = float(q[0][0]) if q else math.inf
-        below, ax, ams = self._run_fwd
+        self._run_state[0] = KSched.RunState(
+            n=self.n, n_pre=self.n_pre, w_head=wq.head, w_tail=wq.tail, kv_dec=self.kv_dec,
+            pre_blocks=self.pre_blocks, admit_seq=self.admit_seq, left_lb=self.left_lb, done_n=self._done_n,
+            last_is_prev_end=self._last_is_prev_end, n_steps=self.n_steps, batch_sum=self.batch_sum, step_row=i0,
+            step_row_end=i0 + self._RUN_STEPS, itl_row=j0, itl_row_end=j0 + v_cap, next_id=self.closed_next[0],
+            head_n=self.head_n, head_cap=self.stats.replica_cap if self._has_head else 0, replica=self.idx,
+            successors=self.successors, pending=pp is not None,
+            pending_cut=pp is not None and pp.decode_given is not None,
+            pending_tokens=pp.n_tokens if pp else 0, pending_prefill_tokens=pp.prefill_tokens if pp else 0,
+            pending_kv=pp.kv_tokens if pp else 0, pending_chunked=pp.n_prefill if pp else 0,
+            drafts=0, draft_tokens=0, verified=0, in_window=0, full_block=0,
+            now=env._now, prev_end=self.prev_end, t_next=t_next,
+            pending_forward_ms=pp.forward_ms if pp else 0.0, pending_duration_ms=pp.duration_ms if pp else 0.0,
+        )  # fmt: skip
+        bufs = tuple(
+            KSched.RunBuffers(
+                steps.a, itl.a, self._head_conf_buf, self._head_acc_buf, R.arrival, R.replica, self._no_cut,
+                self._no_steps, self._no_conf, p_conf, p_lvc, p_given,
+            )
+        )  # fmt: skip
         args = (
-            R.req_i, R.req_f, self.pre_ids, self.chunks, wq.buf, self._I, self._F, self._X,
-            R.slot_rows if K else self._no_rows, self._moved, self._late, self._done_I, self._done_F,
-            self.stats.accepted_hist, self._slot_out, self._step_out, self._no_cut, self._no_steps, self._no_conf,
-            st, stf, self._run_pi, self._run_pf, self.key, self._run_draw_f, self._fwd, self._run_row_buf, below,
-            ax, ams, self._draft_tab, steps.a, i0 + self._RUN_STEPS, itl.a, j0 + v_cap, tot, self._head_conf_buf,
-            self._head_acc_buf, R.arrival, R.replica, t_next, self.successors, self._pre_args[1], *self._ctx_args,
-            p_conf, p_lvc, p_given, p_i, p_f,
+            self._request_table(), self._queues(), self._slots(), self._limits, self._draws, self._policy, self._pricing,
+            self._step_costs, self._commit_out(), bufs, self._run_state,
         )  # fmt: skip
         if not _RUN_STEPS_KERNEL.ready(args):  # (compiling in the background: this step from Python)
             steps.release(i0)
@@ -926,28 +994,28 @@ class Replica:
             return KSched.STOP_PYTHON, None
         stop, conf, lvc, given, cut, n_tokens, pre_tokens, kv, fwd, dur, n_chunked, d0 = KSched.run_general_steps(*args)
         n_dec, h0 = self.n, self.head_n
-        (self.n, self.n_pre, wq.head, wq.tail, self.kv_dec, self.pre_blocks, self.admit_seq, self.left_lb,
-         self._done_n, last_prev, self.n_steps, self.batch_sum, s_row, v_row, self.closed_next[0],
-         self.head_n, still_pending) = st.tolist()  # fmt: skip
-        if not still_pending:
+        rs = KSched.RunState(*self._run_state[0].item())
+        self.n, self.n_pre, wq.head, wq.tail, self.kv_dec = rs.n, rs.n_pre, rs.w_head, rs.w_tail, rs.kv_dec
+        self.pre_blocks, self.admit_seq, self.left_lb, self._done_n = rs.pre_blocks, rs.admit_seq, rs.left_lb, rs.done_n
+        self.n_steps, self.batch_sum, self.closed_next[0], self.head_n = rs.n_steps, rs.batch_sum, rs.next_id, rs.head_n
+        if not rs.pending:
             self._run_pending = None
         if self.head_n > h0:
             self.head_conf.append(self._head_conf_buf[h0 : self.head_n])
             self.head_acc.append(self._head_acc_buf[h0 : self.head_n])
-        self._last_is_prev_end = bool(last_prev)
-        steps.release(s_row)
-        itl.release(v_row)
-        env._now, self.prev_end = float(stf[0]), float(stf[1])
-        if tot.any():
+        self._last_is_prev_end = bool(rs.last_is_prev_end)
+        steps.release(rs.step_row)
+        itl.release(rs.itl_row)
+        env._now, self.prev_end = rs.now, rs.prev_end
+        if rs.drafts or rs.draft_tokens or rs.verified or rs.in_window or rs.full_block:
             sp = self.stats
-            sp.num_drafts += int(tot[KSched.T_DRAFTS])
-            sp.num_draft_tokens += int(tot[KSched.T_DRAFT_TOKENS])
-            sp.verified_draft_tokens += int(tot[KSched.T_VERIFIED])
-            sp.accepted_in_window += int(tot[KSched.T_IN_WINDOW])
-            sp.accepted_full_block += int(tot[KSched.T_FULL_BLOCK])
-            tot[:] = 0
+            sp.num_drafts += rs.drafts
+            sp.num_draft_tokens += rs.draft_tokens
+            sp.verified_draft_tokens += rs.verified
+            sp.accepted_in_window += rs.in_window
+            sp.accepted_full_block += rs.full_block
         if stop == KSched.STOP_FINISHED:
-            self.on_finish(self._done_I[d0 : self._done_n, ID].tolist())
+            self.on_finish(self._done_ints[d0 : self._done_n, ID].tolist())
         if stop != KSched.STOP_PLANNED:
             return stop, None
         n_pre = self.n_pre
@@ -1021,17 +1089,17 @@ class Replica:
         one (recompute later). Prefilling requests are in admission order; with
         long_prefill_token_threshold a newer short prompt can be decoding while an older long one
         still prefills, so the decode slots are compared too."""
-        R = self.R
+        R = self.requests
         j = None
         if self.n:
-            seqs = R.seq[self._I[: self.n, ID]]
+            seqs = R.seq[self._slot_ints[: self.n, ID]]
             j = int(np.argmax(seqs))
         if self.n_pre and (j is None or R.seq[self.pre_ids[self.n_pre - 1]] > seqs[j]):
             self.n_pre -= 1
             rid = int(self.pre_ids[self.n_pre])
             self.pre_blocks -= int(R.blocks[rid])
         else:
-            row, frow = self._I[j].copy(), self._F[j].copy()
+            row, frow = self._slot_ints[j].copy(), self._slot_floats[j].copy()
             rid = int(row[ID])
             R.generated[rid] = R.output_l[rid] - int(row[END] - row[COMP])
             R.emits[rid] = row[EMITS]
@@ -1040,7 +1108,7 @@ class Replica:
             R.itl_max[rid] = frow[_ITLMAX]
             self.kv_dec -= int(row[COMP])
             if self.K:
-                R.slot_rows[rid] = self._X[:, j]  # its confidences, kept for its resumption
+                R.slot_rows[rid] = self._slot_rows[:, j]  # its confidences, kept for its resumption
             self._remove_slot(j)
         R.blocks[rid] = 0
         R.computed[rid] = 0
@@ -1062,7 +1130,7 @@ class Replica:
         max_num_seqs and blocks allow (dsim.kernels_sched.schedule_step). The decodes' draws and
         verify budgets are priced with the running prefills' chunks only (those admitted this
         step are not in the price)."""
-        R, cfg, K = self.R, self.cfg, self.K
+        cfg, K = self.cfg, self.K
         budget = cfg.max_num_batched_tokens
         wq = self.waiting
         prefix = self._prefix_on
@@ -1082,26 +1150,24 @@ class Replica:
                 conf = np.empty((1, K, n_dec), dtype=np.float32)
                 lvc = np.empty((3, 1, n_dec), dtype=np.int64)
                 lead, verified, cap = lvc[0], lvc[1], lvc[2]
+            step = tuple(
+                KSched.SchedStep(
+                    n_run, head, wq.tail, n_dec, self.kv_dec, self.pre_blocks, self.admit_seq,
+                    float(self.env.now),  # (simpy's clock starts as int 0: one type, one compile)
+                    admit, hits, n_hits,
+                )
+            )  # fmt: skip
+            if fused:
                 st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen, drawn, v0 = (
                     KSched.plan_general(
-                        R.req_i, R.req_f, self.pre_ids, n_run, self.chunks, wq.buf, head, wq.tail, hits, n_hits,
-                        self._I, self._X, n_dec, K, self.lookahead, self.kv_dec, self.total_blocks, self.pre_blocks,
-                        budget, cfg.long_prefill_token_threshold, cfg.max_num_seqs, admit, self._kv_consumer,
-                        self.admit_seq, float(self.env.now), self.key, self._draw[0], self._draw_f, self._adaptive,
-                        self._pcode, self._ptau, self._cp if self._cp >= 0 else 0, self._cp2, self._mode, self._fwd,
-                        self.cost.kv_ms_per_tok, self.cpu_ms + self._draft_ms(n_dec), self._ctx_ms_per_tok,
-                        self._pre_args[0], self._pre_args[1], self._row_buf, conf, lead, verified, cap,
+                        self._request_table(), self._queues(), self._slots(), self._limits, step, self._draws,
+                        self._policy, self._pricing, self.cpu_ms + self._draft_ms(n_dec), (conf, lead, verified, cap),
                     )
                 )  # fmt: skip
             else:
                 st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen = (
-                    KSched.schedule_step(
-                        R.req_i, R.req_f, self.pre_ids, n_run, self.chunks, wq.buf, head, wq.tail, hits, n_hits,
-                        self._I, n_dec, K, self.lookahead, self.kv_dec, self.total_blocks, self.pre_blocks, budget,
-                        cfg.long_prefill_token_threshold, cfg.max_num_seqs, admit, self._kv_consumer, self.admit_seq,
-                        float(self.env.now),  # (simpy's clock starts as int 0: one type, one compile)
-                    )
-                )  # fmt: skip
+                    KSched.schedule_step(self._request_table(), self._queues(), self._slots(), self._limits, step)
+                )
             if st != KSched.PREEMPT:
                 break
             # (a lone request always fits: submit() checked its whole life against the cache)
@@ -1123,7 +1189,7 @@ class Replica:
                 if not drawn:  # the verify budget, priced with the running prefills' chunks
                     conf, lead, verified, cap, v0, _ = self._draft_and_verify(1, run_tokens, self._prefill_ms(n_run))
                 elif self._script is not None:
-                    apply_draft_script(self._script, self._I[:n_dec, ROUNDS], lead, verified, cap)
+                    apply_draft_script(self._script, self._slot_ints[:n_dec, ROUNDS], lead, verified, cap)
                     v0 = int(verified[0].sum())
                 dec_tokens = n_dec + v0
             else:
@@ -1156,17 +1222,21 @@ class Replica:
         every considered candidate's hit blocks, in queue order (as looking each up in turn
         would: admission never changes which blocks are cached). Leaves the queue, pre_ids and
         counters updated; returns (prefill tokens, prefills sampling a token, KV tokens read)."""
-        R, cfg, wq = self.R, self.cfg, self.waiting
+        cfg, wq = self.cfg, self.waiting
         touched = hit_blocks[:seen]
         left0 = max(cfg.max_num_batched_tokens - self.n * (1 + self.K), 0)
         while st == KSched.MORE_HITS:
             hits, hb = self._prefix_hits(w_head, min(wq.tail - w_head, _HIT_BATCH))
             dec_bound = self.total_blocks - self._dec_blocks_bound()
+            step = tuple(
+                KSched.SchedStep(
+                    n_pre, w_head, wq.tail, self.n, self.kv_dec, pre_blocks, admit_seq, float(self.env.now), True, hits,
+                    len(hits),
+                )
+            )  # fmt: skip
             st, n_pre, w_head, pre_blocks, admit_seq, left, n_sampling, kv_pre, seen = KSched.admit_waiting(
-                R.req_i, R.req_f, self.pre_ids, n_pre, self.chunks, wq.buf, w_head, wq.tail, hits, len(hits),
-                self._I, self.n, self.lookahead, dec_bound, self.total_blocks, pre_blocks, left0 - pre_tokens,
-                self.n + n_pre, cfg.max_num_seqs, cfg.long_prefill_token_threshold, self._kv_consumer, admit_seq,
-                float(self.env.now), n_sampling, kv_pre,
+                self._request_table(), self._queues(), self._slots(), self._limits, step, dec_bound, left0 - pre_tokens,
+                self.n + n_pre, n_sampling, kv_pre,
             )  # fmt: skip
             pre_tokens = left0 - left
             touched += hb[:seen]
@@ -1179,7 +1249,7 @@ class Replica:
         """The cost correction (CostModel.prefill_ms) of the first k prefills' chunks this step."""
         if not self.cost.has_prefill_terms or not k:
             return 0.0
-        R = self.R
+        R = self.requests
         return self.cost.prefill_ms(
             (c, comp) for c, comp in zip(self.chunks[:k].tolist(), R.computed[self.pre_ids[:k]].tolist()) if c
         )
@@ -1191,12 +1261,18 @@ class Replica:
         if not self.cost.has_context_terms or not self.n:
             return 0.0
         reads_chunks = self.cost.context_reads_chunks and k and self.chunks[:k].any()
-        if given is None and self._ctx_packed and not reads_chunks:
+        if given is None and self._context_packed and not reads_chunks:
             # (the compiled call CostModel.context_ms makes here, on the same values)
-            return KS.slots_context_ms(self._I, self.n, self.K, verified if self.K else self._no_steps, *self._ctx_args)
-        ctx = self.I[:, COMP]
+            return KS.slots_context_ms(
+                self._slot_ints, self.n, self.K, verified if self.K else self._no_steps, self._context_args
+            )
+        ctx = self.live_ints[:, COMP]
         pre = (
-            [(c, comp) for c, comp in zip(self.chunks[:k].tolist(), self.R.computed[self.pre_ids[:k]].tolist()) if c]
+            [
+                (c, comp)
+                for c, comp in zip(self.chunks[:k].tolist(), self.requests.computed[self.pre_ids[:k]].tolist())
+                if c
+            ]
             if reads_chunks
             else ()
         )
@@ -1224,31 +1300,9 @@ class Replica:
         lvc = np.empty((3, steps, n), dtype=np.int64)  # (indexed: cheaper than unpacking)
         limit = self.cfg.max_num_batched_tokens
         row = self._cost_row(tokens, limit) if self._adaptive else self._no_row
-        args = (
-            self.key,
-            self._I,
-            self._X,
-            n,
-            K,
-            steps,
-            *self._draw,
-            self._adaptive,
-            self._pcode,
-            self._ptau,
-            self._cp if self._cp >= 0 else 0,
-            self._cp2,
-            row,
-            float(extra_ms),
-            self._ctx_ms_per_tok,
-            tokens,
-            limit,
-            self._mode,
-            conf,
-            lvc[0],
-            lvc[1],
-            lvc[2],
-        )
-        return conf, lvc, args
+        budget = (row, float(extra_ms), tokens, limit)  # (a BudgetRow)
+        plan = (conf, lvc[0], lvc[1], lvc[2])  # (a DecodePlan)
+        return conf, lvc, (self._slots(), n, K, steps, self._draws, self._policy, budget, plan)
 
     def _draft_and_verify(self, steps: int, prefill_tokens: int = 0, prefill_ms: float = 0.0):
         """Draws and verify windows of the decode slots over ``steps`` steps (the compiled
@@ -1261,7 +1315,7 @@ class Replica:
         lead, verified, cap = lvc[0], lvc[1], lvc[2]
         v0, done = KS.plan_decodes(*args)
         if self._script is not None:
-            apply_draft_script(self._script, self._I[: self.n, ROUNDS], lead, verified, cap)
+            apply_draft_script(self._script, self._slot_ints[: self.n, ROUNDS], lead, verified, cap)
             v0 = int(verified[0].sum())
         return conf, lead, verified, cap, v0, done
 
@@ -1304,8 +1358,8 @@ class Replica:
         decodes'), the speculative counters and the head's samples (_account) and the step's
         row. Where every slot emitted at the previous step's end and the budget cut nothing,
         every gap is the step's duration: one run-length ITL sample (the kernel's itl_ms). The
-        removed requests' rows follow the earlier ones in self._done_I (flush writes them)."""
-        R, t = self.R, self.env.now
+        removed requests' rows follow the earlier ones in self._done_ints (flush writes them)."""
+        R, t = self.requests, self.env.now
         n, K = self.n, self.K
         given = plan.decode_given
         chunks = plan.prefill_chunks
@@ -1313,7 +1367,7 @@ class Replica:
         if self.shapes is not None:
             qd = given if given is not None else (1 + plan.verified[0] if K and n else None)
             qs = ([] if not n else (qd.tolist() if qd is not None else [1] * n)) + chunks.tolist()
-            ctxs = self.I[:, COMP].tolist() + R.computed[plan.prefill_ids].tolist()
+            ctxs = self.live_ints[:, COMP].tolist() + R.computed[plan.prefill_ids].tolist()
             self.shapes.append((self.idx, t, [x for x in qs if x], [c for x, c in zip(qs, ctxs) if x], plan.forward_ms))
         if K and n:
             verified, cap, lead, conf = plan.verified, plan.commit_cap, plan.lead, plan.conf
@@ -1334,48 +1388,20 @@ class Replica:
                 self._last_is_prev_end = given is None
         if given is None:
             given = self._no_cut
-        if n_pre and n + n_pre > len(self._I):
+        if n_pre and n + n_pre > len(self._slot_ints):
             self._grow_slots(n + n_pre)
         d0 = self._done_n
-        if d0 + n + n_pre > len(self._done_I):
+        if d0 + n + n_pre > len(self._done_ints):
             self._grow_done(d0 + n + n_pre)
         if n_pre and self._prefix_on:
             done_ids, done_chunks = plan.prefill_ids.tolist(), chunks.tolist()  # (before the kernel moves them)
-        vt, at, lt, et, w, d, ml, done_kv, m, freed, kv_new, self.n_pre, n_late = KSched.commit_step(
-            self._I,
-            self._F,
-            self._X,
-            n,
-            K,
-            verified,
-            cap,
-            lead,
-            given,
-            self.stats.accepted_hist,
-            itl_ms,
-            self._slot_out,
-            self._step_out,
-            conf,
-            self._cp,
-            self._cp2,
-            itl_mode,
-            float(t),
-            float(self.prev_end),
-            v.a,
-            j,
-            self.pre_ids,
-            n_pre,
-            self.chunks,
-            self._moved,
-            self._late,
-            R.req_i,
-            R.req_f,
-            R.slot_rows if K else self._no_rows,
-            self.left_lb,
-            self._done_I,
-            self._done_F,
-            d0,
+        step = tuple(
+            KSched.CommitStep(n_pre, itl_mode, itl_ms, float(t), float(self.prev_end), v.a, j, self.left_lb, d0)
         )
+        vt, at, lt, et, w, d, ml, done_kv, m, freed, kv_new, self.n_pre, n_late = KSched.commit_step(
+            self._slots(), n, K, (conf, lead, verified, cap), given, self._commit_out(), self._policy,
+            self._request_table(), self._queues(), step,
+        )  # fmt: skip
         if n_pre:
             if self._prefix_on:
                 computed = R.computed
@@ -1414,7 +1440,7 @@ class Replica:
         )
         if d:
             # Per-request results are written to the request table once, at the end (flush).
-            self.on_finish(self._done_I[d0 : d0 + d, ID].tolist())
+            self.on_finish(self._done_ints[d0 : d0 + d, ID].tolist())
         if not n:  # (no decodes: the commit wrote no per-step totals)
             self._step_out[:, 0] = 0
         return DecodeOutcome(1, n, K, self._slot_out, self._step_out, vt, at, et, lt)
@@ -1424,24 +1450,22 @@ class Replica:
             return
         n, d0 = self.n, self._done_n
         self._grow_done(d0 + n)
-        w, d, min_left, done_kv = KS.remove_done(
-            self._I, self._F, self._X, n, self._done_I, self._done_F, d0, float(self.env.now)
-        )
+        w, d, min_left, done_kv = KS.remove_done(self._slots(), n, self._commit_out(), d0, float(self.env.now))
         self.n = w
         self.left_lb = int(min_left)
         if d:
             # Per-request results are written to the request table once, at the end (flush).
             self._done_n = d0 + d
             self.kv_dec -= done_kv
-            self.on_finish(self._done_I[d0 : d0 + d, ID].tolist())
+            self.on_finish(self._done_ints[d0 : d0 + d, ID].tolist())
 
     def flush(self) -> None:
         """Write the finished requests' results into the shared request table; add every
         request's speculative counters (finished and still running) to the per-class totals."""
-        R = self.R
+        R = self.requests
         st = self.stats
         if self.K:
-            parts = [self._done_I[: self._done_n], self.I]
+            parts = [self._done_ints[: self._done_n], self.live_ints]
             held = np.flatnonzero(R.held_spec.any(axis=0))  # preempted and not resumed (any replica's)
             if len(held):
                 rows = np.zeros((len(held), NCOL), dtype=np.int64)
@@ -1456,8 +1480,8 @@ class Replica:
             st.cls_rounds += np.bincount(cls, weights=rounds, minlength=nc)
             st.cls_emitted += np.bincount(cls, weights=rounds + allr[:, ASUM], minlength=nc)
             st.cls_verify += np.bincount(cls, weights=rounds + allr[:, VSUM], minlength=nc)
-            self.I[:, ROUNDS : VSUM + 1] = 0  # counted now
-        rows, frows = self._done_I[: self._done_n], self._done_F[: self._done_n]
+            self.live_ints[:, ROUNDS : VSUM + 1] = 0  # counted now
+        rows, frows = self._done_ints[: self._done_n], self._done_floats[: self._done_n]
         ids = rows[:, ID]
         R.finish[ids] = frows[:, 2]
         R.emits[ids] = rows[:, EMITS]
@@ -1471,29 +1495,25 @@ class Replica:
             return False
         if self.waiting and n < self.cfg.max_num_seqs:
             return False
-        if not self._last_is_prev_end and self.F[:, _LAST].min() < self.prev_end:
+        if not self._last_is_prev_end and self.live_floats[:, _LAST].min() < self.prev_end:
             return False  # someone was skipped last step
         return n * (1 + self.K) <= self.cfg.max_num_batched_tokens
 
-    def _window_shape_args(self, fixed_ms: float) -> tuple:
-        """The arguments that price a window's steps and lay them out in self._wi / self._wf, after
-        its draws: the trailing parameters shared by dsim.kernels_step.window_steps and plan_window."""
+    def _window_pricing(self, fixed_ms: float) -> tuple:
+        """What prices a window's steps and lays them out in self._window_ints / self._window_floats, after its draws
+        (dsim.kernels_step.WindowPricing, for window_steps, plan_window and commit_window)."""
         return (
             self.kv_dec,
             self.total_blocks - self.pre_blocks,
             self.lookahead,
-            self._fwd,
-            self.cost.kv_ms_per_tok,
+            self._forward_table,
+            float(self.cost.kv_ms_per_tok),
             fixed_ms,
-            *self._ctx_args,
+            self._context_args,
             float(self.env.now),
-            self._wi,
-            self._wf,
+            self._window_ints,
+            self._window_floats,
         )
-
-    def _window_steps(self, k: int, lead, cap, verified, fixed_ms: float):
-        """dsim.kernels_step.window_steps of a k-step window into self._wi, self._wf."""
-        return KS.window_steps(self._I, self.n, self.K, k, lead, cap, verified, *self._window_shape_args(fixed_ms))
 
     def _decode_window(self) -> Generator[Any, Any, DecodeOutcome]:
         """A decode-only window of up to max_window steps, planned in one compiled call, waited
@@ -1502,7 +1522,9 @@ class Replica:
         needs a preemption)."""
         env, K, cfg = self.env, self.K, self.cfg
         n = self.n
-        left_min = int(self.left_lb) if self.left_lb > 0 else int((self.I[:, END] - self.I[:, COMP]).min())
+        left_min = (
+            int(self.left_lb) if self.left_lb > 0 else int((self.live_ints[:, END] - self.live_ints[:, COMP]).min())
+        )
         # Steps until the first possible completion bound the window (one token a step at least;
         # the draws themselves stop at the first step where some slot may finish). A request
         # emits about 3 tokens a step at DSpark's acceptance: an adaptive window is bounded by a
@@ -1519,23 +1541,25 @@ class Replica:
                 floor_ms = self.cost.forward_ms(n) + dms + self.cpu_ms
                 k_arr = (t_next - env.now) * 1000.0 // max(floor_ms, 1e-6) + 1
                 k = int(min(k, max(k_arr, CHEAP_WINDOW_SLOTS // n, 1)))
-        wi, wf = self._wi, self._wf
+        wi, wf = self._window_ints, self._window_floats
         fixed_ms = dms + self.cpu_ms
         comp0 = None
+        pricing = self._window_pricing(fixed_ms)
         if K > 0 and self._script is None and self.shapes is None:
             # the draws and the window's shape in one compiled call (as _draft_and_verify, then
             # window_steps over the steps it planned)
             conf, lvc, args = self._plan_args(k, n, 0.0)
             lead, verified, cap = lvc[0], lvc[1], lvc[2]
-            k, last, general, past = KS.plan_window(*args, *self._window_shape_args(fixed_ms))
+            k, last, general, past = KS.plan_window(*args, pricing)
         else:
             if K > 0:
                 conf, lead, verified, cap, _, k = self._draft_and_verify(k)  # (k: up to a possible completion)
             else:
                 conf = None
                 lead = verified = cap = self._no_steps
-            comp0 = self.I[:, COMP].copy() if self.shapes is not None else None
-            last, general, past = self._window_steps(k, lead, cap, verified, fixed_ms)
+            comp0 = self.live_ints[:, COMP].copy() if self.shapes is not None else None
+            plan = (conf if K > 0 else self._no_conf, lead, verified, cap)
+            last, general, past = KS.window_steps(self._slot_ints, n, K, k, plan, pricing)
         if general:  # even one step needs a preemption: take the general path
             plan = self._plan_step()
             if not self._skip(plan.duration_ms / 1000.0):
@@ -1577,31 +1601,17 @@ class Replica:
         st = self.steps
         i = st.reserve(m)  # (before reading st.a: reserving may move it)
         vt, at, lt, et, min_left = KS.commit_window(
-            self._I,
-            self._F,
+            self._slots(),
             n,
             m,
             K,
-            verified,
-            cap,
-            lead,
+            (conf if K > 0 else self._no_conf, lead, verified, cap),
             self._no_cut,
-            self.stats.accepted_hist,
             float(wf[4, last]),
-            self._slot_out,
-            self._step_out,
-            self._X,
-            conf if K > 0 else self._no_conf,
-            self._cp,
-            self._cp2,
-            st.a,
-            i,
-            self.idx,
-            len(self.waiting),
-            wi,
-            wf,
-            v.a,
-            j,
+            self._commit_out(),
+            self._policy,
+            tuple(KS.WindowRows(st.a, i, self.idx, len(self.waiting), v.a, j)),
+            pricing,
         )
         self._account(m, conf, lead, vt, at, lt, et, min_left)
         self.n_steps += m

@@ -194,20 +194,9 @@ class BudgetPolicy:
         )
         n_samp = np.full(k, float(R)) if self.samples_all else _n_sampling(ctx, k, R)
         out = np.zeros((k, R), dtype=np.int64)
-        K_.policy_windows(
-            self.code,
-            float(self.tau),
-            _position_major(now),
-            _position_major(prev),
-            _position_major(old),
-            rows,
-            extra,
-            n_samp,
-            N,
-            int(ctx.token_limit),
-            int(ctx.k_max),
-            out,
-        )
+        confs = (_position_major(now), _position_major(prev), _position_major(old))  # (a PolicyConfidences)
+        budget = (rows, extra, n_samp, N, int(ctx.token_limit))  # (a PolicyBudget, per step)
+        K_.policy_windows(self.code, float(self.tau), confs, budget, int(ctx.k_max), out)
         return out
 
 

@@ -653,8 +653,8 @@ class AcceptanceModel:
         return x
 
     def kernel_params(self) -> tuple:
-        """The draws' parameters as dsim.kernels_step.draw_slots takes them: (head code,
-        sigma_token / (2T), sigma_step / (2T), s / (2T), b / (2T), T)."""
+        """The draws' parameters as dsim.engine.compiled_step.DrawParams holds them after the run
+        key: (head code, sigma_token / (2T), sigma_step / (2T), s / (2T), b / (2T), T)."""
         from dsim.engine import compiled_step as KS
 
         t = self.head_temp
@@ -687,7 +687,8 @@ class AcceptanceModel:
         acc = np.empty((steps, K, R), dtype=bool)
         lead = np.empty((steps, R), dtype=np.int64)
         key = int(rng.integers(0, 2**63))
-        KS.draw_slots(key, slots, off, R, K, steps, *self.kernel_params(), True, conf, lead, acc, p)
+        draws = tuple(KS.DrawParams(key, *self.kernel_params()))
+        KS.draw_slots(draws, slots, off, R, K, steps, True, (conf, lead, acc, p))
         t = (0, 2, 1)
         return StepDraws(p.transpose(t), acc.transpose(t), conf.transpose(t))
 
