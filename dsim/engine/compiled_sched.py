@@ -57,7 +57,6 @@ from dsim.engine.compiled_step import (
     SC_TOKENS,
     SC_VERIFIED,
     SC_WAITING,
-    CommitOut,
     PolicyParams,
     RequestColumns,
     SlotTable,
@@ -140,7 +139,11 @@ class CommitStep(NamedTuple):
     itl: np.ndarray  # float64 [2, rows]: the ITL samples' block (gap ms, count)
     itl_row: int  # its first free row
     left_lb: int  # a lower bound on the decode slots' smallest remaining output
-    done_from: int  # the first free row of CommitOut.done_ints / done_floats
+    moved: np.ndarray  # int64 [6 max_num_seqs]: the prefills that became decode slots (commit_prefills)
+    late: np.ndarray  # float64 [max_num_seqs]: resumed requests' ITL gaps (ms)
+    done_ints: np.ndarray  # int64 [rows, NCOL]: removed slots' int rows (remove_done)
+    done_floats: np.ndarray  # float64 [rows, 3]: their last emission, largest ITL, finish time
+    done_from: int  # the first free row of done_ints / done_floats
 
 
 class RowPricing(NamedTuple):
@@ -415,7 +418,8 @@ def commit_prefills(req_i, req_f, pre, n_pre, chunks, t_now, moved, late):  # (i
 def commit_step(slots, n, K, plan, given, out, policy, requests, queues, step):
     """A general step's commit in one call (slots, plan, out, policy: a SlotTable, DecodePlan,
     CommitOut, PolicyParams as commit_decodes takes them; requests, queues: a RequestTable,
-    Queues; step: a CommitStep), in the order its effects happen: ``commit_prefills``
+    Queues; step: a CommitStep, with the prefills' and removed slots' buffers), in the order its
+    effects happen: ``commit_prefills``
     of the n_pre running prefills (their new slots' rows into moved, resumed requests' gaps into
     late); ``commit_decodes`` of the n decode slots (one step; nothing when n = 0), then, for
     itl_mode 1 or 2, the ITL samples of the slots that emitted (given[r] != 0), written into V
@@ -428,7 +432,7 @@ def commit_step(slots, n, K, plan, given, out, policy, requests, queues, step):
     full-block accepted, emitted by the decodes, slots live, slots removed, smallest remaining
     output or a lower bound, KV tokens removed, new slots m, prefill blocks released, the new
     slots' KV tokens, prefills left, resumed gaps)."""
-    st, req, q, co = CommitStep(*step), RequestTable(*requests), Queues(*queues), CommitOut(*out)
+    st, req, q = CommitStep(*step), RequestTable(*requests), Queues(*queues)
     n_pre, itl_mode, itl_ms, t_now, prev_end = st.n_pre, st.itl_mode, st.itl_ms, st.t_now, st.prev_end
     V, j, left_lb, d0 = st.itl, st.itl_row, st.left_lb, st.done_from
     req_i, req_f, pre, chunks = req.ints, req.floats, q.prefill_ids, q.chunks
@@ -438,7 +442,7 @@ def commit_step(slots, n, K, plan, given, out, policy, requests, queues, step):
     freed = kv_new = n_late = 0
     w_pre = n_pre
     if n_pre > 0:
-        m, freed, kv_new, w_pre, n_late = commit_prefills(req_i, req_f, pre, n_pre, chunks, t_now, co.moved, co.late)
+        m, freed, kv_new, w_pre, n_late = commit_prefills(req_i, req_f, pre, n_pre, chunks, t_now, st.moved, st.late)
     vt = at = lt = et = 0
     ml = left_lb
     if n > 0:
@@ -463,14 +467,14 @@ def commit_step(slots, n, K, plan, given, out, policy, requests, queues, step):
             req_i[PROMPT], req_i[OUTPUT], req_i[CLASS], req_i[EMITTED], req_f[ITL_MAX], req_f[FIRST_TOKEN],
             req_f[LAST_EMIT], req.slot_rows,
         )  # fmt: skip
-        lm = new_slots(slots, n, co.moved, m, t_now, cols)
+        lm = new_slots(slots, n, st.moved, m, t_now, cols)
         if lm < ml:
             ml = lm
     w = n + m
     d = 0
     done_kv = 0
     if w > 0 and ml <= 0:
-        w, d, ml, done_kv = remove_done(slots, w, out, d0, t_now)
+        w, d, ml, done_kv = remove_done(slots, w, st.done_ints, st.done_floats, d0, t_now)
     return vt, at, lt, et, w, d, ml, done_kv, m, freed, kv_new, w_pre, n_late
 
 
@@ -490,7 +494,7 @@ class RunState(NamedTuple):
     pre_blocks: int  # KV blocks the prefilling requests hold
     admit_seq: int  # admissions so far
     left_lb: int  # a lower bound on the decode slots' smallest remaining output
-    done_n: int  # finished rows in CommitOut.done_ints / done_floats
+    done_n: int  # finished rows in RunBuffers.done_ints / done_floats
     last_is_prev_end: int  # every decode slot last emitted at prev_end
     n_steps: int  # steps so far, and the sum of their requests
     batch_sum: int
@@ -522,6 +526,7 @@ class RunState(NamedTuple):
 
 
 RUN_STATE = np.dtype([(f, np.float64 if t is float else np.int64) for f, t in get_type_hints(RunState).items()])
+RUN_STATE_INTS = sum(t is int for t in get_type_hints(RunState).values())  # (the int fields come first)
 
 
 class StepCosts(NamedTuple):
@@ -554,6 +559,10 @@ class RunBuffers(NamedTuple):
     pending_conf: np.ndarray  # the pending step's draws (RunState.pending): confidences,
     pending_lvc: np.ndarray  # lead, verified, cap [3, 1, n],
     pending_given: np.ndarray  # and the budget's cut (no_cut: none)
+    moved: np.ndarray  # CommitStep's buffers
+    late: np.ndarray
+    done_ints: np.ndarray
+    done_floats: np.ndarray
 
 
 # why it stopped
@@ -627,7 +636,7 @@ def run_general_steps(requests, queues, slots, limits, draws, policy, pricing, c
     req, q, sl, lim, pol = (
         RequestTable(*requests), Queues(*queues), SlotTable(*slots), SchedLimits(*limits), PolicyParams(*policy)
     )  # fmt: skip
-    pr, cs, co, bf = RowPricing(*pricing), StepCosts(*costs), CommitOut(*out), RunBuffers(*bufs)
+    pr, cs, bf = RowPricing(*pricing), StepCosts(*costs), RunBuffers(*bufs)
     req_i, pre, chunks, waitq = req.ints, q.prefill_ids, q.chunks, q.waiting
     I, F = sl.ints, sl.floats
     S, V, arrival, replica_of = bf.steps, bf.itl, bf.arrival, bf.replica_of
@@ -660,7 +669,7 @@ def run_general_steps(requests, queues, slots, limits, draws, policy, pricing, c
                 ok = not (lo < rs.prev_end)
             if ok:
                 return STOP_WINDOW, conf, lvc, given, False, 0, 0, 0, 0.0, 0.0, 0, d0
-        if (s_i >= rs.step_row_end or v_j + max_seqs + 2 > rs.itl_row_end or d0 + max_seqs > co.done_ints.shape[0]
+        if (s_i >= rs.step_row_end or v_j + max_seqs + 2 > rs.itl_row_end or d0 + max_seqs > bf.done_ints.shape[0]
                 or w_tail + max_seqs > waitq.shape[0]):  # fmt: skip
             return STOP_ROOM, conf, lvc, given, False, 0, 0, 0, 0.0, 0.0, 0, d0
         if pending:  # the step planned before the caller's wait: its commit first
@@ -789,7 +798,10 @@ def run_general_steps(requests, queues, slots, limits, draws, policy, pricing, c
             plan = (conf, lvc[0], lvc[1], lvc[2])
         else:
             plan = (no_conf, no_steps, no_steps, no_steps)
-        commit = (n_pre, itl_mode, itl_ms, t_end, rs.prev_end, V, jpos, rs.left_lb, d0)
+        commit = (
+            n_pre, itl_mode, itl_ms, t_end, rs.prev_end, V, jpos, rs.left_lb, bf.moved, bf.late, bf.done_ints,
+            bf.done_floats, d0,
+        )  # fmt: skip
         vt, at, lt, et, w, d, ml, done_kv, m, freed, kv_new, w_pre, n_late = commit_step(
             slots, n, K, plan, given, out, policy, requests, queues, commit
         )
@@ -798,7 +810,7 @@ def run_general_steps(requests, queues, slots, limits, draws, policy, pricing, c
             rs.pre_blocks -= freed
             kv_dec += kv_new
             for k in range(n_late):
-                V[0, v_j] = co.late[k]
+                V[0, v_j] = bf.late[k]
                 V[1, v_j] = 1.0
                 v_j += 1
         if n > 0:

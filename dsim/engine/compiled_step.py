@@ -180,15 +180,11 @@ class WindowPricing(NamedTuple):
 
 
 class CommitOut(NamedTuple):
-    """The commits' reused output buffers and the accepted-drafts histogram they add to."""
+    """The decode commit's reused output buffers and the accepted-drafts histogram it adds to."""
 
     hist: np.ndarray  # int64: accepted drafts per step of a slot (SpecStats.accepted_hist)
     slot_out: np.ndarray  # int64 [3, >= n]: per slot tokens committed, drafts verified, accepted
     step_out: np.ndarray  # int64 [3, >= m]: per step verified, accepted, emitted
-    moved: np.ndarray  # int64 [6 max_num_seqs]: the prefills that became decode slots (commit_prefills)
-    late: np.ndarray  # float64 [max_num_seqs]: resumed requests' ITL gaps (ms)
-    done_ints: np.ndarray  # int64 [rows, NCOL]: removed slots' int rows (remove_done)
-    done_floats: np.ndarray  # float64 [rows, 3]: their last emission, largest ITL, finish time
 
 
 class RequestColumns(NamedTuple):
@@ -205,12 +201,14 @@ class RequestColumns(NamedTuple):
 
 
 class WindowRows(NamedTuple):
-    """Where a decode window's step rows and ITL samples go (window_rows)."""
+    """Where a decode window's step rows and ITL samples go, from its shape (window_rows)."""
 
     steps: np.ndarray  # float64 [fields, rows]: the step table's column-major block
     step_row: int  # its first row
     replica: int
     n_waiting: int
+    wi: np.ndarray  # window_steps' rows (WindowPricing.wi, wf)
+    wf: np.ndarray
     itl: np.ndarray  # float64 [2, rows]: the ITL samples' block (gap ms, count)
     itl_row: int  # its first row
 
@@ -1351,14 +1349,14 @@ def commit_decodes(slots, n, m, K, plan, given, itl_ms, out, policy):
 
 
 @njit(cache=True)
-def remove_done(slots, n, out, d0, t_now):
+def remove_done(slots, n, done_I, done_F, d0, t_now):
     """Remove the slots with nothing left to emit (COMP >= END), keeping the others' order in
-    place; their rows go to out's done_ints / done_floats from row d0 on (in slot order;
-    done_floats' columns: the two of SlotTable.floats, then the finish time t_now). Returns (slots
-    kept, slots removed, smallest remaining output among the kept, KV tokens of the removed)."""
-    slots, out = SlotTable(*slots), CommitOut(*out)
+    place; their rows go to done_I (int64 [rows, NCOL]) / done_F (float64 [rows, 3]) from row d0
+    on (in slot order; done_F's columns: the two of SlotTable.floats, then the finish time t_now).
+    Returns (slots kept, slots removed, smallest remaining output among the kept, KV tokens of the
+    removed)."""
+    slots = SlotTable(*slots)
     I, F, X = slots.ints, slots.floats, slots.rows
-    done_I, done_F = out.done_ints, out.done_floats
     w = 0
     d = 0
     done_kv = 0
@@ -1721,7 +1719,7 @@ def window_steps(slot_ints, n, K, k, plan, pricing):
 
 
 @njit(cache=True)
-def window_rows(rows, m, n, wi, wf, step_out):
+def window_rows(rows, m, n, step_out):
     """The step-table rows (dsim.engine.STEP_FIELDS order) of a decode window's m committed steps,
     written into rows.steps (column-major [fields, rows]) from rows.step_row (n slots decoding, no
     prefill, rows.n_waiting requests waiting; wi, wf: window_steps' rows; step_out: commit_decodes'
@@ -1729,6 +1727,7 @@ def window_rows(rows, m, n, wi, wf, step_out):
     into rows.itl (column-major [2, rows]) from rows.itl_row."""
     rows = WindowRows(*rows)
     S, i, replica, n_waiting, V, j = rows.steps, rows.step_row, rows.replica, rows.n_waiting, rows.itl, rows.itl_row
+    wi, wf = rows.wi, rows.wf
     for t in range(m):
         r = i + t
         S[SC_REPLICA, r] = replica
@@ -1758,11 +1757,10 @@ def plan_window(slots, n, K, steps, draws, policy, budget, plan, pricing):
 
 
 @njit(cache=True)
-def commit_window(slots, n, m, K, plan, given, itl_ms, out, policy, rows, pricing):
+def commit_window(slots, n, m, K, plan, given, itl_ms, out, policy, rows):
     """A decode window's commit and its rows in one call: ``commit_decodes`` of its m steps, then
-    ``window_rows`` (rows: a WindowRows) from its per-step totals and the shape window_steps
-    wrote into pricing's wi, wf. Returns commit_decodes' totals."""
+    ``window_rows`` (rows: a WindowRows) from its per-step totals. Returns commit_decodes'
+    totals."""
     totals = commit_decodes(slots, n, m, K, plan, given, itl_ms, out, policy)
-    pricing = WindowPricing(*pricing)
-    window_rows(rows, m, n, pricing.wi, pricing.wf, CommitOut(*out).step_out)
+    window_rows(rows, m, n, CommitOut(*out).step_out)
     return totals

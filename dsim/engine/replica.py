@@ -150,6 +150,17 @@ class StepRecord:
 STEP_FIELDS = tuple(StepRecord.__dataclass_fields__)
 if STEP_FIELDS != KS.STEP_COLUMNS:  # (the compiled steps write the rows by these positions)
     raise ImportError(f"StepRecord's fields {STEP_FIELDS} are not the kernels' step columns {KS.STEP_COLUMNS}")
+# The compiled runs' state record (dsim.kernels_sched.RunState) as _run_steps_compiled writes and
+# reads its int fields, in one operation each.
+_RUN_INT_FIELDS = (
+    "n", "n_pre", "w_head", "w_tail", "kv_dec", "pre_blocks", "admit_seq", "left_lb", "done_n", "last_is_prev_end",
+    "n_steps", "batch_sum", "step_row", "step_row_end", "itl_row", "itl_row_end", "next_id", "head_n", "head_cap",
+    "replica", "successors", "pending", "pending_cut", "pending_tokens", "pending_prefill_tokens", "pending_kv",
+    "pending_chunked", "drafts", "draft_tokens", "verified", "in_window", "full_block",
+)  # fmt: skip
+_RUN_FLOAT_FIELDS = ("now", "prev_end", "t_next", "pending_forward_ms", "pending_duration_ms")
+if KSched.RunState._fields != _RUN_INT_FIELDS + _RUN_FLOAT_FIELDS or KSched.RUN_STATE_INTS != len(_RUN_INT_FIELDS):
+    raise ImportError(f"RunState's fields are not the engine's {_RUN_INT_FIELDS + _RUN_FLOAT_FIELDS}")
 STEP_FLOAT_FIELDS = tuple(f for f, t in StepRecord.__annotations__.items() if t == "float")  # others: int
 
 
@@ -526,7 +537,7 @@ class Replica:
     queue's. The kernels take them as the named bundles of dsim.kernels_step and
     dsim.kernels_sched: those fixed for the run built once here (``_draws``, ``_policy``,
     ``_limits``, ``_pricing``, ``_step_costs``, ``_context_args``), those of buffers that grow
-    built at each call (``_slots()``, ``_request_table()``, ``_queues()``, ``_commit_out()``).
+    built again when a buffer grows (``_slots``, ``_commit_out``, ``_queues()``).
     ``K`` is the method's drafts per step (0 without speculation), ``requests`` the
     simulation's shared request table.
     """
@@ -642,6 +653,8 @@ class Replica:
         self._slot_ints = np.zeros((cap, NCOL), dtype=np.int64)
         self._slot_floats = np.zeros((cap, 2), dtype=np.float64)
         self._slot_rows = np.zeros((rows, cap), dtype=np.float32)
+        self._bundle_buffers()
+        self._request_table = (reqs.req_i, reqs.req_f, reqs.slot_rows if K else self._no_rows)  # (a RequestTable)
         # The requests still prefilling, in queue order (pre_ids[:n_pre]), and this step's chunks
         # of them (chunks[:n_pre]); at most max_num_seqs run. The new decode slots' rows and the
         # resumed requests' ITL gaps of a commit (dsim.kernels_sched.commit_prefills).
@@ -730,26 +743,17 @@ class Replica:
         """The live decode slots' last emission (s) and largest ITL (ms)."""
         return self._slot_floats[: self.n]
 
-    # The bundles of buffers that grow or move during a run (as plain tuples: see __init__).
-    def _slots(self) -> tuple:
-        """The decode slots (dsim.kernels_step.SlotTable)."""
-        return (self._slot_ints, self._slot_floats, self._slot_rows)
-
-    def _request_table(self) -> tuple:
-        """The request table (dsim.kernels_sched.RequestTable)."""
-        R = self.requests
-        return (R.req_i, R.req_f, R.slot_rows if self.K else self._no_rows)
+    # The bundles of buffers that grow, as plain tuples (see __init__), rebuilt when one grows.
+    def _bundle_buffers(self) -> None:
+        """self._slots (dsim.kernels_step.SlotTable) and self._commit_out (CommitOut) of the
+        current buffers."""
+        self._slots = (self._slot_ints, self._slot_floats, self._slot_rows)
+        self._commit_out = (self.stats.accepted_hist, self._slot_out, self._step_out)
 
     def _queues(self) -> tuple:
-        """The prefilling requests and the waiting queue's buffer (dsim.kernels_sched.Queues)."""
+        """The prefilling requests and the waiting queue's buffer (dsim.kernels_sched.Queues; the
+        buffer moves as the queue grows)."""
         return (self.pre_ids, self.chunks, self.waiting.buf)
-
-    def _commit_out(self) -> tuple:
-        """The commits' output buffers (dsim.kernels_step.CommitOut)."""
-        return (
-            self.stats.accepted_hist, self._slot_out, self._step_out, self._moved, self._late, self._done_ints,
-            self._done_floats,
-        )  # fmt: skip
 
     def _grow_slots(self, cap: int) -> None:
         """Room for cap decode slots in the slot buffers (doubling). Precondition: cap > their
@@ -762,6 +766,7 @@ class Replica:
         self._slot_rows = x
         self._no_cut = np.full(cap, -1, dtype=np.int64)
         self._slot_out = np.empty((3, cap), dtype=np.int64)
+        self._bundle_buffers()
 
     def _grow_done(self, rows: int) -> None:
         """Room for rows finished requests' rows (doubling)."""
@@ -914,6 +919,10 @@ class Replica:
         self._step_costs: tuple | None = None  # (a StepCosts, once the drafter's table is built)
         self._step_costs_parts = (below, ax, ams, float(slope), int(limit))
         self._run_state = np.zeros(1, dtype=KSched.RUN_STATE)
+        # its int64 and float64 fields as two arrays, each written and read in one operation
+        # (_RUN_INT_FIELDS' order, checked against RunState's on import)
+        self._run_ints = self._run_state.view(np.int64)[: KSched.RUN_STATE_INTS]
+        self._run_floats = self._run_state.view(np.float64)[KSched.RUN_STATE_INTS :]
         self._no_lvc = np.zeros((3, 1, 0), dtype=np.int64)
         self._draft_tab: np.ndarray | None = None
         # the head's sample, as the compiled steps take it (its slices join head_conf / head_acc)
@@ -964,29 +973,25 @@ class Replica:
                 p_given = pp.decode_given
         q = env._queue  # (simpy's event heap, as _skip reads it)
         t_next = float(q[0][0]) if q else math.inf
-        self._run_state[0] = KSched.RunState(
-            n=self.n, n_pre=self.n_pre, w_head=wq.head, w_tail=wq.tail, kv_dec=self.kv_dec,
-            pre_blocks=self.pre_blocks, admit_seq=self.admit_seq, left_lb=self.left_lb, done_n=self._done_n,
-            last_is_prev_end=self._last_is_prev_end, n_steps=self.n_steps, batch_sum=self.batch_sum, step_row=i0,
-            step_row_end=i0 + self._RUN_STEPS, itl_row=j0, itl_row_end=j0 + v_cap, next_id=self.closed_next[0],
-            head_n=self.head_n, head_cap=self.stats.replica_cap if self._has_head else 0, replica=self.idx,
-            successors=self.successors, pending=pp is not None,
-            pending_cut=pp is not None and pp.decode_given is not None,
-            pending_tokens=pp.n_tokens if pp else 0, pending_prefill_tokens=pp.prefill_tokens if pp else 0,
-            pending_kv=pp.kv_tokens if pp else 0, pending_chunked=pp.n_prefill if pp else 0,
-            drafts=0, draft_tokens=0, verified=0, in_window=0, full_block=0,
-            now=env._now, prev_end=self.prev_end, t_next=t_next,
-            pending_forward_ms=pp.forward_ms if pp else 0.0, pending_duration_ms=pp.duration_ms if pp else 0.0,
+        self._run_ints[:] = (
+            self.n, self.n_pre, wq.head, wq.tail, self.kv_dec, self.pre_blocks, self.admit_seq, self.left_lb,
+            self._done_n, self._last_is_prev_end, self.n_steps, self.batch_sum, i0, i0 + self._RUN_STEPS, j0,
+            j0 + v_cap, self.closed_next[0], self.head_n, self.stats.replica_cap if self._has_head else 0, self.idx,
+            self.successors, pp is not None, pp is not None and pp.decode_given is not None,
+            pp.n_tokens if pp else 0, pp.prefill_tokens if pp else 0, pp.kv_tokens if pp else 0,
+            pp.n_prefill if pp else 0, 0, 0, 0, 0, 0,
         )  # fmt: skip
-        bufs = tuple(
-            KSched.RunBuffers(
-                steps.a, itl.a, self._head_conf_buf, self._head_acc_buf, R.arrival, R.replica, self._no_cut,
-                self._no_steps, self._no_conf, p_conf, p_lvc, p_given,
-            )
+        self._run_floats[:] = (
+            env._now, self.prev_end, t_next, pp.forward_ms if pp else 0.0, pp.duration_ms if pp else 0.0
         )  # fmt: skip
+        bufs = (
+            steps.a, itl.a, self._head_conf_buf, self._head_acc_buf, R.arrival, R.replica, self._no_cut,
+            self._no_steps, self._no_conf, p_conf, p_lvc, p_given, self._moved, self._late, self._done_ints,
+            self._done_floats,
+        )  # (a RunBuffers)  # fmt: skip
         args = (
-            self._request_table(), self._queues(), self._slots(), self._limits, self._draws, self._policy, self._pricing,
-            self._step_costs, self._commit_out(), bufs, self._run_state,
+            self._request_table, self._queues(), self._slots, self._limits, self._draws, self._policy, self._pricing,
+            self._step_costs, self._commit_out, bufs, self._run_state,
         )  # fmt: skip
         if not _RUN_STEPS_KERNEL.ready(args):  # (compiling in the background: this step from Python)
             steps.release(i0)
@@ -994,26 +999,26 @@ class Replica:
             return KSched.STOP_PYTHON, None
         stop, conf, lvc, given, cut, n_tokens, pre_tokens, kv, fwd, dur, n_chunked, d0 = KSched.run_general_steps(*args)
         n_dec, h0 = self.n, self.head_n
-        rs = KSched.RunState(*self._run_state[0].item())
-        self.n, self.n_pre, wq.head, wq.tail, self.kv_dec = rs.n, rs.n_pre, rs.w_head, rs.w_tail, rs.kv_dec
-        self.pre_blocks, self.admit_seq, self.left_lb, self._done_n = rs.pre_blocks, rs.admit_seq, rs.left_lb, rs.done_n
-        self.n_steps, self.batch_sum, self.closed_next[0], self.head_n = rs.n_steps, rs.batch_sum, rs.next_id, rs.head_n
-        if not rs.pending:
+        (self.n, self.n_pre, wq.head, wq.tail, self.kv_dec, self.pre_blocks, self.admit_seq, self.left_lb,
+         self._done_n, last_prev, self.n_steps, self.batch_sum, s_row, _, v_row, _, self.closed_next[0], self.head_n,
+         _, _, _, still_pending, _, _, _, _, _, drafts, draft_tokens, verified, in_window,
+         full_block) = self._run_ints.tolist()  # fmt: skip
+        if not still_pending:
             self._run_pending = None
         if self.head_n > h0:
             self.head_conf.append(self._head_conf_buf[h0 : self.head_n])
             self.head_acc.append(self._head_acc_buf[h0 : self.head_n])
-        self._last_is_prev_end = bool(rs.last_is_prev_end)
-        steps.release(rs.step_row)
-        itl.release(rs.itl_row)
-        env._now, self.prev_end = rs.now, rs.prev_end
-        if rs.drafts or rs.draft_tokens or rs.verified or rs.in_window or rs.full_block:
+        self._last_is_prev_end = bool(last_prev)
+        steps.release(s_row)
+        itl.release(v_row)
+        env._now, self.prev_end = self._run_floats[:2].tolist()
+        if drafts or draft_tokens or verified or in_window or full_block:
             sp = self.stats
-            sp.num_drafts += rs.drafts
-            sp.num_draft_tokens += rs.draft_tokens
-            sp.verified_draft_tokens += rs.verified
-            sp.accepted_in_window += rs.in_window
-            sp.accepted_full_block += rs.full_block
+            sp.num_drafts += drafts
+            sp.num_draft_tokens += draft_tokens
+            sp.verified_draft_tokens += verified
+            sp.accepted_in_window += in_window
+            sp.accepted_full_block += full_block
         if stop == KSched.STOP_FINISHED:
             self.on_finish(self._done_ints[d0 : self._done_n, ID].tolist())
         if stop != KSched.STOP_PLANNED:
@@ -1150,23 +1155,20 @@ class Replica:
                 conf = np.empty((1, K, n_dec), dtype=np.float32)
                 lvc = np.empty((3, 1, n_dec), dtype=np.int64)
                 lead, verified, cap = lvc[0], lvc[1], lvc[2]
-            step = tuple(
-                KSched.SchedStep(
-                    n_run, head, wq.tail, n_dec, self.kv_dec, self.pre_blocks, self.admit_seq,
-                    float(self.env.now),  # (simpy's clock starts as int 0: one type, one compile)
-                    admit, hits, n_hits,
-                )
-            )  # fmt: skip
+            # a SchedStep (a plain tuple: see dsim.kernels_step; simpy's clock starts as int 0: one
+            # type, one compile)
+            step = (n_run, head, wq.tail, n_dec, self.kv_dec, self.pre_blocks, self.admit_seq, float(self.env.now),
+                    admit, hits, n_hits)  # fmt: skip
             if fused:
                 st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen, drawn, v0 = (
                     KSched.plan_general(
-                        self._request_table(), self._queues(), self._slots(), self._limits, step, self._draws,
+                        self._request_table, self._queues(), self._slots, self._limits, step, self._draws,
                         self._policy, self._pricing, self.cpu_ms + self._draft_ms(n_dec), (conf, lead, verified, cap),
                     )
                 )  # fmt: skip
             else:
                 st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen = (
-                    KSched.schedule_step(self._request_table(), self._queues(), self._slots(), self._limits, step)
+                    KSched.schedule_step(self._request_table, self._queues(), self._slots, self._limits, step)
                 )
             if st != KSched.PREEMPT:
                 break
@@ -1228,14 +1230,10 @@ class Replica:
         while st == KSched.MORE_HITS:
             hits, hb = self._prefix_hits(w_head, min(wq.tail - w_head, _HIT_BATCH))
             dec_bound = self.total_blocks - self._dec_blocks_bound()
-            step = tuple(
-                KSched.SchedStep(
-                    n_pre, w_head, wq.tail, self.n, self.kv_dec, pre_blocks, admit_seq, float(self.env.now), True, hits,
-                    len(hits),
-                )
-            )  # fmt: skip
+            step = (n_pre, w_head, wq.tail, self.n, self.kv_dec, pre_blocks, admit_seq, float(self.env.now), True, hits,
+                    len(hits))  # (a SchedStep)  # fmt: skip
             st, n_pre, w_head, pre_blocks, admit_seq, left, n_sampling, kv_pre, seen = KSched.admit_waiting(
-                self._request_table(), self._queues(), self._slots(), self._limits, step, dec_bound, left0 - pre_tokens,
+                self._request_table, self._queues(), self._slots, self._limits, step, dec_bound, left0 - pre_tokens,
                 self.n + n_pre, n_sampling, kv_pre,
             )  # fmt: skip
             pre_tokens = left0 - left
@@ -1302,7 +1300,7 @@ class Replica:
         row = self._cost_row(tokens, limit) if self._adaptive else self._no_row
         budget = (row, float(extra_ms), tokens, limit)  # (a BudgetRow)
         plan = (conf, lvc[0], lvc[1], lvc[2])  # (a DecodePlan)
-        return conf, lvc, (self._slots(), n, K, steps, self._draws, self._policy, budget, plan)
+        return conf, lvc, (self._slots, n, K, steps, self._draws, self._policy, budget, plan)
 
     def _draft_and_verify(self, steps: int, prefill_tokens: int = 0, prefill_ms: float = 0.0):
         """Draws and verify windows of the decode slots over ``steps`` steps (the compiled
@@ -1324,6 +1322,7 @@ class Replica:
         """The commit kernels' per-step output buffer, grown to m steps."""
         if self._step_out.shape[1] < m:
             self._step_out = np.empty((3, m), dtype=np.int64)
+            self._bundle_buffers()
 
     def _account(self, m: int, conf, lead, vt: int, at: int, lt: int, et: int, min_left: int) -> None:
         """After a commit of m steps: the speculative counters, the head's samples, the slots' KV
@@ -1395,12 +1394,11 @@ class Replica:
             self._grow_done(d0 + n + n_pre)
         if n_pre and self._prefix_on:
             done_ids, done_chunks = plan.prefill_ids.tolist(), chunks.tolist()  # (before the kernel moves them)
-        step = tuple(
-            KSched.CommitStep(n_pre, itl_mode, itl_ms, float(t), float(self.prev_end), v.a, j, self.left_lb, d0)
-        )
+        step = (n_pre, itl_mode, itl_ms, float(t), float(self.prev_end), v.a, j, self.left_lb, self._moved, self._late,
+                self._done_ints, self._done_floats, d0)  # (a CommitStep)  # fmt: skip
         vt, at, lt, et, w, d, ml, done_kv, m, freed, kv_new, self.n_pre, n_late = KSched.commit_step(
-            self._slots(), n, K, (conf, lead, verified, cap), given, self._commit_out(), self._policy,
-            self._request_table(), self._queues(), step,
+            self._slots, n, K, (conf, lead, verified, cap), given, self._commit_out, self._policy,
+            self._request_table, self._queues(), step,
         )  # fmt: skip
         if n_pre:
             if self._prefix_on:
@@ -1450,7 +1448,9 @@ class Replica:
             return
         n, d0 = self.n, self._done_n
         self._grow_done(d0 + n)
-        w, d, min_left, done_kv = KS.remove_done(self._slots(), n, self._commit_out(), d0, float(self.env.now))
+        w, d, min_left, done_kv = KS.remove_done(
+            self._slots, n, self._done_ints, self._done_floats, d0, float(self.env.now)
+        )
         self.n = w
         self.left_lb = int(min_left)
         if d:
@@ -1601,17 +1601,16 @@ class Replica:
         st = self.steps
         i = st.reserve(m)  # (before reading st.a: reserving may move it)
         vt, at, lt, et, min_left = KS.commit_window(
-            self._slots(),
+            self._slots,
             n,
             m,
             K,
             (conf if K > 0 else self._no_conf, lead, verified, cap),
             self._no_cut,
             float(wf[4, last]),
-            self._commit_out(),
+            self._commit_out,
             self._policy,
-            tuple(KS.WindowRows(st.a, i, self.idx, len(self.waiting), v.a, j)),
-            pricing,
+            (st.a, i, self.idx, len(self.waiting), wi, wf, v.a, j),  # (a WindowRows)
         )
         self._account(m, conf, lead, vt, at, lt, et, min_left)
         self.n_steps += m
