@@ -10,12 +10,12 @@ table's int64 and float64 blocks (``dsim.engine.Requests.req_i`` / ``req_f``, ro
   caller preempts), then FCFS admission from the waiting queue while budget, max_num_seqs and
   free blocks allow (``admit_waiting``);
 * ``plan_general``: ``schedule_step``, then the decode slots' draws and verify windows
-  (``dsim.kernels_step.plan_decodes``) priced by the engine's cost row of the step, in one call;
+  (``dsim.engine.compiled_step.plan_decodes``) priced by the engine's cost row of the step, in one call;
 * ``commit_step``: after the step, in the order its effects happen: ``commit_prefills`` (the
   chunks computed; the prefills whose chunk ended their prompt sample a token and leave the
   queue as new decode slots, a resumed request's ITL gap noted), the decode slots' commit
-  (``dsim.kernels_step.commit_decodes``) and ITL samples, the new slots
-  (``dsim.kernels_step.new_slots``) and the removal of finished slots;
+  (``dsim.engine.compiled_step.commit_decodes``) and ITL samples, the new slots
+  (``dsim.engine.compiled_step.new_slots``) and the removal of finished slots;
 * ``run_general_steps``: consecutive general steps of one replica (the above, the step's
   duration, its records and counters, a closed loop's next requests) in one call, up to the
   replica's next outside event or the first step that needs Python.
@@ -80,7 +80,7 @@ SCHEDULED, PREEMPT, MORE_HITS = range(3)
 _BT = KV_BLOCK_TOKENS
 
 
-# ---- the bundles these kernels take (plain tuples from Python: see dsim.kernels_step's bundles) --
+# ---- the bundles these kernels take (plain tuples from Python: see dsim.engine.compiled_step's bundles) --
 
 
 class RequestTable(NamedTuple):
@@ -323,7 +323,7 @@ def plan_general(requests, queues, slots, limits, step, draws, policy, pricing, 
     and CPU overhead), built in row_buf, the running prefills' prefill_ms (CostModel.prefill_args'
     pre_mode, pre_coef) beside it for every budget. No draws where the schedule preempts (PREEMPT), or
     where the row runs past the dense table: then the caller prices and draws itself
-    (``dsim.kernels_step.plan_decodes``, the same function). Returns schedule_step's tuple, then
+    (``dsim.engine.compiled_step.plan_decodes``, the same function). Returns schedule_step's tuple, then
     whether the slots were drawn and the drafts verified (0 without draws)."""
     step_, lim, pr = SchedStep(*step), SchedLimits(*limits), RowPricing(*pricing)
     n_run, n_dec, kv_dec = step_.n_pre, step_.n_dec, step_.kv_dec

@@ -13,9 +13,9 @@ Each step:
 
 State is arrays over requests (global per-request table) and the running batch; nothing is a
 Python object per request or per token. The step's numeric work runs in compiled kernels: the
-scheduler's prefill chunks, KV growth and admission (dsim.kernels_sched.schedule_step), the
-draws, verify windows and verify modes (dsim.kernels_step.plan_decodes) and the commit
-(dsim.kernels_sched.commit_step: prefills, decodes, new decode slots, removal of finished
+scheduler's prefill chunks, KV growth and admission (dsim.engine.compiled_sched.schedule_step), the
+draws, verify windows and verify modes (dsim.engine.compiled_step.plan_decodes) and the commit
+(dsim.engine.compiled_sched.commit_step: prefills, decodes, new decode slots, removal of finished
 ones). A step is planned as a ``StepPlan`` and committed as a ``DecodeOutcome``
 (``_commit_step``); a decode window commits in the compiled ``commit_window`` (the same
 ``commit_decodes``, then the window's rows) and returns its ``DecodeOutcome``, and both end in
@@ -42,7 +42,7 @@ The step paths (``Replica.loop`` picks one per step; all give the same results, 
 * compiled run of general steps (``_run_steps_compiled``, ``run_general_steps``): consecutive
   general steps in one call while each ends before the replica's next outside event and none
   needs Python (the preconditions in ``_setup_steps_compiled``). It pays where one replica runs
-  many general steps alone (a closed loop on one replica; docs/performance.md "Engine speed"),
+  many general steps alone (a closed loop on one replica; docs/results/performance.md "Engine speed"),
   not where replicas step in turn, each call then planning about one step (``_run_pays`` keeps
   those on the Python path). Where numba's cache lacks it, a background
   process compiles it (``dsim.background_compile``) and the Python path runs meanwhile.
@@ -51,10 +51,10 @@ The step paths (``Replica.loop`` picks one per step; all give the same results, 
 Python path (the tests compare them). Each path is needed by some configuration, so none is
 kept only for speed.
 
-The compiled kernels take named bundles (``dsim.kernels_step.SlotTable``, ``DrawParams``,
-``PolicyParams``, ``DecodePlan``, ``CommitOut``, ``WindowPricing``; ``dsim.kernels_sched.RequestTable``,
+The compiled kernels take named bundles (``dsim.engine.compiled_step.SlotTable``, ``DrawParams``,
+``PolicyParams``, ``DecodePlan``, ``CommitOut``, ``WindowPricing``; ``dsim.engine.compiled_sched.RequestTable``,
 ``Queues``, ``SchedLimits``, ``SchedStep``, ``CommitStep``, ``RowPricing``, ``StepCosts``,
-``RunBuffers`` and the ``RUN_STATE`` record), passed as plain tuples (see dsim.kernels_step).
+``RunBuffers`` and the ``RUN_STATE`` record), passed as plain tuples (see dsim.engine.compiled_step).
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def apply_draft_script(script: np.ndarray, rounds: np.ndarray, lead, verified, c
     """Overwrite a plan's verify windows with a draft script (EngineConfig.draft_script as an
     int64 [J, 2] array: drafts verified, drafts accepted, per decode step of a request): slot r
     at step t of the plan is at its decode step rounds[r] + t (the last entry repeats beyond J).
-    lead, verified, cap: [steps, n] (dsim.kernels_step.plan_decodes' outputs), so the commit
+    lead, verified, cap: [steps, n] (dsim.engine.compiled_step.plan_decodes' outputs), so the commit
     accepts min(lead, cap) = the script's accepted drafts and prices the verified ones."""
     steps = lead.shape[0]
     j = np.minimum(rounds[None, :] + np.arange(steps)[:, None], len(script) - 1)
@@ -150,7 +150,7 @@ class StepRecord:
 STEP_FIELDS = tuple(StepRecord.__dataclass_fields__)
 if STEP_FIELDS != KS.STEP_COLUMNS:  # (the compiled steps write the rows by these positions)
     raise ImportError(f"StepRecord's fields {STEP_FIELDS} are not the kernels' step columns {KS.STEP_COLUMNS}")
-# The compiled runs' state record (dsim.kernels_sched.RunState) as _run_steps_compiled writes and
+# The compiled runs' state record (dsim.engine.compiled_sched.RunState) as _run_steps_compiled writes and
 # reads its int fields, in one operation each.
 _RUN_INT_FIELDS = (
     "n", "n_pre", "w_head", "w_tail", "kv_dec", "pre_blocks", "admit_seq", "left_lb", "done_n", "last_is_prev_end",
@@ -244,7 +244,7 @@ class Requests:
         n = len(workload.prompt_tokens)
         self.n = n
         # The per-request state the compiled kernels read and write, as rows of two blocks (one
-        # argument each: a compiled call pays for every array argument; rows in dsim.kernels_sched):
+        # argument each: a compiled call pays for every array argument; rows in dsim.engine.compiled_sched):
         # int64 prompt, output, class, emissions (the commit kernel's), then the scheduler's
         # computed and generated tokens, KV blocks held while prefilling, admission number on its
         # replica (preemption victims), prefix-cache hit tokens, preemptions and a preempted
@@ -462,7 +462,7 @@ _RUN_STEPS_KERNEL = Deferred(KSched.run_general_steps, lambda: (KSched.schedule_
 class WaitQueue:
     """A replica's waiting queue (FCFS; a preempted request goes back to its head) as an int64
     buffer ``buf[head:tail]``, which the scheduling kernel consumes from the head in place
-    (dsim.kernels_sched.schedule_step returns the new head)."""
+    (dsim.engine.compiled_sched.schedule_step returns the new head)."""
 
     def __init__(self, cap: int = 64):
         self.buf = np.empty(cap, dtype=np.int64)
@@ -527,15 +527,15 @@ class Replica:
     decoding; preemption picks the most recently admitted request by its admission number, since
     with long_prefill_token_threshold a newer short prompt can decode while an older one still
     prefills. Decode slots are buffers with room for ``capacity`` slots, the first ``n`` live:
-    the int table ``_slot_ints`` [capacity, NCOL] (columns in dsim.kernels_step), the float
+    the int table ``_slot_ints`` [capacity, NCOL] (columns in dsim.engine.compiled_step), the float
     table ``_slot_floats`` (last emission, largest ITL) and the float32 rows ``_slot_rows``
     [rows, capacity] (position-major: the acceptance model's slot offsets, then the confidences of
     the previous draft round from row ``_hist_row`` and, where the budget policy reads them, of
     the one before from ``_hist2_row``), together the kernels' ``SlotTable``. The compiled kernels
-    work on these buffers in place; so do the scheduler's (dsim.kernels_sched) on the request
+    work on these buffers in place; so do the scheduler's (dsim.engine.compiled_sched) on the request
     table, the prefilling requests' buffer (pre_ids[:n_pre], queue order) and the waiting
-    queue's. The kernels take them as the named bundles of dsim.kernels_step and
-    dsim.kernels_sched: those fixed for the run built once here (``_draws``, ``_policy``,
+    queue's. The kernels take them as the named bundles of dsim.engine.compiled_step and
+    dsim.engine.compiled_sched: those fixed for the run built once here (``_draws``, ``_policy``,
     ``_limits``, ``_pricing``, ``_step_costs``, ``_context_args``), those of buffers that grow
     built again when a buffer grows (``_slots``, ``_commit_out``, ``_queues()``).
     ``K`` is the method's drafts per step (0 without speculation), ``requests`` the
@@ -543,10 +543,10 @@ class Replica:
     """
 
     # A speculative general step's schedule, cost row and draws in one compiled call where it can
-    # (dsim.kernels_sched.plan_general); False: schedule_step and plan_decodes called apart (the
+    # (dsim.engine.compiled_sched.plan_general); False: schedule_step and plan_decodes called apart (the
     # same results: tests/test_engine.py).
     fuse_plan = True
-    # Consecutive general steps as one compiled call where they can (dsim.kernels_sched.
+    # Consecutive general steps as one compiled call where they can (dsim.engine.compiled_sched.
     # run_general_steps); False: each step planned and committed from Python (the same results:
     # tests/test_engine.py).
     run_compiled = True
@@ -575,7 +575,7 @@ class Replica:
         self.cfg = cfg
         self.spec = spec
         K = self.K = spec.k if spec is not None else 0
-        self.key = int(draw_key)  # the draws' run key (dsim.kernels_step)
+        self.key = int(draw_key)  # the draws' run key (dsim.engine.compiled_step)
         self.stats = stats
         self.on_finish = on_finish
         pol = spec.policy if K else None
@@ -594,12 +594,12 @@ class Replica:
             sr = np.ones((reqs.n, rows), dtype=np.float32)
             sr[:, : len(off)] = off.T
             reqs.slot_rows = sr
-        # The bundles the compiled kernels take (dsim.kernels_step, dsim.kernels_sched), built once
+        # The bundles the compiled kernels take (dsim.engine.compiled_step, dsim.engine.compiled_sched), built once
         # where they are fixed for the run; every bundle travels as a plain tuple (see
-        # dsim.kernels_step's "named bundles").
+        # dsim.engine.compiled_step's "named bundles").
         head, *draw_f = acc.kernel_params() if K else (KS.HEAD_MODEL, 0.0, 0.0, 0.0, 0.0, 0.0)
         self._draws = tuple(KS.DrawParams(self.key, int(head), *(float(x) for x in draw_f)))
-        # A general step's schedule and draws in one compiled call (dsim.kernels_sched.plan_general)
+        # A general step's schedule and draws in one compiled call (dsim.engine.compiled_sched.plan_general)
         # where the budget's cost row is the engine's dense one and no prefill term prices it.
         # prefill_ms's terms for the kernels (None: priced in Python only)
         self._prefill_args = cost.prefill_args()
@@ -637,7 +637,7 @@ class Replica:
         self._forward_table = cost.forward_table()
         self._context_args = tuple(KS.ContextArgs(*KS.pack_context_args(cost.context_args())))
         self._context_packed = cost.request_attention is not None  # (see _context_ms)
-        # A decode window's per-step shape (dsim.kernels_step.window_steps' rows), reused.
+        # A decode window's per-step shape (dsim.engine.compiled_step.window_steps' rows), reused.
         self._window_ints = np.empty((3, max(1, cfg.max_window)), dtype=np.int64)
         self._window_floats = np.empty((5, max(1, cfg.max_window)), dtype=np.float64)
         self._script = None
@@ -657,7 +657,7 @@ class Replica:
         self._request_table = (reqs.req_i, reqs.req_f, reqs.slot_rows if K else self._no_rows)  # (a RequestTable)
         # The requests still prefilling, in queue order (pre_ids[:n_pre]), and this step's chunks
         # of them (chunks[:n_pre]); at most max_num_seqs run. The new decode slots' rows and the
-        # resumed requests' ITL gaps of a commit (dsim.kernels_sched.commit_prefills).
+        # resumed requests' ITL gaps of a commit (dsim.engine.compiled_sched.commit_prefills).
         seqs = max(1, cfg.max_num_seqs)
         self.pre_ids = np.zeros(seqs, dtype=np.int64)
         self.chunks = np.zeros(seqs, dtype=np.int64)
@@ -735,7 +735,7 @@ class Replica:
     # ---- decode-slot buffers ----------------------------------------------------------------
     @property
     def live_ints(self) -> np.ndarray:
-        """The live decode slots' int rows (columns ID .. VSUM of dsim.kernels_step)."""
+        """The live decode slots' int rows (columns ID .. VSUM of dsim.engine.compiled_step)."""
         return self._slot_ints[: self.n]
 
     @property
@@ -745,13 +745,13 @@ class Replica:
 
     # The bundles of buffers that grow, as plain tuples (see __init__), rebuilt when one grows.
     def _bundle_buffers(self) -> None:
-        """self._slots (dsim.kernels_step.SlotTable) and self._commit_out (CommitOut) of the
+        """self._slots (dsim.engine.compiled_step.SlotTable) and self._commit_out (CommitOut) of the
         current buffers."""
         self._slots = (self._slot_ints, self._slot_floats, self._slot_rows)
         self._commit_out = (self.stats.accepted_hist, self._slot_out, self._step_out)
 
     def _queues(self) -> tuple:
-        """The prefilling requests and the waiting queue's buffer (dsim.kernels_sched.Queues; the
+        """The prefilling requests and the waiting queue's buffer (dsim.engine.compiled_sched.Queues; the
         buffer moves as the queue grows)."""
         return (self.pre_ids, self.chunks, self.waiting.buf)
 
@@ -893,7 +893,7 @@ class Replica:
     # ---- consecutive general steps, compiled --------------------------------------------------
     def _setup_steps_compiled(self) -> None:
         """Whether consecutive general steps can run as one compiled call (the preconditions of
-        dsim.kernels_sched.run_general_steps that hold for the whole run), and its static
+        dsim.engine.compiled_sched.run_general_steps that hold for the whole run), and its static
         arguments."""
         cfg, K, cost = self.cfg, self.K, self.cost
         self._steps_compiled = (
@@ -941,7 +941,7 @@ class Replica:
         return not q or q[0][0] - self.env._now > 2.0 * self._step_s
 
     def _run_steps_compiled(self) -> tuple:
-        """General steps from now as one compiled call (dsim.kernels_sched.run_general_steps):
+        """General steps from now as one compiled call (dsim.engine.compiled_sched.run_general_steps):
         the replica's state in, its steps' records and counters written, its state back. Returns
         (why it stopped, the StepPlan of a planned step not yet committed or None)."""
         env, R, K, cfg = self.env, self.requests, self.K, self.cfg
@@ -1132,7 +1132,7 @@ class Replica:
         do not return theirs); the running prefills take what is left in queue order, their KV
         blocks grow (a preemption from the tail where the cache cannot hold them, then the step
         is scheduled again without admission), and FCFS admission fills the rest while budget,
-        max_num_seqs and blocks allow (dsim.kernels_sched.schedule_step). The decodes' draws and
+        max_num_seqs and blocks allow (dsim.engine.compiled_sched.schedule_step). The decodes' draws and
         verify budgets are priced with the running prefills' chunks only (those admitted this
         step are not in the price)."""
         cfg, K = self.cfg, self.K
@@ -1155,7 +1155,7 @@ class Replica:
                 conf = np.empty((1, K, n_dec), dtype=np.float32)
                 lvc = np.empty((3, 1, n_dec), dtype=np.int64)
                 lead, verified, cap = lvc[0], lvc[1], lvc[2]
-            # a SchedStep (a plain tuple: see dsim.kernels_step; simpy's clock starts as int 0: one
+            # a SchedStep (a plain tuple: see dsim.engine.compiled_step; simpy's clock starts as int 0: one
             # type, one compile)
             step = (n_run, head, wq.tail, n_dec, self.kv_dec, self.pre_blocks, self.admit_seq, float(self.env.now),
                     admit, hits, n_hits)  # fmt: skip
@@ -1289,7 +1289,7 @@ class Replica:
         return self.spec.policy.cost_row(n, N, N + M + 1, row)
 
     def _plan_args(self, steps: int, tokens: int, extra_ms: float):
-        """The output buffers and the arguments of dsim.kernels_step.plan_decodes for up to
+        """The output buffers and the arguments of dsim.engine.compiled_step.plan_decodes for up to
         `steps` steps of the decode slots, the budget priced for a step of `tokens` tokens with
         `extra_ms` beside the forward (its prefill chunks): (conf [steps, K, n], lead / verified /
         cap as one [3, steps, n] block, the argument tuple; plan_window takes the same first)."""
@@ -1304,7 +1304,7 @@ class Replica:
 
     def _draft_and_verify(self, steps: int, prefill_tokens: int = 0, prefill_ms: float = 0.0):
         """Draws and verify windows of the decode slots over ``steps`` steps (the compiled
-        dsim.kernels_step.plan_decodes). Adaptive: each step's budgets priced by one cost row,
+        dsim.engine.compiled_step.plan_decodes). Adaptive: each step's budgets priced by one cost row,
         the cost of n + prefill_tokens + b tokens at the slots' KV context, drafter and CPU
         overhead included, plus prefill_ms (the step's prefill correction). Returns
         (conf [steps, K, n], lead, verified, commit cap [steps, n], drafts verified in the first
@@ -1348,7 +1348,7 @@ class Replica:
         self.left_lb = int(min_left)
 
     def _commit_step(self, plan: StepPlan) -> DecodeOutcome:
-        """A general step's commit, one compiled call (dsim.kernels_sched.commit_step): its
+        """A general step's commit, one compiled call (dsim.engine.compiled_sched.commit_step): its
         prefills' chunks (those that reach the end of their prompt sample a token and become
         decode slots, their KV holding prompt + generated - 1 tokens), its decode slots
         (commit_decodes: tokens, speculative counters, the confidence history), their ITL samples
@@ -1501,7 +1501,7 @@ class Replica:
 
     def _window_pricing(self, fixed_ms: float) -> tuple:
         """What prices a window's steps and lays them out in self._window_ints / self._window_floats, after its draws
-        (dsim.kernels_step.WindowPricing, for window_steps, plan_window and commit_window)."""
+        (dsim.engine.compiled_step.WindowPricing, for window_steps, plan_window and commit_window)."""
         return (
             self.kv_dec,
             self.total_blocks - self.pre_blocks,

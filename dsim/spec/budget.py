@@ -131,7 +131,7 @@ def _position_major(conf) -> np.ndarray:
 class BudgetPolicy:
     """A verify-budget policy. Declared interface (what the engine reads):
 
-    * ``name``: the policy's name; ``code``: its compiled kernel (dsim.kernels_step codes);
+    * ``name``: the policy's name; ``code``: its compiled kernel (dsim.engine.compiled_step codes);
     * ``reads_prev`` / ``reads_prev2``: the budget reads the confidences of one / two steps earlier
       (the engine keeps those rows per decode slot only when asked);
     * ``tau``: the threshold policy's survival threshold (0 for the others);
@@ -167,7 +167,7 @@ class BudgetPolicy:
         ctx: PolicyContext | None = None,
     ) -> np.ndarray:
         """Windows of k steps from [k, R, K] confidences (float32; other float types are cast):
-        the compiled kernel ``dsim.kernels_step.policy_windows`` on each step's cost row
+        the compiled kernel ``dsim.engine.compiled_step.policy_windows`` on each step's cost row
         draft_ms + verify_ms(N + b) (the policy's own table where it has one), b = 0..R x K."""
         now = np.asarray(conf_now)
         if now.ndim != 3:

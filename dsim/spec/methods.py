@@ -8,7 +8,7 @@ Public API (see docs/dev/architecture.md, "Spec interface"):
   ``parse_acceptance(arg)`` for the inline forms.
 * ``AcceptanceModel(curves, class_names, k, ...)``: ``request_latent(rng, cls)``,
   ``sample(rng, cls, latent, steps) -> StepDraws`` ([steps, R, K] arrays, the engine's compiled
-  sampler dsim.kernels_step.draw_slots), ``kernel_params()``.
+  sampler dsim.engine.compiled_step.draw_slots), ``kernel_params()``.
 * ``SpecConfig`` (what the user asks for; the one home of ``verify_mode``) and
   ``SpecRuntime.build(config, class_names, cost, ...)`` (method, acceptance model, budget policy,
   verify mode: what an engine replica uses).
@@ -670,7 +670,7 @@ class AcceptanceModel:
     def sample(self, rng: np.random.Generator, cls: np.ndarray, latent: np.ndarray, steps: int) -> StepDraws:
         """Draw ``steps`` consecutive steps for R requests (class indices ``cls`` int[R], latents
         from ``request_latent``; the run key from ``rng``) with the engine's compiled sampler
-        (dsim.kernels_step.draw_slots, every position's outcome drawn). Returns StepDraws of shape
+        (dsim.engine.compiled_step.draw_slots, every position's outcome drawn). Returns StepDraws of shape
         [steps, R, K] (float32 / bool / float32)."""
         from dsim.engine import compiled_step as KS
 
