@@ -32,7 +32,10 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from typing import NamedTuple
+
 from dsim.profiling import compose as C
+from dsim.profiling.attention_published import FLASHMLA_H800_TFLOPS_FEB_2025, PublishedAttention
 from dsim.profiling.kernel_tables import Roofline, load_kernel_table
 from dsim.profiling.models import load_model
 
@@ -50,35 +53,57 @@ TARGET_ERROR = 0.15
 SOURCE_TABLE = "h200-aic-vllm"
 A2A_TABLE = "h800-deepep-ll-published"
 HARDWARE = ("h800", "h100", "h200")
+#: the MLA decode core as DeepSeek's deployment runs it: FlashMLA at its published rates
+#: (dsim.profiling.attention_published; `--attention-kernels flashmla-published`); None: vLLM's MLA
+#: attention module as AIC timed it (projections included), the sensitivity beside it
+ATTENTION = "flashmla-published"
+ATTENTION_LABEL = {"flashmla-published": "FlashMLA (published rates)", None: "vLLM's MLA module (AIC table)"}
 #: capture limit passed to the forward (no eager overhead below it; DeepSeek's engine runs graphs)
 LIMIT = 1024
 
 
-def tables(hardware: str) -> list:
+class Kernels(NamedTuple):
+    """The kernel sources of one composition: the tables in order of preference, the attention source."""
+
+    tables: list
+    attention: PublishedAttention | None
+
+
+def tables(hardware: str, attention: str | None = ATTENTION, tflops: float | None = None) -> Kernels:
     first = C.load_table_spec(SOURCE_TABLE if hardware == "h200" else f"{SOURCE_TABLE}@{hardware}")
-    return [first, load_kernel_table(A2A_TABLE)]
+    attn = None
+    if attention is not None:
+        attn = PublishedAttention(hardware) if tflops is None else PublishedAttention(hardware, tflops=tflops)
+    return Kernels([first, load_kernel_table(A2A_TABLE)], attn)
 
 
 class ScaledPricer(C.Pricer):
-    """The composer's pricer with one factor per part of the step (the sensitivity's knobs)."""
+    """The composer's pricer with one factor per part of the step (the sensitivity's knobs; "attention"
+    scales the MLA core and its projections together)."""
 
-    def __init__(self, tabs, hardware: str, scale: dict | None = None):
-        super().__init__(tabs, Roofline(hardware=hardware))
+    def __init__(self, kern: Kernels, hardware: str, scale: dict | None = None):
+        super().__init__(kern.tables, Roofline(hardware=hardware), attention=kern.attention)
         self.scale = scale or {}
 
     def ms(self, op: C.Op) -> float:
         v = super().ms(op)
-        return v * self.scale.get(part_of(op), 1.0)
+        part = part_of(op)
+        f = self.scale.get(part, self.scale.get("attention", 1.0) if part in ("mla_core", "projections") else 1.0)
+        return v * f
 
 
 def part_of(op: C.Op) -> str:
+    """mla_core: the attention core (with vLLM's module from AIC's table, its projections included),
+    projections: q / kv / o projections and the absorbed products where priced as their own ops."""
     rec = op.rec
     if op.part == "comm" and rec.get("kind") in C.A2A_KINDS:
         return "a2a"
     if op.part in ("moe_experts", "shared_expert", "dense_mlp"):
         return "experts"
-    if op.part in ("attn_core", "q_proj", "kv_proj", "mla_absorb", "o_proj"):
-        return "attention"
+    if op.part == "attn_core":
+        return "mla_core"
+    if op.part in ("q_proj", "kv_proj", "mla_absorb", "o_proj"):
+        return "projections"
     return "other"
 
 
@@ -152,11 +177,12 @@ def err(pred: float, pub: float) -> float:
 
 @dataclass(frozen=True)
 class Report:
-    check_a: dict  # hardware -> Point (batch at 21 tok/s per user)
-    check_b: dict  # hardware -> Point (at 88 requests per GPU)
-    profile_data: dict  # hardware -> Point
-    parts: dict  # hardware -> {part: ms per step at check B's batch}
-    sensitivity: list  # (what, factor, per-GPU error at check A, per-GPU error at check B)
+    # keyed by (hardware, attention source): ATTENTION (DeepSeek's kernels) and None (vLLM's, the sensitivity)
+    check_a: dict  # -> Point (batch at 21 tok/s per user)
+    check_b: dict  # -> Point (at 88 requests per GPU)
+    profile_data: dict  # -> Point
+    parts: dict  # -> {part: ms per step at check B's batch}
+    sensitivity: list  # (what, factor, per-GPU error at check A, per-GPU error at check B), on H800 with ATTENTION
 
 
 def step_parts(hardware: str, batch: int, tabs) -> dict:
@@ -171,118 +197,132 @@ def step_parts(hardware: str, batch: int, tabs) -> dict:
     return out
 
 
+def core_tflop_per_step(batch: float) -> float:
+    """The MLA core's FLOPs in one decode step of `batch` requests at KV_TOKENS (FlashMLA's count), TFLOP."""
+    m = load_model(MODEL)
+    return batch * m.layers * m.heads * KV_TOKENS * (m.kv_lora_rank + m.rope_dim + m.kv_lora_rank) * 2 / 1e12
+
+
 SENSITIVITY = (
     ("all-to-all time (a2a bandwidth)", dict(a2a=1.25)),
     ("all-to-all time (a2a bandwidth)", dict(a2a=0.8)),
     ("routed + shared expert GEMMs", dict(experts=1.25)),
     ("routed + shared expert GEMMs", dict(experts=0.8)),
-    ("MLA attention module at KV 4,989", dict(attention=1.25)),
-    ("MLA attention module at KV 4,989", dict(attention=0.8)),
+    ("MLA core (FlashMLA) at KV 4,989", dict(mla_core=1.25)),
+    ("MLA core (FlashMLA) at KV 4,989", dict(mla_core=0.8)),
+    ("attention projections (q, kv, o, absorbed)", dict(projections=1.25)),
+    ("attention projections (q, kv, o, absorbed)", dict(projections=0.8)),
     ("router, LM head, norms, embedding", dict(other=1.25)),
 )
+SOURCES = (ATTENTION, None)
 
 
 def run(sensitivity: bool = True) -> Report:
     a, b, pd, parts = {}, {}, {}, {}
     b_batch = PUBLISHED_GPU_TOK_S / USER_TOK_S
-    for hw in HARDWARE:
-        tabs = tables(hw)
-        a[hw] = batch_at_speed(hw, USER_TOK_S, tabs=tabs)
-        b[hw] = point(hw, TOPOLOGY, b_batch, KV_TOKENS, tabs=tabs)
-        pd[hw] = point(hw, PROFILE_DATA["topology"], PROFILE_DATA["batch"], PROFILE_DATA["kv"], tabs=tabs)
-        parts[hw] = step_parts(hw, round(b_batch), tabs)
+    for src in SOURCES:
+        for hw in HARDWARE:
+            tabs = tables(hw, src)
+            a[hw, src] = batch_at_speed(hw, USER_TOK_S, tabs=tabs)
+            b[hw, src] = point(hw, TOPOLOGY, b_batch, KV_TOKENS, tabs=tabs)
+            pd[hw, src] = point(hw, PROFILE_DATA["topology"], PROFILE_DATA["batch"], PROFILE_DATA["kv"], tabs=tabs)
+            parts[hw, src] = step_parts(hw, round(b_batch), tabs)
     sens = []
     if sensitivity:
         tabs = tables("h800")
+
+        def row(what, factor, scale=None, kern=tabs, overlap="dbo"):
+            pa = batch_at_speed("h800", USER_TOK_S, scale=scale, tabs=kern, overlap=overlap)
+            pb = point("h800", TOPOLOGY, b_batch, KV_TOKENS, overlap, scale, kern)
+            sens.append((what, factor, err(pa.gpu_tok_s, PUBLISHED_GPU_TOK_S), err(pb.gpu_tok_s, PUBLISHED_GPU_TOK_S)))
+
         for what, sc in SENSITIVITY:
-            pa = batch_at_speed("h800", USER_TOK_S, scale=sc, tabs=tabs)
-            pb = point("h800", TOPOLOGY, b_batch, KV_TOKENS, scale=sc, tabs=tabs)
-            sens.append(
-                (
-                    what,
-                    next(iter(sc.values())),
-                    err(pa.gpu_tok_s, PUBLISHED_GPU_TOK_S),
-                    err(pb.gpu_tok_s, PUBLISHED_GPU_TOK_S),
-                )
-            )
+            row(what, f"x {next(iter(sc.values())):g}", sc)
+        row(
+            "FlashMLA at its 2025-02 release rate",
+            f"{FLASHMLA_H800_TFLOPS_FEB_2025:g} TFLOP/s",
+            kern=tables("h800", tflops=FLASHMLA_H800_TFLOPS_FEB_2025),
+        )
         for ov in (0.5, 0.0):
-            pa = batch_at_speed("h800", USER_TOK_S, tabs=tabs, overlap=ov)
-            pb = point("h800", TOPOLOGY, b_batch, KV_TOKENS, tabs=tabs, overlap=ov)
-            sens.append(
-                (
-                    "two-batch overlap efficiency (1: the schedule's)",
-                    ov,
-                    err(pa.gpu_tok_s, PUBLISHED_GPU_TOK_S),
-                    err(pb.gpu_tok_s, PUBLISHED_GPU_TOK_S),
-                )
-            )
+            row("two-batch overlap efficiency (1: the schedule's)", f"{ov:g}", overlap=ov)
     return Report(a, b, pd, parts, sens)
 
 
 def format_report(r: Report) -> str:
     out = [
         f"DeepSeek-V3 decode, {TOPOLOGY} (EP144, 288 routed experts = 256 + 32 redundant, 2 per GPU), two-batch "
-        f"overlap, KV {KV_TOKENS:,} per request, composed from {SOURCE_TABLE} (carried per op to H800 / H100) and "
-        f"{A2A_TABLE}",
+        f"overlap, KV {KV_TOKENS:,} per request; MLA decode core from {ATTENTION} (DeepSeek's FlashMLA at its "
+        f"README's H800 rates), everything else from {SOURCE_TABLE} (carried per op to H800 / H100) and {A2A_TABLE}; "
+        "beside it, the attention as vLLM's MLA module from the same AIC table",
         f"published (open-infra-index day 6, H800): {PUBLISHED_GPU_TOK_S:,.0f} output tok/s per GPU "
         f"({PUBLISHED_NODE_TOK_S:,.0f} per node), {PUBLISHED_USER_TOK_S[0]:g}-{PUBLISHED_USER_TOK_S[1]:g} tok/s per user",
         "",
         f"A. at {USER_TOK_S:g} tok/s per user (input): batch per GPU, per-GPU throughput vs {PUBLISHED_GPU_TOK_S:,.0f}",
-        "| hardware | batch/GPU | step ms | tok/s/GPU | error |",
-        "|---|---|---|---|---|",
+        "| hardware | MLA attention | batch/GPU | step ms | tok/s/GPU | error |",
+        "|---|---|---|---|---|---|",
     ]
-    for hw, p in r.check_a.items():
+    for (hw, src), p in r.check_a.items():
         e = err(p.gpu_tok_s, PUBLISHED_GPU_TOK_S)
-        out.append(f"| {hw.upper()} | {p.batch:.1f} | {p.step_ms:.1f} | {p.gpu_tok_s:,.0f} | {e:+.1%} |")
+        out.append(
+            f"| {hw.upper()} | {ATTENTION_LABEL[src]} | {p.batch:.1f} | {p.step_ms:.1f} | {p.gpu_tok_s:,.0f} | {e:+.1%} |"
+        )
     bb = PUBLISHED_GPU_TOK_S / USER_TOK_S
     out += [
         "",
         f"B. at {bb:.1f} requests per GPU ({PUBLISHED_GPU_TOK_S:,.0f} / {USER_TOK_S:g}, input): per-user speed vs "
         f"{PUBLISHED_USER_TOK_S[0]:g}-{PUBLISHED_USER_TOK_S[1]:g}, per-GPU throughput vs {PUBLISHED_GPU_TOK_S:,.0f}",
-        "| hardware | step ms | tok/s/user | tok/s/GPU | error |",
-        "|---|---|---|---|---|",
+        "| hardware | MLA attention | step ms | tok/s/user | tok/s/GPU | error |",
+        "|---|---|---|---|---|---|",
     ]
-    for hw, p in r.check_b.items():
+    for (hw, src), p in r.check_b.items():
         e = err(p.gpu_tok_s, PUBLISHED_GPU_TOK_S)
-        out.append(f"| {hw.upper()} | {p.step_ms:.1f} | {p.user_tok_s:.1f} | {p.gpu_tok_s:,.0f} | {e:+.1%} |")
+        out.append(
+            f"| {hw.upper()} | {ATTENTION_LABEL[src]} | {p.step_ms:.1f} | {p.user_tok_s:.1f} | {p.gpu_tok_s:,.0f} "
+            f"| {e:+.1%} |"
+        )
     out += [
         "",
-        "Step parts at check B (ms per step, each as if alone, without the overlap that hides the all-to-all):",
-        "| hardware | MLA attention module | experts (routed + shared) | all-to-all | other |",
-        "|---|---|---|---|---|",
+        f"Step parts at check B ({round(bb)} requests per GPU; ms per step, each as if alone, without the overlap "
+        "that hides the all-to-all; vLLM's module includes its projections):",
+        "| hardware | MLA attention | MLA core | projections | experts (routed + shared) | all-to-all | other |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for hw, ps in r.parts.items():
+    for (hw, src), ps in r.parts.items():
+        proj = f"{ps['projections']:.1f}" if ps.get("projections") else "in the module"
         out.append(
-            f"| {hw.upper()} | {ps.get('attention', 0):.1f} | {ps.get('experts', 0):.1f} | {ps.get('a2a', 0):.1f} "
-            f"| {ps.get('other', 0):.1f} |"
+            f"| {hw.upper()} | {ATTENTION_LABEL[src]} | {ps.get('mla_core', 0):.1f} | {proj} | {ps.get('experts', 0):.1f} "
+            f"| {ps.get('a2a', 0):.1f} | {ps.get('other', 0):.1f} |"
         )
-    m = load_model(MODEL)
     out.append("")
-    core_tflop = bb * m.layers * m.heads * KV_TOKENS * (m.kv_lora_rank + m.rope_dim + m.kv_lora_rank) * 2 / 1e12
+    tf = core_tflop_per_step(round(bb))
+    fl = r.parts["h800", ATTENTION]["mla_core"]
+    vl = r.parts["h800", None]["mla_core"]
     out.append(
-        f"MLA core FLOPs at check B: {core_tflop:.2f} TFLOP per step; over the H800 attention module's "
-        f"{r.parts['h800'].get('attention', 0):.1f} ms (projections included): "
-        f"{core_tflop / r.parts['h800'].get('attention', 1) * 1e3:.0f} TFLOP/s, a lower bound on the core's rate "
-        "(FlashMLA, DeepSeek's kernel: up to 660 TFLOP/s compute-bound on H800)"
+        f"MLA core FLOPs at check B: {tf:.2f} TFLOP per step; H800: FlashMLA's core {fl:.1f} ms "
+        f"({tf / fl * 1e3:.0f} TFLOP/s), vLLM's module {vl:.1f} ms with its projections ({tf / vl * 1e3:.0f} TFLOP/s, a "
+        f"lower bound on its core's rate; less the projections as FlashMLA's composition prices them, "
+        f"{r.parts['h800', ATTENTION]['projections']:.1f} ms: {vl - r.parts['h800', ATTENTION]['projections']:.1f} ms)"
     )
     out += [
         "",
         f"profile-data configuration ({PROFILE_DATA['topology']}, {PROFILE_DATA['batch']} requests per GPU, KV "
         f"{PROFILE_DATA['kv']:,}; no published timing read):",
-        "| hardware | step ms | tok/s/user | tok/s/GPU |",
-        "|---|---|---|---|",
+        "| hardware | MLA attention | step ms | tok/s/user | tok/s/GPU |",
+        "|---|---|---|---|---|",
     ]
-    for hw, p in r.profile_data.items():
-        out.append(f"| {hw.upper()} | {p.step_ms:.1f} | {p.user_tok_s:.1f} | {p.gpu_tok_s:,.0f} |")
+    for (hw, src), p in r.profile_data.items():
+        out.append(
+            f"| {hw.upper()} | {ATTENTION_LABEL[src]} | {p.step_ms:.1f} | {p.user_tok_s:.1f} | {p.gpu_tok_s:,.0f} |"
+        )
     if r.sensitivity:
         out += [
             "",
-            "Sensitivity on H800 (one input scaled; per-GPU error at A and at B):",
+            "Sensitivity on H800 with FlashMLA (one input changed; per-GPU error at A and at B):",
             "| input | factor | error A | error B |",
             "|---|---|---|---|",
         ]
         for what, f, ea, eb in r.sensitivity:
-            out.append(f"| {what} | {f'{f:g}' if 'overlap' in what else f'x {f:g}'} | {ea:+.1%} | {eb:+.1%} |")
+            out.append(f"| {what} | {f} | {ea:+.1%} | {eb:+.1%} |")
     return "\n".join(out)
 
 

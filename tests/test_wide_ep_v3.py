@@ -15,6 +15,7 @@ from dsim.cost import PROFILE_DIR, load_profile
 from dsim.errors import InputError
 from dsim.profiling import compose as C
 from dsim.profiling import deepep_tables as D
+from dsim.profiling.attention_published import PublishedAttention, attention_source
 from dsim.profiling.compose import load_table_spec
 from dsim.profiling.kernel_tables import HARDWARE, KernelTable, Roofline, carried_table, load_kernel_table
 from dsim.profiling.models import load_model
@@ -22,12 +23,16 @@ from dsim.profiling.models import load_model
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 SHIPPED = [
-    ("h800", 32),
-    ("h800", 64),
-    ("h800", 128),
-    ("h800", 144),
-    ("h100", 144),
-    ("h200", 144),
+    ("h800", 32, None),
+    ("h800", 64, None),
+    ("h800", 128, None),
+    ("h800", 144, None),
+    ("h100", 144, None),
+    ("h200", 144, None),
+    # DeepSeek's kernels: the MLA decode core at FlashMLA's published rates
+    ("h800", 144, "flashmla-published"),
+    ("h100", 144, "flashmla-published"),
+    ("h200", 144, "flashmla-published"),
 ]
 
 
@@ -139,19 +144,24 @@ def test_few_expert_rank_priced_as_its_experts_gemms():
     assert pr.ms(moe16) == pytest.approx(active * g1 + ew1)
 
 
-@pytest.mark.parametrize(("hw", "ep"), SHIPPED)
-def test_shipped_profile_loads_and_matches_its_composition(hw, ep):
-    name = f"deepseek-v3-{hw}-vllm-dp{ep}-ep{ep}-dbo"
+@pytest.mark.parametrize(("hw", "ep", "attention"), SHIPPED)
+def test_shipped_profile_loads_and_matches_its_composition(hw, ep, attention):
+    name = f"deepseek-v3-{hw}-vllm-{'flashmla-' if attention else ''}dp{ep}-ep{ep}-dbo"
     p = load_profile(str(PROFILE_DIR / "composed" / f"{name}.yaml"))
     assert p.label.startswith(name) and p.provenance["hardware"] == f"{ep} x {HARDWARE[hw]['name']}"
     src = "h200-aic-vllm" if hw == "h200" else f"h200-aic-vllm@{hw}"
     assert f"--kernels {src},h800-deepep-ll-published --overlap dbo" in p.provenance["command"]
+    if attention:
+        assert f"--attention-kernels {attention}" in p.provenance["command"]
+        assert p.provenance["attention_kernels"]["name"] == attention and "FlashMLA" in p.provenance["method"]
+    else:
+        assert "--attention-kernels" not in p.provenance["command"] and "attention_kernels" not in p.provenance
     if ep == 144:
         assert "32 redundant routed experts" in p.provenance["assumptions"]["redundant_experts"]
     # the forward entry at 64 tokens per rank is the two-batch-overlap step recomposed from the tables
     tabs = [load_table_spec(src), load_kernel_table("h800-deepep-ll-published")]
     v3, topo = load_model("deepseek-v3"), C.parse_topology(f"dp{ep}-ep{ep}")
-    pr = C.Pricer(tabs, Roofline(hardware=hw))
+    pr = C.Pricer(tabs, Roofline(hardware=hw), attention=attention_source(attention, hw))
     want = C.forward_ms_dbo(v3, topo, hw, 64, pr, 512, threshold=C.DBO_DECODE_TOKEN_THRESHOLD, moe_chunk=256)
     want -= p.kv_ms_per_ktok / 1e3 * 64 * C.KV_LO  # the table is the zero-context part
     i = list(p.forward.x).index(64)
@@ -168,20 +178,84 @@ def test_check_against_deepseek_reproduces_its_printed_table_and_the_doc():
 
     r = B.run()
     text = B.format_report(r)
-    # check B (DeepSeek's operating point: 88 requests per GPU, KV 4,989) on the H800 within the 15% target
-    assert abs(B.err(r.check_b["h800"].gpu_tok_s, B.PUBLISHED_GPU_TOK_S)) < B.TARGET_ERROR
+    fm = B.ATTENTION
+    # check B (DeepSeek's operating point: 88 requests per GPU, KV 4,989) on the H800 within the 15% target,
+    # with DeepSeek's attention kernel and with vLLM's
+    for src in (fm, None):
+        assert abs(B.err(r.check_b["h800", src].gpu_tok_s, B.PUBLISHED_GPU_TOK_S)) < B.TARGET_ERROR
     # per-user speed and per-GPU throughput are the batch over one step: one error
-    pb = r.check_b["h800"]
+    pb = r.check_b["h800", fm]
     assert pb.gpu_tok_s == pytest.approx(B.PUBLISHED_GPU_TOK_S / B.USER_TOK_S * pb.user_tok_s)
     # check A's step is at 21 tok/s per user by construction
-    assert r.check_a["h800"].user_tok_s == pytest.approx(B.USER_TOK_S)
+    assert r.check_a["h800", fm].user_tok_s == pytest.approx(B.USER_TOK_S)
     # H800 and H100 differ only in NVLink, which the decode step (pure-RDMA all-to-all, no TP) does not use
-    assert r.check_b["h100"].step_ms == pytest.approx(r.check_b["h800"].step_ms, rel=1e-6)
+    assert r.check_b["h100", fm].step_ms == pytest.approx(r.check_b["h800", fm].step_ms, rel=1e-6)
+    # FlashMLA's core at 88 x 4,989 is compute-bound: the same time on the H200; the projections (HBM) are not
+    assert r.parts["h200", fm]["mla_core"] == pytest.approx(r.parts["h800", fm]["mla_core"])
+    assert r.parts["h200", fm]["projections"] < r.parts["h800", fm]["projections"]
+    # the core in closed form: 61 layers x 88 requests at FlashMLA's 660 TFLOP/s (+ two 3 us floors a layer)
+    core = B.core_tflop_per_step(88) / 660 * 1e3 + 61 * 2 * 3e-3
+    assert r.parts["h800", fm]["mla_core"] == pytest.approx(core, rel=1e-9)
     # every table row printed is in the results page
     doc = (ROOT / "docs/results/wide-ep-v3-2026-12-06.md").read_text()
-    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| hardware")]
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith(("| hardware", "| input"))]
     missing = [line for line in rows if line not in doc]
     assert not missing, missing
+
+
+def test_flashmla_published_prices_in_closed_form():
+    # compute-bound: 32 requests x 2 query tokens (MTP) x 128 heads over 8,192 keys on the H800
+    fm = PublishedAttention("h800")
+    rec = dict(op="attn", kind="mla", phase="decode", batch=32, q=2, kv=8192, heads=128)
+    flops = 2 * 32 * 2 * 8192 * 128 * (576 + 512)
+    nbytes = 2 * (32 * 8192 * 576 + 32 * 2 * 128 * (576 + 512))
+    assert flops / 660e12 > nbytes / 3000e9
+    assert fm.ms(rec) == pytest.approx(flops / 660e12 * 1e3 + 0.006, rel=1e-12)
+    # the same on the H200: compute-bound, the same SMs and clocks, the same time
+    assert PublishedAttention("h200").ms(rec) == pytest.approx(fm.ms(rec), rel=1e-12)
+    # memory-bound: 16 heads a GPU (TP8), one query token: the KV read at 3,000 GB/s on the H800 ...
+    rec16 = dict(rec, q=1, heads=16)
+    nb16 = 2 * (32 * 8192 * 576 + 32 * 16 * (576 + 512))
+    assert 2 * 32 * 8192 * 16 * 1088 / 660e12 < nb16 / 3000e9
+    assert fm.ms(rec16) == pytest.approx(nb16 / 3000e9 * 1e3 + 0.006, rel=1e-12)
+    # ... and at 3,000 x 4.8 / 3.35 GB/s on the H200 (the same fraction of its HBM bandwidth)
+    assert PublishedAttention("h200").ms(rec16) == pytest.approx(nb16 / (3000e9 * 4.8 / 3.35) * 1e3 + 0.006, rel=1e-12)
+    # the 2025-02 release rate, compute-bound: 660 / 580 times as long, less the floors
+    old = PublishedAttention("h800", tflops=580.0).ms(rec)
+    assert (old - 0.006) / (fm.ms(rec) - 0.006) == pytest.approx(660 / 580)
+    # only MLA decode cores: no dense MLA prefill on SM90, no other attention, nothing else
+    assert fm.ms(dict(rec, phase="prefill")) is None and fm.ms(dict(rec, kind="v4_csa")) is None
+    assert fm.ms(dict(op="gemm", dtype="fp8", m=1, n=1, k=1)) is None
+    with pytest.raises(InputError, match="Hopper"):
+        PublishedAttention("b200")
+    with pytest.raises(InputError, match="expected one of"):
+        attention_source("flashmla", "h800")
+    assert attention_source(None, "h800") is None
+
+
+def test_attention_source_prices_the_core_and_the_projections_apart():
+    v3, topo = load_model("deepseek-v3"), C.parse_topology("dp144-ep144")
+    tabs = [load_table_spec("h200-aic-vllm@h800")]
+    fm = PublishedAttention("h800")
+    plain, with_fm = C.Pricer(tabs, Roofline(hardware="h800")), C.Pricer(tabs, Roofline(hardware="h800"), attention=fm)
+    dec = C.layer_ops(v3, topo, "h800", 64, kv=4096, layers=[5])
+    core = next(o for o in dec if o.part == "attn_core")
+    proj = [o for o in dec if o.part in ("q_proj", "kv_proj", "mla_absorb", "o_proj")]
+    # vLLM's module from the table, its projections inside it; with FlashMLA the core at its rates and the
+    # projections as their own GEMMs
+    assert all(plain.ms(o) == 0 for o in proj) and plain.ms(core) == pytest.approx(tabs[0].ms(core.rec))
+    assert with_fm.ms(core) == pytest.approx(fm.ms(core.rec)) and all(with_fm.ms(o) > 0 for o in proj)
+    # a prefill chunk (no FlashMLA record): the module less its parts, so the layer's attention total is unchanged
+    pre = C.layer_ops(v3, topo, "h800", 512, phase="prefill", batch=1, q=512, kv=2048, layers=[5])
+    att = [o for o in pre if o.part in ("attn_core", "q_proj", "kv_proj", "mla_absorb", "o_proj")]
+    assert with_fm.total(att) == pytest.approx(plain.total(att), rel=1e-9)
+
+
+def test_compose_refuses_flashmla_for_a_model_without_mla(tmp_path):
+    out = tmp_path / "p.yaml"
+    argv = ["profile", "--model", "deepseek-v4-flash", "--topology", "dp8-ep8", "--hardware", "h800"]
+    assert C.main([*argv, "--attention-kernels", "flashmla-published", "--out", str(out)]) == 2
+    assert not out.exists()
 
 
 def test_a_table_path_holding_an_at_sign_is_a_path(tmp_path):

@@ -64,6 +64,7 @@ from dsim.cost import (
     vllm_capture_sizes,
 )
 from dsim.errors import InputError
+from dsim.profiling.attention_published import ATTENTION_KERNELS, PublishedAttention, attention_source
 from dsim.profiling.kernel_tables import (
     HARDWARE,
     MATH_DTYPE,
@@ -475,8 +476,12 @@ class Pricer:
         roofline: Roofline,
         zero_ops: frozenset = frozenset(),
         prefer: dict | None = None,
+        attention: PublishedAttention | None = None,
     ):
         self.tables = [t for t in (table if isinstance(table, list) else [table]) if t is not None]
+        # attention: a source asked first for attention cores (FlashMLA's published rates); the
+        # projections an attention-module table includes are then priced as their own GEMMs
+        self.attention = attention
         # prefer: op kind -> table name asked first for that kind (e.g. mhc from an engine's table)
         self.order = {
             op: [t for t in self.tables if t.name == name] + [t for t in self.tables if t.name != name]
@@ -490,6 +495,8 @@ class Pricer:
         self.zero_ops = set(zero_ops)
         attn_table = next((t for t in self.tables if any(r["op"] == "attn" for r in t.records)), None)
         self.skip = attn_table.includes("attn") | attn_table.includes("moe") if attn_table else set()
+        if attention is not None and attn_table is not None:
+            self.skip = attn_table.includes("moe")
         self.priced: dict = {}
         self.fallback: dict = {}
         self.by_table: dict = {}
@@ -502,6 +509,32 @@ class Pricer:
         rec = op.rec
         if rec["op"] in self.zero_ops:
             return 0.0
+        if self.attention is not None and rec["op"] == "attn":
+            return self._attention_ms(rec)
+        return self._rec_ms(rec)
+
+    def _attention_ms(self, rec: dict) -> float:
+        """An attention core with an attention source given: the source's price where it has one; else
+        the tables' (an attention-module record less the parts it includes, priced as the composer
+        prices them when they run as their own ops: the module's total is unchanged)."""
+        assert self.attention is not None
+        v = self.attention.ms(rec)
+        if v is not None:
+            self.by_table[self.attention.name] = self.by_table.get(self.attention.name, 0) + 1
+            self.priced["attn"] = self.priced.get("attn", 0) + 1
+            return float(v)
+        t = self._rec_ms(rec)
+        parts = included_part_records({**rec, "includes": self._table_includes(rec)})
+        return max(0.0, t - sum(self._rec_ms(p) for p in parts))
+
+    def _table_includes(self, rec: dict) -> list:
+        """The parts the table record answering `rec` includes (those of the first table that answers)."""
+        for tb in self.order.get(rec["op"], self.tables):
+            if tb.ms(rec) is not None:
+                return sorted(tb.includes(rec["op"]))
+        return []
+
+    def _rec_ms(self, rec: dict) -> float:
         v = self._lookup(rec)
         if v is None and rec["op"] == "gemm" and rec.get("groups", 1) > 1:
             # a table without batched-GEMM records: the single GEMM of the same FLOPs, weight and
@@ -1307,6 +1340,7 @@ def compose_profile(
     verify_attention: str = "window",
     eager_us_per_layer: float = EAGER_US_PER_LAYER,
     block_pool: dict | None = None,
+    attention_kernels: str | None = None,
 ) -> Profile:
     """Build the profile (see the module doc). `table`: one kernel table or several in order of
     preference. `table_error`: the measured error of the (first) table against our own
@@ -1322,11 +1356,16 @@ def compose_profile(
     key lists as our shard executor runs them, every token's as long as the step's longest, split
     by the step's own tokens (format 4 step_keys; needs step_indexer). `eager_us_per_layer`: what each
     layer adds to a step above the capture limit, run without CUDA graphs (0 for an executor that
-    captures every step, as our shard executor does)."""
+    captures every step, as our shard executor does). `attention_kernels`: a published attention
+    kernel source asked first for the attention cores (dsim.profiling.attention_published: e.g.
+    flashmla-published, DeepSeek's FlashMLA at its published rates, for a deployment that runs it)."""
     if not (0.0 <= float(eager_us_per_layer) < 1e6):
         raise InputError(f"--eager-us-per-layer: expected a finite value >= 0 (us), got {eager_us_per_layer!r}")
     roof = roofline or Roofline(hardware=hardware)
-    pricer = Pricer(table, roof, frozenset(zero_ops), prefer)
+    attn_src = attention_source(attention_kernels, hardware)
+    if attn_src is not None and "mla" not in model.attn_kinds:
+        raise InputError(f"--attention-kernels {attention_kernels}: {model.name} has no MLA attention layers")
+    pricer = Pricer(table, roof, frozenset(zero_ops), prefer, attn_src)
     tables = pricer.tables
     table = tables[0] if tables else None
     glue = fit_layer_glue(model, topo, hardware, pricer, layer_records, layer_source) if layer_records else LayerGlue()
@@ -1422,7 +1461,7 @@ def compose_profile(
             model, topo, hardware, pricer, step_indexer_ms_per_mcell(model, topo, hardware, pricer)
         )
         free = without_split_combine(pricer.table, model, topo, rule, keys_term.combine_ms_per_work)
-        table_pricer = Pricer([free] + pricer.tables[1:], roof, frozenset(zero_ops), prefer)
+        table_pricer = Pricer([free] + pricer.tables[1:], roof, frozenset(zero_ops), prefer, attn_src)
     req_attn = (
         request_attention_table(model, topo, hardware, pricer, tokens, fq, slope_ms_per_tok, table_pricer)
         if request_attention
@@ -1478,6 +1517,11 @@ def compose_profile(
             )
     else:
         kind, src = "analytical", "roofline only (no kernel table)"
+    if attn_src is not None:
+        src = (
+            f"decode attention cores from {attn_src.name} ({attn_src.provenance['method']}; "
+            f"{attn_src.provenance['source']}), their projections as their own GEMMs; the rest from " + src
+        )
     fell = sum(pricer.fallback.values())
     tot = fell + sum(pricer.priced.values())
     method = (
@@ -1574,6 +1618,8 @@ def compose_profile(
         )
         if len(tables) > 1:
             prov["kernel_table_fallbacks"] = [dict(name=t.name, provenance=t.provenance) for t in tables[1:]]
+    if attn_src is not None:
+        prov["attention_kernels"] = dict(name=attn_src.name, **attn_src.provenance)
     if glue.fit:
         prov["layer_glue"] = glue.fit
     if table_error:
@@ -1902,6 +1948,14 @@ def main(argv: list[str] | None = None) -> int:
         help="without --kernels: AIC's silicon tables of this serving engine on --hardware (the shipped "
         "<hardware>-aic-<backend> table; others: dsim profile aic profile); the name carries it",
     )
+    prof.add_argument(
+        "--attention-kernels",
+        choices=ATTENTION_KERNELS,
+        default=None,
+        help="price the MLA decode attention cores from a published kernel source (flashmla-published: DeepSeek's "
+        "FlashMLA at its README's H800 rates, for a deployment that runs DeepSeek's kernels) instead of the tables' "
+        "attention records; the projections then priced as their own GEMMs",
+    )
     prof.add_argument("--prefer", default="", help="op=TABLE,...: the table asked first for that op kind")
     prof.add_argument("--zero-ops", default="", help="op kinds priced at 0, e.g. comm (a one-GPU shard check)")
     prof.add_argument(
@@ -2034,6 +2088,7 @@ def _run(a, argv: list[str] | None) -> int:
         verify_attention=a.verify_attention,
         eager_us_per_layer=a.eager_us_per_layer,
         block_pool=pool,
+        attention_kernels=a.attention_kernels,
     )
     if a.backend:
         prof_.provenance["backend"] = a.backend
