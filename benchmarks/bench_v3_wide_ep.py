@@ -19,6 +19,10 @@ Which figure is used for what (nothing is fitted on them; every kernel time come
   batch over the one step time).
 - profile-data's EP128 x 128 requests x 4K: printed, not checked (no timing read).
 
+Kernels: the MLA decode core at DeepSeek's FlashMLA published rates (deepseek-ai/FlashMLA README: up to 660
+TFLOP/s compute-bound, 3000 GB/s memory-bound on H800 SXM5; dsim.profiling.attention_published), the kernel
+DeepSeek's deployment runs; beside it, as a sensitivity, vLLM's MLA attention module as AIC timed it.
+
 Hardware: composed on the H800 itself (its datasheet in dsim.profiling.kernel_tables.HARDWARE; AIC's H200 vLLM table
 carried to it op by op with the roofline ratio, dsim.profiling.compose.load_table_spec; DeepEP's all-to-all as
 measured on H800, profiles/kernels/h800-deepep-ll-published.json), then on H100 and H200 to show what
@@ -31,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-
 from typing import NamedTuple
 
 from dsim.profiling import compose as C

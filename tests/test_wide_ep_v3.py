@@ -198,7 +198,9 @@ def test_check_against_deepseek_reproduces_its_printed_table_and_the_doc():
     assert r.parts["h800", fm]["mla_core"] == pytest.approx(core, rel=1e-9)
     # every table row printed is in the results page
     doc = (ROOT / "docs/results/wide-ep-v3-2026-12-06.md").read_text()
-    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith(("| hardware", "| input"))]
+    rows = [
+        line for line in text.splitlines() if line.startswith("| ") and not line.startswith(("| hardware", "| input"))
+    ]
     missing = [line for line in rows if line not in doc]
     assert not missing, missing
 
