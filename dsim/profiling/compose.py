@@ -2038,7 +2038,10 @@ def _run(a, argv: list[str] | None) -> int:
     table = [load_table_spec(k.strip()) for k in a.kernels.split(",") if k.strip()] if a.kernels else None
     if a.backend and table is None:
         table = [shipped_table_for(a.hardware, a.backend, topo.name)]
-        a.name = a.name or f"{model.name}-{a.hardware}-{a.backend}-{topo.name}" + ("-dbo" if a.overlap == "dbo" else "")
+        kern = f"-{a.attention_kernels.split('-')[0]}" if a.attention_kernels else ""  # e.g. -flashmla
+        a.name = a.name or f"{model.name}-{a.hardware}-{a.backend}{kern}-{topo.name}" + (
+            "-dbo" if a.overlap == "dbo" else ""
+        )
     zero = frozenset(x.strip() for x in a.zero_ops.split(",") if x.strip())
     prefer = {}
     for item in (x.strip() for x in a.prefer.split(",") if x.strip()):
