@@ -258,6 +258,16 @@ def test_compose_refuses_flashmla_for_a_model_without_mla(tmp_path):
     argv = ["profile", "--model", "deepseek-v4-flash", "--topology", "dp8-ep8", "--hardware", "h800"]
     assert C.main([*argv, "--attention-kernels", "flashmla-published", "--out", str(out)]) == 2
     assert not out.exists()
+    # FlashMLA's dense decoding kernel is Hopper-only
+    v3 = ["profile", "--model", "deepseek-v3", "--topology", "dp8-ep8", "--backend", "vllm"]
+    assert C.main([*v3, "--hardware", "b200", "--attention-kernels", "flashmla-published", "--out", str(out)]) == 2
+    assert not out.exists()
+    # a --backend profile's default name carries the attention source, its provenance the rates
+    assert C.main([*v3, "--hardware", "h200", "--attention-kernels", "flashmla-published", "--out", str(out)]) == 0
+    p = load_profile(str(out))
+    assert p.label.startswith("deepseek-v3-h200-vllm-flashmla-dp8-ep8")
+    assert p.provenance["attention_kernels"]["name"] == "flashmla-published"
+    assert "660 TFLOP/s" in p.provenance["attention_kernels"]["method"]
 
 
 def test_a_table_path_holding_an_at_sign_is_a_path(tmp_path):
