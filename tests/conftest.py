@@ -8,13 +8,13 @@ was looked for, when that trace is absent (a fresh clone), so the suite stays gr
 
 from __future__ import annotations
 
-import socket
 import threading
 
 import pytest
 
 from dsim.errors import InputError
 from dsim.workload import resolve_trace
+from servers import free_port
 
 
 def pytest_configure(config):
@@ -49,13 +49,6 @@ def pytest_runtest_setup(item):
         missing = missing_traces(mark.args)
         if missing:
             pytest.skip("public trace absent: " + "; ".join(missing))
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the OS's pick)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -39,8 +39,8 @@ Policies (docs/user/semantics.md, verify-budget policies):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 

@@ -10,11 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from builders import STEP_MS, const_workload, flat_profile
 from dsim.engine import diagnostics as D
 from dsim.engine.replica import EngineConfig
 from dsim.sim import SimConfig, SpecConfig, simulate
 from dsim.study.capacity import format_plan, parse_sla, plan
-from tests.test_plan import STEP_MS, const_workload, flat_profile
 
 # ---- replica imbalance ----------------------------------------------------------------------
 

@@ -7,48 +7,11 @@ import json
 import numpy as np
 import pytest
 
+from builders import linear_profile, make_profile, run, wl
 from dsim.cost import CostModel, load_profile, profile_from_dict, vllm_capture_sizes
 from dsim.engine.replica import EngineConfig
 from dsim.errors import InputError
 from dsim.sim import SimConfig, SpecConfig, simulate
-from dsim.workload import Workload
-
-
-def make_profile(forward=None, kv_ms_per_ktok=0.0, cpu=0.0, kv_gib=10.0, gpus=1, caps=None, draft=None,
-                 prefill_terms=None):
-    caps = caps or vllm_capture_sizes(512)
-    if forward is None:
-        forward = {"tokens": caps + [1024, 2048, 4096, 8192], "ms": [10.0] * (len(caps) + 4)}
-    d = {"name": "test", "provenance": {"kind": "analytical", "hardware": "test", "gpus_per_replica": gpus,
-                                        "model": "test", "engine": "test", "engine_version": "0",
-                                        "date": "2026-11-29", "method": "hand-made for tests"},
-         "memory": {"kv_cache_gib": kv_gib, "kv_bytes_per_token": 1024.0},
-         "cpu_overhead_ms": cpu, "capture_sizes": caps, "forward": forward, "kv_ms_per_ktok": kv_ms_per_ktok}
-    if draft:
-        d["draft"] = draft
-    if prefill_terms is not None:
-        d["prefill_terms"] = prefill_terms
-    return profile_from_dict(d, "test.yaml")
-
-
-def linear_profile(**kw):
-    caps = vllm_capture_sizes(512)
-    toks = caps + [768, 1024, 2048, 4096, 8192]
-    return make_profile(forward={"tokens": toks, "ms": [5.0 + 0.01 * t for t in toks]}, **kw)
-
-
-def wl(prompt, output, arrival=None, cls=None, closed=None):
-    n = len(prompt)
-    return Workload(arrival_s=np.zeros(n) if arrival is None else np.asarray(arrival, float),
-                    prompt_tokens=np.asarray(prompt), output_tokens=np.asarray(output),
-                    cls=np.zeros(n, np.int16) if cls is None else np.asarray(cls, np.int16),
-                    class_names=("math", "code", "chat") if cls is not None else ("chat",),
-                    session_id=np.full(n, -1), closed_loop_concurrency=closed, source="test")
-
-
-def run(w, prof, **kw):
-    return simulate(SimConfig(workload=w, profile=prof, gpus_per_node=prof.gpus_per_replica, **kw))
-
 
 # ---- cost model: vLLM staircase semantics -----------------------------------------------------
 
@@ -336,7 +299,7 @@ def test_step_table_not_kept_changes_no_result(method):
     for a, b in zip(kept.itl, dropped.itl):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match="step table was not kept"):
-        dropped.steps
+        _ = dropped.steps
 
 
 # ---- speculative decoding through the engine -----------------------------------------------------

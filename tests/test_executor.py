@@ -29,7 +29,7 @@ from typer.testing import CliRunner
 from dsim.cli.entry import app
 from dsim.errors import InputError
 from dsim.study.capacity import _Search, parse_sla
-from tests.conftest import free_port
+from servers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,10 +13,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from cli_contract import run_cli, tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cli_contract import run_cli, tree
 from dsim.errors import InputError
 
 # DSIM_FUZZ_SCALE=20 multiplies the example counts for a deeper run by hand

@@ -154,7 +154,9 @@ def test_compare_cli_text_json_and_errors(tmp_path):
 def test_grid_table_reproduces_log_linear_surfaces_and_clamps():
     bs, kvs = [1, 2, 4, 8, 16], [0, 127, 1023, 8191]
     pts = np.array([(b, kv) for b in bs for kv in kvs], dtype=float)
-    f = lambda b, kv: 0.05 + 0.01 * math.log2(b) + 0.002 * math.log2(1 + kv)
+    def f(b, kv):
+        return 0.05 + 0.01 * math.log2(b) + 0.002 * math.log2(1 + kv)
+
     g = ka.GridTable(("batch", "kv"), pts, np.array([f(b, kv) for b, kv in pts]), (False, True))
     for q in ((3, 500), (1, 0), (16, 8191), (5.5, 2000)):
         v, clamped = g(q)
@@ -228,7 +230,9 @@ def test_shipped_decode_attention_is_flat_in_context_and_grows_with_batch():
     t = json.loads(read_json_text(SHIPPED["h200_sxm"]))
     at = {(r["kind"], r["heads"], r["batch"], r["q"], r["kv"]): r["ms"]
           for r in t["records"] if r["op"] == "attn" and r["phase"] == "decode"}
-    hca = lambda b, kv: at[("v4_hca", 64, b, 1, kv)]
+    def hca(b, kv):
+        return at[("v4_hca", 64, b, 1, kv)]
+
     assert hca(1, 32768) / hca(1, 512) < 1.3
     assert hca(256, 2048) > hca(1, 2048)
     pre = {(r["kind"], r["heads"], r["batch"], r["q"], r["kv"]): r["ms"]
@@ -238,7 +242,9 @@ def test_shipped_decode_attention_is_flat_in_context_and_grows_with_batch():
     for kind, heads, kvs in (("mla", 16, (0, 2048, 8192, 32768)), ("v4_csa", 64, (0, 2048, 8192))):
         chunk = [pre[(kind, heads, 1, 2048, kv)] for kv in kvs]
         assert chunk == sorted(chunk) and chunk[-1] > chunk[0]
-    mla = lambda b, kv: at[("mla", 16, b, 1, kv)]
+    def mla(b, kv):
+        return at[("mla", 16, b, 1, kv)]
+
     assert mla(64, 32768) / mla(64, 512) > 2.0
 
 

@@ -15,8 +15,9 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from validator.gpu import moe_ops as O
-from validator.gpu import moe_shard as S
+# (after the skips: these import torch and triton)
+from validator.gpu import moe_ops as O  # noqa: E402
+from validator.gpu import moe_shard as S  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")

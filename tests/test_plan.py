@@ -10,13 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from dsim.cost import Profile, Table
+from builders import STEP_MS, const_workload, flat_profile
 from dsim.engine.replica import EngineConfig
 from dsim.errors import InputError
 from dsim.sim import SpecConfig
 from dsim.study.capacity import SLO, parse_request_slo, parse_sla, plan
 from dsim.study.prices import PRICES
-from dsim.workload import Workload
 
 # ---- SLA grammar ----------------------------------------------------------------------------
 
@@ -71,25 +70,6 @@ def test_parse_request_slo():
 
 
 # ---- a case computable by hand ----------------------------------------------------------------
-
-STEP_MS = 10.0
-
-
-def flat_profile() -> Profile:
-    """Every step costs 10 ms whatever its size; no context term, no CPU overhead; 1 replica/node."""
-    prov = dict(kind="analytical", hardware="8 x NVIDIA H200 SXM", gpus_per_replica=8, model="flat", engine="test",
-                engine_version="0", date="2026-01-01", method="constructed in the test")
-    return Profile(name="flat", provenance=prov, kv_cache_gib=64.0, kv_bytes_per_token=1024.0, cpu_overhead_ms=0.0,
-                   capture_sizes=(1,), forward=Table(np.array([1.0, 65536.0]), np.array([STEP_MS, STEP_MS])),
-                   kv_ms_per_ktok=0.0)
-
-
-def const_workload(rate: float, n: int, out_tokens: int = 100) -> Workload:
-    return Workload(arrival_s=np.arange(n, dtype=np.float64) / rate, prompt_tokens=np.full(n, 100, np.int64),
-                    output_tokens=np.full(n, out_tokens, np.int64), cls=np.zeros(n, np.int16),
-                    class_names=("chat",), session_id=np.full(n, -1, np.int64), source="constant test load",
-                    class_mix_assumed=True)
-
 
 def test_plan_hand_computed_minimum():
     # Each request holds one of max_num_seqs = 4 slots for 1 prefill step + 99 decode steps of 10 ms

@@ -3,11 +3,11 @@ the compiled policies (dsim.engine.compiled_step) against the numpy reference (t
 
 import numpy as np
 import pytest
-import reference_policy as RP
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+import reference_policy as RP
 from dsim.errors import InputError
 from dsim.spec.budget import (
     AdditiveCost,

@@ -74,15 +74,15 @@ def test_given_price_wins_and_is_checked():
 def _b300_flat():
     import dataclasses
 
-    from tests.test_plan import flat_profile
+    from builders import flat_profile
 
     prof = flat_profile()
     return dataclasses.replace(prof, provenance={**prof.provenance, "hardware": "8 x NVIDIA B300 SXM"})
 
 
 def test_plan_on_unpriced_gpu_has_no_dollar_figure():
+    from builders import const_workload
     from dsim.engine.replica import EngineConfig
-    from tests.test_plan import const_workload
 
     w = const_workload(13.0, 13 * 10)
     slos = parse_sla("p50=11ms")

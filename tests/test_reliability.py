@@ -19,11 +19,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from cli_contract import assert_one_line, assert_rejected, is_root, run_cli, tree
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import free_port
+from cli_contract import assert_one_line, assert_rejected, is_root, run_cli, tree
+from servers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ("--requests", "30", "--quiet")          # a run that takes well under a second

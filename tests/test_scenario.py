@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cli_contract import assert_rejected, run_cli
 from dsim.scenario import (
     Scenario,
     load_scenario_file,
@@ -20,7 +21,6 @@ from dsim.scenario import (
     scenario_yaml,
     template_yaml,
 )
-from tests.cli_contract import assert_rejected, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 # a small plan: one measured 1-GPU profile, 120 requests, one seed (a few seconds)
@@ -414,7 +414,7 @@ def test_simulate_and_sweep_say_what_plan_says_of_a_method_not_checked_or_hypoth
 @pytest.fixture
 def speculative_fake():
     """A fake OpenAI server drafting K = 4 tokens a step with conditional acceptance ACCEPT."""
-    from tests.conftest import free_port
+    from servers import free_port
     from validator import fake_server
 
     port = free_port()

@@ -6,10 +6,10 @@ import copy
 import math
 
 import numpy as np
-import reference_sched as RS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import reference_sched as RS
 from dsim.engine import compiled_sched as KSched
 from dsim.engine import compiled_step as KS
 from dsim.engine.compiled_step import COMP, NCOL

@@ -219,8 +219,9 @@ def test_compiled_draws_match_the_numpy_reference_distribution(head):
     """The compiled sampler (full outcomes, and the engine's prefix-only form) against the numpy
     reference sampler on the same model and latents, fixed seeds: per position, a two-sample KS
     test on the confidences; a chi-square test on the accepted-prefix length (0..K)."""
-    from reference_draws import RefSampler
     from scipy import stats
+
+    from reference_draws import RefSampler
     m = AcceptanceModel(load_acceptance("deepseek-v4", "dspark"), CLASSES, 7, head=head)
     rng = np.random.default_rng(21)
     cls = np.arange(3000) % 3
@@ -433,7 +434,6 @@ def test_head_quality_basics():
 
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from hypothesis.extra.numpy import arrays  # noqa: E402
 
 
 @settings(max_examples=150, deadline=None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -395,7 +396,7 @@ def test_sort_option(tmp_path):
 
 def test_workload_is_frozen():
     w = load_workload("default")
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         w.source = "x"
     with pytest.raises(ValueError):
         w.arrival_s[0] = 5.0
