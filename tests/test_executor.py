@@ -99,6 +99,7 @@ def test_ab_ray_matches_local(ray_cluster, tmp_path):
     assert md_l == md_r.replace(" --executor ray", "")
 
 
+@pytest.mark.ray
 def test_sweep_on_the_local_ray_it_starts_matches_local(tmp_path):
     """Without a Ray in the process or RAY_ADDRESS, --executor ray starts a local Ray for the
     run (and shuts it down): the same sweep.csv and printed table as the local executor."""
@@ -199,6 +200,7 @@ def test_executor_flags_checked(monkeypatch):
         assert res.exit_code == 2 and len(res.stderr.splitlines()) == 1 and msg in res.stderr, res.output
 
 
+@pytest.mark.ray
 def test_unreachable_cluster_is_one_line(monkeypatch):
     pytest.importorskip("ray")
     port = free_port()
@@ -214,6 +216,7 @@ def test_unreachable_cluster_is_one_line(monkeypatch):
     assert res.exit_code == 2 and "is not HOST:PORT" in res.stderr
 
 
+@pytest.mark.ray
 def test_ctrl_c_cancels_ray_and_writes_nothing(tmp_path):
     pytest.importorskip("ray")
     out = tmp_path / "sw"

@@ -33,6 +33,9 @@ from validator import (
     traces,
 )
 
+# the live tier: every test here runs against the module's real server (docs/dev/testing.md)
+pytestmark = pytest.mark.live
+
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "tests" / "fixtures" / "tiny-llama"
 VENV = Path(os.environ.get("DSIM_VLLM_VENV", Path.home() / ".cache" / "dsim" / "vllm-venv"))
