@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # two kernels called from Python: decode_features_ms, which brings the three it calls (one of
@@ -42,6 +44,7 @@ def test_cold_cache_announces_each_compile_and_a_warm_one_is_silent(tmp_path):
     assert warm.returncode == 0 and warm.stderr == "" and warm.stdout == cold.stdout
 
 
+@pytest.mark.slow
 def test_the_command_announces_a_cold_run_compiles_in_the_background_and_is_silent_warm(tmp_path):
     """`dsim simulate` on an empty cache announces its compiles, and the compiled run of general
     steps (a closed loop on one replica takes it) compiling in a background process while those

@@ -159,6 +159,7 @@ def test_plan_reports_method_warnings():
     assert "warnings (results a reader should not trust" in text and "P99 TTFT" in text
 
 
+@pytest.mark.slow
 @pytest.mark.needs_traces("mooncake-conversation")
 def test_readme_affinity_example_is_flagged():
     """The README's prefix-caching example with the affinity router: Mooncake's conversations share

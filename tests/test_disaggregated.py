@@ -153,6 +153,7 @@ def test_bad_settings_are_input_errors(eng, msg):
 # ---- command line: simulate, sweep, plan and ab take --disaggregated ---------------------------
 
 
+@pytest.mark.slow
 def test_cli_simulate_and_sweep_run_disaggregated(tmp_path):
     import json
 

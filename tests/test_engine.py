@@ -151,6 +151,7 @@ def test_profile_validation_errors():
         profile_from_dict(d, "p.yaml")
 
 
+@pytest.mark.slow
 def test_shipped_profiles_load_with_provenance():
     from dsim.cost import PROFILE_DIR
     paths = [p for p in PROFILE_DIR.rglob("*.yaml")]

@@ -148,6 +148,7 @@ def test_user_sla_parsing_and_defaults():
 
 # ---- the CLI hooks: dsim sweep / dsim ab ----------------------------------------------------
 
+@pytest.mark.slow
 def test_sweep_per_gpu_prints_and_plots_the_comparison(tmp_path):
     from typer.testing import CliRunner
 
@@ -170,6 +171,7 @@ def test_sweep_per_gpu_prints_and_plots_the_comparison(tmp_path):
     assert bad.exit_code == 2 and "--user-sla" in bad.output and not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow
 def test_ab_report_has_the_paper_comparison(tmp_path):
     from typer.testing import CliRunner
 
@@ -201,6 +203,7 @@ def test_pick_pair_and_dspark_block_tokens():
             method_spec(bad)
 
 
+@pytest.mark.slow
 def test_sweep_on_the_paper_scenario_end_to_end(tmp_path):
     """The paper's deployment (V4-Flash with one routed expert per GPU over EP256, two-batch overlap,
     decode instances, load per GPU, DSpark-5): the sweep prints the comparison with the paper's

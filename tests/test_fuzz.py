@@ -196,6 +196,7 @@ FIELDS = [("name",), ("provenance",), ("provenance", "kind"), ("provenance", "gp
 @FAST
 @given(edits=st.lists(st.tuples(st.sampled_from(FIELDS), NASTY), min_size=0, max_size=3),
        drop=st.booleans())
+@pytest.mark.slow
 def test_profile_loader(tmp_path_factory, edits, drop):
     from dsim.cost import CostModel, load_profile
     d = copy.deepcopy(BASE)
@@ -310,6 +311,7 @@ FLAG_VALUES = {
 @given(flags=st.dictionaries(st.sampled_from(sorted(FLAG_VALUES)), st.just(None), min_size=1, max_size=3)
        .flatmap(lambda d: st.fixed_dictionaries({k: FLAG_VALUES[k] for k in d})),
        method=st.sampled_from(["none", "mtp"]))
+@pytest.mark.slow
 def test_simulate_flags(tmp_path_factory, flags, method):
     d = tmp_path_factory.mktemp("cli")
     out = d / "o"
@@ -334,6 +336,7 @@ def test_simulate_flags(tmp_path_factory, flags, method):
 @given(conc=st.sampled_from(["1,2", "1,,2", ",", "", "0,1", "1,1", "2,x", "70000", " 1 , 2 "]),
        seeds=st.sampled_from(["0", "0,1", "-1", "0,0", "", "a"]),
        sla=st.sampled_from(["p50=20ms", "p50=", "p101=2ms", "ttft_p99=2s,tpot_p50=30ms", "p50=-5ms"]))
+@pytest.mark.slow
 def test_plan_and_sweep_list_flags(tmp_path_factory, conc, seeds, sla):
     d = tmp_path_factory.mktemp("lists")
     # only the parse matters here: a bad list is refused before anything runs, a good one is

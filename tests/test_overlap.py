@@ -116,6 +116,7 @@ def test_nothing_to_hide_costs_more_than_not_splitting():
         assert forward_ms_dbo(FLASH, DP8, "h200", n, p, 512) > forward_ms(FLASH, DP8, "h200", n, p, 512)
 
 
+@pytest.mark.slow
 def test_composed_profile_with_overlap():
     a = compose_profile(FLASH, DP8, "h200", None, draft_block=5)
     b = compose_profile(FLASH, DP8, "h200", None, draft_block=5, overlap="dbo")
@@ -138,6 +139,7 @@ def test_composed_profile_with_overlap():
         np.testing.assert_allclose(c.forward.ms[x < t], a.forward.ms[x < t])
 
 
+@pytest.mark.slow
 def test_required_ops_cover_the_micro_batches():
     roof = Roofline(hardware="h200")
     recs = [dict(r, ms=roof.ms(r)) for r in required_ops(FLASH, DP8, "h200", overlap="dbo")]

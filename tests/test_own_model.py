@@ -68,6 +68,7 @@ def test_dense_gpus_per_replica_fewest_that_fit(tmp_path):
         ("H200", "deepseek-v4-flash-h200-dp8-ep8", "h200-aic-vllm, h200-torch"),  # the default profile
     ],
 )
+@pytest.mark.slow
 def test_moe_reproduces_shipped_composed_profile(hardware, shipped, tables):
     cfg = json.loads((MODELS / "deepseek-v4-flash.json").read_text())
     assert is_moe(cfg) and not is_moe(LLAMA_70B)

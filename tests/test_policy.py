@@ -47,6 +47,7 @@ conf_arrays = st.tuples(st.integers(1, 3), st.integers(1, 12), st.integers(1, 7)
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(conf=conf_arrays, limit=st.integers(0, 60), extra=st.integers(0, 20), seed=st.integers(0, 2**16))
 def test_policy_postconditions(conf, limit, extra, seed):

@@ -106,6 +106,7 @@ def test_plan_on_unpriced_gpu_has_no_dollar_figure():
     assert res["assumptions"]["price_source"].startswith("given on the command line")
 
 
+@pytest.mark.slow
 def test_ab_report_on_unpriced_gpu_and_its_warnings(tmp_path):
     """dsim ab on B300 (no public quote): no dollar figure anywhere, the reason in the assumptions;
     a P99 SLA over 60 requests is listed under Warnings."""

@@ -154,6 +154,7 @@ def test_out_with_a_users_file_is_refused_before_the_run_and_kept(tmp_path):
     assert (d / "summary.json" / "data.txt").read_text() == "x"
 
 
+@pytest.mark.slow
 def test_rerun_replaces_dsims_own_output_whole_and_refuses_it_once_touched(tmp_path):
     d = tmp_path / "o"
     assert run_cli("simulate", *SMALL, "--method", "mtp", "--out", d)[0] == 0
@@ -311,6 +312,7 @@ def _sigint_when_staging(cmd, parent: Path, timeout=120, sig=signal.SIGINT):
     return p.returncode, err
 
 
+@pytest.mark.slow
 def test_sigint_during_simulate_leaves_no_target_and_no_debris(tmp_path):
     # A first, identical run (same trace, flags and outputs, deterministic) compiles and caches on
     # disk every step kernel the interrupted run will call, so the interrupt lands in the run and
@@ -332,6 +334,7 @@ def test_sigint_during_simulate_leaves_no_target_and_no_debris(tmp_path):
     assert tree(work) == set()
 
 
+@pytest.mark.slow
 def test_sigterm_during_simulate_leaves_no_target_and_no_debris(tmp_path):
     trace = native_csv(tmp_path, [(i * 0.01, 200, 400) for i in range(6000)])
     work = tmp_path / "work"
@@ -342,6 +345,7 @@ def test_sigterm_during_simulate_leaves_no_target_and_no_debris(tmp_path):
     assert tree(work) == set()
 
 
+@pytest.mark.slow
 def test_sigint_during_sweep_leaves_no_target_and_no_debris(tmp_path):
     rc, err = _sigint_when_staging(["sweep", "--concurrency", "1,2,4,8,16,32", "--methods", "none,mtp,dspark",
                                     "--jobs", "2", "--out", tmp_path / "sw"], tmp_path)
@@ -422,6 +426,7 @@ def test_max_model_len_flag_and_profile_field(tmp_path):
     assert load_profile(str(write_profile(tmp_path, d2, "q.yaml"))).max_model_len == 2048
 
 
+@pytest.mark.slow
 def test_every_shipped_profile_carries_the_models_context():
     """Where a profile gives no max_model_len it is the model config's max_position_embeddings
     (vLLM's default), and the provenance says so."""
@@ -898,6 +903,7 @@ def test_field_lines_keep_every_word_in_order_under_a_hanging_indent(words, widt
 @pytest.mark.parametrize("target,fmt", [("/dev/zero", "native-csv"), ("/dev/zero", "auto"),
                                          ("/dev/urandom", "native-jsonl"), ("fifo", "native-csv"),
                                          ("fifo", "auto"), ("/dev/stdin", "auto")])
+@pytest.mark.slow
 def test_trace_that_is_no_regular_file_is_refused_at_once(tmp_path, target, fmt):
     if target == "fifo":
         target = tmp_path / "fifo"
@@ -1077,6 +1083,7 @@ def _hostile_tcp(kind: str):
 @pytest.mark.parametrize("cmd", [["validate", "warmup", "-c", "1"],
                                  ["validate", "run", "-n", "2", "--input-len", "2", "--output-len", "2",
                                   "--no-progress", "--nice", "0"]])
+@pytest.mark.slow
 def test_a_server_that_never_answers_is_a_clear_error_in_bounded_time(tmp_path, kind, cmd):
     port, close = _hostile_tcp(kind)
     try:
@@ -1244,6 +1251,7 @@ def _stop_midway(argv, cwd: Path, sigs, group: bool, started, timeout=120, settl
     ([signal.SIGTERM], False, 143),
     ([signal.SIGTERM], True, 143),
 ], ids=["ctrl-c", "ctrl-c-twice", "sigint-twice-to-main", "sigterm", "sigterm-group"])
+@pytest.mark.slow
 @pytest.mark.parametrize("cmd", ["plan", "sweep"])
 def test_stopping_a_parallel_run_leaves_no_worker_no_traceback_no_output(tmp_path, cmd, sigs, group, code):
     from dsim.outputs import debris
@@ -1262,6 +1270,7 @@ def test_stopping_a_parallel_run_leaves_no_worker_no_traceback_no_output(tmp_pat
     assert tree(work) == set()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 @pytest.mark.parametrize("when", ["loading", "running"])
 def test_stopping_compose_is_clean(tmp_path, sig, code, when):

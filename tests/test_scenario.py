@@ -60,6 +60,7 @@ def test_every_command_takes_the_scenario_options_it_names_with_one_help_text():
     assert "sla" in _options("plan") and "sla" not in _options("simulate") and "sla" not in _options("sweep")
 
 
+@pytest.mark.slow
 def test_new_options_reach_plan_and_ab_and_sweep_as_bad_values_show():
     for cmd in (("plan", "--sla", "p50=20ms"), ("ab", "--out", "x"), ("sweep", "--out", "x")):
         assert_rejected(*cmd, "--policy", "nope", needles=("--policy", "nope"))
@@ -157,6 +158,7 @@ def test_a_bad_value_given_on_the_command_line_over_a_file_is_named_by_its_flag(
                     needles=("dsim: error: --router: unknown router 'nope'",))  # fmt: skip
 
 
+@pytest.mark.slow
 def test_mix_is_checked_against_each_methods_curves_of_a_multi_method_preset(tmp_path):
     """deepseek-v4 holds curves for mtp and dspark: --mix is checked against the curves of each
     drafting method, as simulate checks it, not refused for naming no method."""
@@ -461,6 +463,7 @@ def test_calibrated_acceptance_of_a_speculative_server_sizes_the_plan(speculativ
     assert json.loads(out3)["block4"]["acceptance_length"] != pytest.approx(r["acceptance_length"], rel=0.02)
 
 
+@pytest.mark.slow
 def test_sweep_and_ab_write_their_scenario_and_take_the_new_options(tmp_path):
     common = ("--profile", "llama-3.1-8b", "--gpus-per-node", "1", "--concurrency", "1,4", "--min-requests", "20",
               "--requests-per-user", "2", "--jobs", "1", "--acceptance", "const:0.7", "--router", "round_robin")  # fmt: skip

@@ -145,6 +145,7 @@ def _mean_emitted(model, K, n_req=4000, steps=25, seed=0, cls_idx=0):
     return (accepted_prefix(d.accept, K) + 1).mean(), d
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("p,K", [(0.8, 7), (0.6, 4), (0.9, 1)])
 def test_closed_form_constant_p(p, K):
     m = AcceptanceModel(parse_acceptance(f"const:{p}"), ("default",), K,
@@ -263,6 +264,7 @@ def test_compiled_draws_are_per_request_round_streams():
     assert not np.array_equal(other, conf)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_req", [20, 3000])
 @pytest.mark.parametrize("head", ["model", "perfect", "useless"])
 def test_lane_parallel_draws_are_the_request_by_request_definition(head, n_req):

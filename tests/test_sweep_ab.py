@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 from typer.testing import CliRunner
 
 from dsim.cli.entry import app
@@ -25,6 +26,7 @@ def test_closed_loop_repeats_short_traces():
     assert list(w.output_tokens[10:20]) == list(base.output_tokens)
 
 
+@pytest.mark.slow
 def test_sweep_writes_table_and_figures(tmp_path):
     out = tmp_path / "sw"
     res = CliRunner().invoke(app, ["sweep", "--concurrency", "1,4", "--methods", "mtp,dspark", "--min-requests", "12",
@@ -46,6 +48,7 @@ def test_sweep_bad_input():
         assert res.exit_code == 2 and "dsim: error:" in res.output, (args, res.output)
 
 
+@pytest.mark.slow
 def test_ab_report_files(tmp_path):
     out = tmp_path / "ab"
     res = CliRunner().invoke(app, ["ab", "--a", "mtp", "--b", "dspark", "--sla", "p50=20ms", "--requests", "60",

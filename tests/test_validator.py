@@ -633,6 +633,7 @@ def _start_serve(port: int, sig_wait: str = "serving at"):
     return p, pid, lines
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [15, 2])
 def test_serve_holds_the_server_until_a_signal_then_stops_it(sig):
     port = free_port()
