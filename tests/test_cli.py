@@ -29,6 +29,7 @@ def test_simulate_defaults_json_keys(tmp_path):
         ".dsim-output.json", "requests.parquet", "scenario.yaml", "steps.parquet", "summary.json"]
 
 
+@pytest.mark.slow
 def test_simulate_spec_json_keys():
     r = dsim("simulate", "--requests", "60", "--method", "dspark", "--json")
     assert r.returncode == 0, r.stderr
@@ -38,6 +39,7 @@ def test_simulate_spec_json_keys():
     assert len(s["per_position_acceptance"]) == 7
 
 
+@pytest.mark.slow
 def test_step_log_written(tmp_path):
     r = dsim("simulate", "--requests", "20", "--method", "mtp", "--quiet", "--step-log", str(tmp_path / "s.jsonl"))
     assert r.returncode == 0, r.stderr
@@ -101,6 +103,7 @@ def test_bad_profile_file(tmp_path):
     assert r.returncode == 2 and "capture_sizes[2]" in r.stderr and "bad.yaml" in r.stderr
 
 
+@pytest.mark.slow
 def test_simulate_takes_method_tokens_of_plan():
     # `--method dspark5-fixed` is `--method dspark --k 5 --no-adaptive`: the same run, seed for seed
     def summary(*flags):

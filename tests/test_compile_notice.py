@@ -32,6 +32,7 @@ def _run(args, cache: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_cold_cache_announces_each_compile_and_a_warm_one_is_silent(tmp_path):
     cold = _run(["-c", SCRIPT], tmp_path)
     assert cold.returncode == 0, cold.stderr

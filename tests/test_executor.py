@@ -300,6 +300,7 @@ def _ray_workers_of(pid: int) -> list[int]:
 
 # ---- the progress bar ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_no_progress_output_when_stderr_is_not_a_terminal(tmp_path):
     for args in (PLAN_ARGS, SWEEP_ARGS + ["--out", str(tmp_path / "sw")], AB_ARGS + ["--out", str(tmp_path / "ab")]):
         res = invoke(args)
@@ -331,6 +332,7 @@ def _check_bar(seen, stderr, desc):
     assert f"{desc}: {done}/{total} sims" in stderr
 
 
+@pytest.mark.slow
 def test_progress_bar_on_a_terminal(monkeypatch, tmp_path):
     rec = _Recorder(monkeypatch)
     res = invoke(PLAN_ARGS)
