@@ -1053,6 +1053,7 @@ def test_prefill_terms_v1_profiles_price_as_before(tmp_path):
     assert cm.prefill_ms(chunks) == sum(q * (a * (c + 0.5 * q) - d) + e for q, c in chunks)
 
 
+@pytest.mark.slow
 def test_prefill_terms_v2_round_trip_and_errors(tmp_path):
     import yaml
 

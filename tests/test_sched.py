@@ -6,6 +6,7 @@ import copy
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -125,6 +126,7 @@ def _run_kernel(s, cfg):
     return out, req_i, req_f, pre, chunks, waitq, head
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(replica_states())
 def test_schedule_step_is_the_request_by_request_definition(state):
@@ -151,6 +153,7 @@ def test_schedule_step_is_the_request_by_request_definition(state):
         assert _same(got[name], ref[name]), name
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(replica_states(), st.floats(1.0, 3.0))
 def test_commit_prefills_is_the_request_by_request_definition(state, t_now):
