@@ -1,5 +1,6 @@
 """A first run says that it compiles the kernels, with what and how far; a later run says nothing
 (dsim.engine.compile_notice)."""
+
 from __future__ import annotations
 
 import json

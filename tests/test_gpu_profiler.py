@@ -889,7 +889,9 @@ def test_steps_timed_in_several_machine_starts_take_one_vote_per_start(tmp_path)
     from validator.gpu import refit as RF
 
     def pt(tag, q, reps, n=None):
-        return dict(tag=tag, shape_q=q, shape_ctx=[100] * len(q), n=n or sum(q), n_real=sum(q), R=len(q), ms=0.0, reps=reps)
+        return dict(
+            tag=tag, shape_q=q, shape_ctx=[100] * len(q), n=n or sum(q), n_real=sum(q), R=len(q), ms=0.0, reps=reps
+        )
 
     def write(name, points):
         path = tmp_path / name
@@ -898,10 +900,15 @@ def test_steps_timed_in_several_machine_starts_take_one_vote_per_start(tmp_path)
 
     dec, short = [4] * 2000, [2, 96]
     c = [
-        write(f"busy-m-p{i}.json", [pt("anchor-tail-mixed", dec, [r, r + 9, r]), pt("busy-short", short, [5.0 + i / 10])])
+        write(
+            f"busy-m-p{i}.json", [pt("anchor-tail-mixed", dec, [r, r + 9, r]), pt("busy-short", short, [5.0 + i / 10])]
+        )
         for i, r in enumerate((400.0, 401.0, 402.0))
     ]
-    s1 = write("busy-m-S1.json", [pt("busy-short", short, [6.0, 6.1, 6.2]), pt("anchor-tail-mixed", dec, [420.0, 440.0, 421.0])])
+    s1 = write(
+        "busy-m-S1.json",
+        [pt("busy-short", short, [6.0, 6.1, 6.2]), pt("anchor-tail-mixed", dec, [420.0, 440.0, 421.0])],
+    )
     s2 = write("busy-m-S2.json", [pt("anchor-tail-mixed", dec, [430.0, 431.0, 460.0])])
     entry = ",".join(c) + "+" + s1 + "+" + s2
     pts = RF.context_points([entry])
@@ -911,7 +918,10 @@ def test_steps_timed_in_several_machine_starts_take_one_vote_per_start(tmp_path)
     assert by["busy-short"]["runs"] == 2 and by["busy-short"]["ms"] == pytest.approx((5.1 + 6.1) / 2)
     assert not by["anchor-tail-mixed"]["fit"] and by["busy-short"]["fit"]
     assert by["busy-short"]["source"] == "busy-m-p0.json,busy-m-p1.json,busy-m-p2.json+busy-m-S1.json+busy-m-S2.json"
-    sweep = [dict(tag="tail-mixed", shape_q=dec, shape_ctx=[100] * 2000, n=8000, ms=450.0), dict(tag="table", shape_q=[1], shape_ctx=[100], n=1, ms=9.0)]
+    sweep = [
+        dict(tag="tail-mixed", shape_q=dec, shape_ctx=[100] * 2000, n=8000, ms=450.0),
+        dict(tag="table", shape_q=[1], shape_ctx=[100], n=1, ms=9.0),
+    ]
     small = dict(pt("anchor-table", [1], [8.0]), run_ms=[8.0, 8.2], ms=8.1)
     pooled = RF.pool_table_points(sweep, [*pts, small], above=512)
     assert [p["tag"] for p in pooled] == ["tail-mixed"] and pooled[0]["sweep_ms"] == 450.0
@@ -936,13 +946,19 @@ def test_a_replay_of_the_busy_steps_votes_as_a_start_on_the_steps_a_sweep_timed(
 
     sweeps = []
     for name, r in (("busy-m-p1.json", 430.0), ("busy-m-start1.json", 440.0)):
-        (tmp_path / name).write_text(json.dumps(dict(model="profiles/models/m.json", points=[pt("busy-decode", dec, [r])])))
+        (tmp_path / name).write_text(
+            json.dumps(dict(model="profiles/models/m.json", points=[pt("busy-decode", dec, [r])]))
+        )
         sweeps.append(str(tmp_path / name))
     log = tmp_path / "busy-decode-m.jsonl"
-    log.write_text("".join(json.dumps(dict(step=i, q=q, ctx=[1500] * len(q))) + "\n" for i, q in enumerate((other, dec))))
+    log.write_text(
+        "".join(json.dumps(dict(step=i, q=q, ctx=[1500] * len(q))) + "\n" for i, q in enumerate((other, dec)))
+    )
 
     def row(i, q, ms):
-        return dict(step=i, n=sum(q), kv=sum(q) + 1500 * len(q), R=len(q), measured_ms=ms, reps_ms=[ms], predicted_ms=ms)
+        return dict(
+            step=i, n=sum(q), kv=sum(q) + 1500 * len(q), R=len(q), measured_ms=ms, reps_ms=[ms], predicted_ms=ms
+        )
 
     replay = tmp_path / "s2-m.json"
     replay.write_text(json.dumps(dict(logs={str(log): dict(rows=[row(0, other, 600.0), row(1, dec, 420.0)])})))
@@ -1079,7 +1095,12 @@ def test_machine_starts_meet_the_target_held_out(tmp_path):
     m = "qwen3-14b"
     cm = CostModel(load_profile(str(ROOT / "profiles" / "h200" / f"h200-{m}.yaml")))
     starts = sorted(REPLAYS.glob(f"start[0-9]*-{m}.json"))
-    gpus = {json.loads((ROOT / "archive/h200/context" / f"busy-{m}-{p.stem[: -len(m) - 1]}.json").read_text())["run"]["gpu_uuid"] for p in starts}
+    gpus = {
+        json.loads((ROOT / "archive/h200/context" / f"busy-{m}-{p.stem[: -len(m) - 1]}.json").read_text())["run"][
+            "gpu_uuid"
+        ]
+        for p in starts
+    }
     assert len(starts) >= 5 and len(gpus) >= 5
     for path in starts:
         stored = json.loads(path.with_suffix(".repredicted.json").read_text())["logs"]
@@ -1105,8 +1126,12 @@ def test_machine_starts_meet_the_target_held_out(tmp_path):
     limits = {}
     for start, logs in held.items():
         for log, r in logs.items():
-            src = log if log.startswith("archive/") else next(
-                k for k in json.loads((REPLAYS / f"{start}-{m}.json").read_text())["logs"] if k.endswith("/" + log)
+            src = (
+                log
+                if log.startswith("archive/")
+                else next(
+                    k for k in json.loads((REPLAYS / f"{start}-{m}.json").read_text())["logs"] if k.endswith("/" + log)
+                )
             )
             if src not in limits:
                 limits[src] = rl.judge(src, [m], [])["limits_pct"]["median"]

@@ -80,7 +80,9 @@ def test_template_holds_every_option_and_reads_back_as_the_defaults(tmp_path):
     assert text.startswith("# dsim scenario file")
     got = load_scenario_file(tmp_path / "s.yaml")
     assert set(got) == {f.name for f in scenario_fields()}
-    assert Scenario(**{k: v for k, v in got.items()}) == dataclasses.replace(Scenario(), sla="p50=20ms", rate_scale=20.0)
+    assert Scenario(**{k: v for k, v in got.items()}) == dataclasses.replace(
+        Scenario(), sla="p50=20ms", rate_scale=20.0
+    )
     # every option is commented with its help
     for f in scenario_fields():
         assert f.metadata["help"][:40] in text
@@ -243,7 +245,10 @@ def test_a_scenario_file_reproduces_from_any_folder(tmp_path, monkeypatch):
     b = json.loads(out)
     assert b["setup"].pop("acceptance_source").endswith(str(work / "acc.yaml") + ": ")  # named by its path as read
     assert a["setup"].pop("acceptance_source") == "acc.yaml: "
-    assert (a["setup"]["spec"].pop("acceptance"), b["setup"]["spec"].pop("acceptance")) == ("acc.yaml", str(work / "acc.yaml"))
+    assert (a["setup"]["spec"].pop("acceptance"), b["setup"]["spec"].pop("acceptance")) == (
+        "acc.yaml",
+        str(work / "acc.yaml"),
+    )
     assert _no_wall(b) == _no_wall(a)
     # a file written by hand names its acceptance file relative to itself
     (work / "s.yaml").write_text("workload: {requests: 30}\nspeculation: {acceptance: acc.yaml}\n")

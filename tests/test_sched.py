@@ -136,7 +136,15 @@ def test_schedule_step_is_the_request_by_request_definition(state):
         ref, cfg["slot_kv"], cfg["K"], cfg["lookahead"], cfg["total_blocks"], cfg["budget"], cfg["thr"],
         cfg["max_seqs"], cfg["admit"], cfg["consumer"], cfg["hits"] or {}, cfg["now"],
     )  # fmt: skip
-    (status, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sample, kv_pre, seen), req_i, req_f, pre, chunks, waitq, head = _run_kernel(s, cfg)
+    (
+        (status, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sample, kv_pre, seen),
+        req_i,
+        req_f,
+        pre,
+        chunks,
+        waitq,
+        head,
+    ) = _run_kernel(s, cfg)
     got = _state_of(req_i, req_f)
     if expect is None:  # the running prefills' KV does not fit: nothing written
         assert status == KSched.PREEMPT
