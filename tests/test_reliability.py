@@ -1421,6 +1421,7 @@ def test_a_server_that_never_answers_is_a_clear_error_in_bounded_time(tmp_path, 
         ("closed", "ConnectError"),
     ],
 )
+@pytest.mark.slow
 def test_waiting_for_health_has_one_overall_deadline(kind, last):
     """/health polled against a server that never becomes healthy (says nothing, trickles or floods
     its headers, answers 400, is not there): InputError naming the URL and the last try once the
@@ -1459,6 +1460,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_launched_server_trickling_health_is_a_clear_error_and_is_stopped(tmp_path):
     script = tmp_path / "hostile_server.py"
     script.write_text(HOSTILE_SERVER)
@@ -1709,6 +1711,7 @@ RAY_MOMENTS = {
 @pytest.mark.parametrize(
     "moment,group", [("first-ray-process", False), ("raylet-up", False), ("raylet-up", True), ("tasks-running", True)]
 )
+@pytest.mark.ray
 def test_sigterm_while_ray_starts_ends_143_and_leaves_no_ray_process(tmp_path, moment, group):
     """SIGTERM to the run (or to its whole process group, as `timeout` sends it) while the local Ray
     starts or runs: exit 143, one line, no process of the run left (Ray's own SIGTERM handlers ended
@@ -1774,6 +1777,7 @@ def test_sigterm_while_ray_starts_ends_143_and_leaves_no_ray_process(tmp_path, m
     ],
     ids=["starting-ctrl-c", "starting-sigterm", "ctrl-c", "ctrl-c-twice", "sigterm", "sigterm-group"],
 )
+@pytest.mark.slow
 def test_stopping_validate_run_launch_leaves_no_server_no_traceback_no_output(tmp_path, moment, sigs, group, code):
     """`dsim validate run --launch` stopped while its server starts (before /health answers) or
     while it measures: the server and what it started are gone, one line per stage, nothing written.
