@@ -55,6 +55,7 @@ Usage: python benchmarks/bench_fig8.py [--profile NAME] [--trace default] [--dis
        python benchmarks/bench_fig8.py --breakdown 1,40,200,400 [--model deepseek-v4-flash]
               [--hardware h200] [--kernels h200-aic-vllm,h200-torch] [--topology dp8-ep8]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,8 +72,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default=B.PAPER_PROFILES[0], help="default: the paper scenario's V4-Flash profile")
     ap.add_argument("--trace", default="default")
-    ap.add_argument("--disaggregated", action="store_true",
-                    help="decode instances of a prefill/decode-disaggregated deployment (see bench_paper)")
+    ap.add_argument(
+        "--disaggregated",
+        action="store_true",
+        help="decode instances of a prefill/decode-disaggregated deployment (see bench_paper)",
+    )
     ap.add_argument("--remote-prefill-ms", type=float, default=0.0)
     ap.add_argument("--remote-prefill-ms-per-ktok", type=float, default=0.0)
     ap.add_argument("--per-gpu", default="10,20,50,100,150,200")
@@ -97,20 +101,33 @@ def main(argv=None):
     if a.per_token:
         prefer = dict(x.strip().split("=", 1) for x in a.prefer.split(",") if x.strip())
         lo, hi = (int(x) for x in a.per_token.split(","))
-        return per_token(a.model, a.hardware, a.kernels, a.topology, lo, hi, prefer,
-                         [int(x) for x in a.drafter_requests.split(",")], a.draft_block)
+        return per_token(
+            a.model,
+            a.hardware,
+            a.kernels,
+            a.topology,
+            lo,
+            hi,
+            prefer,
+            [int(x) for x in a.drafter_requests.split(",")],
+            a.draft_block,
+        )
     if a.network_floor:
         return network_floor_table(a.acceptance or "deepseek-v4")
     if a.breakdown:
         prefer = dict(x.strip().split("=", 1) for x in a.prefer.split(",") if x.strip())
-        return breakdown(a.model, a.hardware, a.kernels, a.topology, [int(x) for x in a.breakdown.split(",")],
-                         prefer)
+        return breakdown(a.model, a.hardware, a.kernels, a.topology, [int(x) for x in a.breakdown.split(",")], prefer)
     if a.scan:
         return scan(a.profile, [int(x) for x in a.scan.split(",")])
     a.csv_dir = None
     a.no_static = True
-    r = B.run_case(a.profile, a.trace, [int(x) for x in a.per_gpu.split(",")], a,
-                    variant="disaggregated" if a.disaggregated else "colocated")
+    r = B.run_case(
+        a.profile,
+        a.trace,
+        [int(x) for x in a.per_gpu.split(",")],
+        a,
+        variant="disaggregated" if a.disaggregated else "colocated",
+    )
     P = B.PAPER[r["key"]]
     df = r["df"]
     mt = df[df.method == "mtp"].set_index("concurrency_per_gpu")
@@ -118,16 +135,20 @@ def main(argv=None):
     print(f"profile : {r['profile'].label}")
     print(f"workload: {r['workload']}")
     print(f"paper   : {P['model']}, Fig. 8 fitted lines")
-    print(f"{'C/GPU':>6} {'MTP-1 tok/s/GPU':>16} {'paper':>7} {'DSpark tok/s/GPU':>17} {'paper':>7} "
-          f"{'ratio':>6} {'paper':>6} {'DSpark verify':>14} {'paper':>6} {'MTP verify':>11}")
+    print(
+        f"{'C/GPU':>6} {'MTP-1 tok/s/GPU':>16} {'paper':>7} {'DSpark tok/s/GPU':>17} {'paper':>7} "
+        f"{'ratio':>6} {'paper':>6} {'DSpark verify':>14} {'paper':>6} {'MTP verify':>11}"
+    )
     for c in sorted(set(mt.index) & set(ds.index)):
         pm = B._interp_loglog(c, P["fig8_c"], P["fig8_mtp"])
         pd_ = B._interp_loglog(c, P["fig8_c"], P["fig8_dspark"])
         pb = B._interp_loglog(c, P["fig8_c"], P["fig8_budget"])
         m, d = mt.loc[c, "output_tok_s_per_gpu"], ds.loc[c, "output_tok_s_per_gpu"]
-        print(f"{c:>6g} {m:>16.0f} {B._num(pm):>7} {d:>17.0f} {B._num(pd_):>7} {d / m:>5.2f}x "
-              f"{(f'{pd_ / pm:.2f}x' if pm and pd_ else 'n/a'):>6} {ds.loc[c, 'verify_tokens_per_request']:>14.2f} "
-              f"{B._num(pb, 2):>6} {mt.loc[c, 'verify_tokens_per_request']:>11.2f}")
+        print(
+            f"{c:>6g} {m:>16.0f} {B._num(pm):>7} {d:>17.0f} {B._num(pd_):>7} {d / m:>5.2f}x "
+            f"{(f'{pd_ / pm:.2f}x' if pm and pd_ else 'n/a'):>6} {ds.loc[c, 'verify_tokens_per_request']:>14.2f} "
+            f"{B._num(pb, 2):>6} {mt.loc[c, 'verify_tokens_per_request']:>11.2f}"
+        )
     print(f"sweep took {r['wall_s']:.1f} s")
 
 
@@ -147,6 +168,7 @@ def mega_moe_us(model_name: str, n: float) -> tuple[float, float] | None:
     if not pts or not pts[0][0] <= n <= pts[-1][0]:
         return None
     import math
+
     for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
         if x0 <= n <= x1:
             f_lin = (n - x0) / (x1 - x0)
@@ -159,14 +181,20 @@ def breakdown(model_name, hardware, kernels, topology, sizes, prefer=None):
     from collections import defaultdict
 
     from dsim.profiling import compose as C
+
     model = C.load_model(model_name)
     topo = C.parse_topology(topology)
-    pricer = C.Pricer([C.load_kernel_table(k.strip()) for k in kernels.split(",") if k.strip()],
-                      C.Roofline(hardware=hardware), prefer=prefer or None)
+    pricer = C.Pricer(
+        [C.load_kernel_table(k.strip()) for k in kernels.split(",") if k.strip()],
+        C.Roofline(hardware=hardware),
+        prefer=prefer or None,
+    )
     # the MoE block in vLLM's DP chunks, as compose_profile prices it on data-parallel topologies
     chunk = C.VLLM_MOE_DP_CHUNK if topo.attn_dp > 1 else 0
-    print(f"{model_name} {topology} on {hardware}, kernels {kernels}; {model.layers} layers; ms per forward"
-          + (f" (MoE in chunks of {chunk} tokens per rank)" if chunk else ""))
+    print(
+        f"{model_name} {topology} on {hardware}, kernels {kernels}; {model.layers} layers; ms per forward"
+        + (f" (MoE in chunks of {chunk} tokens per rank)" if chunk else "")
+    )
     for n in sizes:
         parts = defaultdict(float)
         for op in C.step_ops(model, topo, hardware, n, moe_chunk=chunk):
@@ -183,18 +211,25 @@ def breakdown(model_name, hardware, kernels, topology, sizes, prefer=None):
         if topo.attn_dp > 1 and n >= 2:
             split = C.forward_ms_dbo(model, topo, hardware, n, pricer, 10**9, threshold=2, moe_chunk=chunk)
             unsplit = C.forward_ms(model, topo, hardware, n, pricer, 10**9, moe_chunk=chunk)
-            print(f"{'':>14}two-batch overlap: {min(split, unsplit):6.1f} ms"
-                  + (" (split)" if split < unsplit else " (not split: no faster)"))
+            print(
+                f"{'':>14}two-batch overlap: {min(split, unsplit):6.1f} ms"
+                + (" (split)" if split < unsplit else " (not split: no faster)")
+            )
         mm = mega_moe_us(model_name, n)
         if mm is not None:
             moe_layers = sum(model.moe_layer)
-            a2a = sum(op.count * pricer.ms(op) for op in C.step_ops(model, topo, hardware, n, moe_chunk=chunk)
-                      if op.part == "comm" and op.rec.get("kind") in C.A2A_KINDS)
+            a2a = sum(
+                op.count * pricer.ms(op)
+                for op in C.step_ops(model, topo, hardware, n, moe_chunk=chunk)
+                if op.part == "comm" and op.rec.get("kind") in C.A2A_KINDS
+            )
             base = total - parts["moe_experts"] - a2a
             lo, hi = sorted(base + moe_layers * us * 1e-3 for us in mm)
-            print(f"{'':>14}MoE block at Mega MoE's EP8 time: {lo:6.1f}-{hi:.1f} ms "
-                  f"({moe_layers} x {min(mm):.0f}-{max(mm):.0f} us in place of experts + all-to-all "
-                  f"{parts['moe_experts'] + a2a:.1f} ms)")
+            print(
+                f"{'':>14}MoE block at Mega MoE's EP8 time: {lo:6.1f}-{hi:.1f} ms "
+                f"({moe_layers} x {min(mm):.0f}-{max(mm):.0f} us in place of experts + all-to-all "
+                f"{parts['moe_experts'] + a2a:.1f} ms)"
+            )
 
 
 def op_flops(model, rec, kv=1024):
@@ -205,6 +240,7 @@ def op_flops(model, rec, kv=1024):
         return rec["tokens"] * rec["topk"] / rec["ep"] * 3 * rec["hidden"] * rec["inter"] * 2.0, rec["dtype"]
     if rec["op"] == "attn" and str(rec["kind"]).startswith("v4_"):
         from dsim.profiling.compose import _key_width
+
         keys = model.sliding_window + _key_width(model, rec["kind"], kv + rec["q"])
         f = rec["batch"] * rec["q"] * rec["heads"] * keys * 2 * model.head_dim * 2.0  # QK and PV
         if rec["kind"] == "v4_csa":  # the lightning indexer scores the ratio-4 compressed keys
@@ -217,11 +253,15 @@ def per_token(model_name, hardware, kernels, topology, lo, hi, prefer, drafter_r
     from collections import defaultdict
 
     from dsim.profiling import compose as C
+
     model = C.load_model(model_name)
     topo = C.parse_topology(topology)
     hw = C.HARDWARE[hardware]
-    pricer = C.Pricer([C.load_kernel_table(k.strip()) for k in kernels.split(",") if k.strip()],
-                      C.Roofline(hardware=hardware), prefer=prefer or None)
+    pricer = C.Pricer(
+        [C.load_kernel_table(k.strip()) for k in kernels.split(",") if k.strip()],
+        C.Roofline(hardware=hardware),
+        prefer=prefer or None,
+    )
     chunk = C.VLLM_MOE_DP_CHUNK if topo.attn_dp > 1 else 0
 
     def parts(ops):
@@ -231,7 +271,13 @@ def per_token(model_name, hardware, kernels, topology, lo, hi, prefer, drafter_r
             if op.part == "moe_experts":
                 v *= C._moe_factor(model, topo, hardware, op, pricer.roofline)
             # parts an attention module's records include (projections) are priced inside it
-            key = "all-to-all" if op.part == "comm" else "attention" if op.part in pricer.skip | {"attn_core"} else op.part
+            key = (
+                "all-to-all"
+                if op.part == "comm"
+                else "attention"
+                if op.part in pricer.skip | {"attn_core"}
+                else op.part
+            )
             ms[key] += v
             f, dt = op_flops(model, op.rec)
             peak = hw["fp8"] if dt == "fp8" else hw["bf16"]
@@ -241,8 +287,10 @@ def per_token(model_name, hardware, kernels, topology, lo, hi, prefer, drafter_r
     a_ms, a_fl = parts(C.step_ops(model, topo, hardware, lo, moe_chunk=chunk))
     b_ms, b_fl = parts(C.step_ops(model, topo, hardware, hi, moe_chunk=chunk))
     d = hi - lo
-    print(f"{model_name} {topology} on {hardware}, kernels {kernels}: us per verify token between {lo} and {hi} "
-          f"tokens per rank (unsplit; MoE in chunks of {chunk}), and at the {hw['name']}'s dense peak")
+    print(
+        f"{model_name} {topology} on {hardware}, kernels {kernels}: us per verify token between {lo} and {hi} "
+        f"tokens per rank (unsplit; MoE in chunks of {chunk}), and at the {hw['name']}'s dense peak"
+    )
     rows = sorted(b_ms, key=lambda k: -(b_ms[k] - a_ms.get(k, 0.0)))
     tot = tot_fl = 0.0
     for k in rows:
@@ -253,7 +301,9 @@ def per_token(model_name, hardware, kernels, topology, lo, hi, prefer, drafter_r
         if k != "all-to-all":
             tot, tot_fl = tot + us, tot_fl + us_fl
     comm = (b_ms["all-to-all"] - a_ms.get("all-to-all", 0.0)) / d * 1e3
-    print(f"  compute          {tot:7.1f} us   at peak {tot_fl:5.1f} us   ({tot / tot_fl:.1f}x); all-to-all {comm:.1f} us")
+    print(
+        f"  compute          {tot:7.1f} us   at peak {tot_fl:5.1f} us   ({tot / tot_fl:.1f}x); all-to-all {comm:.1f} us"
+    )
     swa = [i for i, k in enumerate(model.attn_kinds) if k in ("v4_swa", "mla")][:1] or [model.layers - 1]
     for R in drafter_requests:
         n = R * block
@@ -264,8 +314,10 @@ def per_token(model_name, hardware, kernels, topology, lo, hi, prefer, drafter_r
         lm = ms["lm_head"]
         split = 3 * (C.dbo_layer_ms(mbs[0], mbs[1]) + 2 * C.GRAPH_GAP_US_PER_LAYER * 1e-3) + lm
         shown = ", ".join(f"{k} {v:.2f}" for k, v in sorted(ms.items(), key=lambda kv: -kv[1]) if v >= 0.01)
-        print(f"  DSpark drafter, {R} requests x {block} positions: {unsplit:.2f} ms unsplit ({shown}); "
-              f"{split:.2f} ms on the two-micro-batch schedule (what-if)")
+        print(
+            f"  DSpark drafter, {R} requests x {block} positions: {unsplit:.2f} ms unsplit ({shown}); "
+            f"{split:.2f} ms on the two-micro-batch schedule (what-if)"
+        )
 
 
 #: DeepEP README, low-latency kernels (H800, one CX7 400 Gb/s NIC per GPU, 128 tokens per rank):
@@ -277,6 +329,7 @@ CX7_LINE_GB_S = 50.0
 def prefix_tau(acc, budget):
     """Equal-mix tau of verifying the first budget - 1 drafts in order, linear between integers."""
     import numpy as np
+
     classes = ("math", "code", "chat")
     k = budget - 1.0
     lo, hi = int(np.floor(k)), int(np.ceil(k))
@@ -290,31 +343,42 @@ def network_floor_table(preset):
     from dsim.profiling.models import load_model
     from dsim.spec.methods import load_acceptance
     from dsim.study.frontier import a2a_bytes_per_token, network_floor
+
     acc_m, acc_d = load_acceptance(preset, "mtp"), load_acceptance(preset, "dspark")
     classes = ("math", "code", "chat")
     tau_m = float(np.mean([acc_m.tau(c, 1) for c in classes]))
     tau_block = float(np.mean([acc_d.tau(c, 5) for c in classes]))
-    print(f"acceptance {preset}: MTP-1 tau {tau_m:.2f}, DSpark-5 whole-block tau {tau_block:.2f}; "
-          f"NIC: 400 Gb/s line {CX7_LINE_GB_S:.0f} GB/s, DeepEP low-latency measured "
-          f"{DEEPEP_LL_GB_S[0]:.0f}-{DEEPEP_LL_GB_S[1]:.0f} GB/s per GPU")
+    print(
+        f"acceptance {preset}: MTP-1 tau {tau_m:.2f}, DSpark-5 whole-block tau {tau_block:.2f}; "
+        f"NIC: 400 Gb/s line {CX7_LINE_GB_S:.0f} GB/s, DeepEP low-latency measured "
+        f"{DEEPEP_LL_GB_S[0]:.0f}-{DEEPEP_LL_GB_S[1]:.0f} GB/s per GPU"
+    )
     for key, model_name in (("flash", "deepseek-v4-flash"), ("pro", "deepseek-v4-pro")):
         P = B.PAPER[key]
         m = load_model(model_name)
         bpt = a2a_bytes_per_token(m.hidden, m.topk, sum(m.moe_layer))
-        print(f"{P['model']}: {bpt / 1e6:.2f} MB per token one way over {sum(m.moe_layer)} MoE layers "
-              f"(top-{m.topk}, hidden {m.hidden}); Fig. 8 fitted lines")
-        print(f"{'C/GPU':>6} {'method':>7} {'tok/s/GPU':>10} {'verify':>7} {'tau':>5} {'step ms':>8} "
-              f"{'needs GB/s':>11} {'(static prefix tau)':>20}")
+        print(
+            f"{P['model']}: {bpt / 1e6:.2f} MB per token one way over {sum(m.moe_layer)} MoE layers "
+            f"(top-{m.topk}, hidden {m.hidden}); Fig. 8 fitted lines"
+        )
+        print(
+            f"{'C/GPU':>6} {'method':>7} {'tok/s/GPU':>10} {'verify':>7} {'tau':>5} {'step ms':>8} "
+            f"{'needs GB/s':>11} {'(static prefix tau)':>20}"
+        )
         for c, thr_m, thr_d, b in zip(P["fig8_c"], P["fig8_mtp"], P["fig8_dspark"], P["fig8_budget"]):
             f = network_floor("mtp", c, thr_m, B.MTP_VERIFY, tau_m, bpt)
-            print(f"{c:>6g} {'MTP-1':>7} {thr_m:>10.0f} {f.verify_tokens_per_request:>7.2f} {f.tau:>5.2f} "
-                  f"{f.step_ms:>8.1f} {f.required_gb_s:>11.1f}")
+            print(
+                f"{c:>6g} {'MTP-1':>7} {thr_m:>10.0f} {f.verify_tokens_per_request:>7.2f} {f.tau:>5.2f} "
+                f"{f.step_ms:>8.1f} {f.required_gb_s:>11.1f}"
+            )
             if b is None:
                 continue
             f = network_floor("dspark", c, thr_d, b, tau_block, bpt)
             g = network_floor("dspark", c, thr_d, b, prefix_tau(acc_d, b), bpt)
-            print(f"{c:>6g} {'DSpark':>7} {thr_d:>10.0f} {b:>7.2f} {f.tau:>5.2f} {f.step_ms:>8.1f} "
-                  f"{f.required_gb_s:>11.1f} {f'{g.required_gb_s:.1f} at tau {g.tau:.2f}':>20}")
+            print(
+                f"{c:>6g} {'DSpark':>7} {thr_d:>10.0f} {b:>7.2f} {f.tau:>5.2f} {f.step_ms:>8.1f} "
+                f"{f.required_gb_s:>11.1f} {f'{g.required_gb_s:.1f} at tau {g.tau:.2f}':>20}"
+            )
         layout_variants(P, m, acc_d, tau_m)
     return 0
 
@@ -323,6 +387,7 @@ def layout_variants(P, m, acc_d, tau_m):
     """The same Fig. 8 points under other all-to-all layouts (the paper names none): GB/s per GPU
     one way for MTP-1 and for DSpark at the preset's prefix tau."""
     from dsim.study.frontier import FP8_SCALE_BLOCK, a2a_bytes_per_token, network_floor, remote_copies
+
     L = sum(m.moe_layer)
     fp8 = 1.0 + 4.0 / FP8_SCALE_BLOCK  # FP8 values and one fp32 scale per 128
     layouts = [
@@ -333,8 +398,10 @@ def layout_variants(P, m, acc_d, tau_m):
         ("EP32 + node dedupe, BF16", remote_copies(m.topk, m.experts, 4, True), 2.0),
         ("EP32 + node dedupe, FP8", remote_copies(m.topk, m.experts, 4, True), fp8),
     ]
-    print(f"{P['model']}: GB/s per GPU by layout (MTP-1 / DSpark at the preset's prefix tau), "
-          "8 GPUs a node, routed experts spread evenly")
+    print(
+        f"{P['model']}: GB/s per GPU by layout (MTP-1 / DSpark at the preset's prefix tau), "
+        "8 GPUs a node, routed experts spread evenly"
+    )
     print(f"{'layout':>30} {'copies':>7} {'MB/token':>9} " + " ".join(f"{f'C {c:g}':>13}" for c in P["fig8_c"][1:]))
     for name, copies, cb in layouts:
         bpt = a2a_bytes_per_token(m.hidden, m.topk, L, combine_bytes=cb, copies=copies)
@@ -353,17 +420,33 @@ def scan(profile, batches):
     from dsim.engine.replica import EngineConfig
     from dsim.sim import SimConfig, SpecConfig, simulate
     from dsim.workload import Workload
+
     prof = load_profile(profile)
     c = CostModel(prof)
     print(f"profile : {prof.label}")
-    print(f"{'N':>5} {'verify/request':>15} {'tokens/step':>12} {'forward ms':>11} {'marginal us/token':>18} {'tau':>5}")
+    print(
+        f"{'N':>5} {'verify/request':>15} {'tokens/step':>12} {'forward ms':>11} {'marginal us/token':>18} {'tau':>5}"
+    )
     for n in batches:
-        w = Workload(arrival_s=np.zeros(n), prompt_tokens=np.full(n, 1100), output_tokens=np.full(n, 400),
-                     cls=(np.arange(n) % 3).astype(np.int16), class_names=("math", "code", "chat"),
-                     session_id=np.full(n, -1), closed_loop_concurrency=None, source="scan")
-        s = simulate(SimConfig(workload=w, profile=prof, gpus_per_node=prof.gpus_per_replica,
-                               engine=EngineConfig(kv_role="kv_consumer", async_scheduling=True),
-                               spec=SpecConfig("dspark", k=5, adaptive=True, policy="paper-production"))).summary
+        w = Workload(
+            arrival_s=np.zeros(n),
+            prompt_tokens=np.full(n, 1100),
+            output_tokens=np.full(n, 400),
+            cls=(np.arange(n) % 3).astype(np.int16),
+            class_names=("math", "code", "chat"),
+            session_id=np.full(n, -1),
+            closed_loop_concurrency=None,
+            source="scan",
+        )
+        s = simulate(
+            SimConfig(
+                workload=w,
+                profile=prof,
+                gpus_per_node=prof.gpus_per_replica,
+                engine=EngineConfig(kv_role="kv_consumer", async_scheduling=True),
+                spec=SpecConfig("dspark", k=5, adaptive=True, policy="paper-production"),
+            )
+        ).summary
         v = s["mean_verify_tokens_per_request"]
         t = int(round(n * v))
         slope = (c.forward_ms(t + 32) - c.forward_ms(max(t - 32, 1))) / (t + 32 - max(t - 32, 1)) * 1000

@@ -12,6 +12,7 @@ Usage: python benchmarks/bench_fixed_vs_adaptive.py --profile NAME [--concurrenc
        [--requests-per-user 6] [--trace default] [--jobs N] [--markdown]
        [--max-num-batched-tokens N] [--disaggregated] [--policy vllm|sglang|paper-production] [--seed S]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,26 +24,42 @@ FIXED_K = (1, 3, 5, 7)
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", required=True)
-    ap.add_argument("--concurrency", default="1,4,16,64,128,256,384",
-                    help="users per GPU (or per node with --per-node); the DSpark paper's loads reach a few hundred per GPU")
-    ap.add_argument("--per-node", action="store_true",
-                    help="concurrency counts users per node (the seeds' axis for a TP8 replica) instead of per GPU")
+    ap.add_argument(
+        "--concurrency",
+        default="1,4,16,64,128,256,384",
+        help="users per GPU (or per node with --per-node); the DSpark paper's loads reach a few hundred per GPU",
+    )
+    ap.add_argument(
+        "--per-node",
+        action="store_true",
+        help="concurrency counts users per node (the seeds' axis for a TP8 replica) instead of per GPU",
+    )
     ap.add_argument("--requests-per-user", type=int, default=6)
     ap.add_argument("--min-requests", type=int, default=160)
     ap.add_argument("--trace", default="default")
     ap.add_argument("--acceptance", default=None, help="acceptance preset for DSpark (default: the method's)")
     ap.add_argument("--k", type=int, default=7, help="adaptive DSpark's block size")
-    ap.add_argument("--policy", default="vllm",
-                    help="adaptive DSpark's verify-budget policy (vllm: the budget from the previous step's confidences; "
-                         "sglang: the same E/C rule on the current ones; paper-production: two steps old)")
+    ap.add_argument(
+        "--policy",
+        default="vllm",
+        help="adaptive DSpark's verify-budget policy (vllm: the budget from the previous step's confidences; "
+        "sglang: the same E/C rule on the current ones; paper-production: two steps old)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="simulation seed (the same seed for every method: paired)")
     ap.add_argument("--gpus-per-node", type=int, default=8)
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--markdown", action="store_true")
-    ap.add_argument("--max-num-batched-tokens", type=int, default=None,
-                    help="the engine's token budget per step (default: vLLM's, 8192)")
-    ap.add_argument("--disaggregated", action="store_true",
-                    help="decode instances of a prefill/decode-disaggregated deployment (prompts' KV arrives computed)")
+    ap.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="the engine's token budget per step (default: vLLM's, 8192)",
+    )
+    ap.add_argument(
+        "--disaggregated",
+        action="store_true",
+        help="decode instances of a prefill/decode-disaggregated deployment (prompts' KV arrives computed)",
+    )
     a = ap.parse_args()
     from dsim.cost import load_profile
     from dsim.scenario import build_workload
@@ -65,20 +82,34 @@ def main() -> None:
         eng["kv_role"] = "kv_consumer"
     base = build_workload(a.trace)
     t0 = time.perf_counter()
-    df = sweep(base, prof, specs, node_c, requests_per_user=a.requests_per_user, min_requests=a.min_requests,
-               gpus_per_node=a.gpus_per_node, jobs=a.jobs, seed=a.seed, engine=EngineConfig(**eng) if eng else None)
+    df = sweep(
+        base,
+        prof,
+        specs,
+        node_c,
+        requests_per_user=a.requests_per_user,
+        min_requests=a.min_requests,
+        gpus_per_node=a.gpus_per_node,
+        jobs=a.jobs,
+        seed=a.seed,
+        engine=EngineConfig(**eng) if eng else None,
+    )
     wall = time.perf_counter() - t0
     tab = df.pivot(index="concurrency", columns="method", values="output_tok_s_per_gpu")
     user = df.pivot(index="concurrency", columns="method", values="output_tok_s_per_user")
     ver = df.pivot(index="concurrency", columns="method", values="verify_tokens_per_request")
     cols = list(specs)
     print(f"profile: {prof.label}")
-    print(f"workload: {base.source}; {a.requests_per_user} requests per user (min {a.min_requests}); "
-          f"adaptive policy {a.policy}; seed {a.seed}"
-          + (f"; engine {eng}" if eng else ""))
+    print(
+        f"workload: {base.source}; {a.requests_per_user} requests per user (min {a.min_requests}); "
+        f"adaptive policy {a.policy}; seed {a.seed}" + (f"; engine {eng}" if eng else "")
+    )
     sep = " | " if a.markdown else " "
-    head = ["C/node" if a.per_node else "C/GPU"] + [f"{c} tok/s/GPU" for c in cols] + ["best fixed", "adaptive / best fixed",
-                                                           "adaptive verify/req", "adaptive tok/s/user"]
+    head = (
+        ["C/node" if a.per_node else "C/GPU"]
+        + [f"{c} tok/s/GPU" for c in cols]
+        + ["best fixed", "adaptive / best fixed", "adaptive verify/req", "adaptive tok/s/user"]
+    )
     if a.markdown:
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))
@@ -91,16 +122,21 @@ def main() -> None:
         best = max(fixed, key=fixed.get)
         r = row["adaptive"] / fixed[best]
         ok &= r >= 0.98
-        vals = [str(c)] + [f"{row[m]:.0f}" for m in cols] + [best, f"{r:.3f}", f"{ver.loc[cn, 'adaptive']:.2f}",
-                                                            f"{user.loc[cn, 'adaptive']:.1f}"]
+        vals = (
+            [str(c)]
+            + [f"{row[m]:.0f}" for m in cols]
+            + [best, f"{r:.3f}", f"{ver.loc[cn, 'adaptive']:.2f}", f"{user.loc[cn, 'adaptive']:.1f}"]
+        )
         if a.markdown:
             print("| " + " | ".join(vals) + " |")
         else:
             print(sep.join(f"{v:>14}" for v in vals))
     v = [ver.loc[cn, "adaptive"] for cn in node_c]
-    print(f"adaptive at or above every fixed K (within 2%) at every load: {'yes' if ok else 'NO'}; "
-          f"verify budget per request {v[0]:.2f} -> {v[-1]:.2f} ({'falls' if v[-1] < v[0] else 'does NOT fall'}); "
-          f"wall {wall:.0f} s")
+    print(
+        f"adaptive at or above every fixed K (within 2%) at every load: {'yes' if ok else 'NO'}; "
+        f"verify budget per request {v[0]:.2f} -> {v[-1]:.2f} ({'falls' if v[-1] < v[0] else 'does NOT fall'}); "
+        f"wall {wall:.0f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ times each, and prints the medians and their ratios: on a shared machine the rat
 to read. ``--profile`` names the profile (default: the pinned analytical one the recorded
 figures use; ``default``: the plan's own default profile).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -84,8 +85,9 @@ def main():
             for tname, tree in trees.items():
                 env = dict(os.environ, PYTHONPATH=str(tree))
                 env.setdefault("DSIM_TRACE_DIR", str((ROOT / ".." / "shared" / "traces").resolve()))
-                r = subprocess.run([sys.executable, "-c", code], cwd=str(tree), env=env, capture_output=True,
-                                   text=True, check=True)
+                r = subprocess.run(
+                    [sys.executable, "-c", code], cwd=str(tree), env=env, capture_output=True, text=True, check=True
+                )
                 for line in r.stdout.splitlines():
                     print(f"rep {rep + 1} {tname:5} {line}", flush=True)
         return
@@ -102,22 +104,33 @@ def main():
         for name, tree in trees.items():
             r = run_plan(tree, args)
             runs[name].append(r)
-            print(f"rep {rep + 1} {name:5} {r['wall_s']:6.1f} s wall, {r['cpu_s']:5.1f} s CPU, critical path "
-                  f"{r['critical_s']:5.1f} s, load {r['load']:.1f}, plan {r['hash']} (exit {r['rc']})", flush=True)
+            print(
+                f"rep {rep + 1} {name:5} {r['wall_s']:6.1f} s wall, {r['cpu_s']:5.1f} s CPU, critical path "
+                f"{r['critical_s']:5.1f} s, load {r['load']:.1f}, plan {r['hash']} (exit {r['rc']})",
+                flush=True,
+            )
     shown = " ".join(args)
-    med = {name: {k: statistics.median(x[k] for x in v) for k in ("wall_s", "cpu_s", "critical_s")}
-           for name, v in runs.items()}
+    med = {
+        name: {k: statistics.median(x[k] for x in v) for k in ("wall_s", "cpu_s", "critical_s")}
+        for name, v in runs.items()
+    }
     m = med["this"]
-    print(f"bench_plan: `dsim {shown}` on {os.cpu_count()} CPU(s), medians of {a.reps}: {m['wall_s']:.1f} s wall, "
-          f"{m['cpu_s']:.1f} s CPU, critical path {m['critical_s']:.1f} s (target <= 20 s wall)")
+    print(
+        f"bench_plan: `dsim {shown}` on {os.cpu_count()} CPU(s), medians of {a.reps}: {m['wall_s']:.1f} s wall, "
+        f"{m['cpu_s']:.1f} s CPU, critical path {m['critical_s']:.1f} s (target <= 20 s wall)"
+    )
     if a.base:
         b = med["base"]
-        print(f"bench_plan: base {a.base}: {b['wall_s']:.1f} s wall, {b['cpu_s']:.1f} s CPU, critical path "
-              f"{b['critical_s']:.1f} s")
+        print(
+            f"bench_plan: base {a.base}: {b['wall_s']:.1f} s wall, {b['cpu_s']:.1f} s CPU, critical path "
+            f"{b['critical_s']:.1f} s"
+        )
         for k in ("wall_s", "cpu_s", "critical_s"):
             pairs = [x[k] / y[k] for x, y in zip(runs["this"], runs["base"])]
-            print(f"bench_plan: this / base {k[:-2]:8}: per pair {', '.join(f'{q:.2f}' for q in pairs)}; "
-                  f"median {statistics.median(pairs):.2f}")
+            print(
+                f"bench_plan: this / base {k[:-2]:8}: per pair {', '.join(f'{q:.2f}' for q in pairs)}; "
+                f"median {statistics.median(pairs):.2f}"
+            )
         same = {x["hash"] for v in runs.values() for x in v}
         print(f"bench_plan: plans {'identical' if len(same) == 1 else 'DIFFER: ' + ', '.join(sorted(same))}")
 

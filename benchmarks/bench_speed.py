@@ -18,6 +18,7 @@ requests). ``--base`` checks the commit out once with
 Targets (docs/results/performance.md): at concurrency 256, DSpark adaptive >= no speculation in the same
 tree (ratio >= 1.0) and >= 5x the base (4e28db9); no speculation >= 3x the base.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,12 +54,14 @@ print(json.dumps({{"sim_s": s["sim_time_s"], "cpu_s": cpu, "steps": s["steps"], 
 
 def base_tree(commit: str) -> Path:
     """A checkout of ``commit`` (git worktree, made once)."""
-    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", commit], check=True,
-                         capture_output=True, text=True).stdout.strip()
+    sha = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", commit], check=True, capture_output=True, text=True
+    ).stdout.strip()
     path = Path(tempfile.gettempdir()) / f"dsim-base-{sha}"
     if not (path / "dsim").is_dir():
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), sha], check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), sha], check=True, capture_output=True
+        )
     return path
 
 
@@ -98,12 +101,14 @@ def main():
                     r = run_one(tree, C, a.requests_per_user, m, a.profile)
                     res.setdefault((name, C, m), []).append(r["x"])
                     cpu.setdefault((name, C, m), []).append(r["cpu_s"])
-                    print(f"rep {rep + 1} C={C:<4} {m:16} {name:5} {r['x']:8.1f} x real time "
-                          f"({r['steps']} steps, {r['cpu_s'] / r['steps'] * 1e6:.0f} us/step)", flush=True)
+                    print(
+                        f"rep {rep + 1} C={C:<4} {m:16} {name:5} {r['x']:8.1f} x real time "
+                        f"({r['steps']} steps, {r['cpu_s'] / r['steps'] * 1e6:.0f} us/step)",
+                        flush=True,
+                    )
     print()
     med = {k: statistics.median(v) for k, v in res.items()}
-    head = (f"{'C':>4} {'method':16} " + " ".join(f"{n + ' x':>9}" for n in trees) + f" {'vs none':>8}"
-            f" {'per req':>8}")
+    head = f"{'C':>4} {'method':16} " + " ".join(f"{n + ' x':>9}" for n in trees) + f" {'vs none':>8} {'per req':>8}"
     if a.base:
         head += f" {'this/base':>10}"
     print(head)
@@ -113,14 +118,19 @@ def main():
             none = med.get(("this", C, "none"))
             line += f" {med[('this', C, m)] / none:8.3f}" if none else f" {'':>8}"
             none_cpu = cpu.get(("this", C, "none"))
-            line += (f" {statistics.median(none_cpu) / statistics.median(cpu[('this', C, m)]):8.3f}" if none_cpu
-                     else f" {'':>8}")
+            line += (
+                f" {statistics.median(none_cpu) / statistics.median(cpu[('this', C, m)]):8.3f}"
+                if none_cpu
+                else f" {'':>8}"
+            )
             if a.base:
                 line += f" {med[('this', C, m)] / med[('base', C, m)]:10.2f}"
             print(line)
-    print(f"(medians of {a.reps} runs; 'vs none': this tree's method / its no-speculation speed, in simulated "
-          "seconds per CPU second (the target's measure); 'per req': no speculation's CPU time / the method's, "
-          "for the same requests)")
+    print(
+        f"(medians of {a.reps} runs; 'vs none': this tree's method / its no-speculation speed, in simulated "
+        "seconds per CPU second (the target's measure); 'per req': no speculation's CPU time / the method's, "
+        "for the same requests)"
+    )
 
 
 if __name__ == "__main__":

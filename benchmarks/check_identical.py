@@ -3,19 +3,30 @@ speed change (docs/results/performance.md, "Results").
 
     python benchmarks/check_identical.py --base e6011ca             # every configuration
     python benchmarks/check_identical.py --base e6011ca --only c256  # those whose name contains c256
+    python benchmarks/check_identical.py --base auto --ci            # what CI runs (.ci/run)
 
 Each configuration runs in its own subprocess per tree (``python -m dsim``'s package of that tree
 on sys.path, as bench_speed.py runs them) and prints one hash per part of the result: the summary
 less its wall time, the request table, the step table, the ITL samples and the step shapes where
-recorded. A configuration is identical when every part's hash is. Exit 1 on any difference.
+recorded. A configuration is identical when every part's hash is. Exit 1 on any difference, or
+where this tree fails to run a configuration. A configuration on a public trace that is absent
+(DSIM_TRACE_DIR, ../shared/traces) is skipped and counted as such.
+
+``--base auto``: the merge base with origin/main (or main); where HEAD is on main itself (CI on a
+clone of main), main's previous commit, HEAD~1 (a shallow clone is deepened by one commit for it);
+with none of these the check is skipped, exit 0. ``--ci``: the CI_CONFIGS subset (a few minutes
+on two cores), and a configuration the base cannot run (a module or an option it does not have
+yet) is reported and not counted as a difference.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -24,7 +35,7 @@ from bench_speed import base_tree  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
-import dataclasses, hashlib, json
+import dataclasses, hashlib, json, os
 import numpy as np
 from dsim.cost import load_profile
 try:
@@ -43,7 +54,8 @@ res = simulate(cfg)
 def h(x):
     return hashlib.sha256(x).hexdigest()[:16]
 summ = {{k: v for k, v in res.summary.items() if "wall" not in k}}
-out = dict(summary=h(json.dumps(summ, sort_keys=True, default=str).encode()),
+# (a trace of the tree itself, traces/default.jsonl, is named by its path: the tree's own folder)
+out = dict(summary=h(json.dumps(summ, sort_keys=True, default=str).replace(os.getcwd(), "TREE").encode()),
            requests=h(res.requests.to_csv().encode()))
 if cfg.keep_steps:
     out["steps"] = h(res.steps.to_csv().encode())
@@ -108,6 +120,29 @@ for _policy in ("paper", "sglang", "fixed"):
         f"spec=SpecConfig('dspark', adaptive=True, policy='{_policy}'))"
     )
 del CONFIGS["c128-dspark-paper-sglang-fixed"]
+# dsim's embedded default trace (traces/default.jsonl): compared where the public traces are absent
+CONFIGS["default-trace-mtp"] = f"SimConfig(workload=load_workload('default'), profile={DEF}, spec=SpecConfig('mtp'))"
+CONFIGS["default-trace-dspark-closed"] = (
+    f"SimConfig(workload=closed('default', 64, 8), profile={V4}, spec=SpecConfig('dspark', adaptive=True))"
+)
+
+# --ci: one configuration per step path and method family, and the default trace's (a few
+# minutes on two cores, the base tree's kernel compile included)
+CI_CONFIGS = (
+    "c256-none",
+    "c256-mtp",
+    "c256-dspark",
+    "c64-eagle3-cap-accept",
+    "c128-block",
+    "c512-none-async",
+    "open-qwen3-8b-chunked-shapes",
+    "open-qwen3-8b-prefix",
+    "c256-dspark-preempt",
+    "default-trace-mtp",
+    "default-trace-dspark-closed",
+)
+# dsim.workload.resolve_trace's message for a public trace that is not there
+TRACE_ABSENT = re.compile(r"trace '[^']+' not found")
 
 
 def run(tree: Path, cfg: str) -> str:
@@ -122,21 +157,68 @@ def run(tree: Path, cfg: str) -> str:
     return r.stdout.strip().splitlines()[-1]
 
 
+def git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+
+
+def commit_of(ref: str) -> str | None:
+    r = git("rev-parse", "--verify", "-q", ref + "^{commit}")
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def auto_base() -> tuple[str | None, str]:
+    """The commit ``--base auto`` compares with, and why (None: no base in this clone)."""
+    head = commit_of("HEAD")
+    for ref in ("origin/main", "main"):
+        if commit_of(ref):
+            mb = git("merge-base", "HEAD", ref).stdout.strip()
+            if mb and mb != head:
+                return mb, f"the merge base of HEAD and {ref}"
+            if mb == head:
+                break  # HEAD is on main: main's previous commit
+    if commit_of("HEAD~1") is None and git("rev-parse", "--is-shallow-repository").stdout.strip() == "true":
+        try:  # a shallow clone (CI's default depth 1): one more commit of history
+            subprocess.run(["git", "-C", str(ROOT), "fetch", "-q", "--deepen=1"], capture_output=True, timeout=120)
+        except subprocess.TimeoutExpired:
+            pass
+    prev = commit_of("HEAD~1")
+    if prev:
+        return prev, "HEAD~1 (HEAD is on main, or no main to branch from)"
+    return None, "no commit before HEAD in this clone"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base", required=True, help="commit to compare with")
+    ap.add_argument("--base", required=True, help="commit to compare with, or auto (see above)")
     ap.add_argument("--only", default="", help="run the configurations whose name contains this")
+    ap.add_argument("--ci", action="store_true", help="the CI subset; the base's own errors are not differences")
     a = ap.parse_args()
-    base = base_tree(a.base)
-    bad = 0
+    commit, why = (a.base, "given") if a.base != "auto" else auto_base()
+    if commit is None:
+        print(f"check_identical: skipped: {why}")
+        return 0
+    print(f"check_identical: this tree vs {commit[:12]} ({why})", flush=True)
+    base = base_tree(commit)
+    counts = {"same": 0, "DIFFERENT": 0, "skipped": 0}
+    t0 = time.monotonic()
     for name, cfg in CONFIGS.items():
-        if a.only and a.only not in name:
+        if (a.only and a.only not in name) or (a.ci and name not in CI_CONFIGS):
             continue
-        this, other = run(ROOT, cfg), run(base, cfg)
-        same = this == other and not this.startswith("error")
-        bad += not same
-        print(f"{'same' if same else 'DIFFERENT':9s} {name}" + ("" if same else f"\n  this {this}\n  base {other}"))
-    return 1 if bad else 0
+        this = run(ROOT, cfg)
+        if this.startswith("error") and TRACE_ABSENT.search(this):
+            verdict, note = "skipped", f"  ({this[len('error: ') :]})"
+        else:
+            other = run(base, cfg)
+            if this == other and not this.startswith("error"):
+                verdict, note = "same", ""
+            elif a.ci and other.startswith("error") and not this.startswith("error"):
+                verdict, note = "skipped", f"  (the base cannot run it: {other[len('error: ') :]})"
+            else:
+                verdict, note = "DIFFERENT", f"\n  this {this}\n  base {other}"
+        counts[verdict] += 1
+        print(f"{verdict:9s} {name}{note}", flush=True)
+    print(", ".join(f"{n} {k}" for k, n in counts.items()) + f" in {time.monotonic() - t0:.0f} s")
+    return 1 if counts["DIFFERENT"] else 0
 
 
 if __name__ == "__main__":

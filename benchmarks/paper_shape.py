@@ -172,7 +172,9 @@ def at_paper_loads(df, cs):
     xs = list(g["c_decode"])
     out = []
     for c in cs:
-        vals = [B._interp_loglog(c, xs, list(g[col])) for col in ("step_ms", "acceptance_length", "output_tok_s_per_gpu")]
+        vals = [
+            B._interp_loglog(c, xs, list(g[col])) for col in ("step_ms", "acceptance_length", "output_tok_s_per_gpu")
+        ]
         out.append(None if None in vals else tuple(vals))
     return out
 
@@ -210,8 +212,10 @@ def fit_paper_shape(base, args, log=print):
             raise SystemExit(f"{derived.name}: the MTP-1 sweep does not span the paper's loads {cs}")
         resid = [p[2] / t - 1.0 for p, t in zip(got, thr_paper)]
         history.append({"F_ms": round(F, 4), "b": round(b, 5), "residuals": [round(r, 4) for r in resid]})
-        log(f"  fit {it + 1}: F = {F:.3f} ms, b = {b:.4f}; MTP-1 vs the paper's line at C/GPU {cs}: "
-            + " ".join(f"{100 * r:+.1f}%" for r in resid))
+        log(
+            f"  fit {it + 1}: F = {F:.3f} ms, b = {b:.4f}; MTP-1 vs the paper's line at C/GPU {cs}: "
+            + " ".join(f"{100 * r:+.1f}%" for r in resid)
+        )
         if max(abs(r) for r in resid) <= args.tolerance:
             break
         # the closed loop's departure from the invariant-step prediction, kept for the next solve
@@ -246,8 +250,10 @@ def derived_for(name: str, args, log=print):
     path = Path(args.profile_dir) / f"{base.name}-paper-shape.yaml"
     if path.exists() and not args.refit:
         prof = load_profile(str(path))
-        log(f"{base.name}: derived profile read from {path} (F = {prof.provenance['paper_shape']['F_ms']} ms, "
-            f"b = {prof.provenance['paper_shape']['b']}; --refit fits again)")
+        log(
+            f"{base.name}: derived profile read from {path} (F = {prof.provenance['paper_shape']['F_ms']} ms, "
+            f"b = {prof.provenance['paper_shape']['b']}; --refit fits again)"
+        )
         return prof
     log(f"{base.name}: fitting F and b to the paper's MTP-1 line")
     prof, _ = fit_paper_shape(base, args, log)
@@ -258,7 +264,10 @@ def derived_for(name: str, args, log=print):
 
 # ---- DSpark's acceptance on V4: position 1 = MTP-1 (the DeepSeek-V3 report's MTP range), positions
 # 2.. = the paper's Fig. 2 conditional acceptance (Qwen3-4B's DSpark) shifted by one logit offset delta
-ACCEPTANCE_FIT_C = (20, 50)  # low load: where the step is mostly the fixed forward, so acceptance, not cost, sets the gap
+ACCEPTANCE_FIT_C = (
+    20,
+    50,
+)  # low load: where the step is mostly the fixed forward, so acceptance, not cost, sets the gap
 ACCEPTANCE_FIT_GRID = tuple(round(-0.1 * i, 1) for i in range(9))  # delta from 0 (Fig. 2 as measured) to -0.8
 
 
@@ -280,10 +289,13 @@ def v4_dspark_curves(delta: float, k: int = 7) -> dict:
 def write_acceptance(delta: float, path: Path) -> Path:
     import yaml
 
-    doc = {"name": f"deepseek-v4-dspark-delta{delta:+.2f}", "model": "DeepSeek-V4 (derived)",
-           "source": f"benchmarks/paper_shape.py: position 1 = MTP-1 (preset deepseek-v4), positions 2.. = "
-                     f"Fig. 2 (preset qwen3-4b-fig2) shifted by {delta:+.2f} in logit",
-           "methods": {"dspark": {"k": 7, "classes": v4_dspark_curves(delta)}}}
+    doc = {
+        "name": f"deepseek-v4-dspark-delta{delta:+.2f}",
+        "model": "DeepSeek-V4 (derived)",
+        "source": f"benchmarks/paper_shape.py: position 1 = MTP-1 (preset deepseek-v4), positions 2.. = "
+        f"Fig. 2 (preset qwen3-4b-fig2) shifted by {delta:+.2f} in logit",
+        "methods": {"dspark": {"k": 7, "classes": v4_dspark_curves(delta)}},
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
@@ -306,14 +318,21 @@ def fit_acceptance(derived, bp, out_dir: Path, log=print) -> tuple[float, list]:
     per_gpu = [5, 10, 20, 35, 50, 65, 80]  # spans the fitting loads (dsim's curves are read at the paper's C)
     rows = []
     for delta in ACCEPTANCE_FIT_GRID:
-        a = argparse.Namespace(**{**vars(bp), "acceptance_dspark": str(write_acceptance(delta, out_dir / f"acc{delta:+.1f}.yaml"))})
+        a = argparse.Namespace(
+            **{**vars(bp), "acceptance_dspark": str(write_acceptance(delta, out_dir / f"acc{delta:+.1f}.yaml"))}
+        )
         r = B.run_case(derived, a.trace.split(",")[0], per_gpu, a, variant=a.variants.split(",")[0])
         B.case_rows(r)
         miss = acceptance_miss(r)
         f8 = r["key_metrics"]["fig8"]
         rows.append((delta, miss, {c: f8[c][:2] for c in ACCEPTANCE_FIT_C}))
-        log(f"  delta {delta:+.1f}: miss {miss:.2f}; " + "; ".join(
-            f"C {c}: ratio {f8[c][0]:.2f} ({f8[c][2]:.2f}), budget {f8[c][1]:.2f} ({f8[c][3]:.2f})" for c in ACCEPTANCE_FIT_C))
+        log(
+            f"  delta {delta:+.1f}: miss {miss:.2f}; "
+            + "; ".join(
+                f"C {c}: ratio {f8[c][0]:.2f} ({f8[c][2]:.2f}), budget {f8[c][1]:.2f} ({f8[c][3]:.2f})"
+                for c in ACCEPTANCE_FIT_C
+            )
+        )
     best = min(rows, key=lambda t: t[1])
     return best[0], rows
 
@@ -356,9 +375,13 @@ def implied_tau_table(derived) -> str:
     d, m = make_method("dspark", 5, adaptive=True), make_method("mtp", 1)
     acc = load_acceptance("deepseek-v4", "mtp")
     tau_m = float(np.mean([acc.tau(c, 1) for c in ("math", "code", "chat")]))
-    out = [f"### {derived.name}: the accepted length Fig. 8 implies (MTP-1 tau {tau_m:.2f})", "",
-           "| C/GPU | budget V | MTP-1 step: paper / priced | DSpark step priced (of which drafter) | implied DSpark tau "
-           "| accepted share of verified drafts |", "|---|---|---|---|---|---|"]
+    out = [
+        f"### {derived.name}: the accepted length Fig. 8 implies (MTP-1 tau {tau_m:.2f})",
+        "",
+        "| C/GPU | budget V | MTP-1 step: paper / priced | DSpark step priced (of which drafter) | implied DSpark tau "
+        "| accepted share of verified drafts |",
+        "|---|---|---|---|---|---|",
+    ]
     for c, thr_d, thr_m, v in zip(P["fig8_c"], P["fig8_dspark"], P["fig8_mtp"], P["fig8_budget"]):
         if v is None:
             continue
@@ -367,8 +390,10 @@ def implied_tau_table(derived) -> str:
         drafter = d.draft_ms(cm, c)
         t_d = (float(cm.forward_ms(round(v * c))) + drafter) * t_m_paper / t_m
         tau_d = thr_d * t_d / (1000.0 * c)
-        out.append(f"| {c} | {v:.2f} | {t_m_paper:.1f} / {t_m:.1f} ms | {t_d:.1f} ms ({drafter:.1f}) | {tau_d:.2f} "
-                   f"| {(tau_d - 1) / (v - 1):.2f} |")
+        out.append(
+            f"| {c} | {v:.2f} | {t_m_paper:.1f} / {t_m:.1f} ms | {t_d:.1f} ms ({drafter:.1f}) | {tau_d:.2f} "
+            f"| {(tau_d - 1) / (v - 1):.2f} |"
+        )
     return "\n".join(out) + "\n"
 
 
@@ -382,8 +407,10 @@ def ablation_row(label, r) -> str:
         return " / ".join("n/a" if f8.get(c) is None or f8[c][j] is None else f"{f8[c][j]:.{nd}f}" for c in cs)
 
     met = sum(bool(v) for v in r["verdicts"].values())
-    return (f"| {label} | {col(0)} | {col(1)} | {B._pct(k.get('thr_gain_0'))} / {B._pct(k.get('thr_gain_1'))} "
-            f"| {k.get('matched', 'n/a')} | {met} of {len(r['verdicts'])} |")
+    return (
+        f"| {label} | {col(0)} | {col(1)} | {B._pct(k.get('thr_gain_0'))} / {B._pct(k.get('thr_gain_1'))} "
+        f"| {k.get('matched', 'n/a')} | {met} of {len(r['verdicts'])} |"
+    )
 
 
 def ablate(derived, base, bp, cases=ABLATIONS) -> str:
@@ -393,12 +420,15 @@ def ablate(derived, base, bp, cases=ABLATIONS) -> str:
     cs = [c for c in P["fig8_c"] if c >= 20]
     paper_ratio = " / ".join(f"{d / m:.2f}" for c, d, m in zip(P["fig8_c"], P["fig8_dspark"], P["fig8_mtp"]) if c >= 20)
     paper_budget = " / ".join(f"{v:.2f}" for c, v in zip(P["fig8_c"], P["fig8_budget"]) if c >= 20)
-    out = [f"### {derived.name}: one DSpark input changed at a time", "",
-           f"| input changed | DSpark / MTP-1 throughput at C/GPU {' / '.join(map(str, cs))} | verify budget there "
-           "| throughput gain at the moderate / strict SLA | per-user gain at matched throughput | targets met |",
-           "|---|---|---|---|---|---|",
-           f"| the paper ({P['model']}) | {paper_ratio} | {paper_budget} | {B._pct(P['thr_gain'][0])} / "
-           f"{B._pct(P['thr_gain'][1])} | {B._pct(P['matched_band'][0])} to {B._pct(P['matched_band'][1])} | |"]
+    out = [
+        f"### {derived.name}: one DSpark input changed at a time",
+        "",
+        f"| input changed | DSpark / MTP-1 throughput at C/GPU {' / '.join(map(str, cs))} | verify budget there "
+        "| throughput gain at the moderate / strict SLA | per-user gain at matched throughput | targets met |",
+        "|---|---|---|---|---|---|",
+        f"| the paper ({P['model']}) | {paper_ratio} | {paper_budget} | {B._pct(P['thr_gain'][0])} / "
+        f"{B._pct(P['thr_gain'][1])} | {B._pct(P['matched_band'][0])} to {B._pct(P['matched_band'][1])} | |",
+    ]
     for label, over, transform in cases:
         over = dict(over)
         if "acceptance_delta" in over:
@@ -409,7 +439,7 @@ def ablate(derived, base, bp, cases=ABLATIONS) -> str:
         if transform == "drafter-floor":
             prof = with_drafter_floor(derived, base)
         elif transform and transform.startswith("drafter-x"):  # x0: free (times a negligible 1e-9)
-            prof = scale_drafter(derived, float(transform[len("drafter-x"):]) or 1e-9)
+            prof = scale_drafter(derived, float(transform[len("drafter-x") :]) or 1e-9)
         r = B.run_case(prof, a.trace.split(",")[0], per_gpu, a, variant=a.variants.split(",")[0])
         r["rows"], r["verdicts"] = B.case_rows(r)
         out.append(ablation_row(label, r))
@@ -426,10 +456,16 @@ def main(argv=None):
     ap.add_argument("--tolerance", type=float, default=0.02, help="MTP-1's largest relative miss that ends the fit")
     ap.add_argument("--fit-trace", default="default", help="the trace the fit's MTP-1 runs on")
     ap.add_argument("--fit-variant", default="disaggregated", choices=B.VARIANTS)
-    ap.add_argument("--fit-acceptance", action="store_true",
-                    help="fit DSpark's acceptance offset delta on the first profile (V4-Flash) and stop")
-    ap.add_argument("--ablate", action="store_true",
-                    help="instead of one comparison: the ablation table (one DSpark input changed at a time)")
+    ap.add_argument(
+        "--fit-acceptance",
+        action="store_true",
+        help="fit DSpark's acceptance offset delta on the first profile (V4-Flash) and stop",
+    )
+    ap.add_argument(
+        "--ablate",
+        action="store_true",
+        help="instead of one comparison: the ablation table (one DSpark input changed at a time)",
+    )
     a, rest = ap.parse_known_args(argv)
     if a.iterations < 1:
         ap.error(f"--iterations: must be >= 1, got {a.iterations}")

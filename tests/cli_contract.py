@@ -1,6 +1,7 @@
 """The error contract, checked in-process: ``run_cli(*args)`` runs dsim's console entry point
 (dsim.cli.entry.main) with captured output; ``assert_rejected`` asserts exit code 2, exactly one line on
 stderr (naming the given needles, no traceback, no numpy repr) and nothing new in a directory."""
+
 from __future__ import annotations
 
 import io
@@ -11,6 +12,7 @@ from pathlib import Path
 
 def run_cli(*args) -> tuple[int, str, str]:
     from dsim.cli.entry import main
+
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
         try:

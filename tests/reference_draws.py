@@ -3,6 +3,7 @@
 ``RefSampler(model).sample(rng, cls, latent, steps)`` draws from the same model as
 ``AcceptanceModel.sample`` (dsim.engine.compiled_step.draw_slots) with numpy Generators, DrawStream blocks
 and float32 arrays; the compiled draws are checked against it in distribution."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,8 +20,7 @@ class StepDraws:
 
     __slots__ = ("accept", "conf", "_p", "_h", "_hs", "_acc_sentinel")
 
-    def __init__(self, p_true, accept, conf, half_logit=None, accept_sentinel=None,
-                 half_logit_scale: float = 1.0):
+    def __init__(self, p_true, accept, conf, half_logit=None, accept_sentinel=None, half_logit_scale: float = 1.0):
         self._p, self._h, self._hs = p_true, half_logit, half_logit_scale
         self.accept = accept
         self.conf = conf
@@ -42,13 +42,11 @@ class StepDraws:
     @property
     def p_true(self) -> np.ndarray:
         if self._p is None:
-            p = np.tanh(self._h * np.float32(self._hs))      # p = (1 + tanh(logit / 2)) / 2
+            p = np.tanh(self._h * np.float32(self._hs))  # p = (1 + tanh(logit / 2)) / 2
             p *= np.float32(0.5)
             p += np.float32(0.5)
             self._p = p
         return self._p
-
-
 
 
 class RefSampler:
@@ -88,7 +86,7 @@ class RefSampler:
             return StepDraws(z, np.zeros((steps, R, K), dtype=bool), z.copy())
         n = steps * K * R
         shape = (steps, K, R)
-        blk = st.take(self, n, self._token_block)                     # [3, n]: g noise, threshold, head noise
+        blk = st.take(self, n, self._token_block)  # [3, n]: g noise, threshold, head noise
         g = blk[0].reshape(shape)
         if self.sigma_step:
             g += st.take((self, "step"), steps * R, self._step_block).reshape(steps, 1, R)
@@ -104,16 +102,21 @@ class RefSampler:
             np.tanh(conf, out=conf)
             conf *= np.float32(0.5)
             conf += np.float32(0.5)
-        elif self.head == "perfect":                                  # T = 1 here
+        elif self.head == "perfect":  # T = 1 here
             conf = p = np.tanh(g)
             p *= np.float32(0.5)
             p += np.float32(0.5)
         else:
-            conf = np.broadcast_to(off[K:], shape)                   # read-only view: no information
+            conf = np.broadcast_to(off[K:], shape)  # read-only view: no information
         t = (0, 2, 1)
-        return StepDraws(None if p is None else p.transpose(t), accept.transpose(t), conf.transpose(t),
-                         half_logit=g.transpose(t), accept_sentinel=acc_s,
-                         half_logit_scale=self.head_temp)
+        return StepDraws(
+            None if p is None else p.transpose(t),
+            accept.transpose(t),
+            conf.transpose(t),
+            half_logit=g.transpose(t),
+            accept_sentinel=acc_s,
+            half_logit_scale=self.head_temp,
+        )
 
     def _token_block(self, rng: np.random.Generator, m: int) -> np.ndarray:
         """[3, m] float32: sigma_token z1 / (2T), atanh(2u - 1) / T, (s z2 - b) / (2T)."""
@@ -124,7 +127,7 @@ class RefSampler:
         u = rng.random(m, dtype=np.float32)
         u *= np.float32(2.0)
         u -= np.float32(1.0)
-        with np.errstate(divide="ignore"):                 # u = 0: atanh(-1) = -inf, never accepted
+        with np.errstate(divide="ignore"):  # u = 0: atanh(-1) = -inf, never accepted
             np.arctanh(u, out=out[1])
         out[1] *= np.float32(inv_t)
         np.multiply(b, np.float32(0.5 * self.head_noise * inv_t), out=out[2])
@@ -153,7 +156,7 @@ class DrawStream:
     def __init__(self, rng: np.random.Generator, block: int = 1 << 14):
         self.rng = rng
         self.block = int(block)
-        self._bufs: dict = {}                # key -> [block array, next index]
+        self._bufs: dict = {}  # key -> [block array, next index]
 
     def take(self, key, n: int, make) -> np.ndarray:
         b = self._bufs.get(key)
@@ -161,7 +164,7 @@ class DrawStream:
             b = self._bufs[key] = [make(self.rng, max(n, self.block)), 0]
         i = b[1]
         b[1] = i + n
-        return b[0][..., i:i + n]
+        return b[0][..., i : i + n]
 
 
 def _normal_block(rng: np.random.Generator, m: int) -> np.ndarray:
@@ -186,5 +189,3 @@ def _normal_pair(rng: np.random.Generator, shape):
     a *= r
     th *= r
     return a.reshape(shape), th.reshape(shape)
-
-

@@ -39,8 +39,8 @@ Policies (docs/user/semantics.md, verify-budget policies):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -83,7 +83,7 @@ class PolicyContext:
     token_limit: int
     k_max: int
     n_sampling: np.ndarray | None = None
-    step_extra_ms: np.ndarray | None = None   # float[k] added to every budget's cost of step t
+    step_extra_ms: np.ndarray | None = None  # float[k] added to every budget's cost of step t
 
 
 def survival(conf: np.ndarray) -> np.ndarray:
@@ -101,7 +101,7 @@ def _cumprod_inplace(s: np.ndarray, axis: int) -> np.ndarray:
     n = s.shape[axis]
     if n > 16:
         return np.cumprod(s, axis=axis)
-    lead = (slice(None),) * axis          # basic indexing: np.moveaxis costs more than a multiply here
+    lead = (slice(None),) * axis  # basic indexing: np.moveaxis costs more than a multiply here
     for j in range(1, n):
         np.multiply(s[lead + (j - 1,)], s[lead + (j,)], out=s[lead + (j,)])
     return s
@@ -173,7 +173,7 @@ def _objective(S, ctx, cost_fn, n_samp, srt=None):
     b = np.arange(R * K + 1)
     tokens = N[:, None] + b[None, :]
     C = np.asarray(cost_fn(tokens.ravel()), dtype=np.float64).reshape(tokens.shape)
-    if ctx.step_extra_ms is not None:     # e.g. each step's own KV-context term inside a window
+    if ctx.step_extra_ms is not None:  # e.g. each step's own KV-context term inside a window
         C = C + np.asarray(ctx.step_extra_ms, dtype=np.float64).reshape(-1, 1)
     E = n_samp[:, None] + cs
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -265,17 +265,35 @@ class VllmPolicy(BudgetPolicy):
         B = _argmax_budget(ratio, M)
         return _top_b_windows(S[k:], B, srt[k:])
 
-
     def _one_step(self, conf_now, conf_prev, ctx):
         """``windows`` for a single step through ``one_step`` (same result as the general path)."""
+
         def rng_ms(n0, n1):
             return ctx.verify_ms(np.arange(n0, n1))
-        return self.one_step(np.asarray(conf_now)[0], np.asarray(conf_prev)[0],
-                             int(_n_nondraft(ctx, 1)[0]), float(_n_sampling(ctx, 1, np.shape(conf_now)[1])[0]),
-                             float(ctx.draft_ms), rng_ms, int(ctx.token_limit), int(ctx.k_max))[None]
 
-    def one_step(self, now, prev, n_nondraft: int, n_sampling: float, draft_ms: float,
-                 verify_ms_range, token_limit: int, k_max: int, in_unit: bool = False) -> np.ndarray:
+        return self.one_step(
+            np.asarray(conf_now)[0],
+            np.asarray(conf_prev)[0],
+            int(_n_nondraft(ctx, 1)[0]),
+            float(_n_sampling(ctx, 1, np.shape(conf_now)[1])[0]),
+            float(ctx.draft_ms),
+            rng_ms,
+            int(ctx.token_limit),
+            int(ctx.k_max),
+        )[None]
+
+    def one_step(
+        self,
+        now,
+        prev,
+        n_nondraft: int,
+        n_sampling: float,
+        draft_ms: float,
+        verify_ms_range,
+        token_limit: int,
+        k_max: int,
+        in_unit: bool = False,
+    ) -> np.ndarray:
         """Windows int64[R] of one step from confidences ``now`` / ``prev`` [R, K] and the cost
         row ``verify_ms_range(n0, n1)`` (= verify_ms at n0..n1-1): the engine's every-step call,
         without a PolicyContext. Survivals are built position-major ([K, R] rows: contiguous for
@@ -291,14 +309,14 @@ class VllmPolicy(BudgetPolicy):
         # [K, 2, R]: position j's previous and current scores side by side, so the survival
         # products run over contiguous [2, R] blocks (numpy's per-call cost dominates here).
         S = np.empty((K, 2, R), dtype=np.float32 if f32 else np.float64)
-        if in_unit:                                             # the caller guarantees [0, 1]
+        if in_unit:  # the caller guarantees [0, 1]
             S[:, 0] = prev[:, :K].T
             S[:, 1] = now[:, :K].T
         else:
             np.maximum(prev[:, :K].T, 0.0, out=S[:, 0])
             np.maximum(now[:, :K].T, 0.0, out=S[:, 1])
             np.minimum(S, 1.0, out=S)
-        for j in range(1, K):                                   # survivals
+        for j in range(1, K):  # survivals
             np.multiply(S[j - 1], S[j], out=S[j])
         N = n_nondraft
         M = min(max(token_limit - N, 0), RK)
@@ -308,14 +326,14 @@ class VllmPolicy(BudgetPolicy):
         neg.sort()
         cs = np.zeros(M + 1)
         top = cs[1:]
-        top[:] = neg[:M]                                        # (float64 before summing)
+        top[:] = neg[:M]  # (float64 before summing)
         top.cumsum(out=top)
         np.negative(cs, out=cs)
         C = np.asarray(verify_ms_range(N, N + M + 1), dtype=np.float64)
         if draft_ms:
             C = C + draft_ms
         cs += n_sampling
-        if C[0] > 0:                     # C is non-decreasing: no zero division anywhere
+        if C[0] > 0:  # C is non-decreasing: no zero division anywhere
             cs /= C
         else:
             with np.errstate(divide="ignore", invalid="ignore"):
@@ -324,11 +342,11 @@ class VllmPolicy(BudgetPolicy):
         if B == 0:
             return np.zeros(R, dtype=np.int64)
         cur = S[:, 1]
-        flat = cur.flatten()                                    # (always a copy: partitioned in place)
+        flat = cur.flatten()  # (always a copy: partitioned in place)
         flat.partition(RK - B)
-        thr = flat[RK - B]                                      # the B-th largest current score
-        sel = cur > 0 if thr <= 0 else cur >= thr               # thr <= 0: fewer than B positive
-        if thr > 0 and np.count_nonzero(sel) != B:              # ties at the B-th value: ranks
+        thr = flat[RK - B]  # the B-th largest current score
+        sel = cur > 0 if thr <= 0 else cur >= thr  # thr <= 0: fewer than B positive
+        if thr > 0 and np.count_nonzero(sel) != B:  # ties at the B-th value: ranks
             return _top_b_windows(np.ascontiguousarray(cur.T)[None], np.array([B]))[0]
         return np.add.reduce(sel, axis=0, dtype=np.int64)
 
@@ -377,15 +395,12 @@ class AdditiveCost:
     theta_ms: tuple
 
     def __call__(self, R, M):
-        return (
-            self.bias
-            + np.interp(R, self.alpha_r, self.alpha_ms)
-            + np.interp(M, self.theta_m, self.theta_ms)
-        )
+        return self.bias + np.interp(R, self.alpha_r, self.alpha_ms) + np.interp(M, self.theta_m, self.theta_ms)
 
     @classmethod
-    def from_cost(cls, cost, method=None, max_requests: int = 1024, max_tokens: int = 8192,
-                  kv_ms_per_request: float = 0.0):
+    def from_cost(
+        cls, cost, method=None, max_requests: int = 1024, max_tokens: int = 8192, kv_ms_per_request: float = 0.0
+    ):
         """Build the tables from a duck-typed CostModel: bias = per-step CPU overhead
         (``cost.cpu_overhead_ms`` or ``cost.profile.cpu_overhead_ms``, else 0); theta(M) =
         ``cost.forward_ms(M)`` sampled at 1..16, every 16 to 512, then doubling to max_tokens

@@ -18,7 +18,10 @@ def _terms(eff: Efficiency, n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     """t_weights, t_flops (ms) and the rest of F(n) (launch floor + activation), by hand."""
     w = (SHAPE["dense"] - SHAPE["embedding"]) * 2.0 / (HW["bw"] * eff.bw) * 1e3
     f = 2 * (SHAPE["active"] - SHAPE["embedding"]) * n / (HW["bf16"] * eff.flops) * 1e3
-    rest = SHAPE["layers"] * eff.launch_us_per_layer * 1e-3 + eff.activation_ps * 1e-9 * n * SHAPE["layers"] * SHAPE["hidden"]
+    rest = (
+        SHAPE["layers"] * eff.launch_us_per_layer * 1e-3
+        + eff.activation_ps * 1e-9 * n * SHAPE["layers"] * SHAPE["hidden"]
+    )
     return np.full_like(f, w), f, rest
 
 

@@ -237,7 +237,12 @@ def test_context_ms_closed_form():
         assert cm.context_ms(q, c) - cm0.context_ms(q, c) == pytest.approx(0.7, rel=1e-12)
     # the field round-trips through the profile file and is 0 where a profile does not give it
     assert C.profile_to_dict(cm.profile)["attention"]["decode_step_ms"] == 0.7
-    assert C.CostModel(C.profile_from_dict(v2(ROOT / "profiles" / "h200" / "h200-llama-3.1-8b.yaml"), "x.yaml")).attention.decode_step_ms == 0.0
+    assert (
+        C.CostModel(
+            C.profile_from_dict(v2(ROOT / "profiles" / "h200" / "h200-llama-3.1-8b.yaml"), "x.yaml")
+        ).attention.decode_step_ms
+        == 0.0
+    )
 
 
 def test_context_ms_replaces_the_forward_share_past_the_dense_table():

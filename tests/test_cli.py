@@ -1,4 +1,5 @@
 """CLI: embedded defaults, --json keys, --out files, bad input -> one line, exit 2, nothing written."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def dsim(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "dsim", *args], capture_output=True, text=True, cwd=cwd or ROOT,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "dsim", *args], capture_output=True, text=True, cwd=cwd or ROOT, timeout=300
+    )
 
 
 def test_simulate_defaults_json_keys(tmp_path):
@@ -26,9 +28,15 @@ def test_simulate_defaults_json_keys(tmp_path):
         assert set(s[m]) == {"mean", "p50", "p90", "p99"}
     assert s["requests_completed"] == 80
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [
-        ".dsim-output.json", "requests.parquet", "scenario.yaml", "steps.parquet", "summary.json"]
+        ".dsim-output.json",
+        "requests.parquet",
+        "scenario.yaml",
+        "steps.parquet",
+        "summary.json",
+    ]
 
 
+@pytest.mark.slow
 def test_simulate_spec_json_keys():
     r = dsim("simulate", "--requests", "60", "--method", "dspark", "--json")
     assert r.returncode == 0, r.stderr
@@ -38,6 +46,7 @@ def test_simulate_spec_json_keys():
     assert len(s["per_position_acceptance"]) == 7
 
 
+@pytest.mark.slow
 def test_step_log_written(tmp_path):
     r = dsim("simulate", "--requests", "20", "--method", "mtp", "--quiet", "--step-log", str(tmp_path / "s.jsonl"))
     assert r.returncode == 0, r.stderr
@@ -46,12 +55,21 @@ def test_step_log_written(tmp_path):
 
 
 BAD_CASES = [
-    ("trace.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:47.0,abc,3\n",
-     ["trace.csv:3"]),
-    ("trace.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:47.0,0,3\n",
-     ["trace.csv:3"]),
-    ("trace.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.0,374,44\n2023-11-16 18:15:45.0,10,3\n",
-     ["trace.csv:3"]),
+    (
+        "trace.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:47.0,abc,3\n",
+        ["trace.csv:3"],
+    ),
+    (
+        "trace.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:47.0,0,3\n",
+        ["trace.csv:3"],
+    ),
+    (
+        "trace.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.0,374,44\n2023-11-16 18:15:45.0,10,3\n",
+        ["trace.csv:3"],
+    ),
     ("trace.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n", ["trace.csv"]),
     ("trace.xyz", "hello\n", ["trace.xyz"]),
 ]
@@ -72,15 +90,18 @@ def test_bad_trace_one_line_exit_2_nothing_written(tmp_path, name, content, need
     assert not out.exists()
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--nodes", "0"], "--nodes"),
-    (["--rate", "-1"], "--rate"),
-    (["--rate-scale", "500"], "rate"),
-    (["--method", "bogus"], "bogus"),
-    (["--profile", "nope"], "nope"),
-    (["--verify-mode", "bad"], "verify-mode"),
-    (["--trace", "/does/not/exist.csv"], "exist.csv"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--nodes", "0"], "--nodes"),
+        (["--rate", "-1"], "--rate"),
+        (["--rate-scale", "500"], "rate"),
+        (["--method", "bogus"], "bogus"),
+        (["--profile", "nope"], "nope"),
+        (["--verify-mode", "bad"], "verify-mode"),
+        (["--trace", "/does/not/exist.csv"], "exist.csv"),
+    ],
+)
 def test_bad_flags(args, needle, tmp_path):
     r = dsim("simulate", *args, "--out", str(tmp_path / "o"))
     assert r.returncode == 2, r.stdout + r.stderr
@@ -93,6 +114,7 @@ def test_bad_profile_file(tmp_path):
     import yaml
 
     from dsim.cost import load_profile, profile_to_dict
+
     d = profile_to_dict(load_profile())
     d["capture_sizes"] = [1, 8, 4]
     p = tmp_path / "bad.yaml"
@@ -101,6 +123,7 @@ def test_bad_profile_file(tmp_path):
     assert r.returncode == 2 and "capture_sizes[2]" in r.stderr and "bad.yaml" in r.stderr
 
 
+@pytest.mark.slow
 def test_simulate_takes_method_tokens_of_plan():
     # `--method dspark5-fixed` is `--method dspark --k 5 --no-adaptive`: the same run, seed for seed
     def summary(*flags):

@@ -1,5 +1,6 @@
 """A first run says that it compiles the kernels, with what and how far; a later run says nothing
 (dsim.engine.compile_notice)."""
+
 from __future__ import annotations
 
 import json
@@ -8,6 +9,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,6 +33,7 @@ def _run(args, cache: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_cold_cache_announces_each_compile_and_a_warm_one_is_silent(tmp_path):
     cold = _run(["-c", SCRIPT], tmp_path)
     assert cold.returncode == 0, cold.stderr
@@ -42,6 +46,7 @@ def test_cold_cache_announces_each_compile_and_a_warm_one_is_silent(tmp_path):
     assert warm.returncode == 0 and warm.stderr == "" and warm.stdout == cold.stdout
 
 
+@pytest.mark.slow
 def test_the_command_announces_a_cold_run_compiles_in_the_background_and_is_silent_warm(tmp_path):
     """`dsim simulate` on an empty cache announces its compiles, and the compiled run of general
     steps (a closed loop on one replica takes it) compiling in a background process while those

@@ -1053,6 +1053,7 @@ def test_prefill_terms_v1_profiles_price_as_before(tmp_path):
     assert cm.prefill_ms(chunks) == sum(q * (a * (c + 0.5 * q) - d) + e for q, c in chunks)
 
 
+@pytest.mark.slow
 def test_prefill_terms_v2_round_trip_and_errors(tmp_path):
     import yaml
 
@@ -1178,6 +1179,7 @@ def test_eager_overhead_is_a_stated_parameter():
         compose_profile(model, topo, "h200", None, request_attention=False, eager_us_per_layer=-1.0)
 
 
+@pytest.mark.golden
 def test_stored_shard_repredictions_are_the_current_profiles():
     """Every stored V4-Flash shard re-prediction (archive/kernels/h200-torch-checks/repredict-*.json,
     the figures docs/results/gpu-moe-profiling.md quotes) is what the shard-check profile prices now, step by
@@ -1201,6 +1203,7 @@ def test_stored_shard_repredictions_are_the_current_profiles():
                 assert got[r["step"]] == pytest.approx(r["predicted_ms"], abs=2e-3), (path.name, name, r["step"])
 
 
+@pytest.mark.golden
 def test_shard_repredict_counts_completed_hca_blocks(tmp_path):
     """validator.gpu.shard_repredict counts the ratio-128 blocks a step's decode/verify requests
     complete (positions ctx .. ctx + q - 1: a block completes at a multiple of 128 minus one) and

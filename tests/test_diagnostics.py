@@ -10,11 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from builders import STEP_MS, const_workload, flat_profile
 from dsim.engine import diagnostics as D
 from dsim.engine.replica import EngineConfig
 from dsim.sim import SimConfig, SpecConfig, simulate
 from dsim.study.capacity import format_plan, parse_sla, plan
-from tests.test_plan import STEP_MS, const_workload, flat_profile
 
 # ---- replica imbalance ----------------------------------------------------------------------
 
@@ -104,8 +104,18 @@ def test_few_finished_closed_form():
 
 
 def _run(w, nodes, router="least_outstanding", seqs=4):
-    return simulate(SimConfig(workload=w, profile=flat_profile(), nodes=nodes, gpus_per_node=8, router=router,
-                              engine=EngineConfig(max_num_seqs=seqs), spec=SpecConfig("none"), seed=0))
+    return simulate(
+        SimConfig(
+            workload=w,
+            profile=flat_profile(),
+            nodes=nodes,
+            gpus_per_node=8,
+            router=router,
+            engine=EngineConfig(max_num_seqs=seqs),
+            spec=SpecConfig("none"),
+            seed=0,
+        )
+    )
 
 
 def test_overloaded_fleet_warns_and_served_fleet_does_not():
@@ -141,24 +151,42 @@ def test_closed_loop_with_fewer_users_than_replicas_is_not_imbalance():
 
 
 def test_result_warnings_reads_request_table():
-    req = pd.DataFrame({"replica": [0, 0], "prompt_tokens": [1, 1], "output_tokens": [1, 1],
-                        "arrival_s": [0.0, 1.0], "queue_ms": [0.0, 0.0], "e2e_ms": [500.0, np.nan],
-                        "preemptions": [0, 0],
-                        "completed": [True, False]})
+    req = pd.DataFrame(
+        {
+            "replica": [0, 0],
+            "prompt_tokens": [1, 1],
+            "output_tokens": [1, 1],
+            "arrival_s": [0.0, 1.0],
+            "queue_ms": [0.0, 0.0],
+            "e2e_ms": [500.0, np.nan],
+            "preemptions": [0, 0],
+            "completed": [True, False],
+        }
+    )
     assert [w["kind"] for w in D.result_warnings(req, 1)] == ["few_finished"]
 
 
 def test_plan_reports_method_warnings():
     w = const_workload(13.0, 13 * 4)  # 52 requests: P99 rests on 0.5 of them
     slos = parse_sla("ttft_p99=500ms,p50=11ms")
-    res = plan({0: w}, flat_profile(), {"none": SpecConfig("none")}, slos, margin=0.0, max_nodes=8, seeds=[0],
-               jobs=1, engine=EngineConfig(max_num_seqs=4))
+    res = plan(
+        {0: w},
+        flat_profile(),
+        {"none": SpecConfig("none")},
+        slos,
+        margin=0.0,
+        max_nodes=8,
+        seeds=[0],
+        jobs=1,
+        engine=EngineConfig(max_num_seqs=4),
+    )
     ws = res["none"]["warnings"]
     assert any(x["kind"] == "few_finished" and x["seeds"] == [0] for x in ws)
     text = format_plan(res, slos, ["none"])
     assert "warnings (results a reader should not trust" in text and "P99 TTFT" in text
 
 
+@pytest.mark.slow
 @pytest.mark.needs_traces("mooncake-conversation")
 def test_readme_affinity_example_is_flagged():
     """The README's prefix-caching example with the affinity router: Mooncake's conversations share
@@ -170,8 +198,7 @@ def test_readme_affinity_example_is_flagged():
 
     from dsim.cli.entry import app
 
-    args = ["simulate", "--trace", "mooncake-conversation", "--prefix-caching", "--router", "affinity",
-            "--nodes", "2"]
+    args = ["simulate", "--trace", "mooncake-conversation", "--prefix-caching", "--router", "affinity", "--nodes", "2"]
     r = CliRunner().invoke(app, [*args, "--json"])
     assert r.exit_code == 0, r.output
     kinds = {w["kind"]: w for w in json.loads(r.output)["warnings"]}
@@ -188,8 +215,16 @@ def test_sweep_points_carry_preemption_warning():
 
     prof = flat_profile()
     prof = dataclasses.replace(prof, kv_cache_gib=1024 * 1024 / 2**30)  # 1024 tokens of 1 KiB
-    df = S.sweep(const_workload(1.0, 64), prof, {"none": SpecConfig("none")}, (1, 16), requests_per_user=4,
-                 min_requests=32, jobs=1, engine=EngineConfig(max_num_seqs=16))
+    df = S.sweep(
+        const_workload(1.0, 64),
+        prof,
+        {"none": SpecConfig("none")},
+        (1, 16),
+        requests_per_user=4,
+        min_requests=32,
+        jobs=1,
+        engine=EngineConfig(max_num_seqs=16),
+    )
     by_c = dict(zip(df["concurrency"], df["warnings"]))
     assert by_c[1] == ""
     assert "preempted" in by_c[16]
@@ -202,11 +237,17 @@ def test_method_warnings_keep_the_worst_seed():
     from dsim.study.capacity import method_warnings
 
     def imbalance(share):
-        return {"kind": "replica_imbalance", "message": f"replica 0 of 8 holds {share:.0%}", "value": share * 8,
-                "threshold": 1.5}
+        return {
+            "kind": "replica_imbalance",
+            "message": f"replica 0 of 8 holds {share:.0%}",
+            "value": share * 8,
+            "threshold": 1.5,
+        }
 
-    results = [{"seed": s, "summary": {"requests_completed": 10_000, "warnings": [imbalance(x)]}}
-               for s, x in ((0, 0.25), (1, 0.6), (2, 0.3))]
+    results = [
+        {"seed": s, "summary": {"requests_completed": 10_000, "warnings": [imbalance(x)]}}
+        for s, x in ((0, 0.25), (1, 0.6), (2, 0.3))
+    ]
     (w,) = method_warnings(results, parse_sla("p50=20ms"))
     assert w["value"] == pytest.approx(4.8) and w["message"] == "replica 0 of 8 holds 60%"
     assert w["seeds"] == [0, 1, 2]

@@ -10,11 +10,11 @@ import math
 import numpy as np
 import pytest
 
+from builders import linear_profile, make_profile, run, wl
 from dsim.cost import KV_BLOCK_TOKENS, CostModel
 from dsim.engine.replica import EngineConfig
 from dsim.errors import InputError
 from dsim.sim import SpecConfig
-from tests.test_engine import linear_profile, make_profile, run, wl
 
 DEC = EngineConfig(kv_role="kv_consumer")
 
@@ -153,6 +153,7 @@ def test_bad_settings_are_input_errors(eng, msg):
 # ---- command line: simulate, sweep, plan and ab take --disaggregated ---------------------------
 
 
+@pytest.mark.slow
 def test_cli_simulate_and_sweep_run_disaggregated(tmp_path):
     import json
 

@@ -1,4 +1,5 @@
 """Engine and cost model: closed-form cases, staircase semantics, preemption, determinism."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -7,61 +8,25 @@ import json
 import numpy as np
 import pytest
 
+from builders import linear_profile, make_profile, run, wl
 from dsim.cost import CostModel, load_profile, profile_from_dict, vllm_capture_sizes
 from dsim.engine.replica import EngineConfig
 from dsim.errors import InputError
 from dsim.sim import SimConfig, SpecConfig, simulate
-from dsim.workload import Workload
-
-
-def make_profile(forward=None, kv_ms_per_ktok=0.0, cpu=0.0, kv_gib=10.0, gpus=1, caps=None, draft=None,
-                 prefill_terms=None):
-    caps = caps or vllm_capture_sizes(512)
-    if forward is None:
-        forward = {"tokens": caps + [1024, 2048, 4096, 8192], "ms": [10.0] * (len(caps) + 4)}
-    d = {"name": "test", "provenance": {"kind": "analytical", "hardware": "test", "gpus_per_replica": gpus,
-                                        "model": "test", "engine": "test", "engine_version": "0",
-                                        "date": "2026-11-29", "method": "hand-made for tests"},
-         "memory": {"kv_cache_gib": kv_gib, "kv_bytes_per_token": 1024.0},
-         "cpu_overhead_ms": cpu, "capture_sizes": caps, "forward": forward, "kv_ms_per_ktok": kv_ms_per_ktok}
-    if draft:
-        d["draft"] = draft
-    if prefill_terms is not None:
-        d["prefill_terms"] = prefill_terms
-    return profile_from_dict(d, "test.yaml")
-
-
-def linear_profile(**kw):
-    caps = vllm_capture_sizes(512)
-    toks = caps + [768, 1024, 2048, 4096, 8192]
-    return make_profile(forward={"tokens": toks, "ms": [5.0 + 0.01 * t for t in toks]}, **kw)
-
-
-def wl(prompt, output, arrival=None, cls=None, closed=None):
-    n = len(prompt)
-    return Workload(arrival_s=np.zeros(n) if arrival is None else np.asarray(arrival, float),
-                    prompt_tokens=np.asarray(prompt), output_tokens=np.asarray(output),
-                    cls=np.zeros(n, np.int16) if cls is None else np.asarray(cls, np.int16),
-                    class_names=("math", "code", "chat") if cls is not None else ("chat",),
-                    session_id=np.full(n, -1), closed_loop_concurrency=closed, source="test")
-
-
-def run(w, prof, **kw):
-    return simulate(SimConfig(workload=w, profile=prof, gpus_per_node=prof.gpus_per_replica, **kw))
-
 
 # ---- cost model: vLLM staircase semantics -----------------------------------------------------
+
 
 def test_staircase_below_limit_uses_next_capture_size():
     caps = [1, 2, 4, 8, 16, 24, 32]
     prof = make_profile(caps=caps, forward={"tokens": caps + [48, 64], "ms": [1, 2, 3, 4, 5, 6, 7, 9, 11]})
     c = CostModel(prof)
-    assert c.forward_ms(9) == 5.0          # a step of 9 tokens runs the 16-token graph
+    assert c.forward_ms(9) == 5.0  # a step of 9 tokens runs the 16-token graph
     assert c.forward_ms(16) == 5.0
     assert c.forward_ms(17) == 6.0
     assert c.forward_ms(3) == 3.0
-    assert c.forward_ms(40) == pytest.approx(8.0)     # linear interpolation above the limit (32..48)
-    assert c.forward_ms(80) == pytest.approx(13.0)    # last-slope extrapolation (slope 2/16)
+    assert c.forward_ms(40) == pytest.approx(8.0)  # linear interpolation above the limit (32..48)
+    assert c.forward_ms(80) == pytest.approx(13.0)  # last-slope extrapolation (slope 2/16)
 
 
 def test_running_maximum_makes_cost_non_decreasing():
@@ -77,14 +42,19 @@ def test_step_cost_row_equals_step_ms_on_arange():
     """The policy's cost row: a slice of the dense table, bit-equal to step_ms on the same tokens,
     also across the capture limit and past the dense table (where it falls back)."""
     from dsim.cost import DENSE_TOKENS
+
     caps = [1, 2, 4, 8, 16, 24, 32]
-    c = CostModel(make_profile(caps=caps, forward={"tokens": caps + [48, 64], "ms": [1, 2, 3, 4, 5, 6, 7, 9, 11]},
-                               kv_ms_per_ktok=0.37))
+    c = CostModel(
+        make_profile(
+            caps=caps, forward={"tokens": caps + [48, 64], "ms": [1, 2, 3, 4, 5, 6, 7, 9, 11]}, kv_ms_per_ktok=0.37
+        )
+    )
     for n0, n1 in ((1, 30), (20, 200), (DENSE_TOKENS - 5, DENSE_TOKENS + 1), (DENSE_TOKENS - 5, DENSE_TOKENS + 40)):
         assert c.step_cost_row(n0, n1, 12345).tolist() == c.step_ms(np.arange(n0, n1), 12345).tolist()
         # the engine folds its per-step constants (CPU overhead, draft) into the same row
-        np.testing.assert_allclose(c.step_cost_row(n0, n1, 12345, 2.5),
-                                   c.step_ms(np.arange(n0, n1), 12345) + 2.5, rtol=1e-12)
+        np.testing.assert_allclose(
+            c.step_cost_row(n0, n1, 12345, 2.5), c.step_ms(np.arange(n0, n1), 12345) + 2.5, rtol=1e-12
+        )
 
 
 def test_prefill_terms_price_each_chunk_and_are_checked_on_load():
@@ -96,7 +66,8 @@ def test_prefill_terms_price_each_chunk_and_are_checked_on_load():
     prof = linear_profile(kv_ms_per_ktok=0.5, prefill_terms=terms)
     c = CostModel(prof)
     assert c.prefill_ms([(512, 0), (476, 1024)]) == pytest.approx(
-        512 * (2e-6 * 256 - 4e-3) + 476 * (2e-6 * (1024 + 238) - 4e-3))
+        512 * (2e-6 * 256 - 4e-3) + 476 * (2e-6 * (1024 + 238) - 4e-3)
+    )
     assert CostModel(linear_profile()).prefill_ms([(512, 0)]) == 0.0
     r = run(wl([1500], [3]), prof, engine=EngineConfig(long_prefill_token_threshold=512))
     st = r.steps
@@ -116,8 +87,10 @@ def test_prefill_terms_price_each_chunk_and_are_checked_on_load():
         linear_profile(prefill_terms={"discount": 1})
     # past the table the last slope (here 0.01 ms a token) must pay for the discount too
     caps = vllm_capture_sizes(512)
-    flat = make_profile(forward={"tokens": caps + [1024, 2048], "ms": [30.0] * len(caps) + [30.5, 31.0]},
-                        prefill_terms={"discount_ms_per_ktok": 5.0})
+    flat = make_profile(
+        forward={"tokens": caps + [1024, 2048], "ms": [30.0] * len(caps) + [30.5, 31.0]},
+        prefill_terms={"discount_ms_per_ktok": 5.0},
+    )
     with pytest.raises(InputError, match="exceeds the forward table's last slope"):
         CostModel(flat)
 
@@ -125,6 +98,7 @@ def test_prefill_terms_price_each_chunk_and_are_checked_on_load():
 def test_profile_by_model_name_prefers_the_measured_one():
     """A model name resolves to its measured H200 profile; the analytical one is the fallback."""
     from dsim.cost import resolve_profile_path
+
     assert resolve_profile_path("qwen3-8b").name == "h200-qwen3-8b.yaml"
     assert load_profile("llama-3.1-8b").provenance["kind"] == "measured"
     assert resolve_profile_path("analytical-qwen3-8b-h200x1").parent.name == "analytical"
@@ -136,6 +110,7 @@ def test_prefill_terms_reach_every_budget_policy(monkeypatch):
     """The verify budget is priced with the step's prefill correction whatever the policy: the
     compiled step (dsim.engine.compiled_step.plan_decodes) gets it as the extra cost of every budget."""
     import dsim.engine.compiled_step as KS
+
     seen, priced = [], []
     orig, orig_pre = KS.plan_decodes, CostModel.prefill_ms
 
@@ -148,6 +123,7 @@ def test_prefill_terms_reach_every_budget_policy(monkeypatch):
         v = orig_pre(self, chunks)
         priced.append(v)
         return v
+
     monkeypatch.setattr(KS, "plan_decodes", spy)
     monkeypatch.setattr(CostModel, "prefill_ms", spy_pre)
     # every step through the general path, where plan_decodes is called from Python (a decode
@@ -156,13 +132,19 @@ def test_prefill_terms_reach_every_budget_policy(monkeypatch):
     from dsim.engine.replica import Replica
 
     monkeypatch.setattr(Replica, "_window_ok", lambda self: False)
-    prof = linear_profile(kv_ms_per_ktok=0.5, prefill_terms={"discount_ms_per_ktok": 4.0, "attention_ms_per_mpair": 2.0})
+    prof = linear_profile(
+        kv_ms_per_ktok=0.5, prefill_terms={"discount_ms_per_ktok": 4.0, "attention_ms_per_mpair": 2.0}
+    )
     w = wl([200, 3000, 3000], [400, 50, 50], arrival=[0.0, 0.5, 1.0])
     for pol in ("vllm", "paper", "paper-production", "sglang", "threshold", "fixed"):
         seen.clear()
         # 512-token chunks: the long prompts are still prefilling while the first request decodes
-        run(w, prof, spec=SpecConfig("dspark", adaptive=True, policy=pol),
-            engine=EngineConfig(long_prefill_token_threshold=512))
+        run(
+            w,
+            prof,
+            spec=SpecConfig("dspark", adaptive=True, policy=pol),
+            engine=EngineConfig(long_prefill_token_threshold=512),
+        )
         # the budget's extra cost is 0 or a prefill correction the cost model computed that step
         assert any(x != 0.0 for x in seen) and all(x == 0.0 or x in priced for x in seen), pol
 
@@ -178,18 +160,22 @@ def test_profile_validation_errors():
         make_profile(caps=[1, 4, 2])
     with pytest.raises(InputError, match="provenance: missing field 'date'"):
         from dsim.cost import profile_to_dict
+
         d = profile_to_dict(base)
         del d["provenance"]["date"]
         profile_from_dict(d, "p.yaml")
     with pytest.raises(InputError, match="missing field 'forward'"):
         from dsim.cost import profile_to_dict
+
         d = profile_to_dict(base)
         del d["forward"]
         profile_from_dict(d, "p.yaml")
 
 
+@pytest.mark.slow
 def test_shipped_profiles_load_with_provenance():
     from dsim.cost import PROFILE_DIR
+
     paths = [p for p in PROFILE_DIR.rglob("*.yaml")]
     assert paths
     for p in paths:
@@ -199,6 +185,7 @@ def test_shipped_profiles_load_with_provenance():
 
 
 # ---- closed-form engine cases -----------------------------------------------------------------
+
 
 def test_single_request_ttft_is_prefill_step_and_itl_is_decode_step():
     prof = linear_profile(cpu=1.5)
@@ -305,6 +292,7 @@ def test_multi_node_routers_complete_everything():
 def test_determinism_byte_identical_summary():
     prof = load_profile()
     from dsim.workload import load_workload
+
     w = load_workload("default", n=150)
     outs = []
     for _ in range(2):
@@ -314,7 +302,6 @@ def test_determinism_byte_identical_summary():
     assert outs[0] == outs[1]
 
 
-
 @pytest.mark.needs_traces("azure-conv")
 @pytest.mark.parametrize("method", ["none", "mtp", "dspark"])
 def test_step_table_not_kept_changes_no_result(method):
@@ -322,10 +309,13 @@ def test_step_table_not_kept_changes_no_result(method):
     the same summary (step count and mean batch included), request table and ITL samples, on a
     real trace with decode windows, arrivals cutting them and several replicas."""
     from dsim.workload import load_workload
+
     w = load_workload("azure-conv", n=400, mix="chat=0.6,code=0.2,math=0.2", seed=1)
     spec = SpecConfig(method, adaptive=method == "dspark")
-    runs = [simulate(SimConfig(workload=w, profile=load_profile(), spec=spec, seed=3, keep_steps=keep))
-            for keep in (True, False)]
+    runs = [
+        simulate(SimConfig(workload=w, profile=load_profile(), spec=spec, seed=3, keep_steps=keep))
+        for keep in (True, False)
+    ]
     kept, dropped = runs
     for r in runs:
         r.summary.pop("wall_time_s")
@@ -336,10 +326,11 @@ def test_step_table_not_kept_changes_no_result(method):
     for a, b in zip(kept.itl, dropped.itl):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match="step table was not kept"):
-        dropped.steps
+        _ = dropped.steps
 
 
 # ---- speculative decoding through the engine -----------------------------------------------------
+
 
 def spec_run(acceptance, method="eagle3", k=7, n=60, out=400, **kw):
     prof = linear_profile()
@@ -369,8 +360,7 @@ def staircase_profile():
     caps = vllm_capture_sizes(512)
     toks = caps + [768, 1024, 2048, 4096, 8192]
     # A compute-bound staircase: cost grows with tokens, so verifying everything is not free.
-    return make_profile(forward={"tokens": toks, "ms": [8.0 + 0.06 * t for t in toks]}, kv_ms_per_ktok=0.01,
-                        cpu=1.0)
+    return make_profile(forward={"tokens": toks, "ms": [8.0 + 0.06 * t for t in toks]}, kv_ms_per_ktok=0.01, cpu=1.0)
 
 
 def mixed(n, closed, seed=0):
@@ -383,7 +373,7 @@ def test_dspark_adaptive_behaviour_on_staircase():
     sc = SpecConfig("dspark", adaptive=True, policy="vllm", acceptance="qwen3-4b-fig2")
     low = simulate(SimConfig(workload=mixed(12, 1), profile=prof, gpus_per_node=1, spec=sc)).summary
     high = simulate(SimConfig(workload=mixed(1024, 256), profile=prof, gpus_per_node=1, spec=sc)).summary
-    assert low["mean_verify_tokens_per_request"] >= 7.0          # (nearly) the whole block of 8
+    assert low["mean_verify_tokens_per_request"] >= 7.0  # (nearly) the whole block of 8
     assert high["mean_verify_tokens_per_request"] < low["mean_verify_tokens_per_request"] - 0.5
     pc = high["per_class"]
     assert pc["math"]["mean_verify_tokens_per_request"] > pc["chat"]["mean_verify_tokens_per_request"]
@@ -399,16 +389,20 @@ def test_compact_at_least_static_throughput_at_high_load():
     base = dict(method="dspark", adaptive=True, policy="vllm", acceptance="qwen3-4b-fig2")
     outs = {}
     for mode in ("compact", "static"):
-        res = simulate(SimConfig(workload=mixed(1024, 256), profile=prof, gpus_per_node=1,
-                                 spec=SpecConfig(verify_mode=mode, **base)))
+        res = simulate(
+            SimConfig(
+                workload=mixed(1024, 256), profile=prof, gpus_per_node=1, spec=SpecConfig(verify_mode=mode, **base)
+            )
+        )
         outs[mode] = res.summary["output_tok_s"]
     assert outs["compact"] >= outs["static"]
 
 
 # ---- regressions found in review -------------------------------------------------------------
 
+
 def test_request_larger_than_kv_cache_is_an_input_error():
-    prof = linear_profile(kv_gib=1024 * 16 * 10 / 2**30)      # 10 blocks of 16 tokens
+    prof = linear_profile(kv_gib=1024 * 16 * 10 / 2**30)  # 10 blocks of 16 tokens
     with pytest.raises(InputError, match="request 1: .*KV blocks"):
         run(wl([400], [4]), prof)
 
@@ -429,7 +423,7 @@ def test_prefix_cache_hits_only_blocks_already_computed():
 
 
 def test_preemption_evicts_the_most_recently_admitted():
-    prof = linear_profile(kv_gib=1024 * 16 * 200 / 2**30)      # 200 blocks = 3200 tokens
+    prof = linear_profile(kv_gib=1024 * 16 * 200 / 2**30)  # 200 blocks = 3200 tokens
     # r0: older long prompt still prefilling in 64-token chunks; r1: newer short prompt decoding.
     w = wl([3150, 16], [5, 2000])
     r = run(w, prof, engine=EngineConfig(long_prefill_token_threshold=64, max_num_batched_tokens=256)).requests
@@ -447,8 +441,9 @@ def test_adaptive_policy_windows_are_exact(pol):
     w = wl(rng.integers(500, 3000, n), rng.integers(100, 300, n), closed=n, cls=rng.integers(0, 3, n))
     caps = vllm_capture_sizes(512)
     toks = caps + [768, 1024, 2048, 4096, 8192]
-    prof = make_profile(forward={"tokens": toks, "ms": [5.0 + 0.05 * t for t in toks]}, kv_ms_per_ktok=0.5,
-                        cpu=0.3, kv_gib=50)
+    prof = make_profile(
+        forward={"tokens": toks, "ms": [5.0 + 0.05 * t for t in toks]}, kv_ms_per_ktok=0.5, cpu=0.3, kv_gib=50
+    )
     acc = "math=0.95,0.9,0.85,0.8,0.7,0.6,0.5;code=0.9,0.8,0.7,0.6,0.5,0.4,0.3;chat=0.8,0.6,0.5,0.4,0.3,0.2,0.1"
     sc = SpecConfig("dspark", adaptive=True, policy=pol, acceptance=acc)
     a = run(w, prof, engine=EngineConfig(max_window=1), spec=sc)
@@ -479,9 +474,21 @@ def test_format_2_decode_windows_are_exact():
     windows of 1 and 256 steps give the same run, on several replicas of an open-loop trace."""
     from dsim.cost import AttentionTerms
 
-    terms = AttentionTerms(query_heads=32, kv_heads=8, sms=132, fill=2.0, balance=2.0, min_chunk=64,
-                           block_rows=128, decode_ctas_per_sm=2, prefill_ctas_per_sm=2, wave_ms_per_ktok=0.01,
-                           chunk_ms_per_kcta=0.3, merge_ms_per_mcell=0.5, prefill_ms_per_mpair=1.4)
+    terms = AttentionTerms(
+        query_heads=32,
+        kv_heads=8,
+        sms=132,
+        fill=2.0,
+        balance=2.0,
+        min_chunk=64,
+        block_rows=128,
+        decode_ctas_per_sm=2,
+        prefill_ctas_per_sm=2,
+        wave_ms_per_ktok=0.01,
+        chunk_ms_per_kcta=0.3,
+        merge_ms_per_mcell=0.5,
+        prefill_ms_per_mpair=1.4,
+    )
     prof = dataclasses.replace(linear_profile(cpu=0.7, kv_ms_per_ktok=0.3), format_version=2, attention=terms)
     assert CostModel(prof).has_context_terms
     rng = np.random.default_rng(11)
@@ -489,8 +496,10 @@ def test_format_2_decode_windows_are_exact():
     arr = np.cumsum(rng.exponential(0.02, n))
     w = wl(rng.integers(50, 3000, n), rng.integers(1, 300, n), arrival=arr - arr[0], cls=rng.integers(0, 3, n))
     for sc in (SpecConfig(), SpecConfig("dspark", adaptive=True)):
-        a, b = (simulate(SimConfig(workload=w, profile=prof, gpus_per_node=4, spec=sc,
-                                   engine=EngineConfig(max_window=mw))) for mw in (1, 256))
+        a, b = (
+            simulate(SimConfig(workload=w, profile=prof, gpus_per_node=4, spec=sc, engine=EngineConfig(max_window=mw)))
+            for mw in (1, 256)
+        )
         np.testing.assert_allclose(a.requests.e2e_ms, b.requests.e2e_ms, rtol=1e-9)
         np.testing.assert_allclose(a.steps.duration_ms, b.steps.duration_ms, rtol=1e-9)
         assert a.summary["steps"] == b.summary["steps"] > n
@@ -506,22 +515,26 @@ def test_head_sample_does_not_depend_on_window_lengths():
     arr = np.cumsum(rng.exponential(0.01, n))
     w = wl(rng.integers(50, 900, n), rng.integers(20, 300, n), arrival=arr - arr[0], cls=rng.integers(0, 3, n))
     sc = SpecConfig("dspark", adaptive=True)
-    a, b = (simulate(SimConfig(workload=w, profile=prof, gpus_per_node=4, spec=sc,
-                               engine=EngineConfig(max_window=mw))).summary for mw in (1, 256))
+    a, b = (
+        simulate(
+            SimConfig(workload=w, profile=prof, gpus_per_node=4, spec=sc, engine=EngineConfig(max_window=mw))
+        ).summary
+        for mw in (1, 256)
+    )
     assert a["setup"]["replicas"] == 4
     assert a["head"] == b["head"] and a["acceptance_length"] == b["acceptance_length"]
 
 
 def test_budget_cut_counts_only_drafts_given():
     prof = linear_profile()
-    sc = SpecConfig("eagle3", k=7, acceptance="const:0.5", sigma_request=0.0, sigma_step=0.0,
-                    verify_mode="static")
+    sc = SpecConfig("eagle3", k=7, acceptance="const:0.5", sigma_request=0.0, sigma_step=0.0, verify_mode="static")
     res = run(wl([10] * 5, [40] * 5), prof, spec=sc, engine=EngineConfig(max_num_batched_tokens=36))
     st = res.steps[res.steps.prefill_tokens == 0]
     assert (st.n_tokens == st.n_decode + st.verify_draft_tokens).all()
 
 
 # ---- engine buffers and kernel arguments ------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", [None, "h200-qwen3-8b", "deepseek-v4-class-h200x8"])
 def test_packed_context_args_price_as_the_tuple(name):
@@ -638,8 +651,9 @@ def test_one_call_plan_is_the_two_call_plan(monkeypatch, pol):
     w = wl(prompt, rng.integers(5, 40, n), closed=24, cls=rng.integers(0, 3, n))
     caps = vllm_capture_sizes(512)
     toks = caps + [768, 1024, 2048, 4096, 8192]
-    prof = make_profile(forward={"tokens": toks, "ms": [5.0 + 0.05 * t for t in toks]}, kv_ms_per_ktok=0.5,
-                        cpu=0.3, kv_gib=50)
+    prof = make_profile(
+        forward={"tokens": toks, "ms": [5.0 + 0.05 * t for t in toks]}, kv_ms_per_ktok=0.5, cpu=0.3, kv_gib=50
+    )
     acc = "math=0.9,0.8,0.7,0.6;code=0.8,0.7,0.5,0.4;chat=0.7,0.5,0.3,0.2"
     sc = SpecConfig("dspark", adaptive=True, policy=pol, acceptance=acc) if pol else SpecConfig("mtp")
     for budget in (8192, 40000):
@@ -654,7 +668,9 @@ def test_one_call_plan_is_the_two_call_plan(monkeypatch, pol):
     # a 60,000-token prompt prefilling in chunks while 30 short ones arrive, prefix caching on
     m = 32
     w = wl([100, 60000] + [200] * 30, [200, 5] + [5] * 30, arrival=[0.0, 0.0] + [0.001] * 30)
-    w = dataclasses.replace(w, prefix_hashes=[np.array([1000 * i], np.int64) for i in range(m)], prefix_block_tokens=512)
+    w = dataclasses.replace(
+        w, prefix_hashes=[np.array([1000 * i], np.int64) for i in range(m)], prefix_block_tokens=512
+    )
     eng = EngineConfig(max_num_batched_tokens=40000, enable_prefix_caching=True)
     out = []
     for fused in (True, False):
@@ -664,9 +680,19 @@ def test_one_call_plan_is_the_two_call_plan(monkeypatch, pol):
     assert out[0][0].equals(out[1][0]) and out[0][1].equals(out[1][1])
 
 
-@pytest.mark.parametrize("case", ["closed-dspark", "closed-none-cut", "closed-mtp-preempt", "open-dspark-2nodes",
-                                  "closed-consumer", "closed-mtp-gaps", "closed-composed-dspark",
-                                  "closed-composed-gaps"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "closed-dspark",
+        "closed-none-cut",
+        "closed-mtp-preempt",
+        "open-dspark-2nodes",
+        "closed-consumer",
+        "closed-mtp-gaps",
+        "closed-composed-dspark",
+        "closed-composed-gaps",
+    ],
+)
 def test_compiled_steps_are_the_python_steps(monkeypatch, case):
     """Consecutive general steps run as one compiled call (run_general_steps) give what the
     same steps planned and committed one by one from Python give: every request's times, the
@@ -811,8 +837,9 @@ def test_decode_outcomes_name_each_requests_tokens(monkeypatch):
     assert sum(s[10] for s in seen) == int(st.accepted_tokens.sum())
 
 
-@pytest.mark.parametrize("profile", ["deepseek-v4-flash-h200-dp8-ep8", "deepseek-v3-h200-tp8-ep8",
-                                     "deepseek-v4-class-h200x8"])
+@pytest.mark.parametrize(
+    "profile", ["deepseek-v4-flash-h200-dp8-ep8", "deepseek-v3-h200-tp8-ep8", "deepseek-v4-class-h200x8"]
+)
 def test_compiled_prefill_terms_are_prefill_ms(profile):
     """The kernels' prefill_ms (CostModel.prefill_args, prefill_ms_compiled) is CostModel.prefill_ms
     bit for bit on random steps' chunks (zero-token chunks skipped, none at all), and a profile

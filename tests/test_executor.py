@@ -9,6 +9,7 @@
 - the progress bar: nothing on stderr when it is not a terminal; on a terminal it counts every
   simulation (local and Ray), and its total never falls below what the search ends up running.
 """
+
 from __future__ import annotations
 
 import csv
@@ -29,17 +30,61 @@ from typer.testing import CliRunner
 from dsim.cli.entry import app
 from dsim.errors import InputError
 from dsim.study.capacity import _Search, parse_sla
-from tests.conftest import free_port
+from servers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
-PLAN_ARGS = ["plan", "--sla", "p50=18ms", "--requests", "120", "--rate-scale", "4", "--seeds", "0,1",
-             "--max-nodes", "8", "--jobs", "2"]
-SWEEP_ARGS = ["sweep", "--concurrency", "1,4", "--methods", "mtp,dspark", "--min-requests", "12",
-              "--requests-per-user", "2", "--jobs", "2"]
-AB_ARGS = ["ab", "--a", "mtp", "--b", "dspark", "--sla", "p50=20ms", "--requests", "60", "--seeds", "0,1",
-           "--concurrency", "1,4", "--min-requests", "12", "--requests-per-user", "2", "--max-nodes", "4",
-           "--jobs", "2"]
+PLAN_ARGS = [
+    "plan",
+    "--sla",
+    "p50=18ms",
+    "--requests",
+    "120",
+    "--rate-scale",
+    "4",
+    "--seeds",
+    "0,1",
+    "--max-nodes",
+    "8",
+    "--jobs",
+    "2",
+]
+SWEEP_ARGS = [
+    "sweep",
+    "--concurrency",
+    "1,4",
+    "--methods",
+    "mtp,dspark",
+    "--min-requests",
+    "12",
+    "--requests-per-user",
+    "2",
+    "--jobs",
+    "2",
+]
+AB_ARGS = [
+    "ab",
+    "--a",
+    "mtp",
+    "--b",
+    "dspark",
+    "--sla",
+    "p50=20ms",
+    "--requests",
+    "60",
+    "--seeds",
+    "0,1",
+    "--concurrency",
+    "1,4",
+    "--min-requests",
+    "12",
+    "--requests-per-user",
+    "2",
+    "--max-nodes",
+    "4",
+    "--jobs",
+    "2",
+]
 
 
 @pytest.fixture
@@ -61,10 +106,11 @@ def csv_without_wall_time(path: Path) -> list[list[str]]:
     """sweep.csv's cells as written, less the wall_time_s column (the one measured, not simulated)."""
     rows = list(csv.reader(path.read_text().splitlines()))
     i = rows[0].index("wall_time_s")
-    return [r[:i] + r[i + 1:] for r in rows]
+    return [r[:i] + r[i + 1 :] for r in rows]
 
 
 # ---- the same results on Ray ------------------------------------------------------------------
+
 
 def test_plan_ray_matches_local(ray_cluster):
     for extra in ([], ["--json"]):
@@ -99,6 +145,7 @@ def test_ab_ray_matches_local(ray_cluster, tmp_path):
     assert md_l == md_r.replace(" --executor ray", "")
 
 
+@pytest.mark.ray
 def test_sweep_on_the_local_ray_it_starts_matches_local(tmp_path):
     """Without a Ray in the process or RAY_ADDRESS, --executor ray starts a local Ray for the
     run (and shuts it down): the same sweep.csv and printed table as the local executor."""
@@ -107,8 +154,14 @@ def test_sweep_on_the_local_ray_it_starts_matches_local(tmp_path):
     env.pop("RAY_ADDRESS", None)
     outs = {}
     for name, extra in (("local", []), ("ray", ["--executor", "ray"])):
-        r = subprocess.run([sys.executable, "-m", "dsim", *SWEEP_ARGS, "--out", str(tmp_path / name), *extra],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        r = subprocess.run(
+            [sys.executable, "-m", "dsim", *SWEEP_ARGS, "--out", str(tmp_path / name), *extra],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         assert "Traceback" not in r.stderr
         outs[name] = r.stdout
@@ -121,8 +174,13 @@ def test_plan_joins_the_cluster_named_by_ray_address(ray_cluster):
     """A second process joins the test's cluster through RAY_ADDRESS and gets the local result."""
     addr = ray_cluster.get_runtime_context().gcs_address
     env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_ADDRESS=addr, RAY_AUTH_MODE="token")
-    p = subprocess.run([sys.executable, "-m", "dsim"] + PLAN_ARGS + ["--executor", "ray"], cwd=ROOT, env=env,
-                       capture_output=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "dsim"] + PLAN_ARGS + ["--executor", "ray"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr.decode()[-2000:]
     assert p.stderr == b""
     assert p.stdout.decode() == invoke(PLAN_ARGS).stdout
@@ -138,7 +196,8 @@ def test_joined_cluster_runs_the_drivers_dsim(ray_cluster, tmp_path):
         "    return dsim.__file__\n"
         f"ex = E.RayExecutor(2, {addr!r})\n"
         "print(ex.submit(where).result())\n"
-        "ex.close()\n")
+        "ex.close()\n"
+    )
     env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_AUTH_MODE="token")
     env.pop("RAY_ADDRESS", None)
     p = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, timeout=300)
@@ -152,18 +211,19 @@ def test_ray_ships_workload_and_profile_once(ray_cluster):
     from dsim.scenario import build_workload, method_spec
     from dsim.study.capacity import Point, run_point
     from dsim.study.executor import RayExecutor
+
     w, prof = build_workload("default", requests=20), load_profile(None)
     specs = [method_spec("mtp"), method_spec("dspark")]
     ex = RayExecutor(jobs=2)
     puts = []
     real_put = ex.ray.put
-    ex.ray = type("R", (), {})()             # a stand-in module counting the puts
+    ex.ray = type("R", (), {})()  # a stand-in module counting the puts
     ex.ray.put = lambda obj: puts.append(type(obj).__name__) or real_put(obj)
     futs = [ex.submit(run_point, Point(w, prof, sp, n, 0)) for sp in specs for n in (1, 2, 3)]
     got = [f.result() for f in futs]
     ex.ray = ray_cluster
     ex.close()
-    assert ray_cluster.is_initialized()      # a Ray the caller started is left running
+    assert ray_cluster.is_initialized()  # a Ray the caller started is left running
     # six tasks, one put per distinct object: the workload, the profile, each method's spec
     assert sorted(puts) == sorted(["Workload", "Profile", "SpecConfig", "SpecConfig"])
     local = [run_point(Point(w, prof, sp, n, 0)) for sp in specs for n in (1, 2, 3)]
@@ -173,6 +233,7 @@ def test_ray_ships_workload_and_profile_once(ray_cluster):
 
 def test_ray_task_error_is_the_tasks_own(ray_cluster):
     from dsim.study.executor import RayExecutor
+
     ex = RayExecutor(jobs=2)
     f = ex.submit(parse_sla, "p50=20")
     with pytest.raises(InputError, match="no unit") as e:
@@ -183,9 +244,10 @@ def test_ray_task_error_is_the_tasks_own(ray_cluster):
 
 # ---- failures: one line, exit 2 ----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("cmd", [PLAN_ARGS, SWEEP_ARGS + ["--out", "/nonexistent/never"], AB_ARGS + ["--out", "/x"]])
 def test_executor_ray_without_ray_is_one_line(monkeypatch, cmd):
-    monkeypatch.setitem(sys.modules, "ray", None)         # import ray raises ImportError
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
     res = invoke(cmd + ["--executor", "ray"])
     assert res.exit_code == 2, res.output
     assert res.stdout == ""
@@ -193,12 +255,15 @@ def test_executor_ray_without_ray_is_one_line(monkeypatch, cmd):
 
 
 def test_executor_flags_checked(monkeypatch):
-    for extra, msg in ((["--executor", "dask"], "--executor: must be local or ray"),
-                       (["--ray-address", "10.0.0.1:6379"], "--ray-address: only with --executor ray")):
+    for extra, msg in (
+        (["--executor", "dask"], "--executor: must be local or ray"),
+        (["--ray-address", "10.0.0.1:6379"], "--ray-address: only with --executor ray"),
+    ):
         res = invoke(PLAN_ARGS + extra)
         assert res.exit_code == 2 and len(res.stderr.splitlines()) == 1 and msg in res.stderr, res.output
 
 
+@pytest.mark.ray
 def test_unreachable_cluster_is_one_line(monkeypatch):
     pytest.importorskip("ray")
     port = free_port()
@@ -214,16 +279,32 @@ def test_unreachable_cluster_is_one_line(monkeypatch):
     assert res.exit_code == 2 and "is not HOST:PORT" in res.stderr
 
 
+@pytest.mark.ray
 def test_ctrl_c_cancels_ray_and_writes_nothing(tmp_path):
     pytest.importorskip("ray")
     out = tmp_path / "sw"
     # a sweep of minutes at 2 CPUs; interrupted once its tasks run
-    cmd = [sys.executable, "-m", "dsim", "sweep", "--concurrency", "256,128", "--methods", "dspark,mtp",
-           "--requests-per-user", "40", "--jobs", "2", "--executor", "ray", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dsim",
+        "sweep",
+        "--concurrency",
+        "256,128",
+        "--methods",
+        "dspark,mtp",
+        "--requests-per-user",
+        "40",
+        "--jobs",
+        "2",
+        "--executor",
+        "ray",
+        "--out",
+        str(out),
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("RAY_ADDRESS", None)
-    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         start_new_session=True)
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         deadline = time.time() + 120
         while time.time() < deadline and not _running_tasks(p.pid):
@@ -231,7 +312,7 @@ def test_ctrl_c_cancels_ray_and_writes_nothing(tmp_path):
         assert _running_tasks(p.pid), "no Ray task started"
         time.sleep(2)
         ray_pids = _ray_workers_of(p.pid)
-        os.killpg(p.pid, signal.SIGINT)               # what Ctrl-C sends: the whole foreground group
+        os.killpg(p.pid, signal.SIGINT)  # what Ctrl-C sends: the whole foreground group
         stdout, stderr = p.communicate(timeout=60)
     finally:
         if p.poll() is None:
@@ -297,6 +378,8 @@ def _ray_workers_of(pid: int) -> list[int]:
 
 # ---- the progress bar ---------------------------------------------------------------------------
 
+
+@pytest.mark.slow
 def test_no_progress_output_when_stderr_is_not_a_terminal(tmp_path):
     for args in (PLAN_ARGS, SWEEP_ARGS + ["--out", str(tmp_path / "sw")], AB_ARGS + ["--out", str(tmp_path / "ab")]):
         res = invoke(args)
@@ -309,6 +392,7 @@ class _Recorder:
 
     def __init__(self, monkeypatch):
         from dsim.study import progress
+
         self.seen: list[tuple[int, int]] = []
         real = progress.Progress._redraw
         rec = self
@@ -316,6 +400,7 @@ class _Recorder:
         def redraw(self):
             rec.seen.append((self.done_n, self.total))
             real(self)
+
         monkeypatch.setattr(progress.Progress, "_redraw", redraw)
         monkeypatch.setattr(progress, "is_terminal", lambda stream: True)
 
@@ -323,11 +408,12 @@ class _Recorder:
 def _check_bar(seen, stderr, desc):
     done, total = seen[-1]
     assert done == total > 0
-    assert all(t >= done for _d, t in seen)              # the total never fell below the final count
+    assert all(t >= done for _d, t in seen)  # the total never fell below the final count
     assert all(d <= t for d, t in seen)
     assert f"{desc}: {done}/{total} sims" in stderr
 
 
+@pytest.mark.slow
 def test_progress_bar_on_a_terminal(monkeypatch, tmp_path):
     rec = _Recorder(monkeypatch)
     res = invoke(PLAN_ARGS)
@@ -335,7 +421,7 @@ def test_progress_bar_on_a_terminal(monkeypatch, tmp_path):
     _check_bar(rec.seen, res.stderr, "plan")
     assert "mtp trying 1 node(s)" in res.stderr and "dspark" in res.stderr
     plain = invoke(PLAN_ARGS)
-    assert plain.stdout == res.stdout                     # the bar changes nothing else
+    assert plain.stdout == res.stdout  # the bar changes nothing else
     rec.seen.clear()
     res = invoke(SWEEP_ARGS + ["--out", str(tmp_path / "sw")])
     assert res.exit_code == 0, res.output
@@ -360,6 +446,7 @@ def test_progress_bar_with_ray(monkeypatch, ray_cluster, tmp_path):
 
 def test_progress_writes_nothing_off_a_terminal():
     from dsim.study.progress import Progress
+
     s = io.StringIO()
     with Progress("plan", stream=s) as bar:
         bar.ahead(search=5)
@@ -371,13 +458,18 @@ def test_progress_writes_nothing_off_a_terminal():
 
 # ---- the search's bound on what it may still run (the bar's total) ------------------------------
 
+
 def _result(passes: bool) -> dict:
     return {"complete": True, "metrics": {"tpot_p50": 5.0 if passes else 50.0}}
 
 
 @settings(max_examples=150, deadline=None)
-@given(max_nodes=st.integers(1, 70), start=st.integers(1, 70), n_seeds=st.integers(1, 3),
-       needs=st.lists(st.integers(1, 80), min_size=3, max_size=3))
+@given(
+    max_nodes=st.integers(1, 70),
+    start=st.integers(1, 70),
+    n_seeds=st.integers(1, 3),
+    needs=st.lists(st.integers(1, 80), min_size=3, max_size=3),
+)
 def test_search_remaining_bounds_what_it_runs(max_nodes, start, n_seeds, needs):
     """Seed s passes at n nodes iff n >= needs[s]; at every point the search's remaining() is at
     least the number of simulations it goes on to run."""
@@ -390,7 +482,7 @@ def test_search_remaining_bounds_what_it_runs(max_nodes, start, n_seeds, needs):
         want = srch.want()
         if not want:
             break
-        n, s = want[0]                      # one at a time: the tightest order for the bound
+        n, s = want[0]  # one at a time: the tightest order for the bound
         srch.feed(n, s, _result(n >= needs[s]))
         ran += 1
     assert all(ran - before <= bound for before, bound in bounds)

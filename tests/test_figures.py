@@ -28,9 +28,19 @@ def _sweep_df():
     rows = []
     for m, lab, base in (("mtp", "MTP-1", 1.0), ("dspark", "DSpark adaptive", 1.3)):
         for c in (1, 4, 16, 64, 256):
-            rows.append(dict(method=m, label=lab, concurrency=c, output_tok_s_per_gpu=base * 100 * c**0.5,
-                             output_tok_s_per_user=base * 200 / c**0.3, verify_tokens_per_request=2.0 * base,
-                             tpot_p50_ms=15 + c / 20, tpot_p99_ms=18 + c / 10, gpus=8))
+            rows.append(
+                dict(
+                    method=m,
+                    label=lab,
+                    concurrency=c,
+                    output_tok_s_per_gpu=base * 100 * c**0.5,
+                    output_tok_s_per_user=base * 200 / c**0.3,
+                    verify_tokens_per_request=2.0 * base,
+                    tpot_p50_ms=15 + c / 20,
+                    tpot_p99_ms=18 + c / 10,
+                    gpus=8,
+                )
+            )
     return pd.DataFrame(rows)
 
 
@@ -81,8 +91,15 @@ def test_titles_name_model_hardware_topology_trace_methods():
     prof = load_profile(None)  # the default: DeepSeek-V4-Flash on 8 x H200, dp8-ep8
     w = build_workload("default", requests=150, rate_scale=20)
     ctx = FG.context_line(prof, w, ["MTP-1", "DSpark adaptive"])
-    for part in ("deepseek-v4-flash", "H200", "dp8-ep8", "trace default", "first 150 requests", "rate x20",
-                 "MTP-1 vs DSpark adaptive"):
+    for part in (
+        "deepseek-v4-flash",
+        "H200",
+        "dp8-ep8",
+        "trace default",
+        "first 150 requests",
+        "rate x20",
+        "MTP-1 vs DSpark adaptive",
+    ):
         assert part in ctx, (part, ctx)
     assert "fmt=" not in ctx
 
@@ -91,8 +108,10 @@ def test_trace_label_of_a_path_trace_re_timed(tmp_path):
     # a trace without classes (the per-trace default mix is assumed) with its arrivals re-drawn:
     # the title names the file and every change, in order
     p = tmp_path / "conv.csv"
-    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
-        f"2023-11-16 18:15:{i:02d}.000000,{100 + i},{20 + i}\n" for i in range(40)))
+    p.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        + "".join(f"2023-11-16 18:15:{i:02d}.000000,{100 + i},{20 + i}\n" for i in range(40))
+    )
     from dsim.scenario import build_workload
 
     w = build_workload(str(p), requests=30, rate=2.5, concurrency=None)
@@ -126,8 +145,11 @@ def test_cdf_sla_lines(captured, tmp_path):
 def _collisions(ax):
     ax.figure.canvas.draw()
     lo, hi = ax.get_xlim()
-    labels = [t for t in ax.get_xticklabels() + ax.xaxis.get_minorticklabels()
-              if t.get_visible() and t.get_text() and lo <= t.get_position()[0] <= hi]
+    labels = [
+        t
+        for t in ax.get_xticklabels() + ax.xaxis.get_minorticklabels()
+        if t.get_visible() and t.get_text() and lo <= t.get_position()[0] <= hi
+    ]
     boxes = [t.get_window_extent() for t in labels]
     hits = sum(boxes[i].overlaps(boxes[j]) for i in range(len(boxes)) for j in range(i + 1, len(boxes)))
     return len(labels), hits

@@ -1,4 +1,5 @@
 """dsim.study.frontier: Pareto frontier, log-log interpolation and the paper's gains, on closed forms."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,12 +25,12 @@ from dsim.study.frontier import (
 
 def power_law(c, s, xs):
     xs = np.asarray(xs, dtype=float)
-    return xs, c * xs ** -s
+    return xs, c * xs**-s
 
 
 def test_pareto_drops_dominated_points_and_sorts():
     x = [50, 40, 60, 45, 70, 70]
-    y = [100, 120, 80, 90, 50, 40]           # (45, 90) is beaten by (50, 100); (70, 40) by (70, 50)
+    y = [100, 120, 80, 90, 50, 40]  # (45, 90) is beaten by (50, 100); (70, 40) by (70, 50)
     f = Frontier.from_points(x, y)
     assert f.user_tok_s.tolist() == [40, 50, 60, 70]
     assert f.gpu_tok_s.tolist() == [120, 100, 80, 50]
@@ -43,8 +44,8 @@ def test_interpolation_is_exact_at_points_and_for_power_laws():
     for x, y in zip(xs, ys):
         assert f.throughput_at(x).value == pytest.approx(y)
     for x in (22.0, 47.5, 150.0):
-        assert f.throughput_at(x).value == pytest.approx(1e6 * x ** -1.7, rel=1e-12)
-        t = 1e6 * x ** -1.7
+        assert f.throughput_at(x).value == pytest.approx(1e6 * x**-1.7, rel=1e-12)
+        t = 1e6 * x**-1.7
         assert f.speed_at(t).value == pytest.approx(x, rel=1e-12)
 
 
@@ -83,17 +84,16 @@ def test_bounds_out_of_reach_and_lower():
     xa, ya = power_law(1e5, 1.0, [40, 60, 90, 136])
     xb, yb = power_law(2e5, 1.0, [60, 100, 160, 230])
     fa, fb = Frontier.from_points(xa, ya, "MTP"), Frontier.from_points(xb, yb, "DSpark")
-    g = throughput_gain_at_sla(fa, fb, 150)       # A tops out at 136 tok/s/user
+    g = throughput_gain_at_sla(fa, fb, 150)  # A tops out at 136 tok/s/user
     assert g.gain == math.inf and "MTP does not reach" in g.note
-    g = throughput_gain_at_sla(fa, fb, 50)        # below B's slowest sampled point: B's is a bound
+    g = throughput_gain_at_sla(fa, fb, 50)  # below B's slowest sampled point: B's is a bound
     assert g.b.bound == "lower" and "lower bound" in g.note and g.gain == pytest.approx(yb[0] / (1e5 / 50) - 1)
     g = throughput_gain_at_sla(fa, fb, 300)
     assert math.isnan(g.gain) and "neither" in g.note
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.floats(1, 500), st.floats(1, 1e5)), min_size=1, max_size=30),
-       st.floats(1, 500))
+@given(st.lists(st.tuples(st.floats(1, 500), st.floats(1, 1e5)), min_size=1, max_size=30), st.floats(1, 500))
 def test_frontier_is_monotone_and_dominates_points(pts, q):
     x, y = zip(*pts)
     f = Frontier.from_points(x, y)
@@ -112,9 +112,17 @@ def _sweep_table(fa_pts, fb_pts, gpus=8):
     rows = []
     for name, label, pts, vb in (("mtp", "MTP-1", fa_pts, 2.0), ("dspark", "DSpark", fb_pts, 5.0)):
         for i, (c, x, y) in enumerate(pts):
-            rows.append({"method": name, "label": label, "concurrency": c, "output_tok_s_per_user": x,
-                         "output_tok_s_per_gpu": y, "verify_tokens_per_request": vb - 0.1 * i * (name == "dspark"),
-                         "concurrency_per_gpu": c / gpus})
+            rows.append(
+                {
+                    "method": name,
+                    "label": label,
+                    "concurrency": c,
+                    "output_tok_s_per_user": x,
+                    "output_tok_s_per_gpu": y,
+                    "verify_tokens_per_request": vb - 0.1 * i * (name == "dspark"),
+                    "concurrency_per_gpu": c / gpus,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -123,13 +131,13 @@ def test_paper_comparison_on_a_sweep_table():
     each SLA, B is 1.5^(1/s) faster; verify tokens per request read per GPU."""
     s = 0.8
     xs = np.array([50.0, 75.0, 100.0, 160.0, 260.0])
-    ya = 4e5 * xs ** -s
+    ya = 4e5 * xs**-s
     conc = (1024, 256, 64, 16, 8)
     df = _sweep_table(list(zip(conc, xs, ya)), list(zip(conc, xs, 1.5 * ya)))
     c = paper_comparison(df, "mtp", "dspark", (80, 120), "test")
     assert [g.gain for g in c.throughput_at_sla] == pytest.approx([0.5, 0.5], rel=1e-9)
     assert [g.gain for g in c.at_sla] == pytest.approx([1.5 ** (1 / s) - 1] * 2, rel=1e-9)
-    assert c.at_sla[0].anchor == pytest.approx(4e5 * 80 ** -s)
+    assert c.at_sla[0].anchor == pytest.approx(4e5 * 80**-s)
     assert c.matched.gain_min == pytest.approx(1.5 ** (1 / s) - 1, rel=1e-9)
     assert c.verify[0] == (1.0, 2.0, pytest.approx(4.6)) and len(c.verify) == 5
     with pytest.raises(InputError):
@@ -148,14 +156,35 @@ def test_user_sla_parsing_and_defaults():
 
 # ---- the CLI hooks: dsim sweep / dsim ab ----------------------------------------------------
 
+
+@pytest.mark.slow
 def test_sweep_per_gpu_prints_and_plots_the_comparison(tmp_path):
     from typer.testing import CliRunner
 
     from dsim.cli.entry import app
+
     out = tmp_path / "sw"
-    res = CliRunner().invoke(app, ["sweep", "--concurrency", "1,4", "--per-gpu", "--methods", "mtp,dspark",
-                                   "--min-requests", "16", "--requests-per-user", "1", "--jobs", "1",
-                                   "--user-sla", "20,40", "--out", str(out)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "sweep",
+            "--concurrency",
+            "1,4",
+            "--per-gpu",
+            "--methods",
+            "mtp,dspark",
+            "--min-requests",
+            "16",
+            "--requests-per-user",
+            "1",
+            "--jobs",
+            "1",
+            "--user-sla",
+            "20,40",
+            "--out",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     df = pd.read_csv(out / "sweep.csv")
     # the default profile is one 8-GPU replica per node: per-GPU 1 and 4 are 8 and 32 users
@@ -170,24 +199,52 @@ def test_sweep_per_gpu_prints_and_plots_the_comparison(tmp_path):
     assert bad.exit_code == 2 and "--user-sla" in bad.output and not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow
 def test_ab_report_has_the_paper_comparison(tmp_path):
     from typer.testing import CliRunner
 
     from dsim.cli.entry import app
+
     out = tmp_path / "ab"
-    res = CliRunner().invoke(app, ["ab", "--a", "mtp", "--b", "dspark", "--sla", "p50=20ms", "--requests", "40",
-                                   "--seeds", "0", "--concurrency", "1,4", "--min-requests", "12",
-                                   "--requests-per-user", "1", "--max-nodes", "2", "--jobs", "1", "--out", str(out)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "ab",
+            "--a",
+            "mtp",
+            "--b",
+            "dspark",
+            "--sla",
+            "p50=20ms",
+            "--requests",
+            "40",
+            "--seeds",
+            "0",
+            "--concurrency",
+            "1,4",
+            "--min-requests",
+            "12",
+            "--requests-per-user",
+            "1",
+            "--max-nodes",
+            "2",
+            "--jobs",
+            "1",
+            "--out",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     md = (out / "report.md").read_text()
     assert "The DSpark paper's comparison" in md and "paper_frontier.png" in md and "paper_load.png" in md
-    assert "throughput per GPU at 80 tok/s/user" in md          # the V4-Flash anchors by default
+    assert "throughput per GPU at 80 tok/s/user" in md  # the V4-Flash anchors by default
     assert "concurrency per GPU" in md
 
 
 def test_pick_pair_and_dspark_block_tokens():
     from dsim.scenario import method_spec
     from dsim.study.frontier import pick_pair
+
     assert pick_pair(["none", "mtp", "dspark5-fixed", "dspark5"]) == ("mtp", "dspark5")
     assert pick_pair(["mtp", "dspark-fixed"]) == ("mtp", "dspark-fixed")
     assert pick_pair(["mtp", "block"]) == ("mtp", "block")
@@ -201,6 +258,7 @@ def test_pick_pair_and_dspark_block_tokens():
             method_spec(bad)
 
 
+@pytest.mark.slow
 def test_sweep_on_the_paper_scenario_end_to_end(tmp_path):
     """The paper's deployment (V4-Flash with one routed expert per GPU over EP256, two-batch overlap,
     decode instances, load per GPU, DSpark-5): the sweep prints the comparison with the paper's
@@ -208,11 +266,30 @@ def test_sweep_on_the_paper_scenario_end_to_end(tmp_path):
     from typer.testing import CliRunner
 
     from dsim.cli.entry import app
+
     out = tmp_path / "sw"
-    res = CliRunner().invoke(app, ["sweep", "--profile", "deepseek-v4-flash-h200-dp256-ep256-dbo", "--per-gpu",
-                                   "--concurrency", "2,20", "--methods", "mtp,dspark5", "--disaggregated",
-                                   "--min-requests", "16", "--requests-per-user", "1", "--jobs", "1",
-                                   "--out", str(out)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "sweep",
+            "--profile",
+            "deepseek-v4-flash-h200-dp256-ep256-dbo",
+            "--per-gpu",
+            "--concurrency",
+            "2,20",
+            "--methods",
+            "mtp,dspark5",
+            "--disaggregated",
+            "--min-requests",
+            "16",
+            "--requests-per-user",
+            "1",
+            "--jobs",
+            "1",
+            "--out",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     df = pd.read_csv(out / "sweep.csv")
     assert sorted(set(df["concurrency_per_gpu"])) == [2.0, 20.0] and sorted(set(df["concurrency"])) == [16, 160]
@@ -252,8 +329,18 @@ def _linear_step_sweep(fixed_ms, ms_per_token, methods, loads):
         for c in loads[m]:
             t = fixed_ms + (ms_per_token * b + d) * c
             s = 1e3 * tau / t
-            rows.append({"method": m, "label": m, "concurrency": c, "concurrency_per_gpu": c, "output_tok_s_per_user": s,
-                         "output_tok_s_per_gpu": c * s, "verify_tokens_per_request": b, "acceptance_length": tau})
+            rows.append(
+                {
+                    "method": m,
+                    "label": m,
+                    "concurrency": c,
+                    "concurrency_per_gpu": c,
+                    "output_tok_s_per_user": s,
+                    "output_tok_s_per_gpu": c * s,
+                    "verify_tokens_per_request": b,
+                    "acceptance_length": tau,
+                }
+            )
     return pd.DataFrame(rows)
 
 

@@ -2,6 +2,7 @@
 string or flag holds, dsim either runs (and what it returns is valid) or refuses with one
 InputError line that names the file (exit 2 from the CLI, nothing written). Example counts are
 small so that the whole module stays fast on a 2-core CI machine."""
+
 from __future__ import annotations
 
 import copy
@@ -13,10 +14,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from cli_contract import run_cli, tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cli_contract import run_cli, tree
 from dsim.errors import InputError
 
 # DSIM_FUZZ_SCALE=20 multiplies the example counts for a deeper run by hand
@@ -30,11 +31,11 @@ NASTY_NUMBERS = st.one_of(
     st.sampled_from([0, -1, 2**63 - 1, 2**64, 10**30, 1e23, 1e300, -1e300, 0.5, 2.5, 1e-300]),
     st.floats(allow_nan=True, allow_infinity=True),
 )
-NASTY_TEXT = st.one_of(st.sampled_from(["", " ", "nan", "NaN", "inf", "-inf", "1e5", "0x10", "12abc", "None",
-                                        "\x00", "\ufeff1", "１２"]),
-                       st.text(max_size=8))
-NASTY = st.one_of(NASTY_NUMBERS, NASTY_TEXT, st.none(), st.booleans(),
-                  st.lists(st.integers(-3, 3), max_size=3))
+NASTY_TEXT = st.one_of(
+    st.sampled_from(["", " ", "nan", "NaN", "inf", "-inf", "1e5", "0x10", "12abc", "None", "\x00", "\ufeff1", "１２"]),
+    st.text(max_size=8),
+)
+NASTY = st.one_of(NASTY_NUMBERS, NASTY_TEXT, st.none(), st.booleans(), st.lists(st.integers(-3, 3), max_size=3))
 
 
 def check_one_line(e: InputError, path) -> None:
@@ -49,12 +50,14 @@ def check_workload(w) -> None:
     assert np.all(np.isfinite(w.arrival_s)) and w.arrival_s[0] == 0 and np.all(np.diff(w.arrival_s) >= 0)
     assert np.all(w.prompt_tokens >= 1) and np.all(w.output_tokens >= 1)
     from dsim.workload import MAX_SPAN_S, MAX_TOKENS
+
     assert w.prompt_tokens.max() <= MAX_TOKENS and w.output_tokens.max() <= MAX_TOKENS
     assert w.arrival_s[-1] <= MAX_SPAN_S
 
 
 def load_or_refuse(path, fmt="auto"):
     from dsim.workload import load_workload
+
     try:
         w = load_workload(str(path), fmt)
     except InputError as e:
@@ -71,24 +74,29 @@ def _cell(v) -> str:
 # ---- trace readers ---------------------------------------------------------------------------
 
 ROWS = st.lists(st.tuples(NASTY, NASTY, NASTY), min_size=1, max_size=5)
-GOOD_ROWS = st.lists(st.tuples(st.floats(0, 1e4), st.integers(1, 10**5), st.integers(1, 10**5)),
-                     min_size=1, max_size=5)
+GOOD_ROWS = st.lists(st.tuples(st.floats(0, 1e4), st.integers(1, 10**5), st.integers(1, 10**5)), min_size=1, max_size=5)
 
 
 @FAST
 @given(rows=st.one_of(ROWS, GOOD_ROWS), extra=st.sampled_from(["", ",", "\n\n", ",x"]))
 def test_native_csv(tmp_path_factory, rows, extra):
     p = tmp_path_factory.mktemp("csv") / "t.csv"
-    p.write_text("arrival_s,prompt_tokens,output_tokens\n"
-                 + "".join(f"{_cell(a)},{_cell(b)},{_cell(c)}\n" for a, b, c in rows) + extra,
-                 encoding="utf-8", errors="surrogatepass")
+    p.write_text(
+        "arrival_s,prompt_tokens,output_tokens\n"
+        + "".join(f"{_cell(a)},{_cell(b)},{_cell(c)}\n" for a, b, c in rows)
+        + extra,
+        encoding="utf-8",
+        errors="surrogatepass",
+    )
     load_or_refuse(p, "native-csv")
 
 
 @FAST
 @given(rows=st.one_of(ROWS, GOOD_ROWS), bom=st.booleans(), mooncake=st.booleans())
 def test_jsonl_native_and_mooncake(tmp_path_factory, rows, bom, mooncake):
-    keys = ("timestamp", "input_length", "output_length") if mooncake else ("arrival_s", "prompt_tokens", "output_tokens")
+    keys = (
+        ("timestamp", "input_length", "output_length") if mooncake else ("arrival_s", "prompt_tokens", "output_tokens")
+    )
     p = tmp_path_factory.mktemp("jsonl") / "t.jsonl"
     text = "".join(json.dumps(dict(zip(keys, r))) + "\n" for r in rows)
     p.write_bytes((b"\xef\xbb\xbf" if bom else b"") + text.encode("utf-8", "surrogatepass"))
@@ -103,7 +111,7 @@ def test_parquet(tmp_path_factory, rows):
     df = pd.DataFrame({"arrival_s": list(cols[0]), "prompt_tokens": list(cols[1]), "output_tokens": list(cols[2])})
     try:
         df.to_parquet(p)
-    except Exception:       # noqa: BLE001 - a mix pyarrow cannot store is not a trace
+    except Exception:  # noqa: BLE001 - a mix pyarrow cannot store is not a trace
         return
     load_or_refuse(p)
 
@@ -111,6 +119,7 @@ def test_parquet(tmp_path_factory, rows):
 def _arrow_column(kind: str, n: int):
     """n values of a column of this Arrow shape (flat, nested, dictionary, null)."""
     import pyarrow as pa
+
     return {
         "int64": lambda: pa.array(range(1, n + 1), pa.int64()),
         "float": lambda: pa.array([float(i) for i in range(n)], pa.float64()),
@@ -127,36 +136,72 @@ def _arrow_column(kind: str, n: int):
     }[kind]()
 
 
-ARROW_KINDS = ["int64", "float", "bool", "string", "null", "list<int>", "list<string>", "struct", "map",
-               "dict<string>", "binary", "timestamp"]
+ARROW_KINDS = [
+    "int64",
+    "float",
+    "bool",
+    "string",
+    "null",
+    "list<int>",
+    "list<string>",
+    "struct",
+    "map",
+    "dict<string>",
+    "binary",
+    "timestamp",
+]
 
 
 @FAST
-@given(kinds=st.fixed_dictionaries({c: st.sampled_from(ARROW_KINDS) for c in
-                                    ("arrival_s", "prompt_tokens", "output_tokens")},
-                                   optional={c: st.sampled_from(ARROW_KINDS) for c in
-                                             ("session_id", "class", "prefix_hashes", "extra")}),
-       n=st.integers(0, 4))
+@given(
+    kinds=st.fixed_dictionaries(
+        {c: st.sampled_from(ARROW_KINDS) for c in ("arrival_s", "prompt_tokens", "output_tokens")},
+        optional={c: st.sampled_from(ARROW_KINDS) for c in ("session_id", "class", "prefix_hashes", "extra")},
+    ),
+    n=st.integers(0, 4),
+)
 def test_parquet_of_any_column_types_is_read_or_refused_in_one_line(tmp_path_factory, kinds, n):
     """Whatever Arrow type each column has (nested, dictionary, null, binary, timestamp...), the
     trace is read and sane or refused in one line naming the file; never a traceback."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     p = tmp_path_factory.mktemp("pqt") / "t.parquet"
     pq.write_table(pa.table({c: _arrow_column(k, n) for c, k in kinds.items()}), p)
     load_or_refuse(p)
 
 
 @FAST
-@given(rows=st.lists(st.tuples(st.one_of(st.sampled_from(["2023-11-16 18:15:46.6805900", "2023-11-16T18:15:47Z",
-                                                          "2024-05-10 00:00:00+02:00", "yesterday", ""]),
-                                         NASTY_TEXT),
-                               NASTY, NASTY), min_size=1, max_size=4))
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.one_of(
+                st.sampled_from(
+                    [
+                        "2023-11-16 18:15:46.6805900",
+                        "2023-11-16T18:15:47Z",
+                        "2024-05-10 00:00:00+02:00",
+                        "yesterday",
+                        "",
+                    ]
+                ),
+                NASTY_TEXT,
+            ),
+            NASTY,
+            NASTY,
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
 def test_azure(tmp_path_factory, rows):
     p = tmp_path_factory.mktemp("az") / "a.csv"
-    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
-                 + "".join(f"{_cell(a)},{_cell(b)},{_cell(c)}\n" for a, b, c in rows),
-                 encoding="utf-8", errors="surrogatepass")
+    p.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        + "".join(f"{_cell(a)},{_cell(b)},{_cell(c)}\n" for a, b, c in rows),
+        encoding="utf-8",
+        errors="surrogatepass",
+    )
     load_or_refuse(p, "azure")
 
 
@@ -164,9 +209,12 @@ def test_azure(tmp_path_factory, rows):
 @given(rows=st.lists(st.tuples(NASTY, NASTY, NASTY), min_size=1, max_size=4))
 def test_burstgpt(tmp_path_factory, rows):
     p = tmp_path_factory.mktemp("bg") / "b.csv"
-    p.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
-                 + "".join(f"{_cell(a)},ChatGPT,{_cell(b)},{_cell(c)},0,Conversation log\n" for a, b, c in rows),
-                 encoding="utf-8", errors="surrogatepass")
+    p.write_text(
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        + "".join(f"{_cell(a)},ChatGPT,{_cell(b)},{_cell(c)},0,Conversation log\n" for a, b, c in rows),
+        encoding="utf-8",
+        errors="surrogatepass",
+    )
     load_or_refuse(p, "burstgpt")
 
 
@@ -180,24 +228,45 @@ def test_random_bytes(tmp_path_factory, data, ext):
 
 # ---- profiles ----------------------------------------------------------------------------------
 
+
 def _base_profile() -> dict:
     from dsim.cost import resolve_profile_path
+
     return yaml.safe_load(resolve_profile_path("h200-llama-3.1-8b").read_text())
 
 
 BASE = _base_profile()
-FIELDS = [("name",), ("provenance",), ("provenance", "kind"), ("provenance", "gpus_per_replica"),
-          ("memory",), ("memory", "kv_cache_gib"), ("memory", "kv_bytes_per_token"), ("cpu_overhead_ms",),
-          ("kv_ms_per_ktok",), ("capture_sizes",), ("capture_sizes", 0), ("capture_sizes", 3), ("forward",),
-          ("forward", "tokens"), ("forward", "tokens", 2), ("forward", "ms"), ("forward", "ms", 5),
-          ("prefill_terms",), ("prefill_terms", "discount_ms_per_ktok"), ("max_model_len",), ("draft",)]
+FIELDS = [
+    ("name",),
+    ("provenance",),
+    ("provenance", "kind"),
+    ("provenance", "gpus_per_replica"),
+    ("memory",),
+    ("memory", "kv_cache_gib"),
+    ("memory", "kv_bytes_per_token"),
+    ("cpu_overhead_ms",),
+    ("kv_ms_per_ktok",),
+    ("capture_sizes",),
+    ("capture_sizes", 0),
+    ("capture_sizes", 3),
+    ("forward",),
+    ("forward", "tokens"),
+    ("forward", "tokens", 2),
+    ("forward", "ms"),
+    ("forward", "ms", 5),
+    ("prefill_terms",),
+    ("prefill_terms", "discount_ms_per_ktok"),
+    ("max_model_len",),
+    ("draft",),
+]
 
 
 @FAST
-@given(edits=st.lists(st.tuples(st.sampled_from(FIELDS), NASTY), min_size=0, max_size=3),
-       drop=st.booleans())
+@given(edits=st.lists(st.tuples(st.sampled_from(FIELDS), NASTY), min_size=0, max_size=3), drop=st.booleans())
+@pytest.mark.slow
 def test_profile_loader(tmp_path_factory, edits, drop):
     from dsim.cost import CostModel, load_profile
+
     d = copy.deepcopy(BASE)
     for path, value in edits:
         node = d
@@ -223,7 +292,7 @@ def test_profile_loader(tmp_path_factory, edits, drop):
     assert list(prof.capture_sizes) == sorted(set(prof.capture_sizes))
     try:
         c = CostModel(prof)
-    except InputError as e:          # inconsistent prefill terms are refused here too
+    except InputError as e:  # inconsistent prefill terms are refused here too
         check_one_line(e, p)
         return
     assert math.isfinite(float(c.step_ms(64, 10_000)))
@@ -235,12 +304,19 @@ CURVE = st.one_of(st.lists(st.one_of(st.floats(-0.5, 1.5), NASTY), max_size=4), 
 
 
 @FAST
-@given(classes=st.dictionaries(st.sampled_from(["math", "code", "chat", "default", "x"]), CURVE, max_size=3),
-       methods=st.booleans(), method=st.sampled_from([None, "mtp", "dspark"]))
+@given(
+    classes=st.dictionaries(st.sampled_from(["math", "code", "chat", "default", "x"]), CURVE, max_size=3),
+    methods=st.booleans(),
+    method=st.sampled_from([None, "mtp", "dspark"]),
+)
 def test_acceptance_loader(tmp_path_factory, classes, methods, method):
     from dsim.spec.methods import load_acceptance
-    doc = {"name": "fuzz", "source": "fuzz", **({"methods": {"mtp": {"classes": classes}}} if methods
-                                                 else {"classes": classes})}
+
+    doc = {
+        "name": "fuzz",
+        "source": "fuzz",
+        **({"methods": {"mtp": {"classes": classes}}} if methods else {"classes": classes}),
+    }
     p = tmp_path_factory.mktemp("acc") / "a.yaml"
     p.write_text(yaml.safe_dump(doc, allow_unicode=True))
     try:
@@ -257,6 +333,7 @@ def test_acceptance_loader(tmp_path_factory, classes, methods, method):
 @given(s=st.text(alphabet="0123456789.,;=:-abcdefghmnpst ", max_size=24))
 def test_inline_acceptance(s):
     from dsim.spec.methods import parse_acceptance
+
     try:
         cur = parse_acceptance(s)
     except InputError as e:
@@ -268,15 +345,41 @@ def test_inline_acceptance(s):
 
 # ---- the SLA grammar ---------------------------------------------------------------------------
 
-SLA_PIECES = st.sampled_from(["p50", "p99", "p0", "p100", "tpot_p90", "ttft_p99", "e2e_p50", "itl_p50", "x_p50",
-                              "min_user_tok_s", "=", "20ms", "2s", "-1ms", "0ms", "nan", "infms", "1e400ms", "20",
-                              ",", ",,", " ", "ms", "s"])
+SLA_PIECES = st.sampled_from(
+    [
+        "p50",
+        "p99",
+        "p0",
+        "p100",
+        "tpot_p90",
+        "ttft_p99",
+        "e2e_p50",
+        "itl_p50",
+        "x_p50",
+        "min_user_tok_s",
+        "=",
+        "20ms",
+        "2s",
+        "-1ms",
+        "0ms",
+        "nan",
+        "infms",
+        "1e400ms",
+        "20",
+        ",",
+        ",,",
+        " ",
+        "ms",
+        "s",
+    ]
+)
 
 
 @FAST
 @given(parts=st.lists(SLA_PIECES, max_size=8))
 def test_sla_grammar(parts):
     from dsim.study.capacity import parse_request_slo, parse_sla
+
     s = "".join(parts)
     for parse in (parse_sla, parse_request_slo):
         try:
@@ -307,9 +410,13 @@ FLAG_VALUES = {
 
 
 @CLI
-@given(flags=st.dictionaries(st.sampled_from(sorted(FLAG_VALUES)), st.just(None), min_size=1, max_size=3)
-       .flatmap(lambda d: st.fixed_dictionaries({k: FLAG_VALUES[k] for k in d})),
-       method=st.sampled_from(["none", "mtp"]))
+@given(
+    flags=st.dictionaries(st.sampled_from(sorted(FLAG_VALUES)), st.just(None), min_size=1, max_size=3).flatmap(
+        lambda d: st.fixed_dictionaries({k: FLAG_VALUES[k] for k in d})
+    ),
+    method=st.sampled_from(["none", "mtp"]),
+)
+@pytest.mark.slow
 def test_simulate_flags(tmp_path_factory, flags, method):
     d = tmp_path_factory.mktemp("cli")
     out = d / "o"
@@ -321,8 +428,14 @@ def test_simulate_flags(tmp_path_factory, flags, method):
         # a valid run: its files are whole, its numbers are numbers (no NaN / Infinity)
         s = json.loads((out / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in summary"))
         assert s["requests_completed"] == s["requests_total"] >= 1
-        assert tree(d) == {"o", "o/.dsim-output.json", "o/requests.parquet", "o/scenario.yaml", "o/steps.parquet",
-                           "o/summary.json"}
+        assert tree(d) == {
+            "o",
+            "o/.dsim-output.json",
+            "o/requests.parquet",
+            "o/scenario.yaml",
+            "o/steps.parquet",
+            "o/summary.json",
+        }
     else:
         assert rc == 2, (args, rc, err)
         lines = [x for x in err.splitlines() if x.strip()]
@@ -331,16 +444,21 @@ def test_simulate_flags(tmp_path_factory, flags, method):
 
 
 @CLI
-@given(conc=st.sampled_from(["1,2", "1,,2", ",", "", "0,1", "1,1", "2,x", "70000", " 1 , 2 "]),
-       seeds=st.sampled_from(["0", "0,1", "-1", "0,0", "", "a"]),
-       sla=st.sampled_from(["p50=20ms", "p50=", "p101=2ms", "ttft_p99=2s,tpot_p50=30ms", "p50=-5ms"]))
+@given(
+    conc=st.sampled_from(["1,2", "1,,2", ",", "", "0,1", "1,1", "2,x", "70000", " 1 , 2 "]),
+    seeds=st.sampled_from(["0", "0,1", "-1", "0,0", "", "a"]),
+    sla=st.sampled_from(["p50=20ms", "p50=", "p101=2ms", "ttft_p99=2s,tpot_p50=30ms", "p50=-5ms"]),
+)
+@pytest.mark.slow
 def test_plan_and_sweep_list_flags(tmp_path_factory, conc, seeds, sla):
     d = tmp_path_factory.mktemp("lists")
     # only the parse matters here: a bad list is refused before anything runs, a good one is
     # stopped by a bad trace right after (exit 2, one line)
     bad_trace = d / "missing.csv"
-    for args in (["sweep", "--concurrency", conc, "--methods", "none", "--trace", str(bad_trace), "--out", str(d / "o")],
-                 ["plan", "--sla", sla, "--seeds", seeds, "--trace", str(bad_trace)]):
+    for args in (
+        ["sweep", "--concurrency", conc, "--methods", "none", "--trace", str(bad_trace), "--out", str(d / "o")],
+        ["plan", "--sla", sla, "--seeds", seeds, "--trace", str(bad_trace)],
+    ):
         rc, _, err = run_cli(*args)
         assert rc == 2, (args, err)
         lines = [x for x in err.splitlines() if x.strip()]
@@ -353,16 +471,23 @@ def test_plan_and_sweep_list_flags(tmp_path_factory, conc, seeds, sla):
 def test_validator_trace_reader(tmp_path_factory, rows, jsonl):
     """The replay's reader (dsim's, else its own lenient one for input_tokens columns)."""
     from validator import traces
+
     d = tmp_path_factory.mktemp("vt")
     if jsonl:
         p = d / "t.jsonl"
-        p.write_text("".join(json.dumps({"timestamp": a, "input_tokens": b, "output_tokens": c}) + "\n"
-                             for a, b, c in rows), encoding="utf-8", errors="surrogatepass")
+        p.write_text(
+            "".join(json.dumps({"timestamp": a, "input_tokens": b, "output_tokens": c}) + "\n" for a, b, c in rows),
+            encoding="utf-8",
+            errors="surrogatepass",
+        )
     else:
         p = d / "t.csv"
-        p.write_text("timestamp,input_tokens,output_tokens\n"
-                     + "".join(f"{_cell(a)},{_cell(b)},{_cell(c)}\n" for a, b, c in rows),
-                     encoding="utf-8", errors="surrogatepass")
+        p.write_text(
+            "timestamp,input_tokens,output_tokens\n"
+            + "".join(f"{_cell(a)},{_cell(b)},{_cell(c)}\n" for a, b, c in rows),
+            encoding="utf-8",
+            errors="surrogatepass",
+        )
     try:
         plan = traces.load(str(p), None, None, None)
     except InputError as e:
@@ -374,23 +499,31 @@ def test_validator_trace_reader(tmp_path_factory, rows, jsonl):
 
 # ---- kernel tables ---------------------------------------------------------------------------
 
-KT_BASE = {"name": "t", "provenance": {"kind": "measured"},
-           "records": [{"op": "gemm", "m": 1, "k": 4096, "n": 4096, "dtype": "bf16", "ms": 0.05},
-                       {"op": "attn", "batch": 8, "kv": 1024, "q": 1, "heads": 32, "kind": "mha",
-                        "phase": "decode", "ms": 0.02}]}
+KT_BASE = {
+    "name": "t",
+    "provenance": {"kind": "measured"},
+    "records": [
+        {"op": "gemm", "m": 1, "k": 4096, "n": 4096, "dtype": "bf16", "ms": 0.05},
+        {"op": "attn", "batch": 8, "kv": 1024, "q": 1, "heads": 32, "kind": "mha", "phase": "decode", "ms": 0.02},
+    ],
+}
 KT_FIELDS = ["op", "ms", "m", "k", "dtype", "batch", "kv", "note"]
 
 
 @FAST
-@given(edits=st.lists(st.tuples(st.integers(0, 1), st.sampled_from(KT_FIELDS), NASTY), max_size=3),
-       drop=st.sampled_from([None, "records", "provenance", "first_record_size"]),
-       gz=st.booleans(), cut=st.one_of(st.none(), st.integers(0, 400)))
+@given(
+    edits=st.lists(st.tuples(st.integers(0, 1), st.sampled_from(KT_FIELDS), NASTY), max_size=3),
+    drop=st.sampled_from([None, "records", "provenance", "first_record_size"]),
+    gz=st.booleans(),
+    cut=st.one_of(st.none(), st.integers(0, 400)),
+)
 def test_kernel_table_loader(tmp_path_factory, edits, drop, gz, cut):
     """Any kernel table either loads (then every record's time is a finite number >= 0 and every
     size an integer >= 0) or is refused with one line naming the file."""
     import gzip
 
     from dsim.profiling.kernel_tables import load_kernel_table
+
     d = copy.deepcopy(KT_BASE)
     for i, k, v in edits:
         d["records"][i][k] = v
@@ -419,6 +552,7 @@ def test_kernel_table_loader(tmp_path_factory, edits, drop, gz, cut):
 @given(blob=st.binary(max_size=300), gz=st.booleans())
 def test_kernel_table_bytes(tmp_path_factory, blob, gz):
     from dsim.profiling.kernel_tables import load_kernel_table
+
     p = tmp_path_factory.mktemp("kb") / ("t.json.gz" if gz else "t.json")
     p.write_bytes(blob)
     with pytest.raises(InputError) as e:
@@ -428,13 +562,25 @@ def test_kernel_table_bytes(tmp_path_factory, blob, gz):
 
 # ---- outputs never destroy ------------------------------------------------------------------
 
-TARGET_STATES = ["absent", "empty dir", "dsim output", "dsim output + user file", "user dir", "file", "fifo",
-                 "symlink to dir", "symlink to file", "dangling symlink", "nested user file"]
+TARGET_STATES = [
+    "absent",
+    "empty dir",
+    "dsim output",
+    "dsim output + user file",
+    "user dir",
+    "file",
+    "fifo",
+    "symlink to dir",
+    "symlink to file",
+    "dangling symlink",
+    "nested user file",
+]
 
 
 def _make_target(base, state):
     """A target path in one of TARGET_STATES; returns (path, {relative user file: bytes} to keep)."""
     from dsim.outputs import staged_dir
+
     t = base / "t"
     keep = {}
     if state == "empty dir":
@@ -475,15 +621,19 @@ def _make_target(base, state):
 
 
 @FAST
-@given(states=st.lists(st.sampled_from(TARGET_STATES), min_size=1, max_size=3),
-       names=st.lists(st.sampled_from(["summary.json", "a.csv", "sub/x.csv", "sub/deeper/y.png"]), min_size=1,
-                      max_size=4, unique=True),
-       fail=st.booleans())
+@given(
+    states=st.lists(st.sampled_from(TARGET_STATES), min_size=1, max_size=3),
+    names=st.lists(
+        st.sampled_from(["summary.json", "a.csv", "sub/x.csv", "sub/deeper/y.png"]), min_size=1, max_size=4, unique=True
+    ),
+    fail=st.booleans(),
+)
 def test_staged_dir_never_destroys_and_never_merges(tmp_path_factory, states, names, fail):
     """Whatever is at the target: the run's output appears whole and alone (exactly its files and
     the manifest), or it is refused before the body runs, or (the body fails) nothing changes;
     a file of the user's is never removed or changed."""
     from dsim.outputs import MANIFEST, debris, staged_dir
+
     base = tmp_path_factory.mktemp("o")
     t, keep = _make_target(base, states[0])
     for state in states[1:]:  # later states only add the user's files to what is there
@@ -501,7 +651,7 @@ def test_staged_dir_never_destroys_and_never_merges(tmp_path_factory, states, na
             if fail:
                 raise RuntimeError("the run failed")
     except InputError as e:
-        assert not ran or keep, e          # refused up front, or at the commit for a user's file
+        assert not ran or keep, e  # refused up front, or at the commit for a user's file
         assert "\n" not in str(e)
         assert tree(base) == before
     except RuntimeError:

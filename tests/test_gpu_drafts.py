@@ -226,6 +226,7 @@ def test_merge_checks_every_file_before_writing_any(tmp_path, capsys):
     assert [(p, p.read_bytes()) for p in sorted(d.iterdir())] == keep
 
 
+@pytest.mark.gpu
 def test_draft_only_dry_run_end_to_end(tmp_path):
     """The profiler's --draft-only mode on the CPU (tiny model): two processes' runs appended to one
     file at every drafter capture size, a third stopped before it began (--stop-at in the past: its

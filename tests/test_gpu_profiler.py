@@ -314,6 +314,7 @@ def p_format2(eff) -> bool:
     return p.format_version == 2 and p.attention is not None and p.prefill_discount_ms_per_ktok > 0
 
 
+@pytest.mark.golden
 def test_analytical_leave_one_model_out_replays(tmp_path):
     """Each model's analytical profile built from efficiencies fitted on the other measured models
     predicts that model's GPU step replays (validator/gpu/scripts/analytical_lomo.py, recomputed
@@ -339,6 +340,7 @@ def test_deepseek_profile_regenerated_with_fit():
     assert "fit" in p.provenance
 
 
+@pytest.mark.gpu
 def test_attention_matches_float_reference():
     torch = pytest.importorskip("torch")
     from validator.gpu.model import StepMeta
@@ -360,6 +362,7 @@ def test_attention_matches_float_reference():
         assert _attention_rel_error(torch, m, H=8, kv=2, d=16) < 1e-5
 
 
+@pytest.mark.gpu
 def test_one_call_varlen_attention_matches_float_reference():
     """The one-call path (impl='varlen'): every request of a mixed step, decode, verify or prefill
     chunk over a cache, in one variable-length causal call over its own KV region; exact against the
@@ -403,6 +406,7 @@ def test_packed_attention_work_plan_closed_form():
     assert len(busy["req"]) == 256 and (busy["slot"] == -1).all() and len(busy["m_req"]) == 0
 
 
+@pytest.mark.gpu
 def test_packed_attention_kernel_matches_float_reference():
     """The packed Triton kernel (run by Triton's interpreter on the CPU, in its own process: the
     interpreter is chosen at import) against a float64 per-request reference on mixed steps: verify
@@ -454,6 +458,7 @@ def _attention_rel_error(torch, m, H, kv, d):
     return float((a - r).norm() / r.norm())
 
 
+@pytest.mark.gpu
 def test_ragged_split_kv_attention_exact_for_any_chunk_and_unpadded():
     """The ragged path (every R): prefixes cut into chunks (any chunk length), each chunk carrying only
     its request's real folded rows; the merge is exact, nothing is padded to the longest context or
@@ -481,6 +486,7 @@ def test_ragged_split_kv_attention_exact_for_any_chunk_and_unpadded():
             assert _attention_rel_error(torch, m, H, kv, d) < 1e-5, min_chunk
 
 
+@pytest.mark.gpu
 def test_split_plan_fixed_length_chunks():
     """One chunk length L per step (remainder last), L = max(min_chunk, min(total / chunk-sets
     filling the SMs, balance x mean context)): the longest chunk is L whatever the context mix, L
@@ -534,6 +540,7 @@ def test_split_plan_fixed_length_chunks():
         dict(fill=3.0, balance=0.0, sms=64, min_chunk=8),
     ],
 )
+@pytest.mark.gpu
 def test_folded_split_attention_exact_float64_reference(split):
     """Folded (KV head x query tokens x group heads in one query block) prefix attention under
     several split settings, merged on the slot grid, and the masked band of new keys, against the
@@ -606,6 +613,7 @@ def _recomputed(replay_path, cm):
     return out
 
 
+@pytest.mark.golden
 def test_committed_replays_meet_the_targets_with_the_committed_profiles():
     """The GPU replays of dsim's step logs (fresh `python3 -m validator.gpu.replay` processes;
     archive/h200/replay) predicted from the committed format-2 profiles and the logs' shapes
@@ -636,6 +644,7 @@ def test_committed_replays_meet_the_targets_with_the_committed_profiles():
                 assert stored[k]["summary"]["all"]["median_abs_pct"] == pytest.approx(np.median(e), abs=2e-3)
 
 
+@pytest.mark.golden
 def test_request_grid_replays_and_check_logs_meet_the_targets():
     """The replays of the request-grid run (archive/h200/replay/check-<model>.json: Azure conv
     at c32 / c128, logs made after the request terms were designed and never fitted; for Qwen3-32B
@@ -715,6 +724,7 @@ def test_busy_plan_shapes():
     assert {s.tag for s in plan.busy_plan(parts=("short",))} == {"busy-short"}
 
 
+@pytest.mark.golden
 def test_refit_reproduces_the_committed_profile_from_its_raw_points(tmp_path, monkeypatch):
     """validator.gpu.refit --context on a committed profile's raw points, stripped of their decode
     tokens, prefill pairs and shapes (as raw files from before either existed): the shapes come back
@@ -805,6 +815,7 @@ S1_CLEAN_MISSES = {"default-c256-qwen3-14b.jsonl", "azure-conv-c128-qwen3-14b.js
 S1_CURRENT_MISSES: set[str] = set()
 
 
+@pytest.mark.golden
 def test_second_checking_set_replays():
     """The second checking set (archive/h200/steplogs-s1: seed 1, each trace's later slice, written
     from the profiles before the timer's median fix, never fitted), replayed on the H200 in fresh
@@ -878,7 +889,9 @@ def test_steps_timed_in_several_machine_starts_take_one_vote_per_start(tmp_path)
     from validator.gpu import refit as RF
 
     def pt(tag, q, reps, n=None):
-        return dict(tag=tag, shape_q=q, shape_ctx=[100] * len(q), n=n or sum(q), n_real=sum(q), R=len(q), ms=0.0, reps=reps)
+        return dict(
+            tag=tag, shape_q=q, shape_ctx=[100] * len(q), n=n or sum(q), n_real=sum(q), R=len(q), ms=0.0, reps=reps
+        )
 
     def write(name, points):
         path = tmp_path / name
@@ -887,10 +900,15 @@ def test_steps_timed_in_several_machine_starts_take_one_vote_per_start(tmp_path)
 
     dec, short = [4] * 2000, [2, 96]
     c = [
-        write(f"busy-m-p{i}.json", [pt("anchor-tail-mixed", dec, [r, r + 9, r]), pt("busy-short", short, [5.0 + i / 10])])
+        write(
+            f"busy-m-p{i}.json", [pt("anchor-tail-mixed", dec, [r, r + 9, r]), pt("busy-short", short, [5.0 + i / 10])]
+        )
         for i, r in enumerate((400.0, 401.0, 402.0))
     ]
-    s1 = write("busy-m-S1.json", [pt("busy-short", short, [6.0, 6.1, 6.2]), pt("anchor-tail-mixed", dec, [420.0, 440.0, 421.0])])
+    s1 = write(
+        "busy-m-S1.json",
+        [pt("busy-short", short, [6.0, 6.1, 6.2]), pt("anchor-tail-mixed", dec, [420.0, 440.0, 421.0])],
+    )
     s2 = write("busy-m-S2.json", [pt("anchor-tail-mixed", dec, [430.0, 431.0, 460.0])])
     entry = ",".join(c) + "+" + s1 + "+" + s2
     pts = RF.context_points([entry])
@@ -900,7 +918,10 @@ def test_steps_timed_in_several_machine_starts_take_one_vote_per_start(tmp_path)
     assert by["busy-short"]["runs"] == 2 and by["busy-short"]["ms"] == pytest.approx((5.1 + 6.1) / 2)
     assert not by["anchor-tail-mixed"]["fit"] and by["busy-short"]["fit"]
     assert by["busy-short"]["source"] == "busy-m-p0.json,busy-m-p1.json,busy-m-p2.json+busy-m-S1.json+busy-m-S2.json"
-    sweep = [dict(tag="tail-mixed", shape_q=dec, shape_ctx=[100] * 2000, n=8000, ms=450.0), dict(tag="table", shape_q=[1], shape_ctx=[100], n=1, ms=9.0)]
+    sweep = [
+        dict(tag="tail-mixed", shape_q=dec, shape_ctx=[100] * 2000, n=8000, ms=450.0),
+        dict(tag="table", shape_q=[1], shape_ctx=[100], n=1, ms=9.0),
+    ]
     small = dict(pt("anchor-table", [1], [8.0]), run_ms=[8.0, 8.2], ms=8.1)
     pooled = RF.pool_table_points(sweep, [*pts, small], above=512)
     assert [p["tag"] for p in pooled] == ["tail-mixed"] and pooled[0]["sweep_ms"] == 450.0
@@ -925,13 +946,19 @@ def test_a_replay_of_the_busy_steps_votes_as_a_start_on_the_steps_a_sweep_timed(
 
     sweeps = []
     for name, r in (("busy-m-p1.json", 430.0), ("busy-m-start1.json", 440.0)):
-        (tmp_path / name).write_text(json.dumps(dict(model="profiles/models/m.json", points=[pt("busy-decode", dec, [r])])))
+        (tmp_path / name).write_text(
+            json.dumps(dict(model="profiles/models/m.json", points=[pt("busy-decode", dec, [r])]))
+        )
         sweeps.append(str(tmp_path / name))
     log = tmp_path / "busy-decode-m.jsonl"
-    log.write_text("".join(json.dumps(dict(step=i, q=q, ctx=[1500] * len(q))) + "\n" for i, q in enumerate((other, dec))))
+    log.write_text(
+        "".join(json.dumps(dict(step=i, q=q, ctx=[1500] * len(q))) + "\n" for i, q in enumerate((other, dec)))
+    )
 
     def row(i, q, ms):
-        return dict(step=i, n=sum(q), kv=sum(q) + 1500 * len(q), R=len(q), measured_ms=ms, reps_ms=[ms], predicted_ms=ms)
+        return dict(
+            step=i, n=sum(q), kv=sum(q) + 1500 * len(q), R=len(q), measured_ms=ms, reps_ms=[ms], predicted_ms=ms
+        )
 
     replay = tmp_path / "s2-m.json"
     replay.write_text(json.dumps(dict(logs={str(log): dict(rows=[row(0, other, 600.0), row(1, dec, 420.0)])})))
@@ -1054,6 +1081,7 @@ def _run_levels():
     return rl
 
 
+@pytest.mark.golden
 def test_machine_starts_meet_the_target_held_out(tmp_path):
     """Qwen3-14B's machine starts (scripts/start_levels.sh: busy and tail steps, then the seed-1, -2
     and -3 default c256 logs replayed, never fitted; each file names its GPU): the starts ran on
@@ -1067,7 +1095,12 @@ def test_machine_starts_meet_the_target_held_out(tmp_path):
     m = "qwen3-14b"
     cm = CostModel(load_profile(str(ROOT / "profiles" / "h200" / f"h200-{m}.yaml")))
     starts = sorted(REPLAYS.glob(f"start[0-9]*-{m}.json"))
-    gpus = {json.loads((ROOT / "archive/h200/context" / f"busy-{m}-{p.stem[: -len(m) - 1]}.json").read_text())["run"]["gpu_uuid"] for p in starts}
+    gpus = {
+        json.loads((ROOT / "archive/h200/context" / f"busy-{m}-{p.stem[: -len(m) - 1]}.json").read_text())["run"][
+            "gpu_uuid"
+        ]
+        for p in starts
+    }
     assert len(starts) >= 5 and len(gpus) >= 5
     for path in starts:
         stored = json.loads(path.with_suffix(".repredicted.json").read_text())["logs"]
@@ -1093,8 +1126,12 @@ def test_machine_starts_meet_the_target_held_out(tmp_path):
     limits = {}
     for start, logs in held.items():
         for log, r in logs.items():
-            src = log if log.startswith("archive/") else next(
-                k for k in json.loads((REPLAYS / f"{start}-{m}.json").read_text())["logs"] if k.endswith("/" + log)
+            src = (
+                log
+                if log.startswith("archive/")
+                else next(
+                    k for k in json.loads((REPLAYS / f"{start}-{m}.json").read_text())["logs"] if k.endswith("/" + log)
+                )
             )
             if src not in limits:
                 limits[src] = rl.judge(src, [m], [])["limits_pct"]["median"]
@@ -1102,6 +1139,7 @@ def test_machine_starts_meet_the_target_held_out(tmp_path):
             assert h["median_abs_pct"] <= limits[src] and h["p90_abs_pct"] <= 6.0, (start, log, h, limits[src])
 
 
+@pytest.mark.golden
 def test_run_levels_closed_form_and_stored_runs(tmp_path, capsys):
     """scripts/run_levels.py: a run timing every step 2 % slower than another has level 1.02 and
     spread 0.02 / 1.01 (validator.noise's (max - min) / median); the fast level is an odd count's
@@ -1215,6 +1253,7 @@ def _median_signed_pct(rows: list[dict]) -> float:
     return float(np.median([(r["predicted_ms"] / r["measured_ms"] - 1) * 100 for r in rows]))
 
 
+@pytest.mark.golden
 def test_refit_without_context_never_counts_attention_twice(tmp_path):
     """A profile with attention terms refitted without its context sweeps is refused (the new KV
     slope prices attention again beside the kept terms); --drop-attention writes format 1. On the
@@ -1246,6 +1285,7 @@ def test_refit_without_context_never_counts_attention_twice(tmp_path):
     assert "5.1-10.3 %" in plan.ATTENTION_MISSING
 
 
+@pytest.mark.gpu
 def test_profile_gpu_alone_writes_a_complete_profile(tmp_path):
     """`dsim validate profile-gpu` with no other step (the CPU dry run: a tiny model, the plumbing only):
     the profile is named from the device (dry-), the context, request-grid and busy sweeps are
@@ -1268,6 +1308,7 @@ def test_profile_gpu_alone_writes_a_complete_profile(tmp_path):
     assert not (tmp_path / "b" / "context").exists()
 
 
+@pytest.mark.golden
 def test_h100_profile_meets_the_replay_target_on_held_out_logs():
     """The H100 profile (measured with profile_new_gpu.sh) against the held-out logs replayed on the
     H100 in fresh processes (docs/results/h100-2026-12-06.md): every log of the profile's machine start at or
@@ -1288,6 +1329,7 @@ def test_h100_profile_meets_the_replay_target_on_held_out_logs():
     assert np.median([abs(r["predicted_ms"] / r["measured_ms"] - 1) for r in rows]) == pytest.approx(0.0130, abs=5e-4)
 
 
+@pytest.mark.golden
 def test_the_profiling_runs_fit_is_what_a_refit_of_its_stored_sweeps_gives(tmp_path):
     """The attention terms profile-gpu fitted in its own process are what `refit-gpu RAW
     --stored-context --out DIR` gives from the files it wrote (context/ beside the raw file)."""

@@ -25,11 +25,11 @@ ANCHORS = ROOT / "profiles" / "kernels" / "aic-anchors.json"
 
 try:
     import aiconfigurator_core  # noqa: F401
+
     HAVE_AIC = True
 except ImportError:
     HAVE_AIC = False
 needs_aic = pytest.mark.skipif(not HAVE_AIC, reason="aiconfigurator-core (the aic extra) not installed")
-
 
 
 def table(name: str, records: list[dict]) -> dict:
@@ -41,8 +41,17 @@ def gemm(m: int, ms: float, n: int = 4096, k: int = 7168, dtype: str = "fp8") ->
 
 
 def moe(t: int, ms: float) -> dict:
-    return {"op": "moe", "dtype": "fp8", "tokens": t, "hidden": 4096, "inter": 2048, "topk": 6, "experts": 256,
-            "ep": 8, "ms": ms}
+    return {
+        "op": "moe",
+        "dtype": "fp8",
+        "tokens": t,
+        "hidden": 4096,
+        "inter": 2048,
+        "topk": 6,
+        "experts": 256,
+        "ep": 8,
+        "ms": ms,
+    }
 
 
 # ---- the comparison tool (no AIC) ----------------------------------------------------------------------------
@@ -54,8 +63,8 @@ def test_compare_closed_form_ratios_and_medians():
     b["name"] = "b"
     for r, f in zip(b["records"], (1.1, 0.8, 1.05, 1.3, 0.95, 2.0, 2.0, 3.0)):
         r["ms"] *= f
-    b["records"].append(gemm(32, 1.0))          # only in (b)
-    a["records"].append(gemm(64, 1.0))          # only in (a)
+    b["records"].append(gemm(32, 1.0))  # only in (b)
+    a["records"].append(gemm(64, 1.0))  # only in (a)
     c = ka.compare_tables(b, a)
     kinds = {k.kind: k for k in c.kinds}
     assert kinds["gemm:fp8"].shapes == 5
@@ -63,7 +72,7 @@ def test_compare_closed_form_ratios_and_medians():
     assert kinds["gemm:fp8"].median_abs_error == pytest.approx(0.1)
     assert kinds["gemm:fp8"].median_ratio == pytest.approx(1.05)
     assert kinds["moe:fp8"].median_abs_error == pytest.approx(1.0)
-    assert c.median_abs_error == pytest.approx(0.25)   # errors of all 8 shapes: 0.05 0.05 0.1 0.2 0.3 1 1 2
+    assert c.median_abs_error == pytest.approx(0.25)  # errors of all 8 shapes: 0.05 0.05 0.1 0.2 0.3 1 1 2
     assert (c.only_in_a, c.only_in_b) == (1, 1)
     ratios = sorted(round(s.ratio, 6) for s in c.shapes)
     assert ratios == sorted([1.1, 0.8, 1.05, 1.3, 0.95, 2.0, 2.0, 3.0])
@@ -71,11 +80,30 @@ def test_compare_closed_form_ratios_and_medians():
 
 def test_compare_defaults_and_model_less_measurements_match():
     # (a) leaves distribution at its default and does not name the model; (b) spells both out
-    a = table("a", [dict(moe(8, 0.5)), {"op": "attn", "kind": "v4_hca", "phase": "decode", "batch": 4, "q": 1,
-                                       "kv": 2048, "heads": 64, "ms": 0.2}])
-    b = table("b", [dict(moe(8, 0.55), distribution="uniform"),
-                    {"op": "attn", "kind": "v4_hca", "phase": "decode", "batch": 4, "q": 1, "kv": 2048,
-                     "heads": 64, "model": "deepseek-v4-flash", "ms": 0.3}])
+    a = table(
+        "a",
+        [
+            dict(moe(8, 0.5)),
+            {"op": "attn", "kind": "v4_hca", "phase": "decode", "batch": 4, "q": 1, "kv": 2048, "heads": 64, "ms": 0.2},
+        ],
+    )
+    b = table(
+        "b",
+        [
+            dict(moe(8, 0.55), distribution="uniform"),
+            {
+                "op": "attn",
+                "kind": "v4_hca",
+                "phase": "decode",
+                "batch": 4,
+                "q": 1,
+                "kv": 2048,
+                "heads": 64,
+                "model": "deepseek-v4-flash",
+                "ms": 0.3,
+            },
+        ],
+    )
     c = ka.compare_tables(b, a)
     assert sorted(s.kind for s in c.shapes) == ["attn:v4_hca:decode", "moe:fp8"]
     # a power-law routed record is a different shape
@@ -99,7 +127,7 @@ def test_compare_adds_projection_gemms_when_b_includes_them():
     c = ka.compare_tables(b, table("a", a_recs))
     (s,) = [s for s in c.shapes if s.kind.startswith("attn")]
     assert s.kind == "attn:v4_csa:decode+proj"
-    by_key = {ka.record_key(r): r["ms"] for r in a_recs[1:]}   # records of equal shape: the last one counts
+    by_key = {ka.record_key(r): r["ms"] for r in a_recs[1:]}  # records of equal shape: the last one counts
     assert s.a_ms == pytest.approx(0.05 + sum(by_key[ka.record_key(r)] for r, _ in proj))
     assert s.ratio == pytest.approx(0.42 / s.a_ms)
     c = ka.compare_tables(b, table("a", a_recs[:-1]))
@@ -127,8 +155,13 @@ def test_compare_cli_text_json_and_errors(tmp_path):
     pb.write_text(json.dumps(b))
     run = [sys.executable, "-m", "dsim.profiling.aic_tables", "compare"]
     ps = tmp_path / "err.json"
-    out = subprocess.run(run + [str(pb), str(pa), "--json", str(pj), "--error-summary", str(ps)],
-                         capture_output=True, text=True, cwd=ROOT, check=False)
+    out = subprocess.run(
+        run + [str(pb), str(pa), "--json", str(pj), "--error-summary", str(ps)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     assert "gemm:fp8" in out.stdout and "20.0%" in out.stdout
     got = json.loads(pj.read_text())
@@ -138,13 +171,18 @@ def test_compare_cli_text_json_and_errors(tmp_path):
     assert summary["median_abs_error"] == pytest.approx(0.2) and summary["by_kind"]["gemm:fp8"]["shapes"] == 3
     assert summary["against"] == "a" and summary["command"].startswith("dsim profile aic compare")
     bad = tmp_path / "bad.json"
-    for text, what in (("{not json", "not JSON"), (json.dumps({"records": [{"op": "gemm"}]}), "numeric \"ms\""),
-                       (json.dumps([1, 2]), "no \"records\"")):
+    for text, what in (
+        ("{not json", "not JSON"),
+        (json.dumps({"records": [{"op": "gemm"}]}), 'numeric "ms"'),
+        (json.dumps([1, 2]), 'no "records"'),
+    ):
         bad.write_text(text)
         out = subprocess.run(run + [str(bad), str(pa)], capture_output=True, text=True, cwd=ROOT, check=False)
         assert out.returncode == 2 and what in out.stderr
         assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
-    out = subprocess.run(run + [str(tmp_path / "missing.json"), str(pa)], capture_output=True, text=True, cwd=ROOT, check=False)
+    out = subprocess.run(
+        run + [str(tmp_path / "missing.json"), str(pa)], capture_output=True, text=True, cwd=ROOT, check=False
+    )
     assert out.returncode == 2 and "not found" in out.stderr
 
 
@@ -154,7 +192,10 @@ def test_compare_cli_text_json_and_errors(tmp_path):
 def test_grid_table_reproduces_log_linear_surfaces_and_clamps():
     bs, kvs = [1, 2, 4, 8, 16], [0, 127, 1023, 8191]
     pts = np.array([(b, kv) for b in bs for kv in kvs], dtype=float)
-    f = lambda b, kv: 0.05 + 0.01 * math.log2(b) + 0.002 * math.log2(1 + kv)
+
+    def f(b, kv):
+        return 0.05 + 0.01 * math.log2(b) + 0.002 * math.log2(1 + kv)
+
     g = ka.GridTable(("batch", "kv"), pts, np.array([f(b, kv) for b, kv in pts]), (False, True))
     for q in ((3, 500), (1, 0), (16, 8191), (5.5, 2000)):
         v, clamped = g(q)
@@ -176,7 +217,7 @@ def test_grid_records_cover_the_composers_shapes():
     assert {(r["dtype"], r["n"], r["k"]) for r in req if r["op"] == "gemm"} <= grid_gemms
     assert ("fp8", 64 * 512 // 8, 1024) in grid_gemms and ("bf16", 64 * 512 // 8, 1024) in grid_gemms
     assert {r["m"] for r in tp8 if r["op"] == "gemm"} == set(ka.GRID_TOKENS)
-    assert {r["dtype"] for r in tp8 if r["op"] == "moe"} == {"fp8", "bf16", "fp4"}   # FP4 experts on Blackwell
+    assert {r["dtype"] for r in tp8 if r["op"] == "moe"} == {"fp8", "bf16", "fp4"}  # FP4 experts on Blackwell
     assert {r["dtype"] for r in dp8 if r["op"] == "moe"} == {"fp8", "bf16"}
     assert {r["kind"] for r in tp8 if r["op"] == "comm"} == {"all_reduce"}
     assert {r["kind"] for r in dp8 if r["op"] == "comm"} == {"a2a_dispatch", "a2a_combine"}
@@ -214,8 +255,11 @@ def test_shipped_tables_carry_provenance_and_semantics(system):
     # what AIC has no table for is listed with the reason: memory-bound elementwise ops, bf16 routed experts of
     # these shapes, 4-bit-weight experts on Hopper
     assert t["unpriced"] and all(u["reason"] for u in t["unpriced"])
-    assert {(u["op"], u.get("dtype")) for u in t["unpriced"]} <= {("elementwise", None), ("moe", "bf16"),
-                                                                  ("moe", "w4a16")}
+    assert {(u["op"], u.get("dtype")) for u in t["unpriced"]} <= {
+        ("elementwise", None),
+        ("moe", "bf16"),
+        ("moe", "w4a16"),
+    }
     # every record the composer asks for, other than those, is priced
     keys = {ka.record_key(r) for r in recs}
     req = ka.composer_records("deepseek-v4-pro", "tp8-ep8", system)
@@ -226,19 +270,31 @@ def test_shipped_tables_carry_provenance_and_semantics(system):
 def test_shipped_decode_attention_is_flat_in_context_and_grows_with_batch():
     """V4's attention barely grows with context (the DeepSeek-V4 design); V3's MLA does."""
     t = json.loads(read_json_text(SHIPPED["h200_sxm"]))
-    at = {(r["kind"], r["heads"], r["batch"], r["q"], r["kv"]): r["ms"]
-          for r in t["records"] if r["op"] == "attn" and r["phase"] == "decode"}
-    hca = lambda b, kv: at[("v4_hca", 64, b, 1, kv)]
+    at = {
+        (r["kind"], r["heads"], r["batch"], r["q"], r["kv"]): r["ms"]
+        for r in t["records"]
+        if r["op"] == "attn" and r["phase"] == "decode"
+    }
+
+    def hca(b, kv):
+        return at[("v4_hca", 64, b, 1, kv)]
+
     assert hca(1, 32768) / hca(1, 512) < 1.3
     assert hca(256, 2048) > hca(1, 2048)
-    pre = {(r["kind"], r["heads"], r["batch"], r["q"], r["kv"]): r["ms"]
-           for r in t["records"] if r["op"] == "attn" and r["phase"] == "prefill"}
+    pre = {
+        (r["kind"], r["heads"], r["batch"], r["q"], r["kv"]): r["ms"]
+        for r in t["records"]
+        if r["op"] == "attn" and r["phase"] == "prefill"
+    }
     # a prompt chunk after a cached prefix costs more the longer the prefix (MLA: the fitted per-pair term; V4
     # CSA up to 8192: AIC's own rows at a ~63k-token prefix are below those at 4096, the sparse top-k caps it)
     for kind, heads, kvs in (("mla", 16, (0, 2048, 8192, 32768)), ("v4_csa", 64, (0, 2048, 8192))):
         chunk = [pre[(kind, heads, 1, 2048, kv)] for kv in kvs]
         assert chunk == sorted(chunk) and chunk[-1] > chunk[0]
-    mla = lambda b, kv: at[("mla", 16, b, 1, kv)]
+
+    def mla(b, kv):
+        return at[("mla", 16, b, 1, kv)]
+
     assert mla(64, 32768) / mla(64, 512) > 2.0
 
 
@@ -255,21 +311,34 @@ def test_shipped_anchors_reproduce_the_quoted_figures():
 
 def _raw(system: str, rel: str):
     import pandas as pd
+
     return pd.read_parquet(ka.aic_root() / "systems" / "data" / rel)
 
 
 @needs_aic
 def test_pricing_at_measured_points_equals_the_rows():
-    priced = ka.price_records([
-        {"op": "gemm", "dtype": "bf16", "m": 64, "n": 4096, "k": 7168},
-        {"op": "gemm", "dtype": "fp8", "m": 64, "n": 4096, "k": 7168},
-        {"op": "moe", "dtype": "fp8", "tokens": 512, "hidden": 7168, "inter": 3072, "topk": 6, "experts": 384,
-         "ep": 8},
-        {"op": "attn", "kind": "v4_csa", "phase": "decode", "batch": 32, "q": 1, "kv": 8192, "heads": 64},
-        {"op": "attn", "kind": "v4_hca", "phase": "prefill", "batch": 4, "q": 1024, "kv": 2048, "heads": 64},
-        {"op": "mhc", "tokens": 256, "hidden": 4096, "hc_mult": 4},
-        {"op": "comm", "kind": "all_reduce", "gpus": 8, "bytes": 2 * 1048576},
-    ], "h200_sxm", model="deepseek-v4-flash")
+    priced = ka.price_records(
+        [
+            {"op": "gemm", "dtype": "bf16", "m": 64, "n": 4096, "k": 7168},
+            {"op": "gemm", "dtype": "fp8", "m": 64, "n": 4096, "k": 7168},
+            {
+                "op": "moe",
+                "dtype": "fp8",
+                "tokens": 512,
+                "hidden": 7168,
+                "inter": 3072,
+                "topk": 6,
+                "experts": 384,
+                "ep": 8,
+            },
+            {"op": "attn", "kind": "v4_csa", "phase": "decode", "batch": 32, "q": 1, "kv": 8192, "heads": 64},
+            {"op": "attn", "kind": "v4_hca", "phase": "prefill", "batch": 4, "q": 1024, "kv": 2048, "heads": 64},
+            {"op": "mhc", "tokens": 256, "hidden": 4096, "hc_mult": 4},
+            {"op": "comm", "kind": "all_reduce", "gpus": 8, "bytes": 2 * 1048576},
+        ],
+        "h200_sxm",
+        model="deepseek-v4-flash",
+    )
     assert not priced["unpriced"]
     g, g8, m, csa, hca, mhc, ar = priced["records"]
     d = _raw("h200_sxm", "h200_sxm/gemm/vllm/0.24.0/gemm_perf.parquet")
@@ -279,17 +348,30 @@ def test_pricing_at_measured_points_equals_the_rows():
     row = d[(d.gemm_dtype == "fp8_block") & (d.m == 64) & (d.n == 4096) & (d.k == 7168)]
     assert g8["ms"] == pytest.approx(float(row.latency.iloc[0]), abs=1e-6) and g8["backend"] == "sglang 0.5.14"
     d = _raw("h200_sxm", "h200_sxm/moe/vllm/0.24.0/moe_perf.parquet")
-    row = d[(d.moe_dtype == "fp8_block") & (d.num_tokens == 512) & (d.hidden_size == 7168) & (d.num_experts == 384)
-            & (d.inter_size == 3072) & (d.topk == 6)
-            & (d.moe_ep_size == 8) & (d.moe_tp_size == 1) & (d.distribution == "balanced")]
+    row = d[
+        (d.moe_dtype == "fp8_block")
+        & (d.num_tokens == 512)
+        & (d.hidden_size == 7168)
+        & (d.num_experts == 384)
+        & (d.inter_size == 3072)
+        & (d.topk == 6)
+        & (d.moe_ep_size == 8)
+        & (d.moe_tp_size == 1)
+        & (d.distribution == "balanced")
+    ]
     assert m["ms"] == pytest.approx(float(row.latency.iloc[0]), abs=1e-6) and "routing balanced" in m["note"]
     d = _raw("h200_sxm", "h200_sxm/sparse_attention/vllm/0.24.0/dsv4_csa_generation_module_perf.parquet")
     row = d[d.model.str.contains("V4-Flash") & (d.num_heads == 64) & (d.batch_size == 32) & (d.step == 8192)]
     assert csa["ms"] == pytest.approx(float(row.latency.median()), abs=1e-6)
     assert "indexer_proj" in csa["includes"] and "V4-Flash" in csa["note"]
     d = _raw("h200_sxm", "h200_sxm/sparse_attention/vllm/0.24.0/dsv4_hca_context_module_perf.parquet")
-    row = d[d.model.str.contains("V4-Flash") & (d.num_heads == 64) & (d.batch_size == 4) & (d.isl == 1024)
-            & (d.step == 2048)]
+    row = d[
+        d.model.str.contains("V4-Flash")
+        & (d.num_heads == 64)
+        & (d.batch_size == 4)
+        & (d.isl == 1024)
+        & (d.step == 2048)
+    ]
     assert hca["ms"] == pytest.approx(float(row.latency.median()), abs=1e-6)
     d = _raw("h200_sxm", "h200_sxm/mhc/vllm/0.24.0/mhc_module_perf.parquet")
     rows = d[(d.hidden_size == 4096) & (d.num_tokens == 256)]
@@ -301,19 +383,40 @@ def test_pricing_at_measured_points_equals_the_rows():
 
 @needs_aic
 def test_pricing_reasons_and_errors():
-    out = ka.price_records([
-        {"op": "moe", "dtype": "bf16", "tokens": 8, "hidden": 4096, "inter": 2048, "topk": 6, "experts": 256,
-         "ep": 8},
-        {"op": "elementwise", "bytes": 1 << 20},
-        {"op": "attn", "kind": "v4_swa", "phase": "decode", "batch": 2, "q": 1, "kv": 512, "heads": 64,
-         "model": "deepseek-v4-flash"},
-    ], "b300_sxm")
+    out = ka.price_records(
+        [
+            {
+                "op": "moe",
+                "dtype": "bf16",
+                "tokens": 8,
+                "hidden": 4096,
+                "inter": 2048,
+                "topk": 6,
+                "experts": 256,
+                "ep": 8,
+            },
+            {"op": "elementwise", "bytes": 1 << 20},
+            {
+                "op": "attn",
+                "kind": "v4_swa",
+                "phase": "decode",
+                "batch": 2,
+                "q": 1,
+                "kv": 512,
+                "heads": 64,
+                "model": "deepseek-v4-flash",
+            },
+        ],
+        "b300_sxm",
+    )
     assert [u["op"] for u in out["unpriced"]] == ["moe", "elementwise"]
     (swa,) = out["records"]
     assert "HCA" in swa["note"] and "dsv4_hca_generation_module_perf.parquet" in swa["note"]
-    with pytest.raises(InputError, match="needs --model"):   # 32 heads per GPU: no shipped model at TP 1 or 8
-        ka.price_records([{"op": "attn", "kind": "v4_csa", "phase": "decode", "batch": 1, "q": 1, "kv": 512,
-                           "heads": 32}], "b300_sxm")
+    with pytest.raises(InputError, match="needs --model"):  # 32 heads per GPU: no shipped model at TP 1 or 8
+        ka.price_records(
+            [{"op": "attn", "kind": "v4_csa", "phase": "decode", "batch": 1, "q": 1, "kv": 512, "heads": 32}],
+            "b300_sxm",
+        )
     with pytest.raises(InputError, match="--model"):
         ka.price_records([{"op": "comm", "kind": "a2a_dispatch", "gpus": 8, "bytes": 4096}], "b300_sxm")
     with pytest.raises(InputError, match="system"):
@@ -330,8 +433,9 @@ def test_shipped_tables_regenerate(system):
     t = json.loads(read_json_text(SHIPPED[system]))
     own = [r for r in t["records"] if not (r["op"] == "comm" and r["kind"].startswith("a2a") and "hidden" not in r)]
     sample = own[:: max(1, len(own) // 60)]
-    again = ka.price_records([{k: v for k, v in r.items() if k not in ("ms", "backend", "note", "includes")}
-                              for r in sample], system)
+    again = ka.price_records(
+        [{k: v for k, v in r.items() if k not in ("ms", "backend", "note", "includes")} for r in sample], system
+    )
     assert [r["ms"] for r in again["records"]] == [r["ms"] for r in sample]
 
 
@@ -351,9 +455,11 @@ def test_shipped_error_summary_is_a_compose_table_error():
     assert err["shapes"] == sum(k["shapes"] for k in err["by_kind"].values())
     assert 0 <= err["median_abs_error"] and all(0 < k["median_ratio"] for k in err["by_kind"].values())
     torch_table = ROOT / "profiles" / "kernels" / "h200-torch.json"
-    if torch_table.is_file():   # with the measured table present, the summary is what compare says now
-        c = ka.compare_tables(json.loads(read_json_text(ROOT / "profiles" / "kernels" / "h200-aic-vllm.json.gz")),
-                              json.loads(torch_table.read_text()))
+    if torch_table.is_file():  # with the measured table present, the summary is what compare says now
+        c = ka.compare_tables(
+            json.loads(read_json_text(ROOT / "profiles" / "kernels" / "h200-aic-vllm.json.gz")),
+            json.loads(torch_table.read_text()),
+        )
         assert len(c.shapes) == err["shapes"] and round(c.median_abs_error, 4) == err["median_abs_error"]
 
 

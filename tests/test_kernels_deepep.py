@@ -34,6 +34,7 @@ def test_faster_nic_scales_only_the_time_above_each_latency_floor():
         assert b[k][0][1] == pytest.approx(floor) and b[k][-1][1] < a[k][-1][1]
     assert fast["provenance"]["kind"] == "what-if"
     assert "--nic-gbps 800" in fast["provenance"]["command"]
+
     def key(r):
         return (r["kind"], r["gpus"], r["hidden"], r["bytes"])
 

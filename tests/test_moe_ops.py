@@ -1,5 +1,6 @@
 """CPU checks of the DeepSeek-V4 / V3 kernel-op benchmarks and the layer-shard executor (tiny shapes; the
 Triton kernels run in Triton's interpreter). Skipped where torch or triton is not installed."""
+
 from __future__ import annotations
 
 import json
@@ -11,12 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.gpu
+
 os.environ.setdefault("TRITON_INTERPRET", "1")
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from validator.gpu import moe_ops as O
-from validator.gpu import moe_shard as S
+# (after the skips: these import torch and triton)
+from validator.gpu import moe_ops as O  # noqa: E402
+from validator.gpu import moe_shard as S  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
@@ -42,8 +46,8 @@ def test_v4_core_matches_float64(kind, tune):
     out = core.run().double()
     assert torch.isfinite(out).all()
     assert _rel(out, core.reference()) < 1e-5
-    if tune and kind != "v4_swa":                # (window-only keys are too few to split)
-        assert not core.launch.plan.final          # the combine ran
+    if tune and kind != "v4_swa":  # (window-only keys are too few to split)
+        assert not core.launch.plan.final  # the combine ran
 
 
 def test_v4_key_lists_follow_the_architecture():
@@ -54,11 +58,11 @@ def test_v4_key_lists_follow_the_architecture():
     assert (core128.idx_buf.numpy() >= 0).sum(1).tolist() == [W, W]
     csa = O.V4Core("v4_csa", dict(d), [2], [37], CPU, torch.float32)
     csa.run()
-    vis = (np.array([37, 38]) + 1) // m          # compressed entries complete before each token
+    vis = (np.array([37, 38]) + 1) // m  # compressed entries complete before each token
     assert csa.nvis.numpy().tolist() == vis.tolist()
-    sel = csa.idx_buf.numpy()[:, :csa.k_sel]
-    assert ((sel >= 0).sum(1) == np.minimum(vis, d["topk"])).all()   # top-k of the visible entries
-    assert csa.n_new == (39 // m) - (37 // m)                          # entries completed in this step
+    sel = csa.idx_buf.numpy()[:, : csa.k_sel]
+    assert ((sel >= 0).sum(1) == np.minimum(vis, d["topk"])).all()  # top-k of the visible entries
+    assert csa.n_new == (39 // m) - (37 // m)  # entries completed in this step
 
 
 def test_indexer_logits_match_float64():
@@ -104,7 +108,7 @@ def test_uniform_routing_counts():
     assert abs(mean.sum() - t * k / P) < 0.05 * t * k / P
     assert mx.sum() >= mean.sum() or (mx > 0).sum() >= (mean > 0).sum()
     one = O.uniform_routing_counts(1, k, E, P, seed=0, rank="max")
-    assert one.sum() <= k and (one <= 1).all()          # one token picks distinct experts
+    assert one.sum() <= k and (one <= 1).all()  # one token picks distinct experts
 
 
 def test_moe_op_rows_and_output():
@@ -117,9 +121,9 @@ def test_moe_op_rows_and_output():
     ref = torch.zeros_like(y)
     o = 0
     for e, c in enumerate(op.counts):
-        h = x[o:o + c] @ op.w13[e].t()
+        h = x[o : o + c] @ op.w13[e].t()
         ref_rows = op._act(h).to(x.dtype) @ op.w2[e].t()
-        ref[op.perm[o:o + c]] = ref_rows * op.wts[o:o + c]
+        ref[op.perm[o : o + c]] = ref_rows * op.wts[o : o + c]
         o += c
     assert _rel(y.double(), ref.double()) < 1e-5
 
@@ -133,7 +137,7 @@ def test_fallback_grid_and_layer_gemms():
     recs = O.fallback_grid([("deepseek-v4-flash", "dp8-ep8")], quick=True)
     kinds = {r["kind"] for r in recs if r["op"] == "attn"}
     assert kinds == {"v4_csa", "v4_hca", "v4_swa"}
-    assert all(r["tokens"] % 8 == 0 for r in recs if r["op"] == "moe")     # DP8: 8 ranks' tokens
+    assert all(r["tokens"] % 8 == 0 for r in recs if r["op"] == "moe")  # DP8: 8 ranks' tokens
     assert len({json.dumps(r, sort_keys=True) for r in recs}) == len(recs)
 
 
@@ -166,21 +170,49 @@ def test_shard_step_runs_on_cpu():
 def test_bad_inputs_exit_2(tmp_path):
     bad = tmp_path / "ops.json"
     bad.write_text('{"not": "a list"')
-    r = subprocess.run([sys.executable, "-m", "validator.gpu.moe_ops", "price", "--ops", str(bad), "--out",
-                        str(tmp_path / "t.json"), "--dry-run"], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "validator.gpu.moe_ops",
+            "price",
+            "--ops",
+            str(bad),
+            "--out",
+            str(tmp_path / "t.json"),
+            "--dry-run",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert r.returncode == 2 and "error: --ops" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "t.json").exists()
     log = tmp_path / "s.jsonl"
     log.write_text('{"q": [1, 2], "ctx": [3]}\n')
     with pytest.raises(SystemExit, match="s.jsonl:1"):
         S.read_steplog(str(log))
-    r = subprocess.run([sys.executable, "-m", "validator.gpu.moe_shard", "replay", str(tmp_path / "none.jsonl"),
-                        "--out", str(tmp_path / "r.json"), "--dry-run"], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "validator.gpu.moe_shard",
+            "replay",
+            str(tmp_path / "none.jsonl"),
+            "--out",
+            str(tmp_path / "r.json"),
+            "--dry-run",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert r.returncode == 2 and "no such file" in r.stderr
 
 
 def test_committed_kernel_table_loads_in_the_composer():
     from dsim.profiling.kernel_tables import load_kernel_table
+
     t = load_kernel_table("h200-torch")
     assert t.provenance["kind"] == "measured" and "H200" in t.provenance["hardware"]
     assert all(r["ms"] > 0 for r in t.records)
@@ -198,7 +230,9 @@ def test_batched_gemm_record_runs_each_group_on_its_own_input():
     x = torch.randn(5, 3, 8, dtype=torch.float64)
     want = torch.cat([x[:, g] @ gp.w[g] for g in range(3)], dim=1)
     assert torch.allclose(gp(x), want)
-    assert O.op_footprint(dict(op="gemm", dtype="bf16", m=5, n=12, k=8, groups=3)) == 3 * ((5 * 8 + 12 * 8) * 2 + 5 * 12 * 2)
+    assert O.op_footprint(dict(op="gemm", dtype="bf16", m=5, n=12, k=8, groups=3)) == 3 * (
+        (5 * 8 + 12 * 8) * 2 + 5 * 12 * 2
+    )
 
 
 def test_fold_appends_only_new_records_with_provenance(tmp_path):
@@ -207,15 +241,24 @@ def test_fold_appends_only_new_records_with_provenance(tmp_path):
     rec = dict(op="mhc", hidden=4096, hc_mult=4)
     table = dict(name="t", provenance=dict(kind="measured"), records=[dict(rec, tokens=512, ms=0.5)])
     add = dict(
-        provenance=dict(date="2026-12-01", wall_s=3.0, gpu=dict(gpu="NVIDIA H200", torch="2.11"),
-                        records_skipped=[dict(rec, tokens=9, skipped="x")], records_not_reached=1),
+        provenance=dict(
+            date="2026-12-01",
+            wall_s=3.0,
+            gpu=dict(gpu="NVIDIA H200", torch="2.11"),
+            records_skipped=[dict(rec, tokens=9, skipped="x")],
+            records_not_reached=1,
+        ),
         records=[dict(rec, tokens=512, ms=0.55), dict(rec, tokens=544, ms=0.6), dict(rec, tokens=576, ms=0.62)],
     )
     tp, ap = tmp_path / "t.json", tmp_path / "a.json"
     tp.write_text(json.dumps(table))
     ap.write_text(json.dumps(add))
-    r = subprocess.run([sys.executable, "-m", "validator.gpu.moe_ops", "fold", str(ap), "--into", str(tp),
-                        "--what", "mhc tail"], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "validator.gpu.moe_ops", "fold", str(ap), "--into", str(tp), "--what", "mhc tail"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(tp.read_text())
     assert sorted((x["tokens"], x["ms"]) for x in out["records"]) == [(512, 0.5), (544, 0.6), (576, 0.62)]
@@ -224,8 +267,12 @@ def test_fold_appends_only_new_records_with_provenance(tmp_path):
     assert e["remeasured"] == dict(records=1, median_ratio=1.1, max_abs_dev=0.1)
     before = tp.read_text()
     ap.write_text('{"records": [{"ms": 1}]}')
-    r = subprocess.run([sys.executable, "-m", "validator.gpu.moe_ops", "fold", str(ap), "--into", str(tp),
-                        "--what", "x"], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "validator.gpu.moe_ops", "fold", str(ap), "--into", str(tp), "--what", "x"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert r.returncode == 2 and "record 0 has no op" in r.stderr and "Traceback" not in r.stderr
     assert tp.read_text() == before
 
@@ -237,13 +284,18 @@ def test_shard_repredict_prices_each_replayed_step_as_the_engine(tmp_path):
     from validator.gpu.shard_repredict import repredict
 
     prof = str(ROOT / "archive/kernels/h200-torch-checks/deepseek-v4-flash-h200-shard-check.yaml")
-    steps = [dict(step=1, q=[8, 8, 600], ctx=[3000, 500, 0]), dict(step=2, q=[4] * 16, ctx=[2048] * 16),
-             dict(step=3, q=[1], ctx=[100])]
+    steps = [
+        dict(step=1, q=[8, 8, 600], ctx=[3000, 500, 0]),
+        dict(step=2, q=[4] * 16, ctx=[2048] * 16),
+        dict(step=3, q=[1], ctx=[100]),
+    ]
     (tmp_path / "x.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
     cost = CostModel(load_profile(prof))
-    want = [cost.step_ms(616, 4116) + cost.prefill_ms([(600, 0)]) + cost.context_ms([8, 8], [3000, 500], [(600, 0)]),
-            cost.step_ms(64, 64 + 16 * 2048) + cost.context_ms([4] * 16, [2048] * 16),
-            cost.step_ms(1, 101) + cost.context_ms([1], [100])]
+    want = [
+        cost.step_ms(616, 4116) + cost.prefill_ms([(600, 0)]) + cost.context_ms([8, 8], [3000, 500], [(600, 0)]),
+        cost.step_ms(64, 64 + 16 * 2048) + cost.context_ms([4] * 16, [2048] * 16),
+        cost.step_ms(1, 101) + cost.context_ms([1], [100]),
+    ]
     measured = [w * f for w, f in zip(want, (1.1, 0.95, 1.0))]
     replay = dict(logs={"a/x.jsonl": dict(rows=[dict(step=s["step"], measured_ms=m) for s, m in zip(steps, measured)])})
     out = repredict(prof, replay, tmp_path)["x.jsonl"]

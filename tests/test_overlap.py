@@ -1,5 +1,6 @@
 """Two-batch overlap in the step-cost composer (dsim.profiling.compose --overlap dbo): vLLM's DBO schedule
 of two micro-batches per layer, its threshold, and the composed profile's table."""
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -116,6 +117,7 @@ def test_nothing_to_hide_costs_more_than_not_splitting():
         assert forward_ms_dbo(FLASH, DP8, "h200", n, p, 512) > forward_ms(FLASH, DP8, "h200", n, p, 512)
 
 
+@pytest.mark.slow
 def test_composed_profile_with_overlap():
     a = compose_profile(FLASH, DP8, "h200", None, draft_block=5)
     b = compose_profile(FLASH, DP8, "h200", None, draft_block=5, overlap="dbo")
@@ -138,6 +140,7 @@ def test_composed_profile_with_overlap():
         np.testing.assert_allclose(c.forward.ms[x < t], a.forward.ms[x < t])
 
 
+@pytest.mark.slow
 def test_required_ops_cover_the_micro_batches():
     roof = Roofline(hardware="h200")
     recs = [dict(r, ms=roof.ms(r)) for r in required_ops(FLASH, DP8, "h200", overlap="dbo")]
@@ -162,12 +165,18 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
             parse_dbo_threshold(bad)
 
 
-@pytest.mark.parametrize("name,threshold,holds", [("deepseek-v4-flash-h200-dp256-ep256-dbo", 96, False),
-                                                  ("deepseek-v4-pro-h200-dp384-ep384-dbo", 72, False),
-                                                  ("deepseek-v4-flash-h200-dp8-ep8-dbo", 272, True),
-                                                  ("deepseek-v4-pro-b300-dp8-ep8-dbo", 272, True)])
+@pytest.mark.parametrize(
+    "name,threshold,holds",
+    [
+        ("deepseek-v4-flash-h200-dp256-ep256-dbo", 96, False),
+        ("deepseek-v4-pro-h200-dp384-ep384-dbo", 72, False),
+        ("deepseek-v4-flash-h200-dp8-ep8-dbo", 272, True),
+        ("deepseek-v4-pro-b300-dp8-ep8-dbo", 272, True),
+    ],
+)
 def test_paper_scenario_profiles_say_what_they_price(name, threshold, holds):
     from dsim.cost import load_profile
+
     p = load_profile(name)
     a = p.provenance["assumptions"]
     assert p.name == name and a["draft_block"] == 5 and p.gpus_per_replica == 1

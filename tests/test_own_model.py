@@ -19,8 +19,14 @@ MODELS = PROFILE_DIR / "models"
 
 # Llama-3.1-70B's public config.json (architecture fields): 141 GB of bf16 weights
 LLAMA_70B = {
-    "model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
-    "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
+    "model_type": "llama",
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 128256,
     "torch_dtype": "bfloat16",
 }
 
@@ -31,7 +37,9 @@ def test_hardware_kinds_cover_both_paths():
 
 def test_dense_reproduces_shipped_analytical_profile(tmp_path):
     out = tmp_path / "llama.yaml"
-    r = CliRunner().invoke(app, ["profile", "model", str(MODELS / "llama-3.1-8b.json"), "--hardware", "H200", "--out", str(out)])
+    r = CliRunner().invoke(
+        app, ["profile", "model", str(MODELS / "llama-3.1-8b.json"), "--hardware", "H200", "--out", str(out)]
+    )
     assert r.exit_code == 0, r.output
     assert "path     : analytical (dense)" in r.output and "measured : efficiencies fitted" in r.output
     got = load_profile(str(out))
@@ -68,6 +76,7 @@ def test_dense_gpus_per_replica_fewest_that_fit(tmp_path):
         ("H200", "deepseek-v4-flash-h200-dp8-ep8", "h200-aic-vllm, h200-torch"),  # the default profile
     ],
 )
+@pytest.mark.slow
 def test_moe_reproduces_shipped_composed_profile(hardware, shipped, tables):
     cfg = json.loads((MODELS / "deepseek-v4-flash.json").read_text())
     assert is_moe(cfg) and not is_moe(LLAMA_70B)
@@ -92,7 +101,9 @@ def test_moe_reproduces_shipped_composed_profile(hardware, shipped, tables):
     ],
 )
 def test_bad_input_exit_2(tmp_path, args, needle):
-    r = CliRunner().invoke(app, ["profile", "model", str(MODELS / "llama-3.1-8b.json"), "--out", str(tmp_path / "x.yaml"), *args])
+    r = CliRunner().invoke(
+        app, ["profile", "model", str(MODELS / "llama-3.1-8b.json"), "--out", str(tmp_path / "x.yaml"), *args]
+    )
     assert r.exit_code == 2 and "dsim: error:" in r.output and needle in r.output, r.output
     assert not (tmp_path / "x.yaml").exists()
 
@@ -108,8 +119,12 @@ def test_bad_configs_exit_2(tmp_path):
         "float.json": json.dumps({**LLAMA_70B, "num_attention_heads": 63.5}),
         "zero.json": json.dumps({**LLAMA_70B, "num_hidden_layers": 0}),
     }
-    keys = {"text.json": "hidden_size", "list.json": "num_experts", "float.json": "num_attention_heads",
-            "zero.json": "num_hidden_layers"}
+    keys = {
+        "text.json": "hidden_size",
+        "list.json": "num_experts",
+        "float.json": "num_attention_heads",
+        "zero.json": "num_hidden_layers",
+    }
     for fname, text in cases.items():
         p = tmp_path / fname
         if text is not None:
@@ -158,8 +173,13 @@ def test_model_named_from_a_hugging_face_config_json(tmp_path):
     [
         ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}, 0.5),
         ({"quant_method": "gptq", "bits": 8, "group_size": 128}, 1.0),
-        ({"quant_method": "compressed-tensors",
-          "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int"}}}}, 0.5),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int"}}},
+            },
+            0.5,
+        ),
         ({"quant_method": "mxfp4"}, 4.25 / 8),
         ({"quant_method": "fp8", "fmt": "e4m3"}, 1.0),
     ],
@@ -219,10 +239,32 @@ def test_profile_group_runs_the_builders_with_their_exit_contract(tmp_path, caps
     rc, out, err = run_cli("profile", "deepep", "--help")
     assert rc == 0 and "{build,published,derive}" in out, (out, err)
     out_file = tmp_path / "t.json"
-    assert_rejected("profile", "deepep", "build", "--model", "nope:3", "--out", out_file,
-                    needles=["--model", "nope:3"], watch=tmp_path)
-    assert_rejected("profile", "compose", "profile", "--model", "no-such-model", "--topology", "tp8-ep8",
-                    "--hardware", "h200", "--out", out_file, needles=["no-such-model"], watch=tmp_path)
+    assert_rejected(
+        "profile",
+        "deepep",
+        "build",
+        "--model",
+        "nope:3",
+        "--out",
+        out_file,
+        needles=["--model", "nope:3"],
+        watch=tmp_path,
+    )
+    assert_rejected(
+        "profile",
+        "compose",
+        "profile",
+        "--model",
+        "no-such-model",
+        "--topology",
+        "tp8-ep8",
+        "--hardware",
+        "h200",
+        "--out",
+        out_file,
+        needles=["no-such-model"],
+        watch=tmp_path,
+    )
 
 
 def test_moe_on_a_gpu_without_its_own_moe_table_uses_the_carried_silicon_table():

@@ -1,6 +1,7 @@
 """The product as shipped: the installed wheel runs on its own (profiles, presets and the default
 trace inside the package), the module graph has no import cycles and dsim never imports the
 validator, and the tree speaks of itself (no history words, no citation of files outside it)."""
+
 from __future__ import annotations
 
 import ast
@@ -79,8 +80,9 @@ def test_no_import_cycles_and_dsim_does_not_import_the_validator():
     graph = _module_graph()
     assert {"dsim.cli.app", "dsim.cli.plan_cli", "dsim.cli.entry", "validator.gpu.profile"} <= set(graph)
     assert _cycles(graph) == []
-    upward = sorted((m, d) for m, deps in graph.items() if m.startswith("dsim") for d in deps
-                    if d.startswith("validator"))
+    upward = sorted(
+        (m, d) for m, deps in graph.items() if m.startswith("dsim") for d in deps if d.startswith("validator")
+    )
     assert upward == []
     # the graph would show a cycle (the check can fail)
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
@@ -118,8 +120,12 @@ def _layer(module: str) -> int | None:
 def test_stages_import_only_downward():
     graph = _module_graph()
     assert all(_layer(m) is not None for m in graph if m.startswith("dsim.")), "a dsim module in no layer"
-    upward = {(m, d) for m, deps in graph.items() for d in deps
-              if m.startswith("dsim.") and d.startswith("dsim.") and _layer(d) > _layer(m)}
+    upward = {
+        (m, d)
+        for m, deps in graph.items()
+        for d in deps
+        if m.startswith("dsim.") and d.startswith("dsim.") and _layer(d) > _layer(m)
+    }
     assert upward == UPWARD_ALLOWED
     # the check can fail: the engine importing the capacity search would be upward
     assert _layer("dsim.study.capacity") > _layer("dsim.engine.replica")
@@ -127,8 +133,15 @@ def test_stages_import_only_downward():
 
 # history markers (numbered stints, run-diary phrases) and the design brief's file name (written as parts
 # so that this file itself holds none of them)
-_PARTS = [("sess", r"ions? \d"), ("cal", r"ls? \d+\b"), ("iss", r"ues? \d+"), ("iss", r"ue #\d"),
-          ("dev", r"ice cal" + "l"), ("des", r"ign\.md"), ("wor", r"k period")]
+_PARTS = [
+    ("sess", r"ions? \d"),
+    ("cal", r"ls? \d+\b"),
+    ("iss", r"ues? \d+"),
+    ("iss", r"ue #\d"),
+    ("dev", r"ice cal" + "l"),
+    ("des", r"ign\.md"),
+    ("wor", r"k period"),
+]
 HISTORY = re.compile("|".join(rf"\b{a}{b}" for a, b in _PARTS), re.IGNORECASE)
 
 
@@ -149,10 +162,11 @@ def test_the_tree_speaks_of_itself():
             text = path.read_text()
         except UnicodeDecodeError:
             continue
-        hits += [f"{name}:{i}: {line.strip()[:100]}" for i, line in enumerate(text.splitlines(), 1)
-                 if HISTORY.search(line)]
+        hits += [
+            f"{name}:{i}: {line.strip()[:100]}" for i, line in enumerate(text.splitlines(), 1) if HISTORY.search(line)
+        ]
     assert hits == []
-    diary = " ".join(("see", "device", "call", "12"))          # assembled: this file keeps no such line
+    diary = " ".join(("see", "device", "call", "12"))  # assembled: this file keeps no such line
     assert HISTORY.search(diary) and not HISTORY.search("session_id, 8 calls per graph")
 
 
@@ -163,8 +177,13 @@ def _see_running_site_packages(py: Path) -> None:
     A .pth file in its site-packages appends the running interpreter's site directories to its
     path, after its own (the wheel's dsim comes first); plain path lines, so the .pth files there
     (an editable dsim's) are not run."""
-    r = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                       capture_output=True, text=True, check=True, timeout=120)
+    r = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     dirs = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()]
     (Path(r.stdout.strip()) / "_running_site_packages.pth").write_text("".join(f"{d}\n" for d in dirs))
 
@@ -182,37 +201,78 @@ def test_wheel_installs_into_a_fresh_venv_and_simulates(tmp_path):
         shutil.copy(ROOT / f, src / f)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DSIM_TRACE_DIR")}
     wheels = tmp_path / "wheels"
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                        "-w", str(wheels), str(src)], capture_output=True, text=True, timeout=600, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     (wheel,) = wheels.glob("dsim-*.whl")
     import zipfile
+
     names = set(zipfile.ZipFile(wheel).namelist())
-    for need in ("dsim/profiles/analytical/deepseek-v4-class-h200x8.yaml", "dsim/profiles/h200/h200-qwen3-8b.yaml",
-                 "dsim/profiles/models/qwen3-8b.json", "dsim/presets/deepseek-v4.yaml", "dsim/data/default.jsonl",
-                 "validator/gpu/plan.py"):
+    for need in (
+        "dsim/profiles/analytical/deepseek-v4-class-h200x8.yaml",
+        "dsim/profiles/h200/h200-qwen3-8b.yaml",
+        "dsim/profiles/models/qwen3-8b.json",
+        "dsim/presets/deepseek-v4.yaml",
+        "dsim/data/default.jsonl",
+        "validator/gpu/plan.py",
+    ):
         assert need in names, need
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=300)
     py = venv / "bin" / "python"
     _see_running_site_packages(py)
-    r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
-                       capture_output=True, text=True, timeout=600, env=env)
+    r = subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
-    run = tmp_path / "elsewhere"          # not the checkout: nothing of it on sys.path
+    run = tmp_path / "elsewhere"  # not the checkout: nothing of it on sys.path
     run.mkdir()
-    r = subprocess.run([str(py), "-c", "import dsim, dsim.cost as c; print(dsim.__file__); print(c.PROFILE_DIR)"],
-                       cwd=run, capture_output=True, text=True, timeout=120, env=env)
+    r = subprocess.run(
+        [str(py), "-c", "import dsim, dsim.cost as c; print(dsim.__file__); print(c.PROFILE_DIR)"],
+        cwd=run,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     where, profiles = r.stdout.split()
     assert Path(where).is_relative_to(venv) and Path(profiles).is_relative_to(venv)
     dsim = str(venv / "bin" / "dsim")
-    r = subprocess.run([dsim, "simulate", "--requests", "20"], cwd=run, capture_output=True, text=True,
-                       timeout=300, env=env)
+    r = subprocess.run(
+        [dsim, "simulate", "--requests", "20"], cwd=run, capture_output=True, text=True, timeout=300, env=env
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "completed 20/20 requests" in r.stdout and "deepseek-v4-flash-h200-dp8-ep8" in r.stdout
-    r = subprocess.run([dsim, "simulate", "--requests", "20", "--profile", "qwen3-8b", "--gpus-per-node", "1",
-                        "--method", "dspark", "--json"], cwd=run, capture_output=True, text=True, timeout=300, env=env)
+    r = subprocess.run(
+        [
+            dsim,
+            "simulate",
+            "--requests",
+            "20",
+            "--profile",
+            "qwen3-8b",
+            "--gpus-per-node",
+            "1",
+            "--method",
+            "dspark",
+            "--json",
+        ],
+        cwd=run,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert '"requests_completed": 20' in r.stdout and "h200-qwen3-8b" in r.stdout
     r = subprocess.run([dsim, "validate", "--help"], cwd=run, capture_output=True, text=True, timeout=120, env=env)

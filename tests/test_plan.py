@@ -1,5 +1,6 @@
 """dsim.study.capacity: SLA grammar, per-request SLOs, the node-count search (hand-computed case),
 determinism (seeds, jobs), unmeetable SLAs and CLI exit codes."""
+
 from __future__ import annotations
 
 import json
@@ -10,13 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from dsim.cost import Profile, Table
+from builders import STEP_MS, const_workload, flat_profile
 from dsim.engine.replica import EngineConfig
 from dsim.errors import InputError
 from dsim.sim import SpecConfig
 from dsim.study.capacity import SLO, parse_request_slo, parse_sla, plan
 from dsim.study.prices import PRICES
-from dsim.workload import Workload
 
 # ---- SLA grammar ----------------------------------------------------------------------------
 
@@ -26,27 +26,49 @@ def test_parse_sla_examples():
     assert (s.metric, s.pct, s.target, s.key) == ("tpot", 50.0, 20.0, "tpot_p50")
     out = parse_sla("ttft_p99=2s, e2e_p90=1.5s,itl_p50=30ms,min_user_tok_s=40,tpot_p99.9=45ms")
     assert [(x.metric, x.pct, x.target) for x in out] == [
-        ("ttft", 99.0, 2000.0), ("e2e", 90.0, 1500.0), ("itl", 50.0, 30.0), ("min_user_tok_s", None, 40.0),
-        ("tpot", 99.9, 45.0)]
+        ("ttft", 99.0, 2000.0),
+        ("e2e", 90.0, 1500.0),
+        ("itl", 50.0, 30.0),
+        ("min_user_tok_s", None, 40.0),
+        ("tpot", 99.9, 45.0),
+    ]
     assert out[3].is_min and out[3].limit(0.1) == pytest.approx(40 / 0.9)
     assert out[0].limit(0.1) == pytest.approx(1800.0)
 
 
-@pytest.mark.parametrize("bad,msg", [
-    ("", "empty"), ("   ", "empty"), ("p50=20", "no unit"), ("p50=20us", "unknown unit"),
-    ("foo_p50=20ms", "unknown metric"), ("p0=20ms", "out of range"), ("p100=20ms", "out of range"),
-    ("p150=1s", "out of range"), ("p50", "NAME=VALUE"), ("p50=20ms,,p90=30ms", "empty term"),
-    ("p50=20ms,tpot_p50=30ms", "twice"), ("p50=-3ms", "duration"), ("p50=0ms", "> 0"), ("p50=1e999ms", "finite"),
-    ("min_user_tok_s=abc", "number"), ("x50=20ms", "expected"),
-])
+@pytest.mark.parametrize(
+    "bad,msg",
+    [
+        ("", "empty"),
+        ("   ", "empty"),
+        ("p50=20", "no unit"),
+        ("p50=20us", "unknown unit"),
+        ("foo_p50=20ms", "unknown metric"),
+        ("p0=20ms", "out of range"),
+        ("p100=20ms", "out of range"),
+        ("p150=1s", "out of range"),
+        ("p50", "NAME=VALUE"),
+        ("p50=20ms,,p90=30ms", "empty term"),
+        ("p50=20ms,tpot_p50=30ms", "twice"),
+        ("p50=-3ms", "duration"),
+        ("p50=0ms", "> 0"),
+        ("p50=1e999ms", "finite"),
+        ("min_user_tok_s=abc", "number"),
+        ("x50=20ms", "expected"),
+    ],
+)
 def test_parse_sla_bad(bad, msg):
     with pytest.raises(InputError, match=msg):
         parse_sla(bad)
 
 
 @settings(max_examples=60, deadline=None)
-@given(metric=st.sampled_from(["", "tpot_", "ttft_", "e2e_"]), pct=st.integers(1, 99),
-       value=st.floats(0.01, 1e5, allow_nan=False, allow_infinity=False), unit=st.sampled_from(["ms", "s"]))
+@given(
+    metric=st.sampled_from(["", "tpot_", "ttft_", "e2e_"]),
+    pct=st.integers(1, 99),
+    value=st.floats(0.01, 1e5, allow_nan=False, allow_infinity=False),
+    unit=st.sampled_from(["ms", "s"]),
+)
 def test_parse_sla_roundtrip(metric, pct, value, unit):
     (s,) = parse_sla(f"{metric}p{pct}={value!r}{unit}")
     assert s.metric == (metric[:-1] or "tpot") and s.pct == pct
@@ -72,24 +94,6 @@ def test_parse_request_slo():
 
 # ---- a case computable by hand ----------------------------------------------------------------
 
-STEP_MS = 10.0
-
-
-def flat_profile() -> Profile:
-    """Every step costs 10 ms whatever its size; no context term, no CPU overhead; 1 replica/node."""
-    prov = dict(kind="analytical", hardware="8 x NVIDIA H200 SXM", gpus_per_replica=8, model="flat", engine="test",
-                engine_version="0", date="2026-01-01", method="constructed in the test")
-    return Profile(name="flat", provenance=prov, kv_cache_gib=64.0, kv_bytes_per_token=1024.0, cpu_overhead_ms=0.0,
-                   capture_sizes=(1,), forward=Table(np.array([1.0, 65536.0]), np.array([STEP_MS, STEP_MS])),
-                   kv_ms_per_ktok=0.0)
-
-
-def const_workload(rate: float, n: int, out_tokens: int = 100) -> Workload:
-    return Workload(arrival_s=np.arange(n, dtype=np.float64) / rate, prompt_tokens=np.full(n, 100, np.int64),
-                    output_tokens=np.full(n, out_tokens, np.int64), cls=np.zeros(n, np.int16),
-                    class_names=("chat",), session_id=np.full(n, -1, np.int64), source="constant test load",
-                    class_mix_assumed=True)
-
 
 def test_plan_hand_computed_minimum():
     # Each request holds one of max_num_seqs = 4 slots for 1 prefill step + 99 decode steps of 10 ms
@@ -98,8 +102,17 @@ def test_plan_hand_computed_minimum():
     # slots never fill and TTFT is a step or two. TPOT is exactly one step (10 ms) at any load.
     w = const_workload(13.0, 13 * 20)
     slos = parse_sla("ttft_p99=500ms,p50=11ms")
-    res = plan({0: w}, flat_profile(), {"none": SpecConfig("none")}, slos, margin=0.0, max_nodes=16, seeds=[0],
-               jobs=1, engine=EngineConfig(max_num_seqs=4))
+    res = plan(
+        {0: w},
+        flat_profile(),
+        {"none": SpecConfig("none")},
+        slos,
+        margin=0.0,
+        max_nodes=16,
+        seeds=[0],
+        jobs=1,
+        engine=EngineConfig(max_num_seqs=4),
+    )
     r = res["none"]
     assert r["sla_met"] and r["nodes"] == 4 and r["gpus"] == 32
     assert r["metrics"]["tpot_p50"]["value"] == pytest.approx(STEP_MS, rel=1e-6)
@@ -114,20 +127,31 @@ def test_plan_hand_computed_minimum():
 
 def test_plan_unmeetable_reports_best():
     w = const_workload(13.0, 13 * 10)
-    slos = parse_sla("p50=5ms")        # one step is 10 ms: no node count can do it
-    res = plan({0: w, 1: w}, flat_profile(), {"none": SpecConfig("none")}, slos, margin=0.1, max_nodes=3,
-               seeds=[0, 1], jobs=1, engine=EngineConfig(max_num_seqs=4))
+    slos = parse_sla("p50=5ms")  # one step is 10 ms: no node count can do it
+    res = plan(
+        {0: w, 1: w},
+        flat_profile(),
+        {"none": SpecConfig("none")},
+        slos,
+        margin=0.1,
+        max_nodes=3,
+        seeds=[0, 1],
+        jobs=1,
+        engine=EngineConfig(max_num_seqs=4),
+    )
     r = res["none"]
     assert not r["sla_met"] and r["nodes"] == 3
-    assert set(r["metrics"]["tpot_p50"]["seeds"]) == {0, 1}          # best reached: every seed at max_nodes
+    assert set(r["metrics"]["tpot_p50"]["seeds"]) == {0, 1}  # best reached: every seed at max_nodes
     assert r["metrics"]["tpot_p50"]["value"] == pytest.approx(STEP_MS)
 
 
 # ---- determinism ----------------------------------------------------------------------------
 
+
 def _small_plan(jobs):
     from dsim.cost import load_profile
     from dsim.scenario import build_workload, method_spec
+
     wls = {s: build_workload("default", requests=150, rate_scale=4.0, seed=s) for s in (0, 1)}
     specs = {"mtp": method_spec("mtp"), "dspark": method_spec("dspark")}
     return plan(wls, load_profile(None), specs, parse_sla("p50=18ms"), seeds=[0, 1], jobs=jobs, max_nodes=8)
@@ -141,13 +165,20 @@ def test_plan_deterministic_across_jobs():
 
 # ---- CLI ------------------------------------------------------------------------------------
 
+
 def test_cli_bad_input_exit_2():
     from dsim.cli.entry import app
+
     r = CliRunner()
-    for args in (["plan", "--sla", "p50=20"], ["plan", "--sla", "foo_p50=2ms"], ["plan", "--sla", "p100=2ms"],
-                 ["plan", "--sla", ""], ["plan", "--sla", "p50=20ms", "--seeds", "a"],
-                 ["plan", "--sla", "p50=20ms", "--methods", "warp"],
-                 ["plan", "--sla", "p50=20ms", "--margin", "1.5", "--requests", "20"]):
+    for args in (
+        ["plan", "--sla", "p50=20"],
+        ["plan", "--sla", "foo_p50=2ms"],
+        ["plan", "--sla", "p100=2ms"],
+        ["plan", "--sla", ""],
+        ["plan", "--sla", "p50=20ms", "--seeds", "a"],
+        ["plan", "--sla", "p50=20ms", "--methods", "warp"],
+        ["plan", "--sla", "p50=20ms", "--margin", "1.5", "--requests", "20"],
+    ):
         res = r.invoke(app, args)
         assert res.exit_code == 2, (args, res.output)
         assert "dsim: error:" in res.output
@@ -155,6 +186,7 @@ def test_cli_bad_input_exit_2():
 
 def test_cli_plan_json_and_unmeetable_exit_1():
     from dsim.cli.entry import app
+
     r = CliRunner()
     res = r.invoke(app, ["plan", "--sla", "p50=20ms", "--requests", "80", "--seeds", "0", "--jobs", "1", "--json"])
     assert res.exit_code == 0, res.output
@@ -165,8 +197,24 @@ def test_cli_plan_json_and_unmeetable_exit_1():
     assert d["assumptions"]["price_date"] == PRICES["H200"].date  # the default profile runs on H200s
     assert d["assumptions"]["price_per_gpu_hour"] == PRICES["H200"].on_demand
     assert any("rate-scale" in n for n in d["assumptions"]["notes"])
-    res = r.invoke(app, ["plan", "--sla", "p50=1ms", "--requests", "40", "--seeds", "0", "--jobs", "1",
-                         "--max-nodes", "2", "--methods", "mtp"])
+    res = r.invoke(
+        app,
+        [
+            "plan",
+            "--sla",
+            "p50=1ms",
+            "--requests",
+            "40",
+            "--seeds",
+            "0",
+            "--jobs",
+            "1",
+            "--max-nodes",
+            "2",
+            "--methods",
+            "mtp",
+        ],
+    )
     assert res.exit_code == 1, res.output
     assert "not met at 2" in res.output
 
@@ -176,6 +224,7 @@ def test_itl_slo_any_percentile_from_samples():
 
     from dsim.engine.metrics import weighted_percentile
     from dsim.study.capacity import metric_values, parse_sla
+
     slos = parse_sla("itl_p75=20ms")
     vals = np.array([10.0, 30.0, 20.0])
     counts = np.array([50, 25, 25])
@@ -219,4 +268,5 @@ def test_weighted_percentile_selection_equals_sorted_definition(pairs, pct):
 
 def _empty_req():
     import pandas as pd
+
     return pd.DataFrame({"completed": [], "ttft_ms": [], "tpot_ms": [], "e2e_ms": []})

@@ -3,11 +3,11 @@ the compiled policies (dsim.engine.compiled_step) against the numpy reference (t
 
 import numpy as np
 import pytest
-import reference_policy as RP
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+import reference_policy as RP
 from dsim.errors import InputError
 from dsim.spec.budget import (
     AdditiveCost,
@@ -47,6 +47,7 @@ conf_arrays = st.tuples(st.integers(1, 3), st.integers(1, 12), st.integers(1, 7)
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(conf=conf_arrays, limit=st.integers(0, 60), extra=st.integers(0, 20), seed=st.integers(0, 2**16))
 def test_policy_postconditions(conf, limit, extra, seed):
@@ -189,7 +190,8 @@ def test_verify_modes():
 
 
 tie_arrays = st.tuples(st.integers(1, 3), st.integers(1, 24), st.integers(1, 7)).flatmap(
-    lambda s: arrays(np.float32, s, elements=st.sampled_from([0.0, 0.25, 0.5, 0.9, 1.0])))
+    lambda s: arrays(np.float32, s, elements=st.sampled_from([0.0, 0.25, 0.5, 0.9, 1.0]))
+)
 
 
 def _both(name, **opts):
@@ -201,9 +203,15 @@ def _both(name, **opts):
 
 
 @settings(max_examples=150, deadline=None)
-@given(now=st.one_of(tie_arrays, conf_arrays), seed=st.integers(0, 2**16), limit=st.integers(0, 80),
-       extra=st.integers(0, 20), k_max=st.integers(1, 7), step_extra=st.booleans(),
-       big=st.booleans())
+@given(
+    now=st.one_of(tie_arrays, conf_arrays),
+    seed=st.integers(0, 2**16),
+    limit=st.integers(0, 80),
+    extra=st.integers(0, 20),
+    k_max=st.integers(1, 7),
+    step_extra=st.booleans(),
+    big=st.booleans(),
+)
 def test_compiled_policies_equal_the_numpy_reference(now, seed, limit, extra, k_max, step_extra, big):
     """Every policy's compiled windows are exactly the numpy reference's on the same float32
     inputs: ties, zero scores, trimmed k_max, token limits, per-step extra costs, cost tables.
@@ -215,11 +223,25 @@ def test_compiled_policies_equal_the_numpy_reference(now, seed, limit, extra, k_
     prev = rng.permutation(now.reshape(-1)).reshape(now.shape) if seed % 2 else rng.random(now.shape).astype(np.float32)
     old = rng.random(now.shape).astype(np.float32)
     se = rng.random(k) * 3 if step_extra else None
-    args = dict(verify_ms=stair, draft_ms=1.0, n_nondraft=np.full(k, R + extra), token_limit=R + extra + limit,
-                k_max=k_max, step_extra_ms=se)
+    args = dict(
+        verify_ms=stair,
+        draft_ms=1.0,
+        n_nondraft=np.full(k, R + extra),
+        token_limit=R + extra + limit,
+        k_max=k_max,
+        step_extra_ms=se,
+    )
     cost = AdditiveCost(0.5, (1, 64), (0.1, 2.0), (1, 8, 64, 1024), (5.0, 5.5, 7.0, 30.0))
-    for name, opts in (("fixed", {}), ("threshold", {}), ("threshold", {"tau": 0.5}), ("vllm", {}),
-                       ("paper", {}), ("paper-production", {}), ("sglang", {}), ("sglang", {"cost": cost})):
+    for name, opts in (
+        ("fixed", {}),
+        ("threshold", {}),
+        ("threshold", {"tau": 0.5}),
+        ("vllm", {}),
+        ("paper", {}),
+        ("paper-production", {}),
+        ("sglang", {}),
+        ("sglang", {"cost": cost}),
+    ):
         pol, ref = _both(name, **opts)
         got = pol.windows(now, prev, old, PolicyContext(**args))
         want = ref.windows(now, prev, old, RP.PolicyContext(**args))
@@ -227,7 +249,9 @@ def test_compiled_policies_equal_the_numpy_reference(now, seed, limit, extra, k_
 
 
 score_arrays = st.integers(0, 3000).flatmap(
-    lambda n: arrays(np.float32, n, elements=st.one_of(st.sampled_from([0.0, 0.125, 0.5, 1.0]), st.floats(0, 1, width=32)))
+    lambda n: arrays(
+        np.float32, n, elements=st.one_of(st.sampled_from([0.0, 0.125, 0.5, 1.0]), st.floats(0, 1, width=32))
+    )
 )
 
 

@@ -2,6 +2,7 @@
 paper's Fig. 2 curves, preset qwen3-4b-fig2, the DeepSeek-V3 report's 85-90% MTP range and the
 offset delta fitted on the paper's V4-Flash Fig. 8), the consistency it exists for (MTP-1 = DSpark
 position 1), and the numbers its file states."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +12,7 @@ import yaml
 from dsim.spec.methods import PRESET_DIR, chain_tau, load_acceptance
 
 CLASSES = ("math", "code", "chat")
-MTP_RANGE = (0.85, 0.90)       # DeepSeek-V3 report: second-token acceptance across topics
+MTP_RANGE = (0.85, 0.90)  # DeepSeek-V3 report: second-token acceptance across topics
 PUBLIC_V4_FLASH = np.array([0.739, 0.478, 0.261, 0.174, 0.130, 0.087, 0.043])
 
 
@@ -29,12 +30,16 @@ def derive(delta=None):
     onto Fig. 2's position-1 logits, positions 2.. Fig. 2's rates shifted by delta in logit."""
     f2 = load_acceptance("qwen3-4b-fig2", "dspark")
     if delta is None:
-        delta = yaml.safe_load((PRESET_DIR / "deepseek-v4.yaml").read_text())["derivation"]["dspark_positions_2_plus"]["delta"]
+        delta = yaml.safe_load((PRESET_DIR / "deepseek-v4.yaml").read_text())["derivation"]["dspark_positions_2_plus"][
+            "delta"
+        ]
     l1 = {c: _logit(f2.curve(c, 7)[0]) for c in CLASSES}
     lo, hi = _logit(MTP_RANGE[0]), _logit(MTP_RANGE[1])
     a = (hi - lo) / (l1["math"] - l1["chat"])
     b = lo - a * l1["chat"]
-    curves = {c: np.concatenate([[_sigmoid(a * l1[c] + b)], _sigmoid(_logit(f2.curve(c, 7)[1:]) + delta)]) for c in CLASSES}
+    curves = {
+        c: np.concatenate([[_sigmoid(a * l1[c] + b)], _sigmoid(_logit(f2.curve(c, 7)[1:]) + delta)]) for c in CLASSES
+    }
     return a, b, curves
 
 

@@ -74,21 +74,30 @@ def test_given_price_wins_and_is_checked():
 def _b300_flat():
     import dataclasses
 
-    from tests.test_plan import flat_profile
+    from builders import flat_profile
 
     prof = flat_profile()
     return dataclasses.replace(prof, provenance={**prof.provenance, "hardware": "8 x NVIDIA B300 SXM"})
 
 
 def test_plan_on_unpriced_gpu_has_no_dollar_figure():
+    from builders import const_workload
     from dsim.engine.replica import EngineConfig
-    from tests.test_plan import const_workload
 
     w = const_workload(13.0, 13 * 10)
     slos = parse_sla("p50=11ms")
     specs = {"none": SpecConfig("none"), "none2": SpecConfig("none")}
-    res = plan({0: w}, _b300_flat(), specs, slos, margin=0.0, max_nodes=8, seeds=[0], jobs=1,
-               engine=EngineConfig(max_num_seqs=4))
+    res = plan(
+        {0: w},
+        _b300_flat(),
+        specs,
+        slos,
+        margin=0.0,
+        max_nodes=8,
+        seeds=[0],
+        jobs=1,
+        engine=EngineConfig(max_num_seqs=4),
+    )
     for n in specs:
         assert res[n]["cost_per_hour"] is None and res[n]["cost_per_million_output_tokens"] is None
         assert res[n]["cost_per_hour_spot"] is None
@@ -99,13 +108,24 @@ def test_plan_on_unpriced_gpu_has_no_dollar_figure():
     assert "$" not in text.split("assumptions:")[0].replace("$/hour", "").replace("$/M out tok", "")
     assert "no dollar figure" in text
     # the user's own price is used as given
-    res = plan({0: w}, _b300_flat(), {"none": SpecConfig("none")}, slos, margin=0.0, max_nodes=8, seeds=[0],
-               jobs=1, engine=EngineConfig(max_num_seqs=4), price=7.0)
+    res = plan(
+        {0: w},
+        _b300_flat(),
+        {"none": SpecConfig("none")},
+        slos,
+        margin=0.0,
+        max_nodes=8,
+        seeds=[0],
+        jobs=1,
+        engine=EngineConfig(max_num_seqs=4),
+        price=7.0,
+    )
     r = res["none"]
     assert r["cost_per_hour"] == pytest.approx(r["gpus"] * 7.0)
     assert res["assumptions"]["price_source"].startswith("given on the command line")
 
 
+@pytest.mark.slow
 def test_ab_report_on_unpriced_gpu_and_its_warnings(tmp_path):
     """dsim ab on B300 (no public quote): no dollar figure anywhere, the reason in the assumptions;
     a P99 SLA over 60 requests is listed under Warnings."""
@@ -118,10 +138,36 @@ def test_ab_report_on_unpriced_gpu_and_its_warnings(tmp_path):
 
     out = tmp_path / "ab"
     prof = PROFILE_DIR / "composed" / "deepseek-v4-flash-b300-dp8-ep8.yaml"
-    r = CliRunner().invoke(app, ["ab", "--a", "mtp", "--b", "dspark", "--profile", str(prof), "--sla",
-                                 "p50=20ms,ttft_p99=5s", "--requests", "60", "--seeds", "0", "--concurrency", "1,4",
-                                 "--min-requests", "12", "--requests-per-user", "2", "--max-nodes", "4", "--jobs", "1",
-                                 "--out", str(out)])
+    r = CliRunner().invoke(
+        app,
+        [
+            "ab",
+            "--a",
+            "mtp",
+            "--b",
+            "dspark",
+            "--profile",
+            str(prof),
+            "--sla",
+            "p50=20ms,ttft_p99=5s",
+            "--requests",
+            "60",
+            "--seeds",
+            "0",
+            "--concurrency",
+            "1,4",
+            "--min-requests",
+            "12",
+            "--requests-per-user",
+            "2",
+            "--max-nodes",
+            "4",
+            "--jobs",
+            "1",
+            "--out",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
     md = (out / "report.md").read_text()
     plan_json = json.loads((out / "plan.json").read_text())

@@ -1,6 +1,7 @@
 """Every bad input and fault gets the README's answer: one line naming file / line or key / field
 and the bad value, exit code 2, nothing written, no staging debris; outputs appear whole or not at
 all (also under Ctrl-C); the validator says how many requests failed and refuses garbage."""
+
 from __future__ import annotations
 
 import contextlib
@@ -19,18 +20,19 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from cli_contract import assert_one_line, assert_rejected, is_root, run_cli, tree
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import free_port
+from cli_contract import assert_one_line, assert_rejected, is_root, run_cli, tree
+from servers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ("--requests", "30", "--quiet")          # a run that takes well under a second
+SMALL = ("--requests", "30", "--quiet")  # a run that takes well under a second
 
 
 def profile_dict(name: str = "h200-llama-3.1-8b") -> dict:
     from dsim.cost import resolve_profile_path
+
     return yaml.safe_load(resolve_profile_path(name).read_text())
 
 
@@ -48,9 +50,11 @@ def native_csv(tmp_path, rows, name="t.csv") -> Path:
 
 # ---- outputs -------------------------------------------------------------------------------
 
+
 def test_staged_dir_all_or_nothing(tmp_path):
     from dsim.errors import InputError
     from dsim.outputs import debris, staged_dir
+
     target = tmp_path / "a" / "b"
     with pytest.raises(KeyboardInterrupt):
         with staged_dir(target) as d:
@@ -62,7 +66,7 @@ def test_staged_dir_all_or_nothing(tmp_path):
     assert (target / "x.txt").read_text() == "whole"
     umask = os.umask(0)
     os.umask(umask)
-    assert target.stat().st_mode & 0o777 == 0o777 & ~umask      # not mkdtemp's private 0700
+    assert target.stat().st_mode & 0o777 == 0o777 & ~umask  # not mkdtemp's private 0700
     # dsim's own earlier output is replaced as a whole: nothing of the earlier run stays
     with staged_dir(target) as d:
         (d / "y.txt").write_text("again")
@@ -95,6 +99,7 @@ def _special(tmp_path: Path, what: str) -> Path:
         s.close()
     elif what == "device":
         import stat as st
+
         try:
             os.mknod(p, st.S_IFCHR | 0o666, os.makedev(1, 7))  # as /dev/full
         except PermissionError:
@@ -132,6 +137,7 @@ def test_special_file_targets_are_refused_never_replaced(tmp_path, what):
 @pytest.mark.parametrize("what", ["fifo", "device", "stdout-link", "dir-link"])
 def test_module_tools_refuse_special_targets_before_any_work(tmp_path, what, capsys):
     from dsim.profiling import aic_tables, compose, deepep_tables
+
     t = _special(tmp_path, what)
     before = tree(tmp_path), _lstat(t)
     for main, args in (
@@ -149,23 +155,31 @@ def test_out_with_a_users_file_is_refused_before_the_run_and_kept(tmp_path):
     d = tmp_path / "d"
     (d / "summary.json").mkdir(parents=True)
     (d / "summary.json" / "data.txt").write_text("x")
-    assert_rejected("simulate", *SMALL, "--out", d, needles=["--out", "did not write", "summary.json/data.txt"],
-                    watch=tmp_path)
+    assert_rejected(
+        "simulate", *SMALL, "--out", d, needles=["--out", "did not write", "summary.json/data.txt"], watch=tmp_path
+    )
     assert (d / "summary.json" / "data.txt").read_text() == "x"
 
 
+@pytest.mark.slow
 def test_rerun_replaces_dsims_own_output_whole_and_refuses_it_once_touched(tmp_path):
     d = tmp_path / "o"
     assert run_cli("simulate", *SMALL, "--method", "mtp", "--out", d)[0] == 0
     first = json.loads((d / "summary.json").read_text())
-    assert run_cli("simulate", *SMALL, "--seed", "3", "--out", d)[0] == 0     # replaced whole
+    assert run_cli("simulate", *SMALL, "--seed", "3", "--out", d)[0] == 0  # replaced whole
     assert json.loads((d / "summary.json").read_text())["setup"] != first["setup"]
-    assert tree(tmp_path) == {"o", "o/.dsim-output.json", "o/requests.parquet", "o/scenario.yaml", "o/steps.parquet",
-                              "o/summary.json"}
+    assert tree(tmp_path) == {
+        "o",
+        "o/.dsim-output.json",
+        "o/requests.parquet",
+        "o/scenario.yaml",
+        "o/steps.parquet",
+        "o/summary.json",
+    }
     (d / "notes.md").write_text("mine")
     assert_rejected("simulate", *SMALL, "--out", d, needles=["notes.md"], watch=tmp_path)
     (d / "notes.md").unlink()
-    (d / "summary.json").unlink()                                       # a listed file gone: still dsim's
+    (d / "summary.json").unlink()  # a listed file gone: still dsim's
     assert run_cli("simulate", *SMALL, "--out", d)[0] == 0
     assert (d / "summary.json").is_file()
 
@@ -178,6 +192,7 @@ def test_out_and_step_log_overlapping_are_refused_before_the_run(tmp_path):
 def test_a_user_file_added_during_the_run_stops_the_swap(tmp_path, monkeypatch):
     """The target is checked again at the commit: what the user put there meanwhile is kept."""
     from dsim import sim
+
     d = tmp_path / "o"
     assert run_cli("simulate", *SMALL, "--out", d)[0] == 0
     real = sim.write_output_files
@@ -185,17 +200,20 @@ def test_a_user_file_added_during_the_run_stops_the_swap(tmp_path, monkeypatch):
     def meanwhile(res, stage):
         real(res, stage)
         (d / "late.txt").write_text("mine")
+
     monkeypatch.setattr(sim, "write_output_files", meanwhile)
     rc, _, err = run_cli("simulate", *SMALL, "--out", d)
     assert rc == 2 and "late.txt" in assert_one_line(err)
     assert (d / "late.txt").read_text() == "mine" and (d / "summary.json").is_file()
     from dsim.outputs import debris
+
     assert debris(tmp_path) == []
 
 
 def test_failed_swap_puts_the_old_output_back(tmp_path, monkeypatch):
     from dsim import outputs
     from dsim.errors import InputError
+
     d = tmp_path / "o"
     with outputs.staged_dir(d) as s:
         (s / "a.txt").write_text("old")
@@ -204,9 +222,10 @@ def test_failed_swap_puts_the_old_output_back(tmp_path, monkeypatch):
 
     def flaky(src, dst):
         calls.append((src, dst))
-        if len(calls) == 2:       # the staged directory onto the target
+        if len(calls) == 2:  # the staged directory onto the target
             raise OSError(28, "No space left on device")
         return real(src, dst)
+
     monkeypatch.setattr(outputs.os, "rename", flaky)
     with pytest.raises(InputError, match="No space left"):
         with outputs.staged_dir(d) as s:
@@ -217,11 +236,13 @@ def test_failed_swap_puts_the_old_output_back(tmp_path, monkeypatch):
 
 def test_simulate_write_phase_interrupted_leaves_nothing(tmp_path, monkeypatch):
     from dsim import sim
+
     out = tmp_path / "o"
 
     def boom(res, d):
         (Path(d) / "requests.parquet").write_bytes(b"PAR1 partial")
         raise KeyboardInterrupt
+
     monkeypatch.setattr(sim, "write_output_files", boom)
     rc, _, err = run_cli("simulate", *SMALL, "--out", out)
     assert rc == 130, err
@@ -265,8 +286,17 @@ def test_out_is_an_existing_file(tmp_path):
     f = tmp_path / "f.txt"
     f.write_text("x")
     assert_rejected("simulate", *SMALL, "--out", f, needles=["--out", "not a directory"], watch=tmp_path)
-    assert_rejected("sweep", "--concurrency", "1", "--methods", "none", "--out", f,
-                    needles=["--out", "not a directory"], watch=tmp_path)
+    assert_rejected(
+        "sweep",
+        "--concurrency",
+        "1",
+        "--methods",
+        "none",
+        "--out",
+        f,
+        needles=["--out", "not a directory"],
+        watch=tmp_path,
+    )
     assert f.read_text() == "x"
 
 
@@ -283,24 +313,45 @@ def test_out_read_only_directory(tmp_path):
 
 
 def test_step_log_in_missing_directory_fails_before_anything_is_written(tmp_path):
-    assert_rejected("simulate", *SMALL, "--out", tmp_path / "o", "--step-log", tmp_path / "nodir" / "s.jsonl",
-                    needles=["--step-log", "nodir"], watch=tmp_path)
+    assert_rejected(
+        "simulate",
+        *SMALL,
+        "--out",
+        tmp_path / "o",
+        "--step-log",
+        tmp_path / "nodir" / "s.jsonl",
+        needles=["--step-log", "nodir"],
+        watch=tmp_path,
+    )
 
 
 def test_simulate_out_and_step_log_written_together(tmp_path):
-    rc, _, err = run_cli("simulate", *SMALL, "--method", "mtp", "--out", tmp_path / "o",
-                         "--step-log", tmp_path / "s.jsonl")
+    rc, _, err = run_cli(
+        "simulate", *SMALL, "--method", "mtp", "--out", tmp_path / "o", "--step-log", tmp_path / "s.jsonl"
+    )
     assert rc == 0, err
-    assert tree(tmp_path) == {"o", "o/.dsim-output.json", "o/requests.parquet", "o/scenario.yaml", "o/steps.parquet",
-                              "o/summary.json",
-                              "s.jsonl"}
+    assert tree(tmp_path) == {
+        "o",
+        "o/.dsim-output.json",
+        "o/requests.parquet",
+        "o/scenario.yaml",
+        "o/steps.parquet",
+        "o/summary.json",
+        "s.jsonl",
+    }
 
 
 def _sigint_when_staging(cmd, parent: Path, timeout=120, sig=signal.SIGINT):
     """Start cmd, wait until its staging directory exists (the run is under way), send SIGINT."""
     from dsim.outputs import debris
-    p = subprocess.Popen([sys.executable, "-m", "dsim", *map(str, cmd)], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+
+    p = subprocess.Popen(
+        [sys.executable, "-m", "dsim", *map(str, cmd)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     t0 = time.time()
     while not debris(parent) and p.poll() is None and time.time() - t0 < timeout:
         time.sleep(0.05)
@@ -311,6 +362,7 @@ def _sigint_when_staging(cmd, parent: Path, timeout=120, sig=signal.SIGINT):
     return p.returncode, err
 
 
+@pytest.mark.slow
 def test_sigint_during_simulate_leaves_no_target_and_no_debris(tmp_path):
     # A first, identical run (same trace, flags and outputs, deterministic) compiles and caches on
     # disk every step kernel the interrupted run will call, so the interrupt lands in the run and
@@ -321,8 +373,21 @@ def test_sigint_during_simulate_leaves_no_target_and_no_debris(tmp_path):
     args = ["simulate", "--trace", trace, "--method", "dspark", "--quiet"]
     warm_dir = tmp_path / "warm"
     warm_dir.mkdir()
-    warm = subprocess.run([sys.executable, "-m", "dsim", *map(str, args), "--out", str(warm_dir / "o"),
-                           "--step-log", str(warm_dir / "s.jsonl")], cwd=ROOT, capture_output=True, text=True)
+    warm = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dsim",
+            *map(str, args),
+            "--out",
+            str(warm_dir / "o"),
+            "--step-log",
+            str(warm_dir / "s.jsonl"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert warm.returncode == 0, warm.stderr
     work = tmp_path / "work"
     work.mkdir()
@@ -332,56 +397,81 @@ def test_sigint_during_simulate_leaves_no_target_and_no_debris(tmp_path):
     assert tree(work) == set()
 
 
+@pytest.mark.slow
 def test_sigterm_during_simulate_leaves_no_target_and_no_debris(tmp_path):
     trace = native_csv(tmp_path, [(i * 0.01, 200, 400) for i in range(6000)])
     work = tmp_path / "work"
     work.mkdir()
-    rc, err = _sigint_when_staging(["simulate", "--trace", trace, "--method", "dspark", "--quiet",
-                                    "--out", work / "o"], work, sig=signal.SIGTERM)
+    rc, err = _sigint_when_staging(
+        ["simulate", "--trace", trace, "--method", "dspark", "--quiet", "--out", work / "o"], work, sig=signal.SIGTERM
+    )
     assert rc == 143, err
     assert tree(work) == set()
 
 
+@pytest.mark.slow
 def test_sigint_during_sweep_leaves_no_target_and_no_debris(tmp_path):
-    rc, err = _sigint_when_staging(["sweep", "--concurrency", "1,2,4,8,16,32", "--methods", "none,mtp,dspark",
-                                    "--jobs", "2", "--out", tmp_path / "sw"], tmp_path)
+    rc, err = _sigint_when_staging(
+        [
+            "sweep",
+            "--concurrency",
+            "1,2,4,8,16,32",
+            "--methods",
+            "none,mtp,dspark",
+            "--jobs",
+            "2",
+            "--out",
+            tmp_path / "sw",
+        ],
+        tmp_path,
+    )
     assert rc == 130, err
     assert tree(tmp_path) == set()
 
 
 # ---- flags ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("args,needles", [
-    (["simulate", "--seed", "-1"], ["--seed", "-1"]),
-    (["plan", "--sla", "p50=20ms", "--seeds", "-1"], ["--seeds"]),
-    (["sweep", "--seed", "-1", "--out", "X"], ["--seed"]),
-    (["simulate", "--rate", "nan"], ["--rate", "nan"]),
-    (["simulate", "--rate", "inf"], ["--rate"]),
-    (["simulate", "--nodes", "1000000"], ["--nodes", "4096"]),
-    (["simulate", "--gpus-per-node", "1000"], ["--gpus-per-node", "72"]),
-    (["plan", "--sla", "p50=20ms", "--max-nodes", "1000000"], ["--max-nodes"]),
-    # each flag in bounds, the fleet not: 4096 x 72 one-GPU replicas
-    (["simulate", "--nodes", "4096", "--gpus-per-node", "72"], ["--nodes", "294912 replicas", "32768"]),
-    (["plan", "--sla", "p50=20ms", "--max-nodes", "4096", "--gpus-per-node", "72"], ["--max-nodes", "32768"]),
-    (["ab", "--a", "mtp", "--b", "dspark", "--max-nodes", "4096", "--gpus-per-node", "72", "--out", "X"],
-     ["--max-nodes", "32768"]),
-    (["sweep", "--nodes", "4096", "--gpus-per-node", "72", "--out", "X"], ["--nodes", "32768"]),
-    # --per-gpu: the total users (per GPU x the fleet's GPUs) is what is bounded
-    (["sweep", "--per-gpu", "--concurrency", "256", "--nodes", "100", "--out", "X"],
-     ["--concurrency", "204800 users", "65536"]),
-    (["ab", "--a", "mtp", "--b", "dspark", "--per-gpu", "--concurrency", "20000", "--out", "X"],
-     ["--concurrency", "160000 users"]),
-    (["simulate", "--mix", "alien=1"], ["--mix", "alien"]),
-    (["simulate", "--acceptance", "", "--method", "mtp"], ["--acceptance", "empty"]),
-    (["simulate", "--profile", ""], ["--profile", "empty"]),
-    (["sweep", "--concurrency", "1,,2", "--out", "X"], ["--concurrency", "1,,2"]),
-    (["simulate", "--policy", "bogus", "--method", "dspark"], ["--policy", "paper-production"]),
-    (["ab", "--a", "bogus", "--out", "X"], ["--a", "bogus"]),
-    (["simulate", "--nodes", "abc"], ["--nodes"]),
-    (["simulate", "--no-such-flag"], ["--no-such-flag"]),
-    (["simulate", "--max-model-len", "0"], ["--max-model-len"]),
-    (["validate", "check", "M.jsonl", "--profile", "llama-3.1-8b", "--tolerance", "-1"], ["--tolerance"]),
-])
+
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (["simulate", "--seed", "-1"], ["--seed", "-1"]),
+        (["plan", "--sla", "p50=20ms", "--seeds", "-1"], ["--seeds"]),
+        (["sweep", "--seed", "-1", "--out", "X"], ["--seed"]),
+        (["simulate", "--rate", "nan"], ["--rate", "nan"]),
+        (["simulate", "--rate", "inf"], ["--rate"]),
+        (["simulate", "--nodes", "1000000"], ["--nodes", "4096"]),
+        (["simulate", "--gpus-per-node", "1000"], ["--gpus-per-node", "72"]),
+        (["plan", "--sla", "p50=20ms", "--max-nodes", "1000000"], ["--max-nodes"]),
+        # each flag in bounds, the fleet not: 4096 x 72 one-GPU replicas
+        (["simulate", "--nodes", "4096", "--gpus-per-node", "72"], ["--nodes", "294912 replicas", "32768"]),
+        (["plan", "--sla", "p50=20ms", "--max-nodes", "4096", "--gpus-per-node", "72"], ["--max-nodes", "32768"]),
+        (
+            ["ab", "--a", "mtp", "--b", "dspark", "--max-nodes", "4096", "--gpus-per-node", "72", "--out", "X"],
+            ["--max-nodes", "32768"],
+        ),
+        (["sweep", "--nodes", "4096", "--gpus-per-node", "72", "--out", "X"], ["--nodes", "32768"]),
+        # --per-gpu: the total users (per GPU x the fleet's GPUs) is what is bounded
+        (
+            ["sweep", "--per-gpu", "--concurrency", "256", "--nodes", "100", "--out", "X"],
+            ["--concurrency", "204800 users", "65536"],
+        ),
+        (
+            ["ab", "--a", "mtp", "--b", "dspark", "--per-gpu", "--concurrency", "20000", "--out", "X"],
+            ["--concurrency", "160000 users"],
+        ),
+        (["simulate", "--mix", "alien=1"], ["--mix", "alien"]),
+        (["simulate", "--acceptance", "", "--method", "mtp"], ["--acceptance", "empty"]),
+        (["simulate", "--profile", ""], ["--profile", "empty"]),
+        (["sweep", "--concurrency", "1,,2", "--out", "X"], ["--concurrency", "1,,2"]),
+        (["simulate", "--policy", "bogus", "--method", "dspark"], ["--policy", "paper-production"]),
+        (["ab", "--a", "bogus", "--out", "X"], ["--a", "bogus"]),
+        (["simulate", "--nodes", "abc"], ["--nodes"]),
+        (["simulate", "--no-such-flag"], ["--no-such-flag"]),
+        (["simulate", "--max-model-len", "0"], ["--max-model-len"]),
+        (["validate", "check", "M.jsonl", "--profile", "llama-3.1-8b", "--tolerance", "-1"], ["--tolerance"]),
+    ],
+)
 def test_nonsense_flags(tmp_path, monkeypatch, args, needles):
     monkeypatch.chdir(tmp_path)
     assert_rejected(*args, *(SMALL if args[0] == "simulate" else ()), needles=needles, watch=tmp_path)
@@ -406,9 +496,16 @@ def test_max_model_len_flag_and_profile_field(tmp_path):
     rc, out, err = run_cli("simulate", "--trace", trace, "--max-model-len", "4096")
     assert rc == 0 and "1 request (33.3%) rejected at arrival" in out, out
     assert [x["kind"] for x in s["warnings"]].count("rejected_over_max_model_len") == 1
-    assert_rejected("simulate", "--trace", trace, "--quiet", "--max-model-len", "15",
-                    needles=[f"{trace}:2", "100 prompt + 50 output", "max_model_len 15", "every other"],
-                    watch=tmp_path)
+    assert_rejected(
+        "simulate",
+        "--trace",
+        trace,
+        "--quiet",
+        "--max-model-len",
+        "15",
+        needles=[f"{trace}:2", "100 prompt + 50 output", "max_model_len 15", "every other"],
+        watch=tmp_path,
+    )
     d = profile_dict()
     d["max_model_len"] = 4096
     prof = write_profile(tmp_path, d)
@@ -417,17 +514,27 @@ def test_max_model_len_flag_and_profile_field(tmp_path):
     rc, out, err = run_cli("simulate", "--trace", trace, "--json", "--max-model-len", "8192")
     assert rc == 0 and json.loads(out)["requests_rejected_max_model_len"] == 0, err
     from dsim.cost import load_profile
+
     d2 = profile_dict()
     d2["provenance"]["max_model_len"] = 2048
     assert load_profile(str(write_profile(tmp_path, d2, "q.yaml"))).max_model_len == 2048
 
 
+@pytest.mark.slow
 def test_every_shipped_profile_carries_the_models_context():
     """Where a profile gives no max_model_len it is the model config's max_position_embeddings
     (vLLM's default), and the provenance says so."""
     from dsim.cost import PROFILE_DIR, load_profile
-    expect = {"llama-3.1-8b": 131072, "qwen3-8b": 40960, "qwen3-14b": 40960, "qwen3-32b": 40960,
-              "deepseek-v3": 163840, "deepseek-v4-flash": 1048576, "deepseek-v4-pro": 1048576}
+
+    expect = {
+        "llama-3.1-8b": 131072,
+        "qwen3-8b": 40960,
+        "qwen3-14b": 40960,
+        "qwen3-32b": 40960,
+        "deepseek-v3": 163840,
+        "deepseek-v4-flash": 1048576,
+        "deepseek-v4-pro": 1048576,
+    }
     n = 0
     for f in sorted(PROFILE_DIR.rglob("*.yaml")):
         if "models" in f.parts or "forward" not in f.read_text():
@@ -447,23 +554,29 @@ def test_kv_capacity_error_names_file_and_line(tmp_path):
     d["memory"]["kv_cache_gib"] = 0.01
     prof = write_profile(tmp_path, d)
     trace = native_csv(tmp_path, [(0, 10, 10), (1, 60000, 100)])
-    line = assert_rejected("simulate", "--trace", trace, "--profile", prof, "--quiet",
-                           needles=[f"{trace}:3", "KV blocks", "kv_cache_gib"])
+    line = assert_rejected(
+        "simulate", "--trace", trace, "--profile", prof, "--quiet", needles=[f"{trace}:3", "KV blocks", "kv_cache_gib"]
+    )
     assert "request 1" not in line
 
 
 # ---- traces --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("rows,needles", [
-    ([(0, 5, 9223372036854775807)], [":2", "output_tokens", "9223372036854775807", "too large"]),
-    ([(0, 5, "1e23")], [":2", "output_tokens", "too large"]),
-    ([(0, 5, 5), ("1e300", 5, 5)], [":3", "arrival_s"]),
-    ([(0, -5, 5)], [":2", "prompt_tokens", "-5"]),
-])
+
+@pytest.mark.parametrize(
+    "rows,needles",
+    [
+        ([(0, 5, 9223372036854775807)], [":2", "output_tokens", "9223372036854775807", "too large"]),
+        ([(0, 5, "1e23")], [":2", "output_tokens", "too large"]),
+        ([(0, 5, 5), ("1e300", 5, 5)], [":3", "arrival_s"]),
+        ([(0, -5, 5)], [":2", "prompt_tokens", "-5"]),
+    ],
+)
 def test_bad_trace_values(tmp_path, rows, needles):
     trace = native_csv(tmp_path, rows)
-    line = assert_rejected("simulate", "--trace", trace, "--out", tmp_path / "o", needles=[str(trace), *needles],
-                           watch=tmp_path)
+    line = assert_rejected(
+        "simulate", "--trace", trace, "--out", tmp_path / "o", needles=[str(trace), *needles], watch=tmp_path
+    )
     assert "sort=True" not in line
 
 
@@ -475,8 +588,10 @@ def test_trace_time_going_back_hint_is_no_python_argument(tmp_path):
 
 def test_jsonl_with_bom_is_read(tmp_path):
     p = tmp_path / "t.jsonl"
-    p.write_bytes(b'\xef\xbb\xbf{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 3}\n'
-                  b'{"arrival_s": 1, "prompt_tokens": 6, "output_tokens": 4}\n')
+    p.write_bytes(
+        b'\xef\xbb\xbf{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 3}\n'
+        b'{"arrival_s": 1, "prompt_tokens": 6, "output_tokens": 4}\n'
+    )
     rc, out, err = run_cli("simulate", "--trace", p, "--json")
     assert rc == 0, err
     assert json.loads(out)["requests_completed"] == 2
@@ -502,16 +617,20 @@ def test_parquet_string_token_counts_rejected(tmp_path):
 def _parquet(path: Path, **cols) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     pq.write_table(pa.table(cols), path)
     return path
 
 
-@pytest.mark.parametrize("col,values,needle", [
-    ("arrival_s", [[0.0], [1.0]], "arrival_s: column type list<element: double> (expected numbers)"),
-    ("prompt_tokens", [{"n": 5}, {"n": 6}], "prompt_tokens: column type struct<n: int64> (expected numbers)"),
-    ("prefix_hashes", [["a"], ["b"]], "prefix_hashes: column type list<element: string> (expected integer lists)"),
-    ("class", [[1], [2]], "class: column type list<element: int64> (expected labels)"),
-])
+@pytest.mark.parametrize(
+    "col,values,needle",
+    [
+        ("arrival_s", [[0.0], [1.0]], "arrival_s: column type list<element: double> (expected numbers)"),
+        ("prompt_tokens", [{"n": 5}, {"n": 6}], "prompt_tokens: column type struct<n: int64> (expected numbers)"),
+        ("prefix_hashes", [["a"], ["b"]], "prefix_hashes: column type list<element: string> (expected integer lists)"),
+        ("class", [[1], [2]], "class: column type list<element: int64> (expected labels)"),
+    ],
+)
 def test_parquet_nested_or_wrong_typed_column_refused_from_the_schema(tmp_path, col, values, needle):
     base = {"arrival_s": [0.0, 1.0], "prompt_tokens": [5, 6], "output_tokens": [3, 4]}
     p = _parquet(tmp_path / "t.parquet", **dict(base, **{col: values}))
@@ -521,19 +640,27 @@ def test_parquet_nested_or_wrong_typed_column_refused_from_the_schema(tmp_path, 
 def test_parquet_columns_dsim_does_not_use_are_not_read(tmp_path, monkeypatch):
     """A big nested column beside the trace's own: never decompressed (the size bound counts only
     the columns read), the trace is read."""
-    from dsim.workload import readers as workload
     from dsim.workload import load_workload
+    from dsim.workload import readers as workload
+
     monkeypatch.setattr(workload, "MAX_TRACE_BYTES", 1 << 20)
-    p = _parquet(tmp_path / "t.parquet", arrival_s=[0.0, 1.0], prompt_tokens=[5, 6], output_tokens=[3, 4],
-                 blob=[{"x": [0] * 300_000}, {"x": [1] * 300_000}])
+    p = _parquet(
+        tmp_path / "t.parquet",
+        arrival_s=[0.0, 1.0],
+        prompt_tokens=[5, 6],
+        output_tokens=[3, 4],
+        blob=[{"x": [0] * 300_000}, {"x": [1] * 300_000}],
+    )
     assert list(load_workload(str(p)).prompt_tokens) == [5, 6]
 
 
 def test_parquet_row_count_refused_from_the_footer(tmp_path, monkeypatch):
     from dsim.workload import readers as workload
+
     monkeypatch.setattr(workload, "MAX_TRACE_ROWS", 5)
-    p = _parquet(tmp_path / "t.parquet", arrival_s=[float(i) for i in range(6)], prompt_tokens=[5] * 6,
-                 output_tokens=[3] * 6)
+    p = _parquet(
+        tmp_path / "t.parquet", arrival_s=[float(i) for i in range(6)], prompt_tokens=[5] * 6, output_tokens=[3] * 6
+    )
     assert_rejected("simulate", "--trace", p, needles=[str(p), "6 rows: more than 5 requests (refused)"])
 
 
@@ -541,11 +668,18 @@ def test_parquet_that_decompresses_past_the_bound_is_refused_before_reading(tmp_
     """A few KB on disk, 24 MB of prefix hashes once decompressed (a run of zeros compresses to
     nothing): refused from the footer's sizes, before any page is read."""
     from dsim.workload import readers as workload
+
     monkeypatch.setattr(workload, "MAX_TRACE_BYTES", 16 << 20)
-    p = _parquet(tmp_path / "t.parquet", arrival_s=[0.0, 1.0, 2.0], prompt_tokens=[5, 6, 7], output_tokens=[3, 4, 5],
-                 prefix_hashes=[[0] * 1_000_000] * 3)
+    p = _parquet(
+        tmp_path / "t.parquet",
+        arrival_s=[0.0, 1.0, 2.0],
+        prompt_tokens=[5, 6, 7],
+        output_tokens=[3, 4, 5],
+        prefix_hashes=[[0] * 1_000_000] * 3,
+    )
     assert p.stat().st_size < 1 << 20
     import pyarrow.parquet as pq
+
     read = []
     real = pq.ParquetFile.iter_batches
     monkeypatch.setattr(pq.ParquetFile, "iter_batches", lambda self, *a, **k: read.append(1) or real(self, *a, **k))
@@ -555,32 +689,35 @@ def test_parquet_that_decompresses_past_the_bound_is_refused_before_reading(tmp_
 
 def test_numpy_values_shown_plain(tmp_path):
     p = tmp_path / "t.parquet"
-    pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_tokens": np.array([5, -5]),
-                  "output_tokens": [3, 4]}).to_parquet(p)
+    pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_tokens": np.array([5, -5]), "output_tokens": [3, 4]}).to_parquet(p)
     line = assert_rejected("simulate", "--trace", p, needles=["row 2", "prompt_tokens", "-5"])
     assert "np." not in line and "int64" not in line
 
 
 # ---- profiles and presets ------------------------------------------------------------------
 
-@pytest.mark.parametrize("path,value,needles", [
-    (("memory", "kv_cache_gib"), float("nan"), ["memory.kv_cache_gib", "finite"]),
-    (("memory", "kv_cache_gib"), float("inf"), ["memory.kv_cache_gib", "finite"]),
-    (("cpu_overhead_ms",), float("nan"), ["cpu_overhead_ms", "finite"]),
-    (("cpu_overhead_ms",), float("inf"), ["cpu_overhead_ms"]),
-    (("kv_ms_per_ktok",), float("nan"), ["kv_ms_per_ktok"]),
-    (("kv_ms_per_ktok",), "fast", ["kv_ms_per_ktok", "'fast'"]),
-    (("provenance", "gpus_per_replica"), "eight", ["provenance.gpus_per_replica", "'eight'"]),
-    (("provenance", "gpus_per_replica"), 0, ["provenance.gpus_per_replica", ">= 1"]),
-    (("provenance", "gpus_per_replica"), -2, ["provenance.gpus_per_replica", "-2"]),
-    (("provenance", "gpus_per_replica"), 1.5, ["provenance.gpus_per_replica", "integer"]),
-    (("capture_sizes",), "124", ["capture_sizes", "list"]),
-    (("capture_sizes",), [1, 2.5, 4], ["capture_sizes[1]", "integer", "2.5"]),
-    (("capture_sizes",), [1, 8, 4], ["capture_sizes[2]", "increasing"]),
-    (("capture_sizes",), [], ["capture_sizes", "empty"]),
-    (("forward", "ms"), [1.0] * 3, ["forward.ms", "3 values"]),
-    (("max_model_len",), 0, ["max_model_len"]),
-])
+
+@pytest.mark.parametrize(
+    "path,value,needles",
+    [
+        (("memory", "kv_cache_gib"), float("nan"), ["memory.kv_cache_gib", "finite"]),
+        (("memory", "kv_cache_gib"), float("inf"), ["memory.kv_cache_gib", "finite"]),
+        (("cpu_overhead_ms",), float("nan"), ["cpu_overhead_ms", "finite"]),
+        (("cpu_overhead_ms",), float("inf"), ["cpu_overhead_ms"]),
+        (("kv_ms_per_ktok",), float("nan"), ["kv_ms_per_ktok"]),
+        (("kv_ms_per_ktok",), "fast", ["kv_ms_per_ktok", "'fast'"]),
+        (("provenance", "gpus_per_replica"), "eight", ["provenance.gpus_per_replica", "'eight'"]),
+        (("provenance", "gpus_per_replica"), 0, ["provenance.gpus_per_replica", ">= 1"]),
+        (("provenance", "gpus_per_replica"), -2, ["provenance.gpus_per_replica", "-2"]),
+        (("provenance", "gpus_per_replica"), 1.5, ["provenance.gpus_per_replica", "integer"]),
+        (("capture_sizes",), "124", ["capture_sizes", "list"]),
+        (("capture_sizes",), [1, 2.5, 4], ["capture_sizes[1]", "integer", "2.5"]),
+        (("capture_sizes",), [1, 8, 4], ["capture_sizes[2]", "increasing"]),
+        (("capture_sizes",), [], ["capture_sizes", "empty"]),
+        (("forward", "ms"), [1.0] * 3, ["forward.ms", "3 values"]),
+        (("max_model_len",), 0, ["max_model_len"]),
+    ],
+)
 def test_bad_profile_field_named_with_line(tmp_path, path, value, needles):
     d = profile_dict()
     node = d
@@ -588,8 +725,9 @@ def test_bad_profile_field_named_with_line(tmp_path, path, value, needles):
         node = node[k]
     node[path[-1]] = value
     prof = write_profile(tmp_path, d)
-    line = assert_rejected("simulate", *SMALL, "--profile", prof, "--out", tmp_path / "o",
-                           needles=[f"{prof}:", *needles], watch=tmp_path)
+    line = assert_rejected(
+        "simulate", *SMALL, "--profile", prof, "--out", tmp_path / "o", needles=[f"{prof}:", *needles], watch=tmp_path
+    )
     # the line number points at the field in the file
     n = int(line.split(f"{prof}:")[1].split(":")[0])
     text = prof.read_text().splitlines()[n - 1]
@@ -610,10 +748,13 @@ def test_deeply_nested_profile(tmp_path):
     assert_rejected("simulate", *SMALL, "--profile", p, needles=[str(p), "nested"])
 
 
-@pytest.mark.parametrize("make,needles", [
-    (lambda t: t, ["is a directory"]),
-    (lambda t: t / "missing.yaml", ["not found"]),
-])
+@pytest.mark.parametrize(
+    "make,needles",
+    [
+        (lambda t: t, ["is a directory"]),
+        (lambda t: t / "missing.yaml", ["not found"]),
+    ],
+)
 def test_profile_missing_or_directory(tmp_path, make, needles):
     assert_rejected("simulate", *SMALL, "--profile", make(tmp_path), needles=needles)
 
@@ -621,8 +762,9 @@ def test_profile_missing_or_directory(tmp_path, make, needles):
 def test_acceptance_file_errors_name_the_file_and_line(tmp_path):
     p = tmp_path / "acc.yaml"
     p.write_text("name: mine\nclasses:\n  chat: [0.9, 1.7, 0.5]\n")
-    assert_rejected("simulate", *SMALL, "--method", "mtp", "--acceptance", p,
-                    needles=[f"{p}:3", "classes.chat[1]", "1.7"])
+    assert_rejected(
+        "simulate", *SMALL, "--method", "mtp", "--acceptance", p, needles=[f"{p}:3", "classes.chat[1]", "1.7"]
+    )
     p.write_text("name: mine\nclasses:\n  chat: [0.9, .nan]\n")
     assert_rejected("simulate", *SMALL, "--method", "mtp", "--acceptance", p, needles=[f"{p}:3", "nan"])
     p.write_text("name: mine\nclasses:\n  chat: ['high']\n")
@@ -641,22 +783,24 @@ def test_mix_may_name_the_classes_of_the_acceptance_given(tmp_path):
 RUN = ("--repeat", "1", "-n", "4", "--input-len", "4", "--output-len", "8", "-c", "2", "--no-progress", "--nice", "0")
 
 
-@pytest.mark.parametrize("mode,reason", [("neg-usage", "negative"), ("str-usage", "not an integer"),
-                                         ("nan-usage", "not an integer")])
+@pytest.mark.parametrize(
+    "mode,reason", [("neg-usage", "negative"), ("str-usage", "not an integer"), ("nan-usage", "not an integer")]
+)
 def test_run_bad_usage_counts_fail_requests_and_exit_1(fake, tmp_path, mode, reason):
     from validator import measure
+
     url = fake(mode)
     rc, out, err = run_cli("validate", "run", "--server", url, "--out", tmp_path / "o", *RUN)
     assert rc == 1, (out, err)
     assert "4 of 4 requests failed" in err and "no request succeeded" in err
     m = measure.read(tmp_path / "o" / "measurements.jsonl")
-    assert not m.ok_requests and all(reason in r["error"] and r["error"].startswith("bad_usage")
-                                     for r in m.requests)
+    assert not m.ok_requests and all(reason in r["error"] and r["error"].startswith("bad_usage") for r in m.requests)
 
 
 @pytest.mark.parametrize("metrics", ["nan", "negative"])
 def test_run_with_garbage_metrics_samples(fake, tmp_path, metrics):
     from validator import measure
+
     url = fake("ok", metrics=metrics)
     rc, out, err = run_cli("validate", "run", "--server", url, "--out", tmp_path / "o", *RUN)
     assert rc == 0, (out, err)
@@ -666,17 +810,45 @@ def test_run_with_garbage_metrics_samples(fake, tmp_path, metrics):
 
 def test_run_mixed_failures_are_counted(fake, tmp_path):
     url = fake("mixed")
-    rc, out, err = run_cli("validate", "run", "--server", url, "--out", tmp_path / "o", "-n", "10",
-                           "--input-len", "4", "--output-len", "5", "-c", "2", "--no-progress", "--nice", "0",
-                           "--request-timeout", "3")
-    assert rc == 0, err       # some succeeded (max_tokens 5: mode ok)
+    rc, out, err = run_cli(
+        "validate",
+        "run",
+        "--server",
+        url,
+        "--out",
+        tmp_path / "o",
+        "-n",
+        "10",
+        "--input-len",
+        "4",
+        "--output-len",
+        "5",
+        "-c",
+        "2",
+        "--no-progress",
+        "--nice",
+        "0",
+        "--request-timeout",
+        "3",
+    )
+    assert rc == 0, err  # some succeeded (max_tokens 5: mode ok)
     assert "requests failed" not in err
 
 
 def measurement_file(path: Path, requests: list, summary=True) -> Path:
     from validator import measure
-    lines = [{"type": "header", "format": measure.FORMAT, "source": "run", "model": "m", "requests": len(requests),
-              "load": {"mode": "concurrency", "concurrency": 1, "rate": None}, "engine": {"max_num_seqs": 4}}]
+
+    lines = [
+        {
+            "type": "header",
+            "format": measure.FORMAT,
+            "source": "run",
+            "model": "m",
+            "requests": len(requests),
+            "load": {"mode": "concurrency", "concurrency": 1, "rate": None},
+            "engine": {"max_num_seqs": 4},
+        }
+    ]
     lines += [{"type": "request", "i": i, **r} for i, r in enumerate(requests)]
     if summary:
         lines.append({"type": "summary", "interrupted": False})
@@ -685,23 +857,51 @@ def measurement_file(path: Path, requests: list, summary=True) -> Path:
 
 
 def ok_request(send=0.0, first=0.05, end=0.2, n=8):
-    return {"prompt_tokens": 4, "max_tokens": n, "arrival_s": send, "send_s": send, "first_token_s": first,
-            "end_s": end, "chunks": [[first, 1]] + [[first + 0.02 * k, 1] for k in range(1, n)],
-            "output_tokens": n, "ok": True, "error": None}
+    return {
+        "prompt_tokens": 4,
+        "max_tokens": n,
+        "arrival_s": send,
+        "send_s": send,
+        "first_token_s": first,
+        "end_s": end,
+        "chunks": [[first, 1]] + [[first + 0.02 * k, 1] for k in range(1, n)],
+        "output_tokens": n,
+        "ok": True,
+        "error": None,
+    }
 
 
 def test_check_negative_times_exit_2(tmp_path):
     m = measurement_file(tmp_path / "m.jsonl", [ok_request(), ok_request(send=-1.0, first=-0.9, end=-0.5)])
-    assert_rejected("validate", "check", m, "--profile", "llama-3.1-8b", "--out", tmp_path / "c",
-                    needles=[f"{m}:3", "arrival_s", "negative"], watch=tmp_path)
+    assert_rejected(
+        "validate",
+        "check",
+        m,
+        "--profile",
+        "llama-3.1-8b",
+        "--out",
+        tmp_path / "c",
+        needles=[f"{m}:3", "arrival_s", "negative"],
+        watch=tmp_path,
+    )
 
 
 def test_measurement_with_too_many_lines_is_refused(tmp_path, monkeypatch):
     from validator import measure
+
     monkeypatch.setattr(measure, "MAX_MEASUREMENT_LINES", 3)
     m = measurement_file(tmp_path / "m.jsonl", [ok_request(), ok_request(), ok_request()])
-    assert_rejected("validate", "check", m, "--profile", "llama-3.1-8b", "--out", tmp_path / "c",
-                    needles=[f"{m}:4", "more than 3 lines (refused)"], watch=tmp_path)
+    assert_rejected(
+        "validate",
+        "check",
+        m,
+        "--profile",
+        "llama-3.1-8b",
+        "--out",
+        tmp_path / "c",
+        needles=[f"{m}:4", "more than 3 lines (refused)"],
+        watch=tmp_path,
+    )
 
 
 STEPLOG_CASES = [
@@ -719,6 +919,7 @@ STEPLOG_CASES = [
 def test_step_log_read_back_is_checked_line_by_line(tmp_path, text, needle):
     from dsim.errors import InputError
     from validator.gpu.plan import read_steplog
+
     f = tmp_path / "steps.jsonl"
     f.write_text(text)
     with pytest.raises(InputError) as e:
@@ -729,6 +930,7 @@ def test_step_log_read_back_is_checked_line_by_line(tmp_path, text, needle):
 def test_json_lines_bounded_in_records(tmp_path):
     from dsim.errors import InputError
     from dsim.schema import read_json_lines
+
     f = tmp_path / "r.jsonl"
     f.write_text('{"a": 1}\n\n{"a": 2}\n{"a": 3}\n')
     assert [ln for ln, _ in read_json_lines(f, max_lines=3)] == [1, 3, 4]
@@ -741,6 +943,7 @@ def test_json_lines_bounded_in_records(tmp_path):
 def test_json_lines_of_any_bytes_are_read_or_refused_in_one_line(tmp_path_factory, data):
     from dsim.errors import InputError
     from dsim.schema import read_json_lines
+
     f = tmp_path_factory.mktemp("jl") / "x.jsonl"
     f.write_bytes(data)
     try:
@@ -752,9 +955,10 @@ def test_json_lines_of_any_bytes_are_read_or_refused_in_one_line(tmp_path_factor
 
 
 def test_validator_csv_trace_bounded_in_rows_and_fields(tmp_path, monkeypatch):
-    from dsim.workload import readers as workload
     from dsim.errors import InputError
+    from dsim.workload import readers as workload
     from validator import traces
+
     monkeypatch.setattr(workload, "MAX_TRACE_ROWS", 2)
     f = tmp_path / "t.csv"
     f.write_text("prompt_tokens,output_tokens\n5,3\n6,4\n7,5\n")
@@ -768,13 +972,14 @@ def test_validator_csv_trace_bounded_in_rows_and_fields(tmp_path, monkeypatch):
 def test_check_malformed_middle_line_is_an_error(tmp_path):
     m = measurement_file(tmp_path / "m.jsonl", [ok_request(), ok_request()])
     lines = m.read_text().splitlines()
-    lines[1] = lines[1][:-7]              # a torn line in the middle
+    lines[1] = lines[1][:-7]  # a torn line in the middle
     m.write_text("\n".join(lines) + "\n")
     assert_rejected("validate", "check", m, "--profile", "llama-3.1-8b", needles=[f"{m}:2", "malformed"])
 
 
 def test_torn_last_line_of_a_killed_run_is_tolerated(tmp_path):
     from validator import measure
+
     m = measurement_file(tmp_path / "m.jsonl", [ok_request()], summary=False)
     m.write_text(m.read_text() + '{"type": "requ')
     assert measure.read(m).header["torn_lines"] == 1
@@ -786,37 +991,58 @@ def test_check_and_import_bench_on_a_directory(tmp_path):
 
 
 def bench_file(tmp_path, **over) -> Path:
-    d = {"date": "20261201", "backend": "vllm", "model_id": "m", "num_prompts": 3, "request_rate": "inf",
-         "max_concurrency": 2, "completed": 3, "failed": 0, "duration": 1.0, "mean_ttft_ms": 50.0,
-         "median_ttft_ms": 50.0, "mean_tpot_ms": 10.0, "output_throughput": 30.0,
-         "ttfts": [0.05, 0.06, 0.05], "itls": [[0.01] * 7] * 3, "latencies": [0.2, 0.21, 0.2],
-         "input_lens": [4, 4, 4], "output_lens": [8, 8, 8], "errors": ["", "", ""]}
+    d = {
+        "date": "20261201",
+        "backend": "vllm",
+        "model_id": "m",
+        "num_prompts": 3,
+        "request_rate": "inf",
+        "max_concurrency": 2,
+        "completed": 3,
+        "failed": 0,
+        "duration": 1.0,
+        "mean_ttft_ms": 50.0,
+        "median_ttft_ms": 50.0,
+        "mean_tpot_ms": 10.0,
+        "output_throughput": 30.0,
+        "ttfts": [0.05, 0.06, 0.05],
+        "itls": [[0.01] * 7] * 3,
+        "latencies": [0.2, 0.21, 0.2],
+        "input_lens": [4, 4, 4],
+        "output_lens": [8, 8, 8],
+        "errors": ["", "", ""],
+    }
     d.update(over)
     p = tmp_path / "bench.json"
     p.write_text(json.dumps(d))
     return p
 
 
-@pytest.mark.parametrize("over,needles", [
-    ({"ttfts": "fast"}, ["ttfts", "'fast'"]),
-    ({"itls": "x"}, ["itls"]),
-    ({"itls": [[0.01, "a"]] * 3}, ["itls[0][1]", "'a'"]),
-    ({"input_lens": ["4", "4", "4"]}, ["input_lens[0]", "'4'"]),
-    ({"request_rate": "fast"}, ["request_rate", "'fast'"]),
-    ({"mean_ttft_ms": float("nan")}, ["mean_ttft_ms", "nan"]),
-    ({"latencies": [0.2, -0.21, 0.2]}, ["latencies[1]", "-0.21"]),
-    ({"ttfts": [0.05, -1.0, 0.05]}, ["ttfts[1]"]),
-    ({"max_concurrency": "lots"}, ["max_concurrency", "'lots'"]),
-    ({"output_lens": [8, 8]}, ["output_lens", "2 values"]),
-])
+@pytest.mark.parametrize(
+    "over,needles",
+    [
+        ({"ttfts": "fast"}, ["ttfts", "'fast'"]),
+        ({"itls": "x"}, ["itls"]),
+        ({"itls": [[0.01, "a"]] * 3}, ["itls[0][1]", "'a'"]),
+        ({"input_lens": ["4", "4", "4"]}, ["input_lens[0]", "'4'"]),
+        ({"request_rate": "fast"}, ["request_rate", "'fast'"]),
+        ({"mean_ttft_ms": float("nan")}, ["mean_ttft_ms", "nan"]),
+        ({"latencies": [0.2, -0.21, 0.2]}, ["latencies[1]", "-0.21"]),
+        ({"ttfts": [0.05, -1.0, 0.05]}, ["ttfts[1]"]),
+        ({"max_concurrency": "lots"}, ["max_concurrency", "'lots'"]),
+        ({"output_lens": [8, 8]}, ["output_lens", "2 values"]),
+    ],
+)
 def test_import_bench_rejects_bad_values_and_writes_nothing(tmp_path, over, needles):
     src = bench_file(tmp_path, **over)
-    assert_rejected("validate", "import-bench", src, "--out", tmp_path / "m.jsonl",
-                    needles=[str(src), *needles], watch=tmp_path)
+    assert_rejected(
+        "validate", "import-bench", src, "--out", tmp_path / "m.jsonl", needles=[str(src), *needles], watch=tmp_path
+    )
 
 
 def test_import_bench_good_file(tmp_path):
     from validator import measure
+
     src = bench_file(tmp_path)
     rc, _, err = run_cli("validate", "import-bench", src, "--out", tmp_path / "m.jsonl")
     assert rc == 0, err
@@ -835,6 +1061,7 @@ def test_failing_calibrate_leaves_no_out(tmp_path):
 
 def test_measurement_writer_is_never_left_header_only(tmp_path):
     from validator import measure
+
     w = measure.Writer(tmp_path / "m.jsonl")
     w.write({"type": "header", "format": measure.FORMAT}, sync=True)
     assert not (tmp_path / "m.jsonl").exists()
@@ -848,23 +1075,39 @@ def test_measurement_writer_is_never_left_header_only(tmp_path):
 
 def test_final_renames_hold_off_ctrl_c():
     from dsim.outputs import _signals_held
+
     reached = False
     with pytest.raises(KeyboardInterrupt):
         with _signals_held():
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.05)
-            reached = True            # the renames run to the end, then Ctrl-C is delivered
+            reached = True  # the renames run to the end, then Ctrl-C is delivered
     assert reached
 
 
-@pytest.mark.parametrize("args", [
-    ["ab", "--out", "{f}"],
-    ["validate", "ab", "--serve-a", "true", "--serve-b", "true", "--out", "{f}"],
-    ["validate", "profile-server", "--server", "http://127.0.0.1:9", "--out", "{d}"],
-    ["validate", "run", "--server", "http://127.0.0.1:9", "--out", "{f}", "-n", "2", "--input-len", "2",
-     "--output-len", "2"],
-    ["validate", "calibrate", "{f}", "--out", "{f}"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["ab", "--out", "{f}"],
+        ["validate", "ab", "--serve-a", "true", "--serve-b", "true", "--out", "{f}"],
+        ["validate", "profile-server", "--server", "http://127.0.0.1:9", "--out", "{d}"],
+        [
+            "validate",
+            "run",
+            "--server",
+            "http://127.0.0.1:9",
+            "--out",
+            "{f}",
+            "-n",
+            "2",
+            "--input-len",
+            "2",
+            "--output-len",
+            "2",
+        ],
+        ["validate", "calibrate", "{f}", "--out", "{f}"],
+    ],
+)
 def test_other_commands_refuse_a_bad_out_before_running(tmp_path, args):
     f = tmp_path / "file.txt"
     f.write_text("x")
@@ -895,17 +1138,33 @@ def test_field_lines_keep_every_word_in_order_under_a_hanging_indent(words, widt
 
 # ---- readers bounded ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("target,fmt", [("/dev/zero", "native-csv"), ("/dev/zero", "auto"),
-                                         ("/dev/urandom", "native-jsonl"), ("fifo", "native-csv"),
-                                         ("fifo", "auto"), ("/dev/stdin", "auto")])
+
+@pytest.mark.parametrize(
+    "target,fmt",
+    [
+        ("/dev/zero", "native-csv"),
+        ("/dev/zero", "auto"),
+        ("/dev/urandom", "native-jsonl"),
+        ("fifo", "native-csv"),
+        ("fifo", "auto"),
+        ("/dev/stdin", "auto"),
+    ],
+)
+@pytest.mark.slow
 def test_trace_that_is_no_regular_file_is_refused_at_once(tmp_path, target, fmt):
     if target == "fifo":
         target = tmp_path / "fifo"
         os.mkfifo(target)
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "dsim", "simulate", "--quiet", "--trace", str(target),
-                        "--format", fmt], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                       capture_output=True, text=True, timeout=120, stdin=subprocess.PIPE)
+    r = subprocess.run(
+        [sys.executable, "-m", "dsim", "simulate", "--quiet", "--trace", str(target), "--format", fmt],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.PIPE,
+    )
     assert r.returncode == 2, r.stderr[-2000:]
     assert_one_line(r.stderr, [str(target), "not a regular file"])
     assert time.monotonic() - t0 < 60
@@ -913,6 +1172,7 @@ def test_trace_that_is_no_regular_file_is_refused_at_once(tmp_path, target, fmt)
 
 def test_endless_jsonl_line_is_refused(tmp_path):
     from dsim.workload import MAX_LINE_CHARS
+
     p = tmp_path / "t.jsonl"
     with open(p, "w") as f:
         f.write(json.dumps({"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 5}) + "\n")
@@ -922,6 +1182,7 @@ def test_endless_jsonl_line_is_refused(tmp_path):
 
 def test_oversized_trace_is_refused_before_reading(tmp_path, monkeypatch):
     from dsim.workload import readers as workload
+
     monkeypatch.setattr(workload, "MAX_TRACE_BYTES", 100)
     p = native_csv(tmp_path, [(i, 10, 10) for i in range(20)])
     assert_rejected("simulate", "--trace", p, "--quiet", needles=[str(p), "larger than"])
@@ -951,14 +1212,31 @@ KERNEL_TABLE_CASES = [
 @pytest.mark.parametrize("name,edit,needle", KERNEL_TABLE_CASES, ids=[c[0] for c in KERNEL_TABLE_CASES])
 def test_compose_refuses_nonsensical_kernel_tables(tmp_path, capsys, name, edit, needle):
     from dsim.profiling import compose
-    d = {"name": "t", "provenance": {"kind": "measured"},
-         "records": [{"op": "gemm", "m": 1, "k": 4096, "n": 4096, "dtype": "bf16", "ms": 0.05}]}
+
+    d = {
+        "name": "t",
+        "provenance": {"kind": "measured"},
+        "records": [{"op": "gemm", "m": 1, "k": 4096, "n": 4096, "dtype": "bf16", "ms": 0.05}],
+    }
     edit(d)
     t = tmp_path / "t.json"
     t.write_text(json.dumps(d))
     out = tmp_path / "p.yaml"
-    rc = compose.main(["profile", "--model", "deepseek-v3", "--topology", "tp8-ep8", "--hardware", "h200",
-                       "--kernels", str(t), "--out", str(out)])
+    rc = compose.main(
+        [
+            "profile",
+            "--model",
+            "deepseek-v3",
+            "--topology",
+            "tp8-ep8",
+            "--hardware",
+            "h200",
+            "--kernels",
+            str(t),
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 2
     assert_one_line(capsys.readouterr().err, [str(t), needle])
     assert tree(tmp_path) == {"t.json"}
@@ -969,16 +1247,34 @@ def test_compose_refuses_corrupt_kernel_files(tmp_path, capsys, how):
     import gzip
 
     from dsim.profiling import compose
+
     good = json.dumps({"name": "t", "provenance": {}, "records": [{"op": "gemm", "m": 1, "ms": 0.1}]})
     t = tmp_path / ("t.json.gz" if "gz" in how else "t.json")
-    t.write_bytes({"truncated json": good[:30].encode(),
-                   "truncated gz": gzip.compress(good.encode())[:25],
-                   "garbage gz": b"\x1f\x8b\x08garbage" * 4,
-                   "binary": bytes(range(256)),
-                   "deep": b"[" * 5000 + b"]" * 5000,
-                   "not utf-8": b'{"name": "\xff\xfe"}'}[how])
-    rc = compose.main(["profile", "--model", "deepseek-v3", "--topology", "tp8-ep8", "--hardware", "h200",
-                       "--kernels", str(t), "--out", str(tmp_path / "p.yaml")])
+    t.write_bytes(
+        {
+            "truncated json": good[:30].encode(),
+            "truncated gz": gzip.compress(good.encode())[:25],
+            "garbage gz": b"\x1f\x8b\x08garbage" * 4,
+            "binary": bytes(range(256)),
+            "deep": b"[" * 5000 + b"]" * 5000,
+            "not utf-8": b'{"name": "\xff\xfe"}',
+        }[how]
+    )
+    rc = compose.main(
+        [
+            "profile",
+            "--model",
+            "deepseek-v3",
+            "--topology",
+            "tp8-ep8",
+            "--hardware",
+            "h200",
+            "--kernels",
+            str(t),
+            "--out",
+            str(tmp_path / "p.yaml"),
+        ]
+    )
     assert rc == 2
     assert_one_line(capsys.readouterr().err, [str(t)])
     assert tree(tmp_path) == {t.name}
@@ -986,6 +1282,7 @@ def test_compose_refuses_corrupt_kernel_files(tmp_path, capsys, how):
 
 def test_every_shipped_kernel_table_still_loads():
     from dsim.profiling.kernel_tables import KERNEL_DIR, load_kernel_table
+
     n = 0
     for f in sorted(KERNEL_DIR.glob("*.json*")):
         d = f.read_bytes()
@@ -995,27 +1292,45 @@ def test_every_shipped_kernel_table_still_loads():
             load_kernel_table(str(f))
             n += 1
         except Exception as e:  # only the tables that are not op tables (error summaries, head fits)
-            assert f.name in ("h200-aic-vllm-error.json", "h100-aic-vllm-dense-error.json", "dense-gemm-ops.json",
-                              "h200-torch-dspark-heads.json"), (f, e)
+            assert f.name in (
+                "h200-aic-vllm-error.json",
+                "h100-aic-vllm-dense-error.json",
+                "dense-gemm-ops.json",
+                "h200-torch-dspark-heads.json",
+            ), (f, e)
     assert n >= 8
 
 
 # ---- every wait timed out; a server that breaks the protocol ----------------------------------
 
-@pytest.mark.parametrize("mode", ["choices-object", "choices-number", "choices-string", "text-number", "text-list",
-                                  "choice-null", "event-list", "usage-list", "error-object"])
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        "choices-object",
+        "choices-number",
+        "choices-string",
+        "text-number",
+        "text-list",
+        "choice-null",
+        "event-list",
+        "usage-list",
+        "error-object",
+    ],
+)
 def test_run_counts_protocol_breaking_events_as_failed_requests(fake, tmp_path, mode):
     from validator import fake_server, measure
+
     assert mode in fake_server.BAD_EVENTS
     url = fake(mode)
     rc, out, err = run_cli("validate", "run", "--server", url, "--out", tmp_path / "o", *RUN)
     assert "Traceback" not in err
     m = measure.read(tmp_path / "o" / "measurements.jsonl")
     assert len(m.requests) == 4
-    if mode == "choice-null":        # a null choice beside a good one is skipped, as before
+    if mode == "choice-null":  # a null choice beside a good one is skipped, as before
         assert rc == 0 and len(m.ok_requests) == 4, err
         return
-    if mode == "event-list":         # an event that is no object is skipped and counted, as before
+    if mode == "event-list":  # an event that is no object is skipped and counted, as before
         assert rc == 0 and all(r.get("malformed_events") == 1 for r in m.requests), err
         return
     assert rc == 1, (out, err)
@@ -1070,13 +1385,19 @@ def _hostile_tcp(kind: str):
         for c in conns:
             c.close()
         srv.close()
+
     return srv.getsockname()[1], close
 
 
 @pytest.mark.parametrize("kind", ["silent", "trickle"])
-@pytest.mark.parametrize("cmd", [["validate", "warmup", "-c", "1"],
-                                 ["validate", "run", "-n", "2", "--input-len", "2", "--output-len", "2",
-                                  "--no-progress", "--nice", "0"]])
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        ["validate", "warmup", "-c", "1"],
+        ["validate", "run", "-n", "2", "--input-len", "2", "--output-len", "2", "--no-progress", "--nice", "0"],
+    ],
+)
+@pytest.mark.slow
 def test_a_server_that_never_answers_is_a_clear_error_in_bounded_time(tmp_path, kind, cmd):
     port, close = _hostile_tcp(kind)
     try:
@@ -1090,15 +1411,24 @@ def test_a_server_that_never_answers_is_a_clear_error_in_bounded_time(tmp_path, 
         close()
 
 
-@pytest.mark.parametrize("kind,last", [("silent", "no whole answer within"), ("trickle", "no whole answer within"),
-                                       ("flood", "RemoteProtocolError"), ("http1", "HTTP 400"),
-                                       ("closed", "ConnectError")])
+@pytest.mark.parametrize(
+    "kind,last",
+    [
+        ("silent", "no whole answer within"),
+        ("trickle", "no whole answer within"),
+        ("flood", "RemoteProtocolError"),
+        ("http1", "HTTP 400"),
+        ("closed", "ConnectError"),
+    ],
+)
+@pytest.mark.slow
 def test_waiting_for_health_has_one_overall_deadline(kind, last):
     """/health polled against a server that never becomes healthy (says nothing, trickles or floods
     its headers, answers 400, is not there): InputError naming the URL and the last try once the
     deadline has passed, never later than one request's length after it."""
     from dsim.errors import InputError
     from validator import server as srv
+
     port, close = (free_port(), (lambda: None)) if kind == "closed" else _hostile_tcp(kind)
     try:
         t0 = time.monotonic()
@@ -1130,6 +1460,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_launched_server_trickling_health_is_a_clear_error_and_is_stopped(tmp_path):
     script = tmp_path / "hostile_server.py"
     script.write_text(HOSTILE_SERVER)
@@ -1137,14 +1468,17 @@ def test_launched_server_trickling_health_is_a_clear_error_and_is_stopped(tmp_pa
     work.mkdir()
     launch = f"--command '{sys.executable} {script} {{port}}' --health-timeout 3 --warmup none"
     t0 = time.monotonic()
-    rc, out, err = run_cli("validate", "run", "--launch", launch, "--out", work / "o", "-n", "2", "--no-progress",
-                           "--nice", "0")
+    rc, out, err = run_cli(
+        "validate", "run", "--launch", launch, "--out", work / "o", "-n", "2", "--no-progress", "--nice", "0"
+    )
     assert time.monotonic() - t0 < 30, err
     lines = err.strip().splitlines()  # the start said, then one line
     assert rc == 2 and out == "" and "Traceback" not in err and len(lines) == 2, err
     assert lines[0].startswith("starting command server:"), err
-    assert lines[1].startswith("dsim: error: http://127.0.0.1:") and "/health: server not healthy within 3 s (last try: " \
-        "no whole answer within 2 s)" in lines[1], err
+    assert (
+        lines[1].startswith("dsim: error: http://127.0.0.1:")
+        and "/health: server not healthy within 3 s (last try: no whole answer within 2 s)" in lines[1]
+    ), err
     assert tree(work) == set()
     assert not any(str(script) in x for x in _cmdlines()), "the server outlived the run"
 
@@ -1158,12 +1492,18 @@ def _cmdlines() -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("kind,needle", [("silent", "does not answer as a Ray cluster"),
-                                         ("http1", "is not a Ray cluster"),
-                                         ("closed", "no Ray cluster reachable")])
+@pytest.mark.parametrize(
+    "kind,needle",
+    [
+        ("silent", "does not answer as a Ray cluster"),
+        ("http1", "is not a Ray cluster"),
+        ("closed", "no Ray cluster reachable"),
+    ],
+)
 def test_ray_address_that_is_not_ray_fails_fast(kind, needle):
     from dsim.errors import InputError
     from dsim.study.executor import probe_address
+
     if kind == "closed":
         port, close = free_port(), (lambda: None)
     else:
@@ -1180,6 +1520,7 @@ def test_ray_address_that_is_not_ray_fails_fast(kind, needle):
 def test_ray_address_probe_accepts_a_grpc_peer():
     """What a gRPC server (Ray's GCS, its client server) sends first: a SETTINGS frame."""
     from dsim.study.executor import probe_address
+
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
@@ -1190,12 +1531,14 @@ def test_ray_address_probe_accepts_a_grpc_peer():
         c.sendall(b"\x00\x00\x06\x04\x00\x00\x00\x00\x00" + b"\x00\x03\x00\x00\x00\x64")
         time.sleep(0.5)
         c.close()
+
     threading.Thread(target=answer, daemon=True).start()
     probe_address(f"127.0.0.1:{srv.getsockname()[1]}", timeout_s=5.0)
     srv.close()
 
 
 # ---- every stop clean --------------------------------------------------------------------------
+
 
 def _session_pids(sid: int) -> list[int]:
     """Live processes of a session (a command started with start_new_session: it and its workers)."""
@@ -1215,8 +1558,15 @@ def _stop_midway(argv, cwd: Path, sigs, group: bool, started, timeout=120, settl
     """Run argv in its own session; once ``started(pid)`` holds (the run is under way) send ``sigs``
     (0.3 s apart) to it or to its whole group (what a terminal's Ctrl-C does). Returns (rc,
     stderr, processes of the session still alive 3 s after it ended)."""
-    p = subprocess.Popen(argv, cwd=cwd, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    p = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         t0 = time.monotonic()
         while not started(p.pid) and p.poll() is None and time.monotonic() - t0 < timeout:
@@ -1226,7 +1576,7 @@ def _stop_midway(argv, cwd: Path, sigs, group: bool, started, timeout=120, settl
         for s in sigs:
             (os.killpg if group else os.kill)(p.pid, s)
             time.sleep(0.3)
-        _, err = p.communicate(timeout=60)     # (workers holding stderr open would hang this)
+        _, err = p.communicate(timeout=60)  # (workers holding stderr open would hang this)
         time.sleep(3)
         return p.returncode, err, _session_pids(p.pid)
     finally:
@@ -1237,24 +1587,31 @@ def _stop_midway(argv, cwd: Path, sigs, group: bool, started, timeout=120, settl
             p.wait()
 
 
-@pytest.mark.parametrize("sigs,group,code", [
-    ([signal.SIGINT], True, 130),
-    ([signal.SIGINT, signal.SIGINT], True, 130),
-    ([signal.SIGINT, signal.SIGINT], False, 130),
-    ([signal.SIGTERM], False, 143),
-    ([signal.SIGTERM], True, 143),
-], ids=["ctrl-c", "ctrl-c-twice", "sigint-twice-to-main", "sigterm", "sigterm-group"])
+@pytest.mark.parametrize(
+    "sigs,group,code",
+    [
+        ([signal.SIGINT], True, 130),
+        ([signal.SIGINT, signal.SIGINT], True, 130),
+        ([signal.SIGINT, signal.SIGINT], False, 130),
+        ([signal.SIGTERM], False, 143),
+        ([signal.SIGTERM], True, 143),
+    ],
+    ids=["ctrl-c", "ctrl-c-twice", "sigint-twice-to-main", "sigterm", "sigterm-group"],
+)
+@pytest.mark.slow
 @pytest.mark.parametrize("cmd", ["plan", "sweep"])
 def test_stopping_a_parallel_run_leaves_no_worker_no_traceback_no_output(tmp_path, cmd, sigs, group, code):
     from dsim.outputs import debris
+
     work = tmp_path / "w"
     work.mkdir()
     trace = native_csv(tmp_path, [(i * 0.02, 300, 300) for i in range(3000)])
     argv = [sys.executable, "-m", "dsim", cmd, "--trace", str(trace), "--jobs", "2", "--methods", "none,mtp,dspark"]
-    argv += (["--sla", "p50=20ms"] if cmd == "plan" else ["--concurrency", "1,4,16,64,128", "--out", "sw"])
+    argv += ["--sla", "p50=20ms"] if cmd == "plan" else ["--concurrency", "1,4,16,64,128", "--out", "sw"]
 
     def started(pid):  # both pool workers run (plan writes nothing; the sweep has staged its output)
         return len(_session_pids(pid)) >= 3 and (cmd == "plan" or bool(debris(work)))
+
     rc, err, left = _stop_midway(argv, work, sigs, group, started)
     assert rc == code, err[-2000:]
     assert "Traceback" not in err and err.strip().splitlines()[-1] in ("dsim: interrupted", "dsim: terminated"), err
@@ -1262,12 +1619,27 @@ def test_stopping_a_parallel_run_leaves_no_worker_no_traceback_no_output(tmp_pat
     assert tree(work) == set()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 @pytest.mark.parametrize("when", ["loading", "running"])
 def test_stopping_compose_is_clean(tmp_path, sig, code, when):
     out = tmp_path / "c.yaml"
-    argv = [sys.executable, "-m", "dsim.profiling.compose", "profile", "--model", "deepseek-v4-flash", "--topology", "dp8-ep8",
-            "--hardware", "h200", "--kernels", "h200-aic-vllm", "--out", str(out)]
+    argv = [
+        sys.executable,
+        "-m",
+        "dsim.profiling.compose",
+        "profile",
+        "--model",
+        "deepseek-v4-flash",
+        "--topology",
+        "dp8-ep8",
+        "--hardware",
+        "h200",
+        "--kernels",
+        "h200-aic-vllm",
+        "--out",
+        str(out),
+    ]
     t0 = time.monotonic()
 
     def started(pid):
@@ -1276,13 +1648,16 @@ def test_stopping_compose_is_clean(tmp_path, sig, code, when):
         try:  # running: the kernel table is open (being read: about 10 ms), or past loading (about 0.5 s
             # on an idle 2-core machine, where the whole run takes about 2.3 s)
             return time.monotonic() - t0 > 1.0 or any(
-                "h200-aic-vllm" in os.readlink(f) for f in Path(f"/proc/{pid}/fd").iterdir())
+                "h200-aic-vllm" in os.readlink(f) for f in Path(f"/proc/{pid}/fd").iterdir()
+            )
         except OSError:
             return False
+
     rc, err, left = _stop_midway(argv, tmp_path, [sig], False, started, settle=0.0)
     assert rc == code, err[-2000:]
     assert "Traceback" not in err and err.strip().splitlines() == [
-        f"dsim profile compose: {'interrupted' if code == 130 else 'terminated'}"], err
+        f"dsim profile compose: {'interrupted' if code == 130 else 'terminated'}"
+    ], err
     assert left == [] and tree(tmp_path) == set()
 
 
@@ -1305,7 +1680,10 @@ def _marked_pids(mark: bytes) -> list[int]:
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                if mark in (d / "environ").read_bytes() and (d / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                if (
+                    mark in (d / "environ").read_bytes()
+                    and (d / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+                ):
                     out.append(int(d.name))
             except (OSError, IndexError):
                 continue
@@ -1330,8 +1708,10 @@ RAY_MOMENTS = {
 }
 
 
-@pytest.mark.parametrize("moment,group", [("first-ray-process", False), ("raylet-up", False),
-                                          ("raylet-up", True), ("tasks-running", True)])
+@pytest.mark.parametrize(
+    "moment,group", [("first-ray-process", False), ("raylet-up", False), ("raylet-up", True), ("tasks-running", True)]
+)
+@pytest.mark.ray
 def test_sigterm_while_ray_starts_ends_143_and_leaves_no_ray_process(tmp_path, moment, group):
     """SIGTERM to the run (or to its whole process group, as `timeout` sends it) while the local Ray
     starts or runs: exit 143, one line, no process of the run left (Ray's own SIGTERM handlers ended
@@ -1340,10 +1720,27 @@ def test_sigterm_while_ray_starts_ends_143_and_leaves_no_ray_process(tmp_path, m
     mark = f"dsim-test-{os.getpid()}-{time.monotonic_ns()}"
     env = dict(os.environ, PYTHONPATH=str(ROOT), DSIM_TEST_MARK=mark)
     env.pop("RAY_ADDRESS", None)
-    argv = [sys.executable, "-m", "dsim", "plan", "--sla", "p50=18ms", "--requests", "400", "--seeds", "0,1,2,3",
-            "--max-nodes", "16", "--jobs", "2", "--executor", "ray"]
-    p = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "dsim",
+        "plan",
+        "--sla",
+        "p50=18ms",
+        "--requests",
+        "400",
+        "--seeds",
+        "0,1,2,3",
+        "--max-nodes",
+        "16",
+        "--jobs",
+        "2",
+        "--executor",
+        "ray",
+    ]
+    p = subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         t0 = time.monotonic()
         seen = RAY_MOMENTS[moment]
@@ -1354,7 +1751,7 @@ def test_sigterm_while_ray_starts_ends_143_and_leaves_no_ray_process(tmp_path, m
         assert p.poll() is None, "finished before it could be stopped: " + p.stderr.read()[-500:]
         (os.killpg if group else os.kill)(p.pid, signal.SIGTERM)
         out, err = p.communicate(timeout=120)
-        deadline = time.monotonic() + 20      # (a worker notices its raylet's exit on its next poll)
+        deadline = time.monotonic() + 20  # (a worker notices its raylet's exit on its next poll)
         while _marked_pids(mark.encode()) and time.monotonic() < deadline:
             time.sleep(0.2)
         left = _marked_pids(mark.encode())
@@ -1368,14 +1765,19 @@ def test_sigterm_while_ray_starts_ends_143_and_leaves_no_ray_process(tmp_path, m
     assert tree(tmp_path) == set()
 
 
-@pytest.mark.parametrize("moment,sigs,group,code", [
-    ("starting", [signal.SIGINT], True, 130),
-    ("starting", [signal.SIGTERM], False, 143),
-    ("running", [signal.SIGINT], True, 130),
-    ("running", [signal.SIGINT, signal.SIGINT], True, 130),
-    ("running", [signal.SIGTERM], False, 143),
-    ("running", [signal.SIGTERM], True, 143),
-], ids=["starting-ctrl-c", "starting-sigterm", "ctrl-c", "ctrl-c-twice", "sigterm", "sigterm-group"])
+@pytest.mark.parametrize(
+    "moment,sigs,group,code",
+    [
+        ("starting", [signal.SIGINT], True, 130),
+        ("starting", [signal.SIGTERM], False, 143),
+        ("running", [signal.SIGINT], True, 130),
+        ("running", [signal.SIGINT, signal.SIGINT], True, 130),
+        ("running", [signal.SIGTERM], False, 143),
+        ("running", [signal.SIGTERM], True, 143),
+    ],
+    ids=["starting-ctrl-c", "starting-sigterm", "ctrl-c", "ctrl-c-twice", "sigterm", "sigterm-group"],
+)
+@pytest.mark.slow
 def test_stopping_validate_run_launch_leaves_no_server_no_traceback_no_output(tmp_path, moment, sigs, group, code):
     """`dsim validate run --launch` stopped while its server starts (before /health answers) or
     while it measures: the server and what it started are gone, one line per stage, nothing written.
@@ -1383,13 +1785,38 @@ def test_stopping_validate_run_launch_leaves_no_server_no_traceback_no_output(tm
     vLLM starts its engine core."""
     mark = f"dsim-test-{os.getpid()}-{time.monotonic_ns()}"
     out = tmp_path / "o"
-    server = (f"sh -c 'sleep 1000 & sleep 3; exec {sys.executable} -m validator.fake_server --port {{port}} "
-              "--step-ms 5'")
-    argv = [sys.executable, "-m", "dsim", "validate", "run", "--launch", f'--command "{server}" --warmup 1 '
-            "--warmup-output-len 8", "--out", str(out), "-n", "400", "--input-len", "4", "--output-len", "50",
-            "-c", "2", "--no-progress", "--nice", "0"]
-    p = subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), DSIM_TEST_MARK=mark),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    server = f"sh -c 'sleep 1000 & sleep 3; exec {sys.executable} -m validator.fake_server --port {{port}} --step-ms 5'"
+    argv = [
+        sys.executable,
+        "-m",
+        "dsim",
+        "validate",
+        "run",
+        "--launch",
+        f'--command "{server}" --warmup 1 --warmup-output-len 8',
+        "--out",
+        str(out),
+        "-n",
+        "400",
+        "--input-len",
+        "4",
+        "--output-len",
+        "50",
+        "-c",
+        "2",
+        "--no-progress",
+        "--nice",
+        "0",
+    ]
+    p = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), DSIM_TEST_MARK=mark),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         t0, seen = time.monotonic(), []
         if moment == "starting":  # the server's start-up (its `sleep 3`) under way
@@ -1419,7 +1846,9 @@ def test_stopping_validate_run_launch_leaves_no_server_no_traceback_no_output(tm
     word = "interrupted" if code == 130 else "terminated"
     assert p.returncode == code, err[-2000:]
     assert "Traceback" not in err and err.strip().splitlines()[-2:] == [
-        f"{word}; nothing written ({out} left as it was)", f"dsim: {word}"], err[-2000:]
+        f"{word}; nothing written ({out} left as it was)",
+        f"dsim: {word}",
+    ], err[-2000:]
     assert left == [] and stdout == "" and tree(tmp_path) == set()
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cli_contract import assert_rejected, run_cli
 from dsim.scenario import (
     Scenario,
     load_scenario_file,
@@ -20,7 +21,6 @@ from dsim.scenario import (
     scenario_yaml,
     template_yaml,
 )
-from tests.cli_contract import assert_rejected, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 # a small plan: one measured 1-GPU profile, 120 requests, one seed (a few seconds)
@@ -60,6 +60,7 @@ def test_every_command_takes_the_scenario_options_it_names_with_one_help_text():
     assert "sla" in _options("plan") and "sla" not in _options("simulate") and "sla" not in _options("sweep")
 
 
+@pytest.mark.slow
 def test_new_options_reach_plan_and_ab_and_sweep_as_bad_values_show():
     for cmd in (("plan", "--sla", "p50=20ms"), ("ab", "--out", "x"), ("sweep", "--out", "x")):
         assert_rejected(*cmd, "--policy", "nope", needles=("--policy", "nope"))
@@ -79,7 +80,9 @@ def test_template_holds_every_option_and_reads_back_as_the_defaults(tmp_path):
     assert text.startswith("# dsim scenario file")
     got = load_scenario_file(tmp_path / "s.yaml")
     assert set(got) == {f.name for f in scenario_fields()}
-    assert Scenario(**{k: v for k, v in got.items()}) == dataclasses.replace(Scenario(), sla="p50=20ms", rate_scale=20.0)
+    assert Scenario(**{k: v for k, v in got.items()}) == dataclasses.replace(
+        Scenario(), sla="p50=20ms", rate_scale=20.0
+    )
     # every option is commented with its help
     for f in scenario_fields():
         assert f.metadata["help"][:40] in text
@@ -157,6 +160,7 @@ def test_a_bad_value_given_on_the_command_line_over_a_file_is_named_by_its_flag(
                     needles=("dsim: error: --router: unknown router 'nope'",))  # fmt: skip
 
 
+@pytest.mark.slow
 def test_mix_is_checked_against_each_methods_curves_of_a_multi_method_preset(tmp_path):
     """deepseek-v4 holds curves for mtp and dspark: --mix is checked against the curves of each
     drafting method, as simulate checks it, not refused for naming no method."""
@@ -241,7 +245,10 @@ def test_a_scenario_file_reproduces_from_any_folder(tmp_path, monkeypatch):
     b = json.loads(out)
     assert b["setup"].pop("acceptance_source").endswith(str(work / "acc.yaml") + ": ")  # named by its path as read
     assert a["setup"].pop("acceptance_source") == "acc.yaml: "
-    assert (a["setup"]["spec"].pop("acceptance"), b["setup"]["spec"].pop("acceptance")) == ("acc.yaml", str(work / "acc.yaml"))
+    assert (a["setup"]["spec"].pop("acceptance"), b["setup"]["spec"].pop("acceptance")) == (
+        "acc.yaml",
+        str(work / "acc.yaml"),
+    )
     assert _no_wall(b) == _no_wall(a)
     # a file written by hand names its acceptance file relative to itself
     (work / "s.yaml").write_text("workload: {requests: 30}\nspeculation: {acceptance: acc.yaml}\n")
@@ -414,7 +421,7 @@ def test_simulate_and_sweep_say_what_plan_says_of_a_method_not_checked_or_hypoth
 @pytest.fixture
 def speculative_fake():
     """A fake OpenAI server drafting K = 4 tokens a step with conditional acceptance ACCEPT."""
-    from tests.conftest import free_port
+    from servers import free_port
     from validator import fake_server
 
     port = free_port()
@@ -461,6 +468,7 @@ def test_calibrated_acceptance_of_a_speculative_server_sizes_the_plan(speculativ
     assert json.loads(out3)["block4"]["acceptance_length"] != pytest.approx(r["acceptance_length"], rel=0.02)
 
 
+@pytest.mark.slow
 def test_sweep_and_ab_write_their_scenario_and_take_the_new_options(tmp_path):
     common = ("--profile", "llama-3.1-8b", "--gpus-per-node", "1", "--concurrency", "1,4", "--min-requests", "20",
               "--requests-per-user", "2", "--jobs", "1", "--acceptance", "const:0.7", "--router", "round_robin")  # fmt: skip

@@ -6,10 +6,11 @@ import copy
 import math
 
 import numpy as np
-import reference_sched as RS
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import reference_sched as RS
 from dsim.engine import compiled_sched as KSched
 from dsim.engine import compiled_step as KS
 from dsim.engine.compiled_step import COMP, NCOL
@@ -125,6 +126,7 @@ def _run_kernel(s, cfg):
     return out, req_i, req_f, pre, chunks, waitq, head
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(replica_states())
 def test_schedule_step_is_the_request_by_request_definition(state):
@@ -134,7 +136,15 @@ def test_schedule_step_is_the_request_by_request_definition(state):
         ref, cfg["slot_kv"], cfg["K"], cfg["lookahead"], cfg["total_blocks"], cfg["budget"], cfg["thr"],
         cfg["max_seqs"], cfg["admit"], cfg["consumer"], cfg["hits"] or {}, cfg["now"],
     )  # fmt: skip
-    (status, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sample, kv_pre, seen), req_i, req_f, pre, chunks, waitq, head = _run_kernel(s, cfg)
+    (
+        (status, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sample, kv_pre, seen),
+        req_i,
+        req_f,
+        pre,
+        chunks,
+        waitq,
+        head,
+    ) = _run_kernel(s, cfg)
     got = _state_of(req_i, req_f)
     if expect is None:  # the running prefills' KV does not fit: nothing written
         assert status == KSched.PREEMPT
@@ -151,6 +161,7 @@ def test_schedule_step_is_the_request_by_request_definition(state):
         assert _same(got[name], ref[name]), name
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(replica_states(), st.floats(1.0, 3.0))
 def test_commit_prefills_is_the_request_by_request_definition(state, t_now):

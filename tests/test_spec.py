@@ -145,17 +145,20 @@ def _mean_emitted(model, K, n_req=4000, steps=25, seed=0, cls_idx=0):
     return (accepted_prefix(d.accept, K) + 1).mean(), d
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("p,K", [(0.8, 7), (0.6, 4), (0.9, 1)])
 def test_closed_form_constant_p(p, K):
-    m = AcceptanceModel(parse_acceptance(f"const:{p}"), ("default",), K,
-                        sigma_request=0, sigma_step=0, sigma_token=0, head="perfect")
+    m = AcceptanceModel(
+        parse_acceptance(f"const:{p}"), ("default",), K, sigma_request=0, sigma_step=0, sigma_token=0, head="perfect"
+    )
     mean, _ = _mean_emitted(m, K)
     assert mean == pytest.approx((1 - p ** (K + 1)) / (1 - p), rel=0.01)
 
 
 def test_mtp1_closed_form():
-    m = AcceptanceModel(parse_acceptance("const:0.9"), ("default",), 1,
-                        sigma_request=0, sigma_step=0, sigma_token=0, head="perfect")
+    m = AcceptanceModel(
+        parse_acceptance("const:0.9"), ("default",), 1, sigma_request=0, sigma_step=0, sigma_token=0, head="perfect"
+    )
     mean, _ = _mean_emitted(m, 1, n_req=20000, steps=5)
     assert mean == pytest.approx(1.9, rel=0.01)
     assert chain_tau([0.8] * 7) == pytest.approx(4.16, abs=0.01)
@@ -202,6 +205,7 @@ def _engine_draws(m, cls, lat, steps, key=7, ids=None, rounds=0):
     """The engine's compiled draws (dsim.engine.compiled_step.draw_slots, outcomes only while the prefix
     holds): conf [steps, K, R], lead [steps, R]."""
     from dsim.engine import compiled_step as KS
+
     R, K = len(cls), m.k
     slots = np.zeros((R, KS.NCOL), dtype=np.int64)
     slots[:, KS.ID] = np.arange(R) if ids is None else ids
@@ -209,8 +213,16 @@ def _engine_draws(m, cls, lat, steps, key=7, ids=None, rounds=0):
     off = np.ascontiguousarray(m.slot_offsets(cls, lat))
     conf = np.empty((steps, K, R), np.float32)
     lead = np.empty((steps, R), np.int64)
-    KS.draw_slots(tuple(KS.DrawParams(key, *m.kernel_params())), slots, off, R, K, steps, False,
-                  (conf, lead, np.zeros((0, 0, 0), bool), np.zeros((0, 0, 0), np.float32)))
+    KS.draw_slots(
+        tuple(KS.DrawParams(key, *m.kernel_params())),
+        slots,
+        off,
+        R,
+        K,
+        steps,
+        False,
+        (conf, lead, np.zeros((0, 0, 0), bool), np.zeros((0, 0, 0), np.float32)),
+    )
     return conf, lead
 
 
@@ -219,8 +231,10 @@ def test_compiled_draws_match_the_numpy_reference_distribution(head):
     """The compiled sampler (full outcomes, and the engine's prefix-only form) against the numpy
     reference sampler on the same model and latents, fixed seeds: per position, a two-sample KS
     test on the confidences; a chi-square test on the accepted-prefix length (0..K)."""
-    from reference_draws import RefSampler
     from scipy import stats
+
+    from reference_draws import RefSampler
+
     m = AcceptanceModel(load_acceptance("deepseek-v4", "dspark"), CLASSES, 7, head=head)
     rng = np.random.default_rng(21)
     cls = np.arange(3000) % 3
@@ -233,7 +247,7 @@ def test_compiled_draws_match_the_numpy_reference_distribution(head):
         table = np.array([np.bincount(lead_r, minlength=8), np.bincount(lead, minlength=8)])
         table = table[:, table.sum(0) > 0]
         assert stats.chi2_contingency(table).pvalue > 1e-3
-    if head == "useless":                       # the class curve, exactly
+    if head == "useless":  # the class curve, exactly
         assert np.array_equal(new.conf, ref.conf) and np.array_equal(conf_e.transpose(0, 2, 1), ref.conf)
         return
     for j in range(7):
@@ -262,6 +276,7 @@ def test_compiled_draws_are_per_request_round_streams():
     assert not np.array_equal(other, conf)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_req", [20, 3000])
 @pytest.mark.parametrize("head", ["model", "perfect", "useless"])
 def test_lane_parallel_draws_are_the_request_by_request_definition(head, n_req):
@@ -312,8 +327,17 @@ def test_lane_parallel_draws_are_the_request_by_request_definition(head, n_req):
     conf2, lead2 = np.empty_like(conf), np.empty_like(lead)
     params = m.kernel_params()
     assert params[2] != 0.0  # (the step normal is drawn too)
-    by_request(7, slots, np.ascontiguousarray(m.slot_offsets(cls, lat)), len(cls), 7, 3, KS.DrawParams(7, *params),
-               conf2, lead2)
+    by_request(
+        7,
+        slots,
+        np.ascontiguousarray(m.slot_offsets(cls, lat)),
+        len(cls),
+        7,
+        3,
+        KS.DrawParams(7, *params),
+        conf2,
+        lead2,
+    )
     assert np.array_equal(conf.view(np.int32), conf2.view(np.int32)) and np.array_equal(lead, lead2)
 
 
@@ -322,10 +346,11 @@ def test_compiled_normals_and_uniforms():
     from scipy import stats
 
     from dsim.engine import compiled_step as KS
+
     z = np.empty(200_000)
     KS.fill_normal(KS.run_key(0), z)
     assert stats.kstest(z, "norm").pvalue > 1e-3
-    assert abs((np.abs(z) > 3.0).mean() - 2 * stats.norm.sf(3.0)) < 5e-4     # the tails too
+    assert abs((np.abs(z) > 3.0).mean() - 2 * stats.norm.sf(3.0)) < 5e-4  # the tails too
     u = np.empty(200_000)
     KS.fill_uniform(KS.run_key(1), u)
     assert stats.kstest(u, "uniform").pvalue > 1e-3 and u.min() >= 0.0 and u.max() < 1.0
@@ -355,10 +380,13 @@ def test_draw_sigmoids_are_the_definition_bit_for_bit():
 
     rng = np.random.default_rng(5)
     n = 400_000
-    y = np.concatenate([
-        rng.normal(0.0, 3.0, n), rng.uniform(-80.0, 80.0, n // 4), [0.0, -0.0, 59.9, -59.9, 60.0, -60.0, 61.0, -61.0,
-                                                                     400.0, -400.0, 1e-300, -1e-300, np.inf, -np.inf, np.nan],
-    ])
+    y = np.concatenate(
+        [
+            rng.normal(0.0, 3.0, n),
+            rng.uniform(-80.0, 80.0, n // 4),
+            [0.0, -0.0, 59.9, -59.9, 60.0, -60.0, 61.0, -61.0, 400.0, -400.0, 1e-300, -1e-300, np.inf, -np.inf, np.nan],
+        ]
+    )
     # y whose sigmoid lies within a few float64 ulps of a float32 rounding midpoint
     c32 = rng.uniform(0.01, 0.99, 20_000).astype(np.float32).astype(np.float64)
     mid = c32 + np.spacing(np.float32(c32)).astype(np.float64) / 2
@@ -369,14 +397,25 @@ def test_draw_sigmoids_are_the_definition_bit_for_bit():
     confidence_definition(y, ref)
     assert np.array_equal(conf[0].view(np.int32), ref.view(np.int32))
 
-    g = np.concatenate([rng.normal(0.0, 4.0, n), KS._SIG_HALF * np.array([-1.0, 1.0, -1.5, 1.5]),
-                        (np.arange(-1024, 1024) / KS._SIG_BINS) / 2])  # bin edges at temperature 1
+    g = np.concatenate(
+        [
+            rng.normal(0.0, 4.0, n),
+            KS._SIG_HALF * np.array([-1.0, 1.0, -1.5, 1.5]),
+            (np.arange(-1024, 1024) / KS._SIG_BINS) / 2,
+        ]
+    )  # bin edges at temperature 1
     temp = np.concatenate([rng.uniform(0.3, 2.0, n), np.ones(4 + 2048)])
     p = 1.0 / (1.0 + np.exp(-2.0 * g * temp))
-    u = np.concatenate([
-        rng.uniform(0.0, 1.0, g.size),
-        np.nextafter(p, 0.0), p, np.nextafter(p, 1.0), p - 1e-13, p + 1e-13,  # at the outcome's edge
-    ])
+    u = np.concatenate(
+        [
+            rng.uniform(0.0, 1.0, g.size),
+            np.nextafter(p, 0.0),
+            p,
+            np.nextafter(p, 1.0),
+            p - 1e-13,
+            p + 1e-13,  # at the outcome's edge
+        ]
+    )
     g, temp = np.tile(g, 6), np.tile(temp, 6)
     fast, slow = np.empty(u.size, np.bool_), np.empty(u.size, np.bool_)
     accept_both(u, g, temp, fast, slow)
@@ -433,7 +472,6 @@ def test_head_quality_basics():
 
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from hypothesis.extra.numpy import arrays  # noqa: E402
 
 
 @settings(max_examples=150, deadline=None)

@@ -1,8 +1,10 @@
 """dsim sweep and dsim ab: every file is written, figures are non-empty images, bad input exits 2."""
+
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 from typer.testing import CliRunner
 
 from dsim.cli.entry import app
@@ -11,6 +13,7 @@ from dsim.study.sweep import FIGURES, closed_loop
 
 def _nonempty_png(path):
     import matplotlib.image as mpimg
+
     assert path.is_file() and path.stat().st_size > 2000, path
     img = mpimg.imread(path)
     assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
@@ -19,16 +22,34 @@ def _nonempty_png(path):
 
 def test_closed_loop_repeats_short_traces():
     from dsim.scenario import build_workload
+
     base = build_workload("default", requests=10)
     w = closed_loop(base, 4, 25)
     assert len(w) == 25 and w.closed_loop_concurrency == 4 and not np.any(w.arrival_s)
     assert list(w.output_tokens[10:20]) == list(base.output_tokens)
 
 
+@pytest.mark.slow
 def test_sweep_writes_table_and_figures(tmp_path):
     out = tmp_path / "sw"
-    res = CliRunner().invoke(app, ["sweep", "--concurrency", "1,4", "--methods", "mtp,dspark", "--min-requests", "12",
-                                   "--requests-per-user", "2", "--jobs", "2", "--out", str(out)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "sweep",
+            "--concurrency",
+            "1,4",
+            "--methods",
+            "mtp,dspark",
+            "--min-requests",
+            "12",
+            "--requests-per-user",
+            "2",
+            "--jobs",
+            "2",
+            "--out",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     df = pd.read_csv(out / "sweep.csv")
     assert len(df) == 4 and set(df["method"]) == {"mtp", "dspark"}
@@ -40,24 +61,60 @@ def test_sweep_writes_table_and_figures(tmp_path):
 
 def test_sweep_bad_input():
     r = CliRunner()
-    for args in (["sweep", "--concurrency", "0,2", "--out", "/tmp/x"], ["sweep", "--concurrency", "a", "--out", "/tmp/x"],
-                 ["sweep", "--methods", "bogus", "--out", "/tmp/x"]):
+    for args in (
+        ["sweep", "--concurrency", "0,2", "--out", "/tmp/x"],
+        ["sweep", "--concurrency", "a", "--out", "/tmp/x"],
+        ["sweep", "--methods", "bogus", "--out", "/tmp/x"],
+    ):
         res = r.invoke(app, args)
         assert res.exit_code == 2 and "dsim: error:" in res.output, (args, res.output)
 
 
+@pytest.mark.slow
 def test_ab_report_files(tmp_path):
     out = tmp_path / "ab"
-    res = CliRunner().invoke(app, ["ab", "--a", "mtp", "--b", "dspark", "--sla", "p50=20ms", "--requests", "60",
-                                   "--seeds", "0,1", "--concurrency", "1,4", "--min-requests", "12",
-                                   "--requests-per-user", "2", "--max-nodes", "4", "--jobs", "2", "--out", str(out)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "ab",
+            "--a",
+            "mtp",
+            "--b",
+            "dspark",
+            "--sla",
+            "p50=20ms",
+            "--requests",
+            "60",
+            "--seeds",
+            "0,1",
+            "--concurrency",
+            "1,4",
+            "--min-requests",
+            "12",
+            "--requests-per-user",
+            "2",
+            "--max-nodes",
+            "4",
+            "--jobs",
+            "2",
+            "--out",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     md = (out / "report.md").read_text()
     html = (out / "report.html").read_text()
-    for sec in ("Node count for the SLA", "Latency distributions", "per class", "frontier", "Seed spread",
-                "Sensitivity", "Assumptions and sources"):
+    for sec in (
+        "Node count for the SLA",
+        "Latency distributions",
+        "per class",
+        "frontier",
+        "Seed spread",
+        "Sensitivity",
+        "Assumptions and sources",
+    ):
         assert sec.lower() in md.lower(), sec
-    assert "dsim ab" in md.split("##")[0]                       # the command at the top
+    assert "dsim ab" in md.split("##")[0]  # the command at the top
     assert "<style>" in html
     # report.html is self-contained: every figure embedded, none linked
     assert ".png'" not in html and html.count("<img src='data:image/png;base64,") == md.count("![")

@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import numpy as np
 import pytest
 
 from dsim.errors import InputError
-from tests.conftest import free_port
+from servers import StopAfterFinished, free_port
 from validator import bench_import, calibrate, driver, measure, promtext, traces
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -297,32 +296,6 @@ def test_closed_port_is_one_line_exit_2(tmp_path):
             driver.RunOptions(server=f"http://127.0.0.1:{port}", concurrency=1, progress=False),
             tmp_path / "x.jsonl",
         )
-
-
-class StopAfterFinished:
-    """Stops a server once ``n`` requests of a run have finished well (the run's own records,
-    driver.RunOptions.on_request), or after ``timeout_s`` without them. A fixed delay before the
-    stop raced the first requests on a loaded machine: no request had finished when it came."""
-
-    def __init__(self, n: int, stop, timeout_s: float = 60.0):
-        self.n, self.ok, self.reached = n, 0, threading.Event()
-        self.stopped_at: float | None = None
-
-        def wait_then_stop():
-            self.reached.wait(timeout_s)
-            self.stopped_at = time.monotonic()
-            stop()
-
-        self.thread = threading.Thread(target=wait_then_stop, daemon=True)
-        self.thread.start()
-
-    def on_request(self, rec: dict) -> None:
-        self.ok += bool(rec.get("ok"))
-        if self.ok >= self.n:
-            self.reached.set()
-
-    def join(self) -> None:
-        self.thread.join()
 
 
 def test_stop_after_finished_waits_for_the_run_records(fake, tmp_path):
@@ -660,6 +633,7 @@ def _start_serve(port: int, sig_wait: str = "serving at"):
     return p, pid, lines
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [15, 2])
 def test_serve_holds_the_server_until_a_signal_then_stops_it(sig):
     port = free_port()

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
+from cli_contract import run_cli
 from dsim.errors import InputError
-from tests.cli_contract import run_cli
 from validator import compare, measure, serverconf
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from dsim.spec.methods import make_method
-from tests.test_validator import StopAfterFinished
+from servers import StopAfterFinished
 from validator import (
     bench_import,
     calibrate,
@@ -32,6 +32,9 @@ from validator import (
     stepfit,
     traces,
 )
+
+# the live tier: every test here runs against the module's real server (docs/dev/testing.md)
+pytestmark = pytest.mark.live
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "tests" / "fixtures" / "tiny-llama"
@@ -204,7 +207,7 @@ def test_live_run_records_the_servers_configuration(live, tmp_path):
     """`run --server URL` told nothing: the server's own answer (/v1/models, vllm:cache_config_info,
     the spec-decode counters) says vLLM, prefix caching on in 128-token blocks (the CPU platform's),
     K = 4; the test's own runs, told the flags, add the method and --max-num-seqs."""
-    from tests.cli_contract import run_cli
+    from cli_contract import run_cli
 
     rc, out, err = run_cli("validate", "run", "--server", live["url"], "-c", "2", "-n", "4", "--input-len", "256",
                            "--output-len", "16", "--repeat", "1", "--no-progress", "--out", tmp_path / "r")  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -133,25 +134,34 @@ def _write(tmp_path, name, text):
 
 
 def test_azure_2024_timestamps(tmp_path):
-    p = _write(tmp_path, "az24.csv",
-               "TIMESTAMP,ContextTokens,GeneratedTokens\n"
-               "2024-05-10 00:00:00.0123456+00:00,10,5\n"
-               "2024-05-10T02:00:01.0123456+02:00,20,6\n"
-               "2024-05-10 00:00:02.5Z,30,7\n")
+    p = _write(
+        tmp_path,
+        "az24.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2024-05-10 00:00:00.0123456+00:00,10,5\n"
+        "2024-05-10T02:00:01.0123456+02:00,20,6\n"
+        "2024-05-10 00:00:02.5Z,30,7\n",
+    )
     w = load_workload(p)
     assert np.allclose(w.arrival_s, [0, 1.0, 2.4876544])
-    p = _write(tmp_path, "az23.csv",
-               "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,4808,10\n"
-               "2023-11-16 18:17:04.0319600,3180,8\n")
+    p = _write(
+        tmp_path,
+        "az23.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,4808,10\n"
+        "2023-11-16 18:17:04.0319600,3180,8\n",
+    )
     assert np.allclose(load_workload(p).arrival_s, [0, 0.052])
 
 
 def test_burstgpt_drops_failed(tmp_path):
-    p = _write(tmp_path, "b.csv",
-               "Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
-               "5,1,2.0,ChatGPT,100,50,150,Conversation log\n"
-               "6,1,0.1,ChatGPT,120,0,120,Conversation log\n"
-               "7.5,2,3.0,GPT-4,300,80,380,API log\n")
+    p = _write(
+        tmp_path,
+        "b.csv",
+        "Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        "5,1,2.0,ChatGPT,100,50,150,Conversation log\n"
+        "6,1,0.1,ChatGPT,120,0,120,Conversation log\n"
+        "7.5,2,3.0,GPT-4,300,80,380,API log\n",
+    )
     assert detect_format(p) == "burstgpt"
     w = load_workload(p)
     assert len(w) == 2 and list(w.prompt_tokens) == [100, 300] and list(w.session_id) == [1, 2]
@@ -160,8 +170,7 @@ def test_burstgpt_drops_failed(tmp_path):
 
 
 def _sample_workload():
-    w = _synth(40, rate=3.0, prompt_len="lognormal:500,1", output_len="fixed:7",
-               mix="math=0.5,chat=0.5", seed=3)
+    w = _synth(40, rate=3.0, prompt_len="lognormal:500,1", output_len="fixed:7", mix="math=0.5,chat=0.5", seed=3)
     rng = np.random.default_rng(1)
     hashes = [rng.integers(0, 1 << 40, size=rng.integers(0, 5)).astype(np.int64) for _ in range(len(w))]
     sess = np.where(np.arange(len(w)) % 3 == 0, -1, np.arange(len(w)) // 2).astype(np.int64)
@@ -170,8 +179,9 @@ def _sample_workload():
     return dataclasses.replace(w, prefix_hashes=hashes, session_id=sess)
 
 
-@pytest.mark.parametrize("ext,fmt", [(".csv", "native-csv"), (".jsonl", "native-jsonl"),
-                                     (".parquet", "native-parquet")])
+@pytest.mark.parametrize(
+    "ext,fmt", [(".csv", "native-csv"), (".jsonl", "native-jsonl"), (".parquet", "native-parquet")]
+)
 def test_native_round_trip(tmp_path, ext, fmt):
     w = _sample_workload()
     p = save_workload(w, tmp_path / f"w{ext}")
@@ -254,8 +264,7 @@ def test_parse_mix_property(weights):
         parse_mix(bad)
 
 
-@pytest.mark.parametrize("spec", ["", "math", "math=x", "math=0.5,math=0.5", "math=-0.5,chat=1.5",
-                                  "math=0.3,chat=0.6"])
+@pytest.mark.parametrize("spec", ["", "math", "math=x", "math=0.5,math=0.5", "math=-0.5,chat=1.5", "math=0.3,chat=0.6"])
 def test_parse_mix_bad(spec):
     with pytest.raises(InputError):
         parse_mix(spec)
@@ -295,9 +304,14 @@ def test_synth_closed_loop_and_lengths():
         w.scale_rate(2)
     tiny = synthesize(2000, rate=1.0, output_len="lognormal:1,2", seed=1)
     assert tiny.output_tokens.min() >= 1
-    for kw in (dict(rate=None), dict(rate=1.0, duration_s=5), dict(concurrency=4, rate=1.0),
-               dict(rate=1.0, prompt_len="uniform:3"), dict(rate=1.0, arrival="weibull"),
-               dict(rate=1.0, burstiness_cv=3.0)):
+    for kw in (
+        dict(rate=None),
+        dict(rate=1.0, duration_s=5),
+        dict(concurrency=4, rate=1.0),
+        dict(rate=1.0, prompt_len="uniform:3"),
+        dict(rate=1.0, arrival="weibull"),
+        dict(rate=1.0, burstiness_cv=3.0),
+    ):
         with pytest.raises(InputError):
             synthesize(10, **kw)
 
@@ -336,25 +350,62 @@ BAD_CASES = [
     ("nocol.csv", "TIMESTAMP,ContextTokens,Tokens\n" + "".join(GOOD), 1, ["missing column", "GeneratedTokens"]),
     ("headonly.csv", AZ, None, ["empty"]),
     ("empty.csv", "", None, ["empty"]),
-    ("mc_json.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 3}\n{"timestamp": 1, "input_',
-     2, ["malformed JSON"]),
-    ("mc_miss.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 3}\n'
-     '{"timestamp": 1, "input_length": 5}\n', 2, ["output_length", "missing"]),
-    ("mc_str.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 3}\n\n'
-     '{"timestamp": 1, "input_length": "5", "output_length": 3}\n', 3, ["input_length", "not a number"]),
-    ("mc_zero.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 3}\n'
-     '{"timestamp": 1, "input_length": 5, "output_length": 0}\n', 2, ["output_length", "> 0"]),
-    ("mc_back.jsonl", '{"timestamp": 10, "input_length": 5, "output_length": 3}\n'
-     '{"timestamp": 20, "input_length": 5, "output_length": 3}\n'
-     '{"timestamp": 15, "input_length": 5, "output_length": 3}\n', 3, ["timestamp", "back in time", "line 2"]),
-    ("mc_hash.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 3, "hash_ids": [1, "a"]}\n',
-     1, ["hash_ids"]),
+    (
+        "mc_json.jsonl",
+        '{"timestamp": 0, "input_length": 5, "output_length": 3}\n{"timestamp": 1, "input_',
+        2,
+        ["malformed JSON"],
+    ),
+    (
+        "mc_miss.jsonl",
+        '{"timestamp": 0, "input_length": 5, "output_length": 3}\n{"timestamp": 1, "input_length": 5}\n',
+        2,
+        ["output_length", "missing"],
+    ),
+    (
+        "mc_str.jsonl",
+        '{"timestamp": 0, "input_length": 5, "output_length": 3}\n\n'
+        '{"timestamp": 1, "input_length": "5", "output_length": 3}\n',
+        3,
+        ["input_length", "not a number"],
+    ),
+    (
+        "mc_zero.jsonl",
+        '{"timestamp": 0, "input_length": 5, "output_length": 3}\n'
+        '{"timestamp": 1, "input_length": 5, "output_length": 0}\n',
+        2,
+        ["output_length", "> 0"],
+    ),
+    (
+        "mc_back.jsonl",
+        '{"timestamp": 10, "input_length": 5, "output_length": 3}\n'
+        '{"timestamp": 20, "input_length": 5, "output_length": 3}\n'
+        '{"timestamp": 15, "input_length": 5, "output_length": 3}\n',
+        3,
+        ["timestamp", "back in time", "line 2"],
+    ),
+    (
+        "mc_hash.jsonl",
+        '{"timestamp": 0, "input_length": 5, "output_length": 3, "hash_ids": [1, "a"]}\n',
+        1,
+        ["hash_ids"],
+    ),
     ("mc_empty.jsonl", "\n\n", None, ["empty"]),
-    ("bg_neg.csv", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
-     "1,ChatGPT,10,5,15,x\n2,ChatGPT,-10,5,-5,x\n", 3, ["Request tokens", "> 0"]),
+    (
+        "bg_neg.csv",
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        "1,ChatGPT,10,5,15,x\n2,ChatGPT,-10,5,-5,x\n",
+        3,
+        ["Request tokens", "> 0"],
+    ),
     ("nat_cls.csv", "arrival_s,prompt_tokens,output_tokens,class\n0,5,5,math\n1,5,5,\n", 3, ["class", "missing"]),
-    ("nat_t.jsonl", '{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 5}\n'
-     '{"arrival_s": -1, "prompt_tokens": 5, "output_tokens": 5}\n', 2, ["arrival_s"]),
+    (
+        "nat_t.jsonl",
+        '{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 5}\n'
+        '{"arrival_s": -1, "prompt_tokens": 5, "output_tokens": 5}\n',
+        2,
+        ["arrival_s"],
+    ),
 ]
 
 
@@ -381,8 +432,9 @@ def test_bad_parquet(tmp_path):
     import pyarrow.parquet as pq
 
     q = tmp_path / "neg.parquet"
-    pq.write_table(pa.table({"arrival_s": w.arrival_s, "prompt_tokens": -w.prompt_tokens,
-                             "output_tokens": w.output_tokens}), q)
+    pq.write_table(
+        pa.table({"arrival_s": w.arrival_s, "prompt_tokens": -w.prompt_tokens, "output_tokens": w.output_tokens}), q
+    )
     with pytest.raises(InputError, match=r"neg\.parquet:row 1: prompt_tokens"):
         load_workload(q)
 
@@ -395,7 +447,7 @@ def test_sort_option(tmp_path):
 
 def test_workload_is_frozen():
     w = load_workload("default")
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         w.source = "x"
     with pytest.raises(ValueError):
         w.arrival_s[0] = 5.0

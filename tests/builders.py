@@ -1,0 +1,110 @@
+"""Hand-made simulation inputs shared by test modules: profiles with closed-form step costs,
+small workloads, and one simulation run of them. Not a test module: tests import it by name
+(pytest puts tests/ on sys.path)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dsim.cost import Profile, Table, profile_from_dict, vllm_capture_sizes
+from dsim.sim import SimConfig, simulate
+from dsim.workload import Workload
+
+# ---- a profile whose forward table is given (default: every step 10 ms) -----------------------
+
+
+def make_profile(
+    forward=None, kv_ms_per_ktok=0.0, cpu=0.0, kv_gib=10.0, gpus=1, caps=None, draft=None, prefill_terms=None
+):
+    caps = caps or vllm_capture_sizes(512)
+    if forward is None:
+        forward = {"tokens": caps + [1024, 2048, 4096, 8192], "ms": [10.0] * (len(caps) + 4)}
+    d = {
+        "name": "test",
+        "provenance": {
+            "kind": "analytical",
+            "hardware": "test",
+            "gpus_per_replica": gpus,
+            "model": "test",
+            "engine": "test",
+            "engine_version": "0",
+            "date": "2026-11-29",
+            "method": "hand-made for tests",
+        },
+        "memory": {"kv_cache_gib": kv_gib, "kv_bytes_per_token": 1024.0},
+        "cpu_overhead_ms": cpu,
+        "capture_sizes": caps,
+        "forward": forward,
+        "kv_ms_per_ktok": kv_ms_per_ktok,
+    }
+    if draft:
+        d["draft"] = draft
+    if prefill_terms is not None:
+        d["prefill_terms"] = prefill_terms
+    return profile_from_dict(d, "test.yaml")
+
+
+def linear_profile(**kw):
+    caps = vllm_capture_sizes(512)
+    toks = caps + [768, 1024, 2048, 4096, 8192]
+    return make_profile(forward={"tokens": toks, "ms": [5.0 + 0.01 * t for t in toks]}, **kw)
+
+
+def wl(prompt, output, arrival=None, cls=None, closed=None):
+    n = len(prompt)
+    return Workload(
+        arrival_s=np.zeros(n) if arrival is None else np.asarray(arrival, float),
+        prompt_tokens=np.asarray(prompt),
+        output_tokens=np.asarray(output),
+        cls=np.zeros(n, np.int16) if cls is None else np.asarray(cls, np.int16),
+        class_names=("math", "code", "chat") if cls is not None else ("chat",),
+        session_id=np.full(n, -1),
+        closed_loop_concurrency=closed,
+        source="test",
+    )
+
+
+def run(w, prof, **kw):
+    return simulate(SimConfig(workload=w, profile=prof, gpus_per_node=prof.gpus_per_replica, **kw))
+
+
+# ---- a profile where every step costs STEP_MS, and a constant-rate workload ----------------------
+
+STEP_MS = 10.0
+
+
+def flat_profile() -> Profile:
+    """Every step costs 10 ms whatever its size; no context term, no CPU overhead; 1 replica/node."""
+    prov = dict(
+        kind="analytical",
+        hardware="8 x NVIDIA H200 SXM",
+        gpus_per_replica=8,
+        model="flat",
+        engine="test",
+        engine_version="0",
+        date="2026-01-01",
+        method="constructed in the test",
+    )
+    return Profile(
+        name="flat",
+        provenance=prov,
+        kv_cache_gib=64.0,
+        kv_bytes_per_token=1024.0,
+        cpu_overhead_ms=0.0,
+        capture_sizes=(1,),
+        forward=Table(np.array([1.0, 65536.0]), np.array([STEP_MS, STEP_MS])),
+        kv_ms_per_ktok=0.0,
+    )
+
+
+def const_workload(rate: float, n: int, out_tokens: int = 100) -> Workload:
+    return Workload(
+        arrival_s=np.arange(n, dtype=np.float64) / rate,
+        prompt_tokens=np.full(n, 100, np.int64),
+        output_tokens=np.full(n, out_tokens, np.int64),
+        cls=np.zeros(n, np.int16),
+        class_names=("chat",),
+        session_id=np.full(n, -1, np.int64),
+        source="constant test load",
+        class_mix_assumed=True,
+    )
