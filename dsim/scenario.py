@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dsim.engine.router import ROUTERS
 from dsim.errors import InputError
 
 if TYPE_CHECKING:  # imported where used: the command line starts without pandas and simpy
@@ -190,6 +191,10 @@ SECTIONS = {
     "engine": "the serving engine (vLLM's names) and the router over its replicas",
     "sla": "what a fleet must meet, and how the node-count search counts it",
 }
+# The --policy, --verify-mode and --head choices: the registries' names (dsim.spec.budget
+# POLICY_SPELLINGS, dsim.engine.compiled_step VERIFY_CODES / HEAD_CODES), written out here because
+# those modules import numba and the command line starts without it; tests/test_registry.py
+# checks each tuple against its registry. The router's choices are dsim.engine.router's registry.
 POLICY_NAMES = ("vllm", "paper", "paper-production", "sglang", "fixed", "threshold")
 HEAD_MODES = ("model", "perfect", "useless")
 VERIFY_MODE_NAMES = ("static", "compact", "cap-accept")
@@ -281,7 +286,7 @@ class Scenario:
     remote_prefill_ms_per_ktok: float = _opt(
         0.0, "engine", "--disaggregated: assumed further delay per 1000 prompt tokens (ms)"
     )
-    router: str = _opt("least_outstanding", "engine", "router: round_robin, least_outstanding, affinity")
+    router: str = _opt("least_outstanding", "engine", "router: " + ", ".join(ROUTERS))
     # SLA and the node-count search
     sla: str | None = _opt(
         None,
@@ -504,8 +509,6 @@ def resolve_scenario_options(command: str, given: dict, scenario: str | None) ->
 def check_scenario(s: Scenario) -> None:
     """Bad option values, each an InputError naming the option as its flag (``--router: ...``)
     before anything runs."""
-    from dsim.engine.router import ROUTERS
-
     if s.policy.strip().lower() not in POLICY_NAMES:
         raise InputError(f"--policy: unknown policy {s.policy!r} (choose from {', '.join(POLICY_NAMES)})")
     if s.verify_mode not in VERIFY_MODE_NAMES:

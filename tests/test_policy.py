@@ -10,6 +10,7 @@ from hypothesis.extra.numpy import arrays
 import reference_policy as RP
 from dsim.errors import InputError
 from dsim.spec.budget import (
+    POLICY_SPELLINGS,
     AdditiveCost,
     PolicyContext,
     make_policy,
@@ -232,16 +233,10 @@ def test_compiled_policies_equal_the_numpy_reference(now, seed, limit, extra, k_
         step_extra_ms=se,
     )
     cost = AdditiveCost(0.5, (1, 64), (0.1, 2.0), (1, 8, 64, 1024), (5.0, 5.5, 7.0, 30.0))
-    for name, opts in (
-        ("fixed", {}),
-        ("threshold", {}),
-        ("threshold", {"tau": 0.5}),
-        ("vllm", {}),
-        ("paper", {}),
-        ("paper-production", {}),
-        ("sglang", {}),
-        ("sglang", {"cost": cost}),
-    ):
+    # every registered spelling (a new policy is held to its reference here without a new line),
+    # and the options that take another path
+    cases = [(name, {}) for name in POLICY_SPELLINGS] + [("threshold", {"tau": 0.5}), ("sglang", {"cost": cost})]
+    for name, opts in cases:
         pol, ref = _both(name, **opts)
         got = pol.windows(now, prev, old, PolicyContext(**args))
         want = ref.windows(now, prev, old, RP.PolicyContext(**args))

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -59,6 +59,8 @@ __all__ = [
     "AdditiveCost",
     "make_policy",
     "POLICIES",
+    "POLICY_SPELLINGS",
+    "register_policy",
     "VERIFY_MODES",
     "verify_tokens_and_commit",
     "survival",
@@ -144,11 +146,24 @@ class BudgetPolicy:
     * ``prices_context``: the cost row depends on the step's KV context (inside a decode window
       each step's row is then shifted by its own context's cost; a table priced at a fixed
       context is not);
-    * ``windows(conf_now, conf_prev, conf_prev2, ctx) -> int64[k, R]``.
+    * ``spellings``: the ``--policy`` names that make this policy, each with the options it implies
+      (``paper-production`` is ``paper`` with ``production=True``); empty: just ``name``;
+    * ``windows(conf_now, conf_prev, conf_prev2, ctx) -> int64[k, R]``:
+      pre: ``conf_now`` float [k, R, K] in [0, 1] (``conf_prev`` / ``conf_prev2`` alike when the
+      policy reads them; ``None`` stands for the one after it), ``ctx.k_max >= 0``, ``ctx.token_limit
+      >= 0``; post: ``0 <= l[t, r] <= min(K, k_max)`` and each step's verified tokens
+      ``sum_r l[t, r] + N[t]`` within ``ctx.token_limit`` where the windows were trimmed (FCFS);
+      deterministic (no randomness).
+
+    A policy is one subclass with ``name`` and ``code`` (its branch in the compiled kernel:
+    ``dsim.engine.compiled_step.POLICY_CODES``, one code per spelling), decorated with
+    ``@register_policy``; ``tests/test_registry.py`` checks every registered spelling against the
+    kernel's codes and switch.
     """
 
     name = "base"
     code = -1
+    spellings: ClassVar[dict[str, dict[str, Any]]] = {}
     reads_prev = False
     reads_prev2 = False
     samples_all = False
@@ -200,6 +215,23 @@ class BudgetPolicy:
         return out
 
 
+POLICIES: dict[str, type[BudgetPolicy]] = {}  # name -> class, in registration order
+POLICY_SPELLINGS: dict[str, tuple[type[BudgetPolicy], dict[str, Any]]] = {}  # spelling -> (class, options)
+
+
+def register_policy(cls: type[BudgetPolicy]) -> type[BudgetPolicy]:
+    """Register a BudgetPolicy subclass under its ``name`` and its ``spellings``."""
+    if cls.name in POLICIES:
+        raise ValueError(f"policy {cls.name!r} registered twice")
+    POLICIES[cls.name] = cls
+    for spelling, implied in (cls.spellings or {cls.name: {}}).items():
+        if spelling in POLICY_SPELLINGS:
+            raise ValueError(f"policy spelling {spelling!r} registered twice")
+        POLICY_SPELLINGS[spelling] = (cls, dict(implied))
+    return cls
+
+
+@register_policy
 class FixedPolicy(BudgetPolicy):
     """Verify all K drafts (fixed block), FCFS-trimmed only if the token limit binds."""
 
@@ -207,6 +239,7 @@ class FixedPolicy(BudgetPolicy):
     code = K_.FIXED
 
 
+@register_policy
 class ThresholdPolicy(BudgetPolicy):
     """Verify while survival >= tau (default 0.3), FCFS-trimmed to the token limit."""
 
@@ -219,6 +252,7 @@ class ThresholdPolicy(BudgetPolicy):
         self.tau = float(tau)
 
 
+@register_policy
 class VllmPolicy(BudgetPolicy):
     """vLLM 0.33 adaptive verification (budget from the previous step's confidences)."""
 
@@ -227,11 +261,13 @@ class VllmPolicy(BudgetPolicy):
     reads_prev = True
 
 
+@register_policy
 class PaperPolicy(BudgetPolicy):
     """DSpark Algorithm 1 (early stop) or its section 5.2 production form (budget from the
     confidences two steps old, no early stop)."""
 
     name = "paper"
+    spellings = {"paper": {}, "paper-production": {"production": True}}
     samples_all = True
 
     def __init__(self, production: bool = False):
@@ -287,6 +323,7 @@ class AdditiveCost:
         return cls(float(bias), tuple(r), tuple(alpha), tuple(m), tuple(theta))
 
 
+@register_policy
 class SglangPolicy(BudgetPolicy):
     """Same E/C objective on the current confidences, additive cost table (see AdditiveCost)."""
 
@@ -305,30 +342,21 @@ class SglangPolicy(BudgetPolicy):
         return np.asarray(self.cost(n_requests, np.arange(n0, n1)), dtype=np.float64)
 
 
-POLICIES = {
-    "fixed": FixedPolicy,
-    "threshold": ThresholdPolicy,
-    "vllm": VllmPolicy,
-    "paper": PaperPolicy,
-    "sglang": SglangPolicy,
-}
-
-
 def make_policy(name: str, **opts: Any) -> BudgetPolicy:
     """``fixed``; ``threshold`` (tau=0.3); ``vllm``; ``paper`` (production=False);
-    ``sglang`` (cost=AdditiveCost or None). Unknown options raise InputError."""
+    ``paper-production``; ``sglang`` (cost=AdditiveCost or None): any spelling in
+    ``POLICY_SPELLINGS``. Unknown names or options raise InputError."""
     key = str(name).strip().lower()
-    if key == "paper-production":
-        key, opts = "paper", {**opts, "production": True}
-    if key not in POLICIES:
+    if key not in POLICY_SPELLINGS:
         raise InputError(f"policy: unknown policy {name!r} (choose from {', '.join(POLICIES)})")
+    cls, implied = POLICY_SPELLINGS[key]
     try:
-        return POLICIES[key](**opts)
+        return cls(**{**opts, **implied})
     except TypeError as e:
-        raise InputError(f"policy {key}: {e}") from None
+        raise InputError(f"policy {cls.name}: {e}") from None
 
 
-VERIFY_MODES = ("static", "compact", "cap-accept")
+VERIFY_MODES = tuple(K_.VERIFY_CODES)  # the compiled kernels' verify modes, in code order
 
 
 def verify_tokens_and_commit(mode: str, windows: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarray]:

@@ -966,7 +966,6 @@ def head_quality(conf: np.ndarray, accept: np.ndarray, mask: np.ndarray | None =
 # The speculative runtime an engine replica uses
 # --------------------------------------------------------------------------------------------
 
-VERIFY_MODES = ("static", "compact", "cap-accept")
 DEFAULT_ACCEPTANCE = {
     "mtp": "deepseek-v4",
     "dspark": "deepseek-v4",
@@ -1032,7 +1031,7 @@ class SpecRuntime:
         a request's context read at ``mean_context`` tokens."""
         from dsim.spec import budget as P
 
-        if sc.verify_mode not in VERIFY_MODES:
+        if sc.verify_mode not in P.VERIFY_MODES:
             raise InputError(f"--verify-mode: must be static, compact or cap-accept, got {sc.verify_mode!r}")
         method = make_method(sc.method, sc.k, sc.adaptive)
         if not method.drafts:
