@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # imported where used: the command line starts without pandas
     from dsim.sim import SpecConfig
     from dsim.workload import Workload
 
-METHODS = ("none", "mtp", "eagle3", "block", "dspark")
+METHODS = ("none", "mtp", "eagle3", "block", "dspark")  # dsim.spec.methods' registry (tests/test_registry.py)
 
 
 def disaggregation(

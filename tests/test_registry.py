@@ -1,17 +1,20 @@
 """The registries of pluggable concepts against the code that switches on them: every registered
-verify-budget policy, verify mode, confidence head and router is one the compiled kernels (or the
+speculative method, verify-budget policy, verify mode, confidence head and router is one the compiled kernels (or the
 router) handle, and the command line's choices are the registries' names."""
 
 import inspect
 import re
 
 import numpy as np
+import pytest
 import reference_policy as RP
 
 from dsim import scenario
 from dsim.engine import compiled_step as K_
 from dsim.engine import router as R_
+from dsim.errors import InputError
 from dsim.spec import budget as B
+from dsim.spec import methods as M
 
 
 def _switch_names(fn) -> set[str]:
@@ -73,6 +76,26 @@ def test_verify_modes_and_heads_are_the_kernels_tables():
     src = inspect.getsource(K_)
     for name in ("HEAD_MODEL", "HEAD_USELESS"):
         assert f"head == {name}" in src or f"head != {name}" in src, name
+
+
+def test_method_registry_declares_what_the_methods_do():
+    assert scenario.METHODS == M.METHODS == tuple(M.METHOD_KINDS)
+    for name, kind in M.METHOD_KINDS.items():
+        for spelling in (name, *kind.aliases):
+            m = M.make_method(spelling)
+            assert m.name == name and m.k == kind.default_k and m.has_head == kind.has_head, spelling
+            assert (m.model_head is not None) == kind.model_head, spelling
+        assert M.acceptance_name(None, name) == kind.acceptance
+        if kind.default_k:
+            assert M.make_method(name, kind.k_max).k == kind.k_max
+            with pytest.raises(InputError):
+                M.make_method(name, kind.k_max + 1)
+        # adaptive verification is open exactly to a method with a confidence head
+        if kind.has_head:
+            assert M.make_method(name, adaptive=True).adaptive
+        else:
+            with pytest.raises(InputError):
+                M.make_method(name, adaptive=True)
 
 
 def test_command_line_choices_are_the_registries():

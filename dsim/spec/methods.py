@@ -69,6 +69,9 @@ from dsim.errors import InputError
 
 __all__ = [
     "METHODS",
+    "METHOD_KINDS",
+    "MethodKind",
+    "register_method",
     "SpecMethod",
     "make_method",
     "AcceptanceCurves",
@@ -90,17 +93,88 @@ PRESET_DIR = Path(__file__).parent.with_name("presets")
 # Methods and draft cost
 # --------------------------------------------------------------------------------------------
 
-METHODS = ("none", "mtp", "eagle3", "block", "dspark")
-_ALIASES = {
-    "dflash": "block",
-    "eagle": "eagle3",
-    "eagle-3": "eagle3",
-    "mtp1": "mtp",
-    "mtp-1": "mtp",
-    "no": "none",
-    "off": "none",
-}
-_DEFAULT_K = {"none": 0, "mtp": 1, "eagle3": 7, "block": 7, "dspark": 7}
+
+@dataclass(frozen=True)
+class MethodKind:
+    """What a speculative method is, declared once where it is registered (``register_method``):
+
+    * ``name``: its ``--methods`` / ``make_method`` name; ``aliases``: other spellings;
+    * ``default_k``: drafts per request per step when k is not given (0: it does not draft);
+    * ``k_max``: the largest k it takes (k in 1..k_max for a drafting method);
+    * ``has_head``: its drafter carries a confidence head (its confidences are sampled by the
+      head model and scored; adaptive verification needs one);
+    * ``model_head``: it needs layers trained for the target model (its own MTP layers, a DSpark
+      drafter: ``dsim.spec.capability.method_fit`` checks the profile for them);
+    * ``acceptance``: the acceptance preset it is sized on unless one is given.
+
+    Its draft cost is ``SpecMethod.draft_ms`` (the profile's drafter table, else a stated
+    fraction of a target forward)."""
+
+    name: str
+    default_k: int
+    k_max: int
+    has_head: bool
+    model_head: bool
+    acceptance: str
+    aliases: tuple[str, ...] = ()
+
+
+METHOD_KINDS: dict[str, MethodKind] = {}  # name -> kind, in registration order
+_ALIASES: dict[str, str] = {}  # other spellings -> name
+
+
+def register_method(kind: MethodKind) -> MethodKind:
+    """Register a method kind under its name and aliases."""
+    for spelling in (kind.name, *kind.aliases):
+        if spelling in METHOD_KINDS or spelling in _ALIASES:
+            raise ValueError(f"method spelling {spelling!r} registered twice")
+    METHOD_KINDS[kind.name] = kind
+    _ALIASES.update({a: kind.name for a in kind.aliases})
+    return kind
+
+
+register_method(
+    MethodKind(
+        "none", default_k=0, k_max=0, has_head=False, model_head=False, acceptance="deepseek-v4", aliases=("no", "off")
+    )
+)
+register_method(
+    MethodKind(
+        "mtp",
+        default_k=1,
+        k_max=16,
+        has_head=False,
+        model_head=True,
+        acceptance="deepseek-v4",
+        aliases=("mtp1", "mtp-1"),
+    )
+)
+register_method(
+    MethodKind(
+        "eagle3",
+        default_k=7,
+        k_max=16,
+        has_head=False,
+        model_head=False,
+        acceptance="qwen3-4b-fig2",
+        aliases=("eagle", "eagle-3"),
+    )
+)
+register_method(
+    MethodKind(
+        "block",
+        default_k=7,
+        k_max=16,
+        has_head=False,
+        model_head=False,
+        acceptance="qwen3-4b-fig2",
+        aliases=("dflash",),
+    )
+)
+register_method(
+    MethodKind("dspark", default_k=7, k_max=16, has_head=True, model_head=True, acceptance="deepseek-v4", aliases=())
+)
+METHODS = tuple(METHOD_KINDS)
 
 # Default draft-cost fractions of a target forward, used only when the cost profile has no
 # table for the method (cost.draft_table_ms(kind, n) returns None).
@@ -136,16 +210,16 @@ class SpecMethod:
 
     @property
     def has_head(self) -> bool:
-        """The method's drafter carries a confidence head (DSpark only): its confidences are
-        sampled by the head model and scored (AUC, ECE); the others use the class curve."""
-        return self.name == "dspark"
+        """The method's drafter carries a confidence head (``MethodKind.has_head``: DSpark only): its
+        confidences are sampled by the head model and scored (AUC, ECE); the others use the class curve."""
+        return METHOD_KINDS[self.name].has_head
 
     @property
     def model_head(self) -> str | None:
         """What the method needs of the target model (dsim.capability checks it): ``mtp`` its own
         MTP layers, ``dspark`` a DSpark drafter trained for it; None for the others (no drafts, or a
         separate draft model that can be trained for any target)."""
-        return self.name if self.name in ("mtp", "dspark") else None
+        return self.name if METHOD_KINDS[self.name].model_head else None
 
     def draft_ms(self, cost: Any, n_requests: int) -> float:
         """Draft time (ms) for one step with ``n_requests`` decoding requests.
@@ -223,9 +297,10 @@ def make_method(name: str, k: int | None = None, adaptive: bool = False) -> Spec
         if adaptive:
             raise InputError("method: adaptive verification needs drafts (method none has none)")
         return SpecMethod("none", 0, False)
-    kk = _DEFAULT_K[key] if k is None else int(k)
-    if kk < 1 or kk > 16:
-        raise InputError(f"method: k must be in 1..16 for {key}, got {k}")
+    kind = METHOD_KINDS[key]
+    kk = kind.default_k if k is None else int(k)
+    if kk < 1 or kk > kind.k_max:
+        raise InputError(f"method: k must be in 1..{kind.k_max} for {key}, got {k}")
     m = SpecMethod(key, kk, bool(adaptive))
     if adaptive and not m.has_head:
         raise InputError(f"method: adaptive verification needs a confidence head (dspark), not {key}")
@@ -966,12 +1041,7 @@ def head_quality(conf: np.ndarray, accept: np.ndarray, mask: np.ndarray | None =
 # The speculative runtime an engine replica uses
 # --------------------------------------------------------------------------------------------
 
-DEFAULT_ACCEPTANCE = {
-    "mtp": "deepseek-v4",
-    "dspark": "deepseek-v4",
-    "eagle3": "qwen3-4b-fig2",
-    "block": "qwen3-4b-fig2",
-}
+DEFAULT_ACCEPTANCE = {name: kind.acceptance for name, kind in METHOD_KINDS.items()}
 
 
 def acceptance_name(acceptance: str | None, method: str) -> str:
