@@ -7,8 +7,8 @@ import re
 
 import numpy as np
 import pytest
-import reference_policy as RP
 
+import reference_policy as RP
 from dsim import scenario
 from dsim.engine import compiled_step as K_
 from dsim.engine import router as R_
