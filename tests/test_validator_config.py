@@ -364,3 +364,37 @@ def test_profile_server_pins_a_term(fake, tmp_path):
         "validate", "profile-server", "--server", url, "--pin", "ms_per_x=1", "--out", tmp_path / "q.yaml"
     )
     assert rc == 2 and "unknown term" in err and not (tmp_path / "q.yaml").exists()
+
+
+def test_identical_calls_give_one_term_set_when_a_term_is_zero_within_the_noise():
+    """A concurrency sweep whose request column stands 0.05-0.07 apart from the others (its
+    separation moves with the noisy step times' weights) and a true request cost of 0, measured by
+    identical calls of 3 rounds each on a machine whose speed moves +-15% between rounds. Before,
+    the calls disagreed: the request term identified with an interval from 0, or 0 within the
+    noise, or the per-token term dropped in its place. Now a term whose interval reaches 0 is 0
+    within the noise in every call, reported with its upper bound, and the identified terms'
+    intervals of any two calls overlap."""
+    from validator import stepfit
+
+    terms = ("cpu_overhead_ms", "ms_per_token", "ms_per_request")
+    drafted = [(b * (1 + a), b) for b, a in ((1, 3.6), (2, 3.5), (4, 3.2), (8, 3.0))]
+    for offset in (1.5, 2.0):
+        shapes = drafted + [(n + offset, b) for n, b in drafted]
+        fits = []
+        for seed in range(20):
+            rng = np.random.default_rng(seed)
+            rounds = []
+            for _ in range(3):
+                s = 1 + rng.uniform(-0.15, 0.15)
+                rounds.append([_decode_pt(n, b, (3.0 + 0.08 * n) * s * (1 + rng.uniform(-0.05, 0.05)), 0) for n, b in shapes])
+            fits.append(stepfit.fit_cost([p for r in rounds for p in r], terms, rounds=rounds))
+        for f in fits:
+            assert f["identified"] == ["cpu_overhead_ms", "ms_per_token"] and not f["not_identified"], f["warnings"]
+            zero = f["zero_within_noise"]["ms_per_request"]
+            assert f["ms_per_request"] == 0.0 and zero["upper"] >= zero["pooled"] >= 0 and f["determined"]
+            assert any("at most" in w for w in f["warnings"])
+        for a in fits[:5]:
+            for b in fits[:5]:
+                for t in a["intervals"]:
+                    ia, ib = a["intervals"][t], b["intervals"][t]
+                    assert ia["low"] <= ib["high"] and ib["low"] <= ia["high"], (offset, t, ia, ib)

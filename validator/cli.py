@@ -337,7 +337,9 @@ def _print_terms(fit: dict) -> None:
         elif t in (fit.get("pinned") or {}):
             typer.echo(f"  {t} {fit[t]:.4g} (pinned)")
         elif t in (fit.get("zero_within_noise") or {}):
-            typer.echo(f"  {t} 0 (inside the rounds' noise: set to 0)")
+            z = fit["zero_within_noise"][t]
+            up = f", at most {z['upper']:.4g}" if "upper" in z else ""
+            typer.echo(f"  {t} 0 (0 within the rounds' noise{up}: set to 0)")
         elif t in (fit.get("identified") or []):
             typer.echo(f"  {t} {fit[t]:.4g} (one round: no interval)")
         elif t in (fit.get("not_identified") or []):

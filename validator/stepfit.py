@@ -407,6 +407,10 @@ _HOW = {
     SPEC_TERM: "runs of the same server with speculative decoding and without, fitted together",
 }
 COLLINEAR = 0.05  # a term whose column is within 5% of the others' span is not identified
+# ... unless rounds measure its noise: then only a column within 1% of the others' span (nearly a
+# combination of them, where NNLS splits their work at random) is left out by the gate, and the
+# rounds' test of 0 decides the rest (fit_cost)
+COLLINEAR_ROUNDS = 0.01
 # Which of several terms that do not stand apart leaves first: the prompt-token discount refines the
 # per-token term (it prices a prompt token against a verify token) and the per-prompt term the
 # prefill's, so when prompt tokens and verify tokens move together (a drafter whose verify tokens
@@ -569,17 +573,23 @@ def fit_cost(
     warnings, separation = [], {}
     # drop terms that do not stand apart, one at a time, until the rest do: a column the points
     # never fill first, then the refinements before what they refine (DROP_ORDER)
+    # with rounds, a column in the band [COLLINEAR_ROUNDS, COLLINEAR) stays for the rounds' test of 0
+    # below to decide: its separation moves either side of COLLINEAR from one call to the next (the
+    # live CPU profile's request column), and a term the gate dropped in one call and the noise test
+    # in the other, or kept at the bound 0 in one, made two identical calls disagree on the term set
+    with_rounds = bool(rounds) and len([r for r in rounds if r]) >= MIN_ROUNDS
+    gate = COLLINEAR_ROUNDS if with_rounds else COLLINEAR
     while len(keep) > 1:
         sep = {j: identifiable(Xw, keep, j) for j in keep}
         separation.update({ALL_TERMS[i]: round(v, 4) for i, v in sep.items()})
-        below = [i for i in keep if sep[i] < COLLINEAR]
+        below = [i for i in keep if sep[i] < gate]
         if not below or len(points) <= 1:
             break
         empty = [i for i in below if not np.any(Xw[:, i])]
         j = empty[0] if empty else min(below, key=lambda i: DROP_ORDER.index(ALL_TERMS[i]))
         keep.remove(j)
         warnings.append(
-            f"{ALL_TERMS[j]}: not identified by these points (separation {sep[j]:.3f} < {COLLINEAR}); "
+            f"{ALL_TERMS[j]}: not identified by these points (separation {sep[j]:.3f} < {gate}); "
             f"left at 0 - {_HOW[ALL_TERMS[j]]}"
         )
     if len(points) < len(keep):
@@ -595,7 +605,8 @@ def fit_cost(
                 break
             se = per.std(axis=0, ddof=1) / np.sqrt(len(per))
             crit = noise_t(len(per))
-            weak = [j for j in free if j in keep and coef[j] > 0 and coef[j] < crit * se[j]]
+            # a term whose interval reaches 0 (at the bound 0 included) is 0 within the noise
+            weak = [j for j in free if j in keep and coef[j] <= crit * se[j]]
             weak.sort(key=lambda i: coef[i] / max(se[i], 1e-12))
             drop: int | None = None
             without = coef
@@ -607,7 +618,9 @@ def fit_cost(
                 # decode steps carrying prompts came out 30-40% dear)
                 wo = _nnls_terms(X, y, w, [i for i in keep if i != cand])
                 moved = [i for i in free if i in keep and i != cand and abs(wo[i] - coef[i]) > crit * max(se[i], 1e-12)]
-                if moved and confounding:
+                # (a column the gate alone would have left out is not kept this way: 0 within
+                # the noise every time, not kept in one call and dropped in the next)
+                if moved and confounding and separation.get(ALL_TERMS[cand], 1.0) >= COLLINEAR:
                     confounded.setdefault(ALL_TERMS[cand], sorted(ALL_TERMS[i] for i in moved))
                     continue
                 drop, without = cand, wo
@@ -620,10 +633,13 @@ def fit_cost(
                 "rounds": [round(float(v), 4) for v in per[:, drop]],
                 "standard_error": round(float(se[drop]), 4),
                 "t_critical": round(crit, 3),
+                # what the noise allows: the top of its interval (pooled + t standard errors)
+                "upper": round(float(coef[drop] + crit * se[drop]), 5),
             }
             warnings.append(
                 f"{ALL_TERMS[drop]}: {coef[drop]:.3g} pooled, but its {len(per)} rounds gave {per[:, drop].min():.3g}-"
-                f"{per[:, drop].max():.3g} (standard error {se[drop]:.3g}, under {crit:.2f} of them): not told from 0, set to 0 - "
+                f"{per[:, drop].max():.3g} (standard error {se[drop]:.3g}, under {crit:.2f} of them): not told from 0, set to 0 "
+                f"(at most {coef[drop] + crit * se[drop]:.3g} within the noise) - "
                 f"{_HOW[ALL_TERMS[drop]]}"
             )
             keep.remove(drop)
