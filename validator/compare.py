@@ -228,7 +228,18 @@ def simulate_measurement(
     )
     v = (prof.extra or {}).get("validator") or {}
     closed_gap = None
-    if conc:
+    fe = front_end_of(v)
+    if fe is not None:
+        # the front end as dsim simulates it (dsim.sim.FrontEnd): its time grows with the requests
+        # in flight, and a closed loop's way back to the engine is its E2E part at the loop's load
+        cfg = dataclasses.replace(
+            cfg, front_end=fe, closed_loop_send_gap_ms=float(v.get("closed_loop_send_gap_ms") or 0.0) if conc else 0.0
+        )
+        assumed.append(
+            f"front end: TTFT +{fe.ttft_ms:.2f} ms +{fe.ttft_ms_per_request:.3f} ms per other request in flight, "
+            f"E2E +{fe.e2e_ms:.2f} ms +{fe.e2e_ms_per_request:.3f} ms ({v['front_end'].get('per_request_from')})"
+        )
+    elif conc:
         # The closed loop's way back to the engine, simulated: a completion's successor reaches the
         # engine the front-end time of one request later (client E2E - engine E2E with one request
         # in flight: the API server's queueing behind other streams is not in it), and the
@@ -249,19 +260,30 @@ def simulate_measurement(
             )
     res = simulate(cfg)
     s = dict(res.summary)
+    from dsim.engine.metrics import dist
+
     if v.get("tpot_dispersion") and dispersion:
         # step-time variability: each request's TPOT drawn from the measured dispersion
-        from dsim.engine.metrics import dist
-
         req = noise.apply_dispersion(res.requests, v["tpot_dispersion"], seed)
         done = req[req["completed"]]
         s["tpot_ms"], s["e2e_ms"] = dist(done["tpot_ms"].dropna()), dist(done["e2e_ms"])
+        if fe is not None:
+            own = res.requests[res.requests["completed"]]
+            s["client_e2e_ms"] = dist(done["e2e_ms"].to_numpy() + (own["client_e2e_ms"] - own["e2e_ms"]).to_numpy())
         notes.append("TPOT per request drawn from the measured dispersion (validator.noise.apply_dispersion)")
     if pfx is not None:
         rq = res.requests
         s["prefix_cache_hit_rate"] = float(rq["cached_tokens"].sum() / max(rq["prompt_tokens"].sum(), 1))
     s["_engine"] = {k: s.get(k) for k in LAT + ("output_tok_s",)}
     s["_notes"] = notes
+    if fe is not None:
+        # what the client sees: the engine's times plus the simulated front end's
+        s["ttft_ms"], s["e2e_ms"] = s["client_ttft_ms"], s["client_e2e_ms"]
+        s["request_overhead_ms_added"] = {
+            "e2e": float(fe.e2e_at(s["front_end"]["mean_requests"] or 1.0)),
+            "ttft": float(fe.ttft_at(s["front_end"]["mean_requests"] or 1.0)),
+        }
+        return _finish(s, k, doc, script, w, assumed)
     # The front-end time of one request, in a closed loop and in an open one. The overhead
     # measured at higher loads (client minus engine time) grows with the load because it holds
     # the wait for the running step (vLLM's queue time starts when the engine core takes the
@@ -281,6 +303,27 @@ def simulate_measurement(
             g = closed_gap or 0.0
             s["output_tok_s"] = s["output_tok_s"] * (e2e + g) / (e2e + max(over, g))
         s["request_overhead_ms_added"] = {"e2e": over, "ttft": over_ft}
+    return _finish(s, k, doc, script, w, assumed)
+
+
+def front_end_of(v: dict):
+    """dsim's FrontEnd from a profile's ``validator.front_end`` (calibrate.front_end_fit), None
+    without one (a profile made before it, or of a server without latency histograms: the
+    one-request overhead is added instead)."""
+    from dsim.sim import FrontEnd
+
+    f = v.get("front_end")
+    if not f:
+        return None
+    return FrontEnd(
+        ttft_ms=float(f["ttft_ms"]),
+        ttft_ms_per_request=float(f["ttft_ms_per_request"]),
+        e2e_ms=float(f["e2e_ms"]),
+        e2e_ms_per_request=float(f["e2e_ms_per_request"]),
+    )
+
+
+def _finish(s: dict, k: int, doc, script, w, assumed: list) -> dict:
     s["_spec_k"] = k
     s["_drafted_fraction"] = doc.get("drafted_fraction") if isinstance(doc, dict) else None
     if script is not None:

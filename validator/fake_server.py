@@ -19,6 +19,11 @@ token every step drafts K tokens and accepts draft i with conditional probabilit
 chunk, and counts vLLM's spec-decode counters (drafts, draft tokens, accepted, accepted per
 position) in /metrics, so that `dsim validate calibrate` measures the curve it was given.
 
+``--front-end-ms A --front-end-ms-per-stream B`` serves as an API server whose per-request work
+queues behind the other streams': a request waits A + B (streams in flight - 1) ms before its
+engine part starts, outside the latency histograms it then publishes (vLLM's TTFT, E2E, queue,
+prefill, decode: the engine part only), so the client sees that much more than the server says.
+
 ``--prefix-caching on|off [--block-size B]`` answers as vLLM does about its configuration:
 ``owned_by: "vllm"`` in /v1/models and ``vllm:cache_config_info`` (the cache's settings as labels) in
 /metrics (validator.serverconf reads both).
@@ -35,6 +40,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 STATE = {"requests": 0, "tokens": 0, "lock": threading.Lock()}
+# the front end's streams in flight and the engine-side latency sums of a --front-end fake
+LATENCY = ("time_to_first_token", "e2e_request_latency", "request_queue_time", "request_prefill_time",
+           "request_decode_time")  # fmt: skip
 MODES = ("ok", "500", "malformed", "cut", "hang")
 BAD_USAGE = {"neg-usage": -3, "str-usage": "seven", "nan-usage": float("nan")}
 # events that break the protocol mid-stream (sent in place of the middle token's event)
@@ -86,6 +94,7 @@ class Handler(BaseHTTPRequestHandler):
                 "this line is not prometheus {{{\n"
             )
             text += _spec_metrics(self.cfg)
+            text += _latency_metrics(self.cfg)
             if self.cfg.prefix_caching is not None:
                 text += (
                     f'vllm:cache_config_info{{block_size="{self.cfg.block_size}",cache_dtype="auto",'
@@ -120,10 +129,35 @@ class Handler(BaseHTTPRequestHandler):
             mode = MODES[n % 5]
         if mode == "500":
             return self._json(500, {"error": "internal error (fake)"})
+        fe = self.cfg.front_end
+        if fe is not None:
+            with fe["lock"]:
+                fe["active"] += 1
+                streams = fe["active"]
+            self.left = False
+            # the API server's work for this request, behind the other streams'
+            time.sleep((self.cfg.front_end_ms + self.cfg.front_end_ms_per_stream * (streams - 1)) / 1e3)
+            self.t_server = time.monotonic()
+        try:
+            self._serve_stream(n, mode)
+        finally:
+            self._leave()
+
+    def _leave(self) -> None:
+        """This stream leaves the front end (once: before its last event, so that the successor a
+        closed-loop client sends on it does not find it still counted)."""
+        fe = self.cfg.front_end
+        if fe is not None and not getattr(self, "left", True):
+            self.left = True
+            with fe["lock"]:
+                fe["active"] -= 1
+
+    def _serve_stream(self, n: int, mode: str) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
         step = self.cfg.step_ms / 1e3
+        self.t_first = None
         try:
             if mode == "hang":
                 self.wfile.flush()
@@ -148,12 +182,15 @@ class Handler(BaseHTTPRequestHandler):
                     ev = BAD_EVENTS[mode]
                 self.wfile.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
                 self.wfile.flush()
+                self.t_first = self.t_first or time.monotonic()
             self._end_stream(n)
         except (BrokenPipeError, ConnectionResetError, OSError):
             return
 
     def _end_stream(self, n: int) -> None:
         """The closing usage event and [DONE] of a stream of n tokens, counted as served."""
+        end = time.monotonic()
+        self._leave()
         self.wfile.write(
             b"data: "
             + json.dumps({"choices": [], "usage": {"completion_tokens": n}}).encode()
@@ -163,6 +200,13 @@ class Handler(BaseHTTPRequestHandler):
         with STATE["lock"]:
             STATE["requests"] += 1
             STATE["tokens"] += n
+        fe = self.cfg.front_end
+        if fe is not None and self.t_first is not None:
+            first, start = self.t_first - self.t_server, 0.0
+            with fe["lock"]:
+                for name, v in zip(LATENCY, (first, end - self.t_server, start, first, end - self.t_first)):
+                    fe["sum"][name] += v
+                fe["count"] += 1
 
     def _stream_speculative(self, n: int, step: float) -> None:
         """Stream n tokens as a speculative decoder: the first token alone, then per step 1 + the
@@ -193,7 +237,19 @@ class Handler(BaseHTTPRequestHandler):
             ev = {"choices": [{"index": 0, "text": "x" * m}], "usage": {"prompt_tokens": 1, "completion_tokens": done}}
             self.wfile.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
             self.wfile.flush()
+            self.t_first = self.t_first or time.monotonic()
         self._end_stream(n)
+
+
+def _latency_metrics(cfg: argparse.Namespace) -> str:
+    """vLLM's engine-side latency histograms (sum and count) of a --front-end fake ("" else)."""
+    fe = cfg.front_end
+    if fe is None:
+        return ""
+    with fe["lock"]:
+        lines = [f'vllm:{name}_seconds_sum{{engine="0"}} {fe["sum"][name]}' for name in LATENCY]
+        lines += [f'vllm:{name}_seconds_count{{engine="0"}} {fe["count"]}' for name in LATENCY]
+    return "\n".join(lines) + "\n"
 
 
 def _spec_metrics(cfg: argparse.Namespace) -> str:
@@ -226,6 +282,8 @@ def serve(
     seed: int = 0,
     prefix_caching: bool | None = None,
     block_size: int = 16,
+    front_end_ms: float | None = None,
+    front_end_ms_per_stream: float = 0.0,
 ) -> ThreadingHTTPServer:
     """spec_k > 0: a speculative server drafting spec_k tokens a step, spec_accept the conditional
     acceptance per position (padded with its last value), draws seeded from ``seed``.
@@ -251,6 +309,11 @@ def serve(
         spec_state=state,
         prefix_caching=prefix_caching,
         block_size=block_size,
+        front_end_ms=front_end_ms or 0.0,
+        front_end_ms_per_stream=front_end_ms_per_stream,
+        front_end=None
+        if front_end_ms is None
+        else {"lock": threading.Lock(), "active": 0, "count": 0, "sum": dict.fromkeys(LATENCY, 0.0)},
     )
     handler = type("H", (Handler,), {"cfg": cfg})
     httpd = ThreadingHTTPServer((host, port), handler)
@@ -269,6 +332,8 @@ def main() -> None:
     ap.add_argument("--spec-accept", default="", help="conditional acceptance per position, e.g. 0.8,0.6,0.5")
     ap.add_argument("--prefix-caching", choices=("on", "off"), help="publish vLLM's cache_config_info")
     ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--front-end-ms", type=float, help="the API server's time per request (and histograms)")
+    ap.add_argument("--front-end-ms-per-stream", type=float, default=0.0, help="... more per other stream in flight")
     a = ap.parse_args()
     accept = tuple(float(x) for x in a.spec_accept.split(",") if x.strip())
     pc = None if a.prefix_caching is None else a.prefix_caching == "on"
@@ -282,6 +347,8 @@ def main() -> None:
         spec_accept=accept,
         prefix_caching=pc,
         block_size=a.block_size,
+        front_end_ms=a.front_end_ms,
+        front_end_ms_per_stream=a.front_end_ms_per_stream,
     ).serve_forever()
 
 

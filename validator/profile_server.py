@@ -101,10 +101,12 @@ def profile_from_measurements(
         "server_flags": server_flags,
         "spec_k": k,
     }
-    from validator.calibrate import overhead_table, request_overheads
+    from validator.calibrate import front_end_fit, front_end_points, overhead_table, request_overheads
 
     ovh = request_overheads(ms)
     table = overhead_table(ms)
+    # each run of the sweep is one point of the front end against the load
+    fe = front_end_fit(front_end_points([measure.read(f) for f in files]))
     extra = {
         "validator": {
             "request_overhead_ms": round(ovh["e2e"], 4),
@@ -113,6 +115,7 @@ def profile_from_measurements(
             "request_overhead_per_stream_ms": round(ovh["e2e_per_stream"], 4),
             "first_token_overhead_per_stream_ms": round(ovh["first_token_per_stream"], 4),
             **({"overhead_table": table} if table else {}),
+            **({"front_end": fe} if fe else {}),
             "fit": fit,
             "spec_k": k,
             "spec_emulation": "block" if k else "none",
