@@ -521,3 +521,58 @@ def test_the_front_end_fit_and_the_simulated_front_end_in_closed_form():
         )
     with pytest.raises(InputError, match="front_end.ttft_ms"):
         simulate(SimConfig(workload=w, profile=prof, gpus_per_node=1, front_end=FrontEnd(ttft_ms=float("nan"))))
+
+
+# ---- noise as a result: the host's load, a control point's drift, the held-out CLI ---------------
+
+
+def test_a_run_is_flagged_when_the_hosts_load_changed():
+    from validator import noise
+
+    t0 = {"loadavg": [2.0, 2.0, 2.0], "cpus": 2, "cpu_s": 10.0, "wall_s": 100.0}
+    quiet = noise.load_change(t0, dict(t0, loadavg=[2.8, 2.1, 2.0], cpu_s=12.0, wall_s=110.0))
+    assert quiet == {"loadavg_1m": [2.0, 2.8], "change_per_cpu": 0.4, "client_cpu_share": 0.2, "changed": False}
+    busy = noise.load_change(t0, dict(t0, loadavg=[4.2, 2.5, 2.1], wall_s=110.0))
+    assert busy["changed"] and busy["change_per_cpu"] == pytest.approx(1.1)
+    assert noise.load_change(t0, dict(t0, loadavg=[0.9, 2.0, 2.0]))["changed"]  # (a drop counts too)
+    assert noise.load_change(None, t0) is None
+    now = noise.host_load()
+    assert now is None or (len(now["loadavg"]) == 3 and now["cpus"] >= 1)
+
+
+def test_a_control_point_that_moved_more_than_its_spread_is_flagged_as_drift():
+    from validator import noise
+
+    def st(tpot, tok_s):
+        return {"tpot_ms_p50": tpot, "output_tok_s": tok_s}
+
+    repeats = [st(10.0, 100.0), st(10.5, 97.0), st(9.8, 102.0)]  # spreads 7% and 5%
+    steady = noise.drift(st(10.0, 100.0), st(10.4, 98.0), repeats)
+    assert not steady["drifted"] and steady["metrics"]["tpot_ms.p50"]["change"] == pytest.approx(0.04)
+    moved = noise.drift(st(10.0, 100.0), st(11.5, 90.0), repeats)
+    assert moved["drifted"] and moved["metrics"]["tpot_ms.p50"]["spread"] == pytest.approx(0.7 / 10.0, abs=1e-3)
+    assert moved["metrics"]["output_tok_s"]["drifted"]
+    # one repeat measures no spread: nothing is flagged
+    assert not noise.drift(st(10.0, 100.0), st(20.0, 50.0), repeats[:1])["drifted"]
+
+
+def test_the_heldout_procedure_runs_from_the_plain_cli(fake, tmp_path):
+    """`dsim validate heldout collect` on a fake server: every case in every round, the control
+    point before and after, each run's host load recorded; `analyse` reports the control's drift
+    and every case."""
+    url = fake(step_ms=0.5)
+    rc, out, err = run_cli("validate", "heldout", "collect", "--server", url, "--rounds", "2", "--out", tmp_path / "h")
+    assert rc == 0, err
+    d = tmp_path / "h"
+    assert (d / "control-before.jsonl").exists() and (d / "control-after.jsonl").exists()
+    m = measure.read(str(d / "control-after.jsonl"))
+    assert m.header["host_load"]["cpus"] >= 1 and set(m.summary["host_load"]) >= {"loadavg_1m", "changed"}
+    rc, out, err = run_cli("validate", "heldout", "analyse", d, "--out", tmp_path / "rep.json")
+    assert rc == 0, err
+    rep = json.loads((tmp_path / "rep.json").read_text())
+    assert set(rep["drift"]["metrics"]) == {"tpot_ms.p50", "output_tok_s"}
+    assert all(v["spread"] is not None for v in rep["drift"]["metrics"].values())
+    assert "control (2 requests, 64/64) before -> after: tpot_ms.p50" in out
+    assert {"c1", "c8", "c4-256x128", "rate-0.66xc8"} <= set(rep["cases"])
+    rc, _, err = run_cli("validate", "heldout", "analyse", tmp_path / "none")
+    assert rc == 2 and "not a collection directory" in err

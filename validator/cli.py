@@ -206,6 +206,13 @@ def _print_run_summary(s: dict, path) -> None:
         f"ITL p50 {f(s.get('itl_ms_p50'))} ms, E2E p50 {f(s.get('e2e_ms_p50'))} ms, "
         f"output {f(s.get('output_tok_s'))} tok/s"
     )
+    lc = s.get("host_load")
+    if lc:
+        typer.echo(
+            f"  host load (1-minute average) {lc['loadavg_1m'][0]:g} -> {lc['loadavg_1m'][1]:g}, client CPU share "
+            f"{f(lc.get('client_cpu_share'), '{:.2f}')}"
+            + (": the load changed during the run (its figures hold that change)" if lc.get("changed") else "")
+        )
     spec = s.get("spec") or {}
     if spec.get("acceptance_length"):
         from validator import noise
@@ -547,6 +554,20 @@ def ab_cmd(
 
 
 # ---- the GPU profiler (validator/gpu): its own argparse CLIs, passed through -------------------
+
+
+@app.command("heldout", context_settings=_PASS, add_help_option=False)
+def heldout_cmd(ctx: typer.Context):
+    """The held-out procedure (validator/README.md): `heldout collect (--server URL | --launch "ARGS")
+    --out DIR [--rounds N]` measures the profile sweep, the calibration runs, the held-out cases and
+    a control point before and after, interleaved in rounds; `heldout analyse DIR... [--out
+    REPORT.json] [--fidelity REPORT.json]` calibrates, checks every held-out case and reports the
+    control's drift and the runs during which the host's load changed (--help lists the options)."""
+    from validator import heldout
+
+    rc = heldout.main(list(ctx.args), prog="dsim validate heldout")
+    if rc:
+        raise typer.Exit(rc)
 
 
 def _gpu_main(module: str, args: list) -> None:

@@ -594,6 +594,11 @@ def check(
         add_sensitivity(rows, compare(stats, hi, {}, {}))
     gated = [r for r in rows if r["metric"] in gates]
     missing = [r["metric"] for r in gated if r["ok"] is None]
+    host = [
+        {"run": r.path, **((r.summary or {}).get("host_load") or {})}
+        for r in runs
+        if (r.summary or {}).get("host_load")
+    ]
     verdict = "pass" if gated and all(r["ok"] for r in gated) else "fail"
     return {
         "measurements": str(measurements),
@@ -608,6 +613,9 @@ def check(
         "gates": gates,
         "assumed": pred.get("_assumed") or [],
         "runs": len(runs),
+        # the host's load over each run; a run during which it changed is named in load_warnings
+        "host_load": host,
+        "load_warnings": noise.load_flags(runs),
         "rows": rows,
         "verdict": verdict,
         "failed_metrics": [r["metric"] for r in gated if r["ok"] is False],
@@ -651,6 +659,12 @@ def to_markdown(rep: dict) -> str:
         f"- load: {load.get('mode')} (concurrency {load.get('concurrency')}, rate {load.get('rate')})",
         f"- profile: `{rep['profile']}`; acceptance: `{rep.get('acceptance')}`",
         *(f"- assumed: {a}" for a in rep.get("assumed") or []),
+        *(
+            f"- host load (1-minute average, start -> end): {h['loadavg_1m'][0]:g} -> {h['loadavg_1m'][1]:g}"
+            + (" (changed)" if h.get("changed") else "")
+            for h in rep.get("host_load") or []
+        ),
+        *(f"- warning: {w}" for w in rep.get("load_warnings") or []),
         "- gated: "
         + (", ".join(f"{k} {v:.0%}" for k, v in rep["gates"].items()) or "nothing")
         + "; each against the larger of its tolerance and the measured spread"

@@ -24,7 +24,7 @@ import httpx
 import numpy as np
 
 from dsim.errors import InputError, plain
-from validator import measure, promtext, serverconf, stops
+from validator import measure, noise, promtext, serverconf, stops
 from validator.traces import Plan
 
 if TYPE_CHECKING:
@@ -403,6 +403,10 @@ async def run_async(plan: Plan, opts: RunOptions, out_path: str | Path) -> dict:
         if header["engine"].get("spec_k"):
             header["spec"] = dict(header["spec"] or {"k": header["engine"]["spec_k"]})
             header["spec"]["method"] = header["engine"].get("spec_method")
+        # the host's load at the start and the end: a run during which it changed is flagged
+        # (validator.noise.load_change)
+        load0 = noise.host_load()
+        header["host_load"] = {"loadavg": load0["loadavg"], "cpus": load0["cpus"]} if load0 else None
         w = measure.Writer(out_path)
         w.write(header, sync=True)
         if before is not None:
@@ -497,6 +501,7 @@ async def run_async(plan: Plan, opts: RunOptions, out_path: str | Path) -> dict:
                 "interrupted": interrupted is not None,
                 "interrupt_reason": interrupted,
                 "metrics_after_error": after_err,
+                "host_load": noise.load_change(load0, noise.host_load()),
             }
             if before is not None and after is not None:
                 d = promtext.interesting(promtext.delta(before, after))

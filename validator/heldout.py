@@ -1,9 +1,10 @@
 """The held-out procedure: calibrate on one load and shape, predict loads and shapes the calibration
 did not see, with the measured run-to-run spread next to each error.
 
-    python -m validator.heldout collect --launch "MODEL -- FLAGS" --out DIR [--rounds 3]
-    python -m validator.heldout collect --server URL --out DIR
-    python -m validator.heldout analyse DIR [--out REPORT.json]
+    dsim validate heldout collect --launch "MODEL -- FLAGS" --out DIR [--rounds 3]
+    dsim validate heldout collect --server URL --out DIR
+    dsim validate heldout analyse DIR [--out REPORT.json]
+    (or python -m validator.heldout ...)
 
 ``collect`` measures, interleaved in rounds (so every case sees the same background load): the
 profile sweep (concurrency 1, 2, 4, 8 at the calibration shape, plus a 256:16 point at one request,
@@ -15,6 +16,10 @@ throughput). ``analyse`` builds the profile from the sweep, calibrates on every 
 load and shape only (the calibration runs and the sweep's concurrency-2 runs: the median of their
 scales), and checks every held-out case (its rounds pooled, their spread measured) against the
 gates (validator.compare.DEFAULT_GATES). No held-out run enters the profile or the calibration.
+Noise is part of the result: a control point (the calibration's load and shape) is measured
+before the first round and after the last, and ``analyse`` says whether it drifted by more than
+that point's spread over the rounds (validator.noise.drift), and names every run during which the
+host's load changed (validator.noise.load_flags).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from pathlib import Path
 
 from dsim.cost import save_profile
 from dsim.errors import InputError
-from validator import calibrate, compare, driver, launch, measure, profile_server, traces
+from validator import calibrate, compare, driver, launch, measure, noise, profile_server, traces
 
 PROFILE = [("p-c1", 1, 64, 64), ("p-c2", 2, 64, 64), ("p-c4", 4, 64, 64), ("p-c8", 8, 64, 64)]
 # points of other shapes, so prefill tokens, batch and context vary apart: a long prompt at one
@@ -38,6 +43,10 @@ CALIBRATION = ("cal-c2", 2, 64, 64)
 SWEEP_TWIN = "p-c2"  # the sweep's runs of the calibration's load and shape
 HELD_OUT = [("c1", 1, 64, 64), ("c4", 4, 64, 64), ("c8", 8, 64, 64), ("c4-256x128", 4, 256, 128)]
 RATE_CASE = "rate-0.66xc8"
+# the control point: the calibration's load and shape measured once before the first round and
+# once after the last; analyse flags the collection when it moved by more than that point's spread
+# over the rounds (validator.noise.drift)
+CONTROL = "control"
 
 
 def _requests(c: int) -> int:
@@ -49,6 +58,15 @@ def collect(url: str, out: Path, rounds: int = 3, cpus=None, header: dict | None
     load0 = _loadavg()
     rate = None
     t0 = time.monotonic()
+
+    def control(when: str) -> None:
+        _, c, i, o = CALIBRATION
+        opts = driver.RunOptions(
+            server=url, concurrency=c, progress=False, cpus=cpus, extra_header=dict(header or {}, case=CONTROL)
+        )
+        driver.run(traces.fixed(_requests(c), i, o), opts, out / f"{CONTROL}-{when}.jsonl")
+
+    control("before")
     for r in range(rounds):
         cases = PROFILE + PROFILE_SHAPES + [CALIBRATION] + HELD_OUT
         for name, c, i, o in cases:
@@ -63,6 +81,7 @@ def collect(url: str, out: Path, rounds: int = 3, cpus=None, header: dict | None
         )
         driver.run(traces.fixed(24, 64, 64), opts, out / f"{RATE_CASE}-r{r}.jsonl")
         say(f"round {r + 1}/{rounds} done ({time.monotonic() - t0:.0f} s)")
+    control("after")
     info = {
         "rounds": rounds,
         "rate_req_s": rate,
@@ -91,6 +110,8 @@ def _files(d: Path, name: str) -> list[str]:
 
 def analyse(d: Path, gates: dict | None = None) -> dict:
     """Profile from the sweep, calibration on the calibration runs, checks of the held-out cases."""
+    if not d.is_dir():
+        raise InputError(f"{d}: not a collection directory (dsim validate heldout collect --out {d})")
     work = d / "analysis"
     work.mkdir(exist_ok=True)
     levels: dict = {c: _files(d, n) for n, c, _, _ in PROFILE}
@@ -133,7 +154,20 @@ def analyse(d: Path, gates: dict | None = None) -> dict:
         r["verdict_error_spread"] = judge(r["errors"], r["error_spread"], gate_map)
     info = json.loads((d / "collect.json").read_text()) if (d / "collect.json").exists() else {}
     fit = prof.extra["validator"]["fit"]
+    # noise as a result: the control point's drift over the collection, and the runs during which
+    # the host's load changed (collections made before these were recorded have neither)
+    drift = None
+    ctl = [d / f"{CONTROL}-{w}.jsonl" for w in ("before", "after")]
+    if all(p.exists() for p in ctl):
+        drift = noise.drift(
+            measure.read(str(ctl[0])).stats(),
+            measure.read(str(ctl[1])).stats(),
+            [measure.read(f).stats() for f in cal_files],
+        )
+    load_flags = noise.load_flags([measure.read(str(p)) for p in sorted(d.glob("*.jsonl"))])
     return {
+        "drift": drift,
+        "load_changed": load_flags,
         "what": "calibrated on concurrency 2, prompt 64 / output 64 (the calibration runs and the sweep's runs of "
         "that load, the median of their scales); the other cases held out",
         "collect": info,
@@ -208,6 +242,22 @@ def judge(errors: dict, spread: dict, gates: dict) -> str:
     return "pass" if ok and all(ok) else "fail"
 
 
+def noise_lines(rep: dict) -> list[str]:
+    """The collection's drift and load flags, one line each (empty when there is nothing to say)."""
+    out = []
+    dr = rep.get("drift")
+    if dr:
+        for met, v in dr["metrics"].items():
+            sp = "-" if v["spread"] is None else f"{v['spread']:.0%}"
+            out.append(
+                f"control ({CALIBRATION[1]} requests, {CALIBRATION[2]}/{CALIBRATION[3]}) before -> after: {met} "
+                f"{v['before']:.4g} -> {v['after']:.4g} ({v['change']:+.0%}; its spread over the rounds {sp})"
+                + (": DRIFTED, the cases were measured on a machine whose speed moved" if v["drifted"] else "")
+            )
+    out += [f"warning: {w}" for w in rep.get("load_changed") or []]
+    return out
+
+
 def table(rep: dict) -> str:
     keys = ("tpot_ms.p50", "output_tok_s", "tpot_ms.p99", "e2e_ms.p99", "ttft_ms.mean", "tokens_per_decode_step")
     lines = [
@@ -228,7 +278,7 @@ def table(rep: dict) -> str:
             + " | ".join(cells)
             + f" | {r['verdict']} | {esc} ({r.get('verdict_error_spread', '-')}) |"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + noise_lines(rep))
 
 
 def fidelity_summary(rep: dict) -> dict:
@@ -338,8 +388,8 @@ def write_fidelity(path: Path, summaries: list[dict], gates: dict) -> None:
     write_file(path, json.dumps(doc, indent=1, default=str) + "\n", parents=True)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m validator.heldout", description=__doc__.split("\n\n")[0])
+def main(argv=None, prog: str = "python -m validator.heldout") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("collect")
     c.add_argument("--server")

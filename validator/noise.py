@@ -140,3 +140,88 @@ def apply_dispersion(req, dispersion: dict, seed: int = 0):
     e2e[done] = out["ttft_ms"].to_numpy()[done] + tpot[done] * np.maximum(n[done] - 1, 0)
     out["tpot_ms"], out["e2e_ms"] = tpot, e2e
     return out
+
+
+# ---- the host's load and drift within a measurement campaign ---------------------------------------
+
+# A run is flagged when the host's 1-minute load average moved by more than this many runnable
+# tasks per CPU between its start and its end: on the 2-core test host a change of one busy
+# process per core moved p50 TPOT by 10-35% (validator/README.md, "Noise, gates and names").
+LOAD_CHANGE_PER_CPU = 0.5
+
+
+def host_load() -> dict | None:
+    """The host's load now: the 1-, 5- and 15-minute load averages (/proc/loadavg), the CPUs
+    this process may run on, and this process's CPU time (s; for the client's CPU share over a
+    run). None where /proc/loadavg cannot be read."""
+    import os
+    import time
+
+    try:
+        with open("/proc/loadavg") as f:
+            la = [float(x) for x in f.read().split()[:3]]
+    except (OSError, ValueError):
+        return None
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return {"loadavg": la, "cpus": int(os.cpu_count() or cpus), "cpu_s": time.process_time(), "wall_s": time.time()}
+
+
+def load_change(before: dict | None, after: dict | None) -> dict | None:
+    """What changed on the host over a run (host_load at its start and end): the 1-minute load
+    averages, the change per CPU, the client's CPU time over the wall time (its share of a core:
+    a client starved of CPU time stamps chunks late) and ``changed``: the load moved by more
+    than LOAD_CHANGE_PER_CPU runnable tasks per CPU. None without both."""
+    if not before or not after:
+        return None
+    cpus = max(int(after.get("cpus") or before.get("cpus") or 1), 1)
+    a, b = before["loadavg"][0], after["loadavg"][0]
+    wall = after["wall_s"] - before["wall_s"]
+    per = (b - a) / cpus
+    return {
+        "loadavg_1m": [round(a, 2), round(b, 2)],
+        "change_per_cpu": round(per, 3),
+        "client_cpu_share": round((after["cpu_s"] - before["cpu_s"]) / wall, 3) if wall > 0 else None,
+        "changed": bool(abs(per) > LOAD_CHANGE_PER_CPU),
+    }
+
+
+def load_flags(ms) -> list[str]:
+    """One line for every measurement whose host load changed during the run (load_change)."""
+    out = []
+    for m in ms:
+        lc = (m.summary or {}).get("host_load")
+        if lc and lc.get("changed"):
+            out.append(
+                f"{m.path}: the host's load changed during the run (1-minute load average {lc['loadavg_1m'][0]:g} -> "
+                f"{lc['loadavg_1m'][1]:g}, {lc['change_per_cpu']:+.2f} per CPU): its figures hold that change"
+            )
+    return out
+
+
+DRIFT_METRICS = ("tpot_ms.p50", "output_tok_s")
+
+
+def drift(before: dict, after: dict, repeats: Sequence[dict]) -> dict:
+    """A control point measured at a campaign's start and its end (stats of each, metric_values
+    names) against the spread of that point's repeats within the campaign (``repeats``: stats
+    of the other runs of the same load and shape): for each of DRIFT_METRICS the relative change
+    (after - before) / before, the repeats' spread, and ``drifted`` when the change is larger than
+    that spread (the machine's speed moved by more than the campaign's noise: its cases were
+    measured on two machines). ``drifted`` overall when any metric did."""
+    vb, va = metric_values(before), metric_values(after)
+    sp = spread(list(repeats))  # (the control's own two runs left out: they would widen it to the change)
+    out: dict = {"metrics": {}}
+    for met in DRIFT_METRICS:
+        if met not in vb or met not in va or not vb[met]:
+            continue
+        ch = (va[met] - vb[met]) / vb[met]
+        s = (sp.get(met) or {}).get("relative_spread")
+        out["metrics"][met] = {
+            "before": round(vb[met], 4),
+            "after": round(va[met], 4),
+            "change": round(ch, 4),
+            "spread": s,
+            "drifted": bool(s is not None and abs(ch) > s),
+        }
+    out["drifted"] = any(v["drifted"] for v in out["metrics"].values())
+    return out
