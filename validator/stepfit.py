@@ -577,7 +577,7 @@ def fit_cost(
     # below to decide: its separation moves either side of COLLINEAR from one call to the next (the
     # live CPU profile's request column), and a term the gate dropped in one call and the noise test
     # in the other, or kept at the bound 0 in one, made two identical calls disagree on the term set
-    with_rounds = bool(rounds) and len([r for r in rounds if r]) >= MIN_ROUNDS
+    with_rounds = len([r for r in rounds or [] if r]) >= MIN_ROUNDS
     gate = COLLINEAR_ROUNDS if with_rounds else COLLINEAR
     while len(keep) > 1:
         sep = {j: identifiable(Xw, keep, j) for j in keep}
