@@ -437,11 +437,10 @@ def test_a_front_end_that_grows_with_the_load_is_fitted_and_predicted_at_c1_and_
     """A fake API server that spends 10 ms + 8 ms per other stream in flight on each request
     before its engine part (10 ms steps, one request each, outside the latency histograms it
     publishes): the client's first token comes about 10 + 8 (C - 1) ms after the server's clock
-    says (plus the client's and the HTTP stack's own time, which grows with the streams too on a
-    busy machine). Calibrated on C=2 and C=4, the front end is a line of about 8 ms per request
-    (fitted with the rest of what grows), and `check` at C=1 and C=8 (held out) predicts mean
-    TTFT (within 25% and 35% on this loaded 2-core machine), where the one-request overhead of
-    before, a constant, missed C=8's by more than 30%."""
+    says (plus the client's and the HTTP stack's own time). Calibrated on C=2 and C=4, the front
+    end is a line of about 8 ms per request, and `check` at C=1 and C=8 (held out) predicts mean
+    TTFT within 15% (-2..+7% and -2..-4% measured), where the one-request overhead of before, a
+    constant, missed C=8's by more than 30% (-50% measured)."""
     from validator import calibrate
 
     url = _fake_process(tmp_path, "--step-ms", "10", "--front-end-ms", "10", "--front-end-ms-per-stream", "8")
@@ -459,8 +458,9 @@ def test_a_front_end_that_grows_with_the_load_is_fitted_and_predicted_at_c1_and_
     assert rc == 0, err
     prof = tmp_path / "cal" / "calibrated-profile.yaml"
     fe = yaml_load(prof)["validator"]["front_end"]
-    # (two loads of a noisy machine: the slope within a factor of two of what the fake spends)
-    assert 4.0 < fe["ttft_ms_per_request"] < 16.0 and 4.0 < fe["e2e_ms_per_request"] < 16.0, fe
+    # (5.8-6.1 measured: a request finds fewer streams at the fake on arrival than the client's
+    # mean in flight, the line's abscissa, counts)
+    assert 4.0 < fe["ttft_ms_per_request"] < 12.0 and 4.0 < fe["e2e_ms_per_request"] < 12.0, fe
     assert "2.0-4.0 requests in flight" in fe["per_request_from"]
     # without the line (the profile's front end taken out: the one-request overhead, a constant)
     doc = yaml_load(prof)
@@ -472,9 +472,7 @@ def test_a_front_end_that_grows_with_the_load_is_fitted_and_predicted_at_c1_and_
         assert any(a.startswith("front end: ") for a in rep["assumed"])
         before = compare.check([runs[c]], str(tmp_path / "constant.yaml"), None, gates={}, sensitivity=False)
         err_before = {r["metric"]: r for r in before["rows"]}["ttft_ms.mean"]["error"]
-        # (on a loaded 2-core machine the client's and the HTTP stack's share is noisy and grows
-        # faster than linearly at C=8: 49-107 ms measured where the fake spends 66)
-        assert abs(err) < (0.25 if c == 1 else 0.35), (c, err, fe)
+        assert abs(err) < 0.15, (c, err, fe)
         if c == 8:
             assert err_before < -0.3 and abs(err) < abs(err_before), (err, err_before)
 

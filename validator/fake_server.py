@@ -241,6 +241,12 @@ class Handler(BaseHTTPRequestHandler):
         self._end_stream(n)
 
 
+class _Server(ThreadingHTTPServer):
+    # (the standard library listens with a backlog of 5: eight clients connecting at once had
+    # connections wait a second for the kernel's retry, a front-end delay no real server adds)
+    request_queue_size = 128
+
+
 def _latency_metrics(cfg: argparse.Namespace) -> str:
     """vLLM's engine-side latency histograms (sum and count) of a --front-end fake ("" else)."""
     fe = cfg.front_end
@@ -316,7 +322,7 @@ def serve(
         else {"lock": threading.Lock(), "active": 0, "count": 0, "sum": dict.fromkeys(LATENCY, 0.0)},
     )
     handler = type("H", (Handler,), {"cfg": cfg})
-    httpd = ThreadingHTTPServer((host, port), handler)
+    httpd = _Server((host, port), handler)
     httpd.daemon_threads = True
     return httpd
 
