@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 # (after the skips: these import torch and triton)
-from validator.gpu import moe_ops as O  # noqa: E402
+from validator.gpu import moe_attention, moe_gemm, moe_records, moe_timing, moe_triton  # noqa: E402
 from validator.gpu import moe_shard as S  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +29,7 @@ SPLIT_TUNE = {"attn": {"block_n": 4, "block_dv": 32}, "indexer": {"block_n": 16,
 
 
 def _v4_dims(heads=8):
-    d = O.v4_dims(O.load_config("deepseek-v4-flash"))
+    d = moe_records.v4_dims(moe_records.load_config("deepseek-v4-flash"))
     d.update(head_dim=64, rope_dim=16, window=8, index_heads=16, index_dim=32, topk=8, heads=heads)
     return d
 
@@ -42,7 +42,7 @@ def _rel(a, b):
 @pytest.mark.parametrize("tune", [None, SPLIT_TUNE], ids=["nosplit", "split"])
 def test_v4_core_matches_float64(kind, tune):
     # decode, verify windows, a request at context 0 and a prefill chunk crossing many compressor blocks
-    core = O.V4Core(kind, _v4_dims(), [1, 3, 30, 2], [5, 40, 3, 0], CPU, torch.float32, seed=3, tune=tune)
+    core = moe_attention.V4Core(kind, _v4_dims(), [1, 3, 30, 2], [5, 40, 3, 0], CPU, torch.float32, seed=3, tune=tune)
     out = core.run().double()
     assert torch.isfinite(out).all()
     assert _rel(out, core.reference()) < 1e-5
@@ -54,9 +54,9 @@ def test_v4_key_lists_follow_the_architecture():
     d = _v4_dims()
     W, m = d["window"], 4
     # HCA at ratio 128: no compressed entry yet at 38 tokens: window only, W keys for each token
-    core128 = O.V4Core("v4_hca", dict(d), [2], [37], CPU, torch.float32)
+    core128 = moe_attention.V4Core("v4_hca", dict(d), [2], [37], CPU, torch.float32)
     assert (core128.idx_buf.numpy() >= 0).sum(1).tolist() == [W, W]
-    csa = O.V4Core("v4_csa", dict(d), [2], [37], CPU, torch.float32)
+    csa = moe_attention.V4Core("v4_csa", dict(d), [2], [37], CPU, torch.float32)
     csa.run()
     vis = (np.array([37, 38]) + 1) // m  # compressed entries complete before each token
     assert csa.nvis.numpy().tolist() == vis.tolist()
@@ -66,7 +66,9 @@ def test_v4_key_lists_follow_the_architecture():
 
 
 def test_indexer_logits_match_float64():
-    core = O.V4Core("v4_csa", _v4_dims(), [1, 4, 20], [60, 200, 10], CPU, torch.float32, seed=1, tune=SPLIT_TUNE)
+    core = moe_attention.V4Core(
+        "v4_csa", _v4_dims(), [1, 4, 20], [60, 200, 10], CPU, torch.float32, seed=1, tune=SPLIT_TUNE
+    )
     core.run()
     ref = core.reference_logits()
     lg = core.logits.double()
@@ -77,8 +79,15 @@ def test_indexer_logits_match_float64():
 
 @pytest.mark.parametrize("tune", [None, SPLIT_TUNE], ids=["nosplit", "split"])
 def test_mla_decode_matches_float64(tune):
-    d = dict(O.mla_dims(O.load_config("deepseek-v3")), heads=4, kv_lora=64, rope_dim=16, nope_dim=16, v_dim=16)
-    core = O.MLACore(d, [1, 2, 5], [5, 70, 33], CPU, torch.float32, seed=2, tune=tune)
+    d = dict(
+        moe_records.mla_dims(moe_records.load_config("deepseek-v3")),
+        heads=4,
+        kv_lora=64,
+        rope_dim=16,
+        nope_dim=16,
+        v_dim=16,
+    )
+    core = moe_attention.MLACore(d, [1, 2, 5], [5, 70, 33], CPU, torch.float32, seed=2, tune=tune)
     out = core.run().double()
     assert _rel(out, core.reference_decode()) < 1e-5
 
@@ -86,7 +95,7 @@ def test_mla_decode_matches_float64(tune):
 def test_plan_work_covers_every_key_once():
     kc = np.array([5, 300, 0, 64, 1000])
     for dvb, bn in [(1, 32), (4, 8)]:
-        plan = O.plan_work(kc, np.arange(5) * 7, dvb, CPU, bn, sms=4)
+        plan = moe_triton.plan_work(kc, np.arange(5) * 7, dvb, CPU, bn, sms=4)
         w = plan.work.numpy()
         for rb, c in enumerate(kc):
             mine = w[w[:, 0] == rb]
@@ -96,24 +105,24 @@ def test_plan_work_covers_every_key_once():
             assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
             assert (mine[:, 3] == rb * 7).all()
     # enough row blocks to fill the GPU: one work item each, no combine
-    assert O.plan_work(np.full(600, 100), np.zeros(600), 1, CPU, 32, sms=132).final
+    assert moe_triton.plan_work(np.full(600, 100), np.zeros(600), 1, CPU, 32, sms=132).final
 
 
 def test_uniform_routing_counts():
     t, k, E, P = 4096, 6, 256, 8
-    mean = O.uniform_routing_counts(t, k, E, P, seed=0)
-    again = O.uniform_routing_counts(t, k, E, P, seed=0)
-    mx = O.uniform_routing_counts(t, k, E, P, seed=0, rank="max")
+    mean = moe_gemm.uniform_routing_counts(t, k, E, P, seed=0)
+    again = moe_gemm.uniform_routing_counts(t, k, E, P, seed=0)
+    mx = moe_gemm.uniform_routing_counts(t, k, E, P, seed=0, rank="max")
     assert len(mean) == E // P and np.array_equal(mean, again)
     assert abs(mean.sum() - t * k / P) < 0.05 * t * k / P
     assert mx.sum() >= mean.sum() or (mx > 0).sum() >= (mean > 0).sum()
-    one = O.uniform_routing_counts(1, k, E, P, seed=0, rank="max")
+    one = moe_gemm.uniform_routing_counts(1, k, E, P, seed=0, rank="max")
     assert one.sum() <= k and (one <= 1).all()  # one token picks distinct experts
 
 
 def test_moe_op_rows_and_output():
     rec = dict(op="moe", dtype="bf16", tokens=64, hidden=32, inter=16, topk=2, experts=8, ep=2)
-    op = O.MoEOp(rec, CPU, torch.float32)
+    op = moe_gemm.MoEOp(rec, CPU, torch.float32)
     y = op()
     assert op.rows == int(op.counts.sum()) and y.shape == (op.rows, 32) and torch.isfinite(y).all()
     # the grouped result equals a per-row reference (expert of each row from the offsets)
@@ -129,12 +138,12 @@ def test_moe_op_rows_and_output():
 
 
 def test_fallback_grid_and_layer_gemms():
-    cfg = O.load_config("deepseek-v4-flash")
-    g = dict((n, (nn, k)) for n, nn, k in O.layer_gemms(cfg, O.Topology.parse("dp8-ep8")))
+    cfg = moe_records.load_config("deepseek-v4-flash")
+    g = dict((n, (nn, k)) for n, nn, k in moe_records.layer_gemms(cfg, moe_records.Topology.parse("dp8-ep8")))
     assert g["wq_b"] == (64 * 512, 1024) and g["lm_head"] == (129280, 4096)
-    g8 = dict((n, (nn, k)) for n, nn, k in O.layer_gemms(cfg, O.Topology.parse("tp8-ep8")))
+    g8 = dict((n, (nn, k)) for n, nn, k in moe_records.layer_gemms(cfg, moe_records.Topology.parse("tp8-ep8")))
     assert g8["wq_b"] == (8 * 512, 1024)
-    recs = O.fallback_grid([("deepseek-v4-flash", "dp8-ep8")], quick=True)
+    recs = moe_records.fallback_grid([("deepseek-v4-flash", "dp8-ep8")], quick=True)
     kinds = {r["kind"] for r in recs if r["op"] == "attn"}
     assert kinds == {"v4_csa", "v4_hca", "v4_swa"}
     assert all(r["tokens"] % 8 == 0 for r in recs if r["op"] == "moe")  # DP8: 8 ranks' tokens
@@ -152,18 +161,18 @@ def test_v4_model_configs_from_the_public_configs():
 
 def test_shard_of_and_logit_rows():
     st = {"q": [1, 4, 300], "ctx": [10, 20, 0]}
-    q, c, total = S.shard_of(st, O.Topology.parse("dp8-ep8"))
+    q, c, total = S.shard_of(st, moe_records.Topology.parse("dp8-ep8"))
     assert q == [1, 4, 300] and total == 8 * 305
-    assert S.shard_of(st, O.Topology.parse("tp8-ep8"))[2] == 305
+    assert S.shard_of(st, moe_records.Topology.parse("tp8-ep8"))[2] == 305
     assert S.logit_rows([1, 4, 300]).tolist() == [0, 1, 2, 3, 4, 304]
 
 
 def test_shard_step_runs_on_cpu():
-    shard = S.Shard("deepseek-v4-flash", O.Topology.parse("dp8-ep8"), CPU, torch.float32, layers=3, dry=True)
+    shard = S.Shard("deepseek-v4-flash", moe_records.Topology.parse("dp8-ep8"), CPU, torch.float32, layers=3, dry=True)
     assert sorted(set(shard.kinds)) == ["v4_csa", "v4_hca", "v4_swa"]
     logits = shard.step([2, 1], [9, 30], 24)()
     assert logits.shape[0] == 3 and torch.isfinite(logits).all()
-    v3 = S.Shard("deepseek-v3", O.Topology.parse("tp8-ep8"), CPU, torch.float32, layers=2, dry=True)
+    v3 = S.Shard("deepseek-v3", moe_records.Topology.parse("tp8-ep8"), CPU, torch.float32, layers=2, dry=True)
     assert torch.isfinite(v3.step([1, 80], [5, 0], 81)()).all()
 
 
@@ -223,14 +232,14 @@ def test_committed_kernel_table_loads_in_the_composer():
 def test_batched_gemm_record_runs_each_group_on_its_own_input():
     """A gemm record with groups: `groups` independent [m, k] x [k, n] products of one launch (bf16
     torch.bmm; GroupedProj's fallback on the CPU), each group its own input slice and weights."""
-    op = O.GemmOp(dict(op="gemm", dtype="bf16", m=5, n=12, k=8, groups=3), CPU, torch.float64)
+    op = moe_gemm.GemmOp(dict(op="gemm", dtype="bf16", m=5, n=12, k=8, groups=3), CPU, torch.float64)
     y = op()
     assert tuple(y.shape) == (3, 5, 12)
-    gp = O.GroupedProj(3, 12, 8, CPU, torch.float64)
+    gp = moe_gemm.GroupedProj(3, 12, 8, CPU, torch.float64)
     x = torch.randn(5, 3, 8, dtype=torch.float64)
     want = torch.cat([x[:, g] @ gp.w[g] for g in range(3)], dim=1)
     assert torch.allclose(gp(x), want)
-    assert O.op_footprint(dict(op="gemm", dtype="bf16", m=5, n=12, k=8, groups=3)) == 3 * (
+    assert moe_timing.op_footprint(dict(op="gemm", dtype="bf16", m=5, n=12, k=8, groups=3)) == 3 * (
         (5 * 8 + 12 * 8) * 2 + 5 * 12 * 2
     )
 

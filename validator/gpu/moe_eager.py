@@ -27,8 +27,8 @@ import time
 
 import numpy as np
 
-from validator.gpu import moe_ops as O
 from validator.gpu import moe_shard as S
+from validator.gpu import moe_timing
 
 
 def parse_shapes(s: str) -> list[tuple[int, int]]:
@@ -113,7 +113,7 @@ def main(argv=None) -> int:
             graph_spread=round((max(gs) - min(gs)) / max(graph, 1e-9), 4) if gs else None,
         )
         rows.append(row)
-        O.write_json_atomic(a.out, out)
+        moe_timing.write_json_atomic(a.out, out)
         print(
             f"EAGER {a.model} {a.topology} {r}x{q} tok={r * q} graph={row['graph_ms']:.3f} eager={row['eager_ms']:.3f} "
             f"host={row['host_ms']:.3f} over={row['overhead_ms']:+.3f}ms ({row['overhead_us_per_layer']:+.1f}us/layer) "

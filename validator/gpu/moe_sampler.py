@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-from validator.gpu import moe_ops as O
+from validator.gpu import moe_timing
 
 
 def main(argv=None) -> int:
@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     dev = torch.device("cpu" if a.dry_run else "cuda")
     V = 512 if a.dry_run else a.vocab
-    info = O.gpu_line(dev)
+    info = moe_timing.gpu_line(dev)
     info.update(vocab=V, reps=a.reps)
     print(json.dumps(info), flush=True)
     rows: list[dict] = []
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
             row[f"{name}_ms"] = round(ms, 4)
             row[f"{name}_us_per_token"] = round(ms * 1e3 / T, 3)
         rows.append(row)
-        O.write_json_atomic(a.out, out)
+        moe_timing.write_json_atomic(a.out, out)
         print(
             f"SAMPLER T={T} greedy={row['greedy_ms']:.3f}ms ({row['greedy_us_per_token']:.2f}us/tok) "
             f"random={row['random_ms']:.3f}ms ({row['random_us_per_token']:.2f}us/tok)",

@@ -14,8 +14,8 @@ One GPU of the deployment:
   rank on the rows routed to them out of all the step's tokens (TP ranks hold every token).
 Excluded and stated: all-reduce / all-to-all dispatch and combine, sampling, the draft (MTP / DSpark) model,
 scheduler CPU time. Included per layer: hyper-connection mixing (V4, both sites), norms, the projection GEMMs
-(block-scaled FP8 where the build runs them, see moe_ops.Linear), the attention core (moe_ops.V4Core /
-MLACore), router GEMM + top-k, routed experts (moe_ops.MoEOp), shared expert; per step: final norm and the LM
+(block-scaled FP8 where the build runs them, see moe_gemm.Linear), the attention core (moe_attention.V4Core /
+MLACore), router GEMM + top-k, routed experts (moe_gemm.MoEOp), shared expert; per step: final norm and the LM
 head on the rows that need logits (every token of a decode/verify request, the last token of a prefill chunk).
 
 Step logs: JSONL, one object per engine step {"q": [query tokens per request], "ctx": [cached tokens per
@@ -34,13 +34,13 @@ from pathlib import Path
 
 import numpy as np
 
-from validator.gpu import moe_ops as O
+from validator.gpu import moe_attention, moe_gemm, moe_records, moe_timing, moe_triton
 
 PREFILL_Q = 64
 
 
 # ------------------------------------------------------------------ step -> one GPU's share
-def shard_of(step: dict, topo: O.Topology) -> tuple[list[int], list[int], int]:
+def shard_of(step: dict, topo: moe_records.Topology) -> tuple[list[int], list[int], int]:
     """(query tokens, contexts) of the requests this GPU's attention runs, and the tokens entering the experts.
     A step log of a dp<G> profile is one attention rank's (dsim's replica is one GPU): the other G - 1 ranks
     step in lockstep with similar batches, so G x n tokens reach the experts (the composer's assumption).
@@ -69,17 +69,17 @@ def _moe_weights(layer, d: dict, tp: int, device, dtype) -> None:
     h = d["hidden"]
     layer.router = torch.randn(d["experts"], h, device=device, dtype=dtype) * h**-0.5
     si = d["inter"] * d["shared"] // tp
-    layer.sh_gu = O.Linear(2 * si, h, True, device, dtype)
-    layer.sh_down = O.Linear(h, si, True, device, dtype)
+    layer.sh_gu = moe_gemm.Linear(2 * si, h, True, device, dtype)
+    layer.sh_down = moe_gemm.Linear(h, si, True, device, dtype)
     moe = dict(tokens=1, hidden=h, inter=d["inter"], topk=d["topk_experts"], experts=d["experts"], ep=d["ep"])
-    layer.moe_w = O.MoEOp(dict(moe, dtype="fp8"), device, dtype)
+    layer.moe_w = moe_gemm.MoEOp(dict(moe, dtype="fp8"), device, dtype)
 
 
 class V4Layer:
     def __init__(self, d: dict, kind: str, device, dtype, tp: int):
         import torch
 
-        L = O.Linear
+        L = moe_gemm.Linear
         h, D, H = d["hidden"], d["head_dim"], d["heads"]
         self.kind, self.d = kind, d
         self.wq_a = L(d["q_lora"], h, True, device, dtype)
@@ -87,15 +87,15 @@ class V4Layer:
         self.wkv = L(D, h, True, device, dtype)
         G = d["o_groups"]
         # grouped low-rank output projection: one (heads / G x D -> o_lora) matrix per group of heads
-        self.wo_a = O.GroupedProj(G, d["o_lora"], H * D // G, device, dtype)
+        self.wo_a = moe_gemm.GroupedProj(G, d["o_lora"], H * D // G, device, dtype)
         self.wo_b = L(h, G * d["o_lora"], True, device, dtype)
         ratio = {"v4_csa": 4, "v4_hca": 128, "v4_swa": 0}[kind]
         # the compressors' fused wkv + wgate are bf16 in the released checkpoint (not FP8-quantized)
-        self.comp = L(2 * O.compressor_width(ratio) * D, h, False, device, dtype) if ratio else None
+        self.comp = L(2 * moe_records.compressor_width(ratio) * D, h, False, device, dtype) if ratio else None
         if kind == "v4_csa":
             self.iq = L(d["index_heads"] * d["index_dim"], d["q_lora"], True, device, dtype)
             self.iw = L(d["index_heads"], h, False, device, dtype)
-            self.icomp = L(2 * O.compressor_width(4) * d["index_dim"], h, False, device, dtype)
+            self.icomp = L(2 * moe_records.compressor_width(4) * d["index_dim"], h, False, device, dtype)
         M = d["hc_mult"]
         self.phi = [torch.randn(M * h, 2 * M + M * M, device=device, dtype=dtype) * (M * h) ** -0.5 for _ in range(2)]
         self.norms = torch.ones(4, max(h, d["q_lora"]), device=device, dtype=dtype)
@@ -106,7 +106,7 @@ class V3Layer:
     def __init__(self, d: dict, dense: bool, device, dtype):
         import torch
 
-        L = O.Linear
+        L = moe_gemm.Linear
         h, H = d["hidden"], d["heads"]
         self.dense = dense
         self.q_a = L(d["q_lora"], h, True, device, dtype)
@@ -145,15 +145,15 @@ class Shard:
     """All layers of one GPU's shard (weights resident); step(q, ctx, total_tokens) builds the step's attention
     cores, routing and buffers and returns a closure that runs the whole step (capturable)."""
 
-    def __init__(self, model: str, topo: O.Topology, device, dtype, layers: int = 0, dry: bool = False):
+    def __init__(self, model: str, topo: moe_records.Topology, device, dtype, layers: int = 0, dry: bool = False):
         import torch
 
-        self.cfg = O._dry_cfg("mla" if "v3" in model else "v4") if dry else O.load_config(model)
-        self.v4 = O.is_v4(self.cfg)
+        self.cfg = moe_records.dry_cfg("mla" if "v3" in model else "v4") if dry else moe_records.load_config(model)
+        self.v4 = moe_records.is_v4(self.cfg)
         self.topo, self.device, self.dtype = topo, device, dtype
         tp = topo.attn_tp
         if self.v4:
-            d = O.v4_dims(self.cfg, tp)
+            d = moe_records.v4_dims(self.cfg, tp)
             if dry:
                 d.update(
                     hidden=256,
@@ -175,7 +175,7 @@ class Shard:
             self.layers = [V4Layer(d, k, device, dtype, tp) for k in self.kinds]
             self.full_layers = len(ratios)
         else:
-            d = O.mla_dims(self.cfg, tp)
+            d = moe_records.mla_dims(self.cfg, tp)
             if dry:
                 d.update(hidden=256, q_lora=128, inter=64, dense_inter=128, experts=16, vocab=512, heads=4)
             d["ep"], d["tp"] = topo.ep, tp
@@ -223,7 +223,9 @@ class Shard:
         h_pre = torch.sigmoid(mix[:, :M])
         h_post = 2 * torch.sigmoid(mix[:, M : 2 * M])
         lg = mix[:, 2 * M :].contiguous()
-        O.kernels()["sinkhorn"][(O.triton_cdiv(T, 64),)](lg, res, T, self.d["hc_iters"], 1e-6, M=M, BT=64)
+        moe_triton.kernels()["sinkhorn"][(moe_triton.triton_cdiv(T, 64),)](
+            lg, res, T, self.d["hc_iters"], 1e-6, M=M, BT=64
+        )
         x_in = (X.float() * h_pre[..., None]).sum(1).to(X.dtype)
         return x_in, h_post
 
@@ -240,10 +242,10 @@ class Shard:
         d, dev, dt = self.d, self.device, self.dtype
         N = int(sum(q_lens))
         h, D, H, M = d["hidden"], d["head_dim"], d["heads"], d["hc_mult"]
-        tune = {"attn": dict(O.ATTN_TUNE), "indexer": dict(O.INDEXER_TUNE)}
+        tune = {"attn": dict(moe_triton.ATTN_TUNE), "indexer": dict(moe_triton.INDEXER_TUNE)}
         cores = {}
         for k in sorted(set(self.kinds)):
-            cores[k] = O.V4Core(k, d, q_lens, ctx_lens, dev, dt, seed, tune)
+            cores[k] = moe_attention.V4Core(k, d, q_lens, ctx_lens, dev, dt, seed, tune)
         moe_rec = dict(
             tokens=total,
             hidden=h,
@@ -254,7 +256,10 @@ class Shard:
             dtype="fp8",
             swiglu_limit=d["swiglu_limit"],
         )
-        moes = [O.MoEOp(moe_rec, dev, dt, seed + i, weights=lay.moe_w, rank="max") for i, lay in enumerate(self.layers)]
+        moes = [
+            moe_gemm.MoEOp(moe_rec, dev, dt, seed + i, weights=lay.moe_w, rank="max")
+            for i, lay in enumerate(self.layers)
+        ]
         X = torch.randn(N, M, h, device=dev, dtype=dt)
         res = torch.empty(N, M * M, device=dev, dtype=torch.float32)
         rows = torch.as_tensor(logit_rows(q_lens), device=dev)
@@ -301,8 +306,8 @@ class Shard:
         N = int(sum(q_lens))
         h, H = d["hidden"], d["heads"]
         dn, dr, dl = d["nope_dim"], d["rope_dim"], d["kv_lora"]
-        tune = {"attn": dict(O.ATTN_TUNE)}
-        core = O.MLACore(d, q_lens, ctx_lens, dev, dt, seed, tune)
+        tune = {"attn": dict(moe_triton.ATTN_TUNE)}
+        core = moe_attention.MLACore(d, q_lens, ctx_lens, dev, dt, seed, tune)
         moe_rec = dict(
             tokens=total,
             hidden=h,
@@ -314,7 +319,7 @@ class Shard:
             swiglu_limit=0.0,
         )
         moes = [
-            O.MoEOp(moe_rec, dev, dt, seed + i, weights=lay.moe_w, rank="max") if not lay.dense else None
+            moe_gemm.MoEOp(moe_rec, dev, dt, seed + i, weights=lay.moe_w, rank="max") if not lay.dense else None
             for i, lay in enumerate(self.layers)
         ]
         x = torch.randn(N, h, device=dev, dtype=dt)
@@ -569,7 +574,7 @@ def layer_records(shard: Shard, device, reps: int, dry: bool, shapes=None, on_re
 def run_info(device, shard, a) -> dict:
     """The GPU and the shard a run measured: the head of every output file (gpu line, model, topology,
     layers run of the model's full count)."""
-    info = O.gpu_line(device)
+    info = moe_timing.gpu_line(device)
     info.update(model=a.model, topology=a.topology, layers_run=len(shard.layers), full_layers=shard.full_layers)
     return info
 
@@ -582,12 +587,12 @@ def _setup(a):
     device = torch.device("cpu" if a.dry_run else "cuda")
     dtype = torch.float32 if a.dry_run else torch.bfloat16
     if device.type == "cuda":
-        O.SMS = torch.cuda.get_device_properties(0).multi_processor_count
-        O.detect_fp8(device)
+        moe_triton.SMS = torch.cuda.get_device_properties(0).multi_processor_count
+        moe_gemm.detect_fp8(device)
         if a.tune:
-            O.ATTN_TUNE.update(json.loads(a.tune).get("attn", {}))
-            O.INDEXER_TUNE.update(json.loads(a.tune).get("indexer", {}))
-    topo = O.Topology.parse(a.topology)
+            moe_triton.ATTN_TUNE.update(json.loads(a.tune).get("attn", {}))
+            moe_triton.INDEXER_TUNE.update(json.loads(a.tune).get("indexer", {}))
+    topo = moe_records.Topology.parse(a.topology)
     shard = Shard(a.model, topo, device, dtype, a.layers, dry=a.dry_run)
     shard.cfg = dict(shard.cfg, _name=a.model)
     return device, shard
@@ -627,8 +632,8 @@ def main(argv=None) -> int:
     info = run_info(device, shard, a)
     info.update(
         weight_gib=round(shard.weight_bytes() / 2**30, 2),
-        fp8=dict(O.FP8),
-        tune=dict(attn=O.ATTN_TUNE, indexer=O.INDEXER_TUNE),
+        fp8=dict(moe_gemm.FP8),
+        tune=dict(attn=moe_triton.ATTN_TUNE, indexer=moe_triton.INDEXER_TUNE),
     )
     print(json.dumps(info), flush=True)
     out = dict(info=info)
@@ -636,7 +641,7 @@ def main(argv=None) -> int:
 
         def save(recs):
             out["records"] = recs
-            O.write_json_atomic(a.out, out)
+            moe_timing.write_json_atomic(a.out, out)
             print(json.dumps(recs[-1]), flush=True)
 
         layer_records(shard, device, a.reps, a.dry_run, on_record=save)
@@ -651,12 +656,12 @@ def main(argv=None) -> int:
 
         def partial(rows, src=src):
             out["logs"][src] = dict(rows=rows, summary=error_summary(rows), partial=True)
-            O.write_json_atomic(a.out, out)
+            moe_timing.write_json_atomic(a.out, out)
             print(step_line(src, rows[-1]), flush=True)
 
         rows, summ = replay(shard, steps, device, a.reps, a.dry_run, on_row=partial)
         out["logs"][src] = dict(rows=rows, summary=summ)
-        O.write_json_atomic(a.out, out)
+        moe_timing.write_json_atomic(a.out, out)
         print(src, json.dumps(summ), f"({time.time() - t0:.1f}s)", flush=True)
     return 0
 

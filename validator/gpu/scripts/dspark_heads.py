@@ -16,7 +16,7 @@ over a draft block's positions (a cross-check of the kernel table's GEMM record)
   draft probabilities kept for the verify step, the confidence; `block` positions in sequence;
 - lm_head: the [R x block, hidden] x [hidden, V] bf16 GEMM of the block's logits.
 
-CUDA-graph replay over rotating instances (validator.gpu.moe_ops.time_instances), median of 7
+CUDA-graph replay over rotating instances (validator.gpu.moe_timing.time_instances), median of 7
 intervals. Writes every record after it is timed and prints one HEADS line per record.
 """
 
@@ -105,7 +105,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import torch
 
-    from validator.gpu.moe_ops import time_instances
+    from validator.gpu.moe_timing import time_instances
 
     dev = torch.device("cuda" if torch.cuda.is_available() and not a.dry_run else "cpu")
     vocab = 4096 if a.dry_run else VOCAB
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
     out: dict = {
         "provenance": {
             "kind": "measured",
-            "method": "CUDA-graph replay over rotating instances (validator.gpu.moe_ops.time_instances), median of 7",
+            "method": "CUDA-graph replay over rotating instances (validator.gpu.moe_timing.time_instances), median of 7",
             "command": "python3 validator/gpu/scripts/dspark_heads.py --out " + Path(a.out).name,
             "gpu": gpu,
             "vocab": vocab,

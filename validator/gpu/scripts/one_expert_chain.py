@@ -1,5 +1,5 @@
 """The routed experts of an EP rank holding ONE expert, timed as a decode engine with DeepEP's low-latency
-layout runs them, next to the pieces of validator.gpu.moe_ops' grouped op.
+layout runs them, next to the pieces of validator.gpu.moe_gemm's grouped op (MoEOp).
 
     python3 validator/gpu/scripts/one_expert_chain.py --out one-expert-chain.json [--dry-run]
 
@@ -13,7 +13,7 @@ row count (rows = tokens per rank x top-k, one expert per rank):
   blocks, as the h200-torch GEMM records) around one fused Triton kernel (clamped SwiGLU in fp32 and
   the 1 x 128 block quantization of its output);
 - gemms: the two GEMMs alone (what the lean chain's elementwise kernel adds is lean - gemms);
-- grouped: validator.gpu.moe_ops.MoEOp for the same rows (permutation, torch._scaled_grouped_mm,
+- grouped: validator.gpu.moe_gemm.MoEOp for the same rows (permutation, torch._scaled_grouped_mm,
   SwiGLU and quantization as separate torch kernels, routing weights and scatter), as the
   h200-torch-wideep table's moe records were timed.
 
@@ -160,7 +160,6 @@ class OneExpert:
 
 
 def _time_row(
-    M,
     H: int,
     inter: int,
     k: int,
@@ -174,22 +173,26 @@ def _time_row(
     grouped: bool = True,
 ) -> dict:
     """lean / gemms / grouped ms and the lean chain's error for one row count."""
+    from validator.gpu import moe_gemm, moe_timing
+
     if dry:
         ex = OneExpert(H, inter, rows, device)
         ex.lean()
         ex.gemms()
         return dict(lean_ms=None, gemms_ms=None, grouped_ms=None, max_rel_err=ex.check())
     insts = [OneExpert(H, inter, rows, device) for _ in range(n_inst)]
-    out = dict(
-        lean_ms=round(M.time_instances(lambda i: insts[i].lean, device, n_inst)[0], 5),
-        gemms_ms=round(M.time_instances(lambda i: insts[i].gemms, device, n_inst)[0], 5),
+    out: dict[str, float | None] = dict(
+        lean_ms=round(moe_timing.time_instances(lambda i: insts[i].lean, device, n_inst)[0], 5),
+        gemms_ms=round(moe_timing.time_instances(lambda i: insts[i].gemms, device, n_inst)[0], 5),
     )
     rec = dict(op="moe", dtype="fp8", tokens=n * E, hidden=H, inter=inter, topk=k, experts=E, ep=E)
     if not grouped:
         out["grouped_ms"] = None
         out["max_rel_err"] = round(insts[0].check(), 5)
         return out
-    out["grouped_ms"] = round(M.time_instances(lambda i: M.MoEOp(rec, device, dtype, seed=i), device, n_inst)[0], 5)
+    out["grouped_ms"] = round(
+        moe_timing.time_instances(lambda i: moe_gemm.MoEOp(rec, device, dtype, seed=i), device, n_inst)[0], 5
+    )
     out["max_rel_err"] = round(insts[0].check(), 5)
     return out
 
@@ -216,13 +219,13 @@ def main(argv=None) -> int:
         return 2
     import torch
 
-    from validator.gpu import moe_ops as M
+    from validator.gpu import moe_timing
 
     device = torch.device("cpu" if a.dry_run or not torch.cuda.is_available() else "cuda")
     t0 = time.time()
     records: list[dict] = []
     variants: list[dict] = []
-    info = dict(gpu=M.gpu_line(device) if device.type == "cuda" else "cpu (dry run)", torch=torch.__version__)
+    info = dict(gpu=moe_timing.gpu_line(device) if device.type == "cuda" else "cpu (dry run)", torch=torch.__version__)
 
     def write():
         prov = dict(
@@ -236,7 +239,7 @@ def main(argv=None) -> int:
                 "FP8 gate+up GEMM (F.scaled_mm, 1x128 / 128x128 scales), one fused Triton kernel (clamped SwiGLU, "
                 "fp32, 1x128 FP8 re-quantization), block-scaled FP8 down GEMM; inputs already FP8 in expert order "
                 "(the dispatch's output), routing weights applied by the combine; CUDA-graph replay over rotating "
-                "instances (validator.gpu.moe_ops.time_instances), median of 7 intervals"
+                "instances (validator.gpu.moe_timing.time_instances), median of 7 intervals"
             ),
             command="python3 validator/gpu/scripts/one_expert_chain.py --out one-expert-chain.json"
             + ("" if tokens_per_rank == TOKENS_PER_RANK else f" --tokens-per-rank {a.tokens_per_rank}")
@@ -244,7 +247,7 @@ def main(argv=None) -> int:
             source="own measurement",
             gpu=info,
         )
-        M.write_json_atomic(
+        moe_timing.write_json_atomic(
             a.out, dict(name="h200-torch-one-expert", provenance=prov, records=records, variants=variants)
         )
 
@@ -255,10 +258,10 @@ def main(argv=None) -> int:
                 break
             rows = n * k  # tokens x top-k over E experts, one per rank: n x k rows on the mean rank
             foot = 3 * H * inter + rows * (H + 2 * inter) * 2
-            n_inst = 1 if a.dry_run else M.n_instances(foot)
+            n_inst = 1 if a.dry_run else moe_timing.n_instances(foot)
             row = dict(model=name, tokens_per_rank=n, rows=rows)
             try:
-                row.update(_time_row(M, H, inter, k, E, n, rows, device, dtype, n_inst, a.dry_run, not a.skip_grouped))
+                row.update(_time_row(H, inter, k, E, n, rows, device, dtype, n_inst, a.dry_run, not a.skip_grouped))
                 if not a.dry_run:
                     rec = dict(op="moe", dtype="fp8", tokens=n * E, hidden=H, inter=inter, topk=k, experts=E, ep=E)
                     records.append(dict(rec, ms=row["lean_ms"]))
