@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsim.errors import InputError
-from dsim.profiling import aic_tables as ka
+from dsim.profiling import aic_anchors, aic_build, aic_compare, aic_pricing, aic_source
 from dsim.profiling.kernel_tables import read_json_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def test_compare_closed_form_ratios_and_medians():
         r["ms"] *= f
     b["records"].append(gemm(32, 1.0))  # only in (b)
     a["records"].append(gemm(64, 1.0))  # only in (a)
-    c = ka.compare_tables(b, a)
+    c = aic_compare.compare_tables(b, a)
     kinds = {k.kind: k for k in c.kinds}
     assert kinds["gemm:fp8"].shapes == 5
     # |err| over gemm: 0.1, 0.2, 0.05, 0.3, 0.05 -> median 0.1
@@ -104,11 +104,11 @@ def test_compare_defaults_and_model_less_measurements_match():
             },
         ],
     )
-    c = ka.compare_tables(b, a)
+    c = aic_compare.compare_tables(b, a)
     assert sorted(s.kind for s in c.shapes) == ["attn:v4_hca:decode", "moe:fp8"]
     # a power-law routed record is a different shape
     b["records"][0]["distribution"] = "power_law_1.2"
-    assert [s.kind for s in ka.compare_tables(b, a).shapes] == ["attn:v4_hca:decode"]
+    assert [s.kind for s in aic_compare.compare_tables(b, a).shapes] == ["attn:v4_hca:decode"]
 
 
 def test_compare_adds_projection_gemms_when_b_includes_them():
@@ -116,21 +116,21 @@ def test_compare_adds_projection_gemms_when_b_includes_them():
     records of those parts (the composer's GEMMs of one layer at batch x q tokens), and is not compared when
     one of them is missing."""
     rec = {"op": "attn", "kind": "v4_csa", "phase": "decode", "batch": 4, "q": 2, "kv": 8192, "heads": 8}
-    proj = ka.projection_records(dict(rec, includes=ka.ATTN_INCLUDES))
+    proj = aic_compare.projection_records(dict(rec, includes=aic_source.ATTN_INCLUDES))
     parts = {r["n"] for r, _ in proj}
     # q_a, q_b, kv, o_a (one output group per rank at TP8), o_b, the ratio-4 compressor (2 x 2 x 512), the
     # indexer's q, per-head weights and its own compressor (4 x 128) of V4-Flash at TP8 (public config)
     assert {1024, 64 * 512 // 8, 512, 4096, 2 * 2 * 512, 64 * 128, 64, 4 * 128} <= parts
     assert all(r["op"] == "gemm" and c == 1 for r, c in proj)
     a_recs = [dict(rec, ms=0.05)] + [dict(r, ms=0.01 * (i + 1)) for i, (r, _) in enumerate(proj)]
-    b = table("b", [dict(rec, includes=ka.ATTN_INCLUDES, ms=0.42)])
-    c = ka.compare_tables(b, table("a", a_recs))
+    b = table("b", [dict(rec, includes=aic_source.ATTN_INCLUDES, ms=0.42)])
+    c = aic_compare.compare_tables(b, table("a", a_recs))
     (s,) = [s for s in c.shapes if s.kind.startswith("attn")]
     assert s.kind == "attn:v4_csa:decode+proj"
-    by_key = {ka.record_key(r): r["ms"] for r in a_recs[1:]}  # records of equal shape: the last one counts
-    assert s.a_ms == pytest.approx(0.05 + sum(by_key[ka.record_key(r)] for r, _ in proj))
+    by_key = {aic_compare.record_key(r): r["ms"] for r in a_recs[1:]}  # records of equal shape: the last one counts
+    assert s.a_ms == pytest.approx(0.05 + sum(by_key[aic_compare.record_key(r)] for r, _ in proj))
     assert s.ratio == pytest.approx(0.42 / s.a_ms)
-    c = ka.compare_tables(b, table("a", a_recs[:-1]))
+    c = aic_compare.compare_tables(b, table("a", a_recs[:-1]))
     assert not [s for s in c.shapes if s.kind.startswith("attn")]
     assert len(c.not_comparable) == 1 and "includes differ" in c.not_comparable[0][2]
 
@@ -139,10 +139,10 @@ def test_compare_adds_projection_gemms_when_b_includes_them():
 @given(st.lists(st.floats(0.001, 10.0), min_size=1, max_size=30), st.floats(0.2, 5.0))
 def test_compare_scaling_property(ms_list, factor):
     a = table("a", [gemm(m + 1, ms) for m, ms in enumerate(ms_list)])
-    same = ka.compare_tables(a, a)
+    same = aic_compare.compare_tables(a, a)
     assert same.median_abs_error == 0.0
     b = table("b", [dict(r, ms=r["ms"] * factor) for r in a["records"]])
-    c = ka.compare_tables(b, a)
+    c = aic_compare.compare_tables(b, a)
     assert c.median_abs_error == pytest.approx(abs(factor - 1), rel=1e-9, abs=1e-12)
     assert all(s.ratio == pytest.approx(factor) for s in c.shapes)
 
@@ -196,33 +196,33 @@ def test_grid_table_reproduces_log_linear_surfaces_and_clamps():
     def f(b, kv):
         return 0.05 + 0.01 * math.log2(b) + 0.002 * math.log2(1 + kv)
 
-    g = ka.GridTable(("batch", "kv"), pts, np.array([f(b, kv) for b, kv in pts]), (False, True))
+    g = aic_source.GridTable(("batch", "kv"), pts, np.array([f(b, kv) for b, kv in pts]), (False, True))
     for q in ((3, 500), (1, 0), (16, 8191), (5.5, 2000)):
         v, clamped = g(q)
         assert v == pytest.approx(f(*q)) and clamped == []
     v, clamped = g((64, 100000))
     assert clamped == ["batch", "kv"] and v == pytest.approx(f(16, 8191))
-    one = ka.GridTable(("tokens",), np.array([[1.0], [4.0], [16.0]]), np.array([1.0, 3.0, 5.0]), (False,))
+    one = aic_source.GridTable(("tokens",), np.array([[1.0], [4.0], [16.0]]), np.array([1.0, 3.0, 5.0]), (False,))
     assert one((2,))[0] == pytest.approx(2.0) and one((0.5,)) == (1.0, ["tokens"])
 
 
 def test_grid_records_cover_the_composers_shapes():
-    req = ka.composer_records("deepseek-v4-flash", "tp8-ep8", "b300_sxm")
-    tp8 = ka.grid_records("deepseek-v4-flash", "tp8-ep8", "b300_sxm", req)
-    dp8 = ka.grid_records("deepseek-v4-flash", "dp8-ep8", "h200_sxm")
+    req = aic_build.composer_records("deepseek-v4-flash", "tp8-ep8", "b300_sxm")
+    tp8 = aic_build.grid_records("deepseek-v4-flash", "tp8-ep8", "b300_sxm", req)
+    dp8 = aic_build.grid_records("deepseek-v4-flash", "dp8-ep8", "h200_sxm")
     assert {r["heads"] for r in tp8 if r["op"] == "attn"} == {8}
     assert {r["heads"] for r in dp8 if r["op"] == "attn"} == {64}
     assert {r["kind"] for r in tp8 if r["op"] == "attn"} == {"v4_csa", "v4_hca", "v4_swa"}
     grid_gemms = {(r["dtype"], r["n"], r["k"]) for r in tp8 if r["op"] == "gemm"}
     assert {(r["dtype"], r["n"], r["k"]) for r in req if r["op"] == "gemm"} <= grid_gemms
     assert ("fp8", 64 * 512 // 8, 1024) in grid_gemms and ("bf16", 64 * 512 // 8, 1024) in grid_gemms
-    assert {r["m"] for r in tp8 if r["op"] == "gemm"} == set(ka.GRID_TOKENS)
+    assert {r["m"] for r in tp8 if r["op"] == "gemm"} == set(aic_build.GRID_TOKENS)
     assert {r["dtype"] for r in tp8 if r["op"] == "moe"} == {"fp8", "bf16", "fp4"}  # FP4 experts on Blackwell
     assert {r["dtype"] for r in dp8 if r["op"] == "moe"} == {"fp8", "bf16"}
     assert {r["kind"] for r in tp8 if r["op"] == "comm"} == {"all_reduce"}
     assert {r["kind"] for r in dp8 if r["op"] == "comm"} == {"a2a_dispatch", "a2a_combine"}
     with pytest.raises(InputError, match="topology"):
-        ka.grid_records("deepseek-v4-flash", "tp4", "b300_sxm", req)
+        aic_build.grid_records("deepseek-v4-flash", "tp4", "b300_sxm", req)
 
 
 # ---- the shipped tables (no AIC) ---------------------------------------------------------------------------
@@ -243,8 +243,8 @@ def test_shipped_tables_carry_provenance_and_semantics(system):
     attn = [r for r in recs if r["op"] == "attn"]
     assert {r["kind"] for r in attn} == {"v4_csa", "v4_hca", "v4_swa", "mla"}
     # the composer's part names, so it does not price the projections again
-    assert all(set(r["includes"]) == set(ka.ATTN_INCLUDES) for r in attn if r["kind"] != "mla")
-    assert all(set(r["includes"]) == set(ka.MLA_INCLUDES) for r in attn if r["kind"] == "mla")
+    assert all(set(r["includes"]) == set(aic_source.ATTN_INCLUDES) for r in attn if r["kind"] != "mla")
+    assert all(set(r["includes"]) == set(aic_source.MLA_INCLUDES) for r in attn if r["kind"] == "mla")
     assert all("HCA" in r["note"] for r in attn if r["kind"] == "v4_swa")
     # vLLM's fp8_block GEMM rows are eager: every fp8 GEMM comes from SGLang and says so
     fp8 = [r for r in recs if r["op"] == "gemm" and r["dtype"] == "fp8"]
@@ -261,9 +261,9 @@ def test_shipped_tables_carry_provenance_and_semantics(system):
         ("moe", "w4a16"),
     }
     # every record the composer asks for, other than those, is priced
-    keys = {ka.record_key(r) for r in recs}
-    req = ka.composer_records("deepseek-v4-pro", "tp8-ep8", system)
-    missing = [r for r in req if ka.record_key(r) not in keys and r["op"] != "elementwise"]
+    keys = {aic_compare.record_key(r) for r in recs}
+    req = aic_build.composer_records("deepseek-v4-pro", "tp8-ep8", system)
+    missing = [r for r in req if aic_compare.record_key(r) not in keys and r["op"] != "elementwise"]
     assert not missing
 
 
@@ -312,12 +312,12 @@ def test_shipped_anchors_reproduce_the_quoted_figures():
 def _raw(system: str, rel: str):
     import pandas as pd
 
-    return pd.read_parquet(ka.aic_root() / "systems" / "data" / rel)
+    return pd.read_parquet(aic_source.aic_root() / "systems" / "data" / rel)
 
 
 @needs_aic
 def test_pricing_at_measured_points_equals_the_rows():
-    priced = ka.price_records(
+    priced = aic_pricing.price_records(
         [
             {"op": "gemm", "dtype": "bf16", "m": 64, "n": 4096, "k": 7168},
             {"op": "gemm", "dtype": "fp8", "m": 64, "n": 4096, "k": 7168},
@@ -383,7 +383,7 @@ def test_pricing_at_measured_points_equals_the_rows():
 
 @needs_aic
 def test_pricing_reasons_and_errors():
-    out = ka.price_records(
+    out = aic_pricing.price_records(
         [
             {
                 "op": "moe",
@@ -413,18 +413,18 @@ def test_pricing_reasons_and_errors():
     (swa,) = out["records"]
     assert "HCA" in swa["note"] and "dsv4_hca_generation_module_perf.parquet" in swa["note"]
     with pytest.raises(InputError, match="needs --model"):  # 32 heads per GPU: no shipped model at TP 1 or 8
-        ka.price_records(
+        aic_pricing.price_records(
             [{"op": "attn", "kind": "v4_csa", "phase": "decode", "batch": 1, "q": 1, "kv": 512, "heads": 32}],
             "b300_sxm",
         )
     with pytest.raises(InputError, match="--model"):
-        ka.price_records([{"op": "comm", "kind": "a2a_dispatch", "gpus": 8, "bytes": 4096}], "b300_sxm")
+        aic_pricing.price_records([{"op": "comm", "kind": "a2a_dispatch", "gpus": 8, "bytes": 4096}], "b300_sxm")
     with pytest.raises(InputError, match="system"):
-        ka.AicTables("h100_pcie")  # an AIC system without kernel tables
+        aic_pricing.AicTables("h100_pcie")  # an AIC system without kernel tables
     with pytest.raises(InputError, match="no trtllm tables for b60"):
-        ka.AicTables("b60", "trtllm")
+        aic_pricing.AicTables("b60", "trtllm")
     with pytest.raises(InputError, match="non-negative integer"):
-        ka.price_records([{"op": "gemm", "dtype": "bf16", "m": -1, "n": 1, "k": 1}], "b300_sxm")
+        aic_pricing.price_records([{"op": "gemm", "dtype": "bf16", "m": -1, "n": 1, "k": 1}], "b300_sxm")
 
 
 @needs_aic
@@ -433,7 +433,7 @@ def test_shipped_tables_regenerate(system):
     t = json.loads(read_json_text(SHIPPED[system]))
     own = [r for r in t["records"] if not (r["op"] == "comm" and r["kind"].startswith("a2a") and "hidden" not in r)]
     sample = own[:: max(1, len(own) // 60)]
-    again = ka.price_records(
+    again = aic_pricing.price_records(
         [{k: v for k, v in r.items() if k not in ("ms", "backend", "note", "includes")} for r in sample], system
     )
     assert [r["ms"] for r in again["records"]] == [r["ms"] for r in sample]
@@ -441,7 +441,7 @@ def test_shipped_tables_regenerate(system):
 
 @needs_aic
 def test_anchor_v4_pro_batch_1_is_aics_figure():
-    got = ka.run_anchor(ka.ANCHORS[0])
+    got = aic_anchors.run_anchor(aic_anchors.ANCHORS[0])
     assert got["step_ms"] == pytest.approx(36.8, abs=0.05)
     # most of it is the eager host floor of vLLM's fp8_block rows on the shared expert
     shared = got["shared_expert_fp8_gemm_ms_per_step"]
@@ -456,7 +456,7 @@ def test_shipped_error_summary_is_a_compose_table_error():
     assert 0 <= err["median_abs_error"] and all(0 < k["median_ratio"] for k in err["by_kind"].values())
     torch_table = ROOT / "profiles" / "kernels" / "h200-torch.json"
     if torch_table.is_file():  # with the measured table present, the summary is what compare says now
-        c = ka.compare_tables(
+        c = aic_compare.compare_tables(
             json.loads(read_json_text(ROOT / "profiles" / "kernels" / "h200-aic-vllm.json.gz")),
             json.loads(torch_table.read_text()),
         )
@@ -465,8 +465,8 @@ def test_shipped_error_summary_is_a_compose_table_error():
 
 def test_table_name_drops_json_and_gz():
     """A table built to NAME.json or NAME.json.gz is named NAME (the composer's --kernels and --prefer use it)."""
-    assert ka.table_name("profiles/kernels/h200-aic-vllm.json.gz") == "h200-aic-vllm"
-    assert ka.table_name("out/b300-aic-vllm.json") == "b300-aic-vllm"
+    assert aic_build.table_name("profiles/kernels/h200-aic-vllm.json.gz") == "h200-aic-vllm"
+    assert aic_build.table_name("out/b300-aic-vllm.json") == "b300-aic-vllm"
     for t in ("h200-aic-vllm", "b300-aic-vllm"):
         assert json.loads(read_json_text(ROOT / "profiles" / "kernels" / f"{t}.json.gz"))["name"] == t
 
@@ -503,7 +503,7 @@ def test_wide_ep_moe_records_are_guarded_against_the_per_gpu_repricing():
             "ep": 8,
         }
     ]
-    out = ka.price_records(recs, "h200_sxm")["records"]
+    out = aic_pricing.price_records(recs, "h200_sxm")["records"]
     ep8, ep64, ep128, big = out
     assert "guard" not in ep8 and ep8["ms"] == pytest.approx(1.667, abs=0.01)
     for r, table_ms in ((ep64, 9.43), (ep128, 9.80)):
@@ -513,7 +513,7 @@ def test_wide_ep_moe_records_are_guarded_against_the_per_gpu_repricing():
         assert r["ms"] >= g["roofline_ms"] and "guarded" in r["note"]
     assert any("outside the 1-16384" in x for x in ep128["guard"]["reasons"])
     assert big["guard"]["used"].startswith("table (extrapolated") and big["ms"] == big["guard"]["table_ms"]
-    t = ka.kernel_table("x", "h200_sxm", "vllm", "0.24.0", {"records": out, "unpriced": [], "files": []}, "", "")
+    t = aic_build.kernel_table("x", "h200_sxm", "vllm", "0.24.0", {"records": out, "unpriced": [], "files": []}, "", "")
     tg = t["provenance"]["table_guard"]
     assert tg["records"] == 3 and tg["eps"] == [8, 64, 128] and "1. AIC's moe table" in tg["order"]
 

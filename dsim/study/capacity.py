@@ -718,7 +718,7 @@ def hypothetical_lines(res: dict, method_names: Iterable[str]) -> list[str]:
 
 def profile_caveats(provenance: dict) -> list[str]:
     """What a profile's provenance says its numbers lean on beyond its method: silicon-table records
-    guarded (dsim.profiling.aic_tables.moe_guard) and measured attention terms left out (validator.gpu.profile
+    guarded (dsim.profiling.aic_guard.moe_guard) and measured attention terms left out (validator.gpu.profile
     --no-attention-terms)."""
     out = []
     guard = (provenance.get("assumptions") or {}).get("table_guard")

@@ -1,5 +1,5 @@
 """The dense GEMMs of one decoder step as vLLM 0.24's kernels take them on a GPU (the H200 by
-default), from AIConfigurator's silicon tables (dsim.profiling.aic_tables; needs the aic extra), against the
+default), from AIConfigurator's silicon tables (dsim.profiling.aic_pricing; needs the aic extra), against the
 executor's measured dense path on the same GPU (scripts/executor_check.py records, context-1 steps).
 
     python3 validator/gpu/scripts/aic_dense_compare.py [--model llama-3.1-8b] [--executor FILE] [--system h100_sxm]
@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def main(argv: list[str] | None = None) -> None:
-    from dsim.profiling.aic_tables import AicTables
+    from dsim.profiling.aic_pricing import AicTables
     from validator.gpu.plan import model_dims
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

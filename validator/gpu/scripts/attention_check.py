@@ -107,7 +107,7 @@ def compare(path: str, system: str = "h200_sxm") -> None:
     points."""
     import pandas as pd
 
-    from dsim.profiling.aic_tables import aic_root
+    from dsim.profiling.aic_source import aic_root
 
     rec = json.loads(Path(path).read_text())
     base = aic_root() / "systems" / "data" / system / "attention" / "vllm" / "0.24.0"
