@@ -127,6 +127,22 @@ def published_us(kind: str, tokens: float, hidden: int, topk: int, gpus: int) ->
     return floor + (readme_ll_us(gpus, kind) - floor) * eq / 128.0
 
 
+def _comm_record(kind: str, ep: int, n: int, m, width: float, ms: float, note: str) -> dict:
+    """One inter-node all-to-all record: ``n`` tokens of ``m``'s hidden size over an EP group of ``ep``."""
+    return dict(
+        op="comm",
+        kind=kind,
+        gpus=int(ep),
+        bytes=int(n * m.hidden * width),
+        scope="inter_node",
+        hidden=m.hidden,
+        topk=m.topk,
+        experts=m.experts,
+        ms=round(ms, 5),
+        note=note,
+    )
+
+
 def published_records(model_name: str, ep: int) -> list[dict]:
     """The composer's inter-node dispatch / combine records of `model_name` on EP `ep`, from DeepEP's
     published low-latency table (published_us)."""
@@ -144,20 +160,7 @@ def published_records(model_name: str, ep: int) -> list[dict]:
                 + f"; {n} tokens of hidden {m.hidden} top-{m.topk}: floor {LL_FLOOR_US[KINDS.index(kind)]} us "
                 "+ the rest in proportion to the message"
             )
-            out.append(
-                dict(
-                    op="comm",
-                    kind=kind,
-                    gpus=int(ep),
-                    bytes=int(n * m.hidden * width),
-                    scope="inter_node",
-                    hidden=m.hidden,
-                    topk=m.topk,
-                    experts=m.experts,
-                    ms=round(us / 1000.0, 5),
-                    note=note,
-                )
-            )
+            out.append(_comm_record(kind, ep, n, m, width, us / 1000.0, note))
     return out
 
 
@@ -257,20 +260,7 @@ def records(rows: list[dict], model_name: str, ep: int) -> list[dict]:
                 + (f", x {how['ep_scale']} DeepEP README EP64 -> EP{min(ep, 256)}" if how["ep_scale"] != 1.0 else "")
                 + (" (EP256's factor: assumed flat beyond 256)" if ep > 256 else "")
             )
-            out.append(
-                dict(
-                    op="comm",
-                    kind=kind,
-                    gpus=int(ep),
-                    bytes=int(n * m.hidden * width),
-                    scope="inter_node",
-                    hidden=m.hidden,
-                    topk=m.topk,
-                    experts=m.experts,
-                    ms=round(ms, 5),
-                    note=note,
-                )
-            )
+            out.append(_comm_record(kind, ep, n, m, width, ms, note))
     return out
 
 
