@@ -12,7 +12,7 @@ What runs here, over the decode slots' struct-of-arrays state (the engine's ``Re
   at a time for all slots at once with the same values: ``_position_pass``);
 * the verify-budget policies (``step_windows``: fixed, threshold, vllm, paper, paper-production,
   sglang) on one cost row per step, with the same operations in the same order as the numpy
-  definitions documented in ``dsim.policy`` (so the windows are identical, ties included);
+  definitions documented in ``dsim.spec.budget`` (so the windows are identical, ties included);
 * the SGLang verify modes and a decode window's budgets, each step's priced at its own KV
   context (``plan_decodes``, step by step);
 * the commit of decode slots (``commit_decodes``: accepted, emitted tokens, speculative counters,
@@ -104,7 +104,7 @@ class SlotDraws(NamedTuple):
 
 
 class PolicyParams(NamedTuple):
-    """The verify budget and verify mode of a replica (dsim.policy, dsim.spec.SpecConfig)."""
+    """The verify budget and verify mode of a replica (dsim.spec.budget, dsim.spec.methods.SpecConfig)."""
 
     adaptive: bool  # verify windows chosen per step by the budget policy
     code: int  # the policy's kernel (POLICY_CODES)

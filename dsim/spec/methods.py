@@ -1079,7 +1079,7 @@ class SpecRuntime:
     verify_mode: str
     acceptance: AcceptanceModel | None = None
     curves: AcceptanceCurves | None = None
-    policy: object | None = None  # dsim.policy.BudgetPolicy
+    policy: object | None = None  # dsim.spec.budget.BudgetPolicy
 
     @property
     def k(self) -> int:
