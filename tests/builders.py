@@ -108,3 +108,29 @@ def const_workload(rate: float, n: int, out_tokens: int = 100) -> Workload:
         source="constant test load",
         class_mix_assumed=True,
     )
+
+
+# A small `dsim ab` run (two seeds, two loads, 60 requests): the report and executor tests share it.
+AB_ARGS = [
+    "ab",
+    "--a",
+    "mtp",
+    "--b",
+    "dspark",
+    "--sla",
+    "p50=20ms",
+    "--requests",
+    "60",
+    "--seeds",
+    "0,1",
+    "--concurrency",
+    "1,4",
+    "--min-requests",
+    "12",
+    "--requests-per-user",
+    "2",
+    "--max-nodes",
+    "4",
+    "--jobs",
+    "2",
+]

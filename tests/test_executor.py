@@ -27,6 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from builders import AB_ARGS
 from dsim.cli.entry import app
 from dsim.errors import InputError
 from dsim.study.capacity import _Search, parse_sla
@@ -59,29 +60,6 @@ SWEEP_ARGS = [
     "12",
     "--requests-per-user",
     "2",
-    "--jobs",
-    "2",
-]
-AB_ARGS = [
-    "ab",
-    "--a",
-    "mtp",
-    "--b",
-    "dspark",
-    "--sla",
-    "p50=20ms",
-    "--requests",
-    "60",
-    "--seeds",
-    "0,1",
-    "--concurrency",
-    "1,4",
-    "--min-requests",
-    "12",
-    "--requests-per-user",
-    "2",
-    "--max-nodes",
-    "4",
     "--jobs",
     "2",
 ]

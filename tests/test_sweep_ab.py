@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from builders import AB_ARGS
 from dsim.cli.entry import app
 from dsim.study.sweep import FIGURES, closed_loop
 
@@ -73,34 +74,7 @@ def test_sweep_bad_input():
 @pytest.mark.slow
 def test_ab_report_files(tmp_path):
     out = tmp_path / "ab"
-    res = CliRunner().invoke(
-        app,
-        [
-            "ab",
-            "--a",
-            "mtp",
-            "--b",
-            "dspark",
-            "--sla",
-            "p50=20ms",
-            "--requests",
-            "60",
-            "--seeds",
-            "0,1",
-            "--concurrency",
-            "1,4",
-            "--min-requests",
-            "12",
-            "--requests-per-user",
-            "2",
-            "--max-nodes",
-            "4",
-            "--jobs",
-            "2",
-            "--out",
-            str(out),
-        ],
-    )
+    res = CliRunner().invoke(app, AB_ARGS + ["--out", str(out)])
     assert res.exit_code == 0, res.output
     md = (out / "report.md").read_text()
     html = (out / "report.html").read_text()
