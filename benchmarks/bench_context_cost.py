@@ -34,7 +34,7 @@ CHILD = r"""
 import dataclasses, json, time
 import numpy as np
 from dsim.cost import load_profile
-from dsim.engine.replica import EngineConfig
+from dsim.engine.config import EngineConfig
 from dsim.sim import SimConfig, SpecConfig, simulate
 from dsim.workload import load_workload
 prof = load_profile({profile!r})

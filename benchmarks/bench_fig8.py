@@ -417,7 +417,7 @@ def scan(profile, batches):
     import numpy as np
 
     from dsim.cost import CostModel, load_profile
-    from dsim.engine.replica import EngineConfig
+    from dsim.engine.config import EngineConfig
     from dsim.sim import SimConfig, SpecConfig, simulate
     from dsim.workload import Workload
 

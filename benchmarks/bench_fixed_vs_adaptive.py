@@ -73,7 +73,7 @@ def main() -> None:
     for k in FIXED_K:
         specs[f"K={k}"] = SpecConfig("dspark", k=k, adaptive=False, acceptance=a.acceptance)
     specs["adaptive"] = SpecConfig("dspark", k=a.k, adaptive=True, policy=a.policy, acceptance=a.acceptance)
-    from dsim.engine.replica import EngineConfig
+    from dsim.engine.config import EngineConfig
 
     eng = {}
     if a.max_num_batched_tokens:

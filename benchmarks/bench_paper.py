@@ -113,9 +113,9 @@ def engine_for(variant, args):
     unless --sync-scheduling. colocated: prefill runs on the decode GPUs (vLLM's default engine);
     disaggregated: the GPUs are decode instances of a prefill/decode-disaggregated deployment
     (DeepSeek-V3 report, Sec. 3.4; the paper's telemetry measures such decode instances):
-    prompts' KV arrives computed (dsim.engine.replica.EngineConfig.kv_role), with the stated prefill +
+    prompts' KV arrives computed (dsim.engine.config.EngineConfig.kv_role), with the stated prefill +
     transfer delay (0 by default; it moves TTFT only, which no figure here reads)."""
-    from dsim.engine.replica import EngineConfig
+    from dsim.engine.config import EngineConfig
 
     asyn = not getattr(args, "sync_scheduling", False)
     if variant == "colocated":

@@ -39,7 +39,7 @@ import dataclasses, hashlib, json, os
 import numpy as np
 from dsim.cost import load_profile
 try:
-    from dsim.engine.replica import EngineConfig
+    from dsim.engine.config import EngineConfig
 except ImportError:  # a base commit from before the sub-packages (dsim/engine.py)
     from dsim.engine import EngineConfig
 from dsim.sim import SimConfig, SpecConfig, simulate

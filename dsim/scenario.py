@@ -14,7 +14,7 @@ from dsim.engine.router import ROUTERS
 from dsim.errors import InputError
 
 if TYPE_CHECKING:  # imported where used: the command line starts without pandas and simpy
-    from dsim.engine.replica import EngineConfig
+    from dsim.engine.config import EngineConfig
     from dsim.sim import SpecConfig
     from dsim.workload import Workload
 
@@ -24,7 +24,7 @@ METHODS = ("none", "mtp", "eagle3", "block", "dspark")  # dsim.spec.methods' reg
 def disaggregation(
     disaggregated: bool, remote_prefill_ms: float = 0.0, remote_prefill_ms_per_ktok: float = 0.0
 ) -> dict:
-    """The EngineConfig fields of --disaggregated and its delays (dsim.engine.replica.EngineConfig.kv_role):
+    """The EngineConfig fields of --disaggregated and its delays (dsim.engine.config.EngineConfig.kv_role):
     {} for a colocated engine. A delay without --disaggregated, or a negative or non-finite one,
     is an InputError."""
     for v, what in (
@@ -531,7 +531,7 @@ def check_scenario(s: Scenario) -> None:
 def scenario_engine(s: Scenario, **extra: Any) -> EngineConfig | None:
     """The EngineConfig of a scenario (extra: further EngineConfig fields); None where it is
     vLLM's default engine, so that plan / sweep / ab points keep their callers' default."""
-    from dsim.engine.replica import EngineConfig
+    from dsim.engine.config import EngineConfig
 
     ec = EngineConfig(
         max_num_seqs=s.max_num_seqs,

@@ -24,10 +24,13 @@ import simpy
 from dsim.cost import CostModel, Profile
 from dsim.engine.compiled_sched import SUCC_NONE, SUCC_PYTHON, SUCC_SELF
 from dsim.engine.compiled_step import run_key
+from dsim.engine.config import EngineConfig
 from dsim.engine.diagnostics import result_warnings
 from dsim.engine.metrics import dist, request_table, summarize
-from dsim.engine.replica import STEP_FIELDS, STEP_FLOAT_FIELDS, DraftCost, EngineConfig, Replica, Requests, SpecStats
+from dsim.engine.records import STEP_FIELDS, STEP_FLOAT_FIELDS
+from dsim.engine.replica import Replica
 from dsim.engine.router import Router
+from dsim.engine.shared import DraftCost, Requests, SpecStats
 from dsim.errors import InputError
 from dsim.spec.methods import SpecConfig, SpecRuntime
 

@@ -264,7 +264,7 @@ def test_context_ms_replaces_the_forward_share_past_the_dense_table():
 
 
 def _simulate(profile, method="dspark", prefix=False, requests=60, concurrency=16):
-    from dsim.engine.replica import EngineConfig
+    from dsim.engine.config import EngineConfig
     from dsim.sim import SimConfig, SpecConfig, simulate
     from dsim.workload import load_workload
 

@@ -12,7 +12,7 @@ import pytest
 
 from builders import STEP_MS, const_workload, flat_profile
 from dsim.engine import diagnostics as D
-from dsim.engine.replica import EngineConfig
+from dsim.engine.config import EngineConfig
 from dsim.sim import SimConfig, SpecConfig, simulate
 from dsim.study.capacity import format_plan, parse_sla, plan
 

@@ -12,7 +12,7 @@ import pytest
 
 from builders import linear_profile, make_profile, run, wl
 from dsim.cost import KV_BLOCK_TOKENS, CostModel
-from dsim.engine.replica import EngineConfig
+from dsim.engine.config import EngineConfig
 from dsim.errors import InputError
 from dsim.sim import SpecConfig
 

@@ -10,7 +10,7 @@ import pytest
 
 from builders import linear_profile, make_profile, run, wl
 from dsim.cost import CostModel, load_profile, profile_from_dict, vllm_capture_sizes
-from dsim.engine.replica import EngineConfig
+from dsim.engine.config import EngineConfig
 from dsim.errors import InputError
 from dsim.sim import SimConfig, SpecConfig, simulate
 
@@ -590,7 +590,7 @@ def test_pack_context_args_rejects_a_field_of_another_kind():
 def test_columns_keep_row_order_across_appends_reserves_and_blocks():
     """Rows appended one at a time and ranges reserved and written in place come back in order,
     across block boundaries (a new block never moves the rows already written)."""
-    from dsim.engine.replica import Columns
+    from dsim.engine.buffers import Columns
 
     rng = np.random.default_rng(3)
     col = Columns(3, cap=4)
@@ -616,7 +616,7 @@ def test_prefix_hits_looked_up_in_batches_change_nothing(monkeypatch):
     # A burst of 60 prompts from 6 shared prefixes into a prefix cache that holds a few of them:
     # admission looks the hits up ahead, a batch at a time, and applies the LRU's order after.
     # Whatever the batch, every request's cached tokens and times are the one-at-a-time ones.
-    import dsim.engine.replica as engine
+    import dsim.engine.general_step as engine
 
     prof = linear_profile(kv_gib=1024 * 16 * 1200 / 2**30)  # 1,200 blocks: 37 prefix blocks of 512
     rng = np.random.default_rng(11)
@@ -770,7 +770,8 @@ def test_step_table_columns_mean_what_their_names_say(monkeypatch, compiled):
     verified ones; the decoding requests are among the scheduled ones; each replica's steps end
     in order, each step's end its predecessor's plus its duration; and the emitted tokens add up
     to every request's output (each request completes)."""
-    from dsim.engine.replica import STEP_FIELDS, Replica
+    from dsim.engine.records import STEP_FIELDS
+    from dsim.engine.replica import Replica
 
     monkeypatch.setattr(Replica, "run_compiled", compiled)
     rng = np.random.default_rng(5)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from builders import STEP_MS, const_workload, flat_profile
-from dsim.engine.replica import EngineConfig
+from dsim.engine.config import EngineConfig
 from dsim.errors import InputError
 from dsim.sim import SpecConfig
 from dsim.study.capacity import SLO, parse_request_slo, parse_sla, plan

@@ -82,7 +82,7 @@ def _b300_flat():
 
 def test_plan_on_unpriced_gpu_has_no_dollar_figure():
     from builders import const_workload
-    from dsim.engine.replica import EngineConfig
+    from dsim.engine.config import EngineConfig
 
     w = const_workload(13.0, 13 * 10)
     slos = parse_sla("p50=11ms")

@@ -194,7 +194,7 @@ def test_wait_queue_is_a_deque(ops):
     # the head, and the scheduler consuming from the head (as schedule_step's returned head does).
     from collections import deque
 
-    from dsim.engine.replica import WaitQueue
+    from dsim.engine.buffers import WaitQueue
 
     q, ref, nxt = WaitQueue(cap=4), deque(), 0
     for op, k in ops:

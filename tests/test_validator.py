@@ -1135,7 +1135,7 @@ def test_per_prompt_prefill_cost_is_priced_per_chunk_by_the_engine(tmp_path):
     prefill chunk of a step adds it (closed form through the engine: a 1500-token prompt in 512-token
     chunks, then decodes); it survives a save and load."""
     from dsim.cost import CostModel, load_profile, save_profile
-    from dsim.engine.replica import EngineConfig
+    from dsim.engine.config import EngineConfig
     from dsim.sim import SimConfig, SpecConfig, simulate
     from validator import stepfit
 
@@ -1190,7 +1190,7 @@ def test_draft_script_drives_the_engine_in_lockstep():
     decode step (closed form: tokens per step, verified drafts priced), identical requests finish in
     one step, and the script's last entry repeats."""
     from dsim.cost import CostModel
-    from dsim.engine.replica import EngineConfig
+    from dsim.engine.config import EngineConfig
     from dsim.sim import SimConfig, SpecConfig, simulate
     from validator import stepfit
 
@@ -1223,7 +1223,7 @@ def test_closed_loop_successors_reach_the_engine_in_turn():
     """SimConfig.closed_loop_gap_ms / closed_loop_send_gap_ms: a completion's successor arrives
     gap later, the successors of one step's completions send_gap apart; the engine starts the
     first prompt alone and the rest join its next step (the real server's partial waves)."""
-    from dsim.engine.replica import EngineConfig
+    from dsim.engine.config import EngineConfig
     from dsim.sim import SimConfig, SpecConfig, simulate
     from validator import stepfit
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dsim.cost import CostModel, load_profile
-from dsim.engine.replica import EngineConfig
+from dsim.engine.config import EngineConfig
 from dsim.sim import SimConfig, SpecConfig, simulate
 from dsim.workload import Workload
 

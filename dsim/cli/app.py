@@ -25,7 +25,7 @@ from dsim.errors import InputError
 from dsim.scenario import build_workload, disaggregation_note, spec_config
 
 if TYPE_CHECKING:
-    from dsim.engine.replica import EngineConfig
+    from dsim.engine.config import EngineConfig
 
 app = typer.Typer(
     add_completion=False,
@@ -338,7 +338,7 @@ def simulate(
         sc = spec_config(
             meth, k_drafts, adaptive_on, scn.policy, scn.verify_mode, scn.acceptance, scn.head, scn.head_auc
         )
-        from dsim.engine.replica import EngineConfig
+        from dsim.engine.config import EngineConfig
 
         ec = scenario_engine(scn, record_shapes=step_log is not None) or EngineConfig()
         slo_d = None

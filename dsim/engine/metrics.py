@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
-    from dsim.engine.replica import Requests
+    from dsim.engine.shared import Requests
 
 PCTS = (50, 90, 99)
 

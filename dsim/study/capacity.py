@@ -225,7 +225,7 @@ def metric_values(summary: dict, req: pd.DataFrame, slos: Iterable[SLO], itl: An
 def run_point(p: Point, slos: Iterable[SLO] = (), keep: tuple = ()) -> dict:
     """Simulate one point; return a small picklable dict: the summary, the SLO metric values and,
     for each column named in `keep`, that column of the completed requests as a numpy array."""
-    from dsim.engine.replica import EngineConfig
+    from dsim.engine.config import EngineConfig
     from dsim.sim import SimConfig, simulate
 
     cfg = SimConfig(

@@ -244,7 +244,7 @@ def ab_report(
 ) -> list[Path]:
     """Run everything and write the report into `out`; returns the list of files written.
     executor / ray_address: where the simulations run (dsim.study.executor); progress_bar: dsim.study.progress;
-    engine: a dsim.engine.replica.EngineConfig for every run (default: vLLM's defaults)."""
+    engine: a dsim.engine.config.EngineConfig for every run (default: vLLM's defaults)."""
     from dsim.study import capacity as P
     from dsim.study import sweep as S
     from dsim.workload import assign_classes

@@ -115,7 +115,7 @@ def sweep(
 ) -> pd.DataFrame:
     """One closed-loop simulation per (method, concurrency); rows sorted by method order then C.
     runner: a dsim.study.capacity.Runner to use (else one is made from jobs, executor and ray_address);
-    engine: a dsim.engine.replica.EngineConfig for every point (default: vLLM's defaults); router: the
+    engine: a dsim.engine.config.EngineConfig for every point (default: vLLM's defaults); router: the
     router over a fleet's replicas (dsim.engine.router)."""
     from dsim.study.capacity import Point, Runner, run_point
 
