@@ -40,8 +40,11 @@ import numpy as np
 from dsim.cost import load_profile
 try:
     from dsim.engine.config import EngineConfig
-except ImportError:  # a base commit from before the sub-packages (dsim/engine.py)
-    from dsim.engine import EngineConfig
+except ImportError:  # a base commit from before the engine's modules (dsim/engine/replica.py) or the sub-packages
+    try:
+        from dsim.engine.replica import EngineConfig
+    except ImportError:
+        from dsim.engine import EngineConfig
 from dsim.sim import SimConfig, SpecConfig, simulate
 from dsim.workload import load_workload
 
