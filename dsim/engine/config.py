@@ -21,7 +21,7 @@ class EngineConfig:
     # prompts before: the validator's replays of a measured run)
     prefix_cache_warm: tuple = ()
     async_scheduling: bool = False  # overlap CPU scheduling with the GPU step
-    max_window: int = 256  # decode steps simulated at once, at most (see WINDOW_SLOTS)
+    max_window: int = 256  # decode steps simulated at once, at most (see decode_window.WINDOW_SLOTS)
     record_shapes: bool = False  # keep each step's (query tokens, context) per request
     # Prefill/decode disaggregation, in vLLM's words (kv_transfer_config.kv_role; DeepSeek-V3
     # report Sec. 3.4). None: prefill runs on these GPUs. "kv_consumer": a decode instance; a
