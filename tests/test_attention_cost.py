@@ -18,6 +18,7 @@ from dsim.cost import attention as CA
 from dsim.cost import profile as CP
 from dsim.errors import InputError
 from validator.gpu import plan
+from validator.gpu.fit import predicted_step_ms
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted(p for p in (ROOT / "profiles").rglob("*.yaml") if "models" not in p.parts)
@@ -304,9 +305,9 @@ def test_engine_step_costs_are_the_cost_interfaces(method):
     errs, extra = [], []
     for _rep, _t, q, ctx, ms in res.shapes:
         shape = plan.StepShape(tuple(q), tuple(ctx))
-        pred = plan.predicted_step_ms(cm, shape)
+        pred = predicted_step_ms(cm, shape)
         errs.append(abs(pred - ms) / pred)
-        extra.append(pred - plan.predicted_step_ms(cm1, shape))
+        extra.append(pred - predicted_step_ms(cm1, shape))
     errs = np.asarray(errs)
     assert len(errs) > 50
     assert np.count_nonzero(errs < 1e-9) >= 5 and errs.max() < 0.01

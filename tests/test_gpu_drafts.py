@@ -15,6 +15,7 @@ import yaml
 from dsim.cost import CostModel, load_profile
 from validator.gpu import plan
 from validator.gpu import refit as RF
+from validator.gpu.profile_files import dump_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 H200 = ROOT / "profiles" / "h200"
@@ -37,7 +38,7 @@ def _profiles(tmp_path: Path, model: str = "llama-3.1-8b") -> Path:
         prof = yaml.safe_load(y.read_text())
         prof["draft"] = raw.pop("draft")["previous"]
         prof["provenance"].pop("draft_tables", None)
-        y.write_text(plan.dump_yaml(prof))
+        y.write_text(dump_yaml(prof))
         r.write_text(json.dumps(raw, indent=1) + "\n")
     return d
 
@@ -129,7 +130,7 @@ def test_merge_closed_form_median_comparison_and_cut_runs(tmp_path, capsys):
     prof = yaml.safe_load((d / "h200-qwen3-8b.yaml").read_text())
     for k in plan.DRAFT_ORDER:
         prof["draft"][k] = dict(requests=[2**i for i in range(10)], ms=[2.0 * 2**i for i in range(10)])
-    (d / "h200-qwen3-8b.yaml").write_text(plan.dump_yaml(prof))
+    (d / "h200-qwen3-8b.yaml").write_text(dump_yaml(prof))
     f = tmp_path / "drafts-qwen3-8b.json"
     f.write_text(json.dumps(_synthetic(cut_last=True)))
     assert RF.main(["--drafts", str(f), "--profiles", str(d)]) == 0

@@ -15,6 +15,9 @@ from dsim.cost import CostModel, load_profile
 from dsim.errors import InputError
 from dsim.profiling.analytical import analytical_profile, evaluate_efficiency, load_fit
 from validator.gpu import plan
+from validator.gpu.fit import cost_model, fit_step_model, forward_table, isotonic, predicted_step_ms, step_terms
+from validator.gpu.profile_files import dump_yaml, profile_dict, raw_of, yaml_of
+from validator.gpu.steplog import error_summary, read_steplog, synthetic_steplog
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ["llama-3.1-8b", "qwen3-8b", "qwen3-32b"]
@@ -117,7 +120,7 @@ def test_fit_recovers_parameters():
     for n, f in F.items():
         for kv in (1000, 8000, 32000):
             pts.append(dict(n=n, kv=kv, ms=(f + 0.05 * kv / 1000) * (1 + rng.normal(0, 1e-4)), tag="t"))
-    fit = plan.fit_step_model(pts)
+    fit = fit_step_model(pts)
     assert fit["kv_ms_per_ktok"] == pytest.approx(0.05, rel=1e-2)
     assert np.allclose(fit["F"], [F[n] for n in fit["tokens"]], rtol=1e-2)
     assert fit["residual_pct"]["median_abs"] < 0.1
@@ -128,7 +131,7 @@ def test_fit_leaves_out_single_chunk_prefill_and_reports_it():
         dict(n=n, kv=kv, ms=5 + 0.01 * n + 0.05 * kv / 1000, tag="table") for n in (8, 16, 768) for kv in (1000, 9000)
     ]
     pts.append(dict(n=768, kv=768, ms=100.0, tag="tail-prefill"))  # far off the model
-    fit = plan.fit_step_model(pts)
+    fit = fit_step_model(pts)
     assert fit["kv_ms_per_ktok"] == pytest.approx(0.05, rel=1e-6)
     assert fit["residual_pct"]["median_abs"] < 1e-6 and "tail-prefill" not in fit["residual_pct"]["by_tag"]
     (e,) = fit["not_fitted_signed_pct"]["tail-prefill"]
@@ -158,11 +161,11 @@ def test_fit_prefill_terms_recovers_a_known_model_and_prices_the_table_for_decod
     caps = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
     pts = []
     for sh in shapes:
-        dec, pre = plan.step_terms(sh.q, sh.ctx)
+        dec, pre = step_terms(sh.q, sh.ctx)
         n = plan.padded_tokens(sh.n, caps)
         ms = 2 + 0.004 * n + slope * sh.kv / 1000 + a * dec / 1000 + beta * pre
         pts.append(dict(tag=sh.tag, n=n, n_real=sh.n, kv=sh.kv, R=sh.requests, s=max(sh.q), dec=dec, pre=pre, ms=ms))
-    fit = plan.fit_step_model(pts)
+    fit = fit_step_model(pts)
     assert fit["kv_ms_per_ktok"] == pytest.approx(slope, rel=1e-6)
     assert fit["prefill_terms"]["discount_ms_per_ktok"] == pytest.approx(a, rel=1e-4)
     assert fit["prefill_terms"]["attention_ms_per_mpair"] == pytest.approx(beta, rel=1e-4)
@@ -170,15 +173,15 @@ def test_fit_prefill_terms_recovers_a_known_model_and_prices_the_table_for_decod
     prov = dict(TEST_PROVENANCE)
     f = tmp_path / "t.yaml"
     f.write_text(
-        plan.dump_yaml(
-            plan.profile_dict(
+        dump_yaml(
+            profile_dict(
                 name="t", provenance=prov, kv_cache_gib=60, kv_bytes_per_token=131072, caps=caps, fit=fit, draft={}
             )
         )
     )
-    cm = plan.cost_model(yaml.safe_load(f.read_text()))
+    cm = cost_model(yaml.safe_load(f.read_text()))
     for sh, p in zip(shapes, pts):
-        assert plan.predicted_step_ms(cm, sh) == pytest.approx(p["ms"], rel=1e-4), sh.tag
+        assert predicted_step_ms(cm, sh) == pytest.approx(p["ms"], rel=1e-4), sh.tag
 
 
 def test_drafter_grid_is_the_composers_capture_sizes(tmp_path):
@@ -202,8 +205,8 @@ def test_drafter_grid_is_the_composers_capture_sizes(tmp_path):
     draft = {kind: dict(requests=reqs, ms=[float(r) for r in reqs]) for kind in ("mtp", "dspark")}
     f = tmp_path / "d.yaml"
     f.write_text(
-        plan.dump_yaml(
-            plan.profile_dict(
+        dump_yaml(
+            profile_dict(
                 name="t", provenance=prov, kv_cache_gib=60, kv_bytes_per_token=131072, caps=caps, fit=fit, draft=draft
             )
         )
@@ -227,7 +230,7 @@ def test_forward_table_and_profile_dict_load(tmp_path):
     ns = caps + plan.tail_sizes()
     fit = dict(tokens=ns, F=[1 + 0.01 * n for n in ns], kv_ms_per_ktok=0.05, residual_pct=dict(median_abs=1.0))
     prov = dict(TEST_PROVENANCE)
-    d = plan.profile_dict(
+    d = profile_dict(
         name="t",
         provenance=prov,
         kv_cache_gib=60,
@@ -237,17 +240,17 @@ def test_forward_table_and_profile_dict_load(tmp_path):
         draft={"mtp": dict(requests=[1, 2], ms=[0.5, 0.6])},
     )
     f = tmp_path / "t.yaml"
-    f.write_text(plan.dump_yaml(d))
+    f.write_text(dump_yaml(d))
     p = load_profile(str(f))
     assert p.kv_ms_per_ktok == 0.05 and "mtp" in p.draft
     # quick sweeps: missing capture sizes are interpolated and listed
     fit2 = dict(fit, tokens=[1, 512, 768], F=[1, 6, 8])
-    t = plan.forward_table(fit2, caps)
+    t = forward_table(fit2, caps)
     assert set(caps) <= set(t["tokens"]) and 256 in t["interpolated"]
 
 
 def test_synthetic_steplog_and_errors(tmp_path):
-    steps = plan.synthetic_steplog(seed=3)
+    steps = synthetic_steplog(seed=3)
     conc = {s["concurrency"] for s in steps}
     assert conc == {1, 32, 256, "prefill"}
     for s in steps:
@@ -256,9 +259,9 @@ def test_synthetic_steplog_and_errors(tmp_path):
             assert 1 <= min(s["q"]) and max(s["q"]) <= 8 and 500 <= min(s["ctx"]) and max(s["ctx"]) <= 8000
     f = tmp_path / "log.jsonl"
     f.write_text("\n".join(json.dumps(s) for s in steps))
-    assert len(plan.read_steplog(f)) == len(steps)
+    assert len(read_steplog(f)) == len(steps)
     rows = [dict(concurrency=1, predicted_ms=10.0, measured_ms=10.0 * (1 + e / 100)) for e in (1, 2, 3)]
-    summ = plan.error_summary(rows)
+    summ = error_summary(rows)
     assert summ["1"]["steps"] == 3 and 1.5 < summ["1"]["median_abs_pct"] < 2.5
 
 
@@ -283,7 +286,7 @@ def test_measured_profiles_load_with_provenance(m):
     assert p.kv_ms_per_ktok + p.attention.wave_ms_per_ktok > 0 and p.kv_cache_gib > 0
     assert set(p.capture_sizes) <= set(int(x) for x in p.forward.x)
     assert "replay_check" in p.extra
-    raw = json.loads(plan.raw_of(H200[m]).read_text())  # archive/h200/: the sweep behind the profile
+    raw = json.loads(raw_of(H200[m]).read_text())  # archive/h200/: the sweep behind the profile
     assert raw["points"] and raw["replay"]["rows"]
 
 
@@ -588,7 +591,7 @@ def test_fit_context_series_set_the_slope_only():
         for kv in (1000 * R, 8000 * R):
             pts.append(dict(n=128, kv=kv, ms=5 + 1.28 + off + 0.05 * kv / 1000, tag="context", R=R, s=s))
     pts.append(dict(n=512, kv=5000, ms=9.0, tag="context", R=512, s=1))  # lone point: no slope info
-    fit = plan.fit_step_model(pts)
+    fit = fit_step_model(pts)
     assert fit["kv_ms_per_ktok"] == pytest.approx(0.05, rel=1e-6)
     assert fit["tokens"] == [128, 256] and fit["F"] == pytest.approx([6.28, 7.56], rel=1e-6)
     assert fit["slope_groups"] == 2 and len(fit["slope_only_signed_pct"]["context"]) == 5
@@ -602,13 +605,13 @@ def _recomputed(replay_path, cm):
     their step logs: {log name: [|error| %...]} (the measured times are the replay's)."""
     out = {}
     for src, v in json.loads(replay_path.read_text())["logs"].items():
-        steps = plan.read_steplog(ROOT / src)
+        steps = read_steplog(ROOT / src)
         assert [s["step"] for s in steps] == [r["step"] for r in v["rows"]]
         errs = []
         for s, r in zip(steps, v["rows"]):
             shape = plan.StepShape(tuple(s["q"]), tuple(s["ctx"]))
             assert shape.n == r["n"] and shape.kv == r["kv"]
-            errs.append(abs(plan.predicted_step_ms(cm, shape) / r["measured_ms"] - 1) * 100)
+            errs.append(abs(predicted_step_ms(cm, shape) / r["measured_ms"] - 1) * 100)
         out[Path(src).name] = errs
     return out
 
@@ -617,7 +620,7 @@ def _recomputed(replay_path, cm):
 def test_committed_replays_meet_the_targets_with_the_committed_profiles():
     """The GPU replays of dsim's step logs (fresh `python3 -m validator.gpu.replay` processes;
     archive/h200/replay) predicted from the committed format-2 profiles and the logs' shapes
-    (plan.predicted_step_ms: step_ms + prefill_ms + context_ms), errors recomputed from the rows:
+    (fit.predicted_step_ms: step_ms + prefill_ms + context_ms), errors recomputed from the rows:
     default mixed trace at c = 1 / 32 / 256 (measured before the attention terms existed, never
     fitted) at or under 3 % median for every model; the held-out Mooncake (prefix caching, c16 /
     c96) and Azure conv / code logs (never fitted) at or under 4.5 % median, Mooncake's under 4 %;
@@ -670,13 +673,13 @@ def test_request_grid_replays_and_check_logs_meet_the_targets():
 
 
 def test_isotonic_is_the_nearest_non_decreasing_sequence():
-    assert plan.isotonic([1, 3, 2, 4, 3.5, 5]).tolist() == [1, 2.5, 2.5, 3.75, 3.75, 5]
+    assert isotonic([1, 3, 2, 4, 3.5, 5]).tolist() == [1, 2.5, 2.5, 3.75, 3.75, 5]
     y = np.random.default_rng(0).normal(size=40).cumsum()
-    iso = plan.isotonic(y)
+    iso = isotonic(y)
     assert np.all(np.diff(iso) >= -1e-12) and iso.sum() == pytest.approx(y.sum())
     # no other non-decreasing sequence is nearer (checked against the running maximum)
     assert np.sum((iso - y) ** 2) <= np.sum((np.maximum.accumulate(y) - y) ** 2)
-    assert plan.isotonic(sorted(y)).tolist() == sorted(y)
+    assert isotonic(sorted(y)).tolist() == sorted(y)
 
 
 def test_request_grid_plan_varies_requests_at_fixed_tokens():
@@ -799,14 +802,16 @@ def test_torch_free_parts_import_without_torch():
     import sys
 
     code = (
-        "import sys; import validator.gpu.plan, validator.gpu.replay, validator.gpu.refit; "
+        "import sys; import validator.gpu.plan, validator.gpu.fit, validator.gpu.profile_files, "
+        "validator.gpu.steplog, validator.gpu.replay, validator.gpu.refit; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr
-    src = {m: (ROOT / "validator" / "gpu" / f"{m}.py").read_text() for m in ("plan", "model", "replay")}
+    free = ("plan", "fit", "profile_files", "steplog")
+    src = {m: (ROOT / "validator" / "gpu" / f"{m}.py").read_text() for m in (*free, "model", "replay")}
     assert "validator.gpu.profile" not in src["replay"] and "validator.gpu.replay" not in src["model"]
-    assert "import torch" not in src["plan"]
+    assert not [m for m in free if "import torch" in src[m]]
 
 
 # the second checking set's logs that miss median <= 3 % or p90 <= 6 % (a miss in any replay of the log):
@@ -834,7 +839,7 @@ def test_second_checking_set_replays():
                 if not src.startswith("archive/h200/steplogs-s1/"):  # fitted steps replayed beside the logs
                     continue
                 name = Path(src).name
-                steps = plan.read_steplog(ROOT / src)
+                steps = read_steplog(ROOT / src)
                 clean = [abs(s["predicted_ms"] / r["measured_ms"] - 1) * 100 for s, r in zip(steps, v["rows"])]
                 assert all(r["predicted_ms"] == s["predicted_ms"] for s, r in zip(steps, v["rows"]))
                 assert all(min(r["reps_ms"]) <= r["measured_ms"] <= max(r["reps_ms"]) for r in v["rows"])
@@ -1106,9 +1111,9 @@ def test_machine_starts_meet_the_target_held_out(tmp_path):
         stored = json.loads(path.with_suffix(".repredicted.json").read_text())["logs"]
         for src, v in json.loads(path.read_text())["logs"].items():
             errs = []
-            for st, r in zip(plan.read_steplog(ROOT / src), v["rows"]):
+            for st, r in zip(read_steplog(ROOT / src), v["rows"]):
                 shape = plan.StepShape(tuple(st["q"]), tuple(st["ctx"]))
-                errs.append(abs(plan.predicted_step_ms(cm, shape) / r["measured_ms"] - 1) * 100)
+                errs.append(abs(predicted_step_ms(cm, shape) / r["measured_ms"] - 1) * 100)
             assert np.median(errs) <= 3.0 and np.percentile(errs, 90) <= 6.0, (path.name, src)
             assert stored[src]["summary"]["all"]["median_abs_pct"] == pytest.approx(np.median(errs), abs=2e-3)
     spec = importlib.util.spec_from_file_location("start_holdout", ROOT / "validator/gpu/scripts/start_holdout.py")
@@ -1358,20 +1363,20 @@ def test_aic_h100_gemm_tables_against_the_h100():
 
 def test_a_shipped_profile_and_its_archived_raw_sweep_name_each_other(tmp_path):
     """profiles/<gpu>/ holds the profile dsim reads, archive/<gpu>/ the raw sweep behind it
-    (archive/MANIFEST.md): plan.raw_of and plan.yaml_of pair them both ways, for every measured
+    (archive/MANIFEST.md): profile_files.raw_of and profile_files.yaml_of pair them both ways, for every measured
     profile; a copy with both files in one folder (a profile being made) pairs within the folder."""
     import shutil
 
     shipped = sorted((ROOT / "profiles").glob("h[12]00/*.yaml"))
     assert len(shipped) >= 5
     for y in shipped:
-        raw = plan.raw_of(y)
+        raw = raw_of(y)
         assert raw == ROOT / "archive" / y.parent.name / y.name.replace(".yaml", ".raw.json") and raw.is_file()
-        assert plan.yaml_of(raw) == y
+        assert yaml_of(raw) == y
     m = "qwen3-8b"
     shutil.copy(H200[m], tmp_path / H200[m].name)
-    shutil.copy(plan.raw_of(H200[m]), tmp_path / f"h200-{m}.raw.json")
-    assert plan.raw_of(tmp_path / H200[m].name) == tmp_path / f"h200-{m}.raw.json"
-    assert plan.yaml_of(tmp_path / f"h200-{m}.raw.json") == tmp_path / H200[m].name
+    shutil.copy(raw_of(H200[m]), tmp_path / f"h200-{m}.raw.json")
+    assert raw_of(tmp_path / H200[m].name) == tmp_path / f"h200-{m}.raw.json"
+    assert yaml_of(tmp_path / f"h200-{m}.raw.json") == tmp_path / H200[m].name
     # nothing outside profiles/ and archive/ is looked for elsewhere
-    assert plan.yaml_of(tmp_path / "x.raw.json") == tmp_path / "x.yaml"
+    assert yaml_of(tmp_path / "x.raw.json") == tmp_path / "x.yaml"

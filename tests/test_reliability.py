@@ -918,7 +918,7 @@ STEPLOG_CASES = [
 @pytest.mark.parametrize("text,needle", STEPLOG_CASES, ids=range(len(STEPLOG_CASES)))
 def test_step_log_read_back_is_checked_line_by_line(tmp_path, text, needle):
     from dsim.errors import InputError
-    from validator.gpu.plan import read_steplog
+    from validator.gpu.steplog import read_steplog
 
     f = tmp_path / "steps.jsonl"
     f.write_text(text)

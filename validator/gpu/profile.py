@@ -31,6 +31,7 @@ import torch
 
 from dsim.errors import InputError
 from validator.gpu import model as M
+from validator.gpu.fit import cost_model, fit_step_model, kv_slope_by_window, step_terms
 from validator.gpu.model import Timer, parse_split
 from validator.gpu.plan import (
     ANCHOR_N,
@@ -49,28 +50,21 @@ from validator.gpu.plan import (
     StepShape,
     busy_plan,
     context_sweep_plan,
-    cost_model,
-    dump_yaml,
-    error_summary,
-    fit_step_model,
     gpu_prefix,
     hetero_step,
-    kv_slope_by_window,
     model_dims,
     model_name,
     padded_tokens,
-    profile_dict,
-    repo_relative,
     request_grid_plan,
     shaped_step,
-    step_terms,
     sweep_plan,
     tail_sizes,
     uniform_step,
     vllm_capture_sizes,
-    write_text_atomic,
 )
+from validator.gpu.profile_files import dump_yaml, profile_dict, repo_relative, write_text_atomic
 from validator.gpu.replay import dry_run_steps, load_or_make_steps, replay_steps
+from validator.gpu.steplog import error_summary
 
 T_MAIN = time.time()  # when this run started (main() resets it)
 

@@ -13,7 +13,7 @@ With --context (context sweeps: the profiler's context/ folder, or scripts/conte
 For each RAW (written by `python3 -m validator.gpu.profile`), points that predate the prefill terms
 get their decode tokens and prefill pairs from the sweep's seeded shapes (plan.sweep_plan: tail
 points; every other swept step is decode only), the fit flags follow plan.FIT_EXCLUDE, and
-plan.fit_step_model is run again. The profile (the YAML next to RAW, same stem) gets the new forward
+fit.fit_step_model is run again. The profile (the YAML next to RAW, same stem) gets the new forward
 table, KV slope, prefill_terms and fit residuals; everything measured (draft tables, provenance,
 checks) is kept, and provenance.refit says what was redone, when and with which command. The
 profile and RAW (with the points' terms and the new fit) are written into --out DIR, or replaced
@@ -37,6 +37,9 @@ import yaml
 
 from dsim.errors import InputError
 from validator.gpu import plan as P
+from validator.gpu.fit import attention_structure, fit_step_model, kv_slope_by_window, predicted_step_ms, step_terms
+from validator.gpu.profile_files import dump_yaml, profile_dict, raw_of, repo_relative, write_text_atomic, yaml_of
+from validator.gpu.steplog import error_summary, read_steplog
 
 # appended to provenance.method (the line dsim prints for a profile): what the fit is now
 REFIT_NOTE = (
@@ -58,9 +61,7 @@ def _with_note(method: str, note: str) -> str:
 def _refitted_profile(prof: dict, prov: dict, fit: dict) -> dict:
     """prof rewritten around a new fit: its memory, capture sizes, drafter and CPU overhead kept,
     and its measured extras (replay_check ...) carried over."""
-    from validator.gpu import plan as P
-
-    new = P.profile_dict(
+    new = profile_dict(
         name=prof["name"],
         provenance=prov,
         kv_cache_gib=prof["memory"]["kv_cache_gib"],
@@ -93,7 +94,7 @@ def point_terms(points: list[dict]) -> None:
                 raise InputError(
                     f"point {p['tag']} n={p['n_real']} R={p['R']} kv={p['kv']}: not in the current sweep plan"
                 )
-            p["dec"], p["pre"] = P.step_terms(s.q, s.ctx)
+            p["dec"], p["pre"] = step_terms(s.q, s.ctx)
         elif int(p.get("s", 1)) < P.PREFILL_MIN_Q:  # table, context, hetero: decode/verify only
             p["dec"], p["pre"] = int(p["n_real"]), 0.0
         else:
@@ -161,7 +162,7 @@ def replay_steps(replay_path: Path, src: str, res: dict) -> list[tuple[dict, dic
     first len(rows) of them where the replay was cut short, each checked against its row's size
     and KV."""
     root = Path(__file__).resolve().parents[2]
-    steps = P.read_steplog(root / src if not Path(src).is_absolute() else src)
+    steps = read_steplog(root / src if not Path(src).is_absolute() else src)
     rows = res["rows"]
     if res.get("partial"):  # a replay cut short: its first len(rows) steps were timed
         steps = steps[: len(rows)]
@@ -281,7 +282,7 @@ def pool_table_points(pts: list[dict], ctx: list[dict], above: int) -> list[dict
 
 def busy_log(h200: Path, model: str) -> str:
     """The busy-decode steps written as a step log, as a replay names it (repository-relative)."""
-    return P.repo_relative(str(Path(h200).resolve() / "steplogs" / f"busy-decode-{model}.jsonl"))
+    return repo_relative(str(Path(h200).resolve() / "steplogs" / f"busy-decode-{model}.jsonl"))
 
 
 def voting_replays(h200: Path, model: str) -> list[Path]:
@@ -324,15 +325,15 @@ def fit_knots(caps: list[int], points: list[dict]) -> list[int]:
 
 
 def fit_attention(points: list[dict], dims: dict, split: dict, knots: list[int] | None = None) -> tuple[dict, list]:
-    """plan.fit_step_model with the attention terms at each (decode, prefill) occupancy in
+    """fit.fit_step_model with the attention terms at each (decode, prefill) occupancy in
     OCCUPANCIES; the one with the smallest mean over tags (but table) of the median residual wins.
     Returns (fit, [(occupancy, median residual %)...])."""
     best, tried = None, []
     grid = any(p.get("tag", "").startswith("rgrid") for p in points)  # the request terms need the grid
     for occ in OCCUPANCIES:
-        a = P.attention_structure(dims, split, *occ)
+        a = attention_structure(dims, split, *occ)
         pts = [dict(p) for p in points]
-        fit = P.fit_step_model(pts, attention=a, request_terms=grid, monotone=grid, knots=knots)
+        fit = fit_step_model(pts, attention=a, request_terms=grid, monotone=grid, knots=knots)
         # (the table points are fitted exactly, one F per size: the terms are judged on the rest)
         by = {k: v for k, v in fit["residual_pct"]["by_tag"].items() if k != "table"}
         med = float(np.mean(list(by.values()))) if by else fit["residual_pct"]["median_abs"]
@@ -364,9 +365,9 @@ def drift(points: list[dict], ctx: list[dict]) -> list[dict]:
 
 
 def profile_paths(raw_path: Path, out_dir: Path | None = None) -> tuple[Path, Path, Path]:
-    """(RAW's profile (plan.yaml_of: next to RAW, or the shipped one of an archived RAW), the YAML
+    """(RAW's profile (profile_files.yaml_of: next to RAW, or the shipped one of an archived RAW), the YAML
     written, the RAW written): out_dir None writes both in place."""
-    yaml_path = P.yaml_of(raw_path)
+    yaml_path = yaml_of(raw_path)
     if out_dir is None:
         return yaml_path, yaml_path, raw_path
     return yaml_path, Path(out_dir) / yaml_path.name, Path(out_dir) / raw_path.name
@@ -417,7 +418,7 @@ def refit_attention(raw_path: Path, ctx_paths: list[str], command: str, out_dir:
     table_knots = P.table_knots(prof["capture_sizes"])
     knots = fit_knots(prof["capture_sizes"], allp)
     fit, tried = fit_attention(allp, dims, split, knots=knots)
-    fit["kv_ms_per_ktok_by_window_n128"] = P.kv_slope_by_window(pts)
+    fit["kv_ms_per_ktok_by_window_n128"] = kv_slope_by_window(pts)
     fit["occupancy_tried"] = tried
     fit["anchor_drift"] = anchor_drift
     prov = dict(prof["provenance"])
@@ -438,8 +439,8 @@ def refit_attention(raw_path: Path, ctx_paths: list[str], command: str, out_dir:
     raw["points"] = pts
     raw["context_points"] = [p for p in allp if p.get("source")]
     raw["fit"] = fit
-    P.write_text_atomic(yaml_out, P.dump_yaml(new))
-    P.write_text_atomic(raw_out, json.dumps(raw, default=str))
+    write_text_atomic(yaml_out, dump_yaml(new))
+    write_text_atomic(raw_out, json.dumps(raw, default=str))
     return fit
 
 
@@ -471,9 +472,9 @@ def repredict(replay_path: Path, profile_path: Path, only: str | None = None) ->
         new_rows = []
         for st, r in replay_steps(replay_path, src, res):
             shape = P.StepShape(tuple(st["q"]), tuple(st["ctx"]))
-            new_rows.append(dict(r, predicted_ms=P.predicted_step_ms(cost, shape), predicted_log_ms=r["predicted_ms"]))
+            new_rows.append(dict(r, predicted_ms=predicted_step_ms(cost, shape), predicted_log_ms=r["predicted_ms"]))
         out[Path(src).name if names.count(Path(src).name) == 1 else src] = dict(
-            summary=P.error_summary(new_rows), rows=new_rows
+            summary=error_summary(new_rows), rows=new_rows
         )
     return out
 
@@ -505,8 +506,8 @@ def refit(raw_path: Path, command: str, out_dir: Path | None = None, drop_attent
     point_terms(pts)
     for p in pts:
         p["fit"] = p["tag"] not in P.FIT_EXCLUDE
-    fit = P.fit_step_model(pts)
-    fit["kv_ms_per_ktok_by_window_n128"] = P.kv_slope_by_window(pts)
+    fit = fit_step_model(pts)
+    fit["kv_ms_per_ktok_by_window_n128"] = kv_slope_by_window(pts)
     old = {"kv_ms_per_ktok": prof["kv_ms_per_ktok"], "fit": prof.get("fit")}
     prov = dict(prof["provenance"])
     new = _refitted_profile(prof, prov, fit)
@@ -516,7 +517,7 @@ def refit(raw_path: Path, command: str, out_dir: Path | None = None, drop_attent
         command=command,
         what=(
             "forward table, KV slope and prefill_terms refitted from the same measured points with "
-            "decode tokens and prefill causal-attention pairs as terms (plan.fit_step_model); the "
+            "decode tokens and prefill causal-attention pairs as terms (fit.fit_step_model); the "
             "single-chunk tail-prefill points are now fitted; draft tables, checks and the replay_check "
             "(made with the previous fit) unchanged"
         ),
@@ -528,8 +529,8 @@ def refit(raw_path: Path, command: str, out_dir: Path | None = None, drop_attent
             "provenance.attention_fit describes the terms this profile had"
         )
     raw["fit"] = fit
-    P.write_text_atomic(yaml_out, P.dump_yaml(new))
-    P.write_text_atomic(raw_out, json.dumps(raw, default=str))
+    write_text_atomic(yaml_out, dump_yaml(new))
+    write_text_atomic(raw_out, json.dumps(raw, default=str))
     return fit
 
 
@@ -671,9 +672,9 @@ def _one(vals: list) -> Any:
 
 def merge_drafts(path: Path, profile_dir: Path, command: str, allow_dry_run: bool = False, write: bool = True) -> dict:
     """The drafter tables of a --draft-only file (read_drafts) into its model's shipped profile,
-    profile_dir/h200-<model>.yaml and its raw file (plan.raw_of): each kind timed at every size in at least one run
+    profile_dir/h200-<model>.yaml and its raw file (profile_files.raw_of): each kind timed at every size in at least one run
     replaces the profile's table of that kind (requests, ms: the median over runs, rounded as
-    plan.profile_dict rounds); every other field stays as it was. provenance.draft_tables records
+    profile_files.profile_dict rounds); every other field stays as it was. provenance.draft_tables records
     the hardware, torch, dates, commands, processes and the comparison with the previous tables;
     the raw file keeps every run (reps, SM clocks) under "draft", with the tables before the first
     re-measurement as "previous". The runs must be of the profile's hardware and split-KV settings.
@@ -681,7 +682,7 @@ def merge_drafts(path: Path, profile_dir: Path, command: str, allow_dry_run: boo
     d = read_drafts(path, allow_dry_run)
     model = d["model"]
     yaml_path = profile_dir / f"h200-{model}.yaml"
-    raw_path = P.raw_of(yaml_path)
+    raw_path = raw_of(yaml_path)
     for f in (yaml_path, raw_path):
         if not f.exists():
             raise _bad(path, "model", f"{model!r}: no profile {f}")
@@ -748,10 +749,10 @@ def merge_drafts(path: Path, profile_dir: Path, command: str, allow_dry_run: boo
         previous=previous,
         runs=runs,
     )
-    files = [(yaml_path, P.dump_yaml(prof)), (raw_path, json.dumps(raw, default=str))]
+    files = [(yaml_path, dump_yaml(prof)), (raw_path, json.dumps(raw, default=str))]
     if write:
         for f, text in files:
-            P.write_text_atomic(f, text)
+            write_text_atomic(f, text)
     return dict(model=model, profile=str(yaml_path), record=record, draft=new_draft, previous=previous, files=files)
 
 
@@ -898,13 +899,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --stored-context: {e}", file=sys.stderr)
             return 2
     if a.drafts:
-        command = P.repo_relative(
+        command = repo_relative(
             "python3 -m validator.gpu.refit "
             + " ".join(f"--drafts {x}" for x in a.drafts)
             + (f" --profiles {a.profiles}" if a.profiles != "profiles/h200" else "")
         )
     else:
-        command = P.repo_relative(
+        command = repo_relative(
             "python3 -m validator.gpu.refit "
             + " ".join(
                 a.raw
@@ -931,7 +932,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise InputError(f"{f}: model {m!r}: another --drafts file is of the same model (one file per model)")
         for res in merged:
             for f, text in res["files"]:
-                P.write_text_atomic(f, text)
+                write_text_atomic(f, text)
             print(draft_summary(res))
         sentence = draft_doc_sentence(merged)
         if sentence:
@@ -948,7 +949,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         for rep, prof, out in a.repredict:
             res = repredict(Path(rep), Path(prof))
-            P.write_text_atomic(out, json.dumps(dict(replay=Path(rep).name, profile=prof, logs=res), indent=1))
+            write_text_atomic(out, json.dumps(dict(replay=Path(rep).name, profile=prof, logs=res), indent=1))
             for log, r in res.items():
                 print(f"{log}: {json.dumps(r['summary'].get('all'))}")
     except InputError as e:

@@ -8,9 +8,9 @@ Steps of n <= 512 tokens run as a CUDA graph padded to the next capture size (as
 larger ones as a CUDA graph of exactly n tokens (--eager-tails: eagerly, which times this Python
 executor's kernel launches rather than the GPU work). Where predicted_ms is missing, or with
 --repredict, and --profile is given, it is computed with dsim's cost model of the profile
-(plan.predicted_step_ms: CostModel.step_ms plus prefill_ms for the shape's prefill chunks); the log's
+(fit.predicted_step_ms: CostModel.step_ms plus prefill_ms for the shape's prefill chunks); the log's
 own value is kept as predicted_log_ms.
-`STEPLOG` may be 'synthetic': a generated log (plan.synthetic_steplog).
+`STEPLOG` may be 'synthetic': a generated log (steplog.synthetic_steplog).
 """
 
 from __future__ import annotations
@@ -23,23 +23,19 @@ from pathlib import Path
 from typing import Any
 
 from dsim.cost import CostModel
+from validator.gpu.fit import cost_model, predicted_step_ms
 from validator.gpu.plan import (
     ATTENTION_IMPLS,
     CAPTURE_LIMIT,
     DRY_CFG,
     PREFILL_MIN_Q,
     StepShape,
-    concurrency_of,
-    cost_model,
-    error_summary,
     model_dims,
     padded_tokens,
-    predicted_step_ms,
-    read_steplog,
-    synthetic_steplog,
     vllm_capture_sizes,
-    write_text_atomic,
 )
+from validator.gpu.profile_files import write_text_atomic
+from validator.gpu.steplog import concurrency_of, error_summary, read_steplog, synthetic_steplog
 
 
 def load_or_make_steps(src: str) -> list[dict]:

@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> None:
     from dsim.cost import CostModel
     from dsim.profiling.analytical import analytical_profile, load_fit
     from validator.gpu import plan as P
+    from validator.gpu.fit import predicted_step_ms
+    from validator.gpu.profile_files import write_text_atomic
+    from validator.gpu.steplog import read_steplog
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fit", default=str(ROOT / "profiles" / "analytical" / "h200-fit.json"))
@@ -49,9 +52,9 @@ def main(argv: list[str] | None = None) -> None:
             for src, res in json.loads(path.read_text())["logs"].items():
                 if Path(src).name.startswith("busy-"):  # a profile's own fitting steps, not a dsim step log
                     continue
-                steps = P.read_steplog(ROOT / src)
+                steps = read_steplog(ROOT / src)
                 e = [
-                    abs(P.predicted_step_ms(cost, P.StepShape(tuple(s["q"]), tuple(s["ctx"]))) / r["measured_ms"] - 1)
+                    abs(predicted_step_ms(cost, P.StepShape(tuple(s["q"]), tuple(s["ctx"]))) / r["measured_ms"] - 1)
                     * 100
                     for s, r in zip(steps, res["rows"])
                 ]
@@ -72,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
             logs=logs,
         )
         print(model, json.dumps(out[model]["replay_all"]), "forward", out[model]["forward_median_abs_pct"])
-    P.write_text_atomic(a.out, json.dumps(dict(fit=Path(a.fit).name, models=out), indent=1))
+    write_text_atomic(a.out, json.dumps(dict(fit=Path(a.fit).name, models=out), indent=1))
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ def measure(a: argparse.Namespace) -> None:
 
     from validator.gpu import model as M
     from validator.gpu import plan as P
+    from validator.gpu.profile_files import write_text_atomic
 
     device, dtype = M.executor_device(a.dry_run)
     cfg = json.loads(Path(a.model).read_text())
@@ -95,7 +96,7 @@ def measure(a: argparse.Namespace) -> None:
                 )
             )
             print(json.dumps(rows[-1]), flush=True)
-            P.write_text_atomic(
+            write_text_atomic(
                 a.out, json.dumps(dict(model=a.model, heads=H, kv_heads=kv, head_dim=d, rows=rows), indent=1)
             )
         del pk, pv, x

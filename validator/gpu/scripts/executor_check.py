@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from validator.gpu import model as M
     from validator.gpu import plan as P
+    from validator.gpu.profile_files import write_text_atomic
 
     device, dtype = M.executor_device(a.dry_run)
     cfg = json.loads(Path(a.model).read_text())
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
                 )
             )
             print(f"  {variant:8s} {kind:5s} n={shape.n:4d}: {ms:8.3f} ms, kernels/layer {kpl}", flush=True)
-            P.write_text_atomic(a.out, json.dumps(dict(model=a.model, layers=dims["layers"], rows=rows), indent=1))
+            write_text_atomic(a.out, json.dumps(dict(model=a.model, layers=dims["layers"], rows=rows), indent=1))
         print(f"{variant} in {time.time() - t0:.1f}s", flush=True)
 
 

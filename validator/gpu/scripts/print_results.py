@@ -75,6 +75,7 @@ def _busy_file(model: str, got: list[tuple[str, int, list[float]]]) -> dict:
     sys.path.insert(0, str(ROOT))
     from validator.gpu import plan as P
     from validator.gpu import refit as RF
+    from validator.gpu.fit import step_terms
 
     cfg = json.loads((ROOT / "profiles" / "models" / f"{model}.json").read_text())
     dims = P.model_dims(cfg)
@@ -92,7 +93,7 @@ def _busy_file(model: str, got: list[tuple[str, int, list[float]]]) -> dict:
     for shape, (tag, n, reps) in zip(shapes, got):
         if (shape.tag, shape.n) != (tag, n):
             raise ValueError(f"{model}: printed point {tag} n={n} is not the plan's {shape.tag} n={shape.n}")
-        dec, pre = P.step_terms(shape.q, shape.ctx)
+        dec, pre = step_terms(shape.q, shape.ctx)
         points.append(
             dict(
                 tag=tag,
@@ -116,12 +117,13 @@ def _replay_file(model: str, got: list[tuple[str, int, list[float]]], steplog_di
     """A replay file (validator.gpu.replay) from its printed steps and their step logs."""
     sys.path.insert(0, str(ROOT))
     from validator.gpu import plan as P
+    from validator.gpu.steplog import concurrency_of, error_summary, read_steplog
 
     caps = P.vllm_capture_sizes(P.CAPTURE_LIMIT)
     logs: dict[str, dict] = {}
     for name in dict.fromkeys(g[0] for g in got):
         src = f"{steplog_dir}/{name}"
-        steps = P.read_steplog(ROOT / src)
+        steps = read_steplog(ROOT / src)
         mine = [g for g in got if g[0] == name]
         rows = []
         for st, (_, n, reps) in zip(steps, mine):
@@ -131,7 +133,7 @@ def _replay_file(model: str, got: list[tuple[str, int, list[float]]], steplog_di
             rows.append(
                 dict(
                     step=st.get("step"),
-                    concurrency=P.concurrency_of(st),
+                    concurrency=concurrency_of(st),
                     n=shape.n,
                     n_pad=P.padded_tokens(shape.n, caps),
                     kv=shape.kv,
@@ -143,7 +145,7 @@ def _replay_file(model: str, got: list[tuple[str, int, list[float]]], steplog_di
                     rebuilt_from_printed=True,
                 )
             )
-        res: dict[str, Any] = dict(rows=rows, summary=P.error_summary(rows))
+        res: dict[str, Any] = dict(rows=rows, summary=error_summary(rows))
         if len(rows) < len(steps):
             res["partial"] = True
         logs[src] = res

@@ -8,7 +8,7 @@
 set -e -o pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
 H=archive/h200      # the sweeps and replays (archive/MANIFEST.md)
-Y=profiles/h200     # the profiles the refit writes (plan.yaml_of)
+Y=profiles/h200     # the profiles the refit writes (profile_files.yaml_of)
 for m in ${MODELS:-llama-3.1-8b qwen3-8b qwen3-14b qwen3-32b}; do
   # its stored sweeps (refit.stored_context: ctx, grid and the busy steps pooled over machine starts)
   python3 -m validator.gpu.refit "$H/h200-$m.raw.json" --stored-context --in-place
