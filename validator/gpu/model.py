@@ -40,7 +40,7 @@ FLASH_BLOCK_M = 128  # query rows per flash CTA (FA2 forward, head dim 128)
 # Split-KV of the ragged path (split_plan): L_occ = total KV / ceil(fill x sms / (kv_heads x m-blocks))
 # makes the chunk-CTAs about fill the SMs, L_bal = balance x mean context keeps any request longer
 # than that off the critical path, min_chunk bounds the merge work. sms is set from the device
-# (profile.py); the profiler's probe may pick fill / balance (split_tune).
+# (profile.py); the profiler's probe may pick fill / balance (probe.split_tune).
 SPLIT: dict[str, Any] = dict(policy="continuous", fill=2.0, balance=2.0, min_chunk=64, sms=132)
 SPLIT_KEYS = ("fill", "balance", "min_chunk", "sms")
 # Attention implementation: "split" (the profiles' executor: folded GQA rows, split-KV chunks, exact

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-PLANS = {"context": "ctx", "grid": "grid", "busy": "busy"}  # --plan -> profile.attention_plan's kind
+PLANS = {"context": "ctx", "grid": "grid", "busy": "busy"}  # --plan -> attention_sweeps.attention_plan's kind
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> None:
 
     from validator.gpu import model as M
     from validator.gpu import plan as P
-    from validator.gpu.profile import attention_plan, run_identity, sweep_anchors, time_steps
+    from validator.gpu.attention_sweeps import attention_plan, sweep_anchors, time_steps
+    from validator.gpu.device import run_identity
 
     device, dtype = M.executor_device(a.dry_run)
     if a.profile:
