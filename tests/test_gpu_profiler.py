@@ -858,12 +858,12 @@ def test_second_checking_set_replays():
 
 
 def test_a_sweep_timed_in_several_processes_takes_each_points_median_over_processes(tmp_path):
-    """refit.process_points: one seeded sweep in three process files; each point's time is the
+    """refit_points.process_points: one seeded sweep in three process files; each point's time is the
     median over processes of each process's median rep (an alternating slow rep does not move it),
     a process cut short contributes the points it timed, and files whose points are other steps
     are refused with the point named."""
     from dsim.errors import InputError
-    from validator.gpu import refit as RF
+    from validator.gpu.refit_points import context_points, process_points
 
     def pt(tag, q, reps):
         return dict(tag=tag, shape_q=q, shape_ctx=[100] * len(q), n_real=sum(q), R=len(q), ms=0.0, reps=reps)
@@ -877,7 +877,7 @@ def test_a_sweep_timed_in_several_processes_takes_each_points_median_over_proces
     for i, r in enumerate(runs):
         paths.append(str(tmp_path / f"busy-m-p{i + 1}.json"))
         Path(paths[-1]).write_text(json.dumps(dict(model="profiles/models/m.json", points=r)))
-    pts = RF.context_points([",".join(paths)])
+    pts = context_points([",".join(paths)])
     assert [p["processes"] for p in pts] == [3, 2]
     assert pts[0]["ms"] == pytest.approx(10.5) and pts[0]["reps"] == [10.1, 11.0, 10.5]
     assert pts[1]["ms"] == pytest.approx((5.1 + 5.4) / 2)
@@ -885,17 +885,17 @@ def test_a_sweep_timed_in_several_processes_takes_each_points_median_over_proces
     runs[2][0]["shape_q"] = [4, 5]
     Path(paths[2]).write_text(json.dumps(dict(model="profiles/models/m.json", points=runs[2])))
     with pytest.raises(InputError, match="point 0 is not the same step"):
-        RF.process_points(paths)
+        process_points(paths)
 
 
 def test_steps_timed_in_several_machine_starts_take_one_vote_per_start(tmp_path):
-    """refit.run_points / pool_table_points: busy steps timed in one start's three processes and in
+    """refit_points.run_points / pool_table_points: busy steps timed in one start's three processes and in
     two more starts (one file each, the same steps matched by shape, in another order, one of them
     cut short): a point's time is the median over starts of each start's time, so the three
     processes of one start are one vote; a sweep point above the capture limit re-timed as an
     anchor in the starts becomes the median over the sweep's own time and the starts', one below it
     stays a drift check, and the sweep's stored time is not changed."""
-    from validator.gpu import refit as RF
+    from validator.gpu.refit_points import context_points, pool_table_points
 
     def pt(tag, q, reps, n=None):
         return dict(
@@ -920,7 +920,7 @@ def test_steps_timed_in_several_machine_starts_take_one_vote_per_start(tmp_path)
     )
     s2 = write("busy-m-S2.json", [pt("anchor-tail-mixed", dec, [430.0, 431.0, 460.0])])
     entry = ",".join(c) + "+" + s1 + "+" + s2
-    pts = RF.context_points([entry])
+    pts = context_points([entry])
     by = {p["tag"]: p for p in pts}
     # start C: the median of its processes (401); then the median over starts 401, 421, 431
     assert by["anchor-tail-mixed"]["run_ms"] == [401.0, 421.0, 431.0] and by["anchor-tail-mixed"]["ms"] == 421.0
@@ -932,21 +932,21 @@ def test_steps_timed_in_several_machine_starts_take_one_vote_per_start(tmp_path)
         dict(tag="table", shape_q=[1], shape_ctx=[100], n=1, ms=9.0),
     ]
     small = dict(pt("anchor-table", [1], [8.0]), run_ms=[8.0, 8.2], ms=8.1)
-    pooled = RF.pool_table_points(sweep, [*pts, small], above=512)
+    pooled = pool_table_points(sweep, [*pts, small], above=512)
     assert [p["tag"] for p in pooled] == ["tail-mixed"] and pooled[0]["sweep_ms"] == 450.0
     assert sweep[0]["ms"] == pytest.approx(426.0) and sweep[0]["run_ms"] == [450.0, 401.0, 421.0, 431.0]
     assert sweep[1]["ms"] == 9.0
     # a one-start entry: anchors stay drift checks
     sweep[0]["ms"] = 450.0
-    assert RF.pool_table_points(sweep, RF.context_points([",".join(c)]), above=512) == []
+    assert pool_table_points(sweep, context_points([",".join(c)]), above=512) == []
 
 
 def test_a_replay_of_the_busy_steps_votes_as_a_start_on_the_steps_a_sweep_timed(tmp_path):
-    """refit.run_points with a replay run (REPLAY.json#LOG): the replay's steps are matched to the
+    """refit_points.run_points with a replay run (REPLAY.json#LOG): the replay's steps are matched to the
     sweep's by shape (not by tag), vote once like any start, and a step only the replay timed is not
     added to the fit; a row whose size differs from its log step is a one-line input error."""
     from dsim.errors import InputError
-    from validator.gpu import refit as RF
+    from validator.gpu.refit_points import run_points
 
     dec, other = [6] * 640, [5] * 900
 
@@ -971,14 +971,14 @@ def test_a_replay_of_the_busy_steps_votes_as_a_start_on_the_steps_a_sweep_timed(
 
     replay = tmp_path / "s2-m.json"
     replay.write_text(json.dumps(dict(logs={str(log): dict(rows=[row(0, other, 600.0), row(1, dec, 420.0)])})))
-    pts = RF.run_points([[sweeps[0]], [sweeps[1]], [f"{replay}#{log}"]])
+    pts = run_points([[sweeps[0]], [sweeps[1]], [f"{replay}#{log}"]])
     assert len(pts) == 1 and pts[0]["tag"] == "busy-decode"
     assert pts[0]["run_ms"] == [430.0, 440.0, 420.0] and pts[0]["ms"] == 430.0 and pts[0]["runs"] == 3
     replay.write_text(json.dumps(dict(logs={str(log): dict(rows=[row(0, other, 600.0), row(1, other, 420.0)])})))
     with pytest.raises(InputError, match="shape differs from the log"):
-        RF.run_points([[sweeps[0]], [f"{replay}#{log}"]])
+        run_points([[sweeps[0]], [f"{replay}#{log}"]])
     with pytest.raises(InputError, match="no replay of"):
-        RF.run_points([[sweeps[0]], [f"{replay}#elsewhere.jsonl"]])
+        run_points([[sweeps[0]], [f"{replay}#elsewhere.jsonl"]])
 
 
 def test_busy_decode_sizes_above_the_capture_limit_are_table_knots():
@@ -1126,10 +1126,10 @@ def test_machine_starts_meet_the_target_held_out(tmp_path):
     assert sh.main(["--model", m, "--json", str(tmp_path / "h.json")]) == 0
     held = json.loads((tmp_path / "h.json").read_text())["starts"]
     assert {f"start{k}" for k in range(1, 6)} | {"s1b", "s1e", "s2"} <= set(held)
-    from validator.gpu import refit as RF
+    from validator.gpu.refit_points import stored_context
 
     # the pooled busy entry refit --stored-context builds: run C's processes, five starts, three replays
-    busy = RF.stored_context(ROOT / "archive" / "h200", m)[-1].split("+")
+    busy = stored_context(ROOT / "archive" / "h200", m)[-1].split("+")
     assert len(busy) == 9 and busy[0].count(",") == 2 and sum("#" in x for x in busy) == 3
     rl = _run_levels()
     limits = {}

@@ -74,8 +74,8 @@ def _busy_file(model: str, got: list[tuple[str, int, list[float]]]) -> dict:
     """A busy sweep file (context_sweep.py --plan busy) from its printed points."""
     sys.path.insert(0, str(ROOT))
     from validator.gpu import plan as P
-    from validator.gpu import refit as RF
     from validator.gpu.fit import step_terms
+    from validator.gpu.refit_points import sweep_budget
 
     cfg = json.loads((ROOT / "profiles" / "models" / f"{model}.json").read_text())
     dims = P.model_dims(cfg)
@@ -86,7 +86,7 @@ def _busy_file(model: str, got: list[tuple[str, int, list[float]]]) -> dict:
         for k, t in (("decode", "busy-decode"), ("short", "busy-short"), ("one", "busy-one"))
         if any(g[0] == t for g in got)
     ]
-    sweep = P.sweep_plan(caps, P.tail_sizes(P.CAPTURE_LIMIT), kv_budget_tokens=RF.sweep_budget(dims))
+    sweep = P.sweep_plan(caps, P.tail_sizes(P.CAPTURE_LIMIT), kv_budget_tokens=sweep_budget(dims))
     anchors = [P.StepShape(s.q, s.ctx, "anchor-" + s.tag) for s in sweep if s.tag in tags and s.n in P.ANCHOR_N]
     shapes = anchors + P.busy_plan(parts=parts)
     points = []

@@ -2,7 +2,7 @@
 checking logs (scripts/start_levels.sh: context/busy-<model>-start<k>.json and
 replay/start<k>-<model>.json; or a replay of the busy-decode step log beside checking logs,
 replay/<label>-<model>.json), refit the profile with that start's steps left out of the pooled
-busy and tail points (validator.gpu.refit.stored_context, as refit --stored-context builds them), and
+busy and tail points (validator.gpu.refit_points.stored_context, as refit --stored-context builds them), and
 predict that start's checking replays from that profile. A start's replays are then judged by a profile that never saw
 that GPU's level: the check the pooled fit can be trusted on. No GPU.
 
@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="")
     a = ap.parse_args(argv)
     from validator.gpu import refit as RF
+    from validator.gpu.refit_points import busy_log, stored_context, voting_replays
 
     m = a.model
     starts = (
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             (re.search(r"start(\d+)", f).group(0) for f in glob.glob(str(H200 / "replay" / f"start[0-9]*-{m}.json"))),  # type: ignore[union-attr]
             key=lambda s: int(s[5:]),
         )
-        + [f.stem[: -len(f"-{m}")] for f in RF.voting_replays(H200, m)]
+        + [f.stem[: -len(f"-{m}")] for f in voting_replays(H200, m)]
     )
     shipped = PROFILES / f"h200-{m}.yaml"
     out: dict[str, dict] = {}
@@ -57,14 +58,14 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             shutil.copy(shipped, Path(tmp) / shipped.name)
             shutil.copy(H200 / f"h200-{m}.raw.json", Path(tmp) / f"h200-{m}.raw.json")
-            ctx = [x for c in RF.stored_context(H200, m, leave_out=s) for x in ("--context", c)]
+            ctx = [x for c in stored_context(H200, m, leave_out=s) for x in ("--context", c)]
             if RF.main([str(Path(tmp) / f"h200-{m}.raw.json"), *ctx, "--in-place"]) != 0:
                 return 2
             held = summaries(replay, Path(tmp) / f"h200-{m}.yaml")
         full = summaries(replay, shipped)
         # (a voting replay's own busy steps are fitted data, not a check)
         out[s] = {
-            log: dict(held_out=held[log], shipped=full[log]) for log in held if log != Path(RF.busy_log(H200, m)).name
+            log: dict(held_out=held[log], shipped=full[log]) for log in held if log != Path(busy_log(H200, m)).name
         }
         for log, r in out[s].items():
             h, f = r["held_out"], r["shipped"]
