@@ -442,7 +442,7 @@ def _measurement(reqs, hist=None, k=4):
 
 
 def test_engine_steps_rebuild_step_composition_from_chunk_times():
-    from validator import stepfit
+    from validator.steps import engine_steps
 
     # step times 10, 15, 20, 25 ms; request 0 prefilled alone at 10, request 1 and 2 together at
     # 20 (with request 0 decoding); a stalled front end hands steps 20 and 25 of request 0 over
@@ -454,7 +454,7 @@ def test_engine_steps_rebuild_step_composition_from_chunk_times():
             (0.016, 0.03, 64, [0.02004, 0.02504]),
         ]
     )
-    steps = stepfit.engine_steps(m)
+    steps = engine_steps(m)
     comp = [(s["prefills"], s["prompt_tokens"], s["decodes"]) for s in steps]
     assert comp[:2] == [(1, 64, 0), (0, 0, 1)]
     assert (2, 96, 1) in comp and (0, 0, 1) in comp[2:]
@@ -463,7 +463,7 @@ def test_engine_steps_rebuild_step_composition_from_chunk_times():
 
 
 def test_engine_steps_join_a_step_the_front_end_streamed_apart():
-    from validator import stepfit
+    from validator.steps import engine_steps
 
     # three requests in lockstep, steps 10 ms apart; in the third step request 0's chunk reaches
     # the client 3 ms before the others' (the front end fell behind): one engine step of three
@@ -471,38 +471,38 @@ def test_engine_steps_join_a_step_the_front_end_streamed_apart():
     t0 = [0.010, 0.020, 0.027, 0.040]
     t12 = [0.01001, 0.02001, 0.03001, 0.04001]
     m = _measurement([(0.0, 0.05, 8, t0), (0.0, 0.05, 8, t12), (0.0, 0.05, 8, [t + 1e-5 for t in t12])])
-    joined = stepfit.engine_steps(m)
+    joined = engine_steps(m)
     assert [(s["prefills"], s["decodes"]) for s in joined] == [(3, 0), (0, 3), (0, 3), (0, 3)]
-    split = stepfit.engine_steps(m, merge_split=False)
+    split = engine_steps(m, merge_split=False)
     assert [(s["prefills"], s["decodes"]) for s in split] == [(3, 0), (0, 3), (0, 1), (0, 2), (0, 3)]
     # a prompt scheduled a step later than the others' stays a step of its own, and a group a whole
     # step later is never joined
     late = _measurement([(0.0, 0.05, 8, [0.010, 0.020, 0.030]), (0.0, 0.05, 8, [0.013, 0.02001, 0.03001])])
-    assert [(s["prefills"], s["decodes"]) for s in stepfit.engine_steps(late)][:2] == [(1, 0), (1, 0)]
+    assert [(s["prefills"], s["decodes"]) for s in engine_steps(late)][:2] == [(1, 0), (1, 0)]
 
 
 def test_chunk_steps_follow_the_draft_script_through_merged_chunks():
-    from validator import stepfit
+    from validator.steps import chunk_steps
 
     script = [[0, 0]] * 3 + [[2, 2]] + [[4, 4]]
     # the 2nd and 3rd undrafted steps streamed as one chunk of 2 tokens: the chunks after it are a
     # step further on; the last chunk cut short by max_tokens still ends one step
-    assert stepfit.chunk_steps([1, 1, 2, 3, 5, 2], script) == [0, 1, 3, 4, 5, 6]
-    assert stepfit.chunk_steps([1, 1, 1, 1, 3, 5], script) == [0, 1, 2, 3, 4, 5]
-    assert stepfit.chunk_steps([1, 1, 1, 1, 3, 5], None) == [0, 1, 2, 3, 4, 5]
+    assert chunk_steps([1, 1, 2, 3, 5, 2], script) == [0, 1, 3, 4, 5, 6]
+    assert chunk_steps([1, 1, 1, 1, 3, 5], script) == [0, 1, 2, 3, 4, 5]
+    assert chunk_steps([1, 1, 1, 1, 3, 5], None) == [0, 1, 2, 3, 4, 5]
     # tokens the script cannot give (4 where a step gives 1 or 3): the chunk index from there on
-    assert stepfit.chunk_steps([1, 1, 4, 5, 5], script) == [0, 1, 2, 3, 4]
+    assert chunk_steps([1, 1, 4, 5, 5], script) == [0, 1, 2, 3, 4]
 
 
 def test_server_points_at_the_mean_composition_of_the_sampled_steps():
-    from validator import stepfit
+    from validator.steps import server_points
 
     # two requests in a wave: both prompts in one step (n = 128), then two decode steps of both
     m = _measurement(
         [(0.0, 0.02, 64, [0.005, 0.010, 0.015]), (0.0, 0.02, 64, [0.00501, 0.01001, 0.01501])],
         hist={"inter_token_latency_seconds": 0.004, "request_prefill_time_seconds": 0.006},
     )
-    pts = {p["kind"]: p for p in stepfit.server_points(m, 4)}
+    pts = {p["kind"]: p for p in server_points(m, 4)}
     assert pts["prefill"]["n"] == pytest.approx(128) and pts["prefill"]["b"] == pytest.approx(2)
     assert pts["decode"]["n"] == pytest.approx(10) and pts["decode"]["step_ms"] == pytest.approx(4.0)
     # the prompts they carry, for a base profile's prefill terms: both 64-token prompts share the step
@@ -512,7 +512,7 @@ def test_server_points_at_the_mean_composition_of_the_sampled_steps():
     m2 = _measurement(
         [(0.0, 0.02, 64, [0.005]), (0.0, 0.02, 64, [0.00501])], hist={"inter_token_latency_seconds": 0.004}
     )
-    assert [p["kind"] for p in stepfit.server_points(m2, 4)] == ["decode"]
+    assert [p["kind"] for p in server_points(m2, 4)] == ["decode"]
 
 
 def test_front_end_overhead_is_client_time_minus_the_engines_own_time():
@@ -996,11 +996,11 @@ def test_fit_cost_drops_the_prompt_discount_before_the_per_token_term():
 
 def test_single_load_calibration_warns_about_the_one_scale(tmp_path):
     from dsim.cost import save_profile
-    from validator import stepfit
+    from validator.fitted_profile import linear_profile
 
     fit = {"cpu_overhead_ms": 1.0, "ms_per_token": 0.1, "ms_per_request": 0.0, "kv_ms_per_ktok": 0.0}
     base = tmp_path / "base.yaml"
-    save_profile(stepfit.linear_profile("b", "measured", fit, {}), base)
+    save_profile(linear_profile("b", "measured", fit, {}), base)
     path = tmp_path / "m.jsonl"
     w = measure.Writer(path)
     w.write(
@@ -1137,7 +1137,7 @@ def test_per_prompt_prefill_cost_is_priced_per_chunk_by_the_engine(tmp_path):
     from dsim.cost import CostModel, load_profile, save_profile
     from dsim.engine.config import EngineConfig
     from dsim.sim import SimConfig, SpecConfig, simulate
-    from validator import stepfit
+    from validator.fitted_profile import linear_profile
 
     fit = {
         "cpu_overhead_ms": 1.0,
@@ -1146,7 +1146,7 @@ def test_per_prompt_prefill_cost_is_priced_per_chunk_by_the_engine(tmp_path):
         "ms_per_prefill": 7.0,
         "kv_ms_per_ktok": 0.0,
     }
-    prof = stepfit.linear_profile("t", "measured", fit, {})
+    prof = linear_profile("t", "measured", fit, {})
     save_profile(prof, tmp_path / "p.yaml")
     prof = load_profile(str(tmp_path / "p.yaml"))
     assert prof.prefill_ms_per_chunk == 7.0
@@ -1192,10 +1192,10 @@ def test_draft_script_drives_the_engine_in_lockstep():
     from dsim.cost import CostModel
     from dsim.engine.config import EngineConfig
     from dsim.sim import SimConfig, SpecConfig, simulate
-    from validator import stepfit
+    from validator.fitted_profile import linear_profile, zero_block_draft
 
     fit = {"cpu_overhead_ms": 1.0, "ms_per_token": 0.5, "ms_per_request": 0.0, "kv_ms_per_ktok": 0.0}
-    prof = stepfit.zero_block_draft(stepfit.linear_profile("t", "measured", fit, {}))
+    prof = zero_block_draft(linear_profile("t", "measured", fit, {}))
     script = ((0, 0), (0, 0), (2, 1), (4, 4))
     plan = traces.Plan(np.zeros(3), np.full(3, 16), np.full(3, 1 + 1 + 1 + 2 + 5 + 3), "t")
     cfg = SimConfig(
@@ -1225,10 +1225,10 @@ def test_closed_loop_successors_reach_the_engine_in_turn():
     first prompt alone and the rest join its next step (the real server's partial waves)."""
     from dsim.engine.config import EngineConfig
     from dsim.sim import SimConfig, SpecConfig, simulate
-    from validator import stepfit
+    from validator.fitted_profile import linear_profile
 
     fit = {"cpu_overhead_ms": 1.0, "ms_per_token": 0.1, "ms_per_request": 0.0, "kv_ms_per_ktok": 0.0}
-    prof = stepfit.linear_profile("t", "measured", fit, {})
+    prof = linear_profile("t", "measured", fit, {})
     plan = traces.Plan(np.zeros(6), np.full(6, 32), np.full(6, 4), "t")
     base = SimConfig(
         workload=traces.to_workload(plan, 3),
@@ -1254,7 +1254,7 @@ def test_decode_points_split_into_drafted_and_undrafted_steps():
     whose did not: the tokens differ at the same requests (what tells a verify token's cost from a
     request's), the server's mean is shared in the ratio of the client's chunk gaps, and the two
     points' sample-weighted mean is the histogram's."""
-    from validator import stepfit
+    from validator.steps import server_points
 
     # two requests in lockstep: the prefill, 4 undrafted steps of 6 ms, then 4 steps of 12 ms that
     # verified and accepted 4 drafts each, the last chunk cut by max_tokens
@@ -1279,7 +1279,7 @@ def test_decode_points_split_into_drafted_and_undrafted_steps():
         },
     }
     m = measure.Measurement("mem", {"format": measure.FORMAT, "spec": {"k": 4}}, reqs, summary=summary)
-    pts = {p["kind"]: p for p in stepfit.server_points(m, 4)}
+    pts = {p["kind"]: p for p in server_points(m, 4)}
     dr, nd = pts["decode-drafted"], pts["decode-undrafted"]
     assert nd["n"] == pytest.approx(2.0) and dr["n"] == pytest.approx(10.0) and dr["b"] == nd["b"] == 2
     # client gaps: 6 ms undrafted, 12 ms drafted (the last, cut step left out): ratio 2; the 18
@@ -1328,11 +1328,12 @@ def test_open_loop_adds_the_front_end_time_of_one_stream():
     """The overhead measured at higher loads holds the wait for the running step, which dsim's
     engine simulates for an open loop's arrivals as for a closed loop's: the prediction adds the
     one-stream front-end time (overhead_table at 1), not the table at the predicted concurrency."""
-    from validator import compare, stepfit
+    from validator import compare
+    from validator.fitted_profile import linear_profile
 
     fit = {"cpu_overhead_ms": 1.0, "ms_per_token": 0.5, "ms_per_request": 0.0, "kv_ms_per_ktok": 0.0}
     table = {"streams": [1.0, 4.0], "e2e_ms": [10.0, 40.0], "first_token_ms": [8.0, 30.0]}
-    prof = stepfit.linear_profile(
+    prof = linear_profile(
         "t",
         "measured",
         fit,
@@ -1364,11 +1365,11 @@ def test_calibration_from_repeats_is_robust_to_one_slow_run(tmp_path):
     slower (a busy moment) moves the calibration as little as another normal run would, and it is
     named in a warning; the pooled fit followed it."""
     from dsim.cost import save_profile
-    from validator import stepfit
+    from validator.fitted_profile import linear_profile
 
     fit = {"cpu_overhead_ms": 1.0, "ms_per_token": 0.1, "ms_per_request": 0.0, "kv_ms_per_ktok": 0.0}
     base = tmp_path / "base.yaml"
-    save_profile(stepfit.linear_profile("b", "measured", fit, {}), base)
+    save_profile(linear_profile("b", "measured", fit, {}), base)
     paths = []
     for j, step_s in enumerate((0.010, 0.0102, 0.0098, 0.014)):
         path = tmp_path / f"m-{j}.jsonl"
@@ -1503,12 +1504,13 @@ def prefix_names():
 
 
 def test_steps_count_the_prompt_tokens_computed_not_those_read_from_the_prefix_cache():
-    from validator import prefix, stepfit
+    from validator import prefix
+    from validator.steps import engine_steps
 
     # warm server: every 256-token prompt read its first block (128) from cache, as measured
     m = _prefix_run([256, 256, 256, 256], hits=512)
     assert prefix.cached_tokens(m) == {i: 128.0 for i in range(4)}
-    pre = [s for s in stepfit.engine_steps(m) if s["prefills"]]
+    pre = [s for s in engine_steps(m) if s["prefills"]]
     assert sum(s["prompt_tokens"] for s in pre) == 512 and sum(s["cached_tokens"] for s in pre) == 512
     # the context a prefill reads holds the cached part
     assert sum(s["context"] for s in pre) == 1024
@@ -1521,10 +1523,11 @@ def test_steps_count_the_prompt_tokens_computed_not_those_read_from_the_prefix_c
 
 
 def test_simulated_prefix_cache_serves_what_the_server_did():
-    from validator import compare, stepfit
+    from validator import compare
+    from validator.fitted_profile import linear_profile
 
     fit = {"cpu_overhead_ms": 1.0, "ms_per_token": 0.2, "ms_per_request": 0.0, "kv_ms_per_ktok": 0.0}
-    prof = stepfit.linear_profile("t", "measured", fit, {})
+    prof = linear_profile("t", "measured", fit, {})
     warm = compare.simulate_measurement(_prefix_run([256] * 6, hits=768), prof, None, dispersion=False)
     assert warm["prefix_cache_hit_rate"] == pytest.approx(0.5)
     assert any("warm" in n for n in warm["_notes"])
@@ -1540,10 +1543,11 @@ def test_simulated_prefix_cache_serves_what_the_server_did():
 
 
 def test_check_gives_each_metric_its_sensitivity_to_the_step_cost(tmp_path):
-    from validator import compare, stepfit
+    from validator import compare
+    from validator.fitted_profile import linear_profile
 
     fit = {"cpu_overhead_ms": 1.0, "ms_per_token": 0.2, "ms_per_request": 0.0, "kv_ms_per_ktok": 0.0}
-    prof = stepfit.linear_profile("t", "measured", fit, {})
+    prof = linear_profile("t", "measured", fit, {})
     p = tmp_path / "p.yaml"
     __import__("dsim.cost", fromlist=["save_profile"]).save_profile(prof, p)
     m = _prefix_run([64] * 6, hits=0)

@@ -16,11 +16,11 @@ from validator import compare, measure, serverconf
 
 def _profile(tmp_path):
     from dsim.cost import save_profile
-    from validator import stepfit
+    from validator.fitted_profile import linear_profile
 
     fit = {"cpu_overhead_ms": 1.0, "ms_per_token": 0.2, "ms_per_request": 0.0, "kv_ms_per_ktok": 0.0}
     p = tmp_path / "p.yaml"
-    save_profile(stepfit.linear_profile("t", "measured", fit, {}), p)
+    save_profile(linear_profile("t", "measured", fit, {}), p)
     return p
 
 
@@ -204,9 +204,10 @@ def test_the_speculative_step_cost_is_paid_only_with_speculation():
     from dsim.cost import CostModel
     from dsim.spec.methods import make_method
     from validator import stepfit
+    from validator.fitted_profile import linear_profile
 
     fit = {"cpu_overhead_ms": 2.8, "ms_per_token": 0.05, "ms_per_request": 0.2, stepfit.SPEC_TERM: 0.8}
-    cm = CostModel(stepfit.linear_profile("t", "calibrated", fit, {}))
+    cm = CostModel(linear_profile("t", "calibrated", fit, {}))
     assert make_method("block", 4).draft_ms(cm, 3) == pytest.approx(0.8 + 0.2 * 3)
     assert make_method("none", 0).draft_ms(cm, 3) == 0.0
     assert cm.profile.cpu_overhead_ms == pytest.approx(2.8)
@@ -484,6 +485,7 @@ def test_the_front_end_fit_and_the_simulated_front_end_in_closed_form():
     into the closed loop's way back, so the cycle and throughput follow."""
     from dsim.sim import FrontEnd, SimConfig, in_flight_at_arrival, simulate
     from validator import calibrate, stepfit, traces
+    from validator.fitted_profile import linear_profile
 
     pts = [{"streams": s, "ttft_ms": 5.0 + 2.0 * (s - 1), "e2e_ms": 6.0 + 2.5 * (s - 1),
             "pre_engine_ms": 1.0 if s == 1 else 3.0} for s in (1, 2, 4, 8)]  # fmt: skip
@@ -503,7 +505,7 @@ def test_the_front_end_fit_and_the_simulated_front_end_in_closed_form():
 
     # a flat 10 ms step, one request at a time (C=1) and four (C=4), 5 output tokens each
     fit = dict.fromkeys(stepfit.ALL_TERMS, 0.0) | {"cpu_overhead_ms": 10.0}
-    prof = stepfit.linear_profile("flat", "measured", fit, {})
+    prof = linear_profile("flat", "measured", fit, {})
     fe = FrontEnd(ttft_ms=4.0, ttft_ms_per_request=3.0, e2e_ms=6.0, e2e_ms_per_request=2.0)
     for c in (1, 4):
         w = traces.to_workload(traces.fixed(4 * c, 8, 5), c)

@@ -32,6 +32,7 @@ from validator import (
     stepfit,
     traces,
 )
+from validator.fitted_profile import linear_profile
 
 # the live tier: every test here runs against the module's real server (docs/dev/testing.md)
 pytestmark = pytest.mark.live
@@ -224,7 +225,7 @@ def test_live_run_records_the_servers_configuration(live, tmp_path):
     from dsim.cost import save_profile
 
     fit = {"cpu_overhead_ms": 3.0, "ms_per_token": 0.05, "ms_per_request": 0.0, "kv_ms_per_ktok": 0.0}
-    save_profile(stepfit.linear_profile("t", "measured", fit, {}), tmp_path / "p.yaml")
+    save_profile(linear_profile("t", "measured", fit, {}), tmp_path / "p.yaml")
     rep = compare.check([m.path], str(tmp_path / "p.yaml"), None, gates={}, sensitivity=False)
     assumed = "\n".join(rep["assumed"])
     assert "prefix cache: 128-token blocks (header" in assumed and "ngram, K = 4" in assumed
@@ -383,14 +384,14 @@ def test_live_profile_server(measured_profile):
     cm = CostModel(p)
     method = make_method("block", K)
     # one decode point per load and shape, or two where the drafter was deterministic (the steps
-    # whose decodes drafted and those whose did not: stepfit._draft_split)
+    # whose decodes drafted and those whose did not: steps._draft_split)
     dec = [pt for pt in v["points"] if pt["kind"].startswith("decode")]
     assert len({pt["level"] for pt in dec}) == len(PROFILE_LEVELS) + len(SHAPES)
     assert all(pt["kind"] in ("decode", "decode-drafted", "decode-undrafted") for pt in dec)
     # the profile reproduces the server's mean decode step at each load of the sweep (the ITL
     # histogram's mean, 35% on a loaded 2-core machine); every point has its fit residual. A load's
     # drafted and undrafted points share that mean in the ratio of the client's chunk gaps, and
-    # their weighted mean is the server's (stepfit._composition_points): the split itself leans on
+    # their weighted mean is the server's (steps._composition_points): the split itself leans on
     # the client (its undrafted point at C=8 was priced 3-21% over in the stored collections, 37%
     # once at a load average of 10), so the server's own number is what is checked
     per_level: dict = {}

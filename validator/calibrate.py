@@ -17,7 +17,7 @@ positions. We report ``mean_draft_tokens = DT / D`` and flag ``trimmed_drafts`` 
 K; the per-step curve stays right for throughput (it reproduces the emitted tokens), not for the
 drafter's quality.
 
-Cost: step times from the server's own histograms (stepfit.server_points: mean ITL and mean
+Cost: step times from the server's own histograms (steps.server_points: mean ITL and mean
 prefill time, each at the mean composition of the steps it sampled, rebuilt from the client's chunk
 times; the client's chunk gaps only when the server gives no histograms), in dsim's token
 coordinate n = prompt tokens + decodes x (1 + the drafts each verified: the run's own draft
@@ -52,6 +52,8 @@ import yaml
 from dsim.cost import CostModel, PrefillTerms, Table, load_profile, save_profile
 from dsim.errors import InputError
 from validator import acceptance, measure, noise, serverconf, stepfit
+from validator.fitted_profile import linear_profile, zero_block_draft
+from validator.steps import server_points
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -483,7 +485,7 @@ def calibrate(
     # per-step cost from the engine's (stepfit.SPEC_TERM)
     k_of = {id(m): (0 if serverconf.speculation_of(m)[0] == 0 else K) for m in ms}
     for m in ms:
-        for p in stepfit.server_points(m, k_of[id(m)]):
+        for p in server_points(m, k_of[id(m)]):
             pts.append(dict(p, kv=p.get("kv", 0.0), file=Path(m.path).name, group=group_key(m)))
     if not pts:
         raise InputError(
@@ -504,7 +506,7 @@ def calibrate(
         "measurements": files,
     }
     if base_profile:
-        base = stepfit.zero_block_draft(load_profile(base_profile))
+        base = zero_block_draft(load_profile(base_profile))
         cm = CostModel(base)
         method = __import__("dsim.spec.methods", fromlist=["make_method"]).make_method("block", max(K, 1))
 
@@ -525,7 +527,7 @@ def calibrate(
             # calibration; a run outside the spread of the others is named
             runs = []
             for r in raw:
-                rp = [dict(p, kv=p.get("kv", 0.0)) for p in stepfit.server_points(r, k_of[id(ms[0])])]
+                rp = [dict(p, kv=p.get("kv", 0.0)) for p in server_points(r, k_of[id(ms[0])])]
                 if rp:
                     xr = np.array([base_ms(p) for p in rp]) + base.cpu_overhead_ms
                     yr = np.array([p["step_ms"] for p in rp])
@@ -603,7 +605,7 @@ def calibrate(
             "n = prompt tokens + decodes x (1 + drafts verified)"
         )
         fit["scale"] = 1.0
-        prof = stepfit.linear_profile(
+        prof = linear_profile(
             name, "calibrated", fit, prov, kv_cache_gib=kv_cache_gib, kv_bytes_per_token=kv_bytes_per_token
         )
         pred = lambda p: (  # noqa: E731

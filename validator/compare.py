@@ -38,7 +38,8 @@ import numpy as np
 
 from dsim.cost import load_profile
 from dsim.errors import InputError
-from validator import measure, noise, prefix, serverconf, stepfit, traces
+from validator import measure, noise, prefix, serverconf, traces
+from validator.fitted_profile import zero_block_draft
 
 if TYPE_CHECKING:
     from dsim.cost import Profile
@@ -170,7 +171,7 @@ def simulate_measurement(
         assumed.append("step cost: the speculative machinery's per-step cost (the draft table's) not paid")
     script = None
     if k:
-        prof = stepfit.zero_block_draft(prof)
+        prof = zero_block_draft(prof)
         acc_arg = acceptance or "const:0.6"
         assumed.append(
             f"acceptance: {acceptance}"

@@ -4,13 +4,13 @@ Each level C replays max(4, 2C) requests (or --requests) of fixed input/output l
 loop of C. Step times come from the server's own histograms over the level (mean ITL: one sample
 per request per step; mean prefill time: the step that ran a prompt), so a CPU-starved client does
 not bias them, each at the mean composition of the steps it sampled, rebuilt from the client's
-chunk times (stepfit.server_points: closed-loop requests start in waves that share steps; with a
+chunk times (steps.server_points: closed-loop requests start in waves that share steps; with a
 deterministic drafter, separate points for the steps whose decodes drafted and those whose did
 not). The terms of stepfit.fit_cost (per-step overhead, per token in dsim's coordinate n = prompt
 tokens + decodes x (1 + drafts verified), per request, per prompt, per context token, the prompt
 token's discount) are fitted over all levels; when every term is identified the fit is the
-profile (stepfit.linear_profile), else the forward table runs through the measured decode points
-(stepfit.measured_profile). The profile (provenance kind "measured", server version, model, flags,
+profile (fitted_profile.linear_profile), else the forward table runs through the measured decode points
+(fitted_profile.measured_profile). The profile (provenance kind "measured", server version, model, flags,
 date) is one dsim.cost.load_profile reads. Predict only within (or near) the swept batch sizes.
 """
 
@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 from dsim.cost import load_profile, save_profile
 from dsim.errors import InputError
 from validator import driver, measure, stepfit, traces
+from validator.fitted_profile import linear_profile, measured_profile
+from validator.steps import server_points
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -66,7 +68,7 @@ def profile_from_measurements(
     k = (h0.get("spec") or {}).get("k") or 0
     pts = []
     for m, c in zip(ms, concurrencies):
-        for p in stepfit.server_points(m, k):
+        for p in server_points(m, k):
             pts.append(dict(p, level=c))
     if not pts:
         raise InputError(f"{server}: no step times measured (no /metrics histograms and no chunks)")
@@ -76,7 +78,7 @@ def profile_from_measurements(
     rounds = None
     if n_rounds >= stepfit.MIN_ROUNDS:
         rounds = [
-            [p for c in concurrencies for p in stepfit.server_points(measure.read(files_by_level[c][r]), k)]
+            [p for c in concurrencies for p in server_points(measure.read(files_by_level[c][r]), k)]
             for r in range(n_rounds)
         ]
     fit = stepfit.fit_cost(pts, rounds=rounds, pinned=pinned)
@@ -126,11 +128,11 @@ def profile_from_measurements(
     if fit["determined"]:
         # every term identified: the fit itself is the profile (its residuals are in the points)
         prov["method"] = f"{prov['method']}; profile = the fit (linear)"
-        prof = stepfit.linear_profile(
+        prof = linear_profile(
             name, "measured", fit, prov, kv_cache_gib=kv_cache_gib, kv_bytes_per_token=kv_bytes_per_token, extra=extra
         )
     else:
-        prof = stepfit.measured_profile(
+        prof = measured_profile(
             name, pts, fit, prov, k, kv_cache_gib=kv_cache_gib, kv_bytes_per_token=kv_bytes_per_token, extra=extra
         )
     return prof
