@@ -785,6 +785,7 @@ def test_refit_reproduces_the_committed_profile_from_its_raw_points(tmp_path, mo
 def test_dsim_validate_gpu_commands_pass_through():
     """`dsim validate profile-gpu / replay-gpu / refit-gpu` run the validator.gpu modules with their
     own arguments: help passes through, a bad input is one line and exit code 2."""
+    import importlib.util
     import subprocess
     import sys
 
@@ -793,6 +794,18 @@ def test_dsim_validate_gpu_commands_pass_through():
     assert r.returncode == 0 and "--repredict" in r.stdout
     r = subprocess.run(base + ["refit-gpu", "nowhere.raw.json"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.strip() == "error: nowhere.raw.json: file not found"
+    r = subprocess.run(base + ["profile-gpu", "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "--draft-only" in r.stdout
+    if importlib.util.find_spec("torch") is None:  # past its arguments the profiler needs torch: one line
+        cfg = str(ROOT / "profiles" / "models" / "qwen3-8b.json")
+        for cmd in (
+            ["profile-gpu", "--model", cfg, "--out", "x"],
+            ["replay-gpu", "synthetic", "--model", cfg, "--out", "x"],
+        ):
+            r = subprocess.run(base + cmd, capture_output=True, text=True, timeout=120)
+            err = r.stderr.strip()
+            assert r.returncode == 2 and len(err.splitlines()) == 1, err
+            assert f"error: validator.gpu.{cmd[0][:-4]}: needs torch" in err
 
 
 def test_torch_free_parts_import_without_torch():

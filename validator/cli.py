@@ -573,14 +573,13 @@ def heldout_cmd(ctx: typer.Context):
 def _gpu_main(module: str, args: list) -> None:
     import importlib
 
-    try:
-        mod = importlib.import_module(f"validator.gpu.{module}")
+    try:  # the profiler and the replay import torch after reading their arguments (--help needs none)
+        rc = importlib.import_module(f"validator.gpu.{module}").main(list(args))
     except ImportError as e:  # torch is an optional extra (pyproject: dsim[gpu])
         raise InputError(
             f"validator.gpu.{module}: needs {e.name or 'torch'} "
-            "(pip install 'dsim[gpu]'; on the GPU machine: python3 -m validator.gpu.{module})"
+            f"(pip install 'dsim[gpu]'; on the GPU machine: python3 -m validator.gpu.{module})"
         ) from None
-    rc = mod.main(list(args))
     if isinstance(rc, int) and rc:
         raise typer.Exit(rc)
 
