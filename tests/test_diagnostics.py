@@ -14,7 +14,8 @@ from builders import STEP_MS, const_workload, flat_profile
 from dsim.engine import diagnostics as D
 from dsim.engine.config import EngineConfig
 from dsim.sim import SimConfig, SpecConfig, simulate
-from dsim.study.capacity import format_plan, parse_sla, plan
+from dsim.study.capacity import format_plan, plan
+from dsim.study.sla import parse_sla
 
 # ---- replica imbalance ----------------------------------------------------------------------
 

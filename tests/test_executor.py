@@ -30,7 +30,8 @@ from typer.testing import CliRunner
 from builders import AB_ARGS
 from dsim.cli.entry import app
 from dsim.errors import InputError
-from dsim.study.capacity import _Search, parse_sla
+from dsim.study.capacity import _Search
+from dsim.study.sla import parse_sla
 from servers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent

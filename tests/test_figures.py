@@ -11,7 +11,7 @@ import pytest
 from dsim.study import figures as FG
 from dsim.study import report as R
 from dsim.study import sweep as S
-from dsim.study.capacity import parse_sla
+from dsim.study.sla import parse_sla
 
 
 @pytest.fixture

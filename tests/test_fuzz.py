@@ -378,7 +378,7 @@ SLA_PIECES = st.sampled_from(
 @FAST
 @given(parts=st.lists(SLA_PIECES, max_size=8))
 def test_sla_grammar(parts):
-    from dsim.study.capacity import parse_request_slo, parse_sla
+    from dsim.study.sla import parse_request_slo, parse_sla
 
     s = "".join(parts)
     for parse in (parse_sla, parse_request_slo):

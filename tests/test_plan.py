@@ -15,8 +15,9 @@ from builders import STEP_MS, const_workload, flat_profile
 from dsim.engine.config import EngineConfig
 from dsim.errors import InputError
 from dsim.sim import SpecConfig
-from dsim.study.capacity import SLO, parse_request_slo, parse_sla, plan
+from dsim.study.capacity import plan
 from dsim.study.prices import PRICES
+from dsim.study.sla import SLO, parse_request_slo, parse_sla
 
 # ---- SLA grammar ----------------------------------------------------------------------------
 
@@ -223,7 +224,8 @@ def test_itl_slo_any_percentile_from_samples():
     import numpy as np
 
     from dsim.engine.metrics import weighted_percentile
-    from dsim.study.capacity import metric_values, parse_sla
+    from dsim.study.capacity import metric_values
+    from dsim.study.sla import parse_sla
 
     slos = parse_sla("itl_p75=20ms")
     vals = np.array([10.0, 30.0, 20.0])

@@ -7,8 +7,9 @@ import pytest
 
 from dsim.errors import InputError
 from dsim.sim import SpecConfig
-from dsim.study.capacity import format_plan, parse_sla, plan
+from dsim.study.capacity import format_plan, plan
 from dsim.study.prices import PRICES, gpu_kind, price_for
+from dsim.study.sla import parse_sla
 
 
 @pytest.mark.parametrize(

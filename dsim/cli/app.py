@@ -343,7 +343,7 @@ def simulate(
         ec = scenario_engine(scn, record_shapes=step_log is not None) or EngineConfig()
         slo_d = None
         if slo:
-            from dsim.study.capacity import parse_request_slo
+            from dsim.study.sla import parse_request_slo
 
             slo_d = parse_request_slo(slo)
         cfg = SimConfig(

@@ -270,13 +270,13 @@ def _search_setup(
 ) -> SearchSetup:
     """Validate the node-count search's scenario and flags (an InputError names the flag) for
     ``methods`` (SpecMethod names) and build its inputs."""
-    from dsim.study import capacity as P
     from dsim.study.executor import check_executor
+    from dsim.study.sla import parse_sla
 
     check_executor(executor, ray_address)
     if scn.sla is None:
         raise InputError("--sla: required (on the command line or as sla: in the --scenario file)")
-    slos = P.parse_sla(scn.sla)
+    slos = parse_sla(scn.sla)
     seed_list = parse_seeds(scn.seeds)
     check_common(max_nodes=scn.max_nodes, gpus_per_node=scn.gpus_per_node, jobs=jobs)
     check_mix_methods(scn.mix, scn.acceptance, methods)

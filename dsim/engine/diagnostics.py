@@ -215,7 +215,7 @@ def result_warnings(req: pd.DataFrame, n_replicas: int, closed_loop: bool = Fals
 
 
 def sla_warnings(slos: Iterable, n_completed: int) -> list[dict]:
-    """For each SLA percentile term (a dsim.study.capacity.SLO with a pct), a warning when fewer than
+    """For each SLA percentile term (a dsim.study.sla.SLO with a pct), a warning when fewer than
     TAIL_REQUESTS of the n_completed requests lie beyond it."""
     out = []
     for s in slos:

@@ -159,7 +159,7 @@ def readable_log_axis(ax: Any, axis: str = "x", values: Iterable[float] | None =
 
 
 def sla_lines(ax: Any, slos: Iterable[Any], metric: str, axis: str = "x") -> None:
-    """A dashed line at each SLA target of `metric` (dsim.study.capacity.SLO terms, ms), labelled."""
+    """A dashed line at each SLA target of `metric` (dsim.study.sla.SLO terms, ms), labelled."""
     for s in slos:
         if getattr(s, "metric", None) != metric:
             continue

@@ -212,7 +212,7 @@ def write_sweep(
     df: pd.DataFrame, out: str | Path, prefix: str = "", context: str = "", slos: Iterable = ()
 ) -> list[Path]:
     """sweep.csv and the figures; `context` (dsim.study.figures.context_line) is each title's second
-    line, `slos` (dsim.study.capacity.SLO) draw the TPOT targets on the TPOT figure."""
+    line, `slos` (dsim.study.sla.SLO) draw the TPOT targets on the TPOT figure."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     csv = out / f"{prefix}sweep.csv"
