@@ -31,7 +31,6 @@ from validator.gpu.plan import (
 )
 from validator.gpu.profile_files import repo_relative, write_text_atomic
 
-# ---------------------------------------------------------------- attention sweeps
 ATTENTION_SWEEPS = ("ctx", "grid", "busy")  # the files of a profile's attention terms, in timing order
 BUSY_PARTS = ("decode", "short", "one")  # plan.busy_plan's parts a complete profile times
 

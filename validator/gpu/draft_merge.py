@@ -17,7 +17,6 @@ from dsim.errors import InputError
 from validator.gpu import plan as P
 from validator.gpu.profile_files import dump_yaml, raw_of, write_text_atomic
 
-# ---------------------------------------------------------------- drafter tables
 DRAFT_WHAT = (
     "drafter tables re-measured at the drafter capture sizes (plan.DRAFT_REQUESTS: 1, 2, 4, 8-256 by 8, "
     "272-512 by 16; dsim reads the next size at or above a batch, the padded batch) by python3 -m "

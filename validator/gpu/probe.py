@@ -23,7 +23,6 @@ from validator.gpu.plan import (
 )
 
 
-# ---------------------------------------------------------------- attention probe
 def attention_probe(device: torch.device, dtype: torch.dtype, timer: Timer, cfg_dims: dict, bench: bool = True) -> dict:
     """Correctness of the GPU attention paths against a float64 reference, and the attention time
     at q = 1, 2, 4, 8 at 8K context (256 requests) vs SDPA enable_gqa and the KV-read floor."""
