@@ -341,7 +341,7 @@ def network_floor_table(preset):
     import numpy as np
 
     from dsim.profiling.models import load_model
-    from dsim.spec.methods import load_acceptance
+    from dsim.spec.acceptance import load_acceptance
     from dsim.study.frontier import a2a_bytes_per_token, network_floor
 
     acc_m, acc_d = load_acceptance(preset, "mtp"), load_acceptance(preset, "dspark")

@@ -133,7 +133,7 @@ def run_case(profile_name, trace, per_gpu, args, variant="colocated"):
     from dsim.cost import Profile, load_profile
     from dsim.scenario import build_workload
     from dsim.sim import SpecConfig
-    from dsim.spec.methods import load_acceptance
+    from dsim.spec.acceptance import load_acceptance
     from dsim.study.frontier import concurrency_from_per_gpu, paper_comparison
     from dsim.study.sweep import sweep, write_sweep
 

@@ -274,7 +274,7 @@ ACCEPTANCE_FIT_GRID = tuple(round(-0.1 * i, 1) for i in range(9))  # delta from 
 def v4_dspark_curves(delta: float, k: int = 7) -> dict:
     """Per-class conditional acceptance of DSpark on V4 (preset deepseek-v4's derivation): position 1
     as MTP-1 (the preset's mtp curve), positions 2..k sigmoid(logit(Fig. 2's DSpark rate) + delta)."""
-    from dsim.spec.methods import load_acceptance
+    from dsim.spec.acceptance import load_acceptance
 
     f2, mtp = load_acceptance("qwen3-4b-fig2", "dspark"), load_acceptance("deepseek-v4", "mtp")
     out = {}
@@ -368,7 +368,8 @@ def implied_tau_table(derived) -> str:
     step / (1000 C). tau_D above what V tokens can carry (V - 1 drafts, share above 1) means no
     acceptance, head or budget rule reaches that point: only a cheaper DSpark step does."""
     from dsim.cost import CostModel
-    from dsim.spec.methods import load_acceptance, make_method
+    from dsim.spec.acceptance import load_acceptance
+    from dsim.spec.methods import make_method
 
     P = B.PAPER[B.paper_for(derived.provenance.get("model"))]
     cm = CostModel(derived)

@@ -32,7 +32,7 @@ from dsim.engine.replica import Replica
 from dsim.engine.router import Router
 from dsim.engine.shared import DraftCost, Requests, SpecStats
 from dsim.errors import InputError
-from dsim.spec.methods import SpecConfig, SpecRuntime
+from dsim.spec.runtime import SpecConfig, SpecRuntime
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -509,7 +509,7 @@ def _result(cfg, w, rejected, spec, reqs, stats, replicas, wall) -> SimResult:
 
 
 def _spec_summary(spec, st: SpecStats, class_names) -> dict:
-    from dsim.spec.methods import head_quality
+    from dsim.spec.head_fit import head_quality
 
     if spec.k == 0 or st.num_drafts == 0:
         return {"acceptance_length": 1.0, "per_position_acceptance": [], "mean_verify_tokens_per_request": 1.0}

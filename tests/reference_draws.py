@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dsim.spec.methods import accepted_prefix
+from dsim.spec.acceptance import accepted_prefix
 
 
 class StepDraws:
@@ -106,8 +106,10 @@ class RefSampler:
             conf = p = np.tanh(g)
             p *= np.float32(0.5)
             p += np.float32(0.5)
-        else:
+        elif self.head == "useless":
             conf = np.broadcast_to(off[K:], shape)  # read-only view: no information
+        else:  # a registered head needs its reference here (tests/test_spec.py draws every one)
+            raise ValueError(f"no reference draws for head {self.head!r}")
         t = (0, 2, 1)
         return StepDraws(
             None if p is None else p.transpose(t),

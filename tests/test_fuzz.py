@@ -310,7 +310,7 @@ CURVE = st.one_of(st.lists(st.one_of(st.floats(-0.5, 1.5), NASTY), max_size=4), 
     method=st.sampled_from([None, "mtp", "dspark"]),
 )
 def test_acceptance_loader(tmp_path_factory, classes, methods, method):
-    from dsim.spec.methods import load_acceptance
+    from dsim.spec.acceptance import load_acceptance
 
     doc = {
         "name": "fuzz",
@@ -332,7 +332,7 @@ def test_acceptance_loader(tmp_path_factory, classes, methods, method):
 @FAST
 @given(s=st.text(alphabet="0123456789.,;=:-abcdefghmnpst ", max_size=24))
 def test_inline_acceptance(s):
-    from dsim.spec.methods import parse_acceptance
+    from dsim.spec.acceptance import parse_acceptance
 
     try:
         cur = parse_acceptance(s)

@@ -79,7 +79,7 @@ def test_derive_refuses_non_positive_parameters(pair):
 def test_shipped_preset_is_the_harness_family_at_its_stated_delta():
     import yaml
 
-    from dsim.spec.methods import PRESET_DIR, load_acceptance
+    from dsim.spec.acceptance import PRESET_DIR, load_acceptance
 
     doc = yaml.safe_load((PRESET_DIR / "deepseek-v4.yaml").read_text())
     delta = doc["derivation"]["dspark_positions_2_plus"]["delta"]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
-from dsim.spec.methods import PRESET_DIR, chain_tau, load_acceptance
+from dsim.spec.acceptance import PRESET_DIR, chain_tau, load_acceptance
 
 CLASSES = ("math", "code", "chat")
 MTP_RANGE = (0.85, 0.90)  # DeepSeek-V3 report: second-token acceptance across topics

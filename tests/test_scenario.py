@@ -363,7 +363,7 @@ def test_model_heads_says_which_kind_of_source_it_read():
 
 
 def test_every_preset_names_the_model_ids_it_is_for():
-    from dsim.spec.methods import PRESET_DIR, preset_names
+    from dsim.spec.acceptance import PRESET_DIR, preset_names
 
     for name in preset_names():
         models = yaml.safe_load((PRESET_DIR / f"{name}.yaml").read_text()).get("models")
@@ -439,7 +439,7 @@ ACCEPT = (0.8, 0.6, 0.5, 0.4)
 def test_calibrated_acceptance_of_a_speculative_server_sizes_the_plan(speculative_fake, tmp_path):
     """serve (a fake speculative server), run, calibrate, plan: the plan reads what calibrate
     wrote, from --acceptance and from a scenario file, and sizes on it."""
-    from dsim.spec.methods import chain_tau, load_acceptance
+    from dsim.spec.acceptance import chain_tau, load_acceptance
 
     rc, _, err = run_cli("validate", "run", "--server", speculative_fake, "-c", "2", "-n", "24", "--input-len", "16",
                          "--output-len", "80", "--repeat", "1", "--no-progress", "--out", tmp_path / "runs")  # fmt: skip

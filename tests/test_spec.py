@@ -1,4 +1,4 @@
-"""Tests for dsim/spec/methods.py: methods, presets, acceptance model, confidence head."""
+"""Tests for dsim/spec: methods, presets, acceptance model, confidence head."""
 
 import json
 
@@ -6,16 +6,17 @@ import numpy as np
 import pytest
 
 from dsim.errors import InputError
-from dsim.spec.methods import (
+from dsim.spec.acceptance import (
     AcceptanceModel,
     accepted_prefix,
     chain_tau,
-    head_quality,
     load_acceptance,
-    make_method,
     parse_acceptance,
     preset_names,
 )
+from dsim.spec.head_fit import head_quality
+from dsim.spec.heads import HEAD_KINDS, HEADS
+from dsim.spec.methods import make_method
 
 CLASSES = ("math", "code", "chat")
 
@@ -226,7 +227,7 @@ def _engine_draws(m, cls, lat, steps, key=7, ids=None, rounds=0):
     return conf, lead
 
 
-@pytest.mark.parametrize("head", ["model", "perfect", "useless"])
+@pytest.mark.parametrize("head", HEADS)
 def test_compiled_draws_match_the_numpy_reference_distribution(head):
     """The compiled sampler (full outcomes, and the engine's prefix-only form) against the numpy
     reference sampler on the same model and latents, fixed seeds: per position, a two-sample KS
@@ -247,7 +248,7 @@ def test_compiled_draws_match_the_numpy_reference_distribution(head):
         table = np.array([np.bincount(lead_r, minlength=8), np.bincount(lead, minlength=8)])
         table = table[:, table.sum(0) > 0]
         assert stats.chi2_contingency(table).pvalue > 1e-3
-    if head == "useless":  # the class curve, exactly
+    if HEAD_KINDS[head].class_curve:  # the class curve, exactly
         assert np.array_equal(new.conf, ref.conf) and np.array_equal(conf_e.transpose(0, 2, 1), ref.conf)
         return
     for j in range(7):
@@ -278,7 +279,7 @@ def test_compiled_draws_are_per_request_round_streams():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("n_req", [20, 3000])
-@pytest.mark.parametrize("head", ["model", "perfect", "useless"])
+@pytest.mark.parametrize("head", HEADS)
 def test_lane_parallel_draws_are_the_request_by_request_definition(head, n_req):
     """The engine's draws, drawn position by position for all requests at once (vectorized
     ziggurat candidates and outcome brackets, the definition for the lanes they cannot settle),
@@ -487,7 +488,7 @@ def test_auc_is_the_mann_whitney_statistic(n, dtype, grid, nan, seed):
     share of (positive, negative) pairs the positive scores above, ties counting half, exactly;
     ties (a coarse grid of scores), float32 and float64 scores included. With NaN scores it is
     what binary searches of the sorted float64 classes give (NaNs sort last)."""
-    from dsim.spec.methods import _auc
+    from dsim.spec.head_fit import _auc
 
     rng = np.random.default_rng(seed)
     c = rng.random(n)

@@ -454,7 +454,7 @@ def test_live_calibrate_check_and_fidelity(live, tmp_path):
         prof = profile_server.profile_from_measurements(levels, hardware="cpu-2core", server_flags=live["flags"])
         save_profile(prof, base)
         cal = calibrate.calibrate(c2, tmp_path / f"cal-{attempt}", base_profile=str(base), name="tiny-cal")
-        from dsim.spec.methods import load_acceptance
+        from dsim.spec.acceptance import load_acceptance
 
         curves = load_acceptance(cal["acceptance_path"], "block")
         assert len(curves.curves["default"]) == K
@@ -624,7 +624,7 @@ def test_live_serve_profile_run_calibrate_plan(live, measured_profile, tmp_path)
     """The loop from a served model to a plan on its own measurements (docs/user/scenarios.md): the
     server (served and profiled by the fixtures), a run, `calibrate`, then `dsim plan` reading
     the calibrated acceptance and profile, with the server's n-gram K=4 as a block drafter of 4."""
-    from dsim.spec.methods import chain_tau, load_acceptance
+    from dsim.spec.acceptance import chain_tau, load_acceptance
 
     base, _ = measured_profile
     m = _run(live, tmp_path, "c2", n=12, c=2, outp=64)

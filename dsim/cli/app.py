@@ -170,7 +170,7 @@ def check_mix(mix: Optional[str], acceptance: Optional[str] = None, method: Opti
     shares = parse_mix(mix)
     known = set(DEFAULT_CLASSES)
     if acceptance:
-        from dsim.spec.methods import load_acceptance
+        from dsim.spec.acceptance import load_acceptance
 
         known |= set(load_acceptance(acceptance, method).classes)
     unknown = [c for c in shares if c not in known]
@@ -325,7 +325,7 @@ def simulate(
         else:
             adaptive_on = adaptive
         if scn.acceptance is not None and make_method(meth).drafts:  # curves are read only with drafts
-            from dsim.spec.methods import load_acceptance
+            from dsim.spec.acceptance import load_acceptance
 
             load_acceptance(scn.acceptance, meth)
         check_mix_methods(scn.mix, scn.acceptance, [meth])

@@ -33,6 +33,7 @@ import numpy as np
 from numba import njit, uint64
 
 from dsim.cost import context_ms_compiled
+from dsim.spec.heads import HEAD_CODES
 
 # Decode-slot columns of the int table (SlotTable.ints, the engine's Replica._slot_ints).
 ID, COMP, END, CLS, EMITS, ROUNDS, ASUM, VSUM = range(8)
@@ -58,9 +59,9 @@ POLICY_CODES = {
 # Verify modes (SGLang).
 STATIC, COMPACT, CAP_ACCEPT = range(3)
 VERIFY_CODES = {"static": STATIC, "compact": COMPACT, "cap-accept": CAP_ACCEPT}
-# Confidence heads.
-HEAD_MODEL, HEAD_PERFECT, HEAD_USELESS = range(3)
-HEAD_CODES = {"model": HEAD_MODEL, "perfect": HEAD_PERFECT, "useless": HEAD_USELESS}
+# Confidence heads: the codes of dsim.spec.heads' registry, one constant per branch of the draws
+# (tests/test_registry.py ties each kind's capabilities to the branches that test its constant).
+HEAD_MODEL, HEAD_PERFECT, HEAD_USELESS = HEAD_CODES["model"], HEAD_CODES["perfect"], HEAD_CODES["useless"]
 
 
 # ---- the named bundles the kernels take ---------------------------------------------------------
@@ -104,7 +105,7 @@ class SlotDraws(NamedTuple):
 
 
 class PolicyParams(NamedTuple):
-    """The verify budget and verify mode of a replica (dsim.spec.budget, dsim.spec.methods.SpecConfig)."""
+    """The verify budget and verify mode of a replica (dsim.spec.budget, dsim.spec.runtime.SpecConfig)."""
 
     adaptive: bool  # verify windows chosen per step by the budget policy
     code: int  # the policy's kernel (POLICY_CODES)

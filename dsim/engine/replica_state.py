@@ -17,7 +17,7 @@ from dsim.engine.compiled_step import NCOL
 from dsim.engine.config import EngineConfig, draft_script_table
 from dsim.engine.records import STEP_FIELDS
 from dsim.engine.shared import DraftCost, Requests, SpecStats
-from dsim.spec.methods import SpecRuntime
+from dsim.spec.runtime import SpecRuntime
 
 LAST, ITLMAX = range(2)  # float64 columns of ReplicaState._slot_floats
 

@@ -114,7 +114,8 @@ class AcceptanceOrigin:
 
 def acceptance_origin(acceptance: str | None, method: str, profile: Any) -> AcceptanceOrigin | None:
     """The origin of the acceptance a method uses (None without drafts)."""
-    from dsim.spec.methods import acceptance_name, load_acceptance, make_method, preset_names
+    from dsim.spec.acceptance import load_acceptance, preset_names
+    from dsim.spec.methods import acceptance_name, make_method
 
     m = make_method(method)
     if not m.drafts:

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     import pandas as pd
 
-    from dsim.spec.methods import SpecConfig
+    from dsim.spec.runtime import SpecConfig
 
 
 # ---- one simulation (runs in a worker process) ----------------------------------------------
