@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from dsim.engine.router import ROUTERS
 from dsim.errors import InputError
+from dsim.spec.heads import HEADS
 
 if TYPE_CHECKING:  # imported where used: the command line starts without pandas and simpy
     from dsim.engine.config import EngineConfig
@@ -191,12 +192,13 @@ SECTIONS = {
     "engine": "the serving engine (vLLM's names) and the router over its replicas",
     "sla": "what a fleet must meet, and how the node-count search counts it",
 }
-# The --policy, --verify-mode and --head choices: the registries' names (dsim.spec.budget
-# POLICY_SPELLINGS, dsim.engine.compiled_step VERIFY_CODES / HEAD_CODES), written out here because
-# those modules import numba and the command line starts without it; tests/test_registry.py
-# checks each tuple against its registry. The router's choices are dsim.engine.router's registry.
+# The --policy, --verify-mode and --format choices: the registries' names (dsim.spec.budget
+# POLICY_SPELLINGS, dsim.engine.compiled_step VERIFY_CODES, dsim.workload.readers FORMATS), written
+# out here because those modules import numba or pandas and the command line starts without them;
+# tests/test_registry.py checks each tuple against its registry. The router's and the confidence
+# head's choices are their registries' (dsim.engine.router, dsim.spec.heads).
 POLICY_NAMES = ("vllm", "paper", "paper-production", "sglang", "fixed", "threshold")
-HEAD_MODES = ("model", "perfect", "useless")
+FORMAT_NAMES = ("azure", "mooncake", "burstgpt", "native-csv", "native-jsonl", "native-parquet")
 VERIFY_MODE_NAMES = ("static", "compact", "cap-accept")
 
 
@@ -236,7 +238,7 @@ class Scenario:
         "workload",
         "trace path or name (default, azure-conv, azure-code, mooncake-conversation, mooncake-synthetic, ...)",
     )
-    format: str = _opt("auto", "workload", "auto, azure, mooncake, burstgpt, native-csv, native-jsonl, native-parquet")
+    format: str = _opt("auto", "workload", ", ".join(("auto", *FORMAT_NAMES)))
     requests: int | None = _opt(None, "workload", "first N requests", ("simulate", "plan", "ab"))
     window: str | None = _opt(None, "workload", "time window START:END (s)")
     rate: float | None = _opt(None, "workload", "re-draw Poisson arrivals at R req/s", ("simulate", "plan", "ab"))
@@ -261,7 +263,7 @@ class Scenario:
     )
     policy: str = _opt("vllm", "speculation", "verify-budget policy: " + ", ".join(POLICY_NAMES))
     verify_mode: str = _opt("compact", "speculation", "SGLang verify mode: " + ", ".join(VERIFY_MODE_NAMES))
-    head: str = _opt("model", "speculation", "confidence head: " + ", ".join(HEAD_MODES))
+    head: str = _opt("model", "speculation", "confidence head: " + ", ".join(HEADS))
     head_auc: float = _opt(0.85, "speculation", "target ROC-AUC of the confidence head")
     # engine
     max_num_seqs: int = _opt(1024, "engine", "vLLM max_num_seqs (H200 default 1024)")
@@ -513,8 +515,8 @@ def check_scenario(s: Scenario) -> None:
         raise InputError(f"--policy: unknown policy {s.policy!r} (choose from {', '.join(POLICY_NAMES)})")
     if s.verify_mode not in VERIFY_MODE_NAMES:
         raise InputError(f"--verify-mode: must be {', '.join(VERIFY_MODE_NAMES)}, got {s.verify_mode!r}")
-    if s.head not in HEAD_MODES:
-        raise InputError(f"--head: must be {', '.join(HEAD_MODES)}, got {s.head!r}")
+    if s.head not in HEADS:
+        raise InputError(f"--head: must be {', '.join(HEADS)}, got {s.head!r}")
     if s.router not in ROUTERS:
         raise InputError(f"--router: unknown router {s.router!r} (choose from {', '.join(ROUTERS)})")
     if not (math.isfinite(s.head_auc) and 0.5 <= s.head_auc <= 1.0):

@@ -641,7 +641,7 @@ def test_parquet_columns_dsim_does_not_use_are_not_read(tmp_path, monkeypatch):
     """A big nested column beside the trace's own: never decompressed (the size bound counts only
     the columns read), the trace is read."""
     from dsim.workload import load_workload
-    from dsim.workload import readers as workload
+    from dsim.workload import native as workload
 
     monkeypatch.setattr(workload, "MAX_TRACE_BYTES", 1 << 20)
     p = _parquet(
@@ -655,7 +655,7 @@ def test_parquet_columns_dsim_does_not_use_are_not_read(tmp_path, monkeypatch):
 
 
 def test_parquet_row_count_refused_from_the_footer(tmp_path, monkeypatch):
-    from dsim.workload import readers as workload
+    from dsim.workload import native as workload
 
     monkeypatch.setattr(workload, "MAX_TRACE_ROWS", 5)
     p = _parquet(
@@ -667,7 +667,7 @@ def test_parquet_row_count_refused_from_the_footer(tmp_path, monkeypatch):
 def test_parquet_that_decompresses_past_the_bound_is_refused_before_reading(tmp_path, monkeypatch):
     """A few KB on disk, 24 MB of prefix hashes once decompressed (a run of zeros compresses to
     nothing): refused from the footer's sizes, before any page is read."""
-    from dsim.workload import readers as workload
+    from dsim.workload import native as workload
 
     monkeypatch.setattr(workload, "MAX_TRACE_BYTES", 16 << 20)
     p = _parquet(
@@ -956,7 +956,7 @@ def test_json_lines_of_any_bytes_are_read_or_refused_in_one_line(tmp_path_factor
 
 def test_validator_csv_trace_bounded_in_rows_and_fields(tmp_path, monkeypatch):
     from dsim.errors import InputError
-    from dsim.workload import readers as workload
+    from dsim.workload import trace_checks as workload
     from validator import traces
 
     monkeypatch.setattr(workload, "MAX_TRACE_ROWS", 2)

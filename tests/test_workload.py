@@ -26,8 +26,8 @@ from dsim.workload import (
 from dsim.workload import (
     synthesize as _synth,
 )
-from dsim.workload.readers import (
-    _trace_dir as dsim_trace_dir,
+from dsim.workload.public_traces import (
+    trace_dir as dsim_trace_dir,
 )
 
 REPO = Path(__file__).resolve().parent.parent

@@ -49,7 +49,7 @@ def fixed(n: int, input_len: int, output_len: int) -> Plan:
 
 def _native(path: Path) -> Plan:
     from dsim.schema import check_input_file, read_json_lines
-    from dsim.workload.readers import MAX_TRACE_ROWS
+    from dsim.workload.trace_checks import MAX_TRACE_ROWS
 
     check_input_file(path, max_bytes=4 << 30)  # no device, FIFO or file past the bound
     rows: list = []

@@ -1,18 +1,15 @@
 """The workload stage: the ``Workload`` (one row per request, sorted by arrival) and its slicing
-(``table``), request traces read and written (``readers``: Azure, Mooncake, BurstGPT, native
-CSV / JSONL / Parquet) and synthetic workloads (``synthesis``). The public API is re-exported
-here."""
+(``table``), request traces read and written (``readers``: the registry of trace formats,
+detection and ``load_workload``; ``public_traces``: Azure, Mooncake, BurstGPT; ``native``: dsim's
+CSV / JSONL / Parquet; ``trace_checks``: the bounds and row-level errors they share) and synthetic
+workloads (``synthesis``). The public API is re-exported here."""
 
+from dsim.workload.public_traces import resolve_trace, trace_names
 from dsim.workload.readers import (
     FORMATS,
-    MAX_LINE_CHARS,
-    MAX_SPAN_S,
-    MAX_TOKENS,
     detect_format,
     load_workload,
-    resolve_trace,
     save_workload,
-    trace_names,
 )
 from dsim.workload.synthesis import (
     DEFAULT_SPEC,
@@ -30,6 +27,7 @@ from dsim.workload.table import (
     scale_rate,
     time_window,
 )
+from dsim.workload.trace_checks import MAX_LINE_CHARS, MAX_SPAN_S, MAX_TOKENS
 
 __all__ = [
     "DEFAULT_CLASSES",

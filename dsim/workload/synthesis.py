@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from dsim.errors import InputError
-from dsim.workload.readers import _repo_root, load_workload, save_workload
+from dsim.workload.public_traces import repo_root
+from dsim.workload.readers import load_workload, save_workload
 from dsim.workload.table import DEFAULT_MIX, Workload, assign_classes, parse_mix
 
 # --------------------------------------------------------------------------------------------
@@ -204,4 +205,4 @@ DEFAULT_SPEC = dict(
 def make_default(path: str | Path | None = None) -> Path:
     """Regenerate traces/default.jsonl: ``python -c "from dsim.workload import make_default; make_default()"``."""
     w = synthesize(**DEFAULT_SPEC)
-    return save_workload(w, path or (_repo_root() / "traces" / "default.jsonl"), "native-jsonl")
+    return save_workload(w, path or (repo_root() / "traces" / "default.jsonl"), "native-jsonl")
