@@ -37,14 +37,12 @@ class HeadKind:
       (dsim.spec.head_fit.fit_head); else s = b = 0, T = 1 and the two targets are not read;
     * ``class_curve``: its confidence is the class-position curve P[c, k] (no per-request
       information), carried per decode slot as K more slot-offset rows; else it is computed from
-      the draws (p_true, or p_true with the head's noise when ``noisy``);
-    * ``help``: what it models, in one line."""
+      the draws (p_true, or p_true with the head's noise when ``noisy``)."""
 
     name: str
     code: int
     noisy: bool
     class_curve: bool
-    help: str
 
 
 HEAD_KINDS: dict[str, HeadKind] = {}  # name -> kind, in registration (code) order
@@ -62,33 +60,12 @@ def register_head(kind: HeadKind) -> HeadKind:
     return kind
 
 
-register_head(
-    HeadKind(
-        "model",
-        code=0,
-        noisy=True,
-        class_curve=False,
-        help="a trained head: the true acceptance blurred and tempered to --head-auc and --head-ece",
-    )
-)
-register_head(
-    HeadKind(
-        "perfect",
-        code=1,
-        noisy=False,
-        class_curve=False,
-        help="an oracle: each draft's true acceptance probability (the AUC ceiling)",
-    )
-)
-register_head(
-    HeadKind(
-        "useless",
-        code=2,
-        noisy=False,
-        class_curve=True,
-        help="the class-position curve P[c, k]: no per-request information",
-    )
-)
+# a trained head: the true acceptance blurred and tempered to --head-auc and --head-ece
+register_head(HeadKind("model", code=0, noisy=True, class_curve=False))
+# an oracle: each draft's true acceptance probability (the AUC ceiling)
+register_head(HeadKind("perfect", code=1, noisy=False, class_curve=False))
+# the class-position curve P[c, k]: no per-request information (the lower bound)
+register_head(HeadKind("useless", code=2, noisy=False, class_curve=True))
 
 HEADS = tuple(HEAD_KINDS)  # the --head choices, in code order
 HEAD_CODES = {name: kind.code for name, kind in HEAD_KINDS.items()}
