@@ -2,7 +2,8 @@
 ``prompt_tokens``, ``output_tokens``, optional ``class``, ``session_id`` and ``prefix_hashes``. A
 Parquet trace's row count, column types and decompressed size are checked from its footer before
 any data is read. Each reader returns the trace's columns (``dsim.workload.trace_checks.Cols``);
-the formats are registered in dsim.workload.readers, which writes them too (``save_workload``)."""
+each writer writes a Workload (``save_workload`` picks one by extension or format). The formats
+are registered in dsim.workload.readers."""
 
 from __future__ import annotations
 
