@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from dsim import cost as C
 from dsim.cost import attention as CA
-from dsim.cost import profile as CP
+from dsim.cost.profile_upgrade import FORMAT_VERSION
 from dsim.errors import InputError
 from validator.gpu import plan
 from validator.gpu.fit import predicted_step_ms
@@ -175,13 +175,13 @@ def test_format_1_profiles_price_as_before(path):
     cm = C.CostModel(p)
     if p.attention is not None or p.request_attention is not None:
         pytest.skip("a format-2 or format-3 profile")
-    assert p.format_version == 1 and not cm.has_context_terms
+    assert not cm.has_context_terms
     assert cm.context_ms([1, 4, 8], [100, 50_000, 120_000]) == 0.0
     chunks = [(512, 0), (2048, 65536)]
     d, a = p.prefill_discount_ms_per_ktok / 1000, p.prefill_attn_ms_per_mpair / 1e6
     assert cm.prefill_ms(chunks) == pytest.approx(sum(q * (a * (c + q / 2) - d) for q, c in chunks))
     out = C.profile_to_dict(p)
-    assert "format_version" not in out and "attention" not in out
+    assert out["format_version"] == FORMAT_VERSION and "attention" not in out
 
 
 def test_format_2_round_trip_and_errors(tmp_path):
@@ -190,7 +190,7 @@ def test_format_2_round_trip_and_errors(tmp_path):
     p = C.profile_from_dict(d, "x.yaml")
     assert p.format_version == 2 and p.attention == A
     again = C.profile_from_dict(C.profile_to_dict(p), "y.yaml")
-    assert again.attention == A and again.format_version == 2
+    assert again.attention == A and again.format_version == FORMAT_VERSION  # written in the current format
     bad = v2(base)
     bad.pop("format_version")
     with pytest.raises(InputError, match="format_version: 2"):
@@ -204,7 +204,7 @@ def test_format_2_round_trip_and_errors(tmp_path):
     with pytest.raises(InputError, match="does not divide"):
         C.profile_from_dict(bad, "x.yaml")
     bad = v2(base)
-    bad["format_version"] = max(CP.FORMAT_VERSIONS) + 1  # a format this build does not know
+    bad["format_version"] = FORMAT_VERSION + 1  # a format this build does not know
     with pytest.raises(InputError, match="format_version"):
         C.profile_from_dict(bad, "x.yaml")
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from dsim.cost import CostModel
+from dsim.cost.profile_upgrade import FORMAT_VERSION
 from dsim.errors import InputError
 from dsim.profiling.compose import (
     DRAFT_REQUESTS,
@@ -541,7 +542,7 @@ def test_format4_step_indexer_round_trips_and_prices_the_doc_formula(tmp_path):
     path = tmp_path / "p.yaml"
     save_profile(_format4_profile(2.25), path)
     p = load_profile(str(path))
-    assert p.format_version == 4
+    assert p.format_version == FORMAT_VERSION  # written in the current format
     assert (p.request_attention.indexer_ratio, p.request_attention.indexer_ms_per_mcell) == (4, 2.25)
     # the loaded profile's step term on random steps, against the module doc's formula in numpy
     # over the format-3 price (context_ms itself runs the compiled pricing)

@@ -627,7 +627,7 @@ def test_committed_replays_meet_the_targets_with_the_committed_profiles():
     and the stored re-predicted files say the same."""
     for m in MODELS + ["qwen3-14b"]:
         cm = CostModel(load_profile(str(ROOT / "profiles" / "h200" / f"h200-{m}.yaml")))
-        assert cm.has_prefill_terms and cm.has_context_terms and cm.profile.format_version == 2
+        assert cm.has_prefill_terms and cm.has_context_terms and cm.profile.attention is not None
         if m in MODELS:
             errs = _recomputed(REPLAYS / f"replay-{m}.json", cm)
             assert sorted(errs) == sorted(f"dspark-{m}-c{c}.jsonl" for c in (1, 32, 256))

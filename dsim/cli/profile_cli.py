@@ -3,6 +3,8 @@ app (dsim.cli.entry imports this module):
 
 - ``dsim profile model CONFIG``: a step-cost profile for one's own model from its config.json
   (dsim.profiling.own_model);
+- ``dsim profile upgrade FILE``: an older format's profile rewritten in the current one
+  (dsim.cost.profile_upgrade; every loader upgrades on read, this writes the upgrade back);
 - ``dsim profile compose ...``, ``dsim profile aic ...``, ``dsim profile deepep ...``: the argparse
   tools of dsim.profiling.compose, .aic_tables and .deepep_tables, given the rest of the command
   line as it is (``--help`` included). They keep their exit contract (dsim.cli.toolmain: 2 for bad
@@ -21,7 +23,8 @@ from dsim.errors import InputError
 
 profile_app = typer.Typer(
     help="Build step-cost profiles: your own model's (model), a composed MoE profile (compose), "
-    "AIConfigurator's silicon tables (aic), DeepEP all-to-all tables (deepep).",
+    "AIConfigurator's silicon tables (aic), DeepEP all-to-all tables (deepep); rewrite an older "
+    "format's profile in the current one (upgrade).",
     no_args_is_help=True,
 )
 app.add_typer(profile_app, name="profile")
@@ -73,6 +76,35 @@ def model(
         for line in describe(prof):
             typer.echo(line)
         typer.echo(f"wrote {out} (use it: dsim plan --profile {out} --sla ...)")
+
+    run_guarded(go)
+
+
+@profile_app.command("upgrade")
+def upgrade(
+    file: str = typer.Argument(..., help="a profile YAML or JSON file of any supported format"),
+    out: Optional[str] = typer.Option(None, help="write the upgraded profile here"),
+    in_place: bool = typer.Option(False, "--in-place", help="rewrite FILE itself"),
+    force: bool = typer.Option(False, "--force", help="overwrite an existing --out file"),
+) -> None:
+    """Rewrite a profile of an older format in the current one (every command reads older files
+    the same way on load); the provenance notes the upgrade. Nothing is written for a file already
+    current, one that is inconsistent or one that would not load."""
+
+    def go() -> None:
+        from dsim.cost.profile_upgrade import FORMAT_VERSION, upgrade_file
+        from dsim.outputs import check_file_target
+
+        if (out is None) == (not in_place):
+            raise InputError("give --out FILE or --in-place (one of them)")
+        if out is not None and check_file_target(out, "--out").exists() and not force:
+            raise InputError(f"--out {out}: exists (--force overwrites it)")
+        target, what = (out, "--out") if out is not None else (file, "--in-place")
+        version = upgrade_file(file, target, what)
+        if version == FORMAT_VERSION:
+            typer.echo(f"{file}: already format_version {FORMAT_VERSION}; nothing written")
+        else:
+            typer.echo(f"wrote {target}: format_version {version} -> {FORMAT_VERSION}")
 
     run_guarded(go)
 

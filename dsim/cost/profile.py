@@ -3,9 +3,10 @@ dsim.cost.attention's), reading and checking a profile file (``profile_from_dict
 errors name the file, line and field), writing one (``profile_to_dict``, ``save_profile``) and where
 the shipped profiles live (``PROFILE_DIR``, ``resolve_profile_path``).
 
-The format, one field a line: docs/dev/profile-format.md. How formats 1 to 5 came to be and what
-each of their terms prices (the "module doc" the comments below cite):
-docs/dev/profile-format-history.md."""
+The format, one field a line: docs/dev/profile-format.md. This module reads the current format
+only: a file of an older one is upgraded first (dsim.cost.profile_upgrade, the one place that knows
+them). How the formats came to be and what each of their terms prices (the "module doc" the
+comments below cite): docs/dev/profile-format-history.md."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from dsim.cost.attention import (
     StepKeys,
     prefill_discount_bound_ms_per_ktok,
 )
+from dsim.cost.profile_upgrade import FORMAT_VERSION, source_format_version, upgrade_profile
 from dsim.errors import InputError, plain
 
 if TYPE_CHECKING:
@@ -48,7 +50,6 @@ DRAFT_LENGTH_KINDS = tuple(f"dspark@{k}" for k in range(1, 17))
 # (e.g. NVIDIA AIConfigurator's); analytical: a roofline model; calibrated: fitted to measured runs;
 # derived: another profile mapped by a stated transform (provenance.derived_from names it)
 PROFILE_KINDS = ("measured", "silicon-table", "analytical", "calibrated", "derived")
-FORMAT_VERSIONS = (1, 2, 3, 4, 5)
 KV_BLOCK_TOKENS = 16
 DENSE_TOKENS = 16384  # forward cost tabulated densely up to this many tokens per step
 
@@ -106,7 +107,9 @@ class Profile:
     source_path: str = ""
     extra: dict = field(default_factory=dict)  # other keys kept for provenance (fit errors...)
     max_model_len: int | None = None  # longest prompt + output (None: not limited)
-    format_version: int = 1
+    # the format of the file it was read from (an older one is upgraded on read, dsim.cost.profile_upgrade);
+    # built in code: the oldest format that holds its sections. Written always in the current format.
+    format_version: int = FORMAT_VERSION
     attention: AttentionTerms | None = None  # format 2: per-request attention terms
     request_attention: RequestAttention | None = None  # format 3: per-request attention table
 
@@ -147,13 +150,17 @@ def _table(raw, doc, keys: tuple, xkey: str) -> Table:
 
 
 def profile_from_dict(d: dict, path: str = "<profile>", doc: Doc | None = None) -> Profile:
-    """Validate a parsed profile; raise InputError naming the file, line (when ``doc`` carries
-    the file's line marks, as load_profile's does), field and bad value, one field at a time."""
+    """Validate a parsed profile of any supported format; raise InputError naming the file, line
+    (when ``doc`` carries the file's line marks, as load_profile's does), field and bad value, one
+    field at a time. An older format is upgraded first (dsim.cost.profile_upgrade, which refuses
+    a section the file's format_version did not allow); what follows reads the current format."""
     from dsim import schema as S
 
     doc = doc if doc is not None else S.Doc(str(path))
     if not isinstance(d, dict):
         raise InputError(f"{doc.at()}: not a mapping (a profile has name, provenance, memory, ...)")
+    source_version = source_format_version(d, doc)
+    d = upgrade_profile(d, doc)
     for key in ("name", "provenance", "memory", "capture_sizes", "forward", "kv_ms_per_ktok", "cpu_overhead_ms"):
         if key not in d:
             raise InputError(f"{doc.at()}: missing field '{key}'")
@@ -196,25 +203,10 @@ def profile_from_dict(d: dict, path: str = "<profile>", doc: Doc | None = None) 
         if max_len is not None:
             prov = dict(prov, max_model_len_source=src)
     disc, attn, per_chunk, prefill_v2 = _prefill_terms(d.get("prefill_terms"), doc)
-    version = 1
-    if d.get("format_version") is not None:
-        version = S.integer(d["format_version"], doc, "format_version", lo=1, hi=max(FORMAT_VERSIONS))
-    attention = None
-    if d.get("attention") is not None:
-        if version < 2:
-            raise InputError(f"{doc.at('attention')}: needs format_version: 2")
-        attention = _attention_terms(d["attention"], doc)
+    attention = _attention_terms(d["attention"], doc) if d.get("attention") is not None else None
     request_attention = None
     if d.get("request_attention") is not None:
-        if version < 3:
-            raise InputError(f"{doc.at('request_attention')}: needs format_version: 3")
         request_attention = _request_attention_table(d["request_attention"], doc, len(fwd.x))
-        if request_attention.indexer_ratio and version < 4:
-            raise InputError(f"{doc.at('request_attention', 'step_indexer')}: needs format_version: 4")
-        if request_attention.step_keys and version < 4:
-            raise InputError(f"{doc.at('request_attention', 'step_keys')}: needs format_version: 4")
-        if request_attention.block_pool and version < 5:
-            raise InputError(f"{doc.at('request_attention', 'block_pool')}: needs format_version: 5")
     if (
         prefill_v2 is not None
         and prefill_v2.own_keys_tokens
@@ -270,7 +262,7 @@ def profile_from_dict(d: dict, path: str = "<profile>", doc: Doc | None = None) 
         source_path=str(path),
         extra={k: v for k, v in d.items() if k not in known},
         max_model_len=max_len,
-        format_version=version,
+        format_version=source_version,
         attention=attention,
         request_attention=request_attention,
     )
@@ -458,6 +450,9 @@ PREFILL_KEYS = ("discount_ms_per_ktok", "attention_ms_per_mpair", "ms_per_chunk"
 
 
 def _prefill_terms(raw, doc) -> tuple[float, float, float, PrefillTerms | None]:
+    """(discount, pair attention, per chunk) of form 1 (no ``version``), or form 2's PrefillTerms
+    (``version: 2``); 0s and None without. Two forms of the current format, neither older: form 1
+    has no exact equivalent in form 2 (dsim.cost.profile_upgrade)."""
     from dsim import schema as S
 
     if raw is None:
@@ -521,8 +516,7 @@ def profile_to_dict(p: Profile) -> dict:
             v = getattr(t, key)
             if v:
                 d["prefill_terms"][key] = int(v) if key == "own_keys_tokens" else round(float(v), 6)
-    if p.format_version != 1:
-        d["format_version"] = int(p.format_version)
+    d["format_version"] = FORMAT_VERSION  # written in the current format whatever it was read from
     if p.attention is not None:
         d["attention"] = {k: getattr(p.attention, k) for k in ATTENTION_SPLIT_FIELDS + ATTENTION_OCC_FIELDS}
         d["attention"].update({k: float(getattr(p.attention, k)) for k in ATTENTION_COEF_FIELDS})
