@@ -4,7 +4,7 @@ app (dsim.cli.entry imports this module):
 - ``dsim profile model CONFIG``: a step-cost profile for one's own model from its config.json
   (dsim.profiling.own_model);
 - ``dsim profile upgrade FILE``: an older format's profile rewritten in the current one
-  (dsim.cost.profile_upgrade; every loader upgrades on read, this writes the upgrade back);
+  (dsim.cost.profile.upgrade_profile_file; every loader upgrades on read, this writes it back);
 - ``dsim profile compose ...``, ``dsim profile aic ...``, ``dsim profile deepep ...``: the argparse
   tools of dsim.profiling.compose, .aic_tables and .deepep_tables, given the rest of the command
   line as it is (``--help`` included). They keep their exit contract (dsim.cli.toolmain: 2 for bad
@@ -92,7 +92,8 @@ def upgrade(
     current, one that is inconsistent or one that would not load."""
 
     def go() -> None:
-        from dsim.cost.profile_upgrade import FORMAT_VERSION, upgrade_file
+        from dsim.cost.profile import upgrade_profile_file
+        from dsim.cost.profile_upgrade import FORMAT_VERSION
         from dsim.outputs import check_file_target
 
         if (out is None) == (not in_place):
@@ -100,7 +101,7 @@ def upgrade(
         if out is not None and check_file_target(out, "--out").exists() and not force:
             raise InputError(f"--out {out}: exists (--force overwrites it)")
         target, what = (out, "--out") if out is not None else (file, "--in-place")
-        version = upgrade_file(file, target, what)
+        version = upgrade_profile_file(file, target, what)
         if version == FORMAT_VERSION:
             typer.echo(f"{file}: already format_version {FORMAT_VERSION}; nothing written")
         else:

@@ -1,6 +1,7 @@
 """Step-cost profiles: the format (``Profile``, ``Table``; the attention sections are
 dsim.cost.attention's), reading and checking a profile file (``profile_from_dict``, ``load_profile``:
-errors name the file, line and field), writing one (``profile_to_dict``, ``save_profile``) and where
+errors name the file, line and field), writing one (``profile_to_dict``, ``save_profile``;
+``upgrade_profile_file`` rewrites an older format's file in the current one) and where
 the shipped profiles live (``PROFILE_DIR``, ``resolve_profile_path``).
 
 The format, one field a line: docs/dev/profile-format.md. This module reads the current format
@@ -580,6 +581,38 @@ def save_profile(p: Profile, path: str | Path, what: str = "--out") -> None:
     from dsim.outputs import write_file
 
     write_file(path, yaml.safe_dump(profile_to_dict(p), sort_keys=False, width=120), what)
+
+
+def upgrade_profile_file(path: str | Path, out: str | Path, what: str = "--out") -> int:
+    """``dsim profile upgrade``: the profile at ``path`` in the current format, checked to load
+    (profile_from_dict), ``{from_format_version, to_format_version, by, date}`` (today, UTC)
+    appended to ``provenance.format_upgrades``, written to ``out`` whole or not at all (JSON where
+    ``out`` ends in .json, else YAML as save_profile writes). Returns the format it came from; a
+    file already current is not written. InputError (one line, nothing written) for a file that
+    does not read, is inconsistent or would not load."""
+    from datetime import datetime, timezone
+
+    from dsim import schema as S
+    from dsim.cost.profile_upgrade import upgrade_note
+    from dsim.outputs import check_file_target, write_file
+
+    src = Path(path)
+    check_file_target(out, what)
+    raw, doc = S.read_document(src, kind="json" if src.suffix.lower() == ".json" else "yaml")
+    version = source_format_version(raw, doc)
+    d = upgrade_profile(raw, doc)
+    profile_from_dict(d, str(src), doc)
+    if version == FORMAT_VERSION:
+        return version
+    prov = d["provenance"]  # a mapping: profile_from_dict checked it
+    note = upgrade_note(version, datetime.now(timezone.utc).date().isoformat())
+    d = dict(d, provenance=dict(prov, format_upgrades=[*(prov.get("format_upgrades") or []), note]))
+    if Path(out).suffix.lower() == ".json":
+        text = json.dumps(d, indent=1) + "\n"
+    else:
+        text = yaml.safe_dump(d, sort_keys=False, width=120)
+    write_file(out, text, what)
+    return version
 
 
 def _profile_dir() -> Path:

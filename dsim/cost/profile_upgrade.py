@@ -1,6 +1,6 @@
 """Upgrading a profile mapping of an older format to the current one, the only place that knows
 the older formats (``load_profile`` upgrades every file on read, then parses the current format
-alone; ``dsim profile upgrade`` writes the upgrade back).
+alone; ``dsim profile upgrade``, dsim.cost.profile.upgrade_profile_file, writes the upgrade back).
 
 ``upgrade_profile(raw)`` is pure: a parsed profile document in, the current format's mapping out,
 the input untouched. What it converts (docs/dev/profile-format.md, "Versions"):
@@ -26,8 +26,6 @@ profile mapping, or a field of the wrong type, is passed through for the loader 
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dsim.errors import InputError
@@ -132,48 +130,3 @@ def upgrade_note(from_version: int, date: str) -> dict:
         "by": f"dsim {__version__} (dsim profile upgrade)",
         "date": date,
     }
-
-
-def upgraded_document(raw: Any, doc: Doc, date: str) -> tuple[dict, int]:
-    """(the upgraded profile mapping with the upgrade noted in its provenance, the format it came
-    from) for ``dsim profile upgrade``; the result is checked to load (profile_from_dict), so a
-    file that would not is refused before anything is written. Already current: returned
-    unchanged."""
-    from dsim.cost.profile import profile_from_dict
-
-    version = source_format_version(raw, doc)
-    out = upgrade_profile(raw, doc)
-    profile_from_dict(out, doc.path, doc)
-    if version == FORMAT_VERSION:
-        return out, version
-    prov = out["provenance"]  # a mapping: profile_from_dict checked it
-    notes = list(prov.get("format_upgrades") or [])
-    out = dict(out, provenance=dict(prov, format_upgrades=[*notes, upgrade_note(version, date)]))
-    return out, version
-
-
-def upgrade_file(path: str | Path, out: str | Path, what: str = "--out") -> int:
-    """Read the profile at ``path``, upgrade it (``upgraded_document``, today's UTC date in the
-    note) and write it to ``out`` whole or not at all (dsim.outputs; JSON where ``out`` ends in
-    .json, else YAML as save_profile writes). Returns the format it came from; a file already in
-    the current format is not written. InputError (one line, nothing written) for a file that
-    does not read, is inconsistent or would not load."""
-    import json
-
-    import yaml
-
-    from dsim import schema as S
-    from dsim.outputs import check_file_target, write_file
-
-    src = Path(path)
-    check_file_target(out, what)
-    raw, doc = S.read_document(src, kind="json" if src.suffix.lower() == ".json" else "yaml")
-    d, version = upgraded_document(raw, doc, datetime.now(timezone.utc).date().isoformat())
-    if version == FORMAT_VERSION:
-        return version
-    if Path(out).suffix.lower() == ".json":
-        text = json.dumps(d, indent=1) + "\n"
-    else:
-        text = yaml.safe_dump(d, sort_keys=False, width=120)
-    write_file(out, text, what)
-    return version
