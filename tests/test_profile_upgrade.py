@@ -175,6 +175,9 @@ def test_cli_upgrade_bad_input_is_one_line_exit_2_nothing_written(tmp_path):
         assert_rejected("profile", "upgrade", bad, "--out", out, needles=needles, watch=w)
         assert_rejected("profile", "upgrade", bad, "--in-place", needles=needles, watch=w)
         assert bad.read_text() == text
+    # the loader every command uses refuses it the same way
+    bad.write_text(yaml.safe_dump(as_format(d, 1), sort_keys=False))
+    assert_rejected("simulate", "--profile", bad, "--requests", "5", needles=("attention: needs format_version: 2",))
     bad.write_text("name: [unclosed\n")
     assert_rejected("profile", "upgrade", bad, "--out", out, needles=("bad.yaml:", "not valid YAML"), watch=w)
     assert_rejected("profile", "upgrade", tmp_path / "absent.yaml", "--out", out, needles=("absent.yaml",), watch=w)
