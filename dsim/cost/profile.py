@@ -605,8 +605,11 @@ def upgrade_profile_file(path: str | Path, out: str | Path, what: str = "--out")
     if version == FORMAT_VERSION:
         return version
     prov = d["provenance"]  # a mapping: profile_from_dict checked it
+    notes = prov.get("format_upgrades") or []
+    if not isinstance(notes, list):
+        raise InputError(f"{doc.at('provenance', 'format_upgrades')}: must be a list (one entry per upgrade)")
     note = upgrade_note(version, datetime.now(timezone.utc).date().isoformat())
-    d = dict(d, provenance=dict(prov, format_upgrades=[*(prov.get("format_upgrades") or []), note]))
+    d = dict(d, provenance=dict(prov, format_upgrades=[*notes, note]))
     if Path(out).suffix.lower() == ".json":
         text = json.dumps(d, indent=1) + "\n"
     else:

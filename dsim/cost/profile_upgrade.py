@@ -26,15 +26,14 @@ profile mapping, or a field of the wrong type, is passed through for the loader 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from dsim import __version__
+from dsim import schema as S
 from dsim.errors import InputError
-
-if TYPE_CHECKING:
-    from dsim.schema import Doc
+from dsim.schema import Doc
 
 FORMAT_VERSION = 5  # the current format; files of 1 to FORMAT_VERSION - 1 are upgraded on read
-FORMAT_VERSIONS = tuple(range(1, FORMAT_VERSION + 1))
 
 # (section path, the oldest format that may carry it)
 SECTION_VERSIONS = (
@@ -61,8 +60,6 @@ _BEFORE_FORMAT_VERSION = (
 def source_format_version(raw: Any, doc: Doc | None = None) -> int:
     """The format a parsed profile says it is in (``format_version``, default 1). InputError
     (path, line, field) for a value that is not a known version."""
-    from dsim import schema as S
-
     doc = doc if doc is not None else S.Doc("<profile>")
     if not isinstance(raw, dict) or raw.get("format_version") is None:
         return 1
@@ -108,8 +105,6 @@ def upgrade_profile(raw: Any, doc: Doc | None = None) -> Any:
     """The current format's mapping of a parsed profile of any supported format (module doc).
     ``doc`` (dsim.schema.Doc): where errors point (file and line); InputError for an inconsistent
     older file or an unknown format_version. Not a mapping: returned as it is."""
-    from dsim import schema as S
-
     if not isinstance(raw, dict):
         return raw
     doc = doc if doc is not None else S.Doc("<profile>")
@@ -122,8 +117,6 @@ def upgrade_profile(raw: Any, doc: Doc | None = None) -> Any:
 
 def upgrade_note(from_version: int, date: str) -> dict:
     """The provenance entry ``dsim profile upgrade`` appends to ``provenance.format_upgrades``."""
-    from dsim import __version__
-
     return {
         "from_format_version": int(from_version),
         "to_format_version": FORMAT_VERSION,
