@@ -16,8 +16,8 @@ weighs an extra verified draft against.
 
 With --breakdown T,T,...: where a composed forward of T tokens per rank goes, per part of the
 model (routed experts with their lockstep factor, all-to-all, attention, ...), priced by
-dsim.profiling.compose from the kernel tables of --kernels for --model on --hardware and --topology; with
-two-batch overlap where the split is faster (dsim.profiling.compose.forward_ms_dbo, no layer glue); and a
+dsim.profiling.pricer from the kernel tables of --kernels for --model on --hardware and --topology; with
+two-batch overlap where the split is faster (dsim.profiling.overlap.forward_ms_dbo, no layer glue); and a
 what-if: the MoE block (routed experts, dispatch, combine) replaced by DeepSeek's published Mega MoE
 time for the model at EP8 (DeepGEMM pull request 304 / 316, April 2026: dispatch, both expert
 GEMMs, SwiGLU and combine fused into one kernel that overlaps the NVLink transfers with the tensor
@@ -35,7 +35,7 @@ compressed entries on CSA layers and context / 128 on HCA layers, and the lightn
 context / 4), so the gap between the kernel tables and the hardware's floor is per part; then
 DSpark's drafter (three MoE layers over block x requests positions, flattened attention, the LM
 head over every position) at --drafter-requests, by part, unsplit as the profiles price it and
-on the two-micro-batch schedule of the target's layers (a what-if: dsim.profiling.compose.dbo_layer_ms
+on the two-micro-batch schedule of the target's layers (a what-if: dsim.profiling.overlap.dbo_layer_ms
 over the drafter's layers).
 
 With --network-floor: the per-GPU all-to-all bandwidth the paper's own Fig. 8 points need on a
@@ -93,7 +93,7 @@ def main(argv=None):
     ap.add_argument("--hardware", default="h200")
     ap.add_argument("--kernels", default="h200-aic-vllm,h200-torch")
     ap.add_argument("--topology", default="dp8-ep8")
-    ap.add_argument("--prefer", default="", help="op=TABLE,...: as dsim.profiling.compose profile --prefer")
+    ap.add_argument("--prefer", default="", help="op=TABLE,...: as dsim profile compose profile --prefer")
     ap.add_argument("--per-token", default=None, help="A,B: marginal cost per verify token (see above)")
     ap.add_argument("--drafter-requests", default="100,200", help="--per-token: drafter sizes in requests")
     ap.add_argument("--draft-block", type=int, default=5, help="--per-token: DSpark's block (the paper's 5)")
@@ -180,37 +180,44 @@ def mega_moe_us(model_name: str, n: float) -> tuple[float, float] | None:
 def breakdown(model_name, hardware, kernels, topology, sizes, prefer=None):
     from collections import defaultdict
 
-    from dsim.profiling import compose as C
+    from dsim.profiling.compose import VLLM_MOE_DP_CHUNK
+    from dsim.profiling.forward import GRAPH_GAP_US_PER_LAYER, forward_ms
+    from dsim.profiling.kernel_ops import step_ops
+    from dsim.profiling.kernel_tables import Roofline, load_kernel_table
+    from dsim.profiling.models import load_model
+    from dsim.profiling.overlap import A2A_KINDS, forward_ms_dbo
+    from dsim.profiling.pricer import Pricer, _moe_factor
+    from dsim.profiling.topology import parse_topology
 
-    model = C.load_model(model_name)
-    topo = C.parse_topology(topology)
-    pricer = C.Pricer(
-        [C.load_kernel_table(k.strip()) for k in kernels.split(",") if k.strip()],
-        C.Roofline(hardware=hardware),
+    model = load_model(model_name)
+    topo = parse_topology(topology)
+    pricer = Pricer(
+        [load_kernel_table(k.strip()) for k in kernels.split(",") if k.strip()],
+        Roofline(hardware=hardware),
         prefer=prefer or None,
     )
     # the MoE block in vLLM's DP chunks, as compose_profile prices it on data-parallel topologies
-    chunk = C.VLLM_MOE_DP_CHUNK if topo.attn_dp > 1 else 0
+    chunk = VLLM_MOE_DP_CHUNK if topo.attn_dp > 1 else 0
     print(
         f"{model_name} {topology} on {hardware}, kernels {kernels}; {model.layers} layers; ms per forward"
         + (f" (MoE in chunks of {chunk} tokens per rank)" if chunk else "")
     )
     for n in sizes:
         parts = defaultdict(float)
-        for op in C.step_ops(model, topo, hardware, n, moe_chunk=chunk):
+        for op in step_ops(model, topo, hardware, n, moe_chunk=chunk):
             v = op.count * pricer.ms(op)
             if op.part == "moe_experts":  # the slowest EP rank's experts (the composer's factor)
-                v *= C._moe_factor(model, topo, hardware, op, pricer.roofline)
+                v *= _moe_factor(model, topo, hardware, op, pricer.roofline)
             parts[op.part] += v
-        gaps = model.layers * C.GRAPH_GAP_US_PER_LAYER * 1e-3
+        gaps = model.layers * GRAPH_GAP_US_PER_LAYER * 1e-3
         total = sum(parts.values()) + gaps
         main = sorted(parts.items(), key=lambda kv: -kv[1])
         shown = ", ".join(f"{k} {v:.1f} ({100 * v / total:.0f}%)" for k, v in main[:4])
         rest = total - sum(v for _, v in main[:4])
         print(f"{n:>6} tokens: {total:6.1f} ms = {shown}, rest {rest:.1f}")
         if topo.attn_dp > 1 and n >= 2:
-            split = C.forward_ms_dbo(model, topo, hardware, n, pricer, 10**9, threshold=2, moe_chunk=chunk)
-            unsplit = C.forward_ms(model, topo, hardware, n, pricer, 10**9, moe_chunk=chunk)
+            split = forward_ms_dbo(model, topo, hardware, n, pricer, 10**9, threshold=2, moe_chunk=chunk)
+            unsplit = forward_ms(model, topo, hardware, n, pricer, 10**9, moe_chunk=chunk)
             print(
                 f"{'':>14}two-batch overlap: {min(split, unsplit):6.1f} ms"
                 + (" (split)" if split < unsplit else " (not split: no faster)")
@@ -220,8 +227,8 @@ def breakdown(model_name, hardware, kernels, topology, sizes, prefer=None):
             moe_layers = sum(model.moe_layer)
             a2a = sum(
                 op.count * pricer.ms(op)
-                for op in C.step_ops(model, topo, hardware, n, moe_chunk=chunk)
-                if op.part == "comm" and op.rec.get("kind") in C.A2A_KINDS
+                for op in step_ops(model, topo, hardware, n, moe_chunk=chunk)
+                if op.part == "comm" and op.rec.get("kind") in A2A_KINDS
             )
             base = total - parts["moe_experts"] - a2a
             lo, hi = sorted(base + moe_layers * us * 1e-3 for us in mm)
@@ -239,7 +246,7 @@ def op_flops(model, rec, kv=1024):
     if rec["op"] == "moe":  # the rows routed to this GPU's experts: tokens x top-k / EP ranks
         return rec["tokens"] * rec["topk"] / rec["ep"] * 3 * rec["hidden"] * rec["inter"] * 2.0, rec["dtype"]
     if rec["op"] == "attn" and str(rec["kind"]).startswith("v4_"):
-        from dsim.profiling.compose import _key_width
+        from dsim.profiling.executor_terms import _key_width
 
         keys = model.sliding_window + _key_width(model, rec["kind"], kv + rec["q"])
         f = rec["batch"] * rec["q"] * rec["heads"] * keys * 2 * model.head_dim * 2.0  # QK and PV
@@ -252,24 +259,32 @@ def op_flops(model, rec, kv=1024):
 def per_token(model_name, hardware, kernels, topology, lo, hi, prefer, drafter_requests, block):
     from collections import defaultdict
 
-    from dsim.profiling import compose as C
+    from dsim.profiling.compose import VLLM_MOE_DP_CHUNK
+    from dsim.profiling.drafters import draft_ops
+    from dsim.profiling.forward import GRAPH_GAP_US_PER_LAYER
+    from dsim.profiling.kernel_ops import step_ops
+    from dsim.profiling.kernel_tables import HARDWARE, Roofline, load_kernel_table
+    from dsim.profiling.models import load_model
+    from dsim.profiling.overlap import dbo_layer_ms, micro_batch_layer
+    from dsim.profiling.pricer import Pricer, _moe_factor
+    from dsim.profiling.topology import parse_topology
 
-    model = C.load_model(model_name)
-    topo = C.parse_topology(topology)
-    hw = C.HARDWARE[hardware]
-    pricer = C.Pricer(
-        [C.load_kernel_table(k.strip()) for k in kernels.split(",") if k.strip()],
-        C.Roofline(hardware=hardware),
+    model = load_model(model_name)
+    topo = parse_topology(topology)
+    hw = HARDWARE[hardware]
+    pricer = Pricer(
+        [load_kernel_table(k.strip()) for k in kernels.split(",") if k.strip()],
+        Roofline(hardware=hardware),
         prefer=prefer or None,
     )
-    chunk = C.VLLM_MOE_DP_CHUNK if topo.attn_dp > 1 else 0
+    chunk = VLLM_MOE_DP_CHUNK if topo.attn_dp > 1 else 0
 
     def parts(ops):
         ms, fl = defaultdict(float), defaultdict(float)
         for op in ops:
             v = op.count * pricer.ms(op)
             if op.part == "moe_experts":
-                v *= C._moe_factor(model, topo, hardware, op, pricer.roofline)
+                v *= _moe_factor(model, topo, hardware, op, pricer.roofline)
             # parts an attention module's records include (projections) are priced inside it
             key = (
                 "all-to-all"
@@ -284,8 +299,8 @@ def per_token(model_name, hardware, kernels, topology, lo, hi, prefer, drafter_r
             fl[key] += op.count * f / peak * 1e3  # ms at the dense peak
         return ms, fl
 
-    a_ms, a_fl = parts(C.step_ops(model, topo, hardware, lo, moe_chunk=chunk))
-    b_ms, b_fl = parts(C.step_ops(model, topo, hardware, hi, moe_chunk=chunk))
+    a_ms, a_fl = parts(step_ops(model, topo, hardware, lo, moe_chunk=chunk))
+    b_ms, b_fl = parts(step_ops(model, topo, hardware, hi, moe_chunk=chunk))
     d = hi - lo
     print(
         f"{model_name} {topology} on {hardware}, kernels {kernels}: us per verify token between {lo} and {hi} "
@@ -307,12 +322,12 @@ def per_token(model_name, hardware, kernels, topology, lo, hi, prefer, drafter_r
     swa = [i for i, k in enumerate(model.attn_kinds) if k in ("v4_swa", "mla")][:1] or [model.layers - 1]
     for R in drafter_requests:
         n = R * block
-        ms, _ = parts(C.draft_ops(model, topo, hardware, "dspark", R, block, chunk, True))
-        unsplit = sum(ms.values()) + 3 * C.GRAPH_GAP_US_PER_LAYER * 1e-3
+        ms, _ = parts(draft_ops(model, topo, hardware, "dspark", R, block, chunk, True))
+        unsplit = sum(ms.values()) + 3 * GRAPH_GAP_US_PER_LAYER * 1e-3
         halves = (-(-n // 2), n // 2)
-        mbs = [C.micro_batch_layer(model, topo, hardware, h, pricer, swa[0], moe_chunk=chunk) for h in halves]
+        mbs = [micro_batch_layer(model, topo, hardware, h, pricer, swa[0], moe_chunk=chunk) for h in halves]
         lm = ms["lm_head"]
-        split = 3 * (C.dbo_layer_ms(mbs[0], mbs[1]) + 2 * C.GRAPH_GAP_US_PER_LAYER * 1e-3) + lm
+        split = 3 * (dbo_layer_ms(mbs[0], mbs[1]) + 2 * GRAPH_GAP_US_PER_LAYER * 1e-3) + lm
         shown = ", ".join(f"{k} {v:.2f}" for k, v in sorted(ms.items(), key=lambda kv: -kv[1]) if v >= 0.01)
         print(
             f"  DSpark drafter, {R} requests x {block} positions: {unsplit:.2f} ms unsplit ({shown}); "

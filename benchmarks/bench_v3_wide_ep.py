@@ -24,7 +24,7 @@ TFLOP/s compute-bound, 3000 GB/s memory-bound on H800 SXM5; dsim.profiling.atten
 DeepSeek's deployment runs; beside it, as a sensitivity, vLLM's MLA attention module as AIC timed it.
 
 Hardware: composed on the H800 itself (its datasheet in dsim.profiling.kernel_tables.HARDWARE; AIC's H200 vLLM table
-carried to it op by op with the roofline ratio, dsim.profiling.compose.load_table_spec; DeepEP's all-to-all as
+carried to it op by op with the roofline ratio, dsim.profiling.pricer.load_table_spec; DeepEP's all-to-all as
 measured on H800, profiles/kernels/h800-deepep-ll-published.json), then on H100 and H200 to show what
 each difference moves.
 
@@ -37,10 +37,14 @@ import argparse
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from dsim.profiling import compose as C
 from dsim.profiling.attention_published import FLASHMLA_H800_TFLOPS_FEB_2025, PublishedAttention
+from dsim.profiling.forward import forward_ms
+from dsim.profiling.kernel_ops import Op, step_ops
 from dsim.profiling.kernel_tables import Roofline, load_kernel_table
 from dsim.profiling.models import load_model
+from dsim.profiling.overlap import A2A_KINDS, forward_ms_dbo
+from dsim.profiling.pricer import Pricer, load_table_spec, priced_total
+from dsim.profiling.topology import parse_topology
 
 MODEL = "deepseek-v3"
 TOPOLOGY = "dp144-ep144"
@@ -73,14 +77,14 @@ class Kernels(NamedTuple):
 
 
 def tables(hardware: str, attention: str | None = ATTENTION, tflops: float | None = None) -> Kernels:
-    first = C.load_table_spec(SOURCE_TABLE if hardware == "h200" else f"{SOURCE_TABLE}@{hardware}")
+    first = load_table_spec(SOURCE_TABLE if hardware == "h200" else f"{SOURCE_TABLE}@{hardware}")
     attn = None
     if attention is not None:
         attn = PublishedAttention(hardware) if tflops is None else PublishedAttention(hardware, tflops=tflops)
     return Kernels([first, load_kernel_table(A2A_TABLE)], attn)
 
 
-class ScaledPricer(C.Pricer):
+class ScaledPricer(Pricer):
     """The composer's pricer with one factor per part of the step (the sensitivity's knobs; "attention"
     scales the MLA core and its projections together)."""
 
@@ -88,18 +92,18 @@ class ScaledPricer(C.Pricer):
         super().__init__(kern.tables, Roofline(hardware=hardware), attention=kern.attention)
         self.scale = scale or {}
 
-    def ms(self, op: C.Op) -> float:
+    def ms(self, op: Op) -> float:
         v = super().ms(op)
         part = part_of(op)
         f = self.scale.get(part, self.scale.get("attention", 1.0) if part in ("mla_core", "projections") else 1.0)
         return v * f
 
 
-def part_of(op: C.Op) -> str:
+def part_of(op: Op) -> str:
     """mla_core: the attention core (with vLLM's module from AIC's table, its projections included),
     projections: q / kv / o projections and the absorbed products where priced as their own ops."""
     rec = op.rec
-    if op.part == "comm" and rec.get("kind") in C.A2A_KINDS:
+    if op.part == "comm" and rec.get("kind") in A2A_KINDS:
         return "a2a"
     if op.part in ("moe_experts", "shared_expert", "dense_mlp"):
         return "experts"
@@ -137,11 +141,11 @@ def step_ms(hardware: str, topology: str, batch: int, kv: int, *, overlap="dbo",
         b = step_ms(hardware, topology, batch, kv, overlap="none", scale=scale, tabs=tabs)
         return overlap * a + (1 - overlap) * b
     m = load_model(MODEL)
-    topo = C.parse_topology(topology)
+    topo = parse_topology(topology)
     pr = ScaledPricer(tabs or tables(hardware), hardware, scale)
     if overlap == "dbo":
-        return C.forward_ms_dbo(m, topo, hardware, batch, pr, LIMIT, kv=kv, threshold=1, moe_chunk=0)
-    return C.forward_ms(m, topo, hardware, batch, pr, LIMIT, kv=kv, moe_chunk=0)
+        return forward_ms_dbo(m, topo, hardware, batch, pr, LIMIT, kv=kv, threshold=1, moe_chunk=0)
+    return forward_ms(m, topo, hardware, batch, pr, LIMIT, kv=kv, moe_chunk=0)
 
 
 def point(hardware: str, topology: str, batch: float, kv: int, overlap="dbo", scale=None, tabs=None) -> Point:
@@ -191,11 +195,11 @@ class Report:
 def step_parts(hardware: str, batch: int, tabs) -> dict:
     """Check B's step split by part, each summed as if run alone (no overlap), ms per step."""
     m = load_model(MODEL)
-    topo = C.parse_topology(TOPOLOGY)
+    topo = parse_topology(TOPOLOGY)
     out: dict = {}
     pr = ScaledPricer(tabs, hardware)
-    for op in C.step_ops(m, topo, hardware, batch, kv=KV_TOKENS, q=1, batch=batch, moe_chunk=0):
-        v = C.priced_total(m, topo, hardware, [op], pr)
+    for op in step_ops(m, topo, hardware, batch, kv=KV_TOKENS, q=1, batch=batch, moe_chunk=0):
+        v = priced_total(m, topo, hardware, [op], pr)
         out[part_of(op)] = out.get(part_of(op), 0.0) + v
     return out
 

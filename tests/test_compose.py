@@ -8,20 +8,13 @@ import pytest
 from dsim.cost import CostModel
 from dsim.cost.profile_upgrade import FORMAT_VERSION
 from dsim.errors import InputError
-from dsim.profiling.compose import (
-    DRAFT_REQUESTS,
-    Pricer,
-    compose_profile,
-    draft_ops,
-    kv_capacity,
-    layer_ops,
-    moe_lockstep_factor,
-    parse_topology,
-    required_ops,
-    step_ops,
-)
+from dsim.profiling.compose import compose_profile, kv_capacity, required_ops
+from dsim.profiling.drafters import DRAFT_REQUESTS, draft_ops
+from dsim.profiling.kernel_ops import layer_ops, step_ops
 from dsim.profiling.kernel_tables import HARDWARE, KernelTable, Roofline, load_kernel_table
 from dsim.profiling.models import load_model
+from dsim.profiling.pricer import Pricer, moe_lockstep_factor
+from dsim.profiling.topology import parse_topology
 
 
 @pytest.mark.parametrize(
@@ -199,7 +192,7 @@ def test_tables_in_order_of_preference_and_zero_ops():
 def test_layer_glue_recovers_a_known_offset():
     """Layer records made as the composer's own sum + 0.1 ms + 0.2 ms per 1000 tokens: the fit
     recovers both, and the held-out half is then exact."""
-    from dsim.profiling.compose import composed_layer_ms, fit_layer_glue
+    from dsim.profiling.forward import composed_layer_ms, fit_layer_glue
 
     m, t = load_model("deepseek-v4-flash"), parse_topology("dp8-ep8")
     pr = Pricer(None, Roofline())
@@ -293,12 +286,12 @@ def test_batched_gemm_without_a_table_record_is_priced_as_its_single_gemm():
     g = dict(op="gemm", dtype="fp8", m=8, n=1024, k=4096, groups=8)
     single = [dict(op="gemm", dtype="fp8", m=m, n=1024, k=32768, ms=0.01 * m) for m in (1, 16)]
     pr = Pricer(KernelTable("s", {"kind": "measured"}, single), Roofline())
-    from dsim.profiling.compose import _op
+    from dsim.profiling.kernel_ops import kernel_op
 
-    assert pr.ms(_op("o_proj", 1, **g)) == pytest.approx(0.08)
+    assert pr.ms(kernel_op("o_proj", 1, **g)) == pytest.approx(0.08)
     assert pr.grouped_as_single == {"gemm": 1} and not pr.fallback
     both = KernelTable("b", {"kind": "measured"}, single + [dict(g, ms=0.5)])
-    assert Pricer(both, Roofline()).ms(_op("o_proj", 1, **g)) == 0.5  # a measured batched record wins
+    assert Pricer(both, Roofline()).ms(kernel_op("o_proj", 1, **g)) == 0.5  # a measured batched record wins
 
 
 def test_attention_interpolates_along_context_and_query_length():
@@ -568,7 +561,9 @@ def test_format4_step_indexer_round_trips_and_prices_the_doc_formula(tmp_path):
 
 
 def test_composed_step_indexer_is_priced_from_the_csa_records():
-    from dsim.profiling.compose import Pricer, parse_topology, step_indexer_ms_per_mcell
+    from dsim.profiling.executor_terms import step_indexer_ms_per_mcell
+    from dsim.profiling.pricer import Pricer
+    from dsim.profiling.topology import parse_topology
 
     m, topo = load_model("deepseek-v4-flash"), parse_topology("dp8-ep8")
     pr = Pricer([load_kernel_table("h200-torch")], Roofline(hardware="h200"), frozenset({"comm"}), None)
@@ -580,9 +575,9 @@ def test_composed_step_indexer_is_priced_from_the_csa_records():
 
 
 def _op_csa(m, topo, qn, kv):
-    from dsim.profiling.compose import _op, attn_record
+    from dsim.profiling.kernel_ops import attn_record, kernel_op
 
-    return _op("attn_core", 1, **attn_record(m, topo, "v4_csa", "prefill", 1, qn, kv))
+    return kernel_op("attn_core", 1, **attn_record(m, topo, "v4_csa", "prefill", 1, qn, kv))
 
 
 def _step_keys_profile(per_work=0.0005, csa=20.0, hca=17.0):
@@ -763,7 +758,7 @@ def test_block_pool_fit_recovers_known_terms_and_compose_checks_them():
     import dataclasses
 
     from dsim.cost import load_profile, priced_from_q
-    from dsim.profiling.compose import with_block_pool
+    from dsim.profiling.executor_terms import with_block_pool
     from dsim.profiling.models import load_model
     from validator.gpu.moe_steplogs import pool_design_steps
     from validator.gpu.shard_repredict import completed_blocks, fit_block_pool
@@ -814,7 +809,7 @@ def test_block_pool_fit_recovers_known_terms_and_compose_checks_them():
 def test_lifted_share_carries_the_attention_part_of_the_non_decreasing_lift():
     """A forward size whose attention drops (split-K off) is lifted to the smaller size's price;
     the share takes the lift up to its own drop, the rest of a lift stays in the step."""
-    from dsim.profiling.compose import lifted_share
+    from dsim.profiling.request_attention import lifted_share
 
     share = np.array([1.0, 3.0, 1.0, 2.0, 2.0])
     lift = np.array([0.0, 0.0, 1.5, 2.5, 0.5])  # sizes 2-4 held up by size 1's price
@@ -828,7 +823,11 @@ def test_shard_profile_step_keys_from_the_h200_torch_records():
     1,024 context (split and not, 132 vs 136 keys); the per-request table carries no combine, so
     a step of 32 x 8 tokens at one context, not split, costs its records; and a composed shard
     profile's 32 x 8 step pays the forward table's non-attention part exactly (the lift at 256 tokens)."""
-    from dsim.profiling.compose import Pricer, _op, attn_record, compose_profile, parse_topology, step_keys_term
+    from dsim.profiling.compose import compose_profile
+    from dsim.profiling.executor_terms import step_keys_term
+    from dsim.profiling.kernel_ops import attn_record, kernel_op
+    from dsim.profiling.pricer import Pricer
+    from dsim.profiling.topology import parse_topology
 
     m, topo = load_model("deepseek-v4-flash"), parse_topology("dp8-ep8")
     tab = load_kernel_table("h200-torch")
@@ -849,7 +848,7 @@ def test_shard_profile_step_keys_from_the_h200_torch_records():
     ra = p.request_attention
     # 32 x 8 tokens at 8,192 cached: not split (csa k 640, hca 192; chunks 640, 192), equal requests
     rec = sum(
-        n * pr.ms(_op("attn_core", 1, **attn_record(m, topo, kind, "decode", 32, 8, 8192)))
+        n * pr.ms(kernel_op("attn_core", 1, **attn_record(m, topo, kind, "decode", 32, 8, 8192)))
         for kind, n in (("v4_csa", 21), ("v4_hca", 20), ("v4_swa", 2))
     )
     q, c = np.full(32, 8), np.full(32, 8192)
@@ -897,7 +896,7 @@ def test_flattened_verify_attention_prices_each_token_as_a_decode():
     """--verify-attention tokens: a step of B requests verifying q tokens costs the attention of B x q
     one-token decodes at the same context (in proportion beyond the table's 512 requests); the
     q = 1 entries and the forward share are the window table's."""
-    from dsim.profiling.compose import REQ_BATCH_MAX, _attn_only
+    from dsim.profiling.request_attention import REQ_BATCH_MAX, attention_cores_ms
 
     m, t = load_model("deepseek-v4-flash"), parse_topology("dp8-ep8")
     win = compose_profile(m, t, "h200", None).request_attention
@@ -909,10 +908,10 @@ def test_flattened_verify_attention_prices_each_token_as_a_decode():
     pr = Pricer(None, Roofline())
     b, j, c = list(ra.batch).index(16), list(ra.q).index(4), 2
     assert ra.step_ms[b, j, c] == pytest.approx(
-        _attn_only(m, t, "h200", pr, phase="decode", batch=64, q=1, kv=int(ra.ctx[c]))
+        attention_cores_ms(m, t, "h200", pr, phase="decode", batch=64, q=1, kv=int(ra.ctx[c]))
     )
     b = list(ra.batch).index(256)
-    full = _attn_only(m, t, "h200", pr, phase="decode", batch=REQ_BATCH_MAX, q=1, kv=int(ra.ctx[c]))
+    full = attention_cores_ms(m, t, "h200", pr, phase="decode", batch=REQ_BATCH_MAX, q=1, kv=int(ra.ctx[c]))
     assert ra.step_ms[b, j, c] == pytest.approx(full * 256 * 4 / REQ_BATCH_MAX)
     with pytest.raises(InputError, match="verify-attention"):
         compose_profile(m, t, "h200", None, verify_attention="tokens", request_attention=False)
@@ -983,7 +982,7 @@ def test_forward_table_follows_the_moe_chunk_staircase_above_the_capture_limit()
     linearly; with the MoE in 256-token chunks each boundary b is a jump (a further chunk starts at
     b + 1). The table's sizes resolve it: at sizes between its points the interpolated forward stays
     within 3% of the composed one, and the jump across every boundary to 4096 is in the table."""
-    from dsim.profiling.compose import forward_ms, forward_sizes
+    from dsim.profiling.forward import forward_ms, forward_sizes
 
     model, topo = load_model("deepseek-v4-flash"), parse_topology("dp8-ep8")
     kt = load_kernel_table("h200-torch")
@@ -1109,7 +1108,7 @@ def test_prefill_own_keys_are_priced_at_the_step_keys_cells():
 def test_fit_prefill_terms_recovers_known_terms():
     """Points made from known version-2 terms are fitted back exactly (both forms)."""
     from dsim.cost import PrefillTerms, load_profile, own_keys_ms
-    from dsim.profiling.compose import fit_prefill_terms
+    from dsim.profiling.prefill import fit_prefill_terms
 
     pts = [(q, c) for q in (256, 512, 1024, 2048, 8192) for c in (0, 512, 2048, 8192, 32768)]
     ex = [(q, c, 0.2 * q * c / 1e6 + 4.0 * q * q / 2e6 - 1.5 * q / 1000 + 3.0) for q, c in pts]
@@ -1129,7 +1128,7 @@ def test_graph_less_overhead_is_a_jump_at_the_capture_limit():
     """vLLM runs a step above its largest capture size without CUDA graphs: the forward table holds
     limit + 1, so the graph-less overhead is paid from the first token past the limit (a jump), and
     every size above it pays it, while the captured sizes do not."""
-    from dsim.profiling.compose import EAGER_US_PER_LAYER, forward_ms
+    from dsim.profiling.forward import EAGER_US_PER_LAYER, forward_ms
 
     model, topo = load_model("deepseek-v4-pro"), parse_topology("tp8-ep8")
     prof = compose_profile(model, topo, "b300", None, request_attention=False)

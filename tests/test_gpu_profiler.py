@@ -189,13 +189,13 @@ def test_drafter_grid_is_the_composers_capture_sizes(tmp_path):
     vLLM's capture sizes up to the executor's capture limit, so a batch of R requests is charged
     the table at its padded size, never at the next power of two."""
     from dsim.cost import drafter_request_sizes
-    from dsim.profiling import compose
+    from dsim.profiling.drafters import DRAFT_REQUESTS
 
     caps = plan.vllm_capture_sizes(plan.CAPTURE_LIMIT)
     assert plan.DRAFT_REQUESTS == caps
     k = len(plan.DRAFT_REQUESTS)
-    assert list(compose.DRAFT_REQUESTS[:k]) == plan.DRAFT_REQUESTS
-    assert list(compose.DRAFT_REQUESTS[k:]) == [640, 768, 896, 1024]
+    assert list(DRAFT_REQUESTS[:k]) == plan.DRAFT_REQUESTS
+    assert list(DRAFT_REQUESTS[k:]) == [640, 768, 896, 1024]
     assert drafter_request_sizes(8, 8) == [1, 2, 4, 8] and drafter_request_sizes(8, 300) == [1, 2, 4, 8, 136, 264]
     reqs = plan.DRAFT_REQUESTS
     prov = dict(TEST_PROVENANCE)
@@ -222,7 +222,7 @@ def test_drafter_grid_is_the_composers_capture_sizes(tmp_path):
     an = analytical_profile(ROOT / "profiles" / "models" / "qwen3-14b.json", "H200", 1)
     shipped = load_profile(str(ROOT / "profiles" / "analytical" / "analytical-qwen3-14b-h200x1.yaml"))
     for p in (an, shipped):
-        assert [int(x) for x in p.draft["dspark"].x] == list(compose.DRAFT_REQUESTS)
+        assert [int(x) for x in p.draft["dspark"].x] == list(DRAFT_REQUESTS)
 
 
 def test_forward_table_and_profile_dict_load(tmp_path):

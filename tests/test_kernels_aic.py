@@ -521,8 +521,10 @@ def test_wide_ep_moe_records_are_guarded_against_the_per_gpu_repricing():
 def test_guarded_tables_reach_the_profile_and_the_plan(tmp_path):
     """A composed profile whose kernel table has guarded records says so in its assumptions, and the
     plan's assumptions carry it (profile_caveats), as they carry missing attention terms."""
-    from dsim.profiling.compose import compose_profile, load_model, parse_topology
+    from dsim.profiling.compose import compose_profile
     from dsim.profiling.kernel_tables import KernelTable
+    from dsim.profiling.models import load_model
+    from dsim.profiling.topology import parse_topology
     from dsim.study.capacity import profile_caveats
 
     rec = {

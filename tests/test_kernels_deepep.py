@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from dsim.profiling.compose import layer_ops, parse_topology
 from dsim.profiling.deepep_tables import derive, main
+from dsim.profiling.kernel_ops import layer_ops
 from dsim.profiling.kernel_tables import KERNEL_DIR, KernelTable, load_kernel_table
 from dsim.profiling.models import load_model
+from dsim.profiling.topology import parse_topology
 
 SHIPPED = KERNEL_DIR / "h200-deepep-internode.json"
 

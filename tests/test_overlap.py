@@ -1,5 +1,5 @@
-"""Two-batch overlap in the step-cost composer (dsim.profiling.compose --overlap dbo): vLLM's DBO schedule
-of two micro-batches per layer, its threshold, and the composed profile's table."""
+"""Two-batch overlap in the step-cost composer (dsim.profiling.overlap; dsim profile compose --overlap
+dbo): vLLM's DBO schedule of two micro-batches per layer, its threshold, and the composed profile's table."""
 
 import numpy as np
 import pytest
@@ -7,23 +7,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsim.errors import InputError
-from dsim.profiling.compose import (
-    DBO_DECODE_TOKEN_THRESHOLD,
-    MicroBatchLayer,
-    Pricer,
-    compose_profile,
-    dbo_attention_margin_ms,
-    dbo_layer_ms,
-    forward_ms,
-    forward_ms_dbo,
-    main,
-    micro_batch_layer,
-    parse_dbo_threshold,
-    parse_topology,
-    required_ops,
-)
+from dsim.profiling.compose import compose_profile, required_ops
+from dsim.profiling.compose_cli import main
+from dsim.profiling.forward import forward_ms
 from dsim.profiling.kernel_tables import KernelTable, Roofline
 from dsim.profiling.models import load_model
+from dsim.profiling.overlap import (
+    DBO_DECODE_TOKEN_THRESHOLD,
+    MicroBatchLayer,
+    dbo_attention_margin_ms,
+    dbo_layer_ms,
+    forward_ms_dbo,
+    micro_batch_layer,
+    parse_dbo_threshold,
+)
+from dsim.profiling.pricer import Pricer
+from dsim.profiling.topology import parse_topology
 
 FLASH = load_model("deepseek-v4-flash")
 DP8 = parse_topology("dp8-ep8")
@@ -89,7 +88,8 @@ def test_attention_change_on_the_critical_path(a, b, d):
 
 def test_micro_batch_pieces_add_up_to_the_layer():
     """The five pieces of a micro-batch layer are the layer's whole priced cost."""
-    from dsim.profiling.compose import layer_ops, priced_total
+    from dsim.profiling.kernel_ops import layer_ops
+    from dsim.profiling.pricer import priced_total
 
     p = _pricer()
     for layer in (0, 5, FLASH.layers - 1):

@@ -104,7 +104,7 @@ UPWARD_ALLOWED = {
     # a profile without max_model_len takes its model's from the shipped config (MODEL_DIR)
     ("dsim.cost.profile", "dsim.profiling.models"),
     # the builders' exit contract when run as python3 -m (toolmain loads neither typer nor a stage)
-    ("dsim.profiling.compose", "dsim.cli.toolmain"),
+    ("dsim.profiling.compose_cli", "dsim.cli.toolmain"),
     ("dsim.profiling.aic_tables", "dsim.cli.toolmain"),
     ("dsim.profiling.deepep_tables", "dsim.cli.toolmain"),
 }

@@ -136,12 +136,12 @@ def test_special_file_targets_are_refused_never_replaced(tmp_path, what):
 
 @pytest.mark.parametrize("what", ["fifo", "device", "stdout-link", "dir-link"])
 def test_module_tools_refuse_special_targets_before_any_work(tmp_path, what, capsys):
-    from dsim.profiling import aic_tables, compose, deepep_tables
+    from dsim.profiling import aic_tables, compose_cli, deepep_tables
 
     t = _special(tmp_path, what)
     before = tree(tmp_path), _lstat(t)
     for main, args in (
-        (compose.main, ["profile", "--model", "llama-3.1-8b", "--topology", "tp1", "--hardware", "h200"]),
+        (compose_cli.main, ["profile", "--model", "llama-3.1-8b", "--topology", "tp1", "--hardware", "h200"]),
         (deepep_tables.main, ["build", "--model", "deepseek-v3:16"]),
         (aic_tables.main, ["anchors"]),
     ):
@@ -1211,7 +1211,7 @@ KERNEL_TABLE_CASES = [
 
 @pytest.mark.parametrize("name,edit,needle", KERNEL_TABLE_CASES, ids=[c[0] for c in KERNEL_TABLE_CASES])
 def test_compose_refuses_nonsensical_kernel_tables(tmp_path, capsys, name, edit, needle):
-    from dsim.profiling import compose
+    from dsim.profiling.compose_cli import main
 
     d = {
         "name": "t",
@@ -1222,7 +1222,7 @@ def test_compose_refuses_nonsensical_kernel_tables(tmp_path, capsys, name, edit,
     t = tmp_path / "t.json"
     t.write_text(json.dumps(d))
     out = tmp_path / "p.yaml"
-    rc = compose.main(
+    rc = main(
         [
             "profile",
             "--model",
@@ -1246,7 +1246,7 @@ def test_compose_refuses_nonsensical_kernel_tables(tmp_path, capsys, name, edit,
 def test_compose_refuses_corrupt_kernel_files(tmp_path, capsys, how):
     import gzip
 
-    from dsim.profiling import compose
+    from dsim.profiling.compose_cli import main
 
     good = json.dumps({"name": "t", "provenance": {}, "records": [{"op": "gemm", "m": 1, "ms": 0.1}]})
     t = tmp_path / ("t.json.gz" if "gz" in how else "t.json")
@@ -1260,7 +1260,7 @@ def test_compose_refuses_corrupt_kernel_files(tmp_path, capsys, how):
             "not utf-8": b'{"name": "\xff\xfe"}',
         }[how]
     )
-    rc = compose.main(
+    rc = main(
         [
             "profile",
             "--model",
@@ -1627,7 +1627,7 @@ def test_stopping_compose_is_clean(tmp_path, sig, code, when):
     argv = [
         sys.executable,
         "-m",
-        "dsim.profiling.compose",
+        "dsim.profiling.compose_cli",
         "profile",
         "--model",
         "deepseek-v4-flash",

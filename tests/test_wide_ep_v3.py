@@ -13,12 +13,16 @@ import pytest
 
 from dsim.cost import PROFILE_DIR, load_profile
 from dsim.errors import InputError
-from dsim.profiling import compose as C
 from dsim.profiling import deepep_tables as D
 from dsim.profiling.attention_published import PublishedAttention, attention_source
-from dsim.profiling.compose import load_table_spec
+from dsim.profiling.compose import kv_capacity
+from dsim.profiling.compose_cli import main
+from dsim.profiling.kernel_ops import KV_LO, included_part_records, layer_ops
 from dsim.profiling.kernel_tables import HARDWARE, KernelTable, Roofline, carried_table, load_kernel_table
 from dsim.profiling.models import load_model
+from dsim.profiling.overlap import DBO_DECODE_TOKEN_THRESHOLD, forward_ms_dbo, micro_batch_layer
+from dsim.profiling.pricer import Pricer, load_table_spec
+from dsim.profiling.topology import parse_topology, physical_experts
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -88,7 +92,7 @@ def test_carried_table_keeps_compute_bound_ops_and_scales_hbm_bound_ones():
     mla = dict(op="attn", kind="mla", phase="decode", batch=44, q=1, kv=4096, heads=128, ms=1.0)
     mla["includes"] = ["q_proj", "kv_proj", "mla_absorb", "o_proj"]
     t2 = KernelTable(name="h200-y", provenance={}, records=[mla])
-    parts = C.included_part_records(mla)
+    parts = included_part_records(mla)
     assert {(p["n"], p["k"]) for p in parts if "groups" not in p} == {
         (1536, 7168),
         (24576, 1536),
@@ -96,7 +100,7 @@ def test_carried_table_keeps_compute_bound_ops_and_scales_hbm_bound_ones():
         (7168, 16384),
     }
     core_only = carried_table(t2, "h200", "h800").records[0]["ms"]
-    with_parts = carried_table(t2, "h200", "h800", C.included_part_records).records[0]["ms"]
+    with_parts = carried_table(t2, "h200", "h800", included_part_records).records[0]["ms"]
     want = sum(r800.ms(x) for x in [mla, *parts]) / sum(r200.ms(x) for x in [mla, *parts])
     assert with_parts == pytest.approx(want) and with_parts > core_only
     # H800 = H100 but for NVLink
@@ -110,11 +114,11 @@ def test_carried_table_keeps_compute_bound_ops_and_scales_hbm_bound_ones():
 
 def test_redundant_experts_even_out_the_ep_group():
     v3 = load_model("deepseek-v3")
-    assert C.physical_experts(v3, C.parse_topology("dp144-ep144")) == 288  # DeepSeek's 256 + 32, 2 per GPU
-    assert C.physical_experts(v3, C.parse_topology("dp72-ep72")) == 288
-    assert C.physical_experts(v3, C.parse_topology("dp128-ep128")) == 256
-    _, mem144 = C.kv_capacity(v3, C.parse_topology("dp144-ep144"), "h800", 256)
-    _, mem128 = C.kv_capacity(v3, C.parse_topology("dp128-ep128"), "h800", 256)
+    assert physical_experts(v3, parse_topology("dp144-ep144")) == 288  # DeepSeek's 256 + 32, 2 per GPU
+    assert physical_experts(v3, parse_topology("dp72-ep72")) == 288
+    assert physical_experts(v3, parse_topology("dp128-ep128")) == 256
+    _, mem144 = kv_capacity(v3, parse_topology("dp144-ep144"), "h800", 256)
+    _, mem128 = kv_capacity(v3, parse_topology("dp128-ep128"), "h800", 256)
     # two routed experts per GPU either way (288 / 144 = 256 / 128)
     assert mem144["routed_experts"] == pytest.approx(mem128["routed_experts"], abs=0.01)
 
@@ -123,10 +127,10 @@ def test_few_expert_rank_priced_as_its_experts_gemms():
     # closed form: an EP144 rank (2 of 288 experts) at n tokens per rank over the group
     v3 = load_model("deepseek-v3")
     tab = load_kernel_table("h200-aic-vllm")
-    pr = C.Pricer([tab], Roofline(hardware="h200"))
+    pr = Pricer([tab], Roofline(hardware="h200"))
     n = 64
-    topo = C.parse_topology("dp144-ep144")
-    moe = next(o for o in C.layer_ops(v3, topo, "h200", n, layers=[5]) if o.part == "moe_experts")
+    topo = parse_topology("dp144-ep144")
+    moe = next(o for o in layer_ops(v3, topo, "h200", n, layers=[5]) if o.part == "moe_experts")
     rows = round(n * 144 * 8 / 288)
     g = sum(tab.ms(dict(op="gemm", dtype="fp8", m=rows, n=a, k=b)) for a, b in ((4096, 7168), (7168, 2048)))
     ew = Roofline(hardware="h200").ms(dict(op="elementwise", bytes=2 * rows * (2 * 2048 * 2 + 2048 * 2 + 4 * 7168 * 2)))
@@ -134,8 +138,8 @@ def test_few_expert_rank_priced_as_its_experts_gemms():
     assert pr.moe_as_gemm == 1
     # a rank of 16 experts (EP16) at 1 token per rank (16 over the group): only those the tokens reach run,
     # 16 x (1 - (1 - 8/256)^16) = 6.5 of them, one row each
-    topo16 = C.parse_topology("dp16-ep16")
-    moe16 = next(o for o in C.layer_ops(v3, topo16, "h200", 1, layers=[5]) if o.part == "moe_experts")
+    topo16 = parse_topology("dp16-ep16")
+    moe16 = next(o for o in layer_ops(v3, topo16, "h200", 1, layers=[5]) if o.part == "moe_experts")
     active = 16 * (1 - (1 - 8 / 256) ** 16)
     g1 = sum(tab.ms(dict(op="gemm", dtype="fp8", m=1, n=a, k=b)) for a, b in ((4096, 7168), (7168, 2048)))
     ew1 = Roofline(hardware="h200").ms(
@@ -160,16 +164,16 @@ def test_shipped_profile_loads_and_matches_its_composition(hw, ep, attention):
         assert "32 redundant routed experts" in p.provenance["assumptions"]["redundant_experts"]
     # the forward entry at 64 tokens per rank is the two-batch-overlap step recomposed from the tables
     tabs = [load_table_spec(src), load_kernel_table("h800-deepep-ll-published")]
-    v3, topo = load_model("deepseek-v3"), C.parse_topology(f"dp{ep}-ep{ep}")
-    pr = C.Pricer(tabs, Roofline(hardware=hw), attention=attention_source(attention, hw))
-    want = C.forward_ms_dbo(v3, topo, hw, 64, pr, 512, threshold=C.DBO_DECODE_TOKEN_THRESHOLD, moe_chunk=256)
-    want -= p.kv_ms_per_ktok / 1e3 * 64 * C.KV_LO  # the table is the zero-context part
+    v3, topo = load_model("deepseek-v3"), parse_topology(f"dp{ep}-ep{ep}")
+    pr = Pricer(tabs, Roofline(hardware=hw), attention=attention_source(attention, hw))
+    want = forward_ms_dbo(v3, topo, hw, 64, pr, 512, threshold=DBO_DECODE_TOKEN_THRESHOLD, moe_chunk=256)
+    want -= p.kv_ms_per_ktok / 1e3 * 64 * KV_LO  # the table is the zero-context part
     i = list(p.forward.x).index(64)
     got = p.forward.ms[i]
     # (or a smaller size's price, where the non-decreasing table lifts it)
     assert got == pytest.approx(want, abs=2e-4) or (got > want and got == p.forward.ms[i - 1]), (got, want)
     # one composed term in closed form: the micro-batch's dispatch on this EP, DeepEP's published line
-    mb = C.micro_batch_layer(v3, topo, hw, 32, pr, 5)
+    mb = micro_batch_layer(v3, topo, hw, 32, pr, 5)
     assert mb.dispatch_ms == pytest.approx(D.published_us("a2a_dispatch", 32, 7168, 8, ep) / 1e3, abs=1e-5)
 
 
@@ -236,11 +240,11 @@ def test_flashmla_published_prices_in_closed_form():
 
 
 def test_attention_source_prices_the_core_and_the_projections_apart():
-    v3, topo = load_model("deepseek-v3"), C.parse_topology("dp144-ep144")
+    v3, topo = load_model("deepseek-v3"), parse_topology("dp144-ep144")
     tabs = [load_table_spec("h200-aic-vllm@h800")]
     fm = PublishedAttention("h800")
-    plain, with_fm = C.Pricer(tabs, Roofline(hardware="h800")), C.Pricer(tabs, Roofline(hardware="h800"), attention=fm)
-    dec = C.layer_ops(v3, topo, "h800", 64, kv=4096, layers=[5])
+    plain, with_fm = Pricer(tabs, Roofline(hardware="h800")), Pricer(tabs, Roofline(hardware="h800"), attention=fm)
+    dec = layer_ops(v3, topo, "h800", 64, kv=4096, layers=[5])
     core = next(o for o in dec if o.part == "attn_core")
     proj = [o for o in dec if o.part in ("q_proj", "kv_proj", "mla_absorb", "o_proj")]
     # vLLM's module from the table, its projections inside it; with FlashMLA the core at its rates and the
@@ -248,7 +252,7 @@ def test_attention_source_prices_the_core_and_the_projections_apart():
     assert all(plain.ms(o) == 0 for o in proj) and plain.ms(core) == pytest.approx(tabs[0].ms(core.rec))
     assert with_fm.ms(core) == pytest.approx(fm.ms(core.rec)) and all(with_fm.ms(o) > 0 for o in proj)
     # a prefill chunk (no FlashMLA record): the module less its parts, so the layer's attention total is unchanged
-    pre = C.layer_ops(v3, topo, "h800", 512, phase="prefill", batch=1, q=512, kv=2048, layers=[5])
+    pre = layer_ops(v3, topo, "h800", 512, phase="prefill", batch=1, q=512, kv=2048, layers=[5])
     att = [o for o in pre if o.part in ("attn_core", "q_proj", "kv_proj", "mla_absorb", "o_proj")]
     assert with_fm.total(att) == pytest.approx(plain.total(att), rel=1e-9)
 
@@ -256,14 +260,14 @@ def test_attention_source_prices_the_core_and_the_projections_apart():
 def test_compose_refuses_flashmla_for_a_model_without_mla(tmp_path):
     out = tmp_path / "p.yaml"
     argv = ["profile", "--model", "deepseek-v4-flash", "--topology", "dp8-ep8", "--hardware", "h800"]
-    assert C.main([*argv, "--attention-kernels", "flashmla-published", "--out", str(out)]) == 2
+    assert main([*argv, "--attention-kernels", "flashmla-published", "--out", str(out)]) == 2
     assert not out.exists()
     # FlashMLA's dense decoding kernel is Hopper-only
     v3 = ["profile", "--model", "deepseek-v3", "--topology", "dp8-ep8", "--backend", "vllm"]
-    assert C.main([*v3, "--hardware", "b200", "--attention-kernels", "flashmla-published", "--out", str(out)]) == 2
+    assert main([*v3, "--hardware", "b200", "--attention-kernels", "flashmla-published", "--out", str(out)]) == 2
     assert not out.exists()
     # a --backend profile's default name carries the attention source, its provenance the rates
-    assert C.main([*v3, "--hardware", "h200", "--attention-kernels", "flashmla-published", "--out", str(out)]) == 0
+    assert main([*v3, "--hardware", "h200", "--attention-kernels", "flashmla-published", "--out", str(out)]) == 0
     p = load_profile(str(out))
     assert p.label.startswith("deepseek-v3-h200-vllm-flashmla-dp8-ep8")
     assert p.provenance["attention_kernels"]["name"] == "flashmla-published"

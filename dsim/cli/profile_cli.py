@@ -6,7 +6,7 @@ app (dsim.cli.entry imports this module):
 - ``dsim profile upgrade FILE``: an older format's profile rewritten in the current one
   (dsim.cost.profile.upgrade_profile_file; every loader upgrades on read, this writes it back);
 - ``dsim profile compose ...``, ``dsim profile aic ...``, ``dsim profile deepep ...``: the argparse
-  tools of dsim.profiling.compose, .aic_tables and .deepep_tables, given the rest of the command
+  tools of dsim.profiling.compose_cli, .aic_tables and .deepep_tables, given the rest of the command
   line as it is (``--help`` included). They keep their exit contract (dsim.cli.toolmain: 2 for bad
   input, 130 / 143 on Ctrl-C / SIGTERM); each module also runs as ``python3 -m``.
 """
@@ -31,7 +31,7 @@ app.add_typer(profile_app, name="profile")
 
 # subcommand -> (module whose argparse main it runs, what it does)
 TOOLS = {
-    "compose": ("dsim.profiling.compose", "A MoE model's step-cost profile under a topology, from kernel tables"),
+    "compose": ("dsim.profiling.compose_cli", "A MoE model's step-cost profile under a topology, from kernel tables"),
     "aic": ("dsim.profiling.aic_tables", "AIConfigurator's silicon tables priced into kernel tables and profiles"),
     "deepep": (
         "dsim.profiling.deepep_tables",

@@ -1,4 +1,4 @@
-"""The exit contract of the profile builders (dsim.profiling.compose, .aic_tables, .deepep_tables:
+"""The exit contract of the profile builders (dsim.profiling.compose_cli, .aic_tables, .deepep_tables:
 ``dsim profile compose|aic|deepep`` or ``python3 -m``) and the GPU tools, the same as the ``dsim``
 command's:
 

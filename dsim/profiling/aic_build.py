@@ -39,8 +39,9 @@ def composer_records(model: str, topology: str, system: str, expert_dtype: str |
     """The records the composer looks up for a model, topology and system (dsim.profiling.compose required-ops)."""
     import dataclasses
 
-    from dsim.profiling.compose import parse_topology, required_ops
+    from dsim.profiling.compose import required_ops
     from dsim.profiling.models import load_model
+    from dsim.profiling.topology import parse_topology
 
     m = load_model(model)
     if expert_dtype:

@@ -142,9 +142,10 @@ def compare_tables(b: dict, a: dict) -> Comparison:
 
 def projection_records(rb: dict, hardware: str = "h200") -> list[tuple[dict, float]] | None:
     """The composer's GEMM records (with their counts) of the parts that attention record rb includes, for one
-    layer of its kind: dsim.profiling.compose.layer_ops over that single layer. None when the model is not known."""
-    from dsim.profiling.compose import layer_ops, parse_topology
+    layer of its kind: dsim.profiling.kernel_ops.layer_ops over that single layer. None when the model is not known."""
+    from dsim.profiling.kernel_ops import layer_ops
     from dsim.profiling.models import load_model
+    from dsim.profiling.topology import parse_topology
 
     name = rb.get("model") or infer_model(str(rb.get("kind")), int(rb.get("heads", 0)))
     if name is None:

@@ -98,7 +98,7 @@ MOE_MODES = {
     "fp4": ("w4a8_mxfp4_mxfp8", "nvfp4"),
     "w4a16": ("w4a16_mxfp4", "w4a16_nvfp4"),
 }
-# what AIC's attention modules include beyond the attention core, in the composer's part names (dsim.profiling.compose
+# what AIC's attention modules include beyond the attention core, in the composer's part names (dsim.profiling.kernel_ops
 # layer_ops): the composer does not price these parts again when a table's attention records include them
 ATTN_INCLUDES = ["q_proj", "kv_proj", "o_proj", "compressor", "indexer_proj"]
 MLA_INCLUDES = ["q_proj", "kv_proj", "mla_absorb", "o_proj"]

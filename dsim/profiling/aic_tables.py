@@ -203,12 +203,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def kernel_tables_for(hardware: str, backend: str, model: str | None, topology: str) -> Any:
     """The silicon-table kernel table of ``hardware`` x ``backend``: the shipped
-    profiles/kernels/<hardware>-aic-<backend>.json.gz for a shipped topology (dsim.profiling.compose.shipped_table_for),
+    profiles/kernels/<hardware>-aic-<backend>.json.gz for a shipped topology (dsim.profiling.pricer.shipped_table_for),
     else priced for this model and topology from AIC's tables on demand (case_table; the aic extra; only for
     a model of MODELS: ``model`` None is a model AIC's composer records cannot be written for)."""
-    from dsim.profiling.compose import BACKENDS as COMPOSE_BACKENDS
-    from dsim.profiling.compose import shipped_table_for
     from dsim.profiling.kernel_tables import HARDWARE, kernel_table_path
+    from dsim.profiling.pricer import BACKENDS as COMPOSE_BACKENDS
+    from dsim.profiling.pricer import shipped_table_for
 
     if backend not in COMPOSE_BACKENDS:
         raise InputError(f"--backend {backend!r}: one of {', '.join(COMPOSE_BACKENDS)}")
@@ -245,9 +245,10 @@ def compose_for(
     keywords go to dsim.profiling.compose.compose_profile."""
     import dataclasses
 
-    from dsim.profiling.compose import compose_profile, parse_topology
+    from dsim.profiling.compose import compose_profile
     from dsim.profiling.kernel_tables import HARDWARE
     from dsim.profiling.models import MoEModel, load_model
+    from dsim.profiling.topology import parse_topology
 
     m = model if isinstance(model, MoEModel) else load_model(model)
     known = m.name if m.name in MODELS else None

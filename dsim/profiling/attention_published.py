@@ -18,7 +18,7 @@ is neither clearly compute- nor memory-bound, and for short contexts whose split
 Other Hopper GPUs: the compute rate as on the H800 (the same SMs, clocks and bf16 peak), the memory rate
 as the same fraction of HBM bandwidth (3000 / 3350 GB/s, 89.6%: on an H200 4.8 TB/s x 0.896 = 4.3 TB/s).
 Only ``op: attn, kind: mla`` decode records are answered (FlashMLA has no dense MLA prefill on SM90);
-everything else, the projections included, stays with the kernel tables (dsim.profiling.compose.Pricer).
+everything else, the projections included, stays with the kernel tables (dsim.profiling.pricer.Pricer).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A data-parallel attention group whose expert-parallel group spans nodes (``dpN-epN`` with N > 8)
 exchanges tokens over the inter-node network: DeepEP's low-latency dispatch (FP8) and combine
 (bf16), pure RDMA (DeepSeek-V3 report Sec. 3.4; DeepSeek's DeepEP). The composer's records for it
-are ``comm`` records with ``scope: inter_node`` (dsim.profiling.compose._moe_block_ops). This module prices
+are ``comm`` records with ``scope: inter_node`` (dsim.profiling.kernel_ops._moe_block_ops). This module prices
 them into a kernel table from two public measurements:
 
 - AIConfigurator's H200 table of DeepEP low-latency kernels measured across 1, 2, 4 and 8 nodes
@@ -248,7 +248,7 @@ def price(rows: list[dict], kind: str, tokens: float, hidden: int, topk: int, gp
 
 def records(rows: list[dict], model_name: str, ep: int) -> list[dict]:
     """The composer's inter-node dispatch / combine records of `model_name` on EP `ep` (bytes per GPU
-    as dsim.profiling.compose writes them: tokens x hidden, FP8 dispatch, bf16 combine)."""
+    as dsim.profiling.kernel_ops writes them: tokens x hidden, FP8 dispatch, bf16 combine)."""
     m = load_model(model_name)
     out = []
     for n in TOKENS_PER_RANK:

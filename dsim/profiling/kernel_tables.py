@@ -330,7 +330,7 @@ def carried_table(
     link bandwidth, the same per-kernel floor), i.e. each op keeps the fraction of the roofline it was
     measured at. A stated assumption for hardware no table was measured on (e.g. H800 from H200: a
     compute-bound op keeps its time, an HBM-bound one takes 4.8 / 3.35 x longer). ``included``: the op
-    records of the parts a record includes (an attention module's projections, dsim.profiling.compose
+    records of the parts a record includes (an attention module's projections, dsim.profiling.kernel_ops
     .included_part_records), whose rooflines join the record's own in the ratio."""
     src, dst = Roofline(hardware=source_hardware), Roofline(hardware=hardware)
     recs = []

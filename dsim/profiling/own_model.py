@@ -276,15 +276,17 @@ def moe_profile(
     extra), our own measured table of that GPU after it; where there is none, from the tables that ship
     for the GPU (kernel_tables_for) and the roofline for what they lack, the reason stated."""
     from dsim.profiling import aic_tables as KA
-    from dsim.profiling import compose as C
+    from dsim.profiling.compose import compose_profile
     from dsim.profiling.kernel_tables import HARDWARE, kernel_table_path, load_kernel_table
     from dsim.profiling.models import model_from_config, model_name
+    from dsim.profiling.pricer import load_table_spec
+    from dsim.profiling.topology import parse_topology
 
     hw = _check_hardware(hardware, HARDWARE, "composer")
     if backend not in KA.BACKENDS:
         raise InputError(f"--backend {backend!r}: one of {', '.join(KA.BACKENDS)}")
     model = model_from_config(cfg, name=model_name(cfg, config), where=str(config))
-    topo = C.parse_topology(topology or MOE_TOPOLOGY)
+    topo = parse_topology(topology or MOE_TOPOLOGY)
     cmd = _command(config, hw.upper(), None, topology, backend)
     own = [t for t in kernel_tables_for(hw) if not t.startswith(f"{hw}-aic-")]
     try:
@@ -297,9 +299,7 @@ def moe_profile(
         donor = CARRIED_FROM.get(hw)
         if donor and kernel_table_path(f"{donor}-aic-{backend}").is_file():
             tables.append(f"{donor}-aic-{backend}@{hw}")
-        prof = C.compose_profile(
-            model, topo, hw, [C.load_table_spec(t) for t in tables] or None, name=name, command=cmd
-        )
+        prof = compose_profile(model, topo, hw, [load_table_spec(t) for t in tables] or None, name=name, command=cmd)
     measured = (
         [f"kernel times from the tables {', '.join(tables)} (their provenance in profiles/kernels/)"] if tables else []
     )

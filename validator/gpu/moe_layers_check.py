@@ -2,7 +2,7 @@
 
     python3 -m validator.gpu.moe_layers_check LAYERS.json [...] --kernels h200-torch --out FILE.json
 
-The composer's sum (dsim.profiling.compose.composed_layer_ms: the layer's ops priced from the kernel table with
+The composer's sum (dsim.profiling.forward.composed_layer_ms: the layer's ops priced from the kernel table with
 communication at 0, the lockstep factor on the routed experts, the graph gap; no fitted glue) next to
 the shard executor's measurement, shape by shape.
 """
@@ -18,9 +18,11 @@ import numpy as np
 
 from dsim.errors import InputError
 from dsim.outputs import write_file
-from dsim.profiling.compose import Pricer, composed_layer_ms, parse_topology
+from dsim.profiling.forward import composed_layer_ms
 from dsim.profiling.kernel_tables import Roofline, load_kernel_table
 from dsim.profiling.models import load_model
+from dsim.profiling.pricer import Pricer
+from dsim.profiling.topology import parse_topology
 
 
 def check(paths: list[str], kernels: str) -> dict:
@@ -53,7 +55,7 @@ def check(paths: list[str], kernels: str) -> dict:
             signed_mean_pct=round(float(e.mean()), 1),
         )
     return dict(
-        method="each layer check record against the composer's ops for one layer of that kind (dsim.profiling.compose.layer_ops, "
+        method="each layer check record against the composer's ops for one layer of that kind (dsim.profiling.kernel_ops.layer_ops, "
         f"priced from {kernels} with communication at 0, lockstep factor on the routed experts, 4 us graph gap; no glue)",
         command="python3 -m validator.gpu.moe_layers_check " + " ".join(paths) + f" --kernels {kernels}",
         summary=summary,

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Price the op records a kernel table lacks, then replay the V4-Flash shard step logs and measure its
 # layer check records, each in a fresh process (one GPU, torch + Triton; run from the repository root).
-#   OPS    op records to price (e.g. those of `dsim.profiling.compose required-ops` the table has no answer for)
+#   OPS    op records to price (e.g. those of `dsim profile compose required-ops` the table has no answer for)
 #   STAGE  price+replay (default) or layers
 #   OUT    output folder (default /tmp/out)
 #   SL     step-log folder (default archive/kernels/h200-torch-checks/steplogs), PREFIX their prefix (dspark-v4f)

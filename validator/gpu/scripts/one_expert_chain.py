@@ -18,7 +18,7 @@ row count (rows = tokens per rank x top-k, one expert per rank):
   h200-torch-wideep table's moe records were timed.
 
 Writes "moe" kernel-table records of the lean chain (tokens = tokens per rank x experts, ep = experts,
-so dsim.profiling.compose's one-expert lookups find them) and the variants' times, after every row count. A
+so dsim.profiling.pricer's one-expert lookups find them) and the variants' times, after every row count. A
 correctness check of the lean chain against a bf16 reference is in the output (max relative error).
 """
 
