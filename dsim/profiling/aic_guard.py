@@ -48,7 +48,7 @@ def moe_as_gemms(tables: MoeTables, rec: dict) -> float | None:
     carry: its E / ep experts, each a gate+up GEMM [rows, hidden] x [hidden, 2 inter] and a down
     GEMM [rows, inter] x [inter, hidden] at rows = tokens x top-k / experts (uniform routing; the
     composer's lockstep factor adds the slowest rank's excess), from the GEMM table, plus their
-    SwiGLU, routing-weight and permute traffic at the roofline (as compose.Pricer prices a one-expert
+    SwiGLU, routing-weight and permute traffic at the roofline (as pricer.Pricer prices a one-expert
     rank). None where a GEMM has no row or the system no datasheet."""
     from dsim.profiling.kernel_tables import Roofline
 
