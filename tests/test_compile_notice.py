@@ -23,7 +23,7 @@ compile_notice.install()
 from dsim.cost.attention import decode_features_ms
 from dsim.engine.metrics import dist
 q, c = np.array([1, 2]), np.array([100, 200])
-print(decode_features_ms(q, c, 8, 1, 64, 8, 1.0, 1, 132, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0))
+print(decode_features_ms(q, c, (8, 1, 64, 8, 1.0, 1, 132), (1.0, 1.0, 1.0, 1.0, 1.0, 0.0)))
 print(dist([1.0, 2.0, 3.0], [1.0, 1.0, 2.0])["p50"])
 """
 

@@ -581,10 +581,13 @@ def test_pack_context_args_rejects_a_field_of_another_kind():
     from dsim.engine import compiled_step as KS
 
     ctx = CostModel(load_profile("h200-qwen3-8b")).context_args()
-    with pytest.raises(TypeError, match=r"context_args\[5\]"):
-        KS.pack_context_args(ctx[:5] + (1,) + ctx[6:])  # balance as an int
-    with pytest.raises(TypeError, match="fields"):
+    on, split, coefs, table = ctx
+    with pytest.raises(TypeError, match=r"context_args field 5 "):
+        KS.pack_context_args((on, split[:4] + (1,) + split[5:], coefs, table))  # balance as an int
+    with pytest.raises(TypeError, match="fields expected"):
         KS.pack_context_args(ctx[:-1])
+    with pytest.raises(TypeError, match="fields expected"):
+        KS.pack_context_args((on, split, coefs, table[:-1]))
 
 
 def test_columns_keep_row_order_across_appends_reserves_and_blocks():

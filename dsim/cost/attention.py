@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -102,31 +102,74 @@ def step_features(q: Any, ctx: Any, a: AttentionTerms) -> tuple[float, float, fl
     c = np.asarray(ctx, dtype=np.int64)
     if not q.size:
         return 0.0, 0.0, 0.0, 0.0, 0.0
-    return _decode_features(q, c, *split_kv_params(a))
+    return _decode_features(q, c, split_kv_params(a))
+
+
+# The compiled pricing's bundles (docs/dev/architecture.md, "The compiled boundary"): they cross
+# from Python as plain tuples (numba types a named tuple's fields in Python on every call), and
+# each kernel names them on entry (``SplitKV(*split)``, free in compiled code).
+
+
+class SplitKV(NamedTuple):
+    """A profile's split-KV structure as plain numbers (``split_kv_params``)."""
+
+    group: int  # query heads per KV head
+    kv_heads: int
+    block_rows: int  # query rows per attention CTA
+    cta_cap: int  # chunk CTAs aimed at: ceil(fill x SMs)
+    balance: float  # no chunk longer than balance x mean context (0: off)
+    min_chunk: int  # shortest chunk (tokens)
+    chunk_slots: int  # chunk-CTA slots of one wave: SMs x decode CTAs per SM
+
+
+class SplitKVCoefs(NamedTuple):
+    """The split-KV terms' coefficients (CostModel.context_args; all 0 where a profile has none)."""
+
+    wave: float  # ms per 1000 tokens of wave capacity
+    chunk: float  # ms per 1000 chunk CTAs
+    merge: float  # ms per million merge-grid cells
+    request: float  # ms per decode/verify request
+    tail: float  # ms per 1000 tokens of schedule tail
+    step: float  # ms once a step with decode/verify requests
+
+
+class RequestTableTerms(NamedTuple):
+    """A format-3 to 5 request-attention table as CostModel.context_args packs it (``on`` False
+    and placeholders where a profile has none)."""
+
+    on: bool
+    batch: np.ndarray  # int64: the table's batch grid
+    q: np.ndarray  # int64: its query-token grid
+    ctx: np.ndarray  # int64: its context grid
+    step_ms: np.ndarray  # float64 [batch, q, ctx]: its step costs
+    forward_share: np.ndarray  # float64: the forward table's attention share by step size
+    kv_slope: float  # ms per KV token (CostModel.kv_ms_per_tok)
+    indexer_ratio: int  # the step indexer's compression ratio (0: none)
+    step: np.ndarray  # float64: the indexer's ms per million cells, BlockPool.packed(), StepKeys.packed()
 
 
 def split_kv_params(a: AttentionTerms) -> tuple:
-    """The split-KV structure _decode_features reads, as plain numbers: (group, KV heads, query
-    rows per CTA, chunk-CTA cap, balance, shortest chunk, chunk-CTA slots of one wave)."""
-    return (
-        a.group,
-        a.kv_heads,
-        a.block_rows,
-        math.ceil(a.fill * a.sms),
-        float(a.balance),
-        a.min_chunk,
-        a.sms * a.decode_ctas_per_sm,
+    """The split-KV structure _decode_features reads, as a plain tuple of SplitKV's fields."""
+    return tuple(
+        SplitKV(
+            group=a.group,
+            kv_heads=a.kv_heads,
+            block_rows=a.block_rows,
+            cta_cap=math.ceil(a.fill * a.sms),
+            balance=float(a.balance),
+            min_chunk=a.min_chunk,
+            chunk_slots=a.sms * a.decode_ctas_per_sm,
+        )
     )
 
 
 @_njit
-def decode_features_ms(
-    q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots, cw, cc, cm, cr, ct, cd
-):  # pragma: no cover - compiled
+def decode_features_ms(q, c, split, coefs):  # pragma: no cover - compiled
     """The split-KV terms of CostModel.context_ms of the first len(q) entries (>= 1), from
-    CostModel.context_args (compiled: callable from compiled code)."""
-    wave, chunks, merge, reqs, tail = _decode_features(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots)
-    return cw * wave + cc * chunks + cm * merge + cr * reqs + ct * tail + cd
+    CostModel.context_args' SplitKV and SplitKVCoefs (compiled: callable from compiled code)."""
+    k = SplitKVCoefs(*coefs)
+    wave, chunks, merge, reqs, tail = _decode_features(q, c, split)
+    return k.wave * wave + k.chunk * chunks + k.merge * merge + k.request * reqs + k.tail * tail + k.step
 
 
 @_njit_inline
@@ -149,45 +192,25 @@ def prefill_ms_compiled(mode, coef, chunks, computed, pre, k):  # pragma: no cov
 
 
 @_njit_inline
-def context_ms_compiled(
-    q,
-    c,
-    g,
-    kv_heads,
-    block_rows,
-    cap,
-    balance,
-    min_chunk,
-    slots,
-    cw,
-    cc,
-    cm,
-    cr,
-    ct,
-    cd,
-    ra_on,
-    rb,
-    rq,
-    rc,
-    rtab,
-    rshare,
-    kv_slope,
-    iratio,
-    step,
-):  # pragma: no cover - compiled
+def context_ms_compiled(q, c, split, coefs, table):  # pragma: no cover - compiled
     """CostModel.context_ms of the first len(q) decode requests, from CostModel.context_args past
-    its ``on`` flag (compiled: callable from compiled code, as a decode window's kernel does once
-    per step): the split-KV terms plus, for a format-3 table, the requests' own attention less
-    the forward table's share and the KV slope's, and the format-4/5 step terms: iratio the
-    step_indexer's ratio (0: none), ``step`` [its ms per million cells, then BlockPool.packed() (the
-    kinds' count first; 0 where the profile has no block_pool), then StepKeys.packed() where the
-    profile has step_keys]. The requests are the step's only ones (no prompt chunks: a step with
-    chunks prices block_pool with ``block_pool_ms(..., chunks=True)``). Precondition: len(q) >= 1;
-    a step of more tokens than the dense table's share extrapolates its last slope."""
+    its ``on`` flag: split a SplitKV, coefs a SplitKVCoefs, table a RequestTableTerms (compiled:
+    callable from compiled code, as a decode window's kernel does once per step): the split-KV
+    terms plus, for a format-3 table, the requests' own attention less the forward table's share
+    and the KV slope's, and the format-4/5 step terms: the table's indexer_ratio the
+    step_indexer's ratio (0: none), its ``step`` [the indexer's ms per million cells, then
+    BlockPool.packed() (the kinds' count first; 0 where the profile has no block_pool), then
+    StepKeys.packed() where the profile has step_keys]. The requests are the step's only ones
+    (no prompt chunks: a step with chunks prices block_pool with ``block_pool_ms(..., chunks=True)``).
+    Precondition: len(q) >= 1; a step of more tokens than the dense table's share extrapolates
+    its last slope."""
+    k = SplitKVCoefs(*coefs)
+    ra = RequestTableTerms(*table)
     out = 0.0
-    if cw != 0.0 or cc != 0.0 or cm != 0.0 or cr != 0.0 or ct != 0.0 or cd != 0.0:
-        out = decode_features_ms(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots, cw, cc, cm, cr, ct, cd)
-    if ra_on:
+    if k.wave != 0.0 or k.chunk != 0.0 or k.merge != 0.0 or k.request != 0.0 or k.tail != 0.0 or k.step != 0.0:
+        out = decode_features_ms(q, c, split, coefs)
+    if ra.on:
+        rshare, step, iratio = ra.forward_share, ra.step, ra.indexer_ratio
         n = 0
         ctx = 0
         for i in range(len(q)):
@@ -195,7 +218,7 @@ def context_ms_compiled(
             ctx += c[i]
         m = len(rshare)
         share = rshare[n] if n < m else rshare[m - 1] + (rshare[m - 1] - rshare[m - 2]) * (n - m + 1)
-        out += _request_attention(q, c, rb, rq, rc, rtab) - share - kv_slope * (ctx + n)
+        out += _request_attention(q, c, ra.batch, ra.q, ra.ctx, ra.step_ms) - share - ra.kv_slope * (ctx + n)
         if iratio > 0:
             out += step[0] * _indexer_excess_mcells(q, c, iratio)
         keys = 2 + 5 * int(step[1]) if len(step) > 1 else 1
@@ -346,7 +369,12 @@ def _makespan(c, L, kv_heads, qblocks, slots, longest):  # pragma: no cover - co
 
 
 @_njit
-def _decode_features(q, c, g, kv_heads, block_rows, cap, balance, min_chunk, slots):  # pragma: no cover - compiled
+def _decode_features(q, c, split):  # pragma: no cover - compiled
+    """(wave capacity, chunk CTAs, merge cells, requests, tail) of decode_features and
+    request_features from a SplitKV (split)."""
+    s = SplitKV(*split)
+    g, kv_heads, block_rows, cap = s.group, s.kv_heads, s.block_rows, s.cta_cap
+    balance, min_chunk, slots = s.balance, s.min_chunk, s.chunk_slots
     R = len(q)
     qmax = 0
     qsum = 0

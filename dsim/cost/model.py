@@ -28,6 +28,8 @@ from dsim.cost.attention import (
     _NO_F64,
     _NO_I64,
     _NO_TAB,
+    RequestTableTerms,
+    SplitKVCoefs,
     _indexer_excess_mcells,
     _step_keys_ms,
     block_pool_ms,
@@ -240,17 +242,18 @@ class CostModel:
         args = self._compiled_args
         if args is None:
             args = self._compiled_args = self.context_args()[1:]
+        split, coefs, table = args
         qa = np.ascontiguousarray(q, dtype=np.int64)
         ca = np.ascontiguousarray(ctx, dtype=np.int64)
         if self.request_attention is None:  # split-KV terms only: the compiled function's first part
-            return float(decode_features_ms(qa, ca, *args[:13]))
+            return float(decode_features_ms(qa, ca, split, coefs))
         ch = [(int(x), int(c)) for x, c in chunks if x] if self.context_reads_chunks else ()
         if not ch:
-            return float(context_ms_compiled(qa, ca, *args))
+            return float(context_ms_compiled(qa, ca, split, coefs, table))
         # the format-4 step terms (step indexer, step key lists) see the prefill chunks' tokens too:
         # priced over requests and chunks together, the rest over the requests alone
-        iratio, step = args[-2:]
-        out = context_ms_compiled(qa, ca, *args[:-2], 0, step[:1])
+        iratio, step = table[-2:]
+        out = context_ms_compiled(qa, ca, split, coefs, (*table[:-2], 0, step[:1]))
         out += self._step_call_share_ms(int(qa.sum()), sum(x for x, _ in ch))
         if self._block_pool[0]:  # the decode requests' own blocks: the chunks price theirs
             out += block_pool_ms(qa, ca, self._block_pool, True)
@@ -303,14 +306,17 @@ class CostModel:
         return out
 
     def context_args(self) -> tuple:
-        """context_ms's parameters as plain numbers and arrays, for compiled callers of
-        context_ms_compiled (a decode window prices each of its steps with them): (on, group,
-        kv_heads, block_rows, CTA cap, balance, min_chunk, chunk slots, wave, chunk, merge,
-        per-request, schedule-tail and decode-step coefficients: the split-KV terms, or placeholders with zero coefficients where the profile
-        has none; then the format-3 table: on, batch, q, ctx, step costs, the forward table's
-        attention share at every step size up to the dense table's end or the table's last point, whichever is further, and the KV slope).
-        ``on`` is False for a profile without context terms. Built once per cost model (every
-        replica of a simulation shares it)."""
+        """context_ms's parameters as plain numbers and arrays in three bundles, for compiled
+        callers of context_ms_compiled (a decode window prices each of its steps with them):
+        (on, split, coefs, table): ``on`` False for a profile without context terms; split the
+        split-KV structure (dsim.cost.attention.SplitKV's fields) and coefs its terms'
+        coefficients (SplitKVCoefs': wave, chunk, merge, per-request, schedule-tail, decode-step),
+        placeholders with zero coefficients where the profile has none; table the format-3 to 5
+        request table (RequestTableTerms': on, batch, q, ctx, step costs, the forward table's
+        attention share at every step size up to the dense table's end or the table's last point,
+        whichever is further, the KV slope, the indexer ratio, the step terms). Plain tuples (the
+        compiled boundary's rule). Built once per cost model (every replica of a simulation
+        shares it)."""
         if self._context_args is None:
             self._context_args = self._build_context_args()
         return self._context_args
@@ -319,35 +325,36 @@ class CostModel:
         a = self.attention
         if self._split_kv_terms:
             cw, cc, cm = self._ctx_coef
-            split = (
-                *split_kv_params(a),
-                float(cw),
-                float(cc),
-                float(cm),
-                float(self._req_coef[0]),
-                float(self._req_coef[1]),
-                float(self._req_coef[2]),
+            split = split_kv_params(a)
+            coefs = SplitKVCoefs(
+                wave=float(cw),
+                chunk=float(cc),
+                merge=float(cm),
+                request=float(self._req_coef[0]),
+                tail=float(self._req_coef[1]),
+                step=float(self._req_coef[2]),
             )
         else:
-            split = (1, 1, 1, 1, 0.0, 1, 1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+            split = (1, 1, 1, 1, 0.0, 1, 1)
+            coefs = SplitKVCoefs(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         ra = self.request_attention
         if ra is None:
-            table = (False, _NO_I64, _NO_I64, _NO_I64, _NO_TAB, _NO_F64, 0.0, 0, np.zeros(1))
+            table = RequestTableTerms(False, _NO_I64, _NO_I64, _NO_I64, _NO_TAB, _NO_F64, 0.0, 0, np.zeros(1))
         else:
             # to the table's last point at least: context_ms_compiled extrapolates past the array's
             # end with its last slope, which is then the last segment's, as _forward_share's
             m = max(len(self._dense), int(self.profile.forward.x[-1]) + 2)
             share = self._forward_shares(m)
-            table = (
-                True,
-                ra.batch,
-                ra.q,
-                ra.ctx,
-                self._ra_tab,
-                share,
-                float(self.kv_ms_per_tok),
-                int(ra.indexer_ratio),
-                np.concatenate(
+            table = RequestTableTerms(
+                on=True,
+                batch=ra.batch,
+                q=ra.q,
+                ctx=ra.ctx,
+                step_ms=self._ra_tab,
+                forward_share=share,
+                kv_slope=float(self.kv_ms_per_tok),
+                indexer_ratio=int(ra.indexer_ratio),
+                step=np.concatenate(
                     [
                         [float(ra.indexer_ms_per_mcell)],
                         self._block_pool,
@@ -355,7 +362,7 @@ class CostModel:
                     ]
                 ).astype(np.float64),
             )
-        return (bool(self.has_context_terms), *split, *table)
+        return (bool(self.has_context_terms), split, tuple(coefs), tuple(table))
 
     def forward_ms(self, n_tokens: Any) -> Any:
         """Target forward cost of n tokens at zero context (scalar or array)."""

@@ -1533,22 +1533,26 @@ def plan_decodes(slots, n, K, steps, draws, policy, budget, plan):
     return v0, done
 
 
-# CostModel.context_args() layout, one letter a field (b flag, i int, f float, a array): on,
-# group..chunk slots (iiiifii), the five split-KV coefficients, the table's flag and arrays, the
-# KV slope, the indexer ratio, the step terms.
+# CostModel.context_args() layout flattened, one letter a field (b flag, i int, f float, a array):
+# on; the SplitKV (iiiifii); the six SplitKVCoefs; the RequestTableTerms (its flag and arrays, the
+# KV slope, the indexer ratio, the step terms).
+_CTX_PARTS = (1, 7, 6, 9)  # on, split, coefs, table
 _CTX_KINDS = "biiiifiiffffffbaaaaafia"
 
 
 def pack_context_args(ctx: tuple) -> tuple:
     """CostModel.context_args() as (ints int64[9], floats float64[8], the six arrays), so that a
-    kernel call passes 8 objects, not a 23-element tuple (the dispatcher types every element of
-    a tuple on every call); flags travel as 0/1 ints. The kernels hand context_ms_compiled the
-    same types the tuple has (int64, float64, bool, the arrays), hence the same compiled code.
-    Raises TypeError where an element is not of its kind."""
-    if len(ctx) != len(_CTX_KINDS):
-        raise TypeError(f"context_args: {len(ctx)} fields, expected {len(_CTX_KINDS)}")
+    kernel call passes 8 objects, not 23 scalars and arrays (the dispatcher types every element
+    of a tuple on every call); flags travel as 0/1 ints. The kernels rebuild context_ms_compiled's
+    bundles with the same types the tuples have (int64, float64, bool, the arrays), hence the same
+    compiled code. Raises TypeError where an element is not of its kind."""
+    if len(ctx) != len(_CTX_PARTS) or any(
+        not isinstance(part, tuple) or len(part) != m for part, m in zip(ctx[1:], _CTX_PARTS[1:])
+    ):
+        raise TypeError(f"context_args: parts of {_CTX_PARTS} fields expected (on, split, coefs, table)")
+    flat = (ctx[0], *ctx[1], *ctx[2], *ctx[3])
     ints, floats, arrays = [], [], []
-    for i, (x, kind) in enumerate(zip(ctx, _CTX_KINDS)):
+    for i, (x, kind) in enumerate(zip(flat, _CTX_KINDS)):
         if kind == "b" and isinstance(x, (bool, np.bool_)):
             ints.append(int(x))
         elif kind == "i" and isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)):
@@ -1558,41 +1562,19 @@ def pack_context_args(ctx: tuple) -> tuple:
         elif kind == "a" and isinstance(x, np.ndarray):
             arrays.append(x)
         else:
-            raise TypeError(f"context_args[{i}]: {type(x).__name__}, expected kind {kind!r}")
+            raise TypeError(f"context_args field {i} (flattened): {type(x).__name__}, expected kind {kind!r}")
     return (np.array(ints, dtype=np.int64), np.array(floats, dtype=np.float64), *arrays)
 
 
 @njit(cache=True, inline="always")
 def _context_ms_packed(q, c, context):
     """context_ms_compiled(q, c, *context_args()[1:]) from pack_context_args' pieces (context: a
-    ContextArgs)."""
+    ContextArgs): its bundles rebuilt from the packed ints and floats."""
     ci, cf, rb, rq, rc, rtab, rshare, rstep = ContextArgs(*context)
-    return context_ms_compiled(
-        q,
-        c,
-        ci[1],
-        ci[2],
-        ci[3],
-        ci[4],
-        cf[0],
-        ci[5],
-        ci[6],
-        cf[1],
-        cf[2],
-        cf[3],
-        cf[4],
-        cf[5],
-        cf[6],
-        ci[7] != 0,
-        rb,
-        rq,
-        rc,
-        rtab,
-        rshare,
-        cf[7],
-        ci[8],
-        rstep,
-    )
+    split = (ci[1], ci[2], ci[3], ci[4], cf[0], ci[5], ci[6])
+    coefs = (cf[1], cf[2], cf[3], cf[4], cf[5], cf[6])
+    table = (ci[7] != 0, rb, rq, rc, rtab, rshare, cf[7], ci[8], rstep)
+    return context_ms_compiled(q, c, split, coefs, table)
 
 
 @njit(cache=True)
@@ -1620,8 +1602,8 @@ def window_steps(slot_ints, n, K, k, plan, pricing):
     plus its own tokens) and wf (float64 [5, >= k]: the forward fwd = fwd_table[n_tok] +
     kv_ms_per_tok x kv (ms; -1 where n_tok is past the table: the caller prices those), the
     per-request attention terms (dsim.cost.context_ms_compiled at the step's own windows and
-    contexts, with CostModel.context_args() packed by ``pack_context_args`` as ci, cf, rb, rq,
-    rc, rtab, rshare, rstep; 0 when its ``on`` flag is off), the
+    contexts, with CostModel.context_args() packed by ``pack_context_args``, a ContextArgs; 0
+    when its ``on`` flag is off), the
     duration fwd + attention + fixed_ms, the end time (s, from t0_s) and the longest duration
     up to the step).
     Returns (last, general, past): the last step to run (the first step where some slot may
