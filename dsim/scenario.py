@@ -193,7 +193,7 @@ SECTIONS = {
     "sla": "what a fleet must meet, and how the node-count search counts it",
 }
 # The --policy, --verify-mode and --format choices: the registries' names (dsim.spec.budget
-# POLICY_SPELLINGS, dsim.engine.compiled_step VERIFY_CODES, dsim.workload.readers FORMATS), written
+# POLICY_SPELLINGS, dsim.engine.compiled_bundles VERIFY_CODES, dsim.workload.readers FORMATS), written
 # out here because those modules import numba or pandas and the command line starts without them;
 # tests/test_registry.py checks each tuple against its registry. The router's and the confidence
 # head's choices are their registries' (dsim.engine.router, dsim.spec.heads).

@@ -3,7 +3,7 @@
 ``simulate(SimConfig) -> SimResult``; the result carries the JSON summary, the per-request table
 and the per-step table. Deterministic for a given seed: the request latents come from a numpy Generator seeded
 from the seed, the draft draws from the run key derived from it (one counter-based stream per
-request and draft round, dsim.engine.compiled_step).
+request and draft round, dsim.engine.compiled_draws).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import pandas as pd
 import simpy
 
 from dsim.cost import CostModel, Profile
-from dsim.engine.compiled_sched import SUCC_NONE, SUCC_PYTHON, SUCC_SELF
-from dsim.engine.compiled_step import run_key
+from dsim.engine.compiled_draws import run_key
+from dsim.engine.compiled_general_steps import SUCC_NONE, SUCC_PYTHON, SUCC_SELF
 from dsim.engine.config import EngineConfig
 from dsim.engine.diagnostics import result_warnings
 from dsim.engine.metrics import dist, request_table, summarize
@@ -344,7 +344,7 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
         lrng = np.random.default_rng([cfg.seed, 1 << 20])
         reqs.latent[:] = spec.acceptance.request_latent(lrng, reqs.cls)
     # Every draw comes from the run's key: a request's draft round i has its own stream
-    # (dsim.engine.compiled_step), whichever replica runs it.
+    # (dsim.engine.compiled_draws), whichever replica runs it.
     key = run_key(cfg.seed)
     # the drafter's cost per batch size, the same for every replica
     draft_cost = DraftCost(spec.method, cost) if spec.k else None

@@ -1,7 +1,7 @@
 """Reference (tests only): the numpy acceptance-model sampler the compiled draws replaced.
 
 ``RefSampler(model).sample(rng, cls, latent, steps)`` draws from the same model as
-``AcceptanceModel.sample`` (dsim.engine.compiled_step.draw_slots) with numpy Generators, DrawStream blocks
+``AcceptanceModel.sample`` (dsim.engine.compiled_draws.draw_slots) with numpy Generators, DrawStream blocks
 and float32 arrays; the compiled draws are checked against it in distribution."""
 
 from __future__ import annotations

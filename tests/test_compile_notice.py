@@ -63,7 +63,9 @@ def test_the_command_announces_a_cold_run_compiles_in_the_background_and_is_sile
     deadline = time.monotonic() + 600
     while list(cache.rglob("*.compiling")) and time.monotonic() < deadline:
         time.sleep(1)
-    assert list(cache.rglob("compiled_sched.run_general_steps-*.nbc")), "the background compile wrote no cache entry"
+    assert list(cache.rglob("compiled_general_steps.run_general_steps-*.nbc")), (
+        "the background compile wrote no cache entry"
+    )
     again = _run(args, cache)
     assert again.returncode == 0 and again.stderr == ""
     a, b = (json.loads(r.stdout) for r in (first, again))

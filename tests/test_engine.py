@@ -108,15 +108,15 @@ def test_profile_by_model_name_prefers_the_measured_one():
 
 def test_prefill_terms_reach_every_budget_policy(monkeypatch):
     """The verify budget is priced with the step's prefill correction whatever the policy: the
-    compiled step (dsim.engine.compiled_step.plan_decodes) gets it as the extra cost of every budget."""
-    import dsim.engine.compiled_step as KS
+    compiled step (dsim.engine.compiled_decode.plan_decodes) gets it as the extra cost of every budget."""
+    from dsim.engine import compiled_bundles, compiled_decode
 
     seen, priced = [], []
-    orig, orig_pre = KS.plan_decodes, CostModel.prefill_ms
+    orig, orig_pre = compiled_decode.plan_decodes, CostModel.prefill_ms
 
     def spy(slots, n, K, steps, draws, policy, budget, plan):
-        if KS.PolicyParams(*policy).adaptive:
-            seen.append(float(KS.BudgetRow(*budget).extra_ms))
+        if compiled_bundles.PolicyParams(*policy).adaptive:
+            seen.append(float(compiled_bundles.BudgetRow(*budget).extra_ms))
         return orig(slots, n, K, steps, draws, policy, budget, plan)
 
     def spy_pre(self, chunks):
@@ -124,7 +124,7 @@ def test_prefill_terms_reach_every_budget_policy(monkeypatch):
         priced.append(v)
         return v
 
-    monkeypatch.setattr(KS, "plan_decodes", spy)
+    monkeypatch.setattr(compiled_decode, "plan_decodes", spy)
     monkeypatch.setattr(CostModel, "prefill_ms", spy_pre)
     # every step through the general path, where plan_decodes is called from Python (a decode
     # window carries no prefill chunk, and its compiled plan_window calls the compiled
@@ -541,29 +541,29 @@ def test_packed_context_args_price_as_the_tuple(name):
     """The decode window's packed context arguments give context_ms_compiled the same values
     and types as CostModel.context_args' tuple: the same cost on random steps."""
     from dsim.cost import context_ms_compiled
-    from dsim.engine import compiled_step as KS
+    from dsim.engine import compiled_window
 
     cost = CostModel(load_profile(name))
     ctx = cost.context_args()
-    packed = KS.pack_context_args(ctx)
+    packed = compiled_window.pack_context_args(ctx)
     rng = np.random.default_rng(7)
     for _ in range(20):
         n = int(rng.integers(1, 300))
         q = rng.integers(1, 8, n).astype(np.int64)
         c = rng.integers(1, 60_000, n).astype(np.int64)
-        assert KS._context_ms_packed(q, c, packed) == context_ms_compiled(q, c, *ctx[1:])
+        assert compiled_window._context_ms_packed(q, c, packed) == context_ms_compiled(q, c, *ctx[1:])
 
 
 def test_slots_context_ms_prices_as_the_cost_model():
     """A general step's compiled per-request attention terms of the decode slots (query 1 +
     verified drafts, or 1 without drafts, over each slot's cached tokens) equal
     CostModel.context_ms on the same step, exactly."""
-    from dsim.engine import compiled_step as KS
-    from dsim.engine.compiled_step import COMP, NCOL
+    from dsim.engine import compiled_window
+    from dsim.engine.compiled_bundles import COMP, NCOL
 
     cost = CostModel(load_profile(None))  # the default profile: a format-3 request table
     assert cost.request_attention is not None  # (the engine takes this path only then)
-    packed = KS.pack_context_args(cost.context_args())
+    packed = compiled_window.pack_context_args(cost.context_args())
     rng = np.random.default_rng(11)
     for _ in range(30):
         n = int(rng.integers(1, 300))
@@ -574,20 +574,20 @@ def test_slots_context_ms_prices_as_the_cost_model():
         verified = rng.integers(0, K + 1, (1, cap)).astype(np.int64)
         q = 1 + verified[0, :n] if K else np.ones(n, np.int64)
         want = cost.context_ms(q, I[:n, COMP])
-        assert KS.slots_context_ms(I, n, K, verified, packed) == want
+        assert compiled_window.slots_context_ms(I, n, K, verified, packed) == want
 
 
 def test_pack_context_args_rejects_a_field_of_another_kind():
-    from dsim.engine import compiled_step as KS
+    from dsim.engine import compiled_window
 
     ctx = CostModel(load_profile("h200-qwen3-8b")).context_args()
     on, split, coefs, table = ctx
     with pytest.raises(TypeError, match=r"context_args field 5 "):
-        KS.pack_context_args((on, split[:4] + (1,) + split[5:], coefs, table))  # balance as an int
+        compiled_window.pack_context_args((on, split[:4] + (1,) + split[5:], coefs, table))  # balance as an int
     with pytest.raises(TypeError, match="fields expected"):
-        KS.pack_context_args(ctx[:-1])
+        compiled_window.pack_context_args(ctx[:-1])
     with pytest.raises(TypeError, match="fields expected"):
-        KS.pack_context_args((on, split, coefs, table[:-1]))
+        compiled_window.pack_context_args((on, split, coefs, table[:-1]))
 
 
 def test_columns_keep_row_order_across_appends_reserves_and_blocks():

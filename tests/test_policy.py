@@ -1,5 +1,5 @@
 """Tests for dsim/spec/budget.py: verify-budget policies (hypothesis properties + worked examples), and
-the compiled policies (dsim.engine.compiled_step) against the numpy reference (tests/reference_policy.py)."""
+the compiled policies (dsim.engine.compiled_budget) against the numpy reference (tests/reference_policy.py)."""
 
 import numpy as np
 import pytest
@@ -256,15 +256,15 @@ def test_compiled_sort_and_selection_equal_numpy(v, seed):
     """The policies' descending radix sort (both digit widths: below and from 512 scores) is
     numpy's sort reversed, and the selection of the b-th largest score is the sorted array's
     element b, ties and zeros included."""
-    from dsim.engine import compiled_step as KS
+    from dsim.engine import compiled_budget
 
     out = np.empty_like(v)
-    KS._sort_desc(v, out)
+    compiled_budget._sort_desc(v, out)
     assert out.tobytes() == np.sort(v)[::-1].tobytes()
     if len(v):
         b = int(np.random.default_rng(seed).integers(0, len(v)))
-        assert KS._kth_largest(v, b) == out[b]
-        assert KS._kth_largest(v, 0) == out[0] and KS._kth_largest(v, len(v) - 1) == out[-1]
+        assert compiled_budget._kth_largest(v, b) == out[b]
+        assert compiled_budget._kth_largest(v, 0) == out[0] and compiled_budget._kth_largest(v, len(v) - 1) == out[-1]
 
 
 @settings(max_examples=120, deadline=None)
@@ -285,7 +285,7 @@ def test_ratio_argmax_in_any_order_equals_the_sorted_loop(R, K, kind, base, slop
     groups near the maximum sorted) is the sorted loop's argmax, first maximum included: survival
     scores of several shapes (ties, zeros, values below the exact-sum range), staircase cost rows,
     some not non-decreasing (then the full sort)."""
-    from dsim.engine import compiled_step as KS
+    from dsim.engine import compiled_budget
 
     rng = np.random.default_rng(seed)
     c = rng.random((K, R)).astype(np.float32)
@@ -298,7 +298,7 @@ def test_ratio_argmax_in_any_order_equals_the_sorted_loop(R, K, kind, base, slop
     elif kind == "flat":
         c = (0.95 + 0.05 * c).astype(np.float32)
     v = np.empty(K * R, np.float32)  # the request-major survival scores, as the policies compute them
-    KS._scores(c, K, R, v, np.empty(0, np.float32))
+    compiled_budget._scores(c, K, R, v, np.empty(0, np.float32))
     if kind == "tiny":
         v[rng.integers(0, len(v), size=4)] = np.float32(3e-30)
     limit = int(round(cut * len(v)))
@@ -306,7 +306,7 @@ def test_ratio_argmax_in_any_order_equals_the_sorted_loop(R, K, kind, base, slop
     if dip and limit > 1:
         row[limit // 2] *= 0.5  # (not non-decreasing)
     srt = np.empty_like(v)
-    KS._sort_desc(v, srt)
-    want = KS._ratio_argmax(srt, len(v), float(R), row, extra, limit)
-    assert KS._ratio_argmax_any(v, float(R), row, extra, limit) == want
-    assert KS._ratio_argmax_any(srt, float(R), row, extra, limit) == want
+    compiled_budget._sort_desc(v, srt)
+    want = compiled_budget._ratio_argmax(srt, len(v), float(R), row, extra, limit)
+    assert compiled_budget._ratio_argmax_any(v, float(R), row, extra, limit) == want
+    assert compiled_budget._ratio_argmax_any(srt, float(R), row, extra, limit) == want

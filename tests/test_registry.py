@@ -12,7 +12,7 @@ import pytest
 
 import reference_policy as RP
 from dsim import scenario
-from dsim.engine import compiled_step as K_
+from dsim.engine import compiled_budget, compiled_bundles, compiled_draws
 from dsim.engine import router as R_
 from dsim.errors import InputError
 from dsim.spec import acceptance as A
@@ -29,26 +29,26 @@ def _switch_names(fn) -> set[str]:
 
 
 def _constant(value: int, names) -> str:
-    (name,) = [n for n in names if getattr(K_, n) == value]
+    (name,) = [n for n in names if getattr(compiled_bundles, n) == value]
     return name
 
 
 def test_policy_registry_is_the_kernels_code_table():
-    assert set(B.POLICY_SPELLINGS) == set(K_.POLICY_CODES)
+    assert set(B.POLICY_SPELLINGS) == set(compiled_bundles.POLICY_CODES)
     for spelling, (cls, _implied) in B.POLICY_SPELLINGS.items():
         assert B.POLICIES[cls.name] is cls
-        assert B.make_policy(spelling).code == K_.POLICY_CODES[spelling], spelling
+        assert B.make_policy(spelling).code == compiled_bundles.POLICY_CODES[spelling], spelling
     # codes 0..n-1, so the kernels' if-chains end in one default: the highest code
-    codes = sorted(K_.POLICY_CODES.values())
+    codes = sorted(compiled_bundles.POLICY_CODES.values())
     assert codes == list(range(len(codes)))
     names = ("FIXED", "THRESHOLD", "VLLM", "PAPER", "PAPER_PRODUCTION", "SGLANG")
-    assert sorted(getattr(K_, n) for n in names) == codes
-    compared = _switch_names(K_._windows_scored) | _switch_names(K_.step_windows)
+    assert sorted(getattr(compiled_bundles, n) for n in names) == codes
+    compared = _switch_names(compiled_budget._windows_scored) | _switch_names(compiled_budget.step_windows)
     handled = {n for n in names if n in compared}
     # every code but the default is named in the switch; the default is the one left
     default = _constant(codes[-1], names)
     assert handled == set(names) - {default}
-    assert f"# {default}" in inspect.getsource(K_._windows_scored.py_func)
+    assert f"# {default}" in inspect.getsource(compiled_budget._windows_scored.py_func)
 
 
 def test_every_registered_policy_runs_its_reference_definition():
@@ -69,13 +69,13 @@ def test_every_registered_policy_runs_its_reference_definition():
 
 
 def test_verify_modes_and_heads_are_the_kernels_tables():
-    assert B.VERIFY_MODES == tuple(K_.VERIFY_CODES) == scenario.VERIFY_MODE_NAMES
+    assert B.VERIFY_MODES == tuple(compiled_bundles.VERIFY_CODES) == scenario.VERIFY_MODE_NAMES
     assert RP.VERIFY_MODES == B.VERIFY_MODES
     w = np.array([0, 2, 3])
-    for mode, code in K_.VERIFY_CODES.items():
+    for mode, code in compiled_bundles.VERIFY_CODES.items():
         verified, cap = B.verify_tokens_and_commit(mode, w[None, :], 3)
         for i, x in enumerate(w):
-            assert K_.verify_commit.py_func(code, int(x), 3) == (verified[0, i], cap[0, i]), mode
+            assert compiled_budget.verify_commit.py_func(code, int(x), 3) == (verified[0, i], cap[0, i]), mode
 
 
 def test_head_registry_is_the_draws_switch():
@@ -85,9 +85,9 @@ def test_head_registry_is_the_draws_switch():
     acceptance itself). A head registered without its branch fails here."""
     assert H.HEADS == tuple(H.HEAD_KINDS) == tuple(H.HEAD_CODES) == scenario.HEADS
     assert [k.code for k in H.HEAD_KINDS.values()] == list(range(len(H.HEADS)))
-    names = [n for n, v in vars(K_).items() if n.startswith("HEAD_") and type(v) is int]
-    assert sorted(getattr(K_, n) for n in names) == list(range(len(H.HEADS)))
-    compared = set(re.findall(r"[=!]= (HEAD_[A-Z_]+)\b", inspect.getsource(K_)))
+    names = [n for n, v in vars(compiled_bundles).items() if n.startswith("HEAD_") and type(v) is int]
+    assert sorted(getattr(compiled_bundles, n) for n in names) == list(range(len(H.HEADS)))
+    compared = set(re.findall(r"[=!]= (HEAD_[A-Z_]+)\b", inspect.getsource(compiled_draws)))
     with_branch = {_constant(k.code, names) for k in H.HEAD_KINDS.values() if k.noisy or k.class_curve}
     assert compared == with_branch
     assert len(H.HEADS) - len(with_branch) == 1  # one default

@@ -11,20 +11,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import reference_sched as RS
-from dsim.engine import compiled_sched as KSched
-from dsim.engine import compiled_step as KS
-from dsim.engine.compiled_step import COMP, NCOL
+from dsim.engine import compiled_bundles, compiled_sched
+from dsim.engine.compiled_bundles import COMP, NCOL
 
 INT_ROWS = {
-    "prompt": KSched.PROMPT,
-    "generated": KSched.GENERATED,
-    "computed": KSched.COMPUTED,
-    "blocks": KSched.BLOCKS,
-    "seq": KSched.SEQ,
-    "cached": KSched.CACHED,
-    "emits": KSched.EMITTED,
+    "prompt": compiled_sched.PROMPT,
+    "generated": compiled_sched.GENERATED,
+    "computed": compiled_sched.COMPUTED,
+    "blocks": compiled_sched.BLOCKS,
+    "seq": compiled_sched.SEQ,
+    "cached": compiled_sched.CACHED,
+    "emits": compiled_sched.EMITTED,
 }
-FLOAT_ROWS = {"admit": KSched.ADMIT, "itl_max": KSched.ITL_MAX, "last_emit": KSched.LAST_EMIT}
+FLOAT_ROWS = {"admit": compiled_sched.ADMIT, "itl_max": compiled_sched.ITL_MAX, "last_emit": compiled_sched.LAST_EMIT}
 
 
 @st.composite
@@ -72,21 +71,21 @@ def replica_states(draw):
 
 def _arrays(s):
     n = len(s["prompt"])
-    req_i = np.zeros((KSched.REQ_I_ROWS, n), dtype=np.int64)
-    req_f = np.zeros((KSched.REQ_F_ROWS, n))
+    req_i = np.zeros((compiled_sched.REQ_I_ROWS, n), dtype=np.int64)
+    req_f = np.zeros((compiled_sched.REQ_F_ROWS, n))
     for name, row in INT_ROWS.items():
         req_i[row] = s[name]
     for name, row in FLOAT_ROWS.items():
         req_f[row] = s[name]
     if n:
-        req_i[KSched.HELD_ROUNDS : KSched.HELD_VERIFIED + 1] = np.array(s["held"]).T
+        req_i[compiled_sched.HELD_ROUNDS : compiled_sched.HELD_VERIFIED + 1] = np.array(s["held"]).T
     return req_i, req_f
 
 
 def _state_of(req_i, req_f):
     s = {name: req_i[row].tolist() for name, row in INT_ROWS.items()}
     s.update({name: req_f[row].tolist() for name, row in FLOAT_ROWS.items()})
-    s["held"] = [tuple(c) for c in req_i[KSched.HELD_ROUNDS : KSched.HELD_VERIFIED + 1].T.tolist()]
+    s["held"] = [tuple(c) for c in req_i[compiled_sched.HELD_ROUNDS : compiled_sched.HELD_VERIFIED + 1].T.tolist()]
     return s
 
 
@@ -108,21 +107,21 @@ def _run_kernel(s, cfg):
     I[: len(cfg["slot_kv"]), COMP] = cfg["slot_kv"]
     hits = cfg["hits"]
     hit_arr = np.array([hits[r] for r in s["waiting"]] if hits else [], np.int64)
-    requests = tuple(KSched.RequestTable(req_i, req_f, np.zeros((1, 1), np.float32)))
-    queues = tuple(KSched.Queues(pre, chunks, waitq))
-    slots = tuple(KS.SlotTable(I, np.zeros((len(I), 2)), np.zeros((0, len(I)), np.float32)))
+    requests = tuple(compiled_sched.RequestTable(req_i, req_f, np.zeros((1, 1), np.float32)))
+    queues = tuple(compiled_sched.Queues(pre, chunks, waitq))
+    slots = tuple(compiled_bundles.SlotTable(I, np.zeros((len(I), 2)), np.zeros((0, len(I)), np.float32)))
     limits = tuple(
-        KSched.SchedLimits(
+        compiled_sched.SchedLimits(
             cfg["K"], cfg["lookahead"], cfg["total_blocks"], cfg["budget"], cfg["thr"], cfg["max_seqs"], cfg["consumer"]
         )
     )
     step = tuple(
-        KSched.SchedStep(
+        compiled_sched.SchedStep(
             len(s["pre"]), head, head + len(s["waiting"]), len(cfg["slot_kv"]), sum(cfg["slot_kv"]), s["pre_blocks"],
             s["admit_seq"], cfg["now"], cfg["admit"], hit_arr, len(hit_arr) if hits else -1,
         )
     )  # fmt: skip
-    out = KSched.schedule_step(requests, queues, slots, limits, step)
+    out = compiled_sched.schedule_step(requests, queues, slots, limits, step)
     return out, req_i, req_f, pre, chunks, waitq, head
 
 
@@ -147,12 +146,12 @@ def test_schedule_step_is_the_request_by_request_definition(state):
     ) = _run_kernel(s, cfg)
     got = _state_of(req_i, req_f)
     if expect is None:  # the running prefills' KV does not fit: nothing written
-        assert status == KSched.PREEMPT
+        assert status == compiled_sched.PREEMPT
         for name in INT_ROWS:
             assert got[name] == s[name], name
         return
     e_chunks, e_run, e_sample, e_kv, e_seen = expect
-    assert status == KSched.SCHEDULED
+    assert status == compiled_sched.SCHEDULED
     assert pre[:n_pre].tolist() == ref["pre"] and chunks[:n_pre].tolist() == e_chunks
     assert (run_tokens, pre_tokens, n_sample, kv_pre, seen) == (e_run, sum(e_chunks), e_sample, e_kv, e_seen)
     assert waitq[w_head : head + len(s["waiting"])].tolist() == ref["waiting"]
@@ -178,7 +177,7 @@ def test_commit_prefills_is_the_request_by_request_definition(state, t_now):
     n_pre = out[2]
     moved_ref, freed_ref, kv_ref, late_ref = RS.commit_prefills(ref, expect[0], t_now)
     moved, late = np.zeros(6 * len(pre), np.int64), np.zeros(len(pre))
-    m, freed, kv, w, k = KSched.commit_prefills(req_i, req_f, pre, n_pre, chunks, t_now, moved, late)
+    m, freed, kv, w, k = compiled_sched.commit_prefills(req_i, req_f, pre, n_pre, chunks, t_now, moved, late)
     assert moved.reshape(-1, 6)[:m].tolist() == [list(r) for r in moved_ref]
     assert (freed, kv, late[:k].tolist()) == (freed_ref, kv_ref, late_ref)
     assert pre[:w].tolist() == ref["pre"]

@@ -203,19 +203,19 @@ def test_sample_shapes_dtypes_and_zero_k():
 
 
 def _engine_draws(m, cls, lat, steps, key=7, ids=None, rounds=0):
-    """The engine's compiled draws (dsim.engine.compiled_step.draw_slots, outcomes only while the prefix
+    """The engine's compiled draws (dsim.engine.compiled_draws.draw_slots, outcomes only while the prefix
     holds): conf [steps, K, R], lead [steps, R]."""
-    from dsim.engine import compiled_step as KS
+    from dsim.engine import compiled_bundles, compiled_draws
 
     R, K = len(cls), m.k
-    slots = np.zeros((R, KS.NCOL), dtype=np.int64)
-    slots[:, KS.ID] = np.arange(R) if ids is None else ids
-    slots[:, KS.ROUNDS] = rounds
+    slots = np.zeros((R, compiled_bundles.NCOL), dtype=np.int64)
+    slots[:, compiled_bundles.ID] = np.arange(R) if ids is None else ids
+    slots[:, compiled_bundles.ROUNDS] = rounds
     off = np.ascontiguousarray(m.slot_offsets(cls, lat))
     conf = np.empty((steps, K, R), np.float32)
     lead = np.empty((steps, R), np.int64)
-    KS.draw_slots(
-        tuple(KS.DrawParams(key, *m.kernel_params())),
+    compiled_draws.draw_slots(
+        tuple(compiled_bundles.DrawParams(key, *m.kernel_params())),
         slots,
         off,
         R,
@@ -291,23 +291,25 @@ def test_lane_parallel_draws_are_the_request_by_request_definition(head, n_req):
 
     from numba import njit
 
-    from dsim.engine import compiled_step as KS
+    from dsim.engine import compiled_bundles, compiled_draws
 
     @njit
     def by_request(key, slots, X, R, K, steps, params, conf, lead):
         head, step = params.head, params.step_scale
         for t in range(steps):
             for r in range(R):
-                s = KS.stream_seed(key, slots[r, KS.ID], slots[r, KS.ROUNDS] + t)
+                s = compiled_draws.stream_seed(
+                    key, slots[r, compiled_bundles.ID], slots[r, compiled_bundles.ROUNDS] + t
+                )
                 su = 0.0
                 if step != 0.0:
-                    s, z = KS._normal_v(s)
+                    s, z = compiled_draws._normal_v(s)
                     su = step * z
                 alive = True
                 nacc = 0
                 for j in range(K):
-                    s, a, y, _ = KS._position(s, alive, X[j, r], su, params, False)
-                    if head == KS.HEAD_USELESS:
+                    s, a, y, _ = compiled_draws._position(s, alive, X[j, r], su, params, False)
+                    if head == compiled_bundles.HEAD_USELESS:
                         conf[t, j, r] = X[K + j, r]
                     else:
                         conf[t, j, r] = 1.0 / (1.0 + math.exp(-2.0 * y))
@@ -322,9 +324,9 @@ def test_lane_parallel_draws_are_the_request_by_request_definition(head, n_req):
     cls = rng.integers(0, 3, n_req)
     lat = m.request_latent(rng, cls)
     conf, lead = _engine_draws(m, cls, lat, 3, rounds=4)
-    slots = np.zeros((len(cls), KS.NCOL), dtype=np.int64)
-    slots[:, KS.ID] = np.arange(len(cls))
-    slots[:, KS.ROUNDS] = 4
+    slots = np.zeros((len(cls), compiled_bundles.NCOL), dtype=np.int64)
+    slots[:, compiled_bundles.ID] = np.arange(len(cls))
+    slots[:, compiled_bundles.ROUNDS] = 4
     conf2, lead2 = np.empty_like(conf), np.empty_like(lead)
     params = m.kernel_params()
     assert params[2] != 0.0  # (the step normal is drawn too)
@@ -335,7 +337,7 @@ def test_lane_parallel_draws_are_the_request_by_request_definition(head, n_req):
         len(cls),
         7,
         3,
-        KS.DrawParams(7, *params),
+        compiled_bundles.DrawParams(7, *params),
         conf2,
         lead2,
     )
@@ -346,14 +348,14 @@ def test_compiled_normals_and_uniforms():
     """The ziggurat normals and the uniforms of the compiled streams (KS tests, fixed keys)."""
     from scipy import stats
 
-    from dsim.engine import compiled_step as KS
+    from dsim.engine import compiled_draws
 
     z = np.empty(200_000)
-    KS.fill_normal(KS.run_key(0), z)
+    compiled_draws.fill_normal(compiled_draws.run_key(0), z)
     assert stats.kstest(z, "norm").pvalue > 1e-3
     assert abs((np.abs(z) > 3.0).mean() - 2 * stats.norm.sf(3.0)) < 5e-4  # the tails too
     u = np.empty(200_000)
-    KS.fill_uniform(KS.run_key(1), u)
+    compiled_draws.fill_uniform(compiled_draws.run_key(1), u)
     assert stats.kstest(u, "uniform").pvalue > 1e-3 and u.min() >= 0.0 and u.max() < 1.0
 
 
@@ -366,7 +368,7 @@ def test_draw_sigmoids_are_the_definition_bit_for_bit():
 
     from numba import njit
 
-    from dsim.engine import compiled_step as KS
+    from dsim.engine import compiled_draws
 
     @njit
     def confidence_definition(y, out):  # (libm's exp, as the kernel's definition; numpy's differs)
@@ -376,7 +378,7 @@ def test_draw_sigmoids_are_the_definition_bit_for_bit():
     @njit
     def accept_both(u, g, temp, fast, ref):
         for i in range(u.shape[0]):
-            fast[i] = KS._accept(u[i], g[i], temp[i])
+            fast[i] = compiled_draws._accept(u[i], g[i], temp[i])
             ref[i] = u[i] < 1.0 / (1.0 + math.exp(-2.0 * g[i] * temp[i]))
 
     rng = np.random.default_rng(5)
@@ -393,7 +395,7 @@ def test_draw_sigmoids_are_the_definition_bit_for_bit():
     mid = c32 + np.spacing(np.float32(c32)).astype(np.float64) / 2
     y = np.concatenate([y, -0.5 * np.log(1.0 / mid - 1.0)])
     conf = np.empty((1, y.size), np.float32)
-    KS._confidences(y.reshape(1, -1), conf, 1, y.size)
+    compiled_draws._confidences(y.reshape(1, -1), conf, 1, y.size)
     ref = np.empty(y.size, np.float32)
     confidence_definition(y, ref)
     assert np.array_equal(conf[0].view(np.int32), ref.view(np.int32))
@@ -401,8 +403,8 @@ def test_draw_sigmoids_are_the_definition_bit_for_bit():
     g = np.concatenate(
         [
             rng.normal(0.0, 4.0, n),
-            KS._SIG_HALF * np.array([-1.0, 1.0, -1.5, 1.5]),
-            (np.arange(-1024, 1024) / KS._SIG_BINS) / 2,
+            compiled_draws._SIG_HALF * np.array([-1.0, 1.0, -1.5, 1.5]),
+            (np.arange(-1024, 1024) / compiled_draws._SIG_BINS) / 2,
         ]
     )  # bin edges at temperature 1
     temp = np.concatenate([rng.uniform(0.3, 2.0, n), np.ones(4 + 2048)])

@@ -1,7 +1,7 @@
 """A decode window prices each of its steps as the cost model prices that step's own shape.
 
 The engine simulates decode-only stretches as windows (several steps' draws and costs at once,
-dsim.engine.compiled_step.window_steps); a single step goes through CostModel directly. Running the same
+dsim.engine.compiled_window.window_steps); a single step goes through CostModel directly. Running the same
 trace with windows of one step and of 256 steps must give the same step durations, step by step,
 on the shipped MoE profiles: format 3 (the default: forward shares by token count), format 4 and
 format 5 (the shard-check profile: per-request attention with step-wide key lists, and the pooling

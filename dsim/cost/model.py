@@ -415,7 +415,7 @@ class CostModel:
         return v
 
     def forward_args(self) -> tuple:
-        """step_ms_one's tables for compiled code (dsim.engine.compiled_sched._forward_ms, the same
+        """step_ms_one's tables for compiled code (dsim.engine.compiled_general_steps._forward_ms, the same
         operations): (forward ms at 0..limit tokens, the profiled sizes from the limit on and
         their ms, the last slope past them, the limit)."""
         return self._below, self._ax, self._ams, self._slope, self.limit

@@ -1,7 +1,7 @@
 """A kernel that has a Python path with the same results, compiled in a background process when
 numba's on-disk cache lacks it.
 
-``dsim.engine.compiled_sched.run_general_steps`` runs consecutive general steps of a replica as one
+``dsim.engine.compiled_general_steps.run_general_steps`` runs consecutive general steps of a replica as one
 compiled call; the engine's Python path runs the same steps with the same results, slower only
 where one replica runs many general steps alone (a closed loop on one replica). Its compile is
 about a fifth of a cold start, and the quick-start plan (eight replicas a node stepping in turn)

@@ -1,5 +1,5 @@
 """A replica's compiled runs: consecutive general steps as one compiled call
-(dsim.engine.compiled_sched.run_general_steps) while each ends before the replica's next outside
+(dsim.engine.compiled_general_steps.run_general_steps) while each ends before the replica's next outside
 event and none needs Python; the replica's state goes in and comes back through one record."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ import math
 
 import numpy as np
 
-from dsim.engine import compiled_sched as KSched
+from dsim.engine import compiled_general_steps, compiled_sched
 from dsim.engine.background_compile import Deferred
-from dsim.engine.compiled_step import ID
+from dsim.engine.compiled_bundles import ID
 from dsim.engine.general_step import GeneralSteps
 from dsim.engine.records import StepPlan
 
-# The compiled runs' state record (dsim.engine.compiled_sched.RunState) as _run_steps_compiled writes and
+# The compiled runs' state record (dsim.engine.compiled_general_steps.RunState) as _run_steps_compiled writes and
 # reads its int fields, in one operation each.
 _RUN_INT_FIELDS = (
     "n", "n_pre", "w_head", "w_tail", "kv_dec", "pre_blocks", "admit_seq", "left_lb", "done_n", "last_is_prev_end",
@@ -23,13 +23,18 @@ _RUN_INT_FIELDS = (
     "pending_chunked", "drafts", "draft_tokens", "verified", "in_window", "full_block",
 )  # fmt: skip
 _RUN_FLOAT_FIELDS = ("now", "prev_end", "t_next", "pending_forward_ms", "pending_duration_ms")
-if KSched.RunState._fields != _RUN_INT_FIELDS + _RUN_FLOAT_FIELDS or KSched.RUN_STATE_INTS != len(_RUN_INT_FIELDS):
+if (
+    compiled_general_steps.RunState._fields != _RUN_INT_FIELDS + _RUN_FLOAT_FIELDS
+    or compiled_general_steps.RUN_STATE_INTS != len(_RUN_INT_FIELDS)
+):
     raise ImportError(f"RunState's fields are not the engine's {_RUN_INT_FIELDS + _RUN_FLOAT_FIELDS}")
 
 # The compiled run of general steps, compiled in a background process where numba's cache lacks
 # it (dsim.engine.background_compile): its steps run from Python meanwhile, with the same results. Its
 # Python path compiles schedule_step (alone or inside plan_general) and commit_step itself.
-RUN_STEPS_KERNEL = Deferred(KSched.run_general_steps, lambda: (KSched.schedule_step, KSched.commit_step))
+RUN_STEPS_KERNEL = Deferred(
+    compiled_general_steps.run_general_steps, lambda: (compiled_sched.schedule_step, compiled_sched.commit_step)
+)
 
 
 class CompiledRuns(GeneralSteps):
@@ -43,7 +48,7 @@ class CompiledRuns(GeneralSteps):
 
     def _setup_steps_compiled(self) -> None:
         """Whether consecutive general steps can run as one compiled call (the preconditions of
-        dsim.engine.compiled_sched.run_general_steps that hold for the whole run), and its static
+        dsim.engine.compiled_general_steps.run_general_steps that hold for the whole run), and its static
         arguments."""
         cfg, K, cost = self.cfg, self.K, self.cost
         self._steps_compiled = (
@@ -68,11 +73,11 @@ class CompiledRuns(GeneralSteps):
         below, ax, ams, slope, limit = cost.forward_args()
         self._step_costs: tuple | None = None  # (a StepCosts, once the drafter's table is built)
         self._step_costs_parts = (below, ax, ams, float(slope), int(limit))
-        self._run_state = np.zeros(1, dtype=KSched.RUN_STATE)
+        self._run_state = np.zeros(1, dtype=compiled_general_steps.RUN_STATE)
         # its int64 and float64 fields as two arrays, each written and read in one operation
         # (_RUN_INT_FIELDS' order, checked against RunState's on import)
-        self._run_ints = self._run_state.view(np.int64)[: KSched.RUN_STATE_INTS]
-        self._run_floats = self._run_state.view(np.float64)[KSched.RUN_STATE_INTS :]
+        self._run_ints = self._run_state.view(np.int64)[: compiled_general_steps.RUN_STATE_INTS]
+        self._run_floats = self._run_state.view(np.float64)[compiled_general_steps.RUN_STATE_INTS :]
         self._no_lvc = np.zeros((3, 1, 0), dtype=np.int64)
         self._draft_tab: np.ndarray | None = None
         # the head's sample, as the compiled steps take it (its slices join head_conf / head_acc)
@@ -91,7 +96,7 @@ class CompiledRuns(GeneralSteps):
         return not q or q[0][0] - self.env._now > 2.0 * self._step_s
 
     def _run_steps_compiled(self) -> tuple:
-        """General steps from now as one compiled call (dsim.engine.compiled_sched.run_general_steps):
+        """General steps from now as one compiled call (dsim.engine.compiled_general_steps.run_general_steps):
         the replica's state in, its steps' records and counters written, its state back. Returns
         (why it stopped, the StepPlan of a planned step not yet committed or None)."""
         env, R, K, cfg = self.env, self.requests, self.K, self.cfg
@@ -100,7 +105,7 @@ class CompiledRuns(GeneralSteps):
             self._draft_tab = self.draft_cost.upto(seqs) if self.K else np.zeros(seqs + 1)
             cost = self.cost
             self._step_costs = tuple(
-                KSched.StepCosts(
+                compiled_general_steps.StepCosts(
                     *self._step_costs_parts, self._draft_tab, float(self.cpu_ms), bool(self._step_terms),
                     bool(cost.has_context_terms), self._context_args,
                 )
@@ -146,8 +151,10 @@ class CompiledRuns(GeneralSteps):
         if not RUN_STEPS_KERNEL.ready(args):  # (compiling in the background: this step from Python)
             steps.release(i0)
             itl.release(j0)
-            return KSched.STOP_PYTHON, None
-        stop, conf, lvc, given, cut, n_tokens, pre_tokens, kv, fwd, dur, n_chunked, d0 = KSched.run_general_steps(*args)
+            return compiled_general_steps.STOP_PYTHON, None
+        stop, conf, lvc, given, cut, n_tokens, pre_tokens, kv, fwd, dur, n_chunked, d0 = (
+            compiled_general_steps.run_general_steps(*args)
+        )
         n_dec, h0 = self.n, self.head_n
         (self.n, self.n_pre, wq.head, wq.tail, self.kv_dec, self.pre_blocks, self.admit_seq, self.left_lb,
          self._done_n, last_prev, self.n_steps, self.batch_sum, s_row, _, v_row, _, self.closed_next[0], self.head_n,
@@ -169,9 +176,9 @@ class CompiledRuns(GeneralSteps):
             sp.verified_draft_tokens += verified
             sp.accepted_in_window += in_window
             sp.accepted_full_block += full_block
-        if stop == KSched.STOP_FINISHED:
+        if stop == compiled_general_steps.STOP_FINISHED:
             self.on_finish(self._done_ints[d0 : self._done_n, ID].tolist())
-        if stop != KSched.STOP_PLANNED:
+        if stop != compiled_general_steps.STOP_PLANNED:
             return stop, None
         n_pre = self.n_pre
         drafts = K and n_dec

@@ -60,7 +60,7 @@ def apply_draft_script(script: np.ndarray, rounds: np.ndarray, lead, verified, c
     """Overwrite a plan's verify windows with a draft script (EngineConfig.draft_script as an
     int64 [J, 2] array: drafts verified, drafts accepted, per decode step of a request): slot r
     at step t of the plan is at its decode step rounds[r] + t (the last entry repeats beyond J).
-    lead, verified, cap: [steps, n] (dsim.engine.compiled_step.plan_decodes' outputs), so the commit
+    lead, verified, cap: [steps, n] (dsim.engine.compiled_decode.plan_decodes' outputs), so the commit
     accepts min(lead, cap) = the script's accepted drafts and prices the verified ones."""
     steps = lead.shape[0]
     j = np.minimum(rounds[None, :] + np.arange(steps)[:, None], len(script) - 1)

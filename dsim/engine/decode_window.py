@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dsim.engine import compiled_step as KS
-from dsim.engine.compiled_step import COMP, END
+from dsim.engine import compiled_window
+from dsim.engine.compiled_bundles import COMP, END
 from dsim.engine.general_step import GeneralSteps
 from dsim.engine.records import DecodeOutcome
 from dsim.engine.replica_state import LAST
@@ -41,7 +41,7 @@ class DecodeWindows(GeneralSteps):
 
     def _window_pricing(self, fixed_ms: float) -> tuple:
         """What prices a window's steps and lays them out in self._window_ints / self._window_floats, after its draws
-        (dsim.engine.compiled_step.WindowPricing, for window_steps, plan_window and commit_window)."""
+        (dsim.engine.compiled_bundles.WindowPricing, for window_steps, plan_window and commit_window)."""
         return (
             self.kv_dec,
             self.total_blocks - self.pre_blocks,
@@ -90,7 +90,7 @@ class DecodeWindows(GeneralSteps):
             # window_steps over the steps it planned)
             conf, lvc, args = self._plan_args(k, n, 0.0)
             lead, verified, cap = lvc[0], lvc[1], lvc[2]
-            k, last, general, past = KS.plan_window(*args, pricing)
+            k, last, general, past = compiled_window.plan_window(*args, pricing)
         else:
             if K > 0:
                 conf, lead, verified, cap, _, k = self._draft_and_verify(k)  # (k: up to a possible completion)
@@ -99,7 +99,7 @@ class DecodeWindows(GeneralSteps):
                 lead = verified = cap = self._no_steps
             comp0 = self.live_ints[:, COMP].copy() if self.shapes is not None else None
             plan = (conf if K > 0 else self._no_conf, lead, verified, cap)
-            last, general, past = KS.window_steps(self._slot_ints, n, K, k, plan, pricing)
+            last, general, past = compiled_window.window_steps(self._slot_ints, n, K, k, plan, pricing)
         if general:  # even one step needs a preemption: take the general path
             plan = self._plan_step()
             if not self._skip(plan.duration_ms / 1000.0):
@@ -140,7 +140,7 @@ class DecodeWindows(GeneralSteps):
         j = v.reserve(m)
         st = self.steps
         i = st.reserve(m)  # (before reading st.a: reserving may move it)
-        vt, at, lt, et, min_left = KS.commit_window(
+        vt, at, lt, et, min_left = compiled_window.commit_window(
             self._slots,
             n,
             m,

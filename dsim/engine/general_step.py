@@ -8,9 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from dsim.cost import KV_BLOCK_TOKENS
-from dsim.engine import compiled_sched as KSched
-from dsim.engine import compiled_step as KS
-from dsim.engine.compiled_step import ASUM, CLS, COMP, EMITS, END, ID, NCOL, ROUNDS, VSUM
+from dsim.engine import compiled_decode, compiled_sched, compiled_window
+from dsim.engine.compiled_bundles import ASUM, CLS, COMP, EMITS, END, ID, NCOL, ROUNDS, VSUM
 from dsim.engine.config import apply_draft_script
 from dsim.engine.records import DecodeOutcome, StepPlan
 from dsim.engine.replica_state import ITLMAX, LAST, ReplicaState
@@ -130,22 +129,22 @@ class GeneralSteps(ReplicaState):
                 conf = np.empty((1, K, n_dec), dtype=np.float32)
                 lvc = np.empty((3, 1, n_dec), dtype=np.int64)
                 lead, verified, cap = lvc[0], lvc[1], lvc[2]
-            # a SchedStep (a plain tuple: see dsim.engine.compiled_step; simpy's clock starts as int 0: one
+            # a SchedStep (a plain tuple: see dsim.engine.compiled_bundles; simpy's clock starts as int 0: one
             # type, one compile)
             step = (n_run, head, wq.tail, n_dec, self.kv_dec, self.pre_blocks, self.admit_seq, float(self.env.now),
                     admit, hits, n_hits)  # fmt: skip
             if fused:
                 st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen, drawn, v0 = (
-                    KSched.plan_general(
+                    compiled_sched.plan_general(
                         self._request_table, self._queues(), self._slots, self._limits, step, self._draws,
                         self._policy, self._pricing, self.cpu_ms + self._draft_ms(n_dec), (conf, lead, verified, cap),
                     )
                 )  # fmt: skip
             else:
                 st, run_tokens, n_pre, w_head, pre_blocks, admit_seq, pre_tokens, n_sampling, kv_pre, seen = (
-                    KSched.schedule_step(self._request_table, self._queues(), self._slots, self._limits, step)
+                    compiled_sched.schedule_step(self._request_table, self._queues(), self._slots, self._limits, step)
                 )
-            if st != KSched.PREEMPT:
+            if st != compiled_sched.PREEMPT:
                 break
             # (a lone request always fits: submit() checked its whole life against the cache)
             assert n_dec + n_run > 1, "KV accounting: a lone request does not fit"
@@ -202,12 +201,12 @@ class GeneralSteps(ReplicaState):
         cfg, wq = self.cfg, self.waiting
         touched = hit_blocks[:seen]
         left0 = max(cfg.max_num_batched_tokens - self.n * (1 + self.K), 0)
-        while st == KSched.MORE_HITS:
+        while st == compiled_sched.MORE_HITS:
             hits, hb = self._prefix_hits(w_head, min(wq.tail - w_head, _HIT_BATCH))
             dec_bound = self.total_blocks - self._dec_blocks_bound()
             step = (n_pre, w_head, wq.tail, self.n, self.kv_dec, pre_blocks, admit_seq, float(self.env.now), True, hits,
                     len(hits))  # (a SchedStep)  # fmt: skip
-            st, n_pre, w_head, pre_blocks, admit_seq, left, n_sampling, kv_pre, seen = KSched.admit_waiting(
+            st, n_pre, w_head, pre_blocks, admit_seq, left, n_sampling, kv_pre, seen = compiled_sched.admit_waiting(
                 self._request_table, self._queues(), self._slots, self._limits, step, dec_bound, left0 - pre_tokens,
                 self.n + n_pre, n_sampling, kv_pre,
             )  # fmt: skip
@@ -236,7 +235,7 @@ class GeneralSteps(ReplicaState):
         reads_chunks = self.cost.context_reads_chunks and k and self.chunks[:k].any()
         if given is None and self._context_packed and not reads_chunks:
             # (the compiled call CostModel.context_ms makes here, on the same values)
-            return KS.slots_context_ms(
+            return compiled_window.slots_context_ms(
                 self._slot_ints, self.n, self.K, verified if self.K else self._no_steps, self._context_args
             )
         ctx = self.live_ints[:, COMP]
@@ -264,7 +263,7 @@ class GeneralSteps(ReplicaState):
         return self.spec.policy.cost_row(n, N, N + M + 1, row)
 
     def _plan_args(self, steps: int, tokens: int, extra_ms: float):
-        """The output buffers and the arguments of dsim.engine.compiled_step.plan_decodes for up to
+        """The output buffers and the arguments of dsim.engine.compiled_decode.plan_decodes for up to
         `steps` steps of the decode slots, the budget priced for a step of `tokens` tokens with
         `extra_ms` beside the forward (its prefill chunks): (conf [steps, K, n], lead / verified /
         cap as one [3, steps, n] block, the argument tuple; plan_window takes the same first)."""
@@ -279,14 +278,14 @@ class GeneralSteps(ReplicaState):
 
     def _draft_and_verify(self, steps: int, prefill_tokens: int = 0, prefill_ms: float = 0.0):
         """Draws and verify windows of the decode slots over ``steps`` steps (the compiled
-        dsim.engine.compiled_step.plan_decodes). Adaptive: each step's budgets priced by one cost row,
+        dsim.engine.compiled_decode.plan_decodes). Adaptive: each step's budgets priced by one cost row,
         the cost of n + prefill_tokens + b tokens at the slots' KV context, drafter and CPU
         overhead included, plus prefill_ms (the step's prefill correction). Returns
         (conf [steps, K, n], lead, verified, commit cap [steps, n], drafts verified in the first
         step, steps planned: up to the first step where some slot may finish)."""
         conf, lvc, args = self._plan_args(steps, self.n + prefill_tokens, prefill_ms)
         lead, verified, cap = lvc[0], lvc[1], lvc[2]
-        v0, done = KS.plan_decodes(*args)
+        v0, done = compiled_decode.plan_decodes(*args)
         if self._script is not None:
             apply_draft_script(self._script, self._slot_ints[: self.n, ROUNDS], lead, verified, cap)
             v0 = int(verified[0].sum())
@@ -371,7 +370,7 @@ class GeneralSteps(ReplicaState):
             done_ids, done_chunks = plan.prefill_ids.tolist(), chunks.tolist()  # (before the kernel moves them)
         step = (n_pre, itl_mode, itl_ms, float(t), float(self.prev_end), v.a, j, self.left_lb, self._moved, self._late,
                 self._done_ints, self._done_floats, d0)  # (a CommitStep)  # fmt: skip
-        vt, at, lt, et, w, d, ml, done_kv, m, freed, kv_new, self.n_pre, n_late = KSched.commit_step(
+        vt, at, lt, et, w, d, ml, done_kv, m, freed, kv_new, self.n_pre, n_late = compiled_sched.commit_step(
             self._slots, n, K, (conf, lead, verified, cap), given, self._commit_out, self._policy,
             self._request_table, self._queues(), step,
         )  # fmt: skip
@@ -423,7 +422,7 @@ class GeneralSteps(ReplicaState):
             return
         n, d0 = self.n, self._done_n
         self._grow_done(d0 + n)
-        w, d, min_left, done_kv = KS.remove_done(
+        w, d, min_left, done_kv = compiled_decode.remove_done(
             self._slots, n, self._done_ints, self._done_floats, d0, float(self.env.now)
         )
         self.n = w

@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from dsim.engine import compiled_step as KS
+from dsim.engine import compiled_bundles
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,10 @@ class StepRecord:
 
 
 STEP_FIELDS = tuple(StepRecord.__dataclass_fields__)
-if STEP_FIELDS != KS.STEP_COLUMNS:  # (the compiled steps write the rows by these positions)
-    raise ImportError(f"StepRecord's fields {STEP_FIELDS} are not the kernels' step columns {KS.STEP_COLUMNS}")
+if STEP_FIELDS != compiled_bundles.STEP_COLUMNS:  # (the compiled steps write the rows by these positions)
+    raise ImportError(
+        f"StepRecord's fields {STEP_FIELDS} are not the kernels' step columns {compiled_bundles.STEP_COLUMNS}"
+    )
 STEP_FLOAT_FIELDS = tuple(f for f, t in StepRecord.__annotations__.items() if t == "float")  # others: int
 
 

@@ -14,7 +14,7 @@ Each step:
 State is arrays over requests (global per-request table) and the running batch; nothing is a
 Python object per request or per token. The step's numeric work runs in compiled kernels: the
 scheduler's prefill chunks, KV growth and admission (dsim.engine.compiled_sched.schedule_step), the
-draws, verify windows and verify modes (dsim.engine.compiled_step.plan_decodes) and the commit
+draws, verify windows and verify modes (dsim.engine.compiled_decode.plan_decodes) and the commit
 (dsim.engine.compiled_sched.commit_step: prefills, decodes, new decode slots, removal of finished
 ones). A step is planned as a ``StepPlan`` and committed as a ``DecodeOutcome``
 (dsim.engine.records; ``_commit_step``); a decode window commits in the compiled ``commit_window`` (the same
@@ -51,10 +51,10 @@ The step paths (``Replica.loop`` picks one per step; all give the same results, 
 Python path (the tests compare them). Each path is needed by some configuration, so none is
 kept only for speed.
 
-The compiled kernels take named bundles (``dsim.engine.compiled_step.SlotTable``, ``DrawParams``,
+The compiled kernels take named bundles (``dsim.engine.compiled_bundles.SlotTable``, ``DrawParams``,
 ``PolicyParams``, ``DecodePlan``, ``CommitOut``, ``WindowPricing``; ``dsim.engine.compiled_sched.RequestTable``,
 ``Queues``, ``SchedLimits``, ``SchedStep``, ``CommitStep``, ``RowPricing``, ``StepCosts``,
-``RunBuffers`` and the ``RUN_STATE`` record), passed as plain tuples (see dsim.engine.compiled_step).
+``RunBuffers`` and the ``RUN_STATE`` record), passed as plain tuples (see dsim.engine.compiled_bundles).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dsim.cost import KV_BLOCK_TOKENS
-from dsim.engine import compiled_sched as KSched
+from dsim.engine import compiled_general_steps
 from dsim.engine.compiled_run import RUN_STEPS_KERNEL, CompiledRuns
 from dsim.engine.decode_window import DecodeWindows
 from dsim.errors import InputError
@@ -175,9 +175,14 @@ class Replica(CompiledRuns, DecodeWindows):
                 and RUN_STEPS_KERNEL.usable()
             ):
                 stop, plan = self._run_steps_compiled()
-                if stop in (KSched.STOP_WINDOW, KSched.STOP_IDLE, KSched.STOP_FINISHED, KSched.STOP_ROOM):
+                if stop in (
+                    compiled_general_steps.STOP_WINDOW,
+                    compiled_general_steps.STOP_IDLE,
+                    compiled_general_steps.STOP_FINISHED,
+                    compiled_general_steps.STOP_ROOM,
+                ):
                     # (the loop's own checks next; should they disagree, one step from Python)
-                    compiled = stop in (KSched.STOP_FINISHED, KSched.STOP_ROOM)
+                    compiled = stop in (compiled_general_steps.STOP_FINISHED, compiled_general_steps.STOP_ROOM)
                     continue
             compiled = True
             planned = plan is not None  # (the compiled run's: it commits it too)

@@ -10,10 +10,9 @@ import numpy as np
 import simpy
 
 from dsim.cost import KV_BLOCK_TOKENS, CostModel
-from dsim.engine import compiled_sched as KSched
-from dsim.engine import compiled_step as KS
+from dsim.engine import compiled_bundles, compiled_general_steps, compiled_sched, compiled_window
 from dsim.engine.buffers import Columns, WaitQueue, grown
-from dsim.engine.compiled_step import NCOL
+from dsim.engine.compiled_bundles import NCOL
 from dsim.engine.config import EngineConfig, draft_script_table
 from dsim.engine.records import STEP_FIELDS
 from dsim.engine.shared import DraftCost, Requests, SpecStats
@@ -25,15 +24,15 @@ LAST, ITLMAX = range(2)  # float64 columns of ReplicaState._slot_floats
 class ReplicaState:
     """A replica's state (Replica, dsim.engine.replica, is the whole): decode slots are buffers with
     room for ``capacity`` slots, the first ``n`` live: the int table ``_slot_ints`` [capacity,
-    NCOL] (columns in dsim.engine.compiled_step), the float table ``_slot_floats`` (last emission,
+    NCOL] (columns in dsim.engine.compiled_bundles), the float table ``_slot_floats`` (last emission,
     largest ITL: columns LAST, ITLMAX) and the float32 rows ``_slot_rows`` [rows, capacity]
     (position-major: the acceptance model's slot offsets, then the confidences of the previous
     draft round from row ``_hist_row`` and, where the budget policy reads them, of the one before
     from ``_hist2_row``), together the kernels' ``SlotTable``. The compiled kernels work on these
     buffers in place; so do the scheduler's (dsim.engine.compiled_sched) on the request table, the
     prefilling requests' buffer (pre_ids[:n_pre], queue order) and the waiting queue's. The
-    kernels take them as the named bundles of dsim.engine.compiled_step and
-    dsim.engine.compiled_sched: those fixed for the run built once here (``_draws``, ``_policy``,
+    kernels take them as the named bundles of dsim.engine.compiled_bundles, compiled_sched and
+    compiled_general_steps: those fixed for the run built once here (``_draws``, ``_policy``,
     ``_limits``, ``_pricing``, ``_context_args``; the compiled runs' ``_step_costs``), those of
     buffers that grow built again when a buffer grows (``_slots``, ``_commit_out``, ``_queues()``).
     ``K`` is the method's drafts per step (0 without speculation), ``requests`` the simulation's
@@ -68,7 +67,7 @@ class ReplicaState:
         self.cfg = cfg
         self.spec = spec
         K = self.K = spec.k if spec is not None else 0
-        self.key = int(draw_key)  # the draws' run key (dsim.engine.compiled_step)
+        self.key = int(draw_key)  # the draws' run key (dsim.engine.compiled_draws)
         self.stats = stats
         self.on_finish = on_finish
         pol = spec.policy if K else None
@@ -87,11 +86,11 @@ class ReplicaState:
             sr = np.ones((reqs.n, rows), dtype=np.float32)
             sr[:, : len(off)] = off.T
             reqs.slot_rows = sr
-        # The bundles the compiled kernels take (dsim.engine.compiled_step, dsim.engine.compiled_sched), built once
+        # The bundles the compiled kernels take (dsim.engine.compiled_bundles, dsim.engine.compiled_sched), built once
         # where they are fixed for the run; every bundle travels as a plain tuple (see
-        # dsim.engine.compiled_step's "named bundles").
-        head, *draw_f = acc.kernel_params() if K else (KS.HEAD_MODEL, 0.0, 0.0, 0.0, 0.0, 0.0)
-        self._draws = tuple(KS.DrawParams(self.key, int(head), *(float(x) for x in draw_f)))
+        # dsim.engine.compiled_bundles' "named bundles").
+        head, *draw_f = acc.kernel_params() if K else (compiled_bundles.HEAD_MODEL, 0.0, 0.0, 0.0, 0.0, 0.0)
+        self._draws = tuple(compiled_bundles.DrawParams(self.key, int(head), *(float(x) for x in draw_f)))
         # A general step's schedule and draws in one compiled call (dsim.engine.compiled_sched.plan_general)
         # where the budget's cost row is the engine's dense one and no prefill term prices it.
         # prefill_ms's terms for the kernels (None: priced in Python only)
@@ -102,12 +101,12 @@ class ReplicaState:
         self._row_buf = np.empty(cfg.max_num_batched_tokens + 1) if self._plan_fused else None
         self._policy_code = pol.code if pol is not None else -1
         self._policy_tau = float(pol.tau) if pol is not None else 0.0
-        self._verify_mode = KS.VERIFY_CODES[spec.verify_mode] if K else KS.COMPACT
+        self._verify_mode = compiled_bundles.VERIFY_CODES[spec.verify_mode] if K else compiled_bundles.COMPACT
         # A window's later steps read more KV: their budgets' cost rises by this per token of
         # context emitted before them (0 for a policy whose cost table fixes the context).
         self._context_ms_per_tok = cost.kv_ms_per_tok if pol is not None and pol.prices_context else 0.0
         self._policy = tuple(
-            KS.PolicyParams(
+            compiled_bundles.PolicyParams(
                 self._adaptive, int(self._policy_code), self._policy_tau, int(self._hist_row), int(self._hist2_row), int(self._verify_mode),
                 float(self._context_ms_per_tok),
             )
@@ -128,9 +127,11 @@ class ReplicaState:
         self._done_floats = np.empty((64, 3), dtype=np.float64)
         self._done_n = 0
         self._forward_table = cost.forward_table()
-        self._context_args = tuple(KS.ContextArgs(*KS.pack_context_args(cost.context_args())))
+        self._context_args = tuple(
+            compiled_bundles.ContextArgs(*compiled_window.pack_context_args(cost.context_args()))
+        )
         self._context_packed = cost.request_attention is not None  # (see _context_ms)
-        # A decode window's per-step shape (dsim.engine.compiled_step.window_steps' rows), reused.
+        # A decode window's per-step shape (dsim.engine.compiled_window.window_steps' rows), reused.
         self._window_ints = np.empty((3, max(1, cfg.max_window)), dtype=np.int64)
         self._window_floats = np.empty((5, max(1, cfg.max_window)), dtype=np.float64)
         self._script = (
@@ -172,14 +173,14 @@ class ReplicaState:
         # when prompt + output > this
         self._fit_tokens = KV_BLOCK_TOKENS * self.total_blocks + 1 - self.lookahead
         self._limits = tuple(
-            KSched.SchedLimits(
+            compiled_sched.SchedLimits(
                 K, self.lookahead, int(self.total_blocks), cfg.max_num_batched_tokens, cfg.long_prefill_token_threshold,
                 cfg.max_num_seqs, bool(self._kv_consumer),
             )
         )  # fmt: skip
         self._pricing = (
             tuple(
-                KSched.RowPricing(
+                compiled_sched.RowPricing(
                     self._forward_table, float(cost.kv_ms_per_tok), self._prefill_args[0], self._prefill_args[1],
                     self._row_buf if self._row_buf is not None else np.zeros(1),
                 )
@@ -215,13 +216,13 @@ class ReplicaState:
         # simulation): SUCC_SELF, a closed loop whose users all send to this replica at once
         # (closed_next: the next request id, one element); SUCC_NONE, nobody (an open loop);
         # SUCC_PYTHON, the simulation's on_finish.
-        self.successors = KSched.SUCC_PYTHON
+        self.successors = compiled_general_steps.SUCC_PYTHON
         self.closed_next = np.zeros(1, dtype=np.int64)
 
     # ---- decode-slot buffers ----------------------------------------------------------------
     @property
     def live_ints(self) -> np.ndarray:
-        """The live decode slots' int rows (columns ID .. VSUM of dsim.engine.compiled_step)."""
+        """The live decode slots' int rows (columns ID .. VSUM of dsim.engine.compiled_bundles)."""
         return self._slot_ints[: self.n]
 
     @property
@@ -231,7 +232,7 @@ class ReplicaState:
 
     # The bundles of buffers that grow, as plain tuples (see __init__), rebuilt when one grows.
     def _bundle_buffers(self) -> None:
-        """self._slots (dsim.engine.compiled_step.SlotTable) and self._commit_out (CommitOut) of the
+        """self._slots (dsim.engine.compiled_bundles.SlotTable) and self._commit_out (CommitOut) of the
         current buffers."""
         self._slots = (self._slot_ints, self._slot_floats, self._slot_rows)
         self._commit_out = (self.stats.accepted_hist, self._slot_out, self._step_out)

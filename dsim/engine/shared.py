@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from dsim.engine import compiled_sched as KSched
+from dsim.engine import compiled_sched
 
 
 class Requests:
@@ -24,8 +24,8 @@ class Requests:
         # replica (preemption victims), prefix-cache hit tokens, preemptions and a preempted
         # request's held speculative counters (rounds, accepted, verified); float64 largest ITL,
         # first token, last emission, admission time (NaN before the first).
-        self.req_i = np.zeros((KSched.REQ_I_ROWS, n), dtype=np.int64)
-        self.req_f = np.zeros((KSched.REQ_F_ROWS, n))
+        self.req_i = np.zeros((compiled_sched.REQ_I_ROWS, n), dtype=np.int64)
+        self.req_f = np.zeros((compiled_sched.REQ_F_ROWS, n))
         (
             self.prompt,
             self.output,
@@ -37,8 +37,8 @@ class Requests:
             self.seq,
             self.cached_tokens,
             self.preemptions,
-        ) = self.req_i[: KSched.HELD_ROUNDS]
-        self.held_spec = self.req_i[KSched.HELD_ROUNDS :]  # [3, n]: zero unless preempted with counters
+        ) = self.req_i[: compiled_sched.HELD_ROUNDS]
+        self.held_spec = self.req_i[compiled_sched.HELD_ROUNDS :]  # [3, n]: zero unless preempted with counters
         self.itl_max, self.first_token, self.last_emit, self.admit = self.req_f
         self.prompt[:] = workload.prompt_tokens
         self.output[:] = workload.output_tokens

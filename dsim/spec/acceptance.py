@@ -7,7 +7,7 @@ Public API (see docs/dev/architecture.md, "Spec interface"):
   ``parse_acceptance(arg)`` for the inline forms; ``chain_tau(p)``, ``preset_names()``.
 * ``AcceptanceModel(curves, class_names, k, ...)``: ``request_latent(rng, cls)``,
   ``sample(rng, cls, latent, steps) -> StepDraws`` ([steps, R, K] arrays, the engine's compiled
-  sampler dsim.engine.compiled_step.draw_slots), ``kernel_params()``.
+  sampler dsim.engine.compiled_draws.draw_slots), ``kernel_params()``.
 * ``accepted_prefix(accept, window)``: leading accepted drafts inside the verify window.
 
 Acceptance model (docs/user/semantics.md §3). For a request r of class c, at step t and draft position k::
@@ -486,7 +486,7 @@ class AcceptanceModel:
         return x
 
     def kernel_params(self) -> tuple:
-        """The draws' parameters as dsim.engine.compiled_step.DrawParams holds them after the run
+        """The draws' parameters as dsim.engine.compiled_bundles.DrawParams holds them after the run
         key: (head code, sigma_token / (2T), sigma_step / (2T), s / (2T), b / (2T), T)."""
         t = self.head_temp
         return (
@@ -501,9 +501,9 @@ class AcceptanceModel:
     def sample(self, rng: np.random.Generator, cls: np.ndarray, latent: np.ndarray, steps: int) -> StepDraws:
         """Draw ``steps`` consecutive steps for R requests (class indices ``cls`` int[R], latents
         from ``request_latent``; the run key from ``rng``) with the engine's compiled sampler
-        (dsim.engine.compiled_step.draw_slots, every position's outcome drawn). Returns StepDraws of shape
+        (dsim.engine.compiled_draws.draw_slots, every position's outcome drawn). Returns StepDraws of shape
         [steps, R, K] (float32 / bool / float32)."""
-        from dsim.engine import compiled_step as KS
+        from dsim.engine import compiled_bundles, compiled_draws
 
         cls = np.asarray(cls, dtype=np.intp)
         R, K, steps = int(cls.shape[0]), self.k, int(steps)
@@ -511,15 +511,15 @@ class AcceptanceModel:
             z = np.zeros((steps, R, K), dtype=np.float32)
             return StepDraws(z, np.zeros((steps, R, K), dtype=bool), z.copy())
         off = np.ascontiguousarray(self.slot_offsets(cls, latent))
-        slots = np.zeros((R, KS.NCOL), dtype=np.int64)
-        slots[:, KS.ID] = np.arange(R)
+        slots = np.zeros((R, compiled_bundles.NCOL), dtype=np.int64)
+        slots[:, compiled_bundles.ID] = np.arange(R)
         conf = np.empty((steps, K, R), dtype=np.float32)
         p = np.empty((steps, K, R), dtype=np.float32)
         acc = np.empty((steps, K, R), dtype=bool)
         lead = np.empty((steps, R), dtype=np.int64)
         key = int(rng.integers(0, 2**63))
-        draws = tuple(KS.DrawParams(key, *self.kernel_params()))
-        KS.draw_slots(draws, slots, off, R, K, steps, True, (conf, lead, acc, p))
+        draws = tuple(compiled_bundles.DrawParams(key, *self.kernel_params()))
+        compiled_draws.draw_slots(draws, slots, off, R, K, steps, True, (conf, lead, acc, p))
         t = (0, 2, 1)
         return StepDraws(p.transpose(t), acc.transpose(t), conf.transpose(t))
 

@@ -45,7 +45,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from dsim.engine import compiled_step as K_
+from dsim.engine import compiled_budget, compiled_bundles
 from dsim.errors import InputError
 
 __all__ = [
@@ -133,7 +133,7 @@ def _position_major(conf) -> np.ndarray:
 class BudgetPolicy:
     """A verify-budget policy. Declared interface (what the engine reads):
 
-    * ``name``: the policy's name; ``code``: its compiled kernel (dsim.engine.compiled_step codes);
+    * ``name``: the policy's name; ``code``: its compiled kernel (dsim.engine.compiled_bundles.POLICY_CODES);
     * ``reads_prev`` / ``reads_prev2``: the budget reads the confidences of one / two steps earlier
       (the engine keeps those rows per decode slot only when asked);
     * ``tau``: the threshold policy's survival threshold (0 for the others);
@@ -156,7 +156,7 @@ class BudgetPolicy:
       deterministic (no randomness).
 
     A policy is one subclass with ``name`` and ``code`` (its branch in the compiled kernel:
-    ``dsim.engine.compiled_step.POLICY_CODES``, one code per spelling), decorated with
+    ``dsim.engine.compiled_bundles.POLICY_CODES``, one code per spelling), decorated with
     ``@register_policy``; ``tests/test_registry.py`` checks every registered spelling against the
     kernel's codes and switch.
     """
@@ -182,7 +182,7 @@ class BudgetPolicy:
         ctx: PolicyContext | None = None,
     ) -> np.ndarray:
         """Windows of k steps from [k, R, K] confidences (float32; other float types are cast):
-        the compiled kernel ``dsim.engine.compiled_step.policy_windows`` on each step's cost row
+        the compiled kernel ``dsim.engine.compiled_budget.policy_windows`` on each step's cost row
         draft_ms + verify_ms(N + b) (the policy's own table where it has one), b = 0..R x K."""
         now = np.asarray(conf_now)
         if now.ndim != 3:
@@ -211,7 +211,7 @@ class BudgetPolicy:
         out = np.zeros((k, R), dtype=np.int64)
         confs = (_position_major(now), _position_major(prev), _position_major(old))  # (a PolicyConfidences)
         budget = (rows, extra, n_samp, N, int(ctx.token_limit))  # (a PolicyBudget, per step)
-        K_.policy_windows(self.code, float(self.tau), confs, budget, int(ctx.k_max), out)
+        compiled_budget.policy_windows(self.code, float(self.tau), confs, budget, int(ctx.k_max), out)
         return out
 
 
@@ -236,7 +236,7 @@ class FixedPolicy(BudgetPolicy):
     """Verify all K drafts (fixed block), FCFS-trimmed only if the token limit binds."""
 
     name = "fixed"
-    code = K_.FIXED
+    code = compiled_bundles.FIXED
 
 
 @register_policy
@@ -244,7 +244,7 @@ class ThresholdPolicy(BudgetPolicy):
     """Verify while survival >= tau (default 0.3), FCFS-trimmed to the token limit."""
 
     name = "threshold"
-    code = K_.THRESHOLD
+    code = compiled_bundles.THRESHOLD
 
     def __init__(self, tau: float = 0.3):
         if not (0.0 <= tau <= 1.0):
@@ -257,7 +257,7 @@ class VllmPolicy(BudgetPolicy):
     """vLLM 0.33 adaptive verification (budget from the previous step's confidences)."""
 
     name = "vllm"
-    code = K_.VLLM
+    code = compiled_bundles.VLLM
     reads_prev = True
 
 
@@ -272,7 +272,7 @@ class PaperPolicy(BudgetPolicy):
 
     def __init__(self, production: bool = False):
         self.production = bool(production)
-        self.code = K_.PAPER_PRODUCTION if self.production else K_.PAPER
+        self.code = compiled_bundles.PAPER_PRODUCTION if self.production else compiled_bundles.PAPER
         self.reads_prev2 = self.production
 
 
@@ -328,7 +328,7 @@ class SglangPolicy(BudgetPolicy):
     """Same E/C objective on the current confidences, additive cost table (see AdditiveCost)."""
 
     name = "sglang"
-    code = K_.SGLANG
+    code = compiled_bundles.SGLANG
 
     def __init__(self, cost: AdditiveCost | None = None):
         self.cost = cost
@@ -356,7 +356,7 @@ def make_policy(name: str, **opts: Any) -> BudgetPolicy:
         raise InputError(f"policy {cls.name}: {e}") from None
 
 
-VERIFY_MODES = tuple(K_.VERIFY_CODES)  # the compiled kernels' verify modes, in code order
+VERIFY_MODES = tuple(compiled_bundles.VERIFY_CODES)  # the compiled kernels' verify modes, in code order
 
 
 def verify_tokens_and_commit(mode: str, windows: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarray]:

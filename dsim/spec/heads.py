@@ -1,10 +1,10 @@
 """The confidence heads a run can model (``--head``, ``SpecConfig.head``): one ``HeadKind`` per
 kind, registered with ``register_head``. ``HEADS`` (the names, the command line's choices) and
-``HEAD_CODES`` (each kind's branch in the compiled draws, dsim.engine.compiled_step's
-``HEAD_MODEL`` ...) are generated from the registry. Importing this module loads neither numpy nor
+``HEAD_CODES`` (each kind's branch in the compiled draws, dsim.engine.compiled_draws; the
+constants ``HEAD_MODEL`` ... in dsim.engine.compiled_bundles) are generated from the registry. Importing this module loads neither numpy nor
 numba: the command line reads its choices here.
 
-The interface, for every head (the draws: dsim.engine.compiled_step.draw_slots; the fit:
+The interface, for every head (the draws: dsim.engine.compiled_draws.draw_slots; the fit:
 dsim.spec.head_fit.fit_head):
 
 pre: the method drafts (k >= 1). A method whose drafter carries a confidence head
