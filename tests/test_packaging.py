@@ -91,7 +91,7 @@ def test_no_import_cycles_and_dsim_does_not_import_the_validator():
 # dsim's stages, lowest first (docs/dev/architecture.md, "Reading guide"): a module imports its own
 # layer and those below, never one above (lazy imports counted)
 LAYERS = [
-    ("dsim.errors", "dsim.outputs", "dsim.schema"),
+    ("dsim.errors", "dsim.outputs", "dsim.schema", "dsim.kernel_cache"),
     ("dsim.workload", "dsim.cost"),
     ("dsim.engine", "dsim.spec"),
     ("dsim.sim",),
@@ -277,3 +277,84 @@ def test_wheel_installs_into_a_fresh_venv_and_simulates(tmp_path):
     assert '"requests_completed": 20' in r.stdout and "h200-qwen3-8b" in r.stdout
     r = subprocess.run([dsim, "validate", "--help"], cwd=run, capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0 and "calibrate" in r.stdout, r.stderr[-2000:]
+
+
+# ---- the kernel cache: numba keys a cached kernel by its own file only -----------------------
+
+
+def _dsim_imports(path: Path) -> list[tuple[str, str]]:
+    """(module, name) of each ``from dsim... import name`` at a module's top level."""
+    tree = ast.parse(path.read_text())
+    return [
+        (node.module, a.name)
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dsim")
+        for a in node.names
+    ]
+
+
+def _defining_file(module: str, name: str) -> Path:
+    """The file that defines ``name`` as ``module`` exports it, following re-exports (a package's
+    ``__init__`` or a module importing the name from another dsim module)."""
+    path = ROOT.joinpath(*module.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    for m, n in _dsim_imports(path):
+        if n == name:
+            return _defining_file(m, n)
+    return path.resolve()
+
+
+def test_every_module_a_cached_kernel_compiles_in_is_in_the_kernel_cache_stamp():
+    """KERNEL_SOURCES holds every module with a cached kernel and every dsim module those import a
+    name from (a callee kernel or a constant frozen into the machine code), and each module with a
+    cached kernel checks the stamp (dsim.kernel_cache.ensure_fresh) before its kernels load."""
+    from dsim import kernel_cache
+
+    pkg = ROOT / "dsim"
+    listed = {(pkg / rel).resolve() for rel in kernel_cache.KERNEL_SOURCES}
+    cached = {f.resolve() for f in pkg.rglob("*.py") if "cache=True" in f.read_text() and f.name != "kernel_cache.py"}
+    # (modules that only start or report compiles name the flag in text, without a cached kernel)
+    cached = {f for f in cached if re.search(r"@(numba\.)?njit\([^)]*cache=True", f.read_text())}
+    assert cached and cached <= listed, sorted(str(f) for f in cached - listed)
+    needed = {_defining_file(m, n) for f in cached for m, n in _dsim_imports(f)}
+    needed = {f for f in needed if f.name != "kernel_cache.py"}
+    assert needed <= listed, sorted(str(f.relative_to(pkg)) for f in needed - listed)
+    for f in cached:
+        text = f.read_text()
+        assert "ensure_fresh()" in text or "compiled_bundles import" in text, f
+
+
+def test_a_changed_kernel_source_drops_the_cached_kernels_once(tmp_path, monkeypatch):
+    from dsim import kernel_cache
+
+    pkg = tmp_path / "pkg"
+    (pkg / "engine" / "__pycache__").mkdir(parents=True)
+    (pkg / "engine" / "a.py").write_text("x = 1\n")
+    (pkg / "engine" / "b.py").write_text("y = 2\n")
+    cache = pkg / "engine" / "__pycache__"
+    monkeypatch.setattr(kernel_cache, "_PACKAGE", pkg)
+    monkeypatch.setattr(kernel_cache, "KERNEL_SOURCES", ("engine/a.py", "engine/b.py"))
+    monkeypatch.setattr(kernel_cache, "cache_dirs", lambda src: [src.parent / "__pycache__"])
+
+    def entries(*names):
+        for n in names:
+            (cache / n).write_text("machine code")
+
+    def fresh():
+        monkeypatch.setattr(kernel_cache, "_checked", False)
+        kernel_cache.ensure_fresh()
+        return sorted(f.name for f in cache.iterdir() if f.name != kernel_cache.STAMP)
+
+    entries("a.k-1.py311.nbi", "a.k-1.py311.1.nbc", "b.j-3.py311.nbi", "other.z-1.py311.nbi", "a.cpython-311.pyc")
+    # no stamp yet: what was cached from unknown sources goes, other modules' entries stay
+    assert fresh() == ["a.cpython-311.pyc", "other.z-1.py311.nbi"]
+    entries("a.k-1.py311.nbi", "b.j-3.py311.nbi")
+    assert fresh() == ["a.cpython-311.pyc", "a.k-1.py311.nbi", "b.j-3.py311.nbi", "other.z-1.py311.nbi"]
+    # an edit to b alone drops a's entries too (a's kernel may call b's)
+    (pkg / "engine" / "b.py").write_text("y = 3\n")
+    assert fresh() == ["a.cpython-311.pyc", "other.z-1.py311.nbi"]
+    # once a process
+    entries("a.k-1.py311.nbi")
+    (pkg / "engine" / "a.py").write_text("x = 5\n")
+    kernel_cache.ensure_fresh()
+    assert (cache / "a.k-1.py311.nbi").exists()

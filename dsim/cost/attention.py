@@ -13,6 +13,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from dsim.kernel_cache import ensure_fresh
+
 try:  # the compiled per-request pass; plain Python where numba is absent (the GPU profiler's hosts)
     from numba import njit as _nb_njit
 
@@ -26,6 +28,9 @@ except ImportError:  # pragma: no cover
         return f
 
     _njit_inline = _njit
+
+
+ensure_fresh()  # (numba's cache does not see edits to the modules a kernel calls)
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,12 @@ from typing import NamedTuple
 
 import numpy as np
 
+from dsim.kernel_cache import ensure_fresh
 from dsim.spec.heads import HEAD_CODES
 
 # Decode-slot columns of the int table (SlotTable.ints, the engine's Replica._slot_ints).
+ensure_fresh()  # (numba's cache does not see edits to the modules a kernel calls)
+
 ID, COMP, END, CLS, EMITS, ROUNDS, ASUM, VSUM = range(8)
 NCOL = 8
 # The step table's fields (dsim.engine.StepRecord, which the engine checks against these), the

@@ -16,8 +16,12 @@ import numba
 import numpy as np
 import pandas as pd
 
+from dsim.kernel_cache import ensure_fresh
+
 if TYPE_CHECKING:
     from dsim.engine.shared import Requests
+
+ensure_fresh()  # (numba's cache does not see edits to the modules a kernel calls)
 
 PCTS = (50, 90, 99)
 

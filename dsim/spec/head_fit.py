@@ -22,9 +22,13 @@ import math
 import numpy as np
 from numba import njit
 
+from dsim.kernel_cache import ensure_fresh
 from dsim.spec.heads import HeadKind
 
 __all__ = ["fit_head", "head_quality"]
+
+
+ensure_fresh()  # (numba's cache does not see edits to the modules a kernel calls)
 
 
 def sigmoid(x):
