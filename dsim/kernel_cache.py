@@ -57,7 +57,8 @@ def cache_dirs(source: Path) -> list[Path]:
         from numba.misc.appdirs import AppDirs
 
         sub = caching._CacheLocator.get_suitable_cache_subpath(str(source))
-        roots = [config.CACHE_DIR] if config.CACHE_DIR else []
+        user_dir = getattr(config, "CACHE_DIR", "")  # (NUMBA_CACHE_DIR)
+        roots = [user_dir] if user_dir else []
         roots.append(AppDirs(appname="numba", appauthor=False).user_cache_dir)
         out += [Path(r) / sub for r in roots if r]
     except Exception:  # (numba's internals moved: the folder beside the source still counts)
