@@ -49,43 +49,53 @@ def sources_hash() -> str:
 
 
 def cache_dirs(source: Path) -> list[Path]:
-    """Where numba may keep a module's cache entries: beside it (``__pycache__``), and under
-    NUMBA_CACHE_DIR or numba's user-wide folder (numba's own naming of the subfolder)."""
-    out = [source.parent / "__pycache__"]
+    """Where numba may keep a module's cache entries, in the order numba tries them: under
+    NUMBA_CACHE_DIR when set, beside the module (``__pycache__``) where that is writable, numba's
+    user-wide folder (numba's own naming of the subfolders). The first is where it writes."""
+    beside = source.parent / "__pycache__"
     try:
         from numba.core import caching, config
         from numba.misc.appdirs import AppDirs
 
         sub = caching._CacheLocator.get_suitable_cache_subpath(str(source))
         user_dir = getattr(config, "CACHE_DIR", "")  # (NUMBA_CACHE_DIR)
-        roots = [user_dir] if user_dir else []
-        roots.append(AppDirs(appname="numba", appauthor=False).user_cache_dir)
-        out += [Path(r) / sub for r in roots if r]
+        wide = Path(AppDirs(appname="numba", appauthor=False).user_cache_dir) / sub
     except Exception:  # (numba's internals moved: the folder beside the source still counts)
-        pass
-    return out
+        return [beside]
+    if user_dir:
+        return [Path(user_dir) / sub, beside, wide]
+    return [beside, wide] if os.access(source.parent, os.W_OK) else [wide, beside]
 
 
 def ensure_fresh() -> None:
-    """Drop dsim's cached kernels where they were compiled from other sources (once a process)."""
+    """Drop dsim's cached kernels where they were compiled from other sources (once a process),
+    and stamp the folder numba will write to, so that what it caches now counts as current."""
     global _checked
     if _checked:
         return
     _checked = True
     digest = sources_hash()
     by_dir: dict[Path, list[str]] = {}
+    active: set[Path] = set()
     for rel in KERNEL_SOURCES:
         src = _PACKAGE / rel
-        for d in cache_dirs(src):
+        dirs = cache_dirs(src)
+        active.add(dirs[0])
+        for d in dirs:
             by_dir.setdefault(d, []).append(src.stem)
     for d, stems in by_dir.items():
         stamp = d / STAMP
         try:
-            if not d.is_dir() or (stamp.is_file() and stamp.read_text() == digest):
+            if not d.is_dir():
+                if d not in active:
+                    continue
+                d.mkdir(parents=True, exist_ok=True)
+            elif stamp.is_file() and stamp.read_text() == digest:
                 continue
-            for f in d.iterdir():
-                if f.suffix in (".nbi", ".nbc") and f.name.split(".", 1)[0] in stems:
-                    f.unlink(missing_ok=True)
+            else:
+                for f in d.iterdir():
+                    if f.suffix in (".nbi", ".nbc") and f.name.split(".", 1)[0] in stems:
+                        f.unlink(missing_ok=True)
             tmp = d / f"{STAMP}.{os.getpid()}"
             tmp.write_text(digest)
             os.replace(tmp, stamp)

@@ -353,6 +353,11 @@ def test_a_changed_kernel_source_drops_the_cached_kernels_once(tmp_path, monkeyp
     # an edit to b alone drops a's entries too (a's kernel may call b's)
     (pkg / "engine" / "b.py").write_text("y = 3\n")
     assert fresh() == ["a.cpython-311.pyc", "other.z-1.py311.nbi"]
+    # a cache folder numba has not made yet is made and stamped: what it caches then is current
+    shutil.rmtree(cache)
+    assert fresh() == []
+    entries("a.k-1.py311.nbi")
+    assert fresh() == ["a.k-1.py311.nbi"]
     # once a process
     entries("a.k-1.py311.nbi")
     (pkg / "engine" / "a.py").write_text("x = 5\n")
