@@ -4,6 +4,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from dsim.engine import background_compile as BC
 
 
@@ -26,6 +28,7 @@ def test_an_interrupted_command_ends_its_background_compiles_at_once(tmp_path):
     assert said == [] and not BC._children
 
 
+@pytest.mark.slow
 def test_a_finished_command_waits_for_a_compile_that_ends_in_time_and_ends_one_that_does_not(tmp_path):
     quick, qjob, _ = _child(tmp_path, 0.5)
     slow, sjob, slock = _child(tmp_path, 30)

@@ -782,6 +782,7 @@ def test_refit_reproduces_the_committed_profile_from_its_raw_points(tmp_path, mo
     assert RF.main([str(tmp_path / "missing.raw.json")]) == 2
 
 
+@pytest.mark.slow
 def test_dsim_validate_gpu_commands_pass_through():
     """`dsim validate profile-gpu / replay-gpu / refit-gpu` run the validator.gpu modules with their
     own arguments: help passes through, a bad input is one line and exit code 2."""

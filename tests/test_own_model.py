@@ -267,6 +267,7 @@ def test_profile_group_runs_the_builders_with_their_exit_contract(tmp_path, caps
     )
 
 
+@pytest.mark.slow
 def test_moe_on_a_gpu_without_its_own_moe_table_uses_the_carried_silicon_table():
     # H100: no shipped MoE silicon table and no aic extra here: AIC's H200 table carried to the H100 (stated),
     # the roofline only for what no table holds

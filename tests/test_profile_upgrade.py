@@ -84,6 +84,7 @@ def test_shipped_profiles_are_current_and_their_upgrade_changes_nothing(rel):
     assert upgrade_profile(d) == d and list(upgrade_profile(d)) == list(d)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(rel=st.sampled_from(SHIPPED + ARCHIVED), data=st.data())
 def test_an_older_format_upgrades_to_the_current_file_and_prices_the_same(rel, data):

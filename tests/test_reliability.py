@@ -1492,6 +1492,7 @@ def _cmdlines() -> list[str]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kind,needle",
     [

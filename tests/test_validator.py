@@ -365,6 +365,7 @@ def test_interrupted_run_writes_nothing(fake, tmp_path):
     assert sorted(x.name for x in tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_ab_with_fake_servers(tmp_path):
     from validator import ab
 
@@ -733,6 +734,7 @@ def test_driver_run_unwraps_an_interrupt_raised_inside_the_clients_task_group(tm
         driver.run(traces.fixed(1, 4, 4), driver.RunOptions(server="http://127.0.0.1:9"), tmp_path / "r.jsonl")
 
 
+@pytest.mark.slow
 def test_run_launch_sigterm_mid_run_stops_the_server_and_writes_nothing(tmp_path):
     port = free_port()
     out = tmp_path / "out"

@@ -213,6 +213,7 @@ def test_the_speculative_step_cost_is_paid_only_with_speculation():
     assert cm.profile.cpu_overhead_ms == pytest.approx(2.8)
 
 
+@pytest.mark.slow
 def test_a_calibration_with_and_without_speculation_predicts_both(fake, tmp_path):
     """A fake speculative server whose steps take 6 ms and the same without speculation at 3 ms:
     calibrated on the speculative runs alone, the no-speculation prediction pays the machinery
@@ -274,6 +275,7 @@ def yaml_load(path):
 # ---- profile-server in rounds -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_profile_server_measures_interleaved_rounds_after_a_discarded_warmup(fake, tmp_path):
     url = fake(step_ms=2.0)
     rc, out, err = run_cli("validate", "profile-server", "--server", url, "-c", "1", "-c", "2", "--shape", "32:8",
@@ -434,6 +436,7 @@ def _fake_process():
         srv.stop(p)
 
 
+@pytest.mark.slow
 def test_a_front_end_that_grows_with_the_load_is_fitted_and_predicted_at_c1_and_c8(_fake_process, tmp_path):
     """A fake API server that spends 10 ms + 8 ms per other stream in flight on each request
     before its engine part (10 ms steps, one request each, outside the latency histograms it
@@ -590,6 +593,7 @@ def test_a_control_point_that_moved_more_than_its_spread_is_flagged_as_drift():
     assert not noise.drift(st(10.0, 100.0), st(20.0, 50.0), repeats[:1])["drifted"]
 
 
+@pytest.mark.slow
 def test_the_heldout_procedure_runs_from_the_plain_cli(fake, tmp_path):
     """`dsim validate heldout collect` on a fake server: every case in every round, the control
     point before and after, each run's host load recorded; `analyse` reports the control's drift

@@ -177,6 +177,7 @@ def test_shipped_profile_loads_and_matches_its_composition(hw, ep, attention):
     assert mb.dispatch_ms == pytest.approx(D.published_us("a2a_dispatch", 32, 7168, 8, ep) / 1e3, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_check_against_deepseek_reproduces_its_printed_table_and_the_doc():
     import bench_v3_wide_ep as B
 
