@@ -1209,9 +1209,16 @@ KERNEL_TABLE_CASES = [
 ]
 
 
+def _compose_v3_tp8(kernels, out) -> int:
+    """`dsim profile compose profile` of DeepSeek-V3 tp8-ep8 on the H200 with one kernel table."""
+    from dsim.profiling.compose_cli import main
+
+    args = ["profile", "--model", "deepseek-v3", "--topology", "tp8-ep8", "--hardware", "h200"]
+    return main([*args, "--kernels", str(kernels), "--out", str(out)])
+
+
 @pytest.mark.parametrize("name,edit,needle", KERNEL_TABLE_CASES, ids=[c[0] for c in KERNEL_TABLE_CASES])
 def test_compose_refuses_nonsensical_kernel_tables(tmp_path, capsys, name, edit, needle):
-    from dsim.profiling.compose_cli import main
 
     d = {
         "name": "t",
@@ -1222,21 +1229,7 @@ def test_compose_refuses_nonsensical_kernel_tables(tmp_path, capsys, name, edit,
     t = tmp_path / "t.json"
     t.write_text(json.dumps(d))
     out = tmp_path / "p.yaml"
-    rc = main(
-        [
-            "profile",
-            "--model",
-            "deepseek-v3",
-            "--topology",
-            "tp8-ep8",
-            "--hardware",
-            "h200",
-            "--kernels",
-            str(t),
-            "--out",
-            str(out),
-        ]
-    )
+    rc = _compose_v3_tp8(t, out)
     assert rc == 2
     assert_one_line(capsys.readouterr().err, [str(t), needle])
     assert tree(tmp_path) == {"t.json"}
@@ -1245,8 +1238,6 @@ def test_compose_refuses_nonsensical_kernel_tables(tmp_path, capsys, name, edit,
 @pytest.mark.parametrize("how", ["truncated json", "truncated gz", "garbage gz", "binary", "deep", "not utf-8"])
 def test_compose_refuses_corrupt_kernel_files(tmp_path, capsys, how):
     import gzip
-
-    from dsim.profiling.compose_cli import main
 
     good = json.dumps({"name": "t", "provenance": {}, "records": [{"op": "gemm", "m": 1, "ms": 0.1}]})
     t = tmp_path / ("t.json.gz" if "gz" in how else "t.json")
@@ -1260,21 +1251,7 @@ def test_compose_refuses_corrupt_kernel_files(tmp_path, capsys, how):
             "not utf-8": b'{"name": "\xff\xfe"}',
         }[how]
     )
-    rc = main(
-        [
-            "profile",
-            "--model",
-            "deepseek-v3",
-            "--topology",
-            "tp8-ep8",
-            "--hardware",
-            "h200",
-            "--kernels",
-            str(t),
-            "--out",
-            str(tmp_path / "p.yaml"),
-        ]
-    )
+    rc = _compose_v3_tp8(t, tmp_path / "p.yaml")
     assert rc == 2
     assert_one_line(capsys.readouterr().err, [str(t)])
     assert tree(tmp_path) == {t.name}
