@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dsim.cost import Profile, Table, profile_from_dict, vllm_capture_sizes
+from dsim.cost import AttentionTerms, Profile, Table, profile_from_dict, vllm_capture_sizes
 from dsim.sim import SimConfig, simulate
 from dsim.workload import Workload
 
@@ -134,3 +134,38 @@ AB_ARGS = [
     "--jobs",
     "2",
 ]
+
+
+# A small `dsim sweep` (two loads, two methods, 12 requests each): the figure and executor tests share it.
+SWEEP_ARGS = [
+    "sweep",
+    "--concurrency",
+    "1,4",
+    "--methods",
+    "mtp,dspark",
+    "--min-requests",
+    "12",
+    "--requests-per-user",
+    "2",
+    "--jobs",
+    "2",
+]
+
+
+# A format-2 profile's split-KV attention terms (an H100-like GPU, 32 query / 8 KV heads): the
+# attention-cost and engine window tests share them.
+ATTENTION_TERMS = AttentionTerms(
+    query_heads=32,
+    kv_heads=8,
+    sms=132,
+    fill=2.0,
+    balance=2.0,
+    min_chunk=64,
+    block_rows=128,
+    decode_ctas_per_sm=2,
+    prefill_ctas_per_sm=2,
+    wave_ms_per_ktok=0.01,
+    chunk_ms_per_kcta=0.3,
+    merge_ms_per_mcell=0.5,
+    prefill_ms_per_mpair=1.4,
+)

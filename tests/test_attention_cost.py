@@ -13,6 +13,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from builders import ATTENTION_TERMS
 from dsim import cost as C
 from dsim.cost import attention as CA
 from dsim.cost.profile_upgrade import FORMAT_VERSION
@@ -23,21 +24,7 @@ from validator.gpu.fit import predicted_step_ms
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted(p for p in (ROOT / "profiles").rglob("*.yaml") if "models" not in p.parts)
 
-A = C.AttentionTerms(
-    query_heads=32,
-    kv_heads=8,
-    sms=132,
-    fill=2.0,
-    balance=2.0,
-    min_chunk=64,
-    block_rows=128,
-    decode_ctas_per_sm=2,
-    prefill_ctas_per_sm=2,
-    wave_ms_per_ktok=0.01,
-    chunk_ms_per_kcta=0.3,
-    merge_ms_per_mcell=0.5,
-    prefill_ms_per_mpair=1.4,
-)
+A = ATTENTION_TERMS
 
 
 def v2(profile_path: Path, a: C.AttentionTerms = A) -> dict:

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from builders import linear_profile, make_profile, run, wl
+from builders import ATTENTION_TERMS, linear_profile, make_profile, run, wl
 from dsim.cost import CostModel, load_profile, profile_from_dict, vllm_capture_sizes
 from dsim.engine.config import EngineConfig
 from dsim.errors import InputError
@@ -472,23 +472,7 @@ def test_format_2_decode_windows_are_exact():
     """A format-2 profile's per-request attention terms (CostModel.context_ms) are priced at
     each step of a decode window with its own windows and contexts, as stepping one by one does:
     windows of 1 and 256 steps give the same run, on several replicas of an open-loop trace."""
-    from dsim.cost import AttentionTerms
-
-    terms = AttentionTerms(
-        query_heads=32,
-        kv_heads=8,
-        sms=132,
-        fill=2.0,
-        balance=2.0,
-        min_chunk=64,
-        block_rows=128,
-        decode_ctas_per_sm=2,
-        prefill_ctas_per_sm=2,
-        wave_ms_per_ktok=0.01,
-        chunk_ms_per_kcta=0.3,
-        merge_ms_per_mcell=0.5,
-        prefill_ms_per_mpair=1.4,
-    )
+    terms = ATTENTION_TERMS
     prof = dataclasses.replace(linear_profile(cpu=0.7, kv_ms_per_ktok=0.3), format_version=2, attention=terms)
     assert CostModel(prof).has_context_terms
     rng = np.random.default_rng(11)

@@ -27,7 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from builders import AB_ARGS
+from builders import AB_ARGS, SWEEP_ARGS
 from dsim.cli.entry import app
 from dsim.errors import InputError
 from dsim.study.capacity import _Search
@@ -48,19 +48,6 @@ PLAN_ARGS = [
     "0,1",
     "--max-nodes",
     "8",
-    "--jobs",
-    "2",
-]
-SWEEP_ARGS = [
-    "sweep",
-    "--concurrency",
-    "1,4",
-    "--methods",
-    "mtp,dspark",
-    "--min-requests",
-    "12",
-    "--requests-per-user",
-    "2",
     "--jobs",
     "2",
 ]

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from builders import AB_ARGS
+from builders import AB_ARGS, SWEEP_ARGS
 from dsim.cli.entry import app
 from dsim.study.sweep import FIGURES, closed_loop
 
@@ -35,21 +35,7 @@ def test_sweep_writes_table_and_figures(tmp_path):
     out = tmp_path / "sw"
     res = CliRunner().invoke(
         app,
-        [
-            "sweep",
-            "--concurrency",
-            "1,4",
-            "--methods",
-            "mtp,dspark",
-            "--min-requests",
-            "12",
-            "--requests-per-user",
-            "2",
-            "--jobs",
-            "2",
-            "--out",
-            str(out),
-        ],
+        SWEEP_ARGS + ["--out", str(out)],
     )
     assert res.exit_code == 0, res.output
     df = pd.read_csv(out / "sweep.csv")
