@@ -169,3 +169,25 @@ ATTENTION_TERMS = AttentionTerms(
     merge_ms_per_mcell=0.5,
     prefill_ms_per_mpair=1.4,
 )
+
+
+def plan_small(workloads, prof, slos, specs=None, *, margin=0.0, max_nodes=8, seeds=(0,), **kw):
+    """dsim.study.capacity.plan in one process with small replicas (max_num_seqs 4), as the plan,
+    price and diagnostics tests run it; ``workloads`` one Workload or {seed: Workload}; ``specs``
+    default: no speculation."""
+    from dsim.engine.config import EngineConfig
+    from dsim.spec.runtime import SpecConfig
+    from dsim.study.capacity import plan
+
+    return plan(
+        workloads if isinstance(workloads, dict) else {0: workloads},
+        prof,
+        specs if specs is not None else {"none": SpecConfig("none")},
+        slos,
+        margin=margin,
+        max_nodes=max_nodes,
+        seeds=list(seeds),
+        jobs=1,
+        engine=EngineConfig(max_num_seqs=4),
+        **kw,
+    )

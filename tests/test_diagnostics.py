@@ -10,11 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from builders import STEP_MS, const_workload, flat_profile
+from builders import STEP_MS, const_workload, flat_profile, plan_small
 from dsim.engine import diagnostics as D
 from dsim.engine.config import EngineConfig
 from dsim.sim import SimConfig, SpecConfig, simulate
-from dsim.study.capacity import format_plan, plan
+from dsim.study.capacity import format_plan
 from dsim.study.sla import parse_sla
 
 # ---- replica imbalance ----------------------------------------------------------------------
@@ -170,17 +170,7 @@ def test_result_warnings_reads_request_table():
 def test_plan_reports_method_warnings():
     w = const_workload(13.0, 13 * 4)  # 52 requests: P99 rests on 0.5 of them
     slos = parse_sla("ttft_p99=500ms,p50=11ms")
-    res = plan(
-        {0: w},
-        flat_profile(),
-        {"none": SpecConfig("none")},
-        slos,
-        margin=0.0,
-        max_nodes=8,
-        seeds=[0],
-        jobs=1,
-        engine=EngineConfig(max_num_seqs=4),
-    )
+    res = plan_small(w, flat_profile(), slos)
     ws = res["none"]["warnings"]
     assert any(x["kind"] == "few_finished" and x["seeds"] == [0] for x in ws)
     text = format_plan(res, slos, ["none"])

@@ -11,10 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from builders import STEP_MS, const_workload, flat_profile
-from dsim.engine.config import EngineConfig
+from builders import STEP_MS, const_workload, flat_profile, plan_small
 from dsim.errors import InputError
-from dsim.sim import SpecConfig
 from dsim.study.capacity import plan
 from dsim.study.prices import PRICES
 from dsim.study.sla import SLO, parse_request_slo, parse_sla
@@ -103,17 +101,7 @@ def test_plan_hand_computed_minimum():
     # slots never fill and TTFT is a step or two. TPOT is exactly one step (10 ms) at any load.
     w = const_workload(13.0, 13 * 20)
     slos = parse_sla("ttft_p99=500ms,p50=11ms")
-    res = plan(
-        {0: w},
-        flat_profile(),
-        {"none": SpecConfig("none")},
-        slos,
-        margin=0.0,
-        max_nodes=16,
-        seeds=[0],
-        jobs=1,
-        engine=EngineConfig(max_num_seqs=4),
-    )
+    res = plan_small(w, flat_profile(), slos, max_nodes=16)
     r = res["none"]
     assert r["sla_met"] and r["nodes"] == 4 and r["gpus"] == 32
     assert r["metrics"]["tpot_p50"]["value"] == pytest.approx(STEP_MS, rel=1e-6)
@@ -129,17 +117,7 @@ def test_plan_hand_computed_minimum():
 def test_plan_unmeetable_reports_best():
     w = const_workload(13.0, 13 * 10)
     slos = parse_sla("p50=5ms")  # one step is 10 ms: no node count can do it
-    res = plan(
-        {0: w, 1: w},
-        flat_profile(),
-        {"none": SpecConfig("none")},
-        slos,
-        margin=0.1,
-        max_nodes=3,
-        seeds=[0, 1],
-        jobs=1,
-        engine=EngineConfig(max_num_seqs=4),
-    )
+    res = plan_small({0: w, 1: w}, flat_profile(), slos, margin=0.1, max_nodes=3, seeds=(0, 1))
     r = res["none"]
     assert not r["sla_met"] and r["nodes"] == 3
     assert set(r["metrics"]["tpot_p50"]["seeds"]) == {0, 1}  # best reached: every seed at max_nodes

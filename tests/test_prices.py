@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from builders import plan_small
 from dsim.errors import InputError
 from dsim.sim import SpecConfig
-from dsim.study.capacity import format_plan, plan
+from dsim.study.capacity import format_plan
 from dsim.study.prices import PRICES, gpu_kind, price_for
 from dsim.study.sla import parse_sla
 
@@ -83,22 +84,11 @@ def _b300_flat():
 
 def test_plan_on_unpriced_gpu_has_no_dollar_figure():
     from builders import const_workload
-    from dsim.engine.config import EngineConfig
 
     w = const_workload(13.0, 13 * 10)
     slos = parse_sla("p50=11ms")
     specs = {"none": SpecConfig("none"), "none2": SpecConfig("none")}
-    res = plan(
-        {0: w},
-        _b300_flat(),
-        specs,
-        slos,
-        margin=0.0,
-        max_nodes=8,
-        seeds=[0],
-        jobs=1,
-        engine=EngineConfig(max_num_seqs=4),
-    )
+    res = plan_small(w, _b300_flat(), slos, specs)
     for n in specs:
         assert res[n]["cost_per_hour"] is None and res[n]["cost_per_million_output_tokens"] is None
         assert res[n]["cost_per_hour_spot"] is None
@@ -109,18 +99,7 @@ def test_plan_on_unpriced_gpu_has_no_dollar_figure():
     assert "$" not in text.split("assumptions:")[0].replace("$/hour", "").replace("$/M out tok", "")
     assert "no dollar figure" in text
     # the user's own price is used as given
-    res = plan(
-        {0: w},
-        _b300_flat(),
-        {"none": SpecConfig("none")},
-        slos,
-        margin=0.0,
-        max_nodes=8,
-        seeds=[0],
-        jobs=1,
-        engine=EngineConfig(max_num_seqs=4),
-        price=7.0,
-    )
+    res = plan_small(w, _b300_flat(), slos, price=7.0)
     r = res["none"]
     assert r["cost_per_hour"] == pytest.approx(r["gpus"] * 7.0)
     assert res["assumptions"]["price_source"].startswith("given on the command line")
