@@ -114,6 +114,15 @@ def noise_t(rounds: int) -> float:
 
 
 MIN_ROUNDS = 3  # repeats needed to measure a term's standard error
+# Terms never set to 0 by the rounds' test (kept whenever the points identify them): the step's
+# overhead, the price of a verify token and that of a prompt token (the discount is their
+# difference). Every sweep runs both kinds of token; "the two cost the same" is a model choice,
+# not the absence of a term, and a wrong one prices every verify token as a prompt token: on the
+# CPU test server (2026-12-07) the discount's three rounds gave 4.9-11.9 ms per 1000 (inside
+# Student's t at 2 degrees of freedom), set to 0 the per-token price fell from 0.030 to 0.019 ms
+# and C=8 TPOT came out -10% (the 2026-12-06 campaigns, all with the discount at 0: -14..-20%).
+# A discount that is 0 costs only its noise, a few percent of the token price.
+PRICES = ("cpu_overhead_ms", "ms_per_token", "prefill_discount_ms_per_ktok")
 
 
 def _nnls_terms(X: np.ndarray, y: np.ndarray, w: np.ndarray, keep: list[int]) -> np.ndarray:
@@ -237,7 +246,7 @@ def fit_cost(
     noise: dict = {}
     confounded: dict = {}
     if rounds and len(rounds) >= MIN_ROUNDS:
-        free = [j for j in keep if ALL_TERMS[j] not in ("cpu_overhead_ms", "ms_per_token")]
+        free = [j for j in keep if ALL_TERMS[j] not in PRICES]
         while True:
             per = np.array([_nnls_terms(*_weights(r, pinned), keep) for r in rounds if r])
             if len(per) < MIN_ROUNDS:
@@ -256,7 +265,9 @@ def fit_cost(
                 # 1000 tokens over three rounds with it, 4.3 without it, and the long shape's
                 # decode steps carrying prompts came out 30-40% dear)
                 wo = _nnls_terms(X, y, w, [i for i in keep if i != cand])
-                moved = [i for i in free if i in keep and i != cand and abs(wo[i] - coef[i]) > crit * max(se[i], 1e-12)]
+                # (the prices count too: a term whose removal moves the per-token price beyond its
+                # noise is not 0, another term would take its work)
+                moved = [i for i in keep if i != cand and abs(wo[i] - coef[i]) > crit * max(se[i], 1e-12)]
                 # (a column the gate alone would have left out is not kept this way: 0 within
                 # the noise every time, not kept in one call and dropped in the next)
                 if moved and confounding and separation.get(ALL_TERMS[cand], 1.0) >= COLLINEAR:
