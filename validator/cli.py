@@ -213,6 +213,12 @@ def _print_run_summary(s: dict, path) -> None:
             f"{f(lc.get('client_cpu_share'), '{:.2f}')}"
             + (": the load changed during the run (its figures hold that change)" if lc.get("changed") else "")
         )
+    it = s.get("interference")
+    if it:
+        typer.echo(
+            f"  other work on the server's engine CPUs {it['engine_cpus']}: {it['others_share']:.1%} of their busy time "
+            f"({it['others_s']:g} of {it['busy_s']:g} s)"
+        )
     spec = s.get("spec") or {}
     if spec.get("acceptance_length"):
         from validator import noise

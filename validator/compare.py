@@ -240,7 +240,7 @@ def simulate_measurement(
             f"front end: TTFT +{fe.ttft_ms:.2f} ms +{fe.ttft_ms_per_request:.3f} ms per other request in flight, "
             f"E2E +{fe.e2e_ms:.2f} ms +{fe.e2e_ms_per_request:.3f} ms ({v['front_end'].get('per_request_from')}"
             + (
-                f"; the {'speculative' if k else 'plain'} server's intercepts"
+                f"; the {'speculative' if k else 'plain'} server's intercepts and slopes"
                 if v["front_end"].get("by_speculation")
                 else ""
             )
@@ -317,7 +317,7 @@ def front_end_of(v: dict, speculative: bool | None = None):
     """dsim's FrontEnd from a profile's ``validator.front_end`` (calibrate.front_end_fit), None
     without one (a profile made before it, or of a server without latency histograms: the
     one-request overhead is added instead). Where it was fitted on a speculative and a plain
-    server (``by_speculation``), the intercepts of the server ``speculative`` says."""
+    server (``by_speculation``), the intercepts and slopes of the server ``speculative`` says."""
     from dsim.sim import FrontEnd
 
     f = v.get("front_end")
@@ -327,9 +327,9 @@ def front_end_of(v: dict, speculative: bool | None = None):
     own = (f.get("by_speculation") or {}).get(config, {})
     return FrontEnd(
         ttft_ms=float(own.get("ttft_ms", f["ttft_ms"])),
-        ttft_ms_per_request=float(f["ttft_ms_per_request"]),
+        ttft_ms_per_request=float(own.get("ttft_ms_per_request", f["ttft_ms_per_request"])),
         e2e_ms=float(own.get("e2e_ms", f["e2e_ms"])),
-        e2e_ms_per_request=float(f["e2e_ms_per_request"]),
+        e2e_ms_per_request=float(own.get("e2e_ms_per_request", f["e2e_ms_per_request"])),
     )
 
 
@@ -605,9 +605,13 @@ def check(
     gated = [r for r in rows if r["metric"] in gates]
     missing = [r["metric"] for r in gated if r["ok"] is None]
     host = [
-        {"run": r.path, **((r.summary or {}).get("host_load") or {})}
+        {
+            "run": r.path,
+            **((r.summary or {}).get("host_load") or {}),
+            **({"interference": it} if (it := (r.summary or {}).get("interference")) else {}),
+        }
         for r in runs
-        if (r.summary or {}).get("host_load")
+        if (r.summary or {}).get("host_load") or (r.summary or {}).get("interference")
     ]
     verdict = "pass" if gated and all(r["ok"] for r in gated) else "fail"
     return {
@@ -623,9 +627,10 @@ def check(
         "gates": gates,
         "assumed": pred.get("_assumed") or [],
         "runs": len(runs),
-        # the host's load over each run; a run during which it changed is named in load_warnings
+        # the host's load over each run and other work on the server's engine CPUs (hostcpu); a run during
+        # which the load changed or other work took a share of those CPUs is named in load_warnings
         "host_load": host,
-        "load_warnings": noise.load_flags(runs),
+        "load_warnings": noise.load_flags(runs) + noise.interference_flags(runs),
         "rows": rows,
         "verdict": verdict,
         "failed_metrics": [r["metric"] for r in gated if r["ok"] is False],
@@ -670,8 +675,17 @@ def to_markdown(rep: dict) -> str:
         f"- profile: `{rep['profile']}`; acceptance: `{rep.get('acceptance')}`",
         *(f"- assumed: {a}" for a in rep.get("assumed") or []),
         *(
-            f"- host load (1-minute average, start -> end): {h['loadavg_1m'][0]:g} -> {h['loadavg_1m'][1]:g}"
+            (
+                f"- host load (1-minute average, start -> end): {h['loadavg_1m'][0]:g} -> {h['loadavg_1m'][1]:g}"
+                if h.get("loadavg_1m")
+                else "- host load: not recorded"
+            )
             + (" (changed)" if h.get("changed") else "")
+            + (
+                f"; other work on the engine CPUs: {h['interference']['others_share']:.1%} of their busy time"
+                if h.get("interference")
+                else ""
+            )
             for h in rep.get("host_load") or []
         ),
         *(f"- warning: {w}" for w in rep.get("load_warnings") or []),

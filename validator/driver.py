@@ -24,7 +24,7 @@ import httpx
 import numpy as np
 
 from dsim.errors import InputError, plain
-from validator import measure, noise, promtext, serverconf, stops
+from validator import hostcpu, measure, noise, promtext, serverconf, stops
 from validator.traces import Plan
 
 if TYPE_CHECKING:
@@ -407,6 +407,9 @@ async def run_async(plan: Plan, opts: RunOptions, out_path: str | Path) -> dict:
         # (validator.noise.load_change)
         load0 = noise.host_load()
         header["host_load"] = {"loadavg": load0["loadavg"], "cpus": load0["cpus"]} if load0 else None
+        # other work on a local server's engine CPUs over the run (validator.hostcpu)
+        server_procs = hostcpu.server_pids(opts.server)
+        cpu0 = hostcpu.snapshot(server_procs)
         w = measure.Writer(out_path)
         w.write(header, sync=True)
         if before is not None:
@@ -502,6 +505,7 @@ async def run_async(plan: Plan, opts: RunOptions, out_path: str | Path) -> dict:
                 "interrupt_reason": interrupted,
                 "metrics_after_error": after_err,
                 "host_load": noise.load_change(load0, noise.host_load()),
+                "interference": hostcpu.interference(cpu0, hostcpu.snapshot(server_procs)),
             }
             if before is not None and after is not None:
                 d = promtext.interesting(promtext.delta(before, after))

@@ -198,6 +198,28 @@ def load_flags(ms) -> list[str]:
     return out
 
 
+# other work's part of the engine CPUs' busy time above which a run is named (validator.hostcpu):
+# on the CPU test server at eight requests, a campaign whose C=8 runs had other work on the
+# engine's CPU missed p50 TPOT by 10-16%, one without it by 4-6% (docs/results)
+INTERFERENCE_SHARE = 0.05
+
+
+def interference_flags(ms) -> list[str]:
+    """One line for every measurement during which other work took more than INTERFERENCE_SHARE
+    of the server's engine CPUs' busy time (hostcpu.interference)."""
+    out = []
+    for m in ms:
+        it = (m.summary or {}).get("interference")
+        if it and it.get("others_share", 0.0) > INTERFERENCE_SHARE:
+            out.append(
+                f"{m.path}: other work took {it['others_share']:.0%} of the server's engine CPUs "
+                f"{it['engine_cpus']} ({it['others_s']:g} of {it['busy_s']:g} busy s"
+                + (f", {it['client_s']:g} s of it the measuring client" if it.get("client_s") else "")
+                + "): its step times hold that, a profile measured without it does not"
+            )
+    return out
+
+
 DRIFT_METRICS = ("tpot_ms.p50", "output_tok_s")
 
 
