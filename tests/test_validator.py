@@ -867,6 +867,16 @@ def _rounds_of(true, rng, shapes, speed=0.15, jitter=0.04):
     return out
 
 
+def _noisy_rounds(make, true, shapes, rng, speed, jitter, rounds=3):
+    """Points of each shape in each round: the round's machine speed (uniform within +-speed)
+    times each point's own jitter; ``make(*shape, ms)`` builds a point."""
+    out = []
+    for _ in range(rounds):
+        s = 1 + rng.uniform(-speed, speed)
+        out.append([make(*x, true(*x) * s * (1 + rng.uniform(-jitter, jitter))) for x in shapes])
+    return out
+
+
 TERMS4 = ("cpu_overhead_ms", "ms_per_token", "ms_per_request", "kv_ms_per_ktok")  # (decode points only)
 
 
@@ -939,11 +949,7 @@ def test_fit_cost_keeps_a_noisy_term_whose_removal_another_term_would_absorb():
     worst: dict = {True: [], False: []}
     kept = 0
     for seed in range(40):
-        rng = np.random.default_rng(seed)
-        rounds = []
-        for _ in range(3):
-            speed = 1 + rng.uniform(-0.15, 0.15)
-            rounds.append([point(*x, true(*x) * speed * (1 + rng.uniform(-0.08, 0.08))) for x in shapes])
+        rounds = _noisy_rounds(point, true, shapes, np.random.default_rng(seed), speed=0.15, jitter=0.08)
         pooled = [p for r in rounds for p in r]
         for guard in (True, False):
             f = stepfit.fit_cost(pooled, rounds=rounds, confounding=guard)
@@ -987,11 +993,7 @@ def test_fit_cost_keeps_the_prompt_token_discount_inside_the_rounds_noise():
     c1, c8 = (4.8, 1, 0, 0, 98), (32.7, 7.7, 0, 0, 714)
     inside = 0
     for seed in range(30):
-        rng = np.random.default_rng(seed)
-        rounds = []
-        for _ in range(3):
-            speed = 1 + rng.uniform(-0.10, 0.10)
-            rounds.append([point(*x, truth(*x) * speed * (1 + rng.uniform(-0.03, 0.03))) for x in shapes])
+        rounds = _noisy_rounds(point, truth, shapes, np.random.default_rng(seed), speed=0.10, jitter=0.03)
         f = stepfit.fit_cost([p for r in rounds for p in r], rounds=rounds)
         assert "prefill_discount_ms_per_ktok" in f["identified"] and not f["zero_within_noise"].get(
             "prefill_discount_ms_per_ktok"

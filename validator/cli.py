@@ -218,6 +218,12 @@ def _print_run_summary(s: dict, path) -> None:
         typer.echo(
             f"  other work on the server's engine CPUs {it['engine_cpus']}: {it['others_share']:.1%} of their busy time "
             f"({it['others_s']:g} of {it['busy_s']:g} s)"
+            + (
+                f"; on its API server's CPUs {it['front']['cpus']}, besides this client: "
+                f"{it['front']['others_share']:.1%}"
+                if it.get("front")
+                else ""
+            )
         )
     spec = s.get("spec") or {}
     if spec.get("acceptance_length"):

@@ -686,6 +686,11 @@ def to_markdown(rep: dict) -> str:
                 if h.get("interference")
                 else ""
             )
+            + (
+                f", on the API server's: {h['interference']['front']['others_share']:.1%}"
+                if (h.get("interference") or {}).get("front")
+                else ""
+            )
             for h in rep.get("host_load") or []
         ),
         *(f"- warning: {w}" for w in rep.get("load_warnings") or []),

@@ -206,7 +206,8 @@ INTERFERENCE_SHARE = 0.05
 
 def interference_flags(ms) -> list[str]:
     """One line for every measurement during which other work took more than INTERFERENCE_SHARE
-    of the server's engine CPUs' busy time (hostcpu.interference)."""
+    of the server's engine CPUs' busy time, and one where it took that much of its API server's
+    CPUs besides the measuring client (hostcpu.interference)."""
     out = []
     for m in ms:
         it = (m.summary or {}).get("interference")
@@ -216,6 +217,12 @@ def interference_flags(ms) -> list[str]:
                 f"{it['engine_cpus']} ({it['others_s']:g} of {it['busy_s']:g} busy s"
                 + (f", {it['client_s']:g} s of it the measuring client" if it.get("client_s") else "")
                 + "): its step times hold that, a profile measured without it does not"
+            )
+        fr = (it or {}).get("front")
+        if fr and fr.get("others_share", 0.0) > INTERFERENCE_SHARE:
+            out.append(
+                f"{m.path}: other work (besides the measuring client) took {fr['others_share']:.0%} of the API "
+                f"server's CPUs {fr['cpus']}: its front-end times (TTFT, the way back of a closed loop) hold that"
             )
     return out
 
