@@ -674,3 +674,33 @@ def test_the_heldout_procedure_runs_from_the_plain_cli(fake, tmp_path):
     assert {"c1", "c8", "c4-256x128", "rate-0.66xc8"} <= set(rep["cases"])
     rc, _, err = run_cli("validate", "heldout", "analyse", tmp_path / "none")
     assert rc == 2 and "not a collection directory" in err
+
+
+@pytest.mark.slow
+def test_the_heldout_procedure_takes_a_server_without_speculation_too(fake, tmp_path):
+    """`heldout collect --plain-server`: after the speculative server's rounds, the plain server's
+    calibration point and eight streams in rounds of their own; `analyse` calibrates on both
+    servers' calibration runs (the machinery's cost from their difference) and checks the plain
+    server's eight streams without speculation: a fake whose speculative steps take 2 ms and its
+    plain ones 1 ms is predicted within 25% at eight streams."""
+    spec_url = fake(spec_k=4, spec_accept=(0.7, 0.5), step_ms=2.0)
+    plain_url = fake(step_ms=1.0)
+    d = tmp_path / "h"
+    rc, out, err = run_cli("validate", "heldout", "collect", "--server", spec_url, "--plain-server", plain_url,
+                           "--rounds", "2", "--out", d)  # fmt: skip
+    assert rc == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["plain_rounds"] == 2
+    assert sorted(p.name for p in d.glob("plain-*.jsonl")) == [
+        "plain-c8-r0.jsonl", "plain-c8-r1.jsonl", "plain-cal-c2-r0.jsonl", "plain-cal-c2-r1.jsonl",
+    ]  # fmt: skip
+    assert measure.read(str(d / "plain-c8-r0.jsonl")).header["case"] == "plain-c8"
+    rc, out, err = run_cli("validate", "heldout", "analyse", d, "--out", tmp_path / "rep.json")
+    assert rc == 0, err
+    rep = json.loads((tmp_path / "rep.json").read_text())
+    assert not rep["cases"]["plain-cal-c2"]["held_out"] and rep["cases"]["plain-c8"]["held_out"]
+    assert "machinery" in rep["calibration_fit"]["how"], rep["calibration_fit"]
+    assert abs(rep["cases"]["plain-c8"]["errors"]["tpot_ms.p50"]) < 0.25, rep["cases"]["plain-c8"]
+    assert len(rep["cases"]["plain-c8"]["round_errors"]["tpot_ms.p50"]) == 2 and "| plain-c8 |" in out
+    rc, _, err = run_cli("validate", "heldout", "collect", "--server", spec_url, "--plain-server", plain_url,
+                         "--plain-launch", "m -- --x", "--out", tmp_path / "x")  # fmt: skip
+    assert rc == 2 and "--plain-server or --plain-launch" in err

@@ -2,7 +2,8 @@
 did not see, with the measured run-to-run spread next to each error.
 
     dsim validate heldout collect --launch "MODEL -- FLAGS" --out DIR [--rounds 3]
-    dsim validate heldout collect --server URL --out DIR
+        [--plain-launch "MODEL -- FLAGS"]
+    dsim validate heldout collect --server URL --out DIR [--plain-server URL]
     dsim validate heldout analyse DIR [--out REPORT.json]
     (or python -m validator.heldout ...)
 
@@ -16,6 +17,10 @@ throughput). ``analyse`` builds the profile from the sweep, calibrates on every 
 load and shape only (the calibration runs and the sweep's concurrency-2 runs: the median of their
 scales), and checks every held-out case (its rounds pooled, their spread measured) against the
 gates (validator.compare.DEFAULT_GATES). No held-out run enters the profile or the calibration.
+With a server of the same model without speculation (``--plain-server`` / ``--plain-launch``,
+measured after the speculative server's rounds, in rounds of its own: its calibration point and
+eight streams), the calibration takes its calibration runs too (the machinery's cost from the
+difference) and ``analyse`` checks its eight-stream case without speculation.
 Noise is part of the result: a control point (the calibration's load and shape) is measured
 before the first round and after the last, and ``analyse`` says whether it drifted by more than
 that point's spread over the rounds (validator.noise.drift), and names every run during which the
@@ -43,6 +48,10 @@ CALIBRATION = ("cal-c2", 2, 64, 64)
 SWEEP_TWIN = "p-c2"  # the sweep's runs of the calibration's load and shape
 HELD_OUT = [("c1", 1, 64, 64), ("c4", 4, 64, 64), ("c8", 8, 64, 64), ("c4-256x128", 4, 256, 128)]
 RATE_CASE = "rate-0.66xc8"
+# the same server without speculation: its calibration point (calibrated together with the
+# speculative server's) and its held-out case
+PLAIN_CALIBRATION = ("plain-cal-c2", 2, 64, 64)
+PLAIN_HELD_OUT = ("plain-c8", 8, 64, 64)
 # the control point: the calibration's load and shape measured once before the first round and
 # once after the last; analyse flags the collection when it moved by more than that point's spread
 # over the rounds (validator.noise.drift)
@@ -94,6 +103,29 @@ def collect(url: str, out: Path, rounds: int = 3, cpus=None, header: dict | None
     return info
 
 
+def collect_plain(url: str, out: Path, rounds: int = 3, cpus=None, header: dict | None = None, say=print) -> dict:
+    """The server without speculation's rounds: its calibration point and its held-out case once
+    a round, into ``out`` beside the speculative server's collection (collect.json gains
+    ``plain_rounds``)."""
+    t0 = time.monotonic()
+    for r in range(rounds):
+        for name, c, i, o in (PLAIN_CALIBRATION, PLAIN_HELD_OUT):
+            opts = driver.RunOptions(
+                server=url, concurrency=c, progress=False, cpus=cpus, extra_header=dict(header or {}, case=name)
+            )
+            driver.run(traces.fixed(_requests(c), i, o), opts, out / f"{name}-r{r}.jsonl")
+        say(f"plain round {r + 1}/{rounds} done ({time.monotonic() - t0:.0f} s)")
+    info = json.loads((out / "collect.json").read_text()) if (out / "collect.json").exists() else {}
+    info.update({"plain_rounds": rounds, "plain_wall_s": round(time.monotonic() - t0, 1)})
+    (out / "collect.json").write_text(json.dumps(info, indent=1))
+    return info
+
+
+def _plain(d: Path, name: str, r: int | None = None) -> list[str]:
+    """The plain server's runs of case ``name`` (of round ``r``); [] in a collection without them."""
+    return sorted(str(p) for p in d.glob(f"{name}-r{'*' if r is None else r}.jsonl"))
+
+
 def _loadavg():
     try:
         return [float(x) for x in open("/proc/loadavg").read().split()[:3]]
@@ -128,12 +160,18 @@ def analyse(d: Path, gates: dict | None = None) -> dict:
     # runs to leave a slow one out: in one collection here all three calibration runs came out
     # 10-35% slower than the sweep's runs of the same load in the same rounds
     cal_files = _files(d, CALIBRATION[0]) + _files(d, SWEEP_TWIN)
-    cal = calibrate.calibrate(cal_files, work / "cal", base_profile=str(base), name="cal")
+    cal = calibrate.calibrate(
+        cal_files + _plain(d, PLAIN_CALIBRATION[0]), work / "cal", base_profile=str(base), name="cal"
+    )
     rows = {}
-    for name in [CALIBRATION[0]] + [h[0] for h in HELD_OUT] + [RATE_CASE]:
-        rep = compare.check(_files(d, name), cal["profile_path"], cal["acceptance_path"], gates=gates)
+    names = [CALIBRATION[0]] + [h[0] for h in HELD_OUT] + [RATE_CASE]
+    names += [n for n in (PLAIN_CALIBRATION[0], PLAIN_HELD_OUT[0]) if _plain(d, n)]
+    for name in names:
+        # (the plain server's runs are checked without speculation)
+        acc = None if name in PLAIN_NAMES else cal["acceptance_path"]
+        rep = compare.check(_files(d, name), cal["profile_path"], acc, gates=gates)
         rows[name] = {
-            "held_out": name != CALIBRATION[0],
+            "held_out": name not in (CALIBRATION[0], PLAIN_CALIBRATION[0]),
             "verdict": rep["verdict"],
             "errors": {r["metric"]: r["error"] for r in rep["rows"] if r["error"] is not None},
             "spread": {r["metric"]: r["spread"] for r in rep["rows"] if r.get("spread") is not None},
@@ -209,14 +247,18 @@ def round_errors(d: Path, base: str, cases: list[str], gates: dict | None, work:
     out: dict = {}
     for r in _rounds(d):
         cal = calibrate.calibrate(
-            [str(d / f"{CALIBRATION[0]}-r{r}.jsonl"), str(d / f"{SWEEP_TWIN}-r{r}.jsonl")],
+            [str(d / f"{CALIBRATION[0]}-r{r}.jsonl"), str(d / f"{SWEEP_TWIN}-r{r}.jsonl")]
+            + _plain(d, PLAIN_CALIBRATION[0], r),
             work / f"cal-r{r}",
             base_profile=base,
             name=f"cal-r{r}",
         )
         for name in cases:
             f = d / f"{name}-r{r}.jsonl"
-            rep = compare.check([str(f)], cal["profile_path"], cal["acceptance_path"], gates=gates, sensitivity=False)
+            if not f.exists():
+                continue
+            acc = None if name in PLAIN_NAMES else cal["acceptance_path"]
+            rep = compare.check([str(f)], cal["profile_path"], acc, gates=gates, sensitivity=False)
             for row in rep["rows"]:
                 if row["error"] is not None:
                     out.setdefault(name, {}).setdefault(row["metric"], []).append(float(row["error"]))
@@ -321,6 +363,7 @@ def fidelity_summary(rep: dict) -> dict:
 
 
 CLOSED_LOOP = [h[0] for h in HELD_OUT]
+PLAIN_NAMES = (PLAIN_CALIBRATION[0], PLAIN_HELD_OUT[0])
 
 
 def across(reps: list[dict], metric: str = "tpot_ms.p50") -> dict:
@@ -396,6 +439,8 @@ def main(argv=None, prog: str = "python -m validator.heldout") -> int:
     c.add_argument("--launch")
     c.add_argument("--out", required=True)
     c.add_argument("--rounds", type=int, default=3)
+    c.add_argument("--plain-server", help="the same model's server without speculation, measured after")
+    c.add_argument("--plain-launch", help="start it (serve's arguments) once the speculative server is stopped")
     a = sub.add_parser("analyse")
     a.add_argument("dirs", nargs="+", metavar="DIR")
     a.add_argument("--out", help="the full report as JSON (one DIR)")
@@ -405,16 +450,30 @@ def main(argv=None, prog: str = "python -m validator.heldout") -> int:
         if args.cmd == "collect":
             if (args.server is None) == (args.launch is None):
                 raise InputError("--server or --launch: give one")
+            if args.plain_server is not None and args.plain_launch is not None:
+                raise InputError("--plain-server or --plain-launch: give at most one")
             spec = launch.parse_launch(args.launch) if args.launch else None
+            plain = launch.parse_launch(args.plain_launch) if args.plain_launch else None
             from dsim.outputs import staged_dir
 
+            say = lambda m: print(m, file=sys.stderr)  # noqa: E731
             # the collection appears whole in --out, never merged into an earlier one's files
-            with staged_dir(args.out) as stage, launch.managed(spec, lambda m: print(m, file=sys.stderr)) as run:
-                url = run.url if run else args.server
-                hdr = run.header() if run else {}
-                if spec is not None:
-                    hdr["engine"] = {"max_num_seqs": launch.max_num_seqs(spec), "kind": spec.engine}
-                print(json.dumps(collect(url, stage, args.rounds, run.front_cpus if run else None, hdr)))
+            with staged_dir(args.out) as stage:
+                # each server in turn (one stopped before the next starts: they share the CPUs)
+                for which, server, sp in (("spec", args.server, spec), ("plain", args.plain_server, plain)):
+                    if server is None and sp is None:
+                        continue
+                    with launch.managed(sp, say) as run:
+                        url = run.url if run else server
+                        hdr = run.header() if run else {}
+                        if sp is not None:
+                            hdr["engine"] = {"max_num_seqs": launch.max_num_seqs(sp), "kind": sp.engine}
+                        cpus = run.front_cpus if run else None
+                        if which == "spec":
+                            info = collect(url, stage, args.rounds, cpus, hdr, say=say)
+                        else:
+                            info = collect_plain(url, stage, args.rounds, cpus, hdr, say=say)
+                print(json.dumps(info))
         else:
             if args.out and len(args.dirs) > 1:
                 raise InputError("--out: one DIR (--fidelity takes several)")
