@@ -52,6 +52,7 @@ RATE_CASE = "rate-0.66xc8"
 # speculative server's) and its held-out case
 PLAIN_CALIBRATION = ("plain-cal-c2", 2, 64, 64)
 PLAIN_HELD_OUT = ("plain-c8", 8, 64, 64)
+PLAIN_NAMES = (PLAIN_CALIBRATION[0], PLAIN_HELD_OUT[0])
 # the control point: the calibration's load and shape measured once before the first round and
 # once after the last; analyse flags the collection when it moved by more than that point's spread
 # over the rounds (validator.noise.drift)
@@ -363,7 +364,6 @@ def fidelity_summary(rep: dict) -> dict:
 
 
 CLOSED_LOOP = [h[0] for h in HELD_OUT]
-PLAIN_NAMES = (PLAIN_CALIBRATION[0], PLAIN_HELD_OUT[0])
 
 
 def across(reps: list[dict], metric: str = "tpot_ms.p50") -> dict:
