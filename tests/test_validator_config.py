@@ -324,6 +324,7 @@ def test_profile_server_measures_interleaved_rounds_after_a_discarded_warmup(fak
     for term, iv in fit["intervals"].items():
         assert iv["low"] <= fit[term] <= iv["high"] and len(iv["rounds"]) == 3
         assert f"  {term} " in out and "95% interval" in out
+    assert "(intervals: the noise within this call's rounds;" in out
     rc, _, err = run_cli("validate", "profile-server", "--server", url, "--rounds", "0", "--out", tmp_path / "q.yaml")
     assert rc == 2 and "--rounds" in err and not (tmp_path / "q.yaml").exists()
 

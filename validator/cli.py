@@ -340,6 +340,13 @@ def profile_server_cmd(
     for w in fit.get("warnings") or []:
         typer.echo(f"warning: {w}", err=True)
     _print_terms(fit)
+    if fit.get("intervals"):
+        # (five identical calls on the CPU test server: overheads 3.14-3.79 ms, each call's
+        # interval 0.1-0.25 ms wide; docs/results/validator-heldout-2026-12-07.md)
+        typer.echo(
+            "  (intervals: the noise within this call's rounds; the machine's level moves more between calls "
+            "minutes apart, and `calibrate` sets it from its own runs)"
+        )
     typer.echo(f"wrote {out}: {p.label}")
 
 
