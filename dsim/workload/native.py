@@ -30,6 +30,18 @@ from dsim.workload.trace_checks import (
 )
 
 
+def _token_cols(df: pd.DataFrame, t: np.ndarray, path: Path, lines) -> Cols:
+    """The columns every native trace has: its checked arrival times ``t`` and the prompt and
+    output token counts (checked here, errors naming ``lines``)."""
+    return Cols(
+        arrival=t,
+        prompt=int_column(df["prompt_tokens"], path, "prompt_tokens", lines),
+        output=int_column(df["output_tokens"], path, "output_tokens", lines),
+        lines=lines,
+        notes=[],
+    )
+
+
 def read_native_csv(path: Path) -> Cols:
     df = read_csv_frame(
         path,
@@ -49,13 +61,7 @@ def read_native_csv(path: Path) -> Cols:
             "arrival_s",
             "missing value" if not str(raw).strip() else f"not a time in seconds >= 0: {plain(raw)}",
         )
-    out = Cols(
-        arrival=t,
-        prompt=int_column(df["prompt_tokens"], path, "prompt_tokens", lines),
-        output=int_column(df["output_tokens"], path, "output_tokens", lines),
-        lines=lines,
-        notes=[],
-    )
+    out = _token_cols(df, t, path, lines)
     if "session_id" in df.columns:
         s = df["session_id"].str.strip()
         s = s.where(s != "", "-1")
@@ -199,13 +205,7 @@ def read_native_parquet(path: Path) -> Cols:
     if bad.any():
         i = int(np.argmax(bad))
         raise trace_error(path, lines[i], "arrival_s", f"not a time in seconds >= 0: {plain(df['arrival_s'].iloc[i])}")
-    out = Cols(
-        arrival=t,
-        prompt=int_column(df["prompt_tokens"], path, "prompt_tokens", lines),
-        output=int_column(df["output_tokens"], path, "output_tokens", lines),
-        lines=lines,
-        notes=[],
-    )
+    out = _token_cols(df, t, path, lines)
     if "session_id" in df.columns:
         s = pd.to_numeric(df["session_id"], errors="coerce").fillna(-1).to_numpy()
         out["session"] = s.astype(np.int64)
