@@ -572,6 +572,27 @@ def _refused(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) != 0
 
 
+def test_warm_up_probes_until_the_server_is_steady(fake):
+    """After the warm-up passes, probes at the largest concurrency go on while each is faster than
+    the one before by more than the noise (a warming server only gets faster): a fake whose first
+    24 requests run 3x down to 1x their step is probed until it stops speeding up; a steady one
+    twice. The probes' step times and the verdict are in what warm_up returns and prints."""
+    from validator import launch
+
+    warming = launch.warm_up(fake(step_ms=4.0, slow_start_requests=24), [1, 2], 16, 16, nice=None)
+    p = warming.probe_step_ms
+    assert warming.steady and 4 <= len(p) <= launch.STEADY_PROBES[1]
+    assert p[0] > 1.5 * p[-1] and p[-1] >= (1 - launch.STEADY_TOLERANCE) * p[-2]
+    assert all(b < (1 - launch.STEADY_TOLERANCE) * a for a, b in zip(p[:-2], p[1:-1]))  # (each one faster)
+    assert "steady" in warming.line() and "NOT" not in warming.line()
+    steady = launch.warm_up(fake(step_ms=4.0), [2], 16, 16, nice=None)
+    assert steady.steady and len(steady.probe_step_ms) <= 3
+    # a server still speeding up at the last probe is said to be
+    n = launch.STEADY_PROBES[1]
+    still = launch.warm_up(fake(step_ms=2.0, slow_start_requests=16, slow_start_factor=20.0), [1], 8, 8, nice=None)
+    assert not still.steady and len(still.probe_step_ms) == n and "not steady" in still.line()
+
+
 def test_launch_spec_parsing():
     from validator import launch
 

@@ -337,6 +337,17 @@ def profile_server_cmd(
     except KeyboardInterrupt as e:
         _stopped(e, out)
     fit = p.extra.get("validator", {}).get("fit", {})
+    warm = p.extra.get("validator", {}).get("warmup")
+    if warm:
+        probes = ", ".join(f"{x:.2f}" for x in warm["probe_step_ms"])
+        typer.echo(
+            f"warm-up: {warm['rounds']} round(s), then probes of the step time {probes} ms "
+            + (
+                "(steady)"
+                if warm["steady"]
+                else "(NOT steady: the server was still getting faster; more --warmup-rounds)"
+            )
+        )
     for w in fit.get("warnings") or []:
         typer.echo(f"warning: {w}", err=True)
     _print_terms(fit)
@@ -408,7 +419,8 @@ def warmup_cmd(
     cpus: Optional[str] = typer.Option(None, "--cpus", help="pin the client to these CPUs"),
 ):
     """Unmeasured closed-loop runs (2 C requests at each C): a fresh server's first passes and new
-    batch shapes are slow (cold runs measured 30-45% off on the CPU server)."""
+    batch shapes are slow (cold runs measured 30-45% off on the CPU server); then probes at the
+    largest C until one is no faster than the one before by more than 10% (at most 8)."""
     from validator import launch as lch
 
     if any(c < 1 for c in concurrency):
@@ -416,8 +428,8 @@ def warmup_cmd(
     for flag, v in (("--input-len", input_len), ("--output-len", output_len)):
         if v < 1:
             raise InputError(f"{flag}: must be >= 1, got {v}")
-    t = lch.warm_up(_server(server), concurrency, input_len, output_len, cpus=_cpus(cpus))
-    typer.echo(f"warmed up {_server(server)} in {t:.1f} s (concurrency {list(concurrency)})")
+    w = lch.warm_up(_server(server), concurrency, input_len, output_len, cpus=_cpus(cpus))
+    typer.echo(f"warmed up {_server(server)} in {w.line()} (concurrency {list(concurrency)})")
 
 
 @app.command("calibrate")

@@ -157,6 +157,13 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
         step = self.cfg.step_ms / 1e3
+        slow = self.cfg.slow_start
+        if slow:
+            # a fresh server warming up: the i-th request's steps 1 + (F - 1) (N - i) / N times as long
+            with slow["lock"]:
+                i = slow["started"]
+                slow["started"] += 1
+            step *= 1.0 + (slow["factor"] - 1.0) * max(slow["requests"] - i, 0) / slow["requests"]
         self.t_first = None
         try:
             if mode == "hang":
@@ -290,11 +297,14 @@ def serve(
     block_size: int = 16,
     front_end_ms: float | None = None,
     front_end_ms_per_stream: float = 0.0,
+    slow_start_requests: int = 0,
+    slow_start_factor: float = 3.0,
 ) -> ThreadingHTTPServer:
     """spec_k > 0: a speculative server drafting spec_k tokens a step, spec_accept the conditional
     acceptance per position (padded with its last value), draws seeded from ``seed``.
     prefix_caching True / False: the server says it is vLLM and publishes its cache's settings
-    (None: it says nothing of them)."""
+    (None: it says nothing of them). slow_start_requests N: the first N requests run slower, from
+    slow_start_factor times the step down to 1 (a fresh server warming up)."""
     acc = tuple(float(x) for x in spec_accept) or (0.0,)
     acc = acc[:spec_k] + (acc[-1],) * max(0, spec_k - len(acc))
     state = {
@@ -317,6 +327,14 @@ def serve(
         block_size=block_size,
         front_end_ms=front_end_ms or 0.0,
         front_end_ms_per_stream=front_end_ms_per_stream,
+        slow_start={
+            "lock": threading.Lock(),
+            "started": 0,
+            "requests": slow_start_requests,
+            "factor": slow_start_factor,
+        }
+        if slow_start_requests > 0
+        else None,
         front_end=None
         if front_end_ms is None
         else {"lock": threading.Lock(), "active": 0, "count": 0, "sum": dict.fromkeys(LATENCY, 0.0)},
@@ -340,6 +358,7 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--front-end-ms", type=float, help="the API server's time per request (and histograms)")
     ap.add_argument("--front-end-ms-per-stream", type=float, default=0.0, help="... more per other stream in flight")
+    ap.add_argument("--slow-start-requests", type=int, default=0, help="the first N requests slower (warming up)")
     a = ap.parse_args()
     accept = tuple(float(x) for x in a.spec_accept.split(",") if x.strip())
     pc = None if a.prefix_caching is None else a.prefix_caching == "on"
@@ -355,6 +374,7 @@ def main() -> None:
         block_size=a.block_size,
         front_end_ms=a.front_end_ms,
         front_end_ms_per_stream=a.front_end_ms_per_stream,
+        slow_start_requests=a.slow_start_requests,
     ).serve_forever()
 
 

