@@ -311,7 +311,9 @@ def test_live_import_bench(live, tmp_path):
 def _profile(live, out):
     # the sweep at one shape raises tokens, requests and context together; the extra shapes vary
     # prefill tokens (256-token prompts at one request) and context (long prompt, longer output)
-    # apart; three interleaved rounds (the server was warmed up when it was started)
+    # apart; the default rounds (profile_server.ROUNDS: with three, two identical calls' overheads
+    # were apart by more than their intervals in 3 of 10 pairs on a 2-core VM, with six in 1 of 10;
+    # the server was warmed up when it was started)
     return profile_server.profile_server(
         live["url"],
         out,
@@ -324,7 +326,7 @@ def _profile(live, out):
         shapes=SHAPES,
         cpus=FRONT,
         nice=NICE or None,
-        rounds=3,
+        rounds=profile_server.ROUNDS,
         warmup_rounds=0,
     )
 

@@ -282,7 +282,7 @@ def profile_server_cmd(
     cpus: Optional[str] = typer.Option(None, "--cpus", help="pin the client to these CPUs, e.g. 1"),
     nice: int = typer.Option(-10, "--nice", help="client priority while measuring (root); 0 leaves it"),
     rounds: int = typer.Option(
-        3, "--rounds", help="every point once per round, interleaved: each term's confidence interval (>= 3)"
+        6, "--rounds", help="every point once per round, interleaved: each term's confidence interval (>= 3)"
     ),
     warmup_rounds: int = typer.Option(1, "--warmup-rounds", help="rounds run first and discarded"),
     pin: List[str] = typer.Option(
