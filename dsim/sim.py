@@ -96,10 +96,10 @@ class SimConfig:
     closed_loop_send_gap_ms: float = 0.0
     # A front end whose time grows with the load (FrontEnd): the request table gains the client's
     # view (client_ttft_ms, client_e2e_ms) and a closed loop's way back holds its E2E part at the
-    # loop's concurrency (on top of closed_loop_gap_ms). With a front end, a wave's successors
-    # wait their turn in the API server's queue on the way in: the i-th behind the wave's first
-    # reaches the engine i closed_loop_send_gap_ms later and its client TTFT and E2E hold that
-    # wait (the request table's way_in_queue_ms). None: the engine alone.
+    # loop's concurrency (on top of closed_loop_gap_ms). That part is a mean over the loop's
+    # requests, the way-in queue of a wave's later successors included, so with a front end a
+    # wave's successors are spaced closed_loop_send_gap_ms apart around it (the wave's mean way
+    # back is the front end's; none earlier than the completion). None: the engine alone.
     front_end: FrontEnd | None = None
     # Keep the step table (SimResult.steps). The summary's step count and mean batch do not need
     # it: callers that read only the summary, the request table and the ITL samples (the plan's,
@@ -309,8 +309,7 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
         # the way back through the front end, which serves the loop's every user
         first += float(cfg.front_end.e2e_at(min(closed, reqs.n))) / 1000.0
     at_once = gap <= 0.0 and first <= 0.0
-    # (with a front end: each request's wait in the API server's queue behind its wave, ms)
-    way_in = np.zeros(reqs.n) if closed and cfg.front_end is not None else None
+    centred = closed and cfg.front_end is not None
 
     def on_finish(rids: list) -> None:
         """The requests rids (in finishing order) finished now: each user sends its next."""
@@ -330,17 +329,17 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
                     reqs.arrival[i:j] = env.now
                 router.dispatch_many(range(i, j))
             return
+        if burst[0] != env.now:
+            burst[0], burst[1] = env.now, 0
+        # the sends of one instant reach the engine in turn, gap apart: the first `first` after it,
+        # or, with a front end (whose way back is the wave's mean), centred on `first`
+        shift = (min(len(rids), reqs.n - next_id[0]) - 1) / 2.0 if centred else 0.0
         for _ in rids:
             if next_id[0] >= reqs.n:
                 return
             nid = int(next_id[0])
             next_id[0] += 1
-            # the sends of one instant reach the engine in turn, gap apart, the first `first` after it
-            if burst[0] != env.now:
-                burst[0], burst[1] = env.now, 0
-            delay = first + burst[1] * gap
-            if way_in is not None:
-                way_in[nid] = burst[1] * gap * 1e3
+            delay = max(first + (burst[1] - shift) * gap, 0.0)
             burst[1] += 1
             reqs.arrival[nid] = env.now + delay
             if delay == 0.0:
@@ -434,7 +433,7 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
     if bar is not None:
         bar.close()
     wall = time.perf_counter() - t_wall
-    return _result(cfg, w, rejected, spec, reqs, stats, replicas, wall, way_in)
+    return _result(cfg, w, rejected, spec, reqs, stats, replicas, wall)
 
 
 def in_flight_at_arrival(arrival_s: np.ndarray, finish_s: np.ndarray) -> np.ndarray:
@@ -445,30 +444,27 @@ def in_flight_at_arrival(arrival_s: np.ndarray, finish_s: np.ndarray) -> np.ndar
     return np.searchsorted(arr, arrival_s, side="right") - np.searchsorted(fin, arrival_s, side="right")
 
 
-def _add_front_end(req: pd.DataFrame, fe: FrontEnd, closed: int | None, way_in_ms: np.ndarray | None) -> None:
+def _add_front_end(req: pd.DataFrame, fe: FrontEnd, closed: int | None) -> None:
     """The client's view of each request: its TTFT and E2E plus the front end's time at the
-    requests in flight (a closed loop's concurrency; an open loop's count at its arrival) and its
-    wait behind its closed-loop wave on the way in (``way_in_ms``, by request id)."""
+    requests in flight (a closed loop's concurrency; an open loop's count at its arrival)."""
     if closed:
         n = np.full(len(req), float(min(closed, len(req))))
     else:
         a = req["arrival_s"].to_numpy(dtype=np.float64)
         n = in_flight_at_arrival(a, a + req["e2e_ms"].to_numpy(dtype=np.float64) / 1e3).astype(np.float64)
-    wait = way_in_ms[req["request"].to_numpy()] if way_in_ms is not None else np.zeros(len(req))
     req["front_end_requests"] = n
-    req["way_in_queue_ms"] = wait
-    req["client_ttft_ms"] = req["ttft_ms"].to_numpy() + fe.ttft_at(n) + wait
-    req["client_e2e_ms"] = req["e2e_ms"].to_numpy() + fe.e2e_at(n) + wait
+    req["client_ttft_ms"] = req["ttft_ms"].to_numpy() + fe.ttft_at(n)
+    req["client_e2e_ms"] = req["e2e_ms"].to_numpy() + fe.e2e_at(n)
 
 
-def _result(cfg, w, rejected, spec, reqs, stats, replicas, wall, way_in=None) -> SimResult:
+def _result(cfg, w, rejected, spec, reqs, stats, replicas, wall) -> SimResult:
     for r in replicas:
         r.flush()
     stats.head_conf = [x for r in replicas for x in r.head_conf]
     stats.head_acc = [x for r in replicas for x in r.head_acc]
     req = request_table(reqs, w.class_names)
     if cfg.front_end is not None:
-        _add_front_end(req, cfg.front_end, w.closed_loop_concurrency, way_in)
+        _add_front_end(req, cfg.front_end, w.closed_loop_concurrency)
     arr = np.concatenate([b.T for r in replicas for b in r.itl_vals.blocks()])  # [samples, (gap_ms, count)]
     parts = [b for r in replicas for b in r.steps.blocks()]
     n_steps = sum(r.n_steps for r in replicas)

@@ -247,7 +247,7 @@ def simulate_measurement(
         )
         if conc:
             assumed.append(
-                f"closed loop: a wave's successors wait their turn on the way in, {gap:.2f} ms each after the first"
+                f"closed loop: a wave's successors reach the engine {gap:.2f} ms apart around the front end's way back"
                 + (
                     " (the API server's way-in queue per request ahead)"
                     if _fe_gap(v, bool(k)) is not None
