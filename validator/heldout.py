@@ -18,9 +18,10 @@ load and shape only (the calibration runs and the sweep's concurrency-2 runs: th
 scales), and checks every held-out case (its rounds pooled, their spread measured) against the
 gates (validator.compare.DEFAULT_GATES). No held-out run enters the profile or the calibration.
 With a server of the same model without speculation (``--plain-server`` / ``--plain-launch``,
-measured after the speculative server's rounds, in rounds of its own: its calibration point and
-eight streams), the calibration takes its calibration runs too (the machinery's cost from the
-difference) and ``analyse`` checks its eight-stream case without speculation.
+measured after the speculative server's rounds, in rounds of its own: one and four streams, its
+calibration point and eight streams), the profile's front end takes its one and four streams
+(its own slope), the calibration its calibration runs (the machinery's cost from the
+difference), and ``analyse`` checks its eight-stream case without speculation.
 Noise is part of the result: a control point (the calibration's load and shape) is measured
 before the first round and after the last, and ``analyse`` says whether it drifted by more than
 that point's spread over the rounds (validator.noise.drift), and names every run during which the
@@ -52,6 +53,9 @@ RATE_CASE = "rate-0.66xc8"
 # speculative server's) and its held-out case
 PLAIN_CALIBRATION = ("plain-cal-c2", 2, 64, 64)
 PLAIN_HELD_OUT = ("plain-c8", 8, 64, 64)
+# its own front end's points at one and four requests, so its slope is measured, not carried over
+# from the speculative server (calibrate.front_end_fit); neither enters the calibration's scale
+PLAIN_SWEEP = [("plain-p-c1", 1, 64, 64), ("plain-p-c4", 4, 64, 64)]
 PLAIN_NAMES = (PLAIN_CALIBRATION[0], PLAIN_HELD_OUT[0])
 # the control point: the calibration's load and shape measured once before the first round and
 # once after the last; analyse flags the collection when it moved by more than that point's spread
@@ -111,12 +115,12 @@ def collect(url: str, out: Path, rounds: int = ROUNDS, cpus=None, header: dict |
 
 
 def collect_plain(url: str, out: Path, rounds: int = ROUNDS, cpus=None, header: dict | None = None, say=print) -> dict:
-    """The server without speculation's rounds: its calibration point and its held-out case once
-    a round, into ``out`` beside the speculative server's collection (collect.json gains
-    ``plain_rounds``)."""
+    """The server without speculation's rounds: its front end's points (PLAIN_SWEEP), its
+    calibration point and its held-out case once a round, into ``out`` beside the speculative
+    server's collection (collect.json gains ``plain_rounds``)."""
     t0 = time.monotonic()
     for r in range(rounds):
-        for name, c, i, o in (PLAIN_CALIBRATION, PLAIN_HELD_OUT):
+        for name, c, i, o in PLAIN_SWEEP + [PLAIN_CALIBRATION, PLAIN_HELD_OUT]:
             opts = driver.RunOptions(
                 server=url, concurrency=c, progress=False, cpus=cpus, extra_header=dict(header or {}, case=name)
             )
@@ -158,7 +162,12 @@ def analyse(d: Path, gates: dict | None = None) -> dict:
     levels.update({f"c{c} {i}:{o}": _files(d, n) for n, c, i, o in PROFILE_SHAPES if list(d.glob(f"{n}-r*.jsonl"))})
     m0 = measure.read(levels[1][0])
     prof = profile_server.profile_from_measurements(
-        levels, hardware="cpu", server_flags=m0.header.get("server_flags"), input_len=64, output_len=64
+        levels,
+        hardware="cpu",
+        server_flags=m0.header.get("server_flags"),
+        input_len=64,
+        output_len=64,
+        front_end_files=[f for n, *_ in PLAIN_SWEEP for f in _plain(d, n)],
     )
     base = work / "profile.yaml"
     save_profile(prof, base)

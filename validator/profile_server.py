@@ -58,10 +58,13 @@ def profile_from_measurements(
     input_len: int | None = None,
     output_len: int | None = None,
     pinned: dict | None = None,
+    front_end_files: list | None = None,
 ) -> Profile:
     """The measured profile from closed-loop runs already made, {level: [files...]} (runs of one
     level are pooled; a level is a concurrency, or any label such as "c1 256:16" for a point of
-    another shape): e.g. levels measured interleaved with the runs to predict."""
+    another shape): e.g. levels measured interleaved with the runs to predict. ``front_end_files``:
+    runs that are points of the front end only (calibrate.front_end_fit), e.g. the same model's
+    server without speculation at loads of its own."""
     concurrencies = sorted(files_by_level, key=lambda c: (isinstance(c, str), str(c) if isinstance(c, str) else c))
     ms = [measure.pool([measure.read(f) for f in files_by_level[c]], where="profile") for c in concurrencies]
     files = [f for c in concurrencies for f in files_by_level[c]]
@@ -112,7 +115,7 @@ def profile_from_measurements(
     ovh = request_overheads(ms)
     table = overhead_table(ms)
     # each run of the sweep is one point of the front end against the load
-    fe = front_end_fit(front_end_points([measure.read(f) for f in files]))
+    fe = front_end_fit(front_end_points([measure.read(f) for f in files + list(front_end_files or [])]))
     extra = {
         "validator": {
             "request_overhead_ms": round(ovh["e2e"], 4),
