@@ -572,6 +572,23 @@ def _refused(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) != 0
 
 
+def test_the_overheads_share_of_the_step_leaves_the_machines_level_out():
+    """profile_server.overhead_share: the overhead and its interval over the sweep's mean measured
+    step (closed form); the same sweep on a machine 30% slower throughout gives the same share where
+    the overhead itself moved by 30%; no interval (one round), no share."""
+    from validator.profile_server import overhead_share
+
+    fit = {"cpu_overhead_ms": 3.0, "intervals": {"cpu_overhead_ms": {"low": 2.5, "high": 3.5}}}
+    pts = [{"step_ms": 4.0}, {"step_ms": 6.0}, {"step_ms": 5.0}, {"step_ms": None}]
+    sh = overhead_share(fit, pts)
+    assert sh == {"value": 0.6, "low": 0.5, "high": 0.7, "mean_step_ms": 5.0}
+    slow = {"cpu_overhead_ms": 3.9, "intervals": {"cpu_overhead_ms": {"low": 3.25, "high": 4.55}}}
+    assert overhead_share(slow, [dict(p, step_ms=p["step_ms"] and p["step_ms"] * 1.3) for p in pts]) == pytest.approx(
+        dict(sh, mean_step_ms=6.5)
+    )
+    assert overhead_share({"cpu_overhead_ms": 3.0, "intervals": {}}, pts) is None
+
+
 def test_warm_up_probes_until_the_server_is_steady(fake):
     """After the warm-up passes, probes at the largest concurrency go on while each is faster than
     the one before by more than the noise (a warming server only gets faster): a fake whose first
