@@ -78,7 +78,7 @@ class WarmUp:
         if not self.probe_step_ms:
             return f"{self.seconds:.1f} s"
         probes = ", ".join(f"{x:.2f}" for x in self.probe_step_ms)
-        how = "steady" if self.steady else f"still {STEADY_TOLERANCE:.0%} faster at the last probe: not steady"
+        how = "steady" if self.steady else f"still over {STEADY_TOLERANCE:.0%} faster at the last probe: not steady"
         return f"{self.seconds:.1f} s; step time of the probes {probes} ms ({how})"
 
 
