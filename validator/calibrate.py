@@ -299,7 +299,8 @@ def front_end_fit(points: Sequence[dict], speculative: bool | None = None) -> di
     configs = sorted({bool(s) for s in spec if s is not None}, reverse=True)
     group = np.array([0 if len(configs) < 2 else configs.index(bool(s) if s is not None else configs[0]) for s in spec])
     ratio = event_ratios(pts, group)
-    x = np.array([(max(p["streams"], 1.0) - 1.0) * ratio[g] for p, g in zip(pts, group)])
+    streams = np.array([max(p["streams"], 1.0) - 1.0 for p in pts])
+    x = streams * np.asarray(ratio)[group]
     low = min(pts, key=lambda p: p["streams"])
     pre = float(np.mean([p["pre_engine_ms"] for p in pts if abs(p["streams"] - low["streams"]) < 0.5]))
     out: dict = {"pre_engine_ms": round(pre, 4)}
@@ -308,7 +309,6 @@ def front_end_fit(points: Sequence[dict], speculative: bool | None = None) -> di
     queued = np.array([np.nan if p.get("step_ms") is None else api_queue_ms(p, pre) for p in pts])
     by: dict = {("speculative" if c else "none"): {} for c in configs} if len(configs) == 2 else {}
     # each server measured at two loads or more: its own slope (no ratio carried over)
-    streams = np.array([max(p["streams"], 1.0) - 1.0 for p in pts])
     own = bool(by) and all(np.ptp(streams[group == g]) >= MIN_FRONT_END_SPAN for g in range(len(by)))
     ng = int(group.max()) + 1
     for key in ("ttft", "e2e"):
@@ -345,7 +345,6 @@ def front_end_fit(points: Sequence[dict], speculative: bool | None = None) -> di
             by[name]["arrival_gap_ms"] = round(gaps[g], 4)
     if by:
         out["by_speculation"] = by
-    runs_at = f"{len(pts)} runs at {x.min() + 1:.1f}-{x.max() + 1:.1f} requests in flight"
     if own:
         out["per_request_from"] = (
             f"{len(pts)} runs; each server's own intercept and slope ("
@@ -358,7 +357,7 @@ def front_end_fit(points: Sequence[dict], speculative: bool | None = None) -> di
         )
     else:
         out["per_request_from"] = (
-            runs_at
+            f"{len(pts)} runs at {x.min() + 1:.1f}-{x.max() + 1:.1f} requests in flight"
             if span >= MIN_FRONT_END_SPAN
             else f"one load ({x.mean() + 1:.1f} requests in flight): per-request part not measured, 0"
         ) + (

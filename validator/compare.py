@@ -331,8 +331,7 @@ def front_end_of(v: dict, speculative: bool | None = None):
     f = v.get("front_end")
     if not f:
         return None
-    config = "" if speculative is None else ("speculative" if speculative else "none")
-    own = (f.get("by_speculation") or {}).get(config, {})
+    own = _own_fit(f, speculative)
     return FrontEnd(
         ttft_ms=float(own.get("ttft_ms", f["ttft_ms"])),
         ttft_ms_per_request=float(own.get("ttft_ms_per_request", f["ttft_ms_per_request"])),
@@ -341,10 +340,15 @@ def front_end_of(v: dict, speculative: bool | None = None):
     )
 
 
+def _own_fit(f: dict, speculative: bool | None) -> dict:
+    """The front end fit's parts of the server ``speculative`` says ({} where it was fitted on one)."""
+    config = "" if speculative is None else ("speculative" if speculative else "none")
+    return (f.get("by_speculation") or {}).get(config, {})
+
+
 def _fe_gap(v: dict, speculative: bool) -> float | None:
     f = v.get("front_end") or {}
-    own = (f.get("by_speculation") or {}).get("speculative" if speculative else "none", {})
-    g = own.get("arrival_gap_ms", f.get("arrival_gap_ms"))
+    g = _own_fit(f, speculative).get("arrival_gap_ms", f.get("arrival_gap_ms"))
     return None if g is None else float(g)
 
 

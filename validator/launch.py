@@ -373,20 +373,15 @@ def warm_up(
 ) -> WarmUp:
     """Unmeasured closed-loop runs (2 C requests at each concurrency C, capped at ``limit``): a
     fresh server's first passes and new batch shapes are slow; then ``settle`` at the largest C."""
-    from validator import driver, traces
-
     t0 = time.monotonic()
     top = 0
     with tempfile.TemporaryDirectory(prefix="dsim-warmup-") as d:
         for c in concurrencies:
             c = min(int(c), limit) if limit else int(c)
             top = max(top, c)
-            opts = driver.RunOptions(server=url, concurrency=c, progress=False, cpus=cpus, nice=nice)
-            s = driver.run(traces.fixed(2 * c, input_len, output_len), opts, Path(d) / f"c{c}.jsonl")
-            if not s.get("requests_completed"):
-                raise InputError(
-                    f"{url}: warm-up at concurrency {c}: no request completed ({s.get('failure_reasons')})"
-                )
+            _unmeasured(
+                url, c, input_len, output_len, Path(d) / f"c{c}.jsonl", cpus, nice, f"warm-up at concurrency {c}"
+            )
     if not top:
         return WarmUp(time.monotonic() - t0)
     probes, steady = settle(url, top, input_len, output_len, cpus=cpus, nice=nice)
@@ -400,20 +395,28 @@ def settle(
     step time is not below the one before by more than STEADY_TOLERANCE (a warming server only
     gets faster; the noise goes both ways), between STEADY_PROBES' bounds. Returns the probes'
     step times (ms) and whether the last one was steady."""
-    from validator import driver, measure, traces
+    from validator import measure
 
     steps: list[float] = []
     with tempfile.TemporaryDirectory(prefix="dsim-settle-") as d:
         for i in range(STEADY_PROBES[1]):
-            opts = driver.RunOptions(server=url, concurrency=concurrency, progress=False, cpus=cpus, nice=nice)
             path = Path(d) / f"probe{i}.jsonl"
-            s = driver.run(traces.fixed(2 * concurrency, input_len, output_len), opts, path)
-            if not s.get("requests_completed"):
-                raise InputError(f"{url}: warm-up probe {i + 1}: no request completed ({s.get('failure_reasons')})")
+            _unmeasured(url, concurrency, input_len, output_len, path, cpus, nice, f"warm-up probe {i + 1}")
             steps.append(probe_step_ms(measure.read(path).stats()))
             if len(steps) >= STEADY_PROBES[0] and steps[-1] >= (1.0 - STEADY_TOLERANCE) * steps[-2]:
                 return steps, True
     return steps, False
+
+
+def _unmeasured(url: str, c: int, input_len: int, output_len: int, path: Path, cpus, nice, what: str) -> None:
+    """One unmeasured closed-loop run of 2 C requests at concurrency C into ``path``; an
+    InputError naming ``what`` when no request completed."""
+    from validator import driver, traces
+
+    opts = driver.RunOptions(server=url, concurrency=c, progress=False, cpus=cpus, nice=nice)
+    s = driver.run(traces.fixed(2 * c, input_len, output_len), opts, path)
+    if not s.get("requests_completed"):
+        raise InputError(f"{url}: {what}: no request completed ({s.get('failure_reasons')})")
 
 
 def probe_step_ms(stats: dict) -> float:
