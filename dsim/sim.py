@@ -310,6 +310,27 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
         first += float(cfg.front_end.e2e_at(min(closed, reqs.n))) / 1000.0
     at_once = gap <= 0.0 and first <= 0.0
     centred = closed and cfg.front_end is not None
+    # the closed loop's runs (Workload.closed_loop_run_starts): [end of the current run, its
+    # requests finished so far, index of the next run's start]
+    run_starts = w.closed_loop_run_starts if closed else ()
+    run = [run_starts[0] if run_starts else reqs.n, 0, 0]
+
+    def send(nid: int, delay: float) -> None:
+        reqs.arrival[nid] = env.now + delay
+        if delay == 0.0:
+            router.dispatch(nid)
+        else:
+            env.timeout(delay).callbacks.append(lambda _, nid=nid: router.dispatch(nid))
+
+    def start_run(delay: float) -> None:
+        """A run's users send their first requests: all at once, or with a front end in turn,
+        the send gap apart (the API server takes a wave sent back to back in one at a time,
+        the first of a run's wave as well as of its successors')."""
+        end = run[0]
+        for k in range(min(closed, end - int(next_id[0]))):
+            nid = int(next_id[0])
+            next_id[0] += 1
+            send(nid, delay + (k * gap if centred else 0.0))
 
     def on_finish(rids: list) -> None:
         """The requests rids (in finishing order) finished now: each user sends its next."""
@@ -317,10 +338,20 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
             bar.update(len(rids))
         if not closed:
             return
+        if run_starts:
+            run[1] += len(rids)
+            if run[1] >= run[0] - (run_starts[run[2] - 1] if run[2] else 0):
+                # the run is over: the next one starts with its whole first wave
+                if run[2] < len(run_starts):
+                    run[2] += 1
+                    run[0] = run_starts[run[2]] if run[2] < len(run_starts) else reqs.n
+                    run[1] = 0
+                    start_run(first)
+                return
         if at_once:
             # (one batch: the next ids arrive now, dispatched in finishing order)
             i = int(next_id[0])
-            j = min(i + len(rids), reqs.n)
+            j = min(i + len(rids), run[0])
             if j > i:
                 next_id[0] = j
                 if j == i + 1:  # (one request: an item, cheaper than a slice)
@@ -333,19 +364,15 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
             burst[0], burst[1] = env.now, 0
         # the sends of one instant reach the engine in turn, gap apart: the first `first` after it,
         # or, with a front end (whose way back is the wave's mean), centred on `first`
-        shift = (min(len(rids), reqs.n - next_id[0]) - 1) / 2.0 if centred else 0.0
+        shift = (min(len(rids), run[0] - next_id[0]) - 1) / 2.0 if centred else 0.0
         for _ in rids:
-            if next_id[0] >= reqs.n:
+            if next_id[0] >= run[0]:
                 return
             nid = int(next_id[0])
             next_id[0] += 1
             delay = max(first + (burst[1] - shift) * gap, 0.0)
             burst[1] += 1
-            reqs.arrival[nid] = env.now + delay
-            if delay == 0.0:
-                router.dispatch(nid)
-            else:
-                env.timeout(delay).callbacks.append(lambda _, nid=nid: router.dispatch(nid))
+            send(nid, delay)
 
     if spec.k:  # (before the replicas: they read the latents)
         lrng = np.random.default_rng([cfg.seed, 1 << 20])
@@ -391,7 +418,7 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
     # replica submit them itself (sharing the next request id); otherwise on_finish does.
     if bar is None and not closed:
         succ = SUCC_NONE
-    elif bar is None and at_once and n_rep == 1:
+    elif bar is None and at_once and n_rep == 1 and not run_starts:
         succ = SUCC_SELF
         next_id = replicas[0].closed_next  # (int64[1], read and advanced by the replica's steps too)
     else:
@@ -401,11 +428,7 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
 
     def arrivals() -> Iterator[Any]:
         if closed:
-            for _ in range(min(closed, reqs.n)):
-                nid = int(next_id[0])
-                next_id[0] += 1
-                reqs.arrival[nid] = 0.0
-                router.dispatch(nid)
+            start_run(0.0)
             return
         times = w.arrival_s
         for rid in range(reqs.n):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -560,7 +561,8 @@ def test_a_waves_successors_reach_the_engine_the_way_in_queue_apart():
     a step), the gap fitted through 0 on the runs whose waves are long enough, scaled per streamed
     event for the plain server as the slope is; with a front end dsim spaces a wave's successors
     that far apart around the front end's way back (the wave's mean way back is the front end's),
-    and check uses the gap of the measured server."""
+    and check uses the gap of the measured server. A run's first wave, sent back to back at its
+    start, reaches the engine the same gap apart."""
     from dsim.sim import FrontEnd, SimConfig, simulate
     from validator import calibrate, stepfit, traces
     from validator.compare import arrival_gap_of
@@ -599,22 +601,68 @@ def test_a_waves_successors_reach_the_engine_the_way_in_queue_apart():
     # a profile fitted before the gap: the client's send gap
     assert arrival_gap_of({"front_end": {}, "closed_loop_send_gap_ms": 0.04}, speculative=True) == 0.04
 
-    # dsim: a 10 ms step; the wave of four finishing together comes back 20 ms (the front end's
-    # E2E at four) +- 1.5 and 4.5 ms later, in turn
+    # dsim: a 10 ms step, 3 output tokens. The first wave reaches the engine 0, 3, 6 and 9 ms
+    # after the start: the first prefills alone (0-10 ms) and finishes at 30 ms, the other three
+    # prefill together (10-20 ms) and finish at 40 ms. The lone one's successor comes back the
+    # front end's E2E at four (20 ms) later; the wave of three 20 ms +- 3 ms later, in turn.
     fit = dict.fromkeys(stepfit.ALL_TERMS, 0.0) | {"cpu_overhead_ms": 10.0}
     prof = linear_profile("flat", "measured", fit, {})
     fe = FrontEnd(ttft_ms=5.0, e2e_ms=20.0)
     w = traces.to_workload(traces.fixed(8, 8, 3), 4)
     res = simulate(SimConfig(workload=w, profile=prof, gpus_per_node=1, front_end=fe, closed_loop_send_gap_ms=3.0))
     rq = res.requests.sort_values("arrival_s")
-    done = rq.head(4).eval("arrival_s + e2e_ms / 1000").max()  # (the first wave, one prefill, finishes together)
-    back = (rq.arrival_s.to_numpy()[4:] - done) * 1e3
-    assert back == pytest.approx([15.5, 18.5, 21.5, 24.5], abs=1e-6) and back.mean() == pytest.approx(20.0)
+    assert rq.arrival_s.to_numpy()[:4] * 1e3 == pytest.approx([0.0, 3.0, 6.0, 9.0], abs=1e-6)
+    assert rq.eval("arrival_s + e2e_ms / 1000").to_numpy()[:4] * 1e3 == pytest.approx([30, 40, 40, 40], abs=1e-6)
+    assert rq.arrival_s.to_numpy()[4:] * 1e3 == pytest.approx([50.0, 57.0, 60.0, 63.0], abs=1e-6)
     # a gap larger than the way back allows: none earlier than the completion
     res = simulate(SimConfig(workload=w, profile=prof, gpus_per_node=1, front_end=fe, closed_loop_send_gap_ms=20.0))
-    rq = res.requests.sort_values("arrival_s")
-    done = rq.head(4).eval("arrival_s + e2e_ms / 1000").max()
-    assert (rq.arrival_s.to_numpy()[4:] - done) * 1e3 == pytest.approx([0.0, 10.0, 30.0, 50.0], abs=1e-6)
+    rq = res.requests.sort_values("request")
+    # (the first wave at 0, 20, 40 and 60 ms; the first finishes alone at 30 ms, its successor 20 ms on)
+    assert rq.arrival_s.to_numpy()[:5] * 1e3 == pytest.approx([0.0, 20.0, 40.0, 60.0, 50.0], abs=1e-6)
+    fin = rq.eval("arrival_s + e2e_ms / 1000").to_numpy()
+    assert np.all(rq.arrival_s.to_numpy()[4:] >= np.sort(fin[:4]) - 1e-12)
+
+
+def test_pooled_closed_loop_runs_each_start_with_their_whole_first_wave():
+    """Runs of a closed loop pooled for one check (heldout's rounds) are simulated run by run:
+    each began with its users' whole first wave, so a run's requests wait for the run before it
+    to finish (closed form, a flat 10 ms step, at once: two users, outputs 2, 5, 2, 2 | 2, 2).
+    The user with 5 tokens finishes at 50 ms with the run's last request sent: its successor is
+    the next run's, which starts with both users when the run's last request ends at 60 ms; in
+    one loop over all six it would have come at 50 ms."""
+    from dsim.sim import SimConfig, simulate
+    from validator import stepfit, traces
+    from validator.compare import workload_from
+    from validator.fitted_profile import linear_profile
+
+    prof = linear_profile("flat", "measured", dict.fromkeys(stepfit.ALL_TERMS, 0.0) | {"cpu_overhead_ms": 10.0}, {})
+    plan = traces.Plan(np.zeros(6), np.full(6, 8), np.array([2, 5, 2, 2, 2, 2]), "fixed")
+    one = traces.to_workload(plan, 2)
+    runs = dataclasses.replace(one, closed_loop_run_starts=(4,))
+
+    def arrivals_ms(w):
+        rq = simulate(SimConfig(workload=w, profile=prof, gpus_per_node=1)).requests.sort_values("request")
+        return list(np.round(rq.arrival_s.to_numpy() * 1e3, 6))
+
+    assert arrivals_ms(one) == [0.0, 0.0, 20.0, 40.0, 50.0, 60.0]
+    assert arrivals_ms(runs) == [0.0, 0.0, 20.0, 40.0, 60.0, 60.0]
+    with pytest.raises(ValueError, match="closed_loop_run_starts"):
+        dataclasses.replace(one, closed_loop_run_starts=(6,))
+    with pytest.raises(ValueError, match="closed_loop_run_starts"):
+        dataclasses.replace(one, closed_loop_concurrency=None, closed_loop_run_starts=(2,))
+    assert one.head(3).closed_loop_run_starts == () and runs.head(5).closed_loop_run_starts == (4,)
+
+    # check's workload: pooled measured runs of a closed loop restart where each run began
+    def run(n):
+        reqs = [{"i": i, "send_s": 0.001 * i, "end_s": 0.01 + 0.001 * i, "prompt_tokens": 8, "output_tokens": 2,
+                 "ok": True} for i in range(n)]  # fmt: skip
+        return measure.Measurement(
+            "mem", {"format": measure.FORMAT, "load": {"mode": "concurrency", "concurrency": 2}}, reqs
+        )
+
+    w, conc = workload_from(measure.pool([run(4), run(3), run(5)]))
+    assert conc == 2 and w.closed_loop_run_starts == (4, 7) and len(w) == 12
+    assert workload_from(run(4))[0].closed_loop_run_starts == ()
 
 
 def test_the_front_end_slope_is_shared_per_streamed_event():

@@ -114,7 +114,11 @@ def workload_from(m: measure.Measurement) -> tuple:
     pin = np.array([max(int(r.get("prompt_tokens") or 1), 1) for r in reqs], dtype=np.int64)
     pout = np.array([max(int(r.get("output_tokens") or r.get("max_tokens") or 1), 1) for r in reqs], dtype=np.int64)
     plan = traces.Plan(arr, pin, pout, f"measured:{m.path}")
-    return traces.to_workload(plan, conc), conc
+    # pooled closed-loop runs: each began with its users' whole first wave, and so does each
+    # simulated run (one simulated loop over six pooled runs had a sixth of their first waves)
+    runs = np.array([int(r.get("run") or 0) for r in reqs])
+    starts = tuple(int(i) + 1 for i in np.flatnonzero(np.diff(runs))) if conc else ()
+    return traces.to_workload(plan, conc, starts), conc
 
 
 def _sent_at(r: dict) -> float:

@@ -358,7 +358,7 @@ def pool(ms: list, where: str = "measurements") -> Measurement:
         raise InputError(f"{where}: pooled measurements must share one load (got {sorted(loads)})")
     reqs, offset, total = [], 0.0, {}
     dur = 0.0
-    for m in ms:
+    for run, m in enumerate(ms):
         times = [r["send_s"] for r in m.requests if r.get("send_s") is not None]
         ends = [r["end_s"] for r in m.requests if r.get("end_s") is not None]
         if not times:
@@ -371,6 +371,7 @@ def pool(ms: list, where: str = "measurements") -> Measurement:
                     r[k] = r[k] - t0 + offset
             r["chunks"] = [[c[0] - t0 + offset, c[1]] for c in r.get("chunks") or []]
             r["i"] = len(reqs)
+            r["run"] = run  # (which of the pooled runs: a closed loop restarts with each)
             reqs.append(r)
         offset += max(ends) - t0
         dur += (m.summary or {}).get("duration_s") or (max(ends) - t0)

@@ -137,8 +137,11 @@ def load(trace: str | None, n: int | None, input_len: int | None, output_len: in
     return _native(p).head(n)
 
 
-def to_workload(plan_or_requests: Plan, concurrency: int | None = None) -> Workload | Plan:
-    """A dsim Workload for the simulator (when dsim.workload exists), else the Plan itself."""
+def to_workload(
+    plan_or_requests: Plan, concurrency: int | None = None, run_starts: tuple[int, ...] = ()
+) -> Workload | Plan:
+    """A dsim Workload for the simulator (when dsim.workload exists), else the Plan itself.
+    ``run_starts``: a closed loop measured as several runs (Workload.closed_loop_run_starts)."""
     plan = plan_or_requests
     try:
         from dsim.workload import Workload
@@ -155,6 +158,7 @@ def to_workload(plan_or_requests: Plan, concurrency: int | None = None) -> Workl
         prefix_hashes=None,
         prefix_block_tokens=16,
         closed_loop_concurrency=concurrency,
+        closed_loop_run_starts=run_starts,
         source=plan.source,
         class_mix_assumed=False,
     )

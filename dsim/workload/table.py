@@ -41,6 +41,10 @@ class Workload:
     prefix_hashes: list[np.ndarray] | None = None  # per request int64 block hashes
     prefix_block_tokens: int = MOONCAKE_BLOCK_TOKENS
     closed_loop_concurrency: int | None = None
+    # A closed loop measured as several runs back to back (a benchmark's repeats, pooled): the
+    # indices where a run starts after the first. A run's users start together once every request
+    # of the run before has finished, as each measured run began with its whole first wave.
+    closed_loop_run_starts: tuple[int, ...] = ()
     source: str = ""  # where it came from and everything done to it, in words
     class_mix_assumed: bool = False
     rows: np.ndarray | None = None  # int64, each request's data row in the trace file (0-based)
@@ -79,6 +83,12 @@ class Workload:
             raise ValueError("Workload.cls out of range of class_names")
         if self.closed_loop_concurrency is not None and self.closed_loop_concurrency < 1:
             raise ValueError("closed_loop_concurrency must be >= 1")
+        starts = tuple(int(i) for i in self.closed_loop_run_starts)
+        object.__setattr__(self, "closed_loop_run_starts", starts)
+        if starts and (
+            self.closed_loop_concurrency is None or starts[0] < 1 or starts[-1] >= n or any(np.diff(starts) < 1)
+        ):
+            raise ValueError("closed_loop_run_starts: increasing request indices in [1, n) of a closed loop")
 
     # -- basic views -------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -162,6 +172,10 @@ def _take(w: Workload, idx: np.ndarray, *, rezero: bool, change: str) -> Workloa
         session_id=np.array(w.session_id[idx]),
         prefix_hashes=None if w.prefix_hashes is None else [w.prefix_hashes[i] for i in np.arange(len(w))[idx]],
         rows=None if w.rows is None else np.array(w.rows[idx]),
+        # (a leading slice keeps the runs it reaches; any other selection is one run)
+        closed_loop_run_starts=tuple(i for i in w.closed_loop_run_starts if i < len(arr))
+        if isinstance(idx, slice) and not idx.start
+        else (),
     )
 
 
