@@ -12,7 +12,7 @@ import pytest
 
 from cli_contract import run_cli
 from dsim.errors import InputError
-from validator import compare, measure, serverconf
+from validator import compare, measure, serverconf, stepfit
 
 
 def _profile(tmp_path):
@@ -853,3 +853,49 @@ def test_the_heldout_procedure_takes_a_server_without_speculation_too(fake, tmp_
     rc, _, err = run_cli("validate", "heldout", "collect", "--server", spec_url, "--plain-server", plain_url,
                          "--plain-launch", "m -- --x", "--out", tmp_path / "x")  # fmt: skip
     assert rc == 2 and "--plain-server or --plain-launch" in err
+
+
+def test_profile_calls_agree_by_their_intervals_and_the_overhead_by_its_share(tmp_path):
+    """compare-profiles (closed form): every pair of calls whose intervals overlap agrees; the
+    overhead, which carries the machine's level, is judged by its share of each call's mean step,
+    so a host 25% slower in the second call moves the overhead out of its interval but not the
+    share; a per-token term apart is a disagreement, exit 1. A term 0 within the noise counts as
+    [0, its upper bound]; bad input is one line, exit 2."""
+    from dsim.cost import save_profile
+    from validator import agreement
+    from validator.fitted_profile import linear_profile
+
+    def fit(over, lo, hi, tok, tok_lo, tok_hi, step, zero_kv=None):
+        f = dict.fromkeys(stepfit.ALL_TERMS, 0.0) | {"cpu_overhead_ms": over, "ms_per_token": tok}
+        f["intervals"] = {"cpu_overhead_ms": {"low": lo, "high": hi}, "ms_per_token": {"low": tok_lo, "high": tok_hi}}
+        f["zero_within_noise"] = {} if zero_kv is None else {"kv_ms_per_ktok": {"upper": zero_kv}}
+        f["overhead_share"] = {"value": over / step, "low": lo / step, "high": hi / step, "mean_step_ms": step}
+        return f
+
+    a = fit(3.0, 2.8, 3.2, 0.040, 0.035, 0.045, 5.0, zero_kv=0.2)
+    slow = fit(3.75, 3.5, 4.0, 0.050, 0.044, 0.056, 6.25)  # (the same split, the host 25% slower)
+    r = agreement.agreement([a, slow])
+    assert r["terms"]["cpu_overhead_ms"]["overlapping"] == 0 and r["overhead_share"]["overlapping"] == 1
+    assert r["overhead_share"]["level_change"] == pytest.approx(0.25) and r["agree"]
+    assert r["terms"]["kv_ms_per_ktok"]["intervals"] == [(0.0, 0.2), None]
+    apart = fit(3.0, 2.8, 3.2, 0.063, 0.058, 0.068, 5.0)
+    r3 = agreement.agreement([a, slow, apart])
+    assert r3["terms"]["ms_per_token"]["overlapping"] == 1 and r3["terms"]["ms_per_token"]["pairs"] == 3
+    assert not r3["agree"]
+    # without shares (profiles made before them): the overhead itself is judged
+    bare = [{k: v for k, v in f.items() if k != "overhead_share"} for f in (a, slow)]
+    assert not agreement.agreement(bare)["agree"]
+
+    paths = []
+    for i, f in enumerate((a, slow, apart)):
+        p = tmp_path / f"p{i}.yaml"
+        save_profile(linear_profile(f"p{i}", "measured", f, {}, extra={"validator": {"fit": f}}), p)
+        paths.append(str(p))
+    rc, out, _ = run_cli("validate", "compare-profiles", *paths[:2])
+    assert rc == 0 and "25% apart" in out and "overhead's share of the mean step: 1/1" in out, out
+    rc, out, _ = run_cli("validate", "compare-profiles", *paths)
+    assert rc == 1 and "ms_per_token: 1/3 pairs" in out and "DISAGREE" in out, out
+    rc, _, err = run_cli("validate", "compare-profiles", paths[0], str(tmp_path / "none.yaml"))
+    assert rc == 2 and "none.yaml: no such profile file" in err and len(err.strip().splitlines()) == 1
+    rc, _, err = run_cli("validate", "compare-profiles", paths[0])
+    assert rc == 2 and "needs two profiles or more" in err

@@ -361,9 +361,34 @@ def profile_server_cmd(
         # pairs of 10, its share of the step in 0-1; docs/results/validator-heldout-2026-12-07.md)
         typer.echo(
             "  (intervals: the noise within this call's rounds; the machine's level moves more between calls, "
-            "and `calibrate` sets it from its own runs: compare calls by the overhead's share)"
+            "and `calibrate` sets it from its own runs: compare calls with `compare-profiles`)"
         )
     typer.echo(f"wrote {out}: {p.label}")
+
+
+@app.command("compare-profiles")
+def compare_profiles_cmd(
+    profiles: List[Path] = typer.Argument(..., help="two or more profile-server profiles (.yaml)"),
+):
+    """Do these profile-server calls agree? Each term's 95% intervals pair by pair, the overhead
+    also by its share of each call's mean step (the machine's level left out, printed apart).
+    Exit 1 when some pair's intervals do not overlap."""
+    from dsim.cost import load_profile
+    from validator import agreement
+
+    fits = []
+    for p in profiles:
+        if not p.is_file():
+            raise InputError(f"{p}: no such profile file")
+        fit = ((load_profile(str(p)).extra or {}).get("validator") or {}).get("fit")
+        if not fit:
+            raise InputError(f"{p}: not a profile-server profile (no validator.fit)")
+        fits.append(fit)
+    a = agreement.agreement(fits)
+    for line in agreement.lines(a, [p.name for p in profiles]):
+        typer.echo(line)
+    if not a["agree"]:
+        raise typer.Exit(1)
 
 
 def _print_terms(fit: dict) -> None:
