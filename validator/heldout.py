@@ -12,9 +12,10 @@ profile sweep (concurrency 1, 2, 4, 8 at the calibration shape, plus a 256:16 po
 a 256:96 point at two and a 384:64 point at four, so prefill tokens, batch and context vary
 apart; the rounds let the fit tell a term from the run-to-run noise), the calibration runs
 (concurrency 2, prompt 64 / output 64) and the held-out cases (concurrency 1, 4, 8 at 64/64;
-concurrency 4 at prompt 256 / output 128; Poisson arrivals at about two thirds of the concurrency-8
-throughput). ``analyse`` builds the profile from the sweep, calibrates on every run at the calibration's
-load and shape only (the calibration runs and the sweep's concurrency-2 runs: the median of their
+concurrency 4 at prompt 256 / output 128; Poisson arrivals at about two thirds of the
+concurrency-8 throughput), and Poisson arrivals at 0.45 of it as a point of the profile's front
+end only (an open loop's own line). ``analyse`` builds the profile from the sweep, calibrates on
+every run at the calibration's load and shape only (the calibration runs and the sweep's concurrency-2 runs: the median of their
 scales), and checks every held-out case (its rounds pooled, their spread measured) against the
 gates (validator.compare.DEFAULT_GATES). No held-out run enters the profile or the calibration.
 With a server of the same model without speculation (``--plain-server`` / ``--plain-launch``,
@@ -49,6 +50,9 @@ CALIBRATION = ("cal-c2", 2, 64, 64)
 SWEEP_TWIN = "p-c2"  # the sweep's runs of the calibration's load and shape
 HELD_OUT = [("c1", 1, 64, 64), ("c4", 4, 64, 64), ("c8", 8, 64, 64), ("c4-256x128", 4, 256, 128)]
 RATE_CASE = "rate-0.66xc8"
+# an open loop at a lower rate, a point of the profile's front end only: an open loop's requests
+# come one at a time, and its front end gets its own line (calibrate.front_end_fit's open_loop)
+OPEN_FRONT_END = ("p-rate-0.45xc8", 0.45)
 # the same server without speculation: its calibration point (calibrated together with the
 # speculative server's) and its held-out case
 PLAIN_CALIBRATION = ("plain-cal-c2", 2, 64, 64)
@@ -76,7 +80,7 @@ ROUNDS = 6
 def collect(url: str, out: Path, rounds: int = ROUNDS, cpus=None, header: dict | None = None, say=print) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     load0 = _loadavg()
-    rate = None
+    rate = open_rate = None
     t0 = time.monotonic()
 
     def control(when: str) -> None:
@@ -95,16 +99,20 @@ def collect(url: str, out: Path, rounds: int = ROUNDS, cpus=None, header: dict |
             )
             s = driver.run(traces.fixed(_requests(c), i, o), opts, out / f"{name}-r{r}.jsonl")
             if name == "c8" and rate is None and s.get("request_s"):
-                rate = round(0.66 * s["request_s"], 3)
-        opts = driver.RunOptions(
-            server=url, rate=rate, seed=r, progress=False, cpus=cpus, extra_header=dict(header or {}, case=RATE_CASE)
-        )
-        driver.run(traces.fixed(24, 64, 64), opts, out / f"{RATE_CASE}-r{r}.jsonl")
+                c8_rate = s["request_s"]
+                rate = round(0.66 * c8_rate, 3)
+                open_rate = round(OPEN_FRONT_END[1] * c8_rate, 3)
+        for name, at, seed in ((RATE_CASE, rate, r), (OPEN_FRONT_END[0], open_rate, 1000 + r)):
+            opts = driver.RunOptions(
+                server=url, rate=at, seed=seed, progress=False, cpus=cpus, extra_header=dict(header or {}, case=name)
+            )
+            driver.run(traces.fixed(24, 64, 64), opts, out / f"{name}-r{r}.jsonl")
         say(f"round {r + 1}/{rounds} done ({time.monotonic() - t0:.0f} s)")
     control("after")
     info = {
         "rounds": rounds,
         "rate_req_s": rate,
+        "front_end_rate_req_s": open_rate,
         "loadavg_before": load0,
         "loadavg_after": _loadavg(),
         "wall_s": round(time.monotonic() - t0, 1),
@@ -167,7 +175,8 @@ def analyse(d: Path, gates: dict | None = None) -> dict:
         server_flags=m0.header.get("server_flags"),
         input_len=64,
         output_len=64,
-        front_end_files=[f for n, *_ in PLAIN_SWEEP for f in _plain(d, n)],
+        front_end_files=[f for n, *_ in PLAIN_SWEEP for f in _plain(d, n)]
+        + sorted(str(p) for p in d.glob(f"{OPEN_FRONT_END[0]}-r*.jsonl")),  # (older collections: none)
     )
     base = work / "profile.yaml"
     save_profile(prof, base)
