@@ -355,8 +355,8 @@ def test_live_profiles_agree_within_their_intervals(live, measured_profile, tmp_
     # term was told from 0 in one call, 0.29-0.53 ms, and 0 within the noise, at most 1.26 ms, in
     # the other: their intervals overlap, which is what is asserted. The overhead carries the
     # machine's level, which moves between calls by more than within one: on a 2-core VM, five
-    # calls' overheads were apart by more than their intervals in 1-6 pairs of 10, their shares
-    # of the mean step in 0-1)
+    # calls' overheads were apart by more than their intervals in 0-6 pairs of 10 over seven
+    # sets, their shares of the mean step in 0-1)
     assert "overhead_share" in r and r["agree"], r
     for f in (fa, fb):
         assert all(f[t] == 0.0 for t in f["zero_within_noise"])

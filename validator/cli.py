@@ -357,7 +357,7 @@ def profile_server_cmd(
             f"(95% interval {sh['low']:.1%}-{sh['high']:.1%})"
         )
     if fit.get("intervals"):
-        # (four sets of five identical calls on a 2-core VM: the overhead's intervals apart in 1-6
+        # (seven sets of five identical calls on a 2-core VM: the overhead's intervals apart in 0-6
         # pairs of 10, its share of the step in 0-1; docs/results/validator-heldout-2026-12-07.md)
         typer.echo(
             "  (intervals: the noise within this call's rounds; the machine's level moves more between calls, "

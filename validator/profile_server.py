@@ -157,7 +157,7 @@ def overhead_share(fit: dict, points: list[dict]) -> dict | None:
     interval likewise: the step's split without the machine's level, which moves the overhead and
     the rest together. Identical calls share their points' compositions, so their shares compare
     where their overheads do not: five calls on a 2-core VM whose speed moved 20-45% between runs
-    agreed on it in 9-10 pairs of 10 (four sets), on the overhead itself in 4-9. None without an
+    agreed on it in 9-10 pairs of 10 (seven sets), on the overhead itself in 4-10. None without an
     interval."""
     iv = (fit.get("intervals") or {}).get("cpu_overhead_ms")
     steps = [p["step_ms"] for p in points if p.get("step_ms")]
