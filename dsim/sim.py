@@ -310,10 +310,11 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
         first += float(cfg.front_end.e2e_at(min(closed, reqs.n))) / 1000.0
     at_once = gap <= 0.0 and first <= 0.0
     centred = closed and cfg.front_end is not None
-    # the closed loop's runs (Workload.closed_loop_run_starts): [end of the current run, its
-    # requests finished so far, index of the next run's start]
-    run_starts = w.closed_loop_run_starts if closed else ()
-    run = [run_starts[0] if run_starts else reqs.n, 0, 0]
+    # the closed loop's runs (Workload.closed_loop_run_starts) as request-index bounds, and
+    # [which bound ends the current run, its requests not finished yet]
+    bounds = (0, *(w.closed_loop_run_starts if closed else ()), reqs.n)
+    runs = len(bounds) > 2
+    run = [1, bounds[1]]
 
     def send(nid: int, delay: float) -> None:
         reqs.arrival[nid] = env.now + delay
@@ -326,8 +327,7 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
         """A run's users send their first requests: all at once, or with a front end in turn,
         the send gap apart (the API server takes a wave sent back to back in one at a time,
         the first of a run's wave as well as of its successors')."""
-        end = run[0]
-        for k in range(min(closed, end - int(next_id[0]))):
+        for k in range(min(closed, bounds[run[0]] - int(next_id[0]))):
             nid = int(next_id[0])
             next_id[0] += 1
             send(nid, delay + (k * gap if centred else 0.0))
@@ -338,20 +338,20 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
             bar.update(len(rids))
         if not closed:
             return
-        if run_starts:
-            run[1] += len(rids)
-            if run[1] >= run[0] - (run_starts[run[2] - 1] if run[2] else 0):
+        end = bounds[run[0]]
+        if runs:
+            run[1] -= len(rids)
+            if run[1] <= 0:
                 # the run is over: the next one starts with its whole first wave
-                if run[2] < len(run_starts):
-                    run[2] += 1
-                    run[0] = run_starts[run[2]] if run[2] < len(run_starts) else reqs.n
-                    run[1] = 0
+                if end < reqs.n:
+                    run[0] += 1
+                    run[1] = bounds[run[0]] - end
                     start_run(first)
                 return
         if at_once:
             # (one batch: the next ids arrive now, dispatched in finishing order)
             i = int(next_id[0])
-            j = min(i + len(rids), run[0])
+            j = min(i + len(rids), end)
             if j > i:
                 next_id[0] = j
                 if j == i + 1:  # (one request: an item, cheaper than a slice)
@@ -364,9 +364,9 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
             burst[0], burst[1] = env.now, 0
         # the sends of one instant reach the engine in turn, gap apart: the first `first` after it,
         # or, with a front end (whose way back is the wave's mean), centred on `first`
-        shift = (min(len(rids), run[0] - next_id[0]) - 1) / 2.0 if centred else 0.0
+        shift = (min(len(rids), end - next_id[0]) - 1) / 2.0 if centred else 0.0
         for _ in rids:
-            if next_id[0] >= run[0]:
+            if next_id[0] >= end:
                 return
             nid = int(next_id[0])
             next_id[0] += 1
@@ -418,7 +418,7 @@ def simulate(cfg: SimConfig, progress: bool = False) -> SimResult:
     # replica submit them itself (sharing the next request id); otherwise on_finish does.
     if bar is None and not closed:
         succ = SUCC_NONE
-    elif bar is None and at_once and n_rep == 1 and not run_starts:
+    elif bar is None and at_once and n_rep == 1 and not runs:
         succ = SUCC_SELF
         next_id = replicas[0].closed_next  # (int64[1], read and advanced by the replica's steps too)
     else:

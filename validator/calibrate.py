@@ -396,7 +396,7 @@ def _open_loop_line(opened: list[dict], closed: list[dict], spec: list, speculat
         return None
     low = min(p["streams"] for p in same)
     anchors = [p for p in same if abs(p["streams"] - low) < 0.5]
-    use = [p for p in opened if p.get("speculative", kind) == kind or p.get("speculative") is None] + anchors
+    use = [p for p in opened if p.get("speculative") in (None, kind)] + anchors
     x = np.array([max(p["streams"], 1.0) - 1.0 for p in use])
     if np.ptp(x) < MIN_FRONT_END_SPAN:
         return None
