@@ -316,7 +316,7 @@ def front_end_fit(points: Sequence[dict], speculative: bool | None = None) -> di
     own = bool(by) and all(np.ptp(streams[group == g]) >= MIN_FRONT_END_SPAN for g in range(len(by)))
     ng = int(group.max()) + 1
     for key in ("ttft", "e2e"):
-        y = np.maximum(np.array([p[f"{key}_ms"] for p in pts]) + np.nan_to_num(queued), 0.0)
+        y = _front_end_y(pts, key, queued)
         if own:
             fits = [stepfit.fit_line(streams[group == g], y[group == g]) for g in range(ng)]
             a, slopes = [f[0] for f in fits], [f[1] for f in fits]
@@ -378,6 +378,12 @@ def front_end_fit(points: Sequence[dict], speculative: bool | None = None) -> di
     return out
 
 
+def _front_end_y(points: Sequence[dict], key: str, queued_ms: np.ndarray) -> np.ndarray:
+    """A front-end line's ordinate (``key`` "ttft" or "e2e"): each point's client-minus-server time
+    plus its way-in queue (api_queue_ms; NaN, unknown, as 0), at least 0."""
+    return np.maximum(np.array([p[f"{key}_ms"] for p in points]) + np.nan_to_num(queued_ms), 0.0)
+
+
 def _open_loop_line(opened: list[dict], closed: list[dict], spec: list, speculative: bool | None, pre: float):
     """The front end of an open loop, whose requests come one at a time: its own line through the
     open-loop runs and the same server's closed-loop runs at its lowest load (one request in
@@ -403,8 +409,7 @@ def _open_loop_line(opened: list[dict], closed: list[dict], spec: list, speculat
     queued = np.array([api_queue_ms(p, pre) for p in use])
     line: dict = {"speculative": kind}
     for key in ("ttft", "e2e"):
-        y = np.maximum(np.array([p[f"{key}_ms"] for p in use]) + queued, 0.0)
-        a, b = stepfit.fit_line(x, y)
+        a, b = stepfit.fit_line(x, _front_end_y(use, key, queued))
         line[f"{key}_ms"], line[f"{key}_ms_per_request"] = round(a + pre, 4), round(b, 4)
     n_open = len(use) - len(anchors)
     line["from"] = (

@@ -249,7 +249,7 @@ def simulate_measurement(
             )
             + (
                 f"; the open loop's own line: {line['from']}"
-                if not conc and (line := v["front_end"].get("open_loop")) and line["speculative"] == bool(k)
+                if not conc and (line := _open_line(v["front_end"], bool(k)))
                 else ""
             )
             + ")"
@@ -342,7 +342,7 @@ def front_end_of(v: dict, speculative: bool | None = None, open_loop: bool = Fal
     if not f:
         return None
     own = _own_fit(f, speculative)
-    if open_loop and (line := f.get("open_loop")) and (speculative is None or line["speculative"] == speculative):
+    if open_loop and (line := _open_line(f, speculative)):
         own = line
     return FrontEnd(
         ttft_ms=float(own.get("ttft_ms", f["ttft_ms"])),
@@ -350,6 +350,13 @@ def front_end_of(v: dict, speculative: bool | None = None, open_loop: bool = Fal
         e2e_ms=float(own.get("e2e_ms", f["e2e_ms"])),
         e2e_ms_per_request=float(own.get("e2e_ms_per_request", f["e2e_ms_per_request"])),
     )
+
+
+def _open_line(f: dict, speculative: bool | None) -> dict | None:
+    """The front end fit's open-loop line (calibrate._open_loop_line) where it is of the server
+    ``speculative`` says (any, for None); None without one."""
+    line = f.get("open_loop")
+    return line if line and (speculative is None or line["speculative"] == speculative) else None
 
 
 def _own_fit(f: dict, speculative: bool | None) -> dict:
