@@ -434,6 +434,39 @@ def test_identical_calls_give_one_term_set_when_a_term_is_zero_within_the_noise(
                     assert ia["low"] <= ib["high"] and ib["low"] <= ia["high"], (offset, t, ia, ib)
 
 
+def test_a_term_at_the_bound_in_every_round_states_the_rounds_unbounded_noise():
+    """A request term whose unbounded estimate is below 0 in each of three noiseless rounds
+    (-0.01, -0.03, -0.02 ms): every round's NNLS puts it at 0, so the NNLS rounds agree exactly, but
+    the rounds do move; its stated upper bound is that movement's, t(2) standard errors of the
+    unbounded estimates (4.303 x 0.01 / sqrt 3 = 0.0248 ms), not 0. (An identical call that found
+    the term at 0.003-0.14 ms disagreed with an interval 0-0 before.) Which terms are 0 within the
+    noise is decided as before."""
+    from validator import stepfit
+
+    c, t = 3.0, 0.05
+    shapes = [(n, b) for b in (1, 2, 4, 8) for n in (b, 4 * b)]
+    d_rounds = (-0.01, -0.03, -0.02)
+    rounds = [[_decode_pt(n, b, c + t * n + d * b, 0) for n, b in shapes] for d in d_rounds]
+    terms = ("cpu_overhead_ms", "ms_per_token", "ms_per_request")
+    f = stepfit.fit_cost([p for r in rounds for p in r], terms, rounds=rounds)
+    zero = f["zero_within_noise"]["ms_per_request"]
+    assert zero["rounds"] == [0.0, 0.0, 0.0] and zero["standard_error"] == 0.0
+    half = stepfit.noise_t(3) * np.std(d_rounds, ddof=1) / np.sqrt(3)
+    assert zero["upper"] == pytest.approx(half, abs=1e-5) and 0.024 < half < 0.025
+    assert f"at most {half:.3g} within the noise" in " ".join(f["warnings"])
+    # the kept terms' intervals: each round's estimates move with the request term's (its work
+    # taken by the overhead and the per-token price), and no wider than their unbounded rounds'
+    assert f["identified"] == ["cpu_overhead_ms", "ms_per_token"]
+    for term, iv in f["intervals"].items():
+        assert iv["low"] <= f[term] <= iv["high"] and iv["high"] > iv["low"]
+    # the agreement with a call that told the term from 0, 0.003-0.14 ms: the intervals overlap
+    from validator import agreement
+
+    told = {"intervals": {"ms_per_request": {"low": 0.003, "high": 0.14}}, "zero_within_noise": {}}
+    assert agreement.interval(f, "ms_per_request") == (0.0, zero["upper"])
+    assert agreement.agreement([f, told])["terms"]["ms_per_request"]["overlapping"] == 1
+
+
 # ---- a front end whose time grows with the load --------------------------------------------------
 
 
