@@ -269,12 +269,10 @@ def fit_cost(
     coef = _nnls_terms(X, y, w, keep)
     noise: dict = {}
     confounded: dict = {}
-    if rounds and len(rounds) >= MIN_ROUNDS:
+    if len([r for r in rounds or [] if r]) >= MIN_ROUNDS:
         free = [j for j in keep if ALL_TERMS[j] not in PRICES]
         while True:
-            if len([r for r in rounds if r]) < MIN_ROUNDS:
-                break
-            per, se, se_stated = _spread(rounds, pinned, keep)
+            per, se, se_stated = _spread(rounds or [], pinned, keep)
             crit = noise_t(len(per))
             # a term whose interval reaches 0 (at the bound 0 included) is 0 within the noise
             weak = [j for j in free if j in keep and coef[j] <= crit * se[j]]
@@ -360,11 +358,9 @@ def _intervals(coef: np.ndarray, rounds: list | None, keep: list[int], pinned: d
     """Each kept term's confidence interval at NOISE_LEVEL from the rounds fitted apart (the pooled
     value +- noise_t(rounds) standard errors of the rounds' values; the lower end at the bound 0),
     with the rounds' values: {term: {"low", "high", "rounds"}}; {} with fewer than MIN_ROUNDS."""
-    if not rounds or len(rounds) < MIN_ROUNDS:
+    if len([r for r in rounds or [] if r]) < MIN_ROUNDS:
         return {}
-    if len([r for r in rounds if r]) < MIN_ROUNDS:
-        return {}
-    per, _, se = _spread(rounds, pinned, keep)
+    per, _, se = _spread(rounds or [], pinned, keep)
     crit = noise_t(len(per))
     return {
         ALL_TERMS[j]: {
