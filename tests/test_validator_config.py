@@ -441,8 +441,6 @@ def test_a_term_at_the_bound_in_every_round_states_the_rounds_unbounded_noise():
     unbounded estimates (4.303 x 0.01 / sqrt 3 = 0.0248 ms), not 0. (An identical call that found
     the term at 0.003-0.14 ms disagreed with an interval 0-0 before.) Which terms are 0 within the
     noise is decided as before."""
-    from validator import stepfit
-
     c, t = 3.0, 0.05
     shapes = [(n, b) for b in (1, 2, 4, 8) for n in (b, 4 * b)]
     d_rounds = (-0.01, -0.03, -0.02)
@@ -454,11 +452,14 @@ def test_a_term_at_the_bound_in_every_round_states_the_rounds_unbounded_noise():
     half = stepfit.noise_t(3) * np.std(d_rounds, ddof=1) / np.sqrt(3)
     assert zero["upper"] == pytest.approx(half, abs=1e-5) and 0.024 < half < 0.025
     assert f"at most {half:.3g} within the noise" in " ".join(f["warnings"])
-    # the kept terms' intervals: each round's estimates move with the request term's (its work
-    # taken by the overhead and the per-token price), and no wider than their unbounded rounds'
+    # the kept terms' rounds move with the request term's (the overhead and the per-token price
+    # take its work) and none sits at the bound: their intervals are their rounds' as before
     assert f["identified"] == ["cpu_overhead_ms", "ms_per_token"]
     for term, iv in f["intervals"].items():
-        assert iv["low"] <= f[term] <= iv["high"] and iv["high"] > iv["low"]
+        per = np.array(iv["rounds"])
+        assert per.min() > 0 and per.std() > 0
+        half_kept = stepfit.noise_t(3) * per.std(ddof=1) / np.sqrt(3)
+        assert (iv["low"], iv["high"]) == pytest.approx((f[term] - half_kept, f[term] + half_kept), abs=1e-5)
     # the agreement with a call that told the term from 0, 0.003-0.14 ms: the intervals overlap
     from validator import agreement
 

